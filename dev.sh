@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# outcore developer entry point. On a fresh Debian 12 machine (as root, or with sudo):
+#   ./dev.sh demo   install what is missing, build (Release), run the training demo
+#   ./dev.sh test   install what is missing, build (Release), run the whole test suite
+#   ./dev.sh build  install and build only
+set -euo pipefail
+cd "$(dirname "$0")"
+
+BUILD_DIR=${OUTCORE_BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+
+PACKAGES=(
+  build-essential cmake pkg-config git
+  liburing-dev libtbb-dev libisal-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+  libcli11-dev libspdlog-dev libfmt-dev
+  libopenmpi-dev openmpi-bin
+  fio python3 python3-torch python3-numpy
+)
+
+install_deps() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  if ((${#missing[@]} == 0)); then
+    return
+  fi
+  echo "==> installing Debian packages: ${missing[*]}"
+  local sudo=""
+  if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+build() {
+  echo "==> configuring and building (Release) in ${BUILD_DIR}/"
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+}
+
+run_tests() {
+  echo "==> running the test suite"
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS"
+}
+
+run_demo() {
+  "$BUILD_DIR/bin/outcore" demo --work-dir "$BUILD_DIR/demo"
+}
+
+case "${1:-}" in
+  demo) install_deps; build; run_demo ;;
+  test) install_deps; build; run_tests ;;
+  build) install_deps; build ;;
+  *) echo "usage: $0 demo|test|build" >&2; exit 2 ;;
+esac

@@ -1,0 +1,31 @@
+// outcore: train transformer models larger than device memory and host RAM.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "tools/outcore/commands.hpp"
+
+int main(int argc, char** argv) {
+  outcore::log::init("info");
+  CLI::App app{"outcore: out-of-core training of Llama-family models with DeepSpeed configs"};
+  app.require_subcommand(1);
+  int rc = 0;
+  outcore::cli::add_config_command(app, rc);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const outcore::ConfigError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const outcore::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return rc;
+}
