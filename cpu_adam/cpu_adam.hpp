@@ -1,0 +1,174 @@
+// cpu_adam: one fused Adam/AdamW pass over flat fp32 arrays, plus the companion kernels a
+// mixed-precision trainer needs (sum of squares, inf/NaN check, scale in place).
+//
+// The library knows nothing of training: every call works on plain pointer + length, so a
+// caller may step any sub-range of a partition (the NVMe swapper steps one sub-group at a
+// time). All arrays are caller-owned; no call keeps a pointer after it returns and no call
+// allocates memory.
+//
+// Kernels exist for AVX-512, AVX2+FMA+F16C and plain scalar code. The best one the CPU
+// supports is chosen once at run time (cpuid); OUTCORE_CPU_ADAM_ISA=scalar|avx2|avx512 in the
+// environment, read once on first use, or set_isa() overrides the choice. Every ISA gives
+// bit-identical results for adam_step and scale_in_place (same IEEE operations, same order);
+// sum_of_squares differs between ISAs and thread counts only by double rounding.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "common/dtype.hpp"
+
+namespace outcore::cpu_adam {
+
+// ---------------------------------------------------------------------------------------------
+// Instruction set selection
+
+enum class Isa : uint8_t { kScalar, kAvx2, kAvx512 };
+
+// "scalar", "avx2", "avx512".
+std::string_view isa_name(Isa isa);
+
+// Parses "scalar" | "avx2" | "avx512". Throws InvalidArgument naming the text otherwise.
+Isa parse_isa(std::string_view text);
+
+// The best ISA this CPU supports: kAvx512 needs AVX-512 F/BW/VL/DQ, kAvx2 needs AVX2, FMA
+// and F16C. Pure; thread-safe.
+Isa detect_isa();
+
+// True if this CPU can run `isa`'s kernels.
+bool isa_supported(Isa isa);
+
+// The ISA every kernel call uses now. On first use it is detect_isa(), unless the environment
+// variable OUTCORE_CPU_ADAM_ISA names one (read once); a value that is unknown or that the CPU
+// cannot run is reported once on stderr and ignored. Thread-safe.
+Isa active_isa();
+
+// Makes every later kernel call use `isa` (for tests and benchmarks). Throws InvalidArgument
+// if the CPU cannot run it. REQUIRES: no kernel call is running concurrently.
+void set_isa(Isa isa);
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+// A fixed team of threads (a oneTBB task_arena) that kernels split their range over. Each
+// thread gets one contiguous chunk whose boundaries fall on 256-byte boundaries of the fp32
+// arrays, so no two threads write the same cache line. Creating one may allocate; using it
+// does not. Move-only. A call may be made on one Executor from several threads at once.
+class Executor {
+ public:
+  // threads == 0 means one per hardware thread. Throws InvalidArgument if threads > 1024.
+  explicit Executor(unsigned threads = 1);
+  ~Executor();
+  Executor(Executor&&) noexcept;
+  Executor& operator=(Executor&&) noexcept;
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  unsigned threads() const { return threads_; }
+
+  // Runs fn(begin, end) over [0, n) split into at most threads() chunks of whole `grain`s
+  // (the last chunk takes the remainder), in parallel, and returns when all are done.
+  // Ranges below `min_parallel` run on the calling thread. fn must not throw.
+  template <typename Fn>
+  void for_chunks(size_t n, size_t grain, size_t min_parallel, Fn&& fn) const;
+
+ private:
+  using ChunkFn = void (*)(void* ctx, size_t begin, size_t end);
+  void run_chunks(size_t n, size_t grain, size_t min_parallel, ChunkFn fn, void* ctx) const;
+
+  struct Arena;  // wraps a tbb::task_arena
+  std::unique_ptr<Arena> arena_;
+  unsigned threads_ = 1;
+};
+
+template <typename Fn>
+void Executor::for_chunks(size_t n, size_t grain, size_t min_parallel, Fn&& fn) const {
+  auto tramp = [](void* ctx, size_t b, size_t e) { (*static_cast<Fn*>(ctx))(b, e); };
+  run_chunks(n, grain, min_parallel, tramp, const_cast<void*>(static_cast<const void*>(&fn)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adam / AdamW
+
+// Which rounding order the update follows. Both compute the same mathematical update
+// (see docs/architecture.md, "cpu_adam"); they differ only in the last bits.
+enum class Formula : uint8_t {
+  // DeepSpeed's CPU Adam (csrc/adam/cpu_adam_impl.cpp): denom = sqrt(v) * (1/sqrt(bc2)) + eps,
+  // decoupled decay p += (-lr*wd) * p, p += (-lr/bc1) * (m / denom), all as FMAs.
+  kDeepSpeed,
+  // torch.optim.Adam/AdamW: denom = sqrt(v) / sqrt(bc2) + eps, decoupled decay
+  // p *= (1 - lr*wd), p += ((-lr/bc1) * m) / denom. One more division per element.
+  kPyTorch,
+};
+
+// Hyper-parameters of one step. Defaults are DeepSpeedCPUAdam's.
+struct AdamParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // 0 disables decay in both modes
+  // true: AdamW, decoupled decay (p -= lr*wd*p). false: classic L2 Adam (g += wd*p).
+  bool adamw_mode = true;
+  bool bias_correction = true;
+  // Step number t of this update, starting at 1 (bias corrections use beta^t, computed in
+  // double and rounded once to float).
+  uint64_t step = 1;
+  Formula formula = Formula::kDeepSpeed;
+  // Every gradient element is multiplied by this (rounded to fp32) before use, in the same
+  // pass: 1/loss_scale, times the clipping coefficient. 1 leaves gradients as given.
+  float grad_scale = 1.0f;
+};
+
+// Checks the hyper-parameters: lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0,
+// step >= 1, grad_scale finite, all finite. Throws InvalidArgument naming the field and value.
+void validate(const AdamParams& hp);
+
+// Gradient input: n elements of fp32, bf16 or fp16.
+struct GradIn {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+};
+
+// Optional low-precision copy of the updated parameters (for pushing them to the device):
+// n elements of bf16 or fp16, rounded to nearest even. data == nullptr: no copy.
+struct ParamsOut {
+  void* data = nullptr;
+  DType dtype = DType::BF16;
+};
+
+// One Adam step over n elements, in place:
+//   params[i], exp_avg[i], exp_avg_sq[i] updated from grads[i] * hp.grad_scale;
+//   out[i] = round(params[i] new) if out.data is set.
+// Arrays must not overlap each other (params and out included); any alignment works, 64-byte
+// alignment is fastest. Non-finite gradients propagate into the state (check them first with
+// has_inf_or_nan). Throws InvalidArgument (before touching memory) for invalid hp, a null
+// pointer with n > 0, an F32 `out.dtype`. `ex` null: runs on the calling thread.
+// Thread-safe for disjoint arrays.
+void adam_step(const AdamParams& hp, size_t n, float* params, GradIn grads, float* exp_avg,
+               float* exp_avg_sq, ParamsOut out = {}, const Executor* ex = nullptr);
+
+// The plain scalar reference of adam_step for one element range, on the calling thread,
+// whatever the active ISA. Same contract and same results as adam_step.
+void adam_step_reference(const AdamParams& hp, size_t n, float* params, GradIn grads,
+                         float* exp_avg, float* exp_avg_sq, ParamsOut out = {});
+
+// ---------------------------------------------------------------------------------------------
+// Companion kernels (x may be fp32, bf16 or fp16; n may be 0)
+
+// Sum of x[i]^2 accumulated in double (for the global gradient norm). The result is finite
+// if and only if every element is finite (an fp32 square cannot overflow a double), so the
+// fp16 loss scaler can use it as its overflow check too. Throws InvalidArgument for a null
+// pointer with n > 0.
+double sum_of_squares(const void* x, DType dtype, size_t n, const Executor* ex = nullptr);
+
+// True if any element is +-inf or NaN. Throws InvalidArgument for a null pointer with n > 0.
+bool has_inf_or_nan(const void* x, DType dtype, size_t n, const Executor* ex = nullptr);
+
+// x[i] = round(x[i] * scale) in x's dtype (for gradient clipping, unscaling). Throws
+// InvalidArgument for a null pointer with n > 0.
+void scale_in_place(void* x, DType dtype, size_t n, float scale, const Executor* ex = nullptr);
+
+}  // namespace outcore::cpu_adam
