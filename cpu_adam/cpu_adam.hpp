@@ -103,23 +103,25 @@ enum class Formula : uint8_t {
   kPyTorch,
 };
 
-// Hyper-parameters of one step. Defaults are DeepSpeedCPUAdam's.
+// Hyper-parameters of one step. Defaults are DeepSpeedCPUAdam's. They are doubles (as they
+// come from the JSON config or Python); every per-step coefficient (1 - beta1, lr / bc1, ...)
+// is computed from them in double and rounded once to fp32, as PyTorch does, so that
+// beta2 = 0.999 gives (1 - beta2) = 0.001f and not 1 - 0.999f.
 struct AdamParams {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;  // 0 disables decay in both modes
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // 0 disables decay in both modes
   // true: AdamW, decoupled decay (p -= lr*wd*p). false: classic L2 Adam (g += wd*p).
   bool adamw_mode = true;
   bool bias_correction = true;
-  // Step number t of this update, starting at 1 (bias corrections use beta^t, computed in
-  // double and rounded once to float).
+  // Step number t of this update, starting at 1 (bias corrections use beta^t).
   uint64_t step = 1;
   Formula formula = Formula::kDeepSpeed;
   // Every gradient element is multiplied by this (rounded to fp32) before use, in the same
   // pass: 1/loss_scale, times the clipping coefficient. 1 leaves gradients as given.
-  float grad_scale = 1.0f;
+  double grad_scale = 1.0;
 };
 
 // Checks the hyper-parameters: lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0,
