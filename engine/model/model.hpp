@@ -1,0 +1,312 @@
+// engine/model: a Llama-family decoder split into units, with forward and backward per unit.
+//
+// Units, in execution order (forward 0..L+1, backward L+1..0), L = num_hidden_layers:
+//   unit 0        embedding      model.embed_tokens.weight
+//   unit 1..L     decoder layer  model.layers.{unit-1}.*  (9 tensors)
+//   unit L+1      head           model.norm.weight, lm_head.weight (untied only)
+//
+// Each unit's parameters live in one flat slab (one per dtype: fp32 master, bf16/fp16 compute
+// copy) described by a table of (Hugging Face name, shape, element offset). The table is the
+// same for every dtype and every world size; only the padded tail differs (see ModelLayout).
+//
+// Tied embeddings (tie_word_embeddings): the weight lives only in the embedding unit. The head
+// unit reads it through `tied_params` (the embedding unit's slab) and adds its gradient into
+// the embedding unit's gradient slab through `tied_grads`. So with tied embeddings the
+// embedding unit's parameters must be resident for the head (forward and backward), and its
+// gradient slab must stay live from the head's backward to the embedding's backward; the
+// embedding's backward then always accumulates onto what the head wrote (see BackwardArgs).
+//
+// Compute: host kernels (OpenBLAS sgemm, vectorized RMSNorm / RoPE / softmax / SwiGLU /
+// cross-entropy) on memory the host can dereference (a CpuDevice's buffers, or host memory).
+// Activations and gradients are fp32; parameters are fp32, or bf16/fp16 storage converted to
+// fp32 into scratch one GEMM operand at a time (fp32 accumulation throughout). Results are
+// bit-identical run after run for the same inputs and the same BLAS thread count.
+//
+// Memory: every byte the model touches is a caller-provided buffer whose size is known before
+// anything is allocated (saved_bytes, scratch_bytes, plan_activations), so the placement
+// planner can budget each tier; ActivationBuffers allocates them for one micro-batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/aligned_buffer.hpp"
+#include "common/dtype.hpp"
+#include "engine/device/device.hpp"
+
+namespace outcore::model {
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+
+// A Hugging Face Llama config.json. Fields hold the file's values after defaults and checks.
+struct LlamaConfig {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // absent in the file = num_attention_heads
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  int64_t head_dim = 0;              // absent = hidden_size / num_attention_heads
+  double rope_theta = 10000.0;       // absent = 10000
+  double rms_norm_eps = 1e-6;        // absent = 1e-6
+  bool tie_word_embeddings = false;  // absent = false
+
+  // Parses config.json text. Unknown keys are ignored (HF files carry many). Throws ConfigError
+  // naming `source` and the key for malformed JSON, a missing required key, a wrong type, or an
+  // impossible value (see validate()).
+  static LlamaConfig from_json(std::string_view text, std::string_view source = "config.json");
+  // Reads and parses a file. Throws IoError when it cannot be read, ConfigError as above.
+  static LlamaConfig load(const std::filesystem::path& path);
+
+  // Throws ConfigError naming the key when: a size is not positive; hidden_size is not divisible
+  // by num_attention_heads (when head_dim is absent); num_attention_heads is not divisible by
+  // num_key_value_heads; head_dim is odd (rotary needs pairs); rope_theta or rms_norm_eps is
+  // not positive; hidden_act is given and is not "silu".
+  void validate() const;
+
+  // The config as Hugging Face config.json text (model_type "llama").
+  std::string to_json() const;
+
+  int64_t q_dim() const { return num_attention_heads * head_dim; }
+  int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  int num_units() const { return static_cast<int>(num_hidden_layers) + 2; }
+
+  // Parameters of the model, a tied weight counted once.
+  uint64_t num_parameters() const;
+  // Forward FLOPs per token for sequences of `seq_len`: 2 per multiply-add of every GEMM
+  // (the embedding lookup counts 0), plus causal attention (each query attends to (t+1)
+  // keys: 4 * q_dim * (seq_len + 1) / 2 per layer). Norms, RoPE, softmax are not counted.
+  double forward_flops_per_token(int64_t seq_len) const;
+  // Training FLOPs per token: 3x forward (backward = 2x forward), recomputation not counted.
+  double train_flops_per_token(int64_t seq_len) const {
+    return 3.0 * forward_flops_per_token(seq_len);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Parameter layout
+
+enum class UnitKind : uint8_t { Embedding, Decoder, Head };
+
+// One tensor in a unit's slab.
+struct TensorSpec {
+  std::string name;            // Hugging Face name, e.g. "model.layers.3.mlp.up_proj.weight"
+  std::vector<int64_t> shape;  // row-major; Linear weights are [out_features, in_features]
+  size_t offset = 0;           // first element in the slab (a multiple of kTensorAlignElems)
+  size_t numel = 0;
+};
+
+// Tensors start at multiples of this many elements (256 B in fp32), so kernels see aligned rows.
+inline constexpr size_t kTensorAlignElems = 64;
+// A slab is padded to a multiple of world_size * kPartitionAlignElems elements, so each rank's
+// equal partition is a multiple of 4 KiB in both fp32 (8 KiB) and bf16/fp16 (4 KiB) and can be
+// read or written with O_DIRECT as one request.
+inline constexpr size_t kPartitionAlignElems = 2048;
+
+struct UnitLayout {
+  int index = 0;  // position in ModelLayout::units
+  UnitKind kind = UnitKind::Decoder;
+  int layer = -1;    // decoder layer number, -1 for embedding and head
+  std::string name;  // "embed", "layers.3", "head"
+  std::vector<TensorSpec> tensors;
+  size_t numel = 0;         // end of the last tensor (tensors plus alignment gaps)
+  size_t padded_numel = 0;  // slab size in elements: numel rounded up as described above
+  size_t partition_numel(int world_size) const { return padded_numel / world_size; }
+  // The tensor named `name`, or nullptr.
+  const TensorSpec* find(std::string_view name) const;
+};
+
+struct ModelLayout {
+  int world_size = 1;
+  bool tied = false;              // head reads the embedding unit's weight
+  std::vector<UnitLayout> units;  // embedding, layers..., head
+  size_t total_padded_numel() const;
+};
+
+// The slab layout of `config` for ZeRO world size `world_size` (>= 1; InvalidArgument
+// otherwise). Tensor offsets do not depend on world_size; only padded_numel does.
+ModelLayout make_layout(const LlamaConfig& config, int world_size = 1);
+
+// Writes the initial fp32 values of elements [begin, end) of `unit`'s slab to out[0..end-begin):
+// N(0, 0.02) for the embedding and every Linear weight, 1.0 for RMSNorm weights, 0 for
+// alignment gaps and padding. Each value depends only on (seed, tensor name, index in the
+// tensor), so a rank can initialise its own partition alone, with the same result at any world
+// size. InvalidArgument when the range is outside the slab.
+void init_params(const ModelLayout& layout, int unit, uint64_t seed, size_t begin, size_t end,
+                 float* out);
+
+// Converts n fp32 values to `dtype` storage (round to nearest even) / back to fp32.
+void convert_from_fp32(const float* src, void* dst, DType dtype, size_t n);
+void convert_to_fp32(const void* src, DType dtype, float* dst, size_t n);
+
+// ---------------------------------------------------------------------------------------------
+// Forward and backward per unit
+
+struct ModelOptions {
+  int64_t micro_batch = 1;  // sequences per micro-batch (B)
+  int64_t seq_len = 0;      // tokens per sequence (T), 1..max_position_embeddings
+  // Storage dtype of the parameter slabs passed to forward/backward (F32, BF16 or F16).
+  DType param_dtype = DType::F32;
+  // Keep only unit inputs between forward and backward; backward recomputes the unit's
+  // forward. Gradients are bit-identical to running without checkpointing.
+  bool activation_checkpointing = false;
+  int world_size = 1;  // for the layout's padding only
+};
+
+enum class GradMode : uint8_t {
+  Overwrite,   // grads = this micro-batch's gradient (every slab element written; padding 0)
+  Accumulate,  // grads += this micro-batch's gradient (gradient accumulation)
+};
+
+// Inputs and outputs of one unit's forward. Pointers unused by the unit's kind must be null
+// or are ignored. All pointed-to memory must be host-accessible and not overlap.
+struct ForwardArgs {
+  const void* params = nullptr;       // this unit's slab (param_dtype, padded_numel elements)
+  const void* tied_params = nullptr;  // head, tied embeddings: the embedding unit's slab
+  const int32_t* tokens = nullptr;    // embedding: [B*T] input ids, each in [0, vocab)
+  const int32_t* targets = nullptr;   // head: [B*T] next-token ids, each in [0, vocab)
+  const float* input = nullptr;       // decoder, head: [B*T, hidden] (the previous unit's output)
+  float* output = nullptr;            // embedding, decoder: [B*T, hidden]
+  float* logits = nullptr;            // head, optional: [B*T, vocab] written when non-null
+  std::span<std::byte> saved;         // decoder: saved_bytes(unit) bytes, kept for backward
+  std::span<std::byte> scratch;       // scratch_bytes() bytes, clobbered
+};
+
+// Inputs and outputs of one unit's backward.
+struct BackwardArgs {
+  const void* params = nullptr;  // as in ForwardArgs
+  const void* tied_params = nullptr;
+  const int32_t* tokens = nullptr;     // embedding: the forward's tokens
+  const int32_t* targets = nullptr;    // head: the targets
+  const float* input = nullptr;        // decoder, head: the forward's input (the checkpoint)
+  const float* grad_output = nullptr;  // embedding, decoder: dLoss/d(output), [B*T, hidden]
+  // decoder, head: receives dLoss/d(input), [B*T, hidden]. For a decoder it may equal
+  // grad_output (computed in place).
+  float* grad_input = nullptr;
+  float* grads = nullptr;       // this unit's fp32 gradient slab (padded_numel elements)
+  float* tied_grads = nullptr;  // head, tied: the embedding unit's fp32 gradient slab
+  // Overwrite or add into grads (and tied_grads). With tied embeddings the embedding unit's
+  // backward always adds (the head already wrote this micro-batch's share), whatever `mode`.
+  GradMode mode = GradMode::Overwrite;
+  // head: gradients are those of loss_scale * (mean cross-entropy). The trainer passes
+  // dynamic_loss_scale / gradient_accumulation_steps.
+  float loss_scale = 1.0f;
+  std::span<const std::byte> saved;  // decoder without checkpointing: what forward saved
+  std::span<std::byte> scratch;      // scratch_bytes() bytes, clobbered
+};
+
+// An immutable model definition for one micro-batch shape. forward/backward are const and
+// keep no state between calls (everything lives in the caller's buffers); calls must not run
+// concurrently with each other (they use every BLAS thread): serialize them, e.g. on one
+// compute stream.
+class LlamaModel {
+ public:
+  // Throws ConfigError (via config.validate()) or InvalidArgument for a bad seq_len,
+  // micro_batch, param_dtype or world_size.
+  LlamaModel(LlamaConfig config, ModelOptions options);
+
+  const LlamaConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  const ModelLayout& layout() const { return layout_; }
+  int num_units() const { return config_.num_units(); }
+  int64_t tokens() const { return options_.micro_batch * options_.seq_len; }  // B*T
+  UnitKind kind(int unit) const { return layout_.units.at(unit).kind; }
+
+  // Bytes of one unit input/output (and of its gradient): B*T*hidden*4.
+  size_t hidden_bytes() const;
+  // Bytes a unit's forward saves for its backward: a decoder's internals without
+  // checkpointing, else 0.
+  size_t saved_bytes(int unit) const;
+  // Bytes of the scratch workspace that any forward or backward call needs (the maximum over
+  // units; includes the recompute space with checkpointing).
+  size_t scratch_bytes() const;
+
+  // Runs unit `unit`'s forward. Returns the mean cross-entropy for the head (and writes
+  // logits when asked), else 0. Throws InvalidArgument for a missing buffer, a buffer too
+  // small, or a token / target id outside the vocabulary (naming its position and value).
+  //
+  // In training, the head's forward need not be called: its backward computes the loss
+  // itself (fused with the gradient, chunk by chunk, never holding all logits).
+  float forward(int unit, const ForwardArgs& args) const;
+
+  // Runs unit `unit`'s backward, writing grads per args.mode and grad_input. For the head it
+  // also computes and returns the mean cross-entropy (its forward is fused in); else returns
+  // 0. With checkpointing, a decoder recomputes its forward from args.input first, exactly.
+  // Throws as forward does.
+  float backward(int unit, const BackwardArgs& args) const;
+
+ private:
+  LlamaConfig config_;
+  ModelOptions options_;
+  ModelLayout layout_;
+  std::vector<float> rope_cos_, rope_sin_;  // [seq_len, head_dim / 2]
+};
+
+// ---------------------------------------------------------------------------------------------
+// Activation memory for one micro-batch
+
+// Bytes per tier of everything ActivationBuffers allocates, computable before allocating.
+struct ActivationPlan {
+  uint64_t checkpoint_bytes = 0;  // the L+1 unit inputs (decoder layers and head) kept to backward
+  uint64_t saved_bytes = 0;       // all decoders' saved internals (0 with checkpointing)
+  uint64_t grad_bytes = 0;        // one activation-gradient buffer (updated in place)
+  uint64_t scratch_bytes = 0;     // the shared workspace
+  // Charged device bytes (device::charged_bytes of each device allocation). The checkpoints
+  // are on the device unless cpu_checkpointing, then they count in host_bytes.
+  uint64_t device_bytes = 0;
+  uint64_t host_bytes = 0;
+};
+ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing);
+
+// The activation buffers of one micro-batch, allocated from `device` (budgeted), except the
+// unit-input checkpoints, which live in host memory (outside the budget) with
+// cpu_checkpointing. On a host-accessible device the model reads host checkpoints in place.
+// REQUIRES: `device` is host-accessible and outlives this object. Throws OutOfMemory.
+class ActivationBuffers {
+ public:
+  ActivationBuffers(const LlamaModel& model, device::Device& device, bool cpu_checkpointing);
+
+  // Input of unit `unit` (1..L+1), which is the output of unit-1: [B*T, hidden].
+  float* unit_input(int unit);
+  // Saved internals of decoder unit `unit` (empty with checkpointing or for other units).
+  std::span<std::byte> saved(int unit);
+  std::span<std::byte> scratch();
+  float* grad();  // [B*T, hidden], the activation gradient flowing backward
+
+ private:
+  const LlamaModel& model_;
+  std::vector<device::DeviceBuffer> device_inputs_;
+  std::vector<AlignedBuffer> host_inputs_;
+  std::vector<device::DeviceBuffer> saved_;
+  device::DeviceBuffer scratch_, grad_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Whole-model helpers (every unit's parameters resident; used by stage 0, tests, benchmarks)
+
+// params[u] / grads[u]: unit u's parameter slab (param_dtype) / fp32 gradient slab.
+struct ModelBuffers {
+  std::vector<const void*> params;
+  std::vector<float*> grads;
+};
+
+// Forward and backward of one micro-batch over all units; returns the mean cross-entropy.
+// grads are written per `mode` (see GradMode; tied embeddings handled). `loss_scale` as in
+// BackwardArgs. Throws as LlamaModel::forward/backward.
+float train_micro_batch(const LlamaModel& model, const ModelBuffers& buffers,
+                        ActivationBuffers& acts, const int32_t* tokens, const int32_t* targets,
+                        GradMode mode, float loss_scale = 1.0f);
+
+// Forward only; returns the mean cross-entropy, writing logits [B*T, vocab] when non-null.
+float eval_micro_batch(const LlamaModel& model, const ModelBuffers& buffers,
+                       ActivationBuffers& acts, const int32_t* tokens, const int32_t* targets,
+                       float* logits = nullptr);
+
+}  // namespace outcore::model
