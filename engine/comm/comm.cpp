@@ -1,0 +1,60 @@
+#include "engine/comm/comm.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+
+#include "common/error.hpp"
+
+namespace outcore::comm {
+
+std::string_view reduce_op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "max"; }
+
+namespace detail {
+
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  if (an == 0 || bn == 0) return false;
+  auto pa = reinterpret_cast<uintptr_t>(a);
+  auto pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + bn && pb < pa + an;
+}
+
+void check_gather(std::string_view what, const void* send, size_t send_bytes, const void* recv,
+                  size_t recv_bytes, int rank, int world) {
+  if (recv_bytes != send_bytes * static_cast<size_t>(world)) {
+    throw InvalidArgument(
+        fmt::format("{}: receive buffer is {} bytes but world size {} x shard {} bytes needs {}",
+                    what, recv_bytes, world, send_bytes, send_bytes * static_cast<size_t>(world)));
+  }
+  const auto* own = static_cast<const std::byte*>(recv) + static_cast<size_t>(rank) * send_bytes;
+  if (send == own) return;
+  if (overlaps(send, send_bytes, recv, recv_bytes)) {
+    throw InvalidArgument(fmt::format(
+        "{}: send buffer overlaps the receive buffer but is not this rank's shard of it", what));
+  }
+}
+
+void check_scatter(std::string_view what, const void* send, size_t send_bytes, const void* recv,
+                   size_t recv_bytes, int rank, int world) {
+  if (send_bytes != recv_bytes * static_cast<size_t>(world)) {
+    throw InvalidArgument(
+        fmt::format("{}: send buffer is {} bytes but world size {} x shard {} bytes needs {}", what,
+                    send_bytes, world, recv_bytes, recv_bytes * static_cast<size_t>(world)));
+  }
+  const auto* own = static_cast<const std::byte*>(send) + static_cast<size_t>(rank) * recv_bytes;
+  if (recv == own) return;
+  if (overlaps(send, send_bytes, recv, recv_bytes)) {
+    throw InvalidArgument(fmt::format(
+        "{}: receive buffer overlaps the send buffer but is not this rank's shard of it", what));
+  }
+}
+
+void check_root(std::string_view what, int root, int world) {
+  if (root < 0 || root >= world) {
+    throw InvalidArgument(
+        fmt::format("{}: root rank {} is outside the world of {} ranks", what, root, world));
+  }
+}
+
+}  // namespace detail
+}  // namespace outcore::comm

@@ -1,0 +1,91 @@
+// Comm: the collectives ZeRO needs between data-parallel ranks, behind one small interface.
+//
+// Implementations: LocalComm (world size 1, this header's companion local_comm.hpp) and
+// MpiComm (OpenMPI, one process per rank, mpi_comm.hpp, built when OpenMPI is found).
+//
+// Contracts shared by every implementation:
+// - Every call is collective: all ranks call the same functions in the same order with the
+//   same sizes (and the same root). A call blocks until this rank's part is done; on return
+//   the output buffer holds the result and the input buffer may be reused.
+// - Sizes are in elements of the span's type. "shard" below is the per-rank size; a full
+//   buffer is world_size() x shard elements, rank r's shard being elements
+//   [r*shard, (r+1)*shard). Size mismatches throw InvalidArgument before anything is sent.
+// - Aliasing: each call says which overlaps are allowed. Any other overlap between the
+//   input and the output is an InvalidArgument.
+// - Floating-point reductions are in fp32 (or fp64 for the double overload); the order of
+//   summation across ranks is fixed for a given world size, so results are reproducible
+//   run to run, but not bit-identical across different world sizes.
+// - Threading: a Comm object is used by one thread at a time (REQUIRES external
+//   serialization); different Comm objects are independent.
+// - Errors: a failure of the transport throws outcore::Error naming the collective.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+namespace outcore::comm {
+
+enum class ReduceOp { kSum, kMax };
+
+std::string_view reduce_op_name(ReduceOp op);
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  Comm() = default;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  // This process's rank in [0, world_size()).
+  virtual int rank() const = 0;
+  // Number of data-parallel ranks, >= 1.
+  virtual int world_size() const = 0;
+
+  // all_gather: `send` is this rank's shard; on return recv[r*shard, (r+1)*shard) holds rank
+  // r's shard for every r. REQUIRES recv.size() == world_size() * send.size().
+  // In place: allowed when send is exactly recv's own shard
+  // (send.data() == recv.data() + rank()*send.size()); no other overlap.
+  virtual void all_gather(std::span<const float> send, std::span<float> recv) = 0;
+  virtual void all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv) = 0;
+
+  // reduce_scatter: `send` is a full buffer (world x shard); on return `recv` (shard elements)
+  // holds op over all ranks of their send[rank()*shard, (rank()+1)*shard).
+  // REQUIRES send.size() == world_size() * recv.size().
+  // In place: allowed when recv is exactly this rank's shard of send
+  // (recv.data() == send.data() + rank()*recv.size()); the rest of send is then left with
+  // unspecified contents. No other overlap.
+  virtual void reduce_scatter(std::span<const float> send, std::span<float> recv, ReduceOp op) = 0;
+
+  // all_reduce: in place; on return every rank's `data` holds op over all ranks' `data`.
+  virtual void all_reduce(std::span<float> data, ReduceOp op) = 0;
+  virtual void all_reduce(std::span<double> data, ReduceOp op) = 0;
+
+  // broadcast: in place; on return every rank's `data` equals rank `root`'s.
+  // REQUIRES 0 <= root < world_size() (else InvalidArgument) and equal sizes on all ranks.
+  virtual void broadcast(std::span<float> data, int root) = 0;
+  virtual void broadcast_bytes(std::span<std::byte> data, int root) = 0;
+
+  // barrier: returns once every rank has entered it.
+  virtual void barrier() = 0;
+
+  // Short name of the implementation ("local", "mpi") for logs.
+  virtual std::string_view name() const = 0;
+};
+
+// Argument checks shared by implementations; each throws InvalidArgument naming `what`.
+namespace detail {
+// recv.size() == world * send.size(), and send either is recv's own shard or does not
+// overlap recv.
+void check_gather(std::string_view what, const void* send, size_t send_bytes, const void* recv,
+                  size_t recv_bytes, int rank, int world);
+// send.size() == world * recv.size(), and recv either is send's shard `rank` or does not
+// overlap send.
+void check_scatter(std::string_view what, const void* send, size_t send_bytes, const void* recv,
+                   size_t recv_bytes, int rank, int world);
+void check_root(std::string_view what, int root, int world);
+// True when [a, a+an) and [b, b+bn) share a byte.
+bool overlaps(const void* a, size_t an, const void* b, size_t bn);
+}  // namespace detail
+
+}  // namespace outcore::comm

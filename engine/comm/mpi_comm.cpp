@@ -1,0 +1,187 @@
+#include "engine/comm/mpi_comm.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+
+namespace outcore::comm {
+namespace {
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", code);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+void check(int code, std::string_view what) {
+  if (code != MPI_SUCCESS) {
+    throw Error(fmt::format("MPI {} failed: {}", what, mpi_error_text(code)));
+  }
+}
+
+MPI_Op to_mpi(ReduceOp op) { return op == ReduceOp::kSum ? MPI_SUM : MPI_MAX; }
+
+template <typename T>
+MPI_Datatype mpi_type();
+template <>
+MPI_Datatype mpi_type<float>() {
+  return MPI_FLOAT;
+}
+template <>
+MPI_Datatype mpi_type<double>() {
+  return MPI_DOUBLE;
+}
+template <>
+MPI_Datatype mpi_type<std::byte>() {
+  return MPI_BYTE;
+}
+
+}  // namespace
+
+struct MpiComm::State {
+  MPI_Comm comm = MPI_COMM_NULL;
+  bool owns_mpi = false;
+  int rank = 0;
+  int world = 1;
+  size_t max_count = size_t{1} << 30;  // largest count handed to one MPI call
+
+  template <typename T>
+  void all_reduce(T* data, size_t n, ReduceOp op) {
+    for (size_t off = 0; off < n; off += max_count) {
+      int count = static_cast<int>(std::min(max_count, n - off));
+      check(MPI_Allreduce(MPI_IN_PLACE, data + off, count, mpi_type<T>(), to_mpi(op), comm),
+            "all_reduce");
+    }
+  }
+
+  template <typename T>
+  void broadcast(T* data, size_t n, int root) {
+    for (size_t off = 0; off < n; off += max_count) {
+      int count = static_cast<int>(std::min(max_count, n - off));
+      check(MPI_Bcast(data + off, count, mpi_type<T>(), root, comm), "broadcast");
+    }
+  }
+
+  template <typename T>
+  void all_gather(const T* send, T* recv, size_t shard) {
+    T* own = recv + static_cast<size_t>(rank) * shard;
+    if (shard <= max_count) {
+      const void* src = send == own ? MPI_IN_PLACE : static_cast<const void*>(send);
+      int count = static_cast<int>(shard);
+      check(MPI_Allgather(src, count, mpi_type<T>(), recv, count, mpi_type<T>(), comm),
+            "all_gather");
+      return;
+    }
+    // Too large for one call: every rank broadcasts its shard in pieces.
+    if (send != own) std::memcpy(own, send, shard * sizeof(T));
+    for (int r = 0; r < world; ++r) broadcast(recv + static_cast<size_t>(r) * shard, shard, r);
+  }
+
+  void reduce_scatter(const float* send, float* recv, size_t shard, ReduceOp op) {
+    const float* own = send + static_cast<size_t>(rank) * shard;
+    if (shard <= max_count) {
+      int count = static_cast<int>(shard);
+      if (recv != own) {
+        check(MPI_Reduce_scatter_block(send, recv, count, MPI_FLOAT, to_mpi(op), comm),
+              "reduce_scatter");
+        return;
+      }
+      std::vector<float> tmp(shard);
+      check(MPI_Reduce_scatter_block(send, tmp.data(), count, MPI_FLOAT, to_mpi(op), comm),
+            "reduce_scatter");
+      std::memcpy(recv, tmp.data(), shard * sizeof(float));
+      return;
+    }
+    // Too large for one call: reduce each rank's shard to it, piece by piece.
+    for (int r = 0; r < world; ++r) {
+      const float* src = send + static_cast<size_t>(r) * shard;
+      for (size_t off = 0; off < shard; off += max_count) {
+        int count = static_cast<int>(std::min(max_count, shard - off));
+        if (r == rank) {
+          const void* in = recv == own ? MPI_IN_PLACE : static_cast<const void*>(src + off);
+          check(MPI_Reduce(in, recv + off, count, MPI_FLOAT, to_mpi(op), r, comm),
+                "reduce_scatter");
+        } else {
+          check(MPI_Reduce(src + off, nullptr, count, MPI_FLOAT, to_mpi(op), r, comm),
+                "reduce_scatter");
+        }
+      }
+    }
+  }
+};
+
+MpiComm::MpiComm(size_t max_elems_per_call) : state_(std::make_unique<State>()) {
+  if (max_elems_per_call == 0 || max_elems_per_call > (size_t{1} << 30)) {
+    throw InvalidArgument(
+        fmt::format("MpiComm: max_elems_per_call {} is outside [1, 2^30]", max_elems_per_call));
+  }
+  state_->max_count = max_elems_per_call;
+  int initialized = 0;
+  check(MPI_Initialized(&initialized), "MPI_Initialized");
+  if (!initialized) {
+    int provided = 0;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    state_->owns_mpi = true;
+  }
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &state_->comm), "MPI_Comm_dup");
+  check(MPI_Comm_set_errhandler(state_->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check(MPI_Comm_rank(state_->comm, &state_->rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(state_->comm, &state_->world), "MPI_Comm_size");
+}
+
+MpiComm::~MpiComm() {
+  if (state_->comm != MPI_COMM_NULL) MPI_Comm_free(&state_->comm);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (state_->owns_mpi && !finalized) MPI_Finalize();
+}
+
+int MpiComm::rank() const { return state_->rank; }
+int MpiComm::world_size() const { return state_->world; }
+
+void MpiComm::all_gather(std::span<const float> send, std::span<float> recv) {
+  detail::check_gather("all_gather", send.data(), send.size_bytes(), recv.data(), recv.size_bytes(),
+                       state_->rank, state_->world);
+  state_->all_gather(send.data(), recv.data(), send.size());
+}
+
+void MpiComm::all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv) {
+  detail::check_gather("all_gather_bytes", send.data(), send.size_bytes(), recv.data(),
+                       recv.size_bytes(), state_->rank, state_->world);
+  state_->all_gather(send.data(), recv.data(), send.size());
+}
+
+void MpiComm::reduce_scatter(std::span<const float> send, std::span<float> recv, ReduceOp op) {
+  detail::check_scatter("reduce_scatter", send.data(), send.size_bytes(), recv.data(),
+                        recv.size_bytes(), state_->rank, state_->world);
+  state_->reduce_scatter(send.data(), recv.data(), recv.size(), op);
+}
+
+void MpiComm::all_reduce(std::span<float> data, ReduceOp op) {
+  state_->all_reduce(data.data(), data.size(), op);
+}
+
+void MpiComm::all_reduce(std::span<double> data, ReduceOp op) {
+  state_->all_reduce(data.data(), data.size(), op);
+}
+
+void MpiComm::broadcast(std::span<float> data, int root) {
+  detail::check_root("broadcast", root, state_->world);
+  state_->broadcast(data.data(), data.size(), root);
+}
+
+void MpiComm::broadcast_bytes(std::span<std::byte> data, int root) {
+  detail::check_root("broadcast_bytes", root, state_->world);
+  state_->broadcast(data.data(), data.size(), root);
+}
+
+void MpiComm::barrier() { check(MPI_Barrier(state_->comm), "barrier"); }
+
+}  // namespace outcore::comm
