@@ -1,0 +1,18 @@
+// Internal to aio/: a seam over open(2) so tests can simulate a filesystem that refuses
+// O_DIRECT (tmpfs accepts it on kernels >= 6.6, so the fallback cannot always be reached).
+#pragma once
+
+#include <sys/types.h>
+
+namespace outcore::aio::internal {
+
+using OpenFunction = int (*)(const char* path, int flags, mode_t mode);
+
+// Replaces the open(2) used by File::open; nullptr restores the real one. Returns the
+// previous function. Test-only; not thread-safe with concurrent File::open.
+OpenFunction set_open_function_for_testing(OpenFunction fn);
+
+// Forgets which filesystems have already been warned about (so a test can see the warning).
+void reset_fallback_warnings_for_testing();
+
+}  // namespace outcore::aio::internal

@@ -1,0 +1,283 @@
+// aio I/O thread: takes slices from its queue, cuts them into block_size requests, keeps up to
+// queue_depth in flight on its own IoQueue, resubmits short transfers and records failures.
+// Nothing is allocated here after start().
+#include <algorithm>
+#include <cerrno>
+#include <future>
+
+#include "aio/engine_internal.hpp"
+#include "common/log.hpp"
+
+namespace outcore::aio::detail {
+namespace {
+
+constexpr uint32_t kMaxRetries = 8;  // for -EAGAIN / -EINTR completions
+
+uint64_t micros_between(Clock::time_point a, Clock::time_point b) {
+  return b > a ? std::chrono::duration_cast<std::chrono::microseconds>(b - a).count() : 0;
+}
+
+}  // namespace
+
+Worker::Worker(EngineCore& core, const Options& opt, IoBackend& backend)
+    : core_(core), opt_(opt), backend_(backend) {
+  pieces_.resize(opt.queue_depth);
+  free_pieces_.reserve(opt.queue_depth);
+  for (uint32_t i = opt.queue_depth; i > 0; --i) free_pieces_.push_back(i - 1);
+  cqes_.resize(opt.queue_depth);
+}
+
+Worker::~Worker() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Worker::start() {
+  std::exception_ptr error;
+  std::promise<void> ready;
+  auto started = ready.get_future();
+  thread_ = std::thread([this, &error, &ready] {
+    try {
+      queue_ = backend_.make_queue(opt_.queue_depth);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    bool ok = error == nullptr;
+    ready.set_value();
+    if (ok) loop();
+  });
+  started.wait();
+  if (error) {
+    thread_.join();
+    std::rethrow_exception(error);
+  }
+}
+
+void Worker::enqueue(Slice* s) {
+  s->next = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (queue_tail_ != nullptr) {
+      queue_tail_->next = s;
+    } else {
+      queue_head_ = s;
+    }
+    queue_tail_ = s;
+  }
+  cv_.notify_one();
+}
+
+int Worker::run_control(const std::function<int(IoQueue&)>& fn) {
+  std::unique_lock lock(mu_);
+  control_ = &fn;
+  control_done_ = false;
+  cv_.notify_one();
+  control_cv_.wait(lock, [&] { return control_done_; });
+  return control_result_;
+}
+
+void Worker::collect_stats(DirectionCounters& out, bool reset) {
+  std::lock_guard lock(stats_mu_);
+  for (int d = 0; d < 2; ++d) {
+    const DirectionStats& s = d ? stats_.write : stats_.read;
+    DirectionStats& o = d ? out.write : out.read;
+    o.bytes += s.bytes;
+    o.requests += s.requests;
+    o.resubmits += s.resubmits;
+    o.errors += s.errors;
+    o.latency.merge(s.latency);
+  }
+  if (reset) stats_ = {};
+}
+
+void Worker::loop() {
+  while (true) {
+    if (inflight_ == 0 && active_head_ == nullptr && !wait_for_work()) return;
+    take_queued();
+    // overlap_events: refill as soon as a slot frees; otherwise one batch at a time.
+    if (opt_.overlap_events || inflight_ == 0) fill();
+    submit_prepared();
+    if (inflight_ > 0) reap();
+  }
+}
+
+// Blocks until work, a control request or stop. Returns false to stop.
+bool Worker::wait_for_work() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    if (control_ != nullptr) {
+      control_result_ = (*control_)(*queue_);
+      control_ = nullptr;
+      control_done_ = true;
+      control_cv_.notify_all();
+      continue;
+    }
+    if (queue_head_ != nullptr) return true;
+    if (stop_) return false;
+    cv_.wait(lock);
+  }
+}
+
+void Worker::take_queued() {
+  Slice* head;
+  Slice* tail;
+  {
+    std::lock_guard lock(mu_);
+    head = std::exchange(queue_head_, nullptr);
+    tail = std::exchange(queue_tail_, nullptr);
+  }
+  if (head == nullptr) return;
+  for (Slice* s = head; s != nullptr; s = s->next) s->fixed_file = fixed_slot(s->file_serial);
+  if (active_tail_ != nullptr) {
+    active_tail_->next = head;
+  } else {
+    active_head_ = head;
+  }
+  active_tail_ = tail;
+}
+
+void Worker::fill() {
+  while (active_head_ != nullptr && !free_pieces_.empty()) {
+    Slice* s = active_head_;
+    uint64_t len = std::min<uint64_t>(opt_.block_size, s->length - s->issued);
+    uint32_t index = free_pieces_.back();
+    Piece& p = pieces_[index];
+    p = Piece{s, s->buf + s->issued, s->offset + s->issued, static_cast<uint32_t>(len), 0, 0, {}};
+    if (!prepare_piece(index)) break;
+    free_pieces_.pop_back();
+    s->issued += len;
+    ++s->inflight;
+    if (s->issued == s->length) drop_front_if(s);
+  }
+}
+
+// Hands piece `index` (from its `done` byte on) to the queue. false if the queue is full.
+bool Worker::prepare_piece(uint32_t index) {
+  Piece& p = pieces_[index];
+  IoRequest r;
+  r.fd = p.slice->fd;
+  r.fixed_file = p.slice->fixed_file;
+  r.write = p.slice->write;
+  r.buf = p.buf + p.done;
+  r.len = p.len - p.done;
+  r.offset = p.offset + p.done;
+  r.buf_index = buffer_index(p.buf + p.done, r.len);
+  r.user_data = index;
+  p.start = Clock::now();
+  if (!queue_->prepare(r)) return false;
+  ++inflight_;
+  ++unsubmitted_;
+  if (opt_.single_submit) submit_prepared();
+  return true;
+}
+
+void Worker::submit_prepared() {
+  bool warned = false;
+  while (unsubmitted_ > 0) {
+    int rc = queue_->submit();
+    if (rc > 0) {
+      unsubmitted_ -= std::min<uint32_t>(static_cast<uint32_t>(rc), unsubmitted_);
+      continue;
+    }
+    if (rc == -EINTR) continue;
+    // Out of kernel resources: completions free them, so reap first if any are in flight.
+    if (inflight_ > unsubmitted_ && (rc == 0 || rc == -EAGAIN || rc == -EBUSY)) return;
+    if (!warned) {
+      log::warn("aio: submitting I/O failed ({}); retrying", errno_string(rc < 0 ? -rc : EAGAIN));
+      warned = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void Worker::reap() {
+  int n = queue_->reap(cqes_, std::chrono::nanoseconds(-1));
+  if (n < 0) {
+    if (n != -EINTR) log::warn("aio: waiting for completions failed: {}", errno_string(-n));
+    return;
+  }
+  Clock::time_point now = Clock::now();
+  std::lock_guard lock(stats_mu_);
+  for (int i = 0; i < n; ++i) complete(cqes_[i], now);
+}
+
+// Called with stats_mu_ held.
+void Worker::complete(const IoCompletion& c, Clock::time_point now) {
+  if (c.user_data >= pieces_.size()) {
+    log::error("aio: completion for unknown request {} ignored", c.user_data);
+    return;
+  }
+  uint32_t index = static_cast<uint32_t>(c.user_data);
+  Piece& p = pieces_[index];
+  Slice* s = p.slice;
+  DirectionStats& st = s->write ? stats_.write : stats_.read;
+  --inflight_;
+  ++st.requests;
+  st.latency.record(micros_between(p.start, now));
+  uint32_t want = p.len - p.done;
+  if (c.res < 0) {
+    if ((c.res == -EAGAIN || c.res == -EINTR) && p.retries < kMaxRetries) {
+      ++p.retries;
+      if (prepare_piece(index)) return;
+    }
+    ++st.errors;
+    s->fail(-c.res, false, p.offset + p.done, want);
+  } else if (c.res == 0 || static_cast<uint32_t>(c.res) > want) {
+    ++st.errors;
+    s->fail(EIO, c.res == 0 && !s->write, p.offset + p.done, want);
+  } else {
+    st.bytes += static_cast<uint64_t>(c.res);
+    p.done += static_cast<uint32_t>(c.res);
+    if (p.done < p.len) {
+      ++st.resubmits;
+      p.retries = 0;
+      if (prepare_piece(index)) return;
+      ++st.errors;
+      s->fail(EBUSY, false, p.offset + p.done, p.len - p.done);
+    }
+  }
+  finish_piece(index);
+}
+
+void Worker::finish_piece(uint32_t index) {
+  Slice* s = pieces_[index].slice;
+  pieces_[index].slice = nullptr;
+  free_pieces_.push_back(index);
+  --s->inflight;
+  if (s->err != 0) drop_front_if(s);  // issue nothing more for a failed slice
+  if (s->inflight == 0 && (s->err != 0 || s->issued == s->length)) {
+    core_.slice_done(s);  // takes the engine mutex (lock order: stats_mu_, then engine)
+  }
+}
+
+// Only the front slice is ever partly issued, so a slice to drop is at the front or gone.
+void Worker::drop_front_if(Slice* s) {
+  if (active_head_ != s) return;
+  active_head_ = s->next;
+  if (active_head_ == nullptr) active_tail_ = nullptr;
+  s->next = nullptr;
+}
+
+int Worker::buffer_index(const std::byte* p, uint32_t len) const {
+  if (buffers.empty()) return -1;
+  auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = std::upper_bound(buffers.begin(), buffers.end(), addr,
+                             [](uintptr_t a, const BufferRange& r) { return a < r.begin; });
+  if (it == buffers.begin()) return -1;
+  --it;
+  return addr + len <= it->end ? it->index : -1;
+}
+
+int Worker::fixed_slot(uint64_t serial) const {
+  if (serial == 0) return -1;
+  for (int i = 0; i < kFileSlots; ++i) {
+    if (file_serials[i] == serial) return i;
+  }
+  return -1;
+}
+
+}  // namespace outcore::aio::detail
