@@ -140,7 +140,8 @@ class Stream {
   // Records `event` at the current end of this stream.
   virtual void record(Event& event) = 0;
   // Makes work enqueued on this stream after this call wait until `event`'s most recent
-  // record (at the time of this call) has completed. The host does not block.
+  // record (at the time of this call) has completed. The host does not block. On CpuDevice an
+  // error carried by that record becomes this stream's error too (dependent work is skipped).
   virtual void wait(Event& event) = 0;
   // Blocks until every item enqueued so far has finished; rethrows the stream's error.
   virtual void synchronize() = 0;

@@ -1,0 +1,279 @@
+// CpuDevice: host memory under a byte budget, streams run by one worker thread each, events
+// as generation counters.
+#include <fmt/format.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <thread>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "engine/device/device.hpp"
+
+namespace outcore::device {
+namespace {
+
+// Turns whatever a stream item threw into an exception_ptr holding an outcore::Error.
+std::exception_ptr as_outcore_error(const std::string& stream) {
+  try {
+    throw;
+  } catch (const Error&) {
+    return std::current_exception();
+  } catch (const std::exception& e) {
+    return std::make_exception_ptr(Error(fmt::format("stream '{}': {}", stream, e.what())));
+  } catch (...) {
+    return std::make_exception_ptr(Error(fmt::format("stream '{}': unknown exception", stream)));
+  }
+}
+
+// Completion state of a CpuEvent, shared with the markers its records enqueue.
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;     // generation of the latest record()
+  uint64_t completed = 0;    // latest generation whose marker has run
+  std::exception_ptr error;  // the recording stream's error when `completed` was reached
+
+  void complete(uint64_t gen, std::exception_ptr err) {
+    {
+      std::lock_guard lock(mu);
+      if (gen > completed) {
+        completed = gen;
+        error = std::move(err);
+      }
+    }
+    cv.notify_all();
+  }
+  // Blocks until generation `gen` has completed; returns the error it carried.
+  std::exception_ptr wait_for(uint64_t gen) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return completed >= gen; });
+    return error;
+  }
+};
+
+class CpuEvent final : public Event {
+ public:
+  std::shared_ptr<EventState> state = std::make_shared<EventState>();
+
+  void synchronize() override {
+    uint64_t target;
+    {
+      std::lock_guard lock(state->mu);
+      target = state->recorded;
+    }
+    if (auto err = state->wait_for(target)) std::rethrow_exception(err);
+  }
+  bool query() override {
+    std::lock_guard lock(state->mu);
+    return state->completed >= state->recorded;
+  }
+};
+
+CpuEvent& as_cpu_event(Event& e) {
+  auto* cpu = dynamic_cast<CpuEvent*>(&e);
+  if (cpu == nullptr)
+    throw InvalidArgument("CpuDevice stream: event was not created by a CpuDevice");
+  return *cpu;
+}
+
+void check_range(const std::string& stream, const char* op, const void* a, const void* b,
+                 size_t bytes) {
+  if (bytes != 0 && (a == nullptr || b == nullptr))
+    throw InvalidArgument(
+        fmt::format("stream '{}': {} of {} bytes with a null pointer", stream, op, bytes));
+}
+
+class CpuStream final : public Stream {
+ public:
+  // An item runs only while the stream has no error, unless `always` (event markers, waits).
+  struct Item {
+    std::function<void(std::exception_ptr&)> fn;
+  };
+
+  explicit CpuStream(std::string name) : name_(std::move(name)), worker_([this] { run(); }) {}
+
+  ~CpuStream() override {
+    try {
+      synchronize();
+    } catch (const std::exception& e) {
+      log::error("stream '{}' destroyed with a failed item: {}", name_, e.what());
+    }
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  const std::string& name() const override { return name_; }
+
+  void copy_h2d(void* dst, const void* src, size_t bytes) override {
+    copy("copy_h2d", dst, src, bytes);
+  }
+  void copy_d2h(void* dst, const void* src, size_t bytes) override {
+    copy("copy_d2h", dst, src, bytes);
+  }
+  void copy_d2d(void* dst, const void* src, size_t bytes) override {
+    copy("copy_d2d", dst, src, bytes);
+  }
+
+  void memset(void* dst, int value, size_t bytes) override {
+    check_range(name_, "memset", dst, dst, bytes);
+    push_work([=] { std::memset(dst, value, bytes); });
+  }
+
+  void enqueue(std::function<void()> fn) override {
+    if (!fn) throw InvalidArgument(fmt::format("stream '{}': enqueue of an empty function", name_));
+    push_work(std::move(fn));
+  }
+
+  void record(Event& event) override {
+    std::shared_ptr<EventState> st = as_cpu_event(event).state;
+    uint64_t gen;
+    {
+      std::lock_guard lock(st->mu);
+      gen = ++st->recorded;
+    }
+    push({[st, gen](std::exception_ptr& err) { st->complete(gen, err); }});
+  }
+
+  void wait(Event& event) override {
+    std::shared_ptr<EventState> st = as_cpu_event(event).state;
+    uint64_t gen;
+    {
+      std::lock_guard lock(st->mu);
+      gen = st->recorded;
+    }
+    // A failure upstream becomes this stream's failure, so work that depends on it is skipped.
+    push({[st, gen](std::exception_ptr& err) {
+      if (auto upstream = st->wait_for(gen); upstream && !err) err = upstream;
+    }});
+  }
+
+  void synchronize() override {
+    std::unique_lock lock(mu_);
+    const uint64_t target = pushed_;
+    done_cv_.wait(lock, [&] { return done_ >= target; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void copy(const char* op, void* dst, const void* src, size_t bytes) {
+    check_range(name_, op, dst, src, bytes);
+    push_work([=] { std::memcpy(dst, src, bytes); });
+  }
+
+  void push_work(std::function<void()> fn) {
+    push({[fn = std::move(fn), this](std::exception_ptr& err) {
+      if (err) return;
+      try {
+        fn();
+      } catch (...) {
+        err = as_outcore_error(name_);
+      }
+    }});
+  }
+
+  void push(Item item) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(item));
+      ++pushed_;
+    }
+    cv_.notify_one();
+  }
+
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ with nothing left
+      Item item = std::move(queue_.front());
+      queue_.pop_front();
+      std::exception_ptr err = error_;
+      lock.unlock();
+      item.fn(err);
+      lock.lock();
+      error_ = err;
+      ++done_;
+      done_cv_.notify_all();
+    }
+  }
+
+  const std::string name_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<Item> queue_;          // GUARDED_BY(mu_)
+  uint64_t pushed_ = 0, done_ = 0;  // GUARDED_BY(mu_)
+  std::exception_ptr error_;        // GUARDED_BY(mu_)
+  bool stop_ = false;               // GUARDED_BY(mu_)
+  std::thread worker_;              // last: starts after the members above exist
+};
+
+}  // namespace
+
+struct CpuDevice::Registry {
+  std::mutex mu;
+  std::vector<Stream*> streams;  // GUARDED_BY(mu)
+};
+
+namespace {
+
+// A CpuStream that registers itself with its device for Device::synchronize(). `Registry` is
+// CpuDevice::Registry (private, hence the template parameter).
+template <typename Registry>
+class RegisteredStream final : public Stream {
+ public:
+  RegisteredStream(std::string name, std::shared_ptr<Registry> reg)
+      : inner_(std::move(name)), reg_(std::move(reg)) {
+    std::lock_guard lock(reg_->mu);
+    reg_->streams.push_back(&inner_);
+  }
+  ~RegisteredStream() override {
+    std::lock_guard lock(reg_->mu);
+    std::erase(reg_->streams, &inner_);
+  }
+  const std::string& name() const override { return inner_.name(); }
+  void copy_h2d(void* d, const void* s, size_t n) override { inner_.copy_h2d(d, s, n); }
+  void copy_d2h(void* d, const void* s, size_t n) override { inner_.copy_d2h(d, s, n); }
+  void copy_d2d(void* d, const void* s, size_t n) override { inner_.copy_d2d(d, s, n); }
+  void memset(void* d, int v, size_t n) override { inner_.memset(d, v, n); }
+  void enqueue(std::function<void()> fn) override { inner_.enqueue(std::move(fn)); }
+  void record(Event& e) override { inner_.record(e); }
+  void wait(Event& e) override { inner_.wait(e); }
+  void synchronize() override { inner_.synchronize(); }
+
+ private:
+  CpuStream inner_;
+  std::shared_ptr<Registry> reg_;
+};
+
+}  // namespace
+
+CpuDevice::CpuDevice(CpuDeviceOptions options) : registry_(std::make_shared<Registry>()) {
+  set_budget(options.memory_budget_bytes);
+}
+
+CpuDevice::~CpuDevice() = default;
+
+std::unique_ptr<Stream> CpuDevice::create_stream(std::string name) {
+  return std::make_unique<RegisteredStream<Registry>>(std::move(name), registry_);
+}
+
+std::unique_ptr<Event> CpuDevice::create_event() { return std::make_unique<CpuEvent>(); }
+
+void CpuDevice::synchronize() {
+  std::lock_guard lock(registry_->mu);
+  for (Stream* s : registry_->streams) s->synchronize();
+}
+
+void* CpuDevice::do_alloc(size_t charged) { return std::aligned_alloc(kAllocGranularity, charged); }
+
+void CpuDevice::do_free(void* ptr) noexcept { std::free(ptr); }
+
+}  // namespace outcore::device

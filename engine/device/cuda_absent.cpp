@@ -1,0 +1,19 @@
+// probe() and make_cuda_device() for builds without nvcc.
+#include "common/error.hpp"
+#include "engine/device/device.hpp"
+
+namespace outcore::device {
+
+bool cuda_compiled() { return false; }
+
+ProbeResult probe() {
+  ProbeResult result;
+  result.reason = "built without CUDA (nvcc was not found at configure time)";
+  return result;
+}
+
+std::unique_ptr<Device> make_cuda_device(CudaDeviceOptions) {
+  throw InvalidArgument("cannot create a CUDA device: " + probe().summary());
+}
+
+}  // namespace outcore::device

@@ -1,0 +1,103 @@
+// Device base: budgeted allocation and counters shared by every backend.
+#include "engine/device/device.hpp"
+
+#include <fmt/format.h>
+
+#include "common/error.hpp"
+
+namespace outcore::device {
+namespace {
+
+std::string format_bytes(uint64_t bytes) {
+  const double mib = static_cast<double>(bytes) / (1024.0 * 1024.0);
+  return fmt::format("{:.1f} MiB ({} bytes)", mib, bytes);
+}
+
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : device_(other.device_), ptr_(other.ptr_), bytes_(other.bytes_) {
+  other.device_ = nullptr;
+  other.ptr_ = nullptr;
+  other.bytes_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    device_ = other.device_;
+    ptr_ = other.ptr_;
+    bytes_ = other.bytes_;
+    other.device_ = nullptr;
+    other.ptr_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::reset() noexcept {
+  if (ptr_ != nullptr) device_->release(ptr_, bytes_);
+  device_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+DeviceBuffer Device::alloc(size_t bytes, std::string_view what) {
+  if (bytes == 0) return {};
+  const uint64_t charged = charged_bytes(bytes);
+  {
+    std::lock_guard lock(mu_);
+    if (stats_.budget_bytes != 0 && stats_.in_use_bytes + charged > stats_.budget_bytes) {
+      throw OutOfMemory(
+          fmt::format("device {}: cannot allocate {} for '{}': {} already in use of a {} budget "
+                      "(outcore.device_memory_mb)",
+                      name(), format_bytes(charged), what, format_bytes(stats_.in_use_bytes),
+                      format_bytes(stats_.budget_bytes)));
+    }
+    stats_.in_use_bytes += charged;  // reserved before the backend call, released on failure
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.in_use_bytes);
+  }
+  void* ptr = do_alloc(charged);
+  std::lock_guard lock(mu_);
+  if (ptr == nullptr) {
+    stats_.in_use_bytes -= charged;
+    throw OutOfMemory(
+        fmt::format("device {}: cannot allocate {} for '{}': the device is out of "
+                    "memory with {} allocated through outcore",
+                    name(), format_bytes(charged), what, format_bytes(stats_.in_use_bytes)));
+  }
+  ++stats_.live_allocations;
+  ++stats_.total_allocations;
+  return DeviceBuffer(this, ptr, bytes);
+}
+
+void Device::release(void* ptr, size_t bytes) noexcept {
+  do_free(ptr);
+  std::lock_guard lock(mu_);
+  stats_.in_use_bytes -= charged_bytes(bytes);
+  --stats_.live_allocations;
+}
+
+MemoryStats Device::memory_stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void Device::reset_peak() {
+  std::lock_guard lock(mu_);
+  stats_.peak_bytes = stats_.in_use_bytes;
+}
+
+std::string ProbeResult::summary() const {
+  if (!available) return "no GPU: " + reason;
+  std::string out = fmt::format("{} GPU{}:", gpus.size(), gpus.size() == 1 ? "" : "s");
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    const GpuInfo& g = gpus[i];
+    out += fmt::format("{} cuda:{} {} ({:.1f} GiB, sm_{}{})", i == 0 ? "" : ",", g.ordinal, g.name,
+                       static_cast<double>(g.total_memory_bytes) / (1 << 30),
+                       g.compute_capability_major, g.compute_capability_minor);
+  }
+  return out;
+}
+
+}  // namespace outcore::device

@@ -1,0 +1,224 @@
+// CpuDevice: budgeted allocator, stream ordering, events between streams, overlap, errors.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <numeric>
+#include <vector>
+
+#include "common/error.hpp"
+#include "engine/device/device.hpp"
+
+namespace outcore::device {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+TEST(CpuDeviceMemory, ChargesWholePagesAndAlignsThem) {
+  CpuDevice dev;
+  DeviceBuffer a = dev.alloc(1, "one byte");
+  DeviceBuffer b = dev.alloc(4097, "a page and a byte");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % kAllocGranularity, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kAllocGranularity, 0u);
+  EXPECT_EQ(a.size(), 1u);
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 3 * 4096u);
+  EXPECT_EQ(dev.memory_stats().live_allocations, 2u);
+  EXPECT_EQ(charged_bytes(0), 0u);
+  EXPECT_EQ(charged_bytes(4096), 4096u);
+}
+
+TEST(CpuDeviceMemory, ZeroBytesGivesAnEmptyBufferAndChargesNothing) {
+  CpuDevice dev(CpuDeviceOptions{.memory_budget_bytes = 4096});
+  DeviceBuffer a = dev.alloc(0, "nothing");
+  EXPECT_FALSE(a);
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 0u);
+}
+
+TEST(CpuDeviceMemory, OverBudgetThrowsNamingRequestUseAndBudget) {
+  CpuDevice dev(CpuDeviceOptions{.memory_budget_bytes = 8 * kMiB});
+  DeviceBuffer a = dev.alloc(6 * kMiB, "unit 3 params");
+  try {
+    dev.alloc(3 * kMiB, "unit 4 params");
+    FAIL() << "expected OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("unit 4 params"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("3145728 bytes"), std::string::npos) << msg;  // the request
+    EXPECT_NE(msg.find("6291456 bytes"), std::string::npos) << msg;  // in use
+    EXPECT_NE(msg.find("8388608 bytes"), std::string::npos) << msg;  // budget
+  }
+  // The failed request left the counters untouched, and an exact fit still works.
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 6 * kMiB);
+  DeviceBuffer b = dev.alloc(2 * kMiB, "exact fit");
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 8 * kMiB);
+}
+
+TEST(CpuDeviceMemory, PeakIsTrackedAcrossFreesAndReset) {
+  CpuDevice dev;
+  {
+    DeviceBuffer a = dev.alloc(3 * kMiB, "a");
+    DeviceBuffer b = dev.alloc(2 * kMiB, "b");
+  }
+  MemoryStats s = dev.memory_stats();
+  EXPECT_EQ(s.in_use_bytes, 0u);
+  EXPECT_EQ(s.peak_bytes, 5 * kMiB);
+  EXPECT_EQ(s.total_allocations, 2u);
+  EXPECT_EQ(s.live_allocations, 0u);
+  DeviceBuffer c = dev.alloc(kMiB, "c");
+  dev.reset_peak();
+  EXPECT_EQ(dev.memory_stats().peak_bytes, kMiB);
+}
+
+TEST(CpuDeviceMemory, BuffersAreMoveOnlyAndFreeOnce) {
+  CpuDevice dev(CpuDeviceOptions{.memory_budget_bytes = 2 * kMiB});
+  DeviceBuffer a = dev.alloc(kMiB, "a");
+  void* p = a.data();
+  DeviceBuffer b = std::move(a);
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(b.data(), p);
+  DeviceBuffer c = dev.alloc(kMiB, "c");
+  c = std::move(b);  // frees c's old memory
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, kMiB);
+  c.reset();
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 0u);
+  EXPECT_EQ(dev.memory_stats().live_allocations, 0u);
+}
+
+TEST(CpuDeviceStream, RunsItemsInEnqueueOrder) {
+  CpuDevice dev;
+  auto s = dev.create_stream("ordered");
+  std::vector<int> seen;
+  for (int i = 0; i < 200; ++i) s->enqueue([&seen, i] { seen.push_back(i); });
+  s->synchronize();
+  std::vector<int> want(200);
+  std::iota(want.begin(), want.end(), 0);
+  EXPECT_EQ(seen, want);
+}
+
+TEST(CpuDeviceStream, CopiesRoundTripThroughDeviceMemory) {
+  CpuDevice dev;
+  auto s = dev.create_stream("copy");
+  std::vector<float> host(10000), back(10000, -1.0f);
+  std::iota(host.begin(), host.end(), 0.5f);
+  DeviceBuffer d1 = dev.alloc(host.size() * 4, "d1"), d2 = dev.alloc(host.size() * 4, "d2");
+  s->copy_h2d(d1.data(), host.data(), host.size() * 4);
+  s->copy_d2d(d2.data(), d1.data(), host.size() * 4);
+  s->memset(d1.data(), 0, host.size() * 4);
+  s->copy_d2h(back.data(), d2.data(), host.size() * 4);
+  s->synchronize();
+  EXPECT_EQ(back, host);
+  EXPECT_EQ(d1.as<float>()[1234], 0.0f);
+}
+
+TEST(CpuDeviceStream, NullPointerWithBytesIsRejected) {
+  CpuDevice dev;
+  auto s = dev.create_stream("bad");
+  float x = 0;
+  EXPECT_THROW(s->copy_h2d(nullptr, &x, 4), InvalidArgument);
+  EXPECT_THROW(s->copy_d2h(&x, nullptr, 4), InvalidArgument);
+  EXPECT_NO_THROW(s->copy_d2d(nullptr, nullptr, 0));
+  EXPECT_THROW(s->enqueue({}), InvalidArgument);
+}
+
+TEST(CpuDeviceEvent, WaitOrdersWorkAcrossStreams) {
+  CpuDevice dev;
+  auto producer = dev.create_stream("producer");
+  auto consumer = dev.create_stream("consumer");
+  auto ev = dev.create_event();
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<int> value{0};
+  std::atomic<int> observed{-1};
+  producer->enqueue([gate] { gate.wait(); });
+  producer->enqueue([&] { value = 42; });
+  producer->record(*ev);
+  consumer->wait(*ev);
+  consumer->enqueue([&] { observed = value.load(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_FALSE(ev->query());
+  EXPECT_EQ(observed.load(), -1);  // the consumer is held back by the event
+  release.set_value();
+  consumer->synchronize();
+  EXPECT_EQ(observed.load(), 42);
+  EXPECT_TRUE(ev->query());
+}
+
+TEST(CpuDeviceEvent, NeverRecordedIsCompleteAndHostSyncBlocksUntilMarker) {
+  CpuDevice dev;
+  auto ev = dev.create_event();
+  EXPECT_TRUE(ev->query());
+  ev->synchronize();  // returns at once
+  auto s = dev.create_stream("s");
+  std::atomic<bool> ran{false};
+  s->enqueue([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ran = true;
+  });
+  s->record(*ev);
+  ev->synchronize();
+  EXPECT_TRUE(ran.load());
+}
+
+TEST(CpuDeviceStream, StreamsRunConcurrentlySoCopiesOverlapCompute) {
+  // The compute item can only finish if the copy stream runs while it is still running.
+  CpuDevice dev;
+  auto compute = dev.create_stream("compute");
+  auto copy = dev.create_stream("copy");
+  std::promise<void> copy_ran;
+  std::future<void> copy_done = copy_ran.get_future();
+  std::atomic<bool> overlapped{false};
+  compute->enqueue([&] {
+    overlapped = copy_done.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  });
+  copy->enqueue([&] { copy_ran.set_value(); });
+  dev.synchronize();
+  EXPECT_TRUE(overlapped.load());
+}
+
+TEST(CpuDeviceStream, FirstErrorSkipsLaterWorkAndReachesSyncAndEvents) {
+  CpuDevice dev;
+  auto s = dev.create_stream("failing");
+  auto other = dev.create_stream("dependent");
+  auto ev = dev.create_event();
+  std::atomic<bool> later_ran{false}, dependent_ran{false};
+  s->enqueue([] { throw InvalidArgument("bad kernel argument"); });
+  s->enqueue([&] { later_ran = true; });
+  s->record(*ev);
+  other->wait(*ev);
+  other->enqueue([&] { dependent_ran = true; });
+  EXPECT_THROW(ev->synchronize(), InvalidArgument);
+  EXPECT_THROW(s->synchronize(), InvalidArgument);
+  EXPECT_THROW(other->synchronize(), InvalidArgument);
+  EXPECT_FALSE(later_ran.load());
+  EXPECT_FALSE(dependent_ran.load());
+  EXPECT_THROW(dev.synchronize(), Error);
+}
+
+TEST(CpuDeviceStream, ForeignExceptionsBecomeOutcoreErrorsNamingTheStream) {
+  CpuDevice dev;
+  auto s = dev.create_stream("compute-7");
+  s->enqueue([] { throw std::runtime_error("boom"); });
+  try {
+    s->synchronize();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("compute-7"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("boom"), std::string::npos);
+  }
+}
+
+TEST(CpuDeviceStream, DestructorDrainsQueuedWork) {
+  CpuDevice dev;
+  std::atomic<int> n{0};
+  {
+    auto s = dev.create_stream("drain");
+    for (int i = 0; i < 50; ++i) s->enqueue([&] { ++n; });
+  }
+  EXPECT_EQ(n.load(), 50);
+}
+
+}  // namespace
+}  // namespace outcore::device

@@ -1,0 +1,89 @@
+// probe() everywhere; CudaDevice where the runtime reports a GPU (skipped otherwise).
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "common/error.hpp"
+#include "engine/device/device.hpp"
+
+namespace outcore::device {
+namespace {
+
+TEST(Probe, AnswersWithoutThrowingAndExplainsAbsence) {
+  ProbeResult p = probe();
+  if (!p.available) {
+    EXPECT_TRUE(p.gpus.empty());
+    EXPECT_FALSE(p.reason.empty());
+    EXPECT_EQ(p.summary().rfind("no GPU: ", 0), 0u) << p.summary();
+    EXPECT_THROW(make_cuda_device(), InvalidArgument);
+  } else {
+    ASSERT_FALSE(p.gpus.empty());
+    EXPECT_FALSE(p.gpus[0].name.empty());
+    EXPECT_GT(p.gpus[0].total_memory_bytes, 0u);
+    EXPECT_GE(p.gpus[0].compute_capability_major, 1);
+    EXPECT_NE(p.summary().find("cuda:0"), std::string::npos);
+  }
+  if (!cuda_compiled()) {
+    EXPECT_FALSE(p.available);
+  }
+}
+
+class CudaDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ProbeResult p = probe();
+    if (!p.available) GTEST_SKIP() << p.summary();
+  }
+};
+
+TEST_F(CudaDeviceTest, CopiesRoundTripOnStreams) {
+  auto dev = make_cuda_device();
+  EXPECT_FALSE(dev->host_accessible());
+  auto s = dev->create_stream("copy");
+  std::vector<float> host(1 << 20), back(1 << 20, -1.0f);
+  std::iota(host.begin(), host.end(), 0.25f);
+  DeviceBuffer a = dev->alloc(host.size() * 4, "a"), b = dev->alloc(host.size() * 4, "b");
+  s->copy_h2d(a.data(), host.data(), host.size() * 4);
+  s->copy_d2d(b.data(), a.data(), host.size() * 4);
+  s->copy_d2h(back.data(), b.data(), host.size() * 4);
+  s->synchronize();
+  EXPECT_EQ(back, host);
+}
+
+TEST_F(CudaDeviceTest, BudgetIsEnforcedAndPeakTracked) {
+  auto dev = make_cuda_device(CudaDeviceOptions{.ordinal = 0, .memory_budget_bytes = 8 << 20});
+  DeviceBuffer a = dev->alloc(6 << 20, "a");
+  EXPECT_THROW(dev->alloc(4 << 20, "b"), OutOfMemory);
+  a.reset();
+  EXPECT_EQ(dev->memory_stats().peak_bytes, 6u << 20);
+  EXPECT_EQ(dev->memory_stats().in_use_bytes, 0u);
+}
+
+TEST_F(CudaDeviceTest, EventsOrderStreamsAndHostFunctionsRun) {
+  auto dev = make_cuda_device();
+  auto s1 = dev->create_stream("s1"), s2 = dev->create_stream("s2");
+  auto ev = dev->create_event();
+  std::vector<int> host(1 << 22, 7), back(1 << 22, 0);
+  DeviceBuffer d = dev->alloc(host.size() * 4, "d");
+  s1->copy_h2d(d.data(), host.data(), host.size() * 4);
+  s1->record(*ev);
+  s2->wait(*ev);
+  s2->copy_d2h(back.data(), d.data(), host.size() * 4);
+  bool ran = false;
+  s2->enqueue([&] { ran = true; });
+  s2->synchronize();
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(back, host);
+  EXPECT_TRUE(ev->query());
+}
+
+TEST_F(CudaDeviceTest, HostFunctionErrorsSurfaceAtSynchronize) {
+  auto dev = make_cuda_device();
+  auto s = dev->create_stream("s");
+  s->enqueue([] { throw InvalidArgument("host function failed"); });
+  EXPECT_THROW(s->synchronize(), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace outcore::device
