@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <type_traits>
 
 #include "common/dtype.hpp"
 
@@ -53,12 +54,16 @@ void set_isa(Isa isa);
 // Threads
 
 // A fixed team of threads (a oneTBB task_arena) that kernels split their range over. Each
-// thread gets one contiguous chunk whose boundaries fall on 256-byte boundaries of the fp32
-// arrays, so no two threads write the same cache line. Creating one may allocate; using it
-// does not. Move-only. A call may be made on one Executor from several threads at once.
+// thread gets one contiguous chunk whose boundaries are whole multiples of the kernel's grain
+// (64 elements: 256 bytes of fp32, 128 bytes of bf16) from the start of the range, so with
+// 64-byte aligned arrays no two threads write the same cache line. Creating one may allocate;
+// a kernel call through it does not allocate (beyond oneTBB's pooled task storage). Move-only.
+// Calls may be made on one Executor from several threads at once.
 class Executor {
  public:
-  // threads == 0 means one per hardware thread. Throws InvalidArgument if threads > 1024.
+  static constexpr unsigned kMaxThreads = 256;
+
+  // threads == 0 means one per hardware thread. Throws InvalidArgument if threads > kMaxThreads.
   explicit Executor(unsigned threads = 1);
   ~Executor();
   Executor(Executor&&) noexcept;
@@ -68,14 +73,15 @@ class Executor {
 
   unsigned threads() const { return threads_; }
 
-  // Runs fn(begin, end) over [0, n) split into at most threads() chunks of whole `grain`s
-  // (the last chunk takes the remainder), in parallel, and returns when all are done.
-  // Ranges below `min_parallel` run on the calling thread. fn must not throw.
+  // Runs fn(chunk, begin, end) over [0, n) split into at most threads() chunks of whole
+  // `grain`s (the last chunk takes the remainder; chunk counts from 0), in parallel, and
+  // returns when all are done. Ranges below `min_parallel` run on the calling thread as chunk
+  // 0. n == 0 calls nothing. fn must not throw.
   template <typename Fn>
   void for_chunks(size_t n, size_t grain, size_t min_parallel, Fn&& fn) const;
 
  private:
-  using ChunkFn = void (*)(void* ctx, size_t begin, size_t end);
+  using ChunkFn = void (*)(void* ctx, size_t chunk, size_t begin, size_t end);
   void run_chunks(size_t n, size_t grain, size_t min_parallel, ChunkFn fn, void* ctx) const;
 
   struct Arena;  // wraps a tbb::task_arena
@@ -85,7 +91,8 @@ class Executor {
 
 template <typename Fn>
 void Executor::for_chunks(size_t n, size_t grain, size_t min_parallel, Fn&& fn) const {
-  auto tramp = [](void* ctx, size_t b, size_t e) { (*static_cast<Fn*>(ctx))(b, e); };
+  using F = std::remove_reference_t<Fn>;
+  auto tramp = [](void* ctx, size_t k, size_t b, size_t e) { (*static_cast<F*>(ctx))(k, b, e); };
   run_chunks(n, grain, min_parallel, tramp, const_cast<void*>(static_cast<const void*>(&fn)));
 }
 

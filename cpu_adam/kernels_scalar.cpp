@@ -1,0 +1,107 @@
+// The scalar reference kernels. Each Adam operation is written as the same sequence of IEEE
+// operations (explicit fma, correctly rounded sqrt and division) as the vector kernels, so
+// every ISA gives bit-identical parameters and moments.
+#include <cmath>
+#include <cstdint>
+
+#include "common/dtype.hpp"
+#include "cpu_adam/kernels.hpp"
+
+namespace outcore::cpu_adam::detail {
+namespace {
+
+template <int K>
+float load(const void* x, size_t i) {
+  if constexpr (K == kF32) return static_cast<const float*>(x)[i];
+  if constexpr (K == kBF16) return bf16_to_fp32(static_cast<const uint16_t*>(x)[i]);
+  if constexpr (K == kF16) return fp16_to_fp32(static_cast<const uint16_t*>(x)[i]);
+}
+
+template <int K>
+void store(void* x, size_t i, float f) {
+  if constexpr (K == kF32) static_cast<float*>(x)[i] = f;
+  if constexpr (K == kBF16) static_cast<uint16_t*>(x)[i] = fp32_to_bf16(f);
+  if constexpr (K == kF16) static_cast<uint16_t*>(x)[i] = fp32_to_fp16(f);
+}
+
+template <int Formula, int G, int O>
+void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, float* m, float* v, void* out) {
+  for (size_t i = 0; i < n; ++i) {
+    float grad = load<G>(g, i);
+    float param = p[i];
+    if (c.use_scale) grad = grad * c.grad_scale;
+    if (c.use_l2) grad = std::fma(param, c.l2, grad);
+    float mi = std::fma(grad, c.one_minus_beta1, m[i] * c.beta1);
+    float vi = std::fma(grad * grad, c.one_minus_beta2, v[i] * c.beta2);
+    float root = std::sqrt(vi);
+    if constexpr (Formula == kDeepSpeed) {
+      float update = mi / std::fma(root, c.bc2, c.eps);
+      if (c.use_decoupled) param = std::fma(param, c.decoupled, param);
+      param = std::fma(update, c.step_size, param);
+    } else {
+      float denom = root / c.bc2 + c.eps;
+      if (c.use_decoupled) param = param * c.decoupled;
+      param = param + (c.step_size * mi) / denom;
+    }
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = param;
+    if constexpr (O == kOutBF16) store<kBF16>(out, i, param);
+    if constexpr (O == kOutF16) store<kF16>(out, i, param);
+  }
+}
+
+template <int K>
+double sum_of_squares(const void* x, size_t n) {
+  double acc = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    double d = load<K>(x, i);
+    acc = std::fma(d, d, acc);
+  }
+  return acc;
+}
+
+template <int K>
+bool has_inf_or_nan(const void* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(load<K>(x, i))) return true;
+  }
+  return false;
+}
+
+template <int K>
+void scale_in_place(void* x, size_t n, float scale) {
+  for (size_t i = 0; i < n; ++i) store<K>(x, i, load<K>(x, i) * scale);
+}
+
+template <int Formula, int G>
+constexpr void fill_outs(KernelTable& t) {
+  t.adam[Formula][G][kOutNone] = adam<Formula, G, kOutNone>;
+  t.adam[Formula][G][kOutBF16] = adam<Formula, G, kOutBF16>;
+  t.adam[Formula][G][kOutF16] = adam<Formula, G, kOutF16>;
+}
+
+template <int K>
+constexpr void fill_kind(KernelTable& t) {
+  fill_outs<kDeepSpeed, K>(t);
+  fill_outs<kPyTorch, K>(t);
+  t.sum_of_squares[K] = sum_of_squares<K>;
+  t.has_inf_or_nan[K] = has_inf_or_nan<K>;
+  t.scale_in_place[K] = scale_in_place<K>;
+}
+
+constexpr KernelTable make_table() {
+  KernelTable t{};
+  fill_kind<kF32>(t);
+  fill_kind<kBF16>(t);
+  fill_kind<kF16>(t);
+  return t;
+}
+
+constexpr KernelTable kTable = make_table();
+
+}  // namespace
+
+const KernelTable& scalar_kernels() { return kTable; }
+
+}  // namespace outcore::cpu_adam::detail
