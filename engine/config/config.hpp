@@ -87,8 +87,8 @@ struct ConfigIssue {
 using ConfigWarning = ConfigIssue;
 
 // Every error found in one config, thrown at once. what() is
-// "<source>: N error(s):\n  <path>: <message>\n  ..." (a single error fits on one line).
-// json_path() is the first issue's path.
+// "<source>: N errors:\n  <path>: <message>\n  ..." (a single error fits on one line:
+// "<source>: <path>: <message>"). json_path() is empty: each issue carries its own path.
 class ConfigValidationError : public ConfigError {
  public:
   ConfigValidationError(std::string source, std::vector<ConfigIssue> issues);

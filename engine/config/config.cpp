@@ -1,0 +1,75 @@
+// ConfigIssue / ConfigValidationError formatting, enum names, unresolved-value errors.
+#include "engine/config/config.hpp"
+
+namespace outcore::config {
+namespace {
+
+std::string format_issues(const std::string& source, const std::vector<ConfigIssue>& issues) {
+  std::string prefix = source.empty() ? "" : source + ": ";
+  if (issues.size() == 1) return prefix + issues[0].to_string();
+  std::string msg = prefix + std::to_string(issues.size()) + " errors:";
+  for (const ConfigIssue& i : issues) msg += "\n  " + i.to_string();
+  return msg;
+}
+
+}  // namespace
+
+std::string ConfigIssue::to_string() const {
+  return json_path.empty() ? message : json_path + ": " + message;
+}
+
+ConfigValidationError::ConfigValidationError(std::string source, std::vector<ConfigIssue> issues)
+    : ConfigError("", format_issues(source, issues)),
+      source_(std::move(source)),
+      issues_(std::move(issues)) {}
+
+void throw_unresolved(const char* path, bool is_auto) {
+  if (is_auto) {
+    throw ConfigError(path,
+                      "is \"auto\" and was not resolved: set it in the config or give its "
+                      "value on the command line");
+  }
+  throw ConfigError(path, "is not set: set it in the config or give its value on the command line");
+}
+
+std::string_view to_string(OptimizerType t) {
+  switch (t) {
+    case OptimizerType::kAdam:
+      return "Adam";
+    case OptimizerType::kAdamW:
+      return "AdamW";
+  }
+  return "?";
+}
+
+std::string_view to_string(SchedulerType t) {
+  switch (t) {
+    case SchedulerType::kNone:
+      return "none";
+    case SchedulerType::kWarmupLR:
+      return "WarmupLR";
+    case SchedulerType::kWarmupDecayLR:
+      return "WarmupDecayLR";
+    case SchedulerType::kWarmupCosineLR:
+      return "WarmupCosineLR";
+    case SchedulerType::kOneCycle:
+      return "OneCycle";
+  }
+  return "?";
+}
+
+std::string_view to_string(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+std::string_view to_string(WarmupType t) { return t == WarmupType::kLog ? "log" : "linear"; }
+
+}  // namespace outcore::config
