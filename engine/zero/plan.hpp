@@ -1,0 +1,141 @@
+// engine/zero placement planner: before training, where every byte of training state lives
+// and how many bytes move per optimizer step, for one config and one model.
+//
+// The plan is the engine's own budget: ZeroEngine sizes its device buffers, its pinned pool
+// and its swap files from it, so the peaks it reports are the peaks the engine reaches
+// (device bytes are charged bytes, see device::charged_bytes). `outcore estimate` prints it;
+// `outcore train` (through ZeroEngine) refuses a plan that does not fit.
+//
+// Tiers:
+//   device  the accelerator's budgeted allocator (outcore.device_memory_mb)
+//   pinned  the pinned host pool (swap::PinnedPool; outcore.pinned_memory_mb, 0 = sized here)
+//   host    other host RAM the engine allocates (fp32 state with offload cpu, accumulators)
+//   nvme    swap files under offload_param.nvme_path / offload_optimizer.nvme_path
+//
+// Threading: every function here is pure (system_limits reads /proc and statvfs) and
+// thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "engine/config/config.hpp"
+#include "engine/model/model.hpp"
+
+namespace outcore::zero {
+
+enum class Tier : uint8_t { kDevice, kPinned, kHost, kNvme };
+inline constexpr int kNumTiers = 4;
+
+// "device", "pinned", "host", "nvme".
+std::string_view tier_name(Tier t);
+
+// Bytes per tier.
+struct TierBytes {
+  uint64_t device = 0;
+  uint64_t pinned = 0;
+  uint64_t host = 0;
+  uint64_t nvme = 0;
+  uint64_t& operator[](Tier t);
+  uint64_t operator[](Tier t) const;
+};
+
+// Bytes moved per path: NVMe reads and writes, host-to-device and device-to-host copies.
+struct TrafficBytes {
+  uint64_t nvme_read = 0;
+  uint64_t nvme_write = 0;
+  uint64_t h2d = 0;
+  uint64_t d2h = 0;
+};
+
+// One line of the plan: `bytes` of `what` held in `tier` at the tier's peak.
+struct PlanItem {
+  Tier tier = Tier::kDevice;
+  std::string what;  // "fp32 master + Adam moments (12 B/param, partition)"
+  uint64_t bytes = 0;
+};
+
+// Where each kind of state lives between uses (the "home" of each partition).
+struct Placement {
+  int stage = 0;                   // effective ZeRO stage, 0..3
+  DType param_dtype = DType::F32;  // compute dtype of the low-precision parameters
+  Tier params = Tier::kDevice;     // low-precision parameters (full slabs below stage 3)
+  Tier optimizer = Tier::kDevice;  // fp32 master weights + Adam moments
+  Tier gradients = Tier::kDevice;  // fp32 gradient accumulators
+  // True when offload_optimizer.device is nvme below stage 3: outcore keeps the NVMe
+  // placement (the swapper works per unit at any stage) where DeepSpeed would fall back to
+  // cpu; see docs/architecture.md.
+  bool optimizer_nvme_below_stage3 = false;
+};
+
+struct Plan {
+  Placement placement;
+  int world_size = 1;
+  int64_t micro_batches_per_step = 1;  // gradient_accumulation_steps
+  int64_t tokens_per_micro_batch = 0;  // B*T
+  uint64_t num_parameters = 0;         // model parameters (tied weight once)
+  uint64_t padded_elems = 0;           // sum of padded slab sizes (every unit)
+
+  TierBytes peak;               // bytes each tier holds at its peak
+  std::vector<PlanItem> items;  // what makes up each tier's peak, in tier order
+  TrafficBytes per_step;        // bytes moved per optimizer step (all micro-batches)
+
+  // Budgets the engine runs under (all in bytes; device ones are charged bytes).
+  uint64_t device_live_param_bytes = 0;  // stage 3: gathered parameter slabs on the device
+  uint64_t device_grad_bytes = 0;        // fp32 gradient slabs in flight on the device
+  uint64_t pinned_pool_bytes = 0;        // size of the pinned pool the engine creates
+  std::string param_nvme_path;           // swap directory for parameters, or empty
+  std::string optimizer_nvme_path;       // swap directory for optimizer state, or empty
+  uint64_t param_nvme_bytes = 0;         // of peak.nvme, parameter files
+  uint64_t optimizer_nvme_bytes = 0;     // of peak.nvme, optimizer-state files
+};
+
+// What the planner needs besides the config and the model.
+struct PlanOptions {
+  int world_size = 1;
+};
+
+// The plan for `cfg` (resolved: batch keys and zero bucket sizes set) and `model` (whose
+// ModelOptions give the micro-batch shape, param dtype and activation checkpointing).
+// Throws ConfigError naming the JSON path when the combination is impossible (fp16/bf16
+// enabled but the model's param dtype differs; offload_param below stage 3 is ignored with a
+// warning instead, as DeepSpeed does), InvalidArgument for world_size < 1.
+Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
+               const PlanOptions& options = {});
+
+// What the machine offers each tier; 0 = no limit.
+struct PlanLimits {
+  uint64_t device = 0;  // outcore.device_memory_mb * 2^20 (0 = unlimited)
+  uint64_t pinned = 0;  // outcore.pinned_memory_mb * 2^20 (0 = sized by the plan)
+  uint64_t host = 0;    // MemAvailable from /proc/meminfo
+  // statvfs free bytes (f_bavail * f_frsize) of the parameter / optimizer swap directories
+  // (the nearest existing ancestor when the directory does not exist yet); 0 when unused.
+  uint64_t param_nvme = 0;
+  uint64_t optimizer_nvme = 0;
+  bool nvme_same_filesystem = false;  // both directories on one filesystem (needs add up)
+};
+
+// Reads the limits for `plan` under `cfg` from the config and the system. Throws IoError
+// naming the path when a swap directory's filesystem cannot be queried.
+PlanLimits system_limits(const config::Config& cfg, const Plan& plan);
+
+// Throws OutOfMemory when a tier's peak exceeds its limit, naming the tier, the bytes
+// needed, the limit and the config key or path that sets it, e.g.
+//   "device: the plan needs 1.20 GiB (1288490188 bytes) at its peak but
+//    outcore.device_memory_mb allows 1.00 GiB (1073741824 bytes)"
+// and for NVMe "nvme: swap files under /mnt/nvme need N bytes, the filesystem has M free".
+// Host needs count pinned + host bytes against MemAvailable.
+void check_fits(const Plan& plan, const PlanLimits& limits);
+
+// The plan as a table for a terminal: one row per item (tier, what, bytes in human units),
+// tier totals, and the per-step traffic. When `limits` is given, totals show the limit and
+// whether it fits.
+std::string format_plan(const Plan& plan, const PlanLimits* limits = nullptr);
+
+// "1.50 GiB", "512.0 MiB", "12 B".
+std::string format_bytes(uint64_t bytes);
+
+}  // namespace outcore::zero

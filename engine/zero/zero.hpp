@@ -1,0 +1,189 @@
+// engine/zero: ZeRO stages 0-3 with parameters and optimizer state on the device, in host
+// memory or on NVMe, giving bit-identical training in every configuration.
+//
+// One ZeroEngine trains one LlamaModel on one Device for one data-parallel rank:
+//
+//   zero::ZeroEngine engine(cfg, model, device, comm, /*seed=*/42);
+//   for (step t = 1..) {
+//     for (k = 0 .. gas-1)
+//       loss = engine.forward_backward(tokens_k, targets_k, scale / gas, k == 0);
+//     zero::StepResult r = engine.step(zero::step_params(cfg, lr, t, scale));
+//     if (r.overflow) ... (the loss scaler backs off; nothing was updated)
+//   }
+//
+// Data model (DESIGN.md): every unit's parameters are one flat slab of padded_numel elements;
+// rank r owns elements [r*P, (r+1)*P) with P = padded_numel / world_size: its fp32 master
+// weights, its Adam moments and its reduced fp32 gradients. Stage 0 owns the whole slab on
+// every rank (plain data parallelism).
+//
+//   stage 0  full params, grads, master + moments on the device (offload keys ignored)
+//   stage 1  optimizer state partitioned, in its tier (offload_optimizer: none/cpu/nvme);
+//            full fp32 gradients accumulated, reduce-scattered at step()
+//   stage 2  + gradients reduce-scattered as each unit's backward finishes
+//   stage 3  + parameters partitioned in their tier (offload_param: none/cpu/nvme) and
+//            gathered to the device per unit by the parameter coordinator
+//
+// Every gather, reduce-scatter and owner computation goes through comm::Comm, so a world
+// size > 1 needs no change here. Arithmetic is the same in every configuration (same
+// kernels, same ranges, same order), so at world size 1 losses and weights are
+// bit-identical across stages and tiers.
+//
+// Threading: a ZeroEngine is driven by one thread at a time (REQUIRES external
+// serialization). Internally it runs copy streams on the Device, I/O threads in aio and a
+// thread pool for CPU Adam; every call below returns with that work finished or safely
+// owned by the engine. Lifetimes: the config is copied; model, device and comm must outlive
+// the engine.
+//
+// Errors: everything is an outcore::Error. A failed I/O (injected or real) while fetching
+// parameters or swapping optimizer state surfaces as IoError naming the file, offset and
+// errno from the call that needed it (forward_backward, evaluate or step); after such an
+// error the engine's state is unspecified and it must be destroyed (its swap files are
+// removed on destruction).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "engine/comm/comm.hpp"
+#include "engine/config/config.hpp"
+#include "engine/device/device.hpp"
+#include "engine/model/model.hpp"
+#include "engine/zero/plan.hpp"
+
+namespace outcore::aio {
+class IoBackend;
+}
+
+namespace outcore::zero {
+
+// Hyper-parameters of one optimizer step. Defaults are DeepSpeed's.
+struct StepParams {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adamw_mode = true;  // decoupled weight decay (config::OptimizerConfig::decoupled_...)
+  bool bias_correction = true;
+  uint64_t step = 1;        // Adam step number t, from 1, counting only applied steps
+  double loss_scale = 1.0;  // the dynamic (or static) loss scale the gradients carry
+  // Global L2 norm clipping threshold (config gradient_clipping); 0 = off.
+  double gradient_clipping = 0.0;
+  // Detect inf/NaN in the gradients and skip the update (fp16 always; bf16
+  // check_grad_overflow). When false, non-finite gradients are applied as they are.
+  bool check_overflow = true;
+};
+
+// StepParams from the resolved config's optimizer, gradient_clipping and fp16/bf16
+// sections, with this step's lr, step number and loss scale.
+StepParams step_params(const config::Config& cfg, double lr, uint64_t step, double loss_scale);
+
+struct StepResult {
+  bool overflow = false;   // non-finite gradients: nothing updated, gradients cleared
+  double grad_norm = 0.0;  // global L2 norm of the unscaled gradients (inf/NaN on overflow)
+  // The multiplier applied to every gradient element: 1 / (loss_scale * clip), clip =
+  // max(1, (grad_norm + 1e-6) / gradient_clipping) when clipping, else 1 (DeepSpeed's
+  // unscale_and_clip_grads). 0 on overflow.
+  double grad_scale = 0.0;
+};
+
+// Cumulative bytes moved since construction, per path (for GB/s in a progress display).
+struct TrafficStats {
+  uint64_t nvme_read_bytes = 0;   // swap files read (parameters and optimizer state)
+  uint64_t nvme_write_bytes = 0;  // swap files written
+  uint64_t h2d_bytes = 0;         // host -> device copies
+  uint64_t d2h_bytes = 0;         // device -> host copies
+};
+
+struct MemoryPeaks {
+  uint64_t device_peak_bytes = 0;    // the device allocator's peak (charged bytes)
+  uint64_t device_budget_bytes = 0;  // 0 = unlimited
+  uint64_t pinned_peak_bytes = 0;    // the pinned pool's peak
+  uint64_t pinned_budget_bytes = 0;  // the pinned pool's hard budget
+};
+
+// The three fp32 arrays of optimizer state each rank owns per unit.
+enum class StateKind : uint8_t { kMaster, kExpAvg, kExpAvgSq };
+
+// Options that do not come from the DeepSpeed config.
+struct EngineOptions {
+  // I/O backend of the swap files (nullptr: io_uring). Tests pass an
+  // aio::FaultInjectingBackend to inject EIO / short I/O while prefetching or swapping.
+  std::shared_ptr<aio::IoBackend> io_backend;
+  // Check the plan against system_limits() at construction (device budget, pinned budget,
+  // MemAvailable, free space under the swap paths). The device budget is always enforced by
+  // the allocator itself.
+  bool check_system_limits = true;
+  // Threads for CPU Adam, gradient norms and accumulation; 0 = one per hardware thread.
+  unsigned cpu_threads = 0;
+};
+
+class ZeroEngine {
+ public:
+  // Builds the plan (make_plan with comm.world_size()), refuses what cannot fit
+  // (OutOfMemory naming the tier, need and limit; IoError when a swap file cannot be
+  // preallocated, naming the file and the bytes), creates and preallocates the swap files
+  // under <nvme_path>/outcore_swap/rank<r>/, and initialises this rank's partitions with
+  // model::init_params(layout, unit, seed, ...): fp32 master weights, zero moments, and the
+  // low-precision parameters rounded from them.
+  // REQUIRES: cfg resolved (config::require_resolved passes); model's param_dtype matches
+  // the config (bf16 -> BF16, fp16 -> F16, else F32; ConfigError otherwise) and its layout
+  // world size equals comm.world_size() (InvalidArgument otherwise); device.host_accessible()
+  // (the model's kernels and CPU Adam run on the host; InvalidArgument otherwise).
+  ZeroEngine(const config::Config& cfg, const model::LlamaModel& model, device::Device& device,
+             comm::Comm& comm, uint64_t seed, EngineOptions options = {});
+  // Waits for in-flight work and removes the swap files (errors logged, not thrown).
+  ~ZeroEngine();
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  const Plan& plan() const;
+  const model::LlamaModel& model() const;
+
+  // One micro-batch: forward over units 0..L, backward L+1..0 (parameters fetched per unit
+  // in stage 3), gradients of loss_scale * mean cross-entropy reduced through Comm into this
+  // rank's fp32 gradient partitions: written on the first micro-batch of a step, added on
+  // the others. tokens/targets: model.tokens() ids each, in [0, vocab) (InvalidArgument
+  // naming the position otherwise). loss_scale: the trainer passes
+  // dynamic_scale / gradient_accumulation_steps. Returns the mean cross-entropy (unscaled).
+  float forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale,
+                         bool first_micro_batch);
+
+  // Forward only over the current parameters; returns the mean cross-entropy. Does not
+  // touch the gradient accumulators.
+  float evaluate(const int32_t* tokens, const int32_t* targets);
+
+  // The optimizer step over the gradients accumulated since the last first_micro_batch:
+  // global gradient L2 norm (per-unit sums of squares in double, fixed unit order, summed
+  // over ranks with Comm::all_reduce), overflow check, the combined unscale+clip multiplier,
+  // then Adam per unit where that unit's state lives, and the new low-precision parameters
+  // written back to their tier. On overflow nothing is updated and the result says so.
+  // REQUIRES: at least one forward_backward since construction or the last step()
+  // (InvalidArgument otherwise).
+  StepResult step(const StepParams& params);
+
+  // Unit `unit`'s full fp32 master-weight slab (padded_numel elements, gathered from every
+  // rank through Comm; collective). out.size() must equal the padded slab size.
+  void get_master_weights(int unit, std::span<float> out);
+  // Unit `unit`'s full low-precision parameter slab as the model computes with it
+  // (padded_numel elements of the param dtype; collective).
+  void get_params(int unit, std::span<std::byte> out);
+
+  // This rank's partition of one optimizer-state array of `unit` (partition_numel
+  // elements), for checkpoints. read_state copies it out; write_state replaces it (writing
+  // kMaster also refreshes the unit's low-precision parameters from it). Not collective.
+  size_t partition_numel(int unit) const;
+  void read_state(int unit, StateKind kind, std::span<float> out);
+  void write_state(int unit, StateKind kind, std::span<const float> in);
+
+  TrafficStats traffic() const;
+  MemoryPeaks memory() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace outcore::zero
