@@ -25,11 +25,13 @@
 //
 // On-disk layout (one file per (rank, kind, unit); see docs/architecture.md, "swap"):
 //   <nvme_path>/outcore_swap/rank<r>/<kind>/<unit>.bin     kind: param | grad | optimizer
-//   bytes [0, 4096)   header: magic "OCSWAP\0\1", format version, kind, unit, tensor count,
-//                     a per-run random nonce, then the tensor table (name, offset, bytes).
-//   each tensor       at a 4096-aligned offset (the first at 4096), occupying
-//                     align_up(bytes, 4096) bytes; the file is preallocated to the end of the
-//                     last tensor. Every request is therefore 4 KiB aligned (O_DIRECT).
+//   header     bytes [0, H), H = align_up(64 + 64 * tensor_count, 4096): a 64-byte preamble
+//              (magic "OCSWAP\0\1", format version, kind, unit, tensor count, a per-run random
+//              nonce, file size) and one 64-byte entry per tensor (name up to 47 bytes
+//              NUL-padded, offset, bytes), little-endian.
+//   tensors    in plan order from offset H, each at a 4096-aligned offset, occupying
+//              align_up(bytes, 4096) bytes. The file is preallocated to its full size, so
+//              every request is 4 KiB aligned (O_DIRECT) and never extends the file.
 // Checksums are not stored in the file: files are never trusted across runs (a leftover
 // directory from a crashed run is cleared at start), so the CRC table lives in memory.
 #pragma once
@@ -158,7 +160,7 @@ enum class SwapKind : uint8_t { kParam, kGrad, kOptimizer };
 std::string_view swap_kind_name(SwapKind kind);
 
 struct TensorSpec {
-  std::string name;    // unique within its file, 1..63 bytes
+  std::string name;    // unique within its file, 1..47 bytes
   uint64_t bytes = 0;  // exact payload size; > 0
 };
 
@@ -166,7 +168,7 @@ struct TensorSpec {
 struct SwapFileSpec {
   uint32_t unit = 0;
   SwapKind kind = SwapKind::kParam;
-  std::vector<TensorSpec> tensors;  // at most 63 (they must fit in the 4 KiB header)
+  std::vector<TensorSpec> tensors;  // at least one
 };
 
 // Names one tensor: (unit, kind, index into its SwapFileSpec::tensors).
@@ -200,12 +202,12 @@ class SwapSpace {
   // on the same rank and kind fails with IoError(EWOULDBLOCK)), then creates and preallocates
   // every file and writes its header.
   // Throws InvalidArgument for a malformed plan (duplicate (unit, kind), duplicate or empty
-  // names, zero-byte tensors, too many tensors), IoError(ENOSPC) naming the directory, the
+  // names, zero-byte tensors, empty files), IoError(ENOSPC) naming the directory, the
   // bytes needed and the bytes free (statvfs) when the plan does not fit, checked before
   // anything is written, and IoError for any other failure. On any failure every file and
   // directory made so far is removed.
   SwapSpace(const SwapSpaceOptions& options, std::span<const SwapFileSpec> files);
-  // Closes and removes every file, then each directory it made that is now empty. Errors are
+  // Closes and removes every file, then each of its directories that is now empty. Errors are
   // logged, never thrown. REQUIRES: no I/O on these files is in flight.
   ~SwapSpace();
   SwapSpace(const SwapSpace&) = delete;

@@ -1,0 +1,382 @@
+// OptimizerSwapper: Adam over NVMe-resident optimizer state, one sub-group at a time through a
+// ring of buffer_count pool buffers. Sub-group k lives in buffer k % B; a read into a buffer
+// first waits for the write of the sub-group that used it before (k - B).
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+
+#include "common/log.hpp"
+#include "swap/swap.hpp"
+
+namespace outcore::swap {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+uint64_t part_bytes(uint64_t n) { return align_up(n * sizeof(float), kIoAlignment); }
+// [master | exp_avg | exp_avg_sq], each part 4096-aligned; the last part is exact.
+uint64_t sub_group_bytes(uint64_t n) { return 2 * part_bytes(n) + n * sizeof(float); }
+std::string sub_group_name(size_t k) { return fmt::format("sg{}", k); }
+
+struct SubGroup {
+  uint64_t first = 0;  // element offset in the unit's partition
+  uint64_t n = 0;
+  TensorId id;
+  uint64_t part = 0;   // part_bytes(n)
+  uint64_t bytes = 0;  // sub_group_bytes(n)
+};
+
+struct UnitLayout {
+  uint64_t numel = 0;
+  std::vector<SubGroup> groups;
+  uint64_t slot = 0;  // bytes of one ring buffer: 3 parts of the largest sub-group
+};
+
+struct UnitState {
+  std::shared_ptr<const UnitLayout> layout;  // set once initialised
+  bool initialised = false;
+  bool poisoned = false;
+  bool busy = false;
+  uint64_t steps = 0;
+};
+
+// The per-sub-group work of one pass; `buf` holds the sub-group's [master | m | v].
+using Work = std::function<void(const SubGroup& g, std::byte* buf)>;
+
+}  // namespace
+
+SwapFileSpec optimizer_file_spec(uint32_t unit, uint64_t numel, uint64_t sub_group_size) {
+  if (numel == 0 || sub_group_size == 0) {
+    throw InvalidArgument(
+        fmt::format("optimizer swap: unit {}: numel {} and sub_group_size {} must both be > 0",
+                    unit, numel, sub_group_size));
+  }
+  SwapFileSpec spec{.unit = unit, .kind = SwapKind::kOptimizer, .tensors = {}};
+  for (uint64_t first = 0, k = 0; first < numel; first += sub_group_size, ++k) {
+    uint64_t n = std::min(sub_group_size, numel - first);
+    spec.tensors.push_back({sub_group_name(k), sub_group_bytes(n)});
+  }
+  return spec;
+}
+
+struct OptimizerSwapper::Impl {
+  Swapper& swapper;
+  PinnedPool& pool;
+  OptimizerSwapperOptions options;
+  const cpu_adam::Executor* executor;
+
+  // Unit states: created on first use; a Busy guard's holder is their only writer and writes
+  // under mu, so readers (steps_done, poisoned) lock mu.
+  mutable std::mutex mu;
+  std::map<uint32_t, UnitState> units;  // GUARDED_BY(mu); nodes are stable
+  OptimizerStepStats last;              // GUARDED_BY(mu)
+
+  Impl(Swapper& s, PinnedPool& p, const OptimizerSwapperOptions& o, const cpu_adam::Executor* ex)
+      : swapper(s), pool(p), options(o), executor(ex) {}
+
+  // Marks the unit busy for the lifetime of the guard.
+  class Busy {
+   public:
+    Busy(Impl& m, uint32_t unit) : m_(m) {
+      std::lock_guard lock(m.mu);
+      st_ = &m.units[unit];
+      if (st_->busy) {
+        throw InvalidArgument(
+            fmt::format("optimizer swap: unit {} is already being used by another call", unit));
+      }
+      st_->busy = true;
+    }
+    ~Busy() {
+      std::lock_guard lock(m_.mu);
+      st_->busy = false;
+    }
+    UnitState& state() { return *st_; }  // fields other than busy: only its holder writes them
+
+   private:
+    Impl& m_;
+    UnitState* st_;
+  };
+
+  std::shared_ptr<const UnitLayout> layout_for(uint32_t unit, uint64_t numel) const {
+    const SwapSpace& space = swapper.space();
+    SwapFileSpec want = optimizer_file_spec(unit, numel, options.sub_group_size);
+    size_t have = space.tensor_count(unit, SwapKind::kOptimizer);
+    auto mismatch = [&](const std::string& what) {
+      return InvalidArgument(fmt::format(
+          "optimizer swap: the swap space's optimizer file of unit {} is not laid out for {} "
+          "elements in sub-groups of {} (use optimizer_file_spec): {}",
+          unit, numel, options.sub_group_size, what));
+    };
+    if (have != want.tensors.size()) {
+      throw mismatch(fmt::format("it has {} tensors, {} expected", have, want.tensors.size()));
+    }
+    auto layout = std::make_shared<UnitLayout>();
+    layout->numel = numel;
+    for (size_t k = 0; k < want.tensors.size(); ++k) {
+      TensorId id{unit, SwapKind::kOptimizer, static_cast<uint32_t>(k)};
+      const TensorInfo& info = space.info(id);
+      if (info.name != want.tensors[k].name || info.bytes != want.tensors[k].bytes) {
+        throw mismatch(fmt::format("tensor {} is '{}' of {} bytes, '{}' of {} expected", k,
+                                   info.name, info.bytes, want.tensors[k].name,
+                                   want.tensors[k].bytes));
+      }
+      SubGroup g;
+      g.first = k * options.sub_group_size;
+      g.n = std::min(options.sub_group_size, numel - g.first);
+      g.id = id;
+      g.part = part_bytes(g.n);
+      g.bytes = info.bytes;
+      layout->slot = std::max(layout->slot, 3 * g.part);
+      layout->groups.push_back(g);
+    }
+    return layout;
+  }
+
+  // Runs `work` over every sub-group: read it (if `read`), work, write it back (if `write`),
+  // pipelined per the options. On any failure drains all I/O, sets *wrote_any if a write was
+  // submitted, and rethrows.
+  void run(const UnitLayout& L, bool read, bool write, const Work& work, OptimizerStepStats& s,
+           bool* wrote_any) {
+    const size_t K = L.groups.size();
+    const size_t B = std::min<size_t>(options.buffer_count, K);
+    PinnedBuffer lease = pool.acquire(B * L.slot, options.buffer_timeout);
+    auto buf = [&](size_t k) { return lease.data() + (k % B) * L.slot; };
+    size_t ahead = 0;
+    if (read && options.pipeline_read && B >= 2) {
+      ahead = std::max<size_t>(1, B - 1 - (write && options.pipeline_write ? 1 : 0));
+    }
+    std::vector<SwapTicket> rt(K), wt(K);
+    auto wait_write = [&](size_t j) {
+      if (!wt[j].valid()) return;
+      auto t0 = Clock::now();
+      swapper.wait(std::exchange(wt[j], SwapTicket{}));
+      s.write_wait_seconds += seconds_since(t0);
+    };
+    auto issue_read = [&](size_t j) {
+      if (j >= B) wait_write(j - B);  // the buffer's previous sub-group must be on disk
+      const SubGroup& g = L.groups[j];
+      rt[j] = swapper.swap_in(g.id, {buf(j), g.bytes});
+    };
+    size_t next_read = 0;
+    try {
+      for (size_t k = 0; k < K; ++k) {
+        const SubGroup& g = L.groups[k];
+        if (read) {
+          while (next_read < K && next_read <= k + ahead) issue_read(next_read++);
+          auto t0 = Clock::now();
+          swapper.wait(std::exchange(rt[k], SwapTicket{}));
+          s.read_wait_seconds += seconds_since(t0);
+          s.bytes_read += g.bytes;
+        } else if (k >= B) {
+          wait_write(k - B);
+        }
+        auto t0 = Clock::now();
+        work(g, buf(k));
+        s.compute_seconds += seconds_since(t0);
+        if (write) {
+          t0 = Clock::now();
+          wt[k] = swapper.swap_out(g.id, {buf(k), g.bytes});
+          *wrote_any = true;
+          s.write_wait_seconds += seconds_since(t0);
+          s.bytes_written += g.bytes;
+          if (!options.pipeline_write) wait_write(k);
+        }
+        ++s.sub_groups;
+      }
+      for (size_t k = 0; k < K; ++k) wait_write(k);
+    } catch (...) {
+      drain(rt);
+      drain(wt);
+      throw;
+    }
+  }
+
+  void drain(std::vector<SwapTicket>& tickets) {
+    for (SwapTicket& t : tickets) {
+      if (!t.valid()) continue;
+      try {
+        swapper.wait(std::exchange(t, SwapTicket{}));
+      } catch (const std::exception& e) {
+        log::debug("optimizer swap: while draining a failed pass: {}", e.what());
+      }
+    }
+  }
+
+  // init_state / load_state.
+  void write_state(uint32_t unit, std::span<const float> master, std::span<const float> m,
+                   std::span<const float> v, uint64_t steps) {
+    Busy busy(*this, unit);
+    UnitState& st = busy.state();
+    auto layout = layout_for(unit, master.size());
+    {
+      std::lock_guard lock(mu);
+      st.initialised = false;  // until every sub-group is written
+    }
+    Work fill = [&](const SubGroup& g, std::byte* b) {
+      size_t len = g.n * sizeof(float);
+      std::memset(b, 0, 3 * g.part);
+      std::memcpy(b, master.data() + g.first, len);
+      if (!m.empty()) std::memcpy(b + g.part, m.data() + g.first, len);
+      if (!v.empty()) std::memcpy(b + 2 * g.part, v.data() + g.first, len);
+    };
+    OptimizerStepStats s;
+    bool wrote = false;
+    run(*layout, /*read=*/false, /*write=*/true, fill, s, &wrote);
+    std::lock_guard lock(mu);
+    st.layout = std::move(layout);
+    st.steps = steps;
+    st.poisoned = false;
+    st.initialised = true;
+  }
+
+  // Throws unless the unit is initialised, not poisoned and of `numel` elements.
+  std::shared_ptr<const UnitLayout> ready_layout(uint32_t unit, const UnitState& st, uint64_t numel,
+                                                 const char* what) const {
+    if (!st.initialised) {
+      throw InvalidArgument(
+          fmt::format("optimizer swap: {} of unit {}, whose state was never "
+                      "initialised (init_state) or whose initialisation failed",
+                      what, unit));
+    }
+    if (st.poisoned) {
+      throw InvalidArgument(fmt::format(
+          "optimizer swap: {} of unit {}, whose state on disk is a mix of two steps after a "
+          "failed step; reinitialise it (init_state/load_state, e.g. from a checkpoint)",
+          what, unit));
+    }
+    if (numel != st.layout->numel) {
+      throw InvalidArgument(
+          fmt::format("optimizer swap: {} of unit {} with {} elements; the "
+                      "unit has {}",
+                      what, unit, numel, st.layout->numel));
+    }
+    return st.layout;
+  }
+};
+
+OptimizerSwapper::OptimizerSwapper(Swapper& swapper, PinnedPool& pool,
+                                   const OptimizerSwapperOptions& options,
+                                   const cpu_adam::Executor* executor) {
+  if (options.sub_group_size == 0) {
+    throw InvalidArgument("optimizer swap: sub_group_size must be > 0");
+  }
+  if (options.buffer_count == 0) throw InvalidArgument("optimizer swap: buffer_count must be >= 1");
+  impl_ = std::make_unique<Impl>(swapper, pool, options, executor);
+}
+
+OptimizerSwapper::~OptimizerSwapper() = default;
+
+void OptimizerSwapper::init_state(uint32_t unit, std::span<const float> master) {
+  impl_->write_state(unit, master, {}, {}, 0);
+}
+
+void OptimizerSwapper::load_state(uint32_t unit, std::span<const float> master,
+                                  std::span<const float> exp_avg, std::span<const float> exp_avg_sq,
+                                  uint64_t steps_done) {
+  if (exp_avg.size() != master.size() || exp_avg_sq.size() != master.size()) {
+    throw InvalidArgument(fmt::format(
+        "optimizer swap: load_state of unit {}: master, exp_avg, exp_avg_sq have {}, {}, {} "
+        "elements; they must be equal",
+        unit, master.size(), exp_avg.size(), exp_avg_sq.size()));
+  }
+  impl_->write_state(unit, master, exp_avg, exp_avg_sq, steps_done);
+}
+
+void OptimizerSwapper::step(uint32_t unit, std::span<const float> grads,
+                            const cpu_adam::AdamParams& hp, ParamsOut out) {
+  Impl& m = *impl_;
+  cpu_adam::validate(hp);
+  if (out.dtype != DType::F32 && out.dtype != DType::BF16 && out.dtype != DType::F16) {
+    throw InvalidArgument("optimizer swap: unknown output dtype");
+  }
+  Impl::Busy busy(m, unit);
+  UnitState& st = busy.state();
+  auto layout = m.ready_layout(unit, st, grads.size(), "step");
+  const size_t out_elem = dtype_size(out.dtype);
+  Work adam = [&](const SubGroup& g, std::byte* b) {
+    auto* master = reinterpret_cast<float*>(b);
+    auto* exp_avg = reinterpret_cast<float*>(b + g.part);
+    auto* exp_avg_sq = reinterpret_cast<float*>(b + 2 * g.part);
+    cpu_adam::ParamsOut lowp;
+    if (out.data != nullptr && out.dtype != DType::F32) {
+      lowp = {static_cast<std::byte*>(out.data) + g.first * out_elem, out.dtype};
+    }
+    cpu_adam::adam_step(hp, g.n, master, {grads.data() + g.first, DType::F32}, exp_avg, exp_avg_sq,
+                        lowp, m.executor);
+    if (out.data != nullptr && out.dtype == DType::F32) {
+      std::memcpy(static_cast<float*>(out.data) + g.first, master, g.n * sizeof(float));
+    }
+  };
+  OptimizerStepStats s;
+  bool wrote = false;
+  auto t0 = Clock::now();
+  try {
+    m.run(*layout, /*read=*/true, /*write=*/true, adam, s, &wrote);
+  } catch (...) {
+    if (wrote) {
+      std::lock_guard lock(m.mu);
+      st.poisoned = true;
+    }
+    throw;
+  }
+  s.total_seconds = seconds_since(t0);
+  std::lock_guard lock(m.mu);
+  ++st.steps;
+  m.last = s;
+}
+
+void OptimizerSwapper::read_master(uint32_t unit, std::span<float> master) {
+  read_state(unit, master, {}, {});
+}
+
+void OptimizerSwapper::read_state(uint32_t unit, std::span<float> master, std::span<float> exp_avg,
+                                  std::span<float> exp_avg_sq) {
+  Impl& m = *impl_;
+  Impl::Busy busy(m, unit);
+  auto layout = m.ready_layout(unit, busy.state(), master.size(), "read_state");
+  if ((!exp_avg.empty() && exp_avg.size() != master.size()) ||
+      (!exp_avg_sq.empty() && exp_avg_sq.size() != master.size())) {
+    throw InvalidArgument(fmt::format(
+        "optimizer swap: read_state of unit {}: exp_avg and exp_avg_sq must have {} elements", unit,
+        master.size()));
+  }
+  Work copy = [&](const SubGroup& g, std::byte* b) {
+    size_t len = g.n * sizeof(float);
+    std::memcpy(master.data() + g.first, b, len);
+    if (!exp_avg.empty()) std::memcpy(exp_avg.data() + g.first, b + g.part, len);
+    if (!exp_avg_sq.empty()) std::memcpy(exp_avg_sq.data() + g.first, b + 2 * g.part, len);
+  };
+  OptimizerStepStats s;
+  bool wrote = false;
+  m.run(*layout, /*read=*/true, /*write=*/false, copy, s, &wrote);
+}
+
+uint64_t OptimizerSwapper::steps_done(uint32_t unit) const {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->units.find(unit);
+  return it == impl_->units.end() ? 0 : it->second.steps;
+}
+
+bool OptimizerSwapper::poisoned(uint32_t unit) const {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->units.find(unit);
+  return it != impl_->units.end() && it->second.poisoned;
+}
+
+OptimizerStepStats OptimizerSwapper::last_step_stats() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->last;
+}
+
+const OptimizerSwapperOptions& OptimizerSwapper::options() const { return impl_->options; }
+
+}  // namespace outcore::swap

@@ -1,0 +1,327 @@
+// SwapSpace: the per-rank swap directory tree, preallocated files with headers, cleanup.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/file.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <map>
+#include <random>
+#include <set>
+#include <system_error>
+
+#include "common/log.hpp"
+#include "swap/swap.hpp"
+#include "swap/swap_file_format.hpp"
+
+namespace outcore::swap {
+
+std::string_view swap_kind_name(SwapKind kind) {
+  switch (kind) {
+    case SwapKind::kParam:
+      return "param";
+    case SwapKind::kGrad:
+      return "grad";
+    case SwapKind::kOptimizer:
+      return "optimizer";
+  }
+  return "unknown";
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+uint64_t file_key(uint32_t unit, SwapKind kind) {
+  return (static_cast<uint64_t>(unit) << 8) | static_cast<uint64_t>(kind);
+}
+
+uint64_t file_bytes(const SwapFileSpec& f) {
+  uint64_t n = format::header_bytes(f.tensors.size());
+  for (const TensorSpec& t : f.tensors) n += align_up(t.bytes, kIoAlignment);
+  return n;
+}
+
+void validate_plan(std::span<const SwapFileSpec> files) {
+  std::set<uint64_t> seen;
+  for (const SwapFileSpec& f : files) {
+    std::string where =
+        fmt::format("swap plan: file (unit {}, kind {})", f.unit, swap_kind_name(f.kind));
+    if (static_cast<uint8_t>(f.kind) > static_cast<uint8_t>(SwapKind::kOptimizer)) {
+      throw InvalidArgument(fmt::format("swap plan: file of unit {} has an unknown kind {}", f.unit,
+                                        static_cast<int>(f.kind)));
+    }
+    if (!seen.insert(file_key(f.unit, f.kind)).second) {
+      throw InvalidArgument(where + " appears twice");
+    }
+    if (f.tensors.empty()) throw InvalidArgument(where + " has no tensors");
+    std::set<std::string_view> names;
+    for (const TensorSpec& t : f.tensors) {
+      if (t.name.empty() || t.name.size() > format::kMaxNameBytes ||
+          t.name.find('\0') != std::string::npos) {
+        throw InvalidArgument(fmt::format("{}: tensor name '{}' must be 1..{} bytes without NUL",
+                                          where, t.name, format::kMaxNameBytes));
+      }
+      if (!names.insert(t.name).second) {
+        throw InvalidArgument(fmt::format("{}: tensor name '{}' appears twice", where, t.name));
+      }
+      if (t.bytes == 0) {
+        throw InvalidArgument(fmt::format("{}: tensor '{}' has 0 bytes", where, t.name));
+      }
+    }
+  }
+}
+
+uint64_t random_nonce() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+// RAII flock on <dir>/.lock, held for the SwapSpace's lifetime.
+class DirLock {
+ public:
+  explicit DirLock(const fs::path& dir) : path_(dir / ".lock") {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd_ < 0) throw IoError(path_.string(), errno, "open swap lock file");
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      int err = errno;
+      ::close(fd_);
+      fd_ = -1;
+      throw IoError(dir.string(), err,
+                    "lock swap directory (another SwapSpace of this rank and kind is using it)");
+    }
+  }
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+  ~DirLock() {
+    if (fd_ < 0) return;
+    ::unlink(path_.c_str());
+    ::close(fd_);
+  }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+struct SwapSpace::Impl {
+  struct FileEntry {
+    SwapFileSpec spec;
+    fs::path path;
+    aio::File file;
+    std::vector<TensorInfo> tensors;
+    bool created = false;
+  };
+
+  SwapSpaceOptions options;
+  fs::path root;
+  std::vector<fs::path> dirs;  // outcore_swap/, rank<r>/, kind dirs; removed in reverse if empty
+  std::vector<std::unique_ptr<DirLock>> locks;
+  std::vector<FileEntry> files;
+  std::map<uint64_t, size_t> index;  // file_key -> files[i]
+  uint64_t total = 0;
+  uint64_t nonce = random_nonce();
+
+  ~Impl() {
+    for (FileEntry& f : files) {
+      try {
+        f.file.close();
+      } catch (const std::exception& e) {
+        log::warn("swap: {}", e.what());
+      }
+      if (f.created && ::unlink(f.path.c_str()) != 0 && errno != ENOENT) {
+        log::warn("swap: cannot remove {}: {}", f.path.string(), errno_string(errno));
+      }
+    }
+    locks.clear();  // removes the .lock files
+    for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+      ::rmdir(it->c_str());  // fails harmlessly when not empty (other kinds, other ranks)
+    }
+  }
+
+  void ensure_dir(const fs::path& dir) {
+    std::error_code ec;
+    fs::create_directory(dir, ec);  // an existing directory is fine
+    if (ec) throw IoError(dir.string(), ec.value(), "create swap directory");
+    dirs.push_back(dir);
+  }
+
+  void clear_stale(const fs::path& dir) {
+    size_t removed = 0;
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      if (e.path().extension() != ".bin") continue;
+      if (::unlink(e.path().c_str()) != 0) {
+        throw IoError(e.path().string(), errno, "remove stale swap file");
+      }
+      ++removed;
+    }
+    if (ec) throw IoError(dir.string(), ec.value(), "list swap directory");
+    if (removed != 0) {
+      log::warn("swap: removed {} stale swap file(s) from an earlier run in {}", removed,
+                dir.string());
+    }
+  }
+
+  void check_free_space(const fs::path& dir, uint64_t needed) {
+    struct statvfs st {};
+    if (::statvfs(dir.c_str(), &st) != 0) throw IoError(dir.string(), errno, "statvfs");
+    uint64_t free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+    if (needed > free_bytes) throw_no_space(dir, needed, free_bytes);
+  }
+
+  [[noreturn]] static void throw_no_space(const fs::path& dir, uint64_t needed,
+                                          uint64_t free_bytes) {
+    throw IoError(
+        dir.string(), ENOSPC,
+        fmt::format("preallocate swap space ({} bytes needed, {} bytes free)", needed, free_bytes));
+  }
+
+  void write_header(FileEntry& f) {
+    const uint64_t hbytes = format::header_bytes(f.tensors.size());
+    AlignedBuffer buf(hbytes);
+    std::span<std::byte> h(buf.data(), hbytes);
+    std::memcpy(h.data(), format::kMagic, sizeof format::kMagic);
+    format::put<uint32_t>(h, format::Preamble::kVersionAt, format::kVersion);
+    format::put<uint32_t>(h, format::Preamble::kKindAt, static_cast<uint32_t>(f.spec.kind));
+    format::put<uint32_t>(h, format::Preamble::kUnitAt, f.spec.unit);
+    format::put<uint32_t>(h, format::Preamble::kCountAt, static_cast<uint32_t>(f.tensors.size()));
+    format::put<uint64_t>(h, format::Preamble::kNonceAt, nonce);
+    format::put<uint64_t>(h, format::Preamble::kFileBytesAt, file_bytes(f.spec));
+    for (size_t i = 0; i < f.tensors.size(); ++i) {
+      size_t at = format::kPreambleBytes + i * format::kEntryBytes;
+      std::memcpy(h.data() + at + format::Entry::kNameAt, f.tensors[i].name.data(),
+                  f.tensors[i].name.size());
+      format::put<uint64_t>(h, at + format::Entry::kOffsetAt, f.tensors[i].offset);
+      format::put<uint64_t>(h, at + format::Entry::kBytesAt, f.tensors[i].bytes);
+    }
+    size_t done = 0;
+    while (done < hbytes) {
+      ssize_t n = ::pwrite(f.file.fd(), h.data() + done, hbytes - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        throw IoError(f.path.string(), done, hbytes - done, n < 0 ? errno : EIO,
+                      "write swap header");
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+
+  void create_file(FileEntry& f, const fs::path& dir, uint64_t needed) {
+    f.file = aio::File::open(f.path, {.access = aio::Access::kReadWrite,
+                                      .create = true,
+                                      .exclusive = true,
+                                      .direct = options.direct});
+    f.created = true;
+    try {
+      f.file.preallocate(file_bytes(f.spec));
+    } catch (const IoError& e) {
+      if (e.error_number() != ENOSPC) throw;
+      struct statvfs st {};
+      uint64_t free_bytes =
+          ::statvfs(dir.c_str(), &st) == 0 ? static_cast<uint64_t>(st.f_bavail) * st.f_frsize : 0;
+      throw_no_space(f.path, needed, free_bytes);
+    }
+    write_header(f);
+  }
+};
+
+uint64_t SwapSpace::bytes_needed(std::span<const SwapFileSpec> files) {
+  uint64_t n = 0;
+  for (const SwapFileSpec& f : files) n += file_bytes(f);
+  return n;
+}
+
+SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::span<const SwapFileSpec> files) {
+  validate_plan(files);
+  if (options.rank < 0) throw InvalidArgument(fmt::format("swap: rank {} < 0", options.rank));
+  auto impl = std::make_unique<Impl>();  // its destructor undoes everything on failure
+  impl->options = options;
+  std::error_code ec;
+  if (!fs::is_directory(options.nvme_path, ec)) {
+    throw IoError(options.nvme_path.string(), ec ? ec.value() : ENOENT,
+                  "swap nvme_path is not a directory");
+  }
+  fs::path top = options.nvme_path / "outcore_swap";
+  impl->root = top / fmt::format("rank{}", options.rank);
+  impl->ensure_dir(top);
+  impl->ensure_dir(impl->root);
+  std::set<SwapKind> kinds;
+  for (const SwapFileSpec& f : files) kinds.insert(f.kind);
+  for (SwapKind k : kinds) {
+    fs::path dir = impl->root / swap_kind_name(k);
+    impl->ensure_dir(dir);
+    impl->locks.push_back(std::make_unique<DirLock>(dir));
+    impl->clear_stale(dir);
+  }
+  impl->total = bytes_needed(files);
+  if (!files.empty()) impl->check_free_space(impl->root, impl->total);
+
+  impl->files.reserve(files.size());
+  for (const SwapFileSpec& spec : files) {
+    Impl::FileEntry& f = impl->files.emplace_back();
+    f.spec = spec;
+    f.path = impl->root / swap_kind_name(spec.kind) / fmt::format("{}.bin", spec.unit);
+    uint64_t off = format::header_bytes(spec.tensors.size());
+    for (const TensorSpec& t : spec.tensors) {
+      f.tensors.push_back({t.name, off, t.bytes});
+      off += align_up(t.bytes, kIoAlignment);
+    }
+    impl->index.emplace(file_key(spec.unit, spec.kind), impl->files.size() - 1);
+    impl->create_file(f, impl->root, impl->total);
+  }
+  impl_ = std::move(impl);
+}
+
+SwapSpace::~SwapSpace() = default;
+
+TensorId SwapSpace::find(uint32_t unit, SwapKind kind, std::string_view name) const {
+  auto it = impl_->index.find(file_key(unit, kind));
+  if (it != impl_->index.end()) {
+    const auto& tensors = impl_->files[it->second].tensors;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].name == name) return {unit, kind, static_cast<uint32_t>(i)};
+    }
+  }
+  throw InvalidArgument(fmt::format("swap: no tensor '{}' in the {} file of unit {}", name,
+                                    swap_kind_name(kind), unit));
+}
+
+size_t SwapSpace::tensor_count(uint32_t unit, SwapKind kind) const {
+  auto it = impl_->index.find(file_key(unit, kind));
+  return it == impl_->index.end() ? 0 : impl_->files[it->second].tensors.size();
+}
+
+namespace {
+
+[[noreturn]] void throw_unknown(TensorId id) {
+  throw InvalidArgument(fmt::format("swap: unknown tensor (unit {}, kind {}, index {})", id.unit,
+                                    swap_kind_name(id.kind), id.index));
+}
+
+}  // namespace
+
+const TensorInfo& SwapSpace::info(TensorId id) const {
+  auto it = impl_->index.find(file_key(id.unit, id.kind));
+  if (it == impl_->index.end()) throw_unknown(id);
+  const auto& tensors = impl_->files[it->second].tensors;
+  if (id.index >= tensors.size()) throw_unknown(id);
+  return tensors[id.index];
+}
+
+const aio::File& SwapSpace::file(TensorId id) const {
+  info(id);  // validates
+  return impl_->files[impl_->index.at(file_key(id.unit, id.kind))].file;
+}
+
+std::filesystem::path SwapSpace::file_path(uint32_t unit, SwapKind kind) const {
+  return impl_->root / swap_kind_name(kind) / fmt::format("{}.bin", unit);
+}
+
+const std::filesystem::path& SwapSpace::root() const { return impl_->root; }
+
+uint64_t SwapSpace::total_bytes() const { return impl_->total; }
+
+}  // namespace outcore::swap
