@@ -97,9 +97,9 @@ enum class UnitKind : uint8_t { Embedding, Decoder, Head };
 
 // One tensor in a unit's slab.
 struct TensorSpec {
-  std::string name;            // Hugging Face name, e.g. "model.layers.3.mlp.up_proj.weight"
-  std::vector<int64_t> shape;  // row-major; Linear weights are [out_features, in_features]
-  size_t offset = 0;           // first element in the slab (a multiple of kTensorAlignElems)
+  std::string name{};            // Hugging Face name, e.g. "model.layers.3.mlp.up_proj.weight"
+  std::vector<int64_t> shape{};  // row-major; Linear weights are [out_features, in_features]
+  size_t offset = 0;             // first element in the slab (a multiple of kTensorAlignElems)
   size_t numel = 0;
 };
 
@@ -115,7 +115,7 @@ struct UnitLayout {
   UnitKind kind = UnitKind::Decoder;
   int layer = -1;    // decoder layer number, -1 for embedding and head
   std::string name;  // "embed", "layers.3", "head"
-  std::vector<TensorSpec> tensors;
+  std::vector<TensorSpec> tensors{};
   size_t numel = 0;         // end of the last tensor (tensors plus alignment gaps)
   size_t padded_numel = 0;  // slab size in elements: numel rounded up as described above
   size_t partition_numel(int world_size) const { return padded_numel / world_size; }
@@ -175,8 +175,8 @@ struct ForwardArgs {
   const float* input = nullptr;       // decoder, head: [B*T, hidden] (the previous unit's output)
   float* output = nullptr;            // embedding, decoder: [B*T, hidden]
   float* logits = nullptr;            // head, optional: [B*T, vocab] written when non-null
-  std::span<std::byte> saved;         // decoder: saved_bytes(unit) bytes, kept for backward
-  std::span<std::byte> scratch;       // scratch_bytes() bytes, clobbered
+  std::span<std::byte> saved{};       // decoder: saved_bytes(unit) bytes, kept for backward
+  std::span<std::byte> scratch{};     // scratch_bytes() bytes, clobbered
 };
 
 // Inputs and outputs of one unit's backward.
@@ -198,8 +198,8 @@ struct BackwardArgs {
   // head: gradients are those of loss_scale * (mean cross-entropy). The trainer passes
   // dynamic_loss_scale / gradient_accumulation_steps.
   float loss_scale = 1.0f;
-  std::span<const std::byte> saved;  // decoder without checkpointing: what forward saved
-  std::span<std::byte> scratch;      // scratch_bytes() bytes, clobbered
+  std::span<const std::byte> saved{};  // decoder without checkpointing: what forward saved
+  std::span<std::byte> scratch{};      // scratch_bytes() bytes, clobbered
 };
 
 // An immutable model definition for one micro-batch shape. forward/backward are const and

@@ -1,0 +1,45 @@
+// Host kernels of the model (internal to engine/model): a row-major sgemm wrapper over OpenBLAS
+// and vectorized (AVX2/FMA, the x86-64-v3 baseline) elementwise and reduction kernels. Every
+// reduction runs in a fixed order, so results are bit-identical run after run.
+#pragma once
+
+#include <cstdint>
+
+namespace outcore::model::kernels {
+
+// C[m,n] = alpha * op(A) op(B) + beta * C, row-major; op(A) is [m,k], op(B) is [k,n].
+// beta == 0 ignores C's old contents (NaNs included).
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// sum(a[i] * b[i]) and sum(a[i]^2), accumulated in 16 fixed fp32 lanes then summed in order.
+float dot(const float* a, const float* b, int64_t n);
+float sum_squares(const float* a, int64_t n);
+
+// y += x.
+void add_inplace(float* y, const float* x, int64_t n);
+
+// RMSNorm over rows of `dim`: rstd[r] = 1/sqrt(mean(x[r]^2) + eps); y = w * x * rstd.
+void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y,
+                     float* rstd);
+// Given dL/dy: dx += dL/dx and dw += dL/dw (rows summed in order).
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                      int64_t rows, int64_t dim, float* dx, float* dw);
+
+// Rotary embedding ("rotate half") in place on x = [rows, heads * head_dim], row r at position
+// r % seq. cos/sin are [seq, head_dim/2]. inverse applies the transposed rotation (backward).
+void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
+          const float* sin, bool inverse);
+
+// a = silu(g) * u.
+void swiglu_forward(const float* g, const float* u, float* a, int64_t n);
+// dg = da * u * silu'(g), du = da * silu(g). dg may alias da.
+void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
+                     int64_t n);
+
+// Softmax of row[0..n) in place; returns the log-sum-exp of the input.
+float softmax_inplace(float* row, int64_t n);
+// row[j] = exp(row[j] - lse) for j < n.
+void exp_shift(float* row, float lse, int64_t n);
+
+}  // namespace outcore::model::kernels

@@ -1,0 +1,224 @@
+// LlamaModel: unit dispatch, workspace sizes, activation buffers, whole-model helpers.
+#include <cmath>
+
+#include "engine/model/unit_internal.hpp"
+
+namespace outcore::model {
+namespace {
+
+void check_span(size_t have, size_t need, const std::string& unit, const char* what) {
+  if (need > 0 && have < need)
+    throw InvalidArgument(
+        fmt::format("{}: {} buffer of {} bytes is too small (needs {})", unit, what, have, need));
+}
+
+}  // namespace
+
+LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options)
+    : config_(std::move(config)), options_(options) {
+  config_.validate();
+  if (options_.seq_len < 1 || options_.seq_len > config_.max_position_embeddings)
+    throw InvalidArgument(
+        fmt::format("sequence length {} is outside [1, max_position_embeddings {}]",
+                    options_.seq_len, config_.max_position_embeddings));
+  if (options_.micro_batch < 1)
+    throw InvalidArgument(fmt::format("micro batch must be >= 1, got {}", options_.micro_batch));
+  layout_ = make_layout(config_, options_.world_size);
+  const int64_t half = config_.head_dim / 2, T = options_.seq_len;
+  rope_cos_.resize(T * half);
+  rope_sin_.resize(T * half);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < half; ++j) {
+      const double inv_freq =
+          std::pow(config_.rope_theta,
+                   -2.0 * static_cast<double>(j) / static_cast<double>(config_.head_dim));
+      const double angle = static_cast<double>(t) * inv_freq;
+      rope_cos_[t * half + j] = static_cast<float>(std::cos(angle));
+      rope_sin_[t * half + j] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+size_t LlamaModel::hidden_bytes() const {
+  return sizeof(float) * static_cast<size_t>(tokens() * config_.hidden_size);
+}
+
+size_t LlamaModel::saved_bytes(int unit) const {
+  if (layout_.units.at(unit).kind != UnitKind::Decoder || options_.activation_checkpointing)
+    return 0;
+  return detail::decoder_saved_bytes(config_, options_);
+}
+
+size_t LlamaModel::scratch_bytes() const {
+  return std::max({detail::decoder_scratch_bytes(config_, options_),
+                   detail::head_scratch_bytes(config_, options_),
+                   detail::embedding_scratch_bytes(config_, options_)});
+}
+
+float LlamaModel::forward(int unit, const ForwardArgs& args) const {
+  const UnitLayout& u = layout_.units.at(unit);
+  check_span(args.scratch.size(), u.kind == UnitKind::Embedding ? 0 : scratch_bytes(), u.name,
+             "scratch");
+  check_span(args.saved.size(), saved_bytes(unit), u.name, "saved-activation");
+  const detail::UnitContext ctx{config_,          options_,        u, layout_.units.front(),
+                                rope_cos_.data(), rope_sin_.data()};
+  switch (u.kind) {
+    case UnitKind::Embedding:
+      detail::embedding_forward(ctx, args);
+      return 0.0f;
+    case UnitKind::Decoder:
+      detail::decoder_forward(ctx, args);
+      return 0.0f;
+    case UnitKind::Head:
+      return detail::head_forward(ctx, args);
+  }
+  return 0.0f;
+}
+
+float LlamaModel::backward(int unit, const BackwardArgs& args) const {
+  const UnitLayout& u = layout_.units.at(unit);
+  check_span(args.scratch.size(), u.kind == UnitKind::Embedding ? 0 : scratch_bytes(), u.name,
+             "scratch");
+  check_span(args.saved.size(), saved_bytes(unit), u.name, "saved-activation");
+  const detail::UnitContext ctx{config_,          options_,        u, layout_.units.front(),
+                                rope_cos_.data(), rope_sin_.data()};
+  switch (u.kind) {
+    case UnitKind::Embedding:
+      detail::embedding_backward(ctx, args);
+      return 0.0f;
+    case UnitKind::Decoder:
+      detail::decoder_backward(ctx, args);
+      return 0.0f;
+    case UnitKind::Head:
+      return detail::head_backward(ctx, args);
+  }
+  return 0.0f;
+}
+
+ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing) {
+  using device::charged_bytes;
+  ActivationPlan p;
+  const int L = static_cast<int>(model.config().num_hidden_layers);
+  const uint64_t hb = model.hidden_bytes();
+  p.checkpoint_bytes = static_cast<uint64_t>(L + 1) * hb;
+  for (int u = 1; u <= L; ++u) p.saved_bytes += model.saved_bytes(u);
+  p.grad_bytes = hb;
+  p.scratch_bytes = model.scratch_bytes();
+  p.device_bytes = charged_bytes(hb) + charged_bytes(p.scratch_bytes) +
+                   static_cast<uint64_t>(L) * charged_bytes(model.saved_bytes(1));
+  const uint64_t ckpt_charged = static_cast<uint64_t>(L + 1) * charged_bytes(hb);
+  if (cpu_checkpointing)
+    p.host_bytes = ckpt_charged;
+  else
+    p.device_bytes += ckpt_charged;
+  return p;
+}
+
+ActivationBuffers::ActivationBuffers(const LlamaModel& model, device::Device& device,
+                                     bool cpu_checkpointing)
+    : model_(model) {
+  if (!device.host_accessible())
+    throw InvalidArgument(
+        fmt::format("activation buffers: device {} is not host-accessible; the "
+                    "model's kernels run on the host",
+                    device.name()));
+  const int L = static_cast<int>(model.config().num_hidden_layers);
+  for (int u = 1; u <= L + 1; ++u) {
+    if (cpu_checkpointing)
+      host_inputs_.emplace_back(model.hidden_bytes());
+    else
+      device_inputs_.push_back(
+          device.alloc(model.hidden_bytes(), fmt::format("input of unit {}", u)));
+  }
+  for (int u = 1; u <= L; ++u)
+    saved_.push_back(
+        device.alloc(model.saved_bytes(u), fmt::format("saved activations of unit {}", u)));
+  scratch_ = device.alloc(model.scratch_bytes(), "model scratch");
+  grad_ = device.alloc(model.hidden_bytes(), "activation gradient");
+}
+
+float* ActivationBuffers::unit_input(int unit) {
+  const size_t i = static_cast<size_t>(unit) - 1;
+  if (unit < 1 || i >= std::max(host_inputs_.size(), device_inputs_.size()))
+    throw InvalidArgument(fmt::format("activation buffers: unit {} has no input buffer", unit));
+  return host_inputs_.empty() ? device_inputs_[i].as<float>() : host_inputs_[i].as<float>().data();
+}
+
+std::span<std::byte> ActivationBuffers::saved(int unit) {
+  if (unit < 1 || unit > static_cast<int>(saved_.size())) return {};
+  device::DeviceBuffer& b = saved_[unit - 1];
+  return {static_cast<std::byte*>(b.data()), b.size()};
+}
+
+std::span<std::byte> ActivationBuffers::scratch() {
+  return {static_cast<std::byte*>(scratch_.data()), scratch_.size()};
+}
+
+float* ActivationBuffers::grad() { return grad_.as<float>(); }
+
+float train_micro_batch(const LlamaModel& model, const ModelBuffers& buffers,
+                        ActivationBuffers& acts, const int32_t* tokens, const int32_t* targets,
+                        GradMode mode, float loss_scale) {
+  const int units = model.num_units(), head = units - 1;
+  if (buffers.params.size() != static_cast<size_t>(units) ||
+      buffers.grads.size() != static_cast<size_t>(units))
+    throw InvalidArgument(
+        fmt::format("train_micro_batch: need {} parameter and gradient slabs", units));
+  model.forward(0, {.params = buffers.params[0], .tokens = tokens, .output = acts.unit_input(1)});
+  for (int u = 1; u < head; ++u)
+    model.forward(u, {.params = buffers.params[u],
+                      .input = acts.unit_input(u),
+                      .output = acts.unit_input(u + 1),
+                      .saved = acts.saved(u),
+                      .scratch = acts.scratch()});
+  const bool tied = model.config().tie_word_embeddings;
+  const float loss = model.backward(head, {.params = buffers.params[head],
+                                           .tied_params = tied ? buffers.params[0] : nullptr,
+                                           .targets = targets,
+                                           .input = acts.unit_input(head),
+                                           .grad_input = acts.grad(),
+                                           .grads = buffers.grads[head],
+                                           .tied_grads = tied ? buffers.grads[0] : nullptr,
+                                           .mode = mode,
+                                           .loss_scale = loss_scale,
+                                           .scratch = acts.scratch()});
+  for (int u = head - 1; u >= 1; --u)
+    model.backward(u, {.params = buffers.params[u],
+                       .input = acts.unit_input(u),
+                       .grad_output = acts.grad(),
+                       .grad_input = acts.grad(),
+                       .grads = buffers.grads[u],
+                       .mode = mode,
+                       .saved = acts.saved(u),
+                       .scratch = acts.scratch()});
+  model.backward(0, {.params = buffers.params[0],
+                     .tokens = tokens,
+                     .grad_output = acts.grad(),
+                     .grads = buffers.grads[0],
+                     .mode = mode});
+  return loss;
+}
+
+float eval_micro_batch(const LlamaModel& model, const ModelBuffers& buffers,
+                       ActivationBuffers& acts, const int32_t* tokens, const int32_t* targets,
+                       float* logits) {
+  const int units = model.num_units(), head = units - 1;
+  if (buffers.params.size() != static_cast<size_t>(units))
+    throw InvalidArgument(fmt::format("eval_micro_batch: need {} parameter slabs", units));
+  model.forward(0, {.params = buffers.params[0], .tokens = tokens, .output = acts.unit_input(1)});
+  for (int u = 1; u < head; ++u)
+    model.forward(u, {.params = buffers.params[u],
+                      .input = acts.unit_input(u),
+                      .output = acts.unit_input(u + 1),
+                      .saved = acts.saved(u),
+                      .scratch = acts.scratch()});
+  const bool tied = model.config().tie_word_embeddings;
+  return model.forward(head, {.params = buffers.params[head],
+                              .tied_params = tied ? buffers.params[0] : nullptr,
+                              .targets = targets,
+                              .input = acts.unit_input(head),
+                              .logits = logits,
+                              .scratch = acts.scratch()});
+}
+
+}  // namespace outcore::model

@@ -1,0 +1,92 @@
+// Internals shared by the unit implementations (embedding.cpp, decoder.cpp, head.cpp): the
+// workspace carver and the context every unit call gets.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "common/error.hpp"
+#include "engine/model/model.hpp"
+
+namespace outcore::model::detail {
+
+// Hands out 64-byte aligned float arrays from a byte range, in order. With a null base it only
+// measures, so sizes computed ahead of time and carving at run time use the same code.
+class Arena {
+ public:
+  explicit Arena(std::byte* base = nullptr, size_t capacity = SIZE_MAX)
+      : base_(base), capacity_(capacity) {}
+  float* floats(int64_t n) {
+    const size_t at = (used_ + 63) / 64 * 64;
+    const size_t end = at + static_cast<size_t>(n) * sizeof(float);
+    if (base_ != nullptr && end > capacity_)
+      throw InvalidArgument(
+          fmt::format("workspace of {} bytes is too small (needs at least {})", capacity_, end));
+    used_ = end;
+    return base_ == nullptr ? nullptr : reinterpret_cast<float*>(base_ + at);
+  }
+  size_t used() const { return used_; }
+
+ private:
+  std::byte* base_;
+  size_t capacity_;
+  size_t used_ = 0;
+};
+
+// What a unit call needs to know besides its arguments.
+struct UnitContext {
+  const LlamaConfig& cfg;
+  const ModelOptions& opt;
+  const UnitLayout& unit;
+  const UnitLayout& embed;  // the embedding unit (tied head weight)
+  const float* rope_cos;    // [seq, head_dim/2]
+  const float* rope_sin;
+  int64_t tokens() const { return opt.micro_batch * opt.seq_len; }
+};
+
+// The fp32 view of one weight tensor of a slab: the slab itself when it is fp32, else a
+// conversion into `tmp` (which must hold numel floats).
+inline const float* weight_f32(const UnitContext& ctx, const void* slab, const TensorSpec& t,
+                               float* tmp, size_t first = 0, size_t count = SIZE_MAX) {
+  const size_t n = std::min(count, t.numel - first);
+  const size_t esize = dtype_size(ctx.opt.param_dtype);
+  const void* src = static_cast<const std::byte*>(slab) + (t.offset + first) * esize;
+  if (ctx.opt.param_dtype == DType::F32) return static_cast<const float*>(src);
+  convert_to_fp32(src, ctx.opt.param_dtype, tmp, n);
+  return tmp;
+}
+
+// The largest single weight of a decoder (the bf16 conversion buffer size), in elements.
+inline int64_t max_decoder_weight(const LlamaConfig& c) {
+  return std::max(
+      {c.q_dim() * c.hidden_size, c.kv_dim() * c.hidden_size, c.intermediate_size * c.hidden_size});
+}
+
+// Query rows per attention block: scores for one block are [block, keys].
+inline int64_t attention_block(const ModelOptions& o) { return std::min<int64_t>(o.seq_len, 128); }
+
+// Decoder: bytes saved by forward (without checkpointing), and scratch of forward / backward.
+size_t decoder_saved_bytes(const LlamaConfig& c, const ModelOptions& o);
+size_t decoder_scratch_bytes(const LlamaConfig& c, const ModelOptions& o);
+void decoder_forward(const UnitContext& ctx, const ForwardArgs& a);
+void decoder_backward(const UnitContext& ctx, const BackwardArgs& a);
+
+// Head: rows of logits computed at once, scratch bytes, forward (loss, logits) and fused
+// forward+backward.
+int64_t head_chunk_rows(const LlamaConfig& c, const ModelOptions& o);
+size_t head_scratch_bytes(const LlamaConfig& c, const ModelOptions& o);
+float head_forward(const UnitContext& ctx, const ForwardArgs& a);
+float head_backward(const UnitContext& ctx, const BackwardArgs& a);
+
+// Embedding.
+size_t embedding_scratch_bytes(const LlamaConfig& c, const ModelOptions& o);
+void embedding_forward(const UnitContext& ctx, const ForwardArgs& a);
+void embedding_backward(const UnitContext& ctx, const BackwardArgs& a);
+
+// Throws InvalidArgument naming `what` when any id is outside [0, vocab).
+void check_ids(const int32_t* ids, int64_t n, int64_t seq, int64_t vocab, const char* what);
+
+}  // namespace outcore::model::detail

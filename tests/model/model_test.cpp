@@ -1,0 +1,292 @@
+// LlamaModel behaviour beyond the oracle: checkpointing bit-identity, determinism, gradient
+// accumulation, finite differences, bad input, workspace sizes and the device budget.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "common/error.hpp"
+#include "tests/model/model_harness.hpp"
+
+namespace outcore::model {
+namespace {
+
+using testing::Harness;
+using testing::random_ids;
+using testing::random_params;
+using testing::small_config;
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+
+Batch make_batch(int64_t n, int64_t vocab, uint32_t seed) {
+  auto ids = random_ids(n + 1, vocab, seed);
+  return {{ids.begin(), ids.end() - 1}, {ids.begin() + 1, ids.end()}};
+}
+
+LlamaConfig gqa(bool tied = false) { return small_config(48, 80, 2, 6, 2, 97, tied); }
+
+bool bit_identical(const std::vector<std::vector<float>>& a,
+                   const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0)
+      return false;
+  return true;
+}
+
+TEST(Model, ActivationCheckpointingGivesBitIdenticalGradients) {
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (bool tied : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (tied ? " tied" : " untied"));
+      const LlamaConfig c = gqa(tied);
+      const auto params = random_params(make_layout(c), 5);
+      ModelOptions o{.micro_batch = 2, .seq_len = 140, .param_dtype = dtype};
+      Harness plain(c, o, params);
+      o.activation_checkpointing = true;
+      Harness ckpt(c, o, params);
+      EXPECT_EQ(ckpt.model.saved_bytes(1), 0u);
+      EXPECT_GT(plain.model.saved_bytes(1), 0u);
+      const Batch b = make_batch(o.micro_batch * o.seq_len, c.vocab_size, 6);
+      const float l1 = plain.train(b.tokens, b.targets);
+      const float l2 = ckpt.train(b.tokens, b.targets);
+      EXPECT_EQ(std::memcmp(&l1, &l2, 4), 0);
+      EXPECT_TRUE(bit_identical(plain.grads, ckpt.grads));
+    }
+  }
+}
+
+TEST(Model, RepeatedRunsAreBitIdentical) {
+  const LlamaConfig c = gqa();
+  const auto params = random_params(make_layout(c), 7);
+  ModelOptions o{.micro_batch = 2, .seq_len = 33};
+  Harness a(c, o, params), b(c, o, params);
+  const Batch batch = make_batch(66, c.vocab_size, 8);
+  const float l1 = a.train(batch.tokens, batch.targets);
+  const auto g1 = a.grads;
+  const float l2 = a.train(batch.tokens, batch.targets);  // same buffers, second run
+  const float l3 = b.train(batch.tokens, batch.targets);  // fresh buffers
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(l1, l3);
+  EXPECT_TRUE(bit_identical(g1, a.grads));
+  EXPECT_TRUE(bit_identical(g1, b.grads));
+}
+
+// k micro-batches accumulated with loss_scale 1/k equal one micro-batch k times larger.
+TEST(Model, GradientAccumulationEqualsALargerBatch) {
+  for (bool tied : {false, true}) {
+    const LlamaConfig c = gqa(tied);
+    const auto params = random_params(make_layout(c), 9);
+    const int64_t T = 20, k = 3;
+    Harness small(c, {.micro_batch = 1, .seq_len = T}, params);
+    Harness big(c, {.micro_batch = k, .seq_len = T}, params);
+    const Batch all = make_batch(k * T, c.vocab_size, 10);
+    double loss_sum = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      Batch part{{all.tokens.begin() + i * T, all.tokens.begin() + (i + 1) * T},
+                 {all.targets.begin() + i * T, all.targets.begin() + (i + 1) * T}};
+      loss_sum += small.train(part.tokens, part.targets,
+                              i == 0 ? GradMode::Overwrite : GradMode::Accumulate, 1.0f / k);
+    }
+    const float big_loss = big.train(all.tokens, all.targets);
+    EXPECT_NEAR(loss_sum / k, big_loss, 1e-6 * std::abs(big_loss));
+    for (size_t u = 0; u < small.grads.size(); ++u) {
+      double err = 0, scale = 0;
+      for (size_t i = 0; i < small.grads[u].size(); ++i) {
+        err = std::max(err, double(std::abs(small.grads[u][i] - big.grads[u][i])));
+        scale = std::max(scale, double(std::abs(big.grads[u][i])));
+      }
+      EXPECT_LT(err, 1e-5 * scale) << "unit " << u << (tied ? " tied" : "");
+    }
+  }
+}
+
+TEST(Model, GradientsMatchFiniteDifferences) {
+  const LlamaConfig c = small_config(16, 24, 1, 4, 2, 23, true);
+  auto params = random_params(make_layout(c), 11, 0.3f);
+  ModelOptions o{.micro_batch = 1, .seq_len = 6};
+  Harness h(c, o, params);
+  const Batch b = make_batch(6, c.vocab_size, 12);
+  h.train(b.tokens, b.targets);
+  const auto grads = h.grads;
+  // One element of several kinds of tensor: the largest-gradient element of each.
+  const std::vector<std::pair<int, std::string>> probes = {
+      {0, "model.embed_tokens.weight"},
+      {1, "model.layers.0.input_layernorm.weight"},
+      {1, "model.layers.0.self_attn.q_proj.weight"},
+      {1, "model.layers.0.self_attn.k_proj.weight"},
+      {1, "model.layers.0.self_attn.v_proj.weight"},
+      {1, "model.layers.0.mlp.gate_proj.weight"},
+      {1, "model.layers.0.mlp.down_proj.weight"},
+      {2, "model.norm.weight"}};
+  for (const auto& [unit, name] : probes) {
+    const TensorSpec* t = h.model.layout().units[unit].find(name);
+    ASSERT_NE(t, nullptr) << name;
+    size_t best = t->offset;
+    for (size_t i = t->offset; i < t->offset + t->numel; ++i)
+      if (std::abs(grads[unit][i]) > std::abs(grads[unit][best])) best = i;
+    const float eps = 1e-2f, keep = h.master[unit][best];
+    h.master[unit][best] = keep + eps;
+    const double up = h.eval(b.tokens, b.targets);
+    h.master[unit][best] = keep - eps;
+    const double down = h.eval(b.tokens, b.targets);
+    h.master[unit][best] = keep;
+    const double fd = (up - down) / (2.0 * eps);
+    EXPECT_NEAR(grads[unit][best], fd, 2e-2 * std::abs(fd) + 2e-4) << name;
+  }
+}
+
+TEST(Model, F16StorageComputesLikeFp32WithRoundedWeights) {
+  const LlamaConfig c = gqa();
+  auto params = random_params(make_layout(c), 13);
+  for (auto& s : params)
+    for (auto& x : s) x = round_to(DType::F16, x);
+  Harness f32(c, {.micro_batch = 1, .seq_len = 16}, params);
+  Harness f16(c, {.micro_batch = 1, .seq_len = 16, .param_dtype = DType::F16}, params);
+  const Batch b = make_batch(16, c.vocab_size, 14);
+  EXPECT_NEAR(f32.train(b.tokens, b.targets), f16.train(b.tokens, b.targets), 1e-6);
+  for (size_t u = 0; u < f32.grads.size(); ++u)
+    for (size_t i = 0; i < f32.grads[u].size(); ++i)
+      ASSERT_NEAR(f32.grads[u][i], f16.grads[u][i], 1e-6 + 1e-5 * std::abs(f32.grads[u][i]));
+}
+
+TEST(Model, InitialLossIsNearLogVocabAndSgdLowersIt) {
+  const LlamaConfig c = gqa(true);
+  const ModelLayout layout = make_layout(c);
+  std::vector<std::vector<float>> params;
+  for (const UnitLayout& u : layout.units) {
+    params.emplace_back(u.padded_numel);
+    init_params(layout, u.index, 42, 0, u.padded_numel, params.back().data());
+  }
+  Harness h(c, {.micro_batch = 2, .seq_len = 16}, params);
+  const Batch b = make_batch(32, c.vocab_size, 15);
+  const float first = h.train(b.tokens, b.targets);
+  EXPECT_NEAR(first, std::log(97.0), 0.15);  // tied: each token slightly predicts itself
+  float last = first;
+  for (int step = 0; step < 30; ++step) {
+    for (size_t u = 0; u < h.master.size(); ++u)
+      for (size_t i = 0; i < h.master[u].size(); ++i) h.master[u][i] -= 0.5f * h.grads[u][i];
+    last = h.train(b.tokens, b.targets);
+  }
+  EXPECT_LT(last, 0.8f * first);
+}
+
+TEST(Model, TokenAndTargetIdsOutsideTheVocabularyAreErrors) {
+  const LlamaConfig c = gqa();
+  Harness h(c, {.micro_batch = 2, .seq_len = 8}, random_params(make_layout(c), 16));
+  Batch b = make_batch(16, c.vocab_size, 17);
+  b.tokens[11] = 97;
+  try {
+    h.train(b.tokens, b.targets);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("token id 97 at position 11 (sequence 1, offset 3)"), std::string::npos) << m;
+    EXPECT_NE(m.find("[0, 97)"), std::string::npos) << m;
+  }
+  b.tokens[11] = 0;
+  b.targets[2] = -1;
+  try {
+    h.train(b.tokens, b.targets);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("target id -1 at position 2"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(h.eval(b.tokens, b.targets), InvalidArgument);
+}
+
+TEST(Model, MissingOrSmallBuffersAreErrors) {
+  const LlamaConfig c = gqa();
+  Harness h(c, {.micro_batch = 1, .seq_len = 8}, random_params(make_layout(c), 18));
+  std::vector<float> x(8 * 48), y(8 * 48);
+  std::vector<std::byte> small(64);
+  const ModelBuffers mb = h.buffers();
+  EXPECT_THROW(h.model.forward(1, {.params = mb.params[1],
+                                   .input = x.data(),
+                                   .output = y.data(),
+                                   .saved = h.acts.saved(1),
+                                   .scratch = small}),
+               InvalidArgument);
+  EXPECT_THROW(h.model.forward(1, {.params = mb.params[1],
+                                   .input = x.data(),
+                                   .output = y.data(),
+                                   .scratch = h.acts.scratch()}),
+               InvalidArgument);  // no saved buffer without checkpointing
+  EXPECT_THROW(h.model.forward(1, {.params = mb.params[1],
+                                   .input = x.data(),
+                                   .saved = h.acts.saved(1),
+                                   .scratch = h.acts.scratch()}),
+               InvalidArgument);  // no output
+  const LlamaConfig tied = gqa(true);
+  Harness t(tied, {.micro_batch = 1, .seq_len = 8}, random_params(make_layout(tied), 18));
+  EXPECT_THROW(
+      t.model.forward(
+          3, {.params = t.buffers().params[3], .input = x.data(), .scratch = t.acts.scratch()}),
+      InvalidArgument);  // tied head without the embedding slab
+}
+
+TEST(Model, BadShapesAreErrors) {
+  EXPECT_THROW(LlamaModel(gqa(), {.micro_batch = 1, .seq_len = 513}), InvalidArgument);
+  EXPECT_THROW(LlamaModel(gqa(), {.micro_batch = 0, .seq_len = 8}), InvalidArgument);
+  LlamaConfig bad = gqa();
+  bad.num_key_value_heads = 4;
+  EXPECT_THROW(LlamaModel(bad, {.micro_batch = 1, .seq_len = 8}), ConfigError);
+}
+
+TEST(Model, ActivationPlanIsTheDevicePeakAndTheBudgetIsEnforced) {
+  const LlamaConfig c = gqa();
+  for (bool ckpt : {false, true}) {
+    for (bool cpu_ckpt : {false, true}) {
+      LlamaModel m(c, {.micro_batch = 2, .seq_len = 24, .activation_checkpointing = ckpt});
+      const ActivationPlan p = plan_activations(m, cpu_ckpt);
+      EXPECT_EQ(p.checkpoint_bytes, 3 * m.hidden_bytes());
+      EXPECT_EQ(p.saved_bytes, ckpt ? 0 : 2 * m.saved_bytes(1));
+      EXPECT_EQ(p.host_bytes > 0, cpu_ckpt);
+      {
+        device::CpuDevice dev({.memory_budget_bytes = p.device_bytes});
+        ActivationBuffers acts(m, dev, cpu_ckpt);
+        EXPECT_EQ(dev.memory_stats().peak_bytes, p.device_bytes);
+      }
+      device::CpuDevice tight({.memory_budget_bytes = p.device_bytes - 4096});
+      EXPECT_THROW(ActivationBuffers(m, tight, cpu_ckpt), OutOfMemory);
+    }
+  }
+  LlamaModel plain(c, {.micro_batch = 2, .seq_len = 24});
+  LlamaModel ckpt(c, {.micro_batch = 2, .seq_len = 24, .activation_checkpointing = true});
+  EXPECT_LT(plan_activations(ckpt, true).device_bytes, plan_activations(ckpt, false).device_bytes);
+  EXPECT_LT(plan_activations(ckpt, false).device_bytes,
+            plan_activations(plain, false).device_bytes);
+}
+
+TEST(Model, CpuCheckpointingGivesTheSameResultsOffTheDeviceBudget) {
+  const LlamaConfig c = gqa();
+  const auto params = random_params(make_layout(c), 19);
+  ModelOptions o{.micro_batch = 1, .seq_len = 24, .activation_checkpointing = true};
+  Harness on_device(c, o, params, 0, false);
+  const ActivationPlan p = plan_activations(on_device.model, true);
+  Harness on_host(c, o, params, p.device_bytes, true);  // budget without the checkpoints
+  const Batch b = make_batch(24, c.vocab_size, 20);
+  EXPECT_EQ(on_device.train(b.tokens, b.targets), on_host.train(b.tokens, b.targets));
+  EXPECT_TRUE(bit_identical(on_device.grads, on_host.grads));
+  EXPECT_LE(on_host.device.memory_stats().peak_bytes, p.device_bytes);
+}
+
+TEST(Model, RunsAsComputeOnADeviceStream) {
+  const LlamaConfig c = gqa();
+  const auto params = random_params(make_layout(c), 21);
+  Harness direct(c, {.micro_batch = 1, .seq_len = 12}, params);
+  Harness streamed(c, {.micro_batch = 1, .seq_len = 12}, params);
+  const Batch b = make_batch(12, c.vocab_size, 22);
+  const float want = direct.train(b.tokens, b.targets);
+  auto compute = streamed.device.create_stream("compute");
+  float got = 0;
+  compute->enqueue([&] { got = streamed.train(b.tokens, b.targets); });
+  compute->synchronize();
+  EXPECT_EQ(got, want);
+  EXPECT_TRUE(bit_identical(direct.grads, streamed.grads));
+}
+
+}  // namespace
+}  // namespace outcore::model

@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""Independent float64 PyTorch reference for outcore's Llama model (tests/model).
+
+Usage: llama_oracle.py CASE_DIR [CASE_DIR ...]
+
+Each CASE_DIR holds what the C++ test wrote:
+  config.json   Hugging Face Llama config
+  case.json     {"batch": B, "seq": T, "loss_scale": s,
+                 "tensors": [{"name": ..., "shape": [...]}, ...]}   (order of params.bin)
+  params.bin    float32 tensors, concatenated in case.json order
+  tokens.bin    int32 [B*T] input ids
+  targets.bin   int32 [B*T] next-token ids
+and receives
+  result.bin    float64: logits [B*T, vocab], loss (1 value), then the gradient of
+                loss_scale * loss for every tensor, in case.json order.
+
+The architecture is written from the Hugging Face Llama definition (RMSNorm, rotate-half
+RoPE, grouped-query causal attention, SwiGLU MLP, mean cross-entropy), not from outcore's code.
+"""
+import json
+import math
+import os
+import sys
+
+import torch
+
+torch.set_default_dtype(torch.float64)
+
+
+def rms_norm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_tables(seq, head_dim, theta):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.outer(torch.arange(seq, dtype=torch.float64), inv_freq)
+    emb = torch.cat((angles, angles), dim=-1)  # [T, head_dim]
+    return emb.cos(), emb.sin()
+
+
+def attention(x, p, prefix, cfg, cos, sin):
+    B, T, _ = x.shape
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg["head_dim"]
+    q = (x @ p[prefix + "q_proj.weight"].T).view(B, T, nh, hd).transpose(1, 2)
+    k = (x @ p[prefix + "k_proj.weight"].T).view(B, T, nkv, hd).transpose(1, 2)
+    v = (x @ p[prefix + "v_proj.weight"].T).view(B, T, nkv, hd).transpose(1, 2)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    group = nh // nkv
+    k = k.repeat_interleave(group, dim=1)  # query head h uses kv head h // group
+    v = v.repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ v  # [B, nh, T, hd]
+    out = out.transpose(1, 2).reshape(B, T, nh * hd)
+    return out @ p[prefix + "o_proj.weight"].T
+
+
+def mlp(x, p, prefix):
+    gate = x @ p[prefix + "gate_proj.weight"].T
+    up = x @ p[prefix + "up_proj.weight"].T
+    return (torch.nn.functional.silu(gate) * up) @ p[prefix + "down_proj.weight"].T
+
+
+def forward(cfg, p, tokens, targets):
+    eps = cfg["rms_norm_eps"]
+    B, T = tokens.shape
+    cos, sin = rope_tables(T, cfg["head_dim"], cfg.get("rope_theta", 10000.0))
+    h = p["model.embed_tokens.weight"][tokens]
+    for i in range(cfg["num_hidden_layers"]):
+        pre = f"model.layers.{i}."
+        h = h + attention(rms_norm(h, p[pre + "input_layernorm.weight"], eps), p,
+                          pre + "self_attn.", cfg, cos, sin)
+        h = h + mlp(rms_norm(h, p[pre + "post_attention_layernorm.weight"], eps), p, pre + "mlp.")
+    h = rms_norm(h, p["model.norm.weight"], eps)
+    head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]
+    logits = (h @ head.T).reshape(B * T, -1)
+    loss = torch.nn.functional.cross_entropy(logits, targets.reshape(-1))
+    return logits, loss
+
+
+def run_case(case_dir):
+    with open(os.path.join(case_dir, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    with open(os.path.join(case_dir, "case.json")) as f:
+        case = json.load(f)
+    B, T = case["batch"], case["seq"]
+    raw = open(os.path.join(case_dir, "params.bin"), "rb").read()
+    flat = torch.frombuffer(bytearray(raw), dtype=torch.float32).to(torch.float64)
+    params, at = {}, 0
+    for t in case["tensors"]:
+        n = math.prod(t["shape"])
+        params[t["name"]] = flat[at:at + n].reshape(t["shape"]).clone().requires_grad_(True)
+        at += n
+    assert at == flat.numel(), "params.bin size does not match case.json"
+
+    def ids(name):
+        data = open(os.path.join(case_dir, name), "rb").read()
+        return torch.frombuffer(bytearray(data), dtype=torch.int32).to(torch.int64).reshape(B, T)
+
+    logits, loss = forward(cfg, params, ids("tokens.bin"), ids("targets.bin"))
+    (loss * case["loss_scale"]).backward()
+    out = [logits.detach().reshape(-1), loss.detach().reshape(1)]
+    for t in case["tensors"]:
+        g = params[t["name"]].grad
+        out.append(torch.zeros(math.prod(t["shape"])) if g is None else g.reshape(-1))
+    with open(os.path.join(case_dir, "result.bin"), "wb") as f:
+        f.write(torch.cat(out).numpy().tobytes())
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    for case_dir in sys.argv[1:]:
+        run_case(case_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

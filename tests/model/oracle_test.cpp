@@ -1,0 +1,191 @@
+// Logits, loss and every parameter gradient against an independent float64 PyTorch reference
+// (tests/model/oracle/llama_oracle.py run by /usr/bin/python3), on small random configs.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "tests/model/model_harness.hpp"
+
+namespace outcore::model {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Harness;
+
+struct OracleCase {
+  std::string name;
+  LlamaConfig config;
+  int64_t batch, seq;
+  DType dtype;
+  float loss_scale;
+};
+
+std::vector<OracleCase> cases() {
+  using testing::small_config;
+  return {
+      // grouped KV heads (2 query heads per kv head), untied, two layers
+      {"gqa_untied", small_config(32, 48, 2, 4, 2, 61, false), 2, 9, DType::F32, 1.0f},
+      // tied embeddings, plain multi-head attention, scaled loss
+      {"mha_tied", small_config(32, 40, 1, 2, 2, 50, true), 1, 7, DType::F32, 3.0f},
+      // one kv head (MQA), head_dim given (q_dim 32 != hidden 24), two attention blocks
+      {"mqa_head_dim", small_config(24, 40, 1, 4, 1, 37, false, 8), 1, 150, DType::F32, 1.0f},
+      // bf16 storage, tied, GQA; two logit row chunks and two vocabulary blocks in the head
+      {"bf16_tied_chunks", small_config(64, 96, 1, 4, 2, 20000, true), 2, 120, DType::BF16, 1.0f},
+  };
+}
+
+void write_file(const fs::path& p, const void* data, size_t bytes) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  if (!f) throw std::runtime_error("cannot write " + p.string());
+}
+
+std::vector<double> read_doubles(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary | std::ios::ate);
+  if (!f) return {};
+  std::vector<double> v(static_cast<size_t>(f.tellg()) / sizeof(double));
+  f.seekg(0);
+  f.read(reinterpret_cast<char*>(v.data()),
+         static_cast<std::streamsize>(v.size() * sizeof(double)));
+  return v;
+}
+
+// One case's outputs from outcore and the reference's result file.
+struct CaseRun {
+  OracleCase c;
+  std::unique_ptr<Harness> h{};
+  std::vector<float> logits{};
+  float loss = 0, eval_loss = 0;
+  std::vector<double> ref{};
+};
+
+class OracleTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (std::system(OUTCORE_PYTHON " -c 'import torch' >/dev/null 2>&1") != 0) {
+      skip_reason_ = "no PyTorch for " OUTCORE_PYTHON;
+      return;
+    }
+    dir_ = fs::temp_directory_path() / fmt::format("outcore_model_oracle_{}", ::getpid());
+    fs::create_directories(dir_);
+    std::string cmd = OUTCORE_PYTHON " " OUTCORE_SOURCE_DIR "/tests/model/oracle/llama_oracle.py";
+    for (const OracleCase& c : cases()) {
+      runs_.push_back(run_outcore(c));
+      cmd += " " + (dir_ / c.name).string();
+    }
+    if (std::system(cmd.c_str()) != 0) {
+      failure_ = "the reference script failed: " + cmd;
+      return;
+    }
+    for (CaseRun& r : runs_) r.ref = read_doubles(dir_ / r.c.name / "result.bin");
+  }
+  static void TearDownTestSuite() {
+    runs_.clear();
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  void SetUp() override {
+    if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
+    ASSERT_TRUE(failure_.empty()) << failure_;
+  }
+
+  static CaseRun run_outcore(const OracleCase& c) {
+    CaseRun r{c};
+    ModelOptions o{.micro_batch = c.batch, .seq_len = c.seq, .param_dtype = c.dtype};
+    auto layout = make_layout(c.config);
+    r.h = std::make_unique<Harness>(c.config, o, testing::random_params(layout, 1234));
+    const size_t n = static_cast<size_t>(c.batch * c.seq);
+    auto tokens = testing::random_ids(n + 1, c.config.vocab_size, 99);
+    std::vector<int32_t> in(tokens.begin(), tokens.end() - 1), tg(tokens.begin() + 1, tokens.end());
+    // Poison the gradients: Overwrite must replace every element.
+    for (auto& g : r.h->grads) std::fill(g.begin(), g.end(), 123.0f);
+    r.loss = r.h->train(in, tg, GradMode::Overwrite, c.loss_scale);
+    r.logits.resize(n * c.config.vocab_size);
+    r.eval_loss = r.h->eval(in, tg, r.logits.data());
+
+    const fs::path d = dir_ / c.name;
+    fs::create_directories(d);
+    const std::string cfg = c.config.to_json();
+    write_file(d / "config.json", cfg.data(), cfg.size());
+    nlohmann::json cj = {{"batch", c.batch}, {"seq", c.seq}, {"loss_scale", c.loss_scale}};
+    std::vector<float> flat;
+    for (const UnitLayout& u : r.h->model.layout().units) {
+      for (const TensorSpec& t : u.tensors) {
+        cj["tensors"].push_back({{"name", t.name}, {"shape", t.shape}});
+        const float* p = r.h->master[u.index].data() + t.offset;  // values the model used
+        flat.insert(flat.end(), p, p + t.numel);
+      }
+    }
+    const std::string cs = cj.dump();
+    write_file(d / "case.json", cs.data(), cs.size());
+    write_file(d / "params.bin", flat.data(), flat.size() * 4);
+    write_file(d / "tokens.bin", in.data(), in.size() * 4);
+    write_file(d / "targets.bin", tg.data(), tg.size() * 4);
+    return r;
+  }
+
+  static inline fs::path dir_;
+  static inline std::string skip_reason_, failure_;
+  static inline std::vector<CaseRun> runs_;
+};
+
+// max |a - b| over max |b| (relative to the tensor's scale; 0-scale tensors compare absolutely).
+template <typename A>
+double scaled_error(const A* a, const double* b, size_t n) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+TEST_F(OracleTest, LogitsLossAndEveryGradientMatch) {
+  for (const CaseRun& r : runs_) {
+    SCOPED_TRACE(r.c.name);
+    const size_t nlog = r.logits.size();
+    size_t expect = nlog + 1;
+    for (const UnitLayout& u : r.h->model.layout().units)
+      for (const TensorSpec& t : u.tensors) expect += t.numel;
+    ASSERT_EQ(r.ref.size(), expect) << "result.bin has the wrong size";
+
+    const double logit_err = scaled_error(r.logits.data(), r.ref.data(), nlog);
+    EXPECT_LT(logit_err, 5e-6) << "logits";
+    const double ref_loss = r.ref[nlog];
+    EXPECT_NEAR(r.loss, ref_loss, 2e-6 * std::abs(ref_loss)) << "training loss";
+    EXPECT_NEAR(r.eval_loss, ref_loss, 2e-6 * std::abs(ref_loss)) << "evaluation loss";
+
+    size_t at = nlog + 1;
+    double worst = 0;
+    std::string worst_name;
+    for (const UnitLayout& u : r.h->model.layout().units) {
+      const std::vector<float>& g = r.h->grads[u.index];
+      for (const TensorSpec& t : u.tensors) {
+        const double e = scaled_error(g.data() + t.offset, r.ref.data() + at, t.numel);
+        EXPECT_LT(e, 2e-5) << t.name;
+        if (e > worst) worst = e, worst_name = t.name;
+        at += t.numel;
+      }
+      // Overwrite replaced the poison in alignment gaps and padding with zeros.
+      std::vector<bool> covered(u.padded_numel, false);
+      for (const TensorSpec& t : u.tensors)
+        std::fill(covered.begin() + t.offset, covered.begin() + t.offset + t.numel, true);
+      for (size_t i = 0; i < u.padded_numel; ++i)
+        if (!covered[i]) {
+          ASSERT_EQ(g[i], 0.0f) << u.name << " element " << i;
+        }
+    }
+    std::printf("[ oracle   ] %-18s logits %.2e  loss %.2e  worst gradient %.2e (%s)\n",
+                r.c.name.c_str(), logit_err, std::abs(r.loss - ref_loss) / std::abs(ref_loss),
+                worst, worst_name.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace outcore::model
