@@ -77,6 +77,7 @@ TEST(LocalComm, PartialOverlapIsRejected) {
                InvalidArgument);
 }
 
+#ifdef OUTCORE_COMM_MPI_WORKER
 // Runs a command, returning its exit status and combined output.
 int run_command(const std::string& cmd, std::string& output) {
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((cmd + " 2>&1").c_str(), "r"), pclose);
@@ -87,6 +88,7 @@ int run_command(const std::string& cmd, std::string& output) {
   int status = pclose(pipe.release());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
+#endif
 
 TEST(MpiComm, TwoRanksUnderMpirun) {
 #ifndef OUTCORE_COMM_MPI_WORKER

@@ -1,0 +1,158 @@
+#include "engine/train/loss_scaler.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace outcore::train {
+namespace {
+
+constexpr double kScaleFactor = 2.0;
+
+void require(bool ok, const char* key, const std::string& msg) {
+  if (!ok) throw ConfigError(std::string("fp16.") + key, msg);
+}
+
+}  // namespace
+
+LossScaler::LossScaler() { state_.cur_scale = 1.0; }
+
+LossScaler::LossScaler(const LossScalerOptions& o) : opts_(o) {
+  require(std::isfinite(o.loss_scale) && o.loss_scale >= 0, "loss_scale",
+          fmt::format("must be a finite number >= 0, got {}", o.loss_scale));
+  dynamic_ = o.loss_scale == 0;
+  if (!dynamic_) {
+    state_.cur_scale = o.loss_scale;
+    return;
+  }
+  require(o.initial_scale_power >= 0 && o.initial_scale_power <= 1023, "initial_scale_power",
+          fmt::format("must be in 0..1023, got {}", o.initial_scale_power));
+  require(o.loss_scale_window >= 1, "loss_scale_window",
+          fmt::format("must be >= 1 with dynamic loss scaling, got {}", o.loss_scale_window));
+  require(o.hysteresis >= 1, "hysteresis",
+          fmt::format("must be >= 1 with dynamic loss scaling, got {}", o.hysteresis));
+  require(std::isfinite(o.min_loss_scale) && o.min_loss_scale > 0, "min_loss_scale",
+          fmt::format("must be > 0 with dynamic loss scaling, got {}", o.min_loss_scale));
+  state_.cur_scale = std::ldexp(1.0, o.initial_scale_power);
+  state_.cur_iter = 0;
+  state_.last_overflow_iter = -1;
+  state_.cur_hysteresis = o.hysteresis;
+}
+
+LossScaleUpdate LossScaler::update(bool overflow) {
+  LossScaleUpdate u;
+  u.overflow = overflow;
+  u.scale_before = state_.cur_scale;
+  if (!dynamic_) {
+    u.scale_after = state_.cur_scale;
+    if (overflow) u.message = "OVERFLOW! Skipping step (static loss scale).";
+    return u;
+  }
+  LossScalerState& s = state_;
+  if (overflow) {
+    if (opts_.hysteresis == 1 || s.cur_hysteresis == 1) {
+      if (s.cur_scale == opts_.min_loss_scale && opts_.raise_error_at_min_scale) {
+        throw LossScaleAtMinimum(fmt::format(
+            "fp16 gradients overflowed at the minimum loss scale {} (fp16.min_loss_scale): "
+            "current loss scale already at minimum - cannot decrease scale anymore",
+            opts_.min_loss_scale));
+      }
+      double next = std::max(s.cur_scale / kScaleFactor, opts_.min_loss_scale);
+      u.message = fmt::format("OVERFLOW! Skipping step. Attempted loss scale: {}, reducing to {}",
+                              s.cur_scale, next);
+      s.cur_scale = next;
+    } else {
+      u.message = fmt::format(
+          "OVERFLOW! Skipping step. Attempted loss scale: {}, but hysteresis is {}. Reducing "
+          "hysteresis to {}",
+          s.cur_scale, s.cur_hysteresis, s.cur_hysteresis - 1);
+      s.cur_hysteresis -= 1;
+    }
+    s.last_overflow_iter = s.cur_iter;
+  } else {
+    if (opts_.consecutive_hysteresis) s.cur_hysteresis = opts_.hysteresis;
+    int64_t stable = s.cur_iter - s.last_overflow_iter - 1;
+    if (stable > 0 && stable % opts_.loss_scale_window == 0) {
+      if (!opts_.consecutive_hysteresis) s.cur_hysteresis = opts_.hysteresis;
+      s.cur_scale *= kScaleFactor;
+    }
+  }
+  s.cur_iter += 1;
+  u.scale_after = s.cur_scale;
+  u.hysteresis_after = s.cur_hysteresis;
+  return u;
+}
+
+void LossScaler::load_state(const LossScalerState& s) {
+  auto bad = [](const std::string& what) { throw InvalidArgument("loss scaler state: " + what); };
+  if (!std::isfinite(s.cur_scale) || s.cur_scale <= 0)
+    bad(fmt::format("scale {} is not > 0", s.cur_scale));
+  if (!dynamic_) {
+    if (s.cur_scale != state_.cur_scale) {
+      bad(fmt::format("static scale {} differs from the configured {}", s.cur_scale,
+                      state_.cur_scale));
+    }
+    return;
+  }
+  if (s.cur_iter < 0) bad(fmt::format("cur_iter {} is negative", s.cur_iter));
+  if (s.last_overflow_iter < -1 ||
+      (s.last_overflow_iter >= 0 && s.last_overflow_iter >= s.cur_iter)) {
+    bad(fmt::format("last_overflow_iter {} is not in [-1, cur_iter {})", s.last_overflow_iter,
+                    s.cur_iter));
+  }
+  if (s.cur_hysteresis < 1 || s.cur_hysteresis > opts_.hysteresis) {
+    bad(fmt::format("hysteresis {} is outside 1..{}", s.cur_hysteresis, opts_.hysteresis));
+  }
+  state_ = s;
+}
+
+nlohmann::json LossScaler::state_json() const {
+  return {{"dynamic", dynamic_},
+          {"cur_scale", state_.cur_scale},
+          {"cur_iter", state_.cur_iter},
+          {"last_overflow_iter", state_.last_overflow_iter},
+          {"cur_hysteresis", state_.cur_hysteresis}};
+}
+
+void LossScaler::load_state_json(const nlohmann::json& j) {
+  auto fail = [&](const char* field) {
+    throw InvalidArgument(
+        fmt::format("loss scaler state: '{}' is missing or mistyped in {}", field, j.dump()));
+  };
+  if (!j.is_object()) fail("cur_scale");
+  if (!j.contains("dynamic") || !j["dynamic"].is_boolean()) fail("dynamic");
+  if (j["dynamic"].get<bool>() != dynamic_) {
+    throw InvalidArgument(fmt::format("loss scaler state: saved with {} scaling, configured {}",
+                                      j["dynamic"].get<bool>() ? "dynamic" : "static",
+                                      dynamic_ ? "dynamic" : "static"));
+  }
+  LossScalerState s;
+  if (!j.contains("cur_scale") || !j["cur_scale"].is_number()) fail("cur_scale");
+  s.cur_scale = j["cur_scale"].get<double>();
+  for (auto [name, field] :
+       {std::pair{"cur_iter", &s.cur_iter}, std::pair{"last_overflow_iter", &s.last_overflow_iter},
+        std::pair{"cur_hysteresis", &s.cur_hysteresis}}) {
+    if (!j.contains(name) || !j[name].is_number_integer()) fail(name);
+    *field = j[name].get<int64_t>();
+  }
+  load_state(s);
+}
+
+double unscale_and_clip_coefficient(double total_norm, double loss_scale, double clip) {
+  if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
+    throw InvalidArgument(fmt::format("loss scale {} must be a finite number > 0", loss_scale));
+  }
+  if (!(clip >= 0) || !std::isfinite(clip)) {
+    throw InvalidArgument(fmt::format("gradient_clipping {} must be a finite number >= 0", clip));
+  }
+  double combined = loss_scale;
+  if (clip > 0) {
+    double norm = std::isfinite(total_norm) ? total_norm : -1.0;
+    double c = std::max(1.0, (norm / loss_scale + 1e-6) / clip);
+    combined = c * loss_scale;
+  }
+  return 1.0 / combined;
+}
+
+}  // namespace outcore::train

@@ -1,0 +1,172 @@
+#include "engine/train/metrics.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+
+#include "common/error.hpp"
+
+namespace outcore::train {
+namespace {
+
+std::string si(double v) {  // 12.3k, 4.56M
+  double a = std::fabs(v);
+  if (a >= 1e9) return fmt::format("{:.2f}G", v / 1e9);
+  if (a >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
+  if (a >= 1e3) return fmt::format("{:.1f}k", v / 1e3);
+  return fmt::format("{:.0f}", v);
+}
+
+std::string bytes_iec(uint64_t b) {
+  double v = static_cast<double>(b);
+  if (v >= double(1ull << 30)) return fmt::format("{:.2f} GiB", v / double(1ull << 30));
+  if (v >= double(1ull << 20)) return fmt::format("{:.1f} MiB", v / double(1ull << 20));
+  if (v >= 1024.0) return fmt::format("{:.1f} KiB", v / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+nlohmann::ordered_json number_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+}
+
+}  // namespace
+
+std::string format_step_line(const StepMetrics& m) {
+  std::string s = m.total_steps > 0 ? fmt::format("step {}/{}", m.step, m.total_steps)
+                                    : fmt::format("step {}", m.step);
+  s += fmt::format(" | loss {:.4f} | lr {:.3e} | {} tok/s | {:.1f} GFLOP/s | mem {}", m.loss, m.lr,
+                   si(m.tokens_per_s), m.gflops_per_s, bytes_iec(m.device_mem_peak_bytes));
+  if (m.grad_norm) s += fmt::format(" | gnorm {:.3f}", *m.grad_norm);
+  if (m.loss_scale) s += fmt::format(" | scale {}", *m.loss_scale);
+  for (const TierIo& t : m.io) {
+    s += fmt::format(" | {} r {:.2f} w {:.2f} GB/s", t.tier, t.read_gb_per_s, t.write_gb_per_s);
+  }
+  if (m.skipped) s += " | SKIPPED (overflow)";
+  return s;
+}
+
+std::string format_validation_line(const ValidationMetrics& m) {
+  return fmt::format("val step {} | loss {:.4f} | {} tokens | {:.2f} s", m.step, m.loss,
+                     si(static_cast<double>(m.tokens)), m.time_s);
+}
+
+nlohmann::ordered_json to_json(const StepMetrics& m) {
+  nlohmann::ordered_json j;
+  j["type"] = "step";
+  j["step"] = m.step;
+  if (m.total_steps > 0) j["total_steps"] = m.total_steps;
+  j["loss"] = number_or_null(m.loss);
+  j["lr"] = m.lr;
+  j["tokens_per_s"] = m.tokens_per_s;
+  j["gflops_per_s"] = m.gflops_per_s;
+  j["device_mem_peak_bytes"] = m.device_mem_peak_bytes;
+  j["step_time_s"] = m.step_time_s;
+  j["elapsed_s"] = m.elapsed_s;
+  if (m.grad_norm) j["grad_norm"] = number_or_null(*m.grad_norm);
+  if (m.loss_scale) j["loss_scale"] = *m.loss_scale;
+  j["skipped"] = m.skipped;
+  if (!m.io.empty()) {
+    nlohmann::ordered_json io = nlohmann::ordered_json::object();
+    for (const TierIo& t : m.io) {
+      io[t.tier] = {{"read_gb_per_s", t.read_gb_per_s}, {"write_gb_per_s", t.write_gb_per_s}};
+    }
+    j["io"] = std::move(io);
+  }
+  return j;
+}
+
+nlohmann::ordered_json to_json(const ValidationMetrics& m) {
+  nlohmann::ordered_json j;
+  j["type"] = "val";
+  j["step"] = m.step;
+  j["loss"] = number_or_null(m.loss);
+  j["tokens"] = m.tokens;
+  j["time_s"] = m.time_s;
+  return j;
+}
+
+// ---- ProgressDisplay --------------------------------------------------------------------
+
+ProgressDisplay::ProgressDisplay(std::FILE* out, Mode mode, int64_t keep_every)
+    : out_(out), mode_(mode), keep_every_(keep_every) {
+  if (mode_ == Mode::kAuto) mode_ = isatty(fileno(out_)) ? Mode::kRefresh : Mode::kLines;
+}
+
+ProgressDisplay::~ProgressDisplay() { finish(); }
+
+void ProgressDisplay::step(const StepMetrics& m) {
+  std::string line = format_step_line(m);
+  if (mode_ == Mode::kLines) {
+    std::fprintf(out_, "%s\n", line.c_str());
+  } else {
+    bool keep = keep_every_ > 0 && m.step % keep_every_ == 0;
+    std::fprintf(out_, "\r\x1b[2K%s%s", line.c_str(), keep ? "\n" : "");
+    line_pending_ = !keep;
+  }
+  std::fflush(out_);
+}
+
+void ProgressDisplay::print_whole_line(std::string_view line) {
+  if (line_pending_) std::fputs("\r\x1b[2K", out_);
+  std::fprintf(out_, "%.*s\n", static_cast<int>(line.size()), line.data());
+  line_pending_ = false;
+  std::fflush(out_);
+}
+
+void ProgressDisplay::validation(const ValidationMetrics& m) {
+  print_whole_line(format_validation_line(m));
+}
+
+void ProgressDisplay::message(std::string_view line) { print_whole_line(line); }
+
+void ProgressDisplay::finish() {
+  if (!line_pending_) return;
+  std::fputc('\n', out_);
+  std::fflush(out_);
+  line_pending_ = false;
+}
+
+// ---- MetricsWriter ----------------------------------------------------------------------
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+  int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
+  fd_ = ::open(path.c_str(), flags, 0644);
+  if (fd_ < 0) throw IoError(path, errno, "open metrics file");
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void MetricsWriter::write_json(const nlohmann::ordered_json& record) {
+  if (fd_ < 0) throw InvalidArgument(fmt::format("{}: metrics file already closed", path_));
+  std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  line += '\n';
+  const char* p = line.data();
+  size_t n = line.size();
+  while (n > 0) {
+    ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) throw IoError(path_, errno, "write metrics record");
+    if (w == 0) throw IoError(path_, EIO, "write metrics record");
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void MetricsWriter::close() {
+  if (fd_ < 0) return;
+  int fd = fd_;
+  fd_ = -1;
+  if (::fsync(fd) != 0 && errno != EINVAL) {
+    int err = errno;
+    ::close(fd);
+    throw IoError(path_, err, "fsync metrics file");
+  }
+  if (::close(fd) != 0) throw IoError(path_, errno, "close metrics file");
+}
+
+}  // namespace outcore::train

@@ -1,0 +1,122 @@
+// Training metrics: a progress display for a terminal and a JSON-lines file, one record
+// per optimizer step plus validation records.
+//
+// Both take plain structs filled by the trainer; I/O rates are a list of tiers so the
+// trainer reports whatever tiers it has ("host", "nvme", ...).
+// Threading: each object is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace outcore::train {
+
+// Achieved I/O rate of one storage tier over the last step, in GB/s (1e9 bytes/s).
+struct TierIo {
+  std::string tier;  // "nvme", "host", ...
+  double read_gb_per_s = 0;
+  double write_gb_per_s = 0;
+};
+
+struct StepMetrics {
+  int64_t step = 0;         // optimizer step, counted from 1
+  int64_t total_steps = 0;  // 0 when unknown
+  double loss = 0;          // mean training loss of the step (unscaled)
+  double lr = 0;            // lr the step used
+  double tokens_per_s = 0;  // training tokens of the step / its wall time
+  double gflops_per_s = 0;  // achieved model GFLOP/s (1e9 FLOP/s)
+  uint64_t device_mem_peak_bytes = 0;
+  double step_time_s = 0;
+  double elapsed_s = 0;              // since training started
+  std::optional<double> grad_norm;   // unscaled global norm before clipping
+  std::optional<double> loss_scale;  // fp16 only
+  bool skipped = false;              // overflow: no optimizer update was applied
+  std::vector<TierIo> io;
+};
+
+struct ValidationMetrics {
+  int64_t step = 0;    // optimizer step after which validation ran
+  double loss = 0;     // mean validation loss
+  int64_t tokens = 0;  // validation tokens evaluated
+  double time_s = 0;
+};
+
+// "step 12/1000 | loss 3.4521 | lr 1.000e-03 | 12.3k tok/s | 45.6 GFLOP/s | mem 1.23 GiB | ..."
+// Optional parts (grad norm, loss scale, skipped, each tier) appear only when set.
+std::string format_step_line(const StepMetrics& m);
+// "val step 12 | loss 3.4521 | 65.5k tokens | 1.20 s"
+std::string format_validation_line(const ValidationMetrics& m);
+
+// {"type":"step","step":12,"loss":...,"io":{"nvme":{"read_gb_per_s":..,"write_gb_per_s":..}}}
+// Optional fields are absent when unset; a non-finite loss is written as null.
+nlohmann::ordered_json to_json(const StepMetrics& m);
+// {"type":"val","step":12,"loss":...,"tokens":...,"time_s":...}
+nlohmann::ordered_json to_json(const ValidationMetrics& m);
+
+// Progress on a terminal stream (stderr by default). In refresh mode each step overwrites
+// the current line ("\r" + erase line); validation lines and messages are printed as whole
+// lines above it. In lines mode every step is its own line (for logs and pipes).
+class ProgressDisplay {
+ public:
+  enum class Mode { kAuto, kLines, kRefresh };
+
+  // kAuto picks kRefresh when `out` is a terminal, else kLines. `keep_every` > 0 also keeps
+  // every keep_every-th step line on screen in refresh mode. `out` is not owned and must
+  // outlive the display.
+  explicit ProgressDisplay(std::FILE* out = stderr, Mode mode = Mode::kAuto,
+                           int64_t keep_every = 0);
+  ~ProgressDisplay();
+  ProgressDisplay(const ProgressDisplay&) = delete;
+  ProgressDisplay& operator=(const ProgressDisplay&) = delete;
+
+  void step(const StepMetrics& m);
+  void validation(const ValidationMetrics& m);
+  // Any other line (a skipped step, a checkpoint saved), printed whole.
+  void message(std::string_view line);
+  // Ends a pending refreshed line with a newline; idempotent. Called by the destructor.
+  void finish();
+
+  Mode mode() const { return mode_; }
+
+ private:
+  void print_whole_line(std::string_view line);
+
+  std::FILE* out_;
+  Mode mode_;
+  int64_t keep_every_;
+  bool line_pending_ = false;  // a refreshed line without its newline is on screen
+};
+
+// Appends one JSON object per line to a file; each line is written with one write() so a
+// reader (tail -f, a plot script) never sees half a record, even after a crash.
+class MetricsWriter {
+ public:
+  // Opens `path` for writing: truncated, or appended to when `append` (resuming a run).
+  // Throws IoError naming the path.
+  explicit MetricsWriter(const std::string& path, bool append = false);
+  // Closes, swallowing errors; call close() to see them.
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write(const StepMetrics& m) { write_json(to_json(m)); }
+  void write(const ValidationMetrics& m) { write_json(to_json(m)); }
+  // Any other record (a "start" record with the resolved config, say).
+  // Throws IoError naming the path (disk full, ...); InvalidArgument after close().
+  void write_json(const nlohmann::ordered_json& record);
+  // Flushes to disk (fsync) and closes. Throws IoError naming the path; idempotent.
+  void close();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace outcore::train

@@ -1,0 +1,265 @@
+#include "engine/train/token_file.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "common/error.hpp"
+
+namespace outcore::train {
+
+// A read-only mapping of a whole file; unmapped on destruction.
+struct TokenFile::Mapping {
+  void* addr = nullptr;
+  size_t bytes = 0;
+  ~Mapping() {
+    if (addr != nullptr) munmap(addr, bytes);
+  }
+};
+
+namespace {
+
+// Owns a file descriptor.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  // Closes, reporting the error; the descriptor is gone either way.
+  int close() {
+    int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+TokenFormat format_from_extension(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  if (ext == ".bin") return TokenFormat::kLlmc;
+  if (ext == ".u16" || ext == ".uint16") return TokenFormat::kRawU16;
+  if (ext == ".u32" || ext == ".uint32") return TokenFormat::kRawU32;
+  throw InvalidArgument(fmt::format(
+      "{}: cannot tell the token format from the extension '{}' (.bin = llm.c, .u16/.uint16 "
+      "= raw uint16, .u32/.uint32 = raw uint32); give the format explicitly",
+      path, ext));
+}
+
+}  // namespace
+
+std::string_view to_string(TokenFormat f) {
+  switch (f) {
+    case TokenFormat::kAuto:
+      return "auto";
+    case TokenFormat::kLlmc:
+      return "llmc";
+    case TokenFormat::kRawU16:
+      return "u16";
+    case TokenFormat::kRawU32:
+      return "u32";
+  }
+  return "?";
+}
+
+TokenFormat parse_token_format(std::string_view name) {
+  if (name == "auto") return TokenFormat::kAuto;
+  if (name == "llmc" || name == "bin") return TokenFormat::kLlmc;
+  if (name == "u16" || name == "uint16") return TokenFormat::kRawU16;
+  if (name == "u32" || name == "uint32") return TokenFormat::kRawU32;
+  throw InvalidArgument(fmt::format(
+      "unknown token file format '{}'; allowed: auto, llmc (or bin), u16 (or uint16), u32 (or "
+      "uint32)",
+      name));
+}
+
+TokenFile::TokenFile(TokenFile&&) noexcept = default;
+TokenFile& TokenFile::operator=(TokenFile&&) noexcept = default;
+TokenFile::~TokenFile() = default;
+
+TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
+  if (format == TokenFormat::kAuto) format = format_from_extension(path);
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw IoError(path, errno, "open token file");
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) throw IoError(path, errno, "stat token file");
+  if (!S_ISREG(st.st_mode)) throw InvalidArgument(fmt::format("{}: not a regular file", path));
+  size_t bytes = static_cast<size_t>(st.st_size);
+
+  TokenFile f;
+  f.path_ = path;
+  f.format_ = format;
+  f.map_ = std::make_unique<Mapping>();
+  if (bytes > 0) {
+    void* addr = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
+    if (addr == MAP_FAILED) throw IoError(path, 0, bytes, errno, "mmap token file");
+    f.map_->addr = addr;
+    f.map_->bytes = bytes;
+  }
+  const auto* base = static_cast<const std::byte*>(f.map_->addr);
+
+  if (format == TokenFormat::kLlmc) {
+    if (bytes < kLlmcHeaderBytes) {
+      throw CorruptData(
+          fmt::format("{}: truncated llm.c token file: {} bytes, shorter than the {}-byte header",
+                      path, bytes, kLlmcHeaderBytes));
+    }
+    int32_t header[3];
+    std::memcpy(header, base, sizeof(header));
+    if (header[0] != kLlmcMagic) {
+      throw CorruptData(fmt::format(
+          "{}: bad magic {} in llm.c token file header (want {}); if the file holds raw "
+          "uint16 tokens, give the format u16",
+          path, header[0], kLlmcMagic));
+    }
+    if (header[1] != kLlmcVersion) {
+      throw CorruptData(fmt::format("{}: unsupported llm.c token file version {} (want {})", path,
+                                    header[1], kLlmcVersion));
+    }
+    if (header[2] < 0) {
+      throw CorruptData(fmt::format("{}: negative token count {} in header", path, header[2]));
+    }
+    size_t count = static_cast<size_t>(header[2]);
+    size_t want = kLlmcHeaderBytes + count * sizeof(uint16_t);
+    if (bytes != want) {
+      throw CorruptData(fmt::format(
+          "{}: {} llm.c token file: header says {} tokens ({} bytes with the header) but the "
+          "file has {} bytes",
+          path, bytes < want ? "truncated" : "oversized", count, want, bytes));
+    }
+    f.width_ = 2;
+    f.count_ = count;
+    f.tokens_ = base + kLlmcHeaderBytes;
+  } else {
+    f.width_ = format == TokenFormat::kRawU16 ? 2 : 4;
+    if (bytes % f.width_ != 0) {
+      throw CorruptData(fmt::format("{}: {} bytes is not a whole number of {}-byte tokens", path,
+                                    bytes, f.width_));
+    }
+    f.count_ = bytes / f.width_;
+    f.tokens_ = base;
+  }
+  return f;
+}
+
+void TokenFile::read(size_t begin, std::span<int32_t> out) const {
+  if (begin > count_ || out.size() > count_ - begin) {
+    throw InvalidArgument(fmt::format("{}: read of tokens [{}, {}) past the end ({} tokens)", path_,
+                                      begin, begin + out.size(), count_));
+  }
+  if (width_ == 2) {
+    const auto* src = static_cast<const uint16_t*>(tokens_) + begin;
+    for (size_t i = 0; i < out.size(); ++i) out[i] = src[i];
+  } else {
+    const auto* src = static_cast<const uint32_t*>(tokens_) + begin;
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<int32_t>(src[i]);
+  }
+}
+
+namespace {
+
+// Index of the first token >= limit, or n when none.
+template <typename T>
+size_t first_at_or_above(const T* p, size_t n, uint64_t limit) {
+  constexpr size_t kBlock = 4096;
+  for (size_t b = 0; b < n; b += kBlock) {
+    size_t e = std::min(n, b + kBlock);
+    T m = 0;
+    for (size_t i = b; i < e; ++i) m = std::max(m, p[i]);  // vectorizes; scan again on a hit
+    if (m >= limit) {
+      for (size_t i = b; i < e; ++i)
+        if (p[i] >= limit) return i;
+    }
+  }
+  return n;
+}
+
+template <typename T>
+T max_of(const T* p, size_t n) {
+  T m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, p[i]);
+  return m;
+}
+
+}  // namespace
+
+void TokenFile::check_vocab(uint64_t vocab_size, size_t begin, size_t end) const {
+  if (begin > end || end > count_) {
+    throw InvalidArgument(
+        fmt::format("{}: vocabulary check of tokens [{}, {}) past the end ({} tokens)", path_,
+                    begin, end, count_));
+  }
+  size_t n = end - begin;
+  size_t rel =
+      width_ == 2 ? first_at_or_above(static_cast<const uint16_t*>(tokens_) + begin, n, vocab_size)
+                  : first_at_or_above(static_cast<const uint32_t*>(tokens_) + begin, n, vocab_size);
+  if (rel == n) return;
+  size_t bad = begin + rel;
+  throw CorruptData(
+      fmt::format("{}: token {} at position {} is outside the model's vocabulary of {} (ids 0..{})",
+                  path_, (*this)[bad], bad, vocab_size, vocab_size == 0 ? 0 : vocab_size - 1));
+}
+
+uint32_t TokenFile::max_token() const {
+  return width_ == 2 ? max_of(static_cast<const uint16_t*>(tokens_), count_)
+                     : max_of(static_cast<const uint32_t*>(tokens_), count_);
+}
+
+void write_llmc_tokens(const std::string& path, std::span<const uint16_t> tokens) {
+  if (tokens.size() > static_cast<size_t>(INT32_MAX)) {
+    throw InvalidArgument(fmt::format("{}: {} tokens do not fit an llm.c header (max {})", path,
+                                      tokens.size(), INT32_MAX));
+  }
+  std::string tmp = path + ".tmp";
+  auto fail = [&](const char* op) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw IoError(tmp, err, op);
+  };
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) throw IoError(tmp, errno, "create token file");
+  int32_t header[kLlmcHeaderInts] = {};
+  header[0] = kLlmcMagic;
+  header[1] = kLlmcVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+  auto write_all = [&](const void* data, size_t n) {
+    const auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+      ssize_t w = ::write(fd.get(), p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) fail("write token file");
+      if (w == 0) {
+        errno = EIO;
+        fail("write token file");
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  };
+  write_all(header, sizeof(header));
+  write_all(tokens.data(), tokens.size_bytes());
+  if (::fsync(fd.get()) != 0) fail("fsync token file");
+  if (fd.close() != 0) fail("close token file");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw IoError(path, err, "rename token file into place");
+  }
+}
+
+}  // namespace outcore::train

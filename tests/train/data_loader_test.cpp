@@ -1,0 +1,260 @@
+// DataLoader: windows and targets, seeded order, epochs, resume, split, data-parallel
+// sharding, and the errors for short files and out-of-vocabulary tokens.
+#include "engine/train/data_loader.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "tests/train/temp_dir.hpp"
+
+namespace outcore::train {
+namespace {
+
+using testing::TempDir;
+
+// A file whose token i is i % 251, so a token's value tells where it came from.
+std::shared_ptr<const TokenFile> counting_file(const TempDir& dir, size_t n,
+                                               const std::string& name = "c.bin") {
+  std::vector<uint16_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(i % 251);
+  write_llmc_tokens(dir.file(name), t);
+  return std::make_shared<const TokenFile>(TokenFile::open(dir.file(name)));
+}
+
+struct Batch {
+  std::vector<int32_t> in, tg;
+  bool operator==(const Batch&) const = default;
+};
+
+Batch next(DataLoader& l) {
+  Batch b{std::vector<int32_t>(l.tokens_per_batch()), std::vector<int32_t>(l.tokens_per_batch())};
+  l.next(b.in, b.tg);
+  return b;
+}
+
+std::vector<Batch> take(DataLoader& l, int n) {
+  std::vector<Batch> v;
+  for (int i = 0; i < n; ++i) v.push_back(next(l));
+  return v;
+}
+
+TEST(DataLoader, InputsAreWindowsAndTargetsTheNextTokens) {
+  TempDir dir;
+  auto f = counting_file(dir, 1000);
+  DataLoader l(f, {0, 1000}, {.micro_batch = 3, .seq_len = 16, .seed = 5});
+  EXPECT_EQ(l.sequences(), 999u / 16);
+  for (int step = 0; step < 5; ++step) {
+    DataPosition pos = l.position();
+    Batch b = next(l);
+    for (int64_t r = 0; r < 3; ++r) {
+      size_t start = l.sequence_at(pos, r) * 16;
+      for (size_t t = 0; t < 16; ++t) {
+        EXPECT_EQ(b.in[r * 16 + t], static_cast<int32_t>((start + t) % 251));
+        EXPECT_EQ(b.tg[r * 16 + t], static_cast<int32_t>((start + t + 1) % 251));
+      }
+    }
+  }
+}
+
+TEST(DataLoader, SameSeedSameBatchesDifferentSeedDifferent) {
+  TempDir dir;
+  auto f = counting_file(dir, 5000);
+  DataLoaderOptions o{.micro_batch = 2, .seq_len = 8, .seed = 42};
+  DataLoader a(f, {0, 5000}, o), b(f, {0, 5000}, o);
+  EXPECT_EQ(take(a, 700), take(b, 700));  // spans several epochs (312 batches each)
+  o.seed = 43;
+  DataLoader c(f, {0, 5000}, o);
+  DataLoader a2(f, {0, 5000}, {.micro_batch = 2, .seq_len = 8, .seed = 42});
+  EXPECT_NE(take(a2, 10), take(c, 10));
+}
+
+TEST(DataLoader, AnEpochVisitsEverySequenceOnceAndEpochsDifferInOrder) {
+  TempDir dir;
+  auto f = counting_file(dir, 64 * 10 + 1);  // exactly 64 sequences of 10
+  DataLoader l(f, {0, f->size()}, {.micro_batch = 4, .seq_len = 10, .seed = 7});
+  ASSERT_EQ(l.sequences(), 64u);
+  ASSERT_EQ(l.batches_per_epoch(), 16u);
+  std::vector<uint64_t> e0, e1;
+  for (uint64_t s = 0; s < 16; ++s)
+    for (int b = 0; b < 4; ++b) {
+      e0.push_back(l.sequence_at({0, s}, b));
+      e1.push_back(l.sequence_at({1, s}, b));
+    }
+  std::vector<uint64_t> all(64);
+  for (uint64_t i = 0; i < 64; ++i) all[i] = i;
+  EXPECT_NE(e0, all);  // shuffled
+  EXPECT_NE(e0, e1);   // reshuffled each epoch
+  std::sort(e0.begin(), e0.end());
+  std::sort(e1.begin(), e1.end());
+  EXPECT_EQ(e0, all);
+  EXPECT_EQ(e1, all);
+}
+
+TEST(DataLoader, PartialLastBatchIsDroppedAndTheEpochWraps) {
+  TempDir dir;
+  auto f = counting_file(dir, 10 * 7 + 1);  // 10 sequences of 7, B = 3 -> 3 batches
+  DataLoader l(f, {0, f->size()}, {.micro_batch = 3, .seq_len = 7, .seed = 1});
+  EXPECT_EQ(l.batches_per_epoch(), 3u);
+  take(l, 2);
+  EXPECT_EQ(l.position(), (DataPosition{0, 2}));
+  take(l, 1);
+  EXPECT_EQ(l.position(), (DataPosition{1, 0}));
+}
+
+TEST(DataLoader, WithoutShuffleSequencesComeInFileOrder) {
+  TempDir dir;
+  auto f = counting_file(dir, 200);
+  DataLoader l(f, {0, 200}, {.micro_batch = 2, .seq_len = 10, .shuffle = false});
+  Batch b = next(l);
+  EXPECT_EQ(b.in[0], 0);
+  EXPECT_EQ(b.in[10], 10);
+  b = next(l);
+  EXPECT_EQ(b.in[0], 20);
+  EXPECT_EQ(b.tg[19], 40);
+}
+
+TEST(DataLoader, ResumingFromAPositionReplaysTheSameBatches) {
+  TempDir dir;
+  auto f = counting_file(dir, 3000);
+  DataLoaderOptions o{.micro_batch = 4, .seq_len = 12, .seed = 99};
+  DataLoader a(f, {0, 3000}, o);
+  take(a, 70);  // past the first epoch (62 batches)
+  nlohmann::json saved = to_json(a.position());
+  std::vector<Batch> rest = take(a, 30);
+
+  DataLoader b(f, {0, 3000}, o);
+  b.seek(data_position_from_json(saved));
+  EXPECT_EQ(b.position(), (DataPosition{1, 8}));
+  EXPECT_EQ(take(b, 30), rest);
+}
+
+TEST(DataLoader, BadPositionsAreRejected) {
+  TempDir dir;
+  auto f = counting_file(dir, 500);
+  DataLoader l(f, {0, 500}, {.micro_batch = 2, .seq_len = 10});
+  EXPECT_THROW(l.seek({0, l.batches_per_epoch()}), InvalidArgument);
+  EXPECT_THROW(data_position_from_json({{"epoch", 1}}), InvalidArgument);
+  EXPECT_THROW(data_position_from_json({{"epoch", -1}, {"step", 0}}), InvalidArgument);
+}
+
+TEST(DataLoader, TrainAndValidationSplitsDoNotOverlap) {
+  TempDir dir;
+  const size_t n = 4000;
+  std::vector<uint16_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = i < 3600 ? 1 : 2;  // 1 = train region, 2 = val region
+  write_llmc_tokens(dir.file("s.bin"), t);
+  auto f = std::make_shared<const TokenFile>(TokenFile::open(dir.file("s.bin")));
+  TokenSplit split = split_tokens(n, 0.1);
+  EXPECT_EQ(split.train, (TokenRange{0, 3600}));
+  EXPECT_EQ(split.val, (TokenRange{3600, 4000}));
+  DataLoader train(f, split.train, {.micro_batch = 4, .seq_len = 20, .seed = 3});
+  DataLoader val(f, split.val, {.micro_batch = 4, .seq_len = 20, .shuffle = false}, "val");
+  for (int i = 0; i < 200; ++i) {
+    Batch b = next(train);
+    for (size_t k = 0; k < b.in.size(); ++k) {
+      ASSERT_EQ(b.in[k], 1);
+      ASSERT_EQ(b.tg[k], 1);
+    }
+  }
+  for (int i = 0; i < 10; ++i) {
+    Batch b = next(val);
+    for (size_t k = 0; k < b.in.size(); ++k) {
+      ASSERT_EQ(b.in[k], 2);
+      ASSERT_EQ(b.tg[k], 2);
+    }
+  }
+  EXPECT_EQ(split_tokens(n, 0.0).val.size(), 0u);
+  EXPECT_THROW(split_tokens(n, 1.0), InvalidArgument);
+  EXPECT_THROW(split_tokens(n, -0.1), InvalidArgument);
+}
+
+TEST(DataLoader, RanksTakeDisjointSequencesThatTogetherMakeTheWorldOneBatch) {
+  TempDir dir;
+  auto f = counting_file(dir, 8000);
+  DataLoader r0(f, {0, 8000},
+                {.micro_batch = 3, .seq_len = 10, .seed = 11, .rank = 0, .world_size = 2});
+  DataLoader r1(f, {0, 8000},
+                {.micro_batch = 3, .seq_len = 10, .seed = 11, .rank = 1, .world_size = 2});
+  DataLoader one(f, {0, 8000}, {.micro_batch = 6, .seq_len = 10, .seed = 11});
+  EXPECT_EQ(r0.batches_per_epoch(), one.batches_per_epoch());
+  for (uint64_t s = 0; s < r0.batches_per_epoch(); s += 17) {
+    std::vector<uint64_t> both, whole;
+    for (int b = 0; b < 3; ++b) {
+      both.push_back(r0.sequence_at({0, s}, b));
+      both.push_back(r1.sequence_at({0, s}, b));
+    }
+    for (int b = 0; b < 6; ++b) whole.push_back(one.sequence_at({0, s}, b));
+    std::sort(both.begin(), both.end());
+    std::sort(whole.begin(), whole.end());
+    EXPECT_EQ(std::adjacent_find(both.begin(), both.end()), both.end());
+    EXPECT_EQ(both, whole);
+  }
+}
+
+TEST(DataLoader, FileTooShortForOneBatchNamesFileAndNeed) {
+  TempDir dir;
+  auto f = counting_file(dir, 100, "short.bin");
+  try {
+    DataLoader l(f, {0, 100}, {.micro_batch = 4, .seq_len = 32});
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("short.bin"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("100 tokens"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("at least 129 tokens"), std::string::npos) << msg;
+  }
+  // Exactly enough: B*T + 1 tokens.
+  auto g = counting_file(dir, 129, "exact.bin");
+  DataLoader ok(g, {0, 129}, {.micro_batch = 4, .seq_len = 32});
+  EXPECT_EQ(ok.batches_per_epoch(), 1u);
+  // A validation split too short says so.
+  try {
+    DataLoader v(g, {100, 129}, {.micro_batch = 1, .seq_len = 32}, "val");
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("val split"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DataLoader, OutOfVocabularyTokenNamesFileAndPosition) {
+  TempDir dir;
+  std::vector<uint16_t> t(1000, 5);
+  t[612] = 1000;
+  write_llmc_tokens(dir.file("v.bin"), t);
+  auto f = std::make_shared<const TokenFile>(TokenFile::open(dir.file("v.bin")));
+  try {
+    DataLoader l(f, {0, 1000}, {.micro_batch = 2, .seq_len = 8, .vocab_size = 256});
+    FAIL() << "no error";
+  } catch (const CorruptData& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("v.bin"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("position 612"), std::string::npos) << msg;
+  }
+  // The split that does not contain it loads.
+  DataLoader ok(f, {0, 600}, {.micro_batch = 2, .seq_len = 8, .vocab_size = 256});
+  EXPECT_GT(ok.batches_per_epoch(), 0u);
+}
+
+TEST(DataLoader, BadOptionsAreRejected) {
+  TempDir dir;
+  auto f = counting_file(dir, 500);
+  EXPECT_THROW(DataLoader(f, {0, 500}, {.micro_batch = 0, .seq_len = 8}), InvalidArgument);
+  EXPECT_THROW(DataLoader(f, {0, 500}, {.micro_batch = 1, .seq_len = 0}), InvalidArgument);
+  EXPECT_THROW(
+      DataLoader(f, {0, 500}, {.micro_batch = 1, .seq_len = 8, .rank = 2, .world_size = 2}),
+      InvalidArgument);
+  EXPECT_THROW(DataLoader(f, {0, 501}, {.micro_batch = 1, .seq_len = 8}), InvalidArgument);
+  EXPECT_THROW(DataLoader(nullptr, {0, 1}, {.micro_batch = 1, .seq_len = 8}), InvalidArgument);
+  DataLoader l(f, {0, 500}, {.micro_batch = 2, .seq_len = 8});
+  std::vector<int32_t> small(15), ok(16);
+  EXPECT_THROW(l.next(small, ok), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace outcore::train

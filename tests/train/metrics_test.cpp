@@ -1,0 +1,213 @@
+// Metrics: the step and validation lines, the progress display's two modes, and the
+// JSON-lines writer (records, append, I/O errors).
+#include "engine/train/metrics.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "tests/train/temp_dir.hpp"
+
+namespace outcore::train {
+namespace {
+
+using testing::TempDir;
+
+StepMetrics sample() {
+  StepMetrics m;
+  m.step = 12;
+  m.total_steps = 1000;
+  m.loss = 3.45213;
+  m.lr = 1e-3;
+  m.tokens_per_s = 12345;
+  m.gflops_per_s = 45.67;
+  m.device_mem_peak_bytes = 3ull << 29;  // 1.5 GiB
+  m.step_time_s = 0.25;
+  m.elapsed_s = 3.0;
+  m.io = {{"nvme", 1.5, 0.75}, {"host", 10.0, 9.0}};
+  return m;
+}
+
+std::string read_all(std::FILE* f) {
+  std::rewind(f);
+  std::string s;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
+  return s;
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+TEST(Metrics, StepLineShowsEveryField) {
+  std::string line = format_step_line(sample());
+  EXPECT_EQ(line,
+            "step 12/1000 | loss 3.4521 | lr 1.000e-03 | 12.3k tok/s | 45.7 GFLOP/s | mem 1.50 "
+            "GiB | nvme r 1.50 w 0.75 GB/s | host r 10.00 w 9.00 GB/s");
+  StepMetrics m = sample();
+  m.total_steps = 0;
+  m.io.clear();
+  m.grad_norm = 0.5;
+  m.loss_scale = 65536;
+  m.skipped = true;
+  line = format_step_line(m);
+  EXPECT_EQ(line.rfind("step 12 |", 0), 0u) << line;
+  EXPECT_NE(line.find("gnorm 0.500"), std::string::npos) << line;
+  EXPECT_NE(line.find("scale 65536"), std::string::npos) << line;
+  EXPECT_NE(line.find("SKIPPED"), std::string::npos) << line;
+  EXPECT_EQ(line.find("GB/s"), std::string::npos) << line;
+}
+
+TEST(Metrics, ValidationLine) {
+  EXPECT_EQ(format_validation_line({.step = 50, .loss = 2.5, .tokens = 65536, .time_s = 1.2}),
+            "val step 50 | loss 2.5000 | 65.5k tokens | 1.20 s");
+}
+
+TEST(Metrics, LinesModeWritesOneLinePerStep) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressDisplay d(f);  // a file is not a terminal: auto picks lines
+    EXPECT_EQ(d.mode(), ProgressDisplay::Mode::kLines);
+    StepMetrics m = sample();
+    d.step(m);
+    m.step = 13;
+    d.step(m);
+    d.validation({.step = 13, .loss = 2.0, .tokens = 100, .time_s = 0.1});
+  }
+  std::string out = read_all(f);
+  std::fclose(f);
+  EXPECT_EQ(out.find('\r'), std::string::npos);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 3);
+  EXPECT_NE(out.find("step 13/1000"), std::string::npos);
+}
+
+TEST(Metrics, RefreshModeOverwritesTheLineAndKeepsOthersWhole) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressDisplay d(f, ProgressDisplay::Mode::kRefresh);
+    StepMetrics m = sample();
+    d.step(m);
+    m.step = 13;
+    d.step(m);
+    d.message("checkpoint saved");
+    m.step = 14;
+    d.step(m);
+  }  // the destructor ends the pending line
+  std::string out = read_all(f);
+  std::fclose(f);
+  EXPECT_EQ(
+      out, "\r\x1b[2K" + format_step_line(sample()) + "\r\x1b[2K" +
+               [] {
+                 auto m = sample();
+                 m.step = 13;
+                 return format_step_line(m);
+               }() +
+               "\r\x1b[2Kcheckpoint saved\n\r\x1b[2K" +
+               [] {
+                 auto m = sample();
+                 m.step = 14;
+                 return format_step_line(m);
+               }() +
+               "\n");
+}
+
+TEST(Metrics, RefreshModeKeepsEveryNthLine) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressDisplay d(f, ProgressDisplay::Mode::kRefresh, /*keep_every=*/2);
+    StepMetrics m = sample();
+    for (int s = 1; s <= 4; ++s) {
+      m.step = s;
+      d.step(m);
+    }
+    d.finish();
+    d.finish();
+  }
+  std::string out = read_all(f);
+  std::fclose(f);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2);  // steps 2 and 4
+}
+
+TEST(Metrics, JsonRecordsHaveTypedFields) {
+  nlohmann::ordered_json j = to_json(sample());
+  EXPECT_EQ(j["type"], "step");
+  EXPECT_EQ(j["step"], 12);
+  EXPECT_EQ(j["loss"], 3.45213);
+  EXPECT_EQ(j["device_mem_peak_bytes"], 3ull << 29);
+  EXPECT_EQ(j["io"]["nvme"]["read_gb_per_s"], 1.5);
+  EXPECT_EQ(j["io"]["host"]["write_gb_per_s"], 9.0);
+  EXPECT_FALSE(j.contains("grad_norm"));
+  EXPECT_FALSE(j.contains("loss_scale"));
+  StepMetrics m = sample();
+  m.loss = NAN;
+  m.grad_norm = 2.0;
+  j = to_json(m);
+  EXPECT_TRUE(j["loss"].is_null());
+  EXPECT_EQ(j["grad_norm"], 2.0);
+  nlohmann::ordered_json v = to_json(ValidationMetrics{.step = 7, .loss = 1.25, .tokens = 10});
+  EXPECT_EQ(v["type"], "val");
+  EXPECT_EQ(v["loss"], 1.25);
+}
+
+TEST(MetricsWriter, WritesOneParsableObjectPerLine) {
+  TempDir dir;
+  std::string path = dir.file("m.jsonl");
+  {
+    MetricsWriter w(path);
+    w.write(sample());
+    w.write(ValidationMetrics{.step = 12, .loss = 2.0, .tokens = 4096, .time_s = 0.5});
+    w.write_json({{"type", "start"}, {"seed", 1}});
+    w.close();
+    w.close();  // idempotent
+    EXPECT_THROW(w.write(sample()), InvalidArgument);
+  }
+  auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(nlohmann::json::parse(lines[0])["step"], 12);
+  EXPECT_EQ(nlohmann::json::parse(lines[1])["type"], "val");
+  EXPECT_EQ(nlohmann::json::parse(lines[2])["seed"], 1);
+}
+
+TEST(MetricsWriter, AppendKeepsEarlierRecordsTruncateDoesNot) {
+  TempDir dir;
+  std::string path = dir.file("m.jsonl");
+  { MetricsWriter(path).write(sample()); }
+  { MetricsWriter(path, /*append=*/true).write(sample()); }
+  EXPECT_EQ(read_lines(path).size(), 2u);
+  { MetricsWriter(path).write(sample()); }
+  EXPECT_EQ(read_lines(path).size(), 1u);
+}
+
+TEST(MetricsWriter, ErrorsNameThePath) {
+  try {
+    MetricsWriter w("/nonexistent_dir_outcore/m.jsonl");
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent_dir_outcore/m.jsonl"), std::string::npos);
+  }
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  MetricsWriter full("/dev/full");
+  try {
+    full.write(sample());
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), ENOSPC);
+    EXPECT_EQ(e.file(), "/dev/full");
+  }
+}
+
+}  // namespace
+}  // namespace outcore::train
