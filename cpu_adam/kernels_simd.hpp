@@ -5,13 +5,15 @@
 //
 // V provides: F (a vector of kWidth floats), D (a vector of doubles), load/store (unaligned),
 // set1, add, sub, mul, div, sqrt, fma(a, b, c) = a*b + c, load_bf16/load_f16 (kWidth 16-bit
-// elements to floats), store_bf16/store_f16 (round to nearest even, as common/dtype.hpp does),
+// elements to floats), H (kWidth 16-bit elements), to_bf16/to_f16 (round to nearest even, as
+// common/dtype.hpp does), store_h, stream_h (non-temporal; needs sizeof(H) alignment),
 // dzero, dadd, acc_squares(x, lo, hi) (lo/hi += each half of x squared, in double), reduce(D),
 // any_nan(F).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_adam/kernels.hpp"
 
@@ -27,9 +29,14 @@ inline typename V::F load_kind(const void* base, size_t i) {
 template <class V, int K>
 inline void store_kind(void* base, size_t i, typename V::F x) {
   if constexpr (K == kF32) V::store(static_cast<float*>(base) + i, x);
-  if constexpr (K == kBF16) V::store_bf16(static_cast<uint16_t*>(base) + i, x);
-  if constexpr (K == kF16) V::store_f16(static_cast<uint16_t*>(base) + i, x);
+  if constexpr (K == kBF16) V::store_h(static_cast<uint16_t*>(base) + i, V::to_bf16(x));
+  if constexpr (K == kF16) V::store_h(static_cast<uint16_t*>(base) + i, V::to_f16(x));
 }
+
+// A copy-out at least this large bypasses the cache (non-temporal stores): it is written once
+// and read next by a DMA engine or another thread, and streaming it saves the read for
+// ownership of each line. Smaller ones stay in cache for a caller that reads them back.
+inline constexpr size_t kStreamOutMinBytes = size_t{1} << 20;
 
 template <int K>
 inline constexpr size_t kKindBytes = K == kF32 ? 4 : 2;
@@ -76,7 +83,7 @@ void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, float* m, floa
   const F l2 = V::set1(c.l2), dec = V::set1(c.decoupled), gs = V::set1(c.grad_scale);
   const bool use_l2 = c.use_l2, use_dec = c.use_decoupled, use_scale = c.use_scale;
 
-  auto body = [&](size_t i, void* const* a) {
+  auto body = [&](size_t i, void* const* a, auto stream_out) {
     float* pp = static_cast<float*>(a[0]);
     float* mp = static_cast<float*>(a[2]);
     float* vp = static_cast<float*>(a[3]);
@@ -99,13 +106,29 @@ void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, float* m, floa
     V::store(mp + i, mi);
     V::store(vp + i, vi);
     V::store(pp + i, param);
-    if constexpr (O == kOutBF16) store_kind<V, kBF16>(a[4], i, param);
-    if constexpr (O == kOutF16) store_kind<V, kF16>(a[4], i, param);
+    if constexpr (O != kOutNone) {
+      const auto h = O == kOutBF16 ? V::to_bf16(param) : V::to_f16(param);
+      uint16_t* dst = static_cast<uint16_t*>(a[4]) + i;
+      if constexpr (decltype(stream_out)::value) {
+        V::stream_h(dst, h);
+      } else {
+        V::store_h(dst, h);
+      }
+    }
   };
   void* const base[5] = {p, const_cast<void*>(g), m, v, out};
   const size_t bytes[5] = {4, kKindBytes<G>, 4, 4, 2};
   const bool writes[5] = {true, false, true, true, O != kOutNone};
-  for_vectors<V::kWidth>(n, base, bytes, writes, body);
+  const bool stream = O != kOutNone && n * 2 >= kStreamOutMinBytes &&
+                      reinterpret_cast<uintptr_t>(out) % sizeof(typename V::H) == 0;
+  if (stream) {
+    for_vectors<V::kWidth>(n, base, bytes, writes,
+                           [&](size_t i, void* const* a) { body(i, a, std::true_type{}); });
+    V::stream_fence();
+  } else {
+    for_vectors<V::kWidth>(n, base, bytes, writes,
+                           [&](size_t i, void* const* a) { body(i, a, std::false_type{}); });
+  }
 }
 
 template <class V, int K>
