@@ -89,6 +89,7 @@ using ConfigWarning = ConfigIssue;
 // Every error found in one config, thrown at once. what() is
 // "<source>: N errors:\n  <path>: <message>\n  ..." (a single error fits on one line:
 // "<source>: <path>: <message>"). json_path() is empty: each issue carries its own path.
+// From parse_config, issues are in the order their keys appear in the file.
 class ConfigValidationError : public ConfigError {
  public:
   ConfigValidationError(std::string source, std::vector<ConfigIssue> issues);

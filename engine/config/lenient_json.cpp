@@ -1,5 +1,6 @@
 #include "engine/config/lenient_json.hpp"
 
+#include <cctype>
 #include <string>
 #include <unordered_set>
 
@@ -85,6 +86,34 @@ class DuplicateKeyFinder {
   std::vector<Frame> frames_;
 };
 
+// Start of the token that contains `offset`, or of the last token before it. nlohmann
+// reports an unexpected token at its last character, and a malformed literal ("tru}") at
+// the character that broke it (`broken_literal`); users expect the token's first character.
+size_t token_start(std::string_view text, size_t offset, bool broken_literal) {
+  size_t last = offset;
+  size_t i = 0;
+  while (true) {
+    i = skip_blank(text, i);
+    if (i >= text.size() || i > offset) return last;
+    last = i;
+    char c = text[i];
+    if (c == '"') {
+      ++i;
+      while (i < text.size() && text[i] != '"') i += text[i] == '\\' ? 2 : 1;
+      ++i;
+    } else if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '+' || c == '.') {
+      while (i < text.size() && (std::isalnum(static_cast<unsigned char>(text[i])) ||
+                                 text[i] == '-' || text[i] == '+' || text[i] == '.')) {
+        ++i;
+      }
+      if (broken_literal && offset == i) return last;
+    } else {
+      ++i;
+    }
+    if (offset < i) return last;
+  }
+}
+
 // nlohmann's message without its "[json.exception...] parse error at line L, column C: "
 // prefix (we print our own position).
 std::string describe_parse_error(const std::string& what) {
@@ -161,11 +190,14 @@ LenientParse parse_lenient_json(std::string_view text) {
                                /*ignore_comments=*/true);
   } catch (const Json::parse_error& e) {
     // e.byte is 1-based: the position of the character that could not be parsed.
-    LineColumn lc = line_column(text, e.byte == 0 ? 0 : e.byte - 1);
+    std::string what = e.what();
+    bool broken_literal = what.find("; last read:") != std::string::npos;
+    size_t offset = token_start(cleaned, e.byte == 0 ? 0 : e.byte - 1, broken_literal);
+    LineColumn lc = line_column(text, offset);
     result.value = nullptr;
     result.errors.push_back({"", "malformed JSON at line " + std::to_string(lc.line) + ", column " +
                                      std::to_string(lc.column) + ": " +
-                                     describe_parse_error(e.what())});
+                                     describe_parse_error(what)});
   }
   return result;
 }

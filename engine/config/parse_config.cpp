@@ -1,8 +1,10 @@
 // DeepSpeed JSON text -> Config: one reader per section, every problem collected.
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <unordered_map>
 
 #include "common/log.hpp"
 #include "engine/config/config.hpp"
@@ -582,6 +584,35 @@ void read_top_level(SectionReader& root, Diagnostics& d, Config& c) {
   }
 }
 
+void index_paths(const Json& v, const std::string& path,
+                 std::unordered_map<std::string, size_t>& index) {
+  index.emplace(path, index.size());
+  if (!v.is_object()) return;
+  for (const auto& [key, child] : v.items())
+    index_paths(child, detail::join_path(path, key), index);
+}
+
+// Position in the document of `path`, or of its nearest enclosing key that exists (a
+// missing key's problem is placed at its section).
+size_t file_position(std::string path, const std::unordered_map<std::string, size_t>& index) {
+  while (true) {
+    auto it = index.find(path);
+    if (it != index.end()) return it->second;
+    size_t cut = path.find_last_of(".[");
+    if (cut == std::string::npos) return 0;
+    path.resize(cut);
+  }
+}
+
+// Orders issues as their keys appear in the file (stable: same-key issues keep their order).
+void sort_by_file_order(std::vector<ConfigIssue>& issues, const Json& doc) {
+  std::unordered_map<std::string, size_t> index;
+  index_paths(doc, "", index);
+  std::stable_sort(issues.begin(), issues.end(), [&](const ConfigIssue& a, const ConfigIssue& b) {
+    return file_position(a.json_path, index) < file_position(b.json_path, index);
+  });
+}
+
 }  // namespace
 
 ParsedConfig parse_config(std::string_view text, std::string_view source) {
@@ -593,6 +624,8 @@ ParsedConfig parse_config(std::string_view text, std::string_view source) {
   if (lp.value.is_object()) {
     SectionReader root(&lp.value, "", d, /*auto_means_default=*/false);
     read_top_level(root, d, out.config);
+    sort_by_file_order(d.errors, lp.value);
+    sort_by_file_order(d.warnings, lp.value);
   } else if (d.errors.empty()) {
     d.error("", "the config must be a JSON object ({...}); got " + show(lp.value));
   }

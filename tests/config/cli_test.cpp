@@ -1,0 +1,167 @@
+// The `outcore config` command, run as a user would: exit 0 with JSON on stdout, or exit 2
+// with every error on stderr.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tests/config/config_test_util.hpp"
+
+namespace outcore::config {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::source_path;
+
+// `s` in single quotes for the shell (test paths hold no quotes).
+std::string shell_quote(const std::string& s) {
+  std::string q(1, '\'');
+  q.append(s).push_back('\'');
+  return q;
+}
+
+struct CliResult {
+  int rc = -1;
+  std::string out, err;
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "outcore_cli_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::string& text) {
+    fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p.string();
+  }
+
+  static std::string slurp(const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  // Runs `outcore config <args>` with OUTCORE_CONFIG set to `env_config` (unset if empty).
+  CliResult run(const std::string& args, const std::string& env_config = "") {
+    std::string cmd = env_config.empty() ? "env -u OUTCORE_CONFIG" : "env OUTCORE_CONFIG=";
+    cmd.append(env_config.empty() ? "" : shell_quote(env_config)).append(" ");
+    cmd.append(shell_quote(OUTCORE_CLI)).append(" config ").append(args);
+    cmd.append(" >").append(shell_quote((dir_ / "out").string()));
+    cmd.append(" 2>").append(shell_quote((dir_ / "err").string()));
+    int status = std::system(cmd.c_str());
+    CliResult r;
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(dir_ / "out");
+    r.err = slurp(dir_ / "err");
+    return r;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CliTest, EveryExampleExitsZeroAndPrintsItsResolvedJson) {
+  for (const char* name : {"zero2_cpu_offload", "zero3_cpu_offload", "zero3_nvme_infinity"}) {
+    CliResult r = run(shell_quote(source_path(std::string("configs/") + name + ".json")));
+    ASSERT_EQ(r.rc, 0) << name << "\n" << r.err;
+    auto printed = nlohmann::ordered_json::parse(r.out);
+    auto golden = nlohmann::ordered_json::parse(
+        slurp(source_path(std::string("tests/config/golden/") + name + ".json")));
+    EXPECT_EQ(printed, golden) << name;
+  }
+}
+
+TEST_F(CliTest, BrokenFileExitsTwoWithEveryError) {
+  std::string f = write("bad.json", R"({
+    // two mistakes and a typo
+    "zero_optimization": {"stage": 5, "offload_param": {"device": "nvme"}},
+    "optimizer": {"type": "SGD"},
+    "steps_per_prnt": 10
+  })");
+  CliResult r = run(shell_quote(f));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find("zero_optimization.stage: got 5"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("optimizer.type: got \"SGD\"; allowed: \"Adam\" or \"AdamW\""),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("steps_per_prnt: unknown key"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, MalformedJsonExitsTwoWithLineAndColumn) {
+  std::string f =
+      write("malformed.json", "{\n  \"train_batch_size\": 8,\n  \"fp16\": {\"enabled\": tru}\n}\n");
+  CliResult r = run(shell_quote(f));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("line 3, column 23"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, MissingFileExitsTwo) {
+  CliResult r = run(shell_quote((dir_ / "nope.json").string()));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("nope.json"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, FileFromTheEnvironment) {
+  std::string f = write("env.json", R"({"train_micro_batch_size_per_gpu": 3})");
+  CliResult r = run("", f);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["train_batch_size"], 3);
+  // A FILE argument wins over the environment.
+  std::string other = write("other.json", R"({"train_micro_batch_size_per_gpu": 5})");
+  CliResult r2 = run(shell_quote(other), f);
+  ASSERT_EQ(r2.rc, 0) << r2.err;
+  EXPECT_EQ(nlohmann::json::parse(r2.out)["train_batch_size"], 5);
+  CliResult none = run("");
+  EXPECT_EQ(none.rc, 2);
+  EXPECT_NE(none.err.find("OUTCORE_CONFIG"), std::string::npos) << none.err;
+}
+
+TEST_F(CliTest, WorldSizeDrivesTheBatchArithmetic) {
+  std::string f = source_path("configs/zero3_cpu_offload.json");  // batch 64, micro 4
+  CliResult two = run(shell_quote(f) + " --world-size 2");
+  ASSERT_EQ(two.rc, 0) << two.err;
+  EXPECT_EQ(nlohmann::json::parse(two.out)["gradient_accumulation_steps"], 8);
+  CliResult three = run(shell_quote(f) + " --world-size 3");
+  EXPECT_EQ(three.rc, 2);
+  EXPECT_NE(three.err.find("not a multiple of micro 4 x world 3"), std::string::npos) << three.err;
+  CliResult bad = run(shell_quote(f) + " --world-size two");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--world-size"), std::string::npos) << bad.err;
+  CliResult zero = run(shell_quote(f) + " --world-size 0");
+  EXPECT_EQ(zero.rc, 2);
+}
+
+TEST_F(CliTest, UserFileWithAutoValues) {
+  std::string f = source_path("tests/config/data/hf_zero3_auto.json");
+  CliResult plain = run(shell_quote(f));
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  auto j = nlohmann::json::parse(plain.out);
+  EXPECT_EQ(j["optimizer"]["params"]["lr"], "auto");
+  EXPECT_NE(plain.err.find("optimizer.params.lr is still \"auto\""), std::string::npos)
+      << plain.err;
+
+  CliResult resolved = run(shell_quote(f) +
+                           " --hidden-size 1024 --lr 3e-5 --micro-batch-size 2 "
+                           "--gradient-accumulation-steps 8 --total-steps 100 --warmup-steps 5 "
+                           "--world-size 4");
+  ASSERT_EQ(resolved.rc, 0) << resolved.err;
+  auto r = nlohmann::json::parse(resolved.out);
+  EXPECT_EQ(r["train_batch_size"], 2 * 8 * 4);
+  EXPECT_EQ(r["optimizer"]["params"]["lr"], 3e-5);
+  EXPECT_EQ(r["scheduler"]["params"]["warmup_max_lr"], 3e-5);
+  EXPECT_EQ(r["zero_optimization"]["reduce_bucket_size"], 1024 * 1024);
+  EXPECT_EQ(r["zero_optimization"]["stage3_param_persistence_threshold"], 10240);
+  EXPECT_EQ(resolved.err.find("still \"auto\""), std::string::npos) << resolved.err;
+}
+
+}  // namespace
+}  // namespace outcore::config
