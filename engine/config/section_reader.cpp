@@ -7,6 +7,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include "engine/config/section_parsers.hpp"
+
 namespace outcore::config::detail {
 namespace {
 
@@ -317,6 +319,16 @@ void SectionReader::finish() {
     if (!suggestion.empty()) message += " (did you mean \"" + suggestion + "\"?)";
     d_.warn(key_path(key), message);
   }
+}
+
+const Json* object_at(SectionReader& parent, std::string_view key) {
+  const Json* v = parent.take(key);
+  if (!v || v->is_null()) return nullptr;
+  if (!v->is_object()) {
+    parent.diagnostics().error(parent.key_path(key), got(*v, "an object"));
+    return nullptr;
+  }
+  return v;
 }
 
 }  // namespace outcore::config::detail
