@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help exits 0; every usage mistake is bad input: exit 2.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const outcore::ConfigError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
