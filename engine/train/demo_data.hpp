@@ -41,7 +41,7 @@ std::string demo_model_config_json();
 // A DeepSpeed config for the demo sized for 2 cores: micro-batch 8 x 128 tokens, AdamW at
 // 2e-3 with weight decay 0.1, WarmupCosineLR over `total_steps` with 5% warmup (at least 1
 // step), gradient clipping 1.0, fp32, ZeRO stage 0.
-std::string demo_ds_config_json(int64_t total_steps = 200);
+std::string demo_ds_config_json(int64_t total_steps = 150);
 
 // Sequence length the demo trains with (the ds config's micro-batch is 8 of these).
 inline constexpr int64_t kDemoSeqLen = 128;
