@@ -59,14 +59,6 @@ void project(const UnitContext& ctx, const HeadWeight& hw, const float* xn, int6
   }
 }
 
-float log_sum_exp(const float* row, int64_t n) {
-  float m = row[0];
-  for (int64_t j = 1; j < n; ++j) m = std::max(m, row[j]);
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) sum += std::exp(row[j] - m);
-  return m + std::log(sum);
-}
-
 }  // namespace
 
 int64_t head_chunk_rows(const LlamaConfig& c, const ModelOptions& o) {
@@ -100,7 +92,7 @@ float head_forward(const UnitContext& ctx, const ForwardArgs& a) {
     if (a.targets == nullptr) continue;
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = logits + r * V;
-      loss += log_sum_exp(row, V) - row[a.targets[c0 + r]];
+      loss += kernels::log_sum_exp(row, V) - row[a.targets[c0 + r]];
     }
   }
   return static_cast<float>(loss / static_cast<double>(N));

@@ -17,9 +17,39 @@ float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-float silu(float g) { return g / (1.0f + std::exp(-g)); }
+// exp(x) for 8 lanes: x = n ln2 + r with |r| <= ln2/2, exp(r) by a degree-6 polynomial
+// (Cephes expf coefficients), scaled by 2^n through the exponent bits. Relative error ~2 ulp;
+// inputs below about -87.7 flush to 0, above 88.7 give inf, NaN stays NaN.
+__m256 exp256(__m256 x) {
+  // Operand order keeps NaN a NaN (max/min return the second operand when one is NaN).
+  x = _mm256_min_ps(_mm256_set1_ps(88.7f), _mm256_max_ps(_mm256_set1_ps(-88.5f), x));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 scaled = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  // n <= -127 (x below about -87.7) has no normal 2^n: flush those lanes to 0.
+  return _mm256_and_ps(scaled, _mm256_cmp_ps(n, _mm256_set1_ps(-126.5f), _CMP_NLT_UQ));
+}
+
+float exp1(float x) { return _mm256_cvtss_f32(exp256(_mm256_set1_ps(x))); }
 
 }  // namespace
+
+void exp_inplace(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp256(_mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) x[i] = exp1(x[i]);
+}
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -104,35 +134,98 @@ void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, 
   }
 }
 
+namespace {
+
+// sigmoid(g) for 8 lanes.
+__m256 sigmoid256(__m256 g) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+}
+
+float sigmoid1(float g) { return 1.0f / (1.0f + exp1(-g)); }
+
+}  // namespace
+
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) a[i] = silu(g[i]) * u[i];
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    _mm256_storeu_ps(a + i,
+                     _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid256(gv)), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) a[i] = g[i] * sigmoid1(g[i]) * u[i];
 }
 
 void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
                      int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float sig = 1.0f / (1.0f + std::exp(-g[i]));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i), d = _mm256_loadu_ps(da + i);
+    const __m256 sig = sigmoid256(gv);
+    // silu'(g) = sig * (1 + g * (1 - sig))
+    const __m256 dsilu = _mm256_mul_ps(sig, _mm256_fmadd_ps(gv, _mm256_sub_ps(one, sig), one));
+    _mm256_storeu_ps(du + i, _mm256_mul_ps(d, _mm256_mul_ps(gv, sig)));
+    _mm256_storeu_ps(dg + i, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(u + i)), dsilu));
+  }
+  for (; i < n; ++i) {
+    const float sig = sigmoid1(g[i]);
     const float d = da[i];
     du[i] = d * (g[i] * sig);
     dg[i] = d * u[i] * (sig * (1.0f + g[i] * (1.0f - sig)));
   }
 }
 
+float max_value(const float* x, int64_t n) {
+  __m256 m8 = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(x + i));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  float m = _mm_cvtss_f32(m4);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
 float softmax_inplace(float* row, int64_t n) {
-  float m = row[0];
-  for (int64_t j = 1; j < n; ++j) m = std::max(m, row[j]);
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    row[j] = std::exp(row[j] - m);
+  const float m = max_value(row, n);
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(row + j), mv));
+    _mm256_storeu_ps(row + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = hsum(acc);
+  for (; j < n; ++j) {
+    row[j] = exp1(row[j] - m);
     sum += row[j];
   }
   const float inv = 1.0f / sum;
-  for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+  for (j = 0; j < n; ++j) row[j] *= inv;
+  return m + std::log(sum);
+}
+
+float log_sum_exp(const float* x, int64_t n) {
+  const float m = max_value(x, n);
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    acc = _mm256_add_ps(acc, exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv)));
+  float sum = hsum(acc);
+  for (; j < n; ++j) sum += exp1(x[j] - m);
   return m + std::log(sum);
 }
 
 void exp_shift(float* row, float lse, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - lse);
+  const __m256 lv = _mm256_set1_ps(lse);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(row + j, exp256(_mm256_sub_ps(_mm256_loadu_ps(row + j), lv)));
+  for (; j < n; ++j) row[j] = exp1(row[j] - lse);
 }
 
 }  // namespace outcore::model::kernels

@@ -37,8 +37,15 @@ void swiglu_forward(const float* g, const float* u, float* a, int64_t n);
 void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
                      int64_t n);
 
+// x[i] = exp(x[i]), vectorized (about 2 ulp; below about -87.7 gives 0).
+void exp_inplace(float* x, int64_t n);
+// max(x[0..n)), n >= 1.
+float max_value(const float* x, int64_t n);
+
 // Softmax of row[0..n) in place; returns the log-sum-exp of the input.
 float softmax_inplace(float* row, int64_t n);
+// log(sum(exp(x[j]))) over j < n, without changing x; the same value softmax_inplace returns.
+float log_sum_exp(const float* x, int64_t n);
 // row[j] = exp(row[j] - lse) for j < n.
 void exp_shift(float* row, float lse, int64_t n);
 

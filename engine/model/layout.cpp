@@ -34,12 +34,15 @@ uint64_t fnv1a(std::string_view s) {
   return h;
 }
 
-// A standard normal sample that depends only on (stream, index): Box-Muller on one 64-bit hash.
-double normal_at(uint64_t stream, uint64_t index) {
-  const uint64_t h = splitmix64(stream ^ splitmix64(index));
+// Two standard normal samples that depend only on (stream, pair): Box-Muller on one 64-bit
+// hash. Element k of a tensor takes the cosine branch of pair k/2 when k is even, else the sine.
+void normal_pair(uint64_t stream, uint64_t pair, double& z0, double& z1) {
+  const uint64_t h = splitmix64(stream ^ splitmix64(pair));
   const double u1 = (static_cast<double>(h >> 40) + 0.5) / 16777216.0;
   const double u2 = (static_cast<double>(h & 0xffffff) + 0.5) / 16777216.0;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  const double r = std::sqrt(-2.0 * std::log(u1)), a = 2.0 * std::numbers::pi * u2;
+  z0 = r * std::cos(a);
+  z1 = r * std::sin(a);
 }
 
 bool is_norm(const TensorSpec& t) { return t.name.find("norm") != std::string::npos; }
@@ -115,10 +118,22 @@ void init_params(const ModelLayout& layout, int unit, uint64_t seed, size_t begi
   for (const TensorSpec& t : u.tensors) {
     const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
     if (lo >= hi) continue;
+    if (is_norm(t)) {
+      std::fill(out + (lo - begin), out + (hi - begin), 1.0f);
+      continue;
+    }
     const uint64_t stream = splitmix64(seed) ^ fnv1a(t.name);
-    for (size_t i = lo; i < hi; ++i)
-      out[i - begin] =
-          is_norm(t) ? 1.0f : static_cast<float>(0.02 * normal_at(stream, i - t.offset));
+    for (size_t i = lo; i < hi;) {
+      const size_t k = i - t.offset;
+      double z0, z1;
+      normal_pair(stream, k / 2, z0, z1);
+      if (k % 2 == 1) {
+        out[i++ - begin] = static_cast<float>(0.02 * z1);
+        continue;
+      }
+      out[i++ - begin] = static_cast<float>(0.02 * z0);
+      if (i < hi) out[i++ - begin] = static_cast<float>(0.02 * z1);
+    }
   }
 }
 

@@ -129,5 +129,30 @@ TEST(Kernels, SoftmaxReturnsLogSumExpAndExpShiftReproducesIt) {
   for (int i = 0; i < 33; ++i) EXPECT_NEAR(q[i], p[i], 1e-6);
 }
 
+TEST(Kernels, VectorExpIsAccurateOverTheUsefulRange) {
+  std::vector<float> x;
+  for (float v = -87.0f; v <= 88.0f; v += 0.37f) x.push_back(v);
+  x.push_back(-1e30f);  // far below: 0
+  x.push_back(-INFINITY);
+  x.push_back(NAN);  // overflow detection needs NaN to survive
+  x.push_back(INFINITY);
+  auto e = x;
+  exp_inplace(e.data(), static_cast<int64_t>(e.size()));
+  for (size_t i = 0; i + 4 < x.size(); ++i) {
+    const double want = std::exp(double(x[i]));
+    EXPECT_NEAR(e[i], want, 4e-7 * want) << x[i];
+  }
+  EXPECT_EQ(e[e.size() - 4], 0.0f);
+  EXPECT_EQ(e[e.size() - 3], 0.0f);
+  EXPECT_TRUE(std::isnan(e[e.size() - 2]));
+  EXPECT_TRUE(std::isinf(e.back()));
+  std::vector<float> tail = {NAN, 1.0f, 2.0f};  // the scalar tail path too
+  exp_inplace(tail.data(), 3);
+  EXPECT_TRUE(std::isnan(tail[0]));
+  EXPECT_NEAR(tail[2], std::exp(2.0), 1e-6);
+  EXPECT_NEAR(log_sum_exp(x.data(), 10),
+              softmax_inplace(std::vector<float>(x.begin(), x.begin() + 10).data(), 10), 0);
+}
+
 }  // namespace
 }  // namespace outcore::model::kernels

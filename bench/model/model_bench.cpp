@@ -1,0 +1,140 @@
+// Forward+backward throughput of a Llama model on the CPU device, against OpenBLAS sgemm
+// measured in the same run.
+//
+//   model_bench [--hidden 1024] [--layers 4] [--seq 512] [--batch 2] [--steps 3] [--threads N]
+//               [--dtype fp32|bf16] [--checkpointing]
+//
+// Prints tokens/s, achieved GFLOP/s (model FLOPs: LlamaConfig::train_flops_per_token) and the
+// ratio to sgemm GFLOP/s on a square 2048^3 product and on the model's MLP shape.
+#include <cblas.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "engine/device/device.hpp"
+#include "engine/model/model.hpp"
+
+namespace {
+
+using namespace outcore;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Best-of-`reps` GFLOP/s of C[m,n] = A[m,k] B[k,n]^T (the model's NT layout).
+double sgemm_gflops(int m, int n, int k, int reps) {
+  std::vector<float> a(size_t(m) * k, 0.01f), b(size_t(n) * k, 0.02f), c(size_t(m) * n);
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                0.0f, c.data(), n);
+    best = std::max(best, 2.0 * m * n * k / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t hidden = 1024, layers = 4, seq = 512, batch = 2, vocab = 32000;
+  int steps = 3, threads = static_cast<int>(std::thread::hardware_concurrency());
+  std::string dtype = "fp32";
+  bool checkpointing = false;
+  CLI::App app("Llama forward+backward throughput vs OpenBLAS sgemm");
+  app.add_option("--hidden", hidden, "hidden size (heads = hidden/64, kv heads = heads/4)");
+  app.add_option("--layers", layers, "decoder layers");
+  app.add_option("--seq", seq, "sequence length");
+  app.add_option("--batch", batch, "sequences per micro-batch");
+  app.add_option("--vocab", vocab, "vocabulary size");
+  app.add_option("--steps", steps, "timed steps (after one warm-up step)");
+  app.add_option("--threads", threads, "OpenBLAS threads");
+  app.add_option("--dtype", dtype, "parameter storage")->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_flag("--checkpointing", checkpointing, "activation checkpointing");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    openblas_set_num_threads(threads);
+    model::LlamaConfig c;
+    c.hidden_size = hidden;
+    c.intermediate_size = (hidden * 11 / 4 + 63) / 64 * 64;
+    c.num_hidden_layers = layers;
+    c.num_attention_heads = std::max<int64_t>(1, hidden / 64);
+    c.num_key_value_heads = std::max<int64_t>(1, c.num_attention_heads / 4);
+    c.head_dim = hidden / c.num_attention_heads;
+    c.vocab_size = vocab;
+    c.max_position_embeddings = std::max<int64_t>(seq, 2048);
+    c.validate();
+    const model::ModelOptions o{.micro_batch = batch,
+                                .seq_len = seq,
+                                .param_dtype = dtype == "bf16" ? DType::BF16 : DType::F32,
+                                .activation_checkpointing = checkpointing};
+    model::LlamaModel m(c, o);
+    device::CpuDevice dev;
+    std::fprintf(stderr,
+                 "model: %.1fM parameters, %lld layers, hidden %lld, inter %lld, heads %lld/%lld, "
+                 "vocab %lld\n",
+                 c.num_parameters() / 1e6, (long long)layers, (long long)hidden,
+                 (long long)c.intermediate_size, (long long)c.num_attention_heads,
+                 (long long)c.num_key_value_heads, (long long)vocab);
+
+    // Parameters (initialised), gradients, activations.
+    const model::ModelLayout& L = m.layout();
+    std::vector<AlignedBuffer> params, grads;
+    model::ModelBuffers mb;
+    for (const model::UnitLayout& u : L.units) {
+      std::vector<float> init(u.padded_numel);
+      model::init_params(L, u.index, 1, 0, u.padded_numel, init.data());
+      params.emplace_back(u.padded_numel * dtype_size(o.param_dtype));
+      model::convert_from_fp32(init.data(), params.back().data(), o.param_dtype, u.padded_numel);
+      grads.emplace_back(u.padded_numel * sizeof(float));
+      mb.params.push_back(params.back().data());
+      mb.grads.push_back(grads.back().as<float>().data());
+    }
+    model::ActivationBuffers acts(m, dev, false);
+    std::vector<int32_t> tokens(batch * seq), targets(batch * seq);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int32_t>((i * 7919) % vocab);
+      targets[i] = static_cast<int32_t>((i * 104729 + 1) % vocab);
+    }
+
+    std::fprintf(stderr, "warm-up step...\n");
+    float loss = model::train_micro_batch(m, mb, acts, tokens.data(), targets.data(),
+                                          model::GradMode::Overwrite);
+    double total = 0;
+    for (int s = 0; s < steps; ++s) {
+      auto t0 = Clock::now();
+      loss = model::train_micro_batch(m, mb, acts, tokens.data(), targets.data(),
+                                      model::GradMode::Overwrite);
+      const double dt = seconds_since(t0);
+      total += dt;
+      std::fprintf(stderr, "step %d/%d: %.3f s, loss %.4f\n", s + 1, steps, dt, loss);
+    }
+    const double ntok = double(batch * seq) * steps;
+    const double model_gflops = c.train_flops_per_token(seq) * ntok / total / 1e9;
+    std::fprintf(stderr, "measuring sgemm...\n");
+    const double sq = sgemm_gflops(2048, 2048, 2048, 3);
+    const double mlp = sgemm_gflops(int(batch * seq), int(c.intermediate_size), int(hidden), 3);
+
+    std::printf(
+        "config: hidden %lld, layers %lld, seq %lld, batch %lld, vocab %lld, %s, %s, %d BLAS "
+        "threads\n",
+        (long long)hidden, (long long)layers, (long long)seq, (long long)batch, (long long)vocab,
+        dtype.c_str(), checkpointing ? "checkpointing" : "no checkpointing", threads);
+    std::printf("model fwd+bwd:  %.0f tokens/s, %.1f GFLOP/s (%.3f GFLOP/token, %.3f s/step)\n",
+                ntok / total, model_gflops, c.train_flops_per_token(seq) / 1e9, total / steps);
+    std::printf("sgemm 2048^3:   %.1f GFLOP/s   ratio model/sgemm %.2f\n", sq, model_gflops / sq);
+    std::printf("sgemm %lldx%lldx%lld: %.1f GFLOP/s   ratio model/sgemm %.2f\n",
+                (long long)(batch * seq), (long long)c.intermediate_size, (long long)hidden, mlp,
+                model_gflops / mlp);
+    std::printf("device peak: %.1f MiB (activations)\n", dev.memory_stats().peak_bytes / 1048576.0);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "model_bench: %s\n", e.what());
+    return 1;
+  }
+}
