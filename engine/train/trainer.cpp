@@ -1,0 +1,284 @@
+// Trainer: construction (model, data, engine, schedule, scaler) and the training loop.
+#include "engine/train/trainer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "engine/comm/local_comm.hpp"
+#include "engine/device/device.hpp"
+
+namespace outcore::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// DeepSpeed enables checkpointing from the model code; a config that tunes it (or keeps
+// checkpoints on the host) only makes sense with it on.
+bool config_wants_checkpointing(const config::ActivationCheckpointingConfig& a) {
+  return a.cpu_checkpointing || a.partition_activations || a.number_checkpoints.has_value();
+}
+
+double gb_per_s(uint64_t bytes, double seconds) {
+  return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+}
+
+}  // namespace
+
+DType param_dtype(const config::Config& cfg) {
+  if (cfg.bf16.enabled.value()) return DType::BF16;
+  if (cfg.fp16.enabled.value()) return DType::F16;
+  return DType::F32;
+}
+
+int64_t default_seq_len(const model::LlamaConfig& model_config) {
+  return std::min<int64_t>(model_config.max_position_embeddings, 1024);
+}
+
+struct Trainer::Devices {
+  device::CpuDevice device;
+  comm::LocalComm comm;
+  explicit Devices(uint64_t budget_bytes) : device({.memory_budget_bytes = budget_bytes}) {}
+};
+
+Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_config,
+                 TrainerOptions options)
+    : cfg_(cfg), opts_(std::move(options)) {
+  config::require_resolved(cfg_);
+  if (opts_.steps < 1) {
+    throw InvalidArgument(fmt::format("steps must be >= 1, got {}", opts_.steps));
+  }
+  if (opts_.eval_batches < 1) {
+    throw InvalidArgument(fmt::format("eval_batches must be >= 1, got {}", opts_.eval_batches));
+  }
+  if (opts_.eval_every < 0) {
+    throw InvalidArgument(fmt::format("eval_every must be >= 0, got {}", opts_.eval_every));
+  }
+  model_config.validate();
+  const int64_t seq_len = opts_.seq_len > 0 ? opts_.seq_len : default_seq_len(model_config);
+  if (opts_.seq_len < 0 || seq_len > model_config.max_position_embeddings) {
+    throw InvalidArgument(
+        fmt::format("sequence length {} is outside 1..{} (the model's max_position_embeddings)",
+                    opts_.seq_len, model_config.max_position_embeddings));
+  }
+  gas_ = cfg_.gradient_accumulation_steps.value();
+
+  devices_ = std::make_unique<Devices>(cfg_.outcore.device_memory_mb << 20);
+  model::ModelOptions mo;
+  mo.micro_batch = cfg_.train_micro_batch_size_per_gpu.value();
+  mo.seq_len = seq_len;
+  mo.param_dtype = param_dtype(cfg_);
+  mo.activation_checkpointing = opts_.activation_checkpointing.value_or(
+      config_wants_checkpointing(cfg_.activation_checkpointing));
+  mo.world_size = devices_->comm.world_size();
+  model_ = std::make_unique<model::LlamaModel>(model_config, mo);
+
+  open_data();
+  schedule_ = make_lr_schedule(cfg_);
+  scaler_ = make_loss_scaler(cfg_);
+  engine_ = std::make_unique<zero::ZeroEngine>(cfg_, *model_, devices_->device, devices_->comm,
+                                               opts_.seed, opts_.engine);
+  last_traffic_ = engine_->traffic();
+  inputs_.resize(static_cast<size_t>(model_->tokens()));
+  targets_.resize(static_cast<size_t>(model_->tokens()));
+}
+
+Trainer::~Trainer() = default;
+
+const device::Device& Trainer::device() const { return devices_->device; }
+int Trainer::world_size() const { return devices_->comm.world_size(); }
+
+void Trainer::open_data() {
+  if (opts_.train_data.empty()) throw InvalidArgument("no training data file given");
+  auto train_file =
+      std::make_shared<const TokenFile>(TokenFile::open(opts_.train_data, opts_.token_format));
+  TokenRange train_range{0, train_file->size()};
+  std::shared_ptr<const TokenFile> val_file;
+  TokenRange val_range;
+  if (!opts_.val_data.empty()) {
+    val_file =
+        std::make_shared<const TokenFile>(TokenFile::open(opts_.val_data, opts_.token_format));
+    val_range = {0, val_file->size()};
+  } else if (opts_.val_fraction != 0.0) {
+    TokenSplit split = split_tokens(train_file->size(), opts_.val_fraction);
+    train_range = split.train;
+    val_range = split.val;
+    val_file = train_file;
+  }
+  DataLoaderOptions lo;
+  lo.micro_batch = model_->options().micro_batch;
+  lo.seq_len = model_->options().seq_len;
+  lo.seed = opts_.seed;
+  lo.shuffle = true;
+  lo.rank = devices_->comm.rank();
+  lo.world_size = devices_->comm.world_size();
+  lo.vocab_size = static_cast<uint64_t>(model_->config().vocab_size);
+  train_loader_ = std::make_unique<DataLoader>(train_file, train_range, lo, "train");
+  if (val_file) {
+    lo.shuffle = false;
+    val_loader_ = std::make_unique<DataLoader>(val_file, val_range, lo, "validation");
+  }
+  if (opts_.eval_every > 0 && !val_loader_) {
+    throw InvalidArgument(
+        fmt::format("validation every {} steps needs a validation set (--val-data or "
+                    "--val-fraction)",
+                    opts_.eval_every));
+  }
+}
+
+bool Trainer::has_validation() const { return val_loader_ != nullptr; }
+
+StepMetrics Trainer::train_step() {
+  const Clock::time_point t0 = Clock::now();
+  const double scale = scaler_.scale();
+  const float micro_scale = static_cast<float>(scale / static_cast<double>(gas_));
+  double loss_sum = 0;
+  for (int64_t k = 0; k < gas_; ++k) {
+    train_loader_->next(inputs_, targets_);
+    loss_sum += engine_->forward_backward(inputs_.data(), targets_.data(), micro_scale, k == 0);
+  }
+  const double lr = schedule_->lr();
+  zero::StepParams sp = zero::step_params(cfg_, lr, adam_steps_ + 1, scale);
+  if (std::optional<Betas> b = schedule_->betas()) {
+    sp.beta1 = b->beta1;
+    sp.beta2 = b->beta2;
+  }
+  const zero::StepResult r = engine_->step(sp);
+  const LossScaleUpdate u = scaler_.update(r.overflow);
+  if (!r.overflow) {
+    schedule_->step();
+    ++adam_steps_;
+  }
+  ++steps_done_;
+  last_message_ = r.overflow
+                      ? (u.message.empty() ? std::string("OVERFLOW! Skipping step") : u.message)
+                      : std::string();
+
+  StepMetrics m;
+  m.step = steps_done_;
+  m.total_steps = opts_.steps;
+  m.loss = loss_sum / static_cast<double>(gas_);
+  m.lr = lr;
+  m.step_time_s = seconds_since(t0);
+  const double tokens = static_cast<double>(tokens_per_step());
+  m.tokens_per_s = m.step_time_s > 0 ? tokens / m.step_time_s : 0;
+  m.gflops_per_s =
+      m.tokens_per_s * model_->config().train_flops_per_token(model_->options().seq_len) / 1e9;
+  m.device_mem_peak_bytes = engine_->memory().device_peak_bytes;
+  if (!r.overflow) m.grad_norm = r.grad_norm;
+  if (cfg_.fp16.enabled.value()) m.loss_scale = scale;
+  m.skipped = r.overflow;
+
+  const zero::TrafficStats now = engine_->traffic();
+  const zero::Placement& p = engine_->plan().placement;
+  if (p.params == zero::Tier::kNvme || p.optimizer == zero::Tier::kNvme) {
+    m.io.push_back(
+        {"nvme", gb_per_s(now.nvme_read_bytes - last_traffic_.nvme_read_bytes, m.step_time_s),
+         gb_per_s(now.nvme_write_bytes - last_traffic_.nvme_write_bytes, m.step_time_s)});
+  }
+  if (p.params != zero::Tier::kDevice || p.optimizer != zero::Tier::kDevice ||
+      p.gradients != zero::Tier::kDevice) {
+    // "host": read = host -> device copies, write = device -> host copies.
+    m.io.push_back({"host", gb_per_s(now.h2d_bytes - last_traffic_.h2d_bytes, m.step_time_s),
+                    gb_per_s(now.d2h_bytes - last_traffic_.d2h_bytes, m.step_time_s)});
+  }
+  last_traffic_ = now;
+  return m;
+}
+
+ValidationMetrics Trainer::validate() {
+  if (!val_loader_) throw InvalidArgument("validate: there is no validation set");
+  const Clock::time_point t0 = Clock::now();
+  val_loader_->seek({0, 0});
+  const int64_t n =
+      std::min<int64_t>(opts_.eval_batches, static_cast<int64_t>(val_loader_->batches_per_epoch()));
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    val_loader_->next(inputs_, targets_);
+    sum += engine_->evaluate(inputs_.data(), targets_.data());
+  }
+  ValidationMetrics v;
+  v.step = steps_done_;
+  v.loss = sum / static_cast<double>(n);
+  v.tokens = n * model_->tokens();
+  v.time_s = seconds_since(t0);
+  return v;
+}
+
+int64_t Trainer::tokens_per_step() const { return model_->tokens() * gas_ * world_size(); }
+
+bool Trainer::stop_requested() const {
+  return opts_.stop_requested != nullptr && opts_.stop_requested->load(std::memory_order_relaxed);
+}
+
+TrainResult Trainer::run() {
+  std::optional<ProgressDisplay> display;
+  const int64_t print_every = cfg_.steps_per_print.value_or(0);
+  if (opts_.progress_out != nullptr) {
+    display.emplace(opts_.progress_out, opts_.progress_mode, print_every);
+  }
+  const std::string metrics_path =
+      opts_.metrics_file.empty() ? cfg_.outcore.metrics_file : opts_.metrics_file;
+  std::optional<MetricsWriter> writer;
+  if (!metrics_path.empty()) {
+    writer.emplace(metrics_path);
+    writer->write_json(start_record());
+  }
+
+  TrainResult res;
+  const Clock::time_point t0 = Clock::now();
+  int64_t validated_at = -1;
+  auto run_validation = [&] {
+    ValidationMetrics v = validate();
+    res.final_val_loss = v.loss;
+    validated_at = v.step;
+    if (display) display->validation(v);
+    if (writer) writer->write(v);
+  };
+
+  while (steps_done_ < opts_.steps) {
+    StepMetrics m = train_step();
+    m.elapsed_s = seconds_since(t0);
+    res.steps += 1;
+    res.losses.push_back(m.loss);
+    res.tokens += static_cast<uint64_t>(tokens_per_step());
+    res.wall_s += m.step_time_s;
+    if (m.skipped) ++res.skipped_steps;
+    if (display) {
+      if (m.skipped) display->message(fmt::format("step {}: {}", m.step, last_message_));
+      const bool lines = display->mode() == ProgressDisplay::Mode::kLines;
+      const bool show = !lines || print_every <= 0 || m.step % print_every == 0 || m.step == 1 ||
+                        m.step == opts_.steps;
+      if (show) display->step(m);
+    } else if (m.skipped) {
+      log::warn("step {}: {}", m.step, last_message_);
+    }
+    if (writer) writer->write(m);
+    if (opts_.on_step) opts_.on_step(m);
+    if (val_loader_ && opts_.eval_every > 0 && m.step % opts_.eval_every == 0) run_validation();
+    if (stop_requested() && steps_done_ < opts_.steps) {
+      res.stopped = true;
+      if (display) display->message(fmt::format("stopped after step {} (interrupted)", m.step));
+      break;
+    }
+  }
+  if (val_loader_ && !res.stopped && validated_at != steps_done_) run_validation();
+
+  if (display) display->finish();
+  if (writer) writer->close();
+  res.tokens_per_s = res.wall_s > 0 ? static_cast<double>(res.tokens) / res.wall_s : 0;
+  res.gflops_per_s =
+      res.tokens_per_s * model_->config().train_flops_per_token(model_->options().seq_len) / 1e9;
+  res.memory = engine_->memory();
+  res.traffic = engine_->traffic();
+  return res;
+}
+
+}  // namespace outcore::train

@@ -1,0 +1,185 @@
+// Trainer: the training loop of one data-parallel rank, built from a resolved DeepSpeed
+// config, a Llama config and token files.
+//
+//   train::TrainerOptions o;
+//   o.train_data = "tokens.bin";
+//   o.steps = 1000;
+//   train::Trainer trainer(cfg, model_cfg, o);   // validates everything, allocates, plans
+//   train::TrainResult r = trainer.run();        // steps, validation, metrics, progress
+//
+// Per optimizer step t (1-based, counting skipped steps, as DeepSpeed's global_steps):
+//   for k in 0..gas-1: loss_k = engine.forward_backward(batch_k, scale / gas, k == 0)
+//   r = engine.step(step_params(cfg, schedule.lr(), adam_step, scale))   (+ OneCycle betas)
+//   loss scaler.update(r.overflow); if the step was applied: schedule.step(), adam_step++
+// A skipped step (fp16 overflow) applies nothing, leaves the lr schedule and the Adam step
+// count where they were, and is logged with the scaler's message. Validation runs every
+// eval_every steps and after the last step.
+//
+// The Trainer owns its CpuDevice (budget outcore.device_memory_mb), a LocalComm, the
+// LlamaModel, the ZeroEngine (whose swap files live as long as the Trainer), the data
+// loaders, the lr schedule and the loss scaler.
+//
+// Threading: one thread drives a Trainer. The only cross-thread input is
+// TrainerOptions::stop_requested, which a signal handler or another thread may set at any
+// time: the step in progress finishes, then run() returns normally.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/config/config.hpp"
+#include "engine/model/model.hpp"
+#include "engine/train/config_adapters.hpp"
+#include "engine/train/data_loader.hpp"
+#include "engine/train/loss_scaler.hpp"
+#include "engine/train/lr_schedule.hpp"
+#include "engine/train/metrics.hpp"
+#include "engine/train/token_file.hpp"
+#include "engine/zero/zero.hpp"
+
+namespace outcore::train {
+
+struct TrainerOptions {
+  std::string train_data;  // token file (see token_file.hpp); required
+  // Validation token file; empty = none, unless val_fraction holds out the tail of
+  // train_data.
+  std::string val_data;
+  // With no val_data: the fraction of train_data's tail held out for validation (and not
+  // trained on), in [0, 1). 0 = no validation set.
+  double val_fraction = 0.0;
+  TokenFormat token_format = TokenFormat::kAuto;
+
+  int64_t steps = 0;     // optimizer steps to run (skipped ones included); >= 1
+  uint64_t seed = 1234;  // model initialisation and data order
+  // Tokens per sequence; 0 = min(max_position_embeddings, 1024).
+  int64_t seq_len = 0;
+  // Validate every eval_every steps (0: only after the last step) when there is a
+  // validation set; eval_every > 0 without one is an InvalidArgument.
+  int64_t eval_every = 0;
+  // Micro-batches per validation, taken from the start of the validation set every time
+  // (so validations are comparable); capped at the set's micro-batches. >= 1.
+  int64_t eval_batches = 8;
+  // Recompute each unit's forward in backward. Unset: on when the config's
+  // activation_checkpointing section asks for anything (cpu_checkpointing,
+  // partition_activations or number_checkpoints).
+  std::optional<bool> activation_checkpointing;
+
+  // JSON lines per step and per validation; empty = cfg.outcore.metrics_file (which may
+  // be empty too: no file).
+  std::string metrics_file;
+  // Progress display stream (not owned); nullptr = no display. Refreshed in place on a
+  // terminal; otherwise one line per step, or per steps_per_print steps when the config
+  // sets it (skipped steps and validations are always printed).
+  std::FILE* progress_out = stderr;
+  ProgressDisplay::Mode progress_mode = ProgressDisplay::Mode::kAuto;
+
+  // Set (by a SIGINT handler, another thread, a callback) to stop after the step in
+  // progress. Not owned; may be null.
+  const std::atomic<bool>* stop_requested = nullptr;
+  // Called after every optimizer step with its metrics (on the training thread).
+  std::function<void(const StepMetrics&)> on_step;
+
+  zero::EngineOptions engine;  // I/O backend (fault injection), CPU threads, limit checks
+};
+
+// What run() did.
+struct TrainResult {
+  int64_t steps = 0;           // optimizer steps run (applied + skipped)
+  int64_t skipped_steps = 0;   // steps skipped for overflow
+  bool stopped = false;        // stop_requested ended the run before `steps`
+  std::vector<double> losses;  // mean training loss of each step
+  std::optional<double> final_val_loss;
+  uint64_t tokens = 0;  // training tokens processed
+  double wall_s = 0;    // training time (validation excluded)
+  double tokens_per_s = 0;
+  double gflops_per_s = 0;  // achieved model FLOP/s (train_flops_per_token), in 1e9
+  zero::MemoryPeaks memory;
+  zero::TrafficStats traffic;  // cumulative since the engine was built
+};
+
+class Trainer {
+ public:
+  // Checks and builds everything; nothing is trained yet.
+  // Throws ConfigError (config not resolved per config::require_resolved, a scheduler or
+  // fp16 value the schedule/scaler refuses, model config invalid), InvalidArgument (bad
+  // options: steps < 1, seq_len > max_position_embeddings, eval_every without a
+  // validation set, a split too short for one micro-batch), CorruptData (a bad token file
+  // header, a token id outside the vocabulary), IoError (a file that cannot be read, swap
+  // files that cannot be created), OutOfMemory (the placement plan does not fit a tier).
+  Trainer(const config::Config& cfg, const model::LlamaConfig& model_config,
+          TrainerOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Runs the remaining optimizer steps (up to options.steps in all), validating, writing
+  // metrics and progress, until done or stop_requested. Returns normally after a stop.
+  // Throws what the engine throws (IoError while swapping, ...), LossScaleAtMinimum when
+  // the fp16 scale cannot go lower, IoError when the metrics file cannot be written.
+  TrainResult run();
+
+  // One optimizer step (gas micro-batches and the update); returns its metrics. Does not
+  // print or write metrics. REQUIRES steps_done() < options.steps is not enforced: callers
+  // may step past it.
+  StepMetrics train_step();
+  // Mean loss over the validation micro-batches. REQUIRES has_validation().
+  ValidationMetrics validate();
+
+  bool has_validation() const;
+  int64_t steps_done() const { return steps_done_; }
+  // Adam steps applied (the step number the next applied update uses is this + 1).
+  uint64_t adam_steps() const { return adam_steps_; }
+  // Training tokens per optimizer step: micro_batch x seq_len x gas x world.
+  int64_t tokens_per_step() const;
+
+  // Multi-line description of the run: the resolved config's main choices, the model, the
+  // data, and the placement plan with the machine's limits.
+  std::string summary() const;
+
+  const config::Config& config() const { return cfg_; }
+  const model::LlamaModel& model() const { return *model_; }
+  zero::ZeroEngine& engine() { return *engine_; }
+  LrSchedule& schedule() { return *schedule_; }
+  // Mutable so a checkpoint (or a test) can restore its state.
+  LossScaler& loss_scaler() { return scaler_; }
+  DataLoader& train_loader() { return *train_loader_; }
+
+ private:
+  struct Devices;  // CpuDevice + LocalComm, built before the engine
+
+  void open_data();
+  const device::Device& device() const;
+  int world_size() const;
+  bool stop_requested() const;
+  // The metrics file's first record: {"type":"start", config, model, run facts}.
+  nlohmann::ordered_json start_record() const;
+
+  config::Config cfg_;
+  TrainerOptions opts_;
+  int64_t gas_ = 1;
+  std::unique_ptr<model::LlamaModel> model_;
+  std::unique_ptr<Devices> devices_;
+  std::unique_ptr<zero::ZeroEngine> engine_;
+  std::unique_ptr<DataLoader> train_loader_, val_loader_;
+  std::unique_ptr<LrSchedule> schedule_;
+  LossScaler scaler_;
+  std::vector<int32_t> inputs_, targets_;
+  int64_t steps_done_ = 0;
+  uint64_t adam_steps_ = 0;
+  zero::TrafficStats last_traffic_;
+  std::string last_message_;  // the loss scaler's message for the last skipped step
+};
+
+// The model's parameter dtype under the config: BF16 with bf16, F16 with fp16, else F32.
+DType param_dtype(const config::Config& cfg);
+
+// The default sequence length for a model: min(max_position_embeddings, 1024).
+int64_t default_seq_len(const model::LlamaConfig& model_config);
+
+}  // namespace outcore::train

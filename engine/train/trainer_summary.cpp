@@ -1,0 +1,106 @@
+// Trainer: the start-of-run description (for a terminal and for the metrics file).
+#include <fmt/format.h>
+
+#include "common/error.hpp"
+#include "engine/train/trainer.hpp"
+#include "engine/zero/plan.hpp"
+
+namespace outcore::train {
+namespace {
+
+std::string params_human(uint64_t n) {
+  if (n >= 1'000'000'000) return fmt::format("{:.2f}B", static_cast<double>(n) / 1e9);
+  if (n >= 1'000'000) return fmt::format("{:.1f}M", static_cast<double>(n) / 1e6);
+  return fmt::format("{:.1f}k", static_cast<double>(n) / 1e3);
+}
+
+std::string offload_text(config::OffloadDevice d, const std::string& path) {
+  if (d == config::OffloadDevice::kNvme) return fmt::format("nvme ({})", path);
+  return std::string(config::to_string(d));
+}
+
+std::string data_text(const DataLoader& l) {
+  return fmt::format("{} [{}, {}) = {} tokens, {} sequences, {} micro-batches per epoch",
+                     l.file().path(), l.range().begin, l.range().end, l.range().size(),
+                     l.sequences(), l.batches_per_epoch());
+}
+
+}  // namespace
+
+std::string Trainer::summary() const {
+  const model::LlamaConfig& mc = model_->config();
+  const model::ModelOptions& mo = model_->options();
+  const config::OptimizerConfig& opt = cfg_.optimizer;
+  const config::ZeroConfig& z = cfg_.zero_optimization;
+  std::string s;
+  s += fmt::format(
+      "model      Llama {} parameters: hidden {}, {} layers, {} heads ({} key/value), "
+      "SwiGLU {}, vocab {}, {} embeddings\n",
+      params_human(mc.num_parameters()), mc.hidden_size, mc.num_hidden_layers,
+      mc.num_attention_heads, mc.num_key_value_heads, mc.intermediate_size, mc.vocab_size,
+      mc.tie_word_embeddings ? "tied" : "untied");
+  s += fmt::format(
+      "batch      micro {} x gas {} x world {} sequences of {} tokens = {} tokens per step\n",
+      mo.micro_batch, gas_, world_size(), mo.seq_len, tokens_per_step());
+  std::string precision(dtype_name(mo.param_dtype));
+  if (cfg_.fp16.enabled.value()) {
+    precision += cfg_.fp16.dynamic_loss_scale()
+                     ? fmt::format(", dynamic loss scale from 2^{}", cfg_.fp16.initial_scale_power)
+                     : fmt::format(", static loss scale {}", cfg_.fp16.loss_scale);
+  }
+  s += fmt::format("precision  {} parameters, fp32 master weights, gradients and Adam moments\n",
+                   precision);
+  const auto betas = opt.betas.value();
+  s += fmt::format(
+      "optimizer  {} lr {:g}, betas ({:g}, {:g}), eps {:g}, weight decay {:g} ({}), "
+      "gradient clipping {}\n",
+      config::to_string(opt.type), opt.lr.value(), betas[0], betas[1], opt.eps.value(),
+      opt.weight_decay.value(), opt.decoupled_weight_decay() ? "decoupled" : "L2",
+      cfg_.gradient_clipping.value() > 0 ? fmt::format("{:g}", cfg_.gradient_clipping.value())
+                                         : std::string("off"));
+  s += fmt::format("schedule   {}, first lr {:g}\n", schedule_->name(), schedule_->lr());
+  s += fmt::format(
+      "zero       stage {}, parameters {}, optimizer state {}, activation checkpointing {}{}\n",
+      z.stage,
+      z.stage == 3 ? offload_text(z.offload_param.device, z.offload_param.nvme_path)
+                   : std::string("device (full copy)"),
+      offload_text(z.offload_optimizer.device, z.offload_optimizer.nvme_path),
+      mo.activation_checkpointing ? "on" : "off",
+      cfg_.activation_checkpointing.cpu_checkpointing ? " (checkpoints in host memory)" : "");
+  s += fmt::format(
+      "device     {}, budget {}\n", device().name(),
+      cfg_.outcore.device_memory_mb > 0
+          ? fmt::format("{} MiB (outcore.device_memory_mb)", cfg_.outcore.device_memory_mb)
+          : std::string("unlimited"));
+  s += fmt::format("train data {}\n", data_text(*train_loader_));
+  if (val_loader_) s += fmt::format("val data   {}\n", data_text(*val_loader_));
+  s += fmt::format("run        {} steps, seed {}\n", opts_.steps, opts_.seed);
+  // The plan with the machine's limits; without them when they cannot be read.
+  const zero::Plan& plan = engine_->plan();
+  try {
+    zero::PlanLimits limits = zero::system_limits(cfg_, plan);
+    s += zero::format_plan(plan, &limits);
+  } catch (const Error&) {
+    s += zero::format_plan(plan);
+  }
+  return s;
+}
+
+nlohmann::ordered_json Trainer::start_record() const {
+  nlohmann::ordered_json j;
+  j["type"] = "start";
+  j["steps"] = opts_.steps;
+  j["seed"] = opts_.seed;
+  j["seq_len"] = model_->options().seq_len;
+  j["tokens_per_step"] = tokens_per_step();
+  j["parameters"] = model_->config().num_parameters();
+  j["train_flops_per_token"] = model_->config().train_flops_per_token(model_->options().seq_len);
+  j["activation_checkpointing"] = model_->options().activation_checkpointing;
+  j["train_data"] = opts_.train_data;
+  if (val_loader_) j["val_data"] = val_loader_->file().path();
+  j["model"] = nlohmann::ordered_json::parse(model_->config().to_json());
+  j["config"] = config::to_json(cfg_);
+  return j;
+}
+
+}  // namespace outcore::train

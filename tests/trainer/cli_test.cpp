@@ -1,0 +1,244 @@
+// `outcore train` and `outcore demo`, run as a user runs them: exit codes, one clear
+// message for bad input, a clean stop on SIGINT, and the demo's metrics.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/trainer/trainer_test_util.hpp"
+
+namespace outcore::train {
+namespace {
+
+using testing::DemoData;
+
+std::string shell_quote(const std::string& s) { return "'" + s + "'"; }
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+int count_error_lines(const std::string& err) {
+  int n = 0;
+  for (const std::string& l : lines_of(err)) n += l.rfind("error:", 0) == 0;
+  return n;
+}
+
+struct CliResult {
+  int rc = -1;
+  std::string out, err;
+};
+
+class TrainCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = data_.file("config.json");
+    std::ofstream(model_) << testing::tiny_model_json().dump();
+    config_ = write_config("ds.json", {});
+  }
+
+  // base_ds_json() with `patch` merged, written to `name`.
+  std::string write_config(const std::string& name, const nlohmann::json& patch) {
+    nlohmann::json j = testing::base_ds_json();
+    j.merge_patch(patch);
+    std::string path = data_.file(name);
+    std::ofstream(path) << j.dump(2);
+    return path;
+  }
+
+  // Runs `outcore <args>` with OUTCORE_CONFIG unset (or set to `env_config`).
+  CliResult run(const std::string& args, const std::string& env_config = "") {
+    std::string cmd = env_config.empty() ? "env -u OUTCORE_CONFIG "
+                                         : "env OUTCORE_CONFIG=" + shell_quote(env_config) + " ";
+    const std::string out = data_.file("stdout"), err = data_.file("stderr");
+    cmd +=
+        shell_quote(OUTCORE_CLI) + " " + args + " >" + shell_quote(out) + " 2>" + shell_quote(err);
+    int status = std::system(cmd.c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+  }
+
+  std::string train_args(const std::string& extra) {
+    return "train --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+           " --data " + shell_quote(data_.train()) + " --seq-len 32 " + extra;
+  }
+
+  DemoData data_;
+  std::string model_, config_;
+};
+
+TEST_F(TrainCliTest, TrainsAndPrintsTheSetupAndTheResult) {
+  CliResult r = run(train_args("--steps 3 --val-data " + shell_quote(data_.val())));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("micro 4 x gas 1 x world 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("trained 3 steps (0 skipped)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("validation"), std::string::npos) << r.out;
+  // Not a terminal: one progress line per step on stderr.
+  EXPECT_NE(r.err.find("step 3/3 | loss"), std::string::npos) << r.err;
+}
+
+TEST_F(TrainCliTest, ConfigMayComeFromTheEnvironmentAndAutoFromTheCommandLine) {
+  const std::string cfg = write_config(
+      "auto.json",
+      {{"train_micro_batch_size_per_gpu", "auto"}, {"optimizer", {{"params", {{"lr", "auto"}}}}}});
+  const std::string args = "train --model " + shell_quote(model_) + " --data " +
+                           shell_quote(data_.train()) + " --seq-len 32 --steps 2";
+  CliResult missing = run(args, cfg);  // lr and micro-batch still "auto"
+  EXPECT_EQ(missing.rc, 2);
+  EXPECT_NE(missing.err.find("optimizer.params.lr"), std::string::npos) << missing.err;
+  CliResult ok = run(args + " --lr 1e-3 --micro-batch-size 2", cfg);
+  ASSERT_EQ(ok.rc, 0) << ok.err;
+  EXPECT_NE(ok.out.find("AdamW lr 0.001"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("micro 2 x gas 1"), std::string::npos) << ok.out;
+}
+
+TEST_F(TrainCliTest, MissingFilesExitTwoNamingTheFile) {
+  const std::string nowhere = data_.file("no_such.bin");
+  CliResult r = run(train_args("--steps 1 --val-data " + shell_quote(nowhere)));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--val-data " + nowhere), std::string::npos) << r.err;
+
+  r = run("train --model " + shell_quote(model_) + " --data " + shell_quote(data_.train()));
+  EXPECT_EQ(r.rc, 2);  // no config anywhere
+  EXPECT_NE(r.err.find("OUTCORE_CONFIG"), std::string::npos) << r.err;
+
+  r = run("train --config " + shell_quote(config_) + " --data " + shell_quote(data_.train()));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--model is required"), std::string::npos) << r.err;
+}
+
+TEST_F(TrainCliTest, ConfigErrorsExitTwoNamingTheKey) {
+  config_ = write_config("bad.json", {{"zero_optimization", {{"stage", 7}}}});
+  CliResult r = run(train_args("--steps 1"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("zero_optimization.stage"), std::string::npos) << r.err;
+
+  r = run(train_args("--steps many"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--steps"), std::string::npos) << r.err;
+}
+
+TEST_F(TrainCliTest, InconsistentHeadsExitTwoNamingTheKey) {
+  nlohmann::json m = testing::tiny_model_json();
+  m["num_attention_heads"] = 5;  // 64 is not divisible by 5
+  std::ofstream(model_) << m.dump();
+  CliResult r = run(train_args("--steps 1"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("num_attention_heads"), std::string::npos) << r.err;
+}
+
+TEST_F(TrainCliTest, BadDataExitsTwoNamingTheFile) {
+  const std::string short_file = data_.file("short.bin");
+  write_llmc_tokens(short_file, std::vector<uint16_t>(50, 65));
+  CliResult r = run("train --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+                    " --data " + shell_quote(short_file) + " --seq-len 32 --steps 1");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(short_file), std::string::npos) << r.err;
+
+  const std::string oov = data_.file("oov.bin");
+  std::vector<uint16_t> tokens(4096, 65);
+  tokens[1000] = 300;  // vocabulary is 256
+  write_llmc_tokens(oov, tokens);
+  r = run("train --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+          " --data " + shell_quote(oov) + " --seq-len 32 --steps 1");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(oov), std::string::npos) << r.err;
+}
+
+// SIGINT while training: the step in progress finishes, the swap files are removed, the
+// result is printed and the exit code is 130.
+TEST_F(TrainCliTest, SigintStopsCleanlyAndRemovesSwapFiles) {
+  const std::string swap = data_.file("swap");
+  config_ = write_config("nvme.json", testing::nvme_patch(swap));
+  int err_pipe[2];
+  ASSERT_EQ(pipe(err_pipe), 0);
+  const std::string out_path = data_.file("sigint_stdout");
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(err_pipe[1], STDERR_FILENO);
+    int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out, STDOUT_FILENO);
+    close(err_pipe[0]);
+    execl(OUTCORE_CLI, OUTCORE_CLI, "train", "--config", config_.c_str(), "--model", model_.c_str(),
+          "--data", data_.train().c_str(), "--seq-len", "32", "--steps", "100000",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(err_pipe[1]);
+  std::string err;
+  bool sent = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (;;) {
+    pollfd p{err_pipe[0], POLLIN, 0};
+    if (std::chrono::steady_clock::now() > deadline || poll(&p, 1, 1000) < 0) break;
+    if (!(p.revents & (POLLIN | POLLHUP))) continue;
+    char buf[4096];
+    ssize_t n = read(err_pipe[0], buf, sizeof buf);
+    if (n <= 0) break;
+    err.append(buf, static_cast<size_t>(n));
+    if (!sent && err.find("step 2/") != std::string::npos) {
+      EXPECT_GT(testing::count_files(swap), 0);  // training with swap files
+      kill(pid, SIGINT);
+      sent = true;
+    }
+  }
+  close(err_pipe[0]);
+  if (!sent) kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(sent) << err;
+  ASSERT_TRUE(WIFEXITED(status)) << err;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << err;
+  EXPECT_NE(err.find("stopped after step"), std::string::npos) << err;
+  EXPECT_NE(slurp(out_path).find("stopped after"), std::string::npos) << slurp(out_path);
+  EXPECT_EQ(testing::count_files(swap), 0);
+}
+
+// The README's demo, shortened: ZeRO-3 with NVMe swap, exit 0, one JSON line per step in
+// its metrics file, falling loss, and no swap files left behind.
+TEST_F(TrainCliTest, ShortDemoRunTrainsAndWritesMetrics) {
+  const std::string dir = data_.file("demo");
+  CliResult r = run("demo --work-dir " + shell_quote(dir) + " --steps 8");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("stage 3, parameters nvme"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("trained 8 steps"), std::string::npos) << r.out;
+  std::vector<nlohmann::json> steps;
+  for (const std::string& l : lines_of(slurp(dir + "/metrics.jsonl"))) {
+    nlohmann::json j = nlohmann::json::parse(l);
+    if (j["type"] == "step") steps.push_back(j);
+  }
+  ASSERT_EQ(steps.size(), 8u);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i]["step"], static_cast<int>(i + 1));
+    EXPECT_TRUE(steps[i]["io"].contains("nvme")) << steps[i].dump();
+  }
+  EXPECT_LT(steps.back()["loss"].get<double>(), steps.front()["loss"].get<double>() - 0.3);
+  EXPECT_EQ(testing::count_files(dir + "/swap"), 0);
+}
+
+}  // namespace
+}  // namespace outcore::train

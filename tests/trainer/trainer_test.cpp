@@ -1,0 +1,290 @@
+// The Trainer: gradient accumulation, falling loss, fp16 overflow handling, activation
+// checkpointing, stop requests, metrics, and refusal of bad input.
+#include "engine/train/trainer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <vector>
+
+#include "common/error.hpp"
+#include "tests/trainer/trainer_test_util.hpp"
+
+namespace outcore::train {
+namespace {
+
+using testing::DemoData;
+using testing::make_config;
+using testing::quiet_options;
+using testing::tiny_model;
+
+std::vector<std::vector<float>> master_weights(Trainer& t) {
+  std::vector<std::vector<float>> w;
+  for (const model::UnitLayout& u : t.model().layout().units) {
+    w.emplace_back(u.padded_numel);
+    t.engine().get_master_weights(u.index, w.back());
+  }
+  return w;
+}
+
+// Gradient accumulation over k micro-batches must give the gradient of one batch k times
+// larger. Adam with eps = 1 and lr = 1 turns the first update into -g / (|g| + 1), a
+// monotonic function of each gradient element, so comparing updates compares gradients.
+TEST(TrainerTest, GradientAccumulationEqualsOneLargerBatch) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  const nlohmann::json adam = {
+      {"optimizer", {{"params", {{"lr", 1.0}, {"eps", 1.0}, {"betas", {0.9, 0.999}}}}}}};
+  nlohmann::json accum = adam, large = adam;
+  accum.merge_patch({{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 3}});
+  large.merge_patch({{"train_micro_batch_size_per_gpu", 6}, {"gradient_accumulation_steps", 1}});
+
+  Trainer a(make_config(accum, mc), mc, quiet_options(data, 1));
+  Trainer b(make_config(large, mc), mc, quiet_options(data, 1));
+  ASSERT_EQ(a.tokens_per_step(), b.tokens_per_step());
+  const auto w0 = master_weights(b);
+  ASSERT_EQ(master_weights(a), w0);  // same seed, same initial weights
+
+  StepMetrics ma = a.train_step();
+  StepMetrics mb = b.train_step();
+  EXPECT_NEAR(ma.loss, mb.loss, 1e-5 * std::fabs(mb.loss));
+  ASSERT_TRUE(ma.grad_norm && mb.grad_norm);
+  EXPECT_NEAR(*ma.grad_norm, *mb.grad_norm, 1e-5 * *mb.grad_norm);
+
+  const auto wa = master_weights(a), wb = master_weights(b);
+  double max_delta = 0, max_diff = 0;
+  size_t changed = 0;
+  for (size_t u = 0; u < w0.size(); ++u) {
+    for (size_t i = 0; i < w0[u].size(); ++i) {
+      const double da = wa[u][i] - w0[u][i], db = wb[u][i] - w0[u][i];
+      max_delta = std::max(max_delta, std::fabs(db));
+      max_diff = std::max(max_diff, std::fabs(da - db));
+      changed += db != 0;
+    }
+  }
+  EXPECT_GT(changed, w0.size() * 100u);
+  EXPECT_GT(max_delta, 1e-4);
+  EXPECT_LE(max_diff, 1e-5 * max_delta) << "max update " << max_delta;
+}
+
+TEST(TrainerTest, LossFallsOnTheDemoData) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  TrainerOptions o = quiet_options(data, 30);
+  o.eval_batches = 4;
+  Trainer t(make_config({{"train_micro_batch_size_per_gpu", 8}}, mc), mc, o);
+  const double val_before = t.validate().loss;
+  EXPECT_NEAR(val_before, std::log(256.0), 0.3);  // an untrained model is near uniform
+  TrainResult r = t.run();
+  ASSERT_EQ(r.steps, 30);
+  ASSERT_EQ(r.losses.size(), 30u);
+  EXPECT_FALSE(r.stopped);
+  EXPECT_EQ(r.skipped_steps, 0);
+  const double first = r.losses.front();
+  const double last5 = std::accumulate(r.losses.end() - 5, r.losses.end(), 0.0) / 5;
+  EXPECT_LT(last5, first - 1.0) << "first " << first << ", mean of the last 5 " << last5;
+  ASSERT_TRUE(r.final_val_loss.has_value());
+  EXPECT_LT(*r.final_val_loss, val_before - 1.0);
+  EXPECT_EQ(r.tokens, 30u * 8 * 32);
+  EXPECT_GT(r.gflops_per_s, 0);
+}
+
+// fp16 with a loss scale far beyond fp32's range: the gradients overflow, the step is
+// skipped (no weight changes, no lr schedule step, no Adam step), the scale is halved.
+TEST(TrainerTest, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  config::Config cfg = make_config(
+      {{"fp16", {{"enabled", true}, {"hysteresis", 1}}},
+       {"scheduler",
+        {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 10}, {"warmup_type", "linear"}}}}}},
+      mc);
+  Trainer t(cfg, mc, quiet_options(data, 10));
+  ASSERT_TRUE(t.loss_scaler().dynamic());
+  EXPECT_EQ(t.loss_scaler().scale(), 65536.0);  // 2^initial_scale_power
+  LossScalerState s = t.loss_scaler().state();
+  s.cur_scale = std::ldexp(1.0, 200);  // any gradient times this is inf in fp32
+  t.loss_scaler().load_state(s);
+
+  const auto w0 = master_weights(t);
+  StepMetrics m = t.train_step();
+  EXPECT_TRUE(m.skipped);
+  EXPECT_FALSE(m.grad_norm.has_value());
+  ASSERT_TRUE(m.loss_scale.has_value());
+  EXPECT_EQ(*m.loss_scale, std::ldexp(1.0, 200));
+  EXPECT_TRUE(std::isfinite(m.loss));
+  EXPECT_EQ(t.loss_scaler().scale(), std::ldexp(1.0, 199));
+  EXPECT_EQ(t.schedule().last_batch_iteration(), -1);
+  EXPECT_EQ(t.adam_steps(), 0u);
+  EXPECT_EQ(t.steps_done(), 1);
+  EXPECT_EQ(master_weights(t), w0);
+
+  // Back to a sane scale: the next step applies, with the lr the skipped step would have used.
+  s = t.loss_scaler().state();
+  s.cur_scale = 1024;
+  t.loss_scaler().load_state(s);
+  const double lr = t.schedule().lr();
+  m = t.train_step();
+  EXPECT_FALSE(m.skipped);
+  EXPECT_EQ(m.lr, lr);
+  EXPECT_EQ(t.schedule().last_batch_iteration(), 0);
+  EXPECT_EQ(t.adam_steps(), 1u);
+  EXPECT_NE(master_weights(t), w0);
+}
+
+// With DeepSpeed's default hysteresis of 2, the first overflow keeps the scale.
+TEST(TrainerTest, Fp16HysteresisDelaysTheHalving) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  Trainer t(make_config({{"fp16", {{"enabled", true}}}}, mc), mc, quiet_options(data, 10));
+  LossScalerState s = t.loss_scaler().state();
+  s.cur_scale = std::ldexp(1.0, 200);
+  t.loss_scaler().load_state(s);
+  EXPECT_TRUE(t.train_step().skipped);
+  EXPECT_EQ(t.loss_scaler().scale(), std::ldexp(1.0, 200));
+  EXPECT_TRUE(t.train_step().skipped);
+  EXPECT_EQ(t.loss_scaler().scale(), std::ldexp(1.0, 199));
+  EXPECT_EQ(t.adam_steps(), 0u);
+}
+
+TEST(TrainerTest, ActivationCheckpointingGivesBitIdenticalLosses) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  const config::Config cfg = make_config({{"gradient_accumulation_steps", 2}}, mc);
+  TrainerOptions plain = quiet_options(data, 4), ckpt = quiet_options(data, 4);
+  plain.activation_checkpointing = false;
+  ckpt.activation_checkpointing = true;
+  Trainer a(cfg, mc, plain), b(cfg, mc, ckpt);
+  ASSERT_FALSE(a.model().options().activation_checkpointing);
+  ASSERT_TRUE(b.model().options().activation_checkpointing);
+  TrainResult ra = a.run(), rb = b.run();
+  ASSERT_EQ(ra.losses.size(), 4u);
+  EXPECT_EQ(ra.losses, rb.losses);  // exact
+  EXPECT_EQ(master_weights(a), master_weights(b));
+  EXPECT_EQ(ra.final_val_loss, rb.final_val_loss);
+}
+
+TEST(TrainerTest, StopRequestEndsTheRunAfterTheStepInProgress) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  const std::string swap = data.file("swap");
+  std::atomic<bool> stop{false};
+  TrainerOptions o = quiet_options(data, 50);
+  o.stop_requested = &stop;
+  o.on_step = [&](const StepMetrics& m) {
+    if (m.step == 3) stop = true;
+  };
+  {
+    Trainer t(make_config(testing::nvme_patch(swap), mc), mc, o);
+    EXPECT_GT(testing::count_files(swap), 0);  // the swap files exist while training
+    TrainResult r = t.run();
+    EXPECT_TRUE(r.stopped);
+    EXPECT_EQ(r.steps, 3);
+    EXPECT_EQ(t.steps_done(), 3);
+    EXPECT_FALSE(r.final_val_loss.has_value());  // no validation on the way out
+  }
+  EXPECT_EQ(testing::count_files(swap), 0);  // and are gone once the trainer is
+}
+
+TEST(TrainerTest, MetricsFileHasOneRecordPerStepWithTierTraffic) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  TrainerOptions o = quiet_options(data, 4);
+  o.metrics_file = data.file("metrics.jsonl");
+  o.eval_every = 2;
+  o.eval_batches = 2;
+  Trainer t(make_config(testing::nvme_patch(data.file("swap")), mc), mc, o);
+  TrainResult r = t.run();
+  std::ifstream in(o.metrics_file);
+  std::string line;
+  std::vector<nlohmann::json> steps, vals;
+  int starts = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["type"] == "step") steps.push_back(j);
+    if (j["type"] == "val") vals.push_back(j);
+    if (j["type"] == "start") ++starts;
+  }
+  EXPECT_EQ(starts, 1);
+  ASSERT_EQ(steps.size(), 4u);
+  ASSERT_EQ(vals.size(), 2u);  // after steps 2 and 4
+  EXPECT_EQ(vals[1]["step"], 4);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const nlohmann::json& s = steps[i];
+    EXPECT_EQ(s["step"], static_cast<int>(i + 1));
+    EXPECT_EQ(s["loss"].get<double>(), r.losses[i]);
+    EXPECT_GT(s["tokens_per_s"].get<double>(), 0);
+    EXPECT_GT(s["device_mem_peak_bytes"].get<uint64_t>(), 0u);
+    EXPECT_TRUE(s.contains("grad_norm"));
+    EXPECT_FALSE(s["skipped"].get<bool>());
+    // Parameters and optimizer state live in swap files: every step reads and writes them.
+    ASSERT_TRUE(s.contains("io") && s["io"].contains("nvme")) << s.dump();
+    EXPECT_GT(s["io"]["nvme"]["read_gb_per_s"].get<double>(), 0) << s.dump();
+    EXPECT_GT(s["io"]["nvme"]["write_gb_per_s"].get<double>(), 0) << s.dump();
+  }
+  EXPECT_GT(r.traffic.nvme_read_bytes, 0u);
+  EXPECT_GT(r.traffic.nvme_write_bytes, 0u);
+}
+
+TEST(TrainerTest, RefusesBadInputNamingIt) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  const config::Config cfg = make_config({}, mc);
+
+  TrainerOptions o = quiet_options(data, 0);
+  EXPECT_THROW(Trainer(cfg, mc, o), InvalidArgument);  // steps < 1
+
+  o = quiet_options(data, 5);
+  o.val_data.clear();
+  o.eval_every = 5;  // validation without a validation set
+  EXPECT_THROW(Trainer(cfg, mc, o), InvalidArgument);
+
+  o = quiet_options(data, 5);
+  o.seq_len = 129;  // beyond max_position_embeddings
+  EXPECT_THROW(Trainer(cfg, mc, o), InvalidArgument);
+
+  // A data file too short for one micro-batch of 4 x 32 tokens.
+  const std::string short_file = data.file("short.bin");
+  std::vector<uint16_t> few(100, 65);
+  write_llmc_tokens(short_file, few);
+  o = quiet_options(data, 5);
+  o.train_data = short_file;
+  try {
+    Trainer t(cfg, mc, o);
+    ADD_FAILURE() << "a data file too short was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(short_file), std::string::npos) << e.what();
+  }
+
+  // Bytes of text are outside a vocabulary of 64 tokens.
+  nlohmann::json small = testing::tiny_model_json();
+  small["vocab_size"] = 64;
+  const model::LlamaConfig small_mc = model::LlamaConfig::from_json(small.dump());
+  try {
+    Trainer t(make_config({}, small_mc), small_mc, quiet_options(data, 5));
+    ADD_FAILURE() << "tokens outside the vocabulary were accepted";
+  } catch (const CorruptData& e) {
+    EXPECT_NE(std::string(e.what()).find(data.train()), std::string::npos) << e.what();
+  }
+
+  // A config with a value still "auto".
+  nlohmann::json j = testing::base_ds_json();
+  j["optimizer"]["params"]["lr"] = "auto";
+  config::Config unresolved = config::parse_config(j.dump()).config;
+  config::AutoContext ctx;
+  ctx.hidden_size = mc.hidden_size;
+  config::resolve_auto(unresolved, ctx);  // batch sizes resolve; the lr has no source
+  try {
+    Trainer t(unresolved, mc, quiet_options(data, 5));
+    ADD_FAILURE() << "an unresolved config was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.params.lr"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace outcore::train

@@ -1,0 +1,201 @@
+// `outcore train --config ds.json --model config.json --data tokens.bin [...]`: train a
+// Llama-family model with a DeepSpeed config. "auto" values in the config are resolved from
+// the model and the command line. Exit 0 when done, 2 for bad input, 1 for a failure while
+// training, 130 after a clean stop on Ctrl-C.
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "engine/config/config.hpp"
+#include "engine/model/model.hpp"
+#include "engine/train/trainer.hpp"
+#include "tools/outcore/commands.hpp"
+#include "tools/outcore/train_session.hpp"
+
+namespace outcore::cli {
+namespace {
+
+namespace cfg = outcore::config;
+
+// Numbers are taken as strings and converted here, so a bad value is reported like any
+// other bad input (exit 2).
+struct TrainCliOptions {
+  std::string config, model, data, val_data, format = "auto", metrics;
+  std::string steps, seed, seq_len, lr, weight_decay, eval_every, eval_batches, val_fraction,
+      train_batch_size, micro_batch_size, gradient_accumulation_steps, warmup_steps;
+  bool activation_checkpointing = false;
+};
+
+template <typename T>
+bool parse_number(const std::string& text, const char* flag, std::optional<T>& out) {
+  if (text.empty()) return true;
+  T value{};
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end) {
+    std::fprintf(stderr, "error: %s: got \"%s\"; allowed: a number\n", flag, text.c_str());
+    return false;
+  }
+  out = value;
+  return true;
+}
+
+struct Numbers {
+  std::optional<int64_t> steps, seq_len, eval_every, eval_batches, train_batch_size,
+      micro_batch_size, gradient_accumulation_steps, warmup_steps;
+  std::optional<uint64_t> seed;
+  std::optional<double> lr, weight_decay, val_fraction;
+};
+
+bool parse_numbers(const TrainCliOptions& o, Numbers& n) {
+  return parse_number(o.steps, "--steps", n.steps) && parse_number(o.seed, "--seed", n.seed) &&
+         parse_number(o.seq_len, "--seq-len", n.seq_len) && parse_number(o.lr, "--lr", n.lr) &&
+         parse_number(o.weight_decay, "--weight-decay", n.weight_decay) &&
+         parse_number(o.eval_every, "--eval-every", n.eval_every) &&
+         parse_number(o.eval_batches, "--eval-batches", n.eval_batches) &&
+         parse_number(o.val_fraction, "--val-fraction", n.val_fraction) &&
+         parse_number(o.train_batch_size, "--train-batch-size", n.train_batch_size) &&
+         parse_number(o.micro_batch_size, "--micro-batch-size", n.micro_batch_size) &&
+         parse_number(o.gradient_accumulation_steps, "--gradient-accumulation-steps",
+                      n.gradient_accumulation_steps) &&
+         parse_number(o.warmup_steps, "--warmup-steps", n.warmup_steps);
+}
+
+// Steps to run: --steps, else the scheduler's total_num_steps when the config sets it.
+std::optional<int64_t> steps_from(const Numbers& n, const cfg::Config& c) {
+  if (n.steps) return n.steps;
+  const auto& s = c.scheduler;
+  if (s.type == cfg::SchedulerType::kWarmupDecayLR && s.warmup.total_num_steps.has_value())
+    return s.warmup.total_num_steps.value();
+  if (s.type == cfg::SchedulerType::kWarmupCosineLR && s.cosine.total_num_steps.has_value())
+    return s.cosine.total_num_steps.value();
+  return std::nullopt;
+}
+
+// A command-line value that "auto" would have taken but a number in the file overrides.
+void warn_if_overridden(const cfg::AutoOr<double>& v, std::optional<double> cli, const char* flag) {
+  if (cli && v.has_value() && v.value() != *cli) {
+    log::warn("{} {} not used: the config sets {} to {}", flag, *cli, v.path(), v.value());
+  }
+}
+
+int run_train(const TrainCliOptions& o) {
+  std::string config_path = o.config;
+  if (config_path.empty()) {
+    if (const char* env = std::getenv("OUTCORE_CONFIG")) config_path = env;
+  }
+  if (config_path.empty()) {
+    std::fprintf(stderr, "error: no DeepSpeed config: give --config or set OUTCORE_CONFIG\n");
+    return 2;
+  }
+  for (auto [value, flag] : {std::pair{&o.model, "--model"}, std::pair{&o.data, "--data"}}) {
+    if (value->empty()) {
+      std::fprintf(stderr, "error: %s is required\n", flag);
+      return 2;
+    }
+  }
+  Numbers n;
+  if (!parse_numbers(o, n)) return 2;
+  if (!check_input_file(config_path, "--config") || !check_input_file(o.model, "--model") ||
+      !check_input_file(o.data, "--data") ||
+      (!o.val_data.empty() && !check_input_file(o.val_data, "--val-data"))) {
+    return 2;
+  }
+
+  train::TrainerOptions topts;
+  cfg::Config config;
+  model::LlamaConfig model;
+  try {
+    topts.token_format = train::parse_token_format(o.format);
+    model = model::LlamaConfig::load(o.model);
+    config = cfg::load_config_file(config_path).config;
+    log::init(config.outcore.log_level);
+    std::optional<int64_t> steps = steps_from(n, config);
+    if (!steps) {
+      std::fprintf(stderr,
+                   "error: give the number of training steps with --steps (or set the "
+                   "scheduler's total_num_steps in %s)\n",
+                   config_path.c_str());
+      return 2;
+    }
+    cfg::AutoContext ctx;
+    ctx.hidden_size = model.hidden_size;
+    ctx.lr = n.lr;
+    ctx.weight_decay = n.weight_decay;
+    ctx.train_batch_size = n.train_batch_size;
+    ctx.micro_batch_size = n.micro_batch_size;
+    ctx.gradient_accumulation_steps = n.gradient_accumulation_steps;
+    ctx.total_steps = *steps;
+    ctx.warmup_steps = n.warmup_steps;
+    warn_if_overridden(config.optimizer.lr, n.lr, "--lr");
+    warn_if_overridden(config.optimizer.weight_decay, n.weight_decay, "--weight-decay");
+    cfg::resolve_auto(config, ctx);
+    cfg::require_resolved(config);
+    topts.steps = *steps;
+  } catch (const Error& e) {  // ConfigError, IoError reading a checked file, bad --format
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+
+  topts.train_data = o.data;
+  topts.val_data = o.val_data;
+  topts.val_fraction = n.val_fraction.value_or(0.0);
+  if (n.seed) topts.seed = *n.seed;
+  topts.seq_len = n.seq_len.value_or(0);
+  topts.eval_every = n.eval_every.value_or(0);
+  if (n.eval_batches) topts.eval_batches = *n.eval_batches;
+  if (o.activation_checkpointing) topts.activation_checkpointing = true;
+  topts.metrics_file = o.metrics;
+  return run_training(config, model, std::move(topts));
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, int& rc) {
+  auto o = std::make_shared<TrainCliOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train a Llama-family model (Hugging Face config.json) on token files with a DeepSpeed "
+      "JSON config. Progress on stderr, the resolved setup and the result on stdout. Exit 0 "
+      "when done, 2 for bad input, 1 for a failure while training, 130 after Ctrl-C (the "
+      "step in progress finishes and swap files are removed).");
+  cmd->add_option("--config", o->config, "DeepSpeed JSON config (default: $OUTCORE_CONFIG)");
+  cmd->add_option("--model", o->model, "Hugging Face Llama config.json (required)");
+  cmd->add_option("--data", o->data, "training tokens: llm.c .bin, raw .u16 or .u32 (required)");
+  cmd->add_option("--val-data", o->val_data, "validation tokens (same formats)");
+  cmd->add_option("--val-fraction", o->val_fraction,
+                  "without --val-data: hold out this fraction of --data's tail for validation");
+  cmd->add_option("--format", o->format,
+                  "token file format: auto (by extension), llmc, u16 or u32");
+  cmd->add_option("--steps", o->steps,
+                  "optimizer steps (default: the scheduler's total_num_steps); resolves "
+                  "\"auto\" total_num_steps");
+  cmd->add_option("--seed", o->seed, "seed of the initial weights and the data order (1234)");
+  cmd->add_option("--seq-len", o->seq_len,
+                  "tokens per sequence (default: max_position_embeddings, at most 1024)");
+  cmd->add_option("--lr", o->lr, "learning rate; resolves \"auto\" lr values");
+  cmd->add_option("--weight-decay", o->weight_decay, "resolves \"auto\" weight_decay");
+  cmd->add_option("--train-batch-size", o->train_batch_size, "resolves \"auto\" train_batch_size");
+  cmd->add_option("--micro-batch-size", o->micro_batch_size,
+                  "resolves \"auto\" train_micro_batch_size_per_gpu");
+  cmd->add_option("--gradient-accumulation-steps", o->gradient_accumulation_steps,
+                  "resolves \"auto\" gradient_accumulation_steps");
+  cmd->add_option("--warmup-steps", o->warmup_steps, "resolves \"auto\" warmup_num_steps");
+  cmd->add_option("--eval-every", o->eval_every,
+                  "validation loss every K steps (default: after the last step only)");
+  cmd->add_option("--eval-batches", o->eval_batches, "micro-batches per validation (8)");
+  cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
+                "recompute each layer's forward in backward (also on when the config's "
+                "activation_checkpointing section asks for cpu_checkpointing)");
+  cmd->add_option("--metrics", o->metrics,
+                  "JSON-lines metrics file (default: the config's outcore.metrics_file)");
+  cmd->callback([o, &rc] { rc = run_train(*o); });
+}
+
+}  // namespace outcore::cli

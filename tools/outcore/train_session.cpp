@@ -1,0 +1,143 @@
+#include "tools/outcore/train_session.hpp"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "common/error.hpp"
+#include "engine/train/loss_scaler.hpp"
+#include "engine/zero/plan.hpp"
+
+namespace outcore::cli {
+namespace {
+
+std::atomic<bool> g_stop{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int) {
+  // Async-signal-safe only: an atomic store and write(2). SA_RESETHAND has restored the
+  // default action, so a second signal ends the process at once.
+  g_stop.store(true, std::memory_order_relaxed);
+  static const char kMsg[] =
+      "\nstopping after the current step (press Ctrl-C again to abort at once)\n";
+  ssize_t ignored = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+  (void)ignored;
+}
+
+// Installs the stop handler for SIGINT and SIGTERM for its lifetime, restoring the
+// previous actions afterwards.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop.store(false);
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+void print_error(const std::exception& e) { std::fprintf(stderr, "error: %s\n", e.what()); }
+
+void print_result(const train::TrainResult& r) {
+  std::string s =
+      fmt::format("{} {} steps ({} skipped) in {:.1f} s: {:.0f} tokens/s, {:.2f} GFLOP/s\n",
+                  r.stopped ? "stopped after" : "trained", r.steps, r.skipped_steps, r.wall_s,
+                  r.tokens_per_s, r.gflops_per_s);
+  if (!r.losses.empty()) {
+    s += fmt::format("loss {:.4f} -> {:.4f}", r.losses.front(), r.losses.back());
+    if (r.final_val_loss) s += fmt::format(" (validation {:.4f})", *r.final_val_loss);
+    s += "\n";
+  }
+  s += fmt::format(
+      "device memory peak {}{}\n", zero::format_bytes(r.memory.device_peak_bytes),
+      r.memory.device_budget_bytes > 0
+          ? fmt::format(" of a {} budget", zero::format_bytes(r.memory.device_budget_bytes))
+          : std::string());
+  if (r.memory.pinned_peak_bytes > 0) {
+    s +=
+        fmt::format("pinned host memory peak {}\n", zero::format_bytes(r.memory.pinned_peak_bytes));
+  }
+  const zero::TrafficStats& t = r.traffic;
+  s += fmt::format("traffic    nvme read {} write {}, host->device {}, device->host {}\n",
+                   zero::format_bytes(t.nvme_read_bytes), zero::format_bytes(t.nvme_write_bytes),
+                   zero::format_bytes(t.h2d_bytes), zero::format_bytes(t.d2h_bytes));
+  std::fputs(s.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+bool check_input_file(const std::string& path, const char* flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::file_status st = fs::status(path, ec);
+  std::string reason;
+  if (ec || !fs::exists(st)) {
+    reason = ec && ec != std::errc::no_such_file_or_directory ? ec.message() : "no such file";
+  } else if (!fs::is_regular_file(st)) {
+    reason = "not a regular file";
+  } else if (::access(path.c_str(), R_OK) != 0) {
+    reason = std::strerror(errno);
+  }
+  if (reason.empty()) return true;
+  std::fprintf(stderr, "error: %s %s: %s\n", flag, path.c_str(), reason.c_str());
+  return false;
+}
+
+int run_training(const config::Config& cfg, const model::LlamaConfig& model,
+                 train::TrainerOptions options) {
+  options.stop_requested = &g_stop;
+  std::unique_ptr<train::Trainer> trainer;
+  try {
+    trainer = std::make_unique<train::Trainer>(cfg, model, std::move(options));
+  } catch (const ConfigError& e) {  // config, model config
+    print_error(e);
+    return 2;
+  } catch (const InvalidArgument& e) {  // options, data too short
+    print_error(e);
+    return 2;
+  } catch (const CorruptData& e) {  // bad token file, token outside the vocabulary
+    print_error(e);
+    return 2;
+  } catch (const OutOfMemory& e) {  // the plan does not fit a tier
+    print_error(e);
+    return 2;
+  } catch (const std::exception& e) {  // I/O errors creating swap files, ...
+    print_error(e);
+    return 1;
+  }
+  std::fputs(trainer->summary().c_str(), stdout);
+  std::fflush(stdout);
+  try {
+    StopSignals signals;
+    train::TrainResult r = trainer->run();
+    trainer.reset();  // removes the swap files before the result is printed
+    print_result(r);
+    return r.stopped ? kExitInterrupted : 0;
+  } catch (const std::exception& e) {
+    print_error(e);
+    return 1;
+  }
+}
+
+}  // namespace outcore::cli

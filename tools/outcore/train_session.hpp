@@ -1,0 +1,29 @@
+// Running a Trainer from the command line, shared by `outcore train` and `outcore demo`:
+// exit codes, Ctrl-C, and what goes to stdout and stderr.
+#pragma once
+
+#include <string>
+
+#include "engine/config/config.hpp"
+#include "engine/model/model.hpp"
+#include "engine/train/trainer.hpp"
+
+namespace outcore::cli {
+
+// Exit code after a run stopped cleanly by SIGINT / SIGTERM (128 + SIGINT, as shells do).
+inline constexpr int kExitInterrupted = 130;
+
+// Returns true when `path` names a readable regular file; otherwise prints
+// "error: <flag> <path>: <reason>" on stderr and returns false.
+bool check_input_file(const std::string& path, const char* flag);
+
+// Builds a Trainer from `cfg` (resolved), `model` and `options`, prints its summary on
+// stdout, runs it with SIGINT/SIGTERM making it stop after the step in progress (a second
+// signal kills the process), and prints the result on stdout. Progress goes to stderr.
+// Returns 0 when every step ran, kExitInterrupted after a clean stop, 2 when the inputs are
+// refused while setting up (config, model, data, a plan that does not fit: one "error:"
+// line on stderr), 1 for a failure while training (I/O error, ...).
+int run_training(const config::Config& cfg, const model::LlamaConfig& model,
+                 train::TrainerOptions options);
+
+}  // namespace outcore::cli
