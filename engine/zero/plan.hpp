@@ -65,9 +65,8 @@ struct Placement {
   Tier params = Tier::kDevice;     // low-precision parameters (full slabs below stage 3)
   Tier optimizer = Tier::kDevice;  // fp32 master weights + Adam moments
   Tier gradients = Tier::kDevice;  // fp32 gradient accumulators
-  // True when offload_optimizer.device is nvme below stage 3: outcore keeps the NVMe
-  // placement (the swapper works per unit at any stage) where DeepSpeed would fall back to
-  // cpu; see docs/architecture.md.
+  // True when offload_optimizer.device is nvme below stage 3: as in DeepSpeed, the state is
+  // kept in host memory as with "cpu" (engine/config warns about it).
   bool optimizer_nvme_below_stage3 = false;
 };
 

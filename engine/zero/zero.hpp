@@ -172,8 +172,11 @@ class ZeroEngine {
   void get_params(int unit, std::span<std::byte> out);
 
   // This rank's partition of one optimizer-state array of `unit` (partition_numel
-  // elements), for checkpoints. read_state copies it out; write_state replaces it (writing
-  // kMaster also refreshes the unit's low-precision parameters from it). Not collective.
+  // elements: the whole slab at stage 0), for checkpoints. read_state copies it out (not
+  // collective); write_state replaces it, and writing kMaster also refreshes the unit's
+  // low-precision parameters from it, which at stages 1 and 2 gathers them through Comm
+  // (collective: every rank calls it for the same unit and kind). InvalidArgument for a
+  // wrong size or unit.
   size_t partition_numel(int unit) const;
   void read_state(int unit, StateKind kind, std::span<float> out);
   void write_state(int unit, StateKind kind, std::span<const float> in);

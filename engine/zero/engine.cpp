@@ -1,0 +1,378 @@
+// ZeroEngine: construction (plan, tiers, swap files) and the forward/backward passes.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "engine/zero/engine_impl.hpp"
+
+namespace outcore::zero {
+namespace {
+
+namespace fs = std::filesystem;
+
+void make_swap_dir(const std::string& path, const char* key) {
+  if (path.empty()) throw ConfigError(key, "nvme offload needs a swap directory (nvme_path)");
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (ec) throw IoError(path, ec.value(), "create swap directory");
+}
+
+aio::Options aio_options(const config::AioConfig& a) {
+  aio::Options o;
+  o.block_size = static_cast<size_t>(a.block_size);
+  o.queue_depth = static_cast<unsigned>(a.queue_depth);
+  o.thread_count = static_cast<unsigned>(a.intra_op_parallelism);
+  o.single_submit = a.single_submit;
+  o.overlap_events = a.overlap_events;
+  return o;
+}
+
+// acc = g (first micro-batch) or acc + g, element by element: the one accumulation every
+// configuration performs, so results do not depend on where the accumulator lives.
+void accumulate(float* acc, const float* g, size_t n, bool first) {
+  if (first) {
+    std::memcpy(acc, g, n * sizeof(float));
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) acc[i] += g[i];
+}
+
+}  // namespace
+
+ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& model_in,
+                       device::Device& device_in, comm::Comm& comm_in, uint64_t seed,
+                       EngineOptions options_in)
+    : cfg(cfg_in),
+      model(model_in),
+      device(device_in),
+      comm(comm_in),
+      options(std::move(options_in)),
+      g(detail::make_geometry(cfg, model, comm.world_size(), comm.rank(), true)),
+      plan(make_plan(cfg, model, {.world_size = comm.world_size()})),
+      executor(options.cpu_threads),
+      train_sched(detail::train_schedule(model)),
+      eval_sched(detail::eval_schedule(model)) {
+  if (!device.host_accessible())
+    throw InvalidArgument(fmt::format(
+        "zero: device {} is not host-accessible; the model's kernels and CPU Adam run on the host",
+        device.name()));
+  if (options.check_system_limits) check_fits(plan, system_limits(cfg, plan));
+  const Placement& p = g.placement;
+  const config::ZeroConfig& z = cfg.zero_optimization;
+  const detail::PinnedLayout pl = detail::effective_pinned_layout(cfg, g);
+
+  copy = device.create_stream("zero-copy");
+  grad = device.create_stream("zero-grad");
+  comm_stream = device.create_stream("zero-comm");
+  comm_done = device.create_event();
+  pool = std::make_unique<swap::PinnedPool>(swap::PinnedPoolOptions{
+      .budget_bytes = plan.pinned_pool_bytes,
+      .lock = z.offload_param.pin_memory && z.offload_optimizer.pin_memory});
+
+  if (p.params == Tier::kNvme || p.optimizer == Tier::kNvme)
+    aio = std::make_unique<aio::Engine>(aio_options(cfg.aio), options.io_backend);
+  const swap::SwapperOptions so{.verify_checksums = cfg.outcore.swap_checksum};
+  if (p.params == Tier::kNvme) {
+    make_swap_dir(plan.param_nvme_path, "zero_optimization.offload_param.nvme_path");
+    param_space = std::make_unique<swap::SwapSpace>(
+        swap::SwapSpaceOptions{.nvme_path = plan.param_nvme_path, .rank = g.rank},
+        detail::param_swap_files(g));
+    param_swapper = std::make_unique<swap::Swapper>(*param_space, *aio, so, &executor);
+  }
+  if (p.optimizer == Tier::kNvme) {
+    make_swap_dir(plan.optimizer_nvme_path, "zero_optimization.offload_optimizer.nvme_path");
+    optimizer_space = std::make_unique<swap::SwapSpace>(
+        swap::SwapSpaceOptions{.nvme_path = plan.optimizer_nvme_path, .rank = g.rank},
+        detail::optimizer_swap_files(g));
+    optimizer_swapper = std::make_unique<swap::Swapper>(*optimizer_space, *aio, so, &executor);
+  }
+
+  acts = std::make_unique<model::ActivationBuffers>(model, device,
+                                                    cfg.activation_checkpointing.cpu_checkpointing);
+  if (p.stage < 3) {
+    for (size_t u = 0; u < g.units.size(); ++u)
+      full_params.push_back(
+          device.alloc(g.units[u].padded * g.param_bytes, fmt::format("parameters of unit {}", u)));
+  } else {
+    home =
+        std::make_unique<detail::ParamHome>(p.params, g, device, pool.get(), param_swapper.get());
+    std::vector<swap::PinnedBuffer> fetch_buffers;
+    for (size_t k = 0; k < pl.fetch_slots; ++k)
+      fetch_buffers.push_back(pool->acquire(pl.fetch_slot_bytes));
+    detail::CoordinatorOptions co;
+    co.budget_bytes = plan.device_live_param_bytes;
+    co.max_live_numel = static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_max_live_parameters));
+    co.prefetch_bucket_numel = static_cast<uint64_t>(
+        std::max<int64_t>(0, z.stage3_prefetch_bucket_size.value_or(50'000'000)));
+    co.max_reuse_distance =
+        static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_max_reuse_distance));
+    co.persistent = detail::persistent_units(cfg, g);
+    coordinator = std::make_unique<detail::ParamCoordinator>(g, *home, device, *copy, *comm_stream,
+                                                             comm, std::move(fetch_buffers),
+                                                             traffic, std::move(co));
+  }
+  for (size_t u = 0; u < g.units.size(); ++u) {
+    const size_t bytes = g.units[u].accum_len * sizeof(float);
+    if (p.gradients == Tier::kDevice)
+      device_accum.push_back(
+          device.alloc(bytes, fmt::format("gradient accumulator of unit {}", u)));
+    else
+      host_accum.emplace_back(bytes);
+  }
+  if (p.optimizer == Tier::kNvme) {
+    swap::OptimizerSwapperOptions oo;
+    oo.sub_group_size = g.sub_group_size;
+    oo.buffer_count = pl.optimizer_buffer_count;
+    oo.pipeline_read = z.offload_optimizer.pipeline_read;
+    oo.pipeline_write = z.offload_optimizer.pipeline_write;
+    optimizer =
+        detail::make_nvme_store(g, *optimizer_swapper, *pool, oo, pl.concurrent_steps, executor);
+  } else {
+    optimizer =
+        detail::make_memory_store(g, p.optimizer == Tier::kDevice ? &device : nullptr, executor);
+  }
+  for (size_t k = 0; k < pl.writeback_slots; ++k)
+    publish_slots.push_back(
+        {pool->acquire(pl.writeback_slot_bytes), device.create_event(), false, {}});
+  scratch = AlignedBuffer(g.max_own_len * sizeof(float));
+  initialise(seed);
+}
+
+ZeroEngine::Impl::~Impl() {
+  for (device::Stream* s : {copy.get(), grad.get(), comm_stream.get()}) {
+    if (s == nullptr) continue;
+    try {
+      s->synchronize();
+    } catch (const std::exception& e) {
+      log::warn("zero: shutting down after an error on stream {}: {}", s->name(), e.what());
+    }
+  }
+  for (PublishSlot& s : publish_slots) {
+    if (!s.write.valid()) continue;
+    try {
+      home->swapper()->wait(s.write);
+    } catch (const std::exception& e) {
+      log::warn("zero: shutting down: {}", e.what());
+    }
+  }
+}
+
+const void* ZeroEngine::Impl::params_of(int unit) const {
+  return coordinator ? coordinator->slab(unit) : full_params[unit].data();
+}
+
+float* ZeroEngine::Impl::grad_accumulator(int unit) {
+  return device_accum.empty() ? host_accum[unit].as<float>().data()
+                              : device_accum[unit].as<float>();
+}
+
+void ZeroEngine::Impl::drain_grads(size_t keep) {
+  while (in_flight.size() > keep) {
+    in_flight.front().done->synchronize();
+    in_flight.pop_front();
+  }
+}
+
+device::DeviceBuffer ZeroEngine::Impl::alloc_grad_slab(int unit) {
+  drain_grads(detail::kGradSlabsInFlight);
+  return device.alloc(g.units[unit].padded * sizeof(float),
+                      fmt::format("gradient slab of unit {}", unit));
+}
+
+// Hands a unit's freshly computed gradient slab to the gradient path: reduce-scatter in place
+// (stage >= 2, comm stream), then accumulate this rank's part into the accumulator (grad
+// stream), device-to-host when the accumulator lives in host memory.
+void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool first) {
+  const detail::UnitGeometry& ug = g.units[unit];
+  InFlightGrad f{std::move(slab), device.create_event(), device.create_event()};
+  float* full = f.slab.as<float>();
+  const float* src = full;
+  if (g.placement.stage >= 2) {
+    float* own = full + ug.own_off;
+    comm::Comm* c = &comm;
+    const size_t padded = ug.padded, part = ug.part;
+    comm_stream->enqueue([c, full, own, padded, part] {
+      c->reduce_scatter({full, padded}, {own, part}, comm::ReduceOp::kSum);
+    });
+    comm_stream->record(*f.reduced);
+    grad->wait(*f.reduced);
+    src = own;
+  }
+  float* acc = grad_accumulator(unit);
+  const size_t n = ug.accum_len;
+  if (device_accum.empty()) {
+    traffic.d2h += n * sizeof(float);
+    if (first) {
+      grad->copy_d2h(acc, src, n * sizeof(float));
+    } else {
+      grad->enqueue([acc, src, n] { accumulate(acc, src, n, false); });
+    }
+  } else {
+    grad->enqueue([acc, src, n, first] { accumulate(acc, src, n, first); });
+  }
+  grad->record(*f.done);
+  in_flight.push_back(std::move(f));
+}
+
+float ZeroEngine::Impl::forward_backward(const int32_t* tokens, const int32_t* targets,
+                                         float loss_scale, bool first) {
+  if (!first && !accumulating)
+    throw InvalidArgument(
+        "zero: forward_backward: first_micro_batch must be true for the first micro-batch after "
+        "construction or step()");
+  if (tokens == nullptr || targets == nullptr)
+    throw InvalidArgument("zero: forward_backward: tokens and targets are required");
+  const int head = model.num_units() - 1;
+  const bool tied = model.config().tie_word_embeddings;
+  model::ActivationBuffers& a = *acts;
+  if (coordinator) coordinator->begin(&train_sched);
+  float loss = 0.0f;
+  for (size_t i = 0; i < train_sched.size(); ++i) {
+    const detail::PassStep& s = train_sched[i];
+    const int u = s.unit;
+    if (coordinator) coordinator->acquire(i);
+    if (!s.backward) {
+      if (u == 0)
+        model.forward(0, {.params = params_of(0), .tokens = tokens, .output = a.unit_input(1)});
+      else
+        model.forward(u, {.params = params_of(u),
+                          .input = a.unit_input(u),
+                          .output = a.unit_input(u + 1),
+                          .saved = a.saved(u),
+                          .scratch = a.scratch()});
+    } else if (u == head) {
+      if (tied) tied_slab = alloc_grad_slab(0);
+      device::DeviceBuffer gs = alloc_grad_slab(head);
+      loss = model.backward(head, {.params = params_of(head),
+                                   .tied_params = tied ? params_of(0) : nullptr,
+                                   .targets = targets,
+                                   .input = a.unit_input(head),
+                                   .grad_input = a.grad(),
+                                   .grads = gs.as<float>(),
+                                   .tied_grads = tied ? tied_slab.as<float>() : nullptr,
+                                   .mode = model::GradMode::Overwrite,
+                                   .loss_scale = loss_scale,
+                                   .scratch = a.scratch()});
+      submit_grads(head, std::move(gs), first);
+    } else if (u > 0) {
+      device::DeviceBuffer gs = alloc_grad_slab(u);
+      model.backward(u, {.params = params_of(u),
+                         .input = a.unit_input(u),
+                         .grad_output = a.grad(),
+                         .grad_input = a.grad(),
+                         .grads = gs.as<float>(),
+                         .mode = model::GradMode::Overwrite,
+                         .saved = a.saved(u),
+                         .scratch = a.scratch()});
+      submit_grads(u, std::move(gs), first);
+    } else {
+      device::DeviceBuffer gs = tied ? std::move(tied_slab) : alloc_grad_slab(0);
+      model.backward(0, {.tokens = tokens,
+                         .grad_output = a.grad(),
+                         .grads = gs.as<float>(),
+                         .mode = model::GradMode::Overwrite});
+      submit_grads(0, std::move(gs), first);
+    }
+    if (coordinator) coordinator->release(i);
+  }
+  drain_grads(0);
+  if (coordinator) coordinator->end();
+  accumulating = true;
+  return loss;
+}
+
+float ZeroEngine::Impl::evaluate(const int32_t* tokens, const int32_t* targets) {
+  if (tokens == nullptr || targets == nullptr)
+    throw InvalidArgument("zero: evaluate: tokens and targets are required");
+  const int head = model.num_units() - 1;
+  const bool tied = model.config().tie_word_embeddings;
+  model::ActivationBuffers& a = *acts;
+  if (coordinator) coordinator->begin(&eval_sched);
+  float loss = 0.0f;
+  for (size_t i = 0; i < eval_sched.size(); ++i) {
+    const int u = eval_sched[i].unit;
+    if (coordinator) coordinator->acquire(i);
+    if (u == 0)
+      model.forward(0, {.params = params_of(0), .tokens = tokens, .output = a.unit_input(1)});
+    else if (u < head)
+      model.forward(u, {.params = params_of(u),
+                        .input = a.unit_input(u),
+                        .output = a.unit_input(u + 1),
+                        .saved = a.saved(u),
+                        .scratch = a.scratch()});
+    else
+      loss = model.forward(head, {.params = params_of(head),
+                                  .tied_params = tied ? params_of(0) : nullptr,
+                                  .targets = targets,
+                                  .input = a.unit_input(head),
+                                  .scratch = a.scratch()});
+    if (coordinator) coordinator->release(i);
+  }
+  if (coordinator) coordinator->end();
+  return loss;
+}
+
+// ---- ZeroEngine -----------------------------------------------------------------------------
+
+ZeroEngine::ZeroEngine(const config::Config& cfg, const model::LlamaModel& model,
+                       device::Device& device, comm::Comm& comm, uint64_t seed,
+                       EngineOptions options)
+    : impl_(std::make_unique<Impl>(cfg, model, device, comm, seed, std::move(options))) {}
+
+ZeroEngine::~ZeroEngine() = default;
+
+const Plan& ZeroEngine::plan() const { return impl_->plan; }
+const model::LlamaModel& ZeroEngine::model() const { return impl_->model; }
+
+float ZeroEngine::forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale,
+                                   bool first_micro_batch) {
+  return impl_->forward_backward(tokens, targets, loss_scale, first_micro_batch);
+}
+
+float ZeroEngine::evaluate(const int32_t* tokens, const int32_t* targets) {
+  return impl_->evaluate(tokens, targets);
+}
+
+StepResult ZeroEngine::step(const StepParams& params) { return impl_->step(params); }
+
+void ZeroEngine::get_master_weights(int unit, std::span<float> out) {
+  impl_->get_master_weights(unit, out);
+}
+void ZeroEngine::get_params(int unit, std::span<std::byte> out) { impl_->get_params(unit, out); }
+
+size_t ZeroEngine::partition_numel(int unit) const {
+  impl_->check_unit(unit);
+  return impl_->g.units[unit].own_len;
+}
+void ZeroEngine::read_state(int unit, StateKind kind, std::span<float> out) {
+  impl_->read_state(unit, kind, out);
+}
+void ZeroEngine::write_state(int unit, StateKind kind, std::span<const float> in) {
+  impl_->write_state(unit, kind, in);
+}
+
+TrafficStats ZeroEngine::traffic() const {
+  TrafficStats t;
+  for (const swap::Swapper* s : {impl_->param_swapper.get(), impl_->optimizer_swapper.get()}) {
+    if (s == nullptr) continue;
+    const swap::SwapperStats ss = s->stats();
+    t.nvme_read_bytes += ss.bytes_in;
+    t.nvme_write_bytes += ss.bytes_out;
+  }
+  t.h2d_bytes = impl_->traffic.h2d.load();
+  t.d2h_bytes = impl_->traffic.d2h.load();
+  return t;
+}
+
+MemoryPeaks ZeroEngine::memory() const {
+  const device::MemoryStats ms = impl_->device.memory_stats();
+  return {.device_peak_bytes = ms.peak_bytes,
+          .device_budget_bytes = ms.budget_bytes,
+          .pinned_peak_bytes = impl_->pool->peak_bytes(),
+          .pinned_budget_bytes = impl_->pool->budget_bytes()};
+}
+
+}  // namespace outcore::zero

@@ -1,0 +1,100 @@
+// Internal to engine/zero: ZeroEngine's state, shared by engine.cpp (construction, passes),
+// engine_step.cpp (the optimizer step, parameter publication, state access).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "aio/aio.hpp"
+#include "common/aligned_buffer.hpp"
+#include "cpu_adam/cpu_adam.hpp"
+#include "engine/zero/geometry.hpp"
+#include "engine/zero/optimizer_store.hpp"
+#include "engine/zero/param_coordinator.hpp"
+#include "engine/zero/plan_internal.hpp"
+#include "engine/zero/zero.hpp"
+#include "swap/swap.hpp"
+
+namespace outcore::zero {
+
+struct ZeroEngine::Impl {
+  Impl(const config::Config& cfg, const model::LlamaModel& model, device::Device& device,
+       comm::Comm& comm, uint64_t seed, EngineOptions options);
+  ~Impl();
+
+  // ---- passes (engine.cpp)
+  float forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale,
+                         bool first);
+  float evaluate(const int32_t* tokens, const int32_t* targets);
+  const void* params_of(int unit) const;
+  device::DeviceBuffer alloc_grad_slab(int unit);
+  void submit_grads(int unit, device::DeviceBuffer slab, bool first);
+  void drain_grads(size_t keep);
+
+  // ---- step and state (engine_step.cpp)
+  StepResult step(const StepParams& sp);
+  // Writes own_len new low-precision elements of `unit` (produced by `produce(out)`) to the
+  // parameters' tier, in order with other publications; `slot` picks the staging buffer.
+  template <typename Produce>
+  void publish(int unit, size_t slot, Produce&& produce);
+  std::byte* publish_target(int unit, size_t slot, bool& staged);
+  void finish_publish(int unit, size_t slot, bool staged);
+  void wait_slot(size_t slot);
+  void wait_publications();
+  void initialise(uint64_t seed);
+  float* grad_partition(int unit);
+  float* grad_accumulator(int unit);
+  void get_master_weights(int unit, std::span<float> out);
+  void get_params(int unit, std::span<std::byte> out);
+  void read_state(int unit, StateKind kind, std::span<float> out);
+  void write_state(int unit, StateKind kind, std::span<const float> in);
+  void check_unit(int unit) const;
+
+  config::Config cfg;
+  const model::LlamaModel& model;
+  device::Device& device;
+  comm::Comm& comm;
+  EngineOptions options;
+  detail::Geometry g;
+  Plan plan;
+  cpu_adam::Executor executor;
+  std::vector<detail::PassStep> train_sched, eval_sched;
+
+  std::unique_ptr<device::Stream> copy, grad, comm_stream;
+  std::unique_ptr<swap::PinnedPool> pool;
+  std::unique_ptr<aio::Engine> aio;
+  std::unique_ptr<swap::SwapSpace> param_space, optimizer_space;
+  std::unique_ptr<swap::Swapper> param_swapper, optimizer_swapper;
+  detail::TrafficCounters traffic;
+
+  std::unique_ptr<model::ActivationBuffers> acts;
+  std::vector<device::DeviceBuffer> full_params;  // stage < 3: every unit's full slab
+  std::unique_ptr<detail::ParamHome> home;        // stage 3
+  std::unique_ptr<detail::ParamCoordinator> coordinator;
+  std::vector<device::DeviceBuffer> device_accum;  // gradients on the device
+  std::vector<AlignedBuffer> host_accum;           // gradients in host memory
+  std::unique_ptr<detail::OptimizerStore> optimizer;
+
+  // Staging for publications (new parameters after Adam): buffer, and what still uses it.
+  struct PublishSlot {
+    swap::PinnedBuffer buf;
+    std::unique_ptr<device::Event> copied;
+    bool copy_pending = false;
+    swap::SwapTicket write;
+  };
+  std::vector<PublishSlot> publish_slots;
+  std::unique_ptr<device::Event> comm_done;
+  AlignedBuffer scratch;  // max_own_len fp32
+
+  struct InFlightGrad {
+    device::DeviceBuffer slab;
+    std::unique_ptr<device::Event> reduced, done;
+  };
+  std::deque<InFlightGrad> in_flight;
+  device::DeviceBuffer tied_slab;  // the embedding's gradient slab, head to embedding backward
+  bool accumulating = false;       // gradients hold a micro-batch since the last step
+};
+
+}  // namespace outcore::zero

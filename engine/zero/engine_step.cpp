@@ -1,0 +1,327 @@
+// ZeroEngine: the optimizer step, publication of new parameters to their tier, and access to
+// the training state.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <future>
+
+#include "common/error.hpp"
+#include "engine/zero/engine_impl.hpp"
+
+namespace outcore::zero {
+namespace {
+
+void to_param_dtype(const float* src, void* dst, DType dtype, size_t n) {
+  if (dtype == DType::F32)
+    std::memcpy(dst, src, n * sizeof(float));
+  else
+    model::convert_from_fp32(src, dst, dtype, n);
+}
+
+}  // namespace
+
+StepParams step_params(const config::Config& cfg, double lr, uint64_t step, double loss_scale) {
+  const config::OptimizerConfig& o = cfg.optimizer;
+  StepParams p;
+  p.lr = lr;
+  const std::array<double, 2> betas = o.betas.value_or({0.9, 0.999});
+  p.beta1 = betas[0];
+  p.beta2 = betas[1];
+  p.eps = o.eps.value_or(1e-8);
+  p.weight_decay = o.weight_decay.value_or(0.0);
+  p.adamw_mode = o.decoupled_weight_decay();
+  p.bias_correction = o.bias_correction;
+  p.step = step;
+  p.loss_scale = loss_scale;
+  p.gradient_clipping = cfg.gradient_clipping.value_or(1.0);
+  const bool fp16 = cfg.fp16.enabled.value_or(false);
+  const bool bf16 = cfg.bf16.enabled.value_or(false);
+  p.check_overflow = fp16 || (bf16 && cfg.bf16.check_grad_overflow);
+  return p;
+}
+
+void ZeroEngine::Impl::check_unit(int unit) const {
+  if (unit < 0 || unit >= static_cast<int>(g.units.size()))
+    throw InvalidArgument(
+        fmt::format("zero: unit {} does not exist (the model has {} units)", unit, g.units.size()));
+}
+
+float* ZeroEngine::Impl::grad_partition(int unit) {
+  float* acc = grad_accumulator(unit);
+  return g.placement.stage <= 1 ? acc + g.units[unit].own_off : acc;
+}
+
+// ---- publication of new low-precision parameters --------------------------------------------
+
+void ZeroEngine::Impl::wait_slot(size_t slot) {
+  PublishSlot& s = publish_slots[slot];
+  if (s.copy_pending) {
+    s.copy_pending = false;
+    s.copied->synchronize();
+  }
+  if (s.write.valid()) {
+    const swap::SwapTicket t = s.write;
+    s.write = {};
+    home->swapper()->wait(t);
+  }
+}
+
+void ZeroEngine::Impl::wait_publications() {
+  for (size_t k = 0; k < publish_slots.size(); ++k) wait_slot(k);
+  copy->synchronize();
+  comm_stream->synchronize();
+}
+
+// Where the new own elements of `unit` are written: straight into the parameters' home when
+// the optimizer can write there, else into staging slot `slot` (then copied or swapped out).
+std::byte* ZeroEngine::Impl::publish_target(int unit, size_t slot, bool& staged) {
+  const Placement& p = g.placement;
+  const detail::UnitGeometry& ug = g.units[unit];
+  staged = true;
+  if (p.stage < 3 && p.optimizer == Tier::kDevice) {
+    staged = false;
+    return full_params[unit].as<std::byte>() + ug.own_off * g.param_bytes;
+  }
+  if (p.stage == 3 && (p.params == Tier::kPinned || p.params == Tier::kHost ||
+                       (p.params == Tier::kDevice && p.optimizer == Tier::kDevice))) {
+    staged = false;
+    return home->resident(unit);
+  }
+  wait_slot(slot);
+  return publish_slots.at(slot).buf.data();
+}
+
+void ZeroEngine::Impl::finish_publish(int unit, size_t slot, bool staged) {
+  const Placement& p = g.placement;
+  const detail::UnitGeometry& ug = g.units[unit];
+  const size_t bytes = ug.own_len * g.param_bytes;
+  PublishSlot* s = staged ? &publish_slots.at(slot) : nullptr;
+  if (staged) {
+    if (p.stage == 3 && p.params == Tier::kNvme) {
+      s->write = home->start_write(unit, s->buf.data());
+    } else {
+      std::byte* dst = p.stage < 3 ? full_params[unit].as<std::byte>() + ug.own_off * g.param_bytes
+                                   : home->resident(unit);
+      copy->copy_h2d(dst, s->buf.data(), bytes);
+      traffic.h2d += bytes;
+      copy->record(*s->copied);
+      s->copy_pending = true;
+    }
+  }
+  if (p.stage == 1 || p.stage == 2) {
+    // Every rank holds the full slab: gather the other ranks' new partitions.
+    std::byte* full = full_params[unit].as<std::byte>();
+    std::byte* own = full + ug.own_off * g.param_bytes;
+    const size_t full_bytes = ug.padded * g.param_bytes;
+    if (staged) comm_stream->wait(*s->copied);
+    comm::Comm* c = &comm;
+    comm_stream->enqueue([c, full, own, bytes, full_bytes] {
+      c->all_gather_bytes({own, bytes}, {full, full_bytes});
+    });
+  }
+}
+
+template <typename Produce>
+void ZeroEngine::Impl::publish(int unit, size_t slot, Produce&& produce) {
+  bool staged = false;
+  std::byte* out = publish_target(unit, slot, staged);
+  produce(out);
+  finish_publish(unit, slot, staged);
+}
+
+void ZeroEngine::Impl::initialise(uint64_t seed) {
+  const model::ModelLayout& layout = model.layout();
+  const DType dt = g.placement.param_dtype;
+  float* master = scratch.as<float>().data();
+  for (size_t u = 0; u < g.units.size(); ++u) {
+    const detail::UnitGeometry& ug = g.units[u];
+    const int unit = static_cast<int>(u);
+    model::init_params(layout, unit, seed, ug.own_off, ug.own_off + ug.own_len, master);
+    optimizer->init(unit, {master, ug.own_len});
+    publish(unit, u % std::max<size_t>(1, publish_slots.size()),
+            [&](std::byte* out) { to_param_dtype(master, out, dt, ug.own_len); });
+    wait_publications();  // the next unit reuses `master`
+  }
+}
+
+// ---- the optimizer step ---------------------------------------------------------------------
+
+StepResult ZeroEngine::Impl::step(const StepParams& sp) {
+  if (!accumulating)
+    throw InvalidArgument(
+        "zero: step: no gradients since the last step (call forward_backward first)");
+  if (!(sp.loss_scale > 0) || !std::isfinite(sp.loss_scale))
+    throw InvalidArgument(
+        fmt::format("zero: step: loss_scale must be positive, got {}", sp.loss_scale));
+  drain_grads(0);
+  grad->synchronize();
+  comm_stream->synchronize();
+  accumulating = false;
+  const int stage = g.placement.stage;
+  const size_t U = g.units.size();
+
+  // Below stage 2 the full gradients are reduced once per step, here.
+  for (size_t u = 0; u < U && stage <= 1; ++u) {
+    float* acc = grad_accumulator(static_cast<int>(u));
+    const detail::UnitGeometry& ug = g.units[u];
+    if (stage == 0)
+      comm.all_reduce(std::span<float>(acc, ug.padded), comm::ReduceOp::kSum);
+    else
+      comm.reduce_scatter({acc, ug.padded}, {acc + ug.own_off, ug.part}, comm::ReduceOp::kSum);
+  }
+  // Global norm: per-unit sums of squares in double, in unit order, then over ranks.
+  double total = 0.0;
+  for (size_t u = 0; u < U; ++u)
+    total += cpu_adam::sum_of_squares(grad_partition(static_cast<int>(u)), DType::F32,
+                                      g.units[u].own_len, &executor);
+  if (stage != 0) comm.all_reduce(std::span<double>(&total, 1), comm::ReduceOp::kSum);
+
+  StepResult r;
+  const double world = static_cast<double>(g.world);
+  if (!std::isfinite(total) && sp.check_overflow) {
+    r.overflow = true;
+    r.grad_norm = total;
+    return r;
+  }
+  // Gradients are summed over ranks; DeepSpeed averages them: fold 1/world into the multiplier.
+  r.grad_norm = std::sqrt(total) / world / sp.loss_scale;
+  double combined = sp.loss_scale;
+  if (sp.gradient_clipping > 0) {
+    const double clip = (r.grad_norm + 1e-6) / sp.gradient_clipping;
+    if (clip > 1) combined = clip * sp.loss_scale;
+  }
+  r.grad_scale = 1.0 / (combined * world);
+
+  cpu_adam::AdamParams hp;
+  hp.lr = sp.lr;
+  hp.beta1 = sp.beta1;
+  hp.beta2 = sp.beta2;
+  hp.eps = sp.eps;
+  hp.weight_decay = sp.weight_decay;
+  hp.adamw_mode = sp.adamw_mode;
+  hp.bias_correction = sp.bias_correction;
+  hp.step = sp.step;
+  hp.grad_scale = r.grad_scale;
+  cpu_adam::validate(hp);
+
+  if (coordinator) coordinator->drop_all();
+  const DType dt = g.placement.param_dtype;
+  const size_t slots = std::max<size_t>(1, publish_slots.size());
+  const size_t concurrent = optimizer->concurrent_steps();
+  if (concurrent <= 1) {
+    for (size_t u = 0; u < U; ++u) {
+      const int unit = static_cast<int>(u);
+      publish(unit, u % slots,
+              [&](std::byte* out) { optimizer->step(unit, grad_partition(unit), hp, out, dt); });
+    }
+  } else {
+    // Units step on worker threads, `concurrent` at a time (NVMe reads of one overlap the
+    // Adam of another); publications are issued here, in unit order.
+    struct Running {
+      int unit;
+      size_t slot;
+      bool staged;
+      std::future<void> done;
+    };
+    std::deque<Running> running;
+    auto finish_front = [&] {
+      Running f = std::move(running.front());
+      running.pop_front();
+      f.done.get();
+      finish_publish(f.unit, f.slot, f.staged);
+    };
+    try {
+      for (size_t u = 0; u < U; ++u) {
+        if (running.size() >= concurrent) finish_front();
+        const int unit = static_cast<int>(u);
+        Running rn{unit, u % slots, false, {}};
+        std::byte* out = publish_target(unit, rn.slot, rn.staged);
+        float* grads = grad_partition(unit);
+        rn.done = std::async(std::launch::async, [this, unit, grads, &hp, out, dt] {
+          optimizer->step(unit, grads, hp, out, dt);
+        });
+        running.push_back(std::move(rn));
+      }
+      while (!running.empty()) finish_front();
+    } catch (...) {
+      for (Running& f : running)
+        if (f.done.valid()) f.done.wait();
+      throw;
+    }
+  }
+  wait_publications();
+  return r;
+}
+
+// ---- state access ---------------------------------------------------------------------------
+
+void ZeroEngine::Impl::get_master_weights(int unit, std::span<float> out) {
+  check_unit(unit);
+  const detail::UnitGeometry& ug = g.units[unit];
+  if (out.size() != ug.padded)
+    throw InvalidArgument(
+        fmt::format("zero: get_master_weights: unit {} has {} elements, got a "
+                    "buffer of {}",
+                    unit, ug.padded, out.size()));
+  comm_stream->synchronize();
+  std::span<float> own = out.subspan(ug.own_off, ug.own_len);
+  optimizer->read(unit, StateKind::kMaster, own);
+  if (g.placement.stage != 0) comm.all_gather(own, out);
+}
+
+void ZeroEngine::Impl::get_params(int unit, std::span<std::byte> out) {
+  check_unit(unit);
+  const detail::UnitGeometry& ug = g.units[unit];
+  const size_t full_bytes = ug.padded * g.param_bytes;
+  if (out.size() != full_bytes)
+    throw InvalidArgument(
+        fmt::format("zero: get_params: unit {} has {} bytes of parameters, got "
+                    "a buffer of {}",
+                    unit, full_bytes, out.size()));
+  wait_publications();
+  if (g.placement.stage < 3) {
+    copy->copy_d2h(out.data(), full_params[unit].data(), full_bytes);
+    copy->synchronize();
+    traffic.d2h += full_bytes;
+    return;
+  }
+  const size_t part_bytes = ug.part * g.param_bytes;
+  std::span<std::byte> own = out.subspan(static_cast<size_t>(g.rank) * part_bytes, part_bytes);
+  switch (home->tier()) {
+    case Tier::kDevice:
+      copy->copy_d2h(own.data(), home->resident(unit), part_bytes);
+      copy->synchronize();
+      traffic.d2h += part_bytes;
+      break;
+    case Tier::kPinned:
+    case Tier::kHost:
+      std::memcpy(own.data(), home->resident(unit), part_bytes);
+      break;
+    case Tier::kNvme: {
+      PublishSlot& s = publish_slots.at(0);
+      home->swapper()->wait(home->start_read(unit, s.buf.data()));
+      std::memcpy(own.data(), s.buf.data(), part_bytes);
+      break;
+    }
+  }
+  comm.all_gather_bytes(own, out);
+}
+
+void ZeroEngine::Impl::read_state(int unit, StateKind kind, std::span<float> out) {
+  check_unit(unit);
+  optimizer->read(unit, kind, out);
+}
+
+void ZeroEngine::Impl::write_state(int unit, StateKind kind, std::span<const float> in) {
+  check_unit(unit);
+  optimizer->write(unit, kind, in);
+  if (kind != StateKind::kMaster) return;
+  if (coordinator) coordinator->drop_all();
+  const DType dt = g.placement.param_dtype;
+  publish(unit, 0, [&](std::byte* out) { to_param_dtype(in.data(), out, dt, in.size()); });
+  wait_publications();
+}
+
+}  // namespace outcore::zero

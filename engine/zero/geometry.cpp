@@ -1,0 +1,174 @@
+#include "engine/zero/geometry.hpp"
+
+#include <algorithm>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "engine/device/device.hpp"
+
+namespace outcore::zero::detail {
+
+using config::OffloadDevice;
+
+Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& model, bool warn) {
+  const config::ZeroConfig& z = cfg.zero_optimization;
+  Placement p;
+  p.stage = z.stage;
+  if (p.stage < 0 || p.stage > 3)
+    throw ConfigError("zero_optimization.stage",
+                      fmt::format("got {}; allowed: 0, 1, 2 or 3", p.stage));
+  const bool fp16 = cfg.fp16.enabled.value_or(false);
+  const bool bf16 = cfg.bf16.enabled.value_or(false);
+  const DType want = fp16 ? DType::F16 : bf16 ? DType::BF16 : DType::F32;
+  const DType have = model.options().param_dtype;
+  if (have != want)
+    throw ConfigError(fp16 ? "fp16.enabled" : "bf16.enabled",
+                      fmt::format("the config trains in {} but the model was built with {} "
+                                  "parameters",
+                                  dtype_name(want), dtype_name(have)));
+  p.param_dtype = want;
+
+  const OffloadDevice param_dev = z.offload_param.device;
+  if (p.stage < 3) {
+    p.params = Tier::kDevice;
+    if (param_dev != OffloadDevice::kNone && warn)
+      log::warn("zero_optimization.offload_param.device {} is ignored below stage 3 (stage {})",
+                config::to_string(param_dev), p.stage);
+  } else if (param_dev == OffloadDevice::kNone) {
+    p.params = Tier::kDevice;
+  } else if (param_dev == OffloadDevice::kCpu) {
+    p.params = z.offload_param.pin_memory ? Tier::kPinned : Tier::kHost;
+  } else {
+    p.params = Tier::kNvme;
+  }
+
+  const OffloadDevice opt_dev = z.offload_optimizer.device;
+  if (p.stage == 0) {
+    p.optimizer = Tier::kDevice;
+    if (opt_dev != OffloadDevice::kNone && warn)
+      log::warn(
+          "zero_optimization.offload_optimizer.device {} needs ZeRO stage 1 or higher; "
+          "ignored at stage 0",
+          config::to_string(opt_dev));
+  } else if (opt_dev == OffloadDevice::kNone) {
+    p.optimizer = Tier::kDevice;
+  } else if (opt_dev == OffloadDevice::kCpu) {
+    p.optimizer = Tier::kHost;
+  } else if (p.stage < 3) {
+    // As DeepSpeed (and engine/config, which warns): swap files need stage 3; below it the
+    // state stays in host memory as with "cpu".
+    p.optimizer = Tier::kHost;
+    p.optimizer_nvme_below_stage3 = true;
+  } else {
+    p.optimizer = Tier::kNvme;
+  }
+  p.gradients = p.optimizer == Tier::kDevice ? Tier::kDevice : Tier::kHost;
+  return p;
+}
+
+Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model, int world,
+                       int rank, bool warn) {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw InvalidArgument(fmt::format("zero: rank {} of world size {} is invalid", rank, world));
+  if (model.options().world_size != world)
+    throw InvalidArgument(fmt::format(
+        "zero: the model's layout is padded for world size {} but the world size is {} (set "
+        "ModelOptions::world_size)",
+        model.options().world_size, world));
+  Geometry g;
+  g.placement = resolve_placement(cfg, model, warn);
+  g.world = world;
+  g.rank = rank;
+  g.param_bytes = dtype_size(g.placement.param_dtype);
+  g.sub_group_size =
+      static_cast<uint64_t>(std::max<int64_t>(1, cfg.zero_optimization.sub_group_size));
+  const int stage = g.placement.stage;
+  for (const model::UnitLayout& ul : model.layout().units) {
+    UnitGeometry u;
+    u.padded = ul.padded_numel;
+    u.part = ul.partition_numel(world);
+    u.own_off = stage == 0 ? 0 : static_cast<size_t>(rank) * u.part;
+    u.own_len = stage == 0 ? u.padded : u.part;
+    u.accum_len = stage <= 1 ? u.padded : u.part;
+    g.max_own_len = std::max(g.max_own_len, u.own_len);
+    g.max_part = std::max(g.max_part, u.part);
+    g.max_padded = std::max(g.max_padded, u.padded);
+    g.units.push_back(u);
+  }
+  return g;
+}
+
+std::vector<PassStep> train_schedule(const model::LlamaModel& model) {
+  const int head = model.num_units() - 1;
+  const bool tied = model.config().tie_word_embeddings;
+  std::vector<PassStep> s;
+  for (int u = 0; u < head; ++u) s.push_back({u, false, {u}});
+  PassStep h{head, true, {head}};
+  if (tied) h.needs.push_back(0);
+  s.push_back(h);
+  for (int u = head - 1; u >= 1; --u) s.push_back({u, true, {u}});
+  s.push_back({0, true, {}});  // the embedding's backward reads no parameters
+  return s;
+}
+
+std::vector<PassStep> eval_schedule(const model::LlamaModel& model) {
+  const int head = model.num_units() - 1;
+  std::vector<PassStep> s;
+  for (int u = 0; u < head; ++u) s.push_back({u, false, {u}});
+  PassStep h{head, false, {head}};
+  if (model.config().tie_word_embeddings) h.needs.push_back(0);
+  s.push_back(h);
+  return s;
+}
+
+size_t next_use(const std::vector<PassStep>& sched, size_t i, int unit) {
+  for (size_t j = i + 1; j < sched.size(); ++j)
+    if (std::find(sched[j].needs.begin(), sched[j].needs.end(), unit) != sched[j].needs.end())
+      return j;
+  return sched.size();
+}
+
+bool keep_for_reuse(const std::vector<PassStep>& sched, const Geometry& g, size_t i, int unit,
+                    uint64_t max_reuse_distance) {
+  const size_t j = next_use(sched, i, unit);
+  if (j == sched.size()) return false;
+  uint64_t distance = 0;
+  for (size_t k = i + 1; k < j; ++k)
+    for (int v : sched[k].needs)
+      if (v != unit) distance += g.units[v].padded;
+  return distance < max_reuse_distance;
+}
+
+std::vector<bool> persistent_units(const config::Config& cfg, const Geometry& g) {
+  const config::ZeroConfig& z = cfg.zero_optimization;
+  const int64_t threshold = z.stage3_param_persistence_threshold.value_or(100'000);
+  const int64_t cap = z.stage3_model_persistence_threshold;
+  std::vector<bool> out(g.units.size(), false);
+  int64_t total = 0;
+  for (size_t u = 0; u < g.units.size(); ++u) {
+    const int64_t n = static_cast<int64_t>(g.units[u].padded);
+    if (n <= threshold && total + n <= cap) {
+      out[u] = true;
+      total += n;
+    }
+  }
+  return out;
+}
+
+uint64_t grad_slab_peak_bytes(const model::LlamaModel& model, const Geometry& g) {
+  using device::charged_bytes;
+  const int head = model.num_units() - 1;
+  const bool tied = model.config().tie_word_embeddings;
+  auto slab = [&](int u) { return charged_bytes(g.units[u].padded * sizeof(float)); };
+  std::vector<int> order;
+  for (int u = head; u >= (tied ? 1 : 0); --u) order.push_back(u);
+  uint64_t peak = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    uint64_t alive = slab(order[k]);
+    for (size_t d = 1; d <= kGradSlabsInFlight && d <= k; ++d) alive += slab(order[k - d]);
+    peak = std::max(peak, alive);
+  }
+  return peak + (tied ? slab(0) : 0);
+}
+
+}  // namespace outcore::zero::detail

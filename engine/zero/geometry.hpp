@@ -1,0 +1,77 @@
+// Internal to engine/zero: the sizes and the unit schedule that the planner and the engine
+// share, so that the plan's byte counts are exactly what the engine allocates.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/config/config.hpp"
+#include "engine/model/model.hpp"
+#include "engine/zero/plan.hpp"
+
+namespace outcore::zero::detail {
+
+// One unit's slab and what this rank owns of it.
+struct UnitGeometry {
+  size_t padded = 0;     // elements of the full slab
+  size_t part = 0;       // elements of one rank's partition (padded / world)
+  size_t own_off = 0;    // first element this rank owns (stage 0: 0)
+  size_t own_len = 0;    // elements this rank owns (stage 0: the whole slab)
+  size_t accum_len = 0;  // elements of its fp32 gradient accumulator (full below stage 2)
+};
+
+struct Geometry {
+  Placement placement;
+  int world = 1;
+  int rank = 0;
+  size_t param_bytes = 4;  // bytes per low-precision parameter element
+  std::vector<UnitGeometry> units;
+  size_t max_own_len = 0;
+  size_t max_part = 0;
+  size_t max_padded = 0;
+  uint64_t sub_group_size = 0;  // optimizer sub-group elements (zero sub_group_size)
+};
+
+// Resolves the placement (stage, tiers) from the config and the model. Throws ConfigError for
+// an inconsistent precision, logs the DeepSpeed-compatible warnings (offload_param below
+// stage 3 ignored; nvme optimizer below stage 3).
+Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& model, bool warn);
+
+Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model, int world,
+                       int rank, bool warn);
+
+// One step of a pass over the units: the unit that computes, and every unit whose parameters
+// it needs resident on the device (empty for the embedding's backward, which needs none).
+struct PassStep {
+  int unit = 0;
+  bool backward = false;
+  std::vector<int> needs;
+};
+
+// Training: forward 0..L (the head's forward is fused into its backward), backward L+1..0.
+std::vector<PassStep> train_schedule(const model::LlamaModel& model);
+// Evaluation: forward 0..L+1.
+std::vector<PassStep> eval_schedule(const model::LlamaModel& model);
+
+// Stage-3 release policy after step `i` of `sched` for `unit` (which step i needs): true when
+// the unit should stay gathered because its next use comes before `max_reuse_distance`
+// elements of other units' parameters are needed (DeepSpeed's max_reuse_distance).
+bool keep_for_reuse(const std::vector<PassStep>& sched, const Geometry& g, size_t i, int unit,
+                    uint64_t max_reuse_distance);
+
+// The first step after `i` that needs `unit`, or sched.size().
+size_t next_use(const std::vector<PassStep>& sched, size_t i, int unit);
+
+// Units whose slabs stay gathered once fetched (stage3_param_persistence_threshold, capped in
+// total by stage3_model_persistence_threshold), in unit order.
+std::vector<bool> persistent_units(const config::Config& cfg, const Geometry& g);
+
+// Device gradient slabs: the most charged bytes alive at once during backward (two
+// consecutive units' slabs, plus the embedding's from the head to its own backward when tied).
+uint64_t grad_slab_peak_bytes(const model::LlamaModel& model, const Geometry& g);
+
+// Gradient slabs in flight beyond the one being computed.
+inline constexpr size_t kGradSlabsInFlight = 1;
+
+}  // namespace outcore::zero::detail

@@ -1,0 +1,139 @@
+#include "engine/zero/optimizer_store.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <vector>
+
+#include "common/aligned_buffer.hpp"
+#include "common/error.hpp"
+
+namespace outcore::zero::detail {
+namespace {
+
+void check_len(const char* what, int unit, size_t have, size_t want) {
+  if (have != want)
+    throw InvalidArgument(fmt::format("zero: {} of unit {}: got {} elements, the partition has {}",
+                                      what, unit, have, want));
+}
+
+class MemoryOptimizerStore final : public OptimizerStore {
+ public:
+  MemoryOptimizerStore(const Geometry& g, device::Device* device, const cpu_adam::Executor& ex)
+      : g_(g), ex_(ex) {
+    for (size_t u = 0; u < g.units.size(); ++u) {
+      const size_t bytes = 3 * g.units[u].own_len * sizeof(float);
+      if (device != nullptr) {
+        dev_.push_back(device->alloc(bytes, fmt::format("optimizer state of unit {}", u)));
+        std::memset(dev_.back().data(), 0, bytes);
+      } else {
+        host_.emplace_back(bytes);  // zeroed
+      }
+    }
+  }
+
+  void init(int unit, std::span<const float> master) override {
+    check_len("initial master weights", unit, master.size(), n(unit));
+    std::memcpy(part(unit, StateKind::kMaster), master.data(), master.size_bytes());
+    std::memset(part(unit, StateKind::kExpAvg), 0, 2 * n(unit) * sizeof(float));
+  }
+
+  void step(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
+            DType out_dtype) override {
+    float* p = part(unit, StateKind::kMaster);
+    cpu_adam::ParamsOut po;
+    if (out != nullptr && out_dtype != DType::F32) po = {out, out_dtype};
+    cpu_adam::adam_step(hp, n(unit), p, {grads, DType::F32}, part(unit, StateKind::kExpAvg),
+                        part(unit, StateKind::kExpAvgSq), po, &ex_);
+    if (out != nullptr && out_dtype == DType::F32) std::memcpy(out, p, n(unit) * sizeof(float));
+  }
+
+  void read(int unit, StateKind kind, std::span<float> out) override {
+    check_len("state read", unit, out.size(), n(unit));
+    std::memcpy(out.data(), part(unit, kind), out.size_bytes());
+  }
+
+  void write(int unit, StateKind kind, std::span<const float> in) override {
+    check_len("state write", unit, in.size(), n(unit));
+    std::memcpy(part(unit, kind), in.data(), in.size_bytes());
+  }
+
+  size_t concurrent_steps() const override { return 1; }
+
+ private:
+  size_t n(int unit) const { return g_.units.at(unit).own_len; }
+  float* part(int unit, StateKind kind) {
+    float* base = dev_.empty() ? host_.at(unit).as<float>().data() : dev_.at(unit).as<float>();
+    return base + static_cast<size_t>(kind) * n(unit);
+  }
+
+  const Geometry& g_;
+  const cpu_adam::Executor& ex_;
+  std::vector<device::DeviceBuffer> dev_;
+  std::vector<AlignedBuffer> host_;
+};
+
+class NvmeOptimizerStore final : public OptimizerStore {
+ public:
+  NvmeOptimizerStore(const Geometry& g, swap::Swapper& swapper, swap::PinnedPool& pool,
+                     const swap::OptimizerSwapperOptions& options, size_t concurrent,
+                     const cpu_adam::Executor& ex)
+      : g_(g), swapper_(swapper, pool, options, &ex), concurrent_(concurrent) {}
+
+  void init(int unit, std::span<const float> master) override {
+    check_len("initial master weights", unit, master.size(), n(unit));
+    swapper_.init_state(static_cast<uint32_t>(unit), master);
+  }
+
+  void step(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
+            DType out_dtype) override {
+    swapper_.step(static_cast<uint32_t>(unit), {grads, n(unit)}, hp, {out, out_dtype});
+  }
+
+  void read(int unit, StateKind kind, std::span<float> out) override {
+    check_len("state read", unit, out.size(), n(unit));
+    if (kind == StateKind::kMaster) return swapper_.read_master(static_cast<uint32_t>(unit), out);
+    std::vector<float> a(n(unit)), b(n(unit));
+    if (kind == StateKind::kExpAvg)
+      swapper_.read_state(static_cast<uint32_t>(unit), a, out, b);
+    else
+      swapper_.read_state(static_cast<uint32_t>(unit), a, b, out);
+  }
+
+  void write(int unit, StateKind kind, std::span<const float> in) override {
+    check_len("state write", unit, in.size(), n(unit));
+    const uint32_t u = static_cast<uint32_t>(unit);
+    std::vector<float> s[3];
+    for (auto& v : s) v.resize(n(unit));
+    swapper_.read_state(u, s[0], s[1], s[2]);
+    std::memcpy(s[static_cast<int>(kind)].data(), in.data(), in.size_bytes());
+    swapper_.load_state(u, s[0], s[1], s[2], swapper_.steps_done(u));
+  }
+
+  size_t concurrent_steps() const override { return concurrent_; }
+
+ private:
+  size_t n(int unit) const { return g_.units.at(unit).own_len; }
+
+  const Geometry& g_;
+  swap::OptimizerSwapper swapper_;
+  size_t concurrent_;
+};
+
+}  // namespace
+
+std::unique_ptr<OptimizerStore> make_memory_store(const Geometry& g, device::Device* device,
+                                                  const cpu_adam::Executor& ex) {
+  return std::make_unique<MemoryOptimizerStore>(g, device, ex);
+}
+
+std::unique_ptr<OptimizerStore> make_nvme_store(const Geometry& g, swap::Swapper& swapper,
+                                                swap::PinnedPool& pool,
+                                                const swap::OptimizerSwapperOptions& options,
+                                                size_t concurrent_steps,
+                                                const cpu_adam::Executor& ex) {
+  return std::make_unique<NvmeOptimizerStore>(g, swapper, pool, options,
+                                              std::max<size_t>(1, concurrent_steps), ex);
+}
+
+}  // namespace outcore::zero::detail

@@ -1,0 +1,51 @@
+// Internal to engine/zero: where each unit's fp32 optimizer state lives (master weights and
+// Adam moments of the elements this rank owns) and the Adam step over it.
+//
+//   MemoryOptimizerStore  one [master | exp_avg | exp_avg_sq] array per unit, in device
+//                         memory (stage 0, offload none) or host memory (offload cpu)
+//   NvmeOptimizerStore    swap::OptimizerSwapper over the unit's optimizer swap file
+//
+// Both run the same cpu_adam kernel over the same element ranges, so their results are
+// bit-identical. Steps of different units may run concurrently on an NVMe store
+// (concurrent_steps() > 1); other calls are made by one thread at a time.
+#pragma once
+
+#include <memory>
+#include <span>
+
+#include "common/dtype.hpp"
+#include "cpu_adam/cpu_adam.hpp"
+#include "engine/device/device.hpp"
+#include "engine/zero/geometry.hpp"
+#include "engine/zero/zero.hpp"
+#include "swap/swap.hpp"
+
+namespace outcore::zero::detail {
+
+class OptimizerStore {
+ public:
+  virtual ~OptimizerStore() = default;
+  // master: own_len elements; moments start at zero.
+  virtual void init(int unit, std::span<const float> master) = 0;
+  // One Adam step over the unit's own elements with fp32 gradients `grads` (own_len).
+  // `out` (nullable) receives own_len elements of `out_dtype`: rounded copies of the new
+  // master weights (F32: the master weights themselves).
+  virtual void step(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
+                    DType out_dtype) = 0;
+  virtual void read(int unit, StateKind kind, std::span<float> out) = 0;
+  virtual void write(int unit, StateKind kind, std::span<const float> in) = 0;
+  // How many unit steps may usefully run at once.
+  virtual size_t concurrent_steps() const = 0;
+};
+
+// `device` non-null: arrays in device memory (charged to its budget); null: host memory.
+std::unique_ptr<OptimizerStore> make_memory_store(const Geometry& g, device::Device* device,
+                                                  const cpu_adam::Executor& ex);
+
+std::unique_ptr<OptimizerStore> make_nvme_store(const Geometry& g, swap::Swapper& swapper,
+                                                swap::PinnedPool& pool,
+                                                const swap::OptimizerSwapperOptions& options,
+                                                size_t concurrent_steps,
+                                                const cpu_adam::Executor& ex);
+
+}  // namespace outcore::zero::detail

@@ -1,0 +1,125 @@
+// Internal to engine/zero: stage 3's parameter partitions (ParamHome) and the coordinator that
+// gathers whole unit slabs onto the device ahead of use and releases them after (DeepSpeed's
+// PartitionedParameterCoordinator, without tracing: the pass schedule is known).
+//
+// A fetch of unit u:  [nvme: swap_in partition -> pinned fetch buffer]  (aio threads)
+//                     partition -> own shard of a new device slab       (copy stream)
+//                     Comm::all_gather in place on the slab             (comm stream)
+// All decisions (what to fetch, prefetch, keep, release) are taken on the driving thread
+// from bookkeeping alone, never from timing, so every rank issues the same collectives in
+// the same order.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/aligned_buffer.hpp"
+#include "engine/comm/comm.hpp"
+#include "engine/device/device.hpp"
+#include "engine/zero/geometry.hpp"
+#include "swap/swap.hpp"
+
+namespace outcore::zero::detail {
+
+struct TrafficCounters {
+  std::atomic<uint64_t> h2d{0};
+  std::atomic<uint64_t> d2h{0};
+};
+
+// Where the low-precision partition of every unit lives between uses (stage 3).
+class ParamHome {
+ public:
+  // tier kDevice: device buffers; kPinned: pool leases; kHost: host buffers; kNvme: the
+  // swapper's kParam files (swapper must be non-null).
+  ParamHome(Tier tier, const Geometry& g, device::Device& device, swap::PinnedPool* pool,
+            swap::Swapper* swapper);
+  Tier tier() const { return tier_; }
+  size_t bytes(int unit) const;  // partition bytes
+  // The partition's memory (device or host) for kDevice / kPinned / kHost; nullptr for kNvme.
+  std::byte* resident(int unit);
+  // kNvme: start reading / writing the partition; `buf` is a 4 KiB-aligned buffer of at
+  // least align_up(bytes(unit), 4096) bytes.
+  swap::SwapTicket start_read(int unit, std::byte* buf);
+  swap::SwapTicket start_write(int unit, const std::byte* buf);
+  swap::Swapper* swapper() const { return swapper_; }
+
+ private:
+  Tier tier_;
+  const Geometry& g_;
+  swap::Swapper* swapper_ = nullptr;
+  std::vector<device::DeviceBuffer> device_;
+  std::vector<swap::PinnedBuffer> pinned_;
+  std::vector<AlignedBuffer> host_;
+  std::vector<swap::TensorId> ids_;
+};
+
+struct CoordinatorOptions {
+  uint64_t budget_bytes = 0;           // device bytes (charged) for gathered slabs
+  uint64_t max_live_numel = 0;         // stage3_max_live_parameters
+  uint64_t prefetch_bucket_numel = 0;  // stage3_prefetch_bucket_size (0: no prefetch)
+  uint64_t max_reuse_distance = 0;     // stage3_max_reuse_distance
+  std::vector<bool> persistent;        // per unit (stage3_param_persistence_threshold)
+};
+
+class ParamCoordinator {
+ public:
+  // fetch_buffers: pinned staging for NVMe reads (may be empty for other homes).
+  ParamCoordinator(const Geometry& g, ParamHome& home, device::Device& device, device::Stream& copy,
+                   device::Stream& comm_stream, comm::Comm& comm,
+                   std::vector<swap::PinnedBuffer> fetch_buffers, TrafficCounters& traffic,
+                   CoordinatorOptions options);
+  ~ParamCoordinator();
+
+  // Starts a pass over `sched` (which must outlive the pass).
+  void begin(const std::vector<PassStep>* sched);
+  // Makes every unit step `i` needs resident and gathered (fetching what is missing, then
+  // prefetching ahead), and waits for them. Rethrows a failed fetch's error.
+  void acquire(size_t i);
+  // The gathered slab of a unit acquired for the current step.
+  const void* slab(int unit) const;
+  // After step i computed: releases its units unless persistent or kept for reuse.
+  void release(size_t i);
+  // Ends the pass: waits for stray prefetches and releases every non-persistent slab.
+  void end();
+  // Releases everything (the partitions changed). Waits for fetches in flight.
+  void drop_all();
+
+  uint64_t live_bytes() const { return live_bytes_; }
+
+ private:
+  enum class State : uint8_t { kAbsent, kFetching, kReady };
+  struct Slot {
+    State state = State::kAbsent;
+    bool kept = false;  // released but kept for reuse: evictable
+    device::DeviceBuffer buf;
+    std::unique_ptr<device::Event> copied, ready;
+    int fetch_buffer = -1;
+  };
+
+  void fetch(int unit);
+  void prefetch(size_t i);
+  void wait_ready(int unit);
+  void free_slab(int unit);
+  bool evict_one(size_t i);
+  bool needed_by(size_t i, int unit) const;
+  uint64_t slab_bytes(int unit) const;
+
+  const Geometry& g_;
+  ParamHome& home_;
+  device::Device& device_;
+  device::Stream& copy_;
+  device::Stream& comm_stream_;
+  comm::Comm& comm_;
+  std::vector<swap::PinnedBuffer> fetch_buffers_;
+  std::vector<int> free_fetch_buffers_;
+  TrafficCounters& traffic_;
+  CoordinatorOptions options_;
+  const std::vector<PassStep>* sched_ = nullptr;
+  std::vector<Slot> slots_;
+  uint64_t live_bytes_ = 0;
+  uint64_t live_numel_ = 0;
+};
+
+}  // namespace outcore::zero::detail

@@ -1,0 +1,328 @@
+// The placement planner: the bytes each tier holds at its peak, computed from the same
+// geometry the engine allocates from.
+#include "engine/zero/plan.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/aligned_buffer.hpp"
+#include "common/error.hpp"
+#include "engine/device/device.hpp"
+#include "engine/zero/geometry.hpp"
+#include "engine/zero/plan_internal.hpp"
+#include "swap/swap.hpp"
+
+namespace outcore::zero {
+
+using device::charged_bytes;
+
+std::string_view tier_name(Tier t) {
+  switch (t) {
+    case Tier::kDevice:
+      return "device";
+    case Tier::kPinned:
+      return "pinned";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+uint64_t& TierBytes::operator[](Tier t) {
+  switch (t) {
+    case Tier::kDevice:
+      return device;
+    case Tier::kPinned:
+      return pinned;
+    case Tier::kHost:
+      return host;
+    case Tier::kNvme:
+      break;
+  }
+  return nvme;
+}
+
+uint64_t TierBytes::operator[](Tier t) const { return const_cast<TierBytes&>(*this)[t]; }
+
+namespace detail {
+
+std::vector<swap::SwapFileSpec> param_swap_files(const Geometry& g) {
+  std::vector<swap::SwapFileSpec> files;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    files.push_back({.unit = static_cast<uint32_t>(u),
+                     .kind = swap::SwapKind::kParam,
+                     .tensors = {{"p", g.units[u].part * g.param_bytes}}});
+  return files;
+}
+
+std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g) {
+  std::vector<swap::SwapFileSpec> files;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    files.push_back(
+        swap::optimizer_file_spec(static_cast<uint32_t>(u), g.units[u].own_len, g.sub_group_size));
+  return files;
+}
+
+// The largest lease one OptimizerSwapper step takes: min(buffer_count, sub-groups) buffers of
+// the unit's largest sub-group's three 4 KiB-aligned parts.
+uint64_t optimizer_lease_bytes(const Geometry& g, unsigned buffer_count) {
+  uint64_t most = 0;
+  for (const UnitGeometry& u : g.units) {
+    const uint64_t sg = std::min<uint64_t>(g.sub_group_size, u.own_len);
+    const uint64_t groups = (u.own_len + g.sub_group_size - 1) / g.sub_group_size;
+    const uint64_t buffers = std::min<uint64_t>(buffer_count, groups);
+    most = std::max(most, buffers * 3 * align_up(sg * sizeof(float), kIoAlignment));
+  }
+  return most;
+}
+
+PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, bool reduced) {
+  const Placement& p = g.placement;
+  PinnedLayout l;
+  if (p.params == Tier::kPinned)
+    for (const UnitGeometry& u : g.units)
+      l.param_partitions += align_up(u.part * g.param_bytes, kIoAlignment);
+  if (p.params == Tier::kNvme) {
+    l.fetch_slots = reduced ? 1
+                            : static_cast<size_t>(std::max<int64_t>(
+                                  1, cfg.zero_optimization.offload_param.buffer_count));
+    l.fetch_slot_bytes = align_up(g.max_part * g.param_bytes, kIoAlignment);
+  }
+  const bool staged_writeback =
+      p.params == Tier::kNvme || (p.params == Tier::kDevice && p.optimizer != Tier::kDevice);
+  const size_t concurrent = p.optimizer == Tier::kNvme && !reduced ? 2 : 1;
+  if (staged_writeback) {
+    l.writeback_slots = concurrent + 1;  // one per unit step in flight, one being written
+    l.writeback_slot_bytes = align_up(g.max_own_len * g.param_bytes, kIoAlignment);
+  }
+  if (p.optimizer == Tier::kNvme) {
+    l.optimizer_buffer_count = static_cast<unsigned>(
+        std::max<int64_t>(1, cfg.zero_optimization.offload_optimizer.buffer_count));
+    l.concurrent_steps = concurrent;
+    l.optimizer_lease_bytes = optimizer_lease_bytes(g, l.optimizer_buffer_count);
+  }
+  return l;
+}
+
+uint64_t PinnedLayout::total() const {
+  return param_partitions + fetch_slots * fetch_slot_bytes +
+         writeback_slots * writeback_slot_bytes + concurrent_steps * optimizer_lease_bytes;
+}
+
+PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g) {
+  const uint64_t limit = cfg.outcore.pinned_memory_mb << 20;
+  PinnedLayout full = pinned_layout(cfg, g, false);
+  if (limit > 0 && full.total() > limit) return pinned_layout(cfg, g, true);
+  return full;
+}
+
+uint64_t live_param_min_bytes(const model::LlamaModel& model, const Geometry& g,
+                              const std::vector<bool>& persistent) {
+  auto slab = [&](int u) { return charged_bytes(g.units[u].padded * g.param_bytes); };
+  uint64_t persistent_bytes = 0;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    if (persistent[u]) persistent_bytes += slab(static_cast<int>(u));
+  uint64_t need = 0;
+  for (const auto& sched : {train_schedule(model), eval_schedule(model)})
+    for (const PassStep& s : sched) {
+      uint64_t b = persistent_bytes;
+      for (int u : s.needs)
+        if (!persistent[u]) b += slab(u);
+      need = std::max(need, b);
+    }
+  return need;
+}
+
+// Fetches of each unit in one training pass under the release policy (ignoring the budget,
+// which can only add refetches of units kept for reuse).
+std::vector<uint64_t> fetches_per_pass(const model::LlamaModel& model, const Geometry& g,
+                                       const std::vector<bool>& persistent,
+                                       uint64_t max_reuse_distance) {
+  const std::vector<PassStep> sched = train_schedule(model);
+  std::vector<uint64_t> fetches(g.units.size(), 0);
+  std::vector<bool> resident(g.units.size(), false);
+  for (size_t i = 0; i < sched.size(); ++i) {
+    for (int u : sched[i].needs)
+      if (!resident[u]) {
+        resident[u] = true;
+        ++fetches[u];
+      }
+    for (int u : sched[i].needs)
+      if (!persistent[u] && !keep_for_reuse(sched, g, i, u, max_reuse_distance))
+        resident[u] = false;
+  }
+  return fetches;
+}
+
+}  // namespace detail
+
+namespace {
+
+void add(Plan& plan, Tier tier, std::string what, uint64_t bytes) {
+  if (bytes == 0) return;
+  plan.items.push_back({tier, std::move(what), bytes});
+  plan.peak[tier] += bytes;
+}
+
+void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
+                  const detail::Geometry& g, Plan& plan) {
+  const Placement& p = g.placement;
+  const uint64_t m = static_cast<uint64_t>(plan.micro_batches_per_step);
+  TrafficBytes& t = plan.per_step;
+  if (p.stage == 3) {
+    const auto persistent = detail::persistent_units(cfg, g);
+    const auto fetches =
+        detail::fetches_per_pass(model, g, persistent,
+                                 static_cast<uint64_t>(std::max<int64_t>(
+                                     0, cfg.zero_optimization.stage3_max_reuse_distance)));
+    for (size_t u = 0; u < g.units.size(); ++u) {
+      const uint64_t n = persistent[u] ? 1 : fetches[u] * m;
+      const uint64_t bytes = n * g.units[u].part * g.param_bytes;
+      if (p.params == Tier::kNvme) t.nvme_read += bytes;
+      if (p.params != Tier::kDevice) t.h2d += bytes;
+    }
+  }
+  for (const detail::UnitGeometry& u : g.units) {
+    const uint64_t chunk = (p.stage >= 2 ? u.part : u.accum_len) * sizeof(float);
+    if (p.gradients != Tier::kDevice) t.d2h += m * chunk;
+    if (p.optimizer == Tier::kNvme) {
+      t.nvme_read += 3 * u.own_len * sizeof(float);
+      t.nvme_write += 3 * u.own_len * sizeof(float);
+    }
+    const uint64_t lowp = u.own_len * g.param_bytes;
+    if (p.params == Tier::kNvme) t.nvme_write += lowp;
+    if (p.params == Tier::kDevice && p.optimizer != Tier::kDevice) t.h2d += lowp;
+  }
+}
+
+}  // namespace
+
+Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
+               const PlanOptions& options) {
+  const detail::Geometry g = detail::make_geometry(cfg, model, options.world_size, 0, false);
+  const Placement& p = g.placement;
+  Plan plan;
+  plan.placement = p;
+  plan.world_size = g.world;
+  plan.micro_batches_per_step = cfg.gradient_accumulation_steps.value_or(1);
+  plan.tokens_per_micro_batch = model.tokens();
+  plan.num_parameters = model.config().num_parameters();
+  for (const detail::UnitGeometry& u : g.units) plan.padded_elems += u.padded;
+  const std::string pd(dtype_name(p.param_dtype));
+
+  // ---- device
+  const bool cpu_ckpt = cfg.activation_checkpointing.cpu_checkpointing;
+  const model::ActivationPlan acts = model::plan_activations(model, cpu_ckpt);
+  add(plan, Tier::kDevice,
+      model.options().activation_checkpointing
+          ? "activations (checkpointed unit inputs, scratch)"
+          : "activations (unit inputs, saved internals, scratch)",
+      acts.device_bytes);
+  uint64_t fixed_device = acts.device_bytes;
+  auto sum_units = [&](auto bytes_of) {
+    uint64_t s = 0;
+    for (const detail::UnitGeometry& u : g.units) s += bytes_of(u);
+    return s;
+  };
+  if (p.stage < 3) {
+    const uint64_t b =
+        sum_units([&](const auto& u) { return charged_bytes(u.padded * g.param_bytes); });
+    add(plan, Tier::kDevice, pd + " parameters, full slabs of every unit", b);
+    fixed_device += b;
+  } else if (p.params == Tier::kDevice) {
+    const uint64_t b =
+        sum_units([&](const auto& u) { return charged_bytes(u.part * g.param_bytes); });
+    add(plan, Tier::kDevice, pd + " parameter partitions (offload_param none)", b);
+    fixed_device += b;
+  }
+  const uint64_t grad_slabs = detail::grad_slab_peak_bytes(model, g);
+  add(plan, Tier::kDevice, "fp32 gradient slabs of the units in backward", grad_slabs);
+  fixed_device += grad_slabs;
+  plan.device_grad_bytes = grad_slabs;
+  if (p.optimizer == Tier::kDevice) {
+    const uint64_t b =
+        sum_units([&](const auto& u) { return charged_bytes(3 * u.own_len * sizeof(float)); });
+    add(plan, Tier::kDevice, "fp32 master weights + Adam moments", b);
+    fixed_device += b;
+  }
+  if (p.gradients == Tier::kDevice) {
+    const uint64_t b =
+        sum_units([&](const auto& u) { return charged_bytes(u.accum_len * sizeof(float)); });
+    add(plan, Tier::kDevice, "fp32 gradient accumulators", b);
+    fixed_device += b;
+  }
+  if (p.stage == 3) {
+    const auto persistent = detail::persistent_units(cfg, g);
+    const uint64_t min_live = detail::live_param_min_bytes(model, g, persistent);
+    const uint64_t all =
+        sum_units([&](const auto& u) { return charged_bytes(u.padded * g.param_bytes); });
+    uint64_t budget = all;
+    const uint64_t limit = cfg.outcore.device_memory_mb << 20;
+    if (limit > 0) budget = limit > fixed_device ? limit - fixed_device : 0;
+    const uint64_t max_live = static_cast<uint64_t>(
+        std::max<int64_t>(0, cfg.zero_optimization.stage3_max_live_parameters));
+    const uint64_t live_cap = max_live * g.param_bytes + g.units.size() * device::kAllocGranularity;
+    budget = std::min({budget, all, live_cap});
+    budget = std::max(budget, min_live);
+    plan.device_live_param_bytes = budget;
+    add(plan, Tier::kDevice, pd + " gathered parameter slabs (stage 3 coordinator)", budget);
+  }
+
+  // ---- pinned
+  const uint64_t pinned_limit = cfg.outcore.pinned_memory_mb << 20;
+  const detail::PinnedLayout pl = detail::effective_pinned_layout(cfg, g);
+  add(plan, Tier::kPinned, pd + " parameter partitions (offload_param cpu, pinned)",
+      pl.param_partitions);
+  add(plan, Tier::kPinned,
+      fmt::format("parameter fetch buffers ({} x {} B)", pl.fetch_slots, pl.fetch_slot_bytes),
+      pl.fetch_slots * pl.fetch_slot_bytes);
+  add(plan, Tier::kPinned,
+      fmt::format("parameter write-back buffers ({} x {} B)", pl.writeback_slots,
+                  pl.writeback_slot_bytes),
+      pl.writeback_slots * pl.writeback_slot_bytes);
+  add(plan, Tier::kPinned,
+      fmt::format("optimizer swap buffers ({} unit steps x {} sub-group buffers)",
+                  pl.concurrent_steps, pl.optimizer_buffer_count),
+      pl.concurrent_steps * pl.optimizer_lease_bytes);
+  plan.pinned_pool_bytes =
+      pinned_limit > 0 ? pinned_limit : std::max<uint64_t>(pl.total(), kIoAlignment);
+
+  // ---- host
+  if (p.optimizer == Tier::kHost)
+    add(plan, Tier::kHost, "fp32 master weights + Adam moments (offload_optimizer cpu)",
+        sum_units(
+            [&](const auto& u) { return align_up(3 * u.own_len * sizeof(float), kIoAlignment); }));
+  if (p.gradients == Tier::kHost)
+    add(plan, Tier::kHost, "fp32 gradient accumulators", sum_units([&](const auto& u) {
+          return align_up(u.accum_len * sizeof(float), kIoAlignment);
+        }));
+  if (p.params == Tier::kHost)
+    add(plan, Tier::kHost, pd + " parameter partitions (offload_param cpu, not pinned)",
+        sum_units([&](const auto& u) { return align_up(u.part * g.param_bytes, kIoAlignment); }));
+  add(plan, Tier::kHost, "activation checkpoints (cpu_checkpointing)", acts.host_bytes);
+  add(plan, Tier::kHost, "fp32 scratch for initialisation and state access",
+      align_up(g.max_own_len * sizeof(float), kIoAlignment));
+
+  // ---- nvme
+  if (p.params == Tier::kNvme) {
+    plan.param_nvme_path = cfg.zero_optimization.offload_param.nvme_path;
+    plan.param_nvme_bytes = swap::SwapSpace::bytes_needed(detail::param_swap_files(g));
+    add(plan, Tier::kNvme, pd + " parameter partitions (swap files)", plan.param_nvme_bytes);
+  }
+  if (p.optimizer == Tier::kNvme) {
+    plan.optimizer_nvme_path = cfg.zero_optimization.offload_optimizer.nvme_path;
+    plan.optimizer_nvme_bytes = swap::SwapSpace::bytes_needed(detail::optimizer_swap_files(g));
+    add(plan, Tier::kNvme, "fp32 master weights + Adam moments (swap files)",
+        plan.optimizer_nvme_bytes);
+  }
+
+  std::stable_sort(plan.items.begin(), plan.items.end(),
+                   [](const PlanItem& a, const PlanItem& b) { return a.tier < b.tier; });
+  plan_traffic(cfg, model, g, plan);
+  return plan;
+}
+
+}  // namespace outcore::zero

@@ -1,0 +1,172 @@
+// The plan against the machine: limits from the config and the system, the fit check and the
+// table `outcore estimate` prints.
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "common/error.hpp"
+#include "engine/zero/plan.hpp"
+
+namespace outcore::zero {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The directory itself, or its nearest existing ancestor (swap directories are made at start).
+fs::path existing_ancestor(const fs::path& dir) {
+  fs::path p = fs::absolute(dir);
+  std::error_code ec;
+  while (!fs::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
+  return p;
+}
+
+struct FsInfo {
+  uint64_t free_bytes = 0;
+  dev_t device = 0;
+};
+
+FsInfo fs_info(const std::string& dir) {
+  const fs::path p = existing_ancestor(dir);
+  struct statvfs sv {};
+  if (::statvfs(p.c_str(), &sv) != 0) throw IoError(p.string(), errno, "statvfs");
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) throw IoError(p.string(), errno, "stat");
+  return {static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize, st.st_dev};
+}
+
+uint64_t mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+[[noreturn]] void refuse(std::string_view tier, uint64_t need, std::string_view what,
+                         uint64_t limit, std::string_view by) {
+  throw OutOfMemory(
+      fmt::format("{}: {} needs {} ({} bytes) at its peak but {} allows {} ({} bytes)", tier, what,
+                  format_bytes(need), need, by, format_bytes(limit), limit));
+}
+
+}  // namespace
+
+std::string format_bytes(uint64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
+  if (bytes >= (1ull << 20)) return fmt::format("{:.1f} MiB", b / double(1ull << 20));
+  if (bytes >= (1ull << 10)) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+PlanLimits system_limits(const config::Config& cfg, const Plan& plan) {
+  PlanLimits l;
+  l.device = cfg.outcore.device_memory_mb << 20;
+  l.pinned = cfg.outcore.pinned_memory_mb << 20;
+  l.host = mem_available();
+  std::optional<FsInfo> pi, oi;
+  if (!plan.param_nvme_path.empty()) {
+    pi = fs_info(plan.param_nvme_path);
+    l.param_nvme = pi->free_bytes;
+  }
+  if (!plan.optimizer_nvme_path.empty()) {
+    oi = fs_info(plan.optimizer_nvme_path);
+    l.optimizer_nvme = oi->free_bytes;
+  }
+  l.nvme_same_filesystem = pi && oi && pi->device == oi->device;
+  return l;
+}
+
+void check_fits(const Plan& plan, const PlanLimits& limits) {
+  if (limits.device > 0 && plan.peak.device > limits.device)
+    refuse("device", plan.peak.device, "the plan", limits.device, "outcore.device_memory_mb");
+  if (limits.pinned > 0 && plan.peak.pinned > limits.pinned)
+    refuse("pinned", plan.peak.pinned, "the pinned host pool", limits.pinned,
+           "outcore.pinned_memory_mb");
+  const uint64_t host = plan.peak.host + plan.peak.pinned;
+  if (limits.host > 0 && host > limits.host)
+    refuse("host", host, "host memory (pinned pool + other host buffers)", limits.host,
+           "MemAvailable");
+  auto nvme = [](const std::string& path, uint64_t need, uint64_t free) {
+    if (need > free)
+      throw OutOfMemory(fmt::format(
+          "nvme: swap files under {} need {} ({} bytes) but the filesystem has {} ({} bytes) free",
+          path, format_bytes(need), need, format_bytes(free), free));
+  };
+  if (limits.nvme_same_filesystem) {
+    nvme(plan.param_nvme_path + " and " + plan.optimizer_nvme_path,
+         plan.param_nvme_bytes + plan.optimizer_nvme_bytes, limits.param_nvme);
+  } else {
+    if (!plan.param_nvme_path.empty())
+      nvme(plan.param_nvme_path, plan.param_nvme_bytes, limits.param_nvme);
+    if (!plan.optimizer_nvme_path.empty())
+      nvme(plan.optimizer_nvme_path, plan.optimizer_nvme_bytes, limits.optimizer_nvme);
+  }
+}
+
+std::string format_plan(const Plan& plan, const PlanLimits* limits) {
+  const Placement& p = plan.placement;
+  std::ostringstream out;
+  out << fmt::format(
+      "ZeRO stage {}, {} parameters, world size {}, {} tokens per micro-batch, {} micro-batch(es) "
+      "per step\n",
+      p.stage, dtype_name(p.param_dtype), plan.world_size, plan.tokens_per_micro_batch,
+      plan.micro_batches_per_step);
+  out << fmt::format("model: {} parameters ({} padded elements)\n", plan.num_parameters,
+                     plan.padded_elems);
+  out << fmt::format("placement: parameters {}, optimizer state {}, gradient accumulators {}\n\n",
+                     tier_name(p.params), tier_name(p.optimizer), tier_name(p.gradients));
+  out << fmt::format("{:<7} {:<66} {:>12}\n", "tier", "holds at its peak", "bytes");
+  for (int t = 0; t < kNumTiers; ++t) {
+    const Tier tier = static_cast<Tier>(t);
+    for (const PlanItem& it : plan.items)
+      if (it.tier == tier)
+        out << fmt::format("{:<7} {:<66} {:>12}\n", tier_name(tier), it.what,
+                           format_bytes(it.bytes));
+    uint64_t limit = 0;
+    std::string by;
+    if (limits != nullptr) {
+      switch (tier) {
+        case Tier::kDevice:
+          limit = limits->device, by = "outcore.device_memory_mb";
+          break;
+        case Tier::kPinned:
+          limit = limits->pinned, by = "outcore.pinned_memory_mb";
+          break;
+        case Tier::kHost:
+          limit = limits->host, by = "MemAvailable, with pinned";
+          break;
+        case Tier::kNvme:
+          limit = limits->nvme_same_filesystem ? limits->param_nvme
+                                               : limits->param_nvme + limits->optimizer_nvme;
+          by = "free on the swap filesystem(s)";
+          break;
+      }
+    }
+    const uint64_t need = tier == Tier::kHost ? plan.peak.host + plan.peak.pinned : plan.peak[tier];
+    std::string verdict;
+    if (limit > 0)
+      verdict = fmt::format("  limit {} ({}): {}", format_bytes(limit), by,
+                            need <= limit ? "fits" : "DOES NOT FIT");
+    else if (limits != nullptr)
+      verdict = "  no limit";
+    out << fmt::format("{:<7} {:<66} {:>12}{}\n", tier_name(tier), "= total",
+                       format_bytes(plan.peak[tier]), verdict);
+  }
+  const TrafficBytes& t = plan.per_step;
+  out << fmt::format(
+      "\nper optimizer step: nvme read {}, nvme write {}, host->device {}, device->host {}\n",
+      format_bytes(t.nvme_read), format_bytes(t.nvme_write), format_bytes(t.h2d),
+      format_bytes(t.d2h));
+  return out.str();
+}
+
+}  // namespace outcore::zero
