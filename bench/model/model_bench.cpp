@@ -1,14 +1,16 @@
 // Forward+backward throughput of a Llama model on the CPU device, against OpenBLAS sgemm
 // measured in the same run.
 //
-//   model_bench [--hidden 1024] [--layers 4] [--seq 512] [--batch 2] [--steps 3] [--threads N]
+//   model_bench [--hidden 1024] [--layers 4] [--seq 512] [--batch 2] [--steps 5] [--threads N]
 //               [--dtype fp32|bf16] [--checkpointing]
 //
 // Prints tokens/s, achieved GFLOP/s (model FLOPs: LlamaConfig::train_flops_per_token) and the
-// ratio to sgemm GFLOP/s on a square 2048^3 product and on the model's MLP shape.
+// ratio to sgemm GFLOP/s on a square 2048^3 product and on the model's MLP shape, each sgemm
+// timed right after each model step (medians over steps).
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -38,11 +40,16 @@ double sgemm_gflops(int m, int n, int k, int reps) {
   return best;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t hidden = 1024, layers = 4, seq = 512, batch = 2, vocab = 32000;
-  int steps = 3, threads = static_cast<int>(std::thread::hardware_concurrency());
+  int steps = 5, threads = static_cast<int>(std::thread::hardware_concurrency());
   std::string dtype = "fp32";
   bool checkpointing = false;
   CLI::App app("Llama forward+backward throughput vs OpenBLAS sgemm");
@@ -105,32 +112,36 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "warm-up step...\n");
     float loss = model::train_micro_batch(m, mb, acts, tokens.data(), targets.data(),
                                           model::GradMode::Overwrite);
-    double total = 0;
+    // The machine is shared and noisy: each timed step is followed by the sgemm references, so
+    // model and reference see the same load, and the ratio is the median of per-step ratios.
+    const double step_flops = c.train_flops_per_token(seq) * double(batch * seq);
+    std::vector<double> model_g, square_g, mlp_g, ratio_sq, ratio_mlp;
     for (int s = 0; s < steps; ++s) {
       auto t0 = Clock::now();
       loss = model::train_micro_batch(m, mb, acts, tokens.data(), targets.data(),
                                       model::GradMode::Overwrite);
       const double dt = seconds_since(t0);
-      total += dt;
-      std::fprintf(stderr, "step %d/%d: %.3f s, loss %.4f\n", s + 1, steps, dt, loss);
+      model_g.push_back(step_flops / dt / 1e9);
+      square_g.push_back(sgemm_gflops(2048, 2048, 2048, 2));
+      mlp_g.push_back(sgemm_gflops(int(batch * seq), int(c.intermediate_size), int(hidden), 2));
+      ratio_sq.push_back(model_g.back() / square_g.back());
+      ratio_mlp.push_back(model_g.back() / mlp_g.back());
+      std::fprintf(stderr, "step %d/%d: %.3f s, loss %.4f, %.1f GFLOP/s, sgemm %.1f GFLOP/s\n",
+                   s + 1, steps, dt, loss, model_g.back(), square_g.back());
     }
-    const double ntok = double(batch * seq) * steps;
-    const double model_gflops = c.train_flops_per_token(seq) * ntok / total / 1e9;
-    std::fprintf(stderr, "measuring sgemm...\n");
-    const double sq = sgemm_gflops(2048, 2048, 2048, 3);
-    const double mlp = sgemm_gflops(int(batch * seq), int(c.intermediate_size), int(hidden), 3);
-
+    const double gf = median(model_g);
     std::printf(
         "config: hidden %lld, layers %lld, seq %lld, batch %lld, vocab %lld, %s, %s, %d BLAS "
-        "threads\n",
+        "threads, %d steps\n",
         (long long)hidden, (long long)layers, (long long)seq, (long long)batch, (long long)vocab,
-        dtype.c_str(), checkpointing ? "checkpointing" : "no checkpointing", threads);
-    std::printf("model fwd+bwd:  %.0f tokens/s, %.1f GFLOP/s (%.3f GFLOP/token, %.3f s/step)\n",
-                ntok / total, model_gflops, c.train_flops_per_token(seq) / 1e9, total / steps);
-    std::printf("sgemm 2048^3:   %.1f GFLOP/s   ratio model/sgemm %.2f\n", sq, model_gflops / sq);
+        dtype.c_str(), checkpointing ? "checkpointing" : "no checkpointing", threads, steps);
+    std::printf("model fwd+bwd:  %.0f tokens/s, %.1f GFLOP/s (%.3f GFLOP/token; medians)\n",
+                gf * 1e9 / c.train_flops_per_token(seq), gf, c.train_flops_per_token(seq) / 1e9);
+    std::printf("sgemm 2048^3:   %.1f GFLOP/s   ratio model/sgemm %.2f\n", median(square_g),
+                median(ratio_sq));
     std::printf("sgemm %lldx%lldx%lld: %.1f GFLOP/s   ratio model/sgemm %.2f\n",
-                (long long)(batch * seq), (long long)c.intermediate_size, (long long)hidden, mlp,
-                model_gflops / mlp);
+                (long long)(batch * seq), (long long)c.intermediate_size, (long long)hidden,
+                median(mlp_g), median(ratio_mlp));
     std::printf("device peak: %.1f MiB (activations)\n", dev.memory_stats().peak_bytes / 1048576.0);
     return 0;
   } catch (const std::exception& e) {
