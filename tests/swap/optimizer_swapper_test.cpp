@@ -1,0 +1,338 @@
+// OptimizerSwapper: the NVMe-streamed step is bit-identical to cpu_adam in memory (several
+// steps, sub-group sizes that do not divide the unit, every pipeline mode and buffer count);
+// the pool budget holds; an injected EIO or a corrupt block fails the step, uncounted; misuse.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "swap/swap.hpp"
+#include "tests/swap/test_util.hpp"
+
+namespace outcore::swap {
+namespace {
+
+using test::TempDir;
+
+cpu_adam::AdamParams hyper(uint64_t step) {
+  cpu_adam::AdamParams hp;
+  hp.lr = 1e-2;
+  hp.weight_decay = 0.01;
+  hp.step = step;
+  hp.grad_scale = 1.0 / 1024;  // gradients arrive scaled by a loss scale of 1024
+  return hp;
+}
+
+// In-memory reference: the same cpu_adam step over the whole unit.
+struct Reference {
+  std::vector<float> master, m, v;
+  explicit Reference(std::vector<float> init)
+      : master(std::move(init)), m(master.size(), 0.0f), v(master.size(), 0.0f) {}
+  std::vector<uint16_t> step(const std::vector<float>& g, const cpu_adam::AdamParams& hp,
+                             DType dt) {
+    std::vector<uint16_t> out(master.size());
+    cpu_adam::adam_step(hp, master.size(), master.data(), {g.data(), DType::F32}, m.data(),
+                        v.data(), {out.data(), dt});
+    return out;
+  }
+};
+
+struct Rig {
+  TempDir dir;
+  std::shared_ptr<aio::FaultInjectingBackend> faults;
+  std::unique_ptr<SwapSpace> space;
+  std::unique_ptr<aio::Engine> engine;
+  std::unique_ptr<Swapper> swapper;
+  std::unique_ptr<PinnedPool> pool;
+  std::unique_ptr<OptimizerSwapper> opt;
+
+  Rig(std::vector<std::pair<uint32_t, uint64_t>> units, OptimizerSwapperOptions oo,
+      size_t pool_bytes = 64 << 20, const cpu_adam::Executor* ex = nullptr) {
+    std::vector<SwapFileSpec> plan;
+    for (auto [u, n] : units) plan.push_back(optimizer_file_spec(u, n, oo.sub_group_size));
+    space = std::make_unique<SwapSpace>(SwapSpaceOptions{.nvme_path = dir.path()}, plan);
+    faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+    // One request per sub-group read/write in these tests (block_size >= every sub-group).
+    engine = std::make_unique<aio::Engine>(
+        aio::Options{.block_size = 4 << 20, .queue_depth = 8, .thread_count = 1}, faults);
+    swapper = std::make_unique<Swapper>(*space, *engine,
+                                        SwapperOptions{.checksum_block_bytes = 16384}, ex);
+    pool = std::make_unique<PinnedPool>(PinnedPoolOptions{.budget_bytes = pool_bytes});
+    opt = std::make_unique<OptimizerSwapper>(*swapper, *pool, oo, ex);
+  }
+};
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::vector<float> v(n);
+  test::fill_random(std::span<float>(v), seed, -scale, scale);
+  return v;
+}
+
+struct Mode {
+  uint64_t sub_group;
+  unsigned buffers;
+  bool pread, pwrite;
+};
+
+TEST(OptimizerSwapper, StepIsBitIdenticalToInMemoryAdam) {
+  const uint64_t numel = 100'003;
+  const std::vector<Mode> modes = {
+      {7'777, 4, true, true},  {7'777, 3, true, true},     {7'777, 2, true, true},
+      {7'777, 1, true, true},  {7'777, 4, false, false},   {7'777, 3, true, false},
+      {7'777, 3, false, true}, {4'096, 5, true, true},     {30'001, 3, true, true},
+      {numel, 2, true, true},  {1 << 20, 3, false, false}, {1'000, 8, true, true},
+  };
+  cpu_adam::Executor two(2);
+  for (const Mode& md : modes) {
+    SCOPED_TRACE(::testing::Message() << "sub_group " << md.sub_group << " buffers " << md.buffers
+                                      << " read " << md.pread << " write " << md.pwrite);
+    Rig rig({{0, numel}},
+            {.sub_group_size = md.sub_group,
+             .buffer_count = md.buffers,
+             .pipeline_read = md.pread,
+             .pipeline_write = md.pwrite},
+            64 << 20, &two);
+    auto init = random_floats(numel, 1);
+    Reference ref(init);
+    rig.opt->init_state(0, init);
+    for (uint64_t s = 1; s <= 3; ++s) {
+      auto g = random_floats(numel, 100 + s, 1000.0f);
+      std::vector<uint16_t> out(numel);
+      rig.opt->step(0, g, hyper(s), {out.data(), DType::BF16});
+      auto want = ref.step(g, hyper(s), DType::BF16);
+      ASSERT_EQ(out, want) << "step " << s;
+      EXPECT_EQ(rig.opt->steps_done(0), s);
+    }
+    std::vector<float> master(numel), m(numel), v(numel);
+    rig.opt->read_state(0, master, m, v);
+    EXPECT_EQ(std::memcmp(master.data(), ref.master.data(), numel * 4), 0);
+    EXPECT_EQ(std::memcmp(m.data(), ref.m.data(), numel * 4), 0);
+    EXPECT_EQ(std::memcmp(v.data(), ref.v.data(), numel * 4), 0);
+    OptimizerStepStats st = rig.opt->last_step_stats();
+    EXPECT_EQ(st.sub_groups, (numel + md.sub_group - 1) / md.sub_group);
+    EXPECT_EQ(st.bytes_read, st.bytes_written);
+    EXPECT_GE(st.bytes_read, numel * 12);
+    EXPECT_LE(rig.pool->peak_bytes(), rig.pool->budget_bytes());
+    EXPECT_EQ(rig.pool->in_use_bytes(), 0u);
+  }
+}
+
+TEST(OptimizerSwapper, Fp16AndFp32OutputsAndNoOutput) {
+  const uint64_t numel = 12'345;
+  Rig rig(
+      {{3, numel}},
+      {.sub_group_size = 1'000, .buffer_count = 3, .pipeline_read = true, .pipeline_write = true});
+  auto init = random_floats(numel, 2);
+  Reference ref(init);
+  rig.opt->init_state(3, init);
+  auto g1 = random_floats(numel, 11, 100.0f);
+  std::vector<uint16_t> h(numel);
+  rig.opt->step(3, g1, hyper(1), {h.data(), DType::F16});
+  EXPECT_EQ(h, ref.step(g1, hyper(1), DType::F16));
+  auto g2 = random_floats(numel, 12, 100.0f);
+  std::vector<float> f(numel);
+  rig.opt->step(3, g2, hyper(2), {f.data(), DType::F32});  // the master values themselves
+  ref.step(g2, hyper(2), DType::BF16);
+  EXPECT_EQ(std::memcmp(f.data(), ref.master.data(), numel * 4), 0);
+  auto g3 = random_floats(numel, 13, 100.0f);
+  rig.opt->step(3, g3, hyper(3));
+  ref.step(g3, hyper(3), DType::BF16);
+  std::vector<float> master(numel);
+  rig.opt->read_master(3, master);
+  EXPECT_EQ(std::memcmp(master.data(), ref.master.data(), numel * 4), 0);
+}
+
+TEST(OptimizerSwapper, LoadStateRoundTripsAndResumes) {
+  const uint64_t numel = 5'000;
+  Rig rig({{1, numel}}, {.sub_group_size = 1'024, .buffer_count = 2});
+  auto p = random_floats(numel, 1), m = random_floats(numel, 2, 0.1f),
+       v = random_floats(numel, 3, 0.1f);
+  for (float& x : v) x = std::abs(x);
+  rig.opt->load_state(1, p, m, v, 41);
+  EXPECT_EQ(rig.opt->steps_done(1), 41u);
+  std::vector<float> p2(numel), m2(numel), v2(numel);
+  rig.opt->read_state(1, p2, m2, v2);
+  EXPECT_EQ(p2, p);
+  EXPECT_EQ(m2, m);
+  EXPECT_EQ(v2, v);
+  Reference ref(p);
+  ref.m = m;
+  ref.v = v;
+  auto g = random_floats(numel, 4);
+  std::vector<uint16_t> out(numel);
+  rig.opt->step(1, g, hyper(42), {out.data(), DType::BF16});
+  EXPECT_EQ(out, ref.step(g, hyper(42), DType::BF16));
+  EXPECT_EQ(rig.opt->steps_done(1), 42u);
+}
+
+TEST(OptimizerSwapper, PoolBudgetHoldsWithConcurrentUnits) {
+  const uint64_t numel = 40'000, sg = 4'000;
+  const size_t slot = 3 * align_up(sg * 4, 4096);
+  const unsigned buffers = 3;
+  // Room for one unit's buffers at a time: the second step waits for the first's.
+  Rig rig({{0, numel}, {1, numel}},
+          {.sub_group_size = sg,
+           .buffer_count = buffers,
+           .pipeline_read = true,
+           .pipeline_write = true},
+          buffers * slot + slot);
+  std::vector<Reference> refs;
+  for (uint32_t u = 0; u < 2; ++u) {
+    auto init = random_floats(numel, 10 + u);
+    refs.emplace_back(init);
+    rig.opt->init_state(u, init);
+  }
+  std::vector<std::thread> threads;
+  std::vector<std::vector<uint16_t>> outs(2, std::vector<uint16_t>(numel));
+  std::vector<std::vector<float>> grads = {random_floats(numel, 20), random_floats(numel, 21)};
+  for (uint32_t u = 0; u < 2; ++u) {
+    threads.emplace_back([&, u] {
+      for (uint64_t s = 1; s <= 4; ++s)
+        rig.opt->step(u, grads[u], hyper(s), {outs[u].data(), DType::BF16});
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (uint32_t u = 0; u < 2; ++u) {
+    std::vector<uint16_t> want;
+    for (uint64_t s = 1; s <= 4; ++s) want = refs[u].step(grads[u], hyper(s), DType::BF16);
+    EXPECT_EQ(outs[u], want) << "unit " << u;
+    EXPECT_EQ(rig.opt->steps_done(u), 4u);
+  }
+  EXPECT_EQ(rig.pool->peak_bytes(), buffers * slot);  // one lease at a time, never two
+  EXPECT_LE(rig.pool->peak_bytes(), rig.pool->budget_bytes());
+}
+
+TEST(OptimizerSwapper, BuffersLargerThanThePoolFailAtOnce) {
+  Rig rig({{0, 100'000}}, {.sub_group_size = 50'000, .buffer_count = 4}, 1 << 20);
+  auto init = random_floats(100'000, 1);
+  try {
+    rig.opt->init_state(0, init);
+    FAIL() << "expected OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(1 << 20)), std::string::npos) << e.what();
+  }
+}
+
+// Sub-group count 10; each sub-group is one read and one write request.
+constexpr uint64_t kNumel = 10'000, kSg = 1'000;
+// The fault backend counts requests from its creation: init_state writes 10 sub-groups, the
+// first step reads and writes 10.
+constexpr uint64_t kReadsBefore = 10, kWritesBefore = 20;
+
+struct FaultCase {
+  const char* name;
+  aio::Fault fault;
+  bool expect_poisoned;
+};
+
+TEST(OptimizerSwapper, InjectedEioFailsTheStepWhichIsNotCounted) {
+  const std::vector<FaultCase> cases = {
+      {"4th read", {.kind = aio::Fault::Kind::kEio, .nth = kReadsBefore + 4, .direction = 0}, true},
+      {"3rd write",
+       {.kind = aio::Fault::Kind::kEio, .nth = kWritesBefore + 3, .direction = 1},
+       true},
+      {"1st read",
+       {.kind = aio::Fault::Kind::kEio, .nth = kReadsBefore + 1, .direction = 0},
+       false},
+  };
+  for (const FaultCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Rig rig(
+        {{0, kNumel}},
+        {.sub_group_size = kSg, .buffer_count = 3, .pipeline_read = true, .pipeline_write = true});
+    auto init = random_floats(kNumel, 1);
+    Reference ref(init);
+    rig.opt->init_state(0, init);
+    auto g1 = random_floats(kNumel, 2);
+    std::vector<uint16_t> out(kNumel);
+    rig.opt->step(0, g1, hyper(1), {out.data(), DType::BF16});
+    ref.step(g1, hyper(1), DType::BF16);
+
+    ASSERT_EQ(rig.faults->requests_seen(), kReadsBefore + kWritesBefore);
+    rig.faults->add_fault(c.fault);
+    auto g2 = random_floats(kNumel, 3);
+    try {
+      rig.opt->step(0, g2, hyper(2), {out.data(), DType::BF16});
+      FAIL() << "expected IoError";
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.error_number(), EIO);
+      EXPECT_NE(std::string(e.what()).find("optimizer/0.bin"), std::string::npos) << e.what();
+    }
+    rig.faults->clear_faults();
+    EXPECT_EQ(rig.faults->faults_fired(), 1u);
+    EXPECT_EQ(rig.opt->steps_done(0), 1u);    // not counted
+    EXPECT_EQ(rig.pool->in_use_bytes(), 0u);  // buffers returned after all I/O drained
+    EXPECT_EQ(rig.opt->poisoned(0), c.expect_poisoned);
+    if (c.expect_poisoned) {
+      // Mixed state is never used silently.
+      EXPECT_THROW(rig.opt->step(0, g2, hyper(2), {out.data(), DType::BF16}), InvalidArgument);
+      std::vector<float> master(kNumel);
+      EXPECT_THROW(rig.opt->read_master(0, master), InvalidArgument);
+      rig.opt->init_state(0, ref.master);  // e.g. restored from a checkpoint
+      ref.m.assign(kNumel, 0.0f);
+      ref.v.assign(kNumel, 0.0f);
+      EXPECT_FALSE(rig.opt->poisoned(0));
+    }
+    // The state is intact (or restored): the retried step matches the reference.
+    rig.opt->step(0, g2, hyper(2), {out.data(), DType::BF16});
+    EXPECT_EQ(out, ref.step(g2, hyper(2), DType::BF16));
+  }
+}
+
+TEST(OptimizerSwapper, CorruptBlockFailsTheStep) {
+  Rig rig(
+      {{0, kNumel}},
+      {.sub_group_size = kSg, .buffer_count = 3, .pipeline_read = true, .pipeline_write = true});
+  rig.opt->init_state(0, random_floats(kNumel, 1));
+  TensorId sg5 = rig.space->find(0, SwapKind::kOptimizer, "sg5");
+  const uint64_t at = rig.space->info(sg5).offset + 4096 + 17;  // in sub-group 5's exp_avg
+  test::flip_byte(rig.space->file_path(0, SwapKind::kOptimizer), at);
+  auto g = random_floats(kNumel, 2);
+  try {
+    rig.opt->step(0, g, hyper(1));
+    FAIL() << "expected CorruptData";
+  } catch (const CorruptData& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("optimizer/0.bin"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("sg5"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(rig.opt->steps_done(0), 0u);
+  EXPECT_TRUE(rig.opt->poisoned(0));  // sub-groups 0.. were already rewritten
+  EXPECT_EQ(rig.pool->in_use_bytes(), 0u);
+}
+
+TEST(OptimizerSwapper, MisuseIsInvalidArgument) {
+  Rig rig({{0, kNumel}}, {.sub_group_size = kSg, .buffer_count = 3});
+  auto init = random_floats(kNumel, 1);
+  std::vector<float> g(kNumel);
+  EXPECT_THROW(rig.opt->step(0, g, hyper(1)), InvalidArgument);  // not initialised
+  EXPECT_THROW(rig.opt->init_state(0, std::span(init).first(kNumel - 1)), InvalidArgument);
+  EXPECT_THROW(rig.opt->init_state(9, init), InvalidArgument);  // no file for unit 9
+  rig.opt->init_state(0, init);
+  EXPECT_THROW(rig.opt->step(0, std::span(g).first(10), hyper(1)), InvalidArgument);
+  cpu_adam::AdamParams bad = hyper(1);
+  bad.beta1 = 1.5;
+  EXPECT_THROW(rig.opt->step(0, g, bad), InvalidArgument);
+  EXPECT_EQ(rig.opt->steps_done(0), 0u);
+  EXPECT_THROW(OptimizerSwapper(*rig.swapper, *rig.pool, {.sub_group_size = 0}), InvalidArgument);
+  EXPECT_THROW(OptimizerSwapper(*rig.swapper, *rig.pool, {.buffer_count = 0}), InvalidArgument);
+}
+
+TEST(OptimizerSwapper, OverlappingCallsOnOneUnitAreRefused) {
+  Rig rig({{0, kNumel}}, {.sub_group_size = kSg, .buffer_count = 3});
+  rig.opt->init_state(0, random_floats(kNumel, 1));
+  // Slow I/O keeps the step running while the main thread tries a second call.
+  rig.faults->add_fault({.kind = aio::Fault::Kind::kDelay,
+                         .nth = 1,
+                         .every = 1,
+                         .delay = std::chrono::microseconds(50'000)});
+  std::vector<float> g(kNumel, 0.5f);
+  std::thread stepper([&] { rig.opt->step(0, g, hyper(1)); });
+  while (rig.pool->in_use_bytes() == 0) std::this_thread::yield();  // the step holds its buffers
+  std::vector<float> master(kNumel);
+  EXPECT_THROW(rig.opt->read_master(0, master), InvalidArgument);
+  stepper.join();
+  EXPECT_EQ(rig.opt->steps_done(0), 1u);
+}
+
+}  // namespace
+}  // namespace outcore::swap

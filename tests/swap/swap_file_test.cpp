@@ -1,0 +1,213 @@
+// SwapSpace: directory layout, preallocation, headers, cleanup on exit and on error, stale
+// files, locking, and a plan that does not fit the disk (statvfs and fallocate ENOSPC).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <fstream>
+
+#include "aio/file_internal.hpp"
+#include "swap/swap.hpp"
+#include "swap/swap_file_format.hpp"
+#include "tests/swap/test_util.hpp"
+
+namespace outcore::swap {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+std::vector<SwapFileSpec> small_plan() {
+  return {
+      {.unit = 0, .kind = SwapKind::kParam, .tensors = {{"wq", 10000}, {"wk", 4096}, {"n", 2}}},
+      {.unit = 1, .kind = SwapKind::kParam, .tensors = {{"wq", 5}}},
+      {.unit = 0, .kind = SwapKind::kGrad, .tensors = {{"g", 123457}}},
+      optimizer_file_spec(0, 3000, 1000),
+  };
+}
+
+std::vector<unsigned char> read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+TEST(SwapSpace, LaysOutPreallocatedFilesWithHeaders) {
+  TempDir dir;
+  auto plan = small_plan();
+  SwapSpace space({.nvme_path = dir.path(), .rank = 3}, plan);
+  const fs::path root = dir.path() / "outcore_swap" / "rank3";
+  EXPECT_EQ(space.root(), root);
+  EXPECT_EQ(space.file_path(0, SwapKind::kParam), root / "param" / "0.bin");
+  EXPECT_EQ(space.file_path(0, SwapKind::kOptimizer), root / "optimizer" / "0.bin");
+
+  uint64_t total = 0;
+  for (const SwapFileSpec& f : plan) {
+    fs::path p = space.file_path(f.unit, f.kind);
+    ASSERT_TRUE(fs::exists(p)) << p;
+    uint64_t expect = 4096;
+    for (const auto& t : f.tensors) expect += align_up(t.bytes, 4096);
+    EXPECT_EQ(fs::file_size(p), expect) << p;
+    struct stat st {};
+    ASSERT_EQ(::stat(p.c_str(), &st), 0);
+    EXPECT_GE(uint64_t(st.st_blocks) * 512, expect) << "not preallocated: " << p;
+    total += expect;
+
+    auto bytes = read_all(p);
+    ASSERT_GE(bytes.size(), 4096u);
+    EXPECT_EQ(std::memcmp(bytes.data(), format::kMagic, 8), 0);
+    uint32_t version, kind, unit, count;
+    std::memcpy(&version, &bytes[8], 4);
+    std::memcpy(&kind, &bytes[12], 4);
+    std::memcpy(&unit, &bytes[16], 4);
+    std::memcpy(&count, &bytes[20], 4);
+    EXPECT_EQ(version, format::kVersion);
+    EXPECT_EQ(kind, static_cast<uint32_t>(f.kind));
+    EXPECT_EQ(unit, f.unit);
+    ASSERT_EQ(count, f.tensors.size());
+    for (uint32_t i = 0; i < count; ++i) {
+      const unsigned char* e = &bytes[64 + 64 * i];
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(e)), f.tensors[i].name);
+      uint64_t off, len;
+      std::memcpy(&off, e + 48, 8);
+      std::memcpy(&len, e + 56, 8);
+      TensorId id = space.find(f.unit, f.kind, f.tensors[i].name);
+      EXPECT_EQ(id.index, i);
+      EXPECT_EQ(off, space.info(id).offset);
+      EXPECT_EQ(off % 4096, 0u);
+      EXPECT_GE(off, 4096u);
+      EXPECT_EQ(len, f.tensors[i].bytes);
+    }
+  }
+  EXPECT_EQ(space.total_bytes(), total);
+  EXPECT_EQ(SwapSpace::bytes_needed(plan), total);
+  EXPECT_EQ(space.tensor_count(0, SwapKind::kParam), 3u);
+  EXPECT_EQ(space.tensor_count(9, SwapKind::kParam), 0u);
+  EXPECT_THROW(space.find(0, SwapKind::kParam, "nope"), InvalidArgument);
+  EXPECT_THROW(space.info({.unit = 0, .kind = SwapKind::kParam, .index = 3}), InvalidArgument);
+}
+
+TEST(SwapSpace, HeaderGrowsPastOneBlockForManyTensors) {
+  TempDir dir;
+  SwapFileSpec f = optimizer_file_spec(7, 200 * 10, 10);  // 200 tensors
+  SwapSpace space({.nvme_path = dir.path()}, std::span(&f, 1));
+  uint64_t header = align_up(64 + 64 * 200, 4096);
+  EXPECT_EQ(space.info({7, SwapKind::kOptimizer, 0}).offset, header);
+  // A 10-element sub-group takes three 4 KiB parts (master, exp_avg, exp_avg_sq).
+  EXPECT_EQ(space.info({7, SwapKind::kOptimizer, 1}).offset, header + 4096 * 3);
+  EXPECT_EQ(space.info({7, SwapKind::kOptimizer, 199}).offset, header + 4096 * 3 * 199);
+}
+
+TEST(SwapSpace, RemovesItsFilesAndDirectoriesOnDestruction) {
+  TempDir dir;
+  { SwapSpace space({.nvme_path = dir.path()}, small_plan()); }
+  EXPECT_FALSE(fs::exists(dir.path() / "outcore_swap"));
+}
+
+TEST(SwapSpace, RemovesItsFilesWhenAnErrorUnwinds) {
+  TempDir dir;
+  try {
+    SwapSpace space({.nvme_path = dir.path()}, small_plan());
+    ASSERT_TRUE(fs::exists(space.file_path(0, SwapKind::kGrad)));
+    throw IoError("somewhere", EIO, "a later failure");
+  } catch (const IoError&) {
+  }
+  EXPECT_FALSE(fs::exists(dir.path() / "outcore_swap"));
+}
+
+TEST(SwapSpace, ClearsStaleFilesOfAnEarlierRun) {
+  TempDir dir;
+  fs::path kind_dir = dir.path() / "outcore_swap" / "rank0" / "param";
+  fs::create_directories(kind_dir);
+  std::ofstream(kind_dir / "42.bin") << "stale";
+  std::ofstream(kind_dir / "notes.txt") << "not ours";
+  SwapFileSpec f{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+  {
+    SwapSpace space({.nvme_path = dir.path()}, std::span(&f, 1));
+    EXPECT_FALSE(fs::exists(kind_dir / "42.bin"));
+    EXPECT_TRUE(fs::exists(kind_dir / "notes.txt"));
+  }
+  EXPECT_TRUE(fs::exists(kind_dir / "notes.txt"));  // only our files are removed
+  EXPECT_FALSE(fs::exists(kind_dir / "0.bin"));
+}
+
+TEST(SwapSpace, SameRankAndKindCannotBeUsedTwice) {
+  TempDir dir;
+  SwapFileSpec p{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+  SwapFileSpec o = optimizer_file_spec(0, 10, 10);
+  SwapSpace a({.nvme_path = dir.path()}, std::span(&p, 1));
+  EXPECT_THROW(SwapSpace({.nvme_path = dir.path()}, std::span(&p, 1)), IoError);
+  EXPECT_TRUE(fs::exists(a.file_path(0, SwapKind::kParam)));  // the failed one left it alone
+  SwapSpace other_kind({.nvme_path = dir.path()}, std::span(&o, 1));
+  SwapSpace other_rank({.nvme_path = dir.path(), .rank = 1}, std::span(&p, 1));
+}
+
+TEST(SwapSpace, RejectsMalformedPlans) {
+  TempDir dir;
+  auto expect_invalid = [&](std::vector<SwapFileSpec> plan) {
+    EXPECT_THROW(SwapSpace({.nvme_path = dir.path()}, plan), InvalidArgument);
+  };
+  expect_invalid({{.unit = 0, .tensors = {{"a", 1}}}, {.unit = 0, .tensors = {{"b", 1}}}});
+  expect_invalid({{.unit = 0, .tensors = {{"a", 1}, {"a", 2}}}});
+  expect_invalid({{.unit = 0, .tensors = {{"a", 0}}}});
+  expect_invalid({{.unit = 0, .tensors = {{"", 1}}}});
+  expect_invalid({{.unit = 0, .tensors = {{std::string(48, 'x'), 1}}}});
+  expect_invalid({{.unit = 0, .tensors = {}}});
+  EXPECT_THROW(optimizer_file_spec(0, 0, 10), InvalidArgument);
+  EXPECT_THROW(SwapSpace({.nvme_path = dir.path() / "missing"}, small_plan()), IoError);
+  EXPECT_FALSE(fs::exists(dir.path() / "outcore_swap"));
+}
+
+TEST(SwapSpace, PlanLargerThanTheFreeSpaceFailsBeforeWritingAnything) {
+  TempDir dir;
+  struct statvfs st {};
+  ASSERT_EQ(::statvfs(dir.path().c_str(), &st), 0);
+  const uint64_t free_bytes = uint64_t(st.f_bavail) * st.f_frsize;
+  // More than is free; nothing is ever written, so this costs no disk.
+  std::vector<SwapFileSpec> plan = small_plan();
+  plan.push_back(
+      {.unit = 5, .kind = SwapKind::kGrad, .tensors = {{"huge", free_bytes + (1ull << 30)}}});
+  try {
+    SwapSpace space({.nvme_path = dir.path()}, plan);
+    FAIL() << "expected IoError(ENOSPC)";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), ENOSPC);
+    std::string msg = e.what();
+    EXPECT_NE(msg.find(std::to_string(SwapSpace::bytes_needed(plan)) + " bytes needed"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("bytes free"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank0"), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(fs::exists(dir.path() / "outcore_swap"));
+}
+
+int g_fallocate_calls = 0;
+int fallocate_enospc_on_third(int fd, int mode, off_t offset, off_t len) {
+  if (++g_fallocate_calls >= 3) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return ::fallocate(fd, mode, offset, len);
+}
+
+TEST(SwapSpace, FallocateEnospcFailsWithNeededAndFreeAndCleansUp) {
+  TempDir dir;
+  g_fallocate_calls = 0;
+  auto prev = aio::internal::set_fallocate_function_for_testing(&fallocate_enospc_on_third);
+  std::string msg;
+  try {
+    SwapSpace space({.nvme_path = dir.path()}, small_plan());
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), ENOSPC);
+    msg = e.what();
+  }
+  aio::internal::set_fallocate_function_for_testing(prev);
+  ASSERT_FALSE(msg.empty()) << "expected IoError(ENOSPC)";
+  EXPECT_NE(msg.find("bytes needed"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bytes free"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("grad/0.bin"), std::string::npos) << msg;  // the third file
+  EXPECT_FALSE(fs::exists(dir.path() / "outcore_swap"));
+}
+
+}  // namespace
+}  // namespace outcore::swap
