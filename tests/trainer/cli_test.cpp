@@ -59,7 +59,7 @@ class TrainCliTest : public ::testing::Test {
   // base_ds_json() with `patch` merged, written to `name`.
   std::string write_config(const std::string& name, const nlohmann::json& patch) {
     nlohmann::json j = testing::base_ds_json();
-    j.merge_patch(patch);
+    if (!patch.is_null()) j.merge_patch(patch);
     std::string path = data_.file(name);
     std::ofstream(path) << j.dump(2);
     return path;

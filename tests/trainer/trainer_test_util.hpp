@@ -48,7 +48,7 @@ inline nlohmann::json base_ds_json() {
 inline config::Config make_config(const nlohmann::json& patch, const model::LlamaConfig& model,
                                   int64_t total_steps = 100) {
   nlohmann::json j = base_ds_json();
-  j.merge_patch(patch);
+  if (!patch.is_null()) j.merge_patch(patch);  // `{}` in a call is null, not an object
   config::Config cfg = config::parse_config(j.dump(), "test config").config;
   config::AutoContext ctx;
   ctx.hidden_size = model.hidden_size;

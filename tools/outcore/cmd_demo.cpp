@@ -25,10 +25,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The simulated device gets this much memory: about a fifth of the demo model's training
-// state (10.5M parameters x 16 bytes = 168 MB), enough for one micro-batch's activations
-// (checkpointed on the host) and a few layers' parameters and gradients in flight.
-constexpr int64_t kDemoDeviceMemoryMb = 32;
+// The simulated device gets 64 MiB: well under the demo model's training state (10.5M
+// parameters x 16 bytes = 160 MiB), enough for one micro-batch's activations (checkpoints on
+// the host) and about two layers' parameters (stage3_max_live_parameters) and gradients.
+constexpr int64_t kDemoDeviceMemoryMb = 64;
+constexpr int64_t kDemoMaxLiveParameters = 3'000'000;
 constexpr int64_t kDemoDefaultSteps = 120;
 
 struct DemoOptions {
@@ -48,6 +49,7 @@ nlohmann::ordered_json demo_config(int64_t steps, const std::string& swap_dir,
       {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap_dir}, {"pin_memory", true}}},
       {"stage3_prefetch_bucket_size", "auto"},
       {"stage3_param_persistence_threshold", "auto"},
+      {"stage3_max_live_parameters", kDemoMaxLiveParameters},
       {"reduce_bucket_size", "auto"},
       {"overlap_comm", true}};
   j["aio"] = {{"block_size", 1048576},

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int rc = 0;
   outcore::cli::add_config_command(app, rc);
+  outcore::cli::add_train_command(app, rc);
+  outcore::cli::add_demo_command(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
