@@ -106,6 +106,9 @@ bool check_input_file(const std::string& path, const char* flag) {
 
 int run_training(const config::Config& cfg, const model::LlamaConfig& model,
                  train::TrainerOptions options) {
+  // Installed before the engine creates its swap files, so that Ctrl-C at any point ends
+  // with the Trainer destroyed (and the files removed) rather than killed.
+  StopSignals signals;
   options.stop_requested = &g_stop;
   std::unique_ptr<train::Trainer> trainer;
   try {
@@ -126,10 +129,10 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
     print_error(e);
     return 1;
   }
+  if (g_stop.load()) return kExitInterrupted;  // interrupted while setting up
   std::fputs(trainer->summary().c_str(), stdout);
   std::fflush(stdout);
   try {
-    StopSignals signals;
     train::TrainResult r = trainer->run();
     trainer.reset();  // removes the swap files before the result is printed
     print_result(r);
