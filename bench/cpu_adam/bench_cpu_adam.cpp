@@ -152,7 +152,8 @@ void print_rows(const std::vector<Row>& rows) {
               "roofline", "frac", "paired", "avx2", "scalar", "x scalar", "torch", "x torch");
   for (const Row& r : rows) {
     auto g = [](double x) { return x / 1e9; };
-    std::printf("%-26s %9.3f %9.3f %6.3f", r.config.c_str(), g(r.ours), g(r.roof), r.ours / r.roof);
+    std::printf("%-26s %9.3f %9.3f %6.3f %6.3f", r.config.c_str(), g(r.ours), g(r.roof),
+                r.ours / r.roof, r.paired);
     r.avx2 > 0 ? std::printf(" %9.3f", g(r.avx2)) : std::printf(" %9s", "-");
     r.scalar > 0 ? std::printf(" %9.3f %8.2fx", g(r.scalar), r.ours / r.scalar)
                  : std::printf(" %9s %9s", "-", "-");
@@ -160,8 +161,10 @@ void print_rows(const std::vector<Row>& rows) {
                 : std::printf(" %9s %9s\n", "-", "-");
   }
   std::printf(
-      "\nroofline: m = m*0.5 + g; v = v*0.5 + g; p = p + g (28 B/param; +2 B copy-out, "
-      "best of plain and streaming stores)\n");
+      "\nfrac: best ours / best roofline. paired: median over reps of roofline time / ours time,\n"
+      "each pair run back to back. roofline: m = m*0.5 + g; v = v*0.5 + g; p = p + g (28 B/param;\n"
+      "+2 B copy-out, best of plain and streaming stores). avx2: our AVX2 path. x torch: against\n"
+      "torch.optim.Adam(foreach=True), fp32, no copy-out, same thread count.\n");
   for (const Row& r : rows) {
     if (r.roof_stream > 0) {
       std::printf("  %s: copy-out roofline plain %.3f, streaming %.3f G params/s\n",
