@@ -30,6 +30,14 @@ aio::Options aio_options(const config::AioConfig& a) {
   return o;
 }
 
+// What the engine may allocate on `device`: its budget less what is already in use (0 when
+// the device is unlimited).
+uint64_t device_limit(device::Device& device) {
+  const device::MemoryStats ms = device.memory_stats();
+  if (ms.budget_bytes == 0) return 0;
+  return ms.budget_bytes > ms.in_use_bytes ? ms.budget_bytes - ms.in_use_bytes : 1;
+}
+
 // acc = g (first micro-batch) or acc + g, element by element: the one accumulation every
 // configuration performs, so results do not depend on where the accumulator lives.
 void accumulate(float* acc, const float* g, size_t n, bool first) {
@@ -51,7 +59,9 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
       comm(comm_in),
       options(std::move(options_in)),
       g(detail::make_geometry(cfg, model, comm.world_size(), comm.rank(), true)),
-      plan(make_plan(cfg, model, {.world_size = comm.world_size()})),
+      plan(
+          make_plan(cfg, model,
+                    {.world_size = comm.world_size(), .device_limit_bytes = device_limit(device)})),
       executor(options.cpu_threads),
       train_sched(detail::train_schedule(model)),
       eval_sched(detail::eval_schedule(model)) {
@@ -59,7 +69,9 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     throw InvalidArgument(fmt::format(
         "zero: device {} is not host-accessible; the model's kernels and CPU Adam run on the host",
         device.name()));
-  if (options.check_system_limits) check_fits(plan, system_limits(cfg, plan));
+  PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
+  limits.device = device_limit(device);
+  check_fits(plan, limits);
   const Placement& p = g.placement;
   const config::ZeroConfig& z = cfg.zero_optimization;
   const detail::PinnedLayout pl = detail::effective_pinned_layout(cfg, g);

@@ -260,7 +260,8 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
     const uint64_t all =
         sum_units([&](const auto& u) { return charged_bytes(u.padded * g.param_bytes); });
     uint64_t budget = all;
-    const uint64_t limit = cfg.outcore.device_memory_mb << 20;
+    const uint64_t limit = options.device_limit_bytes > 0 ? options.device_limit_bytes
+                                                          : cfg.outcore.device_memory_mb << 20;
     if (limit > 0) budget = limit > fixed_device ? limit - fixed_device : 0;
     const uint64_t max_live = static_cast<uint64_t>(
         std::max<int64_t>(0, cfg.zero_optimization.stage3_max_live_parameters));

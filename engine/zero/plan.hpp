@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,6 +96,9 @@ struct Plan {
 // What the planner needs besides the config and the model.
 struct PlanOptions {
   int world_size = 1;
+  // Device bytes available to the engine; 0 = outcore.device_memory_mb (0 there: unlimited).
+  // ZeroEngine passes its Device's budget minus what is already allocated on it.
+  uint64_t device_limit_bytes = 0;
 };
 
 // The plan for `cfg` (resolved: batch keys and zero bucket sizes set) and `model` (whose
@@ -105,15 +109,16 @@ struct PlanOptions {
 Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
                const PlanOptions& options = {});
 
-// What the machine offers each tier; 0 = no limit.
+// What the machine offers each tier; 0 (or unset) = no limit.
 struct PlanLimits {
   uint64_t device = 0;  // outcore.device_memory_mb * 2^20 (0 = unlimited)
   uint64_t pinned = 0;  // outcore.pinned_memory_mb * 2^20 (0 = sized by the plan)
   uint64_t host = 0;    // MemAvailable from /proc/meminfo
   // statvfs free bytes (f_bavail * f_frsize) of the parameter / optimizer swap directories
-  // (the nearest existing ancestor when the directory does not exist yet); 0 when unused.
-  uint64_t param_nvme = 0;
-  uint64_t optimizer_nvme = 0;
+  // (the nearest existing ancestor when the directory does not exist yet); unset = not
+  // checked (no such directory in the plan, or not queried).
+  std::optional<uint64_t> param_nvme;
+  std::optional<uint64_t> optimizer_nvme;
   bool nvme_same_filesystem = false;  // both directories on one filesystem (needs add up)
 };
 

@@ -86,6 +86,27 @@ PlanLimits system_limits(const config::Config& cfg, const Plan& plan) {
 }
 
 void check_fits(const Plan& plan, const PlanLimits& limits) {
+  // Disk first: a swap path without room is the most common start-up failure.
+  auto nvme = [](const std::string& path, uint64_t need, std::optional<uint64_t> free_bytes) {
+    if (!free_bytes) return;
+    const uint64_t free = *free_bytes;
+    if (need > free)
+      throw OutOfMemory(fmt::format(
+          "nvme: swap files under {} need {} ({} bytes) but the filesystem has {} ({} bytes) free",
+          path, format_bytes(need), need, format_bytes(free), free));
+  };
+  if (limits.nvme_same_filesystem) {
+    nvme(plan.param_nvme_path == plan.optimizer_nvme_path
+             ? plan.param_nvme_path
+             : plan.param_nvme_path + " and " + plan.optimizer_nvme_path,
+         plan.param_nvme_bytes + plan.optimizer_nvme_bytes, limits.param_nvme);
+  } else {
+    if (!plan.param_nvme_path.empty())
+      nvme(plan.param_nvme_path, plan.param_nvme_bytes, limits.param_nvme);
+    if (!plan.optimizer_nvme_path.empty())
+      nvme(plan.optimizer_nvme_path, plan.optimizer_nvme_bytes, limits.optimizer_nvme);
+  }
+
   if (limits.device > 0 && plan.peak.device > limits.device)
     refuse("device", plan.peak.device, "the plan", limits.device, "outcore.device_memory_mb");
   if (limits.pinned > 0 && plan.peak.pinned > limits.pinned)
@@ -95,21 +116,6 @@ void check_fits(const Plan& plan, const PlanLimits& limits) {
   if (limits.host > 0 && host > limits.host)
     refuse("host", host, "host memory (pinned pool + other host buffers)", limits.host,
            "MemAvailable");
-  auto nvme = [](const std::string& path, uint64_t need, uint64_t free) {
-    if (need > free)
-      throw OutOfMemory(fmt::format(
-          "nvme: swap files under {} need {} ({} bytes) but the filesystem has {} ({} bytes) free",
-          path, format_bytes(need), need, format_bytes(free), free));
-  };
-  if (limits.nvme_same_filesystem) {
-    nvme(plan.param_nvme_path + " and " + plan.optimizer_nvme_path,
-         plan.param_nvme_bytes + plan.optimizer_nvme_bytes, limits.param_nvme);
-  } else {
-    if (!plan.param_nvme_path.empty())
-      nvme(plan.param_nvme_path, plan.param_nvme_bytes, limits.param_nvme);
-    if (!plan.optimizer_nvme_path.empty())
-      nvme(plan.optimizer_nvme_path, plan.optimizer_nvme_bytes, limits.optimizer_nvme);
-  }
 }
 
 std::string format_plan(const Plan& plan, const PlanLimits* limits) {
@@ -145,8 +151,9 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
           limit = limits->host, by = "MemAvailable, with pinned";
           break;
         case Tier::kNvme:
-          limit = limits->nvme_same_filesystem ? limits->param_nvme
-                                               : limits->param_nvme + limits->optimizer_nvme;
+          limit = limits->nvme_same_filesystem
+                      ? limits->param_nvme.value_or(0)
+                      : limits->param_nvme.value_or(0) + limits->optimizer_nvme.value_or(0);
           by = "free on the swap filesystem(s)";
           break;
       }

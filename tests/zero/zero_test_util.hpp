@@ -59,13 +59,15 @@ inline std::filesystem::path swap_dir(const std::string& name) {
 }
 
 // DeepSpeed JSON for `s`; `extra_zero` and `extra_top` are spliced into zero_optimization and
-// the top level (each either empty or starting with a comma).
+// the top level, `extra_offload_optimizer` into offload_optimizer (each either empty or
+// starting with a comma).
 inline std::string config_json(const Placing& s, DType dtype, const std::string& nvme,
                                const std::string& extra_zero = "",
-                               const std::string& extra_top = "") {
-  auto offload = [&](const std::string& dev) {
+                               const std::string& extra_top = "",
+                               const std::string& extra_offload_optimizer = "") {
+  auto offload = [&](const std::string& dev, const std::string& extra) {
     return "{\"device\": \"" + dev + "\"" +
-           (dev == "nvme" ? ", \"nvme_path\": \"" + nvme + "\"" : "") + "}";
+           (dev == "nvme" ? ", \"nvme_path\": \"" + nvme + "\"" : "") + extra + "}";
   };
   return std::string(
              "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 2,") +
@@ -74,9 +76,9 @@ inline std::string config_json(const Placing& s, DType dtype, const std::string&
          "0.01}}," +
          "\"bf16\": {\"enabled\": " + (dtype == DType::BF16 ? "true" : "false") + "}," +
          "\"zero_optimization\": {\"stage\": " + std::to_string(s.stage) +
-         ", \"offload_param\": " + offload(s.offload_param) +
-         ", \"offload_optimizer\": " + offload(s.offload_optimizer) + extra_zero + "}" + extra_top +
-         "}";
+         ", \"offload_param\": " + offload(s.offload_param, "") +
+         ", \"offload_optimizer\": " + offload(s.offload_optimizer, extra_offload_optimizer) +
+         extra_zero + "}" + extra_top + "}";
 }
 
 inline config::Config make_config(const std::string& json) {
@@ -104,6 +106,7 @@ inline std::vector<int32_t> make_tokens(size_t n, int64_t vocab, uint64_t seed, 
 
 struct RunResult {
   std::vector<float> losses;
+  float eval_loss = 0;
   std::vector<double> norms;
   std::vector<std::vector<float>> master;  // per unit, full slab
   std::vector<std::vector<std::byte>> params;
@@ -143,6 +146,11 @@ inline RunResult train(const config::Config& cfg, const model::LlamaModel& model
       EXPECT_FALSE(s.overflow);
       r.norms.push_back(s.grad_norm);
     }
+    {
+      const size_t n = static_cast<size_t>(model.tokens());
+      std::vector<int32_t> tok = make_tokens(n + 1, model.config().vocab_size, 99, n + 1);
+      r.eval_loss = engine.evaluate(tok.data(), tok.data() + 1);
+    }
     for (int u = 0; u < model.num_units(); ++u) {
       const size_t padded = model.layout().units[u].padded_numel;
       r.master.emplace_back(padded);
@@ -163,6 +171,8 @@ inline void expect_bit_identical(const RunResult& a, const RunResult& b, const s
         << what << ": loss of step " << i + 1 << ": " << a.losses[i] << " vs " << b.losses[i];
     EXPECT_EQ(a.norms[i], b.norms[i]) << what << ": grad norm of step " << i + 1;
   }
+  EXPECT_EQ(std::memcmp(&a.eval_loss, &b.eval_loss, sizeof(float)), 0)
+      << what << ": evaluation loss " << a.eval_loss << " vs " << b.eval_loss;
   ASSERT_EQ(a.master.size(), b.master.size());
   for (size_t u = 0; u < a.master.size(); ++u) {
     EXPECT_EQ(

@@ -1,0 +1,75 @@
+// Out-of-core: a device budget at a tenth of the model's training state, and a small pinned
+// pool, still train to the same numbers as the unlimited in-memory run.
+#include <gtest/gtest.h>
+
+#include "tests/zero/zero_test_util.hpp"
+
+namespace outcore::zero::test {
+namespace {
+
+model::LlamaConfig deep_config() {
+  model::LlamaConfig c = tiny_config(/*tied=*/true);
+  c.hidden_size = 128;
+  c.intermediate_size = 352;
+  c.num_hidden_layers = 12;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.head_dim = 16;
+  c.vocab_size = 512;
+  return c;
+}
+
+TEST(ZeroBudget, TenthOfStateOnDeviceTrainsLikeInMemory) {
+  model::ModelOptions mo = tiny_options(DType::BF16);
+  mo.activation_checkpointing = true;
+  const model::LlamaModel model(deep_config(), mo);
+  // Training state: 16 bytes per parameter (bf16 params and grads, fp32 master and moments).
+  const uint64_t state = model.config().num_parameters() * 16;
+  const uint64_t budget = state / 10;
+  const std::string dir = swap_dir("budget").string();
+  const std::string zero_extra =
+      ", \"stage3_max_reuse_distance\": 0, \"stage3_max_live_parameters\": 400000, "
+      "\"stage3_prefetch_bucket_size\": 400000, \"stage3_param_persistence_threshold\": 4096, "
+      "\"sub_group_size\": 32768";
+  const std::string top_extra =
+      ", \"outcore\": {\"pinned_memory_mb\": 3}, \"activation_checkpointing\": "
+      "{\"cpu_checkpointing\": true}";
+  const config::Config cfg =
+      make_config(config_json({3, "nvme", "nvme"}, DType::BF16, dir, zero_extra, top_extra,
+                              ", \"buffer_count\": 3, \"pipeline_read\": true, "
+                              "\"pipeline_write\": true"));
+  const RunResult r = train(cfg, model, 6, budget);
+  EXPECT_LE(r.memory.device_peak_bytes, budget);
+  EXPECT_EQ(r.memory.device_budget_bytes, budget);
+  EXPECT_LE(r.memory.pinned_peak_bytes, r.memory.pinned_budget_bytes);
+  EXPECT_EQ(r.memory.pinned_budget_bytes, 3u << 20);
+  EXPECT_LE(r.memory.device_peak_bytes, r.plan.peak.device);
+  // Parameters really streamed: more NVMe reads than one copy of the parameter partitions.
+  EXPECT_GT(r.traffic.nvme_read_bytes, model.config().num_parameters() * 2);
+
+  const RunResult ref = train(make_config(config_json({0}, DType::BF16, "", "",
+                                                      ", \"activation_checkpointing\": "
+                                                      "{\"cpu_checkpointing\": true}")),
+                              model, 6);
+  EXPECT_GT(ref.memory.device_peak_bytes, 5 * budget);  // the in-memory run needs far more
+  expect_bit_identical(ref, r, "budgeted stage 3 vs stage 0");
+}
+
+TEST(ZeroBudget, DeviceBudgetTooSmallIsRefusedAtStartNamingTheTier) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
+  const config::Config cfg = make_config(config_json({3, "cpu", "cpu"}, DType::F32, ""));
+  device::CpuDevice dev({.memory_budget_bytes = 64 << 10});
+  comm::LocalComm comm;
+  try {
+    ZeroEngine engine(cfg, model, dev, comm, 1);
+    FAIL() << "a 64 KiB device budget was accepted";
+  } catch (const OutOfMemory& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("device"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("65536 bytes"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace outcore::zero::test

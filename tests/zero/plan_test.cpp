@@ -1,0 +1,155 @@
+// The placement planner against what the engine really allocates and moves.
+#include <gtest/gtest.h>
+
+#include "tests/zero/zero_test_util.hpp"
+
+namespace outcore::zero::test {
+namespace {
+
+struct Measured {
+  Plan plan;
+  MemoryPeaks memory;
+  TrafficStats after_init, after_steps;
+};
+
+// Runs `steps` optimizer steps (no evaluation, no state reads) and measures.
+Measured measure(const config::Config& cfg, const model::LlamaModel& model, int steps) {
+  device::CpuDevice dev;
+  comm::LocalComm comm;
+  ZeroEngine engine(cfg, model, dev, comm, 3);
+  Measured m;
+  m.plan = engine.plan();
+  m.after_init = engine.traffic();
+  const size_t n = static_cast<size_t>(model.tokens());
+  const int64_t gas = cfg.gradient_accumulation_steps.value();
+  for (int t = 1; t <= steps; ++t) {
+    for (int64_t k = 0; k < gas; ++k) {
+      std::vector<int32_t> tok = make_tokens(n + 1, model.config().vocab_size, t * 10 + k, n + 1);
+      engine.forward_backward(tok.data(), tok.data() + 1, 0.5f, k == 0);
+    }
+    engine.step(step_params(cfg, 1e-3, t, 1.0));
+  }
+  m.memory = engine.memory();
+  m.after_steps = engine.traffic();
+  return m;
+}
+
+class PlanVsActual : public ::testing::TestWithParam<Placing> {};
+
+TEST_P(PlanVsActual, PeaksAndTrafficMatchThePlan) {
+  const Placing s = GetParam();
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+  const std::string dir = swap_dir("plan_" + s.name()).string();
+  const config::Config cfg = make_config(config_json(
+      s, DType::BF16, dir, ", \"stage3_max_reuse_distance\": 0, \"sub_group_size\": 8192"));
+  const int steps = 3;
+  const Measured m = measure(cfg, model, steps);
+  const Plan& p = m.plan;
+  if (s.stage < 3) {
+    // Every device allocation is fixed: the plan is exact.
+    EXPECT_EQ(m.memory.device_peak_bytes, p.peak.device) << format_plan(p);
+  } else {
+    EXPECT_LE(m.memory.device_peak_bytes, p.peak.device) << format_plan(p);
+    EXPECT_GE(m.memory.device_peak_bytes, p.peak.device - p.device_live_param_bytes)
+        << format_plan(p);
+  }
+  EXPECT_LE(m.memory.pinned_peak_bytes, p.peak.pinned) << format_plan(p);
+  if (s.offload_optimizer != "nvme") {
+    EXPECT_EQ(m.memory.pinned_peak_bytes, p.peak.pinned);
+  }
+
+  const TrafficStats& a = m.after_init;
+  const TrafficStats& b = m.after_steps;
+  EXPECT_EQ(b.h2d_bytes - a.h2d_bytes, steps * p.per_step.h2d) << format_plan(p);
+  EXPECT_EQ(b.d2h_bytes - a.d2h_bytes, steps * p.per_step.d2h) << format_plan(p);
+  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, steps * p.per_step.nvme_read) << format_plan(p);
+  EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, steps * p.per_step.nvme_write)
+      << format_plan(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, PlanVsActual,
+                         ::testing::Values(Placing{0}, Placing{1, "none", "cpu"},
+                                           Placing{2, "none", "none"}, Placing{3, "none", "none"},
+                                           Placing{3, "cpu", "cpu"}, Placing{3, "nvme", "nvme"}),
+                         [](const auto& info) { return info.param.name(); });
+
+TEST(Plan, FormatShowsEveryTierTheTotalsAndTheTraffic) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16));
+  const config::Config cfg = make_config(config_json({3, "nvme", "nvme"}, DType::BF16, "/tmp/x"));
+  const Plan p = make_plan(cfg, model);
+  PlanLimits l;
+  l.device = 1 << 20;
+  const std::string text = format_plan(p, &l);
+  for (const char* s : {"device", "pinned", "host", "nvme", "= total", "per optimizer step",
+                        "DOES NOT FIT", "swap files"})
+    EXPECT_NE(text.find(s), std::string::npos) << s << " missing from:\n" << text;
+  EXPECT_EQ(p.placement.params, Tier::kNvme);
+  EXPECT_EQ(p.placement.optimizer, Tier::kNvme);
+  EXPECT_GT(p.peak.nvme, model.config().num_parameters() * 14);  // 12 B optimizer + 2 B params
+}
+
+TEST(Plan, CheckFitsNamesTheTierTheNeedAndTheLimit) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
+  const config::Config cfg = make_config(config_json({3, "nvme", "nvme"}, DType::F32, "/tmp/x"));
+  const Plan p = make_plan(cfg, model);
+  auto message = [&](PlanLimits l) {
+    try {
+      check_fits(p, l);
+    } catch (const OutOfMemory& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message({}), "");
+  PlanLimits l;
+  l.device = p.peak.device - 1;
+  std::string m = message(l);
+  EXPECT_NE(m.find("device"), std::string::npos) << m;
+  EXPECT_NE(m.find(std::to_string(p.peak.device) + " bytes"), std::string::npos) << m;
+  EXPECT_NE(m.find("outcore.device_memory_mb"), std::string::npos) << m;
+  l = {};
+  l.pinned = p.peak.pinned - 1;
+  EXPECT_NE(message(l).find("pinned"), std::string::npos);
+  l = {};
+  l.host = 4096;
+  EXPECT_NE(message(l).find("MemAvailable"), std::string::npos);
+  l = {};
+  l.param_nvme = l.optimizer_nvme = 4096;
+  m = message(l);
+  EXPECT_NE(m.find("/tmp/x"), std::string::npos) << m;
+  EXPECT_NE(m.find(std::to_string(p.param_nvme_bytes) + " bytes"), std::string::npos) << m;
+}
+
+TEST(Plan, SwapPathWithoutRoomFailsAtStartWithTheBytesNeeded) {
+  // A model whose optimizer state (12 bytes per parameter) is larger than the disk.
+  model::LlamaConfig big = tiny_config(false);
+  big.hidden_size = 8192;
+  big.intermediate_size = 28672;
+  big.num_attention_heads = 64;
+  big.num_key_value_heads = 8;
+  big.head_dim = 128;
+  big.num_hidden_layers = 160;
+  big.vocab_size = 128000;
+  const model::LlamaModel model(big, tiny_options(DType::BF16));
+  const std::string dir = swap_dir("no_room").string();
+  const config::Config cfg = make_config(config_json({3, "nvme", "nvme"}, DType::BF16, dir));
+  device::CpuDevice dev;
+  comm::LocalComm comm;
+  try {
+    ZeroEngine engine(cfg, model, dev, comm, 1);
+    FAIL() << "a plan larger than the disk was accepted";
+  } catch (const OutOfMemory& e) {
+    const std::string msg = e.what();
+    const Plan p = make_plan(cfg, model);
+    EXPECT_NE(msg.find("nvme"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(dir), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(p.param_nvme_bytes + p.optimizer_nvme_bytes) + " bytes"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 0u);
+  EXPECT_TRUE(std::filesystem::is_empty(dir));  // nothing was written
+}
+
+}  // namespace
+}  // namespace outcore::zero::test

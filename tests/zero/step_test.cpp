@@ -1,0 +1,163 @@
+// The optimizer step's contract: overflow, unscale + clip, misuse, state access.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "tests/zero/zero_test_util.hpp"
+
+namespace outcore::zero::test {
+namespace {
+
+struct Fixture {
+  explicit Fixture(const std::string& json, DType dtype = DType::F32, bool tied = false)
+      : cfg(make_config(json)), model(tiny_config(tied), tiny_options(dtype)) {
+    engine = std::make_unique<ZeroEngine>(cfg, model, dev, comm, 11);
+  }
+  float micro_batch(uint64_t seed, float loss_scale, bool first) {
+    const size_t n = static_cast<size_t>(model.tokens());
+    std::vector<int32_t> tok = make_tokens(n + 1, model.config().vocab_size, seed, n + 1);
+    return engine->forward_backward(tok.data(), tok.data() + 1, loss_scale, first);
+  }
+  std::vector<float> master(int unit) {
+    std::vector<float> m(model.layout().units[unit].padded_numel);
+    engine->get_master_weights(unit, m);
+    return m;
+  }
+  config::Config cfg;
+  model::LlamaModel model;
+  device::CpuDevice dev;
+  comm::LocalComm comm;
+  std::unique_ptr<ZeroEngine> engine;
+};
+
+TEST(ZeroStep, OverflowSkipsTheUpdateAndClearsTheGradients) {
+  Fixture f(config_json({2, "none", "cpu"}, DType::F32, ""));
+  const std::vector<float> before = f.master(1);
+  // An infinite scale makes every scaled gradient non-finite, as an fp16 overflow would.
+  f.micro_batch(1, std::numeric_limits<float>::infinity(), true);
+  StepParams sp = step_params(f.cfg, 1e-3, 1, 65536.0);
+  sp.check_overflow = true;
+  const StepResult r = f.engine->step(sp);
+  EXPECT_TRUE(r.overflow);
+  EXPECT_FALSE(std::isfinite(r.grad_norm));
+  EXPECT_EQ(f.master(1), before);
+  // The gradients are gone: accumulating onto them is refused, a new step starts cleanly.
+  EXPECT_THROW(f.micro_batch(2, 1.0f, false), InvalidArgument);
+  EXPECT_THROW(f.engine->step(sp), InvalidArgument);
+  f.micro_batch(2, 1.0f, true);
+  const StepResult ok = f.engine->step(step_params(f.cfg, 1e-3, 1, 1.0));
+  EXPECT_FALSE(ok.overflow);
+  EXPECT_NE(f.master(1), before);
+}
+
+TEST(ZeroStep, UnscaleAndClipIsDeepSpeedsCombinedMultiplier) {
+  Fixture f(config_json({3, "cpu", "cpu"}, DType::F32, ""));
+  f.micro_batch(1, 64.0f, true);
+  StepParams sp = step_params(f.cfg, 1e-3, 1, 64.0);
+  sp.gradient_clipping = 1e-3;  // far below the norm: clipping active
+  const StepResult r = f.engine->step(sp);
+  ASSERT_FALSE(r.overflow);
+  ASSERT_GT(r.grad_norm, 1e-3);
+  const double clip = (r.grad_norm + 1e-6) / sp.gradient_clipping;
+  EXPECT_DOUBLE_EQ(r.grad_scale, 1.0 / (clip * 64.0));
+  // Without clipping the multiplier only unscales.
+  f.micro_batch(2, 64.0f, true);
+  sp.gradient_clipping = 0;
+  sp.step = 2;
+  EXPECT_DOUBLE_EQ(f.engine->step(sp).grad_scale, 1.0 / 64.0);
+}
+
+TEST(ZeroStep, PowerOfTwoLossScaleGivesTheUnscaledRunBitForBit) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
+  const config::Config cfg = make_config(config_json({3, "cpu", "cpu"}, DType::F32, ""));
+  auto run = [&](float scale) {
+    Fixture f(config_json({3, "cpu", "cpu"}, DType::F32, ""));
+    std::vector<double> norms;
+    for (int t = 1; t <= 4; ++t) {
+      f.micro_batch(t, scale / 2, true);
+      f.micro_batch(t + 50, scale / 2, false);
+      norms.push_back(f.engine->step(step_params(cfg, 1e-3, t, scale)).grad_norm);
+    }
+    return std::make_pair(norms, f.master(2));
+  };
+  const auto a = run(1.0f), b = run(1024.0f);
+  EXPECT_EQ(a.first, b.first);
+  EXPECT_EQ(a.second, b.second);
+}
+
+TEST(ZeroStep, EvaluateBetweenMicroBatchesLeavesTheGradientsAlone) {
+  Fixture f(config_json({3, "cpu", "cpu"}, DType::BF16, ""), DType::BF16, true);
+  Fixture g(config_json({3, "cpu", "cpu"}, DType::BF16, ""), DType::BF16, true);
+  const size_t n = static_cast<size_t>(f.model.tokens());
+  std::vector<int32_t> tok = make_tokens(n + 1, f.model.config().vocab_size, 77, n + 1);
+  f.micro_batch(1, 0.5f, true);
+  const float eval = f.engine->evaluate(tok.data(), tok.data() + 1);
+  EXPECT_TRUE(std::isfinite(eval));
+  f.micro_batch(2, 0.5f, false);
+  g.micro_batch(1, 0.5f, true);
+  g.micro_batch(2, 0.5f, false);
+  EXPECT_EQ(f.engine->step(step_params(f.cfg, 1e-3, 1, 1.0)).grad_norm,
+            g.engine->step(step_params(g.cfg, 1e-3, 1, 1.0)).grad_norm);
+  EXPECT_EQ(f.master(0), g.master(0));
+  EXPECT_NE(f.engine->evaluate(tok.data(), tok.data() + 1), eval);  // the step changed the model
+}
+
+TEST(ZeroStep, StateRoundTripsAndWritingMasterRefreshesParameters) {
+  for (const Placing& s : {Placing{1, "none", "cpu"}, Placing{3, "nvme", "nvme"}}) {
+    SCOPED_TRACE(s.name());
+    const std::string dir = swap_dir("state_" + s.name()).string();
+    Fixture f(config_json(s, DType::BF16, dir), DType::BF16);
+    f.micro_batch(1, 1.0f, true);
+    f.engine->step(step_params(f.cfg, 1e-2, 1, 1.0));
+    const int unit = 2;
+    const size_t n = f.engine->partition_numel(unit);
+    ASSERT_EQ(n, f.model.layout().units[unit].padded_numel);  // world size 1
+    std::vector<float> m(n), v(n);
+    f.engine->read_state(unit, StateKind::kExpAvg, m);
+    f.engine->read_state(unit, StateKind::kExpAvgSq, v);
+    EXPECT_NE(m, std::vector<float>(n, 0.0f));
+    std::vector<float> w(n);
+    for (size_t i = 0; i < n; ++i) w[i] = 0.25f + static_cast<float>(i % 7);
+    f.engine->write_state(unit, StateKind::kMaster, w);
+    EXPECT_EQ(f.master(unit), w);
+    std::vector<std::byte> p(n * 2);
+    f.engine->get_params(unit, p);
+    for (size_t i = 0; i < n; i += 97) {
+      uint16_t h;
+      std::memcpy(&h, p.data() + 2 * i, 2);
+      EXPECT_EQ(bf16_to_fp32(h), round_to(DType::BF16, w[i])) << i;
+    }
+    std::vector<float> m2(n);
+    f.engine->read_state(unit, StateKind::kExpAvg, m2);
+    EXPECT_EQ(m, m2);  // writing the master left the moments alone
+  }
+}
+
+TEST(ZeroStep, MisuseIsRefusedWithClearErrors) {
+  Fixture f(config_json({0}, DType::F32, ""));
+  EXPECT_THROW(f.engine->step(step_params(f.cfg, 1e-3, 1, 1.0)), InvalidArgument);
+  std::vector<float> small(3);
+  EXPECT_THROW(f.engine->get_master_weights(0, small), InvalidArgument);
+  EXPECT_THROW(f.engine->get_master_weights(99, small), InvalidArgument);
+  EXPECT_THROW(f.engine->read_state(-1, StateKind::kMaster, small), InvalidArgument);
+  EXPECT_THROW(f.engine->forward_backward(nullptr, nullptr, 1.0f, true), InvalidArgument);
+  const size_t n = static_cast<size_t>(f.model.tokens());
+  std::vector<int32_t> bad(n + 1, 5);
+  bad[3] = 100000;  // outside the vocabulary
+  EXPECT_THROW(f.engine->forward_backward(bad.data(), bad.data() + 1, 1.0f, true), InvalidArgument);
+  f.micro_batch(1, 1.0f, true);
+  StepParams sp = step_params(f.cfg, 1e-3, 1, 0.0);
+  EXPECT_THROW(f.engine->step(sp), InvalidArgument);
+}
+
+TEST(ZeroStep, ModelDtypeMustMatchTheConfig) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
+  const config::Config cfg = make_config(config_json({0}, DType::BF16, ""));
+  device::CpuDevice dev;
+  comm::LocalComm comm;
+  EXPECT_THROW(ZeroEngine(cfg, model, dev, comm, 1), ConfigError);
+}
+
+}  // namespace
+}  // namespace outcore::zero::test
