@@ -11,5 +11,6 @@ namespace outcore::cli {
 void add_config_command(CLI::App& app, int& rc);
 void add_train_command(CLI::App& app, int& rc);
 void add_demo_command(CLI::App& app, int& rc);
+void add_estimate_command(CLI::App& app, int& rc);
 
 }  // namespace outcore::cli

@@ -1,0 +1,114 @@
+// `outcore estimate --config ds.json --model config.json [--micro-batch B] [--seq-len T]
+// [--world-size W]`: the placement plan of this config and model (bytes each tier holds at its
+// peak, bytes moved per optimizer step) against what this machine offers. Exit 0 when it fits,
+// 1 when it does not (the reason on stderr), 2 on bad input.
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/error.hpp"
+#include "engine/config/config.hpp"
+#include "engine/model/model.hpp"
+#include "engine/zero/plan.hpp"
+#include "tools/outcore/commands.hpp"
+
+namespace outcore::cli {
+namespace {
+
+// Numbers arrive as text and are checked here, so bad values exit 2 like any bad input.
+struct EstimateArgs {
+  std::string config_file, model_file, micro_batch, seq_len, world_size;
+};
+
+struct EstimateOptions {
+  std::string config_file;
+  std::string model_file;
+  int64_t micro_batch = 0;  // 0: the config's train_micro_batch_size_per_gpu, else 1
+  int64_t seq_len = 0;      // 0: min(max_position_embeddings, 1024)
+  int64_t world_size = 1;
+};
+
+// A positive integer from `text` (empty: `fallback`). Throws InvalidArgument naming `flag`.
+int64_t positive(const std::string& text, const char* flag, int64_t fallback) {
+  if (text.empty()) return fallback;
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || ptr != end || v < 1)
+    throw InvalidArgument(std::string(flag) + ": got \"" + text +
+                          "\"; allowed: a positive integer");
+  return v;
+}
+
+DType param_dtype(const config::Config& cfg) {
+  if (cfg.fp16.enabled.value_or(false)) return DType::F16;
+  if (cfg.bf16.enabled.value_or(false)) return DType::BF16;
+  return DType::F32;
+}
+
+int run_estimate(const EstimateArgs& a) {
+  config::Config cfg;
+  std::optional<model::LlamaModel> model;
+  EstimateOptions o;
+  try {
+    if (a.config_file.empty() || a.model_file.empty())
+      throw InvalidArgument("estimate needs --config FILE and --model FILE");
+    o.config_file = a.config_file;
+    o.model_file = a.model_file;
+    o.micro_batch = positive(a.micro_batch, "--micro-batch", 0);
+    o.seq_len = positive(a.seq_len, "--seq-len", 0);
+    o.world_size = positive(a.world_size, "--world-size", 1);
+    cfg = config::load_config_file(o.config_file).config;
+    const model::LlamaConfig mc = model::LlamaConfig::load(o.model_file);
+    config::AutoContext ctx;
+    ctx.world_size = o.world_size;
+    ctx.hidden_size = mc.hidden_size;
+    if (o.micro_batch > 0) ctx.micro_batch_size = o.micro_batch;
+    config::resolve_auto(cfg, ctx);
+    model::ModelOptions mo;
+    mo.micro_batch =
+        o.micro_batch > 0 ? o.micro_batch : cfg.train_micro_batch_size_per_gpu.value_or(1);
+    mo.seq_len = o.seq_len > 0 ? o.seq_len : std::min<int64_t>(mc.max_position_embeddings, 1024);
+    mo.param_dtype = param_dtype(cfg);
+    const config::ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
+    mo.activation_checkpointing =
+        ac.cpu_checkpointing || ac.partition_activations || ac.number_checkpoints.has_value();
+    mo.world_size = static_cast<int>(o.world_size);
+    model.emplace(mc, mo);
+  } catch (const Error& e) {  // unreadable or malformed input
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  const zero::Plan plan =
+      zero::make_plan(cfg, *model, {.world_size = static_cast<int>(o.world_size)});
+  const zero::PlanLimits limits = zero::system_limits(cfg, plan);
+  std::fputs(zero::format_plan(plan, &limits).c_str(), stdout);
+  try {
+    zero::check_fits(plan, limits);
+  } catch (const OutOfMemory& e) {
+    std::fprintf(stderr, "error: does not fit: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_estimate_command(CLI::App& app, int& rc) {
+  auto o = std::make_shared<EstimateArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "estimate", "Print where each byte of training state lives and the traffic per step");
+  cmd->add_option("--config", o->config_file, "DeepSpeed JSON config (required)");
+  cmd->add_option("--model", o->model_file, "Hugging Face config.json of the model (required)");
+  cmd->add_option("--micro-batch", o->micro_batch,
+                  "sequences per micro-batch (default: the config's, else 1)");
+  cmd->add_option("--seq-len", o->seq_len,
+                  "tokens per sequence (default: min(max_position, 1024))");
+  cmd->add_option("--world-size", o->world_size, "data-parallel ranks (default 1)");
+  cmd->callback([o, &rc] { rc = run_estimate(*o); });
+}
+
+}  // namespace outcore::cli
