@@ -59,7 +59,8 @@ namespace outcore::swap {
 // =============================================================================================
 // PinnedPool: aligned, page-locked host buffers under a hard byte budget.
 
-// Called once with the pool's whole region after it is allocated and locked, and once with
+// Called once with the pool's whole region after it is allocated and locked, and (only if
+// on_register is set and succeeded) once with
 // the same region before it is freed (e.g. cudaHostRegister / cudaHostUnregister). `on_register`
 // may throw: the pool constructor then fails with that error. `on_unregister` must not throw
 // (an exception from it is caught and logged).
@@ -76,7 +77,7 @@ struct PinnedPoolOptions {
   // is logged and the pool works unlocked (locked() == false).
   bool lock = true;
   // Optional; empty functions are skipped.
-  RegistrationHook hook;
+  RegistrationHook hook{};
 };
 
 class PinnedPool;

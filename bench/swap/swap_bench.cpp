@@ -7,7 +7,6 @@
 //
 // Progress goes to stderr; results to stdout. Exit 1 on any error (one line on stderr).
 #include <fmt/format.h>
-#include <sys/statvfs.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -61,20 +60,21 @@ cpu_adam::AdamParams hyper(uint64_t step) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Raw aio: the step's exact I/O with no compute and no checksums.
+// Raw aio: the step's exact I/O (same file, offsets, lengths, buffers, engine) with no compute
+// and no checksums.
 
 struct RawIo {
-  aio::File& file;
-  uint64_t chunk;  // bytes per chunk (one sub-group's slot)
-  size_t chunks;
-  PinnedBuffer& ring;  // buffers * chunk bytes
+  const aio::File& file;
+  std::vector<std::pair<uint64_t, uint64_t>> chunks;  // (offset, bytes) per sub-group slot
+  std::byte* ring;                                    // buffers * slot bytes
+  uint64_t slot;
   unsigned buffers;
 
-  std::byte* buf(size_t k) const { return ring.data() + (k % buffers) * chunk; }
-  uint64_t off(size_t k) const { return uint64_t(k) * chunk; }
+  std::byte* buf(size_t k) const { return ring + (k % buffers) * slot; }
+  std::span<std::byte> span(size_t k) const { return {buf(k), chunks[k].second}; }
 
-  // Read chunk k, then write it back from the same buffer: the read-ahead / write-behind
-  // schedule of the pipelined optimizer step with zero compute. Content is unchanged.
+  // Read chunk k, then write it back from the same buffer (content unchanged), with the
+  // read-ahead / write-behind schedule of the pipelined optimizer step and zero compute.
   double pipelined(aio::Engine& e, size_t n) const {
     auto t0 = Clock::now();
     std::vector<aio::Ticket> rt(n), wt(n);
@@ -82,13 +82,14 @@ struct RawIo {
     size_t next = 0;
     for (size_t k = 0; k < n; ++k) {
       while (next < n && next <= k + ahead) {
-        if (next >= buffers && wt[next - buffers].valid())
+        if (next >= buffers && wt[next - buffers].valid()) {
           e.wait(std::exchange(wt[next - buffers], {}));
-        rt[next] = e.submit_read(file, off(next), {buf(next), chunk});
+        }
+        rt[next] = e.submit_read(file, chunks[next].first, span(next));
         ++next;
       }
       e.wait(rt[k]);
-      wt[k] = e.submit_write(file, off(k), {buf(k), chunk});
+      wt[k] = e.submit_write(file, chunks[k].first, span(k));
     }
     for (auto& t : wt) {
       if (t.valid()) e.wait(t);
@@ -96,76 +97,77 @@ struct RawIo {
     return since(t0);
   }
 
-  // All chunks in one direction, `buffers` chunks in flight.
+  // Every chunk in one direction, `buffers` chunks in flight.
   double sequential(aio::Engine& e, bool write) const {
     auto t0 = Clock::now();
-    std::vector<aio::Ticket> t(chunks);
-    for (size_t k = 0; k < chunks; ++k) {
+    const size_t n = chunks.size();
+    std::vector<aio::Ticket> t(n);
+    for (size_t k = 0; k < n; ++k) {
       if (k >= buffers) e.wait(t[k - buffers]);
-      t[k] = write ? e.submit_write(file, off(k), {buf(k), chunk})
-                   : e.submit_read(file, off(k), {buf(k), chunk});
+      t[k] = write ? e.submit_write(file, chunks[k].first, span(k))
+                   : e.submit_read(file, chunks[k].first, span(k));
     }
-    for (size_t k = chunks > buffers ? chunks - buffers : 0; k < chunks; ++k) e.wait(t[k]);
+    for (size_t k = n > buffers ? n - buffers : 0; k < n; ++k) e.wait(t[k]);
     return since(t0);
   }
 };
 
-struct IoBound {
-  aio::Options best;
-  double read_s = 0, write_s = 0, pipelined_s = 0;
-  double bound() const { return std::min(read_s + write_s, pipelined_s); }
-};
-
-IoBound measure_io(const Args& a, uint64_t chunk, size_t chunks, PinnedPool& pool) {
-  fs::path path = a.dir / "swap_bench_raw.bin";
-  aio::File file =
-      aio::File::open(path, {.access = aio::Access::kReadWrite, .create = true, .truncate = true});
-  struct Unlink {
-    fs::path p;
-    ~Unlink() { fs::remove(p); }
-  } unlink{path};
-  file.preallocate(chunk * chunks);
-  PinnedBuffer ring = pool.acquire(a.buffers * chunk);
-  std::memset(ring.data(), 0x5a, ring.size());
-  RawIo raw{file, chunk, chunks, ring, a.buffers};
-  IoBound r;
-  r.best = {.block_size = 1 << 20, .queue_depth = 32, .thread_count = 1};
-  {
-    aio::Engine e(r.best);
-    log::info("raw aio: writing {:.2f} GB to {}", gb(double(chunk) * chunks), path.string());
-    raw.sequential(e, /*write=*/true);  // gives the file real extents before timing
-  }
-  if (a.sweep) {
-    const size_t n = std::min<size_t>(chunks, 6);
-    double best_t = 1e30;
-    for (size_t bs : {size_t(1) << 20, size_t(4) << 20}) {
-      for (unsigned qd : {8u, 32u}) {
-        for (unsigned th : {1u, 2u}) {
-          aio::Options o{.block_size = bs, .queue_depth = qd, .thread_count = th};
-          aio::Engine e(o);
-          double t = raw.pipelined(e, n);
-          log::info("sweep: block {} KiB, queue_depth {}, threads {}: {:.2f} GB/s", bs >> 10, qd,
-                    th, gb(2.0 * chunk * n) / t);
-          if (t < best_t) best_t = t, r.best = o;
-        }
+// Picks the aio settings under which the raw pipelined pattern runs fastest (on the first
+// chunks). REQUIRES the file's extents written (not fallocated-unwritten, which reads free).
+aio::Options sweep(const RawIo& raw) {
+  aio::Options best{.block_size = 1 << 20, .queue_depth = 32, .thread_count = 1};
+  const size_t n = std::min<size_t>(raw.chunks.size(), 6);
+  double best_t = 1e30;
+  for (size_t bs : {size_t(1) << 20, size_t(4) << 20}) {
+    for (unsigned qd : {8u, 32u}) {
+      for (unsigned th : {1u, 2u}) {
+        aio::Options o{.block_size = bs, .queue_depth = qd, .thread_count = th};
+        aio::Engine e(o);
+        double t = raw.pipelined(e, n);
+        double bytes = 0;
+        for (size_t k = 0; k < n; ++k) bytes += 2.0 * raw.chunks[k].second;
+        log::info("sweep: block {} KiB, queue_depth {}, threads {}: {:.2f} GB/s", bs >> 10, qd, th,
+                  gb(bytes) / t);
+        if (t < best_t) best_t = t, best = o;
       }
     }
   }
-  aio::Engine e(r.best);
-  log::info("raw aio at the best settings: read, write, pipelined read+write-back");
-  r.read_s = raw.sequential(e, false);
-  r.write_s = raw.sequential(e, true);
-  r.pipelined_s = raw.pipelined(e, chunks);
+  return best;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// `reps` rounds of (raw pipelined I/O, NVMe step), interleaved so that drift in the disk's
+// speed hits both alike. Returns per-round times.
+struct Rounds {
+  std::vector<double> io, step;
+  OptimizerStepStats best_stats;
+};
+
+Rounds interleaved(RawIo raw, PinnedPool& pool, aio::Engine& e, OptimizerSwapper& opt,
+                   const std::vector<float>& grads, std::vector<uint16_t>& out, int reps,
+                   uint64_t first_step, const char* label) {
+  Rounds r;
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    log::info("round {}/{} ({}): raw aio read+write-back, then the NVMe step", i + 1, reps, label);
+    {
+      PinnedBuffer ring = pool.acquire(raw.buffers * raw.slot);  // returned before the step
+      raw.ring = ring.data();
+      r.io.push_back(raw.pipelined(e, raw.chunks.size()));
+    }
+    auto t0 = Clock::now();
+    opt.step(0, grads, hyper(first_step + i), {out.data(), DType::BF16});
+    r.step.push_back(since(t0));
+    if (r.step.back() < best) best = r.step.back(), r.best_stats = opt.last_step_stats();
+  }
   return r;
 }
 
 // ---------------------------------------------------------------------------------------------
-
-struct StepRun {
-  double first_s = 0, best_s = 0, init_s = 0;
-  OptimizerStepStats stats;
-  SwapperStats swap_stats;
-};
 
 int run(const Args& a) {
   const cpu_adam::Executor ex(a.threads);
@@ -174,123 +176,130 @@ int run(const Args& a) {
   const size_t groups = (N + sg - 1) / sg;
   SwapFileSpec spec = optimizer_file_spec(0, N, sg);
   const uint64_t state_bytes = SwapSpace::bytes_needed(std::span(&spec, 1));
+  const double io_bytes = 2.0 * double(state_bytes);
 
   fs::create_directories(a.dir);
-  struct statvfs st {};
-  if (::statvfs(a.dir.c_str(), &st) == 0) {
-    uint64_t free_bytes = uint64_t(st.f_bavail) * st.f_frsize;
-    // The raw-I/O file and the swap file exist one after the other, never together.
-    if (state_bytes + (1ull << 30) > free_bytes) {
-      throw IoError(a.dir.string(), ENOSPC,
-                    fmt::format("swap_bench needs {} bytes free, {} free; use a smaller --params",
-                                state_bytes + (1ull << 30), free_bytes));
-    }
-  }
   fmt::print(
       "swap_bench: {} params ({:.2f} GB of fp32 master + exp_avg + exp_avg_sq on disk), "
       "sub_group_size {} ({} sub-groups), buffer_count {}, {} cpu threads, dir {}\n",
       N, gb(double(state_bytes)), sg, groups, a.buffers, ex.threads(), a.dir.string());
-
+  SwapSpace space({.nvme_path = a.dir}, std::span(&spec, 1));  // ENOSPC here if it won't fit
   PinnedPool pool({.budget_bytes = a.buffers * slot});
   fmt::print("pinned pool: {:.2f} GB, {}\n", gb(double(pool.budget_bytes())),
              pool.locked() ? "mlocked" : "NOT locked (mlock refused)");
 
-  // 1. Raw aio bound.
-  IoBound io = measure_io(a, slot, groups, pool);
-  const double io_bytes = 2.0 * double(state_bytes);
+  // 1. Raw aio on the swap file itself, before the state is written: fill it, sweep the
+  //    settings, time plain read and write at the best ones.
+  RawIo raw{space.file({0, SwapKind::kOptimizer, 0}), {}, nullptr, slot, a.buffers};
+  for (size_t k = 0; k < groups; ++k) {
+    const TensorInfo& t = space.info({0, SwapKind::kOptimizer, uint32_t(k)});
+    raw.chunks.emplace_back(t.offset, t.slot_bytes());
+  }
+  aio::Options best{.block_size = 1 << 20, .queue_depth = 32, .thread_count = 1};
+  double read_s, write_s;
+  {
+    PinnedBuffer ring = pool.acquire(a.buffers * slot);
+    std::memset(ring.data(), 0x5a, ring.capacity());
+    raw.ring = ring.data();
+    {
+      aio::Engine e(best);
+      log::info("raw aio: writing {:.2f} GB (gives the file real extents)", gb(state_bytes));
+      raw.sequential(e, /*write=*/true);
+    }
+    if (a.sweep) best = sweep(raw);
+    aio::Engine e(best);
+    read_s = raw.sequential(e, false);
+    write_s = raw.sequential(e, true);
+  }
 
-  // 2. In-memory cpu_adam step on the same state.
-  log::info("allocating {:.2f} GB of host state for the in-memory step", gb(N * 20.0));
+  // 2. In-memory cpu_adam steps, the NVMe state initialised from the same values first.
+  log::info("allocating {:.2f} GB of host memory", gb(N * 20.0));
   std::vector<float> grads(N), p(N), m(N, 0.0f), v(N, 0.0f);
   std::vector<uint16_t> out_mem(N), out_nvme(N);
   fill(grads, 1, 1000.0f, ex);
   fill(p, 2, 1.0f, ex);
 
-  aio::Engine engine(io.best);
-  SwapSpace space({.nvme_path = a.dir}, std::span(&spec, 1));
+  aio::Engine engine(best);
   Swapper swapper(space, engine, {.verify_checksums = true}, &ex);
   OptimizerSwapperOptions oo{.sub_group_size = sg,
                              .buffer_count = a.buffers,
                              .pipeline_read = true,
                              .pipeline_write = true};
-  StepRun on;
-  {
-    OptimizerSwapper opt(swapper, pool, oo, &ex);
-    log::info("initialising the NVMe state");
-    auto t0 = Clock::now();
-    opt.init_state(0, p);
-    on.init_s = since(t0);
-
-    double mem_best = 1e30;
-    for (int s = 1; s <= a.steps; ++s) {
-      t0 = Clock::now();
-      cpu_adam::adam_step(hyper(s), N, p.data(), {grads.data(), DType::F32}, m.data(), v.data(),
-                          {out_mem.data(), DType::BF16}, &ex);
-      mem_best = std::min(mem_best, since(t0));
-    }
-    std::vector<float>().swap(m);
-    std::vector<float>().swap(v);
-
-    // 3. The NVMe step, checksums on.
-    on.best_s = 1e30;
-    for (int s = 1; s <= a.steps; ++s) {
-      log::info("NVMe step {} (checksums on)", s);
-      t0 = Clock::now();
-      opt.step(0, grads, hyper(s), {out_nvme.data(), DType::BF16});
-      double t = since(t0);
-      if (s == 1) on.first_s = t;
-      on.best_s = std::min(on.best_s, t);
-      if (t <= on.best_s) on.stats = opt.last_step_stats();
-    }
-    bool identical = out_mem == out_nvme;
-    std::vector<float> master(N);
-    opt.read_master(0, master);
-    identical = identical && std::memcmp(master.data(), p.data(), N * 4) == 0;
-    on.swap_stats = swapper.stats();
-
-    const double bound = std::max(io.bound(), mem_best);
-    fmt::print("\naio best settings: block_size {} KiB, queue_depth {}, thread_count {}\n",
-               io.best.block_size >> 10, io.best.queue_depth, io.best.thread_count);
-    fmt::print("aio read   {:.2f} GB: {:7.3f} s ({:.2f} GB/s)\n", gb(state_bytes), io.read_s,
-               gb(state_bytes) / io.read_s);
-    fmt::print("aio write  {:.2f} GB: {:7.3f} s ({:.2f} GB/s)\n", gb(state_bytes), io.write_s,
-               gb(state_bytes) / io.write_s);
-    fmt::print("aio pipelined read+write-back {:.2f} GB: {:7.3f} s ({:.2f} GB/s)\n", gb(io_bytes),
-               io.pipelined_s, gb(io_bytes) / io.pipelined_s);
-    fmt::print("io bound = min(read + write, pipelined)          {:7.3f} s\n", io.bound());
-    fmt::print("in-memory cpu_adam step (best of {})               {:7.3f} s\n", a.steps, mem_best);
-    fmt::print("bound = max(io bound, in-memory step)            {:7.3f} s\n", bound);
-    fmt::print("NVMe state init (write {:.2f} GB)                 {:7.3f} s\n", gb(state_bytes),
-               on.init_s);
-    fmt::print("NVMe step, checksums on (best of {})              {:7.3f} s (first {:.3f} s)\n",
-               a.steps, on.best_s, on.first_s);
-    fmt::print("  of which: compute {:.3f} s, blocked on reads {:.3f} s, on writes {:.3f} s\n",
-               on.stats.compute_seconds, on.stats.read_wait_seconds, on.stats.write_wait_seconds);
-    fmt::print("  CRC32C time over all swaps so far: {:.3f} s for {:.2f} GB\n",
-               on.swap_stats.checksum_seconds,
-               gb(double(on.swap_stats.bytes_in + on.swap_stats.bytes_out)));
-    fmt::print("RATIO step / bound = {:.3f} (goal <= 1.15)\n", on.best_s / bound);
-    fmt::print("NVMe step output and master bit-identical to in-memory: {}\n",
-               identical ? "yes" : "NO");
-    if (!identical) return 1;
-  }
-
-  // 4. Checksums off: a fresh swapper over the same files (initialised from arbitrary values).
-  std::vector<float>().swap(p);
-  Swapper plain(space, engine, {.verify_checksums = false}, &ex);
-  OptimizerSwapper opt(plain, pool, oo, &ex);
-  log::info("initialising the NVMe state again (checksums off)");
-  opt.init_state(0, grads);
-  double off_best = 1e30;
+  OptimizerSwapper opt(swapper, pool, oo, &ex);
+  log::info("initialising the NVMe state");
+  auto t0 = Clock::now();
+  opt.init_state(0, p);
+  const double init_s = since(t0);
+  std::vector<double> mem;
   for (int s = 1; s <= a.steps; ++s) {
-    log::info("NVMe step {} (checksums off)", s);
-    auto t0 = Clock::now();
-    opt.step(0, grads, hyper(s), {out_nvme.data(), DType::BF16});
-    off_best = std::min(off_best, since(t0));
+    t0 = Clock::now();
+    cpu_adam::adam_step(hyper(s), N, p.data(), {grads.data(), DType::F32}, m.data(), v.data(),
+                        {out_mem.data(), DType::BF16}, &ex);
+    mem.push_back(since(t0));
   }
-  fmt::print("NVMe step, checksums off (best of {})             {:7.3f} s\n", a.steps, off_best);
-  fmt::print("checksum cost: {:+.1f}% of the step\n", 100.0 * (on.best_s - off_best) / off_best);
-  return 0;
+  std::vector<float>().swap(m);
+  std::vector<float>().swap(v);
+
+  // 3. Interleaved rounds: raw pipelined aio on the swap file, NVMe step (checksums on).
+  Rounds on = interleaved(raw, pool, engine, opt, grads, out_nvme, a.steps, 1, "checksums on");
+  std::vector<float> master(N);
+  opt.read_master(0, master);
+  const bool identical =
+      out_mem == out_nvme && std::memcmp(master.data(), p.data(), N * sizeof(float)) == 0;
+  const SwapperStats crc = swapper.stats();
+
+  // 4. The same with checksums off: a second swapper over the same files.
+  Swapper plain(space, engine, {.verify_checksums = false}, &ex);
+  OptimizerSwapper opt_plain(plain, pool, oo, &ex);
+  log::info("initialising the NVMe state again (checksums off)");
+  opt_plain.init_state(0, master);
+  Rounds off =
+      interleaved(raw, pool, engine, opt_plain, grads, out_nvme, a.steps, 1, "checksums off");
+
+  const double mem_best = *std::min_element(mem.begin(), mem.end());
+  const double pipe_best = std::min(*std::min_element(on.io.begin(), on.io.end()),
+                                    *std::min_element(off.io.begin(), off.io.end()));
+  const double io_bound = std::min(read_s + write_s, pipe_best);
+  const double bound = std::max(io_bound, mem_best);
+  const double on_best = *std::min_element(on.step.begin(), on.step.end());
+  const double off_best = *std::min_element(off.step.begin(), off.step.end());
+  std::vector<double> paired;  // step / raw I/O of the same round
+  for (size_t i = 0; i < on.step.size(); ++i) {
+    paired.push_back(on.step[i] / std::max(on.io[i], mem_best));
+  }
+
+  fmt::print("\naio best settings: block_size {} KiB, queue_depth {}, thread_count {}\n",
+             best.block_size >> 10, best.queue_depth, best.thread_count);
+  fmt::print("aio read   {:5.2f} GB                              {:7.3f} s ({:.2f} GB/s)\n",
+             gb(state_bytes), read_s, gb(state_bytes) / read_s);
+  fmt::print("aio write  {:5.2f} GB                              {:7.3f} s ({:.2f} GB/s)\n",
+             gb(state_bytes), write_s, gb(state_bytes) / write_s);
+  fmt::print("aio pipelined read+write-back {:5.2f} GB (best of {}) {:7.3f} s ({:.2f} GB/s)\n",
+             gb(io_bytes), 2 * a.steps, pipe_best, gb(io_bytes) / pipe_best);
+  fmt::print("io bound = min(read + write, pipelined)            {:7.3f} s\n", io_bound);
+  fmt::print("in-memory cpu_adam step (best of {})                 {:7.3f} s\n", a.steps, mem_best);
+  fmt::print("bound = max(io bound, in-memory step)              {:7.3f} s\n", bound);
+  fmt::print("NVMe state init (write {:.2f} GB, checksums on)     {:7.3f} s\n", gb(state_bytes),
+             init_s);
+  fmt::print("NVMe step, checksums on  (best of {})               {:7.3f} s  rounds:", a.steps,
+             on_best);
+  for (double t : on.step) fmt::print(" {:.3f}", t);
+  fmt::print("\n  best step: compute {:.3f} s, blocked on reads {:.3f} s, on writes {:.3f} s\n",
+             on.best_stats.compute_seconds, on.best_stats.read_wait_seconds,
+             on.best_stats.write_wait_seconds);
+  fmt::print("  CRC32C: {:.3f} s of thread time for {:.2f} GB swapped in this run\n",
+             crc.checksum_seconds, gb(double(crc.bytes_in + crc.bytes_out)));
+  fmt::print("NVMe step, checksums off (best of {})               {:7.3f} s  rounds:", a.steps,
+             off_best);
+  for (double t : off.step) fmt::print(" {:.3f}", t);
+  fmt::print("\nchecksum cost: {:+.1f}% of the step (best on vs best off)\n",
+             100.0 * (on_best - off_best) / off_best);
+  fmt::print(
+      "RATIO step / bound = {:.3f} (goal <= 1.15); median per-round step / raw I/O = {:.3f}\n",
+      on_best / bound, median(paired));
+  fmt::print("NVMe step output and master bit-identical to in-memory: {}\n",
+             identical ? "yes" : "NO");
+  return identical ? 0 : 1;
 }
 
 }  // namespace

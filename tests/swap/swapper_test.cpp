@@ -19,8 +19,7 @@ const std::vector<uint64_t> kSizes = {
 
 std::vector<SwapFileSpec> sized_plan(const std::vector<uint64_t>& sizes) {
   SwapFileSpec f{.unit = 2, .kind = SwapKind::kParam, .tensors = {}};
-  for (size_t i = 0; i < sizes.size(); ++i)
-    f.tensors.push_back({fmt::format("t{}", i), sizes[i]});
+  for (size_t i = 0; i < sizes.size(); ++i) f.tensors.push_back({fmt::format("t{}", i), sizes[i]});
   return {f};
 }
 
