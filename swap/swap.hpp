@@ -59,11 +59,11 @@ namespace outcore::swap {
 // =============================================================================================
 // PinnedPool: aligned, page-locked host buffers under a hard byte budget.
 
-// Called once with the pool's whole region after it is allocated and locked, and (only if
-// on_register is set and succeeded) once with
-// the same region before it is freed (e.g. cudaHostRegister / cudaHostUnregister). `on_register`
-// may throw: the pool constructor then fails with that error. `on_unregister` must not throw
-// (an exception from it is caught and logged).
+// on_register is called once with the pool's whole region after it is allocated and locked;
+// if it is set and succeeded, on_unregister is called once with the same region before it is
+// freed (e.g. cudaHostRegister / cudaHostUnregister). `on_register` may throw: the pool
+// constructor then fails with that error. `on_unregister` must not throw (an exception from
+// it is caught and logged).
 struct RegistrationHook {
   std::function<void(std::span<std::byte>)> on_register;
   std::function<void(std::span<std::byte>)> on_unregister;
