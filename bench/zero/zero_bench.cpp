@@ -1,0 +1,197 @@
+// Training throughput with parameters and optimizer state on NVMe (ZeRO-3, offload_param and
+// offload_optimizer nvme, device budget below the model's state) against the same model in
+// memory (stage 0), measured in the same run.
+//
+//   zero_bench [--hidden 512] [--layers 8] [--vocab 8192] [--seq 256] [--micro 2] [--gas 4]
+//              [--steps 6] [--dtype bf16|fp32] [--nvme DIR] [--device-fraction 0.25]
+//
+// The two engines train the same data step by step, alternating (in-memory step t, NVMe step
+// t, ...), so both see the same machine load; the ratio is the median of per-step ratios and
+// also the ratio of total times. The losses of the two runs must be bit-identical.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "engine/comm/local_comm.hpp"
+#include "engine/config/config.hpp"
+#include "engine/device/device.hpp"
+#include "engine/model/model.hpp"
+#include "engine/zero/zero.hpp"
+
+namespace {
+
+using namespace outcore;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+config::Config make_config(const std::string& json) {
+  config::Config cfg = config::parse_config(json, "zero_bench").config;
+  config::resolve_auto(cfg, {});
+  return cfg;
+}
+
+struct Runner {
+  std::string name;
+  config::Config cfg;
+  device::CpuDevice dev;
+  comm::LocalComm comm;
+  std::unique_ptr<zero::ZeroEngine> engine;
+  std::vector<double> seconds;
+  std::vector<float> losses;
+  double fb_seconds = 0, step_seconds = 0;
+
+  Runner(std::string n, const std::string& json, const model::LlamaModel& model, uint64_t budget)
+      : name(std::move(n)), cfg(make_config(json)), dev({.memory_budget_bytes = budget}) {
+    engine = std::make_unique<zero::ZeroEngine>(cfg, model, dev, comm, 1234);
+  }
+
+  void train_step(const model::LlamaModel& model, int t, int64_t gas, bool timed) {
+    const size_t n = static_cast<size_t>(model.tokens());
+    const auto t0 = Clock::now();
+    float loss = 0;
+    for (int64_t k = 0; k < gas; ++k) {
+      std::vector<int32_t> tok(n + 1);
+      uint64_t x = static_cast<uint64_t>(t * 1000 + k) * 2862933555777941757ull + 3037000493ull;
+      for (size_t i = 0; i < tok.size(); ++i) {
+        if (i % 64 == 0) {
+          x = x * 2862933555777941757ull + 3037000493ull;
+          tok[i] = static_cast<int32_t>((x >> 33) % model.config().vocab_size);
+        } else {
+          tok[i] = static_cast<int32_t>((int64_t{tok[i - 1]} * 5 + 3) % model.config().vocab_size);
+        }
+      }
+      loss += engine->forward_backward(tok.data(), tok.data() + 1, 1.0f / gas, k == 0);
+    }
+    const auto t1 = Clock::now();
+    engine->step(zero::step_params(cfg, 1e-3, static_cast<uint64_t>(t), 1.0));
+    if (!timed) return;
+    const double s = seconds_since(t0);
+    seconds.push_back(s);
+    step_seconds += seconds_since(t1);
+    fb_seconds += std::chrono::duration<double>(t1 - t0).count();
+    losses.push_back(loss / gas);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t hidden = 512, layers = 8, vocab = 8192, seq = 256, micro = 2, gas = 4;
+  int steps = 6, warmup = 1;
+  double device_fraction = 0.25;
+  std::string dtype = "bf16";
+  std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_bench_swap";
+  CLI::App app("ZeRO-3 with parameters and optimizer on NVMe vs the same model in memory");
+  app.add_option("--hidden", hidden, "hidden size (heads = hidden/64, kv heads = heads/2)");
+  app.add_option("--layers", layers, "decoder layers");
+  app.add_option("--vocab", vocab, "vocabulary size");
+  app.add_option("--seq", seq, "sequence length");
+  app.add_option("--micro", micro, "sequences per micro-batch");
+  app.add_option("--gas", gas, "micro-batches per optimizer step");
+  app.add_option("--steps", steps, "timed steps per engine");
+  app.add_option("--warmup", warmup, "untimed steps per engine first");
+  app.add_option("--dtype", dtype, "bf16 or fp32");
+  app.add_option("--nvme", nvme, "swap directory");
+  app.add_option("--device-fraction", device_fraction,
+                 "device budget of the NVMe run as a fraction of the model state (16 B/param)");
+  CLI11_PARSE(app, argc, argv);
+
+  model::LlamaConfig mc;
+  mc.hidden_size = hidden;
+  mc.intermediate_size = hidden * 11 / 4 / 64 * 64;
+  mc.num_hidden_layers = layers;
+  mc.num_attention_heads = hidden / 64;
+  mc.num_key_value_heads = std::max<int64_t>(1, hidden / 128);
+  mc.head_dim = 64;
+  mc.vocab_size = vocab;
+  mc.max_position_embeddings = seq;
+  const DType dt = dtype == "fp32" ? DType::F32 : DType::BF16;
+  const model::LlamaModel model(
+      mc,
+      {.micro_batch = micro, .seq_len = seq, .param_dtype = dt, .activation_checkpointing = true});
+  const uint64_t params = mc.num_parameters();
+  const uint64_t budget = static_cast<uint64_t>(device_fraction * 16.0 * params);
+  std::filesystem::create_directories(nvme);
+
+  const std::string common = fmt::format(
+      R"("train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
+         "gradient_clipping": 1.0, "bf16": {{"enabled": {}}},
+         "activation_checkpointing": {{"cpu_checkpointing": true}},)",
+      micro, gas, dt == DType::BF16 ? "true" : "false");
+  Runner mem("in memory (stage 0)", "{" + common + R"("zero_optimization": {"stage": 0}})", model,
+             0);
+  Runner ooc("nvme (stage 3, params+optimizer on NVMe)",
+             "{" + common +
+                 fmt::format(R"("zero_optimization": {{"stage": 3,
+                  "offload_param": {{"device": "nvme", "nvme_path": "{0}"}},
+                  "offload_optimizer": {{"device": "nvme", "nvme_path": "{0}",
+                                         "pipeline_read": true, "pipeline_write": true}},
+                  "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}},
+                  "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}}}})",
+                             nvme),
+             model, budget);
+
+  std::printf(
+      "model: %.1fM parameters, hidden %ld, %ld layers, vocab %ld, %s, seq %ld x micro %ld x gas "
+      "%ld = %ld tokens/step\n",
+      params / 1e6, hidden, layers, vocab, dtype.c_str(), seq, micro, gas, seq * micro * gas);
+  std::printf("nvme run: device budget %.1f MiB (%.2f of the 16 B/param state), swap under %s\n",
+              budget / 1048576.0, device_fraction, nvme.c_str());
+  for (int t = 1; t <= warmup; ++t) {
+    mem.train_step(model, t, gas, false);
+    ooc.train_step(model, t, gas, false);
+  }
+  const zero::TrafficStats tr0 = ooc.engine->traffic();
+  for (int t = warmup + 1; t <= warmup + steps; ++t) {
+    mem.train_step(model, t, gas, true);
+    ooc.train_step(model, t, gas, true);
+    std::printf("step %d: in memory %.2f s, nvme %.2f s, ratio %.3f\n", t, mem.seconds.back(),
+                ooc.seconds.back(), mem.seconds.back() / ooc.seconds.back());
+    std::fflush(stdout);
+  }
+  const zero::TrafficStats tr1 = ooc.engine->traffic();
+  double tm = 0, to = 0;
+  std::vector<double> ratios;
+  for (size_t i = 0; i < mem.seconds.size(); ++i) {
+    tm += mem.seconds[i];
+    to += ooc.seconds[i];
+    ratios.push_back(mem.seconds[i] / ooc.seconds[i]);
+  }
+  const double tokens = static_cast<double>(seq * micro * gas * steps);
+  const bool identical =
+      mem.losses.size() == ooc.losses.size() &&
+      std::memcmp(mem.losses.data(), ooc.losses.data(), mem.losses.size() * sizeof(float)) == 0;
+  std::printf("\n%-44s %10s %10s %10s %12s\n", "run", "tokens/s", "fwd+bwd s", "step s",
+              "device peak");
+  for (Runner* r : {&mem, &ooc})
+    std::printf("%-44s %10.1f %10.2f %10.2f %9.1f MiB\n", r->name.c_str(),
+                tokens / (r == &mem ? tm : to), r->fb_seconds / steps, r->step_seconds / steps,
+                r->engine->memory().device_peak_bytes / 1048576.0);
+  std::printf(
+      "nvme traffic: read %.2f GB/s, write %.2f GB/s, h2d %.2f GB/s, d2h %.2f GB/s (%.2f GB read, "
+      "%.2f GB written per step); pinned peak %.1f MiB\n",
+      (tr1.nvme_read_bytes - tr0.nvme_read_bytes) / to / 1e9,
+      (tr1.nvme_write_bytes - tr0.nvme_write_bytes) / to / 1e9,
+      (tr1.h2d_bytes - tr0.h2d_bytes) / to / 1e9, (tr1.d2h_bytes - tr0.d2h_bytes) / to / 1e9,
+      (tr1.nvme_read_bytes - tr0.nvme_read_bytes) / 1e9 / steps,
+      (tr1.nvme_write_bytes - tr0.nvme_write_bytes) / 1e9 / steps,
+      ooc.engine->memory().pinned_peak_bytes / 1048576.0);
+  std::printf("losses bit-identical: %s (last %.4f)\n", identical ? "yes" : "NO",
+              ooc.losses.back());
+  std::printf("tokens/s ratio nvme / in memory: median per step %.3f, total %.3f (goal >= 0.85)\n",
+              median(ratios), tm / to);
+  return identical ? 0 : 1;
+}
