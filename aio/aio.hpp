@@ -156,7 +156,9 @@ class IoQueue {
   virtual ~IoQueue() = default;
   // Queues `r` for the next submit(). Returns false if the submission queue is full.
   virtual bool prepare(const IoRequest& r) = 0;
-  // Hands prepared requests to the device. Returns the number submitted or -errno.
+  // Hands prepared requests to the device. Returns how many of the requests prepared since
+  // the last call are now submitted (those not yet submitted stay prepared for the next
+  // call), or -errno.
   virtual int submit() = 0;
   // Reaps up to `out.size()` completions. timeout: zero = do not block; negative = block
   // until at least one completes; positive = block at most that long. Returns the number
@@ -200,7 +202,8 @@ struct Fault {
   uint64_t every = 0;        // 0: fire once
   int direction = -1;        // -1 any, 0 reads only, 1 writes only (count only those)
   uint32_t short_bytes = 0;  // kShort: 0 = half the request, rounded down to 4096 when
-                             // the request is 4096-aligned
+                             // the request is 4096-aligned; a request that cannot be
+                             // shortened (1 byte, one aligned page) passes unchanged
   std::chrono::microseconds delay{1000};
 };
 

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "aio/aio.hpp"
@@ -57,14 +58,11 @@ class FaultQueue final : public IoQueue {
     if (!f) return prepare_inner(r);
     switch (f->kind) {
       case Fault::Kind::kEio:
-        held_.push_back({{r.user_data, -EIO}, Clock::now()});
-        return true;
+        return synthesize(r, -EIO);
       case Fault::Kind::kEnospc:
-        held_.push_back({{r.user_data, -ENOSPC}, Clock::now()});
-        return true;
+        return synthesize(r, -ENOSPC);
       case Fault::Kind::kZero:
-        held_.push_back({{r.user_data, 0}, Clock::now()});
-        return true;
+        return synthesize(r, 0);
       case Fault::Kind::kShort: {
         IoRequest s = r;
         s.len = short_length(r, f->short_bytes);
@@ -78,7 +76,12 @@ class FaultQueue final : public IoQueue {
     return prepare_inner(r);
   }
 
-  int submit() override { return inner_->submit(); }
+  // Synthesized completions count as submitted, as the IoQueue contract requires.
+  int submit() override {
+    int rc = inner_->submit();
+    if (rc < 0) return rc;
+    return rc + static_cast<int>(std::exchange(synthesized_, 0));
+  }
 
   int reap(std::span<IoCompletion> out, std::chrono::nanoseconds timeout) override {
     const Clock::time_point deadline =
@@ -115,11 +118,19 @@ class FaultQueue final : public IoQueue {
     std::chrono::microseconds delay;
   };
 
+  bool synthesize(const IoRequest& r, int32_t res) {
+    held_.push_back({{r.user_data, res}, Clock::now()});
+    ++synthesized_;
+    return true;
+  }
+
+  // A length in (0, len); len itself when the request cannot be shortened (one byte, or
+  // one aligned 4 KiB page that O_DIRECT cannot split).
   static uint32_t short_length(const IoRequest& r, uint32_t want) {
     if (want != 0 && want < r.len) return want;
     uint32_t half = r.len / 2;
     if (r.len % 4096 == 0 && r.offset % 4096 == 0) half = half / 4096 * 4096;
-    return half;  // may be 0 for a single 4 KiB request: a zero-length transfer
+    return half == 0 ? r.len : half;
   }
 
   bool prepare_inner(const IoRequest& r) {
@@ -180,6 +191,7 @@ class FaultQueue final : public IoQueue {
   std::unique_ptr<IoQueue> inner_;
   std::shared_ptr<FaultInjectingBackend::State> state_;
   unsigned inner_inflight_ = 0;
+  unsigned synthesized_ = 0;  // since the last submit()
   std::vector<Held> held_;
   std::vector<Delayed> delayed_;
   std::vector<IoCompletion> scratch_;

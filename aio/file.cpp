@@ -18,7 +18,12 @@ namespace {
 
 int real_open(const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); }
 
+int real_fallocate(int fd, int mode, off_t offset, off_t len) {
+  return ::fallocate(fd, mode, offset, len);
+}
+
 std::atomic<internal::OpenFunction> g_open{&real_open};
+std::atomic<internal::FallocateFunction> g_fallocate{&real_fallocate};
 std::atomic<uint64_t> g_next_serial{1};
 
 std::mutex g_warned_mu;
@@ -61,6 +66,9 @@ int open_retrying(const char* path, int flags) {
 namespace internal {
 OpenFunction set_open_function_for_testing(OpenFunction fn) {
   return g_open.exchange(fn == nullptr ? &real_open : fn);
+}
+FallocateFunction set_fallocate_function_for_testing(FallocateFunction fn) {
+  return g_fallocate.exchange(fn == nullptr ? &real_fallocate : fn);
 }
 void reset_fallback_warnings_for_testing() {
   std::lock_guard lock(g_warned_mu);
@@ -129,7 +137,7 @@ void File::preallocate(uint64_t bytes) {
   if (bytes == 0) return;
   int rc;
   do {
-    rc = ::fallocate(fd_, 0, 0, static_cast<off_t>(bytes));
+    rc = g_fallocate.load()(fd_, 0, 0, static_cast<off_t>(bytes));
   } while (rc != 0 && errno == EINTR);
   if (rc == 0) return;
   if (errno != EOPNOTSUPP) throw IoError(path(), 0, bytes, errno, "fallocate");

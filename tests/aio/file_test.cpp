@@ -1,0 +1,216 @@
+// aio::File: open modes, O_DIRECT and its buffered fallback, preallocate, sync, close.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/statfs.h>
+
+#include <sstream>
+
+#include "aio/aio.hpp"
+#include "aio/file_internal.hpp"
+#include "tests/aio/test_util.hpp"
+
+namespace outcore::aio {
+namespace {
+
+using test::TempDir;
+
+constexpr OpenOptions kCreateRw{.access = Access::kReadWrite, .create = true};
+
+// Captures log lines for the lifetime of the object.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::string text() const { return out_.str(); }
+  static size_t count(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+    return n;
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+TEST(File, OpenMissingFileThrowsIoErrorNamingPathAndErrno) {
+  TempDir dir;
+  auto path = dir / "missing.bin";
+  try {
+    File::open(path, {});
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.file(), path.string());
+    EXPECT_EQ(e.error_number(), ENOENT);
+    EXPECT_NE(std::string(e.what()).find("missing.bin"), std::string::npos);
+  }
+}
+
+TEST(File, CreateOnBuildDirectoryIsDirect) {
+  TempDir dir;
+  File f = File::open(dir / "a.bin", kCreateRw);
+  ASSERT_TRUE(f.is_open());
+  if (!f.direct()) GTEST_SKIP() << "the build tree's filesystem refuses O_DIRECT";
+  EXPECT_EQ(f.size(), 0u);
+  EXPECT_EQ(f.path(), (dir / "a.bin").string());
+}
+
+TEST(File, ExclusiveCreateOfExistingFileFails) {
+  TempDir dir;
+  File::open(dir / "a.bin", kCreateRw);
+  OpenOptions excl = kCreateRw;
+  excl.exclusive = true;
+  try {
+    File::open(dir / "a.bin", excl);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), EEXIST);
+  }
+}
+
+TEST(File, PreallocateSetsSizeAndNeverShrinks) {
+  TempDir dir;
+  File f = File::open(dir / "a.bin", kCreateRw);
+  f.preallocate(1 << 20);
+  EXPECT_EQ(f.size(), 1u << 20);
+  f.preallocate(4096);
+  EXPECT_EQ(f.size(), 1u << 20);
+  f.truncate(8192);
+  EXPECT_EQ(f.size(), 8192u);
+  f.fdatasync();
+  f.fsync();
+}
+
+TEST(File, PreallocateBeyondMaximumFileSizeReportsPathLengthAndErrno) {
+  TempDir dir;
+  File f = File::open(dir / "a.bin", kCreateRw);
+  try {
+    f.preallocate(uint64_t{1} << 62);  // past every filesystem's limit: EFBIG, checked up front
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.file(), f.path());
+    EXPECT_EQ(e.length(), uint64_t{1} << 62);
+    EXPECT_NE(e.error_number(), 0);
+    EXPECT_NE(std::string(e.what()).find("fallocate"), std::string::npos);
+  }
+}
+
+int fallocate_enospc(int, int, off_t, off_t) {
+  errno = ENOSPC;
+  return -1;
+}
+int fallocate_unsupported(int, int, off_t, off_t) {
+  errno = EOPNOTSUPP;
+  return -1;
+}
+
+TEST(File, PreallocateOnFullDiskIsIoErrorWithEnospc) {
+  TempDir dir;
+  File f = File::open(dir / "a.bin", kCreateRw);
+  auto previous = internal::set_fallocate_function_for_testing(&fallocate_enospc);
+  try {
+    f.preallocate(1 << 20);
+    ADD_FAILURE() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), ENOSPC);
+    EXPECT_EQ(e.file(), f.path());
+    EXPECT_NE(std::string(e.what()).find("No space left"), std::string::npos);
+  }
+  internal::set_fallocate_function_for_testing(previous);
+}
+
+TEST(File, PreallocateWithoutFallocateSupportSetsSizeAndWarns) {
+  TempDir dir;
+  File f = File::open(dir / "a.bin", kCreateRw);
+  LogCapture log;
+  auto previous = internal::set_fallocate_function_for_testing(&fallocate_unsupported);
+  f.preallocate(1 << 20);
+  internal::set_fallocate_function_for_testing(previous);
+  EXPECT_EQ(f.size(), 1u << 20);
+  EXPECT_EQ(LogCapture::count(log.text(), "fallocate is not supported"), 1u);
+}
+
+TEST(File, MoveTransfersOwnershipAndCloseReleases) {
+  TempDir dir;
+  int before = test::open_fd_count();
+  File a = File::open(dir / "a.bin", kCreateRw);
+  uint64_t serial = a.serial();
+  File b = std::move(a);
+  EXPECT_FALSE(a.is_open());
+  EXPECT_TRUE(b.is_open());
+  EXPECT_EQ(b.serial(), serial);
+  EXPECT_EQ(test::open_fd_count(), before + 1);
+  b.close();
+  EXPECT_FALSE(b.is_open());
+  b.close();  // no-op
+  EXPECT_EQ(test::open_fd_count(), before);
+  EXPECT_THROW(b.size(), IoError);
+}
+
+TEST(File, BufferedWhenAsked) {
+  TempDir dir;
+  OpenOptions o = kCreateRw;
+  o.direct = false;
+  File f = File::open(dir / "a.bin", o);
+  EXPECT_FALSE(f.direct());
+  EXPECT_EQ(::fcntl(f.fd(), F_GETFL) & O_DIRECT, 0);
+}
+
+int open_refusing_direct(const char* path, int flags, mode_t mode) {
+  if (flags & O_DIRECT) {
+    errno = EINVAL;
+    return -1;
+  }
+  return ::open(path, flags, mode);
+}
+
+TEST(File, RefusedDirectFallsBackToBufferedWithOneWarning) {
+  TempDir dir;
+  LogCapture log;
+  internal::reset_fallback_warnings_for_testing();
+  auto previous = internal::set_open_function_for_testing(&open_refusing_direct);
+  File a = File::open(dir / "a.bin", kCreateRw);
+  File b = File::open(dir / "b.bin", kCreateRw);
+  internal::set_open_function_for_testing(previous);
+  EXPECT_FALSE(a.direct());
+  EXPECT_FALSE(b.direct());
+  EXPECT_EQ(LogCapture::count(log.text(), "refuses O_DIRECT"), 1u) << log.text();
+
+  // Misaligned I/O is fine on the buffered file.
+  Engine engine(Options{.block_size = 4096, .queue_depth = 4});
+  std::vector<std::byte> out(10001), in(10001);
+  test::fill_random(out, 7);
+  engine.write(a, 13, out);
+  engine.read(a, 13, in);
+  EXPECT_EQ(test::checksum(in), test::checksum(out));
+}
+
+TEST(File, TmpfsFallsBackOrIsDirect) {
+  struct statfs fs {};
+  constexpr long kTmpfsMagic = 0x01021994;
+  if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != kTmpfsMagic) {
+    GTEST_SKIP() << "/dev/shm is not tmpfs here";
+  }
+  auto path = std::filesystem::path("/dev/shm") /
+              ("outcore-aio-test-" + std::to_string(::getpid()) + ".bin");
+  File f = File::open(path, kCreateRw);
+  std::filesystem::remove(path);
+  if (f.direct()) {
+    GTEST_SKIP() << "tmpfs accepts O_DIRECT on this kernel (>= 6.6); the fallback is covered "
+                    "by RefusedDirectFallsBackToBufferedWithOneWarning";
+  }
+  Engine engine(Options{.block_size = 4096});
+  std::vector<std::byte> out(5000), in(5000);
+  test::fill_random(out, 3);
+  engine.write(f, 1, out);
+  engine.read(f, 1, in);
+  EXPECT_EQ(test::checksum(in), test::checksum(out));
+}
+
+}  // namespace
+}  // namespace outcore::aio
