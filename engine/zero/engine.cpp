@@ -58,10 +58,14 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
       device(device_in),
       comm(comm_in),
       options(std::move(options_in)),
-      g(detail::make_geometry(cfg, model, comm.world_size(), comm.rank(), true)),
-      plan(
-          make_plan(cfg, model,
-                    {.world_size = comm.world_size(), .device_limit_bytes = device_limit(device)})),
+      g(detail::make_geometry(cfg, model, comm.world_size(), comm.rank(), true, options.gradients)),
+      plan(make_plan(
+          cfg, model,
+          {.world_size = comm.world_size(),
+           .device_limit_bytes = device_limit(device),
+           // the geometry's decision, so that kAuto is resolved once
+           .gradients = g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
+                                                             : GradientPlacement::kHost})),
       executor(options.cpu_threads),
       train_sched(detail::train_schedule(model)),
       eval_sched(detail::eval_schedule(model)) {
@@ -101,6 +105,17 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
         detail::optimizer_swap_files(g));
     optimizer_swapper = std::make_unique<swap::Swapper>(*optimizer_space, *aio, so, &executor);
   }
+  if (p.gradients == Tier::kNvme) {
+    grad_space = std::make_unique<swap::SwapSpace>(
+        swap::SwapSpaceOptions{.nvme_path = plan.optimizer_nvme_path, .rank = g.rank},
+        detail::grad_swap_files(g));
+    grad_swapper = std::make_unique<swap::Swapper>(*grad_space, *aio, so, &executor);
+    for (size_t u = 0; u < g.units.size(); ++u)
+      grad_ids.push_back(grad_space->find(static_cast<uint32_t>(u), swap::SwapKind::kGrad, "g"));
+    for (size_t k = 0; k < pl.grad_slots; ++k)
+      grad_buffers.push_back(pool->acquire(pl.grad_slot_bytes));
+    unit_sumsq.assign(g.units.size(), 0.0);
+  }
 
   acts = std::make_unique<model::ActivationBuffers>(model, device,
                                                     cfg.activation_checkpointing.cpu_checkpointing);
@@ -131,7 +146,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     if (p.gradients == Tier::kDevice)
       device_accum.push_back(
           device.alloc(bytes, fmt::format("gradient accumulator of unit {}", u)));
-    else
+    else if (p.gradients == Tier::kHost)
       host_accum.emplace_back(bytes);
   }
   if (p.optimizer == Tier::kNvme) {
@@ -213,8 +228,34 @@ void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool fi
     grad->wait(*f.reduced);
     src = own;
   }
-  float* acc = grad_accumulator(unit);
   const size_t n = ug.accum_len;
+  if (g.placement.gradients == Tier::kNvme) {
+    // The partition's sum so far lives in a swap file: read it (later micro-batches), add,
+    // take its sum of squares (the step's norm uses the last micro-batch's), write it back.
+    // One staging buffer: the grad stream handles one unit at a time.
+    traffic.d2h += n * sizeof(float);
+    const std::span<std::byte> staging{grad_buffers[0].data(), n * sizeof(float)};
+    float* acc = reinterpret_cast<float*>(staging.data());
+    swap::Swapper* sw = grad_swapper.get();
+    const swap::TensorId id = grad_ids[unit];
+    double* sumsq = &unit_sumsq[unit];
+    const cpu_adam::Executor* ex = &executor;
+    if (first)
+      grad->copy_d2h(acc, src, n * sizeof(float));
+    else
+      grad->enqueue([sw, id, staging, acc, src, n] {
+        sw->read(id, staging);
+        accumulate(acc, src, n, false);
+      });
+    grad->enqueue([sw, id, staging, acc, n, sumsq, ex] {
+      *sumsq = cpu_adam::sum_of_squares(acc, DType::F32, n, ex);
+      sw->write(id, staging);
+    });
+    grad->record(*f.done);
+    in_flight.push_back(std::move(f));
+    return;
+  }
+  float* acc = grad_accumulator(unit);
   if (device_accum.empty()) {
     traffic.d2h += n * sizeof(float);
     if (first) {
@@ -368,7 +409,8 @@ void ZeroEngine::write_state(int unit, StateKind kind, std::span<const float> in
 
 TrafficStats ZeroEngine::traffic() const {
   TrafficStats t;
-  for (const swap::Swapper* s : {impl_->param_swapper.get(), impl_->optimizer_swapper.get()}) {
+  for (const swap::Swapper* s :
+       {impl_->param_swapper.get(), impl_->optimizer_swapper.get(), impl_->grad_swapper.get()}) {
     if (s == nullptr) continue;
     const swap::SwapperStats ss = s->stats();
     t.nvme_read_bytes += ss.bytes_in;

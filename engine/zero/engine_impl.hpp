@@ -46,6 +46,9 @@ struct ZeroEngine::Impl {
   void initialise(uint64_t seed);
   float* grad_partition(int unit);
   float* grad_accumulator(int unit);
+  // The unit's reduced fp32 gradients for its Adam step (read from NVMe into grad buffer
+  // `slot` when they live there).
+  const float* load_grads(int unit, size_t slot);
   void get_master_weights(int unit, std::span<float> out);
   void get_params(int unit, std::span<std::byte> out);
   void read_state(int unit, StateKind kind, std::span<float> out);
@@ -67,6 +70,11 @@ struct ZeroEngine::Impl {
   std::unique_ptr<aio::Engine> aio;
   std::unique_ptr<swap::SwapSpace> param_space, optimizer_space;
   std::unique_ptr<swap::Swapper> param_swapper, optimizer_swapper;
+  std::unique_ptr<swap::SwapSpace> grad_space;  // gradient accumulators on NVMe
+  std::unique_ptr<swap::Swapper> grad_swapper;
+  std::vector<swap::TensorId> grad_ids;
+  std::vector<swap::PinnedBuffer> grad_buffers;  // [0]: accumulation; [k]: unit steps
+  std::vector<double> unit_sumsq;                // NVMe gradients: sum of squares per unit
   detail::TrafficCounters traffic;
 
   std::unique_ptr<model::ActivationBuffers> acts;

@@ -48,6 +48,13 @@ void ZeroEngine::Impl::check_unit(int unit) const {
         fmt::format("zero: unit {} does not exist (the model has {} units)", unit, g.units.size()));
 }
 
+const float* ZeroEngine::Impl::load_grads(int unit, size_t slot) {
+  if (g.placement.gradients != Tier::kNvme) return grad_partition(unit);
+  swap::PinnedBuffer& b = grad_buffers.at(slot % grad_buffers.size());
+  grad_swapper->read(grad_ids[unit], {b.data(), g.units[unit].accum_len * sizeof(float)});
+  return b.as<float>().data();
+}
+
 float* ZeroEngine::Impl::grad_partition(int unit) {
   float* acc = grad_accumulator(unit);
   return g.placement.stage <= 1 ? acc + g.units[unit].own_off : acc;
@@ -174,8 +181,10 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
   // Global norm: per-unit sums of squares in double, in unit order, then over ranks.
   double total = 0.0;
   for (size_t u = 0; u < U; ++u)
-    total += cpu_adam::sum_of_squares(grad_partition(static_cast<int>(u)), DType::F32,
-                                      g.units[u].own_len, &executor);
+    total += g.placement.gradients == Tier::kNvme
+                 ? unit_sumsq[u]  // taken when the last micro-batch's sum was written
+                 : cpu_adam::sum_of_squares(grad_partition(static_cast<int>(u)), DType::F32,
+                                            g.units[u].own_len, &executor);
   if (stage != 0) comm.all_reduce(std::span<double>(&total, 1), comm::ReduceOp::kSum);
 
   StepResult r;
@@ -214,7 +223,7 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
     for (size_t u = 0; u < U; ++u) {
       const int unit = static_cast<int>(u);
       publish(unit, u % slots,
-              [&](std::byte* out) { optimizer->step(unit, grad_partition(unit), hp, out, dt); });
+              [&](std::byte* out) { optimizer->step(unit, load_grads(unit, u), hp, out, dt); });
     }
   } else {
     // Units step on worker threads, `concurrent` at a time (NVMe reads of one overlap the
@@ -238,9 +247,8 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
         const int unit = static_cast<int>(u);
         Running rn{unit, u % slots, false, {}};
         std::byte* out = publish_target(unit, rn.slot, rn.staged);
-        float* grads = grad_partition(unit);
-        rn.done = std::async(std::launch::async, [this, unit, grads, &hp, out, dt] {
-          optimizer->step(unit, grads, hp, out, dt);
+        rn.done = std::async(std::launch::async, [this, unit, u, &hp, out, dt] {
+          optimizer->step(unit, load_grads(unit, u), hp, out, dt);
         });
         running.push_back(std::move(rn));
       }

@@ -1,6 +1,8 @@
 #include "engine/zero/geometry.hpp"
 
 #include <algorithm>
+#include <fstream>
+#include <string>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -67,7 +69,7 @@ Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& 
 }
 
 Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model, int world,
-                       int rank, bool warn) {
+                       int rank, bool warn, GradientPlacement gradients) {
   if (world < 1 || rank < 0 || rank >= world)
     throw InvalidArgument(fmt::format("zero: rank {} of world size {} is invalid", rank, world));
   if (model.options().world_size != world)
@@ -95,7 +97,23 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
     g.max_padded = std::max(g.max_padded, u.padded);
     g.units.push_back(u);
   }
+  if (g.placement.optimizer == Tier::kNvme && gradients != GradientPlacement::kHost) {
+    uint64_t bytes = 0;
+    for (const UnitGeometry& u : g.units) bytes += u.accum_len * sizeof(float);
+    const uint64_t avail = gradients == GradientPlacement::kAuto ? mem_available_bytes() : 0;
+    if (gradients == GradientPlacement::kNvme || (avail > 0 && bytes > avail / 4))
+      g.placement.gradients = Tier::kNvme;
+  }
   return g;
+}
+
+uint64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t kb = 0;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
 }
 
 std::vector<PassStep> train_schedule(const model::LlamaModel& model) {

@@ -39,7 +39,10 @@ struct Geometry {
 Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& model, bool warn);
 
 Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model, int world,
-                       int rank, bool warn);
+                       int rank, bool warn, GradientPlacement gradients = GradientPlacement::kHost);
+
+// MemAvailable from /proc/meminfo in bytes (0 when unknown).
+uint64_t mem_available_bytes();
 
 // One step of a pass over the units: the unit that computes, and every unit whose parameters
 // it needs resident on the device (empty for the embedding's backward, which needs none).

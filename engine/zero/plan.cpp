@@ -58,6 +58,15 @@ std::vector<swap::SwapFileSpec> param_swap_files(const Geometry& g) {
   return files;
 }
 
+std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g) {
+  std::vector<swap::SwapFileSpec> files;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    files.push_back({.unit = static_cast<uint32_t>(u),
+                     .kind = swap::SwapKind::kGrad,
+                     .tensors = {{"g", g.units[u].accum_len * sizeof(float)}}});
+  return files;
+}
+
 std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g) {
   std::vector<swap::SwapFileSpec> files;
   for (size_t u = 0; u < g.units.size(); ++u)
@@ -104,12 +113,19 @@ PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, bool re
     l.concurrent_steps = concurrent;
     l.optimizer_lease_bytes = optimizer_lease_bytes(g, l.optimizer_buffer_count);
   }
+  if (p.gradients == Tier::kNvme) {
+    size_t longest = 0;
+    for (const UnitGeometry& u : g.units) longest = std::max(longest, u.accum_len);
+    l.grad_slots = concurrent + 1;
+    l.grad_slot_bytes = align_up(longest * sizeof(float), kIoAlignment);
+  }
   return l;
 }
 
 uint64_t PinnedLayout::total() const {
   return param_partitions + fetch_slots * fetch_slot_bytes +
-         writeback_slots * writeback_slot_bytes + concurrent_steps * optimizer_lease_bytes;
+         writeback_slots * writeback_slot_bytes + concurrent_steps * optimizer_lease_bytes +
+         grad_slots * grad_slot_bytes;
 }
 
 PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g) {
@@ -188,6 +204,11 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
   for (const detail::UnitGeometry& u : g.units) {
     const uint64_t chunk = (p.stage >= 2 ? u.part : u.accum_len) * sizeof(float);
     if (p.gradients != Tier::kDevice) t.d2h += m * chunk;
+    if (p.gradients == Tier::kNvme) {
+      const uint64_t acc = u.accum_len * sizeof(float);
+      t.nvme_write += m * acc;  // every micro-batch writes the sum so far
+      t.nvme_read += m * acc;   // later micro-batches add to it; the step reads it once
+    }
     if (p.optimizer == Tier::kNvme) {
       t.nvme_read += 3 * u.own_len * sizeof(float);
       t.nvme_write += 3 * u.own_len * sizeof(float);
@@ -202,7 +223,8 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
 
 Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
                const PlanOptions& options) {
-  const detail::Geometry g = detail::make_geometry(cfg, model, options.world_size, 0, false);
+  const detail::Geometry g =
+      detail::make_geometry(cfg, model, options.world_size, 0, false, options.gradients);
   const Placement& p = g.placement;
   Plan plan;
   plan.placement = p;
@@ -288,6 +310,9 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
       fmt::format("optimizer swap buffers ({} unit steps x {} sub-group buffers)",
                   pl.concurrent_steps, pl.optimizer_buffer_count),
       pl.concurrent_steps * pl.optimizer_lease_bytes);
+  add(plan, Tier::kPinned,
+      fmt::format("gradient staging buffers ({} x {} B)", pl.grad_slots, pl.grad_slot_bytes),
+      pl.grad_slots * pl.grad_slot_bytes);
   plan.pinned_pool_bytes =
       pinned_limit > 0 ? pinned_limit : std::max<uint64_t>(pl.total(), kIoAlignment);
 
@@ -318,6 +343,11 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
     plan.optimizer_nvme_bytes = swap::SwapSpace::bytes_needed(detail::optimizer_swap_files(g));
     add(plan, Tier::kNvme, "fp32 master weights + Adam moments (swap files)",
         plan.optimizer_nvme_bytes);
+  }
+  if (p.gradients == Tier::kNvme) {
+    const uint64_t b = swap::SwapSpace::bytes_needed(detail::grad_swap_files(g));
+    plan.optimizer_nvme_bytes += b;
+    add(plan, Tier::kNvme, "fp32 gradient accumulators (swap files)", b);
   }
 
   std::stable_sort(plan.items.begin(), plan.items.end(),

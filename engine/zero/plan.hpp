@@ -65,7 +65,9 @@ struct Placement {
   DType param_dtype = DType::F32;  // compute dtype of the low-precision parameters
   Tier params = Tier::kDevice;     // low-precision parameters (full slabs below stage 3)
   Tier optimizer = Tier::kDevice;  // fp32 master weights + Adam moments
-  Tier gradients = Tier::kDevice;  // fp32 gradient accumulators
+  // fp32 gradient accumulators: with the optimizer on the device, the device; else host
+  // memory, or NVMe swap files next to the optimizer state (see GradientPlacement).
+  Tier gradients = Tier::kDevice;
   // True when offload_optimizer.device is nvme below stage 3: as in DeepSpeed, the state is
   // kept in host memory as with "cpu" (engine/config warns about it).
   bool optimizer_nvme_below_stage3 = false;
@@ -90,8 +92,15 @@ struct Plan {
   std::string param_nvme_path;           // swap directory for parameters, or empty
   std::string optimizer_nvme_path;       // swap directory for optimizer state, or empty
   uint64_t param_nvme_bytes = 0;         // of peak.nvme, parameter files
-  uint64_t optimizer_nvme_bytes = 0;     // of peak.nvme, optimizer-state files
+  uint64_t optimizer_nvme_bytes = 0;     // of peak.nvme, optimizer-state (and gradient) files
 };
+
+// Where the fp32 gradient accumulators go when the optimizer state is on NVMe.
+//   kAuto  NVMe when they would take more than a quarter of MemAvailable, else host memory
+//   kHost  host memory
+//   kNvme  swap files under offload_optimizer.nvme_path (<...>/grad/<unit>.bin): each
+//          micro-batch reads, adds and writes back its partition; the step reads it once
+enum class GradientPlacement : uint8_t { kAuto, kHost, kNvme };
 
 // What the planner needs besides the config and the model.
 struct PlanOptions {
@@ -99,6 +108,7 @@ struct PlanOptions {
   // Device bytes available to the engine; 0 = outcore.device_memory_mb (0 there: unlimited).
   // ZeroEngine passes its Device's budget minus what is already allocated on it.
   uint64_t device_limit_bytes = 0;
+  GradientPlacement gradients = GradientPlacement::kAuto;
 };
 
 // The plan for `cfg` (resolved: batch keys and zero bucket sizes set) and `model` (whose

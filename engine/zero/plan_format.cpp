@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/error.hpp"
+#include "engine/zero/geometry.hpp"
 #include "engine/zero/plan.hpp"
 
 namespace outcore::zero {
@@ -40,16 +41,6 @@ FsInfo fs_info(const std::string& dir) {
   return {static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize, st.st_dev};
 }
 
-uint64_t mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
-}
-
 [[noreturn]] void refuse(std::string_view tier, uint64_t need, std::string_view what,
                          uint64_t limit, std::string_view by) {
   throw OutOfMemory(
@@ -71,7 +62,7 @@ PlanLimits system_limits(const config::Config& cfg, const Plan& plan) {
   PlanLimits l;
   l.device = cfg.outcore.device_memory_mb << 20;
   l.pinned = cfg.outcore.pinned_memory_mb << 20;
-  l.host = mem_available();
+  l.host = detail::mem_available_bytes();
   std::optional<FsInfo> pi, oi;
   if (!plan.param_nvme_path.empty()) {
     pi = fs_info(plan.param_nvme_path);

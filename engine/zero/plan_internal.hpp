@@ -15,6 +15,8 @@ namespace outcore::zero::detail {
 // state (swap::optimizer_file_spec per unit).
 std::vector<swap::SwapFileSpec> param_swap_files(const Geometry& g);
 std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g);
+// Gradient accumulators on NVMe: one tensor "g" (accum_len fp32) per unit.
+std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g);
 
 // How the pinned pool is carved. `reduced`: the smallest layout that still works (one fetch
 // buffer, one optimizer step at a time), used when outcore.pinned_memory_mb is too small for
@@ -28,6 +30,8 @@ struct PinnedLayout {
   unsigned optimizer_buffer_count = 0;  // nvme optimizer: OptimizerSwapper buffer_count
   size_t concurrent_steps = 0;          // unit steps running at once on NVMe state
   uint64_t optimizer_lease_bytes = 0;   // one step's lease
+  size_t grad_slots = 0;  // NVMe gradients: accumulation staging and one per unit step
+  uint64_t grad_slot_bytes = 0;
   uint64_t total() const;
 };
 PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, bool reduced);

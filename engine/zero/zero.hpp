@@ -118,6 +118,8 @@ struct EngineOptions {
   bool check_system_limits = true;
   // Threads for CPU Adam, gradient norms and accumulation; 0 = one per hardware thread.
   unsigned cpu_threads = 0;
+  // Where gradient accumulators go when the optimizer state is on NVMe (see plan.hpp).
+  GradientPlacement gradients = GradientPlacement::kAuto;
 };
 
 class ZeroEngine {

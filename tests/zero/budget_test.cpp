@@ -32,17 +32,18 @@ TEST(ZeroBudget, TenthOfStateOnDeviceTrainsLikeInMemory) {
       "\"stage3_prefetch_bucket_size\": 400000, \"stage3_param_persistence_threshold\": 4096, "
       "\"sub_group_size\": 32768";
   const std::string top_extra =
-      ", \"outcore\": {\"pinned_memory_mb\": 3}, \"activation_checkpointing\": "
+      ", \"outcore\": {\"pinned_memory_mb\": 4}, \"activation_checkpointing\": "
       "{\"cpu_checkpointing\": true}";
   const config::Config cfg =
       make_config(config_json({3, "nvme", "nvme"}, DType::BF16, dir, zero_extra, top_extra,
                               ", \"buffer_count\": 3, \"pipeline_read\": true, "
                               "\"pipeline_write\": true"));
-  const RunResult r = train(cfg, model, 6, budget);
+  const RunResult r = train(cfg, model, 6, budget, nvme_gradients());
+  EXPECT_EQ(r.plan.placement.gradients, Tier::kNvme);
   EXPECT_LE(r.memory.device_peak_bytes, budget);
   EXPECT_EQ(r.memory.device_budget_bytes, budget);
   EXPECT_LE(r.memory.pinned_peak_bytes, r.memory.pinned_budget_bytes);
-  EXPECT_EQ(r.memory.pinned_budget_bytes, 3u << 20);
+  EXPECT_EQ(r.memory.pinned_budget_bytes, 4u << 20);
   EXPECT_LE(r.memory.device_peak_bytes, r.plan.peak.device);
   // Parameters really streamed: more NVMe reads than one copy of the parameter partitions.
   EXPECT_GT(r.traffic.nvme_read_bytes, model.config().num_parameters() * 2);

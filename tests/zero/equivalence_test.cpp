@@ -39,6 +39,15 @@ TEST_P(Equivalence, EveryPlacementMatchesStage0InMemory) {
       EXPECT_GT(r.traffic.nvme_write_bytes, 0u);
     }
   }
+  // Gradient accumulators in swap files too.
+  for (const Placing& s : {Placing{3, "nvme", "nvme"}, Placing{3, "cpu", "nvme"}}) {
+    SCOPED_TRACE(s.name() + " + nvme gradients");
+    const std::string dir = swap_dir(tag + "_" + s.name() + "_grads").string();
+    const RunResult r =
+        train(make_config(config_json(s, c.dtype, dir)), model, kSteps, 0, nvme_gradients());
+    EXPECT_EQ(r.plan.placement.gradients, Tier::kNvme);
+    expect_bit_identical(ref, r, s.name() + " + nvme gradients");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Zero, Equivalence,

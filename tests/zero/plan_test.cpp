@@ -13,10 +13,11 @@ struct Measured {
 };
 
 // Runs `steps` optimizer steps (no evaluation, no state reads) and measures.
-Measured measure(const config::Config& cfg, const model::LlamaModel& model, int steps) {
+Measured measure(const config::Config& cfg, const model::LlamaModel& model, int steps,
+                 EngineOptions eo = {}) {
   device::CpuDevice dev;
   comm::LocalComm comm;
-  ZeroEngine engine(cfg, model, dev, comm, 3);
+  ZeroEngine engine(cfg, model, dev, comm, 3, eo);
   Measured m;
   m.plan = engine.plan();
   m.after_init = engine.traffic();
@@ -72,6 +73,30 @@ INSTANTIATE_TEST_SUITE_P(Zero, PlanVsActual,
                                            Placing{2, "none", "none"}, Placing{3, "none", "none"},
                                            Placing{3, "cpu", "cpu"}, Placing{3, "nvme", "nvme"}),
                          [](const auto& info) { return info.param.name(); });
+
+TEST(Plan, NvmeGradientsMatchThePlan) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
+  const std::string dir = swap_dir("plan_nvme_grads").string();
+  const config::Config cfg = make_config(config_json({3, "nvme", "nvme"}, DType::F32, dir));
+  const int steps = 2;
+  const Measured m = measure(cfg, model, steps, nvme_gradients());
+  const Plan& p = m.plan;
+  ASSERT_EQ(p.placement.gradients, Tier::kNvme);
+  EXPECT_EQ(
+      p.peak.host, make_plan(cfg, model).peak.host - [&] {
+        uint64_t b = 0;
+        for (const auto& u : model.layout().units) b += u.padded_numel * sizeof(float);
+        return b;
+      }());  // no host accumulators
+  EXPECT_LE(m.memory.device_peak_bytes, p.peak.device);
+  EXPECT_LE(m.memory.pinned_peak_bytes, p.peak.pinned);
+  const TrafficStats& a = m.after_init;
+  const TrafficStats& b = m.after_steps;
+  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, steps * p.per_step.nvme_read) << format_plan(p);
+  EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, steps * p.per_step.nvme_write)
+      << format_plan(p);
+  EXPECT_EQ(b.d2h_bytes - a.d2h_bytes, steps * p.per_step.d2h);
+}
 
 TEST(Plan, FormatShowsEveryTierTheTotalsAndTheTraffic) {
   const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16));

@@ -104,6 +104,12 @@ inline std::vector<int32_t> make_tokens(size_t n, int64_t vocab, uint64_t seed, 
   return t;
 }
 
+inline EngineOptions nvme_gradients() {
+  EngineOptions eo;
+  eo.gradients = GradientPlacement::kNvme;
+  return eo;
+}
+
 struct RunResult {
   std::vector<float> losses;
   float eval_loss = 0;
