@@ -1,0 +1,152 @@
+// bench_aio: one sequential pass of writes and one of reads over a file (default 4 GiB, 1 MiB
+// requests, queue depth 32), through the aio engine and through fio (io_uring, O_DIRECT) on
+// the same file in the same run, alternating which goes first. Prints each pass and the
+// ratio ours / fio per direction (median over --repeat rounds). The goal is >= 0.95.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "common/aligned_buffer.hpp"
+#include "common/log.hpp"
+#include "tools/aio_bench/measure.hpp"
+#include "tools/aio_bench/scratch.hpp"
+#include "tools/aio_bench/sizes.hpp"
+
+namespace outcore::aio_bench {
+namespace {
+
+struct Args {
+  std::string path;
+  std::string file_size = "4G";
+  std::string block_size = "1M";
+  unsigned queue_depth = 32;
+  unsigned threads = 1;
+  int repeat = 3;
+  std::string io_size = "128M";
+  bool no_register = false;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+uint64_t size_or_die(const std::string& flag, const std::string& text) {
+  auto v = parse_size(text);
+  if (!v || *v % kIoAlignment != 0) {
+    throw UsageError(fmt::format("{} {}: expected a size that is a multiple of 4K", flag, text));
+  }
+  return *v;
+}
+
+int run(const Args& a) {
+  uint64_t file_size = size_or_die("--file-size", a.file_size);
+  aio::Options opt{.block_size = size_or_die("--block-size", a.block_size),
+                   .queue_depth = a.queue_depth,
+                   .thread_count = a.threads};
+  try {
+    aio::validate(opt);
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
+  }
+  if (a.repeat < 1 || a.repeat > 100) throw UsageError("--repeat: 1 to 100");
+  if (!fio_available()) throw UsageError("fio is not installed (apt-get install fio)");
+  check_directory(a.path, file_size);
+  uint64_t io = std::min(size_or_die("--io-size", a.io_size), file_size) / (16 << 10) * (16 << 10);
+  if (io == 0) throw UsageError("--io-size: at least 16K");
+
+  install_stop_handlers();
+  ScratchFile scratch(a.path, "bench_aio", file_size);
+  AlignedBuffer buffer(io);
+  std::span<std::byte> buf(buffer.data(), buffer.size());
+  std::fprintf(stderr, "bench_aio: writing the %s file %s\n", format_size(file_size).c_str(),
+               scratch.path().c_str());
+  fill_file(scratch.file(), buf, file_size);
+
+  std::printf(
+      "bench_aio: one sequential pass per direction over a %s file, block %s, queue depth %u, "
+      "threads %u; GB/s = 1e9 B/s\n",
+      format_size(file_size).c_str(), format_size(opt.block_size).c_str(), opt.queue_depth,
+      opt.thread_count);
+  std::printf("%-6s %-5s %10s %10s %8s\n", "round", "dir", "ours", "fio", "ratio");
+  std::vector<double> ours[2], fio[2], ratios[2];
+  for (int round = 0; round < a.repeat && !stop_requested(); ++round) {
+    for (int dir : {1, 0}) {  // writes first: reads then find freshly written blocks
+      Workload w{.write = dir == 1,
+                 .file_size = file_size,
+                 .seconds = 0,
+                 .register_buffer = !a.no_register};
+      Result r_ours, r_fio;
+      bool ours_first = round % 2 == 0;
+      for (int turn = 0; turn < 2 && !stop_requested(); ++turn) {
+        const char* who = (turn == 0) == ours_first ? "ours" : "fio";
+        std::fprintf(stderr, "bench_aio: round %d/%d, %s, %s...\n", round + 1, a.repeat,
+                     dir ? "write" : "read", who);
+        if ((turn == 0) == ours_first) {
+          r_ours = measure_engine(scratch.file(), buf, opt, w, stop_requested);
+        } else {
+          r_fio = measure_fio(scratch.path(), opt, w, scratch.path(), stop_requested);
+        }
+      }
+      if (stop_requested() || r_ours.stopped || r_fio.stopped || r_fio.gbps <= 0) break;
+      ours[dir].push_back(r_ours.gbps);
+      fio[dir].push_back(r_fio.gbps);
+      ratios[dir].push_back(r_ours.gbps / r_fio.gbps);
+      std::printf("%-6d %-5s %10.3f %10.3f %8.3f\n", round + 1, dir ? "write" : "read", r_ours.gbps,
+                  r_fio.gbps, r_ours.gbps / r_fio.gbps);
+      std::fflush(stdout);
+    }
+  }
+  if (stop_requested()) {
+    std::fprintf(stderr, "bench_aio: interrupted; %s removed\n", scratch.path().c_str());
+    return 130;
+  }
+  std::printf("\n%-6s %10s %10s %14s %16s\n", "dir", "ours(med)", "fio(med)", "ratio of med",
+              "ratio min..max");
+  for (int dir : {1, 0}) {
+    auto [lo, hi] = std::minmax_element(ratios[dir].begin(), ratios[dir].end());
+    std::printf("%-6s %10.3f %10.3f %14.3f %9.3f..%.3f\n", dir ? "write" : "read",
+                median(ours[dir]), median(fio[dir]), median(ours[dir]) / median(fio[dir]), *lo,
+                *hi);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace outcore::aio_bench
+
+int main(int argc, char** argv) {
+  using namespace outcore::aio_bench;
+  outcore::log::init("warn");
+  Args a;
+  CLI::App app{"bench_aio: sequential read/write through the aio engine vs fio, same file"};
+  app.add_option("--path", a.path, "directory on the drive to test")->required();
+  app.add_option("--file-size", a.file_size, "file size (default 4G)");
+  app.add_option("--block-size", a.block_size, "request size (default 1M)");
+  app.add_option("--queue-depth", a.queue_depth, "requests in flight (default 32)");
+  app.add_option("--threads", a.threads, "I/O threads / fio jobs (default 1)");
+  app.add_option("--repeat", a.repeat, "rounds (default 3)");
+  app.add_option("--io-size", a.io_size, "engine buffer, streamed as 4 spans (default 128M)");
+  app.add_flag("--no-register", a.no_register, "do not register the buffer with the kernel");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "bench_aio: %s (see --help)\n", e.what());
+    return 2;
+  }
+  try {
+    return run(a);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "bench_aio: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_aio: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,102 @@
+#include "tools/aio_bench/scratch.hpp"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "tools/aio_bench/measure.hpp"
+#include "tools/aio_bench/sizes.hpp"
+
+namespace outcore::aio_bench {
+namespace fs = std::filesystem;
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+extern "C" void on_signal(int sig) { g_signal = sig; }
+
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+}
+
+bool stop_requested() { return g_signal != 0; }
+int stop_signal() { return g_signal; }
+
+void check_directory(const fs::path& dir, uint64_t need) {
+  std::error_code ec;
+  auto st = fs::status(dir, ec);
+  if (!fs::exists(st)) throw UsageError(fmt::format("--path {}: no such directory", dir.string()));
+  if (!fs::is_directory(st)) {
+    throw UsageError(fmt::format("--path {}: not a directory", dir.string()));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw UsageError(fmt::format("--path {}: no permission to create files there ({})",
+                                 dir.string(), errno_string(errno)));
+  }
+  struct statvfs vfs {};
+  if (::statvfs(dir.c_str(), &vfs) == 0) {
+    uint64_t avail = uint64_t{vfs.f_bavail} * vfs.f_frsize;
+    if (avail < need) {
+      throw UsageError(
+          fmt::format("--path {}: not enough free space for the {} benchmark file ({} available); "
+                      "choose a smaller --file-size",
+                      dir.string(), format_size(need), format_size(avail / 4096 * 4096)));
+    }
+  }
+}
+
+ScratchFile::ScratchFile(const fs::path& dir, const std::string& stem, uint64_t size)
+    : path_(dir / fmt::format("{}.{}.dat", stem, ::getpid())) {
+  try {
+    file_ = aio::File::open(path_,
+                            {.access = aio::Access::kReadWrite, .create = true, .exclusive = true});
+  } catch (const IoError& e) {
+    int err = e.error_number();
+    if (err == EACCES || err == EPERM || err == EROFS) {
+      throw UsageError(fmt::format("--path {}: cannot create files there ({})", dir.string(),
+                                   errno_string(err)));
+    }
+    throw;
+  }
+  created_ = true;
+  try {
+    file_.preallocate(size);
+  } catch (const IoError& e) {
+    int err = e.error_number();
+    fs::remove(path_);
+    created_ = false;
+    if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+      throw UsageError(fmt::format("--path {}: no room for a {} file ({})", dir.string(),
+                                   format_size(size), errno_string(err)));
+    }
+    throw;
+  }
+}
+
+ScratchFile::~ScratchFile() {
+  if (!created_) return;
+  std::error_code ec;
+  fs::remove(path_, ec);
+}
+
+void fill_file(const aio::File& file, std::span<std::byte> buffer, uint64_t size) {
+  std::mt19937_64 rng(1234);
+  for (size_t i = 0; i + 8 <= buffer.size(); i += 8) {
+    uint64_t v = rng();
+    std::memcpy(buffer.data() + i, &v, 8);
+  }
+  Workload w{.write = true, .file_size = size, .seconds = 0, .register_buffer = false};
+  measure_engine(file, buffer, aio::Options{.queue_depth = 32}, w, stop_requested);
+  file.size();
+}
+
+}  // namespace outcore::aio_bench

@@ -1,0 +1,51 @@
+// What aio_bench and bench_aio share around a measurement: the benchmark file (removed on
+// every way out), Ctrl-C handling, and the bad-input error that exits with code 2.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+#include "aio/aio.hpp"
+
+namespace outcore::aio_bench {
+
+// Bad input (path, sizes, free space): main prints it on one line and exits 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// SIGINT, SIGTERM and SIGHUP set a flag that stop_requested() reports; measurements poll it
+// and unwind, so destructors remove files. A second signal kills at once.
+void install_stop_handlers();
+bool stop_requested();
+int stop_signal();
+
+// Throws UsageError if `dir` is missing, not a directory, not writable, or has less than
+// `need` bytes free.
+void check_directory(const std::filesystem::path& dir, uint64_t need);
+
+// The benchmark file `<dir>/<stem>.<pid>.dat`: created exclusively (O_DIRECT), preallocated
+// to `size`, removed when this object is destroyed. Permission and space failures are
+// UsageError; other failures IoError.
+class ScratchFile {
+ public:
+  ScratchFile(const std::filesystem::path& dir, const std::string& stem, uint64_t size);
+  ~ScratchFile();
+  ScratchFile(const ScratchFile&) = delete;
+  ScratchFile& operator=(const ScratchFile&) = delete;
+  const aio::File& file() const { return file_; }
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+  aio::File file_;
+  bool created_ = false;
+};
+
+// Fills the first `size` bytes of `file` with pseudo-random data from `buffer` (whose
+// contents it overwrites), so reads hit written blocks, not unwritten extents.
+void fill_file(const aio::File& file, std::span<std::byte> buffer, uint64_t size);
+
+}  // namespace outcore::aio_bench
