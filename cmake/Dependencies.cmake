@@ -57,6 +57,10 @@ if(OUTCORE_WITH_CUDA)
   if(CMAKE_CUDA_COMPILER)
     set(CMAKE_CUDA_ARCHITECTURES 90)
     set(CMAKE_CUDA_STANDARD 20)
+    # CMake 3.25 has no nvcc flag for CUDA_STANDARD 20; name it (CMake also passes
+    # -forward-unknown-to-host-compiler, so the project's host flags reach g++).
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     set(OUTCORE_HAVE_CUDA ON)
