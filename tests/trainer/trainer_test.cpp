@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -194,58 +193,14 @@ TEST(TrainerTest, StopRequestEndsTheRunAfterTheStepInProgress) {
   EXPECT_EQ(testing::count_files(swap), 0);  // and are gone once the trainer is
 }
 
-// Fails the nth read with EIO after really performing it (only the completion is replaced).
-// aio::FaultInjectingBackend's kEio is not used: a request it fails never reaches the ring,
-// and aio's worker then waits for its submission forever.
-class EioOnNthRead final : public aio::IoBackend {
- public:
-  explicit EioOnNthRead(uint64_t nth) : inner_(aio::make_io_uring_backend()), nth_(nth) {}
-  std::unique_ptr<aio::IoQueue> make_queue(unsigned depth) override {
-    return std::make_unique<Queue>(inner_->make_queue(depth), *this);
-  }
-  std::string name() const override { return "eio-on-nth-read"; }
-  uint64_t fired() const { return fired_; }
-
- private:
-  class Queue final : public aio::IoQueue {
-   public:
-    Queue(std::unique_ptr<aio::IoQueue> inner, EioOnNthRead& owner)
-        : inner_(std::move(inner)), owner_(owner) {}
-    bool prepare(const aio::IoRequest& r) override {
-      if (!inner_->prepare(r)) return false;
-      if (!r.write && ++owner_.seen_ == owner_.nth_) doomed_.push_back(r.user_data);
-      return true;
-    }
-    int submit() override { return inner_->submit(); }
-    int reap(std::span<aio::IoCompletion> out, std::chrono::nanoseconds timeout) override {
-      const int n = inner_->reap(out, timeout);
-      for (int i = 0; i < n; ++i) {
-        auto it = std::find(doomed_.begin(), doomed_.end(), out[i].user_data);
-        if (it == doomed_.end()) continue;
-        out[i].res = -EIO;
-        doomed_.erase(it);
-        ++owner_.fired_;
-      }
-      return n;
-    }
-
-   private:
-    std::unique_ptr<aio::IoQueue> inner_;
-    EioOnNthRead& owner_;
-    std::vector<uint64_t> doomed_;
-  };
-  std::unique_ptr<aio::IoBackend> inner_;
-  uint64_t nth_;
-  std::atomic<uint64_t> seen_{0}, fired_{0};
-};
-
 // An I/O error while training surfaces from run() as the engine's IoError (the command
 // exits 1), after the steps before it were recorded; the swap files go with the Trainer.
 TEST(TrainerTest, IoErrorWhileTrainingStopsTheRunWithTheError) {
   DemoData data;
   const model::LlamaConfig mc = tiny_model();
   const std::string swap = data.file("swap");
-  auto faults = std::make_shared<EioOnNthRead>(40);
+  auto faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+  faults->add_fault({.kind = aio::Fault::Kind::kEio, .nth = 40, .direction = 0});
   TrainerOptions o = quiet_options(data, 20);
   o.engine.io_backend = faults;
   o.metrics_file = data.file("metrics.jsonl");
@@ -260,7 +215,7 @@ TEST(TrainerTest, IoErrorWhileTrainingStopsTheRunWithTheError) {
       EXPECT_EQ(e.error_number(), EIO);
       EXPECT_NE(std::string(e.what()).find(swap), std::string::npos) << e.what();
     }
-    EXPECT_EQ(faults->fired(), 1u);
+    EXPECT_EQ(faults->faults_fired(), 1u);
     EXPECT_GT(last_step, 0);
     EXPECT_LT(last_step, 20);
   }
