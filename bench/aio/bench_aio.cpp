@@ -24,7 +24,7 @@ struct Args {
   std::string block_size = "1M";
   unsigned queue_depth = 32;
   unsigned threads = 1;
-  int repeat = 3;
+  int repeat = 5;
   std::string io_size = "128M";
   bool no_register = false;
 };
@@ -72,8 +72,9 @@ int run(const Args& a) {
       "threads %u; GB/s = 1e9 B/s\n",
       format_size(file_size).c_str(), format_size(opt.block_size).c_str(), opt.queue_depth,
       opt.thread_count);
-  std::printf("%-6s %-5s %10s %10s %8s\n", "round", "dir", "ours", "fio", "ratio");
-  std::vector<double> ours[2], fio[2], ratios[2];
+  std::printf("%-6s %-5s %9s %9s %7s | %9s %9s %7s\n", "round", "dir", "ours GB/s", "fio GB/s",
+              "ratio", "ours cpu", "fio cpu", "ratio");
+  std::vector<double> ours[2], fio[2], cpu_ours[2], cpu_fio[2];
   for (int round = 0; round < a.repeat && !stop_requested(); ++round) {
     for (int dir : {1, 0}) {  // writes first: reads then find freshly written blocks
       Workload w{.write = dir == 1,
@@ -83,21 +84,29 @@ int run(const Args& a) {
       Result r_ours, r_fio;
       bool ours_first = round % 2 == 0;
       for (int turn = 0; turn < 2 && !stop_requested(); ++turn) {
-        const char* who = (turn == 0) == ours_first ? "ours" : "fio";
+        bool ours_now = (turn == 0) == ours_first;
         std::fprintf(stderr, "bench_aio: round %d/%d, %s, %s...\n", round + 1, a.repeat,
-                     dir ? "write" : "read", who);
-        if ((turn == 0) == ours_first) {
+                     dir ? "write" : "read", ours_now ? "ours" : "fio");
+        if (ours_now) {
           r_ours = measure_engine(scratch.file(), buf, opt, w, stop_requested);
         } else {
           r_fio = measure_fio(scratch.path(), opt, w, scratch.path(), stop_requested);
         }
       }
-      if (stop_requested() || r_ours.stopped || r_fio.stopped || r_fio.gbps <= 0) break;
+      if (stop_requested() || r_ours.stopped || r_fio.stopped) break;
+      if (r_fio.gbps <= 0 || r_fio.bytes == 0 || r_ours.bytes == 0) {
+        throw Error("fio reported no bandwidth; cannot form a ratio");
+      }
+      // CPU milliseconds per GiB moved: robust where wall time is noisy (shared machine).
+      double gib = double(1 << 30);
       ours[dir].push_back(r_ours.gbps);
       fio[dir].push_back(r_fio.gbps);
-      ratios[dir].push_back(r_ours.gbps / r_fio.gbps);
-      std::printf("%-6d %-5s %10.3f %10.3f %8.3f\n", round + 1, dir ? "write" : "read", r_ours.gbps,
-                  r_fio.gbps, r_ours.gbps / r_fio.gbps);
+      cpu_ours[dir].push_back(r_ours.cpu_seconds * 1000 / (double(r_ours.bytes) / gib));
+      cpu_fio[dir].push_back(r_fio.cpu_seconds * 1000 / (double(r_fio.bytes) / gib));
+      std::printf("%-6d %-5s %9.3f %9.3f %7.3f | %9.1f %9.1f %7.3f\n", round + 1,
+                  dir ? "write" : "read", r_ours.gbps, r_fio.gbps, r_ours.gbps / r_fio.gbps,
+                  cpu_ours[dir].back(), cpu_fio[dir].back(),
+                  cpu_fio[dir].back() / cpu_ours[dir].back());
       std::fflush(stdout);
     }
   }
@@ -105,13 +114,19 @@ int run(const Args& a) {
     std::fprintf(stderr, "bench_aio: interrupted; %s removed\n", scratch.path().c_str());
     return 130;
   }
-  std::printf("\n%-6s %10s %10s %14s %16s\n", "dir", "ours(med)", "fio(med)", "ratio of med",
-              "ratio min..max");
+  std::printf(
+      "\nmedians. GB/s ratio = ours / fio (goal >= 0.95); cpu = CPU ms per GiB moved, "
+      "ratio = fio / ours (>= 1: ours no costlier)\n");
+  std::printf("%-6s %9s %9s %7s %13s | %9s %9s %7s\n", "dir", "ours GB/s", "fio GB/s", "ratio",
+              "pair min..max", "ours cpu", "fio cpu", "ratio");
   for (int dir : {1, 0}) {
-    auto [lo, hi] = std::minmax_element(ratios[dir].begin(), ratios[dir].end());
-    std::printf("%-6s %10.3f %10.3f %14.3f %9.3f..%.3f\n", dir ? "write" : "read",
-                median(ours[dir]), median(fio[dir]), median(ours[dir]) / median(fio[dir]), *lo,
-                *hi);
+    std::vector<double> pair;
+    for (size_t i = 0; i < ours[dir].size(); ++i) pair.push_back(ours[dir][i] / fio[dir][i]);
+    auto [lo, hi] = std::minmax_element(pair.begin(), pair.end());
+    std::printf("%-6s %9.3f %9.3f %7.3f %6.3f..%.3f | %9.1f %9.1f %7.3f\n", dir ? "write" : "read",
+                median(ours[dir]), median(fio[dir]), median(ours[dir]) / median(fio[dir]), *lo, *hi,
+                median(cpu_ours[dir]), median(cpu_fio[dir]),
+                median(cpu_fio[dir]) / median(cpu_ours[dir]));
   }
   return 0;
 }
@@ -129,7 +144,7 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", a.block_size, "request size (default 1M)");
   app.add_option("--queue-depth", a.queue_depth, "requests in flight (default 32)");
   app.add_option("--threads", a.threads, "I/O threads / fio jobs (default 1)");
-  app.add_option("--repeat", a.repeat, "rounds (default 3)");
+  app.add_option("--repeat", a.repeat, "rounds (default 5)");
   app.add_option("--io-size", a.io_size, "engine buffer, streamed as 4 spans (default 128M)");
   app.add_flag("--no-register", a.no_register, "do not register the buffer with the kernel");
   try {

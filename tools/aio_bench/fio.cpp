@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,8 +30,9 @@ std::string read_file(const std::string& path) {
 }
 
 // Runs argv with stdout/stderr sent to files; returns the exit status, or -1 if stopped.
+// `cpu_seconds` (optional) receives the child's user + system CPU time.
 int run_process(const std::vector<std::string>& argv, const std::string& out_path,
-                const std::string& err_path, const StopFn& stop) {
+                const std::string& err_path, const StopFn& stop, double* cpu_seconds = nullptr) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -45,8 +47,13 @@ int run_process(const std::vector<std::string>& argv, const std::string& out_pat
   bool killed = false;
   for (;;) {
     int status = 0;
-    pid_t w = ::waitpid(pid, &status, WNOHANG);
+    rusage ru{};
+    pid_t w = ::wait4(pid, &status, WNOHANG, &ru);
     if (w == pid) {
+      if (cpu_seconds != nullptr) {
+        *cpu_seconds = double(ru.ru_utime.tv_sec) + double(ru.ru_utime.tv_usec) / 1e6 +
+                       double(ru.ru_stime.tv_sec) + double(ru.ru_stime.tv_usec) / 1e6;
+      }
       if (killed) return -1;
       return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
@@ -105,13 +112,15 @@ Result measure_fio(const std::string& path, const aio::Options& opt, const Workl
   }
   std::string out = scratch_prefix + ".fio.json";
   std::string err = scratch_prefix + ".fio.err";
-  int rc = run_process(argv, out, err, stop);
+  double cpu = 0;
+  int rc = run_process(argv, out, err, stop, &cpu);
   std::string json_text = read_file(out);
   std::string err_text = read_file(err);
   std::error_code ec;
   std::filesystem::remove(out, ec);
   std::filesystem::remove(err, ec);
   Result r;
+  r.cpu_seconds = cpu;
   if (rc < 0) {
     r.stopped = true;
     return r;

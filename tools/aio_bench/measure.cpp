@@ -1,10 +1,22 @@
 // measure_engine: stream a file through the aio engine with 4 spans in flight.
 #include "tools/aio_bench/measure.hpp"
 
+#include <sys/resource.h>
+
 #include <array>
 #include <chrono>
 
 namespace outcore::aio_bench {
+namespace {
+
+double cpu_seconds_self() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  auto sec = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
+}
+
+}  // namespace
 
 Result measure_engine(const aio::File& file, std::span<std::byte> buffer, const aio::Options& opt,
                       const Workload& w, const StopFn& stop) {
@@ -29,6 +41,7 @@ Result measure_engine(const aio::File& file, std::span<std::byte> buffer, const 
   };
   uint64_t total_spans = w.seconds > 0 ? UINT64_MAX : positions;
   Result r;
+  double cpu0 = cpu_seconds_self();
   auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -50,6 +63,7 @@ Result measure_engine(const aio::File& file, std::span<std::byte> buffer, const 
     throw;
   }
   r.seconds = elapsed();
+  r.cpu_seconds = cpu_seconds_self() - cpu0;
   r.gbps = r.seconds > 0 ? double(r.bytes) / r.seconds / 1e9 : 0;
   aio::Stats st = engine.stats();
   const aio::LatencyHistogram& h = w.write ? st.write.latency : st.read.latency;

@@ -20,7 +20,9 @@ struct Result {
   double seconds = 0;
   uint64_t p50_us = 0;  // per request (one block), submission to completion
   uint64_t p99_us = 0;
-  bool stopped = false;  // cut short by StopFn
+  double cpu_seconds = 0;  // user + system CPU of the process doing the I/O (its io_uring
+                           // kernel workers included), a noise-robust cost measure
+  bool stopped = false;    // cut short by StopFn
 };
 
 struct Workload {
