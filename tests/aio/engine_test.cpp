@@ -27,10 +27,10 @@ std::shared_ptr<IoBackend> backend_for(const Config& c) {
   return c.sync_backend ? std::shared_ptr<IoBackend>(make_sync_backend()) : nullptr;
 }
 
-class RoundTrip : public ::testing::TestWithParam<Config> {};
+class AioRoundTrip : public ::testing::TestWithParam<Config> {};
 
 // Random aligned spans written at random offsets, read back into another buffer.
-TEST_P(RoundTrip, RandomSizesAndOffsetsSurviveWriteThenRead) {
+TEST_P(AioRoundTrip, RandomSizesAndOffsetsSurviveWriteThenRead) {
   TempDir dir;
   File f = File::open(dir / "data.bin", kCreateRw);
   constexpr size_t kFile = 8 << 20;
@@ -59,7 +59,7 @@ TEST_P(RoundTrip, RandomSizesAndOffsetsSurviveWriteThenRead) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Options, RoundTrip,
+    Options, AioRoundTrip,
     ::testing::Values(Config{"defaults", Options{}},
                       Config{"small_blocks_qd32", Options{.block_size = 4096, .queue_depth = 32}},
                       Config{"qd1", Options{.block_size = 65536, .queue_depth = 1}},
@@ -74,7 +74,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Config{"sync_backend", Options{.block_size = 65536, .queue_depth = 8}, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
-TEST(Engine, BufferedFileAcceptsAnyAlignment) {
+TEST(AioEngine, BufferedFileAcceptsAnyAlignment) {
   TempDir dir;
   OpenOptions o = kCreateRw;
   o.direct = false;
@@ -87,7 +87,7 @@ TEST(Engine, BufferedFileAcceptsAnyAlignment) {
   EXPECT_EQ(checksum(std::span(in).subspan(1)), checksum(std::span(out).subspan(1)));
 }
 
-TEST(Engine, ZeroLengthCompletesAtOnce) {
+TEST(AioEngine, ZeroLengthCompletesAtOnce) {
   TempDir dir;
   File f = File::open(dir / "z.bin", kCreateRw);
   Engine engine(Options{});
@@ -96,7 +96,7 @@ TEST(Engine, ZeroLengthCompletesAtOnce) {
   engine.wait(t);
 }
 
-TEST(Engine, MisalignedDirectRequestsAreRefusedAndNothingIsQueued) {
+TEST(AioEngine, MisalignedDirectRequestsAreRefusedAndNothingIsQueued) {
   TempDir dir;
   File f = File::open(dir / "m.bin", kCreateRw);
   if (!f.direct()) GTEST_SKIP() << "O_DIRECT not available on the build tree's filesystem";
@@ -125,14 +125,14 @@ TEST(Engine, MisalignedDirectRequestsAreRefusedAndNothingIsQueued) {
   EXPECT_EQ(engine.stats().read.requests + engine.stats().write.requests, 0u);
 }
 
-TEST(Engine, ClosedFileIsRefused) {
+TEST(AioEngine, ClosedFileIsRefused) {
   File closed;
   Engine engine(Options{});
   AlignedBuffer buf(4096);
   EXPECT_THROW(engine.submit_read(closed, 0, std::span(buf.data(), 4096)), InvalidArgument);
 }
 
-TEST(Engine, InvalidAndAlreadyWaitedTicketsAreRefused) {
+TEST(AioEngine, InvalidAndAlreadyWaitedTicketsAreRefused) {
   TempDir dir;
   File f = File::open(dir / "t.bin", kCreateRw);
   f.preallocate(4096);
@@ -150,7 +150,7 @@ TEST(Engine, InvalidAndAlreadyWaitedTicketsAreRefused) {
   engine.wait(u);
 }
 
-TEST(Engine, ReadPastEndOfFileNamesTheMissingRange) {
+TEST(AioEngine, ReadPastEndOfFileNamesTheMissingRange) {
   TempDir dir;
   File f = File::open(dir / "short.bin", kCreateRw);
   f.preallocate(8192);
@@ -168,7 +168,7 @@ TEST(Engine, ReadPastEndOfFileNamesTheMissingRange) {
   }
 }
 
-TEST(Engine, WriteToFullDeviceReportsEnospc) {
+TEST(AioEngine, WriteToFullDeviceReportsEnospc) {
   // /dev/full fails every write with ENOSPC: a real full "disk" without filling one.
   File f;
   try {
@@ -190,7 +190,7 @@ TEST(Engine, WriteToFullDeviceReportsEnospc) {
   }
 }
 
-TEST(Engine, ConcurrentTicketsFromSeveralThreads) {
+TEST(AioEngine, ConcurrentTicketsFromSeveralThreads) {
   TempDir dir;
   File f = File::open(dir / "c.bin", kCreateRw);
   constexpr int kThreads = 4;
@@ -233,7 +233,7 @@ TEST(Engine, ConcurrentTicketsFromSeveralThreads) {
   EXPECT_EQ(s.read.bytes, out.size());
 }
 
-TEST(Engine, WaitAllConsumesEveryOutstandingTicket) {
+TEST(AioEngine, WaitAllConsumesEveryOutstandingTicket) {
   TempDir dir;
   File f = File::open(dir / "w.bin", kCreateRw);
   f.preallocate(1 << 20);
@@ -248,7 +248,7 @@ TEST(Engine, WaitAllConsumesEveryOutstandingTicket) {
   engine.wait_all();  // nothing outstanding
 }
 
-TEST(Engine, DestructorWaitsForRequestsInFlight) {
+TEST(AioEngine, DestructorWaitsForRequestsInFlight) {
   TempDir dir;
   File f = File::open(dir / "d.bin", kCreateRw);
   f.preallocate(4 << 20);
@@ -264,7 +264,7 @@ TEST(Engine, DestructorWaitsForRequestsInFlight) {
   EXPECT_EQ(checksum(std::span(in.data(), in.size())), checksum(std::span(buf.data(), buf.size())));
 }
 
-TEST(Engine, RegisteredBuffersAndFilesRoundTrip) {
+TEST(AioEngine, RegisteredBuffersAndFilesRoundTrip) {
   TempDir dir;
   File f = File::open(dir / "r.bin", kCreateRw);
   f.preallocate(2 << 20);
@@ -289,7 +289,7 @@ TEST(Engine, RegisteredBuffersAndFilesRoundTrip) {
   EXPECT_EQ(checksum(std::span(unregistered.data(), 1 << 20)), want);
 }
 
-TEST(Engine, StatsCountRequestsBytesAndLatencyPerDirection) {
+TEST(AioEngine, StatsCountRequestsBytesAndLatencyPerDirection) {
   TempDir dir;
   File f = File::open(dir / "s.bin", kCreateRw);
   Engine engine(Options{.block_size = 65536, .queue_depth = 4});
@@ -311,7 +311,7 @@ TEST(Engine, StatsCountRequestsBytesAndLatencyPerDirection) {
   EXPECT_EQ(s.write.requests + s.read.requests + s.read.tickets + s.read.latency.count(), 0u);
 }
 
-TEST(Engine, BadOptionsNameTheField) {
+TEST(AioEngine, BadOptionsNameTheField) {
   auto message = [](Options o) {
     try {
       Engine e(o);

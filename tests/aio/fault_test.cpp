@@ -38,7 +38,7 @@ struct Rig {
 
 // With one thread, requests are numbered in submission order: ticket k of 4-block spans
 // holds requests 4k+1 .. 4k+4.
-TEST(Faults, EioOnNthRequestReachesItsTicketOnly) {
+TEST(AioFaults, EioOnNthRequestReachesItsTicketOnly) {
   Rig rig(Options{.block_size = kBlock, .queue_depth = 4}, 20 * kBlock);
   rig.faults->add_fault({.kind = Fault::Kind::kEio, .nth = 10});
   std::vector<Ticket> tickets;
@@ -66,7 +66,7 @@ TEST(Faults, EioOnNthRequestReachesItsTicketOnly) {
   EXPECT_EQ(rig.engine->stats().write.errors, 1u);
 }
 
-TEST(Faults, InjectedEnospcOnWriteIsReported) {
+TEST(AioFaults, InjectedEnospcOnWriteIsReported) {
   Rig rig(Options{.block_size = kBlock, .queue_depth = 8, .thread_count = 2}, 16 * kBlock);
   rig.faults->add_fault({.kind = Fault::Kind::kEnospc, .nth = 3, .direction = 1});
   try {
@@ -82,9 +82,9 @@ TEST(Faults, InjectedEnospcOnWriteIsReported) {
   rig.engine->read(rig.file, 0, std::span(in.data(), in.size()));
 }
 
-class ShortTransfers : public ::testing::TestWithParam<bool> {};
+class AioShortTransfers : public ::testing::TestWithParam<bool> {};
 
-TEST_P(ShortTransfers, AreFinishedByResubmittingTheRest) {
+TEST_P(AioShortTransfers, AreFinishedByResubmittingTheRest) {
   bool sync = GetParam();
   Rig rig(Options{.block_size = 8 * kBlock, .queue_depth = 4, .thread_count = 2}, 64 * 8 * kBlock,
           sync);
@@ -101,10 +101,10 @@ TEST_P(ShortTransfers, AreFinishedByResubmittingTheRest) {
   EXPECT_EQ(s.read.bytes, rig.data.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ShortTransfers, ::testing::Values(false, true),
+INSTANTIATE_TEST_SUITE_P(Backends, AioShortTransfers, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "sync" : "io_uring"; });
 
-TEST(Faults, OddShortTransferOnBufferedFileIsFinished) {
+TEST(AioFaults, OddShortTransferOnBufferedFileIsFinished) {
   TempDir dir;
   OpenOptions o = kCreateRw;
   o.direct = false;
@@ -120,7 +120,7 @@ TEST(Faults, OddShortTransferOnBufferedFileIsFinished) {
   EXPECT_EQ(checksum(in), checksum(out));
 }
 
-TEST(Faults, ZeroByteReadIsEndOfFile) {
+TEST(AioFaults, ZeroByteReadIsEndOfFile) {
   Rig rig(Options{.block_size = kBlock, .queue_depth = 2}, 8 * kBlock);
   rig.faults->add_fault({.kind = Fault::Kind::kZero, .nth = 5, .direction = 0});
   try {
@@ -132,7 +132,7 @@ TEST(Faults, ZeroByteReadIsEndOfFile) {
   }
 }
 
-TEST(Faults, DelayedCompletionsArriveOutOfOrderAndDataIsIntact) {
+TEST(AioFaults, DelayedCompletionsArriveOutOfOrderAndDataIsIntact) {
   for (bool overlap : {true, false}) {
     Rig rig(Options{.block_size = kBlock, .queue_depth = 8, .overlap_events = overlap},
             64 * kBlock);
@@ -155,7 +155,7 @@ TEST(Faults, DelayedCompletionsArriveOutOfOrderAndDataIsIntact) {
 
 // Many tickets from several threads over several I/O threads, every 7th request failing:
 // each ticket either succeeds with correct data or fails inside its own range.
-TEST(Faults, ManyThreadsEveryFailureStaysWithItsTicketAndNothingLeaks) {
+TEST(AioFaults, ManyThreadsEveryFailureStaysWithItsTicketAndNothingLeaks) {
   int fds_before = test::open_fd_count();
   {
     constexpr int kThreads = 4, kPerThread = 30;
@@ -206,7 +206,7 @@ TEST(Faults, ManyThreadsEveryFailureStaysWithItsTicketAndNothingLeaks) {
   EXPECT_EQ(test::open_fd_count(), fds_before);  // rings and files all closed
 }
 
-TEST(Faults, WaitAllReportsTheEarliestFailureAndCountsTheOthers) {
+TEST(AioFaults, WaitAllReportsTheEarliestFailureAndCountsTheOthers) {
   Rig rig(Options{.block_size = kBlock, .queue_depth = 4}, 12 * kBlock);
   rig.faults->add_fault({.kind = Fault::Kind::kEio, .nth = 5});
   rig.faults->add_fault({.kind = Fault::Kind::kEio, .nth = 9});
@@ -226,7 +226,7 @@ TEST(Faults, WaitAllReportsTheEarliestFailureAndCountsTheOthers) {
   rig.engine->wait_all();
 }
 
-TEST(Faults, EngineDestroyedWithUnwaitedFailuresDoesNotHang) {
+TEST(AioFaults, EngineDestroyedWithUnwaitedFailuresDoesNotHang) {
   Rig rig(Options{.block_size = kBlock, .queue_depth = 4, .thread_count = 2}, 32 * kBlock);
   rig.faults->add_fault({.kind = Fault::Kind::kEio, .nth = 1, .every = 2});
   for (int k = 0; k < 8; ++k) {

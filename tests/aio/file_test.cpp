@@ -38,7 +38,7 @@ class LogCapture {
   std::shared_ptr<spdlog::logger> previous_;
 };
 
-TEST(File, OpenMissingFileThrowsIoErrorNamingPathAndErrno) {
+TEST(AioFile, OpenMissingFileThrowsIoErrorNamingPathAndErrno) {
   TempDir dir;
   auto path = dir / "missing.bin";
   try {
@@ -51,7 +51,7 @@ TEST(File, OpenMissingFileThrowsIoErrorNamingPathAndErrno) {
   }
 }
 
-TEST(File, CreateOnBuildDirectoryIsDirect) {
+TEST(AioFile, CreateOnBuildDirectoryIsDirect) {
   TempDir dir;
   File f = File::open(dir / "a.bin", kCreateRw);
   ASSERT_TRUE(f.is_open());
@@ -60,7 +60,7 @@ TEST(File, CreateOnBuildDirectoryIsDirect) {
   EXPECT_EQ(f.path(), (dir / "a.bin").string());
 }
 
-TEST(File, ExclusiveCreateOfExistingFileFails) {
+TEST(AioFile, ExclusiveCreateOfExistingFileFails) {
   TempDir dir;
   File::open(dir / "a.bin", kCreateRw);
   OpenOptions excl = kCreateRw;
@@ -73,7 +73,7 @@ TEST(File, ExclusiveCreateOfExistingFileFails) {
   }
 }
 
-TEST(File, PreallocateSetsSizeAndNeverShrinks) {
+TEST(AioFile, PreallocateSetsSizeAndNeverShrinks) {
   TempDir dir;
   File f = File::open(dir / "a.bin", kCreateRw);
   f.preallocate(1 << 20);
@@ -86,7 +86,7 @@ TEST(File, PreallocateSetsSizeAndNeverShrinks) {
   f.fsync();
 }
 
-TEST(File, PreallocateBeyondMaximumFileSizeReportsPathLengthAndErrno) {
+TEST(AioFile, PreallocateBeyondMaximumFileSizeReportsPathLengthAndErrno) {
   TempDir dir;
   File f = File::open(dir / "a.bin", kCreateRw);
   try {
@@ -109,7 +109,7 @@ int fallocate_unsupported(int, int, off_t, off_t) {
   return -1;
 }
 
-TEST(File, PreallocateOnFullDiskIsIoErrorWithEnospc) {
+TEST(AioFile, PreallocateOnFullDiskIsIoErrorWithEnospc) {
   TempDir dir;
   File f = File::open(dir / "a.bin", kCreateRw);
   auto previous = internal::set_fallocate_function_for_testing(&fallocate_enospc);
@@ -124,7 +124,7 @@ TEST(File, PreallocateOnFullDiskIsIoErrorWithEnospc) {
   internal::set_fallocate_function_for_testing(previous);
 }
 
-TEST(File, PreallocateWithoutFallocateSupportSetsSizeAndWarns) {
+TEST(AioFile, PreallocateWithoutFallocateSupportSetsSizeAndWarns) {
   TempDir dir;
   File f = File::open(dir / "a.bin", kCreateRw);
   LogCapture log;
@@ -135,7 +135,7 @@ TEST(File, PreallocateWithoutFallocateSupportSetsSizeAndWarns) {
   EXPECT_EQ(LogCapture::count(log.text(), "fallocate is not supported"), 1u);
 }
 
-TEST(File, MoveTransfersOwnershipAndCloseReleases) {
+TEST(AioFile, MoveTransfersOwnershipAndCloseReleases) {
   TempDir dir;
   int before = test::open_fd_count();
   File a = File::open(dir / "a.bin", kCreateRw);
@@ -152,7 +152,7 @@ TEST(File, MoveTransfersOwnershipAndCloseReleases) {
   EXPECT_THROW(b.size(), IoError);
 }
 
-TEST(File, BufferedWhenAsked) {
+TEST(AioFile, BufferedWhenAsked) {
   TempDir dir;
   OpenOptions o = kCreateRw;
   o.direct = false;
@@ -169,7 +169,7 @@ int open_refusing_direct(const char* path, int flags, mode_t mode) {
   return ::open(path, flags, mode);
 }
 
-TEST(File, RefusedDirectFallsBackToBufferedWithOneWarning) {
+TEST(AioFile, RefusedDirectFallsBackToBufferedWithOneWarning) {
   TempDir dir;
   LogCapture log;
   internal::reset_fallback_warnings_for_testing();
@@ -190,7 +190,7 @@ TEST(File, RefusedDirectFallsBackToBufferedWithOneWarning) {
   EXPECT_EQ(test::checksum(in), test::checksum(out));
 }
 
-TEST(File, TmpfsFallsBackOrIsDirect) {
+TEST(AioFile, TmpfsFallsBackOrIsDirect) {
   struct statfs fs {};
   constexpr long kTmpfsMagic = 0x01021994;
   if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != kTmpfsMagic) {

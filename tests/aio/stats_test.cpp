@@ -6,7 +6,7 @@
 namespace outcore::aio {
 namespace {
 
-TEST(LatencyHistogram, BucketsAreMonotonicAndContainTheirValues) {
+TEST(AioLatencyHistogram, BucketsAreMonotonicAndContainTheirValues) {
   int last = -1;
   for (uint64_t us = 0; us < 1000000; us = us < 64 ? us + 1 : us * 5 / 4) {
     int b = LatencyHistogram::bucket_of(us);
@@ -20,7 +20,7 @@ TEST(LatencyHistogram, BucketsAreMonotonicAndContainTheirValues) {
   EXPECT_EQ(LatencyHistogram::bucket_of(~uint64_t{0}), LatencyHistogram::kBuckets - 1);
 }
 
-TEST(LatencyHistogram, PercentilesAreWithinBucketResolution) {
+TEST(AioLatencyHistogram, PercentilesAreWithinBucketResolution) {
   LatencyHistogram h;
   EXPECT_EQ(h.percentile_us(0.5), 0u);
   for (uint64_t us = 1; us <= 1000; ++us) h.record(us);
@@ -36,7 +36,7 @@ TEST(LatencyHistogram, PercentilesAreWithinBucketResolution) {
   EXPECT_EQ(h.percentile_us(1.0), 1000u);
 }
 
-TEST(LatencyHistogram, MergeAddsCounts) {
+TEST(AioLatencyHistogram, MergeAddsCounts) {
   LatencyHistogram a, b;
   a.record(10);
   b.record(10000);
