@@ -1,6 +1,7 @@
 #include "engine/train/metrics.hpp"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -90,6 +91,15 @@ nlohmann::ordered_json to_json(const ValidationMetrics& m) {
 
 // ---- ProgressDisplay --------------------------------------------------------------------
 
+namespace {
+// Columns of the terminal behind `out`, or 0 when unknown.
+int terminal_columns(std::FILE* out) {
+  winsize ws{};
+  if (ioctl(fileno(out), TIOCGWINSZ, &ws) == 0) return ws.ws_col;
+  return 0;
+}
+}  // namespace
+
 ProgressDisplay::ProgressDisplay(std::FILE* out, Mode mode, int64_t keep_every)
     : out_(out), mode_(mode), keep_every_(keep_every) {
   if (mode_ == Mode::kAuto) mode_ = isatty(fileno(out_)) ? Mode::kRefresh : Mode::kLines;
@@ -103,6 +113,9 @@ void ProgressDisplay::step(const StepMetrics& m) {
     std::fprintf(out_, "%s\n", line.c_str());
   } else {
     bool keep = keep_every_ > 0 && m.step % keep_every_ == 0;
+    // A line that wraps cannot be redrawn in place: cut the transient one to the width.
+    int cols = terminal_columns(out_);
+    if (!keep && cols > 1 && line.size() >= static_cast<size_t>(cols)) line.resize(cols - 1);
     std::fprintf(out_, "\r\x1b[2K%s%s", line.c_str(), keep ? "\n" : "");
     line_pending_ = !keep;
   }
