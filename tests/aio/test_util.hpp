@@ -2,6 +2,8 @@
 // data, a checksum, and an open-descriptor count for leak checks.
 #pragma once
 
+#include "tests/common/temp_dir.hpp"
+
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -16,42 +18,13 @@
 
 namespace outcore::aio::test {
 
-// A directory unique to this process and test, removed (with its contents) on destruction.
-class TempDir {
+// A scratch directory named after the test, removed on destruction.
+class TempDir : public outcore::test::TempDir {
  public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "aio";
-    for (char& c : name) {
-      if (c == '/') c = '_';
-    }
-    auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-    path_ = std::filesystem::path(OUTCORE_BINARY_DIR) / "test_tmp" /
-            ("aio-" + std::to_string(::getpid()) + "-" + std::to_string(stamp) + "-" + name);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  std::filesystem::path path_;
+  TempDir() : outcore::test::TempDir("aio") {}
 };
 
-inline void fill_random(std::span<std::byte> s, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  size_t i = 0;
-  for (; i + 8 <= s.size(); i += 8) {
-    uint64_t v = rng();
-    std::memcpy(s.data() + i, &v, 8);
-  }
-  for (; i < s.size(); ++i) s[i] = static_cast<std::byte>(rng());
-}
+using outcore::test::fill_random;
 
 // FNV-1a, 64 bit.
 inline uint64_t checksum(std::span<const std::byte> s) {
