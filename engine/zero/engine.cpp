@@ -129,14 +129,8 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     std::vector<swap::PinnedBuffer> fetch_buffers;
     for (size_t k = 0; k < pl.fetch_slots; ++k)
       fetch_buffers.push_back(pool->acquire(pl.fetch_slot_bytes));
-    detail::CoordinatorOptions co;
-    co.budget_bytes = plan.device_live_param_bytes;
-    co.max_live_numel = static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_max_live_parameters));
-    co.prefetch_bucket_numel = static_cast<uint64_t>(
-        std::max<int64_t>(0, z.stage3_prefetch_bucket_size.value_or(50'000'000)));
-    co.max_reuse_distance =
-        static_cast<uint64_t>(std::max<int64_t>(0, z.stage3_max_reuse_distance));
-    co.persistent = detail::persistent_units(cfg, g);
+    detail::CoordinatorOptions co =
+        detail::coordinator_options(cfg, g, plan.device_live_param_bytes);
     coordinator = std::make_unique<detail::ParamCoordinator>(g, *home, device, *copy, *comm_stream,
                                                              comm, std::move(fetch_buffers),
                                                              traffic, std::move(co));

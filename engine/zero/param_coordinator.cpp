@@ -71,10 +71,9 @@ ParamCoordinator::ParamCoordinator(const Geometry& g, ParamHome& home, device::D
       comm_(comm),
       fetch_buffers_(std::move(fetch_buffers)),
       traffic_(traffic),
-      options_(std::move(options)),
-      slots_(g.units.size()) {
-  for (size_t b = fetch_buffers_.size(); b-- > 0;)
-    free_fetch_buffers_.push_back(static_cast<int>(b));
+      slots_(g.units.size()),
+      policy_(g, std::move(options), home.tier() == Tier::kNvme ? fetch_buffers_.size() : 0,
+              *this) {
   for (Slot& s : slots_) {
     s.copied = device.create_event();
     s.ready = device.create_event();
@@ -85,42 +84,17 @@ ParamCoordinator::ParamCoordinator(const Geometry& g, ParamHome& home, device::D
 
 ParamCoordinator::~ParamCoordinator() = default;
 
-uint64_t ParamCoordinator::slab_bytes(int unit) const {
-  return device::charged_bytes(g_.units[unit].padded * g_.param_bytes);
-}
-
-bool ParamCoordinator::needed_by(size_t i, int unit) const {
-  const std::vector<int>& n = (*sched_)[i].needs;
-  return std::find(n.begin(), n.end(), unit) != n.end();
-}
-
-void ParamCoordinator::begin(const std::vector<PassStep>* sched) { sched_ = sched; }
-
-void ParamCoordinator::fetch(int unit) {
+void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
   Slot& s = slots_[unit];
   const UnitGeometry& ug = g_.units[unit];
   const size_t part_bytes = ug.part * g_.param_bytes;
   const size_t full_bytes = ug.padded * g_.param_bytes;
-  if (home_.tier() == Tier::kNvme && free_fetch_buffers_.empty()) {
-    // Every fetch buffer is held by a prefetch in flight: wait for one (it stays resident).
-    for (size_t u = 0; u < slots_.size(); ++u)
-      if (slots_[u].fetch_buffer >= 0) {
-        wait_ready(static_cast<int>(u));
-        break;
-      }
-  }
   s.buf = device_.alloc(full_bytes, fmt::format("gathered parameters of unit {}", unit));
-  live_bytes_ += slab_bytes(unit);
-  live_numel_ += ug.padded;
-  s.state = State::kFetching;
-  s.kept = false;
   std::byte* slab = s.buf.as<std::byte>();
   std::byte* own = slab + static_cast<size_t>(g_.rank) * part_bytes;
   switch (home_.tier()) {
     case Tier::kNvme: {
-      s.fetch_buffer = free_fetch_buffers_.back();
-      free_fetch_buffers_.pop_back();
-      std::byte* staging = fetch_buffers_[s.fetch_buffer].data();
+      std::byte* staging = fetch_buffers_.at(fetch_buffer).data();
       const swap::SwapTicket t = home_.start_read(unit, staging);
       swap::Swapper* sw = home_.swapper();
       copy_.enqueue([sw, t] { sw->wait(t); });
@@ -146,103 +120,14 @@ void ParamCoordinator::fetch(int unit) {
   comm_stream_.record(*s.ready);
 }
 
-void ParamCoordinator::wait_ready(int unit) {
-  Slot& s = slots_[unit];
-  if (s.state != State::kFetching) return;
-  s.ready->synchronize();
-  s.state = State::kReady;
-  if (s.fetch_buffer >= 0) {
-    free_fetch_buffers_.push_back(s.fetch_buffer);
-    s.fetch_buffer = -1;
-  }
-}
+void ParamCoordinator::wait_fetched(int unit) { slots_[unit].ready->synchronize(); }
 
-void ParamCoordinator::free_slab(int unit) {
-  Slot& s = slots_[unit];
-  if (s.state == State::kAbsent) return;
-  wait_ready(unit);
-  s.buf.reset();
-  live_bytes_ -= slab_bytes(unit);
-  live_numel_ -= g_.units[unit].padded;
-  s.state = State::kAbsent;
-  s.kept = false;
-}
-
-bool ParamCoordinator::evict_one(size_t i) {
-  int victim = -1;
-  size_t farthest = 0;
-  for (size_t u = 0; u < slots_.size(); ++u) {
-    const int unit = static_cast<int>(u);
-    if (!slots_[u].kept || needed_by(i, unit)) continue;
-    const size_t next = next_use(*sched_, i, unit);
-    if (victim < 0 || next > farthest) victim = unit, farthest = next;
-  }
-  if (victim < 0) return false;
-  free_slab(victim);
-  return true;
-}
-
-void ParamCoordinator::prefetch(size_t i) {
-  if (options_.prefetch_bucket_numel == 0) return;
-  uint64_t in_flight = 0;
-  for (size_t u = 0; u < slots_.size(); ++u)
-    if (slots_[u].state == State::kFetching) in_flight += g_.units[u].padded;
-  for (size_t j = i + 1; j < sched_->size(); ++j) {
-    for (int u : (*sched_)[j].needs) {
-      if (slots_[u].state != State::kAbsent) continue;
-      const uint64_t n = g_.units[u].padded;
-      if (in_flight + n > options_.prefetch_bucket_numel) return;
-      if (live_numel_ + n > options_.max_live_numel) return;
-      if (live_bytes_ + slab_bytes(u) > options_.budget_bytes) return;
-      if (home_.tier() == Tier::kNvme && free_fetch_buffers_.empty()) return;
-      fetch(u);
-      in_flight += n;
-    }
-  }
-}
-
-void ParamCoordinator::acquire(size_t i) {
-  for (int u : (*sched_)[i].needs) {
-    Slot& s = slots_[u];
-    s.kept = false;
-    if (s.state != State::kAbsent) continue;
-    while (live_bytes_ + slab_bytes(u) > options_.budget_bytes && evict_one(i)) {
-    }
-    fetch(u);
-  }
-  prefetch(i);
-  for (int u : (*sched_)[i].needs) wait_ready(u);
-}
+void ParamCoordinator::free_slab(int unit) { slots_[unit].buf.reset(); }
 
 const void* ParamCoordinator::slab(int unit) const {
-  const Slot& s = slots_.at(unit);
-  if (s.state != State::kReady)
+  if (!policy_.ready(unit))
     throw InvalidArgument(fmt::format("zero: unit {}'s parameters are not gathered", unit));
-  return s.buf.data();
-}
-
-void ParamCoordinator::release(size_t i) {
-  for (int u : (*sched_)[i].needs) {
-    if (options_.persistent[u]) continue;
-    if (keep_for_reuse(*sched_, g_, i, u, options_.max_reuse_distance) &&
-        live_numel_ <= options_.max_live_numel) {
-      slots_[u].kept = true;
-      continue;
-    }
-    free_slab(u);
-  }
-}
-
-void ParamCoordinator::end() {
-  for (size_t u = 0; u < slots_.size(); ++u) {
-    wait_ready(static_cast<int>(u));
-    if (!options_.persistent[u]) free_slab(static_cast<int>(u));
-  }
-  sched_ = nullptr;
-}
-
-void ParamCoordinator::drop_all() {
-  for (size_t u = 0; u < slots_.size(); ++u) free_slab(static_cast<int>(u));
+  return slots_.at(unit).buf.data();
 }
 
 }  // namespace outcore::zero::detail

@@ -5,9 +5,9 @@
 // A fetch of unit u:  [nvme: swap_in partition -> pinned fetch buffer]  (aio threads)
 //                     partition -> own shard of a new device slab       (copy stream)
 //                     Comm::all_gather in place on the slab             (comm stream)
-// All decisions (what to fetch, prefetch, keep, release) are taken on the driving thread
-// from bookkeeping alone, never from timing, so every rank issues the same collectives in
-// the same order.
+// All decisions (what to fetch, prefetch, keep, release) are taken on the driving thread by
+// ResidencyPolicy (residency.hpp) from bookkeeping alone, never from timing, so every rank
+// issues the same collectives in the same order, and the planner replays the same decisions.
 #pragma once
 
 #include <atomic>
@@ -19,6 +19,7 @@
 #include "engine/comm/comm.hpp"
 #include "engine/device/device.hpp"
 #include "engine/zero/geometry.hpp"
+#include "engine/zero/residency.hpp"
 #include "swap/swap.hpp"
 
 namespace outcore::zero::detail {
@@ -55,56 +56,40 @@ class ParamHome {
   std::vector<swap::TensorId> ids_;
 };
 
-struct CoordinatorOptions {
-  uint64_t budget_bytes = 0;           // device bytes (charged) for gathered slabs
-  uint64_t max_live_numel = 0;         // stage3_max_live_parameters
-  uint64_t prefetch_bucket_numel = 0;  // stage3_prefetch_bucket_size (0: no prefetch)
-  uint64_t max_reuse_distance = 0;     // stage3_max_reuse_distance
-  std::vector<bool> persistent;        // per unit (stage3_param_persistence_threshold)
-};
-
-class ParamCoordinator {
+class ParamCoordinator final : private ResidencyActions {
  public:
   // fetch_buffers: pinned staging for NVMe reads (may be empty for other homes).
   ParamCoordinator(const Geometry& g, ParamHome& home, device::Device& device, device::Stream& copy,
                    device::Stream& comm_stream, comm::Comm& comm,
                    std::vector<swap::PinnedBuffer> fetch_buffers, TrafficCounters& traffic,
                    CoordinatorOptions options);
-  ~ParamCoordinator();
+  ~ParamCoordinator() override;
 
   // Starts a pass over `sched` (which must outlive the pass).
-  void begin(const std::vector<PassStep>* sched);
+  void begin(const std::vector<PassStep>* sched) { policy_.begin(sched); }
   // Makes every unit step `i` needs resident and gathered (fetching what is missing, then
   // prefetching ahead), and waits for them. Rethrows a failed fetch's error.
-  void acquire(size_t i);
+  void acquire(size_t i) { policy_.acquire(i); }
   // The gathered slab of a unit acquired for the current step.
   const void* slab(int unit) const;
   // After step i computed: releases its units unless persistent or kept for reuse.
-  void release(size_t i);
+  void release(size_t i) { policy_.release(i); }
   // Ends the pass: waits for stray prefetches and releases every non-persistent slab.
-  void end();
+  void end() { policy_.end(); }
   // Releases everything (the partitions changed). Waits for fetches in flight.
-  void drop_all();
+  void drop_all() { policy_.drop_all(); }
 
-  uint64_t live_bytes() const { return live_bytes_; }
+  uint64_t live_bytes() const { return policy_.live_bytes(); }
 
  private:
-  enum class State : uint8_t { kAbsent, kFetching, kReady };
   struct Slot {
-    State state = State::kAbsent;
-    bool kept = false;  // released but kept for reuse: evictable
     device::DeviceBuffer buf;
     std::unique_ptr<device::Event> copied, ready;
-    int fetch_buffer = -1;
   };
 
-  void fetch(int unit);
-  void prefetch(size_t i);
-  void wait_ready(int unit);
-  void free_slab(int unit);
-  bool evict_one(size_t i);
-  bool needed_by(size_t i, int unit) const;
-  uint64_t slab_bytes(int unit) const;
+  void start_fetch(int unit, int fetch_buffer) override;
+  void wait_fetched(int unit) override;
+  void free_slab(int unit) override;
 
   const Geometry& g_;
   ParamHome& home_;
@@ -113,13 +98,9 @@ class ParamCoordinator {
   device::Stream& comm_stream_;
   comm::Comm& comm_;
   std::vector<swap::PinnedBuffer> fetch_buffers_;
-  std::vector<int> free_fetch_buffers_;
   TrafficCounters& traffic_;
-  CoordinatorOptions options_;
-  const std::vector<PassStep>* sched_ = nullptr;
   std::vector<Slot> slots_;
-  uint64_t live_bytes_ = 0;
-  uint64_t live_numel_ = 0;
+  ResidencyPolicy policy_;  // last: its calls reach the members above
 };
 
 }  // namespace outcore::zero::detail

@@ -11,6 +11,7 @@
 #include "engine/device/device.hpp"
 #include "engine/zero/geometry.hpp"
 #include "engine/zero/plan_internal.hpp"
+#include "engine/zero/residency.hpp"
 #include "swap/swap.hpp"
 
 namespace outcore::zero {
@@ -152,27 +153,6 @@ uint64_t live_param_min_bytes(const model::LlamaModel& model, const Geometry& g,
   return need;
 }
 
-// Fetches of each unit in one training pass under the release policy (ignoring the budget,
-// which can only add refetches of units kept for reuse).
-std::vector<uint64_t> fetches_per_pass(const model::LlamaModel& model, const Geometry& g,
-                                       const std::vector<bool>& persistent,
-                                       uint64_t max_reuse_distance) {
-  const std::vector<PassStep> sched = train_schedule(model);
-  std::vector<uint64_t> fetches(g.units.size(), 0);
-  std::vector<bool> resident(g.units.size(), false);
-  for (size_t i = 0; i < sched.size(); ++i) {
-    for (int u : sched[i].needs)
-      if (!resident[u]) {
-        resident[u] = true;
-        ++fetches[u];
-      }
-    for (int u : sched[i].needs)
-      if (!persistent[u] && !keep_for_reuse(sched, g, i, u, max_reuse_distance))
-        resident[u] = false;
-  }
-  return fetches;
-}
-
 }  // namespace detail
 
 namespace {
@@ -189,14 +169,15 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
   const uint64_t m = static_cast<uint64_t>(plan.micro_batches_per_step);
   TrafficBytes& t = plan.per_step;
   if (p.stage == 3) {
-    const auto persistent = detail::persistent_units(cfg, g);
-    const auto fetches =
-        detail::fetches_per_pass(model, g, persistent,
-                                 static_cast<uint64_t>(std::max<int64_t>(
-                                     0, cfg.zero_optimization.stage3_max_reuse_distance)));
+    // The coordinator's own policy replayed over one step's passes: every fetch it takes,
+    // refetches after release, eviction or the max_live cap included.
+    const size_t fetch_buffers =
+        p.params == Tier::kNvme ? detail::effective_pinned_layout(cfg, g).fetch_slots : 0;
+    const auto fetches = detail::fetches_per_step(
+        model, g, detail::coordinator_options(cfg, g, plan.device_live_param_bytes), fetch_buffers,
+        plan.micro_batches_per_step);
     for (size_t u = 0; u < g.units.size(); ++u) {
-      const uint64_t n = persistent[u] ? 1 : fetches[u] * m;
-      const uint64_t bytes = n * g.units[u].part * g.param_bytes;
+      const uint64_t bytes = fetches[u] * g.units[u].part * g.param_bytes;
       if (p.params == Tier::kNvme) t.nvme_read += bytes;
       if (p.params != Tier::kDevice) t.h2d += bytes;
     }

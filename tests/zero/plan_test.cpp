@@ -74,6 +74,55 @@ INSTANTIATE_TEST_SUITE_P(Zero, PlanVsActual,
                                            Placing{3, "cpu", "cpu"}, Placing{3, "nvme", "nvme"}),
                          [](const auto& info) { return info.param.name(); });
 
+// Stage 3 with a small stage3_max_live_parameters or stage3_max_reuse_distance: units released
+// after forward (or evicted, or refused by the live cap) are fetched again in backward, in
+// every micro-batch (gradient_accumulation_steps 2). The plan replays the coordinator's policy,
+// so its traffic is exact, and it must count those refetches.
+TEST(Plan, SmallLiveAndReuseLimitsTrafficMatchesThePlan) {
+  struct Limits {
+    std::string name;
+    std::string zero;  // spliced into zero_optimization
+  };
+  const std::vector<Limits> limits = {
+      {"max_live",
+       ", \"stage3_param_persistence_threshold\": 0, \"stage3_max_live_parameters\": 50000,"
+       " \"stage3_max_reuse_distance\": 1000000000"},
+      {"reuse_distance",
+       ", \"stage3_param_persistence_threshold\": 0, \"stage3_max_reuse_distance\": 30000"},
+      {"persistent_embedding",
+       ", \"stage3_param_persistence_threshold\": 30000, \"stage3_max_live_parameters\": "
+       "100000, \"stage3_max_reuse_distance\": 100000, \"stage3_prefetch_bucket_size\": 50000"},
+  };
+  const std::vector<Placing> placings = {{3, "cpu", "cpu"}, {3, "nvme", "nvme"}};
+  for (const bool tied : {true, false}) {
+    const model::LlamaModel model(tiny_config(tied), tiny_options(DType::BF16));
+    for (const Placing& s : placings)
+      for (const Limits& l : limits) {
+        SCOPED_TRACE(s.name() + " " + l.name + (tied ? " tied" : " untied"));
+        const std::string dir = swap_dir("plan_limits_" + s.name()).string();
+        const config::Config cfg =
+            make_config(config_json(s, DType::BF16, dir, l.zero + ", \"sub_group_size\": 8192"));
+        ASSERT_EQ(cfg.gradient_accumulation_steps.value(), 2);
+        const int steps = 2;
+        const Measured m = measure(cfg, model, steps);
+        const Plan& p = m.plan;
+        // One fetch of each unit per micro-batch: what the plan would say without refetches.
+        uint64_t once = 0;
+        for (const auto& u : model.layout().units) once += u.padded_numel * sizeof(uint16_t);
+        once *= static_cast<uint64_t>(p.micro_batches_per_step);
+        EXPECT_GT(p.per_step.h2d, once) << format_plan(p);
+        const TrafficStats& a = m.after_init;
+        const TrafficStats& b = m.after_steps;
+        EXPECT_EQ(b.h2d_bytes - a.h2d_bytes, steps * p.per_step.h2d) << format_plan(p);
+        EXPECT_EQ(b.d2h_bytes - a.d2h_bytes, steps * p.per_step.d2h) << format_plan(p);
+        EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, steps * p.per_step.nvme_read)
+            << format_plan(p);
+        EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, steps * p.per_step.nvme_write)
+            << format_plan(p);
+      }
+  }
+}
+
 TEST(Plan, NvmeGradientsMatchThePlan) {
   const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
   const std::string dir = swap_dir("plan_nvme_grads").string();

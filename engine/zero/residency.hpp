@@ -1,0 +1,102 @@
+// Internal to engine/zero: the stage-3 residency policy, i.e. every decision the parameter
+// coordinator takes (which unit to fetch, prefetch, wait for, keep for reuse, evict or
+// release) as pure bookkeeping over a known pass schedule. ParamCoordinator drives the device
+// work from it; the planner runs the same policy with no device work to count the fetches of
+// one optimizer step, so the planned traffic is the traffic the engine produces.
+//
+// Threading: not thread-safe; one driving thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/config/config.hpp"
+#include "engine/zero/geometry.hpp"
+
+namespace outcore::zero::detail {
+
+struct CoordinatorOptions {
+  uint64_t budget_bytes = 0;           // device bytes (charged) for gathered slabs
+  uint64_t max_live_numel = 0;         // stage3_max_live_parameters
+  uint64_t prefetch_bucket_numel = 0;  // stage3_prefetch_bucket_size (0: no prefetch)
+  uint64_t max_reuse_distance = 0;     // stage3_max_reuse_distance
+  std::vector<bool> persistent;        // per unit (stage3_param_persistence_threshold)
+};
+
+// The options the engine runs its coordinator with: `budget_bytes` is the plan's
+// device_live_param_bytes, the rest comes from cfg.zero_optimization.
+CoordinatorOptions coordinator_options(const config::Config& cfg, const Geometry& g,
+                                       uint64_t budget_bytes);
+
+// What the policy asks its owner to do. Each call may throw; the policy's bookkeeping then
+// stays as before the call.
+class ResidencyActions {
+ public:
+  virtual ~ResidencyActions() = default;
+  // Start gathering `unit`'s slab; `fetch_buffer` is the staging buffer index it holds until
+  // wait_fetched (-1 when the home needs none).
+  virtual void start_fetch(int unit, int fetch_buffer) = 0;
+  // Block until `unit`'s fetch (started, not yet waited for) completed.
+  virtual void wait_fetched(int unit) = 0;
+  // Free `unit`'s slab (fetched and waited for).
+  virtual void free_slab(int unit) = 0;
+};
+
+class ResidencyPolicy {
+ public:
+  // `fetch_buffers`: staging buffers fetches share (0: the home needs none, no limit).
+  // `actions` must outlive the policy.
+  ResidencyPolicy(const Geometry& g, CoordinatorOptions options, size_t fetch_buffers,
+                  ResidencyActions& actions);
+
+  // Starts a pass over `sched` (which must outlive the pass).
+  void begin(const std::vector<PassStep>* sched);
+  // Makes every unit step `i` needs resident (evicting units kept for reuse while over the
+  // budget, then fetching what is missing, then prefetching ahead), and waits for them.
+  void acquire(size_t i);
+  // After step i: releases its units unless persistent or kept for reuse.
+  void release(size_t i);
+  // Ends the pass: waits for stray prefetches and releases every non-persistent slab.
+  void end();
+  // Releases everything (the partitions changed).
+  void drop_all();
+
+  bool ready(int unit) const { return slots_.at(unit).state == State::kReady; }
+  uint64_t live_bytes() const { return live_bytes_; }
+
+ private:
+  enum class State : uint8_t { kAbsent, kFetching, kReady };
+  struct Slot {
+    State state = State::kAbsent;
+    bool kept = false;  // released but kept for reuse: evictable
+    int fetch_buffer = -1;
+  };
+
+  void fetch(int unit);
+  void prefetch(size_t i);
+  void wait_ready(int unit);
+  void free_slab(int unit);
+  bool evict_one(size_t i);
+  bool needed_by(size_t i, int unit) const;
+  uint64_t slab_bytes(int unit) const;
+
+  const Geometry& g_;
+  CoordinatorOptions options_;
+  bool staged_;  // fetches need a staging buffer
+  std::vector<int> free_fetch_buffers_;
+  ResidencyActions& actions_;
+  const std::vector<PassStep>* sched_ = nullptr;
+  std::vector<Slot> slots_;
+  uint64_t live_bytes_ = 0;
+  uint64_t live_numel_ = 0;
+};
+
+// Fetches of each unit over one optimizer step (gradient_accumulation_steps training passes,
+// then the step, which drops every slab) from a cold start, under `options` and
+// `fetch_buffers` as ResidencyPolicy takes them.
+std::vector<uint64_t> fetches_per_step(const model::LlamaModel& model, const Geometry& g,
+                                       const CoordinatorOptions& options, size_t fetch_buffers,
+                                       int64_t micro_batches);
+
+}  // namespace outcore::zero::detail
