@@ -1,17 +1,14 @@
 #include "common/error.hpp"
 
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include <cstring>
 
 namespace outcore {
 
-std::string errno_string(int err) {
-  return fmt::format("{} (errno {})", std::strerror(err), err);
-}
+std::string errno_string(int err) { return fmt::format("{} (errno {})", std::strerror(err), err); }
 
-IoError::IoError(std::string file, uint64_t offset, uint64_t length, int err,
-                 const std::string& op)
+IoError::IoError(std::string file, uint64_t offset, uint64_t length, int err, const std::string& op)
     : Error(fmt::format("{} failed on {} at offset {} length {}: {}", op, file, offset, length,
                         errno_string(err))),
       file_(std::move(file)),

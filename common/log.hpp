@@ -1,9 +1,9 @@
 // Logging: human-readable lines on stderr through spdlog. Results go to stdout, never here.
 #pragma once
 
-#include <string_view>
-
 #include <spdlog/spdlog.h>
+
+#include <string_view>
 
 namespace outcore::log {
 

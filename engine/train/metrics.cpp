@@ -1,8 +1,8 @@
 #include "engine/train/metrics.hpp"
 
 #include <fcntl.h>
-#include <sys/ioctl.h>
 #include <fmt/format.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>

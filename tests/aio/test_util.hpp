@@ -2,8 +2,6 @@
 // data, a checksum, and an open-descriptor count for leak checks.
 #pragma once
 
-#include "tests/common/temp_dir.hpp"
-
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,6 +13,8 @@
 #include <random>
 #include <span>
 #include <string>
+
+#include "tests/common/temp_dir.hpp"
 
 namespace outcore::aio::test {
 

@@ -2,8 +2,6 @@
 // random data, and a byte flipper for corruption tests.
 #pragma once
 
-#include "tests/common/temp_dir.hpp"
-
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,6 +13,8 @@
 #include <random>
 #include <span>
 #include <string>
+
+#include "tests/common/temp_dir.hpp"
 
 namespace outcore::swap::test {
 

@@ -1,7 +1,6 @@
 // outcore: train transformer models larger than device memory and host RAM.
-#include <cstdio>
-
 #include <CLI/CLI.hpp>
+#include <cstdio>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
