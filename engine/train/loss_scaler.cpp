@@ -139,20 +139,4 @@ void LossScaler::load_state_json(const nlohmann::json& j) {
   load_state(s);
 }
 
-double unscale_and_clip_coefficient(double total_norm, double loss_scale, double clip) {
-  if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
-    throw InvalidArgument(fmt::format("loss scale {} must be a finite number > 0", loss_scale));
-  }
-  if (!(clip >= 0) || !std::isfinite(clip)) {
-    throw InvalidArgument(fmt::format("gradient_clipping {} must be a finite number >= 0", clip));
-  }
-  double combined = loss_scale;
-  if (clip > 0) {
-    double norm = std::isfinite(total_norm) ? total_norm : -1.0;
-    double c = std::max(1.0, (norm / loss_scale + 1e-6) / clip);
-    combined = c * loss_scale;
-  }
-  return 1.0 / combined;
-}
-
 }  // namespace outcore::train

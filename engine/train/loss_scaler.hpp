@@ -96,18 +96,7 @@ class LossScaler {
   LossScalerState state_;
 };
 
-// ZeRO's unscale_and_clip_grads as one multiplier. `total_norm` is the global L2 norm of the
-// gradients still multiplied by `loss_scale`; `clip` is gradient_clipping (0 = off). Returns
-// the factor to multiply every gradient by, which both removes the loss scale and clips:
-//   clip > 0: c = max(1, (total_norm / loss_scale + 1e-6) / clip); return 1 / (c * loss_scale)
-//   clip == 0: return 1 / loss_scale.
-// A non-finite total_norm is treated as DeepSpeed's -1 sentinel (no clipping).
-// REQUIRES loss_scale > 0 and clip >= 0 (else InvalidArgument).
-double unscale_and_clip_coefficient(double total_norm, double loss_scale, double clip);
-
-// The gradient norm DeepSpeed reports (total_norm / loss_scale).
-inline double unscaled_grad_norm(double total_norm, double loss_scale) {
-  return total_norm / loss_scale;
-}
+// The unscale-and-clip multiplier is zero::unscale_and_clip_multiplier (engine/zero/zero.hpp),
+// applied inside ZeroEngine::step.
 
 }  // namespace outcore::train

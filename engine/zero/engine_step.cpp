@@ -42,6 +42,23 @@ StepParams step_params(const config::Config& cfg, double lr, uint64_t step, doub
   return p;
 }
 
+double unscale_and_clip_multiplier(double grad_norm, double loss_scale, double clip,
+                                   int world_size) {
+  if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
+    throw InvalidArgument(fmt::format("loss scale {} must be a finite number > 0", loss_scale));
+  }
+  if (!(clip >= 0) || !std::isfinite(clip)) {
+    throw InvalidArgument(fmt::format("gradient_clipping {} must be a finite number >= 0", clip));
+  }
+  if (world_size < 1) throw InvalidArgument(fmt::format("world size {} < 1", world_size));
+  double combined = loss_scale;
+  if (clip > 0 && std::isfinite(grad_norm)) {
+    const double c = (grad_norm + 1e-6) / clip;
+    if (c > 1) combined = c * loss_scale;
+  }
+  return 1.0 / (combined * static_cast<double>(world_size));
+}
+
 void ZeroEngine::Impl::check_unit(int unit) const {
   if (unit < 0 || unit >= static_cast<int>(g.units.size()))
     throw InvalidArgument(
@@ -194,14 +211,10 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
     r.grad_norm = total;
     return r;
   }
-  // Gradients are summed over ranks; DeepSpeed averages them: fold 1/world into the multiplier.
+  // Gradients are summed over ranks; DeepSpeed averages them: 1/world goes into the multiplier.
   r.grad_norm = std::sqrt(total) / world / sp.loss_scale;
-  double combined = sp.loss_scale;
-  if (sp.gradient_clipping > 0) {
-    const double clip = (r.grad_norm + 1e-6) / sp.gradient_clipping;
-    if (clip > 1) combined = clip * sp.loss_scale;
-  }
-  r.grad_scale = 1.0 / (combined * world);
+  r.grad_scale =
+      unscale_and_clip_multiplier(r.grad_norm, sp.loss_scale, sp.gradient_clipping, g.world);
 
   cpu_adam::AdamParams hp;
   hp.lr = sp.lr;

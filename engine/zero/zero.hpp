@@ -80,6 +80,16 @@ struct StepParams {
 // sections, with this step's lr, step number and loss scale.
 StepParams step_params(const config::Config& cfg, double lr, uint64_t step, double loss_scale);
 
+// DeepSpeed's unscale_and_clip_grads as the one multiplier applied to every gradient element.
+// `grad_norm` is the global L2 norm of the unscaled, rank-averaged gradients; the gradients
+// themselves still carry `loss_scale` and are summed (not averaged) over `world_size` ranks.
+//   clip > 0: c = (grad_norm + 1e-6) / clip; returns 1 / (max(1, c) * loss_scale * world_size)
+//   clip == 0: returns 1 / (loss_scale * world_size).
+// A non-finite grad_norm does not clip (DeepSpeed's -1 sentinel). Throws InvalidArgument
+// unless loss_scale is finite and > 0, clip is finite and >= 0, and world_size >= 1.
+double unscale_and_clip_multiplier(double grad_norm, double loss_scale, double clip,
+                                   int world_size = 1);
+
 struct StepResult {
   bool overflow = false;   // non-finite gradients: nothing updated, gradients cleared
   double grad_norm = 0.0;  // global L2 norm of the unscaled gradients (inf/NaN on overflow)

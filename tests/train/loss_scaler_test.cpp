@@ -8,6 +8,8 @@
 #include <limits>
 #include <vector>
 
+#include "engine/zero/zero.hpp"
+
 namespace outcore::train {
 namespace {
 
@@ -175,29 +177,30 @@ TEST(LossScaler, BadStateIsRejected) {
 
 TEST(UnscaleAndClip, NoClippingBelowTheThresholdOnlyUnscales) {
   // Unscaled norm 0.5 with clip 1: c = max(1, (0.5 + 1e-6) / 1) = 1.
-  EXPECT_DOUBLE_EQ(unscale_and_clip_coefficient(0.5 * 1024, 1024, 1.0), 1.0 / 1024);
+  EXPECT_DOUBLE_EQ(zero::unscale_and_clip_multiplier(0.5, 1024, 1.0), 1.0 / 1024);
 }
 
 TEST(UnscaleAndClip, ClipsToTheThresholdInTheSameMultiply) {
   // Unscaled norm 4, clip 1: c = 4 + 1e-6; the clipped gradient norm is 4 / (4 + 1e-6).
   double total = 4.0 * 256;
-  double k = unscale_and_clip_coefficient(total, 256, 1.0);
+  double k = zero::unscale_and_clip_multiplier(total / 256, 256, 1.0);
   EXPECT_DOUBLE_EQ(k, 1.0 / ((4.0 + 1e-6) * 256));
   EXPECT_NEAR(total * k, 1.0, 1e-6);
 }
 
 TEST(UnscaleAndClip, ClipZeroMeansOff) {
-  EXPECT_DOUBLE_EQ(unscale_and_clip_coefficient(1e9, 8, 0.0), 1.0 / 8);
+  EXPECT_DOUBLE_EQ(zero::unscale_and_clip_multiplier(1e9 / 8, 8, 0.0), 1.0 / 8);
 }
 
 TEST(UnscaleAndClip, NonFiniteNormDoesNotClip) {
-  EXPECT_DOUBLE_EQ(unscale_and_clip_coefficient(std::nan(""), 4, 1.0), 0.25);
-  EXPECT_DOUBLE_EQ(unscale_and_clip_coefficient(INFINITY, 4, 1.0), 0.25);
+  EXPECT_DOUBLE_EQ(zero::unscale_and_clip_multiplier(std::nan(""), 4, 1.0), 0.25);
+  EXPECT_DOUBLE_EQ(zero::unscale_and_clip_multiplier(INFINITY, 4, 1.0), 0.25);
 }
 
 TEST(UnscaleAndClip, BadArgumentsThrow) {
-  EXPECT_THROW(unscale_and_clip_coefficient(1, 0, 1), InvalidArgument);
-  EXPECT_THROW(unscale_and_clip_coefficient(1, 1, -1), InvalidArgument);
+  EXPECT_THROW(zero::unscale_and_clip_multiplier(1, 0, 1), InvalidArgument);
+  EXPECT_THROW(zero::unscale_and_clip_multiplier(1, 1, -1), InvalidArgument);
+  EXPECT_THROW(zero::unscale_and_clip_multiplier(1, 1, 1, 0), InvalidArgument);
 }
 
 }  // namespace
