@@ -11,6 +11,7 @@
 
 #include "common/aligned_buffer.hpp"
 #include "common/log.hpp"
+#include "tools/aio_bench/cli_main.hpp"
 #include "tools/aio_bench/measure.hpp"
 #include "tools/aio_bench/scratch.hpp"
 #include "tools/aio_bench/sizes.hpp"
@@ -147,21 +148,5 @@ int main(int argc, char** argv) {
   app.add_option("--repeat", a.repeat, "rounds (default 5)");
   app.add_option("--io-size", a.io_size, "engine buffer, streamed as 4 spans (default 128M)");
   app.add_flag("--no-register", a.no_register, "do not register the buffer with the kernel");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "bench_aio: %s (see --help)\n", e.what());
-    return 2;
-  }
-  try {
-    return run(a);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "bench_aio: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_aio: %s\n", e.what());
-    return 1;
-  }
+  return parse_and_run(app, "bench_aio", argc, argv, [&] { return run(a); });
 }

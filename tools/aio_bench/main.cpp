@@ -11,6 +11,7 @@
 
 #include "common/aligned_buffer.hpp"
 #include "common/log.hpp"
+#include "tools/aio_bench/cli_main.hpp"
 #include "tools/aio_bench/scratch.hpp"
 #include "tools/aio_bench/sizes.hpp"
 #include "tools/aio_bench/sweep.hpp"
@@ -273,21 +274,5 @@ int main(int argc, char** argv) {
   app.add_option("--threads", a.threads, "comma list of I/O thread counts")->delimiter(',');
   app.add_option("--single-submit", a.single_submit, "comma list of true/false")->delimiter(',');
   app.add_option("--overlap-events", a.overlap_events, "comma list of true/false")->delimiter(',');
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "aio_bench: %s (see --help)\n", e.what());
-    return 2;
-  }
-  try {
-    return run(a);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "aio_bench: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "aio_bench: %s\n", e.what());
-    return 1;
-  }
+  return parse_and_run(app, "aio_bench", argc, argv, [&] { return run(a); });
 }
