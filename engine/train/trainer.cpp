@@ -10,6 +10,7 @@
 #include "common/log.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "engine/device/device.hpp"
+#include "engine/train/checkpointing.hpp"
 
 namespace outcore::train {
 namespace {
@@ -69,6 +70,10 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
                     opts_.seq_len, model_config.max_position_embeddings));
   }
   gas_ = cfg_.gradient_accumulation_steps.value();
+  if (!opts_.resume_from.empty() && !opts_.init_from.empty())
+    throw InvalidArgument("resume and init-from exclude each other: a resumed run has its weights");
+  std::optional<ckpt::Checkpoint> ck;
+  if (!opts_.resume_from.empty()) open_resume_checkpoint(ck, model_config, seq_len);
 
   devices_ = std::make_unique<Devices>(cfg_.outcore.device_memory_mb << 20);
   model::ModelOptions mo;
@@ -83,8 +88,15 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   open_data();
   schedule_ = make_lr_schedule(cfg_);
   scaler_ = make_loss_scaler(cfg_);
+  if (!opts_.save_dir.empty())
+    save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, opts_.keep);
   engine_ = std::make_unique<zero::ZeroEngine>(cfg_, *model_, devices_->device, devices_->comm,
                                                opts_.seed, opts_.engine);
+  if (ck) {
+    restore(*ck);
+  } else if (!opts_.init_from.empty()) {
+    import_hf_weights(opts_.init_from, *engine_);
+  }
   last_traffic_ = engine_->traffic();
   inputs_.resize(static_cast<size_t>(model_->tokens()));
   targets_.resize(static_cast<size_t>(model_->tokens()));
@@ -131,6 +143,83 @@ void Trainer::open_data() {
                     "--val-fraction)",
                     opts_.eval_every));
   }
+}
+
+void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
+                                     const model::LlamaConfig& model_config, int64_t seq_len) {
+  ck.emplace(ckpt::Checkpoint::open(opts_.resume_from, {zero::aio_options(cfg_.aio), nullptr}));
+  const std::string src = ck->dir().string();
+  check_checkpoint_model(ck->manifest(), model::make_layout(model_config, 1), src);
+  ck->verify();
+  const std::string state_path = (ck->dir() / "trainer_state.json").string();
+  try {
+    resume_state_ = nlohmann::json::parse(ck->read_text("trainer_state.json"));
+    const int64_t micro = resume_state_.at("micro_batch").get<int64_t>();
+    const int64_t seq = resume_state_.at("seq_len").get<int64_t>();
+    const int world = resume_state_.at("world_size").get<int>();
+    const int64_t micro_now = cfg_.train_micro_batch_size_per_gpu.value();
+    if (micro != micro_now || seq != seq_len || world != 1)
+      throw InvalidArgument(fmt::format(
+          "{}: saved with micro-batch {} x sequence length {} x world size {}; this run has {} x "
+          "{} x 1: the data position cannot carry over",
+          src, micro, seq, world, micro_now, seq_len));
+    const uint64_t seed = resume_state_.at("seed").get<uint64_t>();
+    if (seed != opts_.seed)
+      log::warn("resuming with the checkpoint's seed {} (data order), not {}", seed, opts_.seed);
+    opts_.seed = seed;
+    const int64_t gas = resume_state_.at("gradient_accumulation_steps").get<int64_t>();
+    if (gas != gas_)
+      log::warn("resuming with gradient_accumulation_steps {} (the checkpoint used {})", gas_, gas);
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
+  }
+  resumed_from_ = src;
+}
+
+void Trainer::restore(const ckpt::Checkpoint& ck) {
+  load_engine_checkpoint(ck, *engine_);
+  const std::string state_path = (ck.dir() / "trainer_state.json").string();
+  try {
+    steps_done_ = resume_state_.at("steps_done").get<int64_t>();
+    adam_steps_ = resume_state_.at("adam_steps").get<uint64_t>();
+    schedule_->load_state_json(resume_state_.at("scheduler"));
+    scaler_.load_state_json(resume_state_.at("loss_scaler"));
+    train_loader_->seek(data_position_from_json(resume_state_.at("data")));
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
+  }
+  last_saved_step_ = steps_done_;
+}
+
+nlohmann::ordered_json Trainer::state_json() const {
+  nlohmann::ordered_json j;
+  j["steps_done"] = steps_done_;
+  j["adam_steps"] = adam_steps_;
+  j["scheduler"] = schedule_->state_json();
+  j["loss_scaler"] = scaler_.state_json();
+  j["data"] = to_json(train_loader_->position());
+  j["seed"] = opts_.seed;
+  j["micro_batch"] = model_->options().micro_batch;
+  j["seq_len"] = model_->options().seq_len;
+  j["gradient_accumulation_steps"] = gas_;
+  j["world_size"] = world_size();
+  j["train_data"] = opts_.train_data;
+  j["val_data"] = opts_.val_data;
+  j["val_fraction"] = opts_.val_fraction;
+  return j;
+}
+
+ckpt::SaveResult Trainer::save_checkpoint() {
+  if (!save_dir_) throw InvalidArgument("save_checkpoint: no save directory was given");
+  CheckpointTexts texts{config::to_json(cfg_).dump(2) + "\n", model_->config().to_json(),
+                        state_json().dump(2) + "\n"};
+  ckpt::WriterOptions wo = opts_.checkpoint_io;
+  wo.aio = zero::aio_options(cfg_.aio);
+  ckpt::SaveResult r = save_engine_checkpoint(
+      *save_dir_, ckpt::tag_for_step(steps_done_), steps_done_, *engine_, devices_->comm.rank(),
+      world_size(), cfg_.zero_optimization.stage, texts, wo);
+  last_saved_step_ = steps_done_;
+  return r;
 }
 
 bool Trainer::has_validation() const { return val_loader_ != nullptr; }
@@ -228,7 +317,7 @@ TrainResult Trainer::run() {
       opts_.metrics_file.empty() ? cfg_.outcore.metrics_file : opts_.metrics_file;
   std::optional<MetricsWriter> writer;
   if (!metrics_path.empty()) {
-    writer.emplace(metrics_path);
+    writer.emplace(metrics_path, /*append=*/!resumed_from_.empty());
     writer->write_json(start_record());
   }
 
@@ -241,6 +330,20 @@ TrainResult Trainer::run() {
     validated_at = v.step;
     if (display) display->validation(v);
     if (writer) writer->write(v);
+  };
+
+  auto save = [&] {
+    ckpt::SaveResult r = save_checkpoint();
+    const std::string msg =
+        fmt::format("saved checkpoint {} ({:.1f} MB in {:.2f} s, {:.2f} GB/s)", r.path.string(),
+                    static_cast<double>(r.bytes) / 1e6, r.seconds,
+                    r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0.0);
+    if (display) {
+      display->message(msg);
+    } else {
+      log::info("{}", msg);
+    }
+    res.checkpoints.push_back(std::move(r));
   };
 
   while (steps_done_ < opts_.steps) {
@@ -263,6 +366,7 @@ TrainResult Trainer::run() {
     if (writer) writer->write(m);
     if (opts_.on_step) opts_.on_step(m);
     if (val_loader_ && opts_.eval_every > 0 && m.step % opts_.eval_every == 0) run_validation();
+    if (save_dir_ && opts_.save_every > 0 && m.step % opts_.save_every == 0) save();
     if (stop_requested() && steps_done_ < opts_.steps) {
       res.stopped = true;
       if (display) display->message(fmt::format("stopped after step {} (interrupted)", m.step));
@@ -270,6 +374,7 @@ TrainResult Trainer::run() {
     }
   }
   if (val_loader_ && !res.stopped && validated_at != steps_done_) run_validation();
+  if (save_dir_ && last_saved_step_ != steps_done_) save();
 
   if (display) display->finish();
   if (writer) writer->close();

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/ckpt/ckpt.hpp"
 #include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
 #include "engine/train/config_adapters.hpp"
@@ -86,6 +87,24 @@ struct TrainerOptions {
   std::function<void(const StepMetrics&)> on_step;
 
   zero::EngineOptions engine;  // I/O backend (fault injection), CPU threads, limit checks
+
+  // Checkpoints (engine/ckpt). With save_dir set, run() saves every save_every steps (0: only
+  // at the end), after the last step, and after a stop; keep > 0 keeps the newest `keep`.
+  std::string save_dir;
+  int64_t save_every = 0;
+  int keep = 0;
+  // Resume from a checkpoint directory, or a save directory whose `latest` names one: every
+  // file is verified (sizes, CRCs) before anything is built, then the engine's state, the step
+  // count, the lr schedule, the loss scaler and the data position are restored. The config may
+  // place the state differently (stage, offload, budgets); the model, micro-batch, sequence
+  // length and world size must match (InvalidArgument naming both values otherwise).
+  std::string resume_from;
+  // Start from a Hugging Face directory's weights (config.json + safetensors) instead of a
+  // random initialisation. Exclusive with resume_from.
+  std::string init_from;
+  // Checkpoint I/O: test hooks and a fault-injecting backend; aio settings come from the
+  // config's "aio" section.
+  ckpt::WriterOptions checkpoint_io;
 };
 
 // What run() did.
@@ -100,7 +119,8 @@ struct TrainResult {
   double tokens_per_s = 0;
   double gflops_per_s = 0;  // achieved model FLOP/s (train_flops_per_token), in 1e9
   zero::MemoryPeaks memory;
-  zero::TrafficStats traffic;  // cumulative since the engine was built
+  zero::TrafficStats traffic;                 // cumulative since the engine was built
+  std::vector<ckpt::SaveResult> checkpoints;  // saved by this run, oldest first
 };
 
 class Trainer {
@@ -130,6 +150,13 @@ class Trainer {
   StepMetrics train_step();
   // Mean loss over the validation micro-batches. REQUIRES has_validation().
   ValidationMetrics validate();
+
+  // Saves a checkpoint of the current state into options.save_dir now (tag global_step<N>).
+  // REQUIRES save_dir set (InvalidArgument otherwise). Throws IoError (disk full: the previous
+  // checkpoint and the training state are untouched).
+  ckpt::SaveResult save_checkpoint();
+  // The state a checkpoint's trainer_state.json holds, and its restoration.
+  nlohmann::ordered_json state_json() const;
 
   bool has_validation() const;
   int64_t steps_done() const { return steps_done_; }
@@ -174,6 +201,14 @@ class Trainer {
   uint64_t adam_steps_ = 0;
   zero::TrafficStats last_traffic_;
   std::string last_message_;  // the loss scaler's message for the last skipped step
+  std::unique_ptr<ckpt::SaveDir> save_dir_;
+  int64_t last_saved_step_ = -1;
+  nlohmann::json resume_state_;  // trainer_state.json of the checkpoint resumed from
+  std::string resumed_from_;
+
+  void open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
+                              const model::LlamaConfig& model_config, int64_t seq_len);
+  void restore(const ckpt::Checkpoint& ck);
 };
 
 // The model's parameter dtype under the config: BF16 with bf16, F16 with fp16, else F32.

@@ -100,6 +100,10 @@ nlohmann::ordered_json Trainer::start_record() const {
   if (val_loader_) j["val_data"] = val_loader_->file().path();
   j["model"] = nlohmann::ordered_json::parse(model_->config().to_json());
   j["config"] = config::to_json(cfg_);
+  if (!resumed_from_.empty()) {
+    j["resumed_from"] = resumed_from_;
+    j["resumed_at_step"] = steps_done_;
+  }
   return j;
 }
 

@@ -20,16 +20,6 @@ void make_swap_dir(const std::string& path, const char* key) {
   if (ec) throw IoError(path, ec.value(), "create swap directory");
 }
 
-aio::Options aio_options(const config::AioConfig& a) {
-  aio::Options o;
-  o.block_size = static_cast<size_t>(a.block_size);
-  o.queue_depth = static_cast<unsigned>(a.queue_depth);
-  o.thread_count = static_cast<unsigned>(a.intra_op_parallelism);
-  o.single_submit = a.single_submit;
-  o.overlap_events = a.overlap_events;
-  return o;
-}
-
 // What the engine may allocate on `device`: its budget less what is already in use (0 when
 // the device is unlimited).
 uint64_t device_limit(device::Device& device) {
@@ -49,6 +39,16 @@ void accumulate(float* acc, const float* g, size_t n, bool first) {
 }
 
 }  // namespace
+
+aio::Options aio_options(const config::AioConfig& a) {
+  aio::Options o;
+  o.block_size = static_cast<size_t>(a.block_size);
+  o.queue_depth = static_cast<unsigned>(a.queue_depth);
+  o.thread_count = static_cast<unsigned>(a.intra_op_parallelism);
+  o.single_submit = a.single_submit;
+  o.overlap_events = a.overlap_events;
+  return o;
+}
 
 ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& model_in,
                        device::Device& device_in, comm::Comm& comm_in, uint64_t seed,
@@ -394,6 +394,23 @@ size_t ZeroEngine::partition_numel(int unit) const {
   impl_->check_unit(unit);
   return impl_->g.units[unit].own_len;
 }
+size_t ZeroEngine::partition_offset(int unit) const {
+  impl_->check_unit(unit);
+  return impl_->g.units[unit].own_off;
+}
+void ZeroEngine::read_unit_state(int unit, std::span<float> master, std::span<float> exp_avg,
+                                 std::span<float> exp_avg_sq) {
+  impl_->read_unit_state(unit, master, exp_avg, exp_avg_sq);
+}
+void ZeroEngine::write_unit_state(int unit, std::span<const float> master,
+                                  std::span<const float> exp_avg,
+                                  std::span<const float> exp_avg_sq) {
+  impl_->write_unit_state(unit, master, exp_avg, exp_avg_sq);
+}
+void ZeroEngine::read_param_partition(int unit, std::span<std::byte> out) {
+  impl_->read_param_partition(unit, out);
+}
+DType ZeroEngine::param_dtype() const { return impl_->g.placement.param_dtype; }
 void ZeroEngine::read_state(int unit, StateKind kind, std::span<float> out) {
   impl_->read_state(unit, kind, out);
 }

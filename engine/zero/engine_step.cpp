@@ -292,6 +292,27 @@ void ZeroEngine::Impl::get_master_weights(int unit, std::span<float> out) {
   if (g.placement.stage != 0) comm.all_gather(own, out);
 }
 
+void ZeroEngine::Impl::copy_home_partition(int unit, std::span<std::byte> own) {
+  const size_t part_bytes = own.size();
+  switch (home->tier()) {
+    case Tier::kDevice:
+      copy->copy_d2h(own.data(), home->resident(unit), part_bytes);
+      copy->synchronize();
+      traffic.d2h += part_bytes;
+      break;
+    case Tier::kPinned:
+    case Tier::kHost:
+      std::memcpy(own.data(), home->resident(unit), part_bytes);
+      break;
+    case Tier::kNvme: {
+      PublishSlot& s = publish_slots.at(0);
+      home->swapper()->wait(home->start_read(unit, s.buf.data()));
+      std::memcpy(own.data(), s.buf.data(), part_bytes);
+      break;
+    }
+  }
+}
+
 void ZeroEngine::Impl::get_params(int unit, std::span<std::byte> out) {
   check_unit(unit);
   const detail::UnitGeometry& ug = g.units[unit];
@@ -310,23 +331,7 @@ void ZeroEngine::Impl::get_params(int unit, std::span<std::byte> out) {
   }
   const size_t part_bytes = ug.part * g.param_bytes;
   std::span<std::byte> own = out.subspan(static_cast<size_t>(g.rank) * part_bytes, part_bytes);
-  switch (home->tier()) {
-    case Tier::kDevice:
-      copy->copy_d2h(own.data(), home->resident(unit), part_bytes);
-      copy->synchronize();
-      traffic.d2h += part_bytes;
-      break;
-    case Tier::kPinned:
-    case Tier::kHost:
-      std::memcpy(own.data(), home->resident(unit), part_bytes);
-      break;
-    case Tier::kNvme: {
-      PublishSlot& s = publish_slots.at(0);
-      home->swapper()->wait(home->start_read(unit, s.buf.data()));
-      std::memcpy(own.data(), s.buf.data(), part_bytes);
-      break;
-    }
-  }
+  copy_home_partition(unit, own);
   comm.all_gather_bytes(own, out);
 }
 
@@ -343,6 +348,43 @@ void ZeroEngine::Impl::write_state(int unit, StateKind kind, std::span<const flo
   const DType dt = g.placement.param_dtype;
   publish(unit, 0, [&](std::byte* out) { to_param_dtype(in.data(), out, dt, in.size()); });
   wait_publications();
+}
+
+void ZeroEngine::Impl::read_unit_state(int unit, std::span<float> master, std::span<float> exp_avg,
+                                       std::span<float> exp_avg_sq) {
+  check_unit(unit);
+  optimizer->read_all(unit, master, exp_avg, exp_avg_sq);
+}
+
+void ZeroEngine::Impl::write_unit_state(int unit, std::span<const float> master,
+                                        std::span<const float> exp_avg,
+                                        std::span<const float> exp_avg_sq) {
+  check_unit(unit);
+  optimizer->write_all(unit, master, exp_avg, exp_avg_sq);
+  if (coordinator) coordinator->drop_all();
+  const DType dt = g.placement.param_dtype;
+  publish(unit, 0, [&](std::byte* out) { to_param_dtype(master.data(), out, dt, master.size()); });
+  wait_publications();
+}
+
+void ZeroEngine::Impl::read_param_partition(int unit, std::span<std::byte> out) {
+  check_unit(unit);
+  const detail::UnitGeometry& ug = g.units[unit];
+  const size_t own_bytes = ug.own_len * g.param_bytes;
+  if (out.size() != own_bytes)
+    throw InvalidArgument(
+        fmt::format("zero: read_param_partition: unit {} has {} bytes of parameters on this "
+                    "rank, got a buffer of {}",
+                    unit, own_bytes, out.size()));
+  wait_publications();
+  if (g.placement.stage < 3) {
+    copy->copy_d2h(out.data(), full_params[unit].as<std::byte>() + ug.own_off * g.param_bytes,
+                   own_bytes);
+    copy->synchronize();
+    traffic.d2h += own_bytes;
+    return;
+  }
+  copy_home_partition(unit, out);
 }
 
 }  // namespace outcore::zero

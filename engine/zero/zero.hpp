@@ -54,7 +54,8 @@
 
 namespace outcore::aio {
 class IoBackend;
-}
+struct Options;
+}  // namespace outcore::aio
 
 namespace outcore::zero {
 
@@ -89,6 +90,9 @@ StepParams step_params(const config::Config& cfg, double lr, uint64_t step, doub
 // unless loss_scale is finite and > 0, clip is finite and >= 0, and world_size >= 1.
 double unscale_and_clip_multiplier(double grad_norm, double loss_scale, double clip,
                                    int world_size = 1);
+
+// The aio engine settings of a config's "aio" section (swap files, checkpoints).
+aio::Options aio_options(const config::AioConfig& a);
 
 struct StepResult {
   bool overflow = false;   // non-finite gradients: nothing updated, gradients cleared
@@ -192,6 +196,24 @@ class ZeroEngine {
   size_t partition_numel(int unit) const;
   void read_state(int unit, StateKind kind, std::span<float> out);
   void write_state(int unit, StateKind kind, std::span<const float> in);
+
+  // Checkpoint access to everything this rank owns of a unit, one pass each.
+  // partition_offset(unit): the first slab element this rank owns (its range is
+  // [partition_offset, partition_offset + partition_numel)).
+  size_t partition_offset(int unit) const;
+  // Copies out this rank's fp32 master weights and Adam moments of `unit` (each
+  // partition_numel elements; not collective).
+  void read_unit_state(int unit, std::span<float> master, std::span<float> exp_avg,
+                       std::span<float> exp_avg_sq);
+  // Replaces them and refreshes the unit's low-precision parameters from `master` (rounded as
+  // the optimizer's copy-out rounds), which at stages 1 and 2 gathers them through Comm
+  // (collective: every rank calls it for the same unit).
+  void write_unit_state(int unit, std::span<const float> master, std::span<const float> exp_avg,
+                        std::span<const float> exp_avg_sq);
+  // This rank's partition of the low-precision parameters of `unit` (partition_numel
+  // elements of the param dtype, as the model computes with them; not collective).
+  void read_param_partition(int unit, std::span<std::byte> out);
+  DType param_dtype() const;
 
   TrafficStats traffic() const;
   MemoryPeaks memory() const;

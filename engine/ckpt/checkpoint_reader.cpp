@@ -1,0 +1,224 @@
+// Reading checkpoints: open (manifest), verify (sizes and CRCs), re-slicing reads.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "common/aligned_buffer.hpp"
+#include "common/error.hpp"
+#include "engine/ckpt/ckpt.hpp"
+#include "engine/ckpt/file_util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace outcore::ckpt {
+namespace {
+
+constexpr uint64_t kAlign = 4096;
+constexpr uint64_t kChunk = 16ull << 20;  // verify and bounce reads in pieces of this size
+constexpr char kMagic[8] = {'O', 'C', 'C', 'K', 'P', 'T', '\0', '\1'};
+
+uint64_t align_down(uint64_t n) { return n / kAlign * kAlign; }
+uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+bool aligned(uint64_t n) { return n % kAlign == 0; }
+
+}  // namespace
+
+struct Checkpoint::Impl {
+  fs::path dir;
+  Manifest manifest;
+  ReaderOptions options;
+  std::unique_ptr<aio::Engine> engine;
+  mutable std::mutex mu;
+  mutable std::map<std::string, aio::File> open_files;  // data files, opened on first use
+  mutable AlignedBuffer bounce;
+  mutable uint64_t bytes_read = 0;
+
+  const aio::File& file(const FileInfo& fi) const {
+    auto it = open_files.find(fi.path);
+    if (it != open_files.end()) return it->second;
+    aio::File f = aio::File::open(dir / fi.path, {.access = aio::Access::kRead, .direct = true});
+    if (f.size() != fi.bytes)
+      throw CorruptData(
+          fmt::format("{}: size: expected {} bytes, actual {} (truncated or "
+                      "replaced)",
+                      (dir / fi.path).string(), fi.bytes, f.size()));
+    return open_files.emplace(fi.path, std::move(f)).first->second;
+  }
+
+  // Reads bytes [off, off + len) of a data file into dst, through the bounce buffer when the
+  // request is not 4 KiB aligned.
+  void read_bytes(const FileInfo& fi, uint64_t off, uint64_t len, std::byte* dst) const {
+    const aio::File& f = file(fi);
+    bytes_read += len;
+    if (aligned(off) && aligned(len) && aligned(reinterpret_cast<uintptr_t>(dst))) {
+      engine->read(f, off, {dst, len});
+      return;
+    }
+    if (bounce.size() < kChunk + kAlign) bounce = AlignedBuffer(kChunk + kAlign);
+    while (len > 0) {
+      const uint64_t a = align_down(off);
+      const uint64_t piece = std::min<uint64_t>(len, kChunk - (off - a));
+      const uint64_t span_len = std::min<uint64_t>(align_up(off + piece) - a, fi.bytes - a);
+      engine->read(f, a, {bounce.data(), span_len});
+      std::memcpy(dst, bounce.data() + (off - a), piece);
+      off += piece;
+      dst += piece;
+      len -= piece;
+    }
+  }
+};
+
+Checkpoint::Checkpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Checkpoint::~Checkpoint() = default;
+Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
+Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
+
+Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
+  fs::path dir = path;
+  if (!fs::exists(path / kManifestName)) {
+    if (!fs::exists(path / kLatestName)) {
+      if (!fs::exists(path))
+        throw InvalidArgument(
+            fmt::format("checkpoint {}: no such file or directory", path.string()));
+      throw InvalidArgument(
+          fmt::format("{} is neither a checkpoint (no {}) nor a save "
+                      "directory (no {})",
+                      path.string(), kManifestName, kLatestName));
+    }
+    const std::string tag = read_latest_tag(path / kLatestName);
+    dir = path / tag;
+    if (!fs::exists(dir / kManifestName))
+      throw CorruptData(fmt::format("{}: names checkpoint {}, which has no {}",
+                                    (path / kLatestName).string(), tag, kManifestName));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->dir = dir;
+  impl->options = std::move(options);
+  const fs::path mpath = dir / kManifestName;
+  impl->manifest = parse_manifest(read_small_file(mpath, 64ull << 20), mpath.string());
+  impl->engine = std::make_unique<aio::Engine>(impl->options.aio, impl->options.backend);
+  return Checkpoint(std::move(impl));
+}
+
+const Manifest& Checkpoint::manifest() const { return impl_->manifest; }
+const fs::path& Checkpoint::dir() const { return impl_->dir; }
+uint64_t Checkpoint::bytes_read() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->bytes_read;
+}
+
+DType Checkpoint::array_dtype(ArrayKind array) const {
+  return array == ArrayKind::kParams ? impl_->manifest.param_dtype : DType::F32;
+}
+
+void Checkpoint::verify() const {
+  std::lock_guard lock(impl_->mu);
+  const Impl& m = *impl_;
+  AlignedBuffer buf[2] = {AlignedBuffer(kChunk), AlignedBuffer(kChunk)};
+  for (const FileInfo& fi : m.manifest.files) {
+    const fs::path p = m.dir / fi.path;
+    if (!fs::exists(p)) throw CorruptData(fmt::format("{}: missing", p.string()));
+    const uint64_t size = fs::file_size(p);
+    if (size != fi.bytes)
+      throw CorruptData(
+          fmt::format("{}: size: expected {} bytes, actual {} (truncated or "
+                      "replaced)",
+                      p.string(), fi.bytes, size));
+    uint32_t crc = 0;
+    if (fi.segments.empty()) {
+      const std::string text = read_small_file(p, fi.bytes);
+      crc = crc32c(std::as_bytes(std::span(text.data(), text.size())));
+    } else {
+      // Double-buffered: the read of chunk k+1 is in flight while chunk k is summed.
+      const aio::File& f = m.file(fi);
+      uint64_t off = 0;
+      struct Pending {
+        aio::Ticket ticket;
+        int buf;
+        uint64_t len;
+      };
+      auto start = [&](int b) {
+        const uint64_t len = std::min(kChunk, size - off);
+        Pending p{m.engine->submit_read(f, off, {buf[b].data(), len}), b, len};
+        off += len;
+        return p;
+      };
+      std::optional<Pending> inflight;
+      if (size > 0) inflight = start(0);
+      while (inflight) {
+        const Pending done = *inflight;
+        m.engine->wait(done.ticket);
+        inflight.reset();
+        if (off < size) inflight = start(done.buf ^ 1);
+        crc = crc32c({buf[done.buf].data(), done.len}, crc);
+      }
+      m.bytes_read += size;
+    }
+    if (crc != fi.crc32c)
+      throw CorruptData(fmt::format("{}: CRC32C mismatch: expected {:08x}, actual {:08x}",
+                                    p.string(), fi.crc32c, crc));
+  }
+  // Headers: magic and version of every data file (after the CRCs, which already guarantee
+  // the bytes are what was written).
+  AlignedBuffer header(kAlign);
+  for (const FileInfo& fi : m.manifest.files) {
+    if (fi.segments.empty()) continue;
+    m.engine->read(m.file(fi), 0, {header.data(), kAlign});
+    uint32_t version = 0;
+    std::memcpy(&version, header.data() + 8, 4);
+    if (std::memcmp(header.data(), kMagic, 8) != 0 || version != kFormatVersion)
+      throw CorruptData(fmt::format("{}: not an outcore checkpoint data file of version {}",
+                                    (m.dir / fi.path).string(), kFormatVersion));
+  }
+}
+
+std::string Checkpoint::read_text(std::string_view rel_path) const {
+  const FileInfo* fi = impl_->manifest.find(rel_path);
+  const fs::path p = impl_->dir / std::string(rel_path);
+  if (fi == nullptr)
+    throw CorruptData(fmt::format("{}: not listed in the checkpoint's manifest", p.string()));
+  std::string text = read_small_file(p, fi->bytes);
+  if (text.size() != fi->bytes)
+    throw CorruptData(
+        fmt::format("{}: size: expected {} bytes, actual {}", p.string(), fi->bytes, text.size()));
+  const uint32_t crc = crc32c(std::as_bytes(std::span(text.data(), text.size())));
+  if (crc != fi->crc32c)
+    throw CorruptData(fmt::format("{}: CRC32C mismatch: expected {:08x}, actual {:08x}", p.string(),
+                                  fi->crc32c, crc));
+  return text;
+}
+
+void Checkpoint::read_slab(int unit, ArrayKind array, uint64_t begin, uint64_t count,
+                           std::span<std::byte> out) const {
+  std::lock_guard lock(impl_->mu);
+  const Manifest& man = impl_->manifest;
+  if (unit < 0 || static_cast<size_t>(unit) >= man.units.size())
+    throw InvalidArgument(fmt::format("checkpoint: unit {} of {}", unit, man.units.size()));
+  const DType dt = array == ArrayKind::kParams ? man.param_dtype : DType::F32;
+  const size_t esz = dtype_size(dt);
+  if (out.size() != count * esz)
+    throw InvalidArgument(fmt::format("checkpoint: read_slab of {} elements needs {} bytes, got {}",
+                                      count, count * esz, out.size()));
+  std::memset(out.data(), 0, out.size());
+  const uint64_t numel = man.units[unit].numel;
+  const uint64_t end = std::min(begin + count, numel);  // padding stays zero
+  for (const FileInfo& fi : man.files) {
+    for (const Segment& s : fi.segments) {
+      if (s.unit != unit || s.array != array) continue;
+      if (s.dtype != dt)
+        throw CorruptData(fmt::format("{}: unit {} {} stored as {}, expected {}",
+                                      (impl_->dir / fi.path).string(), unit, array_name(array),
+                                      dtype_name(s.dtype), dtype_name(dt)));
+      const uint64_t lo = std::max(begin, s.slab_begin);
+      const uint64_t hi = std::min(end, s.slab_begin + s.count);
+      if (lo >= hi) continue;
+      impl_->read_bytes(fi, s.offset + (lo - s.slab_begin) * esz, (hi - lo) * esz,
+                        out.data() + (lo - begin) * esz);
+    }
+  }
+}
+
+}  // namespace outcore::ckpt

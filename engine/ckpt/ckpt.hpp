@@ -1,0 +1,238 @@
+// engine/ckpt: sharded checkpoints on disk.
+//
+// A save directory holds checkpoints and a `latest` file naming the newest one:
+//
+//   <dir>/latest                      "global_step<N>\n", replaced atomically
+//   <dir>/.lock                       flock held by the run that saves here
+//   <dir>/global_step<N>/manifest.json   format, version, step, world size, units, and the
+//                                        size and CRC32C of every other file
+//   <dir>/global_step<N>/config.json     the model's Hugging Face config
+//   <dir>/global_step<N>/ds_config.json  the resolved DeepSpeed config
+//   <dir>/global_step<N>/trainer_state.json  step, scheduler, loss scaler, data position
+//   <dir>/global_step<N>/rank<r>/optimizer.bin  fp32 master, exp_avg, exp_avg_sq per unit
+//   <dir>/global_step<N>/rank<r>/model.bin      low-precision parameters per unit
+//
+// Every data file starts with a 4 KiB header (magic "OCCKPT\0\1", version, rank, kind, tag)
+// followed by segments. A segment is a contiguous run of one unit's flat slab
+// [slab_begin, slab_begin + count) of one array, at a 4 KiB-aligned offset. A rank's files hold
+// the slab elements it owns, so a checkpoint of any world size is the same slabs cut at other
+// places: reading it at another world size is re-slicing (Checkpoint::read_slab), never a
+// conversion. Elements at or past a unit's numel are padding and read as zero.
+//
+// Atomicity: a save writes `<tag>.tmp/`, fsyncs every file and directory, renames it to
+// `<tag>`, then replaces `latest` through `latest.tmp` + rename. A crash at any point leaves the
+// previous checkpoint and `latest` valid; SaveDir removes the leftovers with a warning.
+//
+// Errors: IoError (path, offset, errno) for I/O, including ENOSPC at preallocation;
+// CorruptData naming the file (and, for a CRC mismatch, the expected and actual CRC32C) for a
+// checkpoint that does not check out; InvalidArgument for misuse.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "aio/aio.hpp"
+#include "common/dtype.hpp"
+
+namespace outcore::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr std::string_view kManifestName = "manifest.json";
+inline constexpr std::string_view kLatestName = "latest";
+
+// CRC32C (Castagnoli, as iSCSI and ext4 use it) of `data`, continuing `crc` (start with 0).
+uint32_t crc32c(std::span<const std::byte> data, uint32_t crc = 0);
+
+// The arrays a checkpoint holds per unit.
+enum class ArrayKind : uint8_t { kMaster, kExpAvg, kExpAvgSq, kParams };
+std::string_view array_name(ArrayKind a);  // "master", "exp_avg", "exp_avg_sq", "params"
+
+struct Segment {
+  int unit = 0;
+  ArrayKind array = ArrayKind::kMaster;
+  DType dtype = DType::F32;
+  uint64_t slab_begin = 0;  // first slab element
+  uint64_t count = 0;       // elements
+  uint64_t offset = 0;      // byte offset in the file, 4 KiB aligned
+  uint64_t bytes() const { return count * dtype_size(dtype); }
+};
+
+struct FileInfo {
+  std::string path;  // relative to the checkpoint directory, '/' separated
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+  int rank = -1;                  // -1 for files shared by every rank
+  std::vector<Segment> segments;  // data files only
+};
+
+struct UnitInfo {
+  std::string name;  // "embedding", "layer.<i>", "head"
+  uint64_t numel = 0;
+  uint64_t padded_numel = 0;  // at the saving world size
+};
+
+struct Manifest {
+  int version = kFormatVersion;
+  std::string tag;
+  int64_t step = 0;  // optimizer steps done when saved
+  int world_size = 1;
+  int zero_stage = 0;
+  DType param_dtype = DType::F32;
+  std::vector<UnitInfo> units;
+  std::vector<FileInfo> files;
+
+  const FileInfo* find(std::string_view path) const;
+  nlohmann::ordered_json to_json() const;
+  // Throws CorruptData naming `source` and the key for a malformed manifest, or a version
+  // this build cannot read.
+  static Manifest from_json(const nlohmann::json& j, const std::string& source);
+  // Checks that for every unit and array the data segments cover [0, numel) without overlap
+  // and lie inside their files. CorruptData naming the unit otherwise.
+  void check_coverage(const std::string& source) const;
+};
+
+// The manifest as bytes, with its own CRC32C embedded (the "manifest_crc32c" key is computed
+// over the text with that value zeroed), and the check on load.
+std::string manifest_text(const Manifest& m);
+Manifest parse_manifest(std::string_view text, const std::string& source);
+
+// ---------------------------------------------------------------------------------------------
+// Writing.
+
+struct WriterOptions {
+  aio::Options aio;                         // I/O engine settings (block size, queue depth)
+  std::shared_ptr<aio::IoBackend> backend;  // nullptr: io_uring; tests inject faults
+  // Test hooks, to check that a crash at any point leaves the previous checkpoint valid:
+  // kill the process with SIGKILL after this many data bytes were written (0: never), or at
+  // a named point: "before-rename", "before-latest", "after-latest" (empty: never).
+  uint64_t crash_after_bytes = 0;
+  std::string crash_at;
+};
+
+// A save directory: created if missing, locked against a second run (IoError EWOULDBLOCK
+// naming the lock file), cleaned of an interrupted save's leftovers (`*.tmp`, `*.old`, each
+// named in one warning). `keep` > 0 keeps only the newest `keep` checkpoints after each save.
+class SaveDir {
+ public:
+  explicit SaveDir(std::filesystem::path dir, int keep = 0);
+  ~SaveDir();
+  SaveDir(const SaveDir&) = delete;
+  SaveDir& operator=(const SaveDir&) = delete;
+
+  const std::filesystem::path& path() const { return dir_; }
+  int keep() const { return keep_; }
+  // The tag `latest` names, if any.
+  std::optional<std::string> latest() const;
+  // Points `latest` at `tag` (temp file, fsync, rename, fsync of the directory).
+  void set_latest(const std::string& tag, const WriterOptions& hooks);
+  // Removes checkpoints (global_step<N> directories) beyond the newest `keep`; never the one
+  // `latest` names.
+  void prune();
+
+ private:
+  std::filesystem::path dir_;
+  int keep_ = 0;
+  int lock_fd_ = -1;
+};
+
+struct SaveResult {
+  std::string tag;
+  std::filesystem::path path;
+  uint64_t bytes = 0;        // all files
+  double seconds = 0;        // from begin to commit
+  double write_seconds = 0;  // data files only (staging excluded is not separable: included)
+};
+
+// Writes one checkpoint. Declare every file first (add_text_file, add_data_file), call
+// prepare() (creates `<tag>.tmp/`, preallocates every data file: a full disk fails here, before
+// any data is written), then for each data file stage() and submit() its segments in order,
+// and commit(). Destroying a writer that did not commit removes `<tag>.tmp/`.
+//
+// Staging memory is bounded: `staging_slots` buffers of the largest segment's size; stage()
+// waits for the oldest in-flight write when all are busy, so producing segment k+1 overlaps
+// writing segment k. Threading: one thread drives a writer.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(SaveDir& dir, std::string tag, WriterOptions options = {},
+                   size_t staging_slots = 8);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  const std::string& tag() const { return tag_; }
+  void add_text_file(std::string rel_path, std::string text);
+  // Declares a data file; segment offsets are assigned here (`offset` is ignored on input).
+  // Returns its index.
+  int add_data_file(std::string rel_path, int rank, std::string_view kind,
+                    std::vector<Segment> segments);
+  void prepare();
+  // A buffer for segment `seg` of data file `file`: exactly its bytes (4 KiB aligned, zero
+  // beyond them up to the 4 KiB boundary). Segments of one file must be staged and submitted
+  // in order; different files may interleave.
+  std::span<std::byte> stage(int file, int seg);
+  void submit(int file, int seg);
+  // Waits for every write, fsyncs, writes the manifest (with `manifest` providing everything
+  // but files and tag), renames into place, updates `latest`, prunes. Returns what was written.
+  SaveResult commit(Manifest manifest);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string tag_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Reading.
+
+struct ReaderOptions {
+  aio::Options aio;
+  std::shared_ptr<aio::IoBackend> backend;
+};
+
+// A checkpoint opened for reading. Opening reads and checks only the manifest; verify()
+// checks every file before anything is loaded.
+class Checkpoint {
+ public:
+  // `path`: a checkpoint directory (holding manifest.json) or a save directory whose `latest`
+  // names one. InvalidArgument when neither; CorruptData for a bad manifest or `latest`.
+  static Checkpoint open(const std::filesystem::path& path, ReaderOptions options = {});
+  ~Checkpoint();
+  Checkpoint(Checkpoint&&) noexcept;
+  Checkpoint& operator=(Checkpoint&&) noexcept;
+
+  const Manifest& manifest() const;
+  const std::filesystem::path& dir() const;
+
+  // Checks the size and CRC32C of every file in the manifest, reading each once.
+  // CorruptData naming the file with its expected and actual size or CRC.
+  void verify() const;
+  // A text file of the manifest (size and CRC checked).
+  std::string read_text(std::string_view rel_path) const;
+  // Slab elements [begin, begin + count) of `unit`'s `array`, as stored (dtype of the
+  // segments: fp32, or the param dtype for kParams), from whichever files hold them.
+  // Elements at or past the unit's numel are zero. `out` holds count * dtype bytes.
+  void read_slab(int unit, ArrayKind array, uint64_t begin, uint64_t count,
+                 std::span<std::byte> out) const;
+  DType array_dtype(ArrayKind array) const;
+  // Bytes read from data files since open (for throughput figures).
+  uint64_t bytes_read() const;
+
+ private:
+  struct Impl;
+  explicit Checkpoint(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The tag a save at `step` uses: "global_step<step>" (DeepSpeed's name).
+std::string tag_for_step(int64_t step);
+
+}  // namespace outcore::ckpt

@@ -1,0 +1,87 @@
+#include "engine/ckpt/file_util.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "common/error.hpp"
+
+namespace outcore::ckpt {
+namespace {
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+void write_file_durably(const std::filesystem::path& path, std::string_view data) {
+  Fd f{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (f.fd < 0) throw IoError(path.string(), errno, "create");
+  size_t off = 0;
+  while (off < data.size()) {
+    const ssize_t n = ::write(f.fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw IoError(path.string(), off, data.size() - off, n < 0 ? errno : EIO, "write");
+    off += static_cast<size_t>(n);
+  }
+  if (::fsync(f.fd) != 0) throw IoError(path.string(), errno, "fsync");
+  const int fd = f.fd;
+  f.fd = -1;
+  if (::close(fd) != 0) throw IoError(path.string(), errno, "close");
+}
+
+void fsync_dir(const std::filesystem::path& dir) {
+  Fd f{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (f.fd < 0) throw IoError(dir.string(), errno, "open directory");
+  if (::fsync(f.fd) != 0) throw IoError(dir.string(), errno, "fsync directory");
+}
+
+void rename_durably(const std::filesystem::path& from, const std::filesystem::path& to,
+                    const std::filesystem::path& dir) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    throw IoError(from.string(), errno, fmt::format("rename to {}", to.string()));
+  fsync_dir(dir);
+}
+
+std::string read_small_file(const std::filesystem::path& path, size_t limit) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) throw IoError(path.string(), errno, "open");
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw IoError(path.string(), errno, "stat");
+  if (!S_ISREG(st.st_mode)) throw CorruptData(fmt::format("{}: not a regular file", path.string()));
+  if (static_cast<uint64_t>(st.st_size) > limit)
+    throw CorruptData(
+        fmt::format("{}: {} bytes, more than the {} expected", path.string(), st.st_size, limit));
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t off = 0;
+  while (off < out.size()) {
+    const ssize_t n = ::read(f.fd, out.data() + off, out.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw IoError(path.string(), off, out.size() - off, errno, "read");
+    if (n == 0) break;
+    off += static_cast<size_t>(n);
+  }
+  out.resize(off);
+  return out;
+}
+
+std::string read_latest_tag(const std::filesystem::path& latest) {
+  std::string tag = read_small_file(latest, 4096);
+  while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r' || tag.back() == ' '))
+    tag.pop_back();
+  const bool bad = tag.empty() || tag == "." || tag == ".." ||
+                   tag.find_first_of("/\n\r\t ") != std::string::npos ||
+                   tag.find('\0') != std::string::npos;
+  if (bad)
+    throw CorruptData(fmt::format("{}: does not name a checkpoint (\"{}\")", latest.string(), tag));
+  return tag;
+}
+
+}  // namespace outcore::ckpt

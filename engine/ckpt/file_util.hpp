@@ -1,0 +1,22 @@
+// Internal to engine/ckpt: small durable file operations. Every failure is an IoError naming
+// the path.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace outcore::ckpt {
+
+// Writes `data` to `path` (created or truncated) and fsyncs it.
+void write_file_durably(const std::filesystem::path& path, std::string_view data);
+// rename(2) from -> to, then fsyncs `dir` (the directory holding `to`).
+void rename_durably(const std::filesystem::path& from, const std::filesystem::path& to,
+                    const std::filesystem::path& dir);
+void fsync_dir(const std::filesystem::path& dir);
+// A whole small file (at most `limit` bytes; CorruptData beyond).
+std::string read_small_file(const std::filesystem::path& path, size_t limit);
+// The tag a `latest` file names (one line, a plain directory name; CorruptData otherwise).
+std::string read_latest_tag(const std::filesystem::path& latest);
+
+}  // namespace outcore::ckpt

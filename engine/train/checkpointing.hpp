@@ -1,0 +1,52 @@
+// Moving a ZeroEngine's training state to and from engine/ckpt checkpoints, and Hugging Face
+// weights into an engine.
+//
+// save_engine_checkpoint streams each unit from whichever tier holds it (device, host, NVMe swap
+// files) through the writer's bounded staging buffers: this rank's fp32 master weights and Adam
+// moments to rank<r>/optimizer.bin, its low-precision parameters to rank<r>/model.bin. At any
+// moment at most two units' state is staged, so host memory grows by a few units, never by the
+// model. load_engine_checkpoint reads this rank's partition of every unit from whichever files of
+// the checkpoint hold it (any saving world size: the slabs are re-sliced) and writes it into the
+// engine; the low-precision parameters are recomputed from the master weights with the same
+// rounding the optimizer uses, so a resumed run is bit-identical to an uninterrupted one.
+//
+// Errors: as ckpt::CheckpointWriter / ckpt::Checkpoint and zero::ZeroEngine. A checkpoint whose
+// model does not match the engine's (units, sizes) is a ConfigError naming the difference.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "engine/ckpt/ckpt.hpp"
+#include "engine/config/config.hpp"
+#include "engine/model/model.hpp"
+#include "engine/zero/zero.hpp"
+
+namespace outcore::train {
+
+// The files describing a run besides the engine's state; written as they are.
+struct CheckpointTexts {
+  std::string ds_config;      // resolved DeepSpeed config JSON
+  std::string model_config;   // Hugging Face config.json
+  std::string trainer_state;  // step, scheduler, loss scaler, data position, ...
+};
+
+ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& tag, int64_t step,
+                                        zero::ZeroEngine& engine, int rank, int world_size,
+                                        int zero_stage, const CheckpointTexts& texts,
+                                        const ckpt::WriterOptions& options);
+
+// REQUIRES: ck.verify() passed (the caller decides when; loading never checks CRCs itself).
+void load_engine_checkpoint(const ckpt::Checkpoint& ck, zero::ZeroEngine& engine);
+
+// Checks that the checkpoint's units are this model's (names and numel), ConfigError otherwise.
+void check_checkpoint_model(const ckpt::Manifest& m, const model::ModelLayout& layout,
+                            const std::string& source);
+
+// Fills the engine from a Hugging Face directory (config.json + safetensors): master weights
+// from the file (converted to fp32), moments zero, low-precision parameters rounded from the
+// master weights. One unit's partition is in memory at a time.
+void import_hf_weights(const std::filesystem::path& hf_dir, zero::ZeroEngine& engine);
+
+}  // namespace outcore::train

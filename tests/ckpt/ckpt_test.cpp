@@ -1,0 +1,347 @@
+// engine/ckpt checkpoints without an engine: CRC32C, the manifest, writing and re-slicing
+// reads, corruption and truncation of every file, the save directory (lock, leftovers,
+// latest, pruning), a full disk, and crashes at several points of a save.
+#include "engine/ckpt/ckpt.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <vector>
+
+#include "aio/aio.hpp"
+#include "common/error.hpp"
+#include "tests/common/temp_dir.hpp"
+
+namespace outcore::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using outcore::test::TempDir;
+
+std::string what_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+TEST(CkptCrc, MatchesTheStandardCheckValue) {
+  const std::string s = "123456789";
+  EXPECT_EQ(crc32c(std::as_bytes(std::span(s.data(), s.size()))), 0xE3069283u);
+  // Continuation equals one pass.
+  const auto all = std::as_bytes(std::span(s.data(), s.size()));
+  EXPECT_EQ(crc32c(all.subspan(4), crc32c(all.first(4))), crc32c(all));
+  EXPECT_EQ(crc32c({}), 0u);
+}
+
+// A synthetic "model" of 3 units whose slab element i of unit u, array a has value
+// u * 1e6 + a * 1e5 + i (exact in fp32 for these sizes); padding is zero.
+struct Synthetic {
+  std::vector<UnitInfo> units{
+      {"embed", 5000, 6144}, {"layers.0", 12000, 12288}, {"head", 70, 2048}};
+  static float value(int u, int a, uint64_t i) {
+    return static_cast<float>(u * 1000000 + a * 100000) + static_cast<float>(i % 90000);
+  }
+};
+
+// Writes a checkpoint of `s` cut into `world` rank partitions (slab padded to a multiple of
+// world * 2048), as a world-size-`world` run would.
+SaveResult write_synthetic(SaveDir& dir, const std::string& tag, int world, WriterOptions wo = {}) {
+  Synthetic s;
+  CheckpointWriter w(dir, tag, wo);
+  w.add_text_file("trainer_state.json", "{\"steps_done\": 7}\n");
+  Manifest man;
+  man.step = 7;
+  man.world_size = world;
+  man.zero_stage = 3;
+  man.param_dtype = DType::BF16;
+  std::vector<std::vector<uint64_t>> part(s.units.size());
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    const uint64_t g = static_cast<uint64_t>(world) * 2048;
+    const uint64_t padded = (s.units[u].numel + g - 1) / g * g;
+    man.units.push_back({s.units[u].name, s.units[u].numel, padded});
+    part[u] = {padded / static_cast<uint64_t>(world)};
+  }
+  std::vector<int> fo, fp;
+  for (int r = 0; r < world; ++r) {
+    std::vector<Segment> opt, par;
+    for (size_t u = 0; u < s.units.size(); ++u) {
+      const uint64_t n = part[u][0];
+      for (ArrayKind a : {ArrayKind::kMaster, ArrayKind::kExpAvg, ArrayKind::kExpAvgSq})
+        opt.push_back({static_cast<int>(u), a, DType::F32, r * n, n, 0});
+      par.push_back({static_cast<int>(u), ArrayKind::kParams, DType::BF16, r * n, n, 0});
+    }
+    fo.push_back(
+        w.add_data_file("rank" + std::to_string(r) + "/optimizer.bin", r, "optimizer", opt));
+    fp.push_back(w.add_data_file("rank" + std::to_string(r) + "/model.bin", r, "model", par));
+  }
+  w.prepare();
+  for (int r = 0; r < world; ++r) {
+    for (size_t u = 0; u < s.units.size(); ++u) {
+      const uint64_t n = part[u][0], b = r * n;
+      for (int a = 0; a < 3; ++a) {
+        std::span<std::byte> buf = w.stage(fo[r], static_cast<int>(3 * u) + a);
+        float* f = reinterpret_cast<float*>(buf.data());
+        for (uint64_t i = 0; i < n; ++i)
+          f[i] = b + i < s.units[u].numel ? Synthetic::value(static_cast<int>(u), a, b + i) : 0.f;
+        w.submit(fo[r], static_cast<int>(3 * u) + a);
+      }
+      std::span<std::byte> buf = w.stage(fp[r], static_cast<int>(u));
+      uint16_t* h = reinterpret_cast<uint16_t*>(buf.data());
+      for (uint64_t i = 0; i < n; ++i)
+        h[i] = b + i < s.units[u].numel
+                   ? fp32_to_bf16(Synthetic::value(static_cast<int>(u), 3, b + i))
+                   : 0;
+      w.submit(fp[r], static_cast<int>(u));
+    }
+  }
+  return w.commit(man);
+}
+
+void flip_byte(const fs::path& p, uint64_t offset) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  char c = 0;
+  f.seekg(static_cast<std::streamoff>(offset));
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x01);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+TEST(CkptReadWrite, ResliceAtAnyWorldSize) {
+  // Saved at world 1, 2 and 3; each read back as slab ranges of other world sizes (and
+  // unaligned ranges) gives the same values, padding as zero.
+  TempDir tmp("ckpt");
+  Synthetic s;
+  for (int world : {1, 2, 3}) {
+    SaveDir dir(tmp / ("w" + std::to_string(world)));
+    write_synthetic(dir, "global_step7", world);
+    Checkpoint ck = Checkpoint::open(dir.path());
+    ck.verify();
+    EXPECT_EQ(ck.manifest().world_size, world);
+    for (int target : {1, 2, 4}) {
+      for (size_t u = 0; u < s.units.size(); ++u) {
+        const uint64_t g = static_cast<uint64_t>(target) * 2048;
+        const uint64_t padded = (s.units[u].numel + g - 1) / g * g, n = padded / target;
+        for (int r = 0; r < target; ++r) {
+          std::vector<float> out(n);
+          ck.read_slab(static_cast<int>(u), ArrayKind::kExpAvg, r * n, n,
+                       std::as_writable_bytes(std::span(out)));
+          for (uint64_t i = 0; i < n; ++i) {
+            const uint64_t e = r * n + i;
+            const float want =
+                e < s.units[u].numel ? Synthetic::value(static_cast<int>(u), 1, e) : 0.f;
+            ASSERT_EQ(out[i], want)
+                << "world " << world << " -> " << target << " unit " << u << " element " << e;
+          }
+        }
+      }
+    }
+    // An unaligned range crossing rank files, in bf16.
+    std::vector<uint16_t> h(3001);
+    ck.read_slab(1, ArrayKind::kParams, 4097, h.size(), std::as_writable_bytes(std::span(h)));
+    for (size_t i = 0; i < h.size(); ++i)
+      ASSERT_EQ(h[i], fp32_to_bf16(Synthetic::value(1, 3, 4097 + i))) << i;
+  }
+}
+
+TEST(CkptReadWrite, OpenResolvesLatestAndReportsBadPaths) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save");
+  write_synthetic(dir, "global_step7", 1);
+  EXPECT_EQ(dir.latest(), "global_step7");
+  EXPECT_EQ(Checkpoint::open(tmp / "save").dir(), tmp / "save" / "global_step7");
+  EXPECT_EQ(Checkpoint::open(tmp / "save" / "global_step7").manifest().step, 7);
+  EXPECT_THROW(Checkpoint::open(tmp / "nothing"), InvalidArgument);
+  fs::create_directories(tmp / "empty");
+  EXPECT_THROW(Checkpoint::open(tmp / "empty"), InvalidArgument);
+  std::ofstream(tmp / "save" / "latest") << "global_step9\n";
+  EXPECT_NE(what_of([&] { Checkpoint::open(tmp / "save"); }).find("global_step9"),
+            std::string::npos);
+  std::ofstream(tmp / "save" / "latest") << "../../etc\n";
+  EXPECT_THROW(Checkpoint::open(tmp / "save"), CorruptData);
+}
+
+TEST(CkptCorruption, AFlippedByteInAnyFileIsNamed) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save");
+  write_synthetic(dir, "global_step7", 2);
+  const fs::path ck_dir = tmp / "save" / "global_step7";
+  const Manifest m = Checkpoint::open(ck_dir).manifest();
+  for (const FileInfo& f : m.files) {
+    for (uint64_t off : {uint64_t{0}, f.bytes / 2, f.bytes - 1}) {
+      flip_byte(ck_dir / f.path, off);
+      const std::string msg = what_of([&] { Checkpoint::open(ck_dir).verify(); });
+      EXPECT_NE(msg.find(f.path + ": CRC32C mismatch: expected"), std::string::npos)
+          << f.path << " at " << off << ": " << msg;
+      EXPECT_NE(msg.find("actual"), std::string::npos) << msg;
+      flip_byte(ck_dir / f.path, off);
+    }
+  }
+  Checkpoint::open(ck_dir).verify();  // restored
+  // The manifest checks itself: any flipped byte.
+  const uint64_t msize = fs::file_size(ck_dir / "manifest.json");
+  for (uint64_t off : {uint64_t{3}, msize / 3, msize / 2, msize - 5}) {
+    flip_byte(ck_dir / "manifest.json", off);
+    EXPECT_THROW(Checkpoint::open(ck_dir), CorruptData) << "offset " << off;
+    flip_byte(ck_dir / "manifest.json", off);
+  }
+}
+
+TEST(CkptCorruption, TruncatedFilesAreNamedWithBothSizes) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save");
+  write_synthetic(dir, "global_step7", 1);
+  const fs::path ck_dir = tmp / "save" / "global_step7";
+  fs::resize_file(ck_dir / "rank0/model.bin", 8192);
+  const std::string msg = what_of([&] { Checkpoint::open(ck_dir).verify(); });
+  EXPECT_NE(msg.find("rank0/model.bin: size: expected"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("actual 8192"), std::string::npos) << msg;
+  fs::resize_file(ck_dir / "manifest.json", 100);
+  EXPECT_THROW(Checkpoint::open(ck_dir), CorruptData);
+}
+
+TEST(CkptSaveDir, LockLeftoversLatestAndKeep) {
+  TempDir tmp("ckpt");
+  {
+    SaveDir dir(tmp / "save", /*keep=*/2);
+    EXPECT_THROW(SaveDir second(tmp / "save"), IoError);  // one run per save directory
+    for (int step : {3, 5, 7}) write_synthetic(dir, "global_step" + std::to_string(step), 1);
+    EXPECT_EQ(dir.latest(), "global_step7");
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step3"));
+    EXPECT_TRUE(fs::exists(tmp / "save" / "global_step5"));
+  }
+  // Another process cannot take the lock either.
+  {
+    SaveDir dir(tmp / "save");
+    pid_t pid = fork();
+    if (pid == 0) {
+      try {
+        SaveDir other(tmp / "save");
+        _exit(0);
+      } catch (const IoError&) {
+        _exit(3);
+      }
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_EQ(WEXITSTATUS(status), 3);
+  }
+  // Leftovers of an interrupted save go; checkpoints and latest stay.
+  fs::create_directories(tmp / "save" / "global_step9.tmp" / "rank0");
+  std::ofstream(tmp / "save" / "latest.tmp") << "global_step9\n";
+  {
+    SaveDir dir(tmp / "save");
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step9.tmp"));
+    EXPECT_FALSE(fs::exists(tmp / "save" / "latest.tmp"));
+    EXPECT_EQ(dir.latest(), "global_step7");
+    // Saving a tag that exists replaces it whole.
+    write_synthetic(dir, "global_step5", 1);
+    EXPECT_EQ(dir.latest(), "global_step5");
+    Checkpoint::open(tmp / "save").verify();
+  }
+}
+
+TEST(CkptFaults, DiskFullAndIoErrorsKeepThePreviousCheckpoint) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save");
+  write_synthetic(dir, "global_step1", 1);
+  for (aio::Fault::Kind kind : {aio::Fault::Kind::kEnospc, aio::Fault::Kind::kEio}) {
+    auto fault = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+    aio::Fault f;
+    f.kind = kind;
+    f.nth = 6;
+    f.direction = 1;
+    fault->add_fault(f);
+    WriterOptions wo;
+    wo.backend = fault;
+    const std::string msg = what_of([&] { write_synthetic(dir, "global_step2", 1, wo); });
+    EXPECT_NE(msg.find("global_step2.tmp/rank0/"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(kind == aio::Fault::Kind::kEnospc ? "No space left" : "Input/output"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(fault->faults_fired(), 1u);
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step2.tmp"));
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step2"));
+    EXPECT_EQ(dir.latest(), "global_step1");
+    Checkpoint::open(tmp / "save").verify();
+  }
+}
+
+TEST(CkptFaults, RealFullDiskFailsBeforeAnyDataIsWritten) {
+  // A tmpfs of 1 MiB would need mount privileges; instead a checkpoint larger than the free
+  // space of the test directory's filesystem is declared and refused at prepare().
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save");
+  CheckpointWriter w(dir, "global_step1");
+  Segment s{0, ArrayKind::kMaster, DType::F32, 0, uint64_t{1} << 60, 0};
+  w.add_data_file("rank0/optimizer.bin", 0, "optimizer", {s});
+  try {
+    w.prepare();
+    FAIL() << "prepare() accepted 4 EiB";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), ENOSPC);
+    EXPECT_NE(std::string(e.what()).find("bytes needed"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(dir.latest().has_value());
+}
+
+// Runs a save in a child process that kills itself (SIGKILL) at `hooks`; returns the signal.
+int crash_child(const fs::path& dir, const WriterOptions& hooks) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    try {
+      SaveDir d(dir);
+      write_synthetic(d, "global_step2", 1, hooks);
+    } catch (...) {
+      _exit(4);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFSIGNALED(status) ? WTERMSIG(status) : -WEXITSTATUS(status);
+}
+
+TEST(CkptFaults, CrashAtAnyPointLeavesALoadableCheckpoint) {
+  TempDir tmp("ckpt");
+  {
+    SaveDir d(tmp / "save");
+    write_synthetic(d, "global_step1", 1);
+  }
+  struct Point {
+    uint64_t bytes;
+    const char* at;
+    const char* expect_latest;
+  };
+  const Point points[] = {{4096, "", "global_step1"},
+                          {100000, "", "global_step1"},
+                          {0, "before-rename", "global_step1"},
+                          {0, "before-latest", "global_step1"},
+                          {0, "after-latest", "global_step2"}};
+  for (const Point& p : points) {
+    WriterOptions hooks;
+    hooks.crash_after_bytes = p.bytes;
+    hooks.crash_at = p.at;
+    ASSERT_EQ(crash_child(tmp / "save", hooks), SIGKILL) << p.bytes << " " << p.at;
+    // The next start removes the leftovers and finds a valid latest.
+    SaveDir d(tmp / "save");
+    EXPECT_EQ(d.latest(), p.expect_latest) << p.bytes << " " << p.at;
+    Checkpoint ck = Checkpoint::open(tmp / "save");
+    ck.verify();
+    for (const fs::directory_entry& e : fs::directory_iterator(tmp / "save")) {
+      EXPECT_NE(e.path().extension(), ".tmp") << "leftover " << e.path();
+      EXPECT_NE(e.path().extension(), ".old") << "leftover " << e.path();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace outcore::ckpt

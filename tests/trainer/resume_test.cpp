@@ -1,0 +1,298 @@
+// Checkpoints through the Trainer: a run saved after k steps and resumed by a new Trainer gives
+// bit-identical losses, gradient norms, loss scales and final weights to an uninterrupted run,
+// for several stages, tiers and precisions, also when the resumed run places its state
+// differently. Bad checkpoints are refused before anything is built.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <vector>
+
+#include "aio/aio.hpp"
+#include "common/error.hpp"
+#include "engine/ckpt/ckpt.hpp"
+#include "tests/trainer/trainer_test_util.hpp"
+
+namespace outcore::train {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::DemoData;
+using testing::make_config;
+using testing::quiet_options;
+using testing::tiny_model;
+
+struct RunTrace {
+  std::vector<double> losses, grad_norms, loss_scales;
+  std::vector<std::vector<float>> master;      // per unit, full slab
+  std::vector<std::vector<std::byte>> params;  // per unit, full slab in the param dtype
+};
+
+void record_steps(TrainerOptions& o, RunTrace& t) {
+  o.on_step = [&t](const StepMetrics& m) {
+    t.losses.push_back(m.loss);
+    t.grad_norms.push_back(m.grad_norm.value_or(-1.0));
+    t.loss_scales.push_back(m.loss_scale.value_or(0.0));
+  };
+}
+
+void record_weights(Trainer& tr, RunTrace& t) {
+  zero::ZeroEngine& e = tr.engine();
+  for (const model::UnitLayout& ul : tr.model().layout().units) {
+    std::vector<float> m(ul.padded_numel);
+    e.get_master_weights(ul.index, m);
+    t.master.push_back(std::move(m));
+    std::vector<std::byte> p(ul.padded_numel * dtype_size(e.param_dtype()));
+    e.get_params(ul.index, p);
+    t.params.push_back(std::move(p));
+  }
+}
+
+RunTrace straight(const config::Config& cfg, const DemoData& data, int64_t steps) {
+  RunTrace t;
+  TrainerOptions o = quiet_options(data, steps);
+  record_steps(o, t);
+  Trainer tr(cfg, tiny_model(), o);
+  tr.run();
+  record_weights(tr, t);
+  return t;
+}
+
+// k steps under cfg_a saved into save_dir, then a new Trainer under cfg_b resumes to `steps`.
+RunTrace resumed(const config::Config& cfg_a, const config::Config& cfg_b, const DemoData& data,
+                 int64_t k, int64_t steps, const std::string& save_dir) {
+  RunTrace t;
+  {
+    TrainerOptions o = quiet_options(data, k);
+    o.save_dir = save_dir;
+    record_steps(o, t);
+    Trainer tr(cfg_a, tiny_model(), o);
+    TrainResult r = tr.run();
+    EXPECT_EQ(r.checkpoints.size(), 1u);
+  }
+  TrainerOptions o = quiet_options(data, steps);
+  o.resume_from = save_dir;
+  o.seed = 99;  // ignored: the checkpoint's seed fixes the data order
+  record_steps(o, t);
+  Trainer tr(cfg_b, tiny_model(), o);
+  EXPECT_EQ(tr.steps_done(), k);
+  tr.run();
+  record_weights(tr, t);
+  return t;
+}
+
+void expect_identical(const RunTrace& a, const RunTrace& b) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_EQ(a.losses[i], b.losses[i]) << "loss of step " << i + 1;
+    EXPECT_EQ(a.grad_norms[i], b.grad_norms[i]) << "grad norm of step " << i + 1;
+    EXPECT_EQ(a.loss_scales[i], b.loss_scales[i]) << "loss scale of step " << i + 1;
+  }
+  ASSERT_EQ(a.master.size(), b.master.size());
+  for (size_t u = 0; u < a.master.size(); ++u) {
+    EXPECT_EQ(0, std::memcmp(a.master[u].data(), b.master[u].data(), a.master[u].size() * 4))
+        << "master weights of unit " << u;
+    EXPECT_EQ(a.params[u], b.params[u]) << "parameters of unit " << u;
+  }
+}
+
+class ResumeTest : public ::testing::Test {
+ protected:
+  std::string dir(const std::string& name) { return data_.file(name); }
+  DemoData data_;
+};
+
+// WarmupLR over 10 steps: the resumed run starts mid-warmup.
+nlohmann::json warmup_patch() {
+  return {
+      {"scheduler",
+       {{"type", "WarmupLR"},
+        {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 3e-3}, {"warmup_num_steps", 10}}}}},
+      {"gradient_clipping", 1.0}};
+}
+
+TEST_F(ResumeTest, Stage3NvmeMidWarmupIsBitIdentical) {
+  nlohmann::json p = testing::nvme_patch(dir("swap"));
+  p.merge_patch(warmup_patch());
+  const config::Config cfg = make_config(p, tiny_model());
+  const RunTrace a = straight(cfg, data_, 7);
+  const RunTrace b = resumed(cfg, cfg, data_, 3, 7, dir("ckpt"));
+  expect_identical(a, b);
+}
+
+TEST_F(ResumeTest, Stage2CpuOffloadBf16IsBitIdentical) {
+  nlohmann::json p = {
+      {"bf16", {{"enabled", true}}},
+      {"gradient_accumulation_steps", 2},
+      {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}}};
+  p.merge_patch(warmup_patch());
+  const config::Config cfg = make_config(p, tiny_model());
+  expect_identical(straight(cfg, data_, 6), resumed(cfg, cfg, data_, 2, 6, dir("ckpt")));
+}
+
+TEST_F(ResumeTest, Fp16LossScalerStateCarriesOver) {
+  // A loss-scale window of 2 doubles the scale every 2 clean steps: the resumed run must
+  // continue the scaler's iteration count, not restart it.
+  nlohmann::json p = {
+      {"fp16", {{"enabled", true}, {"initial_scale_power", 8}, {"loss_scale_window", 2}}},
+      {"zero_optimization", {{"stage", 1}}}};
+  const config::Config cfg = make_config(p, tiny_model());
+  const RunTrace a = straight(cfg, data_, 6);
+  EXPECT_NE(a.loss_scales.front(), a.loss_scales.back());  // the scale moved
+  expect_identical(a, resumed(cfg, cfg, data_, 3, 6, dir("ckpt")));
+}
+
+TEST_F(ResumeTest, ResumesUnderADifferentPlacement) {
+  // Saved from stage 3 with everything on NVMe; resumed at stage 2 with the optimizer in host
+  // memory and then at stage 0 in memory: the state is the same, only where it lives differs.
+  nlohmann::json p3 = testing::nvme_patch(dir("swap"));
+  p3.merge_patch(warmup_patch());
+  nlohmann::json p2 = {
+      {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}}};
+  p2.merge_patch(warmup_patch());
+  nlohmann::json p0 = warmup_patch();
+  const config::Config c3 = make_config(p3, tiny_model());
+  const RunTrace a = straight(c3, data_, 6);
+  expect_identical(a, resumed(c3, make_config(p2, tiny_model()), data_, 3, 6, dir("ckpt2")));
+  expect_identical(a, resumed(make_config(p0, tiny_model()), c3, data_, 2, 6, dir("ckpt0")));
+}
+
+TEST_F(ResumeTest, CheckpointHoldsTheRunDescriptionAndVerifies) {
+  const config::Config cfg = make_config(testing::nvme_patch(dir("swap")), tiny_model());
+  TrainerOptions o = quiet_options(data_, 4);
+  o.save_dir = dir("ckpt");
+  o.save_every = 2;
+  o.keep = 1;
+  Trainer tr(cfg, tiny_model(), o);
+  TrainResult r = tr.run();
+  ASSERT_EQ(r.checkpoints.size(), 2u);                      // steps 2 and 4
+  EXPECT_FALSE(fs::exists(dir("ckpt") + "/global_step2"));  // --keep 1
+  ckpt::Checkpoint ck = ckpt::Checkpoint::open(dir("ckpt"));
+  EXPECT_EQ(ck.manifest().tag, "global_step4");
+  EXPECT_EQ(ck.manifest().step, 4);
+  EXPECT_EQ(ck.manifest().zero_stage, 3);
+  ck.verify();
+  const nlohmann::json st = nlohmann::json::parse(ck.read_text("trainer_state.json"));
+  EXPECT_EQ(st["steps_done"], 4);
+  EXPECT_EQ(st["adam_steps"], 4);
+  EXPECT_EQ(st["data"]["step"], 4);
+  EXPECT_EQ(model::LlamaConfig::from_json(ck.read_text("config.json")).num_parameters(),
+            tiny_model().num_parameters());
+  EXPECT_EQ(config::parse_config(ck.read_text("ds_config.json")).config.zero_optimization.stage, 3);
+  // The low-precision parameters in model.bin are the engine's.
+  for (const model::UnitLayout& ul : tr.model().layout().units) {
+    std::vector<std::byte> want(ul.padded_numel * 4), got(ul.padded_numel * 4);
+    tr.engine().get_params(ul.index, want);
+    ck.read_slab(ul.index, ckpt::ArrayKind::kParams, 0, ul.padded_numel, got);
+    EXPECT_EQ(want, got) << "unit " << ul.index;
+  }
+}
+
+TEST_F(ResumeTest, CorruptCheckpointIsRefusedBeforeAnythingIsBuilt) {
+  const config::Config cfg = make_config(testing::nvme_patch(dir("swap")), tiny_model());
+  {
+    TrainerOptions o = quiet_options(data_, 2);
+    o.save_dir = dir("ckpt");
+    Trainer(cfg, tiny_model(), o).run();
+  }
+  const std::string file = dir("ckpt") + "/global_step2/rank0/optimizer.bin";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5000);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(5000);
+    c = static_cast<char>(c ^ 0x10);
+    f.write(&c, 1);
+  }
+  TrainerOptions o = quiet_options(data_, 4);
+  o.resume_from = dir("ckpt");
+  try {
+    Trainer tr(cfg, tiny_model(), o);
+    FAIL() << "a flipped byte was not detected";
+  } catch (const CorruptData& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.bin: CRC32C mismatch: expected"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(testing::count_files(dir("swap")), 0);  // refused before swap files existed
+}
+
+TEST_F(ResumeTest, MismatchedModelOrBatchIsRefused) {
+  const config::Config cfg = make_config({}, tiny_model());
+  {
+    TrainerOptions o = quiet_options(data_, 1);
+    o.save_dir = dir("ckpt");
+    Trainer(cfg, tiny_model(), o).run();
+  }
+  TrainerOptions o = quiet_options(data_, 2);
+  o.resume_from = dir("ckpt");
+  nlohmann::json bigger = testing::tiny_model_json();
+  bigger["num_hidden_layers"] = 3;
+  const model::LlamaConfig other = model::LlamaConfig::from_json(bigger.dump(), "other");
+  EXPECT_THROW(Trainer(make_config({}, other), other, o), ConfigError);
+  EXPECT_THROW(
+      Trainer(make_config({{"train_micro_batch_size_per_gpu", 2}}, tiny_model()), tiny_model(), o),
+      InvalidArgument);
+  TrainerOptions seq = o;
+  seq.seq_len = 16;
+  EXPECT_THROW(Trainer(cfg, tiny_model(), seq), InvalidArgument);
+}
+
+TEST_F(ResumeTest, DiskFullDuringASaveKeepsThePreviousCheckpoint) {
+  const config::Config cfg = make_config(testing::nvme_patch(dir("swap")), tiny_model());
+  TrainerOptions o = quiet_options(data_, 4);
+  o.save_dir = dir("ckpt");
+  o.save_every = 2;
+  auto fault = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+  o.checkpoint_io.backend = fault;
+  Trainer tr(cfg, tiny_model(), o);
+  tr.train_step();
+  tr.train_step();
+  tr.save_checkpoint();
+  tr.train_step();
+  tr.train_step();
+  aio::Fault f;
+  f.kind = aio::Fault::Kind::kEnospc;
+  f.nth = fault->requests_seen() + 3;
+  f.direction = 1;
+  fault->add_fault(f);
+  try {
+    tr.save_checkpoint();
+    FAIL() << "the injected ENOSPC was not reported";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), ENOSPC);
+    EXPECT_NE(std::string(e.what()).find("global_step4.tmp"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir("ckpt") + "/global_step4.tmp"));
+  EXPECT_FALSE(fs::exists(dir("ckpt") + "/global_step4"));
+  ckpt::Checkpoint ck = ckpt::Checkpoint::open(dir("ckpt"));
+  EXPECT_EQ(ck.manifest().tag, "global_step2");
+  ck.verify();
+  // Training state untouched: the run goes on and a later save succeeds.
+  fault->clear_faults();
+  tr.train_step();
+  EXPECT_EQ(tr.save_checkpoint().tag, "global_step5");
+}
+
+TEST_F(ResumeTest, StopRequestSavesAfterTheStepInProgress) {
+  const config::Config cfg = make_config({}, tiny_model());
+  std::atomic<bool> stop{false};
+  TrainerOptions o = quiet_options(data_, 50);
+  o.save_dir = dir("ckpt");
+  o.save_every = 100;
+  o.stop_requested = &stop;
+  o.on_step = [&](const StepMetrics& m) {
+    if (m.step == 3) stop = true;
+  };
+  Trainer tr(cfg, tiny_model(), o);
+  TrainResult r = tr.run();
+  EXPECT_TRUE(r.stopped);
+  ASSERT_EQ(r.checkpoints.size(), 1u);
+  EXPECT_EQ(r.checkpoints[0].tag, "global_step3");
+}
+
+}  // namespace
+}  // namespace outcore::train
