@@ -75,6 +75,17 @@ std::string Trainer::summary() const {
   s += fmt::format("train data {}\n", data_text(*train_loader_));
   if (val_loader_) s += fmt::format("val data   {}\n", data_text(*val_loader_));
   s += fmt::format("run        {} steps, seed {}\n", opts_.steps, opts_.seed);
+  if (!resumed_from_.empty())
+    s += fmt::format("resume     from {} at step {} (data epoch {}, micro-batch {})\n",
+                     resumed_from_, steps_done_, train_loader_->position().epoch,
+                     train_loader_->position().step);
+  if (!opts_.init_from.empty()) s += fmt::format("init       weights from {}\n", opts_.init_from);
+  if (save_dir_)
+    s += fmt::format("checkpoint {} {}, keep {}\n", save_dir_->path().string(),
+                     opts_.save_every > 0
+                         ? fmt::format("every {} steps and at the end", opts_.save_every)
+                         : std::string("at the end"),
+                     opts_.keep > 0 ? std::to_string(opts_.keep) : std::string("all"));
   // The plan with the machine's limits; without them when they cannot be read.
   const zero::Plan& plan = engine_->plan();
   try {

@@ -184,8 +184,8 @@ TEST_F(TrainCliTest, SigintStopsCleanlyAndRemovesSwapFiles) {
     dup2(out, STDOUT_FILENO);
     close(err_pipe[0]);
     execl(OUTCORE_CLI, OUTCORE_CLI, "train", "--config", config_.c_str(), "--model", model_.c_str(),
-          "--data", data_.train().c_str(), "--seq-len", "32", "--steps", "100000",
-          static_cast<char*>(nullptr));
+          "--data", data_.train().c_str(), "--seq-len", "32", "--steps", "100000", "--save-dir",
+          data_.file("ckpt").c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   close(err_pipe[1]);
@@ -216,6 +216,78 @@ TEST_F(TrainCliTest, SigintStopsCleanlyAndRemovesSwapFiles) {
   EXPECT_NE(err.find("stopped after step"), std::string::npos) << err;
   EXPECT_NE(slurp(out_path).find("stopped after"), std::string::npos) << slurp(out_path);
   EXPECT_EQ(testing::count_files(swap), 0);
+  // A checkpoint of the last finished step was saved before exiting.
+  EXPECT_NE(err.find("saved checkpoint"), std::string::npos) << err;
+  const std::string latest = slurp(data_.file("ckpt") + "/latest");
+  EXPECT_EQ(latest.rfind("global_step", 0), 0u) << latest;
+}
+
+std::vector<nlohmann::json> step_records(const std::string& metrics) {
+  std::vector<nlohmann::json> out;
+  for (const std::string& l : lines_of(slurp(metrics))) {
+    nlohmann::json j = nlohmann::json::parse(l);
+    if (j["type"] == "step") out.push_back(j);
+  }
+  return out;
+}
+
+void expect_same_steps(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["step"], b[i]["step"]);
+    EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;  // bit-identical doubles
+    EXPECT_EQ(a[i]["grad_norm"], b[i]["grad_norm"]) << "step " << i + 1;
+    EXPECT_EQ(a[i]["lr"], b[i]["lr"]) << "step " << i + 1;
+  }
+}
+
+// Save after 3 steps, resume in a new process taking config, model and data from the
+// checkpoint: the metrics of steps 1-6 equal an uninterrupted run's.
+TEST_F(TrainCliTest, ResumeInANewProcessIsBitIdentical) {
+  config_ = write_config("nvme.json", testing::nvme_patch(data_.file("swap")));
+  CliResult r = run(train_args("--steps 6 --metrics " + shell_quote(data_.file("straight.jsonl"))));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string ck = data_.file("ckpt"), m = data_.file("resumed.jsonl");
+  r = run(train_args("--steps 3 --save-dir " + shell_quote(ck) + " --save-every 2 --metrics " +
+                     shell_quote(m)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("saved checkpoint"), std::string::npos) << r.err;
+  r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) +
+          " --steps 6 --metrics " + shell_quote(m));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("resume     from " + ck + "/global_step3 at step 3"), std::string::npos)
+      << r.out;
+  expect_same_steps(step_records(data_.file("straight.jsonl")), step_records(m));
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step6\n");
+
+  r = run("train --resume " + shell_quote(data_.file("nowhere")) + " --steps 6");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("nowhere"), std::string::npos) << r.err;
+}
+
+// A save killed (SIGKILL) part-way, at several points: the previous checkpoint stays the one
+// `latest` names and loads; the next run removes the leftovers with a warning and resumes.
+TEST_F(TrainCliTest, KilledSaveLeavesThePreviousCheckpoint) {
+  const std::string ck = data_.file("ckpt");
+  CliResult r = run(train_args("--steps 2 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (const std::string env :
+       {"OUTCORE_TEST_CKPT_CRASH_AT=before-latest", "OUTCORE_TEST_CKPT_CRASH_AT=before-rename",
+        "OUTCORE_TEST_CKPT_CRASH_AFTER_BYTES=200000", "OUTCORE_TEST_CKPT_CRASH_AFTER_BYTES=8192"}) {
+    const std::string cmd = "env -u OUTCORE_CONFIG " + env + " " + shell_quote(OUTCORE_CLI) +
+                            " train --resume " + shell_quote(ck) + " --save-dir " +
+                            shell_quote(ck) + " --steps 3 >/dev/null 2>&1";
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 137))
+        << env << " status " << status;
+    EXPECT_EQ(slurp(ck + "/latest"), "global_step2\n") << env;
+  }
+  r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --steps 3");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("left by an interrupted save"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("at step 2"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step3\n");
 }
 
 // The README's demo, shortened: ZeRO-3 with NVMe swap, exit 0, one JSON line per step in

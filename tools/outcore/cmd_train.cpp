@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "engine/ckpt/ckpt.hpp"
 #include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
 #include "engine/train/trainer.hpp"
@@ -27,6 +29,7 @@ namespace cfg = outcore::config;
 // other bad input (exit 2).
 struct TrainCliOptions {
   std::string config, model, data, val_data, format = "auto", metrics;
+  std::string save_dir, save_every, keep, resume, init_from;
   std::string steps, seed, seq_len, lr, weight_decay, eval_every, eval_batches, val_fraction,
       train_batch_size, micro_batch_size, gradient_accumulation_steps, warmup_steps;
   bool activation_checkpointing = false;
@@ -50,6 +53,8 @@ struct Numbers {
   std::optional<int64_t> steps, seq_len, eval_every, eval_batches, train_batch_size,
       micro_batch_size, gradient_accumulation_steps, warmup_steps;
   std::optional<uint64_t> seed;
+  std::optional<int64_t> save_every;
+  std::optional<int> keep;
   std::optional<double> lr, weight_decay, val_fraction;
 };
 
@@ -64,7 +69,9 @@ bool parse_numbers(const TrainCliOptions& o, Numbers& n) {
          parse_number(o.micro_batch_size, "--micro-batch-size", n.micro_batch_size) &&
          parse_number(o.gradient_accumulation_steps, "--gradient-accumulation-steps",
                       n.gradient_accumulation_steps) &&
-         parse_number(o.warmup_steps, "--warmup-steps", n.warmup_steps);
+         parse_number(o.warmup_steps, "--warmup-steps", n.warmup_steps) &&
+         parse_number(o.save_every, "--save-every", n.save_every) &&
+         parse_number(o.keep, "--keep", n.keep);
 }
 
 // Steps to run: --steps, else the scheduler's total_num_steps when the config sets it.
@@ -85,26 +92,87 @@ void warn_if_overridden(const cfg::AutoOr<double>& v, std::optional<double> cli,
   }
 }
 
+// What a resumed run takes from its checkpoint when the command line does not say.
+struct ResumeDefaults {
+  std::string source;  // the checkpoint directory
+  std::string ds_config, model_config;
+  std::string train_data, val_data;
+  double val_fraction = 0;
+  int64_t seq_len = 0;
+};
+
+ResumeDefaults resume_defaults(const std::string& path) {
+  const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
+  ResumeDefaults d;
+  d.source = ck.dir().string();
+  d.ds_config = ck.read_text("ds_config.json");
+  d.model_config = ck.read_text("config.json");
+  try {
+    const nlohmann::json st = nlohmann::json::parse(ck.read_text("trainer_state.json"));
+    d.train_data = st.value("train_data", "");
+    d.val_data = st.value("val_data", "");
+    d.val_fraction = st.value("val_fraction", 0.0);
+    d.seq_len = st.value("seq_len", int64_t{0});
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptData(d.source + "/trainer_state.json: " + e.what());
+  }
+  return d;
+}
+
+// Test hooks of checkpoint saves (a crash after N bytes or at a named point), from the
+// environment, so the command-line tests can kill a save at any point.
+ckpt::WriterOptions checkpoint_hooks() {
+  ckpt::WriterOptions w;
+  if (const char* b = std::getenv("OUTCORE_TEST_CKPT_CRASH_AFTER_BYTES"))
+    w.crash_after_bytes = std::strtoull(b, nullptr, 10);
+  if (const char* at = std::getenv("OUTCORE_TEST_CKPT_CRASH_AT")) w.crash_at = at;
+  return w;
+}
+
 int run_train(const TrainCliOptions& o) {
+  std::optional<ResumeDefaults> rd;
+  if (!o.resume.empty()) {
+    if (!o.init_from.empty()) {
+      std::fprintf(stderr, "error: --resume and --init-from exclude each other\n");
+      return 2;
+    }
+    try {
+      rd = resume_defaults(o.resume);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "error: --resume %s: %s\n", o.resume.c_str(), e.what());
+      return 2;
+    }
+  }
   std::string config_path = o.config;
   if (config_path.empty()) {
     if (const char* env = std::getenv("OUTCORE_CONFIG")) config_path = env;
   }
-  if (config_path.empty()) {
+  if (config_path.empty() && !rd) {
     std::fprintf(stderr, "error: no DeepSpeed config: give --config or set OUTCORE_CONFIG\n");
     return 2;
   }
-  for (auto [value, flag] : {std::pair{&o.model, "--model"}, std::pair{&o.data, "--data"}}) {
-    if (value->empty()) {
-      std::fprintf(stderr, "error: %s is required\n", flag);
-      return 2;
-    }
+  std::string model_path = o.model;
+  if (model_path.empty() && !o.init_from.empty())
+    model_path = (std::filesystem::path(o.init_from) / "config.json").string();
+  std::string data = o.data, val_data = o.val_data;
+  if (rd && data.empty()) {
+    data = rd->train_data;
+    if (val_data.empty()) val_data = rd->val_data;
+  }
+  if (model_path.empty() && !rd) {
+    std::fprintf(stderr, "error: --model is required (or --init-from or --resume)\n");
+    return 2;
+  }
+  if (data.empty()) {
+    std::fprintf(stderr, "error: --data is required\n");
+    return 2;
   }
   Numbers n;
   if (!parse_numbers(o, n)) return 2;
-  if (!check_input_file(config_path, "--config") || !check_input_file(o.model, "--model") ||
-      !check_input_file(o.data, "--data") ||
-      (!o.val_data.empty() && !check_input_file(o.val_data, "--val-data"))) {
+  if ((!config_path.empty() && !check_input_file(config_path, "--config")) ||
+      (!model_path.empty() && !check_input_file(model_path, "--model")) ||
+      !check_input_file(data, "--data") ||
+      (!val_data.empty() && !check_input_file(val_data, "--val-data"))) {
     return 2;
   }
 
@@ -113,8 +181,12 @@ int run_train(const TrainCliOptions& o) {
   model::LlamaConfig model;
   try {
     topts.token_format = train::parse_token_format(o.format);
-    model = model::LlamaConfig::load(o.model);
-    config = cfg::load_config_file(config_path).config;
+    model = model_path.empty()
+                ? model::LlamaConfig::from_json(rd->model_config, rd->source + "/config.json")
+                : model::LlamaConfig::load(model_path);
+    config = config_path.empty()
+                 ? cfg::parse_config(rd->ds_config, rd->source + "/ds_config.json").config
+                 : cfg::load_config_file(config_path).config;
     log::init(config.outcore.log_level);
     std::optional<int64_t> steps = steps_from(n, config);
     if (!steps) {
@@ -143,11 +215,25 @@ int run_train(const TrainCliOptions& o) {
     return 2;
   }
 
-  topts.train_data = o.data;
-  topts.val_data = o.val_data;
-  topts.val_fraction = n.val_fraction.value_or(0.0);
+  topts.train_data = data;
+  topts.val_data = val_data;
+  topts.val_fraction = n.val_fraction.value_or(rd && o.data.empty() ? rd->val_fraction : 0.0);
+  topts.save_dir = o.save_dir;
+  topts.save_every = n.save_every.value_or(0);
+  topts.keep = n.keep.value_or(0);
+  topts.resume_from = o.resume;
+  topts.init_from = o.init_from;
+  topts.checkpoint_io = checkpoint_hooks();
+  if ((topts.save_every != 0 || topts.keep != 0) && topts.save_dir.empty()) {
+    std::fprintf(stderr, "error: --save-every and --keep need --save-dir\n");
+    return 2;
+  }
+  if (topts.save_every < 0 || topts.keep < 0) {
+    std::fprintf(stderr, "error: --save-every and --keep must be >= 0\n");
+    return 2;
+  }
   if (n.seed) topts.seed = *n.seed;
-  topts.seq_len = n.seq_len.value_or(0);
+  topts.seq_len = n.seq_len.value_or(rd ? rd->seq_len : 0);
   topts.eval_every = n.eval_every.value_or(0);
   if (n.eval_batches) topts.eval_batches = *n.eval_batches;
   if (o.activation_checkpointing) topts.activation_checkpointing = true;
@@ -193,6 +279,17 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
                 "recompute each layer's forward in backward (also on when the config's "
                 "activation_checkpointing section asks for cpu_checkpointing)");
+  cmd->add_option("--save-dir", o->save_dir,
+                  "save checkpoints here: at the end, after Ctrl-C / SIGTERM, and every "
+                  "--save-every steps (DIR/global_step<N>, DIR/latest)");
+  cmd->add_option("--save-every", o->save_every, "checkpoint every N optimizer steps");
+  cmd->add_option("--keep", o->keep, "keep only the newest K checkpoints (default: all)");
+  cmd->add_option("--resume", o->resume,
+                  "continue from a checkpoint, or a save directory's latest one; the config, "
+                  "model and data default to the checkpoint's");
+  cmd->add_option("--init-from", o->init_from,
+                  "start from a Hugging Face model directory (config.json + safetensors); "
+                  "--model defaults to its config.json");
   cmd->add_option("--metrics", o->metrics,
                   "JSON-lines metrics file (default: the config's outcore.metrics_file)");
   cmd->callback([o, &rc] { rc = run_train(*o); });
