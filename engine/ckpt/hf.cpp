@@ -1,0 +1,421 @@
+// Hugging Face Llama directories: import checks and ranged slab reads, streaming export.
+#include "engine/ckpt/hf.hpp"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.hpp"
+
+namespace outcore::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// Elements converted per read of a BF16/F16 tensor (4 MiB of source bytes).
+constexpr uint64_t kImportChunkElems = uint64_t{1} << 21;
+
+// Tensors Hugging Face itself skips when loading a Llama checkpoint.
+bool ignored_tensor(std::string_view name, bool tied) {
+  return name.ends_with(".rotary_emb.inv_freq") || (tied && name == "lm_head.weight");
+}
+
+// Whether `p` exists; an error while looking (EACCES...) counts as absent, and the open that
+// follows reports it.
+bool present(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(p, ec);
+}
+
+// Creates `dir` and its parents. IoError naming it on failure.
+void make_directories(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(dir.string(), ec.value(), "mkdir");
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(path.string(), errno, "open");
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) throw IoError(path.string(), errno, "read");
+  return s.str();
+}
+
+// The index's weight_map: tensor name -> shard file name (a plain name inside the directory).
+std::map<std::string, std::string> parse_index(const fs::path& index) {
+  const std::string p = index.string();
+  json j;
+  try {
+    j = json::parse(read_text(index));
+  } catch (const json::parse_error& e) {
+    throw CorruptData(fmt::format("{}: not valid JSON: {}", p, e.what()));
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw CorruptData(p + ": no \"weight_map\" object");
+  std::map<std::string, std::string> map;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    const bool plain = file.is_string() && !file.get_ref<const std::string&>().empty() &&
+                       fs::path(file.get<std::string>()).filename() == file.get<std::string>() &&
+                       file != "." && file != "..";
+    if (!plain)
+      throw CorruptData(fmt::format(
+          "{}: tensor \"{}\" maps to {}, not a file name in the directory", p, name, file.dump()));
+    map[name] = file.get<std::string>();
+  }
+  return map;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Import
+
+namespace {
+
+// Every tensor found in a directory: name -> index of its file, and the file to name when a
+// model tensor is missing (the single file or the index).
+struct Located {
+  std::map<std::string, size_t> file_of{};
+  std::string listing;
+};
+
+Located locate_single(const fs::path& file, std::vector<SafetensorsFile>& files) {
+  files.push_back(SafetensorsFile::open(file));
+  Located l{.listing = files.back().path()};
+  for (const SafetensorsEntry& e : files.back().tensors()) l.file_of[e.name] = 0;
+  return l;
+}
+
+// Opens every shard the index names and checks the index against their contents.
+Located locate_sharded(const fs::path& dir, std::vector<SafetensorsFile>& files, bool tied) {
+  const fs::path index = dir / kHfIndexFile;
+  const std::map<std::string, std::string> map = parse_index(index);
+  std::map<std::string, size_t> shard_index;  // file name -> position in files
+  for (const auto& [name, file] : map) {
+    if (shard_index.contains(file)) continue;
+    if (!present(dir / file))
+      throw CorruptData(fmt::format("{}: tensor \"{}\" is in shard {}, which is missing",
+                                    index.string(), name, (dir / file).string()));
+    shard_index[file] = 0;
+  }
+  for (auto& [file, i] : shard_index) {
+    i = files.size();
+    files.push_back(SafetensorsFile::open(dir / file));
+  }
+  Located l{.listing = index.string()};
+  for (const auto& [name, file] : map) {
+    const size_t i = shard_index.at(file);
+    if (files[i].find(name) == nullptr)
+      throw CorruptData(fmt::format("{}: tensor \"{}\" is mapped to {}, which does not hold it",
+                                    index.string(), name, files[i].path()));
+    l.file_of[name] = i;
+  }
+  for (const auto& [file, i] : shard_index) {
+    for (const SafetensorsEntry& e : files[i].tensors()) {
+      const auto it = map.find(e.name);
+      if (it == map.end() && ignored_tensor(e.name, tied)) continue;
+      if (it == map.end() || it->second != file)
+        throw CorruptData(fmt::format("{}: holds tensor \"{}\", which {} maps to {}",
+                                      files[i].path(), e.name, index.string(),
+                                      it == map.end() ? "no shard" : it->second));
+    }
+  }
+  return l;
+}
+
+}  // namespace
+
+HfWeights HfWeights::open(const fs::path& dir, const model::LlamaConfig& expected) {
+  HfWeights w;
+  w.layout_ = model::make_layout(expected, 1);
+  Located found;
+  if (present(dir / kHfWeightsFile)) {
+    found = locate_single(dir / kHfWeightsFile, w.files_);
+  } else if (present(dir / kHfIndexFile)) {
+    found = locate_sharded(dir, w.files_, w.layout_.tied);
+  } else {
+    throw InvalidArgument(fmt::format("{}: holds neither {} nor {} (weights must be safetensors)",
+                                      dir.string(), kHfWeightsFile, kHfIndexFile));
+  }
+  for (const model::UnitLayout& u : w.layout_.units) {
+    for (const model::TensorSpec& t : u.tensors) {
+      const auto it = found.file_of.find(t.name);
+      if (it == found.file_of.end())
+        throw CorruptData(fmt::format("{}: tensor \"{}\" (shape {}) is missing", found.listing,
+                                      t.name, format_shape(t.shape)));
+      const SafetensorsFile& f = w.files_[it->second];
+      const SafetensorsEntry& e = *f.find(t.name);
+      if (e.shape != t.shape)
+        throw CorruptData(fmt::format("{}: tensor \"{}\" has shape {}; the model config needs {}",
+                                      f.path(), t.name, format_shape(e.shape),
+                                      format_shape(t.shape)));
+      w.file_of_.emplace(t.name, it->second);
+      found.file_of.erase(it);
+    }
+  }
+  for (const auto& [name, i] : found.file_of) {
+    if (ignored_tensor(name, w.layout_.tied)) continue;
+    throw CorruptData(fmt::format("{}: unexpected tensor \"{}\" (not part of this Llama config)",
+                                  w.files_[i].path(), name));
+  }
+  return w;
+}
+
+const SafetensorsFile* HfWeights::file(std::string_view name) const {
+  const auto it = file_of_.find(name);
+  return it == file_of_.end() ? nullptr : &files_[it->second];
+}
+
+const SafetensorsEntry* HfWeights::entry(std::string_view name) const {
+  const SafetensorsFile* f = file(name);
+  return f == nullptr ? nullptr : f->find(name);
+}
+
+namespace {
+
+// Elements [first, first + n) of tensor `e` as fp32 into out.
+void read_elements(const SafetensorsFile& f, const SafetensorsEntry& e, uint64_t first, uint64_t n,
+                   float* out, std::vector<uint16_t>& buf) {
+  if (e.dtype == DType::F32) {
+    f.read(e, first * 4, n * 4, out);
+    return;
+  }
+  buf.resize(std::min(n, kImportChunkElems));
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t k = std::min(n - done, kImportChunkElems);
+    f.read(e, (first + done) * 2, k * 2, buf.data());
+    model::convert_to_fp32(buf.data(), e.dtype, out + done, k);
+    done += k;
+  }
+}
+
+}  // namespace
+
+void HfWeights::read_unit_range(const model::UnitLayout& unit, uint64_t begin, uint64_t count,
+                                float* out) const {
+  if (begin > unit.padded_numel || count > unit.padded_numel - begin)
+    throw InvalidArgument(fmt::format("read of elements [{}, +{}) outside unit {} of {}", begin,
+                                      count, unit.name, unit.padded_numel));
+  std::fill(out, out + count, 0.0f);
+  std::vector<uint16_t> buf;
+  const uint64_t end = begin + count;
+  for (const model::TensorSpec& t : unit.tensors) {
+    const uint64_t lo = std::max<uint64_t>(begin, t.offset);
+    const uint64_t hi = std::min<uint64_t>(end, t.offset + t.numel);
+    if (lo >= hi) continue;
+    const SafetensorsEntry* e = entry(t.name);
+    if (e == nullptr || e->numel() != t.numel)
+      throw InvalidArgument(fmt::format("unit {}: tensor \"{}\" {} is not a tensor of this model",
+                                        unit.name, t.name, format_shape(t.shape)));
+    read_elements(*file(t.name), *e, lo - t.offset, hi - lo, out + (lo - begin), buf);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Export
+
+namespace {
+
+struct ExportTensor {
+  int unit = 0;
+  const model::TensorSpec* spec = nullptr;
+};
+
+// Position of a decoder tensor in Hugging Face's state_dict (module registration order:
+// self_attn q k v o, mlp gate up down, then the two norms).
+int hf_rank(const std::string& name) {
+  static const char* const kOrder[] = {
+      "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+      "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+      "mlp.down_proj.weight",    "input_layernorm.weight",  "post_attention_layernorm.weight"};
+  for (int i = 0; i < 9; ++i)
+    if (name.ends_with(kOrder[i])) return i;
+  return 9;
+}
+
+std::vector<ExportTensor> hf_order(const model::ModelLayout& layout) {
+  std::vector<ExportTensor> order;
+  for (const model::UnitLayout& u : layout.units) {
+    const size_t first = order.size();
+    for (const model::TensorSpec& t : u.tensors) order.push_back({u.index, &t});
+    if (u.kind != model::UnitKind::Decoder) continue;
+    std::stable_sort(order.begin() + first, order.end(), [](const auto& a, const auto& b) {
+      return hf_rank(a.spec->name) < hf_rank(b.spec->name);
+    });
+  }
+  return order;
+}
+
+// Shards as [first, last) ranges of `order`: greedy, a new shard when the next tensor would
+// pass the limit (a tensor larger than the limit ends up alone).
+std::vector<std::pair<size_t, size_t>> plan_shards(const std::vector<ExportTensor>& order,
+                                                   DType dtype, uint64_t max_bytes) {
+  std::vector<std::pair<size_t, size_t>> shards;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const uint64_t b = order[i].spec->numel * dtype_size(dtype);
+    if (shards.empty() || (bytes > 0 && bytes + b > max_bytes)) {
+      shards.push_back({i, i});
+      bytes = 0;
+    }
+    shards.back().second = i + 1;
+    bytes += b;
+  }
+  return shards;
+}
+
+std::string shard_name(size_t i, size_t n) {
+  return n == 1 ? std::string(kHfWeightsFile)
+                : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
+}
+
+const char* torch_dtype(DType t) {
+  return t == DType::F32 ? "float32" : t == DType::BF16 ? "bfloat16" : "float16";
+}
+
+// Writes `text` to `path` (mode 0644) and fsyncs it.
+void write_text_file(const fs::path& path, const std::string& text) {
+  aio::File f = aio::File::open(
+      path, {.access = aio::Access::kWrite, .create = true, .truncate = true, .direct = false});
+  if (::fchmod(f.fd(), 0644) != 0) throw IoError(f.path(), errno, "fchmod");
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n =
+        ::pwrite(f.fd(), text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw IoError(f.path(), done, text.size() - done, n < 0 ? errno : EIO, "write");
+    done += static_cast<size_t>(n);
+  }
+  f.fsync();
+  f.close();
+}
+
+void fsync_dir(const fs::path& dir) {
+  aio::File d = aio::File::open(dir, {.access = aio::Access::kRead, .direct = false});
+  d.fsync();
+  d.close();
+}
+
+std::string config_json(const model::LlamaConfig& cfg, DType dtype) {
+  json j = json::parse(cfg.to_json());
+  j["torch_dtype"] = torch_dtype(dtype);
+  if (!j.contains("architectures")) j["architectures"] = {"LlamaForCausalLM"};
+  if (!j.contains("model_type")) j["model_type"] = "llama";
+  return j.dump(2) + "\n";
+}
+
+// Streams one tensor from read_master into `w`, piece by piece.
+void write_tensor(const ReadMasterFn& read_master, const ExportTensor& t, const ExportOptions& o,
+                  std::vector<float>& vals, std::vector<uint16_t>& low, SafetensorsWriter& w) {
+  const uint64_t n = t.spec->numel;
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t k = std::min(n - done, o.piece_elems);
+    read_master(t.unit, t.spec->offset + done, k, vals.data());
+    if (o.dtype == DType::F32) {
+      w.append(std::as_bytes(std::span(vals.data(), k)));
+    } else {
+      model::convert_from_fp32(vals.data(), low.data(), o.dtype, k);
+      w.append(std::as_bytes(std::span(low.data(), k)));
+    }
+    done += k;
+  }
+}
+
+// Writes shards, index and config.json into `dir`.
+void write_model_files(const model::LlamaConfig& cfg, const model::ModelLayout& layout,
+                       const ReadMasterFn& read_master, const fs::path& dir,
+                       const ExportOptions& o) {
+  const std::vector<ExportTensor> order = hf_order(layout);
+  const auto shards = plan_shards(order, o.dtype, o.max_shard_bytes);
+  uint64_t largest = 0, total = 0;
+  for (const ExportTensor& t : order) {
+    largest = std::max<uint64_t>(largest, t.spec->numel);
+    total += t.spec->numel * dtype_size(o.dtype);
+  }
+  std::vector<float> vals(std::min(largest, o.piece_elems));
+  std::vector<uint16_t> low(o.dtype == DType::F32 ? 0 : vals.size());
+  json weight_map = json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string name = shard_name(s, shards.size());
+    std::vector<SafetensorsTensor> decls;
+    for (size_t i = shards[s].first; i < shards[s].second; ++i) {
+      decls.push_back({order[i].spec->name, o.dtype, order[i].spec->shape});
+      weight_map[order[i].spec->name] = name;
+    }
+    SafetensorsWriter w(dir / name, std::move(decls), {{"format", "pt"}});
+    for (size_t i = shards[s].first; i < shards[s].second; ++i)
+      write_tensor(read_master, order[i], o, vals, low, w);
+    w.close();
+  }
+  if (shards.size() > 1) {
+    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text_file(dir / kHfIndexFile, index.dump(2) + "\n");
+  }
+  write_text_file(dir / kHfConfigFile, config_json(cfg, o.dtype));
+}
+
+// Refuses an existing `out` unless it is an empty directory.
+void check_export_target(const fs::path& out) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(out, ec);
+  if (!fs::exists(st)) return;
+  if (!fs::is_directory(st))
+    throw InvalidArgument(fmt::format("{}: exists and is not a directory", out.string()));
+  const bool empty = fs::is_empty(out, ec);
+  if (ec) throw IoError(out.string(), ec.value(), "list directory");
+  if (!empty)
+    throw InvalidArgument(fmt::format(
+        "{}: directory is not empty; export into a new or empty directory", out.string()));
+}
+
+// A directory removed with its contents on destruction unless release() was called.
+class ScratchDir {
+ public:
+  explicit ScratchDir(fs::path p) : path_(std::move(p)) {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+    make_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!released_) fs::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const fs::path& path() const { return path_; }
+  void release() { released_ = true; }
+
+ private:
+  fs::path path_;
+  bool released_ = false;
+};
+
+}  // namespace
+
+void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_master,
+                    const fs::path& out_dir, const ExportOptions& options) {
+  if (options.piece_elems == 0) throw InvalidArgument("export: piece_elems must be positive");
+  const model::ModelLayout layout = model::make_layout(cfg, 1);
+  fs::path out = fs::absolute(out_dir).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();
+  check_export_target(out);
+  make_directories(out.parent_path());
+  ScratchDir tmp(out.parent_path() / fmt::format("{}.tmp-{}", out.filename().string(), ::getpid()));
+  write_model_files(cfg, layout, read_master, tmp.path(), options);
+  fsync_dir(tmp.path());
+  std::error_code ec;
+  fs::rename(tmp.path(), out, ec);  // replaces an empty directory
+  if (ec) throw IoError(out.string(), ec.value(), "rename from " + tmp.path().string());
+  tmp.release();
+  fsync_dir(out.parent_path());
+}
+
+}  // namespace outcore::ckpt

@@ -1,0 +1,150 @@
+// `outcore export --checkpoint PATH --out DIR [--dtype auto|fp32|bf16|fp16]
+// [--max-shard-size 5GB] [--no-verify]`: writes the fp32 master weights of an outcore
+// checkpoint as a Hugging Face Llama directory (config.json + safetensors, sharded with an
+// index above the shard size). PATH is a checkpoint directory or a save directory whose `latest`
+// names one. Exit 0 when written, 2 on bad input (unreadable or corrupt checkpoint, non-empty
+// DIR, bad option), 1 when writing fails.
+#include <fmt/format.h>
+
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/error.hpp"
+#include "engine/ckpt/ckpt.hpp"
+#include "engine/ckpt/hf.hpp"
+#include "engine/model/model.hpp"
+#include "tools/outcore/commands.hpp"
+
+namespace outcore::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ExportArgs {
+  std::string checkpoint, out, dtype = "auto", max_shard_size = "5GB";
+  bool no_verify = false;
+};
+
+// "5GB" (10^9), "2GiB" (2^30), "500MB", "4096" (bytes). InvalidArgument naming the flag.
+uint64_t parse_size(const std::string& text) {
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  std::string unit(ptr, end);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  static const std::pair<const char*, uint64_t> kUnits[] = {{"", 1},
+                                                            {"B", 1},
+                                                            {"KB", 1000},
+                                                            {"MB", 1000000},
+                                                            {"GB", 1000000000},
+                                                            {"KIB", 1 << 10},
+                                                            {"MIB", 1 << 20},
+                                                            {"GIB", uint64_t{1} << 30}};
+  for (const auto& [name, scale] : kUnits) {
+    if (ec == std::errc() && ptr != text.data() && unit == name && v > 0 && v <= UINT64_MAX / scale)
+      return v * scale;
+  }
+  throw InvalidArgument("--max-shard-size: got \"" + text +
+                        "\"; allowed: a positive size such as 5GB, 500MB, 2GiB or bytes");
+}
+
+// The dtype --dtype names; nullopt for "auto". InvalidArgument for anything else.
+std::optional<DType> parse_dtype(const std::string& text) {
+  if (text == "auto") return std::nullopt;
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    if (text == dtype_name(t)) return t;
+  throw InvalidArgument("--dtype: got \"" + text + "\"; allowed: auto, fp32, bf16, fp16");
+}
+
+// The checkpoint's model config, checked against the slabs it holds.
+model::LlamaConfig checkpoint_model(const ckpt::Checkpoint& c) {
+  const std::string source = (c.dir() / "config.json").string();
+  const model::LlamaConfig cfg = model::LlamaConfig::from_json(c.read_text("config.json"), source);
+  const model::ModelLayout layout = model::make_layout(cfg, 1);
+  const auto& units = c.manifest().units;
+  if (units.size() != layout.units.size())
+    throw CorruptData(fmt::format("{}: {} units, but {} describes {}", c.dir().string(),
+                                  units.size(), source, layout.units.size()));
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].numel != layout.units[u].numel)
+      throw CorruptData(fmt::format("{}: unit {} holds {} elements, but {} needs {}",
+                                    c.dir().string(), u, units[u].numel, source,
+                                    layout.units[u].numel));
+  }
+  return cfg;
+}
+
+int run_export(const ExportArgs& a) {
+  const auto start = std::chrono::steady_clock::now();
+  if (a.checkpoint.empty() || a.out.empty())
+    throw InvalidArgument("export needs --checkpoint PATH and --out DIR");
+  ckpt::ExportOptions options{.max_shard_bytes = parse_size(a.max_shard_size)};
+  const std::optional<DType> dtype = parse_dtype(a.dtype);
+  ckpt::Checkpoint c = ckpt::Checkpoint::open(a.checkpoint);
+  const model::LlamaConfig cfg = checkpoint_model(c);
+  options.dtype = dtype.value_or(c.manifest().param_dtype);
+  if (!a.no_verify) c.verify();
+  auto read_master = [&c](int unit, uint64_t begin, uint64_t count, float* out) {
+    c.read_slab(unit, ckpt::ArrayKind::kMaster, begin, count,
+                std::as_writable_bytes(std::span(out, count)));
+  };
+  ckpt::write_hf_model(cfg, read_master, a.out, options);
+  uint64_t bytes = 0;
+  int files = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(a.out)) {
+    bytes += e.file_size();
+    ++files;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("exported %s (step %lld, %llu parameters, %s) to %s: %d files, %.1f MB in %.1f s\n",
+              c.manifest().tag.c_str(), static_cast<long long>(c.manifest().step),
+              static_cast<unsigned long long>(cfg.num_parameters()),
+              std::string(dtype_name(options.dtype)).c_str(), a.out.c_str(), files, bytes / 1e6, s);
+  return 0;
+}
+
+// Bad input exits 2, failures while writing exit 1.
+int run_export_reporting(const ExportArgs& a) {
+  try {
+    return run_export(a);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const CorruptData& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+void add_export_command(CLI::App& app, int& rc) {
+  auto a = std::make_shared<ExportArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "export", "Write a checkpoint's weights as a Hugging Face Llama directory (safetensors)");
+  cmd->add_option("--checkpoint", a->checkpoint,
+                  "checkpoint directory, or save directory whose `latest` names one (required)");
+  cmd->add_option("--out", a->out, "new or empty output directory (required)");
+  cmd->add_option("--dtype", a->dtype,
+                  "auto (the training parameter dtype), fp32 (the master weights exactly), bf16, "
+                  "fp16 (default auto)");
+  cmd->add_option("--max-shard-size", a->max_shard_size,
+                  "split the weights into shards of at most this size (default 5GB)");
+  cmd->add_flag("--no-verify", a->no_verify,
+                "skip checking every checkpoint file's size and CRC32C before exporting");
+  cmd->callback([a, &rc] { rc = run_export_reporting(*a); });
+}
+
+}  // namespace outcore::cli
