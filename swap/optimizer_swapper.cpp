@@ -214,13 +214,6 @@ struct OptimizerSwapper::Impl {
   // init_state / load_state.
   void write_state(uint32_t unit, std::span<const float> master, std::span<const float> m,
                    std::span<const float> v, uint64_t steps) {
-    Busy busy(*this, unit);
-    UnitState& st = busy.state();
-    auto layout = layout_for(unit, master.size());
-    {
-      std::lock_guard lock(mu);
-      st.initialised = false;  // until every sub-group is written
-    }
     Work fill = [&](const SubGroup& g, std::byte* b) {
       size_t len = g.n * sizeof(float);
       std::memset(b, 0, 3 * g.part);
@@ -228,6 +221,19 @@ struct OptimizerSwapper::Impl {
       if (!m.empty()) std::memcpy(b + g.part, m.data() + g.first, len);
       if (!v.empty()) std::memcpy(b + 2 * g.part, v.data() + g.first, len);
     };
+    write_pass(unit, master.size(), fill, steps);
+  }
+
+  // A write-only pass producing every sub-group with `fill`; the unit is initialised (with
+  // `steps`) only when all of them are written.
+  void write_pass(uint32_t unit, uint64_t numel, const Work& fill, uint64_t steps) {
+    Busy busy(*this, unit);
+    UnitState& st = busy.state();
+    auto layout = layout_for(unit, numel);
+    {
+      std::lock_guard lock(mu);
+      st.initialised = false;  // until every sub-group is written
+    }
     OptimizerStepStats s;
     bool wrote = false;
     run(*layout, /*read=*/false, /*write=*/true, fill, s, &wrote);
@@ -358,6 +364,29 @@ void OptimizerSwapper::read_state(uint32_t unit, std::span<float> master, std::s
   OptimizerStepStats s;
   bool wrote = false;
   m.run(*layout, /*read=*/true, /*write=*/false, copy, s, &wrote);
+}
+
+void OptimizerSwapper::visit_state(uint32_t unit, uint64_t numel, const StateVisitor& fn) {
+  Impl& m = *impl_;
+  Impl::Busy busy(m, unit);
+  auto layout = m.ready_layout(unit, busy.state(), numel, "visit_state");
+  Work visit = [&](const SubGroup& g, std::byte* b) {
+    fn(g.first, g.n, reinterpret_cast<const float*>(b), reinterpret_cast<const float*>(b + g.part),
+       reinterpret_cast<const float*>(b + 2 * g.part));
+  };
+  OptimizerStepStats s;
+  bool wrote = false;
+  m.run(*layout, /*read=*/true, /*write=*/false, visit, s, &wrote);
+}
+
+void OptimizerSwapper::fill_state(uint32_t unit, uint64_t numel, const StateFiller& fn,
+                                  uint64_t steps_done) {
+  Work fill = [&](const SubGroup& g, std::byte* b) {
+    std::memset(b, 0, 3 * g.part);
+    fn(g.first, g.n, reinterpret_cast<float*>(b), reinterpret_cast<float*>(b + g.part),
+       reinterpret_cast<float*>(b + 2 * g.part));
+  };
+  impl_->write_pass(unit, numel, fill, steps_done);
 }
 
 uint64_t OptimizerSwapper::steps_done(uint32_t unit) const {

@@ -409,6 +409,20 @@ class OptimizerSwapper {
   void read_state(uint32_t unit, std::span<float> master, std::span<float> exp_avg,
                   std::span<float> exp_avg_sq);
 
+  // Streaming access for checkpoints: one pass over the unit's sub-groups through the ring,
+  // calling `fn(first, n, master, exp_avg, exp_avg_sq)` for each in order, with pointers into a
+  // pinned ring buffer that are valid only during the call. visit_state only reads;
+  // fill_state only writes (fn fills the arrays; the moments start zeroed) and sets
+  // steps_done = `steps_done`, like load_state. Memory: the ring, never the whole unit.
+  // Throws as read_state / load_state, and what fn throws (the pass is drained first; a
+  // failed fill_state leaves the unit uninitialised).
+  using StateVisitor = std::function<void(uint64_t first, uint64_t n, const float* master,
+                                          const float* exp_avg, const float* exp_avg_sq)>;
+  using StateFiller = std::function<void(uint64_t first, uint64_t n, float* master, float* exp_avg,
+                                         float* exp_avg_sq)>;
+  void visit_state(uint32_t unit, uint64_t numel, const StateVisitor& fn);
+  void fill_state(uint32_t unit, uint64_t numel, const StateFiller& fn, uint64_t steps_done);
+
   uint64_t steps_done(uint32_t unit) const;  // 0 for an unknown unit
   bool poisoned(uint32_t unit) const;
   OptimizerStepStats last_step_stats() const;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 
@@ -17,7 +18,9 @@ namespace outcore::ckpt {
 namespace {
 
 constexpr uint64_t kAlign = 4096;
-constexpr uint64_t kChunk = 16ull << 20;  // verify and bounce reads in pieces of this size
+constexpr uint64_t kChunk = 16ull << 20;        // bounce reads in pieces of this size
+constexpr uint64_t kVerifyChunk = 32ull << 20;  // verify reads, kVerifyBuffers - 1 in flight
+constexpr size_t kVerifyBuffers = 4;
 constexpr char kMagic[8] = {'O', 'C', 'C', 'K', 'P', 'T', '\0', '\1'};
 
 uint64_t align_down(uint64_t n) { return n / kAlign * kAlign; }
@@ -117,7 +120,8 @@ DType Checkpoint::array_dtype(ArrayKind array) const {
 void Checkpoint::verify() const {
   std::lock_guard lock(impl_->mu);
   const Impl& m = *impl_;
-  AlignedBuffer buf[2] = {AlignedBuffer(kChunk), AlignedBuffer(kChunk)};
+  std::vector<AlignedBuffer> buf;
+  for (size_t i = 0; i < kVerifyBuffers; ++i) buf.emplace_back(kVerifyChunk);
   for (const FileInfo& fi : m.manifest.files) {
     const fs::path p = m.dir / fi.path;
     if (!fs::exists(p)) throw CorruptData(fmt::format("{}: missing", p.string()));
@@ -132,28 +136,26 @@ void Checkpoint::verify() const {
       const std::string text = read_small_file(p, fi.bytes);
       crc = crc32c(std::as_bytes(std::span(text.data(), text.size())));
     } else {
-      // Double-buffered: the read of chunk k+1 is in flight while chunk k is summed.
+      // A ring of kVerifyBuffers chunks: all but the one being summed are being read.
       const aio::File& f = m.file(fi);
+      std::deque<std::pair<aio::Ticket, uint64_t>> inflight;  // ticket, length; in file order
       uint64_t off = 0;
-      struct Pending {
-        aio::Ticket ticket;
-        int buf;
-        uint64_t len;
-      };
-      auto start = [&](int b) {
-        const uint64_t len = std::min(kChunk, size - off);
-        Pending p{m.engine->submit_read(f, off, {buf[b].data(), len}), b, len};
+      size_t next_buf = 0;
+      auto start = [&] {
+        const uint64_t len = std::min(kVerifyChunk, size - off);
+        inflight.emplace_back(
+            m.engine->submit_read(f, off, {buf[next_buf % kVerifyBuffers].data(), len}), len);
         off += len;
-        return p;
+        ++next_buf;
       };
-      std::optional<Pending> inflight;
-      if (size > 0) inflight = start(0);
-      while (inflight) {
-        const Pending done = *inflight;
-        m.engine->wait(done.ticket);
-        inflight.reset();
-        if (off < size) inflight = start(done.buf ^ 1);
-        crc = crc32c({buf[done.buf].data(), done.len}, crc);
+      size_t done_buf = 0;
+      while (off < size && inflight.size() < kVerifyBuffers - 1) start();
+      while (!inflight.empty()) {
+        const auto [ticket, len] = inflight.front();
+        inflight.pop_front();
+        m.engine->wait(ticket);
+        if (off < size) start();
+        crc = crc32c({buf[done_buf++ % kVerifyBuffers].data(), len}, crc);
       }
       m.bytes_read += size;
     }

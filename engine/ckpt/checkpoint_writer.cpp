@@ -251,6 +251,8 @@ void CheckpointWriter::prepare() {
     m.engine->write(f.file, 0, {header.data(), kAlign});
     f.crc = crc32c({header.data(), kAlign});
   }
+  log::debug("checkpoint {}: prepared {} data files ({} bytes) in {:.3f} s", m.tag, m.files.size(),
+             need, std::chrono::duration<double>(std::chrono::steady_clock::now() - m.t0).count());
   m.slots.resize(m.slot_count);
   for (Impl::Slot& s : m.slots) s.buf = AlignedBuffer(std::max<uint64_t>(max_seg, kAlign));
   m.prepared = true;
@@ -310,6 +312,8 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
     throw InvalidArgument("checkpoint writer: commit() with staged segments not submitted");
   m.wait_all_slots();
   const auto tw = std::chrono::steady_clock::now();
+  log::debug("checkpoint {}: data written after {:.3f} s", m.tag,
+             std::chrono::duration<double>(tw - m.t0).count());
   manifest.tag = m.tag;
   manifest.files.clear();
   uint64_t total = 0;
@@ -332,6 +336,8 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
     total += f.info.bytes;
     manifest.files.push_back(f.info);
   }
+  log::debug("checkpoint {}: data files synced after {:.3f} s", m.tag,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - m.t0).count());
   const std::string text = manifest_text(manifest);
   write_file_durably(m.tmp / kManifestName, text);
   total += text.size();

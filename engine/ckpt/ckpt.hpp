@@ -111,6 +111,9 @@ Manifest parse_manifest(std::string_view text, const std::string& source);
 struct WriterOptions {
   aio::Options aio;                         // I/O engine settings (block size, queue depth)
   std::shared_ptr<aio::IoBackend> backend;  // nullptr: io_uring; tests inject faults
+  // Savers cut each array into segments of at most this many elements (32 MiB of fp32), so
+  // the writer's staging is a few pieces whatever the size of a unit.
+  uint64_t piece_elems = uint64_t{8} << 20;
   // Test hooks, to check that a crash at any point leaves the previous checkpoint valid:
   // kill the process with SIGKILL after this many data bytes were written (0: never), or at
   // a named point: "before-rename", "before-latest", "after-latest" (empty: never).

@@ -3,23 +3,20 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
-#include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
 #include "engine/ckpt/hf.hpp"
 
 namespace outcore::train {
 namespace {
 
-std::span<float> as_floats(std::span<std::byte> b) {
-  return {reinterpret_cast<float*>(b.data()), b.size() / sizeof(float)};
-}
+// Staging buffers of the writer: the open piece's three arrays plus writes in flight.
+constexpr size_t kStagingSlots = 8;
 
-size_t max_partition(const zero::ZeroEngine& engine) {
-  size_t n = 0;
-  for (int u = 0; u < engine.model().num_units(); ++u) n = std::max(n, engine.partition_numel(u));
-  return n;
+std::span<std::byte> as_bytes(float* p, size_t n) {
+  return {reinterpret_cast<std::byte*>(p), n * sizeof(float)};
 }
 
 }  // namespace
@@ -32,35 +29,75 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
     throw InvalidArgument("checkpoints of more than one rank are not supported yet");
   const model::ModelLayout& layout = engine.model().layout();
   const int units = engine.model().num_units();
-  ckpt::CheckpointWriter w(dir, tag, options);
+  const DType pdt = engine.param_dtype();
+  const size_t psz = dtype_size(pdt);
+  const uint64_t piece_elems = options.piece_elems;
+  if (piece_elems == 0) throw InvalidArgument("checkpoint: piece_elems must be > 0");
+  ckpt::CheckpointWriter w(dir, tag, options, kStagingSlots);
   w.add_text_file("ds_config.json", texts.ds_config);
   w.add_text_file("config.json", texts.model_config);
   w.add_text_file("trainer_state.json", texts.trainer_state);
 
+  // Each unit's partition in pieces of piece_elems: optimizer.bin holds, per piece, its master
+  // weights, exp_avg and exp_avg_sq; model.bin the piece's parameters.
   std::vector<ckpt::Segment> opt, par;
+  std::vector<int> first_piece(units + 1, 0);
   for (int u = 0; u < units; ++u) {
     const uint64_t off = engine.partition_offset(u), n = engine.partition_numel(u);
-    for (ckpt::ArrayKind a :
-         {ckpt::ArrayKind::kMaster, ckpt::ArrayKind::kExpAvg, ckpt::ArrayKind::kExpAvgSq})
-      opt.push_back({u, a, DType::F32, off, n, 0});
-    par.push_back({u, ckpt::ArrayKind::kParams, engine.param_dtype(), off, n, 0});
+    for (uint64_t b = 0; b < n; b += piece_elems) {
+      const uint64_t c = std::min(piece_elems, n - b);
+      for (ckpt::ArrayKind a :
+           {ckpt::ArrayKind::kMaster, ckpt::ArrayKind::kExpAvg, ckpt::ArrayKind::kExpAvgSq})
+        opt.push_back({u, a, DType::F32, off + b, c, 0});
+      par.push_back({u, ckpt::ArrayKind::kParams, pdt, off + b, c, 0});
+    }
+    first_piece[u + 1] = static_cast<int>(par.size());
   }
   const int fo = w.add_data_file(fmt::format("rank{}/optimizer.bin", rank), rank, "optimizer", opt);
   const int fp = w.add_data_file(fmt::format("rank{}/model.bin", rank), rank, "model", par);
   w.prepare();
   for (int u = 0; u < units; ++u) {
-    std::span<std::byte> m = w.stage(fo, 3 * u), a = w.stage(fo, 3 * u + 1),
-                         v = w.stage(fo, 3 * u + 2);
-    engine.read_unit_state(u, as_floats(m), as_floats(a), as_floats(v));
-    for (int k = 0; k < 3; ++k) w.submit(fo, 3 * u + k);
-    engine.read_param_partition(u, w.stage(fp, u));
-    w.submit(fp, u);
+    const uint64_t n = engine.partition_numel(u);
+    // The tier hands out consecutive ranges; copy each into the open piece's three buffers
+    // and submit the piece when it is complete.
+    std::span<std::byte> open[3];
+    bool is_open = false;
+    engine.visit_unit_state(u, [&](size_t first, size_t count, const float* m, const float* a,
+                                   const float* v) {
+      const float* src[3] = {m, a, v};
+      for (size_t done = 0; done < count;) {
+        const uint64_t e = first + done, piece = e / piece_elems;
+        const uint64_t p_begin = piece * piece_elems, p_end = std::min(n, p_begin + piece_elems);
+        const int seg = 3 * (first_piece[u] + static_cast<int>(piece));
+        if (!is_open) {
+          for (int k = 0; k < 3; ++k) open[k] = w.stage(fo, seg + k);
+          is_open = true;
+        }
+        const uint64_t take = std::min<uint64_t>(count - done, p_end - e);
+        for (int k = 0; k < 3; ++k)
+          std::memcpy(open[k].data() + (e - p_begin) * sizeof(float), src[k] + done,
+                      take * sizeof(float));
+        done += take;
+        if (e + take == p_end) {
+          for (int k = 0; k < 3; ++k) w.submit(fo, seg + k);
+          is_open = false;
+        }
+      }
+    });
+    engine.visit_param_partition(u, [&](std::span<const std::byte> p) {
+      for (uint64_t b = 0, k = 0; b < n; b += piece_elems, ++k) {
+        const int seg = first_piece[u] + static_cast<int>(k);
+        std::span<std::byte> buf = w.stage(fp, seg);
+        std::memcpy(buf.data(), p.data() + b * psz, buf.size());
+        w.submit(fp, seg);
+      }
+    });
   }
   ckpt::Manifest man;
   man.step = step;
   man.world_size = world_size;
   man.zero_stage = zero_stage;
-  man.param_dtype = engine.param_dtype();
+  man.param_dtype = pdt;
   for (const model::UnitLayout& ul : layout.units)
     man.units.push_back({ul.name, ul.numel, ul.padded_numel});
   return w.commit(std::move(man));
@@ -84,32 +121,25 @@ void check_checkpoint_model(const ckpt::Manifest& m, const model::ModelLayout& l
 
 void load_engine_checkpoint(const ckpt::Checkpoint& ck, zero::ZeroEngine& engine) {
   check_checkpoint_model(ck.manifest(), engine.model().layout(), ck.dir().string());
-  const size_t cap = max_partition(engine);
-  AlignedBuffer buf[3] = {AlignedBuffer(cap * 4), AlignedBuffer(cap * 4), AlignedBuffer(cap * 4)};
-  const ckpt::ArrayKind kinds[3] = {ckpt::ArrayKind::kMaster, ckpt::ArrayKind::kExpAvg,
-                                    ckpt::ArrayKind::kExpAvgSq};
   for (int u = 0; u < engine.model().num_units(); ++u) {
-    const uint64_t off = engine.partition_offset(u), n = engine.partition_numel(u);
-    std::span<float> s[3];
-    for (int k = 0; k < 3; ++k) {
-      s[k] = buf[k].as<float>().first(n);
-      ck.read_slab(u, kinds[k], off, n, std::as_writable_bytes(s[k]));
-    }
-    engine.write_unit_state(u, s[0], s[1], s[2]);
+    const uint64_t off = engine.partition_offset(u);
+    // Read straight into the tier's arrays (or its ring buffer, one sub-group at a time).
+    engine.fill_unit_state(u, [&](size_t first, size_t n, float* m, float* a, float* v) {
+      ck.read_slab(u, ckpt::ArrayKind::kMaster, off + first, n, as_bytes(m, n));
+      ck.read_slab(u, ckpt::ArrayKind::kExpAvg, off + first, n, as_bytes(a, n));
+      ck.read_slab(u, ckpt::ArrayKind::kExpAvgSq, off + first, n, as_bytes(v, n));
+    });
   }
 }
 
 void import_hf_weights(const std::filesystem::path& hf_dir, zero::ZeroEngine& engine) {
   const ckpt::HfWeights w = ckpt::HfWeights::open(hf_dir, engine.model().config());
   const model::ModelLayout& layout = engine.model().layout();
-  const size_t cap = max_partition(engine);
-  AlignedBuffer master(cap * 4), zeros(cap * 4);
   for (int u = 0; u < engine.model().num_units(); ++u) {
-    const uint64_t off = engine.partition_offset(u), n = engine.partition_numel(u);
-    std::span<float> m = master.as<float>().first(n);
-    w.read_unit_range(layout.units[u], off, n, m.data());
-    std::span<const float> z = zeros.as<float>().first(n);
-    engine.write_unit_state(u, m, z, z);
+    const uint64_t off = engine.partition_offset(u);
+    engine.fill_unit_state(u, [&](size_t first, size_t n, float* m, float*, float*) {
+      w.read_unit_range(layout.units[u], off + first, n, m);  // moments stay zero
+    });
   }
 }
 

@@ -398,17 +398,51 @@ size_t ZeroEngine::partition_offset(int unit) const {
   impl_->check_unit(unit);
   return impl_->g.units[unit].own_off;
 }
+void ZeroEngine::visit_unit_state(int unit, const StateVisitor& fn) {
+  impl_->visit_unit_state(unit, fn);
+}
+void ZeroEngine::fill_unit_state(int unit, const StateFiller& fn) {
+  impl_->fill_unit_state(unit, fn);
+}
 void ZeroEngine::read_unit_state(int unit, std::span<float> master, std::span<float> exp_avg,
                                  std::span<float> exp_avg_sq) {
-  impl_->read_unit_state(unit, master, exp_avg, exp_avg_sq);
+  const size_t n = partition_numel(unit);
+  if (master.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n)
+    throw InvalidArgument(
+        fmt::format("zero: read_unit_state of unit {} needs 3 x {} elements", unit, n));
+  visit_unit_state(unit,
+                   [&](size_t first, size_t k, const float* m, const float* a, const float* v) {
+                     std::memcpy(master.data() + first, m, k * sizeof(float));
+                     std::memcpy(exp_avg.data() + first, a, k * sizeof(float));
+                     std::memcpy(exp_avg_sq.data() + first, v, k * sizeof(float));
+                   });
 }
 void ZeroEngine::write_unit_state(int unit, std::span<const float> master,
                                   std::span<const float> exp_avg,
                                   std::span<const float> exp_avg_sq) {
-  impl_->write_unit_state(unit, master, exp_avg, exp_avg_sq);
+  const size_t n = partition_numel(unit);
+  if (master.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n)
+    throw InvalidArgument(
+        fmt::format("zero: write_unit_state of unit {} needs 3 x {} elements", unit, n));
+  fill_unit_state(unit, [&](size_t first, size_t k, float* m, float* a, float* v) {
+    std::memcpy(m, master.data() + first, k * sizeof(float));
+    std::memcpy(a, exp_avg.data() + first, k * sizeof(float));
+    std::memcpy(v, exp_avg_sq.data() + first, k * sizeof(float));
+  });
+}
+void ZeroEngine::visit_param_partition(int unit,
+                                       const std::function<void(std::span<const std::byte>)>& fn) {
+  impl_->visit_param_partition(unit, fn);
 }
 void ZeroEngine::read_param_partition(int unit, std::span<std::byte> out) {
-  impl_->read_param_partition(unit, out);
+  visit_param_partition(unit, [&](std::span<const std::byte> p) {
+    if (out.size() != p.size())
+      throw InvalidArgument(
+          fmt::format("zero: read_param_partition: unit {} has {} bytes on this "
+                      "rank, got a buffer of {}",
+                      unit, p.size(), out.size()));
+    std::memcpy(out.data(), p.data(), p.size());
+  });
 }
 DType ZeroEngine::param_dtype() const { return impl_->g.placement.param_dtype; }
 void ZeroEngine::read_state(int unit, StateKind kind, std::span<float> out) {

@@ -53,11 +53,9 @@ struct ZeroEngine::Impl {
   void get_params(int unit, std::span<std::byte> out);
   void read_state(int unit, StateKind kind, std::span<float> out);
   void write_state(int unit, StateKind kind, std::span<const float> in);
-  void read_unit_state(int unit, std::span<float> master, std::span<float> exp_avg,
-                       std::span<float> exp_avg_sq);
-  void write_unit_state(int unit, std::span<const float> master, std::span<const float> exp_avg,
-                        std::span<const float> exp_avg_sq);
-  void read_param_partition(int unit, std::span<std::byte> out);
+  void visit_unit_state(int unit, const StateVisitor& fn);
+  void fill_unit_state(int unit, const StateFiller& fn);
+  void visit_param_partition(int unit, const std::function<void(std::span<const std::byte>)>& fn);
   void copy_home_partition(int unit, std::span<std::byte> own);
   void check_unit(int unit) const;
 

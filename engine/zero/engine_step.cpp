@@ -350,41 +350,48 @@ void ZeroEngine::Impl::write_state(int unit, StateKind kind, std::span<const flo
   wait_publications();
 }
 
-void ZeroEngine::Impl::read_unit_state(int unit, std::span<float> master, std::span<float> exp_avg,
-                                       std::span<float> exp_avg_sq) {
+void ZeroEngine::Impl::visit_unit_state(int unit, const StateVisitor& fn) {
   check_unit(unit);
-  optimizer->read_all(unit, master, exp_avg, exp_avg_sq);
+  optimizer->visit(unit, fn);
 }
 
-void ZeroEngine::Impl::write_unit_state(int unit, std::span<const float> master,
-                                        std::span<const float> exp_avg,
-                                        std::span<const float> exp_avg_sq) {
+void ZeroEngine::Impl::fill_unit_state(int unit, const StateFiller& fn) {
   check_unit(unit);
-  optimizer->write_all(unit, master, exp_avg, exp_avg_sq);
   if (coordinator) coordinator->drop_all();
   const DType dt = g.placement.param_dtype;
-  publish(unit, 0, [&](std::byte* out) { to_param_dtype(master.data(), out, dt, master.size()); });
+  publish(unit, 0, [&](std::byte* out) {
+    optimizer->fill(unit, [&](uint64_t first, uint64_t n, float* master, float* m, float* v) {
+      fn(first, n, master, m, v);
+      to_param_dtype(master, out + first * g.param_bytes, dt, n);
+    });
+  });
   wait_publications();
 }
 
-void ZeroEngine::Impl::read_param_partition(int unit, std::span<std::byte> out) {
+void ZeroEngine::Impl::visit_param_partition(
+    int unit, const std::function<void(std::span<const std::byte>)>& fn) {
   check_unit(unit);
   const detail::UnitGeometry& ug = g.units[unit];
   const size_t own_bytes = ug.own_len * g.param_bytes;
-  if (out.size() != own_bytes)
-    throw InvalidArgument(
-        fmt::format("zero: read_param_partition: unit {} has {} bytes of parameters on this "
-                    "rank, got a buffer of {}",
-                    unit, own_bytes, out.size()));
   wait_publications();
+  const std::byte* src = nullptr;  // device memory holding the partition
   if (g.placement.stage < 3) {
-    copy->copy_d2h(out.data(), full_params[unit].as<std::byte>() + ug.own_off * g.param_bytes,
-                   own_bytes);
-    copy->synchronize();
-    traffic.d2h += own_bytes;
-    return;
+    src = full_params[unit].as<std::byte>() + ug.own_off * g.param_bytes;
+  } else if (home->tier() == Tier::kDevice) {
+    src = home->resident(unit);
+  } else if (home->tier() != Tier::kNvme) {
+    return fn({home->resident(unit), own_bytes});  // pinned or host memory
+  } else {
+    PublishSlot& s = publish_slots.at(0);
+    home->swapper()->wait(home->start_read(unit, s.buf.data()));
+    return fn({s.buf.data(), own_bytes});
   }
-  copy_home_partition(unit, out);
+  if (device.host_accessible()) return fn({src, own_bytes});
+  AlignedBuffer host(own_bytes);
+  copy->copy_d2h(host.data(), src, own_bytes);
+  copy->synchronize();
+  traffic.d2h += own_bytes;
+  fn({host.data(), own_bytes});
 }
 
 }  // namespace outcore::zero

@@ -58,18 +58,15 @@ class MemoryOptimizerStore final : public OptimizerStore {
     std::memcpy(part(unit, kind), in.data(), in.size_bytes());
   }
 
-  void read_all(int unit, std::span<float> master, std::span<float> exp_avg,
-                std::span<float> exp_avg_sq) override {
-    read(unit, StateKind::kMaster, master);
-    read(unit, StateKind::kExpAvg, exp_avg);
-    read(unit, StateKind::kExpAvgSq, exp_avg_sq);
+  void visit(int unit, const swap::OptimizerSwapper::StateVisitor& fn) override {
+    fn(0, n(unit), part(unit, StateKind::kMaster), part(unit, StateKind::kExpAvg),
+       part(unit, StateKind::kExpAvgSq));
   }
 
-  void write_all(int unit, std::span<const float> master, std::span<const float> exp_avg,
-                 std::span<const float> exp_avg_sq) override {
-    write(unit, StateKind::kMaster, master);
-    write(unit, StateKind::kExpAvg, exp_avg);
-    write(unit, StateKind::kExpAvgSq, exp_avg_sq);
+  void fill(int unit, const swap::OptimizerSwapper::StateFiller& fn) override {
+    std::memset(part(unit, StateKind::kExpAvg), 0, 2 * n(unit) * sizeof(float));
+    fn(0, n(unit), part(unit, StateKind::kMaster), part(unit, StateKind::kExpAvg),
+       part(unit, StateKind::kExpAvgSq));
   }
 
   size_t concurrent_steps() const override { return 1; }
@@ -124,21 +121,13 @@ class NvmeOptimizerStore final : public OptimizerStore {
     swapper_.load_state(u, s[0], s[1], s[2], swapper_.steps_done(u));
   }
 
-  void read_all(int unit, std::span<float> master, std::span<float> exp_avg,
-                std::span<float> exp_avg_sq) override {
-    check_len("state read", unit, master.size(), n(unit));
-    check_len("state read", unit, exp_avg.size(), n(unit));
-    check_len("state read", unit, exp_avg_sq.size(), n(unit));
-    swapper_.read_state(static_cast<uint32_t>(unit), master, exp_avg, exp_avg_sq);
+  void visit(int unit, const swap::OptimizerSwapper::StateVisitor& fn) override {
+    swapper_.visit_state(static_cast<uint32_t>(unit), n(unit), fn);
   }
 
-  void write_all(int unit, std::span<const float> master, std::span<const float> exp_avg,
-                 std::span<const float> exp_avg_sq) override {
-    check_len("state write", unit, master.size(), n(unit));
-    check_len("state write", unit, exp_avg.size(), n(unit));
-    check_len("state write", unit, exp_avg_sq.size(), n(unit));
+  void fill(int unit, const swap::OptimizerSwapper::StateFiller& fn) override {
     const uint32_t u = static_cast<uint32_t>(unit);
-    swapper_.load_state(u, master, exp_avg, exp_avg_sq, swapper_.steps_done(u));
+    swapper_.fill_state(u, n(unit), fn, swapper_.steps_done(u));
   }
 
   size_t concurrent_steps() const override { return concurrent_; }

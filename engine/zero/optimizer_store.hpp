@@ -34,11 +34,12 @@ class OptimizerStore {
                     DType out_dtype) = 0;
   virtual void read(int unit, StateKind kind, std::span<float> out) = 0;
   virtual void write(int unit, StateKind kind, std::span<const float> in) = 0;
-  // All three arrays at once (one pass over an NVMe file instead of three).
-  virtual void read_all(int unit, std::span<float> master, std::span<float> exp_avg,
-                        std::span<float> exp_avg_sq) = 0;
-  virtual void write_all(int unit, std::span<const float> master, std::span<const float> exp_avg,
-                         std::span<const float> exp_avg_sq) = 0;
+  // Streaming access to all three arrays (checkpoints): fn is called for consecutive ranges
+  // [first, first + n) of the unit's own elements, in order, with pointers valid during the
+  // call (the whole arrays in memory; one sub-group at a time on NVMe). fill starts from zero
+  // moments; fn writes every element of the range.
+  virtual void visit(int unit, const swap::OptimizerSwapper::StateVisitor& fn) = 0;
+  virtual void fill(int unit, const swap::OptimizerSwapper::StateFiller& fn) = 0;
   // How many unit steps may usefully run at once.
   virtual size_t concurrent_steps() const = 0;
 };

@@ -43,6 +43,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -197,21 +198,36 @@ class ZeroEngine {
   void read_state(int unit, StateKind kind, std::span<float> out);
   void write_state(int unit, StateKind kind, std::span<const float> in);
 
-  // Checkpoint access to everything this rank owns of a unit, one pass each.
+  // Checkpoint access to everything this rank owns of a unit, streamed in one pass each.
   // partition_offset(unit): the first slab element this rank owns (its range is
   // [partition_offset, partition_offset + partition_numel)).
   size_t partition_offset(int unit) const;
-  // Copies out this rank's fp32 master weights and Adam moments of `unit` (each
-  // partition_numel elements; not collective).
+  // Calls fn(first, n, master, exp_avg, exp_avg_sq) for consecutive ranges [first, first + n)
+  // of this rank's partition of `unit`, in order, covering it; the pointers are valid during
+  // the call only (the arrays themselves in memory; one optimizer sub-group of a pinned ring
+  // buffer when the state is on NVMe, so host memory does not grow by the unit). Not
+  // collective. Throws what the tier throws and what fn throws.
+  using StateVisitor = std::function<void(size_t first, size_t n, const float* master,
+                                          const float* exp_avg, const float* exp_avg_sq)>;
+  void visit_unit_state(int unit, const StateVisitor& fn);
+  // The reverse: fn writes every element of each range (moments start at zero), then the
+  // unit's low-precision parameters are refreshed from the master weights, rounded as the
+  // optimizer's copy-out rounds, which at stages 1 and 2 gathers them through Comm
+  // (collective: every rank calls it for the same unit). After a throw the engine's state is
+  // unspecified (destroy it).
+  using StateFiller =
+      std::function<void(size_t first, size_t n, float* master, float* exp_avg, float* exp_avg_sq)>;
+  void fill_unit_state(int unit, const StateFiller& fn);
+  // Copies of the above for whole partitions (each partition_numel elements).
   void read_unit_state(int unit, std::span<float> master, std::span<float> exp_avg,
                        std::span<float> exp_avg_sq);
-  // Replaces them and refreshes the unit's low-precision parameters from `master` (rounded as
-  // the optimizer's copy-out rounds), which at stages 1 and 2 gathers them through Comm
-  // (collective: every rank calls it for the same unit).
   void write_unit_state(int unit, std::span<const float> master, std::span<const float> exp_avg,
                         std::span<const float> exp_avg_sq);
-  // This rank's partition of the low-precision parameters of `unit` (partition_numel
-  // elements of the param dtype, as the model computes with them; not collective).
+  // Calls fn with this rank's partition of the low-precision parameters of `unit`
+  // (partition_numel elements of the param dtype, as the model computes with them), valid
+  // during the call (read from NVMe into a staging buffer when they live there). Not
+  // collective.
+  void visit_param_partition(int unit, const std::function<void(std::span<const std::byte>)>& fn);
   void read_param_partition(int unit, std::span<std::byte> out);
   DType param_dtype() const;
 

@@ -3,8 +3,10 @@
 // the pool budget holds; an injected EIO or a corrupt block fails the step, uncounted; misuse.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <thread>
 
+#include "common/error.hpp"
 #include "swap/swap.hpp"
 #include "tests/swap/test_util.hpp"
 
@@ -162,6 +164,49 @@ TEST(OptimizerSwapper, LoadStateRoundTripsAndResumes) {
   rig.opt->step(1, g, hyper(42), {out.data(), DType::BF16});
   EXPECT_EQ(out, ref.step(g, hyper(42), DType::BF16));
   EXPECT_EQ(rig.opt->steps_done(1), 42u);
+}
+
+TEST(OptimizerSwapper, VisitAndFillStreamEverySubGroupInOrder) {
+  const uint64_t numel = 5'000;
+  Rig rig({{2, numel}}, {.sub_group_size = 1'024, .buffer_count = 3});
+  auto p = random_floats(numel, 5), m = random_floats(numel, 6), v = random_floats(numel, 7);
+  std::vector<uint64_t> firsts;
+  rig.opt->fill_state(
+      2, numel,
+      [&](uint64_t first, uint64_t n, float* a, float* b, float* c) {
+        firsts.push_back(first);
+        EXPECT_EQ(n, std::min<uint64_t>(1'024, numel - first));
+        EXPECT_EQ(b[0], 0.0f);  // moments start zeroed
+        std::memcpy(a, p.data() + first, n * 4);
+        std::memcpy(b, m.data() + first, n * 4);
+        std::memcpy(c, v.data() + first, n * 4);
+      },
+      9);
+  EXPECT_EQ(firsts, (std::vector<uint64_t>{0, 1024, 2048, 3072, 4096}));
+  EXPECT_EQ(rig.opt->steps_done(2), 9u);
+  std::vector<float> p2(numel), m2(numel), v2(numel);
+  uint64_t expect_first = 0;
+  rig.opt->visit_state(
+      2, numel, [&](uint64_t first, uint64_t n, const float* a, const float* b, const float* c) {
+        EXPECT_EQ(first, expect_first);
+        expect_first += n;
+        std::memcpy(p2.data() + first, a, n * 4);
+        std::memcpy(m2.data() + first, b, n * 4);
+        std::memcpy(v2.data() + first, c, n * 4);
+      });
+  EXPECT_EQ(expect_first, numel);
+  EXPECT_EQ(p2, p);
+  EXPECT_EQ(m2, m);
+  EXPECT_EQ(v2, v);
+  // A fill that throws leaves the unit uninitialised, never half-loaded and usable.
+  EXPECT_THROW(rig.opt->fill_state(
+                   2, numel,
+                   [&](uint64_t first, uint64_t, float*, float*, float*) {
+                     if (first >= 2048) throw CorruptData("bad checkpoint");
+                   },
+                   9),
+               CorruptData);
+  EXPECT_THROW(rig.opt->read_state(2, p2, m2, v2), InvalidArgument);
 }
 
 TEST(OptimizerSwapper, PoolBudgetHoldsWithConcurrentUnits) {

@@ -62,11 +62,13 @@ RunTrace straight(const config::Config& cfg, const DemoData& data, int64_t steps
 
 // k steps under cfg_a saved into save_dir, then a new Trainer under cfg_b resumes to `steps`.
 RunTrace resumed(const config::Config& cfg_a, const config::Config& cfg_b, const DemoData& data,
-                 int64_t k, int64_t steps, const std::string& save_dir) {
+                 int64_t k, int64_t steps, const std::string& save_dir,
+                 uint64_t piece_elems = uint64_t{8} << 20) {
   RunTrace t;
   {
     TrainerOptions o = quiet_options(data, k);
     o.save_dir = save_dir;
+    o.checkpoint_io.piece_elems = piece_elems;
     record_steps(o, t);
     Trainer tr(cfg_a, tiny_model(), o);
     TrainResult r = tr.run();
@@ -120,6 +122,19 @@ TEST_F(ResumeTest, Stage3NvmeMidWarmupIsBitIdentical) {
   const RunTrace a = straight(cfg, data_, 7);
   const RunTrace b = resumed(cfg, cfg, data_, 3, 7, dir("ckpt"));
   expect_identical(a, b);
+}
+
+TEST_F(ResumeTest, SubGroupsAndPiecesThatDoNotAlignAreBitIdentical) {
+  // Optimizer sub-groups of 3000 elements stream through the checkpoint's pieces of 5000, so
+  // ranges straddle pieces when saving and reads straddle segments (unaligned) when loading.
+  nlohmann::json p = testing::nvme_patch(dir("swap"));
+  p.merge_patch({{"zero_optimization", {{"sub_group_size", 3000}}}, {"bf16", {{"enabled", true}}}});
+  const config::Config cfg = make_config(p, tiny_model());
+  expect_identical(straight(cfg, data_, 5), resumed(cfg, cfg, data_, 2, 5, dir("ckpt"), 5000));
+  // The checkpoint is cut into pieces of 5000 elements.
+  const ckpt::Checkpoint ck = ckpt::Checkpoint::open(dir("ckpt"));
+  for (const ckpt::FileInfo& f : ck.manifest().files)
+    for (const ckpt::Segment& s : f.segments) EXPECT_LE(s.count, 5000u) << f.path;
 }
 
 TEST_F(ResumeTest, Stage2CpuOffloadBf16IsBitIdentical) {
