@@ -132,8 +132,7 @@ void load_engine_checkpoint(const ckpt::Checkpoint& ck, zero::ZeroEngine& engine
   }
 }
 
-void import_hf_weights(const std::filesystem::path& hf_dir, zero::ZeroEngine& engine) {
-  const ckpt::HfWeights w = ckpt::HfWeights::open(hf_dir, engine.model().config());
+void import_hf_weights(const ckpt::HfWeights& w, zero::ZeroEngine& engine) {
   const model::ModelLayout& layout = engine.model().layout();
   for (int u = 0; u < engine.model().num_units(); ++u) {
     const uint64_t off = engine.partition_offset(u);

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "engine/ckpt/ckpt.hpp"
+#include "engine/ckpt/hf.hpp"
 #include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
 #include "engine/zero/zero.hpp"
@@ -44,9 +45,10 @@ void load_engine_checkpoint(const ckpt::Checkpoint& ck, zero::ZeroEngine& engine
 void check_checkpoint_model(const ckpt::Manifest& m, const model::ModelLayout& layout,
                             const std::string& source);
 
-// Fills the engine from a Hugging Face directory (config.json + safetensors): master weights
-// from the file (converted to fp32), moments zero, low-precision parameters rounded from the
-// master weights. One unit's partition is in memory at a time.
-void import_hf_weights(const std::filesystem::path& hf_dir, zero::ZeroEngine& engine);
+// Fills the engine from Hugging Face weights (opened and checked against the engine's model by
+// ckpt::HfWeights::open): master weights from the files (converted to fp32), moments zero,
+// low-precision parameters rounded from the master weights. Streams range by range into the
+// tier (one optimizer sub-group at a time on NVMe).
+void import_hf_weights(const ckpt::HfWeights& weights, zero::ZeroEngine& engine);
 
 }  // namespace outcore::train

@@ -88,14 +88,18 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   open_data();
   schedule_ = make_lr_schedule(cfg_);
   scaler_ = make_loss_scaler(cfg_);
+  // Hugging Face weights are checked against the model before any swap file exists.
+  std::optional<ckpt::HfWeights> init_weights;
+  if (!opts_.init_from.empty())
+    init_weights.emplace(ckpt::HfWeights::open(opts_.init_from, model_config));
   if (!opts_.save_dir.empty())
     save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, opts_.keep);
   engine_ = std::make_unique<zero::ZeroEngine>(cfg_, *model_, devices_->device, devices_->comm,
                                                opts_.seed, opts_.engine);
   if (ck) {
     restore(*ck);
-  } else if (!opts_.init_from.empty()) {
-    import_hf_weights(opts_.init_from, *engine_);
+  } else if (init_weights) {
+    import_hf_weights(*init_weights, *engine_);
   }
   last_traffic_ = engine_->traffic();
   inputs_.resize(static_cast<size_t>(model_->tokens()));

@@ -1,4 +1,5 @@
-// `outcore export --checkpoint PATH --out DIR [--dtype auto|fp32|bf16|fp16]
+// `outcore export PATH DIR [--dtype auto|fp32|bf16|fp16]
+// (or --checkpoint PATH --out DIR)
 // [--max-shard-size 5GB] [--no-verify]`: writes the fp32 master weights of an outcore
 // checkpoint as a Hugging Face Llama directory (config.json + safetensors, sharded with an
 // index above the shard size). PATH is a checkpoint directory or a save directory whose `latest`
@@ -134,9 +135,10 @@ void add_export_command(CLI::App& app, int& rc) {
   auto a = std::make_shared<ExportArgs>();
   CLI::App* cmd = app.add_subcommand(
       "export", "Write a checkpoint's weights as a Hugging Face Llama directory (safetensors)");
-  cmd->add_option("--checkpoint", a->checkpoint,
+  // `outcore export CKPT OUT_DIR`, or the same as --checkpoint / --out.
+  cmd->add_option("checkpoint,--checkpoint", a->checkpoint,
                   "checkpoint directory, or save directory whose `latest` names one (required)");
-  cmd->add_option("--out", a->out, "new or empty output directory (required)");
+  cmd->add_option("out,--out", a->out, "new or empty output directory (required)");
   cmd->add_option("--dtype", a->dtype,
                   "auto (the training parameter dtype), fp32 (the master weights exactly), bf16, "
                   "fp16 (default auto)");
