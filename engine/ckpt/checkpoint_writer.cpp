@@ -54,9 +54,11 @@ int64_t step_of_tag(const std::string& name) {
 SaveDir::SaveDir(fs::path dir, int keep) : dir_(std::move(dir)), keep_(keep) {
   if (keep_ < 0) throw InvalidArgument(fmt::format("--keep must be >= 0, got {}", keep_));
   std::error_code ec;
+  if (fs::exists(dir_, ec) && !fs::is_directory(dir_, ec))
+    throw InvalidArgument(
+        fmt::format("save directory {}: exists and is not a directory", dir_.string()));
   fs::create_directories(dir_, ec);
   if (ec) throw IoError(dir_.string(), ec.value(), "create checkpoint directory");
-  if (!fs::is_directory(dir_)) throw IoError(dir_.string(), ENOTDIR, "open checkpoint directory");
   const fs::path lock = dir_ / ".lock";
   lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd_ < 0) throw IoError(lock.string(), errno, "open checkpoint lock");

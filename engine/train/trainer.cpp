@@ -337,7 +337,17 @@ TrainResult Trainer::run() {
   };
 
   auto save = [&] {
-    ckpt::SaveResult r = save_checkpoint();
+    ckpt::SaveResult r;
+    try {
+      r = save_checkpoint();
+    } catch (const Error& e) {
+      // What failed, and what the user still has.
+      const std::optional<std::string> kept = save_dir_->latest();
+      throw Error(fmt::format("checkpoint {} not saved into {}: {}; {}",
+                              ckpt::tag_for_step(steps_done_), save_dir_->path().string(), e.what(),
+                              kept ? fmt::format("the previous checkpoint {} is intact", *kept)
+                                   : std::string("no earlier checkpoint exists")));
+    }
     const std::string msg =
         fmt::format("saved checkpoint {} ({:.1f} MB in {:.2f} s, {:.2f} GB/s)", r.path.string(),
                     static_cast<double>(r.bytes) / 1e6, r.seconds,

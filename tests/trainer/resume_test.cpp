@@ -292,6 +292,39 @@ TEST_F(ResumeTest, DiskFullDuringASaveKeepsThePreviousCheckpoint) {
   EXPECT_EQ(tr.save_checkpoint().tag, "global_step5");
 }
 
+TEST_F(ResumeTest, AFailedSaveInARunSaysWhatIsKept) {
+  const config::Config cfg = make_config({}, tiny_model());
+  TrainerOptions o = quiet_options(data_, 6);
+  o.save_dir = dir("ckpt");
+  o.save_every = 2;
+  auto fault = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+  o.checkpoint_io.backend = fault;
+  int steps = 0;
+  o.on_step = [&](const StepMetrics&) {
+    if (++steps == 3) {  // the save at step 4 fails
+      aio::Fault f;
+      f.kind = aio::Fault::Kind::kEnospc;
+      f.nth = fault->requests_seen() + 2;
+      fault->add_fault(f);
+    }
+  };
+  Trainer tr(cfg, tiny_model(), o);
+  try {
+    tr.run();
+    FAIL() << "the failed save was not reported";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("checkpoint global_step4 not saved into"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the previous checkpoint global_step2 is intact"), std::string::npos) << msg;
+  }
+  ckpt::Checkpoint::open(dir("ckpt")).verify();
+  std::ofstream(dir("file")) << "x";
+  TrainerOptions bad = quiet_options(data_, 1);
+  bad.save_dir = dir("file");
+  EXPECT_THROW(Trainer(cfg, tiny_model(), bad), InvalidArgument);
+}
+
 TEST_F(ResumeTest, StopRequestSavesAfterTheStepInProgress) {
   const config::Config cfg = make_config({}, tiny_model());
   std::atomic<bool> stop{false};
