@@ -2,17 +2,21 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
 #include <system_error>
+#include <utility>
 
 #include "common/log.hpp"
 #include "swap/swap.hpp"
 #include "swap/swap_file_format.hpp"
+#include "swap/swap_internal.hpp"
 
 namespace outcore::swap {
 
@@ -77,25 +81,47 @@ uint64_t random_nonce() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
-// RAII flock on <dir>/.lock, held for the SwapSpace's lifetime.
+std::function<void()>& lock_open_hook() {
+  static std::function<void()> hook;
+  return hook;
+}
+
+// RAII flock on <dir>/.lock, held for the SwapSpace's lifetime. The holder unlinks the file
+// before closing it, so a taker that opened the old file and then wins its flock must check
+// that the path still names the inode it locked; otherwise it retries on the new file (or two
+// runs would both believe they hold the directory, and one would delete the other's files as
+// stale).
 class DirLock {
  public:
   explicit DirLock(const fs::path& dir) : path_(dir / ".lock") {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd_ < 0) throw IoError(path_.string(), errno, "open swap lock file");
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      int err = errno;
-      ::close(fd_);
+    for (int attempt = 0;; ++attempt) {
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      if (fd_ < 0) throw IoError(path_.string(), errno, "open swap lock file");
+      if (auto hook = std::exchange(lock_open_hook(), nullptr)) hook();
+      if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        ::close(fd_);
+        fd_ = -1;
+        throw IoError(dir.string(), err,
+                      "lock swap directory (another SwapSpace of this rank and kind is using it)");
+      }
+      struct stat held {
+      }, named{};
+      if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 &&
+          held.st_dev == named.st_dev && held.st_ino == named.st_ino)
+        return;
+      ::close(fd_);  // locked a file its previous holder had already unlinked
       fd_ = -1;
-      throw IoError(dir.string(), err,
-                    "lock swap directory (another SwapSpace of this rank and kind is using it)");
+      if (attempt == 100)
+        throw IoError(dir.string(), EWOULDBLOCK,
+                      "lock swap directory (its lock file keeps being replaced)");
     }
   }
   DirLock(const DirLock&) = delete;
   DirLock& operator=(const DirLock&) = delete;
   ~DirLock() {
     if (fd_ < 0) return;
-    ::unlink(path_.c_str());
+    ::unlink(path_.c_str());  // while still holding the lock: see the class comment
     ::close(fd_);
   }
 
@@ -105,6 +131,10 @@ class DirLock {
 };
 
 }  // namespace
+
+namespace internal {
+void set_lock_open_hook(std::function<void()> hook) { lock_open_hook() = std::move(hook); }
+}  // namespace internal
 
 struct SwapSpace::Impl {
   struct FileEntry {

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
 
 namespace outcore::train {
 namespace {
@@ -158,13 +159,20 @@ void MetricsWriter::write_json(const nlohmann::ordered_json& record) {
   if (fd_ < 0) throw InvalidArgument(fmt::format("{}: metrics file already closed", path_));
   std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   line += '\n';
+  // A record is whole or absent: after a short write (a full disk) the file is cut back to
+  // where the record started, so readers never see half a line.
+  const off_t start = ::lseek(fd_, 0, SEEK_END);
   const char* p = line.data();
   size_t n = line.size();
   while (n > 0) {
     ssize_t w = ::write(fd_, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) throw IoError(path_, errno, "write metrics record");
-    if (w == 0) throw IoError(path_, EIO, "write metrics record");
+    if (w <= 0) {
+      const int err = w < 0 ? errno : EIO;
+      if (start >= 0 && n != line.size() && ::ftruncate(fd_, start) != 0)
+        log::warn("{}: cannot remove a partial metrics record: {}", path_, errno_string(errno));
+      throw IoError(path_, err, "write metrics record");
+    }
     p += w;
     n -= static_cast<size_t>(w);
   }

@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 
 #include "aio/file_internal.hpp"
 #include "swap/swap.hpp"
 #include "swap/swap_file_format.hpp"
+#include "swap/swap_internal.hpp"
 #include "tests/swap/test_util.hpp"
 
 namespace outcore::swap {
@@ -139,6 +142,51 @@ TEST(SwapSpace, SameRankAndKindCannotBeUsedTwice) {
   EXPECT_TRUE(fs::exists(a.file_path(0, SwapKind::kParam)));  // the failed one left it alone
   SwapSpace other_kind({.nvme_path = dir.path()}, std::span(&o, 1));
   SwapSpace other_rank({.nvme_path = dir.path(), .rank = 1}, std::span(&p, 1));
+}
+
+// The holder unlinks its lock file before closing it. A taker that opened the old file, and
+// wins the flock after the holder let go and a third run locked a new file, must not believe it
+// holds the directory too (it would delete the third run's swap files as stale).
+TEST(SwapSpace, LockTakenOnAReleasedFileIsRetriedNotShared) {
+  TempDir dir;
+  SwapFileSpec p{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+  auto a = std::make_unique<SwapSpace>(SwapSpaceOptions{.nvme_path = dir.path()}, std::span(&p, 1));
+  std::unique_ptr<SwapSpace> c;
+  internal::set_lock_open_hook([&] {
+    a.reset();  // releases: unlinks .lock, closes
+    c = std::make_unique<SwapSpace>(SwapSpaceOptions{.nvme_path = dir.path()}, std::span(&p, 1));
+  });
+  EXPECT_THROW(SwapSpace({.nvme_path = dir.path()}, std::span(&p, 1)), IoError);
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(fs::exists(c->file_path(0, SwapKind::kParam)));  // not deleted as stale
+}
+
+TEST(SwapSpace, TwoProcessesCannotHoldOneDirectory) {
+  TempDir dir;
+  SwapFileSpec p{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(pipe(to_parent), 0);
+  ASSERT_EQ(pipe(to_child), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    char c = 0;
+    {
+      SwapSpace held({.nvme_path = dir.path()}, std::span(&p, 1));
+      if (write(to_parent[1], "L", 1) != 1) _exit(3);
+      if (read(to_child[0], &c, 1) != 1) _exit(4);
+    }
+    _exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(read(to_parent[0], &c, 1), 1);
+  EXPECT_THROW(SwapSpace({.nvme_path = dir.path()}, std::span(&p, 1)), IoError);
+  ASSERT_EQ(write(to_child[1], "x", 1), 1);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  SwapSpace mine({.nvme_path = dir.path()}, std::span(&p, 1));  // free again
+  EXPECT_TRUE(fs::exists(mine.file_path(0, SwapKind::kParam)));
 }
 
 TEST(SwapSpace, RejectsMalformedPlans) {

@@ -3,10 +3,15 @@
 #include "engine/train/metrics.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -207,6 +212,44 @@ TEST(MetricsWriter, ErrorsNameThePath) {
     EXPECT_EQ(e.error_number(), ENOSPC);
     EXPECT_EQ(e.file(), "/dev/full");
   }
+}
+
+// A disk that fills in the middle of a record (here: the file size limit, which makes the
+// write short) leaves only whole records: the partial one is cut off.
+TEST(MetricsWriter, AShortWriteLeavesNoHalfRecord) {
+  testing::TempDir dir;
+  const std::string path = dir.file("m.jsonl");
+  const std::string one = [&] {
+    MetricsWriter w(dir.file("probe.jsonl"));
+    w.write(sample());
+    w.close();
+    return read_lines(dir.file("probe.jsonl")).at(0);
+  }();
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl {};
+    rl.rlim_cur = rl.rlim_max = 2 * (one.size() + 1) + one.size() / 2;  // 2.5 records
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(5);
+    MetricsWriter w(path);
+    for (int i = 0; i < 10; ++i) {
+      try {
+        w.write(sample());
+      } catch (const IoError& e) {
+        _exit(e.error_number() == EFBIG ? 0 : 3);
+      }
+    }
+    _exit(4);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.size(), 2 * (one.size() + 1));  // two whole records, no third half
+  EXPECT_EQ(read_lines(path).size(), 2u);
 }
 
 }  // namespace

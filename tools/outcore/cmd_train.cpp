@@ -215,6 +215,13 @@ int run_train(const TrainCliOptions& o) {
     return 2;
   }
 
+  const std::string metrics = o.metrics.empty() ? config.outcore.metrics_file : o.metrics;
+  if (!check_output_file(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics",
+                         {{config_path, "--config"},
+                          {model_path, "--model"},
+                          {data, "--data"},
+                          {val_data, "--val-data"}}))
+    return 2;
   topts.train_data = data;
   topts.val_data = val_data;
   topts.val_fraction = n.val_fraction.value_or(rd && o.data.empty() ? rd->val_fraction : 0.0);

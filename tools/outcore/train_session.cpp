@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -31,8 +33,10 @@ extern "C" void on_stop_signal(int) {
   (void)ignored;
 }
 
-// Installs the stop handler for SIGINT and SIGTERM for its lifetime, restoring the
-// previous actions afterwards.
+// Installs the stop handler for SIGINT, SIGTERM and SIGHUP (a closed ssh session or terminal
+// stops the run cleanly, saving a checkpoint and removing swap files, instead of killing it)
+// for its lifetime, and ignores SIGPIPE (progress written to a closed pipe fails with EPIPE
+// instead of killing the process), restoring the previous actions afterwards.
 class StopSignals {
  public:
   StopSignals() {
@@ -41,19 +45,23 @@ class StopSignals {
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESETHAND | SA_RESTART;
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    ::sigaction(SIGPIPE, &ign, &old_pipe_);
   }
   ~StopSignals() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+    ::sigaction(SIGPIPE, &old_pipe_, nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
+  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> old_{};
+  struct sigaction old_pipe_ {};
 };
 
 void print_error(const std::exception& e) { std::fprintf(stderr, "error: %s\n", e.what()); }
@@ -102,6 +110,38 @@ bool check_input_file(const std::string& path, const char* flag) {
   if (reason.empty()) return true;
   std::fprintf(stderr, "error: %s %s: %s\n", flag, path.c_str(), reason.c_str());
   return false;
+}
+
+bool check_output_file(const std::string& path, const char* flag,
+                       const std::vector<std::pair<std::string, const char*>>& inputs) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return true;
+  struct stat out {};
+  if (::stat(path.c_str(), &out) == 0) {
+    if (S_ISDIR(out.st_mode)) {
+      std::fprintf(stderr, "error: %s %s: is a directory\n", flag, path.c_str());
+      return false;
+    }
+    for (const auto& [in_path, in_flag] : inputs) {
+      struct stat in {};
+      if (in_path.empty() || ::stat(in_path.c_str(), &in) != 0) continue;
+      if (in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+        std::fprintf(stderr,
+                     "error: %s %s is the same file as %s %s; refusing to overwrite an input\n",
+                     flag, path.c_str(), in_flag, in_path.c_str());
+        return false;
+      }
+    }
+  }
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0) {
+    std::fprintf(stderr, "error: %s %s: directory %s %s\n", flag, path.c_str(), dir.c_str(),
+                 fs::exists(dir, ec) ? "is not writable" : "does not exist");
+    return false;
+  }
+  return true;
 }
 
 int run_training(const config::Config& cfg, const model::LlamaConfig& model,

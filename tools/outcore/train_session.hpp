@@ -3,6 +3,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
@@ -16,6 +18,13 @@ inline constexpr int kExitInterrupted = 130;
 // Returns true when `path` names a readable regular file; otherwise prints
 // "error: <flag> <path>: <reason>" on stderr and returns false.
 bool check_input_file(const std::string& path, const char* flag);
+
+// Output paths must not destroy inputs and must be creatable. Returns true when `path` (an
+// output file named by `flag`) is not the same file (device and inode) as any of `inputs`
+// ((path, flag) pairs; empty paths skipped) and its directory exists and is writable;
+// otherwise prints one "error:" line naming both and returns false (exit 2).
+bool check_output_file(const std::string& path, const char* flag,
+                       const std::vector<std::pair<std::string, const char*>>& inputs);
 
 // Builds a Trainer from `cfg` (resolved), `model` and `options`, prints its summary on
 // stdout, runs it with SIGINT/SIGTERM making it stop after the step in progress (a second
