@@ -1,5 +1,9 @@
 // aio: asynchronous file I/O for the swap tier, on io_uring with O_DIRECT.
 //
+// Where io_uring cannot be used (sysctl kernel.io_uring_disabled, a container's seccomp
+// filter, an old kernel) an Engine runs on synchronous pread/pwrite threads instead, after
+// one warning; OUTCORE_AIO_BACKEND=io_uring|sync forces either (see resolve_backend).
+//
 // The whole public API of the aio layer. It knows nothing about training or configuration:
 // callers pass plain Options (mirroring DeepSpeed's "aio" section) and open Files.
 //
@@ -180,10 +184,42 @@ class IoBackend {
   virtual std::string name() const = 0;
 };
 
-// The default: io_uring (liburing), one ring per queue.
+// io_uring (liburing), one ring per queue; the default where the kernel allows it.
 std::unique_ptr<IoBackend> make_io_uring_backend();
 // Synchronous pread/pwrite performed at submit(); a reference and a fallback.
 std::unique_ptr<IoBackend> make_sync_backend();
+
+// The backend an Engine built without one uses, decided once per process.
+enum class BackendKind { kIoUring, kSync };
+
+struct BackendChoice {
+  BackendKind kind = BackendKind::kIoUring;
+  // true when OUTCORE_AIO_BACKEND named the backend; false when it was chosen automatically.
+  bool forced = false;
+  // Why io_uring is not used although it was wanted: the errno of the io_uring probe and what
+  // it means, e.g. "io_uring_queue_init failed with EPERM, Operation not permitted (errno 1):
+  // io_uring is disabled for every process (sysctl kernel.io_uring_disabled = 2)". Empty
+  // when kind is kIoUring or when sync was forced.
+  std::string fallback_reason;
+  // "io_uring" or "sync": IoBackend::name() of the backend make_default_backend() makes.
+  std::string name() const;
+};
+
+// Chooses the default backend. The first call reads the environment variable
+// OUTCORE_AIO_BACKEND and decides; every later call returns that decision (or rethrows its
+// error) without probing again:
+//   unset or empty: io_uring if a ring can be created (probed once with io_uring_queue_init),
+//     otherwise sync, with fallback_reason set and one warning logged that names the cause
+//     and the cost (no asynchronous queue depth: each I/O thread does one request at a time).
+//   "io_uring": io_uring; throws ConfigError naming the variable and the cause if the probe
+//     fails.
+//   "sync": sync, without probing.
+//   anything else: throws ConfigError naming the variable, the value and the allowed values.
+// Thread-safe: concurrent first calls wait for one decision.
+BackendChoice resolve_backend();
+
+// A new backend of the kind resolve_backend() chose. Throws what resolve_backend() throws.
+std::unique_ptr<IoBackend> make_default_backend();
 
 // Faults injected by FaultInjectingBackend. Requests are counted from 1 across all queues
 // in the order they are prepared (resubmissions of a short transfer count as new requests);
@@ -302,8 +338,10 @@ class Ticket {
 class Engine {
  public:
   // Starts options.thread_count I/O threads, each with a queue from `backend`
-  // (nullptr: io_uring). Throws InvalidArgument on bad options, IoError/Error if a queue
-  // cannot be created (e.g. io_uring disabled).
+  // (nullptr: make_default_backend(), io_uring unless resolve_backend() chose sync). Throws
+  // InvalidArgument on bad options, ConfigError from resolve_backend() (OUTCORE_AIO_BACKEND
+  // invalid, or io_uring forced where it cannot be used), IoError/Error if a queue cannot be
+  // created.
   explicit Engine(const Options& options, std::shared_ptr<IoBackend> backend = nullptr);
   // Waits for every request in flight, then stops the threads. Failures of tickets never
   // waited are logged as one warning, not thrown.
@@ -352,6 +390,9 @@ class Engine {
   Stats stats() const;
   void reset_stats();
   const Options& options() const;
+  // IoBackend::name() of the backend the I/O threads use: "io_uring", "sync", or a wrapper's
+  // name such as "faults(io_uring)". Thread-safe.
+  std::string backend_name() const;
 
  private:
   struct Impl;

@@ -191,7 +191,7 @@ Engine::Engine(const Options& options, std::shared_ptr<IoBackend> backend)
     : impl_(std::make_unique<Impl>()) {
   validate(options);
   impl_->opt = options;
-  impl_->backend = backend ? std::move(backend) : make_io_uring_backend();
+  impl_->backend = backend ? std::move(backend) : make_default_backend();
   for (unsigned i = 0; i < options.thread_count; ++i) {
     impl_->workers.push_back(std::make_unique<Worker>(*impl_, options, *impl_->backend));
     impl_->workers.back()->start();  // a failure here destroys the started ones
@@ -380,5 +380,7 @@ void Engine::reset_stats() {
 }
 
 const Options& Engine::options() const { return impl_->opt; }
+
+std::string Engine::backend_name() const { return impl_->backend->name(); }
 
 }  // namespace outcore::aio

@@ -56,6 +56,7 @@ int run(const Args& a) {
   }
   if (a.repeat < 1 || a.repeat > 100) throw UsageError("--repeat: 1 to 100");
   if (!fio_available()) throw UsageError("fio is not installed (apt-get install fio)");
+  aio::BackendChoice backend = backend_for_run();
   check_directory(a.path, file_size);
   uint64_t io = std::min(size_or_die("--io-size", a.io_size), file_size) / (16 << 10) * (16 << 10);
   if (io == 0) throw UsageError("--io-size: at least 16K");
@@ -70,9 +71,9 @@ int run(const Args& a) {
 
   std::printf(
       "bench_aio: one sequential pass per direction over a %s file, block %s, queue depth %u, "
-      "threads %u; GB/s = 1e9 B/s\n",
+      "threads %u, aio backend %s; GB/s = 1e9 B/s\n",
       format_size(file_size).c_str(), format_size(opt.block_size).c_str(), opt.queue_depth,
-      opt.thread_count);
+      opt.thread_count, describe_backend(backend).c_str());
   std::printf("%-6s %-5s %9s %9s %7s | %9s %9s %7s\n", "round", "dir", "ours GB/s", "fio GB/s",
               "ratio", "ours cpu", "fio cpu", "ratio");
   std::vector<double> ours[2], fio[2], cpu_ours[2], cpu_fio[2];

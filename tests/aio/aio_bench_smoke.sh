@@ -1,17 +1,21 @@
 #!/bin/bash
-# aio_bench end to end: a tiny sweep prints parseable JSON and leaves no file behind; bad
+# aio_bench end to end: a tiny sweep prints parseable JSON naming the aio backend and leaves
+# no file behind; OUTCORE_AIO_BACKEND=sync runs (and is named) on the sync backend; where a
+# seccomp filter refuses io_uring_setup the sweep falls back to sync with one warning; bad
 # input exits 2 with one line on stderr; Ctrl-C exits 130 and removes the benchmark file.
-# usage: aio_bench_smoke.sh AIO_BENCH WORK_DIR
+# usage: aio_bench_smoke.sh AIO_BENCH WORK_DIR [AIO_DENY_IO_URING]
 set -u
 bench=$1
+deny=${3:-}
 work=$2/aio_bench_smoke.$$
 mkdir -p "$work"
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# 1. Tiny sweep, JSON out.
-"$bench" --path "$work" --block-sizes 128K --queue-depths 4 --file-size 16M --seconds 0.1 \
-  --json > "$work/out.json" 2> "$work/err.txt" || fail "tiny sweep exited $?: $(cat "$work/err.txt")"
+# 1. Tiny sweep, JSON out, backend chosen automatically.
+tiny=(--path "$work" --block-sizes 128K --queue-depths 4 --file-size 16M --seconds 0.1)
+env -u OUTCORE_AIO_BACKEND "$bench" "${tiny[@]}" --json > "$work/out.json" 2> "$work/err.txt" ||
+  fail "tiny sweep exited $?: $(cat "$work/err.txt")"
 python3 - "$work/out.json" <<'PY' || fail "JSON output does not hold the expected result"
 import json, sys
 doc = json.load(open(sys.argv[1]))
@@ -21,9 +25,57 @@ assert r[0]["block_size"] == 131072 and r[0]["queue_depth"] == 4, r[0]
 assert r[0]["read"]["gbps"] > 0 and r[0]["write"]["gbps"] > 0, r[0]
 assert doc["best"]["aio"]["block_size"] == 131072, doc["best"]
 assert doc["interrupted"] is False
+b = doc["backend"]
+assert b["forced"] is False, b
+# io_uring, or sync with the reason io_uring could not be used
+assert (b["name"], b["fallback_reason"] is None) in (("io_uring", True), ("sync", False)), b
 PY
 leftover=$(find "$work" -name 'aio_bench.*' | head -1)
 [ -z "$leftover" ] || fail "benchmark file left behind: $leftover"
+
+# 1b. OUTCORE_AIO_BACKEND=sync: the sweep runs on the sync backend and says so, in JSON and
+# in the table header.
+OUTCORE_AIO_BACKEND=sync "$bench" "${tiny[@]}" --json > "$work/out.json" 2> "$work/err.txt" ||
+  fail "forced sync sweep exited $?: $(cat "$work/err.txt")"
+python3 - "$work/out.json" <<'PY' || fail "forced sync: JSON does not name the sync backend"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["backend"] == {"name": "sync", "forced": True, "fallback_reason": None}, doc["backend"]
+assert doc["results"][0]["read"]["gbps"] > 0 and doc["results"][0]["write"]["gbps"] > 0
+PY
+OUTCORE_AIO_BACKEND=sync "$bench" "${tiny[@]}" > "$work/out.txt" 2> "$work/err.txt" ||
+  fail "forced sync table exited $?: $(cat "$work/err.txt")"
+grep -q "^aio backend: sync (forced by OUTCORE_AIO_BACKEND)$" "$work/out.txt" ||
+  fail "table header does not name the sync backend: $(head -3 "$work/out.txt")"
+
+# 1c. io_uring_setup refused by the kernel (a seccomp filter, as in a container): the sweep
+# runs on sync, the JSON says why, and stderr holds one warning naming the cause and the cost.
+if [ -n "$deny" ]; then
+  env -u OUTCORE_AIO_BACKEND "$deny" 1 "$bench" "${tiny[@]}" --json > "$work/out.json" \
+    2> "$work/err.txt"
+  rc=$?
+  if [ $rc -eq 77 ]; then
+    echo "SKIP fallback under seccomp: $(cat "$work/err.txt")"
+  else
+    [ $rc -eq 0 ] || fail "sweep with io_uring refused exited $rc: $(cat "$work/err.txt")"
+    python3 - "$work/out.json" <<'PY' || fail "io_uring refused: JSON does not show the fallback"
+import json, sys
+b = json.load(open(sys.argv[1]))["backend"]
+assert b["name"] == "sync" and b["forced"] is False, b
+assert "io_uring_queue_init failed with EPERM" in b["fallback_reason"], b
+PY
+    [ "$(grep -c "io_uring cannot be used" "$work/err.txt")" -eq 1 ] ||
+      fail "io_uring refused: expected one fallback warning: $(cat "$work/err.txt")"
+    grep -q "one request at a time" "$work/err.txt" ||
+      fail "io_uring refused: the warning does not name the cost: $(cat "$work/err.txt")"
+    # Forcing io_uring there is bad input naming the cause.
+    OUTCORE_AIO_BACKEND=io_uring "$deny" 38 "$bench" "${tiny[@]}" > /dev/null 2> "$work/err.txt"
+    rc=$?
+    [ $rc -eq 2 ] || fail "forced io_uring where refused: exit $rc, expected 2"
+    grep -q "OUTCORE_AIO_BACKEND=io_uring, but io_uring cannot be used: .*ENOSYS" \
+      "$work/err.txt" || fail "forced io_uring where refused: $(cat "$work/err.txt")"
+  fi
+fi
 
 # 2. Bad input: exit 2, one line on stderr naming the problem.
 expect2() {
@@ -42,6 +94,8 @@ EXPECT="not a size" expect2 "bad size" --path "$work" --file-size banana
 EXPECT="multiple of 4K" expect2 "bad block" --path "$work" --block-sizes 1000
 EXPECT="true or false" expect2 "bad bool" --path "$work" --single-submit maybe
 EXPECT="path" expect2 "no path"
+EXPECT="OUTCORE_AIO_BACKEND=uring: not a backend (allowed values: io_uring, sync" \
+  OUTCORE_AIO_BACKEND=uring expect2 "bad backend" --path "$work"
 rm -f "$work/plain_file"
 
 # 3. Ctrl-C during a sweep: exit 130, file removed.

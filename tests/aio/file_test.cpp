@@ -1,11 +1,7 @@
 // aio::File: open modes, O_DIRECT and its buffered fallback, preallocate, sync, close.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 #include <sys/statfs.h>
-
-#include <sstream>
 
 #include "aio/aio.hpp"
 #include "aio/file_internal.hpp"
@@ -14,29 +10,10 @@
 namespace outcore::aio {
 namespace {
 
+using test::LogCapture;
 using test::TempDir;
 
 constexpr OpenOptions kCreateRw{.access = Access::kReadWrite, .create = true};
-
-// Captures log lines for the lifetime of the object.
-class LogCapture {
- public:
-  LogCapture() : previous_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
-  }
-  ~LogCapture() { spdlog::set_default_logger(previous_); }
-  std::string text() const { return out_.str(); }
-  static size_t count(const std::string& text, const std::string& what) {
-    size_t n = 0;
-    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-    return n;
-  }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
 
 TEST(AioFile, OpenMissingFileThrowsIoErrorNamingPathAndErrno) {
   TempDir dir;

@@ -1,17 +1,25 @@
 // Helpers shared by the aio tests: a unique temporary directory in the build tree, random
-// data, a checksum, and an open-descriptor count for leak checks.
+// data, a checksum, an open-descriptor count for leak checks, a log capture, and whether the
+// kernel lets this process create an io_uring.
 #pragma once
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <linux/io_uring.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <span>
+#include <sstream>
 #include <string>
 
 #include "tests/common/temp_dir.hpp"
@@ -43,6 +51,36 @@ inline int open_fd_count() {
     ++n;
   }
   return n;
+}
+
+// Captures log lines for the lifetime of the object.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::string text() const { return out_.str(); }
+  static size_t count(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+    return n;
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+// 0 if the raw io_uring_setup system call creates a ring here, else its errno. Independent of
+// liburing and of aio's own probe, so tests can check the probe against it.
+inline int io_uring_setup_errno() {
+  io_uring_params p{};
+  long fd = ::syscall(__NR_io_uring_setup, 1u, &p);
+  if (fd < 0) return errno;
+  ::close(static_cast<int>(fd));
+  return 0;
 }
 
 }  // namespace outcore::aio::test

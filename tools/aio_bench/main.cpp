@@ -173,6 +173,7 @@ int run(const Args& args) {
   if (args.compare_fio && !fio_available()) {
     throw UsageError("--compare-fio: fio is not installed (apt-get install fio)");
   }
+  aio::BackendChoice backend = backend_for_run();
   check_directory(args.path, file_size);
 
   uint64_t buffer_bytes = std::min(io_size, file_size) / (16 << 10) * (16 << 10);
@@ -181,8 +182,9 @@ int run(const Args& args) {
   ScratchFile scratch(args.path, "aio_bench", file_size);
   AlignedBuffer buffer(buffer_bytes);
   std::span<std::byte> buf(buffer.data(), buffer.size());
-  std::fprintf(stderr, "aio_bench: writing the %s benchmark file %s\n",
-               format_size(file_size).c_str(), scratch.path().c_str());
+  std::fprintf(stderr, "aio_bench: aio backend %s; writing the %s benchmark file %s\n",
+               describe_backend(backend).c_str(), format_size(file_size).c_str(),
+               scratch.path().c_str());
   fill_file(scratch.file(), buf, file_size);
 
   std::vector<aio::Options> plan = grid(axes);
@@ -222,9 +224,9 @@ int run(const Args& args) {
   bool interrupted = stop_requested();
   const Row* best = choose(rows, args.tolerance);
   if (args.json) {
-    std::printf("%s\n", to_json(rows, best, args.path, file_size, interrupted).c_str());
+    std::printf("%s\n", to_json(rows, best, backend, args.path, file_size, interrupted).c_str());
   } else {
-    print_table(rows, args.compare_fio);
+    print_table(rows, backend, args.compare_fio);
     if (best != nullptr) {
       std::printf(
           "\nBest performance (GB/sec): read = %.3f, write = %.3f  (%s; the fewest bytes "

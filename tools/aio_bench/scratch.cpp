@@ -20,6 +20,20 @@ extern "C" void on_signal(int sig) { g_signal = sig; }
 
 }  // namespace
 
+aio::BackendChoice backend_for_run() {
+  try {
+    return aio::resolve_backend();
+  } catch (const ConfigError& e) {
+    throw UsageError(e.what());
+  }
+}
+
+std::string describe_backend(const aio::BackendChoice& b) {
+  if (b.forced) return b.name() + " (forced by OUTCORE_AIO_BACKEND)";
+  if (!b.fallback_reason.empty()) return b.name() + " (fallback: " + b.fallback_reason + ")";
+  return b.name();
+}
+
 void install_stop_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;

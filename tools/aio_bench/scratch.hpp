@@ -1,5 +1,6 @@
 // What aio_bench and bench_aio share around a measurement: the benchmark file (removed on
-// every way out), Ctrl-C handling, and the bad-input error that exits with code 2.
+// every way out), Ctrl-C handling, the bad-input error that exits with code 2, and the aio
+// backend the measurements run on.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,13 @@ namespace outcore::aio_bench {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// The backend every Engine of this run uses (aio::resolve_backend()). An invalid
+// OUTCORE_AIO_BACKEND, or io_uring forced where it cannot be used, is a UsageError.
+aio::BackendChoice backend_for_run();
+// One line for humans: "io_uring", "sync (forced by OUTCORE_AIO_BACKEND)", or
+// "sync (fallback: <reason>)".
+std::string describe_backend(const aio::BackendChoice& b);
 
 // SIGINT, SIGTERM and SIGHUP set a flag that stop_requested() reports; measurements poll it
 // and unwind, so destructors remove files. A second signal kills at once.

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "tools/aio_bench/scratch.hpp"
 #include "tools/aio_bench/sizes.hpp"
 
 namespace outcore::aio_bench {
@@ -93,14 +94,15 @@ std::string ratio(const std::optional<Result>& ours, const std::optional<Result>
 
 }  // namespace
 
-void print_table(const std::vector<Row>& rows, bool with_fio) {
+void print_table(const std::vector<Row>& rows, const aio::BackendChoice& backend, bool with_fio) {
   std::string head = fmt::format(
       "{:>6} {:>4} {:>4} {:>6} {:>7} | {:>7} {:>8} {:>8} | {:>7} {:>8} {:>8}", "block", "qd", "thr",
       "submit", "overlap", "read", "p50us", "p99us", "write", "p50us", "p99us");
   if (with_fio)
     head += fmt::format(" | {:>7} {:>6} {:>7} {:>6}", "fio_rd", "ratio", "fio_wr", "ratio");
-  std::printf("GB/s = 1e9 bytes/s; latency per request, submission to completion\n%s\n",
-              head.c_str());
+  std::printf(
+      "aio backend: %s\nGB/s = 1e9 bytes/s; latency per request, submission to completion\n%s\n",
+      describe_backend(backend).c_str(), head.c_str());
   for (const Row& r : rows) {
     std::string line =
         fmt::format("{:>6} {:>4} {:>4} {:>6} {:>7} | {} | {}", format_size(r.opt.block_size),
@@ -142,9 +144,13 @@ nlohmann::json options_json(const aio::Options& o) {
 
 }  // namespace
 
-std::string to_json(const std::vector<Row>& rows, const Row* best, const std::string& path,
-                    uint64_t file_size, bool interrupted) {
+std::string to_json(const std::vector<Row>& rows, const Row* best,
+                    const aio::BackendChoice& backend, const std::string& path, uint64_t file_size,
+                    bool interrupted) {
   nlohmann::json doc;
+  doc["backend"] = {
+      {"name", backend.name()}, {"forced", backend.forced}, {"fallback_reason", nullptr}};
+  if (!backend.fallback_reason.empty()) doc["backend"]["fallback_reason"] = backend.fallback_reason;
   doc["path"] = path;
   doc["file_size"] = file_size;
   doc["interrupted"] = interrupted;

@@ -40,11 +40,13 @@ struct Row {
 const Row* choose(const std::vector<Row>& rows, double tolerance);
 
 std::string describe(const aio::Options& o);
-// The results table (stdout) and the "aio" section ready to paste.
-void print_table(const std::vector<Row>& rows, bool with_fio);
+// The results table (stdout), headed by the backend, and the "aio" section ready to paste.
+void print_table(const std::vector<Row>& rows, const aio::BackendChoice& backend, bool with_fio);
 std::string aio_section(const aio::Options& o, int indent);
-// Everything as one JSON document.
-std::string to_json(const std::vector<Row>& rows, const Row* best, const std::string& path,
-                    uint64_t file_size, bool interrupted);
+// Everything as one JSON document; "backend" holds name, forced and fallback_reason (null
+// unless io_uring was wanted and could not be used).
+std::string to_json(const std::vector<Row>& rows, const Row* best,
+                    const aio::BackendChoice& backend, const std::string& path, uint64_t file_size,
+                    bool interrupted);
 
 }  // namespace outcore::aio_bench
