@@ -1,6 +1,8 @@
 // LlamaConfig: Hugging Face config.json parsing, validation, sizes and FLOPs.
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -18,35 +20,173 @@ using nlohmann::json;
   throw ConfigError(std::move(key), fmt::format("{} (in {})", msg, source));
 }
 
-int64_t get_int(const json& j, std::string_view source, const char* key, bool required,
-                int64_t fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) {
-    if (required) fail(source, key, "required key is missing");
-    return fallback;
+// The keys of one JSON object of config.json; `prefix` is its JSON path ("" or "rope_scaling.").
+struct Keys {
+  const json& j;
+  std::string_view source;
+  std::string prefix = "";
+
+  std::string path(const char* key) const { return prefix + key; }
+  // The value of `key`, or nullptr when it is absent or null.
+  const json* find(const char* key) const {
+    auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
   }
-  if (!it->is_number_integer())
-    fail(source, key, fmt::format("expected an integer, got {}", it->dump()));
-  return it->get<int64_t>();
+
+  int64_t get_int(const char* key, bool required, int64_t fallback) const {
+    const json* v = find(key);
+    if (v == nullptr) {
+      if (required) fail(source, path(key), "required key is missing");
+      return fallback;
+    }
+    if (!v->is_number_integer())
+      fail(source, path(key), fmt::format("expected an integer, got {}", v->dump()));
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX})
+      fail(source, path(key), fmt::format("{} is too large", v->dump()));
+    return v->get<int64_t>();
+  }
+
+  double get_double(const char* key, bool required, double fallback) const {
+    const json* v = find(key);
+    if (v == nullptr) {
+      if (required) fail(source, path(key), "required key is missing");
+      return fallback;
+    }
+    if (!v->is_number())
+      fail(source, path(key), fmt::format("expected a number, got {}", v->dump()));
+    return v->get<double>();
+  }
+
+  bool get_bool(const char* key, bool fallback) const {
+    const json* v = find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean())
+      fail(source, path(key), fmt::format("expected true or false, got {}", v->dump()));
+    return v->get<bool>();
+  }
+
+  // The string value of `key`, or "" when absent or null.
+  std::string get_string(const char* key) const {
+    const json* v = find(key);
+    if (v == nullptr) return "";
+    if (!v->is_string())
+      fail(source, path(key), fmt::format("expected a string, got {}", v->dump()));
+    return v->get<std::string>();
+  }
+};
+
+// Refuses keys asking for something this model does not implement.
+void refuse_unsupported(const Keys& k) {
+  if (const json* v = k.find("model_type"); v != nullptr && (!v->is_string() || *v != "llama"))
+    fail(k.source, "model_type", fmt::format("only \"llama\" is supported, got {}", v->dump()));
+  if (k.get_bool("attention_bias", false))
+    fail(k.source, "attention_bias", "true is not supported (the projections have no bias)");
+  if (k.get_bool("mlp_bias", false))
+    fail(k.source, "mlp_bias", "true is not supported (the projections have no bias)");
+  if (const json* v = k.find("hidden_act"); v != nullptr && (!v->is_string() || *v != "silu"))
+    fail(k.source, "hidden_act", fmt::format("only \"silu\" is supported, got {}", v->dump()));
+  if (const double p = k.get_double("attention_dropout", false, 0.0); p != 0.0)
+    fail(k.source, "attention_dropout", fmt::format("only 0 is supported, got {}", p));
 }
 
-double get_double(const json& j, std::string_view source, const char* key, double fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_number()) fail(source, key, fmt::format("expected a number, got {}", it->dump()));
-  return it->get<double>();
-}
-
-bool get_bool(const json& j, std::string_view source, const char* key, bool fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean())
-    fail(source, key, fmt::format("expected true or false, got {}", it->dump()));
-  return it->get<bool>();
+// Parses `rope_scaling` (null, or an object whose type is in "rope_type" or, in older files,
+// "type"). Values are checked later by validate().
+RopeScaling parse_rope_scaling(const Keys& top) {
+  const json* v = top.find("rope_scaling");
+  if (v == nullptr) return {};
+  if (!v->is_object())
+    fail(top.source, "rope_scaling", fmt::format("expected an object or null, got {}", v->dump()));
+  const Keys k{*v, top.source, "rope_scaling."};
+  const char* type_key = k.find("rope_type") != nullptr ? "rope_type" : "type";
+  const std::string type = k.get_string(type_key);
+  if (k.find("rope_type") != nullptr && k.find("type") != nullptr && k.get_string("type") != type)
+    fail(k.source, k.path("type"),
+         fmt::format("\"{}\" contradicts rope_type \"{}\"", k.get_string("type"), type));
+  RopeScaling s;
+  if (type == "default") return s;
+  if (type == "linear") {
+    s.type = RopeScalingType::Linear;
+    s.factor = k.get_double("factor", true, 0.0);
+  } else if (type == "llama3") {
+    s.type = RopeScalingType::Llama3;
+    s.factor = k.get_double("factor", true, 0.0);
+    s.low_freq_factor = k.get_double("low_freq_factor", true, 0.0);
+    s.high_freq_factor = k.get_double("high_freq_factor", true, 0.0);
+    s.original_max_position_embeddings = k.get_int("original_max_position_embeddings", true, 0);
+  } else if (type.empty()) {
+    fail(k.source, k.path("rope_type"), "required key is missing");
+  } else {
+    fail(k.source, k.path(type_key),
+         fmt::format("\"{}\" is not supported (only \"linear\" and \"llama3\", which change "
+                     "nothing but the rotary frequencies)",
+                     type));
+  }
+  return s;
 }
 
 void require_positive(int64_t v, const char* key) {
   if (v <= 0) throw ConfigError(key, fmt::format("must be positive, got {}", v));
+}
+
+// A positive integer no larger than `max`.
+void require_size(int64_t v, const char* key, int64_t max) {
+  require_positive(v, key);
+  if (v > max) throw ConfigError(key, fmt::format("{} is larger than the supported {}", v, max));
+}
+
+void require_positive_finite(double v, const std::string& key) {
+  if (!(v > 0) || !std::isfinite(v))
+    throw ConfigError(key, fmt::format("must be positive and finite, got {}", v));
+}
+
+// Saturating arithmetic: sizes beyond 2^64 compare as UINT64_MAX, never wrap.
+uint64_t mul_sat(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+uint64_t add_sat(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+// Parameter counts of a config whose dimensions are positive (saturating).
+struct ParameterCounts {
+  uint64_t embedding, attention, mlp, layer, total;
+};
+
+ParameterCounts count_parameters(const LlamaConfig& c) {
+  const uint64_t h = c.hidden_size;
+  const uint64_t q = mul_sat(c.num_attention_heads, c.head_dim);
+  const uint64_t kv = mul_sat(c.num_key_value_heads, c.head_dim);
+  ParameterCounts n;
+  n.embedding = mul_sat(c.vocab_size, h);
+  n.attention = mul_sat(2 * h, add_sat(q, kv));  // q, o: q x h; k, v: kv x h
+  n.mlp = mul_sat(3 * h, c.intermediate_size);
+  n.layer = add_sat(add_sat(n.attention, n.mlp), 2 * h);  // + two norms
+  n.total = add_sat(mul_sat(c.num_hidden_layers, n.layer), h);
+  n.total = add_sat(n.total, mul_sat(c.tie_word_embeddings ? 1 : 2, n.embedding));
+  return n;
+}
+
+void require_parameters(uint64_t n, const char* key, int64_t value, const char* what) {
+  if (n > kMaxConfigParameters)
+    throw ConfigError(
+        key, fmt::format("{} gives {} {}, more than the supported 2^48", value,
+                         n == UINT64_MAX ? std::string(">= 2^64") : std::to_string(n), what));
+}
+
+void validate_rope_scaling(const RopeScaling& s) {
+  if (s.type == RopeScalingType::None) return;
+  require_positive_finite(s.factor, "rope_scaling.factor");
+  if (s.type != RopeScalingType::Llama3) return;
+  require_positive_finite(s.low_freq_factor, "rope_scaling.low_freq_factor");
+  require_positive_finite(s.high_freq_factor, "rope_scaling.high_freq_factor");
+  if (s.low_freq_factor >= s.high_freq_factor)
+    throw ConfigError("rope_scaling.high_freq_factor",
+                      fmt::format("{} must be greater than low_freq_factor {}", s.high_freq_factor,
+                                  s.low_freq_factor));
+  require_size(s.original_max_position_embeddings, "rope_scaling.original_max_position_embeddings",
+               kMaxConfigDim);
 }
 
 }  // namespace
@@ -59,29 +199,28 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
     fail(source, "", fmt::format("malformed JSON at byte {}: {}", e.byte, e.what()));
   }
   if (!j.is_object()) fail(source, "", "expected a JSON object");
+  const Keys k{j, source};
+  refuse_unsupported(k);
   LlamaConfig c;
-  c.hidden_size = get_int(j, source, "hidden_size", true, 0);
-  c.intermediate_size = get_int(j, source, "intermediate_size", true, 0);
-  c.num_hidden_layers = get_int(j, source, "num_hidden_layers", true, 0);
-  c.num_attention_heads = get_int(j, source, "num_attention_heads", true, 0);
-  c.num_key_value_heads = get_int(j, source, "num_key_value_heads", false, c.num_attention_heads);
-  c.vocab_size = get_int(j, source, "vocab_size", true, 0);
-  c.max_position_embeddings = get_int(j, source, "max_position_embeddings", true, 0);
-  c.rope_theta = get_double(j, source, "rope_theta", 10000.0);
-  c.rms_norm_eps = get_double(j, source, "rms_norm_eps", 1e-6);
-  c.tie_word_embeddings = get_bool(j, source, "tie_word_embeddings", false);
-  if (c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads != 0 &&
-      !j.contains("head_dim"))
+  c.hidden_size = k.get_int("hidden_size", true, 0);
+  c.intermediate_size = k.get_int("intermediate_size", true, 0);
+  c.num_hidden_layers = k.get_int("num_hidden_layers", true, 0);
+  c.num_attention_heads = k.get_int("num_attention_heads", true, 0);
+  c.num_key_value_heads = k.get_int("num_key_value_heads", false, c.num_attention_heads);
+  c.vocab_size = k.get_int("vocab_size", true, 0);
+  c.max_position_embeddings = k.get_int("max_position_embeddings", true, 0);
+  c.rope_theta = k.get_double("rope_theta", false, 10000.0);
+  c.rms_norm_eps = k.get_double("rms_norm_eps", false, 1e-6);
+  c.tie_word_embeddings = k.get_bool("tie_word_embeddings", false);
+  c.rope_scaling = parse_rope_scaling(k);
+  if (c.hidden_size > 0 && c.num_attention_heads > 0 &&
+      c.hidden_size % c.num_attention_heads != 0 && k.find("head_dim") == nullptr)
     fail(source, "num_attention_heads",
          fmt::format("hidden_size {} is not divisible by num_attention_heads {} "
                      "(and no head_dim is given)",
                      c.hidden_size, c.num_attention_heads));
-  c.head_dim = get_int(j, source, "head_dim", false,
-                       c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
-  if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null()) {
-    if (!it->is_string() || it->get<std::string>() != "silu")
-      fail(source, "hidden_act", fmt::format("only \"silu\" is supported, got {}", it->dump()));
-  }
+  c.head_dim = k.get_int("head_dim", false,
+                         c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
   try {
     c.validate();
   } catch (const ConfigError& e) {
@@ -100,14 +239,16 @@ LlamaConfig LlamaConfig::load(const std::filesystem::path& path) {
 }
 
 void LlamaConfig::validate() const {
-  require_positive(hidden_size, "hidden_size");
-  require_positive(intermediate_size, "intermediate_size");
-  require_positive(num_hidden_layers, "num_hidden_layers");
-  require_positive(num_attention_heads, "num_attention_heads");
-  require_positive(num_key_value_heads, "num_key_value_heads");
+  require_size(hidden_size, "hidden_size", kMaxConfigDim);
+  require_size(intermediate_size, "intermediate_size", kMaxConfigDim);
+  require_size(num_hidden_layers, "num_hidden_layers", kMaxConfigLayers);
+  require_size(num_attention_heads, "num_attention_heads", kMaxConfigDim);
+  require_size(num_key_value_heads, "num_key_value_heads", kMaxConfigDim);
   require_positive(vocab_size, "vocab_size");
-  require_positive(max_position_embeddings, "max_position_embeddings");
-  require_positive(head_dim, "head_dim");
+  if (vocab_size > kMaxConfigDim)
+    throw ConfigError("vocab_size", fmt::format("{} does not fit 32-bit token ids", vocab_size));
+  require_size(max_position_embeddings, "max_position_embeddings", kMaxConfigDim);
+  require_size(head_dim, "head_dim", kMaxConfigDim);
   if (num_attention_heads % num_key_value_heads != 0)
     throw ConfigError("num_key_value_heads",
                       fmt::format("num_attention_heads {} is not a multiple of "
@@ -116,12 +257,24 @@ void LlamaConfig::validate() const {
   if (head_dim % 2 != 0)
     throw ConfigError("head_dim",
                       fmt::format("must be even for rotary embeddings, got {}", head_dim));
-  if (!(rope_theta > 0))
-    throw ConfigError("rope_theta", fmt::format("must be positive, got {}", rope_theta));
-  if (!(rms_norm_eps > 0))
-    throw ConfigError("rms_norm_eps", fmt::format("must be positive, got {}", rms_norm_eps));
-  if (vocab_size > (int64_t{1} << 31) - 1)
-    throw ConfigError("vocab_size", fmt::format("{} does not fit 32-bit token ids", vocab_size));
+  // Both factors are <= kMaxConfigDim, so the product cannot overflow; kv_dim <= q_dim.
+  if (num_attention_heads * head_dim > kMaxConfigDim)
+    throw ConfigError("head_dim", fmt::format("{} times num_attention_heads {} is larger than the "
+                                              "supported {}",
+                                              head_dim, num_attention_heads, kMaxConfigDim));
+  const ParameterCounts n = count_parameters(*this);
+  require_parameters(n.embedding, "vocab_size", vocab_size, "embedding parameters");
+  require_parameters(n.mlp, "intermediate_size", intermediate_size, "MLP parameters per layer");
+  require_parameters(n.attention, "hidden_size", hidden_size, "attention parameters per layer");
+  if (n.total > kMaxConfigParameters) {
+    // Each layer and the embedding fit: the layer count or the untied second matrix is too much.
+    const bool layers = mul_sat(num_hidden_layers, n.layer) > kMaxConfigParameters / 2;
+    require_parameters(n.total, layers ? "num_hidden_layers" : "vocab_size",
+                       layers ? num_hidden_layers : vocab_size, "parameters in all");
+  }
+  require_positive_finite(rope_theta, "rope_theta");
+  require_positive_finite(rms_norm_eps, "rms_norm_eps");
+  validate_rope_scaling(rope_scaling);
 }
 
 std::string LlamaConfig::to_json() const {
@@ -137,16 +290,22 @@ std::string LlamaConfig::to_json() const {
             {"vocab_size", vocab_size},
             {"max_position_embeddings", max_position_embeddings},
             {"rope_theta", rope_theta},
+            {"rope_scaling", nullptr},
             {"rms_norm_eps", rms_norm_eps},
             {"tie_word_embeddings", tie_word_embeddings}};
+  const RopeScaling& s = rope_scaling;
+  if (s.type == RopeScalingType::Linear)
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", s.factor}};
+  if (s.type == RopeScalingType::Llama3)
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", s.factor},
+                         {"low_freq_factor", s.low_freq_factor},
+                         {"high_freq_factor", s.high_freq_factor},
+                         {"original_max_position_embeddings", s.original_max_position_embeddings}};
   return j.dump(2);
 }
 
-uint64_t LlamaConfig::num_parameters() const {
-  const uint64_t h = hidden_size, v = vocab_size;
-  const uint64_t layer = h * q_dim() * 2 + h * kv_dim() * 2 + 3 * h * intermediate_size + 2 * h;
-  return v * h + num_hidden_layers * layer + h + (tie_word_embeddings ? 0 : v * h);
-}
+uint64_t LlamaConfig::num_parameters() const { return count_parameters(*this).total; }
 
 double LlamaConfig::forward_flops_per_token(int64_t seq_len) const {
   const double h = hidden_size;

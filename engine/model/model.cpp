@@ -1,5 +1,6 @@
 // LlamaModel: unit dispatch, workspace sizes, activation buffers, whole-model helpers.
 #include <cmath>
+#include <numbers>
 
 #include "engine/model/unit_internal.hpp"
 
@@ -12,7 +13,37 @@ void check_span(size_t have, size_t need, const std::string& unit, const char* w
         fmt::format("{}: {} buffer of {} bytes is too small (needs {})", unit, what, have, need));
 }
 
+// One base frequency after rope_scaling (see rope_inv_freq in model.hpp).
+double scale_inv_freq(double inv_freq, const RopeScaling& s) {
+  switch (s.type) {
+    case RopeScalingType::None:
+      return inv_freq;
+    case RopeScalingType::Linear:
+      return inv_freq / s.factor;
+    case RopeScalingType::Llama3: {
+      const double context = static_cast<double>(s.original_max_position_embeddings);
+      const double wavelength = 2.0 * std::numbers::pi / inv_freq;
+      if (wavelength < context / s.high_freq_factor) return inv_freq;
+      if (wavelength > context / s.low_freq_factor) return inv_freq / s.factor;
+      const double smooth =
+          (context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      return (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq;
+    }
+  }
+  return inv_freq;
+}
+
 }  // namespace
+
+std::vector<double> rope_inv_freq(const LlamaConfig& config) {
+  std::vector<double> inv_freq(static_cast<size_t>(config.head_dim / 2));
+  for (size_t j = 0; j < inv_freq.size(); ++j) {
+    const double base = std::pow(
+        config.rope_theta, -2.0 * static_cast<double>(j) / static_cast<double>(config.head_dim));
+    inv_freq[j] = scale_inv_freq(base, config.rope_scaling);
+  }
+  return inv_freq;
+}
 
 LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options)
     : config_(std::move(config)), options_(options) {
@@ -25,14 +56,12 @@ LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options)
     throw InvalidArgument(fmt::format("micro batch must be >= 1, got {}", options_.micro_batch));
   layout_ = make_layout(config_, options_.world_size);
   const int64_t half = config_.head_dim / 2, T = options_.seq_len;
+  const std::vector<double> inv_freq = rope_inv_freq(config_);
   rope_cos_.resize(T * half);
   rope_sin_.resize(T * half);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t j = 0; j < half; ++j) {
-      const double inv_freq =
-          std::pow(config_.rope_theta,
-                   -2.0 * static_cast<double>(j) / static_cast<double>(config_.head_dim));
-      const double angle = static_cast<double>(t) * inv_freq;
+      const double angle = static_cast<double>(t) * inv_freq[j];
       rope_cos_[t * half + j] = static_cast<float>(std::cos(angle));
       rope_sin_[t * half + j] = static_cast<float>(std::sin(angle));
     }

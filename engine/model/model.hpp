@@ -44,7 +44,25 @@ namespace outcore::model {
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
+// `rope_scaling` of config.json: how the rotary inverse frequencies are rescaled for a longer
+// context. Only types that change nothing but inv_freq are implemented (see rope_inv_freq()).
+enum class RopeScalingType : uint8_t {
+  None,    // absent, null, or type "default": inv_freq[j] = rope_theta^(-2j / head_dim)
+  Linear,  // "linear": inv_freq / factor (positions divided by factor)
+  Llama3,  // "llama3" (Llama 3.1 and later): per-frequency blend, see rope_inv_freq()
+};
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::None;
+  double factor = 1.0;                           // Linear, Llama3: > 0
+  double low_freq_factor = 1.0;                  // Llama3: > 0
+  double high_freq_factor = 4.0;                 // Llama3: > low_freq_factor
+  int64_t original_max_position_embeddings = 0;  // Llama3: > 0, the pre-scaling context
+};
+
 // A Hugging Face Llama config.json. Fields hold the file's values after defaults and checks.
+// Only what the model implements is represented: a file asking for anything else (another
+// model_type, bias terms, another activation, dropout, another rope_scaling type) is refused.
 struct LlamaConfig {
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -57,21 +75,33 @@ struct LlamaConfig {
   double rope_theta = 10000.0;       // absent = 10000
   double rms_norm_eps = 1e-6;        // absent = 1e-6
   bool tie_word_embeddings = false;  // absent = false
+  RopeScaling rope_scaling{};        // absent or null = None
 
   // Parses config.json text. Unknown keys are ignored (HF files carry many). Throws ConfigError
-  // naming `source` and the key for malformed JSON, a missing required key, a wrong type, or an
-  // impossible value (see validate()).
+  // naming `source` and the key (json_path(), e.g. "rope_scaling.factor") for malformed JSON, a
+  // missing required key, a wrong type, an impossible or too large value (see validate()), or a
+  // feature the model does not implement: model_type other than "llama"; attention_bias or
+  // mlp_bias true; hidden_act other than "silu"; attention_dropout other than 0; rope_scaling
+  // (type in key "rope_type", older files "type") other than null, "default", "linear" or
+  // "llama3" (dynamic, yarn, longrope, ... are refused by name). Nothing is sized from the file
+  // before validate() has passed, so an absurd file costs no memory.
   static LlamaConfig from_json(std::string_view text, std::string_view source = "config.json");
   // Reads and parses a file. Throws IoError when it cannot be read, ConfigError as above.
   static LlamaConfig load(const std::filesystem::path& path);
 
-  // Throws ConfigError naming the key when: a size is not positive; hidden_size is not divisible
-  // by num_attention_heads (when head_dim is absent); num_attention_heads is not divisible by
-  // num_key_value_heads; head_dim is odd (rotary needs pairs); rope_theta or rms_norm_eps is
-  // not positive; hidden_act is given and is not "silu".
+  // Throws ConfigError naming the key and its value when: a size is not positive; a dimension
+  // (hidden_size, intermediate_size, heads, head_dim, vocab_size, max_position_embeddings,
+  // q_dim) exceeds kMaxConfigDim, or num_hidden_layers exceeds kMaxConfigLayers; the
+  // parameters of the embedding, of one layer or of the model exceed kMaxConfigParameters
+  // (computed without overflow); num_attention_heads is not divisible by num_key_value_heads;
+  // head_dim is odd (rotary needs pairs); rope_theta or rms_norm_eps is not positive and
+  // finite; rope_scaling's factors are not positive and finite, low_freq_factor >=
+  // high_freq_factor, or original_max_position_embeddings is not positive. Touches no memory
+  // beyond the struct, so every size can be checked before anything is allocated.
   void validate() const;
 
-  // The config as Hugging Face config.json text (model_type "llama").
+  // The config as Hugging Face config.json text (model_type "llama"; rope_scaling null or the
+  // object with "rope_type"), which from_json reads back to an equal config.
   std::string to_json() const;
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
@@ -89,6 +119,21 @@ struct LlamaConfig {
     return 3.0 * forward_flops_per_token(seq_len);
   }
 };
+
+// Limits validate() enforces: far above any real model, and low enough that a valid config's
+// parameter counts (elements and bytes, in size_t) and weight dimensions (BLAS int) fit their
+// types. Activation sizes also depend on ModelOptions (micro_batch * seq_len) and are not
+// covered here.
+inline constexpr int64_t kMaxConfigDim = (int64_t{1} << 31) - 1;  // a 32-bit BLAS dimension
+inline constexpr int64_t kMaxConfigLayers = 1000000;
+inline constexpr uint64_t kMaxConfigParameters = uint64_t{1} << 48;
+
+// The rotary inverse frequencies inv_freq[j], j < head_dim / 2, after rope_scaling:
+// base[j] = rope_theta^(-2j / head_dim); Linear: base / factor; Llama3, with wavelength
+// w = 2*pi / base[j] and L = original_max_position_embeddings: base if w < L / high_freq_factor,
+// base / factor if w > L / low_freq_factor, else (1 - s) * base / factor + s * base with
+// s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor). REQUIRES: a valid config.
+std::vector<double> rope_inv_freq(const LlamaConfig& config);
 
 // ---------------------------------------------------------------------------------------------
 // Parameter layout

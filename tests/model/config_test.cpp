@@ -1,14 +1,25 @@
 // LlamaConfig: parsing Hugging Face config.json, defaults, errors naming the key, sizes, FLOPs.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <numbers>
+#include <utility>
 
 #include "common/error.hpp"
 #include "engine/model/model.hpp"
+#include "tests/model/alloc_probe.hpp"
 
 namespace outcore::model {
 namespace {
+
+using testing::AllocationProbe;
 
 const char* kTinyLlama = R"({
   "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
@@ -89,6 +100,279 @@ TEST(LlamaConfig, MissingWrongTypeAndImpossibleValuesAreErrors) {
   expect_error(with(R"(, "hidden_act": "gelu")"), "hidden_act", "silu");
   expect_error("{\"hidden_size\": 64,", "", "malformed JSON");
   expect_error("[1, 2]", "", "JSON object");
+}
+
+TEST(LlamaConfig, FeaturesTheModelLacksAreRefusedNamingTheKey) {
+  expect_error(with(R"(, "model_type": "mistral")"), "model_type", "\"mistral\"");
+  expect_error(with(R"(, "model_type": 7)"), "model_type", "llama");
+  expect_error(with(R"(, "attention_bias": true)"), "attention_bias", "not supported");
+  expect_error(with(R"(, "attention_bias": "no")"), "attention_bias", "true or false");
+  expect_error(with(R"(, "mlp_bias": true)"), "mlp_bias", "not supported");
+  expect_error(with(R"(, "mlp_bias": 0)"), "mlp_bias", "true or false");
+  expect_error(with(R"(, "hidden_act": "gelu_pytorch_tanh")"), "hidden_act", "gelu_pytorch_tanh");
+  expect_error(with(R"(, "hidden_act": 1)"), "hidden_act", "silu");
+  expect_error(with(R"(, "attention_dropout": 0.1)"), "attention_dropout", "0.1");
+  expect_error(with(R"(, "attention_dropout": "none")"), "attention_dropout", "number");
+  expect_error(with(R"(, "tie_word_embeddings": "true")"), "tie_word_embeddings", "true or false");
+  // What Llama files say when they ask for nothing more is accepted.
+  const LlamaConfig c = LlamaConfig::from_json(
+      with(R"(, "model_type": "llama", "attention_bias": false, "mlp_bias": false,
+               "hidden_act": "silu", "attention_dropout": 0.0, "rope_scaling": null)"));
+  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::None);
+}
+
+TEST(LlamaConfig, RopeScalingTypesThatChangeMoreThanFrequenciesAreRefusedByName) {
+  for (const char* type : {"dynamic", "yarn", "longrope", "su", "llama4"}) {
+    SCOPED_TRACE(type);
+    expect_error(
+        with(fmt::format(R"(, "rope_scaling": {{"rope_type": "{}", "factor": 2.0}})", type)),
+        "rope_scaling.rope_type", fmt::format("\"{}\" is not supported", type));
+    expect_error(with(fmt::format(R"(, "rope_scaling": {{"type": "{}", "factor": 2.0}})", type)),
+                 "rope_scaling.type", fmt::format("\"{}\" is not supported", type));
+  }
+  expect_error(with(R"(, "rope_scaling": {"factor": 2.0})"), "rope_scaling.rope_type", "missing");
+  expect_error(with(R"(, "rope_scaling": {"rope_type": 1, "factor": 2.0})"),
+               "rope_scaling.rope_type", "string");
+  expect_error(with(R"(, "rope_scaling": "linear")"), "rope_scaling", "object");
+  expect_error(with(R"(, "rope_scaling": {"rope_type": "linear", "type": "dynamic",
+                                          "factor": 2.0})"),
+               "rope_scaling.type", "contradicts");
+}
+
+TEST(LlamaConfig, RopeScalingLinearAndLlama3AreReadAndRoundTripped) {
+  const LlamaConfig lin =
+      LlamaConfig::from_json(with(R"(, "rope_scaling": {"type": "linear", "factor": 2.5})"));
+  EXPECT_EQ(lin.rope_scaling.type, RopeScalingType::Linear);
+  EXPECT_EQ(lin.rope_scaling.factor, 2.5);
+  // Llama 3.1 8B's rope_scaling, verbatim.
+  const LlamaConfig l3 = LlamaConfig::from_json(with(R"(, "rope_theta": 500000.0,
+      "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192, "rope_type": "llama3"})"));
+  EXPECT_EQ(l3.rope_scaling.type, RopeScalingType::Llama3);
+  EXPECT_EQ(l3.rope_scaling.factor, 8.0);
+  EXPECT_EQ(l3.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(l3.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(l3.rope_scaling.original_max_position_embeddings, 8192);
+  for (const LlamaConfig* c : {&lin, &l3}) {
+    const LlamaConfig back = LlamaConfig::from_json(c->to_json());
+    EXPECT_EQ(back.to_json(), c->to_json());
+    EXPECT_EQ(back.rope_scaling.type, c->rope_scaling.type);
+    EXPECT_EQ(back.rope_scaling.factor, c->rope_scaling.factor);
+    EXPECT_EQ(back.rope_scaling.low_freq_factor, c->rope_scaling.low_freq_factor);
+    EXPECT_EQ(back.rope_scaling.high_freq_factor, c->rope_scaling.high_freq_factor);
+    EXPECT_EQ(back.rope_scaling.original_max_position_embeddings,
+              c->rope_scaling.original_max_position_embeddings);
+  }
+  // "default" is plain RoPE.
+  EXPECT_EQ(LlamaConfig::from_json(with(R"(, "rope_scaling": {"rope_type": "default"})"))
+                .rope_scaling.type,
+            RopeScalingType::None);
+}
+
+TEST(LlamaConfig, RopeScalingValuesAreCheckedNamingTheKey) {
+  const std::string l3 = R"("rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64)";
+  auto llama3 = [&](const std::string& change) {
+    return with(R"(, "rope_scaling": {)" + l3 + change + "}");
+  };
+  EXPECT_EQ(LlamaConfig::from_json(llama3("")).rope_scaling.type, RopeScalingType::Llama3);
+  expect_error(with(R"(, "rope_scaling": {"rope_type": "linear"})"), "rope_scaling.factor",
+               "missing");
+  expect_error(with(R"(, "rope_scaling": {"rope_type": "linear", "factor": 0})"),
+               "rope_scaling.factor", "positive");
+  expect_error(with(R"(, "rope_scaling": {"rope_type": "linear", "factor": -2})"),
+               "rope_scaling.factor", "-2");
+  expect_error(with(R"(, "rope_scaling": {"rope_type": "linear", "factor": "2"})"),
+               "rope_scaling.factor", "number");
+  expect_error(llama3(R"(, "factor": 0.0)"), "rope_scaling.factor", "positive");
+  expect_error(llama3(R"(, "low_freq_factor": -1.0)"), "rope_scaling.low_freq_factor", "-1");
+  expect_error(llama3(R"(, "high_freq_factor": 0)"), "rope_scaling.high_freq_factor", "positive");
+  expect_error(llama3(R"(, "high_freq_factor": 1.0)"), "rope_scaling.high_freq_factor",
+               "greater than low_freq_factor");
+  expect_error(llama3(R"(, "low_freq_factor": 5.0)"), "rope_scaling.high_freq_factor",
+               "greater than low_freq_factor 5");
+  expect_error(llama3(R"(, "original_max_position_embeddings": 0)"),
+               "rope_scaling.original_max_position_embeddings", "positive");
+  expect_error(llama3(R"(, "original_max_position_embeddings": 64.5)"),
+               "rope_scaling.original_max_position_embeddings", "integer");
+  for (const char* key :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    std::string json = with(R"(, "rope_scaling": {)" + l3 + "}");
+    const size_t at = json.find(std::string("\"") + key + "\"");
+    json.replace(at, 1 + std::strlen(key) + 1, std::string("\"x_") + key + "\"");
+    expect_error(json, std::string("rope_scaling.") + key, "missing");
+  }
+  // validate() checks a config built in code the same way.
+  LlamaConfig c = LlamaConfig::from_json(llama3(""));
+  c.rope_scaling.low_freq_factor = 4.0;
+  EXPECT_THROW(c.validate(), ConfigError);
+}
+
+// Runs from_json on `json` with the allocation probe armed: a ConfigError naming `key` and
+// `value`, thrown within a second having allocated under a mebibyte.
+void expect_refused_cheaply(const std::string& json, const std::string& key,
+                            const std::string& value) {
+  SCOPED_TRACE(key + " " + value);
+  std::string path, what;
+  size_t bytes = 0;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    AllocationProbe probe;
+    try {
+      LlamaConfig::from_json(json, "cfg.json");
+    } catch (const ConfigError& e) {
+      path = e.json_path();
+      what = e.what();
+    } catch (const std::bad_alloc&) {
+      what = "std::bad_alloc";
+    }
+    bytes = probe.bytes();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(path, key) << what;
+  EXPECT_NE(what.find(value), std::string::npos) << what;
+  EXPECT_LT(bytes, size_t{1} << 20);
+  EXPECT_LT(seconds, 1.0);
+}
+
+// The base config with `changes` (a JSON object) merged over it.
+std::string with_sizes(const std::string& changes) {
+  nlohmann::json j = nlohmann::json::parse(with(""));
+  j.merge_patch(nlohmann::json::parse(changes));
+  return j.dump();
+}
+
+TEST(LlamaConfig, AbsurdSizesAreRefusedBeforeAnythingIsAllocated) {
+  expect_refused_cheaply(with_sizes(R"({"num_hidden_layers": 1000000000})"), "num_hidden_layers",
+                         "1000000000");
+  expect_refused_cheaply(with_sizes(R"({"intermediate_size": 1000000000000})"), "intermediate_size",
+                         "1000000000000");
+  // head_dim itself fits 32 bits, but q_dim = 4 heads * 1e9 does not.
+  expect_refused_cheaply(with_sizes(R"({"head_dim": 1000000000})"), "head_dim", "1000000000");
+  expect_refused_cheaply(with_sizes(R"({"num_hidden_layers": 1000000000,
+      "intermediate_size": 1000000000000, "head_dim": 1000000000})"),
+                         "intermediate_size", "1000000000000");
+  for (const char* key : {"hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                          "max_position_embeddings", "head_dim"}) {
+    expect_refused_cheaply(with_sizes(fmt::format(R"({{"{}": 4294967296}})", key)), key,
+                           "4294967296");
+    expect_refused_cheaply(with_sizes(fmt::format(R"({{"{}": -3}})", key)), key, "-3");
+  }
+  expect_refused_cheaply(with_sizes(R"({"num_hidden_layers": 0})"), "num_hidden_layers", "0");
+  // Beyond int64: refused as too large, not wrapped.
+  expect_refused_cheaply(with_sizes(R"({"vocab_size": 18446744073709551615})"), "vocab_size",
+                         "too large");
+}
+
+TEST(LlamaConfig, DerivedParameterCountsAreCheckedWithoutOverflow) {
+  // Every dimension within its limit, but a product is not.
+  expect_refused_cheaply(with_sizes(R"({"hidden_size": 1073741824, "num_attention_heads": 1,
+      "num_key_value_heads": 1, "vocab_size": 1000000})"),
+                         "vocab_size", "embedding parameters");
+  expect_refused_cheaply(with_sizes(R"({"hidden_size": 1073741824, "num_attention_heads": 1,
+      "num_key_value_heads": 1, "vocab_size": 2, "intermediate_size": 2147483647})"),
+                         "intermediate_size", "MLP parameters per layer");
+  expect_refused_cheaply(with_sizes(R"({"hidden_size": 33554432, "num_attention_heads": 1,
+      "num_key_value_heads": 1, "vocab_size": 2, "intermediate_size": 2})"),
+                         "hidden_size", "attention parameters per layer");
+  // A Llama 3 70B layer (~8.6e8 parameters) a million times.
+  expect_refused_cheaply(with_sizes(R"({"hidden_size": 8192, "intermediate_size": 28672,
+      "num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 1000000})"),
+                         "num_hidden_layers", "parameters in all");
+  // Untied: two vocab x hidden matrices of 2^47.5 each.
+  expect_refused_cheaply(with_sizes(R"({"hidden_size": 131072, "num_attention_heads": 1,
+      "num_key_value_heads": 1, "intermediate_size": 2, "vocab_size": 1500000000})"),
+                         "vocab_size", "parameters in all");
+  // 2^18 layers of exactly 2^46 parameters: 2^64, which plain uint64 arithmetic wraps to 0.
+  expect_refused_cheaply(with_sizes(R"({"hidden_size": 65536, "num_attention_heads": 1,
+      "num_key_value_heads": 1, "head_dim": 268435454, "intermediate_size": 2, "vocab_size": 2,
+      "num_hidden_layers": 262144})"),
+                         "num_hidden_layers", ">= 2^64");
+  // At the limits, checks pass without allocating: a million tiny layers, a 2^31 - 1 context.
+  AllocationProbe probe;
+  const LlamaConfig c = LlamaConfig::from_json(
+      with_sizes(R"({"num_hidden_layers": 1000000, "max_position_embeddings": 2147483647})"));
+  EXPECT_EQ(c.num_hidden_layers, 1000000);
+  EXPECT_EQ(c.num_parameters(),
+            uint64_t{100} * 64 * 2 + 64 + uint64_t{1000000} * (4 * 64 * 64 + 3 * 64 * 128 + 128));
+  EXPECT_LT(probe.bytes(), size_t{1} << 20);
+}
+
+TEST(LlamaConfig, ConfigsBuiltInCodeAreCheckedBeforeLayoutOrModelAllocate) {
+  const LlamaConfig base = LlamaConfig::from_json(with(""));
+  LlamaConfig layers = base, inter = base, head_dim = base, all = base;
+  layers.num_hidden_layers = all.num_hidden_layers = 1000000000;
+  inter.intermediate_size = all.intermediate_size = 1000000000000;
+  head_dim.head_dim = all.head_dim = 1000000000;
+  const std::pair<const LlamaConfig*, const char*> configs[] = {{&layers, "num_hidden_layers"},
+                                                                {&inter, "intermediate_size"},
+                                                                {&head_dim, "head_dim"},
+                                                                {&all, "intermediate_size"}};
+  for (const auto& [c, key] : configs) {
+    for (int what = 0; what < 3; ++what) {
+      SCOPED_TRACE(fmt::format("{} {}", key, what));
+      std::string path;
+      size_t bytes = 0;
+      {
+        AllocationProbe probe;
+        try {
+          if (what == 0) c->validate();
+          if (what == 1) make_layout(*c, 1);
+          if (what == 2) (void)LlamaModel(*c, ModelOptions{.seq_len = 8});
+        } catch (const ConfigError& e) {
+          path = e.json_path();
+        } catch (const std::bad_alloc&) {
+          path = "std::bad_alloc";
+        }
+        bytes = probe.bytes();
+      }
+      EXPECT_EQ(path, key);
+      EXPECT_LT(bytes, size_t{1} << 20);
+    }
+  }
+}
+
+// Rotary inverse frequencies of Llama 3.1 8B: kept, blended or divided by the factor.
+TEST(RopeInvFreq, FollowsRopeScaling) {
+  LlamaConfig c = LlamaConfig::from_json(with(R"(, "head_dim": 128, "rope_theta": 500000.0)"));
+  auto base = [](int j) { return std::pow(500000.0, -2.0 * j / 128.0); };
+  std::vector<double> f = rope_inv_freq(c);
+  ASSERT_EQ(f.size(), 64u);
+  for (int j = 0; j < 64; ++j) EXPECT_DOUBLE_EQ(f[j], base(j)) << j;
+
+  c.rope_scaling = {.type = RopeScalingType::Linear, .factor = 2.5};
+  f = rope_inv_freq(c);
+  for (int j = 0; j < 64; ++j) EXPECT_DOUBLE_EQ(f[j], base(j) / 2.5) << j;
+
+  c.rope_scaling = {.type = RopeScalingType::Llama3,
+                    .factor = 8.0,
+                    .low_freq_factor = 1.0,
+                    .high_freq_factor = 4.0,
+                    .original_max_position_embeddings = 8192};
+  f = rope_inv_freq(c);
+  int kept = 0, blended = 0, divided = 0;
+  for (int j = 0; j < 64; ++j) {
+    const double wavelength = 2 * std::numbers::pi / base(j);
+    if (wavelength < 8192.0 / 4) {
+      EXPECT_DOUBLE_EQ(f[j], base(j)) << j;
+      ++kept;
+    } else if (wavelength > 8192.0) {
+      EXPECT_DOUBLE_EQ(f[j], base(j) / 8) << j;
+      ++divided;
+    } else {
+      // s = 1 at wavelength L/4 (kept) falling to 0 at L (divided by 8).
+      const double s = (8192.0 / wavelength - 1) / 3;
+      EXPECT_GT(s, 0) << j;
+      EXPECT_LT(s, 1) << j;
+      EXPECT_NEAR(f[j], base(j) * (s + (1 - s) / 8), 1e-15 * base(j)) << j;
+      ++blended;
+    }
+  }
+  // head_dim 128, theta 5e5, L 8192: wavelengths 2*pi * 5e5^(j/64) split 29 / 6 / 29.
+  EXPECT_EQ(kept, 29);
+  EXPECT_EQ(blended, 6);
+  EXPECT_EQ(divided, 29);
 }
 
 TEST(LlamaConfig, LoadNamesAMissingFile) {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numbers>
 
 #include "tests/model/model_harness.hpp"
 
@@ -27,8 +28,25 @@ struct OracleCase {
   float loss_scale;
 };
 
+// `c` with rope_theta `theta` and rope_scaling `s`.
+LlamaConfig with_rope(LlamaConfig c, double theta, RopeScaling s) {
+  c.rope_theta = theta;
+  c.rope_scaling = s;
+  return c;
+}
+
+// Llama 3.1's factors with a 256-token original context: at head_dim 32 and theta 5e5 the
+// wavelengths (6.3 * 2.27^j) put 3 frequencies in the kept regime (< 64), 2 in the blended one
+// and 11 in the divided one (> 256), and 64 positions turn the divided ones measurably.
+const RopeScaling kLlama3Scaling{.type = RopeScalingType::Llama3,
+                                 .factor = 8.0,
+                                 .low_freq_factor = 1.0,
+                                 .high_freq_factor = 4.0,
+                                 .original_max_position_embeddings = 256};
+
 std::vector<OracleCase> cases() {
   using testing::small_config;
+  const RopeScaling linear{.type = RopeScalingType::Linear, .factor = 4.0};
   return {
       // grouped KV heads (2 query heads per kv head), untied, two layers
       {"gqa_untied", small_config(32, 48, 2, 4, 2, 61, false), 2, 9, DType::F32, 1.0f},
@@ -38,6 +56,13 @@ std::vector<OracleCase> cases() {
       {"mqa_head_dim", small_config(24, 40, 1, 4, 1, 37, false, 8), 1, 150, DType::F32, 1.0f},
       // bf16 storage, tied, GQA; two logit row chunks and two vocabulary blocks in the head
       {"bf16_tied_chunks", small_config(64, 96, 1, 4, 2, 20000, true), 2, 120, DType::BF16, 1.0f},
+      // rope_scaling linear (every frequency divided by 4)
+      {"rope_linear", with_rope(small_config(32, 48, 1, 4, 2, 61, false), 10000.0, linear), 2, 24,
+       DType::F32, 1.0f},
+      // rope_scaling llama3, all three frequency regimes (see kLlama3Scaling)
+      {"rope_llama3",
+       with_rope(small_config(64, 96, 1, 2, 1, 53, false, 32), 500000.0, kLlama3Scaling), 1, 64,
+       DType::F32, 1.0f},
   };
 }
 
@@ -144,6 +169,22 @@ double scaled_error(const A* a, const double* b, size_t n) {
     scale = std::max(scale, std::abs(b[i]));
   }
   return scale > 0 ? err / scale : err;
+}
+
+// The llama3 case exercises every branch: frequencies kept, blended and divided.
+TEST(OracleCases, Llama3CaseHasFrequenciesInAllThreeRegimes) {
+  const double L = 256, d = 32, theta = 500000.0;
+  int kept = 0, blended = 0, divided = 0;
+  for (int j = 0; j < d / 2; ++j) {
+    const double wavelength = 2 * std::numbers::pi * std::pow(theta, 2 * j / d);
+    kept += wavelength < L / 4;
+    divided += wavelength > L / 1;
+    blended += wavelength >= L / 4 && wavelength <= L / 1;
+  }
+  EXPECT_EQ(kept, 3);
+  EXPECT_EQ(blended, 2);
+  EXPECT_EQ(divided, 11);
+  EXPECT_EQ(kLlama3Scaling.original_max_position_embeddings, L);
 }
 
 TEST_F(OracleTest, LogitsLossAndEveryGradientMatch) {

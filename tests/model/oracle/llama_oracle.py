@@ -16,6 +16,8 @@ and receives
 
 The architecture is written from the Hugging Face Llama definition (RMSNorm, rotate-half
 RoPE, grouped-query causal attention, SwiGLU MLP, mean cross-entropy), not from outcore's code.
+config.json's rope_scaling ("linear" or "llama3", type in "rope_type" or "type") rescales the
+rotary frequencies as the Hugging Face definition does; any other type is an error here.
 """
 import json
 import math
@@ -36,8 +38,33 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_tables(seq, head_dim, theta):
+def apply_rope_scaling(inv_freq, scaling):
+    """inv_freq rescaled per config.json's rope_scaling (None or {} leaves it alone)."""
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":
+        return inv_freq
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        lo = float(scaling["low_freq_factor"])
+        hi = float(scaling["high_freq_factor"])
+        context = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        # Long wavelengths (low frequencies) are slowed by the factor, short ones kept, and
+        # those between interpolated, weighting the unscaled frequency by s.
+        s = (context / wavelen - lo) / (hi - lo)
+        between = (1 - s) * (inv_freq / factor) + s * inv_freq
+        out = torch.where(wavelen > context / lo, inv_freq / factor, between)
+        return torch.where(wavelen < context / hi, inv_freq, out)
+    raise ValueError(f"rope_scaling type {kind!r} is not known to the oracle")
+
+
+def rope_tables(seq, head_dim, theta, scaling):
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    inv_freq = apply_rope_scaling(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq, dtype=torch.float64), inv_freq)
     emb = torch.cat((angles, angles), dim=-1)  # [T, head_dim]
     return emb.cos(), emb.sin()
@@ -72,7 +99,8 @@ def mlp(x, p, prefix):
 def forward(cfg, p, tokens, targets):
     eps = cfg["rms_norm_eps"]
     B, T = tokens.shape
-    cos, sin = rope_tables(T, cfg["head_dim"], cfg.get("rope_theta", 10000.0))
+    cos, sin = rope_tables(T, cfg["head_dim"], cfg.get("rope_theta", 10000.0),
+                           cfg.get("rope_scaling"))
     h = p["model.embed_tokens.weight"][tokens]
     for i in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{i}."
