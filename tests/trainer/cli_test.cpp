@@ -1,5 +1,6 @@
-// `outcore train` and `outcore demo`, run as a user runs them: exit codes, one clear
-// message for bad input, a clean stop on SIGINT, and the demo's metrics.
+// `outcore train`, `outcore demo` and `outcore export`, run as a user runs them: exit codes,
+// one clear message for bad input, a clean stop on SIGINT, the demo's metrics, and exported
+// checkpoints that hold the trained weights and start new runs.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -9,11 +10,16 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "engine/ckpt/ckpt.hpp"
+#include "engine/ckpt/hf.hpp"
+#include "engine/ckpt/safetensors.hpp"
 #include "tests/trainer/trainer_test_util.hpp"
 
 namespace outcore::train {
@@ -310,6 +316,160 @@ TEST_F(TrainCliTest, ShortDemoRunTrainsAndWritesMetrics) {
   }
   EXPECT_LT(steps.back()["loss"].get<double>(), steps.front()["loss"].get<double>() - 0.3);
   EXPECT_EQ(testing::count_files(dir + "/swap"), 0);
+}
+
+// Every model tensor of the tiny model, by Hugging Face name, with its unit's slab offset.
+std::vector<std::pair<int, model::TensorSpec>> tiny_tensors() {
+  std::vector<std::pair<int, model::TensorSpec>> out;
+  for (const model::UnitLayout& u : model::make_layout(testing::tiny_model()).units)
+    for (const model::TensorSpec& t : u.tensors) out.emplace_back(u.index, t);
+  return out;
+}
+
+// Checks every tensor of the Hugging Face directory `hf` against the master weights of the
+// checkpoint `ck`, rounded to `dtype` (exact for fp32), and that each is stored as `dtype`.
+void expect_exported_master(const std::string& hf, const std::string& ck, DType dtype) {
+  const ckpt::Checkpoint c = ckpt::Checkpoint::open(ck);
+  const ckpt::HfWeights w = ckpt::HfWeights::open(hf, testing::tiny_model());
+  for (const auto& [unit, t] : tiny_tensors()) {
+    ASSERT_NE(w.entry(t.name), nullptr) << t.name;
+    EXPECT_EQ(w.entry(t.name)->dtype, dtype) << t.name;
+    std::vector<float> want(t.numel), got(t.numel);
+    c.read_slab(unit, ckpt::ArrayKind::kMaster, t.offset, t.numel,
+                std::as_writable_bytes(std::span(want)));
+    w.read_unit_range(w.layout().units[unit], t.offset, t.numel, got.data());
+    for (size_t i = 0; i < t.numel; ++i) {
+      ASSERT_EQ(got[i], round_to(dtype, want[i])) << t.name << " element " << i;
+    }
+  }
+}
+
+// Train and save, export (fp32, the run's dtype), and start a new run from the export: the new
+// run's first loss is that of the trained weights, not of a random start.
+TEST_F(TrainCliTest, ExportedCheckpointStartsANewRunFromTheTrainedWeights) {
+  const std::string ck = data_.file("ckpt"), hf = data_.file("hf");
+  const std::string fresh = data_.file("fresh.jsonl"), init = data_.file("init.jsonl");
+  CliResult r = run(
+      train_args("--steps 3 --save-dir " + shell_quote(ck) + " --metrics " + shell_quote(fresh)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("export --checkpoint " + shell_quote(ck) + " --out " + shell_quote(hf));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("exported global_step3 (step 3"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::is_regular_file(hf + "/config.json"));
+  EXPECT_TRUE(std::filesystem::is_regular_file(hf + "/model.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(hf + "/model.safetensors.index.json"));
+  EXPECT_EQ(model::LlamaConfig::load(hf + "/config.json").to_json(),
+            testing::tiny_model().to_json());
+  expect_exported_master(hf, ck, DType::F32);
+
+  r = run("train --init-from " + shell_quote(hf) + " --config " + shell_quote(config_) +
+          " --data " + shell_quote(data_.train()) + " --seq-len 32 --steps 1 --metrics " +
+          shell_quote(init));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("init       weights from " + hf), std::string::npos) << r.out;
+  const std::vector<nlohmann::json> a = step_records(fresh), b = step_records(init);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 1u);
+  // Same seed, so the same first batch: only the starting weights differ.
+  EXPECT_LT(b[0]["loss"].get<double>(), a[0]["loss"].get<double>() - 0.05);
+
+  // The same first step in-process, the checkpoint's master weights put into a fresh engine by
+  // hand (not through the import under test): the same loss, bit for bit.
+  TrainerOptions o;
+  o.train_data = data_.train();
+  o.steps = 1;
+  o.seq_len = 32;
+  o.progress_out = nullptr;  // seed and CPU threads: outcore train's defaults
+  Trainer tr(testing::make_config({}, testing::tiny_model()), testing::tiny_model(), o);
+  const ckpt::Checkpoint c = ckpt::Checkpoint::open(ck);
+  for (const model::UnitLayout& ul : tr.model().layout().units) {
+    const size_t n = tr.engine().partition_numel(ul.index);  // the whole slab at world size 1
+    std::vector<float> master(n), zeros(n);
+    c.read_slab(ul.index, ckpt::ArrayKind::kMaster, 0, n,
+                std::as_writable_bytes(std::span(master)));
+    tr.engine().write_unit_state(ul.index, master, zeros, zeros);
+  }
+  EXPECT_EQ(b[0]["loss"].get<double>(), tr.train_step().loss);
+}
+
+// --dtype bf16 with a small --max-shard-size: shards and an index listing every tensor once,
+// each tensor bf16 and equal to the rounded master weights.
+TEST_F(TrainCliTest, ExportBf16ShardedListsEveryTensorOnce) {
+  const std::string ck = data_.file("ckpt"), hf = data_.file("hf");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("export --checkpoint " + shell_quote(ck) + " --out " + shell_quote(hf) +
+          " --dtype bf16 --max-shard-size 40KB");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(hf + "/model.safetensors"));
+  EXPECT_EQ(nlohmann::json::parse(slurp(hf + "/config.json"))["torch_dtype"], "bfloat16");
+  ASSERT_TRUE(std::filesystem::is_regular_file(hf + "/model.safetensors.index.json"));
+  const nlohmann::json index = nlohmann::json::parse(slurp(hf + "/model.safetensors.index.json"));
+  std::set<std::string> expected, shards;
+  for (const auto& [unit, t] : tiny_tensors()) expected.insert(t.name);
+  uint64_t total = 0;
+  size_t listed = 0;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    ++listed;
+    EXPECT_TRUE(expected.contains(name)) << name << " is not a model tensor";
+    shards.insert(file.get<std::string>());
+    const ckpt::SafetensorsFile f = ckpt::SafetensorsFile::open(hf + "/" + file.get<std::string>());
+    const ckpt::SafetensorsEntry* e = f.find(name);
+    ASSERT_NE(e, nullptr) << name << " not in " << file;
+    EXPECT_EQ(e->dtype, DType::BF16) << name;
+    total += e->bytes;
+  }
+  EXPECT_EQ(listed, expected.size()) << "a tensor listed twice or missing";
+  EXPECT_GT(shards.size(), 2u);
+  for (const std::string& s : shards) {
+    size_t held = ckpt::SafetensorsFile::open(hf + "/" + s).tensors().size();
+    for (const auto& [name, file] : index["weight_map"].items()) held -= file == s;
+    EXPECT_EQ(held, 0u) << s << " holds tensors the index does not map to it";
+  }
+  EXPECT_EQ(total, testing::tiny_model().num_parameters() * 2);
+  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), total);
+  expect_exported_master(hf, ck, DType::BF16);
+}
+
+// Bad input exits 2 with one error line naming the path, and writes nothing.
+TEST_F(TrainCliTest, ExportOfABadCheckpointOrIntoAFullDirectoryExitsTwo) {
+  const std::string ck = data_.file("ckpt"), hf = data_.file("hf");
+  const std::string nowhere = data_.file("no_such_checkpoint");
+  CliResult r = run("export --checkpoint " + shell_quote(nowhere) + " --out " + shell_quote(hf));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(nowhere), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(hf));
+
+  r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string full = data_.file("full");
+  std::filesystem::create_directories(full);
+  std::ofstream(full + "/keep.txt") << "x";
+  r = run("export --checkpoint " + shell_quote(ck) + " --out " + shell_quote(full));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(full), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(full + "/keep.txt"), "x");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(full), {}), 1);
+
+  const std::string file = ck + "/global_step1/rank0/optimizer.bin";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(5000);
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(5000);
+    f.write(&c, 1);
+    ASSERT_TRUE(f.good()) << file;
+  }
+  r = run("export --checkpoint " + shell_quote(ck) + " --out " + shell_quote(hf));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("rank0/optimizer.bin"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("CRC32C mismatch"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(hf));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 Usage:
   hf_oracle.py make CASE_DIR [CASE_DIR ...]
   hf_oracle.py logits HF_DIR TOKENS_BIN BATCH SEQ OUT_BIN
+  hf_oracle.py loss HF_DIR INPUTS_BIN TARGETS_BIN MICRO_BATCH SEQ OUT_BIN
 
 make: CASE_DIR/case.json is
   {"config": {HF config.json keys}, "dtype": "float32"|"bfloat16"|"float16",
@@ -16,6 +17,10 @@ float64 logits [B*T, vocab] of those stored weights for the tokens as CASE_DIR/l
 
 logits: loads HF_DIR (single file or sharded) with the reader below and writes the float64
 logits of TOKENS_BIN ([BATCH, SEQ] int32) to OUT_BIN.
+
+loss: loads HF_DIR likewise; INPUTS_BIN and TARGETS_BIN hold int32 [N, SEQ] ids, N a multiple of
+MICRO_BATCH. Writes to OUT_BIN the float64 mean cross-entropy of each micro-batch of MICRO_BATCH
+consecutive sequences (N / MICRO_BATCH values), as a training loop's evaluation computes it.
 
 safetensors is read and written here from its specification with json + struct (the
 safetensors package is not needed); the forward pass is tests/model/oracle/llama_oracle.py's.
@@ -134,6 +139,16 @@ def logits_of(cfg, params, tokens):
     return logits.detach()
 
 
+def micro_batch_losses(cfg, params, inputs, targets, micro_batch):
+    cfg = with_defaults(cfg)
+    losses = []
+    for b in range(0, inputs.shape[0], micro_batch):
+        _, loss = llama_oracle.forward(cfg, params, inputs[b:b + micro_batch],
+                                       targets[b:b + micro_batch])
+        losses.append(loss.detach().reshape(1))
+    return torch.cat(losses)
+
+
 def write_sharded(hf_dir, tensors, n):
     names = sorted(tensors)
     per = math.ceil(len(names) / n)
@@ -175,6 +190,7 @@ def make_case(case_dir):
 
 
 def read_tokens(path, batch, seq):
+    """int32 ids as int64 [batch, seq]; batch -1: as many rows as the file holds."""
     with open(path, "rb") as f:
         data = f.read()
     return torch.frombuffer(bytearray(data), dtype=torch.int32).to(torch.int64).reshape(batch, seq)
@@ -190,6 +206,18 @@ def main():
         tokens = read_tokens(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
         with open(sys.argv[6], "wb") as f:
             f.write(logits_of(cfg, params, tokens).numpy().tobytes())
+        return 0
+    if len(sys.argv) == 8 and sys.argv[1] == "loss":
+        cfg, params = load_hf_dir(sys.argv[2])
+        micro_batch, seq = int(sys.argv[5]), int(sys.argv[6])
+        inputs = read_tokens(sys.argv[3], -1, seq)
+        targets = read_tokens(sys.argv[4], -1, seq)
+        if inputs.shape != targets.shape or inputs.shape[0] % micro_batch != 0:
+            print(f"loss: inputs {list(inputs.shape)} and targets {list(targets.shape)} do not "
+                  f"form micro-batches of {micro_batch}", file=sys.stderr)
+            return 2
+        with open(sys.argv[7], "wb") as f:
+            f.write(micro_batch_losses(cfg, params, inputs, targets, micro_batch).numpy().tobytes())
         return 0
     print(__doc__, file=sys.stderr)
     return 2
