@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -239,6 +240,13 @@ StepMetrics Trainer::train_step() {
   }
   const double lr = schedule_->lr();
   zero::StepParams sp = zero::step_params(cfg_, lr, adam_steps_ + 1, scale);
+  if (!std::isfinite(loss_sum) && !sp.check_overflow) {
+    // Nothing would skip this update: stop before non-finite gradients reach the weights.
+    throw Error(fmt::format(
+        "step {}: the training loss is {} and no overflow check guards this precision ({}); "
+        "the weights were not updated (lower the learning rate, or resume from a checkpoint)",
+        steps_done_ + 1, loss_sum, dtype_name(model_->options().param_dtype)));
+  }
   if (std::optional<Betas> b = schedule_->betas()) {
     sp.beta1 = b->beta1;
     sp.beta2 = b->beta2;

@@ -1,6 +1,7 @@
 // Trainer: the start-of-run description (for a terminal and for the metrics file).
 #include <fmt/format.h>
 
+#include "aio/aio.hpp"
 #include "common/error.hpp"
 #include "engine/train/trainer.hpp"
 #include "engine/zero/plan.hpp"
@@ -75,6 +76,11 @@ std::string Trainer::summary() const {
   s += fmt::format("train data {}\n", data_text(*train_loader_));
   if (val_loader_) s += fmt::format("val data   {}\n", data_text(*val_loader_));
   s += fmt::format("run        {} steps, seed {}\n", opts_.steps, opts_.seed);
+  const aio::BackendChoice io = aio::resolve_backend();
+  s += fmt::format(
+      "aio        {} backend{}{}\n", io.name(), io.forced ? " (OUTCORE_AIO_BACKEND)" : "",
+      io.fallback_reason.empty() ? std::string()
+                                 : " (io_uring unavailable: " + io.fallback_reason + ")");
   if (!resumed_from_.empty())
     s += fmt::format("resume     from {} at step {} (data epoch {}, micro-batch {})\n",
                      resumed_from_, steps_done_, train_loader_->position().epoch,

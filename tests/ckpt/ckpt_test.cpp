@@ -254,7 +254,7 @@ TEST(CkptFaults, DiskFullAndIoErrorsKeepThePreviousCheckpoint) {
   SaveDir dir(tmp / "save");
   write_synthetic(dir, "global_step1", 1);
   for (aio::Fault::Kind kind : {aio::Fault::Kind::kEnospc, aio::Fault::Kind::kEio}) {
-    auto fault = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+    auto fault = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
     aio::Fault f;
     f.kind = kind;
     f.nth = 6;

@@ -52,7 +52,7 @@ struct Rig {
     std::vector<SwapFileSpec> plan;
     for (auto [u, n] : units) plan.push_back(optimizer_file_spec(u, n, oo.sub_group_size));
     space = std::make_unique<SwapSpace>(SwapSpaceOptions{.nvme_path = dir.path()}, plan);
-    faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+    faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
     // One request per sub-group read/write in these tests (block_size >= every sub-group).
     engine = std::make_unique<aio::Engine>(
         aio::Options{.block_size = 4 << 20, .queue_depth = 8, .thread_count = 1}, faults);

@@ -33,7 +33,7 @@ struct Rig {
 
   Rig(std::vector<SwapFileSpec> plan, SwapperOptions so = {}, unsigned threads = 2) {
     space = std::make_unique<SwapSpace>(SwapSpaceOptions{.nvme_path = dir.path()}, plan);
-    faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+    faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
     engine = std::make_unique<aio::Engine>(
         aio::Options{.block_size = 256 * 1024, .queue_depth = 16, .thread_count = threads}, faults);
     swapper = std::make_unique<Swapper>(*space, *engine, so);

@@ -261,7 +261,7 @@ TEST_F(ResumeTest, DiskFullDuringASaveKeepsThePreviousCheckpoint) {
   TrainerOptions o = quiet_options(data_, 4);
   o.save_dir = dir("ckpt");
   o.save_every = 2;
-  auto fault = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+  auto fault = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
   o.checkpoint_io.backend = fault;
   Trainer tr(cfg, tiny_model(), o);
   tr.train_step();
@@ -297,7 +297,7 @@ TEST_F(ResumeTest, AFailedSaveInARunSaysWhatIsKept) {
   TrainerOptions o = quiet_options(data_, 6);
   o.save_dir = dir("ckpt");
   o.save_every = 2;
-  auto fault = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+  auto fault = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
   o.checkpoint_io.backend = fault;
   int steps = 0;
   o.on_step = [&](const StepMetrics&) {

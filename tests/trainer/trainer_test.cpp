@@ -199,7 +199,7 @@ TEST(TrainerTest, IoErrorWhileTrainingStopsTheRunWithTheError) {
   DemoData data;
   const model::LlamaConfig mc = tiny_model();
   const std::string swap = data.file("swap");
-  auto faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+  auto faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
   faults->add_fault({.kind = aio::Fault::Kind::kEio, .nth = 40, .direction = 0});
   TrainerOptions o = quiet_options(data, 20);
   o.engine.io_backend = faults;
@@ -266,6 +266,31 @@ TEST(TrainerTest, MetricsFileHasOneRecordPerStepWithTierTraffic) {
   }
   EXPECT_GT(r.traffic.nvme_read_bytes, 0u);
   EXPECT_GT(r.traffic.nvme_write_bytes, 0u);
+}
+
+// fp32 has no overflow check: a diverged run must stop, naming the step, before the
+// non-finite gradients are applied.
+TEST(TrainerTest, NonFiniteLossWithoutAnOverflowCheckEndsTheRun) {
+  DemoData data;
+  const config::Config cfg = make_config(
+      {{"optimizer", {{"params", {{"lr", 1e30}, {"weight_decay", 0.0}}}}}}, tiny_model());
+  TrainerOptions o = quiet_options(data, 10);
+  std::vector<double> losses;
+  o.on_step = [&](const StepMetrics& m) { losses.push_back(m.loss); };
+  Trainer tr(cfg, tiny_model(), o);
+  try {
+    tr.run();
+    FAIL() << "a non-finite loss did not end the run";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("step " + std::to_string(losses.size() + 1) + ": the training loss is"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("fp32"), std::string::npos) << msg;
+  }
+  ASSERT_FALSE(losses.empty());
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_EQ(tr.steps_done(), static_cast<int64_t>(losses.size()));
 }
 
 TEST(TrainerTest, RefusesBadInputNamingIt) {

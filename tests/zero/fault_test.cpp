@@ -16,7 +16,7 @@ using aio::Fault;
 class EioOnNth final : public aio::IoBackend {
  public:
   EioOnNth(uint64_t nth, bool write)
-      : inner_(aio::make_io_uring_backend()), nth_(nth), write_(write) {}
+      : inner_(aio::make_default_backend()), nth_(nth), write_(write) {}
   std::unique_ptr<aio::IoQueue> make_queue(unsigned depth) override {
     return std::make_unique<Queue>(inner_->make_queue(depth), *this);
   }
@@ -60,7 +60,7 @@ class EioOnNth final : public aio::IoBackend {
 
 struct Rig {
   std::shared_ptr<aio::FaultInjectingBackend> faults =
-      std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+      std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
   std::shared_ptr<aio::IoBackend> backend = faults;
   EngineOptions options() const { return {.io_backend = backend}; }
 };

@@ -3,12 +3,14 @@
 // the model and the command line. Exit 0 when done, 2 for bad input, 1 for a failure while
 // training, 130 after a clean stop on Ctrl-C.
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/error.hpp"
@@ -44,6 +46,12 @@ bool parse_number(const std::string& text, const char* flag, std::optional<T>& o
   if (ec != std::errc() || ptr != end) {
     std::fprintf(stderr, "error: %s: got \"%s\"; allowed: a number\n", flag, text.c_str());
     return false;
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(value)) {
+      std::fprintf(stderr, "error: %s: got \"%s\"; allowed: a finite number\n", flag, text.c_str());
+      return false;
+    }
   }
   out = value;
   return true;
@@ -169,6 +177,24 @@ int run_train(const TrainCliOptions& o) {
   }
   Numbers n;
   if (!parse_numbers(o, n)) return 2;
+  if (n.seq_len && *n.seq_len < 1) {
+    std::fprintf(stderr, "error: --seq-len: got %lld; allowed: 1..max_position_embeddings\n",
+                 static_cast<long long>(*n.seq_len));
+    return 2;
+  }
+  struct Bound {
+    std::optional<int64_t> value;
+    const char* flag;
+    int64_t min;
+  };
+  for (const Bound& b : {Bound{n.steps, "--steps", 1}, Bound{n.eval_every, "--eval-every", 0},
+                         Bound{n.eval_batches, "--eval-batches", 1}}) {
+    if (b.value && *b.value < b.min) {
+      std::fprintf(stderr, "error: %s: got %lld; allowed: an integer >= %lld\n", b.flag,
+                   static_cast<long long>(*b.value), static_cast<long long>(b.min));
+      return 2;
+    }
+  }
   if ((!config_path.empty() && !check_input_file(config_path, "--config")) ||
       (!model_path.empty() && !check_input_file(model_path, "--model")) ||
       !check_input_file(data, "--data") ||
