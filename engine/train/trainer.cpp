@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -30,6 +31,22 @@ bool config_wants_checkpointing(const config::ActivationCheckpointingConfig& a) 
 
 double gb_per_s(uint64_t bytes, double seconds) {
   return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+}
+
+// The weights of `dir` were trained with `theirs`; refuse a model that differs in anything
+// (not only shapes: rope_theta, rms_norm_eps, rope_scaling, tied embeddings change the math).
+void check_same_model(const model::LlamaConfig& theirs, const model::LlamaConfig& ours,
+                      const std::string& dir) {
+  const nlohmann::json a = nlohmann::json::parse(theirs.to_json());
+  const nlohmann::json b = nlohmann::json::parse(ours.to_json());
+  for (const auto& [key, value] : a.items()) {
+    const auto it = b.find(key);
+    if (it == b.end() || *it != value)
+      throw ConfigError(
+          key, fmt::format("{}/config.json has {}, the model config {}: the "
+                           "weights were made for another model",
+                           dir, value.dump(), it == b.end() ? std::string("nothing") : it->dump()));
+  }
 }
 
 }  // namespace
@@ -91,8 +108,12 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   scaler_ = make_loss_scaler(cfg_);
   // Hugging Face weights are checked against the model before any swap file exists.
   std::optional<ckpt::HfWeights> init_weights;
-  if (!opts_.init_from.empty())
+  if (!opts_.init_from.empty()) {
+    const std::filesystem::path theirs = std::filesystem::path(opts_.init_from) / "config.json";
+    if (std::filesystem::exists(theirs))
+      check_same_model(model::LlamaConfig::load(theirs), model_config, opts_.init_from);
     init_weights.emplace(ckpt::HfWeights::open(opts_.init_from, model_config));
+  }
   if (!opts_.save_dir.empty())
     save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, opts_.keep);
   engine_ = std::make_unique<zero::ZeroEngine>(cfg_, *model_, devices_->device, devices_->comm,

@@ -87,6 +87,10 @@ class TrainCliTest : public ::testing::Test {
            " --data " + shell_quote(data_.train()) + " --seq-len 32 " + extra;
   }
 
+  // Runs a long NVMe training with a save directory, sends `sig` after step 2 and checks the
+  // clean stop: exit 130, swap files removed, a checkpoint saved.
+  void expect_clean_stop_on(int sig);
+
   DemoData data_;
   std::string model_, config_;
 };
@@ -176,7 +180,7 @@ TEST_F(TrainCliTest, BadDataExitsTwoNamingTheFile) {
 
 // SIGINT while training: the step in progress finishes, the swap files are removed, the
 // result is printed and the exit code is 130.
-TEST_F(TrainCliTest, SigintStopsCleanlyAndRemovesSwapFiles) {
+void TrainCliTest::expect_clean_stop_on(int sig) {
   const std::string swap = data_.file("swap");
   config_ = write_config("nvme.json", testing::nvme_patch(swap));
   int err_pipe[2];
@@ -208,7 +212,7 @@ TEST_F(TrainCliTest, SigintStopsCleanlyAndRemovesSwapFiles) {
     err.append(buf, static_cast<size_t>(n));
     if (!sent && err.find("step 2/") != std::string::npos) {
       EXPECT_GT(testing::count_files(swap), 0);  // training with swap files
-      kill(pid, SIGINT);
+      kill(pid, sig);
       sent = true;
     }
   }
@@ -226,6 +230,51 @@ TEST_F(TrainCliTest, SigintStopsCleanlyAndRemovesSwapFiles) {
   EXPECT_NE(err.find("saved checkpoint"), std::string::npos) << err;
   const std::string latest = slurp(data_.file("ckpt") + "/latest");
   EXPECT_EQ(latest.rfind("global_step", 0), 0u) << latest;
+}
+
+TEST_F(TrainCliTest, SigintStopsCleanlyAndRemovesSwapFiles) { expect_clean_stop_on(SIGINT); }
+
+// A closed ssh session or terminal (SIGHUP) stops the run like SIGTERM, not at once.
+TEST_F(TrainCliTest, SighupStopsCleanlyAndRemovesSwapFiles) { expect_clean_stop_on(SIGHUP); }
+
+TEST_F(TrainCliTest, SigtermStopsCleanlyAndRemovesSwapFiles) { expect_clean_stop_on(SIGTERM); }
+
+// An output that names an input (the same file, also through a hard link) is refused before
+// anything is written; an output in a missing directory too.
+TEST_F(TrainCliTest, OutputPathsNeverOverwriteInputs) {
+  const std::string before = slurp(data_.train());
+  CliResult r = run(train_args("--steps 1 --metrics " + shell_quote(data_.train())));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("is the same file as --data"), std::string::npos) << r.err;
+  const std::string link = data_.file("link.jsonl");
+  ASSERT_EQ(::link(config_.c_str(), link.c_str()), 0);
+  r = run(train_args("--steps 1 --metrics " + shell_quote(link)));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("is the same file as --config"), std::string::npos) << r.err;
+  r = run(train_args("--steps 1 --metrics " + shell_quote(model_)));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("is the same file as --model"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(data_.train()), before);  // untouched
+  r = run(train_args("--steps 1 --metrics " + shell_quote(data_.file("no/such/dir/m.jsonl"))));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
+  r = run(train_args("--steps 1 --save-dir " + shell_quote(data_.train())));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
+}
+
+TEST_F(TrainCliTest, BadNumbersAreRefused) {
+  const std::string base = "train --config " + shell_quote(config_) + " --model " +
+                           shell_quote(model_) + " --data " + shell_quote(data_.train());
+  for (const std::string& bad : {"--seq-len 0", "--lr inf", "--lr nan", "--weight-decay -inf",
+                                 "--steps 0", "--eval-batches 0"}) {
+    const bool sets_steps = bad.rfind("--steps", 0) == 0;
+    CliResult r = run(base + (sets_steps ? " " : " --steps 2 ") + bad);
+    EXPECT_EQ(r.rc, 2) << bad << ": " << r.err;
+    EXPECT_EQ(count_error_lines(r.err), 1) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find(bad.substr(0, bad.find(' '))), std::string::npos) << r.err;
+  }
 }
 
 std::vector<nlohmann::json> step_records(const std::string& metrics) {

@@ -281,7 +281,7 @@ class InitFromErrorsTest : public ::testing::Test {
   std::string refusal(const fs::path& hf) {
     const std::string swap = data_.file("swap");
     const config::Config cfg = make_config(testing::nvme_patch(swap), tiny_model());
-    auto swap_io = std::make_shared<aio::FaultInjectingBackend>(aio::make_io_uring_backend());
+    auto swap_io = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
     TrainerOptions o = quiet_options(data_, 2);
     o.init_from = hf.string();
     o.engine.io_backend = swap_io;
@@ -316,6 +316,7 @@ TEST_F(InitFromErrorsTest, OtherIntermediateSizeNamesTheMisShapedTensor) {
   j["intermediate_size"] = 128;
   const fs::path hf = data_.file("hf");
   write_hf_dir(model::LlamaConfig::from_json(j.dump(), "narrow"), hf, "");
+  write_text(hf / ckpt::kHfConfigFile, tiny_model().to_json());  // a config.json that lies
   const std::string msg = refusal(hf);
   EXPECT_MENTIONS(msg, "model.layers.0.mlp.gate_proj.weight");
   EXPECT_MENTIONS(msg, "[128, 64]");
@@ -327,9 +328,26 @@ TEST_F(InitFromErrorsTest, ExtraLayerIsNamedAsUnexpected) {
   j["num_hidden_layers"] = 3;
   const fs::path hf = data_.file("hf");
   write_hf_dir(model::LlamaConfig::from_json(j.dump(), "deeper"), hf, "");
+  write_text(hf / ckpt::kHfConfigFile, tiny_model().to_json());
   const std::string msg = refusal(hf);
   EXPECT_MENTIONS(msg, "model.layers.2.");
   EXPECT_MENTIONS(msg, "unexpected");
+}
+
+// Weights made for another model (same shapes, other math) are refused by the key that differs.
+TEST_F(InitFromErrorsTest, ConfigThatDiffersBeyondShapesIsNamed) {
+  for (const auto& [key, value] : {std::pair<std::string, nlohmann::json>{"rope_theta", 500000.0},
+                                   {"rms_norm_eps", 1e-6},
+                                   {"tie_word_embeddings", true}}) {
+    nlohmann::json j = testing::tiny_model_json();
+    j[key] = value;
+    const fs::path hf = data_.file("hf_" + key);
+    write_hf_dir(tiny_model(), hf, "");
+    write_text(hf / ckpt::kHfConfigFile, model::LlamaConfig::from_json(j.dump(), key).to_json());
+    const std::string msg = refusal<ConfigError>(hf);
+    EXPECT_MENTIONS(msg, key);
+    EXPECT_MENTIONS(msg, "another model");
+  }
 }
 
 TEST_F(InitFromErrorsTest, DirectoryWithoutWeightsIsInvalidArgument) {
