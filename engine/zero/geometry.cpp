@@ -139,24 +139,6 @@ std::vector<PassStep> eval_schedule(const model::LlamaModel& model) {
   return s;
 }
 
-size_t next_use(const std::vector<PassStep>& sched, size_t i, int unit) {
-  for (size_t j = i + 1; j < sched.size(); ++j)
-    if (std::find(sched[j].needs.begin(), sched[j].needs.end(), unit) != sched[j].needs.end())
-      return j;
-  return sched.size();
-}
-
-bool keep_for_reuse(const std::vector<PassStep>& sched, const Geometry& g, size_t i, int unit,
-                    uint64_t max_reuse_distance) {
-  const size_t j = next_use(sched, i, unit);
-  if (j == sched.size()) return false;
-  uint64_t distance = 0;
-  for (size_t k = i + 1; k < j; ++k)
-    for (int v : sched[k].needs)
-      if (v != unit) distance += g.units[v].padded;
-  return distance < max_reuse_distance;
-}
-
 std::vector<bool> persistent_units(const config::Config& cfg, const Geometry& g) {
   const config::ZeroConfig& z = cfg.zero_optimization;
   const int64_t threshold = z.stage3_param_persistence_threshold.value_or(100'000);

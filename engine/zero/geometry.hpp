@@ -57,15 +57,6 @@ std::vector<PassStep> train_schedule(const model::LlamaModel& model);
 // Evaluation: forward 0..L+1.
 std::vector<PassStep> eval_schedule(const model::LlamaModel& model);
 
-// Stage-3 release policy after step `i` of `sched` for `unit` (which step i needs): true when
-// the unit should stay gathered because its next use comes before `max_reuse_distance`
-// elements of other units' parameters are needed (DeepSpeed's max_reuse_distance).
-bool keep_for_reuse(const std::vector<PassStep>& sched, const Geometry& g, size_t i, int unit,
-                    uint64_t max_reuse_distance);
-
-// The first step after `i` that needs `unit`, or sched.size().
-size_t next_use(const std::vector<PassStep>& sched, size_t i, int unit);
-
 // Units whose slabs stay gathered once fetched (stage3_param_persistence_threshold, capped in
 // total by stage3_model_persistence_threshold), in unit order.
 std::vector<bool> persistent_units(const config::Config& cfg, const Geometry& g);

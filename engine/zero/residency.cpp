@@ -25,7 +25,8 @@ ResidencyPolicy::ResidencyPolicy(const Geometry& g, CoordinatorOptions options,
       options_(std::move(options)),
       staged_(fetch_buffers > 0),
       actions_(actions),
-      slots_(g.units.size()) {
+      slots_(g.units.size()),
+      kept_key_(g.units.size(), 0) {
   for (size_t b = fetch_buffers; b-- > 0;) free_fetch_buffers_.push_back(static_cast<int>(b));
 }
 
@@ -38,26 +39,83 @@ bool ResidencyPolicy::needed_by(size_t i, int unit) const {
   return std::find(n.begin(), n.end(), unit) != n.end();
 }
 
-void ResidencyPolicy::begin(const std::vector<PassStep>* sched) { sched_ = sched; }
+void ResidencyPolicy::begin(const std::vector<PassStep>* sched) {
+  sched_ = sched;
+  const size_t steps = sched->size();
+  uses_.assign(slots_.size(), {});
+  numel_before_.assign(steps + 1, 0);
+  absent_needs_.assign(steps, 0);
+  steps_with_absent_.clear();
+  for (size_t j = 0; j < steps; ++j) {
+    uint64_t numel = 0;
+    for (int u : (*sched)[j].needs) {
+      uses_[u].push_back(j);
+      numel += g_.units[u].padded;
+      if (slots_[u].state == State::kAbsent) ++absent_needs_[j];
+    }
+    numel_before_[j + 1] = numel_before_[j] + numel;
+    if (absent_needs_[j] > 0) steps_with_absent_.insert(j);
+  }
+  // Units kept across passes are filed under their next use in this pass.
+  kept_.clear();
+  for (size_t u = 0; u < slots_.size(); ++u) {
+    if (!slots_[u].kept) continue;
+    kept_key_[u] = uses_[u].empty() ? steps : uses_[u].front();
+    kept_.insert({kept_key_[u], -static_cast<int>(u)});
+  }
+}
+
+size_t ResidencyPolicy::next_use(size_t i, int unit) const {
+  const std::vector<size_t>& u = uses_[unit];
+  const auto it = std::upper_bound(u.begin(), u.end(), i);
+  return it == u.end() ? sched_->size() : *it;
+}
+
+bool ResidencyPolicy::keep_for_reuse(size_t i, int unit) const {
+  const size_t j = next_use(i, unit);
+  if (j == sched_->size()) return false;
+  // Steps i+1 .. j-1 do not need `unit` (j is its next use): all their numel is others'.
+  return numel_before_[j] - numel_before_[i + 1] < options_.max_reuse_distance;
+}
+
+void ResidencyPolicy::set_kept(int unit, bool kept, size_t i) {
+  Slot& s = slots_[unit];
+  if (s.kept == kept) return;
+  if (s.kept) kept_.erase({kept_key_[unit], -unit});
+  s.kept = kept;
+  if (!kept) return;
+  kept_key_[unit] = next_use(i, unit);
+  kept_.insert({kept_key_[unit], -unit});
+}
+
+void ResidencyPolicy::became_absent(int unit, bool absent) {
+  if (sched_ == nullptr) return;  // rebuilt by the next begin()
+  for (size_t j : uses_[unit]) {
+    if (absent) {
+      if (absent_needs_[j]++ == 0) steps_with_absent_.insert(j);
+    } else if (--absent_needs_[j] == 0) {
+      steps_with_absent_.erase(j);
+    }
+  }
+}
 
 void ResidencyPolicy::fetch(int unit) {
   if (staged_ && free_fetch_buffers_.empty()) {
     // Every fetch buffer is held by a prefetch in flight: wait for one (it stays resident).
-    for (size_t u = 0; u < slots_.size(); ++u)
-      if (slots_[u].fetch_buffer >= 0) {
-        wait_ready(static_cast<int>(u));
-        break;
-      }
+    if (!holding_buffer_.empty()) wait_ready(*holding_buffer_.begin());
   }
   const int buffer = staged_ ? free_fetch_buffers_.back() : -1;
   actions_.start_fetch(unit, buffer);
   if (staged_) free_fetch_buffers_.pop_back();
+  set_kept(unit, false, 0);
   Slot& s = slots_[unit];
   s.state = State::kFetching;
-  s.kept = false;
   s.fetch_buffer = buffer;
+  if (buffer >= 0) holding_buffer_.insert(unit);
   live_bytes_ += slab_bytes(unit);
   live_numel_ += g_.units[unit].padded;
+  fetching_numel_ += g_.units[unit].padded;
+  became_absent(unit, false);
 }
 
 void ResidencyPolicy::wait_ready(int unit) {
@@ -65,8 +123,10 @@ void ResidencyPolicy::wait_ready(int unit) {
   if (s.state != State::kFetching) return;
   actions_.wait_fetched(unit);
   s.state = State::kReady;
+  fetching_numel_ -= g_.units[unit].padded;
   if (s.fetch_buffer >= 0) {
     free_fetch_buffers_.push_back(s.fetch_buffer);
+    holding_buffer_.erase(unit);
     s.fetch_buffer = -1;
   }
 }
@@ -79,29 +139,29 @@ void ResidencyPolicy::free_slab(int unit) {
   live_bytes_ -= slab_bytes(unit);
   live_numel_ -= g_.units[unit].padded;
   s.state = State::kAbsent;
-  s.kept = false;
+  set_kept(unit, false, 0);
+  became_absent(unit, true);
 }
 
 bool ResidencyPolicy::evict_one(size_t i) {
-  int victim = -1;
-  size_t farthest = 0;
-  for (size_t u = 0; u < slots_.size(); ++u) {
-    const int unit = static_cast<int>(u);
-    if (!slots_[u].kept || needed_by(i, unit)) continue;
-    const size_t next = next_use(*sched_, i, unit);
-    if (victim < 0 || next > farthest) victim = unit, farthest = next;
-  }
-  if (victim < 0) return false;
-  free_slab(victim);
+  // The kept unit whose next use is farthest (lowest index among ties); kept units filed
+  // under step i are the ones step i needs, and the smallest keys.
+  if (kept_.empty()) return false;
+  const auto [next, neg_unit] = *kept_.rbegin();
+  if (next == i) return false;
+  free_slab(-neg_unit);
   return true;
 }
 
 void ResidencyPolicy::prefetch(size_t i) {
   if (options_.prefetch_bucket_numel == 0) return;
-  uint64_t in_flight = 0;
-  for (size_t u = 0; u < slots_.size(); ++u)
-    if (slots_[u].state == State::kFetching) in_flight += g_.units[u].padded;
-  for (size_t j = i + 1; j < sched_->size(); ++j) {
+  uint64_t in_flight = fetching_numel_;
+  // Only steps with an absent unit can start a fetch, and each one visited is either fetched
+  // whole or ends the prefetch: the walk costs the fetches it starts, not the schedule.
+  for (size_t after = i;;) {
+    const auto it = steps_with_absent_.upper_bound(after);
+    if (it == steps_with_absent_.end()) return;
+    const size_t j = *it;
     for (int u : (*sched_)[j].needs) {
       if (slots_[u].state != State::kAbsent) continue;
       const uint64_t n = g_.units[u].padded;
@@ -112,14 +172,14 @@ void ResidencyPolicy::prefetch(size_t i) {
       fetch(u);
       in_flight += n;
     }
+    after = j;
   }
 }
 
 void ResidencyPolicy::acquire(size_t i) {
   for (int u : (*sched_)[i].needs) {
-    Slot& s = slots_[u];
-    s.kept = false;
-    if (s.state != State::kAbsent) continue;
+    set_kept(u, false, i);
+    if (slots_[u].state != State::kAbsent) continue;
     while (live_bytes_ + slab_bytes(u) > options_.budget_bytes && evict_one(i)) {
     }
     fetch(u);
@@ -131,9 +191,8 @@ void ResidencyPolicy::acquire(size_t i) {
 void ResidencyPolicy::release(size_t i) {
   for (int u : (*sched_)[i].needs) {
     if (options_.persistent[u]) continue;
-    if (keep_for_reuse(*sched_, g_, i, u, options_.max_reuse_distance) &&
-        live_numel_ <= options_.max_live_numel) {
-      slots_[u].kept = true;
+    if (keep_for_reuse(i, u) && live_numel_ <= options_.max_live_numel) {
+      set_kept(u, true, i);
       continue;
     }
     free_slab(u);

@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "engine/config/config.hpp"
@@ -80,6 +82,15 @@ class ResidencyPolicy {
   bool evict_one(size_t i);
   bool needed_by(size_t i, int unit) const;
   uint64_t slab_bytes(int unit) const;
+  // The first step after `i` that needs `unit`, or the schedule's size (O(log uses)).
+  size_t next_use(size_t i, int unit) const;
+  // After step i, whether `unit` stays gathered: its next use comes before max_reuse_distance
+  // elements of other units are needed (DeepSpeed's stage3_max_reuse_distance).
+  bool keep_for_reuse(size_t i, int unit) const;
+  // Bookkeeping that keeps every decision O(log units) instead of a scan of all units or all
+  // steps, so a pass is linear in the number of layers (up to a log).
+  void set_kept(int unit, bool kept, size_t i);
+  void became_absent(int unit, bool absent);
 
   const Geometry& g_;
   CoordinatorOptions options_;
@@ -90,6 +101,17 @@ class ResidencyPolicy {
   std::vector<Slot> slots_;
   uint64_t live_bytes_ = 0;
   uint64_t live_numel_ = 0;
+  uint64_t fetching_numel_ = 0;  // units in State::kFetching
+  // Per pass (begin): the steps needing each unit, the needed numel before each step, and per
+  // step how many of its units are absent (steps with any in `steps_with_absent_`).
+  std::vector<std::vector<size_t>> uses_;
+  std::vector<uint64_t> numel_before_;
+  std::vector<uint32_t> absent_needs_;
+  std::set<size_t> steps_with_absent_;
+  // Kept (evictable) units by (next use, -unit): the last is the eviction victim.
+  std::set<std::pair<size_t, int>> kept_;
+  std::vector<size_t> kept_key_;  // next use each kept unit was filed under
+  std::set<int> holding_buffer_;  // units holding a fetch buffer
 };
 
 // Fetches of each unit over one optimizer step (gradient_accumulation_steps training passes,
