@@ -92,12 +92,12 @@ std::string Trainer::summary() const {
                          ? fmt::format("every {} steps and at the end", opts_.save_every)
                          : std::string("at the end"),
                      opts_.keep > 0 ? std::to_string(opts_.keep) : std::string("all"));
-  // The plan with the machine's limits; without them when they cannot be read.
+  // The plan with the limits it was checked against at start (now the swap files exist and
+  // take part of the space they were checked against).
   const zero::Plan& plan = engine_->plan();
-  try {
-    zero::PlanLimits limits = zero::system_limits(cfg_, plan);
-    s += zero::format_plan(plan, &limits);
-  } catch (const Error&) {
+  if (opts_.engine.check_system_limits) {
+    s += zero::format_plan(plan, &engine_->limits());
+  } else {
     s += zero::format_plan(plan);
   }
   return s;

@@ -74,6 +74,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
         "zero: device {} is not host-accessible; the model's kernels and CPU Adam run on the host",
         device.name()));
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
+  limits_at_start = limits;
   limits.device = device_limit(device);
   check_fits(plan, limits);
   const Placement& p = g.placement;
@@ -371,6 +372,7 @@ ZeroEngine::ZeroEngine(const config::Config& cfg, const model::LlamaModel& model
 
 ZeroEngine::~ZeroEngine() = default;
 
+const PlanLimits& ZeroEngine::limits() const { return impl_->limits_at_start; }
 const Plan& ZeroEngine::plan() const { return impl_->plan; }
 const model::LlamaModel& ZeroEngine::model() const { return impl_->model; }
 

@@ -66,6 +66,7 @@ struct ZeroEngine::Impl {
   EngineOptions options;
   detail::Geometry g;
   Plan plan;
+  PlanLimits limits_at_start;  // read before any swap file was allocated
   cpu_adam::Executor executor;
   std::vector<detail::PassStep> train_sched, eval_sched;
 

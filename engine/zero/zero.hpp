@@ -157,6 +157,10 @@ class ZeroEngine {
   ZeroEngine& operator=(const ZeroEngine&) = delete;
 
   const Plan& plan() const;
+  // The machine's limits the plan was checked against, read before the engine allocated its
+  // swap files and memory (reading them later would count the engine's own files as taken).
+  // Empty when EngineOptions::check_system_limits was false.
+  const PlanLimits& limits() const;
   const model::LlamaModel& model() const;
 
   // One micro-batch: forward over units 0..L, backward L+1..0 (parameters fetched per unit

@@ -264,6 +264,85 @@ TEST_F(TrainCliTest, OutputPathsNeverOverwriteInputs) {
   EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
 }
 
+// Runs `script` in a private mount namespace after mounting a tmpfs of `size` on `dir`, so a
+// test can fill a real filesystem; false when this machine cannot (no privilege).
+bool can_mount_tmpfs() {
+  return std::system("unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs /mnt' >/dev/null 2>&1") ==
+         0;
+}
+
+CliResult run_with_tmpfs(const std::string& size, const std::string& dir, const std::string& script,
+                         const std::string& out, const std::string& err) {
+  const std::string inner = "mkdir -p " + shell_quote(dir) + " && mount -t tmpfs -o size=" + size +
+                            " tmpfs " + shell_quote(dir) + " && " + script;
+  std::string quoted;  // inner, single-quoted for sh -c
+  for (char c : inner) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  const std::string cmd = "env -u OUTCORE_CONFIG unshare -m sh -c '" + quoted + "' >" +
+                          shell_quote(out) + " 2>" + shell_quote(err);
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+// On a filesystem the swap files fill, the summary still reports the space they were checked
+// against, not the space left after they were allocated.
+TEST_F(TrainCliTest, SummaryOnASmallFilesystemSaysTheRunFits) {
+  if (!can_mount_tmpfs()) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+  const std::string mnt = data_.file("small_fs");
+  config_ = write_config("small.json", testing::nvme_patch(mnt));
+  CliResult r = run_with_tmpfs("3m", mnt, shell_quote(OUTCORE_CLI) + " " + train_args("--steps 1"),
+                               data_.file("out"), data_.file("err"));
+  ASSERT_EQ(r.rc, 0) << r.err;  // 2 MiB of swap files in a 3 MiB filesystem
+  EXPECT_NE(r.out.find("trained 1 steps"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
+}
+
+// A disk that fills between two saves: the second save fails before writing data, the run
+// exits 1 saying which checkpoint is kept, and that checkpoint still verifies (export checks
+// every CRC).
+TEST_F(TrainCliTest, FullDiskDuringASaveKeepsThePreviousCheckpoint) {
+  if (!can_mount_tmpfs()) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+  const std::string mnt = data_.file("ckpt_fs"), ck = mnt + "/ckpt";
+  const std::string exported = data_.file("exported");
+  const std::string script = shell_quote(OUTCORE_CLI) + " " +
+                             train_args("--steps 3 --save-every 1 --save-dir " + shell_quote(ck)) +
+                             "; echo \"train exit $?\"; cat " + shell_quote(ck + "/latest") + "; " +
+                             shell_quote(OUTCORE_CLI) + " export " + shell_quote(ck) + " " +
+                             shell_quote(exported) + " && echo exported";
+  CliResult r = run_with_tmpfs("3m", mnt, script, data_.file("out"), data_.file("err"));
+  EXPECT_NE(r.out.find("train exit 1"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.err.find("checkpoint global_step2 not saved into"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the previous checkpoint global_step1 is intact"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("global_step1\nexported"), std::string::npos) << r.out;
+}
+
+// estimate and train agree on what fits and on the exit code of what does not.
+TEST_F(TrainCliTest, EstimateAndTrainAgreeOnWhatFits) {
+  const std::string est = "estimate --config " + shell_quote(config_) + " --model " +
+                          shell_quote(model_) + " --seq-len 32";
+  CliResult r = run(est);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  // A device budget that holds the state but not the activations without checkpointing.
+  config_ = write_config("tight.json", {{"outcore", {{"device_memory_mb", 20}}},
+                                        {"train_micro_batch_size_per_gpu", 16}});
+  const std::string tight = "estimate --config " + shell_quote(config_) + " --model " +
+                            shell_quote(model_) + " --seq-len 128";
+  r = run(tight);
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("does not fit: device"), std::string::npos) << r.err;
+  const std::string train_tight = "train --config " + shell_quote(config_) + " --model " +
+                                  shell_quote(model_) + " --data " + shell_quote(data_.train()) +
+                                  " --seq-len 128 --steps 1";
+  CliResult t = run(train_tight);
+  EXPECT_EQ(t.rc, 2) << t.err;
+  EXPECT_NE(t.err.find("device"), std::string::npos) << t.err;
+  r = run(tight + " --activation-checkpointing");
+  t = run(train_tight + " --activation-checkpointing");
+  EXPECT_EQ(r.rc, 0) << r.err;  // checkpointing makes it fit, for both
+  EXPECT_EQ(t.rc, 0) << t.err;
+}
+
 TEST_F(TrainCliTest, BadNumbersAreRefused) {
   const std::string base = "train --config " + shell_quote(config_) + " --model " +
                            shell_quote(model_) + " --data " + shell_quote(data_.train());

@@ -1,7 +1,8 @@
 // `outcore estimate --config ds.json --model config.json [--micro-batch B] [--seq-len T]
-// [--world-size W]`: the placement plan of this config and model (bytes each tier holds at its
-// peak, bytes moved per optimizer step) against what this machine offers. Exit 0 when it fits,
-// 1 when it does not (the reason on stderr), 2 on bad input.
+// [--world-size W] [--activation-checkpointing]`: the placement plan of this config and model
+// (bytes each tier holds at its peak, bytes moved per optimizer step) against what this
+// machine offers, computed as `outcore train` computes it. Exit 0 when it fits, 2 when it does
+// not (the reason on stderr, as `outcore train` refuses it) or on bad input.
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -21,6 +22,7 @@ namespace {
 // Numbers arrive as text and are checked here, so bad values exit 2 like any bad input.
 struct EstimateArgs {
   std::string config_file, model_file, micro_batch, seq_len, world_size;
+  bool activation_checkpointing = false;
 };
 
 struct EstimateOptions {
@@ -74,8 +76,8 @@ int run_estimate(const EstimateArgs& a) {
     mo.seq_len = o.seq_len > 0 ? o.seq_len : std::min<int64_t>(mc.max_position_embeddings, 1024);
     mo.param_dtype = param_dtype(cfg);
     const config::ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
-    mo.activation_checkpointing =
-        ac.cpu_checkpointing || ac.partition_activations || ac.number_checkpoints.has_value();
+    mo.activation_checkpointing = a.activation_checkpointing || ac.cpu_checkpointing ||
+                                  ac.partition_activations || ac.number_checkpoints.has_value();
     mo.world_size = static_cast<int>(o.world_size);
     model.emplace(mc, mo);
   } catch (const Error& e) {  // unreadable or malformed input
@@ -90,7 +92,7 @@ int run_estimate(const EstimateArgs& a) {
     zero::check_fits(plan, limits);
   } catch (const OutOfMemory& e) {
     std::fprintf(stderr, "error: does not fit: %s\n", e.what());
-    return 1;
+    return 2;
   }
   return 0;
 }
@@ -108,6 +110,10 @@ void add_estimate_command(CLI::App& app, int& rc) {
   cmd->add_option("--seq-len", o->seq_len,
                   "tokens per sequence (default: min(max_position, 1024))");
   cmd->add_option("--world-size", o->world_size, "data-parallel ranks (default 1)");
+  cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
+                "plan with activation checkpointing (as `outcore train "
+                "--activation-checkpointing`; on anyway when the config's "
+                "activation_checkpointing section asks for cpu_checkpointing)");
   cmd->callback([o, &rc] { rc = run_estimate(*o); });
 }
 
