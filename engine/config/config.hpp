@@ -15,6 +15,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -325,24 +326,40 @@ struct Config {
 
 // ---- parsing ---------------------------------------------------------------------------
 
+// Limits on config input. Past one of them a config is a ConfigValidationError naming the
+// limit, so a broken or hostile file costs time and memory linear in its size.
+inline constexpr size_t kMaxConfigBytes = size_t{64} << 20;  // text / file size: 64 MiB
+inline constexpr size_t kMaxConfigDepth = 256;  // objects and arrays nested in each other
+// Unknown-key warnings and duplicate-key errors listed one by one; past this many, one
+// more issue at the end counts the rest ("and N more unknown keys ...").
+inline constexpr size_t kMaxListedPerKind = 20;
+
 struct ParsedConfig {
   Config config;
   // One per unknown key (and per accepted-but-ignored setting), each naming its JSON
-  // path, in file order. Also logged with log::warn as they are found.
+  // path, in file order; unknown keys past the first kMaxListedPerKind are counted in one
+  // last warning with an empty path. Also logged with log::warn.
   std::vector<ConfigWarning> warnings;
 };
 
 // Parses DeepSpeed JSON text. Accepts // and /* */ comments, trailing commas, integers
 // written as integral floats (2e8). `source` names the text in messages (a file path).
 // Throws ConfigValidationError listing every problem: malformed JSON (with line:column),
-// duplicate keys, wrong types, out-of-range values, unsupported optimizer/scheduler types,
-// fp16 and bf16 both enabled, nvme offload without nvme_path. Batch sizes are not checked
-// here (they need the world size): see resolve_auto / resolve_batch_sizes.
+// duplicate keys (the first kMaxListedPerKind, then a count), wrong types, out-of-range
+// values, unsupported optimizer/scheduler types, fp16 and bf16 both enabled, nvme offload
+// without nvme_path. Also thrown, alone: text longer than kMaxConfigBytes; nesting deeper
+// than kMaxConfigDepth (with line:column); a number beyond the range of a double (1e400)
+// or an integer literal beyond 64 bits (with its JSON path and line:column). Batch sizes
+// are not checked here (they need the world size): see resolve_auto / resolve_batch_sizes.
+// Time and memory are linear in the size of the text.
 // Thread-safe (no shared state besides the logger).
 ParsedConfig parse_config(std::string_view text, std::string_view source = "<config>");
 
-// Reads and parses a file. An unreadable file is a ConfigValidationError naming the path
-// and the OS error (so tools report it as bad input).
+// Reads and parses a file. Only a regular file of at most kMaxConfigBytes is read: a
+// directory, FIFO, device or socket is refused without reading from it, and a larger (or
+// endless) file is refused after reading at most kMaxConfigBytes + 1 bytes. These and an
+// unreadable file are a ConfigValidationError whose source() is the path, with the OS
+// error or the limit (so tools report them as bad input).
 ParsedConfig load_config_file(const std::string& path);
 
 // ---- resolution ------------------------------------------------------------------------

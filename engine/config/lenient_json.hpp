@@ -1,6 +1,8 @@
 // Internal: DeepSpeed's lenient JSON dialect on top of nlohmann::json.
 // Comments (// and /* */) and trailing commas are accepted; duplicate keys are reported
-// by their JSON path; a syntax error is reported with its line and column.
+// by their JSON path; a syntax error is reported with its line and column. Time and memory
+// are linear in the size of the text: nesting is bounded by kMaxConfigDepth and duplicate
+// keys past kMaxListedPerKind are counted, not listed.
 #pragma once
 
 #include <cstddef>
@@ -13,12 +15,18 @@
 
 namespace outcore::config::detail {
 
+inline constexpr std::string_view kDuplicateKeyMessage = "duplicate key (each key may appear once)";
+
 struct LenientParse {
-  nlohmann::ordered_json value;     // discarded (null) when `errors` holds a syntax error
-  std::vector<ConfigIssue> errors;  // syntax error (at most one) and duplicate keys
+  nlohmann::ordered_json value;     // null when `errors` holds a syntax error or a limit
+  std::vector<ConfigIssue> errors;  // one syntax / depth / number error at most, duplicate keys
+  size_t unlisted_duplicates = 0;   // duplicate keys found past the first kMaxListedPerKind
 };
 
-// Parses `text`. Never throws for bad input: every problem is returned in `errors`.
+// Parses `text`. Never throws for bad input: every problem is returned in `errors`. Errors
+// that stop the parse (the value is then null): malformed JSON, nesting deeper than
+// kMaxConfigDepth, a number beyond the range of a double or an integer literal beyond
+// 64 bits (named by its JSON path); each gives the line and column.
 LenientParse parse_lenient_json(std::string_view text);
 
 // Returns `text` with every comma that directly precedes `}` or `]` (ignoring whitespace

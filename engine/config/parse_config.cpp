@@ -1,12 +1,12 @@
 // DeepSpeed JSON text -> Config: one reader per section, every problem collected.
-#include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <memory>
-#include <unordered_map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/log.hpp"
 #include "engine/config/config.hpp"
+#include "engine/config/file_order.hpp"
 #include "engine/config/lenient_json.hpp"
 #include "engine/config/section_parsers.hpp"
 
@@ -189,39 +189,37 @@ void read_top_level(SectionReader& root, Diagnostics& d, Config& c) {
   }
 }
 
-void index_paths(const Json& v, const std::string& path,
-                 std::unordered_map<std::string, size_t>& index) {
-  index.emplace(path, index.size());
-  if (!v.is_object()) return;
-  for (const auto& [key, child] : v.items())
-    index_paths(child, detail::join_path(path, key), index);
+std::string more_not_listed(size_t n, std::string_view what) {
+  return "and " + std::to_string(n) + " more " + std::string(what) + " (only the first " +
+         std::to_string(kMaxListedPerKind) + " are listed)";
 }
 
-// Position in the document of `path`, or of its nearest enclosing key that exists (a
-// missing key's problem is placed at its section).
-size_t file_position(std::string path, const std::unordered_map<std::string, size_t>& index) {
-  while (true) {
-    auto it = index.find(path);
-    if (it != index.end()) return it->second;
-    size_t cut = path.find_last_of(".[");
-    if (cut == std::string::npos) return 0;
-    path.resize(cut);
+// Keeps the first kMaxListedPerKind unknown-key warnings (in the current order) and
+// counts the rest, with the `unlisted` that sections did not record, in one warning at the
+// end.
+void cap_unknown_keys(std::vector<ConfigIssue>& warnings, size_t unlisted) {
+  size_t unknown = 0;
+  size_t kept = 0;
+  for (size_t i = 0; i < warnings.size(); ++i) {
+    if (detail::is_unknown_key(warnings[i]) && ++unknown > kMaxListedPerKind) continue;
+    if (kept != i) warnings[kept] = std::move(warnings[i]);
+    ++kept;
   }
-}
-
-// Orders issues as their keys appear in the file (stable: same-key issues keep their order).
-void sort_by_file_order(std::vector<ConfigIssue>& issues, const Json& doc) {
-  std::unordered_map<std::string, size_t> index;
-  index_paths(doc, "", index);
-  std::stable_sort(issues.begin(), issues.end(), [&](const ConfigIssue& a, const ConfigIssue& b) {
-    return file_position(a.json_path, index) < file_position(b.json_path, index);
-  });
+  warnings.resize(kept);
+  if (unknown > kMaxListedPerKind) unlisted += unknown - kMaxListedPerKind;
+  if (unlisted > 0)
+    warnings.push_back({"", more_not_listed(unlisted, "unknown keys, also ignored")});
 }
 
 }  // namespace
 
 ParsedConfig parse_config(std::string_view text, std::string_view source) {
   std::string src(source);
+  if (text.size() > kMaxConfigBytes) {
+    throw ConfigValidationError(
+        src, {{"", "the config is " + std::to_string(text.size()) + " bytes; allowed: at most " +
+                       std::to_string(kMaxConfigBytes >> 20) + " MiB"}});
+  }
   detail::LenientParse lp = detail::parse_lenient_json(text);
   Diagnostics d;
   d.errors = std::move(lp.errors);
@@ -229,35 +227,17 @@ ParsedConfig parse_config(std::string_view text, std::string_view source) {
   if (lp.value.is_object()) {
     SectionReader root(&lp.value, "", d, /*auto_means_default=*/false);
     read_top_level(root, d, out.config);
-    sort_by_file_order(d.errors, lp.value);
-    sort_by_file_order(d.warnings, lp.value);
+    detail::sort_by_file_order(lp.value, d.errors, d.warnings);
+    cap_unknown_keys(d.warnings, d.unlisted_unknown_keys);
   } else if (d.errors.empty()) {
     d.error("", "the config must be a JSON object ({...}); got " + show(lp.value));
   }
+  if (lp.unlisted_duplicates > 0)
+    d.error("", more_not_listed(lp.unlisted_duplicates, "duplicate keys"));
   for (const ConfigIssue& w : d.warnings) log::warn("{}: {}", src, w.to_string());
   if (!d.errors.empty()) throw ConfigValidationError(src, std::move(d.errors));
   out.warnings = std::move(d.warnings);
   return out;
-}
-
-ParsedConfig load_config_file(const std::string& path) {
-  struct Closer {
-    void operator()(std::FILE* f) const { std::fclose(f); }
-  };
-  std::unique_ptr<std::FILE, Closer> file(std::fopen(path.c_str(), "rb"));
-  if (!file) {
-    throw ConfigValidationError(path,
-                                {{"", "cannot open the config file: " + errno_string(errno)}});
-  }
-  std::string text;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, file.get())) > 0) text.append(buf, n);
-  if (std::ferror(file.get())) {
-    throw ConfigValidationError(path,
-                                {{"", "cannot read the config file: " + errno_string(errno)}});
-  }
-  return parse_config(text, path);
 }
 
 }  // namespace outcore::config

@@ -302,15 +302,31 @@ void SectionReader::enum_error(std::string_view key, const Json& v,
   d_.error(key_path(key), got(v, allowed));
 }
 
+bool is_unknown_key(const ConfigIssue& issue) {
+  return issue.message.starts_with(kUnknownKeyMessage);
+}
+
 void SectionReader::finish() {
   if (!obj_) return;
+  size_t listed = 0;
   for (const auto& [key, value] : obj_->items()) {
     if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
-    std::string message = "unknown key; ignored";
+    if (listed == kMaxListedPerKind) {
+      ++d_.unlisted_unknown_keys;
+      continue;
+    }
+    ++listed;
+    std::string message(kUnknownKeyMessage);
+    // Suggest a known key within this edit distance. The distance is at least the length
+    // difference, so a key much longer than every known key costs no comparison.
     size_t best = std::max<size_t>(2, key.size() / 4) + 1;
     std::string suggestion;
+    std::string lower_key;
     for (const std::string& k : known_) {
-      size_t dist = edit_distance(lower(key), lower(k));
+      size_t length_gap = key.size() > k.size() ? key.size() - k.size() : k.size() - key.size();
+      if (length_gap >= best) continue;
+      if (lower_key.empty()) lower_key = lower(key);
+      size_t dist = edit_distance(lower_key, lower(k));
       if (dist < best) {
         best = dist;
         suggestion = k;

@@ -23,6 +23,8 @@ using Json = nlohmann::ordered_json;
 struct Diagnostics {
   std::vector<ConfigIssue> errors;
   std::vector<ConfigIssue> warnings;
+  // Unknown keys past the first kMaxListedPerKind of a section: counted, not listed.
+  size_t unlisted_unknown_keys = 0;
   void error(std::string path, std::string message) {
     errors.push_back({std::move(path), std::move(message)});
   }
@@ -105,8 +107,9 @@ class SectionReader {
   // Records "got <v>; allowed: \"a\", \"b\" or \"c\"" for `key`.
   void enum_error(std::string_view key, const Json& v, const std::vector<std::string_view>& names);
 
-  // Records an "unknown key" warning for every key not taken, with a suggestion when a
-  // known key is spelled alike.
+  // Records an "unknown key" warning (kUnknownKeyMessage) for each of the first
+  // kMaxListedPerKind keys not taken, with a suggestion when a known key is spelled alike,
+  // and counts the others in Diagnostics::unlisted_unknown_keys. Linear in the keys.
   void finish();
 
  private:
@@ -120,6 +123,10 @@ class SectionReader {
   bool auto_means_default_;
   std::vector<std::string> known_;
 };
+
+inline constexpr std::string_view kUnknownKeyMessage = "unknown key; ignored";
+// True for the warnings finish() records.
+bool is_unknown_key(const ConfigIssue& issue);
 
 bool is_auto_string(const Json& v);
 std::string lower(std::string_view s);

@@ -1,7 +1,9 @@
 // The `outcore config` command, run as a user would: exit 0 with JSON on stdout, or exit 2
 // with every error on stderr.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -52,7 +54,19 @@ class CliTest : public ::testing::Test {
 
   // Runs `outcore config <args>` with OUTCORE_CONFIG set to `env_config` (unset if empty).
   CliResult run(const std::string& args, const std::string& env_config = "") {
-    std::string cmd = env_config.empty() ? "env -u OUTCORE_CONFIG" : "env OUTCORE_CONFIG=";
+    return run_with("", args, env_config);
+  }
+
+  // Runs it with 4 GiB of address space and 60 s at most: input that used to exhaust memory
+  // or never end fails the test (exit 1 or 124) instead of taking the machine down.
+  CliResult run_bounded(const std::string& args) {
+    return run_with("ulimit -v 4194304; timeout 60 ", args, "");
+  }
+
+  CliResult run_with(const std::string& prefix, const std::string& args,
+                     const std::string& env_config) {
+    std::string cmd =
+        prefix + (env_config.empty() ? "env -u OUTCORE_CONFIG" : "env OUTCORE_CONFIG=");
     cmd.append(env_config.empty() ? "" : shell_quote(env_config)).append(" ");
     cmd.append(shell_quote(OUTCORE_CLI)).append(" config ").append(args);
     cmd.append(" >").append(shell_quote((dir_ / "out").string()));
@@ -108,6 +122,77 @@ TEST_F(CliTest, MissingFileExitsTwo) {
   CliResult r = run(shell_quote((dir_ / "nope.json").string()));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("nope.json"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, HundredThousandNestedBracketsExitTwoNamingTheLimit) {
+  // Was: memory quadratic in depth, std::bad_alloc, exit 1.
+  std::string f = write("deep.json", std::string(100000, '['));
+  CliResult r = run_bounded(shell_quote(f));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("deep.json: objects and arrays nested deeper than 256 levels at line 1, "
+                       "column 257"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST_F(CliTest, NumericOverflowExitsTwoWithPathAndLine) {
+  // Was: exit 1 with nlohmann's "[json.exception.out_of_range.406] number overflow ...".
+  std::string f =
+      write("overflow.json",
+            "{\n  \"optimizer\": {\"type\": \"Adam\",\n    \"params\": {\"lr\": 1e400}}\n}\n");
+  CliResult r = run(shell_quote(f));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("overflow.json: optimizer.params.lr: numeric overflow at line 3, column 22"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
+  for (const char* bad : {"-1e400", "18446744073709551616", "-9223372036854775809"}) {
+    std::string g = write("bad.json", std::string("{\"gradient_clipping\": ") + bad + "}");
+    CliResult b = run(shell_quote(g));
+    EXPECT_EQ(b.rc, 2) << bad << "\n" << b.err;
+    EXPECT_NE(b.err.find("gradient_clipping: numeric overflow at line 1"), std::string::npos)
+        << b.err;
+  }
+}
+
+TEST_F(CliTest, EndlessOrSpecialFilesExitTwoNamingThePath) {
+  // Was: /dev/zero read until memory ran out; a FIFO blocked for a writer.
+  CliResult zero = run_bounded("/dev/zero");
+  EXPECT_EQ(zero.rc, 2) << zero.err;
+  EXPECT_NE(zero.err.find("/dev/zero: is a character device, not a regular file"),
+            std::string::npos)
+      << zero.err;
+
+  std::string fifo = (dir_ / "pipe.json").string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  CliResult pipe = run_bounded(shell_quote(fifo));
+  EXPECT_EQ(pipe.rc, 2) << pipe.err;
+  EXPECT_NE(pipe.err.find("pipe.json: is a FIFO (named pipe), not a regular file"),
+            std::string::npos)
+      << pipe.err;
+
+  CliResult dir = run_bounded(shell_quote(dir_.string()));
+  EXPECT_EQ(dir.rc, 2) << dir.err;
+  EXPECT_NE(dir.err.find("is a directory, not a regular file"), std::string::npos) << dir.err;
+
+  // A regular file that never ends: pagemap reads on across the whole address space.
+  struct stat st {};
+  if (stat("/proc/self/pagemap", &st) == 0 && S_ISREG(st.st_mode) &&
+      access("/proc/self/pagemap", R_OK) == 0) {
+    CliResult endless = run_bounded("/proc/self/pagemap");
+    EXPECT_EQ(endless.rc, 2) << endless.err;
+    EXPECT_NE(endless.err.find("pagemap: the config file holds more than 64 MiB"),
+              std::string::npos)
+        << endless.err;
+  }
+
+  std::string big = write("big.json", "{}");
+  fs::resize_file(big, (64 << 20) + 1);  // sparse
+  CliResult large = run_bounded(shell_quote(big));
+  EXPECT_EQ(large.rc, 2) << large.err;
+  EXPECT_NE(large.err.find("big.json: the config file is 67108865 bytes; allowed: at most 64 MiB"),
+            std::string::npos)
+      << large.err;
 }
 
 TEST_F(CliTest, FileFromTheEnvironment) {

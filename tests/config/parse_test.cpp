@@ -191,6 +191,15 @@ TEST(ParseBadInput, EveryErrorIsReportedAtOnce) {
   }
 }
 
+TEST(ParseBadInput, ErrorsInsideANestedSectionAreInFileOrder) {
+  // The reader checks device before pin_memory; the file has them the other way round.
+  auto issues = parse_errors(
+      R"({"zero_optimization": {"offload_param": {"pin_memory": 3, "device": "gpu"}}})");
+  ASSERT_EQ(issues.size(), 2u) << dump(issues);
+  EXPECT_EQ(issues[0].json_path, "zero_optimization.offload_param.pin_memory");
+  EXPECT_EQ(issues[1].json_path, "zero_optimization.offload_param.device");
+}
+
 TEST(ParseBadInput, SingleErrorMessageFitsOnOneLine) {
   try {
     parse_config(R"({"zero_optimization": {"stage": 9}})", "one.json");
