@@ -7,6 +7,7 @@
 #include "common/log.hpp"
 #include "engine/config/config.hpp"
 #include "engine/config/file_order.hpp"
+#include "engine/config/key_effects.hpp"
 #include "engine/config/lenient_json.hpp"
 #include "engine/config/section_parsers.hpp"
 
@@ -182,6 +183,7 @@ void read_top_level(SectionReader& root, Diagnostics& d, Config& c) {
   read_outcore(root, d, c.outcore);
   read_ignored_top_level(root);
   root.finish();
+  for (ConfigIssue& w : detail::keys_without_effect(c)) d.warn(w.json_path, w.message);
   if (c.fp16.enabled.value_or(false) && c.bf16.enabled.value_or(false)) {
     d.error("bf16.enabled",
             "true while fp16.enabled is also true; allowed: at most one of "

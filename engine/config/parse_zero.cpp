@@ -64,20 +64,6 @@ void read_legacy_offload(SectionReader& z, std::string_view key, bool section_gi
   if (on) device = OffloadDevice::kCpu;
 }
 
-void warn_unimplemented_zero(SectionReader& z, const ZeroConfig& zc) {
-  auto warn = [&](std::string_view key, bool is_default) {
-    if (!is_default) {
-      z.diagnostics().warn(z.key_path(key),
-                           "outcore does not implement this DeepSpeed feature; ignored");
-    }
-  };
-  warn("mics_shard_size", zc.mics_shard_size <= 0);
-  warn("zero_hpz_partition_size", zc.zero_hpz_partition_size == 1);
-  warn("zero_quantized_weights", !zc.zero_quantized_weights);
-  warn("zero_quantized_gradients", !zc.zero_quantized_gradients);
-  warn("zero_quantized_nontrainable_weights", !zc.zero_quantized_nontrainable_weights);
-}
-
 // The stage3_* keys are also accepted without their prefix, as DeepSpeed does.
 template <typename Read>
 void read_aliased(SectionReader& z, std::string_view stage3_name, Read read) {
@@ -186,7 +172,6 @@ void read_zero(SectionReader& root, Diagnostics& d, ZeroConfig& zc) {
   z.get("zero_quantized_weights", zc.zero_quantized_weights);
   z.get("zero_quantized_gradients", zc.zero_quantized_gradients);
   z.get("zero_quantized_nontrainable_weights", zc.zero_quantized_nontrainable_weights);
-  warn_unimplemented_zero(z, zc);
 
   bool param_given = read_offload_param(z, d, zc.offload_param);
   bool optimizer_given = read_offload_optimizer(z, d, zc.offload_optimizer);

@@ -343,6 +343,18 @@ TEST_F(TrainCliTest, EstimateAndTrainAgreeOnWhatFits) {
   EXPECT_EQ(t.rc, 0) << t.err;
 }
 
+// outcore.log_level decides what is logged: debug shows the checkpoint writer's timings.
+TEST_F(TrainCliTest, LogLevelFromTheConfigSetsWhatIsLogged) {
+  const std::string ck = data_.file("ckpt");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.find("debug:"), std::string::npos) << r.err;
+  config_ = write_config("debug.json", {{"outcore", {{"log_level", "debug"}}}});
+  r = run(train_args("--steps 2 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("checkpoint global_step2: prepared"), std::string::npos) << r.err;
+}
+
 TEST_F(TrainCliTest, BadNumbersAreRefused) {
   const std::string base = "train --config " + shell_quote(config_) + " --model " +
                            shell_quote(model_) + " --data " + shell_quote(data_.train());

@@ -1,0 +1,227 @@
+// Every config key's effect in outcore, and the warnings for the keys that have none.
+#include "engine/config/key_effects.hpp"
+
+#include <fmt/format.h>
+
+namespace outcore::config::detail {
+namespace {
+
+constexpr bool H = true;   // honoured
+constexpr bool N = false;  // no effect
+
+// Sorted by section as to_json prints them. Scheduler parameters (under "scheduler") are all
+// honoured by the lr schedules (tests/train/lr_schedule_test.cpp) and not listed one by one.
+constexpr KeyEffect kEffects[] = {
+    {"train_batch_size", H, "tests/config/batch_test.cpp: BatchInference.InfersTheMissingKeys"},
+    {"train_micro_batch_size_per_gpu", H,
+     "tests/trainer/trainer_test.cpp: TrainerTest.GradientAccumulationEqualsOneLargerBatch"},
+    {"gradient_accumulation_steps", H,
+     "tests/trainer/trainer_test.cpp: TrainerTest.GradientAccumulationEqualsOneLargerBatch"},
+    {"gradient_clipping", H,
+     "tests/zero/step_test.cpp: ZeroStep.UnscaleAndClipIsDeepSpeedsCombinedMultiplier"},
+    {"steps_per_print", H, "tests/train/metrics_test.cpp: Metrics.RefreshModeKeepsEveryNthLine"},
+    {"wall_clock_breakdown", N,
+     "outcore's progress line and metrics file always report step time, tokens/s and I/O rates"},
+    {"memory_breakdown", N, "outcore's progress line always reports the device memory peak"},
+    {"prescale_gradients", N,
+     "outcore reduces gradients in fp32 and applies 1/world once, in the optimizer step's "
+     "multiplier"},
+    {"gradient_predivide_factor", N,
+     "outcore reduces gradients in fp32 and applies 1/world once, in the optimizer step's "
+     "multiplier"},
+    {"zero_allow_untested_optimizer", N, "outcore implements only Adam and AdamW"},
+    {"fp16.enabled", H,
+     "tests/trainer/trainer_test.cpp: TrainerTest.Fp16OverflowSkipsTheStepAndHalvesTheScale"},
+    {"fp16.auto_cast", N,
+     "outcore's model computes in fp32 from fp16-stored parameters; there is no autocast"},
+    {"fp16.loss_scale", H, "tests/train/loss_scaler_test.cpp: LossScaler.StaticScaleNeverChanges"},
+    {"fp16.initial_scale_power", H,
+     "tests/train/loss_scaler_test.cpp: LossScaler.StartsAtTwoToTheInitialPower"},
+    {"fp16.loss_scale_window", H,
+     "tests/train/loss_scaler_test.cpp: LossScaler.GrowsAfterEachWindowOfCleanSteps"},
+    {"fp16.hysteresis", H,
+     "tests/trainer/trainer_test.cpp: TrainerTest.Fp16HysteresisDelaysTheHalving"},
+    {"fp16.consecutive_hysteresis", H,
+     "tests/train/loss_scaler_test.cpp: LossScaler.ConsecutiveHysteresisRefillsOnEveryCleanStep"},
+    {"fp16.min_loss_scale", H,
+     "tests/train/loss_scaler_test.cpp: LossScaler.ScaleStopsAtTheMinimumThenOverflowThere"},
+    {"fp16.fp16_master_weights_and_grads", N,
+     "outcore always keeps fp32 master weights and reduces gradients in fp32"},
+    {"bf16.enabled", H,
+     "tests/zero/equivalence_test.cpp: Equivalence.EveryPlacementMatchesStage0InMemory"},
+    {"bf16.immediate_grad_update", N,
+     "outcore accumulates gradients in fp32 per unit as backward goes"},
+    {"bf16.check_grad_overflow", H,
+     "tests/trainer/trainer_test.cpp: TrainerTest.NonFiniteLossWithoutAnOverflowCheckEndsTheRun"},
+    {"bf16.bf16_master_weights_and_grads", N,
+     "outcore always keeps fp32 master weights and reduces gradients in fp32"},
+    {"bf16.bf16_optimizer_states", N, "outcore keeps Adam moments in fp32"},
+    {"optimizer.type", H,
+     "tests/cpu_adam/torch_oracle_test.cpp: TorchOracle.MatchesTorchAdamAndAdamWWithinOnePpm"},
+    {"optimizer.params.lr", H,
+     "tests/cpu_adam/torch_oracle_test.cpp: TorchOracle.MatchesTorchAdamAndAdamWWithinOnePpm"},
+    {"optimizer.params.betas", H,
+     "tests/cpu_adam/torch_oracle_test.cpp: TorchOracle.MatchesTorchAdamAndAdamWWithinOnePpm"},
+    {"optimizer.params.eps", H,
+     "tests/cpu_adam/torch_oracle_test.cpp: TorchOracle.MatchesTorchAdamAndAdamWWithinOnePpm"},
+    {"optimizer.params.weight_decay", H,
+     "tests/cpu_adam/torch_oracle_test.cpp: TorchOracle.MatchesTorchAdamAndAdamWWithinOnePpm"},
+    {"optimizer.params.bias_correction", H,
+     "tests/cpu_adam/adam_step_test.cpp: AdamStep.FirstBiasCorrectedStepMovesEveryParamByLr"},
+    {"optimizer.params.adam_w_mode", H,
+     "tests/cpu_adam/torch_oracle_test.cpp: TorchOracle.MatchesTorchAdamAndAdamWWithinOnePpm"},
+    {"scheduler", H,
+     "tests/train/lr_schedule_test.cpp: LrScheduleOracle.MatchesTheReferenceImplementation"},
+    {"zero_optimization.stage", H,
+     "tests/zero/equivalence_test.cpp: Equivalence.EveryPlacementMatchesStage0InMemory"},
+    {"zero_optimization.contiguous_gradients", N,
+     "outcore's gradients are always one contiguous fp32 slab per unit"},
+    {"zero_optimization.reduce_scatter", N,
+     "outcore always reduce-scatters gradients per unit from stage 2 (same sums as all-reduce)"},
+    {"zero_optimization.reduce_bucket_size", N,
+     "outcore reduces each unit's gradient slab as one collective as its backward ends"},
+    {"zero_optimization.allgather_partitions", N, "outcore always all-gathers updated partitions"},
+    {"zero_optimization.allgather_bucket_size", N,
+     "outcore gathers each unit's slab as one collective"},
+    {"zero_optimization.overlap_comm", N,
+     "outcore always overlaps gradient reduction and parameter gathers with compute on their "
+     "own streams"},
+    {"zero_optimization.load_from_fp32_weights", N,
+     "outcore checkpoints always restore the fp32 master weights"},
+    {"zero_optimization.elastic_checkpoint", N,
+     "outcore checkpoints are flat slabs that load at any world size"},
+    {"zero_optimization.sub_group_size", H,
+     "tests/trainer/resume_test.cpp: ResumeTest.SubGroupsAndPiecesThatDoNotAlignAreBitIdentical"},
+    {"zero_optimization.stage3_prefetch_bucket_size", H,
+     "tests/zero/plan_test.cpp: Plan.SmallLiveAndReuseLimitsTrafficMatchesThePlan"},
+    {"zero_optimization.stage3_param_persistence_threshold", H,
+     "tests/zero/plan_test.cpp: Plan.SmallLiveAndReuseLimitsTrafficMatchesThePlan"},
+    {"zero_optimization.stage3_model_persistence_threshold", H,
+     "tests/zero/plan_test.cpp: Plan.SmallLiveAndReuseLimitsTrafficMatchesThePlan"},
+    {"zero_optimization.stage3_max_live_parameters", H,
+     "tests/zero/plan_test.cpp: Plan.SmallLiveAndReuseLimitsTrafficMatchesThePlan"},
+    {"zero_optimization.stage3_max_reuse_distance", H,
+     "tests/zero/plan_test.cpp: Plan.SmallLiveAndReuseLimitsTrafficMatchesThePlan"},
+    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", N,
+     "outcore exports consolidated weights with `outcore export`"},
+    {"zero_optimization.stage3_module_granularity_threshold", N,
+     "outcore's unit of gathering is always one decoder layer"},
+    {"zero_optimization.stage3_use_all_reduce_for_fetch_params", N,
+     "outcore gathers parameters with all-gather"},
+    {"zero_optimization.stage3_allgather_sequential", N,
+     "outcore gathers each unit's slab as one collective"},
+    {"zero_optimization.round_robin_gradients", N,
+     "outcore's gradient partitions are fixed per rank"},
+    {"zero_optimization.ignore_unused_parameters", N, "every Llama parameter is used"},
+    {"zero_optimization.use_multi_rank_bucket_allreduce", N,
+     "outcore reduces each unit's slab as one collective"},
+    {"zero_optimization.mics_shard_size", N, "outcore does not implement MiCS"},
+    {"zero_optimization.zero_hpz_partition_size", N, "outcore does not implement ZeRO++ hpZ"},
+    {"zero_optimization.zero_quantized_weights", N, "outcore does not implement ZeRO++ qwZ"},
+    {"zero_optimization.zero_quantized_gradients", N, "outcore does not implement ZeRO++ qgZ"},
+    {"zero_optimization.zero_quantized_nontrainable_weights", N,
+     "outcore does not implement ZeRO++"},
+    {"zero_optimization.offload_param.device", H,
+     "tests/zero/equivalence_test.cpp: Equivalence.EveryPlacementMatchesStage0InMemory"},
+    {"zero_optimization.offload_param.nvme_path", H,
+     "tests/zero/plan_test.cpp: Plan.SwapPathWithoutRoomFailsAtStartWithTheBytesNeeded"},
+    {"zero_optimization.offload_param.buffer_count", H,
+     "tests/zero/plan_test.cpp: PlanVsActual.PeaksAndTrafficMatchThePlan"},
+    {"zero_optimization.offload_param.buffer_size", H,
+     "tests/zero/max_in_cpu_test.cpp: "
+     "BufferSize.SmallerThanTheLargestPartitionInASwapFileIsRefused"},
+    {"zero_optimization.offload_param.max_in_cpu", H,
+     "tests/zero/max_in_cpu_test.cpp: MaxInCpu.MixedPlacementTrainsBitIdenticallyToStage0"},
+    {"zero_optimization.offload_param.pin_memory", H,
+     "tests/zero/plan_test.cpp: PlanVsActual.PeaksAndTrafficMatchThePlan"},
+    {"zero_optimization.offload_optimizer.device", H,
+     "tests/zero/equivalence_test.cpp: Equivalence.EveryPlacementMatchesStage0InMemory"},
+    {"zero_optimization.offload_optimizer.nvme_path", H,
+     "tests/zero/plan_test.cpp: Plan.SwapPathWithoutRoomFailsAtStartWithTheBytesNeeded"},
+    {"zero_optimization.offload_optimizer.buffer_count", H,
+     "tests/swap/optimizer_swapper_test.cpp: OptimizerSwapper.StepIsBitIdenticalToInMemoryAdam"},
+    {"zero_optimization.offload_optimizer.pin_memory", H,
+     "tests/zero/plan_test.cpp: PlanVsActual.PeaksAndTrafficMatchThePlan"},
+    {"zero_optimization.offload_optimizer.pipeline_read", H,
+     "tests/swap/optimizer_swapper_test.cpp: OptimizerSwapper.StepIsBitIdenticalToInMemoryAdam"},
+    {"zero_optimization.offload_optimizer.pipeline_write", H,
+     "tests/swap/optimizer_swapper_test.cpp: OptimizerSwapper.StepIsBitIdenticalToInMemoryAdam"},
+    {"zero_optimization.offload_optimizer.fast_init", N,
+     "outcore initialises optimizer swap files with one streamed write per sub-group"},
+    {"zero_optimization.offload_optimizer.ratio", N,
+     "partial optimizer offload (ZeRO-Offload++) is not implemented: every sub-group is stepped "
+     "where offload_optimizer.device puts it"},
+    {"aio.block_size", H,
+     "tests/aio/engine_test.cpp: AioRoundTrip.RandomSizesAndOffsetsSurviveWriteThenRead"},
+    {"aio.queue_depth", H,
+     "tests/aio/engine_test.cpp: AioRoundTrip.RandomSizesAndOffsetsSurviveWriteThenRead"},
+    {"aio.intra_op_parallelism", H,
+     "tests/aio/engine_test.cpp: AioRoundTrip.RandomSizesAndOffsetsSurviveWriteThenRead"},
+    {"aio.single_submit", H,
+     "tests/aio/engine_test.cpp: AioRoundTrip.RandomSizesAndOffsetsSurviveWriteThenRead"},
+    {"aio.overlap_events", H,
+     "tests/aio/engine_test.cpp: AioRoundTrip.RandomSizesAndOffsetsSurviveWriteThenRead"},
+    {"aio.use_gds", N, "outcore does not use GPUDirect Storage"},
+    {"activation_checkpointing.partition_activations", H,
+     "tests/trainer/trainer_test.cpp: TrainerTest.ActivationCheckpointingGivesBitIdenticalLosses"},
+    {"activation_checkpointing.cpu_checkpointing", H,
+     "tests/model/model_test.cpp: Model.CpuCheckpointingGivesTheSameResultsOffTheDeviceBudget"},
+    {"activation_checkpointing.contiguous_memory_optimization", N,
+     "outcore's checkpoints are one preallocated buffer per unit already"},
+    {"activation_checkpointing.number_checkpoints", H,
+     "tests/trainer/trainer_test.cpp: TrainerTest.ActivationCheckpointingGivesBitIdenticalLosses"},
+    {"activation_checkpointing.synchronize_checkpoint_boundary", N,
+     "outcore's compute is synchronous per unit"},
+    {"activation_checkpointing.profile", N, "outcore does not profile checkpointing"},
+    {"outcore.device_memory_mb", H,
+     "tests/zero/budget_test.cpp: ZeroBudget.TenthOfStateOnDeviceTrainsLikeInMemory"},
+    {"outcore.swap_checksum", H,
+     "tests/swap/swapper_test.cpp: Swapper.FlippedByteIsCorruptDataNamingFileAndOffset"},
+    {"outcore.metrics_file", H,
+     "tests/trainer/trainer_test.cpp: TrainerTest.MetricsFileHasOneRecordPerStepWithTierTraffic"},
+    {"outcore.pinned_memory_mb", H,
+     "tests/zero/plan_test.cpp: PlanVsActual.PeaksAndTrafficMatchThePlan"},
+    {"outcore.log_level", H,
+     "tests/trainer/cli_test.cpp: TrainCliTest.LogLevelFromTheConfigSetsWhatIsLogged"},
+};
+
+// The value at dotted `path` of `j`, or nullptr.
+const nlohmann::ordered_json* at_path(const nlohmann::ordered_json& j, std::string_view path) {
+  const nlohmann::ordered_json* cur = &j;
+  while (!path.empty()) {
+    const size_t dot = path.find('.');
+    const std::string key(path.substr(0, dot));
+    if (!cur->is_object()) return nullptr;
+    const auto it = cur->find(key);
+    if (it == cur->end()) return nullptr;
+    cur = &*it;
+    path = dot == std::string_view::npos ? std::string_view() : path.substr(dot + 1);
+  }
+  return cur;
+}
+
+}  // namespace
+
+std::span<const KeyEffect> key_effects() { return kEffects; }
+
+std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
+  // The defaults this config had: overlap_comm's depends on the stage, as in DeepSpeed.
+  Config base;
+  base.zero_optimization.stage = cfg.zero_optimization.stage;
+  base.zero_optimization.overlap_comm = cfg.zero_optimization.stage == 3;
+  const nlohmann::ordered_json defaults = to_json(base);
+  const nlohmann::ordered_json now = to_json(cfg);
+  std::vector<ConfigIssue> out;
+  for (const KeyEffect& e : kEffects) {
+    if (e.honoured) continue;
+    const nlohmann::ordered_json* v = at_path(now, e.path);
+    const nlohmann::ordered_json* d = at_path(defaults, e.path);
+    if (v == nullptr || d == nullptr || *v == *d || (v->is_string() && *v == "auto")) continue;
+    out.push_back({std::string(e.path),
+                   fmt::format("set to {}, but it has no effect in outcore: {} (default {})",
+                               v->dump(), e.note, d->dump())});
+  }
+  return out;
+}
+
+}  // namespace outcore::config::detail

@@ -1,0 +1,141 @@
+// Every config key is honoured or, set to a non-default value, warned about: the table in
+// engine/config/key_effects.cpp covers every key config::to_json prints, each honoured key
+// names a behaviour test that exists, and each no-effect key draws a warning naming it.
+#include "engine/config/key_effects.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "engine/config/config.hpp"
+
+namespace outcore::config::detail {
+namespace {
+
+// A config with every section present (a scheduler too), as to_json prints it.
+nlohmann::ordered_json full_json() {
+  return to_json(parse_config(R"({"train_micro_batch_size_per_gpu": 1,
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})",
+                              "walk")
+                     .config);
+}
+
+const KeyEffect* covering(std::string_view path) {
+  for (const KeyEffect& e : key_effects()) {
+    if (path == e.path) return &e;
+    if (path.size() > e.path.size() && path.substr(0, e.path.size()) == e.path &&
+        path[e.path.size()] == '.')
+      return &e;  // a subtree listed as one entry (scheduler)
+  }
+  return nullptr;
+}
+
+void leaves(const nlohmann::ordered_json& j, const std::string& prefix,
+            std::vector<std::string>& out) {
+  if (j.is_object() && !j.empty()) {
+    for (const auto& [k, v] : j.items()) leaves(v, prefix.empty() ? k : prefix + "." + k, out);
+  } else {
+    out.push_back(prefix);
+  }
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(KeyEffects, EveryKeyIsClassifiedAndNoEntryIsStale) {
+  std::vector<std::string> paths;
+  leaves(full_json(), "", paths);
+  ASSERT_GT(paths.size(), 80u);
+  std::set<std::string_view> used;
+  for (const std::string& p : paths) {
+    const KeyEffect* e = covering(p);
+    EXPECT_NE(e, nullptr) << p
+                          << " is neither honoured nor warned about (add it to "
+                             "engine/config/key_effects.cpp)";
+    if (e) used.insert(e->path);
+  }
+  for (const KeyEffect& e : key_effects())
+    EXPECT_TRUE(used.count(e.path)) << e.path << " is listed but to_json has no such key";
+}
+
+TEST(KeyEffects, EveryHonouredKeyNamesABehaviourTestThatExists) {
+  for (const KeyEffect& e : key_effects()) {
+    if (!e.honoured) continue;
+    const std::string note(e.note);
+    const size_t colon = note.find(": ");
+    ASSERT_NE(colon, std::string::npos) << e.path << ": note \"" << note << "\"";
+    const std::filesystem::path file =
+        std::filesystem::path(OUTCORE_SOURCE_DIR) / note.substr(0, colon);
+    const std::string text = slurp(file);
+    ASSERT_FALSE(text.empty()) << e.path << ": " << file << " does not exist";
+    const std::string test = note.substr(colon + 2);
+    const size_t dot = test.find('.');
+    const std::string suite = test.substr(0, dot);
+    EXPECT_NE(text.find("(" + suite + ","), std::string::npos)
+        << e.path << ": no test suite " << suite << " in " << file;
+    if (dot != std::string::npos)
+      EXPECT_NE(text.find(", " + test.substr(dot + 1) + ")"), std::string::npos)
+          << e.path << ": no test " << test << " in " << file;
+  }
+}
+
+// A value different from `d` of the same kind.
+nlohmann::json other_than(const nlohmann::json& d) {
+  if (d.is_boolean()) return !d.get<bool>();
+  if (d.is_number_integer()) return d.get<int64_t>() == -1 ? 2 : d.get<int64_t>() + 1;
+  if (d.is_number()) return d.get<double>() == 0.0 ? 0.5 : d.get<double>() / 2;
+  return nullptr;
+}
+
+TEST(KeyEffects, EveryKeyWithoutEffectIsWarnedAboutWhenSet) {
+  const nlohmann::ordered_json defaults = full_json();
+  int checked = 0;
+  for (const KeyEffect& e : key_effects()) {
+    if (e.honoured) continue;
+    std::string pointer = "/" + std::string(e.path);
+    for (char& c : pointer)
+      if (c == '.') c = '/';
+    const nlohmann::json d = nlohmann::json(defaults).at(nlohmann::json::json_pointer(pointer));
+    const nlohmann::json v = other_than(d);
+    ASSERT_FALSE(v.is_null()) << e.path << ": no non-default value to try for " << d;
+    nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", 1}, {"bf16", {{"enabled", true}}}};
+    cfg[nlohmann::json::json_pointer(pointer)] = v;
+    if (e.path == "bf16.bf16_optimizer_states")  // DeepSpeed allows it only with this one
+      cfg["bf16"]["bf16_master_weights_and_grads"] = true;
+    if (e.path == "zero_optimization.offload_optimizer.ratio")  // < 1 needs stage 3
+      cfg["zero_optimization"]["stage"] = 3;
+    if (e.path == "activation_checkpointing.contiguous_memory_optimization") {
+      cfg["activation_checkpointing"]["partition_activations"] = true;
+      cfg["activation_checkpointing"]["number_checkpoints"] = 2;
+    }
+    const ParsedConfig p = parse_config(cfg.dump(), "key test");
+    bool warned = false;
+    for (const ConfigWarning& w : p.warnings)
+      warned |= w.json_path == e.path && w.message.find("no effect") != std::string::npos;
+    EXPECT_TRUE(warned) << e.path << " set to " << v << " drew no warning";
+    ++checked;
+  }
+  EXPECT_GT(checked, 20);
+}
+
+TEST(KeyEffects, DefaultsAndHonouredKeysDrawNoSuchWarning) {
+  // Every section at its default, then honoured keys changed: no "no effect" warning.
+  const ParsedConfig p = parse_config(R"({"train_micro_batch_size_per_gpu": 2,
+      "gradient_clipping": 0.5, "zero_optimization": {"stage": 3, "sub_group_size": 1000,
+      "offload_optimizer": {"device": "cpu", "pipeline_read": true}},
+      "aio": {"queue_depth": 32}, "fp16": {"enabled": true, "hysteresis": 3}})",
+                                      "honoured");
+  for (const ConfigWarning& w : p.warnings)
+    EXPECT_EQ(w.message.find("no effect"), std::string::npos) << w.to_string();
+}
+
+}  // namespace
+}  // namespace outcore::config::detail
