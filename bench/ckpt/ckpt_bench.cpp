@@ -195,12 +195,14 @@ int main(int argc, char** argv) {
           fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
         "bf16": {{"enabled": true}},
         "zero_optimization": {{"stage": 3, "sub_group_size": 10000000,
-          "offload_param": {{"device": "{1}", "nvme_path": "{0}", "buffer_count": 3}},
+          "offload_param": {{"device": "{1}", "nvme_path": "{0}", "buffer_count": 3{2}}},
           "offload_optimizer": {{"device": "{1}", "nvme_path": "{0}", "buffer_count": 3,
                                  "pipeline_read": true, "pipeline_write": true}}}},
         "aio": {{"block_size": 1048576, "queue_depth": 32, "intra_op_parallelism": 1}},
         "outcore": {{"device_memory_mb": 2048}}}})",
-                      (root / "swap").string(), offload),
+                      (root / "swap").string(), offload,
+                      // nvme: every parameter partition in a swap file, none in host memory
+                      offload == "nvme" ? R"(, "max_in_cpu": 0)" : ""),
           "ckpt_bench")
           .config;
   config::resolve_auto(cfg, {});

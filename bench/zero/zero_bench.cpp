@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
   Runner ooc("nvme (stage 3, params+optimizer on NVMe)",
              "{" + common +
                  fmt::format(R"("zero_optimization": {{"stage": 3,
-                  "offload_param": {{"device": "nvme", "nvme_path": "{0}"}},
+                  "offload_param": {{"device": "nvme", "nvme_path": "{0}", "max_in_cpu": 0}},
                   "offload_optimizer": {{"device": "nvme", "nvme_path": "{0}",
                                          "pipeline_read": true, "pipeline_write": true}},
                   "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}},

@@ -89,10 +89,10 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
       .budget_bytes = plan.pinned_pool_bytes,
       .lock = z.offload_param.pin_memory && z.offload_optimizer.pin_memory});
 
-  if (p.params == Tier::kNvme || p.optimizer == Tier::kNvme)
+  if (p.nvme_param_units > 0 || p.optimizer == Tier::kNvme)
     aio = std::make_unique<aio::Engine>(aio_options(cfg.aio), options.io_backend);
   const swap::SwapperOptions so{.verify_checksums = cfg.outcore.swap_checksum};
-  if (p.params == Tier::kNvme) {
+  if (p.nvme_param_units > 0) {  // only the units max_in_cpu leaves out of host memory
     make_swap_dir(plan.param_nvme_path, "zero_optimization.offload_param.nvme_path");
     param_space = std::make_unique<swap::SwapSpace>(
         swap::SwapSpaceOptions{.nvme_path = plan.param_nvme_path, .rank = g.rank},
@@ -125,8 +125,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
       full_params.push_back(
           device.alloc(g.units[u].padded * g.param_bytes, fmt::format("parameters of unit {}", u)));
   } else {
-    home =
-        std::make_unique<detail::ParamHome>(p.params, g, device, pool.get(), param_swapper.get());
+    home = std::make_unique<detail::ParamHome>(g, device, pool.get(), param_swapper.get());
     std::vector<swap::PinnedBuffer> fetch_buffers;
     for (size_t k = 0; k < pl.fetch_slots; ++k)
       fetch_buffers.push_back(pool->acquire(pl.fetch_slot_bytes));

@@ -101,18 +101,11 @@ void ZeroEngine::Impl::wait_publications() {
 // Where the new own elements of `unit` are written: straight into the parameters' home when
 // the optimizer can write there, else into staging slot `slot` (then copied or swapped out).
 std::byte* ZeroEngine::Impl::publish_target(int unit, size_t slot, bool& staged) {
-  const Placement& p = g.placement;
   const detail::UnitGeometry& ug = g.units[unit];
-  staged = true;
-  if (p.stage < 3 && p.optimizer == Tier::kDevice) {
-    staged = false;
-    return full_params[unit].as<std::byte>() + ug.own_off * g.param_bytes;
-  }
-  if (p.stage == 3 && (p.params == Tier::kPinned || p.params == Tier::kHost ||
-                       (p.params == Tier::kDevice && p.optimizer == Tier::kDevice))) {
-    staged = false;
-    return home->resident(unit);
-  }
+  staged = detail::staged_publication(g.placement, static_cast<size_t>(unit));
+  if (!staged)
+    return g.placement.stage < 3 ? full_params[unit].as<std::byte>() + ug.own_off * g.param_bytes
+                                 : home->resident(unit);
   wait_slot(slot);
   return publish_slots.at(slot).buf.data();
 }
@@ -123,7 +116,7 @@ void ZeroEngine::Impl::finish_publish(int unit, size_t slot, bool staged) {
   const size_t bytes = ug.own_len * g.param_bytes;
   PublishSlot* s = staged ? &publish_slots.at(slot) : nullptr;
   if (staged) {
-    if (p.stage == 3 && p.params == Tier::kNvme) {
+    if (p.stage == 3 && home->tier(unit) == Tier::kNvme) {
       s->write = home->start_write(unit, s->buf.data());
     } else {
       std::byte* dst = p.stage < 3 ? full_params[unit].as<std::byte>() + ug.own_off * g.param_bytes
@@ -294,7 +287,7 @@ void ZeroEngine::Impl::get_master_weights(int unit, std::span<float> out) {
 
 void ZeroEngine::Impl::copy_home_partition(int unit, std::span<std::byte> own) {
   const size_t part_bytes = own.size();
-  switch (home->tier()) {
+  switch (home->tier(unit)) {
     case Tier::kDevice:
       copy->copy_d2h(own.data(), home->resident(unit), part_bytes);
       copy->synchronize();
@@ -377,9 +370,9 @@ void ZeroEngine::Impl::visit_param_partition(
   const std::byte* src = nullptr;  // device memory holding the partition
   if (g.placement.stage < 3) {
     src = full_params[unit].as<std::byte>() + ug.own_off * g.param_bytes;
-  } else if (home->tier() == Tier::kDevice) {
+  } else if (home->tier(unit) == Tier::kDevice) {
     src = home->resident(unit);
-  } else if (home->tier() != Tier::kNvme) {
+  } else if (home->tier(unit) != Tier::kNvme) {
     return fn({home->resident(unit), own_bytes});  // pinned or host memory
   } else {
     PublishSlot& s = publish_slots.at(0);

@@ -68,6 +68,64 @@ Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& 
   return p;
 }
 
+namespace {
+
+// offload_param.max_in_cpu: the longest prefix of units whose partitions fit together stays
+// in host memory (DeepSpeed keeps up to max_in_cpu elements of partitions in CPU buffers);
+// offload_param.buffer_size must hold the largest partition left in swap files.
+void split_param_homes(const config::Config& cfg, Geometry& g) {
+  const config::OffloadParamConfig& o = cfg.zero_optimization.offload_param;
+  Placement& p = g.placement;
+  p.host_params = o.pin_memory ? Tier::kPinned : Tier::kHost;
+  const uint64_t max_in_cpu = static_cast<uint64_t>(std::max<int64_t>(0, o.max_in_cpu));
+  uint64_t in_cpu = 0;
+  size_t host = 0;
+  while (host < g.units.size() && in_cpu + g.units[host].part <= max_in_cpu)
+    in_cpu += g.units[host++].part;
+  p.host_param_units = host;
+  p.nvme_param_units = g.units.size() - host;
+  size_t largest = 0;
+  for (size_t u = host; u < g.units.size(); ++u) {
+    if (g.units[u].part <= g.max_nvme_part) continue;
+    g.max_nvme_part = g.units[u].part;
+    largest = u;
+  }
+  if (p.nvme_param_units > 0 && static_cast<uint64_t>(o.buffer_size) < g.max_nvme_part)
+    throw ConfigError(
+        "zero_optimization.offload_param.buffer_size",
+        fmt::format("got {}; each parameter fetch buffer must hold the largest partition in a "
+                    "swap file: {} elements (unit {}); allowed: >= {}",
+                    o.buffer_size, g.max_nvme_part, largest, g.max_nvme_part));
+}
+
+// offload_param keys set to a value that changes nothing (outcore sizes fetch buffers exactly).
+void warn_unused_offload_param_keys(const config::Config& cfg, const Geometry& g) {
+  const config::OffloadParamConfig& o = cfg.zero_optimization.offload_param;
+  const config::OffloadParamConfig defaults;
+  const Placement& p = g.placement;
+  if (p.stage != 3) return;  // the whole section is ignored, with its own warning
+  if (o.buffer_size != defaults.buffer_size) {
+    if (p.nvme_param_units > 0)
+      log::warn(
+          "zero_optimization.offload_param.buffer_size {} has no effect beyond the check that "
+          "it holds the largest parameter partition in a swap file ({} elements): outcore "
+          "sizes each fetch buffer to that partition exactly",
+          o.buffer_size, g.max_nvme_part);
+    else
+      log::warn(
+          "zero_optimization.offload_param.buffer_size {} has no effect: no parameter "
+          "partition is in a swap file",
+          o.buffer_size);
+  }
+  if (o.max_in_cpu != defaults.max_in_cpu && p.params != Tier::kNvme)
+    log::warn(
+        "zero_optimization.offload_param.max_in_cpu {} has no effect: it applies to "
+        "offload_param.device nvme",
+        o.max_in_cpu);
+}
+
+}  // namespace
+
 Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model, int world,
                        int rank, bool warn, GradientPlacement gradients) {
   if (world < 1 || rank < 0 || rank >= world)
@@ -97,6 +155,8 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
     g.max_padded = std::max(g.max_padded, u.padded);
     g.units.push_back(u);
   }
+  if (stage == 3 && g.placement.params == Tier::kNvme) split_param_homes(cfg, g);
+  if (warn) warn_unused_offload_param_keys(cfg, g);
   if (g.placement.optimizer == Tier::kNvme && gradients != GradientPlacement::kHost) {
     uint64_t bytes = 0;
     for (const UnitGeometry& u : g.units) bytes += u.accum_len * sizeof(float);
@@ -105,6 +165,11 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
       g.placement.gradients = Tier::kNvme;
   }
   return g;
+}
+
+bool staged_publication(const Placement& p, size_t unit) {
+  const Tier home = p.param_home(unit);
+  return home == Tier::kNvme || (home == Tier::kDevice && p.optimizer != Tier::kDevice);
 }
 
 uint64_t mem_available_bytes() {

@@ -30,6 +30,7 @@ struct Geometry {
   size_t max_own_len = 0;
   size_t max_part = 0;
   size_t max_padded = 0;
+  size_t max_nvme_part = 0;     // the largest partition homed in a swap file (0: none)
   uint64_t sub_group_size = 0;  // optimizer sub-group elements (zero sub_group_size)
 };
 
@@ -38,8 +39,18 @@ struct Geometry {
 // stage 3 ignored; nvme optimizer below stage 3).
 Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& model, bool warn);
 
+// The placement and every unit's sizes for rank `rank` of `world`. At stage 3 with
+// offload_param nvme it splits the units between host memory and swap files by
+// offload_param.max_in_cpu and throws ConfigError naming offload_param.buffer_size when that is
+// smaller than the largest partition in a swap file. With `warn`, logs the warnings of
+// resolve_placement and one for an offload_param.buffer_size that has no further effect.
 Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model, int world,
                        int rank, bool warn, GradientPlacement gradients = GradientPlacement::kHost);
+
+// Whether new low-precision parameters of `unit` go through a pinned staging slot after Adam
+// (then copied host-to-device or written to the unit's swap file) rather than being written
+// by the optimizer straight into their home.
+bool staged_publication(const Placement& p, size_t unit);
 
 // MemAvailable from /proc/meminfo in bytes (0 when unknown).
 uint64_t mem_available_bytes();

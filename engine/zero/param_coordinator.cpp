@@ -10,24 +10,25 @@ namespace outcore::zero::detail {
 
 // ---- ParamHome ------------------------------------------------------------------------------
 
-ParamHome::ParamHome(Tier tier, const Geometry& g, device::Device& device, swap::PinnedPool* pool,
+ParamHome::ParamHome(const Geometry& g, device::Device& device, swap::PinnedPool* pool,
                      swap::Swapper* swapper)
-    : tier_(tier), g_(g), swapper_(swapper) {
+    : g_(g), swapper_(swapper), parts_(g.units.size()) {
   for (size_t u = 0; u < g.units.size(); ++u) {
-    const size_t b = bytes(static_cast<int>(u));
-    switch (tier) {
+    const int unit = static_cast<int>(u);
+    const size_t b = bytes(unit);
+    Partition& p = parts_[u];
+    switch (tier(unit)) {
       case Tier::kDevice:
-        device_.push_back(device.alloc(b, fmt::format("parameter partition of unit {}", u)));
+        p.device = device.alloc(b, fmt::format("parameter partition of unit {}", u));
         break;
       case Tier::kPinned:
-        pinned_.push_back(pool->acquire(b));
+        p.pinned = pool->acquire(b);
         break;
       case Tier::kHost:
-        host_.emplace_back(b);
+        p.host = AlignedBuffer(b);
         break;
       case Tier::kNvme:
-        ids_.push_back(
-            swapper->space().find(static_cast<uint32_t>(u), swap::SwapKind::kParam, "p"));
+        p.id = swapper->space().find(static_cast<uint32_t>(u), swap::SwapKind::kParam, "p");
         break;
     }
   }
@@ -36,13 +37,14 @@ ParamHome::ParamHome(Tier tier, const Geometry& g, device::Device& device, swap:
 size_t ParamHome::bytes(int unit) const { return g_.units.at(unit).part * g_.param_bytes; }
 
 std::byte* ParamHome::resident(int unit) {
-  switch (tier_) {
+  Partition& p = parts_.at(unit);
+  switch (tier(unit)) {
     case Tier::kDevice:
-      return device_.at(unit).as<std::byte>();
+      return p.device.as<std::byte>();
     case Tier::kPinned:
-      return pinned_.at(unit).data();
+      return p.pinned.data();
     case Tier::kHost:
-      return host_.at(unit).data();
+      return p.host.data();
     case Tier::kNvme:
       break;
   }
@@ -50,11 +52,11 @@ std::byte* ParamHome::resident(int unit) {
 }
 
 swap::SwapTicket ParamHome::start_read(int unit, std::byte* buf) {
-  return swapper_->swap_in(ids_.at(unit), {buf, bytes(unit)});
+  return swapper_->swap_in(parts_.at(unit).id, {buf, bytes(unit)});
 }
 
 swap::SwapTicket ParamHome::start_write(int unit, const std::byte* buf) {
-  return swapper_->swap_out(ids_.at(unit), {buf, bytes(unit)});
+  return swapper_->swap_out(parts_.at(unit).id, {buf, bytes(unit)});
 }
 
 // ---- ParamCoordinator -----------------------------------------------------------------------
@@ -72,14 +74,11 @@ ParamCoordinator::ParamCoordinator(const Geometry& g, ParamHome& home, device::D
       fetch_buffers_(std::move(fetch_buffers)),
       traffic_(traffic),
       slots_(g.units.size()),
-      policy_(g, std::move(options), home.tier() == Tier::kNvme ? fetch_buffers_.size() : 0,
-              *this) {
+      policy_(g, std::move(options), fetch_buffers_.size(), *this) {
   for (Slot& s : slots_) {
     s.copied = device.create_event();
     s.ready = device.create_event();
   }
-  if (home.tier() == Tier::kNvme && fetch_buffers_.empty())
-    throw InvalidArgument("zero: parameters on NVMe need at least one pinned fetch buffer");
 }
 
 ParamCoordinator::~ParamCoordinator() = default;
@@ -92,7 +91,7 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
   s.buf = device_.alloc(full_bytes, fmt::format("gathered parameters of unit {}", unit));
   std::byte* slab = s.buf.as<std::byte>();
   std::byte* own = slab + static_cast<size_t>(g_.rank) * part_bytes;
-  switch (home_.tier()) {
+  switch (home_.tier(unit)) {
     case Tier::kNvme: {
       std::byte* staging = fetch_buffers_.at(fetch_buffer).data();
       const swap::SwapTicket t = home_.start_read(unit, staging);

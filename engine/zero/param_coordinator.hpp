@@ -29,36 +29,43 @@ struct TrafficCounters {
   std::atomic<uint64_t> d2h{0};
 };
 
-// Where the low-precision partition of every unit lives between uses (stage 3).
+// Where the low-precision partition of every unit lives between uses (stage 3), each unit in
+// its own tier (g.placement.param_home: offload_param.max_in_cpu splits the units between host
+// memory and swap files).
 class ParamHome {
  public:
-  // tier kDevice: device buffers; kPinned: pool leases; kHost: host buffers; kNvme: the
-  // swapper's kParam files (swapper must be non-null).
-  ParamHome(Tier tier, const Geometry& g, device::Device& device, swap::PinnedPool* pool,
+  // Per unit: kDevice: a device buffer; kPinned: a pool lease (pool non-null); kHost: a host
+  // buffer; kNvme: the swapper's kParam file of the unit (swapper non-null).
+  ParamHome(const Geometry& g, device::Device& device, swap::PinnedPool* pool,
             swap::Swapper* swapper);
-  Tier tier() const { return tier_; }
+  Tier tier(int unit) const { return g_.placement.param_home(static_cast<size_t>(unit)); }
   size_t bytes(int unit) const;  // partition bytes
   // The partition's memory (device or host) for kDevice / kPinned / kHost; nullptr for kNvme.
   std::byte* resident(int unit);
-  // kNvme: start reading / writing the partition; `buf` is a 4 KiB-aligned buffer of at
+  // kNvme units: start reading / writing the partition; `buf` is a 4 KiB-aligned buffer of at
   // least align_up(bytes(unit), 4096) bytes.
   swap::SwapTicket start_read(int unit, std::byte* buf);
   swap::SwapTicket start_write(int unit, const std::byte* buf);
+  // The swapper of the kNvme units (nullptr when there are none).
   swap::Swapper* swapper() const { return swapper_; }
 
  private:
-  Tier tier_;
+  // One unit's partition; only the member of its tier is used.
+  struct Partition {
+    device::DeviceBuffer device;
+    swap::PinnedBuffer pinned;
+    AlignedBuffer host;
+    swap::TensorId id;
+  };
   const Geometry& g_;
   swap::Swapper* swapper_ = nullptr;
-  std::vector<device::DeviceBuffer> device_;
-  std::vector<swap::PinnedBuffer> pinned_;
-  std::vector<AlignedBuffer> host_;
-  std::vector<swap::TensorId> ids_;
+  std::vector<Partition> parts_;
 };
 
 class ParamCoordinator final : private ResidencyActions {
  public:
-  // fetch_buffers: pinned staging for NVMe reads (may be empty for other homes).
+  // fetch_buffers: pinned staging for reads of the units in swap files (at least one when
+  // there are such units, InvalidArgument otherwise; may be empty for other homes).
   ParamCoordinator(const Geometry& g, ParamHome& home, device::Device& device, device::Stream& copy,
                    device::Stream& comm_stream, comm::Comm& comm,
                    std::vector<swap::PinnedBuffer> fetch_buffers, TrafficCounters& traffic,

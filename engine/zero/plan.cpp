@@ -53,9 +53,10 @@ namespace detail {
 std::vector<swap::SwapFileSpec> param_swap_files(const Geometry& g) {
   std::vector<swap::SwapFileSpec> files;
   for (size_t u = 0; u < g.units.size(); ++u)
-    files.push_back({.unit = static_cast<uint32_t>(u),
-                     .kind = swap::SwapKind::kParam,
-                     .tensors = {{"p", g.units[u].part * g.param_bytes}}});
+    if (g.placement.param_home(u) == Tier::kNvme)
+      files.push_back({.unit = static_cast<uint32_t>(u),
+                       .kind = swap::SwapKind::kParam,
+                       .tensors = {{"p", g.units[u].part * g.param_bytes}}});
   return files;
 }
 
@@ -92,21 +93,25 @@ uint64_t optimizer_lease_bytes(const Geometry& g, unsigned buffer_count) {
 PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, bool reduced) {
   const Placement& p = g.placement;
   PinnedLayout l;
-  if (p.params == Tier::kPinned)
-    for (const UnitGeometry& u : g.units)
-      l.param_partitions += align_up(u.part * g.param_bytes, kIoAlignment);
-  if (p.params == Tier::kNvme) {
+  size_t staged_own_len = 0;  // the longest partition published through a staging slot
+  bool staged = false;
+  for (size_t u = 0; u < g.units.size(); ++u) {
+    if (p.param_home(u) == Tier::kPinned)
+      l.param_partitions += align_up(g.units[u].part * g.param_bytes, kIoAlignment);
+    if (!staged_publication(p, u)) continue;
+    staged = true;
+    staged_own_len = std::max(staged_own_len, g.units[u].own_len);
+  }
+  if (p.nvme_param_units > 0) {
     l.fetch_slots = reduced ? 1
                             : static_cast<size_t>(std::max<int64_t>(
                                   1, cfg.zero_optimization.offload_param.buffer_count));
-    l.fetch_slot_bytes = align_up(g.max_part * g.param_bytes, kIoAlignment);
+    l.fetch_slot_bytes = align_up(g.max_nvme_part * g.param_bytes, kIoAlignment);
   }
-  const bool staged_writeback =
-      p.params == Tier::kNvme || (p.params == Tier::kDevice && p.optimizer != Tier::kDevice);
   const size_t concurrent = p.optimizer == Tier::kNvme && !reduced ? 2 : 1;
-  if (staged_writeback) {
+  if (staged) {
     l.writeback_slots = concurrent + 1;  // one per unit step in flight, one being written
-    l.writeback_slot_bytes = align_up(g.max_own_len * g.param_bytes, kIoAlignment);
+    l.writeback_slot_bytes = align_up(staged_own_len * g.param_bytes, kIoAlignment);
   }
   if (p.optimizer == Tier::kNvme) {
     l.optimizer_buffer_count = static_cast<unsigned>(
@@ -157,6 +162,14 @@ uint64_t live_param_min_bytes(const model::LlamaModel& model, const Geometry& g,
 
 namespace {
 
+// "(offload_param cpu, pinned)", or for the units offload_param.max_in_cpu keeps in host
+// memory "of units 0..k-1 (max_in_cpu, pinned)".
+std::string host_params_what(const Placement& p, std::string_view pinned) {
+  if (p.params != Tier::kNvme) return fmt::format("(offload_param cpu, {})", pinned);
+  if (p.host_param_units == 0) return "";  // nothing to describe: no such item
+  return fmt::format("of units 0..{} (max_in_cpu, {})", p.host_param_units - 1, pinned);
+}
+
 void add(Plan& plan, Tier tier, std::string what, uint64_t bytes) {
   if (bytes == 0) return;
   plan.items.push_back({tier, std::move(what), bytes});
@@ -171,18 +184,18 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
   if (p.stage == 3) {
     // The coordinator's own policy replayed over one step's passes: every fetch it takes,
     // refetches after release, eviction or the max_live cap included.
-    const size_t fetch_buffers =
-        p.params == Tier::kNvme ? detail::effective_pinned_layout(cfg, g).fetch_slots : 0;
+    const size_t fetch_buffers = detail::effective_pinned_layout(cfg, g).fetch_slots;
     const auto fetches = detail::fetches_per_step(
         model, g, detail::coordinator_options(cfg, g, plan.device_live_param_bytes), fetch_buffers,
         plan.micro_batches_per_step);
     for (size_t u = 0; u < g.units.size(); ++u) {
       const uint64_t bytes = fetches[u] * g.units[u].part * g.param_bytes;
-      if (p.params == Tier::kNvme) t.nvme_read += bytes;
-      if (p.params != Tier::kDevice) t.h2d += bytes;
+      if (p.param_home(u) == Tier::kNvme) t.nvme_read += bytes;
+      if (p.param_home(u) != Tier::kDevice) t.h2d += bytes;
     }
   }
-  for (const detail::UnitGeometry& u : g.units) {
+  for (size_t unit = 0; unit < g.units.size(); ++unit) {
+    const detail::UnitGeometry& u = g.units[unit];
     const uint64_t chunk = (p.stage >= 2 ? u.part : u.accum_len) * sizeof(float);
     if (p.gradients != Tier::kDevice) t.d2h += m * chunk;
     if (p.gradients == Tier::kNvme) {
@@ -194,9 +207,10 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
       t.nvme_read += 3 * u.own_len * sizeof(float);
       t.nvme_write += 3 * u.own_len * sizeof(float);
     }
+    // New parameters after Adam: written to the swap file, or copied to the device.
     const uint64_t lowp = u.own_len * g.param_bytes;
-    if (p.params == Tier::kNvme) t.nvme_write += lowp;
-    if (p.params == Tier::kDevice && p.optimizer != Tier::kDevice) t.h2d += lowp;
+    if (p.param_home(unit) == Tier::kNvme) t.nvme_write += lowp;
+    if (p.param_home(unit) == Tier::kDevice && p.optimizer != Tier::kDevice) t.h2d += lowp;
   }
 }
 
@@ -278,7 +292,7 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   // ---- pinned
   const uint64_t pinned_limit = cfg.outcore.pinned_memory_mb << 20;
   const detail::PinnedLayout pl = detail::effective_pinned_layout(cfg, g);
-  add(plan, Tier::kPinned, pd + " parameter partitions (offload_param cpu, pinned)",
+  add(plan, Tier::kPinned, pd + " parameter partitions " + host_params_what(p, "pinned"),
       pl.param_partitions);
   add(plan, Tier::kPinned,
       fmt::format("parameter fetch buffers ({} x {} B)", pl.fetch_slots, pl.fetch_slot_bytes),
@@ -306,18 +320,26 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
     add(plan, Tier::kHost, "fp32 gradient accumulators", sum_units([&](const auto& u) {
           return align_up(u.accum_len * sizeof(float), kIoAlignment);
         }));
-  if (p.params == Tier::kHost)
-    add(plan, Tier::kHost, pd + " parameter partitions (offload_param cpu, not pinned)",
-        sum_units([&](const auto& u) { return align_up(u.part * g.param_bytes, kIoAlignment); }));
+  uint64_t host_params = 0;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    if (p.param_home(u) == Tier::kHost)
+      host_params += align_up(g.units[u].part * g.param_bytes, kIoAlignment);
+  add(plan, Tier::kHost, pd + " parameter partitions " + host_params_what(p, "not pinned"),
+      host_params);
   add(plan, Tier::kHost, "activation checkpoints (cpu_checkpointing)", acts.host_bytes);
   add(plan, Tier::kHost, "fp32 scratch for initialisation and state access",
       align_up(g.max_own_len * sizeof(float), kIoAlignment));
 
   // ---- nvme
-  if (p.params == Tier::kNvme) {
+  if (p.nvme_param_units > 0) {
     plan.param_nvme_path = cfg.zero_optimization.offload_param.nvme_path;
     plan.param_nvme_bytes = swap::SwapSpace::bytes_needed(detail::param_swap_files(g));
-    add(plan, Tier::kNvme, pd + " parameter partitions (swap files)", plan.param_nvme_bytes);
+    add(plan, Tier::kNvme,
+        p.host_param_units == 0
+            ? pd + " parameter partitions (swap files)"
+            : fmt::format("{} parameter partitions of units {}..{} (swap files)", pd,
+                          p.host_param_units, g.units.size() - 1),
+        plan.param_nvme_bytes);
   }
   if (p.optimizer == Tier::kNvme) {
     plan.optimizer_nvme_path = cfg.zero_optimization.offload_optimizer.nvme_path;

@@ -16,6 +16,7 @@
 // thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -63,7 +64,17 @@ struct PlanItem {
 struct Placement {
   int stage = 0;                   // effective ZeRO stage, 0..3
   DType param_dtype = DType::F32;  // compute dtype of the low-precision parameters
-  Tier params = Tier::kDevice;     // low-precision parameters (full slabs below stage 3)
+  // Low-precision parameters: full slabs on the device below stage 3; at stage 3 the home of
+  // the partitions per offload_param.device (none: kDevice; cpu: kPinned with pin_memory, else
+  // kHost; nvme: kNvme, though some units may be in host memory, see below).
+  Tier params = Tier::kDevice;
+  // Stage 3 with offload_param nvme (else 0): the first `host_param_units` units, the longest
+  // prefix whose partitions fit together in offload_param.max_in_cpu elements, live in host
+  // memory (`host_params`: kPinned with offload_param.pin_memory, else kHost); the other
+  // `nvme_param_units` in swap files.
+  size_t host_param_units = 0;
+  size_t nvme_param_units = 0;
+  Tier host_params = Tier::kPinned;
   Tier optimizer = Tier::kDevice;  // fp32 master weights + Adam moments
   // fp32 gradient accumulators: with the optimizer on the device, the device; else host
   // memory, or NVMe swap files next to the optimizer state (see GradientPlacement).
@@ -71,6 +82,10 @@ struct Placement {
   // True when offload_optimizer.device is nvme below stage 3: as in DeepSpeed, the state is
   // kept in host memory as with "cpu" (engine/config warns about it).
   bool optimizer_nvme_below_stage3 = false;
+
+  // Where unit `unit`'s low-precision parameters live between uses (`params`, or
+  // `host_params` for the units kept in host memory by max_in_cpu).
+  Tier param_home(size_t unit) const { return unit < host_param_units ? host_params : params; }
 };
 
 struct Plan {
@@ -89,7 +104,7 @@ struct Plan {
   uint64_t device_live_param_bytes = 0;  // stage 3: gathered parameter slabs on the device
   uint64_t device_grad_bytes = 0;        // fp32 gradient slabs in flight on the device
   uint64_t pinned_pool_bytes = 0;        // size of the pinned pool the engine creates
-  std::string param_nvme_path;           // swap directory for parameters, or empty
+  std::string param_nvme_path;           // swap directory for parameters (nvme_param_units > 0)
   std::string optimizer_nvme_path;       // swap directory for optimizer state, or empty
   uint64_t param_nvme_bytes = 0;         // of peak.nvme, parameter files
   uint64_t optimizer_nvme_bytes = 0;     // of peak.nvme, optimizer-state (and gradient) files
@@ -114,8 +129,10 @@ struct PlanOptions {
 // The plan for `cfg` (resolved: batch keys and zero bucket sizes set) and `model` (whose
 // ModelOptions give the micro-batch shape, param dtype and activation checkpointing).
 // Throws ConfigError naming the JSON path when the combination is impossible (fp16/bf16
-// enabled but the model's param dtype differs; offload_param below stage 3 is ignored with a
-// warning instead, as DeepSpeed does), InvalidArgument for world_size < 1.
+// enabled but the model's param dtype differs; offload_param.buffer_size smaller than the
+// largest parameter partition in swap files, which each fetch buffer must hold, as in
+// DeepSpeed; offload_param below stage 3 is ignored with a warning instead, as DeepSpeed
+// does), InvalidArgument for world_size < 1.
 Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
                const PlanOptions& options = {});
 

@@ -119,8 +119,14 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
       plan.micro_batches_per_step);
   out << fmt::format("model: {} parameters ({} padded elements)\n", plan.num_parameters,
                      plan.padded_elems);
+  std::string params(tier_name(p.params));
+  if (p.params == Tier::kNvme)
+    params +=
+        fmt::format(" ({} units in {} memory by offload_param.max_in_cpu, {} in swap files)",
+                    p.host_param_units, p.host_params == Tier::kPinned ? "pinned host" : "host",
+                    p.nvme_param_units);
   out << fmt::format("placement: parameters {}, optimizer state {}, gradient accumulators {}\n\n",
-                     tier_name(p.params), tier_name(p.optimizer), tier_name(p.gradients));
+                     params, tier_name(p.optimizer), tier_name(p.gradients));
   out << fmt::format("{:<7} {:<66} {:>12}\n", "tier", "holds at its peak", "bytes");
   for (int t = 0; t < kNumTiers; ++t) {
     const Tier tier = static_cast<Tier>(t);

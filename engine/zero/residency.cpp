@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/error.hpp"
 #include "engine/device/device.hpp"
 
 namespace outcore::zero::detail {
@@ -23,11 +24,16 @@ ResidencyPolicy::ResidencyPolicy(const Geometry& g, CoordinatorOptions options,
                                  size_t fetch_buffers, ResidencyActions& actions)
     : g_(g),
       options_(std::move(options)),
-      staged_(fetch_buffers > 0),
       actions_(actions),
       slots_(g.units.size()),
       kept_key_(g.units.size(), 0) {
+  if (g.placement.nvme_param_units > 0 && fetch_buffers == 0)
+    throw InvalidArgument("zero: parameters in swap files need at least one fetch buffer");
   for (size_t b = fetch_buffers; b-- > 0;) free_fetch_buffers_.push_back(static_cast<int>(b));
+}
+
+bool ResidencyPolicy::staged(int unit) const {
+  return g_.placement.param_home(static_cast<size_t>(unit)) == Tier::kNvme;
 }
 
 uint64_t ResidencyPolicy::slab_bytes(int unit) const {
@@ -100,13 +106,14 @@ void ResidencyPolicy::became_absent(int unit, bool absent) {
 }
 
 void ResidencyPolicy::fetch(int unit) {
-  if (staged_ && free_fetch_buffers_.empty()) {
+  const bool needs_buffer = staged(unit);
+  if (needs_buffer && free_fetch_buffers_.empty()) {
     // Every fetch buffer is held by a prefetch in flight: wait for one (it stays resident).
     if (!holding_buffer_.empty()) wait_ready(*holding_buffer_.begin());
   }
-  const int buffer = staged_ ? free_fetch_buffers_.back() : -1;
+  const int buffer = needs_buffer ? free_fetch_buffers_.back() : -1;
   actions_.start_fetch(unit, buffer);
-  if (staged_) free_fetch_buffers_.pop_back();
+  if (needs_buffer) free_fetch_buffers_.pop_back();
   set_kept(unit, false, 0);
   Slot& s = slots_[unit];
   s.state = State::kFetching;
@@ -168,7 +175,7 @@ void ResidencyPolicy::prefetch(size_t i) {
       if (in_flight + n > options_.prefetch_bucket_numel) return;
       if (live_numel_ + n > options_.max_live_numel) return;
       if (live_bytes_ + slab_bytes(u) > options_.budget_bytes) return;
-      if (staged_ && free_fetch_buffers_.empty()) return;
+      if (staged(u) && free_fetch_buffers_.empty()) return;
       fetch(u);
       in_flight += n;
     }

@@ -47,8 +47,9 @@ class ResidencyActions {
 
 class ResidencyPolicy {
  public:
-  // `fetch_buffers`: staging buffers fetches share (0: the home needs none, no limit).
-  // `actions` must outlive the policy.
+  // `fetch_buffers`: staging buffers shared by the fetches of units whose parameters live in
+  // swap files (g.placement.param_home); other homes need none. InvalidArgument when some
+  // unit lives in a swap file and there are none. `actions` must outlive the policy.
   ResidencyPolicy(const Geometry& g, CoordinatorOptions options, size_t fetch_buffers,
                   ResidencyActions& actions);
 
@@ -75,6 +76,7 @@ class ResidencyPolicy {
     int fetch_buffer = -1;
   };
 
+  bool staged(int unit) const;  // its fetch needs a staging buffer (its home is a swap file)
   void fetch(int unit);
   void prefetch(size_t i);
   void wait_ready(int unit);
@@ -94,7 +96,6 @@ class ResidencyPolicy {
 
   const Geometry& g_;
   CoordinatorOptions options_;
-  bool staged_;  // fetches need a staging buffer
   std::vector<int> free_fetch_buffers_;
   ResidencyActions& actions_;
   const std::vector<PassStep>* sched_ = nullptr;

@@ -355,6 +355,27 @@ TEST_F(TrainCliTest, LogLevelFromTheConfigSetsWhatIsLogged) {
   EXPECT_NE(r.err.find("checkpoint global_step2: prepared"), std::string::npos) << r.err;
 }
 
+// A parameter fetch buffer smaller than the largest partition in a swap file
+// (offload_param.buffer_size) is bad input for both commands, before any swap file is made.
+TEST_F(TrainCliTest, EstimateAndTrainRefuseATooSmallParameterBufferSize) {
+  const std::string swap = data_.file("swap");
+  nlohmann::json patch = testing::nvme_patch(swap);
+  patch["zero_optimization"]["offload_param"]["buffer_size"] = 1000;
+  config_ = write_config("small_buffer.json", patch);
+  CliResult r = run("estimate --config " + shell_quote(config_) + " --model " +
+                    shell_quote(model_) + " --seq-len 32");
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("zero_optimization.offload_param.buffer_size: got 1000"), std::string::npos)
+      << r.err;
+  CliResult t = run(train_args("--steps 1"));
+  EXPECT_EQ(t.rc, 2) << t.err;
+  EXPECT_EQ(count_error_lines(t.err), 1) << t.err;
+  EXPECT_NE(t.err.find("zero_optimization.offload_param.buffer_size: got 1000"), std::string::npos)
+      << t.err;
+  EXPECT_EQ(testing::count_files(swap), 0);
+}
+
 TEST_F(TrainCliTest, BadNumbersAreRefused) {
   const std::string base = "train --config " + shell_quote(config_) + " --model " +
                            shell_quote(model_) + " --data " + shell_quote(data_.train());

@@ -57,11 +57,12 @@ inline config::Config make_config(const nlohmann::json& patch, const model::Llam
   return cfg;
 }
 
-// ZeRO-3 with parameters and optimizer state in swap files under `swap_dir`.
+// ZeRO-3 with parameters and optimizer state in swap files under `swap_dir` (max_in_cpu 0:
+// every parameter partition in a swap file, none kept in host memory).
 inline nlohmann::json nvme_patch(const std::string& swap_dir) {
   return {{"zero_optimization",
            {{"stage", 3},
-            {"offload_param", {{"device", "nvme"}, {"nvme_path", swap_dir}}},
+            {"offload_param", {{"device", "nvme"}, {"nvme_path", swap_dir}, {"max_in_cpu", 0}}},
             {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap_dir}}}}}};
 }
 

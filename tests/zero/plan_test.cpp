@@ -206,7 +206,12 @@ TEST(Plan, SwapPathWithoutRoomFailsAtStartWithTheBytesNeeded) {
   big.vocab_size = 128000;
   const model::LlamaModel model(big, tiny_options(DType::BF16));
   const std::string dir = swap_dir("no_room").string();
-  const config::Config cfg = make_config(config_json({3, "nvme", "nvme"}, DType::BF16, dir));
+  config::Config cfg = make_config(config_json({3, "nvme", "nvme"}, DType::BF16, dir));
+  // Each fetch buffer must hold the largest partition (the 1e9-element head), above the
+  // default 1e8 of offload_param.buffer_size.
+  for (const auto& u : model.layout().units)
+    cfg.zero_optimization.offload_param.buffer_size = std::max(
+        cfg.zero_optimization.offload_param.buffer_size, static_cast<int64_t>(u.padded_numel));
   device::CpuDevice dev;
   comm::LocalComm comm;
   try {

@@ -60,7 +60,9 @@ inline std::filesystem::path swap_dir(const std::string& name) {
 
 // DeepSpeed JSON for `s`; `extra_zero` and `extra_top` are spliced into zero_optimization and
 // the top level, `extra_offload_optimizer` into offload_optimizer (each either empty or
-// starting with a comma).
+// starting with a comma). offload_param nvme gets "max_in_cpu": 0, so that every parameter
+// partition is in a swap file (DeepSpeed's default, 1e9 elements, would keep a tiny model's
+// partitions in host memory).
 inline std::string config_json(const Placing& s, DType dtype, const std::string& nvme,
                                const std::string& extra_zero = "",
                                const std::string& extra_top = "",
@@ -75,8 +77,8 @@ inline std::string config_json(const Placing& s, DType dtype, const std::string&
          "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.003, \"weight_decay\": "
          "0.01}}," +
          "\"bf16\": {\"enabled\": " + (dtype == DType::BF16 ? "true" : "false") + "}," +
-         "\"zero_optimization\": {\"stage\": " + std::to_string(s.stage) +
-         ", \"offload_param\": " + offload(s.offload_param, "") +
+         "\"zero_optimization\": {\"stage\": " + std::to_string(s.stage) + ", \"offload_param\": " +
+         offload(s.offload_param, s.offload_param == "nvme" ? ", \"max_in_cpu\": 0" : "") +
          ", \"offload_optimizer\": " + offload(s.offload_optimizer, extra_offload_optimizer) +
          extra_zero + "}" + extra_top + "}";
 }

@@ -45,7 +45,10 @@ nlohmann::ordered_json demo_config(int64_t steps, const std::string& swap_dir,
   j["steps_per_print"] = 10;
   j["zero_optimization"] = {
       {"stage", 3},
-      {"offload_param", {{"device", "nvme"}, {"nvme_path", swap_dir}, {"pin_memory", true}}},
+      // max_in_cpu 0: every parameter partition in a swap file (DeepSpeed's default, 1e9
+      // elements, would keep all of the demo model's in host memory).
+      {"offload_param",
+       {{"device", "nvme"}, {"nvme_path", swap_dir}, {"max_in_cpu", 0}, {"pin_memory", true}}},
       {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap_dir}, {"pin_memory", true}}},
       {"stage3_prefetch_bucket_size", "auto"},
       {"stage3_param_persistence_threshold", "auto"},
