@@ -71,9 +71,13 @@ Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& 
 namespace {
 
 // offload_param.max_in_cpu: the longest prefix of units whose partitions fit together stays
-// in host memory (DeepSpeed keeps up to max_in_cpu elements of partitions in CPU buffers);
-// offload_param.buffer_size must hold the largest partition left in swap files.
-void split_param_homes(const config::Config& cfg, Geometry& g) {
+// in host memory (DeepSpeed keeps up to max_in_cpu elements of partitions in CPU buffers).
+// offload_param.buffer_size keeps DeepSpeed's contract: it must hold the largest parameter
+// tensor's partition left in swap files (DeepSpeed swaps tensor by tensor), so every config
+// DeepSpeed accepts is accepted; outcore's fetch buffers hold a whole unit's partition and are
+// sized to it whatever buffer_size says.
+void split_param_homes(const config::Config& cfg, const model::ModelLayout& layout, int world,
+                       Geometry& g) {
   const config::OffloadParamConfig& o = cfg.zero_optimization.offload_param;
   Placement& p = g.placement;
   p.host_params = o.pin_memory ? Tier::kPinned : Tier::kHost;
@@ -84,18 +88,21 @@ void split_param_homes(const config::Config& cfg, Geometry& g) {
     in_cpu += g.units[host++].part;
   p.host_param_units = host;
   p.nvme_param_units = g.units.size() - host;
-  size_t largest = 0;
+  uint64_t largest_tensor = 0;
+  std::string largest_name;
   for (size_t u = host; u < g.units.size(); ++u) {
-    if (g.units[u].part <= g.max_nvme_part) continue;
-    g.max_nvme_part = g.units[u].part;
-    largest = u;
+    g.max_nvme_part = std::max(g.max_nvme_part, g.units[u].part);
+    for (const model::TensorSpec& t : layout.units[u].tensors) {
+      const uint64_t part = (t.numel + static_cast<uint64_t>(world) - 1) / world;
+      if (part > largest_tensor) largest_tensor = part, largest_name = t.name;
+    }
   }
-  if (p.nvme_param_units > 0 && static_cast<uint64_t>(o.buffer_size) < g.max_nvme_part)
+  if (p.nvme_param_units > 0 && static_cast<uint64_t>(o.buffer_size) < largest_tensor)
     throw ConfigError(
         "zero_optimization.offload_param.buffer_size",
-        fmt::format("got {}; each parameter fetch buffer must hold the largest partition in a "
-                    "swap file: {} elements (unit {}); allowed: >= {}",
-                    o.buffer_size, g.max_nvme_part, largest, g.max_nvme_part));
+        fmt::format("got {}; a parameter swap buffer must hold the largest parameter partition "
+                    "in a swap file, as in DeepSpeed: {} elements ({}); allowed: >= {}",
+                    o.buffer_size, largest_tensor, largest_name, largest_tensor));
 }
 
 // offload_param keys set to a value that changes nothing (outcore sizes fetch buffers exactly).
@@ -108,8 +115,8 @@ void warn_unused_offload_param_keys(const config::Config& cfg, const Geometry& g
     if (p.nvme_param_units > 0)
       log::warn(
           "zero_optimization.offload_param.buffer_size {} has no effect beyond the check that "
-          "it holds the largest parameter partition in a swap file ({} elements): outcore "
-          "sizes each fetch buffer to that partition exactly",
+          "it holds the largest parameter tensor's partition in a swap file: outcore sizes "
+          "each fetch buffer to the largest unit partition ({} elements) exactly",
           o.buffer_size, g.max_nvme_part);
     else
       log::warn(
@@ -155,7 +162,8 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
     g.max_padded = std::max(g.max_padded, u.padded);
     g.units.push_back(u);
   }
-  if (stage == 3 && g.placement.params == Tier::kNvme) split_param_homes(cfg, g);
+  if (stage == 3 && g.placement.params == Tier::kNvme)
+    split_param_homes(cfg, model.layout(), world, g);
   if (warn) warn_unused_offload_param_keys(cfg, g);
   if (g.placement.optimizer == Tier::kNvme && gradients != GradientPlacement::kHost) {
     uint64_t bytes = 0;

@@ -392,8 +392,15 @@ TEST(MaxInCpu, FormatSaysHowManyUnitsAreInHostMemoryAndInSwapFiles) {
 TEST(BufferSize, SmallerThanTheLargestPartitionInASwapFileIsRefused) {
   const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
   const size_t units = static_cast<size_t>(model.num_units());
+  // DeepSpeed's contract: a buffer holds the largest tensor's partition (not a unit's).
+  auto largest_tensor = [](const model::UnitLayout& u) {
+    uint64_t n = 0;
+    for (const model::TensorSpec& t : u.tensors) n = std::max<uint64_t>(n, t.numel);
+    return n;
+  };
   uint64_t largest = 0;
-  for (const auto& u : model.layout().units) largest = std::max(largest, u.partition_numel(1));
+  for (const auto& u : model.layout().units) largest = std::max(largest, largest_tensor(u));
+  ASSERT_LT(largest, model.layout().units[1].partition_numel(1));  // less than a layer's slab
   const std::string dir = swap_dir("buffer_size").string();
   auto cfg_with = [&](uint64_t buffer_size, uint64_t in_cpu) {
     return nvme_params_config(
@@ -420,7 +427,7 @@ TEST(BufferSize, SmallerThanTheLargestPartitionInASwapFileIsRefused) {
   EXPECT_NO_THROW(make_plan(cfg_with(largest, 0), model));
   // Tied: the head unit holds only the final norm. With every other unit in host memory, only
   // its partition has to fit.
-  const uint64_t head = model.layout().units[units - 1].partition_numel(1);
+  const uint64_t head = largest_tensor(model.layout().units[units - 1]);
   ASSERT_LT(head, largest);
   const uint64_t all_but_head = partitions_of_first(model, static_cast<int>(units) - 1);
   EXPECT_NO_THROW(make_plan(cfg_with(head, all_but_head), model));
