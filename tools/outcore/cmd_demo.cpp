@@ -53,8 +53,7 @@ nlohmann::ordered_json demo_config(int64_t steps, const std::string& swap_dir,
       {"stage3_prefetch_bucket_size", "auto"},
       {"stage3_param_persistence_threshold", "auto"},
       {"stage3_max_live_parameters", kDemoMaxLiveParameters},
-      {"reduce_bucket_size", "auto"},
-      {"overlap_comm", true}};
+      {"reduce_bucket_size", "auto"}};
   j["aio"] = {{"block_size", 1048576},
               {"queue_depth", 8},
               {"single_submit", false},
