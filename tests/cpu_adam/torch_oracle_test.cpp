@@ -15,6 +15,7 @@
 
 #include "cpu_adam/cpu_adam.hpp"
 #include "test_util.hpp"
+#include "tests/common/oracle_unavailable.hpp"
 
 namespace outcore::cpu_adam {
 namespace {
@@ -156,6 +157,7 @@ double worst_of(const Result& r, const OracleCase& c, const Floors& f, std::stri
 class TorchOracle : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (!fs::exists(OUTCORE_PYTHON)) OUTCORE_ORACLE_UNAVAILABLE(OUTCORE_PYTHON " not found");
     dir_ = fs::temp_directory_path() / ("outcore_cpu_adam_oracle_" + std::to_string(getpid()));
     fs::create_directories(dir_);
     const std::string cmd = std::string(OUTCORE_PYTHON) + " " + OUTCORE_SOURCE_DIR +
@@ -168,7 +170,7 @@ class TorchOracle : public ::testing::Test {
     while (fgets(buf, sizeof(buf), pipe) != nullptr) out += buf;
     const int status = pclose(pipe);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
-      GTEST_SKIP() << "PyTorch is not importable by " << OUTCORE_PYTHON << ": " << out;
+      OUTCORE_ORACLE_UNAVAILABLE("PyTorch is not importable by " OUTCORE_PYTHON ": " + out);
     }
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd << "\n" << out;
     for (const char* name : {"adam_l2", "adamw", "adamw_bf16_grads"}) {

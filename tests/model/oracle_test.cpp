@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <numbers>
 
+#include "tests/common/oracle_unavailable.hpp"
 #include "tests/model/model_harness.hpp"
 
 namespace outcore::model {
@@ -116,7 +117,7 @@ class OracleTest : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
   void SetUp() override {
-    if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
+    if (!skip_reason_.empty()) OUTCORE_ORACLE_UNAVAILABLE(skip_reason_);
     ASSERT_TRUE(failure_.empty()) << failure_;
   }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "tests/common/oracle_unavailable.hpp"
 
 namespace outcore::train {
 namespace {
@@ -257,7 +258,7 @@ json oracle_cases() {
 
 TEST(LrScheduleOracle, MatchesTheReferenceImplementation) {
   std::string python = OUTCORE_PYTHON;
-  if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " not found";
+  if (!std::filesystem::exists(python)) OUTCORE_ORACLE_UNAVAILABLE(python + " not found");
   json cases = oracle_cases();
   std::string spec = testing::TempDir() + "lr_reference_spec.json";
   std::ofstream(spec) << cases.dump();

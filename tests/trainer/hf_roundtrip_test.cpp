@@ -2,9 +2,10 @@
 // write_hf_model (fp32 master weights read from the checkpoint) comes back through
 // TrainerOptions::init_from under another placement with the same master weights, parameters
 // and validation loss, bit for bit; the float64 PyTorch reference (tests/ckpt/oracle/
-// hf_oracle.py, run by /usr/bin/python3, skipped without torch) reading the exported directory
-// gives outcore's validation loss; a directory that does not match the model is refused naming
-// the tensor, before the engine is built.
+// hf_oracle.py, run by /usr/bin/python3; without torch skipped, or failed under
+// OUTCORE_REQUIRE_ORACLES=1) reading the exported directory gives outcore's validation loss; a
+// directory that does not match the model is refused naming the tensor, before the engine is
+// built.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -26,6 +27,7 @@
 #include "engine/ckpt/safetensors.hpp"
 #include "engine/train/data_loader.hpp"
 #include "engine/train/token_file.hpp"
+#include "tests/common/oracle_unavailable.hpp"
 #include "tests/trainer/trainer_test_util.hpp"
 
 namespace outcore::train {
@@ -205,7 +207,7 @@ ValBatches validation_batches(const TrainerOptions& o, int64_t micro_batch) {
 
 TEST_F(HfRoundTripTest, ReferenceGivesOutcoresValidationLossOnTheExportedWeights) {
   if (std::system(OUTCORE_PYTHON " -c 'import torch' >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "no PyTorch for " OUTCORE_PYTHON;
+    OUTCORE_ORACLE_UNAVAILABLE("no PyTorch for " OUTCORE_PYTHON);
   const config::Config cfg = make_config(testing::nvme_patch(dir("swap")), tiny_model());
   TrainerOptions o = quiet_options(data_, kTrainSteps);
   o.save_dir = dir("ckpt");
