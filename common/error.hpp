@@ -62,6 +62,13 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+// Long work (setup, initialisation) was asked to stop (Ctrl-C) before it finished; nothing it
+// made is left behind.
+class Interrupted : public Error {
+ public:
+  using Error::Error;
+};
+
 // Formats "strerror(err) (errno N)".
 std::string errno_string(int err);
 

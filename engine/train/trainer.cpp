@@ -116,8 +116,10 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   }
   if (!opts_.save_dir.empty())
     save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, opts_.keep);
+  zero::EngineOptions eo = opts_.engine;
+  if (eo.stop_requested == nullptr) eo.stop_requested = opts_.stop_requested;
   engine_ = std::make_unique<zero::ZeroEngine>(cfg_, *model_, devices_->device, devices_->comm,
-                                               opts_.seed, opts_.engine);
+                                               opts_.seed, eo);
   if (ck) {
     restore(*ck);
   } else if (init_weights) {

@@ -153,6 +153,11 @@ void ZeroEngine::Impl::initialise(uint64_t seed) {
   const DType dt = g.placement.param_dtype;
   float* master = scratch.as<float>().data();
   for (size_t u = 0; u < g.units.size(); ++u) {
+    if (options.stop_requested != nullptr && options.stop_requested->load())
+      throw Interrupted(
+          fmt::format("interrupted while initialising the model ({} of {} units "
+                      "done); nothing was trained",
+                      u, g.units.size()));
     const detail::UnitGeometry& ug = g.units[u];
     const int unit = static_cast<int>(u);
     model::init_params(layout, unit, seed, ug.own_off, ug.own_off + ug.own_len, master);

@@ -41,6 +41,7 @@
 // removed on destruction).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -135,6 +136,10 @@ struct EngineOptions {
   unsigned cpu_threads = 0;
   // Where gradient accumulators go when the optimizer state is on NVMe (see plan.hpp).
   GradientPlacement gradients = GradientPlacement::kAuto;
+  // Checked between units while the swap files are initialised (minutes for a large model):
+  // when set, the constructor stops with outcore::Interrupted (and removes its swap files).
+  // Not owned; may be null.
+  const std::atomic<bool>* stop_requested = nullptr;
 };
 
 class ZeroEngine {

@@ -293,6 +293,29 @@ TEST(TrainerTest, NonFiniteLossWithoutAnOverflowCheckEndsTheRun) {
   EXPECT_EQ(tr.steps_done(), static_cast<int64_t>(losses.size()));
 }
 
+// Ctrl-C while the swap files are being initialised (minutes for a large model) stops there,
+// instead of after the whole setup, and leaves no swap file.
+TEST(TrainerTest, StopRequestDuringInitialisationInterruptsIt) {
+  DemoData data;
+  const std::string swap = data.file("swap");
+  const config::Config cfg = make_config(testing::nvme_patch(swap), tiny_model());
+  std::atomic<bool> stop{true};
+  TrainerOptions o = quiet_options(data, 5);
+  o.stop_requested = &stop;
+  auto io = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
+  o.engine.io_backend = io;
+  try {
+    Trainer tr(cfg, tiny_model(), o);
+    FAIL() << "the stop request was not honoured during initialisation";
+  } catch (const Interrupted& e) {
+    EXPECT_NE(std::string(e.what()).find("0 of 4 units"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(io->requests_seen(), 0u);  // no unit was written to its swap files
+  EXPECT_EQ(testing::count_files(swap), 0);
+  stop = false;
+  EXPECT_NO_THROW(Trainer(cfg, tiny_model(), o));
+}
+
 TEST(TrainerTest, RefusesBadInputNamingIt) {
   DemoData data;
   const model::LlamaConfig mc = tiny_model();

@@ -153,6 +153,9 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
   std::unique_ptr<train::Trainer> trainer;
   try {
     trainer = std::make_unique<train::Trainer>(cfg, model, std::move(options));
+  } catch (const Interrupted& e) {  // Ctrl-C while the engine was being initialised
+    std::fprintf(stderr, "stopped: %s\n", e.what());
+    return kExitInterrupted;
   } catch (const ConfigError& e) {  // config, model config
     print_error(e);
     return 2;
