@@ -17,14 +17,13 @@ namespace fs = std::filesystem;
 namespace outcore::ckpt {
 namespace {
 
-constexpr uint64_t kAlign = 4096;
+constexpr uint64_t kAlign = kIoAlignment;
 constexpr uint64_t kChunk = 16ull << 20;        // bounce reads in pieces of this size
 constexpr uint64_t kVerifyChunk = 32ull << 20;  // verify reads, kVerifyBuffers - 1 in flight
 constexpr size_t kVerifyBuffers = 4;
-constexpr char kMagic[8] = {'O', 'C', 'C', 'K', 'P', 'T', '\0', '\1'};
 
 uint64_t align_down(uint64_t n) { return n / kAlign * kAlign; }
-uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }
 bool aligned(uint64_t n) { return n % kAlign == 0; }
 
 }  // namespace
@@ -171,7 +170,7 @@ void Checkpoint::verify() const {
     m.engine->read(m.file(fi), 0, {header.data(), kAlign});
     uint32_t version = 0;
     std::memcpy(&version, header.data() + 8, 4);
-    if (std::memcmp(header.data(), kMagic, 8) != 0 || version != kFormatVersion)
+    if (std::memcmp(header.data(), kDataFileMagic, 8) != 0 || version != kFormatVersion)
       throw CorruptData(fmt::format("{}: not an outcore checkpoint data file of version {}",
                                     (m.dir / fi.path).string(), kFormatVersion));
   }

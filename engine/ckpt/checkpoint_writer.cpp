@@ -24,10 +24,9 @@ namespace fs = std::filesystem;
 namespace outcore::ckpt {
 namespace {
 
-constexpr uint64_t kAlign = 4096;
-constexpr char kMagic[8] = {'O', 'C', 'C', 'K', 'P', 'T', '\0', '\1'};
+constexpr uint64_t kAlign = kIoAlignment;
 
-uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }
 
 [[noreturn]] void crash_now(const char* where) {
   log::warn("checkpoint: simulated crash ({})", where);
@@ -243,7 +242,7 @@ void CheckpointWriter::prepare() {
                                  .direct = true});
     f.file.preallocate(f.info.bytes);
     std::memset(header.data(), 0, kAlign);
-    std::memcpy(header.data(), kMagic, 8);
+    std::memcpy(header.data(), kDataFileMagic, 8);
     const uint32_t version = kFormatVersion;
     const int32_t rank = f.info.rank;
     std::memcpy(header.data() + 8, &version, 4);

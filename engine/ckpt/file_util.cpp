@@ -37,7 +37,8 @@ void write_file_durably(const std::filesystem::path& path, std::string_view data
   if (::close(fd) != 0) throw IoError(path.string(), errno, "close");
 }
 
-void fsync_dir(const std::filesystem::path& dir) {
+void fsync_dir(const std::filesystem::path& dir_in) {
+  const std::filesystem::path dir = dir_in.empty() ? std::filesystem::path(".") : dir_in;
   Fd f{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (f.fd < 0) throw IoError(dir.string(), errno, "open directory");
   if (::fsync(f.fd) != 0) throw IoError(dir.string(), errno, "fsync directory");

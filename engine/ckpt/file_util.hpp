@@ -8,11 +8,15 @@
 
 namespace outcore::ckpt {
 
+// First bytes of every checkpoint data file ("OCCKPT", format generation 1).
+inline constexpr char kDataFileMagic[8] = {'O', 'C', 'C', 'K', 'P', 'T', '\0', '\1'};
+
 // Writes `data` to `path` (created or truncated) and fsyncs it.
 void write_file_durably(const std::filesystem::path& path, std::string_view data);
 // rename(2) from -> to, then fsyncs `dir` (the directory holding `to`).
 void rename_durably(const std::filesystem::path& from, const std::filesystem::path& to,
                     const std::filesystem::path& dir);
+// fsyncs a directory (an empty path: the current one).
 void fsync_dir(const std::filesystem::path& dir);
 // A whole small file (at most `limit` bytes; CorruptData beyond).
 std::string read_small_file(const std::filesystem::path& path, size_t limit);

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "engine/ckpt/file_util.hpp"
 
 namespace outcore::ckpt {
 namespace {
@@ -282,28 +283,6 @@ const char* torch_dtype(DType t) {
   return t == DType::F32 ? "float32" : t == DType::BF16 ? "bfloat16" : "float16";
 }
 
-// Writes `text` to `path` (mode 0644) and fsyncs it.
-void write_text_file(const fs::path& path, const std::string& text) {
-  aio::File f = aio::File::open(
-      path, {.access = aio::Access::kWrite, .create = true, .truncate = true, .direct = false});
-  if (::fchmod(f.fd(), 0644) != 0) throw IoError(f.path(), errno, "fchmod");
-  for (size_t done = 0; done < text.size();) {
-    const ssize_t n =
-        ::pwrite(f.fd(), text.data() + done, text.size() - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw IoError(f.path(), done, text.size() - done, n < 0 ? errno : EIO, "write");
-    done += static_cast<size_t>(n);
-  }
-  f.fsync();
-  f.close();
-}
-
-void fsync_dir(const fs::path& dir) {
-  aio::File d = aio::File::open(dir, {.access = aio::Access::kRead, .direct = false});
-  d.fsync();
-  d.close();
-}
-
 std::string config_json(const model::LlamaConfig& cfg, DType dtype) {
   json j = json::parse(cfg.to_json());
   j["torch_dtype"] = torch_dtype(dtype);
@@ -357,9 +336,9 @@ void write_model_files(const model::LlamaConfig& cfg, const model::ModelLayout& 
   }
   if (shards.size() > 1) {
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_text_file(dir / kHfIndexFile, index.dump(2) + "\n");
+    write_file_durably(dir / kHfIndexFile, index.dump(2) + "\n");
   }
-  write_text_file(dir / kHfConfigFile, config_json(cfg, o.dtype));
+  write_file_durably(dir / kHfConfigFile, config_json(cfg, o.dtype));
 }
 
 // Refuses an existing `out` unless it is an empty directory.

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "common/error.hpp"
+#include "engine/ckpt/file_util.hpp"
 
 namespace outcore::ckpt {
 namespace {
@@ -152,13 +153,6 @@ uint64_t read_le64(const unsigned char* b) {
   return v;
 }
 
-void fsync_directory(const fs::path& dir) {
-  aio::File d = aio::File::open(dir.empty() ? fs::path(".") : dir,
-                                {.access = aio::Access::kRead, .direct = false});
-  d.fsync();
-  d.close();
-}
-
 }  // namespace
 
 uint64_t shape_numel(std::span<const int64_t> shape) {
@@ -296,7 +290,7 @@ void SafetensorsWriter::close() {
   fs::rename(tmp_path_, path_, ec);
   if (ec) throw IoError(path_.string(), ec.value(), "rename from " + tmp_path_.string());
   committed_ = true;
-  fsync_directory(path_.parent_path());
+  fsync_dir(path_.parent_path());
 }
 
 }  // namespace outcore::ckpt
