@@ -38,26 +38,10 @@ using testing::DemoData;
 using testing::make_config;
 using testing::quiet_options;
 using testing::tiny_model;
+using testing::Weights;
+using testing::weights_of;
 
 constexpr int64_t kTrainSteps = 4;
-
-// Every unit's full slabs, as the engine holds them.
-struct Weights {
-  std::vector<std::vector<float>> master;
-  std::vector<std::vector<std::byte>> params;  // in the param dtype
-};
-
-Weights weights_of(Trainer& tr) {
-  Weights w;
-  zero::ZeroEngine& e = tr.engine();
-  for (const model::UnitLayout& ul : tr.model().layout().units) {
-    w.master.emplace_back(ul.padded_numel);
-    e.get_master_weights(ul.index, w.master.back());
-    w.params.emplace_back(ul.padded_numel * dtype_size(e.param_dtype()));
-    e.get_params(ul.index, w.params.back());
-  }
-  return w;
-}
 
 // The first element where two slabs differ, or -1.
 int64_t first_difference(std::span<const std::byte> a, std::span<const std::byte> b,

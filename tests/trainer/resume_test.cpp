@@ -26,8 +26,7 @@ using testing::tiny_model;
 
 struct RunTrace {
   std::vector<double> losses, grad_norms, loss_scales;
-  std::vector<std::vector<float>> master;      // per unit, full slab
-  std::vector<std::vector<std::byte>> params;  // per unit, full slab in the param dtype
+  testing::Weights weights;  // at the end of the run
 };
 
 void record_steps(TrainerOptions& o, RunTrace& t) {
@@ -38,17 +37,7 @@ void record_steps(TrainerOptions& o, RunTrace& t) {
   };
 }
 
-void record_weights(Trainer& tr, RunTrace& t) {
-  zero::ZeroEngine& e = tr.engine();
-  for (const model::UnitLayout& ul : tr.model().layout().units) {
-    std::vector<float> m(ul.padded_numel);
-    e.get_master_weights(ul.index, m);
-    t.master.push_back(std::move(m));
-    std::vector<std::byte> p(ul.padded_numel * dtype_size(e.param_dtype()));
-    e.get_params(ul.index, p);
-    t.params.push_back(std::move(p));
-  }
-}
+void record_weights(Trainer& tr, RunTrace& t) { t.weights = testing::weights_of(tr); }
 
 RunTrace straight(const config::Config& cfg, const DemoData& data, int64_t steps) {
   RunTrace t;
@@ -92,11 +81,12 @@ void expect_identical(const RunTrace& a, const RunTrace& b) {
     EXPECT_EQ(a.grad_norms[i], b.grad_norms[i]) << "grad norm of step " << i + 1;
     EXPECT_EQ(a.loss_scales[i], b.loss_scales[i]) << "loss scale of step " << i + 1;
   }
-  ASSERT_EQ(a.master.size(), b.master.size());
-  for (size_t u = 0; u < a.master.size(); ++u) {
-    EXPECT_EQ(0, std::memcmp(a.master[u].data(), b.master[u].data(), a.master[u].size() * 4))
+  const testing::Weights &wa = a.weights, &wb = b.weights;
+  ASSERT_EQ(wa.master.size(), wb.master.size());
+  for (size_t u = 0; u < wa.master.size(); ++u) {
+    EXPECT_EQ(0, std::memcmp(wa.master[u].data(), wb.master[u].data(), wa.master[u].size() * 4))
         << "master weights of unit " << u;
-    EXPECT_EQ(a.params[u], b.params[u]) << "parameters of unit " << u;
+    EXPECT_EQ(wa.params[u], wb.params[u]) << "parameters of unit " << u;
   }
 }
 

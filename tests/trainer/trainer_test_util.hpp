@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
@@ -95,6 +96,24 @@ inline TrainerOptions quiet_options(const DemoData& data, int64_t steps) {
   o.progress_out = nullptr;
   o.engine.cpu_threads = 2;
   return o;
+}
+
+// Every unit's full slabs, as the engine holds them.
+struct Weights {
+  std::vector<std::vector<float>> master;
+  std::vector<std::vector<std::byte>> params;  // in the param dtype
+};
+
+inline Weights weights_of(Trainer& tr) {
+  Weights w;
+  zero::ZeroEngine& e = tr.engine();
+  for (const model::UnitLayout& ul : tr.model().layout().units) {
+    w.master.emplace_back(ul.padded_numel);
+    e.get_master_weights(ul.index, w.master.back());
+    w.params.emplace_back(ul.padded_numel * dtype_size(e.param_dtype()));
+    e.get_params(ul.index, w.params.back());
+  }
+  return w;
 }
 
 // Every swap file (regular file) left under `dir`.
