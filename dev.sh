@@ -15,7 +15,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
   libcli11-dev libspdlog-dev libfmt-dev
   libopenmpi-dev openmpi-bin
-  fio python3 python3-torch python3-numpy
+  fio python3 python3-torch python3-numpy python3-dev pybind11-dev
 )
 
 install_deps() {

@@ -1,0 +1,263 @@
+// outcore._outcore.AioHandle and PinnedMemory: aio::Engine requests on caller memory given as
+// an address and a length (the Python layer, outcore/aio.py, takes them from a tensor).
+#include <fmt/format.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <exception>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "aio/aio.hpp"
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "python/bindings/bindings.hpp"
+#include "swap/swap.hpp"
+
+namespace outcore::python {
+namespace py = pybind11;
+
+namespace {
+
+// When a request opens its file with O_DIRECT.
+enum class DirectMode { kAuto, kAlways, kNever };
+
+DirectMode parse_direct(const std::string& s) {
+  if (s == "auto") return DirectMode::kAuto;
+  if (s == "always") return DirectMode::kAlways;
+  if (s == "never") return DirectMode::kNever;
+  throw InvalidArgument("o_direct: got \"" + s + "\"; allowed: \"auto\", \"always\", \"never\"");
+}
+
+aio::Fault::Kind parse_fault_kind(const std::string& s) {
+  if (s == "eio") return aio::Fault::Kind::kEio;
+  if (s == "enospc") return aio::Fault::Kind::kEnospc;
+  if (s == "short") return aio::Fault::Kind::kShort;
+  if (s == "delay") return aio::Fault::Kind::kDelay;
+  if (s == "zero") return aio::Fault::Kind::kZero;
+  throw InvalidArgument("fault kind: got \"" + s + "\"; allowed: eio, enospc, short, delay, zero");
+}
+
+// (kind, nth, every, direction) as FaultInjectingBackend takes them; for tests only.
+using FaultSpec = std::tuple<std::string, uint64_t, uint64_t, int>;
+
+std::shared_ptr<aio::IoBackend> make_backend(const std::vector<FaultSpec>& faults) {
+  if (faults.empty()) return nullptr;  // the engine's default backend
+  auto b = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
+  for (const auto& [kind, nth, every, direction] : faults) {
+    aio::Fault f;
+    f.kind = parse_fault_kind(kind);
+    f.nth = nth;
+    f.every = every;
+    f.direction = direction;
+    b->add_fault(f);
+  }
+  return b;
+}
+
+// Opens `path`; an open failure is reported with the offset and length of the request.
+aio::File open_file(const std::string& path, const aio::OpenOptions& oo, uint64_t offset,
+                    uint64_t bytes) {
+  try {
+    return aio::File::open(path, oo);
+  } catch (const IoError& e) {
+    throw IoError(path, offset, bytes, e.error_number(),
+                  oo.access == aio::Access::kRead ? "open for reading" : "open for writing");
+  }
+}
+
+// One Engine and the requests submitted to it that are not waited yet. Each pending request
+// owns its open File and a reference to the Python object whose memory it reads or writes,
+// so neither goes away before the request completes. Called with the GIL held; the GIL is
+// released only while blocking on I/O.
+class AioHandle {
+ public:
+  AioHandle(const aio::Options& options, const std::string& o_direct,
+            const std::vector<FaultSpec>& faults)
+      : direct_(parse_direct(o_direct)), engine_(options, make_backend(faults)) {}
+
+  // Waits for every request still in flight (errors logged, not raised) before the tensors
+  // they use are released.
+  ~AioHandle() {
+    {
+      py::gil_scoped_release nogil;
+      for (auto& [id, p] : pending_) {
+        try {
+          engine_.wait(p.ticket);
+        } catch (const std::exception& e) {
+          log::warn("outcore.aio: request on {} at offset {} never waited and failed: {}",
+                    p.file.path(), p.offset, e.what());
+        }
+      }
+    }
+    pending_.clear();
+  }
+  AioHandle(const AioHandle&) = delete;
+  AioHandle& operator=(const AioHandle&) = delete;
+
+  // Starts reading (write false) file `path` at `offset` into [address, address + bytes), or
+  // writing it there; `keep` is held until the request is waited. Returns the request's id.
+  // Files are opened per request: for reading, O_RDONLY; for writing, created (mode 0600) if
+  // missing and never truncated. O_DIRECT as DirectMode says.
+  uint64_t submit(bool write, py::object keep, uintptr_t address, uint64_t bytes,
+                  const std::string& path, uint64_t offset) {
+    const bool aligned =
+        address % kIoAlignment == 0 && offset % kIoAlignment == 0 && bytes % kIoAlignment == 0;
+    if (direct_ == DirectMode::kAlways && !aligned) {
+      throw InvalidArgument(fmt::format(
+          "{}: offset {}: O_DIRECT needs the buffer address ({:#x}), the file offset and the "
+          "length ({} bytes) to be multiples of {} (o_direct=\"always\")",
+          path, offset, address, bytes, kIoAlignment));
+    }
+    aio::OpenOptions oo;
+    oo.access = write ? aio::Access::kWrite : aio::Access::kRead;
+    oo.create = write;
+    oo.direct = direct_ == DirectMode::kAlways || (direct_ == DirectMode::kAuto && aligned);
+    Pending p{aio::Ticket{}, open_file(path, oo, offset, bytes), std::move(keep), offset};
+    auto* data = reinterpret_cast<std::byte*>(address);
+    p.ticket = write ? engine_.submit_write(p.file, offset, {data, bytes})
+                     : engine_.submit_read(p.file, offset, {data, bytes});
+    const uint64_t id = next_id_++;
+    pending_.emplace(id, std::move(p));
+    return id;
+  }
+
+  // Blocks (GIL released) until request `id` completes, then releases it and returns true;
+  // raises the request's error. Returns false for an id that is not pending (already waited).
+  bool wait(uint64_t id) {
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return false;
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    {
+      py::gil_scoped_release nogil;
+      engine_.wait(p.ticket);
+    }
+    return true;  // p (file, keep) is released with the GIL held
+  }
+
+  bool done(uint64_t id) const {
+    auto it = pending_.find(id);
+    return it == pending_.end() || engine_.is_done(it->second.ticket);
+  }
+
+  // Waits for every pending request, oldest first. Returns how many completed; if any
+  // failed, raises the error of the oldest failed one once all are done.
+  size_t wait_all() {
+    size_t completed = 0;
+    std::exception_ptr first;
+    while (!pending_.empty()) {
+      const uint64_t id = pending_.begin()->first;
+      try {
+        completed += wait(id) ? 1 : 0;
+      } catch (const std::exception&) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+    return completed;
+  }
+
+  size_t pending() const { return pending_.size(); }
+  const aio::Options& options() const { return engine_.options(); }
+  std::string backend() const { return engine_.backend_name(); }
+
+ private:
+  struct Pending {
+    aio::Ticket ticket;
+    aio::File file;
+    py::object keep;
+    uint64_t offset = 0;
+  };
+
+  DirectMode direct_;
+  aio::Engine engine_;
+  std::map<uint64_t, Pending> pending_;  // by id: submission order
+  uint64_t next_id_ = 1;
+};
+
+// Bytes and buffers of PinnedMemory alive in this process (for leak checks).
+std::atomic<uint64_t> g_pinned_bytes{0};
+std::atomic<uint64_t> g_pinned_buffers{0};
+
+// `bytes` of 4096-aligned host memory, page-locked where the kernel allows (swap::PinnedPool:
+// otherwise one warning and pageable memory), exposed through the buffer protocol so that
+// torch.frombuffer can view it; freed when the last view is gone.
+class PinnedMemory {
+ public:
+  explicit PinnedMemory(size_t bytes)
+      : pool_(swap::PinnedPoolOptions{.budget_bytes = bytes}), lease_(pool_.acquire(bytes)) {
+    g_pinned_bytes += lease_.capacity();
+    ++g_pinned_buffers;
+  }
+  ~PinnedMemory() {
+    g_pinned_bytes -= lease_.capacity();
+    --g_pinned_buffers;
+  }
+  PinnedMemory(const PinnedMemory&) = delete;
+  PinnedMemory& operator=(const PinnedMemory&) = delete;
+
+  std::byte* data() const { return lease_.data(); }
+  size_t size() const { return lease_.size(); }
+  bool locked() const { return pool_.locked(); }
+
+ private:
+  swap::PinnedPool pool_;
+  swap::PinnedBuffer lease_;
+};
+
+}  // namespace
+
+void bind_aio(py::module_& m) {
+  py::class_<AioHandle>(m, "AioHandle")
+      .def(py::init([](size_t block_size, unsigned queue_depth, unsigned threads,
+                       bool single_submit, bool overlap_events, const std::string& o_direct,
+                       const std::vector<FaultSpec>& faults) {
+             aio::Options o;
+             o.block_size = block_size;
+             o.queue_depth = queue_depth;
+             o.thread_count = threads;
+             o.single_submit = single_submit;
+             o.overlap_events = overlap_events;
+             return std::make_unique<AioHandle>(o, o_direct, faults);
+           }),
+           py::arg("block_size"), py::arg("queue_depth"), py::arg("threads"),
+           py::arg("single_submit"), py::arg("overlap_events"), py::arg("o_direct"),
+           py::arg("faults"))
+      .def("submit", &AioHandle::submit, py::arg("write"), py::arg("keep"), py::arg("address"),
+           py::arg("bytes"), py::arg("path"), py::arg("offset"))
+      .def("wait", &AioHandle::wait, py::arg("id"))
+      .def("done", &AioHandle::done, py::arg("id"))
+      .def("wait_all", &AioHandle::wait_all)
+      .def("pending", &AioHandle::pending)
+      .def("backend", &AioHandle::backend)
+      .def_property_readonly("block_size", [](const AioHandle& h) { return h.options().block_size; })
+      .def_property_readonly("queue_depth",
+                             [](const AioHandle& h) { return h.options().queue_depth; })
+      .def_property_readonly("threads", [](const AioHandle& h) { return h.options().thread_count; })
+      .def_property_readonly("single_submit",
+                             [](const AioHandle& h) { return h.options().single_submit; })
+      .def_property_readonly("overlap_events",
+                             [](const AioHandle& h) { return h.options().overlap_events; });
+
+  py::class_<PinnedMemory>(m, "PinnedMemory", py::buffer_protocol())
+      .def(py::init<size_t>(), py::arg("bytes"))
+      .def_property_readonly("address",
+                             [](const PinnedMemory& p) { return reinterpret_cast<uintptr_t>(p.data()); })
+      .def_property_readonly("nbytes", &PinnedMemory::size)
+      .def_property_readonly("locked", &PinnedMemory::locked)
+      .def_buffer([](PinnedMemory& p) {
+        return py::buffer_info(p.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(p.size())}, {py::ssize_t{1}});
+      });
+  m.def("pinned_bytes", [] { return g_pinned_bytes.load(); },
+        "Bytes of pinned memory (new_pinned_tensor) alive in this process.");
+  m.def("pinned_buffers", [] { return g_pinned_buffers.load(); },
+        "Pinned buffers (new_pinned_tensor) alive in this process.");
+  m.def("io_alignment", [] { return kIoAlignment; });
+}
+
+}  // namespace outcore::python

@@ -1,0 +1,176 @@
+// outcore._outcore.estimate: the placement plan of a DeepSpeed config and a model, computed as
+// `outcore estimate` computes it (tools/outcore/cmd_estimate.cpp), returned as a dict.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include "common/error.hpp"
+#include "engine/config/config.hpp"
+#include "engine/model/model.hpp"
+#include "engine/zero/plan.hpp"
+#include "python/bindings/bindings.hpp"
+
+namespace outcore::python {
+namespace py = pybind11;
+
+namespace {
+
+// A config or model given either as a file path or as JSON text (`source` names it).
+struct JsonInput {
+  std::string path_or_text;
+  bool is_path = true;
+  std::string source;
+};
+
+config::ParsedConfig load_config(const JsonInput& in) {
+  return in.is_path ? config::load_config_file(in.path_or_text)
+                    : config::parse_config(in.path_or_text, in.source);
+}
+
+model::LlamaConfig load_model(const JsonInput& in) {
+  return in.is_path ? model::LlamaConfig::load(in.path_or_text)
+                    : model::LlamaConfig::from_json(in.path_or_text, in.source);
+}
+
+DType param_dtype(const config::Config& cfg) {
+  if (cfg.fp16.enabled.value_or(false)) return DType::F16;
+  if (cfg.bf16.enabled.value_or(false)) return DType::BF16;
+  return DType::F32;
+}
+
+py::dict tier_bytes(const zero::TierBytes& t) {
+  py::dict d;
+  for (zero::Tier tier : {zero::Tier::kDevice, zero::Tier::kPinned, zero::Tier::kHost,
+                          zero::Tier::kNvme})
+    d[py::str(std::string(zero::tier_name(tier)))] = t[tier];
+  return d;
+}
+
+py::object optional_bytes(const std::optional<uint64_t>& v) {
+  return v ? py::object(py::int_(*v)) : py::object(py::none());
+}
+
+py::dict plan_dict(const zero::Plan& plan, const zero::PlanLimits& limits) {
+  const zero::Placement& pl = plan.placement;
+  auto tier = [](zero::Tier t) { return std::string(zero::tier_name(t)); };
+  py::dict placement;
+  placement["stage"] = pl.stage;
+  placement["param_dtype"] = std::string(dtype_name(pl.param_dtype));
+  placement["params"] = tier(pl.params);
+  placement["host_params"] = tier(pl.host_params);
+  placement["host_param_units"] = pl.host_param_units;
+  placement["nvme_param_units"] = pl.nvme_param_units;
+  placement["optimizer"] = tier(pl.optimizer);
+  placement["gradients"] = tier(pl.gradients);
+  placement["optimizer_nvme_below_stage3"] = pl.optimizer_nvme_below_stage3;
+
+  py::list items;
+  for (const zero::PlanItem& it : plan.items) {
+    py::dict d;
+    d["tier"] = tier(it.tier);
+    d["what"] = it.what;
+    d["bytes"] = it.bytes;
+    items.append(d);
+  }
+  py::dict traffic;
+  traffic["nvme_read"] = plan.per_step.nvme_read;
+  traffic["nvme_write"] = plan.per_step.nvme_write;
+  traffic["h2d"] = plan.per_step.h2d;
+  traffic["d2h"] = plan.per_step.d2h;
+
+  py::dict budgets;
+  budgets["device_live_param_bytes"] = plan.device_live_param_bytes;
+  budgets["device_grad_bytes"] = plan.device_grad_bytes;
+  budgets["pinned_pool_bytes"] = plan.pinned_pool_bytes;
+  budgets["param_nvme_path"] = plan.param_nvme_path;
+  budgets["optimizer_nvme_path"] = plan.optimizer_nvme_path;
+  budgets["param_nvme_bytes"] = plan.param_nvme_bytes;
+  budgets["optimizer_nvme_bytes"] = plan.optimizer_nvme_bytes;
+
+  py::dict lim;
+  lim["device"] = limits.device;
+  lim["pinned"] = limits.pinned;
+  lim["host"] = limits.host;
+  lim["param_nvme"] = optional_bytes(limits.param_nvme);
+  lim["optimizer_nvme"] = optional_bytes(limits.optimizer_nvme);
+  lim["nvme_same_filesystem"] = limits.nvme_same_filesystem;
+
+  py::dict d;
+  d["placement"] = placement;
+  d["world_size"] = plan.world_size;
+  d["micro_batches_per_step"] = plan.micro_batches_per_step;
+  d["tokens_per_micro_batch"] = plan.tokens_per_micro_batch;
+  d["num_parameters"] = plan.num_parameters;
+  d["padded_elems"] = plan.padded_elems;
+  d["peak"] = tier_bytes(plan.peak);
+  d["items"] = items;
+  d["per_step"] = traffic;
+  d["budgets"] = budgets;
+  d["limits"] = lim;
+  d["table"] = zero::format_plan(plan, &limits);
+  return d;
+}
+
+// micro_batch / seq_len 0: the config's train_micro_batch_size_per_gpu (else 1) / min(max
+// position embeddings, 1024), as `outcore estimate` defaults them.
+py::dict estimate(const JsonInput& cfg_in, const JsonInput& model_in, int64_t world_size,
+                  int64_t micro_batch, int64_t seq_len, bool activation_checkpointing) {
+  if (world_size < 1) throw InvalidArgument("world_size: must be >= 1");
+  if (micro_batch < 0 || seq_len < 0)
+    throw InvalidArgument("micro_batch and seq_len: must be >= 1 (or 0 for the default)");
+  config::ParsedConfig parsed = load_config(cfg_in);
+  config::Config& cfg = parsed.config;
+  const model::LlamaConfig mc = load_model(model_in);
+  config::AutoContext ctx;
+  ctx.world_size = world_size;
+  ctx.hidden_size = mc.hidden_size;
+  if (micro_batch > 0) ctx.micro_batch_size = micro_batch;
+  config::resolve_auto(cfg, ctx);
+  model::ModelOptions mo;
+  mo.micro_batch = micro_batch > 0 ? micro_batch : cfg.train_micro_batch_size_per_gpu.value_or(1);
+  mo.seq_len = seq_len > 0 ? seq_len : std::min<int64_t>(mc.max_position_embeddings, 1024);
+  mo.param_dtype = param_dtype(cfg);
+  const config::ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
+  mo.activation_checkpointing = activation_checkpointing || ac.cpu_checkpointing ||
+                                ac.partition_activations || ac.number_checkpoints.has_value();
+  mo.world_size = static_cast<int>(world_size);
+  const model::LlamaModel model(mc, mo);
+
+  const zero::Plan plan = zero::make_plan(cfg, model, {.world_size = static_cast<int>(world_size)});
+  const zero::PlanLimits limits = zero::system_limits(cfg, plan);
+  py::dict d = plan_dict(plan, limits);
+  try {
+    zero::check_fits(plan, limits);
+    d["fits"] = true;
+    d["does_not_fit"] = py::none();
+  } catch (const OutOfMemory& e) {
+    d["fits"] = false;
+    d["does_not_fit"] = std::string(e.what());
+  }
+  py::list warnings;
+  for (const config::ConfigWarning& w : parsed.warnings) warnings.append(w.to_string());
+  d["warnings"] = warnings;
+  return d;
+}
+
+}  // namespace
+
+void bind_estimate(py::module_& m) {
+  m.def(
+      "estimate",
+      [](const std::string& config, bool config_is_path, const std::string& model,
+         bool model_is_path, int64_t world_size, int64_t micro_batch, int64_t seq_len,
+         bool activation_checkpointing) {
+        return estimate({config, config_is_path, "<config dict>"},
+                        {model, model_is_path, "<model dict>"}, world_size, micro_batch, seq_len,
+                        activation_checkpointing);
+      },
+      py::arg("config"), py::arg("config_is_path"), py::arg("model"), py::arg("model_is_path"),
+      py::arg("world_size"), py::arg("micro_batch"), py::arg("seq_len"),
+      py::arg("activation_checkpointing"));
+}
+
+}  // namespace outcore::python

@@ -1,0 +1,64 @@
+"""outcore for PyTorch users: the io_uring aio engine, the CPU Adam kernel and the placement
+planner of the outcore training engine, without the trainer.
+
+    import outcore
+    h = outcore.aio.Handle()                        # like DeepNVMe's aio_handle
+    opt = outcore.optim.CPUAdam(model.parameters())  # like DeepSpeedCPUAdam
+    plan = outcore.estimate("ds_config.json", "config.json")
+
+Errors from the engine are raised as the exceptions below, each naming what failed and where
+(file and offset for I/O, JSON path for configs):
+
+    outcore.IoError(OSError)               errno, filename, offset, length attributes
+    outcore.ConfigError(ValueError)        json_path attribute
+    outcore.InvalidArgument(ValueError)    a bad argument (misaligned O_DIRECT request, ...)
+    outcore.OutOfMemoryError(MemoryError)
+    outcore.Error(RuntimeError)            any other engine error
+"""
+import json as _json
+import os as _os
+
+from . import _outcore
+from ._outcore import (ConfigError, CorruptDataError, Error, InvalidArgument, IoError,
+                       OutOfMemoryError)
+from . import aio
+from . import optim
+
+__all__ = ["aio", "optim", "estimate", "Error", "IoError", "ConfigError", "InvalidArgument",
+           "OutOfMemoryError", "CorruptDataError"]
+
+
+def _json_input(value, what):
+    """(text_or_path, is_path) for a path (str or os.PathLike) or a dict."""
+    if isinstance(value, dict):
+        return _json.dumps(value), False
+    if isinstance(value, (str, _os.PathLike)):
+        return _os.fspath(value), True
+    raise TypeError(f"{what}: expected a file path or a dict, got {type(value).__name__}")
+
+
+def estimate(config_path_or_dict, model_config_path_or_dict, world_size=1, *, micro_batch=None,
+             seq_len=None, activation_checkpointing=False):
+    """The placement plan `outcore estimate` prints, as a dict.
+
+    config_path_or_dict: a DeepSpeed JSON config (path, or the dict json.load gives).
+    model_config_path_or_dict: a Hugging Face Llama-family config.json (path or dict).
+    world_size: data-parallel ranks. micro_batch / seq_len: default to the config's
+    train_micro_batch_size_per_gpu (else 1) / min(max_position_embeddings, 1024).
+
+    Returns a dict with keys: fits (bool), does_not_fit (the reason, or None), placement
+    (stage, param_dtype and the tier of params, optimizer, gradients), peak (bytes per tier:
+    device, pinned, host, nvme), items (tier, what, bytes: what makes up each peak),
+    per_step (nvme_read, nvme_write, h2d, d2h bytes per optimizer step), budgets, limits (what
+    this machine offers each tier), num_parameters, world_size, micro_batches_per_step,
+    tokens_per_micro_batch, padded_elems, warnings (unknown config keys) and table (the text
+    `outcore estimate` prints).
+
+    Raises ConfigError naming the file (or "<config dict>") and JSON path for a bad config,
+    IoError for an unreadable file, ValueError for a bad argument.
+    """
+    cfg, cfg_is_path = _json_input(config_path_or_dict, "config_path_or_dict")
+    model, model_is_path = _json_input(model_config_path_or_dict, "model_config_path_or_dict")
+    return _outcore.estimate(cfg, cfg_is_path, model, model_is_path, int(world_size),
+                             int(micro_batch or 0), int(seq_len or 0),
+                             bool(activation_checkpointing))

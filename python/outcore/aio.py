@@ -1,0 +1,267 @@
+"""outcore.aio: the outcore io_uring engine on CPU torch tensors, shaped like DeepNVMe.
+
+A DeepNVMe script changes its import:
+
+    # h = AsyncIOBuilder().load().aio_handle(block_size, queue_depth, single_submit,
+    #                                         overlap_events, intra_op_parallelism)
+    from outcore.aio import aio_handle
+    h = aio_handle(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)
+
+`Handle` (keyword arguments in the order of this project's API) and `aio_handle` (DeepNVMe's
+positional order) make the same object. Every transfer reads or writes the tensor's memory in
+place through its data pointer (no copy); the tensor must be a contiguous CPU tensor. The GIL
+is released while waiting for I/O.
+
+Where outcore differs from DeepNVMe:
+  * Defaults: queue_depth=32 and overlap_events=True (DeepNVMe: 128 and False).
+  * O_DIRECT: with o_direct="auto" (the default), a request uses O_DIRECT when the tensor's
+    address, the file offset and the byte length are all multiples of get_alignment() (4096),
+    and the page cache otherwise, so any size at any offset works. o_direct="always" refuses
+    a misaligned request with InvalidArgument (nothing is queued); "never" always buffers.
+    Filesystems that refuse O_DIRECT (tmpfs) fall back to buffered I/O with one warning.
+  * async_pread / async_pwrite (and pread / pwrite with async_op=True) return a Request,
+    whose wait() completes that request alone; Handle.wait() still completes all of them.
+  * Errors raise instead of returning -1: outcore.IoError (an OSError carrying errno,
+    filename, offset and length) for a missing file, a read past the end of the file, EIO or
+    ENOSPC; ValueError for a tensor that is not a contiguous CPU tensor (naming the file and
+    offset); outcore.CorruptDataError when validate=True finds a mismatch.
+  * Writes create a missing file (mode 0600) and never truncate it.
+  * new_pinned_tensor(numel, dtype) returns page-locked (mlock), 4096-aligned memory that is
+    freed when the tensor and every view of it are gone; free_pinned_tensor only drops the
+    handle's reference (new_cpu_locked_tensor / free_cpu_locked_tensor are aliases).
+"""
+import os
+
+import torch
+
+from . import _outcore
+from ._outcore import CorruptDataError
+
+__all__ = ["Handle", "aio_handle", "Request", "aio_read", "aio_write", "pinned_bytes",
+           "pinned_buffers"]
+
+_ALIGNMENT = _outcore.io_alignment()
+
+
+def pinned_bytes():
+    """Bytes of pinned memory from new_pinned_tensor still alive in this process."""
+    return _outcore.pinned_bytes()
+
+
+def pinned_buffers():
+    """Pinned buffers from new_pinned_tensor still alive in this process."""
+    return _outcore.pinned_buffers()
+
+
+def _check_tensor(buffer, filename, offset):
+    """(address, nbytes) of a contiguous CPU tensor, or ValueError naming file and offset."""
+    where = f"{filename}: offset {offset}"
+    if not isinstance(buffer, torch.Tensor):
+        raise TypeError(f"{where}: buffer must be a torch.Tensor, got {type(buffer).__name__}")
+    if buffer.device.type != "cpu":
+        raise ValueError(f"{where}: buffer must be a CPU tensor, got one on {buffer.device}")
+    if not buffer.is_contiguous():
+        raise ValueError(f"{where}: buffer must be contiguous (call .contiguous() first)")
+    if offset < 0:
+        raise ValueError(f"{where}: the file offset must be >= 0")
+    return buffer.data_ptr(), buffer.numel() * buffer.element_size()
+
+
+class Request:
+    """One queued pread or pwrite. Keeps its tensor alive until it completes."""
+
+    def __init__(self, handle, request_id, filename, offset, validate):
+        self._handle = handle
+        self._id = request_id
+        self.filename = filename
+        self.offset = offset
+        self._validate = validate
+
+    def wait(self):
+        """Blocks until this request completes; returns 1, or 0 if it was already waited (by
+        this method or Handle.wait()). Raises the request's error."""
+        done = self._handle._core.wait(self._id)
+        if done and self._validate is not None:
+            self._validate()
+        return 1 if done else 0
+
+    def done(self):
+        """True when wait() would not block."""
+        return self._handle._core.done(self._id)
+
+
+class Handle:
+    """An outcore aio engine: intra_op_parallelism I/O threads, each with an io_uring of
+    queue_depth entries, moving block_size pieces. See the module docstring for how it
+    differs from DeepNVMe's aio_handle."""
+
+    def __init__(self, block_size=1048576, queue_depth=32, intra_op_parallelism=1,
+                 single_submit=False, overlap_events=True, *, o_direct="auto", _faults=()):
+        # _faults: [(kind, nth, every, direction)], injected I/O faults for tests only.
+        self._core = _outcore.AioHandle(int(block_size), int(queue_depth),
+                                        int(intra_op_parallelism), bool(single_submit),
+                                        bool(overlap_events), str(o_direct), list(_faults))
+        self._pinned = {}  # data_ptr -> PinnedMemory of tensors this handle handed out
+
+    # -- getters (DeepNVMe names) --
+    def get_block_size(self):
+        return self._core.block_size
+
+    def get_queue_depth(self):
+        return self._core.queue_depth
+
+    def get_single_submit(self):
+        return self._core.single_submit
+
+    def get_overlap_events(self):
+        return self._core.overlap_events
+
+    def get_intra_op_parallelism(self):
+        return self._core.threads
+
+    def get_thread_count(self):
+        return self._core.threads
+
+    def get_alignment(self):
+        return _ALIGNMENT
+
+    def backend(self):
+        """"io_uring", or "sync" where io_uring is unavailable (see aio/aio.hpp)."""
+        return self._core.backend()
+
+    # -- I/O --
+    def _submit(self, write, buffer, filename, offset, validate):
+        filename = os.fspath(filename)
+        offset = int(offset)
+        address, nbytes = _check_tensor(buffer, filename, offset)
+        request_id = self._core.submit(write, buffer, address, nbytes, filename, offset)
+        check = None
+        if validate:
+            check = lambda: _validate(buffer, filename, offset)  # noqa: E731
+        return Request(self, request_id, filename, offset, check)
+
+    def _run(self, write, buffer, filename, validate, async_op, file_offset, offset):
+        if offset is not None:
+            file_offset = offset
+        req = self._submit(write, buffer, filename, file_offset, validate)
+        if async_op:
+            return req
+        return req.wait()
+
+    def pread(self, buffer, filename, validate=False, async_op=False, file_offset=0, *,
+              offset=None):
+        """Reads len(buffer) bytes of `filename` at file_offset (or offset=) into buffer.
+        Synchronous: returns 1 once done. async_op=True: returns a Request at once (DeepNVMe
+        returns 0 there). Raises outcore.IoError (errno, filename, offset set) on failure,
+        including a file shorter than file_offset + buffer's size in bytes."""
+        return self._run(False, buffer, filename, validate, async_op, file_offset, offset)
+
+    def pwrite(self, buffer, filename, validate=False, async_op=False, file_offset=0, *,
+               offset=None):
+        """Writes buffer's bytes to `filename` at file_offset (or offset=); creates the file
+        if missing, never truncates it. Returns as pread does."""
+        return self._run(True, buffer, filename, validate, async_op, file_offset, offset)
+
+    def read(self, buffer, filename, validate=False, file_offset=0, *, offset=None):
+        """Synchronous pread (DeepNVMe's single-threaded read; here the same engine)."""
+        return self._run(False, buffer, filename, validate, False, file_offset, offset)
+
+    def write(self, buffer, filename, validate=False, file_offset=0, *, offset=None):
+        """Synchronous pwrite."""
+        return self._run(True, buffer, filename, validate, False, file_offset, offset)
+
+    def sync_pread(self, buffer, filename, file_offset=0, *, offset=None):
+        return self._run(False, buffer, filename, False, False, file_offset, offset)
+
+    def sync_pwrite(self, buffer, filename, file_offset=0, *, offset=None):
+        return self._run(True, buffer, filename, False, False, file_offset, offset)
+
+    def async_pread(self, buffer, filename, file_offset=0, *, offset=None):
+        """Queues a read and returns its Request; the tensor is kept alive until it is done."""
+        return self._run(False, buffer, filename, False, True, file_offset, offset)
+
+    def async_pwrite(self, buffer, filename, file_offset=0, *, offset=None):
+        """Queues a write and returns its Request. buffer must not change until it is done."""
+        return self._run(True, buffer, filename, False, True, file_offset, offset)
+
+    def wait(self):
+        """Blocks until every queued request completes; returns how many did. If any failed,
+        raises the error of the oldest failed one after all are done."""
+        return self._core.wait_all()
+
+    def pending(self):
+        """Requests queued and not yet waited."""
+        return self._core.pending()
+
+    # -- pinned memory --
+    def new_pinned_tensor(self, numel, dtype=torch.float32):
+        """A 1-D tensor of numel elements of dtype in page-locked, 4096-aligned memory (zero
+        filled is not guaranteed). Its memory is freed when the tensor and all views of it
+        are gone. Raises outcore.OutOfMemoryError if it cannot be allocated."""
+        numel = int(numel)
+        if numel < 0:
+            raise ValueError(f"numel must be >= 0, got {numel}")
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        memory = _outcore.PinnedMemory(max(nbytes, 1))
+        tensor = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes)
+        tensor = tensor.view(dtype) if nbytes else torch.empty(0, dtype=dtype)
+        if nbytes:
+            self._pinned[tensor.data_ptr()] = memory
+        return tensor
+
+    def free_pinned_tensor(self, tensor):
+        """Drops this handle's reference to a tensor from new_pinned_tensor (the memory goes
+        when the last tensor viewing it does). Returns True; ValueError for any other tensor."""
+        if tensor.numel() == 0:
+            return True
+        if self._pinned.pop(tensor.data_ptr(), None) is None:
+            raise ValueError("free_pinned_tensor: not a tensor from this handle's "
+                             "new_pinned_tensor (or already freed)")
+        return True
+
+    def new_cpu_locked_tensor(self, num_elem, example_tensor):
+        """DeepNVMe's name: new_pinned_tensor(num_elem, example_tensor.dtype)."""
+        return self.new_pinned_tensor(num_elem, example_tensor.dtype)
+
+    def free_cpu_locked_tensor(self, tensor):
+        return self.free_pinned_tensor(tensor)
+
+    def is_pinned(self, tensor):
+        """True for a tensor inside memory from new_pinned_tensor of this handle."""
+        address = tensor.data_ptr()
+        for start, memory in self._pinned.items():
+            if start <= address < start + memory.nbytes:
+                return True
+        return False
+
+
+def aio_handle(block_size=1048576, queue_depth=32, single_submit=False, overlap_events=True,
+               intra_op_parallelism=1):
+    """A Handle with DeepNVMe's positional argument order (outcore's defaults)."""
+    return Handle(block_size, queue_depth, intra_op_parallelism, single_submit, overlap_events)
+
+
+def _validate(buffer, filename, offset):
+    """Compares buffer with the file's bytes at offset (read through the page cache)."""
+    nbytes = buffer.numel() * buffer.element_size()
+    with open(filename, "rb") as f:
+        f.seek(offset)
+        data = f.read(nbytes)
+    mine = buffer.view(torch.uint8).reshape(-1).numpy().tobytes() if nbytes else b""
+    if data != mine:
+        raise CorruptDataError(f"{filename}: offset {offset}: validate: the {nbytes} bytes in "
+                               "the file differ from the buffer")
+
+
+def aio_read(buffer, filename, block_size=1048576, queue_depth=32, single_submit=False,
+             overlap_events=True, validate=False):
+    """One synchronous read with a temporary Handle (DeepNVMe's module-level aio_read)."""
+    return Handle(block_size, queue_depth, 1, single_submit, overlap_events).read(
+        buffer, filename, validate)
+
+
+def aio_write(buffer, filename, block_size=1048576, queue_depth=32, single_submit=False,
+              overlap_events=True, validate=False):
+    """One synchronous write with a temporary Handle (DeepNVMe's module-level aio_write)."""
+    return Handle(block_size, queue_depth, 1, single_submit, overlap_events).write(
+        buffer, filename, validate)

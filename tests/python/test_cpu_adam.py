@@ -1,0 +1,176 @@
+"""outcore.optim.CPUAdam against torch.optim.Adam / AdamW: 20 steps on several parameter groups
+with a changing learning rate, within the tolerance tests/cpu_adam/torch_oracle_test.cpp uses;
+state_dict round trips (ours and torch's); parameters without a gradient skipped; the bf16/fp16
+copy-out; bad input refused."""
+import unittest
+
+from oracle import import_torch_and_outcore
+
+torch, outcore = import_torch_and_outcore()
+CPUAdam = outcore.optim.CPUAdam
+
+STEPS = 20
+SIZES = [(10007,), (33, 65), (1,), (4096,), (7, 3, 5)]  # odd sizes, not vector multiples
+
+
+def make_params(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.empty(s).uniform_(-1, 1, generator=g)) for s in SIZES]
+
+
+def make_grads(seed, steps):
+    """grads[t][i]: the gradient of parameter i at step t, magnitudes spread over 1e-4..1."""
+    g = torch.Generator().manual_seed(seed + 1)
+    return [[torch.randn(s, generator=g) * 10 ** torch.empty(s).uniform_(-4, 0, generator=g)
+             for s in SIZES] for _ in range(steps)]
+
+
+def groups_of(params, **extra):
+    # Three groups with their own lr and weight decay; the last parameter of the first group
+    # gets no gradient on some steps.
+    return [dict(params=params[0:2], lr=1e-3, weight_decay=0.1, **extra),
+            dict(params=params[2:4], lr=3e-3, weight_decay=0.0, **extra),
+            dict(params=params[4:], lr=5e-4, weight_decay=0.01, **extra)]
+
+
+def run(opt, params, grads, first=0, lr_scale=True, no_grad_on=()):
+    for t in range(first, len(grads)):
+        for i, p in enumerate(params):
+            p.grad = None if (t, i) in no_grad_on else grads[t][i].clone()
+        if lr_scale:  # a schedule: lr changes every step
+            for k, group in enumerate(opt.param_groups):
+                group["lr"] = [1e-3, 3e-3, 5e-4][k] * (1.0 + 0.05 * t)
+        opt.step()
+
+
+def worst_ratio(ours, ref, floor):
+    """Worst |ours - ref| / (1e-6 |ref| + floor) (the C++ oracle test's measure); <= 1 passes."""
+    err = (ours.double() - ref.double()).abs()
+    tol = 1e-6 * ref.double().abs() + floor
+    r = err / tol
+    return float(torch.where(torch.isnan(r), torch.tensor(float("inf"), dtype=r.dtype), r).max())
+
+
+def floors(grads, i, lrs_sum):
+    gmax = torch.stack([g[i].abs() for g in grads]).max(0).values.double()
+    return 1e-6 * lrs_sum, 1e-6 * gmax, 1e-6 * gmax * gmax
+
+
+class CPUAdamAgainstTorch(unittest.TestCase):
+    def compare(self, adamw, formula):
+        grads = make_grads(7, STEPS)
+        ours_p, ref_p = make_params(3), make_params(3)
+        ours = CPUAdam(groups_of(ours_p), adamw_mode=adamw, formula=formula)
+        ref_cls = torch.optim.AdamW if adamw else torch.optim.Adam
+        ref = ref_cls(groups_of(ref_p), foreach=False)
+        no_grad = {(5, 1), (6, 1), (12, 4)}
+        run(ours, ours_p, grads, no_grad_on=no_grad)
+        run(ref, ref_p, grads, no_grad_on=no_grad)
+        for i, (a, b) in enumerate(zip(ours_p, ref_p)):
+            k = 0 if i < 2 else 1 if i < 4 else 2
+            lrs_sum = sum([1e-3, 3e-3, 5e-4][k] * (1.0 + 0.05 * t) for t in range(STEPS))
+            fp, fm, fv = floors(grads, i, lrs_sum)
+            sa, sb = ours.state[a], ref.state[b]
+            self.assertEqual(float(sa["step"]), float(sb["step"]))
+            for name, x, y, fl in (("param", a.detach(), b.detach(), fp),
+                                   ("exp_avg", sa["exp_avg"], sb["exp_avg"], fm),
+                                   ("exp_avg_sq", sa["exp_avg_sq"], sb["exp_avg_sq"], fv)):
+                ratio = worst_ratio(x, y, fl)
+                self.assertLessEqual(ratio, 1.0, f"{name} of parameter {i} (adamw={adamw}, "
+                                     f"formula={formula}): worst error ratio {ratio:.3g}")
+
+    def test_adamw_matches_torch_adamw(self):
+        for formula in ("deepspeed", "pytorch"):
+            self.compare(adamw=True, formula=formula)
+
+    def test_adam_l2_matches_torch_adam(self):
+        for formula in ("deepspeed", "pytorch"):
+            self.compare(adamw=False, formula=formula)
+
+    def test_parameter_without_grad_is_skipped(self):
+        params = make_params(5)
+        before = params[2].detach().clone()
+        opt = CPUAdam(groups_of(params))
+        for i, p in enumerate(params):
+            p.grad = None if i == 2 else torch.ones_like(p)
+        opt.step()
+        self.assertTrue(torch.equal(params[2].detach(), before))
+        self.assertNotIn(params[2], opt.state)
+        self.assertFalse(torch.equal(params[0].detach(), make_params(5)[0].detach()))
+
+
+class StateDict(unittest.TestCase):
+    def test_round_trip_continues_bit_identically(self):
+        grads = make_grads(11, STEPS)
+        straight_p, resumed_p = make_params(2), make_params(2)
+        straight = CPUAdam(groups_of(straight_p))
+        run(straight, straight_p, grads)
+
+        first = CPUAdam(groups_of(resumed_p))
+        run(first, resumed_p, grads[:10])
+        saved = first.state_dict()
+        self.assertEqual(sorted(saved["state"][0].keys()), ["exp_avg", "exp_avg_sq", "step"])
+        second = CPUAdam(groups_of(resumed_p))
+        second.load_state_dict(saved)
+        run(second, resumed_p, grads, first=10)
+        for a, b in zip(straight_p, resumed_p):
+            self.assertTrue(torch.equal(a.detach(), b.detach()))
+
+    def test_torch_adamw_state_loads_and_ours_loads_into_torch(self):
+        grads = make_grads(13, 12)
+        ref_p, ours_p, back_p = make_params(6), make_params(6), make_params(6)
+        ref = torch.optim.AdamW(groups_of(ref_p), foreach=False)
+        run(ref, ref_p, grads)
+        # Ours resumes from torch's state after 6 steps; torch resumes from ours likewise.
+        warm = torch.optim.AdamW(groups_of(ours_p), foreach=False)
+        run(warm, ours_p, grads[:6])
+        ours = CPUAdam(groups_of(ours_p), formula="pytorch")
+        ours.load_state_dict(warm.state_dict())
+        run(ours, ours_p, grads, first=6)
+        warm_ours = CPUAdam(groups_of(back_p), formula="pytorch")
+        run(warm_ours, back_p, grads[:6])
+        back = torch.optim.AdamW(groups_of(back_p), foreach=False)
+        back.load_state_dict(warm_ours.state_dict())
+        run(back, back_p, grads, first=6)
+        for a, b, c in zip(ref_p, ours_p, back_p):
+            self.assertLessEqual(worst_ratio(b.detach(), a.detach(), 1e-6 * 0.05), 1.0)
+            self.assertLessEqual(worst_ratio(c.detach(), a.detach(), 1e-6 * 0.05), 1.0)
+
+
+class CopyOutAndErrors(unittest.TestCase):
+    def test_fp16_param_groups_receive_rounded_params(self):
+        for dtype in (torch.bfloat16, torch.float16):
+            params = make_params(8)
+            opt = CPUAdam(groups_of(params))
+            for p in params:
+                p.grad = torch.full_like(p, 0.5)
+            targets = [[torch.zeros(p.numel(), dtype=dtype) for p in g["params"]]
+                       for g in opt.param_groups]
+            strided = torch.zeros(params[0].numel() * 2, dtype=dtype)[::2]  # via staging
+            targets[0][0] = strided
+            opt.step(fp16_param_groups=targets)
+            flat = [t for g in targets for t in g]
+            for p, t in zip(params, flat):
+                self.assertTrue(torch.equal(t, p.detach().reshape(-1).to(dtype)))
+
+    def test_bad_input_is_refused(self):
+        p = torch.nn.Parameter(torch.zeros(8, dtype=torch.float64))
+        p.grad = torch.zeros(8, dtype=torch.float64)
+        with self.assertRaisesRegex(ValueError, "fp32 CPU tensor"):
+            CPUAdam([p]).step()
+        t = torch.nn.Parameter(torch.zeros(4, 4).t())
+        t.grad = torch.zeros(4, 4)
+        with self.assertRaisesRegex(ValueError, "not contiguous"):
+            CPUAdam([t]).step()
+        q = torch.nn.Parameter(torch.zeros(8))
+        with self.assertRaises(ValueError):
+            CPUAdam([q], amsgrad=True)
+        q.grad = torch.zeros(8)
+        opt = CPUAdam([q])
+        opt.param_groups[0]["lr"] = float("nan")
+        with self.assertRaisesRegex(ValueError, "lr"):
+            opt.step()
+
+
+if __name__ == "__main__":
+    unittest.main()
