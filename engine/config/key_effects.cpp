@@ -148,9 +148,8 @@ constexpr KeyEffect kEffects[] = {
      "tests/swap/optimizer_swapper_test.cpp: OptimizerSwapper.StepIsBitIdenticalToInMemoryAdam"},
     {"zero_optimization.offload_optimizer.fast_init", N,
      "outcore initialises optimizer swap files with one streamed write per sub-group"},
-    {"zero_optimization.offload_optimizer.ratio", N,
-     "partial optimizer offload (ZeRO-Offload++) is not implemented: every sub-group is stepped "
-     "where offload_optimizer.device puts it"},
+    {"zero_optimization.offload_optimizer.ratio", H,
+     "tests/zero/partial_offload_test.cpp: PartialOffload.TrainsBitIdenticallyToFullOffload"},
     {"aio.block_size", H,
      "tests/aio/engine_test.cpp: AioRoundTrip.RandomSizesAndOffsetsSurviveWriteThenRead"},
     {"aio.queue_depth", H,

@@ -150,10 +150,10 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     oo.pipeline_read = z.offload_optimizer.pipeline_read;
     oo.pipeline_write = z.offload_optimizer.pipeline_write;
     optimizer =
-        detail::make_nvme_store(g, *optimizer_swapper, *pool, oo, pl.concurrent_steps, executor);
+        detail::make_nvme_store(g, *optimizer_swapper, *pool, oo, pl.concurrent_steps, &device,
+                                executor);
   } else {
-    optimizer =
-        detail::make_memory_store(g, p.optimizer == Tier::kDevice ? &device : nullptr, executor);
+    optimizer = detail::make_memory_store(g, &device, executor);
   }
   for (size_t k = 0; k < pl.writeback_slots; ++k)
     publish_slots.push_back(

@@ -7,6 +7,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "engine/device/device.hpp"
+#include "engine/zero/plan_internal.hpp"
 
 namespace outcore::zero::detail {
 
@@ -165,6 +166,7 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
   if (stage == 3 && g.placement.params == Tier::kNvme)
     split_param_homes(cfg, model.layout(), world, g);
   if (warn) warn_unused_offload_param_keys(cfg, g);
+  split_optimizer_homes(cfg, g, warn);
   if (g.placement.optimizer == Tier::kNvme && gradients != GradientPlacement::kHost) {
     uint64_t bytes = 0;
     for (const UnitGeometry& u : g.units) bytes += u.accum_len * sizeof(float);
@@ -177,7 +179,7 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
 
 bool staged_publication(const Placement& p, size_t unit) {
   const Tier home = p.param_home(unit);
-  return home == Tier::kNvme || (home == Tier::kDevice && p.optimizer != Tier::kDevice);
+  return home == Tier::kNvme || (home == Tier::kDevice && p.optimizer_home(unit) != Tier::kDevice);
 }
 
 uint64_t mem_available_bytes() {

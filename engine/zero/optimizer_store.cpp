@@ -17,17 +17,31 @@ void check_len(const char* what, int unit, size_t have, size_t want) {
                                       what, unit, have, want));
 }
 
+// The units whose optimizer home (Placement::optimizer_home) is the device or host memory;
+// units homed on NVMe have no arrays here.
 class MemoryOptimizerStore final : public OptimizerStore {
  public:
   MemoryOptimizerStore(const Geometry& g, device::Device* device, const cpu_adam::Executor& ex)
-      : g_(g), ex_(ex) {
+      : g_(g), ex_(ex), base_(g.units.size(), nullptr) {
     for (size_t u = 0; u < g.units.size(); ++u) {
       const size_t bytes = 3 * g.units[u].own_len * sizeof(float);
-      if (device != nullptr) {
-        dev_.push_back(device->alloc(bytes, fmt::format("optimizer state of unit {}", u)));
-        std::memset(dev_.back().data(), 0, bytes);
-      } else {
-        host_.emplace_back(bytes);  // zeroed
+      switch (g.placement.optimizer_home(u)) {
+        case Tier::kDevice:
+          if (device == nullptr)
+            throw InvalidArgument(
+                fmt::format("zero: the optimizer state of unit {} lives on the device but no "
+                            "device was given",
+                            u));
+          dev_.push_back(device->alloc(bytes, fmt::format("optimizer state of unit {}", u)));
+          std::memset(dev_.back().data(), 0, bytes);
+          base_[u] = dev_.back().as<float>();
+          break;
+        case Tier::kNvme:
+          break;
+        default:
+          host_.emplace_back(bytes);  // zeroed
+          base_[u] = host_.back().as<float>().data();
+          break;
       }
     }
   }
@@ -74,7 +88,10 @@ class MemoryOptimizerStore final : public OptimizerStore {
  private:
   size_t n(int unit) const { return g_.units.at(unit).own_len; }
   float* part(int unit, StateKind kind) {
-    float* base = dev_.empty() ? host_.at(unit).as<float>().data() : dev_.at(unit).as<float>();
+    float* base = base_.at(unit);
+    if (base == nullptr)
+      throw InvalidArgument(
+          fmt::format("zero: the optimizer state of unit {} is not in memory", unit));
     return base + static_cast<size_t>(kind) * n(unit);
   }
 
@@ -82,26 +99,33 @@ class MemoryOptimizerStore final : public OptimizerStore {
   const cpu_adam::Executor& ex_;
   std::vector<device::DeviceBuffer> dev_;
   std::vector<AlignedBuffer> host_;
+  std::vector<float*> base_;  // per unit: [master | exp_avg | exp_avg_sq], null on NVMe
 };
 
 class NvmeOptimizerStore final : public OptimizerStore {
  public:
   NvmeOptimizerStore(const Geometry& g, swap::Swapper& swapper, swap::PinnedPool& pool,
                      const swap::OptimizerSwapperOptions& options, size_t concurrent,
-                     const cpu_adam::Executor& ex)
-      : g_(g), swapper_(swapper, pool, options, &ex), concurrent_(concurrent) {}
+                     device::Device* device, const cpu_adam::Executor& ex)
+      : g_(g), swapper_(swapper, pool, options, &ex), concurrent_(concurrent) {
+    if (g.placement.device_optimizer_from < g.units.size())
+      memory_ = std::make_unique<MemoryOptimizerStore>(g, device, ex);
+  }
 
   void init(int unit, std::span<const float> master) override {
+    if (in_memory(unit)) return memory_->init(unit, master);
     check_len("initial master weights", unit, master.size(), n(unit));
     swapper_.init_state(static_cast<uint32_t>(unit), master);
   }
 
   void step(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
             DType out_dtype) override {
+    if (in_memory(unit)) return memory_->step(unit, grads, hp, out, out_dtype);
     swapper_.step(static_cast<uint32_t>(unit), {grads, n(unit)}, hp, {out, out_dtype});
   }
 
   void read(int unit, StateKind kind, std::span<float> out) override {
+    if (in_memory(unit)) return memory_->read(unit, kind, out);
     check_len("state read", unit, out.size(), n(unit));
     if (kind == StateKind::kMaster) return swapper_.read_master(static_cast<uint32_t>(unit), out);
     std::vector<float> a(n(unit)), b(n(unit));
@@ -112,6 +136,7 @@ class NvmeOptimizerStore final : public OptimizerStore {
   }
 
   void write(int unit, StateKind kind, std::span<const float> in) override {
+    if (in_memory(unit)) return memory_->write(unit, kind, in);
     check_len("state write", unit, in.size(), n(unit));
     const uint32_t u = static_cast<uint32_t>(unit);
     std::vector<float> s[3];
@@ -122,10 +147,12 @@ class NvmeOptimizerStore final : public OptimizerStore {
   }
 
   void visit(int unit, const swap::OptimizerSwapper::StateVisitor& fn) override {
+    if (in_memory(unit)) return memory_->visit(unit, fn);
     swapper_.visit_state(static_cast<uint32_t>(unit), n(unit), fn);
   }
 
   void fill(int unit, const swap::OptimizerSwapper::StateFiller& fn) override {
+    if (in_memory(unit)) return memory_->fill(unit, fn);
     const uint32_t u = static_cast<uint32_t>(unit);
     swapper_.fill_state(u, n(unit), fn, swapper_.steps_done(u));
   }
@@ -134,10 +161,14 @@ class NvmeOptimizerStore final : public OptimizerStore {
 
  private:
   size_t n(int unit) const { return g_.units.at(unit).own_len; }
+  bool in_memory(int unit) const {
+    return g_.placement.optimizer_home(static_cast<size_t>(unit)) != Tier::kNvme;
+  }
 
   const Geometry& g_;
   swap::OptimizerSwapper swapper_;
   size_t concurrent_;
+  std::unique_ptr<MemoryOptimizerStore> memory_;  // offload_optimizer.ratio < 1: device units
 };
 
 }  // namespace
@@ -150,10 +181,10 @@ std::unique_ptr<OptimizerStore> make_memory_store(const Geometry& g, device::Dev
 std::unique_ptr<OptimizerStore> make_nvme_store(const Geometry& g, swap::Swapper& swapper,
                                                 swap::PinnedPool& pool,
                                                 const swap::OptimizerSwapperOptions& options,
-                                                size_t concurrent_steps,
+                                                size_t concurrent_steps, device::Device* device,
                                                 const cpu_adam::Executor& ex) {
   return std::make_unique<NvmeOptimizerStore>(g, swapper, pool, options,
-                                              std::max<size_t>(1, concurrent_steps), ex);
+                                              std::max<size_t>(1, concurrent_steps), device, ex);
 }
 
 }  // namespace outcore::zero::detail

@@ -2,11 +2,14 @@
 // Adam moments of the elements this rank owns) and the Adam step over it.
 //
 //   MemoryOptimizerStore  one [master | exp_avg | exp_avg_sq] array per unit, in device
-//                         memory (stage 0, offload none) or host memory (offload cpu)
+//                         memory (offload none) or host memory (offload cpu)
 //   NvmeOptimizerStore    swap::OptimizerSwapper over the unit's optimizer swap file
 //
-// Both run the same cpu_adam kernel over the same element ranges, so their results are
-// bit-identical. Steps of different units may run concurrently on an NVMe store
+// Which tier holds a unit's state is Placement::optimizer_home(unit): with
+// offload_optimizer.ratio < 1 (partial offload) the last units' state is in device memory
+// whatever offload_optimizer.device says; the NVMe store keeps those in a memory store of its
+// own. Every store runs the same cpu_adam kernel over the same element ranges, so results are
+// bit-identical wherever the state lives. Steps of different units may run concurrently on an NVMe store
 // (concurrent_steps() > 1); other calls are made by one thread at a time.
 #pragma once
 
@@ -44,14 +47,18 @@ class OptimizerStore {
   virtual size_t concurrent_steps() const = 0;
 };
 
-// `device` non-null: arrays in device memory (charged to its budget); null: host memory.
+// Arrays in device memory (charged to `device`'s budget) for the units whose optimizer home is
+// the device, in host memory for those homed in host memory. `device` may be null when no unit
+// is homed on the device (else InvalidArgument).
 std::unique_ptr<OptimizerStore> make_memory_store(const Geometry& g, device::Device* device,
                                                   const cpu_adam::Executor& ex);
 
+// Swap files (`swapper`'s space holds detail::optimizer_swap_files(g)) for the units homed on
+// NVMe; device memory from `device` for the units partial offload keeps there.
 std::unique_ptr<OptimizerStore> make_nvme_store(const Geometry& g, swap::Swapper& swapper,
                                                 swap::PinnedPool& pool,
                                                 const swap::OptimizerSwapperOptions& options,
-                                                size_t concurrent_steps,
+                                                size_t concurrent_steps, device::Device* device,
                                                 const cpu_adam::Executor& ex);
 
 }  // namespace outcore::zero::detail

@@ -8,6 +8,7 @@
 
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "engine/device/device.hpp"
 #include "engine/zero/geometry.hpp"
 #include "engine/zero/plan_internal.hpp"
@@ -72,16 +73,41 @@ std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g) {
 std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g) {
   std::vector<swap::SwapFileSpec> files;
   for (size_t u = 0; u < g.units.size(); ++u)
-    files.push_back(
-        swap::optimizer_file_spec(static_cast<uint32_t>(u), g.units[u].own_len, g.sub_group_size));
+    if (g.placement.optimizer_home(u) == Tier::kNvme)
+      files.push_back(
+          swap::optimizer_file_spec(static_cast<uint32_t>(u), g.units[u].own_len, g.sub_group_size));
   return files;
 }
 
+void split_optimizer_homes(const config::Config& cfg, Geometry& g, bool warn) {
+  const double ratio = cfg.zero_optimization.offload_optimizer.ratio;
+  Placement& p = g.placement;
+  if (!(ratio < 1.0) || p.stage != 3) return;  // engine/config refuses ratio < 1 below stage 3
+  if (p.optimizer == Tier::kDevice) {
+    if (warn)
+      log::warn(
+          "zero_optimization.offload_optimizer.ratio {} has no effect: offload_optimizer.device "
+          "is none, so all the optimizer state is on the device already",
+          ratio);
+    return;
+  }
+  uint64_t total = 0;
+  for (const UnitGeometry& u : g.units) total += u.own_len;
+  const double offload = ratio * static_cast<double>(total);
+  uint64_t offloaded = 0;
+  size_t k = 0;
+  while (k < g.units.size() && static_cast<double>(offloaded + g.units[k].own_len) <= offload)
+    offloaded += g.units[k++].own_len;
+  p.device_optimizer_from = k;
+}
+
 // The largest lease one OptimizerSwapper step takes: min(buffer_count, sub-groups) buffers of
-// the unit's largest sub-group's three 4 KiB-aligned parts.
+// the unit's largest sub-group's three 4 KiB-aligned parts (units with state in swap files).
 uint64_t optimizer_lease_bytes(const Geometry& g, unsigned buffer_count) {
   uint64_t most = 0;
-  for (const UnitGeometry& u : g.units) {
+  for (size_t unit = 0; unit < g.units.size(); ++unit) {
+    if (g.placement.optimizer_home(unit) != Tier::kNvme) continue;
+    const UnitGeometry& u = g.units[unit];
     const uint64_t sg = std::min<uint64_t>(g.sub_group_size, u.own_len);
     const uint64_t groups = (u.own_len + g.sub_group_size - 1) / g.sub_group_size;
     const uint64_t buffers = std::min<uint64_t>(buffer_count, groups);
@@ -170,6 +196,21 @@ std::string host_params_what(const Placement& p, std::string_view pinned) {
   return fmt::format("of units 0..{} (max_in_cpu, {})", p.host_param_units - 1, pinned);
 }
 
+// offload_optimizer.ratio < 1: "units k..U-1 (offload_optimizer.ratio r)" for the state kept
+// on the device, and ", units 0..k-1 of ratio r" for the offloaded part (empty otherwise).
+std::string device_optimizer_what(const config::Config& cfg, const detail::Geometry& g) {
+  return fmt::format("of units {}..{} (offload_optimizer.ratio {})",
+                     g.placement.device_optimizer_from, g.units.size() - 1,
+                     cfg.zero_optimization.offload_optimizer.ratio);
+}
+
+std::string offloaded_optimizer_what(const config::Config& cfg, const detail::Geometry& g) {
+  const size_t k = g.placement.device_optimizer_from;
+  if (k >= g.units.size() || k == 0) return "";  // no split, or nothing offloaded
+  return fmt::format(", units 0..{} of ratio {}", k - 1,
+                     cfg.zero_optimization.offload_optimizer.ratio);
+}
+
 void add(Plan& plan, Tier tier, std::string what, uint64_t bytes) {
   if (bytes == 0) return;
   plan.items.push_back({tier, std::move(what), bytes});
@@ -203,14 +244,15 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
       t.nvme_write += m * acc;  // every micro-batch writes the sum so far
       t.nvme_read += m * acc;   // later micro-batches add to it; the step reads it once
     }
-    if (p.optimizer == Tier::kNvme) {
+    if (p.optimizer_home(unit) == Tier::kNvme) {
       t.nvme_read += 3 * u.own_len * sizeof(float);
       t.nvme_write += 3 * u.own_len * sizeof(float);
     }
     // New parameters after Adam: written to the swap file, or copied to the device.
     const uint64_t lowp = u.own_len * g.param_bytes;
     if (p.param_home(unit) == Tier::kNvme) t.nvme_write += lowp;
-    if (p.param_home(unit) == Tier::kDevice && p.optimizer != Tier::kDevice) t.h2d += lowp;
+    if (p.param_home(unit) == Tier::kDevice && p.optimizer_home(unit) != Tier::kDevice)
+      t.h2d += lowp;
   }
 }
 
@@ -228,6 +270,11 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   plan.tokens_per_micro_batch = model.tokens();
   plan.num_parameters = model.config().num_parameters();
   for (const detail::UnitGeometry& u : g.units) plan.padded_elems += u.padded;
+  plan.optimizer_ratio = cfg.zero_optimization.offload_optimizer.ratio;
+  for (size_t u = 0; u < g.units.size(); ++u) {
+    plan.optimizer_elems += g.units[u].own_len;
+    if (p.optimizer_home(u) != Tier::kDevice) plan.offloaded_optimizer_elems += g.units[u].own_len;
+  }
   const std::string pd(dtype_name(p.param_dtype));
 
   // ---- device
@@ -259,10 +306,22 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   add(plan, Tier::kDevice, "fp32 gradient slabs of the units in backward", grad_slabs);
   fixed_device += grad_slabs;
   plan.device_grad_bytes = grad_slabs;
-  if (p.optimizer == Tier::kDevice) {
-    const uint64_t b =
-        sum_units([&](const auto& u) { return charged_bytes(3 * u.own_len * sizeof(float)); });
-    add(plan, Tier::kDevice, "fp32 master weights + Adam moments", b);
+  // Optimizer state per unit where it lives: sum over the units homed in `tier` of `bytes`.
+  auto sum_optimizer = [&](Tier tier, auto bytes_of) {
+    uint64_t s = 0;
+    for (size_t u = 0; u < g.units.size(); ++u)
+      if (p.optimizer_home(u) == tier) s += bytes_of(g.units[u]);
+    return s;
+  };
+  const std::string partial = offloaded_optimizer_what(cfg, g);
+  {
+    const uint64_t b = sum_optimizer(
+        Tier::kDevice, [&](const auto& u) { return charged_bytes(3 * u.own_len * sizeof(float)); });
+    add(plan, Tier::kDevice,
+        p.optimizer == Tier::kDevice ? std::string("fp32 master weights + Adam moments")
+                                     : "fp32 master weights + Adam moments " +
+                                           device_optimizer_what(cfg, g),
+        b);
     fixed_device += b;
   }
   if (p.gradients == Tier::kDevice) {
@@ -312,10 +371,10 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
       pinned_limit > 0 ? pinned_limit : std::max<uint64_t>(pl.total(), kIoAlignment);
 
   // ---- host
-  if (p.optimizer == Tier::kHost)
-    add(plan, Tier::kHost, "fp32 master weights + Adam moments (offload_optimizer cpu)",
-        sum_units(
-            [&](const auto& u) { return align_up(3 * u.own_len * sizeof(float), kIoAlignment); }));
+  add(plan, Tier::kHost, "fp32 master weights + Adam moments (offload_optimizer cpu" + partial + ")",
+      sum_optimizer(Tier::kHost, [&](const auto& u) {
+        return align_up(3 * u.own_len * sizeof(float), kIoAlignment);
+      }));
   if (p.gradients == Tier::kHost)
     add(plan, Tier::kHost, "fp32 gradient accumulators", sum_units([&](const auto& u) {
           return align_up(u.accum_len * sizeof(float), kIoAlignment);
@@ -344,7 +403,7 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   if (p.optimizer == Tier::kNvme) {
     plan.optimizer_nvme_path = cfg.zero_optimization.offload_optimizer.nvme_path;
     plan.optimizer_nvme_bytes = swap::SwapSpace::bytes_needed(detail::optimizer_swap_files(g));
-    add(plan, Tier::kNvme, "fp32 master weights + Adam moments (swap files)",
+    add(plan, Tier::kNvme, "fp32 master weights + Adam moments (swap files" + partial + ")",
         plan.optimizer_nvme_bytes);
   }
   if (p.gradients == Tier::kNvme) {

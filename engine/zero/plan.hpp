@@ -75,7 +75,13 @@ struct Placement {
   size_t host_param_units = 0;
   size_t nvme_param_units = 0;
   Tier host_params = Tier::kPinned;
-  Tier optimizer = Tier::kDevice;  // fp32 master weights + Adam moments
+  // fp32 master weights + Adam moments: where offload_optimizer.device puts them.
+  Tier optimizer = Tier::kDevice;
+  // Partial offload (offload_optimizer.ratio < 1, stage 3 with offload cpu or nvme, DeepSpeed's
+  // ZeRO-Offload++): units from `device_optimizer_from` on keep their optimizer state on the
+  // device and are stepped there; the units before it, the longest prefix whose own elements
+  // are at most ratio x all own elements, keep it in `optimizer`. Every unit otherwise.
+  size_t device_optimizer_from = SIZE_MAX;
   // fp32 gradient accumulators: with the optimizer on the device, the device; else host
   // memory, or NVMe swap files next to the optimizer state (see GradientPlacement).
   Tier gradients = Tier::kDevice;
@@ -86,6 +92,11 @@ struct Placement {
   // Where unit `unit`'s low-precision parameters live between uses (`params`, or
   // `host_params` for the units kept in host memory by max_in_cpu).
   Tier param_home(size_t unit) const { return unit < host_param_units ? host_params : params; }
+  // Where unit `unit`'s optimizer state lives (`optimizer`, or the device for the units that
+  // offload_optimizer.ratio keeps there).
+  Tier optimizer_home(size_t unit) const {
+    return unit >= device_optimizer_from ? Tier::kDevice : optimizer;
+  }
 };
 
 struct Plan {
@@ -95,6 +106,12 @@ struct Plan {
   int64_t tokens_per_micro_batch = 0;  // B*T
   uint64_t num_parameters = 0;         // model parameters (tied weight once)
   uint64_t padded_elems = 0;           // sum of padded slab sizes (every unit)
+  // fp32 optimizer state: own elements of every unit, and of those the elements homed in
+  // placement.optimizer when it is host memory or NVMe (all of them, less the units
+  // offload_optimizer.ratio keeps on the device; 0 when the optimizer is on the device).
+  uint64_t optimizer_elems = 0;
+  uint64_t offloaded_optimizer_elems = 0;
+  double optimizer_ratio = 1.0;  // offload_optimizer.ratio
 
   TierBytes peak;               // bytes each tier holds at its peak
   std::vector<PlanItem> items;  // what makes up each tier's peak, in tier order

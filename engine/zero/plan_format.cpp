@@ -125,8 +125,16 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
         fmt::format(" ({} units in {} memory by offload_param.max_in_cpu, {} in swap files)",
                     p.host_param_units, p.host_params == Tier::kPinned ? "pinned host" : "host",
                     p.nvme_param_units);
+  std::string optimizer(tier_name(p.optimizer));
+  if (p.optimizer != Tier::kDevice && p.device_optimizer_from != SIZE_MAX)
+    optimizer += fmt::format(
+        " for units 0..{} and device from unit {} (offload_optimizer.ratio {}: {} of {} "
+        "elements offloaded)",
+        p.device_optimizer_from == 0 ? std::string("-") : std::to_string(p.device_optimizer_from - 1),
+        p.device_optimizer_from, plan.optimizer_ratio, plan.offloaded_optimizer_elems,
+        plan.optimizer_elems);
   out << fmt::format("placement: parameters {}, optimizer state {}, gradient accumulators {}\n\n",
-                     params, tier_name(p.optimizer), tier_name(p.gradients));
+                     params, optimizer, tier_name(p.gradients));
   out << fmt::format("{:<7} {:<66} {:>12}\n", "tier", "holds at its peak", "bytes");
   for (int t = 0; t < kNumTiers; ++t) {
     const Tier tier = static_cast<Tier>(t);

@@ -12,9 +12,15 @@
 namespace outcore::zero::detail {
 
 // The swap files of the parameter partitions (one tensor "p" per unit) and of the optimizer
-// state (swap::optimizer_file_spec per unit).
+// state (swap::optimizer_file_spec per unit whose optimizer home is NVMe).
 std::vector<swap::SwapFileSpec> param_swap_files(const Geometry& g);
 std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g);
+// offload_optimizer.ratio < 1 at stage 3 with offload_optimizer cpu or nvme (DeepSpeed's
+// partial offload): sets g.placement.device_optimizer_from, the first unit whose optimizer
+// state stays on the device. The units before it are the longest prefix whose own elements
+// are at most ratio x all own elements (ratio 0: none; ratio 1: all). With offload none and a
+// ratio < 1 it changes nothing and, with `warn`, says so.
+void split_optimizer_homes(const config::Config& cfg, Geometry& g, bool warn);
 // Gradient accumulators on NVMe: one tensor "g" (accum_len fp32) per unit.
 std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g);
 

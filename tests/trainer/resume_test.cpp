@@ -1,7 +1,7 @@
 // Checkpoints through the Trainer: a run saved after k steps and resumed by a new Trainer gives
 // bit-identical losses, gradient norms, loss scales and final weights to an uninterrupted run,
-// for several stages, tiers and precisions, also when the resumed run places its state
-// differently. Bad checkpoints are refused before anything is built.
+// for several stages, tiers and precisions, partial optimizer offload included, also when the
+// resumed run places its state differently. Bad checkpoints are refused before anything is built.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -125,6 +125,33 @@ TEST_F(ResumeTest, SubGroupsAndPiecesThatDoNotAlignAreBitIdentical) {
   const ckpt::Checkpoint ck = ckpt::Checkpoint::open(dir("ckpt"));
   for (const ckpt::FileInfo& f : ck.manifest().files)
     for (const ckpt::Segment& s : f.segments) EXPECT_LE(s.count, 5000u) << f.path;
+}
+
+TEST_F(ResumeTest, PartialOptimizerOffloadIsBitIdentical) {
+  // offload_optimizer.ratio 0.5: the first units' optimizer state in swap files (sub-groups of
+  // 3000 elements) or host memory, the others' in device memory. Saved and resumed under the
+  // same ratio, and resumed under ratio 1 (all offloaded), the run is the uninterrupted one,
+  // which is itself the ratio-1 run.
+  for (const char* dev : {"nvme", "cpu"}) {
+    SCOPED_TRACE(dev);
+    const std::string d(dev);
+    nlohmann::json p = testing::nvme_patch(dir("swap_" + d));
+    p.merge_patch(warmup_patch());
+    p.merge_patch({{"zero_optimization",
+                    {{"sub_group_size", 3000}, {"offload_optimizer", {{"device", d}}}}}});
+    nlohmann::json half = p;
+    half.merge_patch({{"zero_optimization", {{"offload_optimizer", {{"ratio", 0.5}}}}}});
+    const config::Config c1 = make_config(p, tiny_model());
+    const config::Config ch = make_config(half, tiny_model());
+    {  // units 0 and 1 (embedding, layer 0) offloaded; layer 1 and the head on the device
+      Trainer tr(ch, tiny_model(), quiet_options(data_, 0));
+      EXPECT_EQ(tr.engine().plan().placement.device_optimizer_from, 2u);
+    }
+    const RunTrace a = straight(ch, data_, 6);
+    expect_identical(straight(c1, data_, 6), a);
+    expect_identical(a, resumed(ch, ch, data_, 3, 6, dir("ckpt_half_" + d), 5000));
+    expect_identical(a, resumed(ch, c1, data_, 2, 6, dir("ckpt_full_" + d)));
+  }
 }
 
 TEST_F(ResumeTest, Stage2CpuOffloadBf16IsBitIdentical) {

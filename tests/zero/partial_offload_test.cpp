@@ -1,0 +1,187 @@
+// zero_optimization.offload_optimizer.ratio (DeepSpeed's partial offload, ZeRO-Offload++): at
+// stage 3 with the optimizer offloaded to host memory or NVMe, the units after the first
+// ~ratio of the optimizer's elements keep their fp32 state on the device and are stepped
+// there. Training is bit-identical to ratio 1; the plan moves exactly those bytes from the
+// host / NVMe tiers to the device and drops their NVMe traffic; a device budget that cannot
+// hold the device-resident part is refused at start naming the device tier.
+#include <gtest/gtest.h>
+
+#include "common/aligned_buffer.hpp"
+#include "common/error.hpp"
+#include "swap/swap.hpp"
+#include "tests/zero/zero_test_util.hpp"
+
+namespace outcore::zero::test {
+namespace {
+
+constexpr int kSteps = 3;
+constexpr uint64_t kSubGroup = 8192;
+
+config::Config ratio_config(const std::string& param, const std::string& opt, double ratio,
+                            const std::string& dir) {
+  return make_config(config_json({3, param, opt}, DType::BF16, dir,
+                                 ", \"sub_group_size\": " + std::to_string(kSubGroup), "",
+                                 ", \"ratio\": " + std::to_string(ratio)));
+}
+
+// Own elements of unit `u` (stage 3, world 1: its partition).
+uint64_t own(const model::LlamaModel& model, size_t u) {
+  return model.layout().units[u].partition_numel(1);
+}
+
+struct Case {
+  std::string opt;  // offload_optimizer.device
+  double ratio;
+  size_t device_from;  // the first unit whose state stays on the device
+  std::string name() const {
+    return opt + "_ratio" + std::to_string(static_cast<int>(ratio * 10));
+  }
+};
+
+// Runs `steps` optimizer steps and measures traffic after initialisation and after the steps
+// (as plan_test does: no evaluation, no state reads in between).
+struct Measured {
+  Plan plan;
+  MemoryPeaks memory;
+  TrafficStats after_init, after_steps;
+};
+
+Measured measure(const config::Config& cfg, const model::LlamaModel& model, int steps) {
+  device::CpuDevice dev;
+  comm::LocalComm comm;
+  ZeroEngine engine(cfg, model, dev, comm, 3);
+  Measured m;
+  m.plan = engine.plan();
+  m.after_init = engine.traffic();
+  const size_t n = static_cast<size_t>(model.tokens());
+  const int64_t gas = cfg.gradient_accumulation_steps.value();
+  for (int t = 1; t <= steps; ++t) {
+    for (int64_t k = 0; k < gas; ++k) {
+      std::vector<int32_t> tok = make_tokens(n + 1, model.config().vocab_size, t * 10 + k, n + 1);
+      engine.forward_backward(tok.data(), tok.data() + 1, 0.5f, k == 0);
+    }
+    engine.step(step_params(cfg, 1e-3, t, 1.0));
+  }
+  m.memory = engine.memory();
+  m.after_steps = engine.traffic();
+  return m;
+}
+
+class PartialOffload : public ::testing::TestWithParam<Case> {};
+
+// Units of the tiny model (3 layers, tied embeddings): the embedding (24576 elements), three
+// layers of ~43k, the final norm. Ratio 0.3 offloads the embedding only, 0.5 the embedding
+// and layer 0, 0 nothing.
+TEST_P(PartialOffload, TrainsBitIdenticallyToFullOffload) {
+  const Case c = GetParam();
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+  const config::Config full =
+      ratio_config("nvme", c.opt, 1.0, swap_dir("partial_full_" + c.name()).string());
+  const config::Config part =
+      ratio_config("nvme", c.opt, c.ratio, swap_dir("partial_" + c.name()).string());
+  const RunResult ref = train(full, model, kSteps);
+  const RunResult r = train(part, model, kSteps);
+  ASSERT_EQ(r.plan.placement.device_optimizer_from, c.device_from) << format_plan(r.plan);
+  EXPECT_EQ(ref.plan.placement.device_optimizer_from, SIZE_MAX);
+  expect_bit_identical(ref, r, "offload_optimizer.ratio " + std::to_string(c.ratio) + " vs 1");
+  // The device really holds the tail's state.
+  uint64_t charged = 0;
+  for (size_t u = c.device_from; u < static_cast<size_t>(model.num_units()); ++u)
+    charged += device::charged_bytes(3 * own(model, u) * sizeof(float));
+  EXPECT_GE(r.memory.device_peak_bytes, ref.memory.device_peak_bytes + charged);
+}
+
+// The plan moves exactly the tail's state: device + its charged arrays, host or NVMe - its
+// buffers or swap files, NVMe traffic - 24 B per tail element per step; the engine's measured
+// peaks and per-step traffic match the plan as PlanVsActual checks them.
+TEST_P(PartialOffload, PlanMovesTheTailsStateToTheDeviceAndMatchesTheEngine) {
+  const Case c = GetParam();
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+  const config::Config full =
+      ratio_config("nvme", c.opt, 1.0, swap_dir("partial_plan_full_" + c.name()).string());
+  const config::Config part =
+      ratio_config("nvme", c.opt, c.ratio, swap_dir("partial_plan_" + c.name()).string());
+  const Plan p1 = make_plan(full, model);
+  const Plan p = make_plan(part, model);
+  ASSERT_EQ(p.placement.device_optimizer_from, c.device_from) << format_plan(p);
+  uint64_t elems = 0, charged = 0, host = 0, files = 0;
+  for (size_t u = c.device_from; u < static_cast<size_t>(model.num_units()); ++u) {
+    elems += own(model, u);
+    charged += device::charged_bytes(3 * own(model, u) * sizeof(float));
+    host += align_up(3 * own(model, u) * sizeof(float), kIoAlignment);
+    files += swap::SwapSpace::bytes_needed(std::vector<swap::SwapFileSpec>{
+        swap::optimizer_file_spec(static_cast<uint32_t>(u), own(model, u), kSubGroup)});
+  }
+  ASSERT_GT(elems, 0u);
+  // No device budget: the gathered-slab budget does not depend on the fixed device bytes.
+  EXPECT_EQ(p.peak.device, p1.peak.device + charged) << format_plan(p);
+  if (c.opt == "nvme") {
+    EXPECT_EQ(p.peak.nvme, p1.peak.nvme - files) << format_plan(p);
+    EXPECT_EQ(p.optimizer_nvme_bytes, p1.optimizer_nvme_bytes - files);
+    EXPECT_EQ(p.per_step.nvme_read, p1.per_step.nvme_read - 12 * elems);
+    EXPECT_EQ(p.per_step.nvme_write, p1.per_step.nvme_write - 12 * elems);
+    EXPECT_EQ(p.peak.host, p1.peak.host);
+  } else {
+    EXPECT_EQ(p.peak.host, p1.peak.host - host) << format_plan(p);
+    EXPECT_EQ(p.peak.nvme, p1.peak.nvme);
+    EXPECT_EQ(p.per_step.nvme_read, p1.per_step.nvme_read);
+    EXPECT_EQ(p.per_step.nvme_write, p1.per_step.nvme_write);
+  }
+  EXPECT_EQ(p.per_step.h2d, p1.per_step.h2d);
+  EXPECT_EQ(p.per_step.d2h, p1.per_step.d2h);
+  EXPECT_EQ(p.offloaded_optimizer_elems, p1.offloaded_optimizer_elems - elems);
+  EXPECT_EQ(p.optimizer_elems, p1.optimizer_elems);
+  const std::string text = format_plan(p);
+  EXPECT_NE(text.find("offload_optimizer.ratio"), std::string::npos) << text;
+
+  const Measured m = measure(part, model, kSteps);
+  EXPECT_LE(m.memory.device_peak_bytes, p.peak.device) << format_plan(p);
+  EXPECT_GE(m.memory.device_peak_bytes, p.peak.device - p.device_live_param_bytes)
+      << format_plan(p);
+  EXPECT_LE(m.memory.pinned_peak_bytes, p.peak.pinned) << format_plan(p);
+  if (c.opt != "nvme") EXPECT_EQ(m.memory.pinned_peak_bytes, p.peak.pinned);
+  const TrafficStats& a = m.after_init;
+  const TrafficStats& b = m.after_steps;
+  EXPECT_EQ(b.h2d_bytes - a.h2d_bytes, kSteps * p.per_step.h2d) << format_plan(p);
+  EXPECT_EQ(b.d2h_bytes - a.d2h_bytes, kSteps * p.per_step.d2h) << format_plan(p);
+  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, kSteps * p.per_step.nvme_read)
+      << format_plan(p);
+  EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, kSteps * p.per_step.nvme_write)
+      << format_plan(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, PartialOffload,
+                         ::testing::Values(Case{"nvme", 0.3, 1}, Case{"nvme", 0.5, 2},
+                                           Case{"nvme", 0.0, 0}, Case{"cpu", 0.3, 1},
+                                           Case{"cpu", 0.5, 2}, Case{"cpu", 0.0, 0}),
+                         [](const auto& info) { return info.param.name(); });
+
+// Ratio 1 fits a device budget of exactly its own peak (no room for gathered slabs beyond the
+// minimum); ratio 0 needs every unit's optimizer state on the device as well, and is refused
+// before anything is allocated, naming the device tier and its config key.
+TEST(PartialOffloadBudget, DeviceTooSmallForTheDeviceStateIsRefusedNamingTheDevice) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16));
+  const config::Config full = ratio_config("cpu", "cpu", 1.0, "");
+  const config::Config none = ratio_config("cpu", "cpu", 0.0, "");
+  const uint64_t budget = make_plan(full, model, {.device_limit_bytes = 1}).peak.device;
+  {
+    device::CpuDevice dev({.memory_budget_bytes = budget});
+    comm::LocalComm comm;
+    EXPECT_NO_THROW(ZeroEngine(full, model, dev, comm, 1));
+  }
+  device::CpuDevice dev({.memory_budget_bytes = budget});
+  comm::LocalComm comm;
+  try {
+    ZeroEngine engine(none, model, dev, comm, 1);
+    FAIL() << "a device budget without room for the optimizer state was accepted";
+  } catch (const OutOfMemory& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("device", 0), 0u) << msg;
+    EXPECT_NE(msg.find("outcore.device_memory_mb"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(budget) + " bytes"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace outcore::zero::test
