@@ -144,7 +144,7 @@ TEST_F(ResumeTest, PartialOptimizerOffloadIsBitIdentical) {
     const config::Config c1 = make_config(p, tiny_model());
     const config::Config ch = make_config(half, tiny_model());
     {  // units 0 and 1 (embedding, layer 0) offloaded; layer 1 and the head on the device
-      Trainer tr(ch, tiny_model(), quiet_options(data_, 0));
+      Trainer tr(ch, tiny_model(), quiet_options(data_, 1));
       EXPECT_EQ(tr.engine().plan().placement.device_optimizer_from, 2u);
     }
     const RunTrace a = straight(ch, data_, 6);
