@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/device/kernel_math.hpp"
 #include "engine/model/kernels.hpp"
 #include "engine/model/unit_internal.hpp"
 
@@ -101,7 +102,7 @@ void attention_forward(const Dims& d, const Saved& s, float* scores) {
         gemm(false, true, rows, keys, d.hd, scale, qb, d.Q, kb, d.KV, 0.0f, scores, keys);
         for (int64_t i = 0; i < rows; ++i) {
           float* row = scores + i * keys;
-          const int64_t n = r0 + i + 1;  // causal: keys 0..r0+i
+          const int64_t n = kmath::causal_keys(r0 + i);  // keys 0..r0+i
           lse[r0 + i] = kernels::softmax_inplace(row, n);
           std::fill(row + n, row + keys, 0.0f);
         }
@@ -133,11 +134,11 @@ void attention_backward(const Dims& d, const Saved& s, const Work& w) {
         for (int64_t i = 0; i < rows; ++i) {
           float* pr = p + i * keys;
           float* dr = ds + i * keys;
-          const int64_t n = r0 + i + 1;
+          const int64_t n = kmath::causal_keys(r0 + i);
           kernels::exp_shift(pr, lse[r0 + i], n);
           std::fill(pr + n, pr + keys, 0.0f);
           const float dd = kernels::dot(pr, dr, n);
-          for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dd);
+          for (int64_t j = 0; j < n; ++j) dr[j] = kmath::softmax_grad(pr[j], dr[j], dd);
           std::fill(dr + n, dr + keys, 0.0f);
         }
         gemm(false, false, rows, d.hd, keys, scale, ds, keys, s.k + kv_at, d.KV, 0.0f, w.dq + q_at,

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/device/kernel_math.hpp"
 #include "engine/model/kernels.hpp"
 #include "engine/model/unit_internal.hpp"
 
@@ -92,7 +93,7 @@ float head_forward(const UnitContext& ctx, const ForwardArgs& a) {
     if (a.targets == nullptr) continue;
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = logits + r * V;
-      loss += kernels::log_sum_exp(row, V) - row[a.targets[c0 + r]];
+      loss += kmath::xent_loss(kernels::log_sum_exp(row, V), row[a.targets[c0 + r]]);
     }
   }
   return static_cast<float>(loss / static_cast<double>(N));
@@ -132,9 +133,9 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
       const int32_t t = a.targets[c0 + r];
       const float target_logit = row[t];
       const float lse = kernels::softmax_inplace(row, V);
-      loss += lse - target_logit;
-      for (int64_t j = 0; j < V; ++j) row[j] *= coef;
-      row[t] -= coef;
+      loss += kmath::xent_loss(lse, target_logit);
+      for (int64_t j = 0; j < V; ++j) row[j] = kmath::xent_scale(row[j], coef);
+      row[t] = kmath::xent_target(row[t], coef);
     }
     // dxn = dlogits W; dW += dlogits^T xn, one vocabulary block at a time.
     for (int64_t v0 = 0; v0 < V; v0 += vb) {

@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "engine/device/kernel_math.hpp"
+
 namespace outcore::model::kernels {
 namespace {
 
@@ -41,14 +43,12 @@ __m256 exp256(__m256 x) {
   return _mm256_and_ps(scaled, _mm256_cmp_ps(n, _mm256_set1_ps(-126.5f), _CMP_NLT_UQ));
 }
 
-float exp1(float x) { return _mm256_cvtss_f32(exp256(_mm256_set1_ps(x))); }
-
 }  // namespace
 
 void exp_inplace(float* x, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp256(_mm256_loadu_ps(x + i)));
-  for (; i < n; ++i) x[i] = exp1(x[i]);
+  for (; i < n; ++i) x[i] = kmath::exp_fast(x[i]);
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -83,9 +83,9 @@ void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, in
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
-    const float s = 1.0f / std::sqrt(sum_squares(xr, dim) / static_cast<float>(dim) + eps);
+    const float s = kmath::rmsnorm_rstd(sum_squares(xr, dim), dim, eps);
     rstd[r] = s;
-    for (int64_t i = 0; i < dim; ++i) yr[i] = w[i] * (xr[i] * s);
+    for (int64_t i = 0; i < dim; ++i) yr[i] = kmath::rmsnorm_y(xr[i], w[i], s);
   }
 }
 
@@ -107,10 +107,10 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
       acc = hsum(a0);
       for (; i < dim; ++i) acc += dyr[i] * w[i] * xr[i];
     }
-    const float c = s * s * acc / static_cast<float>(dim);
+    const float c = kmath::rmsnorm_grad_coef(s, acc, dim);
     for (int64_t i = 0; i < dim; ++i) {
-      dxr[i] += s * (dyr[i] * w[i] - xr[i] * c);
-      dw[i] += dyr[i] * (xr[i] * s);
+      dxr[i] += kmath::rmsnorm_dx(dyr[i], w[i], xr[i], s, c);
+      dw[i] += kmath::rmsnorm_dw(dyr[i], xr[i], s);
     }
   }
 }
@@ -126,9 +126,7 @@ void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, 
       float* x1 = x + (r * heads + h) * head_dim;
       float* x2 = x1 + half;
       for (int64_t j = 0; j < half; ++j) {
-        const float a = x1[j], b = x2[j], sn = sign * s[j];
-        x1[j] = a * c[j] - b * sn;
-        x2[j] = b * c[j] + a * sn;
+        kmath::rope_rotate(x1[j], x2[j], c[j], sign * s[j], x1[j], x2[j]);
       }
     }
   }
@@ -142,8 +140,6 @@ __m256 sigmoid256(__m256 g) {
   return _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
 }
 
-float sigmoid1(float g) { return 1.0f / (1.0f + exp1(-g)); }
-
 }  // namespace
 
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n) {
@@ -153,7 +149,7 @@ void swiglu_forward(const float* g, const float* u, float* a, int64_t n) {
     _mm256_storeu_ps(a + i,
                      _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid256(gv)), _mm256_loadu_ps(u + i)));
   }
-  for (; i < n; ++i) a[i] = g[i] * sigmoid1(g[i]) * u[i];
+  for (; i < n; ++i) a[i] = kmath::swiglu(g[i], u[i]);
 }
 
 void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
@@ -168,12 +164,7 @@ void swiglu_backward(const float* da, const float* g, const float* u, float* dg,
     _mm256_storeu_ps(du + i, _mm256_mul_ps(d, _mm256_mul_ps(gv, sig)));
     _mm256_storeu_ps(dg + i, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(u + i)), dsilu));
   }
-  for (; i < n; ++i) {
-    const float sig = sigmoid1(g[i]);
-    const float d = da[i];
-    du[i] = d * (g[i] * sig);
-    dg[i] = d * u[i] * (sig * (1.0f + g[i] * (1.0f - sig)));
-  }
+  for (; i < n; ++i) kmath::swiglu_grad(da[i], g[i], u[i], dg[i], du[i]);
 }
 
 float max_value(const float* x, int64_t n) {
@@ -200,12 +191,12 @@ float softmax_inplace(float* row, int64_t n) {
   }
   float sum = hsum(acc);
   for (; j < n; ++j) {
-    row[j] = exp1(row[j] - m);
+    row[j] = kmath::softmax_exp(row[j], m);
     sum += row[j];
   }
   const float inv = 1.0f / sum;
   for (j = 0; j < n; ++j) row[j] *= inv;
-  return m + std::log(sum);
+  return kmath::softmax_lse(m, sum);
 }
 
 float log_sum_exp(const float* x, int64_t n) {
@@ -216,8 +207,8 @@ float log_sum_exp(const float* x, int64_t n) {
   for (; j + 8 <= n; j += 8)
     acc = _mm256_add_ps(acc, exp256(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv)));
   float sum = hsum(acc);
-  for (; j < n; ++j) sum += exp1(x[j] - m);
-  return m + std::log(sum);
+  for (; j < n; ++j) sum += kmath::softmax_exp(x[j], m);
+  return kmath::softmax_lse(m, sum);
 }
 
 void exp_shift(float* row, float lse, int64_t n) {
@@ -225,7 +216,7 @@ void exp_shift(float* row, float lse, int64_t n) {
   int64_t j = 0;
   for (; j + 8 <= n; j += 8)
     _mm256_storeu_ps(row + j, exp256(_mm256_sub_ps(_mm256_loadu_ps(row + j), lv)));
-  for (; j < n; ++j) row[j] = exp1(row[j] - lse);
+  for (; j < n; ++j) row[j] = kmath::softmax_exp(row[j], lse);
 }
 
 }  // namespace outcore::model::kernels

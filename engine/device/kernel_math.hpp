@@ -1,0 +1,204 @@
+// The per-element and per-row arithmetic of the model's kernels, written once as
+// `__host__ __device__` functions: the host kernels (engine/model/kernels.cpp) and the CUDA
+// kernels (engine/device/cuda_kernels.cu) both call these, so the arithmetic is unit-tested on
+// machines without a GPU. Only reductions (sums, maxima over a row) and launch geometry differ
+// between the two: the host reduces in fixed 8/16-lane order, the GPU in a block tree.
+//
+// Each function mirrors, operation for operation, what the host's AVX2 lanes compute, so the
+// host kernels' scalar tails and vector bodies agree bit for bit (tests/device/kernel_math_test).
+// On the GPU the compiler may contract a*b+c into one fma where the host does not; the CUDA
+// kernels' tests state their tolerances accordingly.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define OUTCORE_HD __host__ __device__ __forceinline__
+#else
+#define OUTCORE_HD inline
+#endif
+
+namespace outcore::kmath {
+
+OUTCORE_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+OUTCORE_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// exp and the activations built on it
+
+// exp(x) as the host's exp256 lane computes it: x = n ln2 + r with |r| <= ln2/2, exp(r) by a
+// degree-6 polynomial (Cephes expf coefficients), scaled by 2^n through the exponent bits.
+// Relative error ~2 ulp; x below about -87.7 gives 0, above 88.7 gives inf, NaN stays NaN.
+OUTCORE_HD float exp_fast(float x) {
+  // As _mm256_max_ps / _mm256_min_ps with x second: a NaN x passes through.
+  x = (-88.5f > x) ? -88.5f : x;
+  x = (88.7f < x) ? 88.7f : x;
+  const float n = rintf(x * 1.44269504088896341f);  // round half to even
+  float r = fmaf(-n, 0.693359375f, x);
+  r = fmaf(-n, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  p = fmaf(p, r * r, r + 1.0f);
+  // n is in [-128, 128] here; a NaN n scales by 2^0, as the vector conversion's bits do.
+  const int32_t ni = (n == n) ? static_cast<int32_t>(n) : 0;
+  const float scaled = p * bits_float(static_cast<uint32_t>(ni + 127) << 23);
+  // n <= -127 has no normal 2^n: flush to 0 (the comparison is false for NaN, kept).
+  return (n < -126.5f) ? 0.0f : scaled;
+}
+
+// 1 / (1 + exp(-g)).
+OUTCORE_HD float sigmoid(float g) { return 1.0f / (1.0f + exp_fast(0.0f - g)); }
+
+// SwiGLU forward: silu(g) * u.
+OUTCORE_HD float swiglu(float g, float u) { return (g * sigmoid(g)) * u; }
+
+// SwiGLU backward for a = silu(g) * u given da: du = da * silu(g), dg = da * u * silu'(g) with
+// silu'(g) = sig * (1 + g * (1 - sig)).
+OUTCORE_HD void swiglu_grad(float da, float g, float u, float& dg, float& du) {
+  const float sig = sigmoid(g);
+  const float dsilu = sig * fmaf(g, 1.0f - sig, 1.0f);
+  du = da * (g * sig);
+  dg = (da * u) * dsilu;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm (per row: y = w * x * rstd, rstd = 1 / sqrt(mean(x^2) + eps))
+
+// rstd of a row of `dim` elements whose squares sum to `sum_sq`.
+OUTCORE_HD float rmsnorm_rstd(float sum_sq, int64_t dim, float eps) {
+  return 1.0f / sqrtf(sum_sq / static_cast<float>(dim) + eps);
+}
+
+OUTCORE_HD float rmsnorm_y(float x, float w, float rstd) { return w * (x * rstd); }
+
+// The row coefficient of the backward, from acc = sum(dy * w * x) over the row.
+OUTCORE_HD float rmsnorm_grad_coef(float rstd, float acc, int64_t dim) {
+  return rstd * rstd * acc / static_cast<float>(dim);
+}
+
+// The contribution of one element to dL/dx (added to dx by the caller).
+OUTCORE_HD float rmsnorm_dx(float dy, float w, float x, float rstd, float coef) {
+  return rstd * (dy * w - x * coef);
+}
+
+// The contribution of one element to dL/dw (summed over rows by the caller, in row order).
+OUTCORE_HD float rmsnorm_dw(float dy, float x, float rstd) { return dy * (x * rstd); }
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embedding ("rotate half"): the pair (a, b) = (x[j], x[j + head_dim/2]) rotated by the
+// angle whose cosine is c and sine is s (s negated by the caller for the inverse rotation).
+
+OUTCORE_HD void rope_rotate(float a, float b, float c, float s, float& x1, float& x2) {
+  x1 = a * c - b * s;
+  x2 = b * c + a * s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax over a row (causal attention rows use the first `query + 1` keys)
+
+// Keys a causal query at position `query` (0-based, within its sequence) attends to.
+OUTCORE_HD int64_t causal_keys(int64_t query) { return query + 1; }
+
+// exp(x - max) of one element.
+OUTCORE_HD float softmax_exp(float x, float row_max) { return exp_fast(x - row_max); }
+
+// The row's log-sum-exp from its maximum and sum(exp(x - max)).
+OUTCORE_HD float softmax_lse(float row_max, float sum_exp) { return row_max + logf(sum_exp); }
+
+// Softmax backward for one element: dscore = p * (dp - sum(p * dp)).
+OUTCORE_HD float softmax_grad(float p, float dp, float dot_p_dp) { return p * (dp - dot_p_dp); }
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy of a row of logits against target t, with the gradient of coef * loss:
+// loss = lse - logit[t]; dlogit[j] = coef * p[j] - (j == t ? coef : 0), as two roundings
+// (xent_scale, then xent_target on the target's element).
+
+OUTCORE_HD float xent_loss(float lse, float target_logit) { return lse - target_logit; }
+
+OUTCORE_HD float xent_scale(float p, float coef) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(p, coef);  // never fused with xent_target's subtraction
+#else
+  return p * coef;
+#endif
+}
+
+OUTCORE_HD float xent_target(float scaled_p, float coef) { return scaled_p - coef; }
+
+// ---------------------------------------------------------------------------------------------
+// Casts (storage dtypes). bf16: the upper half of an fp32 rounded to nearest even, NaN kept
+// NaN. fp16: IEEE binary16, round to nearest even, as the host's F16C instructions do.
+
+OUTCORE_HD uint16_t fp32_to_bf16(float f) {
+  uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+OUTCORE_HD float bf16_to_fp32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+OUTCORE_HD uint16_t fp32_to_fp16(float f) {
+  uint32_t x = float_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+  if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: inf
+  if (x >= 0x38800000u) {  // a normal half: rebias the exponent, round the mantissa to even
+    return static_cast<uint16_t>(sign | ((x - 0x38000000u + 0xfffu + ((x >> 13) & 1u)) >> 13));
+  }
+  const uint32_t e = x >> 23;
+  if (e < 102) return static_cast<uint16_t>(sign);  // below 2^-25 (a tie at 2^-25 goes to 0)
+  const uint32_t m = (x & 0x7fffffu) | 0x800000u;   // value = m * 2^(e - 150)
+  const uint32_t shift = 126 - e;                   // in units of 2^-24: m >> shift
+  uint32_t h = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+OUTCORE_HD float fp16_to_fp32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu;
+  uint32_t m = h & 0x3ffu;
+  if (e == 0x1f) return bits_float(sign | 0x7f800000u | (m != 0 ? (m | 0x200u) << 13 : 0u));
+  if (e != 0) return bits_float(sign | ((e + 112u) << 23) | (m << 13));
+  if (m == 0) return bits_float(sign);
+  uint32_t k = 0;  // a subnormal half: normalize
+  while ((m & 0x400u) == 0) {
+    m <<= 1;
+    ++k;
+  }
+  return bits_float(sign | ((113u - k) << 23) | ((m & 0x3ffu) << 13));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradient checks
+
+// True for inf and NaN (the overflow check of fp16 loss scaling).
+OUTCORE_HD bool nonfinite(float x) { return (float_bits(x) & 0x7f800000u) == 0x7f800000u; }
+
+}  // namespace outcore::kmath

@@ -1,0 +1,227 @@
+// The shared host/device arithmetic (engine/device/kernel_math.hpp) against the host kernels
+// that call it (engine/model/kernels.cpp) and the host dtype conversions: bit for bit, in both
+// the kernels' vector bodies and their scalar tails. The CUDA kernels run the same functions, so
+// these tests pin their per-element arithmetic on machines without a GPU.
+#include "engine/device/kernel_math.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "engine/model/kernels.hpp"
+#include "engine/model/model.hpp"
+
+namespace outcore::model {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Same value, or both NaN.
+::testing::AssertionResult SameBits(float a, float b) {
+  if (std::isnan(a) && std::isnan(b)) return ::testing::AssertionSuccess();
+  if (kmath::float_bits(a) == kmath::float_bits(b)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << a << " != " << b << " (bits " << std::hex << kmath::float_bits(a) << " vs "
+         << kmath::float_bits(b) << ")";
+}
+
+// The sum the host kernels form for a reduction in 8 fp32 lanes (element i into lane i % 8,
+// lanes folded 4+4, 2+2, 1+1), then the scalar tail in order.
+float lane8_sum(const std::vector<float>& terms) {
+  float lane[8] = {};
+  const size_t body = terms.size() / 8 * 8;
+  for (size_t i = 0; i < body; ++i) lane[i % 8] += terms[i];
+  float four[4], two[2];
+  for (int l = 0; l < 4; ++l) four[l] = lane[l] + lane[l + 4];
+  for (int l = 0; l < 2; ++l) two[l] = four[l] + four[l + 2];
+  float s = two[0] + two[1];
+  for (size_t i = body; i < terms.size(); ++i) s += terms[i];
+  return s;
+}
+
+// Inputs across exp's whole range, its clamps and the special values.
+std::vector<float> exp_inputs() {
+  std::vector<float> x = randn(4096, 1, 30.0f);
+  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 88.7f, 88.8f, -87.6f, -87.7f, -88.5f, -100.0f, 500.0f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), 1e-30f, -1e-30f})
+    x.push_back(v);
+  while (x.size() % 8 != 0) x.push_back(0.5f);
+  return x;
+}
+
+TEST(KernelMath, ExpFastEqualsTheVectorKernelLaneForLane) {
+  const std::vector<float> x = exp_inputs();
+  std::vector<float> vec = x;
+  kernels::exp_inplace(vec.data(), static_cast<int64_t>(vec.size()));  // all in 8-lane body
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_TRUE(SameBits(kmath::exp_fast(x[i]), vec[i])) << x[i];
+  EXPECT_EQ(kmath::exp_fast(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_TRUE(std::isinf(kmath::exp_fast(500.0f)));
+  EXPECT_NEAR(kmath::exp_fast(1.0f), std::exp(1.0f), 3e-7f);
+}
+
+TEST(KernelMath, SwigluForwardAndGradientEqualTheKernelInBodyAndTail) {
+  const int64_t n = 8 * 64 + 5;  // a vector body and a scalar tail
+  auto g = randn(n, 2, 4.0f), u = randn(n, 3), da = randn(n, 4);
+  std::vector<float> a(n), dg(n), du(n);
+  kernels::swiglu_forward(g.data(), u.data(), a.data(), n);
+  kernels::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    float edg, edu;
+    kmath::swiglu_grad(da[i], g[i], u[i], edg, edu);
+    ASSERT_TRUE(SameBits(kmath::swiglu(g[i], u[i]), a[i])) << i;
+    ASSERT_TRUE(SameBits(edg, dg[i])) << i;
+    ASSERT_TRUE(SameBits(edu, du[i])) << i;
+  }
+  // And against the definition.
+  const double s = 1.0 / (1.0 + std::exp(-double(g[7])));
+  EXPECT_NEAR(a[7], g[7] * s * u[7], 1e-5);
+  EXPECT_NEAR(du[7], da[7] * g[7] * s, 1e-5);
+  EXPECT_NEAR(dg[7], da[7] * u[7] * s * (1 + g[7] * (1 - s)), 1e-5);
+}
+
+TEST(KernelMath, RmsNormRowEqualsTheKernel) {
+  const int64_t rows = 4, dim = 40;
+  const float eps = 1e-5f;
+  auto x = randn(rows * dim, 5), w = randn(dim, 6), dy = randn(rows * dim, 7);
+  std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim, 0.5f), dw(dim, 0.25f);
+  kernels::rmsnorm_forward(x.data(), w.data(), eps, rows, dim, y.data(), rstd.data());
+  kernels::rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), rows, dim, dx.data(),
+                            dw.data());
+  std::vector<float> edw(dim, 0.25f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x.data() + r * dim;
+    const float s = kmath::rmsnorm_rstd(kernels::sum_squares(xr, dim), dim, eps);
+    ASSERT_TRUE(SameBits(s, rstd[r]));
+    // The backward's row sum: lanes of fma(dy * w, x, acc).
+    float lane[8] = {};
+    for (int64_t i = 0; i < dim; ++i)
+      lane[i % 8] = std::fma(dy[r * dim + i] * w[i], xr[i], lane[i % 8]);
+    std::vector<float> folded(lane, lane + 8);
+    const float coef = kmath::rmsnorm_grad_coef(s, lane8_sum(folded), dim);
+    for (int64_t i = 0; i < dim; ++i) {
+      ASSERT_TRUE(SameBits(kmath::rmsnorm_y(xr[i], w[i], s), y[r * dim + i]));
+      const float edx = 0.5f + kmath::rmsnorm_dx(dy[r * dim + i], w[i], xr[i], s, coef);
+      ASSERT_TRUE(SameBits(edx, dx[r * dim + i])) << r << " " << i;
+      edw[i] += kmath::rmsnorm_dw(dy[r * dim + i], xr[i], s);
+    }
+  }
+  for (int64_t i = 0; i < dim; ++i) EXPECT_TRUE(SameBits(edw[i], dw[i])) << i;
+}
+
+TEST(KernelMath, RopeRotationEqualsTheKernelAndInverts) {
+  const int64_t rows = 6, seq = 3, heads = 2, hd = 8, half = hd / 2;
+  auto x = randn(rows * heads * hd, 8), c = randn(seq * half, 9), s = randn(seq * half, 10);
+  for (bool inverse : {false, true}) {
+    std::vector<float> y = x;
+    kernels::rope(y.data(), rows, seq, heads, hd, c.data(), s.data(), inverse);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t j = 0; j < half; ++j) {
+          const int64_t at = (r * heads + h) * hd + j, t = (r % seq) * half + j;
+          float x1, x2;
+          kmath::rope_rotate(x[at], x[at + half], c[t], (inverse ? -1.0f : 1.0f) * s[t], x1, x2);
+          ASSERT_TRUE(SameBits(x1, y[at]));
+          ASSERT_TRUE(SameBits(x2, y[at + half]));
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelMath, SoftmaxRowAndLogSumExpEqualTheKernel) {
+  for (int64_t n : {1, 7, 8, 37, 64}) {
+    auto x = randn(n, 11 + n, 3.0f);
+    std::vector<float> p = x;
+    const float lse = kernels::softmax_inplace(p.data(), n);
+    const float m = kernels::max_value(x.data(), n);
+    std::vector<float> e(n);
+    for (int64_t j = 0; j < n; ++j) e[j] = kmath::softmax_exp(x[j], m);
+    const float sum = lane8_sum(e);
+    ASSERT_TRUE(SameBits(kmath::softmax_lse(m, sum), lse)) << n;
+    ASSERT_TRUE(SameBits(kernels::log_sum_exp(x.data(), n), lse)) << n;
+    for (int64_t j = 0; j < n; ++j) ASSERT_TRUE(SameBits(e[j] * (1.0f / sum), p[j])) << n << j;
+    std::vector<float> shifted = x;
+    kernels::exp_shift(shifted.data(), lse, n);
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_TRUE(SameBits(kmath::softmax_exp(x[j], lse), shifted[j]));
+  }
+  EXPECT_EQ(kmath::causal_keys(0), 1);
+  EXPECT_EQ(kmath::causal_keys(9), 10);
+  EXPECT_FLOAT_EQ(kmath::softmax_grad(0.25f, 2.0f, 0.5f), 0.375f);
+}
+
+TEST(KernelMath, CrossEntropyRowMatchesItsDefinition) {
+  const int64_t V = 29;
+  const int t = 11;
+  const float coef = 0.125f;
+  auto x = randn(V, 12, 2.0f);
+  std::vector<float> p = x;
+  const float lse = kernels::softmax_inplace(p.data(), V);
+  double ref_lse = 0;
+  for (float v : x) ref_lse += std::exp(double(v));
+  ref_lse = std::log(ref_lse);
+  EXPECT_NEAR(kmath::xent_loss(lse, x[t]), ref_lse - x[t], 1e-5);
+  for (int64_t j = 0; j < V; ++j) {
+    float g = kmath::xent_scale(p[j], coef);
+    if (j == t) g = kmath::xent_target(g, coef);
+    const double ref = coef * (std::exp(double(x[j]) - ref_lse) - (j == t ? 1.0 : 0.0));
+    EXPECT_NEAR(g, ref, 1e-7) << j;
+  }
+  // Two roundings, never one fused multiply-subtract.
+  volatile float scaled = 0.3f * 0.7f;
+  EXPECT_TRUE(SameBits(kmath::xent_target(kmath::xent_scale(0.3f, 0.7f), 0.7f), scaled - 0.7f));
+}
+
+TEST(KernelMath, CastsEqualTheHostConversionsForEveryHalfAndSampledFloats) {
+  for (uint32_t h = 0; h <= 0xffff; ++h) {
+    const auto b = static_cast<uint16_t>(h);
+    ASSERT_TRUE(SameBits(kmath::fp16_to_fp32(b), fp16_to_fp32(b))) << std::hex << h;
+    ASSERT_EQ(kmath::float_bits(kmath::bf16_to_fp32(b)), kmath::float_bits(bf16_to_fp32(b)));
+    // NaN payloads too: the quiet bit set as F16C does.
+    ASSERT_EQ(kmath::float_bits(kmath::fp16_to_fp32(b)), kmath::float_bits(fp16_to_fp32(b)))
+        << std::hex << h;
+  }
+  std::mt19937 rng(13);
+  std::vector<uint32_t> bits;
+  for (int i = 0; i < 1 << 20; ++i) bits.push_back(rng());
+  for (uint32_t e = 0; e < 256; ++e)  // every exponent, with mantissas at the rounding edges
+    for (uint32_t m : {0u, 1u, 0xfffu, 0x1000u, 0x1fffu, 0x2000u, 0x3000u, 0x7fffffu, 0x400000u})
+      for (uint32_t s : {0u, 1u}) bits.push_back(s << 31 | e << 23 | m);
+  for (uint32_t u : bits) {
+    const float f = kmath::bits_float(u);
+    ASSERT_EQ(kmath::fp32_to_fp16(f), fp32_to_fp16(f)) << std::hex << u;
+    ASSERT_EQ(kmath::fp32_to_bf16(f), fp32_to_bf16(f)) << std::hex << u;
+  }
+  // The model's bulk conversions (vector bodies) agree too.
+  std::vector<float> x = randn(1003, 14, 100.0f);
+  std::vector<uint16_t> half(x.size());
+  for (DType t : {DType::BF16, DType::F16}) {
+    convert_from_fp32(x.data(), half.data(), t, x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(half[i], t == DType::BF16 ? kmath::fp32_to_bf16(x[i]) : kmath::fp32_to_fp16(x[i]));
+  }
+}
+
+TEST(KernelMath, NonfiniteFlagsInfAndNaNOnly) {
+  EXPECT_TRUE(kmath::nonfinite(std::numeric_limits<float>::infinity()));
+  EXPECT_TRUE(kmath::nonfinite(-std::numeric_limits<float>::infinity()));
+  EXPECT_TRUE(kmath::nonfinite(std::numeric_limits<float>::quiet_NaN()));
+  EXPECT_FALSE(kmath::nonfinite(std::numeric_limits<float>::max()));
+  EXPECT_FALSE(kmath::nonfinite(std::numeric_limits<float>::denorm_min()));
+  EXPECT_FALSE(kmath::nonfinite(-0.0f));
+}
+
+}  // namespace
+}  // namespace outcore::model
