@@ -45,7 +45,8 @@ if(OUTCORE_BUILD_BENCH)
   outcore_require(benchmark_FOUND "Google Benchmark" "libbenchmark-dev")
 endif()
 
-# Optional: CUDA (sm_90 only) and NCCL.
+# Optional: CUDA and NCCL. Device code for sm_80 (A100) and sm_90 (H100/H200), plus sm_90 PTX
+# that newer GPUs compile at load time.
 set(OUTCORE_HAVE_CUDA OFF)
 set(OUTCORE_HAVE_NCCL OFF)
 if(OUTCORE_WITH_CUDA)
@@ -55,7 +56,7 @@ if(OUTCORE_WITH_CUDA)
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
-    set(CMAKE_CUDA_ARCHITECTURES 90)
+    set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
     set(CMAKE_CUDA_STANDARD 20)
     # CMake 3.25 has no nvcc flag for CUDA_STANDARD 20; name it (CMake also passes
     # -forward-unknown-to-host-compiler, so the project's host flags reach g++).

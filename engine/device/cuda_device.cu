@@ -98,6 +98,7 @@ class CudaStream final : public Stream {
   }
   void record(Event& event) override { CUDA_CHECK(cudaEventRecord(as_cuda(event), stream_)); }
   void wait(Event& event) override { CUDA_CHECK(cudaStreamWaitEvent(stream_, as_cuda(event), 0)); }
+  void* native_handle() const override { return stream_; }
   void synchronize() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::lock_guard lock(errors_->mu);

@@ -145,6 +145,10 @@ class Stream {
   virtual void wait(Event& event) = 0;
   // Blocks until every item enqueued so far has finished; rethrows the stream's error.
   virtual void synchronize() = 0;
+
+  // The backend's own stream handle (a cudaStream_t on CudaDevice, for the kernels of
+  // engine/device/cuda_kernels.hpp); nullptr on CpuDevice.
+  virtual void* native_handle() const { return nullptr; }
 };
 
 enum class DeviceKind : uint8_t { Cpu, Cuda };

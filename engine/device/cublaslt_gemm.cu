@@ -1,0 +1,126 @@
+// cuda::Gemm: row-major GEMMs over cuBLASLt (see cuda_kernels.hpp). A row-major C = op(A) op(B)
+// is the column-major C^T = op(B)^T op(A)^T, so B is passed first and the shapes swap.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "common/error.hpp"
+#include "engine/device/cuda_check.hpp"
+#include "engine/device/cuda_kernels.hpp"
+
+namespace outcore::device::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+// cublasGetStatusString lives in libcublas, which this file does not link: name the code.
+[[noreturn]] void throw_cublas(cublasStatus_t st, const char* stmt, const char* file, int line) {
+  throw Error("cuBLASLt error " + std::to_string(static_cast<int>(st)) + " (cublasStatus_t) in `" +
+              stmt + "` at " + file + ":" + std::to_string(line));
+}
+
+#define CUBLAS_CHECK(stmt)                                       \
+  do {                                                           \
+    cublasStatus_t cublas_check_st_ = (stmt);                    \
+    if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS)               \
+      throw_cublas(cublas_check_st_, #stmt, __FILE__, __LINE__); \
+  } while (0)
+
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::F32 ? CUDA_R_32F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+// RAII over the three descriptor kinds a matmul needs.
+struct Layout {
+  cublasLtMatrixLayout_t h = nullptr;
+  Layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&h, t, static_cast<uint64_t>(rows),
+                                            static_cast<uint64_t>(cols), ld));
+    if (batch > 1) {
+      const int32_t count = static_cast<int32_t>(batch);
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                    sizeof count));
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                    &stride, sizeof stride));
+    }
+  }
+  ~Layout() { cublasLtMatrixLayoutDestroy(h); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+};
+
+struct MatmulDesc {
+  cublasLtMatmulDesc_t h = nullptr;
+  MatmulDesc(bool trans_first, bool trans_second) {
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  }
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(h); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t h = nullptr;
+  Preference() {
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&h));
+    const uint64_t bytes = kWorkspaceBytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &bytes, sizeof bytes));
+  }
+  ~Preference() { cublasLtMatmulPreferenceDestroy(h); }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+};
+
+}  // namespace
+
+struct Gemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  Impl() {
+    CUBLAS_CHECK(cublasLtCreate(&handle));
+    CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
+  }
+  ~Impl() {
+    cudaFree(workspace);
+    cublasLtDestroy(handle);
+  }
+};
+
+Gemm::Gemm() : impl_(std::make_unique<Impl>()) {}
+Gemm::~Gemm() = default;
+
+void Gemm::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const void* a, int64_t lda, const void* b, int64_t ldb, DType ab_dtype, float beta,
+               float* c, int64_t ldc, StreamHandle stream, int64_t batch, int64_t stride_a,
+               int64_t stride_b, int64_t stride_c) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  if (m < 0 || n < 0 || k <= 0 || batch < 0)
+    throw InvalidArgument("gemm: dimensions must be positive (m=" + std::to_string(m) +
+                          " n=" + std::to_string(n) + " k=" + std::to_string(k) + ")");
+  const cudaDataType_t t = cuda_type(ab_dtype);
+  // Column-major: C^T [n, m] = op(B)^T [n, k] x op(A)^T [k, m].
+  const Layout first(t, trans_b ? k : n, trans_b ? n : k, ldb, batch, stride_b);
+  const Layout second(t, trans_a ? m : k, trans_a ? k : m, lda, batch, stride_a);
+  const Layout out(CUDA_R_32F, n, m, ldc, batch, stride_c);
+  const MatmulDesc desc(trans_b, trans_a);
+  const Preference pref;
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(impl_->handle, desc.h, first.h, second.h, out.h,
+                                              out.h, pref.h, 1, &result, &found));
+  if (found == 0)
+    throw Error("gemm: cuBLASLt has no algorithm for m=" + std::to_string(m) +
+                " n=" + std::to_string(n) + " k=" + std::to_string(k) + " dtype " +
+                std::string(dtype_name(ab_dtype)));
+  CUBLAS_CHECK(cublasLtMatmul(impl_->handle, desc.h, &alpha, b, first.h, a, second.h, &beta, c,
+                              out.h, c, out.h, &result.algo, impl_->workspace, kWorkspaceBytes,
+                              static_cast<cudaStream_t>(stream)));
+}
+
+}  // namespace outcore::device::cuda

@@ -1,0 +1,388 @@
+// CUDA kernels of the model's math: see cuda_kernels.hpp. The arithmetic per element and per
+// row is kernel_math.hpp's; this file holds launch geometry and block reductions only.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "common/error.hpp"
+#include "engine/device/cuda_check.hpp"
+#include "engine/device/cuda_kernels.hpp"
+#include "engine/device/kernel_math.hpp"
+
+namespace outcore::device::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // every kernel's block size (a multiple of 32)
+
+cudaStream_t native(StreamHandle s) { return static_cast<cudaStream_t>(s); }
+
+// Blocks of a grid-stride loop over n elements.
+unsigned grid_for(int64_t n) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 8192));
+}
+
+#define LAUNCHED() CUDA_CHECK(cudaGetLastError())
+
+struct Sum {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Reduces v over the block (a fixed tree: deterministic); every thread gets the result.
+// REQUIRES: every thread of the block calls it.
+template <typename Op>
+__device__ float block_reduce(float v, Op op, float identity) {
+  __shared__ float warp_result[32];
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();  // warp_result may still be read by a previous call
+  if (lane == 0) warp_result[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < blockDim.x / 32 ? warp_result[threadIdx.x] : identity;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;  // lanes of warp 0 hold it; broadcast through shared memory
+}
+
+template <typename Op>
+__device__ float block_all_reduce(float v, Op op, float identity) {
+  __shared__ float result;
+  v = block_reduce(v, op, identity);
+  if (threadIdx.x == 0) result = v;
+  __syncthreads();
+  v = result;
+  __syncthreads();
+  return v;
+}
+
+__device__ float load_as_fp32(const void* p, DType t, int64_t i) {
+  if (t == DType::F32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return t == DType::BF16 ? kmath::bf16_to_fp32(h) : kmath::fp16_to_fp32(h);
+}
+
+// --- element-wise ----------------------------------------------------------------------------
+
+__global__ void to_fp32_kernel(const void* src, DType t, float* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = load_as_fp32(src, t, i);
+}
+
+__global__ void from_fp32_kernel(const float* src, void* dst, DType t, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    if (t == DType::F32) {
+      static_cast<float*>(dst)[i] = src[i];
+    } else {
+      static_cast<uint16_t*>(dst)[i] =
+          t == DType::BF16 ? kmath::fp32_to_bf16(src[i]) : kmath::fp32_to_fp16(src[i]);
+    }
+  }
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] += x[i];
+}
+
+__global__ void swiglu_forward_kernel(const float* g, const float* u, float* a, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    a[i] = kmath::swiglu(g[i], u[i]);
+}
+
+__global__ void swiglu_backward_kernel(const float* da, const float* g, const float* u, float* dg,
+                                       float* du, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float dgi, dui;
+    kmath::swiglu_grad(da[i], g[i], u[i], dgi, dui);
+    dg[i] = dgi;
+    du[i] = dui;
+  }
+}
+
+// One thread per rotated pair: (row, head, j < head_dim / 2).
+__global__ void rope_kernel(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
+                            const float* cos, const float* sin, float sign) {
+  const int64_t half = head_dim / 2, n = rows * heads * half;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = i % half, rh = i / half, r = rh / heads;
+    float* x1 = x + rh * head_dim + j;
+    const int64_t t = (r % seq) * half + j;
+    kmath::rope_rotate(x1[0], x1[half], cos[t], sign * sin[t], x1[0], x1[half]);
+  }
+}
+
+// --- embedding -------------------------------------------------------------------------------
+
+__global__ void embedding_forward_kernel(const void* table, DType t, const int32_t* ids, int64_t n,
+                                         int64_t hidden, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * hidden;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = load_as_fp32(table, t, int64_t{ids[i / hidden]} * hidden + i % hidden);
+}
+
+// One thread per column, tokens in order: the host's summation order, without atomics.
+__global__ void embedding_backward_kernel(const int32_t* ids, const float* dy, int64_t n,
+                                          int64_t hidden, float* grad) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < hidden;
+       j += int64_t{gridDim.x} * blockDim.x)
+    for (int64_t i = 0; i < n; ++i) grad[int64_t{ids[i]} * hidden + j] += dy[i * hidden + j];
+}
+
+// --- RMSNorm ---------------------------------------------------------------------------------
+
+__global__ void rmsnorm_forward_kernel(const float* x, const float* w, float eps, int64_t dim,
+                                       float* y, float* rstd) {
+  const float* xr = x + blockIdx.x * dim;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+  const float s = kmath::rmsnorm_rstd(block_all_reduce(ss, Sum{}, 0.0f), dim, eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = s;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+    y[blockIdx.x * dim + i] = kmath::rmsnorm_y(xr[i], w[i], s);
+}
+
+__global__ void rmsnorm_dx_kernel(const float* dy, const float* x, const float* w,
+                                  const float* rstd, int64_t dim, float* dx) {
+  const int64_t at = blockIdx.x * dim;
+  float acc = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += dy[at + i] * w[i] * x[at + i];
+  const float s = rstd[blockIdx.x];
+  const float coef = kmath::rmsnorm_grad_coef(s, block_all_reduce(acc, Sum{}, 0.0f), dim);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+    dx[at + i] += kmath::rmsnorm_dx(dy[at + i], w[i], x[at + i], s, coef);
+}
+
+// One thread per column, rows in order (as the host).
+__global__ void rmsnorm_dw_kernel(const float* dy, const float* x, const float* rstd, int64_t rows,
+                                  int64_t dim, float* dw) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < dim;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float acc = dw[i];
+    for (int64_t r = 0; r < rows; ++r)
+      acc += kmath::rmsnorm_dw(dy[r * dim + i], x[r * dim + i], rstd[r]);
+    dw[i] = acc;
+  }
+}
+
+// --- attention softmax: one block per (matrix, row) ------------------------------------------
+
+__global__ void causal_softmax_forward_kernel(float* scores, float* lse, int64_t rows, int64_t keys,
+                                              int64_t first_query) {
+  const int64_t row = blockIdx.x;  // b * rows + i
+  float* x = scores + row * keys;
+  const int64_t n = kmath::causal_keys(first_query + row % rows);
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, x[j]);
+  m = block_all_reduce(m, Max{}, -INFINITY);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    x[j] = kmath::softmax_exp(x[j], m);
+    sum += x[j];
+  }
+  sum = block_all_reduce(sum, Sum{}, 0.0f);
+  const float inv = 1.0f / sum;
+  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) x[j] = j < n ? x[j] * inv : 0.0f;
+  if (threadIdx.x == 0) lse[row] = kmath::softmax_lse(m, sum);
+}
+
+__global__ void causal_softmax_backward_kernel(float* scores, float* dp, const float* lse,
+                                               int64_t rows, int64_t keys, int64_t first_query) {
+  const int64_t row = blockIdx.x;
+  float* p = scores + row * keys;
+  float* d = dp + row * keys;
+  const int64_t n = kmath::causal_keys(first_query + row % rows);
+  const float l = lse[row];
+  float dot = 0.0f;
+  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
+    p[j] = j < n ? kmath::softmax_exp(p[j], l) : 0.0f;
+    dot += p[j] * d[j];
+  }
+  dot = block_all_reduce(dot, Sum{}, 0.0f);
+  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x)
+    d[j] = j < n ? kmath::softmax_grad(p[j], d[j], dot) : 0.0f;
+}
+
+// --- cross-entropy: one block per row --------------------------------------------------------
+
+__global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int64_t vocab,
+                                     float coef, bool grad, float* row_loss) {
+  float* x = logits + blockIdx.x * vocab;
+  const int32_t t = targets[blockIdx.x];
+  const float target_logit = x[t];
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, x[j]);
+  m = block_all_reduce(m, Max{}, -INFINITY);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += kmath::softmax_exp(x[j], m);
+  sum = block_all_reduce(sum, Sum{}, 0.0f);
+  if (threadIdx.x == 0)
+    row_loss[blockIdx.x] = kmath::xent_loss(kmath::softmax_lse(m, sum), target_logit);
+  if (!grad) return;
+  const float inv = 1.0f / sum;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float g = kmath::xent_scale(kmath::softmax_exp(x[j], m) * inv, coef);
+    x[j] = j == t ? kmath::xent_target(g, coef) : g;
+  }
+}
+
+// --- gradient checks -------------------------------------------------------------------------
+
+__global__ void sum_squares_partials_kernel(const float* x, int64_t n, float* partials) {
+  float s = 0.0f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    s += x[i] * x[i];
+  s = block_reduce(s, Sum{}, 0.0f);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+__global__ void sum_partials_kernel(const float* partials, int count, float* out) {
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partials[i];
+  s = block_reduce(s, Sum{}, 0.0f);
+  if (threadIdx.x == 0) *out = s;
+}
+
+__global__ void count_nonfinite_kernel(const float* x, int64_t n, unsigned int* count) {
+  unsigned int c = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    c += kmath::nonfinite(x[i]) ? 1u : 0u;
+  if (c != 0) atomicAdd(count, c);
+}
+
+void check_rows(int64_t rows, const char* what) {
+  if (rows > int64_t{0x7fffffff})
+    throw InvalidArgument(std::string(what) + ": " + std::to_string(rows) +
+                          " rows exceed one launch's grid");
+}
+
+}  // namespace
+
+void to_fp32(const void* src, DType dtype, float* dst, int64_t n, StreamHandle s) {
+  if (n == 0) return;
+  to_fp32_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(src, dtype, dst, n);
+  LAUNCHED();
+}
+
+void from_fp32(const float* src, void* dst, DType dtype, int64_t n, StreamHandle s) {
+  if (n == 0) return;
+  from_fp32_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(src, dst, dtype, n);
+  LAUNCHED();
+}
+
+void add_inplace(float* y, const float* x, int64_t n, StreamHandle s) {
+  if (n == 0) return;
+  add_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(y, x, n);
+  LAUNCHED();
+}
+
+void swiglu_forward(const float* g, const float* u, float* a, int64_t n, StreamHandle s) {
+  if (n == 0) return;
+  swiglu_forward_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(g, u, a, n);
+  LAUNCHED();
+}
+
+void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
+                     int64_t n, StreamHandle s) {
+  if (n == 0) return;
+  swiglu_backward_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(da, g, u, dg, du, n);
+  LAUNCHED();
+}
+
+void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
+          const float* sin, bool inverse, StreamHandle s) {
+  const int64_t n = rows * heads * (head_dim / 2);
+  if (n == 0) return;
+  rope_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(x, rows, seq, heads, head_dim, cos, sin,
+                                                       inverse ? -1.0f : 1.0f);
+  LAUNCHED();
+}
+
+void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
+                       int64_t hidden, float* out, StreamHandle s) {
+  if (n * hidden == 0) return;
+  embedding_forward_kernel<<<grid_for(n * hidden), kThreads, 0, native(s)>>>(table, dtype, ids, n,
+                                                                             hidden, out);
+  LAUNCHED();
+}
+
+void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden, float* grad,
+                        StreamHandle s) {
+  if (n * hidden == 0) return;
+  embedding_backward_kernel<<<grid_for(hidden), kThreads, 0, native(s)>>>(ids, dy, n, hidden, grad);
+  LAUNCHED();
+}
+
+void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y,
+                     float* rstd, StreamHandle s) {
+  if (rows == 0) return;
+  check_rows(rows, "rmsnorm_forward");
+  rmsnorm_forward_kernel<<<static_cast<unsigned>(rows), kThreads, 0, native(s)>>>(x, w, eps, dim, y,
+                                                                                  rstd);
+  LAUNCHED();
+}
+
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                      int64_t rows, int64_t dim, float* dx, float* dw, StreamHandle s) {
+  if (rows == 0) return;
+  check_rows(rows, "rmsnorm_backward");
+  rmsnorm_dx_kernel<<<static_cast<unsigned>(rows), kThreads, 0, native(s)>>>(dy, x, w, rstd, dim,
+                                                                             dx);
+  LAUNCHED();
+  rmsnorm_dw_kernel<<<grid_for(dim), kThreads, 0, native(s)>>>(dy, x, rstd, rows, dim, dw);
+  LAUNCHED();
+}
+
+void causal_softmax_forward(float* scores, float* lse, int64_t batch, int64_t rows, int64_t keys,
+                            int64_t first_query, StreamHandle s) {
+  if (batch * rows == 0) return;
+  if (first_query + rows > keys)
+    throw InvalidArgument("causal_softmax_forward: queries beyond the keys");
+  check_rows(batch * rows, "causal_softmax_forward");
+  causal_softmax_forward_kernel<<<static_cast<unsigned>(batch * rows), kThreads, 0, native(s)>>>(
+      scores, lse, rows, keys, first_query);
+  LAUNCHED();
+}
+
+void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t batch,
+                             int64_t rows, int64_t keys, int64_t first_query, StreamHandle s) {
+  if (batch * rows == 0) return;
+  if (first_query + rows > keys)
+    throw InvalidArgument("causal_softmax_backward: queries beyond the keys");
+  check_rows(batch * rows, "causal_softmax_backward");
+  causal_softmax_backward_kernel<<<static_cast<unsigned>(batch * rows), kThreads, 0, native(s)>>>(
+      scores, dp, lse, rows, keys, first_query);
+  LAUNCHED();
+}
+
+void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
+                   bool grad, float* row_loss, StreamHandle s) {
+  if (rows == 0) return;
+  check_rows(rows, "cross_entropy");
+  cross_entropy_kernel<<<static_cast<unsigned>(rows), kThreads, 0, native(s)>>>(
+      logits, targets, vocab, coef, grad, row_loss);
+  LAUNCHED();
+}
+
+void sum_squares(const float* x, int64_t n, float* partials, float* out, StreamHandle s) {
+  sum_squares_partials_kernel<<<kSumSquaresPartials, kThreads, 0, native(s)>>>(x, n, partials);
+  LAUNCHED();
+  sum_partials_kernel<<<1, kThreads, 0, native(s)>>>(partials, kSumSquaresPartials, out);
+  LAUNCHED();
+}
+
+void count_nonfinite(const float* x, int64_t n, unsigned int* count, StreamHandle s) {
+  if (n == 0) return;
+  count_nonfinite_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(x, n, count);
+  LAUNCHED();
+}
+
+}  // namespace outcore::device::cuda

@@ -1,0 +1,110 @@
+// CUDA kernels of the model's math and a cuBLASLt GEMM, callable from host code (built only
+// where nvcc exists: OUTCORE_HAVE_CUDA). Every pointer is device memory on the current CUDA
+// device unless a comment says otherwise; every call is asynchronous on `stream` (a
+// cudaStream_t, see Stream::native_handle(); nullptr is the legacy default stream), and throws
+// Error naming the failing CUDA call, file and line when a launch fails.
+//
+// Each kernel's per-element and per-row arithmetic is the one in engine/device/kernel_math.hpp,
+// shared with the host kernels of engine/model; only the reductions differ (block trees here,
+// fixed lanes on the host), so results match the host within a few ulp per reduction.
+// Reductions are deterministic: the same inputs give the same bits, run after run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/dtype.hpp"
+
+namespace outcore::device::cuda {
+
+using StreamHandle = void*;  // a cudaStream_t
+
+// --- element-wise ----------------------------------------------------------------------------
+
+// dst[i] = src[i] as fp32 (src in `dtype` storage) / dst[i] = src[i] rounded to `dtype`.
+void to_fp32(const void* src, DType dtype, float* dst, int64_t n, StreamHandle stream);
+void from_fp32(const float* src, void* dst, DType dtype, int64_t n, StreamHandle stream);
+// y[i] += x[i] (gradient accumulation).
+void add_inplace(float* y, const float* x, int64_t n, StreamHandle stream);
+// a = silu(g) * u; backward: dg = da * u * silu'(g), du = da * silu(g) (dg may alias da).
+void swiglu_forward(const float* g, const float* u, float* a, int64_t n, StreamHandle stream);
+void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
+                     int64_t n, StreamHandle stream);
+// Rotary embedding in place on x = [rows, heads * head_dim], row r at position r % seq;
+// cos/sin are [seq, head_dim / 2] (device memory). inverse: the transposed rotation.
+void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
+          const float* sin, bool inverse, StreamHandle stream);
+
+// --- embedding -------------------------------------------------------------------------------
+
+// out[i, :] = table[ids[i], :] as fp32 (table [vocab, hidden] in `dtype` storage). ids must lie
+// in [0, vocab) (the caller checks them on the host).
+void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
+                       int64_t hidden, float* out, StreamHandle stream);
+// grad[ids[i], :] += dy[i, :], summed in token order (deterministic, no atomics).
+void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden, float* grad,
+                        StreamHandle stream);
+
+// --- RMSNorm ---------------------------------------------------------------------------------
+
+// Over rows of `dim`: rstd[r] = 1/sqrt(mean(x[r]^2) + eps), y = w * x * rstd.
+void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y,
+                     float* rstd, StreamHandle stream);
+// dx += dL/dx; dw += dL/dw (rows summed in order).
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                      int64_t rows, int64_t dim, float* dx, float* dw, StreamHandle stream);
+
+// --- attention softmax -----------------------------------------------------------------------
+
+// Causal softmax in place on `batch` score matrices of [rows, keys] (row-major, contiguous),
+// row i being query first_query + i: keys 0..first_query+i are normalised, the rest set to 0;
+// lse[b * rows + i] receives the row's log-sum-exp. REQUIRES first_query + rows <= keys.
+void causal_softmax_forward(float* scores, float* lse, int64_t batch, int64_t rows, int64_t keys,
+                            int64_t first_query, StreamHandle stream);
+// Given scores (scaled q k^T, as forward saw them) and dp = dL/dprob, both [batch, rows, keys]:
+// scores becomes prob = exp(scores - lse) (0 beyond the causal limit) and dp becomes
+// dL/dscores = prob * (dp - sum(prob * dp)).
+void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t batch,
+                             int64_t rows, int64_t keys, int64_t first_query, StreamHandle stream);
+
+// --- cross-entropy head ----------------------------------------------------------------------
+
+// For each of `rows` rows of logits [rows, vocab]: row_loss[r] = lse - logits[r, targets[r]].
+// With `grad`, logits becomes coef * (softmax - onehot(target)) (xent_scale, xent_target).
+void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
+                   bool grad, float* row_loss, StreamHandle stream);
+
+// --- gradient checks -------------------------------------------------------------------------
+
+// Partial sums a deterministic sum of squares uses: `partials` must hold kSumSquaresPartials
+// floats. *out = sum(x[i]^2) (device scalar).
+inline constexpr int kSumSquaresPartials = 256;
+void sum_squares(const float* x, int64_t n, float* partials, float* out, StreamHandle stream);
+// *count += the number of inf/NaN elements of x (device scalar).
+void count_nonfinite(const float* x, int64_t n, unsigned int* count, StreamHandle stream);
+
+// --- GEMM ------------------------------------------------------------------------------------
+
+// Row-major C[m,n] = alpha * op(A) op(B) + beta * C (C fp32, accumulation fp32), op(A) [m,k],
+// op(B) [k,n]; A and B share one dtype: F32 (computed in fp32, no TF32), BF16 or F16.
+// beta == 0 ignores C's old contents. Batched: `batch` products, operand i at base + i * stride
+// (elements). Owns a cuBLASLt handle and a workspace; one Gemm per thread at a time.
+class Gemm {
+ public:
+  Gemm();  // on the current CUDA device
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+           int64_t lda, const void* b, int64_t ldb, DType ab_dtype, float beta, float* c,
+           int64_t ldc, StreamHandle stream, int64_t batch = 1, int64_t stride_a = 0,
+           int64_t stride_b = 0, int64_t stride_c = 0);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace outcore::device::cuda

@@ -1,0 +1,262 @@
+// Each CUDA kernel (engine/device/cuda_kernels.hpp) against the host kernels of engine/model on
+// random data. Skips, saying why, where no GPU can be used. Tolerances, per kernel:
+//   casts, embedding gather and scatter-add, gradient accumulation, inf/NaN count: exact;
+//   SwiGLU, RoPE: 2e-6 relative (the GPU may fuse a multiply-add the host rounds twice);
+//   RMSNorm, softmax, cross-entropy, sum of squares: 1e-5 relative (block-tree reductions
+//   instead of the host's 8/16 lanes);
+//   GEMM: 1e-5 of sum|a||b| for fp32, 1e-4 for bf16/fp16 (inputs rounded alike on both sides).
+#include "engine/device/cuda_kernels.hpp"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "engine/device/device.hpp"
+#include "engine/device/kernel_math.hpp"
+#include "engine/model/kernels.hpp"
+#include "engine/model/model.hpp"
+
+namespace outcore::device::cuda {
+namespace {
+
+namespace hk = outcore::model::kernels;
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A device copy of a host vector, copied back with get().
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(const std::vector<T>& host) : n_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(1, n_) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  explicit Dev(size_t n) : Dev(std::vector<T>(n)) {}
+  ~Dev() { cudaFree(p_); }
+  Dev(const Dev&) = delete;
+  T* get() { return p_; }
+  std::vector<T> host() const {
+    std::vector<T> h(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                  const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], rel * std::max(1.0, std::abs(double(want[i]))))
+        << what << " @" << i;
+}
+
+class CudaKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const ProbeResult p = probe();
+    if (!p.available) GTEST_SKIP() << "no usable GPU: " << p.summary();
+  }
+};
+
+TEST_F(CudaKernels, CastsMatchTheHostConversionsExactly) {
+  auto x = randn(10007, 1, 50.0f);
+  x[3] = std::numeric_limits<float>::infinity();
+  x[4] = 1e-6f;  // an fp16 subnormal
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<uint16_t> want(x.size());
+    model::convert_from_fp32(x.data(), want.data(), t, x.size());
+    Dev<float> dx(x);
+    Dev<uint16_t> dh(x.size());
+    from_fp32(dx.get(), dh.get(), t, static_cast<int64_t>(x.size()), nullptr);
+    ASSERT_EQ(dh.host(), want);
+    std::vector<float> back(x.size());
+    model::convert_to_fp32(want.data(), t, back.data(), x.size());
+    Dev<float> db(x.size());
+    to_fp32(dh.get(), t, db.get(), static_cast<int64_t>(x.size()), nullptr);
+    expect_close(db.host(), back, 0.0, "to_fp32");
+  }
+}
+
+TEST_F(CudaKernels, SwigluAndRopeMatchTheHost) {
+  const int64_t n = 4099;
+  auto g = randn(n, 2, 3.0f), u = randn(n, 3), da = randn(n, 4);
+  std::vector<float> a(n), dg(n), du(n);
+  hk::swiglu_forward(g.data(), u.data(), a.data(), n);
+  hk::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
+  Dev<float> G(g), U(u), DA(da), A(n), DG(n), DU(n);
+  swiglu_forward(G.get(), U.get(), A.get(), n, nullptr);
+  swiglu_backward(DA.get(), G.get(), U.get(), DG.get(), DU.get(), n, nullptr);
+  expect_close(A.host(), a, 2e-6, "swiglu");
+  expect_close(DG.host(), dg, 2e-6, "dg");
+  expect_close(DU.host(), du, 2e-6, "du");
+
+  const int64_t rows = 24, seq = 8, heads = 3, hd = 16;
+  auto x = randn(rows * heads * hd, 5), c = randn(seq * hd / 2, 6), s = randn(seq * hd / 2, 7);
+  for (bool inverse : {false, true}) {
+    auto want = x;
+    hk::rope(want.data(), rows, seq, heads, hd, c.data(), s.data(), inverse);
+    Dev<float> X(x), C(c), S(s);
+    rope(X.get(), rows, seq, heads, hd, C.get(), S.get(), inverse, nullptr);
+    expect_close(X.host(), want, 2e-6, "rope");
+  }
+}
+
+TEST_F(CudaKernels, EmbeddingGatherAndScatterAddMatchTheHostExactly) {
+  const int64_t vocab = 50, hidden = 72, n = 300;
+  auto table = randn(vocab * hidden, 8);
+  std::vector<int32_t> ids(n);
+  std::mt19937 rng(9);
+  for (auto& i : ids) i = static_cast<int32_t>(rng() % 7);  // many repeats
+  auto dy = randn(n * hidden, 10);
+  std::vector<float> out(n * hidden), grad(vocab * hidden, 0.5f);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < hidden; ++j) {
+      out[i * hidden + j] = table[ids[i] * hidden + j];
+      grad[ids[i] * hidden + j] += dy[i * hidden + j];
+    }
+  Dev<float> T(table), O(n * hidden), DY(dy), GR(std::vector<float>(vocab * hidden, 0.5f));
+  Dev<int32_t> I(ids);
+  embedding_forward(T.get(), DType::F32, I.get(), n, hidden, O.get(), nullptr);
+  embedding_backward(I.get(), DY.get(), n, hidden, GR.get(), nullptr);
+  expect_close(O.host(), out, 0.0, "gather");
+  expect_close(GR.host(), grad, 0.0, "scatter-add");
+}
+
+TEST_F(CudaKernels, RmsNormForwardAndBackwardMatchTheHost) {
+  const int64_t rows = 37, dim = 520;
+  auto x = randn(rows * dim, 11), w = randn(dim, 12), dy = randn(rows * dim, 13);
+  std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim, 0.5f), dw(dim, 0.25f);
+  hk::rmsnorm_forward(x.data(), w.data(), 1e-5f, rows, dim, y.data(), rstd.data());
+  hk::rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), rows, dim, dx.data(), dw.data());
+  Dev<float> X(x), W(w), DY(dy), Y(rows * dim), R(rows);
+  Dev<float> DX(std::vector<float>(rows * dim, 0.5f)), DW(std::vector<float>(dim, 0.25f));
+  rmsnorm_forward(X.get(), W.get(), 1e-5f, rows, dim, Y.get(), R.get(), nullptr);
+  rmsnorm_backward(DY.get(), X.get(), W.get(), R.get(), rows, dim, DX.get(), DW.get(), nullptr);
+  expect_close(Y.host(), y, 1e-5, "y");
+  expect_close(R.host(), rstd, 1e-5, "rstd");
+  expect_close(DX.host(), dx, 1e-5, "dx");
+  expect_close(DW.host(), dw, 1e-4, "dw");  // a sum over rows of O(1) terms
+}
+
+// The host's causal softmax as decoder.cpp runs it (rows starting at query r0).
+TEST_F(CudaKernels, CausalSoftmaxForwardAndBackwardMatchTheHost) {
+  const int64_t batch = 3, rows = 40, keys = 64, r0 = keys - rows;
+  auto scores = randn(batch * rows * keys, 14, 2.0f), dp = randn(batch * rows * keys, 15);
+  std::vector<float> p = scores, lse(batch * rows), ds = dp;
+  for (int64_t r = 0; r < batch * rows; ++r) {
+    float* row = p.data() + r * keys;
+    const int64_t n = kmath::causal_keys(r0 + r % rows);
+    lse[r] = hk::softmax_inplace(row, n);
+    std::fill(row + n, row + keys, 0.0f);
+    float* d = ds.data() + r * keys;
+    const float dd = hk::dot(row, d, n);
+    for (int64_t j = 0; j < keys; ++j) d[j] = j < n ? kmath::softmax_grad(row[j], d[j], dd) : 0.0f;
+  }
+  Dev<float> S(scores), L(batch * rows), DP(dp);
+  causal_softmax_forward(S.get(), L.get(), batch, rows, keys, r0, nullptr);
+  expect_close(S.host(), p, 1e-5, "prob");
+  expect_close(L.host(), lse, 1e-5, "lse");
+  Dev<float> S2(scores);
+  causal_softmax_backward(S2.get(), DP.get(), L.get(), batch, rows, keys, r0, nullptr);
+  expect_close(S2.host(), p, 1e-5, "recomputed prob");
+  expect_close(DP.host(), ds, 1e-5, "dscores");
+}
+
+TEST_F(CudaKernels, CrossEntropyLossAndGradientMatchTheHost) {
+  const int64_t rows = 19, vocab = 1000;
+  const float coef = 1.0f / rows;
+  auto logits = randn(rows * vocab, 16, 3.0f);
+  std::vector<int32_t> targets(rows);
+  for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 37) % vocab);
+  std::vector<float> grad = logits, loss(rows);
+  for (int64_t r = 0; r < rows; ++r) {  // as head.cpp
+    float* row = grad.data() + r * vocab;
+    const float target_logit = row[targets[r]];
+    loss[r] = kmath::xent_loss(hk::softmax_inplace(row, vocab), target_logit);
+    for (int64_t j = 0; j < vocab; ++j) row[j] = kmath::xent_scale(row[j], coef);
+    row[targets[r]] = kmath::xent_target(row[targets[r]], coef);
+  }
+  Dev<float> X(logits), X2(logits), RL(rows), RL2(rows);
+  Dev<int32_t> T(targets);
+  cross_entropy(X.get(), T.get(), rows, vocab, coef, true, RL.get(), nullptr);
+  cross_entropy(X2.get(), T.get(), rows, vocab, coef, false, RL2.get(), nullptr);
+  expect_close(RL.host(), loss, 1e-5, "loss");
+  expect_close(RL2.host(), loss, 1e-5, "loss without gradient");
+  expect_close(X.host(), grad, 1e-5, "dlogits");
+  expect_close(X2.host(), logits, 0.0, "logits untouched without gradient");
+}
+
+TEST_F(CudaKernels, GradientAccumulationNormAndNonfiniteCount) {
+  const int64_t n = 300001;
+  auto x = randn(n, 17), y = randn(n, 18);
+  Dev<float> X(x), Y(y), P(kSumSquaresPartials), OUT(1);
+  add_inplace(Y.get(), X.get(), n, nullptr);
+  auto want = y;
+  hk::add_inplace(want.data(), x.data(), n);
+  expect_close(Y.host(), want, 0.0, "add");
+  sum_squares(X.get(), n, P.get(), OUT.get(), nullptr);
+  const float got = OUT.host()[0];
+  EXPECT_NEAR(got, hk::sum_squares(x.data(), n), 1e-5 * got);
+  sum_squares(X.get(), n, P.get(), OUT.get(), nullptr);
+  EXPECT_EQ(kmath::float_bits(OUT.host()[0]), kmath::float_bits(got));  // deterministic
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[n - 1] = -std::numeric_limits<float>::infinity();
+  Dev<float> X2(x);
+  Dev<unsigned int> C(std::vector<unsigned int>{3});
+  count_nonfinite(X2.get(), n, C.get(), nullptr);
+  EXPECT_EQ(C.host()[0], 5u);
+}
+
+TEST_F(CudaKernels, GemmMatchesTheHostForEveryTransposeDtypeAndBatch) {
+  Gemm gemm;
+  const int64_t m = 33, n = 47, k = 65, batch = 3;
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const int64_t lda = ta ? m : k, ldb = tb ? k : n, sa = m * k, sb = k * n, sc = m * n;
+        auto a = randn(batch * sa, 19), b = randn(batch * sb, 20), c = randn(batch * sc, 21);
+        for (auto* v : {&a, &b})
+          for (float& e : *v) e = round_to(t, e);
+        std::vector<float> want = c;
+        double mag = 0;
+        for (int64_t i = 0; i < batch; ++i)
+          hk::gemm(ta, tb, m, n, k, 0.5f, a.data() + i * sa, lda, b.data() + i * sb, ldb, 2.0f,
+                   want.data() + i * sc, n);
+        for (float e : a) mag = std::max(mag, double(std::abs(e)));
+        std::vector<uint16_t> a16(a.size()), b16(b.size());
+        if (t != DType::F32) {
+          model::convert_from_fp32(a.data(), a16.data(), t, a.size());
+          model::convert_from_fp32(b.data(), b16.data(), t, b.size());
+        }
+        Dev<float> A(a), B(b), C(c);
+        Dev<uint16_t> A16(a16), B16(b16);
+        const void* pa = t == DType::F32 ? static_cast<const void*>(A.get()) : A16.get();
+        const void* pb = t == DType::F32 ? static_cast<const void*>(B.get()) : B16.get();
+        gemm.run(ta, tb, m, n, k, 0.5f, pa, lda, pb, ldb, t, 2.0f, C.get(), n, nullptr, batch, sa,
+                 sb, sc);
+        const double tol = (t == DType::F32 ? 1e-5 : 1e-4) * k * mag * mag;
+        const auto got = C.host();
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], tol) << dtype_name(t) << ta << tb << " @" << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace outcore::device::cuda
