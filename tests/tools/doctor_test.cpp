@@ -1,0 +1,111 @@
+// `outcore doctor`: its host-side lines, verdicts and exit codes, run as a user would.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct DoctorRun {
+  int rc = -1;
+  std::string out;  // stdout and stderr
+};
+
+DoctorRun doctor(const std::string& args) {
+  const std::string cmd = std::string(OUTCORE_BINARY_DIR) + "/bin/outcore doctor " + args + " 2>&1";
+  DoctorRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// The line of the table whose check column is `check`.
+std::string line_of(const std::string& out, const std::string& check) {
+  size_t at = 0;
+  while ((at = out.find(check, at)) != std::string::npos) {
+    if (at == 0 || out[at - 1] == '\n') {
+      const size_t end = out.find('\n', at);
+      return out.substr(at, end - at);
+    }
+    ++at;
+  }
+  return "";
+}
+
+class Doctor : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("outcore_doctor_test_" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(Doctor, ReportsEveryHostCheckWithAVerdictAndPassesOnAWritableSwapPath) {
+  const DoctorRun r = doctor("--nvme-path " + dir_.string() + " --pinned-mb 0");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(line_of(r.out, "cpu").find("CPU Adam kernel"), std::string::npos) << r.out;
+  const std::string ring = line_of(r.out, "io_uring");  // ok, or warn naming the fallback
+  EXPECT_TRUE(ring.find(" ok ") != std::string::npos || ring.find(" warn ") != std::string::npos)
+      << r.out;
+  const std::string nvme = line_of(r.out, "nvme path");
+  EXPECT_NE(nvme.find(dir_.string()), std::string::npos) << r.out;
+  EXPECT_NE(nvme.find("GiB free"), std::string::npos) << r.out;
+  // --pinned-mb 0: any limit holds a pool of 0 bytes.
+  EXPECT_NE(line_of(r.out, "locked memory").find(" ok "), std::string::npos) << r.out;
+  // A GPU line either way: `none` with the reason, or one line per GPU.
+  EXPECT_TRUE(!line_of(r.out, "gpu").empty() || !line_of(r.out, "gpu 0").empty()) << r.out;
+  EXPECT_NE(r.out.find("verdict: ready"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "the O_DIRECT probe file was left behind";
+}
+
+TEST_F(Doctor, NoGpuIsReportedAsNoneNotAsAFailure) {
+  const DoctorRun r = doctor("");
+  const std::string gpu = line_of(r.out, "gpu ");
+  if (gpu.find(" none ") == std::string::npos) GTEST_SKIP() << "this machine has a GPU: " << gpu;
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(gpu.find("no GPU"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("no GPU: training runs on the simulated device"), std::string::npos);
+}
+
+TEST_F(Doctor, AMissingOrUnwritableSwapPathFailsWithExitOne) {
+  const DoctorRun missing = doctor("--nvme-path " + (dir_ / "absent").string());
+  EXPECT_EQ(missing.rc, 1) << missing.out;
+  EXPECT_NE(line_of(missing.out, "nvme path").find("FAIL"), std::string::npos) << missing.out;
+  EXPECT_NE(line_of(missing.out, "nvme path").find("not a directory"), std::string::npos);
+  EXPECT_NE(missing.out.find("verdict: NOT READY (1 failed"), std::string::npos) << missing.out;
+
+  std::ofstream(dir_ / "file") << "x";
+  const DoctorRun file = doctor("--nvme-path " + (dir_ / "file").string());
+  EXPECT_EQ(file.rc, 1) << file.out;
+}
+
+TEST_F(Doctor, ALockedMemoryLimitBelowThePoolIsAWarningNamingTheFix) {
+  const DoctorRun r = doctor("--pinned-mb 1073741824");  // 1 PiB: above any real limit
+  const std::string line = line_of(r.out, "locked memory");
+  if (line.find("RLIMIT_MEMLOCK unlimited") != std::string::npos)
+    GTEST_SKIP() << "RLIMIT_MEMLOCK is unlimited";
+  EXPECT_NE(line.find("warn"), std::string::npos) << r.out;
+  EXPECT_NE(line.find("ulimit -l"), std::string::npos) << r.out;
+  EXPECT_EQ(r.rc, 0) << r.out;  // a warning: training still works
+}
+
+TEST_F(Doctor, BadArgumentsExitTwo) {
+  EXPECT_EQ(doctor("--pinned-mb -5").rc, 2);
+  EXPECT_EQ(doctor("--pinned-mb lots").rc, 2);
+  EXPECT_EQ(doctor("--no-such-flag").rc, 2);
+}
+
+}  // namespace

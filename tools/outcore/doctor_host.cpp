@@ -1,0 +1,130 @@
+// The host side of `outcore doctor` (see doctor.hpp).
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "aio/aio.hpp"
+#include "cpu_adam/cpu_adam.hpp"
+#include "tools/outcore/doctor.hpp"
+
+namespace outcore::cli::doctor {
+namespace {
+
+std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(1ull << 30)); }
+
+std::string mib(uint64_t bytes) { return fmt::format("{} MiB", bytes >> 20); }
+
+Line cpu_line() {
+  const cpu_adam::Isa best = cpu_adam::detect_isa(), used = cpu_adam::active_isa();
+  Line l{"cpu", Verdict::kOk, ""};
+  l.detail = fmt::format("{} hardware threads; best ISA {}; CPU Adam kernel {}",
+                         std::thread::hardware_concurrency(), cpu_adam::isa_name(best),
+                         cpu_adam::isa_name(used));
+  if (used != best) {
+    l.verdict = Verdict::kWarn;
+    l.detail += " (OUTCORE_CPU_ADAM_ISA chose a slower kernel than the CPU supports)";
+  } else if (best == cpu_adam::Isa::kAvx2) {
+    l.detail += " (no AVX-512: Adam runs at half the vector width)";
+  }
+  return l;
+}
+
+Line io_uring_line() {
+  try {
+    const aio::BackendChoice c = aio::resolve_backend();
+    if (c.kind == aio::BackendKind::kIoUring)
+      return {"io_uring", Verdict::kOk, "io_uring rings can be created"};
+    return {"io_uring", Verdict::kWarn,
+            (c.forced ? std::string("sync backend forced by OUTCORE_AIO_BACKEND")
+                      : "unavailable, NVMe traffic uses the pread/pwrite thread pool: " +
+                            c.fallback_reason)};
+  } catch (const std::exception& e) {
+    return {"io_uring", Verdict::kFail, e.what()};
+  }
+}
+
+// Writes and reads back one 4 KiB block with O_DIRECT in a scratch file under dir.
+std::string try_o_direct(const std::string& dir) {
+  const std::string path = dir + "/.outcore_doctor_" + std::to_string(getpid());
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
+  if (fd < 0) return fmt::format("open with O_DIRECT failed: {}", std::strerror(errno));
+  void* buf = nullptr;
+  std::string err;
+  if (posix_memalign(&buf, 4096, 4096) != 0) {
+    err = "no memory for a 4 KiB buffer";
+  } else {
+    std::memset(buf, 0x5a, 4096);
+    if (pwrite(fd, buf, 4096, 0) != 4096)
+      err = fmt::format("O_DIRECT write failed: {}", std::strerror(errno));
+    else if (pread(fd, buf, 4096, 0) != 4096)
+      err = fmt::format("O_DIRECT read failed: {}", std::strerror(errno));
+  }
+  std::free(buf);
+  close(fd);
+  unlink(path.c_str());
+  return err;
+}
+
+Line nvme_line(const std::string& dir) {
+  Line l{"nvme path", Verdict::kOk, ""};
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return {"nvme path", Verdict::kFail, dir + ": not a directory (swap files need one)"};
+  }
+  if (access(dir.c_str(), W_OK) != 0)
+    return {"nvme path", Verdict::kFail,
+            fmt::format("{}: not writable: {}", dir, std::strerror(errno))};
+  struct statvfs st {};
+  if (statvfs(dir.c_str(), &st) != 0)
+    return {"nvme path", Verdict::kFail,
+            fmt::format("{}: statvfs failed: {}", dir, std::strerror(errno))};
+  const double avail = double(st.f_bavail) * double(st.f_frsize);
+  const double total = double(st.f_blocks) * double(st.f_frsize);
+  const std::string odirect = try_o_direct(dir);
+  l.detail = fmt::format("{}: {} free of {}; ", dir, gib(avail), gib(total));
+  if (odirect.empty()) {
+    l.detail += "O_DIRECT works";
+  } else {
+    l.verdict = Verdict::kWarn;
+    l.detail += odirect + " (swap files fall back to buffered I/O through the page cache)";
+  }
+  return l;
+}
+
+Line memlock_line(uint64_t pinned_bytes) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+    return {"locked memory", Verdict::kWarn,
+            fmt::format("getrlimit failed: {}", std::strerror(errno))};
+  if (rl.rlim_cur == RLIM_INFINITY)
+    return {"locked memory", Verdict::kOk,
+            "RLIMIT_MEMLOCK unlimited: the pinned pool can be locked"};
+  if (rl.rlim_cur >= pinned_bytes)
+    return {
+        "locked memory", Verdict::kOk,
+        fmt::format("RLIMIT_MEMLOCK {} >= pinned pool {}", mib(rl.rlim_cur), mib(pinned_bytes))};
+  return {"locked memory", Verdict::kWarn,
+          fmt::format("RLIMIT_MEMLOCK {} < pinned pool {}: the pool stays pageable (slower "
+                      "copies); raise it with `ulimit -l unlimited` or limits.conf memlock",
+                      mib(rl.rlim_cur), mib(pinned_bytes))};
+}
+
+}  // namespace
+
+std::vector<Line> host_checks(const Options& o) {
+  std::vector<Line> lines{cpu_line(), io_uring_line()};
+  if (!o.nvme_path.empty()) lines.push_back(nvme_line(o.nvme_path));
+  lines.push_back(memlock_line(o.pinned_bytes));
+  return lines;
+}
+
+}  // namespace outcore::cli::doctor
