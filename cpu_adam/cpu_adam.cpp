@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
@@ -189,6 +190,29 @@ double sum_of_squares(const void* x, DType dtype, size_t n, const Executor* ex) 
   double total = 0.0;
   for (unsigned k = 0; k < ex->threads(); ++k) total += partials[k].sum;
   return total;
+}
+
+void block_sums_of_squares(const void* x, DType dtype, size_t n, size_t block, double* out,
+                           const Executor* ex) {
+  check_vector(x, dtype, n);
+  if (block == 0) throw InvalidArgument("block_sums_of_squares: block size must be > 0");
+  if (n == 0) return;
+  if (out == nullptr) throw InvalidArgument("block_sums_of_squares: null output");
+  const detail::SumSqFn fn = detail::active_kernels().sum_of_squares[static_cast<int>(dtype)];
+  const auto* bytes = static_cast<const std::byte*>(x);
+  const size_t esize = dtype_size(dtype);
+  const size_t blocks = (n + block - 1) / block;
+  auto run = [&](size_t, size_t b, size_t e) {
+    for (size_t k = b; k < e; ++k) {
+      const size_t first = k * block;
+      out[k] = fn(bytes + first * esize, std::min(block, n - first));
+    }
+  };
+  if (ex == nullptr || ex->threads() == 1) {
+    run(0, 0, blocks);
+    return;
+  }
+  ex->for_chunks(blocks, 1, std::max<size_t>(1, kMinParallelReduce / block), run);
 }
 
 bool has_inf_or_nan(const void* x, DType dtype, size_t n, const Executor* ex) {

@@ -173,6 +173,15 @@ void adam_step_reference(const AdamParams& hp, size_t n, float* params, GradIn g
 // pointer with n > 0.
 double sum_of_squares(const void* x, DType dtype, size_t n, const Executor* ex = nullptr);
 
+// Sums of squares of consecutive blocks of `block` elements (the last one may be shorter):
+// out[b] covers x[b*block, min(n, (b+1)*block)), ceil(n / block) values. Each value depends
+// only on the block's elements and the ISA, never on the thread count or on where the block
+// lies, so an array cut at block boundaries into pieces (a partition per data-parallel rank)
+// gives the same values however it is cut; adding them in block order gives a total that is
+// the same for every cut. Throws InvalidArgument for block == 0 or a null pointer with n > 0.
+void block_sums_of_squares(const void* x, DType dtype, size_t n, size_t block, double* out,
+                           const Executor* ex = nullptr);
+
 // True if any element is +-inf or NaN. Throws InvalidArgument for a null pointer with n > 0.
 bool has_inf_or_nan(const void* x, DType dtype, size_t n, const Executor* ex = nullptr);
 

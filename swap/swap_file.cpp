@@ -13,6 +13,7 @@
 #include <system_error>
 #include <utility>
 
+#include "common/cleanup.hpp"
 #include "common/log.hpp"
 #include "swap/swap.hpp"
 #include "swap/swap_file_format.hpp"
@@ -108,8 +109,10 @@ class DirLock {
       struct stat held {
       }, named{};
       if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 &&
-          held.st_dev == named.st_dev && held.st_ino == named.st_ino)
+          held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
+        cleanup::register_path(path_.string());
         return;
+      }
       ::close(fd_);  // locked a file its previous holder had already unlinked
       fd_ = -1;
       if (attempt == 100)
@@ -122,6 +125,7 @@ class DirLock {
   ~DirLock() {
     if (fd_ < 0) return;
     ::unlink(path_.c_str());  // while still holding the lock: see the class comment
+    cleanup::unregister_path(path_.string());
     ::close(fd_);
   }
 
@@ -164,10 +168,12 @@ struct SwapSpace::Impl {
       if (f.created && ::unlink(f.path.c_str()) != 0 && errno != ENOENT) {
         log::warn("swap: cannot remove {}: {}", f.path.string(), errno_string(errno));
       }
+      if (f.created) cleanup::unregister_path(f.path.string());
     }
     locks.clear();  // removes the .lock files
     for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
       ::rmdir(it->c_str());  // fails harmlessly when not empty (other kinds, other ranks)
+      cleanup::unregister_path(it->string());
     }
   }
 
@@ -176,6 +182,7 @@ struct SwapSpace::Impl {
     fs::create_directory(dir, ec);  // an existing directory is fine
     if (ec) throw IoError(dir.string(), ec.value(), "create swap directory");
     dirs.push_back(dir);
+    cleanup::register_path(dir.string(), /*directory=*/true);
   }
 
   void clear_stale(const fs::path& dir) {
@@ -245,6 +252,7 @@ struct SwapSpace::Impl {
                                       .exclusive = true,
                                       .direct = options.direct});
     f.created = true;
+    cleanup::register_path(f.path.string());
     try {
       f.file.preallocate(file_bytes(f.spec));
     } catch (const IoError& e) {

@@ -10,6 +10,23 @@ namespace outcore::comm {
 
 std::string_view reduce_op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "max"; }
 
+CommTraffic Comm::traffic() const {
+  CommTraffic t;
+  t.all_gather = sent_[0].load(std::memory_order_relaxed);
+  t.reduce_scatter = sent_[1].load(std::memory_order_relaxed);
+  t.all_to_all = sent_[2].load(std::memory_order_relaxed);
+  t.all_reduce = sent_[3].load(std::memory_order_relaxed);
+  t.broadcast = sent_[4].load(std::memory_order_relaxed);
+  t.calls = calls_.load(std::memory_order_relaxed);
+  return t;
+}
+
+void Comm::count(Kind kind, uint64_t bytes) {
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  if (kind == Kind::kBarrier) return;
+  sent_[static_cast<int>(kind)].fetch_add(bytes, std::memory_order_relaxed);
+}
+
 namespace detail {
 
 bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
@@ -53,6 +70,13 @@ void check_root(std::string_view what, int root, int world) {
   if (root < 0 || root >= world) {
     throw InvalidArgument(
         fmt::format("{}: root rank {} is outside the world of {} ranks", what, root, world));
+  }
+}
+
+void check_blocks(std::string_view what, size_t n, int world) {
+  if (n % static_cast<size_t>(world) != 0) {
+    throw InvalidArgument(fmt::format(
+        "{}: buffer of {} elements does not split into {} equal blocks", what, n, world));
   }
 }
 

@@ -14,13 +14,17 @@
 //   input and the output is an InvalidArgument.
 // - Floating-point reductions are in fp32 (or fp64 for the double overload); the order of
 //   summation across ranks is fixed for a given world size, so results are reproducible
-//   run to run, but not bit-identical across different world sizes.
+//   run to run, but not bit-identical across different world sizes. Code that needs sums
+//   independent of the world size moves the data with all_to_all / all_gather and adds it in
+//   an order of its own (engine/zero does).
 // - Threading: a Comm object is used by one thread at a time (REQUIRES external
 //   serialization); different Comm objects are independent.
 // - Errors: a failure of the transport throws outcore::Error naming the collective.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -29,6 +33,21 @@ namespace outcore::comm {
 enum class ReduceOp { kSum, kMax };
 
 std::string_view reduce_op_name(ReduceOp op);
+
+// Bytes this rank sent to other ranks, per collective, counted with the volumes of the
+// bandwidth-optimal algorithms (ring all-gather / reduce-scatter: (world-1) shards; all-to-all:
+// (world-1) blocks; all-reduce: 2 (world-1)/world of the buffer; broadcast: the buffer from
+// the root, (world-1)/world of it from the others in a pipelined tree). These are the
+// volumes ZeRO's analysis uses, whatever algorithm the transport picks. All zero at world 1.
+struct CommTraffic {
+  uint64_t all_gather = 0;
+  uint64_t reduce_scatter = 0;
+  uint64_t all_to_all = 0;
+  uint64_t all_reduce = 0;
+  uint64_t broadcast = 0;
+  uint64_t calls = 0;  // collectives called (barriers included)
+  uint64_t total() const { return all_gather + reduce_scatter + all_to_all + all_reduce + broadcast; }
+};
 
 class Comm {
  public:
@@ -66,11 +85,35 @@ class Comm {
   virtual void broadcast(std::span<float> data, int root) = 0;
   virtual void broadcast_bytes(std::span<std::byte> data, int root) = 0;
 
+  // all_to_all: in place; `data` is world_size() blocks of b = data.size() / world_size()
+  // elements, block r being what this rank sends to rank r. On return block r holds what
+  // rank r sent to this rank (its block rank()). REQUIRES data.size() % world_size() == 0
+  // (InvalidArgument otherwise).
+  virtual void all_to_all(std::span<float> data) = 0;
+
   // barrier: returns once every rank has entered it.
   virtual void barrier() = 0;
 
+  // Ends every rank of the job now with `exit_code`, for a rank that failed while the others
+  // may be waiting for it in a collective. Not collective. Returns only at world size 1 (the
+  // caller then exits the normal way).
+  virtual void abort(int exit_code) = 0;
+
   // Short name of the implementation ("local", "mpi") for logs.
   virtual std::string_view name() const = 0;
+
+  // What this rank has sent since construction (see CommTraffic). May be read from any
+  // thread while collectives run.
+  CommTraffic traffic() const;
+
+ protected:
+  enum class Kind { kAllGather, kReduceScatter, kAllToAll, kAllReduce, kBroadcast, kBarrier };
+  // Implementations call this once per collective with the bytes this rank sends.
+  void count(Kind kind, uint64_t bytes);
+
+ private:
+  std::atomic<uint64_t> sent_[5] = {};
+  std::atomic<uint64_t> calls_{0};
 };
 
 // Argument checks shared by implementations; each throws InvalidArgument naming `what`.
@@ -84,6 +127,8 @@ void check_gather(std::string_view what, const void* send, size_t send_bytes, co
 void check_scatter(std::string_view what, const void* send, size_t send_bytes, const void* recv,
                    size_t recv_bytes, int rank, int world);
 void check_root(std::string_view what, int root, int world);
+// n % world == 0.
+void check_blocks(std::string_view what, size_t n, int world);
 // True when [a, a+an) and [b, b+bn) share a byte.
 bool overlaps(const void* a, size_t an, const void* b, size_t bn);
 }  // namespace detail

@@ -33,6 +33,10 @@ void LocalComm::reduce_scatter(std::span<const float> send, std::span<float> rec
 void LocalComm::all_reduce(std::span<float>, ReduceOp) {}
 void LocalComm::all_reduce(std::span<double>, ReduceOp) {}
 
+void LocalComm::all_to_all(std::span<float> data) {
+  detail::check_blocks("all_to_all", data.size(), 1);
+}
+
 void LocalComm::broadcast(std::span<float>, int root) { detail::check_root("broadcast", root, 1); }
 
 void LocalComm::broadcast_bytes(std::span<std::byte>, int root) {

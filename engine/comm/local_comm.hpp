@@ -3,7 +3,8 @@
 // Every collective still moves the data it would move at world size > 1 (all_gather copies
 // the shard into the full buffer, reduce_scatter copies the rank's shard out), so code
 // written against Comm runs the same path at world 1 as it will under MpiComm. Sizes and
-// aliasing are checked exactly as in comm.hpp.
+// aliasing are checked exactly as in comm.hpp. Nothing crosses between ranks, so traffic()
+// stays zero.
 #pragma once
 
 #include "engine/comm/comm.hpp"
@@ -24,7 +25,10 @@ class LocalComm final : public Comm {
   // root must be 0.
   void broadcast(std::span<float> data, int root) override;
   void broadcast_bytes(std::span<std::byte> data, int root) override;
+  // One block: left unchanged.
+  void all_to_all(std::span<float> data) override;
   void barrier() override {}
+  void abort(int) override {}
   std::string_view name() const override { return "local"; }
 };
 

@@ -84,6 +84,30 @@ struct MpiComm::State {
     for (int r = 0; r < world; ++r) broadcast(recv + static_cast<size_t>(r) * shard, shard, r);
   }
 
+  void all_to_all(float* data, size_t block) {
+    if (block <= max_count) {
+      check(MPI_Alltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, static_cast<int>(block),
+                         MPI_FLOAT, comm),
+            "all_to_all");
+      return;
+    }
+    // Piece by piece: piece [off, off + c) of every block gathered into a staging buffer,
+    // exchanged, and put back.
+    const size_t w = static_cast<size_t>(world);
+    const size_t piece = std::max<size_t>(1, max_count / w);
+    std::vector<float> stage(w * std::min(piece, block));
+    for (size_t off = 0; off < block; off += piece) {
+      const size_t c = std::min(piece, block - off);
+      for (size_t r = 0; r < w; ++r)
+        std::memcpy(stage.data() + r * c, data + r * block + off, c * sizeof(float));
+      check(MPI_Alltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, stage.data(), static_cast<int>(c),
+                         MPI_FLOAT, comm),
+            "all_to_all");
+      for (size_t r = 0; r < w; ++r)
+        std::memcpy(data + r * block + off, stage.data() + r * c, c * sizeof(float));
+    }
+  }
+
   void reduce_scatter(const float* send, float* recv, size_t shard, ReduceOp op) {
     const float* own = send + static_cast<size_t>(rank) * shard;
     if (shard <= max_count) {
@@ -127,8 +151,14 @@ MpiComm::MpiComm(size_t max_elems_per_call) : state_(std::make_unique<State>()) 
   check(MPI_Initialized(&initialized), "MPI_Initialized");
   if (!initialized) {
     int provided = 0;
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
     state_->owns_mpi = true;
+    if (provided < MPI_THREAD_MULTIPLE) {
+      MPI_Finalize();
+      throw Error(
+          "MPI: the MPI library does not provide MPI_THREAD_MULTIPLE (a Comm per stream "
+          "thread needs it); use an OpenMPI built with thread support");
+    }
   }
   check(MPI_Comm_dup(MPI_COMM_WORLD, &state_->comm), "MPI_Comm_dup");
   check(MPI_Comm_set_errhandler(state_->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
@@ -149,39 +179,65 @@ int MpiComm::world_size() const { return state_->world; }
 void MpiComm::all_gather(std::span<const float> send, std::span<float> recv) {
   detail::check_gather("all_gather", send.data(), send.size_bytes(), recv.data(), recv.size_bytes(),
                        state_->rank, state_->world);
+  count(Kind::kAllGather, others() * send.size_bytes());
   state_->all_gather(send.data(), recv.data(), send.size());
 }
 
 void MpiComm::all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv) {
   detail::check_gather("all_gather_bytes", send.data(), send.size_bytes(), recv.data(),
                        recv.size_bytes(), state_->rank, state_->world);
+  count(Kind::kAllGather, others() * send.size_bytes());
   state_->all_gather(send.data(), recv.data(), send.size());
 }
 
 void MpiComm::reduce_scatter(std::span<const float> send, std::span<float> recv, ReduceOp op) {
   detail::check_scatter("reduce_scatter", send.data(), send.size_bytes(), recv.data(),
                         recv.size_bytes(), state_->rank, state_->world);
+  count(Kind::kReduceScatter, others() * recv.size_bytes());
   state_->reduce_scatter(send.data(), recv.data(), recv.size(), op);
 }
 
 void MpiComm::all_reduce(std::span<float> data, ReduceOp op) {
+  count(Kind::kAllReduce, 2 * others() * data.size_bytes() / world());
   state_->all_reduce(data.data(), data.size(), op);
 }
 
 void MpiComm::all_reduce(std::span<double> data, ReduceOp op) {
+  count(Kind::kAllReduce, 2 * others() * data.size_bytes() / world());
   state_->all_reduce(data.data(), data.size(), op);
 }
 
 void MpiComm::broadcast(std::span<float> data, int root) {
   detail::check_root("broadcast", root, state_->world);
+  count(Kind::kBroadcast, broadcast_bytes_sent(data.size_bytes(), root));
   state_->broadcast(data.data(), data.size(), root);
 }
 
 void MpiComm::broadcast_bytes(std::span<std::byte> data, int root) {
   detail::check_root("broadcast_bytes", root, state_->world);
+  count(Kind::kBroadcast, broadcast_bytes_sent(data.size_bytes(), root));
   state_->broadcast(data.data(), data.size(), root);
 }
 
-void MpiComm::barrier() { check(MPI_Barrier(state_->comm), "barrier"); }
+void MpiComm::all_to_all(std::span<float> data) {
+  detail::check_blocks("all_to_all", data.size(), state_->world);
+  const size_t block = data.size() / static_cast<size_t>(state_->world);
+  count(Kind::kAllToAll, others() * block * sizeof(float));
+  state_->all_to_all(data.data(), block);
+}
+
+void MpiComm::barrier() {
+  count(Kind::kBarrier, 0);
+  check(MPI_Barrier(state_->comm), "barrier");
+}
+
+void MpiComm::abort(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
+
+uint64_t MpiComm::others() const { return static_cast<uint64_t>(state_->world - 1); }
+uint64_t MpiComm::world() const { return static_cast<uint64_t>(state_->world); }
+
+uint64_t MpiComm::broadcast_bytes_sent(uint64_t bytes, int root) const {
+  return state_->rank == root ? bytes : bytes * others() / world();
+}
 
 }  // namespace outcore::comm

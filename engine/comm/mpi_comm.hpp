@@ -5,6 +5,7 @@
 // any size that fits in memory works.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "engine/comm/comm.hpp"
@@ -13,7 +14,8 @@ namespace outcore::comm {
 
 class MpiComm final : public Comm {
  public:
-  // Initializes MPI (thread level MPI_THREAD_SERIALIZED) unless the process already did,
+  // Initializes MPI (thread level MPI_THREAD_MULTIPLE: different MpiComm objects may be used
+  // from different threads at once, one thread per object) unless the process already did,
   // and works on a duplicate of MPI_COMM_WORLD with errors returned, not fatal. A process
   // not started by mpirun is a world of one. Throws outcore::Error when MPI cannot start.
   // `max_elems_per_call` caps the count of one MPI call (MPI counts are int); larger
@@ -37,10 +39,19 @@ class MpiComm final : public Comm {
   void all_reduce(std::span<double> data, ReduceOp op) override;
   void broadcast(std::span<float> data, int root) override;
   void broadcast_bytes(std::span<std::byte> data, int root) override;
+  // Pieces of more than max_elems_per_call elements go through a staging buffer of
+  // world x piece elements, one MPI_Alltoall per piece.
+  void all_to_all(std::span<float> data) override;
   void barrier() override;
+  // MPI_Abort on MPI_COMM_WORLD: the launcher (mpirun) ends every process of the job.
+  void abort(int exit_code) override;
   std::string_view name() const override { return "mpi"; }
 
  private:
+  uint64_t others() const;  // world - 1
+  uint64_t world() const;
+  uint64_t broadcast_bytes_sent(uint64_t bytes, int root) const;
+
   struct State;
   std::unique_ptr<State> state_;
 };

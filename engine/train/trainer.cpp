@@ -63,8 +63,13 @@ int64_t default_seq_len(const model::LlamaConfig& model_config) {
 
 struct Trainer::Devices {
   device::CpuDevice device;
-  comm::LocalComm comm;
-  explicit Devices(uint64_t budget_bytes) : device({.memory_budget_bytes = budget_bytes}) {}
+  comm::LocalComm local, local_control;
+  comm::Comm* comm;
+  comm::Comm* control;
+  Devices(uint64_t budget_bytes, comm::Comm* c, comm::Comm* ctl)
+      : device({.memory_budget_bytes = budget_bytes}),
+        comm(c != nullptr ? c : &local),
+        control(ctl != nullptr ? ctl : &local_control) {}
 };
 
 Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_config,
@@ -93,14 +98,20 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   std::optional<ckpt::Checkpoint> ck;
   if (!opts_.resume_from.empty()) open_resume_checkpoint(ck, model_config, seq_len);
 
-  devices_ = std::make_unique<Devices>(cfg_.outcore.device_memory_mb << 20);
+  if ((opts_.comm == nullptr) != (opts_.control_comm == nullptr))
+    throw InvalidArgument("comm and control_comm are given together or not at all");
+  if (opts_.comm != nullptr && (opts_.comm->world_size() != opts_.control_comm->world_size() ||
+                                opts_.comm->rank() != opts_.control_comm->rank()))
+    throw InvalidArgument("comm and control_comm must span the same ranks");
+  devices_ = std::make_unique<Devices>(cfg_.outcore.device_memory_mb << 20, opts_.comm,
+                                       opts_.control_comm);
   model::ModelOptions mo;
   mo.micro_batch = cfg_.train_micro_batch_size_per_gpu.value();
   mo.seq_len = seq_len;
   mo.param_dtype = param_dtype(cfg_);
   mo.activation_checkpointing = opts_.activation_checkpointing.value_or(
       config_wants_checkpointing(cfg_.activation_checkpointing));
-  mo.world_size = devices_->comm.world_size();
+  mo.world_size = devices_->comm->world_size();
   model_ = std::make_unique<model::LlamaModel>(model_config, mo);
 
   open_data();
@@ -118,7 +129,7 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
     save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, opts_.keep);
   zero::EngineOptions eo = opts_.engine;
   if (eo.stop_requested == nullptr) eo.stop_requested = opts_.stop_requested;
-  engine_ = std::make_unique<zero::ZeroEngine>(cfg_, *model_, devices_->device, devices_->comm,
+  engine_ = std::make_unique<zero::ZeroEngine>(cfg_, *model_, devices_->device, *devices_->comm,
                                                opts_.seed, eo);
   if (ck) {
     restore(*ck);
@@ -133,7 +144,22 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
 Trainer::~Trainer() = default;
 
 const device::Device& Trainer::device() const { return devices_->device; }
-int Trainer::world_size() const { return devices_->comm.world_size(); }
+int Trainer::world_size() const { return devices_->comm->world_size(); }
+int Trainer::rank() const { return devices_->comm->rank(); }
+comm::Comm& Trainer::comm() const { return *devices_->comm; }
+comm::Comm& Trainer::control() const { return *devices_->control; }
+
+double Trainer::sum_in_global_order(std::span<const float> values, int64_t count) const {
+  const size_t w = static_cast<size_t>(world_size());
+  const size_t k = values.size();
+  std::vector<float> all(w * k);
+  control().all_gather(values, all);
+  double sum = 0;
+  for (size_t i = 0; i < k; ++i)
+    for (size_t r = 0; r < w; ++r)
+      if (static_cast<int64_t>(i * w + r) < count) sum += all[r * k + i];
+  return sum;
+}
 
 void Trainer::open_data() {
   if (opts_.train_data.empty()) throw InvalidArgument("no training data file given");
@@ -157,8 +183,8 @@ void Trainer::open_data() {
   lo.seq_len = model_->options().seq_len;
   lo.seed = opts_.seed;
   lo.shuffle = true;
-  lo.rank = devices_->comm.rank();
-  lo.world_size = devices_->comm.world_size();
+  lo.rank = devices_->comm->rank();
+  lo.world_size = devices_->comm->world_size();
   lo.vocab_size = static_cast<uint64_t>(model_->config().vocab_size);
   train_loader_ = std::make_unique<DataLoader>(train_file, train_range, lo, "train");
   if (val_file) {
@@ -244,8 +270,8 @@ ckpt::SaveResult Trainer::save_checkpoint() {
   ckpt::WriterOptions wo = opts_.checkpoint_io;
   wo.aio = zero::aio_options(cfg_.aio);
   ckpt::SaveResult r = save_engine_checkpoint(
-      *save_dir_, ckpt::tag_for_step(steps_done_), steps_done_, *engine_, devices_->comm.rank(),
-      world_size(), cfg_.zero_optimization.stage, texts, wo);
+      *save_dir_, ckpt::tag_for_step(steps_done_), steps_done_, *engine_, rank(), world_size(),
+      cfg_.zero_optimization.stage, texts, wo);
   last_saved_step_ = steps_done_;
   return r;
 }
@@ -255,12 +281,15 @@ bool Trainer::has_validation() const { return val_loader_ != nullptr; }
 StepMetrics Trainer::train_step() {
   const Clock::time_point t0 = Clock::now();
   const double scale = scaler_.scale();
-  const float micro_scale = static_cast<float>(scale / static_cast<double>(gas_));
-  double loss_sum = 0;
+  // The mean over every rank's micro-batches: 1/world is part of the loss scale.
+  const int64_t micro_batches = gas_ * world_size();
+  const float micro_scale = static_cast<float>(scale / static_cast<double>(micro_batches));
+  std::vector<float> losses(static_cast<size_t>(gas_));
   for (int64_t k = 0; k < gas_; ++k) {
     train_loader_->next(inputs_, targets_);
-    loss_sum += engine_->forward_backward(inputs_.data(), targets_.data(), micro_scale, k == 0);
+    losses[k] = engine_->forward_backward(inputs_.data(), targets_.data(), micro_scale, k == 0);
   }
+  const double loss_sum = sum_in_global_order(losses, micro_batches);
   const double lr = schedule_->lr();
   zero::StepParams sp = zero::step_params(cfg_, lr, adam_steps_ + 1, scale);
   if (!std::isfinite(loss_sum) && !sp.check_overflow) {
@@ -288,7 +317,7 @@ StepMetrics Trainer::train_step() {
   StepMetrics m;
   m.step = steps_done_;
   m.total_steps = opts_.steps;
-  m.loss = loss_sum / static_cast<double>(gas_);
+  m.loss = loss_sum / static_cast<double>(micro_batches);
   m.lr = lr;
   m.step_time_s = seconds_since(t0);
   const double tokens = static_cast<double>(tokens_per_step());
@@ -321,16 +350,20 @@ ValidationMetrics Trainer::validate() {
   if (!val_loader_) throw InvalidArgument("validate: there is no validation set");
   const Clock::time_point t0 = Clock::now();
   val_loader_->seek({0, 0});
-  const int64_t n =
-      std::min<int64_t>(opts_.eval_batches, static_cast<int64_t>(val_loader_->batches_per_epoch()));
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  // The first n micro-batches of the set, whatever the world size: rank r evaluates global
+  // micro-batches r, r + W, ... (every rank the same count: evaluation is collective).
+  const int64_t w = world_size();
+  const int64_t n = std::min<int64_t>(
+      opts_.eval_batches,
+      static_cast<int64_t>(val_loader_->sequences() / val_loader_->options().micro_batch));
+  std::vector<float> losses(static_cast<size_t>((n + w - 1) / w));
+  for (float& loss : losses) {
     val_loader_->next(inputs_, targets_);
-    sum += engine_->evaluate(inputs_.data(), targets_.data());
+    loss = engine_->evaluate(inputs_.data(), targets_.data());
   }
   ValidationMetrics v;
   v.step = steps_done_;
-  v.loss = sum / static_cast<double>(n);
+  v.loss = sum_in_global_order(losses, n) / static_cast<double>(n);
   v.tokens = n * model_->tokens();
   v.time_s = seconds_since(t0);
   return v;
@@ -339,7 +372,12 @@ ValidationMetrics Trainer::validate() {
 int64_t Trainer::tokens_per_step() const { return model_->tokens() * gas_ * world_size(); }
 
 bool Trainer::stop_requested() const {
-  return opts_.stop_requested != nullptr && opts_.stop_requested->load(std::memory_order_relaxed);
+  float stop = opts_.stop_requested != nullptr &&
+                       opts_.stop_requested->load(std::memory_order_relaxed)
+                   ? 1.0f
+                   : 0.0f;
+  if (world_size() > 1) control().all_reduce(std::span<float>(&stop, 1), comm::ReduceOp::kMax);
+  return stop != 0.0f;
 }
 
 TrainResult Trainer::run() {
@@ -351,7 +389,7 @@ TrainResult Trainer::run() {
   const std::string metrics_path =
       opts_.metrics_file.empty() ? cfg_.outcore.metrics_file : opts_.metrics_file;
   std::optional<MetricsWriter> writer;
-  if (!metrics_path.empty()) {
+  if (!metrics_path.empty() && rank() == 0) {  // rank 0 writes for the job
     writer.emplace(metrics_path, /*append=*/!resumed_from_.empty());
     writer->write_json(start_record());
   }
@@ -412,7 +450,7 @@ TrainResult Trainer::run() {
     if (opts_.on_step) opts_.on_step(m);
     if (val_loader_ && opts_.eval_every > 0 && m.step % opts_.eval_every == 0) run_validation();
     if (save_dir_ && opts_.save_every > 0 && m.step % opts_.save_every == 0) save();
-    if (stop_requested() && steps_done_ < opts_.steps) {
+    if (steps_done_ < opts_.steps && stop_requested()) {
       res.stopped = true;
       if (display) display->message(fmt::format("stopped after step {} (interrupted)", m.step));
       break;

@@ -15,9 +15,17 @@
 // count where they were, and is logged with the scaler's message. Validation runs every
 // eval_every steps and after the last step.
 //
-// The Trainer owns its CpuDevice (budget outcore.device_memory_mb), a LocalComm, the
-// LlamaModel, the ZeroEngine (whose swap files live as long as the Trainer), the data
-// loaders, the lr schedule and the loss scaler.
+// The Trainer owns its CpuDevice (budget outcore.device_memory_mb), the LlamaModel, the
+// ZeroEngine (whose swap files live as long as the Trainer), the data loaders, the lr
+// schedule and the loss scaler. Its Comm (TrainerOptions::comm) is the caller's; without one
+// it is a world of one (LocalComm).
+//
+// Data parallelism (world W > 1, every rank a process running the same Trainer): rank r's
+// micro-batch k of step t is global micro-batch t*G*W + k*W + r of the data order (the
+// DataLoader's rank slicing), its loss is scaled by scale / (G*W), and the engine adds the
+// ranks' gradients rank by rank in that order. Losses and validation losses are gathered and
+// summed in the same global order. So W ranks with gas G train bit-identically to one rank
+// with gas W*G over the same samples: same losses, grad norms and weights.
 //
 // Threading: one thread drives a Trainer. The only cross-thread input is
 // TrainerOptions::stop_requested, which a signal handler or another thread may set at any
@@ -30,10 +38,12 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/ckpt/ckpt.hpp"
+#include "engine/comm/comm.hpp"
 #include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
 #include "engine/train/config_adapters.hpp"
@@ -87,6 +97,13 @@ struct TrainerOptions {
   std::function<void(const StepMetrics&)> on_step;
 
   zero::EngineOptions engine;  // I/O backend (fault injection), CPU threads, limit checks
+
+  // Data-parallel ranks (not owned; must outlive the Trainer). `comm` carries the engine's
+  // collectives (its traffic is what the plan predicts); `control_comm`, a second Comm over
+  // the same ranks, the trainer's own: losses, stop and save decisions. Both null: a world of
+  // one. One set without the other, or different worlds: InvalidArgument.
+  comm::Comm* comm = nullptr;
+  comm::Comm* control_comm = nullptr;
 
   // Checkpoints (engine/ckpt). With save_dir set, run() saves every save_every steps (0: only
   // at the end), after the last step, and after a stop; keep > 0 keeps the newest `keep`.
@@ -178,12 +195,19 @@ class Trainer {
   DataLoader& train_loader() { return *train_loader_; }
 
  private:
-  struct Devices;  // CpuDevice + LocalComm, built before the engine
+  struct Devices;  // CpuDevice + the Comms, built before the engine
 
   void open_data();
   const device::Device& device() const;
   int world_size() const;
+  int rank() const;
+  comm::Comm& comm() const;
+  comm::Comm& control() const;
+  // Whether any rank was asked to stop (collective at world > 1).
   bool stop_requested() const;
+  // Sum of per-rank values gathered in global micro-batch order: values[k] of rank r is
+  // global item k*W + r; only the first `count` global items are added (in double).
+  double sum_in_global_order(std::span<const float> values, int64_t count) const;
   // The metrics file's first record: {"type":"start", config, model, run facts}.
   nlohmann::ordered_json start_record() const;
 

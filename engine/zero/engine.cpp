@@ -38,6 +38,17 @@ void accumulate(float* acc, const float* g, size_t n, bool first) {
   for (size_t i = 0; i < n; ++i) acc[i] += g[i];
 }
 
+// The gradient reduction of one micro-batch: `shards` holds every rank's contribution to
+// this rank's partition (n elements each, rank 0 first, as all_to_all leaves them), added
+// into acc one rank after the other. With micro-batch m of a step on rank m % world, this is
+// the same sequence of fp32 additions, in the same order, as one rank accumulating the
+// world's micro-batches one by one: the reason world W x gas G trains bit-identically to
+// world 1 x gas W*G.
+void accumulate_ranks(float* acc, const float* shards, size_t n, int world, bool first) {
+  for (int r = 0; r < world; ++r)
+    accumulate(acc, shards + static_cast<size_t>(r) * n, n, first && r == 0);
+}
+
 }  // namespace
 
 aio::Options aio_options(const config::AioConfig& a) {
@@ -115,7 +126,10 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
       grad_ids.push_back(grad_space->find(static_cast<uint32_t>(u), swap::SwapKind::kGrad, "g"));
     for (size_t k = 0; k < pl.grad_slots; ++k)
       grad_buffers.push_back(pool->acquire(pl.grad_slot_bytes));
-    unit_sumsq.assign(g.units.size(), 0.0);
+  }
+  for (const detail::UnitGeometry& ug : g.units) {
+    norm_block_off.push_back(norm_blocks.size());
+    norm_blocks.resize(norm_blocks.size() + ug.part / detail::kNormBlock);
   }
 
   acts = std::make_unique<model::ActivationBuffers>(model, device,
@@ -203,63 +217,51 @@ device::DeviceBuffer ZeroEngine::Impl::alloc_grad_slab(int unit) {
                       fmt::format("gradient slab of unit {}", unit));
 }
 
-// Hands a unit's freshly computed gradient slab to the gradient path: reduce-scatter in place
-// (stage >= 2, comm stream), then accumulate this rank's part into the accumulator (grad
-// stream), device-to-host when the accumulator lives in host memory.
+// Hands a unit's freshly computed gradient slab to the gradient path: every rank's part of it
+// sent to the rank that owns that partition (all_to_all in place, comm stream, world > 1),
+// then the world's contributions added rank by rank into this rank's reduced partition of
+// the accumulator (grad stream), device-to-host when the accumulator lives in host memory.
+// Below stage 2 the accumulator is the full slab and only the partition at red_off is
+// accumulated; step() gathers the rest (stage 0) or needs only that (stage 1).
 void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool first) {
   const detail::UnitGeometry& ug = g.units[unit];
   InFlightGrad f{std::move(slab), device.create_event(), device.create_event()};
-  float* full = f.slab.as<float>();
-  const float* src = full;
-  if (g.placement.stage >= 2) {
-    float* own = full + ug.own_off;
+  float* shards = f.slab.as<float>();
+  const int world = g.world;
+  if (world > 1) {
     comm::Comm* c = &comm;
-    const size_t padded = ug.padded, part = ug.part;
-    comm_stream->enqueue([c, full, own, padded, part] {
-      c->reduce_scatter({full, padded}, {own, part}, comm::ReduceOp::kSum);
-    });
+    const size_t padded = ug.padded;
+    comm_stream->enqueue([c, shards, padded] { c->all_to_all({shards, padded}); });
     comm_stream->record(*f.reduced);
     grad->wait(*f.reduced);
-    src = own;
   }
-  const size_t n = ug.accum_len;
+  const size_t n = ug.part;
   if (g.placement.gradients == Tier::kNvme) {
     // The partition's sum so far lives in a swap file: read it (later micro-batches), add,
-    // take its sum of squares (the step's norm uses the last micro-batch's), write it back.
-    // One staging buffer: the grad stream handles one unit at a time.
-    traffic.d2h += n * sizeof(float);
+    // take its block sums of squares (the step's norm uses the last micro-batch's), write it
+    // back. One staging buffer: the grad stream handles one unit at a time.
+    traffic.d2h += static_cast<uint64_t>(world) * n * sizeof(float);
     const std::span<std::byte> staging{grad_buffers[0].data(), n * sizeof(float)};
     float* acc = reinterpret_cast<float*>(staging.data());
     swap::Swapper* sw = grad_swapper.get();
     const swap::TensorId id = grad_ids[unit];
-    double* sumsq = &unit_sumsq[unit];
+    double* blocks = norm_blocks.data() + norm_block_off[unit];
     const cpu_adam::Executor* ex = &executor;
-    if (first)
-      grad->copy_d2h(acc, src, n * sizeof(float));
-    else
-      grad->enqueue([sw, id, staging, acc, src, n] {
-        sw->read(id, staging);
-        accumulate(acc, src, n, false);
-      });
-    grad->enqueue([sw, id, staging, acc, n, sumsq, ex] {
-      *sumsq = cpu_adam::sum_of_squares(acc, DType::F32, n, ex);
+    grad->enqueue([sw, id, staging, acc, shards, n, world, first] {
+      if (!first) sw->read(id, staging);
+      accumulate_ranks(acc, shards, n, world, first);
+    });
+    grad->enqueue([sw, id, staging, acc, n, blocks, ex] {
+      cpu_adam::block_sums_of_squares(acc, DType::F32, n, detail::kNormBlock, blocks, ex);
       sw->write(id, staging);
     });
     grad->record(*f.done);
     in_flight.push_back(std::move(f));
     return;
   }
-  float* acc = grad_accumulator(unit);
-  if (device_accum.empty()) {
-    traffic.d2h += n * sizeof(float);
-    if (first) {
-      grad->copy_d2h(acc, src, n * sizeof(float));
-    } else {
-      grad->enqueue([acc, src, n] { accumulate(acc, src, n, false); });
-    }
-  } else {
-    grad->enqueue([acc, src, n, first] { accumulate(acc, src, n, first); });
-  }
+  float* acc = grad_accumulator(unit) + ug.red_off;
+  if (device_accum.empty()) traffic.d2h += static_cast<uint64_t>(world) * n * sizeof(float);
+  grad->enqueue([acc, shards, n, world, first] { accumulate_ranks(acc, shards, n, world, first); });
   grad->record(*f.done);
   in_flight.push_back(std::move(f));
 }

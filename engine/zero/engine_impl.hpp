@@ -32,6 +32,8 @@ struct ZeroEngine::Impl {
   device::DeviceBuffer alloc_grad_slab(int unit);
   void submit_grads(int unit, device::DeviceBuffer slab, bool first);
   void drain_grads(size_t keep);
+  // The step's global sum of squares of the reduced gradients (collective).
+  double gradient_sum_of_squares();
 
   // ---- step and state (engine_step.cpp)
   StepResult step(const StepParams& sp);
@@ -79,7 +81,11 @@ struct ZeroEngine::Impl {
   std::unique_ptr<swap::Swapper> grad_swapper;
   std::vector<swap::TensorId> grad_ids;
   std::vector<swap::PinnedBuffer> grad_buffers;  // [0]: accumulation; [k]: unit steps
-  std::vector<double> unit_sumsq;                // NVMe gradients: sum of squares per unit
+  // The gradient norm's partial sums of squares, one per detail::kNormBlock elements of this
+  // rank's reduced partitions, unit after unit (norm_block_off[u]: unit u's first). Summed
+  // in slab order across ranks, so the norm does not depend on the world size.
+  std::vector<double> norm_blocks;
+  std::vector<size_t> norm_block_off;
   detail::TrafficCounters traffic;
 
   std::unique_ptr<model::ActivationBuffers> acts;

@@ -170,6 +170,33 @@ void ZeroEngine::Impl::initialise(uint64_t seed) {
 
 // ---- the optimizer step ---------------------------------------------------------------------
 
+double ZeroEngine::Impl::gradient_sum_of_squares() {
+  // Block partials of this rank's reduced partitions (taken per micro-batch already when the
+  // gradients live on NVMe), gathered from every rank and added in slab order: unit by unit,
+  // rank by rank, block by block, the order one rank holding every slab would use.
+  if (g.placement.gradients != Tier::kNvme) {
+    for (size_t u = 0; u < g.units.size(); ++u) {
+      const detail::UnitGeometry& ug = g.units[u];
+      const float* reduced = grad_accumulator(static_cast<int>(u)) + ug.red_off;
+      cpu_adam::block_sums_of_squares(reduced, DType::F32, ug.part, detail::kNormBlock,
+                                      norm_blocks.data() + norm_block_off[u], &executor);
+    }
+  }
+  const size_t n = norm_blocks.size();
+  const size_t w = static_cast<size_t>(g.world);
+  std::vector<double> all(w * n);
+  comm.all_gather_bytes(std::as_bytes(std::span<const double>(norm_blocks)),
+                        std::as_writable_bytes(std::span<double>(all)));
+  double total = 0.0;
+  for (size_t u = 0; u < g.units.size(); ++u) {
+    const size_t first = norm_block_off[u];
+    const size_t len = g.units[u].part / detail::kNormBlock;
+    for (size_t r = 0; r < w; ++r)
+      for (size_t b = 0; b < len; ++b) total += all[r * n + first + b];
+  }
+  return total;
+}
+
 StepResult ZeroEngine::Impl::step(const StepParams& sp) {
   if (!accumulating)
     throw InvalidArgument(
@@ -184,35 +211,23 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
   const int stage = g.placement.stage;
   const size_t U = g.units.size();
 
-  // Below stage 2 the full gradients are reduced once per step, here.
-  for (size_t u = 0; u < U && stage <= 1; ++u) {
+  // Stage 0 keeps full gradients on every rank: gather the partitions reduced per micro-batch.
+  for (size_t u = 0; u < U && stage == 0 && g.world > 1; ++u) {
     float* acc = grad_accumulator(static_cast<int>(u));
     const detail::UnitGeometry& ug = g.units[u];
-    if (stage == 0)
-      comm.all_reduce(std::span<float>(acc, ug.padded), comm::ReduceOp::kSum);
-    else
-      comm.reduce_scatter({acc, ug.padded}, {acc + ug.own_off, ug.part}, comm::ReduceOp::kSum);
+    comm.all_gather(std::span<const float>(acc + ug.red_off, ug.part), {acc, ug.padded});
   }
-  // Global norm: per-unit sums of squares in double, in unit order, then over ranks.
-  double total = 0.0;
-  for (size_t u = 0; u < U; ++u)
-    total += g.placement.gradients == Tier::kNvme
-                 ? unit_sumsq[u]  // taken when the last micro-batch's sum was written
-                 : cpu_adam::sum_of_squares(grad_partition(static_cast<int>(u)), DType::F32,
-                                            g.units[u].own_len, &executor);
-  if (stage != 0) comm.all_reduce(std::span<double>(&total, 1), comm::ReduceOp::kSum);
+  const double total = gradient_sum_of_squares();
 
   StepResult r;
-  const double world = static_cast<double>(g.world);
   if (!std::isfinite(total) && sp.check_overflow) {
     r.overflow = true;
     r.grad_norm = total;
     return r;
   }
-  // Gradients are summed over ranks; DeepSpeed averages them: 1/world goes into the multiplier.
-  r.grad_norm = std::sqrt(total) / world / sp.loss_scale;
-  r.grad_scale =
-      unscale_and_clip_multiplier(r.grad_norm, sp.loss_scale, sp.gradient_clipping, g.world);
+  // The trainer's loss scale already averages over ranks (scale / (gas * world)).
+  r.grad_norm = std::sqrt(total) / sp.loss_scale;
+  r.grad_scale = unscale_and_clip_multiplier(r.grad_norm, sp.loss_scale, sp.gradient_clipping);
 
   cpu_adam::AdamParams hp;
   hp.lr = sp.lr;

@@ -158,6 +158,7 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
     u.own_off = stage == 0 ? 0 : static_cast<size_t>(rank) * u.part;
     u.own_len = stage == 0 ? u.padded : u.part;
     u.accum_len = stage <= 1 ? u.padded : u.part;
+    u.red_off = stage <= 1 ? static_cast<size_t>(rank) * u.part : 0;
     g.max_own_len = std::max(g.max_own_len, u.own_len);
     g.max_part = std::max(g.max_part, u.part);
     g.max_padded = std::max(g.max_padded, u.padded);

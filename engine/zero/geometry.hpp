@@ -19,6 +19,9 @@ struct UnitGeometry {
   size_t own_off = 0;    // first element this rank owns (stage 0: 0)
   size_t own_len = 0;    // elements this rank owns (stage 0: the whole slab)
   size_t accum_len = 0;  // elements of its fp32 gradient accumulator (full below stage 2)
+  // Where this rank's reduced partition (part elements) sits in the accumulator: rank*part
+  // below stage 2 (the accumulator is the full slab), 0 from stage 2 (it is the partition).
+  size_t red_off = 0;
 };
 
 struct Geometry {
@@ -75,6 +78,10 @@ std::vector<bool> persistent_units(const config::Config& cfg, const Geometry& g)
 // Device gradient slabs: the most charged bytes alive at once during backward (two
 // consecutive units' slabs, plus the embedding's from the head to its own backward when tied).
 uint64_t grad_slab_peak_bytes(const model::LlamaModel& model, const Geometry& g);
+
+// Elements per partial sum of the gradient norm: every partition (part) is a multiple of it
+// at any world size (model::kPartitionAlignElems), so ranks cut the slab at block boundaries.
+inline constexpr size_t kNormBlock = model::kPartitionAlignElems;
 
 // Gradient slabs in flight beyond the one being computed.
 inline constexpr size_t kGradSlabsInFlight = 1;

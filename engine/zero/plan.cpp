@@ -196,19 +196,17 @@ std::string host_params_what(const Placement& p, std::string_view pinned) {
   return fmt::format("of units 0..{} (max_in_cpu, {})", p.host_param_units - 1, pinned);
 }
 
-// offload_optimizer.ratio < 1: "units k..U-1 (offload_optimizer.ratio r)" for the state kept
-// on the device, and ", units 0..k-1 of ratio r" for the offloaded part (empty otherwise).
+// offload_optimizer.ratio < 1: "of units k..U-1 (ratio r)" for the state kept on the device,
+// and ", units 0..k-1" for the offloaded part (empty without a split or with nothing offloaded).
 std::string device_optimizer_what(const config::Config& cfg, const detail::Geometry& g) {
-  return fmt::format("of units {}..{} (offload_optimizer.ratio {})",
-                     g.placement.device_optimizer_from, g.units.size() - 1,
-                     cfg.zero_optimization.offload_optimizer.ratio);
+  return fmt::format("of units {}..{} (ratio {})", g.placement.device_optimizer_from,
+                     g.units.size() - 1, cfg.zero_optimization.offload_optimizer.ratio);
 }
 
-std::string offloaded_optimizer_what(const config::Config& cfg, const detail::Geometry& g) {
+std::string offloaded_optimizer_what(const detail::Geometry& g) {
   const size_t k = g.placement.device_optimizer_from;
-  if (k >= g.units.size() || k == 0) return "";  // no split, or nothing offloaded
-  return fmt::format(", units 0..{} of ratio {}", k - 1,
-                     cfg.zero_optimization.offload_optimizer.ratio);
+  if (k >= g.units.size() || k == 0) return "";
+  return fmt::format(", units 0..{}", k - 1);
 }
 
 void add(Plan& plan, Tier tier, std::string what, uint64_t bytes) {
@@ -233,11 +231,22 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
       const uint64_t bytes = fetches[u] * g.units[u].part * g.param_bytes;
       if (p.param_home(u) == Tier::kNvme) t.nvme_read += bytes;
       if (p.param_home(u) != Tier::kDevice) t.h2d += bytes;
+      t.comm += (g.world - 1) * bytes;  // every fetch gathers the other ranks' partitions
     }
   }
+  const uint64_t others = static_cast<uint64_t>(g.world - 1);
+  uint64_t norm_blocks = 0;
+  for (const detail::UnitGeometry& u : g.units) {
+    t.comm += others * m * u.part * sizeof(float);  // gradients, every micro-batch
+    if (p.stage == 0) t.comm += others * u.part * sizeof(float);  // reduced gradients
+    if (p.stage == 1 || p.stage == 2) t.comm += others * u.part * g.param_bytes;
+    norm_blocks += u.part / detail::kNormBlock;
+  }
+  t.comm += others * norm_blocks * sizeof(double);
   for (size_t unit = 0; unit < g.units.size(); ++unit) {
     const detail::UnitGeometry& u = g.units[unit];
-    const uint64_t chunk = (p.stage >= 2 ? u.part : u.accum_len) * sizeof(float);
+    // Every rank's contribution to this rank's partition is added on the host.
+    const uint64_t chunk = static_cast<uint64_t>(g.world) * u.part * sizeof(float);
     if (p.gradients != Tier::kDevice) t.d2h += m * chunk;
     if (p.gradients == Tier::kNvme) {
       const uint64_t acc = u.accum_len * sizeof(float);
@@ -313,7 +322,7 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
       if (p.optimizer_home(u) == tier) s += bytes_of(g.units[u]);
     return s;
   };
-  const std::string partial = offloaded_optimizer_what(cfg, g);
+  const std::string partial = offloaded_optimizer_what(g);
   {
     const uint64_t b = sum_optimizer(
         Tier::kDevice, [&](const auto& u) { return charged_bytes(3 * u.own_len * sizeof(float)); });
@@ -371,7 +380,9 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
       pinned_limit > 0 ? pinned_limit : std::max<uint64_t>(pl.total(), kIoAlignment);
 
   // ---- host
-  add(plan, Tier::kHost, "fp32 master weights + Adam moments (offload_optimizer cpu" + partial + ")",
+  add(plan, Tier::kHost,
+      "fp32 master weights + Adam moments (" +
+          (partial.empty() ? std::string("offload_optimizer cpu") : "cpu" + partial) + ")",
       sum_optimizer(Tier::kHost, [&](const auto& u) {
         return align_up(3 * u.own_len * sizeof(float), kIoAlignment);
       }));

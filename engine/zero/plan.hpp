@@ -51,6 +51,11 @@ struct TrafficBytes {
   uint64_t nvme_write = 0;
   uint64_t h2d = 0;
   uint64_t d2h = 0;
+  // Bytes this rank sends to the other ranks (comm::CommTraffic's volumes; 0 at world 1):
+  // each micro-batch's gradients (all_to_all of the fp32 slabs), stage 3's parameter gathers,
+  // stages 1-2's gather of the updated parameters, stage 0's gather of the reduced gradients,
+  // and the gradient norm's partial sums.
+  uint64_t comm = 0;
 };
 
 // One line of the plan: `bytes` of `what` held in `tier` at the tier's peak.

@@ -126,13 +126,15 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
                     p.host_param_units, p.host_params == Tier::kPinned ? "pinned host" : "host",
                     p.nvme_param_units);
   std::string optimizer(tier_name(p.optimizer));
-  if (p.optimizer != Tier::kDevice && p.device_optimizer_from != SIZE_MAX)
+  if (p.optimizer != Tier::kDevice && p.device_optimizer_from == 0)
+    optimizer = fmt::format("device (offload_optimizer.ratio {}: none of {} elements offloaded)",
+                            plan.optimizer_ratio, plan.optimizer_elems);
+  else if (p.optimizer != Tier::kDevice && p.device_optimizer_from != SIZE_MAX)
     optimizer += fmt::format(
-        " for units 0..{} and device from unit {} (offload_optimizer.ratio {}: {} of {} "
-        "elements offloaded)",
-        p.device_optimizer_from == 0 ? std::string("-") : std::to_string(p.device_optimizer_from - 1),
-        p.device_optimizer_from, plan.optimizer_ratio, plan.offloaded_optimizer_elems,
-        plan.optimizer_elems);
+        " for units 0..{}, device from unit {} (offload_optimizer.ratio {}: {} of {} elements "
+        "offloaded)",
+        p.device_optimizer_from - 1, p.device_optimizer_from, plan.optimizer_ratio,
+        plan.offloaded_optimizer_elems, plan.optimizer_elems);
   out << fmt::format("placement: parameters {}, optimizer state {}, gradient accumulators {}\n\n",
                      params, optimizer, tier_name(p.gradients));
   out << fmt::format("{:<7} {:<66} {:>12}\n", "tier", "holds at its peak", "bytes");
@@ -178,6 +180,10 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
       "\nper optimizer step: nvme read {}, nvme write {}, host->device {}, device->host {}\n",
       format_bytes(t.nvme_read), format_bytes(t.nvme_write), format_bytes(t.h2d),
       format_bytes(t.d2h));
+  if (plan.world_size > 1)
+    out << fmt::format("per rank per step: {} sent to the other {} ranks (gradients, parameter "
+                       "gathers, norm)\n",
+                       format_bytes(t.comm), plan.world_size - 1);
   return out.str();
 }
 

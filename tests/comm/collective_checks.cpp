@@ -98,6 +98,41 @@ class Checker {
     }
   }
 
+  // Block q of rank p's buffer holds p*10000 + q*100 + i; afterwards block q of rank p holds
+  // what rank q sent to p: q*10000 + p*100 + i.
+  void all_to_all(size_t block) {
+    std::vector<float> data(block * w_);
+    for (int q = 0; q < w_; ++q)
+      for (size_t i = 0; i < block; ++i)
+        data[q * block + i] = static_cast<float>(r_ * 10000 + q * 100 + i);
+    c_.all_to_all(data);
+    for (int q = 0; q < w_; ++q)
+      for (size_t i = 0; i < block; ++i)
+        expect_eq(data[q * block + i], q * 10000 + r_ * 100 + i, "all_to_all", q * block + i);
+  }
+
+  // The traffic counters grow by exactly the documented volumes.
+  void traffic(size_t n) {
+    const uint64_t others = static_cast<uint64_t>(w_ - 1);
+    const CommTraffic t0 = c_.traffic();
+    std::vector<float> shard(n), full(n * w_);
+    c_.all_gather(shard, full);
+    c_.reduce_scatter(full, shard, ReduceOp::kSum);
+    c_.all_to_all(full);
+    std::vector<float> ar(n * w_);
+    c_.all_reduce(std::span<float>(ar), ReduceOp::kSum);
+    const CommTraffic t1 = c_.traffic();
+    const uint64_t bytes = n * sizeof(float);
+    expect_eq(static_cast<double>(t1.all_gather - t0.all_gather), double(others * bytes),
+              "traffic all_gather", n);
+    expect_eq(static_cast<double>(t1.reduce_scatter - t0.reduce_scatter),
+              double(others * bytes), "traffic reduce_scatter", n);
+    expect_eq(static_cast<double>(t1.all_to_all - t0.all_to_all), double(others * bytes),
+              "traffic all_to_all", n);
+    expect_eq(static_cast<double>(t1.all_reduce - t0.all_reduce), double(2 * others * bytes),
+              "traffic all_reduce", n);
+  }
+
   template <typename F>
   void expect_invalid(std::string_view what, F&& f) {
     try {
@@ -122,6 +157,11 @@ class Checker {
     });
     expect_invalid("broadcast from a rank outside the world", [&] { c_.broadcast(b, w_); });
     expect_invalid("broadcast from a negative rank", [&] { c_.broadcast_bytes({}, -1); });
+    if (w_ > 1) {
+      std::vector<float> odd(static_cast<size_t>(w_) + 1);
+      expect_invalid("all_to_all of a buffer not divisible by the world size",
+                     [&] { c_.all_to_all(odd); });
+    }
   }
 
   std::vector<std::string> run() {
@@ -131,6 +171,8 @@ class Checker {
       reduce_scatter(n);
       all_reduce(n);
       broadcast(n);
+      all_to_all(n);
+      traffic(n);
     }
     all_gather(0);
     all_reduce(0);

@@ -20,6 +20,7 @@
 #include "engine/model/model.hpp"
 #include "engine/train/trainer.hpp"
 #include "tools/outcore/commands.hpp"
+#include "tools/outcore/launch.hpp"
 #include "tools/outcore/train_session.hpp"
 
 namespace outcore::cli {
@@ -32,6 +33,7 @@ namespace cfg = outcore::config;
 struct TrainCliOptions {
   std::string config, model, data, val_data, format = "auto", metrics;
   std::string save_dir, save_every, keep, resume, init_from;
+  std::string comm = "auto";
   std::string steps, seed, seq_len, lr, weight_decay, eval_every, eval_batches, val_fraction,
       train_batch_size, micro_batch_size, gradient_accumulation_steps, warmup_steps;
   bool activation_checkpointing = false;
@@ -202,7 +204,12 @@ int run_train(const TrainCliOptions& o) {
     return 2;
   }
 
+  // The ranks first: "auto" batch sizes resolve with the world size.
+  std::optional<Ranks> ranks = open_ranks(o.comm);
+  if (!ranks) return 2;
   train::TrainerOptions topts;
+  topts.comm = ranks->engine.get();
+  topts.control_comm = ranks->control.get();
   cfg::Config config;
   model::LlamaConfig model;
   try {
@@ -231,6 +238,7 @@ int run_train(const TrainCliOptions& o) {
     ctx.gradient_accumulation_steps = n.gradient_accumulation_steps;
     ctx.total_steps = *steps;
     ctx.warmup_steps = n.warmup_steps;
+    ctx.world_size = ranks->world();
     warn_if_overridden(config.optimizer.lr, n.lr, "--lr");
     warn_if_overridden(config.optimizer.weight_decay, n.weight_decay, "--weight-decay");
     cfg::resolve_auto(config, ctx);
@@ -323,6 +331,9 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--init-from", o->init_from,
                   "start from a Hugging Face model directory (config.json + safetensors); "
                   "--model defaults to its config.json");
+  cmd->add_option("--comm", o->comm,
+                  "data-parallel transport: auto (MPI when started by mpirun, else one rank), "
+                  "local, mpi, nccl");
   cmd->add_option("--metrics", o->metrics,
                   "JSON-lines metrics file (default: the config's outcore.metrics_file)");
   cmd->callback([o, &rc] { rc = run_train(*o); });

@@ -7,12 +7,15 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 
+#include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "engine/train/loss_scaler.hpp"
 #include "engine/zero/plan.hpp"
@@ -59,12 +62,59 @@ class StopSignals {
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
-  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
-  std::array<struct sigaction, 3> old_{};
+  // SIGUSR1: what OpenMPI's mpirun forwards to every rank (it answers SIGINT and SIGTERM by
+  // sending SIGTERM and, seconds later, SIGKILL), so `kill -USR1 <mpirun>` stops a job cleanly.
+  static constexpr std::array<int, 4> kSignals = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+  std::array<struct sigaction, 4> old_{};
   struct sigaction old_pipe_ {};
 };
 
-void print_error(const std::exception& e) { std::fprintf(stderr, "error: %s\n", e.what()); }
+// "rank r of W: " before every error of a data-parallel rank.
+std::string g_rank_prefix;
+
+void print_error(const std::exception& e) {
+  std::fprintf(stderr, "error: %s%s\n", g_rank_prefix.c_str(), e.what());
+}
+
+// At world size > 1 the launcher kills the ranks a moment after it tells them to stop, and a
+// rank blocked in a collective cannot stop on its own: as soon as a stop is requested this
+// thread removes the swap files (open descriptors keep working, so a clean stop still can).
+class SwapFileGuard {
+ public:
+  explicit SwapFileGuard(bool active) {
+    if (!active) return;
+    thread_ = std::thread([this] {
+      while (!done_.load()) {
+        if (g_stop.load()) {
+          cleanup::remove_registered_files();
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  }
+  ~SwapFileGuard() {
+    done_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  SwapFileGuard(const SwapFileGuard&) = delete;
+  SwapFileGuard& operator=(const SwapFileGuard&) = delete;
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+// A rank that fails ends the job: its swap files removed, then every rank ended through the
+// Comm (the others may be waiting for it in a collective). Returns `code` at world size 1.
+int fail_job(comm::Comm* comm, int code) {
+  if (comm == nullptr || comm->world_size() == 1) return code;
+  cleanup::remove_registered_files();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  comm->abort(code);
+  return code;
+}
 
 void print_result(const train::TrainResult& r) {
   std::string s =
@@ -150,39 +200,50 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
   // with the Trainer destroyed (and the files removed) rather than killed.
   StopSignals signals;
   options.stop_requested = &g_stop;
+  comm::Comm* comm = options.comm;
+  const int rank = comm != nullptr ? comm->rank() : 0;
+  const int world = comm != nullptr ? comm->world_size() : 1;
+  g_rank_prefix = world > 1 ? fmt::format("rank {} of {}: ", rank, world) : std::string();
+  if (rank != 0) options.progress_out = nullptr;  // rank 0 speaks for the job
+  SwapFileGuard guard(world > 1);
   std::unique_ptr<train::Trainer> trainer;
   try {
     trainer = std::make_unique<train::Trainer>(cfg, model, std::move(options));
   } catch (const Interrupted& e) {  // Ctrl-C while the engine was being initialised
-    std::fprintf(stderr, "stopped: %s\n", e.what());
-    return kExitInterrupted;
+    std::fprintf(stderr, "stopped: %s%s\n", g_rank_prefix.c_str(), e.what());
+    return fail_job(comm, kExitInterrupted);
   } catch (const ConfigError& e) {  // config, model config
     print_error(e);
-    return 2;
+    return fail_job(comm, 2);
   } catch (const InvalidArgument& e) {  // options, data too short
     print_error(e);
-    return 2;
+    return fail_job(comm, 2);
   } catch (const CorruptData& e) {  // bad token file, token outside the vocabulary
     print_error(e);
-    return 2;
+    return fail_job(comm, 2);
   } catch (const OutOfMemory& e) {  // the plan does not fit a tier
     print_error(e);
-    return 2;
+    return fail_job(comm, 2);
   } catch (const std::exception& e) {  // I/O errors creating swap files, ...
     print_error(e);
-    return 1;
+    return fail_job(comm, 1);
   }
-  if (g_stop.load()) return kExitInterrupted;  // interrupted while setting up
-  std::fputs(trainer->summary().c_str(), stdout);
-  std::fflush(stdout);
+  if (g_stop.load()) {  // interrupted while setting up
+    trainer.reset();
+    return fail_job(comm, kExitInterrupted);
+  }
+  if (rank == 0) {
+    std::fputs(trainer->summary().c_str(), stdout);
+    std::fflush(stdout);
+  }
   try {
     train::TrainResult r = trainer->run();
     trainer.reset();  // removes the swap files before the result is printed
-    print_result(r);
+    if (rank == 0) print_result(r);
     return r.stopped ? kExitInterrupted : 0;
   } catch (const std::exception& e) {
     print_error(e);
-    return 1;
+    return fail_job(comm, 1);
   }
 }
 

@@ -1,0 +1,53 @@
+#include "common/cleanup.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+namespace outcore::cleanup {
+namespace {
+
+struct Entry {
+  std::string path;
+  bool directory = false;
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::vector<Entry>& registry() {
+  static std::vector<Entry> entries;
+  return entries;
+}
+
+}  // namespace
+
+void register_path(const std::string& path, bool directory) {
+  std::lock_guard lock(registry_mutex());
+  registry().push_back({path, directory});
+}
+
+void unregister_path(const std::string& path) {
+  std::lock_guard lock(registry_mutex());
+  std::vector<Entry>& r = registry();
+  const auto it = std::find_if(r.rbegin(), r.rend(), [&](const Entry& e) { return e.path == path; });
+  if (it != r.rend()) r.erase(std::next(it).base());
+}
+
+size_t remove_registered_files() {
+  std::lock_guard lock(registry_mutex());
+  std::vector<Entry>& r = registry();
+  size_t removed = 0;
+  for (const Entry& e : r)
+    if (!e.directory && ::unlink(e.path.c_str()) == 0) ++removed;
+  for (auto it = r.rbegin(); it != r.rend(); ++it)
+    if (it->directory) ::rmdir(it->path.c_str());  // fails harmlessly when not empty
+  r.clear();
+  return removed;
+}
+
+}  // namespace outcore::cleanup

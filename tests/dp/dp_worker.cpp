@@ -1,0 +1,182 @@
+// Run under `mpirun -np W` (or alone for a world of one): trains the tiny Llama of the trainer
+// tests with one of the configurations below and writes what must not depend on the world
+// size to --out (rank 0): every step's loss and grad norm as exact bits, then every unit's
+// master weights and parameters over its numel (padding differs with the world size). Also
+// checks, on every rank, that the engine's Comm sent exactly the bytes the plan predicts per
+// step. Exit 0 when done, 3 when the traffic differs from the plan.
+//
+//   dp_worker --case s3_nvme_fp32 --gas 2 --steps 10 --train T --val V --swap DIR --out FILE
+//             [--fail-rank R --fail-step K]   (rank R throws an I/O error at step K)
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "engine/comm/local_comm.hpp"
+#include "engine/comm/mpi_comm.hpp"
+#include "engine/train/trainer.hpp"
+#include "tests/trainer/trainer_test_util.hpp"
+
+namespace outcore::train::testing {
+namespace {
+
+struct Args {
+  std::string name, train, val, swap, out;
+  int64_t gas = 1, steps = 10;
+  int fail_rank = -1;
+  int64_t fail_step = -1;
+};
+
+nlohmann::json case_patch(const std::string& name, const std::string& swap, int64_t gas) {
+  nlohmann::json p = {{"gradient_accumulation_steps", gas}};
+  auto zero = [&](nlohmann::json z) { p["zero_optimization"] = std::move(z); };
+  if (name == "s1_nvme_fp32") {
+    zero({{"stage", 1}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap}}}});
+  } else if (name == "s2_cpu_bf16") {
+    zero({{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}});
+    p["bf16"] = {{"enabled", true}};
+    p["gradient_clipping"] = 0.05;  // clips: the norm must agree to the bit
+  } else if (name == "s3_nvme_fp32" || name == "s3_nvme_bf16") {
+    zero({{"stage", 3},
+          {"stage3_param_persistence_threshold", 0},
+          {"stage3_max_live_parameters", 500000},
+          {"stage3_prefetch_bucket_size", 500000},
+          {"stage3_max_reuse_distance", 0},
+          {"offload_param", {{"device", "nvme"}, {"nvme_path", swap}, {"max_in_cpu", 0}}},
+          {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap}}}});
+    p["gradient_clipping"] = 0.05;
+    p["outcore"] = {{"device_memory_mb", 9}};  // below one rank's share of the state
+    if (name == "s3_nvme_bf16") p["bf16"] = {{"enabled", true}};
+  } else if (name == "s0_fp16") {
+    zero({{"stage", 0}});
+    p["fp16"] = {{"enabled", true}, {"initial_scale_power", 30}};  // overflows at first
+  } else {
+    throw InvalidArgument("unknown case " + name);
+  }
+  return p;
+}
+
+template <typename T>
+void put(std::ofstream& f, const T& v) {
+  f.write(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+int run(const Args& a) {
+  comm::LocalComm local, local_control;
+  std::unique_ptr<comm::MpiComm> mpi, mpi_control;
+  comm::Comm* c = &local;
+  comm::Comm* ctl = &local_control;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) {
+    mpi = std::make_unique<comm::MpiComm>();
+    mpi_control = std::make_unique<comm::MpiComm>();
+    c = mpi.get();
+    ctl = mpi_control.get();
+  }
+  const int rank = c->rank(), world = c->world_size();
+  std::printf("dp_worker: rank %d of %d started\n", rank, world);
+  std::fflush(stdout);
+
+  // Stage 3 gets a model whose state (42 MiB) is several times the device budget per rank.
+  nlohmann::json mj = tiny_model_json();
+  if (a.name.rfind("s3_", 0) == 0)
+    mj.merge_patch({{"hidden_size", 128}, {"intermediate_size", 1024}, {"num_hidden_layers", 6}});
+  const model::LlamaConfig mc = model::LlamaConfig::from_json(mj.dump(), "dp model");
+  nlohmann::json j = base_ds_json();
+  j.merge_patch(case_patch(a.name, a.swap, a.gas));
+  config::Config cfg = config::parse_config(j.dump(), "dp_worker config").config;
+  config::AutoContext ctx;
+  ctx.hidden_size = mc.hidden_size;
+  ctx.total_steps = a.steps;
+  ctx.world_size = world;
+  config::resolve_auto(cfg, ctx);
+
+  TrainerOptions o;
+  o.train_data = a.train;
+  o.val_data = a.val;
+  o.steps = a.steps;
+  o.seed = 7;
+  o.seq_len = 32;
+  o.eval_batches = 5;  // not a multiple of 2 or 3: ranks evaluate unequal shares of it
+  o.progress_out = nullptr;
+  o.activation_checkpointing = a.name.rfind("s3_", 0) == 0;
+  o.engine.cpu_threads = 1;
+  o.comm = c;
+  o.control_comm = ctl;
+  std::vector<double> losses, norms;
+  int bad_traffic = 0;
+  std::unique_ptr<Trainer> tr;
+  uint64_t last_sent = 0;
+  o.on_step = [&](const StepMetrics& m) {
+    losses.push_back(m.loss);
+    norms.push_back(m.grad_norm.value_or(-1.0));
+    const uint64_t sent = c->traffic().total();
+    const uint64_t planned = tr->engine().plan().per_step.comm;
+    if (sent - last_sent != planned) {
+      std::fprintf(stderr, "dp_worker: rank %d step %lld: comm sent %llu bytes, plan says %llu\n",
+                   rank, static_cast<long long>(m.step),
+                   static_cast<unsigned long long>(sent - last_sent),
+                   static_cast<unsigned long long>(planned));
+      bad_traffic = 1;
+    }
+    last_sent = sent;
+    if (rank == a.fail_rank && m.step == a.fail_step)
+      throw IoError(a.swap, EIO, "injected failure of this rank");
+  };
+  tr = std::make_unique<Trainer>(cfg, mc, o);
+  last_sent = c->traffic().total();
+  const TrainResult r = tr->run();
+  const double val = r.final_val_loss.value_or(-1.0);
+  const Weights w = weights_of(*tr);  // collective
+  if (rank == 0) {
+    std::ofstream f(a.out, std::ios::binary | std::ios::trunc);
+    for (size_t i = 0; i < losses.size(); ++i) {
+      put(f, losses[i]);
+      put(f, norms[i]);
+    }
+    put(f, val);
+    const model::ModelLayout& layout = tr->model().layout();
+    const size_t psz = dtype_size(tr->engine().param_dtype());
+    for (size_t u = 0; u < layout.units.size(); ++u) {
+      f.write(reinterpret_cast<const char*>(w.master[u].data()),
+              static_cast<std::streamsize>(layout.units[u].numel * sizeof(float)));
+      f.write(reinterpret_cast<const char*>(w.params[u].data()),
+              static_cast<std::streamsize>(layout.units[u].numel * psz));
+    }
+    if (!f) throw IoError(a.out, EIO, "write result");
+    std::printf("dp_worker: %zu steps, loss %.6f -> %.6f, validation %.6f\n", losses.size(),
+                losses.front(), losses.back(), val);
+  }
+  tr.reset();
+  return bad_traffic ? 3 : 0;
+}
+
+}  // namespace
+}  // namespace outcore::train::testing
+
+int main(int argc, char** argv) {
+  outcore::train::testing::Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--case") a.name = v;
+    else if (k == "--gas") a.gas = std::stoll(v);
+    else if (k == "--steps") a.steps = std::stoll(v);
+    else if (k == "--train") a.train = v;
+    else if (k == "--val") a.val = v;
+    else if (k == "--swap") a.swap = v;
+    else if (k == "--out") a.out = v;
+    else if (k == "--fail-rank") a.fail_rank = std::stoi(v);
+    else if (k == "--fail-step") a.fail_step = std::stoll(v);
+  }
+  try {
+    return outcore::train::testing::run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dp_worker: error: %s\n", e.what());
+    return 1;
+  }
+}
