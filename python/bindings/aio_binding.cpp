@@ -116,7 +116,12 @@ class AioHandle {
     oo.access = write ? aio::Access::kWrite : aio::Access::kRead;
     oo.create = write;
     oo.direct = direct_ == DirectMode::kAlways || (direct_ == DirectMode::kAuto && aligned);
-    Pending p{aio::Ticket{}, open_file(path, oo, offset, bytes), std::move(keep), offset};
+    aio::File file;
+    {
+      py::gil_scoped_release nogil;  // open may block (network filesystems, FIFOs)
+      file = open_file(path, oo, offset, bytes);
+    }
+    Pending p{aio::Ticket{}, std::move(file), std::move(keep), offset};
     auto* data = reinterpret_cast<std::byte*>(address);
     p.ticket = write ? engine_.submit_write(p.file, offset, {data, bytes})
                      : engine_.submit_read(p.file, offset, {data, bytes});
@@ -132,10 +137,15 @@ class AioHandle {
     if (it == pending_.end()) return false;
     Pending p = std::move(it->second);
     pending_.erase(it);
-    {
+    ++waiting_;
+    try {
       py::gil_scoped_release nogil;
       engine_.wait(p.ticket);
+    } catch (...) {
+      --waiting_;
+      throw;
     }
+    --waiting_;
     return true;  // p (file, keep) is released with the GIL held
   }
 
@@ -161,7 +171,8 @@ class AioHandle {
     return completed;
   }
 
-  size_t pending() const { return pending_.size(); }
+  // Requests submitted and not yet released by a wait (those being waited included).
+  size_t pending() const { return pending_.size() + waiting_; }
   const aio::Options& options() const { return engine_.options(); }
   std::string backend() const { return engine_.backend_name(); }
 
@@ -177,6 +188,7 @@ class AioHandle {
   aio::Engine engine_;
   std::map<uint64_t, Pending> pending_;  // by id: submission order
   uint64_t next_id_ = 1;
+  size_t waiting_ = 0;  // moved out of pending_ by a wait still blocked (GIL released)
 };
 
 // Bytes and buffers of PinnedMemory alive in this process (for leak checks).

@@ -1,0 +1,283 @@
+"""outcore.aio.Handle on real files: round trips of odd sizes at odd offsets (page cache) and
+aligned ones (O_DIRECT), overlapping async requests, pinned tensors, every error path raising
+the right exception with the file and offset, the GIL released while blocked, and no file
+descriptor or pinned buffer leaked over 1000 calls."""
+import errno
+import os
+import shutil
+import stat
+import tempfile
+import threading
+import time
+import unittest
+
+from oracle import import_torch_and_outcore
+
+torch, outcore = import_torch_and_outcore()
+aio = outcore.aio
+
+
+def random_tensor(numel, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (numel * torch.empty((), dtype=dtype).element_size(),),
+                        dtype=torch.uint8, generator=g)
+    return raw.view(dtype)
+
+
+def file_bytes(path, offset, nbytes):
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(nbytes)
+
+
+def as_bytes(t):
+    return t.view(torch.uint8).numpy().tobytes()
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+class AioTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="outcore_py_aio_")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+
+class RoundTrip(AioTest):
+    def test_odd_sizes_at_odd_offsets(self):
+        h = aio.Handle(block_size=65536, queue_depth=8, intra_op_parallelism=2)
+        path = self.path("odd.bin")
+        cases = [(1, torch.uint8, 0), (7, torch.float32, 1), (4095, torch.uint8, 4093),
+                 (4097, torch.float16, 12345), (300007, torch.float32, 4096 * 3 + 5),
+                 (65537, torch.int64, 1 << 20)]
+        for seed, (numel, dtype, offset) in enumerate(cases):
+            src = random_tensor(numel, dtype, seed)
+            self.assertEqual(h.pwrite(src, path, file_offset=offset), 1)
+            self.assertEqual(file_bytes(path, offset, len(as_bytes(src))), as_bytes(src),
+                             f"{numel} x {dtype} at {offset}: file bytes")
+            dst = torch.zeros_like(src)
+            self.assertEqual(h.pread(dst, path, offset=offset), 1)
+            self.assertTrue(torch.equal(dst.view(torch.uint8), src.view(torch.uint8)),
+                            f"{numel} x {dtype} at {offset}: read back")
+
+    def test_aligned_pinned_tensors_use_o_direct(self):
+        h = aio.Handle(o_direct="always")  # a misaligned request would be refused
+        path = self.path("direct.bin")
+        src = h.new_pinned_tensor(3 << 18, torch.float32)  # 3 MiB
+        self.assertEqual(src.data_ptr() % h.get_alignment(), 0)
+        self.assertTrue(h.is_pinned(src))
+        src.copy_(random_tensor(3 << 18, torch.float32, 1))
+        dst = h.new_pinned_tensor(3 << 18, torch.float32)
+        h.sync_pwrite(src, path, 8192)
+        h.sync_pread(dst, path, 8192)
+        self.assertEqual(as_bytes(src), as_bytes(dst))
+        self.assertEqual(file_bytes(path, 8192, 16), as_bytes(src[:4]))
+        self.assertTrue(h.free_pinned_tensor(src))
+        self.assertTrue(h.free_pinned_tensor(dst))
+
+    def test_validate_compares_the_file(self):
+        h = aio.Handle()
+        path = self.path("v.bin")
+        src = random_tensor(1000, torch.float32, 3)
+        self.assertEqual(h.write(src, path, True), 1)
+        self.assertEqual(h.read(torch.empty(1000), path, True), 1)
+
+
+class Async(AioTest):
+    def test_overlapping_requests_complete_and_keep_tensors_alive(self):
+        h = aio.Handle(block_size=4096, queue_depth=4)
+        path = self.path("async.bin")
+        parts = [random_tensor(10000 + 4096 * i, torch.uint8, i) for i in range(8)]
+        offsets = [sum(p.numel() for p in parts[:i]) for i in range(8)]
+        requests = [h.async_pwrite(p.clone(), path, o) for p, o in zip(parts, offsets)]
+        # The clones passed above have no other reference: the handle keeps them alive.
+        self.assertEqual(h.pending(), 8)
+        self.assertEqual(h.wait(), 8)
+        self.assertEqual(h.pending(), 0)
+        self.assertEqual(requests[0].wait(), 0)  # already completed by h.wait()
+        outs = [torch.zeros_like(p) for p in parts]
+        reads = [h.pread(d, path, False, True, o) for d, o in zip(outs, offsets)]
+        self.assertEqual(h.pending(), 8)
+        for r in reversed(reads):  # completed one by one, in any order
+            self.assertEqual(r.wait(), 1)
+            self.assertTrue(r.done())
+        for p, d in zip(parts, outs):
+            self.assertTrue(torch.equal(p, d))
+
+    def test_gil_is_released_while_blocked(self):
+        h = aio.Handle()
+        if h.backend() != "io_uring":
+            self.skipTest("reads a FIFO, which needs io_uring (the sync backend uses pread)")
+        fifo = self.path("fifo")
+        os.mkfifo(fifo)
+        dst = torch.zeros(4096, dtype=torch.uint8)
+        errors = []
+
+        def reader():
+            try:
+                h.pread(dst, fifo)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        # This thread keeps the FIFO open read-write, so the reader's open() never blocks and
+        # its read waits for data. Once the request is queued, this thread (which needs the
+        # GIL) writes: if the binding held the GIL while blocked in wait, this would hang.
+        keep = os.open(fifo, os.O_RDWR)
+        try:
+            t = threading.Thread(target=reader, daemon=True)
+            t.start()
+            while h.pending() == 0 and t.is_alive():
+                time.sleep(0.001)
+            data = bytes(range(256)) * 16
+            os.write(keep, data)
+            t.join(60)
+        finally:
+            os.close(keep)
+        self.assertFalse(t.is_alive())
+        self.assertEqual(errors, [])
+        self.assertEqual(as_bytes(dst), data)
+
+
+class Errors(AioTest):
+    def assert_io_error(self, cm, err, path, offset):
+        e = cm.exception
+        self.assertIsInstance(e, OSError)
+        self.assertEqual(e.errno, err)
+        self.assertEqual(e.filename, path)
+        self.assertEqual(e.offset, offset)
+        self.assertIn(path, str(e))
+        self.assertIn(f"offset {offset}", str(e))
+
+    def test_missing_file_and_directory(self):
+        h = aio.Handle()
+        missing = self.path("no/such/dir/f.bin")
+        with self.assertRaises(outcore.IoError) as cm:
+            h.pread(torch.empty(10), missing, offset=40)
+        self.assert_io_error(cm, errno.ENOENT, missing, 40)
+        with self.assertRaises(outcore.IoError) as cm:
+            h.pwrite(torch.empty(10), missing, offset=8)
+        self.assert_io_error(cm, errno.ENOENT, missing, 8)
+
+    def test_read_past_end_of_file(self):
+        h = aio.Handle()
+        path = self.path("short.bin")
+        h.pwrite(torch.ones(100), path)  # 400 bytes
+        with self.assertRaises(outcore.IoError) as cm:
+            h.pread(torch.empty(100), path, offset=200)
+        self.assert_io_error(cm, errno.EIO, path, 400)  # where the file ends
+        self.assertIn("end of file", str(cm.exception))
+
+    def test_injected_eio_and_enospc(self):
+        path = self.path("faults.bin")
+        src = random_tensor(3 * 4096, torch.uint8, 5)
+        # The second write request (block_size 4096: the piece at offset 4096) fails.
+        h = aio.Handle(block_size=4096, _faults=[("eio", 2, 0, 1)])
+        with self.assertRaises(outcore.IoError) as cm:
+            h.pwrite(src, path)
+        self.assert_io_error(cm, errno.EIO, path, 4096)
+        h = aio.Handle(block_size=4096, _faults=[("enospc", 1, 0, 1)])
+        with self.assertRaises(outcore.IoError) as cm:
+            h.async_pwrite(src, path, offset=8192).wait()
+        self.assert_io_error(cm, errno.ENOSPC, path, 8192)
+        # Reads: an EIO on the first read request.
+        h = aio.Handle(block_size=4096, _faults=[("eio", 1, 0, 0)])
+        h.pwrite(src, path)
+        with self.assertRaises(outcore.IoError) as cm:
+            h.pread(torch.empty_like(src), path)
+        self.assert_io_error(cm, errno.EIO, path, 0)
+
+    def test_wait_raises_oldest_failure_after_all_complete(self):
+        path = self.path("mixed.bin")
+        h = aio.Handle(block_size=4096, _faults=[("eio", 2, 0, 1)])
+        reqs = [h.async_pwrite(random_tensor(4096, torch.uint8, i), path, 4096 * i)
+                for i in range(4)]
+        with self.assertRaises(outcore.IoError) as cm:
+            h.wait()
+        self.assertEqual(cm.exception.offset, 4096)
+        self.assertEqual(h.pending(), 0)
+        self.assertEqual([r.wait() for r in reqs], [0, 0, 0, 0])
+
+    def test_misaligned_request_with_o_direct_always(self):
+        h = aio.Handle(o_direct="always")
+        path = self.path("mis.bin")
+        aligned = h.new_pinned_tensor(4096, torch.uint8)
+        for tensor, offset in ((aligned[1:1025], 0), (aligned[:1024], 0), (aligned, 100)):
+            with self.assertRaises(outcore.InvalidArgument) as cm:
+                h.pwrite(tensor, path, offset=offset)
+            self.assertIsInstance(cm.exception, ValueError)
+            self.assertIn(path, str(cm.exception))
+            self.assertIn(f"offset {offset}", str(cm.exception))
+        self.assertEqual(h.pending(), 0)
+
+    def test_bad_tensors_and_arguments(self):
+        h = aio.Handle()
+        path = self.path("bad.bin")
+        with self.assertRaisesRegex(ValueError, f"{path}: offset 12: .*contiguous"):
+            h.pwrite(torch.zeros(4, 4).t(), path, offset=12)
+        with self.assertRaisesRegex(ValueError, f"{path}: offset -1"):
+            h.pwrite(torch.zeros(4), path, offset=-1)
+        with self.assertRaisesRegex(TypeError, f"{path}: offset 0"):
+            h.pwrite(b"bytes", path)
+        with self.assertRaisesRegex(ValueError, "o_direct"):
+            aio.Handle(o_direct="sometimes")
+        with self.assertRaisesRegex(ValueError, "block_size"):
+            aio.Handle(block_size=1000)
+        with self.assertRaisesRegex(ValueError, "not a tensor from this handle"):
+            h.free_pinned_tensor(torch.zeros(4))
+        read_only = self.path("ro.bin")
+        h.pwrite(torch.zeros(4), read_only)
+        os.chmod(read_only, stat.S_IRUSR)
+        if os.geteuid() != 0:  # root may write anyway
+            with self.assertRaises(outcore.IoError) as cm:
+                h.pwrite(torch.zeros(4), read_only, offset=4)
+            self.assert_io_error(cm, errno.EACCES, read_only, 4)
+
+
+class Leaks(AioTest):
+    def test_no_fd_or_pinned_memory_leaks_over_1000_calls(self):
+        h = aio.Handle(block_size=4096)
+        path = self.path("leak.bin")
+        missing = self.path("missing/leak.bin")
+        src = random_tensor(5000, torch.uint8, 1)
+        dst = torch.empty_like(src)
+        h.pwrite(src, path)
+        fds, pinned, buffers = open_fds(), aio.pinned_bytes(), aio.pinned_buffers()
+        for i in range(1000):
+            kind = i % 5
+            if kind == 0:
+                h.pread(dst, path)
+            elif kind == 1:
+                h.async_pwrite(src, path, offset=i).wait()
+            elif kind == 2:
+                with self.assertRaises(outcore.IoError):
+                    h.pread(dst, missing)
+            elif kind == 3:
+                with self.assertRaises(outcore.IoError):
+                    h.pread(dst, path, offset=1 << 20)  # past the end
+            else:
+                t = h.new_pinned_tensor(1000 + i, torch.float32)
+                t.fill_(1.0)
+                h.free_pinned_tensor(t)
+                del t
+        self.assertEqual(h.pending(), 0)
+        self.assertEqual(open_fds(), fds)
+        self.assertEqual(aio.pinned_buffers(), buffers)
+        self.assertEqual(aio.pinned_bytes(), pinned)
+
+    def test_handles_release_their_threads_and_rings(self):
+        fds = open_fds()
+        for i in range(50):
+            h = aio.Handle(intra_op_parallelism=2)
+            h.async_pwrite(torch.zeros(100), self.path("h.bin"))  # never waited: __del__ does
+            del h
+        self.assertEqual(open_fds(), fds)
+
+
+if __name__ == "__main__":
+    unittest.main()
