@@ -1,0 +1,116 @@
+"""outcore.estimate: the placement plan of a DeepSpeed config and a Llama config, from files or
+dicts, as a dict; bad input raises ConfigError / IoError naming the source and JSON path."""
+import json
+import os
+import shutil
+import tempfile
+import unittest
+
+from oracle import import_torch_and_outcore
+
+torch, outcore = import_torch_and_outcore()
+
+SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MODEL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+         "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8,
+         "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 512,
+         "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+          "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+                                "offload_optimizer": {"device": "cpu"}}}
+
+
+def llama_parameters(m):
+    h, i, v = m["hidden_size"], m["intermediate_size"], m["vocab_size"]
+    head_dim = h // m["num_attention_heads"]
+    q, kv = m["num_attention_heads"] * head_dim, m["num_key_value_heads"] * head_dim
+    layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
+    return v * h + m["num_hidden_layers"] * layer + h + (0 if m["tie_word_embeddings"] else v * h)
+
+
+class Estimate(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="outcore_py_estimate_")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def write(self, name, obj):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(obj if isinstance(obj, str) else json.dumps(obj))
+        return path
+
+    def test_plan_of_stage3_cpu_offload(self):
+        plan = outcore.estimate(CONFIG, MODEL)
+        self.assertEqual(plan["num_parameters"], llama_parameters(MODEL))
+        p = plan["placement"]
+        self.assertEqual((p["stage"], p["param_dtype"]), (3, "bf16"))
+        self.assertIn(p["params"], ("pinned", "host"))
+        self.assertIn(p["optimizer"], ("pinned", "host"))
+        self.assertEqual(plan["micro_batches_per_step"], 4)
+        self.assertEqual(plan["tokens_per_micro_batch"], 2 * 512)
+        self.assertTrue(plan["fits"])
+        self.assertIsNone(plan["does_not_fit"])
+        # fp32 master weights and Adam moments: 12 bytes per parameter, somewhere off-device.
+        off_device = plan["peak"]["pinned"] + plan["peak"]["host"]
+        self.assertGreaterEqual(off_device, 12 * plan["num_parameters"])
+        self.assertEqual(sum(i["bytes"] for i in plan["items"] if i["tier"] == "host"),
+                         plan["peak"]["host"])
+        self.assertEqual(plan["per_step"]["nvme_read"], 0)
+        self.assertIn("pinned", plan["table"])
+
+    def test_files_and_dicts_give_the_same_plan(self):
+        a = outcore.estimate(self.write("ds.json", CONFIG), self.write("config.json", MODEL))
+        b = outcore.estimate(CONFIG, MODEL)
+        for key in ("placement", "peak", "items", "per_step", "num_parameters", "budgets"):
+            self.assertEqual(a[key], b[key], key)
+
+    def test_world_size_partitions_the_optimizer_state(self):
+        one = outcore.estimate(CONFIG, MODEL, world_size=1)
+        two = outcore.estimate(CONFIG, MODEL, world_size=2, micro_batch=2)
+        self.assertEqual(two["world_size"], 2)
+        self.assertEqual(two["num_parameters"], one["num_parameters"])
+        master = [i["bytes"] for i in one["items"] if "master" in i["what"]]
+        master2 = [i["bytes"] for i in two["items"] if "master" in i["what"]]
+        self.assertTrue(master and master2)
+        self.assertLess(sum(master2), 0.6 * sum(master))
+
+    def test_shipped_config_file_with_comments(self):
+        plan = outcore.estimate(os.path.join(SOURCE_DIR, "configs", "zero3_cpu_offload.json"),
+                                MODEL)
+        self.assertEqual(plan["placement"]["stage"], 3)
+
+    def test_a_plan_that_does_not_fit_says_why(self):
+        cfg = dict(CONFIG, zero_optimization={"stage": 0}, outcore={"device_memory_mb": 1})
+        plan = outcore.estimate(cfg, MODEL)
+        self.assertFalse(plan["fits"])
+        self.assertIn("device", plan["does_not_fit"])
+
+    def test_bad_input_names_the_source_and_key(self):
+        with self.assertRaises(outcore.ConfigError) as cm:
+            outcore.estimate(dict(CONFIG, zero_optimization={"stage": 7}), MODEL)
+        self.assertIn("<config dict>", str(cm.exception))
+        self.assertIn("zero_optimization.stage", str(cm.exception))
+        bad = self.write("bad.json", '{"train_micro_batch_size_per_gpu": 2,\n "bf16": [}')
+        with self.assertRaises(outcore.ConfigError) as cm:
+            outcore.estimate(bad, MODEL)
+        self.assertIn(bad, str(cm.exception))
+        with self.assertRaises(outcore.ConfigError) as cm:
+            outcore.estimate(CONFIG, dict(MODEL, hidden_size=-1))
+        self.assertIn("hidden_size", str(cm.exception))
+        missing = os.path.join(self.dir, "missing.json")
+        with self.assertRaises((outcore.IoError, outcore.ConfigError)) as cm:
+            outcore.estimate(CONFIG, missing)
+        self.assertIn(missing, str(cm.exception))
+        with self.assertRaises(TypeError):
+            outcore.estimate(42, MODEL)
+        with self.assertRaises(ValueError):
+            outcore.estimate(CONFIG, MODEL, world_size=0)
+
+
+if __name__ == "__main__":
+    unittest.main()
