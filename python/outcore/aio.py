@@ -141,6 +141,12 @@ class Handle:
         return Request(self, request_id, filename, offset, check)
 
     def _run(self, write, buffer, filename, validate, async_op, file_offset, offset):
+        # DeepNVMe's order puts validate and async before the offset: an offset given as the
+        # third positional argument would silently be taken as validate.
+        for name, value in (("validate", validate), ("async_op", async_op)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{os.fspath(filename)}: {name} must be a bool, got "
+                                f"{value!r}; pass the file offset as offset= or file_offset=")
         if offset is not None:
             file_offset = offset
         req = self._submit(write, buffer, filename, file_offset, validate)

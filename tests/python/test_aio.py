@@ -224,6 +224,8 @@ class Errors(AioTest):
             h.pwrite(torch.zeros(4), path, offset=-1)
         with self.assertRaisesRegex(TypeError, f"{path}: offset 0"):
             h.pwrite(b"bytes", path)
+        with self.assertRaisesRegex(TypeError, "validate must be a bool.*offset="):
+            h.pwrite(torch.zeros(4), path, 4096)  # DeepNVMe's third argument is validate
         with self.assertRaisesRegex(ValueError, "o_direct"):
             aio.Handle(o_direct="sometimes")
         with self.assertRaisesRegex(ValueError, "block_size"):
