@@ -246,7 +246,8 @@ void bind_aio(py::module_& m) {
       .def("wait_all", &AioHandle::wait_all)
       .def("pending", &AioHandle::pending)
       .def("backend", &AioHandle::backend)
-      .def_property_readonly("block_size", [](const AioHandle& h) { return h.options().block_size; })
+      .def_property_readonly("block_size",
+                             [](const AioHandle& h) { return h.options().block_size; })
       .def_property_readonly("queue_depth",
                              [](const AioHandle& h) { return h.options().queue_depth; })
       .def_property_readonly("threads", [](const AioHandle& h) { return h.options().thread_count; })
@@ -257,18 +258,20 @@ void bind_aio(py::module_& m) {
 
   py::class_<PinnedMemory>(m, "PinnedMemory", py::buffer_protocol())
       .def(py::init<size_t>(), py::arg("bytes"))
-      .def_property_readonly("address",
-                             [](const PinnedMemory& p) { return reinterpret_cast<uintptr_t>(p.data()); })
+      .def_property_readonly(
+          "address", [](const PinnedMemory& p) { return reinterpret_cast<uintptr_t>(p.data()); })
       .def_property_readonly("nbytes", &PinnedMemory::size)
       .def_property_readonly("locked", &PinnedMemory::locked)
       .def_buffer([](PinnedMemory& p) {
         return py::buffer_info(p.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(p.size())}, {py::ssize_t{1}});
       });
-  m.def("pinned_bytes", [] { return g_pinned_bytes.load(); },
-        "Bytes of pinned memory (new_pinned_tensor) alive in this process.");
-  m.def("pinned_buffers", [] { return g_pinned_buffers.load(); },
-        "Pinned buffers (new_pinned_tensor) alive in this process.");
+  m.def(
+      "pinned_bytes", [] { return g_pinned_bytes.load(); },
+      "Bytes of pinned memory (new_pinned_tensor) alive in this process.");
+  m.def(
+      "pinned_buffers", [] { return g_pinned_buffers.load(); },
+      "Pinned buffers (new_pinned_tensor) alive in this process.");
   m.def("io_alignment", [] { return kIoAlignment; });
 }
 

@@ -16,11 +16,15 @@ namespace {
 // dtype codes shared with outcore/optim.py: 0 fp32, 1 bf16, 2 fp16.
 DType dtype_of(int code) {
   switch (code) {
-    case 0: return DType::F32;
-    case 1: return DType::BF16;
-    case 2: return DType::F16;
+    case 0:
+      return DType::F32;
+    case 1:
+      return DType::BF16;
+    case 2:
+      return DType::F16;
   }
-  throw InvalidArgument("dtype code " + std::to_string(code) + ": allowed 0 (fp32), 1 (bf16), "
+  throw InvalidArgument("dtype code " + std::to_string(code) +
+                        ": allowed 0 (fp32), 1 (bf16), "
                         "2 (fp16)");
 }
 
@@ -48,10 +52,9 @@ void bind_cpu_adam(py::module_& m) {
   m.def(
       "adam_step",
       [](size_t n, uintptr_t params, uintptr_t grads, int grad_dtype, uintptr_t exp_avg,
-         uintptr_t exp_avg_sq, uintptr_t out, int out_dtype, double lr, double beta1,
-         double beta2, double eps, double weight_decay, bool adamw_mode, bool bias_correction,
-         uint64_t step, const std::string& formula, double grad_scale,
-         const cpu_adam::Executor* ex) {
+         uintptr_t exp_avg_sq, uintptr_t out, int out_dtype, double lr, double beta1, double beta2,
+         double eps, double weight_decay, bool adamw_mode, bool bias_correction, uint64_t step,
+         const std::string& formula, double grad_scale, const cpu_adam::Executor* ex) {
         cpu_adam::AdamParams hp;
         hp.lr = lr;
         hp.beta1 = beta1;
@@ -69,14 +72,15 @@ void bind_cpu_adam(py::module_& m) {
         cpu_adam::adam_step(hp, n, ptr<float>(params), g, ptr<float>(exp_avg),
                             ptr<float>(exp_avg_sq), o, ex);
       },
-      py::arg("n"), py::arg("params"), py::arg("grads"), py::arg("grad_dtype"),
-      py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("out"), py::arg("out_dtype"),
-      py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
-      py::arg("weight_decay"), py::arg("adamw_mode"), py::arg("bias_correction"),
-      py::arg("step"), py::arg("formula"), py::arg("grad_scale"), py::arg("executor"));
+      py::arg("n"), py::arg("params"), py::arg("grads"), py::arg("grad_dtype"), py::arg("exp_avg"),
+      py::arg("exp_avg_sq"), py::arg("out"), py::arg("out_dtype"), py::arg("lr"), py::arg("beta1"),
+      py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("adamw_mode"),
+      py::arg("bias_correction"), py::arg("step"), py::arg("formula"), py::arg("grad_scale"),
+      py::arg("executor"));
 
-  m.def("active_isa", [] { return std::string(cpu_adam::isa_name(cpu_adam::active_isa())); },
-        "The instruction set the Adam kernel uses: \"avx512\", \"avx2\" or \"scalar\".");
+  m.def(
+      "active_isa", [] { return std::string(cpu_adam::isa_name(cpu_adam::active_isa())); },
+      "The instruction set the Adam kernel uses: \"avx512\", \"avx2\" or \"scalar\".");
   m.def(
       "set_isa", [](const std::string& isa) { cpu_adam::set_isa(cpu_adam::parse_isa(isa)); },
       py::arg("isa"), "Forces the kernel's instruction set (tests and benchmarks).");

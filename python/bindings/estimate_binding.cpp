@@ -43,8 +43,8 @@ DType param_dtype(const config::Config& cfg) {
 
 py::dict tier_bytes(const zero::TierBytes& t) {
   py::dict d;
-  for (zero::Tier tier : {zero::Tier::kDevice, zero::Tier::kPinned, zero::Tier::kHost,
-                          zero::Tier::kNvme})
+  for (zero::Tier tier :
+       {zero::Tier::kDevice, zero::Tier::kPinned, zero::Tier::kHost, zero::Tier::kNvme})
     d[py::str(std::string(zero::tier_name(tier)))] = t[tier];
   return d;
 }
