@@ -191,4 +191,22 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits = nullptr);
 // "1.50 GiB", "512.0 MiB", "12 B".
 std::string format_bytes(uint64_t bytes);
 
+// What `outcore estimate` (and the Python outcore.estimate) plans for besides the two files.
+struct EstimateInputs {
+  int64_t world_size = 1;
+  int64_t micro_batch = 0;  // 0: the config's train_micro_batch_size_per_gpu, else 1
+  int64_t seq_len = 0;      // 0: min(max_position_embeddings, 1024)
+  // Also on when the config's activation_checkpointing section asks for cpu_checkpointing,
+  // partition_activations or number_checkpoints.
+  bool activation_checkpointing = false;
+};
+
+// Resolves `cfg`'s "auto" values for `model` and `in` (config::resolve_auto) and returns the
+// ModelOptions to build the planned model with: micro batch, sequence length, parameter dtype
+// (fp16 / bf16 / fp32 from the config), activation checkpointing, world size. Throws
+// ConfigValidationError from resolve_auto. Shared by tools/outcore/cmd_estimate.cpp and
+// python/bindings/estimate_binding.cpp so that both plan the same thing.
+model::ModelOptions estimate_model_options(config::Config& cfg, const model::LlamaConfig& model,
+                                           const EstimateInputs& in);
+
 }  // namespace outcore::zero

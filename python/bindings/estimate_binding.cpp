@@ -1,5 +1,6 @@
 // outcore._outcore.estimate: the placement plan of a DeepSpeed config and a model, computed as
-// `outcore estimate` computes it (tools/outcore/cmd_estimate.cpp), returned as a dict.
+// `outcore estimate` computes it (zero::estimate_model_options, make_plan, system_limits,
+// check_fits), returned as a dict.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -33,12 +34,6 @@ config::ParsedConfig load_config(const JsonInput& in) {
 model::LlamaConfig load_model(const JsonInput& in) {
   return in.is_path ? model::LlamaConfig::load(in.path_or_text)
                     : model::LlamaConfig::from_json(in.path_or_text, in.source);
-}
-
-DType param_dtype(const config::Config& cfg) {
-  if (cfg.fp16.enabled.value_or(false)) return DType::F16;
-  if (cfg.bf16.enabled.value_or(false)) return DType::BF16;
-  return DType::F32;
 }
 
 py::dict tier_bytes(const zero::TierBytes& t) {
@@ -124,19 +119,12 @@ py::dict estimate(const JsonInput& cfg_in, const JsonInput& model_in, int64_t wo
   config::ParsedConfig parsed = load_config(cfg_in);
   config::Config& cfg = parsed.config;
   const model::LlamaConfig mc = load_model(model_in);
-  config::AutoContext ctx;
-  ctx.world_size = world_size;
-  ctx.hidden_size = mc.hidden_size;
-  if (micro_batch > 0) ctx.micro_batch_size = micro_batch;
-  config::resolve_auto(cfg, ctx);
-  model::ModelOptions mo;
-  mo.micro_batch = micro_batch > 0 ? micro_batch : cfg.train_micro_batch_size_per_gpu.value_or(1);
-  mo.seq_len = seq_len > 0 ? seq_len : std::min<int64_t>(mc.max_position_embeddings, 1024);
-  mo.param_dtype = param_dtype(cfg);
-  const config::ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
-  mo.activation_checkpointing = activation_checkpointing || ac.cpu_checkpointing ||
-                                ac.partition_activations || ac.number_checkpoints.has_value();
-  mo.world_size = static_cast<int>(world_size);
+  const model::ModelOptions mo =
+      zero::estimate_model_options(cfg, mc,
+                                   {.world_size = world_size,
+                                    .micro_batch = micro_batch,
+                                    .seq_len = seq_len,
+                                    .activation_checkpointing = activation_checkpointing});
   const model::LlamaModel model(mc, mo);
 
   const zero::Plan plan = zero::make_plan(cfg, model, {.world_size = static_cast<int>(world_size)});

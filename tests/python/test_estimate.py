@@ -3,6 +3,7 @@ dicts, as a dict; bad input raises ConfigError / IoError naming the source and J
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import unittest
 
@@ -83,6 +84,22 @@ class Estimate(unittest.TestCase):
         plan = outcore.estimate(os.path.join(SOURCE_DIR, "configs", "zero3_cpu_offload.json"),
                                 MODEL)
         self.assertEqual(plan["placement"]["stage"], 3)
+
+    def test_same_plan_as_the_outcore_estimate_command(self):
+        cli = os.environ.get("OUTCORE_CLI", "")
+        if not os.path.exists(cli):
+            self.skipTest(f"the outcore tool is not built ({cli or 'OUTCORE_CLI unset'})")
+        config = os.path.join(SOURCE_DIR, "configs", "zero3_nvme_infinity.json")
+        model = self.write("config.json", MODEL)
+        for world in (1, 2):
+            out = subprocess.run([cli, "estimate", "--config", config, "--model", model,
+                                  "--world-size", str(world), "--micro-batch", "2"],
+                                 capture_output=True, text=True)
+            plan = outcore.estimate(config, model, world_size=world, micro_batch=2)
+            # Limits (MemAvailable, free disk space) are read anew by each: compare the rest.
+            same = lambda text: [l.split("  limit ")[0] for l in text.splitlines()]
+            self.assertEqual(same(plan["table"]), same(out.stdout), out.stderr)
+            self.assertEqual(out.returncode, 0 if plan["fits"] else 2)
 
     def test_a_plan_that_does_not_fit_says_why(self):
         cfg = dict(CONFIG, zero_optimization={"stage": 0}, outcore={"device_memory_mb": 1})

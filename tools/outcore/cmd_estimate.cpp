@@ -45,12 +45,6 @@ int64_t positive(const std::string& text, const char* flag, int64_t fallback) {
   return v;
 }
 
-DType param_dtype(const config::Config& cfg) {
-  if (cfg.fp16.enabled.value_or(false)) return DType::F16;
-  if (cfg.bf16.enabled.value_or(false)) return DType::BF16;
-  return DType::F32;
-}
-
 int run_estimate(const EstimateArgs& a) {
   config::Config cfg;
   std::optional<model::LlamaModel> model;
@@ -65,20 +59,12 @@ int run_estimate(const EstimateArgs& a) {
     o.world_size = positive(a.world_size, "--world-size", 1);
     cfg = config::load_config_file(o.config_file).config;
     const model::LlamaConfig mc = model::LlamaConfig::load(o.model_file);
-    config::AutoContext ctx;
-    ctx.world_size = o.world_size;
-    ctx.hidden_size = mc.hidden_size;
-    if (o.micro_batch > 0) ctx.micro_batch_size = o.micro_batch;
-    config::resolve_auto(cfg, ctx);
-    model::ModelOptions mo;
-    mo.micro_batch =
-        o.micro_batch > 0 ? o.micro_batch : cfg.train_micro_batch_size_per_gpu.value_or(1);
-    mo.seq_len = o.seq_len > 0 ? o.seq_len : std::min<int64_t>(mc.max_position_embeddings, 1024);
-    mo.param_dtype = param_dtype(cfg);
-    const config::ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
-    mo.activation_checkpointing = a.activation_checkpointing || ac.cpu_checkpointing ||
-                                  ac.partition_activations || ac.number_checkpoints.has_value();
-    mo.world_size = static_cast<int>(o.world_size);
+    const model::ModelOptions mo =
+        zero::estimate_model_options(cfg, mc,
+                                     {.world_size = o.world_size,
+                                      .micro_batch = o.micro_batch,
+                                      .seq_len = o.seq_len,
+                                      .activation_checkpointing = a.activation_checkpointing});
     model.emplace(mc, mo);
   } catch (const Error& e) {  // unreadable or malformed input
     std::fprintf(stderr, "error: %s\n", e.what());

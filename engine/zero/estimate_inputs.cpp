@@ -1,0 +1,29 @@
+// The model shape `outcore estimate` and the Python outcore.estimate plan for (see plan.hpp).
+#include <algorithm>
+
+#include "engine/zero/plan.hpp"
+
+namespace outcore::zero {
+
+model::ModelOptions estimate_model_options(config::Config& cfg, const model::LlamaConfig& model,
+                                           const EstimateInputs& in) {
+  config::AutoContext ctx;
+  ctx.world_size = in.world_size;
+  ctx.hidden_size = model.hidden_size;
+  if (in.micro_batch > 0) ctx.micro_batch_size = in.micro_batch;
+  config::resolve_auto(cfg, ctx);
+  model::ModelOptions mo;
+  mo.micro_batch =
+      in.micro_batch > 0 ? in.micro_batch : cfg.train_micro_batch_size_per_gpu.value_or(1);
+  mo.seq_len = in.seq_len > 0 ? in.seq_len : std::min<int64_t>(model.max_position_embeddings, 1024);
+  mo.param_dtype = cfg.fp16.enabled.value_or(false)   ? DType::F16
+                   : cfg.bf16.enabled.value_or(false) ? DType::BF16
+                                                      : DType::F32;
+  const config::ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
+  mo.activation_checkpointing = in.activation_checkpointing || ac.cpu_checkpointing ||
+                                ac.partition_activations || ac.number_checkpoints.has_value();
+  mo.world_size = static_cast<int>(in.world_size);
+  return mo;
+}
+
+}  // namespace outcore::zero
