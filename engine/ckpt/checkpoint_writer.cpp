@@ -50,7 +50,8 @@ int64_t step_of_tag(const std::string& name) {
 
 // ---- SaveDir --------------------------------------------------------------------------------
 
-SaveDir::SaveDir(fs::path dir, int keep) : dir_(std::move(dir)), keep_(keep) {
+SaveDir::SaveDir(fs::path dir, int keep, bool primary)
+    : dir_(std::move(dir)), keep_(keep), primary_(primary) {
   if (keep_ < 0) throw InvalidArgument(fmt::format("--keep must be >= 0, got {}", keep_));
   std::error_code ec;
   if (fs::exists(dir_, ec) && !fs::is_directory(dir_, ec))
@@ -58,6 +59,7 @@ SaveDir::SaveDir(fs::path dir, int keep) : dir_(std::move(dir)), keep_(keep) {
         fmt::format("save directory {}: exists and is not a directory", dir_.string()));
   fs::create_directories(dir_, ec);
   if (ec) throw IoError(dir_.string(), ec.value(), "create checkpoint directory");
+  if (!primary_) return;
   const fs::path lock = dir_ / ".lock";
   lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd_ < 0) throw IoError(lock.string(), errno, "open checkpoint lock");
@@ -98,7 +100,7 @@ void SaveDir::set_latest(const std::string& tag, const WriterOptions& hooks) {
 }
 
 void SaveDir::prune() {
-  if (keep_ <= 0) return;
+  if (keep_ <= 0 || !primary_) return;
   const std::optional<std::string> current = latest();
   std::vector<std::pair<int64_t, fs::path>> found;
   for (const fs::directory_entry& e : fs::directory_iterator(dir_)) {
@@ -211,8 +213,10 @@ int CheckpointWriter::add_data_file(std::string rel_path, int rank, std::string_
 void CheckpointWriter::prepare() {
   Impl& m = *impl_;
   if (m.prepared) throw InvalidArgument("checkpoint writer: prepare() twice");
+  const SaveGroup* group = m.options.group;
+  const bool lead = group == nullptr || group->rank == 0;
   std::error_code ec;
-  fs::remove_all(m.tmp, ec);
+  if (lead) fs::remove_all(m.tmp, ec);
   uint64_t need = 0, max_seg = 0;
   for (const auto& [p, t] : m.texts) need += t.size() + kAlign;
   for (const Impl::DataFile& f : m.files) {
@@ -227,8 +231,11 @@ void CheckpointWriter::prepare() {
                     fmt::format("save checkpoint {} ({} bytes needed, {} bytes free)", m.tag, need,
                                 free_bytes));
   }
-  fs::create_directories(m.tmp, ec);
-  if (ec) throw IoError(m.tmp.string(), ec.value(), "create checkpoint directory");
+  if (lead) {
+    fs::create_directories(m.tmp, ec);
+    if (ec) throw IoError(m.tmp.string(), ec.value(), "create checkpoint directory");
+  }
+  if (group != nullptr) group->barrier();  // <tag>.tmp exists, fresh, before any rank writes
   m.engine = std::make_unique<aio::Engine>(m.options.aio, m.options.backend);
   AlignedBuffer header(kAlign);
   for (Impl::DataFile& f : m.files) {
@@ -317,6 +324,8 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
              std::chrono::duration<double>(tw - m.t0).count());
   manifest.tag = m.tag;
   manifest.files.clear();
+  const SaveGroup* group = m.options.group;
+  const bool lead = group == nullptr || group->rank == 0;
   uint64_t total = 0;
   for (const auto& [rel, text] : m.texts) {
     write_file_durably(m.tmp / rel, text);
@@ -339,6 +348,40 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   }
   log::debug("checkpoint {}: data files synced after {:.3f} s", m.tag,
              std::chrono::duration<double>(std::chrono::steady_clock::now() - m.t0).count());
+  const fs::path final_dir = m.dir.path() / m.tag;
+  if (group != nullptr) {
+    // Every rank's data files into rank 0's manifest, then rank 0 commits while the others
+    // wait for it: a checkpoint exists for all ranks or for none.
+    const std::vector<std::string> all = group->all_gather(manifest.to_json().dump());
+    if (!lead) {
+      group->barrier();
+      m.committed = true;
+      SaveResult r;
+      r.tag = m.tag;
+      r.path = final_dir;
+      r.bytes = total;
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - m.t0).count();
+      r.write_seconds = std::chrono::duration<double>(tw - m.t0).count();
+      return r;
+    }
+    manifest.files.clear();
+    for (const auto& [rel, text] : m.texts) {
+      FileInfo fi;
+      fi.path = rel;
+      fi.bytes = text.size();
+      fi.crc32c = crc32c(std::as_bytes(std::span(text.data(), text.size())));
+      manifest.files.push_back(std::move(fi));
+    }
+    for (size_t r = 0; r < all.size(); ++r) {
+      const std::string source = fmt::format("rank {}'s files of checkpoint {}", r, m.tag);
+      const Manifest theirs = Manifest::from_json(nlohmann::json::parse(all[r]), source);
+      for (const FileInfo& f : theirs.files) {
+        if (f.rank < 0) continue;  // text files: rank 0's, added above
+        if (r != 0) total += f.bytes;
+        manifest.files.push_back(f);
+      }
+    }
+  }
   const std::string text = manifest_text(manifest);
   write_file_durably(m.tmp / kManifestName, text);
   total += text.size();
@@ -348,7 +391,6 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   fsync_dir(m.tmp);
   if (m.options.crash_at == "before-rename") crash_now("before-rename");
 
-  const fs::path final_dir = m.dir.path() / m.tag;
   const fs::path old = m.dir.path() / (m.tag + ".old");
   std::error_code ec;
   if (fs::exists(final_dir)) {
@@ -360,6 +402,7 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   fs::remove_all(old, ec);
   m.dir.set_latest(m.tag, m.options);
   m.dir.prune();
+  if (group != nullptr) group->barrier();  // the other ranks return once it is committed
 
   SaveResult r;
   r.tag = m.tag;

@@ -108,8 +108,22 @@ Manifest parse_manifest(std::string_view text, const std::string& source);
 // ---------------------------------------------------------------------------------------------
 // Writing.
 
+// Several processes saving one checkpoint together (data-parallel ranks): each writes its own
+// data files into the same <tag>.tmp; rank 0 also writes the text files and the manifest (with
+// every rank's files) and commits. Both callbacks are collective: every rank calls them in
+// the same order. A rank that fails must end the job (the others would wait for it).
+struct SaveGroup {
+  int rank = 0;
+  int world = 1;
+  std::function<void()> barrier;
+  // Every rank's `mine`, in rank order, returned on every rank.
+  std::function<std::vector<std::string>(const std::string& mine)> all_gather;
+};
+
 struct WriterOptions {
   aio::Options aio;                         // I/O engine settings (block size, queue depth)
+  // Null: this process writes the whole checkpoint. Not owned.
+  const SaveGroup* group = nullptr;
   std::shared_ptr<aio::IoBackend> backend;  // nullptr: io_uring; tests inject faults
   // Savers cut each array into segments of at most this many elements (32 MiB of fp32), so
   // the writer's staging is a few pieces whatever the size of a unit.
@@ -126,7 +140,10 @@ struct WriterOptions {
 // named in one warning). `keep` > 0 keeps only the newest `keep` checkpoints after each save.
 class SaveDir {
  public:
-  explicit SaveDir(std::filesystem::path dir, int keep = 0);
+  // `primary` false: a data-parallel rank other than 0, which writes its files into
+  // checkpoints rank 0 commits: no lock, no clean-up, no `latest`, no pruning (rank 0 does
+  // them, and must have opened the directory first).
+  explicit SaveDir(std::filesystem::path dir, int keep = 0, bool primary = true);
   ~SaveDir();
   SaveDir(const SaveDir&) = delete;
   SaveDir& operator=(const SaveDir&) = delete;
@@ -145,6 +162,7 @@ class SaveDir {
   std::filesystem::path dir_;
   int keep_ = 0;
   int lock_fd_ = -1;
+  bool primary_ = true;
 };
 
 struct SaveResult {

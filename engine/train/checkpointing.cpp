@@ -25,8 +25,11 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
                                         zero::ZeroEngine& engine, int rank, int world_size,
                                         int zero_stage, const CheckpointTexts& texts,
                                         const ckpt::WriterOptions& options) {
-  if (world_size != 1)
-    throw InvalidArgument("checkpoints of more than one rank are not supported yet");
+  if (world_size != 1 && (options.group == nullptr || options.group->world != world_size ||
+                          options.group->rank != rank))
+    throw InvalidArgument(fmt::format(
+        "checkpoint of rank {} of {}: the ranks save together (WriterOptions::group)", rank,
+        world_size));
   const model::ModelLayout& layout = engine.model().layout();
   const int units = engine.model().num_units();
   const DType pdt = engine.param_dtype();
@@ -34,9 +37,11 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
   const uint64_t piece_elems = options.piece_elems;
   if (piece_elems == 0) throw InvalidArgument("checkpoint: piece_elems must be > 0");
   ckpt::CheckpointWriter w(dir, tag, options, kStagingSlots);
-  w.add_text_file("ds_config.json", texts.ds_config);
-  w.add_text_file("config.json", texts.model_config);
-  w.add_text_file("trainer_state.json", texts.trainer_state);
+  if (rank == 0) {  // the files every rank shares
+    w.add_text_file("ds_config.json", texts.ds_config);
+    w.add_text_file("config.json", texts.model_config);
+    w.add_text_file("trainer_state.json", texts.trainer_state);
+  }
 
   // Each unit's partition in pieces of piece_elems: optimizer.bin holds, per piece, its master
   // weights, exp_avg and exp_avg_sq; model.bin the piece's parameters.

@@ -125,8 +125,19 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
       check_same_model(model::LlamaConfig::load(theirs), model_config, opts_.init_from);
     init_weights.emplace(ckpt::HfWeights::open(opts_.init_from, model_config));
   }
-  if (!opts_.save_dir.empty())
-    save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, opts_.keep);
+  if (!opts_.save_dir.empty()) {
+    // Rank 0 locks and cleans the directory before the other ranks use it.
+    if (rank() == 0) save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, opts_.keep);
+    if (world_size() > 1) {
+      control().barrier();
+      if (rank() != 0)
+        save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, opts_.keep, false);
+      save_group_.rank = rank();
+      save_group_.world = world_size();
+      save_group_.barrier = [this] { control().barrier(); };
+      save_group_.all_gather = [this](const std::string& mine) { return gather_strings(mine); };
+    }
+  }
   zero::EngineOptions eo = opts_.engine;
   if (eo.stop_requested == nullptr) eo.stop_requested = opts_.stop_requested;
   engine_ = std::make_unique<zero::ZeroEngine>(cfg_, *model_, devices_->device, *devices_->comm,
@@ -148,6 +159,23 @@ int Trainer::world_size() const { return devices_->comm->world_size(); }
 int Trainer::rank() const { return devices_->comm->rank(); }
 comm::Comm& Trainer::comm() const { return *devices_->comm; }
 comm::Comm& Trainer::control() const { return *devices_->control; }
+
+std::vector<std::string> Trainer::gather_strings(const std::string& mine) const {
+  const size_t w = static_cast<size_t>(world_size());
+  uint64_t len = mine.size();
+  std::vector<uint64_t> lens(w);
+  control().all_gather_bytes(std::as_bytes(std::span<const uint64_t>(&len, 1)),
+                             std::as_writable_bytes(std::span<uint64_t>(lens)));
+  const size_t longest = *std::max_element(lens.begin(), lens.end());
+  std::string padded = mine;
+  padded.resize(longest);
+  std::vector<std::byte> all(w * longest);
+  control().all_gather_bytes(std::as_bytes(std::span<const char>(padded.data(), longest)), all);
+  std::vector<std::string> out;
+  for (size_t r = 0; r < w; ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all.data()) + r * longest, lens[r]);
+  return out;
+}
 
 double Trainer::sum_in_global_order(std::span<const float> values, int64_t count) const {
   const size_t w = static_cast<size_t>(world_size());
@@ -212,18 +240,29 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
     const int64_t seq = resume_state_.at("seq_len").get<int64_t>();
     const int world = resume_state_.at("world_size").get<int>();
     const int64_t micro_now = cfg_.train_micro_batch_size_per_gpu.value();
-    if (micro != micro_now || seq != seq_len || world != 1)
+    const int world_now = opts_.comm != nullptr ? opts_.comm->world_size() : 1;
+    // The data position counts micro-batches of micro x world sequences: it carries over to
+    // another world size when the sequences consumed fill whole micro-batches of the new one.
+    const uint64_t step_in_epoch =
+        resume_state_.at("data").at("step").get<uint64_t>() * static_cast<uint64_t>(world);
+    if (micro != micro_now || seq != seq_len ||
+        step_in_epoch % static_cast<uint64_t>(world_now) != 0)
       throw InvalidArgument(fmt::format(
-          "{}: saved with micro-batch {} x sequence length {} x world size {}; this run has {} x "
-          "{} x 1: the data position cannot carry over",
-          src, micro, seq, world, micro_now, seq_len));
+          "{}: saved with micro-batch {} x sequence length {} x world size {} ({} micro-batches "
+          "into the epoch); this run has {} x {} x {}: the data position cannot carry over",
+          src, micro, seq, world, step_in_epoch, micro_now, seq_len, world_now));
+    resume_state_["data"]["step"] = step_in_epoch / static_cast<uint64_t>(world_now);
+    const int64_t gas_then = resume_state_.at("gradient_accumulation_steps").get<int64_t>();
+    if (gas_then * world != gas_ * world_now)
+      log::warn(
+          "resuming with {} micro-batches per step (gas {} x world {}); the checkpoint used {} "
+          "(gas {} x world {}): the run continues with a different batch",
+          gas_ * world_now, gas_, world_now, gas_then * world, gas_then, world);
     const uint64_t seed = resume_state_.at("seed").get<uint64_t>();
     if (seed != opts_.seed)
       log::warn("resuming with the checkpoint's seed {} (data order), not {}", seed, opts_.seed);
     opts_.seed = seed;
-    const int64_t gas = resume_state_.at("gradient_accumulation_steps").get<int64_t>();
-    if (gas != gas_)
-      log::warn("resuming with gradient_accumulation_steps {} (the checkpoint used {})", gas_, gas);
+
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
   }
@@ -269,6 +308,7 @@ ckpt::SaveResult Trainer::save_checkpoint() {
                         state_json().dump(2) + "\n"};
   ckpt::WriterOptions wo = opts_.checkpoint_io;
   wo.aio = zero::aio_options(cfg_.aio);
+  if (world_size() > 1) wo.group = &save_group_;
   ckpt::SaveResult r = save_engine_checkpoint(
       *save_dir_, ckpt::tag_for_step(steps_done_), steps_done_, *engine_, rank(), world_size(),
       cfg_.zero_optimization.stage, texts, wo);
@@ -423,7 +463,7 @@ TrainResult Trainer::run() {
                     r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0.0);
     if (display) {
       display->message(msg);
-    } else {
+    } else if (rank() == 0) {  // rank 0 speaks for the job
       log::info("{}", msg);
     }
     res.checkpoints.push_back(std::move(r));

@@ -113,8 +113,11 @@ struct TrainerOptions {
   // Resume from a checkpoint directory, or a save directory whose `latest` names one: every
   // file is verified (sizes, CRCs) before anything is built, then the engine's state, the step
   // count, the lr schedule, the loss scaler and the data position are restored. The config may
-  // place the state differently (stage, offload, budgets); the model, micro-batch, sequence
-  // length and world size must match (InvalidArgument naming both values otherwise).
+  // place the state differently (stage, offload, budgets) and the world size may differ (the
+  // flat slabs are re-sliced; the data position must fill whole micro-batches of the new
+  // world); the model, micro-batch and sequence length must match (InvalidArgument naming
+  // both values otherwise). With micro x gas x world unchanged the resumed run is
+  // bit-identical to an uninterrupted one.
   std::string resume_from;
   // Start from a Hugging Face directory's weights (config.json + safetensors) instead of a
   // random initialisation. Exclusive with resume_from.
@@ -208,6 +211,9 @@ class Trainer {
   // Sum of per-rank values gathered in global micro-batch order: values[k] of rank r is
   // global item k*W + r; only the first `count` global items are added (in double).
   double sum_in_global_order(std::span<const float> values, int64_t count) const;
+  // Every rank's string, in rank order (collective over the control Comm).
+  std::vector<std::string> gather_strings(const std::string& mine) const;
+  ckpt::SaveGroup save_group_;  // the ranks saving together (world > 1)
   // The metrics file's first record: {"type":"start", config, model, run facts}.
   nlohmann::ordered_json start_record() const;
 

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -58,6 +59,11 @@ int count_bin_files(const fs::path& dir) {
   return n;
 }
 
+class DataParallel;
+struct DataParallelFiles {
+  static std::string train();
+};
+
 class DataParallel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -75,21 +81,21 @@ class DataParallel : public ::testing::Test {
   }
 
   // Runs dp_worker at world `np` (1: without mpirun) and returns its result file's bytes.
-  std::string train(const std::string& name, int np, int gas, int steps = 10) {
-    const std::string tag = fmt::format("{}_w{}_g{}", name, np, gas);
+  std::string train(const std::string& name, int np, int gas, int steps = 10,
+                    const std::string& extra = "") {
+    const std::string tag = fmt::format("{}_w{}_g{}{}", name, np, gas, extra.empty() ? "" : "_x");
     const std::string swap = dir_->file("swap_" + tag), out = dir_->file(tag + ".bin");
     fs::create_directories(swap);
     const std::string cmd = fmt::format(
-        "{} {} --case {} --gas {} --steps {} --train {} --val {} --swap {} --out {}",
+        "{} {} --case {} --gas {} --steps {} --train {} --val {} --swap {} --out {} {}",
         np > 1 ? mpirun(np) : std::string("timeout 300"), OUTCORE_DP_WORKER, name, gas, steps,
-        files_->train, files_->val, swap, out);
+        files_->train, files_->val, swap, out, extra);
     std::string output;
     const int rc = run_command(cmd, output);
     if (np > 1 && output.find(fmt::format("rank {} of {} started", np - 1, np)) ==
                       std::string::npos)
       ADD_FAILURE() << "mpirun could not start " << np << " ranks (rc " << rc << "):\n" << output;
     EXPECT_EQ(rc, 0) << cmd << "\n" << output;
-    if (std::getenv("OUTCORE_TEST_VERBOSE") != nullptr) std::printf("%s\n%s\n", cmd.c_str(), output.c_str());
     EXPECT_EQ(count_bin_files(swap), 0) << "swap files left under " << swap;
     return read_all(out);
   }
@@ -104,12 +110,39 @@ class DataParallel : public ::testing::Test {
                              << " differs from world 1 x gas " << world * gas;
   }
 
+  // A checkpoint saved by `from_world` ranks after `at` of 10 steps, resumed by `to_world`
+  // ranks with the same global batch: the resumed steps, validation and weights equal the
+  // uninterrupted run's.
+  void expect_resume_across_worlds(const std::string& name, int from_world, int to_world,
+                                   int micro_batches, int at) {
+    if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+    const std::string save = dir_->file(fmt::format("ckpt_{}_{}_{}", name, from_world, to_world));
+    const std::string whole = train(name, from_world, micro_batches / from_world, 10,
+                                    fmt::format("--save-dir {} --save-every {}", save, at));
+    ASSERT_TRUE(fs::exists(fs::path(save) / fmt::format("global_step{}", at) / "manifest.json"));
+    for (int r = 0; r < from_world; ++r)
+      EXPECT_TRUE(fs::exists(fs::path(save) / fmt::format("global_step{}", at) /
+                             fmt::format("rank{}", r) / "optimizer.bin"));
+    const std::string resumed =
+        train(name, to_world, micro_batches / to_world, 10,
+              fmt::format("--resume {}/global_step{}", save, at));
+    const size_t skip = static_cast<size_t>(at) * 2 * sizeof(double);
+    ASSERT_GT(whole.size(), skip);
+    EXPECT_TRUE(whole.substr(skip) == resumed)
+        << name << ": resumed at world " << to_world << " from world " << from_world
+        << " differs from the uninterrupted run";
+  }
+
   static TempDir* dir_;
   static DemoDatasetFiles* files_;
   static bool have_mpirun_;
+
+ public:
+  static std::string train_file() { return files_->train; }
 };
 
 TempDir* DataParallel::dir_ = nullptr;
+std::string DataParallelFiles::train() { return DataParallel::train_file(); }
 DemoDatasetFiles* DataParallel::files_ = nullptr;
 bool DataParallel::have_mpirun_ = false;
 
@@ -118,6 +151,139 @@ TEST_F(DataParallel, Stage2CpuBf16World3MatchesWorld1) { expect_same("s2_cpu_bf1
 TEST_F(DataParallel, Stage3NvmeWorld2MatchesWorld1) { expect_same("s3_nvme_fp32", 2, 1); }
 TEST_F(DataParallel, Stage3NvmeBf16World3MatchesWorld1) { expect_same("s3_nvme_bf16", 3, 2); }
 TEST_F(DataParallel, Stage0Fp16WithOverflowWorld2MatchesWorld1) { expect_same("s0_fp16", 2, 1); }
+
+// `outcore train` under mpirun, 2 ranks, stage 3 with parameters and optimizer state in swap
+// files; `strike(rank 1's pid, swap dir)` is called once the run has taken a few steps.
+// Returns mpirun's exit status and output.
+template <typename Strike>
+int run_cli_job(const fs::path& work, Strike&& strike, std::string& output,
+                const std::string& extra = "") {
+  const fs::path swap = work / "swap";
+  fs::create_directories(swap);
+  std::ofstream(work / "model.json") << R"({"hidden_size": 64, "intermediate_size": 176,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 256, "max_position_embeddings": 128, "rms_norm_eps": 1e-5})";
+  std::ofstream(work / "ds.json") << fmt::format(R"({{"train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 1, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}},
+    "zero_optimization": {{"stage": 3,
+      "offload_param": {{"device": "nvme", "nvme_path": "{0}", "max_in_cpu": 0}},
+      "offload_optimizer": {{"device": "nvme", "nvme_path": "{0}"}}}}}})",
+                                                 swap.string());
+  const std::string metrics = (work / "metrics.jsonl").string();
+  int rc = -1;
+  std::thread job([&] {
+    rc = run_command(
+        fmt::format("timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "
+                    "{} train --config {} --model {} --data {} --seq-len 32 --steps 1000000 "
+                    "--metrics {} {}",
+                    OUTCORE_CLI, (work / "ds.json").string(), (work / "model.json").string(),
+                    DataParallelFiles::train(), metrics, extra),
+        output);
+  });
+  // Rank 1: the outcore process whose environment says OMPI_COMM_WORLD_RANK=1 and whose
+  // command line names this job's metrics file, once the run has taken a few steps.
+  pid_t victim = 0, launcher = 0;
+  for (int i = 0; i < 600 && victim == 0 && rc == -1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string text = read_all(metrics);
+    if (std::count(text.begin(), text.end(), '\n') < 4) continue;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const std::string cmd = read_all((e.path() / "cmdline").string());
+      const std::string env = read_all((e.path() / "environ").string());
+      if (cmd.rfind("mpirun", 0) == 0 && cmd.find(metrics) != std::string::npos)
+        launcher = std::stoi(name);
+      if (cmd.find(metrics) != std::string::npos && cmd.find("mpirun") == std::string::npos &&
+          env.find(std::string("OMPI_COMM_WORLD_RANK=1") + '\0') != std::string::npos)
+        victim = std::stoi(name);
+    }
+  }
+  if (victim != 0) strike(victim, launcher, swap);
+  job.join();
+  if (victim == 0) ADD_FAILURE() << "rank 1 never appeared or never trained:\n" << output;
+  return rc;
+}
+
+// A rank whose swap files are cut short (as a failing drive would) fails with an I/O error
+// naming itself, and ends the job: every rank exits non-zero (no hang: `timeout` would answer
+// 124) and neither leaves a swap file.
+TEST_F(DataParallel, FailingRankEndsEveryRankAndLeavesNoSwapFiles) {
+  if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+  const fs::path work = dir_->file("failing");
+  std::string output;
+  const int rc = run_cli_job(
+      work,
+      [](pid_t, pid_t, const fs::path& swap) {
+        for (const auto& e : fs::recursive_directory_iterator(swap / "outcore_swap" / "rank1"))
+          if (e.is_regular_file() && e.path().extension() == ".bin")
+            fs::resize_file(e.path(), 4096);
+      },
+      output);
+  EXPECT_NE(rc, 0) << output;
+  EXPECT_NE(rc, 124) << "the job hung after a rank failed:\n" << output;
+  EXPECT_NE(output.find("error: rank 1 of 2:"), std::string::npos) << output;
+  EXPECT_EQ(count_bin_files(work / "swap"), 0) << "swap files left:\n" << output;
+}
+
+// A rank killed by SIGKILL mid-run: mpirun ends the job, the survivor exits non-zero and
+// removes its swap files (the killed rank cannot).
+TEST_F(DataParallel, KilledRankEndsTheJobAndTheSurvivorRemovesItsSwapFiles) {
+  if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+  const fs::path work = dir_->file("killed");
+  std::string output;
+  const int rc =
+      run_cli_job(work, [](pid_t victim, pid_t, const fs::path&) { ::kill(victim, SIGKILL); },
+                  output);
+  EXPECT_NE(rc, 0) << output;
+  EXPECT_NE(rc, 124) << "the job hung after rank 1 was killed:\n" << output;
+  EXPECT_EQ(count_bin_files(work / "swap" / "outcore_swap" / "rank0"), 0)
+      << "the surviving rank left swap files:\n" << output;
+  EXPECT_GT(count_bin_files(work / "swap" / "outcore_swap" / "rank1"), 0)
+      << "the killed rank cannot have removed its files: was it killed at all?";
+}
+
+// SIGUSR1 to mpirun (which forwards it to every rank): all ranks stop after the same step,
+// save one checkpoint together, remove their swap files and exit 130.
+TEST_F(DataParallel, Sigusr1ToMpirunStopsEveryRankCleanlyWithACheckpoint) {
+  if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+  const fs::path work = dir_->file("usr1");
+  std::string output;
+  const int rc = run_cli_job(
+      work, [](pid_t, pid_t launcher, const fs::path&) { ::kill(launcher, SIGUSR1); }, output,
+      fmt::format("--save-dir {}", (work / "ckpt").string()));
+  EXPECT_EQ(rc, 130) << output;
+  EXPECT_EQ(count_bin_files(work / "swap"), 0) << output;
+  const std::string latest = read_all((work / "ckpt" / "latest").string());
+  ASSERT_FALSE(latest.empty()) << output;
+  const fs::path ck = work / "ckpt" / latest.substr(0, latest.find('\n'));
+  EXPECT_TRUE(fs::exists(ck / "rank0" / "optimizer.bin")) << output;
+  EXPECT_TRUE(fs::exists(ck / "rank1" / "optimizer.bin")) << output;
+  EXPECT_NE(output.find("stopped after"), std::string::npos) << output;
+}
+
+// Ctrl-C on mpirun: mpirun sends SIGTERM to every rank and SIGKILL a second later; the ranks
+// remove their swap files at once, so nothing is left whichever signal ends them.
+TEST_F(DataParallel, SigintToMpirunLeavesNoSwapFiles) {
+  if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+  const fs::path work = dir_->file("sigint");
+  std::string output;
+  const int rc = run_cli_job(
+      work, [](pid_t, pid_t launcher, const fs::path&) { ::kill(launcher, SIGINT); }, output);
+  EXPECT_NE(rc, 0) << output;
+  EXPECT_NE(rc, 124) << output;
+  EXPECT_EQ(count_bin_files(work / "swap"), 0) << output;
+}
+
+TEST_F(DataParallel, CheckpointOfTwoRanksResumesOnOne) {
+  expect_resume_across_worlds("s2_cpu_bf16", 2, 1, 2, 6);
+}
+TEST_F(DataParallel, CheckpointOfOneRankResumesOnTwoWithNvmeState) {
+  expect_resume_across_worlds("s3_nvme_fp32", 1, 2, 2, 4);
+}
+TEST_F(DataParallel, CheckpointOfThreeRanksResumesOnTwo) {
+  expect_resume_across_worlds("s1_nvme_fp32", 3, 2, 6, 4);
+}
 
 }  // namespace
 }  // namespace outcore::train::testing

@@ -6,7 +6,7 @@
 // step. Exit 0 when done, 3 when the traffic differs from the plan.
 //
 //   dp_worker --case s3_nvme_fp32 --gas 2 --steps 10 --train T --val V --swap DIR --out FILE
-//             [--fail-rank R --fail-step K]   (rank R throws an I/O error at step K)
+//             [--save-dir D --save-every K] [--resume CKPT]
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "engine/comm/mpi_comm.hpp"
@@ -27,10 +28,9 @@ namespace outcore::train::testing {
 namespace {
 
 struct Args {
-  std::string name, train, val, swap, out;
+  std::string name, train, val, swap, out, save_dir, resume;
+  int64_t save_every = 0;
   int64_t gas = 1, steps = 10;
-  int fail_rank = -1;
-  int64_t fail_step = -1;
 };
 
 nlohmann::json case_patch(const std::string& name, const std::string& swap, int64_t gas) {
@@ -67,6 +67,9 @@ void put(std::ofstream& f, const T& v) {
   f.write(reinterpret_cast<const char*>(&v), sizeof v);
 }
 
+int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl);
+
+// As `outcore train` does: a rank that fails removes its swap files and ends the job.
 int run(const Args& a) {
   comm::LocalComm local, local_control;
   std::unique_ptr<comm::MpiComm> mpi, mpi_control;
@@ -78,9 +81,22 @@ int run(const Args& a) {
     c = mpi.get();
     ctl = mpi_control.get();
   }
-  const int rank = c->rank(), world = c->world_size();
-  std::printf("dp_worker: rank %d of %d started\n", rank, world);
+  std::printf("dp_worker: rank %d of %d started\n", c->rank(), c->world_size());
   std::fflush(stdout);
+  try {
+    return train_and_write(a, c, ctl);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dp_worker: rank %d of %d: error: %s\n", c->rank(), c->world_size(),
+                 e.what());
+    std::fflush(stderr);
+    cleanup::remove_registered_files();
+    c->abort(1);
+    return 1;
+  }
+}
+
+int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
+  const int rank = c->rank(), world = c->world_size();
 
   // Stage 3 gets a model whose state (42 MiB) is several times the device budget per rank.
   nlohmann::json mj = tiny_model_json();
@@ -108,6 +124,9 @@ int run(const Args& a) {
   o.engine.cpu_threads = 1;
   o.comm = c;
   o.control_comm = ctl;
+  o.save_dir = a.save_dir;
+  o.save_every = a.save_every;
+  o.resume_from = a.resume;
   std::vector<double> losses, norms;
   int bad_traffic = 0;
   std::unique_ptr<Trainer> tr;
@@ -125,8 +144,6 @@ int run(const Args& a) {
       bad_traffic = 1;
     }
     last_sent = sent;
-    if (rank == a.fail_rank && m.step == a.fail_step)
-      throw IoError(a.swap, EIO, "injected failure of this rank");
   };
   tr = std::make_unique<Trainer>(cfg, mc, o);
   last_sent = c->traffic().total();
@@ -170,8 +187,9 @@ int main(int argc, char** argv) {
     else if (k == "--val") a.val = v;
     else if (k == "--swap") a.swap = v;
     else if (k == "--out") a.out = v;
-    else if (k == "--fail-rank") a.fail_rank = std::stoi(v);
-    else if (k == "--fail-step") a.fail_step = std::stoll(v);
+    else if (k == "--save-dir") a.save_dir = v;
+    else if (k == "--save-every") a.save_every = std::stoll(v);
+    else if (k == "--resume") a.resume = v;
   }
   try {
     return outcore::train::testing::run(a);
