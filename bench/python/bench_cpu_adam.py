@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """outcore.optim.CPUAdam from Python against the C++ benchmark (bench_cpu_adam, same kernel,
-same N, same threads, run as a subprocess in this run), against the bare binding call (the
+same N, same threads, run as a subprocess before and after the Python part), against the bare binding call (the
 kernel through outcore._outcore.adam_step, timed in pairs with CPUAdam.step), and against
 torch.optim.AdamW(foreach=True). fp32, DeepSpeed formula, weight decay 0.01, no copy-out.
 Best of --reps for each.
@@ -50,7 +50,7 @@ def main():
     import outcore
     from outcore import _outcore
 
-    cxx = cxx_bench(a.build, a.n, a.threads, a.reps) * 1e9
+    cxx_before = cxx_bench(a.build, a.n, a.threads, a.reps) * 1e9
 
     torch.set_num_threads(a.threads)
     g = torch.Generator().manual_seed(0)
@@ -80,17 +80,23 @@ def main():
     ref.step()
     t_torch = best_of(max(3, a.reps // 2), ref.step)
 
+    # The C++ benchmark again, after: the better of the two runs is the reference, so a load
+    # spike during one of them does not pass for binding overhead.
+    cxx_after = cxx_bench(a.build, a.n, a.threads, a.reps) * 1e9
+    cxx = max(cxx_before, cxx_after)
     ours = a.n / t_opt
     print(f"bench_cpu_adam.py: n = {a.n} fp32 params, {a.threads} thread(s), best of {a.reps}, "
           f"ISA {_outcore.active_isa()}, torch {torch.__version__}")
-    print(f"{'':44s} {'G params/s':>10s} {'CPUAdam / this':>15s}")
+    print(f"{'':46s} {'G params/s':>10s} {'CPUAdam / this':>15s}")
     rows = [("outcore.optim.CPUAdam.step (Python)", ours),
-            ("bench_cpu_adam (C++, same kernel)", cxx),
+            ("bench_cpu_adam (C++, same kernel), before", cxx_before),
+            ("bench_cpu_adam (C++, same kernel), after", cxx_after),
             ("_outcore.adam_step (bare binding call)", a.n / t_bare),
             ("torch.optim.AdamW(foreach=True)", a.n / t_torch)]
     for name, rate in rows:
-        print(f"{name:44s} {rate / 1e9:10.3f} {ours / rate:14.3f}x")
-    print(f"binding overhead against the C++ benchmark: {100 * (1 - ours / cxx):+.2f}% "
+        print(f"{name:46s} {rate / 1e9:10.3f} {ours / rate:14.3f}x")
+    print(f"binding overhead against the better C++ run: {100 * (1 - ours / cxx):+.2f}%, "
+          f"against the bare call in this process: {100 * (1 - t_bare / t_opt):+.2f}% "
           f"(negative: faster)")
     return 0
 
