@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdint>
 
 #include "common/error.hpp"
@@ -18,8 +19,20 @@ CommTraffic Comm::traffic() const {
   t.all_reduce = sent_[3].load(std::memory_order_relaxed);
   t.broadcast = sent_[4].load(std::memory_order_relaxed);
   t.calls = calls_.load(std::memory_order_relaxed);
+  t.seconds = static_cast<double>(ns_.load(std::memory_order_relaxed)) * 1e-9;
   return t;
 }
+
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Comm::Timed::Timed(Comm& c) : c_(c), start_ns_(now_ns()) {}
+Comm::Timed::~Timed() { c_.ns_.fetch_add(now_ns() - start_ns_, std::memory_order_relaxed); }
 
 void Comm::count(Kind kind, uint64_t bytes) {
   calls_.fetch_add(1, std::memory_order_relaxed);

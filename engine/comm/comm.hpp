@@ -46,6 +46,7 @@ struct CommTraffic {
   uint64_t all_reduce = 0;
   uint64_t broadcast = 0;
   uint64_t calls = 0;  // collectives called (barriers included)
+  double seconds = 0;  // wall time spent inside collectives (where the implementation times them)
   uint64_t total() const { return all_gather + reduce_scatter + all_to_all + all_reduce + broadcast; }
 };
 
@@ -110,10 +111,23 @@ class Comm {
   enum class Kind { kAllGather, kReduceScatter, kAllToAll, kAllReduce, kBroadcast, kBarrier };
   // Implementations call this once per collective with the bytes this rank sends.
   void count(Kind kind, uint64_t bytes);
+  // Adds the wall time from its construction to its destruction to CommTraffic::seconds.
+  class Timed {
+   public:
+    explicit Timed(Comm& c);
+    ~Timed();
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    Comm& c_;
+    int64_t start_ns_;
+  };
 
  private:
   std::atomic<uint64_t> sent_[5] = {};
   std::atomic<uint64_t> calls_{0};
+  std::atomic<int64_t> ns_{0};
 };
 
 // Argument checks shared by implementations; each throws InvalidArgument naming `what`.

@@ -180,6 +180,7 @@ void MpiComm::all_gather(std::span<const float> send, std::span<float> recv) {
   detail::check_gather("all_gather", send.data(), send.size_bytes(), recv.data(), recv.size_bytes(),
                        state_->rank, state_->world);
   count(Kind::kAllGather, others() * send.size_bytes());
+  const Timed timed(*this);
   state_->all_gather(send.data(), recv.data(), send.size());
 }
 
@@ -187,6 +188,7 @@ void MpiComm::all_gather_bytes(std::span<const std::byte> send, std::span<std::b
   detail::check_gather("all_gather_bytes", send.data(), send.size_bytes(), recv.data(),
                        recv.size_bytes(), state_->rank, state_->world);
   count(Kind::kAllGather, others() * send.size_bytes());
+  const Timed timed(*this);
   state_->all_gather(send.data(), recv.data(), send.size());
 }
 
@@ -194,28 +196,33 @@ void MpiComm::reduce_scatter(std::span<const float> send, std::span<float> recv,
   detail::check_scatter("reduce_scatter", send.data(), send.size_bytes(), recv.data(),
                         recv.size_bytes(), state_->rank, state_->world);
   count(Kind::kReduceScatter, others() * recv.size_bytes());
+  const Timed timed(*this);
   state_->reduce_scatter(send.data(), recv.data(), recv.size(), op);
 }
 
 void MpiComm::all_reduce(std::span<float> data, ReduceOp op) {
   count(Kind::kAllReduce, 2 * others() * data.size_bytes() / world());
+  const Timed timed(*this);
   state_->all_reduce(data.data(), data.size(), op);
 }
 
 void MpiComm::all_reduce(std::span<double> data, ReduceOp op) {
   count(Kind::kAllReduce, 2 * others() * data.size_bytes() / world());
+  const Timed timed(*this);
   state_->all_reduce(data.data(), data.size(), op);
 }
 
 void MpiComm::broadcast(std::span<float> data, int root) {
   detail::check_root("broadcast", root, state_->world);
   count(Kind::kBroadcast, broadcast_bytes_sent(data.size_bytes(), root));
+  const Timed timed(*this);
   state_->broadcast(data.data(), data.size(), root);
 }
 
 void MpiComm::broadcast_bytes(std::span<std::byte> data, int root) {
   detail::check_root("broadcast_bytes", root, state_->world);
   count(Kind::kBroadcast, broadcast_bytes_sent(data.size_bytes(), root));
+  const Timed timed(*this);
   state_->broadcast(data.data(), data.size(), root);
 }
 
@@ -223,11 +230,13 @@ void MpiComm::all_to_all(std::span<float> data) {
   detail::check_blocks("all_to_all", data.size(), state_->world);
   const size_t block = data.size() / static_cast<size_t>(state_->world);
   count(Kind::kAllToAll, others() * block * sizeof(float));
+  const Timed timed(*this);
   state_->all_to_all(data.data(), block);
 }
 
 void MpiComm::barrier() {
   count(Kind::kBarrier, 0);
+  const Timed timed(*this);
   check(MPI_Barrier(state_->comm), "barrier");
 }
 

@@ -131,6 +131,7 @@ int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
   int bad_traffic = 0;
   std::unique_ptr<Trainer> tr;
   uint64_t last_sent = 0;
+  zero::TrafficStats last;
   o.on_step = [&](const StepMetrics& m) {
     losses.push_back(m.loss);
     norms.push_back(m.grad_norm.value_or(-1.0));
@@ -144,9 +145,27 @@ int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
       bad_traffic = 1;
     }
     last_sent = sent;
+    // Every rank's tier traffic per step is the plan's too (outcore estimate --world-size W).
+    const zero::TrafficStats now = tr->engine().traffic();
+    const zero::TrafficBytes& p = tr->engine().plan().per_step;
+    const uint64_t got[4] = {now.nvme_read_bytes - last.nvme_read_bytes,
+                             now.nvme_write_bytes - last.nvme_write_bytes,
+                             now.h2d_bytes - last.h2d_bytes, now.d2h_bytes - last.d2h_bytes};
+    const uint64_t want[4] = {p.nvme_read, p.nvme_write, p.h2d, p.d2h};
+    const char* names[4] = {"nvme read", "nvme write", "host->device", "device->host"};
+    for (int k = 0; k < 4; ++k)
+      if (got[k] != want[k]) {
+        std::fprintf(stderr, "dp_worker: rank %d step %lld: %s %llu bytes, plan says %llu\n",
+                     rank, static_cast<long long>(m.step), names[k],
+                     static_cast<unsigned long long>(got[k]),
+                     static_cast<unsigned long long>(want[k]));
+        bad_traffic = 1;
+      }
+    last = now;
   };
   tr = std::make_unique<Trainer>(cfg, mc, o);
   last_sent = c->traffic().total();
+  last = tr->engine().traffic();
   const TrainResult r = tr->run();
   const double val = r.final_val_loss.value_or(-1.0);
   const Weights w = weights_of(*tr);  // collective
