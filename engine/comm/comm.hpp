@@ -1,7 +1,9 @@
 // Comm: the collectives ZeRO needs between data-parallel ranks, behind one small interface.
 //
-// Implementations: LocalComm (world size 1, this header's companion local_comm.hpp) and
-// MpiComm (OpenMPI, one process per rank, mpi_comm.hpp, built when OpenMPI is found).
+// Implementations: LocalComm (world size 1, this header's companion local_comm.hpp),
+// MpiComm (OpenMPI, one process per rank, mpi_comm.hpp, built when OpenMPI is found) and
+// NcclComm (NCCL between CUDA devices, nccl_comm.hpp, built when CUDA and NCCL are found; its
+// spans point to device memory).
 //
 // Contracts shared by every implementation:
 // - Every call is collective: all ranks call the same functions in the same order with the

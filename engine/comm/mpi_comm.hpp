@@ -1,4 +1,4 @@
-// MpiComm: Comm over OpenMPI, one process per rank (CPU ranks; NCCL is a later layer).
+// MpiComm: Comm over OpenMPI, one process per rank (host buffers; nccl_comm.hpp is the GPU one).
 //
 // Built only when OpenMPI is found (target outcore_comm_mpi, OUTCORE_HAVE_MPI). The
 // collectives keep comm.hpp's contracts; counts above 2^30 elements are sent in pieces, so
