@@ -204,8 +204,9 @@ int run_train(const TrainCliOptions& o) {
     return 2;
   }
 
-  // The ranks first: "auto" batch sizes resolve with the world size.
-  std::optional<Ranks> ranks = open_ranks(o.comm);
+  // The ranks first: "auto" batch sizes resolve with the world size. The model computes on the
+  // host in this release, so the engine's buffers are host memory (no NCCL).
+  std::optional<Ranks> ranks = open_ranks(o.comm, /*cuda_device=*/false);
   if (!ranks) return 2;
   train::TrainerOptions topts;
   topts.comm = ranks->engine.get();
@@ -332,8 +333,9 @@ void add_train_command(CLI::App& app, int& rc) {
                   "start from a Hugging Face model directory (config.json + safetensors); "
                   "--model defaults to its config.json");
   cmd->add_option("--comm", o->comm,
-                  "data-parallel transport: auto (MPI when started by mpirun, else one rank), "
-                  "local, mpi, nccl");
+                  "data-parallel transport: auto (MPI when started by mpirun, else one rank; "
+                  "NCCL once ranks train on GPUs), local, mpi, nccl (refused while the model "
+                  "computes on the host)");
   cmd->add_option("--metrics", o->metrics,
                   "JSON-lines metrics file (default: the config's outcore.metrics_file)");
   cmd->callback([o, &rc] { rc = run_train(*o); });

@@ -8,6 +8,10 @@
 #ifdef OUTCORE_HAVE_MPI
 #include "engine/comm/mpi_comm.hpp"
 #endif
+#if defined(OUTCORE_HAVE_NCCL_COMM) && defined(OUTCORE_HAVE_MPI)
+#include "engine/comm/nccl_comm.hpp"
+#define OUTCORE_LAUNCH_NCCL 1
+#endif
 
 namespace outcore::cli {
 
@@ -17,17 +21,50 @@ bool started_by_mpi_launcher() {
   return false;
 }
 
-std::optional<Ranks> open_ranks(const std::string& choice) {
+namespace {
+
+// NcclComm for the engine, bootstrapped through an MpiComm; the control Comm stays MpiComm.
+std::optional<Ranks> open_nccl_ranks() {
+#ifdef OUTCORE_LAUNCH_NCCL
+  Ranks r;
+  try {
+    r.bootstrap = std::make_unique<comm::MpiComm>();
+    r.engine = std::make_unique<comm::NcclComm>(*r.bootstrap);
+    r.control = std::make_unique<comm::MpiComm>();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: --comm nccl: %s\n", e.what());
+    return std::nullopt;
+  }
+  return r;
+#else
+  std::fprintf(stderr,
+               "error: --comm nccl: this outcore was built without NCCL (it needs the CUDA "
+               "toolkit with NCCL and OpenMPI at build time)\n");
+  return std::nullopt;
+#endif
+}
+
+}  // namespace
+
+std::optional<Ranks> open_ranks(const std::string& choice, bool cuda_device) {
   if (choice != "auto" && choice != "local" && choice != "mpi" && choice != "nccl") {
     std::fprintf(stderr, "error: --comm: got \"%s\"; allowed: auto, local, mpi, nccl\n",
                  choice.c_str());
     return std::nullopt;
   }
-  if (choice == "nccl") {
+  if (choice == "nccl" && !cuda_device) {
     std::fprintf(stderr,
-                 "error: --comm nccl: NCCL carries collectives between CUDA devices, and "
-                 "training runs on the host device in this build; use --comm mpi\n");
+                 "error: --comm nccl: NCCL needs device buffers, and the model computes on the "
+                 "host in this release; use --comm mpi\n");
     return std::nullopt;
+  }
+#ifdef OUTCORE_LAUNCH_NCCL
+  const bool nccl_built = true;
+#else
+  const bool nccl_built = false;
+#endif
+  if (choice == "nccl" || (choice == "auto" && cuda_device && nccl_built)) {
+    return open_nccl_ranks();
   }
   const bool mpi = choice == "mpi" || (choice == "auto" && started_by_mpi_launcher());
   Ranks r;

@@ -11,8 +11,10 @@
 namespace outcore::cli {
 
 // The engine's Comm and the trainer's control Comm over the same ranks (the first one
-// created owns MPI's lifetime and is destroyed last).
+// created owns MPI's lifetime and is destroyed last). With NCCL the engine's Comm is an
+// NcclComm started through `bootstrap`, an MpiComm created first and destroyed last.
 struct Ranks {
+  std::unique_ptr<comm::Comm> bootstrap;  // null unless the engine's Comm is an NcclComm
   std::unique_ptr<comm::Comm> engine;
   std::unique_ptr<comm::Comm> control;
   int rank() const { return engine->rank(); }
@@ -23,9 +25,13 @@ struct Ranks {
 // PMI/PMIx variables of other launchers).
 bool started_by_mpi_launcher();
 
-// `choice`: "auto" (MPI when started by an MPI launcher, else a world of one), "local", "mpi"
-// or "nccl". Prints one "error: --comm ..." line on stderr and returns nullopt when the
-// choice cannot be had (MPI not built in, NCCL without CUDA devices, MPI failing to start).
-std::optional<Ranks> open_ranks(const std::string& choice);
+// `choice`: "auto" (MPI when started by an MPI launcher, else a world of one; NCCL for the
+// engine instead when the ranks compute on CUDA devices and NCCL is built in), "local", "mpi"
+// or "nccl". `cuda_device`: the engine's buffers are on a CUDA device, which NCCL needs (the
+// model computes on the host in this release, so training passes false and --comm nccl is
+// refused). Prints one "error: --comm ..." line on stderr and returns nullopt when the choice
+// cannot be had (MPI or NCCL not built in, NCCL with host buffers, MPI or NCCL failing to
+// start).
+std::optional<Ranks> open_ranks(const std::string& choice, bool cuda_device = false);
 
 }  // namespace outcore::cli
