@@ -34,7 +34,8 @@ void register_path(const std::string& path, bool directory) {
 void unregister_path(const std::string& path) {
   std::lock_guard lock(registry_mutex());
   std::vector<Entry>& r = registry();
-  const auto it = std::find_if(r.rbegin(), r.rend(), [&](const Entry& e) { return e.path == path; });
+  const auto it =
+      std::find_if(r.rbegin(), r.rend(), [&](const Entry& e) { return e.path == path; });
   if (it != r.rend()) r.erase(std::next(it).base());
 }
 

@@ -309,9 +309,9 @@ ckpt::SaveResult Trainer::save_checkpoint() {
   ckpt::WriterOptions wo = opts_.checkpoint_io;
   wo.aio = zero::aio_options(cfg_.aio);
   if (world_size() > 1) wo.group = &save_group_;
-  ckpt::SaveResult r = save_engine_checkpoint(
-      *save_dir_, ckpt::tag_for_step(steps_done_), steps_done_, *engine_, rank(), world_size(),
-      cfg_.zero_optimization.stage, texts, wo);
+  ckpt::SaveResult r =
+      save_engine_checkpoint(*save_dir_, ckpt::tag_for_step(steps_done_), steps_done_, *engine_,
+                             rank(), world_size(), cfg_.zero_optimization.stage, texts, wo);
   last_saved_step_ = steps_done_;
   return r;
 }
@@ -412,10 +412,10 @@ ValidationMetrics Trainer::validate() {
 int64_t Trainer::tokens_per_step() const { return model_->tokens() * gas_ * world_size(); }
 
 bool Trainer::stop_requested() const {
-  float stop = opts_.stop_requested != nullptr &&
-                       opts_.stop_requested->load(std::memory_order_relaxed)
-                   ? 1.0f
-                   : 0.0f;
+  float stop =
+      opts_.stop_requested != nullptr && opts_.stop_requested->load(std::memory_order_relaxed)
+          ? 1.0f
+          : 0.0f;
   if (world_size() > 1) control().all_reduce(std::span<float>(&stop, 1), comm::ReduceOp::kMax);
   return stop != 0.0f;
 }

@@ -163,9 +163,8 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     oo.buffer_count = pl.optimizer_buffer_count;
     oo.pipeline_read = z.offload_optimizer.pipeline_read;
     oo.pipeline_write = z.offload_optimizer.pipeline_write;
-    optimizer =
-        detail::make_nvme_store(g, *optimizer_swapper, *pool, oo, pl.concurrent_steps, &device,
-                                executor);
+    optimizer = detail::make_nvme_store(g, *optimizer_swapper, *pool, oo, pl.concurrent_steps,
+                                        &device, executor);
   } else {
     optimizer = detail::make_memory_store(g, &device, executor);
   }

@@ -74,8 +74,8 @@ std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g) {
   std::vector<swap::SwapFileSpec> files;
   for (size_t u = 0; u < g.units.size(); ++u)
     if (g.placement.optimizer_home(u) == Tier::kNvme)
-      files.push_back(
-          swap::optimizer_file_spec(static_cast<uint32_t>(u), g.units[u].own_len, g.sub_group_size));
+      files.push_back(swap::optimizer_file_spec(static_cast<uint32_t>(u), g.units[u].own_len,
+                                                g.sub_group_size));
   return files;
 }
 
@@ -237,7 +237,7 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
   const uint64_t others = static_cast<uint64_t>(g.world - 1);
   uint64_t norm_blocks = 0;
   for (const detail::UnitGeometry& u : g.units) {
-    t.comm += others * m * u.part * sizeof(float);  // gradients, every micro-batch
+    t.comm += others * m * u.part * sizeof(float);                // gradients, every micro-batch
     if (p.stage == 0) t.comm += others * u.part * sizeof(float);  // reduced gradients
     if (p.stage == 1 || p.stage == 2) t.comm += others * u.part * g.param_bytes;
     norm_blocks += u.part / detail::kNormBlock;
@@ -327,9 +327,9 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
     const uint64_t b = sum_optimizer(
         Tier::kDevice, [&](const auto& u) { return charged_bytes(3 * u.own_len * sizeof(float)); });
     add(plan, Tier::kDevice,
-        p.optimizer == Tier::kDevice ? std::string("fp32 master weights + Adam moments")
-                                     : "fp32 master weights + Adam moments " +
-                                           device_optimizer_what(cfg, g),
+        p.optimizer == Tier::kDevice
+            ? std::string("fp32 master weights + Adam moments")
+            : "fp32 master weights + Adam moments " + device_optimizer_what(cfg, g),
         b);
     fixed_device += b;
   }

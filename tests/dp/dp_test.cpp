@@ -86,14 +86,14 @@ class DataParallel : public ::testing::Test {
     const std::string tag = fmt::format("{}_w{}_g{}{}", name, np, gas, extra.empty() ? "" : "_x");
     const std::string swap = dir_->file("swap_" + tag), out = dir_->file(tag + ".bin");
     fs::create_directories(swap);
-    const std::string cmd = fmt::format(
-        "{} {} --case {} --gas {} --steps {} --train {} --val {} --swap {} --out {} {}",
-        np > 1 ? mpirun(np) : std::string("timeout 300"), OUTCORE_DP_WORKER, name, gas, steps,
-        files_->train, files_->val, swap, out, extra);
+    const std::string cmd =
+        fmt::format("{} {} --case {} --gas {} --steps {} --train {} --val {} --swap {} --out {} {}",
+                    np > 1 ? mpirun(np) : std::string("timeout 300"), OUTCORE_DP_WORKER, name, gas,
+                    steps, files_->train, files_->val, swap, out, extra);
     std::string output;
     const int rc = run_command(cmd, output);
-    if (np > 1 && output.find(fmt::format("rank {} of {} started", np - 1, np)) ==
-                      std::string::npos)
+    if (np > 1 &&
+        output.find(fmt::format("rank {} of {} started", np - 1, np)) == std::string::npos)
       ADD_FAILURE() << "mpirun could not start " << np << " ranks (rc " << rc << "):\n" << output;
     EXPECT_EQ(rc, 0) << cmd << "\n" << output;
     EXPECT_EQ(count_bin_files(swap), 0) << "swap files left under " << swap;
@@ -123,9 +123,8 @@ class DataParallel : public ::testing::Test {
     for (int r = 0; r < from_world; ++r)
       EXPECT_TRUE(fs::exists(fs::path(save) / fmt::format("global_step{}", at) /
                              fmt::format("rank{}", r) / "optimizer.bin"));
-    const std::string resumed =
-        train(name, to_world, micro_batches / to_world, 10,
-              fmt::format("--resume {}/global_step{}", save, at));
+    const std::string resumed = train(name, to_world, micro_batches / to_world, 10,
+                                      fmt::format("--resume {}/global_step{}", save, at));
     const size_t skip = static_cast<size_t>(at) * 2 * sizeof(double);
     ASSERT_GT(whole.size(), skip);
     EXPECT_TRUE(whole.substr(skip) == resumed)
@@ -232,13 +231,13 @@ TEST_F(DataParallel, KilledRankEndsTheJobAndTheSurvivorRemovesItsSwapFiles) {
   if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
   const fs::path work = dir_->file("killed");
   std::string output;
-  const int rc =
-      run_cli_job(work, [](pid_t victim, pid_t, const fs::path&) { ::kill(victim, SIGKILL); },
-                  output);
+  const int rc = run_cli_job(
+      work, [](pid_t victim, pid_t, const fs::path&) { ::kill(victim, SIGKILL); }, output);
   EXPECT_NE(rc, 0) << output;
   EXPECT_NE(rc, 124) << "the job hung after rank 1 was killed:\n" << output;
   EXPECT_EQ(count_bin_files(work / "swap" / "outcore_swap" / "rank0"), 0)
-      << "the surviving rank left swap files:\n" << output;
+      << "the surviving rank left swap files:\n"
+      << output;
   EXPECT_GT(count_bin_files(work / "swap" / "outcore_swap" / "rank1"), 0)
       << "the killed rank cannot have removed its files: was it killed at all?";
 }

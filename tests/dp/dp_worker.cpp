@@ -155,8 +155,8 @@ int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
     const char* names[4] = {"nvme read", "nvme write", "host->device", "device->host"};
     for (int k = 0; k < 4; ++k)
       if (got[k] != want[k]) {
-        std::fprintf(stderr, "dp_worker: rank %d step %lld: %s %llu bytes, plan says %llu\n",
-                     rank, static_cast<long long>(m.step), names[k],
+        std::fprintf(stderr, "dp_worker: rank %d step %lld: %s %llu bytes, plan says %llu\n", rank,
+                     static_cast<long long>(m.step), names[k],
                      static_cast<unsigned long long>(got[k]),
                      static_cast<unsigned long long>(want[k]));
         bad_traffic = 1;
@@ -199,16 +199,26 @@ int main(int argc, char** argv) {
   outcore::train::testing::Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--case") a.name = v;
-    else if (k == "--gas") a.gas = std::stoll(v);
-    else if (k == "--steps") a.steps = std::stoll(v);
-    else if (k == "--train") a.train = v;
-    else if (k == "--val") a.val = v;
-    else if (k == "--swap") a.swap = v;
-    else if (k == "--out") a.out = v;
-    else if (k == "--save-dir") a.save_dir = v;
-    else if (k == "--save-every") a.save_every = std::stoll(v);
-    else if (k == "--resume") a.resume = v;
+    if (k == "--case")
+      a.name = v;
+    else if (k == "--gas")
+      a.gas = std::stoll(v);
+    else if (k == "--steps")
+      a.steps = std::stoll(v);
+    else if (k == "--train")
+      a.train = v;
+    else if (k == "--val")
+      a.val = v;
+    else if (k == "--swap")
+      a.swap = v;
+    else if (k == "--out")
+      a.out = v;
+    else if (k == "--save-dir")
+      a.save_dir = v;
+    else if (k == "--save-every")
+      a.save_every = std::stoll(v);
+    else if (k == "--resume")
+      a.resume = v;
   }
   try {
     return outcore::train::testing::run(a);

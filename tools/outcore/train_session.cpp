@@ -7,13 +7,13 @@
 
 #include <array>
 #include <atomic>
-#include <chrono>
-#include <thread>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "common/cleanup.hpp"
 #include "common/error.hpp"
