@@ -94,30 +94,33 @@ AdamCoeffs make_coeffs(const AdamParams& hp) {
 
 struct CheckedStep {
   AdamCoeffs coeffs;
-  int formula, grad_kind, out_kind;
+  int moment_kind, formula, grad_kind, out_kind;
 };
 
 CheckedStep check_step(const AdamParams& hp, size_t n, const float* params, GradIn grads,
-                       const float* exp_avg, const float* exp_avg_sq, ParamsOut out) {
+                       const Moments& moments, ParamsOut out) {
   validate(hp);
   check_dtype(grads.dtype, "grads");
+  if (moments.dtype != DType::F32 && moments.dtype != DType::BF16) {
+    throw InvalidArgument("cpu_adam: the Adam moments must be fp32 or bf16");
+  }
   check_pointer(params, n, "params");
   check_pointer(grads.data, n, "grads");
-  check_pointer(exp_avg, n, "exp_avg");
-  check_pointer(exp_avg_sq, n, "exp_avg_sq");
+  check_pointer(moments.exp_avg, n, "exp_avg");
+  check_pointer(moments.exp_avg_sq, n, "exp_avg_sq");
   if (out.data != nullptr && out.dtype != DType::BF16 && out.dtype != DType::F16) {
     throw InvalidArgument("cpu_adam: the parameter copy-out must be bf16 or fp16");
   }
-  const size_t f32 = n * sizeof(float);
-  check_no_overlap({{params, f32, "params"},
+  const size_t mbytes = n * dtype_size(moments.dtype);
+  check_no_overlap({{params, n * sizeof(float), "params"},
                     {grads.data, n * dtype_size(grads.dtype), "grads"},
-                    {exp_avg, f32, "exp_avg"},
-                    {exp_avg_sq, f32, "exp_avg_sq"},
+                    {moments.exp_avg, mbytes, "exp_avg"},
+                    {moments.exp_avg_sq, mbytes, "exp_avg_sq"},
                     {out.data, n * 2, "params copy-out"}});
   const int out_kind = out.data == nullptr        ? detail::kOutNone
                        : out.dtype == DType::BF16 ? detail::kOutBF16
                                                   : detail::kOutF16;
-  return {make_coeffs(hp),
+  return {make_coeffs(hp), static_cast<int>(moments.dtype),
           hp.formula == Formula::kDeepSpeed ? detail::kDeepSpeed : detail::kPyTorch,
           static_cast<int>(grads.dtype), out_kind};
 }
@@ -148,14 +151,18 @@ void validate(const AdamParams& hp) {
   }
 }
 
-void adam_step(const AdamParams& hp, size_t n, float* params, GradIn grads, float* exp_avg,
-               float* exp_avg_sq, ParamsOut out, const Executor* ex) {
-  const CheckedStep s = check_step(hp, n, params, grads, exp_avg, exp_avg_sq, out);
-  const detail::AdamFn fn = detail::active_kernels().adam[s.formula][s.grad_kind][s.out_kind];
+void adam_step(const AdamParams& hp, size_t n, float* params, GradIn grads, Moments moments,
+               ParamsOut out, const Executor* ex) {
+  const CheckedStep s = check_step(hp, n, params, grads, moments, out);
+  const detail::AdamFn fn =
+      detail::active_kernels().adam[s.moment_kind][s.formula][s.grad_kind][s.out_kind];
   const size_t gbytes = dtype_size(grads.dtype);
+  const size_t mbytes = dtype_size(moments.dtype);
+  auto* m = static_cast<std::byte*>(moments.exp_avg);
+  auto* v = static_cast<std::byte*>(moments.exp_avg_sq);
   auto chunk = [&](size_t, size_t b, size_t e) {
     fn(s.coeffs, e - b, params + b, static_cast<const std::byte*>(grads.data) + b * gbytes,
-       exp_avg + b, exp_avg_sq + b,
+       m + b * mbytes, v + b * mbytes,
        out.data == nullptr ? nullptr : static_cast<std::byte*>(out.data) + b * 2);
   };
   if (ex == nullptr) {
@@ -166,10 +173,10 @@ void adam_step(const AdamParams& hp, size_t n, float* params, GradIn grads, floa
 }
 
 void adam_step_reference(const AdamParams& hp, size_t n, float* params, GradIn grads,
-                         float* exp_avg, float* exp_avg_sq, ParamsOut out) {
-  const CheckedStep s = check_step(hp, n, params, grads, exp_avg, exp_avg_sq, out);
-  detail::scalar_kernels().adam[s.formula][s.grad_kind][s.out_kind](s.coeffs, n, params, grads.data,
-                                                                    exp_avg, exp_avg_sq, out.data);
+                         Moments moments, ParamsOut out) {
+  const CheckedStep s = check_step(hp, n, params, grads, moments, out);
+  detail::scalar_kernels().adam[s.moment_kind][s.formula][s.grad_kind][s.out_kind](
+      s.coeffs, n, params, grads.data, moments.exp_avg, moments.exp_avg_sq, out.data);
 }
 
 double sum_of_squares(const void* x, DType dtype, size_t n, const Executor* ex) {

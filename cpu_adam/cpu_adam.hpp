@@ -1,5 +1,6 @@
-// cpu_adam: one fused Adam/AdamW pass over flat fp32 arrays, plus the companion kernels a
-// mixed-precision trainer needs (sum of squares, inf/NaN check, scale in place).
+// cpu_adam: one fused Adam/AdamW pass over flat fp32 arrays (moments fp32 or bf16), plus the
+// companion kernels a mixed-precision trainer needs (sum of squares, inf/NaN check, scale in
+// place).
 //
 // The library knows nothing of training: every call works on plain pointer + length, so a
 // caller may step any sub-range of a partition (the NVMe swapper steps one sub-group at a
@@ -148,21 +149,42 @@ struct ParamsOut {
   DType dtype = DType::BF16;
 };
 
+// The Adam moments exp_avg and exp_avg_sq: n elements each, both fp32 or both bf16. bf16
+// moments are widened exactly to fp32 for the update and rounded back to nearest even on store
+// (DeepSpeed's `fp32_optimizer_states: false`); the parameter update of that step uses the
+// fp32 values before rounding, as DeepSpeed's CPU Adam does. Master parameters stay fp32.
+struct Moments {
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  DType dtype = DType::F32;  // F32 or BF16
+};
+
 // One Adam step over n elements, in place:
 //   params[i], exp_avg[i], exp_avg_sq[i] updated from grads[i] * hp.grad_scale;
 //   out[i] = round(params[i] new) if out.data is set.
 // Arrays must not overlap each other (params and out included); any alignment works, 64-byte
 // alignment is fastest. Non-finite gradients propagate into the state (check them first with
 // has_inf_or_nan). Throws InvalidArgument (before touching memory) for invalid hp, a null
-// pointer with n > 0, an F32 `out.dtype`. `ex` null: runs on the calling thread.
-// Thread-safe for disjoint arrays.
-void adam_step(const AdamParams& hp, size_t n, float* params, GradIn grads, float* exp_avg,
-               float* exp_avg_sq, ParamsOut out = {}, const Executor* ex = nullptr);
+// pointer with n > 0, an F32 `out.dtype`, a moments dtype other than F32 or BF16. `ex` null:
+// runs on the calling thread. Thread-safe for disjoint arrays.
+void adam_step(const AdamParams& hp, size_t n, float* params, GradIn grads, Moments moments,
+               ParamsOut out = {}, const Executor* ex = nullptr);
+
+// adam_step with fp32 moments.
+inline void adam_step(const AdamParams& hp, size_t n, float* params, GradIn grads, float* exp_avg,
+                      float* exp_avg_sq, ParamsOut out = {}, const Executor* ex = nullptr) {
+  adam_step(hp, n, params, grads, Moments{exp_avg, exp_avg_sq, DType::F32}, out, ex);
+}
 
 // The plain scalar reference of adam_step for one element range, on the calling thread,
 // whatever the active ISA. Same contract and same results as adam_step.
 void adam_step_reference(const AdamParams& hp, size_t n, float* params, GradIn grads,
-                         float* exp_avg, float* exp_avg_sq, ParamsOut out = {});
+                         Moments moments, ParamsOut out = {});
+
+inline void adam_step_reference(const AdamParams& hp, size_t n, float* params, GradIn grads,
+                                float* exp_avg, float* exp_avg_sq, ParamsOut out = {}) {
+  adam_step_reference(hp, n, params, grads, Moments{exp_avg, exp_avg_sq, DType::F32}, out);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Companion kernels (x may be fp32, bf16 or fp16; n may be 0)

@@ -38,16 +38,16 @@ struct AdamCoeffs {
   bool use_scale;
 };
 
-// n elements; g points to n elements of the grad kind, out to n elements of the out kind (or is
-// null for kOutNone).
-using AdamFn = void (*)(const AdamCoeffs& c, size_t n, float* p, const void* g, float* m, float* v,
+// n elements; g points to n elements of the grad kind, m and v to n elements of the moment kind
+// (kF32 or kBF16), out to n elements of the out kind (or is null for kOutNone).
+using AdamFn = void (*)(const AdamCoeffs& c, size_t n, float* p, const void* g, void* m, void* v,
                         void* out);
 using SumSqFn = double (*)(const void* x, size_t n);
 using NonFiniteFn = bool (*)(const void* x, size_t n);
 using ScaleFn = void (*)(void* x, size_t n, float scale);
 
 struct KernelTable {
-  AdamFn adam[2][3][3];  // [formula][grad kind][out kind]
+  AdamFn adam[2][2][3][3];  // [moment kind: kF32, kBF16][formula][grad kind][out kind]
   SumSqFn sum_of_squares[3];
   NonFiniteFn has_inf_or_nan[3];
   ScaleFn scale_in_place[3];

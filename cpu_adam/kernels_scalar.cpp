@@ -24,15 +24,18 @@ void store(void* x, size_t i, float f) {
   if constexpr (K == kF16) static_cast<uint16_t*>(x)[i] = fp32_to_fp16(f);
 }
 
-template <int Formula, int G, int O>
-void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, float* m, float* v, void* out) {
+// Moments of kind M are widened exactly to fp32, updated, and rounded once to M on store; the
+// parameter update uses the unrounded fp32 moments (as DeepSpeed's CPU Adam does with
+// half-precision optimizer states).
+template <int M, int Formula, int G, int O>
+void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, void* m, void* v, void* out) {
   for (size_t i = 0; i < n; ++i) {
     float grad = load<G>(g, i);
     float param = p[i];
     if (c.use_scale) grad = grad * c.grad_scale;
     if (c.use_l2) grad = std::fma(param, c.l2, grad);
-    float mi = std::fma(grad, c.one_minus_beta1, m[i] * c.beta1);
-    float vi = std::fma(grad * grad, c.one_minus_beta2, v[i] * c.beta2);
+    float mi = std::fma(grad, c.one_minus_beta1, load<M>(m, i) * c.beta1);
+    float vi = std::fma(grad * grad, c.one_minus_beta2, load<M>(v, i) * c.beta2);
     float root = std::sqrt(vi);
     if constexpr (Formula == kDeepSpeed) {
       float update = mi / std::fma(root, c.bc2, c.eps);
@@ -43,8 +46,8 @@ void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, float* m, floa
       if (c.use_decoupled) param = param * c.decoupled;
       param = param + (c.step_size * mi) / denom;
     }
-    m[i] = mi;
-    v[i] = vi;
+    store<M>(m, i, mi);
+    store<M>(v, i, vi);
     p[i] = param;
     if constexpr (O == kOutBF16) store<kBF16>(out, i, param);
     if constexpr (O == kOutF16) store<kF16>(out, i, param);
@@ -74,17 +77,19 @@ void scale_in_place(void* x, size_t n, float scale) {
   for (size_t i = 0; i < n; ++i) store<K>(x, i, load<K>(x, i) * scale);
 }
 
-template <int Formula, int G>
+template <int M, int Formula, int G>
 constexpr void fill_outs(KernelTable& t) {
-  t.adam[Formula][G][kOutNone] = adam<Formula, G, kOutNone>;
-  t.adam[Formula][G][kOutBF16] = adam<Formula, G, kOutBF16>;
-  t.adam[Formula][G][kOutF16] = adam<Formula, G, kOutF16>;
+  t.adam[M][Formula][G][kOutNone] = adam<M, Formula, G, kOutNone>;
+  t.adam[M][Formula][G][kOutBF16] = adam<M, Formula, G, kOutBF16>;
+  t.adam[M][Formula][G][kOutF16] = adam<M, Formula, G, kOutF16>;
 }
 
 template <int K>
 constexpr void fill_kind(KernelTable& t) {
-  fill_outs<kDeepSpeed, K>(t);
-  fill_outs<kPyTorch, K>(t);
+  fill_outs<kF32, kDeepSpeed, K>(t);
+  fill_outs<kF32, kPyTorch, K>(t);
+  fill_outs<kBF16, kDeepSpeed, K>(t);
+  fill_outs<kBF16, kPyTorch, K>(t);
   t.sum_of_squares[K] = sum_of_squares<K>;
   t.has_inf_or_nan[K] = has_inf_or_nan<K>;
   t.scale_in_place[K] = scale_in_place<K>;

@@ -74,8 +74,8 @@ inline void for_vectors(size_t n, void* const (&base)[N], const size_t (&elem_by
   }
 }
 
-template <class V, int Formula, int G, int O>
-void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, float* m, float* v, void* out) {
+template <class V, int M, int Formula, int G, int O>
+void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, void* m, void* v, void* out) {
   using F = typename V::F;
   const F beta1 = V::set1(c.beta1), beta2 = V::set1(c.beta2);
   const F omb1 = V::set1(c.one_minus_beta1), omb2 = V::set1(c.one_minus_beta2);
@@ -85,14 +85,12 @@ void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, float* m, floa
 
   auto body = [&](size_t i, void* const* a, auto stream_out) {
     float* pp = static_cast<float*>(a[0]);
-    float* mp = static_cast<float*>(a[2]);
-    float* vp = static_cast<float*>(a[3]);
     F grad = load_kind<V, G>(a[1], i);
     F param = V::load(pp + i);
     if (use_scale) grad = V::mul(grad, gs);
     if (use_l2) grad = V::fma(param, l2, grad);
-    const F mi = V::fma(grad, omb1, V::mul(V::load(mp + i), beta1));
-    const F vi = V::fma(V::mul(grad, grad), omb2, V::mul(V::load(vp + i), beta2));
+    const F mi = V::fma(grad, omb1, V::mul(load_kind<V, M>(a[2], i), beta1));
+    const F vi = V::fma(V::mul(grad, grad), omb2, V::mul(load_kind<V, M>(a[3], i), beta2));
     const F root = V::sqrt(vi);
     if constexpr (Formula == kDeepSpeed) {
       const F update = V::div(mi, V::fma(root, bc2, eps));
@@ -103,8 +101,8 @@ void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, float* m, floa
       if (use_dec) param = V::mul(param, dec);
       param = V::add(param, V::div(V::mul(step, mi), denom));
     }
-    V::store(mp + i, mi);
-    V::store(vp + i, vi);
+    store_kind<V, M>(a[2], i, mi);
+    store_kind<V, M>(a[3], i, vi);
     V::store(pp + i, param);
     if constexpr (O != kOutNone) {
       const auto h = O == kOutBF16 ? V::to_bf16(param) : V::to_f16(param);
@@ -117,7 +115,7 @@ void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, float* m, floa
     }
   };
   void* const base[5] = {p, const_cast<void*>(g), m, v, out};
-  const size_t bytes[5] = {4, kKindBytes<G>, 4, 4, 2};
+  const size_t bytes[5] = {4, kKindBytes<G>, kKindBytes<M>, kKindBytes<M>, 2};
   const bool writes[5] = {true, false, true, true, O != kOutNone};
   const bool stream = O != kOutNone && n * 2 >= kStreamOutMinBytes &&
                       reinterpret_cast<uintptr_t>(out) % sizeof(typename V::H) == 0;
@@ -177,17 +175,19 @@ void scale_in_place(void* x, size_t n, float scale) {
   for_vectors<V::kWidth>(n, base, bytes, writes, body);
 }
 
-template <class V, int Formula, int G>
+template <class V, int M, int Formula, int G>
 constexpr void fill_outs(KernelTable& t) {
-  t.adam[Formula][G][kOutNone] = adam<V, Formula, G, kOutNone>;
-  t.adam[Formula][G][kOutBF16] = adam<V, Formula, G, kOutBF16>;
-  t.adam[Formula][G][kOutF16] = adam<V, Formula, G, kOutF16>;
+  t.adam[M][Formula][G][kOutNone] = adam<V, M, Formula, G, kOutNone>;
+  t.adam[M][Formula][G][kOutBF16] = adam<V, M, Formula, G, kOutBF16>;
+  t.adam[M][Formula][G][kOutF16] = adam<V, M, Formula, G, kOutF16>;
 }
 
 template <class V, int K>
 constexpr void fill_kind(KernelTable& t) {
-  fill_outs<V, kDeepSpeed, K>(t);
-  fill_outs<V, kPyTorch, K>(t);
+  fill_outs<V, kF32, kDeepSpeed, K>(t);
+  fill_outs<V, kF32, kPyTorch, K>(t);
+  fill_outs<V, kBF16, kDeepSpeed, K>(t);
+  fill_outs<V, kBF16, kPyTorch, K>(t);
   t.sum_of_squares[K] = sum_of_squares<V, K>;
   t.has_inf_or_nan[K] = has_inf_or_nan<V, K>;
   t.scale_in_place[K] = scale_in_place<V, K>;

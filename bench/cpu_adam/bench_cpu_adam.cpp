@@ -1,7 +1,7 @@
-// bench_cpu_adam: a fused Adam step over N fp32 parameters against the memory roofline (a
-// kernel with exactly Adam's traffic, timed in the same run on the same arrays), the scalar
-// path, and torch.optim.Adam(foreach=True) run as a subprocess. Best of --reps for each.
-// Results on stdout, progress on stderr.
+// bench_cpu_adam: a fused Adam step over N fp32 parameters (moments fp32 or bf16) against the
+// memory roofline (a kernel with exactly Adam's traffic, timed in the same run on the same
+// arrays), the scalar path, and torch.optim.Adam(foreach=True) run as a subprocess. Best of --reps
+// for each. Results on stdout, progress on stderr.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/aligned_buffer.hpp"
+#include "common/dtype.hpp"
 #include "common/error.hpp"
 #include "cpu_adam/cpu_adam.hpp"
 #include "roofline.hpp"
@@ -22,26 +23,36 @@ using cpu_adam::Executor;
 using cpu_adam::Isa;
 
 struct Arrays {
-  explicit Arrays(size_t n) : n(n), p(n * 4), g(n * 4), m(n * 4), v(n * 4), out(n * 2) {
+  explicit Arrays(size_t n)
+      : n(n), p(n * 4), g(n * 4), m(n * 4), v(n * 4), m16(n * 2), v16(n * 2), out(n * 2) {
     // Gradients positive so that the roofline's in-place updates keep m and v positive.
     uint32_t s = 12345;
     auto next = [&s] { return (s = s * 1664525u + 1013904223u) >> 8; };
     float *pp = P(), *gp = G(), *mp = M(), *vp = V();
+    uint16_t *mh = M16(), *vh = V16();
     for (size_t i = 0; i < n; ++i) {
       pp[i] = static_cast<float>(next()) * (2.0f / 16777216.0f) - 1.0f;
       gp[i] = 1e-4f + static_cast<float>(next()) * (1e-3f / 16777216.0f);
       mp[i] = 0.0f;
       vp[i] = 1e-8f;
+      mh[i] = fp32_to_bf16(mp[i]);
+      vh[i] = fp32_to_bf16(vp[i]);
     }
   }
   float* P() { return p.as<float>().data(); }
   float* G() { return g.as<float>().data(); }
   float* M() { return m.as<float>().data(); }
   float* V() { return v.as<float>().data(); }
+  uint16_t* M16() { return m16.as<uint16_t>().data(); }
+  uint16_t* V16() { return v16.as<uint16_t>().data(); }
   uint16_t* Out() { return out.as<uint16_t>().data(); }
+  cpu_adam::Moments moments(bool bf16) {
+    if (bf16) return {M16(), V16(), DType::BF16};
+    return {M(), V(), DType::F32};
+  }
 
   size_t n;
-  AlignedBuffer p, g, m, v, out;
+  AlignedBuffer p, g, m, v, m16, v16, out;
 };
 
 template <typename Fn>
@@ -87,11 +98,17 @@ struct Options {
   bool scalar = true;
 };
 
+struct Rooflines {
+  RooflineFn f32;
+  RooflineBf16MomentsFn bf16_moments;
+};
+
 // One configuration: roofline (plain and, with a copy-out, streaming stores for it), the
 // active ISA, AVX2 if it is not the active one, and scalar; interleaved rep by rep so that
 // drift on a shared machine hits all of them alike.
-Row measure(Arrays& a, const Executor& ex, bool copy_out, cpu_adam::Formula formula,
-            const Options& opt, RooflineFn roof_fn, const std::string& name) {
+Row measure(Arrays& a, const Executor& ex, bool copy_out, bool bf16_moments,
+            cpu_adam::Formula formula, const Options& opt, const Rooflines& roof_fns,
+            const std::string& name) {
   const Isa best = cpu_adam::active_isa();
   cpu_adam::AdamParams hp;
   hp.weight_decay = 0.01;
@@ -102,7 +119,7 @@ Row measure(Arrays& a, const Executor& ex, bool copy_out, cpu_adam::Formula form
     cpu_adam::set_isa(isa);
     ++hp.step;
     const double s = seconds([&] {
-      cpu_adam::adam_step(hp, a.n, a.P(), {a.G(), DType::F32}, a.M(), a.V(), out, &ex);
+      cpu_adam::adam_step(hp, a.n, a.P(), {a.G(), DType::F32}, a.moments(bf16_moments), out, &ex);
     });
     cpu_adam::set_isa(best);
     return s;
@@ -110,8 +127,12 @@ Row measure(Arrays& a, const Executor& ex, bool copy_out, cpu_adam::Formula form
   auto roof = [&](bool stream) {
     return seconds([&] {
       ex.for_chunks(a.n, 64, 0, [&](size_t, size_t b, size_t e) {
-        roof_fn(e - b, a.P() + b, a.G() + b, a.M() + b, a.V() + b, copy_out ? a.Out() + b : nullptr,
-                stream);
+        uint16_t* o = copy_out ? a.Out() + b : nullptr;
+        if (bf16_moments) {
+          roof_fns.bf16_moments(e - b, a.P() + b, a.G() + b, a.M16() + b, a.V16() + b, o, stream);
+        } else {
+          roof_fns.f32(e - b, a.P() + b, a.G() + b, a.M() + b, a.V() + b, o, stream);
+        }
       });
     });
   };
@@ -163,8 +184,10 @@ void print_rows(const std::vector<Row>& rows) {
   std::printf(
       "\nfrac: best ours / best roofline. paired: median over reps of roofline time / ours time,\n"
       "each pair run back to back. roofline: m = m*0.5 + g; v = v*0.5 + g; p = p + g (28 B/param;\n"
-      "+2 B copy-out, best of plain and streaming stores). avx2: our AVX2 path. x torch: against\n"
-      "torch.optim.Adam(foreach=True), fp32, no copy-out, same thread count.\n");
+      "bf16 moments: 20 B/param; +2 B copy-out, best of plain and streaming stores). avx2: our\n"
+      "AVX2 path. x torch: against torch.optim.Adam(foreach=True), fp32 moments, no copy-out, "
+      "same\n"
+      "thread count.\n");
   for (const Row& r : rows) {
     if (r.roof_stream > 0) {
       std::printf("  %s: copy-out roofline plain %.3f, streaming %.3f G params/s\n",
@@ -175,27 +198,29 @@ void print_rows(const std::vector<Row>& rows) {
 
 int run(const Options& opt) {
   const Isa best = cpu_adam::active_isa();
-  const RooflineFn roof_fn =
-      cpu_adam::isa_supported(Isa::kAvx512) ? roofline_avx512 : roofline_avx2;
+  const bool avx512 = cpu_adam::isa_supported(Isa::kAvx512);
+  const Rooflines roof_fns{avx512 ? roofline_avx512 : roofline_avx2,
+                           avx512 ? roofline_bf16_moments_avx512 : roofline_bf16_moments_avx2};
   std::printf("bench_cpu_adam: n = %zu fp32 params, best of %d reps, active ISA %s\n", opt.n,
               opt.reps, std::string(cpu_adam::isa_name(best)).c_str());
   std::fprintf(stderr, "allocating and filling %.1f GB...\n",
-               static_cast<double>(opt.n) * 18 / 1e9);
+               static_cast<double>(opt.n) * 22 / 1e9);
   Arrays a(opt.n);
   std::vector<Row> rows;
   for (unsigned t : opt.threads) {
     const Executor ex(t);
     const std::string th = std::to_string(t) + (t == 1 ? " thread" : " threads");
-    rows.push_back(
-        measure(a, ex, false, cpu_adam::Formula::kDeepSpeed, opt, roof_fn, th + ", fp32"));
-    rows.push_back(
-        measure(a, ex, true, cpu_adam::Formula::kDeepSpeed, opt, roof_fn, th + ", +bf16 out"));
-    rows.push_back(
-        measure(a, ex, false, cpu_adam::Formula::kPyTorch, opt, roof_fn, th + ", torch formula"));
+    const auto ds = cpu_adam::Formula::kDeepSpeed;
+    rows.push_back(measure(a, ex, false, false, ds, opt, roof_fns, th + ", fp32"));
+    rows.push_back(measure(a, ex, true, false, ds, opt, roof_fns, th + ", +bf16 out"));
+    rows.push_back(measure(a, ex, false, false, cpu_adam::Formula::kPyTorch, opt, roof_fns,
+                           th + ", torch formula"));
+    rows.push_back(measure(a, ex, false, true, ds, opt, roof_fns, th + ", bf16 moments"));
+    rows.push_back(measure(a, ex, true, true, ds, opt, roof_fns, th + ", bf16 m + out"));
     if (opt.torch) {
       std::fprintf(stderr, "  torch.optim.Adam(foreach=True), %s...\n", th.c_str());
       const double torch = torch_params_per_s(opt.n, t, opt.torch_reps);
-      for (size_t k = rows.size() - 3; k < rows.size(); ++k) rows[k].torch = torch;
+      for (size_t k = rows.size() - 5; k < rows.size(); ++k) rows[k].torch = torch;
     }
   }
   print_rows(rows);

@@ -20,12 +20,17 @@ using testing::random_floats;
 using testing::supported_isas;
 using testing::to_half;
 
-// One optimizer state plus the gradient storage for every dtype.
+// One optimizer state (moments kept both as fp32 and as bf16; a step uses one pair) plus the
+// gradient storage for every dtype.
 struct State {
   explicit State(size_t n, uint32_t seed)
-      : p(random_floats(n, seed)), m(n, 0.0f), v(n, 0.0f), out(n, 0) {}
+      : p(random_floats(n, seed)), m(n, 0.0f), v(n, 0.0f), mh(n, 0), vh(n, 0), out(n, 0) {}
+  Moments moments(DType t) {
+    if (t == DType::BF16) return {mh.data(), vh.data(), t};
+    return {m.data(), v.data(), t};
+  }
   std::vector<float> p, m, v;
-  std::vector<uint16_t> out;
+  std::vector<uint16_t> mh, vh, out;
 };
 
 struct Grads {
@@ -51,6 +56,7 @@ struct Combo {
   Decay decay;
   bool bias_correction;
   bool scaled;
+  DType moments = DType::F32;
 };
 
 std::string describe(const Combo& c, size_t n) {
@@ -58,7 +64,7 @@ std::string describe(const Combo& c, size_t n) {
          " grad=" + std::string(dtype_name(c.grad)) + " out=" + std::to_string(c.out) +
          " decay=" + std::to_string(static_cast<int>(c.decay)) +
          " bc=" + std::to_string(c.bias_correction) + " scaled=" + std::to_string(c.scaled) +
-         " n=" + std::to_string(n);
+         " moments=" + std::string(dtype_name(c.moments)) + " n=" + std::to_string(n);
 }
 
 AdamParams params_for(const Combo& c, uint64_t step) {
@@ -86,13 +92,17 @@ void expect_matches_reference(const Combo& c, size_t n, int steps, const Executo
   for (int t = 1; t <= steps; ++t) {
     const Grads g(n, 1000u * t + static_cast<uint32_t>(n));
     const AdamParams hp = params_for(c, t);
-    adam_step(hp, n, ours.p.data(), g.in(c.grad), ours.m.data(), ours.v.data(),
-              out_for(c.out, ours.out), ex);
-    adam_step_reference(hp, n, ref.p.data(), g.in(c.grad), ref.m.data(), ref.v.data(),
+    adam_step(hp, n, ours.p.data(), g.in(c.grad), ours.moments(c.moments), out_for(c.out, ours.out),
+              ex);
+    adam_step_reference(hp, n, ref.p.data(), g.in(c.grad), ref.moments(c.moments),
                         out_for(c.out, ref.out));
     ASSERT_EQ(first_bit_difference(ours.p.data(), ref.p.data(), n), -1) << "params, step " << t;
     ASSERT_EQ(first_bit_difference(ours.m.data(), ref.m.data(), n), -1) << "exp_avg, step " << t;
     ASSERT_EQ(first_bit_difference(ours.v.data(), ref.v.data(), n), -1) << "exp_avg_sq, step " << t;
+    ASSERT_EQ(first_bit_difference(ours.mh.data(), ref.mh.data(), n), -1)
+        << "bf16 exp_avg, step " << t;
+    ASSERT_EQ(first_bit_difference(ours.vh.data(), ref.vh.data(), n), -1)
+        << "bf16 exp_avg_sq, step " << t;
     ASSERT_EQ(first_bit_difference(ours.out.data(), ref.out.data(), n), -1)
         << "copy-out, step " << t;
   }
@@ -105,7 +115,8 @@ std::vector<Combo> all_combos() {
       for (int o : {0, 1, 2})
         for (Decay d : {Decay::kNone, Decay::kL2, Decay::kDecoupled})
           for (bool bc : {true, false})
-            for (bool s : {false, true}) out.push_back({f, g, o, d, bc, s});
+            for (bool s : {false, true})
+              for (DType m : {DType::F32, DType::BF16}) out.push_back({f, g, o, d, bc, s, m});
   return out;
 }
 
@@ -126,9 +137,42 @@ TEST(AdamStep, ThreadedStepMatchesReferenceBitwise) {
     SCOPED_TRACE(std::string("isa=") + std::string(isa_name(isa)));
     IsaGuard guard(isa);
     for (DType g : {DType::F32, DType::BF16, DType::F16}) {
-      const Combo c{Formula::kDeepSpeed, g, 1, Decay::kDecoupled, true, true};
-      expect_matches_reference(c, 300007, 3, &two);
-      expect_matches_reference(c, 200001, 2, &three);
+      for (DType m : {DType::F32, DType::BF16}) {
+        const Combo c{Formula::kDeepSpeed, g, 1, Decay::kDecoupled, true, true, m};
+        expect_matches_reference(c, 300007, 3, &two);
+        expect_matches_reference(c, 200001, 2, &three);
+      }
+    }
+  }
+}
+
+// A bf16-moment step is the fp32-moment step from the same (widened) moments, with the new
+// moments rounded to nearest even on store and the parameters updated from the unrounded ones.
+TEST(AdamStep, Bf16MomentsAreTheFp32StepRoundedOnStore) {
+  const size_t n = 1031;
+  for (Isa isa : supported_isas()) {
+    SCOPED_TRACE(std::string("isa=") + std::string(isa_name(isa)));
+    IsaGuard guard(isa);
+    for (Formula f : {Formula::kDeepSpeed, Formula::kPyTorch}) {
+      const Combo c{f, DType::F32, 0, Decay::kDecoupled, true, false, DType::BF16};
+      State s(n, 11);
+      size_t rounded = 0;
+      for (int t = 1; t <= 4; ++t) {
+        const Grads g(n, 500u + t);
+        const AdamParams hp = params_for(c, t);
+        std::vector<float> p32 = s.p, m32(n), v32(n);
+        for (size_t i = 0; i < n; ++i) m32[i] = bf16_to_fp32(s.mh[i]);
+        for (size_t i = 0; i < n; ++i) v32[i] = bf16_to_fp32(s.vh[i]);
+        adam_step(hp, n, p32.data(), g.in(DType::F32), m32.data(), v32.data());
+        adam_step(hp, n, s.p.data(), g.in(DType::F32), s.moments(DType::BF16));
+        ASSERT_EQ(first_bit_difference(s.p.data(), p32.data(), n), -1) << "params, step " << t;
+        const std::vector<uint16_t> mr = to_half(m32, DType::BF16), vr = to_half(v32, DType::BF16);
+        ASSERT_EQ(first_bit_difference(s.mh.data(), mr.data(), n), -1) << "exp_avg, step " << t;
+        ASSERT_EQ(first_bit_difference(s.vh.data(), vr.data(), n), -1) << "exp_avg_sq, step " << t;
+        for (size_t i = 0; i < n; ++i) rounded += bf16_to_fp32(s.mh[i]) != m32[i];
+      }
+      // The rounding matters: most new moments are not representable in bf16.
+      EXPECT_GT(rounded, n);
     }
   }
 }
@@ -372,6 +416,17 @@ TEST(AdamStep, RejectsBadBuffersBeforeTouchingMemory) {
                   {s.out.data(), DType::F32});
       },
       "bf16 or fp16");
+  expect_rejected(
+      [](State& s, const Grads& g) {
+        adam_step({}, 64, s.p.data(), g.in(DType::F32), {s.mh.data(), s.vh.data(), DType::F16});
+      },
+      "fp32 or bf16");
+  expect_rejected(
+      [](State& s, const Grads& g) {
+        // exp_avg_sq starts 32 bf16 elements after exp_avg: the 64-element arrays overlap.
+        adam_step({}, 64, s.p.data(), g.in(DType::F32), {s.m.data(), s.m.data() + 16, DType::BF16});
+      },
+      "overlap");
   expect_rejected(
       [](State& s, const Grads& g) {
         adam_step({}, 60, s.p.data(), g.in(DType::F32), s.m.data() + 2, s.m.data(), {});

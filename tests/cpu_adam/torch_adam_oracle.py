@@ -3,11 +3,15 @@
 
 usage: torch_adam_oracle.py OUT_DIR N STEPS
 
-Writes one file per case into OUT_DIR (adam_l2.bin, adamw.bin, adamw_bf16_grads.bin). Each is
-little-endian:
-  magic "OCADAM01", u32 n, u32 steps, u32 adamw, u32 bf16_grads,
+Writes one file per case into OUT_DIR (adam_l2.bin, adamw.bin, adamw_bf16_grads.bin,
+adam_l2_bf16_moments.bin, adamw_bf16_moments.bin). Each is little-endian:
+  magic "OCADAM02", u32 n, u32 steps, u32 adamw, u32 bf16_grads, u32 bf16_moments,
   f64 beta1, beta2, eps, weight_decay, f64 lr[steps],
   f32 p0[n], f32 grads[steps][n], f32 p[n], f32 exp_avg[n], f32 exp_avg_sq[n]
+With bf16_moments, exp_avg and exp_avg_sq are rounded to bf16 (nearest even) after every
+torch step: the update of a step uses its fp32 moments, the next step starts from the rounded
+ones, as DeepSpeed's CPU Adam with fp32_optimizer_states=False does. The final moments are
+written widened to f32 (exactly).
 Exit status 3 if torch cannot be imported (the test skips), 2 for bad arguments.
 """
 import os
@@ -21,10 +25,12 @@ except ImportError as e:  # the caller turns this into a visible skip
     sys.exit(3)
 
 CASES = [
-    # name, optimizer class, weight decay, gradients rounded to bf16
-    ("adam_l2", "Adam", 0.01, False),
-    ("adamw", "AdamW", 0.1, False),
-    ("adamw_bf16_grads", "AdamW", 0.05, True),
+    # name, optimizer class, weight decay, gradients rounded to bf16, moments stored in bf16
+    ("adam_l2", "Adam", 0.01, False, False),
+    ("adamw", "AdamW", 0.1, False, False),
+    ("adamw_bf16_grads", "AdamW", 0.05, True, False),
+    ("adam_l2_bf16_moments", "Adam", 0.01, False, True),
+    ("adamw_bf16_moments", "AdamW", 0.1, True, True),
 ]
 BETAS = (0.9, 0.999)
 EPS = 1e-8
@@ -46,7 +52,7 @@ def make_inputs(n, steps, seed):
     return p0, grads
 
 
-def run_case(out_dir, name, opt_name, wd, bf16_grads, n, steps, seed):
+def run_case(out_dir, name, opt_name, wd, bf16_grads, bf16_moments, n, steps, seed):
     p0, grads = make_inputs(n, steps, seed)
     if bf16_grads:
         grads = [g.bfloat16().float() for g in grads]
@@ -60,10 +66,15 @@ def run_case(out_dir, name, opt_name, wd, bf16_grads, n, steps, seed):
         lrs.append(lr_at(t))
         param.grad = grads[t - 1].clone()
         opt.step()
+        if bf16_moments:
+            for key in ("exp_avg", "exp_avg_sq"):
+                s = opt.state[param][key]
+                s.copy_(s.bfloat16().float())
     state = opt.state[param]
     with open(os.path.join(out_dir, name + ".bin"), "wb") as f:
-        f.write(b"OCADAM01")
-        f.write(struct.pack("<4I", n, steps, 1 if opt_name == "AdamW" else 0, 1 if bf16_grads else 0))
+        f.write(b"OCADAM02")
+        f.write(struct.pack("<5I", n, steps, 1 if opt_name == "AdamW" else 0, int(bf16_grads),
+                            int(bf16_moments)))
         f.write(struct.pack("<4d", BETAS[0], BETAS[1], EPS, wd))
         f.write(struct.pack(f"<{steps}d", *lrs))
         for t in [p0] + grads + [param.detach(), state["exp_avg"], state["exp_avg_sq"]]:
@@ -76,8 +87,8 @@ def main():
         return 2
     out_dir, n, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(1)
-    for i, (name, opt_name, wd, bf16) in enumerate(CASES):
-        run_case(out_dir, name, opt_name, wd, bf16, n, steps, seed=1234 + i)
+    for i, (name, opt_name, wd, bf16_grads, bf16_moments) in enumerate(CASES):
+        run_case(out_dir, name, opt_name, wd, bf16_grads, bf16_moments, n, steps, seed=1234 + i)
     print(f"torch {torch.__version__}: wrote {len(CASES)} cases to {out_dir}")
     return 0
 
