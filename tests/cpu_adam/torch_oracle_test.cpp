@@ -210,8 +210,13 @@ class TorchOracle : public ::testing::Test {
   std::vector<OracleCase> cases_;
 };
 
-TEST_F(TorchOracle, MatchesTorchAdamAndAdamWWithinOnePpmOrAnEighthBf16UlpWithBf16Moments) {
-  for (const OracleCase& c : cases_) {
+// Runs every case whose moments are bf16 (`bf16_moments`) or fp32, both formulas, with and
+// without the fused unscale, and expects each within its tolerance.
+void expect_cases_match(const std::vector<OracleCase>& cases, bool bf16_moments) {
+  int ran = 0;
+  for (const OracleCase& c : cases) {
+    if ((c.bf16_moments != 0) != bf16_moments) continue;
+    ++ran;
     const Floors f = floors_for(c);
     for (Formula formula : {Formula::kDeepSpeed, Formula::kPyTorch}) {
       for (bool fuse_unscale : {false, true}) {
@@ -225,6 +230,14 @@ TEST_F(TorchOracle, MatchesTorchAdamAndAdamWWithinOnePpmOrAnEighthBf16UlpWithBf1
       }
     }
   }
+  EXPECT_GE(ran, 2);
+}
+
+TEST_F(TorchOracle, MatchesTorchAdamAndAdamWWithinOnePpm) { expect_cases_match(cases_, false); }
+
+// torch.optim with its state rounded to bf16 after every step against bf16 moments.
+TEST_F(TorchOracle, Bf16MomentsMatchTorchWithBf16StateWithinAnEighthBf16Ulp) {
+  expect_cases_match(cases_, true);
 }
 
 TEST_F(TorchOracle, ToleranceCatchesAWrongFormula) {
