@@ -148,6 +148,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     coordinator = std::make_unique<detail::ParamCoordinator>(g, *home, device, *copy, *comm_stream,
                                                              comm, std::move(fetch_buffers),
                                                              traffic, std::move(co));
+    coordinator->set_before_fetch([this](int unit) { wait_unit(unit); });
   }
   for (size_t u = 0; u < g.units.size(); ++u) {
     const size_t bytes = g.units[u].accum_len * sizeof(float);
@@ -177,6 +178,11 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
 
 ZeroEngine::Impl::~Impl() {
   for (device::Stream* s : {copy.get(), grad.get(), comm_stream.get()}) {
+  try {
+    finish_step();
+  } catch (const std::exception& e) {
+    log::warn("zero: shutting down after a failed optimizer step: {}", e.what());
+  }
     if (s == nullptr) continue;
     try {
       s->synchronize();
@@ -282,6 +288,8 @@ float ZeroEngine::Impl::forward_backward(const int32_t* tokens, const int32_t* t
     const detail::PassStep& s = train_sched[i];
     const int u = s.unit;
     if (coordinator) coordinator->acquire(i);
+    wait_unit(u);  // a step still publishing later units runs on
+    for (int v : s.needs) wait_unit(v);
     if (!s.backward) {
       if (u == 0)
         model.forward(0, {.params = params_of(0), .tokens = tokens, .output = a.unit_input(1)});
@@ -343,6 +351,8 @@ float ZeroEngine::Impl::evaluate(const int32_t* tokens, const int32_t* targets) 
   for (size_t i = 0; i < eval_sched.size(); ++i) {
     const int u = eval_sched[i].unit;
     if (coordinator) coordinator->acquire(i);
+    wait_unit(u);  // a step still publishing later units runs on
+    for (int v : eval_sched[i].needs) wait_unit(v);
     if (u == 0)
       model.forward(0, {.params = params_of(0), .tokens = tokens, .output = a.unit_input(1)});
     else if (u < head)
@@ -387,10 +397,15 @@ float ZeroEngine::evaluate(const int32_t* tokens, const int32_t* targets) {
 
 StepResult ZeroEngine::step(const StepParams& params) { return impl_->step(params); }
 
+void ZeroEngine::wait_step() { impl_->finish_step(); }
 void ZeroEngine::get_master_weights(int unit, std::span<float> out) {
   impl_->get_master_weights(unit, out);
+  impl_->finish_step();
 }
-void ZeroEngine::get_params(int unit, std::span<std::byte> out) { impl_->get_params(unit, out); }
+void ZeroEngine::get_params(int unit, std::span<std::byte> out) {
+  impl_->finish_step();
+  impl_->get_params(unit, out);
+}
 
 size_t ZeroEngine::partition_numel(int unit) const {
   impl_->check_unit(unit);
@@ -402,9 +417,11 @@ size_t ZeroEngine::partition_offset(int unit) const {
 }
 void ZeroEngine::visit_unit_state(int unit, const StateVisitor& fn) {
   impl_->visit_unit_state(unit, fn);
+  impl_->finish_step();
 }
 void ZeroEngine::fill_unit_state(int unit, const StateFiller& fn) {
   impl_->fill_unit_state(unit, fn);
+  impl_->finish_step();
 }
 void ZeroEngine::read_unit_state(int unit, std::span<float> master, std::span<float> exp_avg,
                                  std::span<float> exp_avg_sq) {
@@ -435,6 +452,7 @@ void ZeroEngine::write_unit_state(int unit, std::span<const float> master,
 void ZeroEngine::visit_param_partition(int unit,
                                        const std::function<void(std::span<const std::byte>)>& fn) {
   impl_->visit_param_partition(unit, fn);
+  impl_->finish_step();
 }
 void ZeroEngine::read_param_partition(int unit, std::span<std::byte> out) {
   visit_param_partition(unit, [&](std::span<const std::byte> p) {
@@ -449,9 +467,11 @@ void ZeroEngine::read_param_partition(int unit, std::span<std::byte> out) {
 DType ZeroEngine::param_dtype() const { return impl_->g.placement.param_dtype; }
 void ZeroEngine::read_state(int unit, StateKind kind, std::span<float> out) {
   impl_->read_state(unit, kind, out);
+  impl_->finish_step();
 }
 void ZeroEngine::write_state(int unit, StateKind kind, std::span<const float> in) {
   impl_->write_state(unit, kind, in);
+  impl_->finish_step();
 }
 
 TrafficStats ZeroEngine::traffic() const {

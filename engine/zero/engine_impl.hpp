@@ -2,7 +2,11 @@
 // engine_step.cpp (the optimizer step, parameter publication, state access).
 #pragma once
 
+#include <condition_variable>
 #include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -37,6 +41,14 @@ struct ZeroEngine::Impl {
 
   // ---- step and state (engine_step.cpp)
   StepResult step(const StepParams& sp);
+  // The per-unit Adam updates and publications of one step, in unit order; each unit is
+  // marked done once its new parameters are in place (written, copied, gathered).
+  void run_unit_steps(const cpu_adam::AdamParams& hp);
+  void mark_done(size_t units);
+  // Blocks until `unit`'s update of the running step is published; rethrows its error.
+  void wait_unit(int unit);
+  // Joins the running step (if any); rethrows its error.
+  void finish_step();
   // Writes own_len new low-precision elements of `unit` (produced by `produce(out)`) to the
   // parameters' tier, in order with other publications; `slot` picks the staging buffer.
   template <typename Produce>
@@ -112,6 +124,16 @@ struct ZeroEngine::Impl {
     std::unique_ptr<device::Event> reduced, done;
   };
   std::deque<InFlightGrad> in_flight;
+
+  // The optimizer step running under the next pass (EngineOptions::overlap_step).
+  struct StepRun {
+    std::mutex m;
+    std::condition_variable cv;
+    size_t units_done = 0;  // units whose new parameters are published, in unit order
+    bool active = false;    // a step's updates are (or were) running on `worker`
+    std::exception_ptr error;
+    std::thread worker;
+  } step_run;
   device::DeviceBuffer tied_slab;  // the embedding's gradient slab, head to embedding backward
   bool accumulating = false;       // gradients hold a micro-batch since the last step
 };

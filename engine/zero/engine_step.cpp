@@ -198,6 +198,7 @@ double ZeroEngine::Impl::gradient_sum_of_squares() {
 }
 
 StepResult ZeroEngine::Impl::step(const StepParams& sp) {
+  finish_step();
   if (!accumulating)
     throw InvalidArgument(
         "zero: step: no gradients since the last step (call forward_backward first)");
@@ -242,14 +243,71 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
   cpu_adam::validate(hp);
 
   if (coordinator) coordinator->drop_all();
+  {
+    std::lock_guard lock(step_run.m);
+    step_run.units_done = 0;
+    step_run.active = true;
+    step_run.error = nullptr;
+  }
+  if (!options.overlap_step) {
+    run_unit_steps(hp);
+    finish_step();
+    return r;
+  }
+  step_run.worker = std::thread([this, hp] {
+    try {
+      run_unit_steps(hp);
+    } catch (...) {
+      std::lock_guard lock(step_run.m);
+      step_run.error = std::current_exception();
+      step_run.cv.notify_all();
+    }
+  });
+  return r;
+}
+
+void ZeroEngine::Impl::mark_done(size_t units) {
+  std::lock_guard lock(step_run.m);
+  step_run.units_done = units;
+  step_run.cv.notify_all();
+}
+
+void ZeroEngine::Impl::wait_unit(int unit) {
+  std::unique_lock lock(step_run.m);
+  if (!step_run.active) return;
+  step_run.cv.wait(lock, [&] {
+    return step_run.units_done > static_cast<size_t>(unit) || step_run.error != nullptr;
+  });
+  if (step_run.units_done <= static_cast<size_t>(unit)) std::rethrow_exception(step_run.error);
+}
+
+void ZeroEngine::Impl::finish_step() {
+  if (step_run.worker.joinable()) step_run.worker.join();
+  std::lock_guard lock(step_run.m);
+  if (!step_run.active) return;
+  if (step_run.error) std::rethrow_exception(step_run.error);  // the engine is unusable now
+  step_run.active = false;
+}
+
+void ZeroEngine::Impl::run_unit_steps(const cpu_adam::AdamParams& hp) {
+  const size_t U = g.units.size();
   const DType dt = g.placement.param_dtype;
   const size_t slots = std::max<size_t>(1, publish_slots.size());
   const size_t concurrent = optimizer->concurrent_steps();
+  // A unit is done when its new parameters are where the next pass reads them: the staging
+  // slot's copy or swap write finished, and at stages 1-2 the gather of every rank's
+  // partition into the full slab.
+  auto complete = [&](int unit, size_t slot) {
+    if (detail::staged_publication(g.placement, static_cast<size_t>(unit))) wait_slot(slot);
+    if (g.placement.stage == 1 || g.placement.stage == 2) comm_stream->synchronize();
+    mark_done(static_cast<size_t>(unit) + 1);
+  };
   if (concurrent <= 1) {
     for (size_t u = 0; u < U; ++u) {
       const int unit = static_cast<int>(u);
       publish(unit, u % slots,
               [&](std::byte* out) { optimizer->step(unit, load_grads(unit, u), hp, out, dt); });
+      complete(unit, u % slots);
     }
   } else {
     // Units step on worker threads, `concurrent` at a time (NVMe reads of one overlap the
@@ -266,6 +324,7 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
       running.pop_front();
       f.done.get();
       finish_publish(f.unit, f.slot, f.staged);
+      complete(f.unit, f.slot);
     };
     try {
       for (size_t u = 0; u < U; ++u) {
@@ -286,7 +345,7 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
     }
   }
   wait_publications();
-  return r;
+  mark_done(U);
 }
 
 // ---- state access ---------------------------------------------------------------------------

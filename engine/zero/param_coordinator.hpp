@@ -10,6 +10,8 @@
 // issues the same collectives in the same order, and the planner replays the same decisions.
 #pragma once
 
+#include <functional>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -88,6 +90,10 @@ class ParamCoordinator final : private ResidencyActions {
 
   uint64_t live_bytes() const { return policy_.live_bytes(); }
 
+  // Called with a unit before its partition is read for a fetch (the engine waits there for
+  // an optimizer step still writing that unit's new parameters). Null: nothing to wait for.
+  void set_before_fetch(std::function<void(int)> fn) { before_fetch_ = std::move(fn); }
+
  private:
   struct Slot {
     device::DeviceBuffer buf;
@@ -107,6 +113,7 @@ class ParamCoordinator final : private ResidencyActions {
   std::vector<swap::PinnedBuffer> fetch_buffers_;
   TrafficCounters& traffic_;
   std::vector<Slot> slots_;
+  std::function<void(int)> before_fetch_;
   ResidencyPolicy policy_;  // last: its calls reach the members above
 };
 

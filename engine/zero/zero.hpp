@@ -136,6 +136,14 @@ struct EngineOptions {
   unsigned cpu_threads = 0;
   // Where gradient accumulators go when the optimizer state is on NVMe (see plan.hpp).
   GradientPlacement gradients = GradientPlacement::kAuto;
+  // Overlap the optimizer step with the next pass: step() computes the norm and the overflow
+  // verdict, starts the per-unit Adam updates (in unit order) on a worker thread and returns;
+  // the next forward (or evaluation) uses each unit as soon as its new parameters are
+  // published, so NVMe swapping and Adam of later units run under the forward of earlier ones,
+  // and stage 3 prefetches the next forward's first units while the step finishes. Results are
+  // bit-identical to the sequential step (same kernels, same ranges). Every other call waits
+  // for the step first. false: step() returns with every unit updated.
+  bool overlap_step = true;
   // Checked between units while the swap files are initialised (minutes for a large model):
   // when set, the constructor stops with outcore::Interrupted (and removes its swap files).
   // Not owned; may be null.
@@ -239,6 +247,11 @@ class ZeroEngine {
   void visit_param_partition(int unit, const std::function<void(std::span<const std::byte>)>& fn);
   void read_param_partition(int unit, std::span<std::byte> out);
   DType param_dtype() const;
+
+  // Waits until the last step's updates are all published (with overlap_step they otherwise
+  // finish under the next pass); rethrows the step's error. Counters read after it include
+  // the whole step.
+  void wait_step();
 
   TrafficStats traffic() const;
   MemoryPeaks memory() const;

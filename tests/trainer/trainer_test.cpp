@@ -259,10 +259,12 @@ TEST(TrainerTest, MetricsFileHasOneRecordPerStepWithTierTraffic) {
     EXPECT_GT(s["device_mem_peak_bytes"].get<uint64_t>(), 0u);
     EXPECT_TRUE(s.contains("grad_norm"));
     EXPECT_FALSE(s["skipped"].get<bool>());
-    // Parameters and optimizer state live in swap files: every step reads and writes them.
+    // Parameters and optimizer state live in swap files: every step reads them, and writes
+    // them from the second step on (the I/O of a step is what moved during its wall time; the
+    // optimizer step's writes finish under the next step's forward).
     ASSERT_TRUE(s.contains("io") && s["io"].contains("nvme")) << s.dump();
     EXPECT_GT(s["io"]["nvme"]["read_gb_per_s"].get<double>(), 0) << s.dump();
-    EXPECT_GT(s["io"]["nvme"]["write_gb_per_s"].get<double>(), 0) << s.dump();
+    if (i > 0) EXPECT_GT(s["io"]["nvme"]["write_gb_per_s"].get<double>(), 0) << s.dump();
   }
   EXPECT_GT(r.traffic.nvme_read_bytes, 0u);
   EXPECT_GT(r.traffic.nvme_write_bytes, 0u);

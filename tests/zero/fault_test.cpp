@@ -67,7 +67,8 @@ struct Rig {
 
 // Runs up to `steps` steps; returns the error message of the first failure, "" if none.
 std::string run_until_error(const config::Config& cfg, const model::LlamaModel& model,
-                            const Rig& rig, int steps, const char** where) {
+                            const Rig& rig, int steps, const char** where,
+                            bool wait_each_step = true) {
   device::CpuDevice dev;
   comm::LocalComm comm;
   ZeroEngine engine(cfg, model, dev, comm, 5, rig.options());
@@ -79,6 +80,7 @@ std::string run_until_error(const config::Config& cfg, const model::LlamaModel& 
       engine.forward_backward(tok.data(), tok.data() + 1, 1.0f, true);
       *where = "step";
       engine.step(step_params(cfg, 1e-3, t, 1.0));
+      if (wait_each_step) engine.wait_step();  // an overlapped step's error surfaces here
     }
   } catch (const IoError& e) {
     EXPECT_EQ(e.error_number(), EIO);
@@ -115,6 +117,22 @@ TEST(ZeroFault, EioWhileSwappingOptimizerStateStopsWithTheFile) {
   const std::string msg = run_until_error(cfg, model, rig, 2, &where);
   EXPECT_NE(msg, "");
   EXPECT_STREQ(where, "step");
+  EXPECT_NE(msg.find("optimizer"), std::string::npos) << msg;
+}
+
+// Without wait_step, an overlapped step's I/O error surfaces from the next pass, which waits
+// for the failed unit.
+TEST(ZeroFault, OverlappedStepErrorSurfacesFromTheNextPass) {
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+  const std::string dir = swap_dir("fault_opt_overlap").string();
+  const config::Config cfg = make_config(config_json({3, "cpu", "nvme"}, DType::BF16, dir));
+  Rig rig;
+  auto eio = std::make_shared<EioOnNth>(3, false);
+  rig.backend = eio;
+  const char* where = "";
+  const std::string msg = run_until_error(cfg, model, rig, 2, &where, /*wait_each_step=*/false);
+  EXPECT_NE(msg, "");
+  EXPECT_STREQ(where, "forward_backward");
   EXPECT_NE(msg.find("optimizer"), std::string::npos) << msg;
 }
 

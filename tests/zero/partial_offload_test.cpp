@@ -64,6 +64,7 @@ Measured measure(const config::Config& cfg, const model::LlamaModel& model, int 
     }
     engine.step(step_params(cfg, 1e-3, t, 1.0));
   }
+  engine.wait_step();  // the last step otherwise finishes under the next pass
   m.memory = engine.memory();
   m.after_steps = engine.traffic();
   return m;
