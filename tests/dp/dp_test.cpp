@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -149,7 +150,18 @@ TEST_F(DataParallel, Stage1OptimizerNvmeWorld2MatchesWorld1) { expect_same("s1_n
 TEST_F(DataParallel, Stage2CpuBf16World3MatchesWorld1) { expect_same("s2_cpu_bf16", 3, 1); }
 TEST_F(DataParallel, Stage3NvmeWorld2MatchesWorld1) { expect_same("s3_nvme_fp32", 2, 1); }
 TEST_F(DataParallel, Stage3NvmeBf16World3MatchesWorld1) { expect_same("s3_nvme_bf16", 3, 2); }
-TEST_F(DataParallel, Stage0Fp16WithOverflowWorld2MatchesWorld1) { expect_same("s0_fp16", 2, 1); }
+TEST_F(DataParallel, Stage0Fp16WithOverflowWorld2MatchesWorld1) {
+  expect_same("s0_fp16", 2, 1);
+  // The run starts from a loss scale beyond fp32's range: its first step was skipped (grad
+  // norm recorded as -1) and its last was not.
+  const std::string r = read_all(dir_->file("s0_fp16_w2_g1.bin"));
+  ASSERT_GE(r.size(), 20 * sizeof(double));
+  double first_norm = 0, last_norm = 0;
+  std::memcpy(&first_norm, r.data() + sizeof(double), sizeof(double));
+  std::memcpy(&last_norm, r.data() + 19 * sizeof(double), sizeof(double));
+  EXPECT_EQ(first_norm, -1.0);
+  EXPECT_GT(last_norm, 0.0);
+}
 
 // `outcore train` under mpirun, 2 ranks, stage 3 with parameters and optimizer state in swap
 // files; `strike(rank 1's pid, swap dir)` is called once the run has taken a few steps.
