@@ -3,6 +3,7 @@
 // first waits for the write of the sub-group that used it before (k - B).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -22,23 +23,46 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-uint64_t part_bytes(uint64_t n) { return align_up(n * sizeof(float), kIoAlignment); }
-// [master | exp_avg | exp_avg_sq], each part 4096-aligned; the last part is exact.
-uint64_t sub_group_bytes(uint64_t n) { return 2 * part_bytes(n) + n * sizeof(float); }
+// [fp32 master | exp_avg | exp_avg_sq] with moments of `mbytes` bytes each (4: fp32, 2: bf16),
+// each part 4096-aligned; the last part is exact.
+uint64_t part_bytes(uint64_t n, size_t elem_bytes) {
+  return align_up(n * elem_bytes, kIoAlignment);
+}
+uint64_t sub_group_bytes(uint64_t n, size_t mbytes) {
+  return part_bytes(n, sizeof(float)) + part_bytes(n, mbytes) + n * mbytes;
+}
+
+// Moments between the caller's fp32 arrays and the sub-group buffer: copied (fp32), or
+// narrowed to nearest even / widened exactly (bf16).
+void store_moments(std::byte* dst, const float* src, uint64_t n, DType t) {
+  if (t == DType::F32) return void(std::memcpy(dst, src, n * sizeof(float)));
+  auto* h = reinterpret_cast<uint16_t*>(dst);
+  for (uint64_t i = 0; i < n; ++i) h[i] = fp32_to_bf16(src[i]);
+}
+
+void load_moments(float* dst, const std::byte* src, uint64_t n, DType t) {
+  if (t == DType::F32) return void(std::memcpy(dst, src, n * sizeof(float)));
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+  for (uint64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
+}
 std::string sub_group_name(size_t k) { return fmt::format("sg{}", k); }
 
 struct SubGroup {
   uint64_t first = 0;  // element offset in the unit's partition
   uint64_t n = 0;
   TensorId id;
-  uint64_t part = 0;   // part_bytes(n)
-  uint64_t bytes = 0;  // sub_group_bytes(n)
+  uint64_t part = 0;    // bytes of the master part: part_bytes(n, 4)
+  uint64_t part_m = 0;  // bytes of the exp_avg part: part_bytes(n, moment size)
+  uint64_t bytes = 0;   // sub_group_bytes(n, moment size)
+  uint64_t span() const { return part + 2 * part_m; }  // all three parts, rounded up
+  std::byte* exp_avg(std::byte* b) const { return b + part; }
+  std::byte* exp_avg_sq(std::byte* b) const { return b + part + part_m; }
 };
 
 struct UnitLayout {
   uint64_t numel = 0;
   std::vector<SubGroup> groups;
-  uint64_t slot = 0;  // bytes of one ring buffer: 3 parts of the largest sub-group
+  uint64_t slot = 0;  // bytes of one ring buffer: the three parts of the largest sub-group
 };
 
 struct UnitState {
@@ -54,16 +78,20 @@ using Work = std::function<void(const SubGroup& g, std::byte* buf)>;
 
 }  // namespace
 
-SwapFileSpec optimizer_file_spec(uint32_t unit, uint64_t numel, uint64_t sub_group_size) {
+SwapFileSpec optimizer_file_spec(uint32_t unit, uint64_t numel, uint64_t sub_group_size,
+                                 DType moments) {
   if (numel == 0 || sub_group_size == 0) {
     throw InvalidArgument(
         fmt::format("optimizer swap: unit {}: numel {} and sub_group_size {} must both be > 0",
                     unit, numel, sub_group_size));
   }
+  if (moments != DType::F32 && moments != DType::BF16) {
+    throw InvalidArgument("optimizer swap: the Adam moments must be fp32 or bf16");
+  }
   SwapFileSpec spec{.unit = unit, .kind = SwapKind::kOptimizer, .tensors = {}};
   for (uint64_t first = 0, k = 0; first < numel; first += sub_group_size, ++k) {
     uint64_t n = std::min(sub_group_size, numel - first);
-    spec.tensors.push_back({sub_group_name(k), sub_group_bytes(n)});
+    spec.tensors.push_back({sub_group_name(k), sub_group_bytes(n, dtype_size(moments))});
   }
   return spec;
 }
@@ -108,13 +136,13 @@ struct OptimizerSwapper::Impl {
 
   std::shared_ptr<const UnitLayout> layout_for(uint32_t unit, uint64_t numel) const {
     const SwapSpace& space = swapper.space();
-    SwapFileSpec want = optimizer_file_spec(unit, numel, options.sub_group_size);
+    SwapFileSpec want = optimizer_file_spec(unit, numel, options.sub_group_size, options.moments);
     size_t have = space.tensor_count(unit, SwapKind::kOptimizer);
     auto mismatch = [&](const std::string& what) {
       return InvalidArgument(fmt::format(
           "optimizer swap: the swap space's optimizer file of unit {} is not laid out for {} "
-          "elements in sub-groups of {} (use optimizer_file_spec): {}",
-          unit, numel, options.sub_group_size, what));
+          "elements in sub-groups of {} with {} moments (use optimizer_file_spec): {}",
+          unit, numel, options.sub_group_size, dtype_name(options.moments), what));
     };
     if (have != want.tensors.size()) {
       throw mismatch(fmt::format("it has {} tensors, {} expected", have, want.tensors.size()));
@@ -133,9 +161,10 @@ struct OptimizerSwapper::Impl {
       g.first = k * options.sub_group_size;
       g.n = std::min(options.sub_group_size, numel - g.first);
       g.id = id;
-      g.part = part_bytes(g.n);
+      g.part = part_bytes(g.n, sizeof(float));
+      g.part_m = part_bytes(g.n, dtype_size(options.moments));
       g.bytes = info.bytes;
-      layout->slot = std::max(layout->slot, 3 * g.part);
+      layout->slot = std::max(layout->slot, g.span());
       layout->groups.push_back(g);
     }
     return layout;
@@ -215,11 +244,10 @@ struct OptimizerSwapper::Impl {
   void write_state(uint32_t unit, std::span<const float> master, std::span<const float> m,
                    std::span<const float> v, uint64_t steps) {
     Work fill = [&](const SubGroup& g, std::byte* b) {
-      size_t len = g.n * sizeof(float);
-      std::memset(b, 0, 3 * g.part);
-      std::memcpy(b, master.data() + g.first, len);
-      if (!m.empty()) std::memcpy(b + g.part, m.data() + g.first, len);
-      if (!v.empty()) std::memcpy(b + 2 * g.part, v.data() + g.first, len);
+      std::memset(b, 0, g.span());
+      std::memcpy(b, master.data() + g.first, g.n * sizeof(float));
+      if (!m.empty()) store_moments(g.exp_avg(b), m.data() + g.first, g.n, options.moments);
+      if (!v.empty()) store_moments(g.exp_avg_sq(b), v.data() + g.first, g.n, options.moments);
     };
     write_pass(unit, master.size(), fill, steps);
   }
@@ -276,6 +304,9 @@ OptimizerSwapper::OptimizerSwapper(Swapper& swapper, PinnedPool& pool,
     throw InvalidArgument("optimizer swap: sub_group_size must be > 0");
   }
   if (options.buffer_count == 0) throw InvalidArgument("optimizer swap: buffer_count must be >= 1");
+  if (options.moments != DType::F32 && options.moments != DType::BF16) {
+    throw InvalidArgument("optimizer swap: the Adam moments must be fp32 or bf16");
+  }
   impl_ = std::make_unique<Impl>(swapper, pool, options, executor);
 }
 
@@ -310,14 +341,13 @@ void OptimizerSwapper::step(uint32_t unit, std::span<const float> grads,
   const size_t out_elem = dtype_size(out.dtype);
   Work adam = [&](const SubGroup& g, std::byte* b) {
     auto* master = reinterpret_cast<float*>(b);
-    auto* exp_avg = reinterpret_cast<float*>(b + g.part);
-    auto* exp_avg_sq = reinterpret_cast<float*>(b + 2 * g.part);
+    const cpu_adam::Moments moments{g.exp_avg(b), g.exp_avg_sq(b), m.options.moments};
     cpu_adam::ParamsOut lowp;
     if (out.data != nullptr && out.dtype != DType::F32) {
       lowp = {static_cast<std::byte*>(out.data) + g.first * out_elem, out.dtype};
     }
-    cpu_adam::adam_step(hp, g.n, master, {grads.data() + g.first, DType::F32}, exp_avg, exp_avg_sq,
-                        lowp, m.executor);
+    cpu_adam::adam_step(hp, g.n, master, {grads.data() + g.first, DType::F32}, moments, lowp,
+                        m.executor);
     if (out.data != nullptr && out.dtype == DType::F32) {
       std::memcpy(static_cast<float*>(out.data) + g.first, master, g.n * sizeof(float));
     }
@@ -355,11 +385,11 @@ void OptimizerSwapper::read_state(uint32_t unit, std::span<float> master, std::s
         "optimizer swap: read_state of unit {}: exp_avg and exp_avg_sq must have {} elements", unit,
         master.size()));
   }
+  const DType mt = m.options.moments;
   Work copy = [&](const SubGroup& g, std::byte* b) {
-    size_t len = g.n * sizeof(float);
-    std::memcpy(master.data() + g.first, b, len);
-    if (!exp_avg.empty()) std::memcpy(exp_avg.data() + g.first, b + g.part, len);
-    if (!exp_avg_sq.empty()) std::memcpy(exp_avg_sq.data() + g.first, b + 2 * g.part, len);
+    std::memcpy(master.data() + g.first, b, g.n * sizeof(float));
+    if (!exp_avg.empty()) load_moments(exp_avg.data() + g.first, g.exp_avg(b), g.n, mt);
+    if (!exp_avg_sq.empty()) load_moments(exp_avg_sq.data() + g.first, g.exp_avg_sq(b), g.n, mt);
   };
   OptimizerStepStats s;
   bool wrote = false;
@@ -370,9 +400,23 @@ void OptimizerSwapper::visit_state(uint32_t unit, uint64_t numel, const StateVis
   Impl& m = *impl_;
   Impl::Busy busy(m, unit);
   auto layout = m.ready_layout(unit, busy.state(), numel, "visit_state");
+  const DType mt = m.options.moments;
+  // bf16 moments are widened into fp32 scratch of one sub-group (checkpoints only).
+  std::vector<float> wide_m, wide_v;
+  if (mt != DType::F32) {
+    wide_m.resize(std::min(numel, m.options.sub_group_size));
+    wide_v.resize(wide_m.size());
+  }
   Work visit = [&](const SubGroup& g, std::byte* b) {
-    fn(g.first, g.n, reinterpret_cast<const float*>(b), reinterpret_cast<const float*>(b + g.part),
-       reinterpret_cast<const float*>(b + 2 * g.part));
+    const float* em = reinterpret_cast<const float*>(g.exp_avg(b));
+    const float* ev = reinterpret_cast<const float*>(g.exp_avg_sq(b));
+    if (mt != DType::F32) {
+      load_moments(wide_m.data(), g.exp_avg(b), g.n, mt);
+      load_moments(wide_v.data(), g.exp_avg_sq(b), g.n, mt);
+      em = wide_m.data();
+      ev = wide_v.data();
+    }
+    fn(g.first, g.n, reinterpret_cast<const float*>(b), em, ev);
   };
   OptimizerStepStats s;
   bool wrote = false;
@@ -381,10 +425,24 @@ void OptimizerSwapper::visit_state(uint32_t unit, uint64_t numel, const StateVis
 
 void OptimizerSwapper::fill_state(uint32_t unit, uint64_t numel, const StateFiller& fn,
                                   uint64_t steps_done) {
+  const DType mt = impl_->options.moments;
+  std::vector<float> wide_m, wide_v;  // bf16 moments: filled in fp32, then narrowed
+  if (mt != DType::F32) {
+    wide_m.resize(std::min(numel, impl_->options.sub_group_size));
+    wide_v.resize(wide_m.size());
+  }
   Work fill = [&](const SubGroup& g, std::byte* b) {
-    std::memset(b, 0, 3 * g.part);
-    fn(g.first, g.n, reinterpret_cast<float*>(b), reinterpret_cast<float*>(b + g.part),
-       reinterpret_cast<float*>(b + 2 * g.part));
+    std::memset(b, 0, g.span());
+    auto* master = reinterpret_cast<float*>(b);
+    if (mt == DType::F32) {
+      return fn(g.first, g.n, master, reinterpret_cast<float*>(g.exp_avg(b)),
+                reinterpret_cast<float*>(g.exp_avg_sq(b)));
+    }
+    std::fill_n(wide_m.data(), g.n, 0.0f);
+    std::fill_n(wide_v.data(), g.n, 0.0f);
+    fn(g.first, g.n, master, wide_m.data(), wide_v.data());
+    store_moments(g.exp_avg(b), wide_m.data(), g.n, mt);
+    store_moments(g.exp_avg_sq(b), wide_v.data(), g.n, mt);
   };
   impl_->write_pass(unit, numel, fill, steps_done);
 }

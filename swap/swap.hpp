@@ -325,7 +325,10 @@ class Swapper {
 // A unit's optimizer partition of `numel` elements is cut into sub-groups of sub_group_size
 // elements (the last one shorter). Sub-group k is one tensor "sg<k>" in the unit's optimizer
 // file holding [fp32 master | exp_avg | exp_avg_sq], each part starting 4096-aligned, so one
-// read and one write move a sub-group. A step reads sub-group k, runs cpu_adam::adam_step on
+// read and one write move a sub-group. The moments are fp32 or bf16 (options.moments): 12 or 8
+// bytes per element each way per step. Every call taking or giving moments as fp32 arrays
+// converts: bf16 moments are widened exactly on the way out and rounded to nearest even on the
+// way in. A step reads sub-group k, runs cpu_adam::adam_step on
 // it with the caller's gradient slice, and writes it back in place.
 //
 // Failure semantics: state is updated in place. If a step fails (I/O error, CorruptData)
@@ -337,8 +340,10 @@ class Swapper {
 // and the output buffer's contents are unspecified. All I/O of a failed step is drained
 // before the error is thrown, so no buffer is released while a transfer is in flight.
 
-// The optimizer file of one unit for the SwapSpace plan. numel > 0, sub_group_size > 0.
-SwapFileSpec optimizer_file_spec(uint32_t unit, uint64_t numel, uint64_t sub_group_size);
+// The optimizer file of one unit for the SwapSpace plan. numel > 0, sub_group_size > 0,
+// moments F32 or BF16 (else InvalidArgument).
+SwapFileSpec optimizer_file_spec(uint32_t unit, uint64_t numel, uint64_t sub_group_size,
+                                 DType moments = DType::F32);
 
 struct OptimizerSwapperOptions {
   // Elements per sub-group (zero_optimization.sub_group_size). > 0.
@@ -353,6 +358,9 @@ struct OptimizerSwapperOptions {
   bool pipeline_write = false;
   // How long a step waits for its buffers from the pool before OutOfMemory.
   std::chrono::milliseconds buffer_timeout{60'000};
+  // dtype of exp_avg and exp_avg_sq in the files: F32 or BF16 (cpu_adam::Moments). The swap
+  // space must be laid out with the same (optimizer_file_spec).
+  DType moments = DType::F32;
 };
 
 // Where the step puts the updated parameters. dtype BF16/F16: rounded copies (cpu_adam's

@@ -72,4 +72,8 @@ std::string_view to_string(OffloadDevice d) {
 
 std::string_view to_string(WarmupType t) { return t == WarmupType::kLog ? "log" : "linear"; }
 
+bool adam_moments_bf16(const Config& cfg) {
+  return !cfg.optimizer.fp32_optimizer_states || cfg.bf16.bf16_optimizer_states;
+}
+
 }  // namespace outcore::config

@@ -143,6 +143,9 @@ struct OptimizerConfig {
   // With type Adam: true = decoupled (AdamW) decay, false = classic L2. DeepSpeed's default
   // is true, so "Adam" decays like AdamW unless the file says `"adam_w_mode": false`.
   bool adam_w_mode = true;
+  // DeepSpeedCPUAdam's fp32_optimizer_states: false keeps the Adam moments in bf16 (see
+  // adam_moments_bf16).
+  bool fp32_optimizer_states = true;
 
   // True when weight decay is decoupled (AdamW semantics).
   bool decoupled_weight_decay() const { return type == OptimizerType::kAdamW || adam_w_mode; }
@@ -411,6 +414,11 @@ std::vector<std::string> unresolved_auto(const Config& cfg);
 void require_resolved(const Config& cfg);
 
 // ---- output ----------------------------------------------------------------------------
+
+// Whether the Adam moments (exp_avg, exp_avg_sq) are stored in bf16 in every tier: set by
+// optimizer.params.fp32_optimizer_states: false or bf16.bf16_optimizer_states: true. Master
+// weights stay fp32 either way.
+bool adam_moments_bf16(const Config& cfg);
 
 // The config as DeepSpeed-compatible JSON with every section and its effective defaults.
 // "auto" values print as "auto", unset optional values as null; parse_config() of the

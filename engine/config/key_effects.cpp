@@ -55,7 +55,9 @@ constexpr KeyEffect kEffects[] = {
      "tests/trainer/trainer_test.cpp: TrainerTest.NonFiniteLossWithoutAnOverflowCheckEndsTheRun"},
     {"bf16.bf16_master_weights_and_grads", N,
      "outcore always keeps fp32 master weights and reduces gradients in fp32"},
-    {"bf16.bf16_optimizer_states", N, "outcore keeps Adam moments in fp32"},
+    {"bf16.bf16_optimizer_states", H,
+     "tests/zero/equivalence_test.cpp: "
+     "Bf16Moments.EveryTierMatchesBitwiseAndMovesTwoThirdsOfTheBytes"},
     {"optimizer.type", H,
      "tests/cpu_adam/torch_oracle_test.cpp: TorchOracle.MatchesTorchAdamAndAdamWWithinOnePpm"},
     {"optimizer.params.lr", H,
@@ -68,6 +70,9 @@ constexpr KeyEffect kEffects[] = {
      "tests/cpu_adam/torch_oracle_test.cpp: TorchOracle.MatchesTorchAdamAndAdamWWithinOnePpm"},
     {"optimizer.params.bias_correction", H,
      "tests/cpu_adam/adam_step_test.cpp: AdamStep.FirstBiasCorrectedStepMovesEveryParamByLr"},
+    {"optimizer.params.fp32_optimizer_states", H,
+     "tests/zero/equivalence_test.cpp: "
+     "Bf16Moments.EveryTierMatchesBitwiseAndMovesTwoThirdsOfTheBytes"},
     {"optimizer.params.adam_w_mode", H,
      "tests/cpu_adam/torch_oracle_test.cpp: TorchOracle.MatchesTorchAdamAndAdamWWithinOnePpm"},
     {"scheduler", H,

@@ -124,7 +124,7 @@ void read_optimizer(SectionReader& root, Diagnostics& d, OptimizerConfig& o) {
            "false has no effect with type AdamW (weight decay stays decoupled)");
   }
   p.ignore("torch_adam", false);
-  p.ignore("fp32_optimizer_states", true);
+  p.get("fp32_optimizer_states", o.fp32_optimizer_states);
   bool amsgrad = false;
   if (p.get("amsgrad", amsgrad) && amsgrad) {
     d.error("optimizer.params.amsgrad",

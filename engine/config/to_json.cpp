@@ -48,7 +48,8 @@ Json optimizer_json(const OptimizerConfig& o) {
             {"eps", value(o.eps)},
             {"weight_decay", value(o.weight_decay)},
             {"bias_correction", o.bias_correction},
-            {"adam_w_mode", o.adam_w_mode}}}};
+            {"adam_w_mode", o.adam_w_mode},
+            {"fp32_optimizer_states", o.fp32_optimizer_states}}}};
 }
 
 Json scheduler_params_json(const SchedulerConfig& s) {

@@ -162,6 +162,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     swap::OptimizerSwapperOptions oo;
     oo.sub_group_size = g.sub_group_size;
     oo.buffer_count = pl.optimizer_buffer_count;
+    oo.moments = g.moments;
     oo.pipeline_read = z.offload_optimizer.pipeline_read;
     oo.pipeline_write = z.offload_optimizer.pipeline_write;
     optimizer = detail::make_nvme_store(g, *optimizer_swapper, *pool, oo, pl.concurrent_steps,

@@ -150,6 +150,7 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
   g.param_bytes = dtype_size(g.placement.param_dtype);
   g.sub_group_size =
       static_cast<uint64_t>(std::max<int64_t>(1, cfg.zero_optimization.sub_group_size));
+  g.moments = config::adam_moments_bf16(cfg) ? DType::BF16 : DType::F32;
   const int stage = g.placement.stage;
   for (const model::UnitLayout& ul : model.layout().units) {
     UnitGeometry u;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/dtype.hpp"
 #include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
 #include "engine/zero/plan.hpp"
@@ -35,6 +36,10 @@ struct Geometry {
   size_t max_padded = 0;
   size_t max_nvme_part = 0;     // the largest partition homed in a swap file (0: none)
   uint64_t sub_group_size = 0;  // optimizer sub-group elements (zero sub_group_size)
+  DType moments = DType::F32;   // Adam moments: F32 or BF16 (config::adam_moments_bf16)
+
+  // Bytes of optimizer state per owned element: fp32 master + two moments (12 or 8).
+  size_t optimizer_elem_bytes() const { return sizeof(float) + 2 * dtype_size(moments); }
 };
 
 // Resolves the placement (stage, tiers) from the config and the model. Throws ConfigError for

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -17,14 +18,32 @@ void check_len(const char* what, int unit, size_t have, size_t want) {
                                       what, unit, have, want));
 }
 
+// Moments between fp32 arrays and their storage: copied (fp32), or narrowed to nearest even /
+// widened exactly (bf16).
+void store_moments(std::byte* dst, const float* src, size_t n, DType t) {
+  if (t == DType::F32) return void(std::memcpy(dst, src, n * sizeof(float)));
+  auto* h = reinterpret_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < n; ++i) h[i] = fp32_to_bf16(src[i]);
+}
+
+void load_moments(float* dst, const std::byte* src, size_t n, DType t) {
+  if (t == DType::F32) return void(std::memcpy(dst, src, n * sizeof(float)));
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
+}
+
+// Elements per fp32 scratch range when visit/fill widen bf16 moments.
+constexpr size_t kWidenChunk = size_t{1} << 20;
+
 // The units whose optimizer home (Placement::optimizer_home) is the device or host memory;
-// units homed on NVMe have no arrays here.
+// units homed on NVMe have no arrays here. A unit's arrays are [fp32 master | exp_avg |
+// exp_avg_sq] with moments of g.moments.
 class MemoryOptimizerStore final : public OptimizerStore {
  public:
   MemoryOptimizerStore(const Geometry& g, device::Device* device, const cpu_adam::Executor& ex)
       : g_(g), ex_(ex), base_(g.units.size(), nullptr) {
     for (size_t u = 0; u < g.units.size(); ++u) {
-      const size_t bytes = 3 * g.units[u].own_len * sizeof(float);
+      const size_t bytes = g.units[u].own_len * g.optimizer_elem_bytes();
       switch (g.placement.optimizer_home(u)) {
         case Tier::kDevice:
           if (device == nullptr)
@@ -34,13 +53,13 @@ class MemoryOptimizerStore final : public OptimizerStore {
                             u));
           dev_.push_back(device->alloc(bytes, fmt::format("optimizer state of unit {}", u)));
           std::memset(dev_.back().data(), 0, bytes);
-          base_[u] = dev_.back().as<float>();
+          base_[u] = static_cast<std::byte*>(dev_.back().data());
           break;
         case Tier::kNvme:
           break;
         default:
           host_.emplace_back(bytes);  // zeroed
-          base_[u] = host_.back().as<float>().data();
+          base_[u] = host_.back().data();
           break;
       }
     }
@@ -49,57 +68,91 @@ class MemoryOptimizerStore final : public OptimizerStore {
   void init(int unit, std::span<const float> master) override {
     check_len("initial master weights", unit, master.size(), n(unit));
     std::memcpy(part(unit, StateKind::kMaster), master.data(), master.size_bytes());
-    std::memset(part(unit, StateKind::kExpAvg), 0, 2 * n(unit) * sizeof(float));
+    std::memset(part(unit, StateKind::kExpAvg), 0, 2 * moment_bytes(unit));
   }
 
   void step(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
             DType out_dtype) override {
-    float* p = part(unit, StateKind::kMaster);
+    auto* p = reinterpret_cast<float*>(part(unit, StateKind::kMaster));
     cpu_adam::ParamsOut po;
     if (out != nullptr && out_dtype != DType::F32) po = {out, out_dtype};
-    cpu_adam::adam_step(hp, n(unit), p, {grads, DType::F32}, part(unit, StateKind::kExpAvg),
-                        part(unit, StateKind::kExpAvgSq), po, &ex_);
+    const cpu_adam::Moments moments{part(unit, StateKind::kExpAvg),
+                                    part(unit, StateKind::kExpAvgSq), g_.moments};
+    cpu_adam::adam_step(hp, n(unit), p, {grads, DType::F32}, moments, po, &ex_);
     if (out != nullptr && out_dtype == DType::F32) std::memcpy(out, p, n(unit) * sizeof(float));
   }
 
   void read(int unit, StateKind kind, std::span<float> out) override {
     check_len("state read", unit, out.size(), n(unit));
-    std::memcpy(out.data(), part(unit, kind), out.size_bytes());
+    if (kind == StateKind::kMaster)
+      return void(std::memcpy(out.data(), part(unit, kind), out.size_bytes()));
+    load_moments(out.data(), part(unit, kind), out.size(), g_.moments);
   }
 
   void write(int unit, StateKind kind, std::span<const float> in) override {
     check_len("state write", unit, in.size(), n(unit));
-    std::memcpy(part(unit, kind), in.data(), in.size_bytes());
+    if (kind == StateKind::kMaster)
+      return void(std::memcpy(part(unit, kind), in.data(), in.size_bytes()));
+    store_moments(part(unit, kind), in.data(), in.size(), g_.moments);
   }
 
+  // fp32 moments: one call over the whole arrays. bf16: ranges of kWidenChunk elements with the
+  // moments widened into (visit) or narrowed from (fill) fp32 scratch.
   void visit(int unit, const swap::OptimizerSwapper::StateVisitor& fn) override {
-    fn(0, n(unit), part(unit, StateKind::kMaster), part(unit, StateKind::kExpAvg),
-       part(unit, StateKind::kExpAvgSq));
+    float* master = reinterpret_cast<float*>(part(unit, StateKind::kMaster));
+    if (g_.moments == DType::F32) {
+      return fn(0, n(unit), master, reinterpret_cast<float*>(part(unit, StateKind::kExpAvg)),
+                reinterpret_cast<float*>(part(unit, StateKind::kExpAvgSq)));
+    }
+    const size_t mb = dtype_size(g_.moments);
+    std::vector<float> m(std::min(n(unit), kWidenChunk)), v(m.size());
+    for (size_t first = 0; first < n(unit); first += kWidenChunk) {
+      const size_t len = std::min(kWidenChunk, n(unit) - first);
+      load_moments(m.data(), part(unit, StateKind::kExpAvg) + first * mb, len, g_.moments);
+      load_moments(v.data(), part(unit, StateKind::kExpAvgSq) + first * mb, len, g_.moments);
+      fn(first, len, master + first, m.data(), v.data());
+    }
   }
 
   void fill(int unit, const swap::OptimizerSwapper::StateFiller& fn) override {
-    std::memset(part(unit, StateKind::kExpAvg), 0, 2 * n(unit) * sizeof(float));
-    fn(0, n(unit), part(unit, StateKind::kMaster), part(unit, StateKind::kExpAvg),
-       part(unit, StateKind::kExpAvgSq));
+    std::memset(part(unit, StateKind::kExpAvg), 0, 2 * moment_bytes(unit));
+    float* master = reinterpret_cast<float*>(part(unit, StateKind::kMaster));
+    if (g_.moments == DType::F32) {
+      return fn(0, n(unit), master, reinterpret_cast<float*>(part(unit, StateKind::kExpAvg)),
+                reinterpret_cast<float*>(part(unit, StateKind::kExpAvgSq)));
+    }
+    const size_t mb = dtype_size(g_.moments);
+    std::vector<float> m(std::min(n(unit), kWidenChunk)), v(m.size());
+    for (size_t first = 0; first < n(unit); first += kWidenChunk) {
+      const size_t len = std::min(kWidenChunk, n(unit) - first);
+      std::fill_n(m.data(), len, 0.0f);
+      std::fill_n(v.data(), len, 0.0f);
+      fn(first, len, master + first, m.data(), v.data());
+      store_moments(part(unit, StateKind::kExpAvg) + first * mb, m.data(), len, g_.moments);
+      store_moments(part(unit, StateKind::kExpAvgSq) + first * mb, v.data(), len, g_.moments);
+    }
   }
 
   size_t concurrent_steps() const override { return 1; }
 
  private:
   size_t n(int unit) const { return g_.units.at(unit).own_len; }
-  float* part(int unit, StateKind kind) {
-    float* base = base_.at(unit);
+  size_t moment_bytes(int unit) const { return n(unit) * dtype_size(g_.moments); }
+  std::byte* part(int unit, StateKind kind) {
+    std::byte* base = base_.at(unit);
     if (base == nullptr)
       throw InvalidArgument(
           fmt::format("zero: the optimizer state of unit {} is not in memory", unit));
-    return base + static_cast<size_t>(kind) * n(unit);
+    if (kind == StateKind::kMaster) return base;
+    const size_t master = n(unit) * sizeof(float);
+    return base + master + (kind == StateKind::kExpAvg ? 0 : moment_bytes(unit));
   }
 
   const Geometry& g_;
   const cpu_adam::Executor& ex_;
   std::vector<device::DeviceBuffer> dev_;
   std::vector<AlignedBuffer> host_;
-  std::vector<float*> base_;  // per unit: [master | exp_avg | exp_avg_sq], null on NVMe
+  std::vector<std::byte*> base_;  // per unit: [master | exp_avg | exp_avg_sq], null on NVMe
 };
 
 class NvmeOptimizerStore final : public OptimizerStore {

@@ -1,5 +1,7 @@
-// Internal to engine/zero: where each unit's fp32 optimizer state lives (master weights and
-// Adam moments of the elements this rank owns) and the Adam step over it.
+// Internal to engine/zero: where each unit's optimizer state lives (fp32 master weights and
+// Adam moments, fp32 or bf16 per Geometry::moments, of the elements this rank owns) and the
+// Adam step over it. Every call takes and gives moments as fp32: bf16 ones are widened exactly
+// on the way out and rounded to nearest even on the way in.
 //
 //   MemoryOptimizerStore  one [master | exp_avg | exp_avg_sq] array per unit, in device
 //                         memory (offload none) or host memory (offload cpu)
@@ -9,8 +11,8 @@
 // offload_optimizer.ratio < 1 (partial offload) the last units' state is in device memory
 // whatever offload_optimizer.device says; the NVMe store keeps those in a memory store of its
 // own. Every store runs the same cpu_adam kernel over the same element ranges, so results are
-// bit-identical wherever the state lives. Steps of different units may run concurrently on an NVMe store
-// (concurrent_steps() > 1); other calls are made by one thread at a time.
+// bit-identical wherever the state lives. Steps of different units may run concurrently on an NVMe
+// store (concurrent_steps() > 1); other calls are made by one thread at a time.
 #pragma once
 
 #include <memory>

@@ -75,7 +75,7 @@ std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g) {
   for (size_t u = 0; u < g.units.size(); ++u)
     if (g.placement.optimizer_home(u) == Tier::kNvme)
       files.push_back(swap::optimizer_file_spec(static_cast<uint32_t>(u), g.units[u].own_len,
-                                                g.sub_group_size));
+                                                g.sub_group_size, g.moments));
   return files;
 }
 
@@ -103,6 +103,7 @@ void split_optimizer_homes(const config::Config& cfg, Geometry& g, bool warn) {
 
 // The largest lease one OptimizerSwapper step takes: min(buffer_count, sub-groups) buffers of
 // the unit's largest sub-group's three 4 KiB-aligned parts (units with state in swap files).
+// The last part is rounded up too: the ring slot holds whole parts.
 uint64_t optimizer_lease_bytes(const Geometry& g, unsigned buffer_count) {
   uint64_t most = 0;
   for (size_t unit = 0; unit < g.units.size(); ++unit) {
@@ -111,7 +112,9 @@ uint64_t optimizer_lease_bytes(const Geometry& g, unsigned buffer_count) {
     const uint64_t sg = std::min<uint64_t>(g.sub_group_size, u.own_len);
     const uint64_t groups = (u.own_len + g.sub_group_size - 1) / g.sub_group_size;
     const uint64_t buffers = std::min<uint64_t>(buffer_count, groups);
-    most = std::max(most, buffers * 3 * align_up(sg * sizeof(float), kIoAlignment));
+    const uint64_t parts = align_up(sg * sizeof(float), kIoAlignment) +
+                           2 * align_up(sg * dtype_size(g.moments), kIoAlignment);
+    most = std::max(most, buffers * parts);
   }
   return most;
 }
@@ -254,8 +257,8 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
       t.nvme_read += m * acc;   // later micro-batches add to it; the step reads it once
     }
     if (p.optimizer_home(unit) == Tier::kNvme) {
-      t.nvme_read += 3 * u.own_len * sizeof(float);
-      t.nvme_write += 3 * u.own_len * sizeof(float);
+      t.nvme_read += u.own_len * g.optimizer_elem_bytes();
+      t.nvme_write += u.own_len * g.optimizer_elem_bytes();
     }
     // New parameters after Adam: written to the swap file, or copied to the device.
     const uint64_t lowp = u.own_len * g.param_bytes;
@@ -285,6 +288,9 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
     if (p.optimizer_home(u) != Tier::kDevice) plan.offloaded_optimizer_elems += g.units[u].own_len;
   }
   const std::string pd(dtype_name(p.param_dtype));
+  const std::string moments_what = g.moments == DType::BF16
+                                       ? "fp32 master weights + bf16 Adam moments"
+                                       : "fp32 master weights + Adam moments";
 
   // ---- device
   const bool cpu_ckpt = cfg.activation_checkpointing.cpu_checkpointing;
@@ -324,12 +330,12 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   };
   const std::string partial = offloaded_optimizer_what(g);
   {
-    const uint64_t b = sum_optimizer(
-        Tier::kDevice, [&](const auto& u) { return charged_bytes(3 * u.own_len * sizeof(float)); });
+    const uint64_t b = sum_optimizer(Tier::kDevice, [&](const auto& u) {
+      return charged_bytes(u.own_len * g.optimizer_elem_bytes());
+    });
     add(plan, Tier::kDevice,
-        p.optimizer == Tier::kDevice
-            ? std::string("fp32 master weights + Adam moments")
-            : "fp32 master weights + Adam moments " + device_optimizer_what(cfg, g),
+        p.optimizer == Tier::kDevice ? std::string(moments_what)
+                                     : moments_what + " " + device_optimizer_what(cfg, g),
         b);
     fixed_device += b;
   }
@@ -381,10 +387,10 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
 
   // ---- host
   add(plan, Tier::kHost,
-      "fp32 master weights + Adam moments (" +
+      moments_what + " (" +
           (partial.empty() ? std::string("offload_optimizer cpu") : "cpu" + partial) + ")",
       sum_optimizer(Tier::kHost, [&](const auto& u) {
-        return align_up(3 * u.own_len * sizeof(float), kIoAlignment);
+        return align_up(u.own_len * g.optimizer_elem_bytes(), kIoAlignment);
       }));
   if (p.gradients == Tier::kHost)
     add(plan, Tier::kHost, "fp32 gradient accumulators", sum_units([&](const auto& u) {
@@ -414,7 +420,7 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   if (p.optimizer == Tier::kNvme) {
     plan.optimizer_nvme_path = cfg.zero_optimization.offload_optimizer.nvme_path;
     plan.optimizer_nvme_bytes = swap::SwapSpace::bytes_needed(detail::optimizer_swap_files(g));
-    add(plan, Tier::kNvme, "fp32 master weights + Adam moments (swap files" + partial + ")",
+    add(plan, Tier::kNvme, moments_what + " (swap files" + partial + ")",
         plan.optimizer_nvme_bytes);
   }
   if (p.gradients == Tier::kNvme) {

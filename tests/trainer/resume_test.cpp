@@ -4,6 +4,7 @@
 // resumed run places its state differently. Bad checkpoints are refused before anything is built.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -162,6 +163,35 @@ TEST_F(ResumeTest, Stage2CpuOffloadBf16IsBitIdentical) {
   p.merge_patch(warmup_patch());
   const config::Config cfg = make_config(p, tiny_model());
   expect_identical(straight(cfg, data_, 6), resumed(cfg, cfg, data_, 2, 6, dir("ckpt")));
+}
+
+TEST_F(ResumeTest, Bf16MomentsAreBitIdenticalAcrossTiersAndTakeFp32Checkpoints) {
+  // Adam moments in bf16, optimizer state on NVMe in sub-groups of 3000 elements. The
+  // checkpoint keeps moments as fp32 (bf16 widened exactly), so resuming into bf16 moments
+  // narrows them back without loss: the run is the uninterrupted one, also when resumed with
+  // the state in host memory.
+  nlohmann::json p = testing::nvme_patch(dir("swap"));
+  p.merge_patch(warmup_patch());
+  p.merge_patch({{"zero_optimization", {{"sub_group_size", 3000}}},
+                 {"bf16", {{"enabled", true}}},
+                 {"optimizer", {{"params", {{"fp32_optimizer_states", false}}}}}});
+  const config::Config cfg = make_config(p, tiny_model());
+  ASSERT_TRUE(config::adam_moments_bf16(cfg));
+  nlohmann::json p2 = p;
+  p2.merge_patch({{"zero_optimization",
+                   {{"stage", 2},
+                    {"offload_param", {{"device", "none"}}},
+                    {"offload_optimizer", {{"device", "cpu"}}}}}});
+  const RunTrace a = straight(cfg, data_, 6);
+  expect_identical(a, resumed(cfg, cfg, data_, 3, 6, dir("ckpt")));
+  expect_identical(a, resumed(cfg, make_config(p2, tiny_model()), data_, 3, 6, dir("ckpt2")));
+  // An fp32-moment checkpoint resumes into bf16 moments (rounded once on load) and trains on.
+  nlohmann::json p32 = p;
+  p32["optimizer"]["params"]["fp32_optimizer_states"] = true;
+  const RunTrace c = resumed(make_config(p32, tiny_model()), cfg, data_, 3, 6, dir("ckpt32"));
+  ASSERT_EQ(c.losses.size(), 6u);
+  for (double l : c.losses) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_NE(c.weights.master, a.weights.master);  // the fp32 moments of steps 1-3 differ
 }
 
 TEST_F(ResumeTest, Fp16LossScalerStateCarriesOver) {

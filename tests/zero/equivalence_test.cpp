@@ -252,5 +252,63 @@ INSTANTIATE_TEST_SUITE_P(Zero, Equivalence,
                                   (info.param.tied ? "_tied" : "_untied");
                          });
 
+// Adam moments in bf16 (optimizer.params.fp32_optimizer_states: false, or DeepSpeed's
+// bf16.bf16_optimizer_states: true): every tier trains bit-identically to stage 0 in memory,
+// through either key; the moments read back are bf16 values (not those of an fp32-moment
+// run); and with the state in swap files the NVMe bytes are 8 per element instead of 12.
+std::string with_bf16_moments(std::string json, bool deepspeed_bf16_key) {
+  const std::string key =
+      deepspeed_bf16_key ? "\"bf16\": {\"enabled\": true" : "\"weight_decay\": 0.01";
+  const std::string add =
+      deepspeed_bf16_key
+          ? ", \"bf16_master_weights_and_grads\": true, \"bf16_optimizer_states\": true"
+          : ", \"fp32_optimizer_states\": false";
+  const size_t at = json.find(key);
+  EXPECT_NE(at, std::string::npos) << json;
+  return json.insert(at + key.size(), add);
+}
+
+TEST(Bf16Moments, EveryTierMatchesBitwiseAndMovesTwoThirdsOfTheBytes) {
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+  auto config = [&](const Placing& s, const std::string& dir, bool bf16, bool ds_key) {
+    const std::string zero = s.stage == 3 ? ", \"stage3_param_persistence_threshold\": 0" : "";
+    const std::string json = config_json(s, DType::BF16, dir, zero);
+    return make_config(bf16 ? with_bf16_moments(json, ds_key) : json);
+  };
+  const config::Config ref_cfg = config({0}, "", true, false);
+  ASSERT_TRUE(config::adam_moments_bf16(ref_cfg));
+  const Trace ref = run(ref_cfg, model, 0);
+  ASSERT_TRUE(std::isfinite(ref.losses.back()));
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  for (const auto& unit : ref.exp_avg_sq)
+    for (float v : unit) ASSERT_TRUE(same_bits(v, bf16_to_fp32(fp32_to_bf16(v)))) << v;
+  const Trace fp32 = run(config({0}, "", false, false), model, 0);
+  EXPECT_NE(fp32.exp_avg_sq, ref.exp_avg_sq) << "the moments were not stored in bf16";
+
+  struct Setup {
+    Placing placing;
+    bool ds_key;
+  };
+  const std::vector<Setup> setups = {{{1, "none", "cpu"}, false},
+                                     {{3, "cpu", "cpu"}, true},
+                                     {{3, "none", "nvme"}, false},
+                                     {{3, "nvme", "nvme"}, true}};
+  for (const Setup& setup : setups) {
+    const Placing& s = setup.placing;
+    SCOPED_TRACE(s.name() + (setup.ds_key ? " bf16_optimizer_states" : " fp32_optimizer_states"));
+    const config::Config cfg =
+        config(s, swap_dir("bf16m_" + s.name()).string(), true, setup.ds_key);
+    const uint64_t budget = s.stage == 3 ? streaming_budget(cfg, model) : 0;
+    expect_bit_identical(ref, run(cfg, model, budget));
+  }
+  // Only the optimizer state is in swap files here: every NVMe byte is optimizer state.
+  const Placing nvme{3, "none", "nvme"};
+  const Trace b = run(config(nvme, swap_dir("bf16m_b").string(), true, false), model, 0);
+  const Trace f = run(config(nvme, swap_dir("bf16m_f").string(), false, false), model, 0);
+  EXPECT_GT(f.traffic.nvme_write_bytes, 0u);
+  EXPECT_EQ(3 * b.traffic.nvme_write_bytes, 2 * f.traffic.nvme_write_bytes);
+  EXPECT_EQ(3 * b.traffic.nvme_read_bytes, 2 * f.traffic.nvme_read_bytes);
+}
+
 }  // namespace
 }  // namespace outcore::zero::test
