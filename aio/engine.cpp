@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 
 #include "aio/engine_internal.hpp"
@@ -192,8 +193,11 @@ Engine::Engine(const Options& options, std::shared_ptr<IoBackend> backend)
   validate(options);
   impl_->opt = options;
   impl_->backend = backend ? std::move(backend) : make_default_backend();
+  static std::atomic<unsigned> engines{0};  // names this engine's tracks in a trace
+  const unsigned serial = engines++;
   for (unsigned i = 0; i < options.thread_count; ++i) {
     impl_->workers.push_back(std::make_unique<Worker>(*impl_, options, *impl_->backend));
+    impl_->workers.back()->trace_lanes = fmt::format("aio{} io{}", serial, i);
     impl_->workers.back()->start();  // a failure here destroys the started ones
   }
 }

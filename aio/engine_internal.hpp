@@ -41,6 +41,7 @@ struct Slice {
   uint64_t issued = 0;    // bytes handed out as requests so far
   uint32_t inflight = 0;  // requests in flight
   int fixed_file = -1;
+  int64_t trace_start_ns = -1;  // when its first request was issued, while tracing
   // The first failure: errno (0 = none), end of file, and the failing request's range.
   int err = 0;
   bool eof = false;
@@ -100,6 +101,8 @@ class Worker {
   };
   std::vector<BufferRange> buffers;                 // sorted by begin
   std::array<uint64_t, kFileSlots> file_serials{};  // 0 = free
+  // Lane pool of this thread's requests in a trace (set before start()).
+  std::string trace_lanes = "aio";
 
  private:
   struct Piece {
@@ -123,6 +126,7 @@ class Worker {
   void complete(const IoCompletion& c, Clock::time_point now);
   void finish_piece(uint32_t index);
   void drop_front_if(Slice* s);
+  void trace_slice(const Slice& s) const;
   int buffer_index(const std::byte* p, uint32_t len) const;
   int fixed_slot(uint64_t serial) const;
 

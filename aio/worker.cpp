@@ -7,6 +7,7 @@
 
 #include "aio/engine_internal.hpp"
 #include "common/log.hpp"
+#include "common/trace.hpp"
 
 namespace outcore::aio::detail {
 namespace {
@@ -148,6 +149,7 @@ void Worker::fill() {
     Piece& p = pieces_[index];
     p = Piece{s, s->buf + s->issued, s->offset + s->issued, static_cast<uint32_t>(len), 0, 0, {}};
     if (!prepare_piece(index)) break;
+    if (s->issued == 0) s->trace_start_ns = trace::enabled() ? trace::now_ns() : -1;
     free_pieces_.pop_back();
     s->issued += len;
     ++s->inflight;
@@ -250,6 +252,7 @@ void Worker::finish_piece(uint32_t index) {
   --s->inflight;
   if (s->err != 0) drop_front_if(s);  // issue nothing more for a failed slice
   if (s->inflight == 0 && (s->err != 0 || s->issued == s->length)) {
+    if (s->trace_start_ns >= 0) trace_slice(*s);
     core_.slice_done(s);  // takes the engine mutex (lock order: stats_mu_, then engine)
   }
 }
@@ -260,6 +263,15 @@ void Worker::drop_front_if(Slice* s) {
   active_head_ = s->next;
   if (active_head_ == nullptr) active_tail_ = nullptr;
   s->next = nullptr;
+}
+
+// A slice is one span from its first request's issue to its last completion; slices overlap
+// on one thread (queue depth), so they go to this thread's lane pool.
+void Worker::trace_slice(const Slice& s) const {
+  trace::complete(s.write ? "write" : "read", "io", s.trace_start_ns,
+                  {.bytes = s.err == 0 ? static_cast<int64_t>(s.length) : -1,
+                   .file = s.path ? std::string_view(*s.path) : std::string_view(),
+                   .lanes = trace_lanes.c_str()});
 }
 
 int Worker::buffer_index(const std::byte* p, uint32_t len) const {

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "common/log.hpp"
+#include "common/trace.hpp"
 #include "swap/swap.hpp"
 
 namespace outcore::swap {
@@ -186,6 +187,9 @@ struct OptimizerSwapper::Impl {
     std::vector<SwapTicket> rt(K), wt(K);
     auto wait_write = [&](size_t j) {
       if (!wt[j].valid()) return;
+      const SubGroup& g = L.groups[j];
+      OUTCORE_TRACE_SPAN("write wait", "wait",
+                         {.unit = int(g.id.unit), .index = int(g.id.index), .lanes = "optimizer"});
       auto t0 = Clock::now();
       swapper.wait(std::exchange(wt[j], SwapTicket{}));
       s.write_wait_seconds += seconds_since(t0);
@@ -201,6 +205,8 @@ struct OptimizerSwapper::Impl {
         const SubGroup& g = L.groups[k];
         if (read) {
           while (next_read < K && next_read <= k + ahead) issue_read(next_read++);
+          OUTCORE_TRACE_SPAN("read wait", "wait",
+                             {.unit = int(g.id.unit), .index = int(g.id.index), .lanes = "optimizer"});
           auto t0 = Clock::now();
           swapper.wait(std::exchange(rt[k], SwapTicket{}));
           s.read_wait_seconds += seconds_since(t0);
@@ -340,6 +346,8 @@ void OptimizerSwapper::step(uint32_t unit, std::span<const float> grads,
   auto layout = m.ready_layout(unit, st, grads.size(), "step");
   const size_t out_elem = dtype_size(out.dtype);
   Work adam = [&](const SubGroup& g, std::byte* b) {
+    OUTCORE_TRACE_SPAN("adam", "optimizer",
+                       {.unit = int(unit), .index = int(g.id.index), .lanes = "optimizer"});
     auto* master = reinterpret_cast<float*>(b);
     const cpu_adam::Moments moments{g.exp_avg(b), g.exp_avg_sq(b), m.options.moments};
     cpu_adam::ParamsOut lowp;

@@ -11,6 +11,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/trace.hpp"
 #include "engine/device/device.hpp"
 
 namespace outcore::device {
@@ -60,6 +61,7 @@ class CpuEvent final : public Event {
   std::shared_ptr<EventState> state = std::make_shared<EventState>();
 
   void synchronize() override {
+    OUTCORE_TRACE_SPAN("event sync", "wait");
     uint64_t target;
     {
       std::lock_guard lock(state->mu);
@@ -151,11 +153,13 @@ class CpuStream final : public Stream {
     }
     // A failure upstream becomes this stream's failure, so work that depends on it is skipped.
     push({[st, gen](std::exception_ptr& err) {
+      OUTCORE_TRACE_SPAN("event wait", "wait");
       if (auto upstream = st->wait_for(gen); upstream && !err) err = upstream;
     }});
   }
 
   void synchronize() override {
+    OUTCORE_TRACE_SPAN("stream sync", "wait");
     std::unique_lock lock(mu_);
     const uint64_t target = pushed_;
     done_cv_.wait(lock, [&] { return done_ >= target; });
@@ -165,7 +169,10 @@ class CpuStream final : public Stream {
  private:
   void copy(const char* op, void* dst, const void* src, size_t bytes) {
     check_range(name_, op, dst, src, bytes);
-    push_work([=] { std::memcpy(dst, src, bytes); });
+    push_work([=] {
+      OUTCORE_TRACE_SPAN(op, "copy", {.bytes = static_cast<int64_t>(bytes)});
+      std::memcpy(dst, src, bytes);
+    });
   }
 
   void push_work(std::function<void()> fn) {
@@ -189,6 +196,7 @@ class CpuStream final : public Stream {
   }
 
   void run() {
+    trace::name_thread(name_);
     std::unique_lock lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "common/trace.hpp"
 #include "engine/model/unit_internal.hpp"
 
 namespace outcore::model {
@@ -85,6 +86,7 @@ size_t LlamaModel::scratch_bytes() const {
 }
 
 float LlamaModel::forward(int unit, const ForwardArgs& args) const {
+  OUTCORE_TRACE_SPAN("forward", "compute", {.unit = unit});
   const UnitLayout& u = layout_.units.at(unit);
   check_span(args.scratch.size(), u.kind == UnitKind::Embedding ? 0 : scratch_bytes(), u.name,
              "scratch");
@@ -105,6 +107,7 @@ float LlamaModel::forward(int unit, const ForwardArgs& args) const {
 }
 
 float LlamaModel::backward(int unit, const BackwardArgs& args) const {
+  OUTCORE_TRACE_SPAN("backward", "compute", {.unit = unit});
   const UnitLayout& u = layout_.units.at(unit);
   check_span(args.scratch.size(), u.kind == UnitKind::Embedding ? 0 : scratch_bytes(), u.name,
              "scratch");

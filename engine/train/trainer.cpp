@@ -319,6 +319,7 @@ ckpt::SaveResult Trainer::save_checkpoint() {
 bool Trainer::has_validation() const { return val_loader_ != nullptr; }
 
 StepMetrics Trainer::train_step() {
+  OUTCORE_TRACE_SPAN("step", "step", {.index = static_cast<int32_t>(steps_done_ + 1)});
   const Clock::time_point t0 = Clock::now();
   const double scale = scaler_.scale();
   // The mean over every rank's micro-batches: 1/world is part of the loss scale.
@@ -343,7 +344,10 @@ StepMetrics Trainer::train_step() {
     sp.beta1 = b->beta1;
     sp.beta2 = b->beta2;
   }
-  const zero::StepResult r = engine_->step(sp);
+  const zero::StepResult r = [&] {
+    OUTCORE_TRACE_SPAN("optimizer step", "step");
+    return engine_->step(sp);
+  }();
   const LossScaleUpdate u = scaler_.update(r.overflow);
   if (!r.overflow) {
     schedule_->step();
@@ -388,6 +392,7 @@ StepMetrics Trainer::train_step() {
 
 ValidationMetrics Trainer::validate() {
   if (!val_loader_) throw InvalidArgument("validate: there is no validation set");
+  OUTCORE_TRACE_SPAN("validate", "step");
   const Clock::time_point t0 = Clock::now();
   val_loader_->seek({0, 0});
   // The first n micro-batches of the set, whatever the world size: rank r evaluates global
@@ -420,7 +425,32 @@ bool Trainer::stop_requested() const {
   return stop != 0.0f;
 }
 
+// Stops tracing and writes the file, with the overlap figures in its otherData.
+static TrainResult::Trace write_trace(const std::string& path) {
+  trace::stop();
+  const std::vector<trace::Event> events = trace::events();
+  TrainResult::Trace t{path, events.size(), trace::io_overlap(events, {"compute"}),
+                       trace::io_overlap(events, {"compute", "optimizer"})};
+  trace::write_json(
+      path, {fmt::format("\"io_busy_s\": {:.6f}", t.under_compute.io_busy_s),
+             fmt::format("\"io_hidden_under_compute\": {:.6f}", t.under_compute.hidden_fraction),
+             fmt::format("\"io_hidden_under_compute_or_optimizer\": {:.6f}",
+                         t.under_compute_or_optimizer.hidden_fraction)});
+  return t;
+}
+
 TrainResult Trainer::run() {
+  const bool tracing = !opts_.trace_file.empty() && rank() == 0;
+  struct StopTrace {
+    bool on;
+    ~StopTrace() {
+      if (on) trace::stop();
+    }
+  } stop_trace{tracing};
+  if (tracing) {
+    trace::name_thread("trainer");
+    trace::start();
+  }
   std::optional<ProgressDisplay> display;
   const int64_t print_every = cfg_.steps_per_print.value_or(0);
   if (opts_.progress_out != nullptr) {
@@ -506,6 +536,7 @@ TrainResult Trainer::run() {
       res.tokens_per_s * model_->config().train_flops_per_token(model_->options().seq_len) / 1e9;
   res.memory = engine_->memory();
   res.traffic = engine_->traffic();
+  if (tracing) res.trace = write_trace(opts_.trace_file);
   return res;
 }
 

@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "common/trace.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/comm/comm.hpp"
 #include "engine/config/config.hpp"
@@ -84,6 +85,11 @@ struct TrainerOptions {
   // JSON lines per step and per validation; empty = cfg.outcore.metrics_file (which may
   // be empty too: no file).
   std::string metrics_file;
+  // Chrome trace-event JSON of run() (common/trace.hpp), written when run() returns (also after
+  // a stop request); empty = no trace. Rank 0 only: tracing is process-wide and ranks are
+  // processes. The trace is recorded from run()'s start, so its I/O bytes are the engine's
+  // traffic during run().
+  std::string trace_file;
   // Progress display stream (not owned); nullptr = no display. Refreshed in place on a
   // terminal; otherwise one line per step, or per steps_per_print steps when the config
   // sets it (skipped steps and validations are always printed).
@@ -141,6 +147,15 @@ struct TrainResult {
   zero::MemoryPeaks memory;
   zero::TrafficStats traffic;                 // cumulative since the engine was built
   std::vector<ckpt::SaveResult> checkpoints;  // saved by this run, oldest first
+  // With TrainerOptions::trace_file: the spans written and how much I/O ran under compute
+  // (forward/backward) and under compute or the optimizer.
+  struct Trace {
+    std::string path;
+    size_t events = 0;
+    trace::IoOverlap under_compute;
+    trace::IoOverlap under_compute_or_optimizer;
+  };
+  std::optional<Trace> trace;
 };
 
 class Trainer {

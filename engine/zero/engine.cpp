@@ -6,6 +6,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/trace.hpp"
 #include "engine/zero/engine_impl.hpp"
 
 namespace outcore::zero {
@@ -254,6 +255,7 @@ void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool fi
     double* blocks = norm_blocks.data() + norm_block_off[unit];
     const cpu_adam::Executor* ex = &executor;
     grad->enqueue([sw, id, staging, acc, shards, n, world, first] {
+      OUTCORE_TRACE_SPAN("grad d2h", "copy", {.bytes = int64_t(world * n * sizeof(float))});
       if (!first) sw->read(id, staging);
       accumulate_ranks(acc, shards, n, world, first);
     });
@@ -267,7 +269,10 @@ void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool fi
   }
   float* acc = grad_accumulator(unit) + ug.red_off;
   if (device_accum.empty()) traffic.d2h += static_cast<uint64_t>(world) * n * sizeof(float);
-  grad->enqueue([acc, shards, n, world, first] { accumulate_ranks(acc, shards, n, world, first); });
+  grad->enqueue([acc, shards, n, world, first] {
+    OUTCORE_TRACE_SPAN("grad d2h", "copy", {.bytes = int64_t(world * n * sizeof(float))});
+    accumulate_ranks(acc, shards, n, world, first);
+  });
   grad->record(*f.done);
   in_flight.push_back(std::move(f));
 }

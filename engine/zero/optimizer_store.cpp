@@ -8,6 +8,7 @@
 
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
+#include "common/trace.hpp"
 
 namespace outcore::zero::detail {
 namespace {
@@ -73,6 +74,7 @@ class MemoryOptimizerStore final : public OptimizerStore {
 
   void step(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
             DType out_dtype) override {
+    OUTCORE_TRACE_SPAN("adam", "optimizer", {.unit = unit, .lanes = "optimizer"});
     auto* p = reinterpret_cast<float*>(part(unit, StateKind::kMaster));
     cpu_adam::ParamsOut po;
     if (out != nullptr && out_dtype != DType::F32) po = {out, out_dtype};

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/error.hpp"
+#include "common/trace.hpp"
 
 namespace outcore::zero::detail {
 
@@ -97,7 +98,10 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
       std::byte* staging = fetch_buffers_.at(fetch_buffer).data();
       const swap::SwapTicket t = home_.start_read(unit, staging);
       swap::Swapper* sw = home_.swapper();
-      copy_.enqueue([sw, t] { sw->wait(t); });
+      copy_.enqueue([sw, t, unit] {
+        OUTCORE_TRACE_SPAN("swap wait", "wait", {.unit = unit});
+        sw->wait(t);
+      });
       copy_.copy_h2d(own, staging, part_bytes);
       traffic_.h2d += part_bytes;
       break;
@@ -120,7 +124,10 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
   comm_stream_.record(*s.ready);
 }
 
-void ParamCoordinator::wait_fetched(int unit) { slots_[unit].ready->synchronize(); }
+void ParamCoordinator::wait_fetched(int unit) {
+  OUTCORE_TRACE_SPAN("param wait", "wait", {.unit = unit});
+  slots_[unit].ready->synchronize();
+}
 
 void ParamCoordinator::free_slab(int unit) { slots_[unit].buf.reset(); }
 

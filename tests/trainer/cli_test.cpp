@@ -264,6 +264,29 @@ TEST_F(TrainCliTest, OutputPathsNeverOverwriteInputs) {
   EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
 }
 
+// --trace writes a Chrome trace of an NVMe run and the result line says how much I/O it hid;
+// a trace path naming an input is refused before anything runs.
+TEST_F(TrainCliTest, TraceWritesAChromeTraceAndRefusesInputs) {
+  const std::string nvme = write_config("nvme.json", testing::nvme_patch(data_.file("swap")));
+  const std::string trace = data_.file("trace.json");
+  CliResult r = run("train --config " + shell_quote(nvme) + " --model " + shell_quote(model_) +
+                    " --data " + shell_quote(data_.train()) + " --seq-len 32 --steps 2 --trace " +
+                    shell_quote(trace));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("trace      " + trace), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("hidden under forward/backward"), std::string::npos) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(slurp(trace));
+  EXPECT_GT(j.at("traceEvents").size(), 10u);
+  EXPECT_TRUE(j.at("otherData").contains("io_hidden_under_compute"));
+  const std::string before = slurp(data_.train());
+  r = run(train_args("--steps 1 --trace " + shell_quote(data_.train())));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--trace " + data_.train() + " is the same file as --data"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(data_.train()), before);
+}
+
 // Runs `script` in a private mount namespace after mounting a tmpfs of `size` on `dir`, so a
 // test can fill a real filesystem; false when this machine cannot (no privilege).
 bool can_mount_tmpfs() {

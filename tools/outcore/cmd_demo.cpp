@@ -35,6 +35,7 @@ constexpr int64_t kDemoDefaultSteps = 120;
 struct DemoOptions {
   std::string work_dir = "outcore_demo";
   std::string steps;
+  std::string trace;
 };
 
 // The demo's DeepSpeed config: the embedded stage-0 config moved to ZeRO-3 with parameters
@@ -123,6 +124,8 @@ int run_demo(const DemoOptions& o) {
   t.seq_len = train::kDemoSeqLen;
   t.eval_every = 20;
   t.eval_batches = 4;
+  if (!check_output_file(o.trace, "--trace", {})) return 2;
+  t.trace_file = o.trace;
   return run_training(cfg, model, std::move(t));
 }
 
@@ -139,6 +142,8 @@ void add_demo_command(CLI::App& app, int& rc) {
                   "where the data, configs, metrics and swap files go (default: outcore_demo)");
   cmd->add_option("--steps", o->steps,
                   fmt::format("optimizer steps (default {})", kDemoDefaultSteps));
+  cmd->add_option("--trace", o->trace,
+                  "Chrome trace-event JSON of the run (open in Perfetto or chrome://tracing)");
   cmd->callback([o, &rc] { rc = run_demo(*o); });
 }
 

@@ -31,7 +31,7 @@ namespace cfg = outcore::config;
 // Numbers are taken as strings and converted here, so a bad value is reported like any
 // other bad input (exit 2).
 struct TrainCliOptions {
-  std::string config, model, data, val_data, format = "auto", metrics;
+  std::string config, model, data, val_data, format = "auto", metrics, trace;
   std::string save_dir, save_every, keep, resume, init_from;
   std::string comm = "auto";
   std::string steps, seed, seq_len, lr, weight_decay, eval_every, eval_batches, val_fraction,
@@ -257,6 +257,14 @@ int run_train(const TrainCliOptions& o) {
                           {data, "--data"},
                           {val_data, "--val-data"}}))
     return 2;
+  if (!check_output_file(o.trace, "--trace",
+                         {{config_path, "--config"},
+                          {model_path, "--model"},
+                          {data, "--data"},
+                          {val_data, "--val-data"},
+                          {metrics, "--metrics"}}))
+    return 2;
+  topts.trace_file = o.trace;
   topts.train_data = data;
   topts.val_data = val_data;
   topts.val_fraction = n.val_fraction.value_or(rd && o.data.empty() ? rd->val_fraction : 0.0);
@@ -338,6 +346,8 @@ void add_train_command(CLI::App& app, int& rc) {
                   "computes on the host)");
   cmd->add_option("--metrics", o->metrics,
                   "JSON-lines metrics file (default: the config's outcore.metrics_file)");
+  cmd->add_option("--trace", o->trace,
+                  "Chrome trace-event JSON of the run (open in Perfetto or chrome://tracing)");
   cmd->callback([o, &rc] { rc = run_train(*o); });
 }
 

@@ -139,6 +139,14 @@ void print_result(const train::TrainResult& r) {
   s += fmt::format("traffic    nvme read {} write {}, host->device {}, device->host {}\n",
                    zero::format_bytes(t.nvme_read_bytes), zero::format_bytes(t.nvme_write_bytes),
                    zero::format_bytes(t.h2d_bytes), zero::format_bytes(t.d2h_bytes));
+  if (r.trace) {
+    s += fmt::format(
+        "trace      {} ({} spans): I/O busy {:.2f} s, {:.1f}% hidden under forward/backward, "
+        "{:.1f}% under forward/backward or Adam\n",
+        r.trace->path, r.trace->events, r.trace->under_compute.io_busy_s,
+        100 * r.trace->under_compute.hidden_fraction,
+        100 * r.trace->under_compute_or_optimizer.hidden_fraction);
+  }
   std::fputs(s.c_str(), stdout);
   std::fflush(stdout);
 }

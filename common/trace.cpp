@@ -1,0 +1,283 @@
+// Tracer state: one mutex over the event list, the tracks and the lane pools. Spans are
+// appended when they end, so a lane pool sees them in order of their end times, which is what
+// makes "first lane free at the span's start" a non-overlapping assignment.
+#include "common/trace.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "common/error.hpp"
+
+namespace outcore::trace {
+namespace detail {
+std::atomic<bool> g_enabled{false};
+}
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Lane {
+  uint32_t tid = 0;
+  int64_t last_end_ns = 0;
+};
+
+struct State {
+  std::mutex mu;
+  uint64_t epoch = 0;                              // GUARDED_BY(mu); bumped by start()
+  std::atomic<int64_t> origin_ns{0};               // steady clock at start()
+  std::vector<Event> events;                       // GUARDED_BY(mu)
+  std::vector<Track> tracks;                       // GUARDED_BY(mu)
+  std::map<std::string, std::vector<Lane>> lanes;  // GUARDED_BY(mu)
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+struct ThreadTrack {
+  uint64_t epoch = 0;  // the start() this tid belongs to; 0 = none
+  uint32_t tid = 0;
+  std::string name;
+};
+thread_local ThreadTrack t_track;
+
+int64_t clock_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+uint32_t new_track(State& s, std::string name) {
+  const auto tid = static_cast<uint32_t>(s.tracks.size() + 1);
+  s.tracks.push_back({tid, std::move(name)});
+  return tid;
+}
+
+// REQUIRES: s.mu held.
+uint32_t thread_tid(State& s) {
+  if (t_track.epoch != s.epoch) {
+    t_track.epoch = s.epoch;
+    t_track.tid = new_track(s, "");
+    s.tracks.back().name =
+        t_track.name.empty() ? fmt::format("thread {}", t_track.tid) : t_track.name;
+  }
+  return t_track.tid;
+}
+
+// The first lane of `pool` free at `start`, made if none is. REQUIRES: s.mu held.
+Lane& lane_for(State& s, const char* pool, int64_t start) {
+  std::vector<Lane>& lanes = s.lanes[pool];
+  for (Lane& l : lanes) {
+    if (l.last_end_ns <= start) return l;
+  }
+  lanes.push_back({new_track(s, fmt::format("{} #{}", pool, lanes.size())), 0});
+  return lanes.back();
+}
+
+void append_escaped(std::string& out, std::string_view s) {
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+}
+
+std::string quoted(std::string_view s) {
+  std::string out = "\"";
+  append_escaped(out, s);
+  out += '"';
+  return out;
+}
+
+// Nanoseconds as exact decimal microseconds.
+std::string micros(int64_t ns) { return fmt::format("{}.{:03}", ns / 1000, ns % 1000); }
+
+std::string event_json(const Event& e, int pid) {
+  std::string args;
+  auto add = [&](std::string_view key, const std::string& value) {
+    args += args.empty() ? "" : ", ";
+    args += fmt::format("\"{}\": {}", key, value);
+  };
+  if (e.bytes >= 0) add("bytes", std::to_string(e.bytes));
+  if (e.unit >= 0) add("unit", std::to_string(e.unit));
+  if (e.index >= 0) add("index", std::to_string(e.index));
+  if (!e.file.empty()) add("file", quoted(e.file));
+  return fmt::format(
+      "{{\"ph\": \"X\", \"pid\": {}, \"tid\": {}, \"name\": {}, \"cat\": {}, \"ts\": {}, "
+      "\"dur\": {}, \"args\": {{{}}}}}",
+      pid, e.tid, quoted(e.name), quoted(e.cat), micros(e.start_ns), micros(e.dur_ns), args);
+}
+
+using Intervals = std::vector<std::pair<int64_t, int64_t>>;
+
+// Sorted, disjoint union of the spans whose category is in `cats`.
+Intervals merged(const std::vector<Event>& events, const std::vector<std::string>& cats) {
+  Intervals v;
+  for (const Event& e : events) {
+    if (std::find(cats.begin(), cats.end(), e.cat) != cats.end())
+      v.emplace_back(e.start_ns, e.start_ns + e.dur_ns);
+  }
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& [b, e] : v) {
+    if (!out.empty() && b <= out.back().second) {
+      out.back().second = std::max(out.back().second, e);
+    } else {
+      out.emplace_back(b, e);
+    }
+  }
+  return out;
+}
+
+int64_t total(const Intervals& v) {
+  int64_t t = 0;
+  for (const auto& [b, e] : v) t += e - b;
+  return t;
+}
+
+int64_t intersection(const Intervals& a, const Intervals& b) {
+  int64_t t = 0;
+  for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+    t +=
+        std::max<int64_t>(0, std::min(a[i].second, b[j].second) - std::max(a[i].first, b[j].first));
+    if (a[i].second < b[j].second) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+void start() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  ++s.epoch;
+  s.events.clear();
+  s.tracks.clear();
+  s.lanes.clear();
+  s.origin_ns = clock_ns();
+  detail::g_enabled.store(true, std::memory_order_relaxed);
+}
+
+void stop() { detail::g_enabled.store(false, std::memory_order_relaxed); }
+
+int64_t now_ns() { return clock_ns() - state().origin_ns.load(std::memory_order_relaxed); }
+
+void name_thread(std::string_view name) {
+  t_track.name = name;
+  if (!enabled()) return;
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  if (t_track.epoch == s.epoch) s.tracks[t_track.tid - 1].name = name;
+}
+
+void complete(const char* name, const char* cat, int64_t start_ns, const Args& args) {
+  if (!enabled() || start_ns < 0) return;
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  if (!enabled()) return;
+  const int64_t end = now_ns();  // read under the lock: lanes see spans in end order
+  uint32_t tid;
+  if (args.lanes != nullptr) {
+    Lane& lane = lane_for(s, args.lanes, start_ns);
+    lane.last_end_ns = end;
+    tid = lane.tid;
+  } else {
+    tid = thread_tid(s);
+  }
+  s.events.push_back({name, cat, start_ns, std::max<int64_t>(0, end - start_ns), tid, args.bytes,
+                      args.unit, args.index, std::string(args.file)});
+}
+
+std::vector<Event> events() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return s.events;
+}
+
+std::vector<Track> tracks() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return s.tracks;
+}
+
+size_t event_count() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return s.events.size();
+}
+
+IoOverlap io_overlap(const std::vector<Event>& events, const std::vector<std::string>& cover) {
+  const Intervals io = merged(events, {"io"});
+  const int64_t busy = total(io);
+  const int64_t exposed = busy - intersection(io, merged(events, cover));
+  IoOverlap r;
+  r.io_busy_s = static_cast<double>(busy) * 1e-9;
+  r.io_exposed_s = static_cast<double>(exposed) * 1e-9;
+  r.hidden_fraction = busy > 0 ? 1.0 - static_cast<double>(exposed) / static_cast<double>(busy) : 1;
+  return r;
+}
+
+void write_json(const std::string& path, const std::vector<std::string>& other) {
+  const std::vector<Event> evs = events();
+  const std::vector<Track> trs = tracks();
+  const int pid = static_cast<int>(::getpid());
+  std::string out = "{\"traceEvents\": [\n";
+  out += fmt::format(
+      "{{\"ph\": \"M\", \"pid\": {}, \"tid\": 0, \"name\": \"process_name\", \"args\": "
+      "{{\"name\": \"outcore\"}}}}",
+      pid);
+  for (const Track& t : trs) {
+    out += fmt::format(
+        ",\n{{\"ph\": \"M\", \"pid\": {}, \"tid\": {}, \"name\": \"thread_name\", \"args\": "
+        "{{\"name\": {}}}}}",
+        pid, t.tid, quoted(t.name));
+    out += fmt::format(
+        ",\n{{\"ph\": \"M\", \"pid\": {}, \"tid\": {}, \"name\": \"thread_sort_index\", "
+        "\"args\": {{\"sort_index\": {}}}}}",
+        pid, t.tid, t.tid);
+  }
+  for (const Event& e : evs) {
+    out += ",\n";
+    out += event_json(e, pid);
+  }
+  out += "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {";
+  for (size_t i = 0; i < other.size(); ++i) out += (i ? ", " : "") + other[i];
+  out += "}}\n";
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
+  if (!f) throw IoError(path, errno, "open trace file");
+  if (std::fwrite(out.data(), 1, out.size(), f.get()) != out.size() || std::fflush(f.get()) != 0)
+    throw IoError(path, 0, out.size(), errno, "write trace file");
+  FILE* raw = f.release();
+  if (std::fclose(raw) != 0) throw IoError(path, 0, out.size(), errno, "close trace file");
+}
+
+}  // namespace outcore::trace

@@ -1,0 +1,142 @@
+// common/trace: nothing recorded while off, lane pools never overlap, thread tracks, the I/O
+// overlap arithmetic and the JSON file.
+#include "common/trace.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "common/error.hpp"
+#include "tests/common/temp_dir.hpp"
+
+namespace outcore::trace {
+namespace {
+
+TEST(TraceTest, OffRecordsNothing) {
+  start();
+  stop();
+  { OUTCORE_TRACE_SPAN("off", "test", {.bytes = 1}); }
+  complete("off", "test", 0);
+  name_thread("off thread");
+  EXPECT_EQ(event_count(), 0u);
+  EXPECT_TRUE(tracks().empty());
+}
+
+TEST(TraceTest, SpansRecordArgsOnTheThreadsTrack) {
+  start();
+  name_thread("main");
+  {
+    OUTCORE_TRACE_SPAN("outer", "compute", {.unit = 3});
+    OUTCORE_TRACE_SPAN("inner", "io", {.bytes = 4096, .index = 2, .file = "/x/y.bin"});
+  }
+  std::thread([] {
+    name_thread("other");
+    OUTCORE_TRACE_SPAN("there", "wait");
+  }).join();
+  stop();
+  const std::vector<Event> ev = events();
+  ASSERT_EQ(ev.size(), 3u);
+  EXPECT_STREQ(ev[0].name, "inner");  // recorded when it ends
+  EXPECT_EQ(ev[0].bytes, 4096);
+  EXPECT_EQ(ev[0].index, 2);
+  EXPECT_EQ(ev[0].file, "/x/y.bin");
+  EXPECT_STREQ(ev[1].name, "outer");
+  EXPECT_EQ(ev[1].unit, 3);
+  EXPECT_EQ(ev[0].tid, ev[1].tid);
+  EXPECT_LE(ev[1].start_ns, ev[0].start_ns);
+  EXPECT_GE(ev[1].start_ns + ev[1].dur_ns, ev[0].start_ns + ev[0].dur_ns);
+  EXPECT_NE(ev[2].tid, ev[0].tid);
+  const std::vector<Track> tr = tracks();
+  ASSERT_EQ(tr.size(), 2u);
+  EXPECT_EQ(tr[0].name, "main");
+  EXPECT_EQ(tr[1].name, "other");
+}
+
+// Four threads record overlapping spans into one lane pool: on every lane, spans are disjoint,
+// and lanes are reused (far fewer lanes than spans).
+TEST(TraceTest, LanesNeverOverlap) {
+  start();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([] {
+      for (int i = 0; i < 200; ++i) {
+        OUTCORE_TRACE_SPAN("work", "io", {.index = i, .lanes = "pool"});
+        std::this_thread::yield();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  stop();
+  std::map<uint32_t, std::vector<std::pair<int64_t, int64_t>>> lanes;
+  for (const Event& e : events()) lanes[e.tid].emplace_back(e.start_ns, e.start_ns + e.dur_ns);
+  EXPECT_GE(lanes.size(), 1u);
+  EXPECT_LE(lanes.size(), 40u);
+  size_t n = 0;
+  for (auto& [tid, spans] : lanes) {
+    n += spans.size();
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i)
+      ASSERT_LE(spans[i - 1].second, spans[i].first) << "lane " << tid << " span " << i;
+  }
+  EXPECT_EQ(n, 800u);
+  for (const Track& t : tracks()) EXPECT_EQ(t.name.rfind("pool #", 0), 0u) << t.name;
+}
+
+TEST(TraceTest, IoOverlapCountsIoOutsideCompute) {
+  auto ev = [](const char* cat, int64_t b, int64_t e) {
+    Event x;
+    x.cat = cat;
+    x.start_ns = b;
+    x.dur_ns = e - b;
+    return x;
+  };
+  // I/O busy [0, 100) and [200, 300) (two overlapping requests in the first), compute
+  // [50, 250), Adam [280, 290): exposed [0, 50) and [250, 300) under compute alone.
+  const std::vector<Event> v = {ev("io", 0, 80),           ev("io", 40, 100),
+                                ev("io", 200, 300),        ev("compute", 50, 250),
+                                ev("optimizer", 280, 290), ev("wait", 0, 300)};
+  const IoOverlap c = io_overlap(v, {"compute"});
+  EXPECT_DOUBLE_EQ(c.io_busy_s, 200e-9);
+  EXPECT_DOUBLE_EQ(c.io_exposed_s, 100e-9);
+  EXPECT_DOUBLE_EQ(c.hidden_fraction, 0.5);
+  const IoOverlap co = io_overlap(v, {"compute", "optimizer"});
+  EXPECT_DOUBLE_EQ(co.io_exposed_s, 90e-9);
+  EXPECT_DOUBLE_EQ(io_overlap({ev("compute", 0, 10)}, {"compute"}).hidden_fraction, 1.0);
+}
+
+TEST(TraceTest, WritesChromeTraceJson) {
+  test::TempDir dir("trace");
+  start();
+  name_thread("quote \" and \\ name");
+  complete("read", "io", 0, {.bytes = 8192, .file = "/a \"b\"\n.bin"});
+  stop();
+  const std::string path = (dir / "t.json").string();
+  write_json(path, {"\"k\": 1.5"});
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("displayTimeUnit"), "ms");
+  EXPECT_EQ(j.at("otherData").at("k"), 1.5);
+  int x = 0, names = 0;
+  for (const nlohmann::json& e : j.at("traceEvents")) {
+    if (e.at("ph") == "X") {
+      ++x;
+      EXPECT_EQ(e.at("args").at("bytes"), 8192);
+      EXPECT_EQ(e.at("args").at("file"), "/a \"b\"\n.bin");
+      EXPECT_EQ(e.at("ts"), 0.0);
+    } else if (e.at("name") == "thread_name") {
+      ++names;
+      EXPECT_EQ(e.at("args").at("name"), "quote \" and \\ name");
+    }
+  }
+  EXPECT_EQ(x, 1);
+  EXPECT_EQ(names, 1);
+  EXPECT_THROW(write_json((dir / "missing/t.json").string()), IoError);
+}
+
+}  // namespace
+}  // namespace outcore::trace
