@@ -179,12 +179,12 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
 }
 
 ZeroEngine::Impl::~Impl() {
-  for (device::Stream* s : {copy.get(), grad.get(), comm_stream.get()}) {
   try {
     finish_step();
   } catch (const std::exception& e) {
     log::warn("zero: shutting down after a failed optimizer step: {}", e.what());
   }
+  for (device::Stream* s : {copy.get(), grad.get(), comm_stream.get()}) {
     if (s == nullptr) continue;
     try {
       s->synchronize();
@@ -293,9 +293,9 @@ float ZeroEngine::Impl::forward_backward(const int32_t* tokens, const int32_t* t
   for (size_t i = 0; i < train_sched.size(); ++i) {
     const detail::PassStep& s = train_sched[i];
     const int u = s.unit;
-    if (coordinator) coordinator->acquire(i);
     wait_unit(u);  // a step still publishing later units runs on
     for (int v : s.needs) wait_unit(v);
+    if (coordinator) coordinator->acquire(i);
     if (!s.backward) {
       if (u == 0)
         model.forward(0, {.params = params_of(0), .tokens = tokens, .output = a.unit_input(1)});
@@ -356,9 +356,9 @@ float ZeroEngine::Impl::evaluate(const int32_t* tokens, const int32_t* targets) 
   float loss = 0.0f;
   for (size_t i = 0; i < eval_sched.size(); ++i) {
     const int u = eval_sched[i].unit;
-    if (coordinator) coordinator->acquire(i);
     wait_unit(u);  // a step still publishing later units runs on
     for (int v : eval_sched[i].needs) wait_unit(v);
+    if (coordinator) coordinator->acquire(i);
     if (u == 0)
       model.forward(0, {.params = params_of(0), .tokens = tokens, .output = a.unit_input(1)});
     else if (u < head)
@@ -402,11 +402,11 @@ float ZeroEngine::evaluate(const int32_t* tokens, const int32_t* targets) {
 }
 
 StepResult ZeroEngine::step(const StepParams& params) { return impl_->step(params); }
-
 void ZeroEngine::wait_step() { impl_->finish_step(); }
+
 void ZeroEngine::get_master_weights(int unit, std::span<float> out) {
-  impl_->get_master_weights(unit, out);
   impl_->finish_step();
+  impl_->get_master_weights(unit, out);
 }
 void ZeroEngine::get_params(int unit, std::span<std::byte> out) {
   impl_->finish_step();
@@ -422,12 +422,12 @@ size_t ZeroEngine::partition_offset(int unit) const {
   return impl_->g.units[unit].own_off;
 }
 void ZeroEngine::visit_unit_state(int unit, const StateVisitor& fn) {
-  impl_->visit_unit_state(unit, fn);
   impl_->finish_step();
+  impl_->visit_unit_state(unit, fn);
 }
 void ZeroEngine::fill_unit_state(int unit, const StateFiller& fn) {
-  impl_->fill_unit_state(unit, fn);
   impl_->finish_step();
+  impl_->fill_unit_state(unit, fn);
 }
 void ZeroEngine::read_unit_state(int unit, std::span<float> master, std::span<float> exp_avg,
                                  std::span<float> exp_avg_sq) {
@@ -457,8 +457,8 @@ void ZeroEngine::write_unit_state(int unit, std::span<const float> master,
 }
 void ZeroEngine::visit_param_partition(int unit,
                                        const std::function<void(std::span<const std::byte>)>& fn) {
-  impl_->visit_param_partition(unit, fn);
   impl_->finish_step();
+  impl_->visit_param_partition(unit, fn);
 }
 void ZeroEngine::read_param_partition(int unit, std::span<std::byte> out) {
   visit_param_partition(unit, [&](std::span<const std::byte> p) {
@@ -472,12 +472,12 @@ void ZeroEngine::read_param_partition(int unit, std::span<std::byte> out) {
 }
 DType ZeroEngine::param_dtype() const { return impl_->g.placement.param_dtype; }
 void ZeroEngine::read_state(int unit, StateKind kind, std::span<float> out) {
-  impl_->read_state(unit, kind, out);
   impl_->finish_step();
+  impl_->read_state(unit, kind, out);
 }
 void ZeroEngine::write_state(int unit, StateKind kind, std::span<const float> in) {
-  impl_->write_state(unit, kind, in);
   impl_->finish_step();
+  impl_->write_state(unit, kind, in);
 }
 
 TrafficStats ZeroEngine::traffic() const {

@@ -85,8 +85,8 @@ ParamCoordinator::ParamCoordinator(const Geometry& g, ParamHome& home, device::D
 ParamCoordinator::~ParamCoordinator() = default;
 
 void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
-  Slot& s = slots_[unit];
   if (before_fetch_) before_fetch_(unit);
+  Slot& s = slots_[unit];
   const UnitGeometry& ug = g_.units[unit];
   const size_t part_bytes = ug.part * g_.param_bytes;
   const size_t full_bytes = ug.padded * g_.param_bytes;
