@@ -8,6 +8,7 @@
 #include <future>
 
 #include "common/error.hpp"
+#include "common/trace.hpp"
 #include "engine/zero/engine_impl.hpp"
 
 namespace outcore::zero {
@@ -255,6 +256,7 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
     return r;
   }
   step_run.worker = std::thread([this, hp] {
+    trace::name_thread("zero-step");  // one track for every step's updates
     try {
       run_unit_steps(hp);
     } catch (...) {
