@@ -205,8 +205,9 @@ struct OptimizerSwapper::Impl {
         const SubGroup& g = L.groups[k];
         if (read) {
           while (next_read < K && next_read <= k + ahead) issue_read(next_read++);
-          OUTCORE_TRACE_SPAN("read wait", "wait",
-                             {.unit = int(g.id.unit), .index = int(g.id.index), .lanes = "optimizer"});
+          OUTCORE_TRACE_SPAN(
+              "read wait", "wait",
+              {.unit = int(g.id.unit), .index = int(g.id.index), .lanes = "optimizer"});
           auto t0 = Clock::now();
           swapper.wait(std::exchange(rt[k], SwapTicket{}));
           s.read_wait_seconds += seconds_since(t0);

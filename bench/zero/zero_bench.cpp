@@ -155,17 +155,17 @@ int main(int argc, char** argv) {
   auto nvme_json = [&](const std::string& dir) {
     std::filesystem::create_directories(dir);
     return "{" + common +
-                 fmt::format(R"("zero_optimization": {{"stage": 3,
+           fmt::format(R"("zero_optimization": {{"stage": 3,
                   "offload_param": {{"device": "nvme", "nvme_path": "{0}", "max_in_cpu": 0}},
                   "offload_optimizer": {{"device": "nvme", "nvme_path": "{0}",
                                          "pipeline_read": true, "pipeline_write": true}},
                   "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}},
                   "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}}}})",
-                             dir);
+                       dir);
   };
   Runner ooc("nvme (stage 3, params+optimizer on NVMe)", nvme_json(nvme), model, budget);
-  Runner seq_step("nvme, sequential optimizer step", nvme_json(nvme + "/sequential"), model,
-                  budget, false);
+  Runner seq_step("nvme, sequential optimizer step", nvme_json(nvme + "/sequential"), model, budget,
+                  false);
 
   std::printf(
       "model: %.1fM parameters, hidden %ld, %ld layers, vocab %ld, %s, seq %ld x micro %ld x gas "
@@ -204,8 +204,10 @@ int main(int argc, char** argv) {
               "device peak");
   for (Runner* r : runners)
     std::printf("%-44s %10.1f %10.2f %10.2f %9.1f MiB\n", r->name.c_str(),
-                tokens / (r == &mem ? tm : r == &ooc ? to : ts), r->fb_seconds / steps,
-                r->step_seconds / steps,
+                tokens / (r == &mem   ? tm
+                          : r == &ooc ? to
+                                      : ts),
+                r->fb_seconds / steps, r->step_seconds / steps,
                 r->engine->memory().device_peak_bytes / 1048576.0);
   std::printf(
       "nvme traffic: read %.2f GB/s, write %.2f GB/s, h2d %.2f GB/s, d2h %.2f GB/s (%.2f GB read, "

@@ -121,7 +121,7 @@ struct SaveGroup {
 };
 
 struct WriterOptions {
-  aio::Options aio;                         // I/O engine settings (block size, queue depth)
+  aio::Options aio;  // I/O engine settings (block size, queue depth)
   // Null: this process writes the whole checkpoint. Not owned.
   const SaveGroup* group = nullptr;
   std::shared_ptr<aio::IoBackend> backend;  // nullptr: io_uring; tests inject faults

@@ -49,7 +49,9 @@ struct CommTraffic {
   uint64_t broadcast = 0;
   uint64_t calls = 0;  // collectives called (barriers included)
   double seconds = 0;  // wall time spent inside collectives (where the implementation times them)
-  uint64_t total() const { return all_gather + reduce_scatter + all_to_all + all_reduce + broadcast; }
+  uint64_t total() const {
+    return all_gather + reduce_scatter + all_to_all + all_reduce + broadcast;
+  }
 };
 
 class Comm {

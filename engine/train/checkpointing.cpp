@@ -27,9 +27,9 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
                                         const ckpt::WriterOptions& options) {
   if (world_size != 1 && (options.group == nullptr || options.group->world != world_size ||
                           options.group->rank != rank))
-    throw InvalidArgument(fmt::format(
-        "checkpoint of rank {} of {}: the ranks save together (WriterOptions::group)", rank,
-        world_size));
+    throw InvalidArgument(
+        fmt::format("checkpoint of rank {} of {}: the ranks save together (WriterOptions::group)",
+                    rank, world_size));
   const model::ModelLayout& layout = engine.model().layout();
   const int units = engine.model().num_units();
   const DType pdt = engine.param_dtype();

@@ -69,9 +69,10 @@ std::string Trainer::summary() const {
       mo.activation_checkpointing ? "on" : "off",
       cfg_.activation_checkpointing.cpu_checkpointing ? " (checkpoints in host memory)" : "");
   if (world_size() > 1)
-    s += fmt::format("ranks      {} data-parallel ranks over {} (this is rank {}), each with its "
-                     "own device, swap directory rank<r>/ and slice of every batch\n",
-                     world_size(), comm().name(), rank());
+    s += fmt::format(
+        "ranks      {} data-parallel ranks over {} (this is rank {}), each with its "
+        "own device, swap directory rank<r>/ and slice of every batch\n",
+        world_size(), comm().name(), rank());
   s += fmt::format(
       "device     {}, budget {}\n", device().name(),
       cfg_.outcore.device_memory_mb > 0

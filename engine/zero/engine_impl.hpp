@@ -5,10 +5,10 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
-#include <mutex>
-#include <thread>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "aio/aio.hpp"

@@ -10,10 +10,9 @@
 // issues the same collectives in the same order, and the planner replays the same decisions.
 #pragma once
 
-#include <functional>
-
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 

@@ -181,9 +181,10 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
       format_bytes(t.nvme_read), format_bytes(t.nvme_write), format_bytes(t.h2d),
       format_bytes(t.d2h));
   if (plan.world_size > 1)
-    out << fmt::format("per rank per step: {} sent to the other {} ranks (gradients, parameter "
-                       "gathers, norm)\n",
-                       format_bytes(t.comm), plan.world_size - 1);
+    out << fmt::format(
+        "per rank per step: {} sent to the other {} ranks (gradients, parameter "
+        "gathers, norm)\n",
+        format_bytes(t.comm), plan.world_size - 1);
   return out.str();
 }
 

@@ -125,8 +125,8 @@ class Checker {
     const uint64_t bytes = n * sizeof(float);
     expect_eq(static_cast<double>(t1.all_gather - t0.all_gather), double(others * bytes),
               "traffic all_gather", n);
-    expect_eq(static_cast<double>(t1.reduce_scatter - t0.reduce_scatter),
-              double(others * bytes), "traffic reduce_scatter", n);
+    expect_eq(static_cast<double>(t1.reduce_scatter - t0.reduce_scatter), double(others * bytes),
+              "traffic reduce_scatter", n);
     expect_eq(static_cast<double>(t1.all_to_all - t0.all_to_all), double(others * bytes),
               "traffic all_to_all", n);
     expect_eq(static_cast<double>(t1.all_reduce - t0.all_reduce), double(2 * others * bytes),
