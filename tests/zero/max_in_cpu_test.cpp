@@ -209,36 +209,19 @@ TEST(MaxInCpu, StateAccessReadsAndWritesEachUnitInItsHome) {
   expect_same_params("after write_unit_state");
 }
 
-struct Measured {
-  Plan plan;
-  MemoryPeaks memory;
-  TrafficStats after_init, after_steps;
-  std::set<int> param_files;  // units with a parameter swap file while the engine lived
+// measure() plus the parameter swap files that existed while the engine lived.
+struct FileMeasured : Measured {
+  std::set<int> param_files;  // units with a parameter swap file
   uint64_t param_file_bytes = 0;
 };
 
-Measured measure(const config::Config& cfg, const model::LlamaModel& model, const std::string& dir,
-                 int steps) {
-  device::CpuDevice dev;
-  comm::LocalComm comm;
-  ZeroEngine engine(cfg, model, dev, comm, 3);
-  Measured m;
-  m.plan = engine.plan();
-  m.param_files = param_file_units(dir);
-  m.param_file_bytes = param_file_bytes(dir);
-  m.after_init = engine.traffic();
-  const size_t n = static_cast<size_t>(model.tokens());
-  const int64_t gas = cfg.gradient_accumulation_steps.value();
-  for (int t = 1; t <= steps; ++t) {
-    for (int64_t k = 0; k < gas; ++k) {
-      std::vector<int32_t> tok = make_tokens(n + 1, model.config().vocab_size, t * 10 + k, n + 1);
-      engine.forward_backward(tok.data(), tok.data() + 1, 0.5f, k == 0);
-    }
-    engine.step(step_params(cfg, 1e-3, t, 1.0));
-  }
-  engine.wait_step();  // the last step otherwise finishes under the next pass
-  m.memory = engine.memory();
-  m.after_steps = engine.traffic();
+FileMeasured measure_with_files(const config::Config& cfg, const model::LlamaModel& model,
+                                const std::string& dir, int steps) {
+  FileMeasured m;
+  static_cast<Measured&>(m) = measure(cfg, model, steps, {}, [&] {
+    m.param_files = param_file_units(dir);
+    m.param_file_bytes = param_file_bytes(dir);
+  });
   return m;
 }
 
@@ -283,7 +266,7 @@ TEST(MaxInCpu, PlanEqualsWhatTheEngineAllocatesAndMoves) {
           // its peak is exactly the planned pinned bytes.
           const config::Config cfg = nvme_params_config(DType::BF16, dir, "cpu", keys, l.zero);
           const int steps = 2;
-          const Measured m = measure(cfg, model, dir, steps);
+          const FileMeasured m = measure_with_files(cfg, model, dir, steps);
           const Plan& p = m.plan;
           ASSERT_EQ(p.placement.host_param_units, host);
           EXPECT_EQ(m.memory.pinned_peak_bytes, p.peak.pinned) << format_plan(p);
@@ -335,7 +318,7 @@ TEST(MaxInCpu, MixedPlacementWithNvmeOptimizerMovesWhatThePlanSays) {
       nvme_params_config(DType::F32, dir, "nvme", max_in_cpu(partitions_of_first(model, 3)),
                          ", \"sub_group_size\": 8192");
   const int steps = 2;
-  const Measured m = measure(cfg, model, dir, steps);
+  const FileMeasured m = measure_with_files(cfg, model, dir, steps);
   ASSERT_EQ(m.plan.placement.host_param_units, 3u);
   EXPECT_LE(m.memory.pinned_peak_bytes, m.plan.peak.pinned);
   EXPECT_EQ(m.param_files.size(), static_cast<size_t>(model.num_units()) - 3);
@@ -350,7 +333,7 @@ TEST(MaxInCpu, ZeroPutsEveryPartitionInASwapFile) {
   const size_t units = static_cast<size_t>(model.num_units());
   const std::string dir = swap_dir("max_in_cpu_zero").string();
   const config::Config cfg = nvme_params_config(DType::BF16, dir, "cpu", max_in_cpu(0));
-  const Measured m = measure(cfg, model, dir, 1);
+  const FileMeasured m = measure_with_files(cfg, model, dir, 1);
   const Plan& p = m.plan;
   EXPECT_EQ(p.placement.host_param_units, 0u);
   EXPECT_EQ(p.placement.nvme_param_units, units);

@@ -32,43 +32,13 @@ uint64_t own(const model::LlamaModel& model, size_t u) {
 struct Case {
   std::string opt;  // offload_optimizer.device
   double ratio;
-  size_t device_from;            // the first unit whose state stays on the device
-  std::string param = "nvme";    // offload_param.device
+  size_t device_from;          // the first unit whose state stays on the device
+  std::string param = "nvme";  // offload_param.device
   std::string name() const {
     return "param_" + param + "_opt_" + opt + "_ratio" +
            std::to_string(static_cast<int>(ratio * 10));
   }
 };
-
-// Runs `steps` optimizer steps and measures traffic after initialisation and after the steps
-// (as plan_test does: no evaluation, no state reads in between).
-struct Measured {
-  Plan plan;
-  MemoryPeaks memory;
-  TrafficStats after_init, after_steps;
-};
-
-Measured measure(const config::Config& cfg, const model::LlamaModel& model, int steps) {
-  device::CpuDevice dev;
-  comm::LocalComm comm;
-  ZeroEngine engine(cfg, model, dev, comm, 3);
-  Measured m;
-  m.plan = engine.plan();
-  m.after_init = engine.traffic();
-  const size_t n = static_cast<size_t>(model.tokens());
-  const int64_t gas = cfg.gradient_accumulation_steps.value();
-  for (int t = 1; t <= steps; ++t) {
-    for (int64_t k = 0; k < gas; ++k) {
-      std::vector<int32_t> tok = make_tokens(n + 1, model.config().vocab_size, t * 10 + k, n + 1);
-      engine.forward_backward(tok.data(), tok.data() + 1, 0.5f, k == 0);
-    }
-    engine.step(step_params(cfg, 1e-3, t, 1.0));
-  }
-  engine.wait_step();  // the last step otherwise finishes under the next pass
-  m.memory = engine.memory();
-  m.after_steps = engine.traffic();
-  return m;
-}
 
 class PartialOffload : public ::testing::TestWithParam<Case> {};
 
@@ -150,8 +120,7 @@ TEST_P(PartialOffload, PlanMovesTheTailsStateToTheDeviceAndMatchesTheEngine) {
   const TrafficStats& b = m.after_steps;
   EXPECT_EQ(b.h2d_bytes - a.h2d_bytes, kSteps * p.per_step.h2d) << format_plan(p);
   EXPECT_EQ(b.d2h_bytes - a.d2h_bytes, kSteps * p.per_step.d2h) << format_plan(p);
-  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, kSteps * p.per_step.nvme_read)
-      << format_plan(p);
+  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, kSteps * p.per_step.nvme_read) << format_plan(p);
   EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, kSteps * p.per_step.nvme_write)
       << format_plan(p);
 }

@@ -6,36 +6,6 @@
 namespace outcore::zero::test {
 namespace {
 
-struct Measured {
-  Plan plan;
-  MemoryPeaks memory;
-  TrafficStats after_init, after_steps;
-};
-
-// Runs `steps` optimizer steps (no evaluation, no state reads) and measures.
-Measured measure(const config::Config& cfg, const model::LlamaModel& model, int steps,
-                 EngineOptions eo = {}) {
-  device::CpuDevice dev;
-  comm::LocalComm comm;
-  ZeroEngine engine(cfg, model, dev, comm, 3, eo);
-  Measured m;
-  m.plan = engine.plan();
-  m.after_init = engine.traffic();
-  const size_t n = static_cast<size_t>(model.tokens());
-  const int64_t gas = cfg.gradient_accumulation_steps.value();
-  for (int t = 1; t <= steps; ++t) {
-    for (int64_t k = 0; k < gas; ++k) {
-      std::vector<int32_t> tok = make_tokens(n + 1, model.config().vocab_size, t * 10 + k, n + 1);
-      engine.forward_backward(tok.data(), tok.data() + 1, 0.5f, k == 0);
-    }
-    engine.step(step_params(cfg, 1e-3, t, 1.0));
-  }
-  engine.wait_step();  // the last step otherwise finishes under the next pass
-  m.memory = engine.memory();
-  m.after_steps = engine.traffic();
-  return m;
-}
-
 class PlanVsActual : public ::testing::TestWithParam<Placing> {};
 
 TEST_P(PlanVsActual, PeaksAndTrafficMatchThePlan) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -170,6 +171,40 @@ inline RunResult train(const config::Config& cfg, const model::LlamaModel& model
     r.traffic = engine.traffic();
   }
   return r;
+}
+
+// What a run's plan says and what its engine allocated and moved.
+struct Measured {
+  Plan plan;
+  MemoryPeaks memory;
+  TrafficStats after_init, after_steps;
+};
+
+// Runs `steps` optimizer steps (no evaluation, no state reads, so the traffic is the steps'
+// alone) and measures. `while_alive`, if given, is called once the engine is built (its swap
+// files exist).
+inline Measured measure(const config::Config& cfg, const model::LlamaModel& model, int steps,
+                        EngineOptions eo = {}, const std::function<void()>& while_alive = {}) {
+  device::CpuDevice dev;
+  comm::LocalComm comm;
+  ZeroEngine engine(cfg, model, dev, comm, 3, eo);
+  Measured m;
+  m.plan = engine.plan();
+  if (while_alive) while_alive();
+  m.after_init = engine.traffic();
+  const size_t n = static_cast<size_t>(model.tokens());
+  const int64_t gas = cfg.gradient_accumulation_steps.value();
+  for (int t = 1; t <= steps; ++t) {
+    for (int64_t k = 0; k < gas; ++k) {
+      std::vector<int32_t> tok = make_tokens(n + 1, model.config().vocab_size, t * 10 + k, n + 1);
+      engine.forward_backward(tok.data(), tok.data() + 1, 0.5f, k == 0);
+    }
+    engine.step(step_params(cfg, 1e-3, t, 1.0));
+  }
+  engine.wait_step();  // the last step otherwise finishes under the next pass
+  m.memory = engine.memory();
+  m.after_steps = engine.traffic();
+  return m;
 }
 
 inline void expect_bit_identical(const RunResult& a, const RunResult& b, const std::string& what) {
