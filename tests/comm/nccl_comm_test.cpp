@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "tests/common/run_command.hpp"
+
 #ifdef OUTCORE_NCCL_WORKER
 #include <cuda_runtime.h>
 #endif
@@ -18,16 +20,7 @@ namespace outcore::comm {
 namespace {
 
 #ifdef OUTCORE_NCCL_WORKER
-// Runs a command, returning its exit status and combined output.
-int run_command(const std::string& cmd, std::string& output) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((cmd + " 2>&1").c_str(), "r"), pclose);
-  if (!pipe) return -1;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe.get())) > 0) output.append(buf.data(), n);
-  int status = pclose(pipe.release());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using outcore::testing::run_command;
 
 // The number of usable GPUs, or the CUDA runtime's reason there are none.
 int usable_gpus(std::string& why) {

@@ -12,6 +12,7 @@
 #include "common/error.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "tests/comm/collective_checks.hpp"
+#include "tests/common/run_command.hpp"
 
 namespace outcore::comm {
 namespace {
@@ -78,16 +79,7 @@ TEST(LocalComm, PartialOverlapIsRejected) {
 }
 
 #ifdef OUTCORE_COMM_MPI_WORKER
-// Runs a command, returning its exit status and combined output.
-int run_command(const std::string& cmd, std::string& output) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((cmd + " 2>&1").c_str(), "r"), pclose);
-  if (!pipe) return -1;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe.get())) > 0) output.append(buf.data(), n);
-  int status = pclose(pipe.release());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using outcore::testing::run_command;
 #endif
 
 TEST(MpiComm, TwoRanksUnderMpirun) {

@@ -14,8 +14,8 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "engine/train/demo_data.hpp"
+#include "tests/common/run_command.hpp"
 #include "tests/train/temp_dir.hpp"
 
 namespace outcore::train::testing {
@@ -31,15 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int run_command(const std::string& cmd, std::string& output) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((cmd + " 2>&1").c_str(), "r"), pclose);
-  if (!pipe) return -1;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe.get())) > 0) output.append(buf.data(), n);
-  const int status = pclose(pipe.release());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using outcore::testing::run_command;
 
 std::string mpirun(int np) {
   return fmt::format("timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -np {}",
