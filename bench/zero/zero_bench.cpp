@@ -53,7 +53,7 @@ struct Runner {
   device::CpuDevice dev;
   comm::LocalComm comm;
   std::unique_ptr<zero::ZeroEngine> engine;
-  std::vector<double> seconds, turns;
+  std::vector<double> turns;  // seconds of each timed turn
   std::vector<float> losses;
   double fb_seconds = 0, step_seconds = 0;
 
@@ -96,8 +96,6 @@ struct Runner {
     const auto t1 = Clock::now();
     engine->step(zero::step_params(cfg, 1e-3, static_cast<uint64_t>(t), 1.0));
     if (!timed) return;
-    const double s = seconds_since(t0);
-    seconds.push_back(s);
     step_seconds += seconds_since(t1);
     fb_seconds += std::chrono::duration<double>(t1 - t0).count();
     losses.push_back(loss / gas);
