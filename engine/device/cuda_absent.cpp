@@ -1,5 +1,6 @@
 // probe() and make_cuda_device() for builds without nvcc.
 #include "common/error.hpp"
+#include "engine/device/compute_backend.hpp"
 #include "engine/device/device.hpp"
 
 namespace outcore::device {
@@ -14,6 +15,10 @@ ProbeResult probe() {
 
 std::unique_ptr<Device> make_cuda_device(CudaDeviceOptions) {
   throw InvalidArgument("cannot create a CUDA device: " + probe().summary());
+}
+
+std::unique_ptr<ComputeBackend> make_cuda_backend(Device& device) {
+  throw InvalidArgument("cannot compute on " + device.name() + ": " + probe().summary());
 }
 
 }  // namespace outcore::device

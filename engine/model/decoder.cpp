@@ -3,14 +3,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/device/kernel_math.hpp"
-#include "engine/model/kernels.hpp"
 #include "engine/model/unit_internal.hpp"
 
 namespace outcore::model::detail {
 namespace {
-
-using kernels::gemm;
 
 // Tensor order in a decoder unit (see make_layout).
 enum : int { kInNorm, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown };
@@ -87,7 +83,7 @@ const float* norm_weight(const UnitContext& ctx, const void* params, int i, floa
   return w;
 }
 
-void attention_forward(const Dims& d, const Saved& s, float* scores) {
+void attention_forward(device::ComputeBackend& be, const Dims& d, const Saved& s, float* scores) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
   const int64_t group = d.nh / d.nkv;
   for (int64_t b = 0; b < d.B; ++b) {
@@ -99,22 +95,17 @@ void attention_forward(const Dims& d, const Saved& s, float* scores) {
       for (int64_t r0 = 0; r0 < d.T; r0 += d.block) {
         const int64_t rows = std::min(d.block, d.T - r0), keys = r0 + rows;
         const float* qb = s.q + (b * d.T + r0) * d.Q + h * d.hd;
-        gemm(false, true, rows, keys, d.hd, scale, qb, d.Q, kb, d.KV, 0.0f, scores, keys);
-        for (int64_t i = 0; i < rows; ++i) {
-          float* row = scores + i * keys;
-          const int64_t n = kmath::causal_keys(r0 + i);  // keys 0..r0+i
-          lse[r0 + i] = kernels::softmax_inplace(row, n);
-          std::fill(row + n, row + keys, 0.0f);
-        }
-        gemm(false, false, rows, d.hd, keys, 1.0f, scores, keys, vb, d.KV, 0.0f,
-             s.attn + (b * d.T + r0) * d.Q + h * d.hd, d.Q);
+        be.gemm(false, true, rows, keys, d.hd, scale, qb, d.Q, kb, d.KV, 0.0f, scores, keys);
+        be.causal_softmax_forward(scores, lse + r0, rows, keys, r0);
+        be.gemm(false, false, rows, d.hd, keys, 1.0f, scores, keys, vb, d.KV, 0.0f,
+                s.attn + (b * d.T + r0) * d.Q + h * d.hd, d.Q);
       }
     }
   }
 }
 
 // Given dattn (dL/d attention output), writes dq and adds into dk, dv (which start at zero).
-void attention_backward(const Dims& d, const Saved& s, const Work& w) {
+void attention_backward(device::ComputeBackend& be, const Dims& d, const Saved& s, const Work& w) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
   const int64_t group = d.nh / d.nkv;
   for (int64_t b = 0; b < d.B; ++b) {
@@ -127,26 +118,17 @@ void attention_backward(const Dims& d, const Saved& s, const Work& w) {
         const int64_t q_at = (b * d.T + r0) * d.Q + h * d.hd;
         float* p = w.scores;
         float* ds = w.dprob;
-        gemm(false, true, rows, keys, d.hd, scale, s.q + q_at, d.Q, s.k + kv_at, d.KV, 0.0f, p,
-             keys);
-        gemm(false, true, rows, keys, d.hd, 1.0f, w.dattn + q_at, d.Q, s.v + kv_at, d.KV, 0.0f, ds,
-             keys);
-        for (int64_t i = 0; i < rows; ++i) {
-          float* pr = p + i * keys;
-          float* dr = ds + i * keys;
-          const int64_t n = kmath::causal_keys(r0 + i);
-          kernels::exp_shift(pr, lse[r0 + i], n);
-          std::fill(pr + n, pr + keys, 0.0f);
-          const float dd = kernels::dot(pr, dr, n);
-          for (int64_t j = 0; j < n; ++j) dr[j] = kmath::softmax_grad(pr[j], dr[j], dd);
-          std::fill(dr + n, dr + keys, 0.0f);
-        }
-        gemm(false, false, rows, d.hd, keys, scale, ds, keys, s.k + kv_at, d.KV, 0.0f, w.dq + q_at,
-             d.Q);
-        gemm(true, false, keys, d.hd, rows, scale, ds, keys, s.q + q_at, d.Q, 1.0f, w.dk + kv_at,
-             d.KV);
-        gemm(true, false, keys, d.hd, rows, 1.0f, p, keys, w.dattn + q_at, d.Q, 1.0f, w.dv + kv_at,
-             d.KV);
+        be.gemm(false, true, rows, keys, d.hd, scale, s.q + q_at, d.Q, s.k + kv_at, d.KV, 0.0f, p,
+                keys);
+        be.gemm(false, true, rows, keys, d.hd, 1.0f, w.dattn + q_at, d.Q, s.v + kv_at, d.KV, 0.0f,
+                ds, keys);
+        be.causal_softmax_backward(p, ds, lse + r0, rows, keys, r0);
+        be.gemm(false, false, rows, d.hd, keys, scale, ds, keys, s.k + kv_at, d.KV, 0.0f,
+                w.dq + q_at, d.Q);
+        be.gemm(true, false, keys, d.hd, rows, scale, ds, keys, s.q + q_at, d.Q, 1.0f, w.dk + kv_at,
+                d.KV);
+        be.gemm(true, false, keys, d.hd, rows, 1.0f, p, keys, w.dattn + q_at, d.Q, 1.0f,
+                w.dv + kv_at, d.KV);
       }
     }
   }
@@ -155,35 +137,36 @@ void attention_backward(const Dims& d, const Saved& s, const Work& w) {
 // The forward proper. Writes Saved; writes the layer output to `out` when non-null.
 void forward_into(const UnitContext& ctx, const void* params, const float* x, float* out,
                   const Saved& s, const Work& w) {
+  device::ComputeBackend& be = ctx.be;
   const Dims d(ctx.cfg, ctx.opt);
   const float eps = static_cast<float>(ctx.cfg.rms_norm_eps);
   const float* wn1 = norm_weight(ctx, params, kInNorm, w.wn1);
-  kernels::rmsnorm_forward(x, wn1, eps, d.N, d.H, s.xn1, s.rstd1);
+  be.rmsnorm_forward(x, wn1, eps, d.N, d.H, s.xn1, s.rstd1);
   const float* W = weight_f32(ctx, params, tensor(ctx, kQ), w.wtmp);
-  gemm(false, true, d.N, d.Q, d.H, 1.0f, s.xn1, d.H, W, d.H, 0.0f, s.q, d.Q);
+  be.gemm(false, true, d.N, d.Q, d.H, 1.0f, s.xn1, d.H, W, d.H, 0.0f, s.q, d.Q);
   W = weight_f32(ctx, params, tensor(ctx, kK), w.wtmp);
-  gemm(false, true, d.N, d.KV, d.H, 1.0f, s.xn1, d.H, W, d.H, 0.0f, s.k, d.KV);
+  be.gemm(false, true, d.N, d.KV, d.H, 1.0f, s.xn1, d.H, W, d.H, 0.0f, s.k, d.KV);
   W = weight_f32(ctx, params, tensor(ctx, kV), w.wtmp);
-  gemm(false, true, d.N, d.KV, d.H, 1.0f, s.xn1, d.H, W, d.H, 0.0f, s.v, d.KV);
-  kernels::rope(s.q, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, false);
-  kernels::rope(s.k, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, false);
-  attention_forward(d, s, w.scores);
+  be.gemm(false, true, d.N, d.KV, d.H, 1.0f, s.xn1, d.H, W, d.H, 0.0f, s.v, d.KV);
+  be.rope(s.q, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, false);
+  be.rope(s.k, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, false);
+  attention_forward(be, d, s, w.scores);
 
-  std::memcpy(s.h, x, sizeof(float) * d.N * d.H);
+  be.copy(s.h, x, sizeof(float) * d.N * d.H);
   W = weight_f32(ctx, params, tensor(ctx, kO), w.wtmp);
-  gemm(false, true, d.N, d.H, d.Q, 1.0f, s.attn, d.Q, W, d.Q, 1.0f, s.h, d.H);
+  be.gemm(false, true, d.N, d.H, d.Q, 1.0f, s.attn, d.Q, W, d.Q, 1.0f, s.h, d.H);
 
   const float* wn2 = norm_weight(ctx, params, kPostNorm, w.wn2);
-  kernels::rmsnorm_forward(s.h, wn2, eps, d.N, d.H, s.xn2, s.rstd2);
+  be.rmsnorm_forward(s.h, wn2, eps, d.N, d.H, s.xn2, s.rstd2);
   W = weight_f32(ctx, params, tensor(ctx, kGate), w.wtmp);
-  gemm(false, true, d.N, d.I, d.H, 1.0f, s.xn2, d.H, W, d.H, 0.0f, s.g, d.I);
+  be.gemm(false, true, d.N, d.I, d.H, 1.0f, s.xn2, d.H, W, d.H, 0.0f, s.g, d.I);
   W = weight_f32(ctx, params, tensor(ctx, kUp), w.wtmp);
-  gemm(false, true, d.N, d.I, d.H, 1.0f, s.xn2, d.H, W, d.H, 0.0f, s.u, d.I);
-  kernels::swiglu_forward(s.g, s.u, s.a, d.N * d.I);
+  be.gemm(false, true, d.N, d.I, d.H, 1.0f, s.xn2, d.H, W, d.H, 0.0f, s.u, d.I);
+  be.swiglu_forward(s.g, s.u, s.a, d.N * d.I);
   if (out == nullptr) return;  // recomputation for backward needs no output
-  std::memcpy(out, s.h, sizeof(float) * d.N * d.H);
+  be.copy(out, s.h, sizeof(float) * d.N * d.H);
   W = weight_f32(ctx, params, tensor(ctx, kDown), w.wtmp);
-  gemm(false, true, d.N, d.H, d.I, 1.0f, s.a, d.I, W, d.I, 1.0f, out, d.H);
+  be.gemm(false, true, d.N, d.H, d.I, 1.0f, s.a, d.I, W, d.I, 1.0f, out, d.H);
 }
 
 }  // namespace
@@ -247,47 +230,48 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   const Work w = carve_work(scratch, d, ctx.cfg, ctx.opt, true);
   if (ctx.opt.activation_checkpointing) forward_into(ctx, a.params, a.input, nullptr, s, w);
 
+  device::ComputeBackend& be = ctx.be;
   float* dh = a.grad_input;
-  if (a.grad_input != a.grad_output) std::memcpy(dh, a.grad_output, sizeof(float) * d.N * d.H);
-  if (a.mode == GradMode::Overwrite) std::memset(a.grads, 0, sizeof(float) * ctx.unit.padded_numel);
+  if (a.grad_input != a.grad_output) be.copy(dh, a.grad_output, sizeof(float) * d.N * d.H);
+  if (a.mode == GradMode::Overwrite) be.zero(a.grads, sizeof(float) * ctx.unit.padded_numel);
   auto G = [&](int i) { return a.grads + tensor(ctx, i).offset; };
   const float* W;
 
   // MLP: out = h + down(silu(gate(xn2)) * up(xn2))
   W = weight_f32(ctx, a.params, tensor(ctx, kDown), w.wtmp);
-  gemm(false, false, d.N, d.I, d.H, 1.0f, dh, d.H, W, d.I, 0.0f, w.da, d.I);
-  gemm(true, false, d.H, d.I, d.N, 1.0f, dh, d.H, s.a, d.I, 1.0f, G(kDown), d.I);
+  be.gemm(false, false, d.N, d.I, d.H, 1.0f, dh, d.H, W, d.I, 0.0f, w.da, d.I);
+  be.gemm(true, false, d.H, d.I, d.N, 1.0f, dh, d.H, s.a, d.I, 1.0f, G(kDown), d.I);
   float* dg = w.da;
-  kernels::swiglu_backward(w.da, s.g, s.u, dg, w.du, d.N * d.I);
+  be.swiglu_backward(w.da, s.g, s.u, dg, w.du, d.N * d.I);
   W = weight_f32(ctx, a.params, tensor(ctx, kGate), w.wtmp);
-  gemm(false, false, d.N, d.H, d.I, 1.0f, dg, d.I, W, d.H, 0.0f, w.dxn, d.H);
+  be.gemm(false, false, d.N, d.H, d.I, 1.0f, dg, d.I, W, d.H, 0.0f, w.dxn, d.H);
   W = weight_f32(ctx, a.params, tensor(ctx, kUp), w.wtmp);
-  gemm(false, false, d.N, d.H, d.I, 1.0f, w.du, d.I, W, d.H, 1.0f, w.dxn, d.H);
-  gemm(true, false, d.I, d.H, d.N, 1.0f, dg, d.I, s.xn2, d.H, 1.0f, G(kGate), d.H);
-  gemm(true, false, d.I, d.H, d.N, 1.0f, w.du, d.I, s.xn2, d.H, 1.0f, G(kUp), d.H);
+  be.gemm(false, false, d.N, d.H, d.I, 1.0f, w.du, d.I, W, d.H, 1.0f, w.dxn, d.H);
+  be.gemm(true, false, d.I, d.H, d.N, 1.0f, dg, d.I, s.xn2, d.H, 1.0f, G(kGate), d.H);
+  be.gemm(true, false, d.I, d.H, d.N, 1.0f, w.du, d.I, s.xn2, d.H, 1.0f, G(kUp), d.H);
   const float* wn2 = norm_weight(ctx, a.params, kPostNorm, w.wn2);
-  kernels::rmsnorm_backward(w.dxn, s.h, wn2, s.rstd2, d.N, d.H, dh, G(kPostNorm));
+  be.rmsnorm_backward(w.dxn, s.h, wn2, s.rstd2, d.N, d.H, dh, G(kPostNorm));
 
   // Attention: h = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1)))
   W = weight_f32(ctx, a.params, tensor(ctx, kO), w.wtmp);
-  gemm(false, false, d.N, d.Q, d.H, 1.0f, dh, d.H, W, d.Q, 0.0f, w.dattn, d.Q);
-  gemm(true, false, d.H, d.Q, d.N, 1.0f, dh, d.H, s.attn, d.Q, 1.0f, G(kO), d.Q);
-  std::memset(w.dk, 0, sizeof(float) * d.N * d.KV);
-  std::memset(w.dv, 0, sizeof(float) * d.N * d.KV);
-  attention_backward(d, s, w);
-  kernels::rope(w.dq, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, true);
-  kernels::rope(w.dk, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, true);
+  be.gemm(false, false, d.N, d.Q, d.H, 1.0f, dh, d.H, W, d.Q, 0.0f, w.dattn, d.Q);
+  be.gemm(true, false, d.H, d.Q, d.N, 1.0f, dh, d.H, s.attn, d.Q, 1.0f, G(kO), d.Q);
+  be.zero(w.dk, sizeof(float) * d.N * d.KV);
+  be.zero(w.dv, sizeof(float) * d.N * d.KV);
+  attention_backward(be, d, s, w);
+  be.rope(w.dq, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, true);
+  be.rope(w.dk, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, true);
   W = weight_f32(ctx, a.params, tensor(ctx, kQ), w.wtmp);
-  gemm(false, false, d.N, d.H, d.Q, 1.0f, w.dq, d.Q, W, d.H, 0.0f, w.dxn, d.H);
+  be.gemm(false, false, d.N, d.H, d.Q, 1.0f, w.dq, d.Q, W, d.H, 0.0f, w.dxn, d.H);
   W = weight_f32(ctx, a.params, tensor(ctx, kK), w.wtmp);
-  gemm(false, false, d.N, d.H, d.KV, 1.0f, w.dk, d.KV, W, d.H, 1.0f, w.dxn, d.H);
+  be.gemm(false, false, d.N, d.H, d.KV, 1.0f, w.dk, d.KV, W, d.H, 1.0f, w.dxn, d.H);
   W = weight_f32(ctx, a.params, tensor(ctx, kV), w.wtmp);
-  gemm(false, false, d.N, d.H, d.KV, 1.0f, w.dv, d.KV, W, d.H, 1.0f, w.dxn, d.H);
-  gemm(true, false, d.Q, d.H, d.N, 1.0f, w.dq, d.Q, s.xn1, d.H, 1.0f, G(kQ), d.H);
-  gemm(true, false, d.KV, d.H, d.N, 1.0f, w.dk, d.KV, s.xn1, d.H, 1.0f, G(kK), d.H);
-  gemm(true, false, d.KV, d.H, d.N, 1.0f, w.dv, d.KV, s.xn1, d.H, 1.0f, G(kV), d.H);
+  be.gemm(false, false, d.N, d.H, d.KV, 1.0f, w.dv, d.KV, W, d.H, 1.0f, w.dxn, d.H);
+  be.gemm(true, false, d.Q, d.H, d.N, 1.0f, w.dq, d.Q, s.xn1, d.H, 1.0f, G(kQ), d.H);
+  be.gemm(true, false, d.KV, d.H, d.N, 1.0f, w.dk, d.KV, s.xn1, d.H, 1.0f, G(kK), d.H);
+  be.gemm(true, false, d.KV, d.H, d.N, 1.0f, w.dv, d.KV, s.xn1, d.H, 1.0f, G(kV), d.H);
   const float* wn1 = norm_weight(ctx, a.params, kInNorm, w.wn1);
-  kernels::rmsnorm_backward(w.dxn, a.input, wn1, s.rstd1, d.N, d.H, dh, G(kInNorm));
+  be.rmsnorm_backward(w.dxn, a.input, wn1, s.rstd1, d.N, d.H, dh, G(kInNorm));
 }
 
 }  // namespace outcore::model::detail

@@ -23,11 +23,10 @@ void embedding_forward(const UnitContext& ctx, const ForwardArgs& a) {
   const int64_t N = ctx.tokens(), H = ctx.cfg.hidden_size;
   check_ids(a.tokens, N, ctx.opt.seq_len, ctx.cfg.vocab_size, "token");
   const TensorSpec& t = ctx.unit.tensors[0];
-  for (int64_t i = 0; i < N; ++i) {
-    float* row = a.output + i * H;
-    const float* w = weight_f32(ctx, a.params, t, row, static_cast<size_t>(a.tokens[i]) * H, H);
-    if (w != row) std::memcpy(row, w, sizeof(float) * H);
-  }
+  const std::byte* table =
+      static_cast<const std::byte*>(a.params) + t.offset * dtype_size(ctx.opt.param_dtype);
+  ctx.be.embedding_forward(table, ctx.opt.param_dtype, ctx.be.stage_ids(a.tokens, N, 0), N, H,
+                           a.output);
 }
 
 void embedding_backward(const UnitContext& ctx, const BackwardArgs& a) {
@@ -37,13 +36,9 @@ void embedding_backward(const UnitContext& ctx, const BackwardArgs& a) {
   check_ids(a.tokens, N, ctx.opt.seq_len, ctx.cfg.vocab_size, "token");
   // Tied: the head's backward already wrote this micro-batch's share, so always add.
   if (a.mode == GradMode::Overwrite && !ctx.cfg.tie_word_embeddings)
-    std::memset(a.grads, 0, sizeof(float) * ctx.unit.padded_numel);
-  float* g = a.grads + ctx.unit.tensors[0].offset;
-  for (int64_t i = 0; i < N; ++i) {
-    float* row = g + static_cast<int64_t>(a.tokens[i]) * H;
-    const float* dy = a.grad_output + i * H;
-    for (int64_t j = 0; j < H; ++j) row[j] += dy[j];
-  }
+    ctx.be.zero(a.grads, sizeof(float) * ctx.unit.padded_numel);
+  ctx.be.embedding_backward(ctx.be.stage_ids(a.tokens, N, 0), a.grad_output, N, H,
+                            a.grads + ctx.unit.tensors[0].offset);
 }
 
 }  // namespace outcore::model::detail

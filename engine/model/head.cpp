@@ -2,15 +2,12 @@
 // cross-entropy, computed chunk by chunk of rows so that all logits never exist at once.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
-#include "engine/device/kernel_math.hpp"
-#include "engine/model/kernels.hpp"
 #include "engine/model/unit_internal.hpp"
 
 namespace outcore::model::detail {
 namespace {
-
-using kernels::gemm;
 
 // Vocabulary rows converted to fp32 at once when the head weight is not stored in fp32.
 int64_t vocab_block(const LlamaConfig& c, const ModelOptions& o) {
@@ -32,6 +29,16 @@ HeadWork carve(Arena& ar, const LlamaConfig& c, const ModelOptions& o) {
   w.wtmp = ar.floats(o.param_dtype == DType::F32 ? 0 : vocab_block(c, o) * h);
   w.dxn = ar.floats(n * h);
   return w;
+}
+
+// The sum, in row order and in double, of `rows` per-row losses at `dev` (device memory),
+// read through `host`.
+double sum_losses(const UnitContext& ctx, const float* dev, int64_t rows,
+                  std::vector<float>& host) {
+  ctx.be.download(host.data(), dev, sizeof(float) * static_cast<size_t>(rows));
+  double sum = 0.0;
+  for (int64_t r = 0; r < rows; ++r) sum += host[r];
+  return sum;
 }
 
 struct HeadWeight {
@@ -56,7 +63,7 @@ void project(const UnitContext& ctx, const HeadWeight& hw, const float* xn, int6
   for (int64_t v0 = 0; v0 < V; v0 += vb) {
     const int64_t n = std::min(vb, V - v0);
     const float* W = weight_f32(ctx, hw.slab, *hw.spec, wtmp, v0 * H, n * H);
-    gemm(false, true, rows, n, H, 1.0f, xn, H, W, H, 0.0f, logits + v0, V);
+    ctx.be.gemm(false, true, rows, n, H, 1.0f, xn, H, W, H, 0.0f, logits + v0, V);
   }
 }
 
@@ -82,19 +89,19 @@ float head_forward(const UnitContext& ctx, const ForwardArgs& a) {
   const HeadWork w = carve(ar, ctx.cfg, ctx.opt);
   const HeadWeight hw = head_weight(ctx, a.params, a.tied_params);
   const float* wn = weight_f32(ctx, a.params, ctx.unit.tensors[0], w.wn);
-  kernels::rmsnorm_forward(a.input, wn, static_cast<float>(ctx.cfg.rms_norm_eps), N, H, w.xn,
-                           w.rstd);
+  ctx.be.rmsnorm_forward(a.input, wn, static_cast<float>(ctx.cfg.rms_norm_eps), N, H, w.xn, w.rstd);
   const int64_t chunk = head_chunk_rows(ctx.cfg, ctx.opt);
+  const int32_t* targets = a.targets != nullptr ? ctx.be.stage_ids(a.targets, N, 1) : nullptr;
+  std::vector<float> row_loss(static_cast<size_t>(std::min(chunk, N)));
   double loss = 0.0;
   for (int64_t c0 = 0; c0 < N; c0 += chunk) {
     const int64_t rows = std::min(chunk, N - c0);
     float* logits = a.logits != nullptr ? a.logits + c0 * V : w.logits;
     project(ctx, hw, w.xn + c0 * H, rows, logits, w.wtmp);
-    if (a.targets == nullptr) continue;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = logits + r * V;
-      loss += kmath::xent_loss(kernels::log_sum_exp(row, V), row[a.targets[c0 + r]]);
-    }
+    if (targets == nullptr) continue;
+    // dxn is unused by the forward: it holds the chunk's per-row losses.
+    ctx.be.cross_entropy(logits, targets + c0, rows, V, 0.0f, false, w.dxn);
+    loss += sum_losses(ctx, w.dxn, rows, row_loss);
   }
   return static_cast<float>(loss / static_cast<double>(N));
 }
@@ -114,41 +121,37 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
   const HeadWork w = carve(ar, ctx.cfg, ctx.opt);
   const HeadWeight hw = head_weight(ctx, a.params, a.tied_params);
   if (a.mode == GradMode::Overwrite) {
-    std::memset(a.grads, 0, sizeof(float) * ctx.unit.padded_numel);
-    if (tied) std::memset(a.tied_grads, 0, sizeof(float) * ctx.embed.padded_numel);
+    ctx.be.zero(a.grads, sizeof(float) * ctx.unit.padded_numel);
+    if (tied) ctx.be.zero(a.tied_grads, sizeof(float) * ctx.embed.padded_numel);
   }
   float* dW = (tied ? a.tied_grads : a.grads) + hw.spec->offset;
 
   const float* wn = weight_f32(ctx, a.params, ctx.unit.tensors[0], w.wn);
-  kernels::rmsnorm_forward(a.input, wn, static_cast<float>(ctx.cfg.rms_norm_eps), N, H, w.xn,
-                           w.rstd);
+  ctx.be.rmsnorm_forward(a.input, wn, static_cast<float>(ctx.cfg.rms_norm_eps), N, H, w.xn, w.rstd);
   const int64_t chunk = head_chunk_rows(ctx.cfg, ctx.opt), vb = vocab_block(ctx.cfg, ctx.opt);
   const float coef = a.loss_scale / static_cast<float>(N);
+  const int32_t* targets = ctx.be.stage_ids(a.targets, N, 1);
+  std::vector<float> row_loss(static_cast<size_t>(std::min(chunk, N)));
   double loss = 0.0;
   for (int64_t c0 = 0; c0 < N; c0 += chunk) {
     const int64_t rows = std::min(chunk, N - c0);
     project(ctx, hw, w.xn + c0 * H, rows, w.logits, w.wtmp);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = w.logits + r * V;
-      const int32_t t = a.targets[c0 + r];
-      const float target_logit = row[t];
-      const float lse = kernels::softmax_inplace(row, V);
-      loss += kmath::xent_loss(lse, target_logit);
-      for (int64_t j = 0; j < V; ++j) row[j] = kmath::xent_scale(row[j], coef);
-      row[t] = kmath::xent_target(row[t], coef);
-    }
+    // The chunk's rows of dxn hold its per-row losses until the first GEMM below writes them.
+    ctx.be.cross_entropy(w.logits, targets + c0, rows, V, coef, true, w.dxn + c0 * H);
+    loss += sum_losses(ctx, w.dxn + c0 * H, rows, row_loss);
     // dxn = dlogits W; dW += dlogits^T xn, one vocabulary block at a time.
     for (int64_t v0 = 0; v0 < V; v0 += vb) {
       const int64_t n = std::min(vb, V - v0);
       const float* W = weight_f32(ctx, hw.slab, *hw.spec, w.wtmp, v0 * H, n * H);
-      gemm(false, false, rows, H, n, 1.0f, w.logits + v0, V, W, H, v0 == 0 ? 0.0f : 1.0f,
-           w.dxn + c0 * H, H);
-      gemm(true, false, n, H, rows, 1.0f, w.logits + v0, V, w.xn + c0 * H, H, 1.0f, dW + v0 * H, H);
+      ctx.be.gemm(false, false, rows, H, n, 1.0f, w.logits + v0, V, W, H, v0 == 0 ? 0.0f : 1.0f,
+                  w.dxn + c0 * H, H);
+      ctx.be.gemm(true, false, n, H, rows, 1.0f, w.logits + v0, V, w.xn + c0 * H, H, 1.0f,
+                  dW + v0 * H, H);
     }
   }
-  std::memset(a.grad_input, 0, sizeof(float) * N * H);
-  kernels::rmsnorm_backward(w.dxn, a.input, wn, w.rstd, N, H, a.grad_input,
-                            a.grads + ctx.unit.tensors[0].offset);
+  ctx.be.zero(a.grad_input, sizeof(float) * N * H);
+  ctx.be.rmsnorm_backward(w.dxn, a.input, wn, w.rstd, N, H, a.grad_input,
+                          a.grads + ctx.unit.tensors[0].offset);
   return static_cast<float>(loss / static_cast<double>(N));
 }
 

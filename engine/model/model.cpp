@@ -46,8 +46,11 @@ std::vector<double> rope_inv_freq(const LlamaConfig& config) {
   return inv_freq;
 }
 
-LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options)
-    : config_(std::move(config)), options_(options) {
+LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options,
+                       std::shared_ptr<device::ComputeBackend> backend)
+    : config_(std::move(config)),
+      options_(options),
+      backend_(backend ? std::move(backend) : cpu_backend()) {
   config_.validate();
   if (options_.seq_len < 1 || options_.seq_len > config_.max_position_embeddings)
     throw InvalidArgument(
@@ -67,6 +70,8 @@ LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options)
       rope_sin_[t * half + j] = static_cast<float>(std::sin(angle));
     }
   }
+  rope_cos_dev_ = backend_->constant(rope_cos_);
+  rope_sin_dev_ = backend_->constant(rope_sin_);
 }
 
 size_t LlamaModel::hidden_bytes() const {
@@ -91,19 +96,22 @@ float LlamaModel::forward(int unit, const ForwardArgs& args) const {
   check_span(args.scratch.size(), u.kind == UnitKind::Embedding ? 0 : scratch_bytes(), u.name,
              "scratch");
   check_span(args.saved.size(), saved_bytes(unit), u.name, "saved-activation");
-  const detail::UnitContext ctx{config_,          options_,        u, layout_.units.front(),
-                                rope_cos_.data(), rope_sin_.data()};
+  const detail::UnitContext ctx{config_,       options_,     *backend_, u, layout_.units.front(),
+                                rope_cos_dev_, rope_sin_dev_};
+  float loss = 0.0f;
   switch (u.kind) {
     case UnitKind::Embedding:
       detail::embedding_forward(ctx, args);
-      return 0.0f;
+      break;
     case UnitKind::Decoder:
       detail::decoder_forward(ctx, args);
-      return 0.0f;
+      break;
     case UnitKind::Head:
-      return detail::head_forward(ctx, args);
+      loss = detail::head_forward(ctx, args);
+      break;
   }
-  return 0.0f;
+  backend_->finish();
+  return loss;
 }
 
 float LlamaModel::backward(int unit, const BackwardArgs& args) const {
@@ -112,19 +120,22 @@ float LlamaModel::backward(int unit, const BackwardArgs& args) const {
   check_span(args.scratch.size(), u.kind == UnitKind::Embedding ? 0 : scratch_bytes(), u.name,
              "scratch");
   check_span(args.saved.size(), saved_bytes(unit), u.name, "saved-activation");
-  const detail::UnitContext ctx{config_,          options_,        u, layout_.units.front(),
-                                rope_cos_.data(), rope_sin_.data()};
+  const detail::UnitContext ctx{config_,       options_,     *backend_, u, layout_.units.front(),
+                                rope_cos_dev_, rope_sin_dev_};
+  float loss = 0.0f;
   switch (u.kind) {
     case UnitKind::Embedding:
       detail::embedding_backward(ctx, args);
-      return 0.0f;
+      break;
     case UnitKind::Decoder:
       detail::decoder_backward(ctx, args);
-      return 0.0f;
+      break;
     case UnitKind::Head:
-      return detail::head_backward(ctx, args);
+      loss = detail::head_backward(ctx, args);
+      break;
   }
-  return 0.0f;
+  backend_->finish();
+  return loss;
 }
 
 ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing) {

@@ -16,11 +16,13 @@
 // gradient slab must stay live from the head's backward to the embedding's backward; the
 // embedding's backward then always accumulates onto what the head wrote (see BackwardArgs).
 //
-// Compute: host kernels (OpenBLAS sgemm, vectorized RMSNorm / RoPE / softmax / SwiGLU /
-// cross-entropy) on memory the host can dereference (a CpuDevice's buffers, or host memory).
+// Compute: each unit's math is written once as operations of a device::ComputeBackend
+// (engine/device/compute_backend.hpp), run by the backend of the model's device: the CPU
+// backend (host kernels and OpenBLAS sgemm on memory the host can dereference, a CpuDevice's
+// buffers) or the CUDA backend (CUDA kernels and cuBLASLt on a CudaDevice's memory).
 // Activations and gradients are fp32; parameters are fp32, or bf16/fp16 storage converted to
 // fp32 into scratch one GEMM operand at a time (fp32 accumulation throughout). Results are
-// bit-identical run after run for the same inputs and the same BLAS thread count.
+// bit-identical run after run for the same inputs, backend and BLAS thread count.
 //
 // Memory: every byte the model touches is a caller-provided buffer whose size is known before
 // anything is allocated (saved_bytes, scratch_bytes, plan_activations), so the placement
@@ -30,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -37,6 +40,7 @@
 
 #include "common/aligned_buffer.hpp"
 #include "common/dtype.hpp"
+#include "engine/device/compute_backend.hpp"
 #include "engine/device/device.hpp"
 
 namespace outcore::model {
@@ -211,7 +215,8 @@ enum class GradMode : uint8_t {
 };
 
 // Inputs and outputs of one unit's forward. Pointers unused by the unit's kind must be null
-// or are ignored. All pointed-to memory must be host-accessible and not overlap.
+// or are ignored. Token and target ids are host memory; everything else is memory of the
+// model's device (what its backend computes on). Buffers must not overlap.
 struct ForwardArgs {
   const void* params = nullptr;       // this unit's slab (param_dtype, padded_numel elements)
   const void* tied_params = nullptr;  // head, tied embeddings: the embedding unit's slab
@@ -247,15 +252,24 @@ struct BackwardArgs {
   std::span<std::byte> scratch{};      // scratch_bytes() bytes, clobbered
 };
 
+// The CPU backend (shared, stateless), and the backend of `device`: the CPU backend for a
+// CpuDevice, the CUDA backend for a CudaDevice (see device::make_cuda_backend).
+std::shared_ptr<device::ComputeBackend> cpu_backend();
+std::shared_ptr<device::ComputeBackend> make_backend(device::Device& device);
+
 // An immutable model definition for one micro-batch shape. forward/backward are const and
 // keep no state between calls (everything lives in the caller's buffers); calls must not run
-// concurrently with each other (they use every BLAS thread): serialize them, e.g. on one
-// compute stream.
+// concurrently with each other (they use every BLAS thread, or the backend's one stream):
+// serialize them. Each call has finished its work on the device when it returns.
 class LlamaModel {
  public:
-  // Throws ConfigError (via config.validate()) or InvalidArgument for a bad seq_len,
-  // micro_batch, param_dtype or world_size.
-  LlamaModel(LlamaConfig config, ModelOptions options);
+  // Computes through `backend` (nullptr: the CPU backend). Throws ConfigError (via
+  // config.validate()) or InvalidArgument for a bad seq_len, micro_batch, param_dtype or
+  // world_size.
+  LlamaModel(LlamaConfig config, ModelOptions options,
+             std::shared_ptr<device::ComputeBackend> backend = nullptr);
+
+  device::ComputeBackend& backend() const { return *backend_; }
 
   const LlamaConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
@@ -291,7 +305,10 @@ class LlamaModel {
   LlamaConfig config_;
   ModelOptions options_;
   ModelLayout layout_;
-  std::vector<float> rope_cos_, rope_sin_;  // [seq_len, head_dim / 2]
+  std::shared_ptr<device::ComputeBackend> backend_;
+  std::vector<float> rope_cos_, rope_sin_;  // [seq_len, head_dim / 2], host
+  const float* rope_cos_dev_ = nullptr;     // the same, in the backend's memory
+  const float* rope_sin_dev_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------

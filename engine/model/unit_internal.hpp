@@ -40,6 +40,7 @@ class Arena {
 struct UnitContext {
   const LlamaConfig& cfg;
   const ModelOptions& opt;
+  device::ComputeBackend& be;  // runs every operation (see compute_backend.hpp)
   const UnitLayout& unit;
   const UnitLayout& embed;  // the embedding unit (tied head weight)
   const float* rope_cos;    // [seq, head_dim/2]
@@ -55,7 +56,7 @@ inline const float* weight_f32(const UnitContext& ctx, const void* slab, const T
   const size_t esize = dtype_size(ctx.opt.param_dtype);
   const void* src = static_cast<const std::byte*>(slab) + (t.offset + first) * esize;
   if (ctx.opt.param_dtype == DType::F32) return static_cast<const float*>(src);
-  convert_to_fp32(src, ctx.opt.param_dtype, tmp, n);
+  ctx.be.to_fp32(src, ctx.opt.param_dtype, tmp, static_cast<int64_t>(n));
   return tmp;
 }
 

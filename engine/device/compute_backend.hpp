@@ -1,0 +1,110 @@
+// ComputeBackend: the math a model runs on a device, behind one small interface (in the spirit
+// of ggml-backend). The model (engine/model) writes each unit's forward and backward once, as
+// a sequence of these operations on buffers of its device; the backend of that device runs
+// them:
+//
+//   CPU backend   (model::cpu_backend(), engine/model/cpu_backend.cpp): the host kernels of
+//                 engine/model/kernels.hpp and OpenBLAS sgemm, on host-dereferenceable memory
+//                 (a CpuDevice's buffers). Every operation has finished when it returns.
+//   CUDA backend  (make_cuda_backend, engine/device/cuda_backend.cu, built where nvcc exists):
+//                 the kernels of cuda_kernels.hpp and cuBLASLt, queued on one compute stream of
+//                 a CudaDevice. Operations return once launched; finish() waits for them.
+//
+// Both compute the same per-element arithmetic (engine/device/kernel_math.hpp); only the
+// reductions differ (fixed lanes on the host, block trees on the GPU), so the two agree within
+// a few ulp per reduction, and each is deterministic run after run.
+//
+// Pointers: every float / int32 / slab pointer an operation takes is memory the backend's
+// device computes on (device memory), except the `host` sides of upload() and download().
+// Row-major layouts throughout; shapes as in engine/model/kernels.hpp.
+//
+// Threading: a backend is used by one thread at a time (the model's calls are serialized).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "common/dtype.hpp"
+
+namespace outcore::device {
+
+class Device;
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+  ComputeBackend() = default;
+  ComputeBackend(const ComputeBackend&) = delete;
+  ComputeBackend& operator=(const ComputeBackend&) = delete;
+
+  // "cpu" or "cuda:0 (...)".
+  virtual std::string name() const = 0;
+
+  // ---- memory
+  // Device to device, host to device, device to host. download() returns once the bytes are
+  // in `host` (after everything queued before it); upload() may return before the copy ends
+  // but does not read `host` after returning.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void zero(void* dst, size_t bytes) = 0;
+  virtual void upload(void* dst, const void* host, size_t bytes) = 0;
+  virtual void download(void* host, const void* src, size_t bytes) = 0;
+  // Device memory holding `host` (uploaded now), kept until the backend is destroyed: the
+  // model's constant tables (rotary cos/sin). On the CPU backend, `host` itself.
+  virtual const float* constant(std::span<const float> host) = 0;
+  // Device memory holding the `n` ids at `host`, valid until the next call with the same
+  // `slot` (0 or 1) or finish(): token and target ids of a micro-batch. On the CPU backend,
+  // `host` itself.
+  virtual const int32_t* stage_ids(const int32_t* host, int64_t n, int slot) = 0;
+  // Blocks until every queued operation has finished; rethrows a failure. The model calls it
+  // at the end of each unit's forward and backward, so a unit's outputs are complete when the
+  // call returns on every backend.
+  virtual void finish() = 0;
+
+  // ---- math (fp32 activations; parameters in fp32, bf16 or fp16 storage)
+  // C[m,n] = alpha * op(A) op(B) + beta * C, all fp32 (no TF32); beta == 0 ignores C.
+  virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc) = 0;
+  // dst[i] = src[i] as fp32 (src in `dtype` storage).
+  virtual void to_fp32(const void* src, DType dtype, float* dst, int64_t n) = 0;
+  virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
+  virtual void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
+                               float* y, float* rstd) = 0;
+  // dx += dL/dx, dw += dL/dw (rows summed in order).
+  virtual void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                                int64_t rows, int64_t dim, float* dx, float* dw) = 0;
+  virtual void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
+                    const float* cos, const float* sin, bool inverse) = 0;
+  virtual void swiglu_forward(const float* g, const float* u, float* a, int64_t n) = 0;
+  // dg may alias da.
+  virtual void swiglu_backward(const float* da, const float* g, const float* u, float* dg,
+                               float* du, int64_t n) = 0;
+  // One [rows, keys] score matrix, row i being query first_query + i: keys 0..first_query+i
+  // softmax-normalised in place, the rest set to 0; lse[i] = the row's log-sum-exp.
+  virtual void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
+                                      int64_t first_query) = 0;
+  // scores (the scaled q k^T forward saw) becomes prob = exp(scores - lse) (0 beyond the causal
+  // limit); dp = dL/dprob becomes dL/dscores = prob * (dp - sum(prob * dp)).
+  virtual void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
+                                       int64_t keys, int64_t first_query) = 0;
+  // row_loss[r] = log-sum-exp(logits[r]) - logits[r, targets[r]]; with `grad`, logits becomes
+  // coef * (softmax - onehot(target)) (left unchanged without).
+  virtual void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                             float coef, bool grad, float* row_loss) = 0;
+  // out[i, :] = table[ids[i], :] as fp32 (table [vocab, hidden] in `dtype` storage).
+  virtual void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
+                                 int64_t hidden, float* out) = 0;
+  // grad[ids[i], :] += dy[i, :], in token order.
+  virtual void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden,
+                                  float* grad) = 0;
+};
+
+// The CUDA backend of `device` (a CudaDevice made by make_cuda_device): its own compute stream
+// on that device and a cuBLASLt GEMM. Throws InvalidArgument when `device` is not a CUDA
+// device or the build has no CUDA.
+std::unique_ptr<ComputeBackend> make_cuda_backend(Device& device);
+
+}  // namespace outcore::device

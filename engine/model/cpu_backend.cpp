@@ -1,0 +1,135 @@
+// The CPU compute backend: the host kernels of kernels.hpp and OpenBLAS, on host memory. Each
+// operation is what the units computed inline before the backend existed, in the same order,
+// so training through it is bit-identical to that code.
+#include <cstring>
+
+#include "engine/device/compute_backend.hpp"
+#include "engine/device/device.hpp"
+#include "engine/device/kernel_math.hpp"
+#include "engine/model/kernels.hpp"
+#include "engine/model/model.hpp"
+
+namespace outcore::model {
+namespace {
+
+class CpuBackend final : public device::ComputeBackend {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+  }
+  void zero(void* dst, size_t bytes) override {
+    if (bytes > 0) std::memset(dst, 0, bytes);
+  }
+  void upload(void* dst, const void* host, size_t bytes) override { copy(dst, host, bytes); }
+  void download(void* host, const void* src, size_t bytes) override { copy(host, src, bytes); }
+  const float* constant(std::span<const float> host) override { return host.data(); }
+  const int32_t* stage_ids(const int32_t* host, int64_t, int) override { return host; }
+  void finish() override {}
+
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+            int64_t ldc) override {
+    kernels::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override {
+    convert_to_fp32(src, dtype, dst, static_cast<size_t>(n));
+  }
+  void add_inplace(float* y, const float* x, int64_t n) override { kernels::add_inplace(y, x, n); }
+  void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
+                       float* y, float* rstd) override {
+    kernels::rmsnorm_forward(x, w, eps, rows, dim, y, rstd);
+  }
+  void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                        int64_t rows, int64_t dim, float* dx, float* dw) override {
+    kernels::rmsnorm_backward(dy, x, w, rstd, rows, dim, dx, dw);
+  }
+  void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
+            const float* sin, bool inverse) override {
+    kernels::rope(x, rows, seq, heads, head_dim, cos, sin, inverse);
+  }
+  void swiglu_forward(const float* g, const float* u, float* a, int64_t n) override {
+    kernels::swiglu_forward(g, u, a, n);
+  }
+  void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
+                       int64_t n) override {
+    kernels::swiglu_backward(da, g, u, dg, du, n);
+  }
+
+  void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
+                              int64_t first_query) override {
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = scores + i * keys;
+      const int64_t n = kmath::causal_keys(first_query + i);
+      lse[i] = kernels::softmax_inplace(row, n);
+      std::fill(row + n, row + keys, 0.0f);
+    }
+  }
+
+  void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
+                               int64_t keys, int64_t first_query) override {
+    for (int64_t i = 0; i < rows; ++i) {
+      float* pr = scores + i * keys;
+      float* dr = dp + i * keys;
+      const int64_t n = kmath::causal_keys(first_query + i);
+      kernels::exp_shift(pr, lse[i], n);
+      std::fill(pr + n, pr + keys, 0.0f);
+      const float dd = kernels::dot(pr, dr, n);
+      for (int64_t j = 0; j < n; ++j) dr[j] = kmath::softmax_grad(pr[j], dr[j], dd);
+      std::fill(dr + n, dr + keys, 0.0f);
+    }
+  }
+
+  void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
+                     bool grad, float* row_loss) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = logits + r * vocab;
+      const int32_t t = targets[r];
+      if (!grad) {
+        row_loss[r] = kmath::xent_loss(kernels::log_sum_exp(row, vocab), row[t]);
+        continue;
+      }
+      const float target_logit = row[t];
+      row_loss[r] = kmath::xent_loss(kernels::softmax_inplace(row, vocab), target_logit);
+      for (int64_t j = 0; j < vocab; ++j) row[j] = kmath::xent_scale(row[j], coef);
+      row[t] = kmath::xent_target(row[t], coef);
+    }
+  }
+
+  void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
+                         int64_t hidden, float* out) override {
+    const size_t esize = dtype_size(dtype);
+    for (int64_t i = 0; i < n; ++i) {
+      const void* src =
+          static_cast<const std::byte*>(table) + static_cast<size_t>(ids[i]) * hidden * esize;
+      if (dtype == DType::F32)
+        std::memcpy(out + i * hidden, src, sizeof(float) * hidden);
+      else
+        convert_to_fp32(src, dtype, out + i * hidden, static_cast<size_t>(hidden));
+    }
+  }
+
+  void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden,
+                          float* grad) override {
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = grad + static_cast<int64_t>(ids[i]) * hidden;
+      const float* d = dy + i * hidden;
+      for (int64_t j = 0; j < hidden; ++j) row[j] += d[j];
+    }
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<device::ComputeBackend> cpu_backend() {
+  static const std::shared_ptr<device::ComputeBackend> backend = std::make_shared<CpuBackend>();
+  return backend;
+}
+
+std::shared_ptr<device::ComputeBackend> make_backend(device::Device& device) {
+  if (device.kind() == device::DeviceKind::Cuda) return device::make_cuda_backend(device);
+  return cpu_backend();
+}
+
+}  // namespace outcore::model
