@@ -1,12 +1,16 @@
 // CpuDevice: host memory under a byte budget, streams run by one worker thread each, events
 // as generation counters.
 #include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <map>
 #include <thread>
 
 #include "common/error.hpp"
@@ -228,6 +232,24 @@ class CpuStream final : public Stream {
 struct CpuDevice::Registry {
   std::mutex mu;
   std::vector<Stream*> streams;  // GUARDED_BY(mu)
+
+  // Discrete devices: device view address -> (bytes, read-write alias).
+  struct Mapping {
+    size_t bytes;
+    std::byte* alias;
+  };
+  mutable std::mutex map_mu;
+  std::map<uintptr_t, Mapping> mappings;  // GUARDED_BY(map_mu)
+
+  void* view(const void* p) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard lock(map_mu);
+    auto it = mappings.upper_bound(a);
+    if (it == mappings.begin()) return const_cast<void*>(p);
+    --it;
+    if (a - it->first >= it->second.bytes) return const_cast<void*>(p);
+    return it->second.alias + (a - it->first);
+  }
 };
 
 namespace {
@@ -247,10 +269,14 @@ class RegisteredStream final : public Stream {
     std::erase(reg_->streams, &inner_);
   }
   const std::string& name() const override { return inner_.name(); }
-  void copy_h2d(void* d, const void* s, size_t n) override { inner_.copy_h2d(d, s, n); }
-  void copy_d2h(void* d, const void* s, size_t n) override { inner_.copy_d2h(d, s, n); }
-  void copy_d2d(void* d, const void* s, size_t n) override { inner_.copy_d2d(d, s, n); }
-  void memset(void* d, int v, size_t n) override { inner_.memset(d, v, n); }
+  // Device-side pointers go through the registry's aliases (discrete devices); host sides
+  // are used as given, so a device pointer passed as host memory faults.
+  void copy_h2d(void* d, const void* s, size_t n) override { inner_.copy_h2d(reg_->view(d), s, n); }
+  void copy_d2h(void* d, const void* s, size_t n) override { inner_.copy_d2h(d, reg_->view(s), n); }
+  void copy_d2d(void* d, const void* s, size_t n) override {
+    inner_.copy_d2d(reg_->view(d), reg_->view(s), n);
+  }
+  void memset(void* d, int v, size_t n) override { inner_.memset(reg_->view(d), v, n); }
   void enqueue(std::function<void()> fn) override { inner_.enqueue(std::move(fn)); }
   void record(Event& e) override { inner_.record(e); }
   void wait(Event& e) override { inner_.wait(e); }
@@ -263,7 +289,8 @@ class RegisteredStream final : public Stream {
 
 }  // namespace
 
-CpuDevice::CpuDevice(CpuDeviceOptions options) : registry_(std::make_shared<Registry>()) {
+CpuDevice::CpuDevice(CpuDeviceOptions options)
+    : registry_(std::make_shared<Registry>()), discrete_(options.discrete) {
   set_budget(options.memory_budget_bytes);
 }
 
@@ -280,8 +307,46 @@ void CpuDevice::synchronize() {
   for (Stream* s : registry_->streams) s->synchronize();
 }
 
-void* CpuDevice::do_alloc(size_t charged) { return std::aligned_alloc(kAllocGranularity, charged); }
+void* CpuDevice::host_view(const void* p) const {
+  return discrete_ ? registry_->view(p) : const_cast<void*>(p);
+}
 
-void CpuDevice::do_free(void* ptr) noexcept { std::free(ptr); }
+void* CpuDevice::do_alloc(size_t charged) {
+  if (!discrete_) return std::aligned_alloc(kAllocGranularity, charged);
+  // The same pages twice: a read-write alias for the streams and the backend, and the
+  // PROT_NONE view handed out as the device pointer.
+  const int fd = memfd_create("outcore-discrete-device", MFD_CLOEXEC);
+  if (fd < 0) throw Error(fmt::format("memfd_create: {}", std::strerror(errno)));
+  void* alias = MAP_FAILED;
+  void* view = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(charged)) == 0) {
+    alias = mmap(nullptr, charged, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    view = mmap(nullptr, charged, PROT_NONE, MAP_SHARED, fd, 0);
+  }
+  close(fd);
+  if (alias == MAP_FAILED || view == MAP_FAILED) {
+    if (alias != MAP_FAILED) munmap(alias, charged);
+    if (view != MAP_FAILED) munmap(view, charged);
+    return nullptr;
+  }
+  std::lock_guard lock(registry_->map_mu);
+  registry_->mappings[reinterpret_cast<uintptr_t>(view)] = {charged,
+                                                            static_cast<std::byte*>(alias)};
+  return view;
+}
+
+void CpuDevice::do_free(void* ptr) noexcept {
+  if (!discrete_) return std::free(ptr);
+  Registry::Mapping m{};
+  {
+    std::lock_guard lock(registry_->map_mu);
+    auto it = registry_->mappings.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == registry_->mappings.end()) return;
+    m = it->second;
+    registry_->mappings.erase(it);
+  }
+  munmap(ptr, m.bytes);
+  munmap(m.alias, m.bytes);
+}
 
 }  // namespace outcore::device

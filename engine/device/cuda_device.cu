@@ -144,6 +144,12 @@ class CudaDevice final : public Device {
     return std::make_unique<CudaStream>(std::move(name), ordinal_);
   }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(ordinal_); }
+  uint64_t free_memory_bytes() const override {
+    CUDA_CHECK(cudaSetDevice(ordinal_));
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
+  }
   void synchronize() override {
     CUDA_CHECK(cudaSetDevice(ordinal_));
     CUDA_CHECK(cudaDeviceSynchronize());

@@ -175,6 +175,9 @@ class Device {
   MemoryStats memory_stats() const;
   // Sets peak_bytes to the current in_use_bytes.
   void reset_peak();
+  // Bytes the hardware itself can still allocate (a GPU: cudaMemGetInfo's free bytes), or 0
+  // when only the budget limits allocations (the simulated device).
+  virtual uint64_t free_memory_bytes() const { return 0; }
 
   // A new stream / event, owned by the caller.
   virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;
@@ -207,17 +210,27 @@ struct CpuDeviceOptions {
   // Allocator budget in bytes; 0 = unlimited. The trainer sets it from
   // `outcore.device_memory_mb` * 2^20.
   uint64_t memory_budget_bytes = 0;
+  // Simulates a discrete GPU: host_accessible() is false, and host code cannot dereference
+  // device memory. Each allocation is mapped twice: the pointer handed out is a PROT_NONE view
+  // (a host access faults at once), and a read-write alias of the same pages is used only by
+  // the device's streams and its compute backend (host_view). What runs on such a device is
+  // what would run on a GPU: every transfer an explicit stream copy.
+  bool discrete = false;
 };
 
-// The simulated accelerator (see the file comment). host_accessible() is true.
+// The simulated accelerator (see the file comment). host_accessible() is true unless
+// `discrete`.
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(CpuDeviceOptions options = {});
   ~CpuDevice() override;
 
   DeviceKind kind() const override { return DeviceKind::Cpu; }
-  std::string name() const override { return "cpu"; }
-  bool host_accessible() const override { return true; }
+  std::string name() const override { return discrete_ ? "cpu (discrete)" : "cpu"; }
+  bool host_accessible() const override { return !discrete_; }
+  // The read-write alias of device pointer `p` on a discrete device (any address inside a live
+  // allocation); `p` itself for any other pointer (host memory, or a non-discrete device).
+  void* host_view(const void* p) const;
   std::unique_ptr<Stream> create_stream(std::string name) override;
   std::unique_ptr<Event> create_event() override;
   void synchronize() override;
@@ -227,8 +240,9 @@ class CpuDevice final : public Device {
   void do_free(void* ptr) noexcept override;
 
  private:
-  struct Registry;  // the live streams, for synchronize()
+  struct Registry;  // the live streams, for synchronize(); the discrete mappings
   std::shared_ptr<Registry> registry_;
+  bool discrete_ = false;
 };
 
 // One GPU as the CUDA runtime reports it.

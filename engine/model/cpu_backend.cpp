@@ -120,6 +120,87 @@ class CpuBackend final : public device::ComputeBackend {
   }
 };
 
+// The CPU backend on a discrete CpuDevice: every device pointer an operation takes is turned
+// into the device's read-write alias (CpuDevice::host_view) before the host kernel runs, as a
+// GPU's kernels reach memory the host cannot.
+class DiscreteCpuBackend final : public device::ComputeBackend {
+ public:
+  explicit DiscreteCpuBackend(const device::CpuDevice& device) : dev_(device) {}
+  std::string name() const override { return dev_.name(); }
+
+  void copy(void* dst, const void* src, size_t bytes) override { cpu_.copy(v(dst), v(src), bytes); }
+  void zero(void* dst, size_t bytes) override { cpu_.zero(v(dst), bytes); }
+  void upload(void* dst, const void* host, size_t bytes) override {
+    cpu_.copy(v(dst), host, bytes);
+  }
+  void download(void* host, const void* src, size_t bytes) override {
+    cpu_.copy(host, v(src), bytes);
+  }
+  const float* constant(std::span<const float> host) override { return host.data(); }
+  const int32_t* stage_ids(const int32_t* host, int64_t, int) override { return host; }
+  void finish() override {}
+
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+            int64_t ldc) override {
+    cpu_.gemm(trans_a, trans_b, m, n, k, alpha, v(a), lda, v(b), ldb, beta, v(c), ldc);
+  }
+  void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override {
+    cpu_.to_fp32(v(src), dtype, v(dst), n);
+  }
+  void add_inplace(float* y, const float* x, int64_t n) override {
+    cpu_.add_inplace(v(y), v(x), n);
+  }
+  void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
+                       float* y, float* rstd) override {
+    cpu_.rmsnorm_forward(v(x), v(w), eps, rows, dim, v(y), v(rstd));
+  }
+  void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                        int64_t rows, int64_t dim, float* dx, float* dw) override {
+    cpu_.rmsnorm_backward(v(dy), v(x), v(w), v(rstd), rows, dim, v(dx), v(dw));
+  }
+  void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
+            const float* sin, bool inverse) override {
+    cpu_.rope(v(x), rows, seq, heads, head_dim, v(cos), v(sin), inverse);
+  }
+  void swiglu_forward(const float* g, const float* u, float* a, int64_t n) override {
+    cpu_.swiglu_forward(v(g), v(u), v(a), n);
+  }
+  void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
+                       int64_t n) override {
+    cpu_.swiglu_backward(v(da), v(g), v(u), v(dg), v(du), n);
+  }
+  void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
+                              int64_t first_query) override {
+    cpu_.causal_softmax_forward(v(scores), v(lse), rows, keys, first_query);
+  }
+  void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
+                               int64_t keys, int64_t first_query) override {
+    cpu_.causal_softmax_backward(v(scores), v(dp), v(lse), rows, keys, first_query);
+  }
+  void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
+                     bool grad, float* row_loss) override {
+    cpu_.cross_entropy(v(logits), v(targets), rows, vocab, coef, grad, v(row_loss));
+  }
+  void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
+                         int64_t hidden, float* out) override {
+    cpu_.embedding_forward(v(table), dtype, v(ids), n, hidden, v(out));
+  }
+  void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden,
+                          float* grad) override {
+    cpu_.embedding_backward(v(ids), v(dy), n, hidden, v(grad));
+  }
+
+ private:
+  template <typename T>
+  T* v(T* p) const {
+    return static_cast<T*>(dev_.host_view(p));
+  }
+
+  const device::CpuDevice& dev_;
+  CpuBackend cpu_;
+};
+
 }  // namespace
 
 std::shared_ptr<device::ComputeBackend> cpu_backend() {
@@ -129,6 +210,9 @@ std::shared_ptr<device::ComputeBackend> cpu_backend() {
 
 std::shared_ptr<device::ComputeBackend> make_backend(device::Device& device) {
   if (device.kind() == device::DeviceKind::Cuda) return device::make_cuda_backend(device);
+  if (auto* cpu = dynamic_cast<device::CpuDevice*>(&device);
+      cpu != nullptr && !cpu->host_accessible())
+    return std::make_shared<DiscreteCpuBackend>(*cpu);
   return cpu_backend();
 }
 

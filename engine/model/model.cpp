@@ -160,11 +160,11 @@ ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing)
 ActivationBuffers::ActivationBuffers(const LlamaModel& model, device::Device& device,
                                      bool cpu_checkpointing)
     : model_(model) {
-  if (!device.host_accessible())
-    throw InvalidArgument(
-        fmt::format("activation buffers: device {} is not host-accessible; the "
-                    "model's kernels run on the host",
-                    device.name()));
+  if (cpu_checkpointing && !device.host_accessible())
+    throw ConfigError("activation_checkpointing.cpu_checkpointing",
+                      fmt::format("checkpoints in host memory are read in place by the model, "
+                                  "which device {} cannot do; set it to false",
+                                  device.name()));
   const int L = static_cast<int>(model.config().num_hidden_layers);
   for (int u = 1; u <= L + 1; ++u) {
     if (cpu_checkpointing)

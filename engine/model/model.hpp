@@ -329,8 +329,9 @@ ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing)
 
 // The activation buffers of one micro-batch, allocated from `device` (budgeted), except the
 // unit-input checkpoints, which live in host memory (outside the budget) with
-// cpu_checkpointing. On a host-accessible device the model reads host checkpoints in place.
-// REQUIRES: `device` is host-accessible and outlives this object. Throws OutOfMemory.
+// cpu_checkpointing: the model reads them in place, so cpu_checkpointing needs a
+// host-accessible device (ConfigError naming the key otherwise). REQUIRES: `device` outlives
+// this object. Throws OutOfMemory.
 class ActivationBuffers {
  public:
   ActivationBuffers(const LlamaModel& model, device::Device& device, bool cpu_checkpointing);

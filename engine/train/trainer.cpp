@@ -62,14 +62,24 @@ int64_t default_seq_len(const model::LlamaConfig& model_config) {
 }
 
 struct Trainer::Devices {
-  device::CpuDevice device;
+  std::unique_ptr<device::Device> owned;
+  device::Device& device;
   comm::LocalComm local, local_control;
   comm::Comm* comm;
   comm::Comm* control;
-  Devices(uint64_t budget_bytes, comm::Comm* c, comm::Comm* ctl)
-      : device({.memory_budget_bytes = budget_bytes}),
-        comm(c != nullptr ? c : &local),
-        control(ctl != nullptr ? ctl : &local_control) {}
+  Devices(uint64_t budget_bytes, const TrainerOptions& o)
+      : owned(make_device(budget_bytes, o)),
+        device(*owned),
+        comm(o.comm != nullptr ? o.comm : &local),
+        control(o.control_comm != nullptr ? o.control_comm : &local_control) {}
+
+  static std::unique_ptr<device::Device> make_device(uint64_t budget_bytes,
+                                                     const TrainerOptions& o) {
+    if (o.device == device::DeviceKind::Cuda)
+      return device::make_cuda_device({.ordinal = o.gpu, .memory_budget_bytes = budget_bytes});
+    return std::make_unique<device::CpuDevice>(
+        device::CpuDeviceOptions{.memory_budget_bytes = budget_bytes, .discrete = o.discrete});
+  }
 };
 
 Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_config,
@@ -103,8 +113,7 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   if (opts_.comm != nullptr && (opts_.comm->world_size() != opts_.control_comm->world_size() ||
                                 opts_.comm->rank() != opts_.control_comm->rank()))
     throw InvalidArgument("comm and control_comm must span the same ranks");
-  devices_ = std::make_unique<Devices>(cfg_.outcore.device_memory_mb << 20, opts_.comm,
-                                       opts_.control_comm);
+  devices_ = std::make_unique<Devices>(cfg_.outcore.device_memory_mb << 20, opts_);
   model::ModelOptions mo;
   mo.micro_batch = cfg_.train_micro_batch_size_per_gpu.value();
   mo.seq_len = seq_len;
@@ -112,7 +121,8 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   mo.activation_checkpointing = opts_.activation_checkpointing.value_or(
       config_wants_checkpointing(cfg_.activation_checkpointing));
   mo.world_size = devices_->comm->world_size();
-  model_ = std::make_unique<model::LlamaModel>(model_config, mo);
+  model_ =
+      std::make_unique<model::LlamaModel>(model_config, mo, model::make_backend(devices_->device));
 
   open_data();
   schedule_ = make_lr_schedule(cfg_);

@@ -15,7 +15,9 @@
 // count where they were, and is logged with the scaler's message. Validation runs every
 // eval_every steps and after the last step.
 //
-// The Trainer owns its CpuDevice (budget outcore.device_memory_mb), the LlamaModel, the
+// The Trainer owns its device (TrainerOptions::device: the simulated CpuDevice or a GPU, under
+// the budget outcore.device_memory_mb), the LlamaModel (computing through that device's
+// backend), the
 // ZeroEngine (whose swap files live as long as the Trainer), the data loaders, the lr
 // schedule and the loss scaler. Its Comm (TrainerOptions::comm) is the caller's; without one
 // it is a world of one (LocalComm).
@@ -110,6 +112,13 @@ struct TrainerOptions {
   // one. One set without the other, or different worlds: InvalidArgument.
   comm::Comm* comm = nullptr;
   comm::Comm* control_comm = nullptr;
+
+  // Where the model computes: the simulated device (Cpu; `discrete` simulates a GPU whose
+  // memory the host cannot read, every transfer a stream copy) or GPU `gpu` (Cuda;
+  // InvalidArgument when the build or the machine has none).
+  device::DeviceKind device = device::DeviceKind::Cpu;
+  int gpu = 0;
+  bool discrete = false;
 
   // Checkpoints (engine/ckpt). With save_dir set, run() saves every save_every steps (0: only
   // at the end), after the last step, and after a stop; keep > 0 keeps the newest `keep`.
@@ -206,6 +215,8 @@ class Trainer {
 
   const config::Config& config() const { return cfg_; }
   const model::LlamaModel& model() const { return *model_; }
+  // The device the model computes on (TrainerOptions::device).
+  const device::Device& device() const;
   zero::ZeroEngine& engine() { return *engine_; }
   LrSchedule& schedule() { return *schedule_; }
   // Mutable so a checkpoint (or a test) can restore its state.
@@ -213,10 +224,9 @@ class Trainer {
   DataLoader& train_loader() { return *train_loader_; }
 
  private:
-  struct Devices;  // CpuDevice + the Comms, built before the engine
+  struct Devices;  // the device + the Comms, built before the engine
 
   void open_data();
-  const device::Device& device() const;
   int world_size() const;
   int rank() const;
   comm::Comm& comm() const;

@@ -23,10 +23,16 @@ void make_swap_dir(const std::string& path, const char* key) {
 
 // What the engine may allocate on `device`: its budget less what is already in use (0 when
 // the device is unlimited).
+// What the engine may allocate on `device`: the budget left, capped by what the hardware
+// still has free (a GPU); 0 = unlimited.
 uint64_t device_limit(device::Device& device) {
   const device::MemoryStats ms = device.memory_stats();
-  if (ms.budget_bytes == 0) return 0;
-  return ms.budget_bytes > ms.in_use_bytes ? ms.budget_bytes - ms.in_use_bytes : 1;
+  uint64_t limit = 0;
+  if (ms.budget_bytes > 0)
+    limit = ms.budget_bytes > ms.in_use_bytes ? ms.budget_bytes - ms.in_use_bytes : 1;
+  if (const uint64_t free = device.free_memory_bytes(); free > 0)
+    limit = limit == 0 ? free : std::min(limit, free);
+  return limit;
 }
 
 // acc = g (first micro-batch) or acc + g, element by element: the one accumulation every
@@ -50,6 +56,28 @@ void accumulate_ranks(float* acc, const float* shards, size_t n, int world, bool
     accumulate(acc, shards + static_cast<size_t>(r) * n, n, first && r == 0);
 }
 
+// What a device the host cannot read (a GPU) supports: the model computes there and every
+// transfer is a stream copy, but CPU Adam needs the optimizer state in host memory or swap
+// files, and the collectives of several ranks run on host memory (MPI).
+void check_discrete_device(const detail::Geometry& g, const device::Device& device,
+                           const comm::Comm& comm) {
+  for (size_t u = 0; u < g.units.size(); ++u)
+    if (g.placement.optimizer_home(u) == Tier::kDevice)
+      throw ConfigError(
+          "zero_optimization.offload_optimizer",
+          fmt::format(
+              "the optimizer state of unit {} would live on {}, but the optimizer is CPU "
+              "Adam; use offload_optimizer.device cpu or nvme with ratio 1{}",
+              u, device.name(),
+              g.placement.stage == 0 ? " and ZeRO stage 1 or higher (stage 0 ignores it)" : ""));
+  if (comm.world_size() > 1)
+    throw InvalidArgument(fmt::format(
+        "zero: {} ranks on {}: collectives on device memory need NCCL, which the engine does "
+        "not drive yet; train one rank per process group on the GPU, or use the simulated "
+        "device (--device cpu)",
+        comm.world_size(), device.name()));
+}
+
 }  // namespace
 
 aio::Options aio_options(const config::AioConfig& a) {
@@ -70,21 +98,19 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
       device(device_in),
       comm(comm_in),
       options(std::move(options_in)),
-      g(detail::make_geometry(cfg, model, comm.world_size(), comm.rank(), true, options.gradients)),
-      plan(make_plan(
-          cfg, model,
-          {.world_size = comm.world_size(),
-           .device_limit_bytes = device_limit(device),
-           // the geometry's decision, so that kAuto is resolved once
-           .gradients = g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
-                                                             : GradientPlacement::kHost})),
+      g(detail::make_geometry(cfg, model, comm.world_size(), comm.rank(), true, options.gradients,
+                              device.host_accessible())),
+      plan(make_plan(cfg, model,
+                     {.world_size = comm.world_size(),
+                      .device_limit_bytes = device_limit(device),
+                      // the geometry's decision, so that kAuto is resolved once
+                      .gradients = g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
+                                                                        : GradientPlacement::kHost,
+                      .device_host_accessible = device.host_accessible()})),
       executor(options.cpu_threads),
       train_sched(detail::train_schedule(model)),
       eval_sched(detail::eval_schedule(model)) {
-  if (!device.host_accessible())
-    throw InvalidArgument(fmt::format(
-        "zero: device {} is not host-accessible; the model's kernels and CPU Adam run on the host",
-        device.name()));
+  if (!device.host_accessible()) check_discrete_device(g, device, comm);
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
   limits_at_start = limits;
   limits.device = device_limit(device);
@@ -128,6 +154,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     for (size_t k = 0; k < pl.grad_slots; ++k)
       grad_buffers.push_back(pool->acquire(pl.grad_slot_bytes));
   }
+  if (pl.grad_copy_back_bytes > 0) grad_copy_back = pool->acquire(pl.grad_copy_back_bytes);
   for (const detail::UnitGeometry& ug : g.units) {
     norm_block_off.push_back(norm_blocks.size());
     norm_blocks.resize(norm_blocks.size() + ug.part / detail::kNormBlock);
@@ -243,6 +270,13 @@ void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool fi
     grad->wait(*f.reduced);
   }
   const size_t n = ug.part;
+  if (!g.device_host_accessible) {
+    // The host cannot read the slab: copy it back first (world 1 here, so n == padded). The
+    // grad stream handles one slab at a time, so one copy-back buffer serves every unit.
+    float* host = grad_copy_back.as<float>().data();
+    grad->copy_d2h(host, shards, ug.padded * sizeof(float));
+    shards = host;
+  }
   if (g.placement.gradients == Tier::kNvme) {
     // The partition's sum so far lives in a swap file: read it (later micro-batches), add,
     // take its block sums of squares (the step's norm uses the last micro-batch's), write it

@@ -93,6 +93,7 @@ struct ZeroEngine::Impl {
   std::unique_ptr<swap::Swapper> grad_swapper;
   std::vector<swap::TensorId> grad_ids;
   std::vector<swap::PinnedBuffer> grad_buffers;  // [0]: accumulation; [k]: unit steps
+  swap::PinnedBuffer grad_copy_back;             // gradient slabs of a device the host cannot read
   // The gradient norm's partial sums of squares, one per detail::kNormBlock elements of this
   // rank's reduced partitions, unit after unit (norm_block_off[u]: unit u's first). Summed
   // in slab order across ranks, so the norm does not depend on the world size.

@@ -135,7 +135,8 @@ void warn_unused_offload_param_keys(const config::Config& cfg, const Geometry& g
 }  // namespace
 
 Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model, int world,
-                       int rank, bool warn, GradientPlacement gradients) {
+                       int rank, bool warn, GradientPlacement gradients,
+                       bool device_host_accessible) {
   if (world < 1 || rank < 0 || rank >= world)
     throw InvalidArgument(fmt::format("zero: rank {} of world size {} is invalid", rank, world));
   if (model.options().world_size != world)
@@ -151,6 +152,7 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
   g.sub_group_size =
       static_cast<uint64_t>(std::max<int64_t>(1, cfg.zero_optimization.sub_group_size));
   g.moments = config::adam_moments_bf16(cfg) ? DType::BF16 : DType::F32;
+  g.device_host_accessible = device_host_accessible;
   const int stage = g.placement.stage;
   for (const model::UnitLayout& ul : model.layout().units) {
     UnitGeometry u;

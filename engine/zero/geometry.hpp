@@ -37,6 +37,9 @@ struct Geometry {
   size_t max_nvme_part = 0;     // the largest partition homed in a swap file (0: none)
   uint64_t sub_group_size = 0;  // optimizer sub-group elements (zero sub_group_size)
   DType moments = DType::F32;   // Adam moments: F32 or BF16 (config::adam_moments_bf16)
+  // False for a device whose memory the host cannot read (a GPU): gradient slabs come back to
+  // host memory through a pinned copy-back buffer before they are accumulated.
+  bool device_host_accessible = true;
 
   // Bytes of optimizer state per owned element: fp32 master + two moments (12 or 8).
   size_t optimizer_elem_bytes() const { return sizeof(float) + 2 * dtype_size(moments); }
@@ -53,7 +56,8 @@ Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& 
 // smaller than the largest partition in a swap file. With `warn`, logs the warnings of
 // resolve_placement and one for an offload_param.buffer_size that has no further effect.
 Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model, int world,
-                       int rank, bool warn, GradientPlacement gradients = GradientPlacement::kHost);
+                       int rank, bool warn, GradientPlacement gradients = GradientPlacement::kHost,
+                       bool device_host_accessible = true);
 
 // Whether new low-precision parameters of `unit` go through a pinned staging slot after Adam
 // (then copied host-to-device or written to the unit's swap file) rather than being written

@@ -154,13 +154,15 @@ PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, bool re
     l.grad_slots = concurrent + 1;
     l.grad_slot_bytes = align_up(longest * sizeof(float), kIoAlignment);
   }
+  if (!g.device_host_accessible)
+    l.grad_copy_back_bytes = align_up(g.max_padded * sizeof(float), kIoAlignment);
   return l;
 }
 
 uint64_t PinnedLayout::total() const {
   return param_partitions + fetch_slots * fetch_slot_bytes +
          writeback_slots * writeback_slot_bytes + concurrent_steps * optimizer_lease_bytes +
-         grad_slots * grad_slot_bytes;
+         grad_slots * grad_slot_bytes + grad_copy_back_bytes;
 }
 
 PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g) {
@@ -272,8 +274,8 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
 
 Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
                const PlanOptions& options) {
-  const detail::Geometry g =
-      detail::make_geometry(cfg, model, options.world_size, 0, false, options.gradients);
+  const detail::Geometry g = detail::make_geometry(
+      cfg, model, options.world_size, 0, false, options.gradients, options.device_host_accessible);
   const Placement& p = g.placement;
   Plan plan;
   plan.placement = p;
@@ -382,6 +384,8 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   add(plan, Tier::kPinned,
       fmt::format("gradient staging buffers ({} x {} B)", pl.grad_slots, pl.grad_slot_bytes),
       pl.grad_slots * pl.grad_slot_bytes);
+  add(plan, Tier::kPinned, "gradient copy-back buffer (device -> host, one slab)",
+      pl.grad_copy_back_bytes);
   plan.pinned_pool_bytes =
       pinned_limit > 0 ? pinned_limit : std::max<uint64_t>(pl.total(), kIoAlignment);
 

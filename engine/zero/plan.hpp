@@ -146,6 +146,9 @@ struct PlanOptions {
   // ZeroEngine passes its Device's budget minus what is already allocated on it.
   uint64_t device_limit_bytes = 0;
   GradientPlacement gradients = GradientPlacement::kAuto;
+  // False for a GPU (the host cannot read its memory): the plan adds the pinned buffer that
+  // gradient slabs are copied back through. ZeroEngine passes Device::host_accessible().
+  bool device_host_accessible = true;
 };
 
 // The plan for `cfg` (resolved: batch keys and zero bucket sizes set) and `model` (whose

@@ -105,6 +105,26 @@ TEST_F(TrainCliTest, TrainsAndPrintsTheSetupAndTheResult) {
   EXPECT_NE(r.err.find("step 3/3 | loss"), std::string::npos) << r.err;
 }
 
+TEST_F(TrainCliTest, DeviceIsChosenOrRefusedByName) {
+  CliResult cpu = run(train_args("--steps 1 --device cpu"));
+  ASSERT_EQ(cpu.rc, 0) << cpu.err;
+  EXPECT_NE(cpu.out.find("device     cpu,"), std::string::npos) << cpu.out;
+  CliResult bad = run(train_args("--steps 1 --device tpu"));
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_EQ(count_error_lines(bad.err), 1) << bad.err;
+  EXPECT_NE(bad.err.find("error: --device: got \"tpu\""), std::string::npos) << bad.err;
+  if (!device::probe().available) {
+    // No GPU (or no CUDA in this build): auto takes the simulated device, cuda is refused.
+    CliResult aut = run(train_args("--steps 1"));
+    ASSERT_EQ(aut.rc, 0) << aut.err;
+    EXPECT_NE(aut.out.find("device     cpu,"), std::string::npos) << aut.out;
+    CliResult cuda = run(train_args("--steps 1 --device cuda"));
+    EXPECT_EQ(cuda.rc, 2);
+    EXPECT_EQ(count_error_lines(cuda.err), 1) << cuda.err;
+    EXPECT_NE(cuda.err.find("error: --device cuda: no GPU"), std::string::npos) << cuda.err;
+  }
+}
+
 TEST_F(TrainCliTest, ConfigMayComeFromTheEnvironmentAndAutoFromTheCommandLine) {
   const std::string cfg = write_config(
       "auto.json",
@@ -269,9 +289,9 @@ TEST_F(TrainCliTest, OutputPathsNeverOverwriteInputs) {
 TEST_F(TrainCliTest, TraceWritesAChromeTraceAndRefusesInputs) {
   const std::string nvme = write_config("nvme.json", testing::nvme_patch(data_.file("swap")));
   const std::string trace = data_.file("trace.json");
-  CliResult r = run("train --config " + shell_quote(nvme) + " --model " + shell_quote(model_) +
-                    " --data " + shell_quote(data_.train()) + " --seq-len 32 --steps 2 --trace " +
-                    shell_quote(trace));
+  CliResult r =
+      run("train --config " + shell_quote(nvme) + " --model " + shell_quote(model_) + " --data " +
+          shell_quote(data_.train()) + " --seq-len 32 --steps 2 --trace " + shell_quote(trace));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("trace      " + trace), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("hidden under forward/backward"), std::string::npos) << r.out;

@@ -124,10 +124,10 @@ struct RunResult {
   Plan plan;
 };
 
-// Trains `steps` optimizer steps of gradient_accumulation_steps micro-batches each.
-inline RunResult train(const config::Config& cfg, const model::LlamaModel& model, int steps,
-                       uint64_t device_budget = 0, EngineOptions eo = {}) {
-  device::CpuDevice dev({.memory_budget_bytes = device_budget});
+// Trains `steps` optimizer steps of gradient_accumulation_steps micro-batches each on `dev`
+// (the model's backend must be the device's, see model::make_backend).
+inline RunResult train_on(device::Device& dev, const config::Config& cfg,
+                          const model::LlamaModel& model, int steps, EngineOptions eo = {}) {
   comm::LocalComm comm;
   RunResult r;
   {
@@ -173,6 +173,13 @@ inline RunResult train(const config::Config& cfg, const model::LlamaModel& model
   return r;
 }
 
+// train_on a simulated device with `device_budget` bytes (0: unlimited).
+inline RunResult train(const config::Config& cfg, const model::LlamaModel& model, int steps,
+                       uint64_t device_budget = 0, EngineOptions eo = {}) {
+  device::CpuDevice dev({.memory_budget_bytes = device_budget});
+  return train_on(dev, cfg, model, steps, eo);
+}
+
 // What a run's plan says and what its engine allocated and moved.
 struct Measured {
   Plan plan;
@@ -183,9 +190,9 @@ struct Measured {
 // Runs `steps` optimizer steps (no evaluation, no state reads, so the traffic is the steps'
 // alone) and measures. `while_alive`, if given, is called once the engine is built (its swap
 // files exist).
-inline Measured measure(const config::Config& cfg, const model::LlamaModel& model, int steps,
-                        EngineOptions eo = {}, const std::function<void()>& while_alive = {}) {
-  device::CpuDevice dev;
+inline Measured measure_on(device::Device& dev, const config::Config& cfg,
+                           const model::LlamaModel& model, int steps, EngineOptions eo = {},
+                           const std::function<void()>& while_alive = {}) {
   comm::LocalComm comm;
   ZeroEngine engine(cfg, model, dev, comm, 3, eo);
   Measured m;
@@ -205,6 +212,12 @@ inline Measured measure(const config::Config& cfg, const model::LlamaModel& mode
   m.memory = engine.memory();
   m.after_steps = engine.traffic();
   return m;
+}
+
+inline Measured measure(const config::Config& cfg, const model::LlamaModel& model, int steps,
+                        EngineOptions eo = {}, const std::function<void()>& while_alive = {}) {
+  device::CpuDevice dev;
+  return measure_on(dev, cfg, model, steps, eo, while_alive);
 }
 
 inline void expect_bit_identical(const RunResult& a, const RunResult& b, const std::string& what) {

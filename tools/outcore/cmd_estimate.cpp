@@ -1,8 +1,9 @@
 // `outcore estimate --config ds.json --model config.json [--micro-batch B] [--seq-len T]
-// [--world-size W] [--activation-checkpointing]`: the placement plan of this config and model
-// (bytes each tier holds at its peak, bytes moved per optimizer step) against what this
-// machine offers, computed as `outcore train` computes it. Exit 0 when it fits, 2 when it does
-// not (the reason on stderr, as `outcore train` refuses it) or on bad input.
+// [--world-size W] [--activation-checkpointing] [--device auto|cpu|cuda]`: the placement plan
+// of this config and model (bytes each tier holds at its peak, bytes moved per optimizer step)
+// against what this machine offers, computed as `outcore train` computes it; on a GPU, its
+// free memory (cudaMemGetInfo) caps the device budget as it does in training. Exit 0 when it fits,
+// 2 when it does not (the reason on stderr, as `outcore train` refuses it) or on bad input.
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "engine/model/model.hpp"
 #include "engine/zero/plan.hpp"
 #include "tools/outcore/commands.hpp"
+#include "tools/outcore/launch.hpp"
 
 namespace outcore::cli {
 namespace {
@@ -22,6 +24,7 @@ namespace {
 // Numbers arrive as text and are checked here, so bad values exit 2 like any bad input.
 struct EstimateArgs {
   std::string config_file, model_file, micro_batch, seq_len, world_size;
+  std::string device = "auto";
   bool activation_checkpointing = false;
 };
 
@@ -70,9 +73,26 @@ int run_estimate(const EstimateArgs& a) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   }
-  const zero::Plan plan =
-      zero::make_plan(cfg, *model, {.world_size = static_cast<int>(o.world_size)});
-  const zero::PlanLimits limits = zero::system_limits(cfg, plan);
+  const std::optional<DeviceChoice> dev = choose_device(a.device);
+  if (!dev) return 2;
+  zero::PlanOptions po{.world_size = static_cast<int>(o.world_size)};
+  if (dev->kind == device::DeviceKind::Cuda) {
+    try {
+      const uint64_t budget = cfg.outcore.device_memory_mb << 20;
+      const uint64_t free = device::make_cuda_device({.ordinal = dev->gpu})->free_memory_bytes();
+      po.device_limit_bytes = budget > 0 ? std::min(budget, free) : free;
+      po.device_host_accessible = false;
+      std::printf("device     %s: %s free%s\n", dev->description.c_str(),
+                  zero::format_bytes(free).c_str(),
+                  budget > 0 ? (", budget " + zero::format_bytes(budget)).c_str() : "");
+    } catch (const Error& e) {
+      std::fprintf(stderr, "error: --device cuda: %s\n", e.what());
+      return 2;
+    }
+  }
+  const zero::Plan plan = zero::make_plan(cfg, *model, po);
+  zero::PlanLimits limits = zero::system_limits(cfg, plan);
+  if (po.device_limit_bytes > 0) limits.device = po.device_limit_bytes;
   std::fputs(zero::format_plan(plan, &limits).c_str(), stdout);
   try {
     zero::check_fits(plan, limits);
@@ -96,6 +116,9 @@ void add_estimate_command(CLI::App& app, int& rc) {
   cmd->add_option("--seq-len", o->seq_len,
                   "tokens per sequence (default: min(max_position, 1024))");
   cmd->add_option("--world-size", o->world_size, "data-parallel ranks (default 1)");
+  cmd->add_option("--device", o->device,
+                  "plan for: auto (a GPU when there is one, else the simulated device), cpu, "
+                  "cuda (the GPU's free memory caps the device budget)");
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
                 "plan with activation checkpointing (as `outcore train "
                 "--activation-checkpointing`; on anyway when the config's "

@@ -34,6 +34,7 @@ struct TrainCliOptions {
   std::string config, model, data, val_data, format = "auto", metrics, trace;
   std::string save_dir, save_every, keep, resume, init_from;
   std::string comm = "auto";
+  std::string device = "auto";
   std::string steps, seed, seq_len, lr, weight_decay, eval_every, eval_batches, val_fraction,
       train_batch_size, micro_batch_size, gradient_accumulation_steps, warmup_steps;
   bool activation_checkpointing = false;
@@ -204,11 +205,15 @@ int run_train(const TrainCliOptions& o) {
     return 2;
   }
 
-  // The ranks first: "auto" batch sizes resolve with the world size. The model computes on the
-  // host in this release, so the engine's buffers are host memory (no NCCL).
+  const std::optional<DeviceChoice> device = choose_device(o.device);
+  if (!device) return 2;
+  // The ranks first: "auto" batch sizes resolve with the world size. The engine's collectives
+  // run on host memory in this release (no NCCL), on a GPU as on the simulated device.
   std::optional<Ranks> ranks = open_ranks(o.comm, /*cuda_device=*/false);
   if (!ranks) return 2;
   train::TrainerOptions topts;
+  topts.device = device->kind;
+  topts.gpu = device->gpu;
   topts.comm = ranks->engine.get();
   topts.control_comm = ranks->control.get();
   cfg::Config config;
@@ -344,6 +349,9 @@ void add_train_command(CLI::App& app, int& rc) {
                   "data-parallel transport: auto (MPI when started by mpirun, else one rank; "
                   "NCCL once ranks train on GPUs), local, mpi, nccl (refused while the model "
                   "computes on the host)");
+  cmd->add_option("--device", o->device,
+                  "where the model computes: auto (a GPU when the build has CUDA and the machine "
+                  "has one, else the simulated device), cpu (the simulated device), cuda");
   cmd->add_option("--metrics", o->metrics,
                   "JSON-lines metrics file (default: the config's outcore.metrics_file)");
   cmd->add_option("--trace", o->trace,

@@ -1,5 +1,6 @@
 #include "tools/outcore/launch.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -14,6 +15,33 @@
 #endif
 
 namespace outcore::cli {
+
+std::optional<DeviceChoice> choose_device(const std::string& choice) {
+  if (choice != "auto" && choice != "cpu" && choice != "cuda") {
+    std::fprintf(stderr, "error: --device: got \"%s\"; allowed: auto, cpu, cuda\n", choice.c_str());
+    return std::nullopt;
+  }
+  const device::ProbeResult probe = device::probe();
+  if (choice == "cpu" || (choice == "auto" && !probe.available)) {
+    return DeviceChoice{.description = "the simulated device (" + probe.summary() + ")"};
+  }
+  if (!probe.available) {
+    std::fprintf(stderr, "error: --device cuda: %s\n", probe.summary().c_str());
+    return std::nullopt;
+  }
+  int local_rank = 0;
+  for (const char* var :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    if (const char* v = std::getenv(var); v != nullptr) {
+      local_rank = std::max(0, std::atoi(v));
+      break;
+    }
+  }
+  const device::GpuInfo& gpu = probe.gpus[local_rank % probe.gpus.size()];
+  return DeviceChoice{.kind = device::DeviceKind::Cuda,
+                      .gpu = gpu.ordinal,
+                      .description = "cuda:" + std::to_string(gpu.ordinal) + " (" + gpu.name + ")"};
+}
 
 bool started_by_mpi_launcher() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/comm/comm.hpp"
+#include "engine/device/device.hpp"
 
 namespace outcore::cli {
 
@@ -33,5 +34,19 @@ bool started_by_mpi_launcher();
 // cannot be had (MPI or NCCL not built in, NCCL with host buffers, MPI or NCCL failing to
 // start).
 std::optional<Ranks> open_ranks(const std::string& choice, bool cuda_device = false);
+
+// Where this process's model computes.
+struct DeviceChoice {
+  device::DeviceKind kind = device::DeviceKind::Cpu;
+  int gpu = 0;              // the GPU's ordinal (Cuda)
+  std::string description;  // "cuda:1 (NVIDIA H100 ...)" or "the simulated device (...)"
+};
+
+// `choice`: "auto" (a GPU when this build has CUDA and the machine has one, else the simulated
+// device), "cpu" (the simulated device) or "cuda" (a GPU, or an error). Under an MPI launcher
+// each rank takes GPU (local rank mod GPU count), the local rank read from the launcher's
+// environment (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID, LOCAL_RANK).
+// Prints one "error: --device ..." line on stderr and returns nullopt when it cannot be had.
+std::optional<DeviceChoice> choose_device(const std::string& choice);
 
 }  // namespace outcore::cli

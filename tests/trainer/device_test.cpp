@@ -1,0 +1,85 @@
+// Where the trainer's model computes (TrainerOptions::device): training on the simulated
+// discrete device (a GPU's data movement: the host never reads device memory, every transfer
+// a stream copy) is bit-identical to training on the host-accessible simulated device, through
+// validation and a checkpoint round trip; a GPU that is not there is refused by name.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "tests/trainer/trainer_test_util.hpp"
+
+namespace outcore::train::testing {
+namespace {
+
+struct Outcome {
+  std::vector<double> losses, norms;
+  double val = 0;
+  Weights weights;
+  std::string device;
+};
+
+Outcome train_on(bool discrete, const nlohmann::json& patch, const DemoData& data) {
+  const model::LlamaConfig mc = tiny_model();
+  const config::Config cfg = make_config(patch, mc);
+  TrainerOptions o = quiet_options(data, 6);
+  o.eval_every = 3;
+  o.discrete = discrete;
+  Outcome out;
+  o.on_step = [&](const StepMetrics& m) {
+    out.losses.push_back(m.loss);
+    out.norms.push_back(m.grad_norm.value_or(-1.0));
+  };
+  Trainer tr(cfg, mc, o);
+  out.device = tr.device().name();
+  const TrainResult r = tr.run();
+  out.val = r.final_val_loss.value_or(-1.0);
+  out.weights = weights_of(tr);
+  return out;
+}
+
+TEST(TrainerDevice, DiscreteDeviceTrainsBitIdentically) {
+  DemoData data;
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    nlohmann::json patch = nvme_patch(data.file(bf16 ? "swap_bf16" : "swap_fp32"));
+    std::filesystem::create_directories(data.file(bf16 ? "swap_bf16" : "swap_fp32"));
+    patch["bf16"] = {{"enabled", bf16}};
+    patch["gradient_clipping"] = 0.05;
+    const Outcome host = train_on(false, patch, data);
+    const Outcome discrete = train_on(true, patch, data);
+    EXPECT_EQ(host.device, "cpu");
+    EXPECT_EQ(discrete.device, "cpu (discrete)");
+    ASSERT_EQ(host.losses.size(), 6u);
+    ASSERT_EQ(discrete.losses.size(), 6u);
+    for (size_t i = 0; i < host.losses.size(); ++i) {
+      EXPECT_EQ(std::memcmp(&host.losses[i], &discrete.losses[i], sizeof(double)), 0)
+          << "loss of step " << i + 1;
+      EXPECT_EQ(std::memcmp(&host.norms[i], &discrete.norms[i], sizeof(double)), 0)
+          << "norm of step " << i + 1;
+    }
+    EXPECT_EQ(std::memcmp(&host.val, &discrete.val, sizeof(double)), 0);
+    for (size_t u = 0; u < host.weights.master.size(); ++u) {
+      EXPECT_TRUE(host.weights.master[u] == discrete.weights.master[u]) << "unit " << u;
+      EXPECT_TRUE(host.weights.params[u] == discrete.weights.params[u]) << "unit " << u;
+    }
+  }
+}
+
+TEST(TrainerDevice, AMissingGpuIsRefused) {
+  if (device::probe().available) GTEST_SKIP() << "this machine has a GPU";
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  TrainerOptions o = quiet_options(data, 1);
+  o.device = device::DeviceKind::Cuda;
+  try {
+    Trainer tr(make_config({}, mc), mc, o);
+    ADD_FAILURE() << "a CUDA device was created";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot create a CUDA device"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace outcore::train::testing

@@ -1,0 +1,133 @@
+// ZeroEngine on a device the host cannot read (CpuDeviceOptions::discrete, a simulated GPU whose
+// memory faults on any direct host access): the model computes through the device's backend,
+// parameters arrive and gradients leave by stream copies only, and training is bit-identical
+// to the same run on the host-accessible simulated device, with the plan still exact.
+#include <gtest/gtest.h>
+
+#include "tests/zero/zero_test_util.hpp"
+
+namespace outcore::zero::test {
+namespace {
+
+struct DiscreteCase {
+  Placing placing;
+  DType dtype;
+  bool nvme_gradients = false;
+  std::string name() const {
+    return placing.name() + (dtype == DType::BF16 ? "_bf16" : "_fp32") +
+           (nvme_gradients ? "_nvme_grads" : "");
+  }
+};
+
+class DiscreteDevice : public ::testing::TestWithParam<DiscreteCase> {};
+
+TEST_P(DiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDevice) {
+  const DiscreteCase c = GetParam();
+  const std::string dir = swap_dir("discrete_" + c.name()).string();
+  const config::Config cfg = make_config(config_json(
+      c.placing, c.dtype, dir, ", \"stage3_max_reuse_distance\": 0, \"sub_group_size\": 8192"));
+  const EngineOptions eo = c.nvme_gradients ? nvme_gradients() : EngineOptions{};
+
+  const model::LlamaModel host_model(tiny_config(true), tiny_options(c.dtype));
+  device::CpuDevice host_dev;
+  const RunResult want = train_on(host_dev, cfg, host_model, 3, eo);
+
+  device::CpuDevice dev({.discrete = true});
+  ASSERT_FALSE(dev.host_accessible());
+  const model::LlamaModel model(tiny_config(true), tiny_options(c.dtype), model::make_backend(dev));
+  const RunResult got = train_on(dev, cfg, model, 3, eo);
+  expect_bit_identical(want, got, c.name());
+
+  // The gradient slabs come back through one more pinned buffer; nothing else changes.
+  EXPECT_EQ(got.plan.peak.device, want.plan.peak.device) << format_plan(got.plan);
+  EXPECT_EQ(got.plan.per_step.h2d, want.plan.per_step.h2d);
+  EXPECT_EQ(got.plan.per_step.d2h, want.plan.per_step.d2h);
+  size_t largest = 0;
+  for (const model::UnitLayout& u : host_model.layout().units)
+    largest = std::max(largest, u.padded_numel);
+  const uint64_t copy_back = (largest * sizeof(float) + 4095) / 4096 * 4096;
+  EXPECT_EQ(got.plan.peak.pinned, want.plan.peak.pinned + copy_back) << format_plan(got.plan);
+  EXPECT_EQ(got.traffic.d2h_bytes, want.traffic.d2h_bytes);
+  EXPECT_EQ(got.traffic.h2d_bytes, want.traffic.h2d_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, DiscreteDevice,
+                         ::testing::Values(DiscreteCase{{3, "nvme", "nvme"}, DType::BF16},
+                                           DiscreteCase{{3, "nvme", "nvme"}, DType::F32, true},
+                                           DiscreteCase{{3, "cpu", "cpu"}, DType::F32},
+                                           DiscreteCase{{3, "none", "cpu"}, DType::BF16},
+                                           DiscreteCase{{2, "none", "cpu"}, DType::BF16},
+                                           DiscreteCase{{1, "none", "nvme"}, DType::F32},
+                                           DiscreteCase{{1, "none", "cpu"}, DType::BF16}),
+                         [](const auto& info) { return info.param.name(); });
+
+// Plan and measurement agree on the discrete device as they do on the host-accessible one.
+TEST(DiscreteDevicePlan, PeaksAndTrafficMatchThePlan) {
+  const model::LlamaModel host_model(tiny_config(false), tiny_options(DType::BF16));
+  device::CpuDevice dev({.discrete = true});
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16),
+                                model::make_backend(dev));
+  const std::string dir = swap_dir("discrete_plan").string();
+  const config::Config cfg = make_config(
+      config_json({3, "cpu", "cpu"}, DType::BF16, dir, ", \"stage3_max_reuse_distance\": 0"));
+  const Measured m = measure_on(dev, cfg, model, 2);
+  const Plan& p = m.plan;
+  EXPECT_LE(m.memory.device_peak_bytes, p.peak.device) << format_plan(p);
+  EXPECT_EQ(m.memory.pinned_peak_bytes, p.peak.pinned) << format_plan(p);
+  EXPECT_EQ(m.after_steps.h2d_bytes - m.after_init.h2d_bytes, 2 * p.per_step.h2d);
+  EXPECT_EQ(m.after_steps.d2h_bytes - m.after_init.d2h_bytes, 2 * p.per_step.d2h);
+  EXPECT_NE(format_plan(p).find("gradient copy-back buffer"), std::string::npos) << format_plan(p);
+}
+
+// What CPU Adam cannot do on such a device is refused at construction, naming the key.
+TEST(DiscreteDeviceRefusals, OptimizerStateOnTheDeviceAndHostCheckpoints) {
+  device::CpuDevice dev({.discrete = true});
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16),
+                                model::make_backend(dev));
+  comm::LocalComm comm;
+  const std::string dir = swap_dir("discrete_refuse").string();
+  for (const Placing& s : {Placing{0}, Placing{3, "cpu", "none"}}) {
+    const config::Config cfg = make_config(config_json(s, DType::BF16, dir));
+    try {
+      ZeroEngine engine(cfg, model, dev, comm, 1);
+      ADD_FAILURE() << s.name() << ": accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.json_path(), "zero_optimization.offload_optimizer") << e.what();
+    }
+  }
+  // A partial offload (ratio < 1) keeps some units' state on the device: refused as well.
+  const config::Config partial =
+      make_config(config_json({3, "none", "cpu"}, DType::BF16, dir, "", "", ", \"ratio\": 0.3"));
+  EXPECT_THROW(ZeroEngine(partial, model, dev, comm, 1), ConfigError);
+
+  const config::Config ckpt =
+      make_config(config_json({3, "none", "cpu"}, DType::BF16, dir, "",
+                              ", \"activation_checkpointing\": {\"cpu_checkpointing\": true}"));
+  try {
+    ZeroEngine engine(ckpt, model, dev, comm, 1);
+    ADD_FAILURE() << "cpu_checkpointing accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.json_path(), "activation_checkpointing.cpu_checkpointing") << e.what();
+  }
+}
+
+// The guard the tests above rely on: host code touching the discrete device's memory faults.
+TEST(DiscreteDeviceDeathTest, HostAccessToDeviceMemoryFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  device::CpuDevice dev({.discrete = true});
+  device::DeviceBuffer b = dev.alloc(4096, "probe");
+  volatile float* p = b.as<float>();
+  EXPECT_DEATH({ p[0] = 1.0f; }, "");
+  // Through the streams (and the backend's view), the same memory works.
+  auto s = dev.create_stream("s");
+  const float one = 1.0f;
+  float back = 0.0f;
+  s->copy_h2d(b.data(), &one, sizeof one);
+  s->copy_d2h(&back, b.data(), sizeof back);
+  s->synchronize();
+  EXPECT_EQ(back, 1.0f);
+  EXPECT_EQ(*static_cast<float*>(dev.host_view(b.data())), 1.0f);
+}
+
+}  // namespace
+}  // namespace outcore::zero::test
