@@ -3,18 +3,36 @@
 // gradient accumulators on NVMe, under a small device budget, reporting step time, I/O rates,
 // the process's peak RSS and the loss.
 //
+// Each step's time is set against two bounds measured in the same run, before the first step
+// (bench/zero/step_bounds.hpp): the I/O bound, the drive's time for the plan's NVMe bytes per
+// step at the rates outcore's aio engine reaches on a --ref-gib file in the swap directory
+// (config block size, queue depth and threads), reads and writes one after the other, fully
+// overlapped, and mixed as measured; and the compute bound, forward+backward of the step's
+// tokens with every unit in memory, summed from the median time of the embedding, one decoder
+// layer and the head. The ratio is step / max(I/O bound, compute bound). A step runs from its
+// forward's start to the next step's (the last one: to wait_step's return), so the optimizer
+// work that overlaps the next forward counts once: single steps are skewed by it (the first
+// lacks its updates, the last waits for its own), the mean over the steps is exact.
+//
 //   zero_large_bench [--hidden 2560] [--intermediate 6912] [--layers 34] [--heads 20]
 //                    [--kv-heads 4] [--vocab 32000] [--seq 128] [--micro 1] [--steps 3]
 //                    [--nvme DIR] [--device-mb 2048] [--sub-group 10000000] [--lr 2e-3]
+//                    [--ref-gib 4] [--compute-reps 3] [--skip-bounds]
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
 
+#include "bench/zero/step_bounds.hpp"
+#include "common/error.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "engine/config/config.hpp"
 #include "engine/device/device.hpp"
@@ -30,61 +48,96 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double peak_rss_gib() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_maxrss) * 1024.0 / (1ull << 30);  // ru_maxrss is in KiB
+// A "Key: N kB" line of /proc/self/status (VmRSS, VmHWM) in GiB; 0 when absent.
+double status_gib(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string k;
+  double kb = 0;
+  while (in >> k) {
+    if (k == key) {
+      in >> kb;
+      return kb / (1 << 20);
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  return 0;
 }
+
+double peak_rss_gib() { return status_gib("VmHWM:"); }
+// Restarts the peak (VmHWM) from the current RSS, so that the steps' peak is not the bounds'.
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 double mem_total_gib() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return 0;
-  char key[64];
-  unsigned long long kb = 0;
-  double gib = 0;
-  if (std::fscanf(f, "%63s %llu", key, &kb) == 2) gib = static_cast<double>(kb) / (1 << 20);
-  std::fclose(f);
-  return gib;
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  in >> key >> kb;  // the first line is MemTotal
+  return kb / (1 << 20);
 }
 
-}  // namespace
+// The step's input ids: runs of an affine sequence restarted from a pseudo-random id every 32
+// tokens, so the loss can fall within a few steps.
+std::vector<int32_t> step_tokens(int step, size_t n, int64_t vocab) {
+  std::vector<int32_t> tok(n);
+  uint64_t x = static_cast<uint64_t>(step) * 2862933555777941757ull + 3037000493ull;
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 32 == 0) {
+      x = x * 2862933555777941757ull + 3037000493ull;
+      tok[i] = static_cast<int32_t>((x >> 33) % vocab);
+    } else {
+      tok[i] = static_cast<int32_t>((int64_t{tok[i - 1]} * 5 + 3) % vocab);
+    }
+  }
+  return tok;
+}
 
-int main(int argc, char** argv) {
-  int64_t hidden = 2560, intermediate = 6912, layers = 34, heads = 20, kv_heads = 4, vocab = 32000;
-  int64_t seq = 128, micro = 1, device_mb = 2048, sub_group = 10'000'000;
-  int steps = 3;
-  double lr = 2e-3;
-  std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_large_swap";
-  CLI::App app("ZeRO-3 with everything on NVMe for a model larger than RAM");
-  app.add_option("--hidden", hidden);
-  app.add_option("--intermediate", intermediate);
-  app.add_option("--layers", layers);
-  app.add_option("--heads", heads);
-  app.add_option("--kv-heads", kv_heads);
-  app.add_option("--vocab", vocab);
-  app.add_option("--seq", seq);
-  app.add_option("--micro", micro);
-  app.add_option("--steps", steps);
-  app.add_option("--nvme", nvme, "swap directory");
-  app.add_option("--device-mb", device_mb, "device budget (outcore.device_memory_mb)");
-  app.add_option("--sub-group", sub_group, "zero_optimization.sub_group_size");
-  app.add_option("--lr", lr);
-  CLI11_PARSE(app, argc, argv);
+struct Bounds {
+  bench::IoBound io;
+  bench::ComputeTimes compute;
+  double larger_serial_s() const { return std::max(io.serial_s, compute.step_s()); }
+  double larger_overlapped_s() const { return std::max(io.overlapped_s, compute.step_s()); }
+  double larger_mixed_s() const { return std::max(io.mixed_s, compute.step_s()); }
+};
 
-  model::LlamaConfig mc;
-  mc.hidden_size = hidden;
-  mc.intermediate_size = intermediate;
-  mc.num_hidden_layers = layers;
-  mc.num_attention_heads = heads;
-  mc.num_key_value_heads = kv_heads;
-  mc.head_dim = hidden / heads;
-  mc.vocab_size = vocab;
-  mc.max_position_embeddings = seq;
-  const model::LlamaModel model(mc, {.micro_batch = micro,
-                                     .seq_len = seq,
-                                     .param_dtype = DType::BF16,
-                                     .activation_checkpointing = true});
-  std::filesystem::create_directories(nvme);
+Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
+                      const config::Config& cfg, const std::string& dir, double ref_gib,
+                      int compute_reps) {
+  const uint64_t read = plan.per_step.nvme_read, write = plan.per_step.nvme_write;
+  const aio::Options aio = zero::aio_options(cfg.aio);
+  constexpr uint64_t kSpan = 32ull << 20;
+  const double read_fraction = read + write ? static_cast<double>(read) / (read + write) : 0.5;
+  std::printf(
+      "measuring the drive: %.1f GiB file in %s, aio block %zu KiB, queue depth %u x %u "
+      "threads, %llu MiB spans ...\n",
+      ref_gib, dir.c_str(), aio.block_size >> 10, aio.queue_depth, aio.thread_count,
+      static_cast<unsigned long long>(kSpan >> 20));
+  std::fflush(stdout);
+  const bench::DriveRates rates = bench::measure_drive(
+      dir, static_cast<uint64_t>(ref_gib * (1ull << 30)), kSpan, read_fraction, aio);
+  const Bounds b{bench::io_bound(rates, read, write),
+                 bench::measure_compute(model, plan.micro_batches_per_step, compute_reps,
+                                        cfg.activation_checkpointing.cpu_checkpointing)};
+  std::printf(
+      "drive (aio engine, %.2f GB per pass): write %.2f GB/s, read %.2f GB/s, mixed %.2f GB/s "
+      "(%.0f%% reads)\n",
+      rates.file_bytes / 1e9, rates.write_gbps, rates.read_gbps, rates.mixed_gbps,
+      read_fraction * 100);
+  std::printf(
+      "I/O bound (plan: %.2f GB read + %.2f GB written per step): serial %.2f s, overlapped "
+      "%.2f s, mixed %.2f s\n",
+      read / 1e9, write / 1e9, b.io.serial_s, b.io.overlapped_s, b.io.mixed_s);
+  std::printf(
+      "compute bound (in memory, median of %d): %.2f s = %lld x (embed %.3f s + %lld x decoder "
+      "%.3f s + head %.3f s)\n",
+      compute_reps, b.compute.step_s(), static_cast<long long>(b.compute.micro_batches),
+      b.compute.embed_s, static_cast<long long>(b.compute.layers), b.compute.decoder_s,
+      b.compute.head_s);
+  std::fflush(stdout);
+  return b;
+}
+
+config::Config make_config(int64_t micro, int64_t sub_group, const std::string& nvme,
+                           int64_t device_mb) {
   config::Config cfg =
       config::parse_config(
           fmt::format(R"({{"train_micro_batch_size_per_gpu": {0}, "gradient_accumulation_steps": 1,
@@ -102,58 +155,134 @@ int main(int argc, char** argv) {
           "zero_large_bench")
           .config;
   config::resolve_auto(cfg, {});
-  const double params = static_cast<double>(mc.num_parameters());
-  std::printf(
-      "model: %.2fB parameters; training state %.1f GiB (16 B/param) = %.2fx this machine's "
-      "%.1f GiB RAM\n",
-      params / 1e9, params * 16 / (1ull << 30), params * 16 / (1ull << 30) / mem_total_gib(),
-      mem_total_gib());
+  return cfg;
+}
 
-  device::CpuDevice dev({.memory_budget_bytes = cfg.outcore.device_memory_mb << 20});
-  comm::LocalComm comm;
-  zero::EngineOptions eo;
-  eo.gradients = zero::GradientPlacement::kNvme;
-  auto t0 = Clock::now();
-  zero::ZeroEngine engine(cfg, model, dev, comm, 2024, eo);
-  std::fputs(zero::format_plan(engine.plan()).c_str(), stdout);
-  std::printf("initialised in %.1f s (peak RSS so far %.2f GiB)\n", seconds_since(t0),
-              peak_rss_gib());
-  std::fflush(stdout);
+}  // namespace
 
-  const size_t n = static_cast<size_t>(model.tokens());
-  for (int t = 1; t <= steps; ++t) {
-    std::vector<int32_t> tok(n + 1);
-    uint64_t x = static_cast<uint64_t>(t) * 2862933555777941757ull + 3037000493ull;
-    for (size_t i = 0; i < tok.size(); ++i) {
-      if (i % 32 == 0) {
-        x = x * 2862933555777941757ull + 3037000493ull;
-        tok[i] = static_cast<int32_t>((x >> 33) % vocab);
-      } else {
-        tok[i] = static_cast<int32_t>((int64_t{tok[i - 1]} * 5 + 3) % vocab);
-      }
-    }
-    const zero::TrafficStats a = engine.traffic();
-    const auto s0 = Clock::now();
-    const float loss = engine.forward_backward(tok.data(), tok.data() + 1, 1.0f, true);
-    const double fb = seconds_since(s0);
-    const auto s1 = Clock::now();
-    const zero::StepResult r = engine.step(zero::step_params(cfg, lr, t, 1.0));
-    const double st = seconds_since(s1), total = seconds_since(s0);
-    const zero::TrafficStats b = engine.traffic();
+int main(int argc, char** argv) {
+  int64_t hidden = 2560, intermediate = 6912, layers = 34, heads = 20, kv_heads = 4, vocab = 32000;
+  int64_t seq = 128, micro = 1, device_mb = 2048, sub_group = 10'000'000;
+  int steps = 3, compute_reps = 3;
+  double lr = 2e-3, ref_gib = 4;
+  bool skip_bounds = false;
+  std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_large_swap";
+  CLI::App app("ZeRO-3 with everything on NVMe for a model larger than RAM");
+  app.add_option("--hidden", hidden);
+  app.add_option("--intermediate", intermediate);
+  app.add_option("--layers", layers);
+  app.add_option("--heads", heads);
+  app.add_option("--kv-heads", kv_heads);
+  app.add_option("--vocab", vocab);
+  app.add_option("--seq", seq);
+  app.add_option("--micro", micro);
+  app.add_option("--steps", steps);
+  app.add_option("--nvme", nvme, "swap directory");
+  app.add_option("--device-mb", device_mb, "device budget (outcore.device_memory_mb)");
+  app.add_option("--sub-group", sub_group, "zero_optimization.sub_group_size");
+  app.add_option("--lr", lr);
+  app.add_option("--ref-gib", ref_gib, "size of the drive reference file in the swap directory");
+  app.add_option("--compute-reps", compute_reps, "timed passes of the compute bound's units");
+  app.add_flag("--skip-bounds", skip_bounds, "measure neither the I/O nor the compute bound");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    model::LlamaConfig mc;
+    mc.hidden_size = hidden;
+    mc.intermediate_size = intermediate;
+    mc.num_hidden_layers = layers;
+    mc.num_attention_heads = heads;
+    mc.num_key_value_heads = kv_heads;
+    mc.head_dim = hidden / heads;
+    mc.vocab_size = vocab;
+    mc.max_position_embeddings = seq;
+    const model::LlamaModel model(mc, {.micro_batch = micro,
+                                       .seq_len = seq,
+                                       .param_dtype = DType::BF16,
+                                       .activation_checkpointing = true});
+    std::filesystem::create_directories(nvme);
+    const config::Config cfg = make_config(micro, sub_group, nvme, device_mb);
+    const double params = static_cast<double>(mc.num_parameters());
     std::printf(
-        "step %d: loss %.4f%s, grad norm %.3f, %.1f s (fwd+bwd %.1f s, optimizer %.1f s), "
-        "nvme read %.1f GB (%.2f GB/s), write %.1f GB (%.2f GB/s), peak RSS %.2f GiB, device "
-        "peak %.0f MiB\n",
-        t, loss, std::isfinite(loss) ? "" : " (NOT FINITE)", r.grad_norm, total, fb, st,
-        (b.nvme_read_bytes - a.nvme_read_bytes) / 1e9,
-        (b.nvme_read_bytes - a.nvme_read_bytes) / 1e9 / total,
-        (b.nvme_write_bytes - a.nvme_write_bytes) / 1e9,
-        (b.nvme_write_bytes - a.nvme_write_bytes) / 1e9 / total, peak_rss_gib(),
-        engine.memory().device_peak_bytes / 1048576.0);
+        "model: %.2fB parameters; training state %.1f GiB (16 B/param) = %.2fx this machine's "
+        "%.1f GiB RAM\n",
+        params / 1e9, params * 16 / (1ull << 30), params * 16 / (1ull << 30) / mem_total_gib(),
+        mem_total_gib());
+
+    device::CpuDevice dev({.memory_budget_bytes = cfg.outcore.device_memory_mb << 20});
+    comm::LocalComm comm;
+    zero::EngineOptions eo;
+    eo.gradients = zero::GradientPlacement::kNvme;
+    const auto t0 = Clock::now();
+    zero::ZeroEngine engine(cfg, model, dev, comm, 2024, eo);
+    std::fputs(zero::format_plan(engine.plan()).c_str(), stdout);
+    std::printf("initialised in %.1f s (peak RSS so far %.2f GiB)\n", seconds_since(t0),
+                peak_rss_gib());
     std::fflush(stdout);
+
+    std::optional<Bounds> bounds;
+    if (!skip_bounds) {
+      bounds = measure_bounds(engine.plan(), model, cfg, nvme, ref_gib, compute_reps);
+      reset_peak_rss();
+    }
+
+    const size_t n = static_cast<size_t>(model.tokens());
+    const zero::TrafficStats traffic0 = engine.traffic();
+    zero::TrafficStats a = traffic0;
+    const auto run0 = Clock::now();
+    auto s0 = run0;
+    for (int t = 1; t <= steps; ++t) {
+      const std::vector<int32_t> tok = step_tokens(t, n + 1, vocab);
+      const float loss = engine.forward_backward(tok.data(), tok.data() + 1, 1.0f, true);
+      const double fb = seconds_since(s0);
+      const auto s1 = Clock::now();
+      const zero::StepResult r = engine.step(zero::step_params(cfg, lr, t, 1.0));
+      const double st = seconds_since(s1);
+      if (t == steps) engine.wait_step();
+      const auto s2 = Clock::now();
+      const double total = std::chrono::duration<double>(s2 - s0).count();
+      const zero::TrafficStats b = engine.traffic();
+      const double rd = (b.nvme_read_bytes - a.nvme_read_bytes) / 1e9;
+      const double wr = (b.nvme_write_bytes - a.nvme_write_bytes) / 1e9;
+      std::printf(
+          "step %d: loss %.4f%s, grad norm %.3f, %.2f s (fwd+bwd %.2f s, optimizer %.2f s%s), "
+          "nvme read %.2f GB (%.2f GB/s), write %.2f GB (%.2f GB/s), peak RSS %.2f GiB, device "
+          "peak %.0f MiB",
+          t, loss, std::isfinite(loss) ? "" : " (NOT FINITE)", r.grad_norm, total, fb, st,
+          t == steps ? fmt::format(", its overlapped end {:.2f} s", total - fb - st).c_str() : "",
+          rd, rd / total, wr, wr / total, peak_rss_gib(),
+          engine.memory().device_peak_bytes / 1048576.0);
+      if (bounds) std::printf(", %.2fx the larger bound", total / bounds->larger_overlapped_s());
+      std::printf("\n");
+      std::fflush(stdout);
+      a = b;
+      s0 = s2;
+    }
+    std::printf("pinned pool peak %.0f MiB of %.0f MiB\n",
+                engine.memory().pinned_peak_bytes / 1048576.0,
+                engine.memory().pinned_budget_bytes / 1048576.0);
+    if (bounds && steps > 0) {
+      // A step's updates finish under the next forward, so single steps are skewed (the first
+      // lacks its updates, the last waits for them); their mean is exact.
+      const double mean = std::chrono::duration<double>(s0 - run0).count() / steps;
+      const zero::TrafficBytes& per_step = engine.plan().per_step;
+      std::printf(
+          "summary over %d steps: step %.2f s (mean), nvme read %.2f GB, write %.2f GB per step "
+          "(plan %.2f / %.2f); I/O bound serial %.2f s, overlapped %.2f s, mixed %.2f s; compute "
+          "bound %.2f s\n",
+          steps, mean, (a.nvme_read_bytes - traffic0.nvme_read_bytes) / 1e9 / steps,
+          (a.nvme_write_bytes - traffic0.nvme_write_bytes) / 1e9 / steps, per_step.nvme_read / 1e9,
+          per_step.nvme_write / 1e9, bounds->io.serial_s, bounds->io.overlapped_s,
+          bounds->io.mixed_s, bounds->compute.step_s());
+      std::printf(
+          "step / max(I/O bound, compute bound) = %.2f with the I/O bound overlapped, %.2f "
+          "serial, %.2f mixed (goal <= 1.15)\n",
+          mean / bounds->larger_overlapped_s(), mean / bounds->larger_serial_s(),
+          mean / bounds->larger_mixed_s());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero_large_bench: %s\n", e.what());
+    return 1;
   }
-  std::printf("pinned pool peak %.0f MiB of %.0f MiB\n",
-              engine.memory().pinned_peak_bytes / 1048576.0,
-              engine.memory().pinned_budget_bytes / 1048576.0);
-  return 0;
 }
