@@ -144,6 +144,14 @@ class CudaDevice final : public Device {
     return std::make_unique<CudaStream>(std::move(name), ordinal_);
   }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(ordinal_); }
+  void register_host(void* ptr, size_t bytes) override {
+    CUDA_CHECK(cudaSetDevice(ordinal_));
+    CUDA_CHECK(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable));
+  }
+  void unregister_host(void* ptr) noexcept override {
+    cudaSetDevice(ordinal_);
+    cudaHostUnregister(ptr);
+  }
   uint64_t free_memory_bytes() const override {
     CUDA_CHECK(cudaSetDevice(ordinal_));
     size_t free = 0, total = 0;

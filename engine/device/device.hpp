@@ -178,6 +178,11 @@ class Device {
   // Bytes the hardware itself can still allocate (a GPU: cudaMemGetInfo's free bytes), or 0
   // when only the budget limits allocations (the simulated device).
   virtual uint64_t free_memory_bytes() const { return 0; }
+  // Registers host memory for this device's copies (a GPU: cudaHostRegister, so copies from
+  // and to it run asynchronously at full speed) / undoes it. No-ops on the simulated device.
+  // unregister_host never throws.
+  virtual void register_host(void* /*ptr*/, size_t /*bytes*/) {}
+  virtual void unregister_host(void* /*ptr*/) noexcept {}
 
   // A new stream / event, owned by the caller.
   virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;

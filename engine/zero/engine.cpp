@@ -123,9 +123,13 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   grad = device.create_stream("zero-grad");
   comm_stream = device.create_stream("zero-comm");
   comm_done = device.create_event();
+  device::Device* dev = &device;  // the pool's region is registered for the device's copies
   pool = std::make_unique<swap::PinnedPool>(swap::PinnedPoolOptions{
       .budget_bytes = plan.pinned_pool_bytes,
-      .lock = z.offload_param.pin_memory && z.offload_optimizer.pin_memory});
+      .lock = z.offload_param.pin_memory && z.offload_optimizer.pin_memory,
+      .hook = {
+          .on_register = [dev](std::span<std::byte> r) { dev->register_host(r.data(), r.size()); },
+          .on_unregister = [dev](std::span<std::byte> r) { dev->unregister_host(r.data()); }}});
 
   if (p.nvme_param_units > 0 || p.optimizer == Tier::kNvme)
     aio = std::make_unique<aio::Engine>(aio_options(cfg.aio), options.io_backend);
