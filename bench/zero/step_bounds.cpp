@@ -113,23 +113,26 @@ IoBound io_bound(const DriveRates& rates, uint64_t read_bytes, uint64_t write_by
           .mixed_s = static_cast<double>(read_bytes + write_bytes) / 1e9 / rates.mixed_gbps};
 }
 
-ComputeTimes measure_compute(const model::LlamaModel& model, int64_t micro_batches, int reps,
-                             bool cpu_checkpointing) {
+ComputeTimes measure_compute(const model::LlamaModel& model, device::Device& dev,
+                             int64_t micro_batches, int reps, bool cpu_checkpointing) {
   if (reps < 1) throw InvalidArgument(fmt::format("measure_compute: reps {} (>= 1)", reps));
   const model::ModelLayout& layout = model.layout();
   const int embed = 0, layer = 1, head = model.num_units() - 1;
   const DType dtype = model.options().param_dtype;
-  // Parameters and fp32 gradients of the three units timed.
-  std::vector<AlignedBuffer> params, grads;
+  // Parameters and fp32 gradients of the three units timed, on `dev`.
+  std::vector<device::DeviceBuffer> params, grads;
+  const std::unique_ptr<device::Stream> copy = dev.create_stream("bench-upload");
   for (int u : {embed, layer, head}) {
     const size_t n = layout.units[u].padded_numel;
     std::vector<float> init(n);
     model::init_params(layout, u, 1, 0, n, init.data());
-    params.emplace_back(n * dtype_size(dtype));
-    model::convert_from_fp32(init.data(), params.back().data(), dtype, n);
-    grads.emplace_back(n * sizeof(float));
+    std::vector<std::byte> host(n * dtype_size(dtype));
+    model::convert_from_fp32(init.data(), host.data(), dtype, n);
+    params.push_back(dev.alloc(host.size(), "bench parameters"));
+    copy->copy_h2d(params.back().data(), host.data(), host.size());
+    copy->synchronize();
+    grads.push_back(dev.alloc(n * sizeof(float), "bench gradients"));
   }
-  device::CpuDevice dev;
   model::ActivationBuffers acts(model, dev, cpu_checkpointing);
   const int64_t vocab = model.config().vocab_size;
   std::vector<int32_t> tokens(static_cast<size_t>(model.tokens()));
@@ -139,7 +142,7 @@ ComputeTimes measure_compute(const model::LlamaModel& model, int64_t micro_batch
     targets[i] = static_cast<int32_t>((i * 104729 + 1) % vocab);
   }
   const bool tied = model.config().tie_word_embeddings;
-  float* g_embed = grads[0].as<float>().data();
+  float* g_embed = grads[0].as<float>();
   // The head reads the decoder's output: the values it would see behind any layer count.
   float* hidden = acts.unit_input(layer + 1);
   std::vector<double> embed_s, decoder_s, head_s;
@@ -162,7 +165,7 @@ ComputeTimes measure_compute(const model::LlamaModel& model, int64_t micro_batch
                           .targets = targets.data(),
                           .input = hidden,
                           .grad_input = acts.grad(),
-                          .grads = grads[2].as<float>().data(),
+                          .grads = grads[2].as<float>(),
                           .tied_grads = tied ? g_embed : nullptr,
                           .scratch = acts.scratch()});
     const double h = seconds_since(t);
@@ -171,7 +174,7 @@ ComputeTimes measure_compute(const model::LlamaModel& model, int64_t micro_batch
                            .input = acts.unit_input(layer),
                            .grad_output = acts.grad(),
                            .grad_input = acts.grad(),
-                           .grads = grads[1].as<float>().data(),
+                           .grads = grads[1].as<float>(),
                            .saved = acts.saved(layer),
                            .scratch = acts.scratch()});
     d += seconds_since(t);

@@ -64,10 +64,11 @@ struct ComputeTimes {
 
 // Times one warm-up and `reps` (>= 1; InvalidArgument otherwise) passes over the embedding,
 // decoder layer 1 and the head of `model` on `micro_batches` micro-batches per step, with
-// parameters from model::init_params and buffers allocated here (the three units' parameters
-// and fp32 gradients, the activations of one micro-batch); `cpu_checkpointing` as the
-// training run's. Uses every BLAS thread, as training does: run it alone.
-ComputeTimes measure_compute(const model::LlamaModel& model, int64_t micro_batches, int reps,
-                             bool cpu_checkpointing);
+// parameters from model::init_params and buffers allocated here on `dev` (the three units'
+// parameters and fp32 gradients, the activations of one micro-batch; the model's backend must
+// compute on `dev`'s memory); `cpu_checkpointing` as the training run's. Uses every BLAS
+// thread (or the GPU), as training does: run it alone.
+ComputeTimes measure_compute(const model::LlamaModel& model, device::Device& dev,
+                             int64_t micro_batches, int reps, bool cpu_checkpointing);
 
 }  // namespace outcore::bench

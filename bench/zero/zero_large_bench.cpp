@@ -14,10 +14,16 @@
 // work that overlaps the next forward counts once: single steps are skewed by it (the first
 // lacks its updates, the last waits for its own), the mean over the steps is exact.
 //
+// With --device cuda the model computes on GPU 0 (the engine's device budget --device-mb,
+// e.g. 70000 for a 7B model on an 80 GB GPU with --hidden 4096 --intermediate 11008
+// --layers 32 --heads 32 --kv-heads 32), the compute bound is the same units in GPU memory, and
+// the summary prints model TFLOP/s streamed and in memory (and MFU with --peak-tflops).
+//
 //   zero_large_bench [--hidden 2560] [--intermediate 6912] [--layers 34] [--heads 20]
 //                    [--kv-heads 4] [--vocab 32000] [--seq 128] [--micro 1] [--steps 3]
 //                    [--nvme DIR] [--device-mb 2048] [--sub-group 10000000] [--lr 2e-3]
-//                    [--ref-gib 4] [--compute-reps 3] [--skip-bounds]
+//                    [--ref-gib 4] [--compute-reps 3] [--skip-bounds] [--device cpu|cuda]
+//                    [--peak-tflops T]
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +33,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -100,8 +107,8 @@ struct Bounds {
 };
 
 Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
-                      const config::Config& cfg, const std::string& dir, double ref_gib,
-                      int compute_reps) {
+                      device::Device& compute_dev, const config::Config& cfg,
+                      const std::string& dir, double ref_gib, int compute_reps) {
   const uint64_t read = plan.per_step.nvme_read, write = plan.per_step.nvme_write;
   const aio::Options aio = zero::aio_options(cfg.aio);
   constexpr uint64_t kSpan = 32ull << 20;
@@ -114,9 +121,10 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
   std::fflush(stdout);
   const bench::DriveRates rates = bench::measure_drive(
       dir, static_cast<uint64_t>(ref_gib * (1ull << 30)), kSpan, read_fraction, aio);
-  const Bounds b{bench::io_bound(rates, read, write),
-                 bench::measure_compute(model, plan.micro_batches_per_step, compute_reps,
-                                        cfg.activation_checkpointing.cpu_checkpointing)};
+  const Bounds b{
+      bench::io_bound(rates, read, write),
+      bench::measure_compute(model, compute_dev, plan.micro_batches_per_step, compute_reps,
+                             cfg.activation_checkpointing.cpu_checkpointing)};
   std::printf(
       "drive (aio engine, %.2f GB per pass): write %.2f GB/s, read %.2f GB/s, mixed %.2f GB/s "
       "(%.0f%% reads)\n",
@@ -166,6 +174,8 @@ int main(int argc, char** argv) {
   int steps = 3, compute_reps = 3;
   double lr = 2e-3, ref_gib = 4;
   bool skip_bounds = false;
+  std::string device_kind = "cpu";
+  double peak_tflops = 0;
   std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_large_swap";
   CLI::App app("ZeRO-3 with everything on NVMe for a model larger than RAM");
   app.add_option("--hidden", hidden);
@@ -184,6 +194,12 @@ int main(int argc, char** argv) {
   app.add_option("--ref-gib", ref_gib, "size of the drive reference file in the swap directory");
   app.add_option("--compute-reps", compute_reps, "timed passes of the compute bound's units");
   app.add_flag("--skip-bounds", skip_bounds, "measure neither the I/O nor the compute bound");
+  app.add_option("--device", device_kind,
+                 "cpu (the simulated device) or cuda (GPU 0: the model computes there, the compute "
+                 "bound is the same units in GPU memory)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--peak-tflops", peak_tflops,
+                 "the device's peak TFLOP/s for the GEMMs' dtype (fp32 here): prints MFU");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -196,10 +212,22 @@ int main(int argc, char** argv) {
     mc.head_dim = hidden / heads;
     mc.vocab_size = vocab;
     mc.max_position_embeddings = seq;
-    const model::LlamaModel model(mc, {.micro_batch = micro,
-                                       .seq_len = seq,
-                                       .param_dtype = DType::BF16,
-                                       .activation_checkpointing = true});
+    const uint64_t budget = static_cast<uint64_t>(device_mb) << 20;
+    std::unique_ptr<device::Device> dev, compute_dev;
+    if (device_kind == "cuda") {
+      dev = device::make_cuda_device({.memory_budget_bytes = budget});
+      compute_dev = device::make_cuda_device();
+    } else {
+      dev = std::make_unique<device::CpuDevice>(device::CpuDeviceOptions{budget});
+      compute_dev = std::make_unique<device::CpuDevice>();
+    }
+    std::printf("device: %s\n", dev->name().c_str());
+    const model::LlamaModel model(mc,
+                                  {.micro_batch = micro,
+                                   .seq_len = seq,
+                                   .param_dtype = DType::BF16,
+                                   .activation_checkpointing = true},
+                                  model::make_backend(*dev));
     std::filesystem::create_directories(nvme);
     const config::Config cfg = make_config(micro, sub_group, nvme, device_mb);
     const double params = static_cast<double>(mc.num_parameters());
@@ -209,12 +237,11 @@ int main(int argc, char** argv) {
         params / 1e9, params * 16 / (1ull << 30), params * 16 / (1ull << 30) / mem_total_gib(),
         mem_total_gib());
 
-    device::CpuDevice dev({.memory_budget_bytes = cfg.outcore.device_memory_mb << 20});
     comm::LocalComm comm;
     zero::EngineOptions eo;
     eo.gradients = zero::GradientPlacement::kNvme;
     const auto t0 = Clock::now();
-    zero::ZeroEngine engine(cfg, model, dev, comm, 2024, eo);
+    zero::ZeroEngine engine(cfg, model, *dev, comm, 2024, eo);
     std::fputs(zero::format_plan(engine.plan()).c_str(), stdout);
     std::printf("initialised in %.1f s (peak RSS so far %.2f GiB)\n", seconds_since(t0),
                 peak_rss_gib());
@@ -222,7 +249,7 @@ int main(int argc, char** argv) {
 
     std::optional<Bounds> bounds;
     if (!skip_bounds) {
-      bounds = measure_bounds(engine.plan(), model, cfg, nvme, ref_gib, compute_reps);
+      bounds = measure_bounds(engine.plan(), model, *compute_dev, cfg, nvme, ref_gib, compute_reps);
       reset_peak_rss();
     }
 
@@ -279,6 +306,17 @@ int main(int argc, char** argv) {
           "serial, %.2f mixed (goal <= 1.15)\n",
           mean / bounds->larger_overlapped_s(), mean / bounds->larger_serial_s(),
           mean / bounds->larger_mixed_s());
+      // Model FLOPs (3x forward, recomputation not counted) per second, streamed vs in memory.
+      const double flops = mc.train_flops_per_token(seq) * static_cast<double>(micro * seq) *
+                           static_cast<double>(engine.plan().micro_batches_per_step);
+      const double streamed = flops / mean / 1e12,
+                   resident = flops / bounds->compute.step_s() / 1e12;
+      std::printf("model TFLOP/s: %.3f streamed, %.3f with the units in memory (%.2f of it)",
+                  streamed, resident, streamed / resident);
+      if (peak_tflops > 0)
+        std::printf("; MFU %.1f%% streamed, %.1f%% in memory (peak %.1f TFLOP/s)",
+                    100 * streamed / peak_tflops, 100 * resident / peak_tflops, peak_tflops);
+      std::printf("\n");
     }
     return 0;
   } catch (const std::exception& e) {
