@@ -57,10 +57,10 @@ void accumulate_ranks(float* acc, const float* shards, size_t n, int world, bool
 }
 
 // What a device the host cannot read (a GPU) supports: the model computes there and every
-// transfer is a stream copy, but CPU Adam needs the optimizer state in host memory or swap
-// files, and the collectives of several ranks run on host memory (MPI).
-void check_discrete_device(const detail::Geometry& g, const device::Device& device,
-                           const comm::Comm& comm) {
+// transfer is a stream copy (several ranks: their collectives run on host memory, through
+// pinned copy-back and gather buffers), but CPU Adam needs the optimizer state in host memory
+// or swap files.
+void check_discrete_device(const detail::Geometry& g, const device::Device& device) {
   for (size_t u = 0; u < g.units.size(); ++u)
     if (g.placement.optimizer_home(u) == Tier::kDevice)
       throw ConfigError(
@@ -70,12 +70,6 @@ void check_discrete_device(const detail::Geometry& g, const device::Device& devi
               "Adam; use offload_optimizer.device cpu or nvme with ratio 1{}",
               u, device.name(),
               g.placement.stage == 0 ? " and ZeRO stage 1 or higher (stage 0 ignores it)" : ""));
-  if (comm.world_size() > 1)
-    throw InvalidArgument(fmt::format(
-        "zero: {} ranks on {}: collectives on device memory need NCCL, which the engine does "
-        "not drive yet; train one rank per process group on the GPU, or use the simulated "
-        "device (--device cpu)",
-        comm.world_size(), device.name()));
 }
 
 }  // namespace
@@ -110,7 +104,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
       executor(options.cpu_threads),
       train_sched(detail::train_schedule(model)),
       eval_sched(detail::eval_schedule(model)) {
-  if (!device.host_accessible()) check_discrete_device(g, device, comm);
+  if (!device.host_accessible()) check_discrete_device(g, device);
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
   limits_at_start = limits;
   limits.device = device_limit(device);
@@ -159,6 +153,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
       grad_buffers.push_back(pool->acquire(pl.grad_slot_bytes));
   }
   if (pl.grad_copy_back_bytes > 0) grad_copy_back = pool->acquire(pl.grad_copy_back_bytes);
+  if (pl.param_gather_bytes > 0) param_gather = pool->acquire(pl.param_gather_bytes);
   for (const detail::UnitGeometry& ug : g.units) {
     norm_block_off.push_back(norm_blocks.size());
     norm_blocks.resize(norm_blocks.size() + ug.part / detail::kNormBlock);
@@ -181,6 +176,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
                                                              comm, std::move(fetch_buffers),
                                                              traffic, std::move(co));
     coordinator->set_before_fetch([this](int unit) { wait_unit(unit); });
+    if (param_gather.valid()) coordinator->set_gather_buffer(param_gather.data());
   }
   for (size_t u = 0; u < g.units.size(); ++u) {
     const size_t bytes = g.units[u].accum_len * sizeof(float);
@@ -260,12 +256,26 @@ device::DeviceBuffer ZeroEngine::Impl::alloc_grad_slab(int unit) {
 // then the world's contributions added rank by rank into this rank's reduced partition of
 // the accumulator (grad stream), device-to-host when the accumulator lives in host memory.
 // Below stage 2 the accumulator is the full slab and only the partition at red_off is
-// accumulated; step() gathers the rest (stage 0) or needs only that (stage 1).
+// accumulated; step() gathers the rest (stage 0) or needs only that (stage 1). On a device the
+// host cannot read, the slab is first copied back to pinned memory (grad stream), and the
+// all_to_all runs there.
 void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool first) {
   const detail::UnitGeometry& ug = g.units[unit];
-  InFlightGrad f{std::move(slab), device.create_event(), device.create_event()};
+  InFlightGrad f{std::move(slab), device.create_event(), device.create_event(),
+                 device.create_event()};
   float* shards = f.slab.as<float>();
   const int world = g.world;
+  if (!g.device_host_accessible) {
+    // The grad stream handles one slab at a time (its next copy-back is queued after this
+    // slab's accumulation), so one copy-back buffer serves every unit.
+    float* host = grad_copy_back.as<float>().data();
+    grad->copy_d2h(host, shards, ug.padded * sizeof(float));
+    shards = host;
+    if (world > 1) {
+      grad->record(*f.copied);
+      comm_stream->wait(*f.copied);
+    }
+  }
   if (world > 1) {
     comm::Comm* c = &comm;
     const size_t padded = ug.padded;
@@ -274,13 +284,6 @@ void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool fi
     grad->wait(*f.reduced);
   }
   const size_t n = ug.part;
-  if (!g.device_host_accessible) {
-    // The host cannot read the slab: copy it back first (world 1 here, so n == padded). The
-    // grad stream handles one slab at a time, so one copy-back buffer serves every unit.
-    float* host = grad_copy_back.as<float>().data();
-    grad->copy_d2h(host, shards, ug.padded * sizeof(float));
-    shards = host;
-  }
   if (g.placement.gradients == Tier::kNvme) {
     // The partition's sum so far lives in a swap file: read it (later micro-batches), add,
     // take its block sums of squares (the step's norm uses the last micro-batch's), write it

@@ -94,6 +94,8 @@ struct ZeroEngine::Impl {
   std::vector<swap::TensorId> grad_ids;
   std::vector<swap::PinnedBuffer> grad_buffers;  // [0]: accumulation; [k]: unit steps
   swap::PinnedBuffer grad_copy_back;             // gradient slabs of a device the host cannot read
+  // Several ranks on such a device: parameters are gathered here, then copied up whole.
+  swap::PinnedBuffer param_gather;
   // The gradient norm's partial sums of squares, one per detail::kNormBlock elements of this
   // rank's reduced partitions, unit after unit (norm_block_off[u]: unit u's first). Summed
   // in slab order across ranks, so the norm does not depend on the world size.
@@ -123,6 +125,7 @@ struct ZeroEngine::Impl {
   struct InFlightGrad {
     device::DeviceBuffer slab;
     std::unique_ptr<device::Event> reduced, done;
+    std::unique_ptr<device::Event> copied;  // back in host memory (device the host cannot read)
   };
   std::deque<InFlightGrad> in_flight;
 

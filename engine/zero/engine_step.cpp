@@ -116,10 +116,11 @@ void ZeroEngine::Impl::finish_publish(int unit, size_t slot, bool staged) {
   const detail::UnitGeometry& ug = g.units[unit];
   const size_t bytes = ug.own_len * g.param_bytes;
   PublishSlot* s = staged ? &publish_slots.at(slot) : nullptr;
+  const bool host_gather = g.host_gathers() && (p.stage == 1 || p.stage == 2);
   if (staged) {
     if (p.stage == 3 && home->tier(unit) == Tier::kNvme) {
       s->write = home->start_write(unit, s->buf.data());
-    } else {
+    } else if (!host_gather) {
       std::byte* dst = p.stage < 3 ? full_params[unit].as<std::byte>() + ug.own_off * g.param_bytes
                                    : home->resident(unit);
       copy->copy_h2d(dst, s->buf.data(), bytes);
@@ -127,6 +128,23 @@ void ZeroEngine::Impl::finish_publish(int unit, size_t slot, bool staged) {
       copy->record(*s->copied);
       s->copy_pending = true;
     }
+  }
+  if (host_gather) {
+    // The device's memory is not the host's: gather in pinned memory (the comm stream runs
+    // one gather at a time, so one buffer serves), then copy the whole slab up. Staged is
+    // true here (the parameters' home is the device, the optimizer's is not).
+    std::byte* gather = param_gather.data();
+    const std::byte* src = s->buf.data();
+    const size_t full_bytes = ug.padded * g.param_bytes;
+    comm::Comm* c = &comm;
+    comm_stream->enqueue([c, src, gather, bytes, full_bytes] {
+      c->all_gather_bytes({src, bytes}, {gather, full_bytes});
+    });
+    comm_stream->copy_h2d(full_params[unit].data(), gather, full_bytes);
+    traffic.h2d += full_bytes;
+    comm_stream->record(*s->copied);
+    s->copy_pending = true;
+    return;
   }
   if (p.stage == 1 || p.stage == 2) {
     // Every rank holds the full slab: gather the other ranks' new partitions.

@@ -40,6 +40,9 @@ struct Geometry {
   // False for a device whose memory the host cannot read (a GPU): gradient slabs come back to
   // host memory through a pinned copy-back buffer before they are accumulated.
   bool device_host_accessible = true;
+  // Parameters are all-gathered in pinned host memory and copied to the device whole (several
+  // ranks on a device the host cannot read: the collectives run on host memory).
+  bool host_gathers() const { return !device_host_accessible && world > 1; }
 
   // Bytes of optimizer state per owned element: fp32 master + two moments (12 or 8).
   size_t optimizer_elem_bytes() const { return sizeof(float) + 2 * dtype_size(moments); }

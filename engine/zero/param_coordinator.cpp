@@ -93,6 +93,7 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
   s.buf = device_.alloc(full_bytes, fmt::format("gathered parameters of unit {}", unit));
   std::byte* slab = s.buf.as<std::byte>();
   std::byte* own = slab + static_cast<size_t>(g_.rank) * part_bytes;
+  if (gather_ != nullptr) return start_host_gather(unit, fetch_buffer);
   switch (home_.tier(unit)) {
     case Tier::kNvme: {
       std::byte* staging = fetch_buffers_.at(fetch_buffer).data();
@@ -121,6 +122,49 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
   comm_stream_.enqueue([c, slab, own, part_bytes, full_bytes] {
     c->all_gather_bytes({own, part_bytes}, {slab, full_bytes});
   });
+  comm_stream_.record(*s.ready);
+}
+
+void ParamCoordinator::start_host_gather(int unit, int fetch_buffer) {
+  Slot& s = slots_[unit];
+  const UnitGeometry& ug = g_.units[unit];
+  const size_t part_bytes = ug.part * g_.param_bytes;
+  const size_t full_bytes = ug.padded * g_.param_bytes;
+  std::byte* gather = gather_;
+  std::byte* own = gather + static_cast<size_t>(g_.rank) * part_bytes;
+  const std::byte* src = nullptr;  // this rank's partition in host memory
+  switch (home_.tier(unit)) {
+    case Tier::kNvme: {
+      std::byte* staging = fetch_buffers_.at(fetch_buffer).data();
+      const swap::SwapTicket t = home_.start_read(unit, staging);
+      swap::Swapper* sw = home_.swapper();
+      copy_.enqueue([sw, t, unit] {
+        OUTCORE_TRACE_SPAN("swap wait", "wait", {.unit = unit});
+        sw->wait(t);
+      });
+      src = staging;
+      break;
+    }
+    case Tier::kDevice:
+      break;  // copied down into the gather buffer below
+    case Tier::kPinned:
+    case Tier::kHost:
+      src = home_.resident(unit);
+      break;
+  }
+  copy_.record(*s.copied);
+  comm_stream_.wait(*s.copied);
+  if (src == nullptr) {
+    comm_stream_.copy_d2h(own, home_.resident(unit), part_bytes);
+    traffic_.d2h += part_bytes;
+    src = own;
+  }
+  comm::Comm* c = &comm_;
+  comm_stream_.enqueue([c, src, gather, part_bytes, full_bytes] {
+    c->all_gather_bytes({src, part_bytes}, {gather, full_bytes});
+  });
+  comm_stream_.copy_h2d(s.buf.data(), gather, full_bytes);
+  traffic_.h2d += full_bytes;
   comm_stream_.record(*s.ready);
 }
 

@@ -92,6 +92,10 @@ class ParamCoordinator final : private ResidencyActions {
   // Called with a unit before its partition is read for a fetch (the engine waits there for
   // an optimizer step still writing that unit's new parameters). Null: nothing to wait for.
   void set_before_fetch(std::function<void(int)> fn) { before_fetch_ = std::move(fn); }
+  // Several ranks on a device the host cannot read (Geometry::host_gathers): every fetch
+  // gathers the ranks' partitions in `buf` (pinned, one full slab) on the comm stream, then
+  // copies the whole slab up. Fetches are serialized on the comm stream, so one buffer serves.
+  void set_gather_buffer(std::byte* buf) { gather_ = buf; }
 
  private:
   struct Slot {
@@ -100,6 +104,7 @@ class ParamCoordinator final : private ResidencyActions {
   };
 
   void start_fetch(int unit, int fetch_buffer) override;
+  void start_host_gather(int unit, int fetch_buffer);  // start_fetch with gather_ set
   void wait_fetched(int unit) override;
   void free_slab(int unit) override;
 
@@ -113,6 +118,7 @@ class ParamCoordinator final : private ResidencyActions {
   TrafficCounters& traffic_;
   std::vector<Slot> slots_;
   std::function<void(int)> before_fetch_;
+  std::byte* gather_ = nullptr;
   ResidencyPolicy policy_;  // last: its calls reach the members above
 };
 

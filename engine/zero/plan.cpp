@@ -156,13 +156,15 @@ PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, bool re
   }
   if (!g.device_host_accessible)
     l.grad_copy_back_bytes = align_up(g.max_padded * sizeof(float), kIoAlignment);
+  if (g.host_gathers() && p.stage >= 1)
+    l.param_gather_bytes = align_up(g.max_padded * g.param_bytes, kIoAlignment);
   return l;
 }
 
 uint64_t PinnedLayout::total() const {
   return param_partitions + fetch_slots * fetch_slot_bytes +
          writeback_slots * writeback_slot_bytes + concurrent_steps * optimizer_lease_bytes +
-         grad_slots * grad_slot_bytes + grad_copy_back_bytes;
+         grad_slots * grad_slot_bytes + grad_copy_back_bytes + param_gather_bytes;
 }
 
 PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g) {
@@ -235,7 +237,14 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
     for (size_t u = 0; u < g.units.size(); ++u) {
       const uint64_t bytes = fetches[u] * g.units[u].part * g.param_bytes;
       if (p.param_home(u) == Tier::kNvme) t.nvme_read += bytes;
-      if (p.param_home(u) != Tier::kDevice) t.h2d += bytes;
+      if (g.host_gathers()) {
+        // Gathered in pinned memory (a device-resident partition copied there first), then
+        // the whole slab goes up.
+        if (p.param_home(u) == Tier::kDevice) t.d2h += bytes;
+        t.h2d += fetches[u] * g.units[u].padded * g.param_bytes;
+      } else if (p.param_home(u) != Tier::kDevice) {
+        t.h2d += bytes;
+      }
       t.comm += (g.world - 1) * bytes;  // every fetch gathers the other ranks' partitions
     }
   }
@@ -266,7 +275,9 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
     const uint64_t lowp = u.own_len * g.param_bytes;
     if (p.param_home(unit) == Tier::kNvme) t.nvme_write += lowp;
     if (p.param_home(unit) == Tier::kDevice && p.optimizer_home(unit) != Tier::kDevice)
-      t.h2d += lowp;
+      t.h2d += g.host_gathers() && (p.stage == 1 || p.stage == 2)
+                   ? u.padded * g.param_bytes  // gathered in pinned memory, copied up whole
+                   : lowp;
   }
 }
 
@@ -386,6 +397,8 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
       pl.grad_slots * pl.grad_slot_bytes);
   add(plan, Tier::kPinned, "gradient copy-back buffer (device -> host, one slab)",
       pl.grad_copy_back_bytes);
+  add(plan, Tier::kPinned, "parameter gather buffer (ranks gather on the host, one slab)",
+      pl.param_gather_bytes);
   plan.pinned_pool_bytes =
       pinned_limit > 0 ? pinned_limit : std::max<uint64_t>(pl.total(), kIoAlignment);
 

@@ -39,6 +39,7 @@ struct PinnedLayout {
   size_t grad_slots = 0;  // NVMe gradients: accumulation staging and one per unit step
   uint64_t grad_slot_bytes = 0;
   uint64_t grad_copy_back_bytes = 0;  // a device the host cannot read: one gradient slab
+  uint64_t param_gather_bytes = 0;    // and several ranks: one parameter slab
   uint64_t total() const;
 };
 PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, bool reduced);

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -77,7 +78,9 @@ class DataParallel : public ::testing::Test {
   // Runs dp_worker at world `np` (1: without mpirun) and returns its result file's bytes.
   std::string train(const std::string& name, int np, int gas, int steps = 10,
                     const std::string& extra = "") {
-    const std::string tag = fmt::format("{}_w{}_g{}{}", name, np, gas, extra.empty() ? "" : "_x");
+    const std::string tag = fmt::format(
+        "{}_w{}_g{}{}", name, np, gas,
+        extra.empty() ? "" : fmt::format("_x{}", std::hash<std::string>{}(extra) % 100000));
     const std::string swap = dir_->file("swap_" + tag), out = dir_->file(tag + ".bin");
     fs::create_directories(swap);
     const std::string cmd =
@@ -94,10 +97,12 @@ class DataParallel : public ::testing::Test {
     return read_all(out);
   }
 
-  void expect_same(const std::string& name, int world, int gas) {
+  // World `world` x gas `gas` against world 1 x gas world*gas (on the host-accessible device);
+  // `extra`: more dp_worker arguments for the many-rank run.
+  void expect_same(const std::string& name, int world, int gas, const std::string& extra = "") {
     if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
     const std::string one = train(name, 1, world * gas);
-    const std::string many = train(name, world, gas);
+    const std::string many = train(name, world, gas, 10, extra);
     ASSERT_GT(one.size(), 10 * 2 * sizeof(double));
     EXPECT_EQ(one.size(), many.size());
     EXPECT_TRUE(one == many) << name << ": world " << world << " x gas " << gas
@@ -143,6 +148,17 @@ TEST_F(DataParallel, Stage1OptimizerNvmeWorld2MatchesWorld1) { expect_same("s1_n
 TEST_F(DataParallel, Stage2CpuBf16World3MatchesWorld1) { expect_same("s2_cpu_bf16", 3, 1); }
 TEST_F(DataParallel, Stage3NvmeWorld2MatchesWorld1) { expect_same("s3_nvme_fp32", 2, 1); }
 TEST_F(DataParallel, Stage3NvmeBf16World3MatchesWorld1) { expect_same("s3_nvme_bf16", 3, 2); }
+// Ranks on a device the host cannot read (a GPU's data path, simulated): the same bits, and
+// every rank's traffic per step equal to the plan (checked inside dp_worker).
+TEST_F(DataParallel, DiscreteDeviceStage1World2MatchesWorld1) {
+  expect_same("s1_nvme_fp32", 2, 2, "--device discrete");
+}
+TEST_F(DataParallel, DiscreteDeviceStage2World3MatchesWorld1) {
+  expect_same("s2_cpu_bf16", 3, 1, "--device discrete");
+}
+TEST_F(DataParallel, DiscreteDeviceStage3NvmeWorld2MatchesWorld1) {
+  expect_same("s3_nvme_bf16", 2, 2, "--device discrete");
+}
 TEST_F(DataParallel, Stage0Fp16WithOverflowWorld2MatchesWorld1) {
   expect_same("s0_fp16", 2, 1);
   // The run starts from a loss scale beyond fp32's range: its first step was skipped (grad

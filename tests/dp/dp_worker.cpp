@@ -6,7 +6,11 @@
 // step. Exit 0 when done, 3 when the traffic differs from the plan.
 //
 //   dp_worker --case s3_nvme_fp32 --gas 2 --steps 10 --train T --val V --swap DIR --out FILE
-//             [--save-dir D --save-every K] [--resume CKPT]
+//             [--save-dir D --save-every K] [--resume CKPT] [--device discrete]
+//
+// `--device discrete` trains on the simulated discrete device (a GPU's data movement: the
+// ranks' collectives run on pinned host memory, gradients copied back, parameters gathered on
+// the host and copied up whole).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -32,6 +36,7 @@ struct Args {
   std::string name, train, val, swap, out, save_dir, resume;
   int64_t save_every = 0;
   int64_t gas = 1, steps = 10;
+  bool discrete = false;
 };
 
 nlohmann::json case_patch(const std::string& name, const std::string& swap, int64_t gas) {
@@ -128,6 +133,7 @@ int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
   o.save_dir = a.save_dir;
   o.save_every = a.save_every;
   o.resume_from = a.resume;
+  o.discrete = a.discrete;
   std::vector<double> losses, norms;
   int bad_traffic = 0;
   std::unique_ptr<Trainer> tr;
@@ -229,6 +235,8 @@ int main(int argc, char** argv) {
       a.save_every = std::stoll(v);
     else if (k == "--resume")
       a.resume = v;
+    else if (k == "--device")
+      a.discrete = v == "discrete";
   }
   try {
     return outcore::train::testing::run(a);
