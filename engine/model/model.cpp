@@ -138,7 +138,8 @@ float LlamaModel::backward(int unit, const BackwardArgs& args) const {
   return loss;
 }
 
-ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing) {
+ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing,
+                                bool device_host_accessible) {
   using device::charged_bytes;
   ActivationPlan p;
   const int L = static_cast<int>(model.config().num_hidden_layers);
@@ -154,24 +155,27 @@ ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing)
     p.host_bytes = ckpt_charged;
   else
     p.device_bytes += ckpt_charged;
+  if (cpu_checkpointing && !device_host_accessible) p.device_bytes += 2 * charged_bytes(hb);
   return p;
 }
 
 ActivationBuffers::ActivationBuffers(const LlamaModel& model, device::Device& device,
                                      bool cpu_checkpointing)
-    : model_(model) {
-  if (cpu_checkpointing && !device.host_accessible())
-    throw ConfigError("activation_checkpointing.cpu_checkpointing",
-                      fmt::format("checkpoints in host memory are read in place by the model, "
-                                  "which device {} cannot do; set it to false",
-                                  device.name()));
+    : model_(model), device_(device), staged_(cpu_checkpointing && !device.host_accessible()) {
   const int L = static_cast<int>(model.config().num_hidden_layers);
+  if (staged_) {
+    for (int k = 0; k < 2; ++k)
+      staging_[k] = device.alloc(model.hidden_bytes(), "staged unit input");
+    copy_ = device.create_stream("activation-checkpoints");
+  }
   for (int u = 1; u <= L + 1; ++u) {
-    if (cpu_checkpointing)
+    if (cpu_checkpointing) {
       host_inputs_.emplace_back(model.hidden_bytes());
-    else
+      if (staged_) device.register_host(host_inputs_.back().data(), model.hidden_bytes());
+    } else {
       device_inputs_.push_back(
           device.alloc(model.hidden_bytes(), fmt::format("input of unit {}", u)));
+    }
   }
   for (int u = 1; u <= L; ++u)
     saved_.push_back(
@@ -180,11 +184,30 @@ ActivationBuffers::ActivationBuffers(const LlamaModel& model, device::Device& de
   grad_ = device.alloc(model.hidden_bytes(), "activation gradient");
 }
 
+ActivationBuffers::~ActivationBuffers() {
+  if (!staged_) return;
+  for (AlignedBuffer& b : host_inputs_) device_.unregister_host(b.data());
+}
+
 float* ActivationBuffers::unit_input(int unit) {
   const size_t i = static_cast<size_t>(unit) - 1;
   if (unit < 1 || i >= std::max(host_inputs_.size(), device_inputs_.size()))
     throw InvalidArgument(fmt::format("activation buffers: unit {} has no input buffer", unit));
+  if (staged_) return staging_[unit % 2].as<float>();
   return host_inputs_.empty() ? device_inputs_[i].as<float>() : host_inputs_[i].as<float>().data();
+}
+
+void ActivationBuffers::after_forward(int unit) {
+  if (!staged_ || unit + 1 > static_cast<int>(host_inputs_.size())) return;
+  copy_->copy_d2h(host_inputs_[unit].data(), staging_[(unit + 1) % 2].data(),
+                  model_.hidden_bytes());
+  copy_->synchronize();
+}
+
+void ActivationBuffers::before_backward(int unit) {
+  if (!staged_ || unit < 1 || unit > static_cast<int>(host_inputs_.size())) return;
+  copy_->copy_h2d(staging_[unit % 2].data(), host_inputs_[unit - 1].data(), model_.hidden_bytes());
+  copy_->synchronize();
 }
 
 std::span<std::byte> ActivationBuffers::saved(int unit) {
@@ -208,13 +231,17 @@ float train_micro_batch(const LlamaModel& model, const ModelBuffers& buffers,
     throw InvalidArgument(
         fmt::format("train_micro_batch: need {} parameter and gradient slabs", units));
   model.forward(0, {.params = buffers.params[0], .tokens = tokens, .output = acts.unit_input(1)});
-  for (int u = 1; u < head; ++u)
+  acts.after_forward(0);
+  for (int u = 1; u < head; ++u) {
     model.forward(u, {.params = buffers.params[u],
                       .input = acts.unit_input(u),
                       .output = acts.unit_input(u + 1),
                       .saved = acts.saved(u),
                       .scratch = acts.scratch()});
+    acts.after_forward(u);
+  }
   const bool tied = model.config().tie_word_embeddings;
+  acts.before_backward(head);
   const float loss = model.backward(head, {.params = buffers.params[head],
                                            .tied_params = tied ? buffers.params[0] : nullptr,
                                            .targets = targets,
@@ -225,7 +252,8 @@ float train_micro_batch(const LlamaModel& model, const ModelBuffers& buffers,
                                            .mode = mode,
                                            .loss_scale = loss_scale,
                                            .scratch = acts.scratch()});
-  for (int u = head - 1; u >= 1; --u)
+  for (int u = head - 1; u >= 1; --u) {
+    acts.before_backward(u);
     model.backward(u, {.params = buffers.params[u],
                        .input = acts.unit_input(u),
                        .grad_output = acts.grad(),
@@ -234,6 +262,7 @@ float train_micro_batch(const LlamaModel& model, const ModelBuffers& buffers,
                        .mode = mode,
                        .saved = acts.saved(u),
                        .scratch = acts.scratch()});
+  }
   model.backward(0, {.params = buffers.params[0],
                      .tokens = tokens,
                      .grad_output = acts.grad(),

@@ -321,23 +321,35 @@ struct ActivationPlan {
   uint64_t grad_bytes = 0;        // one activation-gradient buffer (updated in place)
   uint64_t scratch_bytes = 0;     // the shared workspace
   // Charged device bytes (device::charged_bytes of each device allocation). The checkpoints
-  // are on the device unless cpu_checkpointing, then they count in host_bytes.
+  // are on the device unless cpu_checkpointing, then they count in host_bytes (and, on a
+  // device the host cannot read, two staging inputs on the device count in device_bytes).
   uint64_t device_bytes = 0;
   uint64_t host_bytes = 0;
 };
-ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing);
+ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing,
+                                bool device_host_accessible = true);
 
 // The activation buffers of one micro-batch, allocated from `device` (budgeted), except the
 // unit-input checkpoints, which live in host memory (outside the budget) with
-// cpu_checkpointing: the model reads them in place, so cpu_checkpointing needs a
-// host-accessible device (ConfigError naming the key otherwise). REQUIRES: `device` outlives
-// this object. Throws OutOfMemory.
+// cpu_checkpointing. On a host-accessible device the model reads host checkpoints in place.
+// On a device the host cannot read (a GPU), units compute on two device staging inputs
+// (unit u's input is staging buffer u % 2): after_forward(u) copies unit u's output down to
+// its host checkpoint, before_backward(u) copies unit u's checkpoint back up; both are no-ops
+// in every other case, so a pass calls them unconditionally. REQUIRES: `device` outlives this
+// object. Throws OutOfMemory.
 class ActivationBuffers {
  public:
   ActivationBuffers(const LlamaModel& model, device::Device& device, bool cpu_checkpointing);
+  ~ActivationBuffers();
 
-  // Input of unit `unit` (1..L+1), which is the output of unit-1: [B*T, hidden].
+  // Input of unit `unit` (1..L+1), which is the output of unit-1: [B*T, hidden]. Device
+  // memory (or the host checkpoint read in place, see above).
   float* unit_input(int unit);
+  // Staged checkpoints only (else no-ops): the output of unit `unit` (the input of unit+1)
+  // to its host checkpoint, after unit's forward; unit's input from its host checkpoint,
+  // before unit's backward (1..L+1). Both return once the copy is done.
+  void after_forward(int unit);
+  void before_backward(int unit);
   // Saved internals of decoder unit `unit` (empty with checkpointing or for other units).
   std::span<std::byte> saved(int unit);
   std::span<std::byte> scratch();
@@ -345,8 +357,12 @@ class ActivationBuffers {
 
  private:
   const LlamaModel& model_;
+  device::Device& device_;
   std::vector<device::DeviceBuffer> device_inputs_;
   std::vector<AlignedBuffer> host_inputs_;
+  device::DeviceBuffer staging_[2];       // staged checkpoints: inputs of u % 2
+  std::unique_ptr<device::Stream> copy_;  // staged checkpoints' copies
+  bool staged_ = false;
   std::vector<device::DeviceBuffer> saved_;
   device::DeviceBuffer scratch_, grad_;
 };

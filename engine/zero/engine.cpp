@@ -346,7 +346,9 @@ float ZeroEngine::Impl::forward_backward(const int32_t* tokens, const int32_t* t
                           .output = a.unit_input(u + 1),
                           .saved = a.saved(u),
                           .scratch = a.scratch()});
+      if (u != head) a.after_forward(u);  // staged cpu_checkpointing: output down to the host
     } else if (u == head) {
+      a.before_backward(head);
       if (tied) tied_slab = alloc_grad_slab(0);
       device::DeviceBuffer gs = alloc_grad_slab(head);
       loss = model.backward(head, {.params = params_of(head),
@@ -361,6 +363,7 @@ float ZeroEngine::Impl::forward_backward(const int32_t* tokens, const int32_t* t
                                    .scratch = a.scratch()});
       submit_grads(head, std::move(gs), first);
     } else if (u > 0) {
+      a.before_backward(u);
       device::DeviceBuffer gs = alloc_grad_slab(u);
       model.backward(u, {.params = params_of(u),
                          .input = a.unit_input(u),

@@ -307,7 +307,8 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
 
   // ---- device
   const bool cpu_ckpt = cfg.activation_checkpointing.cpu_checkpointing;
-  const model::ActivationPlan acts = model::plan_activations(model, cpu_ckpt);
+  const model::ActivationPlan acts =
+      model::plan_activations(model, cpu_ckpt, g.device_host_accessible);
   add(plan, Tier::kDevice,
       model.options().activation_checkpointing
           ? "activations (checkpointed unit inputs, scratch)"
