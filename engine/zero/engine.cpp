@@ -211,6 +211,14 @@ ZeroEngine::Impl::~Impl() {
   } catch (const std::exception& e) {
     log::warn("zero: shutting down after a failed optimizer step: {}", e.what());
   }
+  if (step_run.worker.joinable()) {  // idle now: finish_step waited for it
+    {
+      std::lock_guard lock(step_run.m);
+      step_run.quit = true;
+    }
+    step_run.cv.notify_all();
+    step_run.worker.join();
+  }
   for (device::Stream* s : {copy.get(), grad.get(), comm_stream.get()}) {
     if (s == nullptr) continue;
     try {

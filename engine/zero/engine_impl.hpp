@@ -129,15 +129,20 @@ struct ZeroEngine::Impl {
   };
   std::deque<InFlightGrad> in_flight;
 
-  // The optimizer step running under the next pass (EngineOptions::overlap_step).
+  // The optimizer step running under the next pass (EngineOptions::overlap_step), on one
+  // worker thread kept for the engine's life (one "zero-step" track in a trace).
   struct StepRun {
     std::mutex m;
     std::condition_variable cv;
     size_t units_done = 0;  // units whose new parameters are published, in unit order
     bool active = false;    // a step's updates are (or were) running on `worker`
     std::exception_ptr error;
+    std::optional<cpu_adam::AdamParams> job;  // posted by step(), taken by the worker
+    bool running = false;                     // the worker has a step to finish
+    bool quit = false;
     std::thread worker;
   } step_run;
+  void step_worker();              // the worker's loop
   device::DeviceBuffer tied_slab;  // the embedding's gradient slab, head to embedding backward
   bool accumulating = false;       // gradients hold a micro-batch since the last step
 };

@@ -273,17 +273,36 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
     finish_step();
     return r;
   }
-  step_run.worker = std::thread([this, hp] {
-    trace::name_thread("zero-step");  // one track for every step's updates
+  if (!step_run.worker.joinable()) step_run.worker = std::thread([this] { step_worker(); });
+  {
+    std::lock_guard lock(step_run.m);
+    step_run.job = hp;
+    step_run.running = true;
+  }
+  step_run.cv.notify_all();
+  return r;
+}
+
+void ZeroEngine::Impl::step_worker() {
+  trace::name_thread("zero-step");
+  std::unique_lock lock(step_run.m);
+  for (;;) {
+    step_run.cv.wait(lock, [&] { return step_run.quit || step_run.job.has_value(); });
+    if (!step_run.job) return;  // quit
+    const cpu_adam::AdamParams hp = *step_run.job;
+    step_run.job.reset();
+    lock.unlock();
+    std::exception_ptr error;
     try {
       run_unit_steps(hp);
     } catch (...) {
-      std::lock_guard lock(step_run.m);
-      step_run.error = std::current_exception();
-      step_run.cv.notify_all();
+      error = std::current_exception();
     }
-  });
-  return r;
+    lock.lock();
+    if (error) step_run.error = error;
+    step_run.running = false;
+    step_run.cv.notify_all();
+  }
 }
 
 void ZeroEngine::Impl::mark_done(size_t units) {
@@ -302,8 +321,8 @@ void ZeroEngine::Impl::wait_unit(int unit) {
 }
 
 void ZeroEngine::Impl::finish_step() {
-  if (step_run.worker.joinable()) step_run.worker.join();
-  std::lock_guard lock(step_run.m);
+  std::unique_lock lock(step_run.m);
+  step_run.cv.wait(lock, [&] { return !step_run.running; });
   if (!step_run.active) return;
   if (step_run.error) std::rethrow_exception(step_run.error);  // the engine is unusable now
   step_run.active = false;

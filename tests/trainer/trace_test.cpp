@@ -127,6 +127,10 @@ TEST(TraceTest, Stage3NvmeRunWritesAConsistentTrace) {
   for (const char* n : {"trainer", "zero-copy", "zero-grad", "optimizer #0"}) {
     EXPECT_TRUE(names.count(n)) << n;
   }
+  // Every step's overlapped updates run on one worker: one track, whatever the step count.
+  int step_tracks = 0;
+  for (const auto& [tid, n] : p.track_names) step_tracks += n == "zero-step";
+  EXPECT_EQ(step_tracks, 1);
 
   const json& other = p.doc.at("otherData");
   const double hidden = other.at("io_hidden_under_compute");
