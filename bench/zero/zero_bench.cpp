@@ -12,7 +12,12 @@
 // overlapped step's remaining updates count in the turn that started them); the overlap runs
 // under the forward of the steps of the same turn. The ratio is the median of per-turn ratios
 // and the ratio of total times. The losses of the three runs must be bit-identical.
+//
+// The process's CPU time (user + system, getrusage) is taken per turn too: with every
+// hardware thread busy (cores busy ~= hardware threads), a run that needs more CPU seconds per
+// step cannot be faster than (its CPU seconds / the other's) allows, whatever it overlaps.
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -20,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "engine/comm/local_comm.hpp"
 #include "engine/config/config.hpp"
@@ -34,6 +40,14 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// User + system CPU seconds of this process so far (every thread).
+double cpu_seconds() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return s(ru.ru_utime) + s(ru.ru_stime);
 }
 
 double median(std::vector<double> v) {
@@ -55,7 +69,7 @@ struct Runner {
   std::unique_ptr<zero::ZeroEngine> engine;
   std::vector<double> turns;  // seconds of each timed turn
   std::vector<float> losses;
-  double fb_seconds = 0, step_seconds = 0;
+  double fb_seconds = 0, step_seconds = 0, cpu = 0;
 
   Runner(std::string n, const std::string& json, const model::LlamaModel& model, uint64_t budget,
          bool overlap = true)
@@ -68,12 +82,14 @@ struct Runner {
   // `count` consecutive steps from step `first`, timed as one turn.
   void train_turn(const model::LlamaModel& model, int first, int count, int64_t gas, bool timed) {
     const auto t0 = Clock::now();
+    const double c0 = cpu_seconds();
     for (int t = first; t < first + count; ++t) train_step(model, t, gas, timed);
     const auto tw = Clock::now();
     engine->wait_step();
     if (!timed) return;
     step_seconds += seconds_since(tw);
     turns.push_back(seconds_since(t0));
+    cpu += cpu_seconds() - c0;
   }
 
   void train_step(const model::LlamaModel& model, int t, int64_t gas, bool timed) {
@@ -198,15 +214,14 @@ int main(int argc, char** argv) {
            std::memcmp(a.losses.data(), b.losses.data(), a.losses.size() * sizeof(float)) == 0;
   };
   const bool identical = same(mem, ooc) && same(mem, seq_step);
-  std::printf("\n%-44s %10s %10s %10s %12s\n", "run", "tokens/s", "fwd+bwd s", "step s",
-              "device peak");
-  for (Runner* r : runners)
-    std::printf("%-44s %10.1f %10.2f %10.2f %9.1f MiB\n", r->name.c_str(),
-                tokens / (r == &mem   ? tm
-                          : r == &ooc ? to
-                                      : ts),
-                r->fb_seconds / steps, r->step_seconds / steps,
-                r->engine->memory().device_peak_bytes / 1048576.0);
+  std::printf("\n%-44s %10s %10s %10s %12s %10s %10s\n", "run", "tokens/s", "fwd+bwd s", "step s",
+              "device peak", "cpu s/step", "cores busy");
+  for (Runner* r : runners) {
+    const double wall = r == &mem ? tm : r == &ooc ? to : ts;
+    std::printf("%-44s %10.1f %10.2f %10.2f %9.1f MiB %10.2f %10.2f\n", r->name.c_str(),
+                tokens / wall, r->fb_seconds / steps, r->step_seconds / steps,
+                r->engine->memory().device_peak_bytes / 1048576.0, r->cpu / steps, r->cpu / wall);
+  }
   std::printf(
       "nvme traffic: read %.2f GB/s, write %.2f GB/s, h2d %.2f GB/s, d2h %.2f GB/s (%.2f GB read, "
       "%.2f GB written per step); pinned peak %.1f MiB\n",
@@ -222,5 +237,10 @@ int main(int argc, char** argv) {
       "tokens/s ratio nvme / in memory: median per turn %.3f, total %.3f (goal >= 0.97); with the "
       "sequential step: median %.3f, total %.3f\n",
       median(ratios), tm / to, median(ratios_seq), tm / ts);
+  std::printf(
+      "CPU seconds per step: in memory %.2f, nvme %.2f (%.2fx); %u hardware threads: when they "
+      "are all busy the nvme run cannot exceed a ratio of about %.3f\n",
+      mem.cpu / steps, ooc.cpu / steps, ooc.cpu / mem.cpu, std::thread::hardware_concurrency(),
+      mem.cpu / ooc.cpu);
   return identical ? 0 : 1;
 }
