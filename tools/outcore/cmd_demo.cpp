@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "common/error.hpp"
@@ -18,6 +19,7 @@
 #include "engine/train/demo_data.hpp"
 #include "engine/train/trainer.hpp"
 #include "tools/outcore/commands.hpp"
+#include "tools/outcore/launch.hpp"
 #include "tools/outcore/train_session.hpp"
 
 namespace outcore::cli {
@@ -36,6 +38,7 @@ struct DemoOptions {
   std::string work_dir = "outcore_demo";
   std::string steps;
   std::string trace;
+  std::string device = "cpu";
 };
 
 // The demo's DeepSpeed config: the embedded stage-0 config moved to ZeRO-3 with parameters
@@ -107,17 +110,22 @@ int run_demo(const DemoOptions& o) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
+  const std::optional<DeviceChoice> device = choose_device(o.device);
+  if (!device) return 2;
   std::printf(
       "outcore demo: a %s-parameter Llama trained with ZeRO-3, parameters and optimizer state "
-      "in NVMe swap files, on a simulated device with %lld MiB of memory.\n"
+      "in NVMe swap files, on %s with a %lld MiB budget.\n"
       "The same run by hand:\n  outcore train --config %s --model %s --data %s --val-data %s "
       "--seq-len %lld --eval-every 20\n",
       fmt::format("{:.1f}M", static_cast<double>(model.num_parameters()) / 1e6).c_str(),
-      static_cast<long long>(kDemoDeviceMemoryMb), config_path.c_str(), model_path.c_str(),
-      data.train.c_str(), data.val.c_str(), static_cast<long long>(train::kDemoSeqLen));
+      device->description.c_str(), static_cast<long long>(kDemoDeviceMemoryMb), config_path.c_str(),
+      model_path.c_str(), data.train.c_str(), data.val.c_str(),
+      static_cast<long long>(train::kDemoSeqLen));
   std::fflush(stdout);
 
   train::TrainerOptions t;
+  t.device = device->kind;
+  t.gpu = device->gpu;
   t.train_data = data.train;
   t.val_data = data.val;
   t.steps = steps;
@@ -144,6 +152,9 @@ void add_demo_command(CLI::App& app, int& rc) {
                   fmt::format("optimizer steps (default {})", kDemoDefaultSteps));
   cmd->add_option("--trace", o->trace,
                   "Chrome trace-event JSON of the run (open in Perfetto or chrome://tracing)");
+  cmd->add_option("--device", o->device,
+                  "cpu (the simulated device, default), cuda (the GPU: the whole GPU path in one "
+                  "command), auto");
   cmd->callback([o, &rc] { rc = run_demo(*o); });
 }
 

@@ -22,9 +22,9 @@ std::optional<DeviceChoice> choose_device(const std::string& choice) {
     return std::nullopt;
   }
   const device::ProbeResult probe = device::probe();
-  if (choice == "cpu" || (choice == "auto" && !probe.available)) {
+  if (choice == "cpu") return DeviceChoice{.description = "the simulated device"};
+  if (choice == "auto" && !probe.available)
     return DeviceChoice{.description = "the simulated device (" + probe.summary() + ")"};
-  }
   if (!probe.available) {
     std::fprintf(stderr, "error: --device cuda: %s\n", probe.summary().c_str());
     return std::nullopt;
