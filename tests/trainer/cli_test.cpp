@@ -122,6 +122,9 @@ TEST_F(TrainCliTest, DeviceIsChosenOrRefusedByName) {
     EXPECT_EQ(cuda.rc, 2);
     EXPECT_EQ(count_error_lines(cuda.err), 1) << cuda.err;
     EXPECT_NE(cuda.err.find("error: --device cuda: no GPU"), std::string::npos) << cuda.err;
+    CliResult demo = run("demo --work-dir " + shell_quote(data_.file("demo")) + " --device cuda");
+    EXPECT_EQ(demo.rc, 2);
+    EXPECT_NE(demo.err.find("error: --device cuda: no GPU"), std::string::npos) << demo.err;
   }
 }
 
