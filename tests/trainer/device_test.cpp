@@ -66,6 +66,48 @@ TEST(TrainerDevice, DiscreteDeviceTrainsBitIdentically) {
   }
 }
 
+// A checkpoint saved on the discrete device after 3 steps and resumed there (state read back
+// and published through stream copies only) continues exactly as the run that never stopped.
+TEST(TrainerDevice, DiscreteDeviceCheckpointResumesExactly) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  std::filesystem::create_directories(data.file("swap"));
+  nlohmann::json patch = nvme_patch(data.file("swap"));
+  patch["bf16"] = {{"enabled", true}};
+  patch["activation_checkpointing"] = {{"cpu_checkpointing", true}};
+  const config::Config cfg = make_config(patch, mc);
+  auto run = [&](int64_t steps, const std::string& save, const std::string& resume) {
+    TrainerOptions o = quiet_options(data, steps);
+    o.discrete = true;
+    o.save_dir = save;
+    o.resume_from = resume;
+    Outcome out;
+    o.on_step = [&](const StepMetrics& m) {
+      out.losses.push_back(m.loss);
+      out.norms.push_back(m.grad_norm.value_or(-1.0));
+    };
+    Trainer tr(cfg, mc, o);
+    tr.run();
+    out.weights = weights_of(tr);
+    return out;
+  };
+  const Outcome whole = run(6, "", "");
+  run(3, data.file("ckpt"), "");
+  const Outcome resumed = run(6, "", data.file("ckpt"));
+  ASSERT_EQ(whole.losses.size(), 6u);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(std::memcmp(&whole.losses[3 + i], &resumed.losses[i], sizeof(double)), 0)
+        << "loss of step " << 4 + i;
+    EXPECT_EQ(std::memcmp(&whole.norms[3 + i], &resumed.norms[i], sizeof(double)), 0)
+        << "norm of step " << 4 + i;
+  }
+  for (size_t u = 0; u < whole.weights.master.size(); ++u) {
+    EXPECT_TRUE(whole.weights.master[u] == resumed.weights.master[u]) << "unit " << u;
+    EXPECT_TRUE(whole.weights.params[u] == resumed.weights.params[u]) << "unit " << u;
+  }
+}
+
 TEST(TrainerDevice, AMissingGpuIsRefused) {
   if (device::probe().available) GTEST_SKIP() << "this machine has a GPU";
   DemoData data;
