@@ -100,6 +100,25 @@ class ComputeBackend {
   // grad[ids[i], :] += dy[i, :], in token order.
   virtual void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden,
                                   float* grad) = 0;
+
+  // ---- causal attention with grouped key/value heads
+  // Token-major layouts: q and attn [B*T, nh*hd], k and v [B*T, nkv*hd]; head h reads kv head
+  // h / (nh / nkv); queries are taken `block` at a time (scores [block, keys] per head).
+  // lse[(b*nh + h)*T + t] is what forward keeps for backward.
+  struct Attention {
+    int64_t B, T, nh, nkv, hd, block;
+    float scale;  // 1/sqrt(hd)
+  };
+  // attn = softmax_causal(scale q k^T) v per head. `scores`: block*T floats of scratch.
+  // The default runs head by head, block by block, through gemm and causal_softmax_forward
+  // (the CPU backends); a backend may batch the heads (CUDA).
+  virtual void attention_forward(const Attention& a, const float* q, const float* k, const float* v,
+                                 float* lse, float* attn, float* scores);
+  // Given dattn: writes dq, adds into dk and dv (the caller zeroes them). `scores` and `dprob`:
+  // block*T floats of scratch each.
+  virtual void attention_backward(const Attention& a, const float* q, const float* k,
+                                  const float* v, const float* lse, const float* dattn, float* dq,
+                                  float* dk, float* dv, float* scores, float* dprob);
 };
 
 // The CUDA backend of `device` (a CudaDevice made by make_cuda_device): its own compute stream

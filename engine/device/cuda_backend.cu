@@ -2,9 +2,14 @@
 // cuda_kernels.hpp, a cuBLASLt GEMM or an async copy, queued on the backend's own compute
 // stream of a CudaDevice; finish() synchronizes that stream. Compiled only where nvcc exists.
 //
-// The backend's own small buffers (staged token / target ids, constant tables) and cuBLASLt's
-// workspace are allocated outside the device's byte budget: they are a few MiB at most,
-// independent of the model's size.
+// The backend's own small buffers (staged token / target ids, constant tables), cuBLASLt's
+// workspace and the attention score blocks of all kv heads at once (2 x nkv x 128 x T floats:
+// 32 MiB for 8 kv heads at T = 4096) are allocated outside the device's byte budget.
+//
+// Attention runs the heads batched: for each sequence, each query block and each position j
+// of a head within its kv group, one strided-batched GEMM over the nkv groups (head
+// g*group + j reads kv head g), one causal softmax over all their rows, one more GEMM: the
+// launches per layer drop by a factor nkv against the head-by-head default.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -30,6 +35,7 @@ class CudaBackend final : public ComputeBackend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(native());
+    cudaFree(work_);
     for (void* p : constants_) cudaFree(p);
     for (IdSlot& s : ids_) {
       cudaFree(s.device);
@@ -142,7 +148,75 @@ class CudaBackend final : public ComputeBackend {
     cuda::embedding_backward(ids, dy, n, hidden, grad, handle_);
   }
 
+  void attention_forward(const Attention& a, const float* q, const float* k, const float* v,
+                         float* lse, float* attn, float*) override {
+    const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
+    float* s = workspace(a, 1);
+    current();
+    for (int64_t b = 0; b < a.B; ++b)
+      for (int64_t j = 0; j < group; ++j)
+        for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
+          const int64_t rows = std::min(a.block, a.T - r0), keys = r0 + rows;
+          // Batch entry g: head h = g*group + j, its queries at column h*hd, kv head g.
+          const float* qb = q + (b * a.T + r0) * Q + j * a.hd;
+          const float* kb = k + b * a.T * KV;
+          const float* vb = v + b * a.T * KV;
+          gemm_->run(false, true, rows, keys, a.hd, a.scale, qb, Q, kb, KV, DType::F32, 0.0f, s,
+                     keys, handle_, a.nkv, group * a.hd, a.hd, rows * keys);
+          cuda::causal_softmax_forward(s, lse + (b * a.nh + j) * a.T + r0, a.nkv, rows, keys, r0,
+                                       handle_, group * a.T);
+          gemm_->run(false, false, rows, a.hd, keys, 1.0f, s, keys, vb, KV, DType::F32, 0.0f,
+                     attn + (b * a.T + r0) * Q + j * a.hd, Q, handle_, a.nkv, rows * keys, a.hd,
+                     group * a.hd);
+        }
+  }
+
+  void attention_backward(const Attention& a, const float* q, const float* k, const float* v,
+                          const float* lse, const float* dattn, float* dq, float* dk, float* dv,
+                          float*, float*) override {
+    const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
+    float* p = workspace(a, 2);
+    float* ds = p + a.nkv * a.block * a.T;
+    current();
+    for (int64_t b = 0; b < a.B; ++b)
+      for (int64_t j = 0; j < group; ++j)
+        for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
+          const int64_t rows = std::min(a.block, a.T - r0), keys = r0 + rows;
+          const int64_t q_at = (b * a.T + r0) * Q + j * a.hd, kv_at = b * a.T * KV;
+          const int64_t sq = group * a.hd, skv = a.hd, ss = rows * keys;
+          gemm_->run(false, true, rows, keys, a.hd, a.scale, q + q_at, Q, k + kv_at, KV, DType::F32,
+                     0.0f, p, keys, handle_, a.nkv, sq, skv, ss);
+          gemm_->run(false, true, rows, keys, a.hd, 1.0f, dattn + q_at, Q, v + kv_at, KV,
+                     DType::F32, 0.0f, ds, keys, handle_, a.nkv, sq, skv, ss);
+          cuda::causal_softmax_backward(p, ds, lse + (b * a.nh + j) * a.T + r0, a.nkv, rows, keys,
+                                        r0, handle_, group * a.T);
+          gemm_->run(false, false, rows, a.hd, keys, a.scale, ds, keys, k + kv_at, KV, DType::F32,
+                     0.0f, dq + q_at, Q, handle_, a.nkv, ss, skv, sq);
+          // dk, dv of kv head g gather every head of its group: one batched call per j, in
+          // order, each writing distinct kv heads.
+          gemm_->run(true, false, keys, a.hd, rows, a.scale, ds, keys, q + q_at, Q, DType::F32,
+                     1.0f, dk + kv_at, KV, handle_, a.nkv, ss, sq, skv);
+          gemm_->run(true, false, keys, a.hd, rows, 1.0f, p, keys, dattn + q_at, Q, DType::F32,
+                     1.0f, dv + kv_at, KV, handle_, a.nkv, ss, sq, skv);
+        }
+  }
+
  private:
+  // `count` score blocks of nkv x block x T floats (grown on demand; the stream is synchronized
+  // before the old one is freed).
+  float* workspace(const Attention& a, int count) {
+    const size_t bytes = static_cast<size_t>(count * a.nkv * a.block * a.T) * sizeof(float);
+    if (bytes > work_bytes_) {
+      CUDA_CHECK(cudaStreamSynchronize(native()));
+      cudaFree(work_);
+      work_ = nullptr;
+      current();
+      CUDA_CHECK(cudaMalloc(&work_, bytes));
+      work_bytes_ = bytes;
+    }
+    return static_cast<float*>(work_);
+  }
+
   struct IdSlot {
     void* device = nullptr;
     void* host = nullptr;  // pinned staging
@@ -159,6 +233,8 @@ class CudaBackend final : public ComputeBackend {
   std::unique_ptr<cuda::Gemm> gemm_;
   std::vector<void*> constants_;
   IdSlot ids_[2];
+  void* work_ = nullptr;  // attention score blocks
+  size_t work_bytes_ = 0;
 };
 
 }  // namespace

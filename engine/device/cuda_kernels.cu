@@ -174,7 +174,7 @@ __global__ void rmsnorm_dw_kernel(const float* dy, const float* x, const float* 
 // --- attention softmax: one block per (matrix, row) ------------------------------------------
 
 __global__ void causal_softmax_forward_kernel(float* scores, float* lse, int64_t rows, int64_t keys,
-                                              int64_t first_query) {
+                                              int64_t first_query, int64_t lse_stride) {
   const int64_t row = blockIdx.x;  // b * rows + i
   float* x = scores + row * keys;
   const int64_t n = kmath::causal_keys(first_query + row % rows);
@@ -189,16 +189,17 @@ __global__ void causal_softmax_forward_kernel(float* scores, float* lse, int64_t
   sum = block_all_reduce(sum, Sum{}, 0.0f);
   const float inv = 1.0f / sum;
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) x[j] = j < n ? x[j] * inv : 0.0f;
-  if (threadIdx.x == 0) lse[row] = kmath::softmax_lse(m, sum);
+  if (threadIdx.x == 0) lse[row / rows * lse_stride + row % rows] = kmath::softmax_lse(m, sum);
 }
 
 __global__ void causal_softmax_backward_kernel(float* scores, float* dp, const float* lse,
-                                               int64_t rows, int64_t keys, int64_t first_query) {
+                                               int64_t rows, int64_t keys, int64_t first_query,
+                                               int64_t lse_stride) {
   const int64_t row = blockIdx.x;
   float* p = scores + row * keys;
   float* d = dp + row * keys;
   const int64_t n = kmath::causal_keys(first_query + row % rows);
-  const float l = lse[row];
+  const float l = lse[row / rows * lse_stride + row % rows];
   float dot = 0.0f;
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
     p[j] = j < n ? kmath::softmax_exp(p[j], l) : 0.0f;
@@ -342,24 +343,25 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
 }
 
 void causal_softmax_forward(float* scores, float* lse, int64_t batch, int64_t rows, int64_t keys,
-                            int64_t first_query, StreamHandle s) {
+                            int64_t first_query, StreamHandle s, int64_t lse_stride) {
   if (batch * rows == 0) return;
   if (first_query + rows > keys)
     throw InvalidArgument("causal_softmax_forward: queries beyond the keys");
   check_rows(batch * rows, "causal_softmax_forward");
   causal_softmax_forward_kernel<<<static_cast<unsigned>(batch * rows), kThreads, 0, native(s)>>>(
-      scores, lse, rows, keys, first_query);
+      scores, lse, rows, keys, first_query, lse_stride > 0 ? lse_stride : rows);
   LAUNCHED();
 }
 
 void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t batch,
-                             int64_t rows, int64_t keys, int64_t first_query, StreamHandle s) {
+                             int64_t rows, int64_t keys, int64_t first_query, StreamHandle s,
+                             int64_t lse_stride) {
   if (batch * rows == 0) return;
   if (first_query + rows > keys)
     throw InvalidArgument("causal_softmax_backward: queries beyond the keys");
   check_rows(batch * rows, "causal_softmax_backward");
   causal_softmax_backward_kernel<<<static_cast<unsigned>(batch * rows), kThreads, 0, native(s)>>>(
-      scores, dp, lse, rows, keys, first_query);
+      scores, dp, lse, rows, keys, first_query, lse_stride > 0 ? lse_stride : rows);
   LAUNCHED();
 }
 

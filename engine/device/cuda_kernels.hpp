@@ -59,14 +59,16 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
 
 // Causal softmax in place on `batch` score matrices of [rows, keys] (row-major, contiguous),
 // row i being query first_query + i: keys 0..first_query+i are normalised, the rest set to 0;
-// lse[b * rows + i] receives the row's log-sum-exp. REQUIRES first_query + rows <= keys.
+// lse[b * lse_stride + i] receives the row's log-sum-exp (lse_stride 0: rows).
+// REQUIRES first_query + rows <= keys.
 void causal_softmax_forward(float* scores, float* lse, int64_t batch, int64_t rows, int64_t keys,
-                            int64_t first_query, StreamHandle stream);
+                            int64_t first_query, StreamHandle stream, int64_t lse_stride = 0);
 // Given scores (scaled q k^T, as forward saw them) and dp = dL/dprob, both [batch, rows, keys]:
 // scores becomes prob = exp(scores - lse) (0 beyond the causal limit) and dp becomes
 // dL/dscores = prob * (dp - sum(prob * dp)).
 void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t batch,
-                             int64_t rows, int64_t keys, int64_t first_query, StreamHandle stream);
+                             int64_t rows, int64_t keys, int64_t first_query, StreamHandle stream,
+                             int64_t lse_stride = 0);
 
 // --- cross-entropy head ----------------------------------------------------------------------
 

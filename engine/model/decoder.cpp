@@ -83,55 +83,14 @@ const float* norm_weight(const UnitContext& ctx, const void* params, int i, floa
   return w;
 }
 
-void attention_forward(device::ComputeBackend& be, const Dims& d, const Saved& s, float* scores) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
-  const int64_t group = d.nh / d.nkv;
-  for (int64_t b = 0; b < d.B; ++b) {
-    for (int64_t h = 0; h < d.nh; ++h) {
-      const int64_t g = h / group;
-      const float* kb = s.k + b * d.T * d.KV + g * d.hd;
-      const float* vb = s.v + b * d.T * d.KV + g * d.hd;
-      float* lse = s.lse + (b * d.nh + h) * d.T;
-      for (int64_t r0 = 0; r0 < d.T; r0 += d.block) {
-        const int64_t rows = std::min(d.block, d.T - r0), keys = r0 + rows;
-        const float* qb = s.q + (b * d.T + r0) * d.Q + h * d.hd;
-        be.gemm(false, true, rows, keys, d.hd, scale, qb, d.Q, kb, d.KV, 0.0f, scores, keys);
-        be.causal_softmax_forward(scores, lse + r0, rows, keys, r0);
-        be.gemm(false, false, rows, d.hd, keys, 1.0f, scores, keys, vb, d.KV, 0.0f,
-                s.attn + (b * d.T + r0) * d.Q + h * d.hd, d.Q);
-      }
-    }
-  }
-}
-
-// Given dattn (dL/d attention output), writes dq and adds into dk, dv (which start at zero).
-void attention_backward(device::ComputeBackend& be, const Dims& d, const Saved& s, const Work& w) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
-  const int64_t group = d.nh / d.nkv;
-  for (int64_t b = 0; b < d.B; ++b) {
-    for (int64_t h = 0; h < d.nh; ++h) {
-      const int64_t g = h / group;
-      const int64_t kv_at = b * d.T * d.KV + g * d.hd;
-      const float* lse = s.lse + (b * d.nh + h) * d.T;
-      for (int64_t r0 = 0; r0 < d.T; r0 += d.block) {
-        const int64_t rows = std::min(d.block, d.T - r0), keys = r0 + rows;
-        const int64_t q_at = (b * d.T + r0) * d.Q + h * d.hd;
-        float* p = w.scores;
-        float* ds = w.dprob;
-        be.gemm(false, true, rows, keys, d.hd, scale, s.q + q_at, d.Q, s.k + kv_at, d.KV, 0.0f, p,
-                keys);
-        be.gemm(false, true, rows, keys, d.hd, 1.0f, w.dattn + q_at, d.Q, s.v + kv_at, d.KV, 0.0f,
-                ds, keys);
-        be.causal_softmax_backward(p, ds, lse + r0, rows, keys, r0);
-        be.gemm(false, false, rows, d.hd, keys, scale, ds, keys, s.k + kv_at, d.KV, 0.0f,
-                w.dq + q_at, d.Q);
-        be.gemm(true, false, keys, d.hd, rows, scale, ds, keys, s.q + q_at, d.Q, 1.0f, w.dk + kv_at,
-                d.KV);
-        be.gemm(true, false, keys, d.hd, rows, 1.0f, p, keys, w.dattn + q_at, d.Q, 1.0f,
-                w.dv + kv_at, d.KV);
-      }
-    }
-  }
+device::ComputeBackend::Attention attention_of(const Dims& d) {
+  return {.B = d.B,
+          .T = d.T,
+          .nh = d.nh,
+          .nkv = d.nkv,
+          .hd = d.hd,
+          .block = d.block,
+          .scale = 1.0f / std::sqrt(static_cast<float>(d.hd))};
 }
 
 // The forward proper. Writes Saved; writes the layer output to `out` when non-null.
@@ -150,7 +109,7 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
   be.gemm(false, true, d.N, d.KV, d.H, 1.0f, s.xn1, d.H, W, d.H, 0.0f, s.v, d.KV);
   be.rope(s.q, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, false);
   be.rope(s.k, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, false);
-  attention_forward(be, d, s, w.scores);
+  be.attention_forward(attention_of(d), s.q, s.k, s.v, s.lse, s.attn, w.scores);
 
   be.copy(s.h, x, sizeof(float) * d.N * d.H);
   W = weight_f32(ctx, params, tensor(ctx, kO), w.wtmp);
@@ -258,7 +217,8 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   be.gemm(true, false, d.H, d.Q, d.N, 1.0f, dh, d.H, s.attn, d.Q, 1.0f, G(kO), d.Q);
   be.zero(w.dk, sizeof(float) * d.N * d.KV);
   be.zero(w.dv, sizeof(float) * d.N * d.KV);
-  attention_backward(be, d, s, w);
+  be.attention_backward(attention_of(d), s.q, s.k, s.v, s.lse, w.dattn, w.dq, w.dk, w.dv, w.scores,
+                        w.dprob);
   be.rope(w.dq, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, true);
   be.rope(w.dk, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, true);
   W = weight_f32(ctx, a.params, tensor(ctx, kQ), w.wtmp);
