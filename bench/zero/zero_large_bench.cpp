@@ -23,7 +23,7 @@
 //                    [--kv-heads 4] [--vocab 32000] [--seq 128] [--micro 1] [--steps 3]
 //                    [--nvme DIR] [--device-mb 2048] [--sub-group 10000000] [--lr 2e-3]
 //                    [--ref-gib 4] [--compute-reps 3] [--skip-bounds] [--device cpu|cuda]
-//                    [--peak-tflops T]
+//                    [--peak-tflops T] [--bf16-moments]
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -145,11 +145,12 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
 }
 
 config::Config make_config(int64_t micro, int64_t sub_group, const std::string& nvme,
-                           int64_t device_mb) {
+                           int64_t device_mb, bool bf16_moments) {
   config::Config cfg =
       config::parse_config(
-          fmt::format(R"({{"train_micro_batch_size_per_gpu": {0}, "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0, "bf16": {{"enabled": true}},
+          fmt::format(
+              R"({{"train_micro_batch_size_per_gpu": {0}, "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0, "bf16": {{"enabled": true}},{4}
         "activation_checkpointing": {{"cpu_checkpointing": true}},
         "zero_optimization": {{"stage": 3, "sub_group_size": {1},
           "offload_param": {{"device": "nvme", "nvme_path": "{2}", "buffer_count": 3,
@@ -159,7 +160,10 @@ config::Config make_config(int64_t micro, int64_t sub_group, const std::string& 
           "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}},
         "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}},
         "outcore": {{"device_memory_mb": {3}}}}})",
-                      micro, sub_group, nvme, device_mb),
+              micro, sub_group, nvme, device_mb,
+              bf16_moments
+                  ? R"( "optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": false}},)"
+                  : ""),
           "zero_large_bench")
           .config;
   config::resolve_auto(cfg, {});
@@ -176,6 +180,7 @@ int main(int argc, char** argv) {
   bool skip_bounds = false;
   std::string device_kind = "cpu";
   double peak_tflops = 0;
+  bool bf16_moments = false;
   std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_large_swap";
   CLI::App app("ZeRO-3 with everything on NVMe for a model larger than RAM");
   app.add_option("--hidden", hidden);
@@ -198,6 +203,9 @@ int main(int argc, char** argv) {
                  "cpu (the simulated device) or cuda (GPU 0: the model computes there, the compute "
                  "bound is the same units in GPU memory)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag("--bf16-moments", bf16_moments,
+               "Adam moments in bf16 (optimizer.params.fp32_optimizer_states false): 8 B of "
+               "optimizer state per parameter read and written per step instead of 12");
   app.add_option("--peak-tflops", peak_tflops,
                  "the device's peak TFLOP/s for the GEMMs' dtype (fp32 here): prints MFU");
   CLI11_PARSE(app, argc, argv);
@@ -229,7 +237,7 @@ int main(int argc, char** argv) {
                                    .activation_checkpointing = true},
                                   model::make_backend(*dev));
     std::filesystem::create_directories(nvme);
-    const config::Config cfg = make_config(micro, sub_group, nvme, device_mb);
+    const config::Config cfg = make_config(micro, sub_group, nvme, device_mb, bf16_moments);
     const double params = static_cast<double>(mc.num_parameters());
     std::printf(
         "model: %.2fB parameters; training state %.1f GiB (16 B/param) = %.2fx this machine's "
