@@ -95,18 +95,10 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
   std::byte* own = slab + static_cast<size_t>(g_.rank) * part_bytes;
   if (gather_ != nullptr) return start_host_gather(unit, fetch_buffer);
   switch (home_.tier(unit)) {
-    case Tier::kNvme: {
-      std::byte* staging = fetch_buffers_.at(fetch_buffer).data();
-      const swap::SwapTicket t = home_.start_read(unit, staging);
-      swap::Swapper* sw = home_.swapper();
-      copy_.enqueue([sw, t, unit] {
-        OUTCORE_TRACE_SPAN("swap wait", "wait", {.unit = unit});
-        sw->wait(t);
-      });
-      copy_.copy_h2d(own, staging, part_bytes);
+    case Tier::kNvme:
+      copy_.copy_h2d(own, read_partition(unit, fetch_buffer), part_bytes);
       traffic_.h2d += part_bytes;
       break;
-    }
     case Tier::kDevice:
       copy_.copy_d2d(own, home_.resident(unit), part_bytes);
       break;
@@ -125,6 +117,17 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
   comm_stream_.record(*s.ready);
 }
 
+const std::byte* ParamCoordinator::read_partition(int unit, int fetch_buffer) {
+  std::byte* staging = fetch_buffers_.at(fetch_buffer).data();
+  const swap::SwapTicket t = home_.start_read(unit, staging);
+  swap::Swapper* sw = home_.swapper();
+  copy_.enqueue([sw, t, unit] {
+    OUTCORE_TRACE_SPAN("swap wait", "wait", {.unit = unit});
+    sw->wait(t);
+  });
+  return staging;
+}
+
 void ParamCoordinator::start_host_gather(int unit, int fetch_buffer) {
   Slot& s = slots_[unit];
   const UnitGeometry& ug = g_.units[unit];
@@ -134,17 +137,9 @@ void ParamCoordinator::start_host_gather(int unit, int fetch_buffer) {
   std::byte* own = gather + static_cast<size_t>(g_.rank) * part_bytes;
   const std::byte* src = nullptr;  // this rank's partition in host memory
   switch (home_.tier(unit)) {
-    case Tier::kNvme: {
-      std::byte* staging = fetch_buffers_.at(fetch_buffer).data();
-      const swap::SwapTicket t = home_.start_read(unit, staging);
-      swap::Swapper* sw = home_.swapper();
-      copy_.enqueue([sw, t, unit] {
-        OUTCORE_TRACE_SPAN("swap wait", "wait", {.unit = unit});
-        sw->wait(t);
-      });
-      src = staging;
+    case Tier::kNvme:
+      src = read_partition(unit, fetch_buffer);
       break;
-    }
     case Tier::kDevice:
       break;  // copied down into the gather buffer below
     case Tier::kPinned:

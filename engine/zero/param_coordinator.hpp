@@ -105,6 +105,9 @@ class ParamCoordinator final : private ResidencyActions {
 
   void start_fetch(int unit, int fetch_buffer) override;
   void start_host_gather(int unit, int fetch_buffer);  // start_fetch with gather_ set
+  // Starts reading a swapped unit's partition into fetch buffer `fetch_buffer` and makes the
+  // copy stream wait for it; returns the buffer.
+  const std::byte* read_partition(int unit, int fetch_buffer);
   void wait_fetched(int unit) override;
   void free_slab(int unit) override;
 

@@ -19,12 +19,17 @@ struct Outcome {
   std::string device;
 };
 
-Outcome train_on(bool discrete, const nlohmann::json& patch, const DemoData& data) {
+// `steps` steps (validating every 3) on the discrete or the host-accessible simulated device,
+// saving into `save` / resuming from `resume` when not empty.
+Outcome train_on(bool discrete, const nlohmann::json& patch, const DemoData& data,
+                 int64_t steps = 6, const std::string& save = "", const std::string& resume = "") {
   const model::LlamaConfig mc = tiny_model();
   const config::Config cfg = make_config(patch, mc);
-  TrainerOptions o = quiet_options(data, 6);
+  TrainerOptions o = quiet_options(data, steps);
   o.eval_every = 3;
   o.discrete = discrete;
+  o.save_dir = save;
+  o.resume_from = resume;
   Outcome out;
   o.on_step = [&](const StepMetrics& m) {
     out.losses.push_back(m.loss);
@@ -70,30 +75,13 @@ TEST(TrainerDevice, DiscreteDeviceTrainsBitIdentically) {
 // and published through stream copies only) continues exactly as the run that never stopped.
 TEST(TrainerDevice, DiscreteDeviceCheckpointResumesExactly) {
   DemoData data;
-  const model::LlamaConfig mc = tiny_model();
   std::filesystem::create_directories(data.file("swap"));
   nlohmann::json patch = nvme_patch(data.file("swap"));
   patch["bf16"] = {{"enabled", true}};
   patch["activation_checkpointing"] = {{"cpu_checkpointing", true}};
-  const config::Config cfg = make_config(patch, mc);
-  auto run = [&](int64_t steps, const std::string& save, const std::string& resume) {
-    TrainerOptions o = quiet_options(data, steps);
-    o.discrete = true;
-    o.save_dir = save;
-    o.resume_from = resume;
-    Outcome out;
-    o.on_step = [&](const StepMetrics& m) {
-      out.losses.push_back(m.loss);
-      out.norms.push_back(m.grad_norm.value_or(-1.0));
-    };
-    Trainer tr(cfg, mc, o);
-    tr.run();
-    out.weights = weights_of(tr);
-    return out;
-  };
-  const Outcome whole = run(6, "", "");
-  run(3, data.file("ckpt"), "");
-  const Outcome resumed = run(6, "", data.file("ckpt"));
+  const Outcome whole = train_on(true, patch, data);
+  train_on(true, patch, data, 3, data.file("ckpt"));
+  const Outcome resumed = train_on(true, patch, data, 6, "", data.file("ckpt"));
   ASSERT_EQ(whole.losses.size(), 6u);
   ASSERT_EQ(resumed.losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
