@@ -171,7 +171,6 @@ ActivationBuffers::ActivationBuffers(const LlamaModel& model, device::Device& de
   for (int u = 1; u <= L + 1; ++u) {
     if (cpu_checkpointing) {
       host_inputs_.emplace_back(model.hidden_bytes());
-      if (staged_) device.register_host(host_inputs_.back().data(), model.hidden_bytes());
     } else {
       device_inputs_.push_back(
           device.alloc(model.hidden_bytes(), fmt::format("input of unit {}", u)));
@@ -182,6 +181,15 @@ ActivationBuffers::ActivationBuffers(const LlamaModel& model, device::Device& de
         device.alloc(model.saved_bytes(u), fmt::format("saved activations of unit {}", u)));
   scratch_ = device.alloc(model.scratch_bytes(), "model scratch");
   grad_ = device.alloc(model.hidden_bytes(), "activation gradient");
+  // Last, once nothing can throw but this: the destructor unregisters every buffer.
+  for (size_t i = 0; staged_ && i < host_inputs_.size(); ++i) {
+    try {
+      device.register_host(host_inputs_[i].data(), model.hidden_bytes());
+    } catch (...) {
+      while (i-- > 0) device.unregister_host(host_inputs_[i].data());
+      throw;
+    }
+  }
 }
 
 ActivationBuffers::~ActivationBuffers() {

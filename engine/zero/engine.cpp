@@ -21,8 +21,6 @@ void make_swap_dir(const std::string& path, const char* key) {
   if (ec) throw IoError(path, ec.value(), "create swap directory");
 }
 
-// What the engine may allocate on `device`: its budget less what is already in use (0 when
-// the device is unlimited).
 // What the engine may allocate on `device`: the budget left, capped by what the hardware
 // still has free (a GPU); 0 = unlimited.
 uint64_t device_limit(device::Device& device) {
