@@ -54,7 +54,8 @@ void bind_cpu_adam(py::module_& m) {
       [](size_t n, uintptr_t params, uintptr_t grads, int grad_dtype, uintptr_t exp_avg,
          uintptr_t exp_avg_sq, uintptr_t out, int out_dtype, double lr, double beta1, double beta2,
          double eps, double weight_decay, bool adamw_mode, bool bias_correction, uint64_t step,
-         const std::string& formula, double grad_scale, const cpu_adam::Executor* ex) {
+         const std::string& formula, double grad_scale, const cpu_adam::Executor* ex,
+         int moments_dtype) {
         cpu_adam::AdamParams hp;
         hp.lr = lr;
         hp.beta1 = beta1;
@@ -68,15 +69,16 @@ void bind_cpu_adam(py::module_& m) {
         hp.grad_scale = grad_scale;
         const cpu_adam::GradIn g{ptr<const void>(grads), dtype_of(grad_dtype)};
         const cpu_adam::ParamsOut o{ptr<void>(out), out == 0 ? DType::BF16 : dtype_of(out_dtype)};
+        const cpu_adam::Moments mv{ptr<void>(exp_avg), ptr<void>(exp_avg_sq),
+                                   dtype_of(moments_dtype)};
         py::gil_scoped_release nogil;
-        cpu_adam::adam_step(hp, n, ptr<float>(params), g, ptr<float>(exp_avg),
-                            ptr<float>(exp_avg_sq), o, ex);
+        cpu_adam::adam_step(hp, n, ptr<float>(params), g, mv, o, ex);
       },
       py::arg("n"), py::arg("params"), py::arg("grads"), py::arg("grad_dtype"), py::arg("exp_avg"),
       py::arg("exp_avg_sq"), py::arg("out"), py::arg("out_dtype"), py::arg("lr"), py::arg("beta1"),
       py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("adamw_mode"),
       py::arg("bias_correction"), py::arg("step"), py::arg("formula"), py::arg("grad_scale"),
-      py::arg("executor"));
+      py::arg("executor"), py::arg("moments_dtype") = 0);
 
   m.def(
       "active_isa", [] { return std::string(cpu_adam::isa_name(cpu_adam::active_isa())); },

@@ -23,14 +23,19 @@ class CPUAdam(torch.optim.Optimizer):
     (adamw_mode=True, the default: decoupled decay, as torch.optim.AdamW) on CPU tensors.
 
     State per parameter is torch's Adam layout: 'step' (a float tensor), 'exp_avg' and
-    'exp_avg_sq' (fp32, the parameter's shape), so state_dict() loads into torch.optim.Adam /
-    AdamW and theirs loads here (their groups get this optimizer's adamw_mode and
-    bias_correction). A parameter whose .grad is None is skipped (no state, no
-    step), as torch does.
+    'exp_avg_sq' (the parameter's shape; fp32, or bf16 with fp32_optimizer_states=False), so
+    state_dict() loads into torch.optim.Adam / AdamW and theirs loads here (their groups get
+    this optimizer's adamw_mode and bias_correction; moments of the other dtype are converted
+    on the next step). A parameter whose .grad is None is skipped (no state, no step), as
+    torch does.
+
+    fp32_optimizer_states=False (DeepSpeedCPUAdam's keyword) keeps the moments in bf16: 4 bytes
+    per parameter instead of 8; the step computes in fp32 and rounds them on store (to nearest
+    even), the master parameters stay fp32.
 
     Differences from DeepSpeedCPUAdam: the keyword order is torch's (lr, betas, eps,
     weight_decay, adamw_mode, bias_correction); pass them by name and scripts work with either.
-    amsgrad=True and fp32_optimizer_states=False are refused. formula="deepspeed" (default)
+    amsgrad=True is refused. formula="deepspeed" (default)
     rounds as DeepSpeed's CPU Adam does, "pytorch" as torch.optim.Adam does; both agree with
     torch to about 1e-6 relative. threads: kernel threads (default torch.get_num_threads()).
 
@@ -45,9 +50,6 @@ class CPUAdam(torch.optim.Optimizer):
                  fp32_optimizer_states=True, formula="deepspeed", threads=None):
         if amsgrad:
             raise ValueError("CPUAdam: amsgrad=True is not supported (as in DeepSpeedCPUAdam)")
-        if not fp32_optimizer_states:
-            raise ValueError("CPUAdam: optimizer states are always fp32 "
-                             "(fp32_optimizer_states=False is not supported)")
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if eps <= 0.0:
@@ -62,6 +64,7 @@ class CPUAdam(torch.optim.Optimizer):
                         adamw_mode=adamw_mode, bias_correction=bias_correction)
         super().__init__(params, defaults)
         self.formula = formula
+        self._moments = torch.float32 if fp32_optimizer_states else torch.bfloat16
         self._executor = _outcore.Executor(int(threads or torch.get_num_threads()))
 
     def __setstate__(self, state):
@@ -72,9 +75,10 @@ class CPUAdam(torch.optim.Optimizer):
             group.setdefault("bias_correction", self.defaults["bias_correction"])
 
     @staticmethod
-    def _check(p, where):
-        if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
-            raise ValueError(f"CPUAdam: {where} must be a contiguous fp32 CPU tensor, got "
+    def _check(p, where, dtype=torch.float32):
+        if p.dtype != dtype or p.device.type != "cpu" or not p.is_contiguous():
+            kind = "fp32" if dtype == torch.float32 else "bf16"
+            raise ValueError(f"CPUAdam: {where} must be a contiguous {kind} CPU tensor, got "
                              f"{p.dtype} on {p.device}"
                              f"{'' if p.is_contiguous() else ' (not contiguous)'}")
 
@@ -82,10 +86,14 @@ class CPUAdam(torch.optim.Optimizer):
         state = self.state[p]
         if len(state) == 0:
             state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key] = torch.zeros_like(p, dtype=self._moments,
+                                              memory_format=torch.contiguous_format)
         for key in ("exp_avg", "exp_avg_sq"):
-            self._check(state[key], f"state['{key}'] of a parameter")
+            m = state[key]
+            if m.dtype in (torch.float32, torch.bfloat16) and m.dtype != self._moments:
+                state[key] = m.to(self._moments)  # a loaded state of the other kind
+            self._check(state[key], f"state['{key}'] of a parameter", self._moments)
             if state[key].numel() != p.numel():
                 raise ValueError(f"CPUAdam: state['{key}'] has {state[key].numel()} elements, "
                                  f"the parameter {p.numel()}")
@@ -138,7 +146,8 @@ class CPUAdam(torch.optim.Optimizer):
                     0 if out is None else _DTYPE_CODES[out.dtype],
                     float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
                     float(group["weight_decay"]), bool(group["adamw_mode"]),
-                    bool(group["bias_correction"]), step, self.formula, 1.0, self._executor)
+                    bool(group["bias_correction"]), step, self.formula, 1.0, self._executor,
+                    _DTYPE_CODES[self._moments])
                 if isinstance(state["step"], torch.Tensor):
                     state["step"].fill_(step)
                 else:

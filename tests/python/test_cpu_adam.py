@@ -153,6 +153,48 @@ class CopyOutAndErrors(unittest.TestCase):
             for p, t in zip(params, flat):
                 self.assertTrue(torch.equal(t, p.detach().reshape(-1).to(dtype)))
 
+    def test_bf16_moments_match_torch_with_moments_rounded_each_step(self):
+        # fp32_optimizer_states=False: moments kept in bf16. The reference is torch's AdamW in
+        # fp32 whose moments are rounded to bf16 after every step; the two differ only where a
+        # 1e-6 difference in a moment flips its bf16 rounding, so moments agree within a bf16
+        # ulp (2^-8 relative) and parameters within 2^-8 of the summed lr.
+        grads = make_grads(9, STEPS)
+        ours_p, ref_p = make_params(4), make_params(4)
+        ours = CPUAdam(groups_of(ours_p), fp32_optimizer_states=False)
+        ref = torch.optim.AdamW(groups_of(ref_p), foreach=False)
+        for t in range(STEPS):
+            for a, b, g in zip(ours_p, ref_p, grads[t]):
+                a.grad, b.grad = g.clone(), g.clone()
+            ours.step()
+            ref.step()
+            for b in ref_p:
+                for key in ("exp_avg", "exp_avg_sq"):
+                    ref.state[b][key].copy_(ref.state[b][key].bfloat16().float())
+        for i, (a, b) in enumerate(zip(ours_p, ref_p)):
+            sa, sb = ours.state[a], ref.state[b]
+            self.assertEqual(sa["exp_avg"].dtype, torch.bfloat16)
+            self.assertEqual(sa["exp_avg_sq"].dtype, torch.bfloat16)
+            for key in ("exp_avg", "exp_avg_sq"):
+                x, y = sa[key].double(), sb[key].double()
+                err = float(((x - y).abs() - 2.0 ** -7 * y.abs()).max())
+                self.assertLessEqual(err, 1e-30, f"{key} of parameter {i}")
+                # Rounded as the reference rounds: almost every element is the same bf16 value
+                # (truncating, or keeping fp32, would differ in about half of them).
+                same = float((x == y).double().mean())
+                self.assertGreaterEqual(same, 0.98, f"{key} of parameter {i}: {same:.3f} equal")
+            lrs_sum = 5e-3 * STEPS
+            err = float((a.detach().double() - b.detach().double()).abs().max())
+            self.assertLessEqual(err, 2.0 ** -8 * lrs_sum, f"param {i}")
+        # The state is half the size and loads into an fp32 optimizer (converted on its step).
+        sd = ours.state_dict()
+        again = CPUAdam(groups_of(make_params(4)))
+        again.load_state_dict(sd)
+        for p in again.param_groups[0]["params"]:
+            p.grad = torch.zeros_like(p)
+        again.step()
+        self.assertEqual(again.state[again.param_groups[0]["params"][0]]["exp_avg"].dtype,
+                         torch.float32)
+
     def test_bad_input_is_refused(self):
         p = torch.nn.Parameter(torch.zeros(8, dtype=torch.float64))
         p.grad = torch.zeros(8, dtype=torch.float64)
