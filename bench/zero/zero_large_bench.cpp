@@ -23,7 +23,7 @@
 //                    [--kv-heads 4] [--vocab 32000] [--seq 128] [--micro 1] [--steps 3]
 //                    [--nvme DIR] [--device-mb 2048] [--sub-group 10000000] [--lr 2e-3]
 //                    [--ref-gib 4] [--compute-reps 3] [--skip-bounds] [--device cpu|cuda]
-//                    [--peak-tflops T] [--bf16-moments]
+//                    [--peak-tflops T] [--bf16-moments] [--trace FILE]
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -40,6 +40,7 @@
 
 #include "bench/zero/step_bounds.hpp"
 #include "common/error.hpp"
+#include "common/trace.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "engine/config/config.hpp"
 #include "engine/device/device.hpp"
@@ -181,6 +182,7 @@ int main(int argc, char** argv) {
   std::string device_kind = "cpu";
   double peak_tflops = 0;
   bool bf16_moments = false;
+  std::string trace_file;
   std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_large_swap";
   CLI::App app("ZeRO-3 with everything on NVMe for a model larger than RAM");
   app.add_option("--hidden", hidden);
@@ -203,6 +205,8 @@ int main(int argc, char** argv) {
                  "cpu (the simulated device) or cuda (GPU 0: the model computes there, the compute "
                  "bound is the same units in GPU memory)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--trace", trace_file,
+                 "Chrome trace-event JSON of the steps (tools/trace_svg.py draws the last one)");
   app.add_flag("--bf16-moments", bf16_moments,
                "Adam moments in bf16 (optimizer.params.fp32_optimizer_states false): 8 B of "
                "optimizer state per parameter read and written per step instead of 12");
@@ -266,7 +270,12 @@ int main(int argc, char** argv) {
     zero::TrafficStats a = traffic0;
     const auto run0 = Clock::now();
     auto s0 = run0;
+    if (!trace_file.empty()) {
+      trace::name_thread("trainer");
+      trace::start();
+    }
     for (int t = 1; t <= steps; ++t) {
+      OUTCORE_TRACE_SPAN("step", "step", {.index = t});
       const std::vector<int32_t> tok = step_tokens(t, n + 1, vocab);
       const float loss = engine.forward_backward(tok.data(), tok.data() + 1, 1.0f, true);
       const double fb = seconds_since(s0);
@@ -292,6 +301,16 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       a = b;
       s0 = s2;
+    }
+    if (!trace_file.empty()) {
+      trace::stop();
+      const std::vector<trace::Event> events = trace::events();
+      const trace::IoOverlap hidden = trace::io_overlap(events, {"compute"});
+      trace::write_json(
+          trace_file, {fmt::format("\"io_hidden_under_compute\": {:.4f}", hidden.hidden_fraction)});
+      std::printf("trace %s: %zu spans; I/O busy %.1f s, %.1f%% of it under forward/backward\n",
+                  trace_file.c_str(), events.size(), hidden.io_busy_s,
+                  100 * hidden.hidden_fraction);
     }
     std::printf("pinned pool peak %.0f MiB of %.0f MiB\n",
                 engine.memory().pinned_peak_bytes / 1048576.0,
