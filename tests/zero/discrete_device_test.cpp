@@ -4,6 +4,10 @@
 // to the same run on the host-accessible simulated device, with the plan still exact.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
 #include "tests/zero/zero_test_util.hpp"
 
 namespace outcore::zero::test {
@@ -108,6 +112,82 @@ TEST(DiscreteDeviceRefusals, OptimizerStateOnTheDevice) {
   const config::Config partial =
       make_config(config_json({3, "none", "cpu"}, DType::BF16, dir, "", "", ", \"ratio\": 0.3"));
   EXPECT_THROW(ZeroEngine(partial, model, dev, comm, 1), ConfigError);
+}
+
+// A device that counts host registrations (a GPU's cudaHostRegister): host memory, streams and
+// events of an inner CpuDevice.
+class RegisteringDevice final : public device::Device {
+ public:
+  explicit RegisteringDevice(bool host_accessible) : host_accessible_(host_accessible) {}
+  device::DeviceKind kind() const override { return device::DeviceKind::Cpu; }
+  std::string name() const override { return "registering"; }
+  bool host_accessible() const override { return host_accessible_; }
+  std::unique_ptr<device::Stream> create_stream(std::string n) override {
+    return inner_.create_stream(std::move(n));
+  }
+  std::unique_ptr<device::Event> create_event() override { return inner_.create_event(); }
+  void synchronize() override { inner_.synchronize(); }
+  void register_host(void* p, size_t bytes) override {
+    std::lock_guard lock(mu_);
+    registered_[p] = bytes;
+    ++registrations_;
+  }
+  void unregister_host(void* p) noexcept override {
+    std::lock_guard lock(mu_);
+    registered_.erase(p);
+  }
+  size_t live() {
+    std::lock_guard lock(mu_);
+    return registered_.size();
+  }
+  uint64_t live_bytes() {
+    std::lock_guard lock(mu_);
+    uint64_t b = 0;
+    for (const auto& [p, n] : registered_) b += n;
+    return b;
+  }
+  int registrations() {
+    std::lock_guard lock(mu_);
+    return registrations_;
+  }
+
+ protected:
+  void* do_alloc(size_t charged) override {
+    return std::aligned_alloc(device::kAllocGranularity, charged);
+  }
+  void do_free(void* p) noexcept override { std::free(p); }
+
+ private:
+  bool host_accessible_;
+  device::CpuDevice inner_;
+  std::mutex mu_;
+  std::map<void*, size_t> registered_;
+  int registrations_ = 0;
+};
+
+// The engine registers its pinned pool with the device (so a GPU copies from it
+// asynchronously) and unregisters it when destroyed; staged cpu_checkpointing registers its
+// host checkpoints too.
+TEST(DeviceRegistration, PinnedPoolAndHostCheckpointsAreRegisteredAndReleased) {
+  for (const bool cpu_ckpt : {false, true}) {
+    SCOPED_TRACE(cpu_ckpt ? "cpu_checkpointing" : "device checkpoints");
+    RegisteringDevice dev(/*host_accessible=*/!cpu_ckpt);
+    const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+    const std::string dir = swap_dir("registration").string();
+    const config::Config cfg = make_config(config_json(
+        {3, "nvme", "nvme"}, DType::BF16, dir, "",
+        cpu_ckpt ? ", \"activation_checkpointing\": {\"cpu_checkpointing\": true}" : ""));
+    comm::LocalComm comm;
+    {
+      ZeroEngine engine(cfg, model, dev, comm, 1);
+      const size_t checkpoints = cpu_ckpt ? model.layout().units.size() - 1 : 0;
+      EXPECT_EQ(dev.live(), 1 + checkpoints);  // the pool's one region (+ the checkpoints)
+      EXPECT_EQ(dev.live_bytes(),
+                engine.memory().pinned_budget_bytes + checkpoints * model.hidden_bytes());
+    }
+    EXPECT_EQ(dev.live(), 0u);
+    EXPECT_GE(dev.registrations(), 1);
+  }
 }
 
 // The guard the tests above rely on: host code touching the discrete device's memory faults.
