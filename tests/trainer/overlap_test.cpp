@@ -60,7 +60,8 @@ Outcome train_with(const nlohmann::json& patch, bool overlap, const DemoData& da
 void expect_same(const Outcome& a, const Outcome& b) {
   ASSERT_EQ(a.losses.size(), b.losses.size());
   for (size_t i = 0; i < a.losses.size(); ++i) {
-    EXPECT_EQ(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)), 0) << "loss of step " << i + 1;
+    EXPECT_EQ(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)), 0)
+        << "loss of step " << i + 1;
     EXPECT_EQ(std::memcmp(&a.norms[i], &b.norms[i], sizeof(double)), 0) << "norm of step " << i + 1;
     EXPECT_EQ(a.skipped[i], b.skipped[i]) << "step " << i + 1;
   }
