@@ -116,7 +116,7 @@ void ZeroEngine::Impl::finish_publish(int unit, size_t slot, bool staged) {
   const detail::UnitGeometry& ug = g.units[unit];
   const size_t bytes = ug.own_len * g.param_bytes;
   PublishSlot* s = staged ? &publish_slots.at(slot) : nullptr;
-  const bool host_gather = g.host_gathers() && (p.stage == 1 || p.stage == 2);
+  const bool host_gather = g.host_gathers_publications();
   if (staged) {
     if (p.stage == 3 && home->tier(unit) == Tier::kNvme) {
       s->write = home->start_write(unit, s->buf.data());

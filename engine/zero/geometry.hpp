@@ -43,6 +43,11 @@ struct Geometry {
   // Parameters are all-gathered in pinned host memory and copied to the device whole (several
   // ranks on a device the host cannot read: the collectives run on host memory).
   bool host_gathers() const { return !device_host_accessible && world > 1; }
+  // Stages 1-2 under host_gathers: new parameters are gathered in pinned memory after Adam and
+  // the whole slab is copied up (the engine does it, the plan counts it).
+  bool host_gathers_publications() const {
+    return host_gathers() && (placement.stage == 1 || placement.stage == 2);
+  }
 
   // Bytes of optimizer state per owned element: fp32 master + two moments (12 or 8).
   size_t optimizer_elem_bytes() const { return sizeof(float) + 2 * dtype_size(moments); }

@@ -91,9 +91,9 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
   const size_t part_bytes = ug.part * g_.param_bytes;
   const size_t full_bytes = ug.padded * g_.param_bytes;
   s.buf = device_.alloc(full_bytes, fmt::format("gathered parameters of unit {}", unit));
+  if (gather_ != nullptr) return start_host_gather(unit, fetch_buffer);
   std::byte* slab = s.buf.as<std::byte>();
   std::byte* own = slab + static_cast<size_t>(g_.rank) * part_bytes;
-  if (gather_ != nullptr) return start_host_gather(unit, fetch_buffer);
   switch (home_.tier(unit)) {
     case Tier::kNvme:
       copy_.copy_h2d(own, read_partition(unit, fetch_buffer), part_bytes);

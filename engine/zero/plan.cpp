@@ -275,7 +275,7 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
     const uint64_t lowp = u.own_len * g.param_bytes;
     if (p.param_home(unit) == Tier::kNvme) t.nvme_write += lowp;
     if (p.param_home(unit) == Tier::kDevice && p.optimizer_home(unit) != Tier::kDevice)
-      t.h2d += g.host_gathers() && (p.stage == 1 || p.stage == 2)
+      t.h2d += g.host_gathers_publications()
                    ? u.padded * g.param_bytes  // gathered in pinned memory, copied up whole
                    : lowp;
   }
