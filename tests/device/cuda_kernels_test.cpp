@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -57,12 +58,22 @@ class Dev {
   size_t n_;
 };
 
+// rel == 0 asks for the same bits; otherwise finite values within rel of max(1, |want|), the same
+// infinity, and a NaN where a NaN is expected (its payload may differ).
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
                   const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], rel * std::max(1.0, std::abs(double(want[i]))))
-        << what << " @" << i;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i]) && rel != 0.0) {
+      ASSERT_TRUE(std::isnan(got[i])) << what << " @" << i << ": got " << got[i];
+    } else if (rel == 0.0 || std::isinf(want[i])) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+          << what << " @" << i << ": got " << got[i] << ", want " << want[i];
+    } else {
+      ASSERT_NEAR(got[i], want[i], rel * std::max(1.0, std::abs(double(want[i]))))
+          << what << " @" << i;
+    }
+  }
 }
 
 class CudaKernels : public ::testing::Test {
