@@ -2,6 +2,7 @@
 // exists (OUTCORE_HAVE_CUDA).
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -134,8 +135,19 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal_));
     name_ = "cuda:" + std::to_string(ordinal_) + " (" + prop.name + ")";
     set_budget(options.memory_budget_bytes);
+    // Device memory comes from the GPU's stream-ordered pool, which keeps freed blocks for
+    // reuse: cudaFree would wait for every stream of the device (host functions included, such
+    // as a gradient's NVMe write), so a slab freed between two units would stall compute.
+    CUDA_CHECK(cudaSetDevice(ordinal_));
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, ordinal_));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking));
   }
-  ~CudaDevice() override = default;
+  ~CudaDevice() override {
+    cudaStreamSynchronize(alloc_stream_);
+    cudaStreamDestroy(alloc_stream_);
+  }
 
   DeviceKind kind() const override { return DeviceKind::Cuda; }
   std::string name() const override { return name_; }
@@ -154,6 +166,9 @@ class CudaDevice final : public Device {
   }
   uint64_t free_memory_bytes() const override {
     CUDA_CHECK(cudaSetDevice(ordinal_));
+    // Blocks the pool keeps for reuse count as free: hand them back to the GPU first.
+    CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
+    CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
     size_t free = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return free;
@@ -164,25 +179,39 @@ class CudaDevice final : public Device {
   }
 
  protected:
+  // Allocations and frees are ordered on a stream of their own that runs nothing else; the
+  // allocation is complete (usable from every stream) when do_alloc returns. A buffer is freed
+  // only once no stream uses it (the Device contract), so its block can be reused at once.
   void* do_alloc(size_t charged) override {
     CUDA_CHECK(cudaSetDevice(ordinal_));
     void* ptr = nullptr;
-    cudaError_t err = cudaMalloc(&ptr, charged);
+    cudaError_t err = cudaMallocAsync(&ptr, charged, alloc_stream_);
     if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // clear the sticky-free error so later calls work
+      // Blocks cached by the pool (other sizes, or other CudaDevice objects on this GPU) may
+      // be what is missing: give them back and try once more.
+      cudaGetLastError();
+      CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
+      CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
+      err = cudaMallocAsync(&ptr, charged, alloc_stream_);
+    }
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear the error so later calls work
       return nullptr;
     }
     CUDA_CHECK(err);
+    CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
     return ptr;
   }
   void do_free(void* ptr) noexcept override {
     cudaSetDevice(ordinal_);
-    cudaFree(ptr);
+    cudaFreeAsync(ptr, alloc_stream_);
   }
 
  private:
   int ordinal_;
   std::string name_;
+  cudaMemPool_t pool_ = nullptr;         // the GPU's default pool (shared by its CudaDevices)
+  cudaStream_t alloc_stream_ = nullptr;  // orders this device's allocations and frees
 };
 
 }  // namespace
