@@ -162,7 +162,13 @@ bool ResidencyPolicy::evict_one(size_t i) {
 
 void ResidencyPolicy::prefetch(size_t i) {
   if (options_.prefetch_bucket_numel == 0) return;
+  // DeepSpeed's rule: the elements fetched ahead of step i (its own units do not count) may
+  // reach the bucket with the last unit started, so one unit is always fetched ahead, even a
+  // unit larger than the bucket (with a 50M bucket and 200M-element layers nothing would
+  // otherwise overlap the drive with compute).
   uint64_t in_flight = fetching_numel_;
+  for (int u : (*sched_)[i].needs)
+    if (slots_[u].state == State::kFetching) in_flight -= g_.units[u].padded;
   // Only steps with an absent unit can start a fetch, and each one visited is either fetched
   // whole or ends the prefetch: the walk costs the fetches it starts, not the schedule.
   for (size_t after = i;;) {
@@ -172,7 +178,7 @@ void ResidencyPolicy::prefetch(size_t i) {
     for (int u : (*sched_)[j].needs) {
       if (slots_[u].state != State::kAbsent) continue;
       const uint64_t n = g_.units[u].padded;
-      if (in_flight + n > options_.prefetch_bucket_numel) return;
+      if (in_flight >= options_.prefetch_bucket_numel) return;
       if (live_numel_ + n > options_.max_live_numel) return;
       if (live_bytes_ + slab_bytes(u) > options_.budget_bytes) return;
       if (staged(u) && free_fetch_buffers_.empty()) return;

@@ -1,0 +1,76 @@
+// The stage-3 residency policy's prefetch rule, checked on the order of the actions it asks for
+// (the engine and the planner both follow these decisions).
+#include "engine/zero/residency.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/zero/geometry.hpp"
+#include "tests/zero/zero_test_util.hpp"
+
+namespace outcore::zero::test {
+namespace {
+
+// Records the policy's requests as "fetch u" / "wait u" / "free u".
+struct Recorder final : detail::ResidencyActions {
+  std::vector<std::string> log;
+  void start_fetch(int unit, int) override { log.push_back("fetch " + std::to_string(unit)); }
+  void wait_fetched(int unit) override { log.push_back("wait " + std::to_string(unit)); }
+  void free_slab(int unit) override { log.push_back("free " + std::to_string(unit)); }
+};
+
+class Residency : public ::testing::Test {
+ protected:
+  Residency()
+      : model_(tiny_config(false), tiny_options(DType::BF16)),
+        cfg_(make_config(config_json({3, "nvme", "nvme"}, DType::BF16, "/nonexistent"))),
+        g_(detail::make_geometry(cfg_, model_, 1, 0, false)),
+        sched_(detail::train_schedule(model_)) {}
+
+  // The actions of acquire(0) on a cold start, with every unit streamed, plenty of memory and
+  // fetch buffers, and `bucket` elements of prefetch.
+  std::vector<std::string> first_acquire(uint64_t bucket) {
+    detail::CoordinatorOptions o;
+    o.budget_bytes = uint64_t{1} << 40;
+    o.max_live_numel = uint64_t{1} << 40;
+    o.prefetch_bucket_numel = bucket;
+    o.persistent.assign(g_.units.size(), false);
+    Recorder r;
+    detail::ResidencyPolicy p(g_, o, 8, r);
+    p.begin(&sched_);
+    p.acquire(0);
+    return r.log;
+  }
+
+  uint64_t numel(int unit) const { return g_.units.at(unit).padded; }
+
+  model::LlamaModel model_;
+  config::Config cfg_;
+  detail::Geometry g_;
+  std::vector<detail::PassStep> sched_;
+};
+
+TEST_F(Residency, NoBucketMeansNoPrefetch) {
+  EXPECT_EQ(first_acquire(0), (std::vector<std::string>{"fetch 0", "wait 0"}));
+}
+
+// DeepSpeed's rule: the step's own units do not count, and a unit is fetched ahead while less
+// than the bucket is in flight ahead, so the next unit is prefetched even when it is larger
+// than the bucket.
+TEST_F(Residency, OneUnitAheadEvenWhenLargerThanTheBucket) {
+  ASSERT_GT(numel(1), 1u);
+  EXPECT_EQ(first_acquire(1), (std::vector<std::string>{"fetch 0", "fetch 1", "wait 0"}));
+  EXPECT_EQ(first_acquire(numel(1)), (std::vector<std::string>{"fetch 0", "fetch 1", "wait 0"}));
+}
+
+TEST_F(Residency, PrefetchStopsOnceTheBucketIsReached) {
+  EXPECT_EQ(first_acquire(numel(1) + 1),
+            (std::vector<std::string>{"fetch 0", "fetch 1", "fetch 2", "wait 0"}));
+  EXPECT_EQ(first_acquire(numel(1) + numel(2) + 1),
+            (std::vector<std::string>{"fetch 0", "fetch 1", "fetch 2", "fetch 3", "wait 0"}));
+}
+
+}  // namespace
+}  // namespace outcore::zero::test
