@@ -4,6 +4,12 @@
 //
 //   zero_bench [--hidden 512] [--layers 8] [--vocab 8192] [--seq 256] [--micro 2] [--gas 4]
 //              [--steps 6] [--dtype bf16|fp32] [--nvme DIR] [--device-fraction 0.25]
+//              [--device cpu|cuda] [--trace FILE]
+//
+// With --device cuda the model computes on GPU 0 and the reference keeps everything in memory
+// that a GPU run can: parameters on the GPU, optimizer state in host memory (stage 1,
+// offload_optimizer cpu), since CPU Adam cannot step state on the device. On the simulated
+// device (cpu, the default) the reference is stage 0.
 //
 // Three engines train the same data: in memory, NVMe with the optimizer step overlapping the
 // next forward (the default), and NVMe with the sequential step (EngineOptions::overlap_step
@@ -27,6 +33,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/trace.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "engine/config/config.hpp"
 #include "engine/device/device.hpp"
@@ -64,7 +71,7 @@ config::Config make_config(const std::string& json) {
 struct Runner {
   std::string name;
   config::Config cfg;
-  device::CpuDevice dev;
+  std::unique_ptr<device::Device> dev;
   comm::LocalComm comm;
   std::unique_ptr<zero::ZeroEngine> engine;
   std::vector<double> turns;  // seconds of each timed turn
@@ -72,11 +79,16 @@ struct Runner {
   double fb_seconds = 0, step_seconds = 0, cpu = 0;
 
   Runner(std::string n, const std::string& json, const model::LlamaModel& model, uint64_t budget,
-         bool overlap = true)
-      : name(std::move(n)), cfg(make_config(json)), dev({.memory_budget_bytes = budget}) {
+         bool cuda, bool overlap = true)
+      : name(std::move(n)), cfg(make_config(json)) {
+    if (cuda) {
+      dev = device::make_cuda_device({.memory_budget_bytes = budget});
+    } else {
+      dev = std::make_unique<device::CpuDevice>(device::CpuDeviceOptions{budget});
+    }
     zero::EngineOptions eo;
     eo.overlap_step = overlap;
-    engine = std::make_unique<zero::ZeroEngine>(cfg, model, dev, comm, 1234, eo);
+    engine = std::make_unique<zero::ZeroEngine>(cfg, model, *dev, comm, 1234, eo);
   }
 
   // `count` consecutive steps from step `first`, timed as one turn.
@@ -124,7 +136,7 @@ int main(int argc, char** argv) {
   int64_t hidden = 512, layers = 8, vocab = 8192, seq = 256, micro = 2, gas = 4;
   int steps = 6, warmup = 1, block = 3;
   double device_fraction = 0.25;
-  std::string dtype = "bf16";
+  std::string dtype = "bf16", device_kind = "cpu", trace_file;
   std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_bench_swap";
   CLI::App app("ZeRO-3 with parameters and optimizer on NVMe vs the same model in memory");
   app.add_option("--hidden", hidden, "hidden size (heads = hidden/64, kv heads = heads/2)");
@@ -140,6 +152,10 @@ int main(int argc, char** argv) {
   app.add_option("--nvme", nvme, "swap directory");
   app.add_option("--device-fraction", device_fraction,
                  "device budget of the NVMe run as a fraction of the model state (16 B/param)");
+  app.add_option("--device", device_kind, "cpu (the simulated device) or cuda (GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--trace", trace_file,
+                 "Chrome trace-event JSON of the NVMe run's last turn (overlapped step)");
   CLI11_PARSE(app, argc, argv);
 
   model::LlamaConfig mc;
@@ -152,9 +168,15 @@ int main(int argc, char** argv) {
   mc.vocab_size = vocab;
   mc.max_position_embeddings = seq;
   const DType dt = dtype == "fp32" ? DType::F32 : DType::BF16;
+  const bool cuda = device_kind == "cuda";
+  // The model's backend computes on its own device object; the engines' devices (one budget
+  // each) hand out memory of the same GPU.
+  std::unique_ptr<device::Device> compute_dev;
+  if (cuda) compute_dev = device::make_cuda_device();
   const model::LlamaModel model(
       mc,
-      {.micro_batch = micro, .seq_len = seq, .param_dtype = dt, .activation_checkpointing = true});
+      {.micro_batch = micro, .seq_len = seq, .param_dtype = dt, .activation_checkpointing = true},
+      cuda ? model::make_backend(*compute_dev) : nullptr);
   const uint64_t params = mc.num_parameters();
   const uint64_t budget = static_cast<uint64_t>(device_fraction * 16.0 * params);
   std::filesystem::create_directories(nvme);
@@ -164,8 +186,12 @@ int main(int argc, char** argv) {
          "gradient_clipping": 1.0, "bf16": {{"enabled": {}}},
          "activation_checkpointing": {{"cpu_checkpointing": true}},)",
       micro, gas, dt == DType::BF16 ? "true" : "false");
-  Runner mem("in memory (stage 0)", "{" + common + R"("zero_optimization": {"stage": 0}})", model,
-             0);
+  Runner mem(
+      cuda ? "in memory (stage 1, optimizer in host memory)" : "in memory (stage 0)",
+      "{" + common +
+          (cuda ? R"("zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})"
+                : R"("zero_optimization": {"stage": 0}})"),
+      model, 0, cuda);
   auto nvme_json = [&](const std::string& dir) {
     std::filesystem::create_directories(dir);
     return "{" + common +
@@ -177,9 +203,10 @@ int main(int argc, char** argv) {
                   "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}}}})",
                        dir);
   };
-  Runner ooc("nvme (stage 3, params+optimizer on NVMe)", nvme_json(nvme), model, budget);
+  Runner ooc("nvme (stage 3, params+optimizer on NVMe)", nvme_json(nvme), model, budget, cuda);
   Runner seq_step("nvme, sequential optimizer step", nvme_json(nvme + "/sequential"), model, budget,
-                  false);
+                  cuda, false);
+  std::printf("device: %s\n", ooc.dev->name().c_str());
 
   std::printf(
       "model: %.1fM parameters, hidden %ld, %ld layers, vocab %ld, %s, seq %ld x micro %ld x gas "
@@ -192,7 +219,25 @@ int main(int argc, char** argv) {
   const zero::TrafficStats tr0 = ooc.engine->traffic();
   for (int t = warmup + 1; t <= warmup + steps; t += block) {
     const int count = std::min(block, warmup + steps + 1 - t);
-    for (Runner* r : runners) r->train_turn(model, t, count, gas, true);
+    const bool last = t + block > warmup + steps;
+    for (Runner* r : runners) {
+      const bool traced = last && r == &ooc && !trace_file.empty();
+      if (traced) {
+        trace::name_thread("trainer");
+        trace::start();
+      }
+      r->train_turn(model, t, count, gas, true);
+      if (traced) {
+        trace::stop();
+        const std::vector<trace::Event> events = trace::events();
+        const trace::IoOverlap hidden = trace::io_overlap(events, {"compute"});
+        trace::write_json(trace_file, {fmt::format("\"io_hidden_under_compute\": {:.4f}",
+                                                   hidden.hidden_fraction)});
+        std::printf("trace %s: %zu spans; I/O busy %.2f s, %.1f%% of it under forward/backward\n",
+                    trace_file.c_str(), events.size(), hidden.io_busy_s,
+                    100 * hidden.hidden_fraction);
+      }
+    }
     std::printf("steps %d-%d: in memory %.2f s, nvme %.2f s (sequential step %.2f s), ratio %.3f\n",
                 t, t + count - 1, mem.turns.back(), ooc.turns.back(), seq_step.turns.back(),
                 mem.turns.back() / ooc.turns.back());
