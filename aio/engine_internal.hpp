@@ -126,6 +126,7 @@ class Worker {
   void complete(const IoCompletion& c, Clock::time_point now);
   void finish_piece(uint32_t index);
   void drop_front_if(Slice* s);
+  bool idle() const { return active_[0].head == nullptr && active_[1].head == nullptr; }
   void trace_slice(const Slice& s) const;
   int buffer_index(const std::byte* p, uint32_t len) const;
   int fixed_slot(uint64_t serial) const;
@@ -146,9 +147,14 @@ class Worker {
   bool control_done_ = false;
   std::condition_variable control_cv_;
 
-  // Owned by the I/O thread.
-  Slice* active_head_ = nullptr;
-  Slice* active_tail_ = nullptr;
+  // Owned by the I/O thread. Slices to issue, one list per direction (0 reads, 1 writes),
+  // each in arrival order; only a list's front slice is ever partly issued.
+  struct Active {
+    Slice* head = nullptr;
+    Slice* tail = nullptr;
+    uint32_t inflight = 0;  // requests of this direction in flight
+  };
+  std::array<Active, 2> active_;
   std::vector<Piece> pieces_;
   std::vector<uint32_t> free_pieces_;
   std::vector<IoCompletion> cqes_;

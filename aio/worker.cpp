@@ -1,5 +1,9 @@
 // aio I/O thread: takes slices from its queue, cuts them into block_size requests, keeps up to
 // queue_depth in flight on its own IoQueue, resubmits short transfers and records failures.
+// Reads and writes are issued from two lists, each in arrival order: when both have work, the
+// next request comes from the direction with fewer requests in flight, so a read queued behind
+// a long write (a parameter fetch behind a gradient write-back) shares the queue with it
+// instead of waiting for its end, and the drive sees both at once, as in its mixed rate.
 // Nothing is allocated here after start().
 #include <algorithm>
 #include <cerrno>
@@ -97,7 +101,7 @@ void Worker::collect_stats(DirectionCounters& out, bool reset) {
 
 void Worker::loop() {
   while (true) {
-    if (inflight_ == 0 && active_head_ == nullptr && !wait_for_work()) return;
+    if (inflight_ == 0 && idle() && !wait_for_work()) return;
     take_queued();
     // overlap_events: refill as soon as a slot frees; otherwise one batch at a time.
     if (opt_.overlap_events || inflight_ == 0) fill();
@@ -125,25 +129,33 @@ bool Worker::wait_for_work() {
 
 void Worker::take_queued() {
   Slice* head;
-  Slice* tail;
   {
     std::lock_guard lock(mu_);
     head = std::exchange(queue_head_, nullptr);
-    tail = std::exchange(queue_tail_, nullptr);
+    queue_tail_ = nullptr;
   }
-  if (head == nullptr) return;
-  for (Slice* s = head; s != nullptr; s = s->next) s->fixed_file = fixed_slot(s->file_serial);
-  if (active_tail_ != nullptr) {
-    active_tail_->next = head;
-  } else {
-    active_head_ = head;
+  for (Slice* s = head; s != nullptr;) {
+    Slice* next = s->next;
+    s->fixed_file = fixed_slot(s->file_serial);
+    s->next = nullptr;
+    Active& a = active_[s->write ? 1 : 0];
+    if (a.tail != nullptr) {
+      a.tail->next = s;
+    } else {
+      a.head = s;
+    }
+    a.tail = s;
+    s = next;
   }
-  active_tail_ = tail;
 }
 
 void Worker::fill() {
-  while (active_head_ != nullptr && !free_pieces_.empty()) {
-    Slice* s = active_head_;
+  while (!idle() && !free_pieces_.empty()) {
+    int d = active_[0].head != nullptr ? 0 : 1;
+    if (active_[0].head != nullptr && active_[1].head != nullptr &&
+        active_[1].inflight < active_[0].inflight)
+      d = 1;
+    Slice* s = active_[d].head;
     uint64_t len = std::min<uint64_t>(opt_.block_size, s->length - s->issued);
     uint32_t index = free_pieces_.back();
     Piece& p = pieces_[index];
@@ -153,6 +165,7 @@ void Worker::fill() {
     free_pieces_.pop_back();
     s->issued += len;
     ++s->inflight;
+    ++active_[d].inflight;
     if (s->issued == s->length) drop_front_if(s);
   }
 }
@@ -250,6 +263,7 @@ void Worker::finish_piece(uint32_t index) {
   pieces_[index].slice = nullptr;
   free_pieces_.push_back(index);
   --s->inflight;
+  --active_[s->write ? 1 : 0].inflight;
   if (s->err != 0) drop_front_if(s);  // issue nothing more for a failed slice
   if (s->inflight == 0 && (s->err != 0 || s->issued == s->length)) {
     if (s->trace_start_ns >= 0) trace_slice(*s);
@@ -257,11 +271,13 @@ void Worker::finish_piece(uint32_t index) {
   }
 }
 
-// Only the front slice is ever partly issued, so a slice to drop is at the front or gone.
+// Only a list's front slice is ever partly issued, so a slice to drop is at the front of its
+// list or gone.
 void Worker::drop_front_if(Slice* s) {
-  if (active_head_ != s) return;
-  active_head_ = s->next;
-  if (active_head_ == nullptr) active_tail_ = nullptr;
+  Active& a = active_[s->write ? 1 : 0];
+  if (a.head != s) return;
+  a.head = s->next;
+  if (a.head == nullptr) a.tail = nullptr;
   s->next = nullptr;
 }
 
