@@ -219,7 +219,13 @@ int run_cli_job(const fs::path& work, Strike&& strike, std::string& output,
         victim = std::stoi(name);
     }
   }
-  if (victim != 0) strike(victim, launcher, swap);
+  if (victim != 0) {
+    try {
+      strike(victim, launcher, swap);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "striking rank 1 failed: " << e.what();
+    }
+  }
   job.join();
   if (victim == 0) ADD_FAILURE() << "rank 1 never appeared or never trained:\n" << output;
   return rc;
@@ -235,9 +241,15 @@ TEST_F(DataParallel, FailingRankEndsEveryRankAndLeavesNoSwapFiles) {
   const int rc = run_cli_job(
       work,
       [](pid_t, pid_t, const fs::path& swap) {
-        for (const auto& e : fs::recursive_directory_iterator(swap / "outcore_swap" / "rank1"))
-          if (e.is_regular_file() && e.path().extension() == ".bin")
-            fs::resize_file(e.path(), 4096);
+        // The first cut can make rank 1 fail and remove its files while this loop runs: the
+        // files are listed first and each cut ignores a file that is already gone.
+        std::vector<fs::path> files;
+        std::error_code ec;
+        for (fs::recursive_directory_iterator it(swap / "outcore_swap" / "rank1", ec), end;
+             !ec && it != end; it.increment(ec))
+          if (it->path().extension() == ".bin") files.push_back(it->path());
+        ASSERT_FALSE(files.empty()) << "rank 1 has no swap files to cut";
+        for (const fs::path& f : files) fs::resize_file(f, 4096, ec);
       },
       output);
   EXPECT_NE(rc, 0) << output;
