@@ -1,7 +1,12 @@
 // probe() everywhere; CudaDevice where the runtime reports a GPU (skipped otherwise).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
@@ -83,6 +88,34 @@ TEST_F(CudaDeviceTest, HostFunctionErrorsSurfaceAtSynchronize) {
   auto s = dev->create_stream("s");
   s->enqueue([] { throw InvalidArgument("host function failed"); });
   EXPECT_THROW(s->synchronize(), InvalidArgument);
+}
+
+// Work enqueued after a host function waits for it: the copy reads what the function wrote
+// after the copy was enqueued, and the copy back sees it; a later function runs after it.
+TEST_F(CudaDeviceTest, HostFunctionsGateLaterWorkOnTheirStream) {
+  auto dev = make_cuda_device();
+  auto s = dev->create_stream("s");
+  std::vector<int> host(1 << 20, 1), back(1 << 20, 0);
+  // Registered (pinned), so the copies are asynchronous and only the stream orders them.
+  dev->register_host(host.data(), host.size() * 4);
+  dev->register_host(back.data(), back.size() * 4);
+  DeviceBuffer d = dev->alloc(host.size() * 4, "d");
+  std::vector<int> order;
+  for (int round = 0; round < 20; ++round) {
+    s->enqueue([&, round] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::fill(host.begin(), host.end(), round + 2);
+      order.push_back(round);
+    });
+    s->copy_h2d(d.data(), host.data(), host.size() * 4);
+    s->copy_d2h(back.data(), d.data(), host.size() * 4);
+    s->synchronize();
+    ASSERT_EQ(back, host) << "round " << round;
+  }
+  EXPECT_EQ(order.size(), 20u);
+  EXPECT_TRUE(std::is_sorted(order.begin(), order.end()));
+  dev->unregister_host(host.data());
+  dev->unregister_host(back.data());
 }
 
 }  // namespace
