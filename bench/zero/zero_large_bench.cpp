@@ -290,7 +290,7 @@ int main(int argc, char** argv) {
       const double rd = (b.nvme_read_bytes - a.nvme_read_bytes) / 1e9;
       const double wr = (b.nvme_write_bytes - a.nvme_write_bytes) / 1e9;
       std::printf(
-          "step %d: loss %.4f%s, grad norm %.3f, %.2f s (fwd+bwd %.2f s, optimizer %.2f s%s), "
+          "step %d: loss %.6f%s, grad norm %.6f, %.2f s (fwd+bwd %.2f s, optimizer %.2f s%s), "
           "nvme read %.2f GB (%.2f GB/s), write %.2f GB (%.2f GB/s), peak RSS %.2f GiB, device "
           "peak %.0f MiB",
           t, loss, std::isfinite(loss) ? "" : " (NOT FINITE)", r.grad_norm, total, fb, st,
