@@ -264,7 +264,9 @@ TEST(TrainerTest, MetricsFileHasOneRecordPerStepWithTierTraffic) {
     // optimizer step's writes finish under the next step's forward).
     ASSERT_TRUE(s.contains("io") && s["io"].contains("nvme")) << s.dump();
     EXPECT_GT(s["io"]["nvme"]["read_gb_per_s"].get<double>(), 0) << s.dump();
-    if (i > 0) EXPECT_GT(s["io"]["nvme"]["write_gb_per_s"].get<double>(), 0) << s.dump();
+    if (i > 0) {
+      EXPECT_GT(s["io"]["nvme"]["write_gb_per_s"].get<double>(), 0) << s.dump();
+    }
   }
   EXPECT_GT(r.traffic.nvme_read_bytes, 0u);
   EXPECT_GT(r.traffic.nvme_write_bytes, 0u);
