@@ -170,10 +170,14 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
       fetch_buffers.push_back(pool->acquire(pl.fetch_slot_bytes));
     detail::CoordinatorOptions co =
         detail::coordinator_options(cfg, g, plan.device_live_param_bytes);
-    coordinator = std::make_unique<detail::ParamCoordinator>(g, *home, device, *copy, *comm_stream,
-                                                             comm, std::move(fetch_buffers),
-                                                             traffic, std::move(co));
-    coordinator->set_before_fetch([this](int unit) { wait_unit(unit); });
+    // Fetches have a stream of their own: a fetch waiting there for the optimizer step must not
+    // hold up the step's publications, which use the copy stream.
+    fetch_stream = device.create_stream("zero-fetch");
+    coordinator = std::make_unique<detail::ParamCoordinator>(
+        g, *home, device, *fetch_stream, *comm_stream, comm, std::move(fetch_buffers), traffic,
+        std::move(co));
+    coordinator->set_step_gate([this](int unit) { return unit_pending(unit); },
+                               [this](int unit) { wait_unit(unit); });
     if (param_gather.valid()) coordinator->set_gather_buffer(param_gather.data());
   }
   for (size_t u = 0; u < g.units.size(); ++u) {
@@ -217,7 +221,7 @@ ZeroEngine::Impl::~Impl() {
     step_run.cv.notify_all();
     step_run.worker.join();
   }
-  for (device::Stream* s : {copy.get(), grad.get(), comm_stream.get()}) {
+  for (device::Stream* s : {fetch_stream.get(), copy.get(), grad.get(), comm_stream.get()}) {
     if (s == nullptr) continue;
     try {
       s->synchronize();

@@ -47,6 +47,8 @@ struct ZeroEngine::Impl {
   void mark_done(size_t units);
   // Blocks until `unit`'s update of the running step is published; rethrows its error.
   void wait_unit(int unit);
+  // Whether wait_unit(unit) would block now (a step still has to publish the unit).
+  bool unit_pending(int unit);
   // Joins the running step (if any); rethrows its error.
   void finish_step();
   // Writes own_len new low-precision elements of `unit` (produced by `produce(out)`) to the
@@ -85,6 +87,7 @@ struct ZeroEngine::Impl {
   std::vector<detail::PassStep> train_sched, eval_sched;
 
   std::unique_ptr<device::Stream> copy, grad, comm_stream;
+  std::unique_ptr<device::Stream> fetch_stream;  // stage 3's parameter fetches
   std::unique_ptr<swap::PinnedPool> pool;
   std::unique_ptr<aio::Engine> aio;
   std::unique_ptr<swap::SwapSpace> param_space, optimizer_space;

@@ -311,6 +311,12 @@ void ZeroEngine::Impl::mark_done(size_t units) {
   step_run.cv.notify_all();
 }
 
+bool ZeroEngine::Impl::unit_pending(int unit) {
+  std::lock_guard lock(step_run.m);
+  return step_run.active && step_run.units_done <= static_cast<size_t>(unit) &&
+         step_run.error == nullptr;
+}
+
 void ZeroEngine::Impl::wait_unit(int unit) {
   std::unique_lock lock(step_run.m);
   if (!step_run.active) return;

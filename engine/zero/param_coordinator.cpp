@@ -85,7 +85,9 @@ ParamCoordinator::ParamCoordinator(const Geometry& g, ParamHome& home, device::D
 ParamCoordinator::~ParamCoordinator() = default;
 
 void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
-  if (before_fetch_) before_fetch_(unit);
+  // Host gathers run their collectives on the comm stream in fetch order: those wait here.
+  const bool defer = gather_ == nullptr && step_pending_ && step_pending_(unit);
+  if (!defer && before_fetch_) before_fetch_(unit);
   Slot& s = slots_[unit];
   const UnitGeometry& ug = g_.units[unit];
   const size_t part_bytes = ug.part * g_.param_bytes;
@@ -94,9 +96,16 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
   if (gather_ != nullptr) return start_host_gather(unit, fetch_buffer);
   std::byte* slab = s.buf.as<std::byte>();
   std::byte* own = slab + static_cast<size_t>(g_.rank) * part_bytes;
+  if (defer && home_.tier(unit) != Tier::kNvme) {
+    const std::function<void(int)>* wait = &before_fetch_;
+    copy_.enqueue([wait, unit] {
+      OUTCORE_TRACE_SPAN("step wait", "wait", {.unit = unit});
+      (*wait)(unit);
+    });
+  }
   switch (home_.tier(unit)) {
     case Tier::kNvme:
-      copy_.copy_h2d(own, read_partition(unit, fetch_buffer), part_bytes);
+      copy_.copy_h2d(own, read_partition(unit, fetch_buffer, defer), part_bytes);
       traffic_.h2d += part_bytes;
       break;
     case Tier::kDevice:
@@ -117,10 +126,24 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
   comm_stream_.record(*s.ready);
 }
 
-const std::byte* ParamCoordinator::read_partition(int unit, int fetch_buffer) {
+const std::byte* ParamCoordinator::read_partition(int unit, int fetch_buffer, bool deferred) {
   std::byte* staging = fetch_buffers_.at(fetch_buffer).data();
-  const swap::SwapTicket t = home_.start_read(unit, staging);
   swap::Swapper* sw = home_.swapper();
+  if (deferred) {
+    const std::function<void(int)>* wait = &before_fetch_;
+    ParamHome* home = &home_;
+    copy_.enqueue([wait, home, sw, staging, unit] {
+      {
+        OUTCORE_TRACE_SPAN("step wait", "wait", {.unit = unit});
+        (*wait)(unit);
+      }
+      const swap::SwapTicket t = home->start_read(unit, staging);
+      OUTCORE_TRACE_SPAN("swap wait", "wait", {.unit = unit});
+      sw->wait(t);
+    });
+    return staging;
+  }
+  const swap::SwapTicket t = home_.start_read(unit, staging);
   copy_.enqueue([sw, t, unit] {
     OUTCORE_TRACE_SPAN("swap wait", "wait", {.unit = unit});
     sw->wait(t);

@@ -3,7 +3,7 @@
 // PartitionedParameterCoordinator, without tracing: the pass schedule is known).
 //
 // A fetch of unit u:  [nvme: swap_in partition -> pinned fetch buffer]  (aio threads)
-//                     partition -> own shard of a new device slab       (copy stream)
+//                     partition -> own shard of a new device slab       (fetch stream)
 //                     Comm::all_gather in place on the slab             (comm stream)
 // All decisions (what to fetch, prefetch, keep, release) are taken on the driving thread by
 // ResidencyPolicy (residency.hpp) from bookkeeping alone, never from timing, so every rank
@@ -89,9 +89,16 @@ class ParamCoordinator final : private ResidencyActions {
 
   uint64_t live_bytes() const { return policy_.live_bytes(); }
 
-  // Called with a unit before its partition is read for a fetch (the engine waits there for
-  // an optimizer step still writing that unit's new parameters). Null: nothing to wait for.
-  void set_before_fetch(std::function<void(int)> fn) { before_fetch_ = std::move(fn); }
+  // `wait` is called with a unit before its partition is read for a fetch (the engine waits
+  // there for an optimizer step still writing that unit's new parameters); `pending` tells,
+  // without blocking, whether that wait would block. A fetch of a pending unit does not block
+  // the driving thread: the wait runs first on the fetch stream (`copy`, which carries nothing
+  // but fetches), then the read and the copy; the decision to fetch is taken as before, so
+  // collectives and traffic do not depend on timing. Null: nothing to wait for.
+  void set_step_gate(std::function<bool(int)> pending, std::function<void(int)> wait) {
+    step_pending_ = std::move(pending);
+    before_fetch_ = std::move(wait);
+  }
   // Several ranks on a device the host cannot read (Geometry::host_gathers): every fetch
   // gathers the ranks' partitions in `buf` (pinned, one full slab) on the comm stream, then
   // copies the whole slab up. Fetches are serialized on the comm stream, so one buffer serves.
@@ -106,8 +113,9 @@ class ParamCoordinator final : private ResidencyActions {
   void start_fetch(int unit, int fetch_buffer) override;
   void start_host_gather(int unit, int fetch_buffer);  // start_fetch with gather_ set
   // Starts reading a swapped unit's partition into fetch buffer `fetch_buffer` and makes the
-  // copy stream wait for it; returns the buffer.
-  const std::byte* read_partition(int unit, int fetch_buffer);
+  // copy stream wait for it; returns the buffer. `deferred`: the read itself is issued from
+  // the copy stream (after the step gate's wait enqueued there).
+  const std::byte* read_partition(int unit, int fetch_buffer, bool deferred = false);
   void wait_fetched(int unit) override;
   void free_slab(int unit) override;
 
@@ -120,6 +128,7 @@ class ParamCoordinator final : private ResidencyActions {
   std::vector<swap::PinnedBuffer> fetch_buffers_;
   TrafficCounters& traffic_;
   std::vector<Slot> slots_;
+  std::function<bool(int)> step_pending_;
   std::function<void(int)> before_fetch_;
   std::byte* gather_ = nullptr;
   ResidencyPolicy policy_;  // last: its calls reach the members above

@@ -124,7 +124,7 @@ TEST(TraceTest, Stage3NvmeRunWritesAConsistentTrace) {
   }
   std::set<std::string> names;
   for (const auto& [tid, n] : p.track_names) names.insert(n);
-  for (const char* n : {"trainer", "zero-copy", "zero-grad", "optimizer #0"}) {
+  for (const char* n : {"trainer", "zero-fetch", "zero-grad", "optimizer #0"}) {
     EXPECT_TRUE(names.count(n)) << n;
   }
   // Every step's overlapped updates run on one worker: one track, whatever the step count.
