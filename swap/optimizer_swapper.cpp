@@ -51,7 +51,9 @@ std::string sub_group_name(size_t k) { return fmt::format("sg{}", k); }
 struct SubGroup {
   uint64_t first = 0;  // element offset in the unit's partition
   uint64_t n = 0;
-  TensorId id;
+  TensorId id;     // copy 0
+  TensorId spare;  // copy 1 (spare_copy)
+  TensorId at(int copy) const { return copy == 0 ? id : spare; }
   uint64_t part = 0;    // bytes of the master part: part_bytes(n, 4)
   uint64_t part_m = 0;  // bytes of the exp_avg part: part_bytes(n, moment size)
   uint64_t bytes = 0;   // sub_group_bytes(n, moment size)
@@ -72,6 +74,8 @@ struct UnitState {
   bool poisoned = false;
   bool busy = false;
   uint64_t steps = 0;
+  int current = 0;       // the copy holding the state (0 without spare_copy)
+  bool pending = false;  // a tentative step's result is in the other copy
 };
 
 // The per-sub-group work of one pass; `buf` holds the sub-group's [master | m | v].
@@ -80,7 +84,7 @@ using Work = std::function<void(const SubGroup& g, std::byte* buf)>;
 }  // namespace
 
 SwapFileSpec optimizer_file_spec(uint32_t unit, uint64_t numel, uint64_t sub_group_size,
-                                 DType moments) {
+                                 DType moments, unsigned copies) {
   if (numel == 0 || sub_group_size == 0) {
     throw InvalidArgument(
         fmt::format("optimizer swap: unit {}: numel {} and sub_group_size {} must both be > 0",
@@ -89,10 +93,17 @@ SwapFileSpec optimizer_file_spec(uint32_t unit, uint64_t numel, uint64_t sub_gro
   if (moments != DType::F32 && moments != DType::BF16) {
     throw InvalidArgument("optimizer swap: the Adam moments must be fp32 or bf16");
   }
+  if (copies != 1 && copies != 2) {
+    throw InvalidArgument(
+        fmt::format("optimizer swap: unit {}: {} copies of the state (1 or 2)", unit, copies));
+  }
   SwapFileSpec spec{.unit = unit, .kind = SwapKind::kOptimizer, .tensors = {}};
-  for (uint64_t first = 0, k = 0; first < numel; first += sub_group_size, ++k) {
-    uint64_t n = std::min(sub_group_size, numel - first);
-    spec.tensors.push_back({sub_group_name(k), sub_group_bytes(n, dtype_size(moments))});
+  for (unsigned c = 0; c < copies; ++c) {
+    for (uint64_t first = 0, k = 0; first < numel; first += sub_group_size, ++k) {
+      uint64_t n = std::min(sub_group_size, numel - first);
+      spec.tensors.push_back(
+          {sub_group_name(k) + (c == 0 ? "" : ".spare"), sub_group_bytes(n, dtype_size(moments))});
+    }
   }
   return spec;
 }
@@ -137,19 +148,23 @@ struct OptimizerSwapper::Impl {
 
   std::shared_ptr<const UnitLayout> layout_for(uint32_t unit, uint64_t numel) const {
     const SwapSpace& space = swapper.space();
-    SwapFileSpec want = optimizer_file_spec(unit, numel, options.sub_group_size, options.moments);
+    const unsigned copies = options.spare_copy ? 2 : 1;
+    SwapFileSpec want =
+        optimizer_file_spec(unit, numel, options.sub_group_size, options.moments, copies);
     size_t have = space.tensor_count(unit, SwapKind::kOptimizer);
     auto mismatch = [&](const std::string& what) {
       return InvalidArgument(fmt::format(
           "optimizer swap: the swap space's optimizer file of unit {} is not laid out for {} "
-          "elements in sub-groups of {} with {} moments (use optimizer_file_spec): {}",
-          unit, numel, options.sub_group_size, dtype_name(options.moments), what));
+          "elements in sub-groups of {} with {} moments, {} cop{} (use optimizer_file_spec): {}",
+          unit, numel, options.sub_group_size, dtype_name(options.moments), copies,
+          copies == 1 ? "y" : "ies", what));
     };
     if (have != want.tensors.size()) {
       throw mismatch(fmt::format("it has {} tensors, {} expected", have, want.tensors.size()));
     }
     auto layout = std::make_shared<UnitLayout>();
     layout->numel = numel;
+    const size_t K = want.tensors.size() / copies;
     for (size_t k = 0; k < want.tensors.size(); ++k) {
       TensorId id{unit, SwapKind::kOptimizer, static_cast<uint32_t>(k)};
       const TensorInfo& info = space.info(id);
@@ -157,6 +172,10 @@ struct OptimizerSwapper::Impl {
         throw mismatch(fmt::format("tensor {} is '{}' of {} bytes, '{}' of {} expected", k,
                                    info.name, info.bytes, want.tensors[k].name,
                                    want.tensors[k].bytes));
+      }
+      if (k >= K) {  // the spare copy of sub-group k - K
+        layout->groups[k - K].spare = id;
+        continue;
       }
       SubGroup g;
       g.first = k * options.sub_group_size;
@@ -171,11 +190,11 @@ struct OptimizerSwapper::Impl {
     return layout;
   }
 
-  // Runs `work` over every sub-group: read it (if `read`), work, write it back (if `write`),
-  // pipelined per the options. On any failure drains all I/O, sets *wrote_any if a write was
-  // submitted, and rethrows.
+  // Runs `work` over every sub-group: read it from copy `from` (if `read`), work, write it to
+  // copy `to` (if `write`), pipelined per the options. On any failure drains all I/O, sets
+  // *wrote_any if a write was submitted, and rethrows.
   void run(const UnitLayout& L, bool read, bool write, const Work& work, OptimizerStepStats& s,
-           bool* wrote_any) {
+           bool* wrote_any, int from = 0, int to = 0) {
     const size_t K = L.groups.size();
     const size_t B = std::min<size_t>(options.buffer_count, K);
     PinnedBuffer lease = pool.acquire(B * L.slot, options.buffer_timeout);
@@ -197,7 +216,7 @@ struct OptimizerSwapper::Impl {
     auto issue_read = [&](size_t j) {
       if (j >= B) wait_write(j - B);  // the buffer's previous sub-group must be on disk
       const SubGroup& g = L.groups[j];
-      rt[j] = swapper.swap_in(g.id, {buf(j), g.bytes});
+      rt[j] = swapper.swap_in(g.at(from), {buf(j), g.bytes});
     };
     size_t next_read = 0;
     try {
@@ -220,7 +239,7 @@ struct OptimizerSwapper::Impl {
         s.compute_seconds += seconds_since(t0);
         if (write) {
           t0 = Clock::now();
-          wt[k] = swapper.swap_out(g.id, {buf(k), g.bytes});
+          wt[k] = swapper.swap_out(g.at(to), {buf(k), g.bytes});
           *wrote_any = true;
           s.write_wait_seconds += seconds_since(t0);
           s.bytes_written += g.bytes;
@@ -268,18 +287,27 @@ struct OptimizerSwapper::Impl {
     {
       std::lock_guard lock(mu);
       st.initialised = false;  // until every sub-group is written
+      st.current = 0;          // written to copy 0
+      st.pending = false;
     }
     OptimizerStepStats s;
     bool wrote = false;
     run(*layout, /*read=*/false, /*write=*/true, fill, s, &wrote);
     std::lock_guard lock(mu);
+    st.current = 0;
+    st.pending = false;
     st.layout = std::move(layout);
     st.steps = steps;
     st.poisoned = false;
     st.initialised = true;
   }
 
-  // Throws unless the unit is initialised, not poisoned and of `numel` elements.
+  // step (in place) and step_tentative (to the spare copy).
+  void step(uint32_t unit, std::span<const float> grads, const cpu_adam::AdamParams& hp,
+            ParamsOut out, bool tentative);
+
+  // Throws unless the unit is initialised, not poisoned, has no tentative step pending and
+  // is of `numel` elements.
   std::shared_ptr<const UnitLayout> ready_layout(uint32_t unit, const UnitState& st, uint64_t numel,
                                                  const char* what) const {
     if (!st.initialised) {
@@ -293,6 +321,12 @@ struct OptimizerSwapper::Impl {
           "optimizer swap: {} of unit {}, whose state on disk is a mix of two steps after a "
           "failed step; reinitialise it (init_state/load_state, e.g. from a checkpoint)",
           what, unit));
+    }
+    if (st.pending) {
+      throw InvalidArgument(
+          fmt::format("optimizer swap: {} of unit {}, which has a tentative step neither "
+                      "committed nor discarded",
+                      what, unit));
     }
     if (numel != st.layout->numel) {
       throw InvalidArgument(
@@ -337,7 +371,49 @@ void OptimizerSwapper::load_state(uint32_t unit, std::span<const float> master,
 
 void OptimizerSwapper::step(uint32_t unit, std::span<const float> grads,
                             const cpu_adam::AdamParams& hp, ParamsOut out) {
-  Impl& m = *impl_;
+  impl_->step(unit, grads, hp, out, /*tentative=*/false);
+}
+
+void OptimizerSwapper::step_tentative(uint32_t unit, std::span<const float> grads,
+                                      const cpu_adam::AdamParams& hp, ParamsOut out) {
+  if (!impl_->options.spare_copy) {
+    throw InvalidArgument(fmt::format(
+        "optimizer swap: tentative step of unit {} without a spare copy (spare_copy)", unit));
+  }
+  impl_->step(unit, grads, hp, out, /*tentative=*/true);
+}
+
+void OptimizerSwapper::commit(uint32_t unit) {
+  std::lock_guard lock(impl_->mu);
+  UnitState& st = impl_->units[unit];
+  if (!st.pending || st.busy) {
+    throw InvalidArgument(fmt::format(
+        "optimizer swap: commit of unit {}, which has no finished tentative step", unit));
+  }
+  st.current = 1 - st.current;
+  st.pending = false;
+  ++st.steps;
+}
+
+void OptimizerSwapper::discard(uint32_t unit) {
+  std::lock_guard lock(impl_->mu);
+  UnitState& st = impl_->units[unit];
+  if (st.busy) {
+    throw InvalidArgument(
+        fmt::format("optimizer swap: discard of unit {} while it is being used", unit));
+  }
+  st.pending = false;
+}
+
+bool OptimizerSwapper::tentative_pending(uint32_t unit) const {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->units.find(unit);
+  return it != impl_->units.end() && it->second.pending;
+}
+
+void OptimizerSwapper::Impl::step(uint32_t unit, std::span<const float> grads,
+                                  const cpu_adam::AdamParams& hp, ParamsOut out, bool tentative) {
+  Impl& m = *this;
   cpu_adam::validate(hp);
   if (out.dtype != DType::F32 && out.dtype != DType::BF16 && out.dtype != DType::F16) {
     throw InvalidArgument("optimizer swap: unknown output dtype");
@@ -364,10 +440,12 @@ void OptimizerSwapper::step(uint32_t unit, std::span<const float> grads,
   OptimizerStepStats s;
   bool wrote = false;
   auto t0 = Clock::now();
+  const int from = st.current;
+  const int to = tentative ? 1 - from : from;
   try {
-    m.run(*layout, /*read=*/true, /*write=*/true, adam, s, &wrote);
+    m.run(*layout, /*read=*/true, /*write=*/true, adam, s, &wrote, from, to);
   } catch (...) {
-    if (wrote) {
+    if (wrote && !tentative) {
       std::lock_guard lock(m.mu);
       st.poisoned = true;
     }
@@ -375,7 +453,10 @@ void OptimizerSwapper::step(uint32_t unit, std::span<const float> grads,
   }
   s.total_seconds = seconds_since(t0);
   std::lock_guard lock(m.mu);
-  ++st.steps;
+  if (tentative)
+    st.pending = true;
+  else
+    ++st.steps;
   m.last = s;
 }
 
@@ -402,7 +483,7 @@ void OptimizerSwapper::read_state(uint32_t unit, std::span<float> master, std::s
   };
   OptimizerStepStats s;
   bool wrote = false;
-  m.run(*layout, /*read=*/true, /*write=*/false, copy, s, &wrote);
+  m.run(*layout, /*read=*/true, /*write=*/false, copy, s, &wrote, busy.state().current);
 }
 
 void OptimizerSwapper::visit_state(uint32_t unit, uint64_t numel, const StateVisitor& fn) {
@@ -429,7 +510,7 @@ void OptimizerSwapper::visit_state(uint32_t unit, uint64_t numel, const StateVis
   };
   OptimizerStepStats s;
   bool wrote = false;
-  m.run(*layout, /*read=*/true, /*write=*/false, visit, s, &wrote);
+  m.run(*layout, /*read=*/true, /*write=*/false, visit, s, &wrote, busy.state().current);
 }
 
 void OptimizerSwapper::fill_state(uint32_t unit, uint64_t numel, const StateFiller& fn,

@@ -339,11 +339,20 @@ class Swapper {
 // submitted leaves the state intact. Either way the step is not counted (steps_done unchanged)
 // and the output buffer's contents are unspecified. All I/O of a failed step is drained
 // before the error is thrown, so no buffer is released while a transfer is in flight.
+//
+// Spare copy (options.spare_copy, files laid out with copies = 2): every sub-group has a
+// second slot "sg<k>.spare", and which of the two holds the unit's state flips per unit. A
+// tentative step (step_tentative) reads the current copy and writes the other, leaving the
+// current one intact until commit() makes the new state current (and counts the step) or
+// discard() forgets it. A failed tentative step never poisons the unit. Used to start a step
+// before it is known whether its gradient multiplier holds (the engine's step during
+// backward), and to redo it from the old state when it did not.
 
 // The optimizer file of one unit for the SwapSpace plan. numel > 0, sub_group_size > 0,
-// moments F32 or BF16 (else InvalidArgument).
+// moments F32 or BF16, copies 1 or 2 (2: a spare slot per sub-group, see above; else
+// InvalidArgument).
 SwapFileSpec optimizer_file_spec(uint32_t unit, uint64_t numel, uint64_t sub_group_size,
-                                 DType moments = DType::F32);
+                                 DType moments = DType::F32, unsigned copies = 1);
 
 struct OptimizerSwapperOptions {
   // Elements per sub-group (zero_optimization.sub_group_size). > 0.
@@ -361,6 +370,9 @@ struct OptimizerSwapperOptions {
   // dtype of exp_avg and exp_avg_sq in the files: F32 or BF16 (cpu_adam::Moments). The swap
   // space must be laid out with the same (optimizer_file_spec).
   DType moments = DType::F32;
+  // A spare slot per sub-group for tentative steps; the files must be laid out with
+  // optimizer_file_spec(..., copies = 2).
+  bool spare_copy = false;
 };
 
 // Where the step puts the updated parameters. dtype BF16/F16: rounded copies (cpu_adam's
@@ -410,6 +422,16 @@ class OptimizerSwapper {
   // buffer_timeout), IoError / CorruptData from the swap files (see failure semantics above).
   void step(uint32_t unit, std::span<const float> grads, const cpu_adam::AdamParams& hp,
             ParamsOut out = {});
+  // The same step written to the spare copy (options.spare_copy); the current copy stays the
+  // unit's state until commit(unit) (the new state becomes current, steps_done + 1) or
+  // discard(unit). `out` receives the new parameters as with step. While a tentative result is
+  // pending, every other call on the unit except commit/discard/init_state/load_state/
+  // fill_state throws InvalidArgument; a failed tentative step leaves nothing pending.
+  void step_tentative(uint32_t unit, std::span<const float> grads, const cpu_adam::AdamParams& hp,
+                      ParamsOut out = {});
+  void commit(uint32_t unit);
+  void discard(uint32_t unit);
+  bool tentative_pending(uint32_t unit) const;
 
   // Reads the fp32 master weights (and, with read_state, the moments) of `unit` into the
   // caller's arrays (each numel elements). Throws as step.

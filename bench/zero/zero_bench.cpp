@@ -4,7 +4,12 @@
 //
 //   zero_bench [--hidden 512] [--layers 8] [--vocab 8192] [--seq 256] [--micro 2] [--gas 4]
 //              [--steps 6] [--dtype bf16|fp32] [--nvme DIR] [--device-fraction 0.25]
-//              [--device cpu|cuda] [--trace FILE] [--ref-gib 1]
+//              [--device cpu|cuda] [--trace FILE] [--ref-gib 1] [--clip 1.0]
+//              [--step-in-backward]
+//
+// --step-in-backward sets outcore.step_in_backward for the overlapped NVMe run: its optimizer
+// step starts during the last backward of a step when the multiplier without clipping is
+// expected to hold (--clip 0: always).
 //
 // Where the NVMe run cannot hide its I/O (a GPU computes the step faster than the drive moves
 // its bytes), the ratio to the in-memory run measures the drive, not the engine: the drive is
@@ -84,6 +89,7 @@ struct Runner {
   std::vector<double> turns;  // seconds of each timed turn
   std::vector<float> losses;
   double fb_seconds = 0, step_seconds = 0, cpu = 0;
+  int in_backward = 0;  // steps whose updates started during the backward and stood
 
   Runner(std::string n, const std::string& json, const model::LlamaModel& model, uint64_t budget,
          bool cuda, bool overlap = true)
@@ -114,6 +120,7 @@ struct Runner {
   void train_step(const model::LlamaModel& model, int t, int64_t gas, bool timed) {
     const size_t n = static_cast<size_t>(model.tokens());
     const auto t0 = Clock::now();
+    const zero::StepParams sp = zero::step_params(cfg, 1e-3, static_cast<uint64_t>(t), 1.0);
     float loss = 0;
     for (int64_t k = 0; k < gas; ++k) {
       std::vector<int32_t> tok(n + 1);
@@ -126,10 +133,12 @@ struct Runner {
           tok[i] = static_cast<int32_t>((int64_t{tok[i - 1]} * 5 + 3) % model.config().vocab_size);
         }
       }
+      if (k == gas - 1) engine->expect_step(sp);
       loss += engine->forward_backward(tok.data(), tok.data() + 1, 1.0f / gas, k == 0);
     }
     const auto t1 = Clock::now();
-    engine->step(zero::step_params(cfg, 1e-3, static_cast<uint64_t>(t), 1.0));
+    const zero::StepResult r = engine->step(sp);
+    if (r.in_backward == zero::StepResult::InBackward::kCommitted) ++in_backward;
     if (!timed) return;
     step_seconds += seconds_since(t1);
     fb_seconds += std::chrono::duration<double>(t1 - t0).count();
@@ -145,6 +154,8 @@ int main(int argc, char** argv) {
   double device_fraction = 0.25, ref_gib = 1;
   std::string dtype = "bf16", device_kind = "cpu", trace_file;
   std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_bench_swap";
+  double clip = 1.0;
+  bool step_in_backward = false;
   CLI::App app("ZeRO-3 with parameters and optimizer on NVMe vs the same model in memory");
   app.add_option("--hidden", hidden, "hidden size (heads = hidden/64, kv heads = heads/2)");
   app.add_option("--layers", layers, "decoder layers");
@@ -165,6 +176,9 @@ int main(int argc, char** argv) {
                  "size of the drive reference file in the swap directory (0: no drive bound)");
   app.add_option("--trace", trace_file,
                  "Chrome trace-event JSON of the NVMe run's last turn (overlapped step)");
+  app.add_option("--clip", clip, "gradient_clipping (0: off)");
+  app.add_flag("--step-in-backward", step_in_backward,
+               "outcore.step_in_backward for the overlapped NVMe run");
   CLI11_PARSE(app, argc, argv);
 
   model::LlamaConfig mc;
@@ -192,18 +206,18 @@ int main(int argc, char** argv) {
 
   const std::string common = fmt::format(
       R"("train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
-         "gradient_clipping": 1.0, "bf16": {{"enabled": {}}},
+         "gradient_clipping": {}, "bf16": {{"enabled": {}}},
          "activation_checkpointing": {{"cpu_checkpointing": true}},)",
-      micro, gas, dt == DType::BF16 ? "true" : "false");
+      micro, gas, clip, dt == DType::BF16 ? "true" : "false");
   Runner mem(
       cuda ? "in memory (stage 1, optimizer in host memory)" : "in memory (stage 0)",
       "{" + common +
           (cuda ? R"("zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})"
                 : R"("zero_optimization": {"stage": 0}})"),
       model, 0, cuda);
-  auto nvme_json = [&](const std::string& dir) {
+  auto nvme_json = [&](const std::string& dir, bool in_backward = false) {
     std::filesystem::create_directories(dir);
-    return "{" + common +
+    return "{" + common + (in_backward ? R"("outcore": {"step_in_backward": true},)" : "") +
            fmt::format(R"("zero_optimization": {{"stage": 3,
                   "offload_param": {{"device": "nvme", "nvme_path": "{0}", "max_in_cpu": 0}},
                   "offload_optimizer": {{"device": "nvme", "nvme_path": "{0}",
@@ -212,7 +226,9 @@ int main(int argc, char** argv) {
                   "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}}}})",
                        dir);
   };
-  Runner ooc("nvme (stage 3, params+optimizer on NVMe)", nvme_json(nvme), model, budget, cuda);
+  Runner ooc(step_in_backward ? "nvme (stage 3), optimizer step in backward"
+                              : "nvme (stage 3, params+optimizer on NVMe)",
+             nvme_json(nvme, step_in_backward), model, budget, cuda);
   Runner seq_step("nvme, sequential optimizer step", nvme_json(nvme + "/sequential"), model, budget,
                   cuda, false);
   std::printf("device: %s\n", ooc.dev->name().c_str());
@@ -302,6 +318,9 @@ int main(int argc, char** argv) {
       ooc.engine->memory().pinned_peak_bytes / 1048576.0);
   std::printf("losses bit-identical: %s (last %.4f)\n", identical ? "yes" : "NO",
               ooc.losses.back());
+  if (step_in_backward)
+    std::printf("optimizer step during backward: %d of %d timed steps stood\n", ooc.in_backward,
+                steps);
   std::printf(
       "tokens/s ratio nvme / in memory: median per turn %.3f, total %.3f (goal >= 0.97); with the "
       "sequential step: median %.3f, total %.3f\n",

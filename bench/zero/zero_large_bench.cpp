@@ -24,7 +24,12 @@
 //                    [--kv-heads 4] [--vocab 32000] [--seq 128] [--micro 1] [--steps 3]
 //                    [--nvme DIR] [--device-mb 2048] [--sub-group 10000000] [--lr 2e-3]
 //                    [--ref-gib 4] [--compute-reps 3] [--skip-bounds] [--device cpu|cuda]
-//                    [--peak-tflops T] [--bf16-moments] [--trace FILE]
+//                    [--peak-tflops T] [--bf16-moments] [--trace FILE] [--clip 1.0]
+//                    [--step-in-backward]
+//
+// --step-in-backward sets outcore.step_in_backward: each unit's optimizer step starts during
+// the backward when the multiplier without clipping is expected to hold (--clip 0, or the last
+// step's norm below it); a step prints whether its tentative updates stood or were redone.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -147,12 +152,13 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
 }
 
 config::Config make_config(int64_t micro, int64_t sub_group, const std::string& nvme,
-                           int64_t device_mb, bool bf16_moments) {
+                           int64_t device_mb, bool bf16_moments, double clip,
+                           bool step_in_backward) {
   config::Config cfg =
       config::parse_config(
           fmt::format(
               R"({{"train_micro_batch_size_per_gpu": {0}, "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0, "bf16": {{"enabled": true}},{4}
+        "gradient_clipping": {5}, "bf16": {{"enabled": true}},{4}
         "activation_checkpointing": {{"cpu_checkpointing": true}},
         "zero_optimization": {{"stage": 3, "sub_group_size": {1},
           "offload_param": {{"device": "nvme", "nvme_path": "{2}", "buffer_count": 3,
@@ -161,11 +167,12 @@ config::Config make_config(int64_t micro, int64_t sub_group, const std::string& 
                                  "pipeline_read": true, "pipeline_write": true}},
           "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}},
         "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}},
-        "outcore": {{"device_memory_mb": {3}}}}})",
+        "outcore": {{"device_memory_mb": {3}, "step_in_backward": {6}}}}})",
               micro, sub_group, nvme, device_mb,
               bf16_moments
                   ? R"( "optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": false}},)"
-                  : ""),
+                  : "",
+              clip, step_in_backward),
           "zero_large_bench")
           .config;
   config::resolve_auto(cfg, {});
@@ -183,6 +190,8 @@ int main(int argc, char** argv) {
   std::string device_kind = "cpu";
   double peak_tflops = 0;
   bool bf16_moments = false;
+  double clip = 1.0;
+  bool step_in_backward = false;
   std::string trace_file;
   std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_large_swap";
   CLI::App app("ZeRO-3 with everything on NVMe for a model larger than RAM");
@@ -211,6 +220,9 @@ int main(int argc, char** argv) {
   app.add_flag("--bf16-moments", bf16_moments,
                "Adam moments in bf16 (optimizer.params.fp32_optimizer_states false): 8 B of "
                "optimizer state per parameter read and written per step instead of 12");
+  app.add_option("--clip", clip, "gradient_clipping (0: off)");
+  app.add_flag("--step-in-backward", step_in_backward,
+               "outcore.step_in_backward: start the optimizer step during the backward");
   app.add_option("--peak-tflops", peak_tflops,
                  "the device's peak TFLOP/s for the GEMMs' dtype (fp32 here): prints MFU");
   CLI11_PARSE(app, argc, argv);
@@ -242,7 +254,8 @@ int main(int argc, char** argv) {
                                    .activation_checkpointing = true},
                                   model::make_backend(*dev));
     std::filesystem::create_directories(nvme);
-    const config::Config cfg = make_config(micro, sub_group, nvme, device_mb, bf16_moments);
+    const config::Config cfg =
+        make_config(micro, sub_group, nvme, device_mb, bf16_moments, clip, step_in_backward);
     const double params = static_cast<double>(mc.num_parameters());
     std::printf(
         "model: %.2fB parameters; training state %.1f GiB (16 B/param) = %.2fx this machine's "
@@ -278,10 +291,12 @@ int main(int argc, char** argv) {
     for (int t = 1; t <= steps; ++t) {
       OUTCORE_TRACE_SPAN("step", "step", {.index = t});
       const std::vector<int32_t> tok = step_tokens(t, n + 1, vocab);
+      const zero::StepParams sp = zero::step_params(cfg, lr, t, 1.0);
+      engine.expect_step(sp);
       const float loss = engine.forward_backward(tok.data(), tok.data() + 1, 1.0f, true);
       const double fb = seconds_since(s0);
       const auto s1 = Clock::now();
-      const zero::StepResult r = engine.step(zero::step_params(cfg, lr, t, 1.0));
+      const zero::StepResult r = engine.step(sp);
       const double st = seconds_since(s1);
       if (t == steps) engine.wait_step();
       const auto s2 = Clock::now();
@@ -298,6 +313,10 @@ int main(int argc, char** argv) {
           rd, rd / total, wr, wr / total, peak_rss_gib(),
           engine.memory().device_peak_bytes / 1048576.0);
       if (bounds) std::printf(", %.2fx the larger bound", total / bounds->larger_mixed_s());
+      if (r.in_backward == zero::StepResult::InBackward::kCommitted)
+        std::printf(", stepped during backward");
+      else if (r.in_backward == zero::StepResult::InBackward::kRedone)
+        std::printf(", stepped during backward and redone (clipped)");
       std::printf("\n");
       std::fflush(stdout);
       a = b;

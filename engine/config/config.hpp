@@ -297,6 +297,10 @@ struct OutcoreConfig {
   std::string metrics_file;        // JSON-lines metrics per step; empty = none
   uint64_t pinned_memory_mb = 0;   // pinned host pool budget; 0 = sized automatically
   std::string log_level = "info";  // trace, debug, info, warn, error, critical or off
+  // Start each unit's NVMe optimizer step during the last backward of a step, as soon as its
+  // gradients are final, when the multiplier without clipping is expected to hold (a second
+  // copy of the optimizer state on NVMe keeps the old state until the norm confirms it).
+  bool step_in_backward = false;
 };
 
 // ---- the whole config ------------------------------------------------------------------

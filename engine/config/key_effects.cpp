@@ -185,6 +185,8 @@ constexpr KeyEffect kEffects[] = {
      "tests/trainer/trainer_test.cpp: TrainerTest.MetricsFileHasOneRecordPerStepWithTierTraffic"},
     {"outcore.pinned_memory_mb", H,
      "tests/zero/plan_test.cpp: PlanVsActual.PeaksAndTrafficMatchThePlan"},
+    {"outcore.step_in_backward", H,
+     "tests/trainer/overlap_test.cpp: StepInBackwardTest.BitIdenticalToTheStepAfterBackward"},
     {"outcore.log_level", H,
      "tests/trainer/cli_test.cpp: TrainCliTest.LogLevelFromTheConfigSetsWhatIsLogged"},
 };

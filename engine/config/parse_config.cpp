@@ -97,6 +97,7 @@ void read_outcore(SectionReader& root, Diagnostics& d, OutcoreConfig& o) {
   s.get("swap_checksum", o.swap_checksum);
   s.get("metrics_file", o.metrics_file, /*null_is_empty=*/true);
   s.get("pinned_memory_mb", o.pinned_memory_mb);
+  s.get("step_in_backward", o.step_in_backward);
   std::string level = o.log_level;
   if (s.get("log_level", level, /*null_is_empty=*/false)) {
     level = detail::lower(level);

@@ -167,7 +167,8 @@ Json outcore_json(const OutcoreConfig& o) {
           {"swap_checksum", o.swap_checksum},
           {"metrics_file", path_or_null(o.metrics_file)},
           {"pinned_memory_mb", o.pinned_memory_mb},
-          {"log_level", o.log_level}};
+          {"log_level", o.log_level},
+          {"step_in_backward", o.step_in_backward}};
 }
 
 }  // namespace

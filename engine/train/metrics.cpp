@@ -70,6 +70,7 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
   if (m.grad_norm) j["grad_norm"] = number_or_null(*m.grad_norm);
   if (m.loss_scale) j["loss_scale"] = *m.loss_scale;
   j["skipped"] = m.skipped;
+  if (!m.in_backward.empty()) j["step_in_backward"] = m.in_backward;
   if (!m.io.empty()) {
     nlohmann::ordered_json io = nlohmann::ordered_json::object();
     for (const TierIo& t : m.io) {

@@ -36,6 +36,9 @@ struct StepMetrics {
   std::optional<double> grad_norm;   // unscaled global norm before clipping
   std::optional<double> loss_scale;  // fp16 only
   bool skipped = false;              // overflow: no optimizer update was applied
+  // outcore.step_in_backward: "committed", "redone" or "restored" (zero::StepResult::
+  // in_backward); empty when the step started after the backward.
+  std::string in_backward;
   std::vector<TierIo> io;
 };
 

@@ -336,23 +336,24 @@ StepMetrics Trainer::train_step() {
   const int64_t micro_batches = gas_ * world_size();
   const float micro_scale = static_cast<float>(scale / static_cast<double>(micro_batches));
   std::vector<float> losses(static_cast<size_t>(gas_));
+  const double lr = schedule_->lr();
+  zero::StepParams sp = zero::step_params(cfg_, lr, adam_steps_ + 1, scale);
+  if (std::optional<Betas> b = schedule_->betas()) {
+    sp.beta1 = b->beta1;
+    sp.beta2 = b->beta2;
+  }
   for (int64_t k = 0; k < gas_; ++k) {
     train_loader_->next(inputs_, targets_);
+    if (k == gas_ - 1) engine_->expect_step(sp);  // outcore.step_in_backward
     losses[k] = engine_->forward_backward(inputs_.data(), targets_.data(), micro_scale, k == 0);
   }
   const double loss_sum = sum_in_global_order(losses, micro_batches);
-  const double lr = schedule_->lr();
-  zero::StepParams sp = zero::step_params(cfg_, lr, adam_steps_ + 1, scale);
   if (!std::isfinite(loss_sum) && !sp.check_overflow) {
     // Nothing would skip this update: stop before non-finite gradients reach the weights.
     throw Error(fmt::format(
         "step {}: the training loss is {} and no overflow check guards this precision ({}); "
         "the weights were not updated (lower the learning rate, or resume from a checkpoint)",
         steps_done_ + 1, loss_sum, dtype_name(model_->options().param_dtype)));
-  }
-  if (std::optional<Betas> b = schedule_->betas()) {
-    sp.beta1 = b->beta1;
-    sp.beta2 = b->beta2;
   }
   const zero::StepResult r = [&] {
     OUTCORE_TRACE_SPAN("optimizer step", "step");
@@ -382,6 +383,19 @@ StepMetrics Trainer::train_step() {
   if (!r.overflow) m.grad_norm = r.grad_norm;
   if (cfg_.fp16.enabled.value()) m.loss_scale = scale;
   m.skipped = r.overflow;
+  switch (r.in_backward) {
+    case zero::StepResult::InBackward::kNone:
+      break;
+    case zero::StepResult::InBackward::kCommitted:
+      m.in_backward = "committed";
+      break;
+    case zero::StepResult::InBackward::kRedone:
+      m.in_backward = "redone";
+      break;
+    case zero::StepResult::InBackward::kRestored:
+      m.in_backward = "restored";
+      break;
+  }
 
   const zero::TrafficStats now = engine_->traffic();
   const zero::Placement& p = engine_->plan().placement;
@@ -517,6 +531,9 @@ TrainResult Trainer::run() {
     res.tokens += static_cast<uint64_t>(tokens_per_step());
     res.wall_s += m.step_time_s;
     if (m.skipped) ++res.skipped_steps;
+    if (m.in_backward == "committed") ++res.in_backward_committed;
+    if (m.in_backward == "redone") ++res.in_backward_redone;
+    if (m.in_backward == "restored") ++res.in_backward_restored;
     if (display) {
       if (m.skipped) display->message(fmt::format("step {}: {}", m.step, last_message_));
       const bool lines = display->mode() == ProgressDisplay::Mode::kLines;

@@ -144,8 +144,11 @@ struct TrainerOptions {
 
 // What run() did.
 struct TrainResult {
-  int64_t steps = 0;           // optimizer steps run (applied + skipped)
-  int64_t skipped_steps = 0;   // steps skipped for overflow
+  int64_t steps = 0;          // optimizer steps run (applied + skipped)
+  int64_t skipped_steps = 0;  // steps skipped for overflow
+  // outcore.step_in_backward: steps whose Adam started during the backward and stood, was
+  // redone after it (clipping), or was undone (overflow).
+  int64_t in_backward_committed = 0, in_backward_redone = 0, in_backward_restored = 0;
   bool stopped = false;        // stop_requested ended the run before `steps`
   std::vector<double> losses;  // mean training loss of each step
   std::optional<double> final_val_loss;

@@ -195,6 +195,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     oo.moments = g.moments;
     oo.pipeline_read = z.offload_optimizer.pipeline_read;
     oo.pipeline_write = z.offload_optimizer.pipeline_write;
+    oo.spare_copy = g.step_in_backward;
     optimizer = detail::make_nvme_store(g, *optimizer_swapper, *pool, oo, pl.concurrent_steps,
                                         &device, executor);
   } else {
@@ -269,6 +270,21 @@ device::DeviceBuffer ZeroEngine::Impl::alloc_grad_slab(int unit) {
 // accumulated; step() gathers the rest (stage 0) or needs only that (stage 1). On a device the
 // host cannot read, the slab is first copied back to pinned memory (grad stream), and the
 // all_to_all runs there.
+void ZeroEngine::Impl::post_when_final(int unit) {
+  if (!pass_tentative || !optimizer->can_step_tentatively(unit)) return;
+  // The pass is the step's last: once the grad stream gets here the unit's gradients are
+  // final, and the step worker may start its Adam.
+  std::shared_ptr<StepRun::Tentative> t = pass_tentative;
+  StepRun* run = &step_run;
+  grad->enqueue([run, t, unit] {
+    {
+      std::lock_guard lock(run->m);
+      t->posted.push_back(unit);
+    }
+    run->cv.notify_all();
+  });
+}
+
 void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool first) {
   const detail::UnitGeometry& ug = g.units[unit];
   InFlightGrad f{std::move(slab), device.create_event(), device.create_event(),
@@ -314,6 +330,7 @@ void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool fi
       cpu_adam::block_sums_of_squares(acc, DType::F32, n, detail::kNormBlock, blocks, ex);
       sw->write(id, staging);
     });
+    post_when_final(unit);
     grad->record(*f.done);
     in_flight.push_back(std::move(f));
     return;
@@ -324,6 +341,7 @@ void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool fi
     OUTCORE_TRACE_SPAN("grad d2h", "copy", {.bytes = int64_t(world * n * sizeof(float))});
     accumulate_ranks(acc, shards, n, world, first);
   });
+  post_when_final(unit);
   grad->record(*f.done);
   in_flight.push_back(std::move(f));
 }
@@ -339,6 +357,7 @@ float ZeroEngine::Impl::forward_backward(const int32_t* tokens, const int32_t* t
   const int head = model.num_units() - 1;
   const bool tied = model.config().tie_word_embeddings;
   model::ActivationBuffers& a = *acts;
+  pass_tentative = arm_tentative();
   if (coordinator) coordinator->begin(&train_sched);
   float loss = 0.0f;
   for (size_t i = 0; i < train_sched.size(); ++i) {
@@ -395,6 +414,7 @@ float ZeroEngine::Impl::forward_backward(const int32_t* tokens, const int32_t* t
     if (coordinator) coordinator->release(i);
   }
   drain_grads(0);
+  pass_tentative.reset();
   if (coordinator) coordinator->end();
   accumulating = true;
   return loss;
@@ -403,6 +423,7 @@ float ZeroEngine::Impl::forward_backward(const int32_t* tokens, const int32_t* t
 float ZeroEngine::Impl::evaluate(const int32_t* tokens, const int32_t* targets) {
   if (tokens == nullptr || targets == nullptr)
     throw InvalidArgument("zero: evaluate: tokens and targets are required");
+  cancel_tentative();  // the parameters of a step step() has not judged are not the model's
   const int head = model.num_units() - 1;
   const bool tied = model.config().tie_word_embeddings;
   model::ActivationBuffers& a = *acts;
@@ -456,6 +477,7 @@ float ZeroEngine::evaluate(const int32_t* tokens, const int32_t* targets) {
 }
 
 StepResult ZeroEngine::step(const StepParams& params) { return impl_->step(params); }
+void ZeroEngine::expect_step(const StepParams& params) { impl_->expect_step(params); }
 void ZeroEngine::wait_step() { impl_->finish_step(); }
 
 void ZeroEngine::get_master_weights(int unit, std::span<float> out) {

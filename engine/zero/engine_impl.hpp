@@ -41,16 +41,31 @@ struct ZeroEngine::Impl {
 
   // ---- step and state (engine_step.cpp)
   StepResult step(const StepParams& sp);
-  // The per-unit Adam updates and publications of one step, in unit order; each unit is
-  // marked done once its new parameters are in place (written, copied, gathered).
+  // The per-unit Adam updates and publications of one step, in unit order, skipping units
+  // already done; each unit is marked done once its new parameters are in place (written,
+  // copied, gathered).
   void run_unit_steps(const cpu_adam::AdamParams& hp);
-  void mark_done(size_t units);
+  // Steps the units `next()` yields (-1: no more), optimizer->concurrent_steps() at a time,
+  // publishing in that order; `complete(unit, slot)` runs once a unit's publication is
+  // issued. tentative: step_tentative instead of step, gradients in grad slots 1.. (slot 0
+  // accumulates the pass still running).
+  void step_units(const cpu_adam::AdamParams& hp, const std::function<int()>& next, bool tentative,
+                  const std::function<void(int unit, size_t slot)>& complete);
+  void mark_done(int unit);
+  // ---- the step during backward (outcore.step_in_backward)
+  void expect_step(const StepParams& sp);
+  // Undoes a tentative step that no step() will judge (parameters rounded again from the
+  // unchanged master weights) and waits for it.
+  void cancel_tentative();
+  void restore_params(int unit, size_t slot);
   // Blocks until `unit`'s update of the running step is published; rethrows its error.
   void wait_unit(int unit);
   // Whether wait_unit(unit) would block now (a step still has to publish the unit).
   bool unit_pending(int unit);
-  // Joins the running step (if any); rethrows its error.
+  // Undoes a tentative step step() has not judged, then joins the running step (if any);
+  // rethrows its error.
   void finish_step();
+  void join_step();  // the join alone
   // Writes own_len new low-precision elements of `unit` (produced by `produce(out)`) to the
   // parameters' tier, in order with other publications; `slot` picks the staging buffer.
   template <typename Produce>
@@ -137,15 +152,37 @@ struct ZeroEngine::Impl {
   struct StepRun {
     std::mutex m;
     std::condition_variable cv;
-    size_t units_done = 0;  // units whose new parameters are published, in unit order
-    bool active = false;    // a step's updates are (or were) running on `worker`
+    std::vector<char> done;  // per unit: its new parameters are published
+    bool active = false;     // a step's updates are (or were) running on `worker`
     std::exception_ptr error;
     std::optional<cpu_adam::AdamParams> job;  // posted by step(), taken by the worker
     bool running = false;                     // the worker has a step to finish
     bool quit = false;
     std::thread worker;
+    // The step during backward: expect_step arms the next pass; its grad stream posts units
+    // whose gradients are final; the worker steps them tentatively until step() gives the
+    // verdict (cancel_tentative: kRestore).
+    enum class Verdict { kOpen, kCommit, kRedo, kRestore };
+    struct Tentative {
+      cpu_adam::AdamParams hp;  // the step's parameters with the multiplier without clipping
+      std::deque<int> posted;   // gradients final, not taken yet
+      Verdict verdict = Verdict::kOpen;
+      cpu_adam::AdamParams final_hp;  // kCommit / kRedo: the step's parameters
+      std::vector<int> finished;      // stepped, awaiting the verdict (worker only)
+      std::vector<int> written;       // parameters overwritten by a tentative step (worker only)
+      bool ended = false;             // run_tentative returned
+    };
+    std::deque<std::shared_ptr<Tentative>> tentative_jobs;  // for the worker, in order
+    std::shared_ptr<Tentative> open;     // the pass's tentative step, until step() judges it
+    std::optional<StepParams> expected;  // expect_step, for the next pass
+    bool last_unclipped = false;         // the last step's multiplier had no clipping
   } step_run;
-  void step_worker();              // the worker's loop
+  void step_worker();  // the worker's loop
+  // forward_backward: arms the pass when expect_step asked for it (null: not armed).
+  std::shared_ptr<StepRun::Tentative> arm_tentative();
+  std::shared_ptr<StepRun::Tentative> pass_tentative;  // the running pass's, if armed
+  void post_when_final(int unit);             // grad stream, after the unit's last accumulation
+  void run_tentative(StepRun::Tentative& t);  // on the step worker
   device::DeviceBuffer tied_slab;  // the embedding's gradient slab, head to embedding backward
   bool accumulating = false;       // gradients hold a micro-batch since the last step
 };

@@ -216,8 +216,32 @@ double ZeroEngine::Impl::gradient_sum_of_squares() {
   return total;
 }
 
+namespace {
+
+cpu_adam::AdamParams adam_params(const StepParams& sp, double grad_scale) {
+  cpu_adam::AdamParams hp;
+  hp.lr = sp.lr;
+  hp.beta1 = sp.beta1;
+  hp.beta2 = sp.beta2;
+  hp.eps = sp.eps;
+  hp.weight_decay = sp.weight_decay;
+  hp.adamw_mode = sp.adamw_mode;
+  hp.bias_correction = sp.bias_correction;
+  hp.step = sp.step;
+  hp.grad_scale = grad_scale;
+  return hp;
+}
+
+bool same_adam_params(const cpu_adam::AdamParams& a, const cpu_adam::AdamParams& b) {
+  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+         a.weight_decay == b.weight_decay && a.adamw_mode == b.adamw_mode &&
+         a.bias_correction == b.bias_correction && a.step == b.step && a.grad_scale == b.grad_scale;
+}
+
+}  // namespace
+
 StepResult ZeroEngine::Impl::step(const StepParams& sp) {
-  finish_step();
+  join_step();
   if (!accumulating)
     throw InvalidArgument(
         "zero: step: no gradients since the last step (call forward_backward first)");
@@ -230,6 +254,13 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
   accumulating = false;
   const int stage = g.placement.stage;
   const size_t U = g.units.size();
+  std::shared_ptr<StepRun::Tentative> tentative;
+  {
+    std::lock_guard lock(step_run.m);
+    tentative = std::move(step_run.open);
+    step_run.open.reset();
+    step_run.expected.reset();
+  }
 
   // Stage 0 keeps full gradients on every rank: gather the partitions reduced per micro-batch.
   for (size_t u = 0; u < U && stage == 0 && g.world > 1; ++u) {
@@ -240,37 +271,58 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
   const double total = gradient_sum_of_squares();
 
   StepResult r;
-  if (!std::isfinite(total) && sp.check_overflow) {
+  cpu_adam::AdamParams hp;
+  const bool overflow = !std::isfinite(total) && sp.check_overflow;
+  if (overflow) {
     r.overflow = true;
     r.grad_norm = total;
+  } else {
+    // The trainer's loss scale already averages over ranks (scale / (gas * world)).
+    r.grad_norm = std::sqrt(total) / sp.loss_scale;
+    r.grad_scale = unscale_and_clip_multiplier(r.grad_norm, sp.loss_scale, sp.gradient_clipping);
+    hp = adam_params(sp, r.grad_scale);
+    cpu_adam::validate(hp);
+    step_run.last_unclipped = r.grad_scale == unscale_and_clip_multiplier(0.0, sp.loss_scale, 0.0);
+  }
+
+  if (tentative) {
+    // The units stepped during the backward used the multiplier without clipping: they stand
+    // if the step's parameters are exactly those, else every unit is stepped again from the
+    // state kept (or, on overflow, its parameters are rounded again from it).
+    if (coordinator) coordinator->drop_all();
+    std::unique_lock lock(step_run.m);
+    StepRun::Tentative& t = *tentative;
+    if (overflow) {
+      t.verdict = StepRun::Verdict::kRestore;
+      r.in_backward = StepResult::InBackward::kRestored;
+    } else {
+      t.verdict = same_adam_params(hp, t.hp) ? StepRun::Verdict::kCommit : StepRun::Verdict::kRedo;
+      r.in_backward = t.verdict == StepRun::Verdict::kCommit ? StepResult::InBackward::kCommitted
+                                                             : StepResult::InBackward::kRedone;
+      t.final_hp = hp;
+      step_run.done.assign(U, 0);
+      step_run.active = true;
+      step_run.error = nullptr;
+      step_run.running = true;  // run_tentative finishes this step
+    }
+    step_run.cv.notify_all();
+    if (overflow) {
+      step_run.cv.wait(lock, [&] { return t.ended; });
+      if (step_run.error) std::rethrow_exception(step_run.error);
+    }
     return r;
   }
-  // The trainer's loss scale already averages over ranks (scale / (gas * world)).
-  r.grad_norm = std::sqrt(total) / sp.loss_scale;
-  r.grad_scale = unscale_and_clip_multiplier(r.grad_norm, sp.loss_scale, sp.gradient_clipping);
-
-  cpu_adam::AdamParams hp;
-  hp.lr = sp.lr;
-  hp.beta1 = sp.beta1;
-  hp.beta2 = sp.beta2;
-  hp.eps = sp.eps;
-  hp.weight_decay = sp.weight_decay;
-  hp.adamw_mode = sp.adamw_mode;
-  hp.bias_correction = sp.bias_correction;
-  hp.step = sp.step;
-  hp.grad_scale = r.grad_scale;
-  cpu_adam::validate(hp);
-
+  if (overflow) return r;
   if (coordinator) coordinator->drop_all();
   {
     std::lock_guard lock(step_run.m);
-    step_run.units_done = 0;
+    step_run.done.assign(U, 0);
     step_run.active = true;
     step_run.error = nullptr;
   }
   if (!options.overlap_step) {
     run_unit_steps(hp);
-    finish_step();
+    join_step();
     return r;
   }
   if (!step_run.worker.joinable()) step_run.worker = std::thread([this] { step_worker(); });
@@ -287,46 +339,183 @@ void ZeroEngine::Impl::step_worker() {
   trace::name_thread("zero-step");
   std::unique_lock lock(step_run.m);
   for (;;) {
-    step_run.cv.wait(lock, [&] { return step_run.quit || step_run.job.has_value(); });
-    if (!step_run.job) return;  // quit
-    const cpu_adam::AdamParams hp = *step_run.job;
-    step_run.job.reset();
-    lock.unlock();
+    step_run.cv.wait(lock, [&] {
+      return step_run.quit || step_run.job.has_value() || !step_run.tentative_jobs.empty();
+    });
     std::exception_ptr error;
-    try {
-      run_unit_steps(hp);
-    } catch (...) {
-      error = std::current_exception();
+    if (step_run.job) {
+      const cpu_adam::AdamParams hp = *step_run.job;
+      step_run.job.reset();
+      lock.unlock();
+      try {
+        run_unit_steps(hp);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      if (error) step_run.error = error;
+      step_run.running = false;
+      step_run.cv.notify_all();
+      continue;
     }
-    lock.lock();
-    if (error) step_run.error = error;
-    step_run.running = false;
-    step_run.cv.notify_all();
+    if (!step_run.tentative_jobs.empty()) {
+      std::shared_ptr<StepRun::Tentative> t = std::move(step_run.tentative_jobs.front());
+      step_run.tentative_jobs.pop_front();
+      lock.unlock();
+      try {
+        run_tentative(*t);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      if (error) step_run.error = error;
+      t->ended = true;
+      if (t->verdict == StepRun::Verdict::kCommit || t->verdict == StepRun::Verdict::kRedo)
+        step_run.running = false;  // it was this step's run
+      step_run.cv.notify_all();
+      continue;
+    }
+    return;  // quit
   }
 }
 
-void ZeroEngine::Impl::mark_done(size_t units) {
+// ---- the step during backward ---------------------------------------------------------------
+
+void ZeroEngine::Impl::expect_step(const StepParams& sp) {
+  if (!g.step_in_backward || !options.overlap_step) return;
+  const bool clipping = sp.gradient_clipping > 0;
   std::lock_guard lock(step_run.m);
-  step_run.units_done = units;
+  step_run.expected.reset();
+  if (clipping && !step_run.last_unclipped) return;  // clipping is likely: step after backward
+  step_run.expected = sp;
+}
+
+std::shared_ptr<ZeroEngine::Impl::StepRun::Tentative> ZeroEngine::Impl::arm_tentative() {
+  cancel_tentative();  // a pass after an armed one: its tentative step cannot stand
+  std::lock_guard lock(step_run.m);
+  if (!step_run.expected) return nullptr;
+  const StepParams sp = *step_run.expected;
+  step_run.expected.reset();
+  if (!(sp.loss_scale > 0) || !std::isfinite(sp.loss_scale)) return nullptr;
+  auto t = std::make_shared<StepRun::Tentative>();
+  t->hp = adam_params(sp, unscale_and_clip_multiplier(0.0, sp.loss_scale, 0.0));
+  cpu_adam::validate(t->hp);
+  if (!step_run.worker.joinable()) step_run.worker = std::thread([this] { step_worker(); });
+  step_run.open = t;
+  step_run.tentative_jobs.push_back(t);
+  step_run.cv.notify_all();
+  return t;
+}
+
+void ZeroEngine::Impl::cancel_tentative() {
+  std::unique_lock lock(step_run.m);
+  std::shared_ptr<StepRun::Tentative> t = std::move(step_run.open);
+  step_run.open.reset();
+  if (!t) return;
+  t->verdict = StepRun::Verdict::kRestore;
+  step_run.cv.notify_all();
+  step_run.cv.wait(lock, [&] { return t->ended; });
+}
+
+void ZeroEngine::Impl::restore_params(int unit, size_t slot) {
+  const detail::UnitGeometry& ug = g.units[unit];
+  float* master = scratch.as<float>().data();
+  optimizer->read(unit, StateKind::kMaster, {master, ug.own_len});
+  const DType dt = g.placement.param_dtype;
+  publish(unit, slot, [&](std::byte* out) { to_param_dtype(master, out, dt, ug.own_len); });
+  wait_publications();  // the next unit reuses `master`
+}
+
+void ZeroEngine::Impl::run_tentative(StepRun::Tentative& t) {
+  using Verdict = StepRun::Verdict;
+  const cpu_adam::AdamParams& hp = t.hp;
+  // Phase 1: units in the order their gradients become final, until the verdict.
+  auto next = [&]() -> int {
+    std::unique_lock lock(step_run.m);
+    step_run.cv.wait(lock, [&] { return !t.posted.empty() || t.verdict != Verdict::kOpen; });
+    if (t.verdict != Verdict::kOpen) return -1;  // the rest in unit order (or not at all)
+    const int unit = t.posted.front();
+    t.posted.pop_front();
+    t.written.push_back(unit);
+    return unit;
+  };
+  auto complete = [&](int unit, size_t slot) {
+    if (detail::staged_publication(g.placement, static_cast<size_t>(unit))) wait_slot(slot);
+    if (g.placement.stage == 1 || g.placement.stage == 2) comm_stream->synchronize();
+    std::unique_lock lock(step_run.m);
+    if (t.verdict == Verdict::kOpen) return t.finished.push_back(unit);
+    const Verdict v = t.verdict;
+    lock.unlock();
+    if (v != Verdict::kCommit) return optimizer->discard(unit);
+    optimizer->commit(unit);
+    mark_done(unit);
+  };
+  std::exception_ptr error;
+  try {
+    step_units(hp, next, /*tentative=*/true, complete);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  Verdict v;
+  {
+    std::unique_lock lock(step_run.m);
+    step_run.cv.wait(lock, [&] { return t.verdict != Verdict::kOpen; });
+    v = t.verdict;
+  }
+  // Phase 2: the verdict. Every unit still pending is committed or discarded first, so a
+  // failure leaves no tentative state behind.
+  for (int unit : t.finished) {
+    if (v == Verdict::kCommit) {
+      optimizer->commit(unit);
+      mark_done(unit);
+    } else {
+      optimizer->discard(unit);
+    }
+  }
+  const std::vector<int> written = std::move(t.written);
+  cpu_adam::AdamParams final_hp;
+  {
+    std::lock_guard lock(step_run.m);
+    final_hp = t.final_hp;
+  }
+  if (error) std::rethrow_exception(error);
+  if (v == Verdict::kRestore) {
+    const size_t slots = std::max<size_t>(1, publish_slots.size());
+    for (size_t k = 0; k < written.size(); ++k) restore_params(written[k], k % slots);
+    return;
+  }
+  if (v == Verdict::kRedo) {
+    std::lock_guard lock(step_run.m);
+    step_run.done.assign(g.units.size(), 0);
+  }
+  run_unit_steps(final_hp);
+}
+
+void ZeroEngine::Impl::mark_done(int unit) {
+  std::lock_guard lock(step_run.m);
+  step_run.done.at(static_cast<size_t>(unit)) = 1;
   step_run.cv.notify_all();
 }
 
 bool ZeroEngine::Impl::unit_pending(int unit) {
   std::lock_guard lock(step_run.m);
-  return step_run.active && step_run.units_done <= static_cast<size_t>(unit) &&
-         step_run.error == nullptr;
+  return step_run.active && !step_run.done[static_cast<size_t>(unit)] && step_run.error == nullptr;
 }
 
 void ZeroEngine::Impl::wait_unit(int unit) {
   std::unique_lock lock(step_run.m);
   if (!step_run.active) return;
-  step_run.cv.wait(lock, [&] {
-    return step_run.units_done > static_cast<size_t>(unit) || step_run.error != nullptr;
-  });
-  if (step_run.units_done <= static_cast<size_t>(unit)) std::rethrow_exception(step_run.error);
+  const size_t u = static_cast<size_t>(unit);
+  step_run.cv.wait(lock, [&] { return step_run.done[u] || step_run.error != nullptr; });
+  if (!step_run.done[u]) std::rethrow_exception(step_run.error);
 }
 
 void ZeroEngine::Impl::finish_step() {
+  cancel_tentative();
+  join_step();
+}
+
+void ZeroEngine::Impl::join_step() {
   std::unique_lock lock(step_run.m);
   step_run.cv.wait(lock, [&] { return !step_run.running; });
   if (!step_run.active) return;
@@ -336,61 +525,92 @@ void ZeroEngine::Impl::finish_step() {
 
 void ZeroEngine::Impl::run_unit_steps(const cpu_adam::AdamParams& hp) {
   const size_t U = g.units.size();
-  const DType dt = g.placement.param_dtype;
-  const size_t slots = std::max<size_t>(1, publish_slots.size());
-  const size_t concurrent = optimizer->concurrent_steps();
+  std::vector<char> done;
+  {
+    std::lock_guard lock(step_run.m);
+    done = step_run.done;
+  }
+  size_t u = 0;
+  auto next = [&]() -> int {
+    while (u < U && done[u]) ++u;  // stepped during the backward
+    return u < U ? static_cast<int>(u++) : -1;
+  };
   // A unit is done when its new parameters are where the next pass reads them: the staging
   // slot's copy or swap write finished, and at stages 1-2 the gather of every rank's
   // partition into the full slab.
   auto complete = [&](int unit, size_t slot) {
     if (detail::staged_publication(g.placement, static_cast<size_t>(unit))) wait_slot(slot);
     if (g.placement.stage == 1 || g.placement.stage == 2) comm_stream->synchronize();
-    mark_done(static_cast<size_t>(unit) + 1);
+    mark_done(unit);
+  };
+  step_units(hp, next, /*tentative=*/false, complete);
+  wait_publications();
+  std::lock_guard lock(step_run.m);
+  std::fill(step_run.done.begin(), step_run.done.end(), 1);
+  step_run.cv.notify_all();
+}
+
+void ZeroEngine::Impl::step_units(const cpu_adam::AdamParams& hp, const std::function<int()>& next,
+                                  bool tentative,
+                                  const std::function<void(int, size_t)>& complete) {
+  const DType dt = g.placement.param_dtype;
+  const size_t slots = std::max<size_t>(1, publish_slots.size());
+  const size_t concurrent = optimizer->concurrent_steps();
+  // Gradient slots: slot 0 accumulates; a tentative step runs beside that pass.
+  const size_t grad_slots = grad_buffers.size();
+  auto grad_slot = [&](size_t k) {
+    return tentative && grad_slots > 1 ? 1 + k % (grad_slots - 1) : k;
+  };
+  auto run_one = [this, &hp, dt, tentative](int unit, size_t gslot, void* out) {
+    const float* grads = load_grads(unit, gslot);
+    if (tentative)
+      optimizer->step_tentative(unit, grads, hp, out, dt);
+    else
+      optimizer->step(unit, grads, hp, out, dt);
   };
   if (concurrent <= 1) {
-    for (size_t u = 0; u < U; ++u) {
-      const int unit = static_cast<int>(u);
-      publish(unit, u % slots,
-              [&](std::byte* out) { optimizer->step(unit, load_grads(unit, u), hp, out, dt); });
-      complete(unit, u % slots);
+    for (size_t k = 0;; ++k) {
+      const int unit = next();
+      if (unit < 0) break;
+      publish(unit, k % slots, [&](std::byte* out) { run_one(unit, grad_slot(k), out); });
+      complete(unit, k % slots);
     }
-  } else {
-    // Units step on worker threads, `concurrent` at a time (NVMe reads of one overlap the
-    // Adam of another); publications are issued here, in unit order.
-    struct Running {
-      int unit;
-      size_t slot;
-      bool staged;
-      std::future<void> done;
-    };
-    std::deque<Running> running;
-    auto finish_front = [&] {
-      Running f = std::move(running.front());
-      running.pop_front();
-      f.done.get();
-      finish_publish(f.unit, f.slot, f.staged);
-      complete(f.unit, f.slot);
-    };
-    try {
-      for (size_t u = 0; u < U; ++u) {
-        if (running.size() >= concurrent) finish_front();
-        const int unit = static_cast<int>(u);
-        Running rn{unit, u % slots, false, {}};
-        std::byte* out = publish_target(unit, rn.slot, rn.staged);
-        rn.done = std::async(std::launch::async, [this, unit, u, &hp, out, dt] {
-          optimizer->step(unit, load_grads(unit, u), hp, out, dt);
-        });
-        running.push_back(std::move(rn));
-      }
-      while (!running.empty()) finish_front();
-    } catch (...) {
-      for (Running& f : running)
-        if (f.done.valid()) f.done.wait();
-      throw;
-    }
+    return;
   }
-  wait_publications();
-  mark_done(U);
+  // Units step on worker threads, `concurrent` at a time (NVMe reads of one overlap the Adam
+  // of another); publications are issued here, in the order `next` gave.
+  struct Running {
+    int unit;
+    size_t slot;
+    bool staged;
+    std::future<void> done;
+  };
+  std::deque<Running> running;
+  auto finish_front = [&] {
+    Running f = std::move(running.front());
+    running.pop_front();
+    f.done.get();
+    finish_publish(f.unit, f.slot, f.staged);
+    complete(f.unit, f.slot);
+  };
+  try {
+    for (size_t k = 0;; ++k) {
+      if (running.size() >= concurrent) finish_front();
+      const int unit = next();
+      if (unit < 0) break;
+      Running rn{unit, k % slots, false, {}};
+      std::byte* out = publish_target(unit, rn.slot, rn.staged);
+      const size_t gslot = grad_slot(k);
+      rn.done = std::async(std::launch::async,
+                           [&run_one, unit, gslot, out] { run_one(unit, gslot, out); });
+      running.push_back(std::move(rn));
+    }
+    while (!running.empty()) finish_front();
+  } catch (...) {
+    for (Running& f : running)
+      if (f.done.valid()) f.done.wait();
+    throw;
+  }
 }
 
 // ---- state access ---------------------------------------------------------------------------

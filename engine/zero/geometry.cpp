@@ -178,6 +178,22 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
     if (gradients == GradientPlacement::kNvme || (avail > 0 && bytes > avail / 4))
       g.placement.gradients = Tier::kNvme;
   }
+  if (cfg.outcore.step_in_backward) {
+    // The step during backward runs units' NVMe optimizer steps from a worker while the
+    // driving thread computes: only where those steps issue no collective (stage 3, or one
+    // rank), so every rank's collectives keep one order.
+    const char* why = nullptr;
+    if (g.placement.optimizer != Tier::kNvme)
+      why = "the optimizer state is not on NVMe (offload_optimizer.device nvme)";
+    else if (stage != 3 && world > 1)
+      why = "stages 1-2 with several ranks gather new parameters with collectives";
+    else if (g.host_gathers_publications())
+      why = "parameters are gathered in host memory";
+    if (why == nullptr)
+      g.step_in_backward = true;
+    else if (warn)
+      log::warn("outcore.step_in_backward is ignored: {}; the step runs after backward", why);
+  }
   return g;
 }
 

@@ -40,6 +40,9 @@ struct Geometry {
   // False for a device whose memory the host cannot read (a GPU): gradient slabs come back to
   // host memory through a pinned copy-back buffer before they are accumulated.
   bool device_host_accessible = true;
+  // outcore.step_in_backward where it applies: units whose optimizer state is on NVMe may step
+  // during the last backward into a spare copy of that state (optimizer files hold two).
+  bool step_in_backward = false;
   // Parameters are all-gathered in pinned host memory and copied to the device whole (several
   // ranks on a device the host cannot read: the collectives run on host memory).
   bool host_gathers() const { return !device_host_accessible && world > 1; }

@@ -214,6 +214,18 @@ class NvmeOptimizerStore final : public OptimizerStore {
 
   size_t concurrent_steps() const override { return concurrent_; }
 
+  bool can_step_tentatively(int unit) const override {
+    return !in_memory(unit) && swapper_.options().spare_copy;
+  }
+  void step_tentative(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
+                      DType out_dtype) override {
+    if (!can_step_tentatively(unit))
+      return OptimizerStore::step_tentative(unit, grads, hp, out, out_dtype);
+    swapper_.step_tentative(static_cast<uint32_t>(unit), {grads, n(unit)}, hp, {out, out_dtype});
+  }
+  void commit(int unit) override { swapper_.commit(static_cast<uint32_t>(unit)); }
+  void discard(int unit) override { swapper_.discard(static_cast<uint32_t>(unit)); }
+
  private:
   size_t n(int unit) const { return g_.units.at(unit).own_len; }
   bool in_memory(int unit) const {
@@ -227,6 +239,15 @@ class NvmeOptimizerStore final : public OptimizerStore {
 };
 
 }  // namespace
+
+void OptimizerStore::step_tentative(int unit, const float*, const cpu_adam::AdamParams&, void*,
+                                    DType) {
+  throw InvalidArgument(fmt::format("zero: unit {} cannot step tentatively", unit));
+}
+void OptimizerStore::commit(int unit) {
+  throw InvalidArgument(fmt::format("zero: unit {} has no tentative step", unit));
+}
+void OptimizerStore::discard(int unit) { commit(unit); }
 
 std::unique_ptr<OptimizerStore> make_memory_store(const Geometry& g, device::Device* device,
                                                   const cpu_adam::Executor& ex) {

@@ -47,6 +47,15 @@ class OptimizerStore {
   virtual void fill(int unit, const swap::OptimizerSwapper::StateFiller& fn) = 0;
   // How many unit steps may usefully run at once.
   virtual size_t concurrent_steps() const = 0;
+  // Tentative steps (Geometry::step_in_backward): the step written beside the unit's state,
+  // which stays current until commit (the new state replaces it) or discard. Only for units
+  // where can_step_tentatively(unit); other calls on a unit with a pending tentative step
+  // throw InvalidArgument.
+  virtual bool can_step_tentatively(int /*unit*/) const { return false; }
+  virtual void step_tentative(int unit, const float* grads, const cpu_adam::AdamParams& hp,
+                              void* out, DType out_dtype);
+  virtual void commit(int unit);
+  virtual void discard(int unit);
 };
 
 // Arrays in device memory (charged to `device`'s budget) for the units whose optimizer home is

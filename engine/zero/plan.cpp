@@ -75,7 +75,8 @@ std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g) {
   for (size_t u = 0; u < g.units.size(); ++u)
     if (g.placement.optimizer_home(u) == Tier::kNvme)
       files.push_back(swap::optimizer_file_spec(static_cast<uint32_t>(u), g.units[u].own_len,
-                                                g.sub_group_size, g.moments));
+                                                g.sub_group_size, g.moments,
+                                                g.step_in_backward ? 2 : 1));
   return files;
 }
 

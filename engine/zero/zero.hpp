@@ -103,6 +103,14 @@ struct StepResult {
   // max(1, (grad_norm + 1e-6) / gradient_clipping) when clipping, else 1 (DeepSpeed's
   // unscale_and_clip_grads). 0 on overflow.
   double grad_scale = 0.0;
+  // How the step related to the backward before it (outcore.step_in_backward): kNone, its
+  // Adam started after step(); kCommitted, units stepped during the backward into the spare
+  // state copy and the norm confirmed the multiplier they used; kRedone, clipping (or other
+  // step parameters) differed, so every unit was stepped again from the state kept; kRestored,
+  // an overflow skipped the step and the parameters written during the backward were rounded
+  // again from the unchanged master weights.
+  enum class InBackward { kNone, kCommitted, kRedone, kRestored };
+  InBackward in_backward = InBackward::kNone;
 };
 
 // Cumulative bytes moved since construction, per path (for GB/s in a progress display).
@@ -197,6 +205,16 @@ class ZeroEngine {
   // REQUIRES: at least one forward_backward since construction or the last step()
   // (InvalidArgument otherwise).
   StepResult step(const StepParams& params);
+
+  // The step the trainer will take after the next forward_backward (its last micro-batch),
+  // with the parameters it will pass to step(). Where outcore.step_in_backward applies and
+  // the multiplier without clipping is expected to hold (gradient_clipping 0, or the last
+  // step's norm was below it), that pass starts each unit's NVMe Adam step as soon as the
+  // unit's gradients are final, into a spare copy of its state; step() then commits, redoes or
+  // restores (StepResult::in_backward), so results are bit-identical to the step after
+  // backward. Otherwise it does nothing. Any call other than step() after that pass undoes
+  // the tentative updates first.
+  void expect_step(const StepParams& params);
 
   // Unit `unit`'s full fp32 master-weight slab (padded_numel elements, gathered from every
   // rank through Comm; collective). out.size() must equal the padded slab size.

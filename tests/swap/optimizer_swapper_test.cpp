@@ -51,7 +51,8 @@ struct Rig {
       size_t pool_bytes = 64 << 20, const cpu_adam::Executor* ex = nullptr) {
     std::vector<SwapFileSpec> plan;
     for (auto [u, n] : units)
-      plan.push_back(optimizer_file_spec(u, n, oo.sub_group_size, oo.moments));
+      plan.push_back(
+          optimizer_file_spec(u, n, oo.sub_group_size, oo.moments, oo.spare_copy ? 2 : 1));
     space = std::make_unique<SwapSpace>(SwapSpaceOptions{.nvme_path = dir.path()}, plan);
     faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
     // One request per sub-group read/write in these tests (block_size >= every sub-group).
@@ -407,6 +408,85 @@ TEST(OptimizerSwapper, CorruptBlockFailsTheStep) {
   EXPECT_EQ(rig.opt->steps_done(0), 0u);
   EXPECT_TRUE(rig.opt->poisoned(0));  // sub-groups 0.. were already rewritten
   EXPECT_EQ(rig.pool->in_use_bytes(), 0u);
+}
+
+// Spare copy: a tentative step gives the step's output while the unit's state stays what it
+// was until commit; discard forgets it; commits alternate the copies and every step after one
+// (in place or tentative) continues the in-memory reference bit for bit. A tentative step
+// that fails leaves nothing pending and the unit unpoisoned.
+TEST(OptimizerSwapper, TentativeStepsCommitOrLeaveTheStateAsItWas) {
+  const SwapFileSpec two = optimizer_file_spec(0, 2500, 1000, DType::F32, 2);
+  ASSERT_EQ(two.tensors.size(), 6u);
+  EXPECT_EQ(two.tensors[3].name, "sg0.spare");
+  EXPECT_EQ(two.tensors[5].bytes, two.tensors[2].bytes);
+  EXPECT_THROW(optimizer_file_spec(0, 2500, 1000, DType::F32, 3), InvalidArgument);
+
+  const OptimizerSwapperOptions oo{.sub_group_size = kSg,
+                                   .buffer_count = 3,
+                                   .pipeline_read = true,
+                                   .pipeline_write = true,
+                                   .spare_copy = true};
+  Rig rig({{0, kNumel}}, oo);
+  const auto init = random_floats(kNumel, 1);
+  Reference ref(init);
+  rig.opt->init_state(0, init);
+  std::vector<uint16_t> out(kNumel);
+  std::vector<float> master(kNumel), m(kNumel), v(kNumel);
+
+  const auto g1 = random_floats(kNumel, 2);
+  Reference ahead = ref;
+  const std::vector<uint16_t> want1 = ahead.step(g1, hyper(1), DType::BF16);
+  rig.opt->step_tentative(0, g1, hyper(1), {out.data(), DType::BF16});
+  EXPECT_EQ(out, want1);
+  EXPECT_TRUE(rig.opt->tentative_pending(0));
+  EXPECT_EQ(rig.opt->steps_done(0), 0u);
+  EXPECT_THROW(rig.opt->read_master(0, master), InvalidArgument);  // neither state is judged
+  EXPECT_THROW(rig.opt->step(0, g1, hyper(1)), InvalidArgument);
+  EXPECT_THROW(rig.opt->commit(1), InvalidArgument);  // nothing pending there
+  rig.opt->discard(0);
+  rig.opt->read_master(0, master);
+  EXPECT_EQ(master, init);  // the state as it was
+
+  // Commit, then an in-place step, then tentative ones from either copy.
+  rig.opt->step_tentative(0, g1, hyper(1), {out.data(), DType::BF16});
+  rig.opt->commit(0);
+  ref.step(g1, hyper(1), DType::BF16);
+  EXPECT_EQ(rig.opt->steps_done(0), 1u);
+  rig.opt->read_state(0, master, m, v);
+  EXPECT_EQ(master, ref.master);
+  EXPECT_EQ(v, ref.v);
+  for (uint64_t step = 2; step <= 5; ++step) {
+    const auto g = random_floats(kNumel, 10 + step);
+    if (step == 3)
+      rig.opt->step(0, g, hyper(step), {out.data(), DType::BF16});
+    else
+      rig.opt->step_tentative(0, g, hyper(step), {out.data(), DType::BF16});
+    if (step != 3) rig.opt->commit(0);
+    EXPECT_EQ(out, ref.step(g, hyper(step), DType::BF16)) << "step " << step;
+  }
+  EXPECT_EQ(rig.opt->steps_done(0), 5u);
+  rig.opt->visit_state(
+      0, kNumel, [&](uint64_t first, uint64_t n, const float* w, const float*, const float* sq) {
+        EXPECT_EQ(std::memcmp(w, ref.master.data() + first, n * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(sq, ref.v.data() + first, n * sizeof(float)), 0);
+      });
+
+  // A failed tentative write: the state stays current and usable.
+  // Writes so far: init 10, two tentative steps 20, steps 2-5 40; fail the 3rd of this one.
+  rig.faults->add_fault({.kind = aio::Fault::Kind::kEio, .nth = 73, .direction = 1});
+  const auto g6 = random_floats(kNumel, 20);
+  EXPECT_THROW(rig.opt->step_tentative(0, g6, hyper(6), {out.data(), DType::BF16}), IoError);
+  rig.faults->clear_faults();
+  EXPECT_FALSE(rig.opt->poisoned(0));
+  EXPECT_FALSE(rig.opt->tentative_pending(0));
+  EXPECT_EQ(rig.pool->in_use_bytes(), 0u);
+  rig.opt->step(0, g6, hyper(6), {out.data(), DType::BF16});
+  EXPECT_EQ(out, ref.step(g6, hyper(6), DType::BF16));
+
+  // Without a spare copy there is no tentative step.
+  Rig plain({{0, kNumel}}, {.sub_group_size = kSg, .buffer_count = 3});
+  plain.opt->init_state(0, init);
+  EXPECT_THROW(plain.opt->step_tentative(0, g1, hyper(1)), InvalidArgument);
 }
 
 TEST(OptimizerSwapper, MisuseIsInvalidArgument) {

@@ -2,11 +2,14 @@
 // gives bit-identical training to the sequential step: losses, grad norms, skipped steps,
 // validation loss, master weights and parameters over 20 steps, for stage 3 with parameters
 // and optimizer in swap files, stage 2 with the optimizer in host memory, bf16, fp16 with
-// overflow steps, clipping on and off.
+// overflow steps, clipping on and off. The optimizer step during backward
+// (outcore.step_in_backward) gives bit-identical training to the step after backward, whether
+// its tentative updates stand, are redone after clipping or undone after an overflow.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,29 +23,35 @@ struct Outcome {
   std::vector<bool> skipped;
   double val = 0;
   Weights weights;
+  std::vector<std::string> in_backward;  // per step: StepMetrics::in_backward
 };
 
 Outcome train_with(const nlohmann::json& patch, bool overlap, const DemoData& data,
-                   const std::string& swap_name) {
+                   const std::string& swap_name, bool step_in_backward = false) {
   const model::LlamaConfig mc = tiny_model();
   nlohmann::json p = patch;
   if (p.contains("zero_optimization")) {
-    const std::string swap = data.file(swap_name + (overlap ? "_overlap" : "_sequential"));
+    const std::string swap = data.file(swap_name + (overlap ? "_overlap" : "_sequential") +
+                                       (step_in_backward ? "_in_backward" : ""));
     std::filesystem::create_directories(swap);
     for (const char* k : {"offload_param", "offload_optimizer"})
       if (p["zero_optimization"].contains(k) &&
           p["zero_optimization"][k].value("device", "") == "nvme")
         p["zero_optimization"][k]["nvme_path"] = swap;
   }
+  p["outcore"]["step_in_backward"] = step_in_backward;
   const config::Config cfg = make_config(p, mc);
   TrainerOptions o = quiet_options(data, 20);
   o.eval_every = 7;  // validations between steps wait for the step in flight
   o.engine.overlap_step = overlap;
+  if (swap_name.find("nvme_grads") != std::string::npos)
+    o.engine.gradients = zero::GradientPlacement::kNvme;
   Outcome out;
   o.on_step = [&](const StepMetrics& m) {
     out.losses.push_back(m.loss);
     out.norms.push_back(m.grad_norm.value_or(-1.0));
     out.skipped.push_back(m.skipped);
+    out.in_backward.push_back(m.in_backward);
   };
   Trainer tr(cfg, mc, o);
   if (cfg.fp16.enabled.value()) {
@@ -116,6 +125,70 @@ TEST_P(OverlapTest, BitIdenticalToTheSequentialStep) {
 INSTANTIATE_TEST_SUITE_P(Trainer, OverlapTest,
                          ::testing::Values("stage3_nvme_fp32_clip", "stage3_nvme_bf16_noclip",
                                            "stage2_cpu_bf16_clip", "stage1_cpu_fp16_overflow"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// ---- the step during backward ----------------------------------------------------------------
+
+class StepInBackwardTest : public ::testing::TestWithParam<const char*> {};
+
+nlohmann::json in_backward_patch(const std::string& name) {
+  const nlohmann::json stage3_nvme = {{"stage", 3},
+                                      {"stage3_param_persistence_threshold", 0},
+                                      {"stage3_max_live_parameters", 20000},
+                                      {"stage3_prefetch_bucket_size", 20000},
+                                      {"offload_param", {{"device", "nvme"}, {"max_in_cpu", 0}}},
+                                      {"offload_optimizer", {{"device", "nvme"}}}};
+  if (name == "stage3_nvme_fp32_noclip")
+    return {{"gradient_clipping", 0.0}, {"zero_optimization", stage3_nvme}};
+  if (name == "stage3_nvme_fp32_clip_sometimes")  // norms cross the threshold both ways
+    return {{"gradient_clipping", 1.8}, {"zero_optimization", stage3_nvme}};
+  if (name == "stage3_nvme_bf16_gas2_partial") {  // half the units' state stays on the device
+    nlohmann::json z = stage3_nvme;
+    z["offload_optimizer"]["ratio"] = 0.5;
+    return {{"bf16", {{"enabled", true}}},
+            {"gradient_clipping", 0.0},
+            {"gradient_accumulation_steps", 2},
+            {"zero_optimization", z}};
+  }
+  if (name == "stage3_nvme_fp16_overflow")
+    return {{"fp16", {{"enabled", true}}},
+            {"gradient_clipping", 0.0},
+            {"zero_optimization", stage3_nvme}};
+  // Gradient accumulators in swap files too (train_with: EngineOptions::gradients): a
+  // tentative step reads them beside the accumulation of the pass.
+  return {{"bf16", {{"enabled", true}}},
+          {"gradient_clipping", 0.0},
+          {"gradient_accumulation_steps", 2},
+          {"zero_optimization", stage3_nvme}};
+}
+
+TEST_P(StepInBackwardTest, BitIdenticalToTheStepAfterBackward) {
+  const DemoData data;
+  const std::string name = GetParam();
+  const Outcome after = train_with(in_backward_patch(name), true, data, name);
+  const Outcome during = train_with(in_backward_patch(name), true, data, name, true);
+  std::map<std::string, int> count;
+  for (const std::string& s : during.in_backward) ++count[s];
+  for (const std::string& s : after.in_backward) EXPECT_EQ(s, "");
+  // The subject must be exercised: tentative steps that stood, and the paths that undo them.
+  EXPECT_GT(count["committed"], 0) << "grad norms " << ::testing::PrintToString(during.norms);
+  if (name == "stage3_nvme_fp32_clip_sometimes")
+    EXPECT_GT(count["redone"], 0) << "grad norms " << ::testing::PrintToString(during.norms);
+  if (name == "stage3_nvme_fp16_overflow") {
+    ASSERT_TRUE(after.skipped.front()) << "the case should start with overflow steps";
+    EXPECT_GT(count["restored"], 0);
+  }
+  if (name == "stage3_nvme_fp32_noclip" || name == "stage3_nvme_grads_bf16_gas2")
+    EXPECT_EQ(count["committed"], 20);
+  expect_same(after, during);
+}
+
+INSTANTIATE_TEST_SUITE_P(Trainer, StepInBackwardTest,
+                         ::testing::Values("stage3_nvme_fp32_noclip",
+                                           "stage3_nvme_fp32_clip_sometimes",
+                                           "stage3_nvme_bf16_gas2_partial",
+                                           "stage3_nvme_fp16_overflow",
+                                           "stage3_nvme_grads_bf16_gas2"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

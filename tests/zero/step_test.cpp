@@ -103,6 +103,71 @@ TEST(ZeroStep, EvaluateBetweenMicroBatchesLeavesTheGradientsAlone) {
   EXPECT_NE(f.engine->evaluate(tok.data(), tok.data() + 1), eval);  // the step changed the model
 }
 
+// outcore.step_in_backward at the engine's interface: after expect_step, the next pass steps
+// units tentatively; step() commits them, and any other call first undoes them (evaluate sees
+// the model as it was, a second micro-batch accumulates normally), so every sequence gives
+// the results of the engine without it. Its optimizer swap files hold two copies.
+TEST(ZeroStep, TentativeStepStandsOnlyWhenStepJudgesIt) {
+  const std::string top = R"(, "outcore": {"step_in_backward": true})";
+  const Placing p{3, "nvme", "nvme"};
+  Fixture f(config_json(p, DType::BF16, swap_dir("tentative_on").string(), "", top), DType::BF16);
+  Fixture g(config_json(p, DType::BF16, swap_dir("tentative_off").string()), DType::BF16);
+  const Plan& pf = f.engine->plan();
+  const Plan& pg = g.engine->plan();
+  EXPECT_GT(pf.optimizer_nvme_bytes, 2 * pg.optimizer_nvme_bytes - (64u << 10));
+  EXPECT_LE(pf.optimizer_nvme_bytes, 2 * pg.optimizer_nvme_bytes);
+  const size_t n = static_cast<size_t>(f.model.tokens());
+  std::vector<int32_t> tok = make_tokens(n + 1, f.model.config().vocab_size, 77, n + 1);
+  auto sp = [&](Fixture& x, uint64_t t) {
+    StepParams s = step_params(x.cfg, 1e-3, t, 1.0);
+    s.gradient_clipping = 0;  // no clipping: every expected step is started in backward
+    return s;
+  };
+  auto same_state = [&] {
+    for (int u = 0; u < f.model.num_units(); ++u)
+      ASSERT_EQ(f.master(u), g.master(u)) << "unit " << u;
+  };
+  // 1: committed.
+  f.engine->expect_step(sp(f, 1));
+  f.micro_batch(1, 1.0f, true);
+  g.micro_batch(1, 1.0f, true);
+  StepResult rf = f.engine->step(sp(f, 1)), rg = g.engine->step(sp(g, 1));
+  EXPECT_EQ(rf.in_backward, StepResult::InBackward::kCommitted);
+  EXPECT_EQ(rg.in_backward, StepResult::InBackward::kNone);
+  EXPECT_EQ(rf.grad_norm, rg.grad_norm);
+  same_state();
+  // 2: an evaluation between the pass and step() undoes the tentative updates first.
+  f.engine->expect_step(sp(f, 2));
+  f.micro_batch(2, 1.0f, true);
+  g.micro_batch(2, 1.0f, true);
+  EXPECT_EQ(f.engine->evaluate(tok.data(), tok.data() + 1),
+            g.engine->evaluate(tok.data(), tok.data() + 1));
+  rf = f.engine->step(sp(f, 2));
+  g.engine->step(sp(g, 2));
+  EXPECT_EQ(rf.in_backward, StepResult::InBackward::kNone);
+  same_state();
+  // 3: a second micro-batch after the expected last one: undone, then accumulated.
+  f.engine->expect_step(sp(f, 3));
+  f.micro_batch(3, 0.5f, true);
+  f.micro_batch(4, 0.5f, false);
+  g.micro_batch(3, 0.5f, true);
+  g.micro_batch(4, 0.5f, false);
+  EXPECT_EQ(f.engine->step(sp(f, 3)).in_backward, StepResult::InBackward::kNone);
+  g.engine->step(sp(g, 3));
+  same_state();
+  // 4: step() with other parameters than expected (a different lr): redone.
+  f.engine->expect_step(sp(f, 4));
+  f.micro_batch(5, 1.0f, true);
+  g.micro_batch(5, 1.0f, true);
+  StepParams other = sp(f, 4);
+  other.lr = 2e-3;
+  EXPECT_EQ(f.engine->step(other).in_backward, StepResult::InBackward::kRedone);
+  g.engine->step(other);
+  same_state();
+  EXPECT_EQ(f.engine->evaluate(tok.data(), tok.data() + 1),
+            g.engine->evaluate(tok.data(), tok.data() + 1));
+}
+
 TEST(ZeroStep, StateRoundTripsAndWritingMasterRefreshesParameters) {
   for (const Placing& s : {Placing{1, "none", "cpu"}, Placing{3, "nvme", "nvme"}}) {
     SCOPED_TRACE(s.name());

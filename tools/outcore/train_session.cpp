@@ -126,6 +126,11 @@ void print_result(const train::TrainResult& r) {
     if (r.final_val_loss) s += fmt::format(" (validation {:.4f})", *r.final_val_loss);
     s += "\n";
   }
+  if (r.in_backward_committed + r.in_backward_redone + r.in_backward_restored > 0)
+    s += fmt::format(
+        "optimizer step during backward (outcore.step_in_backward): {} stood, {} redone after "
+        "clipping, {} undone after an overflow\n",
+        r.in_backward_committed, r.in_backward_redone, r.in_backward_restored);
   s += fmt::format(
       "device memory peak {}{}\n", zero::format_bytes(r.memory.device_peak_bytes),
       r.memory.device_budget_bytes > 0
