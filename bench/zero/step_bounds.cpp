@@ -2,6 +2,7 @@
 #include "bench/zero/step_bounds.hpp"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <array>
@@ -194,6 +195,13 @@ ComputeTimes measure_compute(const model::LlamaModel& model, device::Device& dev
           .head_s = median(head_s),
           .layers = model.config().num_hidden_layers,
           .micro_batches = micro_batches};
+}
+
+double cpu_seconds() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return s(ru.ru_utime) + s(ru.ru_stime);
 }
 
 }  // namespace outcore::bench

@@ -71,4 +71,7 @@ struct ComputeTimes {
 ComputeTimes measure_compute(const model::LlamaModel& model, device::Device& dev,
                              int64_t micro_batches, int reps, bool cpu_checkpointing);
 
+// User + system CPU seconds of this process so far (every thread), from getrusage.
+double cpu_seconds();
+
 }  // namespace outcore::bench

@@ -61,14 +61,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// User + system CPU seconds of this process so far (every thread).
-double cpu_seconds() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
-  return s(ru.ru_utime) + s(ru.ru_stime);
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -107,14 +99,14 @@ struct Runner {
   // `count` consecutive steps from step `first`, timed as one turn.
   void train_turn(const model::LlamaModel& model, int first, int count, int64_t gas, bool timed) {
     const auto t0 = Clock::now();
-    const double c0 = cpu_seconds();
+    const double c0 = bench::cpu_seconds();
     for (int t = first; t < first + count; ++t) train_step(model, t, gas, timed);
     const auto tw = Clock::now();
     engine->wait_step();
     if (!timed) return;
     step_seconds += seconds_since(tw);
     turns.push_back(seconds_since(t0));
-    cpu += cpu_seconds() - c0;
+    cpu += bench::cpu_seconds() - c0;
   }
 
   void train_step(const model::LlamaModel& model, int t, int64_t gas, bool timed) {
@@ -138,8 +130,8 @@ struct Runner {
     }
     const auto t1 = Clock::now();
     const zero::StepResult r = engine->step(sp);
-    if (r.in_backward == zero::StepResult::InBackward::kCommitted) ++in_backward;
     if (!timed) return;
+    if (r.in_backward == zero::StepResult::InBackward::kCommitted) ++in_backward;
     step_seconds += seconds_since(t1);
     fb_seconds += std::chrono::duration<double>(t1 - t0).count();
     losses.push_back(loss / gas);

@@ -42,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/zero/step_bounds.hpp"
@@ -283,6 +284,7 @@ int main(int argc, char** argv) {
     const zero::TrafficStats traffic0 = engine.traffic();
     zero::TrafficStats a = traffic0;
     const auto run0 = Clock::now();
+    const double cpu0 = bench::cpu_seconds();
     auto s0 = run0;
     if (!trace_file.empty()) {
       trace::name_thread("trainer");
@@ -339,6 +341,7 @@ int main(int argc, char** argv) {
       // A step's updates finish under the next forward, so single steps are skewed (the first
       // lacks its updates, the last waits for them); their mean is exact.
       const double mean = std::chrono::duration<double>(s0 - run0).count() / steps;
+      const double cpu = (bench::cpu_seconds() - cpu0) / steps;
       const zero::TrafficBytes& per_step = engine.plan().per_step;
       std::printf(
           "summary over %d steps: step %.2f s (mean), nvme read %.2f GB, write %.2f GB per step "
@@ -354,6 +357,10 @@ int main(int argc, char** argv) {
           "at once\n",
           mean / bounds->larger_mixed_s(), mean / bounds->larger_serial_s(),
           mean / bounds->larger_overlapped_s());
+      // The compute bound is measured with the cores to itself; a step shares them with the
+      // I/O's CRCs and copies, the gradient work and Adam: all threads busy = CPU-bound.
+      std::printf("CPU seconds per step: %.1f (%.2f of %u hardware threads busy)\n", cpu,
+                  cpu / mean, std::thread::hardware_concurrency());
       // Model FLOPs (3x forward, recomputation not counted) per second, streamed vs in memory.
       const double flops = mc.train_flops_per_token(seq) * static_cast<double>(micro * seq) *
                            static_cast<double>(engine.plan().micro_batches_per_step);

@@ -115,6 +115,20 @@ TEST_F(ResumeTest, Stage3NvmeMidWarmupIsBitIdentical) {
   expect_identical(a, b);
 }
 
+// outcore.step_in_backward: a checkpoint reads each unit's current state copy (after an odd
+// number of committed steps, the spare one) and a resumed run, with or without it, continues
+// bit-identically to the run without it.
+TEST_F(ResumeTest, StepInBackwardSavesTheCurrentCopyAndResumesBitIdentically) {
+  nlohmann::json p = testing::nvme_patch(dir("swap"));
+  p.merge_patch({{"gradient_clipping", 0.0}});
+  const config::Config plain = make_config(p, tiny_model());
+  p["outcore"]["step_in_backward"] = true;
+  const config::Config in_backward = make_config(p, tiny_model());
+  const RunTrace a = straight(plain, data_, 6);
+  expect_identical(a, resumed(in_backward, in_backward, data_, 3, 6, dir("ckpt")));
+  expect_identical(a, resumed(in_backward, plain, data_, 3, 6, dir("ckpt2")));
+}
+
 TEST_F(ResumeTest, SubGroupsAndPiecesThatDoNotAlignAreBitIdentical) {
   // Optimizer sub-groups of 3000 elements stream through the checkpoint's pieces of 5000, so
   // ranges straddle pieces when saving and reads straddle segments (unaligned) when loading.
