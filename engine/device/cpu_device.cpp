@@ -12,6 +12,7 @@
 #include <exception>
 #include <map>
 #include <thread>
+#include <unordered_map>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -241,6 +242,23 @@ struct CpuDevice::Registry {
   mutable std::mutex map_mu;
   std::map<uintptr_t, Mapping> mappings;  // GUARDED_BY(map_mu)
 
+  // Other devices: the size of every live block, and freed blocks kept for reuse by size.
+  std::mutex cache_mu;
+  std::unordered_map<void*, size_t> live;         // GUARDED_BY(cache_mu)
+  std::unordered_multimap<size_t, void*> cached;  // GUARDED_BY(cache_mu)
+  uint64_t cached_bytes = 0;                      // GUARDED_BY(cache_mu)
+  uint64_t cache_limit = 0;
+
+  void drop_cached() {  // REQUIRES(cache_mu)
+    for (auto& [bytes, p] : cached) std::free(p);
+    cached.clear();
+    cached_bytes = 0;
+  }
+  ~Registry() {
+    std::lock_guard lock(cache_mu);
+    drop_cached();
+  }
+
   void* view(const void* p) const {
     const auto a = reinterpret_cast<uintptr_t>(p);
     std::lock_guard lock(map_mu);
@@ -292,6 +310,9 @@ class RegisteredStream final : public Stream {
 CpuDevice::CpuDevice(CpuDeviceOptions options)
     : registry_(std::make_shared<Registry>()), discrete_(options.discrete) {
   set_budget(options.memory_budget_bytes);
+  registry_->cache_limit = options.cache_bytes != 0           ? options.cache_bytes
+                           : options.memory_budget_bytes != 0 ? options.memory_budget_bytes
+                                                              : uint64_t{1} << 30;
 }
 
 CpuDevice::~CpuDevice() = default;
@@ -312,7 +333,25 @@ void* CpuDevice::host_view(const void* p) const {
 }
 
 void* CpuDevice::do_alloc(size_t charged) {
-  if (!discrete_) return std::aligned_alloc(kAllocGranularity, charged);
+  if (!discrete_) {
+    Registry& r = *registry_;
+    std::lock_guard lock(r.cache_mu);
+    void* p = nullptr;
+    if (auto it = r.cached.find(charged); it != r.cached.end()) {
+      p = it->second;
+      r.cached.erase(it);
+      r.cached_bytes -= charged;
+    } else {
+      p = std::aligned_alloc(kAllocGranularity, charged);
+      if (p == nullptr && !r.cached.empty()) {  // give the cache back and try once more
+        r.drop_cached();
+        p = std::aligned_alloc(kAllocGranularity, charged);
+      }
+      if (p == nullptr) return nullptr;
+    }
+    r.live[p] = charged;
+    return p;
+  }
   // The same pages twice: a read-write alias for the streams and the backend, and the
   // PROT_NONE view handed out as the device pointer.
   const int fd = memfd_create("outcore-discrete-device", MFD_CLOEXEC);
@@ -336,7 +375,25 @@ void* CpuDevice::do_alloc(size_t charged) {
 }
 
 void CpuDevice::do_free(void* ptr) noexcept {
-  if (!discrete_) return std::free(ptr);
+  if (!discrete_) {
+    Registry& r = *registry_;
+    std::lock_guard lock(r.cache_mu);
+    auto it = r.live.find(ptr);
+    if (it == r.live.end()) return std::free(ptr);
+    const size_t bytes = it->second;
+    r.live.erase(it);
+    if (bytes > r.cache_limit) return std::free(ptr);
+    // Make room: other sizes' blocks go first (any order), then keep this one.
+    while (r.cached_bytes + bytes > r.cache_limit && !r.cached.empty()) {
+      auto victim = r.cached.begin();
+      r.cached_bytes -= victim->first;
+      std::free(victim->second);
+      r.cached.erase(victim);
+    }
+    r.cached.emplace(bytes, ptr);
+    r.cached_bytes += bytes;
+    return;
+  }
   Registry::Mapping m{};
   {
     std::lock_guard lock(registry_->map_mu);

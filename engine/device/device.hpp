@@ -221,6 +221,12 @@ struct CpuDeviceOptions {
   // the device's streams and its compute backend (host_view). What runs on such a device is
   // what would run on a GPU: every transfer an explicit stream copy.
   bool discrete = false;
+  // Freed blocks kept for reuse by an allocation of the same size, up to this many bytes
+  // (0: the budget, or 1 GiB without one), as a GPU's stream-ordered pool keeps them: the
+  // engine frees and allocates the same unit slabs every pass, and fresh pages from the
+  // kernel cost a page fault and a zeroing each. Not charged to the budget. Discrete devices
+  // keep none.
+  uint64_t cache_bytes = 0;
 };
 
 // The simulated accelerator (see the file comment). host_accessible() is true unless
@@ -245,7 +251,7 @@ class CpuDevice final : public Device {
   void do_free(void* ptr) noexcept override;
 
  private:
-  struct Registry;  // the live streams, for synchronize(); the discrete mappings
+  struct Registry;  // the live streams, for synchronize(); the discrete mappings; the cache
   std::shared_ptr<Registry> registry_;
   bool discrete_ = false;
 };

@@ -87,6 +87,27 @@ TEST(CpuDeviceMemory, BuffersAreMoveOnlyAndFreeOnce) {
   EXPECT_EQ(dev.memory_stats().live_allocations, 0u);
 }
 
+// Freed blocks are kept for the next allocation of the same size (no fresh pages from the
+// kernel), up to the cache limit, and the budget counts live buffers only.
+TEST(CpuDeviceMemory, FreedBlocksAreReusedBySizeWithinTheCacheLimit) {
+  CpuDevice dev(CpuDeviceOptions{.memory_budget_bytes = 8 * kMiB, .cache_bytes = 4 * kMiB});
+  void* p = nullptr;
+  {
+    DeviceBuffer a = dev.alloc(3 * kMiB, "a");
+    p = a.data();
+  }
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 0u);
+  DeviceBuffer b = dev.alloc(3 * kMiB, "b");
+  EXPECT_EQ(b.data(), p);  // the same block
+  // The cache is not charged: the whole budget is still there for live buffers.
+  DeviceBuffer c = dev.alloc(5 * kMiB, "c");
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 8 * kMiB);
+  c.reset();  // larger than the cache limit: freed at once
+  b.reset();  // kept
+  DeviceBuffer d = dev.alloc(3 * kMiB, "d");
+  EXPECT_EQ(d.data(), p);
+}
+
 TEST(CpuDeviceStream, RunsItemsInEnqueueOrder) {
   CpuDevice dev;
   auto s = dev.create_stream("ordered");
