@@ -130,6 +130,8 @@ struct AdamParams {
   // Every gradient element is multiplied by this (rounded to fp32) before use, in the same
   // pass: 1/loss_scale, times the clipping coefficient. 1 leaves gradients as given.
   double grad_scale = 1.0;
+
+  bool operator==(const AdamParams&) const = default;
 };
 
 // Checks the hyper-parameters: lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0,

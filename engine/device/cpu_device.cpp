@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
@@ -249,10 +250,15 @@ struct CpuDevice::Registry {
   uint64_t cached_bytes = 0;                      // GUARDED_BY(cache_mu)
   uint64_t cache_limit = 0;
 
-  void drop_cached() {  // REQUIRES(cache_mu)
-    for (auto& [bytes, p] : cached) std::free(p);
-    cached.clear();
-    cached_bytes = 0;
+  void drop_cached() { trim_to(0); }  // REQUIRES(cache_mu)
+  // Frees cached blocks (any order) until at most `bytes` stay cached. REQUIRES(cache_mu)
+  void trim_to(uint64_t bytes) {
+    while (cached_bytes > bytes && !cached.empty()) {
+      auto victim = cached.begin();
+      cached_bytes -= victim->first;
+      std::free(victim->second);
+      cached.erase(victim);
+    }
   }
   ~Registry() {
     std::lock_guard lock(cache_mu);
@@ -332,6 +338,11 @@ void* CpuDevice::host_view(const void* p) const {
   return discrete_ ? registry_->view(p) : const_cast<void*>(p);
 }
 
+uint64_t CpuDevice::cached_bytes() const {
+  std::lock_guard lock(registry_->cache_mu);
+  return registry_->cached_bytes;
+}
+
 void* CpuDevice::do_alloc(size_t charged) {
   if (!discrete_) {
     Registry& r = *registry_;
@@ -342,6 +353,10 @@ void* CpuDevice::do_alloc(size_t charged) {
       r.cached.erase(it);
       r.cached_bytes -= charged;
     } else {
+      // A new block: first give back cached ones beyond what the peak allows beside it
+      // (memory_stats already counts this allocation as in use).
+      const MemoryStats s = memory_stats();
+      r.trim_to(s.peak_bytes - s.in_use_bytes);
       p = std::aligned_alloc(kAllocGranularity, charged);
       if (p == nullptr && !r.cached.empty()) {  // give the cache back and try once more
         r.drop_cached();
@@ -382,14 +397,12 @@ void CpuDevice::do_free(void* ptr) noexcept {
     if (it == r.live.end()) return std::free(ptr);
     const size_t bytes = it->second;
     r.live.erase(it);
-    if (bytes > r.cache_limit) return std::free(ptr);
-    // Make room: other sizes' blocks go first (any order), then keep this one.
-    while (r.cached_bytes + bytes > r.cache_limit && !r.cached.empty()) {
-      auto victim = r.cached.begin();
-      r.cached_bytes -= victim->first;
-      std::free(victim->second);
-      r.cached.erase(victim);
-    }
+    // Live plus cached blocks never exceed the device's peak of live bytes (so the process
+    // holds no more than it did at that peak) nor the cache limit.
+    const MemoryStats s = memory_stats();  // still counts this block as in use
+    const uint64_t limit = std::min<uint64_t>(r.cache_limit, s.peak_bytes - s.in_use_bytes + bytes);
+    if (bytes > limit) return std::free(ptr);
+    r.trim_to(limit - bytes);  // make room: other blocks go first, then keep this one
     r.cached.emplace(bytes, ptr);
     r.cached_bytes += bytes;
     return;

@@ -222,10 +222,10 @@ struct CpuDeviceOptions {
   // what would run on a GPU: every transfer an explicit stream copy.
   bool discrete = false;
   // Freed blocks kept for reuse by an allocation of the same size, up to this many bytes
-  // (0: the budget, or 1 GiB without one), as a GPU's stream-ordered pool keeps them: the
-  // engine frees and allocates the same unit slabs every pass, and fresh pages from the
-  // kernel cost a page fault and a zeroing each. Not charged to the budget. Discrete devices
-  // keep none.
+  // (0: the budget, or 1 GiB without one) and never more than live plus cached = the peak of
+  // live bytes so far, as a GPU's stream-ordered pool keeps them: the engine frees and
+  // allocates the same unit slabs every pass, and fresh pages from the kernel cost a page
+  // fault and a zeroing each. Not charged to the budget. Discrete devices keep none.
   uint64_t cache_bytes = 0;
 };
 
@@ -242,6 +242,8 @@ class CpuDevice final : public Device {
   // The read-write alias of device pointer `p` on a discrete device (any address inside a live
   // allocation); `p` itself for any other pointer (host memory, or a non-discrete device).
   void* host_view(const void* p) const;
+  // Bytes of freed blocks kept for reuse (CpuDeviceOptions::cache_bytes).
+  uint64_t cached_bytes() const;
   std::unique_ptr<Stream> create_stream(std::string name) override;
   std::unique_ptr<Event> create_event() override;
   void synchronize() override;

@@ -232,12 +232,6 @@ cpu_adam::AdamParams adam_params(const StepParams& sp, double grad_scale) {
   return hp;
 }
 
-bool same_adam_params(const cpu_adam::AdamParams& a, const cpu_adam::AdamParams& b) {
-  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
-         a.weight_decay == b.weight_decay && a.adamw_mode == b.adamw_mode &&
-         a.bias_correction == b.bias_correction && a.step == b.step && a.grad_scale == b.grad_scale;
-}
-
 }  // namespace
 
 StepResult ZeroEngine::Impl::step(const StepParams& sp) {
@@ -296,7 +290,7 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
       t.verdict = StepRun::Verdict::kRestore;
       r.in_backward = StepResult::InBackward::kRestored;
     } else {
-      t.verdict = same_adam_params(hp, t.hp) ? StepRun::Verdict::kCommit : StepRun::Verdict::kRedo;
+      t.verdict = hp == t.hp ? StepRun::Verdict::kCommit : StepRun::Verdict::kRedo;
       r.in_backward = t.verdict == StepRun::Verdict::kCommit ? StepResult::InBackward::kCommitted
                                                              : StepResult::InBackward::kRedone;
       t.final_hp = hp;

@@ -108,6 +108,27 @@ TEST(CpuDeviceMemory, FreedBlocksAreReusedBySizeWithinTheCacheLimit) {
   EXPECT_EQ(d.data(), p);
 }
 
+// The cache never makes the device hold more than its peak of live bytes: blocks of sizes no
+// longer asked for are given back when a new size needs the room.
+TEST(CpuDeviceMemory, CachedPlusLiveStaysWithinThePeak) {
+  CpuDevice dev(CpuDeviceOptions{.cache_bytes = 64 * kMiB});
+  {
+    DeviceBuffer x = dev.alloc(2 * kMiB, "x");
+    DeviceBuffer y = dev.alloc(kMiB, "y");
+  }
+  EXPECT_EQ(dev.cached_bytes(), 3 * kMiB);    // peak 3 MiB, both kept
+  DeviceBuffer z = dev.alloc(3 * kMiB, "z");  // a new size: both given back
+  EXPECT_EQ(dev.cached_bytes(), 0u);
+  DeviceBuffer w = dev.alloc(kMiB, "w");  // peak 4 MiB now
+  z.reset();                              // kept: 1 MiB live + 3 MiB cached = the peak
+  EXPECT_EQ(dev.cached_bytes(), 3 * kMiB);
+  {
+    DeviceBuffer v = dev.alloc(2 * kMiB, "v");  // 3 live + 3 cached > 4: z's block goes
+    EXPECT_EQ(dev.cached_bytes(), 0u);
+  }
+  EXPECT_EQ(dev.cached_bytes(), 2 * kMiB);
+}
+
 TEST(CpuDeviceStream, RunsItemsInEnqueueOrder) {
   CpuDevice dev;
   auto s = dev.create_stream("ordered");
