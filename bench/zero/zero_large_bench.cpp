@@ -277,6 +277,7 @@ int main(int argc, char** argv) {
     std::optional<Bounds> bounds;
     if (!skip_bounds) {
       bounds = measure_bounds(engine.plan(), model, *compute_dev, cfg, nvme, ref_gib, compute_reps);
+      compute_dev.reset();  // its memory (and blocks kept for reuse) is not the run's
       reset_peak_rss();
     }
 
