@@ -68,7 +68,7 @@ struct Rig {
 // Runs up to `steps` steps; returns the error message of the first failure, "" if none.
 std::string run_until_error(const config::Config& cfg, const model::LlamaModel& model,
                             const Rig& rig, int steps, const char** where,
-                            bool wait_each_step = true) {
+                            bool wait_each_step = true, bool step_in_backward = false) {
   device::CpuDevice dev;
   comm::LocalComm comm;
   ZeroEngine engine(cfg, model, dev, comm, 5, rig.options());
@@ -76,10 +76,15 @@ std::string run_until_error(const config::Config& cfg, const model::LlamaModel& 
   try {
     for (int t = 1; t <= steps; ++t) {
       std::vector<int32_t> tok = make_tokens(n + 1, model.config().vocab_size, t, n + 1);
+      StepParams sp = step_params(cfg, 1e-3, t, 1.0);
+      if (step_in_backward) {
+        sp.gradient_clipping = 0;  // every step starts during the backward
+        engine.expect_step(sp);
+      }
       *where = "forward_backward";
       engine.forward_backward(tok.data(), tok.data() + 1, 1.0f, true);
       *where = "step";
-      engine.step(step_params(cfg, 1e-3, t, 1.0));
+      engine.step(sp);
       if (wait_each_step) engine.wait_step();  // an overlapped step's error surfaces here
     }
   } catch (const IoError& e) {
@@ -134,6 +139,27 @@ TEST(ZeroFault, OverlappedStepErrorSurfacesFromTheNextPass) {
   EXPECT_NE(msg, "");
   EXPECT_STREQ(where, "forward_backward");
   EXPECT_NE(msg.find("optimizer"), std::string::npos) << msg;
+}
+
+// outcore.step_in_backward: a read error of a tentative step (during the backward) surfaces
+// once the step is judged, naming the optimizer file, and the engine shuts down cleanly.
+TEST(ZeroFault, EioDuringTheStepInBackwardSurfacesFromTheStep) {
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+  const std::string dir = swap_dir("fault_opt_in_backward").string();
+  const config::Config cfg = make_config(config_json({3, "cpu", "nvme"}, DType::BF16, dir, "",
+                                                     R"(, "outcore": {"step_in_backward": true})"));
+  for (const bool wait : {true, false}) {
+    SCOPED_TRACE(wait ? "wait_step after each step" : "the next pass");
+    Rig rig;
+    auto eio = std::make_shared<EioOnNth>(3, false);
+    rig.backend = eio;
+    const char* where = "";
+    const std::string msg = run_until_error(cfg, model, rig, 3, &where, wait, true);
+    EXPECT_NE(msg, "");
+    EXPECT_STREQ(where, wait ? "step" : "forward_backward");
+    EXPECT_NE(msg.find("optimizer"), std::string::npos) << msg;
+    EXPECT_EQ(eio->fired(), 1u);
+  }
 }
 
 TEST(ZeroFault, FailedWriteBackOfParametersStopsTheStep) {
