@@ -248,11 +248,12 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
   accumulating = false;
   const int stage = g.placement.stage;
   const size_t U = g.units.size();
+  // The pass's tentative step stays open (undone by the next call) until judged below, so an
+  // error before the verdict cannot leave the worker waiting for one.
   std::shared_ptr<StepRun::Tentative> tentative;
   {
     std::lock_guard lock(step_run.m);
-    tentative = std::move(step_run.open);
-    step_run.open.reset();
+    tentative = step_run.open;
     step_run.expected.reset();
   }
 
@@ -286,6 +287,7 @@ StepResult ZeroEngine::Impl::step(const StepParams& sp) {
     if (coordinator) coordinator->drop_all();
     std::unique_lock lock(step_run.m);
     StepRun::Tentative& t = *tentative;
+    step_run.open.reset();  // judged here
     if (overflow) {
       t.verdict = StepRun::Verdict::kRestore;
       r.in_backward = StepResult::InBackward::kRestored;

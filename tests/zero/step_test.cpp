@@ -166,6 +166,19 @@ TEST(ZeroStep, TentativeStepStandsOnlyWhenStepJudgesIt) {
   same_state();
   EXPECT_EQ(f.engine->evaluate(tok.data(), tok.data() + 1),
             g.engine->evaluate(tok.data(), tok.data() + 1));
+  // 5: step() refusing its parameters before the verdict: the pass is undone by the next call.
+  f.engine->expect_step(sp(f, 5));
+  f.micro_batch(6, 1.0f, true);
+  StepParams bad = sp(f, 5);
+  bad.lr = -1;
+  EXPECT_THROW(f.engine->step(bad), InvalidArgument);
+  EXPECT_EQ(f.engine->evaluate(tok.data(), tok.data() + 1),
+            g.engine->evaluate(tok.data(), tok.data() + 1));
+  f.micro_batch(7, 1.0f, true);
+  g.micro_batch(7, 1.0f, true);
+  f.engine->step(sp(f, 5));
+  g.engine->step(sp(g, 5));
+  same_state();
 }
 
 TEST(ZeroStep, StateRoundTripsAndWritingMasterRefreshesParameters) {
