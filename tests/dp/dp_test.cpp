@@ -148,6 +148,11 @@ TEST_F(DataParallel, Stage1OptimizerNvmeWorld2MatchesWorld1) { expect_same("s1_n
 TEST_F(DataParallel, Stage2CpuBf16World3MatchesWorld1) { expect_same("s2_cpu_bf16", 3, 1); }
 TEST_F(DataParallel, Stage3NvmeWorld2MatchesWorld1) { expect_same("s3_nvme_fp32", 2, 1); }
 TEST_F(DataParallel, Stage3NvmeBf16World3MatchesWorld1) { expect_same("s3_nvme_bf16", 3, 2); }
+// outcore.step_in_backward on every rank: each steps its own partitions during the backward and
+// the ranks reach the same verdict from the same norm.
+TEST_F(DataParallel, Stage3StepInBackwardWorld2MatchesWorld1) {
+  expect_same("s3_nvme_bf16_in_backward", 2, 2);
+}
 // Ranks on a device the host cannot read (a GPU's data path, simulated): the same bits, and
 // every rank's traffic per step equal to the plan (checked inside dp_worker).
 TEST_F(DataParallel, DiscreteDeviceStage1World2MatchesWorld1) {

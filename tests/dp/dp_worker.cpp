@@ -48,7 +48,8 @@ nlohmann::json case_patch(const std::string& name, const std::string& swap, int6
     zero({{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}});
     p["bf16"] = {{"enabled", true}};
     p["gradient_clipping"] = 0.05;  // clips: the norm must agree to the bit
-  } else if (name == "s3_nvme_fp32" || name == "s3_nvme_bf16") {
+  } else if (name == "s3_nvme_fp32" || name == "s3_nvme_bf16" ||
+             name == "s3_nvme_bf16_in_backward") {
     zero({{"stage", 3},
           {"stage3_param_persistence_threshold", 0},
           {"stage3_max_live_parameters", 500000},
@@ -58,7 +59,11 @@ nlohmann::json case_patch(const std::string& name, const std::string& swap, int6
           {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap}}}});
     p["gradient_clipping"] = 0.05;
     p["outcore"] = {{"device_memory_mb", 9}};  // below one rank's share of the state
-    if (name == "s3_nvme_bf16") p["bf16"] = {{"enabled", true}};
+    if (name != "s3_nvme_fp32") p["bf16"] = {{"enabled", true}};
+    if (name == "s3_nvme_bf16_in_backward") {  // every step starts during the backward
+      p["gradient_clipping"] = 0.0;
+      p["outcore"]["step_in_backward"] = true;
+    }
   } else if (name == "s0_fp16") {
     zero({{"stage", 0}});
     p["fp16"] = {{"enabled", true}};  // started from a scale of 2^132 below: overflows at first
