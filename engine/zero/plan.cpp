@@ -439,7 +439,8 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   if (p.optimizer == Tier::kNvme) {
     plan.optimizer_nvme_path = cfg.zero_optimization.offload_optimizer.nvme_path;
     plan.optimizer_nvme_bytes = swap::SwapSpace::bytes_needed(detail::optimizer_swap_files(g));
-    add(plan, Tier::kNvme, moments_what + " (swap files" + partial + ")",
+    add(plan, Tier::kNvme,
+        moments_what + " (swap files" + partial + (g.step_in_backward ? ", 2 copies" : "") + ")",
         plan.optimizer_nvme_bytes);
   }
   if (p.gradients == Tier::kNvme) {

@@ -116,6 +116,7 @@ TEST(ZeroStep, TentativeStepStandsOnlyWhenStepJudgesIt) {
   const Plan& pg = g.engine->plan();
   EXPECT_GT(pf.optimizer_nvme_bytes, 2 * pg.optimizer_nvme_bytes - (64u << 10));
   EXPECT_LE(pf.optimizer_nvme_bytes, 2 * pg.optimizer_nvme_bytes);
+  EXPECT_NE(format_plan(pf).find("(swap files, 2 copies)"), std::string::npos);
   const size_t n = static_cast<size_t>(f.model.tokens());
   std::vector<int32_t> tok = make_tokens(n + 1, f.model.config().vocab_size, 77, n + 1);
   auto sp = [&](Fixture& x, uint64_t t) {
