@@ -81,9 +81,10 @@ TEST(KeyEffects, EveryHonouredKeyNamesABehaviourTestThatExists) {
     const std::string suite = test.substr(0, dot);
     EXPECT_NE(text.find("(" + suite + ","), std::string::npos)
         << e.path << ": no test suite " << suite << " in " << file;
-    if (dot != std::string::npos)
+    if (dot != std::string::npos) {
       EXPECT_NE(text.find(", " + test.substr(dot + 1) + ")"), std::string::npos)
           << e.path << ": no test " << test << " in " << file;
+    }
   }
 }
 
