@@ -243,9 +243,8 @@ struct CpuDevice::Registry {
   mutable std::mutex map_mu;
   std::map<uintptr_t, Mapping> mappings;  // GUARDED_BY(map_mu)
 
-  // Other devices: the size of every live block, and freed blocks kept for reuse by size.
+  // Other devices: freed blocks kept for reuse, by size.
   std::mutex cache_mu;
-  std::unordered_map<void*, size_t> live;         // GUARDED_BY(cache_mu)
   std::unordered_multimap<size_t, void*> cached;  // GUARDED_BY(cache_mu)
   uint64_t cached_bytes = 0;                      // GUARDED_BY(cache_mu)
   uint64_t cache_limit = 0;
@@ -362,9 +361,7 @@ void* CpuDevice::do_alloc(size_t charged) {
         r.drop_cached();
         p = std::aligned_alloc(kAllocGranularity, charged);
       }
-      if (p == nullptr) return nullptr;
     }
-    r.live[p] = charged;
     return p;
   }
   // The same pages twice: a read-write alias for the streams and the backend, and the
@@ -389,14 +386,10 @@ void* CpuDevice::do_alloc(size_t charged) {
   return view;
 }
 
-void CpuDevice::do_free(void* ptr) noexcept {
+void CpuDevice::do_free(void* ptr, size_t bytes) noexcept {
   if (!discrete_) {
     Registry& r = *registry_;
     std::lock_guard lock(r.cache_mu);
-    auto it = r.live.find(ptr);
-    if (it == r.live.end()) return std::free(ptr);
-    const size_t bytes = it->second;
-    r.live.erase(it);
     // Live plus cached blocks never exceed the device's peak of live bytes (so the process
     // holds no more than it did at that peak) nor the cache limit.
     const MemoryStats s = memory_stats();  // still counts this block as in use

@@ -202,7 +202,7 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
     return ptr;
   }
-  void do_free(void* ptr) noexcept override {
+  void do_free(void* ptr, size_t /*charged*/) noexcept override {
     cudaSetDevice(ordinal_);
     cudaFreeAsync(ptr, alloc_stream_);
   }

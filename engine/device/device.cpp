@@ -72,7 +72,7 @@ DeviceBuffer Device::alloc(size_t bytes, std::string_view what) {
 }
 
 void Device::release(void* ptr, size_t bytes) noexcept {
-  do_free(ptr);
+  do_free(ptr, charged_bytes(bytes));
   std::lock_guard lock(mu_);
   stats_.in_use_bytes -= charged_bytes(bytes);
   --stats_.live_allocations;

@@ -198,7 +198,7 @@ class Device {
   // base class turns that into OutOfMemory); it is never asked for more than the budget allows.
   // Budget accounting, counters and locking belong to the base class.
   virtual void* do_alloc(size_t charged) = 0;
-  virtual void do_free(void* ptr) noexcept = 0;
+  virtual void do_free(void* ptr, size_t charged) noexcept = 0;  // charged: as do_alloc's
   // Set once by the subclass constructor. 0 = unlimited.
   void set_budget(uint64_t budget_bytes) { stats_.budget_bytes = budget_bytes; }
 
@@ -250,7 +250,7 @@ class CpuDevice final : public Device {
 
  protected:
   void* do_alloc(size_t charged) override;
-  void do_free(void* ptr) noexcept override;
+  void do_free(void* ptr, size_t charged) noexcept override;
 
  private:
   struct Registry;  // the live streams, for synchronize(); the discrete mappings; the cache

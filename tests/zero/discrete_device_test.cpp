@@ -155,7 +155,7 @@ class RegisteringDevice final : public device::Device {
   void* do_alloc(size_t charged) override {
     return std::aligned_alloc(device::kAllocGranularity, charged);
   }
-  void do_free(void* p) noexcept override { std::free(p); }
+  void do_free(void* p, size_t /*charged*/) noexcept override { std::free(p); }
 
  private:
   bool host_accessible_;
