@@ -87,7 +87,10 @@ struct OpenOptions {
 class File {
  public:
   File() = default;  // not open
-  // Opens `path`. Throws IoError(path, errno, "open") on failure (ENOENT, EACCES, ...).
+  // Opens `path`. Throws IoError(path, errno, "open") on failure (ENOENT, EACCES, ...), and
+  // InvalidArgument naming the path and its type when it is neither a regular file nor a block
+  // device, nor a character device opened write-only (the open does not block: a FIFO without a
+  // peer is refused, not waited for).
   static File open(const std::filesystem::path& path, const OpenOptions& opts);
 
   File(File&& other) noexcept;

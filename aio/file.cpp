@@ -12,6 +12,7 @@
 #include "aio/aio.hpp"
 #include "aio/file_internal.hpp"
 #include "common/log.hpp"
+#include "common/open_file.hpp"
 
 namespace outcore::aio {
 namespace {
@@ -79,19 +80,48 @@ void reset_fallback_warnings_for_testing() {
 File::File(int fd, bool direct, std::shared_ptr<const std::string> path)
     : fd_(fd), direct_(direct), serial_(g_next_serial.fetch_add(1)), path_(std::move(path)) {}
 
+namespace {
+
+// Opened with O_NONBLOCK so that a FIFO does not wait for a peer: anything but a regular file
+// or a block device (or, written only, a character device such as /dev/full) is refused here
+// (closing `fd`), then the descriptor blocks again.
+int checked_type(int fd, const std::string& path, Access access) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw IoError(path, err, "fstat");
+  }
+  const bool write_only_device = access == Access::kWrite && S_ISCHR(st.st_mode);
+  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !write_only_device) {
+    ::close(fd);
+    throw InvalidArgument(path + ": is " + file_kind(st.st_mode) + ", not a regular file");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw IoError(path, err, "fcntl");
+  }
+  return fd;
+}
+
+}  // namespace
+
 File File::open(const std::filesystem::path& path, const OpenOptions& opts) {
   auto shared = std::make_shared<const std::string>(path.string());
-  int flags = access_flags(opts.access) | O_CLOEXEC;
+  int flags = access_flags(opts.access) | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
   if (opts.create) flags |= O_CREAT;
   if (opts.truncate) flags |= O_TRUNC;
   if (opts.exclusive) flags |= O_EXCL;
   if (opts.direct) {
     int fd = open_retrying(shared->c_str(), flags | O_DIRECT);
-    if (fd >= 0) return File(fd, true, std::move(shared));
+    if (fd >= 0) return File(checked_type(fd, *shared, opts.access), true, std::move(shared));
     if (errno != EINVAL) throw IoError(*shared, errno, "open");
   }
   int fd = open_retrying(shared->c_str(), flags);
   if (fd < 0) throw IoError(*shared, errno, "open");
+  checked_type(fd, *shared, opts.access);
   if (opts.direct) warn_fallback_once(fd, *shared);
   return File(fd, false, std::move(shared));
 }

@@ -112,6 +112,7 @@ void writer_alone(const fs::path& root, const model::LlamaModel& model, const ai
   ckpt::SaveDir sd(root / "writer_only");
   ckpt::WriterOptions wo;
   wo.aio = aio;
+  wo.verify = false;  // the writes alone; a save's read-back is timed with the save below
   ckpt::CheckpointWriter w(sd, "global_step0", wo);
   std::vector<ckpt::Segment> segs;
   constexpr uint64_t kPiece = uint64_t{8} << 20;  // as engine/train/checkpointing.cpp

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
@@ -46,22 +47,142 @@ int64_t step_of_tag(const std::string& name) {
   return v;
 }
 
+// ---- What is outcore's in a save directory ----------------------------------------------------
+
+// The marker every save writes first into `<tag>.tmp/` (it stays in the checkpoint).
+constexpr std::string_view kMarkerName = ".outcore-save";
+constexpr std::string_view kMarkerText = "outcore checkpoint in progress\n";
+
+bool has_suffix(const std::string& s, std::string_view suffix) {
+  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+fs::file_type type_of(const fs::path& p) {
+  std::error_code ec;
+  return fs::symlink_status(p, ec).type();  // a symbolic link is never followed
+}
+
+// A directory holding an outcore manifest (checked by its "format" key only: a checkpoint whose
+// data is damaged is still outcore's).
+bool is_checkpoint_dir(const fs::path& p) {
+  if (type_of(p) != fs::file_type::directory ||
+      type_of(p / kManifestName) != fs::file_type::regular)
+    return false;
+  try {
+    const nlohmann::json j =
+        nlohmann::json::parse(read_small_file(p / kManifestName, 64ull << 20), nullptr, false);
+    return j.is_object() && j.value("format", std::string()) == "outcore-checkpoint";
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+bool is_rank_dir_name(const std::string& name) {
+  return name.size() > 4 && name.compare(0, 4, "rank") == 0 &&
+         name.find_first_not_of("0123456789", 4) == std::string::npos;
+}
+
+// An interrupted save: an empty directory, or one holding the marker and nothing but the files
+// a save writes (text files, manifest, rank<r>/{optimizer,model}.bin).
+bool is_save_leftover(const fs::path& p) {
+  if (type_of(p) != fs::file_type::directory) return false;
+  std::error_code ec;
+  if (fs::is_empty(p, ec)) return true;
+  try {
+    if (type_of(p / kMarkerName) != fs::file_type::regular ||
+        read_small_file(p / kMarkerName, 4096) != kMarkerText)
+      return false;
+  } catch (const Error&) {
+    return false;
+  }
+  static const std::set<std::string, std::less<>> kTop = {
+      std::string(kMarkerName), std::string(kManifestName), "config.json", "ds_config.json",
+      "trainer_state.json"};
+  for (const fs::directory_entry& e : fs::directory_iterator(p, ec)) {
+    const std::string name = e.path().filename().string();
+    const fs::file_type t = type_of(e.path());
+    if (t == fs::file_type::regular && kTop.count(name)) continue;
+    if (t != fs::file_type::directory || !is_rank_dir_name(name)) return false;
+    for (const fs::directory_entry& f : fs::directory_iterator(e.path(), ec)) {
+      const std::string fname = f.path().filename().string();
+      if (type_of(f.path()) != fs::file_type::regular ||
+          (fname != "optimizer.bin" && fname != "model.bin"))
+        return false;
+    }
+  }
+  return !ec;
+}
+
+// `latest` or `latest.tmp` as outcore writes them: a regular file naming one tag.
+bool is_latest_file(const fs::path& p) {
+  if (type_of(p) != fs::file_type::regular) return false;
+  try {
+    read_latest_tag(p);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+[[noreturn]] void refuse_entry(const fs::path& dir, const fs::path& entry, const char* what) {
+  throw InvalidArgument(fmt::format(
+      "save directory {}: {} is not outcore's ({}), and outcore writes that name: move it away or "
+      "choose another save directory",
+      dir.string(), entry.filename().string(), what));
+}
+
+// Removes a directory of outcore's (a checkpoint, or a leftover `.tmp` / `.old`) so that a kill
+// at any moment leaves something still recognisable as outcore's: the marker is written first
+// when missing and removed last, before the empty directory. `removals` counts files and
+// directories removed, for the crash hook (WriterOptions::crash_after_removals).
+void remove_owned_dir(const fs::path& p, const WriterOptions* hooks, uint64_t& removals) {
+  auto removed = [&] {
+    ++removals;
+    if (hooks != nullptr && hooks->crash_after_removals != 0 &&
+        removals >= hooks->crash_after_removals)
+      crash_now("after removals");
+  };
+  auto remove_one = [&](const fs::path& q) {
+    std::error_code ec;
+    fs::remove(q, ec);
+    if (ec) throw IoError(q.string(), ec.value(), "remove");
+    removed();
+  };
+  std::error_code ec;
+  if (!fs::is_empty(p, ec) && type_of(p / kMarkerName) == fs::file_type::not_found)
+    write_file_durably(p / kMarkerName, kMarkerText);
+  std::vector<fs::path> entries;
+  for (const fs::directory_entry& e : fs::directory_iterator(p)) entries.push_back(e.path());
+  for (const fs::path& e : entries) {
+    if (e.filename() == kMarkerName) continue;
+    if (type_of(e) == fs::file_type::directory) {
+      std::vector<fs::path> files;
+      for (const fs::directory_entry& f : fs::directory_iterator(e)) files.push_back(f.path());
+      for (const fs::path& f : files) remove_one(f);
+    }
+    remove_one(e);
+  }
+  if (type_of(p / kMarkerName) != fs::file_type::not_found) remove_one(p / kMarkerName);
+  remove_one(p);
+}
+
 }  // namespace
 
 // ---- SaveDir --------------------------------------------------------------------------------
 
-SaveDir::SaveDir(fs::path dir, int keep, bool primary)
-    : dir_(std::move(dir)), keep_(keep), primary_(primary) {
-  if (keep_ < 0) throw InvalidArgument(fmt::format("--keep must be >= 0, got {}", keep_));
+SaveDir::SaveDir(fs::path dir, SaveDirOptions options)
+    : dir_(std::move(dir)), options_(options) {
+  if (options_.keep < 0)
+    throw InvalidArgument(fmt::format("--keep must be >= 0, got {}", options_.keep));
   std::error_code ec;
   if (fs::exists(dir_, ec) && !fs::is_directory(dir_, ec))
     throw InvalidArgument(
         fmt::format("save directory {}: exists and is not a directory", dir_.string()));
   fs::create_directories(dir_, ec);
   if (ec) throw IoError(dir_.string(), ec.value(), "create checkpoint directory");
-  if (!primary_) return;
+  if (!options_.primary) return;
   const fs::path lock = dir_ / ".lock";
-  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (lock_fd_ < 0) throw IoError(lock.string(), errno, "open checkpoint lock");
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -69,20 +190,88 @@ SaveDir::SaveDir(fs::path dir, int keep, bool primary)
     lock_fd_ = -1;
     throw IoError(lock.string(), err, "lock checkpoint directory (is another run saving into it?)");
   }
-  // Leftovers of an interrupted save: never valid, since a save is valid only once renamed.
+  try {
+    open_entries();
+  } catch (...) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    throw;
+  }
+}
+
+void SaveDir::open_entries() {
+  std::vector<std::pair<int64_t, std::string>> checkpoints;
+  std::vector<fs::path> leftovers;
+  bool has_latest = false;
   for (const fs::directory_entry& e : fs::directory_iterator(dir_)) {
     const std::string name = e.path().filename().string();
-    const bool tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
-    const bool old = name.size() > 4 && name.compare(name.size() - 4, 4, ".old") == 0;
-    if (!tmp && !old) continue;
-    log::warn("checkpoint: removing {} left by an interrupted save", e.path().string());
-    fs::remove_all(e.path(), ec);
-    if (ec) throw IoError(e.path().string(), ec.value(), "remove leftover of an interrupted save");
+    if (name == kLatestName) {
+      if (!is_latest_file(e.path())) refuse_entry(dir_, e.path(), "not a file naming a checkpoint");
+      has_latest = true;
+    } else if (name == std::string(kLatestName) + ".tmp") {
+      if (!is_latest_file(e.path())) refuse_entry(dir_, e.path(), "not a file naming a checkpoint");
+      leftovers.push_back(e.path());
+    } else if (step_of_tag(name) >= 0) {
+      if (!is_checkpoint_dir(e.path()))
+        refuse_entry(dir_, e.path(), "not a directory holding an outcore manifest");
+      checkpoints.emplace_back(step_of_tag(name), name);
+    } else if ((has_suffix(name, ".tmp") || has_suffix(name, ".old")) &&
+               step_of_tag(name.substr(0, name.size() - 4)) >= 0) {
+      if (!is_save_leftover(e.path()) && !(has_suffix(name, ".old") && is_checkpoint_dir(e.path())))
+        refuse_entry(dir_, e.path(), "not what an interrupted save leaves");
+      leftovers.push_back(e.path());
+    }
+    // Anything else is the user's, and never touched.
+  }
+  if ((!checkpoints.empty() || has_latest) &&
+      options_.existing == ExistingCheckpoints::kRefuse) {
+    std::sort(checkpoints.begin(), checkpoints.end());
+    std::string names;
+    for (const auto& [step, name] : checkpoints) names += (names.empty() ? "" : ", ") + name;
+    const std::optional<std::string> tag = latest();
+    throw InvalidArgument(fmt::format(
+        "save directory {} holds another run's checkpoints ({}{}): continue that run with "
+        "--resume {}, replace them with --start-over (they are removed once this run's first "
+        "checkpoint is saved), or choose another save directory",
+        dir_.string(), names.empty() ? std::string("none") : names,
+        tag ? fmt::format("; latest {}", *tag) : std::string(), dir_.string()));
+  }
+  if (options_.existing == ExistingCheckpoints::kReplace)
+    for (const auto& [step, name] : checkpoints) replaced_.push_back(name);
+  // Leftovers of an interrupted save: never valid, since a save is valid only once renamed.
+  uint64_t removals = 0;
+  for (const fs::path& p : leftovers) {
+    log::warn("checkpoint: removing {} left by an interrupted save", p.string());
+    if (type_of(p) == fs::file_type::directory) {
+      remove_owned_dir(p, nullptr, removals);
+    } else {
+      std::error_code ec;
+      fs::remove(p, ec);
+      if (ec) throw IoError(p.string(), ec.value(), "remove leftover of an interrupted save");
+    }
   }
 }
 
 SaveDir::~SaveDir() {
   if (lock_fd_ >= 0) ::close(lock_fd_);  // the lock file stays: unlinking it races a new run
+}
+
+void SaveDir::clear_leftover(const fs::path& p) const {
+  if (type_of(p) == fs::file_type::not_found) return;
+  const std::string name = p.filename().string();
+  if (!is_save_leftover(p) && !(has_suffix(name, ".old") && is_checkpoint_dir(p)))
+    refuse_entry(dir_, p, "not what an interrupted save leaves");
+  uint64_t removals = 0;
+  remove_owned_dir(p, nullptr, removals);
+}
+
+void SaveDir::remove_checkpoint(const std::string& tag, const WriterOptions& hooks,
+                                uint64_t& removals) const {
+  // Renamed first: a kill while its files go leaves `<tag>.old`, never a partial `<tag>`.
+  const fs::path old = dir_ / (tag + ".old");
+  clear_leftover(old);
+  rename_durably(dir_ / tag, old, dir_);
+  remove_owned_dir(old, &hooks, removals);
 }
 
 std::optional<std::string> SaveDir::latest() const {
@@ -99,22 +288,35 @@ void SaveDir::set_latest(const std::string& tag, const WriterOptions& hooks) {
   if (hooks.crash_at == "after-latest") crash_now("after-latest");
 }
 
-void SaveDir::prune() {
-  if (keep_ <= 0 || !primary_) return;
+void SaveDir::prune(const std::string& tag, const WriterOptions& hooks) {
+  if (!options_.primary) return;
+  uint64_t removals = 0;
+  auto remove = [&](const std::string& name, const char* why) {
+    try {
+      remove_checkpoint(name, hooks, removals);
+    } catch (const Error& e) {
+      log::warn("checkpoint: cannot remove {} ({}): {}", (dir_ / name).string(), why, e.what());
+    }
+  };
+  for (const std::string& name : replaced_) {
+    if (name == tag || !is_checkpoint_dir(dir_ / name)) continue;
+    log::info("checkpoint: removing {}, a checkpoint of the run this one replaces",
+              (dir_ / name).string());
+    remove(name, "a checkpoint of the run this one replaces");
+  }
+  replaced_.clear();
+  if (options_.keep <= 0) return;
   const std::optional<std::string> current = latest();
-  std::vector<std::pair<int64_t, fs::path>> found;
+  std::vector<std::pair<int64_t, std::string>> found;
   for (const fs::directory_entry& e : fs::directory_iterator(dir_)) {
-    const int64_t step = step_of_tag(e.path().filename().string());
-    if (step >= 0 && e.is_directory()) found.push_back({step, e.path()});
+    const std::string name = e.path().filename().string();
+    const int64_t step = step_of_tag(name);
+    if (step >= 0 && is_checkpoint_dir(e.path())) found.push_back({step, name});
   }
   std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  for (size_t i = static_cast<size_t>(keep_); i < found.size(); ++i) {
-    if (current && found[i].second.filename() == *current) continue;
-    std::error_code ec;
-    fs::remove_all(found[i].second, ec);
-    if (ec)
-      log::warn("checkpoint: cannot remove old checkpoint {}: {}", found[i].second.string(),
-                ec.message());
+  for (size_t i = static_cast<size_t>(options_.keep); i < found.size(); ++i) {
+    if (current && found[i].second == *current) continue;
+    remove(found[i].second, "beyond --keep");
   }
 }
 
@@ -165,6 +367,7 @@ struct CheckpointWriter::Impl {
   std::unique_ptr<aio::Engine> engine;
   uint64_t submitted = 0, written = 0;
   bool prepared = false, committed = false;
+  bool created_tmp = false;  // this writer made `<tag>.tmp/` (the lead rank's)
 };
 
 CheckpointWriter::CheckpointWriter(SaveDir& dir, std::string tag, WriterOptions options,
@@ -183,8 +386,13 @@ CheckpointWriter::~CheckpointWriter() {
   } catch (const std::exception& e) {
     log::warn("checkpoint: {}", e.what());
   }
-  std::error_code ec;
-  fs::remove_all(impl_->tmp, ec);
+  if (!impl_->created_tmp) return;  // `<tag>.tmp` is another writer's, or not there
+  try {
+    uint64_t removals = 0;
+    remove_owned_dir(impl_->tmp, nullptr, removals);
+  } catch (const std::exception& e) {
+    log::warn("checkpoint: {} (the next run removes it)", e.what());
+  }
 }
 
 void CheckpointWriter::add_text_file(std::string rel_path, std::string text) {
@@ -216,7 +424,7 @@ void CheckpointWriter::prepare() {
   const SaveGroup* group = m.options.group;
   const bool lead = group == nullptr || group->rank == 0;
   std::error_code ec;
-  if (lead) fs::remove_all(m.tmp, ec);
+  if (lead) m.dir.clear_leftover(m.tmp);
   uint64_t need = 0, max_seg = 0;
   for (const auto& [p, t] : m.texts) need += t.size() + kAlign;
   for (const Impl::DataFile& f : m.files) {
@@ -232,8 +440,11 @@ void CheckpointWriter::prepare() {
                                 free_bytes));
   }
   if (lead) {
-    fs::create_directories(m.tmp, ec);
-    if (ec) throw IoError(m.tmp.string(), ec.value(), "create checkpoint directory");
+    if (!fs::create_directory(m.tmp, ec) || ec)
+      throw IoError(m.tmp.string(), ec ? ec.value() : EEXIST, "create checkpoint directory");
+    m.created_tmp = true;
+    // First, so that an interrupted save is recognisable as outcore's by its content.
+    write_file_durably(m.tmp / kMarkerName, kMarkerText);
   }
   if (group != nullptr) group->barrier();  // <tag>.tmp exists, fresh, before any rank writes
   m.engine = std::make_unique<aio::Engine>(m.options.aio, m.options.backend);
@@ -389,19 +600,27 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   for (const fs::directory_entry& e : fs::recursive_directory_iterator(m.tmp))
     if (e.is_directory()) fsync_dir(e.path());
   fsync_dir(m.tmp);
+  // Read back what every rank wrote: "saved" means loadable, not only written.
+  if (m.options.verify)
+    Checkpoint::open(m.tmp, {m.options.aio, m.options.backend}).verify();
   if (m.options.crash_at == "before-rename") crash_now("before-rename");
 
   const fs::path old = m.dir.path() / (m.tag + ".old");
   std::error_code ec;
-  if (fs::exists(final_dir)) {
-    fs::remove_all(old, ec);
+  if (fs::symlink_status(final_dir, ec).type() != fs::file_type::not_found) {
+    if (!is_checkpoint_dir(final_dir))
+      refuse_entry(m.dir.path(), final_dir, "not a directory holding an outcore manifest");
+    m.dir.clear_leftover(old);
     rename_durably(final_dir, old, m.dir.path());
   }
   rename_durably(m.tmp, final_dir, m.dir.path());
   m.committed = true;
-  fs::remove_all(old, ec);
+  if (fs::symlink_status(old, ec).type() != fs::file_type::not_found) {
+    uint64_t removals = 0;
+    remove_owned_dir(old, &m.options, removals);
+  }
   m.dir.set_latest(m.tag, m.options);
-  m.dir.prune();
+  m.dir.prune(m.tag, m.options);
   if (group != nullptr) group->barrier();  // the other ranks return once it is committed
 
   SaveResult r;

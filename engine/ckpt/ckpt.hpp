@@ -19,9 +19,17 @@
 // places: reading it at another world size is re-slicing (Checkpoint::read_slab), never a
 // conversion. Elements at or past a unit's numel are padding and read as zero.
 //
-// Atomicity: a save writes `<tag>.tmp/`, fsyncs every file and directory, renames it to
-// `<tag>`, then replaces `latest` through `latest.tmp` + rename. A crash at any point leaves the
-// previous checkpoint and `latest` valid; SaveDir removes the leftovers with a warning.
+// Atomicity: a save writes `<tag>.tmp/` (its first file the marker `.outcore-save`), fsyncs
+// every file and directory, verifies what every rank wrote (each file of the manifest present,
+// sizes and CRC32C read back), renames it to `<tag>`, then replaces `latest` through
+// `latest.tmp` + rename. A crash at any point leaves the previous checkpoint and `latest` valid;
+// SaveDir removes the leftovers with a warning.
+//
+// Ownership: outcore deletes or replaces only entries of a save directory it can recognise as
+// its own, by name and by content: `global_step<N>/` holding an outcore manifest, leftovers
+// `global_step<N>.tmp/` and `.old/` that are empty or hold the marker and nothing but
+// checkpoint files, `latest` and `latest.tmp` holding one tag. Any other entry is left alone;
+// one that has a name outcore needs is refused when the directory is opened, naming it.
 //
 // Errors: IoError (path, offset, errno) for I/O, including ENOSPC at preallocation;
 // CorruptData naming the file (and, for a CRC mismatch, the expected and actual CRC32C) for a
@@ -133,36 +141,67 @@ struct WriterOptions {
   // a named point: "before-rename", "before-latest", "after-latest" (empty: never).
   uint64_t crash_after_bytes = 0;
   std::string crash_at;
+  // Or after this many files and directories were removed while replacing or pruning
+  // checkpoints (0: never).
+  uint64_t crash_after_removals = 0;
+  // Read every file back (size and CRC32C) before the checkpoint is renamed into place. Off
+  // only in benchmarks that time the writes alone.
+  bool verify = true;
+};
+
+// What a save directory's existing checkpoints are to the run opening it.
+enum class ExistingCheckpoints {
+  kRefuse,    // another run's: opening a directory that holds any is refused
+  kContinue,  // this run's (it resumes from one of them): kept, pruned under `keep`
+  kReplace,   // another run's, to be replaced: removed once this run's first save is committed
+};
+
+struct SaveDirOptions {
+  int keep = 0;  // > 0: keep only the newest `keep` checkpoints after each save
+  // false: a data-parallel rank other than 0, which writes its files into checkpoints rank 0
+  // commits: no lock, no check or clean-up, no `latest`, no pruning (rank 0 does them, and must
+  // have opened the directory first).
+  bool primary = true;
+  ExistingCheckpoints existing = ExistingCheckpoints::kRefuse;
 };
 
 // A save directory: created if missing, locked against a second run (IoError EWOULDBLOCK
-// naming the lock file), cleaned of an interrupted save's leftovers (`*.tmp`, `*.old`, each
-// named in one warning). `keep` > 0 keeps only the newest `keep` checkpoints after each save.
+// naming the lock file), cleaned of an interrupted save's leftovers (each named in one
+// warning). InvalidArgument naming the entry when an entry with a name outcore uses is not
+// outcore's (see "Ownership" above), and, with ExistingCheckpoints::kRefuse, when the
+// directory holds checkpoints (naming them and the ways out). Other entries are never touched.
 class SaveDir {
  public:
-  // `primary` false: a data-parallel rank other than 0, which writes its files into
-  // checkpoints rank 0 commits: no lock, no clean-up, no `latest`, no pruning (rank 0 does
-  // them, and must have opened the directory first).
-  explicit SaveDir(std::filesystem::path dir, int keep = 0, bool primary = true);
+  explicit SaveDir(std::filesystem::path dir, SaveDirOptions options = {});
   ~SaveDir();
   SaveDir(const SaveDir&) = delete;
   SaveDir& operator=(const SaveDir&) = delete;
 
   const std::filesystem::path& path() const { return dir_; }
-  int keep() const { return keep_; }
+  int keep() const { return options_.keep; }
   // The tag `latest` names, if any.
   std::optional<std::string> latest() const;
   // Points `latest` at `tag` (temp file, fsync, rename, fsync of the directory).
   void set_latest(const std::string& tag, const WriterOptions& hooks);
-  // Removes checkpoints (global_step<N> directories) beyond the newest `keep`; never the one
-  // `latest` names.
-  void prune();
+  // After a committed save of `tag`: removes the checkpoints ExistingCheckpoints::kReplace
+  // hands over (other than `tag`), then those beyond the newest `keep` (never the one `latest`
+  // names). Only outcore checkpoints are counted or removed.
+  void prune(const std::string& tag, const WriterOptions& hooks);
+  // Makes `path` (`<tag>.tmp` or `<tag>.old` of this directory) free for a save: removes it
+  // when it is an interrupted save's leftover; InvalidArgument naming it when it is anything
+  // else.
+  void clear_leftover(const std::filesystem::path& path) const;
 
  private:
+  void open_entries();  // checks every entry with a name outcore uses; removes leftovers
+  // Renames checkpoint `tag` to `<tag>.old`, then removes it (marker last).
+  void remove_checkpoint(const std::string& tag, const WriterOptions& hooks,
+                         uint64_t& removals) const;
+
   std::filesystem::path dir_;
-  int keep_ = 0;
+  SaveDirOptions options_;
   int lock_fd_ = -1;
-  bool primary_ = true;
+  std::vector<std::string> replaced_;  // kReplace: the checkpoints found at open
 };
 
 struct SaveResult {
@@ -202,7 +241,9 @@ class CheckpointWriter {
   std::span<std::byte> stage(int file, int seg);
   void submit(int file, int seg);
   // Waits for every write, fsyncs, writes the manifest (with `manifest` providing everything
-  // but files and tag), renames into place, updates `latest`, prunes. Returns what was written.
+  // but files and tag), verifies the whole checkpoint as Checkpoint::verify does (CorruptData
+  // naming the file when a rank's file is missing, short or not what was written: nothing is
+  // renamed then), renames into place, updates `latest`, prunes. Returns what was written.
   SaveResult commit(Manifest manifest);
 
  private:

@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 
 namespace outcore::ckpt {
 namespace {
@@ -52,11 +53,14 @@ void rename_durably(const std::filesystem::path& from, const std::filesystem::pa
 }
 
 std::string read_small_file(const std::filesystem::path& path, size_t limit) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) throw IoError(path.string(), errno, "open");
+  Fd f;
+  try {
+    f.fd = open_for_reading(path.string(), "checkpoint file");
+  } catch (const InvalidArgument& e) {  // a FIFO, a directory, ...: not what was saved
+    throw CorruptData(e.what());
+  }
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) throw IoError(path.string(), errno, "stat");
-  if (!S_ISREG(st.st_mode)) throw CorruptData(fmt::format("{}: not a regular file", path.string()));
   if (static_cast<uint64_t>(st.st_size) > limit)
     throw CorruptData(
         fmt::format("{}: {} bytes, more than the {} expected", path.string(), st.st_size, limit));

@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 #include "engine/ckpt/file_util.hpp"
 
 namespace outcore::ckpt {
@@ -20,8 +22,27 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// Elements converted per read of a BF16/F16 tensor (4 MiB of source bytes).
+// Elements read, converted and checked per chunk on import (4 MiB of BF16/F16 source bytes).
 constexpr uint64_t kImportChunkElems = uint64_t{1} << 21;
+
+// Bit patterns of |x| (the sign bit cleared) of fp32 values: from kInfBits up they are Inf or
+// NaN; from kF16OverflowBits (65520) or kBf16OverflowBits (the halfway point past bf16's largest
+// value) up, rounding to nearest even gives Inf in that dtype.
+constexpr uint32_t kInfBits = 0x7f800000u;
+constexpr uint32_t kF16OverflowBits = 0x477ff000u;
+constexpr uint32_t kBf16OverflowBits = 0x7f7f8000u;
+
+// Index of the first of v[0..n) whose magnitude bits are at least `limit_bits`, or n. One
+// branch-free, vectorizable max over the values; the search runs only when one is found.
+uint64_t first_at_or_above(const float* v, uint64_t n, uint32_t limit_bits) {
+  uint32_t largest = 0;
+  for (uint64_t i = 0; i < n; ++i)
+    largest = std::max(largest, std::bit_cast<uint32_t>(v[i]) & 0x7fffffffu);
+  if (largest < limit_bits) return n;
+  uint64_t i = 0;
+  while ((std::bit_cast<uint32_t>(v[i]) & 0x7fffffffu) < limit_bits) ++i;
+  return i;
+}
 
 // Tensors Hugging Face itself skips when loading a Llama checkpoint.
 bool ignored_tensor(std::string_view name, bool tied) {
@@ -43,23 +64,13 @@ void make_directories(const fs::path& dir) {
 }
 
 std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(path.string(), errno, "open");
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw IoError(path.string(), errno, "read");
-  return s.str();
+  return read_whole_file(path.string(), "safetensors index", size_t{256} << 20);
 }
 
 // The index's weight_map: tensor name -> shard file name (a plain name inside the directory).
 std::map<std::string, std::string> parse_index(const fs::path& index) {
   const std::string p = index.string();
-  json j;
-  try {
-    j = json::parse(read_text(index));
-  } catch (const json::parse_error& e) {
-    throw CorruptData(fmt::format("{}: not valid JSON: {}", p, e.what()));
-  }
+  const json j = parse_json_unique_keys(read_text(index), p);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     throw CorruptData(p + ": no \"weight_map\" object");
   std::map<std::string, std::string> map;
@@ -183,18 +194,30 @@ const SafetensorsEntry* HfWeights::entry(std::string_view name) const {
 
 namespace {
 
-// Elements [first, first + n) of tensor `e` as fp32 into out.
+// Refuses a NaN or Inf among v[0..n), elements [first, first + n) of tensor `e` of `f`.
+void check_finite(const SafetensorsFile& f, const SafetensorsEntry& e, uint64_t first,
+                  const float* v, uint64_t n) {
+  const uint64_t i = first_at_or_above(v, n, kInfBits);
+  if (i == n) return;
+  throw CorruptData(
+      fmt::format("{}: tensor \"{}\" holds {} at element {} (flat index); weights must be finite",
+                  f.path(), e.name, v[i], first + i));
+}
+
+// Elements [first, first + n) of tensor `e` as fp32 into out, each chunk checked for NaN and Inf
+// while it is still in cache.
 void read_elements(const SafetensorsFile& f, const SafetensorsEntry& e, uint64_t first, uint64_t n,
                    float* out, std::vector<uint16_t>& buf) {
-  if (e.dtype == DType::F32) {
-    f.read(e, first * 4, n * 4, out);
-    return;
-  }
-  buf.resize(std::min(n, kImportChunkElems));
+  if (e.dtype != DType::F32) buf.resize(std::min(n, kImportChunkElems));
   for (uint64_t done = 0; done < n;) {
     const uint64_t k = std::min(n - done, kImportChunkElems);
-    f.read(e, (first + done) * 2, k * 2, buf.data());
-    model::convert_to_fp32(buf.data(), e.dtype, out + done, k);
+    if (e.dtype == DType::F32) {
+      f.read(e, (first + done) * 4, k * 4, out + done);
+    } else {
+      f.read(e, (first + done) * 2, k * 2, buf.data());
+      model::convert_to_fp32(buf.data(), e.dtype, out + done, k);
+    }
+    check_finite(f, e, first + done, out + done, k);
     done += k;
   }
 }
@@ -291,21 +314,81 @@ std::string config_json(const model::LlamaConfig& cfg, DType dtype) {
   return j.dump(2) + "\n";
 }
 
-// Streams one tensor from read_master into `w`, piece by piece.
+// Elements of a piece checked and converted together, so each block is converted while the
+// check has it in cache.
+constexpr uint64_t kExportBlockElems = uint64_t{1} << 14;
+
+// Magnitude bits from which an fp32 value cannot be exported as `dtype` (it is NaN or Inf, or
+// rounds to Inf).
+uint32_t export_limit_bits(DType dtype) {
+  return dtype == DType::F16    ? kF16OverflowBits
+         : dtype == DType::BF16 ? kBf16OverflowBits
+                                : kInfBits;
+}
+
+// The values of one tensor an export refuses: NaN or Inf, or finite values that round to Inf in
+// the export dtype; how many, and the first of each kind (element index in the tensor).
+struct BadValues {
+  uint64_t nonfinite = 0, overflow = 0;
+  uint64_t first_nonfinite = 0, first_overflow = 0;
+  float nonfinite_value = 0, overflow_value = 0;
+
+  bool empty() const { return nonfinite == 0 && overflow == 0; }
+  // Counts those of v[0..n), elements [first, first + n) of the tensor.
+  void add(const float* v, uint64_t n, uint64_t first, uint32_t limit_bits) {
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint32_t bits = std::bit_cast<uint32_t>(v[i]) & 0x7fffffffu;
+      if (bits >= kInfBits) {
+        if (nonfinite++ == 0) first_nonfinite = first + i, nonfinite_value = v[i];
+      } else if (bits >= limit_bits) {
+        if (overflow++ == 0) first_overflow = first + i, overflow_value = v[i];
+      }
+    }
+  }
+};
+
+// The error for tensor `name` holding `bad` (not empty) when exported as `dtype`.
+InvalidArgument bad_values_error(const std::string& name, const BadValues& bad, DType dtype) {
+  if (bad.nonfinite > 0)
+    return InvalidArgument(fmt::format(
+        "export: tensor \"{}\" holds {} NaN or Inf value(s) in the master weights (the first, {}, "
+        "at element {}); they cannot be exported in any dtype: export an earlier checkpoint",
+        name, bad.nonfinite, bad.nonfinite_value, bad.first_nonfinite));
+  const bool f16 = dtype == DType::F16;
+  return InvalidArgument(fmt::format(
+      "export: tensor \"{}\" holds {} value(s) beyond the range of {} (the first, {}, at element "
+      "{}; {} holds magnitudes up to {}), which would become Inf; export as {} instead "
+      "(--dtype {})",
+      name, bad.overflow, dtype_name(dtype), bad.overflow_value, bad.first_overflow,
+      dtype_name(dtype), f16 ? fp16_to_fp32(0x7bff) : bf16_to_fp32(0x7f7f),
+      f16 ? "bf16 or fp32" : "fp32", f16 ? "bf16 or --dtype fp32" : "fp32"));
+}
+
+// Streams one tensor from read_master into `w`, piece by piece, each block of a piece checked
+// (export_limit_bits) then converted. Values that cannot be exported throw InvalidArgument after
+// the rest of the tensor has been read to count them; nothing of the tensor is written after the
+// first.
 void write_tensor(const ReadMasterFn& read_master, const ExportTensor& t, const ExportOptions& o,
                   std::vector<float>& vals, std::vector<uint16_t>& low, SafetensorsWriter& w) {
   const uint64_t n = t.spec->numel;
+  const uint32_t limit = export_limit_bits(o.dtype);
+  BadValues bad;
   for (uint64_t done = 0; done < n;) {
     const uint64_t k = std::min(n - done, o.piece_elems);
     read_master(t.unit, t.spec->offset + done, k, vals.data());
-    if (o.dtype == DType::F32) {
-      w.append(std::as_bytes(std::span(vals.data(), k)));
-    } else {
-      model::convert_from_fp32(vals.data(), low.data(), o.dtype, k);
-      w.append(std::as_bytes(std::span(low.data(), k)));
+    for (uint64_t b = 0; b < k; b += kExportBlockElems) {
+      const uint64_t m = std::min(k - b, kExportBlockElems);
+      if (first_at_or_above(vals.data() + b, m, limit) < m)
+        bad.add(vals.data() + b, m, done + b, limit);
+      if (bad.empty() && o.dtype != DType::F32)
+        model::convert_from_fp32(vals.data() + b, low.data() + b, o.dtype, m);
     }
+    if (bad.empty())
+      w.append(o.dtype == DType::F32 ? std::as_bytes(std::span(vals.data(), k))
+                                     : std::as_bytes(std::span(low.data(), k)));
     done += k;
   }
+  if (!bad.empty()) throw bad_values_error(t.spec->name, bad, o.dtype);
 }
 
 // Writes shards, index and config.json into `dir`.

@@ -14,10 +14,13 @@
 // end, so a failed export leaves nothing under the final name.
 //
 // Errors: bad input (no weights in the directory, a missing, misnamed, mis-shaped or unexpected
-// tensor, a malformed index or safetensors header, a non-empty export directory) throws
-// CorruptData or InvalidArgument naming the tensor and the file; I/O failures throw IoError
-// naming the file. Memory: reads and writes go through bounded pieces (a few MiB for import,
-// ExportOptions::piece_elems for export), never a whole tensor or file.
+// tensor, a malformed index or safetensors header, a tensor name twice in a header or in the
+// index's weight_map, a NaN or Inf weight, a non-empty export directory) throws CorruptData or
+// InvalidArgument naming the tensor and the file. An export refuses master weights that are NaN
+// or Inf, or that would round to Inf in the export dtype (|x| >= 65520 for fp16), with
+// InvalidArgument naming the tensor, the first such value and their count. I/O failures throw
+// IoError naming the file. Memory: reads and writes go through bounded pieces (a few MiB for
+// import, ExportOptions::piece_elems for export), never a whole tensor or file.
 //
 // Threading: HfWeights is immutable after open(); read_unit_range may run on several threads
 // at once. write_hf_model calls read_master from the calling thread only, in tensor order.
@@ -51,8 +54,10 @@ class HfWeights {
   // "*.rotary_emb.inv_freq" and, with tie_word_embeddings, "lm_head.weight" (both ignored, as
   // Hugging Face does). Throws InvalidArgument when the directory holds neither file, CorruptData
   // for a malformed index, a shard named in it but absent, a tensor missing from the file the
-  // index names, a missing / unexpected / mis-shaped tensor (each naming tensor and file), and
-  // whatever SafetensorsFile::open throws. ConfigError when `expected` is invalid.
+  // index names, a missing / unexpected / mis-shaped tensor (each naming tensor and file), a
+  // tensor named twice in the index's weight_map (naming it and the index), and whatever
+  // SafetensorsFile::open throws (for instance for a tensor listed twice in a header). Values
+  // are not read here: read_unit_range checks them. ConfigError when `expected` is invalid.
   static HfWeights open(const std::filesystem::path& dir, const model::LlamaConfig& expected);
 
   // The model's layout at world size 1 (tensor offsets are the same at every world size).
@@ -67,8 +72,10 @@ class HfWeights {
   // Writes fp32 values of slab elements [begin, begin + count) of unit `unit` to out[0..count):
   // each tensor at its TensorSpec offset, converted exactly from BF16/F16; alignment gaps and
   // padding are 0. `unit` may come from a layout of any world size of the same model (only the
-  // padding differs). InvalidArgument when the range leaves unit.padded_numel or the unit holds a
-  // tensor this model does not have; IoError when a read fails. Peak memory: a 4 MiB buffer.
+  // padding differs). CorruptData naming the file, the tensor and the element index (in the
+  // tensor) of the first NaN or Inf in the range (out[] then holds partial data); InvalidArgument
+  // when the range leaves unit.padded_numel or the unit holds a tensor this model does not have;
+  // IoError when a read fails. Peak memory: a 4 MiB buffer.
   void read_unit_range(const model::UnitLayout& unit, uint64_t begin, uint64_t count,
                        float* out) const;
 
@@ -101,8 +108,12 @@ using ReadMasterFn = std::function<void(int unit, uint64_t begin, uint64_t count
 // each layer's tensors, final norm, lm_head unless tied) read through `read_master` in pieces
 // of at most options.piece_elems elements. Everything is built in a sibling temporary
 // directory, fsynced and renamed to `out_dir` at the end; on failure it is removed.
-// InvalidArgument when `out_dir` exists and is not an empty directory, or piece_elems is 0;
-// ConfigError for an invalid cfg; IoError when writing fails (ENOSPC...).
+// InvalidArgument when `out_dir` exists and is not an empty directory, or piece_elems is 0, and
+// when a tensor's master values hold NaN or Inf (any dtype) or values that round to Inf in
+// options.dtype (|x| >= 65520 for F16, past bf16's largest value for BF16): the message names
+// the tensor, their count and the first one with its element index, and for overflow the dtypes
+// that can hold them (--dtype bf16 or fp32). ConfigError for an invalid cfg; IoError when writing
+// fails (ENOSPC...).
 void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_master,
                     const std::filesystem::path& out_dir, const ExportOptions& options = {});
 

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
+#include <utility>
 
 #include "common/error.hpp"
 #include "engine/ckpt/file_util.hpp"
@@ -147,6 +149,12 @@ void check_no_overlap(const std::string& path, std::vector<SafetensorsEntry>& ts
   }
 }
 
+// The keys of each JSON object open during a parse, innermost last, for parse_json_unique_keys.
+struct OpenObject {
+  std::string name;  // the key it is the value of ("" for the root or inside an array)
+  std::set<std::string, std::less<>> keys;
+};
+
 uint64_t read_le64(const unsigned char* b) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | b[i];
@@ -163,6 +171,33 @@ uint64_t shape_numel(std::span<const int64_t> shape) {
 
 std::string format_shape(std::span<const int64_t> shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+json parse_json_unique_keys(std::string_view text, const std::string& where) {
+  std::vector<OpenObject> open;
+  std::string last_key;
+  const json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      open.push_back({.name = std::exchange(last_key, {}), .keys = {}});
+    } else if (event == json::parse_event_t::object_end) {
+      open.pop_back();
+    } else if (event == json::parse_event_t::array_start) {
+      last_key.clear();
+    } else if (event == json::parse_event_t::key) {
+      last_key = parsed.get<std::string>();
+      if (!open.back().keys.insert(last_key).second)
+        throw CorruptData(fmt::format("{}: key \"{}\" appears twice in {}", where, last_key,
+                                      open.back().name.empty()
+                                          ? std::string("one object")
+                                          : fmt::format("\"{}\"", open.back().name)));
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, check);
+  } catch (const json::parse_error& e) {
+    throw CorruptData(fmt::format("{}: not valid JSON: {}", where, e.what()));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -188,12 +223,7 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
                     p, n, size - 8));
   std::string text(n, '\0');
   pread_exact(f.file_.fd(), p, 8, n, text.data());
-  json header;
-  try {
-    header = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw CorruptData(fmt::format("{}: header is not valid JSON: {}", p, e.what()));
-  }
+  const json header = parse_json_unique_keys(text, p + ": header");
   if (!header.is_object()) throw CorruptData(p + ": header is not a JSON object");
   f.data_start_ = 8 + n;
   for (const auto& [name, v] : header.items()) {

@@ -13,12 +13,13 @@
 //   w.append(bytes_of_a);          // in declared order, in as many pieces as convenient
 //   w.close();                     // fsync, then out.safetensors.tmp -> out.safetensors
 //
-// Errors: a header that is malformed or inconsistent (bad length, not JSON, not an object, a
-// missing or mistyped field, a negative dimension, offsets that disagree with the shape, point
-// past the end of the file or overlap another tensor) is CorruptData naming the file and the
-// tensor; a dtype other than F32/BF16/F16 is InvalidArgument naming the file, tensor and dtype.
-// I/O failures are IoError naming the file, offset, length and errno. Misuse (reading outside
-// a tensor, appending more bytes than declared) is InvalidArgument.
+// Errors: a header that is malformed or inconsistent (bad length, not JSON, not an object, a key
+// twice in one JSON object, such as a tensor listed twice, a missing or mistyped field, a
+// negative dimension, offsets that disagree with the shape, point past the end of the file or
+// overlap another tensor) is CorruptData naming the file and the tensor (or duplicate key); a dtype
+// other than F32/BF16/F16 is InvalidArgument naming the file, tensor and dtype. I/O failures are
+// IoError naming the file, offset, length and errno. Misuse (reading outside a tensor, appending
+// more bytes than declared) is InvalidArgument.
 //
 // Threading: a SafetensorsFile is immutable after open(); read() may be called from several
 // threads at once (pread). A SafetensorsWriter is used by one thread at a time.
@@ -28,6 +29,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -40,6 +42,11 @@ namespace outcore::ckpt {
 
 // Headers larger than this are refused as corrupt (real ones are a few hundred KiB).
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{100} << 20;
+
+// Parses JSON `text`, refusing any object that holds a key twice (a plain parse keeps the last
+// value silently). CorruptData "`where`: not valid JSON: ..." for a syntax error, or naming
+// `where`, the duplicate key and the key of the object holding it.
+nlohmann::json parse_json_unique_keys(std::string_view text, const std::string& where);
 
 // The elements of `shape` (1 for a scalar, shape []).
 uint64_t shape_numel(std::span<const int64_t> shape);

@@ -202,11 +202,15 @@ struct SchedulerConfig {
 
 enum class OffloadDevice { kNone, kCpu, kNvme };
 
+// Most buffers offload_param.buffer_count / offload_optimizer.buffer_count may ask for: each is
+// a pinned allocation of a whole partition or sub-group, so more is a typo, not tuning.
+inline constexpr int64_t kMaxOffloadBufferCount = 4096;
+
 // Stage 3 only (ignored with a warning below stage 3, as DeepSpeed ignores it).
 struct OffloadParamConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::string nvme_path;               // required when device is nvme; empty = unset
-  int64_t buffer_count = 5;            // >= 1
+  int64_t buffer_count = 5;            // 1..kMaxOffloadBufferCount
   int64_t buffer_size = 100'000'000;   // elements per buffer; >= 1
   int64_t max_in_cpu = 1'000'000'000;  // elements kept in host memory with nvme; >= 0
   bool pin_memory = true;              // default true since DeepSpeed 2026-08
@@ -217,7 +221,7 @@ struct OffloadParamConfig {
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::string nvme_path;     // required when device is nvme; empty = unset
-  int64_t buffer_count = 4;  // >= 1
+  int64_t buffer_count = 4;  // 1..kMaxOffloadBufferCount
   bool pin_memory = true;
   bool pipeline_read = false;
   bool pipeline_write = false;
@@ -266,12 +270,17 @@ struct ZeroConfig {
 
 // ---- aio -------------------------------------------------------------------------------
 
+// The ranges aio::Engine accepts.
+inline constexpr int64_t kMaxAioBlockSize = int64_t{1} << 30;  // 1 GiB
+inline constexpr int64_t kMaxAioQueueDepth = 4096;
+inline constexpr int64_t kMaxAioThreads = 256;
+
 // Booleans may be the strings "true"/"false" (as DeepSpeed's tuning tool prints them).
 struct AioConfig {
-  int64_t block_size = 1'048'576;  // bytes per I/O request; a positive multiple of 4096
-  int64_t queue_depth = 8;         // requests in flight; 1..65536
-  // Threads splitting each request; 1..1024. Also read as "thread_count" (older DeepSpeed)
-  // and "num_threads" (ds_nvme_tune's output); giving two of the names is an error.
+  int64_t block_size = 1'048'576;  // bytes per I/O request; a multiple of 4096, at most 1 GiB
+  int64_t queue_depth = 8;         // requests in flight; 1..kMaxAioQueueDepth
+  // Threads splitting each request; 1..kMaxAioThreads. Also read as "thread_count" (older
+  // DeepSpeed) and "num_threads" (ds_nvme_tune's output); giving two of the names is an error.
   int64_t intra_op_parallelism = 1;
   bool single_submit = false;
   bool overlap_events = true;
@@ -291,11 +300,15 @@ struct ActivationCheckpointingConfig {
 
 // ---- outcore's own keys ("outcore" section) --------------------------------------------
 
+// Most MiB outcore.device_memory_mb / pinned_memory_mb may give (1 PiB).
+inline constexpr uint64_t kMaxMemoryMb = uint64_t{1} << 30;
+
 struct OutcoreConfig {
-  uint64_t device_memory_mb = 0;   // byte budget of the simulated (CPU) device; 0 = unlimited
-  bool swap_checksum = true;       // CRC32C per swap block, checked on every read
-  std::string metrics_file;        // JSON-lines metrics per step; empty = none
-  uint64_t pinned_memory_mb = 0;   // pinned host pool budget; 0 = sized automatically
+  uint64_t device_memory_mb = 0;  // byte budget of the simulated (CPU) device; 0 = unlimited
+  bool swap_checksum = true;      // CRC32C per swap block, checked on every read
+  std::string metrics_file;       // JSON-lines metrics per step; empty = none
+  // Pinned host pool, allocated whole at start; 0 = sized from the plan.
+  uint64_t pinned_memory_mb = 0;
   std::string log_level = "info";  // trace, debug, info, warn, error, critical or off
   // Start each unit's NVMe optimizer step during the last backward of a step, as soon as its
   // gradients are final, when the multiplier without clipping is expected to hold (a second
@@ -310,7 +323,8 @@ struct Config {
   // gradient_accumulation_steps x world_size. Unset or "auto" until resolve_auto();
   // after it, all three are set unless one stayed "auto" without a value to fill it.
   AutoOr<int64_t> train_batch_size{"train_batch_size"};
-  AutoOr<int64_t> train_micro_batch_size_per_gpu{"train_micro_batch_size_per_gpu"};
+  AutoOr<int64_t> train_micro_batch_size_per_gpu{
+      "train_micro_batch_size_per_gpu"};  // 1..kMaxMicroBatch
   AutoOr<int64_t> gradient_accumulation_steps{"gradient_accumulation_steps"};
 
   AutoOr<double> gradient_clipping{1.0, "gradient_clipping"};  // global L2 norm; 0 = off
@@ -371,10 +385,17 @@ ParsedConfig load_config_file(const std::string& path);
 
 // ---- resolution ------------------------------------------------------------------------
 
+// Most data-parallel ranks a config is resolved or planned for (the planner and the model
+// layout count ranks in an int; past this a world size is a typo or a truncated number).
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+// Most sequences per micro-batch (train_micro_batch_size_per_gpu): tokens per micro-batch
+// times the model's widths must stay far inside 64 bits.
+inline constexpr int64_t kMaxMicroBatch = int64_t{1} << 20;
+
 // Facts "auto" values are resolved from. Every field is optional; an "auto" whose source
 // is missing stays "auto". Only "auto" values are filled: a concrete value in the file wins.
 struct AutoContext {
-  int64_t world_size = 1;                   // data-parallel ranks; >= 1
+  int64_t world_size = 1;                   // data-parallel ranks; 1..kMaxWorldSize
   std::optional<int64_t> hidden_size;       // model hidden size, for the zero bucket sizes
   std::optional<double> lr;                 // optimizer lr and warmup_max_lr
   std::optional<double> weight_decay;       // default for "auto": 0
@@ -382,7 +403,7 @@ struct AutoContext {
   std::optional<bool> fp16;                 // default for "auto": false
   std::optional<bool> bf16;                 // default for "auto": false
   std::optional<int64_t> train_batch_size;
-  std::optional<int64_t> micro_batch_size;
+  std::optional<int64_t> micro_batch_size;  // 1..kMaxMicroBatch
   std::optional<int64_t> gradient_accumulation_steps;
   std::optional<int64_t> total_steps;   // scheduler total_num_steps
   std::optional<int64_t> warmup_steps;  // scheduler warmup_num_steps
@@ -406,8 +427,9 @@ void resolve_auto(Config& cfg, const AutoContext& ctx);
 // missing batch keys; a key that is "auto" counts as missing. If neither train_batch_size
 // nor the micro batch is known and one of them is "auto", nothing is inferred (they stay
 // "auto"). Throws ConfigValidationError when none is given, on a mismatch (the message shows
-// the arithmetic: "train_batch_size 32 != micro 4 x gas 2 x world 2 = 16") or when a
-// division leaves a remainder.
+// the arithmetic: "train_batch_size 32 != micro 4 x gas 2 x world 2 = 16"), when a
+// division leaves a remainder or infers a micro batch above kMaxMicroBatch, and for a
+// world size outside 1..kMaxWorldSize.
 void resolve_batch_sizes(Config& cfg, int64_t world_size);
 
 // JSON paths of every value still "auto" (file order of sections), empty when none.

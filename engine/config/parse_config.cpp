@@ -56,15 +56,19 @@ void read_bf16(SectionReader& root, Diagnostics& d, BF16Config& b) {
 
 void read_aio(SectionReader& root, Diagnostics& d, AioConfig& a) {
   SectionReader s(object_at(root, "aio"), "aio", d, /*auto_means_default=*/false);
-  if (s.get("block_size", a.block_size, kPositive) && a.block_size % 4096 != 0) {
-    d.error("aio.block_size", "got " + std::to_string(a.block_size) +
-                                  "; allowed: a positive multiple of 4096 (O_DIRECT alignment)");
+  // The ranges aio::Engine accepts (aio::validate), so that a config it would refuse at start
+  // is refused here, naming the key.
+  if (s.get("block_size", a.block_size, IntRange{1, kMaxAioBlockSize}) &&
+      a.block_size % 4096 != 0) {
+    d.error("aio.block_size",
+            "got " + std::to_string(a.block_size) +
+                "; allowed: a positive multiple of 4096 (O_DIRECT alignment) up to 1 GiB");
   }
-  s.get("queue_depth", a.queue_depth, IntRange{1, 65536});
+  s.get("queue_depth", a.queue_depth, IntRange{1, kMaxAioQueueDepth});
   // Current DeepSpeed reads intra_op_parallelism; older releases thread_count; the tuning
   // tool prints num_threads.
   auto [v, name] = s.take_one_of({"intra_op_parallelism", "thread_count", "num_threads"});
-  if (v) s.get(name, a.intra_op_parallelism, IntRange{1, 1024});
+  if (v) s.get(name, a.intra_op_parallelism, IntRange{1, kMaxAioThreads});
   s.get("single_submit", a.single_submit);
   s.get("overlap_events", a.overlap_events);
   if (s.get("use_gds", a.use_gds) && a.use_gds) {
@@ -91,12 +95,19 @@ void read_activation_checkpointing(SectionReader& root, Diagnostics& d,
   }
 }
 
+// A size in MiB, at most kMaxMemoryMb (the engine shifts it into bytes).
+void get_mb(SectionReader& s, std::string_view key, uint64_t& out) {
+  int64_t mb = 0;
+  if (s.get(key, mb, IntRange{0, static_cast<int64_t>(kMaxMemoryMb)}))
+    out = static_cast<uint64_t>(mb);
+}
+
 void read_outcore(SectionReader& root, Diagnostics& d, OutcoreConfig& o) {
   SectionReader s(object_at(root, "outcore"), "outcore", d, /*auto_means_default=*/false);
-  s.get("device_memory_mb", o.device_memory_mb);
+  get_mb(s, "device_memory_mb", o.device_memory_mb);
   s.get("swap_checksum", o.swap_checksum);
   s.get("metrics_file", o.metrics_file, /*null_is_empty=*/true);
-  s.get("pinned_memory_mb", o.pinned_memory_mb);
+  get_mb(s, "pinned_memory_mb", o.pinned_memory_mb);
   s.get("step_in_backward", o.step_in_backward);
   std::string level = o.log_level;
   if (s.get("log_level", level, /*null_is_empty=*/false)) {
@@ -165,7 +176,8 @@ void read_ignored_top_level(SectionReader& root) {
 
 void read_top_level(SectionReader& root, Diagnostics& d, Config& c) {
   root.get_auto("train_batch_size", c.train_batch_size, kPositive);
-  root.get_auto("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu, kPositive);
+  root.get_auto("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu,
+                IntRange{1, kMaxMicroBatch});
   root.get_auto("gradient_accumulation_steps", c.gradient_accumulation_steps, kPositive);
   root.get_auto("gradient_clipping", c.gradient_clipping, kNonNegativeReal);
   root.get("steps_per_print", c.steps_per_print, kPositive);

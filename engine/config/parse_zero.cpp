@@ -14,7 +14,9 @@ void read_offload_common(SectionReader& s, OffloadDevice& device, std::string& n
               {"cpu", OffloadDevice::kCpu},
               {"nvme", OffloadDevice::kNvme}});
   s.get("nvme_path", nvme_path, /*null_is_empty=*/true);
-  s.get("buffer_count", buffer_count, kPositive);
+  // Each buffer is a pinned allocation of a whole partition (or sub-group): past 4096 a count
+  // is a typo, not a tuning choice.
+  s.get("buffer_count", buffer_count, IntRange{1, kMaxOffloadBufferCount});
   s.get("pin_memory", pin_memory);
   if (device == OffloadDevice::kNvme && nvme_path.empty()) {
     s.diagnostics().error(s.key_path("nvme_path"),

@@ -70,6 +70,11 @@ void batch_arithmetic(Config& cfg, int64_t world, Issues& errors) {
   } else if (!b) {
     if (!g) g = 1;
   }
+  if (*m > kMaxMicroBatch) {
+    return fail(
+        "train_micro_batch_size_per_gpu",
+        fmt::format("is {}; allowed: at most {} sequences per micro-batch", *m, kMaxMicroBatch));
+  }
   auto product = mul(*m, *g);
   if (product) product = mul(*product, world);
   if (!product) {
@@ -103,10 +108,15 @@ void check_context(const AutoContext& ctx, Issues& errors) {
       errors.push_back({"", fmt::format("{} is {}; allowed: an integer >= {}", what, *v, min)});
     }
   };
-  at_least("the world size", ctx.world_size, 1);
+  auto in_range = [&](std::string_view what, const std::optional<int64_t>& v, int64_t max) {
+    if (v && (*v < 1 || *v > max)) {
+      errors.push_back({"", fmt::format("{} is {}; allowed: an integer in 1..{}", what, *v, max)});
+    }
+  };
+  in_range("the world size", ctx.world_size, kMaxWorldSize);
   at_least("the hidden size", ctx.hidden_size, 1);
   at_least("the train batch size", ctx.train_batch_size, 1);
-  at_least("the micro batch size", ctx.micro_batch_size, 1);
+  in_range("the micro batch size", ctx.micro_batch_size, kMaxMicroBatch);
   at_least("gradient accumulation steps", ctx.gradient_accumulation_steps, 1);
   at_least("the total number of steps", ctx.total_steps, 1);
   at_least("the number of warmup steps", ctx.warmup_steps, 1);
@@ -183,9 +193,9 @@ std::string hint(std::string_view path) {
 
 void resolve_batch_sizes(Config& cfg, int64_t world_size) {
   Issues errors;
-  if (world_size < 1) {
-    errors.push_back(
-        {"", fmt::format("the world size is {}; allowed: an integer >= 1", world_size)});
+  if (world_size < 1 || world_size > kMaxWorldSize) {
+    errors.push_back({"", fmt::format("the world size is {}; allowed: an integer in 1..{}",
+                                      world_size, kMaxWorldSize)});
   } else {
     batch_arithmetic(cfg, world_size, errors);
   }

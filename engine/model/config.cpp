@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 #include "engine/model/model.hpp"
 
 namespace outcore::model {
@@ -230,12 +231,9 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
 }
 
 LlamaConfig LlamaConfig::load(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(path.string(), errno == 0 ? ENOENT : errno, "open model config");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw IoError(path.string(), EIO, "read model config");
-  return from_json(ss.str(), path.string());
+  // A Hugging Face config.json is a few KiB; 16 MiB leaves room for any that exists.
+  return from_json(read_whole_file(path.string(), "model config", size_t{16} << 20),
+                   path.string());
 }
 
 void LlamaConfig::validate() const {

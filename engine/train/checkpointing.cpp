@@ -19,6 +19,18 @@ std::span<std::byte> as_bytes(float* p, size_t n) {
   return {reinterpret_cast<std::byte*>(p), n * sizeof(float)};
 }
 
+ckpt::Manifest checkpoint_manifest(const zero::ZeroEngine& engine, int64_t step, int world_size,
+                                   int zero_stage) {
+  ckpt::Manifest man;
+  man.step = step;
+  man.world_size = world_size;
+  man.zero_stage = zero_stage;
+  man.param_dtype = engine.param_dtype();
+  for (const model::UnitLayout& ul : engine.model().layout().units)
+    man.units.push_back({ul.name, ul.numel, ul.padded_numel});
+  return man;
+}
+
 }  // namespace
 
 ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& tag, int64_t step,
@@ -30,7 +42,6 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
     throw InvalidArgument(
         fmt::format("checkpoint of rank {} of {}: the ranks save together (WriterOptions::group)",
                     rank, world_size));
-  const model::ModelLayout& layout = engine.model().layout();
   const int units = engine.model().num_units();
   const DType pdt = engine.param_dtype();
   const size_t psz = dtype_size(pdt);
@@ -43,6 +54,12 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
     w.add_text_file("trainer_state.json", texts.trainer_state);
   }
 
+  // Stage 0 keeps the whole state on every rank: rank 0 writes it, the others write nothing (a
+  // slab element stored twice is a checkpoint that does not load).
+  if (zero_stage == 0 && rank != 0) {
+    w.prepare();
+    return w.commit(checkpoint_manifest(engine, step, world_size, zero_stage));
+  }
   // Each unit's partition in pieces of piece_elems: optimizer.bin holds, per piece, its master
   // weights, exp_avg and exp_avg_sq; model.bin the piece's parameters.
   std::vector<ckpt::Segment> opt, par;
@@ -98,14 +115,7 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
       }
     });
   }
-  ckpt::Manifest man;
-  man.step = step;
-  man.world_size = world_size;
-  man.zero_stage = zero_stage;
-  man.param_dtype = pdt;
-  for (const model::UnitLayout& ul : layout.units)
-    man.units.push_back({ul.name, ul.numel, ul.padded_numel});
-  return w.commit(std::move(man));
+  return w.commit(checkpoint_manifest(engine, step, world_size, zero_stage));
 }
 
 void check_checkpoint_model(const ckpt::Manifest& m, const model::ModelLayout& layout,

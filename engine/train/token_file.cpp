@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 
 namespace outcore::train {
 
@@ -94,11 +95,9 @@ TokenFile::~TokenFile() = default;
 
 TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
   if (format == TokenFormat::kAuto) format = format_from_extension(path);
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) throw IoError(path, errno, "open token file");
+  Fd fd(open_for_reading(path, "token file"));
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) throw IoError(path, errno, "stat token file");
-  if (!S_ISREG(st.st_mode)) throw InvalidArgument(fmt::format("{}: not a regular file", path));
   size_t bytes = static_cast<size_t>(st.st_size);
 
   TokenFile f;

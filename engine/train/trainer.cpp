@@ -136,12 +136,13 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
     init_weights.emplace(ckpt::HfWeights::open(opts_.init_from, model_config));
   }
   if (!opts_.save_dir.empty()) {
-    // Rank 0 locks and cleans the directory before the other ranks use it.
-    if (rank() == 0) save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, opts_.keep);
+    // Rank 0 locks, checks and cleans the directory before the other ranks use it.
+    ckpt::SaveDirOptions so{.keep = opts_.keep, .existing = existing_checkpoints()};
+    if (rank() == 0) save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, so);
     if (world_size() > 1) {
       control().barrier();
-      if (rank() != 0)
-        save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, opts_.keep, false);
+      so.primary = false;
+      if (rank() != 0) save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, so);
       save_group_.rank = rank();
       save_group_.world = world_size();
       save_group_.barrier = [this] { control().barrier(); };
@@ -163,6 +164,17 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
 }
 
 Trainer::~Trainer() = default;
+
+ckpt::ExistingCheckpoints Trainer::existing_checkpoints() const {
+  if (opts_.start_over) return ckpt::ExistingCheckpoints::kReplace;
+  // Resuming from a checkpoint of the save directory continues the run that saved it there.
+  std::error_code ec;
+  if (!resumed_from_.empty() &&
+      std::filesystem::equivalent(
+          std::filesystem::weakly_canonical(resumed_from_, ec).parent_path(), opts_.save_dir, ec))
+    return ckpt::ExistingCheckpoints::kContinue;
+  return ckpt::ExistingCheckpoints::kRefuse;
+}
 
 const device::Device& Trainer::device() const { return devices_->device; }
 int Trainer::world_size() const { return devices_->comm->world_size(); }

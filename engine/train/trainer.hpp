@@ -122,9 +122,13 @@ struct TrainerOptions {
 
   // Checkpoints (engine/ckpt). With save_dir set, run() saves every save_every steps (0: only
   // at the end), after the last step, and after a stop; keep > 0 keeps the newest `keep`.
+  // save_dir may hold the user's other files (never touched); checkpoints already in it are
+  // this run's when it resumes from one of them, refused otherwise (InvalidArgument naming
+  // them) unless start_over, which removes them once this run's first checkpoint is saved.
   std::string save_dir;
   int64_t save_every = 0;
   int keep = 0;
+  bool start_over = false;
   // Resume from a checkpoint directory, or a save directory whose `latest` names one: every
   // file is verified (sizes, CRCs) before anything is built, then the engine's state, the step
   // count, the lr schedule, the loss scaler and the data position are restored. The config may
@@ -264,6 +268,8 @@ class Trainer {
   nlohmann::json resume_state_;  // trainer_state.json of the checkpoint resumed from
   std::string resumed_from_;
 
+  // What the save directory's existing checkpoints are to this run (TrainerOptions::save_dir).
+  ckpt::ExistingCheckpoints existing_checkpoints() const;
   void open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
                               const model::LlamaConfig& model_config, int64_t seq_len);
   void restore(const ckpt::Checkpoint& ck);

@@ -217,9 +217,9 @@ std::string offloaded_optimizer_what(const detail::Geometry& g) {
   return fmt::format(", units 0..{}", k - 1);
 }
 
-void add(Plan& plan, Tier tier, std::string what, uint64_t bytes) {
+void add(Plan& plan, Tier tier, std::string what, uint64_t bytes, std::string key = {}) {
   if (bytes == 0) return;
-  plan.items.push_back({tier, std::move(what), bytes});
+  plan.items.push_back({tier, std::move(what), bytes, std::move(key)});
   plan.peak[tier] += bytes;
 }
 
@@ -286,6 +286,9 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
 
 Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
                const PlanOptions& options) {
+  if (options.world_size < 1 || options.world_size > config::kMaxWorldSize)
+    throw InvalidArgument(fmt::format("world size {}: allowed: an integer in 1..{}",
+                                      options.world_size, config::kMaxWorldSize));
   const detail::Geometry g = detail::make_geometry(
       cfg, model, options.world_size, 0, false, options.gradients, options.device_host_accessible);
   const Placement& p = g.placement;
@@ -385,7 +388,7 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
       pl.param_partitions);
   add(plan, Tier::kPinned,
       fmt::format("parameter fetch buffers ({} x {} B)", pl.fetch_slots, pl.fetch_slot_bytes),
-      pl.fetch_slots * pl.fetch_slot_bytes);
+      pl.fetch_slots * pl.fetch_slot_bytes, "zero_optimization.offload_param.buffer_count");
   add(plan, Tier::kPinned,
       fmt::format("parameter write-back buffers ({} x {} B)", pl.writeback_slots,
                   pl.writeback_slot_bytes),
@@ -393,7 +396,8 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   add(plan, Tier::kPinned,
       fmt::format("optimizer swap buffers ({} unit steps x {} sub-group buffers)",
                   pl.concurrent_steps, pl.optimizer_buffer_count),
-      pl.concurrent_steps * pl.optimizer_lease_bytes);
+      pl.concurrent_steps * pl.optimizer_lease_bytes,
+      "zero_optimization.offload_optimizer.buffer_count");
   add(plan, Tier::kPinned,
       fmt::format("gradient staging buffers ({} x {} B)", pl.grad_slots, pl.grad_slot_bytes),
       pl.grad_slots * pl.grad_slot_bytes);

@@ -63,6 +63,9 @@ struct PlanItem {
   Tier tier = Tier::kDevice;
   std::string what;  // "fp32 master + Adam moments (12 B/param, partition)"
   uint64_t bytes = 0;
+  // The JSON path of the config key whose value sizes this item
+  // ("zero_optimization.offload_param.buffer_count"), or empty when the model does.
+  std::string key;
 };
 
 // Where each kind of state lives between uses (the "home" of each partition).
@@ -157,7 +160,7 @@ struct PlanOptions {
 // enabled but the model's param dtype differs; offload_param.buffer_size smaller than the
 // largest parameter partition in swap files, which each fetch buffer must hold, as in
 // DeepSpeed; offload_param below stage 3 is ignored with a warning instead, as DeepSpeed
-// does), InvalidArgument for world_size < 1.
+// does), InvalidArgument for a world_size outside 1..config::kMaxWorldSize.
 Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
                const PlanOptions& options = {});
 
@@ -183,8 +186,15 @@ PlanLimits system_limits(const config::Config& cfg, const Plan& plan);
 //   "device: the plan needs 1.20 GiB (1288490188 bytes) at its peak but
 //    outcore.device_memory_mb allows 1.00 GiB (1073741824 bytes)"
 // and for NVMe "nvme: swap files under /mnt/nvme need N bytes, the filesystem has M free".
-// Host needs count pinned + host bytes against MemAvailable.
+// Host needs count the pinned pool (pinned_pool_bytes, allocated whole at start) + host bytes
+// against MemAvailable. When the largest part of a pinned or host refusal is sized by a config
+// key (PlanItem::key, or outcore.pinned_memory_mb for a pool larger than the plan needs), the
+// message ends by naming that key and its share.
 void check_fits(const Plan& plan, const PlanLimits& limits);
+
+// Bytes of host memory the plan takes: the pinned pool (at least the pinned peak) plus the
+// host tier's peak. What check_fits compares with PlanLimits::host.
+uint64_t host_need_bytes(const Plan& plan);
 
 // The plan as a table for a terminal: one row per item (tier, what, bytes in human units),
 // tier totals, and the per-step traffic. When `limits` is given, totals show the limit and
@@ -195,9 +205,11 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits = nullptr);
 std::string format_bytes(uint64_t bytes);
 
 // What `outcore estimate` (and the Python outcore.estimate) plans for besides the two files.
+// Values outside the ranges below are refused by estimate_model_options (resolve_auto).
 struct EstimateInputs {
-  int64_t world_size = 1;
-  int64_t micro_batch = 0;  // 0: the config's train_micro_batch_size_per_gpu, else 1
+  int64_t world_size = 1;   // 1..config::kMaxWorldSize
+  int64_t micro_batch = 0;  // 0: the config's train_micro_batch_size_per_gpu, else 1; at most
+                            // config::kMaxMicroBatch
   int64_t seq_len = 0;      // 0: min(max_position_embeddings, 1024)
   // Also on when the config's activation_checkpointing section asks for cpu_checkpointing,
   // partition_activations or number_checkpoints.

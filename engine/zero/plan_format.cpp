@@ -4,9 +4,11 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 
@@ -42,10 +44,27 @@ FsInfo fs_info(const std::string& dir) {
 }
 
 [[noreturn]] void refuse(std::string_view tier, uint64_t need, std::string_view what,
-                         uint64_t limit, std::string_view by) {
+                         uint64_t limit, std::string_view by, std::string_view cause = {}) {
   throw OutOfMemory(
-      fmt::format("{}: {} needs {} ({} bytes) at its peak but {} allows {} ({} bytes)", tier, what,
-                  format_bytes(need), need, by, format_bytes(limit), limit));
+      fmt::format("{}: {} needs {} ({} bytes) at its peak but {} allows {} ({} bytes){}", tier,
+                  what, format_bytes(need), need, by, format_bytes(limit), limit, cause));
+}
+
+// When the largest part of what `tiers` hold (the items, and with `with_pool` the pinned pool
+// beyond the pinned peak) is sized by a config key: "; the largest part, <what> (<bytes>), is
+// set by <key>". Empty otherwise: the model, not a setting, is what does not fit.
+std::string keyed_cause(const Plan& plan, std::initializer_list<Tier> tiers, bool with_pool) {
+  PlanItem largest;
+  for (const PlanItem& it : plan.items)
+    if (std::find(tiers.begin(), tiers.end(), it.tier) != tiers.end() && it.bytes > largest.bytes)
+      largest = it;
+  if (with_pool && plan.pinned_pool_bytes > plan.peak.pinned &&
+      plan.pinned_pool_bytes - plan.peak.pinned > largest.bytes)
+    largest = {Tier::kPinned, "pinned pool beyond what the plan uses",
+               plan.pinned_pool_bytes - plan.peak.pinned, "outcore.pinned_memory_mb"};
+  if (largest.key.empty()) return "";
+  return fmt::format("; the largest part, {} ({}), is set by {}", largest.what,
+                     format_bytes(largest.bytes), largest.key);
 }
 
 }  // namespace
@@ -102,11 +121,15 @@ void check_fits(const Plan& plan, const PlanLimits& limits) {
     refuse("device", plan.peak.device, "the plan", limits.device, "outcore.device_memory_mb");
   if (limits.pinned > 0 && plan.peak.pinned > limits.pinned)
     refuse("pinned", plan.peak.pinned, "the pinned host pool", limits.pinned,
-           "outcore.pinned_memory_mb");
-  const uint64_t host = plan.peak.host + plan.peak.pinned;
+           "outcore.pinned_memory_mb", keyed_cause(plan, {Tier::kPinned}, false));
+  const uint64_t host = host_need_bytes(plan);
   if (limits.host > 0 && host > limits.host)
     refuse("host", host, "host memory (pinned pool + other host buffers)", limits.host,
-           "MemAvailable");
+           "MemAvailable", keyed_cause(plan, {Tier::kPinned, Tier::kHost}, true));
+}
+
+uint64_t host_need_bytes(const Plan& plan) {
+  return plan.peak.host + std::max(plan.peak.pinned, plan.pinned_pool_bytes);
 }
 
 std::string format_plan(const Plan& plan, const PlanLimits* limits) {
@@ -165,7 +188,7 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
           break;
       }
     }
-    const uint64_t need = tier == Tier::kHost ? plan.peak.host + plan.peak.pinned : plan.peak[tier];
+    const uint64_t need = tier == Tier::kHost ? host_need_bytes(plan) : plan.peak[tier];
     std::string verdict;
     if (limit > 0)
       verdict = fmt::format("  limit {} ({}): {}", format_bytes(limit), by,

@@ -70,17 +70,17 @@ aio::File open_file(const std::string& path, const aio::OpenOptions& oo, uint64_
 }
 
 // One Engine and the requests submitted to it that are not waited yet. Each pending request
-// owns its open File and a reference to the Python object whose memory it reads or writes,
-// so neither goes away before the request completes. Called with the GIL held; the GIL is
-// released only while blocking on I/O.
+// owns its open File and a reference to the Python object that owns the memory it reads or
+// writes, so neither goes away before the request completes. Called with the GIL held; the GIL
+// is released only while blocking on I/O.
 class AioHandle {
  public:
   AioHandle(const aio::Options& options, const std::string& o_direct,
             const std::vector<FaultSpec>& faults)
       : direct_(parse_direct(o_direct)), engine_(options, make_backend(faults)) {}
 
-  // Waits for every request still in flight (errors logged, not raised) before the tensors
-  // they use are released.
+  // Waits for every request still in flight (errors logged, not raised) before the memory
+  // they use is released; their on_complete callbacks are not called.
   ~AioHandle() {
     {
       py::gil_scoped_release nogil;
@@ -99,11 +99,13 @@ class AioHandle {
   AioHandle& operator=(const AioHandle&) = delete;
 
   // Starts reading (write false) file `path` at `offset` into [address, address + bytes), or
-  // writing it there; `keep` is held until the request is waited. Returns the request's id.
-  // Files are opened per request: for reading, O_RDONLY; for writing, created (mode 0600) if
-  // missing and never truncated. O_DIRECT as DirectMode says.
+  // writing it there; `keep` (the owner of that memory) is held until the request is waited.
+  // `on_complete` (None, or a callable taking no arguments) is called with the GIL held by the
+  // wait that sees the request succeed; what it raises is that wait's error. Returns the
+  // request's id. Files are opened per request: for reading, O_RDONLY; for writing, created
+  // (mode 0600) if missing and never truncated. O_DIRECT as DirectMode says.
   uint64_t submit(bool write, py::object keep, uintptr_t address, uint64_t bytes,
-                  const std::string& path, uint64_t offset) {
+                  const std::string& path, uint64_t offset, py::object on_complete) {
     const bool aligned =
         address % kIoAlignment == 0 && offset % kIoAlignment == 0 && bytes % kIoAlignment == 0;
     if (direct_ == DirectMode::kAlways && !aligned) {
@@ -121,7 +123,7 @@ class AioHandle {
       py::gil_scoped_release nogil;  // open may block (network filesystems, FIFOs)
       file = open_file(path, oo, offset, bytes);
     }
-    Pending p{aio::Ticket{}, std::move(file), std::move(keep), offset};
+    Pending p{aio::Ticket{}, std::move(file), std::move(keep), std::move(on_complete), offset};
     auto* data = reinterpret_cast<std::byte*>(address);
     p.ticket = write ? engine_.submit_write(p.file, offset, {data, bytes})
                      : engine_.submit_read(p.file, offset, {data, bytes});
@@ -130,8 +132,9 @@ class AioHandle {
     return id;
   }
 
-  // Blocks (GIL released) until request `id` completes, then releases it and returns true;
-  // raises the request's error. Returns false for an id that is not pending (already waited).
+  // Blocks (GIL released) until request `id` completes, calls its on_complete, then releases
+  // it and returns true; raises the request's error (or on_complete's). Returns false for an id
+  // that is not pending (already waited).
   bool wait(uint64_t id) {
     auto it = pending_.find(id);
     if (it == pending_.end()) return false;
@@ -146,7 +149,8 @@ class AioHandle {
       throw;
     }
     --waiting_;
-    return true;  // p (file, keep) is released with the GIL held
+    if (!p.on_complete.is_none()) p.on_complete();
+    return true;  // p (file, keep, on_complete) is released with the GIL held
   }
 
   bool done(uint64_t id) const {
@@ -181,6 +185,7 @@ class AioHandle {
     aio::Ticket ticket;
     aio::File file;
     py::object keep;
+    py::object on_complete;  // None or a callable
     uint64_t offset = 0;
   };
 
@@ -240,7 +245,8 @@ void bind_aio(py::module_& m) {
            py::arg("single_submit"), py::arg("overlap_events"), py::arg("o_direct"),
            py::arg("faults"))
       .def("submit", &AioHandle::submit, py::arg("write"), py::arg("keep"), py::arg("address"),
-           py::arg("bytes"), py::arg("path"), py::arg("offset"))
+           py::arg("bytes"), py::arg("path"), py::arg("offset"),
+           py::arg("on_complete") = py::none())
       .def("wait", &AioHandle::wait, py::arg("id"))
       .def("done", &AioHandle::done, py::arg("id"))
       .def("wait_all", &AioHandle::wait_all)

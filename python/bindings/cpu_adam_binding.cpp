@@ -1,5 +1,6 @@
-// outcore._outcore.adam_step and Executor: cpu_adam::adam_step on caller arrays given as
-// addresses (the Python layer, outcore/optim.py, takes them from tensors and checks them).
+// outcore._outcore.adam_step, check_adam_params and Executor: cpu_adam::adam_step on caller
+// arrays given as addresses (the Python layer, outcore/optim.py, takes them from tensors and
+// checks them).
 #include <pybind11/pybind11.h>
 
 #include <string>
@@ -39,6 +40,23 @@ T* ptr(uintptr_t address) {
   return reinterpret_cast<T*>(address);
 }
 
+cpu_adam::AdamParams adam_params(double lr, double beta1, double beta2, double eps,
+                                 double weight_decay, bool adamw_mode, bool bias_correction,
+                                 uint64_t step, const std::string& formula, double grad_scale) {
+  cpu_adam::AdamParams hp;
+  hp.lr = lr;
+  hp.beta1 = beta1;
+  hp.beta2 = beta2;
+  hp.eps = eps;
+  hp.weight_decay = weight_decay;
+  hp.adamw_mode = adamw_mode;
+  hp.bias_correction = bias_correction;
+  hp.step = step;
+  hp.formula = formula_of(formula);
+  hp.grad_scale = grad_scale;
+  return hp;
+}
+
 }  // namespace
 
 void bind_cpu_adam(py::module_& m) {
@@ -56,17 +74,8 @@ void bind_cpu_adam(py::module_& m) {
          double eps, double weight_decay, bool adamw_mode, bool bias_correction, uint64_t step,
          const std::string& formula, double grad_scale, const cpu_adam::Executor* ex,
          int moments_dtype) {
-        cpu_adam::AdamParams hp;
-        hp.lr = lr;
-        hp.beta1 = beta1;
-        hp.beta2 = beta2;
-        hp.eps = eps;
-        hp.weight_decay = weight_decay;
-        hp.adamw_mode = adamw_mode;
-        hp.bias_correction = bias_correction;
-        hp.step = step;
-        hp.formula = formula_of(formula);
-        hp.grad_scale = grad_scale;
+        const cpu_adam::AdamParams hp = adam_params(lr, beta1, beta2, eps, weight_decay, adamw_mode,
+                                                    bias_correction, step, formula, grad_scale);
         const cpu_adam::GradIn g{ptr<const void>(grads), dtype_of(grad_dtype)};
         const cpu_adam::ParamsOut o{ptr<void>(out), out == 0 ? DType::BF16 : dtype_of(out_dtype)};
         const cpu_adam::Moments mv{ptr<void>(exp_avg), ptr<void>(exp_avg_sq),
@@ -79,6 +88,19 @@ void bind_cpu_adam(py::module_& m) {
       py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("adamw_mode"),
       py::arg("bias_correction"), py::arg("step"), py::arg("formula"), py::arg("grad_scale"),
       py::arg("executor"), py::arg("moments_dtype") = 0);
+
+  // The hyper-parameter checks of adam_step alone (cpu_adam::validate): returns None, or raises
+  // InvalidArgument naming the field, as adam_step would, touching nothing.
+  m.def(
+      "check_adam_params",
+      [](double lr, double beta1, double beta2, double eps, double weight_decay, bool adamw_mode,
+         bool bias_correction, uint64_t step, const std::string& formula, double grad_scale) {
+        cpu_adam::validate(adam_params(lr, beta1, beta2, eps, weight_decay, adamw_mode,
+                                       bias_correction, step, formula, grad_scale));
+      },
+      py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
+      py::arg("adamw_mode"), py::arg("bias_correction"), py::arg("step"), py::arg("formula"),
+      py::arg("grad_scale"));
 
   m.def(
       "active_isa", [] { return std::string(cpu_adam::isa_name(cpu_adam::active_isa())); },

@@ -1,6 +1,7 @@
 // outcore._outcore.estimate: the placement plan of a DeepSpeed config and a model, computed as
 // `outcore estimate` computes it (zero::estimate_model_options, make_plan, system_limits,
 // check_fits), returned as a dict.
+#include <fmt/format.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -109,13 +110,25 @@ py::dict plan_dict(const zero::Plan& plan, const zero::PlanLimits& limits) {
   return d;
 }
 
+// `v` as an integer in min..max. InvalidArgument (ValueError) naming `name` otherwise, also
+// for an int beyond 64 bits, which must not wrap into range.
+int64_t int_in_range(const py::int_& v, const char* name, int64_t min, int64_t max) {
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow != 0 || x < min || x > max)
+    throw InvalidArgument(fmt::format("{}: got {}; allowed: an integer in {}..{}", name,
+                                      std::string(py::str(py::handle(v))), min, max));
+  return x;
+}
+
 // micro_batch / seq_len 0: the config's train_micro_batch_size_per_gpu (else 1) / min(max
 // position embeddings, 1024), as `outcore estimate` defaults them.
-py::dict estimate(const JsonInput& cfg_in, const JsonInput& model_in, int64_t world_size,
-                  int64_t micro_batch, int64_t seq_len, bool activation_checkpointing) {
-  if (world_size < 1) throw InvalidArgument("world_size: must be >= 1");
-  if (micro_batch < 0 || seq_len < 0)
-    throw InvalidArgument("micro_batch and seq_len: must be >= 1 (or 0 for the default)");
+py::dict estimate(const JsonInput& cfg_in, const JsonInput& model_in, const py::int_& world,
+                  const py::int_& micro, const py::int_& seq, bool activation_checkpointing) {
+  const int64_t world_size = int_in_range(world, "world_size", 1, config::kMaxWorldSize);
+  const int64_t micro_batch = int_in_range(micro, "micro_batch", 0, config::kMaxMicroBatch);
+  const int64_t seq_len = int_in_range(seq, "seq_len", 0, model::kMaxConfigDim);
   config::ParsedConfig parsed = load_config(cfg_in);
   config::Config& cfg = parsed.config;
   const model::LlamaConfig mc = load_model(model_in);
@@ -150,8 +163,8 @@ void bind_estimate(py::module_& m) {
   m.def(
       "estimate",
       [](const std::string& config, bool config_is_path, const std::string& model,
-         bool model_is_path, int64_t world_size, int64_t micro_batch, int64_t seq_len,
-         bool activation_checkpointing) {
+         bool model_is_path, const py::int_& world_size, const py::int_& micro_batch,
+         const py::int_& seq_len, bool activation_checkpointing) {
         return estimate({config, config_is_path, "<config dict>"},
                         {model, model_is_path, "<model dict>"}, world_size, micro_batch, seq_len,
                         activation_checkpointing);

@@ -8,23 +8,35 @@ A DeepNVMe script changes its import:
     h = aio_handle(block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)
 
 `Handle` (keyword arguments in the order of this project's API) and `aio_handle` (DeepNVMe's
-positional order) make the same object. Every transfer reads or writes the tensor's memory in
-place through its data pointer (no copy); the tensor must be a contiguous CPU tensor. The GIL
-is released while waiting for I/O.
+positional order) make the same object. The tensor must be a contiguous CPU tensor. The GIL is
+released while waiting for I/O.
+
+Memory: a synchronous transfer, and an asynchronous one on memory from this handle's
+new_pinned_tensor, reads or writes the tensor's memory in place (no copy) and holds the tensor's
+storage until it completes (a pinned tensor's storage cannot be resized; no other thread may
+resize_() the tensor of a synchronous call while it runs). An asynchronous request on any other
+tensor, whose storage a resize_() could reallocate, goes through a private 4096-aligned buffer
+of its size: a write copies the tensor's bytes when queued; a read, when waited (Request.wait()
+or Handle.wait()), stores its bytes into the storage the tensor had when queued, held alive and
+followed where resize_() reallocated it (a read never waited before its Handle is gone stores
+nothing; one whose storage was shrunk below it raises ValueError and stores nothing). So a
+tensor deleted, set_() to other memory or resize_()d before its request is waited never makes
+the request touch freed memory.
 
 Where outcore differs from DeepNVMe:
   * Defaults: queue_depth=32 and overlap_events=True (DeepNVMe: 128 and False).
-  * O_DIRECT: with o_direct="auto" (the default), a request uses O_DIRECT when the tensor's
-    address, the file offset and the byte length are all multiples of get_alignment() (4096),
-    and the page cache otherwise, so any size at any offset works. o_direct="always" refuses
-    a misaligned request with InvalidArgument (nothing is queued); "never" always buffers.
+  * O_DIRECT: with o_direct="auto" (the default), a request uses O_DIRECT when the address of
+    the memory it transfers (the tensor's, or its aligned private buffer's), the file offset
+    and the byte length are all multiples of get_alignment() (4096), and the page cache
+    otherwise, so any size at any offset works. o_direct="always" refuses a misaligned request
+    with InvalidArgument (nothing is queued); "never" always buffers.
     Filesystems that refuse O_DIRECT (tmpfs) fall back to buffered I/O with one warning.
   * async_pread / async_pwrite (and pread / pwrite with async_op=True) return a Request,
     whose wait() completes that request alone; Handle.wait() still completes all of them.
   * Errors raise instead of returning -1: outcore.IoError (an OSError carrying errno,
     filename, offset and length) for a missing file, a read past the end of the file, EIO or
-    ENOSPC; ValueError for a tensor that is not a contiguous CPU tensor (naming the file and
-    offset); outcore.CorruptDataError when validate=True finds a mismatch.
+    ENOSPC; ValueError for a tensor that is not a contiguous (strided) CPU tensor (naming the
+    file and offset); outcore.CorruptDataError when validate=True finds a mismatch.
   * Writes create a missing file (mode 0600) and never truncate it.
   * new_pinned_tensor(numel, dtype) returns page-locked (mlock), 4096-aligned memory that is
     freed when the tensor and every view of it are gone; free_pinned_tensor only drops the
@@ -58,6 +70,8 @@ def _check_tensor(buffer, filename, offset):
     where = f"{filename}: offset {offset}"
     if not isinstance(buffer, torch.Tensor):
         raise TypeError(f"{where}: buffer must be a torch.Tensor, got {type(buffer).__name__}")
+    if buffer.layout != torch.strided:
+        raise ValueError(f"{where}: buffer must be a dense (strided) tensor, got {buffer.layout}")
     if buffer.device.type != "cpu":
         raise ValueError(f"{where}: buffer must be a CPU tensor, got one on {buffer.device}")
     if not buffer.is_contiguous():
@@ -67,8 +81,42 @@ def _check_tensor(buffer, filename, offset):
     return buffer.data_ptr(), buffer.numel() * buffer.element_size()
 
 
+def _untyped_storage(tensor):
+    """The storage under `tensor` (untyped_storage() from torch 2.0, storage().untyped() before)."""
+    if hasattr(tensor, "untyped_storage"):
+        return tensor.untyped_storage()
+    return tensor.storage().untyped()
+
+
+def _byte_view(tensor, nbytes):
+    """A uint8 tensor over the first nbytes of `tensor`'s memory that shares its storage: it keeps
+    that storage alive after `tensor` is deleted or set_() to another, and follows it when a
+    resize_() reallocates it."""
+    view = torch.empty(0, dtype=torch.uint8)
+    return view.set_(_untyped_storage(tensor), tensor.storage_offset() * tensor.element_size(),
+                     (nbytes,))
+
+
+def _aligned_bytes(nbytes):
+    """nbytes of fresh uint8 memory at a multiple of the I/O alignment (O_DIRECT-capable)."""
+    raw = torch.empty(nbytes + _ALIGNMENT - 1, dtype=torch.uint8)
+    skip = -raw.data_ptr() % _ALIGNMENT
+    return raw[skip:skip + nbytes]
+
+
+def _store(data, target, filename, offset):
+    """Copies a completed read from the private buffer `data` into `target` (a _byte_view of the
+    caller's tensor). ValueError, storing nothing, if target's storage no longer holds it."""
+    have = _untyped_storage(target).nbytes() - target.storage_offset()
+    if have < data.numel():
+        raise ValueError(f"{filename}: offset {offset}: the tensor's storage was resized to "
+                         f"{max(have, 0)} bytes from its start while the {data.numel()}-byte "
+                         "read was in flight; the data read was not stored")
+    target.copy_(data)
+
+
 class Request:
-    """One queued pread or pwrite. Keeps its tensor alive until it completes."""
+    """One queued pread or pwrite. Holds the memory it transfers until it completes."""
 
     def __init__(self, handle, request_id, filename, offset, validate):
         self._handle = handle
@@ -79,7 +127,8 @@ class Request:
 
     def wait(self):
         """Blocks until this request completes; returns 1, or 0 if it was already waited (by
-        this method or Handle.wait()). Raises the request's error."""
+        this method or Handle.wait()). Raises the request's error. A read through a private
+        buffer (see the module docstring) stores its bytes into the tensor here."""
         done = self._handle._core.wait(self._id)
         if done and self._validate is not None:
             self._validate()
@@ -130,14 +179,26 @@ class Handle:
         return self._core.backend()
 
     # -- I/O --
-    def _submit(self, write, buffer, filename, offset, validate):
+    def _submit(self, write, buffer, filename, offset, validate, async_op):
         filename = os.fspath(filename)
         offset = int(offset)
         address, nbytes = _check_tensor(buffer, filename, offset)
-        request_id = self._core.submit(write, buffer, address, nbytes, filename, offset)
+        # `memory`: the bytes the I/O moves; the engine holds it, and so its storage, until the
+        # request is waited.
+        memory, on_complete = _byte_view(buffer, nbytes), None
+        if async_op and nbytes > 0 and self._pinned_memory_at(address) is None:
+            # A storage the caller can resize_() (torch reallocates it): transfer through a
+            # private buffer that nothing else can reach.
+            target, memory = memory, _aligned_bytes(nbytes)
+            if write:
+                memory.copy_(target)
+            else:
+                on_complete = lambda: _store(memory, target, filename, offset)  # noqa: E731
+        request_id = self._core.submit(write, memory, memory.data_ptr(), nbytes, filename, offset,
+                                       on_complete)
         check = None
         if validate:
-            check = lambda: _validate(buffer, filename, offset)  # noqa: E731
+            check = lambda: _validate(memory, filename, offset)  # noqa: E731
         return Request(self, request_id, filename, offset, check)
 
     def _run(self, write, buffer, filename, validate, async_op, file_offset, offset):
@@ -149,7 +210,7 @@ class Handle:
                                 f"{value!r}; pass the file offset as offset= or file_offset=")
         if offset is not None:
             file_offset = offset
-        req = self._submit(write, buffer, filename, file_offset, validate)
+        req = self._submit(write, buffer, filename, file_offset, validate, async_op)
         if async_op:
             return req
         return req.wait()
@@ -183,16 +244,20 @@ class Handle:
         return self._run(True, buffer, filename, False, False, file_offset, offset)
 
     def async_pread(self, buffer, filename, file_offset=0, *, offset=None):
-        """Queues a read and returns its Request; the tensor is kept alive until it is done."""
+        """Queues a read and returns its Request. The bytes are in buffer's storage once it is
+        waited (in place for this handle's pinned tensors, else stored at the wait)."""
         return self._run(False, buffer, filename, False, True, file_offset, offset)
 
     def async_pwrite(self, buffer, filename, file_offset=0, *, offset=None):
-        """Queues a write and returns its Request. buffer must not change until it is done."""
+        """Queues a write and returns its Request. A pinned tensor of this handle is written in
+        place and must not change until the request is done; any other tensor's bytes are
+        copied here and it may change at once."""
         return self._run(True, buffer, filename, False, True, file_offset, offset)
 
     def wait(self):
         """Blocks until every queued request completes; returns how many did. If any failed,
-        raises the error of the oldest failed one after all are done."""
+        raises the error of the oldest failed one after all are done. Reads through a private
+        buffer store their bytes into their tensors here."""
         return self._core.wait_all()
 
     def pending(self):
@@ -234,11 +299,14 @@ class Handle:
 
     def is_pinned(self, tensor):
         """True for a tensor inside memory from new_pinned_tensor of this handle."""
-        address = tensor.data_ptr()
+        return self._pinned_memory_at(tensor.data_ptr()) is not None
+
+    def _pinned_memory_at(self, address):
+        """The PinnedMemory of this handle (not freed) holding `address`, or None."""
         for start, memory in self._pinned.items():
             if start <= address < start + memory.nbytes:
-                return True
-        return False
+                return memory
+        return None
 
 
 def aio_handle(block_size=1048576, queue_depth=32, single_submit=False, overlap_events=True,

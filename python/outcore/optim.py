@@ -16,6 +16,41 @@ from . import _outcore
 __all__ = ["CPUAdam"]
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_FP32 = (torch.float32,)
+_MOMENT_DTYPES = (torch.float32, torch.bfloat16)  # the other one is converted at the update
+_MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
+
+
+def _dense_cpu(t, dtypes):
+    """True for a dense (strided), contiguous CPU tensor of one of dtypes."""
+    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and t.dtype in dtypes
+            and t.device.type == "cpu" and t.is_contiguous())
+
+
+def _refusal(t, what, dtypes):
+    """The ValueError naming `what` for a `t` that _dense_cpu(t, dtypes) refused."""
+    kinds = " or ".join(_DTYPE_NAMES[d] for d in dtypes)
+    if not isinstance(t, torch.Tensor):
+        return ValueError(f"CPUAdam: {what} must be a {kinds} tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        return ValueError(f"CPUAdam: {what} is sparse ({t.layout}); CPUAdam takes only dense "
+                          f"(strided) {kinds} CPU tensors")
+    return ValueError(f"CPUAdam: {what} must be a contiguous {kinds} CPU tensor, got {t.dtype} "
+                      f"on {t.device}{'' if t.is_contiguous() else ' (not contiguous)'}")
+
+
+def _where(p, gi, pi):
+    return f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)})"
+
+
+def _overlapping(named):
+    """Two names of `named` [(name, tensor)] whose memory overlaps, or None."""
+    spans = sorted((t.data_ptr(), t.numel() * t.element_size(), name) for name, t in named)
+    for (start, nbytes, a), (next_start, _, b) in zip(spans, spans[1:]):
+        if next_start < start + nbytes:
+            return a, b
+    return None
 
 
 class CPUAdam(torch.optim.Optimizer):
@@ -43,6 +78,13 @@ class CPUAdam(torch.optim.Optimizer):
     one list per param group of bf16 or fp16 tensors (one per parameter, same numel) that
     receive a rounded copy of each updated parameter in the same pass (a CPU contiguous
     target is written directly; any other, e.g. a CUDA tensor, through a CPU staging copy).
+
+    step() checks every parameter that has a gradient, the gradient, the parameter's state,
+    its fp16_param_groups target and its group's hyper-parameters before it updates anything:
+    a step that raises leaves every parameter and every state (exp_avg, exp_avg_sq, step) as it
+    was. Bad input raises ValueError (outcore.InvalidArgument for a hyper-parameter) naming the
+    parameter as param_groups[g]['params'][i] with its shape; sparse parameters, gradients and
+    states are refused that way too.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
@@ -75,39 +117,136 @@ class CPUAdam(torch.optim.Optimizer):
             group.setdefault("bias_correction", self.defaults["bias_correction"])
 
     @staticmethod
-    def _check(p, where, dtype=torch.float32):
-        if p.dtype != dtype or p.device.type != "cpu" or not p.is_contiguous():
-            kind = "fp32" if dtype == torch.float32 else "bf16"
-            raise ValueError(f"CPUAdam: {where} must be a contiguous {kind} CPU tensor, got "
-                             f"{p.dtype} on {p.device}"
-                             f"{'' if p.is_contiguous() else ' (not contiguous)'}")
+    def _check_grad(grad, p, gi, pi):
+        if grad.layout != torch.strided:
+            raise ValueError(f"CPUAdam: the grad of {_where(p, gi, pi)} is sparse "
+                             f"({grad.layout}); CPUAdam does not support sparse gradients")
+        if (grad.dtype not in _DTYPE_CODES or grad.device.type != "cpu"
+                or grad.numel() != p.numel()):
+            raise ValueError(f"CPUAdam: the grad of {_where(p, gi, pi)} must be an fp32, bf16 or "
+                             f"fp16 CPU tensor of {p.numel()} elements, got {grad.dtype} on "
+                             f"{grad.device} with {grad.numel()}")
 
-    def _state_for(self, p):
+    @staticmethod
+    def _checked_step_count(state, p, gi, pi):
+        """The steps p's (non-empty) state has taken, after checking that state."""
+        missing = [key for key in ("step",) + _MOMENT_KEYS if key not in state]
+        if missing:
+            raise ValueError(f"CPUAdam: the state of {_where(p, gi, pi)} lacks {missing}")
+        for key in _MOMENT_KEYS:
+            m = state[key]
+            if not _dense_cpu(m, _MOMENT_DTYPES):
+                raise _refusal(m, f"state['{key}'] of {_where(p, gi, pi)}", _MOMENT_DTYPES)
+            if m.numel() != p.numel():
+                raise ValueError(f"CPUAdam: state['{key}'] of {_where(p, gi, pi)} has "
+                                 f"{m.numel()} elements, the parameter {p.numel()}")
+        try:
+            count = int(state["step"])
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ValueError(f"CPUAdam: state['step'] of {_where(p, gi, pi)} is not a step "
+                             f"count: {e}") from None
+        if count < 0:
+            raise ValueError(f"CPUAdam: state['step'] of {_where(p, gi, pi)} is {count}")
+        return count
+
+    @staticmethod
+    def _checked_target(targets, p, gi, pi):
+        what = f"fp16_param_groups[{gi}][{pi}]"
+        if pi >= len(targets):
+            raise ValueError(f"CPUAdam: {what} is missing: the group has {len(targets)} targets")
+        target = targets[pi]
+        if (not isinstance(target, torch.Tensor) or target.layout != torch.strided
+                or target.dtype not in (torch.bfloat16, torch.float16)
+                or target.numel() != p.numel()):
+            got = (f"{target.layout} {target.dtype} with {target.numel()}"
+                   if isinstance(target, torch.Tensor) else type(target).__name__)
+            raise ValueError(f"CPUAdam: {what} must be a dense bf16 or fp16 tensor of "
+                             f"{p.numel()} elements, got {got}")
+        return target
+
+    def _check_overlap(self, p, state, target, gi, pi):
+        """ValueError if two arrays the kernel gets for p overlap (it refuses those)."""
+        if p.numel() == 0:
+            return
+        named = [("the parameter", p)]
+        if p.grad.is_contiguous():  # else a contiguous copy is made
+            named.append(("its grad", p.grad))
+        if state:
+            named += [(key, state[key]) for key in _MOMENT_KEYS
+                      if state[key].dtype == self._moments]  # else a converted copy is made
+        if target is not None and target.device.type == "cpu" and target.is_contiguous():
+            named.append(("its fp16_param_groups target", target))
+        pair = _overlapping(named)
+        if pair is not None:
+            raise ValueError(f"CPUAdam: {_where(p, gi, pi)}: {pair[0]} and {pair[1]} share "
+                             "memory")
+
+    def _checked_updates(self, fp16_param_groups):
+        """[(group, p, step, target)] for every parameter step() updates, after checking all of
+        them; raises ValueError before anything is changed."""
+        if fp16_param_groups is not None and len(fp16_param_groups) != len(self.param_groups):
+            raise ValueError(f"CPUAdam: fp16_param_groups has {len(fp16_param_groups)} groups, "
+                             f"the optimizer {len(self.param_groups)}")
+        updates = []
+        for gi, group in enumerate(self.param_groups):
+            first = len(updates)
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                if not _dense_cpu(p, _FP32):
+                    raise _refusal(p, _where(p, gi, pi), _FP32)
+                self._check_grad(p.grad, p, gi, pi)
+                state = self.state.get(p)  # .get: adds no empty state for p
+                step = self._checked_step_count(state, p, gi, pi) + 1 if state else 1
+                target = None
+                if fp16_param_groups is not None:
+                    target = self._checked_target(fp16_param_groups[gi], p, gi, pi)
+                self._check_overlap(p, state, target, gi, pi)
+                updates.append((group, p, step, target))
+            if len(updates) > first:
+                self._check_hyperparameters(group, gi)
+        return updates
+
+    def _check_hyperparameters(self, group, gi):
+        """The kernel's own checks of the group's lr, betas, eps and weight_decay."""
+        beta1, beta2 = group["betas"]
+        try:
+            _outcore.check_adam_params(
+                float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                float(group["weight_decay"]), bool(group["adamw_mode"]),
+                bool(group["bias_correction"]), 1, self.formula, 1.0)
+        except ValueError as e:
+            raise type(e)(f"CPUAdam: param_groups[{gi}]: {e}") from None
+
+    def _update(self, group, p, step, target):
         state = self.state[p]
         if len(state) == 0:
             state["step"] = torch.tensor(0.0)
-            for key in ("exp_avg", "exp_avg_sq"):
+            for key in _MOMENT_KEYS:
                 state[key] = torch.zeros_like(p, dtype=self._moments,
                                               memory_format=torch.contiguous_format)
-        for key in ("exp_avg", "exp_avg_sq"):
-            m = state[key]
-            if m.dtype in (torch.float32, torch.bfloat16) and m.dtype != self._moments:
-                state[key] = m.to(self._moments)  # a loaded state of the other kind
-            self._check(state[key], f"state['{key}'] of a parameter", self._moments)
-            if state[key].numel() != p.numel():
-                raise ValueError(f"CPUAdam: state['{key}'] has {state[key].numel()} elements, "
-                                 f"the parameter {p.numel()}")
-        return state
-
-    @staticmethod
-    def _copy_target(target, p, gi, pi):
-        if target.dtype not in (torch.bfloat16, torch.float16) or target.numel() != p.numel():
-            raise ValueError(f"CPUAdam: fp16_param_groups[{gi}][{pi}] must be a bf16 or fp16 "
-                             f"tensor of {p.numel()} elements, got {target.dtype} with "
-                             f"{target.numel()}")
-        if target.device.type == "cpu" and target.is_contiguous():
-            return target, None
-        return torch.empty(p.numel(), dtype=target.dtype), target
+        for key in _MOMENT_KEYS:
+            if state[key].dtype != self._moments:
+                state[key] = state[key].to(self._moments)  # a loaded state of the other kind
+        grad = p.grad.contiguous()
+        out, staged_for = target, None
+        if target is not None and (target.device.type != "cpu" or not target.is_contiguous()):
+            out, staged_for = torch.empty(p.numel(), dtype=target.dtype), target
+        beta1, beta2 = group["betas"]
+        _outcore.adam_step(
+            p.numel(), p.data_ptr(), grad.data_ptr(), _DTYPE_CODES[grad.dtype],
+            state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(),
+            0 if out is None else out.data_ptr(), 0 if out is None else _DTYPE_CODES[out.dtype],
+            float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+            float(group["weight_decay"]), bool(group["adamw_mode"]),
+            bool(group["bias_correction"]), step, self.formula, 1.0, self._executor,
+            _DTYPE_CODES[self._moments])
+        if isinstance(state["step"], torch.Tensor):
+            state["step"].fill_(step)
+        else:
+            state["step"] = step
+        if staged_for is not None:
+            staged_for.copy_(out.view(staged_for.shape))
 
     @torch.no_grad()
     def step(self, closure=None, fp16_param_groups=None):
@@ -115,43 +254,6 @@ class CPUAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if fp16_param_groups is not None and len(fp16_param_groups) != len(self.param_groups):
-            raise ValueError(f"CPUAdam: fp16_param_groups has {len(fp16_param_groups)} groups, "
-                             f"the optimizer {len(self.param_groups)}")
-        for gi, group in enumerate(self.param_groups):
-            beta1, beta2 = group["betas"]
-            for pi, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                self._check(p, f"param_groups[{gi}]['params'][{pi}]")
-                if grad.is_sparse:
-                    raise ValueError("CPUAdam does not support sparse gradients")
-                if (grad.dtype not in _DTYPE_CODES or grad.device.type != "cpu"
-                        or grad.numel() != p.numel()):
-                    raise ValueError(f"CPUAdam: the grad of param_groups[{gi}]['params'][{pi}] "
-                                     f"must be an fp32, bf16 or fp16 CPU tensor of {p.numel()} "
-                                     f"elements, got {grad.dtype} on {grad.device} with "
-                                     f"{grad.numel()}")
-                grad = grad.contiguous()
-                state = self._state_for(p)
-                step = int(state["step"]) + 1
-                out, staged_for = None, None
-                if fp16_param_groups is not None:
-                    out, staged_for = self._copy_target(fp16_param_groups[gi][pi], p, gi, pi)
-                _outcore.adam_step(
-                    p.numel(), p.data_ptr(), grad.data_ptr(), _DTYPE_CODES[grad.dtype],
-                    state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(),
-                    0 if out is None else out.data_ptr(),
-                    0 if out is None else _DTYPE_CODES[out.dtype],
-                    float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                    float(group["weight_decay"]), bool(group["adamw_mode"]),
-                    bool(group["bias_correction"]), step, self.formula, 1.0, self._executor,
-                    _DTYPE_CODES[self._moments])
-                if isinstance(state["step"], torch.Tensor):
-                    state["step"].fill_(step)
-                else:
-                    state["step"] = step
-                if staged_for is not None:
-                    staged_for.view(-1).copy_(out)
+        for update in self._checked_updates(fp16_param_groups):
+            self._update(*update)
         return loss

@@ -8,9 +8,13 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <set>
+#include <sstream>
 #include <vector>
 
 #include "aio/aio.hpp"
@@ -22,6 +26,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using outcore::test::TempDir;
+
+// Opening a directory whose checkpoints are this run's.
+const SaveDirOptions kContinue{.existing = ExistingCheckpoints::kContinue};
 
 std::string what_of(const std::function<void()>& f) {
   try {
@@ -211,7 +218,7 @@ TEST(CkptCorruption, TruncatedFilesAreNamedWithBothSizes) {
 TEST(CkptSaveDir, LockLeftoversLatestAndKeep) {
   TempDir tmp("ckpt");
   {
-    SaveDir dir(tmp / "save", /*keep=*/2);
+    SaveDir dir(tmp / "save", {.keep = 2});
     EXPECT_THROW(SaveDir second(tmp / "save"), IoError);  // one run per save directory
     for (int step : {3, 5, 7}) write_synthetic(dir, "global_step" + std::to_string(step), 1);
     EXPECT_EQ(dir.latest(), "global_step7");
@@ -220,7 +227,7 @@ TEST(CkptSaveDir, LockLeftoversLatestAndKeep) {
   }
   // Another process cannot take the lock either.
   {
-    SaveDir dir(tmp / "save");
+    SaveDir dir(tmp / "save", kContinue);
     pid_t pid = fork();
     if (pid == 0) {
       try {
@@ -235,10 +242,10 @@ TEST(CkptSaveDir, LockLeftoversLatestAndKeep) {
     EXPECT_EQ(WEXITSTATUS(status), 3);
   }
   // Leftovers of an interrupted save go; checkpoints and latest stay.
-  fs::create_directories(tmp / "save" / "global_step9.tmp" / "rank0");
+  fs::create_directories(tmp / "save" / "global_step9.tmp");  // a save killed after mkdir
   std::ofstream(tmp / "save" / "latest.tmp") << "global_step9\n";
   {
-    SaveDir dir(tmp / "save");
+    SaveDir dir(tmp / "save", kContinue);
     EXPECT_FALSE(fs::exists(tmp / "save" / "global_step9.tmp"));
     EXPECT_FALSE(fs::exists(tmp / "save" / "latest.tmp"));
     EXPECT_EQ(dir.latest(), "global_step7");
@@ -298,7 +305,7 @@ int crash_child(const fs::path& dir, const WriterOptions& hooks) {
   pid_t pid = fork();
   if (pid == 0) {
     try {
-      SaveDir d(dir);
+      SaveDir d(dir, kContinue);
       write_synthetic(d, "global_step2", 1, hooks);
     } catch (...) {
       _exit(4);
@@ -332,7 +339,7 @@ TEST(CkptFaults, CrashAtAnyPointLeavesALoadableCheckpoint) {
     hooks.crash_at = p.at;
     ASSERT_EQ(crash_child(tmp / "save", hooks), SIGKILL) << p.bytes << " " << p.at;
     // The next start removes the leftovers and finds a valid latest.
-    SaveDir d(tmp / "save");
+    SaveDir d(tmp / "save", kContinue);
     EXPECT_EQ(d.latest(), p.expect_latest) << p.bytes << " " << p.at;
     Checkpoint ck = Checkpoint::open(tmp / "save");
     ck.verify();
@@ -341,6 +348,245 @@ TEST(CkptFaults, CrashAtAnyPointLeavesALoadableCheckpoint) {
       EXPECT_NE(e.path().extension(), ".old") << "leftover " << e.path();
     }
   }
+}
+
+// The user's files of a directory tree: relative path -> contents ("/" for a directory).
+using Files = std::map<std::string, std::string>;
+
+void make_files(const fs::path& root, const Files& files) {
+  for (const auto& [rel, text] : files) {
+    const fs::path p = root / rel;
+    if (text == "/") {
+      fs::create_directories(p);
+      continue;
+    }
+    fs::create_directories(p.parent_path());
+    std::ofstream(p, std::ios::binary) << text;
+  }
+}
+
+// Every file of `files` still there with the same bytes.
+void expect_files(const fs::path& root, const Files& files, const std::string& context) {
+  for (const auto& [rel, text] : files) {
+    const fs::path p = root / rel;
+    if (text == "/") {
+      EXPECT_TRUE(fs::is_directory(p)) << context << ": " << rel << " is gone";
+      continue;
+    }
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EXPECT_TRUE(in.good() || in.eof()) << context << ": " << rel << " is gone";
+    EXPECT_EQ(ss.str(), text) << context << ": " << rel << " changed";
+  }
+}
+
+TEST(CkptSaveDir, EntriesThatAreNotOutcoresAreNeverTouched) {
+  // Names that end like outcore's leftovers, or start like its checkpoints, but are not them.
+  const Files user = {{"notes.tmp", "my notes\n"},
+                      {"results.old/model.pt", "weights"},
+                      {"a.old", "x"},
+                      {"global_step.tmp/f", "y"},
+                      {"global_stepX/manifest.json", "{}"},
+                      {"latest.bak", "global_step1\n"},
+                      {"data/global_step1.tmp/rank0/optimizer.bin", "z"},
+                      {"global_step7.tmp.txt", "w"}};
+  TempDir tmp("ckpt");
+  make_files(tmp / "save", user);
+  {
+    SaveDir dir(tmp / "save", {.keep = 1});
+    for (int step : {1, 2, 3}) write_synthetic(dir, "global_step" + std::to_string(step), 1);
+    EXPECT_EQ(dir.latest(), "global_step3");
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step1"));  // pruned: outcore's own
+  }
+  expect_files(tmp / "save", user, "after saves and pruning");
+  Checkpoint::open(tmp / "save").verify();
+}
+
+TEST(CkptSaveDir, NamesOutcoreWritesHeldBySomethingElseAreRefused) {
+  const std::pair<std::string, Files> cases[] = {
+      {"global_step6", {{"global_step6/readme.txt", "mine"}}},
+      {"global_step5.tmp", {{"global_step5.tmp/user.txt", "mine"}}},
+      {"global_step2.old", {{"global_step2.old/rank0/model.bin", "mine"}}},
+      {"latest", {{"latest", "my latest thoughts\n"}}},
+      {"latest", {{"latest/x", "a directory"}}},
+      {"latest.tmp", {{"latest.tmp", "not a tag\n"}}},
+  };
+  for (const auto& [name, files] : cases) {
+    TempDir tmp("ckpt");
+    make_files(tmp / "save", files);
+    const std::string msg = what_of([&] { SaveDir dir(tmp / "save"); });
+    EXPECT_NE(msg.find("save directory " + (tmp / "save").string() + ": " + name +
+                       " is not outcore's"),
+              std::string::npos)
+        << msg;
+    expect_files(tmp / "save", files, name);
+    // The lock was let go: once the entry is moved away, the directory opens.
+    fs::rename(tmp / "save" / name, tmp / "moved");
+    SaveDir dir(tmp / "save");
+  }
+}
+
+TEST(CkptSaveDir, AnotherRunsCheckpointsAreRefusedUnlessContinuedOrReplaced) {
+  TempDir tmp("ckpt");
+  {
+    SaveDir dir(tmp / "save");
+    write_synthetic(dir, "global_step2", 1);
+    write_synthetic(dir, "global_step4", 1);
+  }
+  const std::string msg = what_of([&] { SaveDir dir(tmp / "save", {.keep = 1}); });
+  EXPECT_NE(msg.find("holds another run's checkpoints (global_step2, global_step4; latest "
+                     "global_step4)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("--resume"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--start-over"), std::string::npos) << msg;
+  EXPECT_TRUE(fs::exists(tmp / "save" / "global_step2" / "manifest.json"));
+  EXPECT_TRUE(fs::exists(tmp / "save" / "global_step4" / "manifest.json"));
+  {
+    // Replacing: the other run's checkpoints stay until this run's first one is saved.
+    SaveDir dir(tmp / "save", {.existing = ExistingCheckpoints::kReplace});
+    EXPECT_TRUE(fs::exists(tmp / "save" / "global_step4"));
+    write_synthetic(dir, "global_step1", 1);
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step2"));
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step4"));
+    EXPECT_EQ(dir.latest(), "global_step1");
+  }
+  Checkpoint::open(tmp / "save").verify();
+}
+
+// A save group of one process standing for two ranks, whose "rank 1" reports files it never
+// wrote (or wrote into another directory): the commit must not call that a checkpoint.
+TEST(CkptWriter, ACheckpointIsCommittedOnlyOnceEveryFileReadsBack) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save");
+  write_synthetic(dir, "global_step1", 1);
+  SaveGroup group;
+  group.rank = 0;
+  group.world = 2;
+  group.barrier = [] {};
+  group.all_gather = [](const std::string& mine) {
+    Manifest theirs = Manifest::from_json(nlohmann::json::parse(mine), "rank 0");
+    for (FileInfo& f : theirs.files) {
+      if (f.rank < 0) continue;
+      f.rank = 1;
+      f.path.replace(0, 5, "rank1");
+      for (Segment& sg : f.segments) sg.slab_begin += 2048;  // disjoint slab ranges
+    }
+    return std::vector<std::string>{mine, theirs.to_json().dump()};
+  };
+  WriterOptions wo;
+  wo.group = &group;
+  // One rank's partition of the synthetic model, declared as rank 0 of 2.
+  CheckpointWriter w(dir, "global_step2", wo);
+  w.add_text_file("trainer_state.json", "{}\n");
+  Manifest man;
+  man.step = 2;
+  man.world_size = 2;
+  man.zero_stage = 3;
+  man.param_dtype = DType::F32;
+  man.units.push_back({"only", 4096, 4096});
+  const int f = w.add_data_file("rank0/optimizer.bin", 0, "optimizer",
+                                {{0, ArrayKind::kMaster, DType::F32, 0, 2048, 0},
+                                 {0, ArrayKind::kExpAvg, DType::F32, 0, 2048, 0},
+                                 {0, ArrayKind::kExpAvgSq, DType::F32, 0, 2048, 0},
+                                 {0, ArrayKind::kParams, DType::F32, 0, 2048, 0}});
+  w.prepare();
+  for (int seg = 0; seg < 4; ++seg) {
+    std::span<std::byte> b = w.stage(f, seg);
+    std::memset(b.data(), 0, b.size());
+    w.submit(f, seg);
+  }
+  const std::string msg = what_of([&] { w.commit(man); });
+  EXPECT_NE(msg.find("rank1/optimizer.bin: missing"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(tmp / "save" / "global_step2"));
+  EXPECT_EQ(dir.latest(), "global_step1");
+}
+
+// Runs `body` in a child process; returns the signal that ended it, or minus its exit code.
+int in_child(const std::function<void()>& body) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    try {
+      body();
+    } catch (...) {
+      _exit(4);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFSIGNALED(status) ? WTERMSIG(status) : -WEXITSTATUS(status);
+}
+
+TEST(CkptSaveDir, RandomUserFilesAndKillsDuringSavesAndPruningLoseNothing) {
+  // The user's entries come from names near outcore's; some of them are names outcore writes
+  // (refused at open, untouched). Each round kills a run of saves (with pruning) at a random
+  // point; the next open must find every user file as it was and a `latest` that loads.
+  const std::vector<std::string> harmless = {
+      "notes.tmp", "results.old/model.pt", "x.old", "global_step.tmp/a", "global_stepZ/b",
+      "latest.bak", "sub/global_step1/manifest.json", "sub/latest", "global_step1.tmp.d/c",
+      "old.tmp/rank0/optimizer.bin", ".lock.d/e"};
+  const std::vector<std::string> conflicting = {
+      "global_step9/readme.txt", "global_step3.tmp/user.txt", "global_step2.old/rank0/model.bin",
+      "latest", "latest.tmp"};
+  std::mt19937 rng(20261126);
+  const int rounds = 24;
+  int refused = 0, killed = 0;
+  for (int round = 0; round < rounds; ++round) {
+    const std::string context = "round " + std::to_string(round);
+    TempDir tmp("ckpt");
+    const fs::path save = tmp / "save";
+    Files user;
+    for (const std::string& name : harmless)
+      if (rng() % 2 == 0) user[name] = "user " + name + " " + std::to_string(rng());
+    const bool conflict = rng() % 4 == 0;
+    if (conflict) user[conflicting[rng() % conflicting.size()]] = "user " + std::to_string(rng());
+    make_files(save, user);
+    if (conflict) {
+      EXPECT_THROW(SaveDir dir(save, kContinue), InvalidArgument) << context;
+      expect_files(save, user, context);
+      ++refused;
+      continue;
+    }
+    const int keep = 1 + static_cast<int>(rng() % 2);
+    {
+      SaveDir dir(save, {.keep = keep});
+      write_synthetic(dir, "global_step1", 1);
+    }
+    WriterOptions hooks;
+    switch (rng() % 3) {
+      case 0:
+        hooks.crash_after_bytes = 4096 + rng() % 400000;
+        break;
+      case 1: {
+        const char* points[] = {"before-rename", "before-latest", "after-latest"};
+        hooks.crash_at = points[rng() % 3];
+        break;
+      }
+      default:
+        hooks.crash_after_removals = 1 + rng() % 14;
+    }
+    const int end = in_child([&] {
+      SaveDir dir(save, {.keep = keep, .existing = ExistingCheckpoints::kContinue});
+      for (int step : {2, 3, 4}) write_synthetic(dir, "global_step" + std::to_string(step), 1, hooks);
+    });
+    EXPECT_TRUE(end == SIGKILL || end == 0) << context << ": " << end;
+    killed += end == SIGKILL;
+    SaveDir dir(save, {.keep = keep, .existing = ExistingCheckpoints::kContinue});
+    ASSERT_TRUE(dir.latest().has_value()) << context;
+    Checkpoint::open(save).verify();
+    expect_files(save, user, context);
+    std::set<std::string> user_top;  // the user's entries of the save directory itself
+    for (const auto& [rel, text] : user) user_top.insert(rel.substr(0, rel.find('/')));
+    for (const fs::directory_entry& e : fs::directory_iterator(save)) {
+      const std::string name = e.path().filename().string();
+      if (user_top.count(name) || name.rfind("global_step", 0) != 0) continue;
+      EXPECT_EQ(name.find('.'), std::string::npos) << context << ": leftover " << name;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(killed, rounds / 3);
 }
 
 }  // namespace

@@ -319,6 +319,47 @@ TEST(Safetensors, TruncatedFileNamesTheTensorPastTheEnd) {
   EXPECT_MENTIONS(msg, "\"last\"");
 }
 
+// A JSON object keeps one value per key, so a name listed twice would let one entry silently
+// win: the header parser refuses it, naming the key and the file.
+TEST(Safetensors, KeyTwiceInTheHeaderIsRefusedNamingKeyAndFile) {
+  TempDir dir("hf");
+  const std::vector<BadFile> cases = {
+      {"tensor twice",
+       R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+       R"("t":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+       8,
+       {},
+       false,
+       {"\"t\"", "twice"}},
+      {"field twice",
+       R"({"t":{"dtype":"F32","shape":[1],"dtype":"BF16","data_offsets":[0,4]}})",
+       4,
+       {},
+       false,
+       {"\"dtype\"", "\"t\"", "twice"}},
+      {"metadata twice",
+       R"({"__metadata__":{"format":"pt"},"__metadata__":{"format":"np"}})",
+       0,
+       {},
+       false,
+       {"\"__metadata__\"", "twice"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const BadFile& c = cases[i];
+    SCOPED_TRACE(c.label);
+    const fs::path p = dir / fmt::format("dup{}.safetensors", i);
+    write_all(p, le64(c.header.size()) + c.header + std::string(c.data_bytes, '\0'));
+    const std::string msg = error_of<CorruptData>([&] { SafetensorsFile::open(p); });
+    EXPECT_MENTIONS(msg, p.string());
+    for (const std::string& n : c.names) EXPECT_MENTIONS(msg, n);
+  }
+  // The same names in different objects are no duplicates.
+  const std::string fine = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                           R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  write_all(dir / "fine.safetensors", le64(fine.size()) + fine + std::string(8, '\0'));
+  EXPECT_EQ(SafetensorsFile::open(dir / "fine.safetensors").tensors().size(), 2u);
+}
+
 // ---------------------------------------------------------------------------------------------
 // HF import: bad input (no Python needed)
 
@@ -430,6 +471,85 @@ TEST_F(HfImportErrors, MalformedIndexIsNamed) {
   EXPECT_MENTIONS(open_error(), "../escape.safetensors");
   write_all(dir / kHfIndexFile, "{\"weight_map\": ");
   EXPECT_MENTIONS(open_error(), kHfIndexFile);
+}
+
+// The duplicate listed first maps to the wrong shard: were the last one to win silently, the
+// directory would open.
+TEST_F(HfImportErrors, TensorTwiceInTheIndexIsNamedWithTheIndex) {
+  write_sharded();
+  const json j = index();
+  const std::string name = "model.norm.weight";
+  const std::string wrong = j["weight_map"]["model.embed_tokens.weight"];
+  ASSERT_NE(j["weight_map"][name], wrong);
+  std::string text = j.dump();
+  const std::string map_start = "\"weight_map\":{";
+  const size_t at = text.find(map_start);
+  ASSERT_NE(at, std::string::npos) << text;
+  text.insert(at + map_start.size(), fmt::format("\"{}\":\"{}\",", name, wrong));
+  write_all(dir / kHfIndexFile, text);
+  const std::string msg = open_error();
+  EXPECT_MENTIONS(msg, name);
+  EXPECT_MENTIONS(msg, kHfIndexFile);
+  EXPECT_MENTIONS(msg, "twice");
+}
+
+// Every model tensor of `cfg` as `dtype`, each element 0.25 except element `bad_elem` of tensor
+// `bad_tensor`, which is `bad_value` (rounded to `dtype`).
+void write_model_with(const fs::path& path, const LlamaConfig& cfg, DType dtype,
+                      const std::string& bad_tensor, uint64_t bad_elem, float bad_value) {
+  const std::vector<SafetensorsTensor> ts = model_tensors(cfg, dtype);
+  uint64_t numel = 0, bad_at = UINT64_MAX;
+  for (const SafetensorsTensor& t : ts) {
+    if (t.name == bad_tensor) bad_at = numel + bad_elem;
+    numel += shape_numel(t.shape);
+  }
+  ASSERT_NE(bad_at, UINT64_MAX) << bad_tensor;
+  std::vector<float> vals(numel, 0.25f);
+  vals[bad_at] = bad_value;
+  std::vector<std::byte> bytes(numel * dtype_size(dtype));
+  model::convert_from_fp32(vals.data(), bytes.data(), dtype, numel);
+  SafetensorsWriter w(path, ts);
+  w.append(bytes);
+  w.close();
+}
+
+// A NaN or Inf weight is refused where it is converted, naming file, tensor and element index
+// (in the tensor), in every source dtype; ranges that do not reach it still read.
+TEST_F(HfImportErrors, NonFiniteWeightIsNamedWithFileTensorAndElement) {
+  const std::string name = "model.layers.1.mlp.up_proj.weight";
+  const struct {
+    DType dtype;
+    float value;
+    const char* shown;
+  } cases[] = {{DType::F32, std::nanf(""), "nan"},
+               {DType::BF16, INFINITY, "inf"},
+               {DType::F16, -INFINITY, "-inf"},
+               {DType::F16, std::nanf(""), "nan"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(fmt::format("{} {}", dtype_name(c.dtype), c.shown));
+    write_model_with(file(), cfg, c.dtype, name, 37, c.value);
+    const HfWeights w = HfWeights::open(dir.path(), cfg);
+    const model::UnitLayout& layer1 = w.layout().units[2];
+    const auto t = std::find_if(layer1.tensors.begin(), layer1.tensors.end(),
+                                [&](const auto& s) { return s.name == name; });
+    ASSERT_NE(t, layer1.tensors.end());
+    std::vector<float> out(layer1.padded_numel);
+    const std::string msg = error_of<CorruptData>(
+        [&] { w.read_unit_range(layer1, 0, layer1.padded_numel, out.data()); });
+    EXPECT_MENTIONS(msg, file().string());
+    EXPECT_MENTIONS(msg, "\"" + name + "\"");
+    EXPECT_MENTIONS(msg, "element 37 ");
+    EXPECT_MENTIONS(msg, std::string(" ") + c.shown + " ");
+    // A range starting inside the tensor still gives the index in the tensor.
+    EXPECT_MENTIONS(
+        error_of<CorruptData>([&] { w.read_unit_range(layer1, t->offset + 30, 10, out.data()); }),
+        "element 37 ");
+    // Every other unit, and the elements around the bad one, read.
+    EXPECT_NO_THROW(w.read_unit_range(layer1, 0, t->offset + 37, out.data()));
+    EXPECT_NO_THROW(w.read_unit_range(layer1, t->offset + 38, 100, out.data()));
+    EXPECT_EQ(out[0], 0.25f);
+    EXPECT_NO_THROW(w.read_unit_range(w.layout().units[1], 0, 100, out.data()));
+  }
 }
 
 TEST_F(HfImportErrors, FileShorterThanItsHeaderNamesTensorAndFile) {
@@ -625,6 +745,91 @@ TEST(HfExport, FailureLeavesNothingUnderTheFinalName) {
                       [&] { write_hf_model(cfg, failing, dir / "m", {.max_shard_bytes = 8192}); }),
                   "swap.bin");
   EXPECT_TRUE(fs::is_empty(dir.path())) << "neither the directory nor its temporary remain";
+}
+
+// The slab element of tensor `name` (world size 1) and its unit.
+std::pair<int, uint64_t> slab_element(const LlamaConfig& cfg, const std::string& name,
+                                      uint64_t elem) {
+  for (const model::UnitLayout& u : model::make_layout(cfg).units)
+    for (const model::TensorSpec& t : u.tensors)
+      if (t.name == name) return {u.index, t.offset + elem};
+  ADD_FAILURE() << "no tensor " << name;
+  return {0, 0};
+}
+
+// fp16 export of values that would round to Inf is refused, counting them across pieces and
+// naming the tensor, the first value and the dtypes that hold it; nothing is left on disk.
+TEST(HfExport, Fp16RefusesValuesThatWouldBecomeInfAndLeavesNothing) {
+  TempDir dir("hf");
+  const LlamaConfig cfg = small_config(32, 48, 2, 4, 2, 61, false);
+  auto slabs = random_slabs(cfg, 4);
+  const std::string name = "model.layers.1.mlp.down_proj.weight";
+  const auto [unit, at] = slab_element(cfg, name, 5);
+  slabs[unit][at] = 1e5f;
+  slabs[unit][at + 700] = -65520.0f;  // the first magnitude rounding to Inf, in another piece
+  const std::string msg = error_of<InvalidArgument>([&] {
+    write_hf_model(cfg, from_slabs(slabs), dir / "m", {.dtype = DType::F16, .piece_elems = 500});
+  });
+  EXPECT_MENTIONS(msg, "\"" + name + "\"");
+  EXPECT_MENTIONS(msg, "2 value");
+  EXPECT_MENTIONS(msg, "100000");
+  EXPECT_MENTIONS(msg, "element 5;");
+  EXPECT_MENTIONS(msg, "fp16");
+  EXPECT_MENTIONS(msg, "--dtype bf16");
+  EXPECT_MENTIONS(msg, "fp32");
+  EXPECT_TRUE(fs::is_empty(dir.path())) << "neither the directory nor its temporary remain";
+
+  // bf16 and fp32 hold them exactly enough.
+  write_hf_model(cfg, from_slabs(slabs), dir / "bf16", {.dtype = DType::BF16});
+  const auto back = import_slabs(HfWeights::open(dir / "bf16", cfg));
+  EXPECT_EQ(back[unit][at], round_to(DType::BF16, 1e5f));
+}
+
+// Values above fp16's largest (65504) that round to it are no overflow; below them the export
+// is unchanged.
+TEST(HfExport, Fp16KeepsValuesThatRoundToItsLargest) {
+  TempDir dir("hf");
+  const LlamaConfig cfg = small_config(32, 48, 1, 4, 2, 61, false);
+  auto slabs = random_slabs(cfg, 4);
+  const auto [unit, at] = slab_element(cfg, "model.norm.weight", 3);
+  slabs[unit][at] = 65519.996f;
+  slabs[unit][at + 1] = -65504.0f;
+  write_hf_model(cfg, from_slabs(slabs), dir / "m", {.dtype = DType::F16});
+  const auto back = import_slabs(HfWeights::open(dir / "m", cfg));
+  EXPECT_EQ(back[unit][at], 65504.0f);
+  EXPECT_EQ(back[unit][at + 1], -65504.0f);
+}
+
+// NaN or Inf master weights are refused in every dtype, naming the tensor, and a bf16 export
+// refuses finite values past bf16's range.
+TEST(HfExport, NonFiniteMasterWeightsAreRefusedInEveryDtype) {
+  TempDir dir("hf");
+  const LlamaConfig cfg = small_config(32, 48, 2, 4, 2, 61, false);
+  const std::string name = "model.layers.0.self_attn.v_proj.weight";
+  const auto [unit, at] = slab_element(cfg, name, 11);
+  for (const float bad : {std::nanf(""), -INFINITY}) {
+    auto slabs = random_slabs(cfg, 4);
+    slabs[unit][at] = bad;
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      SCOPED_TRACE(fmt::format("{} {}", dtype_name(dtype), bad));
+      const std::string msg = error_of<InvalidArgument>(
+          [&] { write_hf_model(cfg, from_slabs(slabs), dir / "m", {.dtype = dtype}); });
+      EXPECT_MENTIONS(msg, "\"" + name + "\"");
+      EXPECT_MENTIONS(msg, "NaN or Inf");
+      EXPECT_MENTIONS(msg, fmt::format("{}", bad));
+      EXPECT_MENTIONS(msg, "element 11)");
+      EXPECT_TRUE(fs::is_empty(dir.path()));
+    }
+  }
+  auto slabs = random_slabs(cfg, 4);
+  slabs[unit][at] = 3.4e38f;  // finite, but past bf16's largest (3.3895e38) by over half a step
+  const std::string msg = error_of<InvalidArgument>(
+      [&] { write_hf_model(cfg, from_slabs(slabs), dir / "m", {.dtype = DType::BF16}); });
+  EXPECT_MENTIONS(msg, "\"" + name + "\"");
+  EXPECT_MENTIONS(msg, "bf16");
+  EXPECT_MENTIONS(msg, "--dtype fp32");
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+  EXPECT_NO_THROW(write_hf_model(cfg, from_slabs(slabs), dir / "m", {.dtype = DType::F32}));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -121,9 +121,30 @@ TEST(BatchArithmetic, UnresolvableAutoStaysAuto) {
 TEST(BatchArithmetic, BadWorldSizeAndOverflow) {
   Config c = batch(8, kUnset, kUnset);
   EXPECT_FALSE(errors_of([&] { resolve_batch_sizes(c, 0); }).empty());
-  Config big = batch(kUnset, int64_t{1} << 40, int64_t{1} << 30);
+  Config big = batch(kUnset, kMaxMicroBatch, int64_t{1} << 40);
   EXPECT_TRUE(has_issue(errors_of([&] { resolve_batch_sizes(big, 1 << 10); }), "train_batch_size",
                         "overflows"));
+}
+
+// A world size past kMaxWorldSize (2^32 + 2 once became 2 in an int) and a micro batch inferred
+// past kMaxMicroBatch are refused, not planned.
+TEST(BatchArithmetic, WorldSizeAndInferredMicroBatchHaveUpperBounds) {
+  Config c = batch(8, kUnset, kUnset);
+  EXPECT_TRUE(has_issue(errors_of([&] { resolve_batch_sizes(c, (int64_t{1} << 32) + 2); }), "",
+                        "the world size is 4294967298; allowed: an integer in 1..1048576"));
+  Config edge = batch(kMaxWorldSize, kUnset, kUnset);
+  EXPECT_NO_THROW(resolve_batch_sizes(edge, kMaxWorldSize));
+  Config huge = batch(int64_t{1} << 40, kUnset, 1);
+  EXPECT_TRUE(has_issue(errors_of([&] { resolve_batch_sizes(huge, 1); }),
+                        "train_micro_batch_size_per_gpu",
+                        "is 1099511627776; allowed: at most 1048576 sequences per micro-batch"));
+  AutoContext ctx;
+  ctx.world_size = (int64_t{1} << 32) + 2;
+  ctx.micro_batch_size = kMaxMicroBatch + 1;
+  Config a = batch(kAuto, kAuto, 1);
+  const auto issues = errors_of([&] { resolve_auto(a, ctx); });
+  EXPECT_TRUE(has_issue(issues, "", "the world size is 4294967298")) << dump(issues);
+  EXPECT_TRUE(has_issue(issues, "", "the micro batch size is 1048577")) << dump(issues);
 }
 
 TEST(BatchArithmetic, FromTextThroughResolveAuto) {

@@ -225,6 +225,30 @@ TEST_F(CliTest, WorldSizeDrivesTheBatchArithmetic) {
   EXPECT_EQ(zero.rc, 2);
 }
 
+// 2^32 + 2 is not world size 2: integers are read as 64 bits and refused past their range,
+// naming the flag.
+TEST_F(CliTest, WorldSizeAndMicroBatchBeyondTheirRangeAreRefusedNamingTheFlag) {
+  std::string f = source_path("configs/zero3_cpu_offload.json");  // batch 64, micro 4
+  for (const std::string& bad :
+       {"--world-size 4294967298", "--world-size 1048577", "--world-size 18446744073709551618"}) {
+    CliResult r = run(shell_quote(f) + " " + bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    EXPECT_NE(r.err.find("--world-size: got \"" + bad.substr(13) + "\""), std::string::npos)
+        << r.err;
+  }
+  std::string a = source_path("tests/config/data/hf_zero3_auto.json");
+  CliResult micro = run(shell_quote(a) + " --micro-batch-size 4294967298");
+  EXPECT_EQ(micro.rc, 2);
+  EXPECT_NE(micro.err.find("--micro-batch-size: got \"4294967298\"; allowed: an integer in "
+                           "1..1048576"),
+            std::string::npos)
+      << micro.err;
+  CliResult most = run(shell_quote(f) + " --world-size 16");  // 64 = 4 x 1 x 16
+  ASSERT_EQ(most.rc, 0) << most.err;
+  EXPECT_EQ(nlohmann::json::parse(most.out)["gradient_accumulation_steps"], 1);
+}
+
 TEST_F(CliTest, UserFileWithAutoValues) {
   std::string f = source_path("tests/config/data/hf_zero3_auto.json");
   CliResult plain = run(shell_quote(f));

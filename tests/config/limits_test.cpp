@@ -1,7 +1,9 @@
 // Hostile or broken input must fail fast with a config error naming the limit, and cost
 // time and memory linear in its size: deep nesting, huge numbers, many keys, files that are
-// not regular or never end. Limits: 64 MiB of text, 256 levels of nesting, 20 listed issues
-// per kind (unknown keys, duplicate keys). No test here asserts on time.
+// not regular or never end, values that would size huge allocations. Limits: 64 MiB of text,
+// 256 levels of nesting, 20 listed issues per kind (unknown keys, duplicate keys), upper bounds
+// on buffer counts, aio sizes, memory budgets and the micro batch. No test here asserts on
+// time.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -191,6 +193,56 @@ TEST(ConfigLimits, LongKeysAreCutInReportedPaths) {
   auto issues = parse_errors("{\"" + key + "\": {\"a\": 1, \"a\": 2}}");
   ASSERT_EQ(issues.size(), 1u) << dump(issues);
   EXPECT_EQ(issues[0].json_path, std::string(37, 'k') + "....a");
+}
+
+// ---- values that size allocations ---------------------------------------------------------
+
+// Each of these sizes memory the engine allocates at start: a value absurd on its face is a
+// config error naming the key, not a std::bad_alloc (or a wrapped shift) when training starts.
+TEST(ConfigLimits, ValuesThatSizeAllocationsHaveUpperBounds) {
+  auto issues = parse_errors(R"({"zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "/x", "buffer_count": 1000000},
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/x", "buffer_count": 4294967296}},
+    "aio": {"block_size": 2147483648, "queue_depth": 65536, "thread_count": 1024},
+    "outcore": {"pinned_memory_mb": 17592186044416, "device_memory_mb": 1073741825},
+    "train_micro_batch_size_per_gpu": 4294967298})");
+  EXPECT_EQ(issues.size(), 8u) << dump(issues);
+  EXPECT_TRUE(has_issue(issues, "zero_optimization.offload_param.buffer_count",
+                        "got 1000000; allowed: an integer in 1..4096"))
+      << dump(issues);
+  EXPECT_TRUE(has_issue(issues, "zero_optimization.offload_optimizer.buffer_count",
+                        "got 4294967296; allowed: an integer in 1..4096"))
+      << dump(issues);
+  EXPECT_TRUE(has_issue(issues, "aio.block_size", "got 2147483648; allowed: an integer in"))
+      << dump(issues);
+  EXPECT_TRUE(has_issue(issues, "aio.queue_depth", "got 65536; allowed: an integer in 1..4096"))
+      << dump(issues);
+  EXPECT_TRUE(has_issue(issues, "aio.thread_count", "got 1024; allowed: an integer in 1..256"))
+      << dump(issues);
+  EXPECT_TRUE(has_issue(issues, "outcore.pinned_memory_mb",
+                        "got 17592186044416; allowed: an integer in 0..1073741824"))
+      << dump(issues);
+  EXPECT_TRUE(has_issue(issues, "outcore.device_memory_mb", "got 1073741825")) << dump(issues);
+  EXPECT_TRUE(has_issue(issues, "train_micro_batch_size_per_gpu",
+                        "got 4294967298; allowed: an integer in 1..1048576"))
+      << dump(issues);
+}
+
+TEST(ConfigLimits, ValuesAtTheUpperBoundsAreAccepted) {
+  ParsedConfig p = parse_config(R"({"train_micro_batch_size_per_gpu": 1048576,
+    "zero_optimization": {"offload_param": {"buffer_count": 4096},
+                          "offload_optimizer": {"buffer_count": 4096}},
+    "aio": {"block_size": 1073741824, "queue_depth": 4096, "intra_op_parallelism": 256},
+    "outcore": {"pinned_memory_mb": 1073741824, "device_memory_mb": 1073741824}})");
+  const Config& c = p.config;
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu.value(), kMaxMicroBatch);
+  EXPECT_EQ(c.zero_optimization.offload_param.buffer_count, kMaxOffloadBufferCount);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.buffer_count, kMaxOffloadBufferCount);
+  EXPECT_EQ(c.aio.block_size, kMaxAioBlockSize);
+  EXPECT_EQ(c.aio.queue_depth, kMaxAioQueueDepth);
+  EXPECT_EQ(c.aio.intra_op_parallelism, kMaxAioThreads);
+  EXPECT_EQ(c.outcore.pinned_memory_mb, kMaxMemoryMb);
+  EXPECT_EQ(c.outcore.device_memory_mb, kMaxMemoryMb);
 }
 
 // ---- size and kind of input ---------------------------------------------------------------

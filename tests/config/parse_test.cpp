@@ -35,7 +35,7 @@ TEST(ParseBadInput, WrongTypeNamesPathValueAndAllowed) {
                                  "outcore": {"metrics_file": 7}})");
   EXPECT_TRUE(has_issue(issues, "zero_optimization.overlap_comm", "got 3; allowed: true or false"))
       << dump(issues);
-  EXPECT_TRUE(has_issue(issues, "aio.queue_depth", "got \"deep\"; allowed: an integer in 1..65536"))
+  EXPECT_TRUE(has_issue(issues, "aio.queue_depth", "got \"deep\"; allowed: an integer in 1..4096"))
       << dump(issues);
   EXPECT_TRUE(has_issue(issues, "outcore.metrics_file", "got 7; allowed: a string or null"))
       << dump(issues);
@@ -49,8 +49,8 @@ TEST(ParseBadInput, OutOfRangeValue) {
       << dump(issues);
   EXPECT_TRUE(has_issue(issues, "fp16.loss_scale", "got -1; allowed: a number >= 0"));
   EXPECT_TRUE(has_issue(issues, "fp16.initial_scale_power", "in 0..63"));
-  EXPECT_TRUE(
-      has_issue(issues, "train_micro_batch_size_per_gpu", "got 0; allowed: an integer >= 1"));
+  EXPECT_TRUE(has_issue(issues, "train_micro_batch_size_per_gpu",
+                        "got 0; allowed: an integer in 1..1048576"));
 }
 
 TEST(ParseBadInput, SectionThatIsNotAnObject) {

@@ -322,5 +322,77 @@ TEST_F(DataParallel, CheckpointOfThreeRanksResumesOnTwo) {
   expect_resume_across_worlds("s1_nvme_fp32", 3, 2, 6, 4);
 }
 
+// The model and DeepSpeed config of a small CLI job in `work` (ZeRO `stage`, state in memory),
+// and the `outcore train` arguments that use them.
+std::string cli_job_args(const fs::path& work, int stage, const std::string& lr = "1e-3") {
+  fs::create_directories(work);
+  std::ofstream(work / "model.json") << R"({"hidden_size": 64, "intermediate_size": 176,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 256, "max_position_embeddings": 128, "rms_norm_eps": 1e-5})";
+  const std::string ds = (work / ("ds_" + lr + ".json")).string();
+  std::ofstream(ds) << fmt::format(R"({{"train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 1, "optimizer": {{"type": "AdamW", "params": {{"lr": {}}}}},
+    "zero_optimization": {{"stage": {}}}}})",
+                                   lr, stage);
+  return fmt::format("{} train --config {} --model {} --data {}", OUTCORE_CLI, ds,
+                     (work / "model.json").string(), DataParallelFiles::train());
+}
+
+std::string mpmd(const std::string& rank0, const std::string& rank1) {
+  return fmt::format(
+      "timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 {} : -np 1 {}",
+      rank0, rank1);
+}
+
+// Ranks started with different settings end together before training, naming what differs
+// and each rank's value, instead of training inconsistently or hanging.
+TEST_F(DataParallel, RanksStartedWithDifferentSettingsEndNamingTheSetting) {
+  if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+  const fs::path work = dir_->file("disagree");
+  const std::string base = cli_job_args(work, 2);
+  struct Case {
+    std::string rank1, expect;
+  };
+  const Case cases[] = {
+      {base + " --seq-len 32 --steps 2", "--seq-len (rank 0: \"16\", rank 1: \"32\")"},
+      {cli_job_args(work, 2, "2e-3") + " --seq-len 16 --steps 2", "config.optimizer.params.lr"},
+      {base + " --seq-len 16 --steps 3", "--steps"},
+      {base + " --seq-len 16 --steps 2 --save-dir " + (work / "other").string(), "--save-dir"},
+  };
+  for (const Case& c : cases) {
+    std::string output;
+    const int rc = run_command(mpmd(base + " --seq-len 16 --steps 2", c.rank1), output);
+    EXPECT_NE(rc, 0) << c.rank1 << "\n" << output;
+    EXPECT_NE(rc, 124) << "the job hung: " << c.rank1 << "\n" << output;
+    EXPECT_NE(output.find("error: the ranks were started with different settings"),
+              std::string::npos)
+        << output;
+    EXPECT_NE(output.find(c.expect), std::string::npos) << c.expect << "\n" << output;
+    EXPECT_EQ(output.find("step 1"), std::string::npos) << "trained anyway:\n" << output;
+  }
+  EXPECT_FALSE(fs::exists(work / "other"));
+}
+
+// Stage 0 keeps the whole state on every rank: the checkpoint of 2 ranks holds it once and
+// loads (it used to hold every slab twice and never load, while saying "saved").
+TEST_F(DataParallel, Stage0CheckpointOfTwoRanksLoads) {
+  if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+  const fs::path work = dir_->file("stage0_ckpt");
+  const std::string args = cli_job_args(work, 0) + " --seq-len 16";
+  const std::string ckpt = (work / "ckpt").string();
+  std::string output;
+  int rc = run_command(mpirun(2) + " " + args + " --steps 2 --save-dir " + ckpt, output);
+  ASSERT_EQ(rc, 0) << output;
+  EXPECT_NE(output.find("saved checkpoint"), std::string::npos) << output;
+  EXPECT_FALSE(fs::exists(work / "ckpt" / "global_step2" / "rank1" / "optimizer.bin"));
+  rc = run_command(mpirun(2) + " " + args + " --steps 3 --resume " + ckpt + " --save-dir " + ckpt,
+                   output);
+  EXPECT_EQ(rc, 0) << output;
+  rc = run_command(fmt::format("timeout 120 {} export {} {}", OUTCORE_CLI, ckpt,
+                               (work / "hf").string()),
+                   output);
+  EXPECT_EQ(rc, 0) << output;
+}
+
 }  // namespace
 }  // namespace outcore::train::testing

@@ -1,11 +1,14 @@
 """outcore.aio.Handle on real files: round trips of odd sizes at odd offsets (page cache) and
 aligned ones (O_DIRECT), overlapping async requests, pinned tensors, every error path raising
-the right exception with the file and offset, the GIL released while blocked, and no file
+the right exception with the file and offset, the GIL released while blocked, async requests
+whose tensor is freed, set_() or resize_()d before wait() touching no freed memory, and no file
 descriptor or pinned buffer leaked over 1000 calls."""
 import errno
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -110,38 +113,157 @@ class Async(AioTest):
         for p, d in zip(parts, outs):
             self.assertTrue(torch.equal(p, d))
 
+    def test_async_reads_land_in_place_in_pinned_tensors_and_at_wait_in_others(self):
+        h = aio.Handle(block_size=4096)
+        path = self.path("where.bin")
+        src = random_tensor(3 * 4096, torch.uint8, 9)
+        h.pwrite(src, path)
+        pinned = h.new_pinned_tensor(src.numel(), torch.uint8)
+        pinned.zero_()
+        other = torch.zeros_like(src)
+        reqs = [h.async_pread(pinned, path), h.async_pread(other, path)]
+        while not all(r.done() for r in reqs):
+            time.sleep(0.001)
+        self.assertTrue(torch.equal(pinned, src), "pinned: read in place, before wait()")
+        self.assertEqual(int(other.count_nonzero()), 0, "other: stored at wait(), not before")
+        self.assertEqual(h.wait(), 2)
+        self.assertTrue(torch.equal(other, src))
+        # A write takes the bytes a non-pinned tensor has when it is queued.
+        queued = src.clone()
+        w = h.async_pwrite(queued, path, offset=src.numel())
+        queued.zero_()
+        self.assertEqual(w.wait(), 1)
+        self.assertEqual(file_bytes(path, src.numel(), src.numel()), as_bytes(src))
+        h.free_pinned_tensor(pinned)
+
     def test_gil_is_released_while_blocked(self):
-        h = aio.Handle()
-        if h.backend() != "io_uring":
-            self.skipTest("reads a FIFO, which needs io_uring (the sync backend uses pread)")
-        fifo = self.path("fifo")
-        os.mkfifo(fifo)
-        dst = torch.zeros(4096, dtype=torch.uint8)
+        # A synchronous read of 256 pieces, one in flight, each completing 1 ms late: while
+        # the reader thread waits in the binding, this thread (which needs the GIL) must keep
+        # running and see the request pending; if the binding held the GIL while blocked in
+        # wait, it would see nothing until the read was over.
+        path = self.path("slow.bin")
+        data = torch.arange(1 << 20).remainder(253).to(torch.uint8)
+        aio.Handle().pwrite(data, path)
+        h = aio.Handle(block_size=4096, queue_depth=1, _faults=[("delay", 1, 1, -1)])
+        dst = torch.zeros(1 << 20, dtype=torch.uint8)
         errors = []
 
         def reader():
             try:
-                h.pread(dst, fifo)
+                h.pread(dst, path)
             except Exception as e:  # reported below
                 errors.append(e)
 
-        # This thread keeps the FIFO open read-write, so the reader's open() never blocks and
-        # its read waits for data. Once the request is queued, this thread (which needs the
-        # GIL) writes: if the binding held the GIL while blocked in wait, this would hang.
-        keep = os.open(fifo, os.O_RDWR)
-        try:
-            t = threading.Thread(target=reader, daemon=True)
-            t.start()
-            while h.pending() == 0 and t.is_alive():
-                time.sleep(0.001)
-            data = bytes(range(256)) * 16
-            os.write(keep, data)
-            t.join(60)
-        finally:
-            os.close(keep)
-        self.assertFalse(t.is_alive())
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        seen_pending = 0
+        while t.is_alive():
+            seen_pending += h.pending() > 0
+            time.sleep(0.001)
+        t.join(60)
         self.assertEqual(errors, [])
-        self.assertEqual(as_bytes(dst), data)
+        self.assertGreater(seen_pending, 10)
+        self.assertTrue(torch.equal(dst, data))
+
+
+# Run in a child process (a write into freed memory may crash it): argv is the directory of
+# oracle.py, "read" or "write", the mutation, a scratch file. Queues one async request of 64 KiB
+# in 16 pieces, one in flight, each completing 1 ms late, so most pieces move after the
+# mutation; then allocates tensors of the same size filled with a sentinel (the allocator hands
+# them the memory the mutation freed), waits, and checks that no sentinel changed and that the
+# data went where it should. Prints what went wrong and exits 1, or exits 0.
+STORAGE_LOST_CHILD = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from oracle import import_torch_and_outcore
+torch, outcore = import_torch_and_outcore()
+direction, mutation, path = sys.argv[2:5]
+N = 1 << 16
+data = torch.arange(N).remainder(251).to(torch.uint8)  # never all 0xAB
+outcore.aio.Handle().pwrite(data if direction == "read" else torch.zeros(N, dtype=torch.uint8),
+                            path)
+h = outcore.aio.Handle(block_size=4096, queue_depth=1, o_direct="never",
+                       _faults=[("delay", 1, 1, -1)])
+pinned_before = outcore.aio.pinned_buffers()
+if mutation == "pinned-set":
+    t = h.new_pinned_tensor(N, torch.uint8)
+    t.copy_(data if direction == "write" else torch.zeros(N, dtype=torch.uint8))
+else:
+    t = data.clone() if direction == "write" else torch.zeros(N, dtype=torch.uint8)
+req = h.async_pwrite(t, path) if direction == "write" else h.async_pread(t, path)
+if mutation == "resize":
+    t.resize_(64 * N)  # reallocates the storage: its old memory is freed
+elif mutation == "shrink":
+    t.storage().resize_(16)
+elif mutation == "set":
+    t.set_(torch.zeros(1, dtype=torch.uint8))
+elif mutation == "pinned-set":
+    h.free_pinned_tensor(t)
+    t.set_(torch.zeros(1, dtype=torch.uint8))  # the handle's last reference to the memory
+else:
+    del t
+sentinels = [torch.full((N,), 0xAB, dtype=torch.uint8) for _ in range(8)]
+error = None
+try:
+    req.wait()
+except Exception as e:
+    error = e
+overwritten = [i for i, s in enumerate(sentinels) if not bool((s == 0xAB).all())]
+if overwritten:
+    sys.exit(f"sentinel tensors {overwritten} (allocated after the {mutation}) were overwritten")
+if mutation == "shrink":
+    if not isinstance(error, ValueError) or "resized" not in str(error):
+        sys.exit(f"wait() after the storage shrank: expected ValueError, got {error!r}")
+    sys.exit(0)
+if error is not None:
+    sys.exit(f"wait() raised {error!r}")
+if direction == "write":
+    with open(path, "rb") as f:
+        if f.read() != data.numpy().tobytes():
+            sys.exit("the file does not hold the tensor's bytes as they were when queued")
+elif mutation == "resize" and not torch.equal(t[:N], data):
+    sys.exit("the read did not land in the tensor's (reallocated) storage")
+del req
+if outcore.aio.pinned_buffers() != pinned_before:
+    sys.exit(f"{outcore.aio.pinned_buffers() - pinned_before} pinned buffers still alive")
+"""
+
+
+class StorageLostBeforeWait(AioTest):
+    def check_child(self, direction, mutation):
+        here = os.path.dirname(os.path.abspath(__file__))
+        r = subprocess.run([sys.executable, "-c", STORAGE_LOST_CHILD, here, direction, mutation,
+                            self.path("lost.bin")], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, f"async {direction}, then {mutation} before wait(): "
+                         f"exit status {r.returncode} (negative: killed by that signal)\n"
+                         f"{r.stderr.strip()}")
+
+    def test_async_read_into_a_resized_tensor_lands_in_its_storage(self):
+        self.check_child("read", "resize")
+
+    def test_async_read_into_a_tensor_set_to_other_memory(self):
+        self.check_child("read", "set")
+
+    def test_async_read_into_a_deleted_tensor(self):
+        self.check_child("read", "del")
+
+    def test_async_read_into_a_shrunk_storage_raises_at_wait(self):
+        self.check_child("read", "shrink")
+
+    def test_async_read_into_a_freed_pinned_tensor_set_to_other_memory(self):
+        self.check_child("read", "pinned-set")
+
+    def test_async_write_from_a_resized_tensor_writes_its_queued_bytes(self):
+        self.check_child("write", "resize")
+
+    def test_async_write_from_a_tensor_set_to_other_memory(self):
+        self.check_child("write", "set")
+
+    def test_async_write_from_a_deleted_tensor(self):
+        self.check_child("write", "del")
+
+    def test_async_write_from_a_freed_pinned_tensor_set_to_other_memory(self):
+        self.check_child("write", "pinned-set")
 
 
 class Errors(AioTest):

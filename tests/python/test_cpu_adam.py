@@ -1,8 +1,9 @@
 """outcore.optim.CPUAdam against torch.optim.Adam / AdamW: 20 steps on several parameter groups
 with a changing learning rate, within the tolerance tests/cpu_adam/torch_oracle_test.cpp uses;
 state_dict round trips (ours and torch's); parameters without a gradient skipped; the bf16/fp16
-copy-out; bad input refused."""
+copy-out; bad input refused (sparse tensors included) by a step that then changes nothing."""
 import unittest
+import warnings
 
 from oracle import import_torch_and_outcore
 
@@ -212,6 +213,137 @@ class CopyOutAndErrors(unittest.TestCase):
         opt.param_groups[0]["lr"] = float("nan")
         with self.assertRaisesRegex(ValueError, "lr"):
             opt.step()
+
+
+def same(a, b):
+    """Equal layout, dtype and values (sparse tensors compared densely)."""
+    if a.layout != b.layout or a.dtype != b.dtype:
+        return False
+    if a.layout != torch.strided:
+        a, b = a.to_dense(), b.to_dense()
+    return torch.equal(a, b)
+
+
+def snapshot(opt):
+    """Every parameter's bytes and every state entry (by parameter position), copied."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    state = {}
+    for i, p in enumerate(params):
+        if p in opt.state:
+            state[i] = {k: v.clone() if isinstance(v, torch.Tensor) else v
+                        for k, v in opt.state[p].items()}
+    return [p.detach().clone() for p in params], state
+
+
+class AtomicStep(unittest.TestCase):
+    """A bad parameter, gradient, state, copy-out target or hyper-parameter late in the list
+    makes step() raise before it updates anything."""
+
+    def setUp(self):
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+
+    def make(self, **kw):
+        params = make_params(21)
+        opt = CPUAdam(groups_of(params), **kw)
+        for p in params:
+            p.grad = torch.full_like(p, 0.25)
+        opt.step()  # every parameter has a state now
+        return params, opt
+
+    def assert_raises_and_changes_nothing(self, opt, regex, **step_kw):
+        params_before, state_before = snapshot(opt)
+        with self.assertRaises(ValueError) as cm:
+            opt.step(**step_kw)
+        params_after, state_after = snapshot(opt)
+        for i, (a, b) in enumerate(zip(params_before, params_after)):
+            self.assertTrue(same(a, b), f"parameter {i} changed by a step that raised")
+        self.assertEqual(sorted(state_before), sorted(state_after), "states added or removed")
+        for i, before in state_before.items():
+            after = state_after[i]
+            self.assertEqual(sorted(before), sorted(after), f"state keys of parameter {i}")
+            for key, v in before.items():
+                w = after[key]
+                unchanged = same(v, w) if isinstance(v, torch.Tensor) else v == w
+                self.assertTrue(unchanged, f"state['{key}'] of parameter {i} changed by a step "
+                                "that raised")
+        self.assertRegex(str(cm.exception), regex)
+
+    def test_bad_last_parameter(self):
+        params, opt = self.make()
+        last = opt.param_groups[2]["params"]
+        bad = torch.nn.Parameter(torch.zeros(6, dtype=torch.float64))
+        bad.grad = torch.zeros(6, dtype=torch.float64)
+        last.append(bad)
+        self.assert_raises_and_changes_nothing(
+            opt, r"param_groups\[2\]\['params'\]\[1\] \(shape \(6,\)\) must be a contiguous "
+            "fp32 CPU tensor")
+
+    def test_bad_last_gradient(self):
+        params, opt = self.make()
+        params[-1].grad.set_(torch.zeros(3))  # the wrong size (torch refuses to assign it)
+        self.assert_raises_and_changes_nothing(
+            opt, r"grad of param_groups\[2\]\['params'\]\[0\] \(shape \(7, 3, 5\)\)")
+
+    def test_sparse_gradient_late_names_the_parameter(self):
+        params, opt = self.make()
+        params[-1].grad = torch.zeros(7, 3, 5).to_sparse()
+        self.assert_raises_and_changes_nothing(
+            opt, r"grad of param_groups\[2\]\['params'\]\[0\] \(shape \(7, 3, 5\)\) is "
+            "sparse")
+
+    def test_sparse_parameters_name_the_parameter(self):
+        for layout, to in (("sparse_csr", lambda t: t.to_sparse_csr()),
+                           ("sparse_coo", lambda t: t.to_sparse())):
+            params, opt = self.make()
+            bad = torch.nn.Parameter(to(torch.ones(4, 4)))
+            bad.grad = to(torch.ones(4, 4))
+            opt.param_groups[1]["params"].append(bad)
+            self.assert_raises_and_changes_nothing(
+                opt, r"param_groups\[1\]\['params'\]\[2\] \(shape \(4, 4\)\) is sparse "
+                rf"\(torch.{layout}\)")
+
+    def test_bad_late_state(self):
+        for key, bad in (("exp_avg", lambda m: m.double()),
+                         ("exp_avg_sq", lambda m: m.to_sparse()),
+                         ("exp_avg", lambda m: m[:1]),
+                         ("step", lambda s: torch.tensor([1.0, 2.0]))):
+            params, opt = self.make()
+            state = opt.state[params[-1]]
+            state[key] = bad(state[key])
+            self.assert_raises_and_changes_nothing(
+                opt, rf"state\['{key}'\] of param_groups\[2\]\['params'\]\[0\] "
+                r"\(shape \(7, 3, 5\)\)")
+
+    def test_moments_sharing_memory(self):
+        params, opt = self.make()
+        state = opt.state[params[-1]]
+        state["exp_avg_sq"] = state["exp_avg"]
+        self.assert_raises_and_changes_nothing(opt, "exp_avg and exp_avg_sq share memory")
+
+    def test_bad_late_hyperparameter(self):
+        params, opt = self.make()
+        opt.param_groups[2]["lr"] = float("nan")
+        self.assert_raises_and_changes_nothing(opt, r"param_groups\[2\]: .*lr")
+
+    def test_bad_late_copy_out_target(self):
+        params, opt = self.make()
+        targets = [[torch.zeros(p.numel(), dtype=torch.bfloat16) for p in g["params"]]
+                   for g in opt.param_groups]
+        targets[2][0] = torch.zeros(3, dtype=torch.bfloat16)
+        self.assert_raises_and_changes_nothing(opt, r"fp16_param_groups\[2\]\[0\]",
+                                               fp16_param_groups=targets)
+        targets[2] = []
+        self.assert_raises_and_changes_nothing(opt, r"fp16_param_groups\[2\]\[0\] is missing",
+                                               fp16_param_groups=targets)
+
+    def test_a_new_parameter_failing_gets_no_state(self):
+        params = make_params(22)
+        opt = CPUAdam(groups_of(params))
+        for p in params:
+            p.grad = torch.ones_like(p)
+        params[-1].grad.set_(torch.ones(2))
+        self.assert_raises_and_changes_nothing(opt, "must be an fp32, bf16 or fp16 CPU tensor")
+        self.assertEqual(len(opt.state), 0)
 
 
 if __name__ == "__main__":

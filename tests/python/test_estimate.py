@@ -128,6 +128,21 @@ class Estimate(unittest.TestCase):
         with self.assertRaises(ValueError):
             outcore.estimate(CONFIG, MODEL, world_size=0)
 
+    def test_sizes_beyond_their_range_are_refused_not_truncated(self):
+        # 2**32 + 2 was planned as world size 2 (the int it was cut to).
+        for kwargs, name in (({"world_size": 2**32 + 2}, "world_size"),
+                             ({"world_size": 2**64 + 2}, "world_size"),
+                             ({"world_size": (1 << 20) + 1}, "world_size"),
+                             ({"micro_batch": 2**32 + 2}, "micro_batch"),
+                             ({"seq_len": 2**64}, "seq_len"),
+                             ({"micro_batch": -1}, "micro_batch")):
+            with self.assertRaises(ValueError, msg=str(kwargs)) as cm:
+                outcore.estimate(CONFIG, MODEL, **kwargs)
+            self.assertIn(name, str(cm.exception))
+            self.assertIn(str(next(iter(kwargs.values()))), str(cm.exception))
+        self.assertEqual(outcore.estimate(CONFIG, MODEL, world_size=1 << 20,
+                                          micro_batch=2)["world_size"], 1 << 20)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -287,6 +288,131 @@ TEST_F(TrainCliTest, OutputPathsNeverOverwriteInputs) {
   EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
 }
 
+// A save directory holding the user's files whose names end like outcore's leftovers keeps
+// them byte for byte (they used to be deleted as leftovers of an interrupted save).
+TEST_F(TrainCliTest, SaveDirectoryKeepsTheUsersFiles) {
+  namespace fs = std::filesystem;
+  const std::string ck = data_.file("ckpt");
+  fs::create_directories(ck + "/results.old");
+  std::ofstream(ck + "/notes.tmp") << "my notes";
+  std::ofstream(ck + "/results.old/model.pt") << "my model";
+  CliResult r = run(train_args("--steps 2 --save-every 1 --keep 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(ck + "/notes.tmp"), "my notes");
+  EXPECT_EQ(slurp(ck + "/results.old/model.pt"), "my model");
+  EXPECT_EQ(r.err.find("removing"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step2\n");
+  EXPECT_FALSE(fs::exists(ck + "/global_step1"));  // pruned: outcore's own
+  // A name outcore writes, held by something else: refused at start, untouched.
+  fs::create_directories(ck + "/global_step7");
+  std::ofstream(ck + "/global_step7/readme.txt") << "mine";
+  r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --steps 3");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("global_step7 is not outcore's"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(ck + "/global_step7/readme.txt"), "mine");
+}
+
+// A fresh run into a directory with another run's checkpoints is refused (it used to overwrite
+// global_step<N> and prune the rest); --resume continues that run, --start-over replaces it.
+TEST_F(TrainCliTest, AnotherRunsCheckpointsAreRefusedUnlessResumedOrStartedOver) {
+  namespace fs = std::filesystem;
+  const std::string ck = data_.file("ckpt");
+  CliResult r = run(train_args("--steps 2 --save-every 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string before = slurp(ck + "/global_step2/rank0/optimizer.bin");
+  r = run(train_args("--steps 2 --keep 1 --seed 7 --save-dir " + shell_quote(ck)));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("holds another run's checkpoints (global_step1, global_step2; latest "
+                       "global_step2)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(ck + "/global_step2/rank0/optimizer.bin"), before);
+  EXPECT_TRUE(fs::exists(ck + "/global_step1"));
+  r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --steps 3");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(fs::exists(ck + "/global_step1"));
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step3\n");
+  r = run(train_args("--steps 1 --seed 7 --start-over --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step1\n");
+  EXPECT_FALSE(fs::exists(ck + "/global_step2"));
+  EXPECT_FALSE(fs::exists(ck + "/global_step3"));
+  r = run("train --resume " + shell_quote(ck) + " --steps 2");
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// --metrics and --trace never name a file of --init-from's or --resume's, nor each other.
+TEST_F(TrainCliTest, OutputsNeverNameAFileOfTheInitOrResumeInputs) {
+  const std::string ck = data_.file("ckpt"), hf = data_.file("hf");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("export " + shell_quote(ck) + " " + shell_quote(hf));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string weights = hf + "/model.safetensors", state = ck + "/global_step1/trainer_state.json";
+  const std::string weights_before = slurp(weights), state_before = slurp(state);
+  r = run("train --init-from " + shell_quote(hf) + " --config " + shell_quote(config_) +
+          " --data " + shell_quote(data_.train()) + " --seq-len 32 --steps 1 --trace " +
+          shell_quote(weights));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("is the same file as --init-from"), std::string::npos) << r.err;
+  r = run("train --resume " + shell_quote(ck) + " --steps 2 --metrics " + shell_quote(state));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("is the same file as --resume"), std::string::npos) << r.err;
+  r = run("train --resume " + shell_quote(ck) + " --steps 2 --trace " +
+          shell_quote(ck + "/latest"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(slurp(weights), weights_before);
+  EXPECT_EQ(slurp(state), state_before);
+  const std::string both = data_.file("both.json");
+  r = run(train_args("--steps 1 --metrics " + shell_quote(both) + " --trace " + shell_quote(both)));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--trace " + both + " is the same file as --metrics"), std::string::npos)
+      << r.err;
+}
+
+// A FIFO where a file is read (latest, manifest.json, model.safetensors, the index, the
+// model config): one error naming it, exit 2, never a wait for a writer that never comes.
+TEST_F(TrainCliTest, FifosInPlaceOfInputFilesAreRefusedNotWaitedFor) {
+  namespace fs = std::filesystem;
+  const std::string ck = data_.file("ckpt"), hf = data_.file("hf");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("export " + shell_quote(ck) + " " + shell_quote(hf));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto fifo_in_place_of = [](const std::string& path) {
+    fs::remove(path);
+    ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0) << path;
+  };
+  auto expect_refused = [&](const std::string& args, const std::string& path) {
+    const std::string out = data_.file("stdout"), err = data_.file("stderr");
+    const int status = std::system(("env -u OUTCORE_CONFIG timeout 60 " + shell_quote(OUTCORE_CLI) +
+                                    " " + args + " >" + shell_quote(out) + " 2>" + shell_quote(err))
+                                       .c_str());
+    const CliResult res{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+    EXPECT_EQ(res.rc, 2) << args << "\n" << res.err;  // 124: it waited on the FIFO
+    EXPECT_EQ(count_error_lines(res.err), 1) << res.err;
+    EXPECT_NE(res.err.find(path), std::string::npos) << res.err;
+    EXPECT_NE(res.err.find("FIFO"), std::string::npos) << res.err;
+  };
+  const std::string init_args = "train --config " + shell_quote(config_) + " --data " +
+                                shell_quote(data_.train()) + " --seq-len 32 --steps 1 --init-from " +
+                                shell_quote(hf);
+  fifo_in_place_of(hf + "/model.safetensors");
+  expect_refused(init_args, hf + "/model.safetensors");
+  fs::remove(hf + "/model.safetensors");
+  fifo_in_place_of(hf + "/model.safetensors.index.json");
+  expect_refused(init_args, hf + "/model.safetensors.index.json");
+  fifo_in_place_of(hf + "/config.json");
+  expect_refused(init_args, hf + "/config.json");
+  fifo_in_place_of(ck + "/global_step1/manifest.json");
+  expect_refused("export " + shell_quote(ck) + " " + shell_quote(data_.file("out")),
+                 ck + "/global_step1/manifest.json");
+  fifo_in_place_of(ck + "/latest");
+  expect_refused("train --resume " + shell_quote(ck) + " --steps 2", ck + "/latest");
+}
+
 // --trace writes a Chrome trace of an NVMe run and the result line says how much I/O it hid;
 // a trace path naming an input is refused before anything runs.
 TEST_F(TrainCliTest, TraceWritesAChromeTraceAndRefusesInputs) {
@@ -396,7 +522,7 @@ TEST_F(TrainCliTest, LogLevelFromTheConfigSetsWhatIsLogged) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err.find("debug:"), std::string::npos) << r.err;
   config_ = write_config("debug.json", {{"outcore", {{"log_level", "debug"}}}});
-  r = run(train_args("--steps 2 --save-dir " + shell_quote(ck)));
+  r = run(train_args("--steps 2 --save-dir " + shell_quote(data_.file("ckpt_debug"))));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("checkpoint global_step2: prepared"), std::string::npos) << r.err;
 }
@@ -425,7 +551,7 @@ TEST_F(TrainCliTest, EstimateAndTrainRefuseATooSmallParameterBufferSize) {
 TEST_F(TrainCliTest, BadNumbersAreRefused) {
   const std::string base = "train --config " + shell_quote(config_) + " --model " +
                            shell_quote(model_) + " --data " + shell_quote(data_.train());
-  for (const std::string& bad : {"--seq-len 0", "--lr inf", "--lr nan", "--weight-decay -inf",
+  for (const std::string bad : {"--seq-len 0", "--lr inf", "--lr nan", "--weight-decay -inf",
                                  "--steps 0", "--eval-batches 0"}) {
     const bool sets_steps = bad.rfind("--steps", 0) == 0;
     CliResult r = run(base + (sets_steps ? " " : " --steps 2 ") + bad);
@@ -677,6 +803,367 @@ TEST_F(TrainCliTest, ExportOfABadCheckpointOrIntoAFullDirectoryExitsTwo) {
   EXPECT_NE(r.err.find("rank0/optimizer.bin"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("CRC32C mismatch"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(hf));
+}
+
+// Sets element `elem` of tensor `name` in the fp32 master weights of the checkpoint `ck` to
+// `value`, and that file's CRC32C in the manifest to match, so the checkpoint still verifies.
+void set_master_element(const std::string& ck, const std::string& name, uint64_t elem,
+                        float value) {
+  int unit = -1;
+  uint64_t at = 0;
+  for (const auto& [u, t] : tiny_tensors())
+    if (t.name == name) unit = u, at = t.offset + elem;
+  ASSERT_GE(unit, 0) << name;
+  std::filesystem::path dir;
+  ckpt::Manifest m;
+  {
+    const ckpt::Checkpoint c = ckpt::Checkpoint::open(ck);
+    dir = c.dir();
+    m = c.manifest();
+  }
+  for (ckpt::FileInfo& f : m.files) {
+    for (const ckpt::Segment& s : f.segments) {
+      if (s.unit != unit || s.array != ckpt::ArrayKind::kMaster || at < s.slab_begin ||
+          at >= s.slab_begin + s.count)
+        continue;
+      const std::string path = (dir / f.path).string();
+      {
+        std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+        out.seekp(static_cast<std::streamoff>(s.offset + (at - s.slab_begin) * 4));
+        out.write(reinterpret_cast<const char*>(&value), 4);
+        ASSERT_TRUE(out.good()) << path;
+      }
+      const std::string bytes = slurp(path);
+      f.crc32c = ckpt::crc32c(std::as_bytes(std::span(bytes.data(), bytes.size())));
+      std::ofstream(dir / ckpt::kManifestName, std::ios::binary | std::ios::trunc)
+          << ckpt::manifest_text(m);
+      return;
+    }
+  }
+  FAIL() << "no master segment of " << ck << " holds " << name;
+}
+
+// A master weight beyond fp16's range: `export --dtype fp16` exits 2 with one error naming the
+// tensor, the value and the dtypes that hold it, and leaves neither the directory nor its
+// temporary; --dtype bf16 exports it.
+TEST_F(TrainCliTest, ExportAsFp16OfAWeightBeyondItsRangeExitsTwoAndWritesNothing) {
+  const std::string ck = data_.file("ckpt"), hf = data_.file("hf");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string name = "model.layers.0.mlp.down_proj.weight";
+  set_master_element(ck, name, 7, 1e5f);
+  r = run("export --checkpoint " + shell_quote(ck) + " --out " + shell_quote(hf) + " --dtype fp16");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("\"" + name + "\""), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("100000"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--dtype bf16"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(hf));
+  const std::filesystem::path parent = std::filesystem::path(hf).parent_path();
+  for (const auto& e : std::filesystem::directory_iterator(parent))
+    EXPECT_FALSE(e.path().filename().string().starts_with("hf.")) << e.path() << " left behind";
+
+  r = run("export --checkpoint " + shell_quote(ck) + " --out " + shell_quote(hf) + " --dtype bf16");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  expect_exported_master(hf, ck, DType::BF16);
+}
+
+// A NaN among the --init-from weights: exit 2 before training, one error naming the tensor, the
+// file and the element, not a NaN loss at step 1.
+TEST_F(TrainCliTest, InitFromANonFiniteWeightExitsTwoNamingTensorAndFile) {
+  const std::string hf = data_.file("hf_nan");
+  std::filesystem::create_directories(hf);
+  std::ofstream(hf + "/config.json") << testing::tiny_model_json().dump();
+  const std::string name = "model.layers.1.self_attn.o_proj.weight";
+  std::vector<ckpt::SafetensorsTensor> decl;
+  uint64_t numel = 0, bad = 0;
+  for (const auto& [unit, t] : tiny_tensors()) {
+    decl.push_back({t.name, DType::F32, t.shape});
+    if (t.name == name) bad = numel + 3;
+    numel += t.numel;
+  }
+  std::vector<float> vals(numel, 0.02f);
+  vals[bad] = std::numeric_limits<float>::quiet_NaN();
+  {
+    ckpt::SafetensorsWriter w(hf + "/model.safetensors", decl);
+    w.append(std::as_bytes(std::span(vals)));
+    w.close();
+  }
+  CliResult r = run("train --init-from " + shell_quote(hf) + " --config " + shell_quote(config_) +
+                    " --data " + shell_quote(data_.train()) + " --seq-len 32 --steps 1");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("\"" + name + "\""), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(hf + "/model.safetensors"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("element 3 "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("loss"), std::string::npos) << r.err;
+}
+
+// Runs `outcore export CK HF` in a child process with OUTCORE_TEST_EXPORT_PIECE_DELAY_MS=
+// `delay_ms` (a sleep before each piece is read, after the check for a stop) and
+// --max-shard-size 40KB (many shards, the first ones complete early); stderr goes to `err`.
+pid_t start_slow_export(const std::string& ck, const std::string& hf, const std::string& err,
+                        int delay_ms) {
+  const std::string delay = "OUTCORE_TEST_EXPORT_PIECE_DELAY_MS=" + std::to_string(delay_ms);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, STDERR_FILENO);
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, STDOUT_FILENO);
+    putenv(const_cast<char*>(delay.c_str()));
+    execl(OUTCORE_CLI, OUTCORE_CLI, "export", ck.c_str(), hf.c_str(), "--max-shard-size", "40KB",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits (at most 60 s) until `dir` holds a finished *.safetensors file: the export is writing.
+bool wait_for_a_shard(const std::string& dir, pid_t pid) {
+  for (int i = 0; i < 6000; ++i) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+      if (e.path().extension() == ".safetensors") return true;
+    if (waitpid(pid, nullptr, WNOHANG) != 0) return false;
+    usleep(10000);
+  }
+  return false;
+}
+
+// Waits (at most 5 s) until process `pid` no longer catches `sig` (/proc/<pid>/status SigCgt):
+// a handler installed with SA_RESETHAND has run. False if it still catches it.
+bool wait_until_not_caught(pid_t pid, int sig) {
+  for (int i = 0; i < 5000; ++i) {
+    for (const std::string& l : lines_of(slurp("/proc/" + std::to_string(pid) + "/status")))
+      if (l.rfind("SigCgt:", 0) == 0 &&
+          (std::stoull(l.substr(7), nullptr, 16) & (uint64_t{1} << (sig - 1))) == 0)
+        return true;
+    usleep(1000);
+  }
+  return false;
+}
+
+// Entries next to `hf` whose names start with its name: the directory or its temporaries.
+std::vector<std::string> export_leftovers(const std::string& hf) {
+  std::vector<std::string> out;
+  const std::filesystem::path p(hf);
+  for (const auto& e : std::filesystem::directory_iterator(p.parent_path()))
+    if (e.path().filename().string().starts_with(p.filename().string()))
+      out.push_back(e.path().string());
+  return out;
+}
+
+// SIGTERM (and SIGINT, SIGHUP alike) while export writes shards: exit 130 with one line saying
+// it stopped, and neither the directory nor its temporary is left.
+TEST_F(TrainCliTest, ExportStoppedBySigtermLeavesNothingAndExits130) {
+  const std::string ck = data_.file("ckpt"), hf = data_.file("hf"), err = data_.file("export.err");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    const pid_t pid = start_slow_export(ck, hf, err, 20);
+    ASSERT_GT(pid, 0);
+    const std::string tmp = hf + ".tmp-" + std::to_string(pid);
+    const bool writing = wait_for_a_shard(tmp, pid);
+    kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(writing) << "no shard appeared in " << tmp << ": " << slurp(err);
+    ASSERT_TRUE(WIFEXITED(status)) << "signal " << sig << " killed export: status " << status;
+    EXPECT_EQ(WEXITSTATUS(status), 130) << slurp(err);
+    const std::vector<std::string> lines = lines_of(slurp(err));
+    ASSERT_EQ(lines.size(), 1u) << slurp(err);
+    EXPECT_EQ(lines[0].rfind("stopped: ", 0), 0u) << lines[0];
+    EXPECT_NE(lines[0].find("nothing is left at " + hf), std::string::npos) << lines[0];
+    EXPECT_EQ(export_leftovers(hf), std::vector<std::string>()) << "signal " << sig;
+  }
+}
+
+// A second signal kills the export at once (SA_RESETHAND), leaving its temporary directory; the
+// next export into the same directory removes it (its pid runs no more and it holds only export
+// files), but not one that holds other files or whose pid still runs.
+TEST_F(TrainCliTest, ExportRemovesTheTemporaryOfAKilledExportOnly) {
+  const std::string ck = data_.file("ckpt"), hf = data_.file("hf"), err = data_.file("export.err");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  // Each piece sleeps 1 s after the stop check, and a shard appears just before one: the second
+  // signal, sent once the handler has taken the first, arrives before the export stops.
+  const pid_t pid = start_slow_export(ck, hf, err, 1000);
+  ASSERT_GT(pid, 0);
+  const std::string killed = hf + ".tmp-" + std::to_string(pid);
+  const bool writing = wait_for_a_shard(killed, pid);
+  kill(pid, SIGINT);
+  const bool taken = wait_until_not_caught(pid, SIGINT);
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(writing) << slurp(err);
+  ASSERT_TRUE(taken) << "the export kept a handler for SIGINT after the first one";
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << "status " << status;
+  ASSERT_TRUE(std::filesystem::is_directory(killed));
+
+  // A dead pid's directory holding a file export does not write, and a live pid's (this test's).
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  const std::string foreign = hf + ".tmp-" + std::to_string(dead);
+  const std::string live = hf + ".tmp-" + std::to_string(getpid());
+  for (const std::string& d : {foreign, live}) {
+    std::filesystem::create_directories(d);
+    std::ofstream(d + "/config.json") << "{}";
+  }
+  std::ofstream(foreign + "/notes.txt") << "mine";
+
+  r = run("export " + shell_quote(ck) + " " + shell_quote(hf));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(killed));
+  EXPECT_EQ(slurp(foreign + "/notes.txt"), "mine");
+  EXPECT_TRUE(std::filesystem::exists(live + "/config.json"));
+  EXPECT_NE(r.err.find("warning: " + foreign), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(live), std::string::npos) << r.err;
+  expect_exported_master(hf, ck, DType::F32);
+}
+
+// offload_param.buffer_count 1000000 passed `outcore config` and ended `outcore train` in
+// std::bad_alloc. Now the config refuses it naming the key; and a count within bounds whose
+// fetch buffers the machine cannot hold is refused by the plan (estimate and train), naming
+// the key, before anything is allocated.
+TEST_F(TrainCliTest, HugeBufferCountsAreRefusedNamingTheKey) {
+  const std::string swap = data_.file("swap");
+  nlohmann::json patch = testing::nvme_patch(swap);
+  patch["zero_optimization"]["offload_param"]["buffer_count"] = 1000000;
+  config_ = write_config("huge_count.json", patch);
+  for (const std::string& cmd :
+       {train_args("--steps 1"), "estimate --config " + shell_quote(config_) + " --model " +
+                                     shell_quote(model_) + " --seq-len 32"}) {
+    CliResult r = run(cmd);
+    EXPECT_EQ(r.rc, 2) << cmd << ": " << r.err;
+    EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("zero_optimization.offload_param.buffer_count: got 1000000"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
+  }
+
+  // 4096 fetch buffers of a 256 MiB embedding partition: 1 TiB of pinned host memory.
+  nlohmann::json big = testing::tiny_model_json();
+  big["hidden_size"] = 2048;
+  big["intermediate_size"] = 64;
+  big["num_hidden_layers"] = 1;
+  big["num_attention_heads"] = 16;
+  big["num_key_value_heads"] = 16;
+  big["vocab_size"] = 32768;
+  std::ofstream(model_) << big.dump();
+  patch["zero_optimization"]["offload_param"]["buffer_count"] = 4096;
+  patch["zero_optimization"]["offload_param"]["buffer_size"] = 100000000;
+  patch["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  config_ = write_config("big_count.json", patch);
+  for (const std::string& cmd : {"estimate --config " + shell_quote(config_) + " --model " +
+                                     shell_quote(model_) + " --seq-len 32",
+                                 train_args("--steps 1")}) {
+    CliResult r = run(cmd);
+    EXPECT_EQ(r.rc, 2) << cmd << ": " << r.err;
+    EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("host: "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("the largest part, parameter fetch buffers (4096 x "), std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("is set by zero_optimization.offload_param.buffer_count"),
+              std::string::npos)
+        << r.err;
+  }
+  EXPECT_EQ(testing::count_files(swap), 0);
+}
+
+// A world size of 2^32 + 2 was planned as world size 2. Every integer flag of estimate is read
+// as 64 bits and refused outside its range, naming the flag.
+TEST_F(TrainCliTest, EstimateRefusesIntegersOutsideTheirRangeNamingTheFlag) {
+  const std::string base =
+      "estimate --config " + shell_quote(config_) + " --model " + shell_quote(model_);
+  for (const std::string bad :
+       {"--world-size 4294967298", "--world-size 18446744073709551618", "--world-size 1048577",
+        "--world-size 0", "--micro-batch 4294967298", "--micro-batch 0", "--seq-len 4294967298",
+        "--seq-len 129"}) {
+    CliResult r = run(base + " " + bad);
+    EXPECT_EQ(r.rc, 2) << bad << ": " << r.out << r.err;
+    EXPECT_EQ(count_error_lines(r.err), 1) << bad << ": " << r.err;
+    const std::string flag = bad.substr(0, bad.find(' ')), value = bad.substr(bad.find(' ') + 1);
+    EXPECT_NE(r.err.find("error: " + flag + ": got"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(value), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("world size"), std::string::npos) << bad << ": planned anyway\n" << r.out;
+  }
+  CliResult most = run(base + " --world-size 1048576 --seq-len 32");
+  EXPECT_EQ(most.rc, 0) << most.err;
+  EXPECT_NE(most.out.find("world size 1048576,"), std::string::npos) << most.out;
+}
+
+bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+// README: "checkpoints saved at one world size resume at another". A checkpoint of 2 ranks
+// (micro 4 x gas 1 x world 2 = 8) resumed by one rank with the checkpoint's config keeps
+// train_batch_size and the micro batch and takes gas 2, saying so in one line: the same global
+// batch, so the steps equal those of one rank with gas 2 from the start. Where gas cannot be
+// recomputed (3 ranks), and where --config does not fit the world size, the error names the
+// file, the values and the way out; --gradient-accumulation-steps is that way out.
+TEST_F(TrainCliTest, CheckpointOfTwoRanksResumesOnOne) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  auto mpirun = [&](int np, const std::string& args) {
+    const std::string out = data_.file("mpi_stdout"), err = data_.file("mpi_stderr");
+    const std::string cmd =
+        "env -u OUTCORE_CONFIG timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to "
+        "none -np " +
+        std::to_string(np) + " " + shell_quote(OUTCORE_CLI) + " " + args + " >" + shell_quote(out) +
+        " 2>" + shell_quote(err);
+    const int status = std::system(cmd.c_str());
+    return CliResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+  };
+  const std::string ck = data_.file("ckpt"), resumed = data_.file("resumed.jsonl");
+  const std::string straight = data_.file("straight.jsonl");
+  const std::string gas2 = write_config("gas2.json", {{"gradient_accumulation_steps", 2}});
+  CliResult r = run("train --config " + shell_quote(gas2) + " --model " + shell_quote(model_) +
+                    " --data " + shell_quote(data_.train()) + " --seq-len 32 --steps 4 --metrics " +
+                    shell_quote(straight));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = mpirun(2, train_args("--steps 2 --save-dir " + shell_quote(ck) + " --metrics " +
+                           shell_quote(resumed)));
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("micro 4 x gas 1 x world 2"), std::string::npos) << r.out;
+
+  const std::string keep = data_.file("keep");  // the 2-rank checkpoint, for the cases below
+  std::filesystem::copy(ck, keep, std::filesystem::copy_options::recursive);
+  r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) +
+          " --steps 4 --metrics " + shell_quote(resumed));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("micro 4 x gas 2 x world 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("ds_config.json: saved as train_batch_size 8 = micro 4 x gas 1 x world 2; "
+                       "at world size 1 gradient_accumulation_steps is 2"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("different batch"), std::string::npos) << r.err;
+  expect_same_steps(step_records(straight), step_records(resumed));
+
+  r = mpirun(3, "train --resume " + shell_quote(keep) + " --steps 4");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find(keep + "/global_step2/ds_config.json: train_batch_size: saved as "
+                              "train_batch_size 8 = micro 4 x gas 1 x world 2; at world size 3"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("--config FILE"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--gradient-accumulation-steps"), std::string::npos) << r.err;
+
+  const std::string fixed =
+      write_config("world2.json", {{"train_batch_size", 8}, {"gradient_accumulation_steps", 1}});
+  r = run("train --resume " + shell_quote(keep) + " --config " + shell_quote(fixed) + " --steps 4");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("error: " + fixed +
+                       ": train_batch_size: train_batch_size 8 != micro 4 x "
+                       "gas 1 x world 1 = 4"),
+            std::string::npos)
+      << r.err;
+
+  r = run("train --resume " + shell_quote(keep) + " --steps 3 --gradient-accumulation-steps 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("micro 4 x gas 1 x world 1"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -48,16 +48,27 @@ void parse_number(const std::string& text, const char* flag, std::optional<T>& o
   out = value;
 }
 
+// Records an error naming `flag` when `v` is set and outside 1..max.
+void check_range(const std::optional<int64_t>& v, const std::string& text, const char* flag,
+                 int64_t max, std::vector<cfg::ConfigIssue>& errors) {
+  if (v && (*v < 1 || *v > max))
+    errors.push_back({"", std::string(flag) + ": got \"" + text + "\"; allowed: an integer in 1.." +
+                              std::to_string(max)});
+}
+
 cfg::AutoContext context_from(const ConfigOptions& o, std::vector<cfg::ConfigIssue>& errors) {
   cfg::AutoContext ctx;
   std::optional<int64_t> world;
   parse_number(o.world_size, "--world-size", world, errors);
+  check_range(world, o.world_size, "--world-size", cfg::kMaxWorldSize, errors);
   if (world) ctx.world_size = *world;
   parse_number(o.hidden_size, "--hidden-size", ctx.hidden_size, errors);
   parse_number(o.lr, "--lr", ctx.lr, errors);
   parse_number(o.weight_decay, "--weight-decay", ctx.weight_decay, errors);
   parse_number(o.train_batch_size, "--train-batch-size", ctx.train_batch_size, errors);
   parse_number(o.micro_batch_size, "--micro-batch-size", ctx.micro_batch_size, errors);
+  check_range(ctx.micro_batch_size, o.micro_batch_size, "--micro-batch-size", cfg::kMaxMicroBatch,
+              errors);
   parse_number(o.gradient_accumulation_steps, "--gradient-accumulation-steps",
                ctx.gradient_accumulation_steps, errors);
   parse_number(o.total_steps, "--total-steps", ctx.total_steps, errors);

@@ -4,6 +4,8 @@
 // against what this machine offers, computed as `outcore train` computes it; on a GPU, its
 // free memory (cudaMemGetInfo) caps the device budget as it does in training. Exit 0 when it fits,
 // 2 when it does not (the reason on stderr, as `outcore train` refuses it) or on bad input.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -36,15 +38,16 @@ struct EstimateOptions {
   int64_t world_size = 1;
 };
 
-// A positive integer from `text` (empty: `fallback`). Throws InvalidArgument naming `flag`.
-int64_t positive(const std::string& text, const char* flag, int64_t fallback) {
+// An integer in 1..max from `text` (empty: `fallback`), read as 64 bits so that no value
+// wraps into range. Throws InvalidArgument naming `flag` and the range.
+int64_t positive(const std::string& text, const char* flag, int64_t fallback, int64_t max) {
   if (text.empty()) return fallback;
   int64_t v = 0;
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (ec != std::errc() || ptr != end || v < 1)
-    throw InvalidArgument(std::string(flag) + ": got \"" + text +
-                          "\"; allowed: a positive integer");
+  if (ec != std::errc() || ptr != end || v < 1 || v > max)
+    throw InvalidArgument(std::string(flag) + ": got \"" + text + "\"; allowed: an integer in 1.." +
+                          std::to_string(max));
   return v;
 }
 
@@ -57,11 +60,15 @@ int run_estimate(const EstimateArgs& a) {
       throw InvalidArgument("estimate needs --config FILE and --model FILE");
     o.config_file = a.config_file;
     o.model_file = a.model_file;
-    o.micro_batch = positive(a.micro_batch, "--micro-batch", 0);
-    o.seq_len = positive(a.seq_len, "--seq-len", 0);
-    o.world_size = positive(a.world_size, "--world-size", 1);
+    o.micro_batch = positive(a.micro_batch, "--micro-batch", 0, config::kMaxMicroBatch);
+    o.seq_len = positive(a.seq_len, "--seq-len", 0, model::kMaxConfigDim);
+    o.world_size = positive(a.world_size, "--world-size", 1, config::kMaxWorldSize);
     cfg = config::load_config_file(o.config_file).config;
     const model::LlamaConfig mc = model::LlamaConfig::load(o.model_file);
+    if (o.seq_len > mc.max_position_embeddings)
+      throw InvalidArgument(
+          fmt::format("--seq-len: got {}; allowed: 1..{} (max_position_embeddings of {})",
+                      o.seq_len, mc.max_position_embeddings, o.model_file));
     const model::ModelOptions mo =
         zero::estimate_model_options(cfg, mc,
                                      {.world_size = o.world_size,

@@ -4,23 +4,34 @@
 // checkpoint as a Hugging Face Llama directory (config.json + safetensors, sharded with an
 // index above the shard size). PATH is a checkpoint directory or a save directory whose `latest`
 // names one. Exit 0 when written, 2 on bad input (unreadable or corrupt checkpoint, non-empty
-// DIR, bad option), 1 when writing fails.
+// DIR, bad option), 1 when writing fails, 130 when SIGINT, SIGTERM or SIGHUP stopped it (the
+// partial output removed; a second signal kills at once). The files are written in
+// DIR.tmp-<pid> and renamed to DIR at the end; such a directory left by an export that was
+// killed (SIGKILL) is removed by the next export into DIR.
 #include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "common/error.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/ckpt/hf.hpp"
 #include "engine/model/model.hpp"
 #include "tools/outcore/commands.hpp"
+#include "tools/outcore/train_session.hpp"
 
 namespace outcore::cli {
 namespace {
@@ -31,6 +42,104 @@ struct ExportArgs {
   std::string checkpoint, out, dtype = "auto", max_shard_size = "5GB";
   bool no_verify = false;
 };
+
+std::atomic<bool> g_stop{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+extern "C" void on_export_signal(int) {
+  // Async-signal-safe: one atomic store. SA_RESETHAND has restored the default action, so a
+  // second signal ends the process at once.
+  g_stop.store(true, std::memory_order_relaxed);
+}
+
+// Makes SIGINT, SIGTERM and SIGHUP stop the export (the next piece read throws Interrupted,
+// and write_hf_model removes what it wrote) for its lifetime, restoring the previous actions
+// afterwards.
+class ExportStopSignals {
+ public:
+  ExportStopSignals() {
+    g_stop.store(false);
+    struct sigaction sa {};
+    sa.sa_handler = on_export_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~ExportStopSignals() {
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  ExportStopSignals(const ExportStopSignals&) = delete;
+  ExportStopSignals& operator=(const ExportStopSignals&) = delete;
+
+ private:
+  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> old_{};
+};
+
+void throw_if_stopped() {
+  if (g_stop.load(std::memory_order_relaxed)) throw Interrupted("export interrupted by a signal");
+}
+
+// Test hook: milliseconds to sleep before each piece is read (after the check for a stop), so
+// the command-line tests can signal an export in the middle of writing.
+std::chrono::milliseconds test_piece_delay() {
+  const char* v = std::getenv("OUTCORE_TEST_EXPORT_PIECE_DELAY_MS");
+  return std::chrono::milliseconds(v != nullptr ? std::strtol(v, nullptr, 10) : 0);
+}
+
+// The directory write_hf_model exports to: absolute, normalized, without a trailing slash.
+fs::path export_target(const std::string& out) {
+  fs::path p = fs::absolute(out).lexically_normal();
+  return p.has_filename() ? p : p.parent_path();
+}
+
+// Whether `dir` holds only what an export writes: regular files named config.json,
+// model.safetensors.index.json or *.safetensors, or one of those with the ".tmp" suffix of a
+// file still being written.
+bool holds_only_export_files(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; it != end; it.increment(ec)) {
+    if (ec) return false;
+    std::string name = it->path().filename().string();
+    if (name.ends_with(".tmp")) name.resize(name.size() - 4);
+    const bool known = name == ckpt::kHfConfigFile || name == ckpt::kHfIndexFile ||
+                       (name.ends_with(".safetensors") && name != ".safetensors");
+    if (!known || !it->is_regular_file(ec) || it->is_symlink(ec)) return false;
+  }
+  return !ec;
+}
+
+// Removes the `<out>.tmp-<pid>` directories left next to `out` by exports that were killed
+// (SIGKILL): only those whose pid runs no more and that hold nothing but export files. One
+// that holds anything else is left, with a warning on stderr.
+void remove_killed_exports(const fs::path& out) {
+  const std::string prefix = out.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (fs::directory_iterator it(out.parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix) || name.size() == prefix.size()) continue;
+    const std::string digits = name.substr(prefix.size());
+    pid_t pid = 0;
+    const auto [ptr, perr] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+    if (perr != std::errc() || ptr != digits.data() + digits.size() || pid <= 0 ||
+        digits.front() == '0' || pid == ::getpid())
+      continue;
+    std::error_code sec;
+    if (!fs::is_directory(it->symlink_status(sec)) || sec) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // that export may still be running
+    if (!holds_only_export_files(it->path())) {
+      std::fprintf(stderr,
+                   "warning: %s: left by an export (pid %d) that no longer runs, but holds "
+                   "files an export does not write; not removed\n",
+                   it->path().c_str(), static_cast<int>(pid));
+      continue;
+    }
+    fs::remove_all(it->path(), sec);
+    if (sec)
+      std::fprintf(stderr, "warning: %s: left by an export that was killed; cannot remove: %s\n",
+                   it->path().c_str(), sec.message().c_str());
+  }
+}
 
 // "5GB" (10^9), "2GiB" (2^30), "500MB", "4096" (bytes). InvalidArgument naming the flag.
 uint64_t parse_size(const std::string& text) {
@@ -91,10 +200,16 @@ int run_export(const ExportArgs& a) {
   const model::LlamaConfig cfg = checkpoint_model(c);
   options.dtype = dtype.value_or(c.manifest().param_dtype);
   if (!a.no_verify) c.verify();
-  auto read_master = [&c](int unit, uint64_t begin, uint64_t count, float* out) {
+  const std::chrono::milliseconds delay = test_piece_delay();
+  auto read_master = [&c, delay](int unit, uint64_t begin, uint64_t count, float* out) {
+    throw_if_stopped();  // write_hf_model then removes what it wrote
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
     c.read_slab(unit, ckpt::ArrayKind::kMaster, begin, count,
                 std::as_writable_bytes(std::span(out, count)));
   };
+  // Until here nothing is written: a signal ends the process as usual.
+  const ExportStopSignals signals;
+  remove_killed_exports(export_target(a.out));
   ckpt::write_hf_model(cfg, read_master, a.out, options);
   uint64_t bytes = 0;
   int files = 0;
@@ -114,6 +229,10 @@ int run_export(const ExportArgs& a) {
 int run_export_reporting(const ExportArgs& a) {
   try {
     return run_export(a);
+  } catch (const Interrupted& e) {
+    std::fprintf(stderr, "stopped: %s; the partial output was removed, nothing is left at %s\n",
+                 e.what(), a.out.c_str());
+    return kExitInterrupted;
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

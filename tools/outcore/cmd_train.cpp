@@ -2,6 +2,7 @@
 // Llama-family model with a DeepSpeed config. "auto" values in the config are resolved from
 // the model and the command line. Exit 0 when done, 2 for bad input, 1 for a failure while
 // training, 130 after a clean stop on Ctrl-C.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -38,6 +41,7 @@ struct TrainCliOptions {
   std::string steps, seed, seq_len, lr, weight_decay, eval_every, eval_batches, val_fraction,
       train_batch_size, micro_batch_size, gradient_accumulation_steps, warmup_steps;
   bool activation_checkpointing = false;
+  bool start_over = false;
 };
 
 template <typename T>
@@ -103,6 +107,59 @@ void warn_if_overridden(const cfg::AutoOr<double>& v, std::optional<double> cli,
   }
 }
 
+// A resumed run whose DeepSpeed config is the checkpoint's (`source`, its ds_config.json),
+// which holds the batch sizes resolved at the world size it was saved at. Batch flags on the
+// command line replace the checkpoint's values; of the keys they leave, the micro batch and
+// then train_batch_size are kept until two are known, and resolve_auto infers the third.
+// Without batch flags, where train_batch_size = micro x gas x `world` no longer holds,
+// gradient_accumulation_steps is recomputed for `world` (the same global batch, so the run
+// continues bit-identically) and, with `speak`, one line says so; when train_batch_size is
+// not a multiple of micro x world, throws ConfigValidationError naming `source`, the three
+// values, the world size and the ways out.
+void fit_checkpoint_batch(cfg::Config& c, const Numbers& n, int64_t world,
+                          const std::string& source, bool speak) {
+  cfg::AutoOr<int64_t>& b = c.train_batch_size;
+  cfg::AutoOr<int64_t>& m = c.train_micro_batch_size_per_gpu;
+  cfg::AutoOr<int64_t>& g = c.gradient_accumulation_steps;
+  if (!b.has_value() || !m.has_value() || !g.has_value()) return;  // resolve_auto's usual way
+  std::optional<int64_t> nb = n.train_batch_size, nm = n.micro_batch_size,
+                         ng = n.gradient_accumulation_steps;
+  const int given = nb.has_value() + nm.has_value() + ng.has_value();
+  if (given > 0) {
+    if (given == 1 && nm)
+      nb = b.value();
+    else if (given == 1)
+      nm = m.value();
+    auto put = [](cfg::AutoOr<int64_t>& key, std::optional<int64_t> v) {
+      v ? key.set(*v) : key.reset();
+    };
+    put(b, nb);
+    put(m, nm);
+    put(g, ng);
+    return;
+  }
+  const int64_t tb = b.value(), mb = m.value(), gas = g.value();
+  int64_t per_micro = 0, product = 0;
+  if (__builtin_mul_overflow(mb, world, &per_micro)) return;  // resolve_auto reports it
+  if (!__builtin_mul_overflow(gas, per_micro, &product) && product == tb) return;
+  const std::string saved =
+      fmt::format("train_batch_size {} = micro {} x gas {} x world {}", tb, mb, gas, tb / mb / gas);
+  if (tb % per_micro != 0)
+    throw cfg::ConfigValidationError(
+        source, {{"train_batch_size",
+                  fmt::format("saved as {}; at world size {} train_batch_size {} is not a "
+                              "multiple of micro {} x world {}: resume with --config FILE (a "
+                              "config for world size {}), or give --gradient-accumulation-steps "
+                              "or --train-batch-size",
+                              saved, world, tb, mb, world, world)}});
+  g.set(tb / per_micro);
+  if (speak)
+    log::info(
+        "{}: saved as {}; at world size {} gradient_accumulation_steps is {} (the same "
+        "global batch)",
+        source, saved, world, g.value());
+}
+
 // What a resumed run takes from its checkpoint when the command line does not say.
 struct ResumeDefaults {
   std::string source;  // the checkpoint directory
@@ -128,6 +185,76 @@ ResumeDefaults resume_defaults(const std::string& path) {
     throw CorruptData(d.source + "/trainer_state.json: " + e.what());
   }
   return d;
+}
+
+// Every file under `dir` (recursively or not) as an input named by `flag`, so that no output
+// flag can name one of them.
+void add_input_files(std::vector<std::pair<std::string, const char*>>& inputs,
+                     const std::string& dir, const char* flag, bool recursive) {
+  namespace fs = std::filesystem;
+  if (dir.empty()) return;
+  std::error_code ec;
+  if (recursive) {
+    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+         it.increment(ec))
+      inputs.emplace_back(it->path().string(), flag);
+  } else {
+    for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::end(it); it.increment(ec))
+      inputs.emplace_back(it->path().string(), flag);
+  }
+}
+
+// What every data-parallel rank must share (ranks_agree): the resolved config and the model
+// config key by key, the data files and their sizes, paths as absolute paths.
+std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config& config,
+                                                               const model::LlamaConfig& model,
+                                                               const train::TrainerOptions& t) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<std::string, std::string>> out;
+  auto add_json = [&](const std::string& prefix, const nlohmann::json& j) {
+    const nlohmann::json flat = j.flatten();
+    for (const auto& [key, value] : flat.items()) {
+      std::string name = prefix + key;
+      std::replace(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(), '/',
+                   '.');
+      out.emplace_back(name.replace(prefix.size(), 1, ""), value.dump());
+    }
+  };
+  auto path = [](const std::string& p) {
+    if (p.empty()) return std::string();
+    std::error_code ec;
+    const fs::path abs = fs::weakly_canonical(p, ec);
+    return ec ? p : abs.string();
+  };
+  auto file = [&](const std::string& p) {
+    if (p.empty()) return std::string();
+    std::error_code ec;
+    const auto size = fs::file_size(p, ec);
+    return fmt::format("{} ({} bytes)", path(p), ec ? 0 : size);
+  };
+  out.emplace_back("outcore version", outcore_version());
+  add_json("config.", nlohmann::json(config::to_json(config)));
+  add_json("model.", nlohmann::json::parse(model.to_json()));
+  out.emplace_back("--data", file(t.train_data));
+  out.emplace_back("--val-data", file(t.val_data));
+  out.emplace_back("--val-fraction", fmt::format("{}", t.val_fraction));
+  out.emplace_back("--format", std::to_string(static_cast<int>(t.token_format)));
+  out.emplace_back("--seq-len", std::to_string(t.seq_len));
+  out.emplace_back("--steps", std::to_string(t.steps));
+  out.emplace_back("--seed", std::to_string(t.seed));
+  out.emplace_back("--device", std::to_string(static_cast<int>(t.device)));
+  out.emplace_back("--activation-checkpointing",
+                   t.activation_checkpointing ? (*t.activation_checkpointing ? "on" : "off")
+                                              : "config");
+  out.emplace_back("--eval-every", std::to_string(t.eval_every));
+  out.emplace_back("--eval-batches", std::to_string(t.eval_batches));
+  out.emplace_back("--save-dir", path(t.save_dir));
+  out.emplace_back("--save-every", std::to_string(t.save_every));
+  out.emplace_back("--keep", std::to_string(t.keep));
+  out.emplace_back("--start-over", t.start_over ? "yes" : "no");
+  out.emplace_back("--resume", path(t.resume_from));
+  out.emplace_back("--init-from", path(t.init_from));
+  return out;
 }
 
 // Test hooks of checkpoint saves (a crash after N bytes or at a named point), from the
@@ -223,9 +350,10 @@ int run_train(const TrainCliOptions& o) {
     model = model_path.empty()
                 ? model::LlamaConfig::from_json(rd->model_config, rd->source + "/config.json")
                 : model::LlamaConfig::load(model_path);
-    config = config_path.empty()
-                 ? cfg::parse_config(rd->ds_config, rd->source + "/ds_config.json").config
-                 : cfg::load_config_file(config_path).config;
+    const std::string config_source =
+        config_path.empty() ? rd->source + "/ds_config.json" : config_path;
+    config = config_path.empty() ? cfg::parse_config(rd->ds_config, config_source).config
+                                 : cfg::load_config_file(config_path).config;
     log::init(config.outcore.log_level);
     std::optional<int64_t> steps = steps_from(n, config);
     if (!steps) {
@@ -247,8 +375,15 @@ int run_train(const TrainCliOptions& o) {
     ctx.world_size = ranks->world();
     warn_if_overridden(config.optimizer.lr, n.lr, "--lr");
     warn_if_overridden(config.optimizer.weight_decay, n.weight_decay, "--weight-decay");
-    cfg::resolve_auto(config, ctx);
-    cfg::require_resolved(config);
+    if (config_path.empty())
+      fit_checkpoint_batch(config, n, ranks->world(), config_source, ranks->rank() == 0);
+    try {
+      cfg::resolve_auto(config, ctx);
+      cfg::require_resolved(config);
+    } catch (const cfg::ConfigValidationError& e) {  // batch arithmetic: name the file
+      if (!e.source().empty()) throw;
+      throw cfg::ConfigValidationError(config_source, e.issues());
+    }
     topts.steps = *steps;
   } catch (const Error& e) {  // ConfigError, IoError reading a checked file, bad --format
     std::fprintf(stderr, "error: %s\n", e.what());
@@ -256,19 +391,20 @@ int run_train(const TrainCliOptions& o) {
   }
 
   const std::string metrics = o.metrics.empty() ? config.outcore.metrics_file : o.metrics;
+  std::vector<std::pair<std::string, const char*>> inputs = {
+      {config_path, "--config"}, {model_path, "--model"}, {data, "--data"},
+      {val_data, "--val-data"}};
+  add_input_files(inputs, o.init_from, "--init-from", false);
+  if (rd) {
+    add_input_files(inputs, rd->source, "--resume", true);
+    inputs.emplace_back((std::filesystem::path(o.resume) / ckpt::kLatestName).string(),
+                        "--resume");
+  }
   if (!check_output_file(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics",
-                         {{config_path, "--config"},
-                          {model_path, "--model"},
-                          {data, "--data"},
-                          {val_data, "--val-data"}}))
+                         inputs))
     return 2;
-  if (!check_output_file(o.trace, "--trace",
-                         {{config_path, "--config"},
-                          {model_path, "--model"},
-                          {data, "--data"},
-                          {val_data, "--val-data"},
-                          {metrics, "--metrics"}}))
-    return 2;
+  inputs.emplace_back(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics");
+  if (!check_output_file(o.trace, "--trace", inputs)) return 2;
   topts.trace_file = o.trace;
   topts.train_data = data;
   topts.val_data = val_data;
@@ -276,11 +412,12 @@ int run_train(const TrainCliOptions& o) {
   topts.save_dir = o.save_dir;
   topts.save_every = n.save_every.value_or(0);
   topts.keep = n.keep.value_or(0);
+  topts.start_over = o.start_over;
   topts.resume_from = o.resume;
   topts.init_from = o.init_from;
   topts.checkpoint_io = checkpoint_hooks();
-  if ((topts.save_every != 0 || topts.keep != 0) && topts.save_dir.empty()) {
-    std::fprintf(stderr, "error: --save-every and --keep need --save-dir\n");
+  if ((topts.save_every != 0 || topts.keep != 0 || topts.start_over) && topts.save_dir.empty()) {
+    std::fprintf(stderr, "error: --save-every, --keep and --start-over need --save-dir\n");
     return 2;
   }
   if (topts.save_every < 0 || topts.keep < 0) {
@@ -293,6 +430,7 @@ int run_train(const TrainCliOptions& o) {
   if (n.eval_batches) topts.eval_batches = *n.eval_batches;
   if (o.activation_checkpointing) topts.activation_checkpointing = true;
   topts.metrics_file = o.metrics;
+  if (!ranks_agree(*ranks->control, rank_settings(config, model, topts))) return 2;
   return run_training(config, model, std::move(topts));
 }
 
@@ -339,6 +477,10 @@ void add_train_command(CLI::App& app, int& rc) {
                   "--save-every steps (DIR/global_step<N>, DIR/latest)");
   cmd->add_option("--save-every", o->save_every, "checkpoint every N optimizer steps");
   cmd->add_option("--keep", o->keep, "keep only the newest K checkpoints (default: all)");
+  cmd->add_flag("--start-over", o->start_over,
+                "save into a --save-dir that holds another run's checkpoints: they are removed "
+                "once this run's first checkpoint is saved (without it, such a directory is "
+                "refused unless --resume names a checkpoint in it)");
   cmd->add_option("--resume", o->resume,
                   "continue from a checkpoint, or a save directory's latest one; the config, "
                   "model and data default to the checkpoint's");

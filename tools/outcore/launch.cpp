@@ -1,8 +1,12 @@
 #include "tools/outcore/launch.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <span>
 
 #include "common/error.hpp"
 #include "engine/comm/local_comm.hpp"
@@ -120,6 +124,103 @@ std::optional<Ranks> open_ranks(const std::string& choice, bool cuda_device) {
                                 : "");
   return std::nullopt;
 #endif
+}
+
+const char* outcore_version() { return OUTCORE_VERSION; }
+
+namespace {
+
+// "name\0value\0" for every pair, in order.
+std::string serialize(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  std::string s;
+  for (const auto& [k, v] : pairs) {
+    s += k;
+    s += '\0';
+    s += v;
+    s += '\0';
+  }
+  return s;
+}
+
+std::vector<std::pair<std::string, std::string>> deserialize(const std::string& s) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    const size_t k_end = s.find('\0', pos);
+    const size_t v_end = k_end == std::string::npos ? k_end : s.find('\0', k_end + 1);
+    if (v_end == std::string::npos) break;
+    out.emplace_back(s.substr(pos, k_end - pos), s.substr(k_end + 1, v_end - k_end - 1));
+    pos = v_end + 1;
+  }
+  return out;
+}
+
+std::vector<std::string> all_gather_strings(comm::Comm& c, const std::string& mine) {
+  const size_t w = static_cast<size_t>(c.world_size());
+  uint64_t len = mine.size();
+  std::vector<uint64_t> lens(w);
+  c.all_gather_bytes(std::as_bytes(std::span<const uint64_t>(&len, 1)),
+                     std::as_writable_bytes(std::span<uint64_t>(lens)));
+  const size_t longest = *std::max_element(lens.begin(), lens.end());
+  std::string padded = mine;
+  padded.resize(longest);
+  std::vector<std::byte> all(w * longest);
+  c.all_gather_bytes(std::as_bytes(std::span<const char>(padded.data(), longest)), all);
+  std::vector<std::string> out;
+  for (size_t r = 0; r < w; ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all.data()) + r * longest, lens[r]);
+  return out;
+}
+
+std::string shown(const std::string* v) {
+  if (v == nullptr) return "(not set)";
+  return v->size() > 80 ? "\"" + v->substr(0, 77) + "...\"" : "\"" + *v + "\"";
+}
+
+}  // namespace
+
+bool ranks_agree(comm::Comm& control,
+                 const std::vector<std::pair<std::string, std::string>>& mine) {
+  if (control.world_size() == 1) return true;
+  const std::vector<std::string> all = all_gather_strings(control, serialize(mine));
+  if (std::all_of(all.begin(), all.end(), [&](const std::string& s) { return s == all[0]; }))
+    return true;
+  // Every rank computes the same report; rank 0 prints it.
+  std::vector<std::map<std::string, std::string>> maps;
+  std::vector<std::string> keys;  // in rank 0's order, then any only others have
+  for (const std::string& s : all) {
+    maps.emplace_back();
+    for (auto& [k, v] : deserialize(s)) {
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+      maps.back().emplace(std::move(k), std::move(v));
+    }
+  }
+  std::vector<std::string> diffs;
+  for (const std::string& k : keys) {
+    auto value = [&](size_t r) -> const std::string* {
+      auto it = maps[r].find(k);
+      return it == maps[r].end() ? nullptr : &it->second;
+    };
+    std::string detail;
+    bool differs = false;
+    for (size_t r = 0; r < maps.size(); ++r) {
+      const std::string *v = value(r), *v0 = value(0);
+      if ((v == nullptr) != (v0 == nullptr) || (v != nullptr && *v != *v0)) differs = true;
+      detail += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r, shown(v));
+    }
+    if (differs) diffs.push_back(fmt::format("{} ({})", k, detail));
+  }
+  if (control.rank() == 0) {
+    std::string shown_diffs;
+    for (size_t i = 0; i < diffs.size() && i < 5; ++i)
+      shown_diffs += (i == 0 ? "" : "; ") + diffs[i];
+    if (diffs.size() > 5) shown_diffs += fmt::format("; and {} more", diffs.size() - 5);
+    std::fprintf(stderr,
+                 "error: the ranks were started with different settings: %s. Start every rank "
+                 "with the same command line, config, model and data.\n",
+                 shown_diffs.c_str());
+  }
+  return false;
 }
 
 }  // namespace outcore::cli

@@ -5,6 +5,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/comm/comm.hpp"
 #include "engine/device/device.hpp"
@@ -48,5 +50,16 @@ struct DeviceChoice {
 // environment (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID, LOCAL_RANK).
 // Prints one "error: --device ..." line on stderr and returns nullopt when it cannot be had.
 std::optional<DeviceChoice> choose_device(const std::string& choice);
+
+// The settings every data-parallel rank must share, as (name, value) pairs: the resolved
+// config and the model config key by key, the sequence length, the data files with their
+// sizes, the save directory, the build's version, ... Collective over `control` before
+// anything is allocated: every rank gathers every rank's pairs. Returns true when all ranks
+// have the same; otherwise rank 0 prints one "error:" line naming the first settings that
+// differ with each rank's value, and every rank returns false (exit 2 everywhere, no hang).
+bool ranks_agree(comm::Comm& control, const std::vector<std::pair<std::string, std::string>>& mine);
+
+// outcore's version, as the build defines it.
+const char* outcore_version();
 
 }  // namespace outcore::cli

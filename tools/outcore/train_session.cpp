@@ -17,6 +17,7 @@
 
 #include "common/cleanup.hpp"
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 #include "engine/train/loss_scaler.hpp"
 #include "engine/zero/plan.hpp"
 
@@ -165,6 +166,8 @@ bool check_input_file(const std::string& path, const char* flag) {
   std::string reason;
   if (ec || !fs::exists(st)) {
     reason = ec && ec != std::errc::no_such_file_or_directory ? ec.message() : "no such file";
+  } else if (struct stat raw {}; !fs::is_regular_file(st) && ::stat(path.c_str(), &raw) == 0) {
+    reason = std::string("is ") + file_kind(raw.st_mode) + ", not a regular file";
   } else if (!fs::is_regular_file(st)) {
     reason = "not a regular file";
   } else if (::access(path.c_str(), R_OK) != 0) {
@@ -179,26 +182,32 @@ bool check_output_file(const std::string& path, const char* flag,
                        const std::vector<std::pair<std::string, const char*>>& inputs) {
   namespace fs = std::filesystem;
   if (path.empty()) return true;
+  std::error_code ec;
+  const fs::path out_canonical = fs::weakly_canonical(path, ec);
   struct stat out {};
-  if (::stat(path.c_str(), &out) == 0) {
-    if (S_ISDIR(out.st_mode)) {
-      std::fprintf(stderr, "error: %s %s: is a directory\n", flag, path.c_str());
+  const bool exists = ::stat(path.c_str(), &out) == 0;
+  if (exists && !S_ISREG(out.st_mode)) {
+    std::fprintf(stderr, "error: %s %s: is %s, not a regular file\n", flag, path.c_str(),
+                 file_kind(out.st_mode));
+    return false;
+  }
+  for (const auto& [in_path, in_flag] : inputs) {
+    if (in_path.empty()) continue;
+    struct stat in {};
+    // The same inode, or (for files not made yet) the same path.
+    const bool same =
+        exists ? ::stat(in_path.c_str(), &in) == 0 && in.st_dev == out.st_dev &&
+                     in.st_ino == out.st_ino
+               : !out_canonical.empty() && fs::weakly_canonical(in_path, ec) == out_canonical;
+    if (same) {
+      std::fprintf(stderr,
+                   "error: %s %s is the same file as %s %s; refusing to overwrite an input\n",
+                   flag, path.c_str(), in_flag, in_path.c_str());
       return false;
-    }
-    for (const auto& [in_path, in_flag] : inputs) {
-      struct stat in {};
-      if (in_path.empty() || ::stat(in_path.c_str(), &in) != 0) continue;
-      if (in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
-        std::fprintf(stderr,
-                     "error: %s %s is the same file as %s %s; refusing to overwrite an input\n",
-                     flag, path.c_str(), in_flag, in_path.c_str());
-        return false;
-      }
     }
   }
   fs::path dir = fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
-  std::error_code ec;
   if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0) {
     std::fprintf(stderr, "error: %s %s: directory %s %s\n", flag, path.c_str(), dir.c_str(),
                  fs::exists(dir, ec) ? "is not writable" : "does not exist");

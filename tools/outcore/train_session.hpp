@@ -20,9 +20,10 @@ inline constexpr int kExitInterrupted = 130;
 bool check_input_file(const std::string& path, const char* flag);
 
 // Output paths must not destroy inputs and must be creatable. Returns true when `path` (an
-// output file named by `flag`) is not the same file (device and inode) as any of `inputs`
-// ((path, flag) pairs; empty paths skipped) and its directory exists and is writable;
-// otherwise prints one "error:" line naming both and returns false (exit 2).
+// output file named by `flag`) is a regular file or not there yet, is not the same file
+// (device and inode, or the same path for files not made yet) as any of `inputs` ((path,
+// flag) pairs; empty paths skipped), and its directory exists and is writable; otherwise
+// prints one "error:" line naming both and returns false (exit 2).
 bool check_output_file(const std::string& path, const char* flag,
                        const std::vector<std::pair<std::string, const char*>>& inputs);
 

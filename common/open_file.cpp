@@ -1,0 +1,72 @@
+#include "common/open_file.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "common/error.hpp"
+
+namespace outcore {
+
+const char* file_kind(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "a special file";
+}
+
+int open_for_reading(const std::string& path, const char* what, int extra_flags,
+                     bool allow_block_device) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | extra_flags);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) throw IoError(path, errno, fmt::format("open {}", what));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw IoError(path, err, fmt::format("stat {}", what));
+  }
+  if (!S_ISREG(st.st_mode) && !(allow_block_device && S_ISBLK(st.st_mode))) {
+    ::close(fd);
+    throw InvalidArgument(fmt::format("{} {}: is {}, not a regular file", what, path,
+                                      file_kind(st.st_mode)));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw IoError(path, err, fmt::format("fcntl {}", what));
+  }
+  return fd;
+}
+
+std::string read_whole_file(const std::string& path, const char* what, size_t limit) {
+  const int fd = open_for_reading(path, what);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  std::string out;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw IoError(path, out.size(), sizeof buf, errno, fmt::format("read {}", what));
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > limit)
+      throw CorruptData(fmt::format("{} {}: more than the {} bytes expected", what, path, limit));
+  }
+  return out;
+}
+
+}  // namespace outcore

@@ -1,0 +1,28 @@
+// Opening files for reading without blocking on what is not a file. open(2) of a FIFO for
+// reading waits for a writer, and of some character devices forever, before the caller could
+// check the file's type: every path outcore reads is opened here, with O_NONBLOCK, checked with
+// fstat, and only then switched back to blocking I/O.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <sys/types.h>
+
+namespace outcore {
+
+// What a st_mode is, in words: "a directory", "a FIFO (named pipe)", "a socket", ...
+const char* file_kind(mode_t mode);
+
+// Opens `path` read-only (plus `extra_flags`, e.g. O_DIRECT) without blocking, and returns the
+// descriptor (O_CLOEXEC, blocking again) when it is a regular file, or also a block device when
+// `allow_block_device`. Throws IoError (path, errno) when the open fails and InvalidArgument
+// "<path>: is a FIFO (named pipe), not a regular file" for any other type; the descriptor is
+// closed then. `what` names the file's role in messages ("model config", "token file").
+int open_for_reading(const std::string& path, const char* what, int extra_flags = 0,
+                     bool allow_block_device = false);
+
+// The whole of a regular file of at most `limit` bytes, opened as above. CorruptData naming the
+// path and both sizes when it is larger (or grows past the limit while read).
+std::string read_whole_file(const std::string& path, const char* what, size_t limit);
+
+}  // namespace outcore
