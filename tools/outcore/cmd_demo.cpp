@@ -35,7 +35,7 @@ constexpr int64_t kDemoMaxLiveParameters = 3'000'000;
 constexpr int64_t kDemoDefaultSteps = 120;
 
 struct DemoOptions {
-  std::string work_dir = "outcore_demo";
+  std::string work_dir = "build/demo";
   std::string steps;
   std::string trace;
   std::string device = "cpu";
@@ -147,7 +147,7 @@ void add_demo_command(CLI::App& app, int& rc) {
       "text, with ZeRO-3 and parameters and optimizer state swapped to NVMe under the work "
       "directory. Needs no download; the loss falls within a couple of minutes on 2 cores.");
   cmd->add_option("--work-dir", o->work_dir,
-                  "where the data, configs, metrics and swap files go (default: outcore_demo)");
+                  "where the data, configs, metrics and swap files go (default: build/demo)");
   cmd->add_option("--steps", o->steps,
                   fmt::format("optimizer steps (default {})", kDemoDefaultSteps));
   cmd->add_option("--trace", o->trace,
