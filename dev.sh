@@ -3,6 +3,7 @@
 #   ./dev.sh demo   install what is missing, build (Release), run the training demo
 #   ./dev.sh test   install what is missing, build (Release), run the whole test suite
 #   ./dev.sh build  install and build only
+#   ./dev.sh gpu    on a machine with a GPU: doctor, the GPU tests, the demo and benchmarks on it
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -36,10 +37,13 @@ install_deps() {
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# build [TARGET...]: configure, then build the targets named (default: everything).
 build() {
   echo "==> configuring and building (Release) in ${BUILD_DIR}/"
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
-  cmake --build "$BUILD_DIR" -j "$JOBS"
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  cmake --build "$BUILD_DIR" -j "$JOBS" "${targets[@]}"
 }
 
 # The oracles (PyTorch references run by /usr/bin/python3) are installed above, so a test
@@ -55,13 +59,31 @@ run_tests() {
   return "$rc"
 }
 
+# Every GPU verdict in one run (under 8 minutes on one H100 with 16 cores): the machine check,
+# the GPU tests, the demo on the GPU, and the GPU benchmarks with their ratios. Each part is
+# bounded by a timeout; the exit status is 1 when any part failed.
+run_gpu() {
+  local rc=0 out="$BUILD_DIR/gpu_check"
+  mkdir -p "$out"
+  echo "==> outcore doctor"
+  timeout 120 "$BUILD_DIR/bin/outcore" doctor --nvme-path "$out" || rc=1
+  echo "==> ctest -L gpu"
+  OUTCORE_REQUIRE_ORACLES=1 timeout 240 ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure || rc=1
+  echo "==> the demo on the GPU"
+  timeout 180 "$BUILD_DIR/bin/outcore" demo --device cuda --work-dir "$out/demo" || rc=1
+  echo "==> zero_bench on the GPU (NVMe-streamed stage 3 against everything in GPU memory)"
+  timeout 180 "$BUILD_DIR/bench/zero/zero_bench" --device cuda --steps 4 --nvme "$out" || rc=1
+  return "$rc"
+}
+
 run_demo() {
   "$BUILD_DIR/bin/outcore" demo --work-dir "$BUILD_DIR/demo"
 }
 
 case "${1:-}" in
-  demo) install_deps; build; run_demo ;;
+  demo) install_deps; build outcore; run_demo ;;  # only what the demo runs: no tests, no benchmarks
   test) install_deps; build; run_tests ;;
   build) install_deps; build ;;
-  *) echo "usage: $0 demo|test|build" >&2; exit 2 ;;
+  gpu) install_deps; build; run_gpu ;;
+  *) echo "usage: $0 demo|test|build|gpu" >&2; exit 2 ;;
 esac
