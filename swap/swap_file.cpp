@@ -189,7 +189,12 @@ struct SwapSpace::Impl {
     size_t removed = 0;
     std::error_code ec;
     for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-      if (e.path().extension() != ".bin") continue;
+      // Only what a SwapSpace makes: a regular file named <unit>.bin. Anything else is left.
+      const std::string stem = e.path().stem().string();
+      if (e.path().extension() != ".bin" || stem.empty() ||
+          stem.find_first_not_of("0123456789") != std::string::npos ||
+          fs::symlink_status(e.path()).type() != fs::file_type::regular)
+        continue;
       if (::unlink(e.path().c_str()) != 0) {
         throw IoError(e.path().string(), errno, "remove stale swap file");
       }

@@ -123,13 +123,21 @@ TEST(SwapSpace, ClearsStaleFilesOfAnEarlierRun) {
   fs::create_directories(kind_dir);
   std::ofstream(kind_dir / "42.bin") << "stale";
   std::ofstream(kind_dir / "notes.txt") << "not ours";
+  std::ofstream(kind_dir / "model.bin") << "not ours either";  // not a name outcore makes
+  fs::create_directories(dir.path() / "mine");
+  std::ofstream(dir.path() / "mine" / "7.bin") << "mine";
+  fs::create_symlink(dir.path() / "mine" / "7.bin", kind_dir / "7.bin");
   SwapFileSpec f{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
   {
     SwapSpace space({.nvme_path = dir.path()}, std::span(&f, 1));
     EXPECT_FALSE(fs::exists(kind_dir / "42.bin"));
     EXPECT_TRUE(fs::exists(kind_dir / "notes.txt"));
+    EXPECT_TRUE(fs::exists(kind_dir / "model.bin"));
+    EXPECT_TRUE(fs::is_symlink(kind_dir / "7.bin"));
   }
   EXPECT_TRUE(fs::exists(kind_dir / "notes.txt"));  // only our files are removed
+  EXPECT_TRUE(fs::exists(kind_dir / "model.bin"));
+  EXPECT_TRUE(fs::exists(dir.path() / "mine" / "7.bin"));
   EXPECT_FALSE(fs::exists(kind_dir / "0.bin"));
 }
 
