@@ -1,8 +1,11 @@
 // ComputeBackend's default attention: head by head and block by block through the backend's
-// own gemm and causal softmax, the order the CPU backends compute in.
+// own gemm and causal softmax, the order the CPU backends compute in; make_backend, the choice of
+// backend for a device.
 #include "engine/device/compute_backend.hpp"
 
 #include <algorithm>
+
+#include "engine/device/device.hpp"
 
 namespace outcore::device {
 
@@ -54,6 +57,12 @@ void ComputeBackend::attention_backward(const Attention& a, const float* q, cons
       }
     }
   }
+}
+
+std::shared_ptr<ComputeBackend> make_backend(Device& device) {
+  if (device.kind() == DeviceKind::Cuda) return make_cuda_backend(device);
+  if (const auto* cpu = dynamic_cast<const CpuDevice*>(&device)) return make_cpu_backend(*cpu);
+  return cpu_backend();
 }
 
 }  // namespace outcore::device

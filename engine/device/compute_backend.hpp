@@ -1,14 +1,16 @@
 // ComputeBackend: the math a model runs on a device, behind one small interface (in the spirit
 // of ggml-backend). The model (engine/model) writes each unit's forward and backward once, as
 // a sequence of these operations on buffers of its device; the backend of that device runs
-// them:
+// them. One folder per backend:
 //
-//   CPU backend   (model::cpu_backend(), engine/model/cpu_backend.cpp): the host kernels of
-//                 engine/model/kernels.hpp and OpenBLAS sgemm, on host-dereferenceable memory
-//                 (a CpuDevice's buffers). Every operation has finished when it returns.
-//   CUDA backend  (make_cuda_backend, engine/device/cuda_backend.cu, built where nvcc exists):
-//                 the kernels of cuda_kernels.hpp and cuBLASLt, queued on one compute stream of
-//                 a CudaDevice. Operations return once launched; finish() waits for them.
+//   CPU backend   (cpu_backend(), make_cpu_backend(), engine/device/cpu/cpu_backend.cpp): the
+//                 host kernels of engine/device/cpu/kernels.hpp and OpenBLAS sgemm, on
+//                 host-dereferenceable memory (a CpuDevice's buffers; on a discrete CpuDevice
+//                 through its host view). Every operation has finished when it returns.
+//   CUDA backend  (make_cuda_backend, engine/device/cuda/cuda_backend.cu, built where nvcc
+//                 exists): the kernels of engine/device/cuda/cuda_kernels.hpp and cuBLASLt,
+//                 queued on one compute stream of a CudaDevice. Operations return once
+//                 launched; finish() waits for them.
 //
 // Both compute the same per-element arithmetic (engine/device/kernel_math.hpp); only the
 // reductions differ (fixed lanes on the host, block trees on the GPU), so the two agree within
@@ -16,7 +18,7 @@
 //
 // Pointers: every float / int32 / slab pointer an operation takes is memory the backend's
 // device computes on (device memory), except the `host` sides of upload() and download().
-// Row-major layouts throughout; shapes as in engine/model/kernels.hpp.
+// Row-major layouts throughout; shapes as in engine/device/cpu/kernels.hpp.
 //
 // Threading: a backend is used by one thread at a time (the model's calls are serialized).
 #pragma once
@@ -121,9 +123,20 @@ class ComputeBackend {
                                   float* dk, float* dv, float* scores, float* dprob);
 };
 
+class CpuDevice;
+
+// The CPU backend (shared, stateless; never throws): host kernels on host-dereferenceable memory.
+std::shared_ptr<ComputeBackend> cpu_backend();
+// The CPU backend for `device`: cpu_backend() when the host may dereference its memory, else one
+// that turns every device pointer into the device's host view first (the discrete mode). The
+// backend refers to `device`, which must outlive it.
+std::shared_ptr<ComputeBackend> make_cpu_backend(const CpuDevice& device);
 // The CUDA backend of `device` (a CudaDevice made by make_cuda_device): its own compute stream
 // on that device and a cuBLASLt GEMM. Throws InvalidArgument when `device` is not a CUDA
 // device or the build has no CUDA.
 std::unique_ptr<ComputeBackend> make_cuda_backend(Device& device);
+// The backend of `device`: make_cuda_backend for a CUDA device, make_cpu_backend for a
+// CpuDevice, cpu_backend() for any other host-accessible device. Throws as make_cuda_backend.
+std::shared_ptr<ComputeBackend> make_backend(Device& device);
 
 }  // namespace outcore::device

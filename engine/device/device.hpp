@@ -4,16 +4,21 @@
 //   CpuDevice   a simulated accelerator: memory is host memory charged against a byte budget
 //               (`outcore.device_memory_mb`), streams are queues run by one worker thread each,
 //               so copies on one stream overlap compute on another as they would on a GPU.
-//   CudaDevice  a real GPU (built only where nvcc exists): cudaMalloc'd memory under the same
-//               budget, cudaStream_t / cudaEvent_t behind the same Stream / Event surface.
+//   CudaDevice  a real GPU (built only where nvcc exists): memory from the GPU's stream-ordered
+//               pool (cudaMallocAsync) under the same budget, cudaStream_t / cudaEvent_t behind
+//               the same Stream / Event surface.
+// The implementations live one folder per backend: engine/device/cpu/cpu_device.cpp and
+// engine/device/cuda/cuda_device.cu.
 //
-// Where compute runs. The model's kernels (engine/model) are host kernels: they run on any
-// thread that calls them, on memory that `host_accessible()` says the host may dereference
-// (true for CpuDevice). An engine that wants compute ordered against copies enqueues the model
-// call on a "compute" stream with Stream::enqueue, and orders it against copy streams with
-// events; one that prefers to compute on its own thread waits on an event (Event::synchronize)
-// and calls the model directly. Either way copies run on their own streams' threads and
-// overlap the compute. Typical ZeRO-3 use:
+// Where compute runs. The model computes through its device's ComputeBackend
+// (compute_backend.hpp, make_backend). The CPU backend (engine/device/cpu) runs host kernels on
+// the calling thread, on memory the host may dereference (`host_accessible()`), or on a
+// discrete CpuDevice through CpuDevice::host_view; the CUDA backend (engine/device/cuda) queues
+// CUDA kernels on its own compute stream of a CudaDevice. On a CpuDevice, an engine that wants
+// compute ordered against copies may enqueue the model call on a "compute" stream with
+// Stream::enqueue and order it against copy streams with events; one that prefers to compute
+// on its own thread waits on an event (Event::synchronize) and calls the model directly.
+// Either way copies run on their own streams and overlap the compute. Typical ZeRO-3 use:
 //
 //   auto copy = dev.create_stream("param-h2d");
 //   auto compute = dev.create_stream("compute");
@@ -131,8 +136,8 @@ class Stream {
   // Sets `bytes` bytes of device memory to `value`.
   virtual void memset(void* dst_device, int value, size_t bytes) = 0;
 
-  // Runs `fn` on a host thread in stream order. On CpuDevice this is how compute is launched
-  // (fn may call the model's kernels on device memory); on CudaDevice it is
+  // Runs `fn` on a host thread in stream order. On CpuDevice this is how compute may be
+  // launched (fn may run the CPU backend on device memory); on CudaDevice it is
   // cudaLaunchHostFunc and fn must not call CUDA. An exception thrown by fn becomes the
   // stream's error (see above).
   virtual void enqueue(std::function<void()> fn) = 0;
@@ -147,7 +152,7 @@ class Stream {
   virtual void synchronize() = 0;
 
   // The backend's own stream handle (a cudaStream_t on CudaDevice, for the kernels of
-  // engine/device/cuda_kernels.hpp); nullptr on CpuDevice.
+  // engine/device/cuda/cuda_kernels.hpp); nullptr on CpuDevice.
   virtual void* native_handle() const { return nullptr; }
 };
 
@@ -163,7 +168,8 @@ class Device {
   virtual DeviceKind kind() const = 0;
   // "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3)".
   virtual std::string name() const = 0;
-  // True when host code may dereference device pointers (the model's host kernels need this).
+  // True when host code may dereference device pointers (the CPU backend's host kernels need
+  // this, or CpuDevice::host_view on a discrete CpuDevice).
   virtual bool host_accessible() const = 0;
 
   // Allocates `bytes` bytes (contents unspecified), aligned to kAllocGranularity, charging
@@ -290,10 +296,10 @@ struct CudaDeviceOptions {
   uint64_t memory_budget_bytes = 0;  // 0 = unlimited (the GPU's own memory still limits)
 };
 
-// A CudaDevice on GPU `options.ordinal`: cudaMalloc'd memory under the byte budget,
-// cudaStream_t / cudaEvent_t streams and events, cudaMemcpyAsync copies. host_accessible() is
-// false. Throws InvalidArgument when the build has no CUDA or the ordinal does not exist, and
-// Error naming the CUDA call, file and line when the runtime fails.
+// A CudaDevice on GPU `options.ordinal`: memory from the GPU's stream-ordered pool under the
+// byte budget, cudaStream_t / cudaEvent_t streams and events, cudaMemcpyAsync copies.
+// host_accessible() is false. Throws InvalidArgument when the build has no CUDA or the ordinal
+// does not exist, and Error naming the CUDA call, file and line when the runtime fails.
 std::unique_ptr<Device> make_cuda_device(CudaDeviceOptions options = {});
 
 }  // namespace outcore::device

@@ -1,6 +1,6 @@
 // The per-element and per-row arithmetic of the model's kernels, written once as
-// `__host__ __device__` functions: the host kernels (engine/model/kernels.cpp) and the CUDA
-// kernels (engine/device/cuda_kernels.cu) both call these, so the arithmetic is unit-tested on
+// `__host__ __device__` functions: the host kernels (engine/device/cpu/kernels.cpp) and the CUDA
+// kernels (engine/device/cuda/cuda_kernels.cu) both call these, so the arithmetic is unit-tested on
 // machines without a GPU. Only reductions (sums, maxima over a row) and launch geometry differ
 // between the two: the host reduces in fixed 8/16-lane order, the GPU in a block tree.
 //

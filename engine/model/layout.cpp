@@ -1,11 +1,11 @@
 // Slab layout per unit, deterministic initialisation, dtype conversion of slabs.
 #include <fmt/format.h>
-#include <immintrin.h>
 
 #include <cmath>
 #include <numbers>
 
 #include "common/error.hpp"
+#include "engine/device/cpu/kernels.hpp"
 #include "engine/model/model.hpp"
 
 namespace outcore::model {
@@ -138,50 +138,11 @@ void init_params(const ModelLayout& layout, int unit, uint64_t seed, size_t begi
 }
 
 void convert_from_fp32(const float* src, void* dst, DType dtype, size_t n) {
-  switch (dtype) {
-    case DType::F32:
-      std::copy(src, src + n, static_cast<float*>(dst));
-      return;
-    case DType::BF16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = fp32_to_bf16(src[i]);
-      return;
-    }
-    case DType::F16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      size_t i = 0;
-      for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-      for (; i < n; ++i) d[i] = fp32_to_fp16(src[i]);
-      return;
-    }
-  }
+  device::cpu::from_fp32(src, dst, dtype, static_cast<int64_t>(n));
 }
 
 void convert_to_fp32(const void* src, DType dtype, float* dst, size_t n) {
-  switch (dtype) {
-    case DType::F32: {
-      const auto* s = static_cast<const float*>(src);
-      std::copy(s, s + n, dst);
-      return;
-    }
-    case DType::BF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      auto* d = reinterpret_cast<uint32_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
-      return;
-    }
-    case DType::F16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      size_t i = 0;
-      for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i,
-                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-      for (; i < n; ++i) dst[i] = fp16_to_fp32(s[i]);
-      return;
-    }
-  }
+  device::cpu::to_fp32(src, dtype, dst, static_cast<int64_t>(n));
 }
 
 }  // namespace outcore::model

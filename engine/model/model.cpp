@@ -50,7 +50,7 @@ LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options,
                        std::shared_ptr<device::ComputeBackend> backend)
     : config_(std::move(config)),
       options_(options),
-      backend_(backend ? std::move(backend) : cpu_backend()) {
+      backend_(backend ? std::move(backend) : device::cpu_backend()) {
   config_.validate();
   if (options_.seq_len < 1 || options_.seq_len > config_.max_position_embeddings)
     throw InvalidArgument(

@@ -252,11 +252,6 @@ struct BackwardArgs {
   std::span<std::byte> scratch{};      // scratch_bytes() bytes, clobbered
 };
 
-// The CPU backend (shared, stateless), and the backend of `device`: the CPU backend for a
-// CpuDevice, the CUDA backend for a CudaDevice (see device::make_cuda_backend).
-std::shared_ptr<device::ComputeBackend> cpu_backend();
-std::shared_ptr<device::ComputeBackend> make_backend(device::Device& device);
-
 // An immutable model definition for one micro-batch shape. forward/backward are const and
 // keep no state between calls (everything lives in the caller's buffers); calls must not run
 // concurrently with each other (they use every BLAS thread, or the backend's one stream):

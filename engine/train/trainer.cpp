@@ -122,7 +122,7 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
       config_wants_checkpointing(cfg_.activation_checkpointing));
   mo.world_size = devices_->comm->world_size();
   model_ =
-      std::make_unique<model::LlamaModel>(model_config, mo, model::make_backend(devices_->device));
+      std::make_unique<model::LlamaModel>(model_config, mo, device::make_backend(devices_->device));
 
   open_data();
   schedule_ = make_lr_schedule(cfg_);

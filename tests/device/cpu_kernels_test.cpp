@@ -1,13 +1,13 @@
 // Host kernels against plain double-precision references.
-#include "engine/model/kernels.hpp"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <vector>
 
-namespace outcore::model::kernels {
+#include "engine/device/cpu/kernels.hpp"
+
+namespace outcore::device::cpu {
 namespace {
 
 std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
@@ -155,4 +155,4 @@ TEST(Kernels, VectorExpIsAccurateOverTheUsefulRange) {
 }
 
 }  // namespace
-}  // namespace outcore::model::kernels
+}  // namespace outcore::device::cpu

@@ -1,11 +1,12 @@
-// Each CUDA kernel (engine/device/cuda_kernels.hpp) against the host kernels of engine/model on
-// random data. Skips, saying why, where no GPU can be used. Tolerances, per kernel:
+// Each CUDA kernel (engine/device/cuda/cuda_kernels.hpp) against the host kernels of
+// engine/device/cpu on random data. Skips, saying why, where no GPU can be used. Tolerances,
+// per kernel:
 //   casts, embedding gather and scatter-add, gradient accumulation, inf/NaN count: exact;
 //   SwiGLU, RoPE: 2e-6 relative (the GPU may fuse a multiply-add the host rounds twice);
 //   RMSNorm, softmax, cross-entropy, sum of squares: 1e-5 relative (block-tree reductions
 //   instead of the host's 8/16 lanes);
 //   GEMM: 1e-5 of sum|a||b| for fp32, 1e-4 for bf16/fp16 (inputs rounded alike on both sides).
-#include "engine/device/cuda_kernels.hpp"
+#include "engine/device/cuda/cuda_kernels.hpp"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -16,15 +17,14 @@
 #include <random>
 #include <vector>
 
+#include "engine/device/cpu/kernels.hpp"
 #include "engine/device/device.hpp"
 #include "engine/device/kernel_math.hpp"
-#include "engine/model/kernels.hpp"
-#include "engine/model/model.hpp"
 
 namespace outcore::device::cuda {
 namespace {
 
-namespace hk = outcore::model::kernels;
+namespace hk = outcore::device::cpu;
 
 std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -90,13 +90,13 @@ TEST_F(CudaKernels, CastsMatchTheHostConversionsExactly) {
   x[4] = 1e-6f;  // an fp16 subnormal
   for (DType t : {DType::BF16, DType::F16}) {
     std::vector<uint16_t> want(x.size());
-    model::convert_from_fp32(x.data(), want.data(), t, x.size());
+    hk::from_fp32(x.data(), want.data(), t, static_cast<int64_t>(x.size()));
     Dev<float> dx(x);
     Dev<uint16_t> dh(x.size());
     from_fp32(dx.get(), dh.get(), t, static_cast<int64_t>(x.size()), nullptr);
     ASSERT_EQ(dh.host(), want);
     std::vector<float> back(x.size());
-    model::convert_to_fp32(want.data(), t, back.data(), x.size());
+    hk::to_fp32(want.data(), t, back.data(), static_cast<int64_t>(x.size()));
     Dev<float> db(x.size());
     to_fp32(dh.get(), t, db.get(), static_cast<int64_t>(x.size()), nullptr);
     expect_close(db.host(), back, 0.0, "to_fp32");
@@ -251,8 +251,8 @@ TEST_F(CudaKernels, GemmMatchesTheHostForEveryTransposeDtypeAndBatch) {
         for (float e : a) mag = std::max(mag, double(std::abs(e)));
         std::vector<uint16_t> a16(a.size()), b16(b.size());
         if (t != DType::F32) {
-          model::convert_from_fp32(a.data(), a16.data(), t, a.size());
-          model::convert_from_fp32(b.data(), b16.data(), t, b.size());
+          hk::from_fp32(a.data(), a16.data(), t, static_cast<int64_t>(a.size()));
+          hk::from_fp32(b.data(), b16.data(), t, static_cast<int64_t>(b.size()));
         }
         Dev<float> A(a), B(b), C(c);
         Dev<uint16_t> A16(a16), B16(b16);

@@ -1,5 +1,5 @@
 // The shared host/device arithmetic (engine/device/kernel_math.hpp) against the host kernels
-// that call it (engine/model/kernels.cpp) and the host dtype conversions: bit for bit, in both
+// that call it (engine/device/cpu/kernels.cpp) and the host dtype conversions: bit for bit, in both
 // the kernels' vector bodies and their scalar tails. The CUDA kernels run the same functions, so
 // these tests pin their per-element arithmetic on machines without a GPU.
 #include "engine/device/kernel_math.hpp"
@@ -12,10 +12,9 @@
 #include <vector>
 
 #include "common/dtype.hpp"
-#include "engine/model/kernels.hpp"
-#include "engine/model/model.hpp"
+#include "engine/device/cpu/kernels.hpp"
 
-namespace outcore::model {
+namespace outcore::device {
 namespace {
 
 std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
@@ -63,7 +62,7 @@ std::vector<float> exp_inputs() {
 TEST(KernelMath, ExpFastEqualsTheVectorKernelLaneForLane) {
   const std::vector<float> x = exp_inputs();
   std::vector<float> vec = x;
-  kernels::exp_inplace(vec.data(), static_cast<int64_t>(vec.size()));  // all in 8-lane body
+  cpu::exp_inplace(vec.data(), static_cast<int64_t>(vec.size()));  // all in 8-lane body
   for (size_t i = 0; i < x.size(); ++i)
     EXPECT_TRUE(SameBits(kmath::exp_fast(x[i]), vec[i])) << x[i];
   EXPECT_EQ(kmath::exp_fast(-std::numeric_limits<float>::infinity()), 0.0f);
@@ -75,8 +74,8 @@ TEST(KernelMath, SwigluForwardAndGradientEqualTheKernelInBodyAndTail) {
   const int64_t n = 8 * 64 + 5;  // a vector body and a scalar tail
   auto g = randn(n, 2, 4.0f), u = randn(n, 3), da = randn(n, 4);
   std::vector<float> a(n), dg(n), du(n);
-  kernels::swiglu_forward(g.data(), u.data(), a.data(), n);
-  kernels::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
+  cpu::swiglu_forward(g.data(), u.data(), a.data(), n);
+  cpu::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
   for (int64_t i = 0; i < n; ++i) {
     float edg, edu;
     kmath::swiglu_grad(da[i], g[i], u[i], edg, edu);
@@ -96,13 +95,13 @@ TEST(KernelMath, RmsNormRowEqualsTheKernel) {
   const float eps = 1e-5f;
   auto x = randn(rows * dim, 5), w = randn(dim, 6), dy = randn(rows * dim, 7);
   std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim, 0.5f), dw(dim, 0.25f);
-  kernels::rmsnorm_forward(x.data(), w.data(), eps, rows, dim, y.data(), rstd.data());
-  kernels::rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), rows, dim, dx.data(),
-                            dw.data());
+  cpu::rmsnorm_forward(x.data(), w.data(), eps, rows, dim, y.data(), rstd.data());
+  cpu::rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), rows, dim, dx.data(),
+                        dw.data());
   std::vector<float> edw(dim, 0.25f);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x.data() + r * dim;
-    const float s = kmath::rmsnorm_rstd(kernels::sum_squares(xr, dim), dim, eps);
+    const float s = kmath::rmsnorm_rstd(cpu::sum_squares(xr, dim), dim, eps);
     ASSERT_TRUE(SameBits(s, rstd[r]));
     // The backward's row sum: lanes of fma(dy * w, x, acc).
     float lane[8] = {};
@@ -125,7 +124,7 @@ TEST(KernelMath, RopeRotationEqualsTheKernelAndInverts) {
   auto x = randn(rows * heads * hd, 8), c = randn(seq * half, 9), s = randn(seq * half, 10);
   for (bool inverse : {false, true}) {
     std::vector<float> y = x;
-    kernels::rope(y.data(), rows, seq, heads, hd, c.data(), s.data(), inverse);
+    cpu::rope(y.data(), rows, seq, heads, hd, c.data(), s.data(), inverse);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t h = 0; h < heads; ++h) {
         for (int64_t j = 0; j < half; ++j) {
@@ -144,16 +143,16 @@ TEST(KernelMath, SoftmaxRowAndLogSumExpEqualTheKernel) {
   for (int64_t n : {1, 7, 8, 37, 64}) {
     auto x = randn(n, 11 + n, 3.0f);
     std::vector<float> p = x;
-    const float lse = kernels::softmax_inplace(p.data(), n);
-    const float m = kernels::max_value(x.data(), n);
+    const float lse = cpu::softmax_inplace(p.data(), n);
+    const float m = cpu::max_value(x.data(), n);
     std::vector<float> e(n);
     for (int64_t j = 0; j < n; ++j) e[j] = kmath::softmax_exp(x[j], m);
     const float sum = lane8_sum(e);
     ASSERT_TRUE(SameBits(kmath::softmax_lse(m, sum), lse)) << n;
-    ASSERT_TRUE(SameBits(kernels::log_sum_exp(x.data(), n), lse)) << n;
+    ASSERT_TRUE(SameBits(cpu::log_sum_exp(x.data(), n), lse)) << n;
     for (int64_t j = 0; j < n; ++j) ASSERT_TRUE(SameBits(e[j] * (1.0f / sum), p[j])) << n << j;
     std::vector<float> shifted = x;
-    kernels::exp_shift(shifted.data(), lse, n);
+    cpu::exp_shift(shifted.data(), lse, n);
     for (int64_t j = 0; j < n; ++j)
       ASSERT_TRUE(SameBits(kmath::softmax_exp(x[j], lse), shifted[j]));
   }
@@ -168,7 +167,7 @@ TEST(KernelMath, CrossEntropyRowMatchesItsDefinition) {
   const float coef = 0.125f;
   auto x = randn(V, 12, 2.0f);
   std::vector<float> p = x;
-  const float lse = kernels::softmax_inplace(p.data(), V);
+  const float lse = cpu::softmax_inplace(p.data(), V);
   double ref_lse = 0;
   for (float v : x) ref_lse += std::exp(double(v));
   ref_lse = std::log(ref_lse);
@@ -204,11 +203,11 @@ TEST(KernelMath, CastsEqualTheHostConversionsForEveryHalfAndSampledFloats) {
     ASSERT_EQ(kmath::fp32_to_fp16(f), fp32_to_fp16(f)) << std::hex << u;
     ASSERT_EQ(kmath::fp32_to_bf16(f), fp32_to_bf16(f)) << std::hex << u;
   }
-  // The model's bulk conversions (vector bodies) agree too.
+  // The host kernels' bulk conversions (vector bodies) agree too.
   std::vector<float> x = randn(1003, 14, 100.0f);
   std::vector<uint16_t> half(x.size());
   for (DType t : {DType::BF16, DType::F16}) {
-    convert_from_fp32(x.data(), half.data(), t, x.size());
+    cpu::from_fp32(x.data(), half.data(), t, static_cast<int64_t>(x.size()));
     for (size_t i = 0; i < x.size(); ++i)
       ASSERT_EQ(half[i], t == DType::BF16 ? kmath::fp32_to_bf16(x[i]) : kmath::fp32_to_fp16(x[i]));
   }
@@ -224,4 +223,4 @@ TEST(KernelMath, NonfiniteFlagsInfAndNaNOnly) {
 }
 
 }  // namespace
-}  // namespace outcore::model
+}  // namespace outcore::device

@@ -40,7 +40,8 @@ TEST_P(DiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDevice) {
 
   device::CpuDevice dev({.discrete = true});
   ASSERT_FALSE(dev.host_accessible());
-  const model::LlamaModel model(tiny_config(true), tiny_options(c.dtype), model::make_backend(dev));
+  const model::LlamaModel model(tiny_config(true), tiny_options(c.dtype),
+                                device::make_backend(dev));
   const RunResult got = train_on(dev, cfg, model, 3, eo);
   expect_bit_identical(want, got, c.name());
 
@@ -79,7 +80,7 @@ TEST(DiscreteDevicePlan, PeaksAndTrafficMatchThePlan) {
   const model::LlamaModel host_model(tiny_config(false), tiny_options(DType::BF16));
   device::CpuDevice dev({.discrete = true});
   const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16),
-                                model::make_backend(dev));
+                                device::make_backend(dev));
   const std::string dir = swap_dir("discrete_plan").string();
   const config::Config cfg = make_config(
       config_json({3, "cpu", "cpu"}, DType::BF16, dir, ", \"stage3_max_reuse_distance\": 0"));
@@ -96,7 +97,7 @@ TEST(DiscreteDevicePlan, PeaksAndTrafficMatchThePlan) {
 TEST(DiscreteDeviceRefusals, OptimizerStateOnTheDevice) {
   device::CpuDevice dev({.discrete = true});
   const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16),
-                                model::make_backend(dev));
+                                device::make_backend(dev));
   comm::LocalComm comm;
   const std::string dir = swap_dir("discrete_refuse").string();
   for (const Placing& s : {Placing{0}, Placing{3, "cpu", "none"}}) {

@@ -26,7 +26,7 @@ TEST_F(Gpu, MicroBatchMatchesTheCpuBackend) {
     SCOPED_TRACE(dtype_name(dt));
     auto gpu = device::make_cuda_device();
     device::CpuDevice cpu;
-    const model::LlamaModel on_gpu(tiny_config(true), tiny_options(dt), model::make_backend(*gpu));
+    const model::LlamaModel on_gpu(tiny_config(true), tiny_options(dt), device::make_backend(*gpu));
     const model::LlamaModel on_cpu(tiny_config(true), tiny_options(dt));
     const model::ModelLayout& layout = on_cpu.layout();
     std::vector<std::vector<std::byte>> host_params;
@@ -85,16 +85,16 @@ TEST_F(Gpu, Stage3NvmeIsBitIdenticalToStage1AndCloseToTheCpu) {
   const uint64_t budget = 3u << 19;
   ASSERT_LT(budget, 16 * tiny_config(true).num_parameters());
   auto g3 = device::make_cuda_device({.memory_budget_bytes = budget});
-  const model::LlamaModel m3(tiny_config(true), tiny_options(dt), model::make_backend(*g3));
+  const model::LlamaModel m3(tiny_config(true), tiny_options(dt), device::make_backend(*g3));
   const RunResult r3 = train_on(*g3, s3, m3, 3);
   EXPECT_LE(r3.memory.device_peak_bytes, budget);
   auto g1 = device::make_cuda_device();
-  const model::LlamaModel m1(tiny_config(true), tiny_options(dt), model::make_backend(*g1));
+  const model::LlamaModel m1(tiny_config(true), tiny_options(dt), device::make_backend(*g1));
   const RunResult r1 = train_on(*g1, s1, m1, 3);
   expect_bit_identical(r1, r3, "stage 1 vs stage 3 on the GPU");
 
   device::CpuDevice sim({.memory_budget_bytes = budget, .discrete = true});
-  const model::LlamaModel ms(tiny_config(true), tiny_options(dt), model::make_backend(sim));
+  const model::LlamaModel ms(tiny_config(true), tiny_options(dt), device::make_backend(sim));
   const RunResult rs = train_on(sim, s3, ms, 3);
   for (size_t i = 0; i < rs.losses.size(); ++i)
     EXPECT_NEAR(r3.losses[i], rs.losses[i], 1e-3 * std::abs(rs.losses[i])) << "step " << i + 1;

@@ -125,7 +125,7 @@ struct RunResult {
 };
 
 // Trains `steps` optimizer steps of gradient_accumulation_steps micro-batches each on `dev`
-// (the model's backend must be the device's, see model::make_backend).
+// (the model's backend must be the device's, see device::make_backend).
 inline RunResult train_on(device::Device& dev, const config::Config& cfg,
                           const model::LlamaModel& model, int steps, EngineOptions eo = {}) {
   comm::LocalComm comm;

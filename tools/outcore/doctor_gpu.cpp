@@ -13,17 +13,17 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "engine/device/cuda_kernels.hpp"
+#include "engine/device/cpu/kernels.hpp"
+#include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/device.hpp"
 #include "engine/device/kernel_math.hpp"
-#include "engine/model/kernels.hpp"
 #include "engine/model/model.hpp"
 #include "tools/outcore/doctor.hpp"
 
 namespace outcore::cli::doctor {
 namespace {
 
-namespace hk = model::kernels;
+namespace hk = device::cpu;
 namespace ck = device::cuda;
 
 void check(cudaError_t err, const char* what) {

@@ -1,18 +1,18 @@
 // The CPU compute backend: the host kernels of kernels.hpp and OpenBLAS, on host memory. Each
 // operation is what the units computed inline before the backend existed, in the same order,
 // so training through it is bit-identical to that code.
+#include <algorithm>
 #include <cstring>
 
 #include "engine/device/compute_backend.hpp"
+#include "engine/device/cpu/kernels.hpp"
 #include "engine/device/device.hpp"
 #include "engine/device/kernel_math.hpp"
-#include "engine/model/kernels.hpp"
-#include "engine/model/model.hpp"
 
-namespace outcore::model {
+namespace outcore::device {
 namespace {
 
-class CpuBackend final : public device::ComputeBackend {
+class CpuBackend final : public ComputeBackend {
  public:
   std::string name() const override { return "cpu"; }
 
@@ -31,30 +31,30 @@ class CpuBackend final : public device::ComputeBackend {
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
             int64_t ldc) override {
-    kernels::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    cpu::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
   void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override {
-    convert_to_fp32(src, dtype, dst, static_cast<size_t>(n));
+    cpu::to_fp32(src, dtype, dst, n);
   }
-  void add_inplace(float* y, const float* x, int64_t n) override { kernels::add_inplace(y, x, n); }
+  void add_inplace(float* y, const float* x, int64_t n) override { cpu::add_inplace(y, x, n); }
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
                        float* y, float* rstd) override {
-    kernels::rmsnorm_forward(x, w, eps, rows, dim, y, rstd);
+    cpu::rmsnorm_forward(x, w, eps, rows, dim, y, rstd);
   }
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                         int64_t rows, int64_t dim, float* dx, float* dw) override {
-    kernels::rmsnorm_backward(dy, x, w, rstd, rows, dim, dx, dw);
+    cpu::rmsnorm_backward(dy, x, w, rstd, rows, dim, dx, dw);
   }
   void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
             const float* sin, bool inverse) override {
-    kernels::rope(x, rows, seq, heads, head_dim, cos, sin, inverse);
+    cpu::rope(x, rows, seq, heads, head_dim, cos, sin, inverse);
   }
   void swiglu_forward(const float* g, const float* u, float* a, int64_t n) override {
-    kernels::swiglu_forward(g, u, a, n);
+    cpu::swiglu_forward(g, u, a, n);
   }
   void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
                        int64_t n) override {
-    kernels::swiglu_backward(da, g, u, dg, du, n);
+    cpu::swiglu_backward(da, g, u, dg, du, n);
   }
 
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
@@ -62,7 +62,7 @@ class CpuBackend final : public device::ComputeBackend {
     for (int64_t i = 0; i < rows; ++i) {
       float* row = scores + i * keys;
       const int64_t n = kmath::causal_keys(first_query + i);
-      lse[i] = kernels::softmax_inplace(row, n);
+      lse[i] = cpu::softmax_inplace(row, n);
       std::fill(row + n, row + keys, 0.0f);
     }
   }
@@ -73,9 +73,9 @@ class CpuBackend final : public device::ComputeBackend {
       float* pr = scores + i * keys;
       float* dr = dp + i * keys;
       const int64_t n = kmath::causal_keys(first_query + i);
-      kernels::exp_shift(pr, lse[i], n);
+      cpu::exp_shift(pr, lse[i], n);
       std::fill(pr + n, pr + keys, 0.0f);
-      const float dd = kernels::dot(pr, dr, n);
+      const float dd = cpu::dot(pr, dr, n);
       for (int64_t j = 0; j < n; ++j) dr[j] = kmath::softmax_grad(pr[j], dr[j], dd);
       std::fill(dr + n, dr + keys, 0.0f);
     }
@@ -87,11 +87,11 @@ class CpuBackend final : public device::ComputeBackend {
       float* row = logits + r * vocab;
       const int32_t t = targets[r];
       if (!grad) {
-        row_loss[r] = kmath::xent_loss(kernels::log_sum_exp(row, vocab), row[t]);
+        row_loss[r] = kmath::xent_loss(cpu::log_sum_exp(row, vocab), row[t]);
         continue;
       }
       const float target_logit = row[t];
-      row_loss[r] = kmath::xent_loss(kernels::softmax_inplace(row, vocab), target_logit);
+      row_loss[r] = kmath::xent_loss(cpu::softmax_inplace(row, vocab), target_logit);
       for (int64_t j = 0; j < vocab; ++j) row[j] = kmath::xent_scale(row[j], coef);
       row[t] = kmath::xent_target(row[t], coef);
     }
@@ -106,7 +106,7 @@ class CpuBackend final : public device::ComputeBackend {
       if (dtype == DType::F32)
         std::memcpy(out + i * hidden, src, sizeof(float) * hidden);
       else
-        convert_to_fp32(src, dtype, out + i * hidden, static_cast<size_t>(hidden));
+        cpu::to_fp32(src, dtype, out + i * hidden, hidden);
     }
   }
 
@@ -123,9 +123,9 @@ class CpuBackend final : public device::ComputeBackend {
 // The CPU backend on a discrete CpuDevice: every device pointer an operation takes is turned
 // into the device's read-write alias (CpuDevice::host_view) before the host kernel runs, as a
 // GPU's kernels reach memory the host cannot.
-class DiscreteCpuBackend final : public device::ComputeBackend {
+class DiscreteCpuBackend final : public ComputeBackend {
  public:
-  explicit DiscreteCpuBackend(const device::CpuDevice& device) : dev_(device) {}
+  explicit DiscreteCpuBackend(const CpuDevice& device) : dev_(device) {}
   std::string name() const override { return dev_.name(); }
 
   void copy(void* dst, const void* src, size_t bytes) override { cpu_.copy(v(dst), v(src), bytes); }
@@ -197,23 +197,20 @@ class DiscreteCpuBackend final : public device::ComputeBackend {
     return static_cast<T*>(dev_.host_view(p));
   }
 
-  const device::CpuDevice& dev_;
+  const CpuDevice& dev_;
   CpuBackend cpu_;
 };
 
 }  // namespace
 
-std::shared_ptr<device::ComputeBackend> cpu_backend() {
-  static const std::shared_ptr<device::ComputeBackend> backend = std::make_shared<CpuBackend>();
+std::shared_ptr<ComputeBackend> cpu_backend() {
+  static const std::shared_ptr<ComputeBackend> backend = std::make_shared<CpuBackend>();
   return backend;
 }
 
-std::shared_ptr<device::ComputeBackend> make_backend(device::Device& device) {
-  if (device.kind() == device::DeviceKind::Cuda) return device::make_cuda_backend(device);
-  if (auto* cpu = dynamic_cast<device::CpuDevice*>(&device);
-      cpu != nullptr && !cpu->host_accessible())
-    return std::make_shared<DiscreteCpuBackend>(*cpu);
-  return cpu_backend();
+std::shared_ptr<ComputeBackend> make_cpu_backend(const CpuDevice& device) {
+  if (device.host_accessible()) return cpu_backend();
+  return std::make_shared<DiscreteCpuBackend>(device);
 }
 
-}  // namespace outcore::model
+}  // namespace outcore::device

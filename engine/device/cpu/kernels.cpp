@@ -1,14 +1,15 @@
 // Host kernels: see kernels.hpp.
-#include "engine/model/kernels.hpp"
+#include "engine/device/cpu/kernels.hpp"
 
 #include <cblas.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/device/kernel_math.hpp"
 
-namespace outcore::model::kernels {
+namespace outcore::device::cpu {
 namespace {
 
 float hsum(__m256 v) {
@@ -44,6 +45,53 @@ __m256 exp256(__m256 x) {
 }
 
 }  // namespace
+
+void from_fp32(const float* src, void* dst, DType dtype, int64_t n) {
+  switch (dtype) {
+    case DType::F32:
+      std::copy(src, src + n, static_cast<float*>(dst));
+      return;
+    case DType::BF16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_bf16(src[i]);
+      return;
+    }
+    case DType::F16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+      for (; i < n; ++i) d[i] = fp32_to_fp16(src[i]);
+      return;
+    }
+  }
+}
+
+void to_fp32(const void* src, DType dtype, float* dst, int64_t n) {
+  switch (dtype) {
+    case DType::F32: {
+      const auto* s = static_cast<const float*>(src);
+      std::copy(s, s + n, dst);
+      return;
+    }
+    case DType::BF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      auto* d = reinterpret_cast<uint32_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
+      return;
+    }
+    case DType::F16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i,
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+      for (; i < n; ++i) dst[i] = fp16_to_fp32(s[i]);
+      return;
+    }
+  }
+}
 
 void exp_inplace(float* x, int64_t n) {
   int64_t i = 0;
@@ -219,4 +267,4 @@ void exp_shift(float* row, float lse, int64_t n) {
   for (; j < n; ++j) row[j] = kmath::softmax_exp(row[j], lse);
 }
 
-}  // namespace outcore::model::kernels
+}  // namespace outcore::device::cpu

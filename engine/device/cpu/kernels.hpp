@@ -1,11 +1,20 @@
-// Host kernels of the model (internal to engine/model): a row-major sgemm wrapper over OpenBLAS
-// and vectorized (AVX2/FMA, the x86-64-v3 baseline) elementwise and reduction kernels. Every
-// reduction runs in a fixed order, so results are bit-identical run after run.
+// Host kernels of the CPU backend (engine/device/cpu; also the host reference the CUDA kernels
+// are tested against): a row-major sgemm wrapper over OpenBLAS, dtype conversions, and
+// vectorized (AVX2/FMA/F16C, the x86-64-v3 baseline) elementwise and reduction kernels. Every
+// reduction runs in a fixed order, so results are bit-identical run after run. Pointers are
+// host-dereferenceable; no call allocates or throws.
 #pragma once
 
 #include <cstdint>
 
-namespace outcore::model::kernels {
+#include "common/dtype.hpp"
+
+namespace outcore::device::cpu {
+
+// dst[i] = src[i] as fp32 (src in `dtype` storage) / dst[i] = src[i] rounded to `dtype` (nearest
+// even; NaN stays NaN).
+void to_fp32(const void* src, DType dtype, float* dst, int64_t n);
+void from_fp32(const float* src, void* dst, DType dtype, int64_t n);
 
 // C[m,n] = alpha * op(A) op(B) + beta * C, row-major; op(A) is [m,k], op(B) is [k,n].
 // beta == 0 ignores C's old contents (NaNs included).
@@ -49,4 +58,4 @@ float log_sum_exp(const float* x, int64_t n);
 // row[j] = exp(row[j] - lse) for j < n.
 void exp_shift(float* row, float lse, int64_t n);
 
-}  // namespace outcore::model::kernels
+}  // namespace outcore::device::cpu

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "common/error.hpp"
-#include "engine/device/cuda_check.hpp"
-#include "engine/device/cuda_kernels.hpp"
+#include "engine/device/cuda/cuda_check.hpp"
+#include "engine/device/cuda/cuda_kernels.hpp"
 
 namespace outcore::device::cuda {
 namespace {

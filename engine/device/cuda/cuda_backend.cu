@@ -18,8 +18,8 @@
 
 #include "common/error.hpp"
 #include "engine/device/compute_backend.hpp"
-#include "engine/device/cuda_check.hpp"
-#include "engine/device/cuda_kernels.hpp"
+#include "engine/device/cuda/cuda_check.hpp"
+#include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/device.hpp"
 
 namespace outcore::device {

@@ -1,5 +1,5 @@
 // CUDA_CHECK: runs a CUDA runtime call and throws outcore::Error naming the statement, the
-// error, the file and the line when it fails. Internal to engine/device (.cu files only).
+// error, the file and the line when it fails. Internal to engine/device/cuda (.cu files only).
 #pragma once
 
 #include <cuda_runtime.h>

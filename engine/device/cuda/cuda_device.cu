@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/error.hpp"
-#include "engine/device/cuda_check.hpp"
+#include "engine/device/cuda/cuda_check.hpp"
 #include "engine/device/device.hpp"
 
 namespace outcore::device {

@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "common/error.hpp"
-#include "engine/device/cuda_check.hpp"
-#include "engine/device/cuda_kernels.hpp"
+#include "engine/device/cuda/cuda_check.hpp"
+#include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/kernel_math.hpp"
 
 namespace outcore::device::cuda {

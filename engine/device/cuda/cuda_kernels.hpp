@@ -5,7 +5,7 @@
 // Error naming the failing CUDA call, file and line when a launch fails.
 //
 // Each kernel's per-element and per-row arithmetic is the one in engine/device/kernel_math.hpp,
-// shared with the host kernels of engine/model; only the reductions differ (block trees here,
+// shared with the host kernels of engine/device/cpu; only the reductions differ (block trees here,
 // fixed lanes on the host), so results match the host within a few ulp per reduction.
 // Reductions are deterministic: the same inputs give the same bits, run after run.
 #pragma once

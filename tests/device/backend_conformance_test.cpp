@@ -1,0 +1,421 @@
+// Every ComputeBackend operation on every backend this machine has, on the same small inputs,
+// against the host reference: the host kernels of engine/device/cpu (fp32), and a plain fp64
+// reference for attention. Backends: "cpu" (cpu_backend() on a CpuDevice), "cpu_discrete" (the
+// CPU backend on a discrete CpuDevice, through its host view) and "cuda" (make_cuda_backend on
+// GPU 0; skipped, saying why, without a usable GPU).
+//
+// Tolerances. The CPU backends run the host kernels themselves, so every result must have the
+// reference's bits. The CUDA backend (as tests/device/cuda_kernels_test.cpp):
+//   memory operations, casts, add, embedding gather and scatter-add: exact;
+//   SwiGLU, RoPE: 2e-6 relative (the GPU may fuse a multiply-add the host rounds twice);
+//   RMSNorm, causal softmax, cross-entropy: 1e-5 relative (block-tree reductions), dw 1e-4;
+//   GEMM: 1e-5 of k * max|a| * max|b| (fp32, no TF32).
+// Attention on every backend: 1e-4 relative to the fp64 reference.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "engine/device/compute_backend.hpp"
+#include "engine/device/cpu/kernels.hpp"
+#include "engine/device/device.hpp"
+#include "engine/device/kernel_math.hpp"
+
+namespace outcore::device {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// rel == 0 asks for the same bits; otherwise finite values within rel of max(1, |want|), the same
+// infinity, and a NaN where a NaN is expected.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i]) && rel != 0.0) {
+      ASSERT_TRUE(std::isnan(got[i])) << what << " @" << i << ": got " << got[i];
+    } else if (rel == 0.0 || std::isinf(want[i])) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+          << what << " @" << i << ": got " << got[i] << ", want " << want[i];
+    } else {
+      ASSERT_NEAR(got[i], want[i], rel * std::max(1.0, std::abs(double(want[i]))))
+          << what << " @" << i;
+    }
+  }
+}
+
+class BackendConformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "cuda") {
+      const ProbeResult p = probe();
+      if (!p.available) GTEST_SKIP() << "no usable GPU: " << p.summary();
+      device_ = make_cuda_device();
+    } else {
+      device_ = std::make_unique<CpuDevice>(CpuDeviceOptions{.discrete = GetParam() != "cpu"});
+    }
+    backend_ = make_backend(*device_);
+  }
+
+  bool cuda() const { return GetParam() == "cuda"; }
+  // The tolerance the CUDA backend gets for an operation; the CPU backends must be exact.
+  double tol(double cuda_rel) const { return cuda() ? cuda_rel : 0.0; }
+
+  // A device buffer holding `host`.
+  template <typename T>
+  DeviceBuffer put(const std::vector<T>& host) {
+    DeviceBuffer b = device_->alloc(std::max<size_t>(1, host.size()) * sizeof(T), "conformance");
+    backend_->upload(b.data(), host.data(), host.size() * sizeof(T));
+    return b;
+  }
+  // The first `n` elements of `b`, after every queued operation.
+  template <typename T = float>
+  std::vector<T> get(const DeviceBuffer& b, size_t n) {
+    std::vector<T> host(n);
+    backend_->download(host.data(), b.data(), n * sizeof(T));
+    return host;
+  }
+
+  std::unique_ptr<Device> device_;
+  std::shared_ptr<ComputeBackend> backend_;  // destroyed before device_
+};
+
+TEST_P(BackendConformance, CopyZeroUploadDownloadAreExact) {
+  const auto x = randn(1037, 1);
+  DeviceBuffer a = put(x), b = put(std::vector<float>(x.size(), 7.0f));
+  backend_->copy(b.data(), a.data(), 100 * sizeof(float));
+  backend_->zero(a.data(), 10 * sizeof(float));
+  std::vector<float> want_b(x.size(), 7.0f), want_a = x;
+  std::copy(x.begin(), x.begin() + 100, want_b.begin());
+  std::fill(want_a.begin(), want_a.begin() + 10, 0.0f);
+  backend_->finish();
+  expect_close(get(b, x.size()), want_b, 0.0, "copy");
+  expect_close(get(a, x.size()), want_a, 0.0, "zero");
+}
+
+TEST_P(BackendConformance, ConstantAndStagedIdsHoldTheHostValues) {
+  const auto table = randn(123, 2);
+  const float* c = backend_->constant(table);
+  std::vector<float> back(table.size());
+  backend_->download(back.data(), c, table.size() * sizeof(float));
+  expect_close(back, table, 0.0, "constant");
+
+  const std::vector<int32_t> ids0{3, 1, 4, 1, 5}, ids1{9, 2, 6};
+  const int32_t* s0 = backend_->stage_ids(ids0.data(), 5, 0);
+  const int32_t* s1 = backend_->stage_ids(ids1.data(), 3, 1);  // slot 0 stays valid
+  std::vector<int32_t> got0(5), got1(3);
+  backend_->download(got0.data(), s0, 5 * sizeof(int32_t));
+  backend_->download(got1.data(), s1, 3 * sizeof(int32_t));
+  EXPECT_EQ(got0, ids0);
+  EXPECT_EQ(got1, ids1);
+  backend_->finish();
+}
+
+TEST_P(BackendConformance, GemmMatchesTheHostForEveryTransposeAndBeta) {
+  const int64_t m = 13, n = 21, k = 37, lda = 40, ldb = 41, ldc = 23;
+  for (float beta : {0.0f, 2.0f}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const auto a = randn(40 * lda, 3), b = randn(40 * ldb, 4);
+        auto c = randn(m * ldc, 5);
+        if (beta == 0.0f) c[0] = std::numeric_limits<float>::quiet_NaN();  // ignored
+        auto want = c;
+        cpu::gemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
+        DeviceBuffer A = put(a), B = put(b), C = put(c);
+        backend_->gemm(ta, tb, m, n, k, 0.5f, A.as<float>(), lda, B.as<float>(), ldb, beta,
+                       C.as<float>(), ldc);
+        const auto got = get(C, c.size());
+        double ma = 0, mb = 0;
+        for (float e : a) ma = std::max(ma, double(std::abs(e)));
+        for (float e : b) mb = std::max(mb, double(std::abs(e)));
+        const double abs_tol = cuda() ? 1e-5 * k * ma * mb : 0.0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const std::string what = "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                                   " beta=" + std::to_string(beta) + " @" + std::to_string(i);
+          if (abs_tol == 0.0)
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << what;
+          else
+            ASSERT_NEAR(got[i], want[i], abs_tol) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformance, ToFp32IsExactForEveryDtype) {
+  auto x = randn(1037, 6, 50.0f);
+  x[3] = std::numeric_limits<float>::infinity();
+  x[4] = 1e-6f;  // an fp16 subnormal
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    std::vector<uint16_t> raw(x.size() * 2);
+    cpu::from_fp32(x.data(), raw.data(), t, static_cast<int64_t>(x.size()));
+    std::vector<float> want(x.size());
+    cpu::to_fp32(raw.data(), t, want.data(), static_cast<int64_t>(x.size()));
+    DeviceBuffer src = put(raw), dst = put(std::vector<float>(x.size()));
+    backend_->to_fp32(src.data(), t, dst.as<float>(), static_cast<int64_t>(x.size()));
+    expect_close(get(dst, x.size()), want, 0.0, std::string("to_fp32 ") + dtype_name(t).data());
+  }
+}
+
+TEST_P(BackendConformance, AddInplaceIsExact) {
+  const int64_t n = 1037;
+  const auto x = randn(n, 7), y = randn(n, 8);
+  auto want = y;
+  cpu::add_inplace(want.data(), x.data(), n);
+  DeviceBuffer X = put(x), Y = put(y);
+  backend_->add_inplace(Y.as<float>(), X.as<float>(), n);
+  expect_close(get(Y, n), want, 0.0, "add_inplace");
+}
+
+TEST_P(BackendConformance, RmsNormForwardAndBackwardMatchTheHost) {
+  const int64_t rows = 7, dim = 133;
+  const float eps = 1e-5f;
+  const auto x = randn(rows * dim, 9), w = randn(dim, 10), dy = randn(rows * dim, 11);
+  std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim, 0.5f), dw(dim, 0.25f);
+  cpu::rmsnorm_forward(x.data(), w.data(), eps, rows, dim, y.data(), rstd.data());
+  cpu::rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), rows, dim, dx.data(),
+                        dw.data());
+  DeviceBuffer X = put(x), W = put(w), DY = put(dy), Y = put(std::vector<float>(rows * dim)),
+               R = put(std::vector<float>(rows)), DX = put(std::vector<float>(rows * dim, 0.5f)),
+               DW = put(std::vector<float>(dim, 0.25f));
+  backend_->rmsnorm_forward(X.as<float>(), W.as<float>(), eps, rows, dim, Y.as<float>(),
+                            R.as<float>());
+  backend_->rmsnorm_backward(DY.as<float>(), X.as<float>(), W.as<float>(), R.as<float>(), rows, dim,
+                             DX.as<float>(), DW.as<float>());
+  expect_close(get(Y, y.size()), y, tol(1e-5), "y");
+  expect_close(get(R, rstd.size()), rstd, tol(1e-5), "rstd");
+  expect_close(get(DX, dx.size()), dx, tol(1e-5), "dx");
+  expect_close(get(DW, dw.size()), dw, tol(1e-4), "dw");
+}
+
+TEST_P(BackendConformance, RopeForwardAndInverseMatchTheHost) {
+  const int64_t rows = 12, seq = 6, heads = 3, hd = 16;
+  const auto x = randn(rows * heads * hd, 12), c = randn(seq * hd / 2, 13),
+             s = randn(seq * hd / 2, 14);
+  const float* dc = backend_->constant(c);
+  const float* ds = backend_->constant(s);
+  for (bool inverse : {false, true}) {
+    auto want = x;
+    cpu::rope(want.data(), rows, seq, heads, hd, c.data(), s.data(), inverse);
+    DeviceBuffer X = put(x);
+    backend_->rope(X.as<float>(), rows, seq, heads, hd, dc, ds, inverse);
+    expect_close(get(X, x.size()), want, tol(2e-6), inverse ? "rope inverse" : "rope");
+  }
+}
+
+TEST_P(BackendConformance, SwigluForwardAndBackwardMatchTheHost) {
+  const int64_t n = 1037;
+  const auto g = randn(n, 15, 3.0f), u = randn(n, 16), da = randn(n, 17);
+  std::vector<float> a(n), dg(n), du(n);
+  cpu::swiglu_forward(g.data(), u.data(), a.data(), n);
+  cpu::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
+  DeviceBuffer G = put(g), U = put(u), DA = put(da), A = put(std::vector<float>(n)),
+               DG = put(std::vector<float>(n)), DU = put(std::vector<float>(n));
+  backend_->swiglu_forward(G.as<float>(), U.as<float>(), A.as<float>(), n);
+  backend_->swiglu_backward(DA.as<float>(), G.as<float>(), U.as<float>(), DG.as<float>(),
+                            DU.as<float>(), n);
+  expect_close(get(A, n), a, tol(2e-6), "swiglu");
+  expect_close(get(DG, n), dg, tol(2e-6), "dg");
+  expect_close(get(DU, n), du, tol(2e-6), "du");
+  // dg may alias da.
+  DeviceBuffer DA2 = put(da), DU2 = put(std::vector<float>(n));
+  backend_->swiglu_backward(DA2.as<float>(), G.as<float>(), U.as<float>(), DA2.as<float>(),
+                            DU2.as<float>(), n);
+  expect_close(get(DA2, n), dg, tol(2e-6), "dg aliasing da");
+  expect_close(get(DU2, n), du, tol(2e-6), "du with dg aliasing da");
+}
+
+TEST_P(BackendConformance, CausalSoftmaxForwardAndBackwardMatchTheHost) {
+  const int64_t rows = 9, keys = 20, first_query = keys - rows;
+  const auto scores = randn(rows * keys, 18, 2.0f), dp = randn(rows * keys, 19);
+  std::vector<float> p = scores, lse(rows), q = scores, ds = dp;
+  for (int64_t i = 0; i < rows; ++i) {  // as the CPU backend: host kernels row by row
+    const int64_t n = kmath::causal_keys(first_query + i);
+    float* row = p.data() + i * keys;
+    lse[i] = cpu::softmax_inplace(row, n);
+    std::fill(row + n, row + keys, 0.0f);
+    // Backward recomputes prob = exp(scores - lse) from the forward's lse.
+    float* pr = q.data() + i * keys;
+    cpu::exp_shift(pr, lse[i], n);
+    std::fill(pr + n, pr + keys, 0.0f);
+    float* d = ds.data() + i * keys;
+    const float dd = cpu::dot(pr, d, n);
+    for (int64_t j = 0; j < keys; ++j) d[j] = j < n ? kmath::softmax_grad(pr[j], d[j], dd) : 0.0f;
+  }
+  DeviceBuffer S = put(scores), L = put(std::vector<float>(rows));
+  backend_->causal_softmax_forward(S.as<float>(), L.as<float>(), rows, keys, first_query);
+  expect_close(get(S, p.size()), p, tol(1e-5), "prob");
+  expect_close(get(L, rows), lse, tol(1e-5), "lse");
+  DeviceBuffer S2 = put(scores), DP = put(dp), L2 = put(lse);
+  backend_->causal_softmax_backward(S2.as<float>(), DP.as<float>(), L2.as<float>(), rows, keys,
+                                    first_query);
+  expect_close(get(S2, q.size()), q, tol(1e-5), "recomputed prob");
+  expect_close(get(DP, ds.size()), ds, tol(1e-5), "dscores");
+}
+
+TEST_P(BackendConformance, CrossEntropyLossAndGradientMatchTheHost) {
+  const int64_t rows = 6, vocab = 301;
+  const float coef = 1.0f / rows;
+  const auto logits = randn(rows * vocab, 20, 3.0f);
+  std::vector<int32_t> targets(rows);
+  for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 37) % vocab);
+  std::vector<float> grad = logits, loss(rows), loss_only(rows);
+  for (int64_t r = 0; r < rows; ++r) {  // as the CPU backend
+    float* row = grad.data() + r * vocab;
+    const float target_logit = row[targets[r]];
+    loss_only[r] = kmath::xent_loss(cpu::log_sum_exp(row, vocab), target_logit);
+    loss[r] = kmath::xent_loss(cpu::softmax_inplace(row, vocab), target_logit);
+    for (int64_t j = 0; j < vocab; ++j) row[j] = kmath::xent_scale(row[j], coef);
+    row[targets[r]] = kmath::xent_target(row[targets[r]], coef);
+  }
+  DeviceBuffer X = put(logits), X2 = put(logits), T = put(targets),
+               RL = put(std::vector<float>(rows)), RL2 = put(std::vector<float>(rows));
+  backend_->cross_entropy(X.as<float>(), T.as<int32_t>(), rows, vocab, coef, true, RL.as<float>());
+  backend_->cross_entropy(X2.as<float>(), T.as<int32_t>(), rows, vocab, coef, false,
+                          RL2.as<float>());
+  expect_close(get(RL, rows), loss, tol(1e-5), "loss");
+  expect_close(get(RL2, rows), loss_only, tol(1e-5), "loss without gradient");
+  expect_close(get(X, grad.size()), grad, tol(1e-5), "dlogits");
+  expect_close(get(X2, logits.size()), logits, 0.0, "logits untouched without gradient");
+}
+
+TEST_P(BackendConformance, EmbeddingGatherAndScatterAddAreExact) {
+  const int64_t vocab = 17, hidden = 40, n = 30;
+  const auto table = randn(vocab * hidden, 21);
+  std::vector<int32_t> ids(n);
+  std::mt19937 rng(22);
+  for (auto& i : ids) i = static_cast<int32_t>(rng() % 5);  // many repeats
+  const int32_t* staged = backend_->stage_ids(ids.data(), n, 0);
+  DeviceBuffer I = put(ids);
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    std::vector<uint16_t> raw(table.size() * 2);
+    cpu::from_fp32(table.data(), raw.data(), t, static_cast<int64_t>(table.size()));
+    std::vector<float> want(n * hidden);
+    for (int64_t i = 0; i < n; ++i)
+      cpu::to_fp32(raw.data() + ids[i] * hidden * dtype_size(t) / 2, t, want.data() + i * hidden,
+                   hidden);
+    DeviceBuffer TB = put(raw), O = put(std::vector<float>(n * hidden));
+    backend_->embedding_forward(TB.data(), t, staged, n, hidden, O.as<float>());
+    expect_close(get(O, want.size()), want, 0.0, std::string("gather ") + dtype_name(t).data());
+  }
+  const auto dy = randn(n * hidden, 23);
+  std::vector<float> grad(vocab * hidden, 0.5f);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < hidden; ++j) grad[ids[i] * hidden + j] += dy[i * hidden + j];
+  DeviceBuffer DY = put(dy), GR = put(std::vector<float>(vocab * hidden, 0.5f));
+  backend_->embedding_backward(I.as<int32_t>(), DY.as<float>(), n, hidden, GR.as<float>());
+  expect_close(get(GR, grad.size()), grad, 0.0, "scatter-add");
+}
+
+// Causal attention with grouped kv heads in fp64, straight from the definition.
+struct AttentionReference {
+  std::vector<float> attn, lse, dq, dk, dv;
+};
+
+AttentionReference attention_reference(const ComputeBackend::Attention& a,
+                                       const std::vector<float>& q, const std::vector<float>& k,
+                                       const std::vector<float>& v,
+                                       const std::vector<float>& dattn) {
+  const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
+  AttentionReference r;
+  r.attn.assign(q.size(), 0.0f);
+  r.dq.assign(q.size(), 0.0f);
+  r.lse.assign(a.B * a.nh * a.T, 0.0f);
+  std::vector<double> dk(k.size()), dv(v.size()), p(a.T), dp(a.T);
+  for (int64_t b = 0; b < a.B; ++b) {
+    for (int64_t h = 0; h < a.nh; ++h) {
+      const int64_t g = h / group;
+      for (int64_t t = 0; t < a.T; ++t) {
+        const float* qt = &q[(b * a.T + t) * Q + h * a.hd];
+        const float* dot = &dattn[(b * a.T + t) * Q + h * a.hd];
+        auto kv_at = [&](int64_t j) { return (b * a.T + j) * KV + g * a.hd; };
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= t; ++j) {
+          double s = 0;
+          for (int64_t d = 0; d < a.hd; ++d) s += double(qt[d]) * k[kv_at(j) + d];
+          p[j] = s * a.scale;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= t; ++j) sum += std::exp(p[j] - mx);
+        r.lse[(b * a.nh + h) * a.T + t] = static_cast<float>(mx + std::log(sum));
+        for (int64_t j = 0; j <= t; ++j) p[j] = std::exp(p[j] - mx) / sum;
+        double pdp = 0;
+        for (int64_t j = 0; j <= t; ++j) {
+          dp[j] = 0;
+          for (int64_t d = 0; d < a.hd; ++d) dp[j] += double(dot[d]) * v[kv_at(j) + d];
+          pdp += p[j] * dp[j];
+        }
+        for (int64_t d = 0; d < a.hd; ++d) {
+          double o = 0, dqd = 0;
+          for (int64_t j = 0; j <= t; ++j) {
+            const double ds = p[j] * (dp[j] - pdp);
+            o += p[j] * v[kv_at(j) + d];
+            dqd += a.scale * ds * k[kv_at(j) + d];
+            dk[kv_at(j) + d] += a.scale * ds * qt[d];
+            dv[kv_at(j) + d] += p[j] * dot[d];
+          }
+          r.attn[(b * a.T + t) * Q + h * a.hd + d] = static_cast<float>(o);
+          r.dq[(b * a.T + t) * Q + h * a.hd + d] = static_cast<float>(dqd);
+        }
+      }
+    }
+  }
+  r.dk.assign(dk.begin(), dk.end());
+  r.dv.assign(dv.begin(), dv.end());
+  return r;
+}
+
+TEST_P(BackendConformance, AttentionForwardAndBackwardMatchTheFp64Reference) {
+  // Two kv heads shared by four query heads; blocks of 5 queries, the last one partial.
+  const ComputeBackend::Attention a{
+      .B = 2, .T = 13, .nh = 4, .nkv = 2, .hd = 8, .block = 5, .scale = 1.0f / std::sqrt(8.0f)};
+  const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
+  const auto q = randn(tokens * Q, 24), k = randn(tokens * KV, 25), v = randn(tokens * KV, 26),
+             dattn = randn(tokens * Q, 27);
+  const AttentionReference want = attention_reference(a, q, k, v, dattn);
+
+  DeviceBuffer Qb = put(q), Kb = put(k), Vb = put(v), DA = put(dattn);
+  DeviceBuffer L = put(std::vector<float>(a.B * a.nh * a.T)), O = put(std::vector<float>(q.size()));
+  DeviceBuffer S = put(std::vector<float>(a.block * a.T)),
+               P = put(std::vector<float>(a.block * a.T));
+  DeviceBuffer DQ = put(std::vector<float>(q.size())), DK = put(std::vector<float>(k.size())),
+               DV = put(std::vector<float>(v.size()));
+  backend_->attention_forward(a, Qb.as<float>(), Kb.as<float>(), Vb.as<float>(), L.as<float>(),
+                              O.as<float>(), S.as<float>());
+  expect_close(get(O, q.size()), want.attn, 1e-4, "attn");
+  expect_close(get(L, want.lse.size()), want.lse, 1e-4, "lse");
+
+  backend_->zero(DK.data(), k.size() * sizeof(float));  // backward adds into dk and dv
+  backend_->zero(DV.data(), v.size() * sizeof(float));
+  backend_->attention_backward(a, Qb.as<float>(), Kb.as<float>(), Vb.as<float>(), L.as<float>(),
+                               DA.as<float>(), DQ.as<float>(), DK.as<float>(), DV.as<float>(),
+                               S.as<float>(), P.as<float>());
+  expect_close(get(DQ, q.size()), want.dq, 1e-4, "dq");
+  expect_close(get(DK, k.size()), want.dk, 1e-4, "dk");
+  expect_close(get(DV, v.size()), want.dv, 1e-4, "dv");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BackendConformance,
+                         ::testing::Values("cpu", "cpu_discrete", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+}  // namespace
+}  // namespace outcore::device
