@@ -1,4 +1,5 @@
-// ZeroEngine: construction (plan, tiers, swap files) and the forward/backward passes.
+// ZeroEngine: construction (plan, tiers, swap files, the parts of engine_impl.hpp), a
+// micro-batch, and the public calls.
 #include <fmt/format.h>
 
 #include <cstring>
@@ -31,27 +32,6 @@ uint64_t device_limit(device::Device& device) {
   if (const uint64_t free = device.free_memory_bytes(); free > 0)
     limit = limit == 0 ? free : std::min(limit, free);
   return limit;
-}
-
-// acc = g (first micro-batch) or acc + g, element by element: the one accumulation every
-// configuration performs, so results do not depend on where the accumulator lives.
-void accumulate(float* acc, const float* g, size_t n, bool first) {
-  if (first) {
-    std::memcpy(acc, g, n * sizeof(float));
-    return;
-  }
-  for (size_t i = 0; i < n; ++i) acc[i] += g[i];
-}
-
-// The gradient reduction of one micro-batch: `shards` holds every rank's contribution to
-// this rank's partition (n elements each, rank 0 first, as all_to_all leaves them), added
-// into acc one rank after the other. With micro-batch m of a step on rank m % world, this is
-// the same sequence of fp32 additions, in the same order, as one rank accumulating the
-// world's micro-batches one by one: the reason world W x gas G trains bit-identically to
-// world 1 x gas W*G.
-void accumulate_ranks(float* acc, const float* shards, size_t n, int world, bool first) {
-  for (int r = 0; r < world; ++r)
-    accumulate(acc, shards + static_cast<size_t>(r) * n, n, first && r == 0);
 }
 
 // What a device the host cannot read (a GPU) supports: the model computes there and every
@@ -90,8 +70,12 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
       device(device_in),
       comm(comm_in),
       options(std::move(options_in)),
-      g(detail::make_geometry(cfg, model, comm.world_size(), comm.rank(), true, options.gradients,
-                              device.host_accessible())),
+      g(detail::make_geometry(cfg, model,
+                              {.world = comm.world_size(),
+                               .rank = comm.rank(),
+                               .warn = true,
+                               .gradients = options.gradients,
+                               .device_host_accessible = device.host_accessible()})),
       plan(make_plan(cfg, model,
                      {.world_size = comm.world_size(),
                       .device_limit_bytes = device_limit(device),
@@ -99,9 +83,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
                       .gradients = g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
                                                                         : GradientPlacement::kHost,
                       .device_host_accessible = device.host_accessible()})),
-      executor(options.cpu_threads),
-      train_sched(detail::train_schedule(model)),
-      eval_sched(detail::eval_schedule(model)) {
+      executor(options.cpu_threads) {
   if (!device.host_accessible()) check_discrete_device(g, device);
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
   limits_at_start = limits;
@@ -114,7 +96,6 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   copy = device.create_stream("zero-copy");
   grad = device.create_stream("zero-grad");
   comm_stream = device.create_stream("zero-comm");
-  comm_done = device.create_event();
   device::Device* dev = &device;  // the pool's region is registered for the device's copies
   pool = std::make_unique<swap::PinnedPool>(swap::PinnedPoolOptions{
       .budget_bytes = plan.pinned_pool_bytes,
@@ -140,25 +121,16 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
         detail::optimizer_swap_files(g));
     optimizer_swapper = std::make_unique<swap::Swapper>(*optimizer_space, *aio, so, &executor);
   }
-  if (p.gradients == Tier::kNvme) {
-    grad_space = std::make_unique<swap::SwapSpace>(
-        swap::SwapSpaceOptions{.nvme_path = plan.optimizer_nvme_path, .rank = g.rank},
-        detail::grad_swap_files(g));
-    grad_swapper = std::make_unique<swap::Swapper>(*grad_space, *aio, so, &executor);
-    for (size_t u = 0; u < g.units.size(); ++u)
-      grad_ids.push_back(grad_space->find(static_cast<uint32_t>(u), swap::SwapKind::kGrad, "g"));
-    for (size_t k = 0; k < pl.grad_slots; ++k)
-      grad_buffers.push_back(pool->acquire(pl.grad_slot_bytes));
-  }
-  if (pl.grad_copy_back_bytes > 0) grad_copy_back = pool->acquire(pl.grad_copy_back_bytes);
+  grads = std::make_unique<detail::GradientPath>(g, device, comm, *grad, *comm_stream, executor,
+                                                 traffic, *pool, aio.get(), so,
+                                                 plan.optimizer_nvme_path, pl);
+  // Several ranks on a device the host cannot read: parameters are gathered here (fetches
+  // and publications, one at a time on the comm stream), then copied up whole.
+  swap::PinnedBuffer param_gather;
   if (pl.param_gather_bytes > 0) param_gather = pool->acquire(pl.param_gather_bytes);
-  for (const detail::UnitGeometry& ug : g.units) {
-    norm_block_off.push_back(norm_blocks.size());
-    norm_blocks.resize(norm_blocks.size() + ug.part / detail::kNormBlock);
-  }
 
-  acts = std::make_unique<model::ActivationBuffers>(model, device,
-                                                    cfg.activation_checkpointing.cpu_checkpointing);
+  auto acts = std::make_unique<model::ActivationBuffers>(
+      model, device, cfg.activation_checkpointing.cpu_checkpointing);
   if (p.stage < 3) {
     for (size_t u = 0; u < g.units.size(); ++u)
       full_params.push_back(
@@ -176,17 +148,9 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     coordinator = std::make_unique<detail::ParamCoordinator>(
         g, *home, device, *fetch_stream, *comm_stream, comm, std::move(fetch_buffers), traffic,
         std::move(co));
-    coordinator->set_step_gate([this](int unit) { return unit_pending(unit); },
-                               [this](int unit) { wait_unit(unit); });
+    coordinator->set_step_gate([this](int unit) { return steps->pending(unit); },
+                               [this](int unit) { steps->wait_unit(unit); });
     if (param_gather.valid()) coordinator->set_gather_buffer(param_gather.data());
-  }
-  for (size_t u = 0; u < g.units.size(); ++u) {
-    const size_t bytes = g.units[u].accum_len * sizeof(float);
-    if (p.gradients == Tier::kDevice)
-      device_accum.push_back(
-          device.alloc(bytes, fmt::format("gradient accumulator of unit {}", u)));
-    else if (p.gradients == Tier::kHost)
-      host_accum.emplace_back(bytes);
   }
   if (p.optimizer == Tier::kNvme) {
     swap::OptimizerSwapperOptions oo;
@@ -201,27 +165,24 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   } else {
     optimizer = detail::make_memory_store(g, &device, executor);
   }
-  for (size_t k = 0; k < pl.writeback_slots; ++k)
-    publish_slots.push_back(
-        {pool->acquire(pl.writeback_slot_bytes), device.create_event(), false, {}});
+  publisher = std::make_unique<detail::ParamPublisher>(
+      g, device, comm, *copy, *comm_stream, full_params, home.get(), traffic, *pool,
+      pl.writeback_slots, pl.writeback_slot_bytes, std::move(param_gather));
   scratch = AlignedBuffer(g.max_own_len * sizeof(float));
+  steps = std::make_unique<detail::StepScheduler>(g, options.overlap_step, *optimizer, *grads,
+                                                  *publisher, scratch.as<float>());
+  passes = std::make_unique<detail::PassDriver>(model, std::move(acts), full_params,
+                                                coordinator.get(), *grads, *steps);
   initialise(seed);
 }
 
 ZeroEngine::Impl::~Impl() {
   try {
-    finish_step();
+    steps->finish();
   } catch (const std::exception& e) {
     log::warn("zero: shutting down after a failed optimizer step: {}", e.what());
   }
-  if (step_run.worker.joinable()) {  // idle now: finish_step waited for it
-    {
-      std::lock_guard lock(step_run.m);
-      step_run.quit = true;
-    }
-    step_run.cv.notify_all();
-    step_run.worker.join();
-  }
+  steps->stop();  // idle now: finish() waited for it
   for (device::Stream* s : {fetch_stream.get(), copy.get(), grad.get(), comm_stream.get()}) {
     if (s == nullptr) continue;
     try {
@@ -230,120 +191,7 @@ ZeroEngine::Impl::~Impl() {
       log::warn("zero: shutting down after an error on stream {}: {}", s->name(), e.what());
     }
   }
-  for (PublishSlot& s : publish_slots) {
-    if (!s.write.valid()) continue;
-    try {
-      home->swapper()->wait(s.write);
-    } catch (const std::exception& e) {
-      log::warn("zero: shutting down: {}", e.what());
-    }
-  }
-}
-
-const void* ZeroEngine::Impl::params_of(int unit) const {
-  return coordinator ? coordinator->slab(unit) : full_params[unit].data();
-}
-
-float* ZeroEngine::Impl::grad_accumulator(int unit) {
-  return device_accum.empty() ? host_accum[unit].as<float>().data()
-                              : device_accum[unit].as<float>();
-}
-
-void ZeroEngine::Impl::drain_grads(size_t keep) {
-  while (in_flight.size() > keep) {
-    in_flight.front().done->synchronize();
-    in_flight.pop_front();
-  }
-}
-
-device::DeviceBuffer ZeroEngine::Impl::alloc_grad_slab(int unit) {
-  drain_grads(detail::kGradSlabsInFlight);
-  return device.alloc(g.units[unit].padded * sizeof(float),
-                      fmt::format("gradient slab of unit {}", unit));
-}
-
-// Hands a unit's freshly computed gradient slab to the gradient path: every rank's part of it
-// sent to the rank that owns that partition (all_to_all in place, comm stream, world > 1),
-// then the world's contributions added rank by rank into this rank's reduced partition of
-// the accumulator (grad stream), device-to-host when the accumulator lives in host memory.
-// Below stage 2 the accumulator is the full slab and only the partition at red_off is
-// accumulated; step() gathers the rest (stage 0) or needs only that (stage 1). On a device the
-// host cannot read, the slab is first copied back to pinned memory (grad stream), and the
-// all_to_all runs there.
-void ZeroEngine::Impl::post_when_final(int unit) {
-  if (!pass_tentative || !optimizer->can_step_tentatively(unit)) return;
-  // The pass is the step's last: once the grad stream gets here the unit's gradients are
-  // final, and the step worker may start its Adam.
-  std::shared_ptr<StepRun::Tentative> t = pass_tentative;
-  StepRun* run = &step_run;
-  grad->enqueue([run, t, unit] {
-    {
-      std::lock_guard lock(run->m);
-      t->posted.push_back(unit);
-    }
-    run->cv.notify_all();
-  });
-}
-
-void ZeroEngine::Impl::submit_grads(int unit, device::DeviceBuffer slab, bool first) {
-  const detail::UnitGeometry& ug = g.units[unit];
-  InFlightGrad f{std::move(slab), device.create_event(), device.create_event(),
-                 device.create_event()};
-  float* shards = f.slab.as<float>();
-  const int world = g.world;
-  if (!g.device_host_accessible) {
-    // The grad stream handles one slab at a time (its next copy-back is queued after this
-    // slab's accumulation), so one copy-back buffer serves every unit.
-    float* host = grad_copy_back.as<float>().data();
-    grad->copy_d2h(host, shards, ug.padded * sizeof(float));
-    shards = host;
-    if (world > 1) {
-      grad->record(*f.copied);
-      comm_stream->wait(*f.copied);
-    }
-  }
-  if (world > 1) {
-    comm::Comm* c = &comm;
-    const size_t padded = ug.padded;
-    comm_stream->enqueue([c, shards, padded] { c->all_to_all({shards, padded}); });
-    comm_stream->record(*f.reduced);
-    grad->wait(*f.reduced);
-  }
-  const size_t n = ug.part;
-  if (g.placement.gradients == Tier::kNvme) {
-    // The partition's sum so far lives in a swap file: read it (later micro-batches), add,
-    // take its block sums of squares (the step's norm uses the last micro-batch's), write it
-    // back. One staging buffer: the grad stream handles one unit at a time.
-    traffic.d2h += static_cast<uint64_t>(world) * n * sizeof(float);
-    const std::span<std::byte> staging{grad_buffers[0].data(), n * sizeof(float)};
-    float* acc = reinterpret_cast<float*>(staging.data());
-    swap::Swapper* sw = grad_swapper.get();
-    const swap::TensorId id = grad_ids[unit];
-    double* blocks = norm_blocks.data() + norm_block_off[unit];
-    const cpu_adam::Executor* ex = &executor;
-    grad->enqueue([sw, id, staging, acc, shards, n, world, first] {
-      OUTCORE_TRACE_SPAN("grad d2h", "copy", {.bytes = int64_t(world * n * sizeof(float))});
-      if (!first) sw->read(id, staging);
-      accumulate_ranks(acc, shards, n, world, first);
-    });
-    grad->enqueue([sw, id, staging, acc, n, blocks, ex] {
-      cpu_adam::block_sums_of_squares(acc, DType::F32, n, detail::kNormBlock, blocks, ex);
-      sw->write(id, staging);
-    });
-    post_when_final(unit);
-    grad->record(*f.done);
-    in_flight.push_back(std::move(f));
-    return;
-  }
-  float* acc = grad_accumulator(unit) + ug.red_off;
-  if (device_accum.empty()) traffic.d2h += static_cast<uint64_t>(world) * n * sizeof(float);
-  grad->enqueue([acc, shards, n, world, first] {
-    OUTCORE_TRACE_SPAN("grad d2h", "copy", {.bytes = int64_t(world * n * sizeof(float))});
-    accumulate_ranks(acc, shards, n, world, first);
-  });
-  post_when_final(unit);
-  grad->record(*f.done);
-  in_flight.push_back(std::move(f));
+  // ~ParamPublisher then waits for the publications' swap writes.
 }
 
 float ZeroEngine::Impl::forward_backward(const int32_t* tokens, const int32_t* targets,
@@ -354,68 +202,7 @@ float ZeroEngine::Impl::forward_backward(const int32_t* tokens, const int32_t* t
         "construction or step()");
   if (tokens == nullptr || targets == nullptr)
     throw InvalidArgument("zero: forward_backward: tokens and targets are required");
-  const int head = model.num_units() - 1;
-  const bool tied = model.config().tie_word_embeddings;
-  model::ActivationBuffers& a = *acts;
-  pass_tentative = arm_tentative();
-  if (coordinator) coordinator->begin(&train_sched);
-  float loss = 0.0f;
-  for (size_t i = 0; i < train_sched.size(); ++i) {
-    const detail::PassStep& s = train_sched[i];
-    const int u = s.unit;
-    wait_unit(u);  // a step still publishing later units runs on
-    for (int v : s.needs) wait_unit(v);
-    if (coordinator) coordinator->acquire(i);
-    if (!s.backward) {
-      if (u == 0)
-        model.forward(0, {.params = params_of(0), .tokens = tokens, .output = a.unit_input(1)});
-      else
-        model.forward(u, {.params = params_of(u),
-                          .input = a.unit_input(u),
-                          .output = a.unit_input(u + 1),
-                          .saved = a.saved(u),
-                          .scratch = a.scratch()});
-      if (u != head) a.after_forward(u);  // staged cpu_checkpointing: output down to the host
-    } else if (u == head) {
-      a.before_backward(head);
-      if (tied) tied_slab = alloc_grad_slab(0);
-      device::DeviceBuffer gs = alloc_grad_slab(head);
-      loss = model.backward(head, {.params = params_of(head),
-                                   .tied_params = tied ? params_of(0) : nullptr,
-                                   .targets = targets,
-                                   .input = a.unit_input(head),
-                                   .grad_input = a.grad(),
-                                   .grads = gs.as<float>(),
-                                   .tied_grads = tied ? tied_slab.as<float>() : nullptr,
-                                   .mode = model::GradMode::Overwrite,
-                                   .loss_scale = loss_scale,
-                                   .scratch = a.scratch()});
-      submit_grads(head, std::move(gs), first);
-    } else if (u > 0) {
-      a.before_backward(u);
-      device::DeviceBuffer gs = alloc_grad_slab(u);
-      model.backward(u, {.params = params_of(u),
-                         .input = a.unit_input(u),
-                         .grad_output = a.grad(),
-                         .grad_input = a.grad(),
-                         .grads = gs.as<float>(),
-                         .mode = model::GradMode::Overwrite,
-                         .saved = a.saved(u),
-                         .scratch = a.scratch()});
-      submit_grads(u, std::move(gs), first);
-    } else {
-      device::DeviceBuffer gs = tied ? std::move(tied_slab) : alloc_grad_slab(0);
-      model.backward(0, {.tokens = tokens,
-                         .grad_output = a.grad(),
-                         .grads = gs.as<float>(),
-                         .mode = model::GradMode::Overwrite});
-      submit_grads(0, std::move(gs), first);
-    }
-    if (coordinator) coordinator->release(i);
-  }
-  drain_grads(0);
-  pass_tentative.reset();
-  if (coordinator) coordinator->end();
+  const float loss = passes->train(tokens, targets, loss_scale, first);
   accumulating = true;
   return loss;
 }
@@ -423,35 +210,7 @@ float ZeroEngine::Impl::forward_backward(const int32_t* tokens, const int32_t* t
 float ZeroEngine::Impl::evaluate(const int32_t* tokens, const int32_t* targets) {
   if (tokens == nullptr || targets == nullptr)
     throw InvalidArgument("zero: evaluate: tokens and targets are required");
-  cancel_tentative();  // the parameters of a step step() has not judged are not the model's
-  const int head = model.num_units() - 1;
-  const bool tied = model.config().tie_word_embeddings;
-  model::ActivationBuffers& a = *acts;
-  if (coordinator) coordinator->begin(&eval_sched);
-  float loss = 0.0f;
-  for (size_t i = 0; i < eval_sched.size(); ++i) {
-    const int u = eval_sched[i].unit;
-    wait_unit(u);  // a step still publishing later units runs on
-    for (int v : eval_sched[i].needs) wait_unit(v);
-    if (coordinator) coordinator->acquire(i);
-    if (u == 0)
-      model.forward(0, {.params = params_of(0), .tokens = tokens, .output = a.unit_input(1)});
-    else if (u < head)
-      model.forward(u, {.params = params_of(u),
-                        .input = a.unit_input(u),
-                        .output = a.unit_input(u + 1),
-                        .saved = a.saved(u),
-                        .scratch = a.scratch()});
-    else
-      loss = model.forward(head, {.params = params_of(head),
-                                  .tied_params = tied ? params_of(0) : nullptr,
-                                  .targets = targets,
-                                  .input = a.unit_input(head),
-                                  .scratch = a.scratch()});
-    if (coordinator) coordinator->release(i);
-  }
-  if (coordinator) coordinator->end();
-  return loss;
+  return passes->evaluate(tokens, targets);
 }
 
 // ---- ZeroEngine -----------------------------------------------------------------------------
@@ -477,15 +236,15 @@ float ZeroEngine::evaluate(const int32_t* tokens, const int32_t* targets) {
 }
 
 StepResult ZeroEngine::step(const StepParams& params) { return impl_->step(params); }
-void ZeroEngine::expect_step(const StepParams& params) { impl_->expect_step(params); }
-void ZeroEngine::wait_step() { impl_->finish_step(); }
+void ZeroEngine::expect_step(const StepParams& params) { impl_->steps->expect(params); }
+void ZeroEngine::wait_step() { impl_->steps->finish(); }
 
 void ZeroEngine::get_master_weights(int unit, std::span<float> out) {
-  impl_->finish_step();
+  impl_->steps->finish();
   impl_->get_master_weights(unit, out);
 }
 void ZeroEngine::get_params(int unit, std::span<std::byte> out) {
-  impl_->finish_step();
+  impl_->steps->finish();
   impl_->get_params(unit, out);
 }
 
@@ -498,11 +257,11 @@ size_t ZeroEngine::partition_offset(int unit) const {
   return impl_->g.units[unit].own_off;
 }
 void ZeroEngine::visit_unit_state(int unit, const StateVisitor& fn) {
-  impl_->finish_step();
+  impl_->steps->finish();
   impl_->visit_unit_state(unit, fn);
 }
 void ZeroEngine::fill_unit_state(int unit, const StateFiller& fn) {
-  impl_->finish_step();
+  impl_->steps->finish();
   impl_->fill_unit_state(unit, fn);
 }
 void ZeroEngine::read_unit_state(int unit, std::span<float> master, std::span<float> exp_avg,
@@ -533,7 +292,7 @@ void ZeroEngine::write_unit_state(int unit, std::span<const float> master,
 }
 void ZeroEngine::visit_param_partition(int unit,
                                        const std::function<void(std::span<const std::byte>)>& fn) {
-  impl_->finish_step();
+  impl_->steps->finish();
   impl_->visit_param_partition(unit, fn);
 }
 void ZeroEngine::read_param_partition(int unit, std::span<std::byte> out) {
@@ -548,18 +307,19 @@ void ZeroEngine::read_param_partition(int unit, std::span<std::byte> out) {
 }
 DType ZeroEngine::param_dtype() const { return impl_->g.placement.param_dtype; }
 void ZeroEngine::read_state(int unit, StateKind kind, std::span<float> out) {
-  impl_->finish_step();
+  impl_->steps->finish();
   impl_->read_state(unit, kind, out);
 }
 void ZeroEngine::write_state(int unit, StateKind kind, std::span<const float> in) {
-  impl_->finish_step();
+  impl_->steps->finish();
   impl_->write_state(unit, kind, in);
 }
 
 TrafficStats ZeroEngine::traffic() const {
   TrafficStats t;
-  for (const swap::Swapper* s :
-       {impl_->param_swapper.get(), impl_->optimizer_swapper.get(), impl_->grad_swapper.get()}) {
+  const std::initializer_list<const swap::Swapper*> swappers = {
+      impl_->param_swapper.get(), impl_->optimizer_swapper.get(), impl_->grads->swapper()};
+  for (const swap::Swapper* s : swappers) {
     if (s == nullptr) continue;
     const swap::SwapperStats ss = s->stats();
     t.nvme_read_bytes += ss.bytes_in;

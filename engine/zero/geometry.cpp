@@ -7,11 +7,23 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "engine/device/device.hpp"
-#include "engine/zero/plan_internal.hpp"
 
 namespace outcore::zero::detail {
 
 using config::OffloadDevice;
+using device::charged_bytes;
+
+namespace {
+
+// stage3_param_persistence_threshold when the config leaves it unset (DeepSpeed's default).
+constexpr int64_t kDefaultParamPersistenceThreshold = 100'000;
+
+// Copies of each sub-group an optimizer swap file holds: one, or two when units may step
+// during the backward into a spare copy (outcore.step_in_backward).
+constexpr unsigned kOptimizerCopies = 1;
+constexpr unsigned kOptimizerCopiesWithSpare = 2;
+
+}  // namespace
 
 Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& model, bool warn) {
   const config::ZeroConfig& z = cfg.zero_optimization;
@@ -132,11 +144,82 @@ void warn_unused_offload_param_keys(const config::Config& cfg, const Geometry& g
         o.max_in_cpu);
 }
 
+// offload_optimizer.ratio < 1 at stage 3 with offload_optimizer cpu or nvme (DeepSpeed's
+// partial offload): sets g.placement.device_optimizer_from, the first unit whose optimizer
+// state stays on the device. The units before it are the longest prefix whose own elements
+// are at most ratio x all own elements (ratio 0: none; ratio 1: all). With offload none and a
+// ratio < 1 it changes nothing and, with `warn`, says so.
+void split_optimizer_homes(const config::Config& cfg, Geometry& g, bool warn) {
+  const double ratio = cfg.zero_optimization.offload_optimizer.ratio;
+  Placement& p = g.placement;
+  if (!(ratio < 1.0) || p.stage != 3) return;  // engine/config refuses ratio < 1 below stage 3
+  if (p.optimizer == Tier::kDevice) {
+    if (warn)
+      log::warn(
+          "zero_optimization.offload_optimizer.ratio {} has no effect: offload_optimizer.device "
+          "is none, so all the optimizer state is on the device already",
+          ratio);
+    return;
+  }
+  uint64_t total = 0;
+  for (const UnitGeometry& u : g.units) total += u.own_len;
+  const double offload = ratio * static_cast<double>(total);
+  uint64_t offloaded = 0;
+  size_t k = 0;
+  while (k < g.units.size() && static_cast<double>(offloaded + g.units[k].own_len) <= offload)
+    offloaded += g.units[k++].own_len;
+  p.device_optimizer_from = k;
+}
+
+// With the optimizer state on NVMe, the gradient accumulators go to swap files for kNvme, and
+// for kAuto when they would take more than a quarter of MemAvailable; else they stay where
+// resolve_placement put them.
+void place_gradients(GradientPlacement gradients, Geometry& g) {
+  if (g.placement.optimizer != Tier::kNvme || gradients == GradientPlacement::kHost) return;
+  uint64_t bytes = 0;
+  for (const UnitGeometry& u : g.units) bytes += u.accum_len * sizeof(float);
+  const uint64_t avail = gradients == GradientPlacement::kAuto ? mem_available_bytes() : 0;
+  if (gradients == GradientPlacement::kNvme || (avail > 0 && bytes > avail / 4))
+    g.placement.gradients = Tier::kNvme;
+}
+
+// outcore.step_in_backward: the step during backward runs units' NVMe optimizer steps from a
+// worker while the driving thread computes: only where those steps issue no collective (stage
+// 3, or one rank), so every rank's collectives keep one order.
+void enable_step_in_backward(const config::Config& cfg, bool warn, Geometry& g) {
+  if (!cfg.outcore.step_in_backward) return;
+  const char* why = nullptr;
+  if (g.placement.optimizer != Tier::kNvme)
+    why = "the optimizer state is not on NVMe (offload_optimizer.device nvme)";
+  else if (g.placement.stage != 3 && g.world > 1)
+    why = "stages 1-2 with several ranks gather new parameters with collectives";
+  else if (g.host_gathers_publications())
+    why = "parameters are gathered in host memory";
+  if (why == nullptr)
+    g.step_in_backward = true;
+  else if (warn)
+    log::warn("outcore.step_in_backward is ignored: {}; the step runs after backward", why);
+}
+
+// Every unit's slab, and what rank `rank` owns of it at `stage`.
+UnitGeometry unit_geometry(const model::UnitLayout& ul, int stage, int world, int rank) {
+  UnitGeometry u;
+  u.padded = ul.padded_numel;
+  u.part = ul.partition_numel(world);
+  u.own_off = stage == 0 ? 0 : static_cast<size_t>(rank) * u.part;
+  u.own_len = stage == 0 ? u.padded : u.part;
+  u.accum_len = stage <= 1 ? u.padded : u.part;
+  u.red_off = stage <= 1 ? static_cast<size_t>(rank) * u.part : 0;
+  return u;
+}
+
 }  // namespace
 
-Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model, int world,
-                       int rank, bool warn, GradientPlacement gradients,
-                       bool device_host_accessible) {
+Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model,
+                       const GeometryOptions& options) {
+  const int world = options.world;
+  const int rank = options.rank;
+  const bool warn = options.warn;
   if (world < 1 || rank < 0 || rank >= world)
     throw InvalidArgument(fmt::format("zero: rank {} of world size {} is invalid", rank, world));
   if (model.options().world_size != world)
@@ -152,16 +235,10 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
   g.sub_group_size =
       static_cast<uint64_t>(std::max<int64_t>(1, cfg.zero_optimization.sub_group_size));
   g.moments = config::adam_moments_bf16(cfg) ? DType::BF16 : DType::F32;
-  g.device_host_accessible = device_host_accessible;
+  g.device_host_accessible = options.device_host_accessible;
   const int stage = g.placement.stage;
   for (const model::UnitLayout& ul : model.layout().units) {
-    UnitGeometry u;
-    u.padded = ul.padded_numel;
-    u.part = ul.partition_numel(world);
-    u.own_off = stage == 0 ? 0 : static_cast<size_t>(rank) * u.part;
-    u.own_len = stage == 0 ? u.padded : u.part;
-    u.accum_len = stage <= 1 ? u.padded : u.part;
-    u.red_off = stage <= 1 ? static_cast<size_t>(rank) * u.part : 0;
+    const UnitGeometry u = unit_geometry(ul, stage, world, rank);
     g.max_own_len = std::max(g.max_own_len, u.own_len);
     g.max_part = std::max(g.max_part, u.part);
     g.max_padded = std::max(g.max_padded, u.padded);
@@ -171,29 +248,8 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
     split_param_homes(cfg, model.layout(), world, g);
   if (warn) warn_unused_offload_param_keys(cfg, g);
   split_optimizer_homes(cfg, g, warn);
-  if (g.placement.optimizer == Tier::kNvme && gradients != GradientPlacement::kHost) {
-    uint64_t bytes = 0;
-    for (const UnitGeometry& u : g.units) bytes += u.accum_len * sizeof(float);
-    const uint64_t avail = gradients == GradientPlacement::kAuto ? mem_available_bytes() : 0;
-    if (gradients == GradientPlacement::kNvme || (avail > 0 && bytes > avail / 4))
-      g.placement.gradients = Tier::kNvme;
-  }
-  if (cfg.outcore.step_in_backward) {
-    // The step during backward runs units' NVMe optimizer steps from a worker while the
-    // driving thread computes: only where those steps issue no collective (stage 3, or one
-    // rank), so every rank's collectives keep one order.
-    const char* why = nullptr;
-    if (g.placement.optimizer != Tier::kNvme)
-      why = "the optimizer state is not on NVMe (offload_optimizer.device nvme)";
-    else if (stage != 3 && world > 1)
-      why = "stages 1-2 with several ranks gather new parameters with collectives";
-    else if (g.host_gathers_publications())
-      why = "parameters are gathered in host memory";
-    if (why == nullptr)
-      g.step_in_backward = true;
-    else if (warn)
-      log::warn("outcore.step_in_backward is ignored: {}; the step runs after backward", why);
-  }
+  place_gradients(options.gradients, g);
+  enable_step_in_backward(cfg, warn, g);
   return g;
 }
 
@@ -236,7 +292,8 @@ std::vector<PassStep> eval_schedule(const model::LlamaModel& model) {
 
 std::vector<bool> persistent_units(const config::Config& cfg, const Geometry& g) {
   const config::ZeroConfig& z = cfg.zero_optimization;
-  const int64_t threshold = z.stage3_param_persistence_threshold.value_or(100'000);
+  const int64_t threshold =
+      z.stage3_param_persistence_threshold.value_or(kDefaultParamPersistenceThreshold);
   const int64_t cap = z.stage3_model_persistence_threshold;
   std::vector<bool> out(g.units.size(), false);
   int64_t total = 0;
@@ -251,7 +308,6 @@ std::vector<bool> persistent_units(const config::Config& cfg, const Geometry& g)
 }
 
 uint64_t grad_slab_peak_bytes(const model::LlamaModel& model, const Geometry& g) {
-  using device::charged_bytes;
   const int head = model.num_units() - 1;
   const bool tied = model.config().tie_word_embeddings;
   auto slab = [&](int u) { return charged_bytes(g.units[u].padded * sizeof(float)); };
@@ -264,6 +320,52 @@ uint64_t grad_slab_peak_bytes(const model::LlamaModel& model, const Geometry& g)
     peak = std::max(peak, alive);
   }
   return peak + (tied ? slab(0) : 0);
+}
+
+uint64_t live_param_min_bytes(const model::LlamaModel& model, const Geometry& g,
+                              const std::vector<bool>& persistent) {
+  auto slab = [&](int u) { return charged_bytes(g.units[u].padded * g.param_bytes); };
+  uint64_t persistent_bytes = 0;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    if (persistent[u]) persistent_bytes += slab(static_cast<int>(u));
+  uint64_t need = 0;
+  for (const auto& sched : {train_schedule(model), eval_schedule(model)})
+    for (const PassStep& s : sched) {
+      uint64_t b = persistent_bytes;
+      for (int u : s.needs)
+        if (!persistent[u]) b += slab(u);
+      need = std::max(need, b);
+    }
+  return need;
+}
+
+std::vector<swap::SwapFileSpec> param_swap_files(const Geometry& g) {
+  std::vector<swap::SwapFileSpec> files;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    if (g.placement.param_home(u) == Tier::kNvme)
+      files.push_back({.unit = static_cast<uint32_t>(u),
+                       .kind = swap::SwapKind::kParam,
+                       .tensors = {{"p", g.units[u].part * g.param_bytes}}});
+  return files;
+}
+
+std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g) {
+  const unsigned copies = g.step_in_backward ? kOptimizerCopiesWithSpare : kOptimizerCopies;
+  std::vector<swap::SwapFileSpec> files;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    if (g.placement.optimizer_home(u) == Tier::kNvme)
+      files.push_back(swap::optimizer_file_spec(static_cast<uint32_t>(u), g.units[u].own_len,
+                                                g.sub_group_size, g.moments, copies));
+  return files;
+}
+
+std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g) {
+  std::vector<swap::SwapFileSpec> files;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    files.push_back({.unit = static_cast<uint32_t>(u),
+                     .kind = swap::SwapKind::kGrad,
+                     .tensors = {{"g", g.units[u].accum_len * sizeof(float)}}});
+  return files;
 }
 
 }  // namespace outcore::zero::detail

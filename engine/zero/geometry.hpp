@@ -1,5 +1,9 @@
-// Internal to engine/zero: the sizes and the unit schedule that the planner and the engine
-// share, so that the plan's byte counts are exactly what the engine allocates.
+// Internal to engine/zero: every per-unit decision (each unit's sizes, the home of each kind
+// of its state, its swap files) and the unit schedule, shared by the planner and the engine so
+// that the plan's byte counts are exactly what the engine allocates. Below plan.hpp: it
+// includes placement.hpp, never the planner.
+//
+// Threading: pure functions (mem_available_bytes reads /proc/meminfo); thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -9,7 +13,8 @@
 #include "common/dtype.hpp"
 #include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
-#include "engine/zero/plan.hpp"
+#include "engine/zero/placement.hpp"
+#include "swap/swap.hpp"
 
 namespace outcore::zero::detail {
 
@@ -61,14 +66,32 @@ struct Geometry {
 // stage 3 ignored; nvme optimizer below stage 3).
 Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& model, bool warn);
 
-// The placement and every unit's sizes for rank `rank` of `world`. At stage 3 with
-// offload_param nvme it splits the units between host memory and swap files by
+// Whose geometry make_geometry computes, and how.
+struct GeometryOptions {
+  int world = 1;  // data-parallel ranks; the model's layout must be padded for it
+  int rank = 0;   // 0..world-1
+  // Log the DeepSpeed-compatible warnings (keys ignored or without effect). The engine warns
+  // once; the planner, which may run many times, does not.
+  bool warn = false;
+  // Where the gradient accumulators go when the optimizer state is on NVMe (kAuto reads
+  // MemAvailable).
+  GradientPlacement gradients = GradientPlacement::kHost;
+  // Device::host_accessible() of the device the engine runs on (false for a GPU).
+  bool device_host_accessible = true;
+};
+
+// The placement and every unit's sizes for rank `options.rank` of `options.world`. At stage 3
+// with offload_param nvme it splits the units between host memory and swap files by
 // offload_param.max_in_cpu and throws ConfigError naming offload_param.buffer_size when that is
-// smaller than the largest partition in a swap file. With `warn`, logs the warnings of
-// resolve_placement and one for an offload_param.buffer_size that has no further effect.
-Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model, int world,
-                       int rank, bool warn, GradientPlacement gradients = GradientPlacement::kHost,
-                       bool device_host_accessible = true);
+// smaller than the largest partition in a swap file. With offload_optimizer.ratio < 1 at stage
+// 3 (offload cpu or nvme, DeepSpeed's partial offload) the optimizer state of the units after
+// the longest prefix whose own elements are at most ratio x all own elements stays on the
+// device (Placement::device_optimizer_from). With `warn`, logs the warnings of
+// resolve_placement and those for keys that have no effect (offload_param.buffer_size,
+// max_in_cpu, offload_optimizer.ratio, outcore.step_in_backward). Throws InvalidArgument for a
+// rank outside the world or a model padded for another world size.
+Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model,
+                       const GeometryOptions& options);
 
 // Whether new low-precision parameters of `unit` go through a pinned staging slot after Adam
 // (then copied host-to-device or written to the unit's swap file) rather than being written
@@ -98,6 +121,20 @@ std::vector<bool> persistent_units(const config::Config& cfg, const Geometry& g)
 // Device gradient slabs: the most charged bytes alive at once during backward (two
 // consecutive units' slabs, plus the embedding's from the head to its own backward when tied).
 uint64_t grad_slab_peak_bytes(const model::LlamaModel& model, const Geometry& g);
+
+// Stage 3: the smallest device byte budget (charged bytes) for gathered slabs that lets every
+// step of the training and evaluation passes run: the `persistent` units' slabs plus the most
+// that one step needs of the others.
+uint64_t live_param_min_bytes(const model::LlamaModel& model, const Geometry& g,
+                              const std::vector<bool>& persistent);
+
+// The swap files of the units whose parameter partitions are homed on NVMe (one tensor "p" of
+// part low-precision elements per unit), of those whose optimizer state is
+// (swap::optimizer_file_spec, with a spare copy under step_in_backward), and of the gradient
+// accumulators on NVMe (one tensor "g" of accum_len fp32 per unit, every unit).
+std::vector<swap::SwapFileSpec> param_swap_files(const Geometry& g);
+std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g);
+std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g);
 
 // Elements per partial sum of the gradient norm: every partition (part) is a multiple of it
 // at any world size (model::kPartitionAlignElems), so ranks cut the slab at block boundaries.

@@ -1,5 +1,6 @@
-// The placement planner: the bytes each tier holds at its peak, computed from the same
-// geometry the engine allocates from.
+// The placement planner: the bytes each tier holds at its peak and the bytes moved per step,
+// counted from the same geometry the engine allocates from (every per-unit decision is the
+// geometry's; this file only counts).
 #include "engine/zero/plan.hpp"
 
 #include <fmt/format.h>
@@ -8,7 +9,6 @@
 
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
-#include "common/log.hpp"
 #include "engine/device/device.hpp"
 #include "engine/zero/geometry.hpp"
 #include "engine/zero/plan_internal.hpp"
@@ -18,20 +18,6 @@
 namespace outcore::zero {
 
 using device::charged_bytes;
-
-std::string_view tier_name(Tier t) {
-  switch (t) {
-    case Tier::kDevice:
-      return "device";
-    case Tier::kPinned:
-      return "pinned";
-    case Tier::kHost:
-      return "host";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
 
 uint64_t& TierBytes::operator[](Tier t) {
   switch (t) {
@@ -51,56 +37,11 @@ uint64_t TierBytes::operator[](Tier t) const { return const_cast<TierBytes&>(*th
 
 namespace detail {
 
-std::vector<swap::SwapFileSpec> param_swap_files(const Geometry& g) {
-  std::vector<swap::SwapFileSpec> files;
-  for (size_t u = 0; u < g.units.size(); ++u)
-    if (g.placement.param_home(u) == Tier::kNvme)
-      files.push_back({.unit = static_cast<uint32_t>(u),
-                       .kind = swap::SwapKind::kParam,
-                       .tensors = {{"p", g.units[u].part * g.param_bytes}}});
-  return files;
-}
+namespace {
 
-std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g) {
-  std::vector<swap::SwapFileSpec> files;
-  for (size_t u = 0; u < g.units.size(); ++u)
-    files.push_back({.unit = static_cast<uint32_t>(u),
-                     .kind = swap::SwapKind::kGrad,
-                     .tensors = {{"g", g.units[u].accum_len * sizeof(float)}}});
-  return files;
-}
-
-std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g) {
-  std::vector<swap::SwapFileSpec> files;
-  for (size_t u = 0; u < g.units.size(); ++u)
-    if (g.placement.optimizer_home(u) == Tier::kNvme)
-      files.push_back(swap::optimizer_file_spec(static_cast<uint32_t>(u), g.units[u].own_len,
-                                                g.sub_group_size, g.moments,
-                                                g.step_in_backward ? 2 : 1));
-  return files;
-}
-
-void split_optimizer_homes(const config::Config& cfg, Geometry& g, bool warn) {
-  const double ratio = cfg.zero_optimization.offload_optimizer.ratio;
-  Placement& p = g.placement;
-  if (!(ratio < 1.0) || p.stage != 3) return;  // engine/config refuses ratio < 1 below stage 3
-  if (p.optimizer == Tier::kDevice) {
-    if (warn)
-      log::warn(
-          "zero_optimization.offload_optimizer.ratio {} has no effect: offload_optimizer.device "
-          "is none, so all the optimizer state is on the device already",
-          ratio);
-    return;
-  }
-  uint64_t total = 0;
-  for (const UnitGeometry& u : g.units) total += u.own_len;
-  const double offload = ratio * static_cast<double>(total);
-  uint64_t offloaded = 0;
-  size_t k = 0;
-  while (k < g.units.size() && static_cast<double>(offloaded + g.units[k].own_len) <= offload)
-    offloaded += g.units[k++].own_len;
-  p.device_optimizer_from = k;
-}
+// Unit steps on NVMe optimizer state that run at once in the full pinned layout (one steps
+// while the next one's state is read); the reduced layout runs one.
+constexpr size_t kConcurrentNvmeSteps = 2;
 
 // The largest lease one OptimizerSwapper step takes: min(buffer_count, sub-groups) buffers of
 // the unit's largest sub-group's three 4 KiB-aligned parts (units with state in swap files).
@@ -120,8 +61,11 @@ uint64_t optimizer_lease_bytes(const Geometry& g, unsigned buffer_count) {
   return most;
 }
 
-PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, bool reduced) {
+}  // namespace
+
+PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, PinnedLayoutSize size) {
   const Placement& p = g.placement;
+  const bool reduced = size == PinnedLayoutSize::kReduced;
   PinnedLayout l;
   size_t staged_own_len = 0;  // the longest partition published through a staging slot
   bool staged = false;
@@ -138,7 +82,7 @@ PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, bool re
                                   1, cfg.zero_optimization.offload_param.buffer_count));
     l.fetch_slot_bytes = align_up(g.max_nvme_part * g.param_bytes, kIoAlignment);
   }
-  const size_t concurrent = p.optimizer == Tier::kNvme && !reduced ? 2 : 1;
+  const size_t concurrent = p.optimizer == Tier::kNvme && !reduced ? kConcurrentNvmeSteps : 1;
   if (staged) {
     l.writeback_slots = concurrent + 1;  // one per unit step in flight, one being written
     l.writeback_slot_bytes = align_up(staged_own_len * g.param_bytes, kIoAlignment);
@@ -170,31 +114,31 @@ uint64_t PinnedLayout::total() const {
 
 PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g) {
   const uint64_t limit = cfg.outcore.pinned_memory_mb << 20;
-  PinnedLayout full = pinned_layout(cfg, g, false);
-  if (limit > 0 && full.total() > limit) return pinned_layout(cfg, g, true);
+  PinnedLayout full = pinned_layout(cfg, g, PinnedLayoutSize::kFull);
+  if (limit > 0 && full.total() > limit) return pinned_layout(cfg, g, PinnedLayoutSize::kReduced);
   return full;
-}
-
-uint64_t live_param_min_bytes(const model::LlamaModel& model, const Geometry& g,
-                              const std::vector<bool>& persistent) {
-  auto slab = [&](int u) { return charged_bytes(g.units[u].padded * g.param_bytes); };
-  uint64_t persistent_bytes = 0;
-  for (size_t u = 0; u < g.units.size(); ++u)
-    if (persistent[u]) persistent_bytes += slab(static_cast<int>(u));
-  uint64_t need = 0;
-  for (const auto& sched : {train_schedule(model), eval_schedule(model)})
-    for (const PassStep& s : sched) {
-      uint64_t b = persistent_bytes;
-      for (int u : s.needs)
-        if (!persistent[u]) b += slab(u);
-      need = std::max(need, b);
-    }
-  return need;
 }
 
 }  // namespace detail
 
 namespace {
+
+using detail::Geometry;
+using detail::UnitGeometry;
+
+// What make_plan counts from: the inputs, the geometry, the activation plan and the words the
+// items are described with. Each tier's function adds that tier's items, in tier order.
+struct PlanContext {
+  const config::Config& cfg;
+  const model::LlamaModel& model;
+  const Geometry& g;
+  model::ActivationPlan acts;
+  std::string param_dtype;      // "bf16"
+  std::string optimizer_state;  // "fp32 master weights + Adam moments"
+  // offload_optimizer.ratio < 1: ", units 0..k-1" for the offloaded part (empty without a
+  // split or with nothing offloaded).
+  std::string offloaded_units;
+};
 
 // "(offload_param cpu, pinned)", or for the units offload_param.max_in_cpu keeps in host
 // memory "of units 0..k-1 (max_in_cpu, pinned)".
@@ -204,17 +148,29 @@ std::string host_params_what(const Placement& p, std::string_view pinned) {
   return fmt::format("of units 0..{} (max_in_cpu, {})", p.host_param_units - 1, pinned);
 }
 
-// offload_optimizer.ratio < 1: "of units k..U-1 (ratio r)" for the state kept on the device,
-// and ", units 0..k-1" for the offloaded part (empty without a split or with nothing offloaded).
-std::string device_optimizer_what(const config::Config& cfg, const detail::Geometry& g) {
+std::string offloaded_units_what(const Geometry& g) {
+  const size_t k = g.placement.device_optimizer_from;
+  if (k >= g.units.size() || k == 0) return "";
+  return fmt::format(", units 0..{}", k - 1);
+}
+
+// offload_optimizer.ratio < 1: "of units k..U-1 (ratio r)" for the state kept on the device.
+std::string device_optimizer_what(const config::Config& cfg, const Geometry& g) {
   return fmt::format("of units {}..{} (ratio {})", g.placement.device_optimizer_from,
                      g.units.size() - 1, cfg.zero_optimization.offload_optimizer.ratio);
 }
 
-std::string offloaded_optimizer_what(const detail::Geometry& g) {
-  const size_t k = g.placement.device_optimizer_from;
-  if (k >= g.units.size() || k == 0) return "";
-  return fmt::format(", units 0..{}", k - 1);
+PlanContext plan_context(const config::Config& cfg, const model::LlamaModel& model,
+                         const Geometry& g) {
+  return {.cfg = cfg,
+          .model = model,
+          .g = g,
+          .acts = model::plan_activations(model, cfg.activation_checkpointing.cpu_checkpointing,
+                                          g.device_host_accessible),
+          .param_dtype = std::string(dtype_name(g.placement.param_dtype)),
+          .optimizer_state = g.moments == DType::BF16 ? "fp32 master weights + bf16 Adam moments"
+                                                      : "fp32 master weights + Adam moments",
+          .offloaded_units = offloaded_units_what(g)};
 }
 
 void add(Plan& plan, Tier tier, std::string what, uint64_t bytes, std::string key = {}) {
@@ -223,43 +179,235 @@ void add(Plan& plan, Tier tier, std::string what, uint64_t bytes, std::string ke
   plan.peak[tier] += bytes;
 }
 
-void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
-                  const detail::Geometry& g, Plan& plan) {
+// Sum over every unit of bytes_of(unit).
+template <class BytesOf>
+uint64_t sum_units(const Geometry& g, BytesOf bytes_of) {
+  uint64_t s = 0;
+  for (const UnitGeometry& u : g.units) s += bytes_of(u);
+  return s;
+}
+
+// Sum over the units whose optimizer state is homed in `tier` of bytes_of(unit).
+template <class BytesOf>
+uint64_t sum_optimizer_units(const Geometry& g, Tier tier, BytesOf bytes_of) {
+  uint64_t s = 0;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    if (g.placement.optimizer_home(u) == tier) s += bytes_of(g.units[u]);
+  return s;
+}
+
+// The plan's header: world, batch shape and element counts.
+Plan plan_counts(const PlanContext& c) {
+  const Geometry& g = c.g;
+  Plan plan;
+  plan.placement = g.placement;
+  plan.world_size = g.world;
+  plan.micro_batches_per_step = c.cfg.gradient_accumulation_steps.value_or(1);
+  plan.tokens_per_micro_batch = c.model.tokens();
+  plan.num_parameters = c.model.config().num_parameters();
+  plan.padded_elems = sum_units(g, [](const UnitGeometry& u) { return u.padded; });
+  plan.optimizer_ratio = c.cfg.zero_optimization.offload_optimizer.ratio;
+  plan.optimizer_elems = sum_units(g, [](const UnitGeometry& u) { return u.own_len; });
+  plan.offloaded_optimizer_elems =
+      plan.optimizer_elems -
+      sum_optimizer_units(g, Tier::kDevice, [](const UnitGeometry& u) { return u.own_len; });
+  return plan;
+}
+
+// Device items that do not depend on the budget: activations, parameters homed on the device,
+// gradient slabs, optimizer state and accumulators on the device.
+void plan_device_state(const PlanContext& c, Plan& plan) {
+  const Geometry& g = c.g;
+  const Placement& p = g.placement;
+  add(plan, Tier::kDevice,
+      c.model.options().activation_checkpointing
+          ? "activations (checkpointed unit inputs, scratch)"
+          : "activations (unit inputs, saved internals, scratch)",
+      c.acts.device_bytes);
+  if (p.stage < 3)
+    add(plan, Tier::kDevice, c.param_dtype + " parameters, full slabs of every unit",
+        sum_units(g,
+                  [&](const UnitGeometry& u) { return charged_bytes(u.padded * g.param_bytes); }));
+  else if (p.params == Tier::kDevice)
+    add(plan, Tier::kDevice, c.param_dtype + " parameter partitions (offload_param none)",
+        sum_units(g, [&](const UnitGeometry& u) { return charged_bytes(u.part * g.param_bytes); }));
+  plan.device_grad_bytes = detail::grad_slab_peak_bytes(c.model, g);
+  add(plan, Tier::kDevice, "fp32 gradient slabs of the units in backward", plan.device_grad_bytes);
+  add(plan, Tier::kDevice,
+      p.optimizer == Tier::kDevice ? c.optimizer_state
+                                   : c.optimizer_state + " " + device_optimizer_what(c.cfg, g),
+      sum_optimizer_units(g, Tier::kDevice, [&](const UnitGeometry& u) {
+        return charged_bytes(u.own_len * g.optimizer_elem_bytes());
+      }));
+  if (p.gradients == Tier::kDevice)
+    add(plan, Tier::kDevice, "fp32 gradient accumulators", sum_units(g, [](const UnitGeometry& u) {
+          return charged_bytes(u.accum_len * sizeof(float));
+        }));
+}
+
+// Stage 3: the device budget for gathered parameter slabs. What the limit leaves after the
+// rest of the device tier (counted before this), capped by every slab, by
+// stage3_max_live_parameters, and raised to the least that lets every pass run.
+void plan_live_params(const PlanContext& c, uint64_t device_limit, Plan& plan) {
+  const Geometry& g = c.g;
+  if (g.placement.stage != 3) return;
+  const uint64_t fixed_device = plan.peak.device;
+  const uint64_t min_live =
+      detail::live_param_min_bytes(c.model, g, detail::persistent_units(c.cfg, g));
+  const uint64_t all =
+      sum_units(g, [&](const UnitGeometry& u) { return charged_bytes(u.padded * g.param_bytes); });
+  uint64_t budget = all;
+  if (device_limit > 0) budget = device_limit > fixed_device ? device_limit - fixed_device : 0;
+  const uint64_t max_live = static_cast<uint64_t>(
+      std::max<int64_t>(0, c.cfg.zero_optimization.stage3_max_live_parameters));
+  const uint64_t live_cap = max_live * g.param_bytes + g.units.size() * device::kAllocGranularity;
+  budget = std::min({budget, all, live_cap});
+  budget = std::max(budget, min_live);
+  plan.device_live_param_bytes = budget;
+  add(plan, Tier::kDevice, c.param_dtype + " gathered parameter slabs (stage 3 coordinator)",
+      budget);
+}
+
+// The pinned pool as the engine carves it (detail::effective_pinned_layout).
+void plan_pinned(const PlanContext& c, Plan& plan) {
+  const detail::PinnedLayout pl = detail::effective_pinned_layout(c.cfg, c.g);
+  add(plan, Tier::kPinned,
+      c.param_dtype + " parameter partitions " + host_params_what(c.g.placement, "pinned"),
+      pl.param_partitions);
+  add(plan, Tier::kPinned,
+      fmt::format("parameter fetch buffers ({} x {} B)", pl.fetch_slots, pl.fetch_slot_bytes),
+      pl.fetch_slots * pl.fetch_slot_bytes, "zero_optimization.offload_param.buffer_count");
+  add(plan, Tier::kPinned,
+      fmt::format("parameter write-back buffers ({} x {} B)", pl.writeback_slots,
+                  pl.writeback_slot_bytes),
+      pl.writeback_slots * pl.writeback_slot_bytes);
+  add(plan, Tier::kPinned,
+      fmt::format("optimizer swap buffers ({} unit steps x {} sub-group buffers)",
+                  pl.concurrent_steps, pl.optimizer_buffer_count),
+      pl.concurrent_steps * pl.optimizer_lease_bytes,
+      "zero_optimization.offload_optimizer.buffer_count");
+  add(plan, Tier::kPinned,
+      fmt::format("gradient staging buffers ({} x {} B)", pl.grad_slots, pl.grad_slot_bytes),
+      pl.grad_slots * pl.grad_slot_bytes);
+  add(plan, Tier::kPinned, "gradient copy-back buffer (device -> host, one slab)",
+      pl.grad_copy_back_bytes);
+  add(plan, Tier::kPinned, "parameter gather buffer (ranks gather on the host, one slab)",
+      pl.param_gather_bytes);
+  const uint64_t pinned_limit = c.cfg.outcore.pinned_memory_mb << 20;
+  plan.pinned_pool_bytes =
+      pinned_limit > 0 ? pinned_limit : std::max<uint64_t>(pl.total(), kIoAlignment);
+}
+
+// Host memory outside the pinned pool: offloaded optimizer state, accumulators, unpinned
+// parameter partitions, activation checkpoints and the scratch of state access.
+void plan_host(const PlanContext& c, Plan& plan) {
+  const Geometry& g = c.g;
+  const Placement& p = g.placement;
+  add(plan, Tier::kHost,
+      c.optimizer_state + " (" +
+          (c.offloaded_units.empty() ? std::string("offload_optimizer cpu")
+                                     : "cpu" + c.offloaded_units) +
+          ")",
+      sum_optimizer_units(g, Tier::kHost, [&](const UnitGeometry& u) {
+        return align_up(u.own_len * g.optimizer_elem_bytes(), kIoAlignment);
+      }));
+  if (p.gradients == Tier::kHost)
+    add(plan, Tier::kHost, "fp32 gradient accumulators", sum_units(g, [](const UnitGeometry& u) {
+          return align_up(u.accum_len * sizeof(float), kIoAlignment);
+        }));
+  uint64_t host_params = 0;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    if (p.param_home(u) == Tier::kHost)
+      host_params += align_up(g.units[u].part * g.param_bytes, kIoAlignment);
+  add(plan, Tier::kHost,
+      c.param_dtype + " parameter partitions " + host_params_what(p, "not pinned"), host_params);
+  add(plan, Tier::kHost, "activation checkpoints (cpu_checkpointing)", c.acts.host_bytes);
+  add(plan, Tier::kHost, "fp32 scratch for initialisation and state access",
+      align_up(g.max_own_len * sizeof(float), kIoAlignment));
+}
+
+// Swap files: parameter partitions, optimizer state and gradient accumulators homed on NVMe.
+void plan_nvme(const PlanContext& c, Plan& plan) {
+  const Geometry& g = c.g;
+  const Placement& p = g.placement;
+  if (p.nvme_param_units > 0) {
+    plan.param_nvme_path = c.cfg.zero_optimization.offload_param.nvme_path;
+    plan.param_nvme_bytes = swap::SwapSpace::bytes_needed(detail::param_swap_files(g));
+    add(plan, Tier::kNvme,
+        p.host_param_units == 0
+            ? c.param_dtype + " parameter partitions (swap files)"
+            : fmt::format("{} parameter partitions of units {}..{} (swap files)", c.param_dtype,
+                          p.host_param_units, g.units.size() - 1),
+        plan.param_nvme_bytes);
+  }
+  if (p.optimizer == Tier::kNvme) {
+    plan.optimizer_nvme_path = c.cfg.zero_optimization.offload_optimizer.nvme_path;
+    plan.optimizer_nvme_bytes = swap::SwapSpace::bytes_needed(detail::optimizer_swap_files(g));
+    add(plan, Tier::kNvme,
+        c.optimizer_state + " (swap files" + c.offloaded_units +
+            (g.step_in_backward ? ", 2 copies" : "") + ")",
+        plan.optimizer_nvme_bytes);
+  }
+  if (p.gradients == Tier::kNvme) {
+    const uint64_t b = swap::SwapSpace::bytes_needed(detail::grad_swap_files(g));
+    plan.optimizer_nvme_bytes += b;
+    add(plan, Tier::kNvme, "fp32 gradient accumulators (swap files)", b);
+  }
+}
+
+// Stage 3: the parameter fetches of one step, from the coordinator's own policy replayed over
+// the step's passes (refetches after release, eviction or the max_live cap included).
+void plan_fetch_traffic(const PlanContext& c, Plan& plan) {
+  const Geometry& g = c.g;
+  const Placement& p = g.placement;
+  if (p.stage != 3) return;
+  TrafficBytes& t = plan.per_step;
+  const size_t fetch_buffers = detail::effective_pinned_layout(c.cfg, g).fetch_slots;
+  const auto fetches = detail::fetches_per_step(
+      c.model, g, detail::coordinator_options(c.cfg, g, plan.device_live_param_bytes),
+      fetch_buffers, plan.micro_batches_per_step);
+  for (size_t u = 0; u < g.units.size(); ++u) {
+    const uint64_t bytes = fetches[u] * g.units[u].part * g.param_bytes;
+    if (p.param_home(u) == Tier::kNvme) t.nvme_read += bytes;
+    if (g.host_gathers()) {
+      // Gathered in pinned memory (a device-resident partition copied there first), then
+      // the whole slab goes up.
+      if (p.param_home(u) == Tier::kDevice) t.d2h += bytes;
+      t.h2d += fetches[u] * g.units[u].padded * g.param_bytes;
+    } else if (p.param_home(u) != Tier::kDevice) {
+      t.h2d += bytes;
+    }
+    t.comm += (g.world - 1) * bytes;  // every fetch gathers the other ranks' partitions
+  }
+}
+
+// What this rank sends to the others besides stage 3's gathers: every micro-batch's
+// gradients, stage 0's reduced gradients, stages 1-2's new parameters, the norm's partial sums.
+void plan_comm_traffic(const PlanContext& c, Plan& plan) {
+  const Geometry& g = c.g;
+  const int stage = g.placement.stage;
+  const uint64_t m = static_cast<uint64_t>(plan.micro_batches_per_step);
+  const uint64_t others = static_cast<uint64_t>(g.world - 1);
+  uint64_t& comm = plan.per_step.comm;
+  uint64_t norm_blocks = 0;
+  for (const UnitGeometry& u : g.units) {
+    comm += others * m * u.part * sizeof(float);              // gradients, every micro-batch
+    if (stage == 0) comm += others * u.part * sizeof(float);  // reduced gradients
+    if (stage == 1 || stage == 2) comm += others * u.part * g.param_bytes;
+    norm_blocks += u.part / detail::kNormBlock;
+  }
+  comm += others * norm_blocks * sizeof(double);
+}
+
+// Per unit: gradients copied to and accumulated in their home, optimizer state read and
+// written back, new parameters written to their home after Adam.
+void plan_step_traffic(const PlanContext& c, Plan& plan) {
+  const Geometry& g = c.g;
   const Placement& p = g.placement;
   const uint64_t m = static_cast<uint64_t>(plan.micro_batches_per_step);
   TrafficBytes& t = plan.per_step;
-  if (p.stage == 3) {
-    // The coordinator's own policy replayed over one step's passes: every fetch it takes,
-    // refetches after release, eviction or the max_live cap included.
-    const size_t fetch_buffers = detail::effective_pinned_layout(cfg, g).fetch_slots;
-    const auto fetches = detail::fetches_per_step(
-        model, g, detail::coordinator_options(cfg, g, plan.device_live_param_bytes), fetch_buffers,
-        plan.micro_batches_per_step);
-    for (size_t u = 0; u < g.units.size(); ++u) {
-      const uint64_t bytes = fetches[u] * g.units[u].part * g.param_bytes;
-      if (p.param_home(u) == Tier::kNvme) t.nvme_read += bytes;
-      if (g.host_gathers()) {
-        // Gathered in pinned memory (a device-resident partition copied there first), then
-        // the whole slab goes up.
-        if (p.param_home(u) == Tier::kDevice) t.d2h += bytes;
-        t.h2d += fetches[u] * g.units[u].padded * g.param_bytes;
-      } else if (p.param_home(u) != Tier::kDevice) {
-        t.h2d += bytes;
-      }
-      t.comm += (g.world - 1) * bytes;  // every fetch gathers the other ranks' partitions
-    }
-  }
-  const uint64_t others = static_cast<uint64_t>(g.world - 1);
-  uint64_t norm_blocks = 0;
-  for (const detail::UnitGeometry& u : g.units) {
-    t.comm += others * m * u.part * sizeof(float);                // gradients, every micro-batch
-    if (p.stage == 0) t.comm += others * u.part * sizeof(float);  // reduced gradients
-    if (p.stage == 1 || p.stage == 2) t.comm += others * u.part * g.param_bytes;
-    norm_blocks += u.part / detail::kNormBlock;
-  }
-  t.comm += others * norm_blocks * sizeof(double);
   for (size_t unit = 0; unit < g.units.size(); ++unit) {
-    const detail::UnitGeometry& u = g.units[unit];
+    const UnitGeometry& u = g.units[unit];
     // Every rank's contribution to this rank's partition is added on the host.
     const uint64_t chunk = static_cast<uint64_t>(g.world) * u.part * sizeof(float);
     if (p.gradients != Tier::kDevice) t.d2h += m * chunk;
@@ -282,6 +430,13 @@ void plan_traffic(const config::Config& cfg, const model::LlamaModel& model,
   }
 }
 
+// The device bytes the plan may use: PlanOptions' limit, else outcore.device_memory_mb (0:
+// unlimited).
+uint64_t device_limit_bytes(const config::Config& cfg, const PlanOptions& options) {
+  return options.device_limit_bytes > 0 ? options.device_limit_bytes
+                                        : cfg.outcore.device_memory_mb << 20;
+}
+
 }  // namespace
 
 Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
@@ -289,173 +444,24 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   if (options.world_size < 1 || options.world_size > config::kMaxWorldSize)
     throw InvalidArgument(fmt::format("world size {}: allowed: an integer in 1..{}",
                                       options.world_size, config::kMaxWorldSize));
-  const detail::Geometry g = detail::make_geometry(
-      cfg, model, options.world_size, 0, false, options.gradients, options.device_host_accessible);
-  const Placement& p = g.placement;
-  Plan plan;
-  plan.placement = p;
-  plan.world_size = g.world;
-  plan.micro_batches_per_step = cfg.gradient_accumulation_steps.value_or(1);
-  plan.tokens_per_micro_batch = model.tokens();
-  plan.num_parameters = model.config().num_parameters();
-  for (const detail::UnitGeometry& u : g.units) plan.padded_elems += u.padded;
-  plan.optimizer_ratio = cfg.zero_optimization.offload_optimizer.ratio;
-  for (size_t u = 0; u < g.units.size(); ++u) {
-    plan.optimizer_elems += g.units[u].own_len;
-    if (p.optimizer_home(u) != Tier::kDevice) plan.offloaded_optimizer_elems += g.units[u].own_len;
-  }
-  const std::string pd(dtype_name(p.param_dtype));
-  const std::string moments_what = g.moments == DType::BF16
-                                       ? "fp32 master weights + bf16 Adam moments"
-                                       : "fp32 master weights + Adam moments";
-
-  // ---- device
-  const bool cpu_ckpt = cfg.activation_checkpointing.cpu_checkpointing;
-  const model::ActivationPlan acts =
-      model::plan_activations(model, cpu_ckpt, g.device_host_accessible);
-  add(plan, Tier::kDevice,
-      model.options().activation_checkpointing
-          ? "activations (checkpointed unit inputs, scratch)"
-          : "activations (unit inputs, saved internals, scratch)",
-      acts.device_bytes);
-  uint64_t fixed_device = acts.device_bytes;
-  auto sum_units = [&](auto bytes_of) {
-    uint64_t s = 0;
-    for (const detail::UnitGeometry& u : g.units) s += bytes_of(u);
-    return s;
-  };
-  if (p.stage < 3) {
-    const uint64_t b =
-        sum_units([&](const auto& u) { return charged_bytes(u.padded * g.param_bytes); });
-    add(plan, Tier::kDevice, pd + " parameters, full slabs of every unit", b);
-    fixed_device += b;
-  } else if (p.params == Tier::kDevice) {
-    const uint64_t b =
-        sum_units([&](const auto& u) { return charged_bytes(u.part * g.param_bytes); });
-    add(plan, Tier::kDevice, pd + " parameter partitions (offload_param none)", b);
-    fixed_device += b;
-  }
-  const uint64_t grad_slabs = detail::grad_slab_peak_bytes(model, g);
-  add(plan, Tier::kDevice, "fp32 gradient slabs of the units in backward", grad_slabs);
-  fixed_device += grad_slabs;
-  plan.device_grad_bytes = grad_slabs;
-  // Optimizer state per unit where it lives: sum over the units homed in `tier` of `bytes`.
-  auto sum_optimizer = [&](Tier tier, auto bytes_of) {
-    uint64_t s = 0;
-    for (size_t u = 0; u < g.units.size(); ++u)
-      if (p.optimizer_home(u) == tier) s += bytes_of(g.units[u]);
-    return s;
-  };
-  const std::string partial = offloaded_optimizer_what(g);
-  {
-    const uint64_t b = sum_optimizer(Tier::kDevice, [&](const auto& u) {
-      return charged_bytes(u.own_len * g.optimizer_elem_bytes());
-    });
-    add(plan, Tier::kDevice,
-        p.optimizer == Tier::kDevice ? std::string(moments_what)
-                                     : moments_what + " " + device_optimizer_what(cfg, g),
-        b);
-    fixed_device += b;
-  }
-  if (p.gradients == Tier::kDevice) {
-    const uint64_t b =
-        sum_units([&](const auto& u) { return charged_bytes(u.accum_len * sizeof(float)); });
-    add(plan, Tier::kDevice, "fp32 gradient accumulators", b);
-    fixed_device += b;
-  }
-  if (p.stage == 3) {
-    const auto persistent = detail::persistent_units(cfg, g);
-    const uint64_t min_live = detail::live_param_min_bytes(model, g, persistent);
-    const uint64_t all =
-        sum_units([&](const auto& u) { return charged_bytes(u.padded * g.param_bytes); });
-    uint64_t budget = all;
-    const uint64_t limit = options.device_limit_bytes > 0 ? options.device_limit_bytes
-                                                          : cfg.outcore.device_memory_mb << 20;
-    if (limit > 0) budget = limit > fixed_device ? limit - fixed_device : 0;
-    const uint64_t max_live = static_cast<uint64_t>(
-        std::max<int64_t>(0, cfg.zero_optimization.stage3_max_live_parameters));
-    const uint64_t live_cap = max_live * g.param_bytes + g.units.size() * device::kAllocGranularity;
-    budget = std::min({budget, all, live_cap});
-    budget = std::max(budget, min_live);
-    plan.device_live_param_bytes = budget;
-    add(plan, Tier::kDevice, pd + " gathered parameter slabs (stage 3 coordinator)", budget);
-  }
-
-  // ---- pinned
-  const uint64_t pinned_limit = cfg.outcore.pinned_memory_mb << 20;
-  const detail::PinnedLayout pl = detail::effective_pinned_layout(cfg, g);
-  add(plan, Tier::kPinned, pd + " parameter partitions " + host_params_what(p, "pinned"),
-      pl.param_partitions);
-  add(plan, Tier::kPinned,
-      fmt::format("parameter fetch buffers ({} x {} B)", pl.fetch_slots, pl.fetch_slot_bytes),
-      pl.fetch_slots * pl.fetch_slot_bytes, "zero_optimization.offload_param.buffer_count");
-  add(plan, Tier::kPinned,
-      fmt::format("parameter write-back buffers ({} x {} B)", pl.writeback_slots,
-                  pl.writeback_slot_bytes),
-      pl.writeback_slots * pl.writeback_slot_bytes);
-  add(plan, Tier::kPinned,
-      fmt::format("optimizer swap buffers ({} unit steps x {} sub-group buffers)",
-                  pl.concurrent_steps, pl.optimizer_buffer_count),
-      pl.concurrent_steps * pl.optimizer_lease_bytes,
-      "zero_optimization.offload_optimizer.buffer_count");
-  add(plan, Tier::kPinned,
-      fmt::format("gradient staging buffers ({} x {} B)", pl.grad_slots, pl.grad_slot_bytes),
-      pl.grad_slots * pl.grad_slot_bytes);
-  add(plan, Tier::kPinned, "gradient copy-back buffer (device -> host, one slab)",
-      pl.grad_copy_back_bytes);
-  add(plan, Tier::kPinned, "parameter gather buffer (ranks gather on the host, one slab)",
-      pl.param_gather_bytes);
-  plan.pinned_pool_bytes =
-      pinned_limit > 0 ? pinned_limit : std::max<uint64_t>(pl.total(), kIoAlignment);
-
-  // ---- host
-  add(plan, Tier::kHost,
-      moments_what + " (" +
-          (partial.empty() ? std::string("offload_optimizer cpu") : "cpu" + partial) + ")",
-      sum_optimizer(Tier::kHost, [&](const auto& u) {
-        return align_up(u.own_len * g.optimizer_elem_bytes(), kIoAlignment);
-      }));
-  if (p.gradients == Tier::kHost)
-    add(plan, Tier::kHost, "fp32 gradient accumulators", sum_units([&](const auto& u) {
-          return align_up(u.accum_len * sizeof(float), kIoAlignment);
-        }));
-  uint64_t host_params = 0;
-  for (size_t u = 0; u < g.units.size(); ++u)
-    if (p.param_home(u) == Tier::kHost)
-      host_params += align_up(g.units[u].part * g.param_bytes, kIoAlignment);
-  add(plan, Tier::kHost, pd + " parameter partitions " + host_params_what(p, "not pinned"),
-      host_params);
-  add(plan, Tier::kHost, "activation checkpoints (cpu_checkpointing)", acts.host_bytes);
-  add(plan, Tier::kHost, "fp32 scratch for initialisation and state access",
-      align_up(g.max_own_len * sizeof(float), kIoAlignment));
-
-  // ---- nvme
-  if (p.nvme_param_units > 0) {
-    plan.param_nvme_path = cfg.zero_optimization.offload_param.nvme_path;
-    plan.param_nvme_bytes = swap::SwapSpace::bytes_needed(detail::param_swap_files(g));
-    add(plan, Tier::kNvme,
-        p.host_param_units == 0
-            ? pd + " parameter partitions (swap files)"
-            : fmt::format("{} parameter partitions of units {}..{} (swap files)", pd,
-                          p.host_param_units, g.units.size() - 1),
-        plan.param_nvme_bytes);
-  }
-  if (p.optimizer == Tier::kNvme) {
-    plan.optimizer_nvme_path = cfg.zero_optimization.offload_optimizer.nvme_path;
-    plan.optimizer_nvme_bytes = swap::SwapSpace::bytes_needed(detail::optimizer_swap_files(g));
-    add(plan, Tier::kNvme,
-        moments_what + " (swap files" + partial + (g.step_in_backward ? ", 2 copies" : "") + ")",
-        plan.optimizer_nvme_bytes);
-  }
-  if (p.gradients == Tier::kNvme) {
-    const uint64_t b = swap::SwapSpace::bytes_needed(detail::grad_swap_files(g));
-    plan.optimizer_nvme_bytes += b;
-    add(plan, Tier::kNvme, "fp32 gradient accumulators (swap files)", b);
-  }
-
-  std::stable_sort(plan.items.begin(), plan.items.end(),
-                   [](const PlanItem& a, const PlanItem& b) { return a.tier < b.tier; });
-  plan_traffic(cfg, model, g, plan);
+  const Geometry g =
+      detail::make_geometry(cfg, model,
+                            {.world = options.world_size,
+                             .rank = 0,
+                             .warn = false,
+                             .gradients = options.gradients,
+                             .device_host_accessible = options.device_host_accessible});
+  const PlanContext c = plan_context(cfg, model, g);
+  Plan plan = plan_counts(c);
+  // One tier after the other, so `items` is in tier order.
+  plan_device_state(c, plan);
+  plan_live_params(c, device_limit_bytes(cfg, options), plan);
+  plan_pinned(c, plan);
+  plan_host(c, plan);
+  plan_nvme(c, plan);
+  plan_fetch_traffic(c, plan);
+  plan_comm_traffic(c, plan);
+  plan_step_traffic(c, plan);
   return plan;
 }
 

@@ -1,32 +1,16 @@
-// Internal to engine/zero: pieces of the plan the engine builds its buffers from.
+// Internal to engine/zero: pieces of the plan the engine builds its buffers from. Above
+// geometry.hpp (whose per-unit decisions it sizes), below the engine.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "engine/config/config.hpp"
-#include "engine/model/model.hpp"
 #include "engine/zero/geometry.hpp"
-#include "swap/swap.hpp"
 
 namespace outcore::zero::detail {
 
-// The swap files of the parameter partitions (one tensor "p" per unit) and of the optimizer
-// state (swap::optimizer_file_spec per unit whose optimizer home is NVMe).
-std::vector<swap::SwapFileSpec> param_swap_files(const Geometry& g);
-std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g);
-// offload_optimizer.ratio < 1 at stage 3 with offload_optimizer cpu or nvme (DeepSpeed's
-// partial offload): sets g.placement.device_optimizer_from, the first unit whose optimizer
-// state stays on the device. The units before it are the longest prefix whose own elements
-// are at most ratio x all own elements (ratio 0: none; ratio 1: all). With offload none and a
-// ratio < 1 it changes nothing and, with `warn`, says so.
-void split_optimizer_homes(const config::Config& cfg, Geometry& g, bool warn);
-// Gradient accumulators on NVMe: one tensor "g" (accum_len fp32) per unit.
-std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g);
-
-// How the pinned pool is carved. `reduced`: the smallest layout that still works (one fetch
-// buffer, one optimizer step at a time), used when outcore.pinned_memory_mb is too small for
-// the full one.
+// How the pinned pool is carved.
 struct PinnedLayout {
   uint64_t param_partitions = 0;  // offload_param cpu with pin_memory: every partition
   size_t fetch_slots = 0;         // nvme parameters: staging for reads in flight
@@ -42,12 +26,14 @@ struct PinnedLayout {
   uint64_t param_gather_bytes = 0;    // and several ranks: one parameter slab
   uint64_t total() const;
 };
-PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, bool reduced);
+// Which pinned layout: the full one, or the smallest one that still works (one fetch buffer,
+// one optimizer step at a time), used when outcore.pinned_memory_mb is too small for the full
+// one.
+enum class PinnedLayoutSize : uint8_t { kFull, kReduced };
+
+// The pinned pool's carving for `g`'s placement, of the given size.
+PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, PinnedLayoutSize size);
 // The full layout, or the reduced one when outcore.pinned_memory_mb cannot hold the full one.
 PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g);
-
-// The smallest device byte budget for gathered slabs that lets every step of every pass run.
-uint64_t live_param_min_bytes(const model::LlamaModel& model, const Geometry& g,
-                              const std::vector<bool>& persistent);
 
 }  // namespace outcore::zero::detail

@@ -6,7 +6,7 @@
 //   zero::ZeroEngine engine(cfg, model, device, comm, /*seed=*/42);
 //   for (step t = 1..) {
 //     for (k = 0 .. gas-1)
-//       loss = engine.forward_backward(tokens_k, targets_k, scale / gas, k == 0);
+//       loss = engine.forward_backward(tokens_k, targets_k, scale / (gas * world), k == 0);
 //     zero::StepResult r = engine.step(zero::step_params(cfg, lr, t, scale));
 //     if (r.overflow) ... (the loss scaler backs off; nothing was updated)
 //   }
@@ -18,15 +18,20 @@
 //
 //   stage 0  full params, grads, master + moments on the device (offload keys ignored)
 //   stage 1  optimizer state partitioned, in its tier (offload_optimizer: none/cpu/nvme);
-//            full fp32 gradients accumulated, reduce-scattered at step()
-//   stage 2  + gradients reduce-scattered as each unit's backward finishes
+//            full-slab fp32 gradient accumulators, of which the rank adds into its partition
+//   stage 2  + gradient accumulators hold the rank's partition only
 //   stage 3  + parameters partitioned in their tier (offload_param: none/cpu/nvme) and
 //            gathered to the device per unit by the parameter coordinator
 //
-// Every gather, reduce-scatter and owner computation goes through comm::Comm, so a world
-// size > 1 needs no change here. Arithmetic is the same in every configuration (same
-// kernels, same ranges, same order), so at world size 1 losses and weights are
-// bit-identical across stages and tiers.
+// Gradient reduction, at every stage with world size > 1 (decision 003): as each unit's
+// backward of each micro-batch ends, its fp32 gradient slab goes through Comm::all_to_all,
+// and the rank adds the world's contributions to its partition into its accumulator one rank
+// after the other (never a reduce-scatter, whose order of sums depends on the world size).
+// Stage 0 all-gathers the reduced partitions at step(). Every collective goes through
+// comm::Comm, so a world size > 1 needs no change here. Arithmetic is the same in every
+// configuration (same kernels, same ranges, same order), so losses and weights are
+// bit-identical across stages and tiers, and world W with gas G matches world 1 with gas W x G
+// (given the trainer's loss scale and data order).
 //
 // Threading: a ZeroEngine is driven by one thread at a time (REQUIRES external
 // serialization). Internally it runs copy streams on the Device, I/O threads in aio and a
@@ -86,6 +91,8 @@ StepParams step_params(const config::Config& cfg, double lr, uint64_t step, doub
 // DeepSpeed's unscale_and_clip_grads as the one multiplier applied to every gradient element.
 // `grad_norm` is the global L2 norm of the unscaled, rank-averaged gradients; the gradients
 // themselves still carry `loss_scale` and are summed (not averaged) over `world_size` ranks.
+// ZeroEngine::step() always uses world_size 1: its gradients are averaged over the ranks
+// already, because the loss scale passed to forward_backward includes 1 / (gas x world).
 //   clip > 0: c = (grad_norm + 1e-6) / clip; returns 1 / (max(1, c) * loss_scale * world_size)
 //   clip == 0: returns 1 / (loss_scale * world_size).
 // A non-finite grad_norm does not clip (DeepSpeed's -1 sentinel). Throws InvalidArgument
@@ -168,8 +175,11 @@ class ZeroEngine {
   // low-precision parameters rounded from them.
   // REQUIRES: cfg resolved (config::require_resolved passes); model's param_dtype matches
   // the config (bf16 -> BF16, fp16 -> F16, else F32; ConfigError otherwise) and its layout
-  // world size equals comm.world_size() (InvalidArgument otherwise); device.host_accessible()
-  // (the model's kernels and CPU Adam run on the host; InvalidArgument otherwise).
+  // world size equals comm.world_size() (InvalidArgument otherwise). The device may be one
+  // the host cannot read (a GPU): the model computes there and every transfer is a stream
+  // copy, but CPU Adam needs the optimizer state in host memory or swap files, so a plan that
+  // leaves any unit's optimizer state on such a device (offload_optimizer none, a ratio < 1,
+  // or stage 0) is refused with a ConfigError naming zero_optimization.offload_optimizer.
   ZeroEngine(const config::Config& cfg, const model::LlamaModel& model, device::Device& device,
              comm::Comm& comm, uint64_t seed, EngineOptions options = {});
   // Waits for in-flight work and removes the swap files (errors logged, not thrown).
@@ -185,11 +195,14 @@ class ZeroEngine {
   const model::LlamaModel& model() const;
 
   // One micro-batch: forward over units 0..L, backward L+1..0 (parameters fetched per unit
-  // in stage 3), gradients of loss_scale * mean cross-entropy reduced through Comm into this
-  // rank's fp32 gradient partitions: written on the first micro-batch of a step, added on
-  // the others. tokens/targets: model.tokens() ids each, in [0, vocab) (InvalidArgument
-  // naming the position otherwise). loss_scale: the trainer passes
-  // dynamic_scale / gradient_accumulation_steps. Returns the mean cross-entropy (unscaled).
+  // in stage 3), gradients of loss_scale * mean cross-entropy reduced through Comm
+  // (all_to_all, then an ordered sum; see above) into this rank's fp32 gradient partitions:
+  // written on the first micro-batch of a step, added on the others. tokens/targets:
+  // model.tokens() ids each, in [0, vocab) (InvalidArgument naming the position otherwise).
+  // loss_scale: the trainer passes dynamic_scale / (gradient_accumulation_steps x world
+  // size), so the summed gradients are the mean over every rank's micro-batches. Returns the
+  // mean cross-entropy (unscaled). REQUIRES: first_micro_batch true for the first
+  // micro-batch after construction or step() (InvalidArgument otherwise).
   float forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale,
                          bool first_micro_batch);
 
@@ -198,10 +211,14 @@ class ZeroEngine {
   float evaluate(const int32_t* tokens, const int32_t* targets);
 
   // The optimizer step over the gradients accumulated since the last first_micro_batch:
-  // global gradient L2 norm (per-unit sums of squares in double, fixed unit order, summed
-  // over ranks with Comm::all_reduce), overflow check, the combined unscale+clip multiplier,
-  // then Adam per unit where that unit's state lives, and the new low-precision parameters
-  // written back to their tier. On overflow nothing is updated and the result says so.
+  // global gradient L2 norm (sums of squares in double per 2048-element block of each rank's
+  // reduced partitions, gathered from every rank with Comm::all_gather_bytes and added in slab
+  // order: unit by unit, rank by rank, block by block; collective), overflow check, the
+  // combined unscale+clip multiplier (no 1/world: see unscale_and_clip_multiplier), then Adam
+  // per unit where that unit's state lives, and the new low-precision parameters written back
+  // to their tier (at stages 1-2 all-gathered from every rank). With
+  // EngineOptions::overlap_step the per-unit work finishes under the next pass. On overflow
+  // (check_overflow) nothing is updated and the result says so.
   // REQUIRES: at least one forward_backward since construction or the last step()
   // (InvalidArgument otherwise).
   StepResult step(const StepParams& params);

@@ -26,7 +26,7 @@ class Residency : public ::testing::Test {
   Residency()
       : model_(tiny_config(false), tiny_options(DType::BF16)),
         cfg_(make_config(config_json({3, "nvme", "nvme"}, DType::BF16, "/nonexistent"))),
-        g_(detail::make_geometry(cfg_, model_, 1, 0, false)),
+        g_(detail::make_geometry(cfg_, model_, {.world = 1, .rank = 0})),
         sched_(detail::train_schedule(model_)) {}
 
   // The actions of acquire(0) on a cold start, with every unit streamed, plenty of memory and

@@ -1,0 +1,208 @@
+// The gradient path: all_to_all per micro-batch, ordered accumulation, the step's norm.
+#include "engine/zero/gradient_path.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "common/trace.hpp"
+
+namespace outcore::zero::detail {
+namespace {
+
+// acc = g (first micro-batch) or acc + g, element by element: the one accumulation every
+// configuration performs, so results do not depend on where the accumulator lives.
+void accumulate(float* acc, const float* g, size_t n, bool first) {
+  if (first) {
+    std::memcpy(acc, g, n * sizeof(float));
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) acc[i] += g[i];
+}
+
+// The gradient reduction of one micro-batch: `shards` holds every rank's contribution to
+// this rank's partition (n elements each, rank 0 first, as all_to_all leaves them), added
+// into acc one rank after the other. With micro-batch m of a step on rank m % world, this is
+// the same sequence of fp32 additions, in the same order, as one rank accumulating the
+// world's micro-batches one by one: the reason world W x gas G trains bit-identically to
+// world 1 x gas W*G.
+void accumulate_ranks(float* acc, const float* shards, size_t n, int world, bool first) {
+  for (int r = 0; r < world; ++r)
+    accumulate(acc, shards + static_cast<size_t>(r) * n, n, first && r == 0);
+}
+
+}  // namespace
+
+GradientPath::GradientPath(const Geometry& g, device::Device& device, comm::Comm& comm,
+                           device::Stream& grad, device::Stream& comm_stream,
+                           const cpu_adam::Executor& executor, TrafficCounters& traffic,
+                           swap::PinnedPool& pool, aio::Engine* aio,
+                           const swap::SwapperOptions& swapper_options,
+                           const std::string& nvme_path, const PinnedLayout& layout)
+    : g_(g),
+      device_(device),
+      comm_(comm),
+      grad_(grad),
+      comm_stream_(comm_stream),
+      executor_(executor),
+      traffic_(traffic) {
+  if (g.placement.gradients == Tier::kNvme) {
+    grad_space_ = std::make_unique<swap::SwapSpace>(
+        swap::SwapSpaceOptions{.nvme_path = nvme_path, .rank = g.rank}, grad_swap_files(g));
+    grad_swapper_ = std::make_unique<swap::Swapper>(*grad_space_, *aio, swapper_options, &executor);
+    for (size_t u = 0; u < g.units.size(); ++u)
+      grad_ids_.push_back(grad_space_->find(static_cast<uint32_t>(u), swap::SwapKind::kGrad, "g"));
+    for (size_t k = 0; k < layout.grad_slots; ++k)
+      grad_buffers_.push_back(pool.acquire(layout.grad_slot_bytes));
+  }
+  if (layout.grad_copy_back_bytes > 0) copy_back_ = pool.acquire(layout.grad_copy_back_bytes);
+  for (const UnitGeometry& ug : g.units) {
+    norm_block_off_.push_back(norm_blocks_.size());
+    norm_blocks_.resize(norm_blocks_.size() + ug.part / kNormBlock);
+  }
+  for (size_t u = 0; u < g.units.size(); ++u) {
+    const size_t bytes = g.units[u].accum_len * sizeof(float);
+    if (g.placement.gradients == Tier::kDevice)
+      device_accum_.push_back(
+          device.alloc(bytes, fmt::format("gradient accumulator of unit {}", u)));
+    else if (g.placement.gradients == Tier::kHost)
+      host_accum_.emplace_back(bytes);
+  }
+}
+
+float* GradientPath::accumulator(int unit) {
+  return device_accum_.empty() ? host_accum_[unit].as<float>().data()
+                               : device_accum_[unit].as<float>();
+}
+
+float* GradientPath::partition(int unit) {
+  float* acc = accumulator(unit);
+  return g_.placement.stage <= 1 ? acc + g_.units[unit].own_off : acc;
+}
+
+void GradientPath::drain(size_t keep) {
+  while (in_flight_.size() > keep) {
+    in_flight_.front().done->synchronize();
+    in_flight_.pop_front();
+  }
+}
+
+void GradientPath::finish() {
+  drain(0);
+  grad_.synchronize();
+  comm_stream_.synchronize();
+}
+
+device::DeviceBuffer GradientPath::alloc_slab(int unit) {
+  drain(kGradSlabsInFlight);
+  return device_.alloc(g_.units[unit].padded * sizeof(float),
+                       fmt::format("gradient slab of unit {}", unit));
+}
+
+// Below stage 2 the accumulator is the full slab and only the partition at red_off is
+// accumulated; step() gathers the rest (stage 0) or needs only that (stage 1). On a device the
+// host cannot read, the slab is first copied back to pinned memory (grad stream), and the
+// all_to_all runs there.
+void GradientPath::submit(int unit, device::DeviceBuffer slab, bool first,
+                          std::function<void()> when_final) {
+  const UnitGeometry& ug = g_.units[unit];
+  InFlight f{std::move(slab), device_.create_event(), device_.create_event(),
+             device_.create_event()};
+  float* shards = f.slab.as<float>();
+  const int world = g_.world;
+  if (!g_.device_host_accessible) {
+    // The grad stream handles one slab at a time (its next copy-back is queued after this
+    // slab's accumulation), so one copy-back buffer serves every unit.
+    float* host = copy_back_.as<float>().data();
+    grad_.copy_d2h(host, shards, ug.padded * sizeof(float));
+    shards = host;
+    if (world > 1) {
+      grad_.record(*f.copied);
+      comm_stream_.wait(*f.copied);
+    }
+  }
+  if (world > 1) {
+    comm::Comm* c = &comm_;
+    const size_t padded = ug.padded;
+    comm_stream_.enqueue([c, shards, padded] { c->all_to_all({shards, padded}); });
+    comm_stream_.record(*f.reduced);
+    grad_.wait(*f.reduced);
+  }
+  const size_t n = ug.part;
+  if (g_.placement.gradients == Tier::kNvme) {
+    // The partition's sum so far lives in a swap file: read it (later micro-batches), add,
+    // take its block sums of squares (the step's norm uses the last micro-batch's), write it
+    // back. One staging buffer: the grad stream handles one unit at a time.
+    traffic_.d2h += static_cast<uint64_t>(world) * n * sizeof(float);
+    const std::span<std::byte> staging{grad_buffers_[0].data(), n * sizeof(float)};
+    float* acc = reinterpret_cast<float*>(staging.data());
+    swap::Swapper* sw = grad_swapper_.get();
+    const swap::TensorId id = grad_ids_[unit];
+    double* blocks = norm_blocks_.data() + norm_block_off_[unit];
+    const cpu_adam::Executor* ex = &executor_;
+    grad_.enqueue([sw, id, staging, acc, shards, n, world, first] {
+      OUTCORE_TRACE_SPAN("grad d2h", "copy", {.bytes = int64_t(world * n * sizeof(float))});
+      if (!first) sw->read(id, staging);
+      accumulate_ranks(acc, shards, n, world, first);
+    });
+    grad_.enqueue([sw, id, staging, acc, n, blocks, ex] {
+      cpu_adam::block_sums_of_squares(acc, DType::F32, n, kNormBlock, blocks, ex);
+      sw->write(id, staging);
+    });
+  } else {
+    float* acc = accumulator(unit) + ug.red_off;
+    if (device_accum_.empty()) traffic_.d2h += static_cast<uint64_t>(world) * n * sizeof(float);
+    grad_.enqueue([acc, shards, n, world, first] {
+      OUTCORE_TRACE_SPAN("grad d2h", "copy", {.bytes = int64_t(world * n * sizeof(float))});
+      accumulate_ranks(acc, shards, n, world, first);
+    });
+  }
+  if (when_final) grad_.enqueue(std::move(when_final));
+  grad_.record(*f.done);
+  in_flight_.push_back(std::move(f));
+}
+
+void GradientPath::gather_full_slabs() {
+  if (g_.placement.stage != 0 || g_.world <= 1) return;
+  for (size_t u = 0; u < g_.units.size(); ++u) {
+    float* acc = accumulator(static_cast<int>(u));
+    const UnitGeometry& ug = g_.units[u];
+    comm_.all_gather(std::span<const float>(acc + ug.red_off, ug.part), {acc, ug.padded});
+  }
+}
+
+double GradientPath::sum_of_squares() {
+  // Block partials of this rank's reduced partitions (taken per micro-batch already when the
+  // gradients live on NVMe), gathered from every rank and added in slab order: unit by unit,
+  // rank by rank, block by block, the order one rank holding every slab would use.
+  if (g_.placement.gradients != Tier::kNvme) {
+    for (size_t u = 0; u < g_.units.size(); ++u) {
+      const UnitGeometry& ug = g_.units[u];
+      const float* reduced = accumulator(static_cast<int>(u)) + ug.red_off;
+      cpu_adam::block_sums_of_squares(reduced, DType::F32, ug.part, kNormBlock,
+                                      norm_blocks_.data() + norm_block_off_[u], &executor_);
+    }
+  }
+  const size_t n = norm_blocks_.size();
+  const size_t w = static_cast<size_t>(g_.world);
+  std::vector<double> all(w * n);
+  comm_.all_gather_bytes(std::as_bytes(std::span<const double>(norm_blocks_)),
+                         std::as_writable_bytes(std::span<double>(all)));
+  double total = 0.0;
+  for (size_t u = 0; u < g_.units.size(); ++u) {
+    const size_t first = norm_block_off_[u];
+    const size_t len = g_.units[u].part / kNormBlock;
+    for (size_t r = 0; r < w; ++r)
+      for (size_t b = 0; b < len; ++b) total += all[r * n + first + b];
+  }
+  return total;
+}
+
+const float* GradientPath::load(int unit, size_t slot) {
+  if (g_.placement.gradients != Tier::kNvme) return partition(unit);
+  swap::PinnedBuffer& b = grad_buffers_.at(slot % grad_buffers_.size());
+  grad_swapper_->read(grad_ids_[unit], {b.data(), g_.units[unit].accum_len * sizeof(float)});
+  return b.as<float>().data();
+}
+
+}  // namespace outcore::zero::detail

@@ -1,0 +1,92 @@
+// Internal to engine/zero: publication of new low-precision parameters (after Adam, at
+// construction, on a checkpoint load) to the parameters' tier: straight into their home, or
+// through a pinned staging slot then copied up, swapped out to NVMe, and at stages 1-2
+// all-gathered from every rank on the comm stream.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "engine/zero/geometry.hpp"
+#include "engine/zero/param_coordinator.hpp"
+#include "swap/swap.hpp"
+
+namespace outcore::zero::detail {
+
+// Rounds n fp32 values to the parameters' dtype (copies them for F32), as every publication
+// does.
+void to_param_dtype(const float* src, void* dst, DType dtype, size_t n);
+
+// Owns: the staging slots (pinned buffer, copy event, pending swap write each) and the
+// pinned gather buffer of several ranks on a device the host cannot read (lent to the
+// coordinator for its fetches: the comm stream runs one gather at a time).
+// Borrows (must outlive it): the geometry, comm, the copy and comm streams, the parameters'
+// storage (full slabs below stage 3, the ParamHome at stage 3) and the traffic counters.
+//
+// Threads: one caller at a time, no lock: the step worker (and its async unit tasks, which
+// only write into a target returned here) while an overlapped step publishes, the driving
+// thread otherwise (construction, checkpoint access, every call after the step was joined).
+// The comm stream orders the gathers with the pass's collectives.
+class ParamPublisher {
+ public:
+  // Acquires `slot_count` slots of `slot_bytes` from `pool`; `gather` may be empty.
+  ParamPublisher(const Geometry& g, device::Device& device, comm::Comm& comm, device::Stream& copy,
+                 device::Stream& comm_stream, std::vector<device::DeviceBuffer>& full_params,
+                 ParamHome* home, TrafficCounters& traffic, swap::PinnedPool& pool,
+                 size_t slot_count, size_t slot_bytes, swap::PinnedBuffer gather);
+  // Waits for the slots' pending swap writes (errors logged, not thrown).
+  ~ParamPublisher();
+
+  // Writes own_len new elements of `unit`, produced by `produce(out)` into `out`, to the
+  // parameters' tier, in order with other publications; `slot` picks the staging slot.
+  template <typename Produce>
+  void publish(int unit, size_t slot, Produce&& produce) {
+    bool staged = false;
+    std::byte* out = target(unit, slot, staged);
+    produce(out);
+    finish(unit, slot, staged);
+  }
+  // The two halves of publish(), for a producer running elsewhere: where to write the unit's
+  // own elements (its home, or staging slot `slot` once that slot is free; `staged` says
+  // which), then the copy, swap write or gather of what was written.
+  std::byte* target(int unit, size_t slot, bool& staged);
+  void finish(int unit, size_t slot, bool staged);
+  // Waits until `unit`'s publication through `slot` is where the next pass reads it (the
+  // slot's copy or swap write finished; at stages 1-2 the gather of every rank's partition).
+  void wait_landed(int unit, size_t slot);
+  // Waits for every publication (slots, copy and comm streams).
+  void wait_all();
+  // Staging slots (at least 1 for the slot arithmetic of callers).
+  size_t slot_count() const { return std::max<size_t>(1, slots_.size()); }
+  // Slot 0's buffer, for reading a partition back from NVMe (after wait_all()).
+  std::byte* staging() { return slots_.at(0).buf.data(); }
+  // The gather buffer (null when not needed).
+  std::byte* gather_buffer() { return gather_.valid() ? gather_.data() : nullptr; }
+
+ private:
+  void wait_slot(size_t slot);
+
+  // A staging buffer and what still uses it.
+  struct Slot {
+    swap::PinnedBuffer buf;
+    std::unique_ptr<device::Event> copied;
+    bool copy_pending = false;
+    swap::SwapTicket write;
+  };
+
+  const Geometry& g_;
+  comm::Comm& comm_;
+  device::Stream& copy_;
+  device::Stream& comm_stream_;
+  std::vector<device::DeviceBuffer>& full_params_;
+  ParamHome* home_;
+  TrafficCounters& traffic_;
+  std::vector<Slot> slots_;
+  // Several ranks on a device the host cannot read: parameters are gathered here, then
+  // copied up whole.
+  swap::PinnedBuffer gather_;
+};
+
+}  // namespace outcore::zero::detail
