@@ -2,7 +2,9 @@
 //
 // Where io_uring cannot be used (sysctl kernel.io_uring_disabled, a container's seccomp
 // filter, an old kernel) an Engine runs on synchronous pread/pwrite threads instead, after
-// one warning; OUTCORE_AIO_BACKEND=io_uring|sync forces either (see resolve_backend).
+// one warning; request_backend("io_uring" | "sync") forces either (see resolve_backend). The
+// outcore tools and the Python module pass the environment variable
+// OUTCORE_AIO_BACKEND=io_uring|sync to it; this layer reads no environment.
 //
 // The whole public API of the aio layer. It knows nothing about training or configuration:
 // callers pass plain Options (mirroring DeepSpeed's "aio" section) and open Files.
@@ -197,8 +199,11 @@ enum class BackendKind { kIoUring, kSync };
 
 struct BackendChoice {
   BackendKind kind = BackendKind::kIoUring;
-  // true when OUTCORE_AIO_BACKEND named the backend; false when it was chosen automatically.
+  // true when request_backend() named the backend; false when it was chosen automatically.
   bool forced = false;
+  // When forced: the source given to request_backend() (e.g. "OUTCORE_AIO_BACKEND"). Empty
+  // otherwise.
+  std::string forced_by;
   // Why io_uring is not used although it was wanted: the errno of the io_uring probe and what
   // it means, e.g. "io_uring_queue_init failed with EPERM, Operation not permitted (errno 1):
   // io_uring is disabled for every process (sysctl kernel.io_uring_disabled = 2)". Empty
@@ -208,16 +213,25 @@ struct BackendChoice {
   std::string name() const;
 };
 
-// Chooses the default backend. The first call reads the environment variable
-// OUTCORE_AIO_BACKEND and decides; every later call returns that decision (or rethrows its
-// error) without probing again:
-//   unset or empty: io_uring if a ring can be created (probed once with io_uring_queue_init),
+// Records the backend the process asks for, for the first resolve_backend() to decide with:
+// "io_uring", "sync", or empty (choose automatically; the default when never called).
+// `source` says where the value came from and is quoted in resolve_backend()'s errors and
+// warning, as "<source>=<value>" (the tools pass "OUTCORE_AIO_BACKEND"); empty means
+// "aio::request_backend". The value is not checked here: resolve_backend() refuses a bad one.
+// Call it before the first resolve_backend() or Engine construction (the tools do at the
+// start of main); once the decision is made a later call does not change it. Thread-safe.
+void request_backend(std::string value, std::string source);
+
+// Chooses the default backend. The first call decides from the request recorded by
+// request_backend(); every later call returns that decision (or rethrows its error) without
+// probing again:
+//   none or empty: io_uring if a ring can be created (probed once with io_uring_queue_init),
 //     otherwise sync, with fallback_reason set and one warning logged that names the cause
 //     and the cost (no asynchronous queue depth: each I/O thread does one request at a time).
-//   "io_uring": io_uring; throws ConfigError naming the variable and the cause if the probe
-//     fails.
+//   "io_uring": io_uring; throws ConfigError naming the request's source and the cause if the
+//     probe fails.
 //   "sync": sync, without probing.
-//   anything else: throws ConfigError naming the variable, the value and the allowed values.
+//   anything else: throws ConfigError naming the source, the value and the allowed values.
 // Thread-safe: concurrent first calls wait for one decision.
 BackendChoice resolve_backend();
 
@@ -342,7 +356,7 @@ class Engine {
  public:
   // Starts options.thread_count I/O threads, each with a queue from `backend`
   // (nullptr: make_default_backend(), io_uring unless resolve_backend() chose sync). Throws
-  // InvalidArgument on bad options, ConfigError from resolve_backend() (OUTCORE_AIO_BACKEND
+  // InvalidArgument on bad options, ConfigError from resolve_backend() (the requested backend
   // invalid, or io_uring forced where it cannot be used), IoError/Error if a queue cannot be
   // created.
   explicit Engine(const Options& options, std::shared_ptr<IoBackend> backend = nullptr);

@@ -1,11 +1,10 @@
 // resolve_backend: the process-wide choice between io_uring and the synchronous fallback,
-// made once from OUTCORE_AIO_BACKEND and one io_uring probe.
+// made once from the request recorded by request_backend() and one io_uring probe.
 #include <fmt/format.h>
 #include <liburing.h>
 
 #include <atomic>
 #include <cerrno>
-#include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <mutex>
@@ -18,7 +17,8 @@
 namespace outcore::aio {
 namespace {
 
-constexpr const char* kVariable = "OUTCORE_AIO_BACKEND";
+// What request_backend() names when its caller gave no source.
+constexpr const char* kDefaultSource = "aio::request_backend";
 
 int probe_io_uring() {
   io_uring ring{};
@@ -29,13 +29,19 @@ int probe_io_uring() {
 
 std::atomic<internal::ProbeFunction> g_probe{&probe_io_uring};
 
+struct Request {
+  std::string value;   // "io_uring", "sync" or empty (automatic); validated by decide()
+  std::string source;  // quoted in messages; never empty
+};
+
 struct Decision {
   BackendChoice choice;
   std::exception_ptr error;  // set instead of choice when the decision is an error
 };
 
 std::mutex g_mu;
-std::optional<Decision> g_decision;  // guarded by g_mu
+Request g_request{"", kDefaultSource};  // guarded by g_mu
+std::optional<Decision> g_decision;     // guarded by g_mu
 
 const char* errno_name(int err) {
   switch (err) {
@@ -104,19 +110,20 @@ std::string probe_failure_cause(int err) {
   }
 }
 
-void warn_fallback(const std::string& cause) {
+void warn_fallback(const std::string& cause, const std::string& source) {
   log::warn(
       "aio: io_uring cannot be used ({}); falling back to synchronous pread/pwrite. Cost: no "
       "asynchronous queue depth, each I/O thread does one request at a time (aio.queue_depth "
       "has no effect), so swap I/O is slower; raise aio.intra_op_parallelism (thread_count) to "
       "keep more requests in flight. {}=sync selects this backend without this warning.",
-      cause, kVariable);
+      cause, source);
 }
 
-Decision chosen(BackendKind kind, bool forced, std::string fallback_reason = "") {
+Decision chosen(BackendKind kind, const std::string& forced_by, std::string fallback_reason = "") {
   Decision d;
   d.choice.kind = kind;
-  d.choice.forced = forced;
+  d.choice.forced = !forced_by.empty();
+  d.choice.forced_by = forced_by;
   d.choice.fallback_reason = std::move(fallback_reason);
   return d;
 }
@@ -127,29 +134,36 @@ Decision refused(const std::string& message) {
   return d;
 }
 
+// REQUIRES: g_mu held.
 Decision decide() {
-  const char* env = std::getenv(kVariable);
-  std::string value = env != nullptr ? env : "";
-  if (value == "sync") return chosen(BackendKind::kSync, true);
+  const std::string& value = g_request.value;
+  const std::string& source = g_request.source;
+  if (value == "sync") return chosen(BackendKind::kSync, source);
   if (!value.empty() && value != "io_uring") {
     return refused(fmt::format(
         "{}={}: not a backend (allowed values: io_uring, sync; unset chooses io_uring where the "
         "kernel allows it, else sync)",
-        kVariable, value));
+        source, value));
   }
   int rc = g_probe.load()();
-  if (rc == 0) return chosen(BackendKind::kIoUring, !value.empty());
+  if (rc == 0) return chosen(BackendKind::kIoUring, value.empty() ? "" : source);
   std::string cause = probe_failure_cause(-rc);
   if (!value.empty()) {
-    return refused(fmt::format("{}=io_uring, but io_uring cannot be used: {}", kVariable, cause));
+    return refused(fmt::format("{}=io_uring, but io_uring cannot be used: {}", source, cause));
   }
-  warn_fallback(cause);
-  return chosen(BackendKind::kSync, false, cause);
+  warn_fallback(cause, source);
+  return chosen(BackendKind::kSync, "", cause);
 }
 
 }  // namespace
 
 std::string BackendChoice::name() const { return kind == BackendKind::kSync ? "sync" : "io_uring"; }
+
+void request_backend(std::string value, std::string source) {
+  std::lock_guard lock(g_mu);
+  g_request.value = std::move(value);
+  g_request.source = source.empty() ? kDefaultSource : std::move(source);
+}
 
 BackendChoice resolve_backend() {
   std::lock_guard lock(g_mu);

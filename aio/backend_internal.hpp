@@ -12,9 +12,9 @@ using ProbeFunction = int (*)();
 // one. Returns the previous function. Test-only.
 ProbeFunction set_io_uring_probe_for_testing(ProbeFunction fn);
 
-// Forgets the process-wide decision, so the next resolve_backend() reads OUTCORE_AIO_BACKEND
-// and probes again. Test-only. REQUIRES: no resolve_backend() or Engine construction runs
-// concurrently.
+// Forgets the process-wide decision, so the next resolve_backend() decides again from the
+// request recorded by request_backend() (which is kept) and probes again. Test-only. REQUIRES: no
+// resolve_backend() or Engine construction runs concurrently.
 void reset_backend_choice_for_testing();
 
 }  // namespace outcore::aio::internal

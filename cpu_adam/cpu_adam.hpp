@@ -8,10 +8,11 @@
 // allocates memory.
 //
 // Kernels exist for AVX-512, AVX2+FMA+F16C and plain scalar code. The best one the CPU
-// supports is chosen once at run time (cpuid); OUTCORE_CPU_ADAM_ISA=scalar|avx2|avx512 in the
-// environment, read once on first use, or set_isa() overrides the choice. Every ISA gives
-// bit-identical results for adam_step and scale_in_place (same IEEE operations, same order);
-// sum_of_squares differs between ISAs and thread counts only by double rounding.
+// supports is chosen once at run time (cpuid); request_isa() or set_isa() overrides the choice
+// (the outcore tools and the Python module pass the environment variable
+// OUTCORE_CPU_ADAM_ISA=scalar|avx2|avx512 to request_isa(); this layer reads no environment). Every
+// ISA gives bit-identical results for adam_step and scale_in_place (same IEEE operations, same
+// order); sum_of_squares differs between ISAs and thread counts only by double rounding.
 #pragma once
 
 #include <cstddef>
@@ -42,14 +43,21 @@ Isa detect_isa();
 // True if this CPU can run `isa`'s kernels.
 bool isa_supported(Isa isa);
 
-// The ISA every kernel call uses now. On first use it is detect_isa(), unless the environment
-// variable OUTCORE_CPU_ADAM_ISA names one (read once); a value that is unknown or that the CPU
-// cannot run is reported once on stderr and ignored. Thread-safe.
+// The ISA every kernel call uses now: detect_isa() until request_isa() or set_isa() changes
+// it. Thread-safe.
 Isa active_isa();
 
 // Makes every later kernel call use `isa` (for tests and benchmarks). Throws InvalidArgument
 // if the CPU cannot run it. REQUIRES: no kernel call is running concurrently.
 void set_isa(Isa isa);
+
+// A setting from outside the program (the tools pass OUTCORE_CPU_ADAM_ISA, with `source` =
+// "OUTCORE_CPU_ADAM_ISA"): makes every later kernel call use the ISA named by `text`
+// ("scalar" | "avx2" | "avx512"). Empty text changes nothing. Never throws: text that is not an
+// ISA, or names one this CPU cannot run, is ignored after one warning on stderr naming
+// `source`, the text and the ISA kept ("<source>=<text>: this CPU cannot run it; using avx2").
+// REQUIRES: no kernel call is running concurrently.
+void request_isa(std::string_view text, std::string_view source);
 
 // ---------------------------------------------------------------------------------------------
 // Threads

@@ -2,7 +2,6 @@
 #include "cpu_adam/dispatch.hpp"
 
 #include <atomic>
-#include <cstdlib>
 #include <string>
 
 #include "common/error.hpp"
@@ -12,22 +11,8 @@
 namespace outcore::cpu_adam {
 namespace {
 
-Isa initial_isa() {
-  const Isa best = detect_isa();
-  const char* env = std::getenv("OUTCORE_CPU_ADAM_ISA");
-  if (env == nullptr || *env == '\0') return best;
-  try {
-    const Isa wanted = parse_isa(env);
-    if (isa_supported(wanted)) return wanted;
-    log::warn("OUTCORE_CPU_ADAM_ISA={}: this CPU cannot run it; using {}", env, isa_name(best));
-  } catch (const InvalidArgument& e) {
-    log::warn("OUTCORE_CPU_ADAM_ISA: {}; using {}", e.what(), isa_name(best));
-  }
-  return best;
-}
-
 std::atomic<Isa>& isa_slot() {
-  static std::atomic<Isa> slot{initial_isa()};
+  static std::atomic<Isa> slot{detect_isa()};
   return slot;
 }
 
@@ -83,6 +68,21 @@ void set_isa(Isa isa) {
                           " kernels");
   }
   isa_slot().store(isa, std::memory_order_relaxed);
+}
+
+void request_isa(std::string_view text, std::string_view source) {
+  if (text.empty()) return;
+  const Isa current = active_isa();
+  try {
+    const Isa wanted = parse_isa(text);
+    if (isa_supported(wanted)) {
+      isa_slot().store(wanted, std::memory_order_relaxed);
+      return;
+    }
+    log::warn("{}={}: this CPU cannot run it; using {}", source, text, isa_name(current));
+  } catch (const InvalidArgument& e) {
+    log::warn("{}: {}; using {}", source, e.what(), isa_name(current));
+  }
 }
 
 namespace detail {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu_adam/cpu_adam.hpp"
+#include "tools/env_settings.hpp"
 
 using namespace outcore;
 
@@ -30,6 +31,7 @@ void print(const char* what, const std::vector<float>& p) {
 }
 
 int main() {
+  outcore::tools::apply_environment_settings();
   try {
     const cpu_adam::AdamParams base{.lr = 0.05, .weight_decay = 0.01};  // adamw_mode: AdamW
     std::vector<float> p(kN), target(kN), grad(kN), exp_avg(kN), exp_avg_sq(kN);

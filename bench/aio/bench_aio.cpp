@@ -15,6 +15,7 @@
 #include "tools/aio_bench/measure.hpp"
 #include "tools/aio_bench/scratch.hpp"
 #include "tools/aio_bench/sizes.hpp"
+#include "tools/env_settings.hpp"
 
 namespace outcore::aio_bench {
 namespace {
@@ -139,6 +140,7 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   using namespace outcore::aio_bench;
   outcore::log::init("warn");
+  outcore::tools::apply_environment_settings();
   Args a;
   CLI::App app{"bench_aio: sequential read/write through the aio engine vs fio, same file"};
   app.add_option("--path", a.path, "directory on the drive to test")->required();

@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "cpu_adam/cpu_adam.hpp"
 #include "roofline.hpp"
+#include "tools/env_settings.hpp"
 
 namespace outcore::bench {
 namespace {
@@ -231,6 +232,7 @@ int run(const Options& opt) {
 }  // namespace outcore::bench
 
 int main(int argc, char** argv) {
+  outcore::tools::apply_environment_settings();
   outcore::bench::Options opt;
   CLI::App app{"Fused CPU Adam against the memory roofline, the scalar path and PyTorch"};
   app.add_option("--n", opt.n, "parameters per step")

@@ -19,6 +19,7 @@
 
 #include "common/log.hpp"
 #include "swap/swap.hpp"
+#include "tools/env_settings.hpp"
 
 namespace outcore::swap {
 namespace {
@@ -307,6 +308,7 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   outcore::log::init("info");
+  outcore::tools::apply_environment_settings();
   outcore::swap::Args a;
   CLI::App app{"NVMe-streamed Adam step vs max(aio read+write, in-memory cpu_adam)"};
   app.add_option("--dir", a.dir, "directory on the disk to test (swap files go below it)")

@@ -51,6 +51,7 @@
 #include "engine/device/device.hpp"
 #include "engine/model/model.hpp"
 #include "engine/zero/zero.hpp"
+#include "tools/env_settings.hpp"
 
 namespace {
 
@@ -141,6 +142,7 @@ struct Runner {
 }  // namespace
 
 int main(int argc, char** argv) {
+  outcore::tools::apply_environment_settings();
   int64_t hidden = 512, layers = 8, vocab = 8192, seq = 256, micro = 2, gas = 4;
   int steps = 6, warmup = 1, block = 3;
   double device_fraction = 0.25, ref_gib = 1;
@@ -191,7 +193,7 @@ int main(int argc, char** argv) {
   const model::LlamaModel model(
       mc,
       {.micro_batch = micro, .seq_len = seq, .param_dtype = dt, .activation_checkpointing = true},
-      cuda ? model::make_backend(*compute_dev) : nullptr);
+      cuda ? device::make_backend(*compute_dev) : nullptr);
   const uint64_t params = mc.num_parameters();
   const uint64_t budget = static_cast<uint64_t>(device_fraction * 16.0 * params);
   std::filesystem::create_directories(nvme);

@@ -53,6 +53,7 @@
 #include "engine/device/device.hpp"
 #include "engine/model/model.hpp"
 #include "engine/zero/zero.hpp"
+#include "tools/env_settings.hpp"
 
 namespace {
 
@@ -183,6 +184,7 @@ config::Config make_config(int64_t micro, int64_t sub_group, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  outcore::tools::apply_environment_settings();
   int64_t hidden = 2560, intermediate = 6912, layers = 34, heads = 20, kv_heads = 4, vocab = 32000;
   int64_t seq = 128, micro = 1, device_mb = 2048, sub_group = 10'000'000;
   int steps = 3, compute_reps = 3;
@@ -253,7 +255,7 @@ int main(int argc, char** argv) {
                                    .seq_len = seq,
                                    .param_dtype = DType::BF16,
                                    .activation_checkpointing = true},
-                                  model::make_backend(*dev));
+                                  device::make_backend(*dev));
     std::filesystem::create_directories(nvme);
     const config::Config cfg =
         make_config(micro, sub_group, nvme, device_mb, bf16_moments, clip, step_in_backward);

@@ -83,7 +83,7 @@ std::string Trainer::summary() const {
   s += fmt::format("run        {} steps, seed {}\n", opts_.steps, opts_.seed);
   const aio::BackendChoice io = aio::resolve_backend();
   s += fmt::format(
-      "aio        {} backend{}{}\n", io.name(), io.forced ? " (OUTCORE_AIO_BACKEND)" : "",
+      "aio        {} backend{}{}\n", io.name(), io.forced ? " (" + io.forced_by + ")" : "",
       io.fallback_reason.empty() ? std::string()
                                  : " (io_uring unavailable: " + io.fallback_reason + ")");
   if (!resumed_from_.empty())

@@ -3,8 +3,10 @@
 
 #include "python/bindings/bindings.hpp"
 #include "python/bindings/errors.hpp"
+#include "tools/env_settings.hpp"
 
 PYBIND11_MODULE(_outcore, m) {
+  outcore::tools::apply_environment_settings();
   m.doc() = "outcore's aio engine, CPU Adam and placement planner (use the `outcore` package)";
   outcore::python::register_errors(m);
   outcore::python::bind_aio(m);

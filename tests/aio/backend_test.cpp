@@ -1,13 +1,12 @@
 // The default backend: io_uring where the kernel allows it, else the synchronous fallback with
-// one warning; OUTCORE_AIO_BACKEND forcing either; the decision made once per process. A
-// failing io_uring probe is simulated through aio/backend_internal.hpp.
+// one warning; request_backend() forcing either, its source named in messages; the decision
+// made once per process. A failing io_uring probe is simulated through
+// aio/backend_internal.hpp.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
 #include <fstream>
-#include <optional>
 #include <thread>
 #include <vector>
 
@@ -24,7 +23,8 @@ using test::fill_random;
 using test::LogCapture;
 using test::TempDir;
 
-constexpr const char* kVariable = "OUTCORE_AIO_BACKEND";
+// The source the tools give request_backend().
+constexpr const char* kSource = "OUTCORE_AIO_BACKEND";
 constexpr const char* kFallbackWarning = "io_uring cannot be used";
 
 // The fake probe: counts its calls and returns g_probe_result. It sleeps a little so that
@@ -44,34 +44,20 @@ bool contains(const std::string& text, const std::string& what) {
 
 class AioBackendChoice : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (const char* v = std::getenv(kVariable)) saved_ = v;
-    g_probe_calls = 0;
-  }
+  void SetUp() override { g_probe_calls = 0; }
   void TearDown() override {
-    if (saved_) {
-      ::setenv(kVariable, saved_->c_str(), 1);
-    } else {
-      ::unsetenv(kVariable);
-    }
+    request_backend("", "");
     internal::set_io_uring_probe_for_testing(nullptr);
     internal::reset_backend_choice_for_testing();
   }
-  // The next decision sees OUTCORE_AIO_BACKEND = `env` (nullptr: unset) and a probe that
-  // returns `probe_result` (0 or -errno).
-  static void decide_next_with(const char* env, int probe_result) {
-    if (env != nullptr) {
-      ::setenv(kVariable, env, 1);
-    } else {
-      ::unsetenv(kVariable);
-    }
+  // The next decision sees request_backend(`value`, `source`) (nullptr: no request) and a
+  // probe that returns `probe_result` (0 or -errno).
+  static void decide_next_with(const char* value, int probe_result, const char* source = kSource) {
+    request_backend(value != nullptr ? value : "", value != nullptr ? source : "");
     g_probe_result = probe_result;
     internal::set_io_uring_probe_for_testing(&fake_probe);
     internal::reset_backend_choice_for_testing();
   }
-
- private:
-  std::optional<std::string> saved_;
 };
 
 TEST_F(AioBackendChoice, ProbeFailureChoosesSyncWithOneWarningNamingCauseAndCost) {
@@ -175,6 +161,7 @@ TEST_F(AioBackendChoice, ForcedSyncIsUsedWithoutProbingOrWarning) {
     BackendChoice c = resolve_backend();
     EXPECT_EQ(c.kind, BackendKind::kSync);
     EXPECT_TRUE(c.forced);
+    EXPECT_EQ(c.forced_by, kSource);
     EXPECT_TRUE(c.fallback_reason.empty()) << c.fallback_reason;
     Engine engine(Options{});
     EXPECT_EQ(engine.backend_name(), "sync");
@@ -208,6 +195,7 @@ TEST_F(AioBackendChoice, ForcedIoUringIsUsedWhereTheKernelAllowsIt) {
   BackendChoice c = resolve_backend();
   EXPECT_EQ(c.kind, BackendKind::kIoUring);
   EXPECT_TRUE(c.forced);
+  EXPECT_EQ(c.forced_by, kSource);
   EXPECT_EQ(Engine(Options{}).backend_name(), "io_uring");
 }
 
@@ -230,12 +218,39 @@ TEST_F(AioBackendChoice, EmptyValueChoosesAutomatically) {
   BackendChoice c = resolve_backend();
   EXPECT_EQ(c.kind, BackendKind::kSync);
   EXPECT_FALSE(c.forced);
+  EXPECT_TRUE(c.forced_by.empty()) << c.forced_by;
   EXPECT_EQ(g_probe_calls.load(), 1);
+  // The warning tells how to select sync without it, through the request's source.
+  EXPECT_TRUE(contains(log.text(), "OUTCORE_AIO_BACKEND=sync selects this backend")) << log.text();
+}
+
+TEST_F(AioBackendChoice, MessagesNameTheSourceOfTheRequest) {
+  decide_next_with("uring", 0, "--aio-backend");
+  try {
+    resolve_backend();
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(contains(e.what(), "--aio-backend=uring")) << e.what();
+    EXPECT_FALSE(contains(e.what(), "OUTCORE_AIO_BACKEND")) << e.what();
+  }
+  decide_next_with("sync", 0, "");
+  BackendChoice c = resolve_backend();
+  EXPECT_EQ(c.forced_by, "aio::request_backend");
+}
+
+TEST_F(AioBackendChoice, RequestAfterTheDecisionDoesNotChangeIt) {
+  decide_next_with("sync", 0);
+  EXPECT_EQ(resolve_backend().kind, BackendKind::kSync);
+  request_backend("uring", kSource);
+  BackendChoice c = resolve_backend();
+  EXPECT_EQ(c.kind, BackendKind::kSync);
+  EXPECT_EQ(c.forced_by, kSource);
+  EXPECT_EQ(g_probe_calls.load(), 0);
 }
 
 // With the real probe: io_uring exactly where the raw io_uring_setup system call works.
 TEST_F(AioBackendChoice, RealProbeAgreesWithTheKernel) {
-  ::unsetenv(kVariable);
+  request_backend("", "");
   internal::reset_backend_choice_for_testing();
   LogCapture log;
   BackendChoice c = resolve_backend();

@@ -1,10 +1,11 @@
-// Instruction set names, detection, override by set_isa and by OUTCORE_CPU_ADAM_ISA.
+// Instruction set names, detection, override by set_isa and by request_isa (the setting the
+// tools read from OUTCORE_CPU_ADAM_ISA).
 #include <gtest/gtest.h>
-#include <unistd.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
-#include <array>
-#include <cstdio>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "common/error.hpp"
@@ -43,42 +44,62 @@ TEST(Dispatch, SetIsaChangesTheActiveIsa) {
   }
 }
 
-// Also run in a child process by EnvironmentVariableSelectsTheIsaAtStartUp, which reads the
-// line it prints.
-TEST(Dispatch, ActiveIsaIsSupported) {
-  EXPECT_TRUE(isa_supported(active_isa()));
-  std::printf("active_isa=%s\n", std::string(isa_name(active_isa())).c_str());
-}
+TEST(Dispatch, ActiveIsaIsSupported) { EXPECT_TRUE(isa_supported(active_isa())); }
 
-std::string self_path() {
-  char buf[4096];
-  const ssize_t len = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return len > 0 ? std::string(buf, static_cast<size_t>(len)) : std::string();
-}
-
-// Runs this test binary's ActiveIsaIsSupported with OUTCORE_CPU_ADAM_ISA=value; returns
-// its stdout and stderr.
-std::string run_self_with_env(const std::string& value) {
-  const std::string cmd = "OUTCORE_CPU_ADAM_ISA='" + value + "' '" + self_path() +
-                          "' --gtest_filter=Dispatch.ActiveIsaIsSupported 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
-  if (!pipe) return "popen failed";
-  std::string out;
-  std::array<char, 512> buf;
-  while (fgets(buf.data(), buf.size(), pipe.get()) != nullptr) out += buf.data();
-  return out;
-}
-
-TEST(Dispatch, EnvironmentVariableSelectsTheIsaAtStartUp) {
-  for (Isa isa : testing::supported_isas()) {
-    const std::string out = run_self_with_env(std::string(isa_name(isa)));
-    EXPECT_NE(out.find("active_isa=" + std::string(isa_name(isa)) + "\n"), std::string::npos)
-        << out;
+// The log lines written while an object of this type lives.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
   }
-  const std::string bad = run_self_with_env("mmx");
-  EXPECT_NE(bad.find("active_isa=" + std::string(isa_name(detect_isa())) + "\n"), std::string::npos)
-      << bad;
-  EXPECT_NE(bad.find("OUTCORE_CPU_ADAM_ISA"), std::string::npos) << "no warning: " << bad;
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::string text() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+TEST(Dispatch, RequestIsaSelectsASupportedIsaSilently) {
+  for (Isa isa : testing::supported_isas()) {
+    testing::IsaGuard guard(detect_isa());
+    LogCapture log;
+    request_isa(isa_name(isa), "OUTCORE_CPU_ADAM_ISA");
+    EXPECT_EQ(active_isa(), isa);
+    EXPECT_EQ(log.text(), "");
+  }
+}
+
+TEST(Dispatch, EmptyRequestChangesNothing) {
+  testing::IsaGuard guard(Isa::kScalar);
+  LogCapture log;
+  request_isa("", "OUTCORE_CPU_ADAM_ISA");
+  EXPECT_EQ(active_isa(), Isa::kScalar);
+  EXPECT_EQ(log.text(), "");
+}
+
+TEST(Dispatch, UnknownRequestKeepsTheIsaAndWarnsNamingTheSource) {
+  testing::IsaGuard guard(detect_isa());
+  LogCapture log;
+  request_isa("mmx", "OUTCORE_CPU_ADAM_ISA");
+  EXPECT_EQ(active_isa(), detect_isa());
+  const std::string text = log.text();
+  EXPECT_NE(text.find("OUTCORE_CPU_ADAM_ISA: "), std::string::npos) << text;
+  EXPECT_NE(text.find("'mmx'"), std::string::npos) << text;
+  EXPECT_NE(text.find("using " + std::string(isa_name(detect_isa()))), std::string::npos) << text;
+}
+
+TEST(Dispatch, UnsupportedRequestKeepsTheIsaAndWarnsNamingTheSource) {
+  if (isa_supported(Isa::kAvx512)) GTEST_SKIP() << "this CPU runs every ISA";
+  testing::IsaGuard guard(detect_isa());
+  LogCapture log;
+  request_isa("avx512", "OUTCORE_CPU_ADAM_ISA");
+  EXPECT_EQ(active_isa(), detect_isa());
+  EXPECT_NE(log.text().find("OUTCORE_CPU_ADAM_ISA=avx512: this CPU cannot run it; using " +
+                            std::string(isa_name(detect_isa()))),
+            std::string::npos)
+      << log.text();
 }
 
 }  // namespace

@@ -605,8 +605,9 @@ TEST_F(TrainCliTest, ResumeInANewProcessIsBitIdentical) {
   EXPECT_NE(r.err.find("nowhere"), std::string::npos) << r.err;
 }
 
-// A save killed (SIGKILL) part-way, at several points: the previous checkpoint stays the one
-// `latest` names and loads; the next run removes the leftovers with a warning and resumes.
+// A save killed (SIGKILL) part-way, at several points (test hooks of
+// outcore_with_test_hooks): the previous checkpoint stays the one `latest` names and loads; the
+// next run removes the leftovers with a warning and resumes.
 TEST_F(TrainCliTest, KilledSaveLeavesThePreviousCheckpoint) {
   const std::string ck = data_.file("ckpt");
   CliResult r = run(train_args("--steps 2 --save-dir " + shell_quote(ck)));
@@ -614,9 +615,10 @@ TEST_F(TrainCliTest, KilledSaveLeavesThePreviousCheckpoint) {
   for (const std::string env :
        {"OUTCORE_TEST_CKPT_CRASH_AT=before-latest", "OUTCORE_TEST_CKPT_CRASH_AT=before-rename",
         "OUTCORE_TEST_CKPT_CRASH_AFTER_BYTES=200000", "OUTCORE_TEST_CKPT_CRASH_AFTER_BYTES=8192"}) {
-    const std::string cmd = "env -u OUTCORE_CONFIG " + env + " " + shell_quote(OUTCORE_CLI) +
-                            " train --resume " + shell_quote(ck) + " --save-dir " +
-                            shell_quote(ck) + " --steps 3 >/dev/null 2>&1";
+    const std::string cmd = "env -u OUTCORE_CONFIG " + env + " " +
+                            shell_quote(OUTCORE_CLI_WITH_TEST_HOOKS) + " train --resume " +
+                            shell_quote(ck) + " --save-dir " + shell_quote(ck) +
+                            " --steps 3 >/dev/null 2>&1";
     const int status = std::system(cmd.c_str());
     ASSERT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 137))
         << env << " status " << status;
@@ -899,9 +901,10 @@ TEST_F(TrainCliTest, InitFromANonFiniteWeightExitsTwoNamingTensorAndFile) {
   EXPECT_EQ(r.err.find("loss"), std::string::npos) << r.err;
 }
 
-// Runs `outcore export CK HF` in a child process with OUTCORE_TEST_EXPORT_PIECE_DELAY_MS=
-// `delay_ms` (a sleep before each piece is read, after the check for a stop) and
-// --max-shard-size 40KB (many shards, the first ones complete early); stderr goes to `err`.
+// Runs `outcore_with_test_hooks export CK HF` in a child process with
+// OUTCORE_TEST_EXPORT_PIECE_DELAY_MS=`delay_ms` (a sleep before each piece is read, after the
+// check for a stop) and --max-shard-size 40KB (many shards, the first ones complete early);
+// stderr goes to `err`.
 pid_t start_slow_export(const std::string& ck, const std::string& hf, const std::string& err,
                         int delay_ms) {
   const std::string delay = "OUTCORE_TEST_EXPORT_PIECE_DELAY_MS=" + std::to_string(delay_ms);
@@ -912,8 +915,8 @@ pid_t start_slow_export(const std::string& ck, const std::string& hf, const std:
     const int null = open("/dev/null", O_WRONLY);
     dup2(null, STDOUT_FILENO);
     putenv(const_cast<char*>(delay.c_str()));
-    execl(OUTCORE_CLI, OUTCORE_CLI, "export", ck.c_str(), hf.c_str(), "--max-shard-size", "40KB",
-          static_cast<char*>(nullptr));
+    execl(OUTCORE_CLI_WITH_TEST_HOOKS, OUTCORE_CLI_WITH_TEST_HOOKS, "export", ck.c_str(),
+          hf.c_str(), "--max-shard-size", "40KB", static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;

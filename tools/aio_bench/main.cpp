@@ -15,6 +15,7 @@
 #include "tools/aio_bench/scratch.hpp"
 #include "tools/aio_bench/sizes.hpp"
 #include "tools/aio_bench/sweep.hpp"
+#include "tools/env_settings.hpp"
 
 namespace outcore::aio_bench {
 namespace {
@@ -250,6 +251,7 @@ int run(const Args& args) {
 int main(int argc, char** argv) {
   using namespace outcore::aio_bench;
   outcore::log::init("warn");
+  outcore::tools::apply_environment_settings();
   Args a;
   CLI::App app{
       "aio_bench: sweep the aio engine's block size, queue depth, threads, submission and "

@@ -29,7 +29,7 @@ aio::BackendChoice backend_for_run() {
 }
 
 std::string describe_backend(const aio::BackendChoice& b) {
-  if (b.forced) return b.name() + " (forced by OUTCORE_AIO_BACKEND)";
+  if (b.forced) return b.name() + " (forced by " + b.forced_by + ")";
   if (!b.fallback_reason.empty()) return b.name() + " (fallback: " + b.fallback_reason + ")";
   return b.name();
 }

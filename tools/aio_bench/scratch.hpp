@@ -20,8 +20,8 @@ struct UsageError : std::runtime_error {
 // The backend every Engine of this run uses (aio::resolve_backend()). An invalid
 // OUTCORE_AIO_BACKEND, or io_uring forced where it cannot be used, is a UsageError.
 aio::BackendChoice backend_for_run();
-// One line for humans: "io_uring", "sync (forced by OUTCORE_AIO_BACKEND)", or
-// "sync (fallback: <reason>)".
+// One line for humans: "io_uring", "sync (forced by OUTCORE_AIO_BACKEND)" (the source given to
+// aio::request_backend()), or "sync (fallback: <reason>)".
 std::string describe_backend(const aio::BackendChoice& b);
 
 // SIGINT, SIGTERM and SIGHUP set a flag that stop_requested() reports; measurements poll it

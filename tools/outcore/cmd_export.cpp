@@ -31,6 +31,7 @@
 #include "engine/ckpt/hf.hpp"
 #include "engine/model/model.hpp"
 #include "tools/outcore/commands.hpp"
+#include "tools/outcore/test_hooks.hpp"
 #include "tools/outcore/train_session.hpp"
 
 namespace outcore::cli {
@@ -78,13 +79,6 @@ class ExportStopSignals {
 
 void throw_if_stopped() {
   if (g_stop.load(std::memory_order_relaxed)) throw Interrupted("export interrupted by a signal");
-}
-
-// Test hook: milliseconds to sleep before each piece is read (after the check for a stop), so
-// the command-line tests can signal an export in the middle of writing.
-std::chrono::milliseconds test_piece_delay() {
-  const char* v = std::getenv("OUTCORE_TEST_EXPORT_PIECE_DELAY_MS");
-  return std::chrono::milliseconds(v != nullptr ? std::strtol(v, nullptr, 10) : 0);
 }
 
 // The directory write_hf_model exports to: absolute, normalized, without a trailing slash.
@@ -200,7 +194,9 @@ int run_export(const ExportArgs& a) {
   const model::LlamaConfig cfg = checkpoint_model(c);
   options.dtype = dtype.value_or(c.manifest().param_dtype);
   if (!a.no_verify) c.verify();
-  const std::chrono::milliseconds delay = test_piece_delay();
+  // Test hook (off in the shipped binary): a sleep before each piece is read, after the check
+  // for a stop, so the command-line tests can signal an export in the middle of writing.
+  const std::chrono::milliseconds delay = test_hooks().export_piece_delay;
   auto read_master = [&c, delay](int unit, uint64_t begin, uint64_t count, float* out) {
     throw_if_stopped();  // write_hf_model then removes what it wrote
     if (delay.count() > 0) std::this_thread::sleep_for(delay);

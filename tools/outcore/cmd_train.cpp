@@ -24,6 +24,7 @@
 #include "engine/train/trainer.hpp"
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/launch.hpp"
+#include "tools/outcore/test_hooks.hpp"
 #include "tools/outcore/train_session.hpp"
 
 namespace outcore::cli {
@@ -257,13 +258,12 @@ std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config
   return out;
 }
 
-// Test hooks of checkpoint saves (a crash after N bytes or at a named point), from the
-// environment, so the command-line tests can kill a save at any point.
+// Test hooks of checkpoint saves (a crash after N bytes or at a named point; off in the shipped
+// binary), so the command-line tests can kill a save at any point.
 ckpt::WriterOptions checkpoint_hooks() {
   ckpt::WriterOptions w;
-  if (const char* b = std::getenv("OUTCORE_TEST_CKPT_CRASH_AFTER_BYTES"))
-    w.crash_after_bytes = std::strtoull(b, nullptr, 10);
-  if (const char* at = std::getenv("OUTCORE_TEST_CKPT_CRASH_AT")) w.crash_at = at;
+  w.crash_after_bytes = test_hooks().ckpt_crash_after_bytes;
+  w.crash_at = test_hooks().ckpt_crash_at;
   return w;
 }
 

@@ -44,7 +44,7 @@ Line io_uring_line() {
     if (c.kind == aio::BackendKind::kIoUring)
       return {"io_uring", Verdict::kOk, "io_uring rings can be created"};
     return {"io_uring", Verdict::kWarn,
-            (c.forced ? std::string("sync backend forced by OUTCORE_AIO_BACKEND")
+            (c.forced ? "sync backend forced by " + c.forced_by
                       : "unavailable, NVMe traffic uses the pread/pwrite thread pool: " +
                             c.fallback_reason)};
   } catch (const std::exception& e) {

@@ -1,0 +1,28 @@
+// Faults and delays the command-line tests inject into `outcore`, so that they can kill a
+// checkpoint save or signal an export at a chosen point. Two implementations: the shipped
+// `outcore` links test_hooks_none.cpp (every hook off); the test-only binary
+// `outcore_with_test_hooks` links test_hooks_env.cpp, which reads them from the environment.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace outcore::cli {
+
+struct TestHooks {
+  // Kill the process with SIGKILL after a checkpoint save wrote this many data bytes (0: never;
+  // OUTCORE_TEST_CKPT_CRASH_AFTER_BYTES), or at a named point of the save ("before-rename",
+  // "before-latest", "after-latest"; empty: never; OUTCORE_TEST_CKPT_CRASH_AT). Passed to
+  // ckpt::WriterOptions.
+  uint64_t ckpt_crash_after_bytes = 0;
+  std::string ckpt_crash_at;
+  // Sleep before `outcore export` reads each piece (0: never;
+  // OUTCORE_TEST_EXPORT_PIECE_DELAY_MS).
+  std::chrono::milliseconds export_piece_delay{0};
+};
+
+// The hooks of this process, read once on first call. Thread-safe.
+const TestHooks& test_hooks();
+
+}  // namespace outcore::cli
