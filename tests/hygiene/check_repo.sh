@@ -4,7 +4,8 @@
 #      libraries take their settings as arguments; only tools/, bench/, examples/ and the
 #      Python module read the environment (tools/env_settings.hpp).
 #   2. No tracked file holds an absolute path into a machine's home or work directory
-#      (/home/<name>/, /root/, /work/, /Users/): such paths work on one machine only.
+#      (a user's home, root's home, the work directory, a macOS Users directory): such paths
+#      work on one machine only.
 # Prints each offending FILE:LINE: TEXT and exits 1; exits 0 when clean. Exits 77 (a skip) when
 # SOURCE_DIR is not a git checkout, after check 1 passed (check 2 needs the list of tracked
 # files).
@@ -25,15 +26,16 @@ if [[ -n $getenv_calls ]]; then
 fi
 
 # Check 2: machine-specific absolute paths in tracked files. A path must start the word
-# (so "https://host/work/x" and "src/work/" do not count), "/home/" must be followed by a user
-# name and "/root" by a slash (so prose such as "the /root user" or "/home" alone does not).
+# (so a URL or a relative path with such a component does not count), the home directory
+# must be followed by a user name and root's by a slash (so prose naming the root user does
+# not). Each name is written with a bracket expression so this file does not match itself.
 if ! git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
   if ((failed)); then exit 1; fi
   echo "SKIP: $root is not a git checkout; tracked files cannot be listed"
   exit 77
 fi
-pattern='(^|[^[:alnum:]_.~/-]|//)(/home/[a-z_][a-z0-9_.-]*/|/root/|/work/|/Users/)'
-paths=$(git grep -nIE "$pattern" -- ':/' ':(exclude,top)tests/hygiene/check_repo.sh')
+pattern='(^|[^[:alnum:]_.~/-]|//)(/hom[e]/[a-z_][a-z0-9_.-]*/|/roo[t]/|/wor[k]/|/User[s]/)'
+paths=$(git grep -nIE "$pattern" -- ':/')
 if [[ -n $paths ]]; then
   echo "tracked files with an absolute path of one machine's home or work directory:"
   echo "$paths"
