@@ -2,8 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "common/error.hpp"
 
@@ -38,6 +42,23 @@ void Comm::count(Kind kind, uint64_t bytes) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   if (kind == Kind::kBarrier) return;
   sent_[static_cast<int>(kind)].fetch_add(bytes, std::memory_order_relaxed);
+}
+
+std::vector<std::string> all_gather_strings(Comm& comm, const std::string& mine) {
+  const size_t w = static_cast<size_t>(comm.world_size());
+  uint64_t len = mine.size();
+  std::vector<uint64_t> lens(w);
+  comm.all_gather_bytes(std::as_bytes(std::span<const uint64_t>(&len, 1)),
+                        std::as_writable_bytes(std::span<uint64_t>(lens)));
+  const size_t longest = *std::max_element(lens.begin(), lens.end());
+  std::string padded = mine;
+  padded.resize(longest);
+  std::vector<std::byte> all(w * longest);
+  comm.all_gather_bytes(std::as_bytes(std::span<const char>(padded.data(), longest)), all);
+  std::vector<std::string> out;
+  for (size_t r = 0; r < w; ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all.data()) + r * longest, lens[r]);
+  return out;
 }
 
 namespace detail {

@@ -28,7 +28,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace outcore::comm {
 
@@ -133,6 +135,10 @@ class Comm {
   std::atomic<uint64_t> calls_{0};
   std::atomic<int64_t> ns_{0};
 };
+
+// Every rank's `mine`, in rank order, on every rank (two all_gather_bytes: lengths, then the
+// strings padded to the longest). Collective: every rank calls it.
+std::vector<std::string> all_gather_strings(Comm& comm, const std::string& mine);
 
 // Argument checks shared by implementations; each throws InvalidArgument naming `what`.
 namespace detail {

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/open_file.hpp"
 #include "engine/config/config.hpp"
 
 namespace outcore::config {
@@ -31,15 +32,6 @@ class Fd {
   throw ConfigValidationError(path, {{"", std::move(message)}});
 }
 
-std::string_view kind_of(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "a special file";
-}
-
 std::string limit_mib() { return std::to_string(kMaxConfigBytes >> 20) + " MiB"; }
 
 }  // namespace
@@ -53,7 +45,7 @@ ParsedConfig load_config_file(const std::string& path) {
     refuse(path, "cannot stat the config file: " + errno_string(errno));
   }
   if (!S_ISREG(st.st_mode)) {
-    refuse(path, "is " + std::string(kind_of(st.st_mode)) +
+    refuse(path, "is " + std::string(file_kind(st.st_mode)) +
                      ", not a regular file; allowed: a regular file of at most " + limit_mib());
   }
   if (static_cast<uint64_t>(st.st_size) > kMaxConfigBytes) {

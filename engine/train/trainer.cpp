@@ -146,7 +146,9 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
       save_group_.rank = rank();
       save_group_.world = world_size();
       save_group_.barrier = [this] { control().barrier(); };
-      save_group_.all_gather = [this](const std::string& mine) { return gather_strings(mine); };
+      save_group_.all_gather = [this](const std::string& mine) {
+        return comm::all_gather_strings(control(), mine);
+      };
     }
   }
   zero::EngineOptions eo = opts_.engine;
@@ -181,23 +183,6 @@ int Trainer::world_size() const { return devices_->comm->world_size(); }
 int Trainer::rank() const { return devices_->comm->rank(); }
 comm::Comm& Trainer::comm() const { return *devices_->comm; }
 comm::Comm& Trainer::control() const { return *devices_->control; }
-
-std::vector<std::string> Trainer::gather_strings(const std::string& mine) const {
-  const size_t w = static_cast<size_t>(world_size());
-  uint64_t len = mine.size();
-  std::vector<uint64_t> lens(w);
-  control().all_gather_bytes(std::as_bytes(std::span<const uint64_t>(&len, 1)),
-                             std::as_writable_bytes(std::span<uint64_t>(lens)));
-  const size_t longest = *std::max_element(lens.begin(), lens.end());
-  std::string padded = mine;
-  padded.resize(longest);
-  std::vector<std::byte> all(w * longest);
-  control().all_gather_bytes(std::as_bytes(std::span<const char>(padded.data(), longest)), all);
-  std::vector<std::string> out;
-  for (size_t r = 0; r < w; ++r)
-    out.emplace_back(reinterpret_cast<const char*>(all.data()) + r * longest, lens[r]);
-  return out;
-}
 
 double Trainer::sum_in_global_order(std::span<const float> values, int64_t count) const {
   const size_t w = static_cast<size_t>(world_size());

@@ -243,8 +243,6 @@ class Trainer {
   // Sum of per-rank values gathered in global micro-batch order: values[k] of rank r is
   // global item k*W + r; only the first `count` global items are added (in double).
   double sum_in_global_order(std::span<const float> values, int64_t count) const;
-  // Every rank's string, in rank order (collective over the control Comm).
-  std::vector<std::string> gather_strings(const std::string& mine) const;
   ckpt::SaveGroup save_group_;  // the ranks saving together (world > 1)
   // The metrics file's first record: {"type":"start", config, model, run facts}.
   nlohmann::ordered_json start_record() const;

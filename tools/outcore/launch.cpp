@@ -155,23 +155,6 @@ std::vector<std::pair<std::string, std::string>> deserialize(const std::string& 
   return out;
 }
 
-std::vector<std::string> all_gather_strings(comm::Comm& c, const std::string& mine) {
-  const size_t w = static_cast<size_t>(c.world_size());
-  uint64_t len = mine.size();
-  std::vector<uint64_t> lens(w);
-  c.all_gather_bytes(std::as_bytes(std::span<const uint64_t>(&len, 1)),
-                     std::as_writable_bytes(std::span<uint64_t>(lens)));
-  const size_t longest = *std::max_element(lens.begin(), lens.end());
-  std::string padded = mine;
-  padded.resize(longest);
-  std::vector<std::byte> all(w * longest);
-  c.all_gather_bytes(std::as_bytes(std::span<const char>(padded.data(), longest)), all);
-  std::vector<std::string> out;
-  for (size_t r = 0; r < w; ++r)
-    out.emplace_back(reinterpret_cast<const char*>(all.data()) + r * longest, lens[r]);
-  return out;
-}
-
 std::string shown(const std::string* v) {
   if (v == nullptr) return "(not set)";
   return v->size() > 80 ? "\"" + v->substr(0, 77) + "...\"" : "\"" + *v + "\"";
@@ -182,7 +165,7 @@ std::string shown(const std::string* v) {
 bool ranks_agree(comm::Comm& control,
                  const std::vector<std::pair<std::string, std::string>>& mine) {
   if (control.world_size() == 1) return true;
-  const std::vector<std::string> all = all_gather_strings(control, serialize(mine));
+  const std::vector<std::string> all = comm::all_gather_strings(control, serialize(mine));
   if (std::all_of(all.begin(), all.end(), [&](const std::string& s) { return s == all[0]; }))
     return true;
   // Every rank computes the same report; rank 0 prints it.
