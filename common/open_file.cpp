@@ -37,8 +37,8 @@ int open_for_reading(const std::string& path, const char* what, int extra_flags,
   }
   if (!S_ISREG(st.st_mode) && !(allow_block_device && S_ISBLK(st.st_mode))) {
     ::close(fd);
-    throw InvalidArgument(fmt::format("{} {}: is {}, not a regular file", what, path,
-                                      file_kind(st.st_mode)));
+    throw InvalidArgument(
+        fmt::format("{} {}: is {}, not a regular file", what, path, file_kind(st.st_mode)));
   }
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {

@@ -4,9 +4,10 @@
 // fstat, and only then switched back to blocking I/O.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <string>
-#include <sys/types.h>
 
 namespace outcore {
 

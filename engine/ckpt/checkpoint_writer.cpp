@@ -54,7 +54,8 @@ constexpr std::string_view kMarkerName = ".outcore-save";
 constexpr std::string_view kMarkerText = "outcore checkpoint in progress\n";
 
 bool has_suffix(const std::string& s, std::string_view suffix) {
-  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() > suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 fs::file_type type_of(const fs::path& p) {
@@ -95,9 +96,9 @@ bool is_save_leftover(const fs::path& p) {
   } catch (const Error&) {
     return false;
   }
-  static const std::set<std::string, std::less<>> kTop = {
-      std::string(kMarkerName), std::string(kManifestName), "config.json", "ds_config.json",
-      "trainer_state.json"};
+  static const std::set<std::string, std::less<>> kTop = {std::string(kMarkerName),
+                                                          std::string(kManifestName), "config.json",
+                                                          "ds_config.json", "trainer_state.json"};
   for (const fs::directory_entry& e : fs::directory_iterator(p, ec)) {
     const std::string name = e.path().filename().string();
     const fs::file_type t = type_of(e.path());
@@ -170,8 +171,7 @@ void remove_owned_dir(const fs::path& p, const WriterOptions* hooks, uint64_t& r
 
 // ---- SaveDir --------------------------------------------------------------------------------
 
-SaveDir::SaveDir(fs::path dir, SaveDirOptions options)
-    : dir_(std::move(dir)), options_(options) {
+SaveDir::SaveDir(fs::path dir, SaveDirOptions options) : dir_(std::move(dir)), options_(options) {
   if (options_.keep < 0)
     throw InvalidArgument(fmt::format("--keep must be >= 0, got {}", options_.keep));
   std::error_code ec;
@@ -223,8 +223,7 @@ void SaveDir::open_entries() {
     }
     // Anything else is the user's, and never touched.
   }
-  if ((!checkpoints.empty() || has_latest) &&
-      options_.existing == ExistingCheckpoints::kRefuse) {
+  if ((!checkpoints.empty() || has_latest) && options_.existing == ExistingCheckpoints::kRefuse) {
     std::sort(checkpoints.begin(), checkpoints.end());
     std::string names;
     for (const auto& [step, name] : checkpoints) names += (names.empty() ? "" : ", ") + name;
@@ -601,8 +600,7 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
     if (e.is_directory()) fsync_dir(e.path());
   fsync_dir(m.tmp);
   // Read back what every rank wrote: "saved" means loadable, not only written.
-  if (m.options.verify)
-    Checkpoint::open(m.tmp, {m.options.aio, m.options.backend}).verify();
+  if (m.options.verify) Checkpoint::open(m.tmp, {m.options.aio, m.options.backend}).verify();
   if (m.options.crash_at == "before-rename") crash_now("before-rename");
 
   const fs::path old = m.dir.path() / (m.tag + ".old");

@@ -232,8 +232,7 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
 
 LlamaConfig LlamaConfig::load(const std::filesystem::path& path) {
   // A Hugging Face config.json is a few KiB; 16 MiB leaves room for any that exists.
-  return from_json(read_whole_file(path.string(), "model config", size_t{16} << 20),
-                   path.string());
+  return from_json(read_whole_file(path.string(), "model config", size_t{16} << 20), path.string());
 }
 
 void LlamaConfig::validate() const {

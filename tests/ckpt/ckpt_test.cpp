@@ -8,9 +8,9 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -416,9 +416,9 @@ TEST(CkptSaveDir, NamesOutcoreWritesHeldBySomethingElseAreRefused) {
     TempDir tmp("ckpt");
     make_files(tmp / "save", files);
     const std::string msg = what_of([&] { SaveDir dir(tmp / "save"); });
-    EXPECT_NE(msg.find("save directory " + (tmp / "save").string() + ": " + name +
-                       " is not outcore's"),
-              std::string::npos)
+    EXPECT_NE(
+        msg.find("save directory " + (tmp / "save").string() + ": " + name + " is not outcore's"),
+        std::string::npos)
         << msg;
     expect_files(tmp / "save", files, name);
     // The lock was let go: once the entry is moved away, the directory opens.
@@ -523,10 +523,17 @@ TEST(CkptSaveDir, RandomUserFilesAndKillsDuringSavesAndPruningLoseNothing) {
   // The user's entries come from names near outcore's; some of them are names outcore writes
   // (refused at open, untouched). Each round kills a run of saves (with pruning) at a random
   // point; the next open must find every user file as it was and a `latest` that loads.
-  const std::vector<std::string> harmless = {
-      "notes.tmp", "results.old/model.pt", "x.old", "global_step.tmp/a", "global_stepZ/b",
-      "latest.bak", "sub/global_step1/manifest.json", "sub/latest", "global_step1.tmp.d/c",
-      "old.tmp/rank0/optimizer.bin", ".lock.d/e"};
+  const std::vector<std::string> harmless = {"notes.tmp",
+                                             "results.old/model.pt",
+                                             "x.old",
+                                             "global_step.tmp/a",
+                                             "global_stepZ/b",
+                                             "latest.bak",
+                                             "sub/global_step1/manifest.json",
+                                             "sub/latest",
+                                             "global_step1.tmp.d/c",
+                                             "old.tmp/rank0/optimizer.bin",
+                                             ".lock.d/e"};
   const std::vector<std::string> conflicting = {
       "global_step9/readme.txt", "global_step3.tmp/user.txt", "global_step2.old/rank0/model.bin",
       "latest", "latest.tmp"};
@@ -569,7 +576,8 @@ TEST(CkptSaveDir, RandomUserFilesAndKillsDuringSavesAndPruningLoseNothing) {
     }
     const int end = in_child([&] {
       SaveDir dir(save, {.keep = keep, .existing = ExistingCheckpoints::kContinue});
-      for (int step : {2, 3, 4}) write_synthetic(dir, "global_step" + std::to_string(step), 1, hooks);
+      for (int step : {2, 3, 4})
+        write_synthetic(dir, "global_step" + std::to_string(step), 1, hooks);
     });
     EXPECT_TRUE(end == SIGKILL || end == 0) << context << ": " << end;
     killed += end == SIGKILL;

@@ -388,9 +388,9 @@ TEST_F(DataParallel, Stage0CheckpointOfTwoRanksLoads) {
   rc = run_command(mpirun(2) + " " + args + " --steps 3 --resume " + ckpt + " --save-dir " + ckpt,
                    output);
   EXPECT_EQ(rc, 0) << output;
-  rc = run_command(fmt::format("timeout 120 {} export {} {}", OUTCORE_CLI, ckpt,
-                               (work / "hf").string()),
-                   output);
+  rc = run_command(
+      fmt::format("timeout 120 {} export {} {}", OUTCORE_CLI, ckpt, (work / "hf").string()),
+      output);
   EXPECT_EQ(rc, 0) << output;
 }
 

@@ -350,7 +350,8 @@ TEST_F(TrainCliTest, OutputsNeverNameAFileOfTheInitOrResumeInputs) {
   ASSERT_EQ(r.rc, 0) << r.err;
   r = run("export " + shell_quote(ck) + " " + shell_quote(hf));
   ASSERT_EQ(r.rc, 0) << r.err;
-  const std::string weights = hf + "/model.safetensors", state = ck + "/global_step1/trainer_state.json";
+  const std::string weights = hf + "/model.safetensors",
+                    state = ck + "/global_step1/trainer_state.json";
   const std::string weights_before = slurp(weights), state_before = slurp(state);
   r = run("train --init-from " + shell_quote(hf) + " --config " + shell_quote(config_) +
           " --data " + shell_quote(data_.train()) + " --seq-len 32 --steps 1 --trace " +
@@ -397,8 +398,8 @@ TEST_F(TrainCliTest, FifosInPlaceOfInputFilesAreRefusedNotWaitedFor) {
     EXPECT_NE(res.err.find("FIFO"), std::string::npos) << res.err;
   };
   const std::string init_args = "train --config " + shell_quote(config_) + " --data " +
-                                shell_quote(data_.train()) + " --seq-len 32 --steps 1 --init-from " +
-                                shell_quote(hf);
+                                shell_quote(data_.train()) +
+                                " --seq-len 32 --steps 1 --init-from " + shell_quote(hf);
   fifo_in_place_of(hf + "/model.safetensors");
   expect_refused(init_args, hf + "/model.safetensors");
   fs::remove(hf + "/model.safetensors");
@@ -552,7 +553,7 @@ TEST_F(TrainCliTest, BadNumbersAreRefused) {
   const std::string base = "train --config " + shell_quote(config_) + " --model " +
                            shell_quote(model_) + " --data " + shell_quote(data_.train());
   for (const std::string bad : {"--seq-len 0", "--lr inf", "--lr nan", "--weight-decay -inf",
-                                 "--steps 0", "--eval-batches 0"}) {
+                                "--steps 0", "--eval-batches 0"}) {
     const bool sets_steps = bad.rfind("--steps", 0) == 0;
     CliResult r = run(base + (sets_steps ? " " : " --steps 2 ") + bad);
     EXPECT_EQ(r.rc, 2) << bad << ": " << r.err;

@@ -2,6 +2,8 @@
 // Llama-family model with a DeepSpeed config. "auto" values in the config are resolved from
 // the model and the command line. Exit 0 when done, 2 for bad input, 1 for a failure while
 // training, 130 after a clean stop on Ctrl-C.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -13,8 +15,6 @@
 #include <string>
 #include <type_traits>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -216,8 +216,7 @@ std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config
     const nlohmann::json flat = j.flatten();
     for (const auto& [key, value] : flat.items()) {
       std::string name = prefix + key;
-      std::replace(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(), '/',
-                   '.');
+      std::replace(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(), '/', '.');
       out.emplace_back(name.replace(prefix.size(), 1, ""), value.dump());
     }
   };
@@ -244,9 +243,9 @@ std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config
   out.emplace_back("--steps", std::to_string(t.steps));
   out.emplace_back("--seed", std::to_string(t.seed));
   out.emplace_back("--device", std::to_string(static_cast<int>(t.device)));
-  out.emplace_back("--activation-checkpointing",
-                   t.activation_checkpointing ? (*t.activation_checkpointing ? "on" : "off")
-                                              : "config");
+  out.emplace_back("--activation-checkpointing", t.activation_checkpointing
+                                                     ? (*t.activation_checkpointing ? "on" : "off")
+                                                     : "config");
   out.emplace_back("--eval-every", std::to_string(t.eval_every));
   out.emplace_back("--eval-batches", std::to_string(t.eval_batches));
   out.emplace_back("--save-dir", path(t.save_dir));
@@ -391,17 +390,16 @@ int run_train(const TrainCliOptions& o) {
   }
 
   const std::string metrics = o.metrics.empty() ? config.outcore.metrics_file : o.metrics;
-  std::vector<std::pair<std::string, const char*>> inputs = {
-      {config_path, "--config"}, {model_path, "--model"}, {data, "--data"},
-      {val_data, "--val-data"}};
+  std::vector<std::pair<std::string, const char*>> inputs = {{config_path, "--config"},
+                                                             {model_path, "--model"},
+                                                             {data, "--data"},
+                                                             {val_data, "--val-data"}};
   add_input_files(inputs, o.init_from, "--init-from", false);
   if (rd) {
     add_input_files(inputs, rd->source, "--resume", true);
-    inputs.emplace_back((std::filesystem::path(o.resume) / ckpt::kLatestName).string(),
-                        "--resume");
+    inputs.emplace_back((std::filesystem::path(o.resume) / ckpt::kLatestName).string(), "--resume");
   }
-  if (!check_output_file(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics",
-                         inputs))
+  if (!check_output_file(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics", inputs))
     return 2;
   inputs.emplace_back(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics");
   if (!check_output_file(o.trace, "--trace", inputs)) return 2;

@@ -166,7 +166,7 @@ bool check_input_file(const std::string& path, const char* flag) {
   std::string reason;
   if (ec || !fs::exists(st)) {
     reason = ec && ec != std::errc::no_such_file_or_directory ? ec.message() : "no such file";
-  } else if (struct stat raw {}; !fs::is_regular_file(st) && ::stat(path.c_str(), &raw) == 0) {
+  } else if (struct stat raw{}; !fs::is_regular_file(st) && ::stat(path.c_str(), &raw) == 0) {
     reason = std::string("is ") + file_kind(raw.st_mode) + ", not a regular file";
   } else if (!fs::is_regular_file(st)) {
     reason = "not a regular file";
@@ -201,8 +201,8 @@ bool check_output_file(const std::string& path, const char* flag,
                : !out_canonical.empty() && fs::weakly_canonical(in_path, ec) == out_canonical;
     if (same) {
       std::fprintf(stderr,
-                   "error: %s %s is the same file as %s %s; refusing to overwrite an input\n",
-                   flag, path.c_str(), in_flag, in_path.c_str());
+                   "error: %s %s is the same file as %s %s; refusing to overwrite an input\n", flag,
+                   path.c_str(), in_flag, in_path.c_str());
       return false;
     }
   }
