@@ -1,13 +1,11 @@
 // Helpers shared by the aio tests: a unique temporary directory in the build tree, random
-// data, a checksum, an open-descriptor count for leak checks, a log capture, and whether the
+// data, a checksum, an open-descriptor count for leak checks, and whether the
 // kernel lets this process create an io_uring.
 #pragma once
 
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <linux/io_uring.h>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -22,6 +20,7 @@
 #include <sstream>
 #include <string>
 
+#include "tests/common/log_capture.hpp"
 #include "tests/common/temp_dir.hpp"
 
 namespace outcore::aio::test {
@@ -53,25 +52,7 @@ inline int open_fd_count() {
   return n;
 }
 
-// Captures log lines for the lifetime of the object.
-class LogCapture {
- public:
-  LogCapture() : previous_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
-  }
-  ~LogCapture() { spdlog::set_default_logger(previous_); }
-  std::string text() const { return out_.str(); }
-  static size_t count(const std::string& text, const std::string& what) {
-    size_t n = 0;
-    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-    return n;
-  }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
+using outcore::test::LogCapture;
 
 // 0 if the raw io_uring_setup system call creates a ring here, else its errno. Independent of
 // liburing and of aio's own probe, so tests can check the probe against it.

@@ -1,8 +1,6 @@
 // Instruction set names, detection, override by set_isa and by request_isa (the setting the
 // tools read from OUTCORE_CPU_ADAM_ISA).
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 
 #include <memory>
 #include <sstream>
@@ -11,9 +9,12 @@
 #include "common/error.hpp"
 #include "cpu_adam/cpu_adam.hpp"
 #include "test_util.hpp"
+#include "tests/common/log_capture.hpp"
 
 namespace outcore::cpu_adam {
 namespace {
+
+using outcore::test::LogCapture;
 
 TEST(Dispatch, NamesRoundTrip) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
@@ -45,21 +46,6 @@ TEST(Dispatch, SetIsaChangesTheActiveIsa) {
 }
 
 TEST(Dispatch, ActiveIsaIsSupported) { EXPECT_TRUE(isa_supported(active_isa())); }
-
-// The log lines written while an object of this type lives.
-class LogCapture {
- public:
-  LogCapture() : previous_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
-  }
-  ~LogCapture() { spdlog::set_default_logger(previous_); }
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
 
 TEST(Dispatch, RequestIsaSelectsASupportedIsaSilently) {
   for (Isa isa : testing::supported_isas()) {

@@ -29,35 +29,13 @@
 #include "engine/device/cpu/kernels.hpp"
 #include "engine/device/device.hpp"
 #include "engine/device/kernel_math.hpp"
+#include "tests/common/numeric.hpp"
 
 namespace outcore::device {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// rel == 0 asks for the same bits; otherwise finite values within rel of max(1, |want|), the same
-// infinity, and a NaN where a NaN is expected.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(want[i]) && rel != 0.0) {
-      ASSERT_TRUE(std::isnan(got[i])) << what << " @" << i << ": got " << got[i];
-    } else if (rel == 0.0 || std::isinf(want[i])) {
-      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
-          << what << " @" << i << ": got " << got[i] << ", want " << want[i];
-    } else {
-      ASSERT_NEAR(got[i], want[i], rel * std::max(1.0, std::abs(double(want[i]))))
-          << what << " @" << i;
-    }
-  }
-}
+using outcore::test::expect_close;
+using outcore::test::randn;
 
 class BackendConformance : public ::testing::TestWithParam<std::string> {
  protected:

@@ -6,17 +6,12 @@
 #include <vector>
 
 #include "engine/device/cpu/kernels.hpp"
+#include "tests/common/numeric.hpp"
 
 namespace outcore::device::cpu {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using outcore::test::randn;
 
 TEST(Kernels, GemmHonoursTransposesLeadingDimensionsAndBeta) {
   const int64_t m = 5, n = 7, k = 9, lda = 12, ldb = 11, ldc = 10;

@@ -13,17 +13,12 @@
 
 #include "common/dtype.hpp"
 #include "engine/device/cpu/kernels.hpp"
+#include "tests/common/numeric.hpp"
 
 namespace outcore::device {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using outcore::test::randn;
 
 // Same value, or both NaN.
 ::testing::AssertionResult SameBits(float a, float b) {

@@ -4,7 +4,6 @@
 // what the engine allocates and moves, and a buffer_size that cannot hold the largest
 // partition in a swap file is refused.
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
@@ -12,12 +11,14 @@
 #include <sstream>
 
 #include "common/aligned_buffer.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/zero/zero_test_util.hpp"
 
 namespace outcore::zero::test {
 namespace {
 
 namespace fs = std::filesystem;
+using outcore::test::LogCapture;
 
 constexpr int kSteps = 6;
 
@@ -66,27 +67,6 @@ uint64_t param_file_bytes(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(p))
     if (e.path().extension() == ".bin") bytes += fs::file_size(e.path());
   return bytes;
-}
-
-// Captures log lines for the lifetime of the object.
-class LogCapture {
- public:
-  LogCapture() : previous_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
-  }
-  ~LogCapture() { spdlog::set_default_logger(previous_); }
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
-
-size_t count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-  return n;
 }
 
 // The split: the longest prefix of units whose partitions fit together, in unit order.
@@ -435,7 +415,7 @@ TEST(BufferSize, LargerValueAllocatesNothingMoreAndIsWarnedAboutOnce) {
     comm::LocalComm comm;
     ZeroEngine engine(big, model, dev, comm, 1);
   }
-  EXPECT_EQ(count(log.text(), "offload_param.buffer_size 1000000000 has no effect"), 1u)
+  EXPECT_EQ(LogCapture::count(log.text(), "offload_param.buffer_size 1000000000 has no effect"), 1u)
       << log.text();
   LogCapture quiet;
   {
@@ -443,7 +423,7 @@ TEST(BufferSize, LargerValueAllocatesNothingMoreAndIsWarnedAboutOnce) {
     comm::LocalComm comm;
     ZeroEngine engine(def, model, dev, comm, 1);
   }
-  EXPECT_EQ(count(quiet.text(), "buffer_size"), 0u) << quiet.text();
+  EXPECT_EQ(LogCapture::count(quiet.text(), "buffer_size"), 0u) << quiet.text();
 }
 
 }  // namespace
