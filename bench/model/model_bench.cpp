@@ -2,17 +2,20 @@
 // measured in the same run.
 //
 //   model_bench [--hidden 1024] [--layers 4] [--seq 512] [--batch 2] [--steps 5] [--threads N]
-//               [--dtype fp32|bf16] [--checkpointing]
+//               [--dtype fp32|bf16] [--compute fp32|bf16] [--checkpointing]
 //
 // Prints tokens/s, achieved GFLOP/s (model FLOPs: LlamaConfig::train_flops_per_token) and the
 // ratio to sgemm GFLOP/s on a square 2048^3 product and on the model's MLP shape, each sgemm
-// timed right after each model step (medians over steps).
+// timed right after each model step (medians over steps). With --compute bf16 (bf16 parameters,
+// every GEMM on bf16 operands) each step is followed by the same step in fp32 compute on the same
+// parameters, and the median ratio of their tokens/s is printed too.
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <thread>
 
 #include "engine/device/device.hpp"
@@ -50,7 +53,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   int64_t hidden = 1024, layers = 4, seq = 512, batch = 2, vocab = 32000;
   int steps = 5, threads = static_cast<int>(std::thread::hardware_concurrency());
-  std::string dtype = "fp32";
+  std::string dtype = "fp32", compute = "fp32";
   bool checkpointing = false;
   CLI::App app("Llama forward+backward throughput vs OpenBLAS sgemm");
   app.add_option("--hidden", hidden, "hidden size (heads = hidden/64, kv heads = heads/4)");
@@ -61,11 +64,15 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps (after one warm-up step)");
   app.add_option("--threads", threads, "OpenBLAS threads");
   app.add_option("--dtype", dtype, "parameter storage")->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--compute", compute, "compute dtype (bf16 implies --dtype bf16)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_flag("--checkpointing", checkpointing, "activation checkpointing");
   CLI11_PARSE(app, argc, argv);
 
   try {
     openblas_set_num_threads(threads);
+    const bool bf16_compute = compute == "bf16";
+    if (bf16_compute) dtype = "bf16";
     model::LlamaConfig c;
     c.hidden_size = hidden;
     c.intermediate_size = (hidden * 11 / 4 + 63) / 64 * 64;
@@ -79,8 +86,12 @@ int main(int argc, char** argv) {
     const model::ModelOptions o{.micro_batch = batch,
                                 .seq_len = seq,
                                 .param_dtype = dtype == "bf16" ? DType::BF16 : DType::F32,
+                                .compute_dtype = bf16_compute ? DType::BF16 : DType::F32,
                                 .activation_checkpointing = checkpointing};
     model::LlamaModel m(c, o);
+    model::ModelOptions o_fp32 = o;
+    o_fp32.compute_dtype = DType::F32;
+    model::LlamaModel m_fp32(c, o_fp32);  // the reference of --compute bf16
     device::CpuDevice dev;
     std::fprintf(stderr,
                  "model: %.1fM parameters, %lld layers, hidden %lld, inter %lld, heads %lld/%lld, "
@@ -103,6 +114,8 @@ int main(int argc, char** argv) {
       mb.grads.push_back(grads.back().as<float>().data());
     }
     model::ActivationBuffers acts(m, dev, false);
+    std::unique_ptr<model::ActivationBuffers> acts_fp32;
+    if (bf16_compute) acts_fp32 = std::make_unique<model::ActivationBuffers>(m_fp32, dev, false);
     std::vector<int32_t> tokens(batch * seq), targets(batch * seq);
     for (size_t i = 0; i < tokens.size(); ++i) {
       tokens[i] = static_cast<int32_t>((i * 7919) % vocab);
@@ -112,10 +125,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "warm-up step...\n");
     float loss = model::train_micro_batch(m, mb, acts, tokens.data(), targets.data(),
                                           model::GradMode::Overwrite);
+    if (bf16_compute)
+      model::train_micro_batch(m_fp32, mb, *acts_fp32, tokens.data(), targets.data(),
+                               model::GradMode::Overwrite);
     // The machine is shared and noisy: each timed step is followed by the sgemm references, so
     // model and reference see the same load, and the ratio is the median of per-step ratios.
     const double step_flops = c.train_flops_per_token(seq) * double(batch * seq);
-    std::vector<double> model_g, square_g, mlp_g, ratio_sq, ratio_mlp;
+    std::vector<double> model_g, square_g, mlp_g, ratio_sq, ratio_mlp, ratio_fp32;
     for (int s = 0; s < steps; ++s) {
       auto t0 = Clock::now();
       loss = model::train_micro_batch(m, mb, acts, tokens.data(), targets.data(),
@@ -126,15 +142,22 @@ int main(int argc, char** argv) {
       mlp_g.push_back(sgemm_gflops(int(batch * seq), int(c.intermediate_size), int(hidden), 2));
       ratio_sq.push_back(model_g.back() / square_g.back());
       ratio_mlp.push_back(model_g.back() / mlp_g.back());
+      if (bf16_compute) {
+        t0 = Clock::now();
+        model::train_micro_batch(m_fp32, mb, *acts_fp32, tokens.data(), targets.data(),
+                                 model::GradMode::Overwrite);
+        ratio_fp32.push_back(seconds_since(t0) / dt);
+      }
       std::fprintf(stderr, "step %d/%d: %.3f s, loss %.4f, %.1f GFLOP/s, sgemm %.1f GFLOP/s\n",
                    s + 1, steps, dt, loss, model_g.back(), square_g.back());
     }
     const double gf = median(model_g);
     std::printf(
-        "config: hidden %lld, layers %lld, seq %lld, batch %lld, vocab %lld, %s, %s, %d BLAS "
-        "threads, %d steps\n",
+        "config: hidden %lld, layers %lld, seq %lld, batch %lld, vocab %lld, %s parameters, %s "
+        "compute, %s, %d BLAS threads, %d steps\n",
         (long long)hidden, (long long)layers, (long long)seq, (long long)batch, (long long)vocab,
-        dtype.c_str(), checkpointing ? "checkpointing" : "no checkpointing", threads, steps);
+        dtype.c_str(), compute.c_str(), checkpointing ? "checkpointing" : "no checkpointing",
+        threads, steps);
     std::printf("model fwd+bwd:  %.0f tokens/s, %.1f GFLOP/s (%.3f GFLOP/token; medians)\n",
                 gf * 1e9 / c.train_flops_per_token(seq), gf, c.train_flops_per_token(seq) / 1e9);
     std::printf("sgemm 2048^3:   %.1f GFLOP/s   ratio model/sgemm %.2f\n", median(square_g),
@@ -142,7 +165,11 @@ int main(int argc, char** argv) {
     std::printf("sgemm %lldx%lldx%lld: %.1f GFLOP/s   ratio model/sgemm %.2f\n",
                 (long long)(batch * seq), (long long)c.intermediate_size, (long long)hidden,
                 median(mlp_g), median(ratio_mlp));
-    std::printf("device peak: %.1f MiB (activations)\n", dev.memory_stats().peak_bytes / 1048576.0);
+    if (bf16_compute)
+      std::printf("bf16 compute / fp32 compute tokens/s (same parameters): %.3f\n",
+                  median(ratio_fp32));
+    std::printf("device peak: %.1f MiB (activations%s)\n",
+                dev.memory_stats().peak_bytes / 1048576.0, bf16_compute ? " of both models" : "");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "model_bench: %s\n", e.what());

@@ -72,6 +72,12 @@ std::string_view to_string(OffloadDevice d) {
 
 std::string_view to_string(WarmupType t) { return t == WarmupType::kLog ? "log" : "linear"; }
 
+DType compute_dtype(const Config& cfg) {
+  if (cfg.outcore.compute_dtype == "fp32") return DType::F32;
+  if (cfg.outcore.compute_dtype == "bf16") return DType::BF16;
+  return cfg.bf16.enabled.value_or(false) ? DType::BF16 : DType::F32;
+}
+
 bool adam_moments_bf16(const Config& cfg) {
   return !cfg.optimizer.fp32_optimizer_states || cfg.bf16.bf16_optimizer_states;
 }

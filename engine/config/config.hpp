@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/dtype.hpp"
 #include "common/error.hpp"
 
 namespace outcore::config {
@@ -314,6 +315,10 @@ struct OutcoreConfig {
   // gradients are final, when the multiplier without clipping is expected to hold (a second
   // copy of the optimizer state on NVMe keeps the old state until the norm confirms it).
   bool step_in_backward = false;
+  // The model's compute dtype (engine/model ModelOptions::compute_dtype): "fp32", "bf16" (GEMMs
+  // on bf16 operands with fp32 accumulation, as PyTorch autocast; needs bf16.enabled) or "auto"
+  // (bf16 when bf16.enabled, else fp32). See compute_dtype().
+  std::string compute_dtype = "auto";
 };
 
 // ---- the whole config ------------------------------------------------------------------
@@ -445,6 +450,10 @@ void require_resolved(const Config& cfg);
 // optimizer.params.fp32_optimizer_states: false or bf16.bf16_optimizer_states: true. Master
 // weights stay fp32 either way.
 bool adam_moments_bf16(const Config& cfg);
+
+// The model's compute dtype: outcore.compute_dtype, "auto" read as bf16 when bf16.enabled and
+// fp32 otherwise (parse_config refuses "bf16" without bf16.enabled).
+DType compute_dtype(const Config& cfg);
 
 // The config as DeepSpeed-compatible JSON with every section and its effective defaults.
 // "auto" values print as "auto", unset optional values as null; parse_config() of the

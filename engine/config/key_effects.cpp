@@ -187,6 +187,8 @@ constexpr KeyEffect kEffects[] = {
      "tests/zero/plan_test.cpp: PlanVsActual.PeaksAndTrafficMatchThePlan"},
     {"outcore.step_in_backward", H,
      "tests/trainer/overlap_test.cpp: StepInBackwardTest.BitIdenticalToTheStepAfterBackward"},
+    {"outcore.compute_dtype", H,
+     "tests/trainer/trainer_test.cpp: TrainerTest.ComputeDtypeBf16RoundsEveryGemmOperand"},
     {"outcore.log_level", H,
      "tests/trainer/cli_test.cpp: TrainCliTest.LogLevelFromTheConfigSetsWhatIsLogged"},
 };

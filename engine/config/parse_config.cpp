@@ -109,6 +109,16 @@ void read_outcore(SectionReader& root, Diagnostics& d, OutcoreConfig& o) {
   s.get("metrics_file", o.metrics_file, /*null_is_empty=*/true);
   get_mb(s, "pinned_memory_mb", o.pinned_memory_mb);
   s.get("step_in_backward", o.step_in_backward);
+  std::string compute = o.compute_dtype;
+  if (s.get("compute_dtype", compute, /*null_is_empty=*/false)) {
+    compute = detail::lower(compute);
+    if (compute == "auto" || compute == "fp32" || compute == "bf16") {
+      o.compute_dtype = compute;
+    } else {
+      d.error("outcore.compute_dtype",
+              "got " + show(Json(compute)) + "; allowed: \"auto\", \"fp32\" or \"bf16\"");
+    }
+  }
   std::string level = o.log_level;
   if (s.get("log_level", level, /*null_is_empty=*/false)) {
     level = detail::lower(level);
@@ -201,6 +211,10 @@ void read_top_level(SectionReader& root, Diagnostics& d, Config& c) {
     d.error("bf16.enabled",
             "true while fp16.enabled is also true; allowed: at most one of "
             "fp16 and bf16 enabled");
+  }
+  if (c.outcore.compute_dtype == "bf16" && !c.bf16.enabled.value_or(false)) {
+    d.error("outcore.compute_dtype",
+            "\"bf16\" needs bf16.enabled true (the bf16 GEMM operands are the bf16 parameters)");
   }
 }
 

@@ -168,7 +168,8 @@ Json outcore_json(const OutcoreConfig& o) {
           {"metrics_file", path_or_null(o.metrics_file)},
           {"pinned_memory_mb", o.pinned_memory_mb},
           {"log_level", o.log_level},
-          {"step_in_backward", o.step_in_backward}};
+          {"step_in_backward", o.step_in_backward},
+          {"compute_dtype", o.compute_dtype}};
 }
 
 }  // namespace

@@ -4,36 +4,84 @@
 #include "engine/device/compute_backend.hpp"
 
 #include <algorithm>
+#include <cstddef>
+#include <string>
 
+#include "common/error.hpp"
 #include "engine/device/device.hpp"
 
 namespace outcore::device {
 
-void ComputeBackend::attention_forward(const Attention& a, const float* q, const float* k,
-                                       const float* v, float* lse, float* attn, float* scores) {
+namespace {
+
+// The GEMMs of the default attention in the operands' dtype, and element offsets into them.
+struct AttentionGemm {
+  ComputeBackend& be;
+  DType dtype;
+  const void* at(const void* p, int64_t elements) const {
+    return static_cast<const std::byte*>(p) + elements * static_cast<int64_t>(dtype_size(dtype));
+  }
+  void operator()(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+                  int64_t lda, const void* b, int64_t ldb, float beta, float* c,
+                  int64_t ldc) const {
+    if (dtype == DType::F32) {
+      be.gemm(ta, tb, m, n, k, alpha, static_cast<const float*>(a), lda,
+              static_cast<const float*>(b), ldb, beta, c, ldc);
+    } else {
+      be.gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+  }
+  // `src` as an operand of the next GEMM: itself in fp32, else rounded to bf16 into `lowp`.
+  const void* operand(const float* src, int64_t n, void* lowp) const {
+    if (dtype == DType::F32) return src;
+    be.from_fp32(src, lowp, DType::BF16, n);
+    return lowp;
+  }
+};
+
+void check_attention_dtype(const ComputeBackend::Attention& a, const void* lowp) {
+  if (a.dtype != DType::F32 && a.dtype != DType::BF16)
+    throw InvalidArgument("attention: operands in " + std::string(dtype_name(a.dtype)) +
+                          " (fp32 or bf16 only)");
+  if (a.dtype == DType::BF16 && lowp == nullptr)
+    throw InvalidArgument("attention: bf16 operands need the bf16 scratch");
+}
+
+}  // namespace
+
+void ComputeBackend::attention_forward(const Attention& a, const void* q, const void* k,
+                                       const void* v, float* lse, float* attn, float* scores,
+                                       void* lowp) {
+  check_attention_dtype(a, lowp);
+  const AttentionGemm mm{*this, a.dtype};
   const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
   for (int64_t b = 0; b < a.B; ++b) {
     for (int64_t h = 0; h < a.nh; ++h) {
       const int64_t g = h / group;
-      const float* kb = k + b * a.T * KV + g * a.hd;
-      const float* vb = v + b * a.T * KV + g * a.hd;
+      const void* kb = mm.at(k, b * a.T * KV + g * a.hd);
+      const void* vb = mm.at(v, b * a.T * KV + g * a.hd);
       float* l = lse + (b * a.nh + h) * a.T;
       for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
         const int64_t rows = std::min(a.block, a.T - r0), keys = r0 + rows;
-        const float* qb = q + (b * a.T + r0) * Q + h * a.hd;
-        gemm(false, true, rows, keys, a.hd, a.scale, qb, Q, kb, KV, 0.0f, scores, keys);
+        const void* qb = mm.at(q, (b * a.T + r0) * Q + h * a.hd);
+        mm(false, true, rows, keys, a.hd, a.scale, qb, Q, kb, KV, 0.0f, scores, keys);
         causal_softmax_forward(scores, l + r0, rows, keys, r0);
-        gemm(false, false, rows, a.hd, keys, 1.0f, scores, keys, vb, KV, 0.0f,
-             attn + (b * a.T + r0) * Q + h * a.hd, Q);
+        const void* p = mm.operand(scores, rows * keys, lowp);
+        mm(false, false, rows, a.hd, keys, 1.0f, p, keys, vb, KV, 0.0f,
+           attn + (b * a.T + r0) * Q + h * a.hd, Q);
       }
     }
   }
 }
 
-void ComputeBackend::attention_backward(const Attention& a, const float* q, const float* k,
-                                        const float* v, const float* lse, const float* dattn,
+void ComputeBackend::attention_backward(const Attention& a, const void* q, const void* k,
+                                        const void* v, const float* lse, const void* dattn,
                                         float* dq, float* dk, float* dv, float* scores,
-                                        float* dprob) {
+                                        float* dprob, void* lowp) {
+  check_attention_dtype(a, lowp);
+  const AttentionGemm mm{*this, a.dtype};
+  // The bf16 scratch: probabilities, then score gradients.
+  void* lowp_ds = lowp == nullptr ? nullptr : static_cast<uint16_t*>(lowp) + a.block * a.T;
   const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
   for (int64_t b = 0; b < a.B; ++b) {
     for (int64_t h = 0; h < a.nh; ++h) {
@@ -43,17 +91,19 @@ void ComputeBackend::attention_backward(const Attention& a, const float* q, cons
       for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
         const int64_t rows = std::min(a.block, a.T - r0), keys = r0 + rows;
         const int64_t q_at = (b * a.T + r0) * Q + h * a.hd;
-        gemm(false, true, rows, keys, a.hd, a.scale, q + q_at, Q, k + kv_at, KV, 0.0f, scores,
-             keys);
-        gemm(false, true, rows, keys, a.hd, 1.0f, dattn + q_at, Q, v + kv_at, KV, 0.0f, dprob,
-             keys);
+        mm(false, true, rows, keys, a.hd, a.scale, mm.at(q, q_at), Q, mm.at(k, kv_at), KV, 0.0f,
+           scores, keys);
+        mm(false, true, rows, keys, a.hd, 1.0f, mm.at(dattn, q_at), Q, mm.at(v, kv_at), KV, 0.0f,
+           dprob, keys);
         causal_softmax_backward(scores, dprob, l + r0, rows, keys, r0);
-        gemm(false, false, rows, a.hd, keys, a.scale, dprob, keys, k + kv_at, KV, 0.0f, dq + q_at,
-             Q);
-        gemm(true, false, keys, a.hd, rows, a.scale, dprob, keys, q + q_at, Q, 1.0f, dk + kv_at,
-             KV);
-        gemm(true, false, keys, a.hd, rows, 1.0f, scores, keys, dattn + q_at, Q, 1.0f, dv + kv_at,
-             KV);
+        const void* ds = mm.operand(dprob, rows * keys, lowp_ds);
+        const void* p = mm.operand(scores, rows * keys, lowp);
+        mm(false, false, rows, a.hd, keys, a.scale, ds, keys, mm.at(k, kv_at), KV, 0.0f, dq + q_at,
+           Q);
+        mm(true, false, keys, a.hd, rows, a.scale, ds, keys, mm.at(q, q_at), Q, 1.0f, dk + kv_at,
+           KV);
+        mm(true, false, keys, a.hd, rows, 1.0f, p, keys, mm.at(dattn, q_at), Q, 1.0f, dv + kv_at,
+           KV);
       }
     }
   }

@@ -70,8 +70,16 @@ class ComputeBackend {
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                     int64_t ldc) = 0;
+  // The same with A and B in bf16 storage: every product of two bf16 values is exact in fp32 and
+  // accumulated in fp32 (tensor cores on a GPU), C fp32. The bf16 compute dtype's GEMM.
+  virtual void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                         const void* a, int64_t lda, const void* b, int64_t ldb, float beta,
+                         float* c, int64_t ldc) = 0;
   // dst[i] = src[i] as fp32 (src in `dtype` storage).
   virtual void to_fp32(const void* src, DType dtype, float* dst, int64_t n) = 0;
+  // dst[i] = src[i] rounded to `dtype` storage (nearest even, kernel_math's rounding; NaN stays
+  // NaN): where the bf16 compute dtype rounds a GEMM operand.
+  virtual void from_fp32(const float* src, void* dst, DType dtype, int64_t n) = 0;
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
   virtual void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
                                float* y, float* rstd) = 0;
@@ -107,20 +115,31 @@ class ComputeBackend {
   // Token-major layouts: q and attn [B*T, nh*hd], k and v [B*T, nkv*hd]; head h reads kv head
   // h / (nh / nkv); queries are taken `block` at a time (scores [block, keys] per head).
   // lse[(b*nh + h)*T + t] is what forward keeps for backward.
+  // dtype: the storage of q, k, v and dattn. F32: fp32 GEMMs. BF16 (the bf16 compute dtype):
+  // q k^T and the products with v take bf16 operands, and the probabilities (forward) and the
+  // probabilities and score gradients (backward) are rounded to bf16 before the GEMMs that read
+  // them, as a FlashAttention kernel does; softmax, lse and the accumulators stay fp32.
   struct Attention {
     int64_t B, T, nh, nkv, hd, block;
     float scale;  // 1/sqrt(hd)
+    DType dtype = DType::F32;
   };
-  // attn = softmax_causal(scale q k^T) v per head. `scores`: block*T floats of scratch.
-  // The default runs head by head, block by block, through gemm and causal_softmax_forward
-  // (the CPU backends); a backend may batch the heads (CUDA).
-  virtual void attention_forward(const Attention& a, const float* q, const float* k, const float* v,
-                                 float* lse, float* attn, float* scores);
-  // Given dattn: writes dq, adds into dk and dv (the caller zeroes them). `scores` and `dprob`:
-  // block*T floats of scratch each.
-  virtual void attention_backward(const Attention& a, const float* q, const float* k,
-                                  const float* v, const float* lse, const float* dattn, float* dq,
-                                  float* dk, float* dv, float* scores, float* dprob);
+  // Scratch the default implementation needs besides `scores` / `dprob` with dtype BF16:
+  // bf16 elements (0 with F32).
+  static int64_t attention_bf16_scratch(const Attention& a) {
+    return a.dtype == DType::BF16 ? 2 * a.block * a.T : 0;
+  }
+  // attn = softmax_causal(scale q k^T) v per head. `scores`: block*T floats of scratch; `lowp`:
+  // attention_bf16_scratch(a) bf16 elements of scratch (null with F32). The default runs head
+  // by head, block by block, through the backend's gemm / gemm_bf16 and causal softmax (the CPU
+  // backends); a backend may batch the heads (CUDA).
+  virtual void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
+                                 float* lse, float* attn, float* scores, void* lowp);
+  // Given dattn (in a.dtype): writes dq, adds into dk and dv (fp32; the caller zeroes them).
+  // `scores` and `dprob`: block*T floats of scratch each; `lowp` as for forward.
+  virtual void attention_backward(const Attention& a, const void* q, const void* k, const void* v,
+                                  const float* lse, const void* dattn, float* dq, float* dk,
+                                  float* dv, float* scores, float* dprob, void* lowp);
 };
 
 class CpuDevice;

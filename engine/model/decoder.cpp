@@ -1,5 +1,6 @@
 // Decoder layer forward and backward: pre-norm attention with rotary embeddings and grouped
 // key/value heads, then a pre-norm SwiGLU MLP, each with a residual connection.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -50,20 +51,44 @@ Saved carve_saved(Arena& ar, const Dims& d) {
   return s;
 }
 
-// Working memory of forward (f) and backward (b) beyond Saved.
+device::ComputeBackend::Attention attention_of(const Dims& d, const ModelOptions& o) {
+  return {.B = d.B,
+          .T = d.T,
+          .nh = d.nh,
+          .nkv = d.nkv,
+          .hd = d.hd,
+          .block = d.block,
+          .scale = 1.0f / std::sqrt(static_cast<float>(d.hd)),
+          .dtype = o.compute_dtype};
+}
+
+// Working memory of forward (f) and backward (b) beyond Saved. In bf16 compute: h1..h3 hold
+// bf16 GEMM operands of up to N x max(H, Q, I, 2 KV) elements, q16/k16/v16 attention's bf16
+// q, k, v (also dattn's in backward, in h1) and lowp attention's bf16 scratch.
 struct Work {
   float *wtmp, *wn1, *wn2, *scores;                     // forward and backward
   float *dprob, *dxn, *da, *du, *dattn, *dq, *dk, *dv;  // backward only
+  void *h1, *h2, *h3, *q16, *k16, *v16, *lowp;          // bf16 compute only
 };
 
 Work carve_work(Arena& ar, const Dims& d, const LlamaConfig& c, const ModelOptions& o,
                 bool backward) {
+  const bool bf16 = o.compute_dtype == DType::BF16;
   Work w{};
-  w.wtmp = ar.floats(o.param_dtype == DType::F32 ? 0 : max_decoder_weight(c));
+  w.wtmp = ar.floats(o.param_dtype == DType::F32 || bf16 ? 0 : max_decoder_weight(c));
   w.wn1 = ar.floats(d.H);
   w.wn2 = ar.floats(d.H);
   w.scores = ar.floats(d.block * d.T);
+  const int64_t widest = d.N * std::max({d.H, d.Q, d.I, 2 * d.KV});
+  const int64_t halves = bf16 ? widest : 0;
+  w.h1 = ar.halves(halves);
+  w.q16 = ar.halves(bf16 ? d.N * d.Q : 0);
+  w.k16 = ar.halves(bf16 ? d.N * d.KV : 0);
+  w.v16 = ar.halves(bf16 ? d.N * d.KV : 0);
+  w.lowp = ar.halves(device::ComputeBackend::attention_bf16_scratch(attention_of(d, o)));
   if (!backward) return w;
+  w.h2 = ar.halves(halves);
+  w.h3 = ar.halves(halves);
   w.dprob = ar.floats(d.block * d.T);
   w.dxn = ar.floats(d.N * d.H);
   w.da = ar.floats(d.N * d.I);
@@ -83,49 +108,41 @@ const float* norm_weight(const UnitContext& ctx, const void* params, int i, floa
   return w;
 }
 
-device::ComputeBackend::Attention attention_of(const Dims& d) {
-  return {.B = d.B,
-          .T = d.T,
-          .nh = d.nh,
-          .nkv = d.nkv,
-          .hd = d.hd,
-          .block = d.block,
-          .scale = 1.0f / std::sqrt(static_cast<float>(d.hd))};
-}
-
 // The forward proper. Writes Saved; writes the layer output to `out` when non-null.
 void forward_into(const UnitContext& ctx, const void* params, const float* x, float* out,
                   const Saved& s, const Work& w) {
   device::ComputeBackend& be = ctx.be;
   const Dims d(ctx.cfg, ctx.opt);
   const float eps = static_cast<float>(ctx.cfg.rms_norm_eps);
+  auto W = [&](int i, int64_t ld) {
+    return weight_operand(ctx, params, tensor(ctx, i), ld, w.wtmp);
+  };
   const float* wn1 = norm_weight(ctx, params, kInNorm, w.wn1);
   be.rmsnorm_forward(x, wn1, eps, d.N, d.H, s.xn1, s.rstd1);
-  const float* W = weight_f32(ctx, params, tensor(ctx, kQ), w.wtmp);
-  be.gemm(false, true, d.N, d.Q, d.H, 1.0f, s.xn1, d.H, W, d.H, 0.0f, s.q, d.Q);
-  W = weight_f32(ctx, params, tensor(ctx, kK), w.wtmp);
-  be.gemm(false, true, d.N, d.KV, d.H, 1.0f, s.xn1, d.H, W, d.H, 0.0f, s.k, d.KV);
-  W = weight_f32(ctx, params, tensor(ctx, kV), w.wtmp);
-  be.gemm(false, true, d.N, d.KV, d.H, 1.0f, s.xn1, d.H, W, d.H, 0.0f, s.v, d.KV);
+  Operand xn = make_operand(ctx, s.xn1, d.N, d.H, w.h1);
+  matmul(ctx, false, true, d.N, d.Q, d.H, 1.0f, xn, W(kQ, d.H), 0.0f, s.q, d.Q);
+  matmul(ctx, false, true, d.N, d.KV, d.H, 1.0f, xn, W(kK, d.H), 0.0f, s.k, d.KV);
+  matmul(ctx, false, true, d.N, d.KV, d.H, 1.0f, xn, W(kV, d.H), 0.0f, s.v, d.KV);
   be.rope(s.q, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, false);
   be.rope(s.k, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, false);
-  be.attention_forward(attention_of(d), s.q, s.k, s.v, s.lse, s.attn, w.scores);
+  be.attention_forward(attention_of(d, ctx.opt), make_operand(ctx, s.q, d.N, d.Q, w.q16).p,
+                       make_operand(ctx, s.k, d.N, d.KV, w.k16).p,
+                       make_operand(ctx, s.v, d.N, d.KV, w.v16).p, s.lse, s.attn, w.scores, w.lowp);
 
   be.copy(s.h, x, sizeof(float) * d.N * d.H);
-  W = weight_f32(ctx, params, tensor(ctx, kO), w.wtmp);
-  be.gemm(false, true, d.N, d.H, d.Q, 1.0f, s.attn, d.Q, W, d.Q, 1.0f, s.h, d.H);
+  matmul(ctx, false, true, d.N, d.H, d.Q, 1.0f, make_operand(ctx, s.attn, d.N, d.Q, w.h1),
+         W(kO, d.Q), 1.0f, s.h, d.H);
 
   const float* wn2 = norm_weight(ctx, params, kPostNorm, w.wn2);
   be.rmsnorm_forward(s.h, wn2, eps, d.N, d.H, s.xn2, s.rstd2);
-  W = weight_f32(ctx, params, tensor(ctx, kGate), w.wtmp);
-  be.gemm(false, true, d.N, d.I, d.H, 1.0f, s.xn2, d.H, W, d.H, 0.0f, s.g, d.I);
-  W = weight_f32(ctx, params, tensor(ctx, kUp), w.wtmp);
-  be.gemm(false, true, d.N, d.I, d.H, 1.0f, s.xn2, d.H, W, d.H, 0.0f, s.u, d.I);
+  xn = make_operand(ctx, s.xn2, d.N, d.H, w.h1);
+  matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn, W(kGate, d.H), 0.0f, s.g, d.I);
+  matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn, W(kUp, d.H), 0.0f, s.u, d.I);
   be.swiglu_forward(s.g, s.u, s.a, d.N * d.I);
   if (out == nullptr) return;  // recomputation for backward needs no output
   be.copy(out, s.h, sizeof(float) * d.N * d.H);
-  W = weight_f32(ctx, params, tensor(ctx, kDown), w.wtmp);
-  be.gemm(false, true, d.N, d.H, d.I, 1.0f, s.a, d.I, W, d.I, 1.0f, out, d.H);
+  matmul(ctx, false, true, d.N, d.H, d.I, 1.0f, make_operand(ctx, s.a, d.N, d.I, w.h1),
+         W(kDown, d.I), 1.0f, out, d.H);
 }
 
 }  // namespace
@@ -194,42 +211,49 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   if (a.grad_input != a.grad_output) be.copy(dh, a.grad_output, sizeof(float) * d.N * d.H);
   if (a.mode == GradMode::Overwrite) be.zero(a.grads, sizeof(float) * ctx.unit.padded_numel);
   auto G = [&](int i) { return a.grads + tensor(ctx, i).offset; };
-  const float* W;
+  auto W = [&](int i, int64_t ld) {
+    return weight_operand(ctx, a.params, tensor(ctx, i), ld, w.wtmp);
+  };
+  auto op = [&](const float* x, int64_t cols, void* half) {
+    return make_operand(ctx, x, d.N, cols, half);
+  };
 
   // MLP: out = h + down(silu(gate(xn2)) * up(xn2))
-  W = weight_f32(ctx, a.params, tensor(ctx, kDown), w.wtmp);
-  be.gemm(false, false, d.N, d.I, d.H, 1.0f, dh, d.H, W, d.I, 0.0f, w.da, d.I);
-  be.gemm(true, false, d.H, d.I, d.N, 1.0f, dh, d.H, s.a, d.I, 1.0f, G(kDown), d.I);
+  Operand dy = op(dh, d.H, w.h1);
+  matmul(ctx, false, false, d.N, d.I, d.H, 1.0f, dy, W(kDown, d.I), 0.0f, w.da, d.I);
+  matmul(ctx, true, false, d.H, d.I, d.N, 1.0f, dy, op(s.a, d.I, w.h2), 1.0f, G(kDown), d.I);
   float* dg = w.da;
   be.swiglu_backward(w.da, s.g, s.u, dg, w.du, d.N * d.I);
-  W = weight_f32(ctx, a.params, tensor(ctx, kGate), w.wtmp);
-  be.gemm(false, false, d.N, d.H, d.I, 1.0f, dg, d.I, W, d.H, 0.0f, w.dxn, d.H);
-  W = weight_f32(ctx, a.params, tensor(ctx, kUp), w.wtmp);
-  be.gemm(false, false, d.N, d.H, d.I, 1.0f, w.du, d.I, W, d.H, 1.0f, w.dxn, d.H);
-  be.gemm(true, false, d.I, d.H, d.N, 1.0f, dg, d.I, s.xn2, d.H, 1.0f, G(kGate), d.H);
-  be.gemm(true, false, d.I, d.H, d.N, 1.0f, w.du, d.I, s.xn2, d.H, 1.0f, G(kUp), d.H);
+  const Operand dg_op = op(dg, d.I, w.h1), du_op = op(w.du, d.I, w.h2);
+  matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, dg_op, W(kGate, d.H), 0.0f, w.dxn, d.H);
+  matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, du_op, W(kUp, d.H), 1.0f, w.dxn, d.H);
+  const Operand xn2 = op(s.xn2, d.H, w.h3);
+  matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, dg_op, xn2, 1.0f, G(kGate), d.H);
+  matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, du_op, xn2, 1.0f, G(kUp), d.H);
   const float* wn2 = norm_weight(ctx, a.params, kPostNorm, w.wn2);
   be.rmsnorm_backward(w.dxn, s.h, wn2, s.rstd2, d.N, d.H, dh, G(kPostNorm));
 
   // Attention: h = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1)))
-  W = weight_f32(ctx, a.params, tensor(ctx, kO), w.wtmp);
-  be.gemm(false, false, d.N, d.Q, d.H, 1.0f, dh, d.H, W, d.Q, 0.0f, w.dattn, d.Q);
-  be.gemm(true, false, d.H, d.Q, d.N, 1.0f, dh, d.H, s.attn, d.Q, 1.0f, G(kO), d.Q);
+  dy = op(dh, d.H, w.h1);
+  matmul(ctx, false, false, d.N, d.Q, d.H, 1.0f, dy, W(kO, d.Q), 0.0f, w.dattn, d.Q);
+  matmul(ctx, true, false, d.H, d.Q, d.N, 1.0f, dy, op(s.attn, d.Q, w.h2), 1.0f, G(kO), d.Q);
   be.zero(w.dk, sizeof(float) * d.N * d.KV);
   be.zero(w.dv, sizeof(float) * d.N * d.KV);
-  be.attention_backward(attention_of(d), s.q, s.k, s.v, s.lse, w.dattn, w.dq, w.dk, w.dv, w.scores,
-                        w.dprob);
+  be.attention_backward(attention_of(d, ctx.opt), op(s.q, d.Q, w.q16).p, op(s.k, d.KV, w.k16).p,
+                        op(s.v, d.KV, w.v16).p, s.lse, op(w.dattn, d.Q, w.h1).p, w.dq, w.dk, w.dv,
+                        w.scores, w.dprob, w.lowp);
   be.rope(w.dq, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, true);
   be.rope(w.dk, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, true);
-  W = weight_f32(ctx, a.params, tensor(ctx, kQ), w.wtmp);
-  be.gemm(false, false, d.N, d.H, d.Q, 1.0f, w.dq, d.Q, W, d.H, 0.0f, w.dxn, d.H);
-  W = weight_f32(ctx, a.params, tensor(ctx, kK), w.wtmp);
-  be.gemm(false, false, d.N, d.H, d.KV, 1.0f, w.dk, d.KV, W, d.H, 1.0f, w.dxn, d.H);
-  W = weight_f32(ctx, a.params, tensor(ctx, kV), w.wtmp);
-  be.gemm(false, false, d.N, d.H, d.KV, 1.0f, w.dv, d.KV, W, d.H, 1.0f, w.dxn, d.H);
-  be.gemm(true, false, d.Q, d.H, d.N, 1.0f, w.dq, d.Q, s.xn1, d.H, 1.0f, G(kQ), d.H);
-  be.gemm(true, false, d.KV, d.H, d.N, 1.0f, w.dk, d.KV, s.xn1, d.H, 1.0f, G(kK), d.H);
-  be.gemm(true, false, d.KV, d.H, d.N, 1.0f, w.dv, d.KV, s.xn1, d.H, 1.0f, G(kV), d.H);
+  const Operand dq = op(w.dq, d.Q, w.h1), dk = op(w.dk, d.KV, w.h2);
+  void* dv_half = bf16_compute(ctx) ? static_cast<uint16_t*>(w.h2) + d.N * d.KV : nullptr;
+  const Operand dv = op(w.dv, d.KV, dv_half);
+  matmul(ctx, false, false, d.N, d.H, d.Q, 1.0f, dq, W(kQ, d.H), 0.0f, w.dxn, d.H);
+  matmul(ctx, false, false, d.N, d.H, d.KV, 1.0f, dk, W(kK, d.H), 1.0f, w.dxn, d.H);
+  matmul(ctx, false, false, d.N, d.H, d.KV, 1.0f, dv, W(kV, d.H), 1.0f, w.dxn, d.H);
+  const Operand xn1 = op(s.xn1, d.H, w.h3);
+  matmul(ctx, true, false, d.Q, d.H, d.N, 1.0f, dq, xn1, 1.0f, G(kQ), d.H);
+  matmul(ctx, true, false, d.KV, d.H, d.N, 1.0f, dk, xn1, 1.0f, G(kK), d.H);
+  matmul(ctx, true, false, d.KV, d.H, d.N, 1.0f, dv, xn1, 1.0f, G(kV), d.H);
   const float* wn1 = norm_weight(ctx, a.params, kInNorm, w.wn1);
   be.rmsnorm_backward(w.dxn, a.input, wn1, s.rstd1, d.N, d.H, dh, G(kInNorm));
 }

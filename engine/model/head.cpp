@@ -9,25 +9,32 @@
 namespace outcore::model::detail {
 namespace {
 
-// Vocabulary rows converted to fp32 at once when the head weight is not stored in fp32.
+// Vocabulary rows converted to fp32 at once when the head weight is not stored in fp32 (all of
+// them when nothing is converted: fp32 weights, or bf16 compute reading the slab).
 int64_t vocab_block(const LlamaConfig& c, const ModelOptions& o) {
-  if (o.param_dtype == DType::F32) return c.vocab_size;
+  if (o.param_dtype == DType::F32 || o.compute_dtype == DType::BF16) return c.vocab_size;
   return std::min<int64_t>(c.vocab_size, std::max<int64_t>(1, (int64_t{1} << 20) / c.hidden_size));
 }
 
+// In bf16 compute, xn16 and dlogits16 hold the bf16 GEMM operands (all normalized rows, one
+// chunk's logit gradients).
 struct HeadWork {
   float *xn, *rstd, *wn, *logits, *wtmp, *dxn;
+  void *xn16, *dlogits16;
 };
 
 HeadWork carve(Arena& ar, const LlamaConfig& c, const ModelOptions& o) {
   const int64_t n = o.micro_batch * o.seq_len, h = c.hidden_size;
+  const bool bf16 = o.compute_dtype == DType::BF16;
   HeadWork w;
   w.xn = ar.floats(n * h);
   w.rstd = ar.floats(n);
   w.wn = ar.floats(h);
   w.logits = ar.floats(head_chunk_rows(c, o) * c.vocab_size);
-  w.wtmp = ar.floats(o.param_dtype == DType::F32 ? 0 : vocab_block(c, o) * h);
+  w.wtmp = ar.floats(o.param_dtype == DType::F32 || bf16 ? 0 : vocab_block(c, o) * h);
   w.dxn = ar.floats(n * h);
+  w.xn16 = ar.halves(bf16 ? n * h : 0);
+  w.dlogits16 = ar.halves(bf16 ? head_chunk_rows(c, o) * c.vocab_size : 0);
   return w;
 }
 
@@ -57,13 +64,13 @@ HeadWeight head_weight(const UnitContext& ctx, const void* params, const void* t
 }
 
 // logits[rows, vocab] (leading dimension vocab) = xn[rows, hidden] W^T.
-void project(const UnitContext& ctx, const HeadWeight& hw, const float* xn, int64_t rows,
-             float* logits, float* wtmp) {
+void project(const UnitContext& ctx, const HeadWeight& hw, Operand xn, int64_t rows, float* logits,
+             float* wtmp) {
   const int64_t V = ctx.cfg.vocab_size, H = ctx.cfg.hidden_size, vb = vocab_block(ctx.cfg, ctx.opt);
   for (int64_t v0 = 0; v0 < V; v0 += vb) {
     const int64_t n = std::min(vb, V - v0);
-    const float* W = weight_f32(ctx, hw.slab, *hw.spec, wtmp, v0 * H, n * H);
-    ctx.be.gemm(false, true, rows, n, H, 1.0f, xn, H, W, H, 0.0f, logits + v0, V);
+    const Operand W = weight_operand(ctx, hw.slab, *hw.spec, H, wtmp, v0 * H, n * H);
+    matmul(ctx, false, true, rows, n, H, 1.0f, xn, W, 0.0f, logits + v0, V);
   }
 }
 
@@ -90,6 +97,7 @@ float head_forward(const UnitContext& ctx, const ForwardArgs& a) {
   const HeadWeight hw = head_weight(ctx, a.params, a.tied_params);
   const float* wn = weight_f32(ctx, a.params, ctx.unit.tensors[0], w.wn);
   ctx.be.rmsnorm_forward(a.input, wn, static_cast<float>(ctx.cfg.rms_norm_eps), N, H, w.xn, w.rstd);
+  const Operand xn = make_operand(ctx, w.xn, N, H, w.xn16);
   const int64_t chunk = head_chunk_rows(ctx.cfg, ctx.opt);
   const int32_t* targets = a.targets != nullptr ? ctx.be.stage_ids(a.targets, N, 1) : nullptr;
   std::vector<float> row_loss(static_cast<size_t>(std::min(chunk, N)));
@@ -97,7 +105,7 @@ float head_forward(const UnitContext& ctx, const ForwardArgs& a) {
   for (int64_t c0 = 0; c0 < N; c0 += chunk) {
     const int64_t rows = std::min(chunk, N - c0);
     float* logits = a.logits != nullptr ? a.logits + c0 * V : w.logits;
-    project(ctx, hw, w.xn + c0 * H, rows, logits, w.wtmp);
+    project(ctx, hw, rows_from(ctx, xn, c0), rows, logits, w.wtmp);
     if (targets == nullptr) continue;
     // dxn is unused by the forward: it holds the chunk's per-row losses.
     ctx.be.cross_entropy(logits, targets + c0, rows, V, 0.0f, false, w.dxn);
@@ -128,6 +136,7 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
 
   const float* wn = weight_f32(ctx, a.params, ctx.unit.tensors[0], w.wn);
   ctx.be.rmsnorm_forward(a.input, wn, static_cast<float>(ctx.cfg.rms_norm_eps), N, H, w.xn, w.rstd);
+  const Operand xn = make_operand(ctx, w.xn, N, H, w.xn16);
   const int64_t chunk = head_chunk_rows(ctx.cfg, ctx.opt), vb = vocab_block(ctx.cfg, ctx.opt);
   const float coef = a.loss_scale / static_cast<float>(N);
   const int32_t* targets = ctx.be.stage_ids(a.targets, N, 1);
@@ -135,18 +144,19 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
   double loss = 0.0;
   for (int64_t c0 = 0; c0 < N; c0 += chunk) {
     const int64_t rows = std::min(chunk, N - c0);
-    project(ctx, hw, w.xn + c0 * H, rows, w.logits, w.wtmp);
+    const Operand xn_rows = rows_from(ctx, xn, c0);
+    project(ctx, hw, xn_rows, rows, w.logits, w.wtmp);
     // The chunk's rows of dxn hold its per-row losses until the first GEMM below writes them.
     ctx.be.cross_entropy(w.logits, targets + c0, rows, V, coef, true, w.dxn + c0 * H);
     loss += sum_losses(ctx, w.dxn + c0 * H, rows, row_loss);
+    const Operand dlogits = make_operand(ctx, w.logits, rows, V, w.dlogits16);
     // dxn = dlogits W; dW += dlogits^T xn, one vocabulary block at a time.
     for (int64_t v0 = 0; v0 < V; v0 += vb) {
       const int64_t n = std::min(vb, V - v0);
-      const float* W = weight_f32(ctx, hw.slab, *hw.spec, w.wtmp, v0 * H, n * H);
-      ctx.be.gemm(false, false, rows, H, n, 1.0f, w.logits + v0, V, W, H, v0 == 0 ? 0.0f : 1.0f,
-                  w.dxn + c0 * H, H);
-      ctx.be.gemm(true, false, n, H, rows, 1.0f, w.logits + v0, V, w.xn + c0 * H, H, 1.0f,
-                  dW + v0 * H, H);
+      const Operand W = weight_operand(ctx, hw.slab, *hw.spec, H, w.wtmp, v0 * H, n * H);
+      const Operand dl = column_from(ctx, dlogits, v0);
+      matmul(ctx, false, false, rows, H, n, 1.0f, dl, W, v0 == 0 ? 0.0f : 1.0f, w.dxn + c0 * H, H);
+      matmul(ctx, true, false, n, H, rows, 1.0f, dl, xn_rows, 1.0f, dW + v0 * H, H);
     }
   }
   ctx.be.zero(a.grad_input, sizeof(float) * N * H);

@@ -58,6 +58,12 @@ LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options,
                     options_.seq_len, config_.max_position_embeddings));
   if (options_.micro_batch < 1)
     throw InvalidArgument(fmt::format("micro batch must be >= 1, got {}", options_.micro_batch));
+  if (options_.compute_dtype != DType::F32 &&
+      (options_.compute_dtype != DType::BF16 || options_.param_dtype != DType::BF16))
+    throw InvalidArgument(fmt::format(
+        "compute dtype {} with parameters in {}: the compute dtype is fp32, or bf16 with bf16 "
+        "parameters",
+        dtype_name(options_.compute_dtype), dtype_name(options_.param_dtype)));
   layout_ = make_layout(config_, options_.world_size);
   const int64_t half = config_.head_dim / 2, T = options_.seq_len;
   const std::vector<double> inv_freq = rope_inv_freq(config_);

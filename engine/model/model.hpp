@@ -21,8 +21,9 @@
 // backend (host kernels and OpenBLAS sgemm on memory the host can dereference, a CpuDevice's
 // buffers) or the CUDA backend (CUDA kernels and cuBLASLt on a CudaDevice's memory).
 // Activations and gradients are fp32; parameters are fp32, or bf16/fp16 storage converted to
-// fp32 into scratch one GEMM operand at a time (fp32 accumulation throughout). Results are
-// bit-identical run after run for the same inputs, backend and BLAS thread count.
+// fp32 into scratch one GEMM operand at a time (fp32 accumulation throughout); with the bf16
+// compute dtype (ModelOptions::compute_dtype) every GEMM takes bf16 operands instead. Results
+// are bit-identical run after run for the same inputs, backend and BLAS thread count.
 //
 // Memory: every byte the model touches is a caller-provided buffer whose size is known before
 // anything is allocated (saved_bytes, scratch_bytes, plan_activations), so the placement
@@ -203,6 +204,12 @@ struct ModelOptions {
   int64_t seq_len = 0;      // tokens per sequence (T), 1..max_position_embeddings
   // Storage dtype of the parameter slabs passed to forward/backward (F32, BF16 or F16).
   DType param_dtype = DType::F32;
+  // F32: every operation in fp32 (bf16/fp16 weights widened exactly). BF16 (param_dtype must be
+  // BF16), PyTorch autocast's rounding points: every GEMM takes bf16 operands (weights straight
+  // from the slab, activations and gradients rounded to nearest even, attention's probabilities
+  // and score gradients too) and accumulates in fp32 into fp32 outputs; RMSNorm, RoPE, SwiGLU,
+  // softmax, the loss, residuals and gradient accumulation stay fp32.
+  DType compute_dtype = DType::F32;
   // Keep only unit inputs between forward and backward; backward recomputes the unit's
   // forward. Gradients are bit-identical to running without checkpointing.
   bool activation_checkpointing = false;

@@ -28,6 +28,8 @@ class Arena {
     used_ = end;
     return base_ == nullptr ? nullptr : reinterpret_cast<float*>(base_ + at);
   }
+  // n bf16 (or fp16) elements.
+  void* halves(int64_t n) { return floats((n + 1) / 2); }
   size_t used() const { return used_; }
 
  private:
@@ -58,6 +60,57 @@ inline const float* weight_f32(const UnitContext& ctx, const void* slab, const T
   if (ctx.opt.param_dtype == DType::F32) return static_cast<const float*>(src);
   ctx.be.to_fp32(src, ctx.opt.param_dtype, tmp, static_cast<int64_t>(n));
   return tmp;
+}
+
+// ---- GEMM operands in the compute dtype (ModelOptions::compute_dtype)
+
+inline bool bf16_compute(const UnitContext& ctx) { return ctx.opt.compute_dtype == DType::BF16; }
+
+// A GEMM operand in the compute dtype (fp32 or bf16 elements) and its leading dimension.
+struct Operand {
+  const void* p;
+  int64_t ld;
+};
+
+// `x` ([rows, ld], fp32) as an operand: in bf16 compute rounded into `half` (rows * ld bf16
+// elements).
+inline Operand make_operand(const UnitContext& ctx, const float* x, int64_t rows, int64_t ld,
+                            void* half) {
+  if (!bf16_compute(ctx)) return {x, ld};
+  ctx.be.from_fp32(x, half, DType::BF16, rows * ld);
+  return {half, ld};
+}
+
+// Operand `o` from element `at` on (an offset in its dtype); rows_from: from row `row` on,
+// column_from: from column `col` on.
+inline Operand offset_by(const UnitContext& ctx, Operand o, int64_t at) {
+  const size_t esize = bf16_compute(ctx) ? 2 : 4;
+  return {static_cast<const std::byte*>(o.p) + static_cast<size_t>(at) * esize, o.ld};
+}
+inline Operand rows_from(const UnitContext& ctx, Operand o, int64_t row) {
+  return offset_by(ctx, o, row * o.ld);
+}
+inline Operand column_from(const UnitContext& ctx, Operand o, int64_t col) {
+  return offset_by(ctx, o, col);
+}
+
+// Weight `t` of `slab` (elements first..first+count) as an operand: in bf16 compute the slab's
+// bf16 values themselves; in fp32 compute weight_f32 (into `tmp` unless the slab is fp32).
+inline Operand weight_operand(const UnitContext& ctx, const void* slab, const TensorSpec& t,
+                              int64_t ld, float* tmp, size_t first = 0, size_t count = SIZE_MAX) {
+  if (!bf16_compute(ctx)) return {weight_f32(ctx, slab, t, tmp, first, count), ld};
+  return {static_cast<const std::byte*>(slab) + (t.offset + first) * sizeof(uint16_t), ld};
+}
+
+// C[m,n] = alpha op(A) op(B) + beta C in the compute dtype: gemm in fp32, gemm_bf16 in bf16.
+inline void matmul(const UnitContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                   float alpha, Operand a, Operand b, float beta, float* c, int64_t ldc) {
+  if (bf16_compute(ctx)) {
+    ctx.be.gemm_bf16(ta, tb, m, n, k, alpha, a.p, a.ld, b.p, b.ld, beta, c, ldc);
+  } else {
+    ctx.be.gemm(ta, tb, m, n, k, alpha, static_cast<const float*>(a.p), a.ld,
+                static_cast<const float*>(b.p), b.ld, beta, c, ldc);
+  }
 }
 
 // The largest single weight of a decoder (the bf16 conversion buffer size), in elements.

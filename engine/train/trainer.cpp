@@ -118,6 +118,7 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   mo.micro_batch = cfg_.train_micro_batch_size_per_gpu.value();
   mo.seq_len = seq_len;
   mo.param_dtype = param_dtype(cfg_);
+  mo.compute_dtype = config::compute_dtype(cfg_);
   mo.activation_checkpointing = opts_.activation_checkpointing.value_or(
       config_wants_checkpointing(cfg_.activation_checkpointing));
   mo.world_size = devices_->comm->world_size();

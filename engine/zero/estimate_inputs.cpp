@@ -19,6 +19,7 @@ model::ModelOptions estimate_model_options(config::Config& cfg, const model::Lla
   mo.param_dtype = cfg.fp16.enabled.value_or(false)   ? DType::F16
                    : cfg.bf16.enabled.value_or(false) ? DType::BF16
                                                       : DType::F32;
+  mo.compute_dtype = config::compute_dtype(cfg);
   const config::ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
   mo.activation_checkpointing = in.activation_checkpointing || ac.cpu_checkpointing ||
                                 ac.partition_activations || ac.number_checkpoints.has_value();

@@ -150,6 +150,52 @@ TEST_P(BackendConformance, ToFp32IsExactForEveryDtype) {
   }
 }
 
+TEST_P(BackendConformance, FromFp32RoundsToNearestEvenForEveryDtype) {
+  auto x = randn(1037, 30, 50.0f);
+  x[3] = std::numeric_limits<float>::infinity();
+  x[4] = 1e-6f;                              // an fp16 subnormal
+  x[5] = std::bit_cast<float>(0x3f808000u);  // a bf16 tie: rounds to even (down)
+  x[6] = std::bit_cast<float>(0x3f818000u);  // a bf16 tie: rounds to even (up)
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<uint16_t> want(x.size());
+    cpu::from_fp32(x.data(), want.data(), t, static_cast<int64_t>(x.size()));
+    DeviceBuffer src = put(x), dst = put(std::vector<uint16_t>(x.size()));
+    backend_->from_fp32(src.as<float>(), dst.data(), t, static_cast<int64_t>(x.size()));
+    EXPECT_EQ(get<uint16_t>(dst, x.size()), want) << "from_fp32 " << dtype_name(t);
+  }
+  EXPECT_EQ(fp32_to_bf16(x[5]), 0x3f80);
+  EXPECT_EQ(fp32_to_bf16(x[6]), 0x3f82);
+}
+
+// bf16 operands, fp32 accumulation: the host's fp32 GEMM of the widened operands, exactly on the
+// CPU backends (the products of bf16 values are exact in fp32).
+TEST_P(BackendConformance, GemmBf16IsTheFp32GemmOfTheWidenedOperands) {
+  const int64_t m = 13, n = 21, k = 37, lda = 40, ldb = 41, ldc = 23;
+  for (float beta : {0.0f, 2.0f}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const auto af = randn(40 * lda, 31), bf = randn(40 * ldb, 32);
+        std::vector<uint16_t> a(af.size()), b(bf.size());
+        cpu::from_fp32(af.data(), a.data(), DType::BF16, static_cast<int64_t>(a.size()));
+        cpu::from_fp32(bf.data(), b.data(), DType::BF16, static_cast<int64_t>(b.size()));
+        std::vector<float> wa(a.size()), wb(b.size());
+        cpu::to_fp32(a.data(), DType::BF16, wa.data(), static_cast<int64_t>(a.size()));
+        cpu::to_fp32(b.data(), DType::BF16, wb.data(), static_cast<int64_t>(b.size()));
+        auto c = randn(m * ldc, 33);
+        if (beta == 0.0f) c[0] = std::numeric_limits<float>::quiet_NaN();  // ignored
+        auto want = c;
+        cpu::gemm(ta, tb, m, n, k, 0.5f, wa.data(), lda, wb.data(), ldb, beta, want.data(), ldc);
+        DeviceBuffer A = put(a), B = put(b), C = put(c);
+        backend_->gemm_bf16(ta, tb, m, n, k, 0.5f, A.data(), lda, B.data(), ldb, beta,
+                            C.as<float>(), ldc);
+        expect_close(get(C, c.size()), want, tol(1e-5 * k),
+                     "gemm_bf16 ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                         " beta=" + std::to_string(beta));
+      }
+    }
+  }
+}
+
 TEST_P(BackendConformance, AddInplaceIsExact) {
   const int64_t n = 1037;
   const auto x = randn(n, 7), y = randn(n, 8);
@@ -305,10 +351,14 @@ struct AttentionReference {
   std::vector<float> attn, lse, dq, dk, dv;
 };
 
-AttentionReference attention_reference(const ComputeBackend::Attention& a,
-                                       const std::vector<float>& q, const std::vector<float>& k,
-                                       const std::vector<float>& v,
-                                       const std::vector<float>& dattn) {
+// With `bf16`, at the rounding points of the bf16 compute dtype: q, k, v and dattn rounded to
+// bf16, and the probabilities and score gradients rounded where a GEMM reads them.
+AttentionReference attention_reference(const ComputeBackend::Attention& a, std::vector<float> q,
+                                       std::vector<float> k, std::vector<float> v,
+                                       std::vector<float> dattn, bool bf16 = false) {
+  auto r16 = [bf16](double x) { return bf16 ? double(round_to(DType::BF16, float(x))) : x; };
+  for (auto* t : {&q, &k, &v, &dattn})
+    for (float& x : *t) x = static_cast<float>(r16(x));
   const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
   AttentionReference r;
   r.attn.assign(q.size(), 0.0f);
@@ -342,11 +392,11 @@ AttentionReference attention_reference(const ComputeBackend::Attention& a,
         for (int64_t d = 0; d < a.hd; ++d) {
           double o = 0, dqd = 0;
           for (int64_t j = 0; j <= t; ++j) {
-            const double ds = p[j] * (dp[j] - pdp);
-            o += p[j] * v[kv_at(j) + d];
+            const double ds = r16(p[j] * (dp[j] - pdp)), pj = r16(p[j]);
+            o += pj * v[kv_at(j) + d];
             dqd += a.scale * ds * k[kv_at(j) + d];
             dk[kv_at(j) + d] += a.scale * ds * qt[d];
-            dv[kv_at(j) + d] += p[j] * dot[d];
+            dv[kv_at(j) + d] += pj * dot[d];
           }
           r.attn[(b * a.T + t) * Q + h * a.hd + d] = static_cast<float>(o);
           r.dq[(b * a.T + t) * Q + h * a.hd + d] = static_cast<float>(dqd);
@@ -375,7 +425,7 @@ TEST_P(BackendConformance, AttentionForwardAndBackwardMatchTheFp64Reference) {
   DeviceBuffer DQ = put(std::vector<float>(q.size())), DK = put(std::vector<float>(k.size())),
                DV = put(std::vector<float>(v.size()));
   backend_->attention_forward(a, Qb.as<float>(), Kb.as<float>(), Vb.as<float>(), L.as<float>(),
-                              O.as<float>(), S.as<float>());
+                              O.as<float>(), S.as<float>(), nullptr);
   expect_close(get(O, q.size()), want.attn, 1e-4, "attn");
   expect_close(get(L, want.lse.size()), want.lse, 1e-4, "lse");
 
@@ -383,10 +433,71 @@ TEST_P(BackendConformance, AttentionForwardAndBackwardMatchTheFp64Reference) {
   backend_->zero(DV.data(), v.size() * sizeof(float));
   backend_->attention_backward(a, Qb.as<float>(), Kb.as<float>(), Vb.as<float>(), L.as<float>(),
                                DA.as<float>(), DQ.as<float>(), DK.as<float>(), DV.as<float>(),
-                               S.as<float>(), P.as<float>());
+                               S.as<float>(), P.as<float>(), nullptr);
   expect_close(get(DQ, q.size()), want.dq, 1e-4, "dq");
   expect_close(get(DK, k.size()), want.dk, 1e-4, "dk");
   expect_close(get(DV, v.size()), want.dv, 1e-4, "dv");
+}
+
+// max |got - want| over max |want|.
+double scaled_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err = std::max(err, std::abs(double(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  return err / scale;
+}
+
+// bf16 operands: the result follows the fp64 reference with bf16 rounding at the same points,
+// several times closer than the fp32 reference is (so the rounding is really applied), and the
+// fp32 scratch and lse are those of fp32 softmax.
+TEST_P(BackendConformance, AttentionInBf16RoundsWhereTheReferenceRounds) {
+  ComputeBackend::Attention a{.B = 2,
+                              .T = 37,
+                              .nh = 4,
+                              .nkv = 2,
+                              .hd = 16,
+                              .block = 16,
+                              .scale = 0.25f,
+                              .dtype = DType::BF16};
+  const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
+  const auto q = randn(tokens * Q, 34), k = randn(tokens * KV, 35), v = randn(tokens * KV, 36),
+             dattn = randn(tokens * Q, 37);
+  const AttentionReference want = attention_reference(a, q, k, v, dattn, true);
+  const AttentionReference fp32 = attention_reference(a, q, k, v, dattn, false);
+  auto half = [&](const std::vector<float>& x) {
+    std::vector<uint16_t> h(x.size());
+    cpu::from_fp32(x.data(), h.data(), DType::BF16, static_cast<int64_t>(x.size()));
+    return put(h);
+  };
+  DeviceBuffer Qb = half(q), Kb = half(k), Vb = half(v), DA = half(dattn);
+  DeviceBuffer L = put(std::vector<float>(a.B * a.nh * a.T)), O = put(std::vector<float>(q.size()));
+  DeviceBuffer S = put(std::vector<float>(a.block * a.T)),
+               P = put(std::vector<float>(a.block * a.T));
+  DeviceBuffer LP = put(std::vector<uint16_t>(ComputeBackend::attention_bf16_scratch(a)));
+  DeviceBuffer DQ = put(std::vector<float>(q.size())), DK = put(std::vector<float>(k.size())),
+               DV = put(std::vector<float>(v.size()));
+  backend_->attention_forward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(), O.as<float>(),
+                              S.as<float>(), LP.data());
+  backend_->zero(DK.data(), k.size() * sizeof(float));
+  backend_->zero(DV.data(), v.size() * sizeof(float));
+  backend_->attention_backward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(), DA.data(),
+                               DQ.as<float>(), DK.as<float>(), DV.as<float>(), S.as<float>(),
+                               P.as<float>(), LP.data());
+  const std::pair<const char*, std::pair<std::vector<float>, std::pair<const std::vector<float>*,
+                                                                       const std::vector<float>*>>>
+      outputs[] = {{"attn", {get(O, q.size()), {&want.attn, &fp32.attn}}},
+                   {"lse", {get(L, want.lse.size()), {&want.lse, &fp32.lse}}},
+                   {"dq", {get(DQ, q.size()), {&want.dq, &fp32.dq}}},
+                   {"dk", {get(DK, k.size()), {&want.dk, &fp32.dk}}},
+                   {"dv", {get(DV, v.size()), {&want.dv, &fp32.dv}}}};
+  for (const auto& [name, o] : outputs) {
+    const double err = scaled_diff(o.first, *o.second.first);
+    const double fp32_err = scaled_diff(*o.second.second, *o.second.first);
+    EXPECT_LT(err, 2e-3) << name;
+    EXPECT_LT(err, 0.25 * fp32_err) << name << ": no closer to the bf16 reference than fp32 is";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackendConformance,

@@ -198,13 +198,16 @@ TEST(KernelMath, CastsEqualTheHostConversionsForEveryHalfAndSampledFloats) {
     ASSERT_EQ(kmath::fp32_to_fp16(f), fp32_to_fp16(f)) << std::hex << u;
     ASSERT_EQ(kmath::fp32_to_bf16(f), fp32_to_bf16(f)) << std::hex << u;
   }
-  // The host kernels' bulk conversions (vector bodies) agree too.
+  // The host kernels' bulk conversions (vector bodies and tails) agree too, on the same edges
+  // (NaNs, infinities, ties, every exponent) and on normal values.
   std::vector<float> x = randn(1003, 14, 100.0f);
+  for (uint32_t u : bits) x.push_back(kmath::bits_float(u));
   std::vector<uint16_t> half(x.size());
   for (DType t : {DType::BF16, DType::F16}) {
     cpu::from_fp32(x.data(), half.data(), t, static_cast<int64_t>(x.size()));
     for (size_t i = 0; i < x.size(); ++i)
-      ASSERT_EQ(half[i], t == DType::BF16 ? kmath::fp32_to_bf16(x[i]) : kmath::fp32_to_fp16(x[i]));
+      ASSERT_EQ(half[i], t == DType::BF16 ? kmath::fp32_to_bf16(x[i]) : kmath::fp32_to_fp16(x[i]))
+          << dtype_name(t) << " " << std::hex << kmath::float_bits(x[i]);
   }
 }
 

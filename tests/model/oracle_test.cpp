@@ -27,6 +27,7 @@ struct OracleCase {
   int64_t batch, seq;
   DType dtype;
   float loss_scale;
+  DType compute = DType::F32;  // ModelOptions::compute_dtype
 };
 
 // `c` with rope_theta `theta` and rope_scaling `s`.
@@ -64,6 +65,12 @@ std::vector<OracleCase> cases() {
       {"rope_llama3",
        with_rope(small_config(64, 96, 1, 2, 1, 53, false, 32), 500000.0, kLlama3Scaling), 1, 64,
        DType::F32, 1.0f},
+      // bf16 compute: GQA, untied, two layers, two attention blocks, scaled loss
+      {"bf16_compute_gqa", small_config(64, 96, 2, 4, 2, 61, false), 1, 130, DType::BF16, 2.0f,
+       DType::BF16},
+      // bf16 compute: tied, two logit row chunks in the head
+      {"bf16_compute_tied_chunks", small_config(64, 96, 1, 4, 2, 20000, true), 2, 120, DType::BF16,
+       1.0f, DType::BF16},
   };
 }
 
@@ -90,6 +97,7 @@ struct CaseRun {
   std::vector<float> logits{};
   float loss = 0, eval_loss = 0;
   std::vector<double> ref{};
+  std::vector<double> ref_fp32{};  // bf16 compute: the reference without bf16 rounding
 };
 
 class OracleTest : public ::testing::Test {
@@ -110,7 +118,10 @@ class OracleTest : public ::testing::Test {
       failure_ = "the reference script failed: " + cmd;
       return;
     }
-    for (CaseRun& r : runs_) r.ref = read_doubles(dir_ / r.c.name / "result.bin");
+    for (CaseRun& r : runs_) {
+      r.ref = read_doubles(dir_ / r.c.name / "result.bin");
+      if (r.c.compute != DType::F32) r.ref_fp32 = read_doubles(dir_ / r.c.name / "result_fp32.bin");
+    }
   }
   static void TearDownTestSuite() {
     runs_.clear();
@@ -123,7 +134,10 @@ class OracleTest : public ::testing::Test {
 
   static CaseRun run_outcore(const OracleCase& c) {
     CaseRun r{c};
-    ModelOptions o{.micro_batch = c.batch, .seq_len = c.seq, .param_dtype = c.dtype};
+    ModelOptions o{.micro_batch = c.batch,
+                   .seq_len = c.seq,
+                   .param_dtype = c.dtype,
+                   .compute_dtype = c.compute};
     auto layout = make_layout(c.config);
     r.h = std::make_unique<Harness>(c.config, o, testing::random_params(layout, 1234));
     const size_t n = static_cast<size_t>(c.batch * c.seq);
@@ -139,7 +153,10 @@ class OracleTest : public ::testing::Test {
     fs::create_directories(d);
     const std::string cfg = c.config.to_json();
     write_file(d / "config.json", cfg.data(), cfg.size());
-    nlohmann::json cj = {{"batch", c.batch}, {"seq", c.seq}, {"loss_scale", c.loss_scale}};
+    nlohmann::json cj = {{"batch", c.batch},
+                         {"seq", c.seq},
+                         {"loss_scale", c.loss_scale},
+                         {"compute", dtype_name(c.compute)}};
     std::vector<float> flat;
     for (const UnitLayout& u : r.h->model.layout().units) {
       for (const TensorSpec& t : u.tensors) {
@@ -190,6 +207,7 @@ TEST(OracleCases, Llama3CaseHasFrequenciesInAllThreeRegimes) {
 
 TEST_F(OracleTest, LogitsLossAndEveryGradientMatch) {
   for (const CaseRun& r : runs_) {
+    if (r.c.compute != DType::F32) continue;  // BF16ComputeMatchesTheReferenceRoundingAlike
     SCOPED_TRACE(r.c.name);
     const size_t nlog = r.logits.size();
     size_t expect = nlog + 1;
@@ -227,6 +245,51 @@ TEST_F(OracleTest, LogitsLossAndEveryGradientMatch) {
                 r.c.name.c_str(), logit_err, std::abs(r.loss - ref_loss) / std::abs(ref_loss),
                 worst, worst_name.c_str());
   }
+}
+
+// bf16 compute against the reference that rounds every product's operands to bf16 alike: the
+// logits, the loss and every gradient close to it, and several times closer than to the same
+// reference without the rounding (so the rounding points are the reference's, not fp32's).
+// What remains is summation order (fp32 here, float64 there) moving a value across a bf16
+// rounding boundary now and then.
+TEST_F(OracleTest, BF16ComputeMatchesTheReferenceRoundingAlike) {
+  int cases = 0;
+  for (const CaseRun& r : runs_) {
+    if (r.c.compute == DType::F32) continue;
+    ++cases;
+    SCOPED_TRACE(r.c.name);
+    const size_t nlog = r.logits.size();
+    ASSERT_EQ(r.ref.size(), r.ref_fp32.size()) << "result_fp32.bin has the wrong size";
+    ASSERT_GT(r.ref.size(), nlog + 1);
+    const double logit_err = scaled_error(r.logits.data(), r.ref.data(), nlog);
+    const double logit_fp32 = scaled_error(r.ref_fp32.data(), r.ref.data(), nlog);
+    EXPECT_LT(logit_err, 4e-3) << "logits";
+    EXPECT_LT(logit_err, 0.25 * logit_fp32) << "logits: no closer to bf16 rounding than fp32 is";
+    const double ref_loss = r.ref[nlog];
+    EXPECT_NEAR(r.loss, ref_loss, 1e-3 * std::abs(ref_loss)) << "training loss";
+    EXPECT_NEAR(r.eval_loss, ref_loss, 1e-3 * std::abs(ref_loss)) << "evaluation loss";
+
+    size_t at = nlog + 1;
+    double worst = 0, worst_fp32 = 0;
+    std::string worst_name;
+    for (const UnitLayout& u : r.h->model.layout().units) {
+      const std::vector<float>& g = r.h->grads[u.index];
+      for (const TensorSpec& t : u.tensors) {
+        const double e = scaled_error(g.data() + t.offset, r.ref.data() + at, t.numel);
+        const double e32 = scaled_error(r.ref_fp32.data() + at, r.ref.data() + at, t.numel);
+        EXPECT_LT(e, 1.5e-2) << t.name;
+        EXPECT_LT(e, 0.5 * e32) << t.name << ": no closer to bf16 rounding than fp32 is";
+        if (e > worst) worst = e, worst_fp32 = e32, worst_name = t.name;
+        at += t.numel;
+      }
+    }
+    std::printf(
+        "[ oracle   ] %-24s logits %.2e (fp32 %.2e)  loss %.2e  worst gradient %.2e (fp32 "
+        "%.2e, %s)\n",
+        r.c.name.c_str(), logit_err, logit_fp32, std::abs(r.loss - ref_loss) / std::abs(ref_loss),
+        worst, worst_fp32, worst_name.c_str());
+  }
+  EXPECT_EQ(cases, 2);
 }
 
 }  // namespace

@@ -171,6 +171,44 @@ TEST(TrainerTest, ActivationCheckpointingGivesBitIdenticalLosses) {
   EXPECT_EQ(ra.final_val_loss, rb.final_val_loss);
 }
 
+// outcore.compute_dtype: "auto" with bf16 enabled is bf16 compute, which differs from fp32
+// compute on the same bf16 parameters (the GEMM operands are rounded) yet trains alike;
+// "bf16" without bf16.enabled is refused naming the key.
+TEST(TrainerTest, ComputeDtypeBf16RoundsEveryGemmOperand) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  auto run = [&](const char* compute, DType want, std::vector<std::vector<float>>* w) {
+    const nlohmann::json patch = {{"bf16", {{"enabled", true}}},
+                                  {"train_micro_batch_size_per_gpu", 8},
+                                  {"outcore", {{"compute_dtype", compute}}}};
+    Trainer t(make_config(patch, mc), mc, quiet_options(data, 12));
+    EXPECT_EQ(t.model().options().param_dtype, DType::BF16) << compute;
+    EXPECT_EQ(t.model().options().compute_dtype, want) << compute;
+    TrainResult r = t.run();
+    if (w != nullptr) *w = master_weights(t);
+    return r.losses;
+  };
+  std::vector<std::vector<float>> w_auto, w_bf16, w_fp32;
+  const std::vector<double> autod = run("auto", DType::BF16, &w_auto);
+  const std::vector<double> bf16 = run("bf16", DType::BF16, &w_bf16);
+  const std::vector<double> fp32 = run("fp32", DType::F32, &w_fp32);
+  ASSERT_EQ(autod.size(), 12u);
+  EXPECT_EQ(autod, bf16);  // exact: the same computation
+  EXPECT_EQ(w_auto, w_bf16);
+  EXPECT_NE(bf16.front(), fp32.front()) << "bf16 compute computed the fp32 forward";
+  EXPECT_NE(w_bf16, w_fp32);
+  for (size_t i = 0; i < fp32.size(); ++i)
+    EXPECT_NEAR(bf16[i], fp32[i], 0.02 * fp32[i]) << "step " << i + 1;
+  EXPECT_LT(bf16.back(), bf16.front() - 0.5);
+
+  try {
+    make_config({{"outcore", {{"compute_dtype", "bf16"}}}}, mc);
+    ADD_FAILURE() << "bf16 compute without bf16 parameters was accepted";
+  } catch (const config::ConfigValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("outcore.compute_dtype"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TrainerTest, StopRequestEndsTheRunAfterTheStepInProgress) {
   DemoData data;
   const model::LlamaConfig mc = tiny_model();

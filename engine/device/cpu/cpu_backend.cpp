@@ -3,6 +3,7 @@
 // so training through it is bit-identical to that code.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "engine/device/compute_backend.hpp"
 #include "engine/device/cpu/kernels.hpp"
@@ -33,8 +34,22 @@ class CpuBackend final : public ComputeBackend {
             int64_t ldc) override {
     cpu::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+  // Each operand widened to fp32 (exact) into this thread's scratch, then sgemm: the products of
+  // bf16 values are exact in fp32, so this is a bf16 GEMM with fp32 accumulation.
+  void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
+                 int64_t ldc) override {
+    if (m == 0 || n == 0) return;
+    thread_local std::vector<float> wa, wb;
+    const float* fa = widen(a, trans_a ? k : m, trans_a ? m : k, lda, wa);
+    const float* fb = widen(b, trans_b ? n : k, trans_b ? k : n, ldb, wb);
+    cpu::gemm(trans_a, trans_b, m, n, k, alpha, fa, lda, fb, ldb, beta, c, ldc);
+  }
   void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override {
     cpu::to_fp32(src, dtype, dst, n);
+  }
+  void from_fp32(const float* src, void* dst, DType dtype, int64_t n) override {
+    cpu::from_fp32(src, dst, dtype, n);
   }
   void add_inplace(float* y, const float* x, int64_t n) override { cpu::add_inplace(y, x, n); }
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
@@ -118,6 +133,17 @@ class CpuBackend final : public ComputeBackend {
       for (int64_t j = 0; j < hidden; ++j) row[j] += d[j];
     }
   }
+
+ private:
+  // The `rows` x `cols` bf16 matrix at `src` (leading dimension ld) as fp32 in `buf`, same
+  // layout; the elements between rows are converted too (they are never read by the GEMM).
+  static const float* widen(const void* src, int64_t rows, int64_t cols, int64_t ld,
+                            std::vector<float>& buf) {
+    const int64_t span = (rows - 1) * ld + cols;
+    if (buf.size() < static_cast<size_t>(span)) buf.resize(static_cast<size_t>(span));
+    cpu::to_fp32(src, DType::BF16, buf.data(), span);
+    return buf.data();
+  }
 };
 
 // The CPU backend on a discrete CpuDevice: every device pointer an operation takes is turned
@@ -145,8 +171,16 @@ class DiscreteCpuBackend final : public ComputeBackend {
             int64_t ldc) override {
     cpu_.gemm(trans_a, trans_b, m, n, k, alpha, v(a), lda, v(b), ldb, beta, v(c), ldc);
   }
+  void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
+                 int64_t ldc) override {
+    cpu_.gemm_bf16(trans_a, trans_b, m, n, k, alpha, v(a), lda, v(b), ldb, beta, v(c), ldc);
+  }
   void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override {
     cpu_.to_fp32(v(src), dtype, v(dst), n);
+  }
+  void from_fp32(const float* src, void* dst, DType dtype, int64_t n) override {
+    cpu_.from_fp32(v(src), v(dst), dtype, n);
   }
   void add_inplace(float* y, const float* x, int64_t n) override {
     cpu_.add_inplace(v(y), v(x), n);

@@ -52,8 +52,25 @@ void from_fp32(const float* src, void* dst, DType dtype, int64_t n) {
       std::copy(src, src + n, static_cast<float*>(dst));
       return;
     case DType::BF16: {
+      // fp32_to_bf16, 8 at a time: u + 0x7fff + bit 16 of u, upper halves; NaNs keep their
+      // upper half with the quiet bit set.
       auto* d = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_bf16(src[i]);
+      const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+      const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+      const __m256i quiet = _mm256_set1_epi32(0x40);
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8) {
+        const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+        const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+        const __m256i rounded =
+            _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, lsb)), 16);
+        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+        const __m256i kept = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
+        const __m256i h = _mm256_blendv_epi8(rounded, kept, nan);
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_castsi256_si128(packed));
+      }
+      for (; i < n; ++i) d[i] = fp32_to_bf16(src[i]);
       return;
     }
     case DType::F16: {

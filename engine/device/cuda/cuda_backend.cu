@@ -102,8 +102,19 @@ class CudaBackend final : public ComputeBackend {
     current();
     gemm_->run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, DType::F32, beta, c, ldc, handle_);
   }
+  void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
+                 int64_t ldc) override {
+    if (m == 0 || n == 0) return;
+    current();
+    gemm_->run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, DType::BF16, beta, c, ldc,
+               handle_);
+  }
   void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override {
     cuda::to_fp32(src, dtype, dst, n, handle_);
+  }
+  void from_fp32(const float* src, void* dst, DType dtype, int64_t n) override {
+    cuda::from_fp32(src, dst, dtype, n, handle_);
   }
   void add_inplace(float* y, const float* x, int64_t n) override {
     cuda::add_inplace(y, x, n, handle_);
@@ -148,8 +159,15 @@ class CudaBackend final : public ComputeBackend {
     cuda::embedding_backward(ids, dy, n, hidden, grad, handle_);
   }
 
-  void attention_forward(const Attention& a, const float* q, const float* k, const float* v,
-                         float* lse, float* attn, float*) override {
+  void attention_forward(const Attention& a, const void* qv, const void* kv, const void* vv,
+                         float* lse, float* attn, float* scores, void* lowp) override {
+    // bf16 operands: the default's head-by-head GEMMs on cuBLASLt bf16 (fused attention is to
+    // come).
+    if (a.dtype != DType::F32)
+      return ComputeBackend::attention_forward(a, qv, kv, vv, lse, attn, scores, lowp);
+    const auto* q = static_cast<const float*>(qv);
+    const auto* k = static_cast<const float*>(kv);
+    const auto* v = static_cast<const float*>(vv);
     const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
     float* s = workspace(a, 1);
     current();
@@ -171,9 +189,16 @@ class CudaBackend final : public ComputeBackend {
         }
   }
 
-  void attention_backward(const Attention& a, const float* q, const float* k, const float* v,
-                          const float* lse, const float* dattn, float* dq, float* dk, float* dv,
-                          float*, float*) override {
+  void attention_backward(const Attention& a, const void* qv, const void* kv, const void* vv,
+                          const float* lse, const void* dattnv, float* dq, float* dk, float* dv,
+                          float* scores, float* dprob, void* lowp) override {
+    if (a.dtype != DType::F32)
+      return ComputeBackend::attention_backward(a, qv, kv, vv, lse, dattnv, dq, dk, dv, scores,
+                                                dprob, lowp);
+    const auto* q = static_cast<const float*>(qv);
+    const auto* k = static_cast<const float*>(kv);
+    const auto* v = static_cast<const float*>(vv);
+    const auto* dattn = static_cast<const float*>(dattnv);
     const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
     float* p = workspace(a, 2);
     float* ds = p + a.nkv * a.block * a.T;

@@ -5,14 +5,20 @@ Usage: llama_oracle.py CASE_DIR [CASE_DIR ...]
 
 Each CASE_DIR holds what the C++ test wrote:
   config.json   Hugging Face Llama config
-  case.json     {"batch": B, "seq": T, "loss_scale": s,
+  case.json     {"batch": B, "seq": T, "loss_scale": s, "compute": "fp32" or "bf16",
                  "tensors": [{"name": ..., "shape": [...]}, ...]}   (order of params.bin)
   params.bin    float32 tensors, concatenated in case.json order
   tokens.bin    int32 [B*T] input ids
   targets.bin   int32 [B*T] next-token ids
 and receives
   result.bin    float64: logits [B*T, vocab], loss (1 value), then the gradient of
-                loss_scale * loss for every tensor, in case.json order.
+                loss_scale * loss for every tensor, in case.json order;
+  result_fp32.bin  (compute "bf16" only) the same without the bf16 rounding.
+
+With "compute": "bf16" every matrix product takes its operands rounded to bf16 (nearest even)
+in its forward and in both of its backward products, as outcore's bf16 compute dtype and
+PyTorch autocast do; attention's probabilities are rounded before the product with v, the
+score gradients before the products with k and q. Everything else stays float64.
 
 The architecture is written from the Hugging Face Llama definition (RMSNorm, rotate-half
 RoPE, grouped-query causal attention, SwiGLU MLP, mean cross-entropy), not from outcore's code.
@@ -27,6 +33,33 @@ import sys
 import torch
 
 torch.set_default_dtype(torch.float64)
+
+
+def bf16(x):
+    """x rounded to bf16 (nearest even, through fp32 as outcore's fp32 values are)."""
+    return x.float().bfloat16().double()
+
+
+class Bf16MatMul(torch.autograd.Function):
+    """alpha * (bf16(a) @ bf16(b)); the backward products round their operands too."""
+
+    @staticmethod
+    def forward(ctx, a, b, alpha):
+        ctx.save_for_backward(a, b)
+        ctx.alpha = alpha
+        return alpha * (bf16(a) @ bf16(b))
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        ga = ctx.alpha * (bf16(g) @ bf16(b).transpose(-1, -2))
+        gb = ctx.alpha * (bf16(a).transpose(-1, -2) @ bf16(g))
+        return ga, gb, None
+
+
+MATMUL = {"fp32": lambda a, b, alpha=1.0: alpha * (a @ b),
+          "bf16": lambda a, b, alpha=1.0: Bf16MatMul.apply(a, b, alpha)}
+mm = MATMUL["fp32"]
 
 
 def rms_norm(x, w, eps):
@@ -74,26 +107,26 @@ def attention(x, p, prefix, cfg, cos, sin):
     B, T, _ = x.shape
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg["head_dim"]
-    q = (x @ p[prefix + "q_proj.weight"].T).view(B, T, nh, hd).transpose(1, 2)
-    k = (x @ p[prefix + "k_proj.weight"].T).view(B, T, nkv, hd).transpose(1, 2)
-    v = (x @ p[prefix + "v_proj.weight"].T).view(B, T, nkv, hd).transpose(1, 2)
+    q = mm(x, p[prefix + "q_proj.weight"].T).view(B, T, nh, hd).transpose(1, 2)
+    k = mm(x, p[prefix + "k_proj.weight"].T).view(B, T, nkv, hd).transpose(1, 2)
+    v = mm(x, p[prefix + "v_proj.weight"].T).view(B, T, nkv, hd).transpose(1, 2)
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
     group = nh // nkv
     k = k.repeat_interleave(group, dim=1)  # query head h uses kv head h // group
     v = v.repeat_interleave(group, dim=1)
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+    scores = mm(q, k.transpose(-1, -2), 1.0 / math.sqrt(hd))
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     scores = scores.masked_fill(mask, float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ v  # [B, nh, T, hd]
+    out = mm(torch.softmax(scores, dim=-1), v)  # [B, nh, T, hd]
     out = out.transpose(1, 2).reshape(B, T, nh * hd)
-    return out @ p[prefix + "o_proj.weight"].T
+    return mm(out, p[prefix + "o_proj.weight"].T)
 
 
 def mlp(x, p, prefix):
-    gate = x @ p[prefix + "gate_proj.weight"].T
-    up = x @ p[prefix + "up_proj.weight"].T
-    return (torch.nn.functional.silu(gate) * up) @ p[prefix + "down_proj.weight"].T
+    gate = mm(x, p[prefix + "gate_proj.weight"].T)
+    up = mm(x, p[prefix + "up_proj.weight"].T)
+    return mm(torch.nn.functional.silu(gate) * up, p[prefix + "down_proj.weight"].T)
 
 
 def forward(cfg, p, tokens, targets):
@@ -109,12 +142,22 @@ def forward(cfg, p, tokens, targets):
         h = h + mlp(rms_norm(h, p[pre + "post_attention_layernorm.weight"], eps), p, pre + "mlp.")
     h = rms_norm(h, p["model.norm.weight"], eps)
     head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]
-    logits = (h @ head.T).reshape(B * T, -1)
+    logits = mm(h, head.T).reshape(B * T, -1)
     loss = torch.nn.functional.cross_entropy(logits, targets.reshape(-1))
     return logits, loss
 
 
 def run_case(case_dir):
+    with open(os.path.join(case_dir, "case.json")) as f:
+        compute = json.load(f).get("compute", "fp32")
+    run_with(case_dir, compute, "result.bin")
+    if compute != "fp32":
+        run_with(case_dir, "fp32", "result_fp32.bin")
+
+
+def run_with(case_dir, compute, result_name):
+    global mm
+    mm = MATMUL[compute]
     with open(os.path.join(case_dir, "config.json")) as f:
         cfg = json.load(f)
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
@@ -141,7 +184,7 @@ def run_case(case_dir):
     for t in case["tensors"]:
         g = params[t["name"]].grad
         out.append(torch.zeros(math.prod(t["shape"])) if g is None else g.reshape(-1))
-    with open(os.path.join(case_dir, "result.bin"), "wb") as f:
+    with open(os.path.join(case_dir, result_name), "wb") as f:
         f.write(torch.cat(out).numpy().tobytes())
 
 
