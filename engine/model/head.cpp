@@ -1,5 +1,7 @@
 // Head unit: final RMSNorm, output projection (lm_head or the tied embedding) and
-// cross-entropy, computed chunk by chunk of rows so that all logits never exist at once.
+// cross-entropy, computed chunk by chunk of rows so that all logits never exist at once. The
+// per-row losses stay on the device until the micro-batch's last chunk: one copy to the host
+// per call, no synchronisation per chunk.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -19,7 +21,7 @@ int64_t vocab_block(const LlamaConfig& c, const ModelOptions& o) {
 // In bf16 compute, xn16 and dlogits16 hold the bf16 GEMM operands (all normalized rows, one
 // chunk's logit gradients).
 struct HeadWork {
-  float *xn, *rstd, *wn, *logits, *wtmp, *dxn;
+  float *xn, *rstd, *wn, *logits, *wtmp, *dxn, *row_loss;
   void *xn16, *dlogits16;
 };
 
@@ -33,19 +35,24 @@ HeadWork carve(Arena& ar, const LlamaConfig& c, const ModelOptions& o) {
   w.logits = ar.floats(head_chunk_rows(c, o) * c.vocab_size);
   w.wtmp = ar.floats(o.param_dtype == DType::F32 || bf16 ? 0 : vocab_block(c, o) * h);
   w.dxn = ar.floats(n * h);
+  w.row_loss = ar.floats(n);
   w.xn16 = ar.halves(bf16 ? n * h : 0);
   w.dlogits16 = ar.halves(bf16 ? head_chunk_rows(c, o) * c.vocab_size : 0);
   return w;
 }
 
-// The sum, in row order and in double, of `rows` per-row losses at `dev` (device memory),
-// read through `host`.
-double sum_losses(const UnitContext& ctx, const float* dev, int64_t rows,
-                  std::vector<float>& host) {
-  ctx.be.download(host.data(), dev, sizeof(float) * static_cast<size_t>(rows));
-  double sum = 0.0;
-  for (int64_t r = 0; r < rows; ++r) sum += host[r];
-  return sum;
+// The mean of the micro-batch's `n` per-row losses at `dev` (device memory), copied to the host
+// once: summed in double, chunk by chunk of `chunk` rows and the chunks' sums in order.
+float mean_loss(const UnitContext& ctx, const float* dev, int64_t n, int64_t chunk) {
+  std::vector<float> host(static_cast<size_t>(n));
+  ctx.be.download(host.data(), dev, sizeof(float) * host.size());
+  double loss = 0.0;
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    double sum = 0.0;
+    for (int64_t r = c0; r < std::min(n, c0 + chunk); ++r) sum += host[r];
+    loss += sum;
+  }
+  return static_cast<float>(loss / static_cast<double>(n));
 }
 
 struct HeadWeight {
@@ -100,18 +107,14 @@ float head_forward(const UnitContext& ctx, const ForwardArgs& a) {
   const Operand xn = make_operand(ctx, w.xn, N, H, w.xn16);
   const int64_t chunk = head_chunk_rows(ctx.cfg, ctx.opt);
   const int32_t* targets = a.targets != nullptr ? ctx.be.stage_ids(a.targets, N, 1) : nullptr;
-  std::vector<float> row_loss(static_cast<size_t>(std::min(chunk, N)));
-  double loss = 0.0;
   for (int64_t c0 = 0; c0 < N; c0 += chunk) {
     const int64_t rows = std::min(chunk, N - c0);
     float* logits = a.logits != nullptr ? a.logits + c0 * V : w.logits;
     project(ctx, hw, rows_from(ctx, xn, c0), rows, logits, w.wtmp);
-    if (targets == nullptr) continue;
-    // dxn is unused by the forward: it holds the chunk's per-row losses.
-    ctx.be.cross_entropy(logits, targets + c0, rows, V, 0.0f, false, w.dxn);
-    loss += sum_losses(ctx, w.dxn, rows, row_loss);
+    if (targets != nullptr)
+      ctx.be.cross_entropy(logits, targets + c0, rows, V, 0.0f, false, w.row_loss + c0);
   }
-  return static_cast<float>(loss / static_cast<double>(N));
+  return targets != nullptr ? mean_loss(ctx, w.row_loss, N, chunk) : 0.0f;
 }
 
 float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
@@ -140,15 +143,11 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
   const int64_t chunk = head_chunk_rows(ctx.cfg, ctx.opt), vb = vocab_block(ctx.cfg, ctx.opt);
   const float coef = a.loss_scale / static_cast<float>(N);
   const int32_t* targets = ctx.be.stage_ids(a.targets, N, 1);
-  std::vector<float> row_loss(static_cast<size_t>(std::min(chunk, N)));
-  double loss = 0.0;
   for (int64_t c0 = 0; c0 < N; c0 += chunk) {
     const int64_t rows = std::min(chunk, N - c0);
     const Operand xn_rows = rows_from(ctx, xn, c0);
     project(ctx, hw, xn_rows, rows, w.logits, w.wtmp);
-    // The chunk's rows of dxn hold its per-row losses until the first GEMM below writes them.
-    ctx.be.cross_entropy(w.logits, targets + c0, rows, V, coef, true, w.dxn + c0 * H);
-    loss += sum_losses(ctx, w.dxn + c0 * H, rows, row_loss);
+    ctx.be.cross_entropy(w.logits, targets + c0, rows, V, coef, true, w.row_loss + c0);
     const Operand dlogits = make_operand(ctx, w.logits, rows, V, w.dlogits16);
     // dxn = dlogits W; dW += dlogits^T xn, one vocabulary block at a time.
     for (int64_t v0 = 0; v0 < V; v0 += vb) {
@@ -162,7 +161,7 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
   ctx.be.zero(a.grad_input, sizeof(float) * N * H);
   ctx.be.rmsnorm_backward(w.dxn, a.input, wn, w.rstd, N, H, a.grad_input,
                           a.grads + ctx.unit.tensors[0].offset);
-  return static_cast<float>(loss / static_cast<double>(N));
+  return mean_loss(ctx, w.row_loss, N, chunk);
 }
 
 }  // namespace outcore::model::detail
