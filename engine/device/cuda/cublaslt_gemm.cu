@@ -1,8 +1,12 @@
 // cuda::Gemm: row-major GEMMs over cuBLASLt (see cuda_kernels.hpp). A row-major C = op(A) op(B)
-// is the column-major C^T = op(B)^T op(A)^T, so B is passed first and the shapes swap.
+// is the column-major C^T = op(B)^T op(A)^T, so B is passed first and the shapes swap. Each
+// shape's descriptors, layouts and algorithm are made once and kept (Plan).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <array>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "common/error.hpp"
@@ -77,16 +81,41 @@ struct Preference {
   Preference& operator=(const Preference&) = delete;
 };
 
+// The descriptors, layouts and algorithm of one GEMM shape. cuBLASLt's heuristic sees only
+// these (never the pointers), so a shape's plan serves every call with that shape.
+struct Plan {
+  Layout first, second, out;
+  MatmulDesc desc;
+  cublasLtMatmulAlgo_t algo{};
+  Plan(cudaDataType_t t, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda,
+       int64_t ldb, int64_t ldc, int64_t batch, int64_t stride_a, int64_t stride_b,
+       int64_t stride_c)
+      // Column-major: C^T [n, m] = op(B)^T [n, k] x op(A)^T [k, m].
+      : first(t, trans_b ? k : n, trans_b ? n : k, ldb, batch, stride_b),
+        second(t, trans_a ? m : k, trans_a ? k : m, lda, batch, stride_a),
+        out(CUDA_R_32F, n, m, ldc, batch, stride_c),
+        desc(trans_b, trans_a) {}
+};
+
+// Everything a plan depends on.
+using PlanKey = std::array<int64_t, 13>;
+
+// Plans kept at most; past it the cache starts over (shapes are few: a model has a handful per
+// unit, attention one per query block).
+constexpr size_t kMaxPlans = 4096;
+
 }  // namespace
 
 struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
   Impl() {
     CUBLAS_CHECK(cublasLtCreate(&handle));
     CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
   }
   ~Impl() {
+    plans.clear();
     cudaFree(workspace);
     cublasLtDestroy(handle);
   }
@@ -103,23 +132,36 @@ void Gemm::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   if (m < 0 || n < 0 || k <= 0 || batch < 0)
     throw InvalidArgument("gemm: dimensions must be positive (m=" + std::to_string(m) +
                           " n=" + std::to_string(n) + " k=" + std::to_string(k) + ")");
-  const cudaDataType_t t = cuda_type(ab_dtype);
-  // Column-major: C^T [n, m] = op(B)^T [n, k] x op(A)^T [k, m].
-  const Layout first(t, trans_b ? k : n, trans_b ? n : k, ldb, batch, stride_b);
-  const Layout second(t, trans_a ? m : k, trans_a ? k : m, lda, batch, stride_a);
-  const Layout out(CUDA_R_32F, n, m, ldc, batch, stride_c);
-  const MatmulDesc desc(trans_b, trans_a);
-  const Preference pref;
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(impl_->handle, desc.h, first.h, second.h, out.h,
-                                              out.h, pref.h, 1, &result, &found));
-  if (found == 0)
-    throw Error("gemm: cuBLASLt has no algorithm for m=" + std::to_string(m) +
-                " n=" + std::to_string(n) + " k=" + std::to_string(k) + " dtype " +
-                std::string(dtype_name(ab_dtype)));
-  CUBLAS_CHECK(cublasLtMatmul(impl_->handle, desc.h, &alpha, b, first.h, a, second.h, &beta, c,
-                              out.h, c, out.h, &result.algo, impl_->workspace, kWorkspaceBytes,
+  const PlanKey key{trans_a,  trans_b,  m,       n,     k,
+                    lda,      ldb,      ldc,     batch, static_cast<int64_t>(ab_dtype),
+                    stride_a, stride_b, stride_c};
+  std::unique_ptr<Plan>& plan = impl_->plans[key];
+  if (plan == nullptr) {
+    if (impl_->plans.size() > kMaxPlans) {
+      impl_->plans.clear();
+      return run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, ab_dtype, beta, c, ldc, stream,
+                 batch, stride_a, stride_b, stride_c);
+    }
+    auto made = std::make_unique<Plan>(cuda_type(ab_dtype), trans_a, trans_b, m, n, k, lda, ldb,
+                                       ldc, batch, stride_a, stride_b, stride_c);
+    const Preference pref;
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(impl_->handle, made->desc.h, made->first.h,
+                                                made->second.h, made->out.h, made->out.h, pref.h, 1,
+                                                &result, &found));
+    if (found == 0) {
+      impl_->plans.erase(key);
+      throw Error("gemm: cuBLASLt has no algorithm for m=" + std::to_string(m) +
+                  " n=" + std::to_string(n) + " k=" + std::to_string(k) + " dtype " +
+                  std::string(dtype_name(ab_dtype)));
+    }
+    made->algo = result.algo;
+    plan = std::move(made);
+  }
+  CUBLAS_CHECK(cublasLtMatmul(impl_->handle, plan->desc.h, &alpha, b, plan->first.h, a,
+                              plan->second.h, &beta, c, plan->out.h, c, plan->out.h, &plan->algo,
+                              impl_->workspace, kWorkspaceBytes,
                               static_cast<cudaStream_t>(stream)));
 }
 
