@@ -33,6 +33,7 @@
 #include "engine/train/checkpointing.hpp"
 #include "engine/zero/zero.hpp"
 #include "tools/aio_bench/measure.hpp"
+#include "tools/blas/blas_kernels.hpp"
 #include "tools/env_settings.hpp"
 
 namespace {
@@ -150,6 +151,7 @@ void writer_alone(const fs::path& root, const model::LlamaModel& model, const ai
 }  // namespace
 
 int main(int argc, char** argv) {
+  outcore::tools::select_blas_kernels(argv);
   outcore::tools::apply_environment_settings();
   int64_t hidden = 2560, intermediate = 6912, layers = 20, heads = 20, kv_heads = 4, vocab = 32000;
   double ref_gib = 0;

@@ -29,6 +29,7 @@
 #include "engine/config/config.hpp"
 #include "engine/train/demo_data.hpp"
 #include "engine/train/trainer.hpp"
+#include "tools/blas/blas_kernels.hpp"
 #include "tools/env_settings.hpp"
 
 namespace {
@@ -109,6 +110,7 @@ Run run_config(int stage, bool nvme, const std::string& dir, const train::DemoDa
 }  // namespace
 
 int main(int argc, char** argv) {
+  outcore::tools::select_blas_kernels(argv);
   outcore::tools::apply_environment_settings();
   CLI::App app{"data-parallel training: bytes per collective vs ZeRO volumes, tokens/s split"};
   std::string dir = "/tmp/outcore_dp_bench";

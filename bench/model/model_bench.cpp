@@ -20,6 +20,7 @@
 
 #include "engine/device/device.hpp"
 #include "engine/model/model.hpp"
+#include "tools/blas/blas_kernels.hpp"
 
 namespace {
 
@@ -51,6 +52,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  outcore::tools::select_blas_kernels(argv);
   int64_t hidden = 1024, layers = 4, seq = 512, batch = 2, vocab = 32000;
   int steps = 5, threads = static_cast<int>(std::thread::hardware_concurrency());
   std::string dtype = "fp32", compute = "fp32";

@@ -51,6 +51,7 @@
 #include "engine/device/device.hpp"
 #include "engine/model/model.hpp"
 #include "engine/zero/zero.hpp"
+#include "tools/blas/blas_kernels.hpp"
 #include "tools/env_settings.hpp"
 
 namespace {
@@ -142,6 +143,7 @@ struct Runner {
 }  // namespace
 
 int main(int argc, char** argv) {
+  outcore::tools::select_blas_kernels(argv);
   outcore::tools::apply_environment_settings();
   int64_t hidden = 512, layers = 8, vocab = 8192, seq = 256, micro = 2, gas = 4;
   int steps = 6, warmup = 1, block = 3;

@@ -53,6 +53,7 @@
 #include "engine/device/device.hpp"
 #include "engine/model/model.hpp"
 #include "engine/zero/zero.hpp"
+#include "tools/blas/blas_kernels.hpp"
 #include "tools/env_settings.hpp"
 
 namespace {
@@ -184,6 +185,7 @@ config::Config make_config(int64_t micro, int64_t sub_group, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  outcore::tools::select_blas_kernels(argv);
   outcore::tools::apply_environment_settings();
   int64_t hidden = 2560, intermediate = 6912, layers = 34, heads = 20, kv_heads = 4, vocab = 32000;
   int64_t seq = 128, micro = 1, device_mb = 2048, sub_group = 10'000'000;

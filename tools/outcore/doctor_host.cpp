@@ -14,6 +14,7 @@
 
 #include "aio/aio.hpp"
 #include "cpu_adam/cpu_adam.hpp"
+#include "tools/blas/blas_kernels.hpp"
 #include "tools/outcore/doctor.hpp"
 
 namespace outcore::cli::doctor {
@@ -118,10 +119,25 @@ Line memlock_line(uint64_t pinned_bytes) {
                       mib(rl.rlim_cur), mib(pinned_bytes))};
 }
 
+// The OpenBLAS kernels the model's CPU GEMMs run (see tools/blas/blas_kernels.hpp).
+Line blas_line() {
+  using tools::better_blas_kernels, tools::blas_kernel_name, tools::cpu_vector_features;
+  const std::string name = blas_kernel_name();
+  Line l{"blas", Verdict::kOk, "OpenBLAS kernels " + name};
+  const char* chosen = std::getenv("OPENBLAS_CORETYPE");
+  if (better_blas_kernels(name, cpu_vector_features())) {
+    l.verdict = Verdict::kWarn;
+    l.detail += " (slower than this CPU allows: unset OPENBLAS_CORETYPE and outcore picks)";
+  } else if (chosen != nullptr) {
+    l.detail += fmt::format(" (OPENBLAS_CORETYPE={})", chosen);
+  }
+  return l;
+}
+
 }  // namespace
 
 std::vector<Line> host_checks(const Options& o) {
-  std::vector<Line> lines{cpu_line(), io_uring_line()};
+  std::vector<Line> lines{cpu_line(), blas_line(), io_uring_line()};
   if (!o.nvme_path.empty()) lines.push_back(nvme_line(o.nvme_path));
   lines.push_back(memlock_line(o.pinned_bytes));
   return lines;

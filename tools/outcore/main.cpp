@@ -4,10 +4,12 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "tools/blas/blas_kernels.hpp"
 #include "tools/env_settings.hpp"
 #include "tools/outcore/commands.hpp"
 
 int main(int argc, char** argv) {
+  outcore::tools::select_blas_kernels(argv);
   outcore::log::init("info");
   outcore::tools::apply_environment_settings();
   CLI::App app{"outcore: out-of-core training of Llama-family models with DeepSpeed configs"};
