@@ -15,6 +15,8 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/device/cpu/kernels.hpp"
@@ -128,19 +130,24 @@ TEST_F(CudaKernels, EmbeddingGatherAndScatterAddMatchTheHostExactly) {
 }
 
 TEST_F(CudaKernels, RmsNormForwardAndBackwardMatchTheHost) {
-  const int64_t rows = 37, dim = 520;
-  auto x = randn(rows * dim, 11), w = randn(dim, 12), dy = randn(rows * dim, 13);
-  std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim, 0.5f), dw(dim, 0.25f);
-  hk::rmsnorm_forward(x.data(), w.data(), 1e-5f, rows, dim, y.data(), rstd.data());
-  hk::rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), rows, dim, dx.data(), dw.data());
-  Dev<float> X(x), W(w), DY(dy), Y(rows * dim), R(rows);
-  Dev<float> DX(std::vector<float>(rows * dim, 0.5f)), DW(std::vector<float>(dim, 0.25f));
-  rmsnorm_forward(X.get(), W.get(), 1e-5f, rows, dim, Y.get(), R.get(), nullptr);
-  rmsnorm_backward(DY.get(), X.get(), W.get(), R.get(), rows, dim, DX.get(), DW.get(), nullptr);
-  expect_close(Y.host(), y, 1e-5, "y");
-  expect_close(R.host(), rstd, 1e-5, "rstd");
-  expect_close(DX.host(), dx, 1e-5, "dx");
-  expect_close(DW.host(), dw, 1e-4, "dw");  // a sum over rows of O(1) terms
+  // A toy shape (a partial column tile, rows not a multiple of the lanes) and Llama 3 8B's
+  // (4096 tokens of hidden 4096).
+  for (const auto& [rows, dim] : {std::pair<int64_t, int64_t>{37, 520}, {4096, 4096}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(dim));
+    auto x = randn(rows * dim, 11), w = randn(dim, 12), dy = randn(rows * dim, 13);
+    std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim, 0.5f), dw(dim, 0.25f);
+    hk::rmsnorm_forward(x.data(), w.data(), 1e-5f, rows, dim, y.data(), rstd.data());
+    hk::rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), rows, dim, dx.data(),
+                         dw.data());
+    Dev<float> X(x), W(w), DY(dy), Y(rows * dim), R(rows);
+    Dev<float> DX(std::vector<float>(rows * dim, 0.5f)), DW(std::vector<float>(dim, 0.25f));
+    rmsnorm_forward(X.get(), W.get(), 1e-5f, rows, dim, Y.get(), R.get(), nullptr);
+    rmsnorm_backward(DY.get(), X.get(), W.get(), R.get(), rows, dim, DX.get(), DW.get(), nullptr);
+    expect_close(Y.host(), y, 1e-5, "y");
+    expect_close(R.host(), rstd, 1e-5, "rstd");
+    expect_close(DX.host(), dx, 1e-5, "dx");
+    expect_close(DW.host(), dw, 1e-4, "dw");  // a sum over rows of O(1) terms
+  }
 }
 
 // The host's causal softmax as decoder.cpp runs it (rows starting at query r0).

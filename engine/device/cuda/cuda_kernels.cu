@@ -159,15 +159,27 @@ __global__ void rmsnorm_dx_kernel(const float* dy, const float* x, const float* 
     dx[at + i] += kmath::rmsnorm_dx(dy[at + i], w[i], x[at + i], s, coef);
 }
 
-// One thread per column, rows in order (as the host).
+// Columns of dw per block, and row lanes per column: a block of kDwColumns x kDwLanes threads
+// (kThreads) reads kDwLanes rows of a 32-column tile at a time (coalesced), lane l summing rows
+// l, l + kDwLanes, ... in order; the lanes' sums are then added in lane order. Deterministic
+// (no atomics); the order differs from the host's (rows in order) by the lane split only.
+constexpr int kDwColumns = 32, kDwLanes = kThreads / kDwColumns;
+
 __global__ void rmsnorm_dw_kernel(const float* dy, const float* x, const float* rstd, int64_t rows,
                                   int64_t dim, float* dw) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < dim;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    float acc = dw[i];
-    for (int64_t r = 0; r < rows; ++r)
+  __shared__ float lane_sum[kDwLanes][kDwColumns];
+  const int col = threadIdx.x % kDwColumns, lane = threadIdx.x / kDwColumns;
+  const int64_t i = int64_t{blockIdx.x} * kDwColumns + col;
+  float acc = 0.0f;
+  if (i < dim)
+    for (int64_t r = lane; r < rows; r += kDwLanes)
       acc += kmath::rmsnorm_dw(dy[r * dim + i], x[r * dim + i], rstd[r]);
-    dw[i] = acc;
+  lane_sum[lane][col] = acc;
+  __syncthreads();
+  if (lane == 0 && i < dim) {
+    float total = dw[i];
+    for (int l = 0; l < kDwLanes; ++l) total += lane_sum[l][col];
+    dw[i] = total;
   }
 }
 
@@ -338,7 +350,8 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
   rmsnorm_dx_kernel<<<static_cast<unsigned>(rows), kThreads, 0, native(s)>>>(dy, x, w, rstd, dim,
                                                                              dx);
   LAUNCHED();
-  rmsnorm_dw_kernel<<<grid_for(dim), kThreads, 0, native(s)>>>(dy, x, rstd, rows, dim, dw);
+  const auto tiles = static_cast<unsigned>((dim + kDwColumns - 1) / kDwColumns);
+  rmsnorm_dw_kernel<<<tiles, kThreads, 0, native(s)>>>(dy, x, rstd, rows, dim, dw);
   LAUNCHED();
 }
 
