@@ -3,12 +3,17 @@
 //
 //   model_bench [--hidden 1024] [--layers 4] [--seq 512] [--batch 2] [--steps 5] [--threads N]
 //               [--dtype fp32|bf16] [--compute fp32|bf16] [--checkpointing]
+//               [--intermediate I] [--heads H] [--kv-heads K] [--device cpu|cuda]
 //
 // Prints tokens/s, achieved GFLOP/s (model FLOPs: LlamaConfig::train_flops_per_token) and the
 // ratio to sgemm GFLOP/s on a square 2048^3 product and on the model's MLP shape, each sgemm
 // timed right after each model step (medians over steps). With --compute bf16 (bf16 parameters,
 // every GEMM on bf16 operands) each step is followed by the same step in fp32 compute on the same
-// parameters, and the median ratio of their tokens/s is printed too.
+// parameters, and the median ratio of their tokens/s is printed too. With --device cuda (GPU 0,
+// everything in GPU memory) the reference is the device's own bf16 GEMM (gemm_bf16, 8192^3,
+// timed after each step) instead of sgemm: model TFLOPS over that peak. One Llama 3 8B layer:
+//   model_bench --device cuda --compute bf16 --hidden 4096 --intermediate 14336 --heads 32
+//               --kv-heads 8 --layers 1 --vocab 256 --seq 4096 --batch 1
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +21,8 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <thread>
 
 #include "engine/device/device.hpp"
@@ -56,9 +63,16 @@ int main(int argc, char** argv) {
   int64_t hidden = 1024, layers = 4, seq = 512, batch = 2, vocab = 32000;
   int steps = 5, threads = static_cast<int>(std::thread::hardware_concurrency());
   std::string dtype = "fp32", compute = "fp32";
+  int64_t intermediate = 0, heads = 0, kv_heads = 0;
   bool checkpointing = false;
-  CLI::App app("Llama forward+backward throughput vs OpenBLAS sgemm");
-  app.add_option("--hidden", hidden, "hidden size (heads = hidden/64, kv heads = heads/4)");
+  std::string device_kind = "cpu";
+  CLI::App app("Llama forward+backward throughput vs the GEMM peak");
+  app.add_option("--hidden", hidden, "hidden size");
+  app.add_option("--intermediate", intermediate, "MLP size (default hidden * 11/4, rounded to 64)");
+  app.add_option("--heads", heads, "attention heads (default hidden / 64)");
+  app.add_option("--kv-heads", kv_heads, "key/value heads (default heads / 4)");
+  app.add_option("--device", device_kind, "cpu (the host) or cuda (GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--layers", layers, "decoder layers");
   app.add_option("--seq", seq, "sequence length");
   app.add_option("--batch", batch, "sequences per micro-batch");
@@ -77,10 +91,11 @@ int main(int argc, char** argv) {
     if (bf16_compute) dtype = "bf16";
     model::LlamaConfig c;
     c.hidden_size = hidden;
-    c.intermediate_size = (hidden * 11 / 4 + 63) / 64 * 64;
+    c.intermediate_size = intermediate > 0 ? intermediate : (hidden * 11 / 4 + 63) / 64 * 64;
     c.num_hidden_layers = layers;
-    c.num_attention_heads = std::max<int64_t>(1, hidden / 64);
-    c.num_key_value_heads = std::max<int64_t>(1, c.num_attention_heads / 4);
+    c.num_attention_heads = heads > 0 ? heads : std::max<int64_t>(1, hidden / 64);
+    c.num_key_value_heads =
+        kv_heads > 0 ? kv_heads : std::max<int64_t>(1, c.num_attention_heads / 4);
     c.head_dim = hidden / c.num_attention_heads;
     c.vocab_size = vocab;
     c.max_position_embeddings = std::max<int64_t>(seq, 2048);
@@ -90,11 +105,21 @@ int main(int argc, char** argv) {
                                 .param_dtype = dtype == "bf16" ? DType::BF16 : DType::F32,
                                 .compute_dtype = bf16_compute ? DType::BF16 : DType::F32,
                                 .activation_checkpointing = checkpointing};
-    model::LlamaModel m(c, o);
+    const bool gpu = device_kind == "cuda";
+    std::unique_ptr<device::Device> dev_owner;
+    if (gpu) {
+      const device::ProbeResult p = device::probe();
+      if (!p.available) throw std::runtime_error("--device cuda: no usable GPU: " + p.summary());
+      dev_owner = device::make_cuda_device();
+    } else {
+      dev_owner = std::make_unique<device::CpuDevice>();
+    }
+    device::Device& dev = *dev_owner;
+    const std::shared_ptr<device::ComputeBackend> backend = device::make_backend(dev);
+    model::LlamaModel m(c, o, backend);
     model::ModelOptions o_fp32 = o;
     o_fp32.compute_dtype = DType::F32;
-    model::LlamaModel m_fp32(c, o_fp32);  // the reference of --compute bf16
-    device::CpuDevice dev;
+    model::LlamaModel m_fp32(c, o_fp32, backend);  // the reference of --compute bf16
     std::fprintf(stderr,
                  "model: %.1fM parameters, %lld layers, hidden %lld, inter %lld, heads %lld/%lld, "
                  "vocab %lld\n",
@@ -104,16 +129,20 @@ int main(int argc, char** argv) {
 
     // Parameters (initialised), gradients, activations.
     const model::ModelLayout& L = m.layout();
-    std::vector<AlignedBuffer> params, grads;
+    std::vector<device::DeviceBuffer> params, grads;
     model::ModelBuffers mb;
+    auto copy = dev.create_stream("params");
     for (const model::UnitLayout& u : L.units) {
       std::vector<float> init(u.padded_numel);
       model::init_params(L, u.index, 1, 0, u.padded_numel, init.data());
-      params.emplace_back(u.padded_numel * dtype_size(o.param_dtype));
-      model::convert_from_fp32(init.data(), params.back().data(), o.param_dtype, u.padded_numel);
-      grads.emplace_back(u.padded_numel * sizeof(float));
+      AlignedBuffer host(u.padded_numel * dtype_size(o.param_dtype));
+      model::convert_from_fp32(init.data(), host.data(), o.param_dtype, u.padded_numel);
+      params.push_back(dev.alloc(host.size(), "params"));
+      copy->copy_h2d(params.back().data(), host.data(), host.size());
+      copy->synchronize();
+      grads.push_back(dev.alloc(u.padded_numel * sizeof(float), "grads"));
       mb.params.push_back(params.back().data());
-      mb.grads.push_back(grads.back().as<float>().data());
+      mb.grads.push_back(grads.back().as<float>());
     }
     model::ActivationBuffers acts(m, dev, false);
     std::unique_ptr<model::ActivationBuffers> acts_fp32;
@@ -134,14 +163,34 @@ int main(int argc, char** argv) {
     // model and reference see the same load, and the ratio is the median of per-step ratios.
     const double step_flops = c.train_flops_per_token(seq) * double(batch * seq);
     std::vector<double> model_g, square_g, mlp_g, ratio_sq, ratio_mlp, ratio_fp32;
+    const int peak_n = 8192;
+    std::optional<device::DeviceBuffer> ga, gc;
+    if (gpu) {  // the device's bf16 GEMM peak: gemm_bf16 on peak_n^3
+      ga = dev.alloc(size_t{peak_n} * peak_n * 2, "gemm peak");
+      gc = dev.alloc(size_t{peak_n} * peak_n * 4, "gemm peak");
+      backend->zero(ga->data(), ga->size());
+    }
+    auto device_gemm_gflops = [&] {
+      double best = 0;
+      for (int r = 0; r < 3; ++r) {
+        const auto t0 = Clock::now();
+        backend->gemm_bf16(false, true, peak_n, peak_n, peak_n, 1.0f, ga->data(), peak_n,
+                           ga->data(), peak_n, 0.0f, gc->as<float>(), peak_n);
+        backend->finish();
+        best = std::max(best, 2.0 * peak_n * peak_n * peak_n / seconds_since(t0) / 1e9);
+      }
+      return best;
+    };
     for (int s = 0; s < steps; ++s) {
       auto t0 = Clock::now();
       loss = model::train_micro_batch(m, mb, acts, tokens.data(), targets.data(),
                                       model::GradMode::Overwrite);
       const double dt = seconds_since(t0);
       model_g.push_back(step_flops / dt / 1e9);
-      square_g.push_back(sgemm_gflops(2048, 2048, 2048, 2));
-      mlp_g.push_back(sgemm_gflops(int(batch * seq), int(c.intermediate_size), int(hidden), 2));
+      square_g.push_back(gpu ? device_gemm_gflops() : sgemm_gflops(2048, 2048, 2048, 2));
+      mlp_g.push_back(
+          gpu ? square_g.back()
+              : sgemm_gflops(int(batch * seq), int(c.intermediate_size), int(hidden), 2));
       ratio_sq.push_back(model_g.back() / square_g.back());
       ratio_mlp.push_back(model_g.back() / mlp_g.back());
       if (bf16_compute) {
@@ -150,27 +199,32 @@ int main(int argc, char** argv) {
                                  model::GradMode::Overwrite);
         ratio_fp32.push_back(seconds_since(t0) / dt);
       }
-      std::fprintf(stderr, "step %d/%d: %.3f s, loss %.4f, %.1f GFLOP/s, sgemm %.1f GFLOP/s\n",
+      std::fprintf(stderr, "step %d/%d: %.3f s, loss %.4f, %.1f GFLOP/s, GEMM peak %.1f GFLOP/s\n",
                    s + 1, steps, dt, loss, model_g.back(), square_g.back());
     }
     const double gf = median(model_g);
     std::printf(
         "config: hidden %lld, layers %lld, seq %lld, batch %lld, vocab %lld, %s parameters, %s "
-        "compute, %s, %d BLAS threads, %d steps\n",
+        "compute, %s, %d BLAS threads, %d steps, on %s\n",
         (long long)hidden, (long long)layers, (long long)seq, (long long)batch, (long long)vocab,
         dtype.c_str(), compute.c_str(), checkpointing ? "checkpointing" : "no checkpointing",
-        threads, steps);
+        threads, steps, backend->name().c_str());
     std::printf("model fwd+bwd:  %.0f tokens/s, %.1f GFLOP/s (%.3f GFLOP/token; medians)\n",
                 gf * 1e9 / c.train_flops_per_token(seq), gf, c.train_flops_per_token(seq) / 1e9);
-    std::printf("sgemm 2048^3:   %.1f GFLOP/s   ratio model/sgemm %.2f\n", median(square_g),
-                median(ratio_sq));
-    std::printf("sgemm %lldx%lldx%lld: %.1f GFLOP/s   ratio model/sgemm %.2f\n",
-                (long long)(batch * seq), (long long)c.intermediate_size, (long long)hidden,
-                median(mlp_g), median(ratio_mlp));
+    if (gpu) {
+      std::printf("gemm_bf16 %d^3 on the device: %.1f TFLOP/s   ratio model/peak %.3f\n", peak_n,
+                  median(square_g) / 1e3, median(ratio_sq));
+    } else {
+      std::printf("sgemm 2048^3:   %.1f GFLOP/s   ratio model/sgemm %.2f\n", median(square_g),
+                  median(ratio_sq));
+      std::printf("sgemm %lldx%lldx%lld: %.1f GFLOP/s   ratio model/sgemm %.2f\n",
+                  (long long)(batch * seq), (long long)c.intermediate_size, (long long)hidden,
+                  median(mlp_g), median(ratio_mlp));
+    }
     if (bf16_compute)
       std::printf("bf16 compute / fp32 compute tokens/s (same parameters): %.3f\n",
                   median(ratio_fp32));
-    std::printf("device peak: %.1f MiB (activations%s)\n",
+    std::printf("device peak: %.1f MiB (parameters, gradients, activations%s)\n",
                 dev.memory_stats().peak_bytes / 1048576.0, bf16_compute ? " of both models" : "");
     return 0;
   } catch (const std::exception& e) {
