@@ -119,7 +119,9 @@ class Event {
 // Errors: the first error raised by work on a stream (a failing copy, a throwing enqueue()
 // function) is kept; later work on that stream is skipped, and synchronize() and events
 // recorded after it rethrow it. Enqueue calls themselves throw InvalidArgument for a null
-// pointer with a non-zero size.
+// pointer with a non-zero size. On CudaDevice only host functions are skipped: GPU copies and
+// kernels already queued behind a failure run (on what the failed work left), and the error
+// still reaches every synchronize() and event that depends on it.
 //
 // The destructor waits for the stream's queued work to finish (errors are logged, not thrown).
 class Stream {
@@ -145,8 +147,8 @@ class Stream {
   // Records `event` at the current end of this stream.
   virtual void record(Event& event) = 0;
   // Makes work enqueued on this stream after this call wait until `event`'s most recent
-  // record (at the time of this call) has completed. The host does not block. On CpuDevice an
-  // error carried by that record becomes this stream's error too (dependent work is skipped).
+  // record (at the time of this call) has completed. The host does not block. An error carried
+  // by that record becomes this stream's error too (dependent work is skipped, as above).
   virtual void wait(Event& event) = 0;
   // Blocks until every item enqueued so far has finished; rethrows the stream's error.
   virtual void synchronize() = 0;

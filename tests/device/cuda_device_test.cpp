@@ -2,10 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -88,6 +90,32 @@ TEST_F(CudaDeviceTest, HostFunctionErrorsSurfaceAtSynchronize) {
   auto s = dev->create_stream("s");
   s->enqueue([] { throw InvalidArgument("host function failed"); });
   EXPECT_THROW(s->synchronize(), InvalidArgument);
+}
+
+// An error of a host function travels as on CpuDevice: events recorded after it rethrow it, a
+// stream that waits on such an event skips its later host functions and rethrows it at
+// synchronize(), and an event recorded before the failure stays clean.
+TEST_F(CudaDeviceTest, HostFunctionErrorsTravelThroughEventsAndWaits) {
+  auto dev = make_cuda_device();
+  auto fetch = dev->create_stream("fetch"), compute = dev->create_stream("compute");
+  auto before = dev->create_event(), after = dev->create_event();
+  fetch->enqueue([] {});
+  fetch->record(*before);
+  fetch->enqueue([] { throw IoError("param/3.bin", 4096, 8192, EIO, "read"); });
+  fetch->record(*after);
+  compute->wait(*after);
+  bool ran = false;
+  compute->enqueue([&] { ran = true; });
+  EXPECT_NO_THROW(before->synchronize());
+  try {
+    after->synchronize();
+    ADD_FAILURE() << "the event recorded after the failure did not carry it";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("param/3.bin"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(compute->synchronize(), IoError);
+  EXPECT_FALSE(ran) << "work after a wait on a failed stream ran";
+  EXPECT_THROW(fetch->synchronize(), IoError);
 }
 
 // Work enqueued after a host function waits for it: the copy reads what the function wrote

@@ -2,11 +2,14 @@
 // exists (OUTCORE_HAVE_CUDA).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
 #include "engine/device/cuda/cuda_check.hpp"
@@ -15,28 +18,71 @@
 namespace outcore::device {
 namespace {
 
-// A host function enqueued with cudaLaunchHostFunc, and the stream error it may set.
+// Errors on a CUDA stream come from its host functions (cudaLaunchHostFunc). Each stream counts
+// the host functions it has enqueued; its first error is kept with the count of the host
+// function that raised it. A point in a stream (an event's record, a wait, a host function) is
+// (state, count so far): the error is "before" it when failed_at <= count, and by the time the
+// GPU reaches that point every earlier host function has run, so the check is exact.
 struct StreamErrorState {
   std::mutex mu;
-  std::exception_ptr error;  // GUARDED_BY(mu)
+  std::exception_ptr error;           // GUARDED_BY(mu)
+  uint64_t failed_at = UINT64_MAX;    // GUARDED_BY(mu): count of the failing host function
+  std::atomic<uint64_t> enqueued{0};  // host functions enqueued (by the stream's one caller)
 };
 
+// A point of some stream, and the streams it waited on before it (transitively).
+struct StreamPoint {
+  std::shared_ptr<StreamErrorState> state;
+  uint64_t count = 0;
+};
+using Upstream = std::vector<StreamPoint>;
+
+// The first error before any of `points`, or null.
+std::exception_ptr error_before(const Upstream& points) {
+  for (const StreamPoint& p : points) {
+    std::lock_guard lock(p.state->mu);
+    if (p.state->error && p.state->failed_at <= p.count) return p.state->error;
+  }
+  return nullptr;
+}
+
+// Adds `p` to `points`, keeping one (the latest) point per stream.
+void add_point(Upstream& points, const StreamPoint& p) {
+  for (StreamPoint& q : points)
+    if (q.state == p.state) {
+      q.count = std::max(q.count, p.count);
+      return;
+    }
+  points.push_back(p);
+}
+
+// A host function enqueued with cudaLaunchHostFunc: skipped when its stream, or a stream it
+// waited on, failed before it; an exception it throws becomes its stream's error.
 struct HostCall {
   std::function<void()> fn;
   std::shared_ptr<StreamErrorState> state;
+  uint64_t count;     // this call's number on its stream
+  Upstream upstream;  // the points of other streams this one waited on before the call
 };
 
 void CUDART_CB run_host_call(void* arg) {
   std::unique_ptr<HostCall> call(static_cast<HostCall*>(arg));
+  std::exception_ptr before = error_before(call->upstream);
   {
     std::lock_guard lock(call->state->mu);
     if (call->state->error) return;  // the stream already failed: skip
+    if (before) {                    // a stream this one waited on failed: adopt its error
+      call->state->error = before;
+      call->state->failed_at = call->count;
+      return;
+    }
   }
   try {
     call->fn();
   } catch (...) {
     std::lock_guard lock(call->state->mu);
     call->state->error = std::current_exception();
+    call->state->failed_at = call->count;
   }
 }
 
@@ -47,7 +93,12 @@ class CudaEvent final : public Event {
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
   }
   ~CudaEvent() override { cudaEventDestroy(event_); }
-  void synchronize() override { CUDA_CHECK(cudaEventSynchronize(event_)); }
+  // Rethrows an error raised before the record on the recording stream or the streams it
+  // waited on (the CpuDevice contract: events recorded after a failure carry it).
+  void synchronize() override {
+    CUDA_CHECK(cudaEventSynchronize(event_));
+    rethrow_carried();
+  }
   bool query() override {
     cudaError_t err = cudaEventQuery(event_);
     if (err == cudaErrorNotReady) return false;
@@ -55,9 +106,24 @@ class CudaEvent final : public Event {
     return true;
   }
   cudaEvent_t handle() const { return event_; }
+  // Set by the recording stream at record(); read by waits and synchronize().
+  void set_points(Upstream points) {
+    std::lock_guard lock(mu_);
+    points_ = std::move(points);
+  }
+  Upstream points() const {
+    std::lock_guard lock(mu_);
+    return points_;
+  }
 
  private:
+  void rethrow_carried() const {
+    if (std::exception_ptr e = error_before(points())) std::rethrow_exception(e);
+  }
+
   cudaEvent_t event_ = nullptr;
+  mutable std::mutex mu_;
+  Upstream points_;  // GUARDED_BY(mu_): the record's point and its stream's upstream points
 };
 
 void check_range(const std::string& stream, const void* a, const void* b, size_t bytes) {
@@ -93,16 +159,35 @@ class CudaStream final : public Stream {
   }
   void enqueue(std::function<void()> fn) override {
     if (!fn) throw InvalidArgument("stream '" + name_ + "': enqueue of an empty function");
-    auto call = std::make_unique<HostCall>(HostCall{std::move(fn), errors_});
+    const uint64_t count = ++errors_->enqueued;
+    auto call = std::make_unique<HostCall>(HostCall{std::move(fn), errors_, count, upstream_});
     CUDA_CHECK(cudaLaunchHostFunc(stream_, run_host_call, call.get()));
     call.release();  // owned by run_host_call from here
   }
-  void record(Event& event) override { CUDA_CHECK(cudaEventRecord(as_cuda(event), stream_)); }
-  void wait(Event& event) override { CUDA_CHECK(cudaStreamWaitEvent(stream_, as_cuda(event), 0)); }
+  void record(Event& event) override {
+    CudaEvent& e = as_cuda(event);
+    Upstream points = upstream_;
+    add_point(points, {errors_, errors_->enqueued.load()});
+    e.set_points(std::move(points));
+    CUDA_CHECK(cudaEventRecord(e.handle(), stream_));
+  }
+  // Later work waits for the event on the GPU; an error the event carries becomes this
+  // stream's error at its next host function, event or synchronize (GPU copies and kernels
+  // enqueued after the wait still run, on whatever the failed work left).
+  void wait(Event& event) override {
+    CudaEvent& e = as_cuda(event);
+    for (const StreamPoint& p : e.points()) add_point(upstream_, p);
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, e.handle(), 0));
+  }
   void* native_handle() const override { return stream_; }
   void synchronize() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::exception_ptr before = error_before(upstream_);
     std::lock_guard lock(errors_->mu);
+    if (!errors_->error && before) {
+      errors_->error = before;
+      errors_->failed_at = errors_->enqueued.load();
+    }
     if (errors_->error) std::rethrow_exception(errors_->error);
   }
 
@@ -111,16 +196,17 @@ class CudaStream final : public Stream {
     check_range(name_, dst, src, bytes);
     if (bytes != 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
   }
-  static cudaEvent_t as_cuda(Event& e) {
+  static CudaEvent& as_cuda(Event& e) {
     auto* ce = dynamic_cast<CudaEvent*>(&e);
     if (ce == nullptr) throw InvalidArgument("CUDA stream: event was not created by a CudaDevice");
-    return ce->handle();
+    return *ce;
   }
 
   std::string name_;
   int ordinal_;
   cudaStream_t stream_ = nullptr;
   std::shared_ptr<StreamErrorState> errors_ = std::make_shared<StreamErrorState>();
+  Upstream upstream_;  // the latest point of each stream this one waited on (transitively)
 };
 
 class CudaDevice final : public Device {
