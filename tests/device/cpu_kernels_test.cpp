@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/device/cpu/kernels.hpp"
+#include "engine/device/token_groups.hpp"
 #include "tests/common/numeric.hpp"
 
 namespace outcore::device::cpu {
@@ -147,6 +148,23 @@ TEST(Kernels, VectorExpIsAccurateOverTheUsefulRange) {
   EXPECT_NEAR(tail[2], std::exp(2.0), 1e-6);
   EXPECT_NEAR(log_sum_exp(x.data(), 10),
               softmax_inplace(std::vector<float>(x.begin(), x.begin() + 10).data(), 10), 0);
+}
+
+// TokenGroups (the CUDA embedding backward's grouping): every position once, grouped by id in
+// increasing id order, token order kept within a group.
+TEST(TokenGroups, EveryPositionOnceGroupedByIdInTokenOrder) {
+  const std::vector<int32_t> ids{5, 2, 5, 9, 2, 2, 0, 5};
+  const TokenGroups g(ids);
+  ASSERT_EQ(g.tokens(), 8);
+  ASSERT_EQ(g.groups(), 4);
+  EXPECT_EQ(std::vector<int32_t>(g.id(), g.id() + 4), (std::vector<int32_t>{0, 2, 5, 9}));
+  EXPECT_EQ(std::vector<int32_t>(g.start(), g.start() + 5), (std::vector<int32_t>{0, 1, 4, 7, 8}));
+  EXPECT_EQ(std::vector<int32_t>(g.order(), g.order() + 8),
+            (std::vector<int32_t>{6, 1, 4, 5, 0, 2, 7, 3}));
+  EXPECT_EQ(g.packed().size(), 8u + 5u + 4u);
+  const TokenGroups empty(std::vector<int32_t>{});
+  EXPECT_EQ(empty.groups(), 0);
+  EXPECT_EQ(empty.packed().size(), 1u);  // start[0]
 }
 
 }  // namespace

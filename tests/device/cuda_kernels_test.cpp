@@ -22,6 +22,7 @@
 #include "engine/device/cpu/kernels.hpp"
 #include "engine/device/device.hpp"
 #include "engine/device/kernel_math.hpp"
+#include "engine/device/token_groups.hpp"
 #include "tests/common/numeric.hpp"
 
 namespace outcore::device::cuda {
@@ -124,7 +125,9 @@ TEST_F(CudaKernels, EmbeddingGatherAndScatterAddMatchTheHostExactly) {
   Dev<float> T(table), O(n * hidden), DY(dy), GR(std::vector<float>(vocab * hidden, 0.5f));
   Dev<int32_t> I(ids);
   embedding_forward(T.get(), DType::F32, I.get(), n, hidden, O.get(), nullptr);
-  embedding_backward(I.get(), DY.get(), n, hidden, GR.get(), nullptr);
+  const TokenGroups groups(ids);
+  Dev<int32_t> G(groups.packed());
+  embedding_backward(G.get(), n, groups.groups(), DY.get(), hidden, GR.get(), nullptr);
   expect_close(O.host(), out, 0.0, "gather");
   expect_close(GR.host(), grad, 0.0, "scatter-add");
 }

@@ -21,6 +21,7 @@
 #include "engine/device/cuda/cuda_check.hpp"
 #include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/device.hpp"
+#include "engine/device/token_groups.hpp"
 
 namespace outcore::device {
 namespace {
@@ -37,10 +38,11 @@ class CudaBackend final : public ComputeBackend {
     cudaStreamSynchronize(native());
     cudaFree(work_);
     for (void* p : constants_) cudaFree(p);
-    for (IdSlot& s : ids_) {
-      cudaFree(s.device);
-      cudaFreeHost(s.host);
+    for (IdSlot* s : {&ids_[0], &ids_[1], &groups_}) {
+      cudaFree(s->device);
+      cudaFreeHost(s->host);
     }
+    if (groups_copied_ != nullptr) cudaEventDestroy(groups_copied_);
   }
 
   std::string name() const override { return name_; }
@@ -154,9 +156,24 @@ class CudaBackend final : public ComputeBackend {
                          int64_t hidden, float* out) override {
     cuda::embedding_forward(table, dtype, ids, n, hidden, out, handle_);
   }
+  // The ids are grouped on the host (from the staged host copy when `ids` came from
+  // stage_ids, else read back) and the groups copied up once.
   void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden,
                           float* grad) override {
-    cuda::embedding_backward(ids, dy, n, hidden, grad, handle_);
+    if (n == 0) return;
+    std::vector<int32_t> read_back;
+    const int32_t* host = nullptr;
+    for (const IdSlot& s : ids_)
+      if (s.device == ids && s.capacity >= static_cast<size_t>(n) * sizeof(int32_t))
+        host = static_cast<const int32_t*>(s.host);
+    if (host == nullptr) {
+      read_back.resize(static_cast<size_t>(n));
+      download(read_back.data(), ids, read_back.size() * sizeof(int32_t));
+      host = read_back.data();
+    }
+    const TokenGroups groups({host, static_cast<size_t>(n)});
+    const int32_t* staged = stage_groups(groups.packed());
+    cuda::embedding_backward(staged, n, groups.groups(), dy, hidden, grad, handle_);
   }
 
   void attention_forward(const Attention& a, const void* qv, const void* kv, const void* vv,
@@ -242,6 +259,30 @@ class CudaBackend final : public ComputeBackend {
     return static_cast<float*>(work_);
   }
 
+  // groups.packed() in device memory through a pinned staging copy (the previous copy has
+  // finished before the staging is reused: an event, not a stream synchronize).
+  const int32_t* stage_groups(const std::vector<int32_t>& packed) {
+    const size_t bytes = packed.size() * sizeof(int32_t);
+    current();
+    if (groups_copied_ == nullptr)
+      CUDA_CHECK(cudaEventCreateWithFlags(&groups_copied_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventSynchronize(groups_copied_));
+    if (bytes > groups_.capacity) {
+      CUDA_CHECK(cudaStreamSynchronize(native()));  // the old device buffer may still be read
+      cudaFree(groups_.device);
+      cudaFreeHost(groups_.host);
+      groups_ = {};
+      CUDA_CHECK(cudaMalloc(&groups_.device, bytes));
+      CUDA_CHECK(cudaMallocHost(&groups_.host, bytes));
+      groups_.capacity = bytes;
+    }
+    std::memcpy(groups_.host, packed.data(), bytes);
+    CUDA_CHECK(
+        cudaMemcpyAsync(groups_.device, groups_.host, bytes, cudaMemcpyHostToDevice, native()));
+    CUDA_CHECK(cudaEventRecord(groups_copied_, native()));
+    return static_cast<const int32_t*>(groups_.device);
+  }
+
   struct IdSlot {
     void* device = nullptr;
     void* host = nullptr;  // pinned staging
@@ -258,7 +299,9 @@ class CudaBackend final : public ComputeBackend {
   std::unique_ptr<cuda::Gemm> gemm_;
   std::vector<void*> constants_;
   IdSlot ids_[2];
-  void* work_ = nullptr;  // attention score blocks
+  IdSlot groups_;                        // the embedding backward's token groups
+  cudaEvent_t groups_copied_ = nullptr;  // groups_'s last upload
+  void* work_ = nullptr;                 // attention score blocks
   size_t work_bytes_ = 0;
 };
 

@@ -127,12 +127,17 @@ __global__ void embedding_forward_kernel(const void* table, DType t, const int32
     out[i] = load_as_fp32(table, t, int64_t{ids[i / hidden]} * hidden + i % hidden);
 }
 
-// One thread per column, tokens in order: the host's summation order, without atomics.
-__global__ void embedding_backward_kernel(const int32_t* ids, const float* dy, int64_t n,
-                                          int64_t hidden, float* grad) {
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < hidden;
-       j += int64_t{gridDim.x} * blockDim.x)
-    for (int64_t i = 0; i < n; ++i) grad[int64_t{ids[i]} * hidden + j] += dy[i * hidden + j];
+// Block (g, c): group g's id, columns [c * blockDim, (c + 1) * blockDim); its tokens in order.
+__global__ void embedding_backward_kernel(const int32_t* order, const int32_t* start,
+                                          const int32_t* id, const float* dy, int64_t hidden,
+                                          float* grad) {
+  const int64_t g = blockIdx.x;
+  const int64_t j = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= hidden) return;
+  float* row = grad + int64_t{id[g]} * hidden;
+  float acc = row[j];
+  for (int32_t k = start[g]; k < start[g + 1]; ++k) acc += dy[int64_t{order[k]} * hidden + j];
+  row[j] = acc;
 }
 
 // --- RMSNorm ---------------------------------------------------------------------------------
@@ -327,10 +332,15 @@ void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64
   LAUNCHED();
 }
 
-void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden, float* grad,
-                        StreamHandle s) {
-  if (n * hidden == 0) return;
-  embedding_backward_kernel<<<grid_for(hidden), kThreads, 0, native(s)>>>(ids, dy, n, hidden, grad);
+void embedding_backward(const int32_t* groups, int64_t n, int64_t num_groups, const float* dy,
+                        int64_t hidden, float* grad, StreamHandle s) {
+  if (n * hidden == 0 || num_groups == 0) return;
+  if (num_groups > 0x7fffffff || (hidden + kThreads - 1) / kThreads > 65535)
+    throw InvalidArgument("embedding_backward: too many token groups or columns");
+  const dim3 grid(static_cast<unsigned>(num_groups),
+                  static_cast<unsigned>((hidden + kThreads - 1) / kThreads));
+  embedding_backward_kernel<<<grid, kThreads, 0, native(s)>>>(
+      groups, groups + n, groups + n + num_groups + 1, dy, hidden, grad);
   LAUNCHED();
 }
 

@@ -42,9 +42,11 @@ void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, 
 // in [0, vocab) (the caller checks them on the host).
 void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
                        int64_t hidden, float* out, StreamHandle stream);
-// grad[ids[i], :] += dy[i, :], summed in token order (deterministic, no atomics).
-void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden, float* grad,
-                        StreamHandle stream);
+// grad[ids[i], :] += dy[i, :] for the n tokens grouped in `groups` (TokenGroups::packed() of
+// `num_groups` groups, copied to the device): one block per (id, 256 columns), that id's rows
+// added in token order, the host's order: bit-identical to it, no atomics.
+void embedding_backward(const int32_t* groups, int64_t n, int64_t num_groups, const float* dy,
+                        int64_t hidden, float* grad, StreamHandle stream);
 
 // --- RMSNorm ---------------------------------------------------------------------------------
 
