@@ -85,6 +85,7 @@ void project(const UnitContext& ctx, const HeadWeight& hw, Operand xn, int64_t r
 
 int64_t head_chunk_rows(const LlamaConfig& c, const ModelOptions& o) {
   const int64_t n = o.micro_batch * o.seq_len;
+  if (o.head_chunk_rows > 0) return std::min(n, o.head_chunk_rows);
   return std::min<int64_t>(n, std::max<int64_t>(16, (int64_t{1} << 22) / c.vocab_size));
 }
 
@@ -165,3 +166,15 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
 }
 
 }  // namespace outcore::model::detail
+
+namespace outcore::model {
+
+int64_t head_rows_for_device(const LlamaConfig& c, const ModelOptions& o, uint64_t device_bytes) {
+  const uint64_t bytes = std::min<uint64_t>(device_bytes / 16, uint64_t{2} << 30);
+  const uint64_t per_row =
+      static_cast<uint64_t>(c.vocab_size) * (o.compute_dtype == DType::BF16 ? 6 : 4);
+  const int64_t n = o.micro_batch * o.seq_len;
+  return std::min<int64_t>(n, std::max<int64_t>(16, static_cast<int64_t>(bytes / per_row)));
+}
+
+}  // namespace outcore::model

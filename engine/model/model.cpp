@@ -58,6 +58,9 @@ LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options,
                     options_.seq_len, config_.max_position_embeddings));
   if (options_.micro_batch < 1)
     throw InvalidArgument(fmt::format("micro batch must be >= 1, got {}", options_.micro_batch));
+  if (options_.head_chunk_rows < 0)
+    throw InvalidArgument(
+        fmt::format("head chunk rows must be >= 0, got {}", options_.head_chunk_rows));
   if (options_.compute_dtype != DType::F32 &&
       (options_.compute_dtype != DType::BF16 || options_.param_dtype != DType::BF16))
     throw InvalidArgument(fmt::format(

@@ -210,11 +210,21 @@ struct ModelOptions {
   // and score gradients too) and accumulates in fp32 into fp32 outputs; RMSNorm, RoPE, SwiGLU,
   // softmax, the loss, residuals and gradient accumulation stay fp32.
   DType compute_dtype = DType::F32;
+  // Rows of logits the head computes per GEMM and cross-entropy launch; 0: as many as 16 MiB of
+  // fp32 logits hold (at least 16). A GPU takes thousands (head_rows_for_device).
+  int64_t head_chunk_rows = 0;
   // Keep only unit inputs between forward and backward; backward recomputes the unit's
   // forward. Gradients are bit-identical to running without checkpointing.
   bool activation_checkpointing = false;
   int world_size = 1;  // for the layout's padding only
 };
+
+// The head_chunk_rows for a device with `device_bytes` of memory: as many rows as let the head's
+// logits (fp32, and their bf16 copy in bf16 compute) take a sixteenth of it, at most 2 GiB; at
+// least 16 rows, at most the micro-batch's tokens. Thousands of rows for a large vocabulary on
+// a GPU (2790 at a 128256-token vocabulary in bf16 compute on an 80 GB GPU), so each GEMM reads the
+// head weight once per thousands of tokens instead of once per 32.
+int64_t head_rows_for_device(const LlamaConfig& c, const ModelOptions& o, uint64_t device_bytes);
 
 enum class GradMode : uint8_t {
   Overwrite,   // grads = this micro-batch's gradient (every slab element written; padding 0)

@@ -57,6 +57,47 @@ TEST(Model, ActivationCheckpointingGivesBitIdenticalGradients) {
   }
 }
 
+// The head's rows per launch change only where the rows' losses and gradients are summed: the
+// loss, logits and gradients stay within summation-order distance of the default chunking, in
+// fp32 and bf16 compute. head_rows_for_device sizes the chunk from the device's memory.
+TEST(Model, HeadChunkRowsChangeOnlyTheSummationOrder) {
+  const LlamaConfig c = small_config(48, 80, 1, 6, 2, 5000, true);
+  for (DType compute : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(compute));
+    const auto params = random_params(make_layout(c), 8);
+    ModelOptions o{
+        .micro_batch = 2, .seq_len = 90, .param_dtype = DType::BF16, .compute_dtype = compute};
+    Harness base(c, o, params);
+    o.head_chunk_rows = 7;  // 26 chunks, the last one partial
+    Harness small(c, o, params);
+    o.head_chunk_rows = 1000;  // one chunk
+    Harness whole(c, o, params);
+    const Batch b = make_batch(o.micro_batch * o.seq_len, c.vocab_size, 9);
+    const float l0 = base.train(b.tokens, b.targets);
+    for (Harness* h : {&small, &whole}) {
+      EXPECT_NEAR(h->train(b.tokens, b.targets), l0, 1e-5 * l0);
+      for (size_t u = 0; u < base.grads.size(); ++u) {
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < base.grads[u].size(); ++i) {
+          diff = std::max(diff, double(std::abs(h->grads[u][i] - base.grads[u][i])));
+          norm = std::max(norm, double(std::abs(base.grads[u][i])));
+        }
+        EXPECT_LE(diff, 1e-4 * norm + 1e-9) << "unit " << u;
+      }
+    }
+  }
+  ModelOptions o{
+      .micro_batch = 4, .seq_len = 4096, .param_dtype = DType::BF16, .compute_dtype = DType::BF16};
+  LlamaConfig llama3 = c;
+  llama3.vocab_size = 128256;
+  EXPECT_EQ(head_rows_for_device(llama3, o, uint64_t{80} << 30), 2790);  // 2 GiB of logits
+  EXPECT_EQ(head_rows_for_device(llama3, o, uint64_t{4} << 30), 348);    // a sixteenth of 4 GiB
+  EXPECT_EQ(head_rows_for_device(llama3, o, 1 << 20), 16);               // at least 16
+  o.micro_batch = 1;
+  o.seq_len = 100;
+  EXPECT_EQ(head_rows_for_device(llama3, o, uint64_t{80} << 30), 100);  // at most the tokens
+}
+
 TEST(Model, RepeatedRunsAreBitIdentical) {
   const LlamaConfig c = gqa();
   const auto params = random_params(make_layout(c), 7);

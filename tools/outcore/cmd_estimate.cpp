@@ -89,6 +89,11 @@ int run_estimate(const EstimateArgs& a) {
       const uint64_t free = device::make_cuda_device({.ordinal = dev->gpu})->free_memory_bytes();
       po.device_limit_bytes = budget > 0 ? std::min(budget, free) : free;
       po.device_host_accessible = false;
+      // The head's rows per launch on this GPU, as training chooses them.
+      const model::LlamaConfig mc = model->config();  // copied: emplace destroys the old model
+      model::ModelOptions mo = model->options();
+      mo.head_chunk_rows = model::head_rows_for_device(mc, mo, po.device_limit_bytes);
+      model.emplace(mc, mo);
       std::printf("device     %s: %s free%s\n", dev->description.c_str(),
                   zero::format_bytes(free).c_str(),
                   budget > 0 ? (", budget " + zero::format_bytes(budget)).c_str() : "");
