@@ -516,6 +516,39 @@ TEST_F(TrainCliTest, EstimateAndTrainAgreeOnWhatFits) {
   EXPECT_EQ(t.rc, 0) << t.err;
 }
 
+// estimate's step bounds: with the rates given, the drive bounds a step of an NVMe config and
+// the shape printed to hide it has more tokens per step and compute that covers the drive; a
+// slow GEMM rate makes compute the bound; without drive rates the drive is named unknown.
+TEST_F(TrainCliTest, EstimatePrintsTheStepBoundsAndTheShapeThatHidesTheTransfers) {
+  config_ = write_config("nvme.json", testing::nvme_patch(data_.file("swap")));
+  const std::string est = "estimate --config " + shell_quote(config_) + " --model " +
+                          shell_quote(model_) + " --seq-len 32 --device cpu";
+  CliResult r = run(est + " --gemm-tflops 1000 --drive-read-gbps 0.1 --drive-write-gbps 0.1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("bound "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("drive\n"), std::string::npos) << r.out;  // the bound line ends "drive"
+  EXPECT_NE(r.out.find("(--gemm-tflops)"), std::string::npos) << r.out;
+  // At 1000 TFLOP/s nothing this small hides a 0.1 GB/s drive: the closest shape is printed.
+  EXPECT_NE(r.out.find("no shape up to micro-batch 64 x accumulation 128 hides them"),
+            std::string::npos)
+      << r.out;
+  r = run(est + " --gemm-tflops 0.00001 --drive-read-gbps 1 --drive-write-gbps 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("compute\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the transfers fit under compute"), std::string::npos) << r.out;
+  // A rate where a larger micro-batch hides the drive.
+  r = run(est + " --gemm-tflops 0.05 --drive-read-gbps 0.5 --drive-write-gbps 0.5");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("to hide the transfers under compute: train_micro_batch_size_per_gpu"),
+            std::string::npos)
+      << r.out;
+  r = run(est + " --gemm-tflops 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("drive     unknown"), std::string::npos) << r.out;
+  r = run(est + " --gemm-tflops -3");
+  EXPECT_EQ(r.rc, 2) << r.out;
+}
+
 // outcore.log_level decides what is logged: debug shows the checkpoint writer's timings.
 TEST_F(TrainCliTest, LogLevelFromTheConfigSetsWhatIsLogged) {
   const std::string ck = data_.file("ckpt");

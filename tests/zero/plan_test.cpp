@@ -1,6 +1,7 @@
 // The placement planner against what the engine really allocates and moves.
 #include <gtest/gtest.h>
 
+#include "engine/zero/step_bounds.hpp"
 #include "tests/zero/zero_test_util.hpp"
 
 namespace outcore::zero::test {
@@ -155,6 +156,40 @@ TEST(Plan, NvmeGradientsMatchThePlan) {
   EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, steps * p.per_step.nvme_write)
       << format_plan(p);
   EXPECT_EQ(b.d2h_bytes - a.d2h_bytes, steps * p.per_step.d2h);
+}
+
+// The step's times: FLOPs of every token of every micro-batch (a third more with activation
+// checkpointing) at the GEMM rate, the copies at the PCIe rate, the drive's bytes at its rates,
+// and the bound is the largest; an NVMe plan without drive rates leaves the drive unknown.
+TEST(StepBounds, TimesAreBytesAndFlopsOverTheRatesAndTheBoundIsTheLargest) {
+  Plan plan;
+  plan.tokens_per_micro_batch = 32;
+  plan.micro_batches_per_step = 3;
+  plan.per_step = {
+      .nvme_read = 4'000'000, .nvme_write = 2'000'000, .h2d = 6'000'000, .d2h = 2'000'000};
+  const model::LlamaModel m(tiny_config(true), tiny_options(DType::BF16));
+  const double flops = m.config().train_flops_per_token(m.options().seq_len) * 96;
+  StepTimes t = step_times(
+      plan, m,
+      {.gemm_flops = 1e9, .pcie_bytes = 4e9, .drive_read_bytes = 2e9, .drive_write_bytes = 1e9});
+  EXPECT_DOUBLE_EQ(t.flops, flops);
+  EXPECT_DOUBLE_EQ(t.compute_s, flops / 1e9);
+  EXPECT_DOUBLE_EQ(t.pcie_s, 8e6 / 4e9);
+  EXPECT_DOUBLE_EQ(t.drive_s, 4e6 / 2e9 + 2e6 / 1e9);
+  EXPECT_TRUE(t.drive_known);
+  EXPECT_EQ(t.bound(), t.compute_s >= 4e-3 ? "compute" : "drive");
+  EXPECT_DOUBLE_EQ(t.bound_s(), std::max({t.compute_s, t.pcie_s, t.drive_s}));
+  t = step_times(
+      plan, m,
+      {.gemm_flops = 1e15, .pcie_bytes = 1e9, .drive_read_bytes = 2e9, .drive_write_bytes = 1e9});
+  EXPECT_EQ(t.bound(), "PCIe");  // 8 ms of copies against 4 ms of drive
+  EXPECT_FALSE(t.transfers_hidden());
+  t = step_times(plan, m, {.gemm_flops = 1e15, .pcie_bytes = 1e9});
+  EXPECT_FALSE(t.drive_known);
+  model::ModelOptions o = tiny_options(DType::BF16);
+  o.activation_checkpointing = true;
+  const model::LlamaModel ck(tiny_config(true), o);
+  EXPECT_DOUBLE_EQ(step_times(plan, ck, {.gemm_flops = 1e9}).flops, flops * 4.0 / 3.0);
 }
 
 TEST(Plan, FormatShowsEveryTierTheTotalsAndTheTraffic) {

@@ -4,19 +4,29 @@
 // against what this machine offers, computed as `outcore train` computes it; on a GPU, its
 // free memory (cudaMemGetInfo) caps the device budget as it does in training. Exit 0 when it fits,
 // 2 when it does not (the reason on stderr, as `outcore train` refuses it) or on bad input.
+// Then what bounds a step (engine/zero/step_bounds.hpp): its compute at the GEMM rate measured
+// here on the device (or --gemm-tflops), its host<->device copies at the PCIe rate measured on a
+// GPU (or --pcie-gbps), its NVMe bytes at the drive's rates (--drive-read-gbps and
+// --drive-write-gbps, from `aio_bench`), which one is largest, and the smallest micro-batch and
+// gradient_accumulation_steps that put the transfers under compute within the device budget.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
 #include "engine/config/config.hpp"
+#include "engine/device/compute_backend.hpp"
+#include "engine/device/device.hpp"
 #include "engine/model/model.hpp"
 #include "engine/zero/plan.hpp"
+#include "engine/zero/step_bounds.hpp"
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/launch.hpp"
 
@@ -26,6 +36,7 @@ namespace {
 // Numbers arrive as text and are checked here, so bad values exit 2 like any bad input.
 struct EstimateArgs {
   std::string config_file, model_file, micro_batch, seq_len, world_size;
+  double gemm_tflops = 0, pcie_gbps = 0, drive_read_gbps = 0, drive_write_gbps = 0;
   std::string device = "auto";
   bool activation_checkpointing = false;
 };
@@ -49,6 +60,113 @@ int64_t positive(const std::string& text, const char* flag, int64_t fallback, in
     throw InvalidArgument(std::string(flag) + ": got \"" + text + "\"; allowed: an integer in 1.." +
                           std::to_string(max));
   return v;
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// FLOP/s of `n`^3 GEMMs in the model's compute dtype on `dev`'s backend (best of 3).
+double measure_gemm_flops(device::Device& dev, DType compute, int64_t n) {
+  const std::shared_ptr<device::ComputeBackend> be = device::make_backend(dev);
+  const size_t elem = compute == DType::BF16 ? 2 : 4;
+  device::DeviceBuffer a = dev.alloc(static_cast<size_t>(n * n) * elem, "gemm rate");
+  device::DeviceBuffer c = dev.alloc(static_cast<size_t>(n * n) * 4, "gemm rate");
+  be->zero(a.data(), a.size());
+  double best = 0;
+  for (int r = 0; r < 4; ++r) {  // the first one warms up
+    const auto t0 = Clock::now();
+    if (compute == DType::BF16)
+      be->gemm_bf16(false, true, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.as<float>(), n);
+    else
+      be->gemm(false, true, n, n, n, 1.0f, a.as<float>(), n, a.as<float>(), n, 0.0f, c.as<float>(),
+               n);
+    be->finish();
+    if (r > 0) best = std::max(best, 2.0 * double(n) * n * n / seconds_since(t0));
+  }
+  return best;
+}
+
+// Bytes/s of pinned host<->device copies of 256 MiB each way on `dev` (best of 3 round trips).
+double measure_pcie_bytes(device::Device& dev) {
+  const size_t bytes = size_t{256} << 20;
+  std::vector<std::byte> host(bytes);
+  dev.register_host(host.data(), bytes);
+  device::DeviceBuffer d = dev.alloc(bytes, "pcie rate");
+  auto s = dev.create_stream("pcie rate");
+  double best = 0;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    s->copy_h2d(d.data(), host.data(), bytes);
+    s->copy_d2h(host.data(), d.data(), bytes);
+    s->synchronize();
+    best = std::max(best, 2.0 * double(bytes) / seconds_since(t0));
+  }
+  dev.unregister_host(host.data());
+  return best;
+}
+
+// A plan's step with `micro` sequences per micro-batch and `gas` micro-batches per step.
+struct Candidate {
+  int64_t micro = 0, gas = 0;
+  zero::StepTimes times;
+};
+
+// The plan of `cfg` with the batch keys of (micro, gas) for `mc` and `base` options; nullopt
+// when it does not fit `limits`.
+std::optional<zero::StepTimes> try_shape(const config::Config& cfg, const model::LlamaConfig& mc,
+                                         model::ModelOptions mo, int64_t micro, int64_t gas,
+                                         const zero::PlanOptions& po, uint64_t device_limit,
+                                         const zero::LinkRates& rates) {
+  config::Config c = cfg;
+  c.train_micro_batch_size_per_gpu.set(micro);
+  c.gradient_accumulation_steps.set(gas);
+  c.train_batch_size.set(micro * gas * po.world_size);
+  mo.micro_batch = micro;
+  if (device_limit > 0 && mo.head_chunk_rows > 0)
+    mo.head_chunk_rows = model::head_rows_for_device(mc, mo, device_limit);
+  try {
+    const model::LlamaModel m(mc, mo);
+    const zero::Plan plan = zero::make_plan(c, m, po);
+    zero::PlanLimits limits = zero::system_limits(c, plan);
+    if (device_limit > 0) limits.device = device_limit;
+    zero::check_fits(plan, limits);
+    return zero::step_times(plan, m, rates);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::LinkRates& r,
+                  const std::string& gemm_source, const std::string& pcie_source) {
+  std::printf("\nstep bounds (per rank and optimizer step: micro-batches %lld x %lld tokens)\n",
+              static_cast<long long>(plan.micro_batches_per_step),
+              static_cast<long long>(plan.tokens_per_micro_batch));
+  std::printf("  compute  %8.3f s   %.3g TFLOP at %.3g TFLOP/s (%s)\n", t.compute_s, t.flops / 1e12,
+              r.gemm_flops / 1e12, gemm_source.c_str());
+  if (r.pcie_bytes > 0)
+    std::printf("  PCIe     %8.3f s   %s at %.1f GB/s (%s)\n", t.pcie_s,
+                zero::format_bytes(plan.per_step.h2d + plan.per_step.d2h).c_str(),
+                r.pcie_bytes / 1e9, pcie_source.c_str());
+  else
+    std::printf("  PCIe        none    (the device is host memory)\n");
+  const uint64_t nvme = plan.per_step.nvme_read + plan.per_step.nvme_write;
+  if (nvme == 0)
+    std::printf("  drive       none    (no swap files)\n");
+  else if (!t.drive_known)
+    std::printf(
+        "  drive     unknown   %s read, %s written: give --drive-read-gbps and "
+        "--drive-write-gbps (`aio_bench --path DIR` measures them)\n",
+        zero::format_bytes(plan.per_step.nvme_read).c_str(),
+        zero::format_bytes(plan.per_step.nvme_write).c_str());
+  else
+    std::printf("  drive    %8.3f s   %s read at %.2f GB/s, %s written at %.2f GB/s\n", t.drive_s,
+                zero::format_bytes(plan.per_step.nvme_read).c_str(), r.drive_read_bytes / 1e9,
+                zero::format_bytes(plan.per_step.nvme_write).c_str(), r.drive_write_bytes / 1e9);
+  std::printf("  bound    %8.3f s   %s%s\n", t.bound_s(), t.bound().c_str(),
+              t.drive_known ? "" : " (without the drive)");
 }
 
 int run_estimate(const EstimateArgs& a) {
@@ -112,6 +230,70 @@ int run_estimate(const EstimateArgs& a) {
     std::fprintf(stderr, "error: does not fit: %s\n", e.what());
     return 2;
   }
+
+  zero::LinkRates rates{.gemm_flops = a.gemm_tflops * 1e12,
+                        .pcie_bytes = a.pcie_gbps * 1e9,
+                        .drive_read_bytes = a.drive_read_gbps * 1e9,
+                        .drive_write_bytes = a.drive_write_gbps * 1e9};
+  std::string gemm_source = "--gemm-tflops", pcie_source = "--pcie-gbps";
+  try {
+    const DType compute = model->options().compute_dtype;
+    if (dev->kind == device::DeviceKind::Cuda) {
+      auto gpu = device::make_cuda_device({.ordinal = dev->gpu});
+      if (rates.gemm_flops <= 0) {
+        rates.gemm_flops = measure_gemm_flops(*gpu, compute, 4096);
+        gemm_source =
+            fmt::format("measured: {} GEMM 4096^3 on {}", dtype_name(compute), gpu->name());
+      }
+      if (rates.pcie_bytes <= 0) {
+        rates.pcie_bytes = measure_pcie_bytes(*gpu);
+        pcie_source = "measured: pinned copies of 256 MiB";
+      }
+    } else {
+      if (rates.gemm_flops <= 0) {
+        device::CpuDevice host;
+        rates.gemm_flops = measure_gemm_flops(host, compute, 1024);
+        gemm_source = fmt::format("measured: {} GEMM 1024^3 on the host", dtype_name(compute));
+      }
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: measuring the device's rates: %s\n", e.what());
+    return 1;
+  }
+  const zero::StepTimes t = zero::step_times(plan, *model, rates);
+  print_bounds(t, plan, rates, gemm_source, pcie_source);
+  if (!t.drive_known) return 0;  // what hides the transfers depends on the drive
+  if (t.transfers_hidden()) {
+    std::printf("  the transfers fit under compute at this micro-batch and accumulation\n");
+    return 0;
+  }
+  // The fewest tokens per step whose compute covers every transfer, within the device budget.
+  std::optional<Candidate> best, closest;
+  for (int64_t micro = 1; micro <= 64; micro *= 2)
+    for (int64_t gas = 1; gas <= 128; gas *= 2) {
+      const auto times = try_shape(cfg, model->config(), model->options(), micro, gas, po,
+                                   po.device_limit_bytes, rates);
+      if (!times) continue;
+      const Candidate c{micro, gas, *times};
+      const double ratio = c.times.compute_s / std::max(c.times.pcie_s, c.times.drive_s);
+      if (!closest || ratio > closest->times.compute_s /
+                                  std::max(closest->times.pcie_s, closest->times.drive_s))
+        closest = c;
+      if (c.times.transfers_hidden() && (!best || micro * gas < best->micro * best->gas)) best = c;
+    }
+  const Candidate* shown = best ? &*best : closest ? &*closest : nullptr;
+  if (shown == nullptr) {
+    std::printf("  no micro-batch up to 64 fits the device budget\n");
+    return 0;
+  }
+  std::printf(
+      "  %s: train_micro_batch_size_per_gpu %lld, gradient_accumulation_steps %lld "
+      "(%lld tokens per step): compute %.3f s, PCIe %.3f s, drive %.3f s\n",
+      best ? "to hide the transfers under compute"
+           : "no shape up to micro-batch 64 x accumulation 128 hides them; the closest",
+      static_cast<long long>(shown->micro), static_cast<long long>(shown->gas),
+      static_cast<long long>(shown->micro * shown->gas * model->options().seq_len),
+      shown->times.compute_s, shown->times.pcie_s, shown->times.drive_s);
   return 0;
 }
 
@@ -131,6 +313,16 @@ void add_estimate_command(CLI::App& app, int& rc) {
   cmd->add_option("--device", o->device,
                   "plan for: auto (a GPU when there is one, else the simulated device), cpu, "
                   "cuda (the GPU's free memory caps the device budget)");
+  cmd->add_option("--gemm-tflops", o->gemm_tflops,
+                  "the device's GEMM rate in the compute dtype (default: measured here)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--pcie-gbps", o->pcie_gbps,
+                  "host<->device GB/s (default: measured on a GPU; none for the host device)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--drive-read-gbps", o->drive_read_gbps, "the swap drive's read GB/s")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--drive-write-gbps", o->drive_write_gbps, "the swap drive's write GB/s")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
                 "plan with activation checkpointing (as `outcore train "
                 "--activation-checkpointing`; on anyway when the config's "

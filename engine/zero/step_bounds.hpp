@@ -1,0 +1,39 @@
+// What bounds one training step on this machine, from the plan's bytes and FLOPs and the rates
+// of the machine's links (`outcore estimate` prints it): the GEMMs' compute, the host<->device
+// copies over PCIe, and the drive's reads and writes. A step cannot be faster than the slowest
+// of the three; transfers are hidden when compute takes at least as long as each of them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/model/model.hpp"
+#include "engine/zero/plan.hpp"
+
+namespace outcore::zero {
+
+struct LinkRates {
+  double gemm_flops = 0;         // FLOP/s of the model's GEMMs (its compute dtype) on the device
+  double pcie_bytes = 0;         // bytes/s host<->device; 0: no copies cross a bus (host device)
+  double drive_read_bytes = 0;   // bytes/s the swap drive reads; 0: unknown
+  double drive_write_bytes = 0;  // bytes/s the swap drive writes; 0: unknown
+};
+
+struct StepTimes {
+  double flops = 0;         // model FLOPs of the step (forward + backward, recompute included)
+  double compute_s = 0;     // flops / gemm_flops
+  double pcie_s = 0;        // (h2d + d2h) / pcie_bytes
+  double drive_s = 0;       // nvme_read / read rate + nvme_write / write rate
+  bool drive_known = true;  // false when the plan moves NVMe bytes and no drive rate is given
+  double bound_s() const;   // the largest of the three
+  // "compute", "PCIe" or "drive": which one bounds the step.
+  std::string bound() const;
+  // True when compute takes at least as long as each transfer (they can hide under it).
+  bool transfers_hidden() const { return compute_s >= pcie_s && compute_s >= drive_s; }
+};
+
+// The step of `plan` (for `model`, whose options give the micro-batch and checkpointing) at
+// `rates`. Activation checkpointing recomputes each decoder's forward: a third more FLOPs.
+StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const LinkRates& rates);
+
+}  // namespace outcore::zero
