@@ -78,8 +78,10 @@ struct Keys {
 
 // Refuses keys asking for something this model does not implement.
 void refuse_unsupported(const Keys& k) {
-  if (const json* v = k.find("model_type"); v != nullptr && (!v->is_string() || *v != "llama"))
-    fail(k.source, "model_type", fmt::format("only \"llama\" is supported, got {}", v->dump()));
+  if (const json* v = k.find("model_type");
+      v != nullptr && (!v->is_string() || (*v != "llama" && *v != "mistral")))
+    fail(k.source, "model_type",
+         fmt::format("only \"llama\" and \"mistral\" are supported, got {}", v->dump()));
   if (k.get_bool("attention_bias", false))
     fail(k.source, "attention_bias", "true is not supported (the projections have no bias)");
   if (k.get_bool("mlp_bias", false))
@@ -214,6 +216,11 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   c.rms_norm_eps = k.get_double("rms_norm_eps", false, 1e-6);
   c.tie_word_embeddings = k.get_bool("tie_word_embeddings", false);
   c.rope_scaling = parse_rope_scaling(k);
+  c.mistral = k.get_string("model_type") == "mistral";
+  c.sliding_window = k.get_int("sliding_window", false, 0);
+  if (c.sliding_window < 0)
+    fail(source, "sliding_window",
+         fmt::format("must be positive or null, got {}", c.sliding_window));
   if (c.hidden_size > 0 && c.num_attention_heads > 0 &&
       c.hidden_size % c.num_attention_heads != 0 && k.find("head_dim") == nullptr)
     fail(source, "num_attention_heads",
@@ -275,8 +282,8 @@ void LlamaConfig::validate() const {
 }
 
 std::string LlamaConfig::to_json() const {
-  json j = {{"architectures", {"LlamaForCausalLM"}},
-            {"model_type", "llama"},
+  json j = {{"architectures", {mistral ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+            {"model_type", mistral ? "mistral" : "llama"},
             {"hidden_act", "silu"},
             {"hidden_size", hidden_size},
             {"intermediate_size", intermediate_size},
@@ -290,6 +297,7 @@ std::string LlamaConfig::to_json() const {
             {"rope_scaling", nullptr},
             {"rms_norm_eps", rms_norm_eps},
             {"tie_word_embeddings", tie_word_embeddings}};
+  if (mistral) j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
   const RopeScaling& s = rope_scaling;
   if (s.type == RopeScalingType::Linear)
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", s.factor}};

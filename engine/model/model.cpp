@@ -56,6 +56,13 @@ LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options,
     throw InvalidArgument(
         fmt::format("sequence length {} is outside [1, max_position_embeddings {}]",
                     options_.seq_len, config_.max_position_embeddings));
+  if (config_.sliding_window > 0 && options_.seq_len > config_.sliding_window)
+    throw ConfigError(
+        "sliding_window",
+        fmt::format("{}: sequences of {} tokens are longer than the window; outcore's "
+                    "attention has no window: train with a sequence length of at "
+                    "most {}",
+                    config_.sliding_window, options_.seq_len, config_.sliding_window));
   if (options_.micro_batch < 1)
     throw InvalidArgument(fmt::format("micro batch must be >= 1, got {}", options_.micro_batch));
   if (options_.head_chunk_rows < 0)

@@ -81,14 +81,19 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;        // absent = 1e-6
   bool tie_word_embeddings = false;  // absent = false
   RopeScaling rope_scaling{};        // absent or null = None
+  // model_type "mistral": Llama's architecture, written back as Mistral by to_json. Its
+  // sliding_window (absent or null = 0, none) is kept; attention has no window, so a model with
+  // one refuses sequences longer than it (LlamaModel), where the two are the same.
+  bool mistral = false;
+  int64_t sliding_window = 0;
 
   // Parses config.json text. Unknown keys are ignored (HF files carry many). Throws ConfigError
   // naming `source` and the key (json_path(), e.g. "rope_scaling.factor") for malformed JSON, a
   // missing required key, a wrong type, an impossible or too large value (see validate()), or a
-  // feature the model does not implement: model_type other than "llama"; attention_bias or
-  // mlp_bias true; hidden_act other than "silu"; attention_dropout other than 0; rope_scaling
-  // (type in key "rope_type", older files "type") other than null, "default", "linear" or
-  // "llama3" (dynamic, yarn, longrope, ... are refused by name). Nothing is sized from the file
+  // feature the model does not implement: model_type other than "llama" or "mistral";
+  // attention_bias or mlp_bias true; hidden_act other than "silu"; attention_dropout other than 0;
+  // rope_scaling (type in key "rope_type", older files "type") other than null, "default", "linear"
+  // or "llama3" (dynamic, yarn, longrope, ... are refused by name). Nothing is sized from the file
   // before validate() has passed, so an absurd file costs no memory.
   static LlamaConfig from_json(std::string_view text, std::string_view source = "config.json");
   // Reads and parses a file. Throws IoError when it cannot be read, ConfigError as above.
@@ -105,8 +110,9 @@ struct LlamaConfig {
   // beyond the struct, so every size can be checked before anything is allocated.
   void validate() const;
 
-  // The config as Hugging Face config.json text (model_type "llama"; rope_scaling null or the
-  // object with "rope_type"), which from_json reads back to an equal config.
+  // The config as Hugging Face config.json text (model_type "llama", or "mistral" with its
+  // sliding_window; rope_scaling null or the object with "rope_type"), which from_json reads
+  // back to an equal config.
   std::string to_json() const;
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }

@@ -19,6 +19,7 @@
 #include <set>
 
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 #include "engine/ckpt/safetensors.hpp"
 #include "tests/common/oracle_unavailable.hpp"
 #include "tests/common/temp_dir.hpp"
@@ -643,6 +644,29 @@ TEST(HfExport, ReadMasterIsAskedForAtMostOnePieceWithinOneTensor) {
   for (size_t u = 0; u < back.size(); ++u)
     for (size_t i = 0; i < back[u].size(); ++i)
       ASSERT_EQ(back[u][i], round_to(DType::F16, slabs[u][i]));
+}
+
+// A Mistral model goes out as Mistral (model_type, architectures, sliding_window) under
+// Llama's tensor names, and comes back in as the same config and weights.
+TEST(HfExport, MistralKeepsItsTypeAndWindowAndComesBackIn) {
+  TempDir dir("hf");
+  LlamaConfig cfg = small_config(32, 48, 2, 4, 2, 61, false);
+  cfg.mistral = true;
+  cfg.sliding_window = 4096;
+  const auto slabs = random_slabs(cfg, 5);
+  auto read = [&](int unit, uint64_t begin, uint64_t count, float* out) {
+    std::copy_n(slabs[unit].data() + begin, count, out);
+  };
+  write_hf_model(cfg, read, dir / "m", {.dtype = DType::F32});
+  const LlamaConfig back_cfg = LlamaConfig::load(dir / "m" / kHfConfigFile);
+  EXPECT_TRUE(back_cfg.mistral);
+  EXPECT_EQ(back_cfg.sliding_window, 4096);
+  const std::string text = read_whole_file((dir / "m" / kHfConfigFile).string(), "config", 1 << 20);
+  EXPECT_NE(text.find("\"model_type\": \"mistral\""), std::string::npos) << text;
+  EXPECT_NE(text.find("MistralForCausalLM"), std::string::npos) << text;
+  const HfWeights w = HfWeights::open(dir / "m", back_cfg);
+  const auto back = import_slabs(w);
+  for (size_t u = 0; u < back.size(); ++u) EXPECT_EQ(back[u], slabs[u]) << "unit " << u;
 }
 
 TEST(HfExport, ShardsFollowHfOrderAndTheLimit) {

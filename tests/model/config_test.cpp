@@ -102,8 +102,41 @@ TEST(LlamaConfig, MissingWrongTypeAndImpossibleValuesAreErrors) {
   expect_error("[1, 2]", "", "JSON object");
 }
 
+// Mistral (model_type "mistral"): Llama's architecture and weight names; its sliding_window is
+// kept and written back, and a model with a window refuses sequences longer than it, naming the
+// key (attention has no window: within it the two are the same).
+TEST(LlamaConfig, MistralIsLlamaWithItsSlidingWindowAndRoundTrips) {
+  const LlamaConfig v01 = LlamaConfig::from_json(with(R"(, "model_type": "mistral",
+      "architectures": ["MistralForCausalLM"], "sliding_window": 32, "rope_theta": 1000000.0)"));
+  EXPECT_TRUE(v01.mistral);
+  EXPECT_EQ(v01.sliding_window, 32);
+  const LlamaConfig back = LlamaConfig::from_json(v01.to_json());
+  EXPECT_TRUE(back.mistral);
+  EXPECT_EQ(back.sliding_window, 32);
+  EXPECT_EQ(back.rope_theta, 1e6);
+  EXPECT_NE(v01.to_json().find("MistralForCausalLM"), std::string::npos) << v01.to_json();
+  const LlamaConfig v03 =
+      LlamaConfig::from_json(with(R"(, "model_type": "mistral", "sliding_window": null)"));
+  EXPECT_EQ(v03.sliding_window, 0);
+  EXPECT_NE(v03.to_json().find("\"sliding_window\": null"), std::string::npos);
+  EXPECT_FALSE(LlamaConfig::from_json(with("")).mistral);
+  EXPECT_EQ(LlamaConfig::from_json(with("")).to_json().find("sliding_window"), std::string::npos);
+  expect_error(with(R"(, "model_type": "mistral", "sliding_window": -1)"), "sliding_window",
+               "positive");
+
+  EXPECT_NO_THROW(LlamaModel(v01, ModelOptions{.micro_batch = 1, .seq_len = 32}));
+  EXPECT_NO_THROW(LlamaModel(v03, ModelOptions{.micro_batch = 1, .seq_len = 64}));
+  try {
+    LlamaModel m(v01, ModelOptions{.micro_batch = 1, .seq_len = 33});
+    ADD_FAILURE() << "a sequence longer than the sliding window was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.json_path(), "sliding_window") << e.what();
+    EXPECT_NE(std::string(e.what()).find("at most 32"), std::string::npos) << e.what();
+  }
+}
+
 TEST(LlamaConfig, FeaturesTheModelLacksAreRefusedNamingTheKey) {
-  expect_error(with(R"(, "model_type": "mistral")"), "model_type", "\"mistral\"");
+  expect_error(with(R"(, "model_type": "qwen2")"), "model_type", "\"qwen2\"");
   expect_error(with(R"(, "model_type": 7)"), "model_type", "llama");
   expect_error(with(R"(, "attention_bias": true)"), "attention_bias", "not supported");
   expect_error(with(R"(, "attention_bias": "no")"), "attention_bias", "true or false");
