@@ -159,6 +159,7 @@ class CudaStream final : public Stream {
   }
   void enqueue(std::function<void()> fn) override {
     if (!fn) throw InvalidArgument("stream '" + name_ + "': enqueue of an empty function");
+    std::lock_guard lock(order_mu_);  // numbers follow the launch order
     const uint64_t count = ++errors_->enqueued;
     auto call = std::make_unique<HostCall>(HostCall{std::move(fn), errors_, count, upstream_});
     CUDA_CHECK(cudaLaunchHostFunc(stream_, run_host_call, call.get()));
@@ -166,6 +167,7 @@ class CudaStream final : public Stream {
   }
   void record(Event& event) override {
     CudaEvent& e = as_cuda(event);
+    std::lock_guard lock(order_mu_);
     Upstream points = upstream_;
     add_point(points, {errors_, errors_->enqueued.load()});
     e.set_points(std::move(points));
@@ -176,13 +178,19 @@ class CudaStream final : public Stream {
   // enqueued after the wait still run, on whatever the failed work left).
   void wait(Event& event) override {
     CudaEvent& e = as_cuda(event);
+    std::lock_guard lock(order_mu_);
     for (const StreamPoint& p : e.points()) add_point(upstream_, p);
     CUDA_CHECK(cudaStreamWaitEvent(stream_, e.handle(), 0));
   }
   void* native_handle() const override { return stream_; }
   void synchronize() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    std::exception_ptr before = error_before(upstream_);
+    Upstream upstream;
+    {
+      std::lock_guard lock(order_mu_);
+      upstream = upstream_;
+    }
+    std::exception_ptr before = error_before(upstream);
     std::lock_guard lock(errors_->mu);
     if (!errors_->error && before) {
       errors_->error = before;
@@ -206,7 +214,10 @@ class CudaStream final : public Stream {
   int ordinal_;
   cudaStream_t stream_ = nullptr;
   std::shared_ptr<StreamErrorState> errors_ = std::make_shared<StreamErrorState>();
-  Upstream upstream_;  // the latest point of each stream this one waited on (transitively)
+  // Serializes enqueue, record and wait when several threads use the stream: host functions
+  // are numbered in launch order.
+  std::mutex order_mu_;
+  Upstream upstream_;  // GUARDED_BY(order_mu_): the latest point of each stream waited on
 };
 
 class CudaDevice final : public Device {
