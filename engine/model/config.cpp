@@ -79,9 +79,11 @@ struct Keys {
 // Refuses keys asking for something this model does not implement.
 void refuse_unsupported(const Keys& k) {
   if (const json* v = k.find("model_type");
-      v != nullptr && (!v->is_string() || (*v != "llama" && *v != "mistral")))
+      v != nullptr && (!v->is_string() || (*v != "llama" && *v != "mistral" && *v != "qwen3")))
     fail(k.source, "model_type",
-         fmt::format("only \"llama\" and \"mistral\" are supported, got {}", v->dump()));
+         fmt::format("only \"llama\", \"mistral\" and \"qwen3\" are supported, got {}", v->dump()));
+  if (k.get_bool("use_sliding_window", false))
+    fail(k.source, "use_sliding_window", "true is not supported (attention has no window)");
   if (k.get_bool("attention_bias", false))
     fail(k.source, "attention_bias", "true is not supported (the projections have no bias)");
   if (k.get_bool("mlp_bias", false))
@@ -166,6 +168,7 @@ ParameterCounts count_parameters(const LlamaConfig& c) {
   n.attention = mul_sat(2 * h, add_sat(q, kv));  // q, o: q x h; k, v: kv x h
   n.mlp = mul_sat(3 * h, c.intermediate_size);
   n.layer = add_sat(add_sat(n.attention, n.mlp), 2 * h);  // + two norms
+  if (c.qk_norm()) n.layer = add_sat(n.layer, 2 * static_cast<uint64_t>(c.head_dim));
   n.total = add_sat(mul_sat(c.num_hidden_layers, n.layer), h);
   n.total = add_sat(n.total, mul_sat(c.tie_word_embeddings ? 1 : 2, n.embedding));
   return n;
@@ -216,8 +219,11 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   c.rms_norm_eps = k.get_double("rms_norm_eps", false, 1e-6);
   c.tie_word_embeddings = k.get_bool("tie_word_embeddings", false);
   c.rope_scaling = parse_rope_scaling(k);
-  c.mistral = k.get_string("model_type") == "mistral";
-  c.sliding_window = k.get_int("sliding_window", false, 0);
+  const std::string type = k.get_string("model_type");
+  c.model_type = type == "mistral" ? ModelType::kMistral
+                 : type == "qwen3" ? ModelType::kQwen3
+                                   : ModelType::kLlama;
+  if (c.model_type == ModelType::kMistral) c.sliding_window = k.get_int("sliding_window", false, 0);
   if (c.sliding_window < 0)
     fail(source, "sliding_window",
          fmt::format("must be positive or null, got {}", c.sliding_window));
@@ -282,8 +288,14 @@ void LlamaConfig::validate() const {
 }
 
 std::string LlamaConfig::to_json() const {
-  json j = {{"architectures", {mistral ? "MistralForCausalLM" : "LlamaForCausalLM"}},
-            {"model_type", mistral ? "mistral" : "llama"},
+  const bool mistral = model_type == ModelType::kMistral, qwen3 = model_type == ModelType::kQwen3;
+  json j = {{"architectures",
+             {mistral ? "MistralForCausalLM"
+              : qwen3 ? "Qwen3ForCausalLM"
+                      : "LlamaForCausalLM"}},
+            {"model_type", mistral ? "mistral"
+                           : qwen3 ? "qwen3"
+                                   : "llama"},
             {"hidden_act", "silu"},
             {"hidden_size", hidden_size},
             {"intermediate_size", intermediate_size},
@@ -298,6 +310,10 @@ std::string LlamaConfig::to_json() const {
             {"rms_norm_eps", rms_norm_eps},
             {"tie_word_embeddings", tie_word_embeddings}};
   if (mistral) j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+  if (qwen3) {
+    j["attention_bias"] = false;
+    j["use_sliding_window"] = false;
+  }
   const RopeScaling& s = rope_scaling;
   if (s.type == RopeScalingType::Linear)
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", s.factor}};

@@ -10,10 +10,11 @@ namespace outcore::model::detail {
 namespace {
 
 // Tensor order in a decoder unit (see make_layout).
-enum : int { kInNorm, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown };
+enum : int { kInNorm, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown, kQNorm, kKNorm };
 
 struct Dims {
   int64_t B, T, N, H, Q, KV, I, nh, nkv, hd, block;
+  bool qk_norm;  // Qwen3: q and k normalised per head before RoPE
   explicit Dims(const LlamaConfig& c, const ModelOptions& o)
       : B(o.micro_batch),
         T(o.seq_len),
@@ -25,12 +26,16 @@ struct Dims {
         nh(c.num_attention_heads),
         nkv(c.num_key_value_heads),
         hd(c.head_dim),
-        block(attention_block(o)) {}
+        block(attention_block(o)),
+        qk_norm(c.qk_norm()) {}
 };
 
 // What forward keeps for backward (in `saved`, or in scratch with checkpointing).
+// With qk_norm, q_raw / k_raw are the projections before the per-head norm and rstd_q / rstd_k
+// its statistics (one per head row); q and k are always what attention reads (after RoPE).
 struct Saved {
   float *rstd1, *xn1, *q, *k, *v, *lse, *attn, *h, *rstd2, *xn2, *g, *u, *a;
+  float *q_raw, *k_raw, *rstd_q, *rstd_k;
 };
 
 Saved carve_saved(Arena& ar, const Dims& d) {
@@ -48,6 +53,10 @@ Saved carve_saved(Arena& ar, const Dims& d) {
   s.g = ar.floats(d.N * d.I);
   s.u = ar.floats(d.N * d.I);
   s.a = ar.floats(d.N * d.I);
+  s.q_raw = ar.floats(d.qk_norm ? d.N * d.Q : 0);
+  s.k_raw = ar.floats(d.qk_norm ? d.N * d.KV : 0);
+  s.rstd_q = ar.floats(d.qk_norm ? d.N * d.nh : 0);
+  s.rstd_k = ar.floats(d.qk_norm ? d.N * d.nkv : 0);
   return s;
 }
 
@@ -67,6 +76,8 @@ device::ComputeBackend::Attention attention_of(const Dims& d, const ModelOptions
 // q, k, v (also dattn's in backward, in h1) and lowp attention's bf16 scratch.
 struct Work {
   float *wtmp, *wn1, *wn2, *scores;                     // forward and backward
+  float *wqn, *wkn;                                     // qk_norm weights in fp32
+  float *dq_raw, *dk_raw;                               // qk_norm, backward only
   float *dprob, *dxn, *da, *du, *dattn, *dq, *dk, *dv;  // backward only
   void *h1, *h2, *h3, *q16, *k16, *v16, *lowp;          // bf16 compute only
 };
@@ -79,6 +90,8 @@ Work carve_work(Arena& ar, const Dims& d, const LlamaConfig& c, const ModelOptio
   w.wn1 = ar.floats(d.H);
   w.wn2 = ar.floats(d.H);
   w.scores = ar.floats(d.block * d.T);
+  w.wqn = ar.floats(d.qk_norm ? d.hd : 0);
+  w.wkn = ar.floats(d.qk_norm ? d.hd : 0);
   const int64_t widest = d.N * std::max({d.H, d.Q, d.I, 2 * d.KV});
   const int64_t halves = bf16 ? widest : 0;
   w.h1 = ar.halves(halves);
@@ -97,6 +110,8 @@ Work carve_work(Arena& ar, const Dims& d, const LlamaConfig& c, const ModelOptio
   w.dq = ar.floats(d.N * d.Q);
   w.dk = ar.floats(d.N * d.KV);
   w.dv = ar.floats(d.N * d.KV);
+  w.dq_raw = ar.floats(d.qk_norm ? d.N * d.Q : 0);
+  w.dk_raw = ar.floats(d.qk_norm ? d.N * d.KV : 0);
   return w;
 }
 
@@ -120,9 +135,17 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
   const float* wn1 = norm_weight(ctx, params, kInNorm, w.wn1);
   be.rmsnorm_forward(x, wn1, eps, d.N, d.H, s.xn1, s.rstd1);
   Operand xn = make_operand(ctx, s.xn1, d.N, d.H, w.h1);
-  matmul(ctx, false, true, d.N, d.Q, d.H, 1.0f, xn, W(kQ, d.H), 0.0f, s.q, d.Q);
-  matmul(ctx, false, true, d.N, d.KV, d.H, 1.0f, xn, W(kK, d.H), 0.0f, s.k, d.KV);
+  matmul(ctx, false, true, d.N, d.Q, d.H, 1.0f, xn, W(kQ, d.H), 0.0f, d.qk_norm ? s.q_raw : s.q,
+         d.Q);
+  matmul(ctx, false, true, d.N, d.KV, d.H, 1.0f, xn, W(kK, d.H), 0.0f, d.qk_norm ? s.k_raw : s.k,
+         d.KV);
   matmul(ctx, false, true, d.N, d.KV, d.H, 1.0f, xn, W(kV, d.H), 0.0f, s.v, d.KV);
+  if (d.qk_norm) {  // RMSNorm over each head's hd values, before RoPE
+    be.rmsnorm_forward(s.q_raw, norm_weight(ctx, params, kQNorm, w.wqn), eps, d.N * d.nh, d.hd, s.q,
+                       s.rstd_q);
+    be.rmsnorm_forward(s.k_raw, norm_weight(ctx, params, kKNorm, w.wkn), eps, d.N * d.nkv, d.hd,
+                       s.k, s.rstd_k);
+  }
   be.rope(s.q, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, false);
   be.rope(s.k, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, false);
   be.attention_forward(attention_of(d, ctx.opt), make_operand(ctx, s.q, d.N, d.Q, w.q16).p,
@@ -244,7 +267,19 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
                         w.scores, w.dprob, w.lowp);
   be.rope(w.dq, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, true);
   be.rope(w.dk, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, true);
-  const Operand dq = op(w.dq, d.Q, w.h1), dk = op(w.dk, d.KV, w.h2);
+  float* dq_proj = w.dq;  // the gradient of the q projection's output
+  float* dk_proj = w.dk;
+  if (d.qk_norm) {  // through the per-head RMSNorm
+    be.zero(w.dq_raw, sizeof(float) * d.N * d.Q);
+    be.zero(w.dk_raw, sizeof(float) * d.N * d.KV);
+    be.rmsnorm_backward(w.dq, s.q_raw, norm_weight(ctx, a.params, kQNorm, w.wqn), s.rstd_q,
+                        d.N * d.nh, d.hd, w.dq_raw, G(kQNorm));
+    be.rmsnorm_backward(w.dk, s.k_raw, norm_weight(ctx, a.params, kKNorm, w.wkn), s.rstd_k,
+                        d.N * d.nkv, d.hd, w.dk_raw, G(kKNorm));
+    dq_proj = w.dq_raw;
+    dk_proj = w.dk_raw;
+  }
+  const Operand dq = op(dq_proj, d.Q, w.h1), dk = op(dk_proj, d.KV, w.h2);
   void* dv_half = bf16_compute(ctx) ? static_cast<uint16_t*>(w.h2) + d.N * d.KV : nullptr;
   const Operand dv = op(w.dv, d.KV, dv_half);
   matmul(ctx, false, false, d.N, d.H, d.Q, 1.0f, dq, W(kQ, d.H), 0.0f, w.dxn, d.H);

@@ -89,6 +89,10 @@ ModelLayout make_layout(const LlamaConfig& c, int world_size) {
     add_tensor(u, p + "mlp.gate_proj.weight", {inter, h});
     add_tensor(u, p + "mlp.up_proj.weight", {inter, h});
     add_tensor(u, p + "mlp.down_proj.weight", {h, inter});
+    if (c.qk_norm()) {  // Qwen3: RMSNorm weights over each head of q and k
+      add_tensor(u, p + "self_attn.q_norm.weight", {c.head_dim});
+      add_tensor(u, p + "self_attn.k_norm.weight", {c.head_dim});
+    }
     m.units.push_back(std::move(u));
   }
 

@@ -65,6 +65,10 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 0;  // Llama3: > 0, the pre-scaling context
 };
 
+// The model families read from config.json's model_type: all Llama's architecture, Qwen3 with
+// an RMSNorm over each head of q and k before RoPE (self_attn.q_norm / k_norm).
+enum class ModelType : uint8_t { kLlama, kMistral, kQwen3 };
+
 // A Hugging Face Llama config.json. Fields hold the file's values after defaults and checks.
 // Only what the model implements is represented: a file asking for anything else (another
 // model_type, bias terms, another activation, dropout, another rope_scaling type) is refused.
@@ -81,20 +85,23 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;        // absent = 1e-6
   bool tie_word_embeddings = false;  // absent = false
   RopeScaling rope_scaling{};        // absent or null = None
-  // model_type "mistral": Llama's architecture, written back as Mistral by to_json. Its
+  // model_type ("llama", "mistral" or "qwen3"), written back by to_json. Mistral's
   // sliding_window (absent or null = 0, none) is kept; attention has no window, so a model with
-  // one refuses sequences longer than it (LlamaModel), where the two are the same.
-  bool mistral = false;
+  // one refuses sequences longer than it (LlamaModel), where the two are the same. Qwen3's is
+  // used only with use_sliding_window true, which is refused.
+  ModelType model_type = ModelType::kLlama;
   int64_t sliding_window = 0;
+  bool qk_norm() const { return model_type == ModelType::kQwen3; }
 
   // Parses config.json text. Unknown keys are ignored (HF files carry many). Throws ConfigError
   // naming `source` and the key (json_path(), e.g. "rope_scaling.factor") for malformed JSON, a
   // missing required key, a wrong type, an impossible or too large value (see validate()), or a
-  // feature the model does not implement: model_type other than "llama" or "mistral";
-  // attention_bias or mlp_bias true; hidden_act other than "silu"; attention_dropout other than 0;
-  // rope_scaling (type in key "rope_type", older files "type") other than null, "default", "linear"
-  // or "llama3" (dynamic, yarn, longrope, ... are refused by name). Nothing is sized from the file
-  // before validate() has passed, so an absurd file costs no memory.
+  // feature the model does not implement: model_type other than "llama", "mistral" or "qwen3";
+  // use_sliding_window true; attention_bias or mlp_bias true; hidden_act other than "silu";
+  // attention_dropout other than 0; rope_scaling (type in key "rope_type", older files "type")
+  // other than null, "default", "linear" or "llama3" (dynamic, yarn, longrope, ... are refused by
+  // name). Nothing is sized from the file before validate() has passed, so an absurd file costs no
+  // memory.
   static LlamaConfig from_json(std::string_view text, std::string_view source = "config.json");
   // Reads and parses a file. Throws IoError when it cannot be read, ConfigError as above.
   static LlamaConfig load(const std::filesystem::path& path);
@@ -110,7 +117,7 @@ struct LlamaConfig {
   // beyond the struct, so every size can be checked before anything is allocated.
   void validate() const;
 
-  // The config as Hugging Face config.json text (model_type "llama", or "mistral" with its
+  // The config as Hugging Face config.json text (its model_type and architectures; Mistral's
   // sliding_window; rope_scaling null or the object with "rope_type"), which from_json reads
   // back to an equal config.
   std::string to_json() const;

@@ -651,7 +651,7 @@ TEST(HfExport, ReadMasterIsAskedForAtMostOnePieceWithinOneTensor) {
 TEST(HfExport, MistralKeepsItsTypeAndWindowAndComesBackIn) {
   TempDir dir("hf");
   LlamaConfig cfg = small_config(32, 48, 2, 4, 2, 61, false);
-  cfg.mistral = true;
+  cfg.model_type = model::ModelType::kMistral;
   cfg.sliding_window = 4096;
   const auto slabs = random_slabs(cfg, 5);
   auto read = [&](int unit, uint64_t begin, uint64_t count, float* out) {
@@ -659,7 +659,7 @@ TEST(HfExport, MistralKeepsItsTypeAndWindowAndComesBackIn) {
   };
   write_hf_model(cfg, read, dir / "m", {.dtype = DType::F32});
   const LlamaConfig back_cfg = LlamaConfig::load(dir / "m" / kHfConfigFile);
-  EXPECT_TRUE(back_cfg.mistral);
+  EXPECT_EQ(back_cfg.model_type, model::ModelType::kMistral);
   EXPECT_EQ(back_cfg.sliding_window, 4096);
   const std::string text = read_whole_file((dir / "m" / kHfConfigFile).string(), "config", 1 << 20);
   EXPECT_NE(text.find("\"model_type\": \"mistral\""), std::string::npos) << text;

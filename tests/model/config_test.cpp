@@ -108,10 +108,10 @@ TEST(LlamaConfig, MissingWrongTypeAndImpossibleValuesAreErrors) {
 TEST(LlamaConfig, MistralIsLlamaWithItsSlidingWindowAndRoundTrips) {
   const LlamaConfig v01 = LlamaConfig::from_json(with(R"(, "model_type": "mistral",
       "architectures": ["MistralForCausalLM"], "sliding_window": 32, "rope_theta": 1000000.0)"));
-  EXPECT_TRUE(v01.mistral);
+  EXPECT_EQ(v01.model_type, ModelType::kMistral);
   EXPECT_EQ(v01.sliding_window, 32);
   const LlamaConfig back = LlamaConfig::from_json(v01.to_json());
-  EXPECT_TRUE(back.mistral);
+  EXPECT_EQ(back.model_type, ModelType::kMistral);
   EXPECT_EQ(back.sliding_window, 32);
   EXPECT_EQ(back.rope_theta, 1e6);
   EXPECT_NE(v01.to_json().find("MistralForCausalLM"), std::string::npos) << v01.to_json();
@@ -119,7 +119,7 @@ TEST(LlamaConfig, MistralIsLlamaWithItsSlidingWindowAndRoundTrips) {
       LlamaConfig::from_json(with(R"(, "model_type": "mistral", "sliding_window": null)"));
   EXPECT_EQ(v03.sliding_window, 0);
   EXPECT_NE(v03.to_json().find("\"sliding_window\": null"), std::string::npos);
-  EXPECT_FALSE(LlamaConfig::from_json(with("")).mistral);
+  EXPECT_EQ(LlamaConfig::from_json(with("")).model_type, ModelType::kLlama);
   EXPECT_EQ(LlamaConfig::from_json(with("")).to_json().find("sliding_window"), std::string::npos);
   expect_error(with(R"(, "model_type": "mistral", "sliding_window": -1)"), "sliding_window",
                "positive");
@@ -133,6 +133,45 @@ TEST(LlamaConfig, MistralIsLlamaWithItsSlidingWindowAndRoundTrips) {
     EXPECT_EQ(e.json_path(), "sliding_window") << e.what();
     EXPECT_NE(std::string(e.what()).find("at most 32"), std::string::npos) << e.what();
   }
+}
+
+// Qwen3 (model_type "qwen3"): Qwen3-0.6B's config.json; head_dim given (q_dim 2048 over hidden
+// 1024), a q_norm and a k_norm of head_dim per layer, written back as Qwen3;
+// use_sliding_window true is refused naming the key.
+TEST(LlamaConfig, Qwen3HasPerHeadQkNormsAndRoundTrips) {
+  const char* qwen3_06b = R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+  const LlamaConfig c = LlamaConfig::from_json(qwen3_06b);
+  EXPECT_EQ(c.model_type, ModelType::kQwen3);
+  EXPECT_TRUE(c.qk_norm());
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.q_dim(), 2048);
+  // 151936 x 1024 tied embedding; per layer q 2048x1024, k and v 1024x1024, o 1024x2048, MLP
+  // 3 x 1024x3072, two norms of 1024 and two of 128; the final norm.
+  EXPECT_EQ(c.num_parameters(), 596049920u);
+  const ModelLayout layout = make_layout(c);
+  EXPECT_NE(layout.units[1].find("model.layers.0.self_attn.q_norm.weight"), nullptr);
+  EXPECT_NE(layout.units[1].find("model.layers.0.self_attn.k_norm.weight"), nullptr);
+  uint64_t counted = 0;
+  for (const UnitLayout& u : layout.units)
+    for (const TensorSpec& t : u.tensors) counted += t.numel;
+  EXPECT_EQ(counted, c.num_parameters());
+  const LlamaConfig back = LlamaConfig::from_json(c.to_json());
+  EXPECT_EQ(back.model_type, ModelType::kQwen3);
+  EXPECT_EQ(back.head_dim, 128);
+  EXPECT_NE(c.to_json().find("Qwen3ForCausalLM"), std::string::npos);
+  EXPECT_EQ(LlamaConfig::from_json(kTinyLlama).num_parameters(), 1100048384u);  // no q/k norms
+  std::string sliding(qwen3_06b);
+  sliding.replace(sliding.find("\"use_sliding_window\": false"), 27,
+                  "\"use_sliding_window\": true");
+  expect_error(sliding.replace(0, 0, ""), "use_sliding_window", "not supported");
 }
 
 TEST(LlamaConfig, FeaturesTheModelLacksAreRefusedNamingTheKey) {

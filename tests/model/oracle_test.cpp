@@ -30,6 +30,13 @@ struct OracleCase {
   DType compute = DType::F32;  // ModelOptions::compute_dtype
 };
 
+// `c` as Qwen3 (q_norm and k_norm over each head; head_dim given, as Qwen3's configs do).
+LlamaConfig qwen3(LlamaConfig c) {
+  c.model_type = ModelType::kQwen3;
+  c.rope_theta = 1e6;
+  return c;
+}
+
 // `c` with rope_theta `theta` and rope_scaling `s`.
 LlamaConfig with_rope(LlamaConfig c, double theta, RopeScaling s) {
   c.rope_theta = theta;
@@ -65,6 +72,10 @@ std::vector<OracleCase> cases() {
       {"rope_llama3",
        with_rope(small_config(64, 96, 1, 2, 1, 53, false, 32), 500000.0, kLlama3Scaling), 1, 64,
        DType::F32, 1.0f},
+      // Qwen3: per-head q/k norms, head_dim 16 with q_dim 64 != hidden 48, tied, fp32 and bf16
+      {"qwen3", qwen3(small_config(48, 96, 2, 4, 2, 61, true, 16)), 2, 20, DType::F32, 1.0f},
+      {"qwen3_bf16_compute", qwen3(small_config(48, 96, 2, 4, 2, 61, true, 16)), 1, 40, DType::BF16,
+       1.0f, DType::BF16},
       // bf16 compute: GQA, untied, two layers, two attention blocks, scaled loss
       {"bf16_compute_gqa", small_config(64, 96, 2, 4, 2, 61, false), 1, 130, DType::BF16, 2.0f,
        DType::BF16},
@@ -289,7 +300,7 @@ TEST_F(OracleTest, BF16ComputeMatchesTheReferenceRoundingAlike) {
         r.c.name.c_str(), logit_err, logit_fp32, std::abs(r.loss - ref_loss) / std::abs(ref_loss),
         worst, worst_fp32, worst_name.c_str());
   }
-  EXPECT_EQ(cases, 2);
+  EXPECT_EQ(cases, 3);
 }
 
 }  // namespace
