@@ -1,9 +1,11 @@
 // LlamaConfig: Hugging Face config.json parsing, validation, sizes and FLOPs.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -76,12 +78,35 @@ struct Keys {
   }
 };
 
+// config.json's model_type and architectures of each family.
+struct TypeNames {
+  ModelType type;
+  const char* model_type;
+  const char* architecture;
+};
+constexpr TypeNames kTypeNames[] = {{ModelType::kLlama, "llama", "LlamaForCausalLM"},
+                                    {ModelType::kMistral, "mistral", "MistralForCausalLM"},
+                                    {ModelType::kQwen2, "qwen2", "Qwen2ForCausalLM"},
+                                    {ModelType::kQwen3, "qwen3", "Qwen3ForCausalLM"}};
+
+const TypeNames& names_of(ModelType t) {
+  for (const TypeNames& n : kTypeNames)
+    if (n.type == t) return n;
+  return kTypeNames[0];
+}
+
 // Refuses keys asking for something this model does not implement.
 void refuse_unsupported(const Keys& k) {
-  if (const json* v = k.find("model_type");
-      v != nullptr && (!v->is_string() || (*v != "llama" && *v != "mistral" && *v != "qwen3")))
-    fail(k.source, "model_type",
-         fmt::format("only \"llama\", \"mistral\" and \"qwen3\" are supported, got {}", v->dump()));
+  if (const json* v = k.find("model_type")) {
+    const bool known =
+        v->is_string() && std::any_of(std::begin(kTypeNames), std::end(kTypeNames),
+                                      [&](const TypeNames& n) { return *v == n.model_type; });
+    if (!known)
+      fail(k.source, "model_type",
+           fmt::format("only \"llama\", \"mistral\", \"qwen2\" and \"qwen3\" are supported, "
+                       "got {}",
+                       v->dump()));
+  }
   if (k.get_bool("use_sliding_window", false))
     fail(k.source, "use_sliding_window", "true is not supported (attention has no window)");
   if (k.get_bool("attention_bias", false))
@@ -169,6 +194,7 @@ ParameterCounts count_parameters(const LlamaConfig& c) {
   n.mlp = mul_sat(3 * h, c.intermediate_size);
   n.layer = add_sat(add_sat(n.attention, n.mlp), 2 * h);  // + two norms
   if (c.qk_norm()) n.layer = add_sat(n.layer, 2 * static_cast<uint64_t>(c.head_dim));
+  if (c.qkv_bias()) n.layer = add_sat(n.layer, add_sat(q, 2 * kv));
   n.total = add_sat(mul_sat(c.num_hidden_layers, n.layer), h);
   n.total = add_sat(n.total, mul_sat(c.tie_word_embeddings ? 1 : 2, n.embedding));
   return n;
@@ -220,9 +246,8 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   c.tie_word_embeddings = k.get_bool("tie_word_embeddings", false);
   c.rope_scaling = parse_rope_scaling(k);
   const std::string type = k.get_string("model_type");
-  c.model_type = type == "mistral" ? ModelType::kMistral
-                 : type == "qwen3" ? ModelType::kQwen3
-                                   : ModelType::kLlama;
+  for (const TypeNames& n : kTypeNames)
+    if (type == n.model_type) c.model_type = n.type;
   if (c.model_type == ModelType::kMistral) c.sliding_window = k.get_int("sliding_window", false, 0);
   if (c.sliding_window < 0)
     fail(source, "sliding_window",
@@ -288,14 +313,10 @@ void LlamaConfig::validate() const {
 }
 
 std::string LlamaConfig::to_json() const {
-  const bool mistral = model_type == ModelType::kMistral, qwen3 = model_type == ModelType::kQwen3;
-  json j = {{"architectures",
-             {mistral ? "MistralForCausalLM"
-              : qwen3 ? "Qwen3ForCausalLM"
-                      : "LlamaForCausalLM"}},
-            {"model_type", mistral ? "mistral"
-                           : qwen3 ? "qwen3"
-                                   : "llama"},
+  const bool mistral = model_type == ModelType::kMistral, qwen2 = model_type == ModelType::kQwen2,
+             qwen3 = model_type == ModelType::kQwen3;
+  json j = {{"architectures", {names_of(model_type).architecture}},
+            {"model_type", names_of(model_type).model_type},
             {"hidden_act", "silu"},
             {"hidden_size", hidden_size},
             {"intermediate_size", intermediate_size},
@@ -310,10 +331,8 @@ std::string LlamaConfig::to_json() const {
             {"rms_norm_eps", rms_norm_eps},
             {"tie_word_embeddings", tie_word_embeddings}};
   if (mistral) j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
-  if (qwen3) {
-    j["attention_bias"] = false;
-    j["use_sliding_window"] = false;
-  }
+  if (qwen3) j["attention_bias"] = false;
+  if (qwen2 || qwen3) j["use_sliding_window"] = false;
   const RopeScaling& s = rope_scaling;
   if (s.type == RopeScalingType::Linear)
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", s.factor}};

@@ -10,11 +10,14 @@ namespace outcore::model::detail {
 namespace {
 
 // Tensor order in a decoder unit (see make_layout).
-enum : int { kInNorm, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown, kQNorm, kKNorm };
+// Then Qwen3's q_norm, k_norm, or Qwen2's q, k and v biases.
+enum : int { kInNorm, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown, kQNorm = 9, kKNorm = 10 };
+enum : int { kQBias = 9, kKBias = 10, kVBias = 11 };
 
 struct Dims {
   int64_t B, T, N, H, Q, KV, I, nh, nkv, hd, block;
-  bool qk_norm;  // Qwen3: q and k normalised per head before RoPE
+  bool qk_norm;   // Qwen3: q and k normalised per head before RoPE
+  bool qkv_bias;  // Qwen2: biases on the q, k and v projections
   explicit Dims(const LlamaConfig& c, const ModelOptions& o)
       : B(o.micro_batch),
         T(o.seq_len),
@@ -27,7 +30,8 @@ struct Dims {
         nkv(c.num_key_value_heads),
         hd(c.head_dim),
         block(attention_block(o)),
-        qk_norm(c.qk_norm()) {}
+        qk_norm(c.qk_norm()),
+        qkv_bias(c.qkv_bias()) {}
 };
 
 // What forward keeps for backward (in `saved`, or in scratch with checkpointing).
@@ -60,6 +64,19 @@ Saved carve_saved(Arena& ar, const Dims& d) {
   return s;
 }
 
+// y[N, cols] += the bias tensor `i` on every row: the rank-1 GEMM ones[N] x bias[cols], fp32
+// (the bias widened exactly from the slab), so each element gains the bias exactly.
+void add_bias(const UnitContext& ctx, const void* params, int i, const Dims& d, int64_t cols,
+              float* y, float* tmp) {
+  const float* b = weight_f32(ctx, params, ctx.unit.tensors[i], tmp);
+  ctx.be.gemm(false, false, d.N, cols, 1, 1.0f, ctx.ones, 1, b, cols, 1.0f, y, cols);
+}
+
+// db[cols] += the sum over rows of dy[N, cols]: dy^T ones, fp32.
+void bias_grad(const UnitContext& ctx, const Dims& d, int64_t cols, const float* dy, float* db) {
+  ctx.be.gemm(true, false, cols, 1, d.N, 1.0f, dy, cols, ctx.ones, 1, 1.0f, db, 1);
+}
+
 device::ComputeBackend::Attention attention_of(const Dims& d, const ModelOptions& o) {
   return {.B = d.B,
           .T = d.T,
@@ -77,6 +94,7 @@ device::ComputeBackend::Attention attention_of(const Dims& d, const ModelOptions
 struct Work {
   float *wtmp, *wn1, *wn2, *scores;                     // forward and backward
   float *wqn, *wkn;                                     // qk_norm weights in fp32
+  float* wbias;                                         // qkv_bias: one bias in fp32
   float *dq_raw, *dk_raw;                               // qk_norm, backward only
   float *dprob, *dxn, *da, *du, *dattn, *dq, *dk, *dv;  // backward only
   void *h1, *h2, *h3, *q16, *k16, *v16, *lowp;          // bf16 compute only
@@ -92,6 +110,7 @@ Work carve_work(Arena& ar, const Dims& d, const LlamaConfig& c, const ModelOptio
   w.scores = ar.floats(d.block * d.T);
   w.wqn = ar.floats(d.qk_norm ? d.hd : 0);
   w.wkn = ar.floats(d.qk_norm ? d.hd : 0);
+  w.wbias = ar.floats(d.qkv_bias ? std::max(d.Q, d.KV) : 0);
   const int64_t widest = d.N * std::max({d.H, d.Q, d.I, 2 * d.KV});
   const int64_t halves = bf16 ? widest : 0;
   w.h1 = ar.halves(halves);
@@ -140,6 +159,11 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
   matmul(ctx, false, true, d.N, d.KV, d.H, 1.0f, xn, W(kK, d.H), 0.0f, d.qk_norm ? s.k_raw : s.k,
          d.KV);
   matmul(ctx, false, true, d.N, d.KV, d.H, 1.0f, xn, W(kV, d.H), 0.0f, s.v, d.KV);
+  if (d.qkv_bias) {
+    add_bias(ctx, params, kQBias, d, d.Q, s.q, w.wbias);
+    add_bias(ctx, params, kKBias, d, d.KV, s.k, w.wbias);
+    add_bias(ctx, params, kVBias, d, d.KV, s.v, w.wbias);
+  }
   if (d.qk_norm) {  // RMSNorm over each head's hd values, before RoPE
     be.rmsnorm_forward(s.q_raw, norm_weight(ctx, params, kQNorm, w.wqn), eps, d.N * d.nh, d.hd, s.q,
                        s.rstd_q);
@@ -278,6 +302,11 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
                         d.N * d.nkv, d.hd, w.dk_raw, G(kKNorm));
     dq_proj = w.dq_raw;
     dk_proj = w.dk_raw;
+  }
+  if (d.qkv_bias) {
+    bias_grad(ctx, d, d.Q, dq_proj, G(kQBias));
+    bias_grad(ctx, d, d.KV, dk_proj, G(kKBias));
+    bias_grad(ctx, d, d.KV, w.dv, G(kVBias));
   }
   const Operand dq = op(dq_proj, d.Q, w.h1), dk = op(dk_proj, d.KV, w.h2);
   void* dv_half = bf16_compute(ctx) ? static_cast<uint16_t*>(w.h2) + d.N * d.KV : nullptr;

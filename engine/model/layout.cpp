@@ -46,6 +46,7 @@ void normal_pair(uint64_t stream, uint64_t pair, double& z0, double& z1) {
 }
 
 bool is_norm(const TensorSpec& t) { return t.name.find("norm") != std::string::npos; }
+bool is_bias(const TensorSpec& t) { return t.name.ends_with(".bias"); }
 
 }  // namespace
 
@@ -93,6 +94,11 @@ ModelLayout make_layout(const LlamaConfig& c, int world_size) {
       add_tensor(u, p + "self_attn.q_norm.weight", {c.head_dim});
       add_tensor(u, p + "self_attn.k_norm.weight", {c.head_dim});
     }
+    if (c.qkv_bias()) {  // Qwen2: biases of the q, k and v projections
+      add_tensor(u, p + "self_attn.q_proj.bias", {q});
+      add_tensor(u, p + "self_attn.k_proj.bias", {kv});
+      add_tensor(u, p + "self_attn.v_proj.bias", {kv});
+    }
     m.units.push_back(std::move(u));
   }
 
@@ -126,6 +132,7 @@ void init_params(const ModelLayout& layout, int unit, uint64_t seed, size_t begi
       std::fill(out + (lo - begin), out + (hi - begin), 1.0f);
       continue;
     }
+    if (is_bias(t)) continue;  // 0, as Hugging Face initialises a Linear's bias
     const uint64_t stream = splitmix64(seed) ^ fnv1a(t.name);
     for (size_t i = lo; i < hi;) {
       const size_t k = i - t.offset;

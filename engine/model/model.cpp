@@ -88,6 +88,10 @@ LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options,
   }
   rope_cos_dev_ = backend_->constant(rope_cos_);
   rope_sin_dev_ = backend_->constant(rope_sin_);
+  if (config_.qkv_bias()) {  // the column of ones the bias GEMMs broadcast and sum with
+    ones_.assign(static_cast<size_t>(options_.micro_batch * options_.seq_len), 1.0f);
+    ones_dev_ = backend_->constant(ones_);
+  }
 }
 
 size_t LlamaModel::hidden_bytes() const {
@@ -112,8 +116,8 @@ float LlamaModel::forward(int unit, const ForwardArgs& args) const {
   check_span(args.scratch.size(), u.kind == UnitKind::Embedding ? 0 : scratch_bytes(), u.name,
              "scratch");
   check_span(args.saved.size(), saved_bytes(unit), u.name, "saved-activation");
-  const detail::UnitContext ctx{config_,       options_,     *backend_, u, layout_.units.front(),
-                                rope_cos_dev_, rope_sin_dev_};
+  const detail::UnitContext ctx{config_,       options_,      *backend_, u, layout_.units.front(),
+                                rope_cos_dev_, rope_sin_dev_, ones_dev_};
   float loss = 0.0f;
   switch (u.kind) {
     case UnitKind::Embedding:
@@ -136,8 +140,8 @@ float LlamaModel::backward(int unit, const BackwardArgs& args) const {
   check_span(args.scratch.size(), u.kind == UnitKind::Embedding ? 0 : scratch_bytes(), u.name,
              "scratch");
   check_span(args.saved.size(), saved_bytes(unit), u.name, "saved-activation");
-  const detail::UnitContext ctx{config_,       options_,     *backend_, u, layout_.units.front(),
-                                rope_cos_dev_, rope_sin_dev_};
+  const detail::UnitContext ctx{config_,       options_,      *backend_, u, layout_.units.front(),
+                                rope_cos_dev_, rope_sin_dev_, ones_dev_};
   float loss = 0.0f;
   switch (u.kind) {
     case UnitKind::Embedding:

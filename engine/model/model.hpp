@@ -65,9 +65,10 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 0;  // Llama3: > 0, the pre-scaling context
 };
 
-// The model families read from config.json's model_type: all Llama's architecture, Qwen3 with
-// an RMSNorm over each head of q and k before RoPE (self_attn.q_norm / k_norm).
-enum class ModelType : uint8_t { kLlama, kMistral, kQwen3 };
+// The model families read from config.json's model_type: all Llama's architecture, Qwen2 with
+// biases on the q, k and v projections, Qwen3 with an RMSNorm over each head of q and k before
+// RoPE (self_attn.q_norm / k_norm).
+enum class ModelType : uint8_t { kLlama, kMistral, kQwen2, kQwen3 };
 
 // A Hugging Face Llama config.json. Fields hold the file's values after defaults and checks.
 // Only what the model implements is represented: a file asking for anything else (another
@@ -92,11 +93,13 @@ struct LlamaConfig {
   ModelType model_type = ModelType::kLlama;
   int64_t sliding_window = 0;
   bool qk_norm() const { return model_type == ModelType::kQwen3; }
+  bool qkv_bias() const { return model_type == ModelType::kQwen2; }
 
   // Parses config.json text. Unknown keys are ignored (HF files carry many). Throws ConfigError
   // naming `source` and the key (json_path(), e.g. "rope_scaling.factor") for malformed JSON, a
   // missing required key, a wrong type, an impossible or too large value (see validate()), or a
-  // feature the model does not implement: model_type other than "llama", "mistral" or "qwen3";
+  // feature the model does not implement: model_type other than "llama", "mistral", "qwen2" or
+  // "qwen3";
   // use_sliding_window true; attention_bias or mlp_bias true; hidden_act other than "silu";
   // attention_dropout other than 0; rope_scaling (type in key "rope_type", older files "type")
   // other than null, "default", "linear" or "llama3" (dynamic, yarn, longrope, ... are refused by
@@ -198,7 +201,7 @@ struct ModelLayout {
 ModelLayout make_layout(const LlamaConfig& config, int world_size = 1);
 
 // Writes the initial fp32 values of elements [begin, end) of `unit`'s slab to out[0..end-begin):
-// N(0, 0.02) for the embedding and every Linear weight, 1.0 for RMSNorm weights, 0 for
+// N(0, 0.02) for the embedding and every Linear weight, 1.0 for RMSNorm weights, 0 for biases,
 // alignment gaps and padding. Each value depends only on (seed, tensor name, index in the
 // tensor), so a rank can initialise its own partition alone, with the same result at any world
 // size. InvalidArgument when the range is outside the slab.
@@ -334,6 +337,8 @@ class LlamaModel {
   std::vector<float> rope_cos_, rope_sin_;  // [seq_len, head_dim / 2], host
   const float* rope_cos_dev_ = nullptr;     // the same, in the backend's memory
   const float* rope_sin_dev_ = nullptr;
+  std::vector<float> ones_;          // qkv_bias: micro_batch * seq_len ones, host
+  const float* ones_dev_ = nullptr;  // the same, in the backend's memory
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ struct UnitContext {
   const UnitLayout& embed;  // the embedding unit (tied head weight)
   const float* rope_cos;    // [seq, head_dim/2]
   const float* rope_sin;
+  const float* ones;  // qkv_bias: tokens() ones (null otherwise)
   int64_t tokens() const { return opt.micro_batch * opt.seq_len; }
 };
 

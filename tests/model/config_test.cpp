@@ -174,8 +174,43 @@ TEST(LlamaConfig, Qwen3HasPerHeadQkNormsAndRoundTrips) {
   expect_error(sliding.replace(0, 0, ""), "use_sliding_window", "not supported");
 }
 
+// Qwen2 / Qwen2.5 (model_type "qwen2"): Qwen2.5-0.5B's config.json; biases on the q, k and v
+// projections (initialised to 0), written back as Qwen2; its sliding_window is unused.
+TEST(LlamaConfig, Qwen2HasQkvBiasesAndRoundTrips) {
+  const char* qwen25_05b = R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.1", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 151936})";
+  const LlamaConfig c = LlamaConfig::from_json(qwen25_05b);
+  EXPECT_EQ(c.model_type, ModelType::kQwen2);
+  EXPECT_TRUE(c.qkv_bias());
+  EXPECT_EQ(c.sliding_window, 0);
+  // Qwen2.5-0.5B's 494,032,768 parameters, the q, k and v biases included.
+  EXPECT_EQ(c.num_parameters(), 494032768u);
+  const ModelLayout layout = make_layout(c);
+  const TensorSpec* qb = layout.units[1].find("model.layers.0.self_attn.q_proj.bias");
+  ASSERT_NE(qb, nullptr);
+  EXPECT_EQ(qb->numel, 896u);
+  EXPECT_NE(layout.units[1].find("model.layers.0.self_attn.v_proj.bias"), nullptr);
+  std::vector<float> init(layout.units[1].padded_numel, 7.0f);
+  init_params(layout, 1, 3, 0, init.size(), init.data());
+  for (size_t i = 0; i < qb->numel; ++i) ASSERT_EQ(init[qb->offset + i], 0.0f);  // biases: 0
+  uint64_t counted = 0;
+  for (const UnitLayout& u : layout.units)
+    for (const TensorSpec& t : u.tensors) counted += t.numel;
+  EXPECT_EQ(counted, c.num_parameters());
+  const LlamaConfig back = LlamaConfig::from_json(c.to_json());
+  EXPECT_EQ(back.model_type, ModelType::kQwen2);
+  EXPECT_NE(c.to_json().find("Qwen2ForCausalLM"), std::string::npos);
+}
+
 TEST(LlamaConfig, FeaturesTheModelLacksAreRefusedNamingTheKey) {
-  expect_error(with(R"(, "model_type": "qwen2")"), "model_type", "\"qwen2\"");
+  expect_error(with(R"(, "model_type": "gemma")"), "model_type", "\"gemma\"");
   expect_error(with(R"(, "model_type": 7)"), "model_type", "llama");
   expect_error(with(R"(, "attention_bias": true)"), "attention_bias", "not supported");
   expect_error(with(R"(, "attention_bias": "no")"), "attention_bias", "true or false");

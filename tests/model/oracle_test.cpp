@@ -37,6 +37,12 @@ LlamaConfig qwen3(LlamaConfig c) {
   return c;
 }
 
+// `c` as Qwen2 (biases on q, k and v).
+LlamaConfig qwen2(LlamaConfig c) {
+  c.model_type = ModelType::kQwen2;
+  return c;
+}
+
 // `c` with rope_theta `theta` and rope_scaling `s`.
 LlamaConfig with_rope(LlamaConfig c, double theta, RopeScaling s) {
   c.rope_theta = theta;
@@ -75,6 +81,10 @@ std::vector<OracleCase> cases() {
       // Qwen3: per-head q/k norms, head_dim 16 with q_dim 64 != hidden 48, tied, fp32 and bf16
       {"qwen3", qwen3(small_config(48, 96, 2, 4, 2, 61, true, 16)), 2, 20, DType::F32, 1.0f},
       {"qwen3_bf16_compute", qwen3(small_config(48, 96, 2, 4, 2, 61, true, 16)), 1, 40, DType::BF16,
+       1.0f, DType::BF16},
+      // Qwen2: q, k, v biases, GQA, untied, fp32 and bf16 compute
+      {"qwen2", qwen2(small_config(32, 48, 2, 4, 2, 61, false)), 2, 17, DType::F32, 1.0f},
+      {"qwen2_bf16_compute", qwen2(small_config(32, 48, 2, 4, 2, 61, false)), 2, 24, DType::BF16,
        1.0f, DType::BF16},
       // bf16 compute: GQA, untied, two layers, two attention blocks, scaled loss
       {"bf16_compute_gqa", small_config(64, 96, 2, 4, 2, 61, false), 1, 130, DType::BF16, 2.0f,
@@ -300,7 +310,7 @@ TEST_F(OracleTest, BF16ComputeMatchesTheReferenceRoundingAlike) {
         r.c.name.c_str(), logit_err, logit_fp32, std::abs(r.loss - ref_loss) / std::abs(ref_loss),
         worst, worst_fp32, worst_name.c_str());
   }
-  EXPECT_EQ(cases, 3);
+  EXPECT_EQ(cases, 4);
 }
 
 }  // namespace

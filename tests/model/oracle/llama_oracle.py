@@ -22,7 +22,8 @@ score gradients before the products with k and q. Everything else stays float64.
 
 The architecture is written from the Hugging Face Llama definition (RMSNorm, rotate-half
 RoPE, grouped-query causal attention, SwiGLU MLP, mean cross-entropy), not from outcore's code;
-with model_type "qwen3", Qwen3's RMSNorm over each head of q and k before RoPE.
+with model_type "qwen3", Qwen3's RMSNorm over each head of q and k before RoPE; with
+model_type "qwen2", Qwen2's biases on the q, k and v projections.
 config.json's rope_scaling ("linear" or "llama3", type in "rope_type" or "type") rescales the
 rotary frequencies as the Hugging Face definition does; any other type is an error here.
 """
@@ -108,14 +109,21 @@ def attention(x, p, prefix, cfg, cos, sin):
     B, T, _ = x.shape
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg["head_dim"]
-    q = mm(x, p[prefix + "q_proj.weight"].T).view(B, T, nh, hd)
-    k = mm(x, p[prefix + "k_proj.weight"].T).view(B, T, nkv, hd)
+    q = mm(x, p[prefix + "q_proj.weight"].T)
+    k = mm(x, p[prefix + "k_proj.weight"].T)
+    v = mm(x, p[prefix + "v_proj.weight"].T)
+    if cfg.get("model_type") == "qwen2":  # Qwen2: biases on the q, k and v projections
+        q = q + p[prefix + "q_proj.bias"]
+        k = k + p[prefix + "k_proj.bias"]
+        v = v + p[prefix + "v_proj.bias"]
+    q = q.view(B, T, nh, hd)
+    k = k.view(B, T, nkv, hd)
+    v = v.view(B, T, nkv, hd).transpose(1, 2)
     if cfg.get("model_type") == "qwen3":  # Qwen3: RMSNorm over each head, before RoPE
         q = rms_norm(q, p[prefix + "q_norm.weight"], cfg["rms_norm_eps"])
         k = rms_norm(k, p[prefix + "k_norm.weight"], cfg["rms_norm_eps"])
     q = q.transpose(1, 2)
     k = k.transpose(1, 2)
-    v = mm(x, p[prefix + "v_proj.weight"].T).view(B, T, nkv, hd).transpose(1, 2)
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
     group = nh // nkv
