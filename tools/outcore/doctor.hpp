@@ -23,7 +23,8 @@ struct Options {
   uint64_t pinned_bytes = 0;  // pinned pool size the locked-memory limit is compared with
 };
 
-// CPU ISA and CPU Adam kernel, OpenBLAS kernels, io_uring, O_DIRECT and free space on nvme_path, RLIMIT_MEMLOCK.
+// CPU ISA and CPU Adam kernel, OpenBLAS kernels, io_uring, O_DIRECT and free space on nvme_path,
+// RLIMIT_MEMLOCK.
 std::vector<Line> host_checks(const Options& options);
 
 // Each GPU (name, memory, compute capability, driver), then on GPU 0 each CUDA kernel against
