@@ -21,7 +21,6 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -163,31 +162,15 @@ int main(int argc, char** argv) {
     // model and reference see the same load, and the ratio is the median of per-step ratios.
     const double step_flops = c.train_flops_per_token(seq) * double(batch * seq);
     std::vector<double> model_g, square_g, mlp_g, ratio_sq, ratio_mlp, ratio_fp32;
-    const int peak_n = 8192;
-    std::optional<device::DeviceBuffer> ga, gc;
-    if (gpu) {  // the device's bf16 GEMM peak: gemm_bf16 on peak_n^3
-      ga = dev.alloc(size_t{peak_n} * peak_n * 2, "gemm peak");
-      gc = dev.alloc(size_t{peak_n} * peak_n * 4, "gemm peak");
-      backend->zero(ga->data(), ga->size());
-    }
-    auto device_gemm_gflops = [&] {
-      double best = 0;
-      for (int r = 0; r < 3; ++r) {
-        const auto t0 = Clock::now();
-        backend->gemm_bf16(false, true, peak_n, peak_n, peak_n, 1.0f, ga->data(), peak_n,
-                           ga->data(), peak_n, 0.0f, gc->as<float>(), peak_n);
-        backend->finish();
-        best = std::max(best, 2.0 * peak_n * peak_n * peak_n / seconds_since(t0) / 1e9);
-      }
-      return best;
-    };
+    const int peak_n = 8192;  // the device's bf16 GEMM peak: gemm_bf16 on peak_n^3
     for (int s = 0; s < steps; ++s) {
       auto t0 = Clock::now();
       loss = model::train_micro_batch(m, mb, acts, tokens.data(), targets.data(),
                                       model::GradMode::Overwrite);
       const double dt = seconds_since(t0);
       model_g.push_back(step_flops / dt / 1e9);
-      square_g.push_back(gpu ? device_gemm_gflops() : sgemm_gflops(2048, 2048, 2048, 2));
+      square_g.push_back(gpu ? device::gemm_flops(dev, *backend, DType::BF16, peak_n) / 1e9
+                             : sgemm_gflops(2048, 2048, 2048, 2));
       mlp_g.push_back(
           gpu ? square_g.back()
               : sgemm_gflops(int(batch * seq), int(c.intermediate_size), int(hidden), 2));

@@ -4,6 +4,7 @@
 #include "engine/device/compute_backend.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -107,6 +108,29 @@ void ComputeBackend::attention_backward(const Attention& a, const void* q, const
       }
     }
   }
+}
+
+double gemm_flops(Device& device, ComputeBackend& backend, DType dtype, int64_t n, int reps) {
+  if (dtype != DType::F32 && dtype != DType::BF16)
+    throw InvalidArgument("gemm_flops: operands in fp32 or bf16 only");
+  const size_t elems = static_cast<size_t>(n) * static_cast<size_t>(n);
+  DeviceBuffer a = device.alloc(elems * dtype_size(dtype), "gemm rate");
+  DeviceBuffer c = device.alloc(elems * sizeof(float), "gemm rate");
+  backend.zero(a.data(), a.size());
+  double best = 0;
+  for (int r = 0; r <= reps; ++r) {  // call 0 warms up
+    const auto t0 = std::chrono::steady_clock::now();
+    if (dtype == DType::BF16)
+      backend.gemm_bf16(false, true, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.as<float>(),
+                        n);
+    else
+      backend.gemm(false, true, n, n, n, 1.0f, a.as<float>(), n, a.as<float>(), n, 0.0f,
+                   c.as<float>(), n);
+    backend.finish();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s);
+  }
+  return best;
 }
 
 std::shared_ptr<ComputeBackend> make_backend(Device& device) {

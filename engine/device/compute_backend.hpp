@@ -154,6 +154,11 @@ std::shared_ptr<ComputeBackend> make_cpu_backend(const CpuDevice& device);
 // on that device and a cuBLASLt GEMM. Throws InvalidArgument when `device` is not a CUDA
 // device or the build has no CUDA.
 std::unique_ptr<ComputeBackend> make_cuda_backend(Device& device);
+// FLOP/s of `backend`'s n^3 GEMM (A B^T, A = B, fp32 output) with operands in `dtype` (F32: gemm,
+// BF16: gemm_bf16) on buffers of `device`: one warm-up call, then the best of `reps` timed calls,
+// each ended by finish(). The rate the model's GEMMs reach at best on this device.
+double gemm_flops(Device& device, ComputeBackend& backend, DType dtype, int64_t n, int reps = 3);
+
 // The backend of `device`: make_cuda_backend for a CUDA device, make_cpu_backend for a
 // CpuDevice, cpu_backend() for any other host-accessible device. Throws as make_cuda_backend.
 std::shared_ptr<ComputeBackend> make_backend(Device& device);

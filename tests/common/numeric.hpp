@@ -42,4 +42,16 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
   }
 }
 
+// max |a[i] - b[i]| over max |b[i]|: an error relative to the tensor's scale (absolute when b is
+// all zeros).
+template <typename A, typename B>
+double scaled_error(const A* a, const B* b, size_t n) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
 }  // namespace outcore::test

@@ -441,12 +441,7 @@ TEST_P(BackendConformance, AttentionForwardAndBackwardMatchTheFp64Reference) {
 
 // max |got - want| over max |want|.
 double scaled_diff(const std::vector<float>& got, const std::vector<float>& want) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    err = std::max(err, std::abs(double(got[i]) - want[i]));
-    scale = std::max(scale, std::abs(double(want[i])));
-  }
-  return err / scale;
+  return outcore::test::scaled_error(got.data(), want.data(), got.size());
 }
 
 // bf16 operands: the result follows the fp64 reference with bf16 rounding at the same points,

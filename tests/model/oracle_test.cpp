@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <numbers>
 
+#include "tests/common/numeric.hpp"
 #include "tests/common/oracle_unavailable.hpp"
 #include "tests/model/model_harness.hpp"
 
@@ -199,16 +200,7 @@ class OracleTest : public ::testing::Test {
   static inline std::vector<CaseRun> runs_;
 };
 
-// max |a - b| over max |b| (relative to the tensor's scale; 0-scale tensors compare absolutely).
-template <typename A>
-double scaled_error(const A* a, const double* b, size_t n) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < n; ++i) {
-    err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return scale > 0 ? err / scale : err;
-}
+using outcore::test::scaled_error;
 
 // The llama3 case exercises every branch: frequencies kept, blended and divided.
 TEST(OracleCases, Llama3CaseHasFrequenciesInAllThreeRegimes) {

@@ -68,27 +68,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// FLOP/s of `n`^3 GEMMs in the model's compute dtype on `dev`'s backend (best of 3).
-double measure_gemm_flops(device::Device& dev, DType compute, int64_t n) {
-  const std::shared_ptr<device::ComputeBackend> be = device::make_backend(dev);
-  const size_t elem = compute == DType::BF16 ? 2 : 4;
-  device::DeviceBuffer a = dev.alloc(static_cast<size_t>(n * n) * elem, "gemm rate");
-  device::DeviceBuffer c = dev.alloc(static_cast<size_t>(n * n) * 4, "gemm rate");
-  be->zero(a.data(), a.size());
-  double best = 0;
-  for (int r = 0; r < 4; ++r) {  // the first one warms up
-    const auto t0 = Clock::now();
-    if (compute == DType::BF16)
-      be->gemm_bf16(false, true, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.as<float>(), n);
-    else
-      be->gemm(false, true, n, n, n, 1.0f, a.as<float>(), n, a.as<float>(), n, 0.0f, c.as<float>(),
-               n);
-    be->finish();
-    if (r > 0) best = std::max(best, 2.0 * double(n) * n * n / seconds_since(t0));
-  }
-  return best;
-}
-
 // Bytes/s of pinned host<->device copies of 256 MiB each way on `dev` (best of 3 round trips).
 double measure_pcie_bytes(device::Device& dev) {
   const size_t bytes = size_t{256} << 20;
@@ -201,10 +180,12 @@ int run_estimate(const EstimateArgs& a) {
   const std::optional<DeviceChoice> dev = choose_device(a.device);
   if (!dev) return 2;
   zero::PlanOptions po{.world_size = static_cast<int>(o.world_size)};
+  std::unique_ptr<device::Device> gpu;  // the GPU planned for (its free memory, then its rates)
   if (dev->kind == device::DeviceKind::Cuda) {
     try {
       const uint64_t budget = cfg.outcore.device_memory_mb << 20;
-      const uint64_t free = device::make_cuda_device({.ordinal = dev->gpu})->free_memory_bytes();
+      gpu = device::make_cuda_device({.ordinal = dev->gpu});
+      const uint64_t free = gpu->free_memory_bytes();
       po.device_limit_bytes = budget > 0 ? std::min(budget, free) : free;
       po.device_host_accessible = false;
       // The head's rows per launch on this GPU, as training chooses them.
@@ -238,10 +219,9 @@ int run_estimate(const EstimateArgs& a) {
   std::string gemm_source = "--gemm-tflops", pcie_source = "--pcie-gbps";
   try {
     const DType compute = model->options().compute_dtype;
-    if (dev->kind == device::DeviceKind::Cuda) {
-      auto gpu = device::make_cuda_device({.ordinal = dev->gpu});
+    if (gpu != nullptr) {
       if (rates.gemm_flops <= 0) {
-        rates.gemm_flops = measure_gemm_flops(*gpu, compute, 4096);
+        rates.gemm_flops = device::gemm_flops(*gpu, *device::make_backend(*gpu), compute, 4096);
         gemm_source =
             fmt::format("measured: {} GEMM 4096^3 on {}", dtype_name(compute), gpu->name());
       }
@@ -252,7 +232,7 @@ int run_estimate(const EstimateArgs& a) {
     } else {
       if (rates.gemm_flops <= 0) {
         device::CpuDevice host;
-        rates.gemm_flops = measure_gemm_flops(host, compute, 1024);
+        rates.gemm_flops = device::gemm_flops(host, *device::make_backend(host), compute, 1024);
         gemm_source = fmt::format("measured: {} GEMM 1024^3 on the host", dtype_name(compute));
       }
     }
