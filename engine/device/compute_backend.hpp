@@ -101,7 +101,8 @@ class ComputeBackend {
   virtual void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
                                        int64_t keys, int64_t first_query) = 0;
   // row_loss[r] = log-sum-exp(logits[r]) - logits[r, targets[r]]; with `grad`, logits becomes
-  // coef * (softmax - onehot(target)) (left unchanged without).
+  // coef * (softmax - onehot(target)) (left unchanged without). A target < 0 is ignored: the
+  // row's loss is 0 and, with `grad`, its logits become zeros.
   virtual void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                              float coef, bool grad, float* row_loss) = 0;
   // out[i, :] = table[ids[i], :] as fp32 (table [vocab, hidden] in `dtype` storage).

@@ -134,7 +134,10 @@ OUTCORE_HD float softmax_grad(float p, float dp, float dot_p_dp) { return p * (d
 // ---------------------------------------------------------------------------------------------
 // Cross-entropy of a row of logits against target t, with the gradient of coef * loss:
 // loss = lse - logit[t]; dlogit[j] = coef * p[j] - (j == t ? coef : 0), as two roundings
-// (xent_scale, then xent_target on the target's element).
+// (xent_scale, then xent_target on the target's element). A target below 0 is ignored (Hugging
+// Face's -100 labels, a loss mask): its row's loss is 0 and its gradient row all zeros.
+
+OUTCORE_HD bool xent_ignored(int32_t target) { return target < 0; }
 
 OUTCORE_HD float xent_loss(float lse, float target_logit) { return lse - target_logit; }
 

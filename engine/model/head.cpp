@@ -55,6 +55,16 @@ float mean_loss(const UnitContext& ctx, const float* dev, int64_t n, int64_t chu
   return static_cast<float>(loss / static_cast<double>(n));
 }
 
+// Like check_ids, but a target < 0 (kIgnoreTarget) is a row not trained on.
+void check_targets(const int32_t* ids, int64_t n, int64_t seq, int64_t vocab) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] >= vocab)
+      throw InvalidArgument(fmt::format(
+          "target id {} at position {} (sequence {}, offset {}) is outside the vocabulary [0, {})",
+          ids[i], i, i / seq, i % seq, vocab));
+  }
+}
+
 struct HeadWeight {
   const void* slab;
   const TensorSpec* spec;
@@ -99,7 +109,7 @@ float head_forward(const UnitContext& ctx, const ForwardArgs& a) {
   if (a.params == nullptr || a.input == nullptr)
     throw InvalidArgument("head forward: params and input are required");
   const int64_t N = ctx.tokens(), H = ctx.cfg.hidden_size, V = ctx.cfg.vocab_size;
-  if (a.targets != nullptr) check_ids(a.targets, N, ctx.opt.seq_len, V, "target");
+  if (a.targets != nullptr) check_targets(a.targets, N, ctx.opt.seq_len, V);
   Arena ar(a.scratch.data(), a.scratch.size());
   const HeadWork w = carve(ar, ctx.cfg, ctx.opt);
   const HeadWeight hw = head_weight(ctx, a.params, a.tied_params);
@@ -128,7 +138,7 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
     throw InvalidArgument(
         "head backward: tie_word_embeddings needs the embedding unit's gradient slab (tied_grads)");
   const int64_t N = ctx.tokens(), H = ctx.cfg.hidden_size, V = ctx.cfg.vocab_size;
-  check_ids(a.targets, N, ctx.opt.seq_len, V, "target");
+  check_targets(a.targets, N, ctx.opt.seq_len, V);
   Arena ar(a.scratch.data(), a.scratch.size());
   const HeadWork w = carve(ar, ctx.cfg, ctx.opt);
   const HeadWeight hw = head_weight(ctx, a.params, a.tied_params);

@@ -247,6 +247,9 @@ enum class GradMode : uint8_t {
   Accumulate,  // grads += this micro-batch's gradient (gradient accumulation)
 };
 
+// A head target that is not trained on (Hugging Face's -100 labels; any value < 0 is taken so).
+inline constexpr int32_t kIgnoreTarget = -1;
+
 // Inputs and outputs of one unit's forward. Pointers unused by the unit's kind must be null
 // or are ignored. Token and target ids are host memory; everything else is memory of the
 // model's device (what its backend computes on). Buffers must not overlap.
@@ -254,12 +257,14 @@ struct ForwardArgs {
   const void* params = nullptr;       // this unit's slab (param_dtype, padded_numel elements)
   const void* tied_params = nullptr;  // head, tied embeddings: the embedding unit's slab
   const int32_t* tokens = nullptr;    // embedding: [B*T] input ids, each in [0, vocab)
-  const int32_t* targets = nullptr;   // head: [B*T] next-token ids, each in [0, vocab)
-  const float* input = nullptr;       // decoder, head: [B*T, hidden] (the previous unit's output)
-  float* output = nullptr;            // embedding, decoder: [B*T, hidden]
-  float* logits = nullptr;            // head, optional: [B*T, vocab] written when non-null
-  std::span<std::byte> saved{};       // decoder: saved_bytes(unit) bytes, kept for backward
-  std::span<std::byte> scratch{};     // scratch_bytes() bytes, clobbered
+  // head: [B*T] next-token ids, each in [0, vocab) or kIgnoreTarget (any value < 0): a row
+  // that is not trained on (a loss mask), contributing neither loss nor gradient.
+  const int32_t* targets = nullptr;
+  const float* input = nullptr;    // decoder, head: [B*T, hidden] (the previous unit's output)
+  float* output = nullptr;         // embedding, decoder: [B*T, hidden]
+  float* logits = nullptr;         // head, optional: [B*T, vocab] written when non-null
+  std::span<std::byte> saved{};    // decoder: saved_bytes(unit) bytes, kept for backward
+  std::span<std::byte> scratch{};  // scratch_bytes() bytes, clobbered
 };
 
 // Inputs and outputs of one unit's backward.
@@ -278,8 +283,9 @@ struct BackwardArgs {
   // Overwrite or add into grads (and tied_grads). With tied embeddings the embedding unit's
   // backward always adds (the head already wrote this micro-batch's share), whatever `mode`.
   GradMode mode = GradMode::Overwrite;
-  // head: gradients are those of loss_scale * (mean cross-entropy). The trainer passes
-  // dynamic_loss_scale / gradient_accumulation_steps.
+  // head: gradients are those of loss_scale * (sum of the cross-entropy of the rows whose
+  // target is not ignored) / (B*T): without ignored targets, loss_scale * the mean. The trainer
+  // passes dynamic_loss_scale x (B*T) / (targets trained on in the whole step, every rank).
   float loss_scale = 1.0f;
   std::span<const std::byte> saved{};  // decoder without checkpointing: what forward saved
   std::span<std::byte> scratch{};      // scratch_bytes() bytes, clobbered
@@ -315,7 +321,8 @@ class LlamaModel {
   // units; includes the recompute space with checkpointing).
   size_t scratch_bytes() const;
 
-  // Runs unit `unit`'s forward. Returns the mean cross-entropy for the head (and writes
+  // Runs unit `unit`'s forward. Returns the head's mean cross-entropy over its B*T rows, an
+  // ignored target's row counting 0 (so a mean over B*T, not over the rows trained on), and writes
   // logits when asked), else 0. Throws InvalidArgument for a missing buffer, a buffer too
   // small, or a token / target id outside the vocabulary (naming its position and value).
   //
@@ -324,7 +331,7 @@ class LlamaModel {
   float forward(int unit, const ForwardArgs& args) const;
 
   // Runs unit `unit`'s backward, writing grads per args.mode and grad_input. For the head it
-  // also computes and returns the mean cross-entropy (its forward is fused in); else returns
+  // also computes and returns that mean cross-entropy (its forward is fused in); else returns
   // 0. With checkpointing, a decoder recomputes its forward from args.input first, exactly.
   // Throws as forward does.
   float backward(int unit, const BackwardArgs& args) const;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/error.hpp"
+#include "engine/model/model.hpp"
 
 namespace outcore::train {
 namespace {
@@ -75,8 +76,13 @@ DataPosition data_position_from_json(const nlohmann::json& j) {
 }
 
 DataLoader::DataLoader(std::shared_ptr<const TokenFile> file, TokenRange range,
-                       DataLoaderOptions options, std::string split_name)
-    : file_(std::move(file)), range_(range), opts_(options), split_name_(std::move(split_name)) {
+                       DataLoaderOptions options, std::string split_name,
+                       std::shared_ptr<const MaskFile> mask)
+    : file_(std::move(file)),
+      range_(range),
+      opts_(options),
+      split_name_(std::move(split_name)),
+      mask_(std::move(mask)) {
   if (!file_) throw InvalidArgument("DataLoader: no token file");
   const std::string& path = file_->path();
   if (opts_.micro_batch < 1 || opts_.seq_len < 1) {
@@ -104,6 +110,52 @@ DataLoader::DataLoader(std::shared_ptr<const TokenFile> file, TokenRange range,
         per_step * T + 1));
   }
   if (opts_.vocab_size > 0) file_->check_vocab(opts_.vocab_size, range_.begin, range_.end);
+  if (mask_ != nullptr) {
+    if (mask_->size() != file_->size()) {
+      throw InvalidArgument(fmt::format("{}: the loss mask {} has {} bytes for {} tokens", path,
+                                        mask_->path(), mask_->size(), file_->size()));
+    }
+    // Targets are the tokens after each sequence's first.
+    const uint64_t ones = mask_->check(range_.begin, range_.end);
+    split_targets_ = ones;
+    if (ones - (ones > 0 && (*mask_)[range_.begin] ? 1 : 0) == 0) {
+      throw InvalidArgument(fmt::format(
+          "{}: the loss mask {} marks no token of the {} split [{}, {}) as a training target", path,
+          mask_->path(), split_name_, range_.begin, range_.end));
+    }
+  }
+}
+
+DataPosition DataLoader::advanced(DataPosition pos, uint64_t n) const {
+  const uint64_t at = pos.step + n;
+  return {pos.epoch + at / batches_per_epoch_, at % batches_per_epoch_};
+}
+
+uint64_t DataLoader::trained_in_slots(uint64_t epoch, uint64_t first, uint64_t count) const {
+  const auto T = static_cast<uint64_t>(opts_.seq_len);
+  if (mask_ == nullptr) return count * T;
+  Permutation perm(sequences_, opts_.seed, epoch);
+  uint64_t n = 0;
+  for (uint64_t slot = first; slot < first + count; ++slot) {
+    const uint64_t seq = opts_.shuffle ? perm(slot) : slot;
+    const size_t start = range_.begin + static_cast<size_t>(seq * T) + 1;
+    for (size_t i = start; i < start + T; ++i) n += (*mask_)[i] ? 1 : 0;
+  }
+  return n;
+}
+
+uint64_t DataLoader::trained_targets(DataPosition pos) const {
+  const auto B = static_cast<uint64_t>(opts_.micro_batch);
+  return trained_in_slots(
+      pos.epoch,
+      (pos.step * static_cast<uint64_t>(opts_.world_size) + static_cast<uint64_t>(opts_.rank)) * B,
+      B);
+}
+
+uint64_t DataLoader::trained_targets_all_ranks(DataPosition pos) const {
+  const uint64_t per_step =
+      static_cast<uint64_t>(opts_.micro_batch) * static_cast<uint64_t>(opts_.world_size);
+  return trained_in_slots(pos.epoch, pos.step * per_step, per_step);
 }
 
 uint64_t DataLoader::sequence_at(DataPosition pos, int64_t b) const {
@@ -131,7 +183,11 @@ void DataLoader::next(std::span<int32_t> inputs, std::span<int32_t> targets) {
     uint64_t seq = opts_.shuffle ? perm(slot) : slot;
     size_t start = range_.begin + static_cast<size_t>(seq) * T;
     file_->read(start, inputs.subspan(static_cast<size_t>(b) * T, T));
-    file_->read(start + 1, targets.subspan(static_cast<size_t>(b) * T, T));
+    std::span<int32_t> tg = targets.subspan(static_cast<size_t>(b) * T, T);
+    file_->read(start + 1, tg);
+    if (mask_ != nullptr)
+      for (size_t i = 0; i < T; ++i)
+        if (!(*mask_)[start + 1 + i]) tg[i] = model::kIgnoreTarget;
   }
   if (++pos_.step == batches_per_epoch_) {
     pos_.step = 0;

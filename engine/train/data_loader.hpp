@@ -17,6 +17,9 @@
 // [k*B*world, (k+1)*B*world); rank r takes the r-th group of B of them, so ranks never see
 // the same sequence in a step and together cover what one rank with B*world would.
 //
+// Loss mask: with a MaskFile, a target whose token the mask marks 0 is written as
+// model::kIgnoreTarget (-1); the model neither counts its loss nor back-propagates it.
+//
 // Threading: a DataLoader is used by one thread at a time; several loaders may share one
 // TokenFile from different threads.
 #pragma once
@@ -76,13 +79,14 @@ DataPosition data_position_from_json(const nlohmann::json& j);
 
 class DataLoader {
  public:
-  // Reads `range` of `file`; `split_name` ("train", "val") appears in error messages.
-  // Throws InvalidArgument for bad options, a range past the file's end, or a split too
-  // short for one micro-batch (naming the file, the split, its tokens and the tokens one
-  // micro-batch needs); CorruptData for a token >= vocab_size (naming the file and the
-  // token's position in it).
+  // Reads `range` of `file`; `split_name` ("train", "val") appears in error messages; `mask`,
+  // when given, is `file`'s loss mask. Throws InvalidArgument for bad options, a range past the
+  // file's end, a split too short for one micro-batch (naming the file, the split, its tokens
+  // and the tokens one micro-batch needs), or a mask that trains on no target of the split;
+  // CorruptData for a token >= vocab_size (naming the file and the token's position in it) or
+  // a mask byte other than 0 and 1.
   DataLoader(std::shared_ptr<const TokenFile> file, TokenRange range, DataLoaderOptions options,
-             std::string split_name = "train");
+             std::string split_name = "train", std::shared_ptr<const MaskFile> mask = nullptr);
 
   // Fills inputs and targets (each B*T tokens, row-major [B][T]) with the next micro-batch
   // of this rank and advances, wrapping into the next epoch after the last micro-batch.
@@ -93,6 +97,17 @@ class DataLoader {
   DataPosition position() const { return pos_; }
   // Moves to `pos`. Throws InvalidArgument when pos.step >= batches_per_epoch().
   void seek(DataPosition pos);
+  // The position `n` micro-batches after `pos` (wrapping into later epochs as next() does).
+  DataPosition advanced(DataPosition pos, uint64_t n = 1) const;
+
+  // Targets trained on (not masked) in the micro-batch at `pos`: of this rank, or of every
+  // rank together (what the step's loss is a mean over). B*T (x world) without a mask.
+  uint64_t trained_targets(DataPosition pos) const;
+  uint64_t trained_targets_all_ranks(DataPosition pos) const;
+  bool has_mask() const { return mask_ != nullptr; }
+  // The loss mask, or nullptr; and how many of the split's tokens it marks as targets.
+  const MaskFile* mask() const { return mask_.get(); }
+  uint64_t targets_in_split() const { return split_targets_; }
 
   // Index (within the split) of the sequence that slot b of this rank's micro-batch at `pos`
   // reads. REQUIRES b < B.
@@ -106,10 +121,15 @@ class DataLoader {
   const TokenFile& file() const { return *file_; }
 
  private:
+  // Trained targets of slots [first, first + count) of epoch `epoch`'s order.
+  uint64_t trained_in_slots(uint64_t epoch, uint64_t first, uint64_t count) const;
+
   std::shared_ptr<const TokenFile> file_;
   TokenRange range_;
   DataLoaderOptions opts_;
   std::string split_name_;
+  std::shared_ptr<const MaskFile> mask_;
+  uint64_t split_targets_ = 0;
   uint64_t sequences_ = 0;
   uint64_t batches_per_epoch_ = 0;
   DataPosition pos_;

@@ -41,6 +41,7 @@ std::string format_step_line(const StepMetrics& m) {
                                     : fmt::format("step {}", m.step);
   s += fmt::format(" | loss {:.4f} | lr {:.3e} | {} tok/s | {:.1f} GFLOP/s | mem {}", m.loss, m.lr,
                    si(m.tokens_per_s), m.gflops_per_s, bytes_iec(m.device_mem_peak_bytes));
+  if (m.masked) s += fmt::format(" | trained {} tok", si(static_cast<double>(m.tokens_trained)));
   if (m.grad_norm) s += fmt::format(" | gnorm {:.3f}", *m.grad_norm);
   if (m.loss_scale) s += fmt::format(" | scale {}", *m.loss_scale);
   for (const TierIo& t : m.io) {
@@ -51,8 +52,10 @@ std::string format_step_line(const StepMetrics& m) {
 }
 
 std::string format_validation_line(const ValidationMetrics& m) {
-  return fmt::format("val step {} | loss {:.4f} | {} tokens | {:.2f} s", m.step, m.loss,
-                     si(static_cast<double>(m.tokens)), m.time_s);
+  const std::string trained =
+      m.masked ? fmt::format(", {} trained", si(static_cast<double>(m.tokens_trained))) : "";
+  return fmt::format("val step {} | loss {:.4f} | {} tokens{} | {:.2f} s", m.step, m.loss,
+                     si(static_cast<double>(m.tokens)), trained, m.time_s);
 }
 
 nlohmann::ordered_json to_json(const StepMetrics& m) {
@@ -63,6 +66,8 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
   j["loss"] = number_or_null(m.loss);
   j["lr"] = m.lr;
   j["tokens_per_s"] = m.tokens_per_s;
+  j["tokens"] = m.tokens;
+  j["tokens_trained"] = m.tokens_trained;
   j["gflops_per_s"] = m.gflops_per_s;
   j["device_mem_peak_bytes"] = m.device_mem_peak_bytes;
   j["step_time_s"] = m.step_time_s;
@@ -87,6 +92,7 @@ nlohmann::ordered_json to_json(const ValidationMetrics& m) {
   j["step"] = m.step;
   j["loss"] = number_or_null(m.loss);
   j["tokens"] = m.tokens;
+  j["tokens_trained"] = m.tokens_trained;
   j["time_s"] = m.time_s;
   return j;
 }

@@ -29,6 +29,10 @@ struct StepMetrics {
   double loss = 0;          // mean training loss of the step (unscaled)
   double lr = 0;            // lr the step used
   double tokens_per_s = 0;  // training tokens of the step / its wall time
+  int64_t tokens = 0;       // tokens the step computed (every rank, every micro-batch)
+  // Of those, the targets its loss is a mean over: all of them without a loss mask.
+  int64_t tokens_trained = 0;
+  bool masked = false;      // the data has a loss mask (the line then shows tokens_trained)
   double gflops_per_s = 0;  // achieved model GFLOP/s (1e9 FLOP/s)
   uint64_t device_mem_peak_bytes = 0;
   double step_time_s = 0;
@@ -43,16 +47,19 @@ struct StepMetrics {
 };
 
 struct ValidationMetrics {
-  int64_t step = 0;    // optimizer step after which validation ran
-  double loss = 0;     // mean validation loss
-  int64_t tokens = 0;  // validation tokens evaluated
+  int64_t step = 0;            // optimizer step after which validation ran
+  double loss = 0;             // mean validation loss (over the targets not masked)
+  int64_t tokens = 0;          // validation tokens evaluated
+  int64_t tokens_trained = 0;  // of those, the targets the loss is a mean over
+  bool masked = false;
   double time_s = 0;
 };
 
 // "step 12/1000 | loss 3.4521 | lr 1.000e-03 | 12.3k tok/s | 45.6 GFLOP/s | mem 1.23 GiB | ..."
-// Optional parts (grad norm, loss scale, skipped, each tier) appear only when set.
+// Optional parts (trained tokens with a loss mask, grad norm, loss scale, skipped, each tier)
+// appear only when set.
 std::string format_step_line(const StepMetrics& m);
-// "val step 12 | loss 3.4521 | 65.5k tokens | 1.20 s"
+// "val step 12 | loss 3.4521 | 65.5k tokens | 1.20 s" ("65.5k tokens, 30.1k trained" masked)
 std::string format_validation_line(const ValidationMetrics& m);
 
 // {"type":"step","step":12,"loss":...,"io":{"nvme":{"read_gb_per_s":..,"write_gb_per_s":..}}}

@@ -18,10 +18,10 @@
 namespace outcore::train {
 
 // A read-only mapping of a whole file; unmapped on destruction.
-struct TokenFile::Mapping {
+struct FileMapping {
   void* addr = nullptr;
   size_t bytes = 0;
-  ~Mapping() {
+  ~FileMapping() {
     if (addr != nullptr) munmap(addr, bytes);
   }
 };
@@ -103,7 +103,7 @@ TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
   TokenFile f;
   f.path_ = path;
   f.format_ = format;
-  f.map_ = std::make_unique<Mapping>();
+  f.map_ = std::make_unique<FileMapping>();
   if (bytes > 0) {
     void* addr = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
     if (addr == MAP_FAILED) throw IoError(path, 0, bytes, errno, "mmap token file");
@@ -217,6 +217,54 @@ void TokenFile::check_vocab(uint64_t vocab_size, size_t begin, size_t end) const
 uint32_t TokenFile::max_token() const {
   return width_ == 2 ? max_of(static_cast<const uint16_t*>(tokens_), count_)
                      : max_of(static_cast<const uint32_t*>(tokens_), count_);
+}
+
+MaskFile::MaskFile(MaskFile&&) noexcept = default;
+MaskFile& MaskFile::operator=(MaskFile&&) noexcept = default;
+MaskFile::~MaskFile() = default;
+
+MaskFile MaskFile::open(const std::string& path, const TokenFile& tokens) {
+  Fd fd(open_for_reading(path, "loss mask"));
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) throw IoError(path, errno, "stat loss mask");
+  const auto bytes = static_cast<size_t>(st.st_size);
+  if (bytes != tokens.size()) {
+    throw CorruptData(fmt::format(
+        "{}: a loss mask of {} bytes does not belong to {} ({} tokens): a mask has one byte per "
+        "token",
+        path, bytes, tokens.path(), tokens.size()));
+  }
+  MaskFile m;
+  m.path_ = path;
+  m.count_ = bytes;
+  m.map_ = std::make_unique<FileMapping>();
+  if (bytes > 0) {
+    void* addr = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
+    if (addr == MAP_FAILED) throw IoError(path, 0, bytes, errno, "mmap loss mask");
+    m.map_->addr = addr;
+    m.map_->bytes = bytes;
+    m.bytes_ = static_cast<const uint8_t*>(addr);
+  }
+  return m;
+}
+
+uint64_t MaskFile::check(size_t begin, size_t end) const {
+  if (begin > end || end > count_) {
+    throw InvalidArgument(fmt::format("{}: mask check of [{}, {}) past the end ({} tokens)", path_,
+                                      begin, end, count_));
+  }
+  const size_t bad = begin + first_at_or_above(bytes_ + begin, end - begin, 2);
+  if (bad != end) {
+    throw CorruptData(fmt::format("{}: byte {} at position {} is not a mask value (0 or 1)", path_,
+                                  bytes_[bad], bad));
+  }
+  uint64_t ones = 0;
+  for (size_t i = begin; i < end; ++i) ones += bytes_[i];
+  return ones;
+}
+
+std::string mask_path_beside(const std::string& token_path) {
+  return std::filesystem::path(token_path).replace_extension(".mask").string();
 }
 
 void write_llmc_tokens(const std::string& path, std::span<const uint16_t> tokens) {

@@ -8,6 +8,11 @@
 //   must be a multiple of the token width.
 // The format is taken from the extension unless given explicitly; a .bin file that is not
 // llm.c's (a raw uint16 dump, say) needs TokenFormat::kRawU16 spelled out.
+//
+// Loss masks (.mask, what `outcore tokenize` writes for prompt/completion data): one byte per
+// token of the token file it belongs to, 1 where that token is a training target (the loss
+// counts the model's prediction of it), 0 where it is not (a prompt). Nothing else: the size is
+// the token count.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +25,9 @@
 namespace outcore::train {
 
 enum class TokenFormat { kAuto, kLlmc, kRawU16, kRawU32 };
+
+// A read-only mapping of a whole file (defined in token_file.cpp).
+struct FileMapping;
 
 inline constexpr int32_t kLlmcMagic = 20240520;
 inline constexpr int32_t kLlmcVersion = 1;
@@ -70,14 +78,45 @@ class TokenFile {
 
  private:
   TokenFile() = default;
-  struct Mapping;
-  std::unique_ptr<Mapping> map_;
+  std::unique_ptr<FileMapping> map_;
   std::string path_;
   TokenFormat format_ = TokenFormat::kAuto;
   const void* tokens_ = nullptr;
   size_t count_ = 0;
   size_t width_ = 2;
 };
+
+// An open loss mask. Move-only, like TokenFile; const members are safe from many threads.
+class MaskFile {
+ public:
+  // Opens and maps `path` as the mask of `tokens`. Throws IoError (cannot open / stat / map),
+  // CorruptData (a size other than tokens.size() bytes, naming both files and both counts).
+  static MaskFile open(const std::string& path, const TokenFile& tokens);
+
+  MaskFile(MaskFile&&) noexcept;
+  MaskFile& operator=(MaskFile&&) noexcept;
+  ~MaskFile();
+
+  const std::string& path() const { return path_; }
+  size_t size() const { return count_; }
+  // Whether token i is a training target. REQUIRES i < size().
+  bool operator[](size_t i) const { return bytes_[i] != 0; }
+  // Checks that every byte in [begin, end) is 0 or 1 and returns how many are 1. Throws
+  // CorruptData naming the path, the first bad position and its value; InvalidArgument when
+  // the range runs past size().
+  uint64_t check(size_t begin, size_t end) const;
+
+ private:
+  MaskFile() = default;
+  std::unique_ptr<FileMapping> map_;
+  std::string path_;
+  const uint8_t* bytes_ = nullptr;
+  size_t count_ = 0;
+};
+
+// The mask that belongs beside a token file: the token file's path with its extension replaced
+// by ".mask" ("data/sft.u32" -> "data/sft.mask").
+std::string mask_path_beside(const std::string& token_path);
 
 // Writes `tokens` as an llm.c .bin file: written to "<path>.tmp", fsynced, then renamed over
 // `path`, so a reader never sees a partial file. Throws IoError naming the path on any

@@ -207,18 +207,29 @@ void Trainer::open_data() {
   if (opts_.train_data.empty()) throw InvalidArgument("no training data file given");
   auto train_file =
       std::make_shared<const TokenFile>(TokenFile::open(opts_.train_data, opts_.token_format));
+  auto open_mask = [](const std::string& path, const TokenFile& tokens) {
+    return path.empty() ? nullptr : std::make_shared<const MaskFile>(MaskFile::open(path, tokens));
+  };
+  std::shared_ptr<const MaskFile> train_mask = open_mask(opts_.train_mask, *train_file);
   TokenRange train_range{0, train_file->size()};
   std::shared_ptr<const TokenFile> val_file;
+  std::shared_ptr<const MaskFile> val_mask;
   TokenRange val_range;
   if (!opts_.val_data.empty()) {
     val_file =
         std::make_shared<const TokenFile>(TokenFile::open(opts_.val_data, opts_.token_format));
+    val_mask = open_mask(opts_.val_mask, *val_file);
     val_range = {0, val_file->size()};
   } else if (opts_.val_fraction != 0.0) {
     TokenSplit split = split_tokens(train_file->size(), opts_.val_fraction);
     train_range = split.train;
     val_range = split.val;
     val_file = train_file;
+    val_mask = train_mask;
+  }
+  if (!opts_.val_mask.empty() && opts_.val_data.empty()) {
+    throw InvalidArgument(fmt::format(
+        "a validation loss mask ({}) was given without its validation data file", opts_.val_mask));
   }
   DataLoaderOptions lo;
   lo.micro_batch = model_->options().micro_batch;
@@ -228,10 +239,10 @@ void Trainer::open_data() {
   lo.rank = devices_->comm->rank();
   lo.world_size = devices_->comm->world_size();
   lo.vocab_size = static_cast<uint64_t>(model_->config().vocab_size);
-  train_loader_ = std::make_unique<DataLoader>(train_file, train_range, lo, "train");
+  train_loader_ = std::make_unique<DataLoader>(train_file, train_range, lo, "train", train_mask);
   if (val_file) {
     lo.shuffle = false;
-    val_loader_ = std::make_unique<DataLoader>(val_file, val_range, lo, "validation");
+    val_loader_ = std::make_unique<DataLoader>(val_file, val_range, lo, "validation", val_mask);
   }
   if (opts_.eval_every > 0 && !val_loader_) {
     throw InvalidArgument(
@@ -312,6 +323,8 @@ nlohmann::ordered_json Trainer::state_json() const {
   j["world_size"] = world_size();
   j["train_data"] = opts_.train_data;
   j["val_data"] = opts_.val_data;
+  j["train_mask"] = opts_.train_mask;
+  j["val_mask"] = opts_.val_mask;
   j["val_fraction"] = opts_.val_fraction;
   return j;
 }
@@ -336,9 +349,20 @@ StepMetrics Trainer::train_step() {
   OUTCORE_TRACE_SPAN("step", "step", {.index = static_cast<int32_t>(steps_done_ + 1)});
   const Clock::time_point t0 = Clock::now();
   const double scale = scaler_.scale();
-  // The mean over every rank's micro-batches: 1/world is part of the loss scale.
+  // The mean over every rank's micro-batches: 1/world is part of the loss scale. With a loss
+  // mask, the mean over the step's trained targets (every rank's, counted alike on each):
+  // each micro-batch's head divides by B*T, so the scale carries B*T / trained.
   const int64_t micro_batches = gas_ * world_size();
-  const float micro_scale = static_cast<float>(scale / static_cast<double>(micro_batches));
+  const auto all_targets = static_cast<uint64_t>(tokens_per_step());
+  uint64_t trained = 0;
+  DataPosition at = train_loader_->position();
+  for (int64_t k = 0; k < gas_; ++k, at = train_loader_->advanced(at))
+    trained += train_loader_->trained_targets_all_ranks(at);
+  const double per_token = static_cast<double>(model_->tokens()) / static_cast<double>(trained);
+  const float micro_scale =
+      trained == all_targets ? static_cast<float>(scale / static_cast<double>(micro_batches))
+      : trained == 0         ? 0.0f  // every target masked: nothing to learn from this step
+                             : static_cast<float>(scale * per_token);
   std::vector<float> losses(static_cast<size_t>(gas_));
   const double lr = schedule_->lr();
   zero::StepParams sp = zero::step_params(cfg_, lr, adam_steps_ + 1, scale);
@@ -376,7 +400,12 @@ StepMetrics Trainer::train_step() {
   StepMetrics m;
   m.step = steps_done_;
   m.total_steps = opts_.steps;
-  m.loss = loss_sum / static_cast<double>(micro_batches);
+  m.loss = trained == all_targets ? loss_sum / static_cast<double>(micro_batches)
+           : trained == 0         ? 0.0
+                                  : loss_sum * per_token;
+  m.tokens = static_cast<int64_t>(all_targets);
+  m.tokens_trained = static_cast<int64_t>(trained);
+  m.masked = train_loader_->has_mask();
   m.lr = lr;
   m.step_time_s = seconds_since(t0);
   const double tokens = static_cast<double>(tokens_per_step());
@@ -430,14 +459,23 @@ ValidationMetrics Trainer::validate() {
       opts_.eval_batches,
       static_cast<int64_t>(val_loader_->sequences() / val_loader_->options().micro_batch));
   std::vector<float> losses(static_cast<size_t>((n + w - 1) / w));
-  for (float& loss : losses) {
+  std::vector<float> trained(losses.size());  // exact: at most B*T < 2^24 each
+  for (size_t i = 0; i < losses.size(); ++i) {
+    trained[i] = static_cast<float>(val_loader_->trained_targets(val_loader_->position()));
     val_loader_->next(inputs_, targets_);
-    loss = engine_->evaluate(inputs_.data(), targets_.data());
+    losses[i] = engine_->evaluate(inputs_.data(), targets_.data());
   }
   ValidationMetrics v;
   v.step = steps_done_;
-  v.loss = sum_in_global_order(losses, n) / static_cast<double>(n);
   v.tokens = n * model_->tokens();
+  v.tokens_trained = static_cast<int64_t>(sum_in_global_order(trained, n));
+  v.masked = val_loader_->has_mask();
+  // Each micro-batch's loss is a mean over its B*T rows, a masked row counting 0.
+  v.loss = v.tokens_trained == v.tokens ? sum_in_global_order(losses, n) / static_cast<double>(n)
+           : v.tokens_trained == 0
+               ? 0.0
+               : sum_in_global_order(losses, n) * static_cast<double>(model_->tokens()) /
+                     static_cast<double>(v.tokens_trained);
   v.time_s = seconds_since(t0);
   return v;
 }

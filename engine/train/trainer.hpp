@@ -68,6 +68,11 @@ struct TrainerOptions {
   // trained on), in [0, 1). 0 = no validation set.
   double val_fraction = 0.0;
   TokenFormat token_format = TokenFormat::kAuto;
+  // Loss masks (token_file.hpp) of train_data and val_data; empty = none. A held-out tail
+  // (val_fraction) uses train_mask. Masked targets count in neither the loss nor the
+  // gradients; the loss is the mean over the step's targets that are trained on.
+  std::string train_mask;
+  std::string val_mask;
 
   int64_t steps = 0;     // optimizer steps to run (skipped ones included); >= 1
   uint64_t seed = 1234;  // model initialisation and data order

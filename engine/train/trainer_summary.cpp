@@ -21,9 +21,13 @@ std::string offload_text(config::OffloadDevice d, const std::string& path) {
 }
 
 std::string data_text(const DataLoader& l) {
-  return fmt::format("{} [{}, {}) = {} tokens, {} sequences, {} micro-batches per epoch",
-                     l.file().path(), l.range().begin, l.range().end, l.range().size(),
-                     l.sequences(), l.batches_per_epoch());
+  std::string s = fmt::format("{} [{}, {}) = {} tokens, {} sequences, {} micro-batches per epoch",
+                              l.file().path(), l.range().begin, l.range().end, l.range().size(),
+                              l.sequences(), l.batches_per_epoch());
+  if (l.mask() != nullptr)
+    s += fmt::format("; loss mask {}: {} of the tokens are targets", l.mask()->path(),
+                     l.targets_in_split());
+  return s;
 }
 
 }  // namespace
@@ -119,7 +123,9 @@ nlohmann::ordered_json Trainer::start_record() const {
   j["train_flops_per_token"] = model_->config().train_flops_per_token(model_->options().seq_len);
   j["activation_checkpointing"] = model_->options().activation_checkpointing;
   j["train_data"] = opts_.train_data;
+  if (!opts_.train_mask.empty()) j["train_mask"] = opts_.train_mask;
   if (val_loader_) j["val_data"] = val_loader_->file().path();
+  if (val_loader_ && val_loader_->mask() != nullptr) j["val_mask"] = val_loader_->mask()->path();
   j["model"] = nlohmann::ordered_json::parse(model_->config().to_json());
   j["config"] = config::to_json(cfg_);
   if (!resumed_from_.empty()) {

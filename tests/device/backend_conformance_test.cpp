@@ -298,9 +298,15 @@ TEST_P(BackendConformance, CrossEntropyLossAndGradientMatchTheHost) {
   const auto logits = randn(rows * vocab, 20, 3.0f);
   std::vector<int32_t> targets(rows);
   for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 37) % vocab);
+  targets[1] = -1;    // masked rows (model::kIgnoreTarget): no loss, no gradient
+  targets[4] = -100;  // Hugging Face's label for it
   std::vector<float> grad = logits, loss(rows), loss_only(rows);
   for (int64_t r = 0; r < rows; ++r) {  // as the CPU backend
     float* row = grad.data() + r * vocab;
+    if (targets[r] < 0) {
+      std::fill(row, row + vocab, 0.0f);
+      continue;
+    }
     const float target_logit = row[targets[r]];
     loss_only[r] = kmath::xent_loss(cpu::log_sum_exp(row, vocab), target_logit);
     loss[r] = kmath::xent_loss(cpu::softmax_inplace(row, vocab), target_logit);

@@ -183,9 +183,14 @@ TEST_F(CudaKernels, CrossEntropyLossAndGradientMatchTheHost) {
   auto logits = randn(rows * vocab, 16, 3.0f);
   std::vector<int32_t> targets(rows);
   for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 37) % vocab);
+  targets[3] = targets[11] = -1;  // masked rows: no loss, no gradient
   std::vector<float> grad = logits, loss(rows);
   for (int64_t r = 0; r < rows; ++r) {  // as head.cpp
     float* row = grad.data() + r * vocab;
+    if (targets[r] < 0) {
+      std::fill(row, row + vocab, 0.0f);
+      continue;
+    }
     const float target_logit = row[targets[r]];
     loss[r] = kmath::xent_loss(hk::softmax_inplace(row, vocab), target_logit);
     for (int64_t j = 0; j < vocab; ++j) row[j] = kmath::xent_scale(row[j], coef);

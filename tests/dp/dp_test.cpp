@@ -67,6 +67,14 @@ class DataParallel : public ::testing::Test {
     o.train_tokens = 256u << 10;
     o.val_tokens = 32u << 10;
     files_ = new DemoDatasetFiles(write_demo_dataset(dir_->file("data"), o));
+    // Loss masks, prompt/completion-like: of every 40 tokens the first 25 are not trained on.
+    for (const auto& [tokens, mask] :
+         {std::pair{files_->train, train_mask()}, std::pair{files_->val, val_mask()}}) {
+      std::string bytes(fs::file_size(tokens) - 1024, '\0');  // llm.c: 1024-byte header, u16
+      bytes.resize(bytes.size() / 2);
+      for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = i % 40 >= 25 ? 1 : 0;
+      std::ofstream(mask, std::ios::binary) << bytes;
+    }
     std::string probe;
     have_mpirun_ = run_command("command -v mpirun", probe) == 0;
   }
@@ -97,12 +105,19 @@ class DataParallel : public ::testing::Test {
     return read_all(out);
   }
 
+  static std::string train_mask() { return dir_->file("train.mask"); }
+  static std::string val_mask() { return dir_->file("val.mask"); }
+  static std::string mask_args() {
+    return fmt::format("--mask {} --val-mask {}", train_mask(), val_mask());
+  }
+
   // World `world` x gas `gas` against world 1 x gas world*gas (on the host-accessible device);
-  // `extra`: more dp_worker arguments for the many-rank run.
-  void expect_same(const std::string& name, int world, int gas, const std::string& extra = "") {
+  // `extra`: more dp_worker arguments for the many-rank run; `both`: for both runs.
+  void expect_same(const std::string& name, int world, int gas, const std::string& extra = "",
+                   const std::string& both = "") {
     if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
-    const std::string one = train(name, 1, world * gas);
-    const std::string many = train(name, world, gas, 10, extra);
+    const std::string one = train(name, 1, world * gas, 10, both);
+    const std::string many = train(name, world, gas, 10, both.empty() ? extra : extra + " " + both);
     ASSERT_GT(one.size(), 10 * 2 * sizeof(double));
     EXPECT_EQ(one.size(), many.size());
     EXPECT_TRUE(one == many) << name << ": world " << world << " x gas " << gas
@@ -163,6 +178,14 @@ TEST_F(DataParallel, DiscreteDeviceStage2World3MatchesWorld1) {
 }
 TEST_F(DataParallel, DiscreteDeviceStage3NvmeWorld2MatchesWorld1) {
   expect_same("s3_nvme_bf16", 2, 2, "--device discrete");
+}
+// Loss masks: every rank divides by the step's trained targets of all ranks, so two ranks
+// train as one; and the mask changes the run (it is read).
+TEST_F(DataParallel, LossMaskWorld2MatchesWorld1) {
+  expect_same("s1_nvme_fp32", 2, 2, "", mask_args());
+  if (!have_mpirun_) return;
+  EXPECT_NE(train("s1_nvme_fp32", 1, 4, 10, mask_args()), train("s1_nvme_fp32", 1, 4))
+      << "the loss mask changed nothing";
 }
 TEST_F(DataParallel, Stage0Fp16WithOverflowWorld2MatchesWorld1) {
   expect_same("s0_fp16", 2, 1);

@@ -7,6 +7,7 @@
 //
 //   dp_worker --case s3_nvme_fp32 --gas 2 --steps 10 --train T --val V --swap DIR --out FILE
 //             [--save-dir D --save-every K] [--resume CKPT] [--device discrete]
+//             [--mask M --val-mask VM]   (loss masks of --train and --val)
 //
 // `--device discrete` trains on the simulated discrete device (a GPU's data movement: the
 // ranks' collectives run on pinned host memory, gradients copied back, parameters gathered on
@@ -33,7 +34,7 @@ namespace outcore::train::testing {
 namespace {
 
 struct Args {
-  std::string name, train, val, swap, out, save_dir, resume;
+  std::string name, train, val, swap, out, save_dir, resume, mask, val_mask;
   int64_t save_every = 0;
   int64_t gas = 1, steps = 10;
   bool discrete = false;
@@ -126,6 +127,8 @@ int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
   TrainerOptions o;
   o.train_data = a.train;
   o.val_data = a.val;
+  o.train_mask = a.mask;
+  o.val_mask = a.val_mask;
   o.steps = a.steps;
   o.seed = 7;
   o.seq_len = 32;
@@ -240,6 +243,10 @@ int main(int argc, char** argv) {
       a.save_every = std::stoll(v);
     else if (k == "--resume")
       a.resume = v;
+    else if (k == "--mask")
+      a.mask = v;
+    else if (k == "--val-mask")
+      a.val_mask = v;
     else if (k == "--device")
       a.discrete = v == "discrete";
   }

@@ -82,7 +82,11 @@ TEST(Model, HeadChunkRowsChangeOnlyTheSummationOrder) {
           diff = std::max(diff, double(std::abs(h->grads[u][i] - base.grads[u][i])));
           norm = std::max(norm, double(std::abs(base.grads[u][i])));
         }
-        EXPECT_LE(diff, 1e-4 * norm + 1e-9) << "unit " << u;
+        // bf16 compute: another summation order of the logits moves some logit gradients across
+        // a bf16 rounding boundary (one bf16 ulp is 2^-8 relative) before the weight-gradient
+        // GEMM reads them; how many depends on the BLAS kernels (seen: 1.9e-4 on Zen kernels).
+        const double tol = compute == DType::F32 ? 1e-4 : 2e-3;
+        EXPECT_LE(diff, tol * norm + 1e-9) << "unit " << u;
       }
     }
   }
@@ -227,15 +231,61 @@ TEST(Model, TokenAndTargetIdsOutsideTheVocabularyAreErrors) {
     EXPECT_NE(m.find("[0, 97)"), std::string::npos) << m;
   }
   b.tokens[11] = 0;
-  b.targets[2] = -1;
+  b.targets[2] = 97;
   try {
     h.train(b.tokens, b.targets);
     FAIL();
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("target id -1 at position 2"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("target id 97 at position 2"), std::string::npos)
         << e.what();
   }
   EXPECT_THROW(h.eval(b.tokens, b.targets), InvalidArgument);
+  b.targets[2] = kIgnoreTarget;  // a masked target is not an error
+  EXPECT_NO_THROW(h.train(b.tokens, b.targets));
+}
+
+// A loss mask splits the loss: with complementary masks A and not-A (kIgnoreTarget rows), the
+// losses and the gradients add up to those of the unmasked batch, and neither half equals the
+// whole (so a mask that is ignored, or that leaks its rows' gradients, fails). A row whose
+// target is masked contributes nothing even when its logits are extreme.
+TEST(Model, MaskedTargetsSplitTheLossAndTheGradients) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const LlamaConfig c = gqa(tied);
+    const auto params = random_params(make_layout(c), 21);
+    const int64_t B = 2, T = 12;
+    Harness h(c, {.micro_batch = B, .seq_len = T}, params);
+    const Batch all = make_batch(B * T, c.vocab_size, 22);
+    Batch prompt = all, completion = all;  // prompt: trains on the prompt; completion: the rest
+    for (int64_t i = 0; i < B * T; ++i) {
+      const bool is_prompt = i % T < 5 + i / T;
+      (is_prompt ? completion : prompt).targets[static_cast<size_t>(i)] = kIgnoreTarget;
+    }
+    const float loss_all = h.train(all.tokens, all.targets);
+    const auto grads_all = h.grads;
+    const float loss_prompt = h.train(prompt.tokens, prompt.targets);
+    const auto grads_prompt = h.grads;
+    const float loss_completion = h.train(completion.tokens, completion.targets);
+    EXPECT_NEAR(loss_prompt + loss_completion, loss_all, 1e-6 * loss_all);
+    EXPECT_GT(std::abs(loss_completion - loss_all), 0.2 * loss_all);
+    for (size_t u = 0; u < grads_all.size(); ++u) {
+      double err = 0, scale = 0, diff = 0;
+      for (size_t i = 0; i < grads_all[u].size(); ++i) {
+        const double sum = double(grads_prompt[u][i]) + h.grads[u][i];
+        err = std::max(err, std::abs(sum - grads_all[u][i]));
+        diff = std::max(diff, double(std::abs(h.grads[u][i] - grads_all[u][i])));
+        scale = std::max(scale, double(std::abs(grads_all[u][i])));
+      }
+      EXPECT_LT(err, 1e-5 * scale) << "unit " << u;
+      EXPECT_GT(diff, 1e-2 * scale) << "unit " << u << ": the mask changed nothing";
+    }
+    // Every target masked: no loss, and every gradient exactly zero.
+    Batch none = all;
+    std::fill(none.targets.begin(), none.targets.end(), kIgnoreTarget);
+    EXPECT_EQ(h.train(none.tokens, none.targets), 0.0f);
+    for (const auto& g : h.grads)
+      for (float x : g) ASSERT_EQ(x, 0.0f);
+  }
 }
 
 TEST(Model, MissingOrSmallBuffersAreErrors) {

@@ -29,6 +29,9 @@ struct OracleCase {
   DType dtype;
   float loss_scale;
   DType compute = DType::F32;  // ModelOptions::compute_dtype
+  // A loss mask (kIgnoreTarget targets): the first sequence's first half masked, every other
+  // sequence masked but for its last two targets.
+  bool masked = false;
 };
 
 // `c` as Qwen3 (q_norm and k_norm over each head; head_dim given, as Qwen3's configs do).
@@ -93,6 +96,11 @@ std::vector<OracleCase> cases() {
       // bf16 compute: tied, two logit row chunks in the head
       {"bf16_compute_tied_chunks", small_config(64, 96, 1, 4, 2, 20000, true), 2, 120, DType::BF16,
        1.0f, DType::BF16},
+      // a loss mask: untied GQA; tied with two logit row chunks, one almost all masked
+      {"masked_gqa", small_config(32, 48, 2, 4, 2, 61, false), 2, 9, DType::F32, 2.0f, DType::F32,
+       true},
+      {"masked_tied_chunks", small_config(64, 96, 1, 4, 2, 20000, true), 2, 120, DType::F32, 1.0f,
+       DType::F32, true},
   };
 }
 
@@ -165,6 +173,12 @@ class OracleTest : public ::testing::Test {
     const size_t n = static_cast<size_t>(c.batch * c.seq);
     auto tokens = testing::random_ids(n + 1, c.config.vocab_size, 99);
     std::vector<int32_t> in(tokens.begin(), tokens.end() - 1), tg(tokens.begin() + 1, tokens.end());
+    if (c.masked) {
+      for (int64_t i = 0; i < c.batch * c.seq; ++i) {
+        const int64_t s = i / c.seq, t = i % c.seq;
+        if (s == 0 ? t < c.seq / 2 : t < c.seq - 2) tg[static_cast<size_t>(i)] = kIgnoreTarget;
+      }
+    }
     // Poison the gradients: Overwrite must replace every element.
     for (auto& g : r.h->grads) std::fill(g.begin(), g.end(), 123.0f);
     r.loss = r.h->train(in, tg, GradMode::Overwrite, c.loss_scale);

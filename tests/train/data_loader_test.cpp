@@ -1,16 +1,18 @@
 // DataLoader: windows and targets, seeded order, epochs, resume, split, data-parallel
-// sharding, and the errors for short files and out-of-vocabulary tokens.
+// sharding, loss masks, and the errors for short files, out-of-vocabulary tokens and bad masks.
 #include "engine/train/data_loader.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/model/model.hpp"
 #include "tests/train/temp_dir.hpp"
 
 namespace outcore::train {
@@ -254,6 +256,125 @@ TEST(DataLoader, BadOptionsAreRejected) {
   DataLoader l(f, {0, 500}, {.micro_batch = 2, .seq_len = 8});
   std::vector<int32_t> small(15), ok(16);
   EXPECT_THROW(l.next(small, ok), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace outcore::train
+
+namespace outcore::train {
+namespace {
+
+// A mask beside `tokens` whose byte i is keep(i).
+template <typename Keep>
+std::shared_ptr<const MaskFile> write_mask(const TempDir& dir, const TokenFile& tokens, Keep keep,
+                                           const std::string& name = "c.mask") {
+  std::string bytes(tokens.size(), '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = keep(i) ? 1 : 0;
+  std::FILE* f = std::fopen(dir.file(name).c_str(), "wb");
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+  return std::make_shared<const MaskFile>(MaskFile::open(dir.file(name), tokens));
+}
+
+TEST(DataLoader, AMaskedTargetIsIgnoredAndCounted) {
+  TempDir dir;
+  auto f = counting_file(dir, 1000);
+  auto keep = [](size_t i) { return i % 7 < 3; };
+  auto mask = write_mask(dir, *f, keep);
+  DataLoader plain(f, {0, 1000}, {.micro_batch = 2, .seq_len = 16, .seed = 5, .world_size = 1});
+  DataLoader l(f, {0, 1000}, {.micro_batch = 2, .seq_len = 16, .seed = 5, .world_size = 1}, "train",
+               mask);
+  EXPECT_TRUE(l.has_mask());
+  EXPECT_FALSE(plain.has_mask());
+  uint64_t ones = 0;
+  for (size_t i = 0; i < 1000; ++i) ones += keep(i) ? 1 : 0;
+  EXPECT_EQ(l.targets_in_split(), ones);
+  for (int step = 0; step < 4; ++step) {
+    const DataPosition pos = l.position();
+    EXPECT_EQ(plain.trained_targets(pos), 32u);
+    const uint64_t want = l.trained_targets(pos);
+    const Batch a = next(plain), b = next(l);
+    EXPECT_EQ(a.in, b.in);
+    uint64_t trained = 0;
+    for (int64_t r = 0; r < 2; ++r) {
+      const size_t start = l.sequence_at(pos, r) * 16;
+      for (size_t t = 0; t < 16; ++t) {
+        const size_t i = static_cast<size_t>(r) * 16 + t;
+        EXPECT_EQ(b.tg[i], keep(start + t + 1) ? a.tg[i] : model::kIgnoreTarget) << i;
+        trained += keep(start + t + 1) ? 1 : 0;
+      }
+    }
+    EXPECT_EQ(trained, want);
+    EXPECT_EQ(l.trained_targets_all_ranks(pos), want);  // one rank
+  }
+}
+
+TEST(DataLoader, EveryRankCountsTheWholeStepsTrainedTargetsAlike) {
+  TempDir dir;
+  auto f = counting_file(dir, 3000);
+  auto mask = write_mask(dir, *f, [](size_t i) { return (i / 5) % 3 != 0; });
+  std::vector<std::unique_ptr<DataLoader>> ranks;
+  for (int r = 0; r < 3; ++r)
+    ranks.push_back(std::make_unique<DataLoader>(
+        f, TokenRange{0, 3000},
+        DataLoaderOptions{.micro_batch = 2, .seq_len = 10, .seed = 9, .rank = r, .world_size = 3},
+        "train", mask));
+  DataPosition pos{};
+  for (int step = 0; step < 60; ++step, pos = ranks[0]->advanced(pos)) {
+    uint64_t sum = 0;
+    for (const auto& l : ranks) sum += l->trained_targets(pos);
+    for (const auto& l : ranks) EXPECT_EQ(l->trained_targets_all_ranks(pos), sum);
+  }
+  // advanced() wraps into the next epoch as next() does
+  const uint64_t per_epoch = ranks[0]->batches_per_epoch();
+  EXPECT_EQ(ranks[0]->advanced({0, per_epoch - 1}), (DataPosition{1, 0}));
+  EXPECT_EQ(ranks[0]->advanced({2, 1}, 2 * per_epoch + 1), (DataPosition{4, 2}));
+}
+
+TEST(DataLoader, BadMasksAreRejectedNamingTheFile) {
+  TempDir dir;
+  auto f = counting_file(dir, 1000);
+  {  // a size that is not the token count
+    std::FILE* out = std::fopen(dir.file("short.mask").c_str(), "wb");
+    std::fputs("\x01\x01", out);
+    std::fclose(out);
+    try {
+      MaskFile::open(dir.file("short.mask"), *f);
+      FAIL();
+    } catch (const CorruptData& e) {
+      EXPECT_NE(std::string(e.what()).find("short.mask: a loss mask of 2 bytes"), std::string::npos)
+          << e.what();
+    }
+  }
+  {  // a byte that is not 0 or 1
+    auto bad = write_mask(
+        dir, *f, [](size_t) { return true; }, "bad.mask");
+    std::FILE* out = std::fopen(dir.file("bad.mask").c_str(), "r+b");
+    std::fseek(out, 123, SEEK_SET);
+    std::fputc(7, out);
+    std::fclose(out);
+    auto reopened = std::make_shared<const MaskFile>(MaskFile::open(dir.file("bad.mask"), *f));
+    try {
+      DataLoader l(f, {0, 1000}, {.micro_batch = 1, .seq_len = 8}, "train", reopened);
+      FAIL();
+    } catch (const CorruptData& e) {
+      EXPECT_NE(std::string(e.what()).find("byte 7 at position 123"), std::string::npos)
+          << e.what();
+    }
+  }
+  {  // nothing to train on
+    auto none = write_mask(
+        dir, *f, [](size_t i) { return i == 0; }, "none.mask");
+    try {
+      DataLoader l(f, {0, 1000}, {.micro_batch = 1, .seq_len = 8}, "train", none);
+      FAIL();
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("marks no token of the train split"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(mask_path_beside("data/sft.u32"), "data/sft.mask");
+  EXPECT_EQ(mask_path_beside("sft.bin"), "sft.mask");
 }
 
 }  // namespace

@@ -106,6 +106,45 @@ TEST_F(TrainCliTest, TrainsAndPrintsTheSetupAndTheResult) {
   EXPECT_NE(r.err.find("step 3/3 | loss"), std::string::npos) << r.err;
 }
 
+// The .mask beside --data (what `outcore tokenize` writes for prompt/completion data) is used
+// unless --loss-mask says otherwise; the setup names it and the metrics count the trained
+// targets; a mask of the wrong size exits 2 naming it.
+TEST_F(TrainCliTest, ALossMaskBesideTheDataIsUsedAndNamed) {
+  const std::string mask = train::mask_path_beside(data_.train());
+  {
+    const train::TokenFile f = train::TokenFile::open(data_.train());
+    std::string bytes(f.size(), '\0');
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = i % 10 < 4 ? 1 : 0;
+    std::ofstream(mask, std::ios::binary) << bytes;
+  }
+  const std::string metrics = data_.file("m.jsonl");
+  CliResult r = run(train_args("--steps 2 --metrics " + shell_quote(metrics)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("loss mask " + mask), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("| trained "), std::string::npos) << r.err;
+  std::ifstream in(metrics);
+  int steps = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["type"] != "step") continue;
+    ++steps;
+    EXPECT_EQ(j["tokens"], 128);
+    EXPECT_GT(j["tokens_trained"].get<int>(), 30);
+    EXPECT_LT(j["tokens_trained"].get<int>(), 70);
+  }
+  EXPECT_EQ(steps, 2);
+
+  CliResult off = run(train_args("--steps 1 --loss-mask none"));
+  ASSERT_EQ(off.rc, 0) << off.err;
+  EXPECT_EQ(off.out.find("loss mask"), std::string::npos) << off.out;
+
+  std::ofstream(data_.file("short.mask"), std::ios::binary) << "\x01\x01";
+  CliResult bad = run(train_args("--steps 1 --loss-mask " + shell_quote(data_.file("short.mask"))));
+  EXPECT_EQ(bad.rc, 2) << bad.err;
+  EXPECT_NE(bad.err.find("short.mask: a loss mask of 2 bytes"), std::string::npos) << bad.err;
+  EXPECT_EQ(count_error_lines(bad.err), 1) << bad.err;
+}
+
 TEST_F(TrainCliTest, DeviceIsChosenOrRefusedByName) {
   CliResult cpu = run(train_args("--steps 1 --device cpu"));
   ASSERT_EQ(cpu.rc, 0) << cpu.err;

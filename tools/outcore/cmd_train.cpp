@@ -36,6 +36,7 @@ namespace cfg = outcore::config;
 // other bad input (exit 2).
 struct TrainCliOptions {
   std::string config, model, data, val_data, format = "auto", metrics, trace;
+  std::string loss_mask, val_loss_mask;
   std::string save_dir, save_every, keep, resume, init_from;
   std::string comm = "auto";
   std::string device = "auto";
@@ -165,7 +166,7 @@ void fit_checkpoint_batch(cfg::Config& c, const Numbers& n, int64_t world,
 struct ResumeDefaults {
   std::string source;  // the checkpoint directory
   std::string ds_config, model_config;
-  std::string train_data, val_data;
+  std::string train_data, val_data, train_mask, val_mask;
   double val_fraction = 0;
   int64_t seq_len = 0;
 };
@@ -180,12 +181,27 @@ ResumeDefaults resume_defaults(const std::string& path) {
     const nlohmann::json st = nlohmann::json::parse(ck.read_text("trainer_state.json"));
     d.train_data = st.value("train_data", "");
     d.val_data = st.value("val_data", "");
+    d.train_mask = st.value("train_mask", "");
+    d.val_mask = st.value("val_mask", "");
     d.val_fraction = st.value("val_fraction", 0.0);
     d.seq_len = st.value("seq_len", int64_t{0});
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(d.source + "/trainer_state.json: " + e.what());
   }
   return d;
+}
+
+// The loss mask of token file `data`: `flag_value` when given ("none": no mask), else
+// `saved` (a resumed run's), else the .mask beside the file when there is one (what
+// `outcore tokenize` writes for prompt/completion data).
+std::string resolve_mask(const std::string& flag_value, const std::string& saved,
+                         const std::string& data) {
+  if (flag_value == "none" || data.empty()) return "";
+  if (!flag_value.empty()) return flag_value;
+  if (!saved.empty()) return saved;
+  const std::string beside = train::mask_path_beside(data);
+  std::error_code ec;
+  return std::filesystem::is_regular_file(beside, ec) ? beside : "";
 }
 
 // Every file under `dir` (recursively or not) as an input named by `flag`, so that no output
@@ -237,6 +253,8 @@ std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config
   add_json("model.", nlohmann::json::parse(model.to_json()));
   out.emplace_back("--data", file(t.train_data));
   out.emplace_back("--val-data", file(t.val_data));
+  out.emplace_back("--loss-mask", file(t.train_mask));
+  out.emplace_back("--val-loss-mask", file(t.val_mask));
   out.emplace_back("--val-fraction", fmt::format("{}", t.val_fraction));
   out.emplace_back("--format", std::to_string(static_cast<int>(t.token_format)));
   out.emplace_back("--seq-len", std::to_string(t.seq_len));
@@ -292,10 +310,15 @@ int run_train(const TrainCliOptions& o) {
   if (model_path.empty() && !o.init_from.empty())
     model_path = (std::filesystem::path(o.init_from) / "config.json").string();
   std::string data = o.data, val_data = o.val_data;
-  if (rd && data.empty()) {
+  const bool data_from_resume = rd && data.empty();
+  if (data_from_resume) {
     data = rd->train_data;
     if (val_data.empty()) val_data = rd->val_data;
   }
+  const std::string train_mask =
+      resolve_mask(o.loss_mask, data_from_resume ? rd->train_mask : "", data);
+  const std::string val_mask =
+      resolve_mask(o.val_loss_mask, data_from_resume ? rd->val_mask : "", val_data);
   if (model_path.empty() && !rd) {
     std::fprintf(stderr, "error: --model is required (or --init-from or --resume)\n");
     return 2;
@@ -327,7 +350,9 @@ int run_train(const TrainCliOptions& o) {
   if ((!config_path.empty() && !check_input_file(config_path, "--config")) ||
       (!model_path.empty() && !check_input_file(model_path, "--model")) ||
       !check_input_file(data, "--data") ||
-      (!val_data.empty() && !check_input_file(val_data, "--val-data"))) {
+      (!val_data.empty() && !check_input_file(val_data, "--val-data")) ||
+      (!train_mask.empty() && !check_input_file(train_mask, "--loss-mask")) ||
+      (!val_mask.empty() && !check_input_file(val_mask, "--val-loss-mask"))) {
     return 2;
   }
 
@@ -390,10 +415,9 @@ int run_train(const TrainCliOptions& o) {
   }
 
   const std::string metrics = o.metrics.empty() ? config.outcore.metrics_file : o.metrics;
-  std::vector<std::pair<std::string, const char*>> inputs = {{config_path, "--config"},
-                                                             {model_path, "--model"},
-                                                             {data, "--data"},
-                                                             {val_data, "--val-data"}};
+  std::vector<std::pair<std::string, const char*>> inputs = {
+      {config_path, "--config"}, {model_path, "--model"},     {data, "--data"},
+      {val_data, "--val-data"},  {train_mask, "--loss-mask"}, {val_mask, "--val-loss-mask"}};
   add_input_files(inputs, o.init_from, "--init-from", false);
   if (rd) {
     add_input_files(inputs, rd->source, "--resume", true);
@@ -406,6 +430,8 @@ int run_train(const TrainCliOptions& o) {
   topts.trace_file = o.trace;
   topts.train_data = data;
   topts.val_data = val_data;
+  topts.train_mask = train_mask;
+  topts.val_mask = val_mask;
   topts.val_fraction = n.val_fraction.value_or(rd && o.data.empty() ? rd->val_fraction : 0.0);
   topts.save_dir = o.save_dir;
   topts.save_every = n.save_every.value_or(0);
@@ -446,6 +472,12 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--model", o->model, "Hugging Face Llama config.json (required)");
   cmd->add_option("--data", o->data, "training tokens: llm.c .bin, raw .u16 or .u32 (required)");
   cmd->add_option("--val-data", o->val_data, "validation tokens (same formats)");
+  cmd->add_option("--loss-mask", o->loss_mask,
+                  "loss mask of --data (one byte per token, 1 = trained on; `outcore tokenize` "
+                  "writes it for prompt/completion data); default: the .mask beside --data when "
+                  "there is one; none: no mask");
+  cmd->add_option("--val-loss-mask", o->val_loss_mask,
+                  "loss mask of --val-data (default: the .mask beside it; none: no mask)");
   cmd->add_option("--val-fraction", o->val_fraction,
                   "without --val-data: hold out this fraction of --data's tail for validation");
   cmd->add_option("--format", o->format,

@@ -101,6 +101,11 @@ class CpuBackend final : public ComputeBackend {
     for (int64_t r = 0; r < rows; ++r) {
       float* row = logits + r * vocab;
       const int32_t t = targets[r];
+      if (kmath::xent_ignored(t)) {
+        row_loss[r] = 0.0f;
+        if (grad) std::fill(row, row + vocab, 0.0f);
+        continue;
+      }
       if (!grad) {
         row_loss[r] = kmath::xent_loss(cpu::log_sum_exp(row, vocab), row[t]);
         continue;

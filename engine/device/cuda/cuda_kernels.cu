@@ -233,6 +233,12 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
                                      float coef, bool grad, float* row_loss) {
   float* x = logits + blockIdx.x * vocab;
   const int32_t t = targets[blockIdx.x];
+  if (kmath::xent_ignored(t)) {  // the whole block takes this branch
+    if (threadIdx.x == 0) row_loss[blockIdx.x] = 0.0f;
+    if (grad)
+      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) x[j] = 0.0f;
+    return;
+  }
   const float target_logit = x[t];
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, x[j]);

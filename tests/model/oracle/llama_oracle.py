@@ -9,7 +9,7 @@ Each CASE_DIR holds what the C++ test wrote:
                  "tensors": [{"name": ..., "shape": [...]}, ...]}   (order of params.bin)
   params.bin    float32 tensors, concatenated in case.json order
   tokens.bin    int32 [B*T] input ids
-  targets.bin   int32 [B*T] next-token ids
+  targets.bin   int32 [B*T] next-token ids; -1 = not trained on (a loss mask)
 and receives
   result.bin    float64: logits [B*T, vocab], loss (1 value), then the gradient of
                 loss_scale * loss for every tensor, in case.json order;
@@ -157,7 +157,10 @@ def forward(cfg, p, tokens, targets):
     h = rms_norm(h, p["model.norm.weight"], eps)
     head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]
     logits = mm(h, head.T).reshape(B * T, -1)
-    loss = torch.nn.functional.cross_entropy(logits, targets.reshape(-1))
+    # outcore's head: the sum over the targets not ignored (-1, a loss mask) over all B*T rows
+    # (the trainer divides by the step's trained targets instead); the mean without a mask.
+    loss = torch.nn.functional.cross_entropy(logits, targets.reshape(-1), ignore_index=-1,
+                                             reduction="sum") / targets.numel()
     return logits, loss
 
 
