@@ -235,6 +235,10 @@ struct CpuDeviceOptions {
   // allocates the same unit slabs every pass, and fresh pages from the kernel cost a page
   // fault and a zeroing each. Not charged to the budget. Discrete devices keep none.
   uint64_t cache_bytes = 0;
+  // Simulates a slow link: every stream copy waits this many microseconds before it copies
+  // (0: none). Work that reads a buffer another stream is still copying then sees the wrong
+  // bytes, so tests of stream ordering fail when a wait is missing.
+  uint32_t copy_delay_us = 0;
 };
 
 // The simulated accelerator (see the file comment). host_accessible() is true unless
@@ -264,6 +268,7 @@ class CpuDevice final : public Device {
   struct Registry;  // the live streams, for synchronize(); the discrete mappings; the cache
   std::shared_ptr<Registry> registry_;
   bool discrete_ = false;
+  uint32_t copy_delay_us_ = 0;
 };
 
 // One GPU as the CUDA runtime reports it.

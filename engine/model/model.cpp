@@ -184,8 +184,10 @@ ActivationBuffers::ActivationBuffers(const LlamaModel& model, device::Device& de
     : model_(model), device_(device), staged_(cpu_checkpointing && !device.host_accessible()) {
   const int L = static_cast<int>(model.config().num_hidden_layers);
   if (staged_) {
-    for (int k = 0; k < 2; ++k)
+    for (int k = 0; k < 2; ++k) {
       staging_[k] = device.alloc(model.hidden_bytes(), "staged unit input");
+      copied_[k] = device.create_event();
+    }
     copy_ = device.create_stream("activation-checkpoints");
   }
   for (int u = 1; u <= L + 1; ++u) {
@@ -227,15 +229,24 @@ float* ActivationBuffers::unit_input(int unit) {
 
 void ActivationBuffers::after_forward(int unit) {
   if (!staged_ || unit + 1 > static_cast<int>(host_inputs_.size())) return;
-  copy_->copy_d2h(host_inputs_[unit].data(), staging_[(unit + 1) % 2].data(),
-                  model_.hidden_bytes());
-  copy_->synchronize();
+  prefetched_ = 0;
+  const int out = (unit + 1) % 2;  // unit's output, unit+1's input: it reads, the copy reads
+  copy_->copy_d2h(host_inputs_[unit].data(), staging_[out].data(), model_.hidden_bytes());
+  copy_->record(*copied_[out]);
+  copied_[unit % 2]->synchronize();  // unit+1 writes its output there: the copy down is done
 }
 
 void ActivationBuffers::before_backward(int unit) {
   if (!staged_ || unit < 1 || unit > static_cast<int>(host_inputs_.size())) return;
-  copy_->copy_h2d(staging_[unit % 2].data(), host_inputs_[unit - 1].data(), model_.hidden_bytes());
-  copy_->synchronize();
+  const auto bring_up = [&](int u) {
+    copy_->copy_h2d(staging_[u % 2].data(), host_inputs_[u - 1].data(), model_.hidden_bytes());
+    copy_->record(*copied_[u % 2]);
+  };
+  if (prefetched_ != unit) bring_up(unit);
+  copied_[unit % 2]->synchronize();
+  // unit-1's buffer last held unit+1's input, whose backward has finished.
+  prefetched_ = unit - 1;
+  if (prefetched_ >= 1) bring_up(prefetched_);
 }
 
 std::span<std::byte> ActivationBuffers::saved(int unit) {

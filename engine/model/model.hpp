@@ -372,8 +372,11 @@ ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing,
 // On a device the host cannot read (a GPU), units compute on two device staging inputs
 // (unit u's input is staging buffer u % 2): after_forward(u) copies unit u's output down to
 // its host checkpoint, before_backward(u) copies unit u's checkpoint back up; both are no-ops
-// in every other case, so a pass calls them unconditionally. REQUIRES: `device` outlives this
-// object. Throws OutOfMemory.
+// in every other case, so a pass calls them unconditionally. The copies run on their own
+// stream under the compute: unit u's output goes down while unit u+1 computes (one copy in
+// flight per staging buffer), and before_backward(u) starts bringing unit u-1's checkpoint up
+// while unit u's backward computes. REQUIRES: `device` outlives this object; units run in the
+// order forward 1..L, backward L+1..1 (a pass's order). Throws OutOfMemory.
 class ActivationBuffers {
  public:
   ActivationBuffers(const LlamaModel& model, device::Device& device, bool cpu_checkpointing);
@@ -382,9 +385,11 @@ class ActivationBuffers {
   // Input of unit `unit` (1..L+1), which is the output of unit-1: [B*T, hidden]. Device
   // memory (or the host checkpoint read in place, see above).
   float* unit_input(int unit);
-  // Staged checkpoints only (else no-ops): the output of unit `unit` (the input of unit+1)
-  // to its host checkpoint, after unit's forward; unit's input from its host checkpoint,
-  // before unit's backward (1..L+1). Both return once the copy is done.
+  // Staged checkpoints only (else no-ops): after unit `unit`'s forward, starts the copy of its
+  // output (the input of unit+1) to its host checkpoint, and returns once the staging buffer
+  // unit+1 writes is free (its previous copy done); before unit `unit`'s backward (1..L+1),
+  // returns once unit's input is on the device, having started the copy of unit-1's. A failed
+  // copy is rethrown by the call that waits for it.
   void after_forward(int unit);
   void before_backward(int unit);
   // Saved internals of decoder unit `unit` (empty with checkpointing or for other units).
@@ -399,6 +404,10 @@ class ActivationBuffers {
   std::vector<AlignedBuffer> host_inputs_;
   device::DeviceBuffer staging_[2];       // staged checkpoints: inputs of u % 2
   std::unique_ptr<device::Stream> copy_;  // staged checkpoints' copies
+  // Staged: the last copy that reads or writes staging buffer k; the unit whose input a copy
+  // already started bringing up (0: none).
+  std::unique_ptr<device::Event> copied_[2];
+  int prefetched_ = 0;
   bool staged_ = false;
   std::vector<device::DeviceBuffer> saved_;
   device::DeviceBuffer scratch_, grad_;

@@ -18,9 +18,12 @@ struct DiscreteCase {
   DType dtype;
   bool nvme_gradients = false;
   bool cpu_checkpointing = false;  // unit inputs in host memory, staged through the device
+  // CpuDeviceOptions::copy_delay_us: copies slow enough that a missing wait reads stale bytes.
+  uint32_t copy_delay_us = 0;
   std::string name() const {
     return placing.name() + (dtype == DType::BF16 ? "_bf16" : "_fp32") +
-           (nvme_gradients ? "_nvme_grads" : "") + (cpu_checkpointing ? "_cpu_ckpt" : "");
+           (nvme_gradients ? "_nvme_grads" : "") + (cpu_checkpointing ? "_cpu_ckpt" : "") +
+           (copy_delay_us > 0 ? "_slow_copies" : "");
   }
 };
 
@@ -38,7 +41,7 @@ TEST_P(DiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDevice) {
   device::CpuDevice host_dev;
   const RunResult want = train_on(host_dev, cfg, host_model, 3, eo);
 
-  device::CpuDevice dev({.discrete = true});
+  device::CpuDevice dev({.discrete = true, .copy_delay_us = c.copy_delay_us});
   ASSERT_FALSE(dev.host_accessible());
   const model::LlamaModel model(tiny_config(true), tiny_options(c.dtype),
                                 device::make_backend(dev));
@@ -72,7 +75,9 @@ INSTANTIATE_TEST_SUITE_P(
                       DiscreteCase{{1, "none", "nvme"}, DType::F32},
                       DiscreteCase{{1, "none", "cpu"}, DType::BF16},
                       DiscreteCase{{3, "nvme", "nvme"}, DType::BF16, false, true},
-                      DiscreteCase{{2, "none", "cpu"}, DType::F32, false, true}),
+                      DiscreteCase{{2, "none", "cpu"}, DType::F32, false, true},
+                      // the checkpoint copies run under the compute: slow ones must be waited for
+                      DiscreteCase{{2, "none", "cpu"}, DType::F32, false, true, 20000}),
     [](const auto& info) { return info.param.name(); });
 
 // Plan and measurement agree on the discrete device as they do on the host-accessible one.

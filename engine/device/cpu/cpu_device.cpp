@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -102,7 +103,8 @@ class CpuStream final : public Stream {
     std::function<void(std::exception_ptr&)> fn;
   };
 
-  explicit CpuStream(std::string name) : name_(std::move(name)), worker_([this] { run(); }) {}
+  CpuStream(std::string name, uint32_t copy_delay_us)
+      : name_(std::move(name)), copy_delay_us_(copy_delay_us), worker_([this] { run(); }) {}
 
   ~CpuStream() override {
     try {
@@ -175,7 +177,8 @@ class CpuStream final : public Stream {
  private:
   void copy(const char* op, void* dst, const void* src, size_t bytes) {
     check_range(name_, op, dst, src, bytes);
-    push_work([=] {
+    push_work([=, delay = copy_delay_us_] {
+      if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
       OUTCORE_TRACE_SPAN(op, "copy", {.bytes = static_cast<int64_t>(bytes)});
       std::memcpy(dst, src, bytes);
     });
@@ -220,6 +223,7 @@ class CpuStream final : public Stream {
   }
 
   const std::string name_;
+  const uint32_t copy_delay_us_;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   std::deque<Item> queue_;          // GUARDED_BY(mu_)
@@ -282,8 +286,8 @@ namespace {
 template <typename Registry>
 class RegisteredStream final : public Stream {
  public:
-  RegisteredStream(std::string name, std::shared_ptr<Registry> reg)
-      : inner_(std::move(name)), reg_(std::move(reg)) {
+  RegisteredStream(std::string name, std::shared_ptr<Registry> reg, uint32_t copy_delay_us)
+      : inner_(std::move(name), copy_delay_us), reg_(std::move(reg)) {
     std::lock_guard lock(reg_->mu);
     reg_->streams.push_back(&inner_);
   }
@@ -313,7 +317,9 @@ class RegisteredStream final : public Stream {
 }  // namespace
 
 CpuDevice::CpuDevice(CpuDeviceOptions options)
-    : registry_(std::make_shared<Registry>()), discrete_(options.discrete) {
+    : registry_(std::make_shared<Registry>()),
+      discrete_(options.discrete),
+      copy_delay_us_(options.copy_delay_us) {
   set_budget(options.memory_budget_bytes);
   registry_->cache_limit = options.cache_bytes != 0           ? options.cache_bytes
                            : options.memory_budget_bytes != 0 ? options.memory_budget_bytes
@@ -323,7 +329,7 @@ CpuDevice::CpuDevice(CpuDeviceOptions options)
 CpuDevice::~CpuDevice() = default;
 
 std::unique_ptr<Stream> CpuDevice::create_stream(std::string name) {
-  return std::make_unique<RegisteredStream<Registry>>(std::move(name), registry_);
+  return std::make_unique<RegisteredStream<Registry>>(std::move(name), registry_, copy_delay_us_);
 }
 
 std::unique_ptr<Event> CpuDevice::create_event() { return std::make_unique<CpuEvent>(); }
