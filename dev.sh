@@ -17,6 +17,7 @@ PACKAGES=(
   libcli11-dev libspdlog-dev libfmt-dev
   libopenmpi-dev openmpi-bin
   fio python3 python3-torch python3-numpy python3-dev pybind11-dev
+  libpcre2-dev libutf8proc-dev libsentencepiece-dev python3-sentencepiece
 )
 
 install_deps() {
@@ -35,6 +36,25 @@ install_deps() {
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# The tokenizer tests' reference: Hugging Face tokenizers under Node (tests/data/oracle). Node
+# from Debian only when no node is installed; `npm ci` only when node_modules is missing or
+# older than package-lock.json.
+install_node_oracle() {
+  if ! command -v node > /dev/null; then
+    echo "==> installing Debian packages: nodejs npm"
+    local sudo=""
+    if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nodejs npm
+  fi
+  local oracle=tests/data/oracle
+  if [[ ! -f $oracle/node_modules/.package-lock.json ||
+        $oracle/package-lock.json -nt $oracle/node_modules/.package-lock.json ]]; then
+    echo "==> npm ci in $oracle"
+    (cd "$oracle" && npm ci --no-audit --no-fund --loglevel=error > /dev/null)
+  fi
 }
 
 # build [TARGET...]: configure, then build the targets named (default: everything).
@@ -86,8 +106,8 @@ run_demo() {
 
 case "${1:-}" in
   demo) install_deps; build outcore; run_demo ;;  # only what the demo runs: no tests, no benchmarks
-  test) install_deps; build; run_tests ;;
-  build) install_deps; build ;;
-  gpu) install_deps; build; run_gpu ;;
+  test) install_deps; install_node_oracle; build; run_tests ;;
+  build) install_deps; install_node_oracle; build ;;
+  gpu) install_deps; install_node_oracle; build; run_gpu ;;
   *) echo "usage: $0 demo|test|build|gpu" >&2; exit 2 ;;
 esac

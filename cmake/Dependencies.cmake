@@ -19,6 +19,16 @@ outcore_require(ISAL_FOUND "ISA-L" "libisal-dev")
 pkg_check_modules(OPENBLAS IMPORTED_TARGET openblas)
 outcore_require(OPENBLAS_FOUND "OpenBLAS" "libopenblas-dev")
 
+# engine/data: the tokenizers' regular expressions, Unicode normalization and SentencePiece.
+pkg_check_modules(PCRE2 IMPORTED_TARGET libpcre2-8)
+outcore_require(PCRE2_FOUND "PCRE2" "libpcre2-dev")
+
+pkg_check_modules(UTF8PROC IMPORTED_TARGET libutf8proc)
+outcore_require(UTF8PROC_FOUND "utf8proc" "libutf8proc-dev")
+
+pkg_check_modules(SENTENCEPIECE IMPORTED_TARGET sentencepiece)
+outcore_require(SENTENCEPIECE_FOUND "SentencePiece" "libsentencepiece-dev")
+
 find_package(TBB CONFIG QUIET)
 outcore_require(TBB_FOUND "oneTBB" "libtbb-dev")
 

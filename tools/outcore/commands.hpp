@@ -14,5 +14,6 @@ void add_demo_command(CLI::App& app, int& rc);
 void add_estimate_command(CLI::App& app, int& rc);
 void add_export_command(CLI::App& app, int& rc);
 void add_doctor_command(CLI::App& app, int& rc);
+void add_tokenize_command(CLI::App& app, int& rc);
 
 }  // namespace outcore::cli

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   outcore::cli::add_estimate_command(app, rc);
   outcore::cli::add_export_command(app, rc);
   outcore::cli::add_doctor_command(app, rc);
+  outcore::cli::add_tokenize_command(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,62 @@
+// tokenizer.model (SentencePiece) -> a Backend, run by libsentencepiece.
+#include <fmt/format.h>
+#include <sentencepiece_processor.h>
+
+#include "common/error.hpp"
+#include "engine/data/backend.hpp"
+
+namespace outcore::data::detail {
+namespace {
+
+class SentencePieceBackend final : public Backend {
+ public:
+  explicit SentencePieceBackend(const std::string& path) {
+    const auto status = processor_.Load(path);
+    if (!status.ok())
+      throw ConfigError("",
+                        fmt::format("{}: not a SentencePiece model: {}", path, status.ToString()));
+  }
+
+  void encode_text(std::string_view text, std::vector<uint32_t>& out) const override {
+    std::vector<int> ids;
+    const auto status = processor_.Encode(text, &ids);
+    if (!status.ok())
+      throw Error(fmt::format("SentencePiece encode failed: {}", status.ToString()));
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
+
+  uint64_t vocab_size() const override { return static_cast<uint64_t>(processor_.GetPieceSize()); }
+
+  std::optional<uint32_t> token_id(std::string_view content) const override {
+    const int id = processor_.PieceToId(content);
+    if (id < 0 || (id == processor_.unk_id() && processor_.IdToPiece(id) != content))
+      return std::nullopt;
+    return static_cast<uint32_t>(id);
+  }
+
+  std::optional<uint32_t> bos() const { return id_or_none(processor_.bos_id()); }
+  std::optional<uint32_t> eos() const { return id_or_none(processor_.eos_id()); }
+
+ private:
+  static std::optional<uint32_t> id_or_none(int id) {
+    if (id < 0) return std::nullopt;
+    return static_cast<uint32_t>(id);
+  }
+
+  sentencepiece::SentencePieceProcessor processor_;
+};
+
+}  // namespace
+
+LoadedBackend load_sentencepiece(const std::string& path) {
+  auto backend = std::make_unique<SentencePieceBackend>(path);
+  LoadedBackend loaded;
+  loaded.bos = backend->bos();
+  loaded.eos = backend->eos();
+  if (loaded.bos) loaded.prefix.push_back(*loaded.bos);
+  loaded.description = fmt::format("{} (SentencePiece)", path);
+  loaded.backend = std::move(backend);
+  return loaded;
+}
+
+}  // namespace outcore::data::detail

@@ -1,0 +1,389 @@
+#include "engine/data/tokenize_job.hpp"
+
+#include <fmt/format.h>
+#include <tbb/parallel_for.h>
+#include <tbb/parallel_pipeline.h>
+#include <tbb/task_arena.h>
+
+#include <array>
+#include <bit>
+#include <climits>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "common/error.hpp"
+#include "engine/data/staged_file.hpp"
+#include "engine/data/utf8.hpp"
+
+namespace outcore::data {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+static_assert(std::endian::native == std::endian::little, "token files are little-endian");
+
+// llm.c's token file, as engine/train/token_file.hpp reads it (a layer above this one).
+constexpr uint64_t kLlmcVocabLimit = 65536;
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcVersion = 1;
+constexpr size_t kLlmcHeaderInts = 256;
+// Batches in flight at once: one being read, two being tokenized, one being written.
+constexpr size_t kBatchesInFlight = 4;
+// A batch is tokenized in segments of whole documents of about this many bytes, one task each.
+constexpr size_t kSegmentBytes = size_t{256} << 10;
+
+struct BadEntry {
+  uint64_t line;
+  std::string reason;
+};
+
+// The encoded documents of consecutive documents of a batch: their tokens (and mask) one after
+// the other, and the bad ones left out, in order.
+struct Segment {
+  size_t first = 0, end = 0;  // documents [first, end) of the batch
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> mask;
+  std::vector<BadEntry> bad;
+  uint64_t documents = 0;  // encoded (not bad)
+};
+
+// A batch on its way through the pipeline.
+struct Work {
+  std::unique_ptr<Batch> batch;
+  std::vector<Segment> segments;
+};
+
+// The 1-based line of byte `at` of a document starting on `line`, and a message for an
+// ill-formed sequence there.
+std::pair<uint64_t, std::string> utf8_error(std::string_view text, size_t at, uint64_t line) {
+  size_t line_start = 0;
+  for (size_t i = 0; i < at; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      line_start = i + 1;
+    }
+  }
+  return {line, fmt::format("ill-formed UTF-8 (byte 0x{:02X} at byte {} of the line)",
+                            static_cast<unsigned char>(text[at]), at - line_start + 1)};
+}
+
+// "an array", "a number", "null".
+std::string with_article(std::string_view type) {
+  if (type == "null") return "null";
+  std::string out = type.front() == 'a' || type.front() == 'o' ? "an " : "a ";
+  out += type;
+  return out;
+}
+
+// nlohmann's message without its "[json.exception...] " prefix.
+std::string json_message(const json::exception& e) {
+  std::string m = e.what();
+  const size_t close = m.find("] ");
+  return close == std::string::npos ? m : m.substr(close + 2);
+}
+
+class DocumentEncoder {
+ public:
+  DocumentEncoder(const Tokenizer& tokenizer, const TokenizeOptions& options)
+      : tokenizer_(tokenizer),
+        options_(options),
+        pairs_(!options.prompt_key.empty()),
+        eos_(tokenizer.eos_id()) {}
+
+  bool pairs() const { return pairs_; }
+
+  // Appends the document's tokens (and mask) to `out`, or records why it is bad (leaving
+  // nothing of it in out.tokens).
+  void encode(std::string_view text, uint64_t line, InputFormat format, Segment& out) const {
+    const size_t invalid = find_invalid_utf8(text);
+    if (invalid != text.size()) {
+      auto [bad_line, reason] = utf8_error(text, invalid, line);
+      out.bad.push_back({bad_line, std::move(reason)});
+      return;
+    }
+    if (format == InputFormat::kText) {
+      encode_text(text, out.tokens);
+      ++out.documents;
+      return;
+    }
+    std::string bad;
+    if (encode_json(text, out, bad)) {
+      ++out.documents;
+    } else {
+      out.bad.push_back({line, std::move(bad)});
+    }
+  }
+
+ private:
+  // A JSON line's text or pair; false with `bad` set when the line is not what is expected.
+  bool encode_json(std::string_view text, Segment& out, std::string& bad) const {
+    json j;
+    try {
+      j = json::parse(text);
+    } catch (const json::parse_error& e) {
+      bad = "not valid JSON: " + json_message(e);
+      return false;
+    }
+    if (!j.is_object()) {
+      bad = fmt::format("a JSON line must be an object, not {}", with_article(j.type_name()));
+      return false;
+    }
+    if (!pairs_) {
+      const std::string* s = string_at(j, options_.text_key, bad);
+      if (s) encode_text(*s, out.tokens);
+      return s != nullptr;
+    }
+    const std::string* prompt = string_at(j, options_.prompt_key, bad);
+    const std::string* completion = prompt ? string_at(j, options_.completion_key, bad) : nullptr;
+    if (completion) encode_pair(*prompt, *completion, out);
+    return completion != nullptr;
+  }
+
+  // j[key] when it is a string; else nullptr with `bad` set.
+  static const std::string* string_at(const json& j, const std::string& key, std::string& bad) {
+    const auto it = j.find(key);
+    if (it == j.end()) {
+      bad = fmt::format("no key \"{}\"", key);
+      return nullptr;
+    }
+    if (!it->is_string()) {
+      bad = fmt::format("\"{}\" is {}, not a string", key, with_article(it->type_name()));
+      return nullptr;
+    }
+    return &it->get_ref<const std::string&>();
+  }
+
+  void encode_text(std::string_view text, std::vector<uint32_t>& tokens) const {
+    const size_t start = tokens.size();
+    tokenizer_.encode(text, true, tokens);
+    if (eos_ && (tokens.size() == start || tokens.back() != *eos_)) tokens.push_back(*eos_);
+  }
+
+  void encode_pair(std::string_view prompt, std::string_view completion, Segment& out) const {
+    std::vector<uint32_t>& tokens = out.tokens;
+    tokenizer_.encode(prompt, true, tokens);
+    const size_t completion_start = tokens.size();
+    out.mask.resize(completion_start, 0);
+    tokenizer_.encode(completion, false, tokens);
+    if (eos_ && (tokens.size() == completion_start || tokens.back() != *eos_))
+      tokens.push_back(*eos_);
+    out.mask.resize(tokens.size(), 1);
+  }
+
+  const Tokenizer& tokenizer_;
+  const TokenizeOptions& options_;
+  bool pairs_;
+  std::optional<uint32_t> eos_;
+};
+
+// Whether `a` and `b` name the same file (device and inode when both exist, else the same
+// absolute path).
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
+  return fs::weakly_canonical(fs::absolute(a), ec) == fs::weakly_canonical(fs::absolute(b), ec);
+}
+
+void check_options(const TokenizeOptions& o, const std::vector<std::string>& outputs) {
+  if (o.inputs.empty()) throw InvalidArgument("tokenize: no input files");
+  if (o.out_prefix.empty()) throw InvalidArgument("tokenize: no output prefix");
+  if (o.prompt_key.empty() != o.completion_key.empty())
+    throw InvalidArgument("tokenize: prompt/completion pairs need both keys");
+  for (const std::string& in : o.inputs) {
+    const InputFormat f = input_format_of(in);
+    if (!o.prompt_key.empty() && f != InputFormat::kJsonLines)
+      throw InvalidArgument(
+          fmt::format("{}: prompt/completion pairs are read from JSON lines "
+                      "(.jsonl or .json), not plain text",
+                      in));
+    if (o.doc_per_file && f != InputFormat::kText)
+      throw InvalidArgument(
+          fmt::format("{}: one document per file applies to plain text, not JSON lines", in));
+  }
+  std::error_code ec;
+  for (const std::string& out : outputs) {
+    for (const std::string& in : o.inputs) {
+      if (same_file(out, in))
+        throw InvalidArgument(fmt::format("output {} would overwrite input {}", out, in));
+    }
+    if (fs::exists(out, ec) && !fs::is_regular_file(out, ec))
+      throw InvalidArgument(fmt::format("output {} exists and is not a regular file", out));
+    const fs::path dir = fs::absolute(out).parent_path();
+    if (!fs::is_directory(dir, ec))
+      throw InvalidArgument(
+          fmt::format("output {}: directory {} does not exist", out, dir.string()));
+  }
+}
+
+// Appends tokens to the token file (and mask), counting; checks what llm.c can hold.
+class OutputWriter {
+ public:
+  OutputWriter(const std::vector<std::string>& outputs, bool llmc, bool mask)
+      : llmc_(llmc), tokens_(outputs[0]) {
+    if (mask) mask_.emplace(outputs[1]);
+    if (llmc_) {
+      const std::array<int32_t, kLlmcHeaderInts> header{};
+      tokens_.append(header.data(), sizeof(header));
+    }
+  }
+
+  void write(const Segment& d) {
+    if (llmc_) {
+      if (count_ + d.tokens.size() > static_cast<uint64_t>(INT32_MAX))
+        throw InvalidArgument(
+            fmt::format("{}: more than {} tokens, the most an llm.c token file "
+                        "counts; split the input",
+                        tokens_.target(), INT32_MAX));
+      narrow_.resize(d.tokens.size());
+      for (size_t i = 0; i < d.tokens.size(); ++i) {
+        if (d.tokens[i] >= kLlmcVocabLimit)
+          throw CorruptData(fmt::format("token id {} does not fit the 16 bits of {}", d.tokens[i],
+                                        tokens_.target()));
+        narrow_[i] = static_cast<uint16_t>(d.tokens[i]);
+      }
+      tokens_.append(narrow_.data(), narrow_.size() * sizeof(uint16_t));
+    } else {
+      tokens_.append(d.tokens.data(), d.tokens.size() * sizeof(uint32_t));
+    }
+    if (mask_) {
+      mask_->append(d.mask.data(), d.mask.size());
+      for (uint8_t m : d.mask) targets_ += m;
+    }
+    count_ += d.tokens.size();
+  }
+
+  // Completes the header, fsyncs everything, then renames the files over their targets.
+  void commit() {
+    if (llmc_) {
+      std::array<int32_t, kLlmcHeaderInts> header{};
+      header[0] = kLlmcMagic;
+      header[1] = kLlmcVersion;
+      header[2] = static_cast<int32_t>(count_);
+      tokens_.write_at(0, header.data(), sizeof(header));
+    }
+    tokens_.finish();
+    if (mask_) mask_->finish();
+    if (mask_) mask_->commit();
+    tokens_.commit();
+  }
+
+  uint64_t count() const { return count_; }
+  uint64_t targets() const { return targets_; }
+
+ private:
+  bool llmc_;
+  StagedFile tokens_;
+  std::optional<StagedFile> mask_;
+  std::vector<uint16_t> narrow_;
+  uint64_t count_ = 0, targets_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::string> tokenize_outputs(const TokenizeOptions& options, uint64_t vocab_size) {
+  std::vector<std::string> out{options.out_prefix +
+                               (vocab_size <= kLlmcVocabLimit ? ".bin" : ".u32")};
+  if (!options.prompt_key.empty()) out.push_back(options.out_prefix + ".mask");
+  return out;
+}
+
+TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOptions& options) {
+  const auto start = Clock::now();
+  const std::vector<std::string> outputs = tokenize_outputs(options, tokenizer.vocab_size());
+  check_options(options, outputs);
+  const bool llmc = tokenizer.vocab_size() <= kLlmcVocabLimit;
+  const DocumentEncoder encoder(tokenizer, options);
+  DocumentReader reader(options.inputs, {.doc_per_file = options.doc_per_file,
+                                         .chunk_bytes = options.chunk_bytes,
+                                         .max_document_bytes = options.max_document_bytes});
+  OutputWriter writer(outputs, llmc, encoder.pairs());
+
+  TokenizeProgress progress;
+  auto last_report = start;
+  auto seconds = [&start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  auto stopped = [&options] {
+    return options.stop != nullptr && options.stop->load(std::memory_order_relaxed);
+  };
+
+  auto read = [&](tbb::flow_control& fc) -> std::shared_ptr<Work> {
+    if (stopped()) throw Interrupted("tokenize interrupted by a signal");
+    std::unique_ptr<Batch> b = reader.next();
+    if (!b) {
+      fc.stop();
+      return nullptr;
+    }
+    auto w = std::make_shared<Work>();
+    w->batch = std::move(b);
+    return w;
+  };
+  auto encode = [&](std::shared_ptr<Work> w) {
+    const Batch& b = *w->batch;
+    const InputFormat format = input_format_of(reader.files()[b.file]);
+    for (size_t i = 0; i < b.docs.size();) {
+      Segment& seg = w->segments.emplace_back();
+      seg.first = i;
+      for (size_t bytes = 0; i < b.docs.size() && bytes < kSegmentBytes; ++i)
+        bytes += b.docs[i].size;
+      seg.end = i;
+    }
+    tbb::parallel_for(size_t{0}, w->segments.size(), [&](size_t k) {
+      Segment& seg = w->segments[k];
+      for (size_t i = seg.first; i < seg.end; ++i) {
+        const Document& d = b.docs[i];
+        encoder.encode(std::string_view(b.bytes).substr(d.offset, d.size), d.line, format, seg);
+      }
+    });
+    return w;
+  };
+  auto write = [&](std::shared_ptr<Work> w) {
+    if (stopped()) throw Interrupted("tokenize interrupted by a signal");
+    const std::string& file = reader.files()[w->batch->file];
+    for (const Segment& seg : w->segments) {
+      for (const BadEntry& e : seg.bad) {
+        BadDocument bad(file, e.line, e.reason);
+        if (!options.skip_bad) throw bad;
+        ++progress.skipped;
+        if (options.on_skipped) options.on_skipped(bad);
+      }
+      writer.write(seg);
+      progress.documents += seg.documents;
+    }
+    progress.tokens = writer.count();
+    progress.bytes_read = w->batch->bytes_read;
+    if (options.on_progress && Clock::now() - last_report >= options.progress_interval) {
+      last_report = Clock::now();
+      progress.seconds = seconds();
+      options.on_progress(progress);
+    }
+  };
+
+  const int threads = options.threads > 0 ? options.threads : tbb::info::default_concurrency();
+  tbb::task_arena arena(threads);
+  arena.execute([&] {
+    tbb::parallel_pipeline(
+        kBatchesInFlight,
+        tbb::make_filter<void, std::shared_ptr<Work>>(tbb::filter_mode::serial_in_order, read) &
+            tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(
+                tbb::filter_mode::parallel, encode) &
+            tbb::make_filter<std::shared_ptr<Work>, void>(tbb::filter_mode::serial_in_order,
+                                                          write));
+  });
+  if (stopped()) throw Interrupted("tokenize interrupted by a signal");
+  writer.commit();
+
+  progress.seconds = seconds();
+  if (options.on_progress) options.on_progress(progress);
+  TokenizeResult result;
+  result.totals = progress;
+  result.targets = writer.targets();
+  result.token_file = outputs[0];
+  result.mask_file = encoder.pairs() ? outputs[1] : "";
+  result.llmc = llmc;
+  return result;
+}
+
+}  // namespace outcore::data

@@ -1,0 +1,158 @@
+#include "engine/data/tokenizer.hpp"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "common/open_file.hpp"
+#include "engine/data/backend.hpp"
+#include "engine/data/utf8.hpp"
+
+namespace outcore::data {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr size_t kMaxConfigBytes = size_t{64} << 20;
+
+// DIR/name parsed, or null when the file is not there.
+json read_optional_json(const fs::path& dir, const char* name) {
+  const fs::path path = dir / name;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return json();
+  try {
+    json j = json::parse(read_whole_file(path.string(), "tokenizer config", kMaxConfigBytes));
+    if (!j.is_object())
+      throw ConfigError("", fmt::format("{}: must hold a JSON object", path.string()));
+    return j;
+  } catch (const json::parse_error& e) {
+    throw ConfigError("", fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
+  }
+}
+
+// The token a config names under `key` (a string, or an object with "content"): its text, or
+// nullopt when the key is absent or null.
+std::optional<std::string> named_token(const json& config, const char* key,
+                                       const std::string& file) {
+  if (!config.is_object() || !config.contains(key) || config[key].is_null()) return std::nullopt;
+  const json& v = config[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
+  throw ConfigError(key, fmt::format("must be a token (a string, or an object with \"content\"), "
+                                     "got {} (in {})",
+                                     v.dump(), file));
+}
+
+// The id of the BOS or EOS token (`key` "bos_token" or "eos_token"): named by
+// tokenizer_config.json, else special_tokens_map.json, else the backend's own.
+std::optional<uint32_t> special_id(const detail::Backend& backend, const fs::path& dir,
+                                   const json& config, const json& map, const char* key,
+                                   std::optional<uint32_t> own) {
+  const std::string config_file = (dir / "tokenizer_config.json").string();
+  const std::string map_file = (dir / "special_tokens_map.json").string();
+  std::optional<std::string> name = named_token(config, key, config_file);
+  std::string file = config_file;
+  if (!name && !(config.is_object() && config.contains(key))) {
+    name = named_token(map, key, map_file);
+    file = map_file;
+  }
+  if (!name) return own;
+  const std::optional<uint32_t> id = backend.token_id(*name);
+  if (!id)
+    throw ConfigError(key,
+                      fmt::format("\"{}\" is not a token of the tokenizer (in {})", *name, file));
+  return id;
+}
+
+// tokenizer_config.json's add_bos_token / add_eos_token: nullopt when absent.
+std::optional<bool> flag(const json& config, const char* key, const std::string& file) {
+  if (!config.is_object() || !config.contains(key) || config[key].is_null()) return std::nullopt;
+  if (!config[key].is_boolean())
+    throw ConfigError(
+        key, fmt::format("must be true or false, got {} (in {})", config[key].dump(), file));
+  return config[key].get<bool>();
+}
+
+detail::LoadedBackend load_backend(const fs::path& dir) {
+  const fs::path json_path = dir / "tokenizer.json", model_path = dir / "tokenizer.model";
+  std::error_code ec;
+  const bool has_model = fs::exists(model_path, ec);
+  if (fs::exists(json_path, ec)) {
+    try {
+      return detail::load_tokenizer_json(json_path.string());
+    } catch (const detail::UnsupportedTokenizer& e) {
+      if (!has_model) throw;
+      log::warn("{}; using {} instead", e.what(), model_path.string());
+    }
+  }
+  if (has_model) return detail::load_sentencepiece(model_path.string());
+  throw ConfigError(
+      "", fmt::format("{}: no tokenizer.json or tokenizer.model in this directory", dir.string()));
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::load(const std::string& dir) {
+  const fs::path d(dir);
+  std::error_code ec;
+  if (!fs::is_directory(d, ec))
+    throw ConfigError("", fmt::format("{}: not a directory (want a model directory holding "
+                                      "tokenizer.json or tokenizer.model)",
+                                      dir));
+  detail::LoadedBackend loaded = load_backend(d);
+  const json config = read_optional_json(d, "tokenizer_config.json");
+  const json map = read_optional_json(d, "special_tokens_map.json");
+  Tokenizer t;
+  t.bos_ = special_id(*loaded.backend, d, config, map, "bos_token", loaded.bos);
+  t.eos_ = special_id(*loaded.backend, d, config, map, "eos_token", loaded.eos);
+  t.prefix_ = std::move(loaded.prefix);
+  t.suffix_ = std::move(loaded.suffix);
+  const std::string config_file = (d / "tokenizer_config.json").string();
+  const std::optional<bool> add_bos = flag(config, "add_bos_token", config_file);
+  const std::optional<bool> add_eos = flag(config, "add_eos_token", config_file);
+  if (add_bos || add_eos) {
+    t.prefix_.clear();
+    t.suffix_.clear();
+    if (add_bos.value_or(false)) {
+      if (!t.bos_)
+        throw ConfigError("add_bos_token",
+                          fmt::format("is true but no bos_token is named (in {})", config_file));
+      t.prefix_.push_back(*t.bos_);
+    }
+    if (add_eos.value_or(false)) {
+      if (!t.eos_)
+        throw ConfigError("add_eos_token",
+                          fmt::format("is true but no eos_token is named (in {})", config_file));
+      t.suffix_.push_back(*t.eos_);
+    }
+  }
+  t.vocab_size_ = loaded.backend->vocab_size();
+  t.description_ = std::move(loaded.description);
+  t.backend_ = std::move(loaded.backend);
+  return t;
+}
+
+void Tokenizer::encode(std::string_view text, bool add_special_tokens,
+                       std::vector<uint32_t>& out) const {
+  if (add_special_tokens) out.insert(out.end(), prefix_.begin(), prefix_.end());
+  if (find_invalid_utf8(text) == text.size()) {
+    backend_->encode_text(text, out);
+  } else {
+    std::string repaired;
+    repaired.reserve(text.size() + 16);
+    append_replacing_invalid_utf8(text, repaired);
+    backend_->encode_text(repaired, out);
+  }
+  if (add_special_tokens) out.insert(out.end(), suffix_.begin(), suffix_.end());
+}
+
+std::optional<uint32_t> Tokenizer::token_id(std::string_view content) const {
+  return backend_->token_id(content);
+}
+
+}  // namespace outcore::data

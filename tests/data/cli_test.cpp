@@ -1,0 +1,206 @@
+// `outcore tokenize` run as a user runs it: text, JSON lines and prompt/completion inputs, the
+// files written (read back with engine/train's TokenFile), --skip-bad, one error line naming
+// file:line with exit 2, --log-json, and output independent of --threads.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "engine/data/tokenizer.hpp"
+#include "engine/train/token_file.hpp"
+#include "tests/common/run_command.hpp"
+#include "tests/common/temp_dir.hpp"
+#include "tests/data/tiny_tokenizer.hpp"
+
+namespace outcore::data {
+namespace {
+
+using test::json;
+using test::shell_quote;
+namespace fs = std::filesystem;
+
+struct CliResult {
+  int rc = -1;
+  std::string out, err;
+};
+
+class TokenizeCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override { test::write_tiny_tokenizer_dir(dir_ / "tok"); }
+
+  std::string input(const std::string& name, const std::string& bytes) {
+    test::write_file(dir_ / name, bytes);
+    return (dir_ / name).string();
+  }
+
+  // Runs `outcore tokenize --tokenizer DIR/tok <args>`.
+  CliResult run(const std::string& args, const std::string& tokenizer = "tok") {
+    const std::string out = (dir_ / "stdout").string(), err = (dir_ / "stderr").string();
+    std::string ignored;
+    CliResult r;
+    r.rc =
+        outcore::testing::run_command("(" + std::string(OUTCORE_CLI) + " tokenize --tokenizer " +
+                                          shell_quote((dir_ / tokenizer).string()) + " " + args +
+                                          " >" + shell_quote(out) + " 2>" + shell_quote(err) + ")",
+                                      ignored);
+    r.out = test::slurp(out);
+    r.err = test::slurp(err);
+    return r;
+  }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  test::TempDir dir_{"tokenize-cli"};
+};
+
+int error_lines(const std::string& err) {
+  int n = 0;
+  std::istringstream in(err);
+  for (std::string l; std::getline(in, l);) n += l.rfind("error:", 0) == 0;
+  return n;
+}
+
+TEST_F(TokenizeCliTest, TextAndJsonLinesBecomeOneTokenFile) {
+  const std::string text = input("a.txt", "the first\ndocument\n\nthe second\n");
+  const std::string jsonl = input("b.jsonl", "{\"text\": \"and a third\"}\n");
+  const CliResult r =
+      run("--input " + shell_quote(text) + " " + shell_quote(jsonl) + " --out " +
+          shell_quote(path("out")) + " --log-json " + shell_quote(path("log.jsonl")));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("tokenized 3 documents (0 skipped as bad) from 2 files"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("out.bin (llm.c format"), std::string::npos) << r.out;
+  const Tokenizer tok = Tokenizer::load(path("tok"));
+  std::vector<uint32_t> want;
+  for (const char* d : {"the first\ndocument", "the second", "and a third"}) {
+    tok.encode(d, true, want);
+    want.push_back(264);
+  }
+  const train::TokenFile f = train::TokenFile::open(path("out.bin"));
+  ASSERT_EQ(f.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(f[i], want[i]) << i;
+  // --log-json: JSON lines, the last one the totals.
+  std::ifstream log(path("log.jsonl"));
+  json last;
+  for (std::string line; std::getline(log, line);) last = json::parse(line);
+  EXPECT_EQ(last["event"], "done");
+  EXPECT_EQ(last["documents"], 3);
+  EXPECT_EQ(last["tokens"], want.size());
+}
+
+TEST_F(TokenizeCliTest, PromptCompletionPairsWriteTokensAndMask) {
+  const std::string in =
+      input("sft.jsonl", "{\"p\": \"the q\", \"c\": \"and a\"}\n{\"p\": \"x\", \"c\": \"y\"}\n");
+  const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("sft")) +
+                          " --prompt-key p --completion-key c");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const train::TokenFile f = train::TokenFile::open(path("sft.bin"));
+  const std::string mask = test::slurp(path("sft.mask"));
+  ASSERT_EQ(mask.size(), f.size());
+  // "the q" -> 't', 257, ' ', 'q' (mask 0); " and a"... "and a" -> 263, 261 (mask 1); EOS (1).
+  EXPECT_EQ(f[0], static_cast<uint32_t>('t'));
+  EXPECT_EQ(f[4], 263u);
+  EXPECT_EQ(f[6], 264u);
+  EXPECT_EQ(mask.substr(0, 7), std::string("\0\0\0\0\1\1\1", 7));
+  EXPECT_NE(r.out.find("sft.mask (one byte per token; 5 of 10 tokens are training targets)"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST_F(TokenizeCliTest, BadInputIsOneLineWithFileAndLineAndExit2) {
+  test::write_file(dir_ / "out.bin", "previous");
+  const std::string in = input("bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"fine\"}\n{oops}\n");
+  const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("out")));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("error: " + in + ":3: not valid JSON"), std::string::npos) << r.err;
+  EXPECT_EQ(test::slurp(dir_ / "out.bin"), "previous");
+  // --skip-bad: written, the bad line counted and named.
+  const CliResult skipped =
+      run("--skip-bad --input " + shell_quote(in) + " --out " + shell_quote(path("out")));
+  ASSERT_EQ(skipped.rc, 0) << skipped.err;
+  EXPECT_NE(skipped.out.find("tokenized 2 documents (1 skipped as bad)"), std::string::npos)
+      << skipped.out;
+  EXPECT_NE(skipped.err.find("skipped: " + in + ":3: not valid JSON"), std::string::npos)
+      << skipped.err;
+  EXPECT_NE(test::slurp(dir_ / "out.bin"), "previous");
+}
+
+TEST_F(TokenizeCliTest, RefusedInvocationsExit2) {
+  const std::string in = input("a.txt", "text\n");
+  CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("out")), "nope");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("not a directory"), std::string::npos) << r.err;
+  r = run("--input " + shell_quote(path("missing.txt")) + " --out " + shell_quote(path("out")));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("missing.txt: no such file"), std::string::npos) << r.err;
+  const std::string victim = input("data.bin", "precious");
+  r = run("--input " + shell_quote(victim) + " --out " + shell_quote(path("data")));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("refusing to overwrite an input"), std::string::npos) << r.err;
+  EXPECT_EQ(test::slurp(victim), "precious");
+  r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) + " --prompt-key p");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--prompt-key needs --completion-key"), std::string::npos) << r.err;
+}
+
+TEST_F(TokenizeCliTest, OutputDoesNotDependOnThreads) {
+  std::string text;
+  for (int d = 0; d < 2000; ++d)
+    text += "document " + std::to_string(d) + " and the singing\nsecond line\n\n";
+  const std::string in = input("many.txt", text);
+  const std::string big = input("big.jsonl", json{{"text", text}}.dump() + "\n");
+  for (const char* threads : {"1", "2"}) {
+    const CliResult r =
+        run("--input " + shell_quote(in) + " " + shell_quote(big) + " --out " +
+            shell_quote(path(std::string("t") + threads)) + " --threads " + threads);
+    ASSERT_EQ(r.rc, 0) << r.err;
+  }
+  EXPECT_EQ(test::slurp(path("t1.bin")), test::slurp(path("t2.bin")));
+  EXPECT_EQ(train::TokenFile::open(path("t1.bin")).size(),
+            train::TokenFile::open(path("t2.bin")).size());
+}
+
+TEST_F(TokenizeCliTest, LargeVocabularyWritesU32) {
+  test::write_tiny_tokenizer_dir(dir_ / "big", 70000);
+  const std::string in = input("a.txt", "the end\n");
+  const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")), "big");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const train::TokenFile f = train::TokenFile::open(path("o.u32"));
+  ASSERT_GT(f.size(), 0u);
+  EXPECT_EQ(f[f.size() - 1], 70000u);
+  EXPECT_FALSE(fs::exists(path("o.bin")));
+}
+
+// Ctrl-C in the middle: exit 130, the previous output as it was, no temporaries.
+TEST_F(TokenizeCliTest, SigintStopsWithoutWritingAnything) {
+  test::write_file(dir_ / "o.bin", "previous");
+  std::string text;
+  const std::string block = "the singing and a quick brown fox then 12345 the end\n\n";
+  while (text.size() < (size_t{80} << 20)) text += block;
+  const std::string in = input("big.txt", text);
+  const std::string tok = path("tok"), out = path("o");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::execl(OUTCORE_CLI, OUTCORE_CLI, "tokenize", "--tokenizer", tok.c_str(), "--input", in.c_str(),
+            "--out", out.c_str(), "--threads", "1", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  EXPECT_EQ(test::slurp(dir_ / "o.bin"), "previous");
+  for (const auto& e : fs::directory_iterator(dir_.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+}  // namespace
+}  // namespace outcore::data

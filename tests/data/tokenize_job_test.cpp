@@ -1,0 +1,314 @@
+// run_tokenize_job: how inputs become documents (blank lines, \r\n, chunk boundaries, one per
+// file, JSON lines), the document layout and loss mask, the output formats (read back with
+// engine/train's TokenFile), bad input (named by file and line; skipped and counted on request;
+// existing outputs untouched), refused options, stops, and output that does not depend on the
+// thread count or the chunk size.
+#include "engine/data/tokenize_job.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "common/error.hpp"
+#include "engine/train/token_file.hpp"
+#include "tests/common/temp_dir.hpp"
+#include "tests/data/tiny_tokenizer.hpp"
+
+namespace outcore::data {
+namespace {
+
+using test::json;
+namespace fs = std::filesystem;
+constexpr uint32_t kEos = 264;
+
+class TokenizeJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    test::write_tiny_tokenizer_dir(dir_ / "tok");
+    tokenizer_.emplace(Tokenizer::load((dir_ / "tok").string()));
+  }
+
+  std::string input(const std::string& name, const std::string& bytes) {
+    const fs::path p = dir_ / name;
+    test::write_file(p, bytes);
+    return p.string();
+  }
+
+  TokenizeOptions options(std::vector<std::string> inputs, const std::string& out = "out") {
+    TokenizeOptions o;
+    o.inputs = std::move(inputs);
+    o.out_prefix = (dir_ / out).string();
+    o.threads = 2;
+    return o;
+  }
+
+  // encode(text, special) + EOS: a text document's layout.
+  std::vector<uint32_t> doc(std::string_view text) const {
+    std::vector<uint32_t> ids;
+    tokenizer_->encode(text, true, ids);
+    if (ids.empty() || ids.back() != kEos) ids.push_back(kEos);
+    return ids;
+  }
+
+  static std::vector<uint32_t> concat(const std::vector<std::vector<uint32_t>>& docs) {
+    std::vector<uint32_t> all;
+    for (const auto& d : docs) all.insert(all.end(), d.begin(), d.end());
+    return all;
+  }
+
+  static std::vector<uint32_t> tokens_of(const std::string& path) {
+    const train::TokenFile f = train::TokenFile::open(path);
+    std::vector<uint32_t> out(f.size());
+    for (size_t i = 0; i < f.size(); ++i) out[i] = f[i];
+    return out;
+  }
+
+  // Every file in the directory whose name holds ".tmp-".
+  std::vector<std::string> temporaries() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir_.path()))
+      if (e.path().filename().string().find(".tmp-") != std::string::npos)
+        out.push_back(e.path().string());
+    return out;
+  }
+
+  test::TempDir dir_{"tokenize-job"};
+  std::optional<Tokenizer> tokenizer_;
+};
+
+TEST_F(TokenizeJobTest, TextDocumentsAreRunsOfNonBlankLines) {
+  const std::string in =
+      input("a.txt",
+            "the first\nline two\n\n\n  \t\nsecond\r\nstill second\r\n\r\nthird <|endoftext|>\n\n");
+  const TokenizeResult r = run_tokenize_job(*tokenizer_, options({in}));
+  EXPECT_EQ(r.totals.documents, 3u);
+  EXPECT_TRUE(r.llmc);
+  EXPECT_EQ(r.token_file, (dir_ / "out.bin").string());
+  EXPECT_EQ(r.mask_file, "");
+  // The line breaks inside a document stay; the last one goes. A document that ends with the
+  // EOS text gets no second EOS.
+  EXPECT_EQ(tokens_of(r.token_file),
+            concat({doc("the first\nline two"), doc("second\r\nstill second"),
+                    doc("third <|endoftext|>")}));
+  EXPECT_EQ(r.totals.tokens, tokens_of(r.token_file).size());
+  EXPECT_FALSE(fs::exists(dir_ / "out.mask"));
+  EXPECT_TRUE(temporaries().empty());
+}
+
+// Documents cut from random text at every chunk size and thread count give the same file.
+TEST_F(TokenizeJobTest, OutputIsTheSameForAnyChunkSizeAndThreadCount) {
+  std::mt19937 rng(3);
+  std::string text;
+  std::vector<std::vector<uint32_t>> want;
+  const char* words[] = {"the", "singing", "and", "a", "then", "\xC3\xA9t\xC3\xA9", "42"};
+  for (int d = 0; d < 300; ++d) {
+    std::string body;
+    const int lines = 1 + static_cast<int>(rng() % 4);
+    for (int l = 0; l < lines; ++l) {
+      if (l > 0) body += rng() % 2 ? "\n" : "\r\n";
+      for (int w = 0; w < 1 + static_cast<int>(rng() % 9); ++w)
+        body += std::string(w ? " " : "") + words[rng() % 7];
+    }
+    text += body + (rng() % 3 ? "\n\n" : "\n \t\n\r\n");
+    want.push_back(doc(body));
+  }
+  const std::string in = input("many.txt", text);
+  std::string first;
+  for (size_t chunk : {size_t{5}, size_t{64}, size_t{4096}, size_t{1} << 20}) {
+    for (int threads : {1, 2}) {
+      TokenizeOptions o = options({in}, "out");
+      o.chunk_bytes = chunk;
+      o.threads = threads;
+      const TokenizeResult r = run_tokenize_job(*tokenizer_, o);
+      EXPECT_EQ(r.totals.documents, want.size()) << chunk << " " << threads;
+      const std::string bytes = test::slurp(r.token_file);
+      if (first.empty()) {
+        first = bytes;
+        EXPECT_EQ(tokens_of(r.token_file), concat(want));
+      }
+      EXPECT_EQ(bytes, first) << "chunk " << chunk << ", threads " << threads;
+    }
+  }
+}
+
+TEST_F(TokenizeJobTest, DocPerFileMakesEachFileOneDocument) {
+  const std::string a = input("a.txt", "one\n\ntwo\n"), b = input("b.txt", "three"),
+                    empty = input("c.txt", "");
+  TokenizeOptions o = options({a, b, empty});
+  o.doc_per_file = true;
+  const TokenizeResult r = run_tokenize_job(*tokenizer_, o);
+  EXPECT_EQ(r.totals.documents, 2u);
+  EXPECT_EQ(tokens_of(r.token_file), concat({doc("one\n\ntwo\n"), doc("three")}));
+}
+
+TEST_F(TokenizeJobTest, JsonLinesTakeTheTextKey) {
+  const std::string in = input(
+      "d.jsonl",
+      "{\"text\": \"the first\", \"id\": 1}\n\n   \n{\"body\": \"x\", \"text\": \"a\\nb\"}\r\n"
+      "{\"text\": \"\"}");
+  const TokenizeResult r = run_tokenize_job(*tokenizer_, options({in}));
+  EXPECT_EQ(r.totals.documents, 3u);
+  EXPECT_EQ(tokens_of(r.token_file), concat({doc("the first"), doc("a\nb"), doc("")}));
+  TokenizeOptions o = options({in});
+  o.text_key = "body";
+  o.skip_bad = true;
+  const TokenizeResult body = run_tokenize_job(*tokenizer_, o);
+  EXPECT_EQ(body.totals.documents, 1u);
+  EXPECT_EQ(body.totals.skipped, 2u);
+  EXPECT_EQ(tokens_of(body.token_file), doc("x"));
+}
+
+// Prompt tokens (special tokens added) are not targets; the completion and its EOS are.
+TEST_F(TokenizeJobTest, PromptCompletionPairsWriteAMask) {
+  const std::string in = input("sft.jsonl",
+                               "{\"q\": \"the question\", \"a\": \"an answer\"}\n"
+                               "{\"q\": \"and\", \"a\": \"ends with EOS<|endoftext|>\"}\n");
+  TokenizeOptions o = options({in}, "sft");
+  o.prompt_key = "q";
+  o.completion_key = "a";
+  const TokenizeResult r = run_tokenize_job(*tokenizer_, o);
+  std::vector<uint32_t> want;
+  std::vector<uint8_t> mask;
+  auto add = [&](std::string_view prompt, std::string_view completion, bool eos) {
+    std::vector<uint32_t> p, c;
+    tokenizer_->encode(prompt, true, p);
+    tokenizer_->encode(completion, false, c);
+    if (eos) c.push_back(kEos);
+    want.insert(want.end(), p.begin(), p.end());
+    want.insert(want.end(), c.begin(), c.end());
+    mask.insert(mask.end(), p.size(), 0);
+    mask.insert(mask.end(), c.size(), 1);
+  };
+  add("the question", "an answer", true);
+  add("and", "ends with EOS<|endoftext|>", false);
+  EXPECT_EQ(tokens_of(r.token_file), want);
+  EXPECT_EQ(r.mask_file, (dir_ / "sft.mask").string());
+  const std::string bytes = test::slurp(r.mask_file);
+  EXPECT_EQ(std::vector<uint8_t>(bytes.begin(), bytes.end()), mask);
+  EXPECT_EQ(r.targets, static_cast<uint64_t>(std::count(mask.begin(), mask.end(), 1)));
+}
+
+TEST_F(TokenizeJobTest, LargeVocabulariesWriteRawUint32) {
+  test::write_tiny_tokenizer_dir(dir_ / "big", 70000);
+  const Tokenizer big = Tokenizer::load((dir_ / "big").string());
+  EXPECT_EQ(big.vocab_size(), 70001u);
+  const TokenizeResult r = run_tokenize_job(big, options({input("a.txt", "the end\n")}));
+  EXPECT_FALSE(r.llmc);
+  EXPECT_EQ(r.token_file, (dir_ / "out.u32").string());
+  std::vector<uint32_t> want;
+  big.encode("the end", true, want);
+  want.push_back(70000);
+  EXPECT_EQ(tokens_of(r.token_file), want);
+  EXPECT_EQ(fs::file_size(r.token_file), 4 * want.size());
+}
+
+// Each kind of bad input names the file and the line, and leaves an existing output as it was.
+TEST_F(TokenizeJobTest, BadInputNamesFileAndLineAndTouchesNothing) {
+  test::write_file(dir_ / "out.bin", "previous contents");
+  struct Case {
+    std::string name, bytes, want;
+  };
+  const std::vector<Case> cases = {
+      {"utf8.txt", "good\n\nfirst line\nsecond \xFF line\n",
+       "utf8.txt:4: ill-formed UTF-8 (byte 0xFF at byte 8 of the line)"},
+      {"json.jsonl", "{\"text\": \"ok\"}\n\n{\"text\": oops}\n", "json.jsonl:3: not valid JSON"},
+      {"key.jsonl", "{\"text\": \"ok\"}\n{\"other\": 1}\n", "key.jsonl:2: no key \"text\""},
+      {"type.jsonl", "{\"text\": 5}\n", "type.jsonl:1: \"text\" is a number, not a string"},
+      {"array.jsonl", "[1, 2]\n", "array.jsonl:1: a JSON line must be an object, not an array"},
+      {"utf8.jsonl", "{\"text\": \"\xC3\"}\n", "utf8.jsonl:1: ill-formed UTF-8"},
+  };
+  for (const Case& c : cases) {
+    const std::string in = input(c.name, c.bytes);
+    try {
+      run_tokenize_job(*tokenizer_, options({input("first.txt", "fine\n"), in}));
+      ADD_FAILURE() << c.name << ": no error";
+    } catch (const BadDocument& e) {
+      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos)
+          << "want \"" << c.want << "\" in: " << e.what();
+      EXPECT_EQ(e.file(), in);
+    }
+    EXPECT_EQ(test::slurp(dir_ / "out.bin"), "previous contents") << c.name;
+    EXPECT_TRUE(temporaries().empty()) << c.name;
+    EXPECT_EQ(test::slurp(in), c.bytes) << "an input was changed";
+  }
+}
+
+TEST_F(TokenizeJobTest, SkipBadLeavesOutAndCountsBadDocuments) {
+  const std::string in =
+      input("mixed.jsonl",
+            "{\"text\": \"one\"}\n{bad\n{\"text\": \"two\"}\n{\"text\": \"\xFF\"}\n"
+            "{\"no\": 1}\n{\"text\": \"three\"}\n");
+  TokenizeOptions o = options({in});
+  o.skip_bad = true;
+  std::vector<uint64_t> lines;
+  o.on_skipped = [&lines](const BadDocument& b) { lines.push_back(b.line()); };
+  const TokenizeResult r = run_tokenize_job(*tokenizer_, o);
+  EXPECT_EQ(r.totals.documents, 3u);
+  EXPECT_EQ(r.totals.skipped, 3u);
+  EXPECT_EQ(lines, (std::vector<uint64_t>{2, 4, 5}));
+  EXPECT_EQ(tokens_of(r.token_file), concat({doc("one"), doc("two"), doc("three")}));
+}
+
+TEST_F(TokenizeJobTest, RefusedOptionsWriteNothing) {
+  const std::string text = input("a.txt", "text\n"), jsonl = input("a.jsonl", "{}\n");
+  auto refused = [&](TokenizeOptions o, const std::string& want) {
+    try {
+      run_tokenize_job(*tokenizer_, o);
+      ADD_FAILURE() << "no error; want " << want;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  TokenizeOptions o = options({text});
+  o.prompt_key = "q";
+  refused(o, "need both keys");
+  o.completion_key = "a";
+  refused(o, "pairs are read from JSON lines");
+  o = options({jsonl});
+  o.doc_per_file = true;
+  refused(o, "applies to plain text");
+  refused(options({}), "no input files");
+  // An output that is an input: the input is left as it was.
+  const std::string victim = input("victim.bin", "precious");
+  refused(options({victim}, "victim"), "would overwrite input");
+  EXPECT_EQ(test::slurp(victim), "precious");
+  refused(options({text}, "no/such/dir/out"), "does not exist");
+  fs::create_directories(dir_ / "isdir.bin");
+  refused(options({text}, "isdir"), "not a regular file");
+  EXPECT_TRUE(temporaries().empty());
+}
+
+TEST_F(TokenizeJobTest, OversizedDocumentsAreRefused) {
+  TokenizeOptions o = options({input("big.txt", "short\n\n" + std::string(100, 'x') + "\n")});
+  o.max_document_bytes = 50;
+  o.chunk_bytes = 16;
+  EXPECT_THROW(run_tokenize_job(*tokenizer_, o), BadDocument);
+  o.inputs = {input("big.jsonl", "{\"text\": \"" + std::string(100, 'x') + "\"}\n")};
+  EXPECT_THROW(run_tokenize_job(*tokenizer_, o), BadDocument);
+  EXPECT_TRUE(temporaries().empty());
+}
+
+TEST_F(TokenizeJobTest, AStopRequestWritesNothing) {
+  test::write_file(dir_ / "out.bin", "previous contents");
+  std::atomic<bool> stop{true};
+  TokenizeOptions o = options({input("a.txt", "some text\n")});
+  o.stop = &stop;
+  EXPECT_THROW(run_tokenize_job(*tokenizer_, o), Interrupted);
+  EXPECT_EQ(test::slurp(dir_ / "out.bin"), "previous contents");
+  EXPECT_TRUE(temporaries().empty());
+}
+
+TEST_F(TokenizeJobTest, ProgressIsReported) {
+  TokenizeOptions o = options({input("a.txt", "one\n\ntwo\n")});
+  std::vector<TokenizeProgress> seen;
+  o.on_progress = [&seen](const TokenizeProgress& p) { seen.push_back(p); };
+  const TokenizeResult r = run_tokenize_job(*tokenizer_, o);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().documents, 2u);
+  EXPECT_EQ(seen.back().tokens, r.totals.tokens);
+  EXPECT_EQ(seen.back().bytes_read, 9u);
+}
+
+}  // namespace
+}  // namespace outcore::data

@@ -1,0 +1,236 @@
+// `outcore tokenize --tokenizer DIR --input FILE... --out PREFIX [--text-key K | --prompt-key P
+// --completion-key C] [--doc-per-file] [--threads N] [--skip-bad] [--log-json FILE]`: text or
+// JSON lines -> a token file (PREFIX.bin, llm.c's format, or PREFIX.u32 for vocabularies over
+// 65536) and, for prompt/completion pairs, a loss mask (PREFIX.mask); engine/data's
+// tokenize_job.hpp says what is written. Progress on stderr about once a second (and as JSON
+// lines with --log-json), the result on stdout. Exit 0 when written, 2 on bad input (a bad
+// option, tokenizer or document: one line naming the file and line), 1 when reading or writing
+// fails, 130 when SIGINT, SIGTERM or SIGHUP stopped it; on any failure nothing is written.
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "engine/data/tokenize_job.hpp"
+#include "engine/data/tokenizer.hpp"
+#include "tools/outcore/commands.hpp"
+#include "tools/outcore/train_session.hpp"
+
+namespace outcore::cli {
+namespace {
+
+struct TokenizeArgs {
+  std::string tokenizer, out, text_key = "text", prompt_key, completion_key, log_json;
+  std::vector<std::string> inputs;
+  int threads = 0;
+  bool skip_bad = false, doc_per_file = false;
+};
+
+// Skipped documents named on stderr; the rest only counted.
+constexpr uint64_t kSkippedShown = 5;
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_tokenize_signal(int) { g_stop.store(true, std::memory_order_relaxed); }
+
+// SIGINT, SIGTERM and SIGHUP set g_stop for the object's lifetime; a second one kills at once
+// (SA_RESETHAND).
+class TokenizeStopSignals {
+ public:
+  TokenizeStopSignals() {
+    g_stop.store(false);
+    struct sigaction sa {};
+    sa.sa_handler = on_tokenize_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~TokenizeStopSignals() {
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  TokenizeStopSignals(const TokenizeStopSignals&) = delete;
+  TokenizeStopSignals& operator=(const TokenizeStopSignals&) = delete;
+
+ private:
+  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> old_{};
+};
+
+nlohmann::json progress_json(const char* event, const data::TokenizeProgress& p) {
+  return {{"event", event},
+          {"seconds", p.seconds},
+          {"mb_read", p.bytes_read / 1e6},
+          {"mb_per_s", p.seconds > 0 ? p.bytes_read / 1e6 / p.seconds : 0.0},
+          {"documents", p.documents},
+          {"tokens", p.tokens},
+          {"skipped", p.skipped}};
+}
+
+std::string optional_id(std::optional<uint32_t> id) {
+  return id ? std::to_string(*id) : std::string("none");
+}
+
+int run_tokenize(const TokenizeArgs& a) {
+  std::vector<std::pair<std::string, const char*>> inputs;
+  for (const std::string& in : a.inputs) {
+    if (!check_input_file(in, "--input")) return 2;
+    inputs.emplace_back(in, "--input");
+  }
+  if (!a.prompt_key.empty() && a.completion_key.empty())
+    throw InvalidArgument("--prompt-key needs --completion-key");
+  if (a.prompt_key.empty() && !a.completion_key.empty())
+    throw InvalidArgument("--completion-key needs --prompt-key");
+  if (a.threads < 0) throw InvalidArgument("--threads must be 0 (all) or positive");
+
+  const data::Tokenizer tokenizer = data::Tokenizer::load(a.tokenizer);
+  std::fprintf(stderr, "tokenizer: %s; vocab_size %llu, BOS %s, EOS %s\n",
+               tokenizer.description().c_str(),
+               static_cast<unsigned long long>(tokenizer.vocab_size()),
+               optional_id(tokenizer.bos_id()).c_str(), optional_id(tokenizer.eos_id()).c_str());
+  if (!tokenizer.eos_id())
+    std::fprintf(stderr,
+                 "warning: the tokenizer names no EOS token: documents are written "
+                 "without a separator\n");
+
+  data::TokenizeOptions o;
+  o.inputs = a.inputs;
+  o.out_prefix = a.out;
+  o.text_key = a.text_key;
+  o.prompt_key = a.prompt_key;
+  o.completion_key = a.completion_key;
+  o.doc_per_file = a.doc_per_file;
+  o.threads = a.threads;
+  o.skip_bad = a.skip_bad;
+  o.stop = &g_stop;
+  const std::vector<std::string> outputs = data::tokenize_outputs(o, tokenizer.vocab_size());
+  for (const std::string& out : outputs)
+    if (!check_output_file(out, "--out", inputs)) return 2;
+  if (!check_output_file(a.log_json, "--log-json", inputs)) return 2;
+  for (const std::string& out : outputs) {
+    if (!a.log_json.empty() && out == a.log_json)
+      throw InvalidArgument("--log-json " + a.log_json + " is one of the outputs");
+  }
+
+  std::ofstream log;
+  if (!a.log_json.empty()) {
+    log.open(a.log_json, std::ios::trunc);
+    if (!log) throw IoError(a.log_json, errno, "open --log-json");
+  }
+  o.on_progress = [&log](const data::TokenizeProgress& p) {
+    std::fprintf(stderr, "tokenize: %.1f MB read (%.1f MB/s), %llu documents, %llu tokens%s\n",
+                 p.bytes_read / 1e6, p.seconds > 0 ? p.bytes_read / 1e6 / p.seconds : 0.0,
+                 static_cast<unsigned long long>(p.documents),
+                 static_cast<unsigned long long>(p.tokens),
+                 p.skipped > 0 ? fmt::format(", {} skipped", p.skipped).c_str() : "");
+    if (log.is_open()) log << progress_json("progress", p).dump() << '\n' << std::flush;
+  };
+  uint64_t skipped = 0;
+  o.on_skipped = [&skipped](const data::BadDocument& bad) {
+    if (skipped++ < kSkippedShown) std::fprintf(stderr, "skipped: %s\n", bad.what());
+  };
+
+  const TokenizeStopSignals signals;
+  const data::TokenizeResult r = data::run_tokenize_job(tokenizer, o);
+  if (skipped > kSkippedShown)
+    std::fprintf(stderr, "skipped: %llu more bad documents not shown\n",
+                 static_cast<unsigned long long>(skipped - kSkippedShown));
+  if (log.is_open()) {
+    nlohmann::json done = progress_json("done", r.totals);
+    done["token_file"] = r.token_file;
+    if (!r.mask_file.empty()) done["mask_file"] = r.mask_file;
+    log << done.dump() << '\n' << std::flush;
+    if (!log) throw IoError(a.log_json, errno, "write --log-json");
+  }
+  const data::TokenizeProgress& t = r.totals;
+  std::printf(
+      "tokenized %llu documents (%llu skipped as bad) from %zu files: %.1f MB in %.1f s "
+      "(%.1f MB/s), %llu tokens\n",
+      static_cast<unsigned long long>(t.documents), static_cast<unsigned long long>(t.skipped),
+      a.inputs.size(), t.bytes_read / 1e6, t.seconds,
+      t.seconds > 0 ? t.bytes_read / 1e6 / t.seconds : 0.0,
+      static_cast<unsigned long long>(t.tokens));
+  std::printf("wrote %s (%s, vocab_size %llu)\n", r.token_file.c_str(),
+              r.llmc ? "llm.c format, uint16 tokens" : "raw uint32 tokens",
+              static_cast<unsigned long long>(tokenizer.vocab_size()));
+  if (!r.mask_file.empty())
+    std::printf("wrote %s (one byte per token; %llu of %llu tokens are training targets)\n",
+                r.mask_file.c_str(), static_cast<unsigned long long>(r.targets),
+                static_cast<unsigned long long>(t.tokens));
+  return 0;
+}
+
+// Bad input exits 2, failures while reading or writing exit 1, a stop 130.
+int run_tokenize_reporting(const TokenizeArgs& a) {
+  try {
+    return run_tokenize(a);
+  } catch (const Interrupted& e) {
+    std::fprintf(stderr, "stopped: %s; nothing was written to %s.*\n", e.what(), a.out.c_str());
+    return kExitInterrupted;
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const CorruptData& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+void add_tokenize_command(CLI::App& app, int& rc) {
+  auto a = std::make_shared<TokenizeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "tokenize",
+      "Tokenize text or JSON lines with a Hugging Face tokenizer into a token file (llm.c .bin; "
+      "raw .u32 for vocabularies over 65536) and, for prompt/completion pairs, a loss mask");
+  cmd->footer(
+      "Inputs: a .jsonl or .json file holds one JSON object per line (blank lines skipped); any "
+      "other file is plain text, where a document is a maximal run of non-blank lines (blank: "
+      "only spaces, tabs, \\r), or the whole file with --doc-per-file.\n"
+      "Each document is encoded with the tokenizer's special tokens (e.g. a BOS) and followed by "
+      "EOS. Pairs: the prompt (with special tokens, mask 0), the completion (mask 1), EOS (mask "
+      "1); PREFIX.mask holds one byte per token, 1 where the token is a training target.\n"
+      "Outputs are written as temporaries and renamed into place only when all input was read; "
+      "bad input (ill-formed UTF-8, a bad JSON line, a missing key) stops the job naming the "
+      "file and line, unless --skip-bad.");
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "model directory with tokenizer.json or tokenizer.model (and "
+                  "tokenizer_config.json for BOS/EOS)")
+      ->required();
+  cmd->add_option("--input", a->inputs, "input files, in order (text, .jsonl or .json)")
+      ->required();
+  cmd->add_option("--out", a->out, "output prefix: writes PREFIX.bin or PREFIX.u32 (+ PREFIX.mask)")
+      ->required();
+  CLI::Option* text_key = cmd->add_option("--text-key", a->text_key,
+                                          "JSON key of a document's text (default \"text\")");
+  CLI::Option* prompt_key = cmd->add_option(
+      "--prompt-key", a->prompt_key,
+      "JSON key of the prompt of a prompt/completion pair (needs --completion-key)");
+  cmd->add_option("--completion-key", a->completion_key,
+                  "JSON key of the completion of a prompt/completion pair");
+  text_key->excludes(prompt_key);
+  cmd->add_flag("--doc-per-file", a->doc_per_file, "each plain-text input is one document");
+  cmd->add_option("--threads", a->threads, "tokenizing threads (default 0: all cores)");
+  cmd->add_flag("--skip-bad", a->skip_bad,
+                "leave out bad documents (counted, the first few named on stderr) instead of "
+                "failing");
+  cmd->add_option("--log-json", a->log_json, "also write the progress as JSON lines to FILE");
+  cmd->callback([a, &rc] { rc = run_tokenize_reporting(*a); });
+}
+
+}  // namespace outcore::cli
