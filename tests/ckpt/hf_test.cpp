@@ -669,6 +669,42 @@ TEST(HfExport, MistralKeepsItsTypeAndWindowAndComesBackIn) {
   for (size_t u = 0; u < back.size(); ++u) EXPECT_EQ(back[u], slabs[u]) << "unit " << u;
 }
 
+// Qwen2 (q, k, v biases) and Qwen3 (per-head q/k norms, head_dim given) go out under their own
+// model_type, architectures and tensor names, come back in as the same config and weights, and
+// exporting what was imported writes the same bytes (HF in -> export, byte for byte).
+TEST(HfExport, QwenFamiliesRoundTripByteForByte) {
+  for (const model::ModelType type : {model::ModelType::kQwen2, model::ModelType::kQwen3}) {
+    const bool qwen2 = type == model::ModelType::kQwen2;
+    SCOPED_TRACE(qwen2 ? "qwen2" : "qwen3");
+    TempDir dir("hf");
+    LlamaConfig cfg = small_config(32, 48, 2, 4, 2, 61, !qwen2, qwen2 ? 0 : 16);
+    cfg.model_type = type;
+    const auto slabs = random_slabs(cfg, 6);
+    write_hf_model(cfg, from_slabs(slabs), dir / "m", {.dtype = DType::BF16});
+    const LlamaConfig back_cfg = LlamaConfig::load(dir / "m" / kHfConfigFile);
+    EXPECT_EQ(back_cfg.model_type, type);
+    EXPECT_EQ(back_cfg.head_dim, cfg.head_dim);
+    const std::string text =
+        read_whole_file((dir / "m" / kHfConfigFile).string(), "config", 1 << 20);
+    EXPECT_NE(text.find(qwen2 ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM"), std::string::npos)
+        << text;
+    const SafetensorsFile f = SafetensorsFile::open(dir / "m" / kHfWeightsFile);
+    std::set<std::string> names;
+    for (const SafetensorsEntry& e : f.tensors()) names.insert(e.name);
+    EXPECT_EQ(names.contains("model.layers.1.self_attn.k_proj.bias"), qwen2);
+    EXPECT_EQ(names.contains("model.layers.1.self_attn.k_norm.weight"), !qwen2);
+
+    const HfWeights w = HfWeights::open(dir / "m", back_cfg);
+    const auto back = import_slabs(w);
+    for (size_t u = 0; u < back.size(); ++u)
+      for (size_t i = 0; i < back[u].size(); ++i)
+        ASSERT_EQ(back[u][i], round_to(DType::BF16, slabs[u][i])) << "unit " << u << " " << i;
+    write_hf_model(back_cfg, from_slabs(back), dir / "again", {.dtype = DType::BF16});
+    EXPECT_EQ(read_all(dir / "again" / kHfWeightsFile), read_all(dir / "m" / kHfWeightsFile));
+    EXPECT_EQ(read_all(dir / "again" / kHfConfigFile), read_all(dir / "m" / kHfConfigFile));
+  }
+}
+
 TEST(HfExport, ShardsFollowHfOrderAndTheLimit) {
   TempDir dir("hf");
   const LlamaConfig cfg = small_config(32, 48, 2, 4, 2, 61, false);
