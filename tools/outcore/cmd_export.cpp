@@ -223,25 +223,13 @@ int run_export(const ExportArgs& a) {
 
 // Bad input exits 2, failures while writing exit 1.
 int run_export_reporting(const ExportArgs& a) {
-  try {
-    return run_export(a);
-  } catch (const Interrupted& e) {
-    std::fprintf(stderr, "stopped: %s; the partial output was removed, nothing is left at %s\n",
-                 e.what(), a.out.c_str());
-    return kExitInterrupted;
-  } catch (const ConfigError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const InvalidArgument& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const CorruptData& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  return run_reporting([&] { return run_export(a); },
+                       [&](const char* message) {
+                         std::fprintf(stderr,
+                                      "stopped: %s; the partial output was removed, nothing is "
+                                      "left at %s\n",
+                                      message, a.out.c_str());
+                       });
 }
 
 }  // namespace

@@ -170,24 +170,11 @@ int run_tokenize(const TokenizeArgs& a) {
 
 // Bad input exits 2, failures while reading or writing exit 1, a stop 130.
 int run_tokenize_reporting(const TokenizeArgs& a) {
-  try {
-    return run_tokenize(a);
-  } catch (const Interrupted& e) {
-    std::fprintf(stderr, "stopped: %s; nothing was written to %s.*\n", e.what(), a.out.c_str());
-    return kExitInterrupted;
-  } catch (const ConfigError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const InvalidArgument& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const CorruptData& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  return run_reporting([&] { return run_tokenize(a); },
+                       [&](const char* message) {
+                         std::fprintf(stderr, "stopped: %s; nothing was written to %s.*\n", message,
+                                      a.out.c_str());
+                       });
 }
 
 }  // namespace

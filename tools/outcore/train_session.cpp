@@ -22,6 +22,28 @@
 #include "engine/zero/plan.hpp"
 
 namespace outcore::cli {
+
+int run_reporting(const std::function<int()>& run,
+                  const std::function<void(const char* message)>& on_stop) {
+  try {
+    return run();
+  } catch (const Interrupted& e) {
+    on_stop(e.what());
+    return kExitInterrupted;
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const CorruptData& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
 namespace {
 
 std::atomic<bool> g_stop{false};

@@ -2,6 +2,7 @@
 // exit codes, Ctrl-C, and what goes to stdout and stderr.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,13 @@ namespace outcore::cli {
 
 // Exit code after a run stopped cleanly by SIGINT / SIGTERM (128 + SIGINT, as shells do).
 inline constexpr int kExitInterrupted = 130;
+
+// Runs a command's `run` and turns what it throws into one line on stderr and an exit code:
+// Interrupted -> `on_stop(message)` prints its line, kExitInterrupted; ConfigError,
+// InvalidArgument, CorruptData (bad input) -> "error: ...", 2; anything else -> "error: ...", 1.
+// What `run` returns is returned as is.
+int run_reporting(const std::function<int()>& run,
+                  const std::function<void(const char* message)>& on_stop);
 
 // Returns true when `path` names a readable regular file; otherwise prints
 // "error: <flag> <path>: <reason>" on stderr and returns false.
