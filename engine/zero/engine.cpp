@@ -96,6 +96,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   copy = device.create_stream("zero-copy");
   grad = device.create_stream("zero-grad");
   comm_stream = device.create_stream("zero-comm");
+  grad_d2h = device.create_stream("zero-grad-d2h");
   device::Device* dev = &device;  // the pool's region is registered for the device's copies
   pool = std::make_unique<swap::PinnedPool>(swap::PinnedPoolOptions{
       .budget_bytes = plan.pinned_pool_bytes,
@@ -121,9 +122,10 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
         detail::optimizer_swap_files(g));
     optimizer_swapper = std::make_unique<swap::Swapper>(*optimizer_space, *aio, so, &executor);
   }
-  grads = std::make_unique<detail::GradientPath>(g, device, comm, *grad, *comm_stream, executor,
-                                                 traffic, *pool, aio.get(), so,
-                                                 plan.optimizer_nvme_path, pl);
+  grads = std::make_unique<detail::GradientPath>(
+      g, device, model.backend(), comm, *grad, *comm_stream, *grad_d2h, executor, traffic, *pool,
+      aio.get(), so, plan.optimizer_nvme_path, pl, plan.device_grad_sums,
+      plan.micro_batches_per_step);
   // Several ranks on a device the host cannot read: parameters are gathered here (fetches
   // and publications, one at a time on the comm stream), then copied up whole.
   swap::PinnedBuffer param_gather;
@@ -183,7 +185,8 @@ ZeroEngine::Impl::~Impl() {
     log::warn("zero: shutting down after a failed optimizer step: {}", e.what());
   }
   steps->stop();  // idle now: finish() waited for it
-  for (device::Stream* s : {fetch_stream.get(), copy.get(), grad.get(), comm_stream.get()}) {
+  for (device::Stream* s :
+       {fetch_stream.get(), copy.get(), grad_d2h.get(), grad.get(), comm_stream.get()}) {
     if (s == nullptr) continue;
     try {
       s->synchronize();

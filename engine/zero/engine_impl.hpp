@@ -70,6 +70,7 @@ struct ZeroEngine::Impl {
   cpu_adam::Executor executor;
 
   std::unique_ptr<device::Stream> copy, grad, comm_stream;
+  std::unique_ptr<device::Stream> grad_d2h;      // gradient slabs down from the device
   std::unique_ptr<device::Stream> fetch_stream;  // stage 3's parameter fetches
   std::unique_ptr<swap::PinnedPool> pool;
   std::unique_ptr<aio::Engine> aio;

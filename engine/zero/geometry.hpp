@@ -143,4 +143,19 @@ inline constexpr size_t kNormBlock = model::kPartitionAlignElems;
 // Gradient slabs in flight beyond the one being computed.
 inline constexpr size_t kGradSlabsInFlight = 1;
 
+// A device the host cannot read: pinned buffers gradient slabs are copied down to, so that one
+// slab's copy (its own stream) runs while the host adds the one before.
+inline constexpr size_t kGradCopyBackSlots = 2;
+
+// Whether a unit's gradients may be summed on the device across a step's micro-batches and
+// copied back once per step (Plan::device_grad_sums, GradientPath): a device the host cannot
+// read, one rank, the accumulators in host memory or swap files, several micro-batches per
+// step. At several ranks each micro-batch is reduced on its own (all_to_all, then the ranks'
+// shares added in rank order), the order that keeps W ranks x G micro-batches bit-identical to
+// one rank x W*G; a sum over micro-batches first would change it.
+inline bool device_grad_sums_apply(const Geometry& g, int64_t micro_batches) {
+  return !g.device_host_accessible && g.world == 1 && g.placement.gradients != Tier::kDevice &&
+         micro_batches > 1;
+}
+
 }  // namespace outcore::zero::detail

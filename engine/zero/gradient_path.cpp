@@ -5,19 +5,29 @@
 
 #include <cstring>
 
+#include "common/error.hpp"
 #include "common/trace.hpp"
 
 namespace outcore::zero::detail {
 namespace {
 
+// Host accumulation runs on the executor's threads in chunks of this many elements, from
+// this many on (a slab copied back from a GPU arrives faster than one core adds it).
+constexpr size_t kAccumulateGrain = size_t{1} << 14;
+constexpr size_t kAccumulateParallelMin = size_t{1} << 18;
+
 // acc = g (first micro-batch) or acc + g, element by element: the one accumulation every
-// configuration performs, so results do not depend on where the accumulator lives.
-void accumulate(float* acc, const float* g, size_t n, bool first) {
-  if (first) {
-    std::memcpy(acc, g, n * sizeof(float));
-    return;
-  }
-  for (size_t i = 0; i < n; ++i) acc[i] += g[i];
+// configuration performs (the backend's add_inplace for device sums), so results do not
+// depend on where the accumulator lives or how many threads add.
+void accumulate(float* acc, const float* g, size_t n, bool first, const cpu_adam::Executor& ex) {
+  ex.for_chunks(n, kAccumulateGrain, kAccumulateParallelMin,
+                [acc, g, first](size_t /*chunk*/, size_t begin, size_t end) {
+                  if (first) {
+                    std::memcpy(acc + begin, g + begin, (end - begin) * sizeof(float));
+                    return;
+                  }
+                  for (size_t i = begin; i < end; ++i) acc[i] += g[i];
+                });
 }
 
 // The gradient reduction of one micro-batch: `shards` holds every rank's contribution to
@@ -26,26 +36,37 @@ void accumulate(float* acc, const float* g, size_t n, bool first) {
 // the same sequence of fp32 additions, in the same order, as one rank accumulating the
 // world's micro-batches one by one: the reason world W x gas G trains bit-identically to
 // world 1 x gas W*G.
-void accumulate_ranks(float* acc, const float* shards, size_t n, int world, bool first) {
+void accumulate_ranks(float* acc, const float* shards, size_t n, int world, bool first,
+                      const cpu_adam::Executor& ex) {
   for (int r = 0; r < world; ++r)
-    accumulate(acc, shards + static_cast<size_t>(r) * n, n, first && r == 0);
+    accumulate(acc, shards + static_cast<size_t>(r) * n, n, first && r == 0, ex);
 }
 
 }  // namespace
 
-GradientPath::GradientPath(const Geometry& g, device::Device& device, comm::Comm& comm,
-                           device::Stream& grad, device::Stream& comm_stream,
+GradientPath::GradientPath(const Geometry& g, device::Device& device,
+                           device::ComputeBackend& backend, comm::Comm& comm, device::Stream& grad,
+                           device::Stream& comm_stream, device::Stream& d2h,
                            const cpu_adam::Executor& executor, TrafficCounters& traffic,
                            swap::PinnedPool& pool, aio::Engine* aio,
                            const swap::SwapperOptions& swapper_options,
-                           const std::string& nvme_path, const PinnedLayout& layout)
+                           const std::string& nvme_path, const PinnedLayout& layout,
+                           std::vector<bool> device_sums, int64_t micro_batches)
     : g_(g),
       device_(device),
       comm_(comm),
       grad_(grad),
       comm_stream_(comm_stream),
       executor_(executor),
-      traffic_(traffic) {
+      traffic_(traffic),
+      d2h_(d2h),
+      backend_(backend),
+      summed_on_device_(std::move(device_sums)),
+      sums_(g.units.size()),
+      micro_batches_(micro_batches) {
+  if (summed_on_device_.size() != g.units.size())
+    throw InvalidArgument(fmt::format("zero: gradient path: {} device-sum entries for {} units",
+                                      summed_on_device_.size(), g.units.size()));
   if (g.placement.gradients == Tier::kNvme) {
     grad_space_ = std::make_unique<swap::SwapSpace>(
         swap::SwapSpaceOptions{.nvme_path = nvme_path, .rank = g.rank}, grad_swap_files(g));
@@ -55,7 +76,13 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device, comm::Comm
     for (size_t k = 0; k < layout.grad_slots; ++k)
       grad_buffers_.push_back(pool.acquire(layout.grad_slot_bytes));
   }
-  if (layout.grad_copy_back_bytes > 0) copy_back_ = pool.acquire(layout.grad_copy_back_bytes);
+  for (size_t k = 0; k < layout.grad_copy_back_slots; ++k) {
+    copy_back_.push_back(pool.acquire(layout.grad_copy_back_bytes));
+    copy_back_free_.push_back(device.create_event());
+  }
+  if (!g.device_host_accessible && copy_back_.empty())
+    throw InvalidArgument(
+        "zero: gradient path: a device the host cannot read needs copy-back buffers");
   for (const UnitGeometry& ug : g.units) {
     norm_block_off_.push_back(norm_blocks_.size());
     norm_blocks_.resize(norm_blocks_.size() + ug.part / kNormBlock);
@@ -82,13 +109,19 @@ float* GradientPath::partition(int unit) {
 
 void GradientPath::drain(size_t keep) {
   while (in_flight_.size() > keep) {
-    in_flight_.front().done->synchronize();
+    InFlight& f = in_flight_.front();
+    (copy_back_.empty() ? f.done : f.copied)->synchronize();
     in_flight_.pop_front();
   }
 }
 
+void GradientPath::begin_pass(bool first) { micro_batch_ = first ? 0 : micro_batch_ + 1; }
+
 void GradientPath::finish() {
+  for (size_t u = 0; u < sums_.size(); ++u)
+    if (sums_[u]) send_down(static_cast<int>(u), std::move(sums_[u]), true, {});
   drain(0);
+  d2h_.synchronize();
   grad_.synchronize();
   comm_stream_.synchronize();
 }
@@ -101,25 +134,47 @@ device::DeviceBuffer GradientPath::alloc_slab(int unit) {
 
 // Below stage 2 the accumulator is the full slab and only the partition at red_off is
 // accumulated; step() gathers the rest (stage 0) or needs only that (stage 1). On a device the
-// host cannot read, the slab is first copied back to pinned memory (grad stream), and the
+// host cannot read, the slab is first copied down to a copy-back buffer (d2h stream), and the
 // all_to_all runs there.
 void GradientPath::submit(int unit, device::DeviceBuffer slab, bool first,
                           std::function<void()> when_final) {
+  device::DeviceBuffer& sum = sums_[unit];
+  if (summed_on_device_[unit] && (first || sum)) {
+    if (first) {
+      sum = std::move(slab);  // a step's first gradients of the unit are its sum so far
+    } else {
+      backend_.add_inplace(sum.as<float>(), slab.as<float>(),
+                           static_cast<int64_t>(g_.units[unit].padded));
+      backend_.finish();
+      slab.reset();
+    }
+    // An armed pass's units step as soon as their gradients are final: send them down now.
+    if (micro_batch_ + 1 < micro_batches_ && !when_final) return;
+    slab = std::move(sum);
+    first = true;  // nothing of this step reached the accumulator yet: it becomes the sum
+  }
+  send_down(unit, std::move(slab), first, std::move(when_final));
+}
+
+void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
+                             std::function<void()> when_final) {
   const UnitGeometry& ug = g_.units[unit];
   InFlight f{std::move(slab), device_.create_event(), device_.create_event(),
              device_.create_event()};
   float* shards = f.slab.as<float>();
   const int world = g_.world;
+  device::Event* copy_back_free = nullptr;
   if (!g_.device_host_accessible) {
-    // The grad stream handles one slab at a time (its next copy-back is queued after this
-    // slab's accumulation), so one copy-back buffer serves every unit.
-    float* host = copy_back_.as<float>().data();
-    grad_.copy_d2h(host, shards, ug.padded * sizeof(float));
+    const size_t k = next_copy_back_;
+    next_copy_back_ = (k + 1) % copy_back_.size();
+    copy_back_free = copy_back_free_[k].get();
+    float* host = copy_back_[k].as<float>().data();
+    d2h_.wait(*copy_back_free);  // the host has added what the buffer held
+    d2h_.copy_d2h(host, shards, ug.padded * sizeof(float));
+    d2h_.record(*f.copied);
+    grad_.wait(*f.copied);
+    if (world > 1) comm_stream_.wait(*f.copied);
     shards = host;
-    if (world > 1) {
-      grad_.record(*f.copied);
-      comm_stream_.wait(*f.copied);
-    }
   }
   if (world > 1) {
     comm::Comm* c = &comm_;
@@ -140,10 +195,10 @@ void GradientPath::submit(int unit, device::DeviceBuffer slab, bool first,
     const swap::TensorId id = grad_ids_[unit];
     double* blocks = norm_blocks_.data() + norm_block_off_[unit];
     const cpu_adam::Executor* ex = &executor_;
-    grad_.enqueue([sw, id, staging, acc, shards, n, world, first] {
+    grad_.enqueue([sw, id, staging, acc, shards, n, world, first, ex] {
       OUTCORE_TRACE_SPAN("grad d2h", "copy", {.bytes = int64_t(world * n * sizeof(float))});
       if (!first) sw->read(id, staging);
-      accumulate_ranks(acc, shards, n, world, first);
+      accumulate_ranks(acc, shards, n, world, first, *ex);
     });
     grad_.enqueue([sw, id, staging, acc, n, blocks, ex] {
       cpu_adam::block_sums_of_squares(acc, DType::F32, n, kNormBlock, blocks, ex);
@@ -152,11 +207,13 @@ void GradientPath::submit(int unit, device::DeviceBuffer slab, bool first,
   } else {
     float* acc = accumulator(unit) + ug.red_off;
     if (device_accum_.empty()) traffic_.d2h += static_cast<uint64_t>(world) * n * sizeof(float);
-    grad_.enqueue([acc, shards, n, world, first] {
+    const cpu_adam::Executor* ex = &executor_;
+    grad_.enqueue([acc, shards, n, world, first, ex] {
       OUTCORE_TRACE_SPAN("grad d2h", "copy", {.bytes = int64_t(world * n * sizeof(float))});
-      accumulate_ranks(acc, shards, n, world, first);
+      accumulate_ranks(acc, shards, n, world, first, *ex);
     });
   }
+  if (copy_back_free != nullptr) grad_.record(*copy_back_free);
   if (when_final) grad_.enqueue(std::move(when_final));
   grad_.record(*f.done);
   in_flight_.push_back(std::move(f));

@@ -15,6 +15,7 @@
 #include "aio/aio.hpp"
 #include "common/aligned_buffer.hpp"
 #include "cpu_adam/cpu_adam.hpp"
+#include "engine/device/compute_backend.hpp"
 #include "engine/zero/geometry.hpp"
 #include "engine/zero/param_coordinator.hpp"
 #include "engine/zero/plan_internal.hpp"
@@ -24,9 +25,21 @@ namespace outcore::zero::detail {
 
 // Owns: the gradient slabs in flight, the accumulators (device, host memory or a swap file
 // per unit, GradientPlacement), the gradient swap space and its staging slots, the copy-back
-// buffer of a device the host cannot read, and the norm's block sums of squares.
-// Borrows (must outlive it): the geometry, device, comm, the grad and comm streams, the
-// executor and the traffic counters.
+// buffer of a device the host cannot read, the device sums of the units Plan::device_grad_sums
+// names, and the norm's block sums of squares.
+// Borrows (must outlive it): the geometry, device, backend, comm, the grad, comm and d2h
+// streams, the executor and the traffic counters.
+//
+// A device the host cannot read: each slab is copied down on the d2h stream into one of the
+// layout's copy-back buffers (taking turns; a buffer is reused once the grad stream has added
+// what it held), and the device slab is free once its copy is done, so the next slab's copy
+// runs while the host adds this one.
+//
+// Device sums: a unit's first slab of a step becomes its sum on the device and the next ones
+// are added into it by the backend (add_inplace, the same fp32 additions in the same order as
+// the host's); the sum goes down once, after the step's last micro-batch (by the count of
+// gradient_accumulation_steps, or earlier for an armed pass, or at finish()), and lands in the
+// accumulator as a first micro-batch would. Micro-batches beyond the count go the host way.
 //
 // Threads: the driving thread calls everything except load(); the grad and comm streams run
 // what submit() enqueues; load() runs on the step worker (or its async unit tasks) and reads
@@ -38,11 +51,18 @@ class GradientPath {
  public:
   // Acquires the staging slots and copy-back buffer from `pool` and allocates the
   // accumulators (device or host memory) or opens their swap files under `nvme_path`.
-  GradientPath(const Geometry& g, device::Device& device, comm::Comm& comm, device::Stream& grad,
-               device::Stream& comm_stream, const cpu_adam::Executor& executor,
-               TrafficCounters& traffic, swap::PinnedPool& pool, aio::Engine* aio,
+  // `device_sums`: Plan::device_grad_sums (one entry per unit); `micro_batches`: the step's
+  // count (gradient_accumulation_steps).
+  // `d2h`: the copy-back stream (used only on a device the host cannot read).
+  GradientPath(const Geometry& g, device::Device& device, device::ComputeBackend& backend,
+               comm::Comm& comm, device::Stream& grad, device::Stream& comm_stream,
+               device::Stream& d2h, const cpu_adam::Executor& executor, TrafficCounters& traffic,
+               swap::PinnedPool& pool, aio::Engine* aio,
                const swap::SwapperOptions& swapper_options, const std::string& nvme_path,
-               const PinnedLayout& layout);
+               const PinnedLayout& layout, std::vector<bool> device_sums, int64_t micro_batches);
+
+  // A training pass begins: the step's first micro-batch, or the next one.
+  void begin_pass(bool first);
 
   // A device slab for `unit`'s gradients, after waiting until at most kGradSlabsInFlight
   // earlier slabs are still in flight.
@@ -53,9 +73,11 @@ class GradientPath {
   // grad stream right after that accumulation (the step during backward posts the unit).
   void submit(int unit, device::DeviceBuffer slab, bool first,
               std::function<void()> when_final = {});
-  // Waits until at most `keep` slabs are in flight.
+  // Waits until at most `keep` slabs are in flight (a slab leaves the flight once the host
+  // holds it: copied down on a device the host cannot read, else added).
   void drain(size_t keep);
-  // Waits for every accumulation and collective of the pass: the accumulators are final.
+  // Sends down the device sums still held, then waits for every accumulation and collective
+  // of the pass: the accumulators are final.
   void finish();
 
   // Stage 0 at world > 1: all-gathers the partitions reduced per micro-batch into every
@@ -75,12 +97,15 @@ class GradientPath {
  private:
   float* accumulator(int unit);
   float* partition(int unit);
+  // The host side of submit(): `slab` (all_to_all at world > 1) into the accumulator.
+  void send_down(int unit, device::DeviceBuffer slab, bool first, std::function<void()> when_final);
 
   struct InFlight {
     device::DeviceBuffer slab;
     std::unique_ptr<device::Event> reduced, done;
     std::unique_ptr<device::Event> copied;  // back in host memory (device the host cannot read)
   };
+  device::Stream& d2h_;
 
   const Geometry& g_;
   device::Device& device_;
@@ -94,7 +119,11 @@ class GradientPath {
   std::unique_ptr<swap::Swapper> grad_swapper_;
   std::vector<swap::TensorId> grad_ids_;
   std::vector<swap::PinnedBuffer> grad_buffers_;  // [0]: accumulation; [k]: unit steps
-  swap::PinnedBuffer copy_back_;                  // slabs of a device the host cannot read
+  // Slabs of a device the host cannot read come down here, taking turns; copy_back_free_[k]
+  // completes once the grad stream has added what buffer k held.
+  std::vector<swap::PinnedBuffer> copy_back_;
+  std::vector<std::unique_ptr<device::Event>> copy_back_free_;
+  size_t next_copy_back_ = 0;
   // The norm's partial sums of squares, one per kNormBlock elements of this rank's reduced
   // partitions, unit after unit (norm_block_off_[u]: unit u's first).
   std::vector<double> norm_blocks_;
@@ -102,6 +131,12 @@ class GradientPath {
   std::vector<device::DeviceBuffer> device_accum_;  // gradients on the device
   std::vector<AlignedBuffer> host_accum_;           // gradients in host memory
   std::deque<InFlight> in_flight_;
+
+  device::ComputeBackend& backend_;
+  const std::vector<bool> summed_on_device_;  // Plan::device_grad_sums
+  std::vector<device::DeviceBuffer> sums_;    // held device sums (empty: none this step)
+  const int64_t micro_batches_;
+  int64_t micro_batch_ = 0;  // of the running pass within its step
 };
 
 }  // namespace outcore::zero::detail

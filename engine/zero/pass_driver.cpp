@@ -30,6 +30,7 @@ void PassDriver::wait_for_step(const PassStep& s) {
 float PassDriver::train(const int32_t* tokens, const int32_t* targets, float loss_scale,
                         bool first) {
   armed_ = steps_.arm();
+  grads_.begin_pass(first);
   if (coordinator_) coordinator_->begin(&train_sched_);
   float loss = 0.0f;
   for (size_t i = 0; i < train_sched_.size(); ++i) {

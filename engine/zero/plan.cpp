@@ -99,8 +99,10 @@ PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, PinnedL
     l.grad_slots = concurrent + 1;
     l.grad_slot_bytes = align_up(longest * sizeof(float), kIoAlignment);
   }
-  if (!g.device_host_accessible)
+  if (!g.device_host_accessible) {
+    l.grad_copy_back_slots = reduced ? 1 : kGradCopyBackSlots;
     l.grad_copy_back_bytes = align_up(g.max_padded * sizeof(float), kIoAlignment);
+  }
   if (g.host_gathers() && p.stage >= 1)
     l.param_gather_bytes = align_up(g.max_padded * g.param_bytes, kIoAlignment);
   return l;
@@ -109,7 +111,8 @@ PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, PinnedL
 uint64_t PinnedLayout::total() const {
   return param_partitions + fetch_slots * fetch_slot_bytes +
          writeback_slots * writeback_slot_bytes + concurrent_steps * optimizer_lease_bytes +
-         grad_slots * grad_slot_bytes + grad_copy_back_bytes + param_gather_bytes;
+         grad_slots * grad_slot_bytes + grad_copy_back_slots * grad_copy_back_bytes +
+         param_gather_bytes;
 }
 
 PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g) {
@@ -268,6 +271,47 @@ void plan_live_params(const PlanContext& c, uint64_t device_limit, Plan& plan) {
       budget);
 }
 
+// "units 0, 3..7" for the units marked in `units`.
+std::string unit_ranges(const std::vector<bool>& units) {
+  std::string out;
+  for (size_t u = 0; u < units.size();) {
+    if (!units[u]) {
+      ++u;
+      continue;
+    }
+    size_t end = u;
+    while (end + 1 < units.size() && units[end + 1]) ++end;
+    out += out.empty() ? "" : ", ";
+    out += end == u ? fmt::format("{}", u) : fmt::format("{}..{}", u, end);
+    u = end + 1;
+  }
+  return (units.size() > 1 ? "units " : "unit ") + out;
+}
+
+// Gradient sums on the device (detail::device_grad_sums_apply): the units, head first in
+// backward order, whose fp32 sums fit in what the device limit leaves after everything counted
+// before (0: unlimited). A unit too large for what is left is skipped and smaller ones tried.
+void plan_device_grad_sums(const PlanContext& c, uint64_t device_limit, Plan& plan) {
+  const Geometry& g = c.g;
+  plan.device_grad_sums.assign(g.units.size(), false);
+  if (!detail::device_grad_sums_apply(g, plan.micro_batches_per_step)) return;
+  uint64_t left = UINT64_MAX;
+  if (device_limit > 0)
+    left = device_limit > plan.peak.device ? device_limit - plan.peak.device : 0;
+  for (size_t u = g.units.size(); u-- > 0;) {
+    const uint64_t bytes = charged_bytes(g.units[u].accum_len * sizeof(float));
+    if (bytes > left) continue;
+    left -= bytes;
+    plan.device_grad_sums[u] = true;
+    plan.device_grad_sum_bytes += bytes;
+  }
+  if (plan.device_grad_sum_bytes == 0) return;
+  add(plan, Tier::kDevice,
+      fmt::format("fp32 gradient sums of {} over {} micro-batches (copied back once per step)",
+                  unit_ranges(plan.device_grad_sums), plan.micro_batches_per_step),
+      plan.device_grad_sum_bytes);
+}
+
 // The pinned pool as the engine carves it (detail::effective_pinned_layout).
 void plan_pinned(const PlanContext& c, Plan& plan) {
   const detail::PinnedLayout pl = detail::effective_pinned_layout(c.cfg, c.g);
@@ -289,8 +333,10 @@ void plan_pinned(const PlanContext& c, Plan& plan) {
   add(plan, Tier::kPinned,
       fmt::format("gradient staging buffers ({} x {} B)", pl.grad_slots, pl.grad_slot_bytes),
       pl.grad_slots * pl.grad_slot_bytes);
-  add(plan, Tier::kPinned, "gradient copy-back buffer (device -> host, one slab)",
-      pl.grad_copy_back_bytes);
+  add(plan, Tier::kPinned,
+      fmt::format("gradient copy-back buffers (device -> host, {} x {} B)", pl.grad_copy_back_slots,
+                  pl.grad_copy_back_bytes),
+      pl.grad_copy_back_slots * pl.grad_copy_back_bytes);
   add(plan, Tier::kPinned, "parameter gather buffer (ranks gather on the host, one slab)",
       pl.param_gather_bytes);
   const uint64_t pinned_limit = c.cfg.outcore.pinned_memory_mb << 20;
@@ -409,12 +455,14 @@ void plan_step_traffic(const PlanContext& c, Plan& plan) {
   for (size_t unit = 0; unit < g.units.size(); ++unit) {
     const UnitGeometry& u = g.units[unit];
     // Every rank's contribution to this rank's partition is added on the host.
+    // Summed on the device, they come back once per step.
+    const uint64_t sent = plan.device_grad_sums[unit] ? 1 : m;
     const uint64_t chunk = static_cast<uint64_t>(g.world) * u.part * sizeof(float);
-    if (p.gradients != Tier::kDevice) t.d2h += m * chunk;
+    if (p.gradients != Tier::kDevice) t.d2h += sent * chunk;
     if (p.gradients == Tier::kNvme) {
       const uint64_t acc = u.accum_len * sizeof(float);
-      t.nvme_write += m * acc;  // every micro-batch writes the sum so far
-      t.nvme_read += m * acc;   // later micro-batches add to it; the step reads it once
+      t.nvme_write += sent * acc;  // every copy back writes the sum so far
+      t.nvme_read += sent * acc;   // later ones add to it; the step reads it once
     }
     if (p.optimizer_home(unit) == Tier::kNvme) {
       t.nvme_read += u.own_len * g.optimizer_elem_bytes();
@@ -456,6 +504,7 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   // One tier after the other, so `items` is in tier order.
   plan_device_state(c, plan);
   plan_live_params(c, device_limit_bytes(cfg, options), plan);
+  plan_device_grad_sums(c, device_limit_bytes(cfg, options), plan);
   plan_pinned(c, plan);
   plan_host(c, plan);
   plan_nvme(c, plan);

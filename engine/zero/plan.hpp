@@ -80,11 +80,18 @@ struct Plan {
   // Budgets the engine runs under (all in bytes; device ones are charged bytes).
   uint64_t device_live_param_bytes = 0;  // stage 3: gathered parameter slabs on the device
   uint64_t device_grad_bytes = 0;        // fp32 gradient slabs in flight on the device
-  uint64_t pinned_pool_bytes = 0;        // size of the pinned pool the engine creates
-  std::string param_nvme_path;           // swap directory for parameters (nvme_param_units > 0)
-  std::string optimizer_nvme_path;       // swap directory for optimizer state, or empty
-  uint64_t param_nvme_bytes = 0;         // of peak.nvme, parameter files
-  uint64_t optimizer_nvme_bytes = 0;     // of peak.nvme, optimizer-state (and gradient) files
+  // Per unit: its gradients are summed on the device over the step's micro-batches and copied
+  // back once per step (detail::device_grad_sums_apply: a device the host cannot read, one
+  // rank, accumulators off the device, gradient_accumulation_steps > 1). The units, head
+  // first in backward order, whose sums fit in the device limit left after the rest of the
+  // device tier (stage 3's gathered parameters included). Every entry false otherwise.
+  std::vector<bool> device_grad_sums;
+  uint64_t device_grad_sum_bytes = 0;  // their fp32 sums (charged bytes)
+  uint64_t pinned_pool_bytes = 0;      // size of the pinned pool the engine creates
+  std::string param_nvme_path;         // swap directory for parameters (nvme_param_units > 0)
+  std::string optimizer_nvme_path;     // swap directory for optimizer state, or empty
+  uint64_t param_nvme_bytes = 0;       // of peak.nvme, parameter files
+  uint64_t optimizer_nvme_bytes = 0;   // of peak.nvme, optimizer-state (and gradient) files
 };
 
 // What the planner needs besides the config and the model.

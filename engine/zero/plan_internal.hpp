@@ -22,8 +22,11 @@ struct PinnedLayout {
   uint64_t optimizer_lease_bytes = 0;   // one step's lease
   size_t grad_slots = 0;  // NVMe gradients: accumulation staging and one per unit step
   uint64_t grad_slot_bytes = 0;
-  uint64_t grad_copy_back_bytes = 0;  // a device the host cannot read: one gradient slab
-  uint64_t param_gather_bytes = 0;    // and several ranks: one parameter slab
+  // A device the host cannot read: buffers gradient slabs come down to, one slab each
+  // (kGradCopyBackSlots; one in the reduced layout).
+  size_t grad_copy_back_slots = 0;
+  uint64_t grad_copy_back_bytes = 0;
+  uint64_t param_gather_bytes = 0;  // and several ranks: one parameter slab
   uint64_t total() const;
 };
 // Which pinned layout: the full one, or the smallest one that still works (one fetch buffer,

@@ -2,6 +2,7 @@
 // memory faults on any direct host access): the model computes through the device's backend,
 // parameters arrive and gradients leave by stream copies only, and training is bit-identical
 // to the same run on the host-accessible simulated device, with the plan still exact.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -49,19 +50,37 @@ TEST_P(DiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDevice) {
   expect_bit_identical(want, got, c.name());
 
   // The gradient slabs come back through one more pinned buffer; staged checkpoints take two
-  // unit inputs on the device; nothing else changes.
+  // unit inputs on the device; with an unlimited budget every unit's gradients are summed on
+  // the device over the step's micro-batches and come back once per step instead of once per
+  // micro-batch (to host memory, or read, added and written back in a swap file); nothing else
+  // changes.
   const uint64_t staging =
       c.cpu_checkpointing ? 2 * device::charged_bytes(host_model.hidden_bytes()) : 0;
-  EXPECT_EQ(got.plan.peak.device, want.plan.peak.device + staging) << format_plan(got.plan);
+  uint64_t sums = 0, once = 0;  // the sums' device bytes, one copy of every gradient
+  for (const model::UnitLayout& u : host_model.layout().units) {
+    sums += device::charged_bytes(u.padded_numel * sizeof(float));
+    once += u.padded_numel * sizeof(float);
+  }
+  const uint64_t gas = static_cast<uint64_t>(cfg.gradient_accumulation_steps.value());
+  ASSERT_GT(gas, 1u);
+  EXPECT_EQ(got.plan.device_grad_sums, std::vector<bool>(host_model.num_units(), true));
+  EXPECT_EQ(got.plan.device_grad_sum_bytes, sums);
+  EXPECT_TRUE(want.plan.device_grad_sums == std::vector<bool>(host_model.num_units(), false));
+  EXPECT_NE(format_plan(got.plan).find("fp32 gradient sums of units 0.."), std::string::npos)
+      << format_plan(got.plan);
+  EXPECT_EQ(got.plan.peak.device, want.plan.peak.device + staging + sums) << format_plan(got.plan);
   EXPECT_LE(got.memory.device_peak_bytes, got.plan.peak.device) << format_plan(got.plan);
   EXPECT_EQ(got.plan.per_step.h2d, want.plan.per_step.h2d);
-  EXPECT_EQ(got.plan.per_step.d2h, want.plan.per_step.d2h);
+  EXPECT_EQ(got.plan.per_step.d2h, want.plan.per_step.d2h - (gas - 1) * once);
+  const uint64_t nvme_saved = c.nvme_gradients ? (gas - 1) * once : 0;
+  EXPECT_EQ(got.plan.per_step.nvme_read, want.plan.per_step.nvme_read - nvme_saved);
+  EXPECT_EQ(got.plan.per_step.nvme_write, want.plan.per_step.nvme_write - nvme_saved);
   size_t largest = 0;
   for (const model::UnitLayout& u : host_model.layout().units)
     largest = std::max(largest, u.padded_numel);
-  const uint64_t copy_back = (largest * sizeof(float) + 4095) / 4096 * 4096;
+  const uint64_t copy_back = 2 * ((largest * sizeof(float) + 4095) / 4096 * 4096);
   EXPECT_EQ(got.plan.peak.pinned, want.plan.peak.pinned + copy_back) << format_plan(got.plan);
-  EXPECT_EQ(got.traffic.d2h_bytes, want.traffic.d2h_bytes);
+  EXPECT_EQ(got.traffic.d2h_bytes, want.traffic.d2h_bytes - 3 * (gas - 1) * once);
   EXPECT_EQ(got.traffic.h2d_bytes, want.traffic.h2d_bytes);
 }
 
@@ -77,8 +96,56 @@ INSTANTIATE_TEST_SUITE_P(
                       DiscreteCase{{3, "nvme", "nvme"}, DType::BF16, false, true},
                       DiscreteCase{{2, "none", "cpu"}, DType::F32, false, true},
                       // the checkpoint copies run under the compute: slow ones must be waited for
-                      DiscreteCase{{2, "none", "cpu"}, DType::F32, false, true, 20000}),
+                      DiscreteCase{{2, "none", "cpu"}, DType::F32, false, true, 20000},
+                      // so do the gradient copies down, and the parameter copies up
+                      DiscreteCase{{3, "cpu", "cpu"}, DType::F32, false, false, 20000}),
     [](const auto& info) { return info.param.name(); });
+
+// Gradient sums on the device within a budget: the units whose sums fit in what the budget
+// leaves (head first) sum there, the others come back every micro-batch; bit-identical to the
+// host-accessible device either way, and to it again when a step has fewer micro-batches than
+// gradient_accumulation_steps (the sums still held go down at the step) or more (the later
+// ones are added on the host).
+TEST(DiscreteDeviceGradientSums, PartlyOnTheDeviceWithinTheBudgetAndAnyMicroBatchCount) {
+  const std::string dir = swap_dir("discrete_grad_sums").string();
+  for (const bool nvme_grads : {false, true}) {
+    SCOPED_TRACE(nvme_grads ? "gradients in swap files" : "gradients in host memory");
+    const config::Config cfg = make_config(
+        config_json({3, "nvme", "nvme"}, DType::F32, dir, ", \"stage3_max_reuse_distance\": 0"));
+    const EngineOptions eo = nvme_grads ? nvme_gradients() : EngineOptions{};
+    const model::LlamaModel host_model(tiny_config(false), tiny_options(DType::F32));
+    const int units = host_model.num_units();
+    // The plan with every sum on the device, less the sums of all but the head and the last
+    // decoder layer: a budget with room for those two only.
+    const Plan all =
+        make_plan(cfg, host_model, {.gradients = eo.gradients, .device_host_accessible = false});
+    ASSERT_EQ(all.device_grad_sums, std::vector<bool>(units, true));
+    uint64_t others = 0;
+    for (int u = 0; u + 2 < units; ++u)
+      others += device::charged_bytes(host_model.layout().units[u].padded_numel * sizeof(float));
+    const uint64_t budget = all.peak.device - others;
+
+    for (const int64_t micro_batches : {int64_t{2}, int64_t{1}, int64_t{3}}) {
+      SCOPED_TRACE(fmt::format("{} micro-batches per step", micro_batches));
+      device::CpuDevice host_dev;
+      const RunResult want = train_on(host_dev, cfg, host_model, 2, eo, micro_batches);
+      device::CpuDevice dev({.memory_budget_bytes = budget, .discrete = true});
+      const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32),
+                                    device::make_backend(dev));
+      const RunResult got = train_on(dev, cfg, model, 2, eo, micro_batches);
+      expect_bit_identical(want, got, "grad_sums");
+      std::vector<bool> expected(units, false);
+      expected[units - 1] = expected[units - 2] = true;
+      EXPECT_EQ(got.plan.device_grad_sums, expected) << format_plan(got.plan);
+      EXPECT_NE(format_plan(got.plan).find(
+                    fmt::format("gradient sums of units {}..{}", units - 2, units - 1)),
+                std::string::npos)
+          << format_plan(got.plan);
+      EXPECT_LE(got.memory.device_peak_bytes, budget);
+      EXPECT_LE(got.memory.device_peak_bytes, got.plan.peak.device);
+    }
+  }
+}
 
 // Plan and measurement agree on the discrete device as they do on the host-accessible one.
 TEST(DiscreteDevicePlan, PeaksAndTrafficMatchThePlan) {

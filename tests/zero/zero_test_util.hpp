@@ -125,15 +125,17 @@ struct RunResult {
 };
 
 // Trains `steps` optimizer steps of gradient_accumulation_steps micro-batches each on `dev`
-// (the model's backend must be the device's, see device::make_backend).
+// (the model's backend must be the device's, see device::make_backend); `micro_batches` > 0
+// runs that many per step instead, whatever the config says.
 inline RunResult train_on(device::Device& dev, const config::Config& cfg,
-                          const model::LlamaModel& model, int steps, EngineOptions eo = {}) {
+                          const model::LlamaModel& model, int steps, EngineOptions eo = {},
+                          int64_t micro_batches = 0) {
   comm::LocalComm comm;
   RunResult r;
   {
     ZeroEngine engine(cfg, model, dev, comm, /*seed=*/7, eo);
     r.plan = engine.plan();
-    const int64_t gas = cfg.gradient_accumulation_steps.value();
+    const int64_t gas = micro_batches > 0 ? micro_batches : cfg.gradient_accumulation_steps.value();
     const size_t n = static_cast<size_t>(model.tokens());
     for (int t = 1; t <= steps; ++t) {
       float loss = 0;
