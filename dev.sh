@@ -97,6 +97,11 @@ run_gpu() {
   timeout 120 "$BUILD_DIR/bench/model/model_bench" --device cuda --compute bf16 --hidden 4096 \
     --intermediate 14336 --heads 32 --kv-heads 8 --layers 1 --vocab 256 --seq 4096 --batch 1 \
     --steps 3 || rc=1
+  echo "==> zero_large_bench on the GPU: ZeRO-3 streamed from NVMe under a 1000 MiB device budget,"
+  echo "    4 micro-batches per step, against the compute, PCIe and drive bounds of the same run"
+  timeout 180 "$BUILD_DIR/bench/zero/zero_large_bench" --device cuda --device-mb 1000 --hidden 1024 \
+    --intermediate 2816 --layers 8 --heads 16 --kv-heads 4 --vocab 32000 --seq 1024 --micro 1 \
+    --gas 4 --grads host --steps 3 --ref-gib 2 --nvme "$out/zero_large" || rc=1
   return "$rc"
 }
 

@@ -17,15 +17,23 @@
 //
 // With --device cuda the model computes on GPU 0 (the engine's device budget --device-mb,
 // e.g. 70000 for a 7B model on an 80 GB GPU with --hidden 4096 --intermediate 11008
-// --layers 32 --heads 32 --kv-heads 32), the compute bound is the same units in GPU memory, and
-// the summary prints model TFLOP/s streamed and in memory (and MFU with --peak-tflops).
+// --layers 32 --heads 32 --kv-heads 32), the compute bound is the same units in GPU memory, a
+// third bound is measured, PCIe (the plan's host<->device bytes per step at the rate of pinned
+// 256 MiB copies, device::copy_bytes_per_second), and the summary prints model TFLOP/s streamed
+// and in memory (and MFU with --peak-tflops). The model computes in --compute (bf16 by default,
+// as `outcore train` with this config; figures recorded before it existed are fp32 compute). --gas
+// G runs G micro-batches per step (the gradient sums of the units that fit stay on the GPU until
+// the last one, decision 024);
+// --grads host keeps the gradient accumulators in host memory instead of swap files;
+// --param-in-cpu N keeps parameter partitions up to N elements in host memory (max_in_cpu).
 //
 //   zero_large_bench [--hidden 2560] [--intermediate 6912] [--layers 34] [--heads 20]
-//                    [--kv-heads 4] [--vocab 32000] [--seq 128] [--micro 1] [--steps 3]
-//                    [--nvme DIR] [--device-mb 2048] [--sub-group 10000000] [--lr 2e-3]
-//                    [--ref-gib 4] [--compute-reps 3] [--skip-bounds] [--device cpu|cuda]
-//                    [--peak-tflops T] [--bf16-moments] [--trace FILE] [--clip 1.0]
-//                    [--step-in-backward]
+//                    [--kv-heads 4] [--vocab 32000] [--seq 128] [--micro 1] [--gas 1]
+//                    [--steps 3] [--nvme DIR] [--device-mb 2048] [--sub-group 10000000]
+//                    [--lr 2e-3] [--ref-gib 4] [--compute-reps 3] [--skip-bounds]
+//                    [--device cpu|discrete|cuda] [--grads nvme|host] [--param-in-cpu 0]
+//                    [--compute bf16|fp32] [--peak-tflops T] [--bf16-moments] [--trace FILE]
+//                    [--clip 1.0] [--step-in-backward]
 //
 // --step-in-backward sets outcore.step_in_backward: each unit's optimizer step starts during
 // the backward when the multiplier without clipping is expected to hold (--clip 0, or the last
@@ -111,14 +119,17 @@ std::vector<int32_t> step_tokens(int step, size_t n, int64_t vocab) {
 struct Bounds {
   bench::IoBound io;
   bench::ComputeTimes compute;
-  double larger_serial_s() const { return std::max(io.serial_s, compute.step_s()); }
-  double larger_overlapped_s() const { return std::max(io.overlapped_s, compute.step_s()); }
-  double larger_mixed_s() const { return std::max(io.mixed_s, compute.step_s()); }
+  double pcie_s = 0;  // the plan's host<->device bytes at the measured copy rate (0: no bus)
+  double others_s() const { return std::max(compute.step_s(), pcie_s); }
+  double larger_serial_s() const { return std::max(io.serial_s, others_s()); }
+  double larger_overlapped_s() const { return std::max(io.overlapped_s, others_s()); }
+  double larger_mixed_s() const { return std::max(io.mixed_s, others_s()); }
 };
 
 Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
                       device::Device& compute_dev, const config::Config& cfg,
-                      const std::string& dir, double ref_gib, int compute_reps) {
+                      const std::string& dir, double ref_gib, int compute_reps,
+                      bool engine_dev_host_accessible) {
   const uint64_t read = plan.per_step.nvme_read, write = plan.per_step.nvme_write;
   const aio::Options aio = zero::aio_options(cfg.aio);
   constexpr uint64_t kSpan = 32ull << 20;
@@ -131,10 +142,25 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
   std::fflush(stdout);
   const bench::DriveRates rates = bench::measure_drive(
       dir, static_cast<uint64_t>(ref_gib * (1ull << 30)), kSpan, read_fraction, aio);
-  const Bounds b{
-      bench::io_bound(rates, read, write),
-      bench::measure_compute(model, compute_dev, plan.micro_batches_per_step, compute_reps,
-                             cfg.activation_checkpointing.cpu_checkpointing)};
+  Bounds b{bench::io_bound(rates, read, write),
+           bench::measure_compute(model, compute_dev, plan.micro_batches_per_step, compute_reps,
+                                  cfg.activation_checkpointing.cpu_checkpointing)};
+  if (!engine_dev_host_accessible) {
+    // On the compute bound's device (the engine's has its budget), or a simulated discrete one.
+    std::unique_ptr<device::Device> sim;
+    device::Device* link = &compute_dev;
+    if (compute_dev.host_accessible()) {
+      sim = std::make_unique<device::CpuDevice>(device::CpuDeviceOptions{.discrete = true});
+      link = sim.get();
+    }
+    const double rate = device::copy_bytes_per_second(*link);
+    const uint64_t bytes = plan.per_step.h2d + plan.per_step.d2h;
+    b.pcie_s = static_cast<double>(bytes) / rate;
+    std::printf(
+        "PCIe bound (plan: %.2f GB up + %.2f GB down per step at %.1f GB/s, pinned 256 MiB "
+        "copies): %.2f s\n",
+        plan.per_step.h2d / 1e9, plan.per_step.d2h / 1e9, rate / 1e9, b.pcie_s);
+  }
   std::printf(
       "drive (aio engine, %.2f GB per pass): write %.2f GB/s, read %.2f GB/s, mixed %.2f GB/s "
       "(%.0f%% reads)\n",
@@ -154,28 +180,29 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
   return b;
 }
 
-config::Config make_config(int64_t micro, int64_t sub_group, const std::string& nvme,
-                           int64_t device_mb, bool bf16_moments, double clip,
-                           bool step_in_backward) {
+config::Config make_config(int64_t micro, int64_t gas, int64_t sub_group, const std::string& nvme,
+                           int64_t device_mb, bool bf16_moments, double clip, bool step_in_backward,
+                           int64_t param_in_cpu, const std::string& compute) {
   config::Config cfg =
       config::parse_config(
           fmt::format(
-              R"({{"train_micro_batch_size_per_gpu": {0}, "gradient_accumulation_steps": 1,
+              R"({{"train_micro_batch_size_per_gpu": {0}, "gradient_accumulation_steps": {7},
         "gradient_clipping": {5}, "bf16": {{"enabled": true}},{4}
         "activation_checkpointing": {{"cpu_checkpointing": true}},
         "zero_optimization": {{"stage": 3, "sub_group_size": {1},
           "offload_param": {{"device": "nvme", "nvme_path": "{2}", "buffer_count": 3,
-                             "max_in_cpu": 0}},
+                             "max_in_cpu": {8}}},
           "offload_optimizer": {{"device": "nvme", "nvme_path": "{2}", "buffer_count": 3,
                                  "pipeline_read": true, "pipeline_write": true}},
           "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}},
         "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}},
-        "outcore": {{"device_memory_mb": {3}, "step_in_backward": {6}}}}})",
+        "outcore": {{"device_memory_mb": {3}, "step_in_backward": {6},
+                    "compute_dtype": "{9}"}}}})",
               micro, sub_group, nvme, device_mb,
               bf16_moments
                   ? R"( "optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": false}},)"
                   : "",
-              clip, step_in_backward),
+              clip, step_in_backward, gas, param_in_cpu, compute),
           "zero_large_bench")
           .config;
   config::resolve_auto(cfg, {});
@@ -188,7 +215,10 @@ int main(int argc, char** argv) {
   outcore::tools::select_blas_kernels(argv);
   outcore::tools::apply_environment_settings();
   int64_t hidden = 2560, intermediate = 6912, layers = 34, heads = 20, kv_heads = 4, vocab = 32000;
-  int64_t seq = 128, micro = 1, device_mb = 2048, sub_group = 10'000'000;
+  int64_t seq = 128, micro = 1, gas = 1, device_mb = 2048, sub_group = 10'000'000;
+  int64_t param_in_cpu = 0;
+  std::string grads = "nvme";
+  std::string compute = "bf16";
   int steps = 3, compute_reps = 3;
   double lr = 2e-3, ref_gib = 4;
   bool skip_bounds = false;
@@ -208,6 +238,13 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", vocab);
   app.add_option("--seq", seq);
   app.add_option("--micro", micro);
+  app.add_option("--gas", gas, "gradient_accumulation_steps")->check(CLI::Range(1, 1024));
+  app.add_option("--grads", grads, "where the fp32 gradient accumulators live")
+      ->check(CLI::IsMember({"nvme", "host"}));
+  app.add_option("--compute", compute, "outcore.compute_dtype: GEMM operands in bf16 or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--param-in-cpu", param_in_cpu, "offload_param.max_in_cpu (elements)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--steps", steps);
   app.add_option("--nvme", nvme, "swap directory");
   app.add_option("--device-mb", device_mb, "device budget (outcore.device_memory_mb)");
@@ -217,9 +254,10 @@ int main(int argc, char** argv) {
   app.add_option("--compute-reps", compute_reps, "timed passes of the compute bound's units");
   app.add_flag("--skip-bounds", skip_bounds, "measure neither the I/O nor the compute bound");
   app.add_option("--device", device_kind,
-                 "cpu (the simulated device) or cuda (GPU 0: the model computes there, the compute "
-                 "bound is the same units in GPU memory)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+                 "cpu (the simulated device), discrete (the simulated device as a GPU: the host "
+                 "cannot read it) or cuda (GPU 0: the model computes there, the compute bound is "
+                 "the same units in GPU memory)")
+      ->check(CLI::IsMember({"cpu", "discrete", "cuda"}));
   app.add_option("--trace", trace_file,
                  "Chrome trace-event JSON of the steps (tools/trace_svg.py draws the last one)");
   app.add_flag("--bf16-moments", bf16_moments,
@@ -229,7 +267,8 @@ int main(int argc, char** argv) {
   app.add_flag("--step-in-backward", step_in_backward,
                "outcore.step_in_backward: start the optimizer step during the backward");
   app.add_option("--peak-tflops", peak_tflops,
-                 "the device's peak TFLOP/s for the GEMMs' dtype (fp32 here): prints MFU");
+                 "the device's peak TFLOP/s for the GEMMs' dtype (the config's compute dtype, "
+                 "bf16): prints MFU");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -248,19 +287,23 @@ int main(int argc, char** argv) {
       dev = device::make_cuda_device({.memory_budget_bytes = budget});
       compute_dev = device::make_cuda_device();
     } else {
-      dev = std::make_unique<device::CpuDevice>(device::CpuDeviceOptions{budget});
+      // discrete: the simulated GPU (every transfer a stream copy); the compute bound runs on
+      // host memory through the same backend.
+      dev = std::make_unique<device::CpuDevice>(device::CpuDeviceOptions{
+          .memory_budget_bytes = budget, .discrete = device_kind == "discrete"});
       compute_dev = std::make_unique<device::CpuDevice>();
     }
     std::printf("device: %s\n", dev->name().c_str());
+    const config::Config cfg = make_config(micro, gas, sub_group, nvme, device_mb, bf16_moments,
+                                           clip, step_in_backward, param_in_cpu, compute);
     const model::LlamaModel model(mc,
                                   {.micro_batch = micro,
                                    .seq_len = seq,
                                    .param_dtype = DType::BF16,
+                                   .compute_dtype = config::compute_dtype(cfg),
                                    .activation_checkpointing = true},
                                   device::make_backend(*dev));
     std::filesystem::create_directories(nvme);
-    const config::Config cfg =
-        make_config(micro, sub_group, nvme, device_mb, bf16_moments, clip, step_in_backward);
     const double params = static_cast<double>(mc.num_parameters());
     std::printf(
         "model: %.2fB parameters; training state %.1f GiB (16 B/param) = %.2fx this machine's "
@@ -270,7 +313,8 @@ int main(int argc, char** argv) {
 
     comm::LocalComm comm;
     zero::EngineOptions eo;
-    eo.gradients = zero::GradientPlacement::kNvme;
+    eo.gradients =
+        grads == "host" ? zero::GradientPlacement::kHost : zero::GradientPlacement::kNvme;
     const auto t0 = Clock::now();
     zero::ZeroEngine engine(cfg, model, *dev, comm, 2024, eo);
     std::fputs(zero::format_plan(engine.plan()).c_str(), stdout);
@@ -280,7 +324,8 @@ int main(int argc, char** argv) {
 
     std::optional<Bounds> bounds;
     if (!skip_bounds) {
-      bounds = measure_bounds(engine.plan(), model, *compute_dev, cfg, nvme, ref_gib, compute_reps);
+      bounds = measure_bounds(engine.plan(), model, *compute_dev, cfg, nvme, ref_gib, compute_reps,
+                              dev->host_accessible());
       compute_dev.reset();  // its memory (and blocks kept for reuse) is not the run's
       reset_peak_rss();
     }
@@ -297,10 +342,16 @@ int main(int argc, char** argv) {
     }
     for (int t = 1; t <= steps; ++t) {
       OUTCORE_TRACE_SPAN("step", "step", {.index = t});
-      const std::vector<int32_t> tok = step_tokens(t, n + 1, vocab);
       const zero::StepParams sp = zero::step_params(cfg, lr, t, 1.0);
-      engine.expect_step(sp);
-      const float loss = engine.forward_backward(tok.data(), tok.data() + 1, 1.0f, true);
+      float loss = 0;
+      for (int64_t k = 0; k < gas; ++k) {
+        const std::vector<int32_t> tok =
+            step_tokens(static_cast<int>((t - 1) * gas + k + 1), n + 1, vocab);
+        if (k == gas - 1) engine.expect_step(sp);
+        loss += engine.forward_backward(tok.data(), tok.data() + 1, 1.0f / static_cast<float>(gas),
+                                        k == 0) /
+                static_cast<float>(gas);
+      }
       const double fb = seconds_since(s0);
       const auto s1 = Clock::now();
       const zero::StepResult r = engine.step(sp);
@@ -351,15 +402,15 @@ int main(int argc, char** argv) {
       std::printf(
           "summary over %d steps: step %.2f s (mean), nvme read %.2f GB, write %.2f GB per step "
           "(plan %.2f / %.2f); I/O bound serial %.2f s, overlapped %.2f s, mixed %.2f s; compute "
-          "bound %.2f s\n",
+          "bound %.2f s; PCIe bound %.2f s\n",
           steps, mean, (a.nvme_read_bytes - traffic0.nvme_read_bytes) / 1e9 / steps,
           (a.nvme_write_bytes - traffic0.nvme_write_bytes) / 1e9 / steps, per_step.nvme_read / 1e9,
           per_step.nvme_write / 1e9, bounds->io.serial_s, bounds->io.overlapped_s,
-          bounds->io.mixed_s, bounds->compute.step_s());
+          bounds->io.mixed_s, bounds->compute.step_s(), bounds->pcie_s);
       std::printf(
-          "step / max(I/O bound, compute bound) = %.2f with the drive's mixed read/write time "
-          "(goal <= 1.15), %.2f with its serial time, %.2f if it read and wrote at full speed "
-          "at once\n",
+          "step / max(I/O bound, compute bound, PCIe bound) = %.2f with the drive's mixed "
+          "read/write time (goal <= 1.10), %.2f with its serial time, %.2f if it read and wrote "
+          "at full speed at once\n",
           mean / bounds->larger_mixed_s(), mean / bounds->larger_serial_s(),
           mean / bounds->larger_overlapped_s());
       // The compute bound is measured with the cores to itself; a step shares them with the

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
 #include "engine/device/device.hpp"
@@ -130,6 +132,31 @@ double gemm_flops(Device& device, ComputeBackend& backend, DType dtype, int64_t 
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s);
   }
+  return best;
+}
+
+double copy_bytes_per_second(Device& device, size_t bytes, int reps) {
+  if (bytes == 0 || reps < 1) throw InvalidArgument("copy_bytes_per_second: bytes and reps > 0");
+  std::vector<std::byte> host(bytes);
+  device.register_host(host.data(), bytes);
+  double best = 0;
+  try {
+    DeviceBuffer d = device.alloc(bytes, "copy rate");
+    std::unique_ptr<Stream> s = device.create_stream("copy rate");
+    for (int r = 0; r < reps; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      s->copy_h2d(d.data(), host.data(), bytes);
+      s->copy_d2h(host.data(), d.data(), bytes);
+      s->synchronize();
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::max(best, 2.0 * double(bytes) / sec);
+    }
+  } catch (...) {
+    device.unregister_host(host.data());
+    throw;
+  }
+  device.unregister_host(host.data());
   return best;
 }
 

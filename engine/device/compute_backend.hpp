@@ -159,6 +159,10 @@ std::unique_ptr<ComputeBackend> make_cuda_backend(Device& device);
 // BF16: gemm_bf16) on buffers of `device`: one warm-up call, then the best of `reps` timed calls,
 // each ended by finish(). The rate the model's GEMMs reach at best on this device.
 double gemm_flops(Device& device, ComputeBackend& backend, DType dtype, int64_t n, int reps = 3);
+// Bytes/s of host<->device copies on `device`: `bytes` of registered host memory up, then down,
+// on one stream, best of `reps` round trips (both directions counted). The rate the engine's
+// transfers reach at best over the bus (PCIe on a GPU).
+double copy_bytes_per_second(Device& device, size_t bytes = size_t{256} << 20, int reps = 3);
 
 // The backend of `device`: make_cuda_backend for a CUDA device, make_cpu_backend for a
 // CpuDevice, cpu_backend() for any other host-accessible device. Throws as make_cuda_backend.

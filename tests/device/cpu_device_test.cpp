@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/device/compute_backend.hpp"
 #include "engine/device/device.hpp"
 
 namespace outcore::device {
@@ -260,6 +261,19 @@ TEST(CpuDeviceStream, DestructorDrainsQueuedWork) {
     for (int i = 0; i < 50; ++i) s->enqueue([&] { ++n; });
   }
   EXPECT_EQ(n.load(), 50);
+}
+
+// The copy rate benchmarks and `outcore estimate` set the PCIe bound with: a positive rate on
+// a discrete device (every byte through a stream copy), its memory handed back, bad arguments
+// refused.
+TEST(CopyRate, MeasuresRoundTripsAndReturnsItsMemory) {
+  CpuDevice dev({.discrete = true});
+  const double rate = copy_bytes_per_second(dev, size_t{1} << 20, 2);
+  EXPECT_GT(rate, 0.0);
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 0u);
+  EXPECT_EQ(dev.memory_stats().peak_bytes, uint64_t{1} << 20);
+  EXPECT_THROW(copy_bytes_per_second(dev, 0, 1), InvalidArgument);
+  EXPECT_THROW(copy_bytes_per_second(dev, 4096, 0), InvalidArgument);
 }
 
 }  // namespace

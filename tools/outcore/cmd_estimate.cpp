@@ -13,12 +13,10 @@
 
 #include <algorithm>
 #include <charconv>
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "common/error.hpp"
 #include "engine/config/config.hpp"
@@ -60,31 +58,6 @@ int64_t positive(const std::string& text, const char* flag, int64_t fallback, in
     throw InvalidArgument(std::string(flag) + ": got \"" + text + "\"; allowed: an integer in 1.." +
                           std::to_string(max));
   return v;
-}
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Bytes/s of pinned host<->device copies of 256 MiB each way on `dev` (best of 3 round trips).
-double measure_pcie_bytes(device::Device& dev) {
-  const size_t bytes = size_t{256} << 20;
-  std::vector<std::byte> host(bytes);
-  dev.register_host(host.data(), bytes);
-  device::DeviceBuffer d = dev.alloc(bytes, "pcie rate");
-  auto s = dev.create_stream("pcie rate");
-  double best = 0;
-  for (int r = 0; r < 3; ++r) {
-    const auto t0 = Clock::now();
-    s->copy_h2d(d.data(), host.data(), bytes);
-    s->copy_d2h(host.data(), d.data(), bytes);
-    s->synchronize();
-    best = std::max(best, 2.0 * double(bytes) / seconds_since(t0));
-  }
-  dev.unregister_host(host.data());
-  return best;
 }
 
 // A plan's step with `micro` sequences per micro-batch and `gas` micro-batches per step.
@@ -226,7 +199,7 @@ int run_estimate(const EstimateArgs& a) {
             fmt::format("measured: {} GEMM 4096^3 on {}", dtype_name(compute), gpu->name());
       }
       if (rates.pcie_bytes <= 0) {
-        rates.pcie_bytes = measure_pcie_bytes(*gpu);
+        rates.pcie_bytes = device::copy_bytes_per_second(*gpu);
         pcie_source = "measured: pinned copies of 256 MiB";
       }
     } else {
