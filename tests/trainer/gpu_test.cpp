@@ -1,0 +1,116 @@
+// The trainer on a device the host cannot read (label gpu: `ctest -L gpu`): the simulated
+// discrete device everywhere, a GPU where one can be used (the case skips, saying why, where
+// none can). ZeRO-3 with the parameters in host memory and the optimizer state in swap files,
+// under a device budget below the model's training state, 10 steps of 2 micro-batches: the
+// optimizer step during the backward (outcore.step_in_backward: CPU Adam and the NVMe optimizer
+// I/O under the GPU's backward) trains bit-identically to the step after the backward, the
+// units whose gradient sums fit stay on the device between micro-batches (decision 024), and
+// the device's peak stays within the budget.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/trainer/trainer_test_util.hpp"
+
+namespace outcore::train::testing {
+namespace {
+
+struct Outcome {
+  std::vector<double> losses, norms;
+  std::vector<std::string> in_backward;
+  Weights weights;
+  zero::MemoryPeaks memory;
+  std::vector<bool> device_grad_sums;
+};
+
+// 4.3M parameters: 68 MiB of training state (16 B/param) against a 32 MiB device budget.
+model::LlamaConfig small_model() {
+  nlohmann::json j = tiny_model_json();
+  j["hidden_size"] = 256;
+  j["intermediate_size"] = 704;
+  j["num_hidden_layers"] = 4;
+  j["vocab_size"] = 2048;
+  return model::LlamaConfig::from_json(j.dump(), "small");
+}
+
+constexpr int64_t kBudgetMb = 32;
+
+Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std::string& swap) {
+  const model::LlamaConfig mc = small_model();
+  std::filesystem::create_directories(swap);
+  nlohmann::json p = {
+      {"bf16", {{"enabled", true}}},
+      {"gradient_accumulation_steps", 2},
+      {"zero_optimization",
+       {{"stage", 3},
+        {"stage3_param_persistence_threshold", 0},
+        {"offload_param", {{"device", "cpu"}}},
+        {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap}}}}},
+      {"outcore", {{"device_memory_mb", kBudgetMb}, {"step_in_backward", step_in_backward}}}};
+  const config::Config cfg = make_config(p, mc);
+  TrainerOptions o = quiet_options(data, 10);
+  if (cuda)
+    o.device = device::DeviceKind::Cuda;
+  else
+    o.discrete = true;
+  Outcome out;
+  o.on_step = [&](const StepMetrics& m) {
+    out.losses.push_back(m.loss);
+    out.norms.push_back(m.grad_norm.value_or(-1.0));
+    out.in_backward.push_back(m.in_backward);
+  };
+  Trainer tr(cfg, mc, o);
+  tr.run();
+  out.weights = weights_of(tr);
+  out.memory = tr.engine().memory();
+  out.device_grad_sums = tr.engine().plan().device_grad_sums;
+  return out;
+}
+
+class TrainerOnADevice : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TrainerOnADevice, StepDuringBackwardUnderABudgetBelowTheModelsState) {
+  const bool cuda = GetParam();
+  if (cuda) {
+    const device::ProbeResult p = device::probe();
+    if (!p.available) GTEST_SKIP() << "no usable GPU: " << p.summary();
+  }
+  ASSERT_LT(uint64_t{kBudgetMb} << 20, 16 * small_model().num_parameters());
+  const DemoData data;
+  const Outcome after = train(cuda, false, data, data.file("after"));
+  const Outcome during = train(cuda, true, data, data.file("during"));
+  ASSERT_EQ(after.losses.size(), 10u);
+  ASSERT_EQ(during.losses.size(), 10u);
+  int stepped_during = 0;
+  for (size_t i = 0; i < after.losses.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&after.losses[i], &during.losses[i], sizeof(double)), 0)
+        << "loss of step " << i + 1;
+    EXPECT_EQ(std::memcmp(&after.norms[i], &during.norms[i], sizeof(double)), 0)
+        << "norm of step " << i + 1;
+    stepped_during += during.in_backward[i] == "committed";
+  }
+  // Without clipping every step's tentative updates stand.
+  EXPECT_EQ(stepped_during, 10);
+  for (size_t u = 0; u < after.weights.master.size(); ++u) {
+    EXPECT_TRUE(after.weights.master[u] == during.weights.master[u]) << "unit " << u;
+    EXPECT_TRUE(after.weights.params[u] == during.weights.params[u]) << "unit " << u;
+  }
+  for (const Outcome* o : {&after, &during}) {
+    EXPECT_LE(o->memory.device_peak_bytes, uint64_t{kBudgetMb} << 20);
+    int summed = 0;
+    for (const bool b : o->device_grad_sums) summed += b;
+    EXPECT_GT(summed, 0) << "no unit's gradient sum fits in the budget";
+    EXPECT_LT(summed, static_cast<int>(o->device_grad_sums.size()))
+        << "every unit's gradient sum fits: the budget does not test the host path";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Trainer, TrainerOnADevice, ::testing::Values(false, true),
+                         [](const auto& info) {
+                           return std::string(info.param ? "cuda" : "simulated_discrete");
+                         });
+
+}  // namespace
+}  // namespace outcore::train::testing
