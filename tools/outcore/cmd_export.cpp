@@ -12,7 +12,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -31,6 +30,7 @@
 #include "engine/ckpt/hf.hpp"
 #include "engine/model/model.hpp"
 #include "tools/outcore/commands.hpp"
+#include "tools/outcore/stop_signals.hpp"
 #include "tools/outcore/test_hooks.hpp"
 #include "tools/outcore/train_session.hpp"
 
@@ -44,41 +44,9 @@ struct ExportArgs {
   bool no_verify = false;
 };
 
-std::atomic<bool> g_stop{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
-
-extern "C" void on_export_signal(int) {
-  // Async-signal-safe: one atomic store. SA_RESETHAND has restored the default action, so a
-  // second signal ends the process at once.
-  g_stop.store(true, std::memory_order_relaxed);
-}
-
-// Makes SIGINT, SIGTERM and SIGHUP stop the export (the next piece read throws Interrupted,
-// and write_hf_model removes what it wrote) for its lifetime, restoring the previous actions
-// afterwards.
-class ExportStopSignals {
- public:
-  ExportStopSignals() {
-    g_stop.store(false);
-    struct sigaction sa {};
-    sa.sa_handler = on_export_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND | SA_RESTART;
-    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
-  }
-  ~ExportStopSignals() {
-    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
-  }
-  ExportStopSignals(const ExportStopSignals&) = delete;
-  ExportStopSignals& operator=(const ExportStopSignals&) = delete;
-
- private:
-  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
-  std::array<struct sigaction, 3> old_{};
-};
-
 void throw_if_stopped() {
-  if (g_stop.load(std::memory_order_relaxed)) throw Interrupted("export interrupted by a signal");
+  if (stop_flag().load(std::memory_order_relaxed))
+    throw Interrupted("export interrupted by a signal");
 }
 
 // The directory write_hf_model exports to: absolute, normalized, without a trailing slash.
@@ -203,8 +171,9 @@ int run_export(const ExportArgs& a) {
     c.read_slab(unit, ckpt::ArrayKind::kMaster, begin, count,
                 std::as_writable_bytes(std::span(out, count)));
   };
-  // Until here nothing is written: a signal ends the process as usual.
-  const ExportStopSignals signals;
+  // Until here nothing is written: a signal ends the process as usual. From here the next piece
+  // read throws Interrupted, and write_hf_model removes what it wrote.
+  const StopSignals signals({});
   remove_killed_exports(export_target(a.out));
   ckpt::write_hf_model(cfg, read_master, a.out, options);
   uint64_t bytes = 0;

@@ -7,9 +7,7 @@
 // option, tokenizer or document: one line naming the file and line), 1 when reading or writing
 // fails, 130 when SIGINT, SIGTERM or SIGHUP stopped it; on any failure nothing is written.
 #include <fmt/format.h>
-#include <signal.h>
 
-#include <array>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -23,6 +21,7 @@
 #include "engine/data/tokenize_job.hpp"
 #include "engine/data/tokenizer.hpp"
 #include "tools/outcore/commands.hpp"
+#include "tools/outcore/stop_signals.hpp"
 #include "tools/outcore/train_session.hpp"
 
 namespace outcore::cli {
@@ -37,33 +36,6 @@ struct TokenizeArgs {
 
 // Skipped documents named on stderr; the rest only counted.
 constexpr uint64_t kSkippedShown = 5;
-
-std::atomic<bool> g_stop{false};
-
-extern "C" void on_tokenize_signal(int) { g_stop.store(true, std::memory_order_relaxed); }
-
-// SIGINT, SIGTERM and SIGHUP set g_stop for the object's lifetime; a second one kills at once
-// (SA_RESETHAND).
-class TokenizeStopSignals {
- public:
-  TokenizeStopSignals() {
-    g_stop.store(false);
-    struct sigaction sa {};
-    sa.sa_handler = on_tokenize_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND | SA_RESTART;
-    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
-  }
-  ~TokenizeStopSignals() {
-    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
-  }
-  TokenizeStopSignals(const TokenizeStopSignals&) = delete;
-  TokenizeStopSignals& operator=(const TokenizeStopSignals&) = delete;
-
- private:
-  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
-  std::array<struct sigaction, 3> old_{};
-};
 
 nlohmann::json progress_json(const char* event, const data::TokenizeProgress& p) {
   return {{"event", event},
@@ -110,7 +82,7 @@ int run_tokenize(const TokenizeArgs& a) {
   o.doc_per_file = a.doc_per_file;
   o.threads = a.threads;
   o.skip_bad = a.skip_bad;
-  o.stop = &g_stop;
+  o.stop = &stop_flag();
   const std::vector<std::string> outputs = data::tokenize_outputs(o, tokenizer.vocab_size());
   for (const std::string& out : outputs)
     if (!check_output_file(out, "--out", inputs)) return 2;
@@ -138,7 +110,7 @@ int run_tokenize(const TokenizeArgs& a) {
     if (skipped++ < kSkippedShown) std::fprintf(stderr, "skipped: %s\n", bad.what());
   };
 
-  const TokenizeStopSignals signals;
+  const StopSignals signals({});
   const data::TokenizeResult r = data::run_tokenize_job(tokenizer, o);
   if (skipped > kSkippedShown)
     std::fprintf(stderr, "skipped: %llu more bad documents not shown\n",

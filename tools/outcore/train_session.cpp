@@ -1,11 +1,9 @@
 #include "tools/outcore/train_session.hpp"
 
 #include <fmt/format.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -20,6 +18,7 @@
 #include "common/open_file.hpp"
 #include "engine/train/loss_scaler.hpp"
 #include "engine/zero/plan.hpp"
+#include "tools/outcore/stop_signals.hpp"
 
 namespace outcore::cli {
 
@@ -44,53 +43,8 @@ int run_reporting(const std::function<int()>& run,
     return 1;
   }
 }
+
 namespace {
-
-std::atomic<bool> g_stop{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
-
-extern "C" void on_stop_signal(int) {
-  // Async-signal-safe only: an atomic store and write(2). SA_RESETHAND has restored the
-  // default action, so a second signal ends the process at once.
-  g_stop.store(true, std::memory_order_relaxed);
-  static const char kMsg[] =
-      "\nstopping after the current step (press Ctrl-C again to abort at once)\n";
-  ssize_t ignored = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-  (void)ignored;
-}
-
-// Installs the stop handler for SIGINT, SIGTERM and SIGHUP (a closed ssh session or terminal
-// stops the run cleanly, saving a checkpoint and removing swap files, instead of killing it)
-// for its lifetime, and ignores SIGPIPE (progress written to a closed pipe fails with EPIPE
-// instead of killing the process), restoring the previous actions afterwards.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop.store(false);
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND | SA_RESTART;
-    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
-    struct sigaction ign {};
-    ign.sa_handler = SIG_IGN;
-    sigemptyset(&ign.sa_mask);
-    ::sigaction(SIGPIPE, &ign, &old_pipe_);
-  }
-  ~StopSignals() {
-    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
-    ::sigaction(SIGPIPE, &old_pipe_, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  // SIGUSR1: what OpenMPI's mpirun forwards to every rank (it answers SIGINT and SIGTERM by
-  // sending SIGTERM and, seconds later, SIGKILL), so `kill -USR1 <mpirun>` stops a job cleanly.
-  static constexpr std::array<int, 4> kSignals = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
-  std::array<struct sigaction, 4> old_{};
-  struct sigaction old_pipe_ {};
-};
 
 // "rank r of W: " before every error of a data-parallel rank.
 std::string g_rank_prefix;
@@ -108,7 +62,7 @@ class SwapFileGuard {
     if (!active) return;
     thread_ = std::thread([this] {
       while (!done_.load()) {
-        if (g_stop.load()) {
+        if (stop_flag().load()) {
           cleanup::remove_registered_files();
           return;
         }
@@ -242,8 +196,11 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
                  train::TrainerOptions options) {
   // Installed before the engine creates its swap files, so that Ctrl-C at any point ends
   // with the Trainer destroyed (and the files removed) rather than killed.
-  StopSignals signals;
-  options.stop_requested = &g_stop;
+  const StopSignals signals(
+      {.notice = "\nstopping after the current step (press Ctrl-C again to abort at once)\n",
+       .mpirun_stop = true,
+       .ignore_sigpipe = true});
+  options.stop_requested = &stop_flag();
   comm::Comm* comm = options.comm;
   const int rank = comm != nullptr ? comm->rank() : 0;
   const int world = comm != nullptr ? comm->world_size() : 1;
@@ -272,7 +229,7 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
     print_error(e);
     return fail_job(comm, 1);
   }
-  if (g_stop.load()) {  // interrupted while setting up
+  if (stop_flag().load()) {  // interrupted while setting up
     trainer.reset();
     return fail_job(comm, kExitInterrupted);
   }

@@ -1,0 +1,47 @@
+// tools/outcore: long work that stops cleanly on a signal (train, demo, export, tokenize).
+//
+// For the lifetime of a StopSignals, the first SIGINT, SIGTERM or SIGHUP (and SIGUSR1 with
+// `mpirun_stop`) sets stop_flag() and writes the notice, if any, to stderr; the handler resets
+// itself (SA_RESETHAND), so a second signal ends the process at once. With `ignore_sigpipe`,
+// SIGPIPE is ignored (output to a closed pipe fails with EPIPE instead of killing the
+// process). Construction clears the flag; destruction restores the previous actions.
+//
+// Threading: one StopSignals at a time in a process, made and destroyed on one thread; the flag
+// may be read from any thread.
+#pragma once
+
+#include <signal.h>
+
+#include <array>
+#include <atomic>
+
+namespace outcore::cli {
+
+// The process's stop request, set by the handler of a live StopSignals.
+std::atomic<bool>& stop_flag();
+
+class StopSignals {
+ public:
+  struct Options {
+    // Written to stderr by the first signal (async-signal-safe: write(2)); null: nothing.
+    // Must outlive the object (a string literal).
+    const char* notice = nullptr;
+    // SIGUSR1 too: what OpenMPI's mpirun forwards to every rank (it answers SIGINT and SIGTERM
+    // by sending SIGTERM and, seconds later, SIGKILL), so `kill -USR1 <mpirun>` stops a job.
+    bool mpirun_stop = false;
+    bool ignore_sigpipe = false;
+  };
+  explicit StopSignals(Options options);
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static constexpr std::array<int, 4> kSignals = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+  size_t count_ = 3;  // of kSignals handled
+  bool ignore_sigpipe_ = false;
+  std::array<struct sigaction, 4> old_{};
+  struct sigaction old_pipe_ {};
+};
+
+}  // namespace outcore::cli
