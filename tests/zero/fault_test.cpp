@@ -4,59 +4,13 @@
 #include <atomic>
 
 #include "aio/aio.hpp"
+#include "tests/zero/eio_backend.hpp"
 #include "tests/zero/zero_test_util.hpp"
 
 namespace outcore::zero::test {
 namespace {
 
 using aio::Fault;
-
-// Fails the nth read (or write) with EIO after really performing it: the request goes to the
-// inner backend and only its completion is replaced, so submission accounting is untouched.
-class EioOnNth final : public aio::IoBackend {
- public:
-  EioOnNth(uint64_t nth, bool write)
-      : inner_(aio::make_default_backend()), nth_(nth), write_(write) {}
-  std::unique_ptr<aio::IoQueue> make_queue(unsigned depth) override {
-    return std::make_unique<Queue>(inner_->make_queue(depth), *this);
-  }
-  std::string name() const override { return "eio-on-nth"; }
-  uint64_t fired() const { return fired_; }
-
- private:
-  class Queue final : public aio::IoQueue {
-   public:
-    Queue(std::unique_ptr<aio::IoQueue> inner, EioOnNth& owner)
-        : inner_(std::move(inner)), owner_(owner) {}
-    bool prepare(const aio::IoRequest& r) override {
-      if (!inner_->prepare(r)) return false;
-      if (r.write == owner_.write_ && ++owner_.seen_ == owner_.nth_) doomed_.push_back(r.user_data);
-      return true;
-    }
-    int submit() override { return inner_->submit(); }
-    int reap(std::span<aio::IoCompletion> out, std::chrono::nanoseconds timeout) override {
-      const int n = inner_->reap(out, timeout);
-      for (int i = 0; i < n; ++i)
-        for (size_t k = 0; k < doomed_.size(); ++k)
-          if (doomed_[k] == out[i].user_data) {
-            out[i].res = -EIO;
-            doomed_.erase(doomed_.begin() + static_cast<std::ptrdiff_t>(k));
-            ++owner_.fired_;
-            break;
-          }
-      return n;
-    }
-
-   private:
-    std::unique_ptr<aio::IoQueue> inner_;
-    EioOnNth& owner_;
-    std::vector<uint64_t> doomed_;
-  };
-  std::unique_ptr<aio::IoBackend> inner_;
-  uint64_t nth_;
-  bool write_;
-  std::atomic<uint64_t> seen_{0}, fired_{0};
-};
 
 struct Rig {
   std::shared_ptr<aio::FaultInjectingBackend> faults =
@@ -70,28 +24,8 @@ std::string run_until_error(const config::Config& cfg, const model::LlamaModel& 
                             const Rig& rig, int steps, const char** where,
                             bool wait_each_step = true, bool step_in_backward = false) {
   device::CpuDevice dev;
-  comm::LocalComm comm;
-  ZeroEngine engine(cfg, model, dev, comm, 5, rig.options());
-  const size_t n = static_cast<size_t>(model.tokens());
-  try {
-    for (int t = 1; t <= steps; ++t) {
-      std::vector<int32_t> tok = make_tokens(n + 1, model.config().vocab_size, t, n + 1);
-      StepParams sp = step_params(cfg, 1e-3, t, 1.0);
-      if (step_in_backward) {
-        sp.gradient_clipping = 0;  // every step starts during the backward
-        engine.expect_step(sp);
-      }
-      *where = "forward_backward";
-      engine.forward_backward(tok.data(), tok.data() + 1, 1.0f, true);
-      *where = "step";
-      engine.step(sp);
-      if (wait_each_step) engine.wait_step();  // an overlapped step's error surfaces here
-    }
-  } catch (const IoError& e) {
-    EXPECT_EQ(e.error_number(), EIO);
-    return e.what();
-  }
-  return "";
+  return run_until_error_on(dev, cfg, model, rig.options(), steps, where, wait_each_step,
+                            step_in_backward);
 }
 
 TEST(ZeroFault, EioWhilePrefetchingParametersStopsWithTheFile) {
@@ -104,6 +38,25 @@ TEST(ZeroFault, EioWhilePrefetchingParametersStopsWithTheFile) {
   rig.backend = eio;
   const char* where = "";
   const std::string msg = run_until_error(cfg, model, rig, 3, &where);
+  EXPECT_NE(msg, "") << "the injected read error was not reported";
+  EXPECT_STREQ(where, "forward_backward");
+  EXPECT_NE(msg.find(dir), std::string::npos) << msg;
+  EXPECT_NE(msg.find("param"), std::string::npos) << msg;
+  EXPECT_EQ(eio->fired(), 1u);
+}
+
+// The same on a device the host cannot read (a GPU's data path: the read lands in a pinned
+// fetch buffer and a stream copy takes it up): the failed read fails the pass, naming the
+// file, and no copy or compute goes on with the stale buffer unnoticed.
+TEST(ZeroFault, EioWhilePrefetchingOnADiscreteDeviceStopsWithTheFile) {
+  device::CpuDevice dev({.discrete = true, .copy_delay_us = 2000});
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16),
+                                device::make_backend(dev));
+  const std::string dir = swap_dir("fault_param_discrete").string();
+  const config::Config cfg = make_config(config_json({3, "nvme", "cpu"}, DType::BF16, dir));
+  auto eio = std::make_shared<EioOnNth>(4, false);
+  const char* where = "";
+  const std::string msg = run_until_error_on(dev, cfg, model, {.io_backend = eio}, 3, &where);
   EXPECT_NE(msg, "") << "the injected read error was not reported";
   EXPECT_STREQ(where, "forward_backward");
   EXPECT_NE(msg.find(dir), std::string::npos) << msg;

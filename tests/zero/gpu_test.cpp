@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "tests/zero/eio_backend.hpp"
 #include "tests/zero/zero_test_util.hpp"
 
 namespace outcore::zero::test {
@@ -110,6 +111,23 @@ TEST_F(Gpu, Stage3NvmeIsBitIdenticalToStage1AndCloseToTheCpu) {
   const RunResult rs = train_on(sim, s3, ms, 3);
   for (size_t i = 0; i < rs.losses.size(); ++i)
     EXPECT_NEAR(r3.losses[i], rs.losses[i], 1e-3 * std::abs(rs.losses[i])) << "step " << i + 1;
+}
+
+// A read of a parameter swap file that fails while the GPU trains (on the fetch stream, before
+// the copy up) fails the pass with the file's name, as on the simulated device.
+TEST_F(Gpu, EioWhilePrefetchingParametersFailsThePassNamingTheFile) {
+  auto gpu = device::make_cuda_device();
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16),
+                                device::make_backend(*gpu));
+  const std::string dir = swap_dir("gpu_fault_param").string();
+  const config::Config cfg = make_config(config_json({3, "nvme", "cpu"}, DType::BF16, dir));
+  auto eio = std::make_shared<EioOnNth>(4, false);
+  const char* where = "";
+  const std::string msg = run_until_error_on(*gpu, cfg, model, {.io_backend = eio}, 3, &where);
+  EXPECT_NE(msg, "") << "the injected read error was not reported";
+  EXPECT_STREQ(where, "forward_backward");
+  EXPECT_NE(msg.find(dir), std::string::npos) << msg;
+  EXPECT_EQ(eio->fired(), 1u);
 }
 
 }  // namespace
