@@ -23,15 +23,25 @@ void make_swap_dir(const std::string& path, const char* key) {
 }
 
 // What the engine may allocate on `device`: the budget left, capped by what the hardware
-// still has free (a GPU); 0 = unlimited.
-uint64_t device_limit(device::Device& device) {
+// still has free (a GPU); 0 = unlimited. `reserve`: what the gradient sums leave free there
+// (device_reserve_bytes).
+uint64_t device_limit(device::Device& device, uint64_t* reserve = nullptr) {
   const device::MemoryStats ms = device.memory_stats();
   uint64_t limit = 0;
   if (ms.budget_bytes > 0)
     limit = ms.budget_bytes > ms.in_use_bytes ? ms.budget_bytes - ms.in_use_bytes : 1;
-  if (const uint64_t free = device.free_memory_bytes(); free > 0)
-    limit = limit == 0 ? free : std::min(limit, free);
+  const uint64_t free = device.free_memory_bytes();
+  if (reserve != nullptr) *reserve = device_reserve_bytes(limit, free);
+  if (free > 0) limit = limit == 0 ? free : std::min(limit, free);
   return limit;
+}
+
+PlanOptions engine_plan_options(device::Device& device, int world, GradientPlacement gradients) {
+  PlanOptions po{.world_size = world,
+                 .gradients = gradients,
+                 .device_host_accessible = device.host_accessible()};
+  po.device_limit_bytes = device_limit(device, &po.device_reserve_bytes);
+  return po;
 }
 
 // What a device the host cannot read (a GPU) supports: the model computes there and every
@@ -76,13 +86,12 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
                                .warn = true,
                                .gradients = options.gradients,
                                .device_host_accessible = device.host_accessible()})),
-      plan(make_plan(cfg, model,
-                     {.world_size = comm.world_size(),
-                      .device_limit_bytes = device_limit(device),
-                      // the geometry's decision, so that kAuto is resolved once
-                      .gradients = g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
-                                                                        : GradientPlacement::kHost,
-                      .device_host_accessible = device.host_accessible()})),
+      // The geometry's gradient placement, so that kAuto is resolved once.
+      plan(make_plan(
+          cfg, model,
+          engine_plan_options(device, comm.world_size(),
+                              g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
+                                                                   : GradientPlacement::kHost))),
       executor(options.cpu_threads) {
   if (!device.host_accessible()) check_discrete_device(g, device);
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};

@@ -290,14 +290,18 @@ std::string unit_ranges(const std::vector<bool>& units) {
 
 // Gradient sums on the device (detail::device_grad_sums_apply): the units, head first in
 // backward order, whose fp32 sums fit in what the device limit leaves after everything counted
-// before (0: unlimited). A unit too large for what is left is skipped and smaller ones tried.
-void plan_device_grad_sums(const PlanContext& c, uint64_t device_limit, Plan& plan) {
+// before and `reserve` (limit 0: unlimited). A unit too large for what is left is skipped and
+// smaller ones tried.
+void plan_device_grad_sums(const PlanContext& c, uint64_t device_limit, uint64_t reserve,
+                           Plan& plan) {
   const Geometry& g = c.g;
   plan.device_grad_sums.assign(g.units.size(), false);
   if (!detail::device_grad_sums_apply(g, plan.micro_batches_per_step)) return;
   uint64_t left = UINT64_MAX;
-  if (device_limit > 0)
-    left = device_limit > plan.peak.device ? device_limit - plan.peak.device : 0;
+  if (device_limit > 0) {
+    const uint64_t used = plan.peak.device + reserve;
+    left = device_limit > used ? device_limit - used : 0;
+  }
   for (size_t u = g.units.size(); u-- > 0;) {
     const uint64_t bytes = charged_bytes(g.units[u].accum_len * sizeof(float));
     if (bytes > left) continue;
@@ -487,6 +491,11 @@ uint64_t device_limit_bytes(const config::Config& cfg, const PlanOptions& option
 
 }  // namespace
 
+uint64_t device_reserve_bytes(uint64_t budget_left, uint64_t hardware_free) {
+  if (hardware_free == 0 || (budget_left > 0 && budget_left < hardware_free)) return 0;
+  return std::max<uint64_t>(uint64_t{1} << 30, hardware_free / 16);
+}
+
 Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
                const PlanOptions& options) {
   if (options.world_size < 1 || options.world_size > config::kMaxWorldSize)
@@ -504,7 +513,7 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   // One tier after the other, so `items` is in tier order.
   plan_device_state(c, plan);
   plan_live_params(c, device_limit_bytes(cfg, options), plan);
-  plan_device_grad_sums(c, device_limit_bytes(cfg, options), plan);
+  plan_device_grad_sums(c, device_limit_bytes(cfg, options), options.device_reserve_bytes, plan);
   plan_pinned(c, plan);
   plan_host(c, plan);
   plan_nvme(c, plan);

@@ -104,7 +104,19 @@ struct PlanOptions {
   // False for a GPU (the host cannot read its memory): the plan adds the pinned buffer that
   // gradient slabs are copied back through. ZeroEngine passes Device::host_accessible().
   bool device_host_accessible = true;
+  // Device bytes the gradient sums (Plan::device_grad_sums, which take whatever the limit
+  // leaves) leave free for what lives outside the plan: device_reserve_bytes() where the GPU's
+  // free memory, not a budget, is the limit.
+  uint64_t device_reserve_bytes = 0;
 };
+
+// The device bytes the gradient sums leave free when `hardware_free` (Device::
+// free_memory_bytes(): a GPU's free memory; 0 for the simulated device) caps the limit rather
+// than `budget_left` (the budget not yet allocated; 0: no budget): a sixteenth of it, at least
+// 1 GiB, for the CUDA backend's own workspaces, the CUDA context's growth and the allocator's
+// slack, none of which the plan counts. 0 when a budget is the tighter limit (the budget is the
+// user's word) or on the simulated device.
+uint64_t device_reserve_bytes(uint64_t budget_left, uint64_t hardware_free);
 
 // The plan for `cfg` (resolved: batch keys and zero bucket sizes set) and `model` (whose
 // ModelOptions give the micro-batch shape, param dtype and activation checkpointing).

@@ -182,15 +182,17 @@ TEST_P(StepInBackwardTest, BitIdenticalToTheStepAfterBackward) {
   for (const std::string& s : after.in_backward) EXPECT_EQ(s, "");
   // The subject must be exercised: tentative steps that stood, and the paths that undo them.
   EXPECT_GT(count["committed"], 0) << "grad norms " << ::testing::PrintToString(during.norms);
-  if (name == "stage3_nvme_fp32_clip_sometimes")
+  if (name == "stage3_nvme_fp32_clip_sometimes") {
     EXPECT_GT(count["redone"], 0) << "grad norms " << ::testing::PrintToString(during.norms);
+  }
   if (name == "stage3_nvme_fp16_overflow") {
     ASSERT_TRUE(after.skipped.front()) << "the case should start with overflow steps";
     EXPECT_GT(count["restored"], 0);
   }
   if (name == "stage3_nvme_fp32_noclip" || name == "stage3_nvme_grads_bf16_gas2" ||
-      name == "stage3_nvme_discrete_bf16")
+      name == "stage3_nvme_discrete_bf16") {
     EXPECT_EQ(count["committed"], 20);
+  }
   expect_same(after, during);
 }
 

@@ -147,6 +147,37 @@ TEST(DiscreteDeviceGradientSums, PartlyOnTheDeviceWithinTheBudgetAndAnyMicroBatc
   }
 }
 
+// Where a GPU's free memory is the limit (no budget, or a larger one), the sums leave a
+// sixteenth of it (at least 1 GiB) for what the plan does not count; a budget is taken at its
+// word; the simulated device needs no reserve.
+TEST(DiscreteDeviceGradientSums, LeaveTheReserveFree) {
+  constexpr uint64_t GiB = uint64_t{1} << 30;
+  EXPECT_EQ(device_reserve_bytes(0, 0), 0u);
+  EXPECT_EQ(device_reserve_bytes(64 << 20, 0), 0u);
+  EXPECT_EQ(device_reserve_bytes(GiB, 80 * GiB), 0u);
+  EXPECT_EQ(device_reserve_bytes(0, 80 * GiB), 5 * GiB);
+  EXPECT_EQ(device_reserve_bytes(100 * GiB, 80 * GiB), 5 * GiB);
+  EXPECT_EQ(device_reserve_bytes(0, 8 * GiB), GiB);
+
+  const std::string dir = swap_dir("discrete_grad_sums_reserve").string();
+  const config::Config cfg = make_config(config_json({3, "cpu", "cpu"}, DType::F32, dir));
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
+  const Plan all = make_plan(cfg, model, {.device_host_accessible = false});
+  ASSERT_GT(all.device_grad_sum_bytes, 0u);
+  const uint64_t limit = all.peak.device;  // every sum fits, nothing more
+  const uint64_t reserve = all.device_grad_sum_bytes / 2;
+  EXPECT_EQ(make_plan(cfg, model, {.device_limit_bytes = limit, .device_host_accessible = false})
+                .device_grad_sum_bytes,
+            all.device_grad_sum_bytes);
+  const Plan reserved = make_plan(cfg, model,
+                                  {.device_limit_bytes = limit,
+                                   .device_host_accessible = false,
+                                   .device_reserve_bytes = reserve});
+  EXPECT_GT(reserved.device_grad_sum_bytes, 0u) << format_plan(reserved);
+  EXPECT_LE(reserved.device_grad_sum_bytes, all.device_grad_sum_bytes - reserve);
+  EXPECT_LE(reserved.peak.device + reserve, limit);
+}
+
 // Plan and measurement agree on the discrete device as they do on the host-accessible one.
 TEST(DiscreteDevicePlan, PeaksAndTrafficMatchThePlan) {
   const model::LlamaModel host_model(tiny_config(false), tiny_options(DType::BF16));

@@ -160,6 +160,7 @@ int run_estimate(const EstimateArgs& a) {
       gpu = device::make_cuda_device({.ordinal = dev->gpu});
       const uint64_t free = gpu->free_memory_bytes();
       po.device_limit_bytes = budget > 0 ? std::min(budget, free) : free;
+      po.device_reserve_bytes = zero::device_reserve_bytes(budget, free);
       po.device_host_accessible = false;
       // The head's rows per launch on this GPU, as training chooses them.
       const model::LlamaConfig mc = model->config();  // copied: emplace destroys the old model
