@@ -103,7 +103,6 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   const detail::PinnedLayout pl = detail::effective_pinned_layout(cfg, g);
 
   copy = device.create_stream("zero-copy");
-  grad = device.create_stream("zero-grad");
   comm_stream = device.create_stream("zero-comm");
   grad_d2h = device.create_stream("zero-grad-d2h");
   device::Device* dev = &device;  // the pool's region is registered for the device's copies
@@ -132,7 +131,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     optimizer_swapper = std::make_unique<swap::Swapper>(*optimizer_space, *aio, so, &executor);
   }
   grads = std::make_unique<detail::GradientPath>(
-      g, device, model.backend(), comm, *grad, *comm_stream, *grad_d2h, executor, traffic, *pool,
+      g, device, model.backend(), comm, *comm_stream, *grad_d2h, executor, traffic, *pool,
       aio.get(), so, plan.optimizer_nvme_path, pl, plan.device_grad_sums,
       plan.micro_batches_per_step);
   // Several ranks on a device the host cannot read: parameters are gathered here (fetches
@@ -188,14 +187,14 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
 }
 
 ZeroEngine::Impl::~Impl() {
+  grads->quiesce();  // its last tasks may post units to the step scheduler
   try {
     steps->finish();
   } catch (const std::exception& e) {
     log::warn("zero: shutting down after a failed optimizer step: {}", e.what());
   }
   steps->stop();  // idle now: finish() waited for it
-  for (device::Stream* s :
-       {fetch_stream.get(), copy.get(), grad_d2h.get(), grad.get(), comm_stream.get()}) {
+  for (device::Stream* s : {fetch_stream.get(), copy.get(), grad_d2h.get(), comm_stream.get()}) {
     if (s == nullptr) continue;
     try {
       s->synchronize();

@@ -69,7 +69,7 @@ struct ZeroEngine::Impl {
   PlanLimits limits_at_start;  // read before any swap file was allocated
   cpu_adam::Executor executor;
 
-  std::unique_ptr<device::Stream> copy, grad, comm_stream;
+  std::unique_ptr<device::Stream> copy, comm_stream;
   std::unique_ptr<device::Stream> grad_d2h;      // gradient slabs down from the device
   std::unique_ptr<device::Stream> fetch_stream;  // stage 3's parameter fetches
   std::unique_ptr<swap::PinnedPool> pool;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "common/trace.hpp"
 
 namespace outcore::zero::detail {
@@ -45,7 +46,7 @@ void accumulate_ranks(float* acc, const float* shards, size_t n, int world, bool
 }  // namespace
 
 GradientPath::GradientPath(const Geometry& g, device::Device& device,
-                           device::ComputeBackend& backend, comm::Comm& comm, device::Stream& grad,
+                           device::ComputeBackend& backend, comm::Comm& comm,
                            device::Stream& comm_stream, device::Stream& d2h,
                            const cpu_adam::Executor& executor, TrafficCounters& traffic,
                            swap::PinnedPool& pool, aio::Engine* aio,
@@ -55,7 +56,6 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device,
     : g_(g),
       device_(device),
       comm_(comm),
-      grad_(grad),
       comm_stream_(comm_stream),
       executor_(executor),
       traffic_(traffic),
@@ -76,10 +76,9 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device,
     for (size_t k = 0; k < layout.grad_slots; ++k)
       grad_buffers_.push_back(pool.acquire(layout.grad_slot_bytes));
   }
-  for (size_t k = 0; k < layout.grad_copy_back_slots; ++k) {
+  for (size_t k = 0; k < layout.grad_copy_back_slots; ++k)
     copy_back_.push_back(pool.acquire(layout.grad_copy_back_bytes));
-    copy_back_free_.push_back(device.create_event());
-  }
+  copy_back_added_.assign(copy_back_.size(), 0);
   if (!g.device_host_accessible && copy_back_.empty())
     throw InvalidArgument(
         "zero: gradient path: a device the host cannot read needs copy-back buffers");
@@ -110,8 +109,19 @@ float* GradientPath::partition(int unit) {
 void GradientPath::drain(size_t keep) {
   while (in_flight_.size() > keep) {
     InFlight& f = in_flight_.front();
-    (copy_back_.empty() ? f.done : f.copied)->synchronize();
+    if (copy_back_.empty())
+      lane_.wait_for(f.added);  // the host reads the slab itself
+    else
+      f.copied->synchronize();
     in_flight_.pop_front();
+  }
+}
+
+void GradientPath::quiesce() noexcept {
+  try {
+    lane_.wait();
+  } catch (const std::exception& e) {
+    log::warn("zero: gradient work failed: {}", e.what());
   }
 }
 
@@ -122,7 +132,7 @@ void GradientPath::finish() {
     if (sums_[u]) send_down(static_cast<int>(u), std::move(sums_[u]), true, {});
   drain(0);
   d2h_.synchronize();
-  grad_.synchronize();
+  lane_.wait();
   comm_stream_.synchronize();
 }
 
@@ -159,20 +169,21 @@ void GradientPath::submit(int unit, device::DeviceBuffer slab, bool first,
 void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
                              std::function<void()> when_final) {
   const UnitGeometry& ug = g_.units[unit];
-  InFlight f{std::move(slab), device_.create_event(), device_.create_event(),
-             device_.create_event()};
+  InFlight f{std::move(slab), device_.create_event(), device_.create_event()};
   float* shards = f.slab.as<float>();
   const int world = g_.world;
-  device::Event* copy_back_free = nullptr;
+  // Held by the lane's task too: the flight may end (drain) before the task has run.
+  std::shared_ptr<device::Event> copied;   // the copy down (a device the host cannot read)
+  std::shared_ptr<device::Event> reduced;  // the all_to_all (world > 1)
+  size_t copy_back = SIZE_MAX;
   if (!g_.device_host_accessible) {
-    const size_t k = next_copy_back_;
+    const size_t k = copy_back = next_copy_back_;
     next_copy_back_ = (k + 1) % copy_back_.size();
-    copy_back_free = copy_back_free_[k].get();
     float* host = copy_back_[k].as<float>().data();
-    d2h_.wait(*copy_back_free);  // the host has added what the buffer held
+    lane_.wait_for(copy_back_added_[k]);  // the host has added what the buffer held
     d2h_.copy_d2h(host, shards, ug.padded * sizeof(float));
     d2h_.record(*f.copied);
-    grad_.wait(*f.copied);
+    copied = f.copied;
     if (world > 1) comm_stream_.wait(*f.copied);
     shards = host;
   }
@@ -181,13 +192,18 @@ void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
     const size_t padded = ug.padded;
     comm_stream_.enqueue([c, shards, padded] { c->all_to_all({shards, padded}); });
     comm_stream_.record(*f.reduced);
-    grad_.wait(*f.reduced);
+    reduced = f.reduced;
   }
+  // The lane's tasks for this slab start once its bytes are in host memory and reduced.
+  lane_.post([copied, reduced] {
+    if (copied != nullptr) copied->synchronize();
+    if (reduced != nullptr) reduced->synchronize();
+  });
   const size_t n = ug.part;
   if (g_.placement.gradients == Tier::kNvme) {
     // The partition's sum so far lives in a swap file: read it (later micro-batches), add,
     // take its block sums of squares (the step's norm uses the last micro-batch's), write it
-    // back. One staging buffer: the grad stream handles one unit at a time.
+    // back. One staging buffer: the lane handles one unit at a time.
     traffic_.d2h += static_cast<uint64_t>(world) * n * sizeof(float);
     const std::span<std::byte> staging{grad_buffers_[0].data(), n * sizeof(float)};
     float* acc = reinterpret_cast<float*>(staging.data());
@@ -195,12 +211,12 @@ void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
     const swap::TensorId id = grad_ids_[unit];
     double* blocks = norm_blocks_.data() + norm_block_off_[unit];
     const cpu_adam::Executor* ex = &executor_;
-    grad_.enqueue([sw, id, staging, acc, shards, n, world, first, ex] {
+    lane_.post([sw, id, staging, acc, shards, n, world, first, ex] {
       OUTCORE_TRACE_SPAN("grad d2h", "copy", {.bytes = int64_t(world * n * sizeof(float))});
       if (!first) sw->read(id, staging);
       accumulate_ranks(acc, shards, n, world, first, *ex);
     });
-    grad_.enqueue([sw, id, staging, acc, n, blocks, ex] {
+    f.added = lane_.post([sw, id, staging, acc, n, blocks, ex] {
       cpu_adam::block_sums_of_squares(acc, DType::F32, n, kNormBlock, blocks, ex);
       sw->write(id, staging);
     });
@@ -208,14 +224,13 @@ void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
     float* acc = accumulator(unit) + ug.red_off;
     if (device_accum_.empty()) traffic_.d2h += static_cast<uint64_t>(world) * n * sizeof(float);
     const cpu_adam::Executor* ex = &executor_;
-    grad_.enqueue([acc, shards, n, world, first, ex] {
+    f.added = lane_.post([acc, shards, n, world, first, ex] {
       OUTCORE_TRACE_SPAN("grad d2h", "copy", {.bytes = int64_t(world * n * sizeof(float))});
       accumulate_ranks(acc, shards, n, world, first, *ex);
     });
   }
-  if (copy_back_free != nullptr) grad_.record(*copy_back_free);
-  if (when_final) grad_.enqueue(std::move(when_final));
-  grad_.record(*f.done);
+  if (copy_back != SIZE_MAX) copy_back_added_[copy_back] = f.added;
+  if (when_final) lane_.post(std::move(when_final));
   in_flight_.push_back(std::move(f));
 }
 

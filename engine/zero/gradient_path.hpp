@@ -17,6 +17,7 @@
 #include "cpu_adam/cpu_adam.hpp"
 #include "engine/device/compute_backend.hpp"
 #include "engine/zero/geometry.hpp"
+#include "engine/zero/host_lane.hpp"
 #include "engine/zero/param_coordinator.hpp"
 #include "engine/zero/plan_internal.hpp"
 #include "swap/swap.hpp"
@@ -25,15 +26,17 @@ namespace outcore::zero::detail {
 
 // Owns: the gradient slabs in flight, the accumulators (device, host memory or a swap file
 // per unit, GradientPlacement), the gradient swap space and its staging slots, the copy-back
-// buffer of a device the host cannot read, the device sums of the units Plan::device_grad_sums
-// names, and the norm's block sums of squares.
-// Borrows (must outlive it): the geometry, device, backend, comm, the grad, comm and d2h
-// streams, the executor and the traffic counters.
+// buffers of a device the host cannot read, the device sums of the units Plan::device_grad_sums
+// names, the norm's block sums of squares, and the host lane (host_lane.hpp, thread
+// "zero-grad") that adds the gradients, reads and writes their swap files and runs when_final.
+// Borrows (must outlive it): the geometry, device, backend, comm, the comm and d2h streams, the
+// executor and the traffic counters.
 //
 // A device the host cannot read: each slab is copied down on the d2h stream into one of the
-// layout's copy-back buffers (taking turns; a buffer is reused once the grad stream has added
-// what it held), and the device slab is free once its copy is done, so the next slab's copy
-// runs while the host adds this one.
+// layout's copy-back buffers (taking turns; a buffer is reused once the lane has added what it
+// held), and the device slab is free once its copy is done, so the next slab's copy runs while
+// the host adds this one. The host work runs on the lane, never as a host function of a device
+// stream (on a GPU those share the CUDA runtime's one callback thread with every other stream).
 //
 // Device sums: a unit's first slab of a step becomes its sum on the device and the next ones
 // are added into it by the backend (add_inplace, the same fp32 additions in the same order as
@@ -41,12 +44,12 @@ namespace outcore::zero::detail {
 // gradient_accumulation_steps, or earlier for an armed pass, or at finish()), and lands in the
 // accumulator as a first micro-batch would. Micro-batches beyond the count go the host way.
 //
-// Threads: the driving thread calls everything except load(); the grad and comm streams run
-// what submit() enqueues; load() runs on the step worker (or its async unit tasks) and reads
-// grad slot `slot` only: slot 0 belongs to submit() (the accumulation of a pass), slots 1..
-// to a tentative step running beside that pass, and the accumulators are not written while
-// a step reads them (every backward waits for the running step's units first). No lock: the
-// streams order the accumulation; drain()/finish() are the fences.
+// Threads: the driving thread calls everything except load(); the lane, the comm and the d2h
+// streams run what submit() hands on; load() runs on the step worker (or its async unit tasks)
+// and reads grad slot `slot` only: slot 0 belongs to submit() (the accumulation of a pass),
+// slots 1.. to a tentative step running beside that pass, and the accumulators are not written
+// while a step reads them (every backward waits for the running step's units first). No lock:
+// the lane orders the accumulation; drain()/finish() are the fences.
 class GradientPath {
  public:
   // Acquires the staging slots and copy-back buffer from `pool` and allocates the
@@ -55,11 +58,11 @@ class GradientPath {
   // count (gradient_accumulation_steps).
   // `d2h`: the copy-back stream (used only on a device the host cannot read).
   GradientPath(const Geometry& g, device::Device& device, device::ComputeBackend& backend,
-               comm::Comm& comm, device::Stream& grad, device::Stream& comm_stream,
-               device::Stream& d2h, const cpu_adam::Executor& executor, TrafficCounters& traffic,
-               swap::PinnedPool& pool, aio::Engine* aio,
-               const swap::SwapperOptions& swapper_options, const std::string& nvme_path,
-               const PinnedLayout& layout, std::vector<bool> device_sums, int64_t micro_batches);
+               comm::Comm& comm, device::Stream& comm_stream, device::Stream& d2h,
+               const cpu_adam::Executor& executor, TrafficCounters& traffic, swap::PinnedPool& pool,
+               aio::Engine* aio, const swap::SwapperOptions& swapper_options,
+               const std::string& nvme_path, const PinnedLayout& layout,
+               std::vector<bool> device_sums, int64_t micro_batches);
 
   // A training pass begins: the step's first micro-batch, or the next one.
   void begin_pass(bool first);
@@ -70,7 +73,8 @@ class GradientPath {
   // Hands `unit`'s freshly computed slab to the streams: all_to_all in place (world > 1),
   // then the world's contributions added rank by rank into this rank's accumulator (written
   // on the first micro-batch of a step, added otherwise). `when_final`, if set, runs on the
-  // grad stream right after that accumulation (the step during backward posts the unit).
+  // lane right after that accumulation (the step during backward posts the unit). Blocks while
+  // the copy-back buffer it takes still holds a slab the lane has not added.
   void submit(int unit, device::DeviceBuffer slab, bool first,
               std::function<void()> when_final = {});
   // Waits until at most `keep` slabs are in flight (a slab leaves the flight once the host
@@ -79,6 +83,9 @@ class GradientPath {
   // Sends down the device sums still held, then waits for every accumulation and collective
   // of the pass: the accumulators are final.
   void finish();
+  // Waits for the lane's tasks and logs their error, if any (before the engine's other parts
+  // go: a task may post a unit to the step scheduler).
+  void quiesce() noexcept;
 
   // Stage 0 at world > 1: all-gathers the partitions reduced per micro-batch into every
   // rank's full slabs (collective). Other stages: nothing.
@@ -102,27 +109,27 @@ class GradientPath {
 
   struct InFlight {
     device::DeviceBuffer slab;
-    std::unique_ptr<device::Event> reduced, done;
-    std::unique_ptr<device::Event> copied;  // back in host memory (device the host cannot read)
+    std::shared_ptr<device::Event> reduced;  // all_to_all done (world > 1)
+    std::shared_ptr<device::Event> copied;   // in host memory (a device the host cannot read)
+    uint64_t added = 0;                      // the lane's task that adds it
   };
-  device::Stream& d2h_;
 
   const Geometry& g_;
   device::Device& device_;
   comm::Comm& comm_;
-  device::Stream& grad_;
   device::Stream& comm_stream_;
   const cpu_adam::Executor& executor_;
   TrafficCounters& traffic_;
+  device::Stream& d2h_;
 
   std::unique_ptr<swap::SwapSpace> grad_space_;  // accumulators on NVMe
   std::unique_ptr<swap::Swapper> grad_swapper_;
   std::vector<swap::TensorId> grad_ids_;
   std::vector<swap::PinnedBuffer> grad_buffers_;  // [0]: accumulation; [k]: unit steps
-  // Slabs of a device the host cannot read come down here, taking turns; copy_back_free_[k]
-  // completes once the grad stream has added what buffer k held.
+  // Slabs of a device the host cannot read come down here, taking turns; buffer k is free once
+  // the lane's task copy_back_added_[k] has run.
   std::vector<swap::PinnedBuffer> copy_back_;
-  std::vector<std::unique_ptr<device::Event>> copy_back_free_;
+  std::vector<uint64_t> copy_back_added_;
   size_t next_copy_back_ = 0;
   // The norm's partial sums of squares, one per kNormBlock elements of this rank's reduced
   // partitions, unit after unit (norm_block_off_[u]: unit u's first).
@@ -137,6 +144,8 @@ class GradientPath {
   std::vector<device::DeviceBuffer> sums_;    // held device sums (empty: none this step)
   const int64_t micro_batches_;
   int64_t micro_batch_ = 0;  // of the running pass within its step
+
+  HostLane lane_{"zero-grad"};  // last: its tasks use the fields above; joined first
 };
 
 }  // namespace outcore::zero::detail

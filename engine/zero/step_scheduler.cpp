@@ -264,7 +264,7 @@ std::shared_ptr<TentativeStep> StepScheduler::arm() {
 
 std::function<void()> StepScheduler::when_final(const std::shared_ptr<TentativeStep>& t, int unit) {
   if (!t || !optimizer_.can_step_tentatively(unit)) return {};
-  // The pass is the step's last: once the grad stream gets here the unit's gradients are
+  // The pass is the step's last: once the gradient lane gets here the unit's gradients are
   // final, and the step worker may start its Adam.
   std::shared_ptr<TentativeStep> posted = t;
   return [this, posted, unit] {

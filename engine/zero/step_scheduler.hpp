@@ -28,13 +28,13 @@ namespace outcore::zero::detail {
 cpu_adam::AdamParams adam_params(const StepParams& sp, double grad_scale);
 
 // The tentative step of one armed pass (outcore.step_in_backward). Shared by the pass (which
-// posts units from the grad stream), step() (which judges it) and the step worker.
+// posts units from the gradient lane), step() (which judges it) and the step worker.
 struct TentativeStep {
   enum class Verdict { kOpen, kCommit, kRedo, kRestore };
   // Set by arm() before the worker sees it; constant after.
   cpu_adam::AdamParams hp;  // the step's parameters with the multiplier without clipping
   // Guarded by StepScheduler's m_:
-  std::deque<int> posted;  // gradients final, not taken yet (pushed from the grad stream)
+  std::deque<int> posted;  // gradients final, not taken yet (pushed from the gradient lane)
   Verdict verdict = Verdict::kOpen;
   cpu_adam::AdamParams final_hp;  // kCommit / kRedo: the step's parameters
   bool ended = false;             // run_tentative returned
@@ -72,7 +72,7 @@ class StepScheduler {
   // At the start of a training pass: undoes an earlier pass's tentative step, then arms this
   // pass when expect() asked for it (null: not armed).
   std::shared_ptr<TentativeStep> arm();
-  // What the grad stream runs after `unit`'s last accumulation in the armed pass `t`: posts
+  // What the gradient lane runs after `unit`'s last accumulation in the armed pass `t`: posts
   // the unit to the worker. Empty when `t` is null or the unit's state cannot step tentatively.
   std::function<void()> when_final(const std::shared_ptr<TentativeStep>& t, int unit);
   // In step(): the pass's tentative step, left open until judge() (null if none); forgets the
