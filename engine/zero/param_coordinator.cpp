@@ -117,6 +117,12 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
       traffic_.h2d += part_bytes;
       break;
   }
+  if (g_.world == 1) {
+    // Nothing to gather: ready once copied. No host function on the comm stream, which a GPU
+    // would queue on its one callback thread behind the next fetch's wait for its read.
+    copy_.record(*s.ready);
+    return;
+  }
   copy_.record(*s.copied);
   comm_stream_.wait(*s.copied);
   comm::Comm* c = &comm_;

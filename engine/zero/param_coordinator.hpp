@@ -4,7 +4,7 @@
 //
 // A fetch of unit u:  [nvme: swap_in partition -> pinned fetch buffer]  (aio threads)
 //                     partition -> own shard of a new device slab       (fetch stream)
-//                     Comm::all_gather in place on the slab             (comm stream)
+//                     Comm::all_gather in place on the slab             (comm stream; world > 1)
 // All decisions (what to fetch, prefetch, keep, release) are taken on the driving thread by
 // ResidencyPolicy (residency.hpp) from bookkeeping alone, never from timing, so every rank
 // issues the same collectives in the same order, and the planner replays the same decisions.

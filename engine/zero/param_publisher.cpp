@@ -115,7 +115,7 @@ void ParamPublisher::finish(int unit, size_t slot, bool staged) {
     s->copy_pending = true;
     return;
   }
-  if (p.stage == 1 || p.stage == 2) {
+  if ((p.stage == 1 || p.stage == 2) && g_.world > 1) {
     // Every rank holds the full slab: gather the other ranks' new partitions.
     std::byte* full = full_params_[unit].as<std::byte>();
     std::byte* own = full + ug.own_off * g_.param_bytes;
