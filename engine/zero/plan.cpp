@@ -274,6 +274,7 @@ void plan_live_params(const PlanContext& c, uint64_t device_limit, Plan& plan) {
 // "units 0, 3..7" for the units marked in `units`.
 std::string unit_ranges(const std::vector<bool>& units) {
   std::string out;
+  size_t marked = 0;
   for (size_t u = 0; u < units.size();) {
     if (!units[u]) {
       ++u;
@@ -283,9 +284,10 @@ std::string unit_ranges(const std::vector<bool>& units) {
     while (end + 1 < units.size() && units[end + 1]) ++end;
     out += out.empty() ? "" : ", ";
     out += end == u ? fmt::format("{}", u) : fmt::format("{}..{}", u, end);
+    marked += end - u + 1;
     u = end + 1;
   }
-  return (units.size() > 1 ? "units " : "unit ") + out;
+  return (marked > 1 ? "units " : "unit ") + out;
 }
 
 // Gradient sums on the device (detail::device_grad_sums_apply): the units, head first in
