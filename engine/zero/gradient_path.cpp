@@ -169,7 +169,8 @@ void GradientPath::submit(int unit, device::DeviceBuffer slab, bool first,
 void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
                              std::function<void()> when_final) {
   const UnitGeometry& ug = g_.units[unit];
-  InFlight f{std::move(slab), device_.create_event(), device_.create_event()};
+  InFlight f;
+  f.slab = std::move(slab);
   float* shards = f.slab.as<float>();
   const int world = g_.world;
   // Held by the lane's task too: the flight may end (drain) before the task has run.
@@ -182,23 +183,24 @@ void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
     float* host = copy_back_[k].as<float>().data();
     lane_.wait_for(copy_back_added_[k]);  // the host has added what the buffer held
     d2h_.copy_d2h(host, shards, ug.padded * sizeof(float));
-    d2h_.record(*f.copied);
-    copied = f.copied;
-    if (world > 1) comm_stream_.wait(*f.copied);
+    copied = f.copied = device_.create_event();
+    d2h_.record(*copied);
+    if (world > 1) comm_stream_.wait(*copied);
     shards = host;
   }
   if (world > 1) {
     comm::Comm* c = &comm_;
     const size_t padded = ug.padded;
     comm_stream_.enqueue([c, shards, padded] { c->all_to_all({shards, padded}); });
-    comm_stream_.record(*f.reduced);
-    reduced = f.reduced;
+    reduced = device_.create_event();
+    comm_stream_.record(*reduced);
   }
   // The lane's tasks for this slab start once its bytes are in host memory and reduced.
-  lane_.post([copied, reduced] {
-    if (copied != nullptr) copied->synchronize();
-    if (reduced != nullptr) reduced->synchronize();
-  });
+  if (copied != nullptr || reduced != nullptr)
+    lane_.post([copied, reduced] {
+      if (copied != nullptr) copied->synchronize();
+      if (reduced != nullptr) reduced->synchronize();
+    });
   const size_t n = ug.part;
   if (g_.placement.gradients == Tier::kNvme) {
     // The partition's sum so far lives in a swap file: read it (later micro-batches), add,

@@ -109,9 +109,9 @@ class GradientPath {
 
   struct InFlight {
     device::DeviceBuffer slab;
-    std::shared_ptr<device::Event> reduced;  // all_to_all done (world > 1)
-    std::shared_ptr<device::Event> copied;   // in host memory (a device the host cannot read)
-    uint64_t added = 0;                      // the lane's task that adds it
+    // In host memory: set on a device the host cannot read (the slab is free once it is).
+    std::shared_ptr<device::Event> copied;
+    uint64_t added = 0;  // the lane's task that adds it
   };
 
   const Geometry& g_;
