@@ -4,6 +4,7 @@
 #   ./dev.sh test   install what is missing, build (Release), run the whole test suite
 #   ./dev.sh build  install and build only
 #   ./dev.sh gpu    on a machine with a GPU: doctor, the GPU tests, the demo and benchmarks on it
+#   ./dev.sh gpu-check  the same verdicts on a tree already built (no install, no build)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -114,5 +115,6 @@ case "${1:-}" in
   test) install_deps; install_node_oracle; build; run_tests ;;
   build) install_deps; install_node_oracle; build ;;
   gpu) install_deps; install_node_oracle; build; run_gpu ;;
-  *) echo "usage: $0 demo|test|build|gpu" >&2; exit 2 ;;
+  gpu-check) run_gpu ;;
+  *) echo "usage: $0 demo|test|build|gpu|gpu-check" >&2; exit 2 ;;
 esac
