@@ -94,10 +94,11 @@ run_gpu() {
   timeout 180 "$BUILD_DIR/bin/outcore" demo --device cuda --work-dir "$out/demo" || rc=1
   echo "==> zero_bench on the GPU (NVMe-streamed stage 3 against everything in GPU memory)"
   timeout 180 "$BUILD_DIR/bench/zero/zero_bench" --device cuda --steps 4 --nvme "$out" || rc=1
-  echo "==> model_bench on the GPU: one Llama 3 8B layer in bf16 compute against the bf16 GEMM peak"
+  echo "==> model_bench on the GPU: one Llama 3 8B layer in bf16 compute against the bf16 GEMM peak,"
+  echo "    and where one step's time goes per operation"
   timeout 120 "$BUILD_DIR/bench/model/model_bench" --device cuda --compute bf16 --hidden 4096 \
     --intermediate 14336 --heads 32 --kv-heads 8 --layers 1 --vocab 256 --seq 4096 --batch 1 \
-    --steps 3 || rc=1
+    --steps 3 --profile || rc=1
   echo "==> zero_large_bench on the GPU: ZeRO-3 streamed from NVMe under a 1000 MiB device budget,"
   echo "    4 micro-batches per step, against the compute, PCIe and drive bounds of the same run"
   timeout 180 "$BUILD_DIR/bench/zero/zero_large_bench" --device cuda --device-mb 1000 --hidden 1024 \

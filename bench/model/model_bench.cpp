@@ -3,7 +3,7 @@
 //
 //   model_bench [--hidden 1024] [--layers 4] [--seq 512] [--batch 2] [--steps 5] [--threads N]
 //               [--dtype fp32|bf16] [--compute fp32|bf16] [--checkpointing]
-//               [--intermediate I] [--heads H] [--kv-heads K] [--device cpu|cuda]
+//               [--intermediate I] [--heads H] [--kv-heads K] [--device cpu|cuda] [--profile]
 //
 // Prints tokens/s, achieved GFLOP/s (model FLOPs: LlamaConfig::train_flops_per_token) and the
 // ratio to sgemm GFLOP/s on a square 2048^3 product and on the model's MLP shape, each sgemm
@@ -14,6 +14,9 @@
 // timed after each step) instead of sgemm: model TFLOPS over that peak. One Llama 3 8B layer:
 //   model_bench --device cuda --compute bf16 --hidden 4096 --intermediate 14336 --heads 32
 //               --kv-heads 8 --layers 1 --vocab 256 --seq 4096 --batch 1
+// --profile runs one more step through device::ProfilingBackend, which waits for each operation
+// before the next, and prints where that step's time went per operation and shape (with the
+// TFLOP/s of GEMMs and attention).
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -25,6 +28,7 @@
 #include <thread>
 
 #include "engine/device/device.hpp"
+#include "engine/device/profiling_backend.hpp"
 #include "engine/model/model.hpp"
 #include "tools/blas/blas_kernels.hpp"
 
@@ -55,6 +59,43 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// One step of the model through a ProfilingBackend: the time per operation and shape, most
+// first, against the median step time of the timed (unprofiled) steps.
+void print_profile(const model::LlamaConfig& c, const model::ModelOptions& o,
+                   const std::shared_ptr<device::ComputeBackend>& backend,
+                   const model::ModelBuffers& mb, model::ActivationBuffers& acts,
+                   const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+                   double model_gflops) {
+  const auto prof = std::make_shared<device::ProfilingBackend>(backend);
+  model::LlamaModel m(c, o, prof);
+  prof->reset();  // the constants uploaded above are not the step's
+  model::train_micro_batch(m, mb, acts, tokens.data(), targets.data(), model::GradMode::Overwrite);
+  const double step_flops = c.train_flops_per_token(o.seq_len) * double(o.micro_batch * o.seq_len);
+  const double total = prof->total_seconds();
+  std::printf(
+      "profile of one step, each operation waited for: %.2f ms in %s (the timed steps' median: "
+      "%.2f ms)\n",
+      total * 1e3, backend->name().c_str(), step_flops / (model_gflops * 1e9) * 1e3);
+  std::printf("%7s %10s %7s %9s  %s\n", "share", "ms", "calls", "TFLOP/s", "operation");
+  const auto rows = prof->rows();
+  const size_t shown = std::min<size_t>(rows.size(), 30);
+  double rest = 0;
+  for (size_t i = shown; i < rows.size(); ++i) rest += rows[i].seconds;
+  for (size_t i = 0; i < shown; ++i) {
+    const auto& r = rows[i];
+    std::printf("%6.1f%% %10.3f %7lld ", 100.0 * r.seconds / total, r.seconds * 1e3,
+                (long long)r.calls);
+    if (r.flops > 0)
+      std::printf("%9.1f", r.flops / r.seconds / 1e12);
+    else
+      std::printf("%9s", "");
+    std::printf("  %s\n", r.op.c_str());
+  }
+  if (shown < rows.size())
+    std::printf("%6.1f%% %10.3f %7s %9s  (%zu more)\n", 100.0 * rest / total, rest * 1e3, "", "",
+                rows.size() - shown);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,7 +104,7 @@ int main(int argc, char** argv) {
   int steps = 5, threads = static_cast<int>(std::thread::hardware_concurrency());
   std::string dtype = "fp32", compute = "fp32";
   int64_t intermediate = 0, heads = 0, kv_heads = 0;
-  bool checkpointing = false;
+  bool checkpointing = false, profile = false;
   std::string device_kind = "cpu";
   CLI::App app("Llama forward+backward throughput vs the GEMM peak");
   app.add_option("--hidden", hidden, "hidden size");
@@ -82,6 +123,8 @@ int main(int argc, char** argv) {
   app.add_option("--compute", compute, "compute dtype (bf16 implies --dtype bf16)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_flag("--checkpointing", checkpointing, "activation checkpointing");
+  app.add_flag("--profile", profile,
+               "one more step, each operation waited for, timed per operation and shape");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -209,6 +252,7 @@ int main(int argc, char** argv) {
                   median(ratio_fp32));
     std::printf("device peak: %.1f MiB (parameters, gradients, activations%s)\n",
                 dev.memory_stats().peak_bytes / 1048576.0, bf16_compute ? " of both models" : "");
+    if (profile) print_profile(c, o, backend, mb, acts, tokens, targets, median(model_g));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "model_bench: %s\n", e.what());
