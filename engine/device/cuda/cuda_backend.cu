@@ -3,17 +3,22 @@
 // stream of a CudaDevice; finish() synchronizes that stream. Compiled only where nvcc exists.
 //
 // The backend's own small buffers (staged token / target ids, constant tables), cuBLASLt's
-// workspace and the attention score blocks of all kv heads at once (2 x nkv x 128 x T floats:
-// 32 MiB for 8 kv heads at T = 4096) are allocated outside the device's byte budget.
+// workspace, the fp32 attention's score blocks of all kv heads at once (2 x nkv x 128 x T
+// floats: 32 MiB for 8 kv heads at T = 4096) and the fused backward's row sums (B x nh x T
+// floats) are allocated outside the device's byte budget.
 //
-// Attention runs the heads batched: for each sequence, each query block and each position j
-// of a head within its kv group, one strided-batched GEMM over the nkv groups (head
-// g*group + j reads kv head g), one causal softmax over all their rows, one more GEMM: the
-// launches per layer drop by a factor nkv against the head-by-head default.
+// Attention with bf16 operands (the bf16 compute dtype) runs fused (flash_attention.cu: no score
+// matrix in device memory) for head sizes 16, 32, 64 and 128, else through the default's
+// head-by-head GEMMs. fp32 attention runs the heads batched: for each sequence, each query
+// block and each position j of a head within its kv group, one strided-batched GEMM over the
+// nkv groups (head g*group + j reads kv head g), one causal softmax over all their rows, one
+// more GEMM: the launches per layer drop by a factor nkv against the head-by-head default.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "common/error.hpp"
@@ -37,6 +42,7 @@ class CudaBackend final : public ComputeBackend {
   ~CudaBackend() override {
     cudaStreamSynchronize(native());
     cudaFree(work_);
+    cudaFree(rows_);
     for (void* p : constants_) cudaFree(p);
     for (IdSlot* s : {&ids_[0], &ids_[1], &groups_}) {
       cudaFree(s->device);
@@ -178,8 +184,13 @@ class CudaBackend final : public ComputeBackend {
 
   void attention_forward(const Attention& a, const void* qv, const void* kv, const void* vv,
                          float* lse, float* attn, float* scores, void* lowp) override {
-    // bf16 operands: the default's head-by-head GEMMs on cuBLASLt bf16 (fused attention is to
-    // come).
+    if (fused(a, {qv, kv, vv})) {
+      current();
+      cuda::flash_attention_forward(bits(qv), bits(kv), bits(vv), a.B, a.T, a.nh, a.nkv, a.hd,
+                                    a.scale, lse, attn, handle_);
+      return;
+    }
+    // Other bf16 shapes: the default's head-by-head GEMMs on cuBLASLt bf16.
     if (a.dtype != DType::F32)
       return ComputeBackend::attention_forward(a, qv, kv, vv, lse, attn, scores, lowp);
     const auto* q = static_cast<const float*>(qv);
@@ -209,6 +220,13 @@ class CudaBackend final : public ComputeBackend {
   void attention_backward(const Attention& a, const void* qv, const void* kv, const void* vv,
                           const float* lse, const void* dattnv, float* dq, float* dk, float* dv,
                           float* scores, float* dprob, void* lowp) override {
+    if (fused(a, {qv, kv, vv, dattnv})) {
+      current();
+      float* drow = row_scratch(static_cast<size_t>(a.B * a.nh * a.T));
+      cuda::flash_attention_backward(bits(qv), bits(kv), bits(vv), lse, bits(dattnv), a.B, a.T,
+                                     a.nh, a.nkv, a.hd, a.scale, drow, dq, dk, dv, handle_);
+      return;
+    }
     if (a.dtype != DType::F32)
       return ComputeBackend::attention_backward(a, qv, kv, vv, lse, dattnv, dq, dk, dv, scores,
                                                 dprob, lowp);
@@ -244,6 +262,31 @@ class CudaBackend final : public ComputeBackend {
   }
 
  private:
+  // bf16 attention goes to the fused kernels where they take the head size and every operand's
+  // rows start on 16 bytes (the kernels' vector loads).
+  static bool fused(const Attention& a, std::initializer_list<const void*> operands) {
+    if (a.dtype != DType::BF16 || !cuda::flash_attention_supported(a.hd)) return false;
+    for (const void* p : operands)
+      if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+    return true;
+  }
+  static const uint16_t* bits(const void* p) { return static_cast<const uint16_t*>(p); }
+
+  // `floats` of scratch for the fused backward's row sums (grown on demand; the stream is
+  // synchronized before the old one is freed).
+  float* row_scratch(size_t floats) {
+    const size_t bytes = floats * sizeof(float);
+    if (bytes > rows_bytes_) {
+      CUDA_CHECK(cudaStreamSynchronize(native()));
+      cudaFree(rows_);
+      rows_ = nullptr;
+      current();
+      CUDA_CHECK(cudaMalloc(&rows_, bytes));
+      rows_bytes_ = bytes;
+    }
+    return static_cast<float*>(rows_);
+  }
+
   // `count` score blocks of nkv x block x T floats (grown on demand; the stream is synchronized
   // before the old one is freed).
   float* workspace(const Attention& a, int count) {
@@ -301,8 +344,10 @@ class CudaBackend final : public ComputeBackend {
   IdSlot ids_[2];
   IdSlot groups_;                        // the embedding backward's token groups
   cudaEvent_t groups_copied_ = nullptr;  // groups_'s last upload
-  void* work_ = nullptr;                 // attention score blocks
+  void* work_ = nullptr;                 // attention score blocks (fp32 attention)
   size_t work_bytes_ = 0;
+  void* rows_ = nullptr;  // the fused backward's row sums
+  size_t rows_bytes_ = 0;
 };
 
 }  // namespace
