@@ -155,6 +155,8 @@ constexpr KeyEffect kEffects[] = {
      "outcore initialises optimizer swap files with one streamed write per sub-group"},
     {"zero_optimization.offload_optimizer.ratio", H,
      "tests/zero/partial_offload_test.cpp: PartialOffload.TrainsBitIdenticallyToFullOffload"},
+    {"zero_optimization.offload_optimizer.cpuadam_cores_perc", H,
+     "tests/zero/step_test.cpp: CpuThreads.TheConfigsShareOfTheHardwareThreads"},
     {"aio.block_size", H,
      "tests/aio/engine_test.cpp: AioRoundTrip.RandomSizesAndOffsetsSurviveWriteThenRead"},
     {"aio.queue_depth", H,

@@ -45,7 +45,8 @@ bool read_offload_optimizer(SectionReader& z, Diagnostics& d, OffloadOptimizerCo
   s.get("fast_init", o.fast_init);
   s.get("ratio", o.ratio, kUnitInterval);
   s.ignore("super_offload", false);
-  s.ignore("cpuadam_cores_perc", 0.8);
+  s.get("cpuadam_cores_perc", o.cpuadam_cores_perc,
+        RealRange{.min = 0, .max = 1, .min_exclusive = true});
   s.finish();
   return obj != nullptr;
 }

@@ -105,10 +105,15 @@ Json offload_param_json(const OffloadParamConfig& o) {
 }
 
 Json offload_optimizer_json(const OffloadOptimizerConfig& o) {
-  return {{"device", to_string(o.device)},    {"nvme_path", path_or_null(o.nvme_path)},
-          {"buffer_count", o.buffer_count},   {"pin_memory", o.pin_memory},
-          {"pipeline_read", o.pipeline_read}, {"pipeline_write", o.pipeline_write},
-          {"fast_init", o.fast_init},         {"ratio", o.ratio}};
+  return {{"device", to_string(o.device)},
+          {"nvme_path", path_or_null(o.nvme_path)},
+          {"buffer_count", o.buffer_count},
+          {"pin_memory", o.pin_memory},
+          {"pipeline_read", o.pipeline_read},
+          {"pipeline_write", o.pipeline_write},
+          {"fast_init", o.fast_init},
+          {"ratio", o.ratio},
+          {"cpuadam_cores_perc", o.cpuadam_cores_perc}};
 }
 
 Json zero_json(const ZeroConfig& z) {

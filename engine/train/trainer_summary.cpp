@@ -1,6 +1,9 @@
 // Trainer: the start-of-run description (for a terminal and for the metrics file).
 #include <fmt/format.h>
 
+#include <string>
+#include <thread>
+
 #include "aio/aio.hpp"
 #include "common/error.hpp"
 #include "engine/train/trainer.hpp"
@@ -85,6 +88,12 @@ std::string Trainer::summary() const {
   s += fmt::format("train data {}\n", data_text(*train_loader_));
   if (val_loader_) s += fmt::format("val data   {}\n", data_text(*val_loader_));
   s += fmt::format("run        {} steps, seed {}\n", opts_.steps, opts_.seed);
+  const double share = cfg_.zero_optimization.offload_optimizer.cpuadam_cores_perc;
+  s += fmt::format("cpu        {} threads for CPU Adam, gradient norms and accumulation{}\n",
+                   engine_->cpu_threads(),
+                   share < 1 ? fmt::format(" ({:g} of {} hardware threads: cpuadam_cores_perc)",
+                                           share, std::thread::hardware_concurrency())
+                             : std::string());
   const aio::BackendChoice io = aio::resolve_backend();
   s += fmt::format(
       "aio        {} backend{}{}\n", io.name(), io.forced ? " (" + io.forced_by + ")" : "",

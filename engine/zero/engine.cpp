@@ -2,8 +2,11 @@
 // micro-batch, and the public calls.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -92,7 +95,10 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
           engine_plan_options(device, comm.world_size(),
                               g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
                                                                    : GradientPlacement::kHost))),
-      executor(options.cpu_threads) {
+      executor(options.cpu_threads != 0
+                   ? options.cpu_threads
+                   : cpu_threads_for(cfg.zero_optimization.offload_optimizer.cpuadam_cores_perc,
+                                     std::max(1u, std::thread::hardware_concurrency()))) {
   if (!device.host_accessible()) check_discrete_device(g, device);
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
   limits_at_start = limits;
@@ -236,6 +242,14 @@ ZeroEngine::~ZeroEngine() = default;
 const PlanLimits& ZeroEngine::limits() const { return impl_->limits_at_start; }
 const Plan& ZeroEngine::plan() const { return impl_->plan; }
 const model::LlamaModel& ZeroEngine::model() const { return impl_->model; }
+unsigned ZeroEngine::cpu_threads() const { return impl_->executor.threads(); }
+
+unsigned cpu_threads_for(double share, unsigned hardware_threads) {
+  if (!(share > 0 && share <= 1))
+    throw InvalidArgument(fmt::format("cpuadam_cores_perc {} is not in (0, 1]", share));
+  const double n = std::round(share * static_cast<double>(hardware_threads));
+  return std::max(1u, static_cast<unsigned>(n));
+}
 
 float ZeroEngine::forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale,
                                    bool first_micro_batch) {

@@ -103,6 +103,10 @@ double unscale_and_clip_multiplier(double grad_norm, double loss_scale, double c
 // The aio engine settings of a config's "aio" section (swap files, checkpoints).
 aio::Options aio_options(const config::AioConfig& a);
 
+// The engine's CPU threads for `share` (offload_optimizer.cpuadam_cores_perc, in (0, 1]) of
+// `hardware_threads`: share x hardware_threads rounded to nearest, at least 1.
+unsigned cpu_threads_for(double share, unsigned hardware_threads);
+
 struct StepResult {
   bool overflow = false;   // non-finite gradients: nothing updated, gradients cleared
   double grad_norm = 0.0;  // global L2 norm of the unscaled gradients (inf/NaN on overflow)
@@ -147,7 +151,8 @@ struct EngineOptions {
   // MemAvailable, free space under the swap paths). The device budget is always enforced by
   // the allocator itself.
   bool check_system_limits = true;
-  // Threads for CPU Adam, gradient norms and accumulation; 0 = one per hardware thread.
+  // Threads for CPU Adam, gradient norms and accumulation; 0 = the config's share of the
+  // hardware threads (offload_optimizer.cpuadam_cores_perc, cpu_threads_for).
   unsigned cpu_threads = 0;
   // Where gradient accumulators go when the optimizer state is on NVMe (see plan.hpp).
   GradientPlacement gradients = GradientPlacement::kAuto;
@@ -193,6 +198,8 @@ class ZeroEngine {
   // Empty when EngineOptions::check_system_limits was false.
   const PlanLimits& limits() const;
   const model::LlamaModel& model() const;
+  // Threads of the engine's CPU work (CPU Adam, gradient norms and host accumulation).
+  unsigned cpu_threads() const;
 
   // One micro-batch: forward over units 0..L, backward L+1..0 (parameters fetched per unit
   // in stage 3), gradients of loss_scale * mean cross-entropy reduced through Comm

@@ -168,6 +168,7 @@ TEST(Defaults, OffloadOptimizer) {
     EXPECT_FALSE(o.pipeline_write);
     EXPECT_FALSE(o.fast_init);
     EXPECT_DOUBLE_EQ(o.ratio, 1.0);
+    EXPECT_DOUBLE_EQ(o.cpuadam_cores_perc, 1.0);  // every hardware thread
   }
 }
 

@@ -173,6 +173,17 @@ TEST(ParseBadInput, InconsistentCombinations) {
   EXPECT_TRUE(has_issue(issues, "outcore.log_level", "got \"loud\""));
 }
 
+TEST(ParseBadInput, CpuAdamCoresPercIsAShareOfTheThreads) {
+  for (const char* v : {"0", "1.5", "-0.2", "\"most\""}) {
+    const auto issues =
+        parse_errors(std::string(R"({"zero_optimization": {"stage": 2, "offload_optimizer": )") +
+                     R"({"device": "cpu", "cpuadam_cores_perc": )" + v + "}}}");
+    EXPECT_TRUE(has_issue(issues, "zero_optimization.offload_optimizer.cpuadam_cores_perc",
+                          "a number in (0, 1]"))
+        << v << ": " << dump(issues);
+  }
+}
+
 TEST(ParseBadInput, EveryErrorIsReportedAtOnce) {
   try {
     parse_config(R"({"train_batch_size": -1, "gradient_clipping": "big",

@@ -1,8 +1,12 @@
 // The optimizer step's contract: overflow, unscale + clip, misuse, state access.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <thread>
+#include <tuple>
 
 #include "tests/zero/zero_test_util.hpp"
 
@@ -236,6 +240,35 @@ TEST(ZeroStep, ModelDtypeMustMatchTheConfig) {
   device::CpuDevice dev;
   comm::LocalComm comm;
   EXPECT_THROW(ZeroEngine(cfg, model, dev, comm, 1), ConfigError);
+}
+
+// offload_optimizer.cpuadam_cores_perc sizes the engine's CPU threads (CPU Adam, gradient norms
+// and host accumulation) when the caller does not; EngineOptions::cpu_threads overrides it.
+TEST(CpuThreads, TheConfigsShareOfTheHardwareThreads) {
+  EXPECT_EQ(cpu_threads_for(0.8, 16), 13u);
+  EXPECT_EQ(cpu_threads_for(0.5, 2), 1u);
+  EXPECT_EQ(cpu_threads_for(0.01, 8), 1u);  // at least one
+  EXPECT_EQ(cpu_threads_for(1.0, 7), 7u);
+  EXPECT_THROW(cpu_threads_for(0.0, 8), InvalidArgument);
+  EXPECT_THROW(cpu_threads_for(1.5, 8), InvalidArgument);
+
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
+  device::CpuDevice dev;
+  comm::LocalComm comm;
+  for (const auto& [share, given, want] :
+       {std::tuple{std::string(), 0u, hw},
+        std::tuple{std::string(", \"cpuadam_cores_perc\": 0.5"), 0u, cpu_threads_for(0.5, hw)},
+        std::tuple{std::string(", \"cpuadam_cores_perc\": 0.5"), 3u, 3u}}) {
+    const config::Config cfg =
+        make_config(config_json({2, "none", "cpu"}, DType::F32, "", "", "", share));
+    EXPECT_DOUBLE_EQ(cfg.zero_optimization.offload_optimizer.cpuadam_cores_perc,
+                     share.empty() ? 1.0 : 0.5);
+    EngineOptions eo;
+    eo.cpu_threads = given;
+    ZeroEngine engine(cfg, model, dev, comm, 1, eo);
+    EXPECT_EQ(engine.cpu_threads(), want) << share << " threads given " << given;
+  }
 }
 
 }  // namespace
