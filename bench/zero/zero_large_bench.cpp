@@ -120,6 +120,7 @@ struct Bounds {
   bench::IoBound io;
   bench::ComputeTimes compute;
   double pcie_s = 0;  // the plan's host<->device bytes at the measured copy rate (0: no bus)
+  double write_gbps = 0;  // the drive's write rate
   double others_s() const { return std::max(compute.step_s(), pcie_s); }
   double larger_serial_s() const { return std::max(io.serial_s, others_s()); }
   double larger_overlapped_s() const { return std::max(io.overlapped_s, others_s()); }
@@ -145,6 +146,7 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
   Bounds b{bench::io_bound(rates, read, write),
            bench::measure_compute(model, compute_dev, plan.micro_batches_per_step, compute_reps,
                                   cfg.activation_checkpointing.cpu_checkpointing)};
+  b.write_gbps = rates.write_gbps;
   if (!engine_dev_host_accessible) {
     // On the compute bound's device (the engine's has its budget), or a simulated discrete one.
     std::unique_ptr<device::Device> sim;
@@ -318,8 +320,10 @@ int main(int argc, char** argv) {
     const auto t0 = Clock::now();
     zero::ZeroEngine engine(cfg, model, *dev, comm, 2024, eo);
     std::fputs(zero::format_plan(engine.plan()).c_str(), stdout);
-    std::printf("initialised in %.1f s (peak RSS so far %.2f GiB)\n", seconds_since(t0),
-                peak_rss_gib());
+    const double init_s = seconds_since(t0);
+    const uint64_t init_written = engine.traffic().nvme_write_bytes;
+    std::printf("initialised in %.1f s, %.2f GB written (peak RSS so far %.2f GiB)\n", init_s,
+                init_written / 1e9, peak_rss_gib());
     std::fflush(stdout);
 
     std::optional<Bounds> bounds;
@@ -415,6 +419,9 @@ int main(int argc, char** argv) {
           mean / bounds->larger_overlapped_s());
       // The compute bound is measured with the cores to itself; a step shares them with the
       // I/O's CRCs and copies, the gradient work and Adam: all threads busy = CPU-bound.
+      // Initialisation writes the swap files once: its time against the drive's for those bytes.
+      std::printf("initialisation: %.1f s = %.2fx the drive's time to write its %.2f GB\n",
+                  init_s, init_s / (init_written / 1e9 / bounds->write_gbps), init_written / 1e9);
       std::printf("CPU seconds per step: %.1f (%.2f of %u hardware threads busy)\n", cpu,
                   cpu / mean, std::thread::hardware_concurrency());
       // Model FLOPs (3x forward, recomputation not counted) per second, streamed vs in memory.

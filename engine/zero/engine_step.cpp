@@ -54,6 +54,10 @@ void ZeroEngine::Impl::check_unit(int unit) const {
         fmt::format("zero: unit {} does not exist (the model has {} units)", unit, g.units.size()));
 }
 
+// Elements per chunk of the initialisation's random weights (a Box-Muller pair costs tens of
+// nanoseconds: 16K elements are well above a task's cost).
+constexpr size_t kInitGrain = size_t{1} << 14;
+
 void ZeroEngine::Impl::initialise(uint64_t seed) {
   const model::ModelLayout& layout = model.layout();
   const DType dt = g.placement.param_dtype;
@@ -66,7 +70,11 @@ void ZeroEngine::Impl::initialise(uint64_t seed) {
                       u, g.units.size()));
     const detail::UnitGeometry& ug = g.units[u];
     const int unit = static_cast<int>(u);
-    model::init_params(layout, unit, seed, ug.own_off, ug.own_off + ug.own_len, master);
+    // On the executor's threads in chunks: a value depends only on (seed, tensor, index), so
+    // the weights are the same bits for any split.
+    executor.for_chunks(ug.own_len, kInitGrain, 2 * kInitGrain, [&](size_t, size_t b, size_t e) {
+      model::init_params(layout, unit, seed, ug.own_off + b, ug.own_off + e, master + b);
+    });
     optimizer->init(unit, {master, ug.own_len});
     publisher->publish(unit, u % publisher->slot_count(), [&](std::byte* out) {
       detail::to_param_dtype(master, out, dt, ug.own_len);

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "tests/zero/zero_test_util.hpp"
 
@@ -268,6 +270,33 @@ TEST(CpuThreads, TheConfigsShareOfTheHardwareThreads) {
     eo.cpu_threads = given;
     ZeroEngine engine(cfg, model, dev, comm, 1, eo);
     EXPECT_EQ(engine.cpu_threads(), want) << share << " threads given " << given;
+  }
+}
+
+// The initial weights are computed on the engine's CPU threads in chunks, and are
+// model::init_params's values over the whole slab for any thread count (each decoder unit here
+// spans several chunks).
+TEST(Initialise, AnyThreadCountGivesInitParamsWeights) {
+  model::LlamaConfig c = tiny_config(false);
+  c.hidden_size = 128;
+  c.intermediate_size = 384;
+  c.num_attention_heads = 8;
+  const model::LlamaModel model(c, tiny_options(DType::F32));
+  device::CpuDevice dev;
+  comm::LocalComm comm;
+  const config::Config cfg = make_config(config_json({2, "none", "cpu"}, DType::F32, ""));
+  ASSERT_GT(model.layout().units[1].padded_numel, size_t{3} << 14);
+  for (unsigned threads : {1u, 3u}) {
+    EngineOptions eo;
+    eo.cpu_threads = threads;
+    ZeroEngine engine(cfg, model, dev, comm, /*seed=*/5, eo);
+    for (const model::UnitLayout& u : model.layout().units) {
+      std::vector<float> got(u.padded_numel), want(u.padded_numel);
+      engine.get_master_weights(u.index, got);
+      model::init_params(model.layout(), u.index, 5, 0, u.padded_numel, want.data());
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+          << "unit " << u.index << ", " << threads << " threads";
+    }
   }
 }
 
