@@ -571,9 +571,13 @@ TEST_F(TrainCliTest, EstimatePrintsTheStepBoundsAndTheShapeThatHidesTheTransfers
   EXPECT_NE(r.out.find("no shape up to micro-batch 64 x accumulation 128 hides them"),
             std::string::npos)
       << r.out;
+  // The parameters are in swap files (max_in_cpu 0) and would fit in host memory: the drive's
+  // time without their reads is printed.
+  EXPECT_NE(r.out.find("with offload_param.max_in_cpu "), std::string::npos) << r.out;
   r = run(est + " --gemm-tflops 0.00001 --drive-read-gbps 1 --drive-write-gbps 1");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("compute\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("with offload_param.max_in_cpu"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("the transfers fit under compute"), std::string::npos) << r.out;
   // A rate where a larger micro-batch hides the drive.
   r = run(est + " --gemm-tflops 0.05 --drive-read-gbps 0.5 --drive-write-gbps 0.5");
