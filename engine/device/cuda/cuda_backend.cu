@@ -272,34 +272,28 @@ class CudaBackend final : public ComputeBackend {
   }
   static const uint16_t* bits(const void* p) { return static_cast<const uint16_t*>(p); }
 
-  // `floats` of scratch for the fused backward's row sums (grown on demand; the stream is
-  // synchronized before the old one is freed).
-  float* row_scratch(size_t floats) {
-    const size_t bytes = floats * sizeof(float);
-    if (bytes > rows_bytes_) {
-      CUDA_CHECK(cudaStreamSynchronize(native()));
-      cudaFree(rows_);
-      rows_ = nullptr;
-      current();
-      CUDA_CHECK(cudaMalloc(&rows_, bytes));
-      rows_bytes_ = bytes;
-    }
-    return static_cast<float*>(rows_);
+  // `floats` of scratch for the fused backward's row sums.
+  float* row_scratch(size_t floats) { return grown(rows_, rows_bytes_, floats * sizeof(float)); }
+
+  // `count` score blocks of nkv x block x T floats.
+  float* workspace(const Attention& a, int count) {
+    return grown(work_, work_bytes_,
+                 static_cast<size_t>(count * a.nkv * a.block * a.T) * sizeof(float));
   }
 
-  // `count` score blocks of nkv x block x T floats (grown on demand; the stream is synchronized
-  // before the old one is freed).
-  float* workspace(const Attention& a, int count) {
-    const size_t bytes = static_cast<size_t>(count * a.nkv * a.block * a.T) * sizeof(float);
-    if (bytes > work_bytes_) {
+  // `buffer` (of `capacity` bytes) grown to at least `bytes`; the stream is synchronized before
+  // the old one is freed.
+  float* grown(void*& buffer, size_t& capacity, size_t bytes) {
+    if (bytes > capacity) {
       CUDA_CHECK(cudaStreamSynchronize(native()));
-      cudaFree(work_);
-      work_ = nullptr;
+      cudaFree(buffer);
+      buffer = nullptr;
+      capacity = 0;
       current();
-      CUDA_CHECK(cudaMalloc(&work_, bytes));
-      work_bytes_ = bytes;
+      CUDA_CHECK(cudaMalloc(&buffer, bytes));
+      capacity = bytes;
     }
-    return static_cast<float*>(work_);
+    return static_cast<float*>(buffer);
   }
 
   // groups.packed() in device memory through a pinned staging copy (the previous copy has

@@ -270,11 +270,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row_at = (int64_t(b) * g.nh + h) * g.T + t;
   const float l = t < g.T ? lse[row_at] : 0.0f;
 
-  load_tile<HD>(Qs, q + q_at, Q, q0, g.T);
-  load_tile<HD>(Ds, dattn + q_at, Q, q0, g.T);
-  // Pass 1: D = sum over keys of p * dp, p = exp(s - lse) in fp32.
-  float dot = 0.0f;
-  for (int kt = 0; kt < tiles; ++kt) {
+  // Key tile kt's scores and probability gradients (q k^T, dattn v^T) into Ss and DPs.
+  auto scores = [&](int kt) {
     __syncthreads();
     load_tile<HD>(Ks, kb, KV, kt * kTile, g.T);
     load_tile<HD>(Vs, vb, KV, kt * kTile, g.T);
@@ -282,6 +279,13 @@ __global__ void __launch_bounds__(kThreads)
     product_abt<HD>(Qs, Ks, Ss);
     product_abt<HD>(Ds, Vs, DPs);
     __syncthreads();
+  };
+  load_tile<HD>(Qs, q + q_at, Q, q0, g.T);
+  load_tile<HD>(Ds, dattn + q_at, Q, q0, g.T);
+  // Pass 1: D = sum over keys of p * dp, p = exp(s - lse) in fp32.
+  float dot = 0.0f;
+  for (int kt = 0; kt < tiles; ++kt) {
+    scores(kt);
     const float* s = Ss + rp.row * kLdS;
     const float* dp = DPs + rp.row * kLdS;
     for (int i = 0; i < 32; ++i) {
@@ -296,13 +300,7 @@ __global__ void __launch_bounds__(kThreads)
   FragC acc[HD / 16];
   for (auto& f : acc) wmma::fill_fragment(f, 0.0f);
   for (int kt = 0; kt < tiles; ++kt) {
-    __syncthreads();
-    load_tile<HD>(Ks, kb, KV, kt * kTile, g.T);
-    load_tile<HD>(Vs, vb, KV, kt * kTile, g.T);
-    __syncthreads();
-    product_abt<HD>(Qs, Ks, Ss);
-    product_abt<HD>(Ds, Vs, DPs);
-    __syncthreads();
+    scores(kt);
     const float* s = Ss + rp.row * kLdS;
     const float* dp = DPs + rp.row * kLdS;
     uint16_t* ds = DSs + rp.row * kLdP;
