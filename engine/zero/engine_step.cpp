@@ -76,11 +76,13 @@ void ZeroEngine::Impl::initialise(uint64_t seed) {
       model::init_params(layout, unit, seed, ug.own_off + b, ug.own_off + e, master + b);
     });
     optimizer->init(unit, {master, ug.own_len});
+    // publish() has converted `master` into its slot when it returns, so the next unit may
+    // reuse `master` while this unit's parameters are still being written.
     publisher->publish(unit, u % publisher->slot_count(), [&](std::byte* out) {
       detail::to_param_dtype(master, out, dt, ug.own_len);
     });
-    publisher->wait_all();  // the next unit reuses `master`
   }
+  publisher->wait_all();
 }
 
 // ---- the optimizer step ---------------------------------------------------------------------
