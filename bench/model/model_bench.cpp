@@ -142,11 +142,11 @@ int main(int argc, char** argv) {
     c.vocab_size = vocab;
     c.max_position_embeddings = std::max<int64_t>(seq, 2048);
     c.validate();
-    const model::ModelOptions o{.micro_batch = batch,
-                                .seq_len = seq,
-                                .param_dtype = dtype == "bf16" ? DType::BF16 : DType::F32,
-                                .compute_dtype = bf16_compute ? DType::BF16 : DType::F32,
-                                .activation_checkpointing = checkpointing};
+    model::ModelOptions o{.micro_batch = batch,
+                          .seq_len = seq,
+                          .param_dtype = dtype == "bf16" ? DType::BF16 : DType::F32,
+                          .compute_dtype = bf16_compute ? DType::BF16 : DType::F32,
+                          .activation_checkpointing = checkpointing};
     const bool gpu = device_kind == "cuda";
     std::unique_ptr<device::Device> dev_owner;
     if (gpu) {
@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
       dev_owner = std::make_unique<device::CpuDevice>();
     }
     device::Device& dev = *dev_owner;
+    o.head_chunk_rows = model::head_rows_on(c, o, dev, 0);  // as outcore train on this device
     const std::shared_ptr<device::ComputeBackend> backend = device::make_backend(dev);
     model::LlamaModel m(c, o, backend);
     model::ModelOptions o_fp32 = o;

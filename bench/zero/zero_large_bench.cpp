@@ -24,6 +24,8 @@
 // as `outcore train` with this config; figures recorded before it existed are fp32 compute). --gas
 // G runs G micro-batches per step (the gradient sums of the units that fit stay on the GPU until
 // the last one, decision 024);
+// On a GPU the head computes as many rows per launch as `outcore train` there (head_rows_on;
+// figures recorded before 2026-11-27 used 16 MiB of logits per launch).
 // --grads host keeps the gradient accumulators in host memory instead of swap files;
 // --param-in-cpu N keeps parameter partitions up to N elements in host memory (max_in_cpu).
 //
@@ -119,7 +121,7 @@ std::vector<int32_t> step_tokens(int step, size_t n, int64_t vocab) {
 struct Bounds {
   bench::IoBound io;
   bench::ComputeTimes compute;
-  double pcie_s = 0;  // the plan's host<->device bytes at the measured copy rate (0: no bus)
+  double pcie_s = 0;      // the plan's host<->device bytes at the measured copy rate (0: no bus)
   double write_gbps = 0;  // the drive's write rate
   double others_s() const { return std::max(compute.step_s(), pcie_s); }
   double larger_serial_s() const { return std::max(io.serial_s, others_s()); }
@@ -298,13 +300,13 @@ int main(int argc, char** argv) {
     std::printf("device: %s\n", dev->name().c_str());
     const config::Config cfg = make_config(micro, gas, sub_group, nvme, device_mb, bf16_moments,
                                            clip, step_in_backward, param_in_cpu, compute);
-    const model::LlamaModel model(mc,
-                                  {.micro_batch = micro,
-                                   .seq_len = seq,
-                                   .param_dtype = DType::BF16,
-                                   .compute_dtype = config::compute_dtype(cfg),
-                                   .activation_checkpointing = true},
-                                  device::make_backend(*dev));
+    model::ModelOptions mo{.micro_batch = micro,
+                           .seq_len = seq,
+                           .param_dtype = DType::BF16,
+                           .compute_dtype = config::compute_dtype(cfg),
+                           .activation_checkpointing = true};
+    mo.head_chunk_rows = model::head_rows_on(mc, mo, *dev, budget);  // as outcore train
+    const model::LlamaModel model(mc, mo, device::make_backend(*dev));
     std::filesystem::create_directories(nvme);
     const double params = static_cast<double>(mc.num_parameters());
     std::printf(
@@ -420,8 +422,8 @@ int main(int argc, char** argv) {
       // The compute bound is measured with the cores to itself; a step shares them with the
       // I/O's CRCs and copies, the gradient work and Adam: all threads busy = CPU-bound.
       // Initialisation writes the swap files once: its time against the drive's for those bytes.
-      std::printf("initialisation: %.1f s = %.2fx the drive's time to write its %.2f GB\n",
-                  init_s, init_s / (init_written / 1e9 / bounds->write_gbps), init_written / 1e9);
+      std::printf("initialisation: %.1f s = %.2fx the drive's time to write its %.2f GB\n", init_s,
+                  init_s / (init_written / 1e9 / bounds->write_gbps), init_written / 1e9);
       std::printf("CPU seconds per step: %.1f (%.2f of %u hardware threads busy)\n", cpu,
                   cpu / mean, std::thread::hardware_concurrency());
       // Model FLOPs (3x forward, recomputation not counted) per second, streamed vs in memory.

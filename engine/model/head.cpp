@@ -179,6 +179,13 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
 
 namespace outcore::model {
 
+int64_t head_rows_on(const LlamaConfig& c, const ModelOptions& o, const device::Device& device,
+                     uint64_t budget_bytes) {
+  if (device.kind() != device::DeviceKind::Cuda) return 0;
+  const uint64_t free = device.free_memory_bytes();
+  return head_rows_for_device(c, o, budget_bytes > 0 ? std::min(budget_bytes, free) : free);
+}
+
 int64_t head_rows_for_device(const LlamaConfig& c, const ModelOptions& o, uint64_t device_bytes) {
   const uint64_t bytes = std::min<uint64_t>(device_bytes / 16, uint64_t{2} << 30);
   const uint64_t per_row =

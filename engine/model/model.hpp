@@ -241,6 +241,11 @@ struct ModelOptions {
 // a GPU (2790 at a 128256-token vocabulary in bf16 compute on an 80 GB GPU), so each GEMM reads the
 // head weight once per thousands of tokens instead of once per 32.
 int64_t head_rows_for_device(const LlamaConfig& c, const ModelOptions& o, uint64_t device_bytes);
+// The head_chunk_rows a model on `device` takes (`outcore train`, the benchmarks): on a GPU,
+// head_rows_for_device of its free memory or of `budget_bytes` when that is smaller (0: no
+// budget); elsewhere 0, the default.
+int64_t head_rows_on(const LlamaConfig& c, const ModelOptions& o, const device::Device& device,
+                     uint64_t budget_bytes);
 
 enum class GradMode : uint8_t {
   Overwrite,   // grads = this micro-batch's gradient (every slab element written; padding 0)

@@ -122,12 +122,8 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   mo.activation_checkpointing = opts_.activation_checkpointing.value_or(
       config_wants_checkpointing(cfg_.activation_checkpointing));
   mo.world_size = devices_->comm->world_size();
-  if (devices_->device.kind() == device::DeviceKind::Cuda) {
-    const uint64_t budget = cfg_.outcore.device_memory_mb << 20;
-    const uint64_t free = devices_->device.free_memory_bytes();
-    mo.head_chunk_rows =
-        model::head_rows_for_device(model_config, mo, budget > 0 ? std::min(budget, free) : free);
-  }
+  mo.head_chunk_rows =
+      model::head_rows_on(model_config, mo, devices_->device, cfg_.outcore.device_memory_mb << 20);
   model_ =
       std::make_unique<model::LlamaModel>(model_config, mo, device::make_backend(devices_->device));
 

@@ -100,6 +100,12 @@ TEST(Model, HeadChunkRowsChangeOnlyTheSummationOrder) {
   o.micro_batch = 1;
   o.seq_len = 100;
   EXPECT_EQ(head_rows_for_device(llama3, o, uint64_t{80} << 30), 100);  // at most the tokens
+  // Only a GPU takes them (head_rows_on): host memory, simulated or not, keeps the default.
+  for (const bool discrete : {false, true}) {
+    const device::CpuDevice host(
+        device::CpuDeviceOptions{.memory_budget_bytes = uint64_t{80} << 30, .discrete = discrete});
+    EXPECT_EQ(head_rows_on(llama3, o, host, uint64_t{80} << 30), 0) << discrete;
+  }
 }
 
 TEST(Model, RepeatedRunsAreBitIdentical) {
