@@ -266,6 +266,7 @@ class CudaBackend final : public ComputeBackend {
   // rows start on 16 bytes (the kernels' vector loads).
   static bool fused(const Attention& a, std::initializer_list<const void*> operands) {
     if (a.dtype != DType::BF16 || !cuda::flash_attention_supported(a.hd)) return false;
+    if (a.B > 65535 || a.nh > 65535 || a.T > (int64_t{1} << 30)) return false;  // grid limits
     for (const void* p : operands)
       if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
     return true;
