@@ -103,6 +103,10 @@ run_gpu() {
   timeout 120 "$BUILD_DIR/bench/model/model_bench" --device cuda --compute bf16 --hidden 4096 \
     --intermediate 14336 --heads 32 --kv-heads 8 --layers 1 --vocab 256 --seq 16384 --batch 1 \
     --steps 2 --profile || rc=1
+  echo "==> the same layer with Llama 3's 128256-token head (the head's GEMMs and cross-entropy)"
+  timeout 120 "$BUILD_DIR/bench/model/model_bench" --device cuda --compute bf16 --hidden 4096 \
+    --intermediate 14336 --heads 32 --kv-heads 8 --layers 1 --vocab 128256 --seq 4096 --batch 1 \
+    --steps 2 --profile || rc=1
   echo "==> zero_large_bench on the GPU: ZeRO-3 streamed from NVMe under a 1000 MiB device budget,"
   echo "    4 micro-batches per step, against the compute, PCIe and drive bounds of the same run"
   timeout 180 "$BUILD_DIR/bench/zero/zero_large_bench" --device cuda --device-mb 1000 --hidden 1024 \
