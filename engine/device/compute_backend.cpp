@@ -160,6 +160,42 @@ double copy_bytes_per_second(Device& device, size_t bytes, int reps) {
   return best;
 }
 
+bool fused_attention_shape(const ComputeBackend::Attention& a) {
+  if (a.dtype != DType::BF16) return false;
+  if (a.hd != 16 && a.hd != 32 && a.hd != 64 && a.hd != 128) return false;
+  return a.B <= 65535 && a.nh <= 65535 && a.T <= (int64_t{1} << 30);  // grid limits
+}
+
+uint64_t gemm_workspace_bytes(uint64_t budget_bytes) {
+  constexpr uint64_t kMax = uint64_t{32} << 20;
+  if (budget_bytes == 0) return kMax;
+  return std::min(kMax, budget_bytes / 64 / kAllocGranularity * kAllocGranularity);
+}
+
+uint64_t attention_workspace_bytes(const ComputeBackend::Attention& a) {
+  if (fused_attention_shape(a))
+    return charged_bytes(static_cast<size_t>(a.B * a.nh * a.T) * sizeof(float));
+  if (a.dtype == DType::F32)
+    return charged_bytes(static_cast<size_t>(2 * a.nkv * a.block * a.T) * sizeof(float));
+  return 0;  // other bf16 shapes: the default attention, on the model's scratch
+}
+
+uint64_t id_slot_bytes(int64_t tokens) {
+  return charged_bytes(static_cast<size_t>(tokens) * sizeof(int32_t));
+}
+
+uint64_t token_groups_bytes(int64_t tokens) {
+  return charged_bytes(static_cast<size_t>(3 * tokens + 1) * sizeof(int32_t));
+}
+
+Workspace backend_workspace(DeviceKind kind, const WorkspaceShape& shape) {
+  if (kind != DeviceKind::Cuda) return {};
+  return {.gemm = gemm_workspace_bytes(shape.budget_bytes),
+          .attention = attention_workspace_bytes(shape.attention),
+          .ids = 2 * id_slot_bytes(shape.tokens) + token_groups_bytes(shape.tokens),
+          .constants = shape.constant_bytes};
+}
+
 std::shared_ptr<ComputeBackend> make_backend(Device& device) {
   if (device.kind() == DeviceKind::Cuda) return make_cuda_backend(device);
   if (const auto* cpu = dynamic_cast<const CpuDevice*>(&device)) return make_cpu_backend(*cpu);

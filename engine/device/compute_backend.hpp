@@ -30,10 +30,12 @@
 #include <string>
 
 #include "common/dtype.hpp"
+#include "engine/device/device.hpp"
 
 namespace outcore::device {
 
 class Device;
+struct WorkspaceShape;
 
 class ComputeBackend {
  public:
@@ -64,6 +66,14 @@ class ComputeBackend {
   // at the end of each unit's forward and backward, so a unit's outputs are complete when the
   // call returns on every backend.
   virtual void finish() = 0;
+  // Bytes of the device's budget this backend holds now (workspaces, staged ids, constant
+  // tables; charged_bytes each). 0 on the CPU backends, which hold none.
+  virtual uint64_t device_bytes() const { return 0; }
+  // The most it will hold computing a model of `shape` (LlamaModel::workspace_shape): what the
+  // planner reserves for it (CUDA: backend_workspace(DeviceKind::Cuda, shape).total()).
+  virtual uint64_t workspace_bytes(const WorkspaceShape& /*shape*/) const { return 0; }
+  // The device whose budget device_bytes() are charged to (nullptr: none).
+  virtual const Device* device() const { return nullptr; }
 
   // ---- math (fp32 activations; parameters in fp32, bf16 or fp16 storage)
   // C[m,n] = alpha * op(A) op(B) + beta * C, all fp32 (no TF32); beta == 0 ignores C.
@@ -142,6 +152,37 @@ class ComputeBackend {
                                   const float* lse, const void* dattn, float* dq, float* dk,
                                   float* dv, float* scores, float* dprob, void* lowp);
 };
+
+// True when the CUDA backend runs attention of shape `a` fused (flash_attention.cu): bf16
+// operands, a head size of 16, 32, 64 or 128, within the kernels' grid limits. (It also needs
+// every operand's rows on 16 bytes, which the model's buffers give; otherwise the default runs.)
+bool fused_attention_shape(const ComputeBackend::Attention& a);
+
+// What a model's computation on a backend of `kind` keeps in device memory besides the model's
+// own buffers, every part charged to the device's budget (CUDA; nothing on the CPU backends).
+struct WorkspaceShape {
+  ComputeBackend::Attention attention{};  // the decoder's attention (B, T, heads, block, dtype)
+  int64_t tokens = 0;                     // B * T: the staged token and target ids
+  uint64_t constant_bytes = 0;            // the model's constant tables, charged_bytes each
+  uint64_t budget_bytes = 0;              // the device's byte budget (0: none)
+};
+struct Workspace {
+  uint64_t gemm = 0;       // cuBLASLt's workspace (gemm_workspace_bytes)
+  uint64_t attention = 0;  // fp32: two score blocks of every kv head; fused: the row sums
+  uint64_t ids = 0;        // two id slots and the embedding backward's token groups
+  uint64_t constants = 0;  // the constant tables
+  uint64_t total() const { return gemm + attention + ids + constants; }
+};
+Workspace backend_workspace(DeviceKind kind, const WorkspaceShape& shape);
+// cuBLASLt's workspace on a device with `budget_bytes` (0: none): 32 MiB (what cuBLASLt's
+// heuristics want on Hopper), at most a 64th of a budget, in whole 4 KiB pages. A smaller
+// workspace only narrows the algorithms cuBLASLt may pick.
+uint64_t gemm_workspace_bytes(uint64_t budget_bytes);
+// The bytes of each part of backend_workspace: the fp32 attention's score blocks, the fused
+// backward's row sums, an id slot, the token groups' packed array (at most 3n + 1 ints).
+uint64_t attention_workspace_bytes(const ComputeBackend::Attention& a);
+uint64_t id_slot_bytes(int64_t tokens);
+uint64_t token_groups_bytes(int64_t tokens);
 
 class CpuDevice;
 

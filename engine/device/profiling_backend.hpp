@@ -19,7 +19,7 @@
 
 namespace outcore::device {
 
-class ProfilingBackend final : public ComputeBackend {
+class ProfilingBackend : public ComputeBackend {
  public:
   // One operation and shape: how often it ran, its time, and its FLOPs (GEMMs: 2mnk; causal
   // attention: its GEMMs over the query-key pairs at or below the diagonal, the backward
@@ -47,6 +47,11 @@ class ProfilingBackend final : public ComputeBackend {
   const float* constant(std::span<const float> host) override { return inner_->constant(host); }
   const int32_t* stage_ids(const int32_t* host, int64_t n, int slot) override;
   void finish() override { inner_->finish(); }
+  uint64_t device_bytes() const override { return inner_->device_bytes(); }
+  uint64_t workspace_bytes(const WorkspaceShape& shape) const override {
+    return inner_->workspace_bytes(shape);
+  }
+  const Device* device() const override { return inner_->device(); }
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
             int64_t ldc) override;

@@ -194,6 +194,10 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
 
 }  // namespace
 
+device::ComputeBackend::Attention decoder_attention(const LlamaConfig& c, const ModelOptions& o) {
+  return attention_of(Dims(c, o), o);
+}
+
 size_t decoder_saved_bytes(const LlamaConfig& c, const ModelOptions& o) {
   Arena ar;
   carve_saved(ar, Dims(c, o));

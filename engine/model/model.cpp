@@ -110,6 +110,16 @@ size_t LlamaModel::scratch_bytes() const {
                    detail::embedding_scratch_bytes(config_, options_)});
 }
 
+device::WorkspaceShape LlamaModel::workspace_shape(uint64_t budget_bytes) const {
+  using device::charged_bytes;
+  return {.attention = detail::decoder_attention(config_, options_),
+          .tokens = tokens(),
+          .constant_bytes = charged_bytes(rope_cos_.size() * sizeof(float)) +
+                            charged_bytes(rope_sin_.size() * sizeof(float)) +
+                            charged_bytes(ones_.size() * sizeof(float)),
+          .budget_bytes = budget_bytes};
+}
+
 float LlamaModel::forward(int unit, const ForwardArgs& args) const {
   OUTCORE_TRACE_SPAN("forward", "compute", {.unit = unit});
   const UnitLayout& u = layout_.units.at(unit);

@@ -126,6 +126,8 @@ inline int64_t attention_block(const ModelOptions& o) { return std::min<int64_t>
 // Decoder: bytes saved by forward (without checkpointing), and scratch of forward / backward.
 size_t decoder_saved_bytes(const LlamaConfig& c, const ModelOptions& o);
 size_t decoder_scratch_bytes(const LlamaConfig& c, const ModelOptions& o);
+// The attention every decoder runs (its shape, block and dtype).
+device::ComputeBackend::Attention decoder_attention(const LlamaConfig& c, const ModelOptions& o);
 void decoder_forward(const UnitContext& ctx, const ForwardArgs& a);
 void decoder_backward(const UnitContext& ctx, const BackwardArgs& a);
 

@@ -255,8 +255,10 @@ class Trainer {
   config::Config cfg_;
   TrainerOptions opts_;
   int64_t gas_ = 1;
-  std::unique_ptr<model::LlamaModel> model_;
+  // The devices outlive the model (its compute backend holds memory and a stream on them) and
+  // the engine.
   std::unique_ptr<Devices> devices_;
+  std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<zero::ZeroEngine> engine_;
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   std::unique_ptr<LrSchedule> schedule_;

@@ -25,25 +25,37 @@ void make_swap_dir(const std::string& path, const char* key) {
   if (ec) throw IoError(path, ec.value(), "create swap directory");
 }
 
-// What the engine may allocate on `device`: the budget left, capped by what the hardware
-// still has free (a GPU); 0 = unlimited. `reserve`: what the gradient sums leave free there
-// (device_reserve_bytes).
-uint64_t device_limit(device::Device& device, uint64_t* reserve = nullptr) {
+// What the engine may allocate on `device`, counting the `held` bytes the compute backend
+// already holds there as free (the plan counts them, PlanOptions::compute_workspace_bytes): the
+// budget left, capped by what the hardware still has free (a GPU); 0 = unlimited. `reserve`:
+// what the gradient sums leave free there (device_reserve_bytes).
+uint64_t device_limit(device::Device& device, uint64_t held, uint64_t* reserve = nullptr) {
   const device::MemoryStats ms = device.memory_stats();
+  const uint64_t in_use = ms.in_use_bytes - std::min(held, ms.in_use_bytes);
   uint64_t limit = 0;
-  if (ms.budget_bytes > 0)
-    limit = ms.budget_bytes > ms.in_use_bytes ? ms.budget_bytes - ms.in_use_bytes : 1;
-  const uint64_t free = device.free_memory_bytes();
+  if (ms.budget_bytes > 0) limit = ms.budget_bytes > in_use ? ms.budget_bytes - in_use : 1;
+  uint64_t free = device.free_memory_bytes();
+  if (free > 0) free += held;
   if (reserve != nullptr) *reserve = device_reserve_bytes(limit, free);
   if (free > 0) limit = limit == 0 ? free : std::min(limit, free);
   return limit;
 }
 
-PlanOptions engine_plan_options(device::Device& device, int world, GradientPlacement gradients) {
+// The bytes the model's compute backend holds on `device` now (0 when it computes elsewhere).
+uint64_t backend_held(const device::Device& device, const model::LlamaModel& model) {
+  return model.backend().device() == &device ? model.backend().device_bytes() : 0;
+}
+
+PlanOptions engine_plan_options(device::Device& device, const model::LlamaModel& model, int world,
+                                GradientPlacement gradients) {
   PlanOptions po{.world_size = world,
                  .gradients = gradients,
                  .device_host_accessible = device.host_accessible()};
-  po.device_limit_bytes = device_limit(device, &po.device_reserve_bytes);
+  if (model.backend().device() == &device)  // a backend on another device charges that one
+    po.compute_workspace_bytes =
+        model.backend().workspace_bytes(model.workspace_shape(device.memory_stats().budget_bytes));
+  po.device_limit_bytes =
+      device_limit(device, backend_held(device, model), &po.device_reserve_bytes);
   return po;
 }
 
@@ -92,7 +104,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
       // The geometry's gradient placement, so that kAuto is resolved once.
       plan(make_plan(
           cfg, model,
-          engine_plan_options(device, comm.world_size(),
+          engine_plan_options(device, model, comm.world_size(),
                               g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
                                                                    : GradientPlacement::kHost))),
       executor(options.cpu_threads != 0
@@ -102,7 +114,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   if (!device.host_accessible()) check_discrete_device(g, device);
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
   limits_at_start = limits;
-  limits.device = device_limit(device);
+  limits.device = device_limit(device, backend_held(device, model));
   check_fits(plan, limits);
   const Placement& p = g.placement;
   const config::ZeroConfig& z = cfg.zero_optimization;

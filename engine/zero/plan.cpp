@@ -514,6 +514,8 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   Plan plan = plan_counts(c);
   // One tier after the other, so `items` is in tier order.
   plan_device_state(c, plan);
+  add(plan, Tier::kDevice, "compute backend (cuBLASLt workspace, attention, ids, tables)",
+      options.compute_workspace_bytes);
   plan_live_params(c, device_limit_bytes(cfg, options), plan);
   plan_device_grad_sums(c, device_limit_bytes(cfg, options), options.device_reserve_bytes, plan);
   plan_pinned(c, plan);

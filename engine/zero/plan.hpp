@@ -108,14 +108,19 @@ struct PlanOptions {
   // leaves) leave free for what lives outside the plan: device_reserve_bytes() where the GPU's
   // free memory, not a budget, is the limit.
   uint64_t device_reserve_bytes = 0;
+  // Device bytes the model's compute backend keeps (device::backend_workspace of the model's
+  // workspace_shape on this device: cuBLASLt's workspace, attention's, staged ids, constant
+  // tables on a GPU; 0 on the simulated device). ZeroEngine passes it and, since the backend
+  // holds part of it before the engine starts, counts what it holds as not yet allocated.
+  uint64_t compute_workspace_bytes = 0;
 };
 
 // The device bytes the gradient sums leave free when `hardware_free` (Device::
 // free_memory_bytes(): a GPU's free memory; 0 for the simulated device) caps the limit rather
 // than `budget_left` (the budget not yet allocated; 0: no budget): a sixteenth of it, at least
-// 1 GiB, for the CUDA backend's own workspaces, the CUDA context's growth and the allocator's
-// slack, none of which the plan counts. 0 when a budget is the tighter limit (the budget is the
-// user's word) or on the simulated device.
+// 1 GiB, for the CUDA context's growth, cuBLASLt's and cuDNN's own allocations and the
+// allocator's slack, none of which the plan counts. 0 when a budget is the tighter limit (the
+// budget is the user's word) or on the simulated device.
 uint64_t device_reserve_bytes(uint64_t budget_left, uint64_t hardware_free);
 
 // The plan for `cfg` (resolved: batch keys and zero bucket sizes set) and `model` (whose

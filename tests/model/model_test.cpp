@@ -108,6 +108,52 @@ TEST(Model, HeadChunkRowsChangeOnlyTheSummationOrder) {
   }
 }
 
+// What the CUDA backend keeps on the GPU for a model (cuBLASLt's workspace, attention's, the
+// staged ids, the constant tables), which the planner charges to the device budget: the figures
+// of a Llama 3 8B decoder at 4096 tokens; nothing on the CPU backends.
+TEST(Model, WorkspaceShapeGivesTheCudaBackendsBytes) {
+  LlamaConfig c = small_config(4096, 14336, 1, 32, 8, 128256, false, 128);
+  c.max_position_embeddings = 8192;
+  const ModelOptions bf16{
+      .micro_batch = 1, .seq_len = 4096, .param_dtype = DType::BF16, .compute_dtype = DType::BF16};
+  const LlamaModel m(c, bf16);
+  const device::WorkspaceShape s = m.workspace_shape(0);
+  EXPECT_EQ(s.tokens, 4096);
+  EXPECT_EQ(s.attention.nh, 32);
+  EXPECT_EQ(s.attention.nkv, 8);
+  EXPECT_EQ(s.attention.block, 128);
+  EXPECT_EQ(s.constant_bytes, 2u * 4096 * 64 * 4);  // rotary cos and sin, T x hd/2 each
+  const device::Workspace w = device::backend_workspace(device::DeviceKind::Cuda, s);
+  EXPECT_EQ(w.gemm, 32u << 20);               // no budget: cuBLASLt's 32 MiB
+  EXPECT_EQ(w.attention, 4096u * 32 * 4);     // fused: one fp32 row sum per head and query
+  EXPECT_EQ(w.ids, 2 * 16384u + 13u * 4096);  // two id slots, groups of 3n + 1 ints (pages)
+  EXPECT_EQ(w.constants, s.constant_bytes);
+  EXPECT_EQ(w.total(), w.gemm + w.attention + w.ids + w.constants);
+  EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cpu, s).total(), 0u);
+
+  // fp32 compute: two score blocks of 128 queries x 4096 keys for every kv head (32 MiB).
+  ModelOptions fp32 = bf16;
+  fp32.param_dtype = fp32.compute_dtype = DType::F32;
+  const LlamaModel m32(c, fp32);
+  EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, m32.workspace_shape(0)).attention,
+            2u * 8 * 128 * 4096 * 4);
+  // bf16 heads the fused kernels do not take run the default attention on the model's scratch.
+  LlamaConfig c48 = small_config(96, 160, 1, 2, 1, 64, false, 48);
+  c48.max_position_embeddings = 4096;
+  const LlamaModel m48(c48, bf16);
+  EXPECT_FALSE(device::fused_attention_shape(m48.workspace_shape(0).attention));
+  EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, m48.workspace_shape(0)).attention,
+            0u);
+
+  // cuBLASLt's share of a budget: at most a 64th, in whole pages.
+  EXPECT_EQ(device::gemm_workspace_bytes(uint64_t{24000} << 20), 32u << 20);
+  EXPECT_EQ(device::gemm_workspace_bytes(64u << 20), 1u << 20);
+  EXPECT_EQ(device::gemm_workspace_bytes(3u << 19), 24u << 10);
+  EXPECT_EQ(device::gemm_workspace_bytes(200u << 10), 0u);
+  EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, m.workspace_shape(64u << 20)).gemm,
+            1u << 20);
+}
+
 TEST(Model, RepeatedRunsAreBitIdentical) {
   const LlamaConfig c = gqa();
   const auto params = random_params(make_layout(c), 7);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/zero/plan.hpp"
 #include "tests/trainer/trainer_test_util.hpp"
 
 namespace outcore::train::testing {
@@ -37,9 +38,9 @@ model::LlamaConfig small_model() {
 
 constexpr int64_t kBudgetMb = 32;
 
-Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std::string& swap) {
-  const model::LlamaConfig mc = small_model();
-  std::filesystem::create_directories(swap);
+// ZeRO-3, parameters in host memory, optimizer state in swap files under `swap`, bf16, 2
+// micro-batches per step, under the kBudgetMb device budget.
+config::Config device_config(bool step_in_backward, const std::string& swap) {
   nlohmann::json p = {
       {"bf16", {{"enabled", true}}},
       {"gradient_accumulation_steps", 2},
@@ -49,7 +50,13 @@ Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std:
         {"offload_param", {{"device", "cpu"}}},
         {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap}}}}},
       {"outcore", {{"device_memory_mb", kBudgetMb}, {"step_in_backward", step_in_backward}}}};
-  const config::Config cfg = make_config(p, mc);
+  return make_config(p, small_model());
+}
+
+Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std::string& swap) {
+  const model::LlamaConfig mc = small_model();
+  std::filesystem::create_directories(swap);
+  const config::Config cfg = device_config(step_in_backward, swap);
   TrainerOptions o = quiet_options(data, 10);
   if (cuda)
     o.device = device::DeviceKind::Cuda;
@@ -105,6 +112,33 @@ TEST_P(TrainerOnADevice, StepDuringBackwardUnderABudgetBelowTheModelsState) {
     EXPECT_LT(summed, static_cast<int>(o->device_grad_sums.size()))
         << "every unit's gradient sum fits: the budget does not test the host path";
   }
+}
+
+// The GPU case's premise, checked where there is no GPU: with the CUDA backend's workspaces
+// charged to the budget (decision 027), the plan still sums some units' gradients on the device
+// and not all of them.
+TEST(TrainerOnADevicePlan, TheCudaCaseSumsSomeUnitsOnTheDeviceWithTheBackendsWorkspace) {
+  const model::LlamaConfig mc = small_model();
+  const config::Config cfg = device_config(false, "/tmp/outcore-unused-swap");
+  const uint64_t budget = uint64_t{kBudgetMb} << 20;
+  model::ModelOptions mo{.micro_batch = cfg.train_micro_batch_size_per_gpu.value(),
+                         .seq_len = 32,  // quiet_options'
+                         .param_dtype = DType::BF16,
+                         .compute_dtype = config::compute_dtype(cfg)};
+  mo.head_chunk_rows = model::head_rows_for_device(mc, mo, budget);  // as on a GPU
+  const model::LlamaModel m(mc, mo);
+  const uint64_t workspace =
+      device::backend_workspace(device::DeviceKind::Cuda, m.workspace_shape(budget)).total();
+  EXPECT_GT(workspace, 0u);
+  const zero::Plan plan = zero::make_plan(cfg, m,
+                                          {.device_limit_bytes = budget,
+                                           .device_host_accessible = false,
+                                           .compute_workspace_bytes = workspace});
+  int summed = 0;
+  for (const bool b : plan.device_grad_sums) summed += b;
+  EXPECT_GT(summed, 0) << zero::format_plan(plan);
+  EXPECT_LT(summed, static_cast<int>(plan.device_grad_sums.size())) << zero::format_plan(plan);
+  EXPECT_LE(plan.peak.device, budget) << zero::format_plan(plan);
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainer, TrainerOnADevice, ::testing::Values(false, true),

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 
+#include "engine/device/profiling_backend.hpp"
 #include "tests/zero/zero_test_util.hpp"
 
 namespace outcore::zero::test {
@@ -176,6 +177,69 @@ TEST(DiscreteDeviceGradientSums, LeaveTheReserveFree) {
   EXPECT_GT(reserved.device_grad_sum_bytes, 0u) << format_plan(reserved);
   EXPECT_LE(reserved.device_grad_sum_bytes, all.device_grad_sum_bytes - reserve);
   EXPECT_LE(reserved.peak.device + reserve, limit);
+}
+
+// A backend that keeps device memory as the CUDA backend does, `bytes` in all: half from its
+// construction (cuBLASLt's workspace, the constant tables), half from its first attention (the
+// attention workspace). Computes as the CPU backend on the discrete device.
+class ChargingBackend final : public device::ProfilingBackend {
+ public:
+  ChargingBackend(device::CpuDevice& dev, uint64_t bytes)
+      : ProfilingBackend(device::make_cpu_backend(dev)),
+        dev_(dev),
+        bytes_(bytes),
+        early_(dev_.alloc(bytes / 2, "workspace at construction")) {}
+  uint64_t device_bytes() const override {
+    return device::charged_bytes(early_.size()) + device::charged_bytes(late_.size());
+  }
+  uint64_t workspace_bytes(const device::WorkspaceShape& /*shape*/) const override {
+    return bytes_;
+  }
+  const device::Device* device() const override { return &dev_; }
+  void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
+                         float* lse, float* attn, float* scores, void* lowp) override {
+    if (!late_) late_ = dev_.alloc(bytes_ - bytes_ / 2, "workspace at the first attention");
+    ProfilingBackend::attention_forward(a, q, k, v, lse, attn, scores, lowp);
+  }
+
+ private:
+  device::CpuDevice& dev_;
+  uint64_t bytes_;
+  device::DeviceBuffer early_, late_;
+};
+
+// What the compute backend keeps on the device (a GPU's workspaces) is planned and charged to
+// the budget: the plan shows it, the engine counts what the backend already holds as its own
+// (under a budget that fits everything exactly, every gradient sum still fits), and the device's
+// peak stays within the budget and the plan.
+TEST(DiscreteDevicePlan, TheComputeBackendsWorkspaceIsPlannedAndCharged) {
+  const std::string dir = swap_dir("discrete_workspace").string();
+  const config::Config cfg = make_config(
+      config_json({3, "cpu", "cpu"}, DType::BF16, dir, ", \"stage3_max_reuse_distance\": 0"));
+  const model::LlamaModel plain(tiny_config(true), tiny_options(DType::BF16));
+  const Plan all = make_plan(cfg, plain, {.device_host_accessible = false});
+  ASSERT_GT(all.device_grad_sum_bytes, 0u);
+  constexpr uint64_t kWorkspace = 64 * device::kAllocGranularity;
+  const uint64_t budget = all.peak.device + kWorkspace;
+
+  device::CpuDevice dev({.memory_budget_bytes = budget, .discrete = true});
+  auto backend = std::make_shared<ChargingBackend>(dev, kWorkspace);
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16), backend);
+  ASSERT_EQ(dev.memory_stats().in_use_bytes, kWorkspace / 2);
+  const RunResult got = train_on(dev, cfg, model, 2);
+  EXPECT_EQ(backend->device_bytes(), kWorkspace);
+  EXPECT_EQ(got.plan.device_grad_sums, std::vector<bool>(model.num_units(), true))
+      << format_plan(got.plan);
+  EXPECT_EQ(got.plan.peak.device, all.peak.device + kWorkspace) << format_plan(got.plan);
+  EXPECT_NE(format_plan(got.plan).find("compute backend"), std::string::npos)
+      << format_plan(got.plan);
+  EXPECT_LE(got.memory.device_peak_bytes, budget);
+  EXPECT_LE(got.memory.device_peak_bytes, got.plan.peak.device) << format_plan(got.plan);
+
+  device::CpuDevice plain_dev({.discrete = true});
+  const model::LlamaModel plain_model(tiny_config(true), tiny_options(DType::BF16),
+                                      device::make_backend(plain_dev));
+  expect_bit_identical(train_on(plain_dev, cfg, plain_model, 2), got, "with a workspace");
 }
 
 // Plan and measurement agree on the discrete device as they do on the host-accessible one.

@@ -192,6 +192,27 @@ TEST(StepBounds, TimesAreBytesAndFlopsOverTheRatesAndTheBoundIsTheLargest) {
   EXPECT_DOUBLE_EQ(step_times(plan, ck, {.gemm_flops = 1e9}).flops, flops * 4.0 / 3.0);
 }
 
+// The GPU test of stage 3 under a device budget below the model's state (gpu_test.cpp) still
+// fits once the CUDA backend's workspaces are charged to that budget: checked here, where there
+// is no GPU, with the planner's own figures for a CUDA device.
+TEST(Plan, TheGpuTestsBudgetHoldsTheCudaBackendsWorkspace) {
+  const uint64_t budget = 3u << 19;
+  const config::Config cfg = make_config(config_json({3, "nvme", "nvme"}, DType::BF16, "/tmp/x",
+                                                     ", \"stage3_max_reuse_distance\": 0"));
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+  const device::Workspace w =
+      device::backend_workspace(device::DeviceKind::Cuda, model.workspace_shape(budget));
+  EXPECT_EQ(w.gemm, 24u << 10);  // a 64th of the budget
+  const Plan p = make_plan(cfg, model,
+                           {.device_limit_bytes = budget,
+                            .device_host_accessible = false,
+                            .compute_workspace_bytes = w.total()});
+  EXPECT_NE(format_plan(p).find("compute backend"), std::string::npos) << format_plan(p);
+  PlanLimits l;
+  l.device = budget;
+  EXPECT_NO_THROW(check_fits(p, l)) << format_plan(p, &l);
+}
+
 TEST(Plan, FormatShowsEveryTierTheTotalsAndTheTraffic) {
   const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16));
   const config::Config cfg = make_config(config_json({3, "nvme", "nvme"}, DType::BF16, "/tmp/x"));

@@ -66,6 +66,14 @@ struct Candidate {
   zero::StepTimes times;
 };
 
+// What the CUDA backend keeps on the GPU for `m` under `cfg`'s device budget (the plan's
+// "compute backend" item).
+uint64_t gpu_workspace_bytes(const config::Config& cfg, const model::LlamaModel& m) {
+  return device::backend_workspace(device::DeviceKind::Cuda,
+                                   m.workspace_shape(cfg.outcore.device_memory_mb << 20))
+      .total();
+}
+
 // The plan of `cfg` with the batch keys of (micro, gas) for `mc` and `base` options; nullopt
 // when it does not fit `limits`.
 std::optional<zero::StepTimes> try_shape(const config::Config& cfg, const model::LlamaConfig& mc,
@@ -81,7 +89,9 @@ std::optional<zero::StepTimes> try_shape(const config::Config& cfg, const model:
     mo.head_chunk_rows = model::head_rows_for_device(mc, mo, device_limit);
   try {
     const model::LlamaModel m(mc, mo);
-    const zero::Plan plan = zero::make_plan(c, m, po);
+    zero::PlanOptions shaped = po;
+    if (!po.device_host_accessible) shaped.compute_workspace_bytes = gpu_workspace_bytes(c, m);
+    const zero::Plan plan = zero::make_plan(c, m, shaped);
     zero::PlanLimits limits = zero::system_limits(c, plan);
     if (device_limit > 0) limits.device = device_limit;
     zero::check_fits(plan, limits);
@@ -189,6 +199,7 @@ int run_estimate(const EstimateArgs& a) {
       model::ModelOptions mo = model->options();
       mo.head_chunk_rows = model::head_rows_for_device(mc, mo, po.device_limit_bytes);
       model.emplace(mc, mo);
+      po.compute_workspace_bytes = gpu_workspace_bytes(cfg, *model);
       std::printf("device     %s: %s free%s\n", dev->description.c_str(),
                   zero::format_bytes(free).c_str(),
                   budget > 0 ? (", budget " + zero::format_bytes(budget)).c_str() : "");

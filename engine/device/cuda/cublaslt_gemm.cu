@@ -16,8 +16,6 @@
 namespace outcore::device::cuda {
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-
 // cublasGetStatusString lives in libcublas, which this file does not link: name the code.
 [[noreturn]] void throw_cublas(cublasStatus_t st, const char* stmt, const char* file, int line) {
   throw Error("cuBLASLt error " + std::to_string(static_cast<int>(st)) + " (cublasStatus_t) in `" +
@@ -70,9 +68,8 @@ struct MatmulDesc {
 
 struct Preference {
   cublasLtMatmulPreference_t h = nullptr;
-  Preference() {
+  explicit Preference(uint64_t bytes) {
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&h));
-    const uint64_t bytes = kWorkspaceBytes;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &bytes, sizeof bytes));
   }
@@ -109,19 +106,25 @@ constexpr size_t kMaxPlans = 4096;
 struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  bool owned = false;  // workspace cudaMalloc'ed here
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
-  Impl() {
+  Impl(void* ws, size_t bytes) : workspace(ws), workspace_bytes(bytes) {
     CUBLAS_CHECK(cublasLtCreate(&handle));
-    CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
+    if (workspace == nullptr && workspace_bytes > 0) {
+      CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
+      owned = true;
+    }
   }
   ~Impl() {
     plans.clear();
-    cudaFree(workspace);
+    if (owned) cudaFree(workspace);
     cublasLtDestroy(handle);
   }
 };
 
-Gemm::Gemm() : impl_(std::make_unique<Impl>()) {}
+Gemm::Gemm(void* workspace, size_t workspace_bytes)
+    : impl_(std::make_unique<Impl>(workspace, workspace_bytes)) {}
 Gemm::~Gemm() = default;
 
 void Gemm::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -144,7 +147,7 @@ void Gemm::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     }
     auto made = std::make_unique<Plan>(cuda_type(ab_dtype), trans_a, trans_b, m, n, k, lda, ldb,
                                        ldc, batch, stride_a, stride_b, stride_c);
-    const Preference pref;
+    const Preference pref(impl_->workspace_bytes);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(impl_->handle, made->desc.h, made->first.h,
@@ -161,7 +164,7 @@ void Gemm::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   }
   CUBLAS_CHECK(cublasLtMatmul(impl_->handle, plan->desc.h, &alpha, b, plan->first.h, a,
                               plan->second.h, &beta, c, plan->out.h, c, plan->out.h, &plan->algo,
-                              impl_->workspace, kWorkspaceBytes,
+                              impl_->workspace, impl_->workspace_bytes,
                               static_cast<cudaStream_t>(stream)));
 }
 

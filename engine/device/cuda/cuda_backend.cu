@@ -2,10 +2,12 @@
 // cuda_kernels.hpp, a cuBLASLt GEMM or an async copy, queued on the backend's own compute
 // stream of a CudaDevice; finish() synchronizes that stream. Compiled only where nvcc exists.
 //
-// The backend's own small buffers (staged token / target ids, constant tables), cuBLASLt's
-// workspace, the fp32 attention's score blocks of all kv heads at once (2 x nkv x 128 x T
-// floats: 32 MiB for 8 kv heads at T = 4096) and the fused backward's row sums (B x nh x T
-// floats) are allocated outside the device's byte budget.
+// Everything the backend keeps in device memory comes from the device's allocator and is
+// charged to its byte budget (device_bytes(); the planner counts the same bytes through
+// backend_workspace): cuBLASLt's workspace (gemm_workspace_bytes), the constant tables, the
+// staged token / target ids and token groups, and either the fp32 attention's score blocks of
+// all kv heads at once (2 x nkv x 128 x T floats: 32 MiB for 8 kv heads at T = 4096) or the
+// fused backward's row sums (B x nh x T floats). Only the ids' pinned host staging is not.
 //
 // Attention with bf16 operands (the bf16 compute dtype) runs fused (flash_attention.cu: no score
 // matrix in device memory) for head sizes 16, 32, 64 and 128, else through the default's
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <string_view>
 #include <vector>
 
 #include "common/error.hpp"
@@ -33,22 +36,30 @@ namespace {
 
 class CudaBackend final : public ComputeBackend {
  public:
-  explicit CudaBackend(Device& device) : name_(device.name()) {
+  explicit CudaBackend(Device& device) : device_(device), name_(device.name()) {
     stream_ = device.create_stream("compute");  // makes the device current on this thread
     CUDA_CHECK(cudaGetDevice(&ordinal_));
     handle_ = stream_->native_handle();
-    gemm_ = std::make_unique<cuda::Gemm>();
+    gemm_workspace_ = device.alloc(gemm_workspace_bytes(device.memory_stats().budget_bytes),
+                                   "cuBLASLt workspace");
+    gemm_ = std::make_unique<cuda::Gemm>(gemm_workspace_.data(), gemm_workspace_.size());
   }
   ~CudaBackend() override {
-    cudaStreamSynchronize(native());
-    cudaFree(work_);
-    cudaFree(rows_);
-    for (void* p : constants_) cudaFree(p);
-    for (IdSlot* s : {&ids_[0], &ids_[1], &groups_}) {
-      cudaFree(s->device);
-      cudaFreeHost(s->host);
-    }
+    cudaStreamSynchronize(native());  // then the buffers below go back to the device
+    for (IdSlot* s : {&ids_[0], &ids_[1], &groups_}) cudaFreeHost(s->host);
     if (groups_copied_ != nullptr) cudaEventDestroy(groups_copied_);
+  }
+
+  const Device* device() const override { return &device_; }
+  uint64_t workspace_bytes(const WorkspaceShape& shape) const override {
+    return backend_workspace(DeviceKind::Cuda, shape).total();
+  }
+  uint64_t device_bytes() const override {
+    uint64_t n = charged_bytes(gemm_workspace_.size()) + charged_bytes(work_.size()) +
+                 charged_bytes(rows_.size());
+    for (const DeviceBuffer& c : constants_) n += charged_bytes(c.size());
+    for (const IdSlot* s : {&ids_[0], &ids_[1], &groups_}) n += charged_bytes(s->device.size());
+    return n;
   }
 
   std::string name() const override { return name_; }
@@ -70,33 +81,24 @@ class CudaBackend final : public ComputeBackend {
     CUDA_CHECK(cudaStreamSynchronize(native()));
   }
   const float* constant(std::span<const float> host) override {
+    DeviceBuffer& d = constants_.emplace_back(device_.alloc(host.size_bytes(), "constant table"));
     current();
-    void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(host.size_bytes(), 1)));
-    constants_.push_back(p);
-    CUDA_CHECK(cudaMemcpy(p, host.data(), host.size_bytes(), cudaMemcpyHostToDevice));
-    return static_cast<const float*>(p);
+    if (d) CUDA_CHECK(cudaMemcpy(d.data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice));
+    return d.as<const float>();
   }
   const int32_t* stage_ids(const int32_t* host, int64_t n, int slot) override {
     if (slot < 0 || slot > 1) throw InvalidArgument("stage_ids: slot must be 0 or 1");
     IdSlot& s = ids_[slot];
     const size_t bytes = static_cast<size_t>(n) * sizeof(int32_t);
     if (bytes > s.capacity) {
-      CUDA_CHECK(cudaStreamSynchronize(native()));  // the old buffers may still be read
-      cudaFree(s.device);
-      cudaFreeHost(s.host);
-      s = {};
-      current();
-      CUDA_CHECK(cudaMalloc(&s.device, bytes));
-      CUDA_CHECK(cudaMallocHost(&s.host, bytes));
-      s.capacity = bytes;
+      resize(s, bytes, "staged token ids");
     } else {
       // The pinned staging copy of this slot's previous ids may still be in flight.
       CUDA_CHECK(cudaStreamSynchronize(native()));
     }
     std::memcpy(s.host, host, bytes);
-    CUDA_CHECK(cudaMemcpyAsync(s.device, s.host, bytes, cudaMemcpyHostToDevice, native()));
-    return static_cast<const int32_t*>(s.device);
+    CUDA_CHECK(cudaMemcpyAsync(s.device.data(), s.host, bytes, cudaMemcpyHostToDevice, native()));
+    return s.device.as<const int32_t>();
   }
   void finish() override {
     CUDA_CHECK(cudaStreamSynchronize(native()));
@@ -170,7 +172,7 @@ class CudaBackend final : public ComputeBackend {
     std::vector<int32_t> read_back;
     const int32_t* host = nullptr;
     for (const IdSlot& s : ids_)
-      if (s.device == ids && s.capacity >= static_cast<size_t>(n) * sizeof(int32_t))
+      if (s.device.data() == ids && s.capacity >= static_cast<size_t>(n) * sizeof(int32_t))
         host = static_cast<const int32_t*>(s.host);
     if (host == nullptr) {
       read_back.resize(static_cast<size_t>(n));
@@ -178,7 +180,7 @@ class CudaBackend final : public ComputeBackend {
       host = read_back.data();
     }
     const TokenGroups groups({host, static_cast<size_t>(n)});
-    const int32_t* staged = stage_groups(groups.packed());
+    const int32_t* staged = stage_groups(groups.packed(), n);
     cuda::embedding_backward(staged, n, groups.groups(), dy, hidden, grad, handle_);
   }
 
@@ -197,7 +199,7 @@ class CudaBackend final : public ComputeBackend {
     const auto* k = static_cast<const float*>(kv);
     const auto* v = static_cast<const float*>(vv);
     const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
-    float* s = workspace(a, 1);
+    float* s = grown(work_, attention_workspace_bytes(a), "attention score blocks");
     current();
     for (int64_t b = 0; b < a.B; ++b)
       for (int64_t j = 0; j < group; ++j)
@@ -222,7 +224,7 @@ class CudaBackend final : public ComputeBackend {
                           float* scores, float* dprob, void* lowp) override {
     if (fused(a, {qv, kv, vv, dattnv})) {
       current();
-      float* drow = row_scratch(static_cast<size_t>(a.B * a.nh * a.T));
+      float* drow = grown(rows_, attention_workspace_bytes(a), "fused attention row sums");
       cuda::flash_attention_backward(bits(qv), bits(kv), bits(vv), lse, bits(dattnv), a.B, a.T,
                                      a.nh, a.nkv, a.hd, a.scale, drow, dq, dk, dv, handle_);
       return;
@@ -235,7 +237,7 @@ class CudaBackend final : public ComputeBackend {
     const auto* v = static_cast<const float*>(vv);
     const auto* dattn = static_cast<const float*>(dattnv);
     const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
-    float* p = workspace(a, 2);
+    float* p = grown(work_, attention_workspace_bytes(a), "attention score blocks");
     float* ds = p + a.nkv * a.block * a.T;
     current();
     for (int64_t b = 0; b < a.B; ++b)
@@ -262,87 +264,80 @@ class CudaBackend final : public ComputeBackend {
   }
 
  private:
+  struct IdSlot {
+    DeviceBuffer device;
+    void* host = nullptr;  // pinned staging
+    size_t capacity = 0;
+  };
+
   // bf16 attention goes to the fused kernels where they take the head size and every operand's
   // rows start on 16 bytes (the kernels' vector loads).
   static bool fused(const Attention& a, std::initializer_list<const void*> operands) {
-    if (a.dtype != DType::BF16 || !cuda::flash_attention_supported(a.hd)) return false;
-    if (a.B > 65535 || a.nh > 65535 || a.T > (int64_t{1} << 30)) return false;  // grid limits
+    if (!fused_attention_shape(a) || !cuda::flash_attention_supported(a.hd)) return false;
     for (const void* p : operands)
       if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
     return true;
   }
   static const uint16_t* bits(const void* p) { return static_cast<const uint16_t*>(p); }
 
-  // `floats` of scratch for the fused backward's row sums.
-  float* row_scratch(size_t floats) { return grown(rows_, rows_bytes_, floats * sizeof(float)); }
-
-  // `count` score blocks of nkv x block x T floats.
-  float* workspace(const Attention& a, int count) {
-    return grown(work_, work_bytes_,
-                 static_cast<size_t>(count * a.nkv * a.block * a.T) * sizeof(float));
+  // `buffer` grown to at least `bytes` (attention_workspace_bytes of the model's one attention
+  // shape: allocated once); the stream is synchronized before the old one is freed.
+  float* grown(DeviceBuffer& buffer, size_t bytes, std::string_view what) {
+    if (bytes > buffer.size()) {
+      CUDA_CHECK(cudaStreamSynchronize(native()));
+      buffer.reset();
+      buffer = device_.alloc(bytes, what);
+    }
+    return buffer.as<float>();
   }
 
-  // `buffer` (of `capacity` bytes) grown to at least `bytes`; the stream is synchronized before
-  // the old one is freed.
-  float* grown(void*& buffer, size_t& capacity, size_t bytes) {
-    if (bytes > capacity) {
-      CUDA_CHECK(cudaStreamSynchronize(native()));
-      cudaFree(buffer);
-      buffer = nullptr;
-      capacity = 0;
-      current();
-      CUDA_CHECK(cudaMalloc(&buffer, bytes));
-      capacity = bytes;
-    }
-    return static_cast<float*>(buffer);
+  // Slot `s` holding `bytes`: its device buffer from the device's budget, its staging pinned.
+  // The stream is synchronized first: the old buffers may still be read.
+  void resize(IdSlot& s, size_t bytes, std::string_view what) {
+    CUDA_CHECK(cudaStreamSynchronize(native()));
+    s.device.reset();
+    cudaFreeHost(s.host);
+    s.host = nullptr;
+    s.capacity = 0;
+    s.device = device_.alloc(bytes, what);
+    current();
+    CUDA_CHECK(cudaMallocHost(&s.host, bytes));
+    s.capacity = bytes;
   }
 
   // groups.packed() in device memory through a pinned staging copy (the previous copy has
   // finished before the staging is reused: an event, not a stream synchronize).
-  const int32_t* stage_groups(const std::vector<int32_t>& packed) {
+  const int32_t* stage_groups(const std::vector<int32_t>& packed, int64_t tokens) {
     const size_t bytes = packed.size() * sizeof(int32_t);
     current();
     if (groups_copied_ == nullptr)
       CUDA_CHECK(cudaEventCreateWithFlags(&groups_copied_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventSynchronize(groups_copied_));
-    if (bytes > groups_.capacity) {
-      CUDA_CHECK(cudaStreamSynchronize(native()));  // the old device buffer may still be read
-      cudaFree(groups_.device);
-      cudaFreeHost(groups_.host);
-      groups_ = {};
-      CUDA_CHECK(cudaMalloc(&groups_.device, bytes));
-      CUDA_CHECK(cudaMallocHost(&groups_.host, bytes));
-      groups_.capacity = bytes;
-    }
+    if (bytes > groups_.capacity)  // room for any micro-batch of these tokens: 3n + 1 ints
+      resize(groups_, std::max<size_t>(bytes, token_groups_bytes(tokens)), "token groups");
     std::memcpy(groups_.host, packed.data(), bytes);
-    CUDA_CHECK(
-        cudaMemcpyAsync(groups_.device, groups_.host, bytes, cudaMemcpyHostToDevice, native()));
+    CUDA_CHECK(cudaMemcpyAsync(groups_.device.data(), groups_.host, bytes, cudaMemcpyHostToDevice,
+                               native()));
     CUDA_CHECK(cudaEventRecord(groups_copied_, native()));
-    return static_cast<const int32_t*>(groups_.device);
+    return groups_.device.as<const int32_t>();
   }
-
-  struct IdSlot {
-    void* device = nullptr;
-    void* host = nullptr;  // pinned staging
-    size_t capacity = 0;
-  };
 
   cudaStream_t native() const { return static_cast<cudaStream_t>(handle_); }
   void current() const { CUDA_CHECK(cudaSetDevice(ordinal_)); }
 
+  Device& device_;
   std::string name_;
   int ordinal_ = 0;
   std::unique_ptr<Stream> stream_;
   void* handle_ = nullptr;  // stream_'s cudaStream_t
+  DeviceBuffer gemm_workspace_;
   std::unique_ptr<cuda::Gemm> gemm_;
-  std::vector<void*> constants_;
+  std::vector<DeviceBuffer> constants_;
   IdSlot ids_[2];
   IdSlot groups_;                        // the embedding backward's token groups
   cudaEvent_t groups_copied_ = nullptr;  // groups_'s last upload
-  void* work_ = nullptr;                 // attention score blocks (fp32 attention)
-  size_t work_bytes_ = 0;
-  void* rows_ = nullptr;  // the fused backward's row sums
-  size_t rows_bytes_ = 0;
+  DeviceBuffer work_;                    // attention score blocks (fp32 attention)
+  DeviceBuffer rows_;                    // the fused backward's row sums
 };
 
 }  // namespace

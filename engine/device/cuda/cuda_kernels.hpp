@@ -115,7 +115,9 @@ void count_nonfinite(const float* x, int64_t n, unsigned int* count, StreamHandl
 // (elements). Owns a cuBLASLt handle and a workspace; one Gemm per thread at a time.
 class Gemm {
  public:
-  Gemm();  // on the current CUDA device
+  // On the current CUDA device, with `workspace_bytes` of cuBLASLt workspace at `workspace`
+  // (device memory the caller keeps alive), or allocated and owned here when `workspace` is null.
+  explicit Gemm(void* workspace = nullptr, size_t workspace_bytes = size_t{32} << 20);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
