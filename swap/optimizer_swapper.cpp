@@ -10,6 +10,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <utility>
 
 #include "common/log.hpp"
 #include "common/trace.hpp"
@@ -120,13 +122,63 @@ struct OptimizerSwapper::Impl {
   std::map<uint32_t, UnitState> units;  // GUARDED_BY(mu); nodes are stable
   OptimizerStepStats last;              // GUARDED_BY(mu)
 
+  // The writes a pass left in flight (run's `leave`): its ring and their tickets.
+  struct InFlight {
+    PinnedBuffer lease;
+    std::vector<SwapTicket> tickets;
+  };
+  // An init_state_async whose last writes are still in flight: the unit is initialised (with
+  // `layout`) once they have finished. Finished by the next pass of any unit (Busy), flush()
+  // and the destructor.
+  struct Tail {
+    uint32_t unit = 0;
+    InFlight writes;
+    std::shared_ptr<const UnitLayout> layout;
+  };
+  std::mutex tail_mu;        // taken before mu, never after
+  std::optional<Tail> tail;  // GUARDED_BY(tail_mu)
+
   Impl(Swapper& s, PinnedPool& p, const OptimizerSwapperOptions& o, const cpu_adam::Executor* ex)
       : swapper(s), pool(p), options(o), executor(ex) {}
+  ~Impl() {
+    try {
+      finish_tail();
+    } catch (const std::exception& e) {
+      log::warn("optimizer swap: the last initialisation's writes failed: {}", e.what());
+    }
+  }
 
-  // Marks the unit busy for the lifetime of the guard.
+  // Waits for the tail's writes; the unit is then initialised, or, when one failed, stays
+  // uninitialised and the first error is rethrown.
+  void finish_tail() {
+    std::lock_guard tl(tail_mu);
+    if (!tail) return;
+    Tail t = std::move(*tail);
+    tail.reset();
+    std::exception_ptr err;
+    for (SwapTicket& ticket : t.writes.tickets) {
+      if (!ticket.valid()) continue;
+      try {
+        swapper.wait(std::exchange(ticket, SwapTicket{}));
+      } catch (...) {
+        if (!err) err = std::current_exception();
+      }
+    }
+    if (err) std::rethrow_exception(err);
+    std::lock_guard lock(mu);
+    UnitState& st = units[t.unit];
+    st.layout = std::move(t.layout);
+    st.steps = 0;
+    st.poisoned = false;
+    st.initialised = true;
+  }
+
+  // Marks the unit busy for the lifetime of the guard, once an initialisation still writing
+  // (of any unit) has finished.
   class Busy {
    public:
     Busy(Impl& m, uint32_t unit) : m_(m) {
+      m.finish_tail();
       std::lock_guard lock(m.mu);
       st_ = &m.units[unit];
       if (st_->busy) {
@@ -193,8 +245,9 @@ struct OptimizerSwapper::Impl {
   // Runs `work` over every sub-group: read it from copy `from` (if `read`), work, write it to
   // copy `to` (if `write`), pipelined per the options. On any failure drains all I/O, sets
   // *wrote_any if a write was submitted, and rethrows.
+  // `leave` (write-only passes): the last writes are left in flight there, with the ring.
   void run(const UnitLayout& L, bool read, bool write, const Work& work, OptimizerStepStats& s,
-           bool* wrote_any, int from = 0, int to = 0) {
+           bool* wrote_any, int from = 0, int to = 0, InFlight* leave = nullptr) {
     const size_t K = L.groups.size();
     const size_t B = std::min<size_t>(options.buffer_count, K);
     PinnedBuffer lease = pool.acquire(B * L.slot, options.buffer_timeout);
@@ -247,6 +300,11 @@ struct OptimizerSwapper::Impl {
         }
         ++s.sub_groups;
       }
+      if (leave != nullptr) {
+        leave->tickets = std::move(wt);
+        leave->lease = std::move(lease);
+        return;
+      }
       for (size_t k = 0; k < K; ++k) wait_write(k);
     } catch (...) {
       drain(rt);
@@ -268,19 +326,21 @@ struct OptimizerSwapper::Impl {
 
   // init_state / load_state.
   void write_state(uint32_t unit, std::span<const float> master, std::span<const float> m,
-                   std::span<const float> v, uint64_t steps) {
+                   std::span<const float> v, uint64_t steps, bool leave_in_flight = false) {
     Work fill = [&](const SubGroup& g, std::byte* b) {
       std::memset(b, 0, g.span());
       std::memcpy(b, master.data() + g.first, g.n * sizeof(float));
       if (!m.empty()) store_moments(g.exp_avg(b), m.data() + g.first, g.n, options.moments);
       if (!v.empty()) store_moments(g.exp_avg_sq(b), v.data() + g.first, g.n, options.moments);
     };
-    write_pass(unit, master.size(), fill, steps);
+    write_pass(unit, master.size(), fill, steps, leave_in_flight);
   }
 
   // A write-only pass producing every sub-group with `fill`; the unit is initialised (with
-  // `steps`) only when all of them are written.
-  void write_pass(uint32_t unit, uint64_t numel, const Work& fill, uint64_t steps) {
+  // `steps`) only when all of them are written. `leave_in_flight`: returns once every
+  // sub-group is filled and its write submitted, the last writes becoming the Tail (steps 0).
+  void write_pass(uint32_t unit, uint64_t numel, const Work& fill, uint64_t steps,
+                  bool leave_in_flight = false) {
     Busy busy(*this, unit);
     UnitState& st = busy.state();
     auto layout = layout_for(unit, numel);
@@ -292,6 +352,13 @@ struct OptimizerSwapper::Impl {
     }
     OptimizerStepStats s;
     bool wrote = false;
+    if (leave_in_flight) {
+      InFlight writes;
+      run(*layout, /*read=*/false, /*write=*/true, fill, s, &wrote, 0, 0, &writes);
+      std::lock_guard tl(tail_mu);
+      tail = Tail{.unit = unit, .writes = std::move(writes), .layout = std::move(layout)};
+      return;
+    }
     run(*layout, /*read=*/false, /*write=*/true, fill, s, &wrote);
     std::lock_guard lock(mu);
     st.current = 0;
@@ -356,6 +423,12 @@ OptimizerSwapper::~OptimizerSwapper() = default;
 void OptimizerSwapper::init_state(uint32_t unit, std::span<const float> master) {
   impl_->write_state(unit, master, {}, {}, 0);
 }
+
+void OptimizerSwapper::init_state_async(uint32_t unit, std::span<const float> master) {
+  impl_->write_state(unit, master, {}, {}, 0, /*leave_in_flight=*/true);
+}
+
+void OptimizerSwapper::flush() { impl_->finish_tail(); }
 
 void OptimizerSwapper::load_state(uint32_t unit, std::span<const float> master,
                                   std::span<const float> exp_avg, std::span<const float> exp_avg_sq,

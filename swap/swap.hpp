@@ -410,6 +410,15 @@ class OptimizerSwapper {
   // SwapSpace has no optimizer file for `unit` laid out by optimizer_file_spec(unit,
   // master.size(), sub_group_size); IoError / OutOfMemory as step.
   void init_state(uint32_t unit, std::span<const float> master);
+  // Like init_state, but returns once `master` has been copied into the pinned ring and every
+  // sub-group's write submitted: the last writes (up to buffer_count sub-groups) go on while
+  // the caller makes the next unit's weights. The unit is initialised when they have finished.
+  // The next call on this swapper that works on a unit (any unit), flush() and the destructor
+  // wait for them first; a failed write surfaces there (as IoError naming the file; the unit
+  // stays uninitialised), the destructor logs it.
+  void init_state_async(uint32_t unit, std::span<const float> master);
+  // Waits for the writes an init_state_async left in flight; rethrows their first error.
+  void flush();
   // Like init_state with given moments (checkpoint resume); steps_done = `steps_done`.
   void load_state(uint32_t unit, std::span<const float> master, std::span<const float> exp_avg,
                   std::span<const float> exp_avg_sq, uint64_t steps_done);

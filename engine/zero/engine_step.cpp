@@ -75,7 +75,7 @@ void ZeroEngine::Impl::initialise(uint64_t seed) {
     executor.for_chunks(ug.own_len, kInitGrain, 2 * kInitGrain, [&](size_t, size_t b, size_t e) {
       model::init_params(layout, unit, seed, ug.own_off + b, ug.own_off + e, master + b);
     });
-    optimizer->init(unit, {master, ug.own_len});
+    optimizer->init(unit, {master, ug.own_len});  // its last writes go on under the next unit
     // publish() has converted `master` into its slot when it returns, so the next unit may
     // reuse `master` while this unit's parameters are still being written.
     publisher->publish(unit, u % publisher->slot_count(), [&](std::byte* out) {
@@ -83,6 +83,7 @@ void ZeroEngine::Impl::initialise(uint64_t seed) {
     });
   }
   publisher->wait_all();
+  optimizer->flush();
 }
 
 // ---- the optimizer step ---------------------------------------------------------------------

@@ -170,8 +170,10 @@ class NvmeOptimizerStore final : public OptimizerStore {
   void init(int unit, std::span<const float> master) override {
     if (in_memory(unit)) return memory_->init(unit, master);
     check_len("initial master weights", unit, master.size(), n(unit));
-    swapper_.init_state(static_cast<uint32_t>(unit), master);
+    // The last sub-groups are written while the engine draws the next unit's weights.
+    swapper_.init_state_async(static_cast<uint32_t>(unit), master);
   }
+  void flush() override { swapper_.flush(); }
 
   void step(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
             DType out_dtype) override {

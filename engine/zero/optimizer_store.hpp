@@ -30,8 +30,11 @@ namespace outcore::zero::detail {
 class OptimizerStore {
  public:
   virtual ~OptimizerStore() = default;
-  // master: own_len elements; moments start at zero.
+  // master: own_len elements; moments start at zero. Reads `master` before it returns, but the
+  // state may still be being written (NVMe): flush() waits for it.
   virtual void init(int unit, std::span<const float> master) = 0;
+  // Waits until every init has reached its tier; rethrows a failed write.
+  virtual void flush() {}
   // One Adam step over the unit's own elements with fp32 gradients `grads` (own_len).
   // `out` (nullable) receives own_len elements of `out_dtype`: rounded copies of the new
   // master weights (F32: the master weights themselves).

@@ -388,6 +388,56 @@ TEST(OptimizerSwapper, InjectedEioFailsTheStepWhichIsNotCounted) {
   }
 }
 
+// init_state_async returns with its last writes (buffer_count sub-groups) in flight, their
+// ring still leased; the next call on any unit finishes them first, and the state read back
+// and stepped is the one given. A failed write among them surfaces at flush() naming the file,
+// and the unit stays uninitialised until it is initialised again.
+TEST(OptimizerSwapper, InitStateAsyncLeavesTheLastWritesInFlightUntilTheNextCall) {
+  const OptimizerSwapperOptions oo{
+      .sub_group_size = kSg, .buffer_count = 3, .pipeline_read = true, .pipeline_write = true};
+  {
+    Rig rig({{0, kNumel}, {1, kNumel}}, oo);
+    const auto init0 = random_floats(kNumel, 1), init1 = random_floats(kNumel, 2);
+    rig.opt->init_state_async(0, init0);
+    EXPECT_GT(rig.pool->in_use_bytes(), 0u);  // the ring of the writes still in flight
+    rig.opt->init_state_async(1, init1);
+    std::vector<float> got(kNumel);
+    rig.opt->read_master(0, got);
+    EXPECT_EQ(got, init0);
+    rig.opt->read_master(1, got);
+    EXPECT_EQ(got, init1);
+    EXPECT_EQ(rig.pool->in_use_bytes(), 0u);
+    EXPECT_EQ(rig.opt->steps_done(1), 0u);
+    Reference ref(init1);
+    const auto g = random_floats(kNumel, 3);
+    std::vector<uint16_t> out(kNumel);
+    rig.opt->step(1, g, hyper(1), {out.data(), DType::BF16});
+    EXPECT_EQ(out, ref.step(g, hyper(1), DType::BF16));
+  }
+  {
+    Rig rig({{0, kNumel}}, oo);
+    const auto init = random_floats(kNumel, 1);
+    // The last of the 10 writes: left in flight by init_state_async, never waited inside it.
+    rig.faults->add_fault({.kind = aio::Fault::Kind::kEio, .nth = kNumel / kSg, .direction = 1});
+    rig.opt->init_state_async(0, init);
+    try {
+      rig.opt->flush();
+      FAIL() << "expected IoError";
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.error_number(), EIO);
+      EXPECT_NE(std::string(e.what()).find("optimizer/0.bin"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(rig.faults->faults_fired(), 1u);
+    EXPECT_EQ(rig.pool->in_use_bytes(), 0u);
+    std::vector<float> got(kNumel);
+    EXPECT_THROW(rig.opt->read_master(0, got), InvalidArgument);  // never initialised
+    rig.opt->flush();                                             // nothing left
+    rig.opt->init_state(0, init);
+    rig.opt->read_master(0, got);
+    EXPECT_EQ(got, init);
+  }
+}
+
 TEST(OptimizerSwapper, CorruptBlockFailsTheStep) {
   Rig rig(
       {{0, kNumel}},
