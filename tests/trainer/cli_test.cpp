@@ -592,6 +592,65 @@ TEST_F(TrainCliTest, EstimatePrintsTheStepBoundsAndTheShapeThatHidesTheTransfers
   EXPECT_EQ(r.rc, 2) << r.out;
 }
 
+// estimate --gpu-memory-gb plans for a GPU this machine does not have (one to rent): the plan
+// with the CUDA backend's workspaces, refused when the GPU is too small, and the step bounds
+// from the rates given (none without them); it cannot go with --device cpu.
+TEST_F(TrainCliTest, EstimatePlansForAGpuThatIsNotHere) {
+  config_ = write_config("nvme.json", testing::nvme_patch(data_.file("swap")));
+  const std::string est = "estimate --config " + shell_quote(config_) + " --model " +
+                          shell_quote(model_) + " --seq-len 32";
+  CliResult r = run(est + " --gpu-memory-gb 80");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("a GPU (--gpu-memory-gb 80): 80.00 GiB free"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("compute backend"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("give --gemm-tflops and --pcie-gbps"), std::string::npos) << r.out;
+  r = run(est +
+          " --gpu-memory-gb 80 --gemm-tflops 900 --pcie-gbps 50 --drive-read-gbps 6 "
+          "--drive-write-gbps 4");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("PCIe"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(--gemm-tflops)"), std::string::npos) << r.out;
+  r = run(est + " --gpu-memory-gb 0.001");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.err.find("does not fit: device"), std::string::npos) << r.err;
+  r = run(est + " --gpu-memory-gb 80 --device cpu");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.err.find("--gpu-memory-gb"), std::string::npos) << r.err;
+  r = run(est + " --gpu-memory-gb -1");
+  EXPECT_EQ(r.rc, 2) << r.out;
+}
+
+// The README's fine-tuning path for a model larger than the GPU: Llama 3.1 8B at 4096 tokens
+// with configs/zero3_nvme_infinity.json as shipped fits an 80 GB GPU's device tier (here
+// planned without one; host memory and the swap drive are this machine's and may not fit).
+TEST_F(TrainCliTest, TheReadmesLlama8BPathFitsAn80GbGpu) {
+  const std::string llama = data_.file("llama-3.1-8b.json");
+  std::ofstream(llama) << nlohmann::json{
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"hidden_size", 4096},
+      {"intermediate_size", 14336},
+      {"num_hidden_layers", 32},
+      {"num_attention_heads", 32},
+      {"num_key_value_heads", 8},
+      {"vocab_size", 128256},
+      {"max_position_embeddings", 131072},
+      {"rms_norm_eps", 1e-5},
+      {"rope_theta", 500000.0},
+      {"tie_word_embeddings",
+       false}}.dump();
+  const CliResult r =
+      run("estimate --config " +
+          shell_quote(std::string(OUTCORE_SOURCE_DIR) + "/configs/zero3_nvme_infinity.json") +
+          " --model " + shell_quote(llama) + " --seq-len 4096 --gpu-memory-gb 80");
+  EXPECT_EQ(r.err.find("does not fit: device"), std::string::npos) << r.err;
+  const size_t total = r.out.find("device  = total");
+  ASSERT_NE(total, std::string::npos) << r.out << r.err;
+  const std::string line = r.out.substr(total, r.out.find('\n', total) - total);
+  EXPECT_NE(line.find(": fits"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("compute backend"), std::string::npos) << r.out;
+}
+
 // outcore.log_level decides what is logged: debug shows the checkpoint writer's timings.
 TEST_F(TrainCliTest, LogLevelFromTheConfigSetsWhatIsLogged) {
   const std::string ck = data_.file("ckpt");

@@ -1,8 +1,10 @@
 // `outcore estimate --config ds.json --model config.json [--micro-batch B] [--seq-len T]
-// [--world-size W] [--activation-checkpointing] [--device auto|cpu|cuda]`: the placement plan
-// of this config and model (bytes each tier holds at its peak, bytes moved per optimizer step)
-// against what this machine offers, computed as `outcore train` computes it; on a GPU, its
-// free memory (cudaMemGetInfo) caps the device budget as it does in training. Exit 0 when it fits,
+// [--world-size W] [--activation-checkpointing] [--device auto|cpu|cuda] [--gpu-memory-gb G]`:
+// the placement plan of this config and model (bytes each tier holds at its peak, bytes moved
+// per optimizer step) against what this machine offers, computed as `outcore train` computes
+// it; on a GPU, its free memory (cudaMemGetInfo) caps the device budget as it does in training
+// (--gpu-memory-gb: a GPU of G GiB free that need not be here, e.g. one to rent, with the CUDA
+// backend's workspaces as on a real one). Exit 0 when it fits,
 // 2 when it does not (the reason on stderr, as `outcore train` refuses it) or on bad input.
 // Then what bounds a step (engine/zero/step_bounds.hpp): its compute at the GEMM rate measured
 // here on the device (or --gemm-tflops), its host<->device copies at the PCIe rate measured on a
@@ -35,6 +37,7 @@ namespace {
 struct EstimateArgs {
   std::string config_file, model_file, micro_batch, seq_len, world_size;
   double gemm_tflops = 0, pcie_gbps = 0, drive_read_gbps = 0, drive_write_gbps = 0;
+  double gpu_memory_gb = 0;  // > 0: plan for a GPU with this much free memory, here or not
   std::string device = "auto";
   bool activation_checkpointing = false;
 };
@@ -182,15 +185,28 @@ int run_estimate(const EstimateArgs& a) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   }
-  const std::optional<DeviceChoice> dev = choose_device(a.device);
+  // --gpu-memory-gb: a GPU that need not be here (one to rent): its memory from the flag, its
+  // rates from --gemm-tflops and --pcie-gbps.
+  const bool absent_gpu = a.gpu_memory_gb > 0;
+  if (absent_gpu && a.device != "auto" && a.device != "cuda") {
+    std::fprintf(stderr, "error: --gpu-memory-gb plans for a GPU; it cannot go with --device %s\n",
+                 a.device.c_str());
+    return 2;
+  }
+  const std::optional<DeviceChoice> dev =
+      absent_gpu ? std::optional<DeviceChoice>(DeviceChoice{
+                       .kind = device::DeviceKind::Cuda,
+                       .description = fmt::format("a GPU (--gpu-memory-gb {:g})", a.gpu_memory_gb)})
+                 : choose_device(a.device);
   if (!dev) return 2;
   zero::PlanOptions po{.world_size = static_cast<int>(o.world_size)};
   std::unique_ptr<device::Device> gpu;  // the GPU planned for (its free memory, then its rates)
   if (dev->kind == device::DeviceKind::Cuda) {
     try {
       const uint64_t budget = cfg.outcore.device_memory_mb << 20;
-      gpu = device::make_cuda_device({.ordinal = dev->gpu});
-      const uint64_t free = gpu->free_memory_bytes();
+      if (!absent_gpu) gpu = device::make_cuda_device({.ordinal = dev->gpu});
+      const uint64_t free = absent_gpu ? static_cast<uint64_t>(a.gpu_memory_gb * (1ull << 30))
+                                       : gpu->free_memory_bytes();
       po.device_limit_bytes = budget > 0 ? std::min(budget, free) : free;
       po.device_reserve_bytes = zero::device_reserve_bytes(budget, free);
       po.device_host_accessible = false;
@@ -224,6 +240,11 @@ int run_estimate(const EstimateArgs& a) {
                         .drive_read_bytes = a.drive_read_gbps * 1e9,
                         .drive_write_bytes = a.drive_write_gbps * 1e9};
   std::string gemm_source = "--gemm-tflops", pcie_source = "--pcie-gbps";
+  if (absent_gpu && (rates.gemm_flops <= 0 || rates.pcie_bytes <= 0)) {
+    std::printf(
+        "\nstep bounds: give --gemm-tflops and --pcie-gbps (the GPU is not measured here)\n");
+    return 0;
+  }
   try {
     const DType compute = model->options().compute_dtype;
     if (gpu != nullptr) {
@@ -301,6 +322,10 @@ void add_estimate_command(CLI::App& app, int& rc) {
   cmd->add_option("--device", o->device,
                   "plan for: auto (a GPU when there is one, else the simulated device), cpu, "
                   "cuda (the GPU's free memory caps the device budget)");
+  cmd->add_option("--gpu-memory-gb", o->gpu_memory_gb,
+                  "plan for a GPU with this many GiB free that this machine need not have (one "
+                  "to rent); the step bounds then need --gemm-tflops and --pcie-gbps")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--gemm-tflops", o->gemm_tflops,
                   "the device's GEMM rate in the compute dtype (default: measured here)")
       ->check(CLI::PositiveNumber);
