@@ -29,7 +29,8 @@ void make_swap_dir(const std::string& path, const char* key) {
 // already holds there as free (the plan counts them, PlanOptions::compute_workspace_bytes): the
 // budget left, capped by what the hardware still has free (a GPU); 0 = unlimited. `reserve`:
 // what the gradient sums leave free there (device_reserve_bytes).
-uint64_t device_limit(device::Device& device, uint64_t held, uint64_t* reserve = nullptr) {
+uint64_t device_limit(device::Device& device, uint64_t held, uint64_t* reserve = nullptr,
+                      bool* by_hardware = nullptr) {
   const device::MemoryStats ms = device.memory_stats();
   const uint64_t in_use = ms.in_use_bytes - std::min(held, ms.in_use_bytes);
   uint64_t limit = 0;
@@ -37,6 +38,7 @@ uint64_t device_limit(device::Device& device, uint64_t held, uint64_t* reserve =
   uint64_t free = device.free_memory_bytes();
   if (free > 0) free += held;
   if (reserve != nullptr) *reserve = device_reserve_bytes(limit, free);
+  if (by_hardware != nullptr) *by_hardware = free > 0 && (limit == 0 || free < limit);
   if (free > 0) limit = limit == 0 ? free : std::min(limit, free);
   return limit;
 }
@@ -114,7 +116,9 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   if (!device.host_accessible()) check_discrete_device(g, device);
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
   limits_at_start = limits;
-  limits.device = device_limit(device, backend_held(device, model));
+  bool by_gpu = false;
+  limits.device = device_limit(device, backend_held(device, model), nullptr, &by_gpu);
+  if (by_gpu) limits.device_by = "the free memory of " + device.name();
   check_fits(plan, limits);
   const Placement& p = g.placement;
   const config::ZeroConfig& z = cfg.zero_optimization;

@@ -136,6 +136,9 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
 // What the machine offers each tier; 0 (or unset) = no limit.
 struct PlanLimits {
   uint64_t device = 0;  // outcore.device_memory_mb * 2^20 (0 = unlimited)
+  // What sets `device`, as refusals and the table name it: the config key, or a GPU's free
+  // memory where that is the smaller.
+  std::string device_by = "outcore.device_memory_mb";
   uint64_t pinned = 0;  // outcore.pinned_memory_mb * 2^20 (0 = sized by the plan)
   uint64_t host = 0;    // MemAvailable from /proc/meminfo
   // statvfs free bytes (f_bavail * f_frsize) of the parameter / optimizer swap directories

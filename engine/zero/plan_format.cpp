@@ -118,7 +118,7 @@ void check_fits(const Plan& plan, const PlanLimits& limits) {
   }
 
   if (limits.device > 0 && plan.peak.device > limits.device)
-    refuse("device", plan.peak.device, "the plan", limits.device, "outcore.device_memory_mb");
+    refuse("device", plan.peak.device, "the plan", limits.device, limits.device_by);
   if (limits.pinned > 0 && plan.peak.pinned > limits.pinned)
     refuse("pinned", plan.peak.pinned, "the pinned host pool", limits.pinned,
            "outcore.pinned_memory_mb", keyed_cause(plan, {Tier::kPinned}, false));
@@ -172,7 +172,7 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
     if (limits != nullptr) {
       switch (tier) {
         case Tier::kDevice:
-          limit = limits->device, by = "outcore.device_memory_mb";
+          limit = limits->device, by = limits->device_by;
           break;
         case Tier::kPinned:
           limit = limits->pinned, by = "outcore.pinned_memory_mb";

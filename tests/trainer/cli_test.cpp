@@ -603,6 +603,7 @@ TEST_F(TrainCliTest, EstimatePlansForAGpuThatIsNotHere) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("a GPU (--gpu-memory-gb 80): 80.00 GiB free"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("compute backend"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("limit 80.00 GiB (--gpu-memory-gb): fits"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("give --gemm-tflops and --pcie-gbps"), std::string::npos) << r.out;
   r = run(est +
           " --gpu-memory-gb 80 --gemm-tflops 900 --pcie-gbps 50 --drive-read-gbps 6 "
@@ -613,6 +614,7 @@ TEST_F(TrainCliTest, EstimatePlansForAGpuThatIsNotHere) {
   r = run(est + " --gpu-memory-gb 0.001");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.err.find("does not fit: device"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("but --gpu-memory-gb allows"), std::string::npos) << r.err;
   r = run(est + " --gpu-memory-gb 80 --device cpu");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.err.find("--gpu-memory-gb"), std::string::npos) << r.err;

@@ -227,6 +227,10 @@ int run_estimate(const EstimateArgs& a) {
   const zero::Plan plan = zero::make_plan(cfg, *model, po);
   zero::PlanLimits limits = zero::system_limits(cfg, plan);
   if (po.device_limit_bytes > 0) limits.device = po.device_limit_bytes;
+  if (dev->kind == device::DeviceKind::Cuda &&
+      (cfg.outcore.device_memory_mb == 0 || po.device_limit_bytes < cfg.outcore.device_memory_mb
+                                                                        << 20))
+    limits.device_by = absent_gpu ? "--gpu-memory-gb" : "the GPU's free memory";
   std::fputs(zero::format_plan(plan, &limits).c_str(), stdout);
   try {
     zero::check_fits(plan, limits);
