@@ -355,9 +355,18 @@ struct OptimizerSwapper::Impl {
     if (leave_in_flight) {
       InFlight writes;
       run(*layout, /*read=*/false, /*write=*/true, fill, s, &wrote, 0, 0, &writes);
-      std::lock_guard tl(tail_mu);
-      tail = Tail{.unit = unit, .writes = std::move(writes), .layout = std::move(layout)};
-      return;
+      for (;;) {  // one tail at a time: another thread's, left since this pass began, first
+        try {
+          finish_tail();
+        } catch (...) {
+          drain(writes.tickets);  // this pass's own writes, before their ring goes back
+          throw;
+        }
+        std::lock_guard tl(tail_mu);
+        if (tail) continue;
+        tail = Tail{.unit = unit, .writes = std::move(writes), .layout = std::move(layout)};
+        return;
+      }
     }
     run(*layout, /*read=*/false, /*write=*/true, fill, s, &wrote);
     std::lock_guard lock(mu);

@@ -415,7 +415,8 @@ class OptimizerSwapper {
   // the caller makes the next unit's weights. The unit is initialised when they have finished.
   // The next call on this swapper that works on a unit (any unit), flush() and the destructor
   // wait for them first; a failed write surfaces there (as IoError naming the file; the unit
-  // stays uninitialised), the destructor logs it.
+  // stays uninitialised), the destructor logs it. One call's writes are left in flight at a
+  // time: concurrent calls (on different units) finish each other's before leaving their own.
   void init_state_async(uint32_t unit, std::span<const float> master);
   // Waits for the writes an init_state_async left in flight; rethrows their first error.
   void flush();

@@ -414,6 +414,20 @@ TEST(OptimizerSwapper, InitStateAsyncLeavesTheLastWritesInFlightUntilTheNextCall
     rig.opt->step(1, g, hyper(1), {out.data(), DType::BF16});
     EXPECT_EQ(out, ref.step(g, hyper(1), DType::BF16));
   }
+  {  // two threads at once, on two units: neither's writes are lost
+    Rig rig({{0, kNumel}, {1, kNumel}}, oo);
+    const auto init0 = random_floats(kNumel, 4), init1 = random_floats(kNumel, 5);
+    std::thread other([&] { rig.opt->init_state_async(1, init1); });
+    rig.opt->init_state_async(0, init0);
+    other.join();
+    rig.opt->flush();
+    EXPECT_EQ(rig.pool->in_use_bytes(), 0u);
+    std::vector<float> got(kNumel);
+    rig.opt->read_master(0, got);
+    EXPECT_EQ(got, init0);
+    rig.opt->read_master(1, got);
+    EXPECT_EQ(got, init1);
+  }
   {
     Rig rig({{0, kNumel}}, oo);
     const auto init = random_floats(kNumel, 1);
