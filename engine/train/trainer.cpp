@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <memory>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -156,6 +158,21 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   }
   zero::EngineOptions eo = opts_.engine;
   if (eo.stop_requested == nullptr) eo.stop_requested = opts_.stop_requested;
+  if (opts_.progress_out != nullptr && !eo.on_init_unit) {
+    // Minutes for a large model: shown once it takes a while, a line at most every second.
+    std::FILE* out = opts_.progress_out;
+    const double after = opts_.init_progress_after_s;
+    const Clock::time_point start = Clock::now();
+    auto shown = std::make_shared<double>(-1.0);
+    eo.on_init_unit = [out, after, start, shown](size_t done, size_t units) {
+      const double s = seconds_since(start);
+      if (s < after || (done < units && *shown >= 0 && s - *shown < 1.0)) return;
+      *shown = s;
+      std::fprintf(out, "initialising the training state: %zu of %zu units, %.0f s\n", done, units,
+                   s);
+      std::fflush(out);
+    };
+  }
   engine_ = std::make_unique<zero::ZeroEngine>(cfg_, *model_, devices_->device, *devices_->comm,
                                                opts_.seed, eo);
   if (ck) {

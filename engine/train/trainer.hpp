@@ -102,6 +102,10 @@ struct TrainerOptions {
   // sets it (skipped steps and validations are always printed).
   std::FILE* progress_out = stderr;
   ProgressDisplay::Mode progress_mode = ProgressDisplay::Mode::kAuto;
+  // Once the engine's initialisation (drawing every unit's weights and writing its state) has
+  // run this many seconds, progress_out gets a line per unit, at most one a second, and the
+  // last one.
+  double init_progress_after_s = 2.0;
 
   // Set (by a SIGINT handler, another thread, a callback) to stop after the step in
   // progress. Not owned; may be null.

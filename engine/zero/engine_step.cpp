@@ -81,6 +81,7 @@ void ZeroEngine::Impl::initialise(uint64_t seed) {
     publisher->publish(unit, u % publisher->slot_count(), [&](std::byte* out) {
       detail::to_param_dtype(master, out, dt, ug.own_len);
     });
+    if (options.on_init_unit) options.on_init_unit(u + 1, g.units.size());
   }
   publisher->wait_all();
   optimizer->flush();

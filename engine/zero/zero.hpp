@@ -168,6 +168,10 @@ struct EngineOptions {
   // when set, the constructor stops with outcore::Interrupted (and removes its swap files).
   // Not owned; may be null.
   const std::atomic<bool>* stop_requested = nullptr;
+  // Called on the constructing thread after each unit's initial state has been drawn and handed
+  // to its tier (units done, units in all), for a display of the minutes a large model's
+  // initialisation takes. Empty: nothing is called.
+  std::function<void(size_t done, size_t units)> on_init_unit{};
 };
 
 class ZeroEngine {

@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "aio/aio.hpp"
@@ -92,6 +94,38 @@ TEST(TrainerTest, LossFallsOnTheDemoData) {
   EXPECT_LT(*r.final_val_loss, val_before - 1.0);
   EXPECT_EQ(r.tokens, 30u * 8 * 32);
   EXPECT_GT(r.gflops_per_s, 0);
+}
+
+// The engine's initialisation shows its progress once it has run init_progress_after_s: the
+// first unit, then at most a line a second, and the last unit.
+TEST(TrainerTest, InitialisationShowsItsProgress) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  TrainerOptions o = quiet_options(data, 1);
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  o.progress_out = out;
+  o.init_progress_after_s = 0;
+  const Trainer t(make_config({}, mc), mc, o);
+  std::rewind(out);
+  std::string text;
+  for (int c = std::fgetc(out); c != EOF; c = std::fgetc(out)) text += static_cast<char>(c);
+  std::fclose(out);
+  const size_t units = static_cast<size_t>(t.model().num_units());
+  EXPECT_NE(text.find("initialising the training state: 1 of " + std::to_string(units) + " units"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("initialising the training state: " + std::to_string(units) + " of " +
+                      std::to_string(units) + " units"),
+            std::string::npos)
+      << text;
+  // Below the threshold nothing is shown.
+  std::FILE* quiet = std::tmpfile();
+  o.progress_out = quiet;
+  o.init_progress_after_s = 3600;
+  { const Trainer again(make_config({}, mc), mc, o); }
+  EXPECT_EQ(std::ftell(quiet), 0L);
+  std::fclose(quiet);
 }
 
 // fp16 with a loss scale far beyond fp32's range: the gradients overflow, the step is
