@@ -35,8 +35,11 @@
 //                    [--lr 2e-3] [--ref-gib 4] [--compute-reps 3] [--skip-bounds]
 //                    [--device cpu|discrete|cuda] [--grads nvme|host] [--param-in-cpu 0]
 //                    [--compute bf16|fp32] [--peak-tflops T] [--bf16-moments] [--trace FILE]
-//                    [--clip 1.0] [--step-in-backward]
+//                    [--clip 1.0] [--step-in-backward] [--keep-params]
 //
+// --keep-params keeps the gathered parameters on the device between uses and through the
+// micro-batches of a step, as far as the budget holds them (stage3_max_live_parameters and
+// stage3_max_reuse_distance 1e12; by default 0, so every use fetches again).
 // --step-in-backward sets outcore.step_in_backward: each unit's optimizer step starts during
 // the backward when the multiplier without clipping is expected to hold (--clip 0, or the last
 // step's norm below it); a step prints whether its tentative updates stood or were redone.
@@ -186,7 +189,7 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
 
 config::Config make_config(int64_t micro, int64_t gas, int64_t sub_group, const std::string& nvme,
                            int64_t device_mb, bool bf16_moments, double clip, bool step_in_backward,
-                           int64_t param_in_cpu, const std::string& compute) {
+                           int64_t param_in_cpu, const std::string& compute, bool keep_params) {
   config::Config cfg =
       config::parse_config(
           fmt::format(
@@ -198,7 +201,8 @@ config::Config make_config(int64_t micro, int64_t gas, int64_t sub_group, const 
                              "max_in_cpu": {8}}},
           "offload_optimizer": {{"device": "nvme", "nvme_path": "{2}", "buffer_count": 3,
                                  "pipeline_read": true, "pipeline_write": true}},
-          "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}},
+          "stage3_max_reuse_distance": {10}, "stage3_max_live_parameters": {10},
+          "stage3_param_persistence_threshold": 0}},
         "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}},
         "outcore": {{"device_memory_mb": {3}, "step_in_backward": {6},
                     "compute_dtype": "{9}"}}}})",
@@ -206,7 +210,8 @@ config::Config make_config(int64_t micro, int64_t gas, int64_t sub_group, const 
               bf16_moments
                   ? R"( "optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": false}},)"
                   : "",
-              clip, step_in_backward, gas, param_in_cpu, compute),
+              clip, step_in_backward, gas, param_in_cpu, compute,
+              keep_params ? "1000000000000" : "0"),
           "zero_large_bench")
           .config;
   config::resolve_auto(cfg, {});
@@ -231,6 +236,7 @@ int main(int argc, char** argv) {
   bool bf16_moments = false;
   double clip = 1.0;
   bool step_in_backward = false;
+  bool keep_params = false;
   std::string trace_file;
   std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_large_swap";
   CLI::App app("ZeRO-3 with everything on NVMe for a model larger than RAM");
@@ -270,6 +276,10 @@ int main(int argc, char** argv) {
   app.add_option("--clip", clip, "gradient_clipping (0: off)");
   app.add_flag("--step-in-backward", step_in_backward,
                "outcore.step_in_backward: start the optimizer step during the backward");
+  app.add_flag("--keep-params", keep_params,
+               "keep gathered parameters on the device through the step's micro-batches, as far "
+               "as the budget holds them (stage3_max_live_parameters and "
+               "stage3_max_reuse_distance 1e12)");
   app.add_option("--peak-tflops", peak_tflops,
                  "the device's peak TFLOP/s for the GEMMs' dtype (the config's compute dtype, "
                  "bf16): prints MFU");
@@ -298,8 +308,9 @@ int main(int argc, char** argv) {
       compute_dev = std::make_unique<device::CpuDevice>();
     }
     std::printf("device: %s\n", dev->name().c_str());
-    const config::Config cfg = make_config(micro, gas, sub_group, nvme, device_mb, bf16_moments,
-                                           clip, step_in_backward, param_in_cpu, compute);
+    const config::Config cfg =
+        make_config(micro, gas, sub_group, nvme, device_mb, bf16_moments, clip, step_in_backward,
+                    param_in_cpu, compute, keep_params);
     model::ModelOptions mo{.micro_batch = micro,
                            .seq_len = seq,
                            .param_dtype = DType::BF16,

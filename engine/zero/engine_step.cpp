@@ -62,6 +62,7 @@ void ZeroEngine::Impl::initialise(uint64_t seed) {
   const model::ModelLayout& layout = model.layout();
   const DType dt = g.placement.param_dtype;
   float* master = scratch.as<float>().data();
+  if (coordinator) coordinator->drop_all();  // slabs kept from earlier passes hold the old values
   for (size_t u = 0; u < g.units.size(); ++u) {
     if (options.stop_requested != nullptr && options.stop_requested->load())
       throw Interrupted(

@@ -77,11 +77,18 @@ size_t ResidencyPolicy::next_use(size_t i, int unit) const {
   return it == u.end() ? sched_->size() : *it;
 }
 
-bool ResidencyPolicy::keep_for_reuse(size_t i, int unit) const {
+uint64_t ResidencyPolicy::reuse_distance(size_t i, int unit) const {
   const size_t j = next_use(i, unit);
-  if (j == sched_->size()) return false;
   // Steps i+1 .. j-1 do not need `unit` (j is its next use): all their numel is others'.
-  return numel_before_[j] - numel_before_[i + 1] < options_.max_reuse_distance;
+  if (j < sched_->size()) return numel_before_[j] - numel_before_[i + 1];
+  // No later use in this pass: the rest of it, then the next pass up to its first use.
+  const std::vector<size_t>& u = uses_[unit];
+  if (u.empty()) return UINT64_MAX;
+  return numel_before_[sched_->size()] - numel_before_[i + 1] + numel_before_[u.front()];
+}
+
+bool ResidencyPolicy::keep_for_reuse(size_t i, int unit) const {
+  return reuse_distance(i, unit) < options_.max_reuse_distance;
 }
 
 void ResidencyPolicy::set_kept(int unit, bool kept, size_t i) {
@@ -160,6 +167,16 @@ bool ResidencyPolicy::evict_one(size_t i) {
   return true;
 }
 
+bool ResidencyPolicy::make_room(uint64_t numel, uint64_t bytes, size_t j) {
+  while (live_numel_ + numel > options_.max_live_numel ||
+         live_bytes_ + bytes > options_.budget_bytes) {
+    // Only a kept unit whose next use comes after step j makes room for step j's unit.
+    if (kept_.empty() || kept_.rbegin()->first <= j) return false;
+    free_slab(-kept_.rbegin()->second);
+  }
+  return true;
+}
+
 void ResidencyPolicy::prefetch(size_t i) {
   if (options_.prefetch_bucket_numel == 0) return;
   // DeepSpeed's rule: the elements fetched ahead of step i (its own units do not count) may
@@ -179,8 +196,7 @@ void ResidencyPolicy::prefetch(size_t i) {
       if (slots_[u].state != State::kAbsent) continue;
       const uint64_t n = g_.units[u].padded;
       if (in_flight >= options_.prefetch_bucket_numel) return;
-      if (live_numel_ + n > options_.max_live_numel) return;
-      if (live_bytes_ + slab_bytes(u) > options_.budget_bytes) return;
+      if (!make_room(n, slab_bytes(u), j)) return;
       if (staged(u) && free_fetch_buffers_.empty()) return;
       fetch(u);
       in_flight += n;
@@ -213,10 +229,29 @@ void ResidencyPolicy::release(size_t i) {
 }
 
 void ResidencyPolicy::end() {
+  // The parameters do not change between the passes of one optimizer step (the step drops
+  // every slab first): a unit whose first use in the next pass, taken to follow the same
+  // schedule, comes within max_reuse_distance elements stays gathered, as within a pass,
+  // nearest first while the live cap and the budget allow; it stays evictable.
+  std::vector<std::pair<uint64_t, int>> keep;
   for (size_t u = 0; u < slots_.size(); ++u) {
-    wait_ready(static_cast<int>(u));
-    if (!options_.persistent[u]) free_slab(static_cast<int>(u));
+    const int unit = static_cast<int>(u);
+    wait_ready(unit);
+    if (options_.persistent[u] || slots_[u].state == State::kAbsent) continue;
+    const std::vector<size_t>& uses = uses_[u];
+    const uint64_t d = uses.empty() ? UINT64_MAX : reuse_distance(uses.back(), unit);
+    if (d < options_.max_reuse_distance)
+      keep.emplace_back(d, unit);
+    else
+      free_slab(unit);
   }
+  std::sort(keep.begin(), keep.end());
+  while (!keep.empty() &&
+         (live_numel_ > options_.max_live_numel || live_bytes_ > options_.budget_bytes)) {
+    free_slab(keep.back().second);
+    keep.pop_back();
+  }
+  for (const auto& [d, unit] : keep) set_kept(unit, true, 0);
   sched_ = nullptr;
 }
 

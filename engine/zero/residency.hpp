@@ -60,7 +60,11 @@ class ResidencyPolicy {
   void acquire(size_t i);
   // After step i: releases its units unless persistent or kept for reuse.
   void release(size_t i);
-  // Ends the pass: waits for stray prefetches and releases every non-persistent slab.
+  // Ends the pass: waits for stray prefetches, keeps for the next pass the units whose first
+  // use there comes within max_reuse_distance elements (the next pass taken to run the same
+  // schedule; nearest first, within the live cap and the budget) and releases the other
+  // non-persistent slabs. The parameters must not change before the next begin() unless
+  // drop_all() runs (the optimizer step drops every slab).
   void end();
   // Releases everything (the partitions changed).
   void drop_all();
@@ -89,6 +93,13 @@ class ResidencyPolicy {
   // After step i, whether `unit` stays gathered: its next use comes before max_reuse_distance
   // elements of other units are needed (DeepSpeed's stage3_max_reuse_distance).
   bool keep_for_reuse(size_t i, int unit) const;
+  // The elements of other units needed after step i before `unit`'s next use: in this pass, or
+  // else in the next one, taken to run the same schedule (UINT64_MAX when this pass does not
+  // use the unit).
+  uint64_t reuse_distance(size_t i, int unit) const;
+  // Evicts kept units needed after step j (farthest first) until `numel` more elements and
+  // `bytes` more bytes fit the live cap and the budget; false when they cannot.
+  bool make_room(uint64_t numel, uint64_t bytes, size_t j);
   // Bookkeeping that keeps every decision O(log units) instead of a scan of all units or all
   // steps, so a pass is linear in the number of layers (up to a log).
   void set_kept(int unit, bool kept, size_t i);

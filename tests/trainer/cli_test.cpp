@@ -555,6 +555,42 @@ TEST_F(TrainCliTest, EstimateAndTrainAgreeOnWhatFits) {
   EXPECT_EQ(t.rc, 0) << t.err;
 }
 
+// Stage 3 with a live cap and reuse distance that let every slab go after its use: estimate
+// says what keeping the gathered parameters through the step's micro-batches gives; a config
+// that keeps them already gets no such line.
+TEST_F(TrainCliTest, EstimateSaysWhatKeepingTheGatheredParametersGives) {
+  nlohmann::json patch = testing::nvme_patch(data_.file("swap"));
+  patch["gradient_accumulation_steps"] = 4;
+  patch["zero_optimization"]["stage3_param_persistence_threshold"] = 0;  // no unit stays anyway
+  patch["zero_optimization"]["stage3_max_live_parameters"] = 0;
+  patch["zero_optimization"]["stage3_max_reuse_distance"] = 0;
+  config_ = write_config("streamed.json", patch);
+  const std::string est = "estimate --config " + shell_quote(config_) + " --model " +
+                          shell_quote(model_) +
+                          " --seq-len 32 --device cpu --gemm-tflops 1000 --drive-read-gbps 0.1 "
+                          "--drive-write-gbps 0.1";
+  CliResult r = run(est);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const size_t at = r.out.find("with stage3_max_live_parameters ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  double drive_kept = 0, drive_now = 0;
+  const size_t d = line.find("drive ");
+  ASSERT_NE(d, std::string::npos) << line;
+  ASSERT_EQ(std::sscanf(line.c_str() + d, "drive %lf s instead of %lf s", &drive_kept, &drive_now),
+            2)
+      << line;
+  EXPECT_LT(drive_kept, drive_now) << line;
+  patch["zero_optimization"]["stage3_max_live_parameters"] = 1e12;
+  patch["zero_optimization"]["stage3_max_reuse_distance"] = 1e12;
+  config_ = write_config("kept.json", patch);
+  r = run("estimate --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+          " --seq-len 32 --device cpu --gemm-tflops 1000 --drive-read-gbps 0.1 "
+          "--drive-write-gbps 0.1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.find("with stage3_max_live_parameters"), std::string::npos) << r.out;
+}
+
 // estimate's step bounds: with the rates given, the drive bounds a step of an NVMe config and
 // the shape printed to hide it has more tokens per step and compute that covers the drive; a
 // slow GEMM rate makes compute the bound; without drive rates the drive is named unknown.

@@ -134,6 +134,33 @@ TEST(Plan, SmallLiveAndReuseLimitsTrafficMatchesThePlan) {
   }
 }
 
+// With room for every slab and a reuse distance longer than a pass, the gathered parameters
+// stay on the device through the micro-batches of a step: each unit crosses to the device once
+// per step (not twice per micro-batch), the plan says so, and the engine moves exactly that.
+TEST(Plan, GatheredParametersStayThroughTheMicroBatchesOfAStep) {
+  for (const bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const model::LlamaModel model(tiny_config(tied), tiny_options(DType::BF16));
+    const std::string dir = swap_dir("plan_kept").string();
+    const config::Config cfg = make_config(config_json(
+        {3, "nvme", "nvme"}, DType::BF16, dir,
+        ", \"stage3_param_persistence_threshold\": 0, \"stage3_max_live_parameters\": "
+        "1000000000, \"stage3_max_reuse_distance\": 1000000000, \"sub_group_size\": 8192"));
+    ASSERT_EQ(cfg.gradient_accumulation_steps.value(), 2);
+    const int steps = 2;
+    const Measured m = measure(cfg, model, steps);
+    const Plan& p = m.plan;
+    uint64_t once = 0;
+    for (const auto& u : model.layout().units) once += u.padded_numel * sizeof(uint16_t);
+    EXPECT_EQ(p.per_step.h2d, once) << format_plan(p);
+    EXPECT_EQ(m.after_steps.h2d_bytes - m.after_init.h2d_bytes, steps * p.per_step.h2d)
+        << format_plan(p);
+    EXPECT_EQ(m.after_steps.nvme_read_bytes - m.after_init.nvme_read_bytes,
+              steps * p.per_step.nvme_read)
+        << format_plan(p);
+  }
+}
+
 TEST(Plan, NvmeGradientsMatchThePlan) {
   const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
   const std::string dir = swap_dir("plan_nvme_grads").string();

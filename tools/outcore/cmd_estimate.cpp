@@ -156,6 +156,42 @@ void print_params_in_host_memory(const config::Config& cfg, const model::LlamaMo
       times->bound().c_str());
 }
 
+// Stage 3 gathers a unit's parameters again whenever stage3_max_live_parameters or
+// stage3_max_reuse_distance let its slab go between two uses, in every micro-batch. Where a
+// transfer bounds the step, says what both raised would give (the live cap to the model's
+// elements, the reuse distance to twice that, longer than any pass): every
+// gathered slab the device memory holds (the plan gives them what is left before the gradient
+// sums) stays there through the step's micro-batches, each crossing once per step.
+void print_params_kept_on_device(const config::Config& cfg, const model::LlamaModel& model,
+                                 const zero::Plan& plan, const zero::StepTimes& t,
+                                 const zero::PlanOptions& po, const zero::LinkRates& rates) {
+  const config::ZeroConfig& z = cfg.zero_optimization;
+  if (z.stage != 3 || t.bound() == "compute") return;
+  uint64_t elements = 0;
+  for (const model::UnitLayout& u : model.layout().units) elements += u.padded_numel;
+  // Every slab at once; a reuse distance longer than a pass, which needs each unit at most
+  // twice (forward and backward).
+  const auto live = static_cast<int64_t>(elements);
+  const auto reuse = static_cast<int64_t>(2 * elements);
+  if (z.stage3_max_live_parameters >= live && z.stage3_max_reuse_distance >= reuse) return;
+  config::Config kept = cfg;
+  kept.zero_optimization.stage3_max_live_parameters = std::max(z.stage3_max_live_parameters, live);
+  kept.zero_optimization.stage3_max_reuse_distance = std::max(z.stage3_max_reuse_distance, reuse);
+  const auto times = try_shape(kept, model.config(), model.options(), model.options().micro_batch,
+                               plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
+  if (!times || times->bound_s() >= t.bound_s()) return;
+  const std::string pcie = rates.pcie_bytes > 0 ? fmt::format("PCIe {:.3f} s instead of {:.3f} s, ",
+                                                              times->pcie_s, t.pcie_s)
+                                                : std::string();
+  std::printf(
+      "  with stage3_max_live_parameters %lld and stage3_max_reuse_distance %lld (the gathered "
+      "parameters kept on the device through the step's micro-batches, as far as its memory "
+      "holds them): %sdrive %.3f s instead of %.3f s, bound %.3f s (%s)\n",
+      static_cast<long long>(kept.zero_optimization.stage3_max_live_parameters),
+      static_cast<long long>(kept.zero_optimization.stage3_max_reuse_distance), pcie.c_str(),
+      times->drive_s, t.drive_s, times->bound_s(), times->bound().c_str());
+}
+
 int run_estimate(const EstimateArgs& a) {
   config::Config cfg;
   std::optional<model::LlamaModel> model;
@@ -276,6 +312,7 @@ int run_estimate(const EstimateArgs& a) {
   print_bounds(t, plan, rates, gemm_source, pcie_source);
   if (!t.drive_known) return 0;  // what hides the transfers depends on the drive
   print_params_in_host_memory(cfg, *model, plan, t, po, rates);
+  print_params_kept_on_device(cfg, *model, plan, t, po, rates);
   if (t.transfers_hidden()) {
     std::printf("  the transfers fit under compute at this micro-batch and accumulation\n");
     return 0;
