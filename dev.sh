@@ -112,6 +112,10 @@ run_gpu() {
   timeout 180 "$BUILD_DIR/bench/zero/zero_large_bench" --device cuda --device-mb 1000 --hidden 1024 \
     --intermediate 2816 --layers 8 --heads 16 --kv-heads 4 --vocab 32000 --seq 1024 --micro 1 \
     --gas 4 --grads host --steps 3 --ref-gib 2 --nvme "$out/zero_large" || rc=1
+  echo "==> the same with the gathered parameters kept on the GPU through each step's micro-batches"
+  timeout 180 "$BUILD_DIR/bench/zero/zero_large_bench" --device cuda --device-mb 1000 --hidden 1024 \
+    --intermediate 2816 --layers 8 --heads 16 --kv-heads 4 --vocab 32000 --seq 1024 --micro 1 \
+    --gas 4 --grads host --steps 3 --ref-gib 2 --keep-params --nvme "$out/zero_large" || rc=1
   return "$rc"
 }
 
