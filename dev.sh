@@ -94,6 +94,9 @@ run_gpu() {
   timeout 180 "$BUILD_DIR/bin/outcore" demo --device cuda --work-dir "$out/demo" || rc=1
   echo "==> zero_bench on the GPU (NVMe-streamed stage 3 against everything in GPU memory)"
   timeout 180 "$BUILD_DIR/bench/zero/zero_bench" --device cuda --steps 4 --nvme "$out" || rc=1
+  echo "==> the same with the gathered parameters kept on the GPU through each step"
+  timeout 180 "$BUILD_DIR/bench/zero/zero_bench" --device cuda --steps 4 --keep-params \
+    --nvme "$out" || rc=1
   echo "==> model_bench on the GPU: one Llama 3 8B layer in bf16 compute against the bf16 GEMM peak,"
   echo "    and where one step's time goes per operation"
   timeout 120 "$BUILD_DIR/bench/model/model_bench" --device cuda --compute bf16 --hidden 4096 \

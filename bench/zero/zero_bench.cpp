@@ -5,7 +5,12 @@
 //   zero_bench [--hidden 512] [--layers 8] [--vocab 8192] [--seq 256] [--micro 2] [--gas 4]
 //              [--steps 6] [--dtype bf16|fp32] [--nvme DIR] [--device-fraction 0.25]
 //              [--device cpu|cuda] [--trace FILE] [--ref-gib 1] [--clip 1.0]
-//              [--step-in-backward]
+//              [--step-in-backward] [--keep-params]
+//
+// --keep-params keeps the NVMe runs' gathered parameters on the device through each step's
+// micro-batches, as far as the budget holds them (stage3_max_live_parameters and
+// stage3_max_reuse_distance 1e12, as configs/zero3_nvme_infinity.json); by default every use
+// fetches again (reuse distance 0).
 //
 // --step-in-backward sets outcore.step_in_backward for the overlapped NVMe run: its optimizer
 // step starts during the last backward of a step when the multiplier without clipping is
@@ -152,6 +157,7 @@ int main(int argc, char** argv) {
   std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_bench_swap";
   double clip = 1.0;
   bool step_in_backward = false;
+  bool keep_params = false;
   CLI::App app("ZeRO-3 with parameters and optimizer on NVMe vs the same model in memory");
   app.add_option("--hidden", hidden, "hidden size (heads = hidden/64, kv heads = heads/2)");
   app.add_option("--layers", layers, "decoder layers");
@@ -175,6 +181,9 @@ int main(int argc, char** argv) {
   app.add_option("--clip", clip, "gradient_clipping (0: off)");
   app.add_flag("--step-in-backward", step_in_backward,
                "outcore.step_in_backward for the overlapped NVMe run");
+  app.add_flag("--keep-params", keep_params,
+               "keep the NVMe runs' gathered parameters on the device through each step "
+               "(stage3_max_live_parameters and stage3_max_reuse_distance 1e12)");
   CLI11_PARSE(app, argc, argv);
 
   model::LlamaConfig mc;
@@ -218,9 +227,10 @@ int main(int argc, char** argv) {
                   "offload_param": {{"device": "nvme", "nvme_path": "{0}", "max_in_cpu": 0}},
                   "offload_optimizer": {{"device": "nvme", "nvme_path": "{0}",
                                          "pipeline_read": true, "pipeline_write": true}},
-                  "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}},
+                  "stage3_max_reuse_distance": {1}, "stage3_max_live_parameters": {1},
+                  "stage3_param_persistence_threshold": 0}},
                   "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}}}})",
-                       dir);
+                       dir, keep_params ? "1000000000000" : "0");
   };
   Runner ooc(step_in_backward ? "nvme (stage 3), optimizer step in backward"
                               : "nvme (stage 3, params+optimizer on NVMe)",
