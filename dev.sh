@@ -5,6 +5,9 @@
 #   ./dev.sh build  install and build only
 #   ./dev.sh gpu    on a machine with a GPU: doctor, the GPU tests, the demo and benchmarks on it
 #   ./dev.sh gpu-check  the same verdicts on a tree already built (no install, no build)
+#   ./dev.sh gpu-large  on a built tree with a GPU: a 5.2B model larger than a 24 GB device budget,
+#                   at the tokens per step outcore estimate recommends there, with a trace
+#                   (about 60 GiB of swap under OUTCORE_SWAP_DIR, default $BUILD_DIR/gpu_large)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -122,6 +125,19 @@ run_gpu() {
   return "$rc"
 }
 
+# The issue's large run: ZeRO-3, bf16 compute and moments, parameters and optimizer state in swap
+# files, gradient sums in host memory, the gathered parameters kept through each step, at the
+# shape zero::choose_shape picks from the rates measured first; step time against the compute,
+# PCIe and drive bounds of the same run; the trace of its steps for tools/trace_svg.py.
+run_gpu_large() {
+  local out=${OUTCORE_SWAP_DIR:-$BUILD_DIR/gpu_large}
+  mkdir -p "$out"
+  timeout 540 "$BUILD_DIR/bench/zero/zero_large_bench" --device cuda --device-mb 24000 \
+    --hidden 4096 --intermediate 11008 --layers 28 --heads 32 --kv-heads 8 --vocab 24000 \
+    --seq 2048 --grads host --bf16-moments --keep-params --recommended-shape --steps 1 \
+    --ref-gib 2 --compute-reps 1 --trace "$out/large_trace.json" --nvme "$out/swap"
+}
+
 run_demo() {
   "$BUILD_DIR/bin/outcore" demo --work-dir "$BUILD_DIR/demo"
 }
@@ -132,5 +148,6 @@ case "${1:-}" in
   build) install_deps; install_node_oracle; build ;;
   gpu) install_deps; install_node_oracle; build; run_gpu ;;
   gpu-check) run_gpu ;;
-  *) echo "usage: $0 demo|test|build|gpu|gpu-check" >&2; exit 2 ;;
+  gpu-large) run_gpu_large ;;
+  *) echo "usage: $0 demo|test|build|gpu|gpu-check|gpu-large" >&2; exit 2 ;;
 esac

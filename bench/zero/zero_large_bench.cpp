@@ -35,8 +35,14 @@
 //                    [--lr 2e-3] [--ref-gib 4] [--compute-reps 3] [--skip-bounds]
 //                    [--device cpu|discrete|cuda] [--grads nvme|host] [--param-in-cpu 0]
 //                    [--compute bf16|fp32] [--peak-tflops T] [--bf16-moments] [--trace FILE]
-//                    [--clip 1.0] [--step-in-backward] [--keep-params]
+//                    [--clip 1.0] [--step-in-backward] [--keep-params] [--recommended-shape]
 //
+// --recommended-shape trains at the micro-batch and accumulation `outcore estimate` recommends on
+// this machine (zero::choose_shape: the fewest tokens per step whose compute covers every
+// transfer within the device budget, else the closest), from the rates measured first: the
+// GEMM rate at 4096^3 (1024^3 on the host) in the compute dtype, pinned copies on a device the
+// host cannot read, and the drive's read and write rates through the aio engine (--ref-gib);
+// --micro and --gas are then ignored.
 // --keep-params keeps the gathered parameters on the device between uses and through the
 // micro-batches of a step, as far as the budget holds them (stage3_max_live_parameters and
 // stage3_max_reuse_distance 1e12; by default 0, so every use fetches again).
@@ -63,8 +69,10 @@
 #include "common/trace.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "engine/config/config.hpp"
+#include "engine/device/compute_backend.hpp"
 #include "engine/device/device.hpp"
 #include "engine/model/model.hpp"
+#include "engine/zero/step_bounds.hpp"
 #include "engine/zero/zero.hpp"
 #include "tools/blas/blas_kernels.hpp"
 #include "tools/env_settings.hpp"
@@ -187,6 +195,50 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
   return b;
 }
 
+// The (micro-batch, accumulation) zero::choose_shape picks for `base` (the bench's config) on
+// these devices, from rates measured here; prints them. nullopt when nothing fits.
+std::optional<std::pair<int64_t, int64_t>> recommend_shape(
+    const model::LlamaConfig& mc, int64_t seq, device::Device& dev, device::Device& compute_dev,
+    uint64_t budget, const std::string& nvme, double ref_gib, zero::GradientPlacement grads,
+    const config::Config& base) {
+  const DType compute = config::compute_dtype(base);
+  zero::LinkRates rates;
+  const bool gpu = compute_dev.kind() == device::DeviceKind::Cuda;
+  rates.gemm_flops = device::gemm_flops(compute_dev, *device::make_backend(compute_dev), compute,
+                                        gpu ? 4096 : 1024);
+  if (!dev.host_accessible()) rates.pcie_bytes = device::copy_bytes_per_second(dev);
+  std::filesystem::create_directories(nvme);
+  const bench::DriveRates drive =
+      bench::measure_drive(nvme, static_cast<uint64_t>(ref_gib * (1ull << 30)), 32ull << 20, 0.5,
+                           zero::aio_options(base.aio));
+  rates.drive_read_bytes = drive.read_gbps * 1e9;
+  rates.drive_write_bytes = drive.write_gbps * 1e9;
+  model::ModelOptions mo{.micro_batch = 1,
+                         .seq_len = seq,
+                         .param_dtype = DType::BF16,
+                         .compute_dtype = compute,
+                         .activation_checkpointing = true};
+  mo.head_chunk_rows = model::head_rows_on(mc, mo, dev, budget);
+  const zero::PlanOptions po{.device_limit_bytes = budget,
+                             .gradients = grads,
+                             .device_host_accessible = dev.host_accessible()};
+  const std::optional<zero::ShapeChoice> c = zero::choose_shape(base, mc, mo, po, budget, rates);
+  std::printf(
+      "rates: GEMM %.1f TFLOP/s (%s), PCIe %.1f GB/s, drive read %.2f GB/s, write %.2f GB/s\n",
+      rates.gemm_flops / 1e12, std::string(dtype_name(compute)).c_str(), rates.pcie_bytes / 1e9,
+      drive.read_gbps, drive.write_gbps);
+  if (!c) return std::nullopt;
+  std::printf(
+      "shape (as outcore estimate recommends%s): micro-batch %lld x accumulation %lld = %lld "
+      "tokens per step; planned compute %.2f s, PCIe %.2f s, drive %.2f s\n",
+      c->hides ? ", the transfers under compute" : "; none hides the transfers, the closest",
+      static_cast<long long>(c->micro), static_cast<long long>(c->gas),
+      static_cast<long long>(c->micro * c->gas * seq), c->times.compute_s, c->times.pcie_s,
+      c->times.drive_s);
+  std::fflush(stdout);
+  return std::make_pair(c->micro, c->gas);
+}
+
 config::Config make_config(int64_t micro, int64_t gas, int64_t sub_group, const std::string& nvme,
                            int64_t device_mb, bool bf16_moments, double clip, bool step_in_backward,
                            int64_t param_in_cpu, const std::string& compute, bool keep_params) {
@@ -237,6 +289,7 @@ int main(int argc, char** argv) {
   double clip = 1.0;
   bool step_in_backward = false;
   bool keep_params = false;
+  bool recommended_shape = false;
   std::string trace_file;
   std::string nvme = std::string(OUTCORE_BINARY_DIR) + "/zero_large_swap";
   CLI::App app("ZeRO-3 with everything on NVMe for a model larger than RAM");
@@ -276,6 +329,9 @@ int main(int argc, char** argv) {
   app.add_option("--clip", clip, "gradient_clipping (0: off)");
   app.add_flag("--step-in-backward", step_in_backward,
                "outcore.step_in_backward: start the optimizer step during the backward");
+  app.add_flag("--recommended-shape", recommended_shape,
+               "the micro-batch and accumulation outcore estimate recommends for this machine's "
+               "measured rates (instead of --micro and --gas)");
   app.add_flag("--keep-params", keep_params,
                "keep gathered parameters on the device through the step's micro-batches, as far "
                "as the budget holds them (stage3_max_live_parameters and "
@@ -308,6 +364,19 @@ int main(int argc, char** argv) {
       compute_dev = std::make_unique<device::CpuDevice>();
     }
     std::printf("device: %s\n", dev->name().c_str());
+    if (recommended_shape) {
+      const auto shape = recommend_shape(
+          mc, seq, *dev, *compute_dev, budget, nvme, ref_gib,
+          grads == "host" ? zero::GradientPlacement::kHost : zero::GradientPlacement::kNvme,
+          make_config(micro, gas, sub_group, nvme, device_mb, bf16_moments, clip, step_in_backward,
+                      param_in_cpu, compute, keep_params));
+      if (!shape) {
+        std::fprintf(stderr, "error: no micro-batch up to 64 fits the device budget\n");
+        return 2;
+      }
+      micro = shape->first;
+      gas = shape->second;
+    }
     const config::Config cfg =
         make_config(micro, gas, sub_group, nvme, device_mb, bf16_moments, clip, step_in_backward,
                     param_in_cpu, compute, keep_params);

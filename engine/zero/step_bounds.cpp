@@ -1,6 +1,10 @@
 #include "engine/zero/step_bounds.hpp"
 
 #include <algorithm>
+#include <cmath>
+
+#include "common/error.hpp"
+#include "engine/device/compute_backend.hpp"
 
 namespace outcore::zero {
 
@@ -29,6 +33,58 @@ StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const Lin
     t.drive_s = nr / rates.drive_read_bytes + nw / rates.drive_write_bytes;
   }
   return t;
+}
+
+uint64_t cuda_workspace_bytes(const config::Config& cfg, const model::LlamaModel& model) {
+  return device::backend_workspace(device::DeviceKind::Cuda,
+                                   model.workspace_shape(cfg.outcore.device_memory_mb << 20))
+      .total();
+}
+
+std::optional<StepTimes> shape_times(const config::Config& cfg, const model::LlamaConfig& mc,
+                                     model::ModelOptions mo, int64_t micro, int64_t gas,
+                                     const PlanOptions& po, uint64_t device_limit,
+                                     const LinkRates& rates) {
+  config::Config c = cfg;
+  c.train_micro_batch_size_per_gpu.set(micro);
+  c.gradient_accumulation_steps.set(gas);
+  c.train_batch_size.set(micro * gas * po.world_size);
+  mo.micro_batch = micro;
+  if (device_limit > 0 && mo.head_chunk_rows > 0)
+    mo.head_chunk_rows = model::head_rows_for_device(mc, mo, device_limit);
+  try {
+    const model::LlamaModel m(mc, mo);
+    PlanOptions shaped = po;
+    if (!po.device_host_accessible) shaped.compute_workspace_bytes = cuda_workspace_bytes(c, m);
+    const Plan plan = make_plan(c, m, shaped);
+    PlanLimits limits = system_limits(c, plan);
+    if (device_limit > 0) limits.device = device_limit;
+    check_fits(plan, limits);
+    return step_times(plan, m, rates);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<ShapeChoice> choose_shape(const config::Config& cfg, const model::LlamaConfig& mc,
+                                        const model::ModelOptions& mo, const PlanOptions& po,
+                                        uint64_t device_limit, const LinkRates& rates) {
+  // compute over the larger transfer: at least 1 when the transfers hide under compute
+  const auto cover = [](const StepTimes& t) {
+    const double transfer = std::max(t.pcie_s, t.drive_s);
+    return transfer > 0 ? t.compute_s / transfer : HUGE_VAL;
+  };
+  std::optional<ShapeChoice> best, closest;
+  for (int64_t micro = 1; micro <= 64; micro *= 2)
+    for (int64_t gas = 1; gas <= 128; gas *= 2) {
+      const std::optional<StepTimes> times =
+          shape_times(cfg, mc, mo, micro, gas, po, device_limit, rates);
+      if (!times) continue;
+      const ShapeChoice c{micro, gas, *times, times->transfers_hidden()};
+      if (!closest || cover(c.times) > cover(closest->times)) closest = c;
+      if (c.hides && (!best || micro * gas < best->micro * best->gas)) best = c;
+    }
+  return best ? best : closest;
 }
 
 }  // namespace outcore::zero

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
 #include "engine/zero/plan.hpp"
 
@@ -35,5 +37,33 @@ struct StepTimes {
 // The step of `plan` (for `model`, whose options give the micro-batch and checkpointing) at
 // `rates`. Activation checkpointing recomputes each decoder's forward: a third more FLOPs.
 StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const LinkRates& rates);
+
+// What the CUDA backend keeps on a GPU computing `model` under `cfg`'s device budget (the
+// plan's "compute backend" item, device::backend_workspace).
+uint64_t cuda_workspace_bytes(const config::Config& cfg, const model::LlamaModel& model);
+
+// The step of `cfg` with its batch keys set to `micro` sequences per micro-batch and `gas`
+// micro-batches per step, for a model of `mc` with `mo` (its micro-batch replaced; on a device
+// the host cannot read, the head's rows and the CUDA backend's workspace sized for that micro-
+// batch as training sizes them), planned with `po` against this machine's limits and, when
+// `device_limit` > 0, that device limit. nullopt when the plan does not fit.
+std::optional<StepTimes> shape_times(const config::Config& cfg, const model::LlamaConfig& mc,
+                                     model::ModelOptions mo, int64_t micro, int64_t gas,
+                                     const PlanOptions& po, uint64_t device_limit,
+                                     const LinkRates& rates);
+
+// A batch shape and its step.
+struct ShapeChoice {
+  int64_t micro = 0, gas = 0;
+  StepTimes times;
+  bool hides = false;  // compute covers every transfer
+};
+// Over micro-batches 1, 2, 4 .. 64 and accumulation steps 1, 2, 4 .. 128 (shape_times): the
+// fewest tokens per step whose compute covers every transfer (`hides`), else the shape whose
+// compute comes closest to its largest transfer; nullopt when no micro-batch fits. What `outcore
+// estimate` recommends.
+std::optional<ShapeChoice> choose_shape(const config::Config& cfg, const model::LlamaConfig& mc,
+                                        const model::ModelOptions& mo, const PlanOptions& po,
+                                        uint64_t device_limit, const LinkRates& rates);
 
 }  // namespace outcore::zero

@@ -63,47 +63,6 @@ int64_t positive(const std::string& text, const char* flag, int64_t fallback, in
   return v;
 }
 
-// A plan's step with `micro` sequences per micro-batch and `gas` micro-batches per step.
-struct Candidate {
-  int64_t micro = 0, gas = 0;
-  zero::StepTimes times;
-};
-
-// What the CUDA backend keeps on the GPU for `m` under `cfg`'s device budget (the plan's
-// "compute backend" item).
-uint64_t gpu_workspace_bytes(const config::Config& cfg, const model::LlamaModel& m) {
-  return device::backend_workspace(device::DeviceKind::Cuda,
-                                   m.workspace_shape(cfg.outcore.device_memory_mb << 20))
-      .total();
-}
-
-// The plan of `cfg` with the batch keys of (micro, gas) for `mc` and `base` options; nullopt
-// when it does not fit `limits`.
-std::optional<zero::StepTimes> try_shape(const config::Config& cfg, const model::LlamaConfig& mc,
-                                         model::ModelOptions mo, int64_t micro, int64_t gas,
-                                         const zero::PlanOptions& po, uint64_t device_limit,
-                                         const zero::LinkRates& rates) {
-  config::Config c = cfg;
-  c.train_micro_batch_size_per_gpu.set(micro);
-  c.gradient_accumulation_steps.set(gas);
-  c.train_batch_size.set(micro * gas * po.world_size);
-  mo.micro_batch = micro;
-  if (device_limit > 0 && mo.head_chunk_rows > 0)
-    mo.head_chunk_rows = model::head_rows_for_device(mc, mo, device_limit);
-  try {
-    const model::LlamaModel m(mc, mo);
-    zero::PlanOptions shaped = po;
-    if (!po.device_host_accessible) shaped.compute_workspace_bytes = gpu_workspace_bytes(c, m);
-    const zero::Plan plan = zero::make_plan(c, m, shaped);
-    zero::PlanLimits limits = zero::system_limits(c, plan);
-    if (device_limit > 0) limits.device = device_limit;
-    zero::check_fits(plan, limits);
-    return zero::step_times(plan, m, rates);
-  } catch (const Error&) {
-    return std::nullopt;
-  }
-}
-
 void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::LinkRates& r,
                   const std::string& gemm_source, const std::string& pcie_source) {
   std::printf("\nstep bounds (per rank and optimizer step: micro-batches %lld x %lld tokens)\n",
@@ -146,8 +105,9 @@ void print_params_in_host_memory(const config::Config& cfg, const model::LlamaMo
   uint64_t elements = 0;
   for (const model::UnitLayout& u : model.layout().units) elements += u.padded_numel;
   all.zero_optimization.offload_param.max_in_cpu = static_cast<int64_t>(elements);
-  const auto times = try_shape(all, model.config(), model.options(), model.options().micro_batch,
-                               plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
+  const auto times =
+      zero::shape_times(all, model.config(), model.options(), model.options().micro_batch,
+                        plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
   if (!times || times->drive_s >= t.drive_s) return;
   std::printf(
       "  with offload_param.max_in_cpu %llu (every parameter partition in host memory, which "
@@ -177,8 +137,9 @@ void print_params_kept_on_device(const config::Config& cfg, const model::LlamaMo
   config::Config kept = cfg;
   kept.zero_optimization.stage3_max_live_parameters = std::max(z.stage3_max_live_parameters, live);
   kept.zero_optimization.stage3_max_reuse_distance = std::max(z.stage3_max_reuse_distance, reuse);
-  const auto times = try_shape(kept, model.config(), model.options(), model.options().micro_batch,
-                               plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
+  const auto times =
+      zero::shape_times(kept, model.config(), model.options(), model.options().micro_batch,
+                        plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
   if (!times || times->bound_s() >= t.bound_s()) return;
   const std::string pcie = rates.pcie_bytes > 0 ? fmt::format("PCIe {:.3f} s instead of {:.3f} s, ",
                                                               times->pcie_s, t.pcie_s)
@@ -251,7 +212,7 @@ int run_estimate(const EstimateArgs& a) {
       model::ModelOptions mo = model->options();
       mo.head_chunk_rows = model::head_rows_for_device(mc, mo, po.device_limit_bytes);
       model.emplace(mc, mo);
-      po.compute_workspace_bytes = gpu_workspace_bytes(cfg, *model);
+      po.compute_workspace_bytes = zero::cuda_workspace_bytes(cfg, *model);
       std::printf("device     %s: %s free%s\n", dev->description.c_str(),
                   zero::format_bytes(free).c_str(),
                   budget > 0 ? (", budget " + zero::format_bytes(budget)).c_str() : "");
@@ -318,29 +279,17 @@ int run_estimate(const EstimateArgs& a) {
     return 0;
   }
   // The fewest tokens per step whose compute covers every transfer, within the device budget.
-  std::optional<Candidate> best, closest;
-  for (int64_t micro = 1; micro <= 64; micro *= 2)
-    for (int64_t gas = 1; gas <= 128; gas *= 2) {
-      const auto times = try_shape(cfg, model->config(), model->options(), micro, gas, po,
-                                   po.device_limit_bytes, rates);
-      if (!times) continue;
-      const Candidate c{micro, gas, *times};
-      const double ratio = c.times.compute_s / std::max(c.times.pcie_s, c.times.drive_s);
-      if (!closest || ratio > closest->times.compute_s /
-                                  std::max(closest->times.pcie_s, closest->times.drive_s))
-        closest = c;
-      if (c.times.transfers_hidden() && (!best || micro * gas < best->micro * best->gas)) best = c;
-    }
-  const Candidate* shown = best ? &*best : closest ? &*closest : nullptr;
-  if (shown == nullptr) {
+  const std::optional<zero::ShapeChoice> shown =
+      zero::choose_shape(cfg, model->config(), model->options(), po, po.device_limit_bytes, rates);
+  if (!shown) {
     std::printf("  no micro-batch up to 64 fits the device budget\n");
     return 0;
   }
   std::printf(
       "  %s: train_micro_batch_size_per_gpu %lld, gradient_accumulation_steps %lld "
       "(%lld tokens per step): compute %.3f s, PCIe %.3f s, drive %.3f s\n",
-      best ? "to hide the transfers under compute"
-           : "no shape up to micro-batch 64 x accumulation 128 hides them; the closest",
+      shown->hides ? "to hide the transfers under compute"
+                   : "no shape up to micro-batch 64 x accumulation 128 hides them; the closest",
       static_cast<long long>(shown->micro), static_cast<long long>(shown->gas),
       static_cast<long long>(shown->micro * shown->gas * model->options().seq_len),
       shown->times.compute_s, shown->times.pcie_s, shown->times.drive_s);
