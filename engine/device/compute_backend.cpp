@@ -198,7 +198,7 @@ Workspace backend_workspace(DeviceKind kind, const WorkspaceShape& shape) {
 
 std::shared_ptr<ComputeBackend> make_backend(Device& device) {
   if (device.kind() == DeviceKind::Cuda) return make_cuda_backend(device);
-  if (const auto* cpu = dynamic_cast<const CpuDevice*>(&device)) return make_cpu_backend(*cpu);
+  if (auto* cpu = dynamic_cast<CpuDevice*>(&device)) return make_cpu_backend(*cpu);
   return cpu_backend();
 }
 

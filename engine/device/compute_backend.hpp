@@ -5,8 +5,10 @@
 //
 //   CPU backend   (cpu_backend(), make_cpu_backend(), engine/device/cpu/cpu_backend.cpp): the
 //                 host kernels of engine/device/cpu/kernels.hpp and OpenBLAS sgemm, on
-//                 host-dereferenceable memory (a CpuDevice's buffers; on a discrete CpuDevice
-//                 through its host view). Every operation has finished when it returns.
+//                 host-dereferenceable memory. On host memory every operation has finished when
+//                 it returns; on a discrete CpuDevice (through its host view) the operations are
+//                 queued on a compute stream of the device and run in order on its thread, as a
+//                 GPU's would, and finish() waits for them.
 //   CUDA backend  (make_cuda_backend, engine/device/cuda/cuda_backend.cu, built where nvcc
 //                 exists): the kernels of engine/device/cuda/cuda_kernels.hpp and cuBLASLt,
 //                 queued on one compute stream of a CudaDevice. Operations return once
@@ -63,9 +65,13 @@ class ComputeBackend {
   // `host` itself.
   virtual const int32_t* stage_ids(const int32_t* host, int64_t n, int slot) = 0;
   // Blocks until every queued operation has finished; rethrows a failure. The model calls it
-  // at the end of each unit's forward and backward, so a unit's outputs are complete when the
-  // call returns on every backend.
+  // at the end of each unit's forward and backward unless the caller orders what reads the
+  // outputs itself (ForwardArgs::queued: events on stream()).
   virtual void finish() = 0;
+  // The device stream the operations are queued on, in order (record an event there to know
+  // when what was queued so far has run); nullptr when every operation has finished when it
+  // returns.
+  virtual Stream* stream() { return nullptr; }
   // Bytes of the device's budget this backend holds now (workspaces, staged ids, constant
   // tables; charged_bytes each). 0 on the CPU backends, which hold none.
   virtual uint64_t device_bytes() const { return 0; }
@@ -189,9 +195,10 @@ class CpuDevice;
 // The CPU backend (shared, stateless; never throws): host kernels on host-dereferenceable memory.
 std::shared_ptr<ComputeBackend> cpu_backend();
 // The CPU backend for `device`: cpu_backend() when the host may dereference its memory, else one
-// that turns every device pointer into the device's host view first (the discrete mode). The
-// backend refers to `device`, which must outlive it.
-std::shared_ptr<ComputeBackend> make_cpu_backend(const CpuDevice& device);
+// that turns every device pointer into the device's host view and queues the operations on a
+// compute stream of the device (the discrete mode). The backend refers to `device`, which must
+// outlive it.
+std::shared_ptr<ComputeBackend> make_cpu_backend(CpuDevice& device);
 // The CUDA backend of `device` (a CudaDevice made by make_cuda_device): its own compute stream
 // on that device and a cuBLASLt GEMM. Throws InvalidArgument when `device` is not a CUDA
 // device or the build has no CUDA.

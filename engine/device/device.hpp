@@ -239,6 +239,10 @@ struct CpuDeviceOptions {
   // (0: none). Work that reads a buffer another stream is still copying then sees the wrong
   // bytes, so tests of stream ordering fail when a wait is missing.
   uint32_t copy_delay_us = 0;
+  // Simulates a slow compute unit: on a discrete device every operation of its CPU backend
+  // waits this many microseconds before it runs (0: none), so that what reads a unit's results
+  // without waiting for its event sees the wrong bytes.
+  uint32_t compute_delay_us = 0;
 };
 
 // The simulated accelerator (see the file comment). host_accessible() is true unless
@@ -256,6 +260,8 @@ class CpuDevice final : public Device {
   void* host_view(const void* p) const;
   // Bytes of freed blocks kept for reuse (CpuDeviceOptions::cache_bytes).
   uint64_t cached_bytes() const;
+  // CpuDeviceOptions::compute_delay_us.
+  uint32_t compute_delay_us() const { return compute_delay_us_; }
   std::unique_ptr<Stream> create_stream(std::string name) override;
   std::unique_ptr<Event> create_event() override;
   void synchronize() override;
@@ -269,6 +275,7 @@ class CpuDevice final : public Device {
   std::shared_ptr<Registry> registry_;
   bool discrete_ = false;
   uint32_t copy_delay_us_ = 0;
+  uint32_t compute_delay_us_ = 0;
 };
 
 // One GPU as the CUDA runtime reports it.

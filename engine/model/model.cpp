@@ -140,7 +140,7 @@ float LlamaModel::forward(int unit, const ForwardArgs& args) const {
       loss = detail::head_forward(ctx, args);
       break;
   }
-  backend_->finish();
+  if (!args.queued) backend_->finish();
   return loss;
 }
 
@@ -164,7 +164,7 @@ float LlamaModel::backward(int unit, const BackwardArgs& args) const {
       loss = detail::head_backward(ctx, args);
       break;
   }
-  backend_->finish();
+  if (!args.queued) backend_->finish();
   return loss;
 }
 
@@ -199,6 +199,7 @@ ActivationBuffers::ActivationBuffers(const LlamaModel& model, device::Device& de
       copied_[k] = device.create_event();
     }
     copy_ = device.create_stream("activation-checkpoints");
+    if (model.backend().stream() != nullptr) computed_ = device.create_event();
   }
   for (int u = 1; u <= L + 1; ++u) {
     if (cpu_checkpointing) {
@@ -241,6 +242,7 @@ void ActivationBuffers::after_forward(int unit) {
   if (!staged_ || unit + 1 > static_cast<int>(host_inputs_.size())) return;
   prefetched_ = 0;
   const int out = (unit + 1) % 2;  // unit's output, unit+1's input: it reads, the copy reads
+  after_compute();
   copy_->copy_d2h(host_inputs_[unit].data(), staging_[out].data(), model_.hidden_bytes());
   copy_->record(*copied_[out]);
   copied_[unit % 2]->synchronize();  // unit+1 writes its output there: the copy down is done
@@ -249,14 +251,22 @@ void ActivationBuffers::after_forward(int unit) {
 void ActivationBuffers::before_backward(int unit) {
   if (!staged_ || unit < 1 || unit > static_cast<int>(host_inputs_.size())) return;
   const auto bring_up = [&](int u) {
+    after_compute();
     copy_->copy_h2d(staging_[u % 2].data(), host_inputs_[u - 1].data(), model_.hidden_bytes());
     copy_->record(*copied_[u % 2]);
   };
   if (prefetched_ != unit) bring_up(unit);
   copied_[unit % 2]->synchronize();
-  // unit-1's buffer last held unit+1's input, whose backward has finished.
+  // unit-1's buffer last held unit+1's input: the copy waits for its backward.
   prefetched_ = unit - 1;
   if (prefetched_ >= 1) bring_up(prefetched_);
+}
+
+void ActivationBuffers::after_compute() {
+  device::Stream* compute = model_.backend().stream();
+  if (compute == nullptr) return;
+  compute->record(*computed_);
+  copy_->wait(*computed_);
 }
 
 std::span<std::byte> ActivationBuffers::saved(int unit) {

@@ -270,6 +270,10 @@ struct ForwardArgs {
   float* logits = nullptr;         // head, optional: [B*T, vocab] written when non-null
   std::span<std::byte> saved{};    // decoder: saved_bytes(unit) bytes, kept for backward
   std::span<std::byte> scratch{};  // scratch_bytes() bytes, clobbered
+  // Return once the unit's work is queued on the backend's stream (ComputeBackend::stream()),
+  // without waiting for it: the caller orders whatever reads, frees or rewrites the buffers
+  // after events recorded there. The head's loss still waits for the unit (it is downloaded).
+  bool queued = false;
 };
 
 // Inputs and outputs of one unit's backward.
@@ -294,12 +298,14 @@ struct BackwardArgs {
   float loss_scale = 1.0f;
   std::span<const std::byte> saved{};  // decoder without checkpointing: what forward saved
   std::span<std::byte> scratch{};      // scratch_bytes() bytes, clobbered
+  bool queued = false;                 // as in ForwardArgs
 };
 
 // An immutable model definition for one micro-batch shape. forward/backward are const and
 // keep no state between calls (everything lives in the caller's buffers); calls must not run
 // concurrently with each other (they use every BLAS thread, or the backend's one stream):
-// serialize them. Each call has finished its work on the device when it returns.
+// serialize them. Each call has finished its work on the device when it returns, unless its
+// arguments say `queued`.
 class LlamaModel {
  public:
   // Computes through `backend` (nullptr: the CPU backend). Throws ConfigError (via
@@ -384,8 +390,10 @@ ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing,
 // in every other case, so a pass calls them unconditionally. The copies run on their own
 // stream under the compute: unit u's output goes down while unit u+1 computes (one copy in
 // flight per staging buffer), and before_backward(u) starts bringing unit u-1's checkpoint up
-// while unit u's backward computes. REQUIRES: `device` outlives this object; units run in the
-// order forward 1..L, backward L+1..1 (a pass's order). Throws OutOfMemory.
+// while unit u's backward computes. Each copy first waits (on the device) for the compute queued
+// on the model's backend so far, so the units may be queued without waiting for them
+// (ForwardArgs::queued). REQUIRES: `device` outlives this object; units run in the order forward
+// 1..L, backward L+1..1 (a pass's order). Throws OutOfMemory.
 class ActivationBuffers {
  public:
   ActivationBuffers(const LlamaModel& model, device::Device& device, bool cpu_checkpointing);
@@ -407,6 +415,8 @@ class ActivationBuffers {
   float* grad();  // [B*T, hidden], the activation gradient flowing backward
 
  private:
+  // Staged: the next copy waits for every operation queued on the backend so far.
+  void after_compute();
   const LlamaModel& model_;
   device::Device& device_;
   std::vector<device::DeviceBuffer> device_inputs_;
@@ -416,6 +426,9 @@ class ActivationBuffers {
   // Staged: the last copy that reads or writes staging buffer k; the unit whose input a copy
   // already started bringing up (0: none).
   std::unique_ptr<device::Event> copied_[2];
+  // Staged: recorded on the backend's stream before each copy, which waits for it (null when
+  // the backend's operations finish when they return).
+  std::unique_ptr<device::Event> computed_;
   int prefetched_ = 0;
   bool staged_ = false;
   std::vector<device::DeviceBuffer> saved_;

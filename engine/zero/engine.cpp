@@ -183,6 +183,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     coordinator->set_step_gate([this](int unit) { return steps->pending(unit); },
                                [this](int unit) { steps->wait_unit(unit); });
     if (param_gather.valid()) coordinator->set_gather_buffer(param_gather.data());
+    coordinator->set_compute_stream(model.backend().stream());
   }
   if (p.optimizer == Tier::kNvme) {
     swap::OptimizerSwapperOptions oo;

@@ -127,9 +127,18 @@ void GradientPath::quiesce() noexcept {
 
 void GradientPath::begin_pass(bool first) { micro_batch_ = first ? 0 : micro_batch_ + 1; }
 
+std::shared_ptr<device::Event> GradientPath::computed() {
+  device::Stream* compute = backend_.stream();
+  if (compute == nullptr) return nullptr;  // the backend's operations have finished
+  std::shared_ptr<device::Event> e = device_.create_event();
+  compute->record(*e);
+  return e;
+}
+
 void GradientPath::finish() {
+  const std::shared_ptr<device::Event> done = computed();  // the sums' last additions
   for (size_t u = 0; u < sums_.size(); ++u)
-    if (sums_[u]) send_down(static_cast<int>(u), std::move(sums_[u]), true, {});
+    if (sums_[u]) send_down(static_cast<int>(u), std::move(sums_[u]), true, {}, done);
   drain(0);
   d2h_.synchronize();
   lane_.wait();
@@ -155,19 +164,23 @@ void GradientPath::submit(int unit, device::DeviceBuffer slab, bool first,
     } else {
       backend_.add_inplace(sum.as<float>(), slab.as<float>(),
                            static_cast<int64_t>(g_.units[unit].padded));
-      backend_.finish();
-      slab.reset();
+      // The slab is free once the addition has run: in flight until then, as a copy would be.
+      InFlight f;
+      f.slab = std::move(slab);
+      f.copied = computed();
+      if (f.copied != nullptr) in_flight_.push_back(std::move(f));
     }
     // An armed pass's units step as soon as their gradients are final: send them down now.
     if (micro_batch_ + 1 < micro_batches_ && !when_final) return;
     slab = std::move(sum);
     first = true;  // nothing of this step reached the accumulator yet: it becomes the sum
   }
-  send_down(unit, std::move(slab), first, std::move(when_final));
+  send_down(unit, std::move(slab), first, std::move(when_final), computed());
 }
 
 void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
-                             std::function<void()> when_final) {
+                             std::function<void()> when_final,
+                             const std::shared_ptr<device::Event>& computed) {
   const UnitGeometry& ug = g_.units[unit];
   InFlight f;
   f.slab = std::move(slab);
@@ -181,12 +194,15 @@ void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
     const size_t k = copy_back = next_copy_back_;
     next_copy_back_ = (k + 1) % copy_back_.size();
     float* host = copy_back_[k].as<float>().data();
-    lane_.wait_for(copy_back_added_[k]);  // the host has added what the buffer held
+    lane_.wait_for(copy_back_added_[k]);            // the host has added what the buffer held
+    if (computed != nullptr) d2h_.wait(*computed);  // the slab's compute, queued before this
     d2h_.copy_d2h(host, shards, ug.padded * sizeof(float));
     copied = f.copied = device_.create_event();
     d2h_.record(*copied);
     if (world > 1) comm_stream_.wait(*copied);
     shards = host;
+  } else if (computed != nullptr) {
+    computed->synchronize();  // the host reads the slab itself
   }
   if (world > 1) {
     comm::Comm* c = &comm_;

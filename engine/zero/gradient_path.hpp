@@ -70,7 +70,10 @@ class GradientPath {
   // A device slab for `unit`'s gradients, after waiting until at most kGradSlabsInFlight
   // earlier slabs are still in flight.
   device::DeviceBuffer alloc_slab(int unit);
-  // Hands `unit`'s freshly computed slab to the streams: all_to_all in place (world > 1),
+  // Hands `unit`'s freshly computed slab to the streams (its compute may still be queued on
+  // the backend's stream: what reads the slab waits for an event recorded there now; a slab
+  // added into a device sum stays in flight until the addition has run): all_to_all in place
+  // (world > 1),
   // then the world's contributions added rank by rank into this rank's accumulator (written
   // on the first micro-batch of a step, added otherwise). `when_final`, if set, runs on the
   // lane right after that accumulation (the step during backward posts the unit). Blocks while
@@ -105,7 +108,12 @@ class GradientPath {
   float* accumulator(int unit);
   float* partition(int unit);
   // The host side of submit(): `slab` (all_to_all at world > 1) into the accumulator.
-  void send_down(int unit, device::DeviceBuffer slab, bool first, std::function<void()> when_final);
+  // `computed`: recorded on the backend's stream after the slab's last write (null: the
+  // backend's operations have finished); the copy down waits for it.
+  void send_down(int unit, device::DeviceBuffer slab, bool first, std::function<void()> when_final,
+                 const std::shared_ptr<device::Event>& computed);
+  // An event recorded now on the backend's stream (null when it has none).
+  std::shared_ptr<device::Event> computed();
 
   struct InFlight {
     device::DeviceBuffer slab;

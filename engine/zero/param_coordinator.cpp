@@ -197,7 +197,12 @@ void ParamCoordinator::wait_fetched(int unit) {
   slots_[unit].ready->synchronize();
 }
 
-void ParamCoordinator::free_slab(int unit) { slots_[unit].buf.reset(); }
+void ParamCoordinator::free_slab(int unit) {
+  // The units queued on the backend may still read the slab: the one place a pass waits for
+  // them (the plan's memory is freed here, not later).
+  if (compute_ != nullptr) compute_->synchronize();
+  slots_[unit].buf.reset();
+}
 
 const void* ParamCoordinator::slab(int unit) const {
   if (!policy_.ready(unit))

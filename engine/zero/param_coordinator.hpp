@@ -103,6 +103,9 @@ class ParamCoordinator final : private ResidencyActions {
   // gathers the ranks' partitions in `buf` (pinned, one full slab) on the comm stream, then
   // copies the whole slab up. Fetches are serialized on the comm stream, so one buffer serves.
   void set_gather_buffer(std::byte* buf) { gather_ = buf; }
+  // The stream the model's compute is queued on (ComputeBackend::stream(); null: it finishes
+  // as it is called): freeing a slab first waits for it.
+  void set_compute_stream(device::Stream* compute) { compute_ = compute; }
 
  private:
   struct Slot {
@@ -131,7 +134,8 @@ class ParamCoordinator final : private ResidencyActions {
   std::function<bool(int)> step_pending_;
   std::function<void(int)> before_fetch_;
   std::byte* gather_ = nullptr;
-  ResidencyPolicy policy_;  // last: its calls reach the members above
+  device::Stream* compute_ = nullptr;  // set_compute_stream
+  ResidencyPolicy policy_;             // last: its calls reach the members above
 };
 
 }  // namespace outcore::zero::detail

@@ -16,7 +16,16 @@ PassDriver::PassDriver(const model::LlamaModel& model,
       train_sched_(train_schedule(model)),
       eval_sched_(eval_schedule(model)),
       head_(model.num_units() - 1),
-      tied_(model.config().tie_word_embeddings) {}
+      tied_(model.config().tie_word_embeddings),
+      queued_(model.backend().stream() != nullptr) {}
+
+void PassDriver::finish_compute() noexcept {
+  try {
+    model_.backend().finish();
+  } catch (const std::exception&) {
+    // The pass is failing already: its error is the one that counts.
+  }
+}
 
 const void* PassDriver::params_of(int unit) const {
   return coordinator_ ? coordinator_->slab(unit) : full_params_[unit].data();
@@ -29,6 +38,25 @@ void PassDriver::wait_for_step(const PassStep& s) {
 
 float PassDriver::train(const int32_t* tokens, const int32_t* targets, float loss_scale,
                         bool first) {
+  try {
+    return train_pass(tokens, targets, loss_scale, first);
+  } catch (...) {
+    finish_compute();  // nothing queued may outlive the buffers an unwinding pass frees
+    throw;
+  }
+}
+
+float PassDriver::evaluate(const int32_t* tokens, const int32_t* targets) {
+  try {
+    return evaluate_pass(tokens, targets);
+  } catch (...) {
+    finish_compute();
+    throw;
+  }
+}
+
+float PassDriver::train_pass(const int32_t* tokens, const int32_t* targets, float loss_scale,
+                             bool first) {
   armed_ = steps_.arm();
   grads_.begin_pass(first);
   if (coordinator_) coordinator_->begin(&train_sched_);
@@ -48,13 +76,14 @@ float PassDriver::train(const int32_t* tokens, const int32_t* targets, float los
     }
     if (coordinator_) coordinator_->release(i);
   }
+  model_.backend().finish();  // the pass's compute has run: its tokens may change
   grads_.drain(0);
   armed_.reset();
   if (coordinator_) coordinator_->end();
   return loss;
 }
 
-float PassDriver::evaluate(const int32_t* tokens, const int32_t* targets) {
+float PassDriver::evaluate_pass(const int32_t* tokens, const int32_t* targets) {
   steps_.cancel_tentative();  // the parameters of a step step() has not judged are not the model's
   model::ActivationBuffers& a = *acts_;
   if (coordinator_) coordinator_->begin(&eval_sched_);
@@ -70,9 +99,11 @@ float PassDriver::evaluate(const int32_t* tokens, const int32_t* targets) {
                                     .tied_params = tied_ ? params_of(0) : nullptr,
                                     .targets = targets,
                                     .input = a.unit_input(head_),
-                                    .scratch = a.scratch()});
+                                    .scratch = a.scratch(),
+                                    .queued = queued_});
     if (coordinator_) coordinator_->release(i);
   }
+  model_.backend().finish();
   if (coordinator_) coordinator_->end();
   return loss;
 }
@@ -80,13 +111,16 @@ float PassDriver::evaluate(const int32_t* tokens, const int32_t* targets) {
 void PassDriver::forward(int u, const int32_t* tokens) {
   model::ActivationBuffers& a = *acts_;
   if (u == 0)
-    model_.forward(0, {.params = params_of(0), .tokens = tokens, .output = a.unit_input(1)});
+    model_.forward(
+        0,
+        {.params = params_of(0), .tokens = tokens, .output = a.unit_input(1), .queued = queued_});
   else
     model_.forward(u, {.params = params_of(u),
                        .input = a.unit_input(u),
                        .output = a.unit_input(u + 1),
                        .saved = a.saved(u),
-                       .scratch = a.scratch()});
+                       .scratch = a.scratch(),
+                       .queued = queued_});
 }
 
 float PassDriver::backward_head(const int32_t* targets, float loss_scale, bool first) {
@@ -103,7 +137,8 @@ float PassDriver::backward_head(const int32_t* targets, float loss_scale, bool f
                                              .tied_grads = tied_ ? tied_slab_.as<float>() : nullptr,
                                              .mode = model::GradMode::Overwrite,
                                              .loss_scale = loss_scale,
-                                             .scratch = a.scratch()});
+                                             .scratch = a.scratch(),
+                                             .queued = queued_});
   grads_.submit(head_, std::move(gs), first, steps_.when_final(armed_, head_));
   return loss;
 }
@@ -120,7 +155,8 @@ void PassDriver::backward(int u, const int32_t* tokens, bool first) {
                         .grads = gs.as<float>(),
                         .mode = model::GradMode::Overwrite,
                         .saved = a.saved(u),
-                        .scratch = a.scratch()});
+                        .scratch = a.scratch(),
+                        .queued = queued_});
     grads_.submit(u, std::move(gs), first, steps_.when_final(armed_, u));
     return;
   }
@@ -128,7 +164,8 @@ void PassDriver::backward(int u, const int32_t* tokens, bool first) {
   model_.backward(0, {.tokens = tokens,
                       .grad_output = a.grad(),
                       .grads = gs.as<float>(),
-                      .mode = model::GradMode::Overwrite});
+                      .mode = model::GradMode::Overwrite,
+                      .queued = queued_});
   grads_.submit(0, std::move(gs), first, steps_.when_final(armed_, 0));
 }
 

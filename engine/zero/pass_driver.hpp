@@ -3,6 +3,11 @@
 // unit's gradients to the gradient path; an evaluation runs forward only. Before each step of
 // a pass it waits for the units the running optimizer step still has to publish, and at stage
 // 3 the coordinator fetches (and prefetches) each unit's parameters and releases them after.
+// On a backend with a stream (a GPU, the simulated discrete device) the units are queued
+// without waiting for each (ForwardArgs::queued): what reads their results waits for events
+// recorded on that stream (the gradient path's copies and additions, the staged checkpoints'
+// copies), a stage-3 slab is freed only once the compute queued so far has run, and a pass
+// returns once its compute has run.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +44,10 @@ class PassDriver {
 
  private:
   const void* params_of(int unit) const;
+  float train_pass(const int32_t* tokens, const int32_t* targets, float loss_scale, bool first);
+  float evaluate_pass(const int32_t* tokens, const int32_t* targets);
+  // Waits for the compute queued so far, dropping its error (a failing pass's cleanup).
+  void finish_compute() noexcept;
   // Before step `s` of a pass: the running optimizer step has published every unit it uses.
   void wait_for_step(const PassStep& s);
   // Unit u's forward without the loss (u < head in evaluation; every forward in training).
@@ -56,6 +65,7 @@ class PassDriver {
   const std::vector<PassStep> train_sched_, eval_sched_;
   const int head_;
   const bool tied_;
+  const bool queued_;                     // the backend queues the units' work on its stream
   device::DeviceBuffer tied_slab_;        // the embedding's gradient slab, head to embedding
   std::shared_ptr<TentativeStep> armed_;  // the running pass's tentative step, if armed
 };

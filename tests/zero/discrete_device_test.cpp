@@ -22,10 +22,14 @@ struct DiscreteCase {
   bool cpu_checkpointing = false;  // unit inputs in host memory, staged through the device
   // CpuDeviceOptions::copy_delay_us: copies slow enough that a missing wait reads stale bytes.
   uint32_t copy_delay_us = 0;
+  // CpuDeviceOptions::compute_delay_us: compute slow enough that what reads a unit's results
+  // without waiting for its event reads stale bytes (or memory already freed).
+  uint32_t compute_delay_us = 0;
   std::string name() const {
     return placing.name() + (dtype == DType::BF16 ? "_bf16" : "_fp32") +
            (nvme_gradients ? "_nvme_grads" : "") + (cpu_checkpointing ? "_cpu_ckpt" : "") +
-           (copy_delay_us > 0 ? "_slow_copies" : "");
+           (copy_delay_us > 0 ? "_slow_copies" : "") +
+           (compute_delay_us > 0 ? "_slow_compute" : "");
   }
 };
 
@@ -35,7 +39,9 @@ TEST_P(DiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDevice) {
   const DiscreteCase c = GetParam();
   const std::string dir = swap_dir("discrete_" + c.name()).string();
   const config::Config cfg = make_config(config_json(
-      c.placing, c.dtype, dir, ", \"stage3_max_reuse_distance\": 0, \"sub_group_size\": 8192",
+      c.placing, c.dtype, dir,
+      ", \"stage3_max_reuse_distance\": 0, \"stage3_param_persistence_threshold\": 0, "
+      "\"sub_group_size\": 8192",
       c.cpu_checkpointing ? ", \"activation_checkpointing\": {\"cpu_checkpointing\": true}" : ""));
   const EngineOptions eo = c.nvme_gradients ? nvme_gradients() : EngineOptions{};
 
@@ -43,7 +49,8 @@ TEST_P(DiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDevice) {
   device::CpuDevice host_dev;
   const RunResult want = train_on(host_dev, cfg, host_model, 3, eo);
 
-  device::CpuDevice dev({.discrete = true, .copy_delay_us = c.copy_delay_us});
+  device::CpuDevice dev(
+      {.discrete = true, .copy_delay_us = c.copy_delay_us, .compute_delay_us = c.compute_delay_us});
   ASSERT_FALSE(dev.host_accessible());
   const model::LlamaModel model(tiny_config(true), tiny_options(c.dtype),
                                 device::make_backend(dev));
@@ -99,7 +106,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // the checkpoint copies run under the compute: slow ones must be waited for
                       DiscreteCase{{2, "none", "cpu"}, DType::F32, false, true, 20000},
                       // so do the gradient copies down, and the parameter copies up
-                      DiscreteCase{{3, "cpu", "cpu"}, DType::F32, false, false, 20000}),
+                      DiscreteCase{{3, "cpu", "cpu"}, DType::F32, false, false, 20000},
+                      // the units are queued without waiting for them: with slow compute, the
+                      // checkpoint copies, the gradient copies and additions and the slab frees
+                      // must wait for it
+                      DiscreteCase{{2, "none", "cpu"}, DType::F32, false, true, 0, 300},
+                      DiscreteCase{{3, "cpu", "cpu"}, DType::BF16, false, false, 0, 300},
+                      DiscreteCase{{3, "nvme", "nvme"}, DType::F32, true, true, 0, 300}),
     [](const auto& info) { return info.param.name(); });
 
 // Gradient sums on the device within a budget: the units whose sums fit in what the budget

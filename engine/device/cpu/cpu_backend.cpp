@@ -2,7 +2,10 @@
 // operation is what the units computed inline before the backend existed, in the same order,
 // so training through it is bit-identical to that code.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "engine/device/compute_backend.hpp"
@@ -151,83 +154,121 @@ class CpuBackend final : public ComputeBackend {
   }
 };
 
-// The CPU backend on a discrete CpuDevice: every device pointer an operation takes is turned
-// into the device's read-write alias (CpuDevice::host_view) before the host kernel runs, as a
-// GPU's kernels reach memory the host cannot.
+// The CPU backend on a discrete CpuDevice, run as a GPU's would be: every device pointer an
+// operation takes is turned into the device's read-write alias (CpuDevice::host_view) when it is
+// queued, and the operation runs later, in order, on a compute stream of the device (its own
+// thread), each after CpuDevice::compute_delay_us. Operations return once queued; download()
+// and finish() wait. What reads the results, or frees or rewrites the inputs, must wait for an
+// event recorded on stream() after them, as on a GPU.
 class DiscreteCpuBackend final : public ComputeBackend {
  public:
-  explicit DiscreteCpuBackend(const CpuDevice& device) : dev_(device) {}
+  explicit DiscreteCpuBackend(CpuDevice& device)
+      : dev_(device),
+        delay_us_(device.compute_delay_us()),
+        stream_(device.create_stream("compute")) {}
   std::string name() const override { return dev_.name(); }
 
-  void copy(void* dst, const void* src, size_t bytes) override { cpu_.copy(v(dst), v(src), bytes); }
-  void zero(void* dst, size_t bytes) override { cpu_.zero(v(dst), bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    run([this, d = v(dst), s = v(src), bytes] { cpu_.copy(d, s, bytes); });
+  }
+  void zero(void* dst, size_t bytes) override {
+    run([this, d = v(dst), bytes] { cpu_.zero(d, bytes); });
+  }
   void upload(void* dst, const void* host, size_t bytes) override {
-    cpu_.copy(v(dst), host, bytes);
+    // `host` is not read after the call returns: its bytes travel with the operation.
+    auto bytes_of = std::make_shared<std::vector<std::byte>>(
+        static_cast<const std::byte*>(host), static_cast<const std::byte*>(host) + bytes);
+    run([this, d = v(dst), bytes_of] { cpu_.copy(d, bytes_of->data(), bytes_of->size()); });
   }
   void download(void* host, const void* src, size_t bytes) override {
-    cpu_.copy(host, v(src), bytes);
+    run([this, host, s = v(src), bytes] { cpu_.copy(host, s, bytes); });
+    stream_->synchronize();
   }
   const float* constant(std::span<const float> host) override { return host.data(); }
+  // `host` itself: it must stay unchanged until the operations reading it have run.
   const int32_t* stage_ids(const int32_t* host, int64_t, int) override { return host; }
-  void finish() override {}
+  void finish() override { stream_->synchronize(); }
+  Stream* stream() override { return stream_.get(); }
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
             int64_t ldc) override {
-    cpu_.gemm(trans_a, trans_b, m, n, k, alpha, v(a), lda, v(b), ldb, beta, v(c), ldc);
+    run([=, this, a = v(a), b = v(b), c = v(c)] {
+      cpu_.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    });
   }
   void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
                  int64_t ldc) override {
-    cpu_.gemm_bf16(trans_a, trans_b, m, n, k, alpha, v(a), lda, v(b), ldb, beta, v(c), ldc);
+    run([=, this, a = v(a), b = v(b), c = v(c)] {
+      cpu_.gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    });
   }
   void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override {
-    cpu_.to_fp32(v(src), dtype, v(dst), n);
+    run([=, this, src = v(src), dst = v(dst)] { cpu_.to_fp32(src, dtype, dst, n); });
   }
   void from_fp32(const float* src, void* dst, DType dtype, int64_t n) override {
-    cpu_.from_fp32(v(src), v(dst), dtype, n);
+    run([=, this, src = v(src), dst = v(dst)] { cpu_.from_fp32(src, dst, dtype, n); });
   }
   void add_inplace(float* y, const float* x, int64_t n) override {
-    cpu_.add_inplace(v(y), v(x), n);
+    run([=, this, y = v(y), x = v(x)] { cpu_.add_inplace(y, x, n); });
   }
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
                        float* y, float* rstd) override {
-    cpu_.rmsnorm_forward(v(x), v(w), eps, rows, dim, v(y), v(rstd));
+    run([=, this, x = v(x), w = v(w), y = v(y), rstd = v(rstd)] {
+      cpu_.rmsnorm_forward(x, w, eps, rows, dim, y, rstd);
+    });
   }
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                         int64_t rows, int64_t dim, float* dx, float* dw) override {
-    cpu_.rmsnorm_backward(v(dy), v(x), v(w), v(rstd), rows, dim, v(dx), v(dw));
+    run([=, this, dy = v(dy), x = v(x), w = v(w), rstd = v(rstd), dx = v(dx), dw = v(dw)] {
+      cpu_.rmsnorm_backward(dy, x, w, rstd, rows, dim, dx, dw);
+    });
   }
   void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
             const float* sin, bool inverse) override {
-    cpu_.rope(v(x), rows, seq, heads, head_dim, v(cos), v(sin), inverse);
+    run([=, this, x = v(x), cos = v(cos), sin = v(sin)] {
+      cpu_.rope(x, rows, seq, heads, head_dim, cos, sin, inverse);
+    });
   }
   void swiglu_forward(const float* g, const float* u, float* a, int64_t n) override {
-    cpu_.swiglu_forward(v(g), v(u), v(a), n);
+    run([=, this, g = v(g), u = v(u), a = v(a)] { cpu_.swiglu_forward(g, u, a, n); });
   }
   void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
                        int64_t n) override {
-    cpu_.swiglu_backward(v(da), v(g), v(u), v(dg), v(du), n);
+    run([=, this, da = v(da), g = v(g), u = v(u), dg = v(dg), du = v(du)] {
+      cpu_.swiglu_backward(da, g, u, dg, du, n);
+    });
   }
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
                               int64_t first_query) override {
-    cpu_.causal_softmax_forward(v(scores), v(lse), rows, keys, first_query);
+    run([=, this, scores = v(scores), lse = v(lse)] {
+      cpu_.causal_softmax_forward(scores, lse, rows, keys, first_query);
+    });
   }
   void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
                                int64_t keys, int64_t first_query) override {
-    cpu_.causal_softmax_backward(v(scores), v(dp), v(lse), rows, keys, first_query);
+    run([=, this, scores = v(scores), dp = v(dp), lse = v(lse)] {
+      cpu_.causal_softmax_backward(scores, dp, lse, rows, keys, first_query);
+    });
   }
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
                      bool grad, float* row_loss) override {
-    cpu_.cross_entropy(v(logits), v(targets), rows, vocab, coef, grad, v(row_loss));
+    run([=, this, logits = v(logits), targets = v(targets), row_loss = v(row_loss)] {
+      cpu_.cross_entropy(logits, targets, rows, vocab, coef, grad, row_loss);
+    });
   }
   void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
                          int64_t hidden, float* out) override {
-    cpu_.embedding_forward(v(table), dtype, v(ids), n, hidden, v(out));
+    run([=, this, table = v(table), ids = v(ids), out = v(out)] {
+      cpu_.embedding_forward(table, dtype, ids, n, hidden, out);
+    });
   }
   void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden,
                           float* grad) override {
-    cpu_.embedding_backward(v(ids), v(dy), n, hidden, v(grad));
+    run([=, this, ids = v(ids), dy = v(dy), grad = v(grad)] {
+      cpu_.embedding_backward(ids, dy, n, hidden, grad);
+    });
   }
 
  private:
@@ -235,9 +276,18 @@ class DiscreteCpuBackend final : public ComputeBackend {
   T* v(T* p) const {
     return static_cast<T*>(dev_.host_view(p));
   }
+  template <typename Fn>
+  void run(Fn fn) {
+    stream_->enqueue([delay = delay_us_, fn = std::move(fn)] {
+      if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+      fn();
+    });
+  }
 
   const CpuDevice& dev_;
+  const uint32_t delay_us_;
   CpuBackend cpu_;
+  std::unique_ptr<Stream> stream_;  // last: destroyed first, after its queued operations ran
 };
 
 }  // namespace
@@ -247,7 +297,7 @@ std::shared_ptr<ComputeBackend> cpu_backend() {
   return backend;
 }
 
-std::shared_ptr<ComputeBackend> make_cpu_backend(const CpuDevice& device) {
+std::shared_ptr<ComputeBackend> make_cpu_backend(CpuDevice& device) {
   if (device.host_accessible()) return cpu_backend();
   return std::make_shared<DiscreteCpuBackend>(device);
 }

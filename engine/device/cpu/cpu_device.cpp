@@ -319,7 +319,8 @@ class RegisteredStream final : public Stream {
 CpuDevice::CpuDevice(CpuDeviceOptions options)
     : registry_(std::make_shared<Registry>()),
       discrete_(options.discrete),
-      copy_delay_us_(options.copy_delay_us) {
+      copy_delay_us_(options.copy_delay_us),
+      compute_delay_us_(options.compute_delay_us) {
   set_budget(options.memory_budget_bytes);
   registry_->cache_limit = options.cache_bytes != 0           ? options.cache_bytes
                            : options.memory_budget_bytes != 0 ? options.memory_budget_bytes

@@ -104,6 +104,7 @@ class CudaBackend final : public ComputeBackend {
     CUDA_CHECK(cudaStreamSynchronize(native()));
     CUDA_CHECK(cudaGetLastError());
   }
+  Stream* stream() override { return stream_.get(); }
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
