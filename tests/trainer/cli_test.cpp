@@ -1163,9 +1163,10 @@ TEST_F(TrainCliTest, ExportRemovesTheTemporaryOfAKilledExportOnly) {
   const std::string ck = data_.file("ckpt"), hf = data_.file("hf"), err = data_.file("export.err");
   CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
   ASSERT_EQ(r.rc, 0) << r.err;
-  // Each piece sleeps 1 s after the stop check, and a shard appears just before one: the second
-  // signal, sent once the handler has taken the first, arrives before the export stops.
-  const pid_t pid = start_slow_export(ck, hf, err, 1000);
+  // Each piece sleeps 4 s after the stop check, and a shard appears just before one: the second
+  // signal, sent once the handler has taken the first, arrives before the export stops (a
+  // loaded machine has delayed it past a 1 s sleep).
+  const pid_t pid = start_slow_export(ck, hf, err, 4000);
   ASSERT_GT(pid, 0);
   const std::string killed = hf + ".tmp-" + std::to_string(pid);
   const bool writing = wait_for_a_shard(killed, pid);
