@@ -158,22 +158,19 @@ void ResidencyPolicy::free_slab(int unit) {
 }
 
 bool ResidencyPolicy::evict_one(size_t i) {
-  // The kept unit whose next use is farthest (lowest index among ties); kept units filed
-  // under step i are the ones step i needs, and the smallest keys.
+  // The kept unit whose next use is farthest (lowest index among ties), if that use comes
+  // after step i: the units steps up to i need stay.
   if (kept_.empty()) return false;
   const auto [next, neg_unit] = *kept_.rbegin();
-  if (next == i) return false;
+  if (next <= i) return false;
   free_slab(-neg_unit);
   return true;
 }
 
 bool ResidencyPolicy::make_room(uint64_t numel, uint64_t bytes, size_t j) {
   while (live_numel_ + numel > options_.max_live_numel ||
-         live_bytes_ + bytes > options_.budget_bytes) {
-    // Only a kept unit whose next use comes after step j makes room for step j's unit.
-    if (kept_.empty() || kept_.rbegin()->first <= j) return false;
-    free_slab(-kept_.rbegin()->second);
-  }
+         live_bytes_ + bytes > options_.budget_bytes)
+    if (!evict_one(j)) return false;
   return true;
 }
 

@@ -85,6 +85,7 @@ class ResidencyPolicy {
   void prefetch(size_t i);
   void wait_ready(int unit);
   void free_slab(int unit);
+  // Frees the kept unit needed farthest ahead if it is needed only after step i.
   bool evict_one(size_t i);
   bool needed_by(size_t i, int unit) const;
   uint64_t slab_bytes(int unit) const;

@@ -205,17 +205,6 @@ FileMeasured measure_with_files(const config::Config& cfg, const model::LlamaMod
   return m;
 }
 
-void expect_traffic_as_planned(const Measured& m, int steps) {
-  const Plan& p = m.plan;
-  const TrafficStats& a = m.after_init;
-  const TrafficStats& b = m.after_steps;
-  EXPECT_EQ(b.h2d_bytes - a.h2d_bytes, steps * p.per_step.h2d) << format_plan(p);
-  EXPECT_EQ(b.d2h_bytes - a.d2h_bytes, steps * p.per_step.d2h) << format_plan(p);
-  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, steps * p.per_step.nvme_read) << format_plan(p);
-  EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, steps * p.per_step.nvme_write)
-      << format_plan(p);
-}
-
 // The plan of a mixed placement is what the engine allocates and moves: pinned bytes (the
 // host-homed partitions, fetch buffers and write-back slots sized to the largest partition in a
 // swap file), swap files for the NVMe-homed units only, and per-step traffic, also when

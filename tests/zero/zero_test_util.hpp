@@ -216,6 +216,26 @@ inline Measured measure_on(device::Device& dev, const config::Config& cfg,
   return m;
 }
 
+// Bytes of one bf16 copy of every unit's parameters (padded).
+inline uint64_t bf16_param_bytes(const model::LlamaModel& model) {
+  uint64_t n = 0;
+  for (const model::UnitLayout& u : model.layout().units) n += u.padded_numel * sizeof(uint16_t);
+  return n;
+}
+
+// The bytes `m`'s engine moved over its `steps` steps, each way and to and from the drive, are
+// the plan's per step.
+inline void expect_traffic_as_planned(const Measured& m, int steps) {
+  const Plan& p = m.plan;
+  const TrafficStats& a = m.after_init;
+  const TrafficStats& b = m.after_steps;
+  const auto n = static_cast<uint64_t>(steps);
+  EXPECT_EQ(b.h2d_bytes - a.h2d_bytes, n * p.per_step.h2d) << format_plan(p);
+  EXPECT_EQ(b.d2h_bytes - a.d2h_bytes, n * p.per_step.d2h) << format_plan(p);
+  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, n * p.per_step.nvme_read) << format_plan(p);
+  EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, n * p.per_step.nvme_write) << format_plan(p);
+}
+
 inline Measured measure(const config::Config& cfg, const model::LlamaModel& model, int steps,
                         EngineOptions eo = {}, const std::function<void()>& while_alive = {}) {
   device::CpuDevice dev;
