@@ -1080,8 +1080,9 @@ TEST_F(TrainCliTest, InitFromANonFiniteWeightExitsTwoNamingTensorAndFile) {
 // check for a stop) and --max-shard-size 40KB (many shards, the first ones complete early);
 // stderr goes to `err`.
 pid_t start_slow_export(const std::string& ck, const std::string& hf, const std::string& err,
-                        int delay_ms) {
+                        int delay_ms, const std::string& piece_log = "") {
   const std::string delay = "OUTCORE_TEST_EXPORT_PIECE_DELAY_MS=" + std::to_string(delay_ms);
+  const std::string log = "OUTCORE_TEST_EXPORT_PIECE_LOG=" + piece_log;
   const pid_t pid = fork();
   if (pid == 0) {
     const int fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -1089,11 +1090,23 @@ pid_t start_slow_export(const std::string& ck, const std::string& hf, const std:
     const int null = open("/dev/null", O_WRONLY);
     dup2(null, STDOUT_FILENO);
     putenv(const_cast<char*>(delay.c_str()));
+    if (!piece_log.empty()) putenv(const_cast<char*>(log.c_str()));
     execl(OUTCORE_CLI_WITH_TEST_HOOKS, OUTCORE_CLI_WITH_TEST_HOOKS, "export", ck.c_str(),
           hf.c_str(), "--max-shard-size", "40KB", static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;
+}
+
+// Waits (at most 60 s) until the export `pid` has written a line to `piece_log` beyond the
+// `seen` it held: the export has passed a check for a stop and sleeps. False if it ended.
+bool wait_for_a_piece_after(const std::string& piece_log, size_t seen, pid_t pid) {
+  for (int i = 0; i < 6000; ++i) {
+    if (lines_of(slurp(piece_log)).size() > seen) return true;
+    if (waitpid(pid, nullptr, WNOHANG) != 0) return false;
+    usleep(10000);
+  }
+  return false;
 }
 
 // Waits (at most 60 s) until `dir` holds a finished *.safetensors file: the export is writing.
@@ -1163,13 +1176,16 @@ TEST_F(TrainCliTest, ExportRemovesTheTemporaryOfAKilledExportOnly) {
   const std::string ck = data_.file("ckpt"), hf = data_.file("hf"), err = data_.file("export.err");
   CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
   ASSERT_EQ(r.rc, 0) << r.err;
-  // Each piece sleeps 4 s after the stop check, and a shard appears just before one: the second
-  // signal, sent once the handler has taken the first, arrives before the export stops (a
-  // loaded machine has delayed it past a 1 s sleep).
-  const pid_t pid = start_slow_export(ck, hf, err, 4000);
+  // Each piece sleeps 4 s after the stop check. Both signals are sent once a shard is written
+  // and the export has logged a piece after that: during that piece's sleep, before the next
+  // check. (A signal sent when the shard appeared could reach the export before the check that
+  // follows the shard, under load, and the export removed its temporary before the second.)
+  const std::string piece_log = data_.file("pieces");
+  const pid_t pid = start_slow_export(ck, hf, err, 4000, piece_log);
   ASSERT_GT(pid, 0);
   const std::string killed = hf + ".tmp-" + std::to_string(pid);
-  const bool writing = wait_for_a_shard(killed, pid);
+  const bool writing = wait_for_a_shard(killed, pid) &&
+                       wait_for_a_piece_after(piece_log, lines_of(slurp(piece_log)).size(), pid);
   kill(pid, SIGINT);
   const bool taken = wait_until_not_caught(pid, SIGINT);
   kill(pid, SIGINT);

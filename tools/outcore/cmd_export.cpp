@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -163,11 +164,16 @@ int run_export(const ExportArgs& a) {
   options.dtype = dtype.value_or(c.manifest().param_dtype);
   if (!a.no_verify) c.verify();
   // Test hook (off in the shipped binary): a sleep before each piece is read, after the check
-  // for a stop, so the command-line tests can signal an export in the middle of writing.
-  const std::chrono::milliseconds delay = test_hooks().export_piece_delay;
-  auto read_master = [&c, delay](int unit, uint64_t begin, uint64_t count, float* out) {
+  // for a stop and a line in the piece log, so the command-line tests can signal an export in
+  // the middle of writing.
+  const TestHooks& hooks = test_hooks();
+  auto read_master = [&c, &hooks](int unit, uint64_t begin, uint64_t count, float* out) {
     throw_if_stopped();  // write_hf_model then removes what it wrote
-    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    if (hooks.export_piece_delay.count() > 0) {
+      if (!hooks.export_piece_log.empty())
+        std::ofstream(hooks.export_piece_log, std::ios::app) << "piece\n" << std::flush;
+      std::this_thread::sleep_for(hooks.export_piece_delay);
+    }
     c.read_slab(unit, ckpt::ArrayKind::kMaster, begin, count,
                 std::as_writable_bytes(std::span(out, count)));
   };

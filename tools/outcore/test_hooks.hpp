@@ -17,9 +17,12 @@ struct TestHooks {
   // ckpt::WriterOptions.
   uint64_t ckpt_crash_after_bytes = 0;
   std::string ckpt_crash_at;
-  // Sleep before `outcore export` reads each piece (0: never;
-  // OUTCORE_TEST_EXPORT_PIECE_DELAY_MS).
+  // Sleep before `outcore export` reads each piece, after its check for a stop (0: never;
+  // OUTCORE_TEST_EXPORT_PIECE_DELAY_MS). With a delay, a file that gets one line per piece
+  // between the check and the sleep (empty: none; OUTCORE_TEST_EXPORT_PIECE_LOG): a signal sent
+  // after a line appears reaches the export during that piece's sleep.
   std::chrono::milliseconds export_piece_delay{0};
+  std::string export_piece_log;
 };
 
 // The hooks of this process, read once on first call. Thread-safe.

@@ -15,6 +15,7 @@ TestHooks from_environment() {
   if (const char* ms = std::getenv("OUTCORE_TEST_EXPORT_PIECE_DELAY_MS")) {
     h.export_piece_delay = std::chrono::milliseconds(std::strtol(ms, nullptr, 10));
   }
+  if (const char* log = std::getenv("OUTCORE_TEST_EXPORT_PIECE_LOG")) h.export_piece_log = log;
   return h;
 }
 
