@@ -40,8 +40,9 @@
 // --recommended-shape trains at the micro-batch and accumulation `outcore estimate` recommends on
 // this machine (zero::choose_shape: the fewest tokens per step whose compute covers every
 // transfer within the device budget, else the closest), from the rates measured first: the
-// GEMM rate at 4096^3 (1024^3 on the host) in the compute dtype, pinned copies on a device the
-// host cannot read, and the drive's read and write rates through the aio engine (--ref-gib);
+// GEMM rate at 4096^3 (1024^3 on the host) in the compute dtype, the model's attention on one
+// sequence of up to 4096 tokens (512 on the host), pinned copies on a device the host cannot read,
+// and the drive's read and write rates through the aio engine (--ref-gib);
 // --micro and --gas are then ignored.
 // --keep-params keeps the gathered parameters on the device between uses and through the
 // micro-batches of a step, as far as the budget holds them (stage3_max_live_parameters and
@@ -204,8 +205,8 @@ std::optional<std::pair<int64_t, int64_t>> recommend_shape(
   const DType compute = config::compute_dtype(base);
   zero::LinkRates rates;
   const bool gpu = compute_dev.kind() == device::DeviceKind::Cuda;
-  rates.gemm_flops = device::gemm_flops(compute_dev, *device::make_backend(compute_dev), compute,
-                                        gpu ? 4096 : 1024);
+  const std::shared_ptr<device::ComputeBackend> backend = device::make_backend(compute_dev);
+  rates.gemm_flops = device::gemm_flops(compute_dev, *backend, compute, gpu ? 4096 : 1024);
   if (!dev.host_accessible()) rates.pcie_bytes = device::copy_bytes_per_second(dev);
   std::filesystem::create_directories(nvme);
   const bench::DriveRates drive =
@@ -219,14 +220,17 @@ std::optional<std::pair<int64_t, int64_t>> recommend_shape(
                          .compute_dtype = compute,
                          .activation_checkpointing = true};
   mo.head_chunk_rows = model::head_rows_on(mc, mo, dev, budget);
+  rates.attention_flops = device::attention_flops(
+      compute_dev, *backend, zero::rate_attention(model::LlamaModel(mc, mo), gpu ? 4096 : 512));
   const zero::PlanOptions po{.device_limit_bytes = budget,
                              .gradients = grads,
                              .device_host_accessible = dev.host_accessible()};
   const std::optional<zero::ShapeChoice> c = zero::choose_shape(base, mc, mo, po, budget, rates);
   std::printf(
-      "rates: GEMM %.1f TFLOP/s (%s), PCIe %.1f GB/s, drive read %.2f GB/s, write %.2f GB/s\n",
-      rates.gemm_flops / 1e12, std::string(dtype_name(compute)).c_str(), rates.pcie_bytes / 1e9,
-      drive.read_gbps, drive.write_gbps);
+      "rates: GEMM %.1f TFLOP/s (%s), attention %.1f TFLOP/s, PCIe %.1f GB/s, drive read %.2f "
+      "GB/s, write %.2f GB/s\n",
+      rates.gemm_flops / 1e12, std::string(dtype_name(compute)).c_str(),
+      rates.attention_flops / 1e12, rates.pcie_bytes / 1e9, drive.read_gbps, drive.write_gbps);
   if (!c) return std::nullopt;
   std::printf(
       "shape (as outcore estimate recommends%s): micro-batch %lld x accumulation %lld = %lld "

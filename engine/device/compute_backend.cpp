@@ -3,6 +3,8 @@
 // backend for a device.
 #include "engine/device/compute_backend.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -131,6 +133,57 @@ double gemm_flops(Device& device, ComputeBackend& backend, DType dtype, int64_t 
     backend.finish();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s);
+  }
+  return best;
+}
+
+double attention_train_flops(const ComputeBackend::Attention& a) {
+  // T (T + 1) / 2 pairs per sequence and head
+  return 3.0 * 4.0 * static_cast<double>(a.nh * a.hd) * static_cast<double>(a.B) *
+         static_cast<double>(a.T) * static_cast<double>(a.T + 1) / 2.0;
+}
+
+double attention_flops(Device& device, ComputeBackend& backend, const ComputeBackend::Attention& a,
+                       int reps) {
+  if (a.B < 1 || a.T < 1 || a.nh < 1 || a.nkv < 1 || a.nh % a.nkv != 0 || a.hd < 1 || a.block < 1 ||
+      reps < 1 || (a.dtype != DType::F32 && a.dtype != DType::BF16))
+    throw InvalidArgument(fmt::format(
+        "attention_flops: B {} T {} heads {} kv heads {} head size {} block {} reps {} {}: "
+        "positive sizes, heads a multiple of kv heads, fp32 or bf16 operands",
+        a.B, a.T, a.nh, a.nkv, a.hd, a.block, reps, dtype_name(a.dtype)));
+  const size_t q_elems = static_cast<size_t>(a.B * a.T * a.nh * a.hd);
+  const size_t kv_elems = static_cast<size_t>(a.B * a.T * a.nkv * a.hd);
+  const size_t es = dtype_size(a.dtype);
+  const size_t block_floats = static_cast<size_t>(a.block * a.T);
+  const size_t lowp_bytes =
+      std::max<size_t>(1, static_cast<size_t>(ComputeBackend::attention_bf16_scratch(a)) * 2);
+  const char* what = "attention rate";
+  DeviceBuffer q = device.alloc(q_elems * es, what), k = device.alloc(kv_elems * es, what),
+               v = device.alloc(kv_elems * es, what), dattn = device.alloc(q_elems * es, what);
+  DeviceBuffer attn = device.alloc(q_elems * sizeof(float), what),
+               dq = device.alloc(q_elems * sizeof(float), what),
+               dk = device.alloc(kv_elems * sizeof(float), what),
+               dv = device.alloc(kv_elems * sizeof(float), what),
+               lse = device.alloc(static_cast<size_t>(a.B * a.nh * a.T) * sizeof(float), what),
+               scores = device.alloc(block_floats * sizeof(float), what),
+               dprob = device.alloc(block_floats * sizeof(float), what),
+               lowp = device.alloc(lowp_bytes, what);
+  // Zeros: every probability 1 / (keys), every gradient 0; the work is the same as for any data.
+  for (DeviceBuffer* b : {&q, &k, &v, &dattn}) backend.zero(b->data(), b->size());
+  const double flops = attention_train_flops(a);
+  double best = 0;
+  for (int r = 0; r <= reps; ++r) {  // run 0 warms up
+    const auto t0 = std::chrono::steady_clock::now();
+    backend.zero(dk.data(), dk.size());
+    backend.zero(dv.data(), dv.size());
+    backend.attention_forward(a, q.data(), k.data(), v.data(), lse.as<float>(), attn.as<float>(),
+                              scores.as<float>(), lowp.data());
+    backend.attention_backward(a, q.data(), k.data(), v.data(), lse.as<float>(), dattn.data(),
+                               dq.as<float>(), dk.as<float>(), dv.as<float>(), scores.as<float>(),
+                               dprob.as<float>(), lowp.data());
+    backend.finish();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::max(best, flops / s);
   }
   return best;
 }

@@ -207,6 +207,17 @@ std::unique_ptr<ComputeBackend> make_cuda_backend(Device& device);
 // BF16: gemm_bf16) on buffers of `device`: one warm-up call, then the best of `reps` timed calls,
 // each ended by finish(). The rate the model's GEMMs reach at best on this device.
 double gemm_flops(Device& device, ComputeBackend& backend, DType dtype, int64_t n, int reps = 3);
+// The model FLOPs of one forward + backward of causal attention `a`: 3 x 4 * nh * hd per
+// query-key pair at or below the diagonal (LlamaConfig::attention_flops_per_token, per layer),
+// however many products an implementation does.
+double attention_train_flops(const ComputeBackend::Attention& a);
+// attention_train_flops(a) per second of `backend`'s causal attention of shape `a` (its B, T,
+// heads, head size, block and operand dtype) on buffers of `device`: forward then backward, one
+// warm-up, then the best of `reps` timed runs, each ended by finish(). The rate the model's
+// attention reaches on this device. Throws InvalidArgument for a shape the model never makes
+// (a size below 1, heads not a multiple of the kv heads, operands neither fp32 nor bf16).
+double attention_flops(Device& device, ComputeBackend& backend, const ComputeBackend::Attention& a,
+                       int reps = 3);
 // Bytes/s of host<->device copies on `device`: `bytes` of registered host memory up, then down,
 // on one stream, best of `reps` round trips (both directions counted). The rate the engine's
 // transfers reach at best over the bus (PCIe on a GPU).

@@ -350,9 +350,14 @@ uint64_t LlamaConfig::num_parameters() const { return count_parameters(*this).to
 double LlamaConfig::forward_flops_per_token(int64_t seq_len) const {
   const double h = hidden_size;
   const double layer_gemm = 2.0 * h * (2.0 * q_dim() + 2.0 * kv_dim() + 3.0 * intermediate_size);
-  const double attention = 2.0 * q_dim() * (seq_len + 1);  // 4 * q_dim * mean keys (T+1)/2
   const double head = 2.0 * h * vocab_size;
-  return num_hidden_layers * (layer_gemm + attention) + head;
+  return num_hidden_layers * layer_gemm + head + attention_flops_per_token(seq_len);
+}
+
+double LlamaConfig::attention_flops_per_token(int64_t seq_len) const {
+  // 4 * q_dim per key, over a mean of (T + 1) / 2 keys per query
+  return static_cast<double>(num_hidden_layers) * 2.0 * static_cast<double>(q_dim()) *
+         static_cast<double>(seq_len + 1);
 }
 
 }  // namespace outcore::model

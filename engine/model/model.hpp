@@ -135,6 +135,9 @@ struct LlamaConfig {
   // (the embedding lookup counts 0), plus causal attention (each query attends to (t+1)
   // keys: 4 * q_dim * (seq_len + 1) / 2 per layer). Norms, RoPE, softmax are not counted.
   double forward_flops_per_token(int64_t seq_len) const;
+  // The attention part of forward_flops_per_token: num_hidden_layers * 4 * q_dim * (seq_len +
+  // 1) / 2 (the products q k^T and p v over the causal half). The rest is GEMMs.
+  double attention_flops_per_token(int64_t seq_len) const;
   // Training FLOPs per token: 3x forward (backward = 2x forward), recomputation not counted.
   double train_flops_per_token(int64_t seq_len) const {
     return 3.0 * forward_flops_per_token(seq_len);

@@ -22,7 +22,15 @@ StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const Lin
                         static_cast<double>(plan.micro_batches_per_step);
   const double recompute = o.activation_checkpointing ? 4.0 / 3.0 : 1.0;
   t.flops = model.config().train_flops_per_token(o.seq_len) * tokens * recompute;
-  t.compute_s = rates.gemm_flops > 0 ? t.flops / rates.gemm_flops : 0;
+  t.attention_flops =
+      3.0 * model.config().attention_flops_per_token(o.seq_len) * tokens * recompute;
+  if (rates.gemm_flops > 0) {
+    const double attention_rate =
+        rates.attention_flops > 0 ? rates.attention_flops : rates.gemm_flops;
+    t.gemm_s = (t.flops - t.attention_flops) / rates.gemm_flops;
+    t.attention_s = t.attention_flops / attention_rate;
+    t.compute_s = t.gemm_s + t.attention_s;
+  }
   const double copied = static_cast<double>(plan.per_step.h2d + plan.per_step.d2h);
   t.pcie_s = rates.pcie_bytes > 0 ? copied / rates.pcie_bytes : 0;
   const double nr = static_cast<double>(plan.per_step.nvme_read);
@@ -33,6 +41,15 @@ StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const Lin
     t.drive_s = nr / rates.drive_read_bytes + nw / rates.drive_write_bytes;
   }
   return t;
+}
+
+device::ComputeBackend::Attention rate_attention(const model::LlamaModel& model,
+                                                 int64_t max_tokens) {
+  device::ComputeBackend::Attention a = model.workspace_shape(0).attention;
+  a.B = 1;
+  a.T = std::min(a.T, std::max<int64_t>(max_tokens, 1));
+  a.block = std::min(a.block, a.T);
+  return a;
 }
 
 uint64_t cuda_workspace_bytes(const config::Config& cfg, const model::LlamaModel& model) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/config/config.hpp"
+#include "engine/device/compute_backend.hpp"
 #include "engine/model/model.hpp"
 #include "engine/zero/plan.hpp"
 
@@ -16,18 +17,22 @@ namespace outcore::zero {
 
 struct LinkRates {
   double gemm_flops = 0;         // FLOP/s of the model's GEMMs (its compute dtype) on the device
+  double attention_flops = 0;    // model FLOP/s of its attention there; 0: at gemm_flops
   double pcie_bytes = 0;         // bytes/s host<->device; 0: no copies cross a bus (host device)
   double drive_read_bytes = 0;   // bytes/s the swap drive reads; 0: unknown
   double drive_write_bytes = 0;  // bytes/s the swap drive writes; 0: unknown
 };
 
 struct StepTimes {
-  double flops = 0;         // model FLOPs of the step (forward + backward, recompute included)
-  double compute_s = 0;     // flops / gemm_flops
-  double pcie_s = 0;        // (h2d + d2h) / pcie_bytes
-  double drive_s = 0;       // nvme_read / read rate + nvme_write / write rate
-  bool drive_known = true;  // false when the plan moves NVMe bytes and no drive rate is given
-  double bound_s() const;   // the largest of the three
+  double flops = 0;            // model FLOPs of the step (forward + backward, recompute included)
+  double attention_flops = 0;  // the attention's part of them
+  double gemm_s = 0;           // (flops - attention_flops) / gemm_flops
+  double attention_s = 0;      // attention_flops / attention_flops rate (else the GEMM rate)
+  double compute_s = 0;        // gemm_s + attention_s
+  double pcie_s = 0;           // (h2d + d2h) / pcie_bytes
+  double drive_s = 0;          // nvme_read / read rate + nvme_write / write rate
+  bool drive_known = true;     // false when the plan moves NVMe bytes and no drive rate is given
+  double bound_s() const;      // the largest of the three
   // "compute", "PCIe" or "drive": which one bounds the step.
   std::string bound() const;
   // True when compute takes at least as long as each transfer (they can hide under it).
@@ -35,8 +40,14 @@ struct StepTimes {
 };
 
 // The step of `plan` (for `model`, whose options give the micro-batch and checkpointing) at
-// `rates`. Activation checkpointing recomputes each decoder's forward: a third more FLOPs.
+// `rates`: the GEMMs at the GEMM rate, the attention at its own. Activation checkpointing
+// recomputes each decoder's forward: a third more FLOPs.
 StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const LinkRates& rates);
+
+// The attention whose rate stands for `model`'s (device::attention_flops): one sequence of its
+// decoder attention (heads, head size, block, operand dtype) of min(seq_len, max_tokens) tokens.
+device::ComputeBackend::Attention rate_attention(const model::LlamaModel& model,
+                                                 int64_t max_tokens);
 
 // What the CUDA backend keeps on a GPU computing `model` under `cfg`'s device budget (the
 // plan's "compute backend" item, device::backend_workspace).

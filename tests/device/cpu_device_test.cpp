@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <numeric>
@@ -11,6 +12,7 @@
 #include "common/error.hpp"
 #include "engine/device/compute_backend.hpp"
 #include "engine/device/device.hpp"
+#include "engine/device/profiling_backend.hpp"
 
 namespace outcore::device {
 namespace {
@@ -274,6 +276,42 @@ TEST(CopyRate, MeasuresRoundTripsAndReturnsItsMemory) {
   EXPECT_EQ(dev.memory_stats().peak_bytes, uint64_t{1} << 20);
   EXPECT_THROW(copy_bytes_per_second(dev, 0, 1), InvalidArgument);
   EXPECT_THROW(copy_bytes_per_second(dev, 4096, 0), InvalidArgument);
+}
+
+// The attention rate `outcore estimate` and the benchmarks use: a warm-up and `reps` timed
+// forward + backward runs on the backend given, the model's FLOPs per run, its memory handed
+// back, shapes the model never makes refused.
+TEST(AttentionRate, RunsForwardAndBackwardOnTheBackendAndCountsTheModelsFlops) {
+  CpuDevice dev({.discrete = true});
+  ProfilingBackend profiled(make_cpu_backend(dev));
+  const ComputeBackend::Attention a{.B = 2,
+                                    .T = 48,
+                                    .nh = 4,
+                                    .nkv = 2,
+                                    .hd = 16,
+                                    .block = 32,
+                                    .scale = 0.25f,
+                                    .dtype = DType::BF16};
+  const double rate = attention_flops(dev, profiled, a, 2);
+  EXPECT_GT(rate, 0.0);
+  EXPECT_TRUE(std::isfinite(rate));
+  int64_t forward = 0, backward = 0;
+  for (const ProfilingBackend::Row& r : profiled.rows()) {
+    if (r.op.rfind("attention_forward", 0) == 0) forward += r.calls;
+    if (r.op.rfind("attention_backward", 0) == 0) backward += r.calls;
+  }
+  EXPECT_EQ(forward, 3);
+  EXPECT_EQ(backward, 3);
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 0u);
+  // 2 sequences x 4 heads x 48 * 49 / 2 causal pairs, 4 * 16 FLOPs each forward, 3x to train.
+  EXPECT_DOUBLE_EQ(attention_train_flops(a), 3.0 * 4 * 16 * 2 * 4 * (48.0 * 49 / 2));
+  ComputeBackend::Attention bad = a;
+  bad.nh = 3;
+  EXPECT_THROW(attention_flops(dev, profiled, bad, 1), InvalidArgument);
+  bad = a;
+  bad.dtype = DType::F16;
+  EXPECT_THROW(attention_flops(dev, profiled, bad, 1), InvalidArgument);
+  EXPECT_THROW(attention_flops(dev, profiled, a, 0), InvalidArgument);
 }
 
 }  // namespace

@@ -505,6 +505,7 @@ TEST(LlamaConfig, FlopsCountEveryGemmAndCausalAttention) {
   const double attention = 4.0 * 64 * (T + 1) / 2;  // QK^T and PV over (t+1) keys on average
   const double head = 2.0 * 64 * 100;
   EXPECT_DOUBLE_EQ(c.forward_flops_per_token(T), 2 * (2 * layer_macs + attention) + head);
+  EXPECT_DOUBLE_EQ(c.attention_flops_per_token(T), 2 * attention);
   EXPECT_DOUBLE_EQ(c.train_flops_per_token(T), 3 * c.forward_flops_per_token(T));
 }
 

@@ -567,8 +567,8 @@ TEST_F(TrainCliTest, EstimateSaysWhatKeepingTheGatheredParametersGives) {
   config_ = write_config("streamed.json", patch);
   const std::string est = "estimate --config " + shell_quote(config_) + " --model " +
                           shell_quote(model_) +
-                          " --seq-len 32 --device cpu --gemm-tflops 1000 --drive-read-gbps 0.1 "
-                          "--drive-write-gbps 0.1";
+                          " --seq-len 32 --device cpu --gemm-tflops 1000 --attention-tflops 1000 "
+                          "--drive-read-gbps 0.1 --drive-write-gbps 0.1";
   CliResult r = run(est);
   ASSERT_EQ(r.rc, 0) << r.err;
   const size_t at = r.out.find("with stage3_max_live_parameters ");
@@ -585,10 +585,19 @@ TEST_F(TrainCliTest, EstimateSaysWhatKeepingTheGatheredParametersGives) {
   patch["zero_optimization"]["stage3_max_reuse_distance"] = 1e12;
   config_ = write_config("kept.json", patch);
   r = run("estimate --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
-          " --seq-len 32 --device cpu --gemm-tflops 1000 --drive-read-gbps 0.1 "
-          "--drive-write-gbps 0.1");
+          " --seq-len 32 --device cpu --gemm-tflops 1000 --attention-tflops 1000 "
+          "--drive-read-gbps 0.1 --drive-write-gbps 0.1");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out.find("with stage3_max_live_parameters"), std::string::npos) << r.out;
+}
+
+// The compute time of estimate's bound line ("  compute  <s> s ..."); -1 when absent.
+double estimated_compute_s(const std::string& out) {
+  const size_t at = out.find("  compute  ");
+  double s = -1;
+  if (at == std::string::npos || std::sscanf(out.c_str() + at, "  compute %lf s", &s) != 1)
+    return -1;
+  return s;
 }
 
 // estimate's step bounds: with the rates given, the drive bounds a step of an NVMe config and
@@ -598,11 +607,14 @@ TEST_F(TrainCliTest, EstimatePrintsTheStepBoundsAndTheShapeThatHidesTheTransfers
   config_ = write_config("nvme.json", testing::nvme_patch(data_.file("swap")));
   const std::string est = "estimate --config " + shell_quote(config_) + " --model " +
                           shell_quote(model_) + " --seq-len 32 --device cpu";
-  CliResult r = run(est + " --gemm-tflops 1000 --drive-read-gbps 0.1 --drive-write-gbps 0.1");
+  CliResult r = run(est +
+                    " --gemm-tflops 1000 --attention-tflops 1000 --drive-read-gbps 0.1 "
+                    "--drive-write-gbps 0.1");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("bound "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("drive\n"), std::string::npos) << r.out;  // the bound line ends "drive"
   EXPECT_NE(r.out.find("(--gemm-tflops)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(--attention-tflops)"), std::string::npos) << r.out;
   // At 1000 TFLOP/s nothing this small hides a 0.1 GB/s drive: the closest shape is printed.
   EXPECT_NE(r.out.find("no shape up to micro-batch 64 x accumulation 128 hides them"),
             std::string::npos)
@@ -610,21 +622,49 @@ TEST_F(TrainCliTest, EstimatePrintsTheStepBoundsAndTheShapeThatHidesTheTransfers
   // The parameters are in swap files (max_in_cpu 0) and would fit in host memory: the drive's
   // time without their reads is printed.
   EXPECT_NE(r.out.find("with offload_param.max_in_cpu "), std::string::npos) << r.out;
-  r = run(est + " --gemm-tflops 0.00001 --drive-read-gbps 1 --drive-write-gbps 1");
+  r = run(est +
+          " --gemm-tflops 0.00001 --attention-tflops 0.00001 --drive-read-gbps 1 "
+          "--drive-write-gbps 1");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("compute\n"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("with offload_param.max_in_cpu"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("the transfers fit under compute"), std::string::npos) << r.out;
   // A rate where a larger micro-batch hides the drive.
-  r = run(est + " --gemm-tflops 0.05 --drive-read-gbps 0.5 --drive-write-gbps 0.5");
+  r = run(est +
+          " --gemm-tflops 0.05 --attention-tflops 0.05 --drive-read-gbps 0.5 "
+          "--drive-write-gbps 0.5");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("to hide the transfers under compute: train_micro_batch_size_per_gpu"),
             std::string::npos)
       << r.out;
-  r = run(est + " --gemm-tflops 1");
+  r = run(est + " --gemm-tflops 1 --attention-tflops 1");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("drive     unknown"), std::string::npos) << r.out;
+  // The attention at its own rate: a slower one adds its FLOPs' time at that rate.
+  r = run(est + " --gemm-tflops 0.001 --attention-tflops 0.001");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const double same_rate = estimated_compute_s(r.out);
+  ASSERT_GT(same_rate, 0) << r.out;
+  r = run(est + " --gemm-tflops 0.001 --attention-tflops 0.000001");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const double slow_attention = estimated_compute_s(r.out);
+  double attention_tflop = 0;
+  const size_t line = r.out.find("    attention ");
+  ASSERT_NE(line, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + line, "    attention %lf TFLOP", &attention_tflop), 1);
+  EXPECT_NEAR(slow_attention - same_rate, attention_tflop / 1e-6 - attention_tflop / 1e-3,
+              0.01 * slow_attention)
+      << r.out;
+  // Not given, the model's attention is measured on the device planned for (here the host).
+  r = run(est + " --gemm-tflops 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("(measured: fp32 attention forward + backward, 32 tokens, 4 heads of 16 "
+                       "over 2 kv heads, on the host)"),
+            std::string::npos)
+      << r.out;
   r = run(est + " --gemm-tflops -3");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  r = run(est + " --gemm-tflops 1 --attention-tflops 0");
   EXPECT_EQ(r.rc, 2) << r.out;
 }
 
@@ -647,6 +687,13 @@ TEST_F(TrainCliTest, EstimatePlansForAGpuThatIsNotHere) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("PCIe"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(--gemm-tflops)"), std::string::npos) << r.out;
+  // That GPU's attention cannot be measured here: at the GEMM rate unless given, and said.
+  EXPECT_NE(r.out.find("at the GEMM rate: give --attention-tflops"), std::string::npos) << r.out;
+  r = run(est +
+          " --gpu-memory-gb 80 --gemm-tflops 900 --attention-tflops 35 --pcie-gbps 50 "
+          "--drive-read-gbps 6 --drive-write-gbps 4");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("at 35 TFLOP/s (--attention-tflops)"), std::string::npos) << r.out;
   r = run(est + " --gpu-memory-gb 0.001");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.err.find("does not fit: device"), std::string::npos) << r.err;

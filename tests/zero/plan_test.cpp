@@ -171,8 +171,9 @@ TEST(Plan, NvmeGradientsMatchThePlan) {
 }
 
 // The step's times: FLOPs of every token of every micro-batch (a third more with activation
-// checkpointing) at the GEMM rate, the copies at the PCIe rate, the drive's bytes at its rates,
-// and the bound is the largest; an NVMe plan without drive rates leaves the drive unknown.
+// checkpointing), the attention's at its rate and the rest at the GEMM rate, the copies at the PCIe
+// rate, the drive's bytes at its rates, and the bound is the largest; an NVMe plan without drive
+// rates leaves the drive unknown.
 TEST(StepBounds, TimesAreBytesAndFlopsOverTheRatesAndTheBoundIsTheLargest) {
   Plan plan;
   plan.tokens_per_micro_batch = 32;
@@ -185,7 +186,16 @@ TEST(StepBounds, TimesAreBytesAndFlopsOverTheRatesAndTheBoundIsTheLargest) {
       plan, m,
       {.gemm_flops = 1e9, .pcie_bytes = 4e9, .drive_read_bytes = 2e9, .drive_write_bytes = 1e9});
   EXPECT_DOUBLE_EQ(t.flops, flops);
-  EXPECT_DOUBLE_EQ(t.compute_s, flops / 1e9);
+  EXPECT_DOUBLE_EQ(t.compute_s, flops / 1e9);  // the attention at the GEMM rate when not given
+  // The attention's FLOPs at their own rate, the rest at the GEMM rate.
+  const double attention = 3 * m.config().attention_flops_per_token(m.options().seq_len) * 96;
+  ASSERT_GT(attention, 0);
+  ASSERT_LT(attention, flops);
+  const StepTimes split = step_times(plan, m, {.gemm_flops = 1e9, .attention_flops = 1e8});
+  EXPECT_DOUBLE_EQ(split.attention_flops, attention);
+  EXPECT_DOUBLE_EQ(split.gemm_s, (flops - attention) / 1e9);
+  EXPECT_DOUBLE_EQ(split.attention_s, attention / 1e8);
+  EXPECT_DOUBLE_EQ(split.compute_s, split.gemm_s + split.attention_s);
   EXPECT_DOUBLE_EQ(t.pcie_s, 8e6 / 4e9);
   EXPECT_DOUBLE_EQ(t.drive_s, 4e6 / 2e9 + 2e6 / 1e9);
   EXPECT_TRUE(t.drive_known);
@@ -202,6 +212,29 @@ TEST(StepBounds, TimesAreBytesAndFlopsOverTheRatesAndTheBoundIsTheLargest) {
   o.activation_checkpointing = true;
   const model::LlamaModel ck(tiny_config(true), o);
   EXPECT_DOUBLE_EQ(step_times(plan, ck, {.gemm_flops = 1e9}).flops, flops * 4.0 / 3.0);
+  EXPECT_DOUBLE_EQ(step_times(plan, ck, {.gemm_flops = 1e9}).attention_flops,
+                   attention * 4.0 / 3.0);
+}
+
+// The attention measured for a model's rate is its own (heads, head size, dtype) on one
+// sequence of at most the tokens asked for, and its FLOPs are those the step counts per layer.
+TEST(StepBounds, TheAttentionMeasuredIsTheModelsAndCountsItsFlops) {
+  const model::LlamaModel m(tiny_config(true), tiny_options(DType::BF16));
+  const int64_t T = m.options().seq_len;
+  const device::ComputeBackend::Attention whole = rate_attention(m, 1 << 20);
+  const device::ComputeBackend::Attention model_attention = m.workspace_shape(0).attention;
+  EXPECT_EQ(whole.B, 1);
+  EXPECT_EQ(whole.T, T);
+  EXPECT_EQ(whole.nh, model_attention.nh);
+  EXPECT_EQ(whole.nkv, model_attention.nkv);
+  EXPECT_EQ(whole.hd, model_attention.hd);
+  EXPECT_EQ(whole.dtype, model_attention.dtype);
+  EXPECT_DOUBLE_EQ(device::attention_train_flops(whole),
+                   3 * m.config().attention_flops_per_token(T) * T /
+                       static_cast<double>(m.config().num_hidden_layers));
+  const device::ComputeBackend::Attention part = rate_attention(m, T / 2);
+  EXPECT_EQ(part.T, T / 2);
+  EXPECT_LE(part.block, part.T);
 }
 
 // The GPU test of stage 3 under a device budget below the model's state (gpu_test.cpp) still

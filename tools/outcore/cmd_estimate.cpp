@@ -6,9 +6,11 @@
 // (--gpu-memory-gb: a GPU of G GiB free that need not be here, e.g. one to rent, with the CUDA
 // backend's workspaces as on a real one). Exit 0 when it fits,
 // 2 when it does not (the reason on stderr, as `outcore train` refuses it) or on bad input.
-// Then what bounds a step (engine/zero/step_bounds.hpp): its compute at the GEMM rate measured
-// here on the device (or --gemm-tflops), its host<->device copies at the PCIe rate measured on a
-// GPU (or --pcie-gbps), its NVMe bytes at the drive's rates (--drive-read-gbps and
+// Then what bounds a step (engine/zero/step_bounds.hpp): its compute, the GEMMs at the GEMM rate
+// measured here on the device (or --gemm-tflops) and the attention at the rate of the model's
+// attention measured there (or --attention-tflops; at the GEMM rate for a GPU that is not here
+// and no flag, said), its host<->device copies at the PCIe rate measured on a GPU (or --pcie-gbps),
+// its NVMe bytes at the drive's rates (--drive-read-gbps and
 // --drive-write-gbps, from `aio_bench`), which one is largest, and the smallest micro-batch and
 // gradient_accumulation_steps that put the transfers under compute within the device budget.
 #include <fmt/format.h>
@@ -36,7 +38,8 @@ namespace {
 // Numbers arrive as text and are checked here, so bad values exit 2 like any bad input.
 struct EstimateArgs {
   std::string config_file, model_file, micro_batch, seq_len, world_size;
-  double gemm_tflops = 0, pcie_gbps = 0, drive_read_gbps = 0, drive_write_gbps = 0;
+  double gemm_tflops = 0, attention_tflops = 0, pcie_gbps = 0, drive_read_gbps = 0,
+         drive_write_gbps = 0;
   double gpu_memory_gb = 0;  // > 0: plan for a GPU with this much free memory, here or not
   std::string device = "auto";
   bool activation_checkpointing = false;
@@ -63,17 +66,27 @@ int64_t positive(const std::string& text, const char* flag, int64_t fallback, in
   return v;
 }
 
+// Where each rate comes from: a flag or a measurement, in words.
+struct RateSources {
+  std::string gemm = "--gemm-tflops", attention = "--attention-tflops", pcie = "--pcie-gbps";
+};
+
 void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::LinkRates& r,
-                  const std::string& gemm_source, const std::string& pcie_source) {
+                  const RateSources& src) {
   std::printf("\nstep bounds (per rank and optimizer step: micro-batches %lld x %lld tokens)\n",
               static_cast<long long>(plan.micro_batches_per_step),
               static_cast<long long>(plan.tokens_per_micro_batch));
-  std::printf("  compute  %8.3f s   %.3g TFLOP at %.3g TFLOP/s (%s)\n", t.compute_s, t.flops / 1e12,
-              r.gemm_flops / 1e12, gemm_source.c_str());
+  std::printf("  compute  %8.3f s   %.3g TFLOP: GEMMs %.3f s, attention %.3f s\n", t.compute_s,
+              t.flops / 1e12, t.gemm_s, t.attention_s);
+  std::printf("    GEMMs     %.3g TFLOP at %.3g TFLOP/s (%s)\n",
+              (t.flops - t.attention_flops) / 1e12, r.gemm_flops / 1e12, src.gemm.c_str());
+  std::printf("    attention %.3g TFLOP at %.3g TFLOP/s (%s)\n", t.attention_flops / 1e12,
+              (r.attention_flops > 0 ? r.attention_flops : r.gemm_flops) / 1e12,
+              src.attention.c_str());
   if (r.pcie_bytes > 0)
     std::printf("  PCIe     %8.3f s   %s at %.1f GB/s (%s)\n", t.pcie_s,
                 zero::format_bytes(plan.per_step.h2d + plan.per_step.d2h).c_str(),
-                r.pcie_bytes / 1e9, pcie_source.c_str());
+                r.pcie_bytes / 1e9, src.pcie.c_str());
   else
     std::printf("  PCIe        none    (the device is host memory)\n");
   const uint64_t nvme = plan.per_step.nvme_read + plan.per_step.nvme_write;
@@ -237,40 +250,54 @@ int run_estimate(const EstimateArgs& a) {
   }
 
   zero::LinkRates rates{.gemm_flops = a.gemm_tflops * 1e12,
+                        .attention_flops = a.attention_tflops * 1e12,
                         .pcie_bytes = a.pcie_gbps * 1e9,
                         .drive_read_bytes = a.drive_read_gbps * 1e9,
                         .drive_write_bytes = a.drive_write_gbps * 1e9};
-  std::string gemm_source = "--gemm-tflops", pcie_source = "--pcie-gbps";
+  RateSources src;
   if (absent_gpu && (rates.gemm_flops <= 0 || rates.pcie_bytes <= 0)) {
     std::printf(
         "\nstep bounds: give --gemm-tflops and --pcie-gbps (the GPU is not measured here)\n");
     return 0;
   }
+  if (absent_gpu && rates.attention_flops <= 0)
+    src.attention =
+        "at the GEMM rate: give --attention-tflops (`outcore doctor` measures it on a GPU)";
   try {
     const DType compute = model->options().compute_dtype;
-    if (gpu != nullptr) {
+    // The rates of the device planned for, where it is here: a GPU, else the host.
+    std::unique_ptr<device::Device> host;
+    device::Device* here = gpu.get();
+    if (here == nullptr && !absent_gpu) here = (host = std::make_unique<device::CpuDevice>()).get();
+    const std::string on = gpu != nullptr ? gpu->name() : "the host";
+    if (here != nullptr && (rates.gemm_flops <= 0 || rates.attention_flops <= 0)) {
+      const std::shared_ptr<device::ComputeBackend> backend = device::make_backend(*here);
       if (rates.gemm_flops <= 0) {
-        rates.gemm_flops = device::gemm_flops(*gpu, *device::make_backend(*gpu), compute, 4096);
-        gemm_source =
-            fmt::format("measured: {} GEMM 4096^3 on {}", dtype_name(compute), gpu->name());
+        const int64_t n = gpu != nullptr ? 4096 : 1024;
+        rates.gemm_flops = device::gemm_flops(*here, *backend, compute, n);
+        src.gemm = fmt::format("measured: {} GEMM {}^3 on {}", dtype_name(compute), n, on);
       }
-      if (rates.pcie_bytes <= 0) {
-        rates.pcie_bytes = device::copy_bytes_per_second(*gpu);
-        pcie_source = "measured: pinned copies of 256 MiB";
+      if (rates.attention_flops <= 0) {
+        // Up to 4096 tokens on a GPU (a few ms there), 512 on the host's cores.
+        const device::ComputeBackend::Attention at =
+            zero::rate_attention(*model, gpu != nullptr ? 4096 : 512);
+        rates.attention_flops = device::attention_flops(*here, *backend, at);
+        src.attention = fmt::format(
+            "measured: {} attention forward + backward, {} tokens, {} heads of {} over {} kv "
+            "heads, on {}",
+            dtype_name(at.dtype), at.T, at.nh, at.hd, at.nkv, on);
       }
-    } else {
-      if (rates.gemm_flops <= 0) {
-        device::CpuDevice host;
-        rates.gemm_flops = device::gemm_flops(host, *device::make_backend(host), compute, 1024);
-        gemm_source = fmt::format("measured: {} GEMM 1024^3 on the host", dtype_name(compute));
-      }
+    }
+    if (gpu != nullptr && rates.pcie_bytes <= 0) {
+      rates.pcie_bytes = device::copy_bytes_per_second(*gpu);
+      src.pcie = "measured: pinned copies of 256 MiB";
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "error: measuring the device's rates: %s\n", e.what());
     return 1;
   }
   const zero::StepTimes t = zero::step_times(plan, *model, rates);
-  print_bounds(t, plan, rates, gemm_source, pcie_source);
+  print_bounds(t, plan, rates, src);
   if (!t.drive_known) return 0;  // what hides the transfers depends on the drive
   print_params_in_host_memory(cfg, *model, plan, t, po, rates);
   print_params_kept_on_device(cfg, *model, plan, t, po, rates);
@@ -314,10 +341,15 @@ void add_estimate_command(CLI::App& app, int& rc) {
                   "cuda (the GPU's free memory caps the device budget)");
   cmd->add_option("--gpu-memory-gb", o->gpu_memory_gb,
                   "plan for a GPU with this many GiB free that this machine need not have (one "
-                  "to rent); the step bounds then need --gemm-tflops and --pcie-gbps")
+                  "to rent); the step bounds then need --gemm-tflops and --pcie-gbps, and take "
+                  "--attention-tflops")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--gemm-tflops", o->gemm_tflops,
                   "the device's GEMM rate in the compute dtype (default: measured here)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--attention-tflops", o->attention_tflops,
+                  "the model FLOP/s of the model's attention on the device, forward + backward "
+                  "(default: measured here; for --gpu-memory-gb, the GEMM rate)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--pcie-gbps", o->pcie_gbps,
                   "host<->device GB/s (default: measured on a GPU; none for the host device)")

@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/device/compute_backend.hpp"
 #include "engine/device/cpu/kernels.hpp"
 #include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/device.hpp"
@@ -199,6 +201,27 @@ Line gemm_tflops(ck::Gemm& gemm) {
           fmt::format("{:.0f} TFLOPS ({}^3, fp32 accumulation, fp32 output)", tflops, s)};
 }
 
+// The model FLOP/s of the CUDA backend's attention at Llama 3 8B's shape (what `outcore
+// estimate --attention-tflops` takes for this GPU).
+Line attention_tflops() {
+  const std::unique_ptr<device::Device> dev = device::make_cuda_device({.ordinal = 0});
+  const std::unique_ptr<device::ComputeBackend> backend = device::make_cuda_backend(*dev);
+  const device::ComputeBackend::Attention a{.B = 1,
+                                            .T = 4096,
+                                            .nh = 32,
+                                            .nkv = 8,
+                                            .hd = 128,
+                                            .block = 128,
+                                            .scale = 1.0f / std::sqrt(128.0f),
+                                            .dtype = DType::BF16};
+  const double flops = device::attention_flops(*dev, *backend, a);
+  return {"attention bf16 TFLOPS", Verdict::kOk,
+          fmt::format("{:.1f} TFLOPS (causal, forward + backward, 4096 tokens, 32 heads of 128 "
+                      "over 8 kv heads: Llama 3 8B; {})",
+                      flops / 1e12,
+                      device::fused_attention_shape(a) ? "fused kernels" : "through GEMMs")};
+}
+
 Line copy_bandwidth() {
   const size_t bytes = size_t{256} << 20;
   void* host = nullptr;
@@ -309,6 +332,7 @@ std::vector<Line> gpu_checks() {
   } catch (const std::exception& e) {
     lines.push_back({"kernel gemm", Verdict::kFail, e.what()});
   }
+  run(lines, "attention bf16 TFLOPS", attention_tflops);
   run(lines, "pinned copies", copy_bandwidth);
   run(lines, "nccl all-reduce", [&] { return nccl_line(static_cast<int>(p.gpus.size())); });
   return lines;
