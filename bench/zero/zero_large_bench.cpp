@@ -196,6 +196,31 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
   return b;
 }
 
+// The compute time `outcore estimate` plans for this run's step (zero::step_times, from the GEMM
+// and attention rates measured here on `compute_dev`) against the compute bound measured from
+// the units, and the same with the attention counted at the GEMM rate.
+void print_planned_compute(const zero::Plan& plan, const model::LlamaModel& model,
+                           device::Device& compute_dev, double measured_s) {
+  const bool gpu = compute_dev.kind() == device::DeviceKind::Cuda;
+  const std::shared_ptr<device::ComputeBackend> backend = device::make_backend(compute_dev);
+  zero::LinkRates rates;
+  rates.gemm_flops =
+      device::gemm_flops(compute_dev, *backend, model.options().compute_dtype, gpu ? 4096 : 1024);
+  rates.attention_flops =
+      device::attention_flops(compute_dev, *backend, zero::rate_attention(model, gpu ? 4096 : 512));
+  const zero::StepTimes t = zero::step_times(plan, model, rates);
+  rates.attention_flops = 0;
+  const zero::StepTimes gemm_only = zero::step_times(plan, model, rates);
+  std::printf(
+      "planned compute (outcore estimate): %.2f s = GEMMs %.2f s at %.1f TFLOP/s + attention "
+      "%.2f s at %.2f TFLOP/s: %.2fx the measured compute bound (%.2f s); with the attention at "
+      "the GEMM rate %.2f s (%.2fx)\n",
+      t.compute_s, t.gemm_s, rates.gemm_flops / 1e12, t.attention_s,
+      t.attention_s > 0 ? t.attention_flops / t.attention_s / 1e12 : 0.0, t.compute_s / measured_s,
+      measured_s, gemm_only.compute_s, gemm_only.compute_s / measured_s);
+  std::fflush(stdout);
+}
+
 // The (micro-batch, accumulation) zero::choose_shape picks for `base` (the bench's config) on
 // these devices, from rates measured here; prints them. nullopt when nothing fits.
 std::optional<std::pair<int64_t, int64_t>> recommend_shape(
@@ -416,6 +441,7 @@ int main(int argc, char** argv) {
     if (!skip_bounds) {
       bounds = measure_bounds(engine.plan(), model, *compute_dev, cfg, nvme, ref_gib, compute_reps,
                               dev->host_accessible());
+      print_planned_compute(engine.plan(), model, *compute_dev, bounds->compute.step_s());
       compute_dev.reset();  // its memory (and blocks kept for reuse) is not the run's
       reset_peak_rss();
     }

@@ -354,6 +354,12 @@ double LlamaConfig::forward_flops_per_token(int64_t seq_len) const {
   return num_hidden_layers * layer_gemm + head + attention_flops_per_token(seq_len);
 }
 
+double LlamaConfig::recompute_flops_per_token(int64_t seq_len) const {
+  const double h = hidden_size;
+  const double gemm = 2.0 * h * (2.0 * q_dim() + 2.0 * kv_dim() + 2.0 * intermediate_size);
+  return num_hidden_layers * gemm + attention_flops_per_token(seq_len);
+}
+
 double LlamaConfig::attention_flops_per_token(int64_t seq_len) const {
   // 4 * q_dim per key, over a mean of (T + 1) / 2 keys per query
   return static_cast<double>(num_hidden_layers) * 2.0 * static_cast<double>(q_dim()) *

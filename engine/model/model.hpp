@@ -142,6 +142,9 @@ struct LlamaConfig {
   double train_flops_per_token(int64_t seq_len) const {
     return 3.0 * forward_flops_per_token(seq_len);
   }
+  // What activation checkpointing adds per token: each decoder layer's forward again before its
+  // backward, all but the down projection (LlamaModel's decoder backward), attention included.
+  double recompute_flops_per_token(int64_t seq_len) const;
 };
 
 // Limits validate() enforces: far above any real model, and low enough that a valid config's

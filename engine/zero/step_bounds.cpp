@@ -20,10 +20,12 @@ StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const Lin
   const model::ModelOptions& o = model.options();
   const double tokens = static_cast<double>(plan.tokens_per_micro_batch) *
                         static_cast<double>(plan.micro_batches_per_step);
-  const double recompute = o.activation_checkpointing ? 4.0 / 3.0 : 1.0;
-  t.flops = model.config().train_flops_per_token(o.seq_len) * tokens * recompute;
-  t.attention_flops =
-      3.0 * model.config().attention_flops_per_token(o.seq_len) * tokens * recompute;
+  const model::LlamaConfig& c = model.config();
+  const bool again = o.activation_checkpointing;  // each decoder's forward again in backward
+  t.flops = (c.train_flops_per_token(o.seq_len) +
+             (again ? c.recompute_flops_per_token(o.seq_len) : 0.0)) *
+            tokens;
+  t.attention_flops = (again ? 4.0 : 3.0) * c.attention_flops_per_token(o.seq_len) * tokens;
   if (rates.gemm_flops > 0) {
     const double attention_rate =
         rates.attention_flops > 0 ? rates.attention_flops : rates.gemm_flops;

@@ -24,7 +24,7 @@ struct LinkRates {
 };
 
 struct StepTimes {
-  double flops = 0;            // model FLOPs of the step (forward + backward, recompute included)
+  double flops = 0;            // FLOPs of the step (forward + backward + recomputation)
   double attention_flops = 0;  // the attention's part of them
   double gemm_s = 0;           // (flops - attention_flops) / gemm_flops
   double attention_s = 0;      // attention_flops / attention_flops rate (else the GEMM rate)
@@ -40,8 +40,8 @@ struct StepTimes {
 };
 
 // The step of `plan` (for `model`, whose options give the micro-batch and checkpointing) at
-// `rates`: the GEMMs at the GEMM rate, the attention at its own. Activation checkpointing
-// recomputes each decoder's forward: a third more FLOPs.
+// `rates`: the GEMMs at the GEMM rate, the attention at its own. Activation checkpointing adds
+// each decoder's forward but its down projection (LlamaConfig::recompute_flops_per_token).
 StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const LinkRates& rates);
 
 // The attention whose rate stands for `model`'s (device::attention_flops): one sequence of its

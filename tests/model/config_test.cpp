@@ -506,6 +506,9 @@ TEST(LlamaConfig, FlopsCountEveryGemmAndCausalAttention) {
   const double head = 2.0 * 64 * 100;
   EXPECT_DOUBLE_EQ(c.forward_flops_per_token(T), 2 * (2 * layer_macs + attention) + head);
   EXPECT_DOUBLE_EQ(c.attention_flops_per_token(T), 2 * attention);
+  // Checkpointing's recomputation: every layer's forward but the down projection.
+  const double again_macs = 64 * 64 * 2 + 64 * 32 * 2 + 2 * 64 * 128;
+  EXPECT_DOUBLE_EQ(c.recompute_flops_per_token(T), 2 * (2 * again_macs + attention));
   EXPECT_DOUBLE_EQ(c.train_flops_per_token(T), 3 * c.forward_flops_per_token(T));
 }
 
