@@ -83,45 +83,91 @@ run_tests() {
   return "$rc"
 }
 
+# part NAME SECONDS CMD...: one part of the GPU verdict. CMD runs under a timeout, its output
+# shown and kept in $GPU_OUT/NAME.log; NAME's verdict is kept for the summary.
+GPU_PARTS=()
+part() {
+  local name=$1 secs=$2 rc verdict
+  shift 2
+  echo "==> ${name}"
+  set +e
+  timeout "$secs" "$@" 2>&1 | tee "$GPU_OUT/$name.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  case $rc in
+    0) verdict="ok" ;;
+    124) verdict="TIMED OUT after ${secs} s" ;;
+    *) verdict="FAILED (exit ${rc})" ;;
+  esac
+  GPU_PARTS+=("${name}|${verdict}")
+  [[ $rc -eq 0 ]]
+}
+
+# The summary of the parts run: each verdict, with the lines of its log that carry the figures
+# (the GPU, the rates, every failed test, every ratio against its reference).
+gpu_summary() {
+  local entry name verdict pattern
+  echo
+  echo "==> summary"
+  for entry in "${GPU_PARTS[@]}"; do
+    name=${entry%%|*}
+    verdict=${entry#*|}
+    printf '%-28s %s\n' "$name" "$verdict"
+    case $name in
+      doctor) pattern='^(gpu |gemm bf16 TFLOPS|attention bf16 TFLOPS|pinned copies|verdict)' ;;
+      gpu-tests)
+        pattern='tests passed|\((Failed|Timeout|SEGFAULT|Subprocess aborted)\)|Not Run'
+        echo "    $(grep -cE '\(Skipped\)$' "$GPU_OUT/$name.log" || true) skipped (a GPU runs them all)"
+        ;;
+      demo) pattern='^(trained|stopped after)' ;;
+      zero_bench*) pattern='^(tokens/s ratio|losses bit-identical|drive.s time)' ;;
+      model_bench*) pattern='ratio model/peak|^head \(' ;;
+      zero_large_bench*) pattern='^(step / max|planned compute|model TFLOP/s|summary over)' ;;
+      *) pattern='^$^' ;;
+    esac
+    grep -E "$pattern" "$GPU_OUT/$name.log" | sed 's/^/    /' || true
+    if [[ $verdict != ok ]]; then tail -n 1 "$GPU_OUT/$name.log" | sed 's/^/    /'; fi
+  done
+}
+
 # Every GPU verdict in one run (under 8 minutes on one H100 with 16 cores): the machine check,
-# the GPU tests, the demo on the GPU, and the GPU benchmarks with their ratios. Each part is
-# bounded by a timeout; the exit status is 1 when any part failed.
+# the GPU tests, the demo on the GPU, and the GPU benchmarks with their ratios, then one summary.
+# Each part is bounded by a timeout; the exit status is 1 when any part failed.
 run_gpu() {
   local rc=0 out="$BUILD_DIR/gpu_check"
+  GPU_OUT="$out"
   mkdir -p "$out"
-  echo "==> outcore doctor"
-  timeout 120 "$BUILD_DIR/bin/outcore" doctor --nvme-path "$out" || rc=1
-  echo "==> ctest -L gpu"
-  OUTCORE_REQUIRE_ORACLES=1 timeout 240 ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure || rc=1
-  echo "==> the demo on the GPU"
-  timeout 180 "$BUILD_DIR/bin/outcore" demo --device cuda --work-dir "$out/demo" || rc=1
-  echo "==> zero_bench on the GPU (NVMe-streamed stage 3 against everything in GPU memory)"
-  timeout 180 "$BUILD_DIR/bench/zero/zero_bench" --device cuda --steps 4 --nvme "$out" || rc=1
-  echo "==> the same with the gathered parameters kept on the GPU through each step"
-  timeout 180 "$BUILD_DIR/bench/zero/zero_bench" --device cuda --steps 4 --keep-params \
+  local layer=(--device cuda --compute bf16 --hidden 4096 --intermediate 14336 --heads 32
+    --kv-heads 8 --layers 1 --batch 1 --profile)
+  local large=(--device cuda --device-mb 1000 --hidden 1024 --intermediate 2816 --layers 8
+    --heads 16 --kv-heads 4 --vocab 32000 --seq 1024 --micro 1 --gas 4 --grads host --steps 3
+    --ref-gib 2 --nvme "$out/zero_large")
+  part doctor 120 "$BUILD_DIR/bin/outcore" doctor --nvme-path "$out" || rc=1
+  # ctest -L gpu: every CUDA test against the CPU reference
+  part gpu-tests 240 env OUTCORE_REQUIRE_ORACLES=1 ctest --test-dir "$BUILD_DIR" -L gpu \
+    --output-on-failure || rc=1
+  part demo 180 "$BUILD_DIR/bin/outcore" demo --device cuda --work-dir "$out/demo" || rc=1
+  # NVMe-streamed stage 3 against everything in GPU memory, then with the gathered parameters
+  # kept on the GPU through each step
+  part zero_bench 180 "$BUILD_DIR/bench/zero/zero_bench" --device cuda --steps 4 \
     --nvme "$out" || rc=1
-  echo "==> model_bench on the GPU: one Llama 3 8B layer in bf16 compute against the bf16 GEMM peak,"
-  echo "    and where one step's time goes per operation"
-  timeout 120 "$BUILD_DIR/bench/model/model_bench" --device cuda --compute bf16 --hidden 4096 \
-    --intermediate 14336 --heads 32 --kv-heads 8 --layers 1 --vocab 256 --seq 4096 --batch 1 \
-    --steps 3 --profile || rc=1
-  echo "==> the same layer at 16384 tokens (the fused attention's share and TFLOP/s at length)"
-  timeout 120 "$BUILD_DIR/bench/model/model_bench" --device cuda --compute bf16 --hidden 4096 \
-    --intermediate 14336 --heads 32 --kv-heads 8 --layers 1 --vocab 256 --seq 16384 --batch 1 \
-    --steps 2 --profile || rc=1
-  echo "==> the same layer with Llama 3's 128256-token head (the head's GEMMs and cross-entropy)"
-  timeout 120 "$BUILD_DIR/bench/model/model_bench" --device cuda --compute bf16 --hidden 4096 \
-    --intermediate 14336 --heads 32 --kv-heads 8 --layers 1 --vocab 128256 --seq 4096 --batch 1 \
-    --steps 2 --profile || rc=1
-  echo "==> zero_large_bench on the GPU: ZeRO-3 streamed from NVMe under a 1000 MiB device budget,"
-  echo "    4 micro-batches per step, against the compute, PCIe and drive bounds of the same run"
-  timeout 180 "$BUILD_DIR/bench/zero/zero_large_bench" --device cuda --device-mb 1000 --hidden 1024 \
-    --intermediate 2816 --layers 8 --heads 16 --kv-heads 4 --vocab 32000 --seq 1024 --micro 1 \
-    --gas 4 --grads host --steps 3 --ref-gib 2 --nvme "$out/zero_large" || rc=1
-  echo "==> the same with the gathered parameters kept on the GPU through each step's micro-batches"
-  timeout 180 "$BUILD_DIR/bench/zero/zero_large_bench" --device cuda --device-mb 1000 --hidden 1024 \
-    --intermediate 2816 --layers 8 --heads 16 --kv-heads 4 --vocab 32000 --seq 1024 --micro 1 \
-    --gas 4 --grads host --steps 3 --ref-gib 2 --keep-params --nvme "$out/zero_large" || rc=1
+  part zero_bench-keep-params 180 "$BUILD_DIR/bench/zero/zero_bench" --device cuda --steps 4 \
+    --keep-params --nvme "$out" || rc=1
+  # One Llama 3 8B layer in bf16 compute against the bf16 GEMM peak, where one step's time goes
+  # per operation, and the head alone: at 4096 and 16384 tokens, then with Llama 3's
+  # 128256-token head
+  part model_bench-4096 120 "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 \
+    --seq 4096 --steps 3 || rc=1
+  part model_bench-16384 120 "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 \
+    --seq 16384 --steps 2 || rc=1
+  part model_bench-vocab128256 120 "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" \
+    --vocab 128256 --seq 4096 --steps 2 || rc=1
+  # ZeRO-3 streamed from NVMe under a 1000 MiB device budget, 4 micro-batches per step, against
+  # the compute, PCIe and drive bounds of the same run; then with the gathered parameters kept
+  part zero_large_bench 180 "$BUILD_DIR/bench/zero/zero_large_bench" "${large[@]}" || rc=1
+  part zero_large_bench-keep-params 180 "$BUILD_DIR/bench/zero/zero_large_bench" "${large[@]}" \
+    --keep-params || rc=1
+  gpu_summary
   return "$rc"
 }
 

@@ -14,6 +14,9 @@
 // timed after each step) instead of sgemm: model TFLOPS over that peak. One Llama 3 8B layer:
 //   model_bench --device cuda --compute bf16 --hidden 4096 --intermediate 14336 --heads 32
 //               --kv-heads 8 --layers 1 --vocab 256 --seq 4096 --batch 1
+// The head (output projection, loss and its gradients, one fused unit) is then timed alone: its
+// time against its GEMMs' FLOPs (3 x 2 x hidden x vocab per token) at the reference rate, the
+// issue's measure for Llama 3's 128256-token vocabulary (goal <= 1.3).
 // --profile runs one more step through device::ProfilingBackend, which waits for each operation
 // before the next, and prints where that step's time went per operation and shape (with the
 // TFLOP/s of GEMMs and attention).
@@ -25,6 +28,7 @@
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "engine/device/device.hpp"
@@ -253,6 +257,36 @@ int main(int argc, char** argv) {
                   median(ratio_fp32));
     std::printf("device peak: %.1f MiB (parameters, gradients, activations%s)\n",
                 dev.memory_stats().peak_bytes / 1048576.0, bf16_compute ? " of both models" : "");
+    // The head alone, on the last step's input to it (median of `steps` calls, each finished).
+    {
+      const int head = m.num_units() - 1;
+      const bool tied = c.tie_word_embeddings;
+      acts.before_backward(head);
+      std::vector<double> head_s;
+      for (int s = 0; s < std::max(steps, 1); ++s) {
+        const auto t0 = Clock::now();
+        m.backward(head, {.params = mb.params[head],
+                          .tied_params = tied ? mb.params[0] : nullptr,
+                          .targets = targets.data(),
+                          .input = acts.unit_input(head),
+                          .grad_input = acts.grad(),
+                          .grads = mb.grads[head],
+                          .tied_grads = tied ? mb.grads[0] : nullptr,
+                          .mode = model::GradMode::Overwrite,
+                          .scratch = acts.scratch()});
+        head_s.push_back(seconds_since(t0));
+      }
+      const double head_flops = 3.0 * 2.0 * double(hidden) * double(vocab) * double(batch * seq);
+      const double at_peak = head_flops / (median(square_g) * 1e9);
+      const std::string rows = o.head_chunk_rows > 0
+                                   ? std::to_string(std::min(o.head_chunk_rows, batch * seq))
+                                   : "16 MiB of logits";
+      std::printf(
+          "head (loss forward + backward, vocab %lld, %lld rows, %s per launch): %.3f ms = %.2fx "
+          "its GEMMs' %.3f TFLOP at the %s rate (goal <= 1.3)\n",
+          (long long)vocab, (long long)(batch * seq), rows.c_str(), median(head_s) * 1e3,
+          median(head_s) / at_peak, head_flops / 1e12, gpu ? "bf16 GEMM peak" : "sgemm 2048^3");
+    }
     if (profile) print_profile(c, o, backend, mb, acts, tokens, targets, median(model_g));
     return 0;
   } catch (const std::exception& e) {

@@ -186,166 +186,174 @@ int main(int argc, char** argv) {
                "(stage3_max_live_parameters and stage3_max_reuse_distance 1e12)");
   CLI11_PARSE(app, argc, argv);
 
-  model::LlamaConfig mc;
-  mc.hidden_size = hidden;
-  mc.intermediate_size = hidden * 11 / 4 / 64 * 64;
-  mc.num_hidden_layers = layers;
-  mc.num_attention_heads = hidden / 64;
-  mc.num_key_value_heads = std::max<int64_t>(1, hidden / 128);
-  mc.head_dim = 64;
-  mc.vocab_size = vocab;
-  mc.max_position_embeddings = seq;
-  const DType dt = dtype == "fp32" ? DType::F32 : DType::BF16;
-  const bool cuda = device_kind == "cuda";
-  // The model's backend computes on its own device object; the engines' devices (one budget
-  // each) hand out memory of the same GPU.
-  std::unique_ptr<device::Device> compute_dev;
-  if (cuda) compute_dev = device::make_cuda_device();
-  const model::LlamaModel model(
-      mc,
-      {.micro_batch = micro, .seq_len = seq, .param_dtype = dt, .activation_checkpointing = true},
-      cuda ? device::make_backend(*compute_dev) : nullptr);
-  const uint64_t params = mc.num_parameters();
-  const uint64_t budget = static_cast<uint64_t>(device_fraction * 16.0 * params);
-  std::filesystem::create_directories(nvme);
+  try {
+    model::LlamaConfig mc;
+    mc.hidden_size = hidden;
+    mc.intermediate_size = hidden * 11 / 4 / 64 * 64;
+    mc.num_hidden_layers = layers;
+    mc.num_attention_heads = hidden / 64;
+    mc.num_key_value_heads = std::max<int64_t>(1, hidden / 128);
+    mc.head_dim = 64;
+    mc.vocab_size = vocab;
+    mc.max_position_embeddings = seq;
+    const DType dt = dtype == "fp32" ? DType::F32 : DType::BF16;
+    const bool cuda = device_kind == "cuda";
+    // The model's backend computes on its own device object; the engines' devices (one budget
+    // each) hand out memory of the same GPU.
+    std::unique_ptr<device::Device> compute_dev;
+    if (cuda) compute_dev = device::make_cuda_device();
+    const model::LlamaModel model(
+        mc,
+        {.micro_batch = micro, .seq_len = seq, .param_dtype = dt, .activation_checkpointing = true},
+        cuda ? device::make_backend(*compute_dev) : nullptr);
+    const uint64_t params = mc.num_parameters();
+    const uint64_t budget = static_cast<uint64_t>(device_fraction * 16.0 * params);
+    std::filesystem::create_directories(nvme);
 
-  const std::string common = fmt::format(
-      R"("train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
+    const std::string common = fmt::format(
+        R"("train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
          "gradient_clipping": {}, "bf16": {{"enabled": {}}},
          "activation_checkpointing": {{"cpu_checkpointing": true}},)",
-      micro, gas, clip, dt == DType::BF16 ? "true" : "false");
-  Runner mem(
-      cuda ? "in memory (stage 1, optimizer in host memory)" : "in memory (stage 0)",
-      "{" + common +
-          (cuda ? R"("zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})"
-                : R"("zero_optimization": {"stage": 0}})"),
-      model, 0, cuda);
-  auto nvme_json = [&](const std::string& dir, bool in_backward = false) {
-    std::filesystem::create_directories(dir);
-    return "{" + common + (in_backward ? R"("outcore": {"step_in_backward": true},)" : "") +
-           fmt::format(R"("zero_optimization": {{"stage": 3,
+        micro, gas, clip, dt == DType::BF16 ? "true" : "false");
+    Runner mem(
+        cuda ? "in memory (stage 1, optimizer in host memory)" : "in memory (stage 0)",
+        "{" + common +
+            (cuda ? R"("zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})"
+                  : R"("zero_optimization": {"stage": 0}})"),
+        model, 0, cuda);
+    auto nvme_json = [&](const std::string& dir, bool in_backward = false) {
+      std::filesystem::create_directories(dir);
+      return "{" + common + (in_backward ? R"("outcore": {"step_in_backward": true},)" : "") +
+             fmt::format(R"("zero_optimization": {{"stage": 3,
                   "offload_param": {{"device": "nvme", "nvme_path": "{0}", "max_in_cpu": 0}},
                   "offload_optimizer": {{"device": "nvme", "nvme_path": "{0}",
                                          "pipeline_read": true, "pipeline_write": true}},
                   "stage3_max_reuse_distance": {1}, "stage3_max_live_parameters": {1},
                   "stage3_param_persistence_threshold": 0}},
                   "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}}}})",
-                       dir, keep_params ? "1000000000000" : "0");
-  };
-  Runner ooc(step_in_backward ? "nvme (stage 3), optimizer step in backward"
-                              : "nvme (stage 3, params+optimizer on NVMe)",
-             nvme_json(nvme, step_in_backward), model, budget, cuda);
-  Runner seq_step("nvme, sequential optimizer step", nvme_json(nvme + "/sequential"), model, budget,
-                  cuda, false);
-  std::printf("device: %s\n", ooc.dev->name().c_str());
+                         dir, keep_params ? "1000000000000" : "0");
+    };
+    Runner ooc(step_in_backward ? "nvme (stage 3), optimizer step in backward"
+                                : "nvme (stage 3, params+optimizer on NVMe)",
+               nvme_json(nvme, step_in_backward), model, budget, cuda);
+    Runner seq_step("nvme, sequential optimizer step", nvme_json(nvme + "/sequential"), model,
+                    budget, cuda, false);
+    std::printf("device: %s\n", ooc.dev->name().c_str());
 
-  std::printf(
-      "model: %.1fM parameters, hidden %ld, %ld layers, vocab %ld, %s, seq %ld x micro %ld x gas "
-      "%ld = %ld tokens/step\n",
-      params / 1e6, hidden, layers, vocab, dtype.c_str(), seq, micro, gas, seq * micro * gas);
-  std::printf("nvme run: device budget %.1f MiB (%.2f of the 16 B/param state), swap under %s\n",
-              budget / 1048576.0, device_fraction, nvme.c_str());
-  std::optional<bench::DriveRates> drive;
-  const zero::Plan& plan = ooc.engine->plan();
-  const uint64_t plan_read = plan.per_step.nvme_read, plan_write = plan.per_step.nvme_write;
-  if (ref_gib > 0) {
-    const aio::Options aio = zero::aio_options(ooc.cfg.aio);
-    constexpr uint64_t kSpan = 32ull << 20;
-    const double read_fraction =
-        plan_read + plan_write ? static_cast<double>(plan_read) / (plan_read + plan_write) : 0.5;
-    drive = bench::measure_drive(nvme, static_cast<uint64_t>(ref_gib * (1ull << 30)), kSpan,
-                                 read_fraction, aio);
     std::printf(
-        "drive (aio engine as configured, %.2f GB per pass): write %.2f GB/s, read %.2f "
-        "GB/s, mixed %.2f GB/s\n",
-        drive->file_bytes / 1e9, drive->write_gbps, drive->read_gbps, drive->mixed_gbps);
-  }
-  std::vector<Runner*> runners = {&mem, &ooc, &seq_step};
-  for (Runner* r : runners) r->train_turn(model, 1, warmup, gas, false);
-  const zero::TrafficStats tr0 = ooc.engine->traffic();
-  for (int t = warmup + 1; t <= warmup + steps; t += block) {
-    const int count = std::min(block, warmup + steps + 1 - t);
-    const bool last = t + block > warmup + steps;
-    for (Runner* r : runners) {
-      const bool traced = last && r == &ooc && !trace_file.empty();
-      if (traced) {
-        trace::name_thread("trainer");
-        trace::start();
-      }
-      r->train_turn(model, t, count, gas, true);
-      if (traced) {
-        trace::stop();
-        const std::vector<trace::Event> events = trace::events();
-        const trace::IoOverlap hidden = trace::io_overlap(events, {"compute"});
-        trace::write_json(trace_file, {fmt::format("\"io_hidden_under_compute\": {:.4f}",
-                                                   hidden.hidden_fraction)});
-        std::printf("trace %s: %zu spans; I/O busy %.2f s, %.1f%% of it under forward/backward\n",
-                    trace_file.c_str(), events.size(), hidden.io_busy_s,
-                    100 * hidden.hidden_fraction);
-      }
+        "model: %.1fM parameters, hidden %ld, %ld layers, vocab %ld, %s, seq %ld x micro %ld x gas "
+        "%ld = %ld tokens/step\n",
+        params / 1e6, hidden, layers, vocab, dtype.c_str(), seq, micro, gas, seq * micro * gas);
+    std::printf("nvme run: device budget %.1f MiB (%.2f of the 16 B/param state), swap under %s\n",
+                budget / 1048576.0, device_fraction, nvme.c_str());
+    std::optional<bench::DriveRates> drive;
+    const zero::Plan& plan = ooc.engine->plan();
+    const uint64_t plan_read = plan.per_step.nvme_read, plan_write = plan.per_step.nvme_write;
+    if (ref_gib > 0) {
+      const aio::Options aio = zero::aio_options(ooc.cfg.aio);
+      constexpr uint64_t kSpan = 32ull << 20;
+      const double read_fraction =
+          plan_read + plan_write ? static_cast<double>(plan_read) / (plan_read + plan_write) : 0.5;
+      drive = bench::measure_drive(nvme, static_cast<uint64_t>(ref_gib * (1ull << 30)), kSpan,
+                                   read_fraction, aio);
+      std::printf(
+          "drive (aio engine as configured, %.2f GB per pass): write %.2f GB/s, read %.2f "
+          "GB/s, mixed %.2f GB/s\n",
+          drive->file_bytes / 1e9, drive->write_gbps, drive->read_gbps, drive->mixed_gbps);
     }
-    std::printf("steps %d-%d: in memory %.2f s, nvme %.2f s (sequential step %.2f s), ratio %.3f\n",
-                t, t + count - 1, mem.turns.back(), ooc.turns.back(), seq_step.turns.back(),
-                mem.turns.back() / ooc.turns.back());
-    std::fflush(stdout);
-  }
-  const zero::TrafficStats tr1 = ooc.engine->traffic();
-  double tm = 0, to = 0, ts = 0;
-  std::vector<double> ratios, ratios_seq;
-  for (size_t i = 0; i < mem.turns.size(); ++i) {
-    tm += mem.turns[i];
-    to += ooc.turns[i];
-    ts += seq_step.turns[i];
-    ratios.push_back(mem.turns[i] / ooc.turns[i]);
-    ratios_seq.push_back(mem.turns[i] / seq_step.turns[i]);
-  }
-  const double tokens = static_cast<double>(seq * micro * gas * steps);
-  auto same = [](const Runner& a, const Runner& b) {
-    return a.losses.size() == b.losses.size() &&
-           std::memcmp(a.losses.data(), b.losses.data(), a.losses.size() * sizeof(float)) == 0;
-  };
-  const bool identical = same(mem, ooc) && same(mem, seq_step);
-  std::printf("\n%-44s %10s %10s %10s %12s %10s %10s\n", "run", "tokens/s", "fwd+bwd s", "step s",
-              "device peak", "cpu s/step", "cores busy");
-  for (Runner* r : runners) {
-    const double wall = r == &mem ? tm : r == &ooc ? to : ts;
-    std::printf("%-44s %10.1f %10.2f %10.2f %9.1f MiB %10.2f %10.2f\n", r->name.c_str(),
-                tokens / wall, r->fb_seconds / steps, r->step_seconds / steps,
-                r->engine->memory().device_peak_bytes / 1048576.0, r->cpu / steps, r->cpu / wall);
-  }
-  std::printf(
-      "nvme traffic: read %.2f GB/s, write %.2f GB/s, h2d %.2f GB/s, d2h %.2f GB/s (%.2f GB read, "
-      "%.2f GB written per step); pinned peak %.1f MiB\n",
-      (tr1.nvme_read_bytes - tr0.nvme_read_bytes) / to / 1e9,
-      (tr1.nvme_write_bytes - tr0.nvme_write_bytes) / to / 1e9,
-      (tr1.h2d_bytes - tr0.h2d_bytes) / to / 1e9, (tr1.d2h_bytes - tr0.d2h_bytes) / to / 1e9,
-      (tr1.nvme_read_bytes - tr0.nvme_read_bytes) / 1e9 / steps,
-      (tr1.nvme_write_bytes - tr0.nvme_write_bytes) / 1e9 / steps,
-      ooc.engine->memory().pinned_peak_bytes / 1048576.0);
-  std::printf("losses bit-identical: %s (last %.4f)\n", identical ? "yes" : "NO",
-              ooc.losses.back());
-  if (step_in_backward)
-    std::printf("optimizer step during backward: %d of %d timed steps stood\n", ooc.in_backward,
-                steps);
-  std::printf(
-      "tokens/s ratio nvme / in memory: median per turn %.3f, total %.3f (goal >= 0.97); with the "
-      "sequential step: median %.3f, total %.3f\n",
-      median(ratios), tm / to, median(ratios_seq), tm / ts);
-  std::printf(
-      "CPU seconds per step: in memory %.2f, nvme %.2f (%.2fx); %u hardware threads: when they "
-      "are all busy the nvme run cannot exceed a ratio of about %.3f\n",
-      mem.cpu / steps, ooc.cpu / steps, ooc.cpu / mem.cpu, std::thread::hardware_concurrency(),
-      mem.cpu / ooc.cpu);
-  if (drive) {
-    const bench::IoBound io = bench::io_bound(*drive, plan_read, plan_write);
-    const double step_mem = tm / steps, step_nvme = to / steps;
+    std::vector<Runner*> runners = {&mem, &ooc, &seq_step};
+    for (Runner* r : runners) r->train_turn(model, 1, warmup, gas, false);
+    const zero::TrafficStats tr0 = ooc.engine->traffic();
+    for (int t = warmup + 1; t <= warmup + steps; t += block) {
+      const int count = std::min(block, warmup + steps + 1 - t);
+      const bool last = t + block > warmup + steps;
+      for (Runner* r : runners) {
+        const bool traced = last && r == &ooc && !trace_file.empty();
+        if (traced) {
+          trace::name_thread("trainer");
+          trace::start();
+        }
+        r->train_turn(model, t, count, gas, true);
+        if (traced) {
+          trace::stop();
+          const std::vector<trace::Event> events = trace::events();
+          const trace::IoOverlap hidden = trace::io_overlap(events, {"compute"});
+          trace::write_json(trace_file, {fmt::format("\"io_hidden_under_compute\": {:.4f}",
+                                                     hidden.hidden_fraction)});
+          std::printf("trace %s: %zu spans; I/O busy %.2f s, %.1f%% of it under forward/backward\n",
+                      trace_file.c_str(), events.size(), hidden.io_busy_s,
+                      100 * hidden.hidden_fraction);
+        }
+      }
+      std::printf(
+          "steps %d-%d: in memory %.2f s, nvme %.2f s (sequential step %.2f s), ratio %.3f\n", t,
+          t + count - 1, mem.turns.back(), ooc.turns.back(), seq_step.turns.back(),
+          mem.turns.back() / ooc.turns.back());
+      std::fflush(stdout);
+    }
+    const zero::TrafficStats tr1 = ooc.engine->traffic();
+    double tm = 0, to = 0, ts = 0;
+    std::vector<double> ratios, ratios_seq;
+    for (size_t i = 0; i < mem.turns.size(); ++i) {
+      tm += mem.turns[i];
+      to += ooc.turns[i];
+      ts += seq_step.turns[i];
+      ratios.push_back(mem.turns[i] / ooc.turns[i]);
+      ratios_seq.push_back(mem.turns[i] / seq_step.turns[i]);
+    }
+    const double tokens = static_cast<double>(seq * micro * gas * steps);
+    auto same = [](const Runner& a, const Runner& b) {
+      return a.losses.size() == b.losses.size() &&
+             std::memcmp(a.losses.data(), b.losses.data(), a.losses.size() * sizeof(float)) == 0;
+    };
+    const bool identical = same(mem, ooc) && same(mem, seq_step);
+    std::printf("\n%-44s %10s %10s %10s %12s %10s %10s\n", "run", "tokens/s", "fwd+bwd s", "step s",
+                "device peak", "cpu s/step", "cores busy");
+    for (Runner* r : runners) {
+      const double wall = r == &mem ? tm : r == &ooc ? to : ts;
+      std::printf("%-44s %10.1f %10.2f %10.2f %9.1f MiB %10.2f %10.2f\n", r->name.c_str(),
+                  tokens / wall, r->fb_seconds / steps, r->step_seconds / steps,
+                  r->engine->memory().device_peak_bytes / 1048576.0, r->cpu / steps, r->cpu / wall);
+    }
     std::printf(
-        "drive's time for the NVMe run's %.2f GB read + %.2f GB written per step: serial %.3f s, "
-        "mixed %.3f s; NVMe step %.3f s = %.2fx max(in-memory step %.3f s, mixed I/O bound), "
-        "%.2fx with the serial bound\n",
-        plan_read / 1e9, plan_write / 1e9, io.serial_s, io.mixed_s, step_nvme,
-        step_nvme / std::max(step_mem, io.mixed_s), step_mem,
-        step_nvme / std::max(step_mem, io.serial_s));
+        "nvme traffic: read %.2f GB/s, write %.2f GB/s, h2d %.2f GB/s, d2h %.2f GB/s (%.2f GB "
+        "read, "
+        "%.2f GB written per step); pinned peak %.1f MiB\n",
+        (tr1.nvme_read_bytes - tr0.nvme_read_bytes) / to / 1e9,
+        (tr1.nvme_write_bytes - tr0.nvme_write_bytes) / to / 1e9,
+        (tr1.h2d_bytes - tr0.h2d_bytes) / to / 1e9, (tr1.d2h_bytes - tr0.d2h_bytes) / to / 1e9,
+        (tr1.nvme_read_bytes - tr0.nvme_read_bytes) / 1e9 / steps,
+        (tr1.nvme_write_bytes - tr0.nvme_write_bytes) / 1e9 / steps,
+        ooc.engine->memory().pinned_peak_bytes / 1048576.0);
+    std::printf("losses bit-identical: %s (last %.4f)\n", identical ? "yes" : "NO",
+                ooc.losses.back());
+    if (step_in_backward)
+      std::printf("optimizer step during backward: %d of %d timed steps stood\n", ooc.in_backward,
+                  steps);
+    std::printf(
+        "tokens/s ratio nvme / in memory: median per turn %.3f, total %.3f (goal >= 0.97); with "
+        "the "
+        "sequential step: median %.3f, total %.3f\n",
+        median(ratios), tm / to, median(ratios_seq), tm / ts);
+    std::printf(
+        "CPU seconds per step: in memory %.2f, nvme %.2f (%.2fx); %u hardware threads: when they "
+        "are all busy the nvme run cannot exceed a ratio of about %.3f\n",
+        mem.cpu / steps, ooc.cpu / steps, ooc.cpu / mem.cpu, std::thread::hardware_concurrency(),
+        mem.cpu / ooc.cpu);
+    if (drive) {
+      const bench::IoBound io = bench::io_bound(*drive, plan_read, plan_write);
+      const double step_mem = tm / steps, step_nvme = to / steps;
+      std::printf(
+          "drive's time for the NVMe run's %.2f GB read + %.2f GB written per step: serial %.3f s, "
+          "mixed %.3f s; NVMe step %.3f s = %.2fx max(in-memory step %.3f s, mixed I/O bound), "
+          "%.2fx with the serial bound\n",
+          plan_read / 1e9, plan_write / 1e9, io.serial_s, io.mixed_s, step_nvme,
+          step_nvme / std::max(step_mem, io.mixed_s), step_mem,
+          step_nvme / std::max(step_mem, io.serial_s));
+    }
+    return identical ? 0 : 1;
+  } catch (const std::exception& e) {  // bad input, no GPU, a failed step: one line, exit 1
+    std::fprintf(stderr, "zero_bench: %s\n", e.what());
+    return 1;
   }
-  return identical ? 0 : 1;
 }
