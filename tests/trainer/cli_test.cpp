@@ -1198,7 +1198,9 @@ TEST_F(TrainCliTest, ExportStoppedBySigtermLeavesNothingAndExits130) {
   CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
   ASSERT_EQ(r.rc, 0) << r.err;
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
-    const pid_t pid = start_slow_export(ck, hf, err, 20);
+    // 200 ms per piece: the pieces after the first shard take seconds, so the signal arrives
+    // before the export's last check however late a loaded machine runs this test.
+    const pid_t pid = start_slow_export(ck, hf, err, 200);
     ASSERT_GT(pid, 0);
     const std::string tmp = hf + ".tmp-" + std::to_string(pid);
     const bool writing = wait_for_a_shard(tmp, pid);
