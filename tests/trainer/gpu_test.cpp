@@ -38,25 +38,30 @@ model::LlamaConfig small_model() {
 
 constexpr int64_t kBudgetMb = 32;
 
-// ZeRO-3, parameters in host memory, optimizer state in swap files under `swap`, bf16, 2
-// micro-batches per step, under the kBudgetMb device budget.
-config::Config device_config(bool step_in_backward, const std::string& swap) {
-  nlohmann::json p = {
-      {"bf16", {{"enabled", true}}},
-      {"gradient_accumulation_steps", 2},
-      {"zero_optimization",
-       {{"stage", 3},
-        {"stage3_param_persistence_threshold", 0},
-        {"offload_param", {{"device", "cpu"}}},
-        {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap}}}}},
-      {"outcore", {{"device_memory_mb", kBudgetMb}, {"step_in_backward", step_in_backward}}}};
+// ZeRO-3, parameters in host memory, optimizer state in swap files under `swap`, bf16
+// parameters (and by default bf16 compute), 2 micro-batches per step, under the kBudgetMb device
+// budget.
+config::Config device_config(bool step_in_backward, const std::string& swap,
+                             const std::string& compute = "auto") {
+  nlohmann::json p = {{"bf16", {{"enabled", true}}},
+                      {"gradient_accumulation_steps", 2},
+                      {"zero_optimization",
+                       {{"stage", 3},
+                        {"stage3_param_persistence_threshold", 0},
+                        {"offload_param", {{"device", "cpu"}}},
+                        {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap}}}}},
+                      {"outcore",
+                       {{"device_memory_mb", kBudgetMb},
+                        {"step_in_backward", step_in_backward},
+                        {"compute_dtype", compute}}}};
   return make_config(p, small_model());
 }
 
-Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std::string& swap) {
+Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std::string& swap,
+              const std::string& compute = "auto") {
   const model::LlamaConfig mc = small_model();
   std::filesystem::create_directories(swap);
-  const config::Config cfg = device_config(step_in_backward, swap);
+  const config::Config cfg = device_config(step_in_backward, swap, compute);
   TrainerOptions o = quiet_options(data, 10);
   if (cuda)
     o.device = device::DeviceKind::Cuda;
@@ -112,6 +117,28 @@ TEST_P(TrainerOnADevice, StepDuringBackwardUnderABudgetBelowTheModelsState) {
     EXPECT_LT(summed, static_cast<int>(o->device_grad_sums.size()))
         << "every unit's gradient sum fits: the budget does not test the host path";
   }
+}
+
+// bf16 compute on the device trains as fp32 compute does on the same bf16 parameters: every
+// step's loss within 2% of the fp32 run's (the band TrainerTest.ComputeDtypeBf16RoundsEvery-
+// GemmOperand holds the host to), yet not the same computation, and the loss falls. On a GPU
+// this is the bf16 path end to end (tensor-core GEMMs, the fused attention, the fused head).
+TEST_P(TrainerOnADevice, Bf16ComputeTrainsWithinTheFp32ComputeLossBand) {
+  const bool cuda = GetParam();
+  if (cuda) {
+    const device::ProbeResult p = device::probe();
+    if (!p.available) GTEST_SKIP() << "no usable GPU: " << p.summary();
+  }
+  const DemoData data;
+  const Outcome bf16 = train(cuda, false, data, data.file("bf16"), "bf16");
+  const Outcome fp32 = train(cuda, false, data, data.file("fp32"), "fp32");
+  ASSERT_EQ(bf16.losses.size(), 10u);
+  ASSERT_EQ(fp32.losses.size(), 10u);
+  EXPECT_NE(bf16.losses.front(), fp32.losses.front()) << "bf16 compute computed in fp32";
+  for (size_t i = 0; i < fp32.losses.size(); ++i)
+    EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 0.02 * fp32.losses[i]) << "step " << i + 1;
+  EXPECT_LT(bf16.losses.back(), bf16.losses.front() - 0.5);
+  EXPECT_LE(bf16.memory.device_peak_bytes, uint64_t{kBudgetMb} << 20);
 }
 
 // The GPU case's premise, checked where there is no GPU: with the CUDA backend's workspaces
