@@ -94,6 +94,11 @@ EXPECT="not a size" expect2 "bad size" --path "$work" --file-size banana
 EXPECT="multiple of 4K" expect2 "bad block" --path "$work" --block-sizes 1000
 EXPECT="true or false" expect2 "bad bool" --path "$work" --single-submit maybe
 EXPECT="path" expect2 "no path"
+EXPECT="--seconds nan: expected more than 0" expect2 "nan seconds" --path "$work" --seconds nan
+EXPECT="--budget -5: expected more than 0" expect2 "negative budget" --path "$work" --budget -5
+EXPECT="--budget nan: expected more than 0" expect2 "nan budget" --path "$work" --budget nan
+EXPECT="--tolerance nan: expected at least 0" expect2 "nan tolerance" --path "$work" --tolerance nan
+EXPECT="--tolerance 2: expected at least 0" expect2 "tolerance 2" --path "$work" --tolerance 2
 EXPECT="OUTCORE_AIO_BACKEND=uring: not a backend (allowed values: io_uring, sync" \
   OUTCORE_AIO_BACKEND=uring expect2 "bad backend" --path "$work"
 rm -f "$work/plain_file"

@@ -666,6 +666,14 @@ TEST_F(TrainCliTest, EstimatePrintsTheStepBoundsAndTheShapeThatHidesTheTransfers
   EXPECT_EQ(r.rc, 2) << r.out;
   r = run(est + " --gemm-tflops 1 --attention-tflops 0");
   EXPECT_EQ(r.rc, 2) << r.out;
+  for (const char* bad : {"--gemm-tflops nan", "--attention-tflops nan", "--pcie-gbps inf",
+                          "--drive-read-gbps -nan"}) {
+    r = run(est + " --gemm-tflops 1 " + bad);
+    EXPECT_EQ(r.rc, 2) << bad << ": " << r.out;
+    const std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));
+    EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("step bounds"), std::string::npos) << bad;
+  }
 }
 
 // estimate --gpu-memory-gb plans for a GPU this machine does not have (one to rent): the plan

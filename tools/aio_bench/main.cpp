@@ -162,9 +162,18 @@ struct Sweep {
 int run(const Args& args) {
   uint64_t file_size = size_arg("--file-size", args.file_size, false);
   uint64_t io_size = size_arg("--io-size", args.io_size, false);
-  if (args.seconds <= 0 || args.seconds > 600) {
+  // Written so that NaN fails each test.
+  if (!(args.seconds > 0 && args.seconds <= 600)) {
     throw UsageError(
         fmt::format("--seconds {}: expected more than 0 and at most 600", args.seconds));
+  }
+  if (!(args.budget > 0 && args.budget <= 86400)) {
+    throw UsageError(
+        fmt::format("--budget {}: expected more than 0 and at most 86400 seconds", args.budget));
+  }
+  if (!(args.tolerance >= 0 && args.tolerance < 1)) {
+    throw UsageError(
+        fmt::format("--tolerance {}: expected at least 0 and less than 1", args.tolerance));
   }
   if (args.no_read && args.no_write)
     throw UsageError("--no-read and --no-write leave nothing to do");

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -65,6 +66,15 @@ int64_t positive(const std::string& text, const char* flag, int64_t fallback, in
                           std::to_string(max));
   return v;
 }
+
+// A rate or size flag: a finite number above 0 (CLI::PositiveNumber lets "nan" through).
+const CLI::Validator kFinitePositive(
+    [](std::string& text) -> std::string {
+      double v = 0;
+      if (CLI::detail::lexical_cast(text, v) && std::isfinite(v) && v > 0) return {};
+      return "got \"" + text + "\"; allowed: a finite number above 0";
+    },
+    "NUMBER > 0");
 
 // Where each rate comes from: a flag or a measurement, in words.
 struct RateSources {
@@ -343,21 +353,21 @@ void add_estimate_command(CLI::App& app, int& rc) {
                   "plan for a GPU with this many GiB free that this machine need not have (one "
                   "to rent); the step bounds then need --gemm-tflops and --pcie-gbps, and take "
                   "--attention-tflops")
-      ->check(CLI::PositiveNumber);
+      ->check(kFinitePositive);
   cmd->add_option("--gemm-tflops", o->gemm_tflops,
                   "the device's GEMM rate in the compute dtype (default: measured here)")
-      ->check(CLI::PositiveNumber);
+      ->check(kFinitePositive);
   cmd->add_option("--attention-tflops", o->attention_tflops,
                   "the model FLOP/s of the model's attention on the device, forward + backward "
                   "(default: measured here; for --gpu-memory-gb, the GEMM rate)")
-      ->check(CLI::PositiveNumber);
+      ->check(kFinitePositive);
   cmd->add_option("--pcie-gbps", o->pcie_gbps,
                   "host<->device GB/s (default: measured on a GPU; none for the host device)")
-      ->check(CLI::PositiveNumber);
+      ->check(kFinitePositive);
   cmd->add_option("--drive-read-gbps", o->drive_read_gbps, "the swap drive's read GB/s")
-      ->check(CLI::PositiveNumber);
+      ->check(kFinitePositive);
   cmd->add_option("--drive-write-gbps", o->drive_write_gbps, "the swap drive's write GB/s")
-      ->check(CLI::PositiveNumber);
+      ->check(kFinitePositive);
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
                 "plan with activation checkpointing (as `outcore train "
                 "--activation-checkpointing`; on anyway when the config's "
