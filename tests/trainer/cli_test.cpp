@@ -153,6 +153,13 @@ TEST_F(TrainCliTest, DeviceIsChosenOrRefusedByName) {
   EXPECT_EQ(bad.rc, 2);
   EXPECT_EQ(count_error_lines(bad.err), 1) << bad.err;
   EXPECT_NE(bad.err.find("error: --device: got \"tpu\""), std::string::npos) << bad.err;
+  // The demo refuses it before writing anything into its work directory.
+  const std::string demo_dir = data_.file("demo_tpu");
+  bad = run("demo --work-dir " + shell_quote(demo_dir) + " --device tpu");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_EQ(lines_of(bad.err).size(), 1u) << bad.err;
+  EXPECT_NE(bad.err.find("error: --device: got \"tpu\""), std::string::npos) << bad.err;
+  EXPECT_FALSE(std::filesystem::exists(demo_dir));
   if (!device::probe().available) {
     // No GPU (or no CUDA in this build): auto takes the simulated device, cuda is refused.
     CliResult aut = run(train_args("--steps 1"));

@@ -84,6 +84,10 @@ int run_demo(const DemoOptions& o) {
       return 2;
     }
   }
+  // The device and the trace path before anything is written.
+  const std::optional<DeviceChoice> device = choose_device(o.device);
+  if (!device) return 2;
+  if (!check_output_file(o.trace, "--trace", {})) return 2;
   const fs::path dir = fs::absolute(o.work_dir);
   const fs::path model_path = dir / "config.json", config_path = dir / "ds_config.json";
   const fs::path metrics_path = dir / "metrics.jsonl", swap_dir = dir / "swap";
@@ -110,8 +114,6 @@ int run_demo(const DemoOptions& o) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
-  const std::optional<DeviceChoice> device = choose_device(o.device);
-  if (!device) return 2;
   std::printf(
       "outcore demo: a %s-parameter Llama trained with ZeRO-3, parameters and optimizer state "
       "in NVMe swap files, on %s with a %lld MiB budget.\n"
@@ -132,7 +134,6 @@ int run_demo(const DemoOptions& o) {
   t.seq_len = train::kDemoSeqLen;
   t.eval_every = 20;
   t.eval_batches = 4;
-  if (!check_output_file(o.trace, "--trace", {})) return 2;
   t.trace_file = o.trace;
   return run_training(cfg, model, std::move(t));
 }
