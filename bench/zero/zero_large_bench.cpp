@@ -197,17 +197,11 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
 }
 
 // The compute time `outcore estimate` plans for this run's step (zero::step_times, from the GEMM
-// and attention rates measured here on `compute_dev`) against the compute bound measured from
-// the units, and the same with the attention counted at the GEMM rate.
+// and attention rates in `rates`, measured on `compute_dev` where still 0) against the compute
+// bound measured from the units, and the same with the attention counted at the GEMM rate.
 void print_planned_compute(const zero::Plan& plan, const model::LlamaModel& model,
-                           device::Device& compute_dev, double measured_s) {
-  const bool gpu = compute_dev.kind() == device::DeviceKind::Cuda;
-  const std::shared_ptr<device::ComputeBackend> backend = device::make_backend(compute_dev);
-  zero::LinkRates rates;
-  rates.gemm_flops =
-      device::gemm_flops(compute_dev, *backend, model.options().compute_dtype, gpu ? 4096 : 1024);
-  rates.attention_flops =
-      device::attention_flops(compute_dev, *backend, zero::rate_attention(model, gpu ? 4096 : 512));
+                           device::Device& compute_dev, double measured_s, zero::LinkRates rates) {
+  zero::measure_compute_rates(compute_dev, model, rates);
   const zero::StepTimes t = zero::step_times(plan, model, rates);
   rates.attention_flops = 0;
   const zero::StepTimes gemm_only = zero::step_times(plan, model, rates);
@@ -222,16 +216,13 @@ void print_planned_compute(const zero::Plan& plan, const model::LlamaModel& mode
 }
 
 // The (micro-batch, accumulation) zero::choose_shape picks for `base` (the bench's config) on
-// these devices, from rates measured here; prints them. nullopt when nothing fits.
+// these devices, from rates measured here (left in `rates`); prints them. nullopt when nothing
+// fits.
 std::optional<std::pair<int64_t, int64_t>> recommend_shape(
     const model::LlamaConfig& mc, int64_t seq, device::Device& dev, device::Device& compute_dev,
     uint64_t budget, const std::string& nvme, double ref_gib, zero::GradientPlacement grads,
-    const config::Config& base) {
+    const config::Config& base, zero::LinkRates& rates) {
   const DType compute = config::compute_dtype(base);
-  zero::LinkRates rates;
-  const bool gpu = compute_dev.kind() == device::DeviceKind::Cuda;
-  const std::shared_ptr<device::ComputeBackend> backend = device::make_backend(compute_dev);
-  rates.gemm_flops = device::gemm_flops(compute_dev, *backend, compute, gpu ? 4096 : 1024);
   if (!dev.host_accessible()) rates.pcie_bytes = device::copy_bytes_per_second(dev);
   std::filesystem::create_directories(nvme);
   const bench::DriveRates drive =
@@ -245,8 +236,7 @@ std::optional<std::pair<int64_t, int64_t>> recommend_shape(
                          .compute_dtype = compute,
                          .activation_checkpointing = true};
   mo.head_chunk_rows = model::head_rows_on(mc, mo, dev, budget);
-  rates.attention_flops = device::attention_flops(
-      compute_dev, *backend, zero::rate_attention(model::LlamaModel(mc, mo), gpu ? 4096 : 512));
+  zero::measure_compute_rates(compute_dev, model::LlamaModel(mc, mo), rates);
   const zero::PlanOptions po{.device_limit_bytes = budget,
                              .gradients = grads,
                              .device_host_accessible = dev.host_accessible()};
@@ -393,12 +383,14 @@ int main(int argc, char** argv) {
       compute_dev = std::make_unique<device::CpuDevice>();
     }
     std::printf("device: %s\n", dev->name().c_str());
+    zero::LinkRates rates;  // measured for the recommended shape, reused for the planned compute
     if (recommended_shape) {
       const auto shape = recommend_shape(
           mc, seq, *dev, *compute_dev, budget, nvme, ref_gib,
           grads == "host" ? zero::GradientPlacement::kHost : zero::GradientPlacement::kNvme,
           make_config(micro, gas, sub_group, nvme, device_mb, bf16_moments, clip, step_in_backward,
-                      param_in_cpu, compute, keep_params));
+                      param_in_cpu, compute, keep_params),
+          rates);
       if (!shape) {
         std::fprintf(stderr, "error: no micro-batch up to 64 fits the device budget\n");
         return 2;
@@ -441,7 +433,7 @@ int main(int argc, char** argv) {
     if (!skip_bounds) {
       bounds = measure_bounds(engine.plan(), model, *compute_dev, cfg, nvme, ref_gib, compute_reps,
                               dev->host_accessible());
-      print_planned_compute(engine.plan(), model, *compute_dev, bounds->compute.step_s());
+      print_planned_compute(engine.plan(), model, *compute_dev, bounds->compute.step_s(), rates);
       compute_dev.reset();  // its memory (and blocks kept for reuse) is not the run's
       reset_peak_rss();
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "common/error.hpp"
 #include "engine/device/compute_backend.hpp"
@@ -52,6 +53,24 @@ device::ComputeBackend::Attention rate_attention(const model::LlamaModel& model,
   a.T = std::min(a.T, std::max<int64_t>(max_tokens, 1));
   a.block = std::min(a.block, a.T);
   return a;
+}
+
+RateShapes rate_shapes(const device::Device& device) {
+  if (device.kind() == device::DeviceKind::Cuda) return {.gemm_n = 4096, .attention_tokens = 4096};
+  return {.gemm_n = 1024, .attention_tokens = 512};
+}
+
+void measure_compute_rates(device::Device& device, const model::LlamaModel& model,
+                           LinkRates& rates) {
+  if (rates.gemm_flops > 0 && rates.attention_flops > 0) return;
+  const RateShapes at = rate_shapes(device);
+  const std::shared_ptr<device::ComputeBackend> backend = device::make_backend(device);
+  if (rates.gemm_flops <= 0)
+    rates.gemm_flops =
+        device::gemm_flops(device, *backend, model.options().compute_dtype, at.gemm_n);
+  if (rates.attention_flops <= 0)
+    rates.attention_flops =
+        device::attention_flops(device, *backend, rate_attention(model, at.attention_tokens));
 }
 
 uint64_t cuda_workspace_bytes(const config::Config& cfg, const model::LlamaModel& model) {

@@ -10,6 +10,7 @@
 
 #include "engine/config/config.hpp"
 #include "engine/device/compute_backend.hpp"
+#include "engine/device/device.hpp"
 #include "engine/model/model.hpp"
 #include "engine/zero/plan.hpp"
 
@@ -48,6 +49,20 @@ StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const Lin
 // decoder attention (heads, head size, block, operand dtype) of min(seq_len, max_tokens) tokens.
 device::ComputeBackend::Attention rate_attention(const model::LlamaModel& model,
                                                  int64_t max_tokens);
+
+// The sizes the compute rates are measured at on `device`: GEMMs of gemm_n^3 and the model's
+// attention on one sequence of up to attention_tokens tokens (a GPU: 4096 and 4096, a few
+// milliseconds; the host's cores: 1024 and 512).
+struct RateShapes {
+  int64_t gemm_n = 0, attention_tokens = 0;
+};
+RateShapes rate_shapes(const device::Device& device);
+
+// Measures on `device`, at rate_shapes(device), whichever of rates.gemm_flops (device::gemm_flops
+// in the model's compute dtype) and rates.attention_flops (device::attention_flops of
+// rate_attention) is still 0.
+void measure_compute_rates(device::Device& device, const model::LlamaModel& model,
+                           LinkRates& rates);
 
 // What the CUDA backend keeps on a GPU computing `model` under `cfg`'s device budget (the
 // plan's "compute backend" item, device::backend_workspace).

@@ -274,29 +274,25 @@ int run_estimate(const EstimateArgs& a) {
     src.attention =
         "at the GEMM rate: give --attention-tflops (`outcore doctor` measures it on a GPU)";
   try {
-    const DType compute = model->options().compute_dtype;
     // The rates of the device planned for, where it is here: a GPU, else the host.
     std::unique_ptr<device::Device> host;
     device::Device* here = gpu.get();
     if (here == nullptr && !absent_gpu) here = (host = std::make_unique<device::CpuDevice>()).get();
-    const std::string on = gpu != nullptr ? gpu->name() : "the host";
-    if (here != nullptr && (rates.gemm_flops <= 0 || rates.attention_flops <= 0)) {
-      const std::shared_ptr<device::ComputeBackend> backend = device::make_backend(*here);
-      if (rates.gemm_flops <= 0) {
-        const int64_t n = gpu != nullptr ? 4096 : 1024;
-        rates.gemm_flops = device::gemm_flops(*here, *backend, compute, n);
-        src.gemm = fmt::format("measured: {} GEMM {}^3 on {}", dtype_name(compute), n, on);
-      }
+    if (here != nullptr) {
+      const std::string on = gpu != nullptr ? gpu->name() : "the host";
+      const zero::RateShapes at = zero::rate_shapes(*here);
+      if (rates.gemm_flops <= 0)
+        src.gemm = fmt::format("measured: {} GEMM {}^3 on {}",
+                               dtype_name(model->options().compute_dtype), at.gemm_n, on);
       if (rates.attention_flops <= 0) {
-        // Up to 4096 tokens on a GPU (a few ms there), 512 on the host's cores.
-        const device::ComputeBackend::Attention at =
-            zero::rate_attention(*model, gpu != nullptr ? 4096 : 512);
-        rates.attention_flops = device::attention_flops(*here, *backend, at);
+        const device::ComputeBackend::Attention a =
+            zero::rate_attention(*model, at.attention_tokens);
         src.attention = fmt::format(
             "measured: {} attention forward + backward, {} tokens, {} heads of {} over {} kv "
             "heads, on {}",
-            dtype_name(at.dtype), at.T, at.nh, at.hd, at.nkv, on);
+            dtype_name(a.dtype), a.T, a.nh, a.hd, a.nkv, on);
       }
+      zero::measure_compute_rates(*here, *model, rates);
     }
     if (gpu != nullptr && rates.pcie_bytes <= 0) {
       rates.pcie_bytes = device::copy_bytes_per_second(*gpu);
