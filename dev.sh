@@ -121,7 +121,7 @@ gpu_summary() {
         ;;
       demo) pattern='^(trained|stopped after)' ;;
       zero_bench*) pattern='^(tokens/s ratio|losses bit-identical|drive.s time)' ;;
-      model_bench*) pattern='ratio model/peak|^head \(' ;;
+      model_bench*) pattern='ratio model/peak|^head \(|attention' ;;
       zero_large_bench*) pattern='^(step / max|planned compute|model TFLOP/s|summary over)' ;;
       *) pattern='^$^' ;;
     esac
@@ -162,6 +162,15 @@ run_gpu() {
     --seq 16384 --steps 2 || rc=1
   part model_bench-vocab128256 120 "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" \
     --vocab 128256 --seq 4096 --steps 2 || rc=1
+  # The register-resident attention kernels (OUTCORE_FLASH_KERNELS=mma, decision 031): their
+  # GPU tests in the backend and in training, then the layer at 4096 and 16384 tokens
+  part gpu-tests-mma 120 env OUTCORE_FLASH_KERNELS=mma OUTCORE_REQUIRE_ORACLES=1 ctest \
+    --test-dir "$BUILD_DIR" -L gpu -R 'FusedAttention|AttentionInBf16|Bf16ComputeTrains' \
+    --output-on-failure || rc=1
+  part model_bench-4096-mma 120 env OUTCORE_FLASH_KERNELS=mma \
+    "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 --seq 4096 --steps 3 || rc=1
+  part model_bench-16384-mma 120 env OUTCORE_FLASH_KERNELS=mma \
+    "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 --seq 16384 --steps 2 || rc=1
   # ZeRO-3 streamed from NVMe under a 1000 MiB device budget, 4 micro-batches per step, against
   # the compute, PCIe and drive bounds of the same run; then with the gathered parameters kept
   part zero_large_bench 180 "$BUILD_DIR/bench/zero/zero_large_bench" "${large[@]}" || rc=1

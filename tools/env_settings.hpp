@@ -4,6 +4,7 @@
 //
 //   OUTCORE_AIO_BACKEND=io_uring|sync   -> aio::request_backend() (unset: chosen automatically)
 //   OUTCORE_CPU_ADAM_ISA=scalar|avx2|avx512 -> cpu_adam::request_isa() (unset: best the CPU runs)
+//   OUTCORE_FLASH_KERNELS=wmma|mma      -> device::request_flash_kernels() (unset: wmma)
 //
 // Link the CMake target outcore_env_settings.
 #pragma once
@@ -12,19 +13,24 @@
 
 #include "aio/aio.hpp"
 #include "cpu_adam/cpu_adam.hpp"
+#include "engine/device/compute_backend.hpp"
 
 namespace outcore::tools {
 
-// Passes both variables to their libraries, naming each variable as the source of its value
+// Passes the variables to their libraries, naming each variable as the source of its value
 // so that errors and warnings name it. Call it at the start of main (before any aio::Engine or
 // cpu_adam kernel call). A bad value is reported where the library reports it: the aio backend
-// on the first aio::resolve_backend() (ConfigError), the ISA at once (one warning, ignored).
+// on the first aio::resolve_backend() (ConfigError), the ISA and the attention kernels at once
+// (one warning, ignored).
 // Never throws.
 inline void apply_environment_settings() {
   const char* backend = std::getenv("OUTCORE_AIO_BACKEND");
   aio::request_backend(backend != nullptr ? backend : "", "OUTCORE_AIO_BACKEND");
   if (const char* isa = std::getenv("OUTCORE_CPU_ADAM_ISA")) {
     cpu_adam::request_isa(isa, "OUTCORE_CPU_ADAM_ISA");
+  }
+  if (const char* kernels = std::getenv("OUTCORE_FLASH_KERNELS")) {
+    device::request_flash_kernels(kernels, "OUTCORE_FLASH_KERNELS");
   }
 }
 

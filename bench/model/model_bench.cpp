@@ -35,6 +35,7 @@
 #include "engine/device/profiling_backend.hpp"
 #include "engine/model/model.hpp"
 #include "tools/blas/blas_kernels.hpp"
+#include "tools/env_settings.hpp"
 
 namespace {
 
@@ -104,6 +105,7 @@ void print_profile(const model::LlamaConfig& c, const model::ModelOptions& o,
 
 int main(int argc, char** argv) {
   outcore::tools::select_blas_kernels(argv);
+  outcore::tools::apply_environment_settings();
   int64_t hidden = 1024, layers = 4, seq = 512, batch = 2, vocab = 32000;
   int steps = 5, threads = static_cast<int>(std::thread::hardware_concurrency());
   std::string dtype = "fp32", compute = "fp32";

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "engine/device/device.hpp"
 
 namespace outcore::device {
@@ -254,5 +256,25 @@ std::shared_ptr<ComputeBackend> make_backend(Device& device) {
   if (auto* cpu = dynamic_cast<CpuDevice*>(&device)) return make_cpu_backend(*cpu);
   return cpu_backend();
 }
+
+namespace {
+std::atomic<FlashKernels>& flash_kernels_slot() {
+  static std::atomic<FlashKernels> slot{FlashKernels::kWmma};
+  return slot;
+}
+}  // namespace
+
+void request_flash_kernels(std::string_view text, std::string_view source) {
+  if (text.empty()) return;
+  if (text == "wmma" || text == "mma") {
+    flash_kernels_slot().store(text == "mma" ? FlashKernels::kMma : FlashKernels::kWmma,
+                               std::memory_order_relaxed);
+    return;
+  }
+  log::warn("{}={}: neither wmma nor mma; using {}", source, text,
+            flash_kernels() == FlashKernels::kMma ? "mma" : "wmma");
+}
+
+FlashKernels flash_kernels() { return flash_kernels_slot().load(std::memory_order_relaxed); }
 
 }  // namespace outcore::device

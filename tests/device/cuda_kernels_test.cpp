@@ -27,12 +27,18 @@
 #include "engine/device/kernel_math.hpp"
 #include "engine/device/token_groups.hpp"
 #include "tests/common/numeric.hpp"
+#include "tests/device/host_attention.hpp"
 
 namespace outcore::device::cuda {
 namespace {
 
 namespace hk = outcore::device::cpu;
 
+using outcore::test::AttentionInputs;
+using outcore::test::bf16_attention_inputs;
+using outcore::test::expect_bf16_attention;
+using outcore::test::host_attention;
+using outcore::test::HostAttention;
 using outcore::test::randn;
 
 // A device copy of a host vector, copied back with get().
@@ -167,45 +173,6 @@ TEST_F(CudaKernels, RmsNormForwardAndBackwardMatchTheHost) {
   }
 }
 
-// Attention through the CPU backend's default (head by head, blocks of 128 queries) in `dtype`,
-// on inputs whose values are already bf16 (passed as bf16 bits for BF16, as fp32 for F32).
-struct HostAttention {
-  std::vector<float> attn, lse, dq, dk, dv;
-};
-HostAttention host_attention(ComputeBackend::Attention a, DType dtype,
-                             const std::vector<std::vector<float>>& in) {
-  a.dtype = dtype;
-  a.block = 128;
-  const auto be = cpu_backend();
-  std::vector<std::vector<uint16_t>> bits;
-  std::vector<const void*> ptr;
-  for (const auto& x : in) {
-    bits.emplace_back(x.size());
-    hk::from_fp32(x.data(), bits.back().data(), DType::BF16, static_cast<int64_t>(x.size()));
-    ptr.push_back(dtype == DType::BF16 ? static_cast<const void*>(bits.back().data()) : x.data());
-  }
-  HostAttention h{std::vector<float>(in[0].size()), std::vector<float>(a.B * a.nh * a.T),
-                  std::vector<float>(in[0].size()), std::vector<float>(in[1].size()),
-                  std::vector<float>(in[2].size())};
-  std::vector<float> scores(a.block * a.T), dprob(a.block * a.T);
-  std::vector<uint16_t> lowp(std::max<int64_t>(1, ComputeBackend::attention_bf16_scratch(a)));
-  void* lp = dtype == DType::BF16 ? lowp.data() : nullptr;
-  be->attention_forward(a, ptr[0], ptr[1], ptr[2], h.lse.data(), h.attn.data(), scores.data(), lp);
-  be->attention_backward(a, ptr[0], ptr[1], ptr[2], h.lse.data(), ptr[3], h.dq.data(), h.dk.data(),
-                         h.dv.data(), scores.data(), dprob.data(), lp);
-  return h;
-}
-
-// ||got - want|| / ||want|| in the 2-norm.
-double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double d = 0, w = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    w += double(want[i]) * want[i];
-  }
-  return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
-}
-
 // The fused bf16 kernels against the host's default attention in bf16 (the same rounding points):
 // within 2e-3 of the largest value, and in the 2-norm several times closer than fp32 attention
 // on the same inputs is, so the rounding is really where the host rounds. The closeness is taken
@@ -214,7 +181,8 @@ double relative_l2(const std::vector<float>& got, const std::vector<float>& want
 // which moves a single element by up to a bf16 ulp of that term; at 4096 tokens such an element
 // set the max-norm distance for dq (7.5e-4 against 5.3e-4 for fp32 on an H200) while leaving the
 // 2-norm, which the rounding everywhere dominates, unmoved. Shapes: partial tiles, grouped kv
-// heads, each head size, and Llama 3 8B's (32 heads over 8 kv heads of 128, 4096 tokens).
+// heads, each head size, and Llama 3 8B's (32 heads over 8 kv heads of 128, 4096 tokens); both
+// implementations (WMMA, and the register-resident tiles on mma.sync).
 TEST_F(CudaKernels, FusedAttentionMatchesTheHostInBf16) {
   struct Shape {
     int64_t B, T, nh, nkv, hd;
@@ -231,44 +199,22 @@ TEST_F(CudaKernels, FusedAttentionMatchesTheHostInBf16) {
                                       .block = 128,
                                       .scale = 1.0f / std::sqrt(float(s.hd)),
                                       .dtype = DType::BF16};
-    const int64_t tokens = s.B * s.T;
-    std::vector<std::vector<float>> in = {
-        randn(tokens * s.nh * s.hd, 40), randn(tokens * s.nkv * s.hd, 41),
-        randn(tokens * s.nkv * s.hd, 42), randn(tokens * s.nh * s.hd, 43)};
-    std::vector<std::vector<uint16_t>> bits;
-    for (auto& x : in) {  // bf16 values: both references and the kernels see the same inputs
-      bits.emplace_back(x.size());
-      hk::from_fp32(x.data(), bits.back().data(), DType::BF16, static_cast<int64_t>(x.size()));
-      hk::to_fp32(bits.back().data(), DType::BF16, x.data(), static_cast<int64_t>(x.size()));
-    }
-    const HostAttention want = host_attention(a, DType::BF16, in);
-    const HostAttention fp32 = host_attention(a, DType::F32, in);
+    const AttentionInputs in = bf16_attention_inputs(a);
+    const std::vector<std::vector<uint16_t>>& bits = in.bits;
+    const HostAttention want = host_attention(a, DType::BF16, in.values);
+    const HostAttention fp32 = host_attention(a, DType::F32, in.values);
 
-    Dev<uint16_t> Q(bits[0]), K(bits[1]), V(bits[2]), DA(bits[3]);
-    Dev<float> L(want.lse.size()), O(want.attn.size()), R(want.lse.size()), DQ(want.dq.size());
-    Dev<float> DK(want.dk.size()), DV(want.dv.size());  // zeros: backward adds into them
-    flash_attention_forward(Q.get(), K.get(), V.get(), s.B, s.T, s.nh, s.nkv, s.hd, a.scale,
-                            L.get(), O.get(), nullptr);
-    flash_attention_backward(Q.get(), K.get(), V.get(), L.get(), DA.get(), s.B, s.T, s.nh, s.nkv,
-                             s.hd, a.scale, R.get(), DQ.get(), DK.get(), DV.get(), nullptr);
-    const struct {
-      const char* name;
-      std::vector<float> got;
-      const std::vector<float>& want;
-      const std::vector<float>& fp32;
-      bool rounded;  // whether bf16 rounding makes the fp32 result differ
-    } outputs[] = {{"attn", O.host(), want.attn, fp32.attn, true},
-                   {"lse", L.host(), want.lse, fp32.lse, false},
-                   {"dq", DQ.host(), want.dq, fp32.dq, true},
-                   {"dk", DK.host(), want.dk, fp32.dk, true},
-                   {"dv", DV.host(), want.dv, fp32.dv, true}};
-    for (const auto& o : outputs) {
-      EXPECT_LT(outcore::test::scaled_error(o.got.data(), o.want.data(), o.got.size()), 2e-3)
-          << o.name;
-      if (o.rounded) {
-        const double err = relative_l2(o.got, o.want), fp32_err = relative_l2(o.fp32, o.want);
-        EXPECT_LT(err, 0.25 * fp32_err) << o.name << ": no closer to the bf16 reference than fp32";
-      }
+    for (const FlashKernels kernels : {FlashKernels::kWmma, FlashKernels::kMma}) {
+      SCOPED_TRACE(kernels == FlashKernels::kMma ? "mma kernels" : "wmma kernels");
+      Dev<uint16_t> Q(bits[0]), K(bits[1]), V(bits[2]), DA(bits[3]);
+      Dev<float> L(want.lse.size()), O(want.attn.size()), R(want.lse.size()), DQ(want.dq.size());
+      Dev<float> DK(want.dk.size()), DV(want.dv.size());  // zeros: backward adds into them
+      flash_attention_forward(Q.get(), K.get(), V.get(), s.B, s.T, s.nh, s.nkv, s.hd, a.scale,
+                              L.get(), O.get(), nullptr, kernels);
+      flash_attention_backward(Q.get(), K.get(), V.get(), L.get(), DA.get(), s.B, s.T, s.nh, s.nkv,
+                               s.hd, a.scale, R.get(), DQ.get(), DK.get(), DV.get(), nullptr,
+                               kernels);
+      expect_bf16_attention({O.host(), L.host(), DQ.host(), DK.host(), DV.host()}, want, fp32);
     }
   }
 }

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "common/dtype.hpp"
+#include "engine/device/compute_backend.hpp"
 
 namespace outcore::device::cuda {
 
@@ -77,6 +78,8 @@ void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t
 
 // Whether the fused kernels take this head size (16, 32, 64 or 128).
 bool flash_attention_supported(int64_t hd);
+// The implementation, kWmma or kMma (compute_backend.hpp): every score tile staged through shared
+// memory for WMMA products, or register-resident tiles on mma.sync (flash_attention_tiles.hpp).
 // ComputeBackend::attention_forward / attention_backward with dtype BF16 and the same rounding
 // points, without score blocks in device memory: q, dattn [B*T, nh*hd], k, v [B*T, nkv*hd]
 // (bf16 bits, token-major, 16-byte aligned rows); lse [B, nh, T]. Forward writes lse and attn
@@ -85,11 +88,13 @@ bool flash_attention_supported(int64_t hd);
 // Throws InvalidArgument for a head size not supported or a shape out of range.
 void flash_attention_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                              int64_t T, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                             float* lse, float* attn, StreamHandle stream);
+                             float* lse, float* attn, StreamHandle stream,
+                             FlashKernels kernels = flash_kernels());
 void flash_attention_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                               const float* lse, const uint16_t* dattn, int64_t B, int64_t T,
                               int64_t nh, int64_t nkv, int64_t hd, float scale, float* drow,
-                              float* dq, float* dk, float* dv, StreamHandle stream);
+                              float* dq, float* dk, float* dv, StreamHandle stream,
+                              FlashKernels kernels = flash_kernels());
 
 // --- cross-entropy head ----------------------------------------------------------------------
 

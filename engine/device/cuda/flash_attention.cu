@@ -22,6 +22,7 @@
 #include "common/error.hpp"
 #include "engine/device/cuda/cuda_check.hpp"
 #include "engine/device/cuda/cuda_kernels.hpp"
+#include "engine/device/flash_attention_tiles.hpp"
 #include "engine/device/kernel_math.hpp"
 
 namespace outcore::device::cuda {
@@ -45,11 +46,7 @@ using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
 using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// Shapes shared by the kernels of one launch.
-struct Geometry {
-  int T, nh, nkv, group;
-  float scale;
-};
+using Geometry = flash::Geometry;  // shapes shared by the kernels of one launch
 
 template <int HD>
 struct Layout {
@@ -405,6 +402,76 @@ __global__ void __launch_bounds__(kThreads)
   flush(dv_acc, dv, 1.0f);
 }
 
+// --- the register-resident kernels (flash_attention_tiles.hpp) ------------------------------
+
+// flash_attention_tiles.hpp's X on a GPU: the thread itself.
+struct Simt {
+  __device__ __forceinline__ int thread() const { return threadIdx.x; }
+  __device__ __forceinline__ int block(int axis) const {
+    return axis == 0 ? blockIdx.x : axis == 1 ? blockIdx.y : blockIdx.z;
+  }
+  __device__ __forceinline__ unsigned char* shared() const {
+    extern __shared__ __align__(128) unsigned char tiles_smem[];
+    return tiles_smem;
+  }
+  __device__ __forceinline__ void sync() const { __syncthreads(); }
+  __device__ __forceinline__ float shfl_xor(float v, int mask) const {
+    return __shfl_xor_sync(0xffffffffu, v, mask);
+  }
+  __device__ __forceinline__ void ldmatrix(uint32_t (&r)[4], const uint16_t* row) const {
+    const auto at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+  }
+  __device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[4], const uint16_t* row) const {
+    const auto at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+  }
+  __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                      uint32_t b1) const {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ void copy16(void* dst, const void* src) const {
+    *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+  }
+  __device__ __forceinline__ void zero16(void* dst) const {
+    *static_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+};
+
+template <int HD>
+__global__ void __launch_bounds__(flash::kThreads)
+    tiles_forward_kernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, float* lse,
+                         float* attn, flash::Geometry g) {
+  Simt x;
+  flash::forward_block<HD>(x, q, k, v, lse, attn, g);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(flash::kThreads)
+    tiles_backward_dq_kernel(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                             const float* lse, const uint16_t* dattn, float* drow, float* dq,
+                             flash::Geometry g) {
+  Simt x;
+  flash::backward_dq_block<HD>(x, q, k, v, lse, dattn, drow, dq, g);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(flash::kThreads)
+    tiles_backward_dkv_kernel(const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                              const float* lse, const uint16_t* dattn, const float* drow, float* dk,
+                              float* dv, flash::Geometry g) {
+  Simt x;
+  flash::backward_dkv_block<HD>(x, q, k, v, lse, dattn, drow, dk, dv, g);
+}
+
 template <typename Kernel>
 void allow_shared(Kernel kernel, size_t bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -423,7 +490,15 @@ Geometry geometry(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd, flo
 
 template <int HD>
 void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B, Geometry g,
-             float* lse, float* attn, cudaStream_t s) {
+             float* lse, float* attn, cudaStream_t s, FlashKernels kernels) {
+  if (kernels == FlashKernels::kMma) {
+    allow_shared(tiles_forward_kernel<HD>, flash::Tiles<HD>::kForward);
+    const dim3 grid((g.T + flash::kRows - 1) / flash::kRows, g.nh, static_cast<unsigned>(B));
+    tiles_forward_kernel<HD>
+        <<<grid, flash::kThreads, flash::Tiles<HD>::kForward, s>>>(q, k, v, lse, attn, g);
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   allow_shared(flash_forward_kernel<HD>, Layout<HD>::kForward);
   const dim3 grid((g.T + kTile - 1) / kTile, g.nh, static_cast<unsigned>(B));
   flash_forward_kernel<HD><<<grid, kThreads, Layout<HD>::kForward, s>>>(q, k, v, lse, attn, g);
@@ -433,7 +508,22 @@ void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
 template <int HD>
 void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* lse,
               const uint16_t* dattn, int64_t B, Geometry g, float* drow, float* dq, float* dk,
-              float* dv, cudaStream_t s) {
+              float* dv, cudaStream_t s, FlashKernels kernels) {
+  if (kernels == FlashKernels::kMma) {
+    using L = flash::Tiles<HD>;
+    allow_shared(tiles_backward_dq_kernel<HD>, L::kDq);
+    allow_shared(tiles_backward_dkv_kernel<HD>, L::kDkv);
+    const unsigned tiles = static_cast<unsigned>((g.T + flash::kRows - 1) / flash::kRows);
+    tiles_backward_dq_kernel<HD>
+        <<<dim3(tiles, g.nh, static_cast<unsigned>(B)), flash::kThreads, L::kDq, s>>>(
+            q, k, v, lse, dattn, drow, dq, g);
+    CUDA_CHECK(cudaGetLastError());
+    tiles_backward_dkv_kernel<HD>
+        <<<dim3(tiles, g.nkv, static_cast<unsigned>(B)), flash::kThreads, L::kDkv, s>>>(
+            q, k, v, lse, dattn, drow, dk, dv, g);
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   allow_shared(flash_backward_dq_kernel<HD>, Layout<HD>::kDq);
   allow_shared(flash_backward_dkv_kernel<HD>, Layout<HD>::kDkv);
   const unsigned tiles = static_cast<unsigned>((g.T + kTile - 1) / kTile);
@@ -453,36 +543,37 @@ bool flash_attention_supported(int64_t hd) { return hd == 16 || hd == 32 || hd =
 
 void flash_attention_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                              int64_t T, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                             float* lse, float* attn, StreamHandle stream) {
+                             float* lse, float* attn, StreamHandle stream, FlashKernels kernels) {
   const Geometry g = geometry(B, T, nh, nkv, hd, scale, "flash_attention_forward");
   const auto s = static_cast<cudaStream_t>(stream);
   switch (hd) {
     case 16:
-      return forward<16>(q, k, v, B, g, lse, attn, s);
+      return forward<16>(q, k, v, B, g, lse, attn, s, kernels);
     case 32:
-      return forward<32>(q, k, v, B, g, lse, attn, s);
+      return forward<32>(q, k, v, B, g, lse, attn, s, kernels);
     case 64:
-      return forward<64>(q, k, v, B, g, lse, attn, s);
+      return forward<64>(q, k, v, B, g, lse, attn, s, kernels);
     default:
-      return forward<128>(q, k, v, B, g, lse, attn, s);
+      return forward<128>(q, k, v, B, g, lse, attn, s, kernels);
   }
 }
 
 void flash_attention_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                               const float* lse, const uint16_t* dattn, int64_t B, int64_t T,
                               int64_t nh, int64_t nkv, int64_t hd, float scale, float* drow,
-                              float* dq, float* dk, float* dv, StreamHandle stream) {
+                              float* dq, float* dk, float* dv, StreamHandle stream,
+                              FlashKernels kernels) {
   const Geometry g = geometry(B, T, nh, nkv, hd, scale, "flash_attention_backward");
   const auto s = static_cast<cudaStream_t>(stream);
   switch (hd) {
     case 16:
-      return backward<16>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s);
+      return backward<16>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s, kernels);
     case 32:
-      return backward<32>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s);
+      return backward<32>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s, kernels);
     case 64:
-      return backward<64>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s);
+      return backward<64>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s, kernels);
     default:
-      return backward<128>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s);
+      return backward<128>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s, kernels);
   }
 }
 

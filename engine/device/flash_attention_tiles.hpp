@@ -1,0 +1,419 @@
+// The fused causal attention's thread blocks, register-resident: bf16 operands, products on
+// tensor cores through mma.sync (m16n8k16, fp32 accumulation), scores, probabilities and score
+// gradients kept in the accumulators' registers, never in memory. One source for two machines:
+// engine/device/cuda/flash_attention.cu runs these bodies as CUDA kernels, and the tests run the
+// same bodies on the host under a SIMT emulation of a thread block (tests/common/simt.hpp), so
+// every index, mask and rounding point is checked on machines without a GPU.
+//
+// A body is a template over X, the thread's view of its machine:
+//   int thread() const, block(axis) const     threadIdx.x, blockIdx.{x,y,z}
+//   unsigned char* shared()                   the block's dynamic shared memory
+//   void sync()                               __syncthreads
+//   float shfl_xor(float v, int mask)         __shfl_xor_sync over the whole warp
+//   void ldmatrix(uint32_t (&r)[4], const uint16_t* row)        ldmatrix .m8n8.x4 .b16
+//   void ldmatrix_trans(uint32_t (&r)[4], const uint16_t* row)  the same, .trans
+//   void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+//                                             d += a b, mma.sync .m16n8k16 .row.col f32.bf16
+//   void copy16(void* dst, const void* src), zero16(void* dst)   16-byte moves
+// The fragment layouts are PTX's: lane l is in group g = l / 4 at position t = l % 4; an
+// accumulator d holds rows g and g + 8, columns 2t and 2t + 1 (d[0], d[1] on row g); an A
+// operand holds (row g, columns 2t..2t+1), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..) as
+// bf16 pairs, the lower column in the lower half; a B operand holds (rows 2t..2t+1, column g)
+// and (rows 2t + 8.., column g). ldmatrix x4 loads four 8 x 8 matrices, lane l naming row l % 8
+// of matrix l / 8; register i receives matrix i's (row g, columns 2t..2t+1), or with .trans
+// its (rows 2t..2t+1, column g).
+//
+// The rounding points are the default attention's (compute_backend.hpp), as in the WMMA
+// kernels: the forward finds each row's max and sum in a first pass over the keys and rounds
+// p = exp(s - max) / sum to bf16 in a second; the backward rounds p = exp(s - lse) and
+// ds = p (dp - D) with D = sum(p dp) found in a pass of its own. Work split, each output written
+// by one block (deterministic, no atomics):
+//   forward  one block per (64 queries, head, sequence), a warp per 16 queries;
+//   dq       one block per (64 queries, head, sequence): D, then dq = scale * ds k;
+//   dkv      one block per (64 keys, kv head, sequence), a warp per 16 keys, over the heads of
+//            the group and the 32-query tiles at or after the keys: dk += scale ds^T q,
+//            dv += p^T dattn.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/device/kernel_math.hpp"
+
+#if defined(__CUDACC__)
+#define OUTCORE_TILE __device__ __forceinline__
+#define OUTCORE_UNROLL _Pragma("unroll")
+#else
+#define OUTCORE_TILE inline
+#define OUTCORE_UNROLL
+#endif
+
+namespace outcore::flash {
+
+constexpr int kRows = 64;  // queries per forward / dq block, keys per dkv block
+constexpr int kWarps = 4;  // a warp per 16 of them
+constexpr int kThreads = 32 * kWarps;
+constexpr int kDkvQueries = 32;  // queries per step of a dkv block
+static_assert(kRows == 16 * kWarps, "a warp per 16 rows");
+
+// Shapes shared by the blocks of one launch.
+struct Geometry {
+  int T, nh, nkv, group;
+  float scale;
+};
+
+// Shared memory: bf16 tiles [rows][HD + 8] (rows on 16 bytes, ldmatrix free of bank conflicts).
+template <int HD>
+struct Tiles {
+  static constexpr int kLd = HD + 8;
+  static constexpr size_t kTile = size_t(kRows) * kLd * sizeof(uint16_t);
+  static constexpr size_t kHalf = size_t(kDkvQueries) * kLd * sizeof(uint16_t);
+  static constexpr size_t kForward = 3 * kTile;  // Q, K, V
+  static constexpr size_t kDq = 4 * kTile;       // Q, dO, K, V
+  static constexpr size_t kDkv = 2 * kTile + 2 * kHalf + 2 * kDkvQueries * sizeof(float);
+};
+
+// rows [row0, row0 + n) of a token-major bf16 matrix (row r at src + r * ld, HD contiguous
+// elements) into tile rows [0, n); rows at or beyond `rows` become zeros.
+template <int HD, class X>
+OUTCORE_TILE void load_rows(X& x, uint16_t* tile, const uint16_t* src, int64_t ld, int row0, int n,
+                            int rows) {
+  constexpr int kVecs = HD / 8;  // 8 bf16 per 16 bytes
+  for (int i = x.thread(); i < n * kVecs; i += kThreads) {
+    const int r = i / kVecs, c = i % kVecs;
+    uint16_t* dst = tile + r * Tiles<HD>::kLd + c * 8;
+    if (row0 + r < rows)
+      x.copy16(dst, src + (row0 + r) * ld + c * 8);
+    else
+      x.zero16(dst);
+  }
+}
+
+// The lane's row within a 16-row strip for ldmatrix: matrices 0..3 at (rows +0, cols +0),
+// (+8, +0), (+0, +8), (+8, +8) for an A operand or a transposed B; (+0, +0), (+0, +8),
+// (+8, +0), (+8, +8) for a B taken from a row-major [n][k] tile.
+OUTCORE_TILE int a_row(int lane) { return (lane % 8) + 8 * ((lane / 8) % 2); }
+OUTCORE_TILE int a_col(int lane) { return 8 * (lane / 16); }
+OUTCORE_TILE int b_row(int lane) { return (lane % 8) + 8 * (lane / 16); }
+OUTCORE_TILE int b_col(int lane) { return 8 * ((lane / 8) % 2); }
+
+// acc[N][4] += A[16 x HD] B[N*8 x HD]^T: A rows a_tile[0..16), B rows b_tile[0..N*8) (both
+// [.][HD + 8] bf16 in shared memory).
+template <int HD, int N, class X>
+OUTCORE_TILE void product_abt(X& x, float (&acc)[N][4], const uint16_t* a_tile,
+                              const uint16_t* b_tile, int lane) {
+  constexpr int ld = Tiles<HD>::kLd;
+  static_assert(N % 2 == 0, "n tiles in pairs");
+  OUTCORE_UNROLL
+  for (int kk = 0; kk < HD; kk += 16) {
+    uint32_t a[4];
+    x.ldmatrix(a, a_tile + a_row(lane) * ld + kk + a_col(lane));
+    OUTCORE_UNROLL
+    for (int n = 0; n < N; n += 2) {
+      uint32_t b[4];
+      x.ldmatrix(b, b_tile + (8 * n + b_row(lane)) * ld + kk + b_col(lane));
+      x.mma(acc[n], a, b[0], b[1]);
+      x.mma(acc[n + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc[HD / 8][4] += P[16 x 16 K] B[16 K x HD]: P as A operands p[K][4] (already in registers),
+// B rows b_tile[0..16 K) ([.][HD + 8] bf16 in shared memory).
+template <int HD, int K, class X>
+OUTCORE_TILE void product_pb(X& x, float (&acc)[HD / 8][4], const uint32_t (&p)[K][4],
+                             const uint16_t* b_tile, int lane) {
+  constexpr int ld = Tiles<HD>::kLd;
+  OUTCORE_UNROLL
+  for (int kc = 0; kc < K; ++kc) OUTCORE_UNROLL
+  for (int n = 0; n < HD / 8; n += 2) {
+    uint32_t b[4];
+    x.ldmatrix_trans(b, b_tile + (16 * kc + a_row(lane)) * ld + 8 * n + a_col(lane));
+    x.mma(acc[n], p[kc], b[0], b[1]);
+    x.mma(acc[n + 1], p[kc], b[2], b[3]);
+  }
+}
+
+OUTCORE_TILE uint32_t pack_bf16(float lo, float hi) {
+  return uint32_t(kmath::fp32_to_bf16(lo)) | (uint32_t(kmath::fp32_to_bf16(hi)) << 16);
+}
+
+// Accumulators of N = 2K tiles of 8 columns (one 16-row strip) as the A operands of K products
+// of 16 columns, each value first through f(value, tile, element).
+template <int K, class F>
+OUTCORE_TILE void to_operands(uint32_t (&a)[K][4], const float (&c)[2 * K][4], F f) {
+  OUTCORE_UNROLL
+  for (int k = 0; k < K; ++k) {
+    a[k][0] = pack_bf16(f(c[2 * k][0], 2 * k, 0), f(c[2 * k][1], 2 * k, 1));
+    a[k][1] = pack_bf16(f(c[2 * k][2], 2 * k, 2), f(c[2 * k][3], 2 * k, 3));
+    a[k][2] = pack_bf16(f(c[2 * k + 1][0], 2 * k + 1, 0), f(c[2 * k + 1][1], 2 * k + 1, 1));
+    a[k][3] = pack_bf16(f(c[2 * k + 1][2], 2 * k + 1, 2), f(c[2 * k + 1][3], 2 * k + 1, 3));
+  }
+}
+
+template <int N>
+OUTCORE_TILE void zero(float (&acc)[N][4]) {
+  OUTCORE_UNROLL
+  for (auto& f : acc) f[0] = f[1] = f[2] = f[3] = 0.0f;
+}
+
+// The number of key tiles at or below the last query of the tile starting at q0.
+OUTCORE_TILE int last_tile(int q0, int T) {
+  return ((q0 + kRows < T ? q0 + kRows : T) - 1) / kRows + 1;
+}
+
+// The max (or sum) over the four lanes that share a row.
+template <class X>
+OUTCORE_TILE float row_max(X& x, float v) {
+  v = fmaxf(v, x.shfl_xor(v, 1));
+  return fmaxf(v, x.shfl_xor(v, 2));
+}
+template <class X>
+OUTCORE_TILE float row_sum(X& x, float v) {
+  v += x.shfl_xor(v, 1);
+  return v + x.shfl_xor(v, 2);
+}
+
+// --- forward: lse [B, nh, T], attn [B*T, nh*HD] fp32 -----------------------------------------
+
+template <int HD, class X>
+OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                float* lse, float* attn, const Geometry& g) {
+  using L = Tiles<HD>;
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(x.shared());
+  uint16_t* Ks = Qs + kRows * L::kLd;
+  uint16_t* Vs = Ks + kRows * L::kLd;
+  const int q0 = x.block(0) * kRows, h = x.block(1), b = x.block(2);
+  const int w = x.thread() / 32, lane = x.thread() % 32, gr = lane / 4, tc = lane % 4;
+  const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
+  const uint16_t* qb = q + int64_t(b) * g.T * Q + int64_t(h) * HD;
+  const uint16_t* kb = k + int64_t(b) * g.T * KV + int64_t(h / g.group) * HD;
+  const uint16_t* vb = v + int64_t(b) * g.T * KV + int64_t(h / g.group) * HD;
+  const int tiles = last_tile(q0, g.T);
+  const int t[2] = {q0 + 16 * w + gr, q0 + 16 * w + gr + 8};  // the lane's two queries
+  const uint16_t* Qw = Qs + 16 * w * L::kLd;
+
+  load_rows<HD>(x, Qs, qb, Q, q0, kRows, g.T);
+  // Pass 1: each row's max and sum of exp(s - max), online. Rows beyond T see no valid key; their
+  // max and sum are never used.
+  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+  for (int kt = 0; kt < tiles; ++kt) {
+    x.sync();
+    load_rows<HD>(x, Ks, kb, KV, kt * kRows, kRows, g.T);
+    x.sync();
+    float s[8][4];
+    zero(s);
+    product_abt<HD>(x, s, Qw, Ks, lane);
+    OUTCORE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+      OUTCORE_UNROLL
+      for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
+      for (int e = 0; e < 2; ++e)
+        if (t[r] < g.T && kt * kRows + 8 * n + 2 * tc + e <= t[r])
+          tile_max = fmaxf(tile_max, g.scale * s[n][2 * r + e]);
+      const float m_new = fmaxf(m[r], row_max(x, tile_max));
+      float part = 0.0f;
+      OUTCORE_UNROLL
+      for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
+      for (int e = 0; e < 2; ++e)
+        if (t[r] < g.T && kt * kRows + 8 * n + 2 * tc + e <= t[r])
+          part += kmath::softmax_exp(g.scale * s[n][2 * r + e], m_new);
+      part = row_sum(x, part);
+      if (t[r] < g.T) sum[r] = sum[r] * kmath::softmax_exp(m[r], m_new) + part;
+      m[r] = m_new;
+    }
+  }
+  const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
+  OUTCORE_UNROLL
+  for (int r = 0; r < 2; ++r)
+    if (t[r] < g.T && tc == 0)
+      lse[(int64_t(b) * g.nh + h) * g.T + t[r]] = kmath::softmax_lse(m[r], sum[r]);
+
+  // Pass 2: p = exp(s - max) / sum rounded to bf16, then attn += p v.
+  float o[HD / 8][4];
+  zero(o);
+  for (int kt = 0; kt < tiles; ++kt) {
+    x.sync();
+    load_rows<HD>(x, Ks, kb, KV, kt * kRows, kRows, g.T);
+    load_rows<HD>(x, Vs, vb, KV, kt * kRows, kRows, g.T);
+    x.sync();
+    float s[8][4];
+    zero(s);
+    product_abt<HD>(x, s, Qw, Ks, lane);
+    uint32_t p[4][4];
+    to_operands(p, s, [&](float sv, int n, int e) {
+      const int r = e / 2;
+      const bool valid = t[r] < g.T && kt * kRows + 8 * n + 2 * tc + e % 2 <= t[r];
+      return valid ? kmath::softmax_exp(g.scale * sv, m[r]) * inv[r] : 0.0f;
+    });
+    product_pb<HD>(x, o, p, Vs, lane);
+  }
+  OUTCORE_UNROLL
+  for (int n = 0; n < HD / 8; ++n) OUTCORE_UNROLL
+  for (int e = 0; e < 4; ++e) {
+    const int r = e / 2;
+    if (t[r] < g.T)
+      attn[(int64_t(b) * g.T + t[r]) * Q + int64_t(h) * HD + 8 * n + 2 * tc + e % 2] = o[n][e];
+  }
+}
+
+// --- backward: D into drow [B, nh, T], dq [B*T, nh*HD] fp32 ----------------------------------
+
+template <int HD, class X>
+OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                    const float* lse, const uint16_t* dattn, float* drow, float* dq,
+                                    const Geometry& g) {
+  using L = Tiles<HD>;
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(x.shared());
+  uint16_t* Ds = Qs + kRows * L::kLd;  // dattn rows
+  uint16_t* Ks = Ds + kRows * L::kLd;
+  uint16_t* Vs = Ks + kRows * L::kLd;
+  const int q0 = x.block(0) * kRows, h = x.block(1), b = x.block(2);
+  const int w = x.thread() / 32, lane = x.thread() % 32, gr = lane / 4, tc = lane % 4;
+  const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
+  const int64_t q_at = int64_t(b) * g.T * Q + int64_t(h) * HD;
+  const uint16_t* kb = k + int64_t(b) * g.T * KV + int64_t(h / g.group) * HD;
+  const uint16_t* vb = v + int64_t(b) * g.T * KV + int64_t(h / g.group) * HD;
+  const int tiles = last_tile(q0, g.T);
+  const int t[2] = {q0 + 16 * w + gr, q0 + 16 * w + gr + 8};
+  const int64_t rows_at = (int64_t(b) * g.nh + h) * g.T;
+  float l[2];
+  OUTCORE_UNROLL
+  for (int r = 0; r < 2; ++r) l[r] = t[r] < g.T ? lse[rows_at + t[r]] : 0.0f;
+  auto valid = [&](int kt, int n, int e) {
+    const int r = e / 2;
+    return t[r] < g.T && kt * kRows + 8 * n + 2 * tc + e % 2 <= t[r];
+  };
+  // Key tile kt's scores (q k^T) and probability gradients (dattn v^T).
+  auto scores = [&](int kt, float(&s)[8][4], float(&dp)[8][4]) {
+    x.sync();
+    load_rows<HD>(x, Ks, kb, KV, kt * kRows, kRows, g.T);
+    load_rows<HD>(x, Vs, vb, KV, kt * kRows, kRows, g.T);
+    x.sync();
+    zero(s);
+    zero(dp);
+    product_abt<HD>(x, s, Qs + 16 * w * L::kLd, Ks, lane);
+    product_abt<HD>(x, dp, Ds + 16 * w * L::kLd, Vs, lane);
+  };
+
+  load_rows<HD>(x, Qs, q + q_at, Q, q0, kRows, g.T);
+  load_rows<HD>(x, Ds, dattn + q_at, Q, q0, kRows, g.T);
+  // Pass 1: D = sum over keys of p * dp, p = exp(s - lse) in fp32.
+  float dot[2] = {0.0f, 0.0f};
+  for (int kt = 0; kt < tiles; ++kt) {
+    float s[8][4], dp[8][4];
+    scores(kt, s, dp);
+    OUTCORE_UNROLL
+    for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
+    for (int e = 0; e < 4; ++e)
+      if (valid(kt, n, e)) dot[e / 2] += kmath::softmax_exp(g.scale * s[n][e], l[e / 2]) * dp[n][e];
+  }
+  OUTCORE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    dot[r] = row_sum(x, dot[r]);
+    if (t[r] < g.T && tc == 0) drow[rows_at + t[r]] = dot[r];
+  }
+
+  // Pass 2: ds = p (dp - D) rounded to bf16; dq = scale * ds k.
+  float acc[HD / 8][4];
+  zero(acc);
+  for (int kt = 0; kt < tiles; ++kt) {
+    float s[8][4], dp[8][4];
+    scores(kt, s, dp);
+    // ds in place of s (to_operands reads each element once, with its dp beside it).
+    OUTCORE_UNROLL
+    for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
+    for (int e = 0; e < 4; ++e)
+      s[n][e] = valid(kt, n, e)
+                    ? kmath::softmax_grad(kmath::softmax_exp(g.scale * s[n][e], l[e / 2]), dp[n][e],
+                                          dot[e / 2])
+                    : 0.0f;
+    uint32_t ds[4][4];
+    to_operands(ds, s, [](float sv, int, int) { return sv; });
+    product_pb<HD>(x, acc, ds, Ks, lane);
+  }
+  OUTCORE_UNROLL
+  for (int n = 0; n < HD / 8; ++n) OUTCORE_UNROLL
+  for (int e = 0; e < 4; ++e) {
+    const int r = e / 2;
+    if (t[r] < g.T) dq[q_at + int64_t(t[r]) * Q + 8 * n + 2 * tc + e % 2] = g.scale * acc[n][e];
+  }
+}
+
+// --- backward: dk, dv [B*T, nkv*HD] fp32, added into ------------------------------------------
+
+template <int HD, class X>
+OUTCORE_TILE void backward_dkv_block(X& x, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                     const float* lse, const uint16_t* dattn, const float* drow,
+                                     float* dk, float* dv, const Geometry& g) {
+  using L = Tiles<HD>;
+  constexpr int kN = kDkvQueries / 8;  // accumulator tiles across a step's queries
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(x.shared());
+  uint16_t* Vs = Ks + kRows * L::kLd;
+  uint16_t* Qs = Vs + kRows * L::kLd;
+  uint16_t* Ds = Qs + kDkvQueries * L::kLd;  // dattn rows
+  float* lse_s = reinterpret_cast<float*>(Ds + kDkvQueries * L::kLd);
+  float* d_s = lse_s + kDkvQueries;
+  const int k0 = x.block(0) * kRows, gkv = x.block(1), b = x.block(2);
+  const int w = x.thread() / 32, lane = x.thread() % 32, gr = lane / 4, tc = lane % 4;
+  const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
+  const int64_t kv_at = int64_t(b) * g.T * KV + int64_t(gkv) * HD;
+  const int q_tiles = (g.T + kDkvQueries - 1) / kDkvQueries;
+  const int key[2] = {k0 + 16 * w + gr, k0 + 16 * w + gr + 8};  // the lane's two keys
+
+  load_rows<HD>(x, Ks, k + kv_at, KV, k0, kRows, g.T);
+  load_rows<HD>(x, Vs, v + kv_at, KV, k0, kRows, g.T);
+  float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
+  zero(dk_acc);
+  zero(dv_acc);
+  for (int j = 0; j < g.group; ++j) {
+    const int h = gkv * g.group + j;
+    const int64_t q_at = int64_t(b) * g.T * Q + int64_t(h) * HD;
+    const int64_t rows_at = (int64_t(b) * g.nh + h) * g.T;
+    for (int qt = k0 / kDkvQueries; qt < q_tiles; ++qt) {
+      const int q0 = qt * kDkvQueries;
+      x.sync();
+      load_rows<HD>(x, Qs, q + q_at, Q, q0, kDkvQueries, g.T);
+      load_rows<HD>(x, Ds, dattn + q_at, Q, q0, kDkvQueries, g.T);
+      for (int r = x.thread(); r < kDkvQueries; r += kThreads) {
+        lse_s[r] = q0 + r < g.T ? lse[rows_at + q0 + r] : 0.0f;
+        d_s[r] = q0 + r < g.T ? drow[rows_at + q0 + r] : 0.0f;
+      }
+      x.sync();
+      // Transposed: rows are the warp's keys, columns the step's queries.
+      float s[kN][4], dp[kN][4];
+      zero(s);
+      zero(dp);
+      product_abt<HD>(x, s, Ks + 16 * w * L::kLd, Qs, lane);
+      product_abt<HD>(x, dp, Vs + 16 * w * L::kLd, Ds, lane);
+      float pf[kN][4];
+      OUTCORE_UNROLL
+      for (int n = 0; n < kN; ++n) OUTCORE_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * n + 2 * tc + e % 2;  // query q0 + c
+        const bool valid = q0 + c < g.T && key[e / 2] <= q0 + c;
+        pf[n][e] = valid ? kmath::softmax_exp(g.scale * s[n][e], lse_s[c]) : 0.0f;
+        dp[n][e] = valid ? kmath::softmax_grad(pf[n][e], dp[n][e], d_s[c]) : 0.0f;
+      }
+      uint32_t p[kN / 2][4], ds[kN / 2][4];
+      to_operands(p, pf, [](float sv, int, int) { return sv; });
+      to_operands(ds, dp, [](float sv, int, int) { return sv; });
+      product_pb<HD>(x, dv_acc, p, Ds, lane);
+      product_pb<HD>(x, dk_acc, ds, Qs, lane);
+    }
+  }
+  OUTCORE_UNROLL
+  for (int n = 0; n < HD / 8; ++n) OUTCORE_UNROLL
+  for (int e = 0; e < 4; ++e) {
+    const int r = e / 2;
+    if (key[r] < g.T) {
+      const int64_t at = kv_at + int64_t(key[r]) * KV + 8 * n + 2 * tc + e % 2;
+      dk[at] += g.scale * dk_acc[n][e];
+      dv[at] += dv_acc[n][e];
+    }
+  }
+}
+
+}  // namespace outcore::flash

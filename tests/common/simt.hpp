@@ -1,0 +1,65 @@
+// A SIMT emulation of CUDA thread blocks on the host, for kernel bodies written once for the GPU
+// and the host (engine/device/flash_attention_tiles.hpp): each thread of a block runs as a fiber,
+// switched at its barriers, so the kernel's own code (indices, masks, warp collectives, shared
+// memory) runs here exactly as written. Blocks run one after another.
+//
+// The warp collectives follow PTX: shfl_xor (__shfl_xor_sync over all 32 lanes), ldmatrix
+// (.m8n8.x4.b16, with and without .trans) and mma (.m16n8k16.row.col.f32.bf16.bf16.f32, the sum
+// of the 16 products taken in double and added to the fp32 accumulator: the tensor cores' own
+// order and precision are not emulated, so results agree with a GPU up to summation order).
+//
+// Faults the emulation turns into a std::runtime_error: threads of a block waiting at different
+// barriers (a divergent __syncthreads or collective), an ldmatrix row outside shared memory or not
+// on 16 bytes. An exception thrown by a body ends the launch and reaches the caller. Shared memory
+// starts filled with 0xff (NaN as fp32 and bf16) so that a read before a write shows, and ends at
+// an inaccessible page.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+namespace outcore::test {
+
+class SimtBlock;
+
+// One emulated thread: the `X` of a kernel body.
+class SimtThread {
+ public:
+  int thread() const { return tid_; }
+  int block(int axis) const;
+  unsigned char* shared() const;
+  void sync();
+  float shfl_xor(float v, int mask);
+  void ldmatrix(uint32_t (&r)[4], const uint16_t* row) { load_matrices(r, row, false); }
+  void ldmatrix_trans(uint32_t (&r)[4], const uint16_t* row) { load_matrices(r, row, true); }
+  void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+  void copy16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+  void zero16(void* dst) { std::memset(dst, 0, 16); }
+
+ private:
+  friend class SimtBlock;
+  struct Slot {
+    uint64_t v[4];
+  };
+  // This lane's slot of the warp's next exchange, and (after the warp's barrier) every lane's.
+  Slot& deposit();
+  const Slot* exchange();
+  void load_matrices(uint32_t (&r)[4], const uint16_t* row, bool trans);
+
+  SimtBlock* block_ = nullptr;
+  int tid_ = 0;
+  unsigned phase_ = 0;  // collectives done: which of the warp's two slot sets is next
+};
+
+struct SimtGrid {
+  int x = 1, y = 1, z = 1;
+};
+
+// Runs body(thread) for every thread of every block of `grid`: `threads` per block (a multiple
+// of 32, at most 1024), `shared_bytes` of shared memory per block.
+void simt_launch(SimtGrid grid, int threads, size_t shared_bytes,
+                 const std::function<void(SimtThread&)>& body);
+
+}  // namespace outcore::test

@@ -1,0 +1,153 @@
+// The register-resident fused attention (engine/device/flash_attention_tiles.hpp) run on the
+// host under the SIMT emulation of a thread block (tests/common/simt.hpp): the very bodies the
+// CUDA kernels run, against the host's default attention in bf16 compute, at the CUDA kernels'
+// tolerance (host_attention.hpp, expect_bf16_attention).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/device/compute_backend.hpp"
+#include "engine/device/cpu/kernels.hpp"
+#include "engine/device/flash_attention_tiles.hpp"
+#include "tests/common/numeric.hpp"
+#include "tests/common/simt.hpp"
+#include "tests/device/host_attention.hpp"
+
+namespace outcore::test {
+namespace {
+
+struct Shape {
+  int64_t B, T, nh, nkv, hd;
+};
+
+template <int HD>
+HostAttention emulate(const Shape& s, float scale, const std::vector<std::vector<uint16_t>>& bits) {
+  const flash::Geometry g{static_cast<int>(s.T), static_cast<int>(s.nh), static_cast<int>(s.nkv),
+                          static_cast<int>(s.nh / s.nkv), scale};
+  const int64_t tokens = s.B * s.T;
+  HostAttention o{std::vector<float>(tokens * s.nh * HD), std::vector<float>(s.B * s.nh * s.T),
+                  std::vector<float>(tokens * s.nh * HD), std::vector<float>(tokens * s.nkv * HD),
+                  std::vector<float>(tokens * s.nkv * HD)};
+  std::vector<float> drow(s.B * s.nh * s.T);
+  const uint16_t *q = bits[0].data(), *k = bits[1].data(), *v = bits[2].data();
+  const uint16_t* dattn = bits[3].data();
+  const int tiles = static_cast<int>((s.T + flash::kRows - 1) / flash::kRows);
+  using L = flash::Tiles<HD>;
+  simt_launch(
+      {tiles, static_cast<int>(s.nh), static_cast<int>(s.B)}, flash::kThreads, L::kForward,
+      [&](SimtThread& x) { flash::forward_block<HD>(x, q, k, v, o.lse.data(), o.attn.data(), g); });
+  simt_launch({tiles, static_cast<int>(s.nh), static_cast<int>(s.B)}, flash::kThreads, L::kDq,
+              [&](SimtThread& x) {
+                flash::backward_dq_block<HD>(x, q, k, v, o.lse.data(), dattn, drow.data(),
+                                             o.dq.data(), g);
+              });
+  simt_launch({tiles, static_cast<int>(s.nkv), static_cast<int>(s.B)}, flash::kThreads, L::kDkv,
+              [&](SimtThread& x) {
+                flash::backward_dkv_block<HD>(x, q, k, v, o.lse.data(), dattn, drow.data(),
+                                              o.dk.data(), o.dv.data(), g);
+              });
+  return o;
+}
+
+// Shapes: partial tiles (T not a multiple of 64, so rows and keys beyond T in the last tile),
+// several tiles (the causal diagonal inside and across tiles), grouped kv heads, batches, and
+// every head size the kernels take.
+TEST(FlashTiles, EmulatedKernelsMatchTheHostInBf16) {
+  for (const Shape& s : {Shape{2, 150, 4, 2, 64}, Shape{1, 70, 2, 1, 128}, Shape{1, 100, 3, 3, 32},
+                         Shape{2, 65, 2, 1, 16}}) {
+    SCOPED_TRACE("B " + std::to_string(s.B) + " T " + std::to_string(s.T) + " heads " +
+                 std::to_string(s.nh) + "/" + std::to_string(s.nkv) + " x " + std::to_string(s.hd));
+    const device::ComputeBackend::Attention a{.B = s.B,
+                                              .T = s.T,
+                                              .nh = s.nh,
+                                              .nkv = s.nkv,
+                                              .hd = s.hd,
+                                              .block = 128,
+                                              .scale = 1.0f / std::sqrt(float(s.hd)),
+                                              .dtype = DType::BF16};
+    const AttentionInputs in = bf16_attention_inputs(a);
+    const std::vector<std::vector<uint16_t>>& bits = in.bits;
+    const HostAttention want = host_attention(a, DType::BF16, in.values);
+    const HostAttention fp32 = host_attention(a, DType::F32, in.values);
+    HostAttention got;
+    switch (s.hd) {
+      case 16:
+        got = emulate<16>(s, a.scale, bits);
+        break;
+      case 32:
+        got = emulate<32>(s, a.scale, bits);
+        break;
+      case 64:
+        got = emulate<64>(s, a.scale, bits);
+        break;
+      default:
+        got = emulate<128>(s, a.scale, bits);
+    }
+    expect_bf16_attention(got, want, fp32);
+  }
+}
+
+// The emulation itself: an mma of known fragments gives the matrix product, ldmatrix hands out
+// PTX's layout, and a barrier some threads skip is reported, not hung on.
+TEST(FlashTiles, EmulatedWarpCollectivesFollowPtx) {
+  // A[16 x 16] = r + 16 c (small integers, exact in bf16), B[16 x 8] = k - n.
+  auto a_val = [](int r, int c) { return float(r + 16 * c) / 64.0f; };
+  auto b_val = [](int k, int n) { return float(k - n); };
+  auto bf = [](float f) { return uint32_t(kmath::fp32_to_bf16(f)); };
+  std::vector<float> d(32 * 4);
+  std::vector<uint32_t> lm(32 * 4), lmt(32 * 4);
+  simt_launch({1, 1, 1}, 32, 16 * 16 * sizeof(uint16_t), [&](SimtThread& x) {
+    const int lane = x.thread(), g = lane / 4, t = lane % 4;
+    uint32_t a[4];
+    for (int i = 0; i < 4; ++i) {
+      const int r = g + 8 * (i % 2), c = 2 * t + 8 * (i / 2);
+      a[i] = bf(a_val(r, c)) | (bf(a_val(r, c + 1)) << 16);
+    }
+    const uint32_t b0 = bf(b_val(2 * t, g)) | (bf(b_val(2 * t + 1, g)) << 16);
+    const uint32_t b1 = bf(b_val(2 * t + 8, g)) | (bf(b_val(2 * t + 9, g)) << 16);
+    float acc[4] = {1, 1, 1, 1};
+    x.mma(acc, a, b0, b1);
+    for (int i = 0; i < 4; ++i) d[lane * 4 + i] = acc[i];
+    // A 16 x 16 tile of element values r * 16 + c in shared memory; lane l names row l % 8 of
+    // matrix l / 8, matrices at (rows, cols) +0/+0, +8/+0, +0/+8, +8/+8.
+    auto* tile = reinterpret_cast<uint16_t*>(x.shared());
+    for (int i = 0; i < 8; ++i) tile[lane * 8 + i] = static_cast<uint16_t>(lane * 8 + i);
+    x.sync();
+    const uint16_t* row = tile + (lane % 8 + 8 * ((lane / 8) % 2)) * 16 + 8 * (lane / 16);
+    uint32_t r[4], rt[4];
+    x.ldmatrix(r, row);
+    x.ldmatrix_trans(rt, row);
+    for (int i = 0; i < 4; ++i) lm[lane * 4 + i] = r[i], lmt[lane * 4 + i] = rt[i];
+  });
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
+      double want = 1;
+      for (int k = 0; k < 16; ++k) want += double(a_val(r, k)) * b_val(k, c);
+      EXPECT_EQ(d[lane * 4 + i], float(want)) << "lane " << lane << " element " << i;
+      // Matrix i at rows 8 (i % 2), columns 8 (i / 2) of the tile.
+      const int r0 = 8 * (i % 2), c0 = 8 * (i / 2);
+      auto at = [&](int rr, int cc) { return uint32_t((r0 + rr) * 16 + c0 + cc); };
+      EXPECT_EQ(lm[lane * 4 + i], at(g, 2 * t) | (at(g, 2 * t + 1) << 16)) << "lane " << lane;
+      EXPECT_EQ(lmt[lane * 4 + i], at(2 * t, g) | (at(2 * t + 1, g) << 16)) << "lane " << lane;
+    }
+  }
+  EXPECT_THROW(simt_launch({1, 1, 1}, 64, 16,
+                           [](SimtThread& x) {
+                             if (x.thread() != 5) x.sync();
+                           }),
+               std::runtime_error);
+  EXPECT_THROW(simt_launch({1, 1, 1}, 32, 64,
+                           [](SimtThread& x) {
+                             uint32_t r[4];
+                             x.ldmatrix(r, reinterpret_cast<const uint16_t*>(x.shared()) + 1);
+                           }),
+               std::runtime_error);
+}
+
+}  // namespace
+}  // namespace outcore::test

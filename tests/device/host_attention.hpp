@@ -1,0 +1,107 @@
+// The host's attention as the fused kernels' reference: the CPU backend's default (head by head,
+// blocks of 128 queries), forward and backward, in fp32 or bf16 compute. Shared by the CUDA
+// kernels' tests and the SIMT emulation of the register-resident kernels.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "engine/device/compute_backend.hpp"
+#include "engine/device/cpu/kernels.hpp"
+#include "tests/common/numeric.hpp"
+
+namespace outcore::test {
+
+struct HostAttention {
+  std::vector<float> attn, lse, dq, dk, dv;
+};
+
+// `a` in `dtype` on inputs q, k, v, dattn whose values are already bf16 (passed to the backend
+// as bf16 bits for BF16, as fp32 for F32).
+inline HostAttention host_attention(device::ComputeBackend::Attention a, DType dtype,
+                                    const std::vector<std::vector<float>>& in) {
+  a.dtype = dtype;
+  a.block = 128;
+  const auto be = device::cpu_backend();
+  std::vector<std::vector<uint16_t>> bits;
+  std::vector<const void*> ptr;
+  for (const auto& x : in) {
+    bits.emplace_back(x.size());
+    device::cpu::from_fp32(x.data(), bits.back().data(), DType::BF16,
+                           static_cast<int64_t>(x.size()));
+    ptr.push_back(dtype == DType::BF16 ? static_cast<const void*>(bits.back().data()) : x.data());
+  }
+  HostAttention h{std::vector<float>(in[0].size()), std::vector<float>(a.B * a.nh * a.T),
+                  std::vector<float>(in[0].size()), std::vector<float>(in[1].size()),
+                  std::vector<float>(in[2].size())};
+  std::vector<float> scores(a.block * a.T), dprob(a.block * a.T);
+  std::vector<uint16_t> lowp(
+      std::max<int64_t>(1, device::ComputeBackend::attention_bf16_scratch(a)));
+  void* lp = dtype == DType::BF16 ? lowp.data() : nullptr;
+  be->attention_forward(a, ptr[0], ptr[1], ptr[2], h.lse.data(), h.attn.data(), scores.data(), lp);
+  be->attention_backward(a, ptr[0], ptr[1], ptr[2], h.lse.data(), ptr[3], h.dq.data(), h.dk.data(),
+                         h.dv.data(), scores.data(), dprob.data(), lp);
+  return h;
+}
+
+// Random q, k, v and dattn for `a` whose values are bf16: as fp32 values (the references') and
+// as bf16 bits (the fused kernels').
+struct AttentionInputs {
+  std::vector<std::vector<float>> values;
+  std::vector<std::vector<uint16_t>> bits;
+};
+inline AttentionInputs bf16_attention_inputs(const device::ComputeBackend::Attention& a) {
+  const auto tokens = static_cast<size_t>(a.B * a.T);
+  const auto q = tokens * static_cast<size_t>(a.nh * a.hd);
+  const auto kv = tokens * static_cast<size_t>(a.nkv * a.hd);
+  AttentionInputs in{{randn(q, 40), randn(kv, 41), randn(kv, 42), randn(q, 43)}, {}};
+  for (auto& x : in.values) {
+    const auto n = static_cast<int64_t>(x.size());
+    in.bits.emplace_back(x.size());
+    device::cpu::from_fp32(x.data(), in.bits.back().data(), DType::BF16, n);
+    device::cpu::to_fp32(in.bits.back().data(), DType::BF16, x.data(), n);
+  }
+  return in;
+}
+
+// ||got - want|| / ||want|| in the 2-norm.
+inline double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double d = 0, w = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    w += double(want[i]) * want[i];
+  }
+  return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
+}
+
+// The fused kernels' tolerance against the host's bf16 attention: within 2e-3 of the largest
+// value, and in the 2-norm several times closer to the bf16 reference than fp32 attention is, so
+// every probability and score gradient is rounded where the host rounds it.
+inline void expect_bf16_attention(const HostAttention& got, const HostAttention& want,
+                                  const HostAttention& fp32) {
+  const struct {
+    const char* name;
+    const std::vector<float> HostAttention::*out;
+    bool rounded;  // whether bf16 rounding makes the fp32 result differ
+  } outputs[] = {{"attn", &HostAttention::attn, true},
+                 {"lse", &HostAttention::lse, false},
+                 {"dq", &HostAttention::dq, true},
+                 {"dk", &HostAttention::dk, true},
+                 {"dv", &HostAttention::dv, true}};
+  for (const auto& o : outputs) {
+    const std::vector<float>& g = got.*o.out;
+    const std::vector<float>& w = want.*o.out;
+    ASSERT_EQ(g.size(), w.size()) << o.name;
+    EXPECT_LT(scaled_error(g.data(), w.data(), g.size()), 2e-3) << o.name;
+    if (o.rounded) {
+      EXPECT_LT(relative_l2(g, w), 0.25 * relative_l2(fp32.*o.out, w))
+          << o.name << ": no closer to the bf16 reference than fp32";
+    }
+  }
+}
+
+}  // namespace outcore::test
