@@ -14,7 +14,9 @@
 //   void ldmatrix_trans(uint32_t (&r)[4], const uint16_t* row)  the same, .trans
 //   void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 //                                             d += a b, mma.sync .m16n8k16 .row.col f32.bf16
-//   void copy16(void* dst, const void* src), zero16(void* dst)   16-byte moves
+//   void copy16_async(void* dst, const void* src)   cp.async.cg 16 bytes, global to shared
+//   void wait_all()                           cp.async.wait_all: this thread's copies have landed
+//   void zero16(void* dst)                    16 zero bytes into shared memory
 // The fragment layouts are PTX's: lane l is in group g = l / 4 at position t = l % 4; an
 // accumulator d holds rows g and g + 8, columns 2t and 2t + 1 (d[0], d[1] on row g); an A
 // operand holds (row g, columns 2t..2t+1), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..) as
@@ -26,8 +28,11 @@
 // The rounding points are the default attention's (compute_backend.hpp), as in the WMMA
 // kernels: the forward finds each row's max and sum in a first pass over the keys and rounds
 // p = exp(s - max) / sum to bf16 in a second; the backward rounds p = exp(s - lse) and
-// ds = p (dp - D) with D = sum(p dp) found in a pass of its own. Work split, each output written
-// by one block (deterministic, no atomics):
+// ds = p (dp - D) with D = sum(p dp) found in a pass of its own. Tiles come from global memory
+// through cp.async, the next one on its way while the current one computes: each load waits
+// (wait_all, then a barrier) before its tile is read, and is issued only after a barrier that
+// follows the last read of the buffer it fills. Work split, each output written by one block
+// (deterministic, no atomics):
 //   forward  one block per (64 queries, head, sequence), a warp per 16 queries;
 //   dq       one block per (64 queries, head, sequence): D, then dq = scale * ds k;
 //   dkv      one block per (64 keys, kv head, sequence), a warp per 16 keys, over the heads of
@@ -69,13 +74,16 @@ struct Tiles {
   static constexpr int kLd = HD + 8;
   static constexpr size_t kTile = size_t(kRows) * kLd * sizeof(uint16_t);
   static constexpr size_t kHalf = size_t(kDkvQueries) * kLd * sizeof(uint16_t);
-  static constexpr size_t kForward = 3 * kTile;  // Q, K, V
-  static constexpr size_t kDq = 4 * kTile;       // Q, dO, K, V
-  static constexpr size_t kDkv = 2 * kTile + 2 * kHalf + 2 * kDkvQueries * sizeof(float);
+  // One step of a dkv block: 32 query rows, their dattn rows, lse and D.
+  static constexpr size_t kDkvStep = 2 * kHalf + 2 * kDkvQueries * sizeof(float);
+  static constexpr size_t kForward = 3 * kTile;             // Q, and two tiles for K and V
+  static constexpr size_t kDq = 6 * kTile;                  // Q, dO, two (K, V) pairs
+  static constexpr size_t kDkv = 2 * kTile + 2 * kDkvStep;  // K, V, two steps
 };
 
-// rows [row0, row0 + n) of a token-major bf16 matrix (row r at src + r * ld, HD contiguous
-// elements) into tile rows [0, n); rows at or beyond `rows` become zeros.
+// Starts loading rows [row0, row0 + n) of a token-major bf16 matrix (row r at src + r * ld, HD
+// contiguous elements) into tile rows [0, n); rows at or beyond `rows` become zeros. The tile is
+// readable after wait_all and a barrier.
 template <int HD, class X>
 OUTCORE_TILE void load_rows(X& x, uint16_t* tile, const uint16_t* src, int64_t ld, int row0, int n,
                             int rows) {
@@ -84,10 +92,17 @@ OUTCORE_TILE void load_rows(X& x, uint16_t* tile, const uint16_t* src, int64_t l
     const int r = i / kVecs, c = i % kVecs;
     uint16_t* dst = tile + r * Tiles<HD>::kLd + c * 8;
     if (row0 + r < rows)
-      x.copy16(dst, src + (row0 + r) * ld + c * 8);
+      x.copy16_async(dst, src + (row0 + r) * ld + c * 8);
     else
       x.zero16(dst);
   }
+}
+
+// The loads issued so far have landed and every thread is past the reads before this point.
+template <class X>
+OUTCORE_TILE void landed(X& x) {
+  x.wait_all();
+  x.sync();
 }
 
 // The lane's row within a 16-row strip for ldmatrix: matrices 0..3 at (rows +0, cols +0),
@@ -182,8 +197,9 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
                                 float* lse, float* attn, const Geometry& g) {
   using L = Tiles<HD>;
   uint16_t* Qs = reinterpret_cast<uint16_t*>(x.shared());
-  uint16_t* Ks = Qs + kRows * L::kLd;
-  uint16_t* Vs = Ks + kRows * L::kLd;
+  // Pass 1 reads K tiles from both buffers in turn; pass 2 keeps K tiles in the one that holds
+  // its first and V tiles in the other.
+  const auto buf = [&](int i) { return Qs + (1 + i % 2) * kRows * L::kLd; };
   const int q0 = x.block(0) * kRows, h = x.block(1), b = x.block(2);
   const int w = x.thread() / 32, lane = x.thread() % 32, gr = lane / 4, tc = lane % 4;
   const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
@@ -195,16 +211,16 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
   const uint16_t* Qw = Qs + 16 * w * L::kLd;
 
   load_rows<HD>(x, Qs, qb, Q, q0, kRows, g.T);
+  load_rows<HD>(x, buf(0), kb, KV, 0, kRows, g.T);
   // Pass 1: each row's max and sum of exp(s - max), online. Rows beyond T see no valid key; their
-  // max and sum are never used.
+  // max and sum are never used. The next K tile loads meanwhile; after the last, pass 2's first.
   float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
   for (int kt = 0; kt < tiles; ++kt) {
-    x.sync();
-    load_rows<HD>(x, Ks, kb, KV, kt * kRows, kRows, g.T);
-    x.sync();
+    landed(x);
+    load_rows<HD>(x, buf(kt + 1), kb, KV, kt + 1 < tiles ? (kt + 1) * kRows : 0, kRows, g.T);
     float s[8][4];
     zero(s);
-    product_abt<HD>(x, s, Qw, Ks, lane);
+    product_abt<HD>(x, s, Qw, buf(kt), lane);
     OUTCORE_UNROLL
     for (int r = 0; r < 2; ++r) {
       float tile_max = -INFINITY;
@@ -231,14 +247,15 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
     if (t[r] < g.T && tc == 0)
       lse[(int64_t(b) * g.nh + h) * g.T + t[r]] = kmath::softmax_lse(m[r], sum[r]);
 
-  // Pass 2: p = exp(s - max) / sum rounded to bf16, then attn += p v.
+  // Pass 2: p = exp(s - max) / sum rounded to bf16, then attn += p v. V loads under q k^T, the
+  // next K under p v.
+  uint16_t* const Ks = buf(tiles);
+  uint16_t* const Vs = buf(tiles + 1);
   float o[HD / 8][4];
   zero(o);
   for (int kt = 0; kt < tiles; ++kt) {
-    x.sync();
-    load_rows<HD>(x, Ks, kb, KV, kt * kRows, kRows, g.T);
+    landed(x);
     load_rows<HD>(x, Vs, vb, KV, kt * kRows, kRows, g.T);
-    x.sync();
     float s[8][4];
     zero(s);
     product_abt<HD>(x, s, Qw, Ks, lane);
@@ -248,6 +265,8 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
       const bool valid = t[r] < g.T && kt * kRows + 8 * n + 2 * tc + e % 2 <= t[r];
       return valid ? kmath::softmax_exp(g.scale * sv, m[r]) * inv[r] : 0.0f;
     });
+    landed(x);
+    if (kt + 1 < tiles) load_rows<HD>(x, Ks, kb, KV, (kt + 1) * kRows, kRows, g.T);
     product_pb<HD>(x, o, p, Vs, lane);
   }
   OUTCORE_UNROLL
@@ -268,8 +287,9 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
   using L = Tiles<HD>;
   uint16_t* Qs = reinterpret_cast<uint16_t*>(x.shared());
   uint16_t* Ds = Qs + kRows * L::kLd;  // dattn rows
-  uint16_t* Ks = Ds + kRows * L::kLd;
-  uint16_t* Vs = Ks + kRows * L::kLd;
+  // (K, V) pairs: pair i % 2 for step i.
+  const auto Ks = [&](int i) { return Ds + (1 + 2 * (i % 2)) * kRows * L::kLd; };
+  const auto Vs = [&](int i) { return Ds + (2 + 2 * (i % 2)) * kRows * L::kLd; };
   const int q0 = x.block(0) * kRows, h = x.block(1), b = x.block(2);
   const int w = x.thread() / 32, lane = x.thread() % 32, gr = lane / 4, tc = lane % 4;
   const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
@@ -286,20 +306,26 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
     const int r = e / 2;
     return t[r] < g.T && kt * kRows + 8 * n + 2 * tc + e % 2 <= t[r];
   };
-  // Key tile kt's scores (q k^T) and probability gradients (dattn v^T).
-  auto scores = [&](int kt, float(&s)[8][4], float(&dp)[8][4]) {
-    x.sync();
-    load_rows<HD>(x, Ks, kb, KV, kt * kRows, kRows, g.T);
-    load_rows<HD>(x, Vs, vb, KV, kt * kRows, kRows, g.T);
-    x.sync();
+  // Both passes step over the key tiles; step i reads pair i % 2 and loads step i + 1's.
+  const auto load_pair = [&](int i) {
+    if (i >= 2 * tiles) return;
+    const int kt = i % tiles;
+    load_rows<HD>(x, Ks(i), kb, KV, kt * kRows, kRows, g.T);
+    load_rows<HD>(x, Vs(i), vb, KV, kt * kRows, kRows, g.T);
+  };
+  // Step i's scores (q k^T) and probability gradients (dattn v^T).
+  auto scores = [&](int i, float(&s)[8][4], float(&dp)[8][4]) {
+    landed(x);
+    load_pair(i + 1);
     zero(s);
     zero(dp);
-    product_abt<HD>(x, s, Qs + 16 * w * L::kLd, Ks, lane);
-    product_abt<HD>(x, dp, Ds + 16 * w * L::kLd, Vs, lane);
+    product_abt<HD>(x, s, Qs + 16 * w * L::kLd, Ks(i), lane);
+    product_abt<HD>(x, dp, Ds + 16 * w * L::kLd, Vs(i), lane);
   };
 
   load_rows<HD>(x, Qs, q + q_at, Q, q0, kRows, g.T);
   load_rows<HD>(x, Ds, dattn + q_at, Q, q0, kRows, g.T);
+  load_pair(0);
   // Pass 1: D = sum over keys of p * dp, p = exp(s - lse) in fp32.
   float dot[2] = {0.0f, 0.0f};
   for (int kt = 0; kt < tiles; ++kt) {
@@ -321,7 +347,7 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
   zero(acc);
   for (int kt = 0; kt < tiles; ++kt) {
     float s[8][4], dp[8][4];
-    scores(kt, s, dp);
+    scores(tiles + kt, s, dp);
     // ds in place of s (to_operands reads each element once, with its dp beside it).
     OUTCORE_UNROLL
     for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
@@ -332,7 +358,7 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
                     : 0.0f;
     uint32_t ds[4][4];
     to_operands(ds, s, [](float sv, int, int) { return sv; });
-    product_pb<HD>(x, acc, ds, Ks, lane);
+    product_pb<HD>(x, acc, ds, Ks(tiles + kt), lane);
   }
   OUTCORE_UNROLL
   for (int n = 0; n < HD / 8; ++n) OUTCORE_UNROLL
@@ -352,57 +378,73 @@ OUTCORE_TILE void backward_dkv_block(X& x, const uint16_t* q, const uint16_t* k,
   constexpr int kN = kDkvQueries / 8;  // accumulator tiles across a step's queries
   uint16_t* Ks = reinterpret_cast<uint16_t*>(x.shared());
   uint16_t* Vs = Ks + kRows * L::kLd;
-  uint16_t* Qs = Vs + kRows * L::kLd;
-  uint16_t* Ds = Qs + kDkvQueries * L::kLd;  // dattn rows
-  float* lse_s = reinterpret_cast<float*>(Ds + kDkvQueries * L::kLd);
-  float* d_s = lse_s + kDkvQueries;
+  unsigned char* steps_at = reinterpret_cast<unsigned char*>(Vs + kRows * L::kLd);
+  // Step i's query rows, dattn rows, lse and D, in buffer i % 2.
+  struct Step {
+    uint16_t *Qs, *Ds;
+    float *lse_s, *d_s;
+  };
+  const auto step_buffers = [&](int i) {
+    unsigned char* at = steps_at + (i % 2) * L::kDkvStep;
+    uint16_t* Qs = reinterpret_cast<uint16_t*>(at);
+    uint16_t* Ds = Qs + kDkvQueries * L::kLd;
+    float* lse_s = reinterpret_cast<float*>(Ds + kDkvQueries * L::kLd);
+    return Step{Qs, Ds, lse_s, lse_s + kDkvQueries};
+  };
   const int k0 = x.block(0) * kRows, gkv = x.block(1), b = x.block(2);
   const int w = x.thread() / 32, lane = x.thread() % 32, gr = lane / 4, tc = lane % 4;
   const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
   const int64_t kv_at = int64_t(b) * g.T * KV + int64_t(gkv) * HD;
-  const int q_tiles = (g.T + kDkvQueries - 1) / kDkvQueries;
+  // Steps: the heads of the group, each over the 32-query tiles at or after the block's keys.
+  const int first_tile = k0 / kDkvQueries;
+  const int per_head = (g.T + kDkvQueries - 1) / kDkvQueries - first_tile;
+  const int steps = g.group * per_head;
+  const auto load_step = [&](int i) {
+    if (i >= steps) return;
+    const Step st = step_buffers(i);
+    const int h = gkv * g.group + i / per_head, q0 = (first_tile + i % per_head) * kDkvQueries;
+    const int64_t q_at = int64_t(b) * g.T * Q + int64_t(h) * HD;
+    const int64_t rows_at = (int64_t(b) * g.nh + h) * g.T;
+    load_rows<HD>(x, st.Qs, q + q_at, Q, q0, kDkvQueries, g.T);
+    load_rows<HD>(x, st.Ds, dattn + q_at, Q, q0, kDkvQueries, g.T);
+    for (int r = x.thread(); r < kDkvQueries; r += kThreads) {
+      st.lse_s[r] = q0 + r < g.T ? lse[rows_at + q0 + r] : 0.0f;
+      st.d_s[r] = q0 + r < g.T ? drow[rows_at + q0 + r] : 0.0f;
+    }
+  };
   const int key[2] = {k0 + 16 * w + gr, k0 + 16 * w + gr + 8};  // the lane's two keys
 
   load_rows<HD>(x, Ks, k + kv_at, KV, k0, kRows, g.T);
   load_rows<HD>(x, Vs, v + kv_at, KV, k0, kRows, g.T);
+  load_step(0);
   float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
   zero(dk_acc);
   zero(dv_acc);
-  for (int j = 0; j < g.group; ++j) {
-    const int h = gkv * g.group + j;
-    const int64_t q_at = int64_t(b) * g.T * Q + int64_t(h) * HD;
-    const int64_t rows_at = (int64_t(b) * g.nh + h) * g.T;
-    for (int qt = k0 / kDkvQueries; qt < q_tiles; ++qt) {
-      const int q0 = qt * kDkvQueries;
-      x.sync();
-      load_rows<HD>(x, Qs, q + q_at, Q, q0, kDkvQueries, g.T);
-      load_rows<HD>(x, Ds, dattn + q_at, Q, q0, kDkvQueries, g.T);
-      for (int r = x.thread(); r < kDkvQueries; r += kThreads) {
-        lse_s[r] = q0 + r < g.T ? lse[rows_at + q0 + r] : 0.0f;
-        d_s[r] = q0 + r < g.T ? drow[rows_at + q0 + r] : 0.0f;
-      }
-      x.sync();
-      // Transposed: rows are the warp's keys, columns the step's queries.
-      float s[kN][4], dp[kN][4];
-      zero(s);
-      zero(dp);
-      product_abt<HD>(x, s, Ks + 16 * w * L::kLd, Qs, lane);
-      product_abt<HD>(x, dp, Vs + 16 * w * L::kLd, Ds, lane);
-      float pf[kN][4];
-      OUTCORE_UNROLL
-      for (int n = 0; n < kN; ++n) OUTCORE_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int c = 8 * n + 2 * tc + e % 2;  // query q0 + c
-        const bool valid = q0 + c < g.T && key[e / 2] <= q0 + c;
-        pf[n][e] = valid ? kmath::softmax_exp(g.scale * s[n][e], lse_s[c]) : 0.0f;
-        dp[n][e] = valid ? kmath::softmax_grad(pf[n][e], dp[n][e], d_s[c]) : 0.0f;
-      }
-      uint32_t p[kN / 2][4], ds[kN / 2][4];
-      to_operands(p, pf, [](float sv, int, int) { return sv; });
-      to_operands(ds, dp, [](float sv, int, int) { return sv; });
-      product_pb<HD>(x, dv_acc, p, Ds, lane);
-      product_pb<HD>(x, dk_acc, ds, Qs, lane);
+  for (int i = 0; i < steps; ++i) {
+    landed(x);
+    load_step(i + 1);
+    const Step st = step_buffers(i);
+    const int q0 = (first_tile + i % per_head) * kDkvQueries;
+    // Transposed: rows are the warp's keys, columns the step's queries.
+    float s[kN][4], dp[kN][4];
+    zero(s);
+    zero(dp);
+    product_abt<HD>(x, s, Ks + 16 * w * L::kLd, st.Qs, lane);
+    product_abt<HD>(x, dp, Vs + 16 * w * L::kLd, st.Ds, lane);
+    float pf[kN][4];
+    OUTCORE_UNROLL
+    for (int n = 0; n < kN; ++n) OUTCORE_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int c = 8 * n + 2 * tc + e % 2;  // query q0 + c
+      const bool valid = q0 + c < g.T && key[e / 2] <= q0 + c;
+      pf[n][e] = valid ? kmath::softmax_exp(g.scale * s[n][e], st.lse_s[c]) : 0.0f;
+      dp[n][e] = valid ? kmath::softmax_grad(pf[n][e], dp[n][e], st.d_s[c]) : 0.0f;
     }
+    uint32_t p[kN / 2][4], ds[kN / 2][4];
+    to_operands(p, pf, [](float sv, int, int) { return sv; });
+    to_operands(ds, dp, [](float sv, int, int) { return sv; });
+    product_pb<HD>(x, dv_acc, p, st.Ds, lane);
+    product_pb<HD>(x, dk_acc, ds, st.Qs, lane);
   }
   OUTCORE_UNROLL
   for (int n = 0; n < HD / 8; ++n) OUTCORE_UNROLL

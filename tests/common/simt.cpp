@@ -29,6 +29,7 @@ class SimtBlock {
     // Ends at the guard page, starts on 16 bytes.
     shared_ = map_ + ((rounded - shared_bytes) & ~size_t{15});
     shared_end_ = shared_ + shared_bytes;
+    chunks_.resize((shared_bytes + 15) / 16);
     for (size_t i = 0; i < fibers_.size(); ++i) {
       fibers_[i].stack.reset(new char[kStack]);
       fibers_[i].thread.block_ = this;
@@ -42,11 +43,13 @@ class SimtBlock {
   void run(int bx, int by, int bz, size_t shared_bytes) {
     idx_[0] = bx, idx_[1] = by, idx_[2] = bz;
     std::memset(shared_, 0xff, shared_bytes);
+    for (Chunk& c : chunks_) c = Chunk{};
     block_arrived_ = 0;
     for (Warp& w : warps_) w.arrived = 0;
     for (Fiber& f : fibers_) {
       f.state = State::kRunnable;
       f.thread.phase_ = 0;
+      f.thread.copies_.clear();
       getcontext(&f.ctx);
       f.ctx.uc_stack.ss_sp = f.stack.get();
       f.ctx.uc_stack.ss_size = kStack;
@@ -87,11 +90,36 @@ class SimtBlock {
     return c >= shared_ && c + bytes <= shared_end_;
   }
 
+  // Accesses of the 16 bytes at p (16 on 16, in shared memory) by thread tid: a race when
+  // another thread wrote them since the last barrier, or (for a write) read them.
+  void note(const void* p, int tid, bool write) {
+    Chunk& c = chunks_[static_cast<size_t>(static_cast<const unsigned char*>(p) - shared_) / 16];
+    const bool other_wrote = c.write_gen == block_gen_ && c.writer != tid;
+    const bool other_read = c.read_gen == block_gen_ && c.reader != tid;
+    if (other_wrote || (write && other_read)) {
+      const std::string other = other_wrote     ? "thread " + std::to_string(c.writer) + " wrote"
+                                : c.reader >= 0 ? "thread " + std::to_string(c.reader) + " read"
+                                                : std::string("other threads read");
+      throw std::runtime_error("simt: thread " + std::to_string(tid) +
+                               (write ? " writes" : " reads") + " shared bytes at " +
+                               std::to_string(static_cast<const unsigned char*>(p) - shared_) +
+                               " that " + other + " with no barrier between");
+    }
+    if (write) {
+      c.write_gen = block_gen_;
+      c.writer = tid;
+    } else {
+      c.reader = c.read_gen == block_gen_ && c.reader != tid ? kSeveral : tid;
+      c.read_gen = block_gen_;
+    }
+  }
+
   void block_barrier() {
     Fiber& f = *current_;
     if (++block_arrived_ == static_cast<int>(fibers_.size())) {
       block_arrived_ = 0;
       ++block_gen_;
+      for (Fiber& each : fibers_) each.thread.publish();
       return;
     }
     f.state = State::kBlock;
@@ -116,6 +144,11 @@ class SimtBlock {
 
  private:
   static constexpr size_t kStack = 256 * 1024;
+  static constexpr int kSeveral = -1;  // a chunk read by more than one thread
+  struct Chunk {                       // the last barrier interval that wrote and read 16 bytes
+    uint64_t write_gen = UINT64_MAX, read_gen = UINT64_MAX;
+    int writer = 0, reader = 0;
+  };
   enum class State { kRunnable, kWarp, kBlock, kDone };
   struct Fiber {
     ucontext_t ctx;
@@ -156,6 +189,7 @@ class SimtBlock {
   size_t map_bytes_ = 0;
   unsigned char* shared_ = nullptr;
   unsigned char* shared_end_ = nullptr;
+  std::vector<Chunk> chunks_;
 };
 
 thread_local SimtBlock* SimtBlock::running_ = nullptr;
@@ -186,6 +220,7 @@ void SimtThread::load_matrices(uint32_t (&r)[4], const uint16_t* row, bool trans
   if (!block_->in_shared(row, 16) || reinterpret_cast<uintptr_t>(row) % 16 != 0)
     throw std::runtime_error("simt: ldmatrix row of thread " + std::to_string(tid_) +
                              " is not 16 bytes on 16 in shared memory");
+  block_->note(row, tid_, false);
   deposit().v[0] = reinterpret_cast<uintptr_t>(row);
   const Slot* all = exchange();
   const int lane = tid_ % 32, g = lane / 4, t = lane % 4;
@@ -197,6 +232,42 @@ void SimtThread::load_matrices(uint32_t (&r)[4], const uint16_t* row, bool trans
     const uint16_t hi = trans ? at(i, 2 * t + 1, g) : at(i, g, 2 * t + 1);
     r[i] = uint32_t(lo) | (uint32_t(hi) << 16);
   }
+}
+
+void SimtThread::copy16_async(void* dst, const void* src) {
+  if (!block_->in_shared(dst, 16) || reinterpret_cast<uintptr_t>(dst) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    throw std::runtime_error("simt: cp.async of thread " + std::to_string(tid_) +
+                             " is not 16 bytes on 16 into shared memory");
+  block_->note(dst, tid_, true);
+  Copy& c = copies_.emplace_back();
+  c.dst = static_cast<unsigned char*>(dst);
+  std::memcpy(c.bytes, src, 16);
+  c.landed = false;
+  std::memset(dst, 0xff, 16);
+}
+
+void SimtThread::zero16(void* dst) {
+  if (!block_->in_shared(dst, 16) || reinterpret_cast<uintptr_t>(dst) % 16 != 0)
+    throw std::runtime_error("simt: zero16 of thread " + std::to_string(tid_) +
+                             " is not 16 bytes on 16 in shared memory");
+  block_->note(dst, tid_, true);
+  std::memset(dst, 0, 16);
+}
+
+void SimtThread::wait_all() {
+  for (Copy& c : copies_) c.landed = true;
+}
+
+void SimtThread::publish() {
+  size_t kept = 0;
+  for (const Copy& c : copies_) {
+    if (c.landed)
+      std::memcpy(c.dst, c.bytes, 16);
+    else
+      copies_[kept++] = c;
+  }
+  copies_.resize(kept);
 }
 
 void SimtThread::mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

@@ -10,7 +10,16 @@
 //
 // Faults the emulation turns into a std::runtime_error: threads of a block waiting at different
 // barriers (a divergent __syncthreads or collective), an ldmatrix row outside shared memory or not
-// on 16 bytes. An exception thrown by a body ends the launch and reaches the caller. Shared memory
+// on 16 bytes, a cp.async not 16 bytes on 16 or not into shared memory, and a race: 16 bytes of
+// shared memory that one thread writes (zero16, or issues a cp.async into) and another reads
+// (ldmatrix) or writes between the same two barriers, in either order. An exception thrown by a
+// body ends the launch and reaches the caller.
+//
+// cp.async (copy16_async, wait_all: cp.async.cg 16 bytes, cp.async.wait_all) is emulated at its
+// latest: the destination turns to 0xff when the copy is issued and gets its bytes only at the
+// first barrier all threads reach after the issuing thread waited for it. So a read of a tile
+// before its wait and barrier, or a copy issued into a tile that other threads still read, shows
+// as NaNs. Shared memory
 // starts filled with 0xff (NaN as fp32 and bf16) so that a read before a write shows, and ends at
 // an inaccessible page.
 #pragma once
@@ -19,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <vector>
 
 namespace outcore::test {
 
@@ -35,8 +45,9 @@ class SimtThread {
   void ldmatrix(uint32_t (&r)[4], const uint16_t* row) { load_matrices(r, row, false); }
   void ldmatrix_trans(uint32_t (&r)[4], const uint16_t* row) { load_matrices(r, row, true); }
   void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-  void copy16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
-  void zero16(void* dst) { std::memset(dst, 0, 16); }
+  void copy16_async(void* dst, const void* src);
+  void wait_all();
+  void zero16(void* dst);
 
  private:
   friend class SimtBlock;
@@ -48,6 +59,15 @@ class SimtThread {
   const Slot* exchange();
   void load_matrices(uint32_t (&r)[4], const uint16_t* row, bool trans);
 
+  // cp.async: each copy's destination and the 16 bytes it brings; landed once waited for.
+  struct Copy {
+    unsigned char* dst;
+    unsigned char bytes[16];
+    bool landed;
+  };
+  void publish();  // writes the landed copies (at a barrier that all threads have reached)
+
+  std::vector<Copy> copies_;
   SimtBlock* block_ = nullptr;
   int tid_ = 0;
   unsigned phase_ = 0;  // collectives done: which of the warp's two slot sets is next

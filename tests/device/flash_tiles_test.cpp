@@ -149,5 +149,56 @@ TEST(FlashTiles, EmulatedWarpCollectivesFollowPtx) {
                std::runtime_error);
 }
 
+// cp.async as emulated: the bytes arrive at the first barrier after the issuing thread's
+// wait_all, not before; shared memory written by one thread and read or written by another
+// between the same two barriers is reported.
+TEST(FlashTiles, EmulatedCopiesLandAtTheBarrierAfterTheirWait) {
+  std::vector<uint16_t> global(32 * 8);
+  for (size_t i = 0; i < global.size(); ++i) global[i] = static_cast<uint16_t>(i);
+  // Lane l copies row l (8 bf16) and reads its matrix back with ldmatrix x4, each lane naming its
+  // own row: after a barrier but before the wait, after the wait, then after the next barrier.
+  std::vector<uint32_t> early(32), waited(32), landed(32);
+  simt_launch({1, 1, 1}, 32, global.size() * sizeof(uint16_t), [&](SimtThread& x) {
+    auto* tile = reinterpret_cast<uint16_t*>(x.shared());
+    const int lane = x.thread();
+    x.copy16_async(tile + 8 * lane, global.data() + 8 * lane);
+    x.sync();
+    uint32_t r[4];
+    x.ldmatrix(r, tile + 8 * lane);
+    early[lane] = r[0];
+    x.wait_all();
+    x.ldmatrix(r, tile + 8 * lane);
+    waited[lane] = r[0];
+    x.sync();
+    x.ldmatrix(r, tile + 8 * lane);
+    landed[lane] = r[0];
+  });
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;  // matrix 0: row g, columns 2t and 2t + 1
+    EXPECT_EQ(early[lane], 0xffffffffu) << "lane " << lane;
+    EXPECT_EQ(waited[lane], 0xffffffffu) << "lane " << lane;
+    EXPECT_EQ(landed[lane], uint32_t(8 * g + 2 * t) | (uint32_t(8 * g + 2 * t + 1) << 16))
+        << "lane " << lane;
+  }
+  // A read of bytes another thread wrote, and a write of bytes another thread read, with no
+  // barrier between; the same with the barrier is fine.
+  const auto race = [](bool barrier, bool write_first) {
+    simt_launch({1, 1, 1}, 64, 64 * 16, [&](SimtThread& x) {
+      auto* tile = reinterpret_cast<uint16_t*>(x.shared());
+      const bool writer = x.thread() == 32;  // lane 0 of warp 1
+      if (write_first && writer) x.zero16(tile);
+      if (write_first && barrier) x.sync();
+      uint32_t r[4];
+      if (x.thread() < 32) x.ldmatrix(r, tile + 8 * (x.thread() % 8));
+      if (!write_first && barrier) x.sync();
+      if (!write_first && writer) x.zero16(tile);
+    });
+  };
+  EXPECT_NO_THROW(race(true, true));
+  EXPECT_NO_THROW(race(true, false));
+  EXPECT_THROW(race(false, true), std::runtime_error);
+  EXPECT_THROW(race(false, false), std::runtime_error);
+}
+
 }  // namespace
 }  // namespace outcore::test

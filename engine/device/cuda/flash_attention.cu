@@ -438,8 +438,14 @@ struct Simt {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  __device__ __forceinline__ void copy16(void* dst, const void* src) const {
-    *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+  __device__ __forceinline__ void copy16_async(void* dst, const void* src) const {
+    const auto at = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at),
+                 "l"(__cvta_generic_to_global(src))
+                 : "memory");
+  }
+  __device__ __forceinline__ void wait_all() const {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
   }
   __device__ __forceinline__ void zero16(void* dst) const {
     *static_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
