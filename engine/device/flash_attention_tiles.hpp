@@ -33,9 +33,9 @@
 // (wait_all, then a barrier) before its tile is read, and is issued only after a barrier that
 // follows the last read of the buffer it fills. Work split, each output written by one block
 // (deterministic, no atomics):
-//   forward  one block per (64 queries, head, sequence), a warp per 16 queries;
-//   dq       one block per (64 queries, head, sequence): D, then dq = scale * ds k;
-//   dkv      one block per (64 keys, kv head, sequence), a warp per 16 keys, over the heads of
+//   forward  one block per (head, 64 queries, sequence), a warp per 16 queries;
+//   dq       one block per (head, 64 queries, sequence): D, then dq = scale * ds k;
+//   dkv      one block per (kv head, 64 keys, sequence), a warp per 16 keys, over the heads of
 //            the group and the 32-query tiles at or after the keys: dk += scale ds^T q,
 //            dv += p^T dattn.
 #pragma once
@@ -67,6 +67,23 @@ struct Geometry {
   int T, nh, nkv, group;
   float scale;
 };
+
+// A launch's blocks: x over heads (kv heads for dkv), y over 64-row tiles, z over sequences.
+// Blocks start in order, x fastest, so every head's costliest tiles come first and the cheapest
+// last (a causal forward or dq block's work grows with its queries' position, a dkv block's
+// shrinks with its keys'): the wave that ends a launch is the short one.
+struct Grid {
+  int x, y, z;
+};
+OUTCORE_HD int row_tiles(const Geometry& g) { return (g.T + kRows - 1) / kRows; }
+OUTCORE_HD Grid forward_grid(const Geometry& g, int B) { return {g.nh, row_tiles(g), B}; }
+OUTCORE_HD Grid dq_grid(const Geometry& g, int B) { return {g.nh, row_tiles(g), B}; }
+OUTCORE_HD Grid dkv_grid(const Geometry& g, int B) { return {g.nkv, row_tiles(g), B}; }
+// The first query of a forward or dq block: the last tile first.
+template <class X>
+OUTCORE_TILE int first_query(X& x, const Geometry& g) {
+  return (row_tiles(g) - 1 - x.block(1)) * kRows;
+}
 
 // Shared memory: bf16 tiles [rows][HD + 8] (rows on 16 bytes, ldmatrix free of bank conflicts).
 template <int HD>
@@ -200,7 +217,7 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
   // Pass 1 reads K tiles from both buffers in turn; pass 2 keeps K tiles in the one that holds
   // its first and V tiles in the other.
   const auto buf = [&](int i) { return Qs + (1 + i % 2) * kRows * L::kLd; };
-  const int q0 = x.block(0) * kRows, h = x.block(1), b = x.block(2);
+  const int q0 = first_query(x, g), h = x.block(0), b = x.block(2);
   const int w = x.thread() / 32, lane = x.thread() % 32, gr = lane / 4, tc = lane % 4;
   const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
   const uint16_t* qb = q + int64_t(b) * g.T * Q + int64_t(h) * HD;
@@ -290,7 +307,7 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
   // (K, V) pairs: pair i % 2 for step i.
   const auto Ks = [&](int i) { return Ds + (1 + 2 * (i % 2)) * kRows * L::kLd; };
   const auto Vs = [&](int i) { return Ds + (2 + 2 * (i % 2)) * kRows * L::kLd; };
-  const int q0 = x.block(0) * kRows, h = x.block(1), b = x.block(2);
+  const int q0 = first_query(x, g), h = x.block(0), b = x.block(2);
   const int w = x.thread() / 32, lane = x.thread() % 32, gr = lane / 4, tc = lane % 4;
   const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
   const int64_t q_at = int64_t(b) * g.T * Q + int64_t(h) * HD;
@@ -391,7 +408,7 @@ OUTCORE_TILE void backward_dkv_block(X& x, const uint16_t* q, const uint16_t* k,
     float* lse_s = reinterpret_cast<float*>(Ds + kDkvQueries * L::kLd);
     return Step{Qs, Ds, lse_s, lse_s + kDkvQueries};
   };
-  const int k0 = x.block(0) * kRows, gkv = x.block(1), b = x.block(2);
+  const int k0 = x.block(1) * kRows, gkv = x.block(0), b = x.block(2);
   const int w = x.thread() / 32, lane = x.thread() % 32, gr = lane / 4, tc = lane % 4;
   const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
   const int64_t kv_at = int64_t(b) * g.T * KV + int64_t(gkv) * HD;

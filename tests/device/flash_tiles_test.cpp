@@ -34,21 +34,19 @@ HostAttention emulate(const Shape& s, float scale, const std::vector<std::vector
   std::vector<float> drow(s.B * s.nh * s.T);
   const uint16_t *q = bits[0].data(), *k = bits[1].data(), *v = bits[2].data();
   const uint16_t* dattn = bits[3].data();
-  const int tiles = static_cast<int>((s.T + flash::kRows - 1) / flash::kRows);
+  const int B = static_cast<int>(s.B);
+  const auto grid = [](flash::Grid g) { return SimtGrid{g.x, g.y, g.z}; };
   using L = flash::Tiles<HD>;
-  simt_launch(
-      {tiles, static_cast<int>(s.nh), static_cast<int>(s.B)}, flash::kThreads, L::kForward,
-      [&](SimtThread& x) { flash::forward_block<HD>(x, q, k, v, o.lse.data(), o.attn.data(), g); });
-  simt_launch({tiles, static_cast<int>(s.nh), static_cast<int>(s.B)}, flash::kThreads, L::kDq,
-              [&](SimtThread& x) {
-                flash::backward_dq_block<HD>(x, q, k, v, o.lse.data(), dattn, drow.data(),
-                                             o.dq.data(), g);
-              });
-  simt_launch({tiles, static_cast<int>(s.nkv), static_cast<int>(s.B)}, flash::kThreads, L::kDkv,
-              [&](SimtThread& x) {
-                flash::backward_dkv_block<HD>(x, q, k, v, o.lse.data(), dattn, drow.data(),
-                                              o.dk.data(), o.dv.data(), g);
-              });
+  simt_launch(grid(flash::forward_grid(g, B)), flash::kThreads, L::kForward, [&](SimtThread& x) {
+    flash::forward_block<HD>(x, q, k, v, o.lse.data(), o.attn.data(), g);
+  });
+  simt_launch(grid(flash::dq_grid(g, B)), flash::kThreads, L::kDq, [&](SimtThread& x) {
+    flash::backward_dq_block<HD>(x, q, k, v, o.lse.data(), dattn, drow.data(), o.dq.data(), g);
+  });
+  simt_launch(grid(flash::dkv_grid(g, B)), flash::kThreads, L::kDkv, [&](SimtThread& x) {
+    flash::backward_dkv_block<HD>(x, q, k, v, o.lse.data(), dattn, drow.data(), o.dk.data(),
+                                  o.dv.data(), g);
+  });
   return o;
 }
 

@@ -478,6 +478,10 @@ __global__ void __launch_bounds__(flash::kThreads)
   flash::backward_dkv_block<HD>(x, q, k, v, lse, dattn, drow, dk, dv, g);
 }
 
+dim3 grid(flash::Grid g) {
+  return dim3(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
+}
+
 template <typename Kernel>
 void allow_shared(Kernel kernel, size_t bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -499,9 +503,8 @@ void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
              float* lse, float* attn, cudaStream_t s, FlashKernels kernels) {
   if (kernels == FlashKernels::kMma) {
     allow_shared(tiles_forward_kernel<HD>, flash::Tiles<HD>::kForward);
-    const dim3 grid((g.T + flash::kRows - 1) / flash::kRows, g.nh, static_cast<unsigned>(B));
-    tiles_forward_kernel<HD>
-        <<<grid, flash::kThreads, flash::Tiles<HD>::kForward, s>>>(q, k, v, lse, attn, g);
+    tiles_forward_kernel<HD><<<grid(flash::forward_grid(g, static_cast<int>(B))), flash::kThreads,
+                               flash::Tiles<HD>::kForward, s>>>(q, k, v, lse, attn, g);
     CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -519,13 +522,12 @@ void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const flo
     using L = flash::Tiles<HD>;
     allow_shared(tiles_backward_dq_kernel<HD>, L::kDq);
     allow_shared(tiles_backward_dkv_kernel<HD>, L::kDkv);
-    const unsigned tiles = static_cast<unsigned>((g.T + flash::kRows - 1) / flash::kRows);
     tiles_backward_dq_kernel<HD>
-        <<<dim3(tiles, g.nh, static_cast<unsigned>(B)), flash::kThreads, L::kDq, s>>>(
+        <<<grid(flash::dq_grid(g, static_cast<int>(B))), flash::kThreads, L::kDq, s>>>(
             q, k, v, lse, dattn, drow, dq, g);
     CUDA_CHECK(cudaGetLastError());
     tiles_backward_dkv_kernel<HD>
-        <<<dim3(tiles, g.nkv, static_cast<unsigned>(B)), flash::kThreads, L::kDkv, s>>>(
+        <<<grid(flash::dkv_grid(g, static_cast<int>(B))), flash::kThreads, L::kDkv, s>>>(
             q, k, v, lse, dattn, drow, dk, dv, g);
     CUDA_CHECK(cudaGetLastError());
     return;
