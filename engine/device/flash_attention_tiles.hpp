@@ -33,7 +33,8 @@
 // (wait_all, then a barrier) before its tile is read, and is issued only after a barrier that
 // follows the last read of the buffer it fills. Work split, each output written by one block
 // (deterministic, no atomics):
-//   forward  one block per (head, 64 queries, sequence), a warp per 16 queries;
+//   forward  one block per (head, 128 queries, sequence), a warp per 32 queries (two strips of
+//            16 sharing each K and V fragment);
 //   dq       one block per (head, 64 queries, sequence): D, then dq = scale * ds k;
 //   dkv      one block per (kv head, 64 keys, sequence), a warp per 16 keys, over the heads of
 //            the group and the 32-query tiles at or after the keys: dk += scale ds^T q,
@@ -56,10 +57,12 @@
 
 namespace outcore::flash {
 
-constexpr int kRows = 64;  // queries per forward / dq block, keys per dkv block
+constexpr int kRows = 64;  // queries per dq block, keys per dkv block and per key tile
 constexpr int kWarps = 4;  // a warp per 16 of them
 constexpr int kThreads = 32 * kWarps;
-constexpr int kDkvQueries = 32;  // queries per step of a dkv block
+constexpr int kDkvQueries = 32;                             // queries per step of a dkv block
+constexpr int kForwardStrips = 2;                           // 16-row strips per warp in the forward
+constexpr int kForwardRows = 16 * kForwardStrips * kWarps;  // queries per forward block
 static_assert(kRows == 16 * kWarps, "a warp per 16 rows");
 
 // Shapes shared by the blocks of one launch.
@@ -68,21 +71,23 @@ struct Geometry {
   float scale;
 };
 
-// A launch's blocks: x over heads (kv heads for dkv), y over 64-row tiles, z over sequences.
+// A launch's blocks: x over heads (kv heads for dkv), y over row tiles, z over sequences.
 // Blocks start in order, x fastest, so every head's costliest tiles come first and the cheapest
 // last (a causal forward or dq block's work grows with its queries' position, a dkv block's
 // shrinks with its keys'): the wave that ends a launch is the short one.
 struct Grid {
   int x, y, z;
 };
-OUTCORE_HD int row_tiles(const Geometry& g) { return (g.T + kRows - 1) / kRows; }
-OUTCORE_HD Grid forward_grid(const Geometry& g, int B) { return {g.nh, row_tiles(g), B}; }
+OUTCORE_HD int row_tiles(const Geometry& g, int rows = kRows) { return (g.T + rows - 1) / rows; }
+OUTCORE_HD Grid forward_grid(const Geometry& g, int B) {
+  return {g.nh, row_tiles(g, kForwardRows), B};
+}
 OUTCORE_HD Grid dq_grid(const Geometry& g, int B) { return {g.nh, row_tiles(g), B}; }
 OUTCORE_HD Grid dkv_grid(const Geometry& g, int B) { return {g.nkv, row_tiles(g), B}; }
-// The first query of a forward or dq block: the last tile first.
+// The first query of a forward (rows kForwardRows) or dq block: the last tile first.
 template <class X>
-OUTCORE_TILE int first_query(X& x, const Geometry& g) {
-  return (row_tiles(g) - 1 - x.block(1)) * kRows;
+OUTCORE_TILE int first_query(X& x, const Geometry& g, int rows = kRows) {
+  return (row_tiles(g, rows) - 1 - x.block(1)) * rows;
 }
 
 // Shared memory: bf16 tiles [rows][HD + 8] (rows on 16 bytes, ldmatrix free of bank conflicts).
@@ -93,7 +98,8 @@ struct Tiles {
   static constexpr size_t kHalf = size_t(kDkvQueries) * kLd * sizeof(uint16_t);
   // One step of a dkv block: 32 query rows, their dattn rows, lse and D.
   static constexpr size_t kDkvStep = 2 * kHalf + 2 * kDkvQueries * sizeof(float);
-  static constexpr size_t kForward = 3 * kTile;             // Q, and two tiles for K and V
+  static constexpr size_t kForward =  // Q, two (K, V) pairs
+      size_t(kForwardRows) * kLd * sizeof(uint16_t) + 4 * kTile;
   static constexpr size_t kDq = 6 * kTile;                  // Q, dO, two (K, V) pairs
   static constexpr size_t kDkv = 2 * kTile + 2 * kDkvStep;  // K, V, two steps
 };
@@ -130,31 +136,41 @@ OUTCORE_TILE int a_col(int lane) { return 8 * (lane / 16); }
 OUTCORE_TILE int b_row(int lane) { return (lane % 8) + 8 * (lane / 16); }
 OUTCORE_TILE int b_col(int lane) { return 8 * ((lane / 8) % 2); }
 
-// acc[N][4] += A[16 x HD] B[N*8 x HD]^T: A rows a_tile[0..16), B rows b_tile[0..N*8) (both
-// [.][HD + 8] bf16 in shared memory).
-template <int HD, int N, class X>
-OUTCORE_TILE void product_abt(X& x, float (&acc)[N][4], const uint16_t* a_tile,
+// acc[R][N][4] += A[16 R x HD] B[N*8 x HD]^T: strip r of A rows a_tile[16 r..16 r + 16), B rows
+// b_tile[0..N*8) (both [.][HD + 8] bf16 in shared memory). Each B fragment serves the R strips.
+template <int HD, int R, int N, class X>
+OUTCORE_TILE void product_abt(X& x, float (&acc)[R][N][4], const uint16_t* a_tile,
                               const uint16_t* b_tile, int lane) {
   constexpr int ld = Tiles<HD>::kLd;
   static_assert(N % 2 == 0, "n tiles in pairs");
   OUTCORE_UNROLL
   for (int kk = 0; kk < HD; kk += 16) {
-    uint32_t a[4];
-    x.ldmatrix(a, a_tile + a_row(lane) * ld + kk + a_col(lane));
+    uint32_t a[R][4];
+    OUTCORE_UNROLL
+    for (int r = 0; r < R; ++r)
+      x.ldmatrix(a[r], a_tile + (16 * r + a_row(lane)) * ld + kk + a_col(lane));
     OUTCORE_UNROLL
     for (int n = 0; n < N; n += 2) {
       uint32_t b[4];
       x.ldmatrix(b, b_tile + (8 * n + b_row(lane)) * ld + kk + b_col(lane));
-      x.mma(acc[n], a, b[0], b[1]);
-      x.mma(acc[n + 1], a, b[2], b[3]);
+      OUTCORE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        x.mma(acc[r][n], a[r], b[0], b[1]);
+        x.mma(acc[r][n + 1], a[r], b[2], b[3]);
+      }
     }
   }
 }
+template <int HD, int N, class X>
+OUTCORE_TILE void product_abt(X& x, float (&acc)[N][4], const uint16_t* a_tile,
+                              const uint16_t* b_tile, int lane) {
+  product_abt<HD>(x, reinterpret_cast<float(&)[1][N][4]>(acc), a_tile, b_tile, lane);
+}
 
-// acc[HD / 8][4] += P[16 x 16 K] B[16 K x HD]: P as A operands p[K][4] (already in registers),
-// B rows b_tile[0..16 K) ([.][HD + 8] bf16 in shared memory).
-template <int HD, int K, class X>
-OUTCORE_TILE void product_pb(X& x, float (&acc)[HD / 8][4], const uint32_t (&p)[K][4],
+// acc[R][HD / 8][4] += P[16 R x 16 K] B[16 K x HD]: strip r of P as A operands p[r][K][4]
+// (already in registers), B rows b_tile[0..16 K) ([.][HD + 8] bf16 in shared memory).
+template <int HD, int R, int K, class X>
+OUTCORE_TILE void product_pb(X& x, float (&acc)[R][HD / 8][4], const uint32_t (&p)[R][K][4],
                              const uint16_t* b_tile, int lane) {
   constexpr int ld = Tiles<HD>::kLd;
   OUTCORE_UNROLL
@@ -162,9 +178,18 @@ OUTCORE_TILE void product_pb(X& x, float (&acc)[HD / 8][4], const uint32_t (&p)[
   for (int n = 0; n < HD / 8; n += 2) {
     uint32_t b[4];
     x.ldmatrix_trans(b, b_tile + (16 * kc + a_row(lane)) * ld + 8 * n + a_col(lane));
-    x.mma(acc[n], p[kc], b[0], b[1]);
-    x.mma(acc[n + 1], p[kc], b[2], b[3]);
+    OUTCORE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      x.mma(acc[r][n], p[r][kc], b[0], b[1]);
+      x.mma(acc[r][n + 1], p[r][kc], b[2], b[3]);
+    }
   }
+}
+template <int HD, int K, class X>
+OUTCORE_TILE void product_pb(X& x, float (&acc)[HD / 8][4], const uint32_t (&p)[K][4],
+                             const uint16_t* b_tile, int lane) {
+  product_pb<HD>(x, reinterpret_cast<float(&)[1][HD / 8][4]>(acc),
+                 reinterpret_cast<const uint32_t(&)[1][K][4]>(p), b_tile, lane);
 }
 
 OUTCORE_TILE uint32_t pack_bf16(float lo, float hi) {
@@ -213,85 +238,116 @@ template <int HD, class X>
 OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                 float* lse, float* attn, const Geometry& g) {
   using L = Tiles<HD>;
+  constexpr int R = kForwardStrips;
   uint16_t* Qs = reinterpret_cast<uint16_t*>(x.shared());
-  // Pass 1 reads K tiles from both buffers in turn; pass 2 keeps K tiles in the one that holds
-  // its first and V tiles in the other.
-  const auto buf = [&](int i) { return Qs + (1 + i % 2) * kRows * L::kLd; };
-  const int q0 = first_query(x, g), h = x.block(0), b = x.block(2);
+  // Both passes step over the key tiles, step i reading (K, V) pair i % 2 and loading step
+  // i + 1's: pass 1 (steps 0 .. tiles - 1) reads K only, pass 2 (tiles .. 2 tiles - 1) K and V.
+  const auto Kbuf = [&](int i) { return Qs + (kForwardRows + 2 * (i % 2) * kRows) * L::kLd; };
+  const auto Vbuf = [&](int i) { return Kbuf(i) + kRows * L::kLd; };
+  const int q0 = first_query(x, g, kForwardRows), h = x.block(0), b = x.block(2);
   const int w = x.thread() / 32, lane = x.thread() % 32, gr = lane / 4, tc = lane % 4;
   const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
   const uint16_t* qb = q + int64_t(b) * g.T * Q + int64_t(h) * HD;
   const uint16_t* kb = k + int64_t(b) * g.T * KV + int64_t(h / g.group) * HD;
   const uint16_t* vb = v + int64_t(b) * g.T * KV + int64_t(h / g.group) * HD;
-  const int tiles = last_tile(q0, g.T);
-  const int t[2] = {q0 + 16 * w + gr, q0 + 16 * w + gr + 8};  // the lane's two queries
-  const uint16_t* Qw = Qs + 16 * w * L::kLd;
+  const int last = (q0 + kForwardRows < g.T ? q0 + kForwardRows : g.T) - 1;
+  const int tiles = last / kRows + 1;  // key tiles at or below the block's last query
+  const int w0 = q0 + 16 * R * w;      // the warp's first query; its key tiles:
+  const int warp_tiles = w0 < g.T ? ((w0 + 16 * R < g.T ? w0 + 16 * R : g.T) - 1) / kRows + 1 : 0;
+  // The lane's queries: rows g and g + 8 of each strip (element e of an accumulator: row e / 2).
+  int t[R][2];
+  OUTCORE_UNROLL
+  for (int r = 0; r < R; ++r) t[r][0] = w0 + 16 * r + gr, t[r][1] = w0 + 16 * r + gr + 8;
+  const auto valid = [&](int r, int half, int kt, int n, int e) {
+    return t[r][half] < g.T && kt * kRows + 8 * n + 2 * tc + e <= t[r][half];
+  };
+  const uint16_t* Qw = Qs + 16 * R * w * L::kLd;
 
-  load_rows<HD>(x, Qs, qb, Q, q0, kRows, g.T);
-  load_rows<HD>(x, buf(0), kb, KV, 0, kRows, g.T);
+  const auto load_step = [&](int i) {
+    if (i >= 2 * tiles) return;
+    load_rows<HD>(x, Kbuf(i), kb, KV, (i % tiles) * kRows, kRows, g.T);
+    if (i >= tiles) load_rows<HD>(x, Vbuf(i), vb, KV, (i % tiles) * kRows, kRows, g.T);
+  };
+
+  load_rows<HD>(x, Qs, qb, Q, q0, kForwardRows, g.T);
+  load_step(0);
   // Pass 1: each row's max and sum of exp(s - max), online. Rows beyond T see no valid key; their
-  // max and sum are never used. The next K tile loads meanwhile; after the last, pass 2's first.
-  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+  // max and sum are never used. A warp skips the tiles wholly after its queries.
+  float m[R][2], sum[R][2];
+  OUTCORE_UNROLL
+  for (int r = 0; r < R; ++r) m[r][0] = m[r][1] = -INFINITY, sum[r][0] = sum[r][1] = 0.0f;
   for (int kt = 0; kt < tiles; ++kt) {
     landed(x);
-    load_rows<HD>(x, buf(kt + 1), kb, KV, kt + 1 < tiles ? (kt + 1) * kRows : 0, kRows, g.T);
-    float s[8][4];
-    zero(s);
-    product_abt<HD>(x, s, Qw, buf(kt), lane);
+    load_step(kt + 1);
+    if (kt >= warp_tiles) continue;
+    float s[R][8][4];
     OUTCORE_UNROLL
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < R; ++r) zero(s[r]);
+    product_abt<HD>(x, s, Qw, Kbuf(kt), lane);
+    OUTCORE_UNROLL
+    for (int r = 0; r < R; ++r) OUTCORE_UNROLL
+    for (int half = 0; half < 2; ++half) {
       float tile_max = -INFINITY;
       OUTCORE_UNROLL
       for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
       for (int e = 0; e < 2; ++e)
-        if (t[r] < g.T && kt * kRows + 8 * n + 2 * tc + e <= t[r])
-          tile_max = fmaxf(tile_max, g.scale * s[n][2 * r + e]);
-      const float m_new = fmaxf(m[r], row_max(x, tile_max));
+        if (valid(r, half, kt, n, e)) tile_max = fmaxf(tile_max, g.scale * s[r][n][2 * half + e]);
+      const float m_new = fmaxf(m[r][half], row_max(x, tile_max));
       float part = 0.0f;
       OUTCORE_UNROLL
       for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
       for (int e = 0; e < 2; ++e)
-        if (t[r] < g.T && kt * kRows + 8 * n + 2 * tc + e <= t[r])
-          part += kmath::softmax_exp(g.scale * s[n][2 * r + e], m_new);
+        if (valid(r, half, kt, n, e))
+          part += kmath::softmax_exp(g.scale * s[r][n][2 * half + e], m_new);
       part = row_sum(x, part);
-      if (t[r] < g.T) sum[r] = sum[r] * kmath::softmax_exp(m[r], m_new) + part;
-      m[r] = m_new;
+      if (t[r][half] < g.T)
+        sum[r][half] = sum[r][half] * kmath::softmax_exp(m[r][half], m_new) + part;
+      m[r][half] = m_new;
     }
   }
-  const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
+  float inv[R][2];
   OUTCORE_UNROLL
-  for (int r = 0; r < 2; ++r)
-    if (t[r] < g.T && tc == 0)
-      lse[(int64_t(b) * g.nh + h) * g.T + t[r]] = kmath::softmax_lse(m[r], sum[r]);
+  for (int r = 0; r < R; ++r) OUTCORE_UNROLL
+  for (int half = 0; half < 2; ++half) {
+    inv[r][half] = 1.0f / sum[r][half];
+    if (t[r][half] < g.T && tc == 0)
+      lse[(int64_t(b) * g.nh + h) * g.T + t[r][half]] =
+          kmath::softmax_lse(m[r][half], sum[r][half]);
+  }
 
-  // Pass 2: p = exp(s - max) / sum rounded to bf16, then attn += p v. V loads under q k^T, the
-  // next K under p v.
-  uint16_t* const Ks = buf(tiles);
-  uint16_t* const Vs = buf(tiles + 1);
-  float o[HD / 8][4];
-  zero(o);
+  // Pass 2: p = exp(s - max) / sum rounded to bf16, then attn += p v, 32 keys at a time (the
+  // warp's 32 x HD output holds half its registers).
+  float o[R][HD / 8][4];
+  OUTCORE_UNROLL
+  for (int r = 0; r < R; ++r) zero(o[r]);
   for (int kt = 0; kt < tiles; ++kt) {
     landed(x);
-    load_rows<HD>(x, Vs, vb, KV, kt * kRows, kRows, g.T);
-    float s[8][4];
-    zero(s);
-    product_abt<HD>(x, s, Qw, Ks, lane);
-    uint32_t p[4][4];
-    to_operands(p, s, [&](float sv, int n, int e) {
-      const int r = e / 2;
-      const bool valid = t[r] < g.T && kt * kRows + 8 * n + 2 * tc + e % 2 <= t[r];
-      return valid ? kmath::softmax_exp(g.scale * sv, m[r]) * inv[r] : 0.0f;
-    });
-    landed(x);
-    if (kt + 1 < tiles) load_rows<HD>(x, Ks, kb, KV, (kt + 1) * kRows, kRows, g.T);
-    product_pb<HD>(x, o, p, Vs, lane);
+    load_step(tiles + kt + 1);
+    if (kt >= warp_tiles) continue;
+    OUTCORE_UNROLL
+    for (int kh = 0; kh < 2; ++kh) {
+      float s[R][4][4];
+      OUTCORE_UNROLL
+      for (int r = 0; r < R; ++r) zero(s[r]);
+      product_abt<HD>(x, s, Qw, Kbuf(tiles + kt) + 32 * kh * L::kLd, lane);
+      uint32_t p[R][2][4];
+      OUTCORE_UNROLL
+      for (int r = 0; r < R; ++r)
+        to_operands(p[r], s[r], [&](float sv, int n, int e) {
+          return valid(r, e / 2, kt, 4 * kh + n, e % 2)
+                     ? kmath::softmax_exp(g.scale * sv, m[r][e / 2]) * inv[r][e / 2]
+                     : 0.0f;
+        });
+      product_pb<HD>(x, o, p, Vbuf(tiles + kt) + 32 * kh * L::kLd, lane);
+    }
   }
   OUTCORE_UNROLL
+  for (int r = 0; r < R; ++r) OUTCORE_UNROLL
   for (int n = 0; n < HD / 8; ++n) OUTCORE_UNROLL
   for (int e = 0; e < 4; ++e) {
-    const int r = e / 2;
-    if (t[r] < g.T)
-      attn[(int64_t(b) * g.T + t[r]) * Q + int64_t(h) * HD + 8 * n + 2 * tc + e % 2] = o[n][e];
+    const int row = t[r][e / 2];
+    if (row < g.T)
+      attn[(int64_t(b) * g.T + row) * Q + int64_t(h) * HD + 8 * n + 2 * tc + e % 2] = o[r][n][e];
   }
 }
 
