@@ -19,7 +19,8 @@
 // issue's measure for Llama 3's 128256-token vocabulary (goal <= 1.3).
 // --profile runs one more step through device::ProfilingBackend, which waits for each operation
 // before the next, and prints where that step's time went per operation and shape (with the
-// TFLOP/s of GEMMs and attention).
+// TFLOP/s of GEMMs and attention), then the attention's forward + backward TFLOP/s against the
+// reference rate (the goal for the fused attention: >= 0.45 of the bf16 GEMM peak).
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -65,12 +66,13 @@ double median(std::vector<double> v) {
 }
 
 // One step of the model through a ProfilingBackend: the time per operation and shape, most
-// first, against the median step time of the timed (unprofiled) steps.
+// first, against the median step time of the timed (unprofiled) steps; then the attention's
+// forward + backward TFLOP/s against the reference rate (`ref_gflops`, named `ref`).
 void print_profile(const model::LlamaConfig& c, const model::ModelOptions& o,
                    const std::shared_ptr<device::ComputeBackend>& backend,
                    const model::ModelBuffers& mb, model::ActivationBuffers& acts,
                    const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
-                   double model_gflops) {
+                   double model_gflops, double ref_gflops, const char* ref) {
   const auto prof = std::make_shared<device::ProfilingBackend>(backend);
   model::LlamaModel m(c, o, prof);
   prof->reset();  // the constants uploaded above are not the step's
@@ -99,6 +101,19 @@ void print_profile(const model::LlamaConfig& c, const model::ModelOptions& o,
   if (shown < rows.size())
     std::printf("%6.1f%% %10.3f %7s %9s  (%zu more)\n", 100.0 * rest / total, rest * 1e3, "", "",
                 rows.size() - shown);
+  double attn_s = 0, attn_flops = 0;
+  for (const auto& r : rows) {
+    if (r.op.rfind("attention_", 0) != 0) continue;
+    attn_s += r.seconds;
+    attn_flops += r.flops;
+  }
+  if (attn_s > 0) {
+    const double tflops = attn_flops / attn_s / 1e12;
+    std::printf(
+        "attention forward + backward: %.3f ms, %.1f TFLOP/s (causal half), %.3f of the %s rate "
+        "(goal >= 0.45)\n",
+        attn_s * 1e3, tflops, tflops * 1e3 / ref_gflops, ref);
+  }
 }
 
 }  // namespace
@@ -289,7 +304,9 @@ int main(int argc, char** argv) {
           (long long)vocab, (long long)(batch * seq), rows.c_str(), median(head_s) * 1e3,
           median(head_s) / at_peak, head_flops / 1e12, gpu ? "bf16 GEMM peak" : "sgemm 2048^3");
     }
-    if (profile) print_profile(c, o, backend, mb, acts, tokens, targets, median(model_g));
+    if (profile)
+      print_profile(c, o, backend, mb, acts, tokens, targets, median(model_g), median(square_g),
+                    gpu ? "bf16 GEMM peak" : "sgemm 2048^3");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "model_bench: %s\n", e.what());
