@@ -34,10 +34,10 @@ namespace {
 
 namespace hk = outcore::device::cpu;
 
-using outcore::test::AttentionInputs;
-using outcore::test::bf16_attention_inputs;
+using outcore::test::attention_case;
+using outcore::test::AttentionCase;
+using outcore::test::AttentionShape;
 using outcore::test::expect_bf16_attention;
-using outcore::test::host_attention;
 using outcore::test::HostAttention;
 using outcore::test::randn;
 
@@ -184,37 +184,27 @@ TEST_F(CudaKernels, RmsNormForwardAndBackwardMatchTheHost) {
 // heads, each head size, and Llama 3 8B's (32 heads over 8 kv heads of 128, 4096 tokens); both
 // implementations (WMMA, and the register-resident tiles on mma.sync).
 TEST_F(CudaKernels, FusedAttentionMatchesTheHostInBf16) {
-  struct Shape {
-    int64_t B, T, nh, nkv, hd;
-  };
-  for (const Shape& s : {Shape{2, 150, 4, 2, 64}, Shape{1, 70, 2, 1, 128}, Shape{1, 100, 3, 3, 32},
-                         Shape{2, 65, 2, 1, 16}, Shape{1, 4096, 32, 8, 128}}) {
-    SCOPED_TRACE("B " + std::to_string(s.B) + " T " + std::to_string(s.T) + " heads " +
-                 std::to_string(s.nh) + "/" + std::to_string(s.nkv) + " x " + std::to_string(s.hd));
-    const ComputeBackend::Attention a{.B = s.B,
-                                      .T = s.T,
-                                      .nh = s.nh,
-                                      .nkv = s.nkv,
-                                      .hd = s.hd,
-                                      .block = 128,
-                                      .scale = 1.0f / std::sqrt(float(s.hd)),
-                                      .dtype = DType::BF16};
-    const AttentionInputs in = bf16_attention_inputs(a);
-    const std::vector<std::vector<uint16_t>>& bits = in.bits;
-    const HostAttention want = host_attention(a, DType::BF16, in.values);
-    const HostAttention fp32 = host_attention(a, DType::F32, in.values);
+  for (const AttentionShape& s :
+       {AttentionShape{2, 150, 4, 2, 64}, AttentionShape{1, 70, 2, 1, 128},
+        AttentionShape{1, 100, 3, 3, 32}, AttentionShape{2, 65, 2, 1, 16},
+        AttentionShape{1, 4096, 32, 8, 128}}) {
+    const AttentionCase c = attention_case(s);
+    SCOPED_TRACE(c.name);
+    const std::vector<std::vector<uint16_t>>& bits = c.in.bits;
+    const HostAttention& want = c.want;
+    const float scale = c.a.scale;
 
     for (const FlashKernels kernels : {FlashKernels::kWmma, FlashKernels::kMma}) {
       SCOPED_TRACE(kernels == FlashKernels::kMma ? "mma kernels" : "wmma kernels");
       Dev<uint16_t> Q(bits[0]), K(bits[1]), V(bits[2]), DA(bits[3]);
       Dev<float> L(want.lse.size()), O(want.attn.size()), R(want.lse.size()), DQ(want.dq.size());
       Dev<float> DK(want.dk.size()), DV(want.dv.size());  // zeros: backward adds into them
-      flash_attention_forward(Q.get(), K.get(), V.get(), s.B, s.T, s.nh, s.nkv, s.hd, a.scale,
+      flash_attention_forward(Q.get(), K.get(), V.get(), s.B, s.T, s.nh, s.nkv, s.hd, scale,
                               L.get(), O.get(), nullptr, kernels);
       flash_attention_backward(Q.get(), K.get(), V.get(), L.get(), DA.get(), s.B, s.T, s.nh, s.nkv,
-                               s.hd, a.scale, R.get(), DQ.get(), DK.get(), DV.get(), nullptr,
+                               s.hd, scale, R.get(), DQ.get(), DK.get(), DV.get(), nullptr,
                                kernels);
-      expect_bf16_attention({O.host(), L.host(), DQ.host(), DK.host(), DV.host()}, want, fp32);
+      expect_bf16_attention({O.host(), L.host(), DQ.host(), DK.host(), DV.host()}, want, c.fp32);
     }
   }
 }

@@ -19,12 +19,9 @@
 namespace outcore::test {
 namespace {
 
-struct Shape {
-  int64_t B, T, nh, nkv, hd;
-};
-
 template <int HD>
-HostAttention emulate(const Shape& s, float scale, const std::vector<std::vector<uint16_t>>& bits) {
+HostAttention emulate(const AttentionShape& s, float scale,
+                      const std::vector<std::vector<uint16_t>>& bits) {
   const flash::Geometry g{static_cast<int>(s.T), static_cast<int>(s.nh), static_cast<int>(s.nkv),
                           static_cast<int>(s.nh / s.nkv), scale};
   const int64_t tokens = s.B * s.T;
@@ -54,37 +51,28 @@ HostAttention emulate(const Shape& s, float scale, const std::vector<std::vector
 // several tiles (the causal diagonal inside and across tiles), grouped kv heads, batches, and
 // every head size the kernels take.
 TEST(FlashTiles, EmulatedKernelsMatchTheHostInBf16) {
-  for (const Shape& s : {Shape{2, 150, 4, 2, 64}, Shape{1, 70, 2, 1, 128}, Shape{1, 100, 3, 3, 32},
-                         Shape{2, 65, 2, 1, 16}}) {
-    SCOPED_TRACE("B " + std::to_string(s.B) + " T " + std::to_string(s.T) + " heads " +
-                 std::to_string(s.nh) + "/" + std::to_string(s.nkv) + " x " + std::to_string(s.hd));
-    const device::ComputeBackend::Attention a{.B = s.B,
-                                              .T = s.T,
-                                              .nh = s.nh,
-                                              .nkv = s.nkv,
-                                              .hd = s.hd,
-                                              .block = 128,
-                                              .scale = 1.0f / std::sqrt(float(s.hd)),
-                                              .dtype = DType::BF16};
-    const AttentionInputs in = bf16_attention_inputs(a);
-    const std::vector<std::vector<uint16_t>>& bits = in.bits;
-    const HostAttention want = host_attention(a, DType::BF16, in.values);
-    const HostAttention fp32 = host_attention(a, DType::F32, in.values);
+  for (const AttentionShape& s :
+       {AttentionShape{2, 150, 4, 2, 64}, AttentionShape{1, 70, 2, 1, 128},
+        AttentionShape{1, 100, 3, 3, 32}, AttentionShape{2, 65, 2, 1, 16}}) {
+    const AttentionCase c = attention_case(s);
+    SCOPED_TRACE(c.name);
+    const std::vector<std::vector<uint16_t>>& bits = c.in.bits;
+    const float scale = c.a.scale;
     HostAttention got;
     switch (s.hd) {
       case 16:
-        got = emulate<16>(s, a.scale, bits);
+        got = emulate<16>(s, scale, bits);
         break;
       case 32:
-        got = emulate<32>(s, a.scale, bits);
+        got = emulate<32>(s, scale, bits);
         break;
       case 64:
-        got = emulate<64>(s, a.scale, bits);
+        got = emulate<64>(s, scale, bits);
         break;
       default:
-        got = emulate<128>(s, a.scale, bits);
+        got = emulate<128>(s, scale, bits);
     }
-    expect_bf16_attention(got, want, fp32);
+    expect_bf16_attention(got, c.want, c.fp32);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/device/compute_backend.hpp"
@@ -66,6 +67,36 @@ inline AttentionInputs bf16_attention_inputs(const device::ComputeBackend::Atten
     device::cpu::to_fp32(in.bits.back().data(), DType::BF16, x.data(), n);
   }
   return in;
+}
+
+// One case of the fused kernels' tests: a causal GQA attention of `shape` in bf16 compute (the
+// host's default blocks of 128 queries), bf16 inputs, and the host's results in bf16 and in fp32
+// compute on them.
+struct AttentionShape {
+  int64_t B, T, nh, nkv, hd;
+};
+struct AttentionCase {
+  device::ComputeBackend::Attention a;
+  AttentionInputs in;
+  HostAttention want, fp32;
+  std::string name;  // "B 2 T 150 heads 4/2 x 64"
+};
+inline AttentionCase attention_case(const AttentionShape& s) {
+  AttentionCase c;
+  c.a = {.B = s.B,
+         .T = s.T,
+         .nh = s.nh,
+         .nkv = s.nkv,
+         .hd = s.hd,
+         .block = 128,
+         .scale = 1.0f / std::sqrt(float(s.hd)),
+         .dtype = DType::BF16};
+  c.in = bf16_attention_inputs(c.a);
+  c.want = host_attention(c.a, DType::BF16, c.in.values);
+  c.fp32 = host_attention(c.a, DType::F32, c.in.values);
+  c.name = "B " + std::to_string(s.B) + " T " + std::to_string(s.T) + " heads " +
+           std::to_string(s.nh) + "/" + std::to_string(s.nkv) + " x " + std::to_string(s.hd);
+  return c;
 }
 
 // ||got - want|| / ||want|| in the 2-norm.
