@@ -8,10 +8,12 @@
 // row before any score gradient is formed. Per element the arithmetic is kernel_math.hpp's.
 //
 // Work split, each output written by one block (deterministic, no atomics):
-//   forward      one block per (query tile, head, sequence);
-//   backward dq  one block per (query tile, head, sequence): D, then dq = scale * ds k;
-//   backward dkv one block per (key tile, kv head, sequence), over the heads of its group and
+//   forward      one block per (head, query tile, sequence);
+//   backward dq  one block per (head, query tile, sequence): D, then dq = scale * ds k;
+//   backward dkv one block per (kv head, key tile, sequence), over the heads of its group and
 //                the query tiles at or after the key tile: dk += scale * ds^T q, dv += p^T dattn.
+// Blocks start costliest first, as in flash_attention_tiles.hpp: the grid's y runs over tiles,
+// and forward and dq blocks take their query tiles from the last.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* Ps = reinterpret_cast<uint16_t*>(smem + 3 * L::kHalfTile + L::kScoreTile);
   float* Os = reinterpret_cast<float*>(Ks);  // after the last tile
 
-  const int q0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile, h = blockIdx.x, b = blockIdx.z;
   const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
   const uint16_t* qb = q + int64_t(b) * g.T * Q + int64_t(h) * HD;
   const uint16_t* kb = k + int64_t(b) * g.T * KV + int64_t(h / g.group) * HD;
@@ -255,7 +257,7 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* DSs = reinterpret_cast<uint16_t*>(smem + 4 * L::kHalfTile + 2 * L::kScoreTile);
   float* Os = reinterpret_cast<float*>(Ks);
 
-  const int q0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile, h = blockIdx.x, b = blockIdx.z;
   const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
   const int64_t q_at = int64_t(b) * g.T * Q + int64_t(h) * HD;
   const uint16_t* kb = k + int64_t(b) * g.T * KV + int64_t(h / g.group) * HD;
@@ -342,7 +344,7 @@ __global__ void __launch_bounds__(kThreads)
   float* d_s = lse_s + kTile;
   float* Os = reinterpret_cast<float*>(Qs);  // after the last tile
 
-  const int k0 = blockIdx.x * kTile, gkv = blockIdx.y, b = blockIdx.z;
+  const int k0 = blockIdx.y * kTile, gkv = blockIdx.x, b = blockIdx.z;
   const int64_t Q = int64_t(g.nh) * HD, KV = int64_t(g.nkv) * HD;
   const int64_t kv_at = int64_t(b) * g.T * KV + int64_t(gkv) * HD;
   const int q_tiles = (g.T + kTile - 1) / kTile;
@@ -509,8 +511,8 @@ void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
     return;
   }
   allow_shared(flash_forward_kernel<HD>, Layout<HD>::kForward);
-  const dim3 grid((g.T + kTile - 1) / kTile, g.nh, static_cast<unsigned>(B));
-  flash_forward_kernel<HD><<<grid, kThreads, Layout<HD>::kForward, s>>>(q, k, v, lse, attn, g);
+  const dim3 blocks(g.nh, (g.T + kTile - 1) / kTile, static_cast<unsigned>(B));
+  flash_forward_kernel<HD><<<blocks, kThreads, Layout<HD>::kForward, s>>>(q, k, v, lse, attn, g);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -536,11 +538,11 @@ void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const flo
   allow_shared(flash_backward_dkv_kernel<HD>, Layout<HD>::kDkv);
   const unsigned tiles = static_cast<unsigned>((g.T + kTile - 1) / kTile);
   flash_backward_dq_kernel<HD>
-      <<<dim3(tiles, g.nh, static_cast<unsigned>(B)), kThreads, Layout<HD>::kDq, s>>>(
+      <<<dim3(g.nh, tiles, static_cast<unsigned>(B)), kThreads, Layout<HD>::kDq, s>>>(
           q, k, v, lse, dattn, drow, dq, g);
   CUDA_CHECK(cudaGetLastError());
   flash_backward_dkv_kernel<HD>
-      <<<dim3(tiles, g.nkv, static_cast<unsigned>(B)), kThreads, Layout<HD>::kDkv, s>>>(
+      <<<dim3(g.nkv, tiles, static_cast<unsigned>(B)), kThreads, Layout<HD>::kDkv, s>>>(
           q, k, v, lse, dattn, drow, dk, dv, g);
   CUDA_CHECK(cudaGetLastError());
 }
