@@ -75,6 +75,7 @@ class CudaKernels : public ::testing::Test {
   }
 };
 
+// 10007 elements: the eight-at-a-time kernels and their tail, then the one-at-a-time kernels.
 TEST_F(CudaKernels, CastsMatchTheHostConversionsExactly) {
   auto x = randn(10007, 1, 50.0f);
   x[3] = std::numeric_limits<float>::infinity();
@@ -91,6 +92,15 @@ TEST_F(CudaKernels, CastsMatchTheHostConversionsExactly) {
     Dev<float> db(x.size());
     to_fp32(dh.get(), t, db.get(), static_cast<int64_t>(x.size()), nullptr);
     expect_close(db.host(), back, 0.0, "to_fp32");
+    // Buffers not on 16 bytes (one element in) take the one-at-a-time kernels.
+    Dev<uint16_t> dh1(x.size());
+    from_fp32(dx.get() + 1, dh1.get() + 1, t, static_cast<int64_t>(x.size()) - 1, nullptr);
+    const std::vector<uint16_t> got1 = dh1.host();
+    ASSERT_TRUE(std::equal(got1.begin() + 1, got1.end(), want.begin() + 1));
+    Dev<float> db1(x.size());
+    to_fp32(dh.get() + 1, t, db1.get() + 1, static_cast<int64_t>(x.size()) - 1, nullptr);
+    const std::vector<float> back1 = db1.host();
+    ASSERT_TRUE(std::equal(back1.begin() + 1, back1.end(), back.begin() + 1));
   }
 }
 
