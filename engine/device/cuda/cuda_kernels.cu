@@ -210,13 +210,16 @@ __global__ void rmsnorm_dx_kernel(const float* dy, const float* x, const float* 
 }
 
 // Columns of dw per block, and row lanes per column: a block of kDwColumns x kDwLanes threads
-// (kThreads) reads kDwLanes rows of a 32-column tile at a time (coalesced), lane l summing rows
-// l, l + kDwLanes, ... in order; the lanes' sums are then added in lane order. Deterministic
-// (no atomics); the order differs from the host's (rows in order) by the lane split only.
-constexpr int kDwColumns = 32, kDwLanes = kThreads / kDwColumns;
+// reads kDwLanes rows of a 32-column tile at a time (coalesced), lane l summing rows l,
+// l + kDwLanes, ... in order; the lanes' sums are then added in lane order. Deterministic (no
+// atomics); the order differs from the host's (rows in order) by the lane split only. The block
+// is the largest there is, so that the few blocks of a hidden size (one per 32 columns) keep
+// enough loads in flight.
+constexpr int kDwColumns = 32, kDwLanes = 32, kDwThreads = kDwColumns * kDwLanes;
 
-__global__ void rmsnorm_dw_kernel(const float* dy, const float* x, const float* rstd, int64_t rows,
-                                  int64_t dim, float* dw) {
+__global__ void __launch_bounds__(kDwThreads)
+    rmsnorm_dw_kernel(const float* dy, const float* x, const float* rstd, int64_t rows, int64_t dim,
+                      float* dw) {
   __shared__ float lane_sum[kDwLanes][kDwColumns];
   const int col = threadIdx.x % kDwColumns, lane = threadIdx.x / kDwColumns;
   const int64_t i = int64_t{blockIdx.x} * kDwColumns + col;
@@ -420,7 +423,7 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
                                                                              dx);
   LAUNCHED();
   const auto tiles = static_cast<unsigned>((dim + kDwColumns - 1) / kDwColumns);
-  rmsnorm_dw_kernel<<<tiles, kThreads, 0, native(s)>>>(dy, x, rstd, rows, dim, dw);
+  rmsnorm_dw_kernel<<<tiles, kDwThreads, 0, native(s)>>>(dy, x, rstd, rows, dim, dw);
   LAUNCHED();
 }
 
