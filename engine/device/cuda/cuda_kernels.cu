@@ -57,10 +57,17 @@ __device__ float block_all_reduce(float v, Op op, float identity) {
   return v;
 }
 
+// One 16-bit value (bf16 or fp16, t) to and from fp32.
+__device__ uint16_t half_bits(float f, DType t) {
+  return t == DType::BF16 ? kmath::fp32_to_bf16(f) : kmath::fp32_to_fp16(f);
+}
+__device__ float half_value(uint16_t h, DType t) {
+  return t == DType::BF16 ? kmath::bf16_to_fp32(h) : kmath::fp16_to_fp32(h);
+}
+
 __device__ float load_as_fp32(const void* p, DType t, int64_t i) {
   if (t == DType::F32) return static_cast<const float*>(p)[i];
-  const uint16_t h = static_cast<const uint16_t*>(p)[i];
-  return t == DType::BF16 ? kmath::bf16_to_fp32(h) : kmath::fp16_to_fp32(h);
+  return half_value(static_cast<const uint16_t*>(p)[i], t);
 }
 
 // --- element-wise ----------------------------------------------------------------------------
@@ -74,23 +81,15 @@ __global__ void to_fp32_kernel(const void* src, DType t, float* dst, int64_t n) 
 __global__ void from_fp32_kernel(const float* src, void* dst, DType t, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    if (t == DType::F32) {
+    if (t == DType::F32)
       static_cast<float*>(dst)[i] = src[i];
-    } else {
-      static_cast<uint16_t*>(dst)[i] =
-          t == DType::BF16 ? kmath::fp32_to_bf16(src[i]) : kmath::fp32_to_fp16(src[i]);
-    }
+    else
+      static_cast<uint16_t*>(dst)[i] = half_bits(src[i], t);
   }
 }
 
 // The casts eight elements at a time (32 bytes of fp32, 16 of bf16 or fp16 per thread) where
 // both buffers start on 16 bytes; the last n % 8 elements one at a time.
-__device__ uint16_t half_bits(float f, DType t) {
-  return t == DType::BF16 ? kmath::fp32_to_bf16(f) : kmath::fp32_to_fp16(f);
-}
-__device__ float half_value(uint16_t h, DType t) {
-  return t == DType::BF16 ? kmath::bf16_to_fp32(h) : kmath::fp16_to_fp32(h);
-}
 __device__ uint32_t half_pair(float lo, float hi, DType t) {
   return uint32_t(half_bits(lo, t)) | (uint32_t(half_bits(hi, t)) << 16);
 }
