@@ -110,7 +110,7 @@ void print_profile(const model::LlamaConfig& c, const model::ModelOptions& o,
   if (attn_s > 0) {
     const double tflops = attn_flops / attn_s / 1e12;
     std::printf(
-        "attention forward + backward: %.3f ms, %.1f TFLOP/s (causal half), %.3f of the %s rate "
+        "attention forward + backward: %.3f ms, %.3g TFLOP/s (causal half), %.3f of the %s rate "
         "(goal >= 0.45)\n",
         attn_s * 1e3, tflops, tflops * 1e3 / ref_gflops, ref);
   }
