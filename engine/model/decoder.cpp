@@ -37,26 +37,34 @@ struct Dims {
 // What forward keeps for backward (in `saved`, or in scratch with checkpointing).
 // With qk_norm, q_raw / k_raw are the projections before the per-head norm and rstd_q / rstd_k
 // its statistics (one per head row); q and k are always what attention reads (after RoPE).
+// The activations that only GEMMs (and attention) read, xn1 q k v attn xn2 a, are kept as the
+// GEMMs take them: fp32 in fp32 compute, rounded to bf16 once in bf16 compute (half the bytes,
+// and backward reads them without rounding them again). The rest stay fp32: h, g and u feed
+// RMSNorm's and SwiGLU's backward, which compute in fp32.
 struct Saved {
-  float *rstd1, *xn1, *q, *k, *v, *lse, *attn, *h, *rstd2, *xn2, *g, *u, *a;
+  float *rstd1, *lse, *h, *rstd2, *g, *u;
+  void *xn1, *q, *k, *v, *attn, *xn2, *a;  // in the compute dtype
   float *q_raw, *k_raw, *rstd_q, *rstd_k;
 };
 
-Saved carve_saved(Arena& ar, const Dims& d) {
+Saved carve_saved(Arena& ar, const Dims& d, DType compute) {
+  auto operand = [&](int64_t n) -> void* {
+    return compute == DType::BF16 ? ar.halves(n) : static_cast<void*>(ar.floats(n));
+  };
   Saved s;
   s.rstd1 = ar.floats(d.N);
-  s.xn1 = ar.floats(d.N * d.H);
-  s.q = ar.floats(d.N * d.Q);
-  s.k = ar.floats(d.N * d.KV);
-  s.v = ar.floats(d.N * d.KV);
+  s.xn1 = operand(d.N * d.H);
+  s.q = operand(d.N * d.Q);
+  s.k = operand(d.N * d.KV);
+  s.v = operand(d.N * d.KV);
   s.lse = ar.floats(d.B * d.nh * d.T);
-  s.attn = ar.floats(d.N * d.Q);
+  s.attn = operand(d.N * d.Q);
   s.h = ar.floats(d.N * d.H);
   s.rstd2 = ar.floats(d.N);
-  s.xn2 = ar.floats(d.N * d.H);
+  s.xn2 = operand(d.N * d.H);
   s.g = ar.floats(d.N * d.I);
   s.u = ar.floats(d.N * d.I);
-  s.a = ar.floats(d.N * d.I);
+  s.a = operand(d.N * d.I);
   s.q_raw = ar.floats(d.qk_norm ? d.N * d.Q : 0);
   s.k_raw = ar.floats(d.qk_norm ? d.N * d.KV : 0);
   s.rstd_q = ar.floats(d.qk_norm ? d.N * d.nh : 0);
@@ -88,16 +96,19 @@ device::ComputeBackend::Attention attention_of(const Dims& d, const ModelOptions
           .dtype = o.compute_dtype};
 }
 
-// Working memory of forward (f) and backward (b) beyond Saved. In bf16 compute: h1..h3 hold
-// bf16 GEMM operands of up to N x max(H, Q, I, 2 KV) elements, q16/k16/v16 attention's bf16
-// q, k, v (also dattn's in backward, in h1) and lowp attention's bf16 scratch.
+// Working memory of forward (f) and backward (b) beyond Saved. In bf16 compute: `act` holds one
+// fp32 activation at a time (up to N x max(H, Q, I)) on its way to its bf16 copy in Saved (in
+// backward it is da's memory, free while checkpointing recomputes the forward); h1 and h2 hold
+// gradients rounded to bf16 as GEMM operands (up to N x max(H, Q, I, 2 KV) elements; dattn's in
+// h1); lowp is attention's bf16 scratch.
 struct Work {
   float *wtmp, *wn1, *wn2, *scores;                     // forward and backward
   float *wqn, *wkn;                                     // qk_norm weights in fp32
   float* wbias;                                         // qkv_bias: one bias in fp32
+  float* act;                                           // bf16 compute only
   float *dq_raw, *dk_raw;                               // qk_norm, backward only
   float *dprob, *dxn, *da, *du, *dattn, *dq, *dk, *dv;  // backward only
-  void *h1, *h2, *h3, *q16, *k16, *v16, *lowp;          // bf16 compute only
+  void *h1, *h2, *lowp;                                 // bf16 compute only
 };
 
 Work carve_work(Arena& ar, const Dims& d, const LlamaConfig& c, const ModelOptions& o,
@@ -111,19 +122,19 @@ Work carve_work(Arena& ar, const Dims& d, const LlamaConfig& c, const ModelOptio
   w.wqn = ar.floats(d.qk_norm ? d.hd : 0);
   w.wkn = ar.floats(d.qk_norm ? d.hd : 0);
   w.wbias = ar.floats(d.qkv_bias ? std::max(d.Q, d.KV) : 0);
-  const int64_t widest = d.N * std::max({d.H, d.Q, d.I, 2 * d.KV});
-  const int64_t halves = bf16 ? widest : 0;
-  w.h1 = ar.halves(halves);
-  w.q16 = ar.halves(bf16 ? d.N * d.Q : 0);
-  w.k16 = ar.halves(bf16 ? d.N * d.KV : 0);
-  w.v16 = ar.halves(bf16 ? d.N * d.KV : 0);
   w.lowp = ar.halves(device::ComputeBackend::attention_bf16_scratch(attention_of(d, o)));
-  if (!backward) return w;
+  const int64_t activation = bf16 ? d.N * std::max({d.H, d.Q, d.I}) : 0;
+  if (!backward) {
+    w.act = ar.floats(activation);
+    return w;
+  }
+  const int64_t halves = bf16 ? d.N * std::max({d.H, d.Q, d.I, 2 * d.KV}) : 0;
+  w.h1 = ar.halves(halves);
   w.h2 = ar.halves(halves);
-  w.h3 = ar.halves(halves);
   w.dprob = ar.floats(d.block * d.T);
   w.dxn = ar.floats(d.N * d.H);
-  w.da = ar.floats(d.N * d.I);
+  w.da = ar.floats(std::max(d.N * d.I, activation));
+  w.act = bf16 ? w.da : nullptr;
   w.du = ar.floats(d.N * d.I);
   w.dattn = ar.floats(d.N * d.Q);
   w.dq = ar.floats(d.N * d.Q);
@@ -142,6 +153,18 @@ const float* norm_weight(const UnitContext& ctx, const void* params, int i, floa
   return w;
 }
 
+// Where forward writes the fp32 value of the Saved operand `saved`: `saved` itself in fp32
+// compute, Work::act in bf16 compute (then kept by keep()).
+float* fp32_of(const UnitContext& ctx, void* saved, const Work& w) {
+  return bf16_compute(ctx) ? w.act : static_cast<float*>(saved);
+}
+// In bf16 compute, rounds `x` (n values, from fp32_of) into `saved`; returns `saved` as an
+// operand with leading dimension ld.
+Operand keep(const UnitContext& ctx, const float* x, void* saved, int64_t n, int64_t ld) {
+  if (bf16_compute(ctx)) ctx.be.from_fp32(x, saved, DType::BF16, n);
+  return {saved, ld};
+}
+
 // The forward proper. Writes Saved; writes the layer output to `out` when non-null.
 void forward_into(const UnitContext& ctx, const void* params, const float* x, float* out,
                   const Saved& s, const Work& w) {
@@ -151,45 +174,50 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
   auto W = [&](int i, int64_t ld) {
     return weight_operand(ctx, params, tensor(ctx, i), ld, w.wtmp);
   };
-  const float* wn1 = norm_weight(ctx, params, kInNorm, w.wn1);
-  be.rmsnorm_forward(x, wn1, eps, d.N, d.H, s.xn1, s.rstd1);
-  Operand xn = make_operand(ctx, s.xn1, d.N, d.H, w.h1);
-  matmul(ctx, false, true, d.N, d.Q, d.H, 1.0f, xn, W(kQ, d.H), 0.0f, d.qk_norm ? s.q_raw : s.q,
-         d.Q);
-  matmul(ctx, false, true, d.N, d.KV, d.H, 1.0f, xn, W(kK, d.H), 0.0f, d.qk_norm ? s.k_raw : s.k,
-         d.KV);
-  matmul(ctx, false, true, d.N, d.KV, d.H, 1.0f, xn, W(kV, d.H), 0.0f, s.v, d.KV);
-  if (d.qkv_bias) {
-    add_bias(ctx, params, kQBias, d, d.Q, s.q, w.wbias);
-    add_bias(ctx, params, kKBias, d, d.KV, s.k, w.wbias);
-    add_bias(ctx, params, kVBias, d, d.KV, s.v, w.wbias);
+  float* y = fp32_of(ctx, s.xn1, w);
+  be.rmsnorm_forward(x, norm_weight(ctx, params, kInNorm, w.wn1), eps, d.N, d.H, y, s.rstd1);
+  const Operand xn = keep(ctx, y, s.xn1, d.N * d.H, d.H);
+  // q and k: projection (+ bias), per-head norm (qk_norm), RoPE, kept; v: projection (+ bias).
+  struct Projection {
+    int weight, bias, norm;
+    int64_t cols, heads;
+    float *raw, *rstd, *wnorm;
+    void* saved;
+  };
+  const Projection projections[] = {
+      {kQ, kQBias, kQNorm, d.Q, d.nh, s.q_raw, s.rstd_q, w.wqn, s.q},
+      {kK, kKBias, kKNorm, d.KV, d.nkv, s.k_raw, s.rstd_k, w.wkn, s.k},
+      {kV, kVBias, -1, d.KV, d.nkv, nullptr, nullptr, nullptr, s.v}};
+  for (const Projection& p : projections) {
+    float* t = fp32_of(ctx, p.saved, w);
+    const bool normed = d.qk_norm && p.norm >= 0;
+    float* proj = normed ? p.raw : t;
+    matmul(ctx, false, true, d.N, p.cols, d.H, 1.0f, xn, W(p.weight, d.H), 0.0f, proj, p.cols);
+    if (d.qkv_bias) add_bias(ctx, params, p.bias, d, p.cols, proj, w.wbias);
+    if (normed)  // RMSNorm over each head's hd values, before RoPE
+      be.rmsnorm_forward(p.raw, norm_weight(ctx, params, p.norm, p.wnorm), eps, d.N * p.heads, d.hd,
+                         t, p.rstd);
+    if (p.norm >= 0) be.rope(t, d.N, d.T, p.heads, d.hd, ctx.rope_cos, ctx.rope_sin, false);
+    keep(ctx, t, p.saved, d.N * p.cols, p.cols);
   }
-  if (d.qk_norm) {  // RMSNorm over each head's hd values, before RoPE
-    be.rmsnorm_forward(s.q_raw, norm_weight(ctx, params, kQNorm, w.wqn), eps, d.N * d.nh, d.hd, s.q,
-                       s.rstd_q);
-    be.rmsnorm_forward(s.k_raw, norm_weight(ctx, params, kKNorm, w.wkn), eps, d.N * d.nkv, d.hd,
-                       s.k, s.rstd_k);
-  }
-  be.rope(s.q, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, false);
-  be.rope(s.k, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, false);
-  be.attention_forward(attention_of(d, ctx.opt), make_operand(ctx, s.q, d.N, d.Q, w.q16).p,
-                       make_operand(ctx, s.k, d.N, d.KV, w.k16).p,
-                       make_operand(ctx, s.v, d.N, d.KV, w.v16).p, s.lse, s.attn, w.scores, w.lowp);
+  float* attn = fp32_of(ctx, s.attn, w);
+  be.attention_forward(attention_of(d, ctx.opt), s.q, s.k, s.v, s.lse, attn, w.scores, w.lowp);
+  const Operand attn_op = keep(ctx, attn, s.attn, d.N * d.Q, d.Q);
 
   be.copy(s.h, x, sizeof(float) * d.N * d.H);
-  matmul(ctx, false, true, d.N, d.H, d.Q, 1.0f, make_operand(ctx, s.attn, d.N, d.Q, w.h1),
-         W(kO, d.Q), 1.0f, s.h, d.H);
+  matmul(ctx, false, true, d.N, d.H, d.Q, 1.0f, attn_op, W(kO, d.Q), 1.0f, s.h, d.H);
 
-  const float* wn2 = norm_weight(ctx, params, kPostNorm, w.wn2);
-  be.rmsnorm_forward(s.h, wn2, eps, d.N, d.H, s.xn2, s.rstd2);
-  xn = make_operand(ctx, s.xn2, d.N, d.H, w.h1);
-  matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn, W(kGate, d.H), 0.0f, s.g, d.I);
-  matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn, W(kUp, d.H), 0.0f, s.u, d.I);
-  be.swiglu_forward(s.g, s.u, s.a, d.N * d.I);
+  y = fp32_of(ctx, s.xn2, w);
+  be.rmsnorm_forward(s.h, norm_weight(ctx, params, kPostNorm, w.wn2), eps, d.N, d.H, y, s.rstd2);
+  const Operand xn2 = keep(ctx, y, s.xn2, d.N * d.H, d.H);
+  matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn2, W(kGate, d.H), 0.0f, s.g, d.I);
+  matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn2, W(kUp, d.H), 0.0f, s.u, d.I);
+  float* act = fp32_of(ctx, s.a, w);
+  be.swiglu_forward(s.g, s.u, act, d.N * d.I);
+  const Operand a = keep(ctx, act, s.a, d.N * d.I, d.I);
   if (out == nullptr) return;  // recomputation for backward needs no output
   be.copy(out, s.h, sizeof(float) * d.N * d.H);
-  matmul(ctx, false, true, d.N, d.H, d.I, 1.0f, make_operand(ctx, s.a, d.N, d.I, w.h1),
-         W(kDown, d.I), 1.0f, out, d.H);
+  matmul(ctx, false, true, d.N, d.H, d.I, 1.0f, a, W(kDown, d.I), 1.0f, out, d.H);
 }
 
 }  // namespace
@@ -200,14 +228,14 @@ device::ComputeBackend::Attention decoder_attention(const LlamaConfig& c, const 
 
 size_t decoder_saved_bytes(const LlamaConfig& c, const ModelOptions& o) {
   Arena ar;
-  carve_saved(ar, Dims(c, o));
+  carve_saved(ar, Dims(c, o), o.compute_dtype);
   return ar.used();
 }
 
 size_t decoder_scratch_bytes(const LlamaConfig& c, const ModelOptions& o) {
   const Dims d(c, o);
   Arena saved;
-  if (o.activation_checkpointing) carve_saved(saved, d);
+  if (o.activation_checkpointing) carve_saved(saved, d, o.compute_dtype);
   size_t most = 0;
   for (bool backward : {false, true}) {
     Arena ar;
@@ -226,12 +254,12 @@ void decoder_forward(const UnitContext& ctx, const ForwardArgs& a) {
   Arena scratch(a.scratch.data(), a.scratch.size());
   Saved s;
   if (ctx.opt.activation_checkpointing) {
-    s = carve_saved(scratch, d);
+    s = carve_saved(scratch, d, ctx.opt.compute_dtype);
   } else {
     Arena saved(a.saved.data(), a.saved.size());
     if (a.saved.data() == nullptr)
       throw InvalidArgument(fmt::format("{} forward: no saved-activation buffer", ctx.unit.name));
-    s = carve_saved(saved, d);
+    s = carve_saved(saved, d, ctx.opt.compute_dtype);
   }
   const Work w = carve_work(scratch, d, ctx.cfg, ctx.opt, false);
   forward_into(ctx, a.params, a.input, a.output, s, w);
@@ -247,12 +275,12 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   Arena scratch(a.scratch.data(), a.scratch.size());
   Saved s;
   if (ctx.opt.activation_checkpointing) {
-    s = carve_saved(scratch, d);
+    s = carve_saved(scratch, d, ctx.opt.compute_dtype);
   } else {
     if (a.saved.data() == nullptr)
       throw InvalidArgument(fmt::format("{} backward: no saved-activation buffer", ctx.unit.name));
     Arena saved(const_cast<std::byte*>(a.saved.data()), a.saved.size());
-    s = carve_saved(saved, d);
+    s = carve_saved(saved, d, ctx.opt.compute_dtype);
   }
   const Work w = carve_work(scratch, d, ctx.cfg, ctx.opt, true);
   if (ctx.opt.activation_checkpointing) forward_into(ctx, a.params, a.input, nullptr, s, w);
@@ -268,17 +296,18 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   auto op = [&](const float* x, int64_t cols, void* half) {
     return make_operand(ctx, x, d.N, cols, half);
   };
+  auto saved = [](void* p, int64_t cols) { return Operand{p, cols}; };  // kept by forward
 
   // MLP: out = h + down(silu(gate(xn2)) * up(xn2))
   Operand dy = op(dh, d.H, w.h1);
   matmul(ctx, false, false, d.N, d.I, d.H, 1.0f, dy, W(kDown, d.I), 0.0f, w.da, d.I);
-  matmul(ctx, true, false, d.H, d.I, d.N, 1.0f, dy, op(s.a, d.I, w.h2), 1.0f, G(kDown), d.I);
+  matmul(ctx, true, false, d.H, d.I, d.N, 1.0f, dy, saved(s.a, d.I), 1.0f, G(kDown), d.I);
   float* dg = w.da;
   be.swiglu_backward(w.da, s.g, s.u, dg, w.du, d.N * d.I);
   const Operand dg_op = op(dg, d.I, w.h1), du_op = op(w.du, d.I, w.h2);
   matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, dg_op, W(kGate, d.H), 0.0f, w.dxn, d.H);
   matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, du_op, W(kUp, d.H), 1.0f, w.dxn, d.H);
-  const Operand xn2 = op(s.xn2, d.H, w.h3);
+  const Operand xn2 = saved(s.xn2, d.H);
   matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, dg_op, xn2, 1.0f, G(kGate), d.H);
   matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, du_op, xn2, 1.0f, G(kUp), d.H);
   const float* wn2 = norm_weight(ctx, a.params, kPostNorm, w.wn2);
@@ -287,12 +316,11 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   // Attention: h = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1)))
   dy = op(dh, d.H, w.h1);
   matmul(ctx, false, false, d.N, d.Q, d.H, 1.0f, dy, W(kO, d.Q), 0.0f, w.dattn, d.Q);
-  matmul(ctx, true, false, d.H, d.Q, d.N, 1.0f, dy, op(s.attn, d.Q, w.h2), 1.0f, G(kO), d.Q);
+  matmul(ctx, true, false, d.H, d.Q, d.N, 1.0f, dy, saved(s.attn, d.Q), 1.0f, G(kO), d.Q);
   be.zero(w.dk, sizeof(float) * d.N * d.KV);
   be.zero(w.dv, sizeof(float) * d.N * d.KV);
-  be.attention_backward(attention_of(d, ctx.opt), op(s.q, d.Q, w.q16).p, op(s.k, d.KV, w.k16).p,
-                        op(s.v, d.KV, w.v16).p, s.lse, op(w.dattn, d.Q, w.h1).p, w.dq, w.dk, w.dv,
-                        w.scores, w.dprob, w.lowp);
+  be.attention_backward(attention_of(d, ctx.opt), s.q, s.k, s.v, s.lse, op(w.dattn, d.Q, w.h1).p,
+                        w.dq, w.dk, w.dv, w.scores, w.dprob, w.lowp);
   be.rope(w.dq, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, true);
   be.rope(w.dk, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, true);
   float* dq_proj = w.dq;  // the gradient of the q projection's output
@@ -318,7 +346,7 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   matmul(ctx, false, false, d.N, d.H, d.Q, 1.0f, dq, W(kQ, d.H), 0.0f, w.dxn, d.H);
   matmul(ctx, false, false, d.N, d.H, d.KV, 1.0f, dk, W(kK, d.H), 1.0f, w.dxn, d.H);
   matmul(ctx, false, false, d.N, d.H, d.KV, 1.0f, dv, W(kV, d.H), 1.0f, w.dxn, d.H);
-  const Operand xn1 = op(s.xn1, d.H, w.h3);
+  const Operand xn1 = saved(s.xn1, d.H);
   matmul(ctx, true, false, d.Q, d.H, d.N, 1.0f, dq, xn1, 1.0f, G(kQ), d.H);
   matmul(ctx, true, false, d.KV, d.H, d.N, 1.0f, dk, xn1, 1.0f, G(kK), d.H);
   matmul(ctx, true, false, d.KV, d.H, d.N, 1.0f, dv, xn1, 1.0f, G(kV), d.H);
