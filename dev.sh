@@ -115,7 +115,7 @@ gpu_summary() {
     printf '%-28s %s\n' "$name" "$verdict"
     case $name in
       doctor) pattern='^(gpu |gemm bf16 TFLOPS|attention bf16 TFLOPS|pinned copies|verdict)' ;;
-      gpu-tests)
+      gpu-tests*)
         pattern='tests passed|\((Failed|Timeout|SEGFAULT|Subprocess aborted)\)|Not Run'
         echo "    $(grep -cE '\(Skipped\)$' "$GPU_OUT/$name.log" || true) skipped (a GPU runs them all)"
         ;;
@@ -162,15 +162,15 @@ run_gpu() {
     --seq 16384 --steps 2 || rc=1
   part model_bench-vocab128256 120 "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" \
     --vocab 128256 --seq 4096 --steps 2 || rc=1
-  # The register-resident attention kernels (OUTCORE_FLASH_KERNELS=mma, decision 031): their
-  # GPU tests in the backend and in training, then the layer at 4096 and 16384 tokens
-  part gpu-tests-mma 120 env OUTCORE_FLASH_KERNELS=mma OUTCORE_REQUIRE_ORACLES=1 ctest \
-    --test-dir "$BUILD_DIR" -L gpu -R 'FusedAttention|AttentionInBf16|Bf16ComputeTrains' \
-    --output-on-failure || rc=1
-  part model_bench-4096-mma 120 env OUTCORE_FLASH_KERNELS=mma \
+  # The layer with the WMMA attention kernels (OUTCORE_FLASH_KERNELS=wmma, decision 031), and
+  # the layer and the head with a 32 MiB cuBLASLt workspace (decision 032): each against the
+  # defaults above
+  part model_bench-4096-wmma 120 env OUTCORE_FLASH_KERNELS=wmma \
     "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 --seq 4096 --steps 3 || rc=1
-  part model_bench-16384-mma 120 env OUTCORE_FLASH_KERNELS=mma \
-    "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 --seq 16384 --steps 2 || rc=1
+  part model_bench-4096-ws32 120 env OUTCORE_CUBLASLT_WORKSPACE_MB=32 \
+    "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 --seq 4096 --steps 3 || rc=1
+  part model_bench-vocab128256-ws32 120 env OUTCORE_CUBLASLT_WORKSPACE_MB=32 \
+    "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 128256 --seq 4096 --steps 2 || rc=1
   # ZeRO-3 streamed from NVMe under a 1000 MiB device budget, 4 micro-batches per step, against
   # the compute, PCIe and drive bounds of the same run; then with the gathered parameters kept
   part zero_large_bench 180 "$BUILD_DIR/bench/zero/zero_large_bench" "${large[@]}" || rc=1

@@ -4,7 +4,8 @@
 //
 //   OUTCORE_AIO_BACKEND=io_uring|sync   -> aio::request_backend() (unset: chosen automatically)
 //   OUTCORE_CPU_ADAM_ISA=scalar|avx2|avx512 -> cpu_adam::request_isa() (unset: best the CPU runs)
-//   OUTCORE_FLASH_KERNELS=wmma|mma      -> device::request_flash_kernels() (unset: wmma)
+//   OUTCORE_FLASH_KERNELS=wmma|mma      -> device::request_flash_kernels() (unset: mma)
+//   OUTCORE_CUBLASLT_WORKSPACE_MB=N     -> device::request_gemm_workspace() (unset: 0)
 //
 // Link the CMake target outcore_env_settings.
 #pragma once
@@ -31,6 +32,9 @@ inline void apply_environment_settings() {
   }
   if (const char* kernels = std::getenv("OUTCORE_FLASH_KERNELS")) {
     device::request_flash_kernels(kernels, "OUTCORE_FLASH_KERNELS");
+  }
+  if (const char* mib = std::getenv("OUTCORE_CUBLASLT_WORKSPACE_MB")) {
+    device::request_gemm_workspace(mib, "OUTCORE_CUBLASLT_WORKSPACE_MB");
   }
 }
 

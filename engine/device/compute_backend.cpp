@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -221,10 +222,25 @@ bool fused_attention_shape(const ComputeBackend::Attention& a) {
   return a.B <= 65535 && a.nh <= 65535 && a.T <= (int64_t{1} << 30);  // grid limits
 }
 
-uint64_t gemm_workspace_bytes(uint64_t budget_bytes) {
-  constexpr uint64_t kMax = uint64_t{32} << 20;
-  if (budget_bytes == 0) return kMax;
-  return std::min(kMax, budget_bytes / 64 / kAllocGranularity * kAllocGranularity);
+namespace {
+std::atomic<uint64_t>& gemm_workspace_slot() {
+  static std::atomic<uint64_t> slot{0};
+  return slot;
+}
+}  // namespace
+
+uint64_t gemm_workspace_bytes() { return gemm_workspace_slot().load(std::memory_order_relaxed); }
+
+void request_gemm_workspace(std::string_view text, std::string_view source) {
+  if (text.empty()) return;
+  uint64_t mib = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), mib);
+  if (ec != std::errc() || end != text.data() + text.size() || mib > kMaxGemmWorkspaceMiB) {
+    log::warn("{}={}: not a whole number of MiB from 0 to {}; keeping {} MiB", source, text,
+              kMaxGemmWorkspaceMiB, gemm_workspace_bytes() >> 20);
+    return;
+  }
+  gemm_workspace_slot().store(mib << 20, std::memory_order_relaxed);
 }
 
 uint64_t attention_workspace_bytes(const ComputeBackend::Attention& a) {
@@ -245,7 +261,7 @@ uint64_t token_groups_bytes(int64_t tokens) {
 
 Workspace backend_workspace(DeviceKind kind, const WorkspaceShape& shape) {
   if (kind != DeviceKind::Cuda) return {};
-  return {.gemm = gemm_workspace_bytes(shape.budget_bytes),
+  return {.gemm = gemm_workspace_bytes(),
           .attention = attention_workspace_bytes(shape.attention),
           .ids = 2 * id_slot_bytes(shape.tokens) + token_groups_bytes(shape.tokens),
           .constants = shape.constant_bytes};
@@ -259,7 +275,7 @@ std::shared_ptr<ComputeBackend> make_backend(Device& device) {
 
 namespace {
 std::atomic<FlashKernels>& flash_kernels_slot() {
-  static std::atomic<FlashKernels> slot{FlashKernels::kWmma};
+  static std::atomic<FlashKernels> slot{FlashKernels::kMma};
   return slot;
 }
 }  // namespace

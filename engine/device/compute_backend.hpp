@@ -171,7 +171,6 @@ struct WorkspaceShape {
   ComputeBackend::Attention attention{};  // the decoder's attention (B, T, heads, block, dtype)
   int64_t tokens = 0;                     // B * T: the staged token and target ids
   uint64_t constant_bytes = 0;            // the model's constant tables, charged_bytes each
-  uint64_t budget_bytes = 0;              // the device's byte budget (0: none)
 };
 struct Workspace {
   uint64_t gemm = 0;       // cuBLASLt's workspace (gemm_workspace_bytes)
@@ -181,10 +180,15 @@ struct Workspace {
   uint64_t total() const { return gemm + attention + ids + constants; }
 };
 Workspace backend_workspace(DeviceKind kind, const WorkspaceShape& shape);
-// cuBLASLt's workspace on a device with `budget_bytes` (0: none): 32 MiB (what cuBLASLt's
-// heuristics want on Hopper), at most a 64th of a budget, in whole 4 KiB pages. A smaller
-// workspace only narrows the algorithms cuBLASLt may pick.
-uint64_t gemm_workspace_bytes(uint64_t budget_bytes);
+// cuBLASLt's workspace: none unless a program passes OUTCORE_CUBLASLT_WORKSPACE_MB to
+// request_gemm_workspace (tools/env_settings.hpp; whole MiB, 0 to kMaxGemmWorkspaceMiB; other
+// text keeps the current size with one warning naming `source`). The workspace bounds the
+// algorithms cuBLASLt may pick for a shape, and with them the order of its sums, so it is one
+// size for every placement and budget of a run: a budget-sized workspace made stage 3 under a
+// small budget round differently from stage 1 (decision 032).
+inline constexpr uint64_t kMaxGemmWorkspaceMiB = 1024;
+uint64_t gemm_workspace_bytes();
+void request_gemm_workspace(std::string_view text, std::string_view source);
 // The bytes of each part of backend_workspace: the fp32 attention's score blocks, the fused
 // backward's row sums, an id slot, the token groups' packed array (at most 3n + 1 ints).
 uint64_t attention_workspace_bytes(const ComputeBackend::Attention& a);

@@ -110,14 +110,13 @@ size_t LlamaModel::scratch_bytes() const {
                    detail::embedding_scratch_bytes(config_, options_)});
 }
 
-device::WorkspaceShape LlamaModel::workspace_shape(uint64_t budget_bytes) const {
+device::WorkspaceShape LlamaModel::workspace_shape() const {
   using device::charged_bytes;
   return {.attention = detail::decoder_attention(config_, options_),
           .tokens = tokens(),
           .constant_bytes = charged_bytes(rope_cos_.size() * sizeof(float)) +
                             charged_bytes(rope_sin_.size() * sizeof(float)) +
-                            charged_bytes(ones_.size() * sizeof(float)),
-          .budget_bytes = budget_bytes};
+                            charged_bytes(ones_.size() * sizeof(float))};
 }
 
 float LlamaModel::forward(int unit, const ForwardArgs& args) const {

@@ -339,8 +339,7 @@ class LlamaModel {
   size_t scratch_bytes() const;
   // What the model's computation asks of a backend's device memory besides the buffers above
   // (device::backend_workspace): the attention shape, the tokens staged, the constant tables.
-  // budget_bytes: the device's budget (0: none).
-  device::WorkspaceShape workspace_shape(uint64_t budget_bytes) const;
+  device::WorkspaceShape workspace_shape() const;
 
   // Runs unit `unit`'s forward. Returns the head's mean cross-entropy over its B*T rows, an
   // ignored target's row counting 0 (so a mean over B*T, not over the rows trained on), and writes

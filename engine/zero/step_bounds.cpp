@@ -48,7 +48,7 @@ StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const Lin
 
 device::ComputeBackend::Attention rate_attention(const model::LlamaModel& model,
                                                  int64_t max_tokens) {
-  device::ComputeBackend::Attention a = model.workspace_shape(0).attention;
+  device::ComputeBackend::Attention a = model.workspace_shape().attention;
   a.B = 1;
   a.T = std::min(a.T, std::max<int64_t>(max_tokens, 1));
   a.block = std::min(a.block, a.T);
@@ -73,10 +73,8 @@ void measure_compute_rates(device::Device& device, const model::LlamaModel& mode
         device::attention_flops(device, *backend, rate_attention(model, at.attention_tokens));
 }
 
-uint64_t cuda_workspace_bytes(const config::Config& cfg, const model::LlamaModel& model) {
-  return device::backend_workspace(device::DeviceKind::Cuda,
-                                   model.workspace_shape(cfg.outcore.device_memory_mb << 20))
-      .total();
+uint64_t cuda_workspace_bytes(const model::LlamaModel& model) {
+  return device::backend_workspace(device::DeviceKind::Cuda, model.workspace_shape()).total();
 }
 
 std::optional<StepTimes> shape_times(const config::Config& cfg, const model::LlamaConfig& mc,
@@ -93,7 +91,7 @@ std::optional<StepTimes> shape_times(const config::Config& cfg, const model::Lla
   try {
     const model::LlamaModel m(mc, mo);
     PlanOptions shaped = po;
-    if (!po.device_host_accessible) shaped.compute_workspace_bytes = cuda_workspace_bytes(c, m);
+    if (!po.device_host_accessible) shaped.compute_workspace_bytes = cuda_workspace_bytes(m);
     const Plan plan = make_plan(c, m, shaped);
     PlanLimits limits = system_limits(c, plan);
     if (device_limit > 0) limits.device = device_limit;

@@ -64,9 +64,9 @@ RateShapes rate_shapes(const device::Device& device);
 void measure_compute_rates(device::Device& device, const model::LlamaModel& model,
                            LinkRates& rates);
 
-// What the CUDA backend keeps on a GPU computing `model` under `cfg`'s device budget (the
-// plan's "compute backend" item, device::backend_workspace).
-uint64_t cuda_workspace_bytes(const config::Config& cfg, const model::LlamaModel& model);
+// What the CUDA backend keeps on a GPU computing `model` (the plan's "compute backend" item,
+// device::backend_workspace).
+uint64_t cuda_workspace_bytes(const model::LlamaModel& model);
 
 // The step of `cfg` with its batch keys set to `micro` sequences per micro-batch and `gas`
 // micro-batches per step, for a model of `mc` with `mo` (its micro-batch replaced; on a device

@@ -117,14 +117,14 @@ TEST(Model, WorkspaceShapeGivesTheCudaBackendsBytes) {
   const ModelOptions bf16{
       .micro_batch = 1, .seq_len = 4096, .param_dtype = DType::BF16, .compute_dtype = DType::BF16};
   const LlamaModel m(c, bf16);
-  const device::WorkspaceShape s = m.workspace_shape(0);
+  const device::WorkspaceShape s = m.workspace_shape();
   EXPECT_EQ(s.tokens, 4096);
   EXPECT_EQ(s.attention.nh, 32);
   EXPECT_EQ(s.attention.nkv, 8);
   EXPECT_EQ(s.attention.block, 128);
   EXPECT_EQ(s.constant_bytes, 2u * 4096 * 64 * 4);  // rotary cos and sin, T x hd/2 each
   const device::Workspace w = device::backend_workspace(device::DeviceKind::Cuda, s);
-  EXPECT_EQ(w.gemm, 32u << 20);               // no budget: cuBLASLt's 32 MiB
+  EXPECT_EQ(w.gemm, 0u);                      // cuBLASLt without a workspace unless asked
   EXPECT_EQ(w.attention, 4096u * 32 * 4);     // fused: one fp32 row sum per head and query
   EXPECT_EQ(w.ids, 2 * 16384u + 13u * 4096);  // two id slots, groups of 3n + 1 ints (pages)
   EXPECT_EQ(w.constants, s.constant_bytes);
@@ -135,23 +135,29 @@ TEST(Model, WorkspaceShapeGivesTheCudaBackendsBytes) {
   ModelOptions fp32 = bf16;
   fp32.param_dtype = fp32.compute_dtype = DType::F32;
   const LlamaModel m32(c, fp32);
-  EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, m32.workspace_shape(0)).attention,
+  EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, m32.workspace_shape()).attention,
             2u * 8 * 128 * 4096 * 4);
   // bf16 heads the fused kernels do not take run the default attention on the model's scratch.
   LlamaConfig c48 = small_config(96, 160, 1, 2, 1, 64, false, 48);
   c48.max_position_embeddings = 4096;
   const LlamaModel m48(c48, bf16);
-  EXPECT_FALSE(device::fused_attention_shape(m48.workspace_shape(0).attention));
-  EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, m48.workspace_shape(0)).attention,
+  EXPECT_FALSE(device::fused_attention_shape(m48.workspace_shape().attention));
+  EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, m48.workspace_shape()).attention,
             0u);
 
-  // cuBLASLt's share of a budget: at most a 64th, in whole pages.
-  EXPECT_EQ(device::gemm_workspace_bytes(uint64_t{24000} << 20), 32u << 20);
-  EXPECT_EQ(device::gemm_workspace_bytes(64u << 20), 1u << 20);
-  EXPECT_EQ(device::gemm_workspace_bytes(3u << 19), 24u << 10);
-  EXPECT_EQ(device::gemm_workspace_bytes(200u << 10), 0u);
-  EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, m.workspace_shape(64u << 20)).gemm,
-            1u << 20);
+  // cuBLASLt's workspace: the size asked for (OUTCORE_CUBLASLT_WORKSPACE_MB), the same whatever
+  // the budget; text that is not a size from 0 to 1024 MiB keeps the current one.
+  device::request_gemm_workspace("32", "test");
+  EXPECT_EQ(device::gemm_workspace_bytes(), 32u << 20);
+  EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, s).gemm, 32u << 20);
+  for (const char* bad : {"-1", "4.5", "1025", "32MiB", "x"}) {
+    device::request_gemm_workspace(bad, "test");
+    EXPECT_EQ(device::gemm_workspace_bytes(), 32u << 20) << bad;
+  }
+  device::request_gemm_workspace("", "test");  // empty: unchanged
+  EXPECT_EQ(device::gemm_workspace_bytes(), 32u << 20);
+  device::request_gemm_workspace("0", "test");
+  EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, s).gemm, 0u);
 }
 
 TEST(Model, RepeatedRunsAreBitIdentical) {

@@ -155,7 +155,7 @@ TEST(TrainerOnADevicePlan, TheCudaCaseSumsSomeUnitsOnTheDeviceWithTheBackendsWor
   mo.head_chunk_rows = model::head_rows_for_device(mc, mo, budget);  // as on a GPU
   const model::LlamaModel m(mc, mo);
   const uint64_t workspace =
-      device::backend_workspace(device::DeviceKind::Cuda, m.workspace_shape(budget)).total();
+      device::backend_workspace(device::DeviceKind::Cuda, m.workspace_shape()).total();
   EXPECT_GT(workspace, 0u);
   const zero::Plan plan = zero::make_plan(cfg, m,
                                           {.device_limit_bytes = budget,

@@ -228,7 +228,7 @@ TEST(StepBounds, TheAttentionMeasuredIsTheModelsAndCountsItsFlops) {
   const model::LlamaModel m(tiny_config(true), tiny_options(DType::BF16));
   const int64_t T = m.options().seq_len;
   const device::ComputeBackend::Attention whole = rate_attention(m, 1 << 20);
-  const device::ComputeBackend::Attention model_attention = m.workspace_shape(0).attention;
+  const device::ComputeBackend::Attention model_attention = m.workspace_shape().attention;
   EXPECT_EQ(whole.B, 1);
   EXPECT_EQ(whole.T, T);
   EXPECT_EQ(whole.nh, model_attention.nh);
@@ -252,8 +252,8 @@ TEST(Plan, TheGpuTestsBudgetHoldsTheCudaBackendsWorkspace) {
                                                      ", \"stage3_max_reuse_distance\": 0"));
   const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
   const device::Workspace w =
-      device::backend_workspace(device::DeviceKind::Cuda, model.workspace_shape(budget));
-  EXPECT_EQ(w.gemm, 24u << 10);  // a 64th of the budget
+      device::backend_workspace(device::DeviceKind::Cuda, model.workspace_shape());
+  EXPECT_EQ(w.gemm, 0u);  // cuBLASLt without a workspace (device::gemm_workspace_bytes)
   const Plan p = make_plan(cfg, model,
                            {.device_limit_bytes = budget,
                             .device_host_accessible = false,

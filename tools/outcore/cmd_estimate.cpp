@@ -235,7 +235,7 @@ int run_estimate(const EstimateArgs& a) {
       model::ModelOptions mo = model->options();
       mo.head_chunk_rows = model::head_rows_for_device(mc, mo, po.device_limit_bytes);
       model.emplace(mc, mo);
-      po.compute_workspace_bytes = zero::cuda_workspace_bytes(cfg, *model);
+      po.compute_workspace_bytes = zero::cuda_workspace_bytes(*model);
       std::printf("device     %s: %s free%s\n", dev->description.c_str(),
                   zero::format_bytes(free).c_str(),
                   budget > 0 ? (", budget " + zero::format_bytes(budget)).c_str() : "");

@@ -41,8 +41,7 @@ class CudaBackend final : public ComputeBackend {
     stream_ = device.create_stream("compute");  // makes the device current on this thread
     CUDA_CHECK(cudaGetDevice(&ordinal_));
     handle_ = stream_->native_handle();
-    gemm_workspace_ = device.alloc(gemm_workspace_bytes(device.memory_stats().budget_bytes),
-                                   "cuBLASLt workspace");
+    gemm_workspace_ = device.alloc(gemm_workspace_bytes(), "cuBLASLt workspace");
     gemm_ = std::make_unique<cuda::Gemm>(gemm_workspace_.data(), gemm_workspace_.size());
   }
   ~CudaBackend() override {
