@@ -117,11 +117,13 @@ class ComputeBackend {
   // limit); dp = dL/dprob becomes dL/dscores = prob * (dp - sum(prob * dp)).
   virtual void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
                                        int64_t keys, int64_t first_query) = 0;
-  // row_loss[r] = log-sum-exp(logits[r]) - logits[r, targets[r]]; with `grad`, logits becomes
-  // coef * (softmax - onehot(target)) (left unchanged without). A target < 0 is ignored: the
-  // row's loss is 0 and, with `grad`, its logits become zeros.
+  // row_loss[r] = log-sum-exp(logits[r]) - logits[r, targets[r]]; with `grad`, the gradient
+  // coef * (softmax - onehot(target)) goes into logits, or, when `grad_bf16` is non-null, into
+  // grad_bf16 ([rows, vocab] bf16, rounded to nearest even: the values logits would hold, rounded
+  // as from_fp32 rounds them; logits' contents are then unspecified). Without `grad` logits is
+  // left unchanged. A target < 0 is ignored: the row's loss is 0 and its gradient zeros.
   virtual void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                             float coef, bool grad, float* row_loss) = 0;
+                             float coef, bool grad, float* row_loss, void* grad_bf16) = 0;
   // out[i, :] = table[ids[i], :] as fp32 (table [vocab, hidden] in `dtype` storage).
   virtual void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
                                  int64_t hidden, float* out) = 0;

@@ -135,9 +135,10 @@ void ProfilingBackend::causal_softmax_backward(float* scores, float* dp, const f
   });
 }
 void ProfilingBackend::cross_entropy(float* logits, const int32_t* targets, int64_t rows,
-                                     int64_t vocab, float coef, bool grad, float* row_loss) {
+                                     int64_t vocab, float coef, bool grad, float* row_loss,
+                                     void* grad_bf16) {
   timed(fmt::format("cross_entropy {}x{}", rows, vocab), 0, [&](ComputeBackend& b) {
-    b.cross_entropy(logits, targets, rows, vocab, coef, grad, row_loss);
+    b.cross_entropy(logits, targets, rows, vocab, coef, grad, row_loss, grad_bf16);
   });
 }
 void ProfilingBackend::embedding_forward(const void* table, DType dtype, const int32_t* ids,

@@ -75,7 +75,7 @@ class ProfilingBackend : public ComputeBackend {
   void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
                                int64_t keys, int64_t first_query) override;
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
-                     bool grad, float* row_loss) override;
+                     bool grad, float* row_loss, void* grad_bf16) override;
   void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
                          int64_t hidden, float* out) override;
   void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden,

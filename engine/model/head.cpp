@@ -123,7 +123,7 @@ float head_forward(const UnitContext& ctx, const ForwardArgs& a) {
     float* logits = a.logits != nullptr ? a.logits + c0 * V : w.logits;
     project(ctx, hw, rows_from(ctx, xn, c0), rows, logits, w.wtmp);
     if (targets != nullptr)
-      ctx.be.cross_entropy(logits, targets + c0, rows, V, 0.0f, false, w.row_loss + c0);
+      ctx.be.cross_entropy(logits, targets + c0, rows, V, 0.0f, false, w.row_loss + c0, nullptr);
   }
   return targets != nullptr ? mean_loss(ctx, w.row_loss, N, chunk) : 0.0f;
 }
@@ -158,8 +158,11 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
     const int64_t rows = std::min(chunk, N - c0);
     const Operand xn_rows = rows_from(ctx, xn, c0);
     project(ctx, hw, xn_rows, rows, w.logits, w.wtmp);
-    ctx.be.cross_entropy(w.logits, targets + c0, rows, V, coef, true, w.row_loss + c0);
-    const Operand dlogits = make_operand(ctx, w.logits, rows, V, w.dlogits16);
+    // dlogits: in bf16 compute rounded by the loss kernel itself (no fp32 pass between them).
+    const bool bf16 = bf16_compute(ctx);
+    ctx.be.cross_entropy(w.logits, targets + c0, rows, V, coef, true, w.row_loss + c0,
+                         bf16 ? w.dlogits16 : nullptr);
+    const Operand dlogits{bf16 ? w.dlogits16 : static_cast<const void*>(w.logits), V};
     // dxn = dlogits W; dW += dlogits^T xn, one vocabulary block at a time.
     for (int64_t v0 = 0; v0 < V; v0 += vb) {
       const int64_t n = std::min(vb, V - v0);

@@ -315,13 +315,28 @@ TEST_P(BackendConformance, CrossEntropyLossAndGradientMatchTheHost) {
   }
   DeviceBuffer X = put(logits), X2 = put(logits), T = put(targets),
                RL = put(std::vector<float>(rows)), RL2 = put(std::vector<float>(rows));
-  backend_->cross_entropy(X.as<float>(), T.as<int32_t>(), rows, vocab, coef, true, RL.as<float>());
+  backend_->cross_entropy(X.as<float>(), T.as<int32_t>(), rows, vocab, coef, true, RL.as<float>(),
+                          nullptr);
   backend_->cross_entropy(X2.as<float>(), T.as<int32_t>(), rows, vocab, coef, false,
-                          RL2.as<float>());
+                          RL2.as<float>(), nullptr);
   expect_close(get(RL, rows), loss, tol(1e-5), "loss");
   expect_close(get(RL2, rows), loss_only, tol(1e-5), "loss without gradient");
-  expect_close(get(X, grad.size()), grad, tol(1e-5), "dlogits");
+  const std::vector<float> dlogits = get(X, grad.size());
+  expect_close(dlogits, grad, tol(1e-5), "dlogits");
   expect_close(get(X2, logits.size()), logits, 0.0, "logits untouched without gradient");
+
+  // The gradient rounded to bf16 by the kernel itself: the fp32 gradient's bits, rounded as
+  // from_fp32 rounds them, masked rows zeros; the loss is the same.
+  DeviceBuffer X3 = put(logits), RL3 = put(std::vector<float>(rows)),
+               G = put(std::vector<uint16_t>(grad.size(), 0x7fc1));
+  backend_->cross_entropy(X3.as<float>(), T.as<int32_t>(), rows, vocab, coef, true, RL3.as<float>(),
+                          G.data());
+  const std::vector<uint16_t> g16 = get<uint16_t>(G, grad.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < g16.size(); ++i) differ += g16[i] != kmath::fp32_to_bf16(dlogits[i]);
+  EXPECT_EQ(differ, 0u) << "of " << g16.size() << " bf16 gradients";
+  EXPECT_EQ(g16[1 * vocab + 7], 0u) << "a masked row's gradient";
+  expect_close(get(RL3, rows), get(RL, rows), 0.0, "loss with the bf16 gradient");
 }
 
 TEST_P(BackendConformance, EmbeddingGatherAndScatterAddAreExact) {

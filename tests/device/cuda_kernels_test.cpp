@@ -281,6 +281,20 @@ TEST_F(CudaKernels, CrossEntropyLossAndGradientMatchTheHost) {
   expect_close(RL2.host(), loss, 1e-5, "loss without gradient");
   expect_close(X.host(), grad, 1e-5, "dlogits");
   expect_close(X2.host(), logits, 0.0, "logits untouched without gradient");
+
+  // The gradient rounded to bf16 in the kernel: the fp32 kernel's bits rounded, masked rows
+  // zeros, the logits and the loss as they were.
+  Dev<float> X3(logits), RL3(rows);
+  Dev<uint16_t> G(std::vector<uint16_t>(logits.size(), 0x7fc1));
+  cross_entropy(X3.get(), T.get(), rows, vocab, coef, true, RL3.get(), nullptr, G.get());
+  const std::vector<float> dlogits = X.host();
+  const std::vector<uint16_t> g16 = G.host();
+  size_t differ = 0;
+  for (size_t i = 0; i < g16.size(); ++i) differ += g16[i] != kmath::fp32_to_bf16(dlogits[i]);
+  EXPECT_EQ(differ, 0u) << "of " << g16.size() << " bf16 gradients";
+  EXPECT_EQ(g16[3 * vocab + 5], 0u) << "a masked row's gradient";
+  expect_close(RL3.host(), RL.host(), 0.0, "loss with the bf16 gradient");
+  expect_close(X3.host(), logits, 0.0, "logits kept with the bf16 gradient");
 }
 
 TEST_F(CudaKernels, GradientAccumulationNormAndNonfiniteCount) {

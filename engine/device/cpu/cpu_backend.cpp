@@ -100,23 +100,24 @@ class CpuBackend final : public ComputeBackend {
   }
 
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
-                     bool grad, float* row_loss) override {
+                     bool grad, float* row_loss, void* grad_bf16) override {
     for (int64_t r = 0; r < rows; ++r) {
       float* row = logits + r * vocab;
       const int32_t t = targets[r];
       if (kmath::xent_ignored(t)) {
         row_loss[r] = 0.0f;
         if (grad) std::fill(row, row + vocab, 0.0f);
-        continue;
-      }
-      if (!grad) {
+      } else if (!grad) {
         row_loss[r] = kmath::xent_loss(cpu::log_sum_exp(row, vocab), row[t]);
-        continue;
+      } else {
+        const float target_logit = row[t];
+        row_loss[r] = kmath::xent_loss(cpu::softmax_inplace(row, vocab), target_logit);
+        for (int64_t j = 0; j < vocab; ++j) row[j] = kmath::xent_scale(row[j], coef);
+        row[t] = kmath::xent_target(row[t], coef);
       }
-      const float target_logit = row[t];
-      row_loss[r] = kmath::xent_loss(cpu::softmax_inplace(row, vocab), target_logit);
-      for (int64_t j = 0; j < vocab; ++j) row[j] = kmath::xent_scale(row[j], coef);
-      row[t] = kmath::xent_target(row[t], coef);
+      // The row's gradient, rounded while it is in cache.
+      if (grad && grad_bf16 != nullptr)
+        cpu::from_fp32(row, static_cast<uint16_t*>(grad_bf16) + r * vocab, DType::BF16, vocab);
     }
   }
 
@@ -253,9 +254,10 @@ class DiscreteCpuBackend final : public ComputeBackend {
     });
   }
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
-                     bool grad, float* row_loss) override {
-    run([=, this, logits = v(logits), targets = v(targets), row_loss = v(row_loss)] {
-      cpu_.cross_entropy(logits, targets, rows, vocab, coef, grad, row_loss);
+                     bool grad, float* row_loss, void* grad_bf16) override {
+    run([=, this, logits = v(logits), targets = v(targets), row_loss = v(row_loss),
+         grad_bf16 = v(grad_bf16)] {
+      cpu_.cross_entropy(logits, targets, rows, vocab, coef, grad, row_loss, grad_bf16);
     });
   }
   void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,

@@ -158,8 +158,9 @@ class CudaBackend final : public ComputeBackend {
     cuda::causal_softmax_backward(scores, dp, lse, 1, rows, keys, first_query, handle_);
   }
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
-                     bool grad, float* row_loss) override {
-    cuda::cross_entropy(logits, targets, rows, vocab, coef, grad, row_loss, handle_);
+                     bool grad, float* row_loss, void* grad_bf16) override {
+    cuda::cross_entropy(logits, targets, rows, vocab, coef, grad, row_loss, handle_,
+                        static_cast<uint16_t*>(grad_bf16));
   }
   void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
                          int64_t hidden, float* out) override {

@@ -276,14 +276,27 @@ __global__ void causal_softmax_backward_kernel(float* scores, float* dp, const f
 
 // --- cross-entropy: one block per row --------------------------------------------------------
 
+// The gradient of row element j: into the logits, or rounded to bf16 into grad_bf16's row.
+struct XentGrad {
+  float* x;
+  uint16_t* g;  // null: into x
+  __device__ void put(int64_t j, float v) const {
+    if (g != nullptr)
+      g[j] = kmath::fp32_to_bf16(v);
+    else
+      x[j] = v;
+  }
+};
+
 __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int64_t vocab,
-                                     float coef, bool grad, float* row_loss) {
+                                     float coef, bool grad, float* row_loss, uint16_t* grad_bf16) {
   float* x = logits + blockIdx.x * vocab;
+  const XentGrad out{x, grad_bf16 != nullptr ? grad_bf16 + blockIdx.x * vocab : nullptr};
   const int32_t t = targets[blockIdx.x];
   if (kmath::xent_ignored(t)) {  // the whole block takes this branch
     if (threadIdx.x == 0) row_loss[blockIdx.x] = 0.0f;
     if (grad)
-      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) x[j] = 0.0f;
+      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) out.put(j, 0.0f);
     return;
   }
   const float target_logit = x[t];
@@ -299,7 +312,7 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
   const float inv = 1.0f / sum;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     const float g = kmath::xent_scale(kmath::softmax_exp(x[j], m) * inv, coef);
-    x[j] = j == t ? kmath::xent_target(g, coef) : g;
+    out.put(j, j == t ? kmath::xent_target(g, coef) : g);
   }
 }
 
@@ -450,11 +463,11 @@ void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t
 }
 
 void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
-                   bool grad, float* row_loss, StreamHandle s) {
+                   bool grad, float* row_loss, StreamHandle s, uint16_t* grad_bf16) {
   if (rows == 0) return;
   check_rows(rows, "cross_entropy");
   cross_entropy_kernel<<<static_cast<unsigned>(rows), kThreads, 0, native(s)>>>(
-      logits, targets, vocab, coef, grad, row_loss);
+      logits, targets, vocab, coef, grad, row_loss, grad_bf16);
   LAUNCHED();
 }
 

@@ -99,9 +99,11 @@ void flash_attention_backward(const uint16_t* q, const uint16_t* k, const uint16
 // --- cross-entropy head ----------------------------------------------------------------------
 
 // For each of `rows` rows of logits [rows, vocab]: row_loss[r] = lse - logits[r, targets[r]].
-// With `grad`, logits becomes coef * (softmax - onehot(target)) (xent_scale, xent_target).
+// With `grad`, logits becomes coef * (softmax - onehot(target)) (xent_scale, xent_target), or,
+// with `grad_bf16`, that gradient goes there rounded to bf16 (fp32_to_bf16) and logits keeps
+// the logits.
 void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
-                   bool grad, float* row_loss, StreamHandle stream);
+                   bool grad, float* row_loss, StreamHandle stream, uint16_t* grad_bf16 = nullptr);
 
 // --- gradient checks -------------------------------------------------------------------------
 
