@@ -5,6 +5,9 @@
 #   ./dev.sh build  install and build only
 #   ./dev.sh gpu    on a machine with a GPU: doctor, the GPU tests, the demo and benchmarks on it
 #   ./dev.sh gpu-check  the same verdicts on a tree already built (no install, no build)
+#   ./dev.sh gpu-pack   on a built tree: the GPU verdicts' programs and libraries in one archive
+#   ./dev.sh gpu-unpack ARCHIVE  on a GPU machine without the build's packages: ./dev.sh gpu-check
+#                   on the programs of that archive
 #   ./dev.sh gpu-large  on a built tree with a GPU: a 5.2B model larger than a 24 GB device budget,
 #                   at the tokens per step outcore estimate recommends there, with a trace
 #                   (about 60 GiB of swap under OUTCORE_SWAP_DIR, default $BUILD_DIR/gpu_large)
@@ -193,6 +196,46 @@ run_gpu_large() {
     --ref-gib 2 --compute-reps 1 --trace "$out/large_trace.json" --nvme "$out/swap"
 }
 
+# The GPU verdicts' programs (outcore, the benchmarks, the GPU tests), every ctest file and the
+# shared libraries they load from outside glibc, libstdc++ and CUDA, in one archive: for a GPU
+# machine that has CUDA but not the build's packages. gpu-unpack, in a checkout of the same tree
+# there, puts them back (linking the path the tree was built at to that checkout when they
+# differ, since ctest and the tests name it) and runs the verdicts.
+GPU_PROGRAMS=(bin/outcore bench/zero/zero_bench bench/zero/zero_large_bench bench/model/model_bench
+  tests/device/test_cuda_device tests/device/test_backend_conformance
+  tests/device/test_cuda_kernels tests/trainer/test_trainer_gpu tests/zero/test_zero_gpu
+  tests/comm/test_comm_nccl)
+gpu_pack() {
+  local staged p
+  staged=$(mktemp -d)
+  mkdir -p "$staged/$BUILD_DIR/gpu_libs"
+  for p in "${GPU_PROGRAMS[@]}"; do
+    mkdir -p "$staged/$BUILD_DIR/$(dirname "$p")"
+    strip -o "$staged/$BUILD_DIR/$p" "$BUILD_DIR/$p"
+    ldd "$BUILD_DIR/$p" | awk '/=> \//{print $3}'
+  done | sort -u |
+    grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so|/cuda' |
+    xargs -r cp -L -t "$staged/$BUILD_DIR/gpu_libs"
+  (cd "$BUILD_DIR" && find . -name CTestTestfile.cmake -o -name '*_tests.cmake' -o \
+    -name '*_include.cmake') | (cd "$BUILD_DIR" && tar cf - -T -) | tar xf - -C "$staged/$BUILD_DIR"
+  pwd > "$staged/$BUILD_DIR/gpu_source_dir"
+  tar cJf "$BUILD_DIR/gpu_pack.tar.xz" -C "$staged" .
+  rm -rf "$staged"
+  echo "==> $BUILD_DIR/gpu_pack.tar.xz ($(du -h "$BUILD_DIR/gpu_pack.tar.xz" | cut -f1)):" \
+    "./dev.sh gpu-unpack ARCHIVE in a checkout of this tree on the GPU machine"
+}
+gpu_unpack() {
+  local archive=${1:?usage: ./dev.sh gpu-unpack ARCHIVE} built
+  tar xJf "$archive"
+  built=$(cat "$BUILD_DIR/gpu_source_dir")
+  if [[ $built != "$PWD" && ! -e $built ]]; then
+    mkdir -p "$(dirname "$built")"
+    ln -s "$PWD" "$built"
+  fi
+  export LD_LIBRARY_PATH=$PWD/$BUILD_DIR/gpu_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  run_gpu
+}
+
 run_demo() {
   "$BUILD_DIR/bin/outcore" demo --work-dir "$BUILD_DIR/demo"
 }
@@ -204,5 +247,7 @@ case "${1:-}" in
   gpu) install_deps; install_node_oracle; build; run_gpu ;;
   gpu-check) run_gpu ;;
   gpu-large) run_gpu_large ;;
-  *) echo "usage: $0 demo|test|build|gpu|gpu-check|gpu-large" >&2; exit 2 ;;
+  gpu-pack) gpu_pack ;;
+  gpu-unpack) shift; gpu_unpack "$@" ;;
+  *) echo "usage: $0 demo|test|build|gpu|gpu-check|gpu-large|gpu-pack|gpu-unpack ARCHIVE" >&2; exit 2 ;;
 esac
