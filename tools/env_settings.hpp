@@ -1,6 +1,7 @@
 // The settings the libraries take as arguments but users give through the environment, read
-// in one place. Only programs (tools/, bench/, examples/ and the Python module) include this:
-// no library reads the environment.
+// in one place. Only programs (tools/, bench/, examples/, the Python module and the test
+// programs' main, which applies the compute backend's part) include this: no library reads the
+// environment.
 //
 //   OUTCORE_AIO_BACKEND=io_uring|sync   -> aio::request_backend() (unset: chosen automatically)
 //   OUTCORE_CPU_ADAM_ISA=scalar|avx2|avx512 -> cpu_adam::request_isa() (unset: best the CPU runs)
@@ -18,6 +19,18 @@
 
 namespace outcore::tools {
 
+// The compute backend's settings alone (the attention kernels, cuBLASLt's workspace): what the
+// test programs' main takes too, so that `./dev.sh gpu` runs the GPU tests with either.
+// Never throws.
+inline void apply_compute_settings() {
+  if (const char* kernels = std::getenv("OUTCORE_FLASH_KERNELS")) {
+    device::request_flash_kernels(kernels, "OUTCORE_FLASH_KERNELS");
+  }
+  if (const char* mib = std::getenv("OUTCORE_CUBLASLT_WORKSPACE_MB")) {
+    device::request_gemm_workspace(mib, "OUTCORE_CUBLASLT_WORKSPACE_MB");
+  }
+}
+
 // Passes the variables to their libraries, naming each variable as the source of its value
 // so that errors and warnings name it. Call it at the start of main (before any aio::Engine or
 // cpu_adam kernel call). A bad value is reported where the library reports it: the aio backend
@@ -30,12 +43,7 @@ inline void apply_environment_settings() {
   if (const char* isa = std::getenv("OUTCORE_CPU_ADAM_ISA")) {
     cpu_adam::request_isa(isa, "OUTCORE_CPU_ADAM_ISA");
   }
-  if (const char* kernels = std::getenv("OUTCORE_FLASH_KERNELS")) {
-    device::request_flash_kernels(kernels, "OUTCORE_FLASH_KERNELS");
-  }
-  if (const char* mib = std::getenv("OUTCORE_CUBLASLT_WORKSPACE_MB")) {
-    device::request_gemm_workspace(mib, "OUTCORE_CUBLASLT_WORKSPACE_MB");
-  }
+  apply_compute_settings();
 }
 
 }  // namespace outcore::tools
