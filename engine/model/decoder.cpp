@@ -154,15 +154,10 @@ const float* norm_weight(const UnitContext& ctx, const void* params, int i, floa
 }
 
 // Where forward writes the fp32 value of the Saved operand `saved`: `saved` itself in fp32
-// compute, Work::act in bf16 compute (then kept by keep()).
+// compute, Work::act in bf16 compute, whence make_operand rounds it into `saved` (in fp32
+// compute make_operand returns it as it is).
 float* fp32_of(const UnitContext& ctx, void* saved, const Work& w) {
   return bf16_compute(ctx) ? w.act : static_cast<float*>(saved);
-}
-// In bf16 compute, rounds `x` (n values, from fp32_of) into `saved`; returns `saved` as an
-// operand with leading dimension ld.
-Operand keep(const UnitContext& ctx, const float* x, void* saved, int64_t n, int64_t ld) {
-  if (bf16_compute(ctx)) ctx.be.from_fp32(x, saved, DType::BF16, n);
-  return {saved, ld};
 }
 
 // The forward proper. Writes Saved; writes the layer output to `out` when non-null.
@@ -176,8 +171,9 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
   };
   float* y = fp32_of(ctx, s.xn1, w);
   be.rmsnorm_forward(x, norm_weight(ctx, params, kInNorm, w.wn1), eps, d.N, d.H, y, s.rstd1);
-  const Operand xn = keep(ctx, y, s.xn1, d.N * d.H, d.H);
-  // q and k: projection (+ bias), per-head norm (qk_norm), RoPE, kept; v: projection (+ bias).
+  const Operand xn = make_operand(ctx, y, d.N, d.H, s.xn1);
+  // q and k: projection (+ bias), per-head norm (qk_norm), RoPE, kept; v: projection (+ bias),
+  // kept.
   struct Projection {
     int weight, bias, norm;
     int64_t cols, heads;
@@ -198,23 +194,23 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
       be.rmsnorm_forward(p.raw, norm_weight(ctx, params, p.norm, p.wnorm), eps, d.N * p.heads, d.hd,
                          t, p.rstd);
     if (p.norm >= 0) be.rope(t, d.N, d.T, p.heads, d.hd, ctx.rope_cos, ctx.rope_sin, false);
-    keep(ctx, t, p.saved, d.N * p.cols, p.cols);
+    make_operand(ctx, t, d.N, p.cols, p.saved);
   }
   float* attn = fp32_of(ctx, s.attn, w);
   be.attention_forward(attention_of(d, ctx.opt), s.q, s.k, s.v, s.lse, attn, w.scores, w.lowp);
-  const Operand attn_op = keep(ctx, attn, s.attn, d.N * d.Q, d.Q);
+  const Operand attn_op = make_operand(ctx, attn, d.N, d.Q, s.attn);
 
   be.copy(s.h, x, sizeof(float) * d.N * d.H);
   matmul(ctx, false, true, d.N, d.H, d.Q, 1.0f, attn_op, W(kO, d.Q), 1.0f, s.h, d.H);
 
   y = fp32_of(ctx, s.xn2, w);
   be.rmsnorm_forward(s.h, norm_weight(ctx, params, kPostNorm, w.wn2), eps, d.N, d.H, y, s.rstd2);
-  const Operand xn2 = keep(ctx, y, s.xn2, d.N * d.H, d.H);
+  const Operand xn2 = make_operand(ctx, y, d.N, d.H, s.xn2);
   matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn2, W(kGate, d.H), 0.0f, s.g, d.I);
   matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn2, W(kUp, d.H), 0.0f, s.u, d.I);
   float* act = fp32_of(ctx, s.a, w);
   be.swiglu_forward(s.g, s.u, act, d.N * d.I);
-  const Operand a = keep(ctx, act, s.a, d.N * d.I, d.I);
+  const Operand a = make_operand(ctx, act, d.N, d.I, s.a);
   if (out == nullptr) return;  // recomputation for backward needs no output
   be.copy(out, s.h, sizeof(float) * d.N * d.H);
   matmul(ctx, false, true, d.N, d.H, d.I, 1.0f, a, W(kDown, d.I), 1.0f, out, d.H);
