@@ -54,8 +54,7 @@ PlanOptions engine_plan_options(device::Device& device, const model::LlamaModel&
                  .gradients = gradients,
                  .device_host_accessible = device.host_accessible()};
   if (model.backend().device() == &device)  // a backend on another device charges that one
-    po.compute_workspace_bytes =
-        model.backend().workspace_bytes(model.workspace_shape());
+    po.compute_workspace_bytes = model.backend().workspace_bytes(model.workspace_shape());
   po.device_limit_bytes =
       device_limit(device, backend_held(device, model), &po.device_reserve_bytes);
   return po;
