@@ -17,6 +17,9 @@
 //   void copy16_async(void* dst, const void* src)   cp.async.cg 16 bytes, global to shared
 //   void wait_all()                           cp.async.wait_all: this thread's copies have landed
 //   void zero16(void* dst)                    16 zero bytes into shared memory
+//   float exp2(float v)                       2^v: ex2.approx.ftz on a GPU, a few units in the
+//                                             last place from the host's exp2f
+//   uint32_t pack_bf16x2(float lo, float hi)  cvt.rn.bf16x2.f32: both rounded to nearest even
 // The fragment layouts are PTX's: lane l is in group g = l / 4 at position t = l % 4; an
 // accumulator d holds rows g and g + 8, columns 2t and 2t + 1 (d[0], d[1] on row g); an A
 // operand holds (row g, columns 2t..2t+1), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..) as
@@ -28,7 +31,11 @@
 // The rounding points are the default attention's (compute_backend.hpp), as in the WMMA
 // kernels: the forward finds each row's max and sum in a first pass over the keys and rounds
 // p = exp(s - max) / sum to bf16 in a second; the backward rounds p = exp(s - lse) and
-// ds = p (dp - D) with D = sum(p dp) found in a pass of its own. Tiles come from global memory
+// ds = p (dp - D) with D = sum(p dp) found in a pass of its own. The exponentials are the
+// hardware's: each is 2^(s * scale * log2(e) - m) with the row's m kept in that base-2 domain,
+// one fma and one ex2 per score (the host's exp polynomial would cost more than the products).
+// Only the tiles that the causal diagonal (or the sequence's end) crosses test each element
+// against the mask; the others take every element. Tiles come from global memory
 // through cp.async, the next one on its way while the current one computes: each load waits
 // (wait_all, then a barrier) before its tile is read, and is issued only after a barrier that
 // follows the last read of the buffer it fills. Work split, each output written by one block
@@ -192,21 +199,36 @@ OUTCORE_TILE void product_pb(X& x, float (&acc)[HD / 8][4], const uint32_t (&p)[
                  reinterpret_cast<const uint32_t(&)[1][K][4]>(p), b_tile, lane);
 }
 
-OUTCORE_TILE uint32_t pack_bf16(float lo, float hi) {
-  return uint32_t(kmath::fp32_to_bf16(lo)) | (uint32_t(kmath::fp32_to_bf16(hi)) << 16);
-}
-
 // Accumulators of N = 2K tiles of 8 columns (one 16-row strip) as the A operands of K products
 // of 16 columns, each value first through f(value, tile, element).
-template <int K, class F>
-OUTCORE_TILE void to_operands(uint32_t (&a)[K][4], const float (&c)[2 * K][4], F f) {
+template <int K, class X, class F>
+OUTCORE_TILE void to_operands(X& x, uint32_t (&a)[K][4], const float (&c)[2 * K][4], F f) {
   OUTCORE_UNROLL
   for (int k = 0; k < K; ++k) {
-    a[k][0] = pack_bf16(f(c[2 * k][0], 2 * k, 0), f(c[2 * k][1], 2 * k, 1));
-    a[k][1] = pack_bf16(f(c[2 * k][2], 2 * k, 2), f(c[2 * k][3], 2 * k, 3));
-    a[k][2] = pack_bf16(f(c[2 * k + 1][0], 2 * k + 1, 0), f(c[2 * k + 1][1], 2 * k + 1, 1));
-    a[k][3] = pack_bf16(f(c[2 * k + 1][2], 2 * k + 1, 2), f(c[2 * k + 1][3], 2 * k + 1, 3));
+    a[k][0] = x.pack_bf16x2(f(c[2 * k][0], 2 * k, 0), f(c[2 * k][1], 2 * k, 1));
+    a[k][1] = x.pack_bf16x2(f(c[2 * k][2], 2 * k, 2), f(c[2 * k][3], 2 * k, 3));
+    a[k][2] = x.pack_bf16x2(f(c[2 * k + 1][0], 2 * k + 1, 0), f(c[2 * k + 1][1], 2 * k + 1, 1));
+    a[k][3] = x.pack_bf16x2(f(c[2 * k + 1][2], 2 * k + 1, 2), f(c[2 * k + 1][3], 2 * k + 1, 3));
   }
+}
+
+// Scores to the base-2 domain of X::exp2: exp(scale s - m) = 2^(s (scale log2 e) - m log2 e).
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.693147180559945309f;
+
+// f(Full<true>{}) for a tile whose every element is inside the mask, f(Full<false>{}) for one
+// that the diagonal or the sequence's end crosses: `full || valid(...)` then folds to no test at
+// all on the first.
+template <bool B>
+struct Full {
+  OUTCORE_TILE constexpr operator bool() const { return B; }
+};
+template <class F>
+OUTCORE_TILE void masked_or_full(bool full, F f) {
+  if (full)
+    f(Full<true>{});
+  else
+    f(Full<false>{});
 }
 
 template <int N>
@@ -262,6 +284,7 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
     return t[r][half] < g.T && kt * kRows + 8 * n + 2 * tc + e <= t[r][half];
   };
   const uint16_t* Qw = Qs + 16 * R * w * L::kLd;
+  const float sl2 = g.scale * kLog2e;
 
   const auto load_step = [&](int i) {
     if (i >= 2 * tiles) return;
@@ -271,8 +294,10 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
 
   load_rows<HD>(x, Qs, qb, Q, q0, kForwardRows, g.T);
   load_step(0);
-  // Pass 1: each row's max and sum of exp(s - max), online. Rows beyond T see no valid key; their
-  // max and sum are never used. A warp skips the tiles wholly after its queries.
+  // Pass 1: each row's max (m, of s * sl2) and sum of 2^(s sl2 - m), online. Rows beyond T see
+  // no valid key; their max and sum are never used. A warp skips the tiles wholly after its
+  // queries; a tile wholly at or below its first query needs no mask (scale > 0, so the max of
+  // s * sl2 is sl2 times the max of s).
   float m[R][2], sum[R][2];
   OUTCORE_UNROLL
   for (int r = 0; r < R; ++r) m[r][0] = m[r][1] = -INFINITY, sum[r][0] = sum[r][1] = 0.0f;
@@ -284,39 +309,39 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
     OUTCORE_UNROLL
     for (int r = 0; r < R; ++r) zero(s[r]);
     product_abt<HD>(x, s, Qw, Kbuf(kt), lane);
-    OUTCORE_UNROLL
-    for (int r = 0; r < R; ++r) OUTCORE_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      float tile_max = -INFINITY;
+    masked_or_full(kt * kRows + kRows - 1 <= w0, [&](auto full) {
       OUTCORE_UNROLL
-      for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
-      for (int e = 0; e < 2; ++e)
-        if (valid(r, half, kt, n, e)) tile_max = fmaxf(tile_max, g.scale * s[r][n][2 * half + e]);
-      const float m_new = fmaxf(m[r][half], row_max(x, tile_max));
-      float part = 0.0f;
-      OUTCORE_UNROLL
-      for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
-      for (int e = 0; e < 2; ++e)
-        if (valid(r, half, kt, n, e))
-          part += kmath::softmax_exp(g.scale * s[r][n][2 * half + e], m_new);
-      part = row_sum(x, part);
-      if (t[r][half] < g.T)
-        sum[r][half] = sum[r][half] * kmath::softmax_exp(m[r][half], m_new) + part;
-      m[r][half] = m_new;
-    }
+      for (int r = 0; r < R; ++r) OUTCORE_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        float tile_max = -INFINITY;
+        OUTCORE_UNROLL
+        for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
+        for (int e = 0; e < 2; ++e)
+          if (full || valid(r, half, kt, n, e)) tile_max = fmaxf(tile_max, s[r][n][2 * half + e]);
+        const float m_new = fmaxf(m[r][half], row_max(x, tile_max) * sl2);
+        float part = 0.0f;
+        OUTCORE_UNROLL
+        for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
+        for (int e = 0; e < 2; ++e)
+          if (full || valid(r, half, kt, n, e))
+            part += x.exp2(fmaf(s[r][n][2 * half + e], sl2, -m_new));
+        part = row_sum(x, part);
+        if (t[r][half] < g.T) sum[r][half] = sum[r][half] * x.exp2(m[r][half] - m_new) + part;
+        m[r][half] = m_new;
+      }
+    });
   }
-  float inv[R][2];
+  // m becomes the row's log-sum-exp in base 2: exp(s - max) / sum = 2^(s sl2 - m).
   OUTCORE_UNROLL
   for (int r = 0; r < R; ++r) OUTCORE_UNROLL
   for (int half = 0; half < 2; ++half) {
-    inv[r][half] = 1.0f / sum[r][half];
+    m[r][half] += log2f(sum[r][half]);
     if (t[r][half] < g.T && tc == 0)
-      lse[(int64_t(b) * g.nh + h) * g.T + t[r][half]] =
-          kmath::softmax_lse(m[r][half], sum[r][half]);
+      lse[(int64_t(b) * g.nh + h) * g.T + t[r][half]] = m[r][half] * kLn2;
   }
 
-  // Pass 2: p = exp(s - max) / sum rounded to bf16, then attn += p v, 32 keys at a time (the
-  // warp's 32 x HD output holds half its registers).
+  // Pass 2: p = exp(s - max) / sum rounded to bf16, then attn += p v, 16 keys at a time (the
+  // warp's 32 x HD output holds half its registers; 32 keys at a time spill more).
   float o[R][HD / 8][4];
   OUTCORE_UNROLL
   for (int r = 0; r < R; ++r) zero(o[r]);
@@ -324,22 +349,24 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
     landed(x);
     load_step(tiles + kt + 1);
     if (kt >= warp_tiles) continue;
-    OUTCORE_UNROLL
-    for (int kh = 0; kh < 2; ++kh) {
-      float s[R][4][4];
+    masked_or_full(kt * kRows + kRows - 1 <= w0, [&](auto full) {
       OUTCORE_UNROLL
-      for (int r = 0; r < R; ++r) zero(s[r]);
-      product_abt<HD>(x, s, Qw, Kbuf(tiles + kt) + 32 * kh * L::kLd, lane);
-      uint32_t p[R][2][4];
-      OUTCORE_UNROLL
-      for (int r = 0; r < R; ++r)
-        to_operands(p[r], s[r], [&](float sv, int n, int e) {
-          return valid(r, e / 2, kt, 4 * kh + n, e % 2)
-                     ? kmath::softmax_exp(g.scale * sv, m[r][e / 2]) * inv[r][e / 2]
-                     : 0.0f;
-        });
-      product_pb<HD>(x, o, p, Vbuf(tiles + kt) + 32 * kh * L::kLd, lane);
-    }
+      for (int kh = 0; kh < 4; ++kh) {
+        float s[R][2][4];
+        OUTCORE_UNROLL
+        for (int r = 0; r < R; ++r) zero(s[r]);
+        product_abt<HD>(x, s, Qw, Kbuf(tiles + kt) + 16 * kh * L::kLd, lane);
+        uint32_t p[R][1][4];
+        OUTCORE_UNROLL
+        for (int r = 0; r < R; ++r)
+          to_operands(x, p[r], s[r], [&](float sv, int n, int e) {
+            return full || valid(r, e / 2, kt, 2 * kh + n, e % 2)
+                       ? x.exp2(fmaf(sv, sl2, -m[r][e / 2]))
+                       : 0.0f;
+          });
+        product_pb<HD>(x, o, p, Vbuf(tiles + kt) + 16 * kh * L::kLd, lane);
+      }
+    });
   }
   OUTCORE_UNROLL
   for (int r = 0; r < R; ++r) OUTCORE_UNROLL
@@ -372,9 +399,10 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
   const int tiles = last_tile(q0, g.T);
   const int t[2] = {q0 + 16 * w + gr, q0 + 16 * w + gr + 8};
   const int64_t rows_at = (int64_t(b) * g.nh + h) * g.T;
-  float l[2];
+  const float sl2 = g.scale * kLog2e;
+  float l[2];  // lse * log2 e: p = 2^(s sl2 - l)
   OUTCORE_UNROLL
-  for (int r = 0; r < 2; ++r) l[r] = t[r] < g.T ? lse[rows_at + t[r]] : 0.0f;
+  for (int r = 0; r < 2; ++r) l[r] = t[r] < g.T ? lse[rows_at + t[r]] * kLog2e : 0.0f;
   auto valid = [&](int kt, int n, int e) {
     const int r = e / 2;
     return t[r] < g.T && kt * kRows + 8 * n + 2 * tc + e % 2 <= t[r];
@@ -399,15 +427,19 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
   load_rows<HD>(x, Qs, q + q_at, Q, q0, kRows, g.T);
   load_rows<HD>(x, Ds, dattn + q_at, Q, q0, kRows, g.T);
   load_pair(0);
+  // Key tile kt wholly at or below the warp's first query: no mask.
+  const auto full_tile = [&](int kt) { return kt * kRows + kRows - 1 <= q0 + 16 * w; };
   // Pass 1: D = sum over keys of p * dp, p = exp(s - lse) in fp32.
   float dot[2] = {0.0f, 0.0f};
   for (int kt = 0; kt < tiles; ++kt) {
     float s[8][4], dp[8][4];
     scores(kt, s, dp);
-    OUTCORE_UNROLL
-    for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
-    for (int e = 0; e < 4; ++e)
-      if (valid(kt, n, e)) dot[e / 2] += kmath::softmax_exp(g.scale * s[n][e], l[e / 2]) * dp[n][e];
+    masked_or_full(full_tile(kt), [&](auto full) {
+      OUTCORE_UNROLL
+      for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
+      for (int e = 0; e < 4; ++e)
+        if (full || valid(kt, n, e)) dot[e / 2] += x.exp2(fmaf(s[n][e], sl2, -l[e / 2])) * dp[n][e];
+    });
   }
   OUTCORE_UNROLL
   for (int r = 0; r < 2; ++r) {
@@ -422,15 +454,17 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
     float s[8][4], dp[8][4];
     scores(tiles + kt, s, dp);
     // ds in place of s (to_operands reads each element once, with its dp beside it).
-    OUTCORE_UNROLL
-    for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
-    for (int e = 0; e < 4; ++e)
-      s[n][e] = valid(kt, n, e)
-                    ? kmath::softmax_grad(kmath::softmax_exp(g.scale * s[n][e], l[e / 2]), dp[n][e],
-                                          dot[e / 2])
-                    : 0.0f;
+    masked_or_full(full_tile(kt), [&](auto full) {
+      OUTCORE_UNROLL
+      for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
+      for (int e = 0; e < 4; ++e)
+        s[n][e] = full || valid(kt, n, e)
+                      ? kmath::softmax_grad(x.exp2(fmaf(s[n][e], sl2, -l[e / 2])), dp[n][e],
+                                            dot[e / 2])
+                      : 0.0f;
+    });
     uint32_t ds[4][4];
-    to_operands(ds, s, [](float sv, int, int) { return sv; });
+    to_operands(x, ds, s, [](float sv, int, int) { return sv; });
     product_pb<HD>(x, acc, ds, Ks(tiles + kt), lane);
   }
   OUTCORE_UNROLL
@@ -481,11 +515,12 @@ OUTCORE_TILE void backward_dkv_block(X& x, const uint16_t* q, const uint16_t* k,
     load_rows<HD>(x, st.Qs, q + q_at, Q, q0, kDkvQueries, g.T);
     load_rows<HD>(x, st.Ds, dattn + q_at, Q, q0, kDkvQueries, g.T);
     for (int r = x.thread(); r < kDkvQueries; r += kThreads) {
-      st.lse_s[r] = q0 + r < g.T ? lse[rows_at + q0 + r] : 0.0f;
+      st.lse_s[r] = q0 + r < g.T ? lse[rows_at + q0 + r] * kLog2e : 0.0f;
       st.d_s[r] = q0 + r < g.T ? drow[rows_at + q0 + r] : 0.0f;
     }
   };
   const int key[2] = {k0 + 16 * w + gr, k0 + 16 * w + gr + 8};  // the lane's two keys
+  const float sl2 = g.scale * kLog2e;
 
   load_rows<HD>(x, Ks, k + kv_at, KV, k0, kRows, g.T);
   load_rows<HD>(x, Vs, v + kv_at, KV, k0, kRows, g.T);
@@ -504,18 +539,22 @@ OUTCORE_TILE void backward_dkv_block(X& x, const uint16_t* q, const uint16_t* k,
     zero(dp);
     product_abt<HD>(x, s, Ks + 16 * w * L::kLd, st.Qs, lane);
     product_abt<HD>(x, dp, Vs + 16 * w * L::kLd, st.Ds, lane);
+    // p = 2^(s sl2 - lse log2 e); no mask where the step's queries are all below T and at or
+    // after the warp's last key.
     float pf[kN][4];
-    OUTCORE_UNROLL
-    for (int n = 0; n < kN; ++n) OUTCORE_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const int c = 8 * n + 2 * tc + e % 2;  // query q0 + c
-      const bool valid = q0 + c < g.T && key[e / 2] <= q0 + c;
-      pf[n][e] = valid ? kmath::softmax_exp(g.scale * s[n][e], st.lse_s[c]) : 0.0f;
-      dp[n][e] = valid ? kmath::softmax_grad(pf[n][e], dp[n][e], st.d_s[c]) : 0.0f;
-    }
+    masked_or_full(k0 + 16 * w + 15 <= q0 && q0 + kDkvQueries <= g.T, [&](auto full) {
+      OUTCORE_UNROLL
+      for (int n = 0; n < kN; ++n) OUTCORE_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * n + 2 * tc + e % 2;  // query q0 + c
+        const bool valid = full || (q0 + c < g.T && key[e / 2] <= q0 + c);
+        pf[n][e] = valid ? x.exp2(fmaf(s[n][e], sl2, -st.lse_s[c])) : 0.0f;
+        dp[n][e] = valid ? kmath::softmax_grad(pf[n][e], dp[n][e], st.d_s[c]) : 0.0f;
+      }
+    });
     uint32_t p[kN / 2][4], ds[kN / 2][4];
-    to_operands(p, pf, [](float sv, int, int) { return sv; });
-    to_operands(ds, dp, [](float sv, int, int) { return sv; });
+    to_operands(x, p, pf, [](float sv, int, int) { return sv; });
+    to_operands(x, ds, dp, [](float sv, int, int) { return sv; });
     product_pb<HD>(x, dv_acc, p, st.Ds, lane);
     product_pb<HD>(x, dk_acc, ds, st.Qs, lane);
   }

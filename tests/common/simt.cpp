@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/device/kernel_math.hpp"
+
 namespace outcore::test {
 
 class SimtBlock {
@@ -253,6 +255,10 @@ void SimtThread::zero16(void* dst) {
                              " is not 16 bytes on 16 in shared memory");
   block_->note(dst, tid_, true);
   std::memset(dst, 0, 16);
+}
+
+uint32_t SimtThread::pack_bf16x2(float lo, float hi) const {
+  return uint32_t(kmath::fp32_to_bf16(lo)) | (uint32_t(kmath::fp32_to_bf16(hi)) << 16);
 }
 
 void SimtThread::wait_all() {

@@ -7,6 +7,8 @@
 // (.m8n8.x4.b16, with and without .trans) and mma (.m16n8k16.row.col.f32.bf16.bf16.f32, the sum
 // of the 16 products taken in double and added to the fp32 accumulator: the tensor cores' own
 // order and precision are not emulated, so results agree with a GPU up to summation order).
+// exp2 is the host's exp2f where the GPU's multi-function unit approximates (ex2.approx.ftz, a
+// few units in the last place); pack_bf16x2 rounds as cvt.rn.bf16x2.f32 does.
 //
 // Faults the emulation turns into a std::runtime_error: threads of a block waiting at different
 // barriers (a divergent __syncthreads or collective), an ldmatrix row outside shared memory or not
@@ -24,6 +26,7 @@
 // an inaccessible page.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -48,6 +51,8 @@ class SimtThread {
   void copy16_async(void* dst, const void* src);
   void wait_all();
   void zero16(void* dst);
+  float exp2(float v) const { return std::exp2(v); }
+  uint32_t pack_bf16x2(float lo, float hi) const;
 
  private:
   friend class SimtBlock;

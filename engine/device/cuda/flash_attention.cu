@@ -452,6 +452,16 @@ struct Simt {
   __device__ __forceinline__ void zero16(void* dst) const {
     *static_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   }
+  __device__ __forceinline__ float exp2(float v) const {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(v));
+    return r;
+  }
+  __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) const {
+    uint32_t r;  // the first source goes to the upper half
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
 };
 
 template <int HD>
@@ -496,6 +506,8 @@ Geometry geometry(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd, flo
     throw InvalidArgument(std::string(what) + ": unsupported shape");
   if (T > (int64_t{1} << 30) || nh > 65535 || B > 65535)
     throw InvalidArgument(std::string(what) + ": sequence, heads or batch too large");
+  if (!(scale > 0.0f))  // the kernels take a row's max of scale * s as scale times its max of s
+    throw InvalidArgument(std::string(what) + ": scale must be positive");
   return {static_cast<int>(T), static_cast<int>(nh), static_cast<int>(nkv),
           static_cast<int>(nh / nkv), scale};
 }
