@@ -165,11 +165,8 @@ run_gpu() {
     --seq 16384 --steps 2 || rc=1
   part model_bench-vocab128256 120 "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" \
     --vocab 128256 --seq 4096 --steps 2 || rc=1
-  # The layer with the WMMA attention kernels (OUTCORE_FLASH_KERNELS=wmma, decision 031), and
-  # the layer and the head with a 32 MiB cuBLASLt workspace (decision 032): each against the
+  # The layer and the head with a 32 MiB cuBLASLt workspace (decision 032): each against the
   # defaults above
-  part model_bench-4096-wmma 120 env OUTCORE_FLASH_KERNELS=wmma \
-    "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 --seq 4096 --steps 3 || rc=1
   part model_bench-4096-ws32 120 env OUTCORE_CUBLASLT_WORKSPACE_MB=32 \
     "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 --seq 4096 --steps 3 || rc=1
   part model_bench-vocab128256-ws32 120 env OUTCORE_CUBLASLT_WORKSPACE_MB=32 \

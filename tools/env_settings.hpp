@@ -5,7 +5,6 @@
 //
 //   OUTCORE_AIO_BACKEND=io_uring|sync   -> aio::request_backend() (unset: chosen automatically)
 //   OUTCORE_CPU_ADAM_ISA=scalar|avx2|avx512 -> cpu_adam::request_isa() (unset: best the CPU runs)
-//   OUTCORE_FLASH_KERNELS=wmma|mma      -> device::request_flash_kernels() (unset: mma)
 //   OUTCORE_CUBLASLT_WORKSPACE_MB=N     -> device::request_gemm_workspace() (unset: 0)
 //
 // Link the CMake target outcore_env_settings.
@@ -19,13 +18,10 @@
 
 namespace outcore::tools {
 
-// The compute backend's settings alone (the attention kernels, cuBLASLt's workspace): what the
-// test programs' main takes too, so that `./dev.sh gpu` runs the GPU tests with either.
+// The compute backend's settings alone (cuBLASLt's workspace): what the test programs' main
+// takes too, so that `./dev.sh gpu` runs the GPU tests with either.
 // Never throws.
 inline void apply_compute_settings() {
-  if (const char* kernels = std::getenv("OUTCORE_FLASH_KERNELS")) {
-    device::request_flash_kernels(kernels, "OUTCORE_FLASH_KERNELS");
-  }
   if (const char* mib = std::getenv("OUTCORE_CUBLASLT_WORKSPACE_MB")) {
     device::request_gemm_workspace(mib, "OUTCORE_CUBLASLT_WORKSPACE_MB");
   }
@@ -34,7 +30,7 @@ inline void apply_compute_settings() {
 // Passes the variables to their libraries, naming each variable as the source of its value
 // so that errors and warnings name it. Call it at the start of main (before any aio::Engine or
 // cpu_adam kernel call). A bad value is reported where the library reports it: the aio backend
-// on the first aio::resolve_backend() (ConfigError), the ISA and the attention kernels at once
+// on the first aio::resolve_backend() (ConfigError), the ISA and the workspace at once
 // (one warning, ignored).
 // Never throws.
 inline void apply_environment_settings() {

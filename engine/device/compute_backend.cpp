@@ -273,24 +273,4 @@ std::shared_ptr<ComputeBackend> make_backend(Device& device) {
   return cpu_backend();
 }
 
-namespace {
-std::atomic<FlashKernels>& flash_kernels_slot() {
-  static std::atomic<FlashKernels> slot{FlashKernels::kMma};
-  return slot;
-}
-}  // namespace
-
-void request_flash_kernels(std::string_view text, std::string_view source) {
-  if (text.empty()) return;
-  if (text == "wmma" || text == "mma") {
-    flash_kernels_slot().store(text == "mma" ? FlashKernels::kMma : FlashKernels::kWmma,
-                               std::memory_order_relaxed);
-    return;
-  }
-  log::warn("{}={}: neither wmma nor mma; using {}", source, text,
-            flash_kernels() == FlashKernels::kMma ? "mma" : "wmma");
-}
-
-FlashKernels flash_kernels() { return flash_kernels_slot().load(std::memory_order_relaxed); }
-
 }  // namespace outcore::device

@@ -234,14 +234,4 @@ double copy_bytes_per_second(Device& device, size_t bytes = size_t{256} << 20, i
 // CpuDevice, cpu_backend() for any other host-accessible device. Throws as make_cuda_backend.
 std::shared_ptr<ComputeBackend> make_backend(Device& device);
 
-// The CUDA backend's fused bf16 attention comes in two implementations with the same rounding
-// points and outputs (engine/device/cuda/cuda_kernels.hpp): kWmma, and kMma, the
-// register-resident tiles of flash_attention_tiles.hpp (decision 031). flash_kernels() is the
-// one CUDA backends run; programs pass OUTCORE_FLASH_KERNELS=wmma|mma to request_flash_kernels
-// (tools/env_settings.hpp), `source` naming where the text came from. An unknown text keeps the
-// current choice with one warning naming `source`; empty text changes nothing.
-enum class FlashKernels { kWmma, kMma };
-void request_flash_kernels(std::string_view text, std::string_view source);
-FlashKernels flash_kernels();
-
 }  // namespace outcore::device

@@ -458,10 +458,10 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
       OUTCORE_UNROLL
       for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
       for (int e = 0; e < 4; ++e)
-        s[n][e] = full || valid(kt, n, e)
-                      ? kmath::softmax_grad(x.exp2(fmaf(s[n][e], sl2, -l[e / 2])), dp[n][e],
-                                            dot[e / 2])
-                      : 0.0f;
+        s[n][e] =
+            full || valid(kt, n, e)
+                ? kmath::softmax_grad(x.exp2(fmaf(s[n][e], sl2, -l[e / 2])), dp[n][e], dot[e / 2])
+                : 0.0f;
     });
     uint32_t ds[4][4];
     to_operands(x, ds, s, [](float sv, int, int) { return sv; });

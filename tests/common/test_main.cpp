@@ -1,6 +1,6 @@
 // The main of every test program: the OpenBLAS kernels that outcore's programs run (so results
 // computed here and by an `outcore` child process are the same bits), the compute backend's
-// settings as programs take them (tools::apply_compute_settings: OUTCORE_FLASH_KERNELS and
+// settings as programs take them (tools::apply_compute_settings:
 // OUTCORE_CUBLASLT_WORKSPACE_MB), then gtest.
 #include <gtest/gtest.h>
 

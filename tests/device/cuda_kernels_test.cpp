@@ -191,8 +191,7 @@ TEST_F(CudaKernels, RmsNormForwardAndBackwardMatchTheHost) {
 // which moves a single element by up to a bf16 ulp of that term; at 4096 tokens such an element
 // set the max-norm distance for dq (7.5e-4 against 5.3e-4 for fp32 on an H200) while leaving the
 // 2-norm, which the rounding everywhere dominates, unmoved. Shapes: partial tiles, grouped kv
-// heads, each head size, and Llama 3 8B's (32 heads over 8 kv heads of 128, 4096 tokens); both
-// implementations (WMMA, and the register-resident tiles on mma.sync).
+// heads, each head size, and Llama 3 8B's (32 heads over 8 kv heads of 128, 4096 tokens).
 TEST_F(CudaKernels, FusedAttentionMatchesTheHostInBf16) {
   for (const AttentionShape& s :
        {AttentionShape{2, 150, 4, 2, 64}, AttentionShape{1, 70, 2, 1, 128},
@@ -204,28 +203,28 @@ TEST_F(CudaKernels, FusedAttentionMatchesTheHostInBf16) {
     const HostAttention& want = c.want;
     const float scale = c.a.scale;
 
-    for (const FlashKernels kernels : {FlashKernels::kWmma, FlashKernels::kMma}) {
-      SCOPED_TRACE(kernels == FlashKernels::kMma ? "mma kernels" : "wmma kernels");
-      Dev<uint16_t> Q(bits[0]), K(bits[1]), V(bits[2]), DA(bits[3]);
-      Dev<float> L(want.lse.size()), O(want.attn.size()), R(want.lse.size()), DQ(want.dq.size());
-      Dev<float> DK(want.dk.size()), DV(want.dv.size());  // zeros: backward adds into them
-      flash_attention_forward(Q.get(), K.get(), V.get(), s.B, s.T, s.nh, s.nkv, s.hd, scale,
-                              L.get(), O.get(), nullptr, kernels);
-      flash_attention_backward(Q.get(), K.get(), V.get(), L.get(), DA.get(), s.B, s.T, s.nh, s.nkv,
-                               s.hd, scale, R.get(), DQ.get(), DK.get(), DV.get(), nullptr,
-                               kernels);
-      expect_bf16_attention({O.host(), L.host(), DQ.host(), DK.host(), DV.host()}, want, c.fp32);
-    }
+    Dev<uint16_t> Q(bits[0]), K(bits[1]), V(bits[2]), DA(bits[3]);
+    Dev<float> L(want.lse.size()), O(want.attn.size()), R(want.lse.size()), DQ(want.dq.size());
+    Dev<float> DK(want.dk.size()), DV(want.dv.size());  // zeros: backward adds into them
+    flash_attention_forward(Q.get(), K.get(), V.get(), s.B, s.T, s.nh, s.nkv, s.hd, scale, L.get(),
+                            O.get(), nullptr);
+    flash_attention_backward(Q.get(), K.get(), V.get(), L.get(), DA.get(), s.B, s.T, s.nh, s.nkv,
+                             s.hd, scale, R.get(), DQ.get(), DK.get(), DV.get(), nullptr);
+    expect_bf16_attention({O.host(), L.host(), DQ.host(), DK.host(), DV.host()}, want, c.fp32);
   }
 }
 
-TEST_F(CudaKernels, FusedAttentionRefusesAHeadSizeItDoesNotTake) {
+TEST_F(CudaKernels, FusedAttentionRefusesAHeadSizeOrScaleItDoesNotTake) {
   EXPECT_FALSE(flash_attention_supported(8));
   EXPECT_FALSE(flash_attention_supported(96));
   EXPECT_TRUE(flash_attention_supported(128));
   Dev<uint16_t> X(64);
   Dev<float> F(64);
   EXPECT_THROW(flash_attention_forward(X.get(), X.get(), X.get(), 1, 4, 1, 1, 8, 1.0f, F.get(),
+                                       F.get(), nullptr),
+               InvalidArgument);
+  // The kernels take the row's max of scale * s as scale times the max of s.
+  EXPECT_THROW(flash_attention_forward(X.get(), X.get(), X.get(), 1, 4, 1, 1, 16, 0.0f, F.get(),
                                        F.get(), nullptr),
                InvalidArgument);
 }

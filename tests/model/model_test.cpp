@@ -135,7 +135,9 @@ TEST(Model, WorkspaceShapeGivesTheCudaBackendsBytes) {
   const device::Workspace w = device::backend_workspace(device::DeviceKind::Cuda, s);
   // cuBLASLt's workspace: none unless OUTCORE_CUBLASLT_WORKSPACE_MB asks (test_main passes it).
   const uint64_t asked = device::gemm_workspace_bytes();
-  if (std::getenv("OUTCORE_CUBLASLT_WORKSPACE_MB") == nullptr) EXPECT_EQ(asked, 0u);
+  if (std::getenv("OUTCORE_CUBLASLT_WORKSPACE_MB") == nullptr) {
+    EXPECT_EQ(asked, 0u);
+  }
   EXPECT_EQ(w.gemm, asked);
   EXPECT_EQ(w.attention, 4096u * 32 * 4);     // fused: one fp32 row sum per head and query
   EXPECT_EQ(w.ids, 2 * 16384u + 13u * 4096);  // two id slots, groups of 3n + 1 ints (pages)

@@ -10,8 +10,7 @@
 // fused backward's row sums (B x nh x T floats). Only the ids' pinned host staging is not.
 //
 // Attention with bf16 operands (the bf16 compute dtype) runs fused (flash_attention.cu: no score
-// matrix in device memory; the implementation flash_kernels() names) for head sizes 16,
-// 32, 64 and 128, else through the default's
+// matrix in device memory) for head sizes 16, 32, 64 and 128, else through the default's
 // head-by-head GEMMs. fp32 attention runs the heads batched: for each sequence, each query
 // block and each position j of a head within its kv group, one strided-batched GEMM over the
 // nkv groups (head g*group + j reads kv head g), one causal softmax over all their rows, one

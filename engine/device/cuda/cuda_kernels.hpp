@@ -78,23 +78,21 @@ void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t
 
 // Whether the fused kernels take this head size (16, 32, 64 or 128).
 bool flash_attention_supported(int64_t hd);
-// The implementation, kWmma or kMma (compute_backend.hpp): every score tile staged through shared
-// memory for WMMA products, or register-resident tiles on mma.sync (flash_attention_tiles.hpp).
+// The register-resident tiles of flash_attention_tiles.hpp on mma.sync (decision 031):
 // ComputeBackend::attention_forward / attention_backward with dtype BF16 and the same rounding
 // points, without score blocks in device memory: q, dattn [B*T, nh*hd], k, v [B*T, nkv*hd]
 // (bf16 bits, token-major, 16-byte aligned rows); lse [B, nh, T]. Forward writes lse and attn
 // (fp32). Backward writes dq, adds into dk and dv (fp32), and uses drow (B*nh*T floats of
 // scratch) for each row's sum(p * dp). Deterministic: each output is written by one block.
-// Throws InvalidArgument for a head size not supported or a shape out of range.
+// Throws InvalidArgument for a head size not supported, a shape out of range or a scale not
+// above 0.
 void flash_attention_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                              int64_t T, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                             float* lse, float* attn, StreamHandle stream,
-                             FlashKernels kernels = flash_kernels());
+                             float* lse, float* attn, StreamHandle stream);
 void flash_attention_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                               const float* lse, const uint16_t* dattn, int64_t B, int64_t T,
                               int64_t nh, int64_t nkv, int64_t hd, float scale, float* drow,
-                              float* dq, float* dk, float* dv, StreamHandle stream,
-                              FlashKernels kernels = flash_kernels());
+                              float* dq, float* dk, float* dv, StreamHandle stream);
 
 // --- cross-entropy head ----------------------------------------------------------------------
 
