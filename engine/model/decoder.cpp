@@ -284,7 +284,14 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   device::ComputeBackend& be = ctx.be;
   float* dh = a.grad_input;
   if (a.grad_input != a.grad_output) be.copy(dh, a.grad_output, sizeof(float) * d.N * d.H);
-  if (a.mode == GradMode::Overwrite) be.zero(a.grads, sizeof(float) * ctx.unit.padded_numel);
+  // The weight gradients' GEMMs overwrite (beta 0) or add into their tensors; the rest of the
+  // slab is zeroed first when overwriting.
+  const bool overwrite = a.mode == GradMode::Overwrite;
+  const float gb = overwrite ? 0.0f : 1.0f;
+  if (overwrite)
+    zero_all_but(ctx, ctx.unit, a.grads,
+                 {&tensor(ctx, kQ), &tensor(ctx, kK), &tensor(ctx, kV), &tensor(ctx, kO),
+                  &tensor(ctx, kGate), &tensor(ctx, kUp), &tensor(ctx, kDown)});
   auto G = [&](int i) { return a.grads + tensor(ctx, i).offset; };
   auto W = [&](int i, int64_t ld) {
     return weight_operand(ctx, a.params, tensor(ctx, i), ld, w.wtmp);
@@ -297,22 +304,22 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   // MLP: out = h + down(silu(gate(xn2)) * up(xn2))
   Operand dy = op(dh, d.H, w.h1);
   matmul(ctx, false, false, d.N, d.I, d.H, 1.0f, dy, W(kDown, d.I), 0.0f, w.da, d.I);
-  matmul(ctx, true, false, d.H, d.I, d.N, 1.0f, dy, saved(s.a, d.I), 1.0f, G(kDown), d.I);
+  matmul(ctx, true, false, d.H, d.I, d.N, 1.0f, dy, saved(s.a, d.I), gb, G(kDown), d.I);
   float* dg = w.da;
   be.swiglu_backward(w.da, s.g, s.u, dg, w.du, d.N * d.I);
   const Operand dg_op = op(dg, d.I, w.h1), du_op = op(w.du, d.I, w.h2);
   matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, dg_op, W(kGate, d.H), 0.0f, w.dxn, d.H);
   matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, du_op, W(kUp, d.H), 1.0f, w.dxn, d.H);
   const Operand xn2 = saved(s.xn2, d.H);
-  matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, dg_op, xn2, 1.0f, G(kGate), d.H);
-  matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, du_op, xn2, 1.0f, G(kUp), d.H);
+  matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, dg_op, xn2, gb, G(kGate), d.H);
+  matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, du_op, xn2, gb, G(kUp), d.H);
   const float* wn2 = norm_weight(ctx, a.params, kPostNorm, w.wn2);
   be.rmsnorm_backward(w.dxn, s.h, wn2, s.rstd2, d.N, d.H, dh, G(kPostNorm));
 
   // Attention: h = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1)))
   dy = op(dh, d.H, w.h1);
   matmul(ctx, false, false, d.N, d.Q, d.H, 1.0f, dy, W(kO, d.Q), 0.0f, w.dattn, d.Q);
-  matmul(ctx, true, false, d.H, d.Q, d.N, 1.0f, dy, saved(s.attn, d.Q), 1.0f, G(kO), d.Q);
+  matmul(ctx, true, false, d.H, d.Q, d.N, 1.0f, dy, saved(s.attn, d.Q), gb, G(kO), d.Q);
   be.zero(w.dk, sizeof(float) * d.N * d.KV);
   be.zero(w.dv, sizeof(float) * d.N * d.KV);
   be.attention_backward(attention_of(d, ctx.opt), s.q, s.k, s.v, s.lse, op(w.dattn, d.Q, w.h1).p,
@@ -343,9 +350,9 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   matmul(ctx, false, false, d.N, d.H, d.KV, 1.0f, dk, W(kK, d.H), 1.0f, w.dxn, d.H);
   matmul(ctx, false, false, d.N, d.H, d.KV, 1.0f, dv, W(kV, d.H), 1.0f, w.dxn, d.H);
   const Operand xn1 = saved(s.xn1, d.H);
-  matmul(ctx, true, false, d.Q, d.H, d.N, 1.0f, dq, xn1, 1.0f, G(kQ), d.H);
-  matmul(ctx, true, false, d.KV, d.H, d.N, 1.0f, dk, xn1, 1.0f, G(kK), d.H);
-  matmul(ctx, true, false, d.KV, d.H, d.N, 1.0f, dv, xn1, 1.0f, G(kV), d.H);
+  matmul(ctx, true, false, d.Q, d.H, d.N, 1.0f, dq, xn1, gb, G(kQ), d.H);
+  matmul(ctx, true, false, d.KV, d.H, d.N, 1.0f, dk, xn1, gb, G(kK), d.H);
+  matmul(ctx, true, false, d.KV, d.H, d.N, 1.0f, dv, xn1, gb, G(kV), d.H);
   const float* wn1 = norm_weight(ctx, a.params, kInNorm, w.wn1);
   be.rmsnorm_backward(w.dxn, a.input, wn1, s.rstd1, d.N, d.H, dh, G(kInNorm));
 }

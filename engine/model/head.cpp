@@ -142,9 +142,15 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
   Arena ar(a.scratch.data(), a.scratch.size());
   const HeadWork w = carve(ar, ctx.cfg, ctx.opt);
   const HeadWeight hw = head_weight(ctx, a.params, a.tied_params);
-  if (a.mode == GradMode::Overwrite) {
-    ctx.be.zero(a.grads, sizeof(float) * ctx.unit.padded_numel);
-    if (tied) ctx.be.zero(a.tied_grads, sizeof(float) * ctx.embed.padded_numel);
+  // Overwriting, the first chunk's GEMMs write dW with beta 0; the rest of both slabs is zeroed.
+  const bool overwrite = a.mode == GradMode::Overwrite;
+  if (overwrite) {
+    if (tied) {
+      zero_all_but(ctx, ctx.unit, a.grads, {});
+      zero_all_but(ctx, ctx.embed, a.tied_grads, {hw.spec});
+    } else {
+      zero_all_but(ctx, ctx.unit, a.grads, {hw.spec});
+    }
   }
   float* dW = (tied ? a.tied_grads : a.grads) + hw.spec->offset;
 
@@ -169,7 +175,8 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
       const Operand W = weight_operand(ctx, hw.slab, *hw.spec, H, w.wtmp, v0 * H, n * H);
       const Operand dl = column_from(ctx, dlogits, v0);
       matmul(ctx, false, false, rows, H, n, 1.0f, dl, W, v0 == 0 ? 0.0f : 1.0f, w.dxn + c0 * H, H);
-      matmul(ctx, true, false, n, H, rows, 1.0f, dl, xn_rows, 1.0f, dW + v0 * H, H);
+      matmul(ctx, true, false, n, H, rows, 1.0f, dl, xn_rows, overwrite && c0 == 0 ? 0.0f : 1.0f,
+             dW + v0 * H, H);
     }
   }
   ctx.be.zero(a.grad_input, sizeof(float) * N * H);

@@ -4,9 +4,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
+#include <vector>
 
 #include "common/error.hpp"
 #include "engine/model/model.hpp"
@@ -61,6 +64,26 @@ inline const float* weight_f32(const UnitContext& ctx, const void* slab, const T
   if (ctx.opt.param_dtype == DType::F32) return static_cast<const float*>(src);
   ctx.be.to_fp32(src, ctx.opt.param_dtype, tmp, static_cast<int64_t>(n));
   return tmp;
+}
+
+// GradMode::Overwrite without a pass over the whole slab: zeroes `grads` (the gradient slab of
+// `unit`, padded_numel elements) everywhere but in `whole`, the tensors the backward then writes
+// whole with a GEMM of beta 0 before anything adds into them. What kernels add into (norm
+// weights, biases, the embedding), the alignment gaps and the padding start from 0.
+inline void zero_all_but(const UnitContext& ctx, const UnitLayout& unit, float* grads,
+                         std::initializer_list<const TensorSpec*> whole) {
+  std::vector<const TensorSpec*> sorted(whole);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const TensorSpec* a, const TensorSpec* b) { return a->offset < b->offset; });
+  size_t at = 0;
+  const auto zero_to = [&](size_t end) {
+    if (end > at) ctx.be.zero(grads + at, sizeof(float) * (end - at));
+  };
+  for (const TensorSpec* t : sorted) {
+    zero_to(t->offset);
+    at = std::max(at, t->offset + t->numel);
+  }
+  zero_to(unit.padded_numel);
 }
 
 // ---- GEMM operands in the compute dtype (ModelOptions::compute_dtype)
