@@ -98,17 +98,21 @@ class ComputeBackend {
   // NaN): where the bf16 compute dtype rounds a GEMM operand.
   virtual void from_fp32(const float* src, void* dst, DType dtype, int64_t n) = 0;
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
+  // y_bf16 (the bf16 compute dtype's operand): y is written there rounded to bf16 instead, as
+  // from_fp32 would round it (y unused, may be null); likewise a_bf16, dg_bf16 and du_bf16 below
+  // (both of the last or neither).
   virtual void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
-                               float* y, float* rstd) = 0;
+                               float* y, float* rstd, void* y_bf16) = 0;
   // dx += dL/dx, dw += dL/dw (rows summed in order).
   virtual void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                                 int64_t rows, int64_t dim, float* dx, float* dw) = 0;
   virtual void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
                     const float* cos, const float* sin, bool inverse) = 0;
-  virtual void swiglu_forward(const float* g, const float* u, float* a, int64_t n) = 0;
+  virtual void swiglu_forward(const float* g, const float* u, float* a, int64_t n,
+                              void* a_bf16) = 0;
   // dg may alias da.
   virtual void swiglu_backward(const float* da, const float* g, const float* u, float* dg,
-                               float* du, int64_t n) = 0;
+                               float* du, int64_t n, void* dg_bf16, void* du_bf16) = 0;
   // One [rows, keys] score matrix, row i being query first_query + i: keys 0..first_query+i
   // softmax-normalised in place, the rest set to 0; lse[i] = the row's log-sum-exp.
   virtual void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,

@@ -101,9 +101,9 @@ void ProfilingBackend::add_inplace(float* y, const float* x, int64_t n) {
   timed("add_inplace", 0, [&](ComputeBackend& b) { b.add_inplace(y, x, n); });
 }
 void ProfilingBackend::rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows,
-                                       int64_t dim, float* y, float* rstd) {
+                                       int64_t dim, float* y, float* rstd, void* y_bf16) {
   timed(fmt::format("rmsnorm_forward {}x{}", rows, dim), 0,
-        [&](ComputeBackend& b) { b.rmsnorm_forward(x, w, eps, rows, dim, y, rstd); });
+        [&](ComputeBackend& b) { b.rmsnorm_forward(x, w, eps, rows, dim, y, rstd, y_bf16); });
 }
 void ProfilingBackend::rmsnorm_backward(const float* dy, const float* x, const float* w,
                                         const float* rstd, int64_t rows, int64_t dim, float* dx,
@@ -116,12 +116,14 @@ void ProfilingBackend::rope(float* x, int64_t rows, int64_t seq, int64_t heads, 
   timed(inverse ? "rope inverse" : "rope", 0,
         [&](ComputeBackend& b) { b.rope(x, rows, seq, heads, head_dim, cos, sin, inverse); });
 }
-void ProfilingBackend::swiglu_forward(const float* g, const float* u, float* a, int64_t n) {
-  timed("swiglu_forward", 0, [&](ComputeBackend& b) { b.swiglu_forward(g, u, a, n); });
+void ProfilingBackend::swiglu_forward(const float* g, const float* u, float* a, int64_t n,
+                                      void* a_bf16) {
+  timed("swiglu_forward", 0, [&](ComputeBackend& b) { b.swiglu_forward(g, u, a, n, a_bf16); });
 }
 void ProfilingBackend::swiglu_backward(const float* da, const float* g, const float* u, float* dg,
-                                       float* du, int64_t n) {
-  timed("swiglu_backward", 0, [&](ComputeBackend& b) { b.swiglu_backward(da, g, u, dg, du, n); });
+                                       float* du, int64_t n, void* dg_bf16, void* du_bf16) {
+  timed("swiglu_backward", 0,
+        [&](ComputeBackend& b) { b.swiglu_backward(da, g, u, dg, du, n, dg_bf16, du_bf16); });
 }
 void ProfilingBackend::causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
                                               int64_t first_query) {

@@ -62,14 +62,14 @@ class ProfilingBackend : public ComputeBackend {
   void from_fp32(const float* src, void* dst, DType dtype, int64_t n) override;
   void add_inplace(float* y, const float* x, int64_t n) override;
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
-                       float* y, float* rstd) override;
+                       float* y, float* rstd, void* y_bf16) override;
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                         int64_t rows, int64_t dim, float* dx, float* dw) override;
   void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
             const float* sin, bool inverse) override;
-  void swiglu_forward(const float* g, const float* u, float* a, int64_t n) override;
+  void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16) override;
   void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
-                       int64_t n) override;
+                       int64_t n, void* dg_bf16, void* du_bf16) override;
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
                               int64_t first_query) override;
   void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,

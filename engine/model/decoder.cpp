@@ -169,9 +169,9 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
   auto W = [&](int i, int64_t ld) {
     return weight_operand(ctx, params, tensor(ctx, i), ld, w.wtmp);
   };
-  float* y = fp32_of(ctx, s.xn1, w);
-  be.rmsnorm_forward(x, norm_weight(ctx, params, kInNorm, w.wn1), eps, d.N, d.H, y, s.rstd1);
-  const Operand xn = make_operand(ctx, y, d.N, d.H, s.xn1);
+  be.rmsnorm_forward(x, norm_weight(ctx, params, kInNorm, w.wn1), eps, d.N, d.H,
+                     fp32_out(ctx, s.xn1), s.rstd1, bf16_out(ctx, s.xn1));
+  const Operand xn{s.xn1, d.H};
   // q and k: projection (+ bias), per-head norm (qk_norm), RoPE, kept; v: projection (+ bias),
   // kept.
   struct Projection {
@@ -192,7 +192,7 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
     if (d.qkv_bias) add_bias(ctx, params, p.bias, d, p.cols, proj, w.wbias);
     if (normed)  // RMSNorm over each head's hd values, before RoPE
       be.rmsnorm_forward(p.raw, norm_weight(ctx, params, p.norm, p.wnorm), eps, d.N * p.heads, d.hd,
-                         t, p.rstd);
+                         t, p.rstd, nullptr);
     if (p.norm >= 0) be.rope(t, d.N, d.T, p.heads, d.hd, ctx.rope_cos, ctx.rope_sin, false);
     make_operand(ctx, t, d.N, p.cols, p.saved);
   }
@@ -203,14 +203,13 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
   be.copy(s.h, x, sizeof(float) * d.N * d.H);
   matmul(ctx, false, true, d.N, d.H, d.Q, 1.0f, attn_op, W(kO, d.Q), 1.0f, s.h, d.H);
 
-  y = fp32_of(ctx, s.xn2, w);
-  be.rmsnorm_forward(s.h, norm_weight(ctx, params, kPostNorm, w.wn2), eps, d.N, d.H, y, s.rstd2);
-  const Operand xn2 = make_operand(ctx, y, d.N, d.H, s.xn2);
+  be.rmsnorm_forward(s.h, norm_weight(ctx, params, kPostNorm, w.wn2), eps, d.N, d.H,
+                     fp32_out(ctx, s.xn2), s.rstd2, bf16_out(ctx, s.xn2));
+  const Operand xn2{s.xn2, d.H};
   matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn2, W(kGate, d.H), 0.0f, s.g, d.I);
   matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn2, W(kUp, d.H), 0.0f, s.u, d.I);
-  float* act = fp32_of(ctx, s.a, w);
-  be.swiglu_forward(s.g, s.u, act, d.N * d.I);
-  const Operand a = make_operand(ctx, act, d.N, d.I, s.a);
+  be.swiglu_forward(s.g, s.u, fp32_out(ctx, s.a), d.N * d.I, bf16_out(ctx, s.a));
+  const Operand a{s.a, d.I};
   if (out == nullptr) return;  // recomputation for backward needs no output
   be.copy(out, s.h, sizeof(float) * d.N * d.H);
   matmul(ctx, false, true, d.N, d.H, d.I, 1.0f, a, W(kDown, d.I), 1.0f, out, d.H);
@@ -305,9 +304,12 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   Operand dy = op(dh, d.H, w.h1);
   matmul(ctx, false, false, d.N, d.I, d.H, 1.0f, dy, W(kDown, d.I), 0.0f, w.da, d.I);
   matmul(ctx, true, false, d.H, d.I, d.N, 1.0f, dy, saved(s.a, d.I), gb, G(kDown), d.I);
-  float* dg = w.da;
-  be.swiglu_backward(w.da, s.g, s.u, dg, w.du, d.N * d.I);
-  const Operand dg_op = op(dg, d.I, w.h1), du_op = op(w.du, d.I, w.h2);
+  // dg over da in fp32 compute; in bf16 both straight into their operands
+  const bool bf16 = bf16_compute(ctx);
+  be.swiglu_backward(w.da, s.g, s.u, fp32_out(ctx, w.da), fp32_out(ctx, w.du), d.N * d.I,
+                     bf16_out(ctx, w.h1), bf16_out(ctx, w.h2));
+  const Operand dg_op{bf16 ? static_cast<const void*>(w.h1) : w.da, d.I};
+  const Operand du_op{bf16 ? static_cast<const void*>(w.h2) : w.du, d.I};
   matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, dg_op, W(kGate, d.H), 0.0f, w.dxn, d.H);
   matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, du_op, W(kUp, d.H), 1.0f, w.dxn, d.H);
   const Operand xn2 = saved(s.xn2, d.H);

@@ -91,6 +91,15 @@ void project(const UnitContext& ctx, const HeadWeight& hw, Operand xn, int64_t r
   }
 }
 
+// The final norm of the head's input as the projection's operand: in bf16 compute rounded by
+// the norm kernel itself into w.xn16.
+Operand normed_input(const UnitContext& ctx, const float* input, const float* wn,
+                     const HeadWork& w) {
+  ctx.be.rmsnorm_forward(input, wn, static_cast<float>(ctx.cfg.rms_norm_eps), ctx.tokens(),
+                         ctx.cfg.hidden_size, fp32_out(ctx, w.xn), w.rstd, bf16_out(ctx, w.xn16));
+  return {bf16_compute(ctx) ? static_cast<const void*>(w.xn16) : w.xn, ctx.cfg.hidden_size};
+}
+
 }  // namespace
 
 int64_t head_chunk_rows(const LlamaConfig& c, const ModelOptions& o) {
@@ -108,14 +117,13 @@ size_t head_scratch_bytes(const LlamaConfig& c, const ModelOptions& o) {
 float head_forward(const UnitContext& ctx, const ForwardArgs& a) {
   if (a.params == nullptr || a.input == nullptr)
     throw InvalidArgument("head forward: params and input are required");
-  const int64_t N = ctx.tokens(), H = ctx.cfg.hidden_size, V = ctx.cfg.vocab_size;
+  const int64_t N = ctx.tokens(), V = ctx.cfg.vocab_size;
   if (a.targets != nullptr) check_targets(a.targets, N, ctx.opt.seq_len, V);
   Arena ar(a.scratch.data(), a.scratch.size());
   const HeadWork w = carve(ar, ctx.cfg, ctx.opt);
   const HeadWeight hw = head_weight(ctx, a.params, a.tied_params);
   const float* wn = weight_f32(ctx, a.params, ctx.unit.tensors[0], w.wn);
-  ctx.be.rmsnorm_forward(a.input, wn, static_cast<float>(ctx.cfg.rms_norm_eps), N, H, w.xn, w.rstd);
-  const Operand xn = make_operand(ctx, w.xn, N, H, w.xn16);
+  const Operand xn = normed_input(ctx, a.input, wn, w);
   const int64_t chunk = head_chunk_rows(ctx.cfg, ctx.opt);
   const int32_t* targets = a.targets != nullptr ? ctx.be.stage_ids(a.targets, N, 1) : nullptr;
   for (int64_t c0 = 0; c0 < N; c0 += chunk) {
@@ -155,8 +163,7 @@ float head_backward(const UnitContext& ctx, const BackwardArgs& a) {
   float* dW = (tied ? a.tied_grads : a.grads) + hw.spec->offset;
 
   const float* wn = weight_f32(ctx, a.params, ctx.unit.tensors[0], w.wn);
-  ctx.be.rmsnorm_forward(a.input, wn, static_cast<float>(ctx.cfg.rms_norm_eps), N, H, w.xn, w.rstd);
-  const Operand xn = make_operand(ctx, w.xn, N, H, w.xn16);
+  const Operand xn = normed_input(ctx, a.input, wn, w);
   const int64_t chunk = head_chunk_rows(ctx.cfg, ctx.opt), vb = vocab_block(ctx.cfg, ctx.opt);
   const float coef = a.loss_scale / static_cast<float>(N);
   const int32_t* targets = ctx.be.stage_ids(a.targets, N, 1);

@@ -206,6 +206,15 @@ TEST_P(BackendConformance, AddInplaceIsExact) {
   expect_close(get(Y, n), want, 0.0, "add_inplace");
 }
 
+// Every element of `got` (bf16 bits) is `fp32[i]` rounded as from_fp32 rounds it.
+void expect_bf16_of(const std::vector<uint16_t>& got, const std::vector<float>& fp32,
+                    const char* what) {
+  ASSERT_EQ(got.size(), fp32.size()) << what;
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += got[i] != kmath::fp32_to_bf16(fp32[i]);
+  EXPECT_EQ(differ, 0u) << what << ": of " << got.size();
+}
+
 TEST_P(BackendConformance, RmsNormForwardAndBackwardMatchTheHost) {
   const int64_t rows = 7, dim = 133;
   const float eps = 1e-5f;
@@ -218,13 +227,21 @@ TEST_P(BackendConformance, RmsNormForwardAndBackwardMatchTheHost) {
                R = put(std::vector<float>(rows)), DX = put(std::vector<float>(rows * dim, 0.5f)),
                DW = put(std::vector<float>(dim, 0.25f));
   backend_->rmsnorm_forward(X.as<float>(), W.as<float>(), eps, rows, dim, Y.as<float>(),
-                            R.as<float>());
+                            R.as<float>(), nullptr);
   backend_->rmsnorm_backward(DY.as<float>(), X.as<float>(), W.as<float>(), R.as<float>(), rows, dim,
                              DX.as<float>(), DW.as<float>());
-  expect_close(get(Y, y.size()), y, tol(1e-5), "y");
+  const std::vector<float> y_got = get(Y, y.size());
+  expect_close(y_got, y, tol(1e-5), "y");
   expect_close(get(R, rstd.size()), rstd, tol(1e-5), "rstd");
   expect_close(get(DX, dx.size()), dx, tol(1e-5), "dx");
   expect_close(get(DW, dw.size()), dw, tol(1e-4), "dw");
+  // y rounded to bf16 by the kernel itself: this backend's fp32 y, rounded as from_fp32 rounds.
+  DeviceBuffer Y16 = put(std::vector<uint16_t>(y.size(), 0x7fc1)),
+               R16 = put(std::vector<float>(rows));
+  backend_->rmsnorm_forward(X.as<float>(), W.as<float>(), eps, rows, dim, nullptr, R16.as<float>(),
+                            Y16.data());
+  expect_bf16_of(get<uint16_t>(Y16, y.size()), y_got, "y in bf16");
+  expect_close(get(R16, rows), get(R, rows), 0.0, "rstd with y in bf16");
 }
 
 TEST_P(BackendConformance, RopeForwardAndInverseMatchTheHost) {
@@ -250,16 +267,27 @@ TEST_P(BackendConformance, SwigluForwardAndBackwardMatchTheHost) {
   cpu::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
   DeviceBuffer G = put(g), U = put(u), DA = put(da), A = put(std::vector<float>(n)),
                DG = put(std::vector<float>(n)), DU = put(std::vector<float>(n));
-  backend_->swiglu_forward(G.as<float>(), U.as<float>(), A.as<float>(), n);
+  backend_->swiglu_forward(G.as<float>(), U.as<float>(), A.as<float>(), n, nullptr);
   backend_->swiglu_backward(DA.as<float>(), G.as<float>(), U.as<float>(), DG.as<float>(),
-                            DU.as<float>(), n);
-  expect_close(get(A, n), a, tol(2e-6), "swiglu");
-  expect_close(get(DG, n), dg, tol(2e-6), "dg");
-  expect_close(get(DU, n), du, tol(2e-6), "du");
+                            DU.as<float>(), n, nullptr, nullptr);
+  const std::vector<float> a_got = get(A, n), dg_got = get(DG, n), du_got = get(DU, n);
+  expect_close(a_got, a, tol(2e-6), "swiglu");
+  expect_close(dg_got, dg, tol(2e-6), "dg");
+  expect_close(du_got, du, tol(2e-6), "du");
+  // The results rounded to bf16 by the kernels themselves: this backend's fp32 ones, rounded.
+  DeviceBuffer A16 = put(std::vector<uint16_t>(n, 0x7fc1)),
+               DG16 = put(std::vector<uint16_t>(n, 0x7fc1)),
+               DU16 = put(std::vector<uint16_t>(n, 0x7fc1));
+  backend_->swiglu_forward(G.as<float>(), U.as<float>(), nullptr, n, A16.data());
+  backend_->swiglu_backward(DA.as<float>(), G.as<float>(), U.as<float>(), nullptr, nullptr, n,
+                            DG16.data(), DU16.data());
+  expect_bf16_of(get<uint16_t>(A16, n), a_got, "swiglu in bf16");
+  expect_bf16_of(get<uint16_t>(DG16, n), dg_got, "dg in bf16");
+  expect_bf16_of(get<uint16_t>(DU16, n), du_got, "du in bf16");
   // dg may alias da.
   DeviceBuffer DA2 = put(da), DU2 = put(std::vector<float>(n));
   backend_->swiglu_backward(DA2.as<float>(), G.as<float>(), U.as<float>(), DA2.as<float>(),
-                            DU2.as<float>(), n);
+                            DU2.as<float>(), n, nullptr, nullptr);
   expect_close(get(DA2, n), dg, tol(2e-6), "dg aliasing da");
   expect_close(get(DU2, n), du, tol(2e-6), "du with dg aliasing da");
 }

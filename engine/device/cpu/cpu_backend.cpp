@@ -56,8 +56,8 @@ class CpuBackend final : public ComputeBackend {
   }
   void add_inplace(float* y, const float* x, int64_t n) override { cpu::add_inplace(y, x, n); }
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
-                       float* y, float* rstd) override {
-    cpu::rmsnorm_forward(x, w, eps, rows, dim, y, rstd);
+                       float* y, float* rstd, void* y_bf16) override {
+    cpu::rmsnorm_forward(x, w, eps, rows, dim, y, rstd, y_bf16);
   }
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                         int64_t rows, int64_t dim, float* dx, float* dw) override {
@@ -67,12 +67,12 @@ class CpuBackend final : public ComputeBackend {
             const float* sin, bool inverse) override {
     cpu::rope(x, rows, seq, heads, head_dim, cos, sin, inverse);
   }
-  void swiglu_forward(const float* g, const float* u, float* a, int64_t n) override {
-    cpu::swiglu_forward(g, u, a, n);
+  void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16) override {
+    cpu::swiglu_forward(g, u, a, n, a_bf16);
   }
   void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
-                       int64_t n) override {
-    cpu::swiglu_backward(da, g, u, dg, du, n);
+                       int64_t n, void* dg_bf16, void* du_bf16) override {
+    cpu::swiglu_backward(da, g, u, dg, du, n, dg_bf16, du_bf16);
   }
 
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
@@ -215,9 +215,9 @@ class DiscreteCpuBackend final : public ComputeBackend {
     run([=, this, y = v(y), x = v(x)] { cpu_.add_inplace(y, x, n); });
   }
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
-                       float* y, float* rstd) override {
-    run([=, this, x = v(x), w = v(w), y = v(y), rstd = v(rstd)] {
-      cpu_.rmsnorm_forward(x, w, eps, rows, dim, y, rstd);
+                       float* y, float* rstd, void* y_bf16) override {
+    run([=, this, x = v(x), w = v(w), y = v(y), rstd = v(rstd), y_bf16 = v(y_bf16)] {
+      cpu_.rmsnorm_forward(x, w, eps, rows, dim, y, rstd, y_bf16);
     });
   }
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
@@ -232,14 +232,15 @@ class DiscreteCpuBackend final : public ComputeBackend {
       cpu_.rope(x, rows, seq, heads, head_dim, cos, sin, inverse);
     });
   }
-  void swiglu_forward(const float* g, const float* u, float* a, int64_t n) override {
-    run([=, this, g = v(g), u = v(u), a = v(a)] { cpu_.swiglu_forward(g, u, a, n); });
+  void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16) override {
+    run([=, this, g = v(g), u = v(u), a = v(a), a_bf16 = v(a_bf16)] {
+      cpu_.swiglu_forward(g, u, a, n, a_bf16);
+    });
   }
   void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
-                       int64_t n) override {
-    run([=, this, da = v(da), g = v(g), u = v(u), dg = v(dg), du = v(du)] {
-      cpu_.swiglu_backward(da, g, u, dg, du, n);
-    });
+                       int64_t n, void* dg_bf16, void* du_bf16) override {
+    run([=, this, da = v(da), g = v(g), u = v(u), dg = v(dg), du = v(du), dg_bf16 = v(dg_bf16),
+         du_bf16 = v(du_bf16)] { cpu_.swiglu_backward(da, g, u, dg, du, n, dg_bf16, du_bf16); });
   }
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
                               int64_t first_query) override {

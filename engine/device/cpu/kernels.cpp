@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "engine/device/kernel_math.hpp"
 
@@ -144,13 +145,16 @@ void add_inplace(float* y, const float* x, int64_t n) {
 }
 
 void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y,
-                     float* rstd) {
+                     float* rstd, void* y_bf16) {
+  std::vector<float> row(y_bf16 != nullptr ? static_cast<size_t>(dim) : 0);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
-    float* yr = y + r * dim;
+    float* yr = y_bf16 != nullptr ? row.data() : y + r * dim;
     const float s = kmath::rmsnorm_rstd(sum_squares(xr, dim), dim, eps);
     rstd[r] = s;
     for (int64_t i = 0; i < dim; ++i) yr[i] = kmath::rmsnorm_y(xr[i], w[i], s);
+    if (y_bf16 != nullptr)
+      from_fp32(yr, static_cast<uint16_t*>(y_bf16) + r * dim, DType::BF16, dim);
   }
 }
 
@@ -207,7 +211,21 @@ __m256 sigmoid256(__m256 g) {
 
 }  // namespace
 
-void swiglu_forward(const float* g, const float* u, float* a, int64_t n) {
+namespace {
+// Elements of an fp32 pass taken at a time where its result goes to bf16.
+constexpr int64_t kRoundedSpan = 1024;
+}  // namespace
+
+void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16) {
+  if (a_bf16 != nullptr) {  // span by span through a buffer that stays in L1
+    float span[kRoundedSpan];
+    for (int64_t i0 = 0; i0 < n; i0 += kRoundedSpan) {
+      const int64_t m = std::min(kRoundedSpan, n - i0);
+      swiglu_forward(g + i0, u + i0, span, m);
+      from_fp32(span, static_cast<uint16_t*>(a_bf16) + i0, DType::BF16, m);
+    }
+    return;
+  }
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 gv = _mm256_loadu_ps(g + i);
@@ -218,7 +236,17 @@ void swiglu_forward(const float* g, const float* u, float* a, int64_t n) {
 }
 
 void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
-                     int64_t n) {
+                     int64_t n, void* dg_bf16, void* du_bf16) {
+  if (dg_bf16 != nullptr) {
+    float dg_span[kRoundedSpan], du_span[kRoundedSpan];
+    for (int64_t i0 = 0; i0 < n; i0 += kRoundedSpan) {
+      const int64_t m = std::min(kRoundedSpan, n - i0);
+      swiglu_backward(da + i0, g + i0, u + i0, dg_span, du_span, m);
+      from_fp32(dg_span, static_cast<uint16_t*>(dg_bf16) + i0, DType::BF16, m);
+      from_fp32(du_span, static_cast<uint16_t*>(du_bf16) + i0, DType::BF16, m);
+    }
+    return;
+  }
   const __m256 one = _mm256_set1_ps(1.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {

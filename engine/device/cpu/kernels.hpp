@@ -28,9 +28,10 @@ float sum_squares(const float* a, int64_t n);
 // y += x.
 void add_inplace(float* y, const float* x, int64_t n);
 
-// RMSNorm over rows of `dim`: rstd[r] = 1/sqrt(mean(x[r]^2) + eps); y = w * x * rstd.
+// RMSNorm over rows of `dim`: rstd[r] = 1/sqrt(mean(x[r]^2) + eps); y = w * x * rstd. With
+// y_bf16, y goes there rounded to bf16 instead (y unused, may be null).
 void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y,
-                     float* rstd);
+                     float* rstd, void* y_bf16 = nullptr);
 // Given dL/dy: dx += dL/dx and dw += dL/dw (rows summed in order).
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                       int64_t rows, int64_t dim, float* dx, float* dw);
@@ -40,11 +41,12 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
 void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
           const float* sin, bool inverse);
 
-// a = silu(g) * u.
-void swiglu_forward(const float* g, const float* u, float* a, int64_t n);
-// dg = da * u * silu'(g), du = da * silu(g). dg may alias da.
+// a = silu(g) * u; with a_bf16, rounded to bf16 there instead (a unused, may be null).
+void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16 = nullptr);
+// dg = da * u * silu'(g), du = da * silu(g). dg may alias da. With dg_bf16 and du_bf16 (both or
+// neither), rounded to bf16 there instead (dg and du unused, may be null).
 void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
-                     int64_t n);
+                     int64_t n, void* dg_bf16 = nullptr, void* du_bf16 = nullptr);
 
 // x[i] = exp(x[i]), vectorized (about 2 ulp; below about -87.7 gives 0).
 void exp_inplace(float* x, int64_t n);

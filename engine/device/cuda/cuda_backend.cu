@@ -130,8 +130,8 @@ class CudaBackend final : public ComputeBackend {
     cuda::add_inplace(y, x, n, handle_);
   }
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
-                       float* y, float* rstd) override {
-    cuda::rmsnorm_forward(x, w, eps, rows, dim, y, rstd, handle_);
+                       float* y, float* rstd, void* y_bf16) override {
+    cuda::rmsnorm_forward(x, w, eps, rows, dim, y, rstd, handle_, static_cast<uint16_t*>(y_bf16));
   }
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                         int64_t rows, int64_t dim, float* dx, float* dw) override {
@@ -141,12 +141,13 @@ class CudaBackend final : public ComputeBackend {
             const float* sin, bool inverse) override {
     cuda::rope(x, rows, seq, heads, head_dim, cos, sin, inverse, handle_);
   }
-  void swiglu_forward(const float* g, const float* u, float* a, int64_t n) override {
-    cuda::swiglu_forward(g, u, a, n, handle_);
+  void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16) override {
+    cuda::swiglu_forward(g, u, a, n, handle_, static_cast<uint16_t*>(a_bf16));
   }
   void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
-                       int64_t n) override {
-    cuda::swiglu_backward(da, g, u, dg, du, n, handle_);
+                       int64_t n, void* dg_bf16, void* du_bf16) override {
+    cuda::swiglu_backward(da, g, u, dg, du, n, handle_, static_cast<uint16_t*>(dg_bf16),
+                          static_cast<uint16_t*>(du_bf16));
   }
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
                               int64_t first_query) override {

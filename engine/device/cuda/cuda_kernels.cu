@@ -132,20 +132,29 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
     y[i] += x[i];
 }
 
-__global__ void swiglu_forward_kernel(const float* g, const float* u, float* a, int64_t n) {
+// out[i] = v in fp32, or rounded to bf16 into out16[i] when out16 is given.
+__device__ __forceinline__ void store(float* out, uint16_t* out16, int64_t i, float v) {
+  if (out16 != nullptr)
+    out16[i] = kmath::fp32_to_bf16(v);
+  else
+    out[i] = v;
+}
+
+__global__ void swiglu_forward_kernel(const float* g, const float* u, float* a, uint16_t* a16,
+                                      int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
-    a[i] = kmath::swiglu(g[i], u[i]);
+    store(a, a16, i, kmath::swiglu(g[i], u[i]));
 }
 
 __global__ void swiglu_backward_kernel(const float* da, const float* g, const float* u, float* dg,
-                                       float* du, int64_t n) {
+                                       float* du, uint16_t* dg16, uint16_t* du16, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     float dgi, dui;
     kmath::swiglu_grad(da[i], g[i], u[i], dgi, dui);
-    dg[i] = dgi;
-    du[i] = dui;
+    store(dg, dg16, i, dgi);
+    store(du, du16, i, dui);
   }
 }
 
@@ -187,14 +196,14 @@ __global__ void embedding_backward_kernel(const int32_t* order, const int32_t* s
 // --- RMSNorm ---------------------------------------------------------------------------------
 
 __global__ void rmsnorm_forward_kernel(const float* x, const float* w, float eps, int64_t dim,
-                                       float* y, float* rstd) {
+                                       float* y, uint16_t* y16, float* rstd) {
   const float* xr = x + blockIdx.x * dim;
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
   const float s = kmath::rmsnorm_rstd(block_all_reduce(ss, Sum{}, 0.0f), dim, eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = s;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
-    y[blockIdx.x * dim + i] = kmath::rmsnorm_y(xr[i], w[i], s);
+    store(y, y16, blockIdx.x * dim + i, kmath::rmsnorm_y(xr[i], w[i], s));
 }
 
 __global__ void rmsnorm_dx_kernel(const float* dy, const float* x, const float* w,
@@ -396,16 +405,18 @@ void add_inplace(float* y, const float* x, int64_t n, StreamHandle s) {
   LAUNCHED();
 }
 
-void swiglu_forward(const float* g, const float* u, float* a, int64_t n, StreamHandle s) {
+void swiglu_forward(const float* g, const float* u, float* a, int64_t n, StreamHandle s,
+                    uint16_t* a_bf16) {
   if (n == 0) return;
-  swiglu_forward_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(g, u, a, n);
+  swiglu_forward_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(g, u, a, a_bf16, n);
   LAUNCHED();
 }
 
 void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
-                     int64_t n, StreamHandle s) {
+                     int64_t n, StreamHandle s, uint16_t* dg_bf16, uint16_t* du_bf16) {
   if (n == 0) return;
-  swiglu_backward_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(da, g, u, dg, du, n);
+  swiglu_backward_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(da, g, u, dg, du, dg_bf16,
+                                                                  du_bf16, n);
   LAUNCHED();
 }
 
@@ -439,11 +450,11 @@ void embedding_backward(const int32_t* groups, int64_t n, int64_t num_groups, co
 }
 
 void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y,
-                     float* rstd, StreamHandle s) {
+                     float* rstd, StreamHandle s, uint16_t* y_bf16) {
   if (rows == 0) return;
   check_rows(rows, "rmsnorm_forward");
   rmsnorm_forward_kernel<<<static_cast<unsigned>(rows), kThreads, 0, native(s)>>>(x, w, eps, dim, y,
-                                                                                  rstd);
+                                                                                  y_bf16, rstd);
   LAUNCHED();
 }
 

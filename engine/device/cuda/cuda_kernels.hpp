@@ -28,10 +28,14 @@ void to_fp32(const void* src, DType dtype, float* dst, int64_t n, StreamHandle s
 void from_fp32(const float* src, void* dst, DType dtype, int64_t n, StreamHandle stream);
 // y[i] += x[i] (gradient accumulation).
 void add_inplace(float* y, const float* x, int64_t n, StreamHandle stream);
-// a = silu(g) * u; backward: dg = da * u * silu'(g), du = da * silu(g) (dg may alias da).
-void swiglu_forward(const float* g, const float* u, float* a, int64_t n, StreamHandle stream);
+// a = silu(g) * u; backward: dg = da * u * silu'(g), du = da * silu(g) (dg may alias da). With
+// the bf16 pointers (the backward's both or neither), the results go there rounded to bf16
+// instead (the fp32 ones unused, may be null).
+void swiglu_forward(const float* g, const float* u, float* a, int64_t n, StreamHandle stream,
+                    uint16_t* a_bf16 = nullptr);
 void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
-                     int64_t n, StreamHandle stream);
+                     int64_t n, StreamHandle stream, uint16_t* dg_bf16 = nullptr,
+                     uint16_t* du_bf16 = nullptr);
 // Rotary embedding in place on x = [rows, heads * head_dim], row r at position r % seq;
 // cos/sin are [seq, head_dim / 2] (device memory). inverse: the transposed rotation.
 void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
@@ -51,9 +55,10 @@ void embedding_backward(const int32_t* groups, int64_t n, int64_t num_groups, co
 
 // --- RMSNorm ---------------------------------------------------------------------------------
 
-// Over rows of `dim`: rstd[r] = 1/sqrt(mean(x[r]^2) + eps), y = w * x * rstd.
+// Over rows of `dim`: rstd[r] = 1/sqrt(mean(x[r]^2) + eps), y = w * x * rstd; with y_bf16,
+// y goes there rounded to bf16 instead (y unused, may be null).
 void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y,
-                     float* rstd, StreamHandle stream);
+                     float* rstd, StreamHandle stream, uint16_t* y_bf16 = nullptr);
 // dx += dL/dx; dw += dL/dw (one block per 32 columns, rows split over 8 lanes and the lanes
 // added in order: deterministic, within a few ulp of the host's row-ordered sum).
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
