@@ -119,52 +119,50 @@ device::WorkspaceShape LlamaModel::workspace_shape() const {
                             charged_bytes(ones_.size() * sizeof(float))};
 }
 
-float LlamaModel::forward(int unit, const ForwardArgs& args) const {
-  OUTCORE_TRACE_SPAN("forward", "compute", {.unit = unit});
+template <class Args, class Run>
+float LlamaModel::run_unit(const char* what, int unit, const Args& args, Run run) const {
+  OUTCORE_TRACE_SPAN(what, "compute", {.unit = unit});
   const UnitLayout& u = layout_.units.at(unit);
   check_span(args.scratch.size(), u.kind == UnitKind::Embedding ? 0 : scratch_bytes(), u.name,
              "scratch");
   check_span(args.saved.size(), saved_bytes(unit), u.name, "saved-activation");
   const detail::UnitContext ctx{config_,       options_,      *backend_, u, layout_.units.front(),
                                 rope_cos_dev_, rope_sin_dev_, ones_dev_};
-  float loss = 0.0f;
-  switch (u.kind) {
-    case UnitKind::Embedding:
-      detail::embedding_forward(ctx, args);
-      break;
-    case UnitKind::Decoder:
-      detail::decoder_forward(ctx, args);
-      break;
-    case UnitKind::Head:
-      loss = detail::head_forward(ctx, args);
-      break;
-  }
+  const float loss = run(ctx, u.kind);
   if (!args.queued) backend_->finish();
   return loss;
 }
 
+float LlamaModel::forward(int unit, const ForwardArgs& args) const {
+  return run_unit("forward", unit, args, [&](const detail::UnitContext& ctx, UnitKind kind) {
+    switch (kind) {
+      case UnitKind::Embedding:
+        detail::embedding_forward(ctx, args);
+        break;
+      case UnitKind::Decoder:
+        detail::decoder_forward(ctx, args);
+        break;
+      case UnitKind::Head:
+        return detail::head_forward(ctx, args);
+    }
+    return 0.0f;
+  });
+}
+
 float LlamaModel::backward(int unit, const BackwardArgs& args) const {
-  OUTCORE_TRACE_SPAN("backward", "compute", {.unit = unit});
-  const UnitLayout& u = layout_.units.at(unit);
-  check_span(args.scratch.size(), u.kind == UnitKind::Embedding ? 0 : scratch_bytes(), u.name,
-             "scratch");
-  check_span(args.saved.size(), saved_bytes(unit), u.name, "saved-activation");
-  const detail::UnitContext ctx{config_,       options_,      *backend_, u, layout_.units.front(),
-                                rope_cos_dev_, rope_sin_dev_, ones_dev_};
-  float loss = 0.0f;
-  switch (u.kind) {
-    case UnitKind::Embedding:
-      detail::embedding_backward(ctx, args);
-      break;
-    case UnitKind::Decoder:
-      detail::decoder_backward(ctx, args);
-      break;
-    case UnitKind::Head:
-      loss = detail::head_backward(ctx, args);
-      break;
-  }
-  if (!args.queued) backend_->finish();
-  return loss;
+  return run_unit("backward", unit, args, [&](const detail::UnitContext& ctx, UnitKind kind) {
+    switch (kind) {
+      case UnitKind::Embedding:
+        detail::embedding_backward(ctx, args);
+        break;
+      case UnitKind::Decoder:
+        detail::decoder_backward(ctx, args);
+        break;
+      case UnitKind::Head:
+        return detail::head_backward(ctx, args);
+    }
+    return 0.0f;
+  });
 }
 
 ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing,

@@ -357,6 +357,12 @@ class LlamaModel {
   float backward(int unit, const BackwardArgs& args) const;
 
  private:
+  // What forward and backward share around `run(ctx, kind)`, the unit's own call: the trace
+  // span `what`, the checks of the scratch and saved spans, the unit's context, and finish()
+  // unless args.queued.
+  template <class Args, class Run>
+  float run_unit(const char* what, int unit, const Args& args, Run run) const;
+
   LlamaConfig config_;
   ModelOptions options_;
   ModelLayout layout_;
