@@ -169,9 +169,13 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
   auto W = [&](int i, int64_t ld) {
     return weight_operand(ctx, params, tensor(ctx, i), ld, w.wtmp);
   };
-  be.rmsnorm_forward(x, norm_weight(ctx, params, kInNorm, w.wn1), eps, d.N, d.H,
-                     fp32_out(ctx, s.xn1), s.rstd1, bf16_out(ctx, s.xn1));
-  const Operand xn{s.xn1, d.H};
+  // Saved in the compute dtype: one buffer either way.
+  auto saved_operand = [&](void* saved, int64_t ld) {
+    return kernel_operand(ctx, static_cast<float*>(saved), saved, ld);
+  };
+  const KernelOperand xn = saved_operand(s.xn1, d.H);
+  be.rmsnorm_forward(x, norm_weight(ctx, params, kInNorm, w.wn1), eps, d.N, d.H, xn.fp32, s.rstd1,
+                     xn.bf16);
   // q and k: projection (+ bias), per-head norm (qk_norm), RoPE, kept; v: projection (+ bias),
   // kept.
   struct Projection {
@@ -188,7 +192,7 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
     float* t = fp32_of(ctx, p.saved, w);
     const bool normed = d.qk_norm && p.norm >= 0;
     float* proj = normed ? p.raw : t;
-    matmul(ctx, false, true, d.N, p.cols, d.H, 1.0f, xn, W(p.weight, d.H), 0.0f, proj, p.cols);
+    matmul(ctx, false, true, d.N, p.cols, d.H, 1.0f, xn.op, W(p.weight, d.H), 0.0f, proj, p.cols);
     if (d.qkv_bias) add_bias(ctx, params, p.bias, d, p.cols, proj, w.wbias);
     if (normed)  // RMSNorm over each head's hd values, before RoPE
       be.rmsnorm_forward(p.raw, norm_weight(ctx, params, p.norm, p.wnorm), eps, d.N * p.heads, d.hd,
@@ -203,16 +207,16 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
   be.copy(s.h, x, sizeof(float) * d.N * d.H);
   matmul(ctx, false, true, d.N, d.H, d.Q, 1.0f, attn_op, W(kO, d.Q), 1.0f, s.h, d.H);
 
-  be.rmsnorm_forward(s.h, norm_weight(ctx, params, kPostNorm, w.wn2), eps, d.N, d.H,
-                     fp32_out(ctx, s.xn2), s.rstd2, bf16_out(ctx, s.xn2));
-  const Operand xn2{s.xn2, d.H};
-  matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn2, W(kGate, d.H), 0.0f, s.g, d.I);
-  matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn2, W(kUp, d.H), 0.0f, s.u, d.I);
-  be.swiglu_forward(s.g, s.u, fp32_out(ctx, s.a), d.N * d.I, bf16_out(ctx, s.a));
-  const Operand a{s.a, d.I};
+  const KernelOperand xn2 = saved_operand(s.xn2, d.H);
+  be.rmsnorm_forward(s.h, norm_weight(ctx, params, kPostNorm, w.wn2), eps, d.N, d.H, xn2.fp32,
+                     s.rstd2, xn2.bf16);
+  matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn2.op, W(kGate, d.H), 0.0f, s.g, d.I);
+  matmul(ctx, false, true, d.N, d.I, d.H, 1.0f, xn2.op, W(kUp, d.H), 0.0f, s.u, d.I);
+  const KernelOperand a = saved_operand(s.a, d.I);
+  be.swiglu_forward(s.g, s.u, a.fp32, d.N * d.I, a.bf16);
   if (out == nullptr) return;  // recomputation for backward needs no output
   be.copy(out, s.h, sizeof(float) * d.N * d.H);
-  matmul(ctx, false, true, d.N, d.H, d.I, 1.0f, a, W(kDown, d.I), 1.0f, out, d.H);
+  matmul(ctx, false, true, d.N, d.H, d.I, 1.0f, a.op, W(kDown, d.I), 1.0f, out, d.H);
 }
 
 }  // namespace
@@ -305,16 +309,14 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   matmul(ctx, false, false, d.N, d.I, d.H, 1.0f, dy, W(kDown, d.I), 0.0f, w.da, d.I);
   matmul(ctx, true, false, d.H, d.I, d.N, 1.0f, dy, saved(s.a, d.I), gb, G(kDown), d.I);
   // dg over da in fp32 compute; in bf16 both straight into their operands
-  const bool bf16 = bf16_compute(ctx);
-  be.swiglu_backward(w.da, s.g, s.u, fp32_out(ctx, w.da), fp32_out(ctx, w.du), d.N * d.I,
-                     bf16_out(ctx, w.h1), bf16_out(ctx, w.h2));
-  const Operand dg_op{bf16 ? static_cast<const void*>(w.h1) : w.da, d.I};
-  const Operand du_op{bf16 ? static_cast<const void*>(w.h2) : w.du, d.I};
-  matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, dg_op, W(kGate, d.H), 0.0f, w.dxn, d.H);
-  matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, du_op, W(kUp, d.H), 1.0f, w.dxn, d.H);
+  const KernelOperand dg = kernel_operand(ctx, w.da, w.h1, d.I);
+  const KernelOperand du = kernel_operand(ctx, w.du, w.h2, d.I);
+  be.swiglu_backward(w.da, s.g, s.u, dg.fp32, du.fp32, d.N * d.I, dg.bf16, du.bf16);
+  matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, dg.op, W(kGate, d.H), 0.0f, w.dxn, d.H);
+  matmul(ctx, false, false, d.N, d.H, d.I, 1.0f, du.op, W(kUp, d.H), 1.0f, w.dxn, d.H);
   const Operand xn2 = saved(s.xn2, d.H);
-  matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, dg_op, xn2, gb, G(kGate), d.H);
-  matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, du_op, xn2, gb, G(kUp), d.H);
+  matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, dg.op, xn2, gb, G(kGate), d.H);
+  matmul(ctx, true, false, d.I, d.H, d.N, 1.0f, du.op, xn2, gb, G(kUp), d.H);
   const float* wn2 = norm_weight(ctx, a.params, kPostNorm, w.wn2);
   be.rmsnorm_backward(w.dxn, s.h, wn2, s.rstd2, d.N, d.H, dh, G(kPostNorm));
 

@@ -95,9 +95,10 @@ void project(const UnitContext& ctx, const HeadWeight& hw, Operand xn, int64_t r
 // the norm kernel itself into w.xn16.
 Operand normed_input(const UnitContext& ctx, const float* input, const float* wn,
                      const HeadWork& w) {
+  const KernelOperand xn = kernel_operand(ctx, w.xn, w.xn16, ctx.cfg.hidden_size);
   ctx.be.rmsnorm_forward(input, wn, static_cast<float>(ctx.cfg.rms_norm_eps), ctx.tokens(),
-                         ctx.cfg.hidden_size, fp32_out(ctx, w.xn), w.rstd, bf16_out(ctx, w.xn16));
-  return {bf16_compute(ctx) ? static_cast<const void*>(w.xn16) : w.xn, ctx.cfg.hidden_size};
+                         ctx.cfg.hidden_size, xn.fp32, w.rstd, xn.bf16);
+  return xn.op;
 }
 
 }  // namespace

@@ -105,15 +105,18 @@ inline Operand make_operand(const UnitContext& ctx, const float* x, int64_t rows
   return {half, ld};
 }
 
-// The outputs of a kernel that writes a GEMM operand itself (rmsnorm_forward, swiglu_*):
-// `fp32_out(ctx, dst)` is its fp32 output (dst in fp32 compute, null in bf16) and
-// `bf16_out(ctx, dst)` its bf16 one (dst in bf16 compute, null in fp32), so that the kernel
-// rounds where make_operand would have, without the fp32 pass between them.
-inline float* fp32_out(const UnitContext& ctx, void* dst) {
-  return bf16_compute(ctx) ? nullptr : static_cast<float*>(dst);
-}
-inline void* bf16_out(const UnitContext& ctx, void* dst) {
-  return bf16_compute(ctx) ? dst : nullptr;
+// A GEMM operand that a kernel writes itself (rmsnorm_forward, swiglu_*), rounding where
+// make_operand would have, without the fp32 pass between them: the kernel's fp32 output `fp32`
+// (`x` in fp32 compute, else null) and bf16 output `bf16` (`half` in bf16 compute, else null),
+// and the operand that results (ld columns).
+struct KernelOperand {
+  float* fp32;
+  void* bf16;
+  Operand op;
+};
+inline KernelOperand kernel_operand(const UnitContext& ctx, float* x, void* half, int64_t ld) {
+  if (bf16_compute(ctx)) return {nullptr, half, {half, ld}};
+  return {x, nullptr, {x, ld}};
 }
 
 // Operand `o` from element `at` on (an offset in its dtype); rows_from: from row `row` on,

@@ -285,18 +285,6 @@ __global__ void causal_softmax_backward_kernel(float* scores, float* dp, const f
 
 // --- cross-entropy: one block per row --------------------------------------------------------
 
-// The gradient of row element j: into the logits, or rounded to bf16 into grad_bf16's row.
-struct XentGrad {
-  float* x;
-  uint16_t* g;  // null: into x
-  __device__ void put(int64_t j, float v) const {
-    if (g != nullptr)
-      g[j] = kmath::fp32_to_bf16(v);
-    else
-      x[j] = v;
-  }
-};
-
 // f(j, x[j]) for this thread's elements of a row of n floats: 16-byte loads, four elements a
 // thread, where the row starts on 16 bytes and n is a multiple of 4 (more bytes in flight per
 // thread: a 128256-wide row is read at memory speed), else one element at a time. Every pass over
@@ -320,12 +308,13 @@ __device__ void each_in_row(const float* x, int64_t n, F f) {
 __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int64_t vocab,
                                      float coef, bool grad, float* row_loss, uint16_t* grad_bf16) {
   float* x = logits + blockIdx.x * vocab;
-  const XentGrad out{x, grad_bf16 != nullptr ? grad_bf16 + blockIdx.x * vocab : nullptr};
+  // The gradient: into the logits, or rounded to bf16 into grad_bf16's row.
+  uint16_t* g16 = grad_bf16 != nullptr ? grad_bf16 + blockIdx.x * vocab : nullptr;
   const int32_t t = targets[blockIdx.x];
   if (kmath::xent_ignored(t)) {  // the whole block takes this branch
     if (threadIdx.x == 0) row_loss[blockIdx.x] = 0.0f;
     if (grad)
-      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) out.put(j, 0.0f);
+      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) store(x, g16, j, 0.0f);
     return;
   }
   const float target_logit = x[t];
@@ -341,7 +330,7 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
   const float inv = 1.0f / sum;
   each_in_row(x, vocab, [&](int64_t j, float v) {  // a thread writes only what it has read
     const float g = kmath::xent_scale(kmath::softmax_exp(v, m) * inv, coef);
-    out.put(j, j == t ? kmath::xent_target(g, coef) : g);
+    store(x, g16, j, j == t ? kmath::xent_target(g, coef) : g);
   });
 }
 
