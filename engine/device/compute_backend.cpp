@@ -83,13 +83,19 @@ void ComputeBackend::attention_forward(const Attention& a, const void* q, const 
 }
 
 void ComputeBackend::attention_backward(const Attention& a, const void* q, const void* k,
-                                        const void* v, const float* lse, const void* dattn,
-                                        float* dq, float* dk, float* dv, float* scores,
-                                        float* dprob, void* lowp) {
+                                        const void* v, const float* lse, const void* attn,
+                                        const void* dattn, float* dq, float* dk, float* dv,
+                                        float* scores, float* dprob, void* lowp) {
   check_attention_dtype(a, lowp);
   const AttentionGemm mm{*this, a.dtype};
-  // The bf16 scratch: probabilities, then score gradients.
+  // The bf16 scratch: probabilities, then score gradients, then D.
   void* lowp_ds = lowp == nullptr ? nullptr : static_cast<uint16_t*>(lowp) + a.block * a.T;
+  float* delta = nullptr;
+  if (a.dtype == DType::BF16) {
+    if (attn == nullptr) throw InvalidArgument("attention backward: bf16 needs forward's output");
+    delta = attention_delta_scratch(a, lowp);
+    attention_delta(a, attn, dattn, delta);
+  }
   const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
   for (int64_t b = 0; b < a.B; ++b) {
     for (int64_t h = 0; h < a.nh; ++h) {
@@ -103,7 +109,8 @@ void ComputeBackend::attention_backward(const Attention& a, const void* q, const
            scores, keys);
         mm(false, true, rows, keys, a.hd, 1.0f, mm.at(dattn, q_at), Q, mm.at(v, kv_at), KV, 0.0f,
            dprob, keys);
-        causal_softmax_backward(scores, dprob, l + r0, rows, keys, r0);
+        causal_softmax_backward(scores, dprob, l + r0, rows, keys, r0,
+                                delta == nullptr ? nullptr : delta + (l - lse) + r0);
         const void* ds = mm.operand(dprob, rows * keys, lowp_ds);
         const void* p = mm.operand(scores, rows * keys, lowp);
         mm(false, false, rows, a.hd, keys, a.scale, ds, keys, mm.at(k, kv_at), KV, 0.0f, dq + q_at,
@@ -171,6 +178,8 @@ double attention_flops(Device& device, ComputeBackend& backend, const ComputeBac
                scores = device.alloc(block_floats * sizeof(float), what),
                dprob = device.alloc(block_floats * sizeof(float), what),
                lowp = device.alloc(lowp_bytes, what);
+  // What the decoder keeps of the output for backward: itself in fp32, rounded in bf16.
+  DeviceBuffer attn_saved = device.alloc(a.dtype == DType::BF16 ? q_elems * es : 1, what);
   // Zeros: every probability 1 / (keys), every gradient 0; the work is the same as for any data.
   for (DeviceBuffer* b : {&q, &k, &v, &dattn}) backend.zero(b->data(), b->size());
   const double flops = attention_train_flops(a);
@@ -181,9 +190,15 @@ double attention_flops(Device& device, ComputeBackend& backend, const ComputeBac
     backend.zero(dv.data(), dv.size());
     backend.attention_forward(a, q.data(), k.data(), v.data(), lse.as<float>(), attn.as<float>(),
                               scores.as<float>(), lowp.data());
-    backend.attention_backward(a, q.data(), k.data(), v.data(), lse.as<float>(), dattn.data(),
-                               dq.as<float>(), dk.as<float>(), dv.as<float>(), scores.as<float>(),
-                               dprob.as<float>(), lowp.data());
+    const void* saved = attn.data();
+    if (a.dtype == DType::BF16) {
+      backend.from_fp32(attn.as<float>(), attn_saved.data(), DType::BF16,
+                        static_cast<int64_t>(q_elems));
+      saved = attn_saved.data();
+    }
+    backend.attention_backward(a, q.data(), k.data(), v.data(), lse.as<float>(), saved,
+                               dattn.data(), dq.as<float>(), dk.as<float>(), dv.as<float>(),
+                               scores.as<float>(), dprob.as<float>(), lowp.data());
     backend.finish();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::max(best, flops / s);
@@ -244,11 +259,9 @@ void request_gemm_workspace(std::string_view text, std::string_view source) {
 }
 
 uint64_t attention_workspace_bytes(const ComputeBackend::Attention& a) {
-  if (fused_attention_shape(a))
-    return charged_bytes(static_cast<size_t>(a.B * a.nh * a.T) * sizeof(float));
   if (a.dtype == DType::F32)
     return charged_bytes(static_cast<size_t>(2 * a.nkv * a.block * a.T) * sizeof(float));
-  return 0;  // other bf16 shapes: the default attention, on the model's scratch
+  return 0;  // bf16: the fused kernels or the default, on the model's scratch
 }
 
 uint64_t id_slot_bytes(int64_t tokens) {

@@ -118,9 +118,10 @@ class ComputeBackend {
   virtual void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
                                       int64_t first_query) = 0;
   // scores (the scaled q k^T forward saw) becomes prob = exp(scores - lse) (0 beyond the causal
-  // limit); dp = dL/dprob becomes dL/dscores = prob * (dp - sum(prob * dp)).
+  // limit); dp = dL/dprob becomes dL/dscores = prob * (dp - D), D = delta[i] for row i when
+  // `delta` is given, else sum(prob * dp) over the row.
   virtual void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
-                                       int64_t keys, int64_t first_query) = 0;
+                                       int64_t keys, int64_t first_query, const float* delta) = 0;
   // row_loss[r] = log-sum-exp(logits[r]) - logits[r, targets[r]]; with `grad`, the gradient
   // coef * (softmax - onehot(target)) goes into logits, or, when `grad_bf16` is non-null, into
   // grad_bf16 ([rows, vocab] bf16, rounded to nearest even: the values logits would hold, rounded
@@ -139,19 +140,26 @@ class ComputeBackend {
   // Token-major layouts: q and attn [B*T, nh*hd], k and v [B*T, nkv*hd]; head h reads kv head
   // h / (nh / nkv); queries are taken `block` at a time (scores [block, keys] per head).
   // lse[(b*nh + h)*T + t] is what forward keeps for backward.
-  // dtype: the storage of q, k, v and dattn. F32: fp32 GEMMs. BF16 (the bf16 compute dtype):
-  // q k^T and the products with v take bf16 operands, and the probabilities (forward) and the
-  // probabilities and score gradients (backward) are rounded to bf16 before the GEMMs that read
-  // them, as a FlashAttention kernel does; softmax, lse and the accumulators stay fp32.
+  // dtype: the storage of q, k, v, attn's saved copy and dattn. F32: fp32 GEMMs, and backward's
+  // D = sum(prob * dp) over each row. BF16 (the bf16 compute dtype): q k^T and the products with
+  // v take bf16 operands, the probabilities (forward) and the probabilities and score gradients
+  // (backward) are rounded to bf16 before the GEMMs that read them, and backward's D is the dot
+  // of the row's bf16 output and output gradient (kmath::bf16_row_dot), as a FlashAttention
+  // kernel does; softmax, lse and the accumulators stay fp32.
   struct Attention {
     int64_t B, T, nh, nkv, hd, block;
     float scale;  // 1/sqrt(hd)
     DType dtype = DType::F32;
   };
-  // Scratch the default implementation needs besides `scores` / `dprob` with dtype BF16:
-  // bf16 elements (0 with F32).
+  // Scratch for dtype BF16 besides `scores` / `dprob`, in bf16 elements (0 with F32): two
+  // [block, T] bf16 blocks (the default's probabilities and score gradients), then backward's
+  // D, B*nh*T floats (attention_delta).
   static int64_t attention_bf16_scratch(const Attention& a) {
-    return a.dtype == DType::BF16 ? 2 * a.block * a.T : 0;
+    return a.dtype == DType::BF16 ? 2 * a.block * a.T + 2 * a.B * a.nh * a.T : 0;
+  }
+  // Where D lies in that scratch.
+  static float* attention_delta_scratch(const Attention& a, void* lowp) {
+    return reinterpret_cast<float*>(static_cast<uint16_t*>(lowp) + 2 * a.block * a.T);
   }
   // attn = softmax_causal(scale q k^T) v per head. `scores`: block*T floats of scratch; `lowp`:
   // attention_bf16_scratch(a) bf16 elements of scratch (null with F32). The default runs head
@@ -159,11 +167,16 @@ class ComputeBackend {
   // backends); a backend may batch the heads (CUDA).
   virtual void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
                                  float* lse, float* attn, float* scores, void* lowp);
-  // Given dattn (in a.dtype): writes dq, adds into dk and dv (fp32; the caller zeroes them).
-  // `scores` and `dprob`: block*T floats of scratch each; `lowp` as for forward.
+  // Given attn (forward's output, in a.dtype: read with BF16 only, may be null with F32) and
+  // dattn (in a.dtype): writes dq, adds into dk and dv (fp32; the caller zeroes them). `scores`
+  // and `dprob`: block*T floats of scratch each; `lowp` as for forward.
   virtual void attention_backward(const Attention& a, const void* q, const void* k, const void* v,
-                                  const float* lse, const void* dattn, float* dq, float* dk,
-                                  float* dv, float* scores, float* dprob, void* lowp);
+                                  const float* lse, const void* attn, const void* dattn, float* dq,
+                                  float* dk, float* dv, float* scores, float* dprob, void* lowp);
+  // BF16 only: delta[(b*nh + h)*T + t] = kmath::bf16_row_dot of head h's hd values of token
+  // b*T + t in attn and dattn (both [B*T, nh*hd] bf16): backward's D, the same bits everywhere.
+  virtual void attention_delta(const Attention& a, const void* attn, const void* dattn,
+                               float* delta) = 0;
 };
 
 // True when the CUDA backend runs attention of shape `a` fused (flash_attention.cu): bf16
@@ -180,7 +193,7 @@ struct WorkspaceShape {
 };
 struct Workspace {
   uint64_t gemm = 0;       // cuBLASLt's workspace (gemm_workspace_bytes)
-  uint64_t attention = 0;  // fp32: two score blocks of every kv head; fused: the row sums
+  uint64_t attention = 0;  // fp32: two score blocks of every kv head (bf16: none)
   uint64_t ids = 0;        // two id slots and the embedding backward's token groups
   uint64_t constants = 0;  // the constant tables
   uint64_t total() const { return gemm + attention + ids + constants; }
@@ -195,8 +208,8 @@ Workspace backend_workspace(DeviceKind kind, const WorkspaceShape& shape);
 inline constexpr uint64_t kMaxGemmWorkspaceMiB = 1024;
 uint64_t gemm_workspace_bytes();
 void request_gemm_workspace(std::string_view text, std::string_view source);
-// The bytes of each part of backend_workspace: the fp32 attention's score blocks, the fused
-// backward's row sums, an id slot, the token groups' packed array (at most 3n + 1 ints).
+// The bytes of each part of backend_workspace: the fp32 attention's score blocks, an id slot,
+// the token groups' packed array (at most 3n + 1 ints).
 uint64_t attention_workspace_bytes(const ComputeBackend::Attention& a);
 uint64_t id_slot_bytes(int64_t tokens);
 uint64_t token_groups_bytes(int64_t tokens);

@@ -28,10 +28,11 @@
 // of matrix l / 8; register i receives matrix i's (row g, columns 2t..2t+1), or with .trans
 // its (rows 2t..2t+1, column g).
 //
-// The rounding points are the default attention's (compute_backend.hpp), as in the WMMA
-// kernels: the forward finds each row's max and sum in a first pass over the keys and rounds
-// p = exp(s - max) / sum to bf16 in a second; the backward rounds p = exp(s - lse) and
-// ds = p (dp - D) with D = sum(p dp) found in a pass of its own. The exponentials are the
+// The rounding points are the default attention's (compute_backend.hpp): the forward finds
+// each row's max and sum in a first pass over the keys and rounds p = exp(s - max) / sum to
+// bf16 in a second; the backward rounds p = exp(s - lse) and ds = p (dp - D), D being the dot
+// of the row's bf16 output and output gradient (ComputeBackend::attention_delta, found before
+// these blocks run, as FlashAttention-2 finds it). The exponentials are the
 // hardware's: each is 2^(s * scale * log2(e) - m) with the row's m kept in that base-2 domain,
 // one fma and one ex2 per score (the host's exp polynomial would cost more than the products).
 // Only the tiles that the causal diagonal (or the sequence's end) crosses test each element
@@ -42,7 +43,7 @@
 // (deterministic, no atomics):
 //   forward  one block per (head, 128 queries, sequence), a warp per 32 queries (two strips of
 //            16 sharing each K and V fragment);
-//   dq       one block per (head, 64 queries, sequence): D, then dq = scale * ds k;
+//   dq       one block per (head, 64 queries, sequence): dq = scale * ds k;
 //   dkv      one block per (kv head, 64 keys, sequence), a warp per 16 keys, over the heads of
 //            the group and the 32-query tiles at or after the keys: dk += scale ds^T q,
 //            dv += p^T dattn.
@@ -378,16 +379,16 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
   }
 }
 
-// --- backward: D into drow [B, nh, T], dq [B*T, nh*HD] fp32 ----------------------------------
+// --- backward: dq [B*T, nh*HD] fp32, given D [B, nh, T] --------------------------------------
 
 template <int HD, class X>
 OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                    const float* lse, const uint16_t* dattn, float* drow, float* dq,
-                                    const Geometry& g) {
+                                    const float* lse, const uint16_t* dattn, const float* delta,
+                                    float* dq, const Geometry& g) {
   using L = Tiles<HD>;
   uint16_t* Qs = reinterpret_cast<uint16_t*>(x.shared());
   uint16_t* Ds = Qs + kRows * L::kLd;  // dattn rows
-  // (K, V) pairs: pair i % 2 for step i.
+  // (K, V) pairs: pair i % 2 for key tile i.
   const auto Ks = [&](int i) { return Ds + (1 + 2 * (i % 2)) * kRows * L::kLd; };
   const auto Vs = [&](int i) { return Ds + (2 + 2 * (i % 2)) * kRows * L::kLd; };
   const int q0 = first_query(x, g), h = x.block(0), b = x.block(2);
@@ -400,28 +401,20 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
   const int t[2] = {q0 + 16 * w + gr, q0 + 16 * w + gr + 8};
   const int64_t rows_at = (int64_t(b) * g.nh + h) * g.T;
   const float sl2 = g.scale * kLog2e;
-  float l[2];  // lse * log2 e: p = 2^(s sl2 - l)
+  float l[2], dot[2];  // lse * log2 e (p = 2^(s sl2 - l)) and D of the lane's two rows
   OUTCORE_UNROLL
-  for (int r = 0; r < 2; ++r) l[r] = t[r] < g.T ? lse[rows_at + t[r]] * kLog2e : 0.0f;
+  for (int r = 0; r < 2; ++r) {
+    l[r] = t[r] < g.T ? lse[rows_at + t[r]] * kLog2e : 0.0f;
+    dot[r] = t[r] < g.T ? delta[rows_at + t[r]] : 0.0f;
+  }
   auto valid = [&](int kt, int n, int e) {
     const int r = e / 2;
     return t[r] < g.T && kt * kRows + 8 * n + 2 * tc + e % 2 <= t[r];
   };
-  // Both passes step over the key tiles; step i reads pair i % 2 and loads step i + 1's.
-  const auto load_pair = [&](int i) {
-    if (i >= 2 * tiles) return;
-    const int kt = i % tiles;
-    load_rows<HD>(x, Ks(i), kb, KV, kt * kRows, kRows, g.T);
-    load_rows<HD>(x, Vs(i), vb, KV, kt * kRows, kRows, g.T);
-  };
-  // Step i's scores (q k^T) and probability gradients (dattn v^T).
-  auto scores = [&](int i, float(&s)[8][4], float(&dp)[8][4]) {
-    landed(x);
-    load_pair(i + 1);
-    zero(s);
-    zero(dp);
-    product_abt<HD>(x, s, Qs + 16 * w * L::kLd, Ks(i), lane);
-    product_abt<HD>(x, dp, Ds + 16 * w * L::kLd, Vs(i), lane);
+  const auto load_pair = [&](int kt) {
+    if (kt >= tiles) return;
+    load_rows<HD>(x, Ks(kt), kb, KV, kt * kRows, kRows, g.T);
+    load_rows<HD>(x, Vs(kt), vb, KV, kt * kRows, kRows, g.T);
   };
 
   load_rows<HD>(x, Qs, q + q_at, Q, q0, kRows, g.T);
@@ -429,30 +422,18 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
   load_pair(0);
   // Key tile kt wholly at or below the warp's first query: no mask.
   const auto full_tile = [&](int kt) { return kt * kRows + kRows - 1 <= q0 + 16 * w; };
-  // Pass 1: D = sum over keys of p * dp, p = exp(s - lse) in fp32.
-  float dot[2] = {0.0f, 0.0f};
-  for (int kt = 0; kt < tiles; ++kt) {
-    float s[8][4], dp[8][4];
-    scores(kt, s, dp);
-    masked_or_full(full_tile(kt), [&](auto full) {
-      OUTCORE_UNROLL
-      for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
-      for (int e = 0; e < 4; ++e)
-        if (full || valid(kt, n, e)) dot[e / 2] += x.exp2(fmaf(s[n][e], sl2, -l[e / 2])) * dp[n][e];
-    });
-  }
-  OUTCORE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    dot[r] = row_sum(x, dot[r]);
-    if (t[r] < g.T && tc == 0) drow[rows_at + t[r]] = dot[r];
-  }
-
-  // Pass 2: ds = p (dp - D) rounded to bf16; dq = scale * ds k.
+  // Per key tile: the scores (q k^T) and probability gradients (dattn v^T), ds = p (dp - D)
+  // rounded to bf16, dq += ds k.
   float acc[HD / 8][4];
   zero(acc);
   for (int kt = 0; kt < tiles; ++kt) {
+    landed(x);
+    load_pair(kt + 1);
     float s[8][4], dp[8][4];
-    scores(tiles + kt, s, dp);
+    zero(s);
+    zero(dp);
+    product_abt<HD>(x, s, Qs + 16 * w * L::kLd, Ks(kt), lane);
+    product_abt<HD>(x, dp, Ds + 16 * w * L::kLd, Vs(kt), lane);
     // ds in place of s (to_operands reads each element once, with its dp beside it).
     masked_or_full(full_tile(kt), [&](auto full) {
       OUTCORE_UNROLL
@@ -465,7 +446,7 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
     });
     uint32_t ds[4][4];
     to_operands(x, ds, s, [](float sv, int, int) { return sv; });
-    product_pb<HD>(x, acc, ds, Ks(tiles + kt), lane);
+    product_pb<HD>(x, acc, ds, Ks(kt), lane);
   }
   OUTCORE_UNROLL
   for (int n = 0; n < HD / 8; ++n) OUTCORE_UNROLL
@@ -479,7 +460,7 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
 
 template <int HD, class X>
 OUTCORE_TILE void backward_dkv_block(X& x, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                     const float* lse, const uint16_t* dattn, const float* drow,
+                                     const float* lse, const uint16_t* dattn, const float* delta,
                                      float* dk, float* dv, const Geometry& g) {
   using L = Tiles<HD>;
   constexpr int kN = kDkvQueries / 8;  // accumulator tiles across a step's queries
@@ -516,7 +497,7 @@ OUTCORE_TILE void backward_dkv_block(X& x, const uint16_t* q, const uint16_t* k,
     load_rows<HD>(x, st.Ds, dattn + q_at, Q, q0, kDkvQueries, g.T);
     for (int r = x.thread(); r < kDkvQueries; r += kThreads) {
       st.lse_s[r] = q0 + r < g.T ? lse[rows_at + q0 + r] * kLog2e : 0.0f;
-      st.d_s[r] = q0 + r < g.T ? drow[rows_at + q0 + r] : 0.0f;
+      st.d_s[r] = q0 + r < g.T ? delta[rows_at + q0 + r] : 0.0f;
     }
   };
   const int key[2] = {k0 + 16 * w + gr, k0 + 16 * w + gr + 8};  // the lane's two keys

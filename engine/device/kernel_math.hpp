@@ -164,6 +164,16 @@ OUTCORE_HD uint16_t fp32_to_bf16(float f) {
 
 OUTCORE_HD float bf16_to_fp32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
+// The attention backward's D for one query row of one head in bf16 compute: the dot of the
+// forward's output row and its gradient row (n bf16 values each), summed in fp32 in order. Each
+// product of two bf16 values is exact in fp32, so a contracted fma finds the same bits: the host
+// and the GPU agree exactly.
+OUTCORE_HD float bf16_row_dot(const uint16_t* a, const uint16_t* b, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += bf16_to_fp32(a[i]) * bf16_to_fp32(b[i]);
+  return sum;
+}
+
 OUTCORE_HD uint16_t fp32_to_fp16(float f) {
   uint32_t x = float_bits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;

@@ -131,9 +131,10 @@ void ProfilingBackend::causal_softmax_forward(float* scores, float* lse, int64_t
         [&](ComputeBackend& b) { b.causal_softmax_forward(scores, lse, rows, keys, first_query); });
 }
 void ProfilingBackend::causal_softmax_backward(float* scores, float* dp, const float* lse,
-                                               int64_t rows, int64_t keys, int64_t first_query) {
+                                               int64_t rows, int64_t keys, int64_t first_query,
+                                               const float* delta) {
   timed("causal_softmax_backward", 0, [&](ComputeBackend& b) {
-    b.causal_softmax_backward(scores, dp, lse, rows, keys, first_query);
+    b.causal_softmax_backward(scores, dp, lse, rows, keys, first_query, delta);
   });
 }
 void ProfilingBackend::cross_entropy(float* logits, const int32_t* targets, int64_t rows,
@@ -161,13 +162,18 @@ void ProfilingBackend::attention_forward(const Attention& a, const void* q, cons
         [&](ComputeBackend& b) { b.attention_forward(a, q, k, v, lse, attn, scores, lowp); });
 }
 void ProfilingBackend::attention_backward(const Attention& a, const void* q, const void* k,
-                                          const void* v, const float* lse, const void* dattn,
-                                          float* dq, float* dk, float* dv, float* scores,
-                                          float* dprob, void* lowp) {
-  // q k^T again, dattn v^T, p^T dattn, ds k, ds^T q.
+                                          const void* v, const float* lse, const void* attn,
+                                          const void* dattn, float* dq, float* dk, float* dv,
+                                          float* scores, float* dprob, void* lowp) {
+  // q k^T again, dattn v^T, p^T dattn, ds k, ds^T q (and D, on the inner backend's own call).
   timed(attention_key("attention_backward", a), 5 * causal_gemm_flops(a), [&](ComputeBackend& b) {
-    b.attention_backward(a, q, k, v, lse, dattn, dq, dk, dv, scores, dprob, lowp);
+    b.attention_backward(a, q, k, v, lse, attn, dattn, dq, dk, dv, scores, dprob, lowp);
   });
+}
+void ProfilingBackend::attention_delta(const Attention& a, const void* attn, const void* dattn,
+                                       float* delta) {
+  timed(attention_key("attention_delta", a), 0,
+        [&](ComputeBackend& b) { b.attention_delta(a, attn, dattn, delta); });
 }
 
 }  // namespace outcore::device

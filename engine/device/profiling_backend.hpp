@@ -73,7 +73,7 @@ class ProfilingBackend : public ComputeBackend {
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
                               int64_t first_query) override;
   void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
-                               int64_t keys, int64_t first_query) override;
+                               int64_t keys, int64_t first_query, const float* delta) override;
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
                      bool grad, float* row_loss, void* grad_bf16) override;
   void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
@@ -83,8 +83,10 @@ class ProfilingBackend : public ComputeBackend {
   void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
                          float* lse, float* attn, float* scores, void* lowp) override;
   void attention_backward(const Attention& a, const void* q, const void* k, const void* v,
-                          const float* lse, const void* dattn, float* dq, float* dk, float* dv,
-                          float* scores, float* dprob, void* lowp) override;
+                          const float* lse, const void* attn, const void* dattn, float* dq,
+                          float* dk, float* dv, float* scores, float* dprob, void* lowp) override;
+  void attention_delta(const Attention& a, const void* attn, const void* dattn,
+                       float* delta) override;
 
  private:
   // Runs fn on the inner backend, waits for it, and adds the time to the row `op`.

@@ -326,8 +326,8 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   matmul(ctx, true, false, d.H, d.Q, d.N, 1.0f, dy, saved(s.attn, d.Q), gb, G(kO), d.Q);
   be.zero(w.dk, sizeof(float) * d.N * d.KV);
   be.zero(w.dv, sizeof(float) * d.N * d.KV);
-  be.attention_backward(attention_of(d, ctx.opt), s.q, s.k, s.v, s.lse, op(w.dattn, d.Q, w.h1).p,
-                        w.dq, w.dk, w.dv, w.scores, w.dprob, w.lowp);
+  be.attention_backward(attention_of(d, ctx.opt), s.q, s.k, s.v, s.lse, s.attn,
+                        op(w.dattn, d.Q, w.h1).p, w.dq, w.dk, w.dv, w.scores, w.dprob, w.lowp);
   be.rope(w.dq, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, true);
   be.rope(w.dk, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, true);
   float* dq_proj = w.dq;  // the gradient of the q projection's output

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "common/error.hpp"
 #include "engine/device/compute_backend.hpp"
 #include "engine/device/cpu/kernels.hpp"
 #include "engine/device/device.hpp"
@@ -315,9 +316,58 @@ TEST_P(BackendConformance, CausalSoftmaxForwardAndBackwardMatchTheHost) {
   expect_close(get(L, rows), lse, tol(1e-5), "lse");
   DeviceBuffer S2 = put(scores), DP = put(dp), L2 = put(lse);
   backend_->causal_softmax_backward(S2.as<float>(), DP.as<float>(), L2.as<float>(), rows, keys,
-                                    first_query);
+                                    first_query, nullptr);
   expect_close(get(S2, q.size()), q, tol(1e-5), "recomputed prob");
   expect_close(get(DP, ds.size()), ds, tol(1e-5), "dscores");
+  // A given D replaces each row's sum(prob * dp).
+  const auto delta = randn(rows, 21);
+  std::vector<float> ds_given = dp;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t n = kmath::causal_keys(first_query + i);
+    for (int64_t j = 0; j < keys; ++j) {
+      float& d = ds_given[i * keys + j];
+      d = j < n ? kmath::softmax_grad(q[i * keys + j], d, delta[i]) : 0.0f;
+    }
+  }
+  DeviceBuffer S3 = put(scores), DP3 = put(dp), D3 = put(delta);
+  backend_->causal_softmax_backward(S3.as<float>(), DP3.as<float>(), L2.as<float>(), rows, keys,
+                                    first_query, D3.as<float>());
+  expect_close(get(S3, q.size()), q, tol(1e-5), "recomputed prob, D given");
+  expect_close(get(DP3, ds.size()), ds_given, tol(1e-5), "dscores, D given");
+}
+
+// D of every (sequence, head, token) row: kmath::bf16_row_dot of the head's values, the same bits
+// on every backend; other dtypes are refused.
+TEST_P(BackendConformance, AttentionDeltaIsTheRowDotOfOutputAndGradient) {
+  const ComputeBackend::Attention a{.B = 2,
+                                    .T = 7,
+                                    .nh = 3,
+                                    .nkv = 1,
+                                    .hd = 40,
+                                    .block = 4,
+                                    .scale = 0.25f,
+                                    .dtype = DType::BF16};
+  const int64_t n = a.B * a.T * a.nh * a.hd;
+  std::vector<uint16_t> attn(n), dattn(n);
+  const auto x = randn(n, 22), y = randn(n, 23);
+  cpu::from_fp32(x.data(), attn.data(), DType::BF16, n);
+  cpu::from_fp32(y.data(), dattn.data(), DType::BF16, n);
+  std::vector<float> want(a.B * a.nh * a.T);
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t t = 0; t < a.T; ++t)
+      for (int64_t h = 0; h < a.nh; ++h) {
+        const int64_t at = ((b * a.T + t) * a.nh + h) * a.hd;
+        float sum = 0.0f;
+        for (int64_t d = 0; d < a.hd; ++d)
+          sum += kmath::bf16_to_fp32(attn[at + d]) * kmath::bf16_to_fp32(dattn[at + d]);
+        want[(b * a.nh + h) * a.T + t] = sum;
+      }
+  DeviceBuffer A = put(attn), DA = put(dattn), D = put(std::vector<float>(want.size()));
+  backend_->attention_delta(a, A.data(), DA.data(), D.as<float>());
+  expect_close(get(D, want.size()), want, 0.0, "D");
+  ComputeBackend::Attention f32 = a;
+  f32.dtype = DType::F32;
+  EXPECT_THROW(backend_->attention_delta(f32, A.data(), DA.data(), D.as<float>()), InvalidArgument);
 }
 
 TEST_P(BackendConformance, CrossEntropyLossAndGradientMatchTheHost) {
@@ -401,7 +451,8 @@ struct AttentionReference {
 };
 
 // With `bf16`, at the rounding points of the bf16 compute dtype: q, k, v and dattn rounded to
-// bf16, and the probabilities and score gradients rounded where a GEMM reads them.
+// bf16, the probabilities and score gradients rounded where a GEMM reads them, and each row's
+// D = sum(p dp) taken as the dot of its output, rounded, and dattn.
 AttentionReference attention_reference(const ComputeBackend::Attention& a, std::vector<float> q,
                                        std::vector<float> k, std::vector<float> v,
                                        std::vector<float> dattn, bool bf16 = false) {
@@ -438,16 +489,24 @@ AttentionReference attention_reference(const ComputeBackend::Attention& a, std::
           for (int64_t d = 0; d < a.hd; ++d) dp[j] += double(dot[d]) * v[kv_at(j) + d];
           pdp += p[j] * dp[j];
         }
+        float* out = &r.attn[(b * a.T + t) * Q + h * a.hd];
         for (int64_t d = 0; d < a.hd; ++d) {
-          double o = 0, dqd = 0;
+          double o = 0;
+          for (int64_t j = 0; j <= t; ++j) o += r16(p[j]) * v[kv_at(j) + d];
+          out[d] = static_cast<float>(o);
+        }
+        if (bf16) {  // sum_j p_j dp_j = dattn . sum_j p_j v_j, from the output kept in bf16
+          pdp = 0;
+          for (int64_t d = 0; d < a.hd; ++d) pdp += r16(out[d]) * dot[d];
+        }
+        for (int64_t d = 0; d < a.hd; ++d) {
+          double dqd = 0;
           for (int64_t j = 0; j <= t; ++j) {
             const double ds = r16(p[j] * (dp[j] - pdp)), pj = r16(p[j]);
-            o += pj * v[kv_at(j) + d];
             dqd += a.scale * ds * k[kv_at(j) + d];
             dk[kv_at(j) + d] += a.scale * ds * qt[d];
             dv[kv_at(j) + d] += pj * dot[d];
           }
-          r.attn[(b * a.T + t) * Q + h * a.hd + d] = static_cast<float>(o);
           r.dq[(b * a.T + t) * Q + h * a.hd + d] = static_cast<float>(dqd);
         }
       }
@@ -481,8 +540,8 @@ TEST_P(BackendConformance, AttentionForwardAndBackwardMatchTheFp64Reference) {
   backend_->zero(DK.data(), k.size() * sizeof(float));  // backward adds into dk and dv
   backend_->zero(DV.data(), v.size() * sizeof(float));
   backend_->attention_backward(a, Qb.as<float>(), Kb.as<float>(), Vb.as<float>(), L.as<float>(),
-                               DA.as<float>(), DQ.as<float>(), DK.as<float>(), DV.as<float>(),
-                               S.as<float>(), P.as<float>(), nullptr);
+                               nullptr, DA.as<float>(), DQ.as<float>(), DK.as<float>(),
+                               DV.as<float>(), S.as<float>(), P.as<float>(), nullptr);
   expect_close(get(DQ, q.size()), want.dq, 1e-4, "dq");
   expect_close(get(DK, k.size()), want.dk, 1e-4, "dk");
   expect_close(get(DV, v.size()), want.dv, 1e-4, "dv");
@@ -524,11 +583,14 @@ TEST_P(BackendConformance, AttentionInBf16RoundsWhereTheReferenceRounds) {
                DV = put(std::vector<float>(v.size()));
   backend_->attention_forward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(), O.as<float>(),
                               S.as<float>(), LP.data());
+  // Backward reads the output as the decoder keeps it in bf16 compute: rounded.
+  DeviceBuffer O16 = put(std::vector<uint16_t>(q.size()));
+  backend_->from_fp32(O.as<float>(), O16.data(), DType::BF16, static_cast<int64_t>(q.size()));
   backend_->zero(DK.data(), k.size() * sizeof(float));
   backend_->zero(DV.data(), v.size() * sizeof(float));
-  backend_->attention_backward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(), DA.data(),
-                               DQ.as<float>(), DK.as<float>(), DV.as<float>(), S.as<float>(),
-                               P.as<float>(), LP.data());
+  backend_->attention_backward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(), O16.data(),
+                               DA.data(), DQ.as<float>(), DK.as<float>(), DV.as<float>(),
+                               S.as<float>(), P.as<float>(), LP.data());
   const std::pair<const char*, std::pair<std::vector<float>, std::pair<const std::vector<float>*,
                                                                        const std::vector<float>*>>>
       outputs[] = {{"attn", {get(O, q.size()), {&want.attn, &fp32.attn}}},

@@ -203,14 +203,18 @@ TEST_F(CudaKernels, FusedAttentionMatchesTheHostInBf16) {
     const HostAttention& want = c.want;
     const float scale = c.a.scale;
 
-    Dev<uint16_t> Q(bits[0]), K(bits[1]), V(bits[2]), DA(bits[3]);
+    // Backward reads the host's bf16 output: its D has the host's bits.
+    Dev<uint16_t> Q(bits[0]), K(bits[1]), V(bits[2]), DA(bits[3]), A(want.attn_bf16);
     Dev<float> L(want.lse.size()), O(want.attn.size()), R(want.lse.size()), DQ(want.dq.size());
     Dev<float> DK(want.dk.size()), DV(want.dv.size());  // zeros: backward adds into them
     flash_attention_forward(Q.get(), K.get(), V.get(), s.B, s.T, s.nh, s.nkv, s.hd, scale, L.get(),
                             O.get(), nullptr);
-    flash_attention_backward(Q.get(), K.get(), V.get(), L.get(), DA.get(), s.B, s.T, s.nh, s.nkv,
-                             s.hd, scale, R.get(), DQ.get(), DK.get(), DV.get(), nullptr);
-    expect_bf16_attention({O.host(), L.host(), DQ.host(), DK.host(), DV.host()}, want, c.fp32);
+    flash_attention_backward(Q.get(), K.get(), V.get(), L.get(), A.get(), DA.get(), s.B, s.T, s.nh,
+                             s.nkv, s.hd, scale, R.get(), DQ.get(), DK.get(), DV.get(), nullptr);
+    std::vector<float> delta(want.lse.size());
+    cpu_backend()->attention_delta(c.a, want.attn_bf16.data(), bits[3].data(), delta.data());
+    EXPECT_EQ(R.host(), delta) << "D: the host's bits";
+    expect_bf16_attention({O.host(), L.host(), DQ.host(), DK.host(), DV.host(), {}}, want, c.fp32);
   }
 }
 

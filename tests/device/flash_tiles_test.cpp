@@ -19,16 +19,22 @@
 namespace outcore::test {
 namespace {
 
+// The kernels of one forward and backward; backward reads D of the host's bf16 output (the same
+// bits as the host's D: ComputeBackend::attention_delta is the one function on every backend).
 template <int HD>
-HostAttention emulate(const AttentionShape& s, float scale,
-                      const std::vector<std::vector<uint16_t>>& bits) {
+HostAttention emulate(const AttentionCase& c) {
+  const AttentionShape s{c.a.B, c.a.T, c.a.nh, c.a.nkv, c.a.hd};
+  const float scale = c.a.scale;
+  const std::vector<std::vector<uint16_t>>& bits = c.in.bits;
   const flash::Geometry g{static_cast<int>(s.T), static_cast<int>(s.nh), static_cast<int>(s.nkv),
                           static_cast<int>(s.nh / s.nkv), scale};
   const int64_t tokens = s.B * s.T;
-  HostAttention o{std::vector<float>(tokens * s.nh * HD), std::vector<float>(s.B * s.nh * s.T),
-                  std::vector<float>(tokens * s.nh * HD), std::vector<float>(tokens * s.nkv * HD),
-                  std::vector<float>(tokens * s.nkv * HD)};
-  std::vector<float> drow(s.B * s.nh * s.T);
+  HostAttention o{std::vector<float>(tokens * s.nh * HD),  std::vector<float>(s.B * s.nh * s.T),
+                  std::vector<float>(tokens * s.nh * HD),  std::vector<float>(tokens * s.nkv * HD),
+                  std::vector<float>(tokens * s.nkv * HD), {}};
+  std::vector<float> delta(s.B * s.nh * s.T);
+  device::cpu_backend()->attention_delta(c.a, c.want.attn_bf16.data(), bits[3].data(),
+                                         delta.data());
   const uint16_t *q = bits[0].data(), *k = bits[1].data(), *v = bits[2].data();
   const uint16_t* dattn = bits[3].data();
   const int B = static_cast<int>(s.B);
@@ -38,10 +44,10 @@ HostAttention emulate(const AttentionShape& s, float scale,
     flash::forward_block<HD>(x, q, k, v, o.lse.data(), o.attn.data(), g);
   });
   simt_launch(grid(flash::dq_grid(g, B)), flash::kThreads, L::kDq, [&](SimtThread& x) {
-    flash::backward_dq_block<HD>(x, q, k, v, o.lse.data(), dattn, drow.data(), o.dq.data(), g);
+    flash::backward_dq_block<HD>(x, q, k, v, o.lse.data(), dattn, delta.data(), o.dq.data(), g);
   });
   simt_launch(grid(flash::dkv_grid(g, B)), flash::kThreads, L::kDkv, [&](SimtThread& x) {
-    flash::backward_dkv_block<HD>(x, q, k, v, o.lse.data(), dattn, drow.data(), o.dk.data(),
+    flash::backward_dkv_block<HD>(x, q, k, v, o.lse.data(), dattn, delta.data(), o.dk.data(),
                                   o.dv.data(), g);
   });
   return o;
@@ -56,21 +62,19 @@ TEST(FlashTiles, EmulatedKernelsMatchTheHostInBf16) {
         AttentionShape{1, 100, 3, 3, 32}, AttentionShape{2, 65, 2, 1, 16}}) {
     const AttentionCase c = attention_case(s);
     SCOPED_TRACE(c.name);
-    const std::vector<std::vector<uint16_t>>& bits = c.in.bits;
-    const float scale = c.a.scale;
     HostAttention got;
     switch (s.hd) {
       case 16:
-        got = emulate<16>(s, scale, bits);
+        got = emulate<16>(c);
         break;
       case 32:
-        got = emulate<32>(s, scale, bits);
+        got = emulate<32>(c);
         break;
       case 64:
-        got = emulate<64>(s, scale, bits);
+        got = emulate<64>(c);
         break;
       default:
-        got = emulate<128>(s, scale, bits);
+        got = emulate<128>(c);
     }
     expect_bf16_attention(got, c.want, c.fp32);
   }

@@ -19,6 +19,7 @@ namespace outcore::test {
 
 struct HostAttention {
   std::vector<float> attn, lse, dq, dk, dv;
+  std::vector<uint16_t> attn_bf16;  // bf16 compute: attn rounded, as backward read it
 };
 
 // `a` in `dtype` on inputs q, k, v, dattn whose values are already bf16 (passed to the backend
@@ -38,14 +39,22 @@ inline HostAttention host_attention(device::ComputeBackend::Attention a, DType d
   }
   HostAttention h{std::vector<float>(in[0].size()), std::vector<float>(a.B * a.nh * a.T),
                   std::vector<float>(in[0].size()), std::vector<float>(in[1].size()),
-                  std::vector<float>(in[2].size())};
+                  std::vector<float>(in[2].size()), {}};
   std::vector<float> scores(a.block * a.T), dprob(a.block * a.T);
   std::vector<uint16_t> lowp(
       std::max<int64_t>(1, device::ComputeBackend::attention_bf16_scratch(a)));
   void* lp = dtype == DType::BF16 ? lowp.data() : nullptr;
   be->attention_forward(a, ptr[0], ptr[1], ptr[2], h.lse.data(), h.attn.data(), scores.data(), lp);
-  be->attention_backward(a, ptr[0], ptr[1], ptr[2], h.lse.data(), ptr[3], h.dq.data(), h.dk.data(),
-                         h.dv.data(), scores.data(), dprob.data(), lp);
+  // Backward reads forward's output as the decoder keeps it: rounded to bf16 in bf16 compute.
+  const void* attn = h.attn.data();
+  if (dtype == DType::BF16) {
+    h.attn_bf16.resize(h.attn.size());
+    device::cpu::from_fp32(h.attn.data(), h.attn_bf16.data(), DType::BF16,
+                           static_cast<int64_t>(h.attn.size()));
+    attn = h.attn_bf16.data();
+  }
+  be->attention_backward(a, ptr[0], ptr[1], ptr[2], h.lse.data(), attn, ptr[3], h.dq.data(),
+                         h.dk.data(), h.dv.data(), scores.data(), dprob.data(), lp);
   return h;
 }
 

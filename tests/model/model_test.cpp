@@ -139,7 +139,9 @@ TEST(Model, WorkspaceShapeGivesTheCudaBackendsBytes) {
     EXPECT_EQ(asked, 0u);
   }
   EXPECT_EQ(w.gemm, asked);
-  EXPECT_EQ(w.attention, 4096u * 32 * 4);     // fused: one fp32 row sum per head and query
+  EXPECT_EQ(w.attention, 0u);  // fused: D, a float per head and query, on the model's scratch
+  EXPECT_EQ(device::ComputeBackend::attention_bf16_scratch(s.attention),
+            2 * 128 * 4096 + 2 * 32 * 4096);
   EXPECT_EQ(w.ids, 2 * 16384u + 13u * 4096);  // two id slots, groups of 3n + 1 ints (pages)
   EXPECT_EQ(w.constants, s.constant_bytes);
   EXPECT_EQ(w.total(), w.gemm + w.attention + w.ids + w.constants);

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/error.hpp"
 #include "engine/device/compute_backend.hpp"
 #include "engine/device/cpu/kernels.hpp"
 #include "engine/device/device.hpp"
@@ -86,17 +87,30 @@ class CpuBackend final : public ComputeBackend {
   }
 
   void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
-                               int64_t keys, int64_t first_query) override {
+                               int64_t keys, int64_t first_query, const float* delta) override {
     for (int64_t i = 0; i < rows; ++i) {
       float* pr = scores + i * keys;
       float* dr = dp + i * keys;
       const int64_t n = kmath::causal_keys(first_query + i);
       cpu::exp_shift(pr, lse[i], n);
       std::fill(pr + n, pr + keys, 0.0f);
-      const float dd = cpu::dot(pr, dr, n);
+      const float dd = delta != nullptr ? delta[i] : cpu::dot(pr, dr, n);
       for (int64_t j = 0; j < n; ++j) dr[j] = kmath::softmax_grad(pr[j], dr[j], dd);
       std::fill(dr + n, dr + keys, 0.0f);
     }
+  }
+  void attention_delta(const Attention& a, const void* attn, const void* dattn,
+                       float* delta) override {
+    if (a.dtype != DType::BF16) throw InvalidArgument("attention_delta: bf16 operands only");
+    const auto* o = static_cast<const uint16_t*>(attn);
+    const auto* d = static_cast<const uint16_t*>(dattn);
+    const int64_t Q = a.nh * a.hd;
+    for (int64_t b = 0; b < a.B; ++b)
+      for (int64_t h = 0; h < a.nh; ++h)
+        for (int64_t t = 0; t < a.T; ++t) {
+          const int64_t at = (b * a.T + t) * Q + h * a.hd;
+          delta[(b * a.nh + h) * a.T + t] = kmath::bf16_row_dot(o + at, d + at, a.hd);
+        }
   }
 
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
@@ -249,9 +263,16 @@ class DiscreteCpuBackend final : public ComputeBackend {
     });
   }
   void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
-                               int64_t keys, int64_t first_query) override {
-    run([=, this, scores = v(scores), dp = v(dp), lse = v(lse)] {
-      cpu_.causal_softmax_backward(scores, dp, lse, rows, keys, first_query);
+                               int64_t keys, int64_t first_query, const float* delta) override {
+    run([=, this, scores = v(scores), dp = v(dp), lse = v(lse), delta = v(delta)] {
+      cpu_.causal_softmax_backward(scores, dp, lse, rows, keys, first_query, delta);
+    });
+  }
+  void attention_delta(const Attention& a, const void* attn, const void* dattn,
+                       float* delta) override {
+    if (a.dtype != DType::BF16) throw InvalidArgument("attention_delta: bf16 operands only");
+    run([=, this, attn = v(attn), dattn = v(dattn), delta = v(delta)] {
+      cpu_.attention_delta(a, attn, dattn, delta);
     });
   }
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,

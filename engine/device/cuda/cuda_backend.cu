@@ -5,9 +5,9 @@
 // Everything the backend keeps in device memory comes from the device's allocator and is
 // charged to its byte budget (device_bytes(); the planner counts the same bytes through
 // backend_workspace): cuBLASLt's workspace (gemm_workspace_bytes), the constant tables, the
-// staged token / target ids and token groups, and either the fp32 attention's score blocks of
-// all kv heads at once (2 x nkv x 128 x T floats: 32 MiB for 8 kv heads at T = 4096) or the
-// fused backward's row sums (B x nh x T floats). Only the ids' pinned host staging is not.
+// staged token / target ids and token groups, and the fp32 attention's score blocks of all kv
+// heads at once (2 x nkv x 128 x T floats: 32 MiB for 8 kv heads at T = 4096; bf16 attention
+// keeps its D on the model's scratch). Only the ids' pinned host staging is not.
 //
 // Attention with bf16 operands (the bf16 compute dtype) runs fused (flash_attention.cu: no score
 // matrix in device memory) for head sizes 16, 32, 64 and 128, else through the default's
@@ -54,8 +54,7 @@ class CudaBackend final : public ComputeBackend {
     return backend_workspace(DeviceKind::Cuda, shape).total();
   }
   uint64_t device_bytes() const override {
-    uint64_t n = charged_bytes(gemm_workspace_.size()) + charged_bytes(work_.size()) +
-                 charged_bytes(rows_.size());
+    uint64_t n = charged_bytes(gemm_workspace_.size()) + charged_bytes(work_.size());
     for (const DeviceBuffer& c : constants_) n += charged_bytes(c.size());
     for (const IdSlot* s : {&ids_[0], &ids_[1], &groups_}) n += charged_bytes(s->device.size());
     return n;
@@ -154,8 +153,14 @@ class CudaBackend final : public ComputeBackend {
     cuda::causal_softmax_forward(scores, lse, 1, rows, keys, first_query, handle_);
   }
   void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
-                               int64_t keys, int64_t first_query) override {
-    cuda::causal_softmax_backward(scores, dp, lse, 1, rows, keys, first_query, handle_);
+                               int64_t keys, int64_t first_query, const float* delta) override {
+    cuda::causal_softmax_backward(scores, dp, lse, 1, rows, keys, first_query, handle_, 0, delta);
+  }
+  void attention_delta(const Attention& a, const void* attn, const void* dattn,
+                       float* delta) override {
+    if (a.dtype != DType::BF16) throw InvalidArgument("attention_delta: bf16 operands only");
+    current();
+    cuda::attention_delta(bits(attn), bits(dattn), a.B, a.T, a.nh, a.hd, delta, handle_);
   }
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
                      bool grad, float* row_loss, void* grad_bf16) override {
@@ -222,18 +227,20 @@ class CudaBackend final : public ComputeBackend {
   }
 
   void attention_backward(const Attention& a, const void* qv, const void* kv, const void* vv,
-                          const float* lse, const void* dattnv, float* dq, float* dk, float* dv,
-                          float* scores, float* dprob, void* lowp) override {
+                          const float* lse, const void* attn, const void* dattnv, float* dq,
+                          float* dk, float* dv, float* scores, float* dprob, void* lowp) override {
     if (fused(a, {qv, kv, vv, dattnv})) {
+      if (attn == nullptr || lowp == nullptr)
+        throw InvalidArgument("attention backward: bf16 needs forward's output and the scratch");
       current();
-      float* drow = grown(rows_, attention_workspace_bytes(a), "fused attention row sums");
-      cuda::flash_attention_backward(bits(qv), bits(kv), bits(vv), lse, bits(dattnv), a.B, a.T,
-                                     a.nh, a.nkv, a.hd, a.scale, drow, dq, dk, dv, handle_);
+      cuda::flash_attention_backward(bits(qv), bits(kv), bits(vv), lse, bits(attn), bits(dattnv),
+                                     a.B, a.T, a.nh, a.nkv, a.hd, a.scale,
+                                     attention_delta_scratch(a, lowp), dq, dk, dv, handle_);
       return;
     }
     if (a.dtype != DType::F32)
-      return ComputeBackend::attention_backward(a, qv, kv, vv, lse, dattnv, dq, dk, dv, scores,
-                                                dprob, lowp);
+      return ComputeBackend::attention_backward(a, qv, kv, vv, lse, attn, dattnv, dq, dk, dv,
+                                                scores, dprob, lowp);
     const auto* q = static_cast<const float*>(qv);
     const auto* k = static_cast<const float*>(kv);
     const auto* v = static_cast<const float*>(vv);
@@ -339,7 +346,6 @@ class CudaBackend final : public ComputeBackend {
   IdSlot groups_;                        // the embedding backward's token groups
   cudaEvent_t groups_copied_ = nullptr;  // groups_'s last upload
   DeviceBuffer work_;                    // attention score blocks (fp32 attention)
-  DeviceBuffer rows_;                    // the fused backward's row sums
 };
 
 }  // namespace

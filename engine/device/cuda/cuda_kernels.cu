@@ -267,18 +267,19 @@ __global__ void causal_softmax_forward_kernel(float* scores, float* lse, int64_t
 
 __global__ void causal_softmax_backward_kernel(float* scores, float* dp, const float* lse,
                                                int64_t rows, int64_t keys, int64_t first_query,
-                                               int64_t lse_stride) {
+                                               int64_t lse_stride, const float* delta) {
   const int64_t row = blockIdx.x;
   float* p = scores + row * keys;
   float* d = dp + row * keys;
   const int64_t n = kmath::causal_keys(first_query + row % rows);
-  const float l = lse[row / rows * lse_stride + row % rows];
+  const int64_t at = row / rows * lse_stride + row % rows;
+  const float l = lse[at];
   float dot = 0.0f;
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
     p[j] = j < n ? kmath::softmax_exp(p[j], l) : 0.0f;
     dot += p[j] * d[j];
   }
-  dot = block_all_reduce(dot, Sum{}, 0.0f);
+  dot = delta != nullptr ? delta[at] : block_all_reduce(dot, Sum{}, 0.0f);
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x)
     d[j] = j < n ? kmath::softmax_grad(p[j], d[j], dot) : 0.0f;
 }
@@ -472,13 +473,34 @@ void causal_softmax_forward(float* scores, float* lse, int64_t batch, int64_t ro
 
 void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t batch,
                              int64_t rows, int64_t keys, int64_t first_query, StreamHandle s,
-                             int64_t lse_stride) {
+                             int64_t lse_stride, const float* delta) {
   if (batch * rows == 0) return;
   if (first_query + rows > keys)
     throw InvalidArgument("causal_softmax_backward: queries beyond the keys");
   check_rows(batch * rows, "causal_softmax_backward");
   causal_softmax_backward_kernel<<<static_cast<unsigned>(batch * rows), kThreads, 0, native(s)>>>(
-      scores, dp, lse, rows, keys, first_query, lse_stride > 0 ? lse_stride : rows);
+      scores, dp, lse, rows, keys, first_query, lse_stride > 0 ? lse_stride : rows, delta);
+  LAUNCHED();
+}
+
+// --- attention's D: a thread per (token, head) row ------------------------------------------
+
+__global__ void attention_delta_kernel(const uint16_t* attn, const uint16_t* dattn, int64_t rows,
+                                       int64_t T, int64_t nh, int64_t hd, float* delta) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // token r / nh, head r % nh
+  if (r >= rows) return;
+  const int64_t token = r / nh, h = r % nh, at = r * hd;
+  delta[(token / T * nh + h) * T + token % T] = kmath::bf16_row_dot(attn + at, dattn + at, hd);
+}
+
+void attention_delta(const uint16_t* attn, const uint16_t* dattn, int64_t B, int64_t T, int64_t nh,
+                     int64_t hd, float* delta, StreamHandle s) {
+  const int64_t rows = B * T * nh;
+  if (rows == 0) return;
+  const int64_t blocks = (rows + kThreads - 1) / kThreads;
+  check_rows(blocks, "attention_delta");
+  attention_delta_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, native(s)>>>(
+      attn, dattn, rows, T, nh, hd, delta);
   LAUNCHED();
 }
 

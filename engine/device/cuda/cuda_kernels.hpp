@@ -74,10 +74,15 @@ void causal_softmax_forward(float* scores, float* lse, int64_t batch, int64_t ro
                             int64_t first_query, StreamHandle stream, int64_t lse_stride = 0);
 // Given scores (scaled q k^T, as forward saw them) and dp = dL/dprob, both [batch, rows, keys]:
 // scores becomes prob = exp(scores - lse) (0 beyond the causal limit) and dp becomes
-// dL/dscores = prob * (dp - sum(prob * dp)).
+// dL/dscores = prob * (dp - D), D = delta[b * lse_stride + i] when `delta` is given (laid out as
+// lse), else sum(prob * dp).
 void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t batch,
                              int64_t rows, int64_t keys, int64_t first_query, StreamHandle stream,
-                             int64_t lse_stride = 0);
+                             int64_t lse_stride = 0, const float* delta = nullptr);
+// ComputeBackend::attention_delta: delta [B, nh, T] = kmath::bf16_row_dot of each head's hd
+// values of attn and dattn ([B*T, nh*hd] bf16), a thread per row: the host's bits.
+void attention_delta(const uint16_t* attn, const uint16_t* dattn, int64_t B, int64_t T, int64_t nh,
+                     int64_t hd, float* delta, StreamHandle stream);
 
 // --- fused causal attention, bf16 operands (flash_attention.cu) ------------------------------
 
@@ -87,17 +92,19 @@ bool flash_attention_supported(int64_t hd);
 // ComputeBackend::attention_forward / attention_backward with dtype BF16 and the same rounding
 // points, without score blocks in device memory: q, dattn [B*T, nh*hd], k, v [B*T, nkv*hd]
 // (bf16 bits, token-major, 16-byte aligned rows); lse [B, nh, T]. Forward writes lse and attn
-// (fp32). Backward writes dq, adds into dk and dv (fp32), and uses drow (B*nh*T floats of
-// scratch) for each row's sum(p * dp). Deterministic: each output is written by one block.
+// (fp32). Backward takes attn, forward's output rounded to bf16, writes each row's D =
+// bf16_row_dot(attn, dattn) into delta (B*nh*T floats of scratch), then writes dq and adds into
+// dk and dv (fp32). Deterministic: each output is written by one block.
 // Throws InvalidArgument for a head size not supported, a shape out of range or a scale not
 // above 0.
 void flash_attention_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                              int64_t T, int64_t nh, int64_t nkv, int64_t hd, float scale,
                              float* lse, float* attn, StreamHandle stream);
 void flash_attention_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                              const float* lse, const uint16_t* dattn, int64_t B, int64_t T,
-                              int64_t nh, int64_t nkv, int64_t hd, float scale, float* drow,
-                              float* dq, float* dk, float* dv, StreamHandle stream);
+                              const float* lse, const uint16_t* attn, const uint16_t* dattn,
+                              int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd,
+                              float scale, float* delta, float* dq, float* dk, float* dv,
+                              StreamHandle stream);
 
 // --- cross-entropy head ----------------------------------------------------------------------
 

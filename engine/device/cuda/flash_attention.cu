@@ -86,10 +86,10 @@ __global__ void __launch_bounds__(flash::kThreads)
 template <int HD>
 __global__ void __launch_bounds__(flash::kThreads)
     tiles_backward_dq_kernel(const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                             const float* lse, const uint16_t* dattn, float* drow, float* dq,
+                             const float* lse, const uint16_t* dattn, const float* delta, float* dq,
                              flash::Geometry g) {
   Simt x;
-  flash::backward_dq_block<HD>(x, q, k, v, lse, dattn, drow, dq, g);
+  flash::backward_dq_block<HD>(x, q, k, v, lse, dattn, delta, dq, g);
 }
 
 template <int HD>
@@ -134,11 +134,12 @@ void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
 
 template <int HD>
 void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* lse,
-              const uint16_t* dattn, int64_t B, Geometry g, float* drow, float* dq, float* dk,
-              float* dv, cudaStream_t s) {
+              const uint16_t* attn, const uint16_t* dattn, int64_t B, Geometry g, float* drow,
+              float* dq, float* dk, float* dv, cudaStream_t s) {
   using L = flash::Tiles<HD>;
   allow_shared(tiles_backward_dq_kernel<HD>, L::kDq);
   allow_shared(tiles_backward_dkv_kernel<HD>, L::kDkv);
+  attention_delta(attn, dattn, B, g.T, g.nh, HD, drow, s);
   tiles_backward_dq_kernel<HD>
       <<<grid(flash::dq_grid(g, static_cast<int>(B))), flash::kThreads, L::kDq, s>>>(
           q, k, v, lse, dattn, drow, dq, g);
@@ -171,20 +172,21 @@ void flash_attention_forward(const uint16_t* q, const uint16_t* k, const uint16_
 }
 
 void flash_attention_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                              const float* lse, const uint16_t* dattn, int64_t B, int64_t T,
-                              int64_t nh, int64_t nkv, int64_t hd, float scale, float* drow,
-                              float* dq, float* dk, float* dv, StreamHandle stream) {
+                              const float* lse, const uint16_t* attn, const uint16_t* dattn,
+                              int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd,
+                              float scale, float* delta, float* dq, float* dk, float* dv,
+                              StreamHandle stream) {
   const Geometry g = geometry(B, T, nh, nkv, hd, scale, "flash_attention_backward");
   const auto s = static_cast<cudaStream_t>(stream);
   switch (hd) {
     case 16:
-      return backward<16>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s);
+      return backward<16>(q, k, v, lse, attn, dattn, B, g, delta, dq, dk, dv, s);
     case 32:
-      return backward<32>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s);
+      return backward<32>(q, k, v, lse, attn, dattn, B, g, delta, dq, dk, dv, s);
     case 64:
-      return backward<64>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s);
+      return backward<64>(q, k, v, lse, attn, dattn, B, g, delta, dq, dk, dv, s);
     default:
-      return backward<128>(q, k, v, lse, dattn, B, g, drow, dq, dk, dv, s);
+      return backward<128>(q, k, v, lse, attn, dattn, B, g, delta, dq, dk, dv, s);
   }
 }
 

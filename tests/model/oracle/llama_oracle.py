@@ -17,8 +17,10 @@ and receives
 
 With "compute": "bf16" every matrix product takes its operands rounded to bf16 (nearest even)
 in its forward and in both of its backward products, as outcore's bf16 compute dtype and
-PyTorch autocast do; attention's probabilities are rounded before the product with v, the
-score gradients before the products with k and q. Everything else stays float64.
+PyTorch autocast do; attention rounds as a FlashAttention kernel does: its probabilities before
+the product with v, the score gradients before the products with k and q, and each row's
+sum(p dp) taken as the dot of the output gradient and the output rounded to bf16. Everything
+else stays float64.
 
 The architecture is written from the Hugging Face Llama definition (RMSNorm, rotate-half
 RoPE, grouped-query causal attention, SwiGLU MLP, mean cross-entropy), not from outcore's code;
@@ -62,6 +64,51 @@ class Bf16MatMul(torch.autograd.Function):
 MATMUL = {"fp32": lambda a, b, alpha=1.0: alpha * (a @ b),
           "bf16": lambda a, b, alpha=1.0: Bf16MatMul.apply(a, b, alpha)}
 mm = MATMUL["fp32"]
+
+
+def causal_mask(T):
+    return torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+
+
+def attention_fp32(q, k, v, scale):
+    """softmax(scale q k^T, causal) v per head; q, k, v [B, heads, T, hd]."""
+    scores = (scale * (q @ k.transpose(-1, -2))).masked_fill(causal_mask(q.shape[-2]),
+                                                             float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+class Bf16Attention(torch.autograd.Function):
+    """attention_fp32 at a FlashAttention kernel's rounding points: q, k, v, the probabilities,
+    the output gradient and the score gradients rounded to bf16 where a product reads them, and
+    each row's sum(p dp) taken as the dot of the output gradient and the output rounded to bf16
+    (the output is kept in bf16 for backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        scores = (scale * (bf16(q) @ bf16(k).transpose(-1, -2))).masked_fill(
+            causal_mask(q.shape[-2]), float("-inf"))
+        p = torch.softmax(scores, dim=-1)
+        out = bf16(p) @ bf16(v)
+        ctx.save_for_backward(q, k, v, p, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, p, out = ctx.saved_tensors
+        g = bf16(g)
+        dp = g @ bf16(v).transpose(-1, -2)
+        d = (g * bf16(out)).sum(-1, keepdim=True)
+        ds = bf16(p * (dp - d))
+        dq = ctx.scale * (ds @ bf16(k))
+        dk = ctx.scale * (ds.transpose(-1, -2) @ bf16(q))
+        dv = bf16(p).transpose(-1, -2) @ g
+        return dq, dk, dv, None
+
+
+ATTENTION = {"fp32": attention_fp32,
+             "bf16": lambda q, k, v, scale: Bf16Attention.apply(q, k, v, scale)}
+core_attention = ATTENTION["fp32"]
 
 
 def rms_norm(x, w, eps):
@@ -129,10 +176,7 @@ def attention(x, p, prefix, cfg, cos, sin):
     group = nh // nkv
     k = k.repeat_interleave(group, dim=1)  # query head h uses kv head h // group
     v = v.repeat_interleave(group, dim=1)
-    scores = mm(q, k.transpose(-1, -2), 1.0 / math.sqrt(hd))
-    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-    scores = scores.masked_fill(mask, float("-inf"))
-    out = mm(torch.softmax(scores, dim=-1), v)  # [B, nh, T, hd]
+    out = core_attention(q, k, v, 1.0 / math.sqrt(hd))  # [B, nh, T, hd]
     out = out.transpose(1, 2).reshape(B, T, nh * hd)
     return mm(out, p[prefix + "o_proj.weight"].T)
 
@@ -173,8 +217,9 @@ def run_case(case_dir):
 
 
 def run_with(case_dir, compute, result_name):
-    global mm
+    global mm, core_attention
     mm = MATMUL[compute]
+    core_attention = ATTENTION[compute]
     with open(os.path.join(case_dir, "config.json")) as f:
         cfg = json.load(f)
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
