@@ -47,6 +47,12 @@ struct AttentionGemm {
   }
 };
 
+void check_attention_output(const ComputeBackend::Attention& a, const void* attn_bf16) {
+  if (attn_bf16 != nullptr && a.dtype != DType::BF16)
+    throw InvalidArgument("attention: a bf16 output with operands in " +
+                          std::string(dtype_name(a.dtype)));
+}
+
 void check_attention_dtype(const ComputeBackend::Attention& a, const void* lowp) {
   if (a.dtype != DType::F32 && a.dtype != DType::BF16)
     throw InvalidArgument("attention: operands in " + std::string(dtype_name(a.dtype)) +
@@ -59,8 +65,9 @@ void check_attention_dtype(const ComputeBackend::Attention& a, const void* lowp)
 
 void ComputeBackend::attention_forward(const Attention& a, const void* q, const void* k,
                                        const void* v, float* lse, float* attn, float* scores,
-                                       void* lowp) {
+                                       void* lowp, void* attn_bf16) {
   check_attention_dtype(a, lowp);
+  check_attention_output(a, attn_bf16);
   const AttentionGemm mm{*this, a.dtype};
   const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
   for (int64_t b = 0; b < a.B; ++b) {
@@ -80,6 +87,7 @@ void ComputeBackend::attention_forward(const Attention& a, const void* q, const 
       }
     }
   }
+  if (attn_bf16 != nullptr) from_fp32(attn, attn_bf16, DType::BF16, a.B * a.T * a.nh * a.hd);
 }
 
 void ComputeBackend::attention_backward(const Attention& a, const void* q, const void* k,
@@ -178,7 +186,6 @@ double attention_flops(Device& device, ComputeBackend& backend, const ComputeBac
                scores = device.alloc(block_floats * sizeof(float), what),
                dprob = device.alloc(block_floats * sizeof(float), what),
                lowp = device.alloc(lowp_bytes, what);
-  // What the decoder keeps of the output for backward: itself in fp32, rounded in bf16.
   DeviceBuffer attn_saved = device.alloc(a.dtype == DType::BF16 ? q_elems * es : 1, what);
   // Zeros: every probability 1 / (keys), every gradient 0; the work is the same as for any data.
   for (DeviceBuffer* b : {&q, &k, &v, &dattn}) backend.zero(b->data(), b->size());
@@ -188,14 +195,11 @@ double attention_flops(Device& device, ComputeBackend& backend, const ComputeBac
     const auto t0 = std::chrono::steady_clock::now();
     backend.zero(dk.data(), dk.size());
     backend.zero(dv.data(), dv.size());
+    // The output as the decoder keeps it for backward: fp32, or rounded to bf16 by attention.
+    void* saved = a.dtype == DType::BF16 ? attn_saved.data() : attn.data();
     backend.attention_forward(a, q.data(), k.data(), v.data(), lse.as<float>(), attn.as<float>(),
-                              scores.as<float>(), lowp.data());
-    const void* saved = attn.data();
-    if (a.dtype == DType::BF16) {
-      backend.from_fp32(attn.as<float>(), attn_saved.data(), DType::BF16,
-                        static_cast<int64_t>(q_elems));
-      saved = attn_saved.data();
-    }
+                              scores.as<float>(), lowp.data(),
+                              a.dtype == DType::BF16 ? saved : nullptr);
     backend.attention_backward(a, q.data(), k.data(), v.data(), lse.as<float>(), saved,
                                dattn.data(), dq.as<float>(), dk.as<float>(), dv.as<float>(),
                                scores.as<float>(), dprob.as<float>(), lowp.data());

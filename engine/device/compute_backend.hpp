@@ -106,8 +106,9 @@ class ComputeBackend {
   // dx += dL/dx, dw += dL/dw (rows summed in order).
   virtual void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                                 int64_t rows, int64_t dim, float* dx, float* dw) = 0;
+  // x_bf16 (may be null): the rotated x also written there rounded to bf16 (x keeps it in fp32).
   virtual void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
-                    const float* cos, const float* sin, bool inverse) = 0;
+                    const float* cos, const float* sin, bool inverse, void* x_bf16) = 0;
   virtual void swiglu_forward(const float* g, const float* u, float* a, int64_t n,
                               void* a_bf16) = 0;
   // dg may alias da.
@@ -162,11 +163,13 @@ class ComputeBackend {
     return reinterpret_cast<float*>(static_cast<uint16_t*>(lowp) + 2 * a.block * a.T);
   }
   // attn = softmax_causal(scale q k^T) v per head. `scores`: block*T floats of scratch; `lowp`:
-  // attention_bf16_scratch(a) bf16 elements of scratch (null with F32). The default runs head
-  // by head, block by block, through the backend's gemm / gemm_bf16 and causal softmax (the CPU
-  // backends); a backend may batch the heads (CUDA).
+  // attention_bf16_scratch(a) bf16 elements of scratch (null with F32). attn_bf16 (BF16 only,
+  // may be null): attn rounded to bf16 goes there instead (as from_fp32 rounds it), attn being
+  // scratch. The default runs head by head, block by block, through the backend's gemm /
+  // gemm_bf16 and causal softmax (the CPU backends); a backend may batch the heads (CUDA).
   virtual void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
-                                 float* lse, float* attn, float* scores, void* lowp);
+                                 float* lse, float* attn, float* scores, void* lowp,
+                                 void* attn_bf16);
   // Given attn (forward's output, in a.dtype: read with BF16 only, may be null with F32) and
   // dattn (in a.dtype): writes dq, adds into dk and dv (fp32; the caller zeroes them). `scores`
   // and `dprob`: block*T floats of scratch each; `lowp` as for forward.

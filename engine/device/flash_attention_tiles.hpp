@@ -255,11 +255,11 @@ OUTCORE_TILE float row_sum(X& x, float v) {
   return v + x.shfl_xor(v, 2);
 }
 
-// --- forward: lse [B, nh, T], attn [B*T, nh*HD] fp32 -----------------------------------------
+// --- forward: lse [B, nh, T], attn [B*T, nh*HD] fp32, or attn16 in bf16 (when not null) -----
 
 template <int HD, class X>
 OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                                float* lse, float* attn, const Geometry& g) {
+                                float* lse, float* attn, uint16_t* attn16, const Geometry& g) {
   using L = Tiles<HD>;
   constexpr int R = kForwardStrips;
   uint16_t* Qs = reinterpret_cast<uint16_t*>(x.shared());
@@ -369,13 +369,23 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
       }
     });
   }
+  // Each lane's two adjacent columns of a row: two floats, or one bf16 pair.
   OUTCORE_UNROLL
   for (int r = 0; r < R; ++r) OUTCORE_UNROLL
   for (int n = 0; n < HD / 8; ++n) OUTCORE_UNROLL
-  for (int e = 0; e < 4; ++e) {
-    const int row = t[r][e / 2];
-    if (row < g.T)
-      attn[(int64_t(b) * g.T + row) * Q + int64_t(h) * HD + 8 * n + 2 * tc + e % 2] = o[r][n][e];
+  for (int half = 0; half < 2; ++half) {
+    const int row = t[r][half];
+    if (row >= g.T) continue;
+    const int64_t at = (int64_t(b) * g.T + row) * Q + int64_t(h) * HD + 8 * n + 2 * tc;
+    const float lo = o[r][n][2 * half], hi = o[r][n][2 * half + 1];
+    if (attn16 != nullptr) {
+      const uint32_t pair = x.pack_bf16x2(lo, hi);
+      attn16[at] = static_cast<uint16_t>(pair & 0xffffu);
+      attn16[at + 1] = static_cast<uint16_t>(pair >> 16);
+    } else {
+      attn[at] = lo;
+      attn[at + 1] = hi;
+    }
   }
 }
 

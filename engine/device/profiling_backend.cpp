@@ -112,9 +112,10 @@ void ProfilingBackend::rmsnorm_backward(const float* dy, const float* x, const f
         [&](ComputeBackend& b) { b.rmsnorm_backward(dy, x, w, rstd, rows, dim, dx, dw); });
 }
 void ProfilingBackend::rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
-                            const float* cos, const float* sin, bool inverse) {
-  timed(inverse ? "rope inverse" : "rope", 0,
-        [&](ComputeBackend& b) { b.rope(x, rows, seq, heads, head_dim, cos, sin, inverse); });
+                            const float* cos, const float* sin, bool inverse, void* x_bf16) {
+  timed(inverse ? "rope inverse" : "rope", 0, [&](ComputeBackend& b) {
+    b.rope(x, rows, seq, heads, head_dim, cos, sin, inverse, x_bf16);
+  });
 }
 void ProfilingBackend::swiglu_forward(const float* g, const float* u, float* a, int64_t n,
                                       void* a_bf16) {
@@ -156,10 +157,11 @@ void ProfilingBackend::embedding_backward(const int32_t* ids, const float* dy, i
 }
 void ProfilingBackend::attention_forward(const Attention& a, const void* q, const void* k,
                                          const void* v, float* lse, float* attn, float* scores,
-                                         void* lowp) {
+                                         void* lowp, void* attn_bf16) {
   // q k^T and p v.
-  timed(attention_key("attention_forward", a), 2 * causal_gemm_flops(a),
-        [&](ComputeBackend& b) { b.attention_forward(a, q, k, v, lse, attn, scores, lowp); });
+  timed(attention_key("attention_forward", a), 2 * causal_gemm_flops(a), [&](ComputeBackend& b) {
+    b.attention_forward(a, q, k, v, lse, attn, scores, lowp, attn_bf16);
+  });
 }
 void ProfilingBackend::attention_backward(const Attention& a, const void* q, const void* k,
                                           const void* v, const float* lse, const void* attn,

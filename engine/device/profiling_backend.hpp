@@ -66,7 +66,7 @@ class ProfilingBackend : public ComputeBackend {
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                         int64_t rows, int64_t dim, float* dx, float* dw) override;
   void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
-            const float* sin, bool inverse) override;
+            const float* sin, bool inverse, void* x_bf16) override;
   void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16) override;
   void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
                        int64_t n, void* dg_bf16, void* du_bf16) override;
@@ -81,7 +81,8 @@ class ProfilingBackend : public ComputeBackend {
   void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden,
                           float* grad) override;
   void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
-                         float* lse, float* attn, float* scores, void* lowp) override;
+                         float* lse, float* attn, float* scores, void* lowp,
+                         void* attn_bf16) override;
   void attention_backward(const Attention& a, const void* q, const void* k, const void* v,
                           const float* lse, const void* attn, const void* dattn, float* dq,
                           float* dk, float* dv, float* scores, float* dprob, void* lowp) override;

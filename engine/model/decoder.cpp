@@ -197,12 +197,18 @@ void forward_into(const UnitContext& ctx, const void* params, const float* x, fl
     if (normed)  // RMSNorm over each head's hd values, before RoPE
       be.rmsnorm_forward(p.raw, norm_weight(ctx, params, p.norm, p.wnorm), eps, d.N * p.heads, d.hd,
                          t, p.rstd, nullptr);
-    if (p.norm >= 0) be.rope(t, d.N, d.T, p.heads, d.hd, ctx.rope_cos, ctx.rope_sin, false);
-    make_operand(ctx, t, d.N, p.cols, p.saved);
+    if (p.norm >= 0)  // RoPE rounds the operand itself
+      be.rope(t, d.N, d.T, p.heads, d.hd, ctx.rope_cos, ctx.rope_sin, false,
+              kernel_operand(ctx, t, p.saved, p.cols).bf16);
+    else
+      make_operand(ctx, t, d.N, p.cols, p.saved);
   }
+  // In bf16 compute attention rounds its output itself; w.act is its fp32 scratch.
   float* attn = fp32_of(ctx, s.attn, w);
-  be.attention_forward(attention_of(d, ctx.opt), s.q, s.k, s.v, s.lse, attn, w.scores, w.lowp);
-  const Operand attn_op = make_operand(ctx, attn, d.N, d.Q, s.attn);
+  const KernelOperand attn_out = kernel_operand(ctx, attn, s.attn, d.Q);
+  be.attention_forward(attention_of(d, ctx.opt), s.q, s.k, s.v, s.lse, attn, w.scores, w.lowp,
+                       attn_out.bf16);
+  const Operand attn_op = attn_out.op;
 
   be.copy(s.h, x, sizeof(float) * d.N * d.H);
   matmul(ctx, false, true, d.N, d.H, d.Q, 1.0f, attn_op, W(kO, d.Q), 1.0f, s.h, d.H);
@@ -328,8 +334,13 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
   be.zero(w.dv, sizeof(float) * d.N * d.KV);
   be.attention_backward(attention_of(d, ctx.opt), s.q, s.k, s.v, s.lse, s.attn,
                         op(w.dattn, d.Q, w.h1).p, w.dq, w.dk, w.dv, w.scores, w.dprob, w.lowp);
-  be.rope(w.dq, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, true);
-  be.rope(w.dk, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, true);
+  // Without qk_norm, RoPE's inverse gives the projections' output gradients: in bf16 compute it
+  // rounds their GEMM operands itself (into h1 and h2, which dattn's operand no longer needs).
+  const bool rope_rounds = bf16_compute(ctx) && !d.qk_norm;
+  be.rope(w.dq, d.N, d.T, d.nh, d.hd, ctx.rope_cos, ctx.rope_sin, true,
+          rope_rounds ? w.h1 : nullptr);
+  be.rope(w.dk, d.N, d.T, d.nkv, d.hd, ctx.rope_cos, ctx.rope_sin, true,
+          rope_rounds ? w.h2 : nullptr);
   float* dq_proj = w.dq;  // the gradient of the q projection's output
   float* dk_proj = w.dk;
   if (d.qk_norm) {  // through the per-head RMSNorm
@@ -347,7 +358,8 @@ void decoder_backward(const UnitContext& ctx, const BackwardArgs& a) {
     bias_grad(ctx, d, d.KV, dk_proj, G(kKBias));
     bias_grad(ctx, d, d.KV, w.dv, G(kVBias));
   }
-  const Operand dq = op(dq_proj, d.Q, w.h1), dk = op(dk_proj, d.KV, w.h2);
+  const Operand dq = rope_rounds ? Operand{w.h1, d.Q} : op(dq_proj, d.Q, w.h1);
+  const Operand dk = rope_rounds ? Operand{w.h2, d.KV} : op(dk_proj, d.KV, w.h2);
   void* dv_half = bf16_compute(ctx) ? static_cast<uint16_t*>(w.h2) + d.N * d.KV : nullptr;
   const Operand dv = op(w.dv, d.KV, dv_half);
   matmul(ctx, false, false, d.N, d.H, d.Q, 1.0f, dq, W(kQ, d.H), 0.0f, w.dxn, d.H);

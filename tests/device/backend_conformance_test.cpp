@@ -198,13 +198,14 @@ TEST_P(BackendConformance, GemmBf16IsTheFp32GemmOfTheWidenedOperands) {
 }
 
 TEST_P(BackendConformance, AddInplaceIsExact) {
-  const int64_t n = 1037;
-  const auto x = randn(n, 7), y = randn(n, 8);
-  auto want = y;
-  cpu::add_inplace(want.data(), x.data(), n);
-  DeviceBuffer X = put(x), Y = put(y);
-  backend_->add_inplace(Y.as<float>(), X.as<float>(), n);
-  expect_close(get(Y, n), want, 0.0, "add_inplace");
+  for (const int64_t n : {int64_t{1036}, int64_t{1037}}) {  // 16-byte loads on the GPU, or not
+    const auto x = randn(n, 7), y = randn(n, 8);
+    auto want = y;
+    cpu::add_inplace(want.data(), x.data(), n);
+    DeviceBuffer X = put(x), Y = put(y);
+    backend_->add_inplace(Y.as<float>(), X.as<float>(), n);
+    expect_close(get(Y, n), want, 0.0, "add_inplace " + std::to_string(n));
+  }
 }
 
 // Every element of `got` (bf16 bits) is `fp32[i]` rounded as from_fp32 rounds it.
@@ -246,51 +247,64 @@ TEST_P(BackendConformance, RmsNormForwardAndBackwardMatchTheHost) {
 }
 
 TEST_P(BackendConformance, RopeForwardAndInverseMatchTheHost) {
-  const int64_t rows = 12, seq = 6, heads = 3, hd = 16;
-  const auto x = randn(rows * heads * hd, 12), c = randn(seq * hd / 2, 13),
-             s = randn(seq * hd / 2, 14);
-  const float* dc = backend_->constant(c);
-  const float* ds = backend_->constant(s);
-  for (bool inverse : {false, true}) {
-    auto want = x;
-    cpu::rope(want.data(), rows, seq, heads, hd, c.data(), s.data(), inverse);
-    DeviceBuffer X = put(x);
-    backend_->rope(X.as<float>(), rows, seq, heads, hd, dc, ds, inverse);
-    expect_close(get(X, x.size()), want, tol(2e-6), inverse ? "rope inverse" : "rope");
+  // Head size 16: four pairs a thread on the GPU (16-byte loads); 12: one pair at a time.
+  for (const int64_t hd : {int64_t{16}, int64_t{12}}) {
+    SCOPED_TRACE(hd);
+    const int64_t rows = 12, seq = 6, heads = 3;
+    const auto x = randn(rows * heads * hd, 12), c = randn(seq * hd / 2, 13),
+               s = randn(seq * hd / 2, 14);
+    const float* dc = backend_->constant(c);
+    const float* ds = backend_->constant(s);
+    for (bool inverse : {false, true}) {
+      auto want = x;
+      cpu::rope(want.data(), rows, seq, heads, hd, c.data(), s.data(), inverse);
+      DeviceBuffer X = put(x);
+      backend_->rope(X.as<float>(), rows, seq, heads, hd, dc, ds, inverse, nullptr);
+      const std::vector<float> got = get(X, x.size());
+      expect_close(got, want, tol(2e-6), inverse ? "rope inverse" : "rope");
+      // With a bf16 output: the same fp32 result, and that result rounded there.
+      DeviceBuffer X2 = put(x), X16 = put(std::vector<uint16_t>(x.size(), 0x7fc1));
+      backend_->rope(X2.as<float>(), rows, seq, heads, hd, dc, ds, inverse, X16.data());
+      expect_close(get(X2, x.size()), got, 0.0, "rope with a bf16 output");
+      expect_bf16_of(get<uint16_t>(X16, x.size()), got, "rope in bf16");
+    }
   }
 }
 
 TEST_P(BackendConformance, SwigluForwardAndBackwardMatchTheHost) {
-  const int64_t n = 1037;
-  const auto g = randn(n, 15, 3.0f), u = randn(n, 16), da = randn(n, 17);
-  std::vector<float> a(n), dg(n), du(n);
-  cpu::swiglu_forward(g.data(), u.data(), a.data(), n);
-  cpu::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
-  DeviceBuffer G = put(g), U = put(u), DA = put(da), A = put(std::vector<float>(n)),
-               DG = put(std::vector<float>(n)), DU = put(std::vector<float>(n));
-  backend_->swiglu_forward(G.as<float>(), U.as<float>(), A.as<float>(), n, nullptr);
-  backend_->swiglu_backward(DA.as<float>(), G.as<float>(), U.as<float>(), DG.as<float>(),
-                            DU.as<float>(), n, nullptr, nullptr);
-  const std::vector<float> a_got = get(A, n), dg_got = get(DG, n), du_got = get(DU, n);
-  expect_close(a_got, a, tol(2e-6), "swiglu");
-  expect_close(dg_got, dg, tol(2e-6), "dg");
-  expect_close(du_got, du, tol(2e-6), "du");
-  // The results rounded to bf16 by the kernels themselves: this backend's fp32 ones, rounded.
-  DeviceBuffer A16 = put(std::vector<uint16_t>(n, 0x7fc1)),
-               DG16 = put(std::vector<uint16_t>(n, 0x7fc1)),
-               DU16 = put(std::vector<uint16_t>(n, 0x7fc1));
-  backend_->swiglu_forward(G.as<float>(), U.as<float>(), nullptr, n, A16.data());
-  backend_->swiglu_backward(DA.as<float>(), G.as<float>(), U.as<float>(), nullptr, nullptr, n,
-                            DG16.data(), DU16.data());
-  expect_bf16_of(get<uint16_t>(A16, n), a_got, "swiglu in bf16");
-  expect_bf16_of(get<uint16_t>(DG16, n), dg_got, "dg in bf16");
-  expect_bf16_of(get<uint16_t>(DU16, n), du_got, "du in bf16");
-  // dg may alias da.
-  DeviceBuffer DA2 = put(da), DU2 = put(std::vector<float>(n));
-  backend_->swiglu_backward(DA2.as<float>(), G.as<float>(), U.as<float>(), DA2.as<float>(),
-                            DU2.as<float>(), n, nullptr, nullptr);
-  expect_close(get(DA2, n), dg, tol(2e-6), "dg aliasing da");
-  expect_close(get(DU2, n), du, tol(2e-6), "du with dg aliasing da");
+  // 1036: four elements a thread on the GPU (16-byte loads); 1037: one at a time.
+  for (const int64_t n : {int64_t{1036}, int64_t{1037}}) {
+    SCOPED_TRACE(n);
+    const auto g = randn(n, 15, 3.0f), u = randn(n, 16), da = randn(n, 17);
+    std::vector<float> a(n), dg(n), du(n);
+    cpu::swiglu_forward(g.data(), u.data(), a.data(), n);
+    cpu::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
+    DeviceBuffer G = put(g), U = put(u), DA = put(da), A = put(std::vector<float>(n)),
+                 DG = put(std::vector<float>(n)), DU = put(std::vector<float>(n));
+    backend_->swiglu_forward(G.as<float>(), U.as<float>(), A.as<float>(), n, nullptr);
+    backend_->swiglu_backward(DA.as<float>(), G.as<float>(), U.as<float>(), DG.as<float>(),
+                              DU.as<float>(), n, nullptr, nullptr);
+    const std::vector<float> a_got = get(A, n), dg_got = get(DG, n), du_got = get(DU, n);
+    expect_close(a_got, a, tol(2e-6), "swiglu");
+    expect_close(dg_got, dg, tol(2e-6), "dg");
+    expect_close(du_got, du, tol(2e-6), "du");
+    // The results rounded to bf16 by the kernels themselves: this backend's fp32 ones, rounded.
+    DeviceBuffer A16 = put(std::vector<uint16_t>(n, 0x7fc1)),
+                 DG16 = put(std::vector<uint16_t>(n, 0x7fc1)),
+                 DU16 = put(std::vector<uint16_t>(n, 0x7fc1));
+    backend_->swiglu_forward(G.as<float>(), U.as<float>(), nullptr, n, A16.data());
+    backend_->swiglu_backward(DA.as<float>(), G.as<float>(), U.as<float>(), nullptr, nullptr, n,
+                              DG16.data(), DU16.data());
+    expect_bf16_of(get<uint16_t>(A16, n), a_got, "swiglu in bf16");
+    expect_bf16_of(get<uint16_t>(DG16, n), dg_got, "dg in bf16");
+    expect_bf16_of(get<uint16_t>(DU16, n), du_got, "du in bf16");
+    // dg may alias da.
+    DeviceBuffer DA2 = put(da), DU2 = put(std::vector<float>(n));
+    backend_->swiglu_backward(DA2.as<float>(), G.as<float>(), U.as<float>(), DA2.as<float>(),
+                              DU2.as<float>(), n, nullptr, nullptr);
+    expect_close(get(DA2, n), dg, tol(2e-6), "dg aliasing da");
+    expect_close(get(DU2, n), du, tol(2e-6), "du with dg aliasing da");
+  }
 }
 
 TEST_P(BackendConformance, CausalSoftmaxForwardAndBackwardMatchTheHost) {
@@ -533,7 +547,7 @@ TEST_P(BackendConformance, AttentionForwardAndBackwardMatchTheFp64Reference) {
   DeviceBuffer DQ = put(std::vector<float>(q.size())), DK = put(std::vector<float>(k.size())),
                DV = put(std::vector<float>(v.size()));
   backend_->attention_forward(a, Qb.as<float>(), Kb.as<float>(), Vb.as<float>(), L.as<float>(),
-                              O.as<float>(), S.as<float>(), nullptr);
+                              O.as<float>(), S.as<float>(), nullptr, nullptr);
   expect_close(get(O, q.size()), want.attn, 1e-4, "attn");
   expect_close(get(L, want.lse.size()), want.lse, 1e-4, "lse");
 
@@ -582,10 +596,14 @@ TEST_P(BackendConformance, AttentionInBf16RoundsWhereTheReferenceRounds) {
   DeviceBuffer DQ = put(std::vector<float>(q.size())), DK = put(std::vector<float>(k.size())),
                DV = put(std::vector<float>(v.size()));
   backend_->attention_forward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(), O.as<float>(),
-                              S.as<float>(), LP.data());
-  // Backward reads the output as the decoder keeps it in bf16 compute: rounded.
-  DeviceBuffer O16 = put(std::vector<uint16_t>(q.size()));
-  backend_->from_fp32(O.as<float>(), O16.data(), DType::BF16, static_cast<int64_t>(q.size()));
+                              S.as<float>(), LP.data(), nullptr);
+  // The output rounded by attention itself, as the decoder keeps it for backward: this
+  // backend's fp32 output, rounded.
+  DeviceBuffer O16 = put(std::vector<uint16_t>(q.size(), 0x7fc1)),
+               scratch = put(std::vector<float>(q.size()));
+  backend_->attention_forward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(),
+                              scratch.as<float>(), S.as<float>(), LP.data(), O16.data());
+  expect_bf16_of(get<uint16_t>(O16, q.size()), get(O, q.size()), "attn in bf16");
   backend_->zero(DK.data(), k.size() * sizeof(float));
   backend_->zero(DV.data(), v.size() * sizeof(float));
   backend_->attention_backward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(), O16.data(),

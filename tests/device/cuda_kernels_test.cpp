@@ -152,9 +152,9 @@ TEST_F(CudaKernels, EmbeddingGatherAndScatterAddMatchTheHostExactly) {
 }
 
 TEST_F(CudaKernels, RmsNormForwardAndBackwardMatchTheHost) {
-  // A toy shape (a partial column tile, rows not a multiple of the lanes) and Llama 3 8B's
-  // (4096 tokens of hidden 4096).
-  for (const auto& [rows, dim] : {std::pair<int64_t, int64_t>{37, 520}, {4096, 4096}}) {
+  // A toy shape (a partial column tile, rows not a multiple of the lanes), one whose rows take
+  // dw's loads eight rows ahead and then a tail, and Llama 3 8B's (4096 tokens of hidden 4096).
+  for (const auto& [rows, dim] : {std::pair<int64_t, int64_t>{37, 520}, {300, 96}, {4096, 4096}}) {
     SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(dim));
     auto x = randn(rows * dim, 11), w = randn(dim, 12), dy = randn(rows * dim, 13);
     std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim, 0.5f), dw(dim, 0.25f);
@@ -211,6 +211,14 @@ TEST_F(CudaKernels, FusedAttentionMatchesTheHostInBf16) {
                             O.get(), nullptr);
     flash_attention_backward(Q.get(), K.get(), V.get(), L.get(), A.get(), DA.get(), s.B, s.T, s.nh,
                              s.nkv, s.hd, scale, R.get(), DQ.get(), DK.get(), DV.get(), nullptr);
+    Dev<uint16_t> O16(std::vector<uint16_t>(want.attn.size(), 0x7fc1));
+    Dev<float> L2(want.lse.size());
+    flash_attention_forward(Q.get(), K.get(), V.get(), s.B, s.T, s.nh, s.nkv, s.hd, scale, L2.get(),
+                            nullptr, nullptr, O16.get());
+    std::vector<uint16_t> o16(want.attn.size());
+    const std::vector<float> o = O.host();
+    hk::from_fp32(o.data(), o16.data(), DType::BF16, static_cast<int64_t>(o.size()));
+    EXPECT_EQ(O16.host(), o16) << "attn in bf16: the fp32 output, rounded";
     std::vector<float> delta(want.lse.size());
     cpu_backend()->attention_delta(c.a, want.attn_bf16.data(), bits[3].data(), delta.data());
     EXPECT_EQ(R.host(), delta) << "D: the host's bits";

@@ -41,8 +41,17 @@ HostAttention emulate(const AttentionCase& c) {
   const auto grid = [](flash::Grid g) { return SimtGrid{g.x, g.y, g.z}; };
   using L = flash::Tiles<HD>;
   simt_launch(grid(flash::forward_grid(g, B)), flash::kThreads, L::kForward, [&](SimtThread& x) {
-    flash::forward_block<HD>(x, q, k, v, o.lse.data(), o.attn.data(), g);
+    flash::forward_block<HD>(x, q, k, v, o.lse.data(), o.attn.data(), nullptr, g);
   });
+  // The output in bf16 instead: the fp32 one, rounded.
+  std::vector<uint16_t> attn16(o.attn.size(), 0x7fc1), want16(o.attn.size());
+  std::vector<float> unused(s.B * s.nh * s.T);
+  simt_launch(grid(flash::forward_grid(g, B)), flash::kThreads, L::kForward, [&](SimtThread& x) {
+    flash::forward_block<HD>(x, q, k, v, unused.data(), nullptr, attn16.data(), g);
+  });
+  device::cpu::from_fp32(o.attn.data(), want16.data(), DType::BF16,
+                         static_cast<int64_t>(o.attn.size()));
+  EXPECT_EQ(attn16, want16) << "attn in bf16";
   simt_launch(grid(flash::dq_grid(g, B)), flash::kThreads, L::kDq, [&](SimtThread& x) {
     flash::backward_dq_block<HD>(x, q, k, v, o.lse.data(), dattn, delta.data(), o.dq.data(), g);
   });

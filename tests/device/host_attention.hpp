@@ -44,7 +44,8 @@ inline HostAttention host_attention(device::ComputeBackend::Attention a, DType d
   std::vector<uint16_t> lowp(
       std::max<int64_t>(1, device::ComputeBackend::attention_bf16_scratch(a)));
   void* lp = dtype == DType::BF16 ? lowp.data() : nullptr;
-  be->attention_forward(a, ptr[0], ptr[1], ptr[2], h.lse.data(), h.attn.data(), scores.data(), lp);
+  be->attention_forward(a, ptr[0], ptr[1], ptr[2], h.lse.data(), h.attn.data(), scores.data(), lp,
+                        nullptr);
   // Backward reads forward's output as the decoder keeps it: rounded to bf16 in bf16 compute.
   const void* attn = h.attn.data();
   if (dtype == DType::BF16) {

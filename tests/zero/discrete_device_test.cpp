@@ -210,9 +210,10 @@ class ChargingBackend final : public device::ProfilingBackend {
   }
   const device::Device* device() const override { return &dev_; }
   void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
-                         float* lse, float* attn, float* scores, void* lowp) override {
+                         float* lse, float* attn, float* scores, void* lowp,
+                         void* attn_bf16) override {
     if (!late_) late_ = dev_.alloc(bytes_ - bytes_ / 2, "workspace at the first attention");
-    ProfilingBackend::attention_forward(a, q, k, v, lse, attn, scores, lowp);
+    ProfilingBackend::attention_forward(a, q, k, v, lse, attn, scores, lowp, attn_bf16);
   }
 
  private:

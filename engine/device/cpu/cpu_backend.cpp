@@ -65,8 +65,8 @@ class CpuBackend final : public ComputeBackend {
     cpu::rmsnorm_backward(dy, x, w, rstd, rows, dim, dx, dw);
   }
   void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
-            const float* sin, bool inverse) override {
-    cpu::rope(x, rows, seq, heads, head_dim, cos, sin, inverse);
+            const float* sin, bool inverse, void* x_bf16) override {
+    cpu::rope(x, rows, seq, heads, head_dim, cos, sin, inverse, x_bf16);
   }
   void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16) override {
     cpu::swiglu_forward(g, u, a, n, a_bf16);
@@ -241,9 +241,9 @@ class DiscreteCpuBackend final : public ComputeBackend {
     });
   }
   void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
-            const float* sin, bool inverse) override {
-    run([=, this, x = v(x), cos = v(cos), sin = v(sin)] {
-      cpu_.rope(x, rows, seq, heads, head_dim, cos, sin, inverse);
+            const float* sin, bool inverse, void* x_bf16) override {
+    run([=, this, x = v(x), cos = v(cos), sin = v(sin), x_bf16 = v(x_bf16)] {
+      cpu_.rope(x, rows, seq, heads, head_dim, cos, sin, inverse, x_bf16);
     });
   }
   void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16) override {

@@ -185,7 +185,7 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
 }
 
 void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
-          const float* sin, bool inverse) {
+          const float* sin, bool inverse, void* x_bf16) {
   const int64_t half = head_dim / 2;
   const float sign = inverse ? -1.0f : 1.0f;
   for (int64_t r = 0; r < rows; ++r) {
@@ -198,6 +198,9 @@ void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, 
         kmath::rope_rotate(x1[j], x2[j], c[j], sign * s[j], x1[j], x2[j]);
       }
     }
+    if (x_bf16 != nullptr)  // the row while it is in cache
+      from_fp32(x + r * heads * head_dim, static_cast<uint16_t*>(x_bf16) + r * heads * head_dim,
+                DType::BF16, heads * head_dim);
   }
 }
 

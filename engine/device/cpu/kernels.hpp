@@ -38,8 +38,9 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
 
 // Rotary embedding ("rotate half") in place on x = [rows, heads * head_dim], row r at position
 // r % seq. cos/sin are [seq, head_dim/2]. inverse applies the transposed rotation (backward).
+// With x_bf16, the result is also written there rounded to bf16 (as from_fp32 rounds it).
 void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
-          const float* sin, bool inverse);
+          const float* sin, bool inverse, void* x_bf16 = nullptr);
 
 // a = silu(g) * u; with a_bf16, rounded to bf16 there instead (a unused, may be null).
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16 = nullptr);

@@ -137,8 +137,9 @@ class CudaBackend final : public ComputeBackend {
     cuda::rmsnorm_backward(dy, x, w, rstd, rows, dim, dx, dw, handle_);
   }
   void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
-            const float* sin, bool inverse) override {
-    cuda::rope(x, rows, seq, heads, head_dim, cos, sin, inverse, handle_);
+            const float* sin, bool inverse, void* x_bf16) override {
+    cuda::rope(x, rows, seq, heads, head_dim, cos, sin, inverse, handle_,
+               static_cast<uint16_t*>(x_bf16));
   }
   void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16) override {
     cuda::swiglu_forward(g, u, a, n, handle_, static_cast<uint16_t*>(a_bf16));
@@ -192,16 +193,17 @@ class CudaBackend final : public ComputeBackend {
   }
 
   void attention_forward(const Attention& a, const void* qv, const void* kv, const void* vv,
-                         float* lse, float* attn, float* scores, void* lowp) override {
+                         float* lse, float* attn, float* scores, void* lowp,
+                         void* attn_bf16) override {
     if (fused(a, {qv, kv, vv})) {
       current();
       cuda::flash_attention_forward(bits(qv), bits(kv), bits(vv), a.B, a.T, a.nh, a.nkv, a.hd,
-                                    a.scale, lse, attn, handle_);
+                                    a.scale, lse, attn, handle_, static_cast<uint16_t*>(attn_bf16));
       return;
     }
     // Other bf16 shapes: the default's head-by-head GEMMs on cuBLASLt bf16.
-    if (a.dtype != DType::F32)
-      return ComputeBackend::attention_forward(a, qv, kv, vv, lse, attn, scores, lowp);
+    if (a.dtype != DType::F32 || attn_bf16 != nullptr)
+      return ComputeBackend::attention_forward(a, qv, kv, vv, lse, attn, scores, lowp, attn_bf16);
     const auto* q = static_cast<const float*>(qv);
     const auto* k = static_cast<const float*>(kv);
     const auto* v = static_cast<const float*>(vv);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "common/error.hpp"
 #include "engine/device/cuda/cuda_check.hpp"
@@ -126,12 +127,6 @@ bool on_16_bytes(const void* a, const void* b) {
   return (reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % 16 == 0;
 }
 
-__global__ void add_kernel(float* y, const float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    y[i] += x[i];
-}
-
 // out[i] = v in fp32, or rounded to bf16 into out16[i] when out16 is given.
 __device__ __forceinline__ void store(float* out, uint16_t* out16, int64_t i, float v) {
   if (out16 != nullptr)
@@ -140,34 +135,110 @@ __device__ __forceinline__ void store(float* out, uint16_t* out16, int64_t i, fl
     out[i] = v;
 }
 
-__global__ void swiglu_forward_kernel(const float* g, const float* u, float* a, uint16_t* a16,
-                                      int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    store(a, a16, i, kmath::swiglu(g[i], u[i]));
+// V consecutive floats from i: one 16-byte load for V = 4 (p + i on 16 bytes).
+template <int V>
+__device__ __forceinline__ void load(const float* p, int64_t i, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p + i);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    for (int k = 0; k < V; ++k) v[k] = p[i + k];
+  }
 }
-
-__global__ void swiglu_backward_kernel(const float* da, const float* g, const float* u, float* dg,
-                                       float* du, uint16_t* dg16, uint16_t* du16, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    float dgi, dui;
-    kmath::swiglu_grad(da[i], g[i], u[i], dgi, dui);
-    store(dg, dg16, i, dgi);
-    store(du, du16, i, dui);
+// store() of V consecutive values from i: one 16-byte store in fp32 or one 8-byte store in bf16
+// for V = 4 (the destination on that many bytes), each value rounded as store() rounds it.
+template <int V>
+__device__ __forceinline__ void store(float* out, uint16_t* out16, int64_t i, const float (&v)[V]) {
+  if constexpr (V == 4) {
+    if (out16 != nullptr) {
+      const auto pair = [](float lo, float hi) {
+        return uint32_t{kmath::fp32_to_bf16(lo)} | uint32_t{kmath::fp32_to_bf16(hi)} << 16;
+      };
+      *reinterpret_cast<uint2*>(out16 + i) = make_uint2(pair(v[0], v[1]), pair(v[2], v[3]));
+    } else {
+      *reinterpret_cast<float4*>(out + i) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+  } else {
+    for (int k = 0; k < V; ++k) store(out, out16, i + k, v[k]);
   }
 }
 
-// One thread per rotated pair: (row, head, j < head_dim / 2).
-__global__ void rope_kernel(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim,
-                            const float* cos, const float* sin, float sign) {
+// Elementwise kernels take V = 4 elements a thread per step (16-byte loads: more bytes in flight
+// per thread, the elementwise passes at memory speed) where n is a multiple of 4 and every
+// operand starts on 16 bytes (8 for a bf16 output), else V = 1. The same formula per element
+// either way: the same bits.
+bool four_at_a_time(int64_t n, std::initializer_list<const void*> fp32,
+                    std::initializer_list<const void*> bf16) {
+  if (n % 4 != 0) return false;
+  for (const void* p : fp32)
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  for (const void* p : bf16)
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 8 != 0) return false;
+  return true;
+}
+
+template <int V>
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = V * (blockIdx.x * int64_t{blockDim.x} + threadIdx.x); i < n;
+       i += V * int64_t{gridDim.x} * blockDim.x) {
+    float yv[V], xv[V];
+    load(y, i, yv);
+    load(x, i, xv);
+    for (int k = 0; k < V; ++k) yv[k] += xv[k];
+    store(y, nullptr, i, yv);
+  }
+}
+
+template <int V>
+__global__ void swiglu_forward_kernel(const float* g, const float* u, float* a, uint16_t* a16,
+                                      int64_t n) {
+  for (int64_t i = V * (blockIdx.x * int64_t{blockDim.x} + threadIdx.x); i < n;
+       i += V * int64_t{gridDim.x} * blockDim.x) {
+    float gv[V], uv[V], av[V];
+    load(g, i, gv);
+    load(u, i, uv);
+    for (int k = 0; k < V; ++k) av[k] = kmath::swiglu(gv[k], uv[k]);
+    store(a, a16, i, av);
+  }
+}
+
+template <int V>
+__global__ void swiglu_backward_kernel(const float* da, const float* g, const float* u, float* dg,
+                                       float* du, uint16_t* dg16, uint16_t* du16, int64_t n) {
+  for (int64_t i = V * (blockIdx.x * int64_t{blockDim.x} + threadIdx.x); i < n;
+       i += V * int64_t{gridDim.x} * blockDim.x) {
+    float dav[V], gv[V], uv[V], dgv[V], duv[V];
+    load(da, i, dav);  // every load before the stores: dg may alias da
+    load(g, i, gv);
+    load(u, i, uv);
+    for (int k = 0; k < V; ++k) kmath::swiglu_grad(dav[k], gv[k], uv[k], dgv[k], duv[k]);
+    store(dg, dg16, i, dgv);
+    store(du, du16, i, duv);
+  }
+}
+
+// One thread per V rotated pairs: (row, head, j .. j + V - 1 < head_dim / 2); V = 4 where the
+// half head and every operand allow 16-byte loads (the bf16 output 8-byte stores).
+template <int V>
+__global__ void rope_kernel(float* x, uint16_t* x16, int64_t rows, int64_t seq, int64_t heads,
+                            int64_t head_dim, const float* cos, const float* sin, float sign) {
   const int64_t half = head_dim / 2, n = rows * heads * half;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = V * (blockIdx.x * int64_t{blockDim.x} + threadIdx.x); i < n;
+       i += V * int64_t{gridDim.x} * blockDim.x) {
     const int64_t j = i % half, rh = i / half, r = rh / heads;
-    float* x1 = x + rh * head_dim + j;
-    const int64_t t = (r % seq) * half + j;
-    kmath::rope_rotate(x1[0], x1[half], cos[t], sign * sin[t], x1[0], x1[half]);
+    const int64_t at = rh * head_dim + j, t = (r % seq) * half + j;
+    float x1[V], x2[V], c[V], sn[V];
+    load(x, at, x1);
+    load(x, at + half, x2);
+    load(cos, t, c);
+    load(sin, t, sn);
+    for (int k = 0; k < V; ++k) kmath::rope_rotate(x1[k], x2[k], c[k], sign * sn[k], x1[k], x2[k]);
+    store(x, nullptr, at, x1);
+    store(x, nullptr, at + half, x2);
+    if (x16 != nullptr) {
+      store(nullptr, x16, at, x1);
+      store(nullptr, x16, at + half, x2);
+    }
   }
 }
 
@@ -223,7 +294,7 @@ __global__ void rmsnorm_dx_kernel(const float* dy, const float* x, const float* 
 // atomics); the order differs from the host's (rows in order) by the lane split only. The block
 // is the largest there is, so that the few blocks of a hidden size (one per 32 columns) keep
 // enough loads in flight.
-constexpr int kDwColumns = 32, kDwLanes = 32, kDwThreads = kDwColumns * kDwLanes;
+constexpr int kDwColumns = 32, kDwLanes = 32, kDwThreads = kDwColumns * kDwLanes, kDwAhead = 8;
 
 __global__ void __launch_bounds__(kDwThreads)
     rmsnorm_dw_kernel(const float* dy, const float* x, const float* rstd, int64_t rows, int64_t dim,
@@ -232,9 +303,23 @@ __global__ void __launch_bounds__(kDwThreads)
   const int col = threadIdx.x % kDwColumns, lane = threadIdx.x / kDwColumns;
   const int64_t i = int64_t{blockIdx.x} * kDwColumns + col;
   float acc = 0.0f;
-  if (i < dim)
-    for (int64_t r = lane; r < rows; r += kDwLanes)
+  if (i < dim) {
+    // kDwAhead rows' loads issued together, then added in row order: the same sum as one row at
+    // a time, with that many more loads in flight.
+    int64_t r = lane;
+    for (; r + (kDwAhead - 1) * kDwLanes < rows; r += kDwAhead * kDwLanes) {
+      float d[kDwAhead], v[kDwAhead], s[kDwAhead];
+#pragma unroll
+      for (int k = 0; k < kDwAhead; ++k) {
+        const int64_t row = r + k * kDwLanes;
+        d[k] = dy[row * dim + i], v[k] = x[row * dim + i], s[k] = rstd[row];
+      }
+#pragma unroll
+      for (int k = 0; k < kDwAhead; ++k) acc += kmath::rmsnorm_dw(d[k], v[k], s[k]);
+    }
+    for (; r < rows; r += kDwLanes)
       acc += kmath::rmsnorm_dw(dy[r * dim + i], x[r * dim + i], rstd[r]);
+  }
   lane_sum[lane][col] = acc;
   __syncthreads();
   if (lane == 0 && i < dim) {
@@ -391,31 +476,47 @@ void from_fp32(const float* src, void* dst, DType dtype, int64_t n, StreamHandle
 
 void add_inplace(float* y, const float* x, int64_t n, StreamHandle s) {
   if (n == 0) return;
-  add_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(y, x, n);
+  if (four_at_a_time(n, {y, x}, {}))
+    add_kernel<4><<<grid_for(n / 4), kThreads, 0, native(s)>>>(y, x, n);
+  else
+    add_kernel<1><<<grid_for(n), kThreads, 0, native(s)>>>(y, x, n);
   LAUNCHED();
 }
 
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n, StreamHandle s,
                     uint16_t* a_bf16) {
   if (n == 0) return;
-  swiglu_forward_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(g, u, a, a_bf16, n);
+  if (four_at_a_time(n, {g, u, a_bf16 ? nullptr : a}, {a_bf16}))
+    swiglu_forward_kernel<4><<<grid_for(n / 4), kThreads, 0, native(s)>>>(g, u, a, a_bf16, n);
+  else
+    swiglu_forward_kernel<1><<<grid_for(n), kThreads, 0, native(s)>>>(g, u, a, a_bf16, n);
   LAUNCHED();
 }
 
 void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
                      int64_t n, StreamHandle s, uint16_t* dg_bf16, uint16_t* du_bf16) {
   if (n == 0) return;
-  swiglu_backward_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(da, g, u, dg, du, dg_bf16,
-                                                                  du_bf16, n);
+  if (four_at_a_time(n, {da, g, u, dg_bf16 ? nullptr : dg, du_bf16 ? nullptr : du},
+                     {dg_bf16, du_bf16}))
+    swiglu_backward_kernel<4>
+        <<<grid_for(n / 4), kThreads, 0, native(s)>>>(da, g, u, dg, du, dg_bf16, du_bf16, n);
+  else
+    swiglu_backward_kernel<1>
+        <<<grid_for(n), kThreads, 0, native(s)>>>(da, g, u, dg, du, dg_bf16, du_bf16, n);
   LAUNCHED();
 }
 
 void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
-          const float* sin, bool inverse, StreamHandle s) {
-  const int64_t n = rows * heads * (head_dim / 2);
+          const float* sin, bool inverse, StreamHandle s, uint16_t* x_bf16) {
+  const int64_t half = head_dim / 2, n = rows * heads * half;
   if (n == 0) return;
-  rope_kernel<<<grid_for(n), kThreads, 0, native(s)>>>(x, rows, seq, heads, head_dim, cos, sin,
-                                                       inverse ? -1.0f : 1.0f);
+  const float sign = inverse ? -1.0f : 1.0f;
+  if (four_at_a_time(half, {x, cos, sin}, {x_bf16}))
+    rope_kernel<4><<<grid_for(n / 4), kThreads, 0, native(s)>>>(x, x_bf16, rows, seq, heads,
+                                                                head_dim, cos, sin, sign);
+  else
+    rope_kernel<1><<<grid_for(n), kThreads, 0, native(s)>>>(x, x_bf16, rows, seq, heads, head_dim,
+                                                            cos, sin, sign);
   LAUNCHED();
 }
 

@@ -37,9 +37,10 @@ void swiglu_backward(const float* da, const float* g, const float* u, float* dg,
                      int64_t n, StreamHandle stream, uint16_t* dg_bf16 = nullptr,
                      uint16_t* du_bf16 = nullptr);
 // Rotary embedding in place on x = [rows, heads * head_dim], row r at position r % seq;
-// cos/sin are [seq, head_dim / 2] (device memory). inverse: the transposed rotation.
+// cos/sin are [seq, head_dim / 2] (device memory). inverse: the transposed rotation. With
+// x_bf16, the result also goes there rounded to bf16 (fp32_to_bf16).
 void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
-          const float* sin, bool inverse, StreamHandle stream);
+          const float* sin, bool inverse, StreamHandle stream, uint16_t* x_bf16 = nullptr);
 
 // --- embedding -------------------------------------------------------------------------------
 
@@ -92,14 +93,16 @@ bool flash_attention_supported(int64_t hd);
 // ComputeBackend::attention_forward / attention_backward with dtype BF16 and the same rounding
 // points, without score blocks in device memory: q, dattn [B*T, nh*hd], k, v [B*T, nkv*hd]
 // (bf16 bits, token-major, 16-byte aligned rows); lse [B, nh, T]. Forward writes lse and attn
-// (fp32). Backward takes attn, forward's output rounded to bf16, writes each row's D =
-// bf16_row_dot(attn, dattn) into delta (B*nh*T floats of scratch), then writes dq and adds into
-// dk and dv (fp32). Deterministic: each output is written by one block.
+// (fp32), or with attn_bf16 that output rounded to bf16 there instead. Backward takes attn,
+// forward's output rounded to bf16, writes each row's D = bf16_row_dot(attn, dattn) into delta
+// (B*nh*T floats of scratch), then writes dq and adds into dk and dv (fp32). Deterministic:
+// each output is written by one block.
 // Throws InvalidArgument for a head size not supported, a shape out of range or a scale not
 // above 0.
 void flash_attention_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                              int64_t T, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                             float* lse, float* attn, StreamHandle stream);
+                             float* lse, float* attn, StreamHandle stream,
+                             uint16_t* attn_bf16 = nullptr);
 void flash_attention_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                               const float* lse, const uint16_t* attn, const uint16_t* dattn,
                               int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd,

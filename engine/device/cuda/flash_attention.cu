@@ -78,9 +78,9 @@ struct Simt {
 template <int HD>
 __global__ void __launch_bounds__(flash::kThreads)
     tiles_forward_kernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, float* lse,
-                         float* attn, flash::Geometry g) {
+                         float* attn, uint16_t* attn16, flash::Geometry g) {
   Simt x;
-  flash::forward_block<HD>(x, q, k, v, lse, attn, g);
+  flash::forward_block<HD>(x, q, k, v, lse, attn, attn16, g);
 }
 
 template <int HD>
@@ -125,10 +125,10 @@ Geometry geometry(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd, flo
 
 template <int HD>
 void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B, Geometry g,
-             float* lse, float* attn, cudaStream_t s) {
+             float* lse, float* attn, uint16_t* attn16, cudaStream_t s) {
   allow_shared(tiles_forward_kernel<HD>, flash::Tiles<HD>::kForward);
   tiles_forward_kernel<HD><<<grid(flash::forward_grid(g, static_cast<int>(B))), flash::kThreads,
-                             flash::Tiles<HD>::kForward, s>>>(q, k, v, lse, attn, g);
+                             flash::Tiles<HD>::kForward, s>>>(q, k, v, lse, attn, attn16, g);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -156,18 +156,18 @@ bool flash_attention_supported(int64_t hd) { return hd == 16 || hd == 32 || hd =
 
 void flash_attention_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                              int64_t T, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                             float* lse, float* attn, StreamHandle stream) {
+                             float* lse, float* attn, StreamHandle stream, uint16_t* attn_bf16) {
   const Geometry g = geometry(B, T, nh, nkv, hd, scale, "flash_attention_forward");
   const auto s = static_cast<cudaStream_t>(stream);
   switch (hd) {
     case 16:
-      return forward<16>(q, k, v, B, g, lse, attn, s);
+      return forward<16>(q, k, v, B, g, lse, attn, attn_bf16, s);
     case 32:
-      return forward<32>(q, k, v, B, g, lse, attn, s);
+      return forward<32>(q, k, v, B, g, lse, attn, attn_bf16, s);
     case 64:
-      return forward<64>(q, k, v, B, g, lse, attn, s);
+      return forward<64>(q, k, v, B, g, lse, attn, attn_bf16, s);
     default:
-      return forward<128>(q, k, v, B, g, lse, attn, s);
+      return forward<128>(q, k, v, B, g, lse, attn, attn_bf16, s);
   }
 }
 
