@@ -128,6 +128,129 @@ TEST_F(CudaKernels, SwigluAndRopeMatchTheHost) {
   }
 }
 
+// n values spread over [-scale, scale) from a 64-bit LCG: cheap enough for a layer's tensors.
+std::vector<float> spread(size_t n, uint64_t seed, float scale) {
+  std::vector<float> v(n);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (float& f : v) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    f = scale * (static_cast<float>(x >> 40) * 0x1p-23f - 1.0f);
+  }
+  return v;
+}
+
+// Every element of `got` is `fp32`'s rounded to bf16 (fp32_to_bf16).
+void expect_rounded(const std::vector<uint16_t>& got, const std::vector<float>& fp32,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), fp32.size()) << what;
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += got[i] != kmath::fp32_to_bf16(fp32[i]);
+  EXPECT_EQ(differ, 0u) << what << ": of " << got.size();
+}
+
+// The elementwise and row kernels at Llama 3 8B's shapes (4096 tokens, hidden 4096, 32 heads of
+// 128, intermediate 14336, vocabulary 128256), where the vector paths and the grid's stride
+// loops run for real: SwiGLU, RoPE, the loss and the embedding, forward and backward, with their
+// bf16 outputs.
+TEST_F(CudaKernels, KernelsMatchTheHostAtLlama3Shapes) {
+  const int64_t tokens = 4096, hidden = 4096, heads = 32, hd = 128, inter = 14336;
+  const int64_t vocab = 128256;
+  {
+    SCOPED_TRACE("SwiGLU");
+    const int64_t n = tokens * inter;
+    const auto g = spread(n, 1, 6.0f), u = spread(n, 2, 2.0f), da = spread(n, 3, 1.0f);
+    std::vector<float> a(n), dg(n), du(n);
+    hk::swiglu_forward(g.data(), u.data(), a.data(), n);
+    hk::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
+    Dev<float> G(g), U(u), DA(da), A(n), DG(n), DU(n);
+    Dev<uint16_t> A16(n), DG16(n), DU16(n);
+    swiglu_forward(G.get(), U.get(), A.get(), n, nullptr);
+    swiglu_backward(DA.get(), G.get(), U.get(), DG.get(), DU.get(), n, nullptr);
+    swiglu_forward(G.get(), U.get(), nullptr, n, nullptr, A16.get());
+    swiglu_backward(DA.get(), G.get(), U.get(), nullptr, nullptr, n, nullptr, DG16.get(),
+                    DU16.get());
+    const std::vector<float> a_got = A.host(), dg_got = DG.host(), du_got = DU.host();
+    expect_close(a_got, a, 2e-6, "swiglu");
+    expect_close(dg_got, dg, 2e-6, "dg");
+    expect_close(du_got, du, 2e-6, "du");
+    expect_rounded(A16.host(), a_got, "swiglu in bf16");
+    expect_rounded(DG16.host(), dg_got, "dg in bf16");
+    expect_rounded(DU16.host(), du_got, "du in bf16");
+  }
+  {
+    SCOPED_TRACE("RoPE");
+    const auto x = spread(tokens * heads * hd, 4, 3.0f);
+    const auto c = spread(tokens * hd / 2, 5, 1.0f), sn = spread(tokens * hd / 2, 6, 1.0f);
+    Dev<float> C(c), S(sn);
+    for (bool inverse : {false, true}) {
+      auto want = x;
+      hk::rope(want.data(), tokens, tokens, heads, hd, c.data(), sn.data(), inverse);
+      Dev<float> X(x);
+      Dev<uint16_t> X16(x.size());
+      rope(X.get(), tokens, tokens, heads, hd, C.get(), S.get(), inverse, nullptr, X16.get());
+      const std::vector<float> got = X.host();
+      expect_close(got, want, 2e-6, inverse ? "rope inverse" : "rope");
+      expect_rounded(X16.host(), got, "rope in bf16");
+    }
+  }
+  {
+    SCOPED_TRACE("cross-entropy");
+    const int64_t rows = 16;
+    const float coef = 1.0f / rows;
+    const auto logits = spread(rows * vocab, 7, 12.0f);
+    std::vector<int32_t> targets(rows);
+    for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 8017) % vocab);
+    targets[5] = -1;  // a masked row
+    std::vector<float> grad = logits, loss(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = grad.data() + r * vocab;
+      if (targets[r] < 0) {
+        std::fill(row, row + vocab, 0.0f);
+        continue;
+      }
+      const float target_logit = row[targets[r]];
+      loss[r] = kmath::xent_loss(hk::softmax_inplace(row, vocab), target_logit);
+      for (int64_t j = 0; j < vocab; ++j) row[j] = kmath::xent_scale(row[j], coef);
+      row[targets[r]] = kmath::xent_target(row[targets[r]], coef);
+    }
+    Dev<float> X(logits), X2(logits), RL(rows), RL2(rows);
+    Dev<int32_t> T(targets);
+    Dev<uint16_t> G16(logits.size());
+    cross_entropy(X.get(), T.get(), rows, vocab, coef, true, RL.get(), nullptr);
+    cross_entropy(X2.get(), T.get(), rows, vocab, coef, true, RL2.get(), nullptr, G16.get());
+    const std::vector<float> dlogits = X.host();
+    expect_close(RL.host(), loss, 1e-5, "loss");
+    expect_close(dlogits, grad, 1e-5, "dlogits");
+    expect_close(RL2.host(), RL.host(), 0.0, "loss with the bf16 gradient");
+    expect_rounded(G16.host(), dlogits, "dlogits in bf16");
+  }
+  {
+    SCOPED_TRACE("embedding");
+    std::vector<uint16_t> table(vocab * hidden);
+    const auto values = spread(table.size(), 8, 1.0f);
+    hk::from_fp32(values.data(), table.data(), DType::BF16, static_cast<int64_t>(table.size()));
+    std::vector<int32_t> ids(tokens);
+    for (int64_t i = 0; i < tokens; ++i)  // every part of the table, and repeats
+      ids[i] = static_cast<int32_t>(i % 3 == 0 ? vocab - 1 - i % 97 : (i * 31337) % vocab);
+    const auto dy = spread(tokens * hidden, 9, 1.0f);
+    std::vector<float> out(tokens * hidden), grad(vocab * hidden, 0.5f);
+    for (int64_t i = 0; i < tokens; ++i)
+      for (int64_t j = 0; j < hidden; ++j) {
+        out[i * hidden + j] = kmath::bf16_to_fp32(table[int64_t{ids[i]} * hidden + j]);
+        grad[int64_t{ids[i]} * hidden + j] += dy[i * hidden + j];
+      }
+    Dev<uint16_t> TB(table);
+    Dev<float> O(tokens * hidden), DY(dy), GR(std::vector<float>(vocab * hidden, 0.5f));
+    Dev<int32_t> I(ids);
+    embedding_forward(TB.get(), DType::BF16, I.get(), tokens, hidden, O.get(), nullptr);
+    const TokenGroups groups(ids);
+    Dev<int32_t> GP(groups.packed());
+    embedding_backward(GP.get(), tokens, groups.groups(), DY.get(), hidden, GR.get(), nullptr);
+    expect_close(O.host(), out, 0.0, "gather");
+    expect_close(GR.host(), grad, 0.0, "scatter-add");
+  }
+}
+
 TEST_F(CudaKernels, EmbeddingGatherAndScatterAddMatchTheHostExactly) {
   const int64_t vocab = 50, hidden = 72, n = 300;
   auto table = randn(vocab * hidden, 8);
