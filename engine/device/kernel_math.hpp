@@ -128,7 +128,8 @@ OUTCORE_HD float softmax_exp(float x, float row_max) { return exp_fast(x - row_m
 // The row's log-sum-exp from its maximum and sum(exp(x - max)).
 OUTCORE_HD float softmax_lse(float row_max, float sum_exp) { return row_max + logf(sum_exp); }
 
-// Softmax backward for one element: dscore = p * (dp - sum(p * dp)).
+// Softmax backward for one element: dscore = p * (dp - D), D = sum(p * dp) over the row (or, in
+// bf16 attention, its equal dattn . attn: bf16_row_dot).
 OUTCORE_HD float softmax_grad(float p, float dp, float dot_p_dp) { return p * (dp - dot_p_dp); }
 
 // ---------------------------------------------------------------------------------------------

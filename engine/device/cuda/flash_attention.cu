@@ -95,10 +95,10 @@ __global__ void __launch_bounds__(flash::kThreads)
 template <int HD>
 __global__ void __launch_bounds__(flash::kThreads)
     tiles_backward_dkv_kernel(const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                              const float* lse, const uint16_t* dattn, const float* drow, float* dk,
-                              float* dv, flash::Geometry g) {
+                              const float* lse, const uint16_t* dattn, const float* delta,
+                              float* dk, float* dv, flash::Geometry g) {
   Simt x;
-  flash::backward_dkv_block<HD>(x, q, k, v, lse, dattn, drow, dk, dv, g);
+  flash::backward_dkv_block<HD>(x, q, k, v, lse, dattn, delta, dk, dv, g);
 }
 
 dim3 grid(flash::Grid g) {
@@ -134,19 +134,19 @@ void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
 
 template <int HD>
 void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* lse,
-              const uint16_t* attn, const uint16_t* dattn, int64_t B, Geometry g, float* drow,
+              const uint16_t* attn, const uint16_t* dattn, int64_t B, Geometry g, float* delta,
               float* dq, float* dk, float* dv, cudaStream_t s) {
   using L = flash::Tiles<HD>;
   allow_shared(tiles_backward_dq_kernel<HD>, L::kDq);
   allow_shared(tiles_backward_dkv_kernel<HD>, L::kDkv);
-  attention_delta(attn, dattn, B, g.T, g.nh, HD, drow, s);
+  attention_delta(attn, dattn, B, g.T, g.nh, HD, delta, s);
   tiles_backward_dq_kernel<HD>
       <<<grid(flash::dq_grid(g, static_cast<int>(B))), flash::kThreads, L::kDq, s>>>(
-          q, k, v, lse, dattn, drow, dq, g);
+          q, k, v, lse, dattn, delta, dq, g);
   CUDA_CHECK(cudaGetLastError());
   tiles_backward_dkv_kernel<HD>
       <<<grid(flash::dkv_grid(g, static_cast<int>(B))), flash::kThreads, L::kDkv, s>>>(
-          q, k, v, lse, dattn, drow, dk, dv, g);
+          q, k, v, lse, dattn, delta, dk, dv, g);
   CUDA_CHECK(cudaGetLastError());
 }
 
