@@ -20,6 +20,7 @@
 //   float exp2(float v)                       2^v: ex2.approx.ftz on a GPU, a few units in the
 //                                             last place from the host's exp2f
 //   uint32_t pack_bf16x2(float lo, float hi)  cvt.rn.bf16x2.f32: both rounded to nearest even
+//                                             (kmath::fp32_to_bf16's bits but for NaN payloads)
 // The fragment layouts are PTX's: lane l is in group g = l / 4 at position t = l % 4; an
 // accumulator d holds rows g and g + 8, columns 2t and 2t + 1 (d[0], d[1] on row g); an A
 // operand holds (row g, columns 2t..2t+1), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..) as

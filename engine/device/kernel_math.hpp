@@ -174,6 +174,14 @@ OUTCORE_HD float bf16_row_dot(const uint16_t* a, const uint16_t* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) sum += bf16_to_fp32(a[i]) * bf16_to_fp32(b[i]);
   return sum;
 }
+// The same sum two elements at a time, for a kernel that loads a row's bf16 pairs as words (the
+// lower element in the lower half): `sum` plus the lower product, then the upper one.
+OUTCORE_HD float bf16_row_dot_pair(float sum, uint32_t a, uint32_t b) {
+  sum += bf16_to_fp32(static_cast<uint16_t>(a & 0xffffu)) *
+         bf16_to_fp32(static_cast<uint16_t>(b & 0xffffu));
+  return sum + bf16_to_fp32(static_cast<uint16_t>(a >> 16)) *
+                   bf16_to_fp32(static_cast<uint16_t>(b >> 16));
+}
 
 OUTCORE_HD uint16_t fp32_to_fp16(float f) {
   uint32_t x = float_bits(f);

@@ -353,35 +353,40 @@ TEST_P(BackendConformance, CausalSoftmaxForwardAndBackwardMatchTheHost) {
 // D of every (sequence, head, token) row: kmath::bf16_row_dot of the head's values, the same bits
 // on every backend; other dtypes are refused.
 TEST_P(BackendConformance, AttentionDeltaIsTheRowDotOfOutputAndGradient) {
-  const ComputeBackend::Attention a{.B = 2,
-                                    .T = 7,
-                                    .nh = 3,
-                                    .nkv = 1,
-                                    .hd = 40,
-                                    .block = 4,
-                                    .scale = 0.25f,
-                                    .dtype = DType::BF16};
-  const int64_t n = a.B * a.T * a.nh * a.hd;
-  std::vector<uint16_t> attn(n), dattn(n);
-  const auto x = randn(n, 22), y = randn(n, 23);
-  cpu::from_fp32(x.data(), attn.data(), DType::BF16, n);
-  cpu::from_fp32(y.data(), dattn.data(), DType::BF16, n);
-  std::vector<float> want(a.B * a.nh * a.T);
-  for (int64_t b = 0; b < a.B; ++b)
-    for (int64_t t = 0; t < a.T; ++t)
-      for (int64_t h = 0; h < a.nh; ++h) {
-        const int64_t at = ((b * a.T + t) * a.nh + h) * a.hd;
-        float sum = 0.0f;
-        for (int64_t d = 0; d < a.hd; ++d)
-          sum += kmath::bf16_to_fp32(attn[at + d]) * kmath::bf16_to_fp32(dattn[at + d]);
-        want[(b * a.nh + h) * a.T + t] = sum;
-      }
-  DeviceBuffer A = put(attn), DA = put(dattn), D = put(std::vector<float>(want.size()));
-  backend_->attention_delta(a, A.data(), DA.data(), D.as<float>());
-  expect_close(get(D, want.size()), want, 0.0, "D");
-  ComputeBackend::Attention f32 = a;
-  f32.dtype = DType::F32;
-  EXPECT_THROW(backend_->attention_delta(f32, A.data(), DA.data(), D.as<float>()), InvalidArgument);
+  // Head size 40: the GPU loads eight values at a time; 12: one at a time.
+  for (const int64_t hd : {int64_t{40}, int64_t{12}}) {
+    SCOPED_TRACE(hd);
+    const ComputeBackend::Attention a{.B = 2,
+                                      .T = 7,
+                                      .nh = 3,
+                                      .nkv = 1,
+                                      .hd = hd,
+                                      .block = 4,
+                                      .scale = 0.25f,
+                                      .dtype = DType::BF16};
+    const int64_t n = a.B * a.T * a.nh * a.hd;
+    std::vector<uint16_t> attn(n), dattn(n);
+    const auto x = randn(n, 22), y = randn(n, 23);
+    cpu::from_fp32(x.data(), attn.data(), DType::BF16, n);
+    cpu::from_fp32(y.data(), dattn.data(), DType::BF16, n);
+    std::vector<float> want(a.B * a.nh * a.T);
+    for (int64_t b = 0; b < a.B; ++b)
+      for (int64_t t = 0; t < a.T; ++t)
+        for (int64_t h = 0; h < a.nh; ++h) {
+          const int64_t at = ((b * a.T + t) * a.nh + h) * a.hd;
+          float sum = 0.0f;
+          for (int64_t d = 0; d < a.hd; ++d)
+            sum += kmath::bf16_to_fp32(attn[at + d]) * kmath::bf16_to_fp32(dattn[at + d]);
+          want[(b * a.nh + h) * a.T + t] = sum;
+        }
+    DeviceBuffer A = put(attn), DA = put(dattn), D = put(std::vector<float>(want.size()));
+    backend_->attention_delta(a, A.data(), DA.data(), D.as<float>());
+    expect_close(get(D, want.size()), want, 0.0, "D");
+    ComputeBackend::Attention f32 = a;
+    f32.dtype = DType::F32;
+    EXPECT_THROW(backend_->attention_delta(f32, A.data(), DA.data(), D.as<float>()),
+                 InvalidArgument);
+  }
 }
 
 TEST_P(BackendConformance, CrossEntropyLossAndGradientMatchTheHost) {

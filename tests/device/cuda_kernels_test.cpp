@@ -105,26 +105,29 @@ TEST_F(CudaKernels, CastsMatchTheHostConversionsExactly) {
 }
 
 TEST_F(CudaKernels, SwigluAndRopeMatchTheHost) {
-  const int64_t n = 4099;
-  auto g = randn(n, 2, 3.0f), u = randn(n, 3), da = randn(n, 4);
-  std::vector<float> a(n), dg(n), du(n);
-  hk::swiglu_forward(g.data(), u.data(), a.data(), n);
-  hk::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
-  Dev<float> G(g), U(u), DA(da), A(n), DG(n), DU(n);
-  swiglu_forward(G.get(), U.get(), A.get(), n, nullptr);
-  swiglu_backward(DA.get(), G.get(), U.get(), DG.get(), DU.get(), n, nullptr);
-  expect_close(A.host(), a, 2e-6, "swiglu");
-  expect_close(DG.host(), dg, 2e-6, "dg");
-  expect_close(DU.host(), du, 2e-6, "du");
-
-  const int64_t rows = 24, seq = 8, heads = 3, hd = 16;
-  auto x = randn(rows * heads * hd, 5), c = randn(seq * hd / 2, 6), s = randn(seq * hd / 2, 7);
-  for (bool inverse : {false, true}) {
-    auto want = x;
-    hk::rope(want.data(), rows, seq, heads, hd, c.data(), s.data(), inverse);
-    Dev<float> X(x), C(c), S(s);
-    rope(X.get(), rows, seq, heads, hd, C.get(), S.get(), inverse, nullptr);
-    expect_close(X.host(), want, 2e-6, "rope");
+  // 4096 elements and a head of 16: four a thread (16-byte loads); 4099 and 12: one at a time.
+  for (const int64_t n : {int64_t{4096}, int64_t{4099}}) {
+    auto g = randn(n, 2, 3.0f), u = randn(n, 3), da = randn(n, 4);
+    std::vector<float> a(n), dg(n), du(n);
+    hk::swiglu_forward(g.data(), u.data(), a.data(), n);
+    hk::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
+    Dev<float> G(g), U(u), DA(da), A(n), DG(n), DU(n);
+    swiglu_forward(G.get(), U.get(), A.get(), n, nullptr);
+    swiglu_backward(DA.get(), G.get(), U.get(), DG.get(), DU.get(), n, nullptr);
+    expect_close(A.host(), a, 2e-6, "swiglu " + std::to_string(n));
+    expect_close(DG.host(), dg, 2e-6, "dg " + std::to_string(n));
+    expect_close(DU.host(), du, 2e-6, "du " + std::to_string(n));
+  }
+  for (const int64_t hd : {int64_t{16}, int64_t{12}}) {
+    const int64_t rows = 24, seq = 8, heads = 3;
+    auto x = randn(rows * heads * hd, 5), c = randn(seq * hd / 2, 6), s = randn(seq * hd / 2, 7);
+    for (bool inverse : {false, true}) {
+      auto want = x;
+      hk::rope(want.data(), rows, seq, heads, hd, c.data(), s.data(), inverse);
+      Dev<float> X(x), C(c), S(s);
+      rope(X.get(), rows, seq, heads, hd, C.get(), S.get(), inverse, nullptr);
+      expect_close(X.host(), want, 2e-6, "rope, head size " + std::to_string(hd));
+    }
   }
 }
 

@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
@@ -52,6 +54,26 @@ std::vector<float> exp_inputs() {
     x.push_back(v);
   while (x.size() % 8 != 0) x.push_back(0.5f);
   return x;
+}
+
+// The attention's D taken a word (two bf16 values) at a time, as a GPU kernel loads it, is the
+// row's sum in the same order: the same bits.
+TEST(KernelMath, Bf16RowDotByPairsIsTheSameSum) {
+  const int64_t n = 136;
+  std::vector<uint16_t> a(n), b(n);
+  const auto x = randn(n, 61), y = randn(n, 62, 100.0f);
+  cpu::from_fp32(x.data(), a.data(), DType::BF16, n);
+  cpu::from_fp32(y.data(), b.data(), DType::BF16, n);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; i += 2)
+    sum = kmath::bf16_row_dot_pair(sum, uint32_t{a[i]} | uint32_t{a[i + 1]} << 16,
+                                   uint32_t{b[i]} | uint32_t{b[i + 1]} << 16);
+  EXPECT_EQ(std::bit_cast<uint32_t>(sum),
+            std::bit_cast<uint32_t>(kmath::bf16_row_dot(a.data(), b.data(), n)));
+  float backwards = 0.0f;  // another order differs: the test can tell orders apart
+  for (int64_t i = n - 1; i >= 0; --i)
+    backwards += kmath::bf16_to_fp32(a[i]) * kmath::bf16_to_fp32(b[i]);
+  EXPECT_NE(std::bit_cast<uint32_t>(backwards), std::bit_cast<uint32_t>(sum));
 }
 
 TEST(KernelMath, ExpFastEqualsTheVectorKernelLaneForLane) {

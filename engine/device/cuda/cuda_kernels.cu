@@ -362,7 +362,7 @@ __global__ void causal_softmax_backward_kernel(float* scores, float* dp, const f
   float dot = 0.0f;
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
     p[j] = j < n ? kmath::softmax_exp(p[j], l) : 0.0f;
-    dot += p[j] * d[j];
+    if (delta == nullptr) dot += p[j] * d[j];
   }
   dot = delta != nullptr ? delta[at] : block_all_reduce(dot, Sum{}, 0.0f);
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x)
@@ -586,12 +586,29 @@ void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t
 
 // --- attention's D: a thread per (token, head) row ------------------------------------------
 
+// With kWords, a row's values come eight at a time in 16-byte loads (hd a multiple of 8, both
+// matrices on 16 bytes) and are added in the same order as bf16_row_dot adds them.
+template <bool kWords>
 __global__ void attention_delta_kernel(const uint16_t* attn, const uint16_t* dattn, int64_t rows,
                                        int64_t T, int64_t nh, int64_t hd, float* delta) {
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // token r / nh, head r % nh
   if (r >= rows) return;
   const int64_t token = r / nh, h = r % nh, at = r * hd;
-  delta[(token / T * nh + h) * T + token % T] = kmath::bf16_row_dot(attn + at, dattn + at, hd);
+  float sum = 0.0f;
+  if constexpr (kWords) {
+    const auto* a = reinterpret_cast<const uint4*>(attn + at);
+    const auto* b = reinterpret_cast<const uint4*>(dattn + at);
+    for (int64_t c = 0; c < hd / 8; ++c) {
+      const uint4 x = a[c], y = b[c];
+      sum = kmath::bf16_row_dot_pair(sum, x.x, y.x);
+      sum = kmath::bf16_row_dot_pair(sum, x.y, y.y);
+      sum = kmath::bf16_row_dot_pair(sum, x.z, y.z);
+      sum = kmath::bf16_row_dot_pair(sum, x.w, y.w);
+    }
+  } else {
+    sum = kmath::bf16_row_dot(attn + at, dattn + at, hd);
+  }
+  delta[(token / T * nh + h) * T + token % T] = sum;
 }
 
 void attention_delta(const uint16_t* attn, const uint16_t* dattn, int64_t B, int64_t T, int64_t nh,
@@ -600,8 +617,12 @@ void attention_delta(const uint16_t* attn, const uint16_t* dattn, int64_t B, int
   if (rows == 0) return;
   const int64_t blocks = (rows + kThreads - 1) / kThreads;
   check_rows(blocks, "attention_delta");
-  attention_delta_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, native(s)>>>(
-      attn, dattn, rows, T, nh, hd, delta);
+  if (hd % 8 == 0 && on_16_bytes(attn, dattn))
+    attention_delta_kernel<true><<<static_cast<unsigned>(blocks), kThreads, 0, native(s)>>>(
+        attn, dattn, rows, T, nh, hd, delta);
+  else
+    attention_delta_kernel<false><<<static_cast<unsigned>(blocks), kThreads, 0, native(s)>>>(
+        attn, dattn, rows, T, nh, hd, delta);
   LAUNCHED();
 }
 
