@@ -109,7 +109,7 @@ void ComputeBackend::attention_backward(const Attention& a, const void* q, const
     for (int64_t h = 0; h < a.nh; ++h) {
       const int64_t g = h / group;
       const int64_t kv_at = b * a.T * KV + g * a.hd;
-      const float* l = lse + (b * a.nh + h) * a.T;
+      const int64_t rows_at = (b * a.nh + h) * a.T;  // the head's lse and D
       for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
         const int64_t rows = std::min(a.block, a.T - r0), keys = r0 + rows;
         const int64_t q_at = (b * a.T + r0) * Q + h * a.hd;
@@ -117,8 +117,8 @@ void ComputeBackend::attention_backward(const Attention& a, const void* q, const
            scores, keys);
         mm(false, true, rows, keys, a.hd, 1.0f, mm.at(dattn, q_at), Q, mm.at(v, kv_at), KV, 0.0f,
            dprob, keys);
-        causal_softmax_backward(scores, dprob, l + r0, rows, keys, r0,
-                                delta == nullptr ? nullptr : delta + (l - lse) + r0);
+        causal_softmax_backward(scores, dprob, lse + rows_at + r0, rows, keys, r0,
+                                delta == nullptr ? nullptr : delta + rows_at + r0);
         const void* ds = mm.operand(dprob, rows * keys, lowp_ds);
         const void* p = mm.operand(scores, rows * keys, lowp);
         mm(false, false, rows, a.hd, keys, a.scale, ds, keys, mm.at(k, kv_at), KV, 0.0f, dq + q_at,

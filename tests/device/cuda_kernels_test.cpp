@@ -131,6 +131,23 @@ TEST_F(CudaKernels, SwigluAndRopeMatchTheHost) {
   }
 }
 
+// The host's loss and gradient (as head.cpp computes them): `logits` [rows, vocab] becomes
+// coef * (softmax - onehot(target)), a masked row (target < 0) zeros and no loss.
+void host_cross_entropy(std::vector<float>& logits, const std::vector<int32_t>& targets,
+                        int64_t vocab, float coef, std::vector<float>& loss) {
+  for (size_t r = 0; r < targets.size(); ++r) {
+    float* row = logits.data() + r * vocab;
+    if (targets[r] < 0) {
+      std::fill(row, row + vocab, 0.0f);
+      continue;
+    }
+    const float target_logit = row[targets[r]];
+    loss[r] = kmath::xent_loss(hk::softmax_inplace(row, vocab), target_logit);
+    for (int64_t j = 0; j < vocab; ++j) row[j] = kmath::xent_scale(row[j], coef);
+    row[targets[r]] = kmath::xent_target(row[targets[r]], coef);
+  }
+}
+
 // n values spread over [-scale, scale) from a 64-bit LCG: cheap enough for a layer's tensors.
 std::vector<float> spread(size_t n, uint64_t seed, float scale) {
   std::vector<float> v(n);
@@ -205,17 +222,7 @@ TEST_F(CudaKernels, KernelsMatchTheHostAtLlama3Shapes) {
     for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 8017) % vocab);
     targets[5] = -1;  // a masked row
     std::vector<float> grad = logits, loss(rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = grad.data() + r * vocab;
-      if (targets[r] < 0) {
-        std::fill(row, row + vocab, 0.0f);
-        continue;
-      }
-      const float target_logit = row[targets[r]];
-      loss[r] = kmath::xent_loss(hk::softmax_inplace(row, vocab), target_logit);
-      for (int64_t j = 0; j < vocab; ++j) row[j] = kmath::xent_scale(row[j], coef);
-      row[targets[r]] = kmath::xent_target(row[targets[r]], coef);
-    }
+    host_cross_entropy(grad, targets, vocab, coef, loss);
     Dev<float> X(logits), X2(logits), RL(rows), RL2(rows);
     Dev<int32_t> T(targets);
     Dev<uint16_t> G16(logits.size());
@@ -399,17 +406,7 @@ TEST_F(CudaKernels, CrossEntropyLossAndGradientMatchTheHost) {
   for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 37) % vocab);
   targets[3] = targets[11] = -1;  // masked rows: no loss, no gradient
   std::vector<float> grad = logits, loss(rows);
-  for (int64_t r = 0; r < rows; ++r) {  // as head.cpp
-    float* row = grad.data() + r * vocab;
-    if (targets[r] < 0) {
-      std::fill(row, row + vocab, 0.0f);
-      continue;
-    }
-    const float target_logit = row[targets[r]];
-    loss[r] = kmath::xent_loss(hk::softmax_inplace(row, vocab), target_logit);
-    for (int64_t j = 0; j < vocab; ++j) row[j] = kmath::xent_scale(row[j], coef);
-    row[targets[r]] = kmath::xent_target(row[targets[r]], coef);
-  }
+  host_cross_entropy(grad, targets, vocab, coef, loss);
   Dev<float> X(logits), X2(logits), RL(rows), RL2(rows);
   Dev<int32_t> T(targets);
   cross_entropy(X.get(), T.get(), rows, vocab, coef, true, RL.get(), nullptr);
