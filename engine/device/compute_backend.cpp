@@ -70,6 +70,8 @@ void ComputeBackend::attention_forward(const Attention& a, const void* q, const 
   check_attention_output(a, attn_bf16);
   const AttentionGemm mm{*this, a.dtype};
   const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
+  // bf16: each block's softmax numerators, rounded, times v, then each row divided by its sum.
+  float* inv_sum = a.dtype == DType::BF16 ? attention_rows_scratch(a, lowp) : nullptr;
   for (int64_t b = 0; b < a.B; ++b) {
     for (int64_t h = 0; h < a.nh; ++h) {
       const int64_t g = h / group;
@@ -79,11 +81,12 @@ void ComputeBackend::attention_forward(const Attention& a, const void* q, const 
       for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
         const int64_t rows = std::min(a.block, a.T - r0), keys = r0 + rows;
         const void* qb = mm.at(q, (b * a.T + r0) * Q + h * a.hd);
+        float* out = attn + (b * a.T + r0) * Q + h * a.hd;
         mm(false, true, rows, keys, a.hd, a.scale, qb, Q, kb, KV, 0.0f, scores, keys);
-        causal_softmax_forward(scores, l + r0, rows, keys, r0);
+        causal_softmax_forward(scores, l + r0, rows, keys, r0, inv_sum);
         const void* p = mm.operand(scores, rows * keys, lowp);
-        mm(false, false, rows, a.hd, keys, 1.0f, p, keys, vb, KV, 0.0f,
-           attn + (b * a.T + r0) * Q + h * a.hd, Q);
+        mm(false, false, rows, a.hd, keys, 1.0f, p, keys, vb, KV, 0.0f, out, Q);
+        if (inv_sum != nullptr) scale_rows(out, rows, a.hd, Q, inv_sum);
       }
     }
   }
@@ -101,7 +104,7 @@ void ComputeBackend::attention_backward(const Attention& a, const void* q, const
   float* delta = nullptr;
   if (a.dtype == DType::BF16) {
     if (attn == nullptr) throw InvalidArgument("attention backward: bf16 needs forward's output");
-    delta = attention_delta_scratch(a, lowp);
+    delta = attention_rows_scratch(a, lowp);
     attention_delta(a, attn, dattn, delta);
   }
   const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;

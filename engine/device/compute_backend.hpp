@@ -98,6 +98,8 @@ class ComputeBackend {
   // NaN): where the bf16 compute dtype rounds a GEMM operand.
   virtual void from_fp32(const float* src, void* dst, DType dtype, int64_t n) = 0;
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
+  // x[r * ld + c] *= scale[r] for r < rows, c < cols.
+  virtual void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* scale) = 0;
   // y_bf16 (the bf16 compute dtype's operand): y is written there rounded to bf16 instead, as
   // from_fp32 would round it (y unused, may be null); likewise a_bf16, dg_bf16 and du_bf16 below
   // (both of the last or neither).
@@ -115,9 +117,11 @@ class ComputeBackend {
   virtual void swiglu_backward(const float* da, const float* g, const float* u, float* dg,
                                float* du, int64_t n, void* dg_bf16, void* du_bf16) = 0;
   // One [rows, keys] score matrix, row i being query first_query + i: keys 0..first_query+i
-  // softmax-normalised in place, the rest set to 0; lse[i] = the row's log-sum-exp.
+  // softmax-normalised in place, the rest set to 0; lse[i] = the row's log-sum-exp. With
+  // `inv_sum` (bf16 attention, decision 034) those keys get the softmax's numerators
+  // exp(x - kmath::bf16_softmax_shift(max)) instead, and inv_sum[i] = 1 / their sum.
   virtual void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
-                                      int64_t first_query) = 0;
+                                      int64_t first_query, float* inv_sum) = 0;
   // scores (the scaled q k^T forward saw) becomes prob = exp(scores - lse) (0 beyond the causal
   // limit); dp = dL/dprob becomes dL/dscores = prob * (dp - D), D = delta[i] for row i when
   // `delta` is given, else sum(prob * dp) over the row.
@@ -142,24 +146,26 @@ class ComputeBackend {
   // h / (nh / nkv); queries are taken `block` at a time (scores [block, keys] per head).
   // lse[(b*nh + h)*T + t] is what forward keeps for backward.
   // dtype: the storage of q, k, v, attn's saved copy and dattn. F32: fp32 GEMMs, and backward's
-  // D = sum(prob * dp) over each row. BF16 (the bf16 compute dtype): q k^T and the products with
-  // v take bf16 operands, the probabilities (forward) and the probabilities and score gradients
-  // (backward) are rounded to bf16 before the GEMMs that read them, and backward's D is the dot
-  // of the row's bf16 output and output gradient (kmath::bf16_row_dot), as a FlashAttention
-  // kernel does; softmax, lse and the accumulators stay fp32.
+  // D = sum(prob * dp) over each row. BF16 (the bf16 compute dtype), as a FlashAttention kernel
+  // computes: q k^T and the products with v take bf16 operands; forward rounds the softmax's
+  // numerators exp(s - m) to bf16 (m: the row's max rounded up to a multiple of ln 2,
+  // kmath::bf16_softmax_shift) and divides their product with v by the row's sum (decision
+  // 034); backward rounds the probabilities exp(s - lse) and the score gradients to bf16 before
+  // the GEMMs that read them, and its D is the dot of the row's bf16 output and output gradient
+  // (kmath::bf16_row_dot); softmax, lse and the accumulators stay fp32.
   struct Attention {
     int64_t B, T, nh, nkv, hd, block;
     float scale;  // 1/sqrt(hd)
     DType dtype = DType::F32;
   };
   // Scratch for dtype BF16 besides `scores` / `dprob`, in bf16 elements (0 with F32): two
-  // [block, T] bf16 blocks (the default's probabilities and score gradients), then backward's
-  // D, B*nh*T floats (attention_delta).
+  // [block, T] bf16 blocks (the default's probabilities and score gradients), then B*nh*T
+  // floats of rows: backward's D (attention_delta), the default forward's 1 / sum of a block.
   static int64_t attention_bf16_scratch(const Attention& a) {
     return a.dtype == DType::BF16 ? 2 * a.block * a.T + 2 * a.B * a.nh * a.T : 0;
   }
-  // Where D lies in that scratch.
-  static float* attention_delta_scratch(const Attention& a, void* lowp) {
+  // Where those rows lie in that scratch.
+  static float* attention_rows_scratch(const Attention& a, void* lowp) {
     return reinterpret_cast<float*>(static_cast<uint16_t*>(lowp) + 2 * a.block * a.T);
   }
   // attn = softmax_causal(scale q k^T) v per head. `scores`: block*T floats of scratch; `lowp`:

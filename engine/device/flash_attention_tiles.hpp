@@ -29,13 +29,15 @@
 // of matrix l / 8; register i receives matrix i's (row g, columns 2t..2t+1), or with .trans
 // its (rows 2t..2t+1, column g).
 //
-// The rounding points are the default attention's (compute_backend.hpp): the forward finds
-// each row's max and sum in a first pass over the keys and rounds p = exp(s - max) / sum to
-// bf16 in a second; the backward rounds p = exp(s - lse) and ds = p (dp - D), D being the dot
-// of the row's bf16 output and output gradient (ComputeBackend::attention_delta, found before
-// these blocks run, as FlashAttention-2 finds it). The exponentials are the
-// hardware's: each is 2^(s * scale * log2(e) - m) with the row's m kept in that base-2 domain,
-// one fma and one ex2 per score (the host's exp polynomial would cost more than the products).
+// The rounding points are the default attention's (compute_backend.hpp): the forward rounds
+// the numerators exp(s - m) to bf16, m being the row's max rounded up to a multiple of ln 2, and
+// divides their product with v by the row's sum (decision 034: one pass over the keys, raising m
+// as it goes, each raise a power of two that scales the rounded numerators exactly); the
+// backward rounds p = exp(s - lse) and ds = p (dp - D), D being the dot of the row's bf16 output
+// and output gradient (ComputeBackend::attention_delta, found before these blocks run, as
+// FlashAttention-2 finds it). The exponentials are the hardware's: each is
+// 2^(s * scale * log2(e) - m) with the row's m kept in that base-2 domain, one fma and one ex2
+// per score (the host's exp polynomial would cost more than the products).
 // Only the tiles that the causal diagonal (or the sequence's end) crosses test each element
 // against the mask; the others take every element. Tiles come from global memory
 // through cp.async, the next one on its way while the current one computes: each load waits
@@ -43,7 +45,7 @@
 // follows the last read of the buffer it fills. Work split, each output written by one block
 // (deterministic, no atomics):
 //   forward  one block per (head, 128 queries, sequence), a warp per 32 queries (two strips of
-//            16 sharing each K and V fragment);
+//            16 sharing each K and V fragment), kForwardKeys keys per step of its running max;
 //   dq       one block per (head, 64 queries, sequence): dq = scale * ds k;
 //   dkv      one block per (kv head, 64 keys, sequence), a warp per 16 keys, over the heads of
 //            the group and the 32-query tiles at or after the keys: dk += scale ds^T q,
@@ -72,6 +74,8 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kDkvQueries = 32;                             // queries per step of a dkv block
 constexpr int kForwardStrips = 2;                           // 16-row strips per warp in the forward
 constexpr int kForwardRows = 16 * kForwardStrips * kWarps;  // queries per forward block
+constexpr int kForwardKeys = 16;  // keys per step of the forward's running max
+static_assert(kRows % kForwardKeys == 0 && kForwardKeys % 16 == 0, "whole 16-key products");
 static_assert(kRows == 16 * kWarps, "a warp per 16 rows");
 
 // Shapes shared by the blocks of one launch.
@@ -262,10 +266,9 @@ template <int HD, class X>
 OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                 float* lse, float* attn, uint16_t* attn16, const Geometry& g) {
   using L = Tiles<HD>;
-  constexpr int R = kForwardStrips;
+  constexpr int R = kForwardStrips, C = kForwardKeys, N = C / 8;
   uint16_t* Qs = reinterpret_cast<uint16_t*>(x.shared());
-  // Both passes step over the key tiles, step i reading (K, V) pair i % 2 and loading step
-  // i + 1's: pass 1 (steps 0 .. tiles - 1) reads K only, pass 2 (tiles .. 2 tiles - 1) K and V.
+  // Key tile i in (K, V) pair i % 2, loaded while tile i - 1 computes.
   const auto Kbuf = [&](int i) { return Qs + (kForwardRows + 2 * (i % 2) * kRows) * L::kLd; };
   const auto Vbuf = [&](int i) { return Kbuf(i) + kRows * L::kLd; };
   const int q0 = first_query(x, g, kForwardRows), h = x.block(0), b = x.block(2);
@@ -282,110 +285,102 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
   int t[R][2];
   OUTCORE_UNROLL
   for (int r = 0; r < R; ++r) t[r][0] = w0 + 16 * r + gr, t[r][1] = w0 + 16 * r + gr + 8;
-  const auto valid = [&](int r, int half, int kt, int n, int e) {
-    return t[r][half] < g.T && kt * kRows + 8 * n + 2 * tc + e <= t[r][half];
+  const auto valid = [&](int r, int half, int key) {
+    return t[r][half] < g.T && key <= t[r][half];
   };
   const uint16_t* Qw = Qs + 16 * R * w * L::kLd;
   const float sl2 = g.scale * kLog2e;
 
   const auto load_step = [&](int i) {
-    if (i >= 2 * tiles) return;
-    load_rows<HD>(x, Kbuf(i), kb, KV, (i % tiles) * kRows, kRows, g.T);
-    if (i >= tiles) load_rows<HD>(x, Vbuf(i), vb, KV, (i % tiles) * kRows, kRows, g.T);
+    if (i >= tiles) return;
+    load_rows<HD>(x, Kbuf(i), kb, KV, i * kRows, kRows, g.T);
+    load_rows<HD>(x, Vbuf(i), vb, KV, i * kRows, kRows, g.T);
   };
-
   load_rows<HD>(x, Qs, qb, Q, q0, kForwardRows, g.T);
   load_step(0);
-  // Pass 1: each row's max (m, of s * sl2) and sum of 2^(s sl2 - m), online. Rows beyond T see
-  // no valid key; their max and sum are never used. A warp skips the tiles wholly after its
-  // queries; a tile wholly at or below its first query needs no mask (scale > 0, so the max of
-  // s * sl2 is sl2 times the max of s).
-  float m[R][2], sum[R][2];
+  // One pass over the keys, C at a time (decision 034): m, each row's shift in the base-2
+  // domain, is its max so far of s * sl2 rounded up to a whole number; the numerators
+  // 2^(s sl2 - m) are rounded to bf16 and multiplied by v into o, their fp32 sum into the lane's
+  // share of the row's l. When m grows, o and l are scaled by 2^(old m - new m), a power of two,
+  // exactly: in the end o holds the numerators rounded as if m had been the row's last shift from
+  // the start, which is what the host computes. Rows beyond T see no valid key (m stays -inf, o
+  // and l 0); a warp skips the tiles wholly after its queries; a tile wholly at or below its
+  // first query needs no mask (scale > 0, so the max of s * sl2 is sl2 times the max of s).
+  float m[R][2], l[R][2], o[R][HD / 8][4];
   OUTCORE_UNROLL
-  for (int r = 0; r < R; ++r) m[r][0] = m[r][1] = -INFINITY, sum[r][0] = sum[r][1] = 0.0f;
+  for (int r = 0; r < R; ++r) {
+    m[r][0] = m[r][1] = -INFINITY, l[r][0] = l[r][1] = 0.0f;
+    zero(o[r]);
+  }
   for (int kt = 0; kt < tiles; ++kt) {
     landed(x);
     load_step(kt + 1);
     if (kt >= warp_tiles) continue;
-    float s[R][8][4];
-    OUTCORE_UNROLL
-    for (int r = 0; r < R; ++r) zero(s[r]);
-    product_abt<HD>(x, s, Qw, Kbuf(kt), lane);
     masked_or_full(kt * kRows + kRows - 1 <= w0, [&](auto full) {
       OUTCORE_UNROLL
-      for (int r = 0; r < R; ++r) OUTCORE_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        float tile_max = -INFINITY;
-        OUTCORE_UNROLL
-        for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
-        for (int e = 0; e < 2; ++e)
-          if (full || valid(r, half, kt, n, e)) tile_max = fmaxf(tile_max, s[r][n][2 * half + e]);
-        const float m_new = fmaxf(m[r][half], row_max(x, tile_max) * sl2);
-        float part = 0.0f;
-        OUTCORE_UNROLL
-        for (int n = 0; n < 8; ++n) OUTCORE_UNROLL
-        for (int e = 0; e < 2; ++e)
-          if (full || valid(r, half, kt, n, e))
-            part += x.exp2(fmaf(s[r][n][2 * half + e], sl2, -m_new));
-        part = row_sum(x, part);
-        if (t[r][half] < g.T) sum[r][half] = sum[r][half] * x.exp2(m[r][half] - m_new) + part;
-        m[r][half] = m_new;
-      }
-    });
-  }
-  // m becomes the row's log-sum-exp in base 2: exp(s - max) / sum = 2^(s sl2 - m).
-  OUTCORE_UNROLL
-  for (int r = 0; r < R; ++r) OUTCORE_UNROLL
-  for (int half = 0; half < 2; ++half) {
-    m[r][half] += log2f(sum[r][half]);
-    if (t[r][half] < g.T && tc == 0)
-      lse[(int64_t(b) * g.nh + h) * g.T + t[r][half]] = m[r][half] * kLn2;
-  }
-
-  // Pass 2: p = exp(s - max) / sum rounded to bf16, then attn += p v, 16 keys at a time (the
-  // warp's 32 x HD output holds half its registers; 32 keys at a time spill more).
-  float o[R][HD / 8][4];
-  OUTCORE_UNROLL
-  for (int r = 0; r < R; ++r) zero(o[r]);
-  for (int kt = 0; kt < tiles; ++kt) {
-    landed(x);
-    load_step(tiles + kt + 1);
-    if (kt >= warp_tiles) continue;
-    masked_or_full(kt * kRows + kRows - 1 <= w0, [&](auto full) {
-      OUTCORE_UNROLL
-      for (int kh = 0; kh < 4; ++kh) {
-        float s[R][2][4];
+      for (int kc = 0; kc < kRows / C; ++kc) {
+        const int key0 = kt * kRows + C * kc + 2 * tc;  // the lane's first key of the chunk
+        float s[R][N][4];
         OUTCORE_UNROLL
         for (int r = 0; r < R; ++r) zero(s[r]);
-        product_abt<HD>(x, s, Qw, Kbuf(tiles + kt) + 16 * kh * L::kLd, lane);
-        uint32_t p[R][1][4];
+        product_abt<HD>(x, s, Qw, Kbuf(kt) + C * kc * L::kLd, lane);
+        OUTCORE_UNROLL
+        for (int r = 0; r < R; ++r) OUTCORE_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          float chunk_max = -INFINITY;
+          OUTCORE_UNROLL
+          for (int n = 0; n < N; ++n) OUTCORE_UNROLL
+          for (int e = 0; e < 2; ++e)
+            if (full || valid(r, half, key0 + 8 * n + e))
+              chunk_max = fmaxf(chunk_max, s[r][n][2 * half + e]);
+          const float m_new =
+              fmaxf(m[r][half], kmath::bf16_softmax_shift2(row_max(x, chunk_max) * sl2));
+          if (m_new != m[r][half]) {
+            const float f = kmath::pow2_whole(m[r][half] - m_new);
+            l[r][half] *= f;
+            OUTCORE_UNROLL
+            for (int n = 0; n < HD / 8; ++n) o[r][n][2 * half] *= f, o[r][n][2 * half + 1] *= f;
+            m[r][half] = m_new;
+          }
+        }
+        uint32_t p[R][N / 2][4];
         OUTCORE_UNROLL
         for (int r = 0; r < R; ++r)
           to_operands(x, p[r], s[r], [&](float sv, int n, int e) {
-            return full || valid(r, e / 2, kt, 2 * kh + n, e % 2)
-                       ? x.exp2(fmaf(sv, sl2, -m[r][e / 2]))
-                       : 0.0f;
+            const int half = e / 2;
+            const float num = full || valid(r, half, key0 + 8 * n + e % 2)
+                                  ? x.exp2(fmaf(sv, sl2, -m[r][half]))
+                                  : 0.0f;
+            l[r][half] += num;
+            return num;
           });
-        product_pb<HD>(x, o, p, Vbuf(tiles + kt) + 16 * kh * L::kLd, lane);
+        product_pb<HD>(x, o, p, Vbuf(kt) + C * kc * L::kLd, lane);
       }
     });
   }
-  // Each lane's two adjacent columns of a row: two floats, or one bf16 pair.
+  // The row's sum over its four lanes; lse = (m + log2 l) ln 2; the output o / l, as two floats
+  // or one bf16 pair of adjacent columns per lane and row.
   OUTCORE_UNROLL
   for (int r = 0; r < R; ++r) OUTCORE_UNROLL
-  for (int n = 0; n < HD / 8; ++n) OUTCORE_UNROLL
   for (int half = 0; half < 2; ++half) {
+    const float sum = row_sum(x, l[r][half]);
     const int row = t[r][half];
-    if (row >= g.T) continue;
-    const int64_t at = (int64_t(b) * g.T + row) * Q + int64_t(h) * HD + 8 * n + 2 * tc;
-    const float lo = o[r][n][2 * half], hi = o[r][n][2 * half + 1];
-    if (attn16 != nullptr) {
-      const uint32_t pair = x.pack_bf16x2(lo, hi);
-      attn16[at] = static_cast<uint16_t>(pair & 0xffffu);
-      attn16[at + 1] = static_cast<uint16_t>(pair >> 16);
-    } else {
-      attn[at] = lo;
-      attn[at + 1] = hi;
+    if (row < g.T && tc == 0)
+      lse[(int64_t(b) * g.nh + h) * g.T + row] = (m[r][half] + log2f(sum)) * kLn2;
+    const float inv = 1.0f / sum;
+    OUTCORE_UNROLL
+    for (int n = 0; n < HD / 8; ++n) {
+      if (row >= g.T) continue;
+      const int64_t at = (int64_t(b) * g.T + row) * Q + int64_t(h) * HD + 8 * n + 2 * tc;
+      const float lo = o[r][n][2 * half] * inv, hi = o[r][n][2 * half + 1] * inv;
+      if (attn16 != nullptr) {
+        const uint32_t pair = x.pack_bf16x2(lo, hi);
+        attn16[at] = static_cast<uint16_t>(pair & 0xffffu);
+        attn16[at + 1] = static_cast<uint16_t>(pair >> 16);
+      } else {
+        attn[at] = lo;
+        attn[at + 1] = hi;
+      }
     }
   }
 }

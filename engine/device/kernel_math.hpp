@@ -128,6 +128,24 @@ OUTCORE_HD float softmax_exp(float x, float row_max) { return exp_fast(x - row_m
 // The row's log-sum-exp from its maximum and sum(exp(x - max)).
 OUTCORE_HD float softmax_lse(float row_max, float sum_exp) { return row_max + logf(sum_exp); }
 
+// bf16 attention's forward (decision 034) rounds the softmax's numerators exp(x - m) to bf16, m
+// being the row's max rounded up to a multiple of ln 2, and divides the product with v by the
+// row's sum afterwards. Two such shifts differ by a whole power of two, which scales a bf16 value
+// exactly: a kernel that raises its shift key tile by key tile (FlashAttention's running max, in
+// the base-2 domain) rounds every numerator as the host does, knowing the row's max beforehand.
+// The shift of a row whose max is `row_max`:
+OUTCORE_HD float bf16_softmax_shift(float row_max) {
+  return ceilf(row_max * 1.44269504088896341f) * 0.693147180559945309f;
+}
+// The same in the base-2 domain: the shift of a (running) max `max2` = max * log2(e).
+OUTCORE_HD float bf16_softmax_shift2(float max2) { return ceilf(max2); }
+// 2^d for a whole d <= 0, exactly (0 below 2^-126, for -inf and for NaN): the factor that moves
+// numerators, and their sum, from one base-2 shift to a larger one.
+OUTCORE_HD float pow2_whole(float d) {
+  return d >= -126.0f ? bits_float(static_cast<uint32_t>(static_cast<int32_t>(d) + 127) << 23)
+                      : 0.0f;
+}
+
 // Softmax backward for one element: dscore = p * (dp - D), D = sum(p * dp) over the row (or, in
 // bf16 attention, its equal dattn . attn: bf16_row_dot).
 OUTCORE_HD float softmax_grad(float p, float dp, float dot_p_dp) { return p * (dp - dot_p_dp); }

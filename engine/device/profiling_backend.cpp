@@ -100,6 +100,10 @@ void ProfilingBackend::from_fp32(const float* src, void* dst, DType dtype, int64
 void ProfilingBackend::add_inplace(float* y, const float* x, int64_t n) {
   timed("add_inplace", 0, [&](ComputeBackend& b) { b.add_inplace(y, x, n); });
 }
+void ProfilingBackend::scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld,
+                                  const float* scale) {
+  timed("scale_rows", 0, [&](ComputeBackend& b) { b.scale_rows(x, rows, cols, ld, scale); });
+}
 void ProfilingBackend::rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows,
                                        int64_t dim, float* y, float* rstd, void* y_bf16) {
   timed(fmt::format("rmsnorm_forward {}x{}", rows, dim), 0,
@@ -127,9 +131,10 @@ void ProfilingBackend::swiglu_backward(const float* da, const float* g, const fl
         [&](ComputeBackend& b) { b.swiglu_backward(da, g, u, dg, du, n, dg_bf16, du_bf16); });
 }
 void ProfilingBackend::causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
-                                              int64_t first_query) {
-  timed("causal_softmax_forward", 0,
-        [&](ComputeBackend& b) { b.causal_softmax_forward(scores, lse, rows, keys, first_query); });
+                                              int64_t first_query, float* inv_sum) {
+  timed("causal_softmax_forward", 0, [&](ComputeBackend& b) {
+    b.causal_softmax_forward(scores, lse, rows, keys, first_query, inv_sum);
+  });
 }
 void ProfilingBackend::causal_softmax_backward(float* scores, float* dp, const float* lse,
                                                int64_t rows, int64_t keys, int64_t first_query,

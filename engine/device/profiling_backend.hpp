@@ -61,6 +61,7 @@ class ProfilingBackend : public ComputeBackend {
   void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override;
   void from_fp32(const float* src, void* dst, DType dtype, int64_t n) override;
   void add_inplace(float* y, const float* x, int64_t n) override;
+  void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* scale) override;
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
                        float* y, float* rstd, void* y_bf16) override;
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
@@ -71,7 +72,7 @@ class ProfilingBackend : public ComputeBackend {
   void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
                        int64_t n, void* dg_bf16, void* du_bf16) override;
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
-                              int64_t first_query) override;
+                              int64_t first_query, float* inv_sum) override;
   void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
                                int64_t keys, int64_t first_query, const float* delta) override;
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,

@@ -208,6 +208,19 @@ TEST_P(BackendConformance, AddInplaceIsExact) {
   }
 }
 
+// Each of the first `cols` columns of a strided row times its scale, exactly; the columns past
+// them untouched.
+TEST_P(BackendConformance, ScaleRowsIsExact) {
+  const int64_t rows = 5, cols = 37, ld = 40;
+  const auto x = randn(rows * ld, 9), scale = randn(rows, 10);
+  std::vector<float> want = x;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) want[r * ld + c] = x[r * ld + c] * scale[r];
+  DeviceBuffer X = put(x), S = put(scale);
+  backend_->scale_rows(X.as<float>(), rows, cols, ld, S.as<float>());
+  expect_close(get(X, x.size()), want, 0.0, "scale_rows");
+}
+
 // Every element of `got` (bf16 bits) is `fp32[i]` rounded as from_fp32 rounds it.
 void expect_bf16_of(const std::vector<uint16_t>& got, const std::vector<float>& fp32,
                     const char* what) {
@@ -325,9 +338,34 @@ TEST_P(BackendConformance, CausalSoftmaxForwardAndBackwardMatchTheHost) {
     for (int64_t j = 0; j < keys; ++j) d[j] = j < n ? kmath::softmax_grad(pr[j], d[j], dd) : 0.0f;
   }
   DeviceBuffer S = put(scores), L = put(std::vector<float>(rows));
-  backend_->causal_softmax_forward(S.as<float>(), L.as<float>(), rows, keys, first_query);
+  backend_->causal_softmax_forward(S.as<float>(), L.as<float>(), rows, keys, first_query, nullptr);
   expect_close(get(S, p.size()), p, tol(1e-5), "prob");
   expect_close(get(L, rows), lse, tol(1e-5), "lse");
+  // bf16 attention's numerators: exp(x - m), m the row's max rounded up to a multiple of ln 2
+  // (so the largest lies in (1/2, 1]), and 1 / their sum; the same log-sum-exp.
+  DeviceBuffer SN = put(scores), LN = put(std::vector<float>(rows)),
+               IN = put(std::vector<float>(rows));
+  backend_->causal_softmax_forward(SN.as<float>(), LN.as<float>(), rows, keys, first_query,
+                                   IN.as<float>());
+  const std::vector<float> num = get(SN, p.size()), inv = get(IN, rows);
+  std::vector<float> host_num = scores, host_inv(rows), host_lse(rows), exact(num.size());
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t n = kmath::causal_keys(first_query + i);
+    float* row = host_num.data() + i * keys;
+    host_lse[i] = cpu::softmax_numerators(row, n, &host_inv[i]);
+    std::fill(row + n, row + keys, 0.0f);
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) mx = std::max<double>(mx, scores[i * keys + j]);
+    const double m = std::ceil(mx / std::log(2.0)) * std::log(2.0);
+    for (int64_t j = 0; j < n; ++j) exact[i * keys + j] = float(std::exp(scores[i * keys + j] - m));
+    const float top = *std::max_element(num.begin() + i * keys, num.begin() + i * keys + n);
+    EXPECT_TRUE(top > 0.5f && top <= 1.0f) << "row " << i << "'s largest numerator " << top;
+  }
+  expect_close(host_num, exact, 1e-5, "the host's numerators against their definition");
+  expect_close(num, host_num, tol(1e-5), "numerators");
+  expect_close(inv, host_inv, tol(1e-5), "1 / sum");
+  expect_close(get(LN, rows), host_lse, tol(1e-5), "lse with numerators");
+  expect_close(host_lse, lse, 1e-5, "the same lse as the softmax's");
   DeviceBuffer S2 = put(scores), DP = put(dp), L2 = put(lse);
   backend_->causal_softmax_backward(S2.as<float>(), DP.as<float>(), L2.as<float>(), rows, keys,
                                     first_query, nullptr);
@@ -470,8 +508,9 @@ struct AttentionReference {
 };
 
 // With `bf16`, at the rounding points of the bf16 compute dtype: q, k, v and dattn rounded to
-// bf16, the probabilities and score gradients rounded where a GEMM reads them, and each row's
-// D = sum(p dp) taken as the dot of its output, rounded, and dattn.
+// bf16, the softmax's numerators (forward), the probabilities and score gradients (backward)
+// rounded where a GEMM reads them, and each row's D = sum(p dp) taken as the dot of its output,
+// rounded, and dattn.
 AttentionReference attention_reference(const ComputeBackend::Attention& a, std::vector<float> q,
                                        std::vector<float> k, std::vector<float> v,
                                        std::vector<float> dattn, bool bf16 = false) {
@@ -483,7 +522,7 @@ AttentionReference attention_reference(const ComputeBackend::Attention& a, std::
   r.attn.assign(q.size(), 0.0f);
   r.dq.assign(q.size(), 0.0f);
   r.lse.assign(a.B * a.nh * a.T, 0.0f);
-  std::vector<double> dk(k.size()), dv(v.size()), p(a.T), dp(a.T);
+  std::vector<double> dk(k.size()), dv(v.size()), p(a.T), num(a.T), dp(a.T);
   for (int64_t b = 0; b < a.B; ++b) {
     for (int64_t h = 0; h < a.nh; ++h) {
       const int64_t g = h / group;
@@ -498,10 +537,13 @@ AttentionReference attention_reference(const ComputeBackend::Attention& a, std::
           p[j] = s * a.scale;
           mx = std::max(mx, p[j]);
         }
+        // bf16: forward rounds the numerators exp(s - m), m the max rounded up to a multiple
+        // of ln 2, and divides by their sum after the product with v.
+        const double m = bf16 ? std::ceil(mx / std::log(2.0)) * std::log(2.0) : mx;
         double sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += std::exp(p[j] - mx);
-        r.lse[(b * a.nh + h) * a.T + t] = static_cast<float>(mx + std::log(sum));
-        for (int64_t j = 0; j <= t; ++j) p[j] = std::exp(p[j] - mx) / sum;
+        for (int64_t j = 0; j <= t; ++j) sum += num[j] = std::exp(p[j] - m);
+        r.lse[(b * a.nh + h) * a.T + t] = static_cast<float>(m + std::log(sum));
+        for (int64_t j = 0; j <= t; ++j) p[j] = num[j] / sum;
         double pdp = 0;
         for (int64_t j = 0; j <= t; ++j) {
           dp[j] = 0;
@@ -511,8 +553,8 @@ AttentionReference attention_reference(const ComputeBackend::Attention& a, std::
         float* out = &r.attn[(b * a.T + t) * Q + h * a.hd];
         for (int64_t d = 0; d < a.hd; ++d) {
           double o = 0;
-          for (int64_t j = 0; j <= t; ++j) o += r16(p[j]) * v[kv_at(j) + d];
-          out[d] = static_cast<float>(o);
+          for (int64_t j = 0; j <= t; ++j) o += r16(num[j]) * v[kv_at(j) + d];
+          out[d] = static_cast<float>(o / sum);
         }
         if (bf16) {  // sum_j p_j dp_j = dattn . sum_j p_j v_j, from the output kept in bf16
           pdp = 0;

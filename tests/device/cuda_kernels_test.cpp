@@ -396,6 +396,19 @@ TEST_F(CudaKernels, CausalSoftmaxForwardAndBackwardMatchTheHost) {
   causal_softmax_backward(S2.get(), DP.get(), L.get(), batch, rows, keys, r0, nullptr);
   expect_close(S2.host(), p, 1e-5, "recomputed prob");
   expect_close(DP.host(), ds, 1e-5, "dscores");
+  // bf16 attention's numerators and 1 / sum, laid out as lse.
+  std::vector<float> num = scores, inv(batch * rows);
+  for (int64_t r = 0; r < batch * rows; ++r) {
+    float* row = num.data() + r * keys;
+    const int64_t n = kmath::causal_keys(r0 + r % rows);
+    hk::softmax_numerators(row, n, &inv[r]);
+    std::fill(row + n, row + keys, 0.0f);
+  }
+  Dev<float> SN(scores), LN(batch * rows), IN(batch * rows);
+  causal_softmax_forward(SN.get(), LN.get(), batch, rows, keys, r0, nullptr, 0, IN.get());
+  expect_close(SN.host(), num, 1e-5, "numerators");
+  expect_close(IN.host(), inv, 1e-5, "1 / sum");
+  expect_close(LN.host(), lse, 1e-5, "lse with numerators");
 }
 
 TEST_F(CudaKernels, CrossEntropyLossAndGradientMatchTheHost) {

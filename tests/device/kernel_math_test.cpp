@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -175,6 +176,44 @@ TEST(KernelMath, SoftmaxRowAndLogSumExpEqualTheKernel) {
   }
   EXPECT_EQ(kmath::causal_keys(0), 1);
   EXPECT_EQ(kmath::causal_keys(9), 10);
+}
+
+// bf16 attention's numerators (decision 034): the host kernel's are exp(x - the shift) with the
+// kernel's sum; and a numerator rounded to bf16 under one whole base-2 shift, then moved to a
+// larger one by pow2_whole, is the numerator rounded under the larger shift: a kernel that raises
+// its shift as it goes rounds as the host does.
+TEST(KernelMath, SoftmaxNumeratorsMoveExactlyBetweenShifts) {
+  for (int64_t n : {1, 7, 8, 37, 64}) {
+    auto x = randn(n, 31 + n, 3.0f);
+    std::vector<float> num = x;
+    float inv = 0;
+    const float lse = cpu::softmax_numerators(num.data(), n, &inv);
+    const float m = kmath::bf16_softmax_shift(cpu::max_value(x.data(), n));
+    std::vector<float> e(n);
+    for (int64_t j = 0; j < n; ++j) e[j] = kmath::softmax_exp(x[j], m);
+    const float sum = lane8_sum(e);
+    ASSERT_TRUE(SameBits(kmath::softmax_lse(m, sum), lse)) << n;
+    ASSERT_TRUE(SameBits(1.0f / sum, inv)) << n;
+    for (int64_t j = 0; j < n; ++j) ASSERT_TRUE(SameBits(e[j], num[j])) << n << j;
+    const float top = *std::max_element(num.begin(), num.end());
+    EXPECT_TRUE(top > 0.5f && top <= 1.0f) << n << ": " << top;
+  }
+  EXPECT_EQ(kmath::bf16_softmax_shift2(2.25f), 3.0f);
+  EXPECT_EQ(kmath::bf16_softmax_shift2(-2.25f), -2.0f);
+  EXPECT_EQ(kmath::bf16_softmax_shift2(-INFINITY), -INFINITY);
+  EXPECT_EQ(kmath::pow2_whole(0.0f), 1.0f);
+  EXPECT_EQ(kmath::pow2_whole(-3.0f), 0.125f);
+  EXPECT_EQ(kmath::pow2_whole(-126.0f), std::ldexp(1.0f, -126));
+  EXPECT_EQ(kmath::pow2_whole(-127.0f), 0.0f);
+  EXPECT_EQ(kmath::pow2_whole(-INFINITY), 0.0f);
+  EXPECT_EQ(kmath::pow2_whole(NAN), 0.0f);
+  const auto bf16 = [](float f) { return kmath::bf16_to_fp32(kmath::fp32_to_bf16(f)); };
+  for (const float s : randn(1000, 33, 4.0f)) {
+    for (const float m : {3.0f, 5.0f, 9.0f}) {
+      const float moved = bf16(std::exp2(s - m)) * kmath::pow2_whole(m - 9.0f);
+      ASSERT_TRUE(SameBits(moved, bf16(std::exp2(s - 9.0f)))) << s << " from " << m;
+    }
+  }
   EXPECT_FLOAT_EQ(kmath::softmax_grad(0.25f, 2.0f, 0.5f), 0.375f);
 }
 

@@ -56,6 +56,9 @@ class CpuBackend final : public ComputeBackend {
     cpu::from_fp32(src, dst, dtype, n);
   }
   void add_inplace(float* y, const float* x, int64_t n) override { cpu::add_inplace(y, x, n); }
+  void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* scale) override {
+    cpu::scale_rows(x, rows, cols, ld, scale);
+  }
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
                        float* y, float* rstd, void* y_bf16) override {
     cpu::rmsnorm_forward(x, w, eps, rows, dim, y, rstd, y_bf16);
@@ -77,11 +80,12 @@ class CpuBackend final : public ComputeBackend {
   }
 
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
-                              int64_t first_query) override {
+                              int64_t first_query, float* inv_sum) override {
     for (int64_t i = 0; i < rows; ++i) {
       float* row = scores + i * keys;
       const int64_t n = kmath::causal_keys(first_query + i);
-      lse[i] = cpu::softmax_inplace(row, n);
+      lse[i] = inv_sum != nullptr ? cpu::softmax_numerators(row, n, inv_sum + i)
+                                  : cpu::softmax_inplace(row, n);
       std::fill(row + n, row + keys, 0.0f);
     }
   }
@@ -228,6 +232,9 @@ class DiscreteCpuBackend final : public ComputeBackend {
   void add_inplace(float* y, const float* x, int64_t n) override {
     run([=, this, y = v(y), x = v(x)] { cpu_.add_inplace(y, x, n); });
   }
+  void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* scale) override {
+    run([=, this, x = v(x), scale = v(scale)] { cpu_.scale_rows(x, rows, cols, ld, scale); });
+  }
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
                        float* y, float* rstd, void* y_bf16) override {
     run([=, this, x = v(x), w = v(w), y = v(y), rstd = v(rstd), y_bf16 = v(y_bf16)] {
@@ -257,9 +264,9 @@ class DiscreteCpuBackend final : public ComputeBackend {
          du_bf16 = v(du_bf16)] { cpu_.swiglu_backward(da, g, u, dg, du, n, dg_bf16, du_bf16); });
   }
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
-                              int64_t first_query) override {
-    run([=, this, scores = v(scores), lse = v(lse)] {
-      cpu_.causal_softmax_forward(scores, lse, rows, keys, first_query);
+                              int64_t first_query, float* inv_sum) override {
+    run([=, this, scores = v(scores), lse = v(lse), inv_sum = v(inv_sum)] {
+      cpu_.causal_softmax_forward(scores, lse, rows, keys, first_query, inv_sum);
     });
   }
   void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,

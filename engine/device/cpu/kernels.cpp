@@ -144,6 +144,14 @@ void add_inplace(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * ld;
+    const float s = scale[r];
+    for (int64_t c = 0; c < cols; ++c) xr[c] *= s;
+  }
+}
+
 void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y,
                      float* rstd, void* y_bf16) {
   std::vector<float> row(y_bf16 != nullptr ? static_cast<size_t>(dim) : 0);
@@ -275,9 +283,10 @@ float max_value(const float* x, int64_t n) {
   return m;
 }
 
-float softmax_inplace(float* row, int64_t n) {
-  const float m = max_value(row, n);
-  const __m256 mv = _mm256_set1_ps(m);
+namespace {
+// row[j] = exp(row[j] - shift) for j < n; returns their sum (8 lanes, then the tail in order).
+float exp_sum(float* row, float shift, int64_t n) {
+  const __m256 mv = _mm256_set1_ps(shift);
   __m256 acc = _mm256_setzero_ps();
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
@@ -287,11 +296,25 @@ float softmax_inplace(float* row, int64_t n) {
   }
   float sum = hsum(acc);
   for (; j < n; ++j) {
-    row[j] = kmath::softmax_exp(row[j], m);
+    row[j] = kmath::softmax_exp(row[j], shift);
     sum += row[j];
   }
+  return sum;
+}
+}  // namespace
+
+float softmax_inplace(float* row, int64_t n) {
+  const float m = max_value(row, n);
+  const float sum = exp_sum(row, m, n);
   const float inv = 1.0f / sum;
-  for (j = 0; j < n; ++j) row[j] *= inv;
+  for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+  return kmath::softmax_lse(m, sum);
+}
+
+float softmax_numerators(float* row, int64_t n, float* inv_sum) {
+  const float m = kmath::bf16_softmax_shift(max_value(row, n));
+  const float sum = exp_sum(row, m, n);
+  *inv_sum = 1.0f / sum;
   return kmath::softmax_lse(m, sum);
 }
 

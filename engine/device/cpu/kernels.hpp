@@ -56,6 +56,11 @@ float max_value(const float* x, int64_t n);
 
 // Softmax of row[0..n) in place; returns the log-sum-exp of the input.
 float softmax_inplace(float* row, int64_t n);
+// bf16 attention's numerators (decision 034): row[j] = exp(row[j] - m) for j < n, m =
+// kmath::bf16_softmax_shift(max); *inv_sum = 1 / their sum; returns the log-sum-exp.
+float softmax_numerators(float* row, int64_t n, float* inv_sum);
+// x[r * ld + c] *= scale[r] for r < rows, c < cols.
+void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* scale);
 // log(sum(exp(x[j]))) over j < n, without changing x; the same value softmax_inplace returns.
 float log_sum_exp(const float* x, int64_t n);
 // row[j] = exp(row[j] - lse) for j < n.

@@ -128,6 +128,9 @@ class CudaBackend final : public ComputeBackend {
   void add_inplace(float* y, const float* x, int64_t n) override {
     cuda::add_inplace(y, x, n, handle_);
   }
+  void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* scale) override {
+    cuda::scale_rows(x, rows, cols, ld, scale, handle_);
+  }
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
                        float* y, float* rstd, void* y_bf16) override {
     cuda::rmsnorm_forward(x, w, eps, rows, dim, y, rstd, handle_, static_cast<uint16_t*>(y_bf16));
@@ -150,8 +153,8 @@ class CudaBackend final : public ComputeBackend {
                           static_cast<uint16_t*>(du_bf16));
   }
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
-                              int64_t first_query) override {
-    cuda::causal_softmax_forward(scores, lse, 1, rows, keys, first_query, handle_);
+                              int64_t first_query, float* inv_sum) override {
+    cuda::causal_softmax_forward(scores, lse, 1, rows, keys, first_query, handle_, 0, inv_sum);
   }
   void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
                                int64_t keys, int64_t first_query, const float* delta) override {
@@ -237,7 +240,7 @@ class CudaBackend final : public ComputeBackend {
       current();
       cuda::flash_attention_backward(bits(qv), bits(kv), bits(vv), lse, bits(attn), bits(dattnv),
                                      a.B, a.T, a.nh, a.nkv, a.hd, a.scale,
-                                     attention_delta_scratch(a, lowp), dq, dk, dv, handle_);
+                                     attention_rows_scratch(a, lowp), dq, dk, dv, handle_);
       return;
     }
     if (a.dtype != DType::F32)

@@ -177,6 +177,13 @@ bool four_at_a_time(int64_t n, std::initializer_list<const void*> fp32,
   return true;
 }
 
+// A block per row.
+__global__ void scale_rows_kernel(float* x, int64_t cols, int64_t ld, const float* scale) {
+  float* row = x + blockIdx.x * ld;
+  const float s = scale[blockIdx.x];
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) row[c] *= s;
+}
+
 template <int V>
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   for (int64_t i = V * (blockIdx.x * int64_t{blockDim.x} + threadIdx.x); i < n;
@@ -332,13 +339,15 @@ __global__ void __launch_bounds__(kDwThreads)
 // --- attention softmax: one block per (matrix, row) ------------------------------------------
 
 __global__ void causal_softmax_forward_kernel(float* scores, float* lse, int64_t rows, int64_t keys,
-                                              int64_t first_query, int64_t lse_stride) {
+                                              int64_t first_query, int64_t lse_stride,
+                                              float* inv_sum) {
   const int64_t row = blockIdx.x;  // b * rows + i
   float* x = scores + row * keys;
   const int64_t n = kmath::causal_keys(first_query + row % rows);
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, x[j]);
   m = block_all_reduce(m, Max{}, -INFINITY);
+  if (inv_sum != nullptr) m = kmath::bf16_softmax_shift(m);
   float sum = 0.0f;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
     x[j] = kmath::softmax_exp(x[j], m);
@@ -346,8 +355,13 @@ __global__ void causal_softmax_forward_kernel(float* scores, float* lse, int64_t
   }
   sum = block_all_reduce(sum, Sum{}, 0.0f);
   const float inv = 1.0f / sum;
-  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) x[j] = j < n ? x[j] * inv : 0.0f;
-  if (threadIdx.x == 0) lse[row / rows * lse_stride + row % rows] = kmath::softmax_lse(m, sum);
+  const float f = inv_sum != nullptr ? 1.0f : inv;  // numerators stay as they are
+  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) x[j] = j < n ? x[j] * f : 0.0f;
+  const int64_t at = row / rows * lse_stride + row % rows;
+  if (threadIdx.x == 0) {
+    lse[at] = kmath::softmax_lse(m, sum);
+    if (inv_sum != nullptr) inv_sum[at] = inv;
+  }
 }
 
 __global__ void causal_softmax_backward_kernel(float* scores, float* dp, const float* lse,
@@ -474,6 +488,14 @@ void from_fp32(const float* src, void* dst, DType dtype, int64_t n, StreamHandle
   LAUNCHED();
 }
 
+void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* scale,
+                StreamHandle s) {
+  if (rows == 0 || cols == 0) return;
+  check_rows(rows, "scale_rows");
+  scale_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, native(s)>>>(x, cols, ld, scale);
+  LAUNCHED();
+}
+
 void add_inplace(float* y, const float* x, int64_t n, StreamHandle s) {
   if (n == 0) return;
   if (four_at_a_time(n, {y, x}, {}))
@@ -562,13 +584,14 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
 }
 
 void causal_softmax_forward(float* scores, float* lse, int64_t batch, int64_t rows, int64_t keys,
-                            int64_t first_query, StreamHandle s, int64_t lse_stride) {
+                            int64_t first_query, StreamHandle s, int64_t lse_stride,
+                            float* inv_sum) {
   if (batch * rows == 0) return;
   if (first_query + rows > keys)
     throw InvalidArgument("causal_softmax_forward: queries beyond the keys");
   check_rows(batch * rows, "causal_softmax_forward");
   causal_softmax_forward_kernel<<<static_cast<unsigned>(batch * rows), kThreads, 0, native(s)>>>(
-      scores, lse, rows, keys, first_query, lse_stride > 0 ? lse_stride : rows);
+      scores, lse, rows, keys, first_query, lse_stride > 0 ? lse_stride : rows, inv_sum);
   LAUNCHED();
 }
 

@@ -28,6 +28,9 @@ void to_fp32(const void* src, DType dtype, float* dst, int64_t n, StreamHandle s
 void from_fp32(const float* src, void* dst, DType dtype, int64_t n, StreamHandle stream);
 // y[i] += x[i] (gradient accumulation).
 void add_inplace(float* y, const float* x, int64_t n, StreamHandle stream);
+// x[r * ld + c] *= scale[r] for r < rows, c < cols.
+void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* scale,
+                StreamHandle stream);
 // a = silu(g) * u; backward: dg = da * u * silu'(g), du = da * silu(g) (dg may alias da). With
 // the bf16 pointers (the backward's both or neither), the results go there rounded to bf16
 // instead (the fp32 ones unused, may be null).
@@ -69,10 +72,12 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
 
 // Causal softmax in place on `batch` score matrices of [rows, keys] (row-major, contiguous),
 // row i being query first_query + i: keys 0..first_query+i are normalised, the rest set to 0;
-// lse[b * lse_stride + i] receives the row's log-sum-exp (lse_stride 0: rows).
-// REQUIRES first_query + rows <= keys.
+// lse[b * lse_stride + i] receives the row's log-sum-exp (lse_stride 0: rows). With `inv_sum`
+// (laid out as lse): the numerators of ComputeBackend::causal_softmax_forward instead, and 1 /
+// their sum. REQUIRES first_query + rows <= keys.
 void causal_softmax_forward(float* scores, float* lse, int64_t batch, int64_t rows, int64_t keys,
-                            int64_t first_query, StreamHandle stream, int64_t lse_stride = 0);
+                            int64_t first_query, StreamHandle stream, int64_t lse_stride = 0,
+                            float* inv_sum = nullptr);
 // Given scores (scaled q k^T, as forward saw them) and dp = dL/dprob, both [batch, rows, keys]:
 // scores becomes prob = exp(scores - lse) (0 beyond the causal limit) and dp becomes
 // dL/dscores = prob * (dp - D), D = delta[b * lse_stride + i] when `delta` is given (laid out as

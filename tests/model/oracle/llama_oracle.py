@@ -77,18 +77,25 @@ def attention_fp32(q, k, v, scale):
     return torch.softmax(scores, dim=-1) @ v
 
 
+LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
+
+
 class Bf16Attention(torch.autograd.Function):
-    """attention_fp32 at a FlashAttention kernel's rounding points: q, k, v, the probabilities,
-    the output gradient and the score gradients rounded to bf16 where a product reads them, and
-    each row's sum(p dp) taken as the dot of the output gradient and the output rounded to bf16
-    (the output is kept in bf16 for backward)."""
+    """attention_fp32 at a FlashAttention kernel's rounding points: q, k and v rounded to bf16;
+    forward rounds the softmax's numerators exp(s - m) to bf16, m being the row's max rounded up
+    to a multiple of ln 2, and divides their product with v by the row's sum; backward rounds the
+    probabilities, the output gradient and the score gradients to bf16 where a product reads
+    them, and takes each row's sum(p dp) as the dot of the output gradient and the output rounded
+    to bf16 (the output is kept in bf16 for backward)."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale):
         scores = (scale * (bf16(q) @ bf16(k).transpose(-1, -2))).masked_fill(
             causal_mask(q.shape[-2]), float("-inf"))
         p = torch.softmax(scores, dim=-1)
-        out = bf16(p) @ bf16(v)
+        shift = torch.ceil(scores.amax(-1, keepdim=True) * LOG2E) * LN2
+        num = torch.exp(scores - shift)
+        out = (bf16(num) @ bf16(v)) / num.sum(-1, keepdim=True)
         ctx.save_for_backward(q, k, v, p, out)
         ctx.scale = scale
         return out
