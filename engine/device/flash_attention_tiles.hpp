@@ -45,7 +45,7 @@
 // follows the last read of the buffer it fills. Work split, each output written by one block
 // (deterministic, no atomics):
 //   forward  one block per (head, 128 queries, sequence), a warp per 32 queries (two strips of
-//            16 sharing each K and V fragment), kForwardKeys keys per step of its running max;
+//            16 sharing each K and V fragment), C keys per step of its running max;
 //   dq       one block per (head, 64 queries, sequence): dq = scale * ds k;
 //   dkv      one block per (kv head, 64 keys, sequence), a warp per 16 keys, over the heads of
 //            the group and the 32-query tiles at or after the keys: dk += scale ds^T q,
@@ -74,8 +74,9 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kDkvQueries = 32;                             // queries per step of a dkv block
 constexpr int kForwardStrips = 2;                           // 16-row strips per warp in the forward
 constexpr int kForwardRows = 16 * kForwardStrips * kWarps;  // queries per forward block
-constexpr int kForwardKeys = 16;  // keys per step of the forward's running max
-static_assert(kRows % kForwardKeys == 0 && kForwardKeys % 16 == 0, "whole 16-key products");
+// Keys per step of the forward's running max: kForwardKeys, or 32 (one max per 32 keys, q read
+// from shared memory half as often, more registers: device::attention_forward_keys).
+constexpr int kForwardKeys = 16;
 static_assert(kRows == 16 * kWarps, "a warp per 16 rows");
 
 // Shapes shared by the blocks of one launch.
@@ -262,11 +263,12 @@ OUTCORE_TILE float row_sum(X& x, float v) {
 
 // --- forward: lse [B, nh, T], attn [B*T, nh*HD] fp32, or attn16 in bf16 (when not null) -----
 
-template <int HD, class X>
+template <int HD, int C, class X>
 OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                 float* lse, float* attn, uint16_t* attn16, const Geometry& g) {
+  static_assert(kRows % C == 0 && C % 16 == 0, "whole 16-key products in a key tile");
   using L = Tiles<HD>;
-  constexpr int R = kForwardStrips, C = kForwardKeys, N = C / 8;
+  constexpr int R = kForwardStrips, N = C / 8;
   uint16_t* Qs = reinterpret_cast<uint16_t*>(x.shared());
   // Key tile i in (K, V) pair i % 2, loaded while tile i - 1 computes.
   const auto Kbuf = [&](int i) { return Qs + (kForwardRows + 2 * (i % 2) * kRows) * L::kLd; };
@@ -343,18 +345,23 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
             m[r][half] = m_new;
           }
         }
-        uint32_t p[R][N / 2][4];
+        // The numerators and their product with v, 16 keys at a time.
         OUTCORE_UNROLL
-        for (int r = 0; r < R; ++r)
-          to_operands(x, p[r], s[r], [&](float sv, int n, int e) {
-            const int half = e / 2;
-            const float num = full || valid(r, half, key0 + 8 * n + e % 2)
-                                  ? x.exp2(fmaf(sv, sl2, -m[r][half]))
-                                  : 0.0f;
-            l[r][half] += num;
-            return num;
-          });
-        product_pb<HD>(x, o, p, Vbuf(kt) + C * kc * L::kLd, lane);
+        for (int kh = 0; kh < C / 16; ++kh) {
+          uint32_t p[R][1][4];
+          OUTCORE_UNROLL
+          for (int r = 0; r < R; ++r)
+            to_operands(x, p[r], reinterpret_cast<const float(&)[2][4]>(s[r][2 * kh]),
+                        [&](float sv, int n, int e) {
+                          const int half = e / 2;
+                          const float num = full || valid(r, half, key0 + 16 * kh + 8 * n + e % 2)
+                                                ? x.exp2(fmaf(sv, sl2, -m[r][half]))
+                                                : 0.0f;
+                          l[r][half] += num;
+                          return num;
+                        });
+          product_pb<HD>(x, o, p, Vbuf(kt) + (C * kc + 16 * kh) * L::kLd, lane);
+        }
       }
     });
   }
