@@ -46,7 +46,8 @@
 // (deterministic, no atomics):
 //   forward  one block per (head, 128 queries, sequence), a warp per 32 queries (two strips of
 //            16 sharing each K and V fragment), C keys per step of its running max;
-//   dq       one block per (head, 64 queries, sequence): dq = scale * ds k;
+//   dq       one block per (head, 64 queries, sequence), a warp per 16 queries whose q and
+//            dattn rows it holds in registers: dq = scale * ds k;
 //   dkv      one block per (kv head, 64 keys, sequence), a warp per 16 keys, over the heads of
 //            the group and the 32-query tiles at or after the keys: dk += scale ds^T q,
 //            dv += p^T dattn.
@@ -179,6 +180,31 @@ template <int HD, int N, class X>
 OUTCORE_TILE void product_abt(X& x, float (&acc)[N][4], const uint16_t* a_tile,
                               const uint16_t* b_tile, int lane) {
   product_abt<HD>(x, reinterpret_cast<float(&)[1][N][4]>(acc), a_tile, b_tile, lane);
+}
+
+// A 16-row strip of a_tile ([.][HD + 8] bf16 in shared memory) as the A operands of products
+// over HD, held in registers: a[c] for the columns 16 c .. 16 c + 16.
+template <int HD, class X>
+OUTCORE_TILE void load_strip(X& x, uint32_t (&a)[HD / 16][4], const uint16_t* a_tile, int lane) {
+  OUTCORE_UNROLL
+  for (int kk = 0; kk < HD; kk += 16)
+    x.ldmatrix(a[kk / 16], a_tile + a_row(lane) * Tiles<HD>::kLd + kk + a_col(lane));
+}
+
+// acc[N][4] += A[16 x HD] B[N*8 x HD]^T, A held in registers (load_strip), B rows b_tile[0..N*8).
+template <int HD, int N, class X>
+OUTCORE_TILE void product_held_abt(X& x, float (&acc)[N][4], const uint32_t (&a)[HD / 16][4],
+                                   const uint16_t* b_tile, int lane) {
+  constexpr int ld = Tiles<HD>::kLd;
+  static_assert(N % 2 == 0, "n tiles in pairs");
+  OUTCORE_UNROLL
+  for (int kk = 0; kk < HD; kk += 16) OUTCORE_UNROLL
+  for (int n = 0; n < N; n += 2) {
+    uint32_t b[4];
+    x.ldmatrix(b, b_tile + (8 * n + b_row(lane)) * ld + kk + b_col(lane));
+    x.mma(acc[n], a[kk / 16], b[0], b[1]);
+    x.mma(acc[n + 1], a[kk / 16], b[2], b[3]);
+  }
 }
 
 // acc[R][HD / 8][4] += P[16 R x 16 K] B[16 K x HD]: strip r of P as A operands p[r][K][4]
@@ -436,17 +462,23 @@ OUTCORE_TILE void backward_dq_block(X& x, const uint16_t* q, const uint16_t* k, 
   // Key tile kt wholly at or below the warp's first query: no mask.
   const auto full_tile = [&](int kt) { return kt * kRows + kRows - 1 <= q0 + 16 * w; };
   // Per key tile: the scores (q k^T) and probability gradients (dattn v^T), ds = p (dp - D)
-  // rounded to bf16, dq += ds k.
+  // rounded to bf16, dq += ds k. The warp's q and dattn rows are read from shared memory once,
+  // into registers, for every tile.
   float acc[HD / 8][4];
   zero(acc);
+  uint32_t qa[HD / 16][4], da[HD / 16][4];
   for (int kt = 0; kt < tiles; ++kt) {
     landed(x);
     load_pair(kt + 1);
+    if (kt == 0) {
+      load_strip<HD>(x, qa, Qs + 16 * w * L::kLd, lane);
+      load_strip<HD>(x, da, Ds + 16 * w * L::kLd, lane);
+    }
     float s[8][4], dp[8][4];
     zero(s);
     zero(dp);
-    product_abt<HD>(x, s, Qs + 16 * w * L::kLd, Ks(kt), lane);
-    product_abt<HD>(x, dp, Ds + 16 * w * L::kLd, Vs(kt), lane);
+    product_held_abt<HD>(x, s, qa, Ks(kt), lane);
+    product_held_abt<HD>(x, dp, da, Vs(kt), lane);
     // ds in place of s (to_operands reads each element once, with its dp beside it).
     masked_or_full(full_tile(kt), [&](auto full) {
       OUTCORE_UNROLL
