@@ -171,12 +171,6 @@ run_gpu() {
     "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 --seq 4096 --steps 3 || rc=1
   part model_bench-vocab128256-ws32 120 env OUTCORE_CUBLASLT_WORKSPACE_MB=32 \
     "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 128256 --seq 4096 --steps 2 || rc=1
-  # The attention forward's running max 32 keys at a time instead of 16 (decision 034): the layer
-  # at 4096 and 16384 tokens against the defaults above
-  part model_bench-4096-fk32 120 env OUTCORE_ATTENTION_FORWARD_KEYS=32 \
-    "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 --seq 4096 --steps 3 || rc=1
-  part model_bench-16384-fk32 120 env OUTCORE_ATTENTION_FORWARD_KEYS=32 \
-    "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" --vocab 256 --seq 16384 --steps 2 || rc=1
   # ZeRO-3 streamed from NVMe under a 1000 MiB device budget, 4 micro-batches per step, against
   # the compute, PCIe and drive bounds of the same run; then with the gathered parameters kept
   part zero_large_bench 180 "$BUILD_DIR/bench/zero/zero_large_bench" "${large[@]}" || rc=1

@@ -6,7 +6,6 @@
 //   OUTCORE_AIO_BACKEND=io_uring|sync   -> aio::request_backend() (unset: chosen automatically)
 //   OUTCORE_CPU_ADAM_ISA=scalar|avx2|avx512 -> cpu_adam::request_isa() (unset: best the CPU runs)
 //   OUTCORE_CUBLASLT_WORKSPACE_MB=N     -> device::request_gemm_workspace() (unset: 0)
-//   OUTCORE_ATTENTION_FORWARD_KEYS=16|32 -> device::request_attention_forward_keys() (unset: 16)
 //
 // Link the CMake target outcore_env_settings.
 #pragma once
@@ -19,15 +18,12 @@
 
 namespace outcore::tools {
 
-// The compute backend's settings alone (cuBLASLt's workspace, the attention forward's keys per
-// step): what the test programs' main takes too, so that `./dev.sh gpu` runs the GPU tests with
-// either. Never throws.
+// The compute backend's settings alone (cuBLASLt's workspace): what the test programs' main
+// takes too, so that `./dev.sh gpu` runs the GPU tests with either.
+// Never throws.
 inline void apply_compute_settings() {
   if (const char* mib = std::getenv("OUTCORE_CUBLASLT_WORKSPACE_MB")) {
     device::request_gemm_workspace(mib, "OUTCORE_CUBLASLT_WORKSPACE_MB");
-  }
-  if (const char* keys = std::getenv("OUTCORE_ATTENTION_FORWARD_KEYS")) {
-    device::request_attention_forward_keys(keys, "OUTCORE_ATTENTION_FORWARD_KEYS");
   }
 }
 

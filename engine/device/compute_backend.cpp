@@ -265,26 +265,6 @@ void request_gemm_workspace(std::string_view text, std::string_view source) {
   gemm_workspace_slot().store(mib << 20, std::memory_order_relaxed);
 }
 
-namespace {
-std::atomic<int>& attention_forward_keys_slot() {
-  static std::atomic<int> slot{16};
-  return slot;
-}
-}  // namespace
-
-int attention_forward_keys() {
-  return attention_forward_keys_slot().load(std::memory_order_relaxed);
-}
-
-void request_attention_forward_keys(std::string_view text, std::string_view source) {
-  if (text.empty()) return;
-  if (text != "16" && text != "32") {
-    log::warn("{}={}: 16 or 32 keys; keeping {}", source, text, attention_forward_keys());
-    return;
-  }
-  attention_forward_keys_slot().store(text == "16" ? 16 : 32, std::memory_order_relaxed);
-}
-
 uint64_t attention_workspace_bytes(const ComputeBackend::Attention& a) {
   if (a.dtype == DType::F32)
     return charged_bytes(static_cast<size_t>(2 * a.nkv * a.block * a.T) * sizeof(float));

@@ -217,12 +217,6 @@ Workspace backend_workspace(DeviceKind kind, const WorkspaceShape& shape);
 inline constexpr uint64_t kMaxGemmWorkspaceMiB = 1024;
 uint64_t gemm_workspace_bytes();
 void request_gemm_workspace(std::string_view text, std::string_view source);
-// The keys per step of the fused attention forward's running max on a GPU (decision 034): 16,
-// or 32 where a program passes OUTCORE_ATTENTION_FORWARD_KEYS=32 to
-// request_attention_forward_keys (other text keeps the current value with one warning naming
-// `source`). Both round alike and differ in summation order only: a setting for measuring them.
-int attention_forward_keys();
-void request_attention_forward_keys(std::string_view text, std::string_view source);
 // The bytes of each part of backend_workspace: the fp32 attention's score blocks, an id slot,
 // the token groups' packed array (at most 3n + 1 ints).
 uint64_t attention_workspace_bytes(const ComputeBackend::Attention& a);

@@ -45,7 +45,8 @@
 // follows the last read of the buffer it fills. Work split, each output written by one block
 // (deterministic, no atomics):
 //   forward  one block per (head, 128 queries, sequence), a warp per 32 queries (two strips of
-//            16 sharing each K and V fragment), C keys per step of its running max;
+//            16 sharing each K and V fragment) whose q rows it holds in registers,
+//            kForwardKeys keys per step of its running max;
 //   dq       one block per (head, 64 queries, sequence), a warp per 16 queries whose q and
 //            dattn rows it holds in registers: dq = scale * ds k;
 //   dkv      one block per (kv head, 64 keys, sequence), a warp per 16 keys, over the heads of
@@ -75,9 +76,7 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kDkvQueries = 32;                             // queries per step of a dkv block
 constexpr int kForwardStrips = 2;                           // 16-row strips per warp in the forward
 constexpr int kForwardRows = 16 * kForwardStrips * kWarps;  // queries per forward block
-// Keys per step of the forward's running max: kForwardKeys, or 32 (one max per 32 keys, q read
-// from shared memory half as often, more registers: device::attention_forward_keys).
-constexpr int kForwardKeys = 16;
+constexpr int kForwardKeys = 16;  // keys per step of the forward's running max
 static_assert(kRows == 16 * kWarps, "a warp per 16 rows");
 
 // Shapes shared by the blocks of one launch.
@@ -191,9 +190,10 @@ OUTCORE_TILE void load_strip(X& x, uint32_t (&a)[HD / 16][4], const uint16_t* a_
     x.ldmatrix(a[kk / 16], a_tile + a_row(lane) * Tiles<HD>::kLd + kk + a_col(lane));
 }
 
-// acc[N][4] += A[16 x HD] B[N*8 x HD]^T, A held in registers (load_strip), B rows b_tile[0..N*8).
-template <int HD, int N, class X>
-OUTCORE_TILE void product_held_abt(X& x, float (&acc)[N][4], const uint32_t (&a)[HD / 16][4],
+// acc[R][N][4] += A[16 R x HD] B[N*8 x HD]^T, strip r of A held in registers (load_strip) as
+// a[r], B rows b_tile[0..N*8). Each B fragment serves the R strips.
+template <int HD, int R, int N, class X>
+OUTCORE_TILE void product_held_abt(X& x, float (&acc)[R][N][4], const uint32_t (&a)[R][HD / 16][4],
                                    const uint16_t* b_tile, int lane) {
   constexpr int ld = Tiles<HD>::kLd;
   static_assert(N % 2 == 0, "n tiles in pairs");
@@ -202,9 +202,18 @@ OUTCORE_TILE void product_held_abt(X& x, float (&acc)[N][4], const uint32_t (&a)
   for (int n = 0; n < N; n += 2) {
     uint32_t b[4];
     x.ldmatrix(b, b_tile + (8 * n + b_row(lane)) * ld + kk + b_col(lane));
-    x.mma(acc[n], a[kk / 16], b[0], b[1]);
-    x.mma(acc[n + 1], a[kk / 16], b[2], b[3]);
+    OUTCORE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      x.mma(acc[r][n], a[r][kk / 16], b[0], b[1]);
+      x.mma(acc[r][n + 1], a[r][kk / 16], b[2], b[3]);
+    }
   }
+}
+template <int HD, int N, class X>
+OUTCORE_TILE void product_held_abt(X& x, float (&acc)[N][4], const uint32_t (&a)[HD / 16][4],
+                                   const uint16_t* b_tile, int lane) {
+  product_held_abt<HD>(x, reinterpret_cast<float(&)[1][N][4]>(acc),
+                       reinterpret_cast<const uint32_t(&)[1][HD / 16][4]>(a), b_tile, lane);
 }
 
 // acc[R][HD / 8][4] += P[16 R x 16 K] B[16 K x HD]: strip r of P as A operands p[r][K][4]
@@ -289,12 +298,12 @@ OUTCORE_TILE float row_sum(X& x, float v) {
 
 // --- forward: lse [B, nh, T], attn [B*T, nh*HD] fp32, or attn16 in bf16 (when not null) -----
 
-template <int HD, int C, class X>
+template <int HD, class X>
 OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                 float* lse, float* attn, uint16_t* attn16, const Geometry& g) {
-  static_assert(kRows % C == 0 && C % 16 == 0, "whole 16-key products in a key tile");
   using L = Tiles<HD>;
-  constexpr int R = kForwardStrips, N = C / 8;
+  constexpr int R = kForwardStrips, C = kForwardKeys, N = C / 8;
+  static_assert(kRows % C == 0 && C % 16 == 0, "whole 16-key products in a key tile");
   uint16_t* Qs = reinterpret_cast<uint16_t*>(x.shared());
   // Key tile i in (K, V) pair i % 2, loaded while tile i - 1 computes.
   const auto Kbuf = [&](int i) { return Qs + (kForwardRows + 2 * (i % 2) * kRows) * L::kLd; };
@@ -340,9 +349,14 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
     m[r][0] = m[r][1] = -INFINITY, l[r][0] = l[r][1] = 0.0f;
     zero(o[r]);
   }
+  uint32_t qa[R][HD / 16][4];  // the warp's q rows, read from shared memory once
   for (int kt = 0; kt < tiles; ++kt) {
     landed(x);
     load_step(kt + 1);
+    if (kt == 0) {
+      OUTCORE_UNROLL
+      for (int r = 0; r < R; ++r) load_strip<HD>(x, qa[r], Qw + 16 * r * L::kLd, lane);
+    }
     if (kt >= warp_tiles) continue;
     masked_or_full(kt * kRows + kRows - 1 <= w0, [&](auto full) {
       OUTCORE_UNROLL
@@ -351,7 +365,7 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
         float s[R][N][4];
         OUTCORE_UNROLL
         for (int r = 0; r < R; ++r) zero(s[r]);
-        product_abt<HD>(x, s, Qw, Kbuf(kt) + C * kc * L::kLd, lane);
+        product_held_abt<HD>(x, s, qa, Kbuf(kt) + C * kc * L::kLd, lane);
         OUTCORE_UNROLL
         for (int r = 0; r < R; ++r) OUTCORE_UNROLL
         for (int half = 0; half < 2; ++half) {
@@ -371,23 +385,18 @@ OUTCORE_TILE void forward_block(X& x, const uint16_t* q, const uint16_t* k, cons
             m[r][half] = m_new;
           }
         }
-        // The numerators and their product with v, 16 keys at a time.
+        uint32_t p[R][N / 2][4];
         OUTCORE_UNROLL
-        for (int kh = 0; kh < C / 16; ++kh) {
-          uint32_t p[R][1][4];
-          OUTCORE_UNROLL
-          for (int r = 0; r < R; ++r)
-            to_operands(x, p[r], reinterpret_cast<const float(&)[2][4]>(s[r][2 * kh]),
-                        [&](float sv, int n, int e) {
-                          const int half = e / 2;
-                          const float num = full || valid(r, half, key0 + 16 * kh + 8 * n + e % 2)
-                                                ? x.exp2(fmaf(sv, sl2, -m[r][half]))
-                                                : 0.0f;
-                          l[r][half] += num;
-                          return num;
-                        });
-          product_pb<HD>(x, o, p, Vbuf(kt) + (C * kc + 16 * kh) * L::kLd, lane);
-        }
+        for (int r = 0; r < R; ++r)
+          to_operands(x, p[r], s[r], [&](float sv, int n, int e) {
+            const int half = e / 2;
+            const float num = full || valid(r, half, key0 + 8 * n + e % 2)
+                                  ? x.exp2(fmaf(sv, sl2, -m[r][half]))
+                                  : 0.0f;
+            l[r][half] += num;
+            return num;
+          });
+        product_pb<HD>(x, o, p, Vbuf(kt) + C * kc * L::kLd, lane);
       }
     });
   }

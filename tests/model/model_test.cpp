@@ -175,19 +175,6 @@ TEST(Model, WorkspaceShapeGivesTheCudaBackendsBytes) {
   device::request_gemm_workspace("0", "test");
   EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, s).gemm, 0u);
   device::request_gemm_workspace(std::to_string(asked >> 20), "test");  // as it was
-
-  // The attention forward's keys per step (OUTCORE_ATTENTION_FORWARD_KEYS): 16 or 32; other text
-  // keeps the current value.
-  const int keys = device::attention_forward_keys();
-  device::request_attention_forward_keys("32", "test");
-  EXPECT_EQ(device::attention_forward_keys(), 32);
-  for (const char* bad : {"64", "8", "16x", "", "x"}) {
-    device::request_attention_forward_keys(bad, "test");
-    EXPECT_EQ(device::attention_forward_keys(), 32) << bad;
-  }
-  device::request_attention_forward_keys("16", "test");
-  EXPECT_EQ(device::attention_forward_keys(), 16);
-  device::request_attention_forward_keys(std::to_string(keys), "test");  // as it was
 }
 
 TEST(Model, RepeatedRunsAreBitIdentical) {

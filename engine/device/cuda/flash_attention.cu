@@ -7,7 +7,6 @@
 #include <string>
 
 #include "common/error.hpp"
-#include "engine/device/compute_backend.hpp"
 #include "engine/device/cuda/cuda_check.hpp"
 #include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/flash_attention_tiles.hpp"
@@ -76,12 +75,12 @@ struct Simt {
   }
 };
 
-template <int HD, int C>
+template <int HD>
 __global__ void __launch_bounds__(flash::kThreads)
     tiles_forward_kernel(const uint16_t* q, const uint16_t* k, const uint16_t* v, float* lse,
                          float* attn, uint16_t* attn16, flash::Geometry g) {
   Simt x;
-  flash::forward_block<HD, C>(x, q, k, v, lse, attn, attn16, g);
+  flash::forward_block<HD>(x, q, k, v, lse, attn, attn16, g);
 }
 
 template <int HD>
@@ -124,22 +123,13 @@ Geometry geometry(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd, flo
           static_cast<int>(nh / nkv), scale};
 }
 
-template <int HD, int C>
-void forward_with(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B, Geometry g,
-                  float* lse, float* attn, uint16_t* attn16, cudaStream_t s) {
-  allow_shared(tiles_forward_kernel<HD, C>, flash::Tiles<HD>::kForward);
-  tiles_forward_kernel<HD, C><<<grid(flash::forward_grid(g, static_cast<int>(B))), flash::kThreads,
-                                flash::Tiles<HD>::kForward, s>>>(q, k, v, lse, attn, attn16, g);
-  CUDA_CHECK(cudaGetLastError());
-}
-
 template <int HD>
 void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B, Geometry g,
              float* lse, float* attn, uint16_t* attn16, cudaStream_t s) {
-  if (attention_forward_keys() == 32)
-    forward_with<HD, 32>(q, k, v, B, g, lse, attn, attn16, s);
-  else
-    forward_with<HD, flash::kForwardKeys>(q, k, v, B, g, lse, attn, attn16, s);
+  allow_shared(tiles_forward_kernel<HD>, flash::Tiles<HD>::kForward);
+  tiles_forward_kernel<HD><<<grid(flash::forward_grid(g, static_cast<int>(B))), flash::kThreads,
+                             flash::Tiles<HD>::kForward, s>>>(q, k, v, lse, attn, attn16, g);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 template <int HD>
