@@ -45,9 +45,12 @@ class CpuBackend final : public ComputeBackend {
                  int64_t ldc) override {
     if (m == 0 || n == 0) return;
     thread_local std::vector<float> wa, wb;
-    const float* fa = widen(a, trans_a ? k : m, trans_a ? m : k, lda, wa);
-    const float* fb = widen(b, trans_b ? n : k, trans_b ? k : n, ldb, wb);
-    cpu::gemm(trans_a, trans_b, m, n, k, alpha, fa, lda, fb, ldb, beta, c, ldc);
+    const int64_t ca = trans_a ? m : k, cb = trans_b ? k : n;  // each operand's row length
+    const float* fa = widen(a, trans_a ? k : m, ca, lda, wa);
+    const float* fb = widen(b, trans_b ? n : k, cb, ldb, wb);
+    // The packed copies' leading dimensions: at least 1, as BLAS asks even of an empty matrix.
+    cpu::gemm(trans_a, trans_b, m, n, k, alpha, fa, std::max<int64_t>(1, ca), fb,
+              std::max<int64_t>(1, cb), beta, c, ldc);
   }
   void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override {
     cpu::to_fp32(src, dtype, dst, n);
@@ -162,13 +165,20 @@ class CpuBackend final : public ComputeBackend {
   }
 
  private:
-  // The `rows` x `cols` bf16 matrix at `src` (leading dimension ld) as fp32 in `buf`, same
-  // layout; the elements between rows are converted too (they are never read by the GEMM).
+  // The `rows` x `cols` bf16 matrix at `src` (leading dimension ld) as fp32 in `buf`, its rows
+  // packed (leading dimension cols): a head's columns of attention's q, k and v are widened
+  // without the other heads' between them.
   static const float* widen(const void* src, int64_t rows, int64_t cols, int64_t ld,
                             std::vector<float>& buf) {
-    const int64_t span = (rows - 1) * ld + cols;
-    if (buf.size() < static_cast<size_t>(span)) buf.resize(static_cast<size_t>(span));
-    cpu::to_fp32(src, DType::BF16, buf.data(), span);
+    const auto size = static_cast<size_t>(std::max<int64_t>(1, rows * cols));
+    if (buf.size() < size) buf.resize(size);
+    if (ld == cols) {
+      cpu::to_fp32(src, DType::BF16, buf.data(), rows * cols);
+    } else {
+      for (int64_t r = 0; r < rows; ++r)
+        cpu::to_fp32(static_cast<const uint16_t*>(src) + r * ld, DType::BF16, buf.data() + r * cols,
+                     cols);
+    }
     return buf.data();
   }
 };
