@@ -150,35 +150,25 @@ OUTCORE_TILE int a_col(int lane) { return 8 * (lane / 16); }
 OUTCORE_TILE int b_row(int lane) { return (lane % 8) + 8 * (lane / 16); }
 OUTCORE_TILE int b_col(int lane) { return 8 * ((lane / 8) % 2); }
 
-// acc[R][N][4] += A[16 R x HD] B[N*8 x HD]^T: strip r of A rows a_tile[16 r..16 r + 16), B rows
-// b_tile[0..N*8) (both [.][HD + 8] bf16 in shared memory). Each B fragment serves the R strips.
-template <int HD, int R, int N, class X>
-OUTCORE_TILE void product_abt(X& x, float (&acc)[R][N][4], const uint16_t* a_tile,
+// acc[N][4] += A[16 x HD] B[N*8 x HD]^T: A rows a_tile[0..16), B rows b_tile[0..N*8) (both
+// [.][HD + 8] bf16 in shared memory), A's fragments read from shared memory at each step.
+template <int HD, int N, class X>
+OUTCORE_TILE void product_abt(X& x, float (&acc)[N][4], const uint16_t* a_tile,
                               const uint16_t* b_tile, int lane) {
   constexpr int ld = Tiles<HD>::kLd;
   static_assert(N % 2 == 0, "n tiles in pairs");
   OUTCORE_UNROLL
   for (int kk = 0; kk < HD; kk += 16) {
-    uint32_t a[R][4];
-    OUTCORE_UNROLL
-    for (int r = 0; r < R; ++r)
-      x.ldmatrix(a[r], a_tile + (16 * r + a_row(lane)) * ld + kk + a_col(lane));
+    uint32_t a[4];
+    x.ldmatrix(a, a_tile + a_row(lane) * ld + kk + a_col(lane));
     OUTCORE_UNROLL
     for (int n = 0; n < N; n += 2) {
       uint32_t b[4];
       x.ldmatrix(b, b_tile + (8 * n + b_row(lane)) * ld + kk + b_col(lane));
-      OUTCORE_UNROLL
-      for (int r = 0; r < R; ++r) {
-        x.mma(acc[r][n], a[r], b[0], b[1]);
-        x.mma(acc[r][n + 1], a[r], b[2], b[3]);
-      }
+      x.mma(acc[n], a, b[0], b[1]);
+      x.mma(acc[n + 1], a, b[2], b[3]);
     }
   }
-}
-template <int HD, int N, class X>
-OUTCORE_TILE void product_abt(X& x, float (&acc)[N][4], const uint16_t* a_tile,
-                              const uint16_t* b_tile, int lane) {
-  product_abt<HD>(x, reinterpret_cast<float(&)[1][N][4]>(acc), a_tile, b_tile, lane);
 }
 
 // A 16-row strip of a_tile ([.][HD + 8] bf16 in shared memory) as the A operands of products

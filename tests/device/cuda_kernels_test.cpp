@@ -132,6 +132,34 @@ TEST_F(CudaKernels, SwigluAndRopeMatchTheHost) {
 }
 
 // The host's loss and gradient (as head.cpp computes them): `logits` [rows, vocab] becomes
+// The embedding's gather and scatter-add on the GPU against the host's, exactly: `table`
+// ([vocab, hidden] in `dtype` storage) gathered at `ids`, and `dy` added into a gradient of
+// 0.5s in token order.
+template <typename T>
+void expect_embedding_as_host(const std::vector<T>& table, DType dtype,
+                              const std::vector<int32_t>& ids, const std::vector<float>& dy,
+                              int64_t hidden) {
+  const auto tokens = static_cast<int64_t>(ids.size());
+  const int64_t vocab = static_cast<int64_t>(table.size()) / hidden;
+  std::vector<float> values(table.size());
+  hk::to_fp32(table.data(), dtype, values.data(), static_cast<int64_t>(table.size()));
+  std::vector<float> out(tokens * hidden), grad(vocab * hidden, 0.5f);
+  for (int64_t i = 0; i < tokens; ++i)
+    for (int64_t j = 0; j < hidden; ++j) {
+      out[i * hidden + j] = values[int64_t{ids[i]} * hidden + j];
+      grad[int64_t{ids[i]} * hidden + j] += dy[i * hidden + j];
+    }
+  Dev<T> TB(table);
+  Dev<float> O(tokens * hidden), DY(dy), GR(std::vector<float>(vocab * hidden, 0.5f));
+  Dev<int32_t> I(ids);
+  embedding_forward(TB.get(), dtype, I.get(), tokens, hidden, O.get(), nullptr);
+  const TokenGroups groups(ids);
+  Dev<int32_t> GP(groups.packed());
+  embedding_backward(GP.get(), tokens, groups.groups(), DY.get(), hidden, GR.get(), nullptr);
+  expect_close(O.host(), out, 0.0, "gather");
+  expect_close(GR.host(), grad, 0.0, "scatter-add");
+}
+
 // coef * (softmax - onehot(target)), a masked row (target < 0) zeros and no loss.
 void host_cross_entropy(std::vector<float>& logits, const std::vector<int32_t>& targets,
                         int64_t vocab, float coef, std::vector<float>& loss) {
@@ -242,22 +270,7 @@ TEST_F(CudaKernels, KernelsMatchTheHostAtLlama3Shapes) {
     std::vector<int32_t> ids(tokens);
     for (int64_t i = 0; i < tokens; ++i)  // every part of the table, and repeats
       ids[i] = static_cast<int32_t>(i % 3 == 0 ? vocab - 1 - i % 97 : (i * 31337) % vocab);
-    const auto dy = spread(tokens * hidden, 9, 1.0f);
-    std::vector<float> out(tokens * hidden), grad(vocab * hidden, 0.5f);
-    for (int64_t i = 0; i < tokens; ++i)
-      for (int64_t j = 0; j < hidden; ++j) {
-        out[i * hidden + j] = kmath::bf16_to_fp32(table[int64_t{ids[i]} * hidden + j]);
-        grad[int64_t{ids[i]} * hidden + j] += dy[i * hidden + j];
-      }
-    Dev<uint16_t> TB(table);
-    Dev<float> O(tokens * hidden), DY(dy), GR(std::vector<float>(vocab * hidden, 0.5f));
-    Dev<int32_t> I(ids);
-    embedding_forward(TB.get(), DType::BF16, I.get(), tokens, hidden, O.get(), nullptr);
-    const TokenGroups groups(ids);
-    Dev<int32_t> GP(groups.packed());
-    embedding_backward(GP.get(), tokens, groups.groups(), DY.get(), hidden, GR.get(), nullptr);
-    expect_close(O.host(), out, 0.0, "gather");
-    expect_close(GR.host(), grad, 0.0, "scatter-add");
+    expect_embedding_as_host(table, DType::BF16, ids, spread(tokens * hidden, 9, 1.0f), hidden);
   }
 }
 
@@ -267,21 +280,7 @@ TEST_F(CudaKernels, EmbeddingGatherAndScatterAddMatchTheHostExactly) {
   std::vector<int32_t> ids(n);
   std::mt19937 rng(9);
   for (auto& i : ids) i = static_cast<int32_t>(rng() % 7);  // many repeats
-  auto dy = randn(n * hidden, 10);
-  std::vector<float> out(n * hidden), grad(vocab * hidden, 0.5f);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < hidden; ++j) {
-      out[i * hidden + j] = table[ids[i] * hidden + j];
-      grad[ids[i] * hidden + j] += dy[i * hidden + j];
-    }
-  Dev<float> T(table), O(n * hidden), DY(dy), GR(std::vector<float>(vocab * hidden, 0.5f));
-  Dev<int32_t> I(ids);
-  embedding_forward(T.get(), DType::F32, I.get(), n, hidden, O.get(), nullptr);
-  const TokenGroups groups(ids);
-  Dev<int32_t> G(groups.packed());
-  embedding_backward(G.get(), n, groups.groups(), DY.get(), hidden, GR.get(), nullptr);
-  expect_close(O.host(), out, 0.0, "gather");
-  expect_close(GR.host(), grad, 0.0, "scatter-add");
+  expect_embedding_as_host(table, DType::F32, ids, randn(n * hidden, 10), hidden);
 }
 
 TEST_F(CudaKernels, RmsNormForwardAndBackwardMatchTheHost) {
