@@ -20,7 +20,7 @@ JOBS=${JOBS:-$(nproc)}
 PACKAGES=(
   build-essential cmake pkg-config git
   liburing-dev libtbb-dev libisal-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libdnnl-dev
   libcli11-dev libspdlog-dev libfmt-dev
   libopenmpi-dev openmpi-bin
   fio python3 python3-torch python3-numpy python3-dev pybind11-dev

@@ -19,6 +19,12 @@ outcore_require(ISAL_FOUND "ISA-L" "libisal-dev")
 pkg_check_modules(OPENBLAS IMPORTED_TARGET openblas)
 outcore_require(OPENBLAS_FOUND "OpenBLAS" "libopenblas-dev")
 
+# engine/device/cpu: bf16 GEMMs on the CPU's bf16 dot-product units (AVX512_BF16, AMX).
+find_package(dnnl CONFIG QUIET)
+outcore_require(dnnl_FOUND "oneDNN" "libdnnl-dev")
+# oneDNN's threads are OpenMP's (bench/model sets their number).
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+
 # engine/data: the tokenizers' regular expressions, Unicode normalization and SentencePiece.
 pkg_check_modules(PCRE2 IMPORTED_TARGET libpcre2-8)
 outcore_require(PCRE2_FOUND "PCRE2" "libpcre2-dev")

@@ -22,6 +22,7 @@
 // TFLOP/s of GEMMs and attention), then the attention's forward + backward TFLOP/s against the
 // reference rate (the goal for the fused attention: >= 0.45 of the bf16 GEMM peak).
 #include <cblas.h>
+#include <omp.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -139,7 +140,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "sequences per micro-batch");
   app.add_option("--vocab", vocab, "vocabulary size");
   app.add_option("--steps", steps, "timed steps (after one warm-up step)");
-  app.add_option("--threads", threads, "OpenBLAS threads");
+  app.add_option("--threads", threads, "OpenBLAS threads, and oneDNN's (bf16 GEMMs on the CPU)");
   app.add_option("--dtype", dtype, "parameter storage")->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--compute", compute, "compute dtype (bf16 implies --dtype bf16)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
@@ -150,6 +151,7 @@ int main(int argc, char** argv) {
 
   try {
     openblas_set_num_threads(threads);
+    omp_set_num_threads(threads);  // oneDNN runs on this thread's OpenMP team
     const bool bf16_compute = compute == "bf16";
     if (bf16_compute) dtype = "bf16";
     model::LlamaConfig c;
@@ -253,7 +255,7 @@ int main(int argc, char** argv) {
     const double gf = median(model_g);
     std::printf(
         "config: hidden %lld, layers %lld, seq %lld, batch %lld, vocab %lld, %s parameters, %s "
-        "compute, %s, %d BLAS threads, %d steps, on %s\n",
+        "compute, %s, %d GEMM threads, %d steps, on %s\n",
         (long long)hidden, (long long)layers, (long long)seq, (long long)batch, (long long)vocab,
         dtype.c_str(), compute.c_str(), checkpointing ? "checkpointing" : "no checkpointing",
         threads, steps, backend->name().c_str());

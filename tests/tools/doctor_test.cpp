@@ -57,6 +57,11 @@ TEST_F(Doctor, ReportsEveryHostCheckWithAVerdictAndPassesOnAWritableSwapPath) {
   const DoctorRun r = doctor("--nvme-path " + dir_.string() + " --pinned-mb 0");
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(line_of(r.out, "cpu").find("CPU Adam kernel"), std::string::npos) << r.out;
+  // bf16 GEMMs on oneDNN where the CPU has bf16 dot products, else widened for sgemm.
+  const std::string bf16 = line_of(r.out, "bf16 gemm");
+  EXPECT_NE(bf16.find(__builtin_cpu_supports("avx512bf16") ? "oneDNN" : "OpenBLAS sgemm"),
+            std::string::npos)
+      << r.out;
   const std::string ring = line_of(r.out, "io_uring");  // ok, or warn naming the fallback
   EXPECT_TRUE(ring.find(" ok ") != std::string::npos || ring.find(" warn ") != std::string::npos)
       << r.out;

@@ -14,6 +14,7 @@
 
 #include "aio/aio.hpp"
 #include "cpu_adam/cpu_adam.hpp"
+#include "engine/device/cpu/bf16_gemm.hpp"
 #include "tools/blas/blas_kernels.hpp"
 #include "tools/outcore/doctor.hpp"
 
@@ -134,10 +135,19 @@ Line blas_line() {
   return l;
 }
 
+// How the CPU backend runs bf16 compute's GEMMs (engine/device/cpu/bf16_gemm.hpp).
+Line bf16_gemm_line() {
+  const std::string path = device::cpu::bf16_gemm_path();
+  return {"bf16 gemm", Verdict::kOk,
+          path.starts_with("oneDNN")
+              ? path
+              : path + " (this CPU has no bf16 dot products; ONEDNN_MAX_CPU_ISA may cap them)"};
+}
+
 }  // namespace
 
 std::vector<Line> host_checks(const Options& o) {
-  std::vector<Line> lines{cpu_line(), blas_line(), io_uring_line()};
+  std::vector<Line> lines{cpu_line(), blas_line(), bf16_gemm_line(), io_uring_line()};
   if (!o.nvme_path.empty()) lines.push_back(nvme_line(o.nvme_path));
   lines.push_back(memlock_line(o.pinned_bytes));
   return lines;

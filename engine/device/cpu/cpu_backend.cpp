@@ -1,6 +1,6 @@
-// The CPU compute backend: the host kernels of kernels.hpp and OpenBLAS, on host memory. Each
-// operation is what the units computed inline before the backend existed, in the same order,
-// so training through it is bit-identical to that code.
+// The CPU compute backend: the host kernels of kernels.hpp, OpenBLAS, and oneDNN for bf16 GEMMs
+// (bf16_gemm.hpp), on host memory. Each fp32 operation is what the units computed inline before
+// the backend existed, in the same order, so training through it is bit-identical to that code.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -10,6 +10,7 @@
 
 #include "common/error.hpp"
 #include "engine/device/compute_backend.hpp"
+#include "engine/device/cpu/bf16_gemm.hpp"
 #include "engine/device/cpu/kernels.hpp"
 #include "engine/device/device.hpp"
 #include "engine/device/kernel_math.hpp"
@@ -38,19 +39,12 @@ class CpuBackend final : public ComputeBackend {
             int64_t ldc) override {
     cpu::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
-  // Each operand widened to fp32 (exact) into this thread's scratch, then sgemm: the products of
-  // bf16 values are exact in fp32, so this is a bf16 GEMM with fp32 accumulation.
+  // bf16 operands, fp32 accumulation: oneDNN on bf16 hardware, else widened for sgemm
+  // (bf16_gemm.hpp).
   void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
                  int64_t ldc) override {
-    if (m == 0 || n == 0) return;
-    thread_local std::vector<float> wa, wb;
-    const int64_t ca = trans_a ? m : k, cb = trans_b ? k : n;  // each operand's row length
-    const float* fa = widen(a, trans_a ? k : m, ca, lda, wa);
-    const float* fb = widen(b, trans_b ? n : k, cb, ldb, wb);
-    // The packed copies' leading dimensions: at least 1, as BLAS asks even of an empty matrix.
-    cpu::gemm(trans_a, trans_b, m, n, k, alpha, fa, std::max<int64_t>(1, ca), fb,
-              std::max<int64_t>(1, cb), beta, c, ldc);
+    cpu::gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
   void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override {
     cpu::to_fp32(src, dtype, dst, n);
@@ -162,24 +156,6 @@ class CpuBackend final : public ComputeBackend {
       const float* d = dy + i * hidden;
       for (int64_t j = 0; j < hidden; ++j) row[j] += d[j];
     }
-  }
-
- private:
-  // The `rows` x `cols` bf16 matrix at `src` (leading dimension ld) as fp32 in `buf`, its rows
-  // packed (leading dimension cols): a head's columns of attention's q, k and v are widened
-  // without the other heads' between them.
-  static const float* widen(const void* src, int64_t rows, int64_t cols, int64_t ld,
-                            std::vector<float>& buf) {
-    const auto size = static_cast<size_t>(std::max<int64_t>(1, rows * cols));
-    if (buf.size() < size) buf.resize(size);
-    if (ld == cols) {
-      cpu::to_fp32(src, DType::BF16, buf.data(), rows * cols);
-    } else {
-      for (int64_t r = 0; r < rows; ++r)
-        cpu::to_fp32(static_cast<const uint16_t*>(src) + r * ld, DType::BF16, buf.data() + r * cols,
-                     cols);
-    }
-    return buf.data();
   }
 };
 

@@ -1,0 +1,161 @@
+// The CPU's bf16 GEMM (bf16_gemm.hpp): oneDNN's matmul where the CPU multiplies bf16 in
+// hardware, compiled once per shape; OpenBLAS's sgemm on widened operands elsewhere.
+#include "engine/device/cpu/bf16_gemm.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <dnnl.hpp>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/error.hpp"
+#include "engine/device/cpu/kernels.hpp"
+
+namespace outcore::device::cpu {
+namespace {
+
+using dnnl::memory;
+
+// Everything a compiled matmul depends on.
+struct Shape {
+  bool ta, tb;
+  int64_t m, n, k, lda, ldb, ldc;
+  uint32_t alpha, beta;  // the bits of alpha and beta
+  bool operator==(const Shape&) const = default;
+};
+
+struct ShapeHash {
+  size_t operator()(const Shape& s) const noexcept {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const uint64_t v :
+         {uint64_t(s.ta) << 1 | uint64_t(s.tb), uint64_t(s.m), uint64_t(s.n), uint64_t(s.k),
+          uint64_t(s.lda), uint64_t(s.ldb), uint64_t(s.ldc), uint64_t(s.alpha) << 32 | s.beta})
+      h = (h ^ v) * 0x100000001b3ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+// A shape's compiled matmul, or none where oneDNN has no hardware-bf16 kernel for it.
+struct Plan {
+  std::optional<dnnl::matmul> matmul;
+  std::string implementation;  // oneDNN's name of the matmul's implementation
+  memory::desc a, b, c;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// Whether the CPU, as oneDNN sees it (ONEDNN_MAX_CPU_ISA included), has bf16 dot products.
+bool hardware_bf16() {
+  static const bool has = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+  }();
+  return has;
+}
+
+// The logical [rows, cols] matrix stored row-major with leading dimension ld, or transposed
+// (stored [cols, rows]).
+memory::desc matrix(int64_t rows, int64_t cols, bool transposed, int64_t ld, memory::data_type t) {
+  return memory::desc({rows, cols}, t, transposed ? memory::dims{1, ld} : memory::dims{ld, 1});
+}
+
+Plan make_plan(const Shape& s) {
+  Plan p;
+  p.a = matrix(s.m, s.k, s.ta, s.lda, memory::data_type::bf16);
+  p.b = matrix(s.k, s.n, s.tb, s.ldb, memory::data_type::bf16);
+  p.c = matrix(s.m, s.n, false, s.ldc, memory::data_type::f32);
+  if (!hardware_bf16() || s.k == 0) return p;
+  try {
+    dnnl::primitive_attr attr;
+    const float alpha = std::bit_cast<float>(s.alpha), beta = std::bit_cast<float>(s.beta);
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(beta);
+      attr.set_post_ops(ops);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, cpu_engine());
+    // A generic (reference) implementation is slower than widening for sgemm.
+    p.implementation = pd.impl_info_str();
+    if (!p.implementation.starts_with("ref")) p.matmul.emplace(pd);
+  } catch (const dnnl::error&) {
+    // No implementation of this shape or stride: widened below.
+  }
+  return p;
+}
+
+std::shared_ptr<const Plan> plan_for(const Shape& s) {
+  static std::mutex mu;
+  static std::unordered_map<Shape, std::shared_ptr<const Plan>, ShapeHash> plans;
+  const std::lock_guard lock(mu);
+  auto& slot = plans[s];
+  if (!slot) slot = std::make_shared<const Plan>(make_plan(s));
+  return slot;
+}
+
+// The `rows` x `cols` bf16 matrix at `src` (leading dimension ld) as fp32 in `buf`, its rows
+// packed (leading dimension cols): a head's columns of attention's q, k and v are widened
+// without the other heads' between them.
+const float* widen(const void* src, int64_t rows, int64_t cols, int64_t ld,
+                   std::vector<float>& buf) {
+  const auto size = static_cast<size_t>(std::max<int64_t>(1, rows * cols));
+  if (buf.size() < size) buf.resize(size);
+  if (ld == cols) {
+    to_fp32(src, DType::BF16, buf.data(), rows * cols);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      to_fp32(static_cast<const uint16_t*>(src) + r * ld, DType::BF16, buf.data() + r * cols, cols);
+  }
+  return buf.data();
+}
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const auto plan = plan_for({trans_a, trans_b, m, n, k, lda, ldb, ldc,
+                              std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)});
+  if (plan->matmul) {
+    try {
+      thread_local dnnl::stream stream(cpu_engine());
+      auto& engine = cpu_engine();
+      const memory ma(plan->a, engine, const_cast<void*>(a));
+      const memory mb(plan->b, engine, const_cast<void*>(b));
+      const memory mc(plan->c, engine, c);
+      plan->matmul->execute(stream,
+                            {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+      stream.wait();
+    } catch (const dnnl::error& e) {
+      throw Error(fmt::format("bf16 GEMM {}x{}x{}: oneDNN's matmul failed: {}", m, n, k, e.what()));
+    }
+    return;
+  }
+  // Each operand widened to fp32 (exact) into this thread's scratch, then sgemm.
+  thread_local std::vector<float> wa, wb;
+  const int64_t ca = trans_a ? m : k, cb = trans_b ? k : n;  // each operand's row length
+  const float* fa = widen(a, trans_a ? k : m, ca, lda, wa);
+  const float* fb = widen(b, trans_b ? n : k, cb, ldb, wb);
+  // The packed copies' leading dimensions: at least 1, as BLAS asks even of an empty matrix.
+  gemm(trans_a, trans_b, m, n, k, alpha, fa, std::max<int64_t>(1, ca), fb, std::max<int64_t>(1, cb),
+       beta, c, ldc);
+}
+
+std::string bf16_gemm_path() {
+  const Plan p = make_plan(
+      {false, false, 1024, 1024, 1024, 1024, 1024, 1024, std::bit_cast<uint32_t>(1.0f), 0});
+  if (!p.matmul) return "widened to fp32, OpenBLAS sgemm";
+  return "oneDNN " + p.implementation;
+}
+
+}  // namespace outcore::device::cpu

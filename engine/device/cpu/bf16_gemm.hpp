@@ -1,0 +1,29 @@
+// The CPU backend's bf16 GEMM: bf16 operands, fp32 products and accumulation, fp32 C. Where the
+// CPU multiplies bf16 in hardware (AVX512_BF16 dot products or AMX tiles, as oneDNN detects
+// them), it runs oneDNN's matmul on the operands as they are; elsewhere, and for any shape or
+// stride oneDNN would only run in a generic implementation, both operands are widened to fp32
+// (exact) and multiplied by OpenBLAS's sgemm. Either way each product of two bf16 values is
+// exact in fp32, so the two differ only in summation order (and oneDNN's hardware path flushes
+// subnormal inputs and results to zero). For a given shape and thread count the result is the
+// same bits run after run; oneDNN may split a long K across threads, so another thread count
+// can sum some GEMMs in another order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace outcore::device::cpu {
+
+// C[m,n] = alpha * op(A) op(B) + beta * C, row-major; A and B bf16 (op(A) [m,k], op(B) [k,n]),
+// C fp32. beta == 0 ignores C's old contents. Allocates per-thread scratch and, on the first
+// call of a shape, compiles oneDNN's kernel for it (cached); throws outcore::Error if oneDNN
+// fails to run one.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
+               int64_t ldc);
+
+// How gemm_bf16 runs a large dense GEMM on this CPU: "oneDNN <implementation>" (e.g. oneDNN
+// brg:avx512_core_amx_bf16) or "widened to fp32, OpenBLAS sgemm".
+std::string bf16_gemm_path();
+
+}  // namespace outcore::device::cpu
