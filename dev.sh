@@ -6,8 +6,10 @@
 #   ./dev.sh gpu    on a machine with a GPU: doctor, the GPU tests, the demo and benchmarks on it
 #   ./dev.sh gpu-check  the same verdicts on a tree already built (no install, no build)
 #   ./dev.sh gpu-pack   on a built tree: the GPU verdicts' programs and libraries in one archive
-#   ./dev.sh gpu-unpack ARCHIVE  on a GPU machine without the build's packages: ./dev.sh gpu-check
-#                   on the programs of that archive
+#   ./dev.sh gpu-unpack ARCHIVE [check|profile|large]  on a GPU machine without the build's
+#                   packages: ./dev.sh gpu-check (or gpu-profile, gpu-large) on that archive's programs
+#   ./dev.sh gpu-profile  on a built tree with a GPU: Nsight Compute on the fused attention's
+#                   kernels at Llama 3 8B's shape (occupancy, throughput, stalls), one summary
 #   ./dev.sh gpu-large  on a built tree with a GPU: a 5.2B model larger than a 24 GB device budget,
 #                   at the tokens per step outcore estimate recommends there, with a trace
 #                   (about 60 GiB of swap under OUTCORE_SWAP_DIR, default $BUILD_DIR/gpu_large)
@@ -125,6 +127,10 @@ gpu_summary() {
       demo) pattern='^(trained|stopped after)' ;;
       zero_bench*) pattern='^(tokens/s ratio|losses bit-identical|drive.s time)' ;;
       model_bench*) pattern='ratio model/peak|^head \(|attention' ;;
+      attention_bench*) pattern='^(attention seq|reference seq|seq |cuda)' ;;
+      attention-ncu)
+        pattern='tiles_|Duration|Compute \(SM\) Throughput|Memory Throughput|Occupancy  |Registers Per Thread|Warp Cycles Per Issued|Issue Slots Busy|Block Limit|Bank'
+        ;;
       zero_large_bench*) pattern='^(step / max|planned compute|model TFLOP/s|summary over)' ;;
       *) pattern='^$^' ;;
     esac
@@ -165,6 +171,11 @@ run_gpu() {
     --seq 16384 --steps 2 || rc=1
   part model_bench-vocab128256 120 "$BUILD_DIR/bench/model/model_bench" "${layer[@]}" \
     --vocab 128256 --seq 4096 --steps 2 || rc=1
+  # The fused attention alone at 4096 and 16384 tokens: forward and backward against the bf16
+  # GEMM peak, and PyTorch's attention backends (FlashAttention-2, cuDNN) timed at the same
+  # shapes where the machine's python3 has PyTorch
+  part attention_bench 150 "$BUILD_DIR/bench/model/attention_bench" --device cuda \
+    --seq 4096,16384 --reference "python3 bench/python/attention_reference.py" || rc=1
   # The layer and the head with a 32 MiB cuBLASLt workspace (decision 032): each against the
   # defaults above
   part model_bench-4096-ws32 120 env OUTCORE_CUBLASLT_WORKSPACE_MB=32 \
@@ -176,6 +187,29 @@ run_gpu() {
   part zero_large_bench 180 "$BUILD_DIR/bench/zero/zero_large_bench" "${large[@]}" || rc=1
   part zero_large_bench-keep-params 180 "$BUILD_DIR/bench/zero/zero_large_bench" "${large[@]}" \
     --keep-params || rc=1
+  gpu_summary
+  return "$rc"
+}
+
+# Nsight Compute (ncu, where the machine has it) on the fused attention's kernels at Llama 3 8B's
+# shape, 4096 tokens: the first five launches of attention_bench (three forwards, then the
+# backward's dq and dkv), each with its throughput, occupancy, launch limits and warp stalls;
+# the whole report in $BUILD_DIR/gpu_check/attention-ncu.log.
+run_gpu_profile() {
+  local out="$BUILD_DIR/gpu_check" ncu
+  GPU_OUT="$out"
+  mkdir -p "$out"
+  ncu=$(command -v ncu || find /usr/local/cuda/bin /opt/nvidia -name ncu -type f 2>/dev/null |
+    head -n 1 || true)
+  if [[ -z $ncu ]]; then
+    echo "gpu-profile: no ncu (Nsight Compute) on this machine" >&2
+    return 1
+  fi
+  local rc=0
+  part attention-ncu 240 "$ncu" --clock-control none -k regex:tiles_ -c 5 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    "$BUILD_DIR/bench/model/attention_bench" --device cuda --seq 4096 --reps 1 || rc=1
   gpu_summary
   return "$rc"
 }
@@ -199,6 +233,7 @@ run_gpu_large() {
 # there, puts them back (linking the path the tree was built at to that checkout when they
 # differ, since ctest and the tests name it) and runs the verdicts.
 GPU_PROGRAMS=(bin/outcore bench/zero/zero_bench bench/zero/zero_large_bench bench/model/model_bench
+  bench/model/attention_bench
   tests/device/test_cuda_device tests/device/test_backend_conformance
   tests/device/test_cuda_kernels tests/trainer/test_trainer_gpu tests/zero/test_zero_gpu
   tests/comm/test_comm_nccl)
@@ -219,10 +254,11 @@ gpu_pack() {
   tar cJf "$BUILD_DIR/gpu_pack.tar.xz" -C "$staged" .
   rm -rf "$staged"
   echo "==> $BUILD_DIR/gpu_pack.tar.xz ($(du -h "$BUILD_DIR/gpu_pack.tar.xz" | cut -f1)):" \
-    "./dev.sh gpu-unpack ARCHIVE in a checkout of this tree on the GPU machine"
+    "./dev.sh gpu-unpack ARCHIVE [check|profile|large] in a checkout of this tree on the GPU machine"
 }
 gpu_unpack() {
-  local archive=${1:?usage: ./dev.sh gpu-unpack ARCHIVE} built
+  local archive=${1:?usage: ./dev.sh gpu-unpack ARCHIVE [check|profile|large]} verb=${2:-check}
+  local built
   tar xJf "$archive"
   built=$(cat "$BUILD_DIR/gpu_source_dir")
   if [[ $built != "$PWD" && ! -e $built ]]; then
@@ -230,7 +266,12 @@ gpu_unpack() {
     ln -s "$PWD" "$built"
   fi
   export LD_LIBRARY_PATH=$PWD/$BUILD_DIR/gpu_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  run_gpu
+  case $verb in
+    check) run_gpu ;;
+    profile) run_gpu_profile ;;
+    large) run_gpu_large ;;
+    *) echo "gpu-unpack: $verb: check, profile or large" >&2; return 2 ;;
+  esac
 }
 
 run_demo() {
@@ -244,7 +285,12 @@ case "${1:-}" in
   gpu) install_deps; install_node_oracle; build; run_gpu ;;
   gpu-check) run_gpu ;;
   gpu-large) run_gpu_large ;;
+  gpu-profile) run_gpu_profile ;;
   gpu-pack) gpu_pack ;;
   gpu-unpack) shift; gpu_unpack "$@" ;;
-  *) echo "usage: $0 demo|test|build|gpu|gpu-check|gpu-large|gpu-pack|gpu-unpack ARCHIVE" >&2; exit 2 ;;
+  *)
+    echo "usage: $0 demo|test|build|gpu|gpu-check|gpu-large|gpu-profile|gpu-pack|gpu-unpack" \
+      "ARCHIVE [check|profile|large]" >&2
+    exit 2
+    ;;
 esac
