@@ -22,7 +22,7 @@ outcore_require(OPENBLAS_FOUND "OpenBLAS" "libopenblas-dev")
 # engine/device/cpu: bf16 GEMMs on the CPU's bf16 dot-product units (AVX512_BF16, AMX).
 find_package(dnnl CONFIG QUIET)
 outcore_require(dnnl_FOUND "oneDNN" "libdnnl-dev")
-# oneDNN's threads are OpenMP's (bench/model sets their number).
+# oneDNN's threads are OpenMP's (engine/device/cpu/bf16_gemm.cpp sets their number).
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 
 # engine/data: the tokenizers' regular expressions, Unicode normalization and SentencePiece.

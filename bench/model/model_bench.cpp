@@ -22,7 +22,6 @@
 // TFLOP/s of GEMMs and attention), then the attention's forward + backward TFLOP/s against the
 // reference rate (the goal for the fused attention: >= 0.45 of the bf16 GEMM peak).
 #include <cblas.h>
-#include <omp.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -33,6 +32,7 @@
 #include <string>
 #include <thread>
 
+#include "engine/device/cpu/bf16_gemm.hpp"
 #include "engine/device/device.hpp"
 #include "engine/device/profiling_backend.hpp"
 #include "engine/model/model.hpp"
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
 
   try {
     openblas_set_num_threads(threads);
-    omp_set_num_threads(threads);  // oneDNN runs on this thread's OpenMP team
+    device::cpu::set_bf16_gemm_threads(threads);
     const bool bf16_compute = compute == "bf16";
     if (bf16_compute) dtype = "bf16";
     model::LlamaConfig c;

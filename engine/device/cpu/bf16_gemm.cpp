@@ -3,9 +3,12 @@
 #include "engine/device/cpu/bf16_gemm.hpp"
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
+#include <cstring>
 #include <dnnl.hpp>
 #include <memory>
 #include <mutex>
@@ -27,6 +30,7 @@ struct Shape {
   bool ta, tb;
   int64_t m, n, k, lda, ldb, ldc;
   uint32_t alpha, beta;  // the bits of alpha and beta
+  int threads;           // the OpenMP threads it runs on
   bool operator==(const Shape&) const = default;
 };
 
@@ -41,9 +45,43 @@ struct ShapeHash {
   }
 };
 
+// GEMMs of fewer FLOPs than this run on the calling thread alone: starting and joining oneDNN's
+// OpenMP team costs more than a second thread gains on them, and much more when the other
+// cores are busy (a team's barrier then waits for a descheduled thread). Attention's blocks,
+// a head at a time, are such GEMMs.
+constexpr double kSerialFlops = double(1 << 25);
+
+// oneDNN's threads for the other GEMMs: set_bf16_gemm_threads's, else OpenMP's default number
+// (OMP_NUM_THREADS, or the processors this process may run on), taken at the first GEMM.
+std::atomic<int> chosen_threads{0};
+
+int gemm_threads() {
+  if (const int n = chosen_threads.load(std::memory_order_relaxed); n > 0) return n;
+  static const int threads = std::max(1, omp_get_max_threads());
+  return threads;
+}
+
+// While alive, the OpenMP regions the calling thread starts have `threads` threads: oneDNN
+// sizes a kernel's work split by omp_get_max_threads() when it is compiled, and runs it so.
+class Threads {
+ public:
+  explicit Threads(int threads) : previous_(omp_get_max_threads()) {
+    if (threads != previous_) omp_set_num_threads(threads);
+  }
+  ~Threads() {
+    if (omp_get_max_threads() != previous_) omp_set_num_threads(previous_);
+  }
+  Threads(const Threads&) = delete;
+  Threads& operator=(const Threads&) = delete;
+
+ private:
+  int previous_;
+};
+
 // A shape's compiled matmul, or none where oneDNN has no hardware-bf16 kernel for it.
 struct Plan {
   std::optional<dnnl::matmul> matmul;
+  int threads = 1;             // OpenMP threads it is compiled for and runs on
   std::string implementation;  // oneDNN's name of the matmul's implementation
   memory::desc a, b, c;
 };
@@ -74,6 +112,8 @@ Plan make_plan(const Shape& s) {
   p.b = matrix(s.k, s.n, s.tb, s.ldb, memory::data_type::bf16);
   p.c = matrix(s.m, s.n, false, s.ldc, memory::data_type::f32);
   if (!hardware_bf16() || s.k == 0) return p;
+  p.threads = s.threads;
+  const Threads threads(p.threads);
   try {
     dnnl::primitive_attr attr;
     const float alpha = std::bit_cast<float>(s.alpha), beta = std::bit_cast<float>(s.beta);
@@ -118,32 +158,68 @@ const float* widen(const void* src, int64_t rows, int64_t cols, int64_t ld,
   return buf.data();
 }
 
+// Rows [0, rows) of `cols` elements from `src` (leading dimension lds) to `dst` (ldd).
+template <typename T>
+void copy_rows(const T* src, int64_t lds, T* dst, int64_t ldd, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ldd, src + r * lds, cols * sizeof(T));
+}
+
+// The `rows` x `cols` bf16 matrix at `src` (leading dimension ld) packed into `buf`.
+const uint16_t* packed(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld,
+                       std::vector<uint16_t>& buf) {
+  buf.resize(static_cast<size_t>(rows * cols));
+  copy_rows(src, ld, buf.data(), cols, rows, cols);
+  return buf.data();
+}
+
 }  // namespace
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
                int64_t ldc) {
   if (m == 0 || n == 0) return;
-  const auto plan = plan_for({trans_a, trans_b, m, n, k, lda, ldb, ldc,
-                              std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)});
-  if (plan->matmul) {
-    try {
-      thread_local dnnl::stream stream(cpu_engine());
-      auto& engine = cpu_engine();
-      const memory ma(plan->a, engine, const_cast<void*>(a));
-      const memory mb(plan->b, engine, const_cast<void*>(b));
-      const memory mc(plan->c, engine, c);
-      plan->matmul->execute(stream,
-                            {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
-      stream.wait();
-    } catch (const dnnl::error& e) {
-      throw Error(fmt::format("bf16 GEMM {}x{}x{}: oneDNN's matmul failed: {}", m, n, k, e.what()));
+  const int64_t ca = trans_a ? m : k, cb = trans_b ? k : n;  // each operand's row length
+  if (hardware_bf16() && k > 0) {
+    // oneDNN's AMX and AVX512_BF16 kernels take dense matrices only (others go to a slower
+    // generic kernel): a strided operand or C is copied to this thread's dense scratch, which
+    // changes no value.
+    thread_local std::vector<uint16_t> dense_a, dense_b;
+    thread_local std::vector<float> dense_c;
+    const auto* a16 = static_cast<const uint16_t*>(a);
+    const auto* b16 = static_cast<const uint16_t*>(b);
+    if (lda != ca) a16 = packed(a16, trans_a ? k : m, ca, lda, dense_a);
+    if (ldb != cb) b16 = packed(b16, trans_b ? n : k, cb, ldb, dense_b);
+    float* c32 = c;
+    if (ldc != n) {
+      dense_c.resize(static_cast<size_t>(m * n));
+      c32 = dense_c.data();
+      if (beta != 0.0f) copy_rows(c, ldc, c32, n, m, n);
     }
-    return;
+    const bool small = 2.0 * double(m) * double(n) * double(k) < kSerialFlops;
+    const auto plan =
+        plan_for({trans_a, trans_b, m, n, k, ca, cb, n, std::bit_cast<uint32_t>(alpha),
+                  std::bit_cast<uint32_t>(beta), small ? 1 : gemm_threads()});
+    if (plan->matmul) {
+      const Threads threads(plan->threads);
+      try {
+        thread_local dnnl::stream stream(cpu_engine());
+        auto& engine = cpu_engine();
+        const memory ma(plan->a, engine, const_cast<uint16_t*>(a16));
+        const memory mb(plan->b, engine, const_cast<uint16_t*>(b16));
+        const memory mc(plan->c, engine, c32);
+        plan->matmul->execute(stream,
+                              {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+        stream.wait();
+      } catch (const dnnl::error& e) {
+        throw Error(
+            fmt::format("bf16 GEMM {}x{}x{}: oneDNN's matmul failed: {}", m, n, k, e.what()));
+      }
+      if (c32 != c) copy_rows(c32, n, c, ldc, m, n);
+      return;
+    }
   }
   // Each operand widened to fp32 (exact) into this thread's scratch, then sgemm.
   thread_local std::vector<float> wa, wb;
-  const int64_t ca = trans_a ? m : k, cb = trans_b ? k : n;  // each operand's row length
   const float* fa = widen(a, trans_a ? k : m, ca, lda, wa);
   const float* fb = widen(b, trans_b ? n : k, cb, ldb, wb);
   // The packed copies' leading dimensions: at least 1, as BLAS asks even of an empty matrix.
@@ -151,9 +227,15 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
        beta, c, ldc);
 }
 
+void set_bf16_gemm_threads(int threads) {
+  chosen_threads.store(std::max(0, threads), std::memory_order_relaxed);
+}
+
+int bf16_gemm_threads() { return gemm_threads(); }
+
 std::string bf16_gemm_path() {
-  const Plan p = make_plan(
-      {false, false, 1024, 1024, 1024, 1024, 1024, 1024, std::bit_cast<uint32_t>(1.0f), 0});
+  const Plan p = make_plan({false, false, 1024, 1024, 1024, 1024, 1024, 1024,
+                            std::bit_cast<uint32_t>(1.0f), 0, gemm_threads()});
   if (!p.matmul) return "widened to fp32, OpenBLAS sgemm";
   return "oneDNN " + p.implementation;
 }

@@ -6,7 +6,7 @@
 // exact in fp32, so the two differ only in summation order (and oneDNN's hardware path flushes
 // subnormal inputs and results to zero). For a given shape and thread count the result is the
 // same bits run after run; oneDNN may split a long K across threads, so another thread count
-// can sum some GEMMs in another order.
+// (set_bf16_gemm_threads) can sum some GEMMs in another order.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,15 @@ namespace outcore::device::cpu {
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
                int64_t ldc);
+
+// The threads oneDNN's GEMMs run on (each GEMM of fewer than 2^25 FLOPs runs on the calling
+// thread alone); 0, the default: OpenMP's default number (OMP_NUM_THREADS, else the processors
+// this process may run on). Programs set it for several ranks on one node
+// (tools/env_settings.hpp). A GEMM's summation order may depend on its threads (see above), so a
+// run sets this once, before its first GEMM.
+void set_bf16_gemm_threads(int threads);
+// The threads a GEMM of 2^25 FLOPs or more runs on now.
+int bf16_gemm_threads();
 
 // How gemm_bf16 runs a large dense GEMM on this CPU: "oneDNN <implementation>" (e.g. oneDNN
 // brg:avx512_core_amx_bf16) or "widened to fp32, OpenBLAS sgemm".
