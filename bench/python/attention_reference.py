@@ -7,7 +7,8 @@ fused backends (FlashAttention-2, cuDNN, memory-efficient) it prints
     sdpa NAME forward_ms F backward_ms B
 
 the best of --reps timed runs after a warm-up (CUDA events), bf16 operands of shape
-[batch, heads, seq, head_dim] (keys and values with --kv-heads heads, grouped as GQA), or
+[batch, heads, seq, head_dim] (keys and values with --kv-heads heads, grouped as GQA; a backend
+that refuses groups runs with them repeated per head and is named NAME-kv-repeated), or
 
     sdpa NAME unavailable: WHY
 
@@ -62,23 +63,40 @@ def main():
 
     backends = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                 ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    group = args.heads // args.kv_heads
+
+    def measure(backend, gqa):
+        """Forward and backward ms: grouped keys and values (gqa), or each repeated per head."""
+        with sdpa_kernel(backend):
+            if gqa:
+                q, k, v = (t.detach().requires_grad_() for t in (q0, k0, v0))
+            else:
+                q = q0.detach().requires_grad_()
+                k, v = (t.repeat_interleave(group, dim=1).detach().requires_grad_()
+                        for t in (k0, v0))
+
+            def fwd():
+                if gqa:
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            fwd_ms = timed(fwd)
+            out = fwd()
+
+            def bwd():
+                q.grad = k.grad = v.grad = None
+                out.backward(dout, retain_graph=True)
+
+            return fwd_ms, timed(bwd)
+
     for name, backend in backends:
         try:
-            with sdpa_kernel(backend):
-                q, k, v = (t.detach().requires_grad_() for t in (q0, k0, v0))
-
-                def fwd():
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                          enable_gqa=True)
-
-                fwd_ms = timed(fwd)
-                out = fwd()
-
-                def bwd():
-                    q.grad = k.grad = v.grad = None
-                    out.backward(dout, retain_graph=True)
-
-                bwd_ms = timed(bwd)
+            try:
+                fwd_ms, bwd_ms = measure(backend, gqa=True)
+            except RuntimeError:
+                # A backend without grouped keys: the same work with them repeated per head.
+                fwd_ms, bwd_ms = measure(backend, gqa=False)
+                name += "-kv-repeated"
             print(f"sdpa {name} forward_ms {fwd_ms:.4f} backward_ms {bwd_ms:.4f}")
         except RuntimeError as e:
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
