@@ -18,7 +18,6 @@
 #include "common/dtype.hpp"
 #include "engine/device/cpu/kernels.hpp"
 #include "tests/common/numeric.hpp"
-#include "tools/env_settings.hpp"
 
 namespace outcore::device::cpu {
 namespace {
@@ -149,26 +148,10 @@ TEST(Bf16Gemm, RunsOnOneDnnExactlyWhereTheCpuMultipliesBf16) {
   }
 }
 
-// Several ranks on this node, OMP_NUM_THREADS unset: a program's settings give each rank its
-// share of the processors (at least one); OMP_NUM_THREADS, or one rank, leave OpenMP's default.
-TEST(Bf16Gemm, RanksOnOneNodeShareItsProcessors) {
+// The threads a program sets, and 0 for OpenMP's default again.
+TEST(Bf16Gemm, ThreadsAreTheProgramsOrOpenMpsDefault) {
   const int by_default = bf16_gemm_threads();
   ASSERT_GE(by_default, 1);
-  const char* omp = std::getenv("OMP_NUM_THREADS");
-  const std::string omp_was = omp != nullptr ? omp : "";
-  ::unsetenv("OMP_NUM_THREADS");
-  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1000000", 1);
-  tools::apply_compute_settings();
-  EXPECT_EQ(bf16_gemm_threads(), 1);
-  set_bf16_gemm_threads(0);
-  ::setenv("OMP_NUM_THREADS", "3", 1);  // the user's choice stands
-  tools::apply_compute_settings();
-  EXPECT_EQ(bf16_gemm_threads(), by_default);
-  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (omp != nullptr)
-    ::setenv("OMP_NUM_THREADS", omp_was.c_str(), 1);
-  else
-    ::unsetenv("OMP_NUM_THREADS");
   set_bf16_gemm_threads(5);
   EXPECT_EQ(bf16_gemm_threads(), 5);
   set_bf16_gemm_threads(0);

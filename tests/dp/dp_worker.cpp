@@ -29,7 +29,7 @@
 #include "engine/comm/mpi_comm.hpp"
 #include "engine/train/trainer.hpp"
 #include "tests/trainer/trainer_test_util.hpp"
-#include "tools/env_settings.hpp"
+#include "tools/blas/blas_kernels.hpp"
 
 namespace outcore::train::testing {
 namespace {
@@ -221,7 +221,7 @@ int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
 }  // namespace outcore::train::testing
 
 int main(int argc, char** argv) {
-  outcore::tools::apply_compute_settings();  // the bf16 GEMM threads of a rank among several
+  outcore::tools::select_openmp_waiting(argv);  // a rank among several on this machine
   outcore::train::testing::Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];

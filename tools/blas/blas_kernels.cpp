@@ -50,4 +50,21 @@ void select_blas_kernels(char** argv) {
   ::unsetenv("OPENBLAS_CORETYPE");  // exec failed: go on with the detected kernels
 }
 
+int local_ranks() {
+  for (const char* var :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE", "LOCAL_WORLD_SIZE"}) {
+    if (const char* v = std::getenv(var); v != nullptr && std::atoi(v) > 0) return std::atoi(v);
+  }
+  return 1;
+}
+
+void select_openmp_waiting(char** argv) {
+  if (local_ranks() < 2 || std::getenv("OMP_WAIT_POLICY") != nullptr ||
+      std::getenv("GOMP_SPINCOUNT") != nullptr)
+    return;
+  if (::setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  ::execv("/proc/self/exe", argv);
+  ::unsetenv("OMP_WAIT_POLICY");  // exec failed: go on spinning
+}
+
 }  // namespace outcore::tools

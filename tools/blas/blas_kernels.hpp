@@ -34,4 +34,16 @@ std::string blas_kernel_name();
 // See the top of this file. Returns only where nothing is to be done or the exec failed.
 void select_blas_kernels(char** argv);
 
+// The ranks a launcher started on this node (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS,
+// PMIX_LOCAL_SIZE or LOCAL_WORLD_SIZE; 1 when none is set).
+int local_ranks();
+
+// For a program that may run as one of several ranks on a node: there, with neither
+// OMP_WAIT_POLICY nor GOMP_SPINCOUNT set, runs the program again with OMP_WAIT_POLICY=passive,
+// which OpenMP reads when it loads. Each rank's bf16 GEMMs run on an OpenMP team of every
+// processor (the same number as a single-rank run, so that they sum alike); by default a team's
+// idle threads spin for a while after each GEMM, taking the cores the other ranks need, while
+// passive threads sleep. Returns only where nothing is to be done or the exec failed.
+void select_openmp_waiting(char** argv);
+
 }  // namespace outcore::tools

@@ -10,6 +10,7 @@
 
 int main(int argc, char** argv) {
   outcore::tools::select_blas_kernels(argv);
+  outcore::tools::select_openmp_waiting(argv);
   outcore::log::init("info");
   outcore::tools::apply_environment_settings();
   CLI::App app{"outcore: out-of-core training of Llama-family models with DeepSpeed configs"};

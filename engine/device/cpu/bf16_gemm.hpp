@@ -24,9 +24,10 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 
 // The threads oneDNN's GEMMs run on (each GEMM of fewer than 2^25 FLOPs runs on the calling
 // thread alone); 0, the default: OpenMP's default number (OMP_NUM_THREADS, else the processors
-// this process may run on). Programs set it for several ranks on one node
-// (tools/env_settings.hpp). A GEMM's summation order may depend on its threads (see above), so a
-// run sets this once, before its first GEMM.
+// this process may run on). A GEMM's summation order may depend on its threads (see above), so
+// a run sets this once, before its first GEMM, and runs that are to give the same bits (ranks
+// of a data-parallel run and the one rank they equal) use the same number: the default, or the
+// same OMP_NUM_THREADS, whatever the ranks sharing a node.
 void set_bf16_gemm_threads(int threads);
 // The threads a GEMM of 2^25 FLOPs or more runs on now.
 int bf16_gemm_threads();
