@@ -76,6 +76,28 @@ TEST_F(Doctor, ReportsEveryHostCheckWithAVerdictAndPassesOnAWritableSwapPath) {
   EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "the O_DIRECT probe file was left behind";
 }
 
+// A rank among several on this node (its launcher's local size) runs with OpenMP's idle threads
+// sleeping, unless the user chose how they wait.
+TEST_F(Doctor, ARankAmongSeveralOnThisNodeLetsIdleOpenMpThreadsSleep) {
+  if (!__builtin_cpu_supports("avx512bf16")) GTEST_SKIP() << "no bf16 dot products: no OpenMP";
+  const std::string unset = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT ";
+  const std::string cli = std::string(OUTCORE_BINARY_DIR) + "/bin/outcore doctor 2>&1";
+  auto bf16_line = [&](const std::string& env) {
+    std::string out;
+    FILE* p = popen((unset + env + " " + cli).c_str(), "r");
+    if (p == nullptr) return out;
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+    pclose(p);
+    return line_of(out, "bf16 gemm");
+  };
+  EXPECT_NE(bf16_line("OMPI_COMM_WORLD_LOCAL_SIZE=2").find("waiting passive"), std::string::npos);
+  EXPECT_NE(bf16_line("OMPI_COMM_WORLD_LOCAL_SIZE=1").find("waiting default"), std::string::npos);
+  EXPECT_NE(bf16_line("LOCAL_WORLD_SIZE=4 OMP_WAIT_POLICY=active").find("waiting active"),
+            std::string::npos);
+}
+
 TEST_F(Doctor, NoGpuIsReportedAsNoneNotAsAFailure) {
   const DoctorRun r = doctor("");
   const std::string gpu = line_of(r.out, "gpu ");

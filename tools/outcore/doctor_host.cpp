@@ -135,13 +135,18 @@ Line blas_line() {
   return l;
 }
 
-// How the CPU backend runs bf16 compute's GEMMs (engine/device/cpu/bf16_gemm.hpp).
+// How the CPU backend runs bf16 compute's GEMMs (engine/device/cpu/bf16_gemm.hpp): the path,
+// the threads of the larger ones, and how idle OpenMP threads wait (passive for a rank among
+// several on this node: tools/blas/blas_kernels.hpp).
 Line bf16_gemm_line() {
   const std::string path = device::cpu::bf16_gemm_path();
+  if (!path.starts_with("oneDNN"))
+    return {"bf16 gemm", Verdict::kOk,
+            path + " (this CPU has no bf16 dot products; ONEDNN_MAX_CPU_ISA may cap them)"};
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
   return {"bf16 gemm", Verdict::kOk,
-          path.starts_with("oneDNN")
-              ? path
-              : path + " (this CPU has no bf16 dot products; ONEDNN_MAX_CPU_ISA may cap them)"};
+          fmt::format("{}, {} threads from 2^25 FLOPs, OpenMP waiting {}", path,
+                      device::cpu::bf16_gemm_threads(), policy != nullptr ? policy : "default")};
 }
 
 }  // namespace
