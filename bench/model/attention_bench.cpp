@@ -5,7 +5,7 @@
 // scaled_dot_product_attention backends: bench/python/attention_reference.py).
 //
 //   attention_bench [--device cuda|cpu] [--seq 4096,16384] [--batch 1] [--heads 32]
-//                   [--kv-heads 8] [--head-dim 128] [--compute bf16|fp32] [--reps 5]
+//                   [--kv-heads 8] [--head-dim 128] [--compute bf16|fp32] [--reps 5] [--threads N]
 //                   [--reference "python3 bench/python/attention_reference.py"]
 //
 // FLOPs are outcore's model FLOPs (device::attention_train_flops): per query-key pair at or
@@ -17,6 +17,7 @@
 // and must print lines `sdpa NAME forward_ms F backward_ms B` (or `sdpa NAME unavailable:
 // WHY`); each is printed with the ratio of its time to outcore's (above 1: outcore is faster).
 #include <fmt/format.h>
+#include <tbb/global_control.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -33,6 +35,7 @@
 
 #include "common/dtype.hpp"
 #include "engine/device/compute_backend.hpp"
+#include "engine/device/cpu/bf16_gemm.hpp"
 #include "engine/device/cpu/kernels.hpp"
 #include "engine/device/device.hpp"
 #include "tools/blas/blas_kernels.hpp"
@@ -173,7 +176,7 @@ int main(int argc, char** argv) {
   CLI::App app{"The model's causal attention, forward and backward, against the GEMM peak"};
   std::string device_kind = "cuda", seqs = "4096,16384", compute = "bf16", reference;
   int64_t batch = 1, heads = 32, kv_heads = 8, head_dim = 128;
-  int reps = 5;
+  int reps = 5, threads = 0;
   app.add_option("--device", device_kind, "cuda (GPU 0) or cpu")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   app.add_option("--seq", seqs, "sequence lengths, comma-separated");
@@ -183,6 +186,10 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", head_dim, "head size")->check(CLI::PositiveNumber);
   app.add_option("--compute", compute, "operand dtype")->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--reps", reps, "timed runs of each pass (best kept)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads,
+                 "the CPU backend's threads (oneTBB's for attention's heads, oneDNN's for its "
+                 "GEMMs; default: every processor)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--reference", reference,
                  "command timing another implementation at each shape (see the header)");
   CLI11_PARSE(app, argc, argv);
@@ -199,6 +206,11 @@ int main(int argc, char** argv) {
     if (heads % kv_heads != 0)
       throw std::runtime_error(
           fmt::format("--heads {} is not a multiple of --kv-heads {}", heads, kv_heads));
+    std::optional<tbb::global_control> tbb_threads;
+    if (threads > 0) {
+      tbb_threads.emplace(tbb::global_control::max_allowed_parallelism, threads);
+      device::cpu::set_bf16_gemm_threads(threads);
+    }
     const bool gpu = device_kind == "cuda";
     std::unique_ptr<device::Device> dev;
     if (gpu) {

@@ -68,69 +68,86 @@ void ComputeBackend::attention_forward(const Attention& a, const void* q, const 
                                        void* lowp, void* attn_bf16) {
   check_attention_dtype(a, lowp);
   check_attention_output(a, attn_bf16);
+  // bf16: each block's 1 / sum in the rows scratch.
+  float* inv_sum = a.dtype == DType::BF16 ? attention_rows_scratch(a, lowp) : nullptr;
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t g = 0; g < a.nkv; ++g)
+      attention_forward_group(a, b, g, q, k, v, lse, attn, scores, lowp, inv_sum);
+  if (attn_bf16 != nullptr) from_fp32(attn, attn_bf16, DType::BF16, a.B * a.T * a.nh * a.hd);
+}
+
+void ComputeBackend::attention_forward_group(const Attention& a, int64_t b, int64_t g,
+                                             const void* q, const void* k, const void* v,
+                                             float* lse, float* attn, float* scores, void* p16,
+                                             float* inv_sum) {
   const AttentionGemm mm{*this, a.dtype};
   const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
+  const void* kb = mm.at(k, b * a.T * KV + g * a.hd);
+  const void* vb = mm.at(v, b * a.T * KV + g * a.hd);
   // bf16: each block's softmax numerators, rounded, times v, then each row divided by its sum.
-  float* inv_sum = a.dtype == DType::BF16 ? attention_rows_scratch(a, lowp) : nullptr;
-  for (int64_t b = 0; b < a.B; ++b) {
-    for (int64_t h = 0; h < a.nh; ++h) {
-      const int64_t g = h / group;
-      const void* kb = mm.at(k, b * a.T * KV + g * a.hd);
-      const void* vb = mm.at(v, b * a.T * KV + g * a.hd);
-      float* l = lse + (b * a.nh + h) * a.T;
-      for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
-        const int64_t rows = std::min(a.block, a.T - r0), keys = r0 + rows;
-        const void* qb = mm.at(q, (b * a.T + r0) * Q + h * a.hd);
-        float* out = attn + (b * a.T + r0) * Q + h * a.hd;
-        mm(false, true, rows, keys, a.hd, a.scale, qb, Q, kb, KV, 0.0f, scores, keys);
-        causal_softmax_forward(scores, l + r0, rows, keys, r0, inv_sum);
-        const void* p = mm.operand(scores, rows * keys, lowp);
-        mm(false, false, rows, a.hd, keys, 1.0f, p, keys, vb, KV, 0.0f, out, Q);
-        if (inv_sum != nullptr) scale_rows(out, rows, a.hd, Q, inv_sum);
-      }
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    float* l = lse + (b * a.nh + h) * a.T;
+    for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
+      const int64_t rows = std::min(a.block, a.T - r0), keys = r0 + rows;
+      const void* qb = mm.at(q, (b * a.T + r0) * Q + h * a.hd);
+      float* out = attn + (b * a.T + r0) * Q + h * a.hd;
+      mm(false, true, rows, keys, a.hd, a.scale, qb, Q, kb, KV, 0.0f, scores, keys);
+      causal_softmax_forward(scores, l + r0, rows, keys, r0, inv_sum);
+      const void* p = mm.operand(scores, rows * keys, p16);
+      mm(false, false, rows, a.hd, keys, 1.0f, p, keys, vb, KV, 0.0f, out, Q);
+      if (inv_sum != nullptr) scale_rows(out, rows, a.hd, Q, inv_sum);
     }
   }
-  if (attn_bf16 != nullptr) from_fp32(attn, attn_bf16, DType::BF16, a.B * a.T * a.nh * a.hd);
+}
+
+const float* ComputeBackend::attention_backward_delta(const Attention& a, const void* attn,
+                                                      const void* dattn, void* lowp) {
+  check_attention_dtype(a, lowp);
+  if (a.dtype != DType::BF16) return nullptr;
+  if (attn == nullptr) throw InvalidArgument("attention backward: bf16 needs forward's output");
+  float* delta = attention_rows_scratch(a, lowp);
+  attention_delta(a, attn, dattn, delta);
+  return delta;
 }
 
 void ComputeBackend::attention_backward(const Attention& a, const void* q, const void* k,
                                         const void* v, const float* lse, const void* attn,
                                         const void* dattn, float* dq, float* dk, float* dv,
                                         float* scores, float* dprob, void* lowp) {
-  check_attention_dtype(a, lowp);
-  const AttentionGemm mm{*this, a.dtype};
+  const float* delta = attention_backward_delta(a, attn, dattn, lowp);
   // The bf16 scratch: probabilities, then score gradients, then D.
   void* lowp_ds = lowp == nullptr ? nullptr : static_cast<uint16_t*>(lowp) + a.block * a.T;
-  float* delta = nullptr;
-  if (a.dtype == DType::BF16) {
-    if (attn == nullptr) throw InvalidArgument("attention backward: bf16 needs forward's output");
-    delta = attention_rows_scratch(a, lowp);
-    attention_delta(a, attn, dattn, delta);
-  }
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t g = 0; g < a.nkv; ++g)
+      attention_backward_group(a, b, g, q, k, v, lse, dattn, delta, dq, dk, dv, scores, dprob, lowp,
+                               lowp_ds);
+}
+
+void ComputeBackend::attention_backward_group(const Attention& a, int64_t b, int64_t g,
+                                              const void* q, const void* k, const void* v,
+                                              const float* lse, const void* dattn,
+                                              const float* delta, float* dq, float* dk, float* dv,
+                                              float* scores, float* dprob, void* p16, void* ds16) {
+  const AttentionGemm mm{*this, a.dtype};
   const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
-  for (int64_t b = 0; b < a.B; ++b) {
-    for (int64_t h = 0; h < a.nh; ++h) {
-      const int64_t g = h / group;
-      const int64_t kv_at = b * a.T * KV + g * a.hd;
-      const int64_t rows_at = (b * a.nh + h) * a.T;  // the head's lse and D
-      for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
-        const int64_t rows = std::min(a.block, a.T - r0), keys = r0 + rows;
-        const int64_t q_at = (b * a.T + r0) * Q + h * a.hd;
-        mm(false, true, rows, keys, a.hd, a.scale, mm.at(q, q_at), Q, mm.at(k, kv_at), KV, 0.0f,
-           scores, keys);
-        mm(false, true, rows, keys, a.hd, 1.0f, mm.at(dattn, q_at), Q, mm.at(v, kv_at), KV, 0.0f,
-           dprob, keys);
-        causal_softmax_backward(scores, dprob, lse + rows_at + r0, rows, keys, r0,
-                                delta == nullptr ? nullptr : delta + rows_at + r0);
-        const void* ds = mm.operand(dprob, rows * keys, lowp_ds);
-        const void* p = mm.operand(scores, rows * keys, lowp);
-        mm(false, false, rows, a.hd, keys, a.scale, ds, keys, mm.at(k, kv_at), KV, 0.0f, dq + q_at,
-           Q);
-        mm(true, false, keys, a.hd, rows, a.scale, ds, keys, mm.at(q, q_at), Q, 1.0f, dk + kv_at,
-           KV);
-        mm(true, false, keys, a.hd, rows, 1.0f, p, keys, mm.at(dattn, q_at), Q, 1.0f, dv + kv_at,
-           KV);
-      }
+  const int64_t kv_at = b * a.T * KV + g * a.hd;
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    const int64_t rows_at = (b * a.nh + h) * a.T;  // the head's lse and D
+    for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
+      const int64_t rows = std::min(a.block, a.T - r0), keys = r0 + rows;
+      const int64_t q_at = (b * a.T + r0) * Q + h * a.hd;
+      mm(false, true, rows, keys, a.hd, a.scale, mm.at(q, q_at), Q, mm.at(k, kv_at), KV, 0.0f,
+         scores, keys);
+      mm(false, true, rows, keys, a.hd, 1.0f, mm.at(dattn, q_at), Q, mm.at(v, kv_at), KV, 0.0f,
+         dprob, keys);
+      causal_softmax_backward(scores, dprob, lse + rows_at + r0, rows, keys, r0,
+                              delta == nullptr ? nullptr : delta + rows_at + r0);
+      const void* ds = mm.operand(dprob, rows * keys, ds16);
+      const void* p = mm.operand(scores, rows * keys, p16);
+      mm(false, false, rows, a.hd, keys, a.scale, ds, keys, mm.at(k, kv_at), KV, 0.0f, dq + q_at,
+         Q);
+      mm(true, false, keys, a.hd, rows, a.scale, ds, keys, mm.at(q, q_at), Q, 1.0f, dk + kv_at, KV);
+      mm(true, false, keys, a.hd, rows, 1.0f, p, keys, mm.at(dattn, q_at), Q, 1.0f, dv + kv_at, KV);
     }
   }
 }

@@ -186,6 +186,25 @@ class ComputeBackend {
   // b*T + t in attn and dattn (both [B*T, nh*hd] bf16): backward's D, the same bits everywhere.
   virtual void attention_delta(const Attention& a, const void* attn, const void* dattn,
                                float* delta) = 0;
+
+ protected:
+  // The default attention's work for the query heads of kv head g of sequence b, in its order,
+  // on the scratch given: `scores` (and `dprob`) block*T floats; with bf16 operands `p16` (and
+  // `ds16`) block*T bf16 elements and, forward, `inv_sum` block floats (all null or unused with
+  // F32). Every output it writes is the group's own (its heads' columns of attn and dq, their
+  // lse rows, its kv head's columns of dk and dv), so a backend may run groups in parallel, each
+  // on scratch of its own (the CPU backend does in bf16).
+  void attention_forward_group(const Attention& a, int64_t b, int64_t g, const void* q,
+                               const void* k, const void* v, float* lse, float* attn, float* scores,
+                               void* p16, float* inv_sum);
+  void attention_backward_group(const Attention& a, int64_t b, int64_t g, const void* q,
+                                const void* k, const void* v, const float* lse, const void* dattn,
+                                const float* delta, float* dq, float* dk, float* dv, float* scores,
+                                float* dprob, void* p16, void* ds16);
+  // The backward's checks and, in bf16, its D (attention_delta into the rows of `lowp`); null
+  // with F32.
+  const float* attention_backward_delta(const Attention& a, const void* attn, const void* dattn,
+                                        void* lowp);
 };
 
 // True when the CUDA backend runs attention of shape `a` fused (flash_attention.cu): bf16

@@ -12,6 +12,7 @@
 //   GEMM: 1e-5 of k * max|a| * max|b| (fp32, no TF32).
 // Attention on every backend: 1e-4 relative to the fp64 reference.
 #include <gtest/gtest.h>
+#include <tbb/global_control.h>
 
 #include <algorithm>
 #include <bit>
@@ -609,6 +610,56 @@ TEST_P(BackendConformance, AttentionForwardAndBackwardMatchTheFp64Reference) {
 // max |got - want| over max |want|.
 double scaled_diff(const std::vector<float>& got, const std::vector<float>& want) {
   return outcore::test::scaled_error(got.data(), want.data(), got.size());
+}
+
+// The CPU backends' bf16 attention runs its kv heads on oneTBB's threads, each GEMM on its
+// thread alone: one thread or all give the same bits, also for GEMMs large enough that oneDNN
+// would otherwise give them a team (a score block of 128 x 1024 x 128).
+TEST_P(BackendConformance, AttentionInBf16HasTheSameBitsOnAnyNumberOfThreads) {
+  if (cuda()) GTEST_SKIP() << "the CPU backends' threads";
+  ComputeBackend::Attention a{.B = 2,
+                              .T = 1024,
+                              .nh = 4,
+                              .nkv = 2,
+                              .hd = 128,
+                              .block = 128,
+                              .scale = 1.0f / std::sqrt(128.0f),
+                              .dtype = DType::BF16};
+  const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
+  auto half = [&](size_t n, uint32_t seed) {
+    const auto x = randn(n, seed);
+    std::vector<uint16_t> h(n);
+    cpu::from_fp32(x.data(), h.data(), DType::BF16, static_cast<int64_t>(n));
+    return put(h);
+  };
+  DeviceBuffer Qb = half(tokens * Q, 71), Kb = half(tokens * KV, 72), Vb = half(tokens * KV, 73),
+               DA = half(tokens * Q, 74);
+  // attn16, lse, dq, dk, dv of one forward and backward, on at most `threads` threads.
+  auto run = [&](int threads) {
+    const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+    DeviceBuffer L = put(std::vector<float>(a.B * a.nh * a.T)),
+                 O = put(std::vector<float>(tokens * Q));
+    DeviceBuffer O16 = put(std::vector<uint16_t>(tokens * Q));
+    DeviceBuffer S = put(std::vector<float>(a.block * a.T)),
+                 P = put(std::vector<float>(a.block * a.T));
+    DeviceBuffer LP = put(std::vector<uint16_t>(ComputeBackend::attention_bf16_scratch(a)));
+    DeviceBuffer DQ = put(std::vector<float>(tokens * Q)),
+                 DK = put(std::vector<float>(tokens * KV)),
+                 DV = put(std::vector<float>(tokens * KV));
+    backend_->attention_forward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(), O.as<float>(),
+                                S.as<float>(), LP.data(), O16.data());
+    backend_->attention_backward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(), O16.data(),
+                                 DA.data(), DQ.as<float>(), DK.as<float>(), DV.as<float>(),
+                                 S.as<float>(), P.as<float>(), LP.data());
+    std::vector<std::vector<float>> out{get(L, a.B * a.nh * a.T), get(DQ, tokens * Q),
+                                        get(DK, tokens * KV), get(DV, tokens * KV)};
+    const auto o16 = get<uint16_t>(O16, tokens * Q);
+    out.emplace_back(o16.begin(), o16.end());
+    return out;
+  };
+  const auto one = run(1), all = run(4);
+  const char* names[] = {"lse", "dq", "dk", "dv", "attn (bf16 bits)"};
+  for (size_t i = 0; i < one.size(); ++i) expect_close(all[i], one[i], 0.0, names[i]);
 }
 
 // bf16 operands: the result follows the fp64 reference with bf16 rounding at the same points,

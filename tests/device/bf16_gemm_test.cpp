@@ -7,12 +7,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -146,6 +150,43 @@ TEST(Bf16Gemm, RunsOnOneDnnExactlyWhereTheCpuMultipliesBf16) {
   } else {
     EXPECT_EQ(path, "widened to fp32, OpenBLAS sgemm");
   }
+}
+
+// Threads running the same shapes at once (the CPU backend's attention runs its kv heads so) each
+// get the bits of one thread alone: no scratch of one run is another's.
+TEST(Bf16Gemm, ThreadsRunTheSameShapesAtOnce) {
+  // NT, NN and TN (attention's scores, products with v, and dk / dv), each with its scratch.
+  const int64_t m = 256, n = 64, k = 128;
+  const auto a = bf16_randn(m * k, 61), b = bf16_randn(k * std::max(m, n), 62);
+  struct Call {
+    bool ta, tb;
+    int64_t lda, ldb;
+    float alpha, beta;
+  };
+  const Call calls[] = {{false, true, k, k, 1.0f, 0.0f},
+                        {false, false, k, n, 0.5f, 0.0f},
+                        {true, false, m, n, 0.125f, 1.0f}};
+  auto run = [&](const Call& c, std::vector<float>& out) {
+    std::fill(out.begin(), out.end(), 1.0f);
+    gemm_bf16(c.ta, c.tb, m, n, k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta, out.data(),
+              n);
+  };
+  std::vector<std::vector<float>> want(3, std::vector<float>(m * n));
+  for (int i = 0; i < 3; ++i) run(calls[i], want[i]);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<float> c(m * n);
+      for (int r = 0; r < 60; ++r) {
+        const int i = (r + t) % 3;
+        run(calls[i], c);
+        if (std::memcmp(c.data(), want[i].data(), c.size() * sizeof(float)) != 0) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0) << "runs of 240 that differ from one thread alone";
 }
 
 // The threads a program sets, and 0 for OpenMP's default again.

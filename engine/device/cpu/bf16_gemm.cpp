@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cstddef>
 #include <cstring>
 #include <dnnl.hpp>
 #include <memory>
@@ -55,6 +56,8 @@ constexpr double kSerialFlops = double(1 << 25);
 // (OMP_NUM_THREADS, or the processors this process may run on), taken at the first GEMM.
 std::atomic<int> chosen_threads{0};
 
+thread_local bool serial_here = false;  // a SerialBf16Gemms is alive on this thread
+
 int gemm_threads() {
   if (const int n = chosen_threads.load(std::memory_order_relaxed); n > 0) return n;
   static const int threads = std::max(1, omp_get_max_threads());
@@ -83,6 +86,7 @@ struct Plan {
   std::optional<dnnl::matmul> matmul;
   int threads = 1;             // OpenMP threads it is compiled for and runs on
   std::string implementation;  // oneDNN's name of the matmul's implementation
+  memory::desc scratchpad;     // its scratch, the caller's (so that threads may run it at once)
   memory::desc a, b, c;
 };
 
@@ -116,6 +120,8 @@ Plan make_plan(const Shape& s) {
   const Threads threads(p.threads);
   try {
     dnnl::primitive_attr attr;
+    // oneDNN's own scratchpad would be shared by every thread running the matmul at once.
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     const float alpha = std::bit_cast<float>(s.alpha), beta = std::bit_cast<float>(s.beta);
     if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
     if (beta != 0.0f) {
@@ -126,6 +132,7 @@ Plan make_plan(const Shape& s) {
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, cpu_engine());
     // A generic (reference) implementation is slower than widening for sgemm.
     p.implementation = pd.impl_info_str();
+    p.scratchpad = pd.scratchpad_desc();
     if (!p.implementation.starts_with("ref")) p.matmul.emplace(pd);
   } catch (const dnnl::error&) {
     // No implementation of this shape or stride: widened below.
@@ -195,7 +202,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
       c32 = dense_c.data();
       if (beta != 0.0f) copy_rows(c, ldc, c32, n, m, n);
     }
-    const bool small = 2.0 * double(m) * double(n) * double(k) < kSerialFlops;
+    const bool small = serial_here || 2.0 * double(m) * double(n) * double(k) < kSerialFlops;
     const auto plan =
         plan_for({trans_a, trans_b, m, n, k, ca, cb, n, std::bit_cast<uint32_t>(alpha),
                   std::bit_cast<uint32_t>(beta), small ? 1 : gemm_threads()});
@@ -207,8 +214,13 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
         const memory ma(plan->a, engine, const_cast<uint16_t*>(a16));
         const memory mb(plan->b, engine, const_cast<uint16_t*>(b16));
         const memory mc(plan->c, engine, c32);
-        plan->matmul->execute(stream,
-                              {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+        thread_local std::vector<std::byte> scratch;
+        scratch.resize(std::max<size_t>(1, plan->scratchpad.get_size()));
+        const memory ms(plan->scratchpad, engine, scratch.data());
+        plan->matmul->execute(stream, {{DNNL_ARG_SRC, ma},
+                                       {DNNL_ARG_WEIGHTS, mb},
+                                       {DNNL_ARG_DST, mc},
+                                       {DNNL_ARG_SCRATCHPAD, ms}});
         stream.wait();
       } catch (const dnnl::error& e) {
         throw Error(
@@ -232,6 +244,9 @@ void set_bf16_gemm_threads(int threads) {
 }
 
 int bf16_gemm_threads() { return gemm_threads(); }
+
+SerialBf16Gemms::SerialBf16Gemms() : previous_(serial_here) { serial_here = true; }
+SerialBf16Gemms::~SerialBf16Gemms() { serial_here = previous_; }
 
 std::string bf16_gemm_path() {
   const Plan p = make_plan({false, false, 1024, 1024, 1024, 1024, 1024, 1024,

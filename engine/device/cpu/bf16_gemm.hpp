@@ -32,6 +32,20 @@ void set_bf16_gemm_threads(int threads);
 // The threads a GEMM of 2^25 FLOPs or more runs on now.
 int bf16_gemm_threads();
 
+// While alive, every bf16 GEMM the calling thread makes runs on that thread alone, whatever its
+// size, so that its sums depend on nothing else: the CPU backend's attention, whose kv heads run
+// in parallel, runs its GEMMs so however many threads it has.
+class SerialBf16Gemms {
+ public:
+  SerialBf16Gemms();
+  ~SerialBf16Gemms();
+  SerialBf16Gemms(const SerialBf16Gemms&) = delete;
+  SerialBf16Gemms& operator=(const SerialBf16Gemms&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // How gemm_bf16 runs a large dense GEMM on this CPU: "oneDNN <implementation>" (e.g. oneDNN
 // brg:avx512_core_amx_bf16) or "widened to fp32, OpenBLAS sgemm".
 std::string bf16_gemm_path();

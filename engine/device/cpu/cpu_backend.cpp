@@ -1,6 +1,9 @@
 // The CPU compute backend: the host kernels of kernels.hpp, OpenBLAS, and oneDNN for bf16 GEMMs
 // (bf16_gemm.hpp), on host memory. Each fp32 operation is what the units computed inline before
 // the backend existed, in the same order, so training through it is bit-identical to that code.
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -114,6 +117,33 @@ class CpuBackend final : public ComputeBackend {
         }
   }
 
+  // bf16: the kv heads of every sequence in parallel on oneTBB's threads, each on score blocks
+  // of its thread's own and with its GEMMs on that thread alone (SerialBf16Gemms), so the bits
+  // are those of any other number of threads. fp32: the default, head by head.
+  void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
+                         float* lse, float* attn, float* scores, void* lowp,
+                         void* attn_bf16) override {
+    if (a.dtype != DType::BF16 || lowp == nullptr)
+      return ComputeBackend::attention_forward(a, q, k, v, lse, attn, scores, lowp, attn_bf16);
+    for_each_group(a, [&](int64_t b, int64_t g, GroupScratch& s) {
+      attention_forward_group(a, b, g, q, k, v, lse, attn, s.scores.data(), s.p16.data(),
+                              s.rows.data());
+    });
+    if (attn_bf16 != nullptr) from_fp32(attn, attn_bf16, DType::BF16, a.B * a.T * a.nh * a.hd);
+  }
+  void attention_backward(const Attention& a, const void* q, const void* k, const void* v,
+                          const float* lse, const void* attn, const void* dattn, float* dq,
+                          float* dk, float* dv, float* scores, float* dprob, void* lowp) override {
+    if (a.dtype != DType::BF16 || lowp == nullptr)
+      return ComputeBackend::attention_backward(a, q, k, v, lse, attn, dattn, dq, dk, dv, scores,
+                                                dprob, lowp);
+    const float* delta = attention_backward_delta(a, attn, dattn, lowp);
+    for_each_group(a, [&](int64_t b, int64_t g, GroupScratch& s) {
+      attention_backward_group(a, b, g, q, k, v, lse, dattn, delta, dq, dk, dv, s.scores.data(),
+                               s.dprob.data(), s.p16.data(), s.ds16.data());
+    });
+  }
+
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
                      bool grad, float* row_loss, void* grad_bf16) override {
     for (int64_t r = 0; r < rows; ++r) {
@@ -156,6 +186,30 @@ class CpuBackend final : public ComputeBackend {
       const float* d = dy + i * hidden;
       for (int64_t j = 0; j < hidden; ++j) row[j] += d[j];
     }
+  }
+
+ private:
+  // A thread's scratch for attention groups: score and score-gradient blocks, their bf16
+  // roundings and the forward's 1 / sum of a block's rows.
+  struct GroupScratch {
+    std::vector<float> scores, dprob, rows;
+    std::vector<uint16_t> p16, ds16;
+  };
+  // fn(b, g, scratch) for every (sequence, kv head) of `a`, in parallel.
+  template <class Fn>
+  static void for_each_group(const Attention& a, Fn fn) {
+    const auto block = static_cast<size_t>(a.block * a.T);
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, a.B * a.nkv, 1),
+                      [&](const tbb::blocked_range<int64_t>& r) {
+                        thread_local GroupScratch s;
+                        s.scores.resize(block);
+                        s.dprob.resize(block);
+                        s.p16.resize(block);
+                        s.ds16.resize(block);
+                        s.rows.resize(static_cast<size_t>(a.block));
+                        const cpu::SerialBf16Gemms serial;
+                        for (int64_t t = r.begin(); t < r.end(); ++t) fn(t / a.nkv, t % a.nkv, s);
+                      });
   }
 };
 
@@ -259,6 +313,29 @@ class DiscreteCpuBackend final : public ComputeBackend {
                                int64_t keys, int64_t first_query, const float* delta) override {
     run([=, this, scores = v(scores), dp = v(dp), lse = v(lse), delta = v(delta)] {
       cpu_.causal_softmax_backward(scores, dp, lse, rows, keys, first_query, delta);
+    });
+  }
+  // bf16: the CPU backend's attention, kv heads in parallel, as one operation (the same bits as
+  // on the host-accessible device); fp32: the default's operations one by one.
+  void attention_forward(const Attention& a, const void* q, const void* k, const void* val,
+                         float* lse, float* attn, float* scores, void* lowp,
+                         void* attn_bf16) override {
+    if (a.dtype != DType::BF16 || lowp == nullptr)
+      return ComputeBackend::attention_forward(a, q, k, val, lse, attn, scores, lowp, attn_bf16);
+    run([=, this, q = v(q), k = v(k), vv = v(val), lse = v(lse), attn = v(attn), scores = v(scores),
+         lowp = v(lowp), attn_bf16 = v(attn_bf16)] {
+      cpu_.attention_forward(a, q, k, vv, lse, attn, scores, lowp, attn_bf16);
+    });
+  }
+  void attention_backward(const Attention& a, const void* q, const void* k, const void* val,
+                          const float* lse, const void* attn, const void* dattn, float* dq,
+                          float* dk, float* dv, float* scores, float* dprob, void* lowp) override {
+    if (a.dtype != DType::BF16 || lowp == nullptr || attn == nullptr)
+      return ComputeBackend::attention_backward(a, q, k, val, lse, attn, dattn, dq, dk, dv, scores,
+                                                dprob, lowp);
+    run([=, this, q = v(q), k = v(k), vv = v(val), lse = v(lse), attn = v(attn), dattn = v(dattn),
+         dq = v(dq), dk = v(dk), dv = v(dv), scores = v(scores), dprob = v(dprob), lowp = v(lowp)] {
+      cpu_.attention_backward(a, q, k, vv, lse, attn, dattn, dq, dk, dv, scores, dprob, lowp);
     });
   }
   void attention_delta(const Attention& a, const void* attn, const void* dattn,
