@@ -38,9 +38,9 @@ struct Shape {
 struct ShapeHash {
   size_t operator()(const Shape& s) const noexcept {
     uint64_t h = 0xcbf29ce484222325ull;
-    for (const uint64_t v :
-         {uint64_t(s.ta) << 1 | uint64_t(s.tb), uint64_t(s.m), uint64_t(s.n), uint64_t(s.k),
-          uint64_t(s.lda), uint64_t(s.ldb), uint64_t(s.ldc), uint64_t(s.alpha) << 32 | s.beta})
+    for (const uint64_t v : {uint64_t(s.ta) << 1 | uint64_t(s.tb), uint64_t(s.m), uint64_t(s.n),
+                             uint64_t(s.k), uint64_t(s.lda), uint64_t(s.ldb), uint64_t(s.ldc),
+                             uint64_t(s.alpha) << 32 | s.beta, uint64_t(s.threads)})
       h = (h ^ v) * 0x100000001b3ull;
     return static_cast<size_t>(h);
   }
