@@ -612,6 +612,100 @@ double scaled_diff(const std::vector<float>& got, const std::vector<float>& want
   return outcore::test::scaled_error(got.data(), want.data(), got.size());
 }
 
+// The CPU backends run element-wise and row-wise kernels on oneTBB's threads in ranges: at
+// sizes of several ranges, the host kernel's bits (one range), tails and bf16 outputs included;
+// the loss, whose host loop is the backend's own, as on one thread.
+TEST_P(BackendConformance, LargeKernelsInRangesHaveTheHostsBits) {
+  if (cuda()) GTEST_SKIP() << "the CPU backends' threads";
+  const int64_t n = (int64_t{1} << 18) + 37;
+  const auto g = randn(n, 81), u = randn(n, 82), da = randn(n, 83);
+  DeviceBuffer G = put(g), U = put(u), DA = put(da);
+  {  // casts
+    std::vector<uint16_t> want16(n);
+    cpu::from_fp32(g.data(), want16.data(), DType::BF16, n);
+    DeviceBuffer H = put(std::vector<uint16_t>(n)), F = put(std::vector<float>(n));
+    backend_->from_fp32(G.as<float>(), H.data(), DType::BF16, n);
+    EXPECT_EQ(get<uint16_t>(H, n), want16) << "from_fp32";
+    std::vector<float> want(n);
+    cpu::to_fp32(want16.data(), DType::BF16, want.data(), n);
+    backend_->to_fp32(H.data(), DType::BF16, F.as<float>(), n);
+    expect_close(get(F, n), want, 0.0, "to_fp32");
+  }
+  {  // add
+    auto want = u;
+    cpu::add_inplace(want.data(), g.data(), n);
+    DeviceBuffer Y = put(u);
+    backend_->add_inplace(Y.as<float>(), G.as<float>(), n);
+    expect_close(get(Y, n), want, 0.0, "add_inplace");
+  }
+  {  // SwiGLU, fp32 and bf16 outputs
+    std::vector<float> a(n), dg(n), du(n);
+    std::vector<uint16_t> a16(n), dg16(n), du16(n);
+    cpu::swiglu_forward(g.data(), u.data(), a.data(), n);
+    cpu::swiglu_forward(g.data(), u.data(), nullptr, n, a16.data());
+    cpu::swiglu_backward(da.data(), g.data(), u.data(), dg.data(), du.data(), n);
+    cpu::swiglu_backward(da.data(), g.data(), u.data(), nullptr, nullptr, n, dg16.data(),
+                         du16.data());
+    DeviceBuffer A = put(std::vector<float>(n)), DG = put(std::vector<float>(n)),
+                 DU = put(std::vector<float>(n));
+    DeviceBuffer A16 = put(std::vector<uint16_t>(n)), DG16 = put(std::vector<uint16_t>(n)),
+                 DU16 = put(std::vector<uint16_t>(n));
+    backend_->swiglu_forward(G.as<float>(), U.as<float>(), A.as<float>(), n, nullptr);
+    backend_->swiglu_forward(G.as<float>(), U.as<float>(), nullptr, n, A16.data());
+    backend_->swiglu_backward(DA.as<float>(), G.as<float>(), U.as<float>(), DG.as<float>(),
+                              DU.as<float>(), n, nullptr, nullptr);
+    backend_->swiglu_backward(DA.as<float>(), G.as<float>(), U.as<float>(), nullptr, nullptr, n,
+                              DG16.data(), DU16.data());
+    expect_close(get(A, n), a, 0.0, "swiglu a");
+    expect_close(get(DG, n), dg, 0.0, "swiglu dg");
+    expect_close(get(DU, n), du, 0.0, "swiglu du");
+    EXPECT_EQ(get<uint16_t>(A16, n), a16) << "swiglu a in bf16";
+    EXPECT_EQ(get<uint16_t>(DG16, n), dg16) << "swiglu dg in bf16";
+    EXPECT_EQ(get<uint16_t>(DU16, n), du16) << "swiglu du in bf16";
+  }
+  {  // RMSNorm forward and row scaling, by rows
+    const int64_t rows = 300, dim = 1000;
+    const auto x = randn(rows * dim, 84), w = randn(dim, 85);
+    std::vector<float> y(rows * dim), rstd(rows);
+    std::vector<uint16_t> y16(rows * dim);
+    cpu::rmsnorm_forward(x.data(), w.data(), 1e-5f, rows, dim, y.data(), rstd.data());
+    cpu::rmsnorm_forward(x.data(), w.data(), 1e-5f, rows, dim, nullptr, rstd.data(), y16.data());
+    DeviceBuffer X = put(x), W = put(w), Y = put(std::vector<float>(rows * dim)),
+                 R = put(std::vector<float>(rows)), Y16 = put(std::vector<uint16_t>(rows * dim));
+    backend_->rmsnorm_forward(X.as<float>(), W.as<float>(), 1e-5f, rows, dim, Y.as<float>(),
+                              R.as<float>(), nullptr);
+    expect_close(get(Y, y.size()), y, 0.0, "rmsnorm y");
+    expect_close(get(R, rows), rstd, 0.0, "rmsnorm rstd");
+    backend_->rmsnorm_forward(X.as<float>(), W.as<float>(), 1e-5f, rows, dim, nullptr,
+                              R.as<float>(), Y16.data());
+    EXPECT_EQ(get<uint16_t>(Y16, y16.size()), y16) << "rmsnorm y in bf16";
+    const int64_t srows = 3000, cols = 100, ld = 104;
+    const auto sx = randn(srows * ld, 86), scale = randn(srows, 87);
+    auto want = sx;
+    cpu::scale_rows(want.data(), srows, cols, ld, scale.data());
+    DeviceBuffer SX = put(sx), SC = put(scale);
+    backend_->scale_rows(SX.as<float>(), srows, cols, ld, SC.as<float>());
+    expect_close(get(SX, sx.size()), want, 0.0, "scale_rows");
+  }
+  {  // the loss and its bf16 gradient, by rows, against one thread
+    const int64_t rows = 200, vocab = 5000;
+    const auto logits = randn(rows * vocab, 88);
+    std::vector<int32_t> targets(rows);
+    for (int64_t r = 0; r < rows; ++r) targets[r] = r % 7 == 3 ? -100 : int32_t((r * 37) % vocab);
+    auto run = [&](int threads) {
+      const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+      DeviceBuffer L = put(logits), T = put(targets), RL = put(std::vector<float>(rows)),
+                   G16 = put(std::vector<uint16_t>(rows * vocab));
+      backend_->cross_entropy(L.as<float>(), T.as<int32_t>(), rows, vocab, 0.01f, true,
+                              RL.as<float>(), G16.data());
+      return std::pair{get(RL, rows), get<uint16_t>(G16, rows * vocab)};
+    };
+    const auto one = run(1), all = run(4);
+    expect_close(all.first, one.first, 0.0, "row losses");
+    EXPECT_EQ(all.second, one.second) << "loss gradient in bf16";
+  }
+}
+
 // The CPU backends' bf16 attention runs its kv heads on oneTBB's threads, each GEMM on its
 // thread alone: one thread or all give the same bits, also for GEMMs large enough that oneDNN
 // would otherwise give them a team (a score block of 128 x 1024 x 128).

@@ -49,19 +49,34 @@ class CpuBackend final : public ComputeBackend {
                  int64_t ldc) override {
     cpu::gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+  // The element-wise and row-wise kernels below run on oneTBB's threads in ranges that change
+  // no bit (in_ranges): an element's or a row's result depends on it alone.
   void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override {
-    cpu::to_fp32(src, dtype, dst, n);
+    const size_t es = dtype_size(dtype);
+    in_ranges(n, 1, [&](int64_t i, int64_t m) {
+      cpu::to_fp32(static_cast<const std::byte*>(src) + i * es, dtype, dst + i, m);
+    });
   }
   void from_fp32(const float* src, void* dst, DType dtype, int64_t n) override {
-    cpu::from_fp32(src, dst, dtype, n);
+    const size_t es = dtype_size(dtype);
+    in_ranges(n, 1, [&](int64_t i, int64_t m) {
+      cpu::from_fp32(src + i, static_cast<std::byte*>(dst) + i * es, dtype, m);
+    });
   }
-  void add_inplace(float* y, const float* x, int64_t n) override { cpu::add_inplace(y, x, n); }
+  void add_inplace(float* y, const float* x, int64_t n) override {
+    in_ranges(n, 1, [&](int64_t i, int64_t m) { cpu::add_inplace(y + i, x + i, m); });
+  }
   void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* scale) override {
-    cpu::scale_rows(x, rows, cols, ld, scale);
+    in_ranges(rows, cols,
+              [&](int64_t r, int64_t m) { cpu::scale_rows(x + r * ld, m, cols, ld, scale + r); });
   }
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
                        float* y, float* rstd, void* y_bf16) override {
-    cpu::rmsnorm_forward(x, w, eps, rows, dim, y, rstd, y_bf16);
+    in_ranges(rows, dim, [&](int64_t r, int64_t m) {
+      cpu::rmsnorm_forward(x + r * dim, w, eps, m, dim, y == nullptr ? nullptr : y + r * dim,
+                           rstd + r,
+                           y_bf16 == nullptr ? nullptr : static_cast<uint16_t*>(y_bf16) + r * dim);
+    });
   }
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                         int64_t rows, int64_t dim, float* dx, float* dw) override {
@@ -72,11 +87,20 @@ class CpuBackend final : public ComputeBackend {
     cpu::rope(x, rows, seq, heads, head_dim, cos, sin, inverse, x_bf16);
   }
   void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16) override {
-    cpu::swiglu_forward(g, u, a, n, a_bf16);
+    in_ranges(n, 1, [&](int64_t i, int64_t m) {
+      cpu::swiglu_forward(g + i, u + i, a == nullptr ? nullptr : a + i, m,
+                          a_bf16 == nullptr ? nullptr : static_cast<uint16_t*>(a_bf16) + i);
+    });
   }
   void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
                        int64_t n, void* dg_bf16, void* du_bf16) override {
-    cpu::swiglu_backward(da, g, u, dg, du, n, dg_bf16, du_bf16);
+    auto* dg16 = static_cast<uint16_t*>(dg_bf16);
+    auto* du16 = static_cast<uint16_t*>(du_bf16);
+    in_ranges(n, 1, [&](int64_t i, int64_t m) {
+      cpu::swiglu_backward(
+          da + i, g + i, u + i, dg == nullptr ? nullptr : dg + i, du == nullptr ? nullptr : du + i,
+          m, dg16 == nullptr ? nullptr : dg16 + i, du16 == nullptr ? nullptr : du16 + i);
+    });
   }
 
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
@@ -146,7 +170,15 @@ class CpuBackend final : public ComputeBackend {
 
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
                      bool grad, float* row_loss, void* grad_bf16) override {
-    for (int64_t r = 0; r < rows; ++r) {
+    in_ranges(rows, vocab, [&](int64_t first, int64_t count) {
+      cross_entropy_rows(logits, targets, first, first + count, vocab, coef, grad, row_loss,
+                         grad_bf16);
+    });
+  }
+  static void cross_entropy_rows(float* logits, const int32_t* targets, int64_t first, int64_t last,
+                                 int64_t vocab, float coef, bool grad, float* row_loss,
+                                 void* grad_bf16) {
+    for (int64_t r = first; r < last; ++r) {
       float* row = logits + r * vocab;
       const int32_t t = targets[r];
       if (kmath::xent_ignored(t)) {
@@ -189,6 +221,24 @@ class CpuBackend final : public ComputeBackend {
   }
 
  private:
+  // fn(first, count) over [0, n) items of `width` elements each: on this thread where there are
+  // fewer than two ranges' worth (2^16 elements a range), else on oneTBB's threads, in ranges
+  // of a multiple of 64 items, so that every range but the last is whole vectors and the last
+  // holds the same tail as one range would: the results are those of fn(0, n), bit for bit.
+  template <class Fn>
+  static void in_ranges(int64_t n, int64_t width, Fn fn) {
+    const int64_t per_range =
+        std::max<int64_t>(64, ((int64_t{1} << 16) / std::max<int64_t>(1, width) + 63) / 64 * 64);
+    const int64_t ranges = (n + per_range - 1) / per_range;
+    if (ranges < 2) {
+      if (n > 0) fn(0, n);
+      return;
+    }
+    tbb::parallel_for(int64_t{0}, ranges, [&](int64_t i) {
+      const int64_t first = i * per_range;
+      fn(first, std::min(per_range, n - first));
+    });
+  }
   // A thread's scratch for attention groups: score and score-gradient blocks, their bf16
   // roundings and the forward's 1 / sum of a block's rows.
   struct GroupScratch {
