@@ -64,6 +64,12 @@ class BackendConformance : public ::testing::TestWithParam<std::string> {
     backend_->upload(b.data(), host.data(), host.size() * sizeof(T));
     return b;
   }
+  // A device buffer holding `x` rounded to bf16.
+  DeviceBuffer put_bf16(const std::vector<float>& x) {
+    std::vector<uint16_t> h(x.size());
+    cpu::from_fp32(x.data(), h.data(), DType::BF16, static_cast<int64_t>(x.size()));
+    return put(h);
+  }
   // The first `n` elements of `b`, after every queued operation.
   template <typename T = float>
   std::vector<T> get(const DeviceBuffer& b, size_t n) {
@@ -720,14 +726,8 @@ TEST_P(BackendConformance, AttentionInBf16HasTheSameBitsOnAnyNumberOfThreads) {
                               .scale = 1.0f / std::sqrt(128.0f),
                               .dtype = DType::BF16};
   const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
-  auto half = [&](size_t n, uint32_t seed) {
-    const auto x = randn(n, seed);
-    std::vector<uint16_t> h(n);
-    cpu::from_fp32(x.data(), h.data(), DType::BF16, static_cast<int64_t>(n));
-    return put(h);
-  };
-  DeviceBuffer Qb = half(tokens * Q, 71), Kb = half(tokens * KV, 72), Vb = half(tokens * KV, 73),
-               DA = half(tokens * Q, 74);
+  DeviceBuffer Qb = put_bf16(randn(tokens * Q, 71)), Kb = put_bf16(randn(tokens * KV, 72)),
+               Vb = put_bf16(randn(tokens * KV, 73)), DA = put_bf16(randn(tokens * Q, 74));
   // attn16, lse, dq, dk, dv of one forward and backward, on at most `threads` threads.
   auto run = [&](int threads) {
     const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
@@ -773,12 +773,7 @@ TEST_P(BackendConformance, AttentionInBf16RoundsWhereTheReferenceRounds) {
              dattn = randn(tokens * Q, 37);
   const AttentionReference want = attention_reference(a, q, k, v, dattn, true);
   const AttentionReference fp32 = attention_reference(a, q, k, v, dattn, false);
-  auto half = [&](const std::vector<float>& x) {
-    std::vector<uint16_t> h(x.size());
-    cpu::from_fp32(x.data(), h.data(), DType::BF16, static_cast<int64_t>(x.size()));
-    return put(h);
-  };
-  DeviceBuffer Qb = half(q), Kb = half(k), Vb = half(v), DA = half(dattn);
+  DeviceBuffer Qb = put_bf16(q), Kb = put_bf16(k), Vb = put_bf16(v), DA = put_bf16(dattn);
   DeviceBuffer L = put(std::vector<float>(a.B * a.nh * a.T)), O = put(std::vector<float>(q.size()));
   DeviceBuffer S = put(std::vector<float>(a.block * a.T)),
                P = put(std::vector<float>(a.block * a.T));

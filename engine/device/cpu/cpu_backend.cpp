@@ -149,7 +149,7 @@ class CpuBackend final : public ComputeBackend {
                          void* attn_bf16) override {
     if (a.dtype != DType::BF16 || lowp == nullptr)
       return ComputeBackend::attention_forward(a, q, k, v, lse, attn, scores, lowp, attn_bf16);
-    for_each_group(a, [&](int64_t b, int64_t g, GroupScratch& s) {
+    for_each_group(a, false, [&](int64_t b, int64_t g, GroupScratch& s) {
       attention_forward_group(a, b, g, q, k, v, lse, attn, s.scores.data(), s.p16.data(),
                               s.rows.data());
     });
@@ -162,7 +162,7 @@ class CpuBackend final : public ComputeBackend {
       return ComputeBackend::attention_backward(a, q, k, v, lse, attn, dattn, dq, dk, dv, scores,
                                                 dprob, lowp);
     const float* delta = attention_backward_delta(a, attn, dattn, lowp);
-    for_each_group(a, [&](int64_t b, int64_t g, GroupScratch& s) {
+    for_each_group(a, true, [&](int64_t b, int64_t g, GroupScratch& s) {
       attention_backward_group(a, b, g, q, k, v, lse, dattn, delta, dq, dk, dv, s.scores.data(),
                                s.dprob.data(), s.p16.data(), s.ds16.data());
     });
@@ -239,24 +239,28 @@ class CpuBackend final : public ComputeBackend {
       fn(first, std::min(per_range, n - first));
     });
   }
-  // A thread's scratch for attention groups: score and score-gradient blocks, their bf16
-  // roundings and the forward's 1 / sum of a block's rows.
+  // A thread's scratch for attention groups: score blocks and their bf16 roundings, and the
+  // forward's 1 / sum of a block's rows or the backward's score-gradient blocks.
   struct GroupScratch {
     std::vector<float> scores, dprob, rows;
     std::vector<uint16_t> p16, ds16;
   };
-  // fn(b, g, scratch) for every (sequence, kv head) of `a`, in parallel.
+  // fn(b, g, scratch) for every (sequence, kv head) of `a`, in parallel, with the scratch of the
+  // forward or the backward.
   template <class Fn>
-  static void for_each_group(const Attention& a, Fn fn) {
+  static void for_each_group(const Attention& a, bool backward, Fn fn) {
     const auto block = static_cast<size_t>(a.block * a.T);
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, a.B * a.nkv, 1),
                       [&](const tbb::blocked_range<int64_t>& r) {
                         thread_local GroupScratch s;
                         s.scores.resize(block);
-                        s.dprob.resize(block);
                         s.p16.resize(block);
-                        s.ds16.resize(block);
-                        s.rows.resize(static_cast<size_t>(a.block));
+                        if (backward) {
+                          s.dprob.resize(block);
+                          s.ds16.resize(block);
+                        } else {
+                          s.rows.resize(static_cast<size_t>(a.block));
+                        }
                         const cpu::SerialBf16Gemms serial;
                         for (int64_t t = r.begin(); t < r.end(); ++t) fn(t / a.nkv, t % a.nkv, s);
                       });
