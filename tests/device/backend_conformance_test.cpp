@@ -32,6 +32,7 @@
 #include "engine/device/cpu/kernels.hpp"
 #include "engine/device/device.hpp"
 #include "engine/device/kernel_math.hpp"
+#include "engine/device/profiling_backend.hpp"
 #include "tests/common/numeric.hpp"
 
 namespace outcore::device {
@@ -77,6 +78,38 @@ class BackendConformance : public ::testing::TestWithParam<std::string> {
     backend_->download(host.data(), b.data(), n * sizeof(T));
     return host;
   }
+
+  // bf16 attention's lse, attn (fp32 scratch), dq, dk, dv and attn in bf16 (its bits, as floats)
+  // from one forward and backward on `backend`, dk and dv added into dk0 and dv0.
+  std::vector<std::vector<float>> bf16_attention(ComputeBackend& backend,
+                                                 const ComputeBackend::Attention& a,
+                                                 const DeviceBuffer& q, const DeviceBuffer& k,
+                                                 const DeviceBuffer& v, const DeviceBuffer& dattn,
+                                                 const std::vector<float>& dk0,
+                                                 const std::vector<float>& dv0) {
+    const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
+    DeviceBuffer L = put(std::vector<float>(a.B * a.nh * a.T)),
+                 O = put(std::vector<float>(tokens * Q)),
+                 O16 = put(std::vector<uint16_t>(tokens * Q));
+    DeviceBuffer S = put(std::vector<float>(a.block * a.T)),
+                 P = put(std::vector<float>(a.block * a.T));
+    DeviceBuffer LP = put(std::vector<uint16_t>(ComputeBackend::attention_bf16_scratch(a)));
+    DeviceBuffer DQ = put(std::vector<float>(tokens * Q)), DK = put(dk0), DV = put(dv0);
+    backend.attention_forward(a, q.data(), k.data(), v.data(), L.as<float>(), O.as<float>(),
+                              S.as<float>(), LP.data(), O16.data());
+    backend.attention_backward(a, q.data(), k.data(), v.data(), L.as<float>(), O16.data(),
+                               dattn.data(), DQ.as<float>(), DK.as<float>(), DV.as<float>(),
+                               S.as<float>(), P.as<float>(), LP.data());
+    backend.finish();
+    std::vector<std::vector<float>> out{get(L, a.B * a.nh * a.T), get(O, tokens * Q),
+                                        get(DQ, tokens * Q), get(DK, tokens * KV),
+                                        get(DV, tokens * KV)};
+    const auto o16 = get<uint16_t>(O16, tokens * Q);
+    out.emplace_back(o16.begin(), o16.end());
+    return out;
+  }
+  static constexpr const char* kBf16AttentionOutputs[] = {"lse", "attn", "dq",
+                                                          "dk",  "dv",   "attn (bf16 bits)"};
 
   std::unique_ptr<Device> device_;
   std::shared_ptr<ComputeBackend> backend_;  // destroyed before device_
@@ -712,6 +745,132 @@ TEST_P(BackendConformance, LargeKernelsInRangesHaveTheHostsBits) {
   }
 }
 
+// RMSNorm's backward (rows, then its weight gradient by columns), RoPE, the embedding (its
+// gradient by columns, repeated ids added in token order), the causal softmax and attention's D,
+// each at sizes the CPU backends split into several ranges: the host kernels' bits.
+TEST_P(BackendConformance, RowAndColumnKernelsInRangesHaveTheHostsBits) {
+  if (cuda()) GTEST_SKIP() << "the CPU backends' threads";
+  {  // RMSNorm backward: 3 ranges of rows, then columns (as large as the backends split)
+    const int64_t rows = 600, dim = 4096;
+    const auto dy = randn(rows * dim, 91), x = randn(rows * dim, 92), w = randn(dim, 93),
+               rstd = randn(rows, 94), dx0 = randn(rows * dim, 95), dw0 = randn(dim, 96);
+    auto dx = dx0, dw = dw0;
+    cpu::rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), rows, dim, dx.data(),
+                          dw.data());
+    DeviceBuffer DY = put(dy), X = put(x), W = put(w), R = put(rstd), DX = put(dx0), DW = put(dw0);
+    backend_->rmsnorm_backward(DY.as<float>(), X.as<float>(), W.as<float>(), R.as<float>(), rows,
+                               dim, DX.as<float>(), DW.as<float>());
+    expect_close(get(DX, dx.size()), dx, 0.0, "rmsnorm dx");
+    expect_close(get(DW, dim), dw, 0.0, "rmsnorm dw");
+  }
+  {  // RoPE, forward and inverse, with its bf16 output: 6 ranges of rows, positions wrapping
+    const int64_t rows = 3000, seq = 700, heads = 4, hd = 32, width = heads * hd;
+    const auto x = randn(rows * width, 97), c = randn(seq * hd / 2, 98),
+               sn = randn(seq * hd / 2, 99);
+    DeviceBuffer C = put(c), S = put(sn);
+    for (const bool inverse : {false, true}) {
+      auto want = x;
+      std::vector<uint16_t> want16(x.size());
+      cpu::rope(want.data(), rows, seq, heads, hd, c.data(), sn.data(), inverse, want16.data());
+      DeviceBuffer X = put(x), X16 = put(std::vector<uint16_t>(x.size()));
+      backend_->rope(X.as<float>(), rows, seq, heads, hd, C.as<float>(), S.as<float>(), inverse,
+                     X16.data());
+      expect_close(get(X, x.size()), want, 0.0, inverse ? "rope inverse" : "rope");
+      EXPECT_EQ(get<uint16_t>(X16, x.size()), want16) << "rope in bf16, inverse " << inverse;
+    }
+  }
+  {  // the embedding: 14 ranges of tokens forward, 4 of columns backward
+    const int64_t vocab = 50, n = 5000, hidden = 200;
+    const auto table = randn(vocab * hidden, 100), dy = randn(n * hidden, 101),
+               grad0 = randn(vocab * hidden, 102);
+    std::vector<int32_t> ids(n);
+    for (int64_t i = 0; i < n; ++i) ids[i] = int32_t((i * 7 + i / 3) % vocab);
+    std::vector<uint16_t> table16(table.size());
+    cpu::from_fp32(table.data(), table16.data(), DType::BF16, table16.size());
+    std::vector<float> want(n * hidden);
+    for (int64_t i = 0; i < n; ++i)
+      cpu::to_fp32(table16.data() + ids[i] * hidden, DType::BF16, want.data() + i * hidden, hidden);
+    DeviceBuffer T16 = put(table16), I = put(ids), OUT = put(std::vector<float>(n * hidden));
+    backend_->embedding_forward(T16.data(), DType::BF16, I.as<int32_t>(), n, hidden,
+                                OUT.as<float>());
+    expect_close(get(OUT, want.size()), want, 0.0, "embedding forward");
+    auto grad = grad0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < hidden; ++j) grad[ids[i] * hidden + j] += dy[i * hidden + j];
+    DeviceBuffer DY = put(dy), G = put(grad0);
+    backend_->embedding_backward(I.as<int32_t>(), DY.as<float>(), n, hidden, G.as<float>());
+    expect_close(get(G, grad.size()), grad, 0.0, "embedding backward");
+  }
+  {  // the causal softmax, forward (fp32 and bf16's numerators) and backward: 3 ranges of rows
+    const int64_t rows = 300, keys = 1000, first = keys - rows;
+    const auto scores = randn(rows * keys, 103), dp = randn(rows * keys, 104),
+               delta = randn(rows, 105);
+    for (const bool numerators : {false, true}) {
+      auto want = scores;
+      std::vector<float> lse(rows), inv(rows);
+      for (int64_t i = 0; i < rows; ++i) {
+        float* row = want.data() + i * keys;
+        const int64_t n = first + i + 1;
+        lse[i] = numerators ? cpu::softmax_numerators(row, n, inv.data() + i)
+                            : cpu::softmax_inplace(row, n);
+        std::fill(row + n, row + keys, 0.0f);
+      }
+      DeviceBuffer Sc = put(scores), L = put(std::vector<float>(rows)),
+                   IV = put(std::vector<float>(rows));
+      backend_->causal_softmax_forward(Sc.as<float>(), L.as<float>(), rows, keys, first,
+                                       numerators ? IV.as<float>() : nullptr);
+      expect_close(get(Sc, want.size()), want, 0.0, "softmax forward");
+      expect_close(get(L, rows), lse, 0.0, "softmax lse");
+      if (numerators) expect_close(get(IV, rows), inv, 0.0, "softmax 1 / sum");
+    }
+    for (const bool given_delta : {false, true}) {
+      auto p = scores, d = dp;
+      const auto lse = randn(rows, 106);
+      for (int64_t i = 0; i < rows; ++i) {
+        float* pr = p.data() + i * keys;
+        float* dr = d.data() + i * keys;
+        const int64_t n = first + i + 1;
+        cpu::exp_shift(pr, lse[i], n);
+        std::fill(pr + n, pr + keys, 0.0f);
+        const float dd = given_delta ? delta[i] : cpu::dot(pr, dr, n);
+        for (int64_t j = 0; j < n; ++j) dr[j] = kmath::softmax_grad(pr[j], dr[j], dd);
+        std::fill(dr + n, dr + keys, 0.0f);
+      }
+      DeviceBuffer P = put(scores), DP = put(dp), L = put(lse), D = put(delta);
+      backend_->causal_softmax_backward(P.as<float>(), DP.as<float>(), L.as<float>(), rows, keys,
+                                        first, given_delta ? D.as<float>() : nullptr);
+      expect_close(get(P, p.size()), p, 0.0, "softmax backward p");
+      expect_close(get(DP, d.size()), d, 0.0, "softmax backward dp");
+    }
+  }
+  {  // attention's D: 8 ranges of (sequence, head, token) rows
+    ComputeBackend::Attention a{.B = 2,
+                                .T = 1000,
+                                .nh = 4,
+                                .nkv = 2,
+                                .hd = 64,
+                                .block = 64,
+                                .scale = 0.125f,
+                                .dtype = DType::BF16};
+    const int64_t Q = a.nh * a.hd;
+    const auto o = randn(a.B * a.T * Q, 107), d = randn(a.B * a.T * Q, 108);
+    std::vector<uint16_t> o16(o.size()), d16(d.size());
+    cpu::from_fp32(o.data(), o16.data(), DType::BF16, o.size());
+    cpu::from_fp32(d.data(), d16.data(), DType::BF16, d.size());
+    std::vector<float> want(a.B * a.nh * a.T);
+    for (int64_t b = 0; b < a.B; ++b)
+      for (int64_t h = 0; h < a.nh; ++h)
+        for (int64_t t = 0; t < a.T; ++t) {
+          const int64_t at = (b * a.T + t) * Q + h * a.hd;
+          want[(b * a.nh + h) * a.T + t] =
+              kmath::bf16_row_dot(o16.data() + at, d16.data() + at, a.hd);
+        }
+    DeviceBuffer O = put(o16), DA = put(d16), D = put(std::vector<float>(want.size()));
+    backend_->attention_delta(a, O.data(), DA.data(), D.as<float>());
+    expect_close(get(D, want.size()), want, 0.0, "attention D");
+  }
+}
+
 // The CPU backends' bf16 attention runs its kv heads on oneTBB's threads, each GEMM on its
 // thread alone: one thread or all give the same bits, also for GEMMs large enough that oneDNN
 // would otherwise give them a team (a score block of 128 x 1024 x 128).
@@ -728,32 +887,58 @@ TEST_P(BackendConformance, AttentionInBf16HasTheSameBitsOnAnyNumberOfThreads) {
   const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
   DeviceBuffer Qb = put_bf16(randn(tokens * Q, 71)), Kb = put_bf16(randn(tokens * KV, 72)),
                Vb = put_bf16(randn(tokens * KV, 73)), DA = put_bf16(randn(tokens * Q, 74));
-  // attn16, lse, dq, dk, dv of one forward and backward, on at most `threads` threads.
+  const std::vector<float> zeros(tokens * KV);
+  // One forward and backward on at most `threads` threads.
   auto run = [&](int threads) {
     const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
-    DeviceBuffer L = put(std::vector<float>(a.B * a.nh * a.T)),
-                 O = put(std::vector<float>(tokens * Q));
-    DeviceBuffer O16 = put(std::vector<uint16_t>(tokens * Q));
-    DeviceBuffer S = put(std::vector<float>(a.block * a.T)),
-                 P = put(std::vector<float>(a.block * a.T));
-    DeviceBuffer LP = put(std::vector<uint16_t>(ComputeBackend::attention_bf16_scratch(a)));
-    DeviceBuffer DQ = put(std::vector<float>(tokens * Q)),
-                 DK = put(std::vector<float>(tokens * KV)),
-                 DV = put(std::vector<float>(tokens * KV));
-    backend_->attention_forward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(), O.as<float>(),
-                                S.as<float>(), LP.data(), O16.data());
-    backend_->attention_backward(a, Qb.data(), Kb.data(), Vb.data(), L.as<float>(), O16.data(),
-                                 DA.data(), DQ.as<float>(), DK.as<float>(), DV.as<float>(),
-                                 S.as<float>(), P.as<float>(), LP.data());
-    std::vector<std::vector<float>> out{get(L, a.B * a.nh * a.T), get(DQ, tokens * Q),
-                                        get(DK, tokens * KV), get(DV, tokens * KV)};
-    const auto o16 = get<uint16_t>(O16, tokens * Q);
-    out.emplace_back(o16.begin(), o16.end());
-    return out;
+    return bf16_attention(*backend_, a, Qb, Kb, Vb, DA, zeros, zeros);
   };
   const auto one = run(1), all = run(4);
-  const char* names[] = {"lse", "dq", "dk", "dv", "attn (bf16 bits)"};
-  for (size_t i = 0; i < one.size(); ++i) expect_close(all[i], one[i], 0.0, names[i]);
+  for (size_t i = 0; i < one.size(); ++i)
+    expect_close(all[i], one[i], 0.0, kBf16AttentionOutputs[i]);
+}
+
+// The default attention (ComputeBackend's loop over heads and blocks) on a backend's own
+// operations, each GEMM on the calling thread alone.
+class DefaultAttention final : public ProfilingBackend {
+ public:
+  using ProfilingBackend::ProfilingBackend;
+  void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
+                         float* lse, float* attn, float* scores, void* lowp,
+                         void* attn_bf16) override {
+    const cpu::SerialBf16Gemms serial;
+    ComputeBackend::attention_forward(a, q, k, v, lse, attn, scores, lowp, attn_bf16);
+  }
+  void attention_backward(const Attention& a, const void* q, const void* k, const void* v,
+                          const float* lse, const void* attn, const void* dattn, float* dq,
+                          float* dk, float* dv, float* scores, float* dprob, void* lowp) override {
+    const cpu::SerialBf16Gemms serial;
+    ComputeBackend::attention_backward(a, q, k, v, lse, attn, dattn, dq, dk, dv, scores, dprob,
+                                       lowp);
+  }
+};
+
+// The CPU backends' bf16 attention computes each group on dense copies of its operands: the
+// default's bits, with dk and dv added into (not overwritten), at a length no block divides.
+TEST_P(BackendConformance, AttentionInBf16HasTheDefaultLoopsBits) {
+  if (cuda()) GTEST_SKIP() << "the CPU backends' attention";
+  ComputeBackend::Attention a{.B = 2,
+                              .T = 300,
+                              .nh = 4,
+                              .nkv = 2,
+                              .hd = 32,
+                              .block = 64,
+                              .scale = 0.2f,
+                              .dtype = DType::BF16};
+  const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
+  DeviceBuffer Qb = put_bf16(randn(tokens * Q, 111)), Kb = put_bf16(randn(tokens * KV, 112)),
+               Vb = put_bf16(randn(tokens * KV, 113)), DA = put_bf16(randn(tokens * Q, 114));
+  const auto dk0 = randn(tokens * KV, 115), dv0 = randn(tokens * KV, 116);
+  DefaultAttention by_default(backend_);
+  const auto want = bf16_attention(by_default, a, Qb, Kb, Vb, DA, dk0, dv0),
+             got = bf16_attention(*backend_, a, Qb, Kb, Vb, DA, dk0, dv0);
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_close(got[i], want[i], 0.0, kBf16AttentionOutputs[i]);
 }
 
 // bf16 operands: the result follows the fp64 reference with bf16 rounding at the same points,

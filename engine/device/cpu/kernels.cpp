@@ -166,6 +166,20 @@ void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, in
   }
 }
 
+namespace {
+// sum(dy * w * x) over a row: RMSNorm backward's dot, 8 lanes, then the tail in order.
+float rmsnorm_row_dot(const float* dyr, const float* w, const float* xr, int64_t dim) {
+  __m256 a0 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= dim; i += 8)
+    a0 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dyr + i), _mm256_loadu_ps(w + i)),
+                         _mm256_loadu_ps(xr + i), a0);
+  float acc = hsum(a0);
+  for (; i < dim; ++i) acc += dyr[i] * w[i] * xr[i];
+  return acc;
+}
+}  // namespace
+
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                       int64_t rows, int64_t dim, float* dx, float* dw) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -174,17 +188,7 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
     float* dxr = dx + r * dim;
     const float s = rstd[r];
     // dxhat = dy * w; dx = s * (dxhat - x * s^2 * mean(dxhat * x))
-    float acc = 0.0f;
-    {
-      __m256 a0 = _mm256_setzero_ps();
-      int64_t i = 0;
-      for (; i + 8 <= dim; i += 8)
-        a0 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dyr + i), _mm256_loadu_ps(w + i)),
-                             _mm256_loadu_ps(xr + i), a0);
-      acc = hsum(a0);
-      for (; i < dim; ++i) acc += dyr[i] * w[i] * xr[i];
-    }
-    const float c = kmath::rmsnorm_grad_coef(s, acc, dim);
+    const float c = kmath::rmsnorm_grad_coef(s, rmsnorm_row_dot(dyr, w, xr, dim), dim);
     for (int64_t i = 0; i < dim; ++i) {
       dxr[i] += kmath::rmsnorm_dx(dyr[i], w[i], xr[i], s, c);
       dw[i] += kmath::rmsnorm_dw(dyr[i], xr[i], s);
@@ -192,13 +196,36 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
   }
 }
 
+void rmsnorm_backward_coef(const float* dy, const float* x, const float* w, const float* rstd,
+                           int64_t rows, int64_t dim, float* coef) {
+  for (int64_t r = 0; r < rows; ++r)
+    coef[r] =
+        kmath::rmsnorm_grad_coef(rstd[r], rmsnorm_row_dot(dy + r * dim, w, x + r * dim, dim), dim);
+}
+
+void rmsnorm_backward_columns(const float* dy, const float* x, const float* w, const float* rstd,
+                              const float* coef, int64_t rows, int64_t ld, int64_t cols, float* dx,
+                              float* dw) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dyr = dy + r * ld;
+    const float* xr = x + r * ld;
+    float* dxr = dx + r * ld;
+    const float s = rstd[r], c = coef[r];
+    for (int64_t i = 0; i < cols; ++i) {
+      dxr[i] += kmath::rmsnorm_dx(dyr[i], w[i], xr[i], s, c);
+      dw[i] += kmath::rmsnorm_dw(dyr[i], xr[i], s);
+    }
+  }
+}
+
 void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
-          const float* sin, bool inverse, void* x_bf16) {
+          const float* sin, bool inverse, void* x_bf16, int64_t first_row) {
   const int64_t half = head_dim / 2;
   const float sign = inverse ? -1.0f : 1.0f;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* c = cos + (r % seq) * half;
-    const float* s = sin + (r % seq) * half;
+    const int64_t position = (first_row + r) % seq;
+    const float* c = cos + position * half;
+    const float* s = sin + position * half;
     for (int64_t h = 0; h < heads; ++h) {
       float* x1 = x + (r * heads + h) * head_dim;
       float* x2 = x1 + half;

@@ -32,15 +32,24 @@ void add_inplace(float* y, const float* x, int64_t n);
 // y_bf16, y goes there rounded to bf16 instead (y unused, may be null).
 void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y,
                      float* rstd, void* y_bf16 = nullptr);
-// Given dL/dy: dx += dL/dx and dw += dL/dw (rows summed in order).
+// Given dL/dy: dx += dL/dx and dw += dL/dw (rows summed in order), in one pass row by row.
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                       int64_t rows, int64_t dim, float* dx, float* dw);
+// The same in two passes that split among threads with the same bits: each row's coefficient
+// (rows on their own), then dx and dw for the columns j < cols of rows of leading dimension ld
+// (columns on their own, each summing its rows in order).
+void rmsnorm_backward_coef(const float* dy, const float* x, const float* w, const float* rstd,
+                           int64_t rows, int64_t dim, float* coef);
+void rmsnorm_backward_columns(const float* dy, const float* x, const float* w, const float* rstd,
+                              const float* coef, int64_t rows, int64_t ld, int64_t cols, float* dx,
+                              float* dw);
 
 // Rotary embedding ("rotate half") in place on x = [rows, heads * head_dim], row r at position
-// r % seq. cos/sin are [seq, head_dim/2]. inverse applies the transposed rotation (backward).
-// With x_bf16, the result is also written there rounded to bf16 (as from_fp32 rounds it).
+// (first_row + r) % seq. cos/sin are [seq, head_dim/2]. inverse applies the transposed rotation
+// (backward). With x_bf16, the result is also written there rounded to bf16 (as from_fp32
+// rounds it).
 void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
-          const float* sin, bool inverse, void* x_bf16 = nullptr);
+          const float* sin, bool inverse, void* x_bf16 = nullptr, int64_t first_row = 0);
 
 // a = silu(g) * u; with a_bf16, rounded to bf16 there instead (a unused, may be null).
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16 = nullptr);
