@@ -82,16 +82,17 @@ class CpuBackend final : public ComputeBackend {
   }
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                         int64_t rows, int64_t dim, float* dx, float* dw) override {
-    // Two passes read the rows twice: worth it only where each thread's columns are long runs
-    // (measured on 2 threads: 1.4-1.7x at 1024 x 4096 and 4096 x 4096, slower at 8192 x 512).
-    if (rows * dim < (int64_t{1} << 21) || dim < 2048)
+    // Two passes read the rows twice: worth it from about 2^20 elements (cpu_kernels_bench on
+    // 2 threads, against the one pass: 1.2x at 4096 x 512, 1.5x at 4096 x 2048 and 4096 x 4096,
+    // 0.94-1.04x at 256 x 512 and 1024 x 512).
+    if (rows * dim < (int64_t{1} << 20))
       return cpu::rmsnorm_backward(dy, x, w, rstd, rows, dim, dx, dw);
     // Each row's coefficient, then dx and dw by columns, each column summing its rows in order.
     std::vector<float> coef(static_cast<size_t>(rows));
     in_ranges(rows, dim, [&](int64_t r, int64_t m) {
       cpu::rmsnorm_backward_coef(dy + r * dim, x + r * dim, w, rstd + r, m, dim, coef.data() + r);
     });
-    in_column_ranges(dim, [&](int64_t j, int64_t m) {
+    in_column_ranges(dim, rows, [&](int64_t j, int64_t m) {
       cpu::rmsnorm_backward_columns(dy + j, x + j, w + j, rstd, coef.data(), rows, dim, m, dx + j,
                                     dw + j);
     });
@@ -272,7 +273,7 @@ class CpuBackend final : public ComputeBackend {
   void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden,
                           float* grad) override {
     // By columns, each adding every token's row in order (a repeated id adds in token order).
-    in_ranges(hidden, n, [&](int64_t first, int64_t count) {
+    in_column_ranges(hidden, n, [&](int64_t first, int64_t count) {
       for (int64_t i = 0; i < n; ++i) {
         float* row = grad + static_cast<int64_t>(ids[i]) * hidden + first;
         const float* d = dy + i * hidden + first;
@@ -301,10 +302,15 @@ class CpuBackend final : public ComputeBackend {
       fn(first, std::min(per_range, n - first));
     });
   }
-  // fn(first, count) over [0, cols) columns in as many ranges as there are threads, each a
+  // fn(first, count) over [0, cols) columns of `rows` rows: on this thread where that is fewer
+  // than two ranges' worth of elements, else in as many ranges as there are threads, each a
   // multiple of 64 columns but the last: long runs of each row for the prefetchers.
   template <class Fn>
-  static void in_column_ranges(int64_t cols, Fn fn) {
+  static void in_column_ranges(int64_t cols, int64_t rows, Fn fn) {
+    if (cols * rows < 2 * kRangeElements) {
+      if (cols > 0) fn(0, cols);
+      return;
+    }
     const int64_t threads = tbb::this_task_arena::max_concurrency();
     const int64_t per_range =
         std::max<int64_t>(64, (cols + threads * 64 - 1) / (threads * 64) * 64);
