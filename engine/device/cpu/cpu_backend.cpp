@@ -325,7 +325,14 @@ class CpuBackend final : public ComputeBackend {
   struct GroupScratch {
     std::vector<float> scores, dprob, rows, out, dk, dv;
     std::vector<uint16_t> p16, ds16, q, k, v, dattn;
+    size_t bytes() const {
+      size_t n = 0;
+      for (const auto* f : {&scores, &dprob, &rows, &out, &dk, &dv}) n += f->capacity() * 4;
+      for (const auto* h : {&p16, &ds16, &q, &k, &v, &dattn}) n += h->capacity() * 2;
+      return n;
+    }
   };
+  static constexpr size_t kKeptScratchBytes = size_t{64} << 20;
   // One sequence and one head of a's shape: a group's dense copies, computed by the default.
   static Attention one_head(const Attention& a) {
     Attention h = a;
@@ -365,6 +372,9 @@ class CpuBackend final : public ComputeBackend {
                         }
                         const cpu::SerialBf16Gemms serial;
                         for (int64_t t = r.begin(); t < r.end(); ++t) fn(t / a.nkv, t % a.nkv, s);
+                        // Long sequences' scratch (about 20 bytes per head element and 12 per
+                        // score of a block, on every thread) is not kept between calls.
+                        if (s.bytes() > kKeptScratchBytes) s = GroupScratch{};
                       });
   }
 };
