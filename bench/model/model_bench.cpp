@@ -22,6 +22,7 @@
 // TFLOP/s of GEMMs and attention), then the attention's forward + backward TFLOP/s against the
 // reference rate (the goal for the fused attention: >= 0.45 of the bf16 GEMM peak).
 #include <cblas.h>
+#include <tbb/global_control.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -123,7 +124,7 @@ int main(int argc, char** argv) {
   outcore::tools::select_blas_kernels(argv);
   outcore::tools::apply_environment_settings();
   int64_t hidden = 1024, layers = 4, seq = 512, batch = 2, vocab = 32000;
-  int steps = 5, threads = static_cast<int>(std::thread::hardware_concurrency());
+  int steps = 5, threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string dtype = "fp32", compute = "fp32";
   int64_t intermediate = 0, heads = 0, kv_heads = 0;
   bool checkpointing = false, profile = false;
@@ -140,7 +141,10 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "sequences per micro-batch");
   app.add_option("--vocab", vocab, "vocabulary size");
   app.add_option("--steps", steps, "timed steps (after one warm-up step)");
-  app.add_option("--threads", threads, "OpenBLAS threads, and oneDNN's (bf16 GEMMs on the CPU)");
+  app.add_option("--threads", threads,
+                 "the CPU's threads: OpenBLAS's, oneDNN's (bf16 GEMMs) and oneTBB's (the CPU "
+                 "backend's other kernels)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--dtype", dtype, "parameter storage")->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--compute", compute, "compute dtype (bf16 implies --dtype bf16)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
@@ -152,6 +156,8 @@ int main(int argc, char** argv) {
   try {
     openblas_set_num_threads(threads);
     device::cpu::set_bf16_gemm_threads(threads);
+    const tbb::global_control tbb_threads(tbb::global_control::max_allowed_parallelism,
+                                          static_cast<size_t>(threads));
     const bool bf16_compute = compute == "bf16";
     if (bf16_compute) dtype = "bf16";
     model::LlamaConfig c;
