@@ -41,6 +41,76 @@ namespace {
 using outcore::test::expect_close;
 using outcore::test::randn;
 
+// A buffer on `dev` holding `host`, written through `be`.
+template <typename T>
+DeviceBuffer put_on(Device& dev, ComputeBackend& be, const std::vector<T>& host) {
+  DeviceBuffer b = dev.alloc(std::max<size_t>(1, host.size()) * sizeof(T), "conformance");
+  be.upload(b.data(), host.data(), host.size() * sizeof(T));
+  return b;
+}
+// The first `n` elements of `b`, after every operation queued on `be`.
+template <typename T = float>
+std::vector<T> get_from(ComputeBackend& be, const DeviceBuffer& b, size_t n) {
+  std::vector<T> host(n);
+  be.download(host.data(), b.data(), n * sizeof(T));
+  return host;
+}
+std::vector<uint16_t> bf16_of(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  cpu::from_fp32(x.data(), h.data(), DType::BF16, static_cast<int64_t>(x.size()));
+  return h;
+}
+
+// Attention's operands (`x` rounded to bf16 in bf16) and outputs: lse, attn (in bf16 the fp32
+// scratch), dq, dk, dv and, in bf16, attn rounded (its bits, as floats) from one forward and
+// backward on `be` (buffers on `dev`), dk and dv added into dk0 and dv0.
+struct AttentionInputs {
+  std::vector<float> q, k, v, dattn, dk0, dv0;
+};
+std::vector<std::vector<float>> attention_outputs(Device& dev, ComputeBackend& be,
+                                                  const ComputeBackend::Attention& a,
+                                                  const AttentionInputs& in) {
+  const bool bf16 = a.dtype == DType::BF16;
+  auto put = [&](const auto& host) { return put_on(dev, be, host); };
+  auto operand = [&](const std::vector<float>& x) { return bf16 ? put(bf16_of(x)) : put(x); };
+  const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
+  DeviceBuffer q = operand(in.q), k = operand(in.k), v = operand(in.v), da = operand(in.dattn);
+  DeviceBuffer L = put(std::vector<float>(a.B * a.nh * a.T)),
+               O = put(std::vector<float>(tokens * Q)),
+               O16 = put(std::vector<uint16_t>(tokens * Q));
+  DeviceBuffer S = put(std::vector<float>(a.block * a.T)),
+               P = put(std::vector<float>(a.block * a.T));
+  DeviceBuffer LP = put(std::vector<uint16_t>(ComputeBackend::attention_bf16_scratch(a)));
+  DeviceBuffer DQ = put(std::vector<float>(tokens * Q)), DK = put(in.dk0), DV = put(in.dv0);
+  void* lowp = bf16 ? LP.data() : nullptr;
+  be.attention_forward(a, q.data(), k.data(), v.data(), L.as<float>(), O.as<float>(), S.as<float>(),
+                       lowp, bf16 ? O16.data() : nullptr);
+  be.attention_backward(a, q.data(), k.data(), v.data(), L.as<float>(),
+                        bf16 ? O16.data() : O.data(), da.data(), DQ.as<float>(), DK.as<float>(),
+                        DV.as<float>(), S.as<float>(), P.as<float>(), lowp);
+  be.finish();
+  std::vector<std::vector<float>> out{get_from(be, L, a.B * a.nh * a.T),
+                                      get_from(be, O, tokens * Q), get_from(be, DQ, tokens * Q),
+                                      get_from(be, DK, tokens * KV), get_from(be, DV, tokens * KV)};
+  if (bf16) {
+    const auto o16 = get_from<uint16_t>(be, O16, tokens * Q);
+    out.emplace_back(o16.begin(), o16.end());
+  }
+  return out;
+}
+AttentionInputs attention_inputs(const ComputeBackend::Attention& a, uint32_t seed) {
+  const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
+  return {randn(tokens * Q, seed),     randn(tokens * KV, seed + 1), randn(tokens * KV, seed + 2),
+          randn(tokens * Q, seed + 3), randn(tokens * KV, seed + 4), randn(tokens * KV, seed + 5)};
+}
+constexpr const char* kAttentionOutputs[] = {"lse", "attn", "dq", "dk", "dv", "attn (bf16 bits)"};
+void expect_same_attention(const std::vector<std::vector<float>>& got,
+                           const std::vector<std::vector<float>>& want, DType dtype) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_close(got[i], want[i], 0.0, std::string(dtype_name(dtype)) + " " + kAttentionOutputs[i]);
+}
+
 class BackendConformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -61,55 +131,15 @@ class BackendConformance : public ::testing::TestWithParam<std::string> {
   // A device buffer holding `host`.
   template <typename T>
   DeviceBuffer put(const std::vector<T>& host) {
-    DeviceBuffer b = device_->alloc(std::max<size_t>(1, host.size()) * sizeof(T), "conformance");
-    backend_->upload(b.data(), host.data(), host.size() * sizeof(T));
-    return b;
+    return put_on(*device_, *backend_, host);
   }
   // A device buffer holding `x` rounded to bf16.
-  DeviceBuffer put_bf16(const std::vector<float>& x) {
-    std::vector<uint16_t> h(x.size());
-    cpu::from_fp32(x.data(), h.data(), DType::BF16, static_cast<int64_t>(x.size()));
-    return put(h);
-  }
+  DeviceBuffer put_bf16(const std::vector<float>& x) { return put(bf16_of(x)); }
   // The first `n` elements of `b`, after every queued operation.
   template <typename T = float>
   std::vector<T> get(const DeviceBuffer& b, size_t n) {
-    std::vector<T> host(n);
-    backend_->download(host.data(), b.data(), n * sizeof(T));
-    return host;
+    return get_from<T>(*backend_, b, n);
   }
-
-  // bf16 attention's lse, attn (fp32 scratch), dq, dk, dv and attn in bf16 (its bits, as floats)
-  // from one forward and backward on `backend`, dk and dv added into dk0 and dv0.
-  std::vector<std::vector<float>> bf16_attention(ComputeBackend& backend,
-                                                 const ComputeBackend::Attention& a,
-                                                 const DeviceBuffer& q, const DeviceBuffer& k,
-                                                 const DeviceBuffer& v, const DeviceBuffer& dattn,
-                                                 const std::vector<float>& dk0,
-                                                 const std::vector<float>& dv0) {
-    const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
-    DeviceBuffer L = put(std::vector<float>(a.B * a.nh * a.T)),
-                 O = put(std::vector<float>(tokens * Q)),
-                 O16 = put(std::vector<uint16_t>(tokens * Q));
-    DeviceBuffer S = put(std::vector<float>(a.block * a.T)),
-                 P = put(std::vector<float>(a.block * a.T));
-    DeviceBuffer LP = put(std::vector<uint16_t>(ComputeBackend::attention_bf16_scratch(a)));
-    DeviceBuffer DQ = put(std::vector<float>(tokens * Q)), DK = put(dk0), DV = put(dv0);
-    backend.attention_forward(a, q.data(), k.data(), v.data(), L.as<float>(), O.as<float>(),
-                              S.as<float>(), LP.data(), O16.data());
-    backend.attention_backward(a, q.data(), k.data(), v.data(), L.as<float>(), O16.data(),
-                               dattn.data(), DQ.as<float>(), DK.as<float>(), DV.as<float>(),
-                               S.as<float>(), P.as<float>(), LP.data());
-    backend.finish();
-    std::vector<std::vector<float>> out{get(L, a.B * a.nh * a.T), get(O, tokens * Q),
-                                        get(DQ, tokens * Q), get(DK, tokens * KV),
-                                        get(DV, tokens * KV)};
-    const auto o16 = get<uint16_t>(O16, tokens * Q);
-    out.emplace_back(o16.begin(), o16.end());
-    return out;
-  }
-  static constexpr const char* kBf16AttentionOutputs[] = {"lse", "attn", "dq",
-                                                          "dk",  "dv",   "attn (bf16 bits)"};
 
   std::unique_ptr<Device> device_;
   std::shared_ptr<ComputeBackend> backend_;  // destroyed before device_
@@ -871,74 +901,89 @@ TEST_P(BackendConformance, RowAndColumnKernelsInRangesHaveTheHostsBits) {
   }
 }
 
-// The CPU backends' bf16 attention runs its kv heads on oneTBB's threads, each GEMM on its
-// thread alone: one thread or all give the same bits, also for GEMMs large enough that oneDNN
+// The CPU backends' attention runs its kv heads on oneTBB's threads, each GEMM on its thread
+// alone: one thread or all give the same bits, in bf16 also for GEMMs large enough that oneDNN
 // would otherwise give them a team (a score block of 128 x 1024 x 128).
-TEST_P(BackendConformance, AttentionInBf16HasTheSameBitsOnAnyNumberOfThreads) {
+TEST_P(BackendConformance, AttentionHasTheSameBitsOnAnyNumberOfThreads) {
   if (cuda()) GTEST_SKIP() << "the CPU backends' threads";
-  ComputeBackend::Attention a{.B = 2,
-                              .T = 1024,
-                              .nh = 4,
-                              .nkv = 2,
-                              .hd = 128,
-                              .block = 128,
-                              .scale = 1.0f / std::sqrt(128.0f),
-                              .dtype = DType::BF16};
-  const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
-  DeviceBuffer Qb = put_bf16(randn(tokens * Q, 71)), Kb = put_bf16(randn(tokens * KV, 72)),
-               Vb = put_bf16(randn(tokens * KV, 73)), DA = put_bf16(randn(tokens * Q, 74));
-  const std::vector<float> zeros(tokens * KV);
-  // One forward and backward on at most `threads` threads.
-  auto run = [&](int threads) {
-    const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
-    return bf16_attention(*backend_, a, Qb, Kb, Vb, DA, zeros, zeros);
-  };
-  const auto one = run(1), all = run(4);
-  for (size_t i = 0; i < one.size(); ++i)
-    expect_close(all[i], one[i], 0.0, kBf16AttentionOutputs[i]);
+  for (const DType dtype : {DType::BF16, DType::F32}) {
+    ComputeBackend::Attention a{.B = 2,
+                                .T = 1024,
+                                .nh = 4,
+                                .nkv = 2,
+                                .hd = 128,
+                                .block = 128,
+                                .scale = 1.0f / std::sqrt(128.0f),
+                                .dtype = dtype};
+    AttentionInputs in = attention_inputs(a, 71);
+    std::fill(in.dk0.begin(), in.dk0.end(), 0.0f);
+    std::fill(in.dv0.begin(), in.dv0.end(), 0.0f);
+    // One forward and backward on at most `threads` threads.
+    auto run = [&](int threads) {
+      const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+      return attention_outputs(*device_, *backend_, a, in);
+    };
+    expect_same_attention(run(4), run(1), dtype);
+  }
 }
 
 // The default attention (ComputeBackend's loop over heads and blocks) on a backend's own
-// operations, each GEMM on the calling thread alone.
+// operations, each GEMM on the calling thread alone (SerialGemms, as the CPU backends' groups).
 class DefaultAttention final : public ProfilingBackend {
  public:
   using ProfilingBackend::ProfilingBackend;
   void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
                          float* lse, float* attn, float* scores, void* lowp,
                          void* attn_bf16) override {
-    const cpu::SerialBf16Gemms serial;
+    const cpu::SerialGemms serial;
     ComputeBackend::attention_forward(a, q, k, v, lse, attn, scores, lowp, attn_bf16);
   }
   void attention_backward(const Attention& a, const void* q, const void* k, const void* v,
                           const float* lse, const void* attn, const void* dattn, float* dq,
                           float* dk, float* dv, float* scores, float* dprob, void* lowp) override {
-    const cpu::SerialBf16Gemms serial;
+    const cpu::SerialGemms serial;
     ComputeBackend::attention_backward(a, q, k, v, lse, attn, dattn, dq, dk, dv, scores, dprob,
                                        lowp);
   }
 };
 
-// The CPU backends' bf16 attention computes each group on dense copies of its operands: the
-// default's bits, with dk and dv added into (not overwritten), at a length no block divides.
-TEST_P(BackendConformance, AttentionInBf16HasTheDefaultLoopsBits) {
-  if (cuda()) GTEST_SKIP() << "the CPU backends' attention";
-  ComputeBackend::Attention a{.B = 2,
-                              .T = 300,
-                              .nh = 4,
-                              .nkv = 2,
-                              .hd = 32,
-                              .block = 64,
-                              .scale = 0.2f,
-                              .dtype = DType::BF16};
-  const int64_t tokens = a.B * a.T, Q = a.nh * a.hd, KV = a.nkv * a.hd;
-  DeviceBuffer Qb = put_bf16(randn(tokens * Q, 111)), Kb = put_bf16(randn(tokens * KV, 112)),
-               Vb = put_bf16(randn(tokens * KV, 113)), DA = put_bf16(randn(tokens * Q, 114));
-  const auto dk0 = randn(tokens * KV, 115), dv0 = randn(tokens * KV, 116);
-  DefaultAttention by_default(backend_);
-  const auto want = bf16_attention(by_default, a, Qb, Kb, Vb, DA, dk0, dv0),
-             got = bf16_attention(*backend_, a, Qb, Kb, Vb, DA, dk0, dv0);
-  for (size_t i = 0; i < want.size(); ++i)
-    expect_close(got[i], want[i], 0.0, kBf16AttentionOutputs[i]);
+// The CPU backend's attention runs the default's work per kv head, in bf16 on dense copies of
+// its operands: the default's bits, with dk and dv added into (not overwritten), at a length no
+// block divides.
+TEST_P(BackendConformance, AttentionHasTheDefaultLoopsBits) {
+  if (GetParam() != "cpu")
+    GTEST_SKIP() << "the CPU backend's attention (the discrete device's is one operation of it: "
+                    "DiscreteAttentionHasTheHostAccessibleDevicesBits)";
+  for (const DType dtype : {DType::BF16, DType::F32}) {
+    ComputeBackend::Attention a{
+        .B = 2, .T = 300, .nh = 4, .nkv = 2, .hd = 32, .block = 64, .scale = 0.2f, .dtype = dtype};
+    const AttentionInputs in = attention_inputs(a, 111);
+    DefaultAttention by_default(backend_);
+    expect_same_attention(attention_outputs(*device_, *backend_, a, in),
+                          attention_outputs(*device_, by_default, a, in), dtype);
+  }
+}
+
+// The discrete CPU device's attention, queued as one operation, has the host-accessible
+// device's bits, in bf16 and in fp32, at head sizes whose sums two GEMM libraries would order
+// differently.
+TEST(BackendConformanceAcrossDevices, DiscreteAttentionHasTheHostAccessibleDevicesBits) {
+  CpuDevice host, discrete({.discrete = true});
+  const auto host_be = make_backend(host), discrete_be = make_backend(discrete);
+  for (const DType dtype : {DType::BF16, DType::F32})
+    for (const int64_t hd : {64, 128}) {
+      ComputeBackend::Attention a{.B = 2,
+                                  .T = 300,
+                                  .nh = 4,
+                                  .nkv = 2,
+                                  .hd = hd,
+                                  .block = 128,
+                                  .scale = 0.1f,
+                                  .dtype = dtype};
+      const AttentionInputs in = attention_inputs(a, 121);
+      expect_same_attention(attention_outputs(discrete, *discrete_be, a, in),
+                            attention_outputs(host, *host_be, a, in), dtype);
+    }
 }
 
 // bf16 operands: the result follows the fp64 reference with bf16 rounding at the same points,

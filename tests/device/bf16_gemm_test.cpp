@@ -1,8 +1,9 @@
 // The CPU's bf16 GEMM (engine/device/cpu/bf16_gemm.hpp) against the exact sum of its products,
 // on every transposition, dense and strided leading dimensions, alpha and beta, at shapes that
 // reach oneDNN's small-matrix, AMX and split-K kernels; and the choice between oneDNN and widening
-// for sgemm. ctest runs this file twice: as this CPU is, and with ONEDNN_MAX_CPU_ISA=AVX512_CORE
-// (no bf16 dot products), where the GEMM must be the sgemm of the widened operands, bit for bit.
+// for sgemm. The fp32 GEMM on one thread (gemm_f32_serial) likewise. ctest runs this file twice: as
+// this CPU is, and with ONEDNN_MAX_CPU_ISA=AVX512_CORE (no bf16 dot products), where the GEMM must
+// be the sgemm of the widened operands, bit for bit.
 #include "engine/device/cpu/bf16_gemm.hpp"
 
 #include <gtest/gtest.h>
@@ -55,25 +56,32 @@ struct Case {
   int64_t m, n, k;
 };
 
-// Every result within the bound of any fp32 summation order of the exact products: (k + 2) units
-// of rounding (2^-24) of alpha * sum |a b| + |beta c|, against the fp64 sum.
-void check_case(const Case& cs, int64_t pad, bool ta, bool tb, float alpha, float beta) {
+// Every result within the bound of any fp32 summation order of the products: (k + 2) units of
+// rounding (2^-24) of alpha * sum |a b| + |beta c|, against the fp64 sum. f32: gemm_f32_serial on
+// fp32 operands (each product rounded once more), else gemm_bf16.
+void check_case(const Case& cs, int64_t pad, bool ta, bool tb, float alpha, float beta,
+                bool f32 = false) {
   const int64_t m = cs.m, n = cs.n, k = cs.k;
   // Each stored row `pad` elements longer than the GEMM reads (dense, or strided as a head's
   // columns of q, k and v are).
   const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
   const auto a = bf16_randn(static_cast<size_t>((ta ? k : m) * lda), 41);
   const auto b = bf16_randn(static_cast<size_t>((tb ? n : k) * ldb), 42);
-  const auto wa = widened(a), wb = widened(b);
+  const auto wa = f32 ? randn(a.size(), 44) : widened(a),
+             wb = f32 ? randn(b.size(), 45) : widened(b);
   auto c = randn(static_cast<size_t>(m * ldc), 43);
   if (beta == 0.0f) c[0] = std::numeric_limits<float>::quiet_NaN();  // ignored
   const auto c0 = c;
-  gemm_bf16(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+  if (f32)
+    gemm_f32_serial(ta, tb, m, n, k, alpha, wa.data(), lda, wb.data(), ldb, beta, c.data(), ldc);
+  else
+    gemm_bf16(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
 
-  const std::string what = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                           " k=" + std::to_string(k) + " pad=" + std::to_string(pad) +
-                           " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
-                           " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta);
+  const std::string what = std::string(f32 ? "fp32 " : "bf16 ") + "m=" + std::to_string(m) +
+                           " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                           " pad=" + std::to_string(pad) + " ta=" + std::to_string(ta) +
+                           " tb=" + std::to_string(tb) + " alpha=" + std::to_string(alpha) +
+                           " beta=" + std::to_string(beta);
   int64_t outside = 0;
   double worst = 0.0;
   for (int64_t i = 0; i < m; ++i) {
@@ -87,7 +95,7 @@ void check_case(const Case& cs, int64_t pad, bool ta, bool tb, float alpha, floa
       const double old = beta == 0.0f ? 0.0 : double(beta) * c0[i * ldc + j];
       const double want = double(alpha) * sum + old;
       const double bound =
-          double(k + 2) * 0x1p-24 * (std::abs(double(alpha)) * mag + std::abs(old));
+          double(k + 2 + f32) * 0x1p-24 * (std::abs(double(alpha)) * mag + std::abs(old));
       const double err = std::abs(double(c[i * ldc + j]) - want);
       worst = std::max(worst, bound > 0.0 ? err / bound : err);
       outside += !(err <= bound);
@@ -100,7 +108,7 @@ void check_case(const Case& cs, int64_t pad, bool ta, bool tb, float alpha, floa
   EXPECT_EQ(outside, 0) << what << ": worst error " << worst << " of the bound";
 
   // Where it widens, it is the sgemm of the widened operands, bit for bit.
-  if (!expect_onednn()) {
+  if (!f32 && !expect_onednn()) {
     auto want = c0;
     gemm(ta, tb, m, n, k, alpha, wa.data(), lda, wb.data(), ldb, beta, want.data(), ldc);
     for (size_t i = 0; i < want.size(); ++i)
@@ -119,6 +127,17 @@ TEST(Bf16Gemm, IsTheExactProductsSumUpToSummationOrder) {
             check_case(cs, pad, ta, tb, alpha, beta);
 }
 
+// fp32 on the calling thread, at attention's block shapes among others.
+TEST(Bf16Gemm, Fp32OnOneThreadIsTheProductsSumUpToSummationOrder) {
+  for (const Case cs :
+       {Case{13, 21, 37}, Case{128, 300, 64}, Case{128, 64, 300}, Case{48, 40, 2048}})
+    for (const int64_t pad : {0, 3})
+      for (const bool ta : {false, true})
+        for (const bool tb : {false, true})
+          for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, {0.125f, 1.0f}, {0.5f, 2.0f}})
+            check_case(cs, pad, ta, tb, alpha, beta, true);
+}
+
 // k == 0: C = beta * C; m or n == 0: nothing to do.
 TEST(Bf16Gemm, EmptyProductsLeaveBetaTimesC) {
   std::vector<uint16_t> a(8), b(8);
@@ -128,6 +147,10 @@ TEST(Bf16Gemm, EmptyProductsLeaveBetaTimesC) {
   gemm_bf16(false, false, 0, 2, 3, 1.0f, a.data(), 3, b.data(), 2, 0.0f, c.data(), 2);
   gemm_bf16(false, false, 2, 0, 3, 1.0f, a.data(), 3, b.data(), 1, 0.0f, c.data(), 1);
   EXPECT_EQ(c, (std::vector<float>{2.0f, -4.0f, 6.0f, 8.0f}));
+  const std::vector<float> fa(8), fb(8);
+  gemm_f32_serial(false, false, 2, 2, 0, 1.0f, fa.data(), 1, fb.data(), 2, 0.5f, c.data(), 2);
+  gemm_f32_serial(false, false, 0, 2, 3, 1.0f, fa.data(), 3, fb.data(), 2, 0.0f, c.data(), 2);
+  EXPECT_EQ(c, (std::vector<float>{1.0f, -2.0f, 3.0f, 4.0f}));
 }
 
 // The same call, the same bits (a compiled kernel is reused from the cache).
@@ -153,33 +176,42 @@ TEST(Bf16Gemm, RunsOnOneDnnExactlyWhereTheCpuMultipliesBf16) {
 }
 
 // Threads running the same shapes at once (the CPU backend's attention runs its kv heads so) each
-// get the bits of one thread alone: no scratch of one run is another's.
+// get the bits of one thread alone: no scratch of one run is another's. bf16 and fp32.
 TEST(Bf16Gemm, ThreadsRunTheSameShapesAtOnce) {
   // NT, NN and TN (attention's scores, products with v, and dk / dv), each with its scratch.
   const int64_t m = 256, n = 64, k = 128;
   const auto a = bf16_randn(m * k, 61), b = bf16_randn(k * std::max(m, n), 62);
+  const auto fa = randn(m * k, 63), fb = randn(k * std::max(m, n), 64);
   struct Call {
     bool ta, tb;
     int64_t lda, ldb;
     float alpha, beta;
+    bool f32;
   };
-  const Call calls[] = {{false, true, k, k, 1.0f, 0.0f},
-                        {false, false, k, n, 0.5f, 0.0f},
-                        {true, false, m, n, 0.125f, 1.0f}};
+  const Call calls[] = {{false, true, k, k, 1.0f, 0.0f, false},
+                        {false, false, k, n, 0.5f, 0.0f, false},
+                        {true, false, m, n, 0.125f, 1.0f, false},
+                        {false, true, k, k, 1.0f, 0.0f, true},
+                        {true, false, m, n, 0.125f, 1.0f, true}};
+  const int kinds = static_cast<int>(std::size(calls));
   auto run = [&](const Call& c, std::vector<float>& out) {
     std::fill(out.begin(), out.end(), 1.0f);
-    gemm_bf16(c.ta, c.tb, m, n, k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta, out.data(),
-              n);
+    if (c.f32)
+      gemm_f32_serial(c.ta, c.tb, m, n, k, c.alpha, fa.data(), c.lda, fb.data(), c.ldb, c.beta,
+                      out.data(), n);
+    else
+      gemm_bf16(c.ta, c.tb, m, n, k, c.alpha, a.data(), c.lda, b.data(), c.ldb, c.beta, out.data(),
+                n);
   };
-  std::vector<std::vector<float>> want(3, std::vector<float>(m * n));
-  for (int i = 0; i < 3; ++i) run(calls[i], want[i]);
+  std::vector<std::vector<float>> want(kinds, std::vector<float>(m * n));
+  for (int i = 0; i < kinds; ++i) run(calls[i], want[i]);
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       std::vector<float> c(m * n);
       for (int r = 0; r < 60; ++r) {
-        const int i = (r + t) % 3;
+        const int i = (r + t) % kinds;
         run(calls[i], c);
         if (std::memcmp(c.data(), want[i].data(), c.size() * sizeof(float)) != 0) ++wrong;
       }

@@ -28,6 +28,7 @@ using dnnl::memory;
 
 // Everything a compiled matmul depends on.
 struct Shape {
+  bool f32;  // fp32 operands (gemm_f32_serial), else bf16
   bool ta, tb;
   int64_t m, n, k, lda, ldb, ldc;
   uint32_t alpha, beta;  // the bits of alpha and beta
@@ -38,9 +39,10 @@ struct Shape {
 struct ShapeHash {
   size_t operator()(const Shape& s) const noexcept {
     uint64_t h = 0xcbf29ce484222325ull;
-    for (const uint64_t v : {uint64_t(s.ta) << 1 | uint64_t(s.tb), uint64_t(s.m), uint64_t(s.n),
-                             uint64_t(s.k), uint64_t(s.lda), uint64_t(s.ldb), uint64_t(s.ldc),
-                             uint64_t(s.alpha) << 32 | s.beta, uint64_t(s.threads)})
+    for (const uint64_t v :
+         {uint64_t(s.f32) << 2 | uint64_t(s.ta) << 1 | uint64_t(s.tb), uint64_t(s.m), uint64_t(s.n),
+          uint64_t(s.k), uint64_t(s.lda), uint64_t(s.ldb), uint64_t(s.ldc),
+          uint64_t(s.alpha) << 32 | s.beta, uint64_t(s.threads)})
       h = (h ^ v) * 0x100000001b3ull;
     return static_cast<size_t>(h);
   }
@@ -56,7 +58,7 @@ constexpr double kSerialFlops = double(1 << 25);
 // (OMP_NUM_THREADS, or the processors this process may run on), taken at the first GEMM.
 std::atomic<int> chosen_threads{0};
 
-thread_local bool serial_here = false;  // a SerialBf16Gemms is alive on this thread
+thread_local bool serial_here = false;  // a SerialGemms is alive on this thread
 
 int gemm_threads() {
   if (const int n = chosen_threads.load(std::memory_order_relaxed); n > 0) return n;
@@ -112,10 +114,11 @@ memory::desc matrix(int64_t rows, int64_t cols, bool transposed, int64_t ld, mem
 
 Plan make_plan(const Shape& s) {
   Plan p;
-  p.a = matrix(s.m, s.k, s.ta, s.lda, memory::data_type::bf16);
-  p.b = matrix(s.k, s.n, s.tb, s.ldb, memory::data_type::bf16);
+  const auto operands = s.f32 ? memory::data_type::f32 : memory::data_type::bf16;
+  p.a = matrix(s.m, s.k, s.ta, s.lda, operands);
+  p.b = matrix(s.k, s.n, s.tb, s.ldb, operands);
   p.c = matrix(s.m, s.n, false, s.ldc, memory::data_type::f32);
-  if (!hardware_bf16() || s.k == 0) return p;
+  if ((!s.f32 && !hardware_bf16()) || s.k == 0) return p;
   p.threads = s.threads;
   const Threads threads(p.threads);
   try {
@@ -179,6 +182,32 @@ const uint16_t* packed(const uint16_t* src, int64_t rows, int64_t cols, int64_t 
   return buf.data();
 }
 
+// Runs a compiled matmul on A, B and C (as its plan describes them) on its threads, with this
+// thread's scratch.
+void run(const Plan& plan, const void* a, const void* b, float* c, int64_t m, int64_t n,
+         int64_t k) {
+  const Threads threads(plan.threads);
+  try {
+    thread_local dnnl::stream stream(cpu_engine());
+    auto& engine = cpu_engine();
+    const memory ma(plan.a, engine, const_cast<void*>(a));
+    const memory mb(plan.b, engine, const_cast<void*>(b));
+    const memory mc(plan.c, engine, c);
+    thread_local std::vector<std::byte> scratch;
+    scratch.resize(std::max<size_t>(1, plan.scratchpad.get_size()));
+    const memory ms(plan.scratchpad, engine, scratch.data());
+    plan.matmul->execute(stream, {{DNNL_ARG_SRC, ma},
+                                  {DNNL_ARG_WEIGHTS, mb},
+                                  {DNNL_ARG_DST, mc},
+                                  {DNNL_ARG_SCRATCHPAD, ms}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    throw Error(fmt::format("{} GEMM {}x{}x{}: oneDNN's matmul failed: {}",
+                            plan.a.data_type() == memory::data_type::f32 ? "fp32" : "bf16", m, n, k,
+                            e.what()));
+  }
+}
+
 }  // namespace
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -204,28 +233,10 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     }
     const bool small = serial_here || 2.0 * double(m) * double(n) * double(k) < kSerialFlops;
     const auto plan =
-        plan_for({trans_a, trans_b, m, n, k, ca, cb, n, std::bit_cast<uint32_t>(alpha),
+        plan_for({false, trans_a, trans_b, m, n, k, ca, cb, n, std::bit_cast<uint32_t>(alpha),
                   std::bit_cast<uint32_t>(beta), small ? 1 : gemm_threads()});
     if (plan->matmul) {
-      const Threads threads(plan->threads);
-      try {
-        thread_local dnnl::stream stream(cpu_engine());
-        auto& engine = cpu_engine();
-        const memory ma(plan->a, engine, const_cast<uint16_t*>(a16));
-        const memory mb(plan->b, engine, const_cast<uint16_t*>(b16));
-        const memory mc(plan->c, engine, c32);
-        thread_local std::vector<std::byte> scratch;
-        scratch.resize(std::max<size_t>(1, plan->scratchpad.get_size()));
-        const memory ms(plan->scratchpad, engine, scratch.data());
-        plan->matmul->execute(stream, {{DNNL_ARG_SRC, ma},
-                                       {DNNL_ARG_WEIGHTS, mb},
-                                       {DNNL_ARG_DST, mc},
-                                       {DNNL_ARG_SCRATCHPAD, ms}});
-        stream.wait();
-      } catch (const dnnl::error& e) {
-        throw Error(
-            fmt::format("bf16 GEMM {}x{}x{}: oneDNN's matmul failed: {}", m, n, k, e.what()));
-      }
+      run(*plan, a16, b16, c32, m, n, k);
       if (c32 != c) copy_rows(c32, n, c, ldc, m, n);
       return;
     }
@@ -239,17 +250,31 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
        beta, c, ldc);
 }
 
+void gemm_f32_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                     const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                     int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k > 0) {
+    const auto plan = plan_for({true, trans_a, trans_b, m, n, k, lda, ldb, ldc,
+                                std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta), 1});
+    if (plan->matmul) return run(*plan, a, b, c, m, n, k);
+  }
+  gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+bool serial_gemms_here() { return serial_here; }
+
 void set_bf16_gemm_threads(int threads) {
   chosen_threads.store(std::max(0, threads), std::memory_order_relaxed);
 }
 
 int bf16_gemm_threads() { return gemm_threads(); }
 
-SerialBf16Gemms::SerialBf16Gemms() : previous_(serial_here) { serial_here = true; }
-SerialBf16Gemms::~SerialBf16Gemms() { serial_here = previous_; }
+SerialGemms::SerialGemms() : previous_(serial_here) { serial_here = true; }
+SerialGemms::~SerialGemms() { serial_here = previous_; }
 
 std::string bf16_gemm_path() {
-  const Plan p = make_plan({false, false, 1024, 1024, 1024, 1024, 1024, 1024,
+  const Plan p = make_plan({false, false, false, 1024, 1024, 1024, 1024, 1024, 1024,
                             std::bit_cast<uint32_t>(1.0f), 0, gemm_threads()});
   if (!p.matmul) return "widened to fp32, OpenBLAS sgemm";
   return "oneDNN " + p.implementation;

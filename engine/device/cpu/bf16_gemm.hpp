@@ -1,7 +1,8 @@
-// The CPU backend's bf16 GEMM: bf16 operands, fp32 products and accumulation, fp32 C. Where the
-// CPU multiplies bf16 in hardware (AVX512_BF16 dot products or AMX tiles, as oneDNN detects
-// them), it runs oneDNN's matmul on the operands as they are; elsewhere, and for any shape or
-// stride oneDNN would only run in a generic implementation, both operands are widened to fp32
+// The CPU backend's bf16 GEMM: bf16 operands, fp32 products and accumulation, fp32 C (and, for
+// GEMMs run from several threads at once, an fp32 GEMM on the calling thread: gemm_f32_serial).
+// Where the CPU multiplies bf16 in hardware (AVX512_BF16 dot products or AMX tiles, as oneDNN
+// detects them), it runs oneDNN's matmul on the operands as they are; elsewhere, and for any shape
+// or stride oneDNN would only run in a generic implementation, both operands are widened to fp32
 // (exact) and multiplied by OpenBLAS's sgemm. Either way each product of two bf16 values is
 // exact in fp32, so the two differ only in summation order (and oneDNN's hardware path flushes
 // subnormal inputs and results to zero). For a given shape and thread count the result is the
@@ -32,19 +33,32 @@ void set_bf16_gemm_threads(int threads);
 // The threads a GEMM of 2^25 FLOPs or more runs on now.
 int bf16_gemm_threads();
 
+// C = alpha op(A) op(B) + beta C in fp32 (any leading dimensions), on oneDNN's matmul on the
+// calling thread alone; OpenBLAS's sgemm (gemm(), kernels.hpp) where oneDNN has only its
+// reference kernel for the shape. For GEMMs that several threads make at once (the CPU
+// backend's fp32 attention, kv heads in parallel), where each sgemm would start a team of its
+// own: the same bits for a given shape, whatever the threads. The sums' order is oneDNN's, not
+// OpenBLAS's.
+void gemm_f32_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                     const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                     int64_t ldc);
+
 // While alive, every bf16 GEMM the calling thread makes runs on that thread alone, whatever its
-// size, so that its sums depend on nothing else: the CPU backend's attention, whose kv heads run
-// in parallel, runs its GEMMs so however many threads it has.
-class SerialBf16Gemms {
+// size, so that its sums depend on nothing else, and the CPU backend's fp32 GEMMs run as
+// gemm_f32_serial: the CPU backend's attention, whose kv heads run in parallel, runs its GEMMs
+// so however many threads it has.
+class SerialGemms {
  public:
-  SerialBf16Gemms();
-  ~SerialBf16Gemms();
-  SerialBf16Gemms(const SerialBf16Gemms&) = delete;
-  SerialBf16Gemms& operator=(const SerialBf16Gemms&) = delete;
+  SerialGemms();
+  ~SerialGemms();
+  SerialGemms(const SerialGemms&) = delete;
+  SerialGemms& operator=(const SerialGemms&) = delete;
 
  private:
   bool previous_;
 };
+// Whether a SerialGemms is alive on the calling thread.
+bool serial_gemms_here();
 
 // How gemm_bf16 runs a large dense GEMM on this CPU: "oneDNN <implementation>" (e.g. oneDNN
 // brg:avx512_core_amx_bf16) or "widened to fp32, OpenBLAS sgemm".

@@ -41,6 +41,9 @@ class CpuBackend final : public ComputeBackend {
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
             int64_t ldc) override {
+    // In attention's kv heads run in parallel (SerialGemms): each on its thread alone.
+    if (cpu::serial_gemms_here())
+      return cpu::gemm_f32_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     cpu::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
   // bf16 operands, fp32 accumulation: oneDNN on bf16 hardware, else widened for sgemm
@@ -166,16 +169,22 @@ class CpuBackend final : public ComputeBackend {
     });
   }
 
-  // bf16: the kv heads of every sequence in parallel on oneTBB's threads, each on score blocks
-  // of its thread's own and with its GEMMs on that thread alone (SerialBf16Gemms), so the bits
-  // are those of any other number of threads. Each group's k and v, and each head's q (dattn),
-  // are first copied into dense [T, head size] matrices, and its outputs computed there and
-  // copied out: the default's GEMMs, on the same values in the same order, without each of
-  // them copying its strided operands (gemm_bf16 does, for oneDNN's fast kernels) again for
-  // every block. fp32: the default, head by head.
+  // The kv heads of every sequence in parallel on oneTBB's threads, each on score blocks of its
+  // thread's own and with its GEMMs on that thread alone (SerialGemms: fp32 on oneDNN, not
+  // OpenBLAS), so the bits are those of any other number of threads. In bf16 each group's k and
+  // v, and each head's q (dattn), are first copied into dense [T, head size] matrices, and its
+  // outputs computed there and copied out: the default's GEMMs, on the same values in the same
+  // order, without each of them copying its strided operands (gemm_bf16 does, for oneDNN's
+  // fast kernels) again for every block. fp32 takes the operands as they are.
   void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
                          float* lse, float* attn, float* scores, void* lowp,
                          void* attn_bf16) override {
+    if (a.dtype == DType::F32 && attn_bf16 == nullptr) {
+      for_each_group(a, false, [&](int64_t b, int64_t g, GroupScratch& s) {
+        attention_forward_group(a, b, g, q, k, v, lse, attn, s.scores.data(), nullptr, nullptr);
+      });
+      return;
+    }
     if (a.dtype != DType::BF16 || lowp == nullptr)
       return ComputeBackend::attention_forward(a, q, k, v, lse, attn, scores, lowp, attn_bf16);
     const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
@@ -198,6 +207,13 @@ class CpuBackend final : public ComputeBackend {
   void attention_backward(const Attention& a, const void* q, const void* k, const void* v,
                           const float* lse, const void* attn, const void* dattn, float* dq,
                           float* dk, float* dv, float* scores, float* dprob, void* lowp) override {
+    if (a.dtype == DType::F32) {
+      for_each_group(a, true, [&](int64_t b, int64_t g, GroupScratch& s) {
+        attention_backward_group(a, b, g, q, k, v, lse, dattn, nullptr, dq, dk, dv, s.scores.data(),
+                                 s.dprob.data(), nullptr, nullptr);
+      });
+      return;
+    }
     if (a.dtype != DType::BF16 || lowp == nullptr)
       return ComputeBackend::attention_backward(a, q, k, v, lse, attn, dattn, dq, dk, dv, scores,
                                                 dprob, lowp);
@@ -358,19 +374,21 @@ class CpuBackend final : public ComputeBackend {
                       [&](const tbb::blocked_range<int64_t>& r) {
                         thread_local GroupScratch s;
                         s.scores.resize(block);
-                        s.p16.resize(block);
-                        for (auto* m : {&s.q, &s.k, &s.v}) m->resize(matrix);
-                        s.out.resize(matrix);
-                        if (backward) {
-                          s.dprob.resize(block);
-                          s.ds16.resize(block);
-                          s.dattn.resize(matrix);
-                          s.dk.resize(matrix);
-                          s.dv.resize(matrix);
-                        } else {
-                          s.rows.resize(static_cast<size_t>(a.block));
+                        if (backward) s.dprob.resize(block);
+                        if (a.dtype == DType::BF16) {  // and the dense copies
+                          s.p16.resize(block);
+                          for (auto* m : {&s.q, &s.k, &s.v}) m->resize(matrix);
+                          s.out.resize(matrix);
+                          if (backward) {
+                            s.ds16.resize(block);
+                            s.dattn.resize(matrix);
+                            s.dk.resize(matrix);
+                            s.dv.resize(matrix);
+                          } else {
+                            s.rows.resize(static_cast<size_t>(a.block));
+                          }
                         }
-                        const cpu::SerialBf16Gemms serial;
+                        const cpu::SerialGemms serial;
                         for (int64_t t = r.begin(); t < r.end(); ++t) fn(t / a.nkv, t % a.nkv, s);
                         // Long sequences' scratch (about 20 bytes per head element and 12 per
                         // score of a block, on every thread) is not kept between calls.
@@ -481,12 +499,15 @@ class DiscreteCpuBackend final : public ComputeBackend {
       cpu_.causal_softmax_backward(scores, dp, lse, rows, keys, first_query, delta);
     });
   }
-  // bf16: the CPU backend's attention, kv heads in parallel, as one operation (the same bits as
-  // on the host-accessible device); fp32: the default's operations one by one.
+  // The CPU backend's attention, kv heads in parallel, as one operation: the same bits as on the
+  // host-accessible device. What it would refuse goes to the default, which refuses it here,
+  // before anything is queued.
   void attention_forward(const Attention& a, const void* q, const void* k, const void* val,
                          float* lse, float* attn, float* scores, void* lowp,
                          void* attn_bf16) override {
-    if (a.dtype != DType::BF16 || lowp == nullptr)
+    const bool valid = a.dtype == DType::BF16 ? lowp != nullptr
+                                              : a.dtype == DType::F32 && attn_bf16 == nullptr;
+    if (!valid)
       return ComputeBackend::attention_forward(a, q, k, val, lse, attn, scores, lowp, attn_bf16);
     run([=, this, q = v(q), k = v(k), vv = v(val), lse = v(lse), attn = v(attn), scores = v(scores),
          lowp = v(lowp), attn_bf16 = v(attn_bf16)] {
@@ -496,7 +517,9 @@ class DiscreteCpuBackend final : public ComputeBackend {
   void attention_backward(const Attention& a, const void* q, const void* k, const void* val,
                           const float* lse, const void* attn, const void* dattn, float* dq,
                           float* dk, float* dv, float* scores, float* dprob, void* lowp) override {
-    if (a.dtype != DType::BF16 || lowp == nullptr || attn == nullptr)
+    const bool valid =
+        a.dtype == DType::BF16 ? lowp != nullptr && attn != nullptr : a.dtype == DType::F32;
+    if (!valid)
       return ComputeBackend::attention_backward(a, q, k, val, lse, attn, dattn, dq, dk, dv, scores,
                                                 dprob, lowp);
     run([=, this, q = v(q), k = v(k), vv = v(val), lse = v(lse), attn = v(attn), dattn = v(dattn),
