@@ -1,6 +1,6 @@
 // The CPU compute backend: the host kernels of kernels.hpp, OpenBLAS, and oneDNN for bf16 GEMMs
-// (bf16_gemm.hpp), on host memory. Each fp32 operation is what the units computed inline before
-// the backend existed, in the same order, so training through it is bit-identical to that code.
+// and for the fp32 GEMMs of attention's kv heads run in parallel (bf16_gemm.hpp), on host
+// memory. Both CPU devices run the same operations, so they train to the same bits.
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
