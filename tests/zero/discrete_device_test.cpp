@@ -25,8 +25,12 @@ struct DiscreteCase {
   // CpuDeviceOptions::compute_delay_us: compute slow enough that what reads a unit's results
   // without waiting for its event reads stale bytes (or memory already freed).
   uint32_t compute_delay_us = 0;
+  // The model's head size: 16 (tiny_config), or one long enough that two GEMM libraries would
+  // sum attention's products in different orders.
+  int64_t head_dim = 16;
   std::string name() const {
     return placing.name() + (dtype == DType::BF16 ? "_bf16" : "_fp32") +
+           (head_dim != 16 ? "_head" + std::to_string(head_dim) : "") +
            (nvme_gradients ? "_nvme_grads" : "") + (cpu_checkpointing ? "_cpu_ckpt" : "") +
            (copy_delay_us > 0 ? "_slow_copies" : "") +
            (compute_delay_us > 0 ? "_slow_compute" : "");
@@ -45,15 +49,16 @@ TEST_P(DiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDevice) {
       c.cpu_checkpointing ? ", \"activation_checkpointing\": {\"cpu_checkpointing\": true}" : ""));
   const EngineOptions eo = c.nvme_gradients ? nvme_gradients() : EngineOptions{};
 
-  const model::LlamaModel host_model(tiny_config(true), tiny_options(c.dtype));
+  model::LlamaConfig mc = tiny_config(true);
+  mc.head_dim = c.head_dim;
+  const model::LlamaModel host_model(mc, tiny_options(c.dtype));
   device::CpuDevice host_dev;
   const RunResult want = train_on(host_dev, cfg, host_model, 3, eo);
 
   device::CpuDevice dev(
       {.discrete = true, .copy_delay_us = c.copy_delay_us, .compute_delay_us = c.compute_delay_us});
   ASSERT_FALSE(dev.host_accessible());
-  const model::LlamaModel model(tiny_config(true), tiny_options(c.dtype),
-                                device::make_backend(dev));
+  const model::LlamaModel model(mc, tiny_options(c.dtype), device::make_backend(dev));
   const RunResult got = train_on(dev, cfg, model, 3, eo);
   expect_bit_identical(want, got, c.name());
 
@@ -112,7 +117,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // must wait for it
                       DiscreteCase{{2, "none", "cpu"}, DType::F32, false, true, 0, 300},
                       DiscreteCase{{3, "cpu", "cpu"}, DType::BF16, false, false, 0, 300},
-                      DiscreteCase{{3, "nvme", "nvme"}, DType::F32, true, true, 0, 300}),
+                      DiscreteCase{{3, "nvme", "nvme"}, DType::F32, true, true, 0, 300},
+                      // attention's sums at a realistic head size (fp32 compute)
+                      DiscreteCase{{3, "cpu", "cpu"}, DType::F32, false, false, 0, 0, 128},
+                      DiscreteCase{{3, "cpu", "cpu"}, DType::BF16, false, false, 0, 0, 128}),
     [](const auto& info) { return info.param.name(); });
 
 // Gradient sums on the device within a budget: the units whose sums fit in what the budget
