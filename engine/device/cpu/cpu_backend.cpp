@@ -187,12 +187,10 @@ class CpuBackend final : public ComputeBackend {
     }
     if (a.dtype != DType::BF16 || lowp == nullptr)
       return ComputeBackend::attention_forward(a, q, k, v, lse, attn, scores, lowp, attn_bf16);
-    const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
+    const int64_t Q = a.nh * a.hd, group = a.nh / a.nkv;
     const Attention head = one_head(a);
     for_each_group(a, false, [&](int64_t b, int64_t g, GroupScratch& s) {
-      const int64_t kv_at = b * a.T * KV + g * a.hd;
-      gather(static_cast<const uint16_t*>(k) + kv_at, KV, s.k.data(), a.T, a.hd);
-      gather(static_cast<const uint16_t*>(v) + kv_at, KV, s.v.data(), a.T, a.hd);
+      gather_kv(a, b, g, k, v, s);
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         const int64_t q_at = b * a.T * Q + h * a.hd;
         gather(static_cast<const uint16_t*>(q) + q_at, Q, s.q.data(), a.T, a.hd);
@@ -221,9 +219,7 @@ class CpuBackend final : public ComputeBackend {
     const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
     const Attention head = one_head(a);
     for_each_group(a, true, [&](int64_t b, int64_t g, GroupScratch& s) {
-      const int64_t kv_at = b * a.T * KV + g * a.hd;
-      gather(static_cast<const uint16_t*>(k) + kv_at, KV, s.k.data(), a.T, a.hd);
-      gather(static_cast<const uint16_t*>(v) + kv_at, KV, s.v.data(), a.T, a.hd);
+      const int64_t kv_at = gather_kv(a, b, g, k, v, s);
       gather(dk + kv_at, KV, s.dk.data(), a.T, a.hd);  // added into, as the default adds
       gather(dv + kv_at, KV, s.dv.data(), a.T, a.hd);
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
@@ -359,6 +355,15 @@ class CpuBackend final : public ComputeBackend {
   template <typename T>
   static void gather(const T* src, int64_t ld, T* dst, int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, src + r * ld, cols * sizeof(T));
+  }
+  // Group g of sequence b's k and v (bf16) into the scratch's dense copies; returns where the
+  // group's columns start in k, v, dk and dv.
+  static int64_t gather_kv(const Attention& a, int64_t b, int64_t g, const void* k, const void* v,
+                           GroupScratch& s) {
+    const int64_t KV = a.nkv * a.hd, kv_at = b * a.T * KV + g * a.hd;
+    gather(static_cast<const uint16_t*>(k) + kv_at, KV, s.k.data(), a.T, a.hd);
+    gather(static_cast<const uint16_t*>(v) + kv_at, KV, s.v.data(), a.T, a.hd);
+    return kv_at;
   }
   template <typename T>
   static void scatter(const T* src, T* dst, int64_t ld, int64_t rows, int64_t cols) {
@@ -505,8 +510,8 @@ class DiscreteCpuBackend final : public ComputeBackend {
   void attention_forward(const Attention& a, const void* q, const void* k, const void* val,
                          float* lse, float* attn, float* scores, void* lowp,
                          void* attn_bf16) override {
-    const bool valid = a.dtype == DType::BF16 ? lowp != nullptr
-                                              : a.dtype == DType::F32 && attn_bf16 == nullptr;
+    const bool valid =
+        a.dtype == DType::BF16 ? lowp != nullptr : a.dtype == DType::F32 && attn_bf16 == nullptr;
     if (!valid)
       return ComputeBackend::attention_forward(a, q, k, val, lse, attn, scores, lowp, attn_bf16);
     run([=, this, q = v(q), k = v(k), vv = v(val), lse = v(lse), attn = v(attn), scores = v(scores),
