@@ -172,7 +172,7 @@ class ComputeBackend {
   // attention_bf16_scratch(a) bf16 elements of scratch (null with F32). attn_bf16 (BF16 only,
   // may be null): attn rounded to bf16 goes there instead (as from_fp32 rounds it), attn being
   // scratch. The default runs head by head, block by block, through the backend's gemm /
-  // gemm_bf16 and causal softmax (the CPU backends); a backend may batch the heads (CUDA).
+  // gemm_bf16 and causal softmax; the CPU backend runs its kv heads in parallel, CUDA fused.
   virtual void attention_forward(const Attention& a, const void* q, const void* k, const void* v,
                                  float* lse, float* attn, float* scores, void* lowp,
                                  void* attn_bf16);
@@ -193,7 +193,7 @@ class ComputeBackend {
   // `ds16`) block*T bf16 elements and, forward, `inv_sum` block floats (all null or unused with
   // F32). Every output it writes is the group's own (its heads' columns of attn and dq, their
   // lse rows, its kv head's columns of dk and dv), so a backend may run groups in parallel, each
-  // on scratch of its own (the CPU backend does in bf16).
+  // on scratch of its own (the CPU backend does).
   void attention_forward_group(const Attention& a, int64_t b, int64_t g, const void* q,
                                const void* k, const void* v, float* lse, float* attn, float* scores,
                                void* p16, float* inv_sum);
