@@ -114,6 +114,37 @@ bool is_save_leftover(const fs::path& p) {
   return !ec;
 }
 
+// The first entry of checkpoint `p` that a save does not write (a user's file, an export put
+// into it), relative to `p`; empty when there is none. What a save writes: the marker, the
+// manifest, the files the manifest lists, and the text and rank files every save writes (so a
+// checkpoint whose manifest does not parse is still judged by its names).
+std::string foreign_entry(const fs::path& p) {
+  std::set<std::string, std::less<>> ours = {std::string(kMarkerName), std::string(kManifestName),
+                                             "config.json", "ds_config.json", "trainer_state.json"};
+  try {
+    const Manifest m = parse_manifest(read_small_file(p / kManifestName, 64ull << 20),
+                                      (p / kManifestName).string());
+    for (const FileInfo& f : m.files) ours.insert(f.path);
+  } catch (const Error&) {
+  }
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(p, ec)) {
+    const std::string name = e.path().filename().string();
+    const fs::file_type t = type_of(e.path());
+    if (t == fs::file_type::regular && ours.count(name)) continue;
+    if (t != fs::file_type::directory || !is_rank_dir_name(name)) return name;
+    for (const fs::directory_entry& f : fs::directory_iterator(e.path(), ec)) {
+      const std::string rel = name + "/" + f.path().filename().string();
+      const std::string fname = f.path().filename().string();
+      if (type_of(f.path()) != fs::file_type::regular ||
+          (!ours.count(rel) && fname != "optimizer.bin" && fname != "model.bin"))
+        return rel;
+    }
+  }
+  if (ec) return fmt::format("(unreadable: {})", ec.message());
+  return {};
+}
+
 // `latest` or `latest.tmp` as outcore writes them: a regular file naming one tag.
 bool is_latest_file(const fs::path& p) {
   if (type_of(p) != fs::file_type::regular) return false;
@@ -125,7 +156,7 @@ bool is_latest_file(const fs::path& p) {
   }
 }
 
-[[noreturn]] void refuse_entry(const fs::path& dir, const fs::path& entry, const char* what) {
+[[noreturn]] void refuse_entry(const fs::path& dir, const fs::path& entry, std::string_view what) {
   throw InvalidArgument(fmt::format(
       "save directory {}: {} is not outcore's ({}), and outcore writes that name: move it away or "
       "choose another save directory",
@@ -235,8 +266,23 @@ void SaveDir::open_entries() {
         dir_.string(), names.empty() ? std::string("none") : names,
         tag ? fmt::format("; latest {}", *tag) : std::string(), dir_.string()));
   }
+  if (options_.existing == ExistingCheckpoints::kContinue && !options_.resumed_tag.empty()) {
+    const int64_t from = step_of_tag(options_.resumed_tag);
+    std::sort(checkpoints.begin(), checkpoints.end());
+    std::string later;
+    for (const auto& [step, name] : checkpoints)
+      if (step > from) later += (later.empty() ? "" : ", ") + name;
+    if (!later.empty())
+      throw InvalidArgument(fmt::format(
+          "save directory {} holds checkpoints after {}, the one this run resumes from ({}): "
+          "this run's saves would replace them. Continue from the newest with --resume {}, save "
+          "this run elsewhere with another --save-dir, or replace them with --start-over (they "
+          "are removed once this run's first checkpoint is saved)",
+          dir_.string(), options_.resumed_tag, later, dir_.string()));
+  }
   if (options_.existing == ExistingCheckpoints::kReplace)
-    for (const auto& [step, name] : checkpoints) replaced_.push_back(name);
+    for (const auto& [step, name] : checkpoints)
+      if (name != options_.resumed_tag) replaced_.push_back(name);
   // Leftovers of an interrupted save: never valid, since a save is valid only once renamed.
   uint64_t removals = 0;
   for (const fs::path& p : leftovers) {
@@ -266,6 +312,12 @@ void SaveDir::clear_leftover(const fs::path& p) const {
 
 void SaveDir::remove_checkpoint(const std::string& tag, const WriterOptions& hooks,
                                 uint64_t& removals) const {
+  // Only a checkpoint holding nothing but a save's files: a user's file in it is never removed.
+  const std::string foreign = foreign_entry(dir_ / tag);
+  if (!foreign.empty())
+    throw InvalidArgument(fmt::format(
+        "it holds {}, which is not a checkpoint file: kept (remove it yourself when unwanted)",
+        foreign));
   // Renamed first: a kill while its files go leaves `<tag>.old`, never a partial `<tag>`.
   const fs::path old = dir_ / (tag + ".old");
   clear_leftover(old);
@@ -294,6 +346,8 @@ void SaveDir::prune(const std::string& tag, const WriterOptions& hooks) {
     try {
       remove_checkpoint(name, hooks, removals);
     } catch (const Error& e) {
+      if (std::find(kept_.begin(), kept_.end(), name) != kept_.end()) return;
+      kept_.push_back(name);
       log::warn("checkpoint: cannot remove {} ({}): {}", (dir_ / name).string(), why, e.what());
     }
   };
@@ -608,6 +662,10 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   if (fs::symlink_status(final_dir, ec).type() != fs::file_type::not_found) {
     if (!is_checkpoint_dir(final_dir))
       refuse_entry(m.dir.path(), final_dir, "not a directory holding an outcore manifest");
+    const std::string foreign = foreign_entry(final_dir);
+    if (!foreign.empty())
+      refuse_entry(m.dir.path(), final_dir,
+                   fmt::format("a checkpoint holding {}, which a save does not write", foreign));
     m.dir.clear_leftover(old);
     rename_durably(final_dir, old, m.dir.path());
   }

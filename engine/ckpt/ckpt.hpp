@@ -29,7 +29,9 @@
 // its own, by name and by content: `global_step<N>/` holding an outcore manifest, leftovers
 // `global_step<N>.tmp/` and `.old/` that are empty or hold the marker and nothing but
 // checkpoint files, `latest` and `latest.tmp` holding one tag. Any other entry is left alone;
-// one that has a name outcore needs is refused when the directory is opened, naming it.
+// one that has a name outcore needs is refused when the directory is opened, naming it. A
+// checkpoint is removed (replaced, or pruned under `keep`) only while it holds nothing but the
+// files a save writes; anything else put into it keeps it.
 //
 // Errors: IoError (path, offset, errno) for I/O, including ENOSPC at preallocation;
 // CorruptData naming the file (and, for a CRC mismatch, the expected and actual CRC32C) for a
@@ -163,13 +165,19 @@ struct SaveDirOptions {
   // have opened the directory first).
   bool primary = true;
   ExistingCheckpoints existing = ExistingCheckpoints::kRefuse;
+  // The checkpoint of this directory the run resumes from ("global_step<N>"; empty: none). With
+  // kContinue, checkpoints of later steps are another branch of the run, which this run's saves
+  // would replace: opening the directory is refused, naming them. With kReplace, it is not
+  // among the checkpoints replaced.
+  std::string resumed_tag{};
 };
 
 // A save directory: created if missing, locked against a second run (IoError EWOULDBLOCK
 // naming the lock file), cleaned of an interrupted save's leftovers (each named in one
 // warning). InvalidArgument naming the entry when an entry with a name outcore uses is not
-// outcore's (see "Ownership" above), and, with ExistingCheckpoints::kRefuse, when the
-// directory holds checkpoints (naming them and the ways out). Other entries are never touched.
+// outcore's (see "Ownership" above), with ExistingCheckpoints::kRefuse when the directory
+// holds checkpoints, and with kContinue when it holds checkpoints after the one resumed from
+// (naming them and the ways out). Other entries are never touched.
 class SaveDir {
  public:
   explicit SaveDir(std::filesystem::path dir, SaveDirOptions options = {});
@@ -185,7 +193,9 @@ class SaveDir {
   void set_latest(const std::string& tag, const WriterOptions& hooks);
   // After a committed save of `tag`: removes the checkpoints ExistingCheckpoints::kReplace
   // hands over (other than `tag`), then those beyond the newest `keep` (never the one `latest`
-  // names). Only outcore checkpoints are counted or removed.
+  // names). Only outcore checkpoints are counted or removed, and only those holding nothing
+  // but a save's files: one holding anything else (a user's notes, an export) is kept, with a
+  // warning naming what it holds.
   void prune(const std::string& tag, const WriterOptions& hooks);
   // Makes `path` (`<tag>.tmp` or `<tag>.old` of this directory) free for a save: removes it
   // when it is an interrupted save's leftover; InvalidArgument naming it when it is anything
@@ -202,6 +212,7 @@ class SaveDir {
   SaveDirOptions options_;
   int lock_fd_ = -1;
   std::vector<std::string> replaced_;  // kReplace: the checkpoints found at open
+  std::vector<std::string> kept_;      // checkpoints not removed, each warned about once
 };
 
 struct SaveResult {

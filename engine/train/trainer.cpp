@@ -142,7 +142,9 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   }
   if (!opts_.save_dir.empty()) {
     // Rank 0 locks, checks and cleans the directory before the other ranks use it.
-    ckpt::SaveDirOptions so{.keep = opts_.keep, .existing = existing_checkpoints()};
+    ckpt::SaveDirOptions so{.keep = opts_.keep,
+                            .existing = existing_checkpoints(),
+                            .resumed_tag = resumed_tag_in_save_dir()};
     if (rank() == 0) save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, so);
     if (world_size() > 1) {
       control().barrier();
@@ -187,14 +189,18 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
 
 Trainer::~Trainer() = default;
 
+std::string Trainer::resumed_tag_in_save_dir() const {
+  if (resumed_from_.empty()) return {};
+  std::error_code ec;
+  const std::filesystem::path from = std::filesystem::weakly_canonical(resumed_from_, ec);
+  if (ec || !std::filesystem::equivalent(from.parent_path(), opts_.save_dir, ec)) return {};
+  return from.filename().string();
+}
+
 ckpt::ExistingCheckpoints Trainer::existing_checkpoints() const {
   if (opts_.start_over) return ckpt::ExistingCheckpoints::kReplace;
   // Resuming from a checkpoint of the save directory continues the run that saved it there.
-  std::error_code ec;
-  if (!resumed_from_.empty() &&
-      std::filesystem::equivalent(
-          std::filesystem::weakly_canonical(resumed_from_, ec).parent_path(), opts_.save_dir, ec))
-    return ckpt::ExistingCheckpoints::kContinue;
+  if (!resumed_tag_in_save_dir().empty()) return ckpt::ExistingCheckpoints::kContinue;
   return ckpt::ExistingCheckpoints::kRefuse;
 }
 

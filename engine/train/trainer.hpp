@@ -279,6 +279,8 @@ class Trainer {
 
   // What the save directory's existing checkpoints are to this run (TrainerOptions::save_dir).
   ckpt::ExistingCheckpoints existing_checkpoints() const;
+  // The name of the checkpoint resumed from when it lies in the save directory; empty otherwise.
+  std::string resumed_tag_in_save_dir() const;
   void open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
                               const model::LlamaConfig& model_config, int64_t seq_len);
   void restore(const ckpt::Checkpoint& ck);

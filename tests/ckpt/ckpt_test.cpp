@@ -455,6 +455,92 @@ TEST(CkptSaveDir, AnotherRunsCheckpointsAreRefusedUnlessContinuedOrReplaced) {
   Checkpoint::open(tmp / "save").verify();
 }
 
+// A checkpoint someone put a file into (notes, an evaluation's results, an export) is the
+// user's too: pruning, replacing and saving over it keep it whole, and leave nothing behind
+// that would block the directory.
+TEST(CkptSaveDir, CheckpointsHoldingAUsersFilesAreNeverRemoved) {
+  const Files notes = {{"global_step1/NOTES.md", "notes\n"},
+                       {"global_step1/evals/run1/r.json", "{}"},
+                       {"global_step2/hf/model.safetensors", "exported"},
+                       {"global_step3/rank0/extra.bin", "mine"}};
+  TempDir tmp("ckpt");
+  {
+    SaveDir dir(tmp / "save");
+    for (const char* tag : {"global_step1", "global_step2", "global_step3"})
+      write_synthetic(dir, tag, 1);
+  }
+  make_files(tmp / "save", notes);
+  {
+    SaveDir dir(tmp / "save", {.keep = 1, .existing = ExistingCheckpoints::kContinue});
+    write_synthetic(dir, "global_step4", 1);  // 1, 2 and 3 are beyond --keep
+    EXPECT_EQ(dir.latest(), "global_step4");
+    // Saving over a checkpoint holding a user's file is refused, naming it.
+    const std::string msg = what_of([&] { write_synthetic(dir, "global_step3", 1); });
+    EXPECT_NE(msg.find("global_step3 is not outcore's (a checkpoint holding rank0/extra.bin"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(dir.latest(), "global_step4");
+  }
+  expect_files(tmp / "save", notes, "after pruning and a refused save");
+  for (const char* tag : {"global_step1", "global_step2", "global_step3", "global_step4"}) {
+    EXPECT_FALSE(fs::exists(tmp / "save" / (std::string(tag) + ".old"))) << tag;
+    EXPECT_TRUE(fs::exists(tmp / "save" / tag / "manifest.json")) << tag;
+  }
+  Checkpoint::open(tmp / "save" / "global_step1").verify();
+  {
+    // Replacing another run's checkpoints keeps those holding a user's file, too.
+    SaveDir dir(tmp / "save", {.existing = ExistingCheckpoints::kReplace});
+    write_synthetic(dir, "global_step9", 1);
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step4"));
+  }
+  expect_files(tmp / "save", notes, "after replacing");
+  // Once the user's files are gone, the checkpoint is pruned as any other.
+  fs::remove_all(tmp / "save" / "global_step1" / "NOTES.md");
+  fs::remove_all(tmp / "save" / "global_step1" / "evals");
+  {
+    SaveDir dir(tmp / "save", {.keep = 1, .existing = ExistingCheckpoints::kContinue});
+    write_synthetic(dir, "global_step10", 1);
+  }
+  EXPECT_FALSE(fs::exists(tmp / "save" / "global_step1"));
+  EXPECT_TRUE(fs::exists(tmp / "save" / "global_step2" / "hf" / "model.safetensors"));
+}
+
+// Resuming from an earlier checkpoint of the save directory would make this run's saves replace
+// the later ones (another branch of the run): refused, naming them; --start-over replaces them
+// but keeps the checkpoint resumed from.
+TEST(CkptSaveDir, ResumingFromAnEarlierCheckpointNeverReplacesLaterOnes) {
+  TempDir tmp("ckpt");
+  {
+    SaveDir dir(tmp / "save");
+    for (const char* tag : {"global_step2", "global_step4", "global_step6"})
+      write_synthetic(dir, tag, 1);
+  }
+  const std::string msg = what_of([&] {
+    SaveDir dir(tmp / "save",
+                {.existing = ExistingCheckpoints::kContinue, .resumed_tag = "global_step2"});
+  });
+  EXPECT_NE(msg.find("holds checkpoints after global_step2, the one this run resumes from "
+                     "(global_step4, global_step6)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("--start-over"), std::string::npos) << msg;
+  for (const char* tag : {"global_step2", "global_step4", "global_step6"})
+    Checkpoint::open(tmp / "save" / tag).verify();
+  {
+    SaveDir dir(tmp / "save",
+                {.existing = ExistingCheckpoints::kContinue, .resumed_tag = "global_step6"});
+  }
+  {
+    SaveDir dir(tmp / "save",
+                {.existing = ExistingCheckpoints::kReplace, .resumed_tag = "global_step2"});
+    write_synthetic(dir, "global_step3", 1);
+    EXPECT_EQ(dir.latest(), "global_step3");
+  }
+  EXPECT_TRUE(fs::exists(tmp / "save" / "global_step2" / "manifest.json"));
+  EXPECT_FALSE(fs::exists(tmp / "save" / "global_step4"));
+  EXPECT_FALSE(fs::exists(tmp / "save" / "global_step6"));
+}
+
 // A save group of one process standing for two ranks, whose "rank 1" reports files it never
 // wrote (or wrote into another directory): the commit must not call that a checkpoint.
 TEST(CkptWriter, ACheckpointIsCommittedOnlyOnceEveryFileReadsBack) {
