@@ -6,6 +6,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <random>
@@ -185,15 +187,31 @@ struct SwapSpace::Impl {
     cleanup::register_path(dir.string(), /*directory=*/true);
   }
 
+  // A file a SwapSpace made: it starts with the swap header, or was left before its header was
+  // written (empty, or its first block still zeros from preallocation).
+  static bool is_swap_file(const fs::path& p) {
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) return false;
+    char head[4096];
+    const ssize_t n = ::pread(fd, head, sizeof head, 0);
+    ::close(fd);
+    if (n < 0) return false;
+    if (n >= static_cast<ssize_t>(sizeof format::kMagic) &&
+        std::memcmp(head, format::kMagic, sizeof format::kMagic) == 0)
+      return true;
+    return std::all_of(head, head + n, [](char c) { return c == 0; });
+  }
+
   void clear_stale(const fs::path& dir) {
     size_t removed = 0;
     std::error_code ec;
     for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-      // Only what a SwapSpace makes: a regular file named <unit>.bin. Anything else is left.
+      // Only what a SwapSpace makes: a regular file named <unit>.bin that is a swap file.
+      // Anything else is left (a file at a name a swap file needs then stops the run).
       const std::string stem = e.path().stem().string();
       if (e.path().extension() != ".bin" || stem.empty() ||
           stem.find_first_not_of("0123456789") != std::string::npos ||
-          fs::symlink_status(e.path()).type() != fs::file_type::regular)
+          fs::symlink_status(e.path()).type() != fs::file_type::regular || !is_swap_file(e.path()))
         continue;
       if (::unlink(e.path().c_str()) != 0) {
         throw IoError(e.path().string(), errno, "remove stale swap file");
@@ -252,10 +270,17 @@ struct SwapSpace::Impl {
   }
 
   void create_file(FileEntry& f, const fs::path& dir, uint64_t needed) {
-    f.file = aio::File::open(f.path, {.access = aio::Access::kReadWrite,
-                                      .create = true,
-                                      .exclusive = true,
-                                      .direct = options.direct});
+    try {
+      f.file = aio::File::open(f.path, {.access = aio::Access::kReadWrite,
+                                        .create = true,
+                                        .exclusive = true,
+                                        .direct = options.direct});
+    } catch (const IoError& e) {
+      if (e.error_number() != EEXIST) throw;
+      throw IoError(f.path.string(), EEXIST,
+                    "create swap file (a file that is not an outcore swap file has its name: "
+                    "move it away)");
+    }
     f.created = true;
     cleanup::register_path(f.path.string());
     try {

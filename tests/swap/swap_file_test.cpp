@@ -34,6 +34,11 @@ std::vector<unsigned char> read_all(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
+std::string text_of(const fs::path& p) {
+  const std::vector<unsigned char> bytes = read_all(p);
+  return {bytes.begin(), bytes.end()};
+}
+
 TEST(SwapSpace, LaysOutPreallocatedFilesWithHeaders) {
   TempDir dir;
   auto plan = small_plan();
@@ -121,7 +126,19 @@ TEST(SwapSpace, ClearsStaleFilesOfAnEarlierRun) {
   TempDir dir;
   fs::path kind_dir = dir.path() / "outcore_swap" / "rank0" / "param";
   fs::create_directories(kind_dir);
-  std::ofstream(kind_dir / "42.bin") << "stale";
+  {
+    // A swap file an earlier run left (killed before its clean-up), and two it left before
+    // their headers were written: empty, and preallocated (zeros).
+    TempDir other;
+    SwapFileSpec g{.unit = 42, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+    SwapSpace earlier({.nvme_path = other.path()}, std::span(&g, 1));
+    fs::copy_file(earlier.file_path(42, SwapKind::kParam), kind_dir / "42.bin");
+  }
+  std::ofstream(kind_dir / "43.bin");
+  std::ofstream(kind_dir / "44.bin") << std::string(8192, '\0');
+  // Files with a swap file's name that are not swap files: a user's data.
+  std::ofstream(kind_dir / "45.bin") << "the user's tokens";
+  std::ofstream(kind_dir / "46.bin") << std::string(100, '\0') << "tokens after zeros";
   std::ofstream(kind_dir / "notes.txt") << "not ours";
   std::ofstream(kind_dir / "model.bin") << "not ours either";  // not a name outcore makes
   fs::create_directories(dir.path() / "mine");
@@ -131,6 +148,10 @@ TEST(SwapSpace, ClearsStaleFilesOfAnEarlierRun) {
   {
     SwapSpace space({.nvme_path = dir.path()}, std::span(&f, 1));
     EXPECT_FALSE(fs::exists(kind_dir / "42.bin"));
+    EXPECT_FALSE(fs::exists(kind_dir / "43.bin"));
+    EXPECT_FALSE(fs::exists(kind_dir / "44.bin"));
+    EXPECT_TRUE(fs::exists(kind_dir / "45.bin"));
+    EXPECT_TRUE(fs::exists(kind_dir / "46.bin"));
     EXPECT_TRUE(fs::exists(kind_dir / "notes.txt"));
     EXPECT_TRUE(fs::exists(kind_dir / "model.bin"));
     EXPECT_TRUE(fs::is_symlink(kind_dir / "7.bin"));
@@ -139,6 +160,19 @@ TEST(SwapSpace, ClearsStaleFilesOfAnEarlierRun) {
   EXPECT_TRUE(fs::exists(kind_dir / "model.bin"));
   EXPECT_TRUE(fs::exists(dir.path() / "mine" / "7.bin"));
   EXPECT_FALSE(fs::exists(kind_dir / "0.bin"));
+  EXPECT_EQ(text_of(kind_dir / "45.bin"), "the user's tokens");
+  // A user's file where a swap file must go stops the run, naming it, and stays.
+  std::ofstream(kind_dir / "0.bin") << "the user's tokens";
+  try {
+    SwapSpace space({.nvme_path = dir.path()}, std::span(&f, 1));
+    ADD_FAILURE() << "a user's file was taken for a swap file";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("0.bin"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not an outcore swap file"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(text_of(kind_dir / "0.bin"), "the user's tokens");
+  EXPECT_EQ(text_of(kind_dir / "45.bin"), "the user's tokens");
 }
 
 TEST(SwapSpace, SameRankAndKindCannotBeUsedTwice) {
