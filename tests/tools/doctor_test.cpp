@@ -5,8 +5,10 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 namespace {
@@ -16,8 +18,10 @@ struct DoctorRun {
   std::string out;  // stdout and stderr
 };
 
-DoctorRun doctor(const std::string& args) {
-  const std::string cmd = std::string(OUTCORE_BINARY_DIR) + "/bin/outcore doctor " + args + " 2>&1";
+const std::string kOutcore = std::string(OUTCORE_BINARY_DIR) + "/bin/outcore";
+
+// Runs a shell command line, stdout and stderr together.
+DoctorRun run_shell(const std::string& cmd) {
   DoctorRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -27,6 +31,15 @@ DoctorRun doctor(const std::string& args) {
   const int status = pclose(p);
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+DoctorRun doctor(const std::string& args) {
+  return run_shell(kOutcore + " doctor " + args + " 2>&1");
+}
+
+std::string text_of(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
 }
 
 // The line of the table whose check column is `check`.
@@ -117,6 +130,45 @@ TEST_F(Doctor, AMissingOrUnwritableSwapPathFailsWithExitOne) {
   std::ofstream(dir_ / "file") << "x";
   const DoctorRun file = doctor("--nvme-path " + (dir_ / "file").string());
   EXPECT_EQ(file.rc, 1) << file.out;
+}
+
+// The O_DIRECT probe writes a file of its own: a link (or file) already at its name, here the
+// first name the probe tries (the shell's pid is the one `exec` hands to outcore), is never
+// written through, truncated or removed.
+TEST_F(Doctor, TheSwapPathProbeNeverTouchesAFileItDidNotCreate) {
+  std::ofstream(dir_ / "victim.txt") << "IMPORTANT\n";
+  std::filesystem::create_directories(dir_ / "swap");
+  const DoctorRun r = run_shell(
+      "sh -c 'ln -s ../victim.txt " + (dir_ / "swap").string() + "/.outcore_doctor_$$_0 && exec " +
+      kOutcore + " doctor --pinned-mb 0 --nvme-path " + (dir_ / "swap").string() + "' 2>&1");
+  EXPECT_EQ(text_of(dir_ / "victim.txt"), "IMPORTANT\n") << r.out;
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_ / "swap")) {
+    EXPECT_TRUE(std::filesystem::is_symlink(e.symlink_status())) << e.path();
+    ++entries;
+  }
+  EXPECT_EQ(entries, 1u) << "the link was removed, or the probe's own file was left";
+  EXPECT_NE(line_of(r.out, "nvme path").find("O_DIRECT works"), std::string::npos) << r.out;
+}
+
+// A swap path with no space left is a failure, not a missing O_DIRECT. Needs a small tmpfs
+// (mount privileges, as root in CI).
+TEST_F(Doctor, AFullSwapPathFailsWithExitOne) {
+  const std::filesystem::path full = dir_ / "full";
+  std::filesystem::create_directories(full);
+  if (std::system(("mount -t tmpfs -o size=64k tmpfs " + full.string() + " 2>/dev/null").c_str()) !=
+      0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root and mount privileges)";
+  {
+    std::ofstream fill(full / "fill", std::ios::binary);
+    const std::string block(4096, 'x');
+    for (int i = 0; i < 64 && fill; ++i) fill << block;
+  }
+  const DoctorRun r = doctor("--pinned-mb 0 --nvme-path " + full.string());
+  std::system(("umount " + full.string()).c_str());
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(line_of(r.out, "nvme path").find("FAIL"), std::string::npos) << r.out;
+  EXPECT_NE(line_of(r.out, "nvme path").find("no space left"), std::string::npos) << r.out;
 }
 
 TEST_F(Doctor, ALockedMemoryLimitBelowThePoolIsAWarningNamingTheFix) {

@@ -55,24 +55,38 @@ Line io_uring_line() {
 }
 
 // Writes and reads back one 4 KiB block with O_DIRECT in a scratch file under dir.
-std::string try_o_direct(const std::string& dir) {
-  const std::string path = dir + "/.outcore_doctor_" + std::to_string(getpid());
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
-  if (fd < 0) return fmt::format("open with O_DIRECT failed: {}", std::strerror(errno));
+// Writes and reads back one 4 KiB block with O_DIRECT in a file of its own in `dir` (created
+// exclusively, never through a link, removed after): empty when that works, else why not.
+// `no_space` is set when the write failed for want of space.
+std::string try_o_direct(const std::string& dir, bool& no_space) {
+  no_space = false;
+  std::string path;
+  int fd = -1;
+  for (int attempt = 0; fd < 0 && attempt < 16; ++attempt) {
+    path = fmt::format("{}/.outcore_doctor_{}_{}", dir, getpid(), attempt);
+    fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST)
+      return fmt::format("cannot create a file: {}", std::strerror(errno));
+  }
+  if (fd < 0) return "cannot create a file: every name tried exists";
   void* buf = nullptr;
   std::string err;
-  if (posix_memalign(&buf, 4096, 4096) != 0) {
+  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_DIRECT) != 0) {
+    err = fmt::format("O_DIRECT refused: {}", std::strerror(errno));
+  } else if (posix_memalign(&buf, 4096, 4096) != 0) {
     err = "no memory for a 4 KiB buffer";
   } else {
     std::memset(buf, 0x5a, 4096);
-    if (pwrite(fd, buf, 4096, 0) != 4096)
+    if (pwrite(fd, buf, 4096, 0) != 4096) {
+      no_space = errno == ENOSPC || errno == EDQUOT;
       err = fmt::format("O_DIRECT write failed: {}", std::strerror(errno));
-    else if (pread(fd, buf, 4096, 0) != 4096)
+    } else if (pread(fd, buf, 4096, 0) != 4096) {
       err = fmt::format("O_DIRECT read failed: {}", std::strerror(errno));
+    }
   }
   std::free(buf);
   close(fd);
-  unlink(path.c_str());
+  unlink(path.c_str());  // created above, exclusively: this run's own file
   return err;
 }
 
@@ -91,9 +105,13 @@ Line nvme_line(const std::string& dir) {
             fmt::format("{}: statvfs failed: {}", dir, std::strerror(errno))};
   const double avail = double(st.f_bavail) * double(st.f_frsize);
   const double total = double(st.f_blocks) * double(st.f_frsize);
-  const std::string odirect = try_o_direct(dir);
+  bool no_space = false;
+  const std::string odirect = try_o_direct(dir, no_space);
   l.detail = fmt::format("{}: {} free of {}; ", dir, gib(avail), gib(total));
-  if (odirect.empty()) {
+  if (no_space || st.f_bavail == 0) {
+    l.verdict = Verdict::kFail;
+    l.detail += "no space left for swap files" + (odirect.empty() ? "" : " (" + odirect + ")");
+  } else if (odirect.empty()) {
     l.detail += "O_DIRECT works";
   } else {
     l.verdict = Verdict::kWarn;
