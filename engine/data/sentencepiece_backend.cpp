@@ -3,15 +3,22 @@
 #include <sentencepiece_processor.h>
 
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 #include "engine/data/backend.hpp"
 
 namespace outcore::data::detail {
 namespace {
 
+// Far above any released model's tokenizer.model (Llama 2's is 0.5 MB, Gemma's 4 MB).
+constexpr size_t kMaxModelBytes = size_t{256} << 20;
+
 class SentencePieceBackend final : public Backend {
  public:
   explicit SentencePieceBackend(const std::string& path) {
-    const auto status = processor_.Load(path);
+    // Read here, not by the library: a FIFO, a device or a directory is refused by name, and a
+    // file of any size is not read whole into memory.
+    const std::string bytes = read_whole_file(path, "SentencePiece model", kMaxModelBytes);
+    const auto status = processor_.LoadFromSerializedProto(bytes);
     if (!status.ok())
       throw ConfigError("",
                         fmt::format("{}: not a SentencePiece model: {}", path, status.ToString()));

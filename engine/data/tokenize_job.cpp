@@ -4,9 +4,11 @@
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_pipeline.h>
 #include <tbb/task_arena.h>
+#include <unistd.h>
 
 #include <array>
 #include <bit>
+#include <cerrno>
 #include <climits>
 #include <filesystem>
 #include <memory>
@@ -222,8 +224,12 @@ void check_options(const TokenizeOptions& o, const std::vector<std::string>& out
 // Appends tokens to the token file (and mask), counting; checks what llm.c can hold.
 class OutputWriter {
  public:
-  OutputWriter(const std::vector<std::string>& outputs, bool llmc, bool mask)
-      : llmc_(llmc), tokens_(outputs[0]) {
+  // `stale_mask`: a loss mask an earlier job wrote beside the token file this one replaces
+  // without a mask (removed at commit, before the token file is renamed into place: the mask
+  // of other tokens never pairs with these); empty when there is none.
+  OutputWriter(const std::vector<std::string>& outputs, bool llmc, bool mask,
+               std::string stale_mask)
+      : llmc_(llmc), tokens_(outputs[0]), stale_mask_(std::move(stale_mask)) {
     if (mask) mask_.emplace(outputs[1]);
     if (llmc_) {
       const std::array<int32_t, kLlmcHeaderInts> header{};
@@ -268,6 +274,8 @@ class OutputWriter {
     tokens_.finish();
     if (mask_) mask_->finish();
     if (mask_) mask_->commit();
+    if (!stale_mask_.empty() && ::unlink(stale_mask_.c_str()) != 0 && errno != ENOENT)
+      throw IoError(stale_mask_, errno, "remove the loss mask of the token file replaced");
     tokens_.commit();
   }
 
@@ -277,6 +285,7 @@ class OutputWriter {
  private:
   bool llmc_;
   StagedFile tokens_;
+  std::string stale_mask_;
   std::optional<StagedFile> mask_;
   std::vector<uint16_t> narrow_;
   uint64_t count_ = 0, targets_ = 0;
@@ -300,7 +309,14 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
   DocumentReader reader(options.inputs, {.doc_per_file = options.doc_per_file,
                                          .chunk_bytes = options.chunk_bytes,
                                          .max_document_bytes = options.max_document_bytes});
-  OutputWriter writer(outputs, llmc, encoder.pairs());
+  // Plain text replacing a token file whose loss mask lies beside it: the mask goes with it.
+  std::string stale_mask;
+  if (!encoder.pairs()) {
+    std::error_code ec;
+    const std::string mask = options.out_prefix + ".mask";
+    if (fs::is_regular_file(fs::symlink_status(mask, ec))) stale_mask = mask;
+  }
+  OutputWriter writer(outputs, llmc, encoder.pairs(), stale_mask);
 
   TokenizeProgress progress;
   auto last_report = start;
@@ -382,6 +398,7 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
   result.targets = writer.targets();
   result.token_file = outputs[0];
   result.mask_file = encoder.pairs() ? outputs[1] : "";
+  result.removed_mask = stale_mask;
   result.llmc = llmc;
   return result;
 }

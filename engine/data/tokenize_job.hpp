@@ -75,7 +75,10 @@ struct TokenizeResult {
   uint64_t targets = 0;    // tokens the mask marks 1 (pairs only)
   std::string token_file;  // PREFIX.bin or PREFIX.u32
   std::string mask_file;   // PREFIX.mask, or "" without pairs
-  bool llmc = false;       // token_file is llm.c's uint16 format
+  // Without pairs: PREFIX.mask when one was there (an earlier job's, for the token file this
+  // one replaced) and was removed, so that no loss mask pairs with these tokens; else "".
+  std::string removed_mask;
+  bool llmc = false;  // token_file is llm.c's uint16 format
 };
 
 // The files a job with these options would write: the token file (PREFIX.bin or PREFIX.u32 for

@@ -3,6 +3,7 @@
 // varied text, identical ids document by document. Also: a model directory whose
 // tokenizer.json is unsupported falls back to its tokenizer.model.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "common/error.hpp"
 #include "engine/data/tokenizer.hpp"
@@ -124,6 +125,32 @@ TEST_F(SentencePieceTest, UnsupportedTokenizerJsonFallsBackToTheModel) {
   // Without the model beside it, the same tokenizer.json is refused naming the key.
   fs::remove(d / "tokenizer.model");
   EXPECT_THROW(Tokenizer::load(d.string()), ConfigError);
+}
+
+// tokenizer.model is read by outcore, not the library: what is not a regular file is refused
+// naming it (a FIFO would block the library's read forever), and so is what does not parse.
+TEST(SentencePieceModelFile, WhatIsNotARegularModelIsRefusedByName) {
+  test::TempDir dir("sentencepiece-file");
+  auto message = [](const fs::path& d) {
+    try {
+      Tokenizer::load(d.string());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  fs::create_directories(dir / "fifo");
+  ASSERT_EQ(::mkfifo((dir / "fifo" / "tokenizer.model").c_str(), 0600), 0);
+  EXPECT_NE(message(dir / "fifo").find((dir / "fifo" / "tokenizer.model").string() + ": is a FIFO"),
+            std::string::npos)
+      << message(dir / "fifo");
+  fs::create_directories(dir / "directory" / "tokenizer.model");
+  EXPECT_NE(message(dir / "directory").find("is a directory"), std::string::npos)
+      << message(dir / "directory");
+  fs::create_directories(dir / "garbage");
+  test::write_file(dir / "garbage" / "tokenizer.model", std::string(1000, '\x7f'));
+  EXPECT_NE(message(dir / "garbage").find("not a SentencePiece model"), std::string::npos)
+      << message(dir / "garbage");
 }
 
 }  // namespace

@@ -189,6 +189,34 @@ TEST_F(TokenizeJobTest, PromptCompletionPairsWriteAMask) {
   EXPECT_EQ(r.targets, static_cast<uint64_t>(std::count(mask.begin(), mask.end(), 1)));
 }
 
+// Plain text written over pairs' output: the pairs' mask goes (train would otherwise pair it
+// with the new tokens); a failed job leaves both old files as they were.
+TEST_F(TokenizeJobTest, TextReplacingPairsRemovesTheirMask) {
+  const std::string pairs = input("sft.jsonl", "{\"q\": \"the question\", \"a\": \"an answer\"}\n");
+  TokenizeOptions o = options({pairs}, "data");
+  o.prompt_key = "q";
+  o.completion_key = "a";
+  const TokenizeResult first = run_tokenize_job(*tokenizer_, o);
+  ASSERT_TRUE(fs::exists(first.mask_file));
+  const std::string old_tokens = test::slurp(first.token_file);
+  const std::string old_mask = test::slurp(first.mask_file);
+
+  const std::string bad = input("bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": 3}\n");
+  EXPECT_THROW(run_tokenize_job(*tokenizer_, options({bad}, "data")), BadDocument);
+  EXPECT_EQ(test::slurp(first.token_file), old_tokens);
+  EXPECT_EQ(test::slurp(first.mask_file), old_mask);
+
+  const std::string text = input("text.jsonl", "{\"text\": \"the question an answer\"}\n");
+  const TokenizeResult second = run_tokenize_job(*tokenizer_, options({text}, "data"));
+  EXPECT_EQ(second.token_file, first.token_file);
+  EXPECT_EQ(second.mask_file, "");
+  EXPECT_EQ(second.removed_mask, first.mask_file);
+  EXPECT_FALSE(fs::exists(first.mask_file));
+  EXPECT_EQ(tokens_of(second.token_file), doc("the question an answer"));
+  // With no mask there, nothing is removed or reported.
+  EXPECT_EQ(run_tokenize_job(*tokenizer_, options({text}, "data")).removed_mask, "");
+}
+
 TEST_F(TokenizeJobTest, LargeVocabulariesWriteRawUint32) {
   test::write_tiny_tokenizer_dir(dir_ / "big", 70000);
   const Tokenizer big = Tokenizer::load((dir_ / "big").string());

@@ -119,6 +119,7 @@ int run_tokenize(const TokenizeArgs& a) {
     nlohmann::json done = progress_json("done", r.totals);
     done["token_file"] = r.token_file;
     if (!r.mask_file.empty()) done["mask_file"] = r.mask_file;
+    if (!r.removed_mask.empty()) done["removed_mask_file"] = r.removed_mask;
     log << done.dump() << '\n' << std::flush;
     if (!log) throw IoError(a.log_json, errno, "write --log-json");
   }
@@ -133,6 +134,11 @@ int run_tokenize(const TokenizeArgs& a) {
   std::printf("wrote %s (%s, vocab_size %llu)\n", r.token_file.c_str(),
               r.llmc ? "llm.c format, uint16 tokens" : "raw uint32 tokens",
               static_cast<unsigned long long>(tokenizer.vocab_size()));
+  if (!r.removed_mask.empty())
+    std::printf(
+        "removed %s (the loss mask of the token file replaced; every token of %s is a "
+        "training target)\n",
+        r.removed_mask.c_str(), r.token_file.c_str());
   if (!r.mask_file.empty())
     std::printf("wrote %s (one byte per token; %llu of %llu tokens are training targets)\n",
                 r.mask_file.c_str(), static_cast<unsigned long long>(r.targets),
