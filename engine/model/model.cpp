@@ -75,6 +75,7 @@ LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options,
         "parameters",
         dtype_name(options_.compute_dtype), dtype_name(options_.param_dtype)));
   layout_ = make_layout(config_, options_.world_size);
+  if (options_.planning_only) return;
   const int64_t half = config_.head_dim / 2, T = options_.seq_len;
   const std::vector<double> inv_freq = rope_inv_freq(config_);
   rope_cos_.resize(T * half);
@@ -114,14 +115,22 @@ device::WorkspaceShape LlamaModel::workspace_shape() const {
   using device::charged_bytes;
   return {.attention = detail::decoder_attention(config_, options_),
           .tokens = tokens(),
-          .constant_bytes = charged_bytes(rope_cos_.size() * sizeof(float)) +
-                            charged_bytes(rope_sin_.size() * sizeof(float)) +
-                            charged_bytes(ones_.size() * sizeof(float))};
+          .constant_bytes = constant_bytes()};
+}
+
+size_t LlamaModel::constant_bytes() const {
+  using device::charged_bytes;
+  const auto table = static_cast<size_t>(options_.seq_len * (config_.head_dim / 2));
+  const size_t ones =
+      config_.qkv_bias() ? static_cast<size_t>(options_.micro_batch * options_.seq_len) : 0;
+  return 2 * charged_bytes(table * sizeof(float)) + charged_bytes(ones * sizeof(float));
 }
 
 template <class Args, class Run>
 float LlamaModel::run_unit(const char* what, int unit, const Args& args, Run run) const {
   OUTCORE_TRACE_SPAN(what, "compute", {.unit = unit});
+  if (options_.planning_only)
+    throw InvalidArgument(fmt::format("{}: a model built for planning only cannot run", what));
   const UnitLayout& u = layout_.units.at(unit);
   check_span(args.scratch.size(), u.kind == UnitKind::Embedding ? 0 : scratch_bytes(), u.name,
              "scratch");

@@ -239,6 +239,10 @@ struct ModelOptions {
   // forward. Gradients are bit-identical to running without checkpointing.
   bool activation_checkpointing = false;
   int world_size = 1;  // for the layout's padding only
+  // A model only planned for (`outcore estimate`): its RoPE and bias tables are not built
+  // (their bytes are still counted), so planning takes no memory per token; its units refuse
+  // to run.
+  bool planning_only = false;
 };
 
 // The head_chunk_rows for a device with `device_bytes` of memory: as many rows as let the head's
@@ -340,6 +344,9 @@ class LlamaModel {
   // What the model's computation asks of a backend's device memory besides the buffers above
   // (device::backend_workspace): the attention shape, the tokens staged, the constant tables.
   device::WorkspaceShape workspace_shape() const;
+  // The bytes of the RoPE tables and the bias GEMMs' column of ones, as the backend charges
+  // them (built or not: planning_only).
+  size_t constant_bytes() const;
 
   // Runs unit `unit`'s forward. Returns the head's mean cross-entropy over its B*T rows, an
   // ignored target's row counting 0 (so a mean over B*T, not over the rows trained on), and writes

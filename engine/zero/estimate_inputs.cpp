@@ -24,6 +24,7 @@ model::ModelOptions estimate_model_options(config::Config& cfg, const model::Lla
   mo.activation_checkpointing = in.activation_checkpointing || ac.cpu_checkpointing ||
                                 ac.partition_activations || ac.number_checkpoints.has_value();
   mo.world_size = static_cast<int>(in.world_size);
+  mo.planning_only = true;
   return mo;
 }
 

@@ -190,7 +190,8 @@ struct EstimateInputs {
 
 // Resolves `cfg`'s "auto" values for `model` and `in` (config::resolve_auto) and returns the
 // ModelOptions to build the planned model with: micro batch, sequence length, parameter dtype
-// (fp16 / bf16 / fp32 from the config), activation checkpointing, world size. Throws
+// (fp16 / bf16 / fp32 from the config), activation checkpointing, world size, planning_only
+// (the model is planned, never run, so no memory per token is taken). Throws
 // ConfigValidationError from resolve_auto. Shared by tools/outcore/cmd_estimate.cpp and
 // python/bindings/estimate_binding.cpp so that both plan the same thing.
 model::ModelOptions estimate_model_options(config::Config& cfg, const model::LlamaConfig& model,

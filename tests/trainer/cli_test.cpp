@@ -380,6 +380,23 @@ TEST_F(TrainCliTest, AnotherRunsCheckpointsAreRefusedUnlessResumedOrStartedOver)
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(fs::exists(ck + "/global_step1"));
   EXPECT_EQ(slurp(ck + "/latest"), "global_step3\n");
+  // Resuming from an earlier checkpoint into the same directory would replace the later ones.
+  const std::string third = slurp(ck + "/global_step3/rank0/optimizer.bin");
+  r = run("train --resume " + shell_quote(ck + "/global_step1") + " --save-dir " + shell_quote(ck) +
+          " --steps 3 --save-every 1");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("holds checkpoints after global_step1, the one this run resumes from "
+                       "(global_step2, global_step3)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(ck + "/global_step3/rank0/optimizer.bin"), third);
+  // --start-over takes that branch instead, keeping the checkpoint it resumes from.
+  r = run("train --resume " + shell_quote(ck + "/global_step1") + " --start-over --save-dir " +
+          shell_quote(ck) + " --steps 2");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(fs::exists(ck + "/global_step1"));
+  EXPECT_FALSE(fs::exists(ck + "/global_step3"));
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step2\n");
   r = run(train_args("--steps 1 --seed 7 --start-over --save-dir " + shell_quote(ck)));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(slurp(ck + "/latest"), "global_step1\n");
@@ -716,8 +733,12 @@ TEST_F(TrainCliTest, EstimatePlansForAGpuThatIsNotHere) {
   r = run(est + " --gpu-memory-gb 80 --device cpu");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.err.find("--gpu-memory-gb"), std::string::npos) << r.err;
-  r = run(est + " --gpu-memory-gb -1");
-  EXPECT_EQ(r.rc, 2) << r.out;
+  // Sizes whose bytes round to 0 or overflow 64 bits are refused, not taken as "no limit".
+  for (const char* gib : {"-1", "1e-300", "2e10", "1e308"}) {
+    r = run(est + " --gpu-memory-gb " + gib);
+    EXPECT_EQ(r.rc, 2) << gib << ": " << r.out;
+    EXPECT_NE(r.err.find("--gpu-memory-gb"), std::string::npos) << gib << ": " << r.err;
+  }
 }
 
 // The README's fine-tuning path for a model larger than the GPU: Llama 3.1 8B at 4096 tokens

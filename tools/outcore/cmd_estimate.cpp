@@ -76,6 +76,17 @@ const CLI::Validator kFinitePositive(
     },
     "NUMBER > 0");
 
+// A GPU's memory in GiB: from 1 MiB to a million GiB (so that its bytes are a whole number
+// above 0 that fits in 64 bits).
+const CLI::Validator kGpuMemoryGib(
+    [](std::string& text) -> std::string {
+      double v = 0;
+      if (CLI::detail::lexical_cast(text, v) && std::isfinite(v) && v >= 1.0 / 1024 && v <= 1e6)
+        return {};
+      return "got \"" + text + "\"; allowed: GiB from 0.0009765625 (1 MiB) to 1000000";
+    },
+    "GIB in [1/1024, 1e6]");
+
 // Where each rate comes from: a flag or a measurement, in words.
 struct RateSources {
   std::string gemm = "--gemm-tflops", attention = "--attention-tflops", pcie = "--pcie-gbps";
@@ -349,7 +360,7 @@ void add_estimate_command(CLI::App& app, int& rc) {
                   "plan for a GPU with this many GiB free that this machine need not have (one "
                   "to rent); the step bounds then need --gemm-tflops and --pcie-gbps, and take "
                   "--attention-tflops")
-      ->check(kFinitePositive);
+      ->check(kGpuMemoryGib);
   cmd->add_option("--gemm-tflops", o->gemm_tflops,
                   "the device's GEMM rate in the compute dtype (default: measured here)")
       ->check(kFinitePositive);
