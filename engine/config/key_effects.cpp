@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <string>
+
 namespace outcore::config::detail {
 namespace {
 
@@ -226,7 +228,8 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
     if (e.honoured) continue;
     const nlohmann::ordered_json* v = at_path(now, e.path);
     const nlohmann::ordered_json* d = at_path(defaults, e.path);
-    if (v == nullptr || d == nullptr || *v == *d || (v->is_string() && *v == "auto")) continue;
+    if (v == nullptr || d == nullptr || *v == *d) continue;
+    if (v->is_string() && v->get_ref<const std::string&>() == "auto") continue;
     out.push_back({std::string(e.path),
                    fmt::format("set to {}, but it has no effect in outcore: {} (default {})",
                                v->dump(), e.note, d->dump())});

@@ -116,7 +116,10 @@ void read_optimizer(SectionReader& root, Diagnostics& d, OptimizerConfig& o) {
   SectionReader p(object_at(s, "params"), "optimizer.params", d, /*auto_means_default=*/false);
   p.get_auto("lr", o.lr, kNonNegativeReal);
   read_betas(p, o.betas);
-  p.get_auto("eps", o.eps, kPositiveReal);
+  // Adam computes in fp32: an eps that rounds to 0 (or to infinity) there is refused.
+  p.get_auto(
+      "eps", o.eps,
+      RealRange{std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max()});
   p.get_auto("weight_decay", o.weight_decay, kNonNegativeReal);
   p.get("bias_correction", o.bias_correction);
   if (p.get("adam_w_mode", o.adam_w_mode) && !o.adam_w_mode && o.type == OptimizerType::kAdamW) {

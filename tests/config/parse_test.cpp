@@ -80,7 +80,17 @@ TEST(ParseBadInput, RejectedOptimizerParams) {
       << dump(issues);
   EXPECT_TRUE(has_issue(issues, "optimizer.params.amsgrad", "allowed: false"));
   EXPECT_TRUE(has_issue(issues, "optimizer.params.betas", "[beta1, beta2]"));
-  EXPECT_TRUE(has_issue(issues, "optimizer.params.eps", "a number > 0"));
+  EXPECT_TRUE(has_issue(issues, "optimizer.params.eps", "a number in [1.4")) << dump(issues);
+  // Adam computes in fp32: an eps that is 0 or infinite there is refused, its least is not.
+  for (const char* eps : {"1e-46", "1e39"})
+    EXPECT_TRUE(
+        has_issue(parse_errors(std::string(R"({"optimizer": {"type": "Adam", "params": {"eps": )") +
+                               eps + "}}}"),
+                  "optimizer.params.eps", "a number in [1.4"))
+        << eps;
+  const ParsedConfig least = parse_config(
+      R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"eps": 1.5e-45}}})");
+  EXPECT_EQ(least.config.optimizer.eps.value(), 1.5e-45);
 }
 
 TEST(ParseBadInput, UnsupportedSchedulerIsNamedWithTheSupportedOnes) {
