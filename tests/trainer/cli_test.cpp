@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/ckpt/ckpt.hpp"
@@ -404,6 +405,39 @@ TEST_F(TrainCliTest, AnotherRunsCheckpointsAreRefusedUnlessResumedOrStartedOver)
   EXPECT_FALSE(fs::exists(ck + "/global_step3"));
   r = run("train --resume " + shell_quote(ck) + " --steps 2");
   EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// --metrics and --trace never lie where a save writes (a save would replace them); beside the
+// checkpoints they are fine.
+TEST_F(TrainCliTest, OutputsNeverLieWhereTheCheckpointsAreWritten) {
+  const std::string ck = data_.file("ckpt"), fresh = data_.file("fresh");
+  std::filesystem::create_directories(fresh);
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string into_fresh = train_args("--steps 1 --save-dir " + shell_quote(fresh));
+  const std::string resumed =
+      "train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --steps 2";
+  const std::tuple<std::string, std::string, std::string> cases[] = {
+      {into_fresh, fresh, fresh + "/latest"},
+      {into_fresh, fresh, fresh + "/global_step1"},
+      {into_fresh, fresh, fresh + "/.lock"},
+      {resumed, ck, ck + "/global_step1/m.jsonl"}};
+  for (const auto& [args, save_dir, out] : cases) {
+    for (const char* flag : {"--metrics", "--trace"}) {
+      r = run(args + " " + flag + " " + shell_quote(out));
+      EXPECT_EQ(r.rc, 2) << flag << " " << out << ": " << r.err;
+      EXPECT_NE(r.err.find(std::string(flag) + " " + out + ": the checkpoints of --save-dir " +
+                           save_dir + " are written there"),
+                std::string::npos)
+          << r.err;
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(fresh));
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step1\n");
+  r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) +
+          " --steps 2 --metrics " + shell_quote(ck + "/metrics.jsonl"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step2\n");
 }
 
 // --metrics and --trace never name a file of --init-from's or --resume's, nor each other.

@@ -427,6 +427,10 @@ int run_train(const TrainCliOptions& o) {
     return 2;
   inputs.emplace_back(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics");
   if (!check_output_file(o.trace, "--trace", inputs)) return 2;
+  if (!check_outside_checkpoints(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics",
+                                 o.save_dir) ||
+      !check_outside_checkpoints(o.trace, "--trace", o.save_dir))
+    return 2;
   topts.trace_file = o.trace;
   topts.train_data = data;
   topts.val_data = val_data;

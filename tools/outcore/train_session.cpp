@@ -16,6 +16,7 @@
 #include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "common/open_file.hpp"
+#include "engine/ckpt/ckpt.hpp"
 #include "engine/train/loss_scaler.hpp"
 #include "engine/zero/plan.hpp"
 #include "tools/outcore/stop_signals.hpp"
@@ -190,6 +191,26 @@ bool check_output_file(const std::string& path, const char* flag,
     return false;
   }
   return true;
+}
+
+bool check_outside_checkpoints(const std::string& path, const char* flag,
+                               const std::string& save_dir) {
+  namespace fs = std::filesystem;
+  if (path.empty() || save_dir.empty()) return true;
+  std::error_code ec;
+  const fs::path rel =
+      fs::weakly_canonical(path, ec).lexically_relative(fs::weakly_canonical(save_dir, ec));
+  if (ec || rel.empty() || *rel.begin() == "..") return true;
+  const std::string first = rel.begin()->string();
+  if (first != "." && first != ckpt::kLatestName &&
+      first != std::string(ckpt::kLatestName) + ".tmp" && first != ".lock" &&
+      first.rfind("global_step", 0) != 0)
+    return true;
+  std::fprintf(stderr,
+               "error: %s %s: the checkpoints of --save-dir %s are written there; choose a path "
+               "outside them\n",
+               flag, path.c_str(), save_dir.c_str());
+  return false;
 }
 
 int run_training(const config::Config& cfg, const model::LlamaConfig& model,

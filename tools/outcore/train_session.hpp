@@ -35,6 +35,12 @@ bool check_input_file(const std::string& path, const char* flag);
 bool check_output_file(const std::string& path, const char* flag,
                        const std::vector<std::pair<std::string, const char*>>& inputs);
 
+// False (with one error line naming `flag`) when `path` lies where a save into `save_dir`
+// writes: `latest`, `latest.tmp`, `.lock`, or a `global_step<N>` entry or anything in one
+// (a save would replace it). Other paths in the save directory are the user's and fine.
+bool check_outside_checkpoints(const std::string& path, const char* flag,
+                               const std::string& save_dir);
+
 // Builds a Trainer from `cfg` (resolved), `model` and `options`, prints its summary on
 // stdout, runs it with SIGINT/SIGTERM making it stop after the step in progress (a second
 // signal kills the process), and prints the result on stdout. Progress goes to stderr.
