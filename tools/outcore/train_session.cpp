@@ -218,7 +218,11 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
   // Installed before the engine creates its swap files, so that Ctrl-C at any point ends
   // with the Trainer destroyed (and the files removed) rather than killed.
   const StopSignals signals(
-      {.notice = "\nstopping after the current step (press Ctrl-C again to abort at once)\n",
+      {.notice = options.save_dir.empty()
+                     ? "\nstopping after the current step (press Ctrl-C again to abort at once)\n"
+                     : "\nstopping after the current step and saving a checkpoint (press Ctrl-C "
+                       "again to abort at once: nothing more is saved, the last checkpoint "
+                       "completed is kept)\n",
        .mpirun_stop = true,
        .ignore_sigpipe = true});
   options.stop_requested = &stop_flag();
