@@ -225,6 +225,20 @@ TEST_F(CliTest, WorldSizeDrivesTheBatchArithmetic) {
   EXPECT_EQ(zero.rc, 2);
 }
 
+// Command-line values out of range are errors of the flag, not of the config file.
+TEST_F(CliTest, FlagsOutOfRangeAreNamedNotTheFile) {
+  const std::string f = source_path("tests/config/data/hf_zero3_auto.json");
+  for (const std::string bad : {"--lr nan", "--lr -1", "--weight-decay inf", "--hidden-size 0",
+                                "--total-steps 0", "--warmup-steps 0", "--train-batch-size -2"}) {
+    CliResult r = run(shell_quote(f) + " " + bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    EXPECT_NE(r.err.find("error: " + bad.substr(0, bad.find(' ')) + ": got"), std::string::npos)
+        << bad << ": " << r.err;
+    EXPECT_EQ(r.err.find(f), std::string::npos) << r.err;
+  }
+}
+
 // 2^32 + 2 is not world size 2: integers are read as 64 bits and refused past their range,
 // naming the flag.
 TEST_F(CliTest, WorldSizeAndMicroBatchBeyondTheirRangeAreRefusedNamingTheFlag) {

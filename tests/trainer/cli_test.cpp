@@ -847,13 +847,18 @@ TEST_F(TrainCliTest, EstimateAndTrainRefuseATooSmallParameterBufferSize) {
 TEST_F(TrainCliTest, BadNumbersAreRefused) {
   const std::string base = "train --config " + shell_quote(config_) + " --model " +
                            shell_quote(model_) + " --data " + shell_quote(data_.train());
-  for (const std::string bad : {"--seq-len 0", "--lr inf", "--lr nan", "--weight-decay -inf",
-                                "--steps 0", "--eval-batches 0"}) {
+  // The flags that resolve "auto" values are named, not the config file they would go into.
+  for (const std::string bad :
+       {"--seq-len 0", "--lr inf", "--lr nan", "--weight-decay -inf", "--steps 0",
+        "--eval-batches 0", "--lr -1", "--weight-decay -1", "--micro-batch-size 0",
+        "--warmup-steps -1", "--gradient-accumulation-steps 0", "--train-batch-size 0"}) {
     const bool sets_steps = bad.rfind("--steps", 0) == 0;
     CliResult r = run(base + (sets_steps ? " " : " --steps 2 ") + bad);
     EXPECT_EQ(r.rc, 2) << bad << ": " << r.err;
     EXPECT_EQ(count_error_lines(r.err), 1) << bad << ": " << r.err;
-    EXPECT_NE(r.err.find(bad.substr(0, bad.find(' '))), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("error: " + bad.substr(0, bad.find(' ')) + ":"), std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find(config_), std::string::npos) << r.err;
   }
 }
 

@@ -1,12 +1,16 @@
 // `outcore config [FILE]`: validate a DeepSpeed JSON config, resolve its "auto" values from
 // the command line and print the result as JSON on stdout (exit 0), or print every error on
 // stderr (exit 2). FILE defaults to $OUTCORE_CONFIG.
+#include <fmt/format.h>
+
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -45,7 +49,23 @@ void parse_number(const std::string& text, const char* flag, std::optional<T>& o
     errors.push_back({"", std::string(flag) + ": got \"" + text + "\"; allowed: a number"});
     return;
   }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(value)) {
+      errors.push_back(
+          {"", std::string(flag) + ": got \"" + text + "\"; allowed: a finite number"});
+      return;
+    }
+  }
   out = value;
+}
+
+// Records an error naming `flag` when `v` is set and below `min`.
+template <typename T>
+void check_min(const std::optional<T>& v, const std::string& text, const char* flag, T min,
+               std::vector<cfg::ConfigIssue>& errors) {
+  if (v && *v < min)
+    errors.push_back({"", std::string(flag) + ": got \"" + text +
+                              "\"; allowed: a number >= " + fmt::format("{}", min)});
 }
 
 // Records an error naming `flag` when `v` is set and outside 1..max.
@@ -73,6 +93,14 @@ cfg::AutoContext context_from(const ConfigOptions& o, std::vector<cfg::ConfigIss
                ctx.gradient_accumulation_steps, errors);
   parse_number(o.total_steps, "--total-steps", ctx.total_steps, errors);
   parse_number(o.warmup_steps, "--warmup-steps", ctx.warmup_steps, errors);
+  check_min(ctx.hidden_size, o.hidden_size, "--hidden-size", int64_t{1}, errors);
+  check_min(ctx.lr, o.lr, "--lr", 0.0, errors);
+  check_min(ctx.weight_decay, o.weight_decay, "--weight-decay", 0.0, errors);
+  check_min(ctx.train_batch_size, o.train_batch_size, "--train-batch-size", int64_t{1}, errors);
+  check_min(ctx.gradient_accumulation_steps, o.gradient_accumulation_steps,
+            "--gradient-accumulation-steps", int64_t{1}, errors);
+  check_min(ctx.total_steps, o.total_steps, "--total-steps", int64_t{1}, errors);
+  check_min(ctx.warmup_steps, o.warmup_steps, "--warmup-steps", int64_t{1}, errors);
   return ctx;
 }
 
