@@ -3,10 +3,15 @@
 #include <fmt/format.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <exception>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -58,15 +63,75 @@ std::shared_ptr<aio::IoBackend> make_backend(const std::vector<FaultSpec>& fault
   return b;
 }
 
-// Opens `path`; an open failure is reported with the offset and length of the request.
-aio::File open_file(const std::string& path, const aio::OpenOptions& oo, uint64_t offset,
-                    uint64_t bytes) {
+// An open file and whether the open created it.
+struct Opened {
+  aio::File file;
+  bool created = false;
+};
+
+// Opens `path` as `oo` says (its create and exclusive are ignored). A write creates the file
+// (mode 0600) when it is missing, first with O_EXCL, so that `created` says whether this open
+// made it even where another process creates it at the same moment. An open failure is
+// reported with the offset and length of the request.
+Opened open_file(const std::string& path, aio::OpenOptions oo, uint64_t offset, uint64_t bytes) {
+  const bool write = oo.access == aio::Access::kWrite;
+  oo.create = oo.exclusive = false;
   try {
-    return aio::File::open(path, oo);
+    try {
+      return {aio::File::open(path, oo), false};
+    } catch (const IoError& e) {
+      if (!write || e.error_number() != ENOENT) throw;
+    }
+    oo.create = oo.exclusive = true;
+    try {
+      return {aio::File::open(path, oo), true};
+    } catch (const IoError& e) {
+      if (e.error_number() != EEXIST) throw;
+    }
+    // Created meanwhile, or a dangling symbolic link (O_EXCL does not follow it): opened as
+    // before, with O_CREAT, and not counted as created by this open.
+    oo.exclusive = false;
+    return {aio::File::open(path, oo), false};
   } catch (const IoError& e) {
     throw IoError(path, offset, bytes, e.error_number(),
-                  oo.access == aio::Access::kRead ? "open for reading" : "open for writing");
+                  write ? "open for writing" : "open for reading");
   }
+}
+
+// Device and inode of an open file: what a path must still name for the file to be removed.
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  friend bool operator==(const FileId&, const FileId&) = default;
+};
+
+std::optional<FileId> file_id(const aio::File& file) {
+  struct stat st;
+  if (::fstat(file.fd(), &st) != 0) return std::nullopt;
+  return FileId{st.st_dev, st.st_ino};
+}
+
+// Removes `path` if it still names file `id`: the file a write created before it failed. A
+// failure to remove it is logged.
+void remove_created(const std::string& path, const FileId& id) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || FileId{st.st_dev, st.st_ino} != id) return;
+  if (::unlink(path.c_str()) != 0) {
+    log::warn("outcore.aio: {}: the file a failed write created could not be removed: {}", path,
+              errno_string(errno));
+  }
+}
+
+// For a read waited at once: throws the end-of-file IoError its wait would raise, before
+// anything is read, when `file` is a regular file that ends before offset + bytes (the engine
+// would store the bytes before the end of the file first).
+void refuse_read_past_end(const aio::File& file, uint64_t offset, uint64_t bytes) {
+  struct stat st;
+  if (bytes == 0 || ::fstat(file.fd(), &st) != 0 || !S_ISREG(st.st_mode)) return;
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (offset <= size && bytes <= size - offset) return;
+  const uint64_t end = std::max(offset, size);  // where the engine finds the end of the file
+  throw IoError(file.path(), end, bytes - (end - offset), EIO, "aio read (end of file)");
 }
 
 // One Engine and the requests submitted to it that are not waited yet. Each pending request
@@ -79,8 +144,9 @@ class AioHandle {
             const std::vector<FaultSpec>& faults)
       : direct_(parse_direct(o_direct)), engine_(options, make_backend(faults)) {}
 
-  // Waits for every request still in flight (errors logged, not raised) before the memory
-  // they use is released; their on_complete callbacks are not called.
+  // Waits for every request still in flight (errors logged, not raised; a file a failed write
+  // created removed) before the memory they use is released; their on_complete callbacks are
+  // not called.
   ~AioHandle() {
     {
       py::gil_scoped_release nogil;
@@ -90,6 +156,7 @@ class AioHandle {
         } catch (const std::exception& e) {
           log::warn("outcore.aio: request on {} at offset {} never waited and failed: {}",
                     p.file.path(), p.offset, e.what());
+          remove_if_created(id);
         }
       }
     }
@@ -103,9 +170,13 @@ class AioHandle {
   // `on_complete` (None, or a callable taking no arguments) is called with the GIL held by the
   // wait that sees the request succeed; what it raises is that wait's error. Returns the
   // request's id. Files are opened per request: for reading, O_RDONLY; for writing, created
-  // (mode 0600) if missing and never truncated. O_DIRECT as DirectMode says.
+  // (mode 0600) if missing and never truncated; if the request fails, a file it created is
+  // removed unless another request of this handle wrote to it since. O_DIRECT as DirectMode
+  // says. `sync`: the caller waits at once; a read past the end of a regular file then raises
+  // here, before it stores any byte. InvalidArgument for a path holding a null byte.
   uint64_t submit(bool write, py::object keep, uintptr_t address, uint64_t bytes,
-                  const std::string& path, uint64_t offset, py::object on_complete) {
+                  const std::string& path, uint64_t offset, py::object on_complete, bool sync) {
+    checked_path(path, "path");
     const bool aligned =
         address % kIoAlignment == 0 && offset % kIoAlignment == 0 && bytes % kIoAlignment == 0;
     if (direct_ == DirectMode::kAlways && !aligned) {
@@ -116,18 +187,25 @@ class AioHandle {
     }
     aio::OpenOptions oo;
     oo.access = write ? aio::Access::kWrite : aio::Access::kRead;
-    oo.create = write;
     oo.direct = direct_ == DirectMode::kAlways || (direct_ == DirectMode::kAuto && aligned);
-    aio::File file;
+    Opened opened;
     {
       py::gil_scoped_release nogil;  // open may block (network filesystems, FIFOs)
-      file = open_file(path, oo, offset, bytes);
+      opened = open_file(path, oo, offset, bytes);
+      if (sync && !write) refuse_read_past_end(opened.file, offset, bytes);
     }
-    Pending p{aio::Ticket{}, std::move(file), std::move(keep), std::move(on_complete), offset};
-    auto* data = reinterpret_cast<std::byte*>(address);
-    p.ticket = write ? engine_.submit_write(p.file, offset, {data, bytes})
-                     : engine_.submit_read(p.file, offset, {data, bytes});
     const uint64_t id = next_id_++;
+    if (write) track_write(id, path, opened);
+    Pending p{aio::Ticket{}, std::move(opened.file), std::move(keep), std::move(on_complete),
+              offset};
+    auto* data = reinterpret_cast<std::byte*>(address);
+    try {
+      p.ticket = write ? engine_.submit_write(p.file, offset, {data, bytes})
+                       : engine_.submit_read(p.file, offset, {data, bytes});
+    } catch (...) {
+      remove_if_created(id);
+      throw;
+    }
     pending_.emplace(id, std::move(p));
     return id;
   }
@@ -146,9 +224,11 @@ class AioHandle {
       engine_.wait(p.ticket);
     } catch (...) {
       --waiting_;
+      remove_if_created(id);
       throw;
     }
     --waiting_;
+    created_.erase(id);
     if (!p.on_complete.is_none()) p.on_complete();
     return true;  // p (file, keep, on_complete) is released with the GIL held
   }
@@ -189,11 +269,41 @@ class AioHandle {
     uint64_t offset = 0;
   };
 
+  // A write not yet waited (or being waited) whose open created its file.
+  struct Created {
+    std::string path;
+    FileId file;
+    bool shared = false;  // another write of this handle opened the file since: keep it
+  };
+
+  // Records write `id`: the file it created, or, for a file it did not create, that the file
+  // is no longer only that of the write that created it.
+  void track_write(uint64_t id, const std::string& path, const Opened& opened) {
+    const std::optional<FileId> file = file_id(opened.file);
+    if (!file) return;  // unknown identity: never removed
+    if (opened.created) {
+      created_.emplace(id, Created{path, *file});
+      return;
+    }
+    for (auto& [other, c] : created_) {
+      if (c.file == *file) c.shared = true;
+    }
+  }
+
+  // After request `id` failed: removes the file it created, if any and not shared.
+  void remove_if_created(uint64_t id) {
+    auto it = created_.find(id);
+    if (it == created_.end()) return;
+    if (!it->second.shared) remove_created(it->second.path, it->second.file);
+    created_.erase(it);
+  }
+
   DirectMode direct_;
   aio::Engine engine_;
   std::map<uint64_t, Pending> pending_;  // by id: submission order
   uint64_t next_id_ = 1;
   size_t waiting_ = 0;  // moved out of pending_ by a wait still blocked (GIL released)
+  std::map<uint64_t, Created> created_;  // by request id
 };
 
 // Bytes and buffers of PinnedMemory alive in this process (for leak checks).
@@ -246,7 +356,7 @@ void bind_aio(py::module_& m) {
            py::arg("faults"))
       .def("submit", &AioHandle::submit, py::arg("write"), py::arg("keep"), py::arg("address"),
            py::arg("bytes"), py::arg("path"), py::arg("offset"),
-           py::arg("on_complete") = py::none())
+           py::arg("on_complete") = py::none(), py::arg("sync") = false)
       .def("wait", &AioHandle::wait, py::arg("id"))
       .def("done", &AioHandle::done, py::arg("id"))
       .def("wait_all", &AioHandle::wait_all)

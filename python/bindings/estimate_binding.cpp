@@ -165,6 +165,8 @@ void bind_estimate(py::module_& m) {
       [](const std::string& config, bool config_is_path, const std::string& model,
          bool model_is_path, const py::int_& world_size, const py::int_& micro_batch,
          const py::int_& seq_len, bool activation_checkpointing) {
+        if (config_is_path) checked_path(config, "config");
+        if (model_is_path) checked_path(model, "model");
         return estimate({config, config_is_path, "<config dict>"},
                         {model, model_is_path, "<model dict>"}, world_size, micro_batch, seq_len,
                         activation_checkpointing);

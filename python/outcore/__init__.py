@@ -18,6 +18,7 @@ Errors from the engine are raised as the exceptions below, each naming what fail
 import json as _json
 import os as _os
 
+from . import _args
 from . import _outcore
 from ._outcore import (ConfigError, CorruptDataError, Error, InvalidArgument, IoError,
                        OutOfMemoryError)
@@ -33,7 +34,7 @@ def _json_input(value, what):
     if isinstance(value, dict):
         return _json.dumps(value), False
     if isinstance(value, (str, _os.PathLike)):
-        return _os.fspath(value), True
+        return _args.path(value, what), True
     raise TypeError(f"{what}: expected a file path or a dict, got {type(value).__name__}")
 
 
@@ -55,10 +56,13 @@ def estimate(config_path_or_dict, model_config_path_or_dict, world_size=1, *, mi
     `outcore estimate` prints).
 
     Raises ConfigError naming the file (or "<config dict>") and JSON path for a bad config,
-    IoError for an unreadable file, ValueError for a bad argument.
+    IoError for an unreadable file, ValueError for a bad argument (a size out of range, a path
+    holding a null byte), TypeError for a size that is not an integer.
     """
     cfg, cfg_is_path = _json_input(config_path_or_dict, "config_path_or_dict")
     model, model_is_path = _json_input(model_config_path_or_dict, "model_config_path_or_dict")
-    return _outcore.estimate(cfg, cfg_is_path, model, model_is_path, int(world_size),
-                             int(micro_batch or 0), int(seq_len or 0),
-                             bool(activation_checkpointing))
+    world_size = _args.integer(world_size, "world_size")
+    micro_batch = 0 if micro_batch is None else _args.integer(micro_batch, "micro_batch")
+    seq_len = 0 if seq_len is None else _args.integer(seq_len, "seq_len")
+    return _outcore.estimate(cfg, cfg_is_path, model, model_is_path, world_size, micro_batch,
+                             seq_len, bool(activation_checkpointing))

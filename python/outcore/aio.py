@@ -36,16 +36,26 @@ Where outcore differs from DeepNVMe:
   * Errors raise instead of returning -1: outcore.IoError (an OSError carrying errno,
     filename, offset and length) for a missing file, a read past the end of the file, EIO or
     ENOSPC; ValueError for a tensor that is not a contiguous (strided) CPU tensor (naming the
-    file and offset); outcore.CorruptDataError when validate=True finds a mismatch.
-  * Writes create a missing file (mode 0600) and never truncate it.
+    file and offset), a path holding a null byte (as open() does) and a size or offset out of
+    range; TypeError for an offset or size that is not an integer (a float or a str is neither
+    rounded nor parsed); outcore.CorruptDataError when validate=True finds a mismatch.
+  * A failed read stores nothing into the tensor, except an asynchronous read into this
+    handle's pinned memory (read in place), which may have stored the bytes before the failing
+    piece. (A synchronous read past the end of a file is refused before it reads; one whose
+    file is truncated while it runs may store the bytes before the new end.)
+  * Writes create a missing file (mode 0600) and never truncate it. A write that fails removes
+    the file it created, unless another write of this handle opened it meanwhile; a file that
+    existed before is never removed.
   * new_pinned_tensor(numel, dtype) returns page-locked (mlock), 4096-aligned memory that is
-    freed when the tensor and every view of it are gone; free_pinned_tensor only drops the
-    handle's reference (new_cpu_locked_tensor / free_cpu_locked_tensor are aliases).
+    freed when the tensor and every view of it are gone (numel 0: an empty tensor, no memory);
+    free_pinned_tensor only drops the handle's reference (new_cpu_locked_tensor /
+    free_cpu_locked_tensor are aliases).
 """
-import os
+import sys
 
 import torch
 
+from . import _args
 from . import _outcore
 from ._outcore import CorruptDataError
 
@@ -53,6 +63,8 @@ __all__ = ["Handle", "aio_handle", "Request", "aio_read", "aio_write", "pinned_b
            "pinned_buffers"]
 
 _ALIGNMENT = _outcore.io_alignment()
+_MAX_OFFSET = 2**63 - 1  # the largest file offset (off_t)
+_MAX_PINNED_BYTES = sys.maxsize  # what torch.frombuffer and the buffer protocol can view
 
 
 def pinned_bytes():
@@ -76,8 +88,8 @@ def _check_tensor(buffer, filename, offset):
         raise ValueError(f"{where}: buffer must be a CPU tensor, got one on {buffer.device}")
     if not buffer.is_contiguous():
         raise ValueError(f"{where}: buffer must be contiguous (call .contiguous() first)")
-    if offset < 0:
-        raise ValueError(f"{where}: the file offset must be >= 0")
+    if not 0 <= offset <= _MAX_OFFSET:
+        raise ValueError(f"{where}: the file offset must be in 0..{_MAX_OFFSET}")
     return buffer.data_ptr(), buffer.numel() * buffer.element_size()
 
 
@@ -147,8 +159,14 @@ class Handle:
     def __init__(self, block_size=1048576, queue_depth=32, intra_op_parallelism=1,
                  single_submit=False, overlap_events=True, *, o_direct="auto", _faults=()):
         # _faults: [(kind, nth, every, direction)], injected I/O faults for tests only.
-        self._core = _outcore.AioHandle(int(block_size), int(queue_depth),
-                                        int(intra_op_parallelism), bool(single_submit),
+        # The ranges are aio::validate's (aio/aio.hpp, Options).
+        allowed = f"a multiple of {_ALIGNMENT} in {_ALIGNMENT}..{1 << 30}"
+        block_size = _args.integer(block_size, "block_size", _ALIGNMENT, 1 << 30, allowed)
+        if block_size % _ALIGNMENT:
+            raise ValueError(f"block_size: got {block_size}; allowed: {allowed}")
+        queue_depth = _args.integer(queue_depth, "queue_depth", 1, 4096)
+        threads = _args.integer(intra_op_parallelism, "intra_op_parallelism", 1, 256)
+        self._core = _outcore.AioHandle(block_size, queue_depth, threads, bool(single_submit),
                                         bool(overlap_events), str(o_direct), list(_faults))
         self._pinned = {}  # data_ptr -> PinnedMemory of tensors this handle handed out
 
@@ -180,8 +198,6 @@ class Handle:
 
     # -- I/O --
     def _submit(self, write, buffer, filename, offset, validate, async_op):
-        filename = os.fspath(filename)
-        offset = int(offset)
         address, nbytes = _check_tensor(buffer, filename, offset)
         # `memory`: the bytes the I/O moves; the engine holds it, and so its storage, until the
         # request is waited.
@@ -194,22 +210,25 @@ class Handle:
                 memory.copy_(target)
             else:
                 on_complete = lambda: _store(memory, target, filename, offset)  # noqa: E731
+        # A synchronous read is in place: the core refuses one past the end of the file before
+        # it stores any byte.
         request_id = self._core.submit(write, memory, memory.data_ptr(), nbytes, filename, offset,
-                                       on_complete)
+                                       on_complete, not async_op)
         check = None
         if validate:
             check = lambda: _validate(memory, filename, offset)  # noqa: E731
         return Request(self, request_id, filename, offset, check)
 
     def _run(self, write, buffer, filename, validate, async_op, file_offset, offset):
+        filename = _args.path(filename, "filename")
         # DeepNVMe's order puts validate and async before the offset: an offset given as the
         # third positional argument would silently be taken as validate.
         for name, value in (("validate", validate), ("async_op", async_op)):
             if not isinstance(value, bool):
-                raise TypeError(f"{os.fspath(filename)}: {name} must be a bool, got "
+                raise TypeError(f"{filename}: {name} must be a bool, got "
                                 f"{value!r}; pass the file offset as offset= or file_offset=")
-        if offset is not None:
-            file_offset = offset
+        name, value = ("file_offset", file_offset) if offset is None else ("offset", offset)
+        file_offset = _args.integer(value, f"{filename}: {name}")
         req = self._submit(write, buffer, filename, file_offset, validate, async_op)
         if async_op:
             return req
@@ -268,16 +287,17 @@ class Handle:
     def new_pinned_tensor(self, numel, dtype=torch.float32):
         """A 1-D tensor of numel elements of dtype in page-locked, 4096-aligned memory (zero
         filled is not guaranteed). Its memory is freed when the tensor and all views of it
-        are gone. Raises outcore.OutOfMemoryError if it cannot be allocated."""
-        numel = int(numel)
-        if numel < 0:
-            raise ValueError(f"numel must be >= 0, got {numel}")
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        memory = _outcore.PinnedMemory(max(nbytes, 1))
-        tensor = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes)
-        tensor = tensor.view(dtype) if nbytes else torch.empty(0, dtype=dtype)
-        if nbytes:
-            self._pinned[tensor.data_ptr()] = memory
+        are gone; numel 0 gives an empty tensor that holds none. Raises ValueError for a numel
+        below 0 or beyond what a tensor can view, outcore.OutOfMemoryError if it cannot be
+        allocated."""
+        element_size = torch.empty((), dtype=dtype).element_size()
+        most = _MAX_PINNED_BYTES // element_size
+        numel = _args.integer(numel, "numel", 0, most, f"0..{most} elements of {dtype}")
+        if numel == 0:
+            return torch.empty(0, dtype=dtype)  # no memory to pin (nor to free)
+        memory = _outcore.PinnedMemory(numel * element_size)
+        tensor = torch.frombuffer(memory, dtype=torch.uint8, count=memory.nbytes).view(dtype)
+        self._pinned[tensor.data_ptr()] = memory
         return tensor
 
     def free_pinned_tensor(self, tensor):

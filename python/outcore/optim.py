@@ -9,8 +9,11 @@ tensors, updated in place. The
 kernel (AVX-512 or AVX2, chosen at run time by cpuid; outcore._outcore.active_isa() tells which)
 runs on a team of oneTBB threads with the GIL released.
 """
+import numbers
+
 import torch
 
+from . import _args
 from . import _outcore
 
 __all__ = ["CPUAdam"]
@@ -20,6 +23,10 @@ _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 _FP32 = (torch.float32,)
 _MOMENT_DTYPES = (torch.float32, torch.bfloat16)  # the other one is converted at the update
 _MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
+# The largest step count: the kernel takes it as a uint64 and a torch 'step' tensor is filled
+# with it as an int64, so a state's count must stay below it to be incremented.
+_MAX_STEP = 2**63 - 1
+_MAX_THREADS = 256  # cpu_adam::Executor::kMaxThreads
 
 
 def _dense_cpu(t, dtypes):
@@ -38,6 +45,22 @@ def _refusal(t, what, dtypes):
                           f"(strided) {kinds} CPU tensors")
     return ValueError(f"CPUAdam: {what} must be a contiguous {kinds} CPU tensor, got {t.dtype} "
                       f"on {t.device}{'' if t.is_contiguous() else ' (not contiguous)'}")
+
+
+def _step_count(step):
+    """The whole number a state's 'step' holds (an int, an integral float, or a one-element
+    tensor of either), or None for anything else (bool, str, inf, nan, 2.5, ...)."""
+    if isinstance(step, torch.Tensor):
+        if step.numel() != 1 or step.is_complex() or step.dtype == torch.bool:
+            return None
+        step = step.item()
+    if isinstance(step, bool):
+        return None
+    if isinstance(step, numbers.Integral):
+        return int(step)
+    if isinstance(step, numbers.Real) and float(step).is_integer():
+        return int(step)
+    return None
 
 
 def _where(p, gi, pi):
@@ -72,7 +95,8 @@ class CPUAdam(torch.optim.Optimizer):
     weight_decay, adamw_mode, bias_correction); pass them by name and scripts work with either.
     amsgrad=True is refused. formula="deepspeed" (default)
     rounds as DeepSpeed's CPU Adam does, "pytorch" as torch.optim.Adam does; both agree with
-    torch to about 1e-6 relative. threads: kernel threads (default torch.get_num_threads()).
+    torch to about 1e-6 relative. threads: kernel threads, 1..256 (default, and 0:
+    torch.get_num_threads(), at most 256).
 
     step(closure=None, fp16_param_groups=None): fp16_param_groups, as in DeepSpeedCPUAdam, is
     one list per param group of bf16 or fp16 tensors (one per parameter, same numel) that
@@ -84,7 +108,8 @@ class CPUAdam(torch.optim.Optimizer):
     a step that raises leaves every parameter and every state (exp_avg, exp_avg_sq, step) as it
     was. Bad input raises ValueError (outcore.InvalidArgument for a hyper-parameter) naming the
     parameter as param_groups[g]['params'][i] with its shape; sparse parameters, gradients and
-    states are refused that way too.
+    states are refused that way too, and so is a state 'step' that is not a whole number in
+    0..2**63 - 2 (the kernel's step counts end at 2**63 - 1).
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
@@ -107,7 +132,9 @@ class CPUAdam(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.formula = formula
         self._moments = torch.float32 if fp32_optimizer_states else torch.bfloat16
-        self._executor = _outcore.Executor(int(threads or torch.get_num_threads()))
+        threads = _args.integer(0 if threads is None else threads, "threads", 0,
+                                _MAX_THREADS, f"0..{_MAX_THREADS} (0: torch.get_num_threads())")
+        self._executor = _outcore.Executor(threads or min(torch.get_num_threads(), _MAX_THREADS))
 
     def __setstate__(self, state):
         # load_state_dict() of torch's Adam/AdamW state: their groups lack our keys.
@@ -140,13 +167,13 @@ class CPUAdam(torch.optim.Optimizer):
             if m.numel() != p.numel():
                 raise ValueError(f"CPUAdam: state['{key}'] of {_where(p, gi, pi)} has "
                                  f"{m.numel()} elements, the parameter {p.numel()}")
-        try:
-            count = int(state["step"])
-        except (TypeError, ValueError, RuntimeError) as e:
+        count = _step_count(state["step"])
+        if count is None:
             raise ValueError(f"CPUAdam: state['step'] of {_where(p, gi, pi)} is not a step "
-                             f"count: {e}") from None
-        if count < 0:
-            raise ValueError(f"CPUAdam: state['step'] of {_where(p, gi, pi)} is {count}")
+                             f"count: {_args.shown(state['step'])}")
+        if not 0 <= count < _MAX_STEP:
+            raise ValueError(f"CPUAdam: state['step'] of {_where(p, gi, pi)} is {count}; "
+                             f"allowed: 0..{_MAX_STEP - 1}")
         return count
 
     @staticmethod

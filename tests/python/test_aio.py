@@ -84,6 +84,12 @@ class RoundTrip(AioTest):
         self.assertTrue(h.free_pinned_tensor(src))
         self.assertTrue(h.free_pinned_tensor(dst))
 
+    def test_a_write_creates_the_target_of_a_dangling_symlink(self):
+        link, target = self.path("link.bin"), self.path("target.bin")
+        os.symlink(target, link)
+        self.assertEqual(aio.Handle().pwrite(torch.ones(4, dtype=torch.uint8), link), 1)
+        self.assertEqual(file_bytes(target, 0, 10), b"\x01" * 4)
+
     def test_validate_compares_the_file(self):
         h = aio.Handle()
         path = self.path("v.bin")
@@ -362,6 +368,159 @@ class Errors(AioTest):
                 h.pwrite(torch.zeros(4), read_only, offset=4)
             self.assert_io_error(cm, errno.EACCES, read_only, 4)
 
+
+
+class PathsWithNullBytes(AioTest):
+    def test_an_embedded_null_byte_is_refused_not_cut_short(self):
+        # The C library stops a path at its first null byte: "a\0.bak" would open "a".
+        h = aio.Handle()
+        target = self.path("a")
+        h.pwrite(torch.full((3,), 65, dtype=torch.uint8), target)
+        calls = [("sync_pwrite", True), ("pwrite", True), ("write", True),
+                 ("async_pwrite", True), ("sync_pread", False), ("pread", False),
+                 ("read", False), ("async_pread", False)]
+        for name, writes in calls:
+            for bad in (target + "\0.bak", os.fsencode(target) + b"\0.bak"):
+                buffer = torch.full((3,), 88 if writes else 7, dtype=torch.uint8)
+                with self.assertRaisesRegex(ValueError, "embedded null byte", msg=name) as cm:
+                    getattr(h, name)(buffer, bad)
+                self.assertIn("filename", str(cm.exception))
+                self.assertNotIn("\0", str(cm.exception))
+                self.assertEqual(as_bytes(buffer), bytes([88 if writes else 7]) * 3, name)
+        for function in (aio.aio_read, aio.aio_write):
+            with self.assertRaisesRegex(ValueError, "embedded null byte"):
+                function(torch.zeros(3, dtype=torch.uint8), target + "\0")
+        # The compiled layer refuses it too, whoever calls it.
+        t = torch.zeros(3, dtype=torch.uint8)
+        with self.assertRaisesRegex(ValueError, "embedded null byte"):
+            h._core.submit(True, t, t.data_ptr(), 3, target + "\0.bak", 0)
+        self.assertEqual(h.pending(), 0)
+        self.assertEqual(file_bytes(target, 0, 10), b"AAA")
+        self.assertEqual(os.listdir(self.dir), ["a"])
+
+
+class Arguments(AioTest):
+    def test_non_integer_offsets_are_refused(self):
+        h = aio.Handle()
+        path = self.path("off.bin")
+        calls = [lambda bad: h.pwrite(torch.zeros(4), path, offset=bad),
+                 lambda bad: h.sync_pread(torch.zeros(4), path, bad),
+                 lambda bad: h.async_pwrite(torch.zeros(4), path, file_offset=bad)]
+        for bad in (1.7, 2.0, "3", b"4", None):
+            for call in calls[1:] if bad is None else calls:  # offset=None: not given
+                with self.assertRaises(TypeError) as cm:
+                    call(bad)
+                self.assertIn("offset", str(cm.exception))
+                self.assertIn(repr(bad), str(cm.exception))
+                self.assertIn(path, str(cm.exception))
+        self.assertFalse(os.path.exists(path))
+        self.assertEqual(h.pwrite(torch.zeros(4), path, offset=torch.tensor(4)), 1)
+        self.assertEqual(os.path.getsize(path), 20)
+
+    def test_sizes_out_of_range_raise_value_error_naming_the_argument(self):
+        for kwargs in ({"block_size": -1}, {"block_size": 2**64}, {"block_size": 0},
+                       {"queue_depth": -1}, {"queue_depth": 2**32}, {"queue_depth": 5000},
+                       {"intra_op_parallelism": -1}, {"intra_op_parallelism": 2**32},
+                       {"intra_op_parallelism": 0}):
+            (name, value), = kwargs.items()
+            with self.assertRaises(ValueError, msg=str(kwargs)) as cm:
+                aio.Handle(**kwargs)
+            self.assertIn(name, str(cm.exception))
+            self.assertIn(str(value), str(cm.exception))
+            with self.assertRaises(ValueError, msg=str(kwargs)) as cm:
+                aio.aio_handle(**kwargs)
+            self.assertIn(f"{name}: got {value}", str(cm.exception))
+        for kwargs in ({"block_size": 4096.0}, {"queue_depth": "8"},
+                       {"intra_op_parallelism": 1.5}):
+            (name, value), = kwargs.items()
+            with self.assertRaisesRegex(TypeError, f"{name}: .*{value!r}", msg=str(kwargs)):
+                aio.Handle(**kwargs)
+        h = aio.Handle()
+        path = self.path("range.bin")
+        for numel, dtype in ((2**62, torch.float32), (2**64, torch.uint8), (-1, torch.uint8),
+                             (2**61, torch.float64)):
+            with self.assertRaises(ValueError, msg=f"{numel} x {dtype}") as cm:
+                h.new_pinned_tensor(numel, dtype)
+            self.assertIn(f"numel: got {numel}", str(cm.exception))
+        with self.assertRaisesRegex(TypeError, "numel: .*2.5"):
+            h.new_pinned_tensor(2.5)
+        for offset in (2**64, 2**63):
+            with self.assertRaisesRegex(ValueError, f"{path}: offset {offset}: "):
+                h.pwrite(torch.zeros(4), path, offset=offset)
+        self.assertFalse(os.path.exists(path))
+
+    def test_new_pinned_tensor_of_zero_elements(self):
+        h = aio.Handle()
+        buffers = aio.pinned_buffers()
+        for t in (h.new_pinned_tensor(0), h.new_pinned_tensor(0, torch.float16),
+                  h.new_cpu_locked_tensor(0, torch.zeros(1, dtype=torch.int64))):
+            self.assertEqual(t.numel(), 0)
+            self.assertEqual(t.shape, (0,))
+            self.assertTrue(h.free_pinned_tensor(t))
+        self.assertEqual(h.new_pinned_tensor(0, torch.float16).dtype, torch.float16)
+        self.assertEqual(h.new_pinned_tensor(0).dtype, torch.float32)
+        self.assertEqual(aio.pinned_buffers(), buffers)
+        self.assertEqual(h.pwrite(h.new_pinned_tensor(0), self.path("empty.bin")), 1)
+
+
+class FailuresLeaveNoTrace(AioTest):
+    def test_failed_sync_read_past_end_leaves_the_tensor_untouched(self):
+        path = self.path("short.bin")
+        data = random_tensor(3 * 4096 + 100, torch.uint8, 4)
+        aio.Handle().pwrite(data, path)
+        for h in (aio.Handle(block_size=4096), aio.Handle(block_size=4096, queue_depth=1),
+                  aio.Handle(block_size=4096, intra_op_parallelism=3, o_direct="never")):
+            pinned = h.new_pinned_tensor(8 * 4096, torch.uint8)
+            for dst in (torch.full((8 * 4096,), 7, dtype=torch.uint8), pinned):
+                dst.fill_(7)
+                for read in (lambda: h.sync_pread(dst, path), lambda: h.pread(dst, path),
+                             lambda: h.read(dst, path, True),
+                             lambda: h.pread(dst[:4096], path, offset=3 * 4096)):
+                    with self.assertRaises(outcore.IoError) as cm:
+                        read()
+                    self.assertEqual(int((dst != 7).sum()), 0, "bytes stored by a failed read")
+                    self.assertEqual(cm.exception.errno, errno.EIO)
+                    self.assertEqual(cm.exception.offset, data.numel())
+                    self.assertIn("end of file", str(cm.exception))
+            self.assertEqual(h.pending(), 0)
+
+    def test_a_failed_write_removes_the_file_it_created_only(self):
+        h = aio.Handle()
+        new = self.path("new.bin")
+        old = self.path("old.bin")
+        h.pwrite(torch.full((5,), 66, dtype=torch.uint8), old)
+        for offset in (2**62, 2**63 - 1):
+            for write in (lambda p: h.sync_pwrite(torch.full((3,), 88, dtype=torch.uint8), p,
+                                                  offset),
+                          lambda p: h.async_pwrite(torch.zeros(3, dtype=torch.uint8), p,
+                                                   offset).wait()):
+                try:
+                    write(new)
+                except outcore.IoError:
+                    self.assertFalse(os.path.exists(new), f"created by a failed write at {offset}")
+                else:  # this filesystem holds a file that large (sparse)
+                    os.unlink(new)
+                    continue
+                with self.assertRaises(outcore.IoError):
+                    write(old)
+                self.assertEqual(file_bytes(old, 0, 100), b"BBBBB")
+        # Injected failures: of the first piece, and of a later one after the first was written.
+        src = random_tensor(3 * 4096, torch.uint8, 6)
+        for fault in (("eio", 1, 0, 1), ("enospc", 2, 0, 1)):
+            with self.assertRaises(outcore.IoError):
+                aio.Handle(block_size=4096, _faults=[fault]).pwrite(src, new)
+            self.assertFalse(os.path.exists(new), f"created by a write failing with {fault}")
+            with self.assertRaises(outcore.IoError):
+                aio.Handle(block_size=4096, _faults=[fault]).pwrite(src, old)
+            self.assertTrue(os.path.exists(old))
+        # A file another request of the handle also wrote is kept.
+        h = aio.Handle(block_size=4096, _faults=[("eio", 1, 0, 1)])
+        first = h.async_pwrite(src[:4096], new)
+        second = h.async_pwrite(src[4096:], new, offset=4096)
+        second.wait()
+        with self.assertRaises(outcore.IoError):
+            first.wait()
+        self.assertEqual(file_bytes(new, 4096, 2 * 4096), as_bytes(src[4096:]))
 
 class Leaks(AioTest):
     def test_no_fd_or_pinned_memory_leaks_over_1000_calls(self):

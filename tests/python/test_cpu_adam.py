@@ -214,6 +214,16 @@ class CopyOutAndErrors(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "lr"):
             opt.step()
 
+    def test_bad_thread_counts_name_the_argument(self):
+        q = torch.nn.Parameter(torch.zeros(8))
+        for threads in (-1, 2**32, 257):
+            with self.assertRaisesRegex(ValueError, f"threads: got {threads}"):
+                CPUAdam([q], threads=threads)
+        for threads in (1.5, "2"):
+            with self.assertRaisesRegex(TypeError, f"threads: .*{threads!r}"):
+                CPUAdam([q], threads=threads)
+        self.assertEqual(CPUAdam([q], threads=3)._executor.threads, 3)
+
 
 def same(a, b):
     """Equal layout, dtype and values (sparse tensors compared densely)."""
@@ -221,6 +231,8 @@ def same(a, b):
         return False
     if a.layout != torch.strided:
         a, b = a.to_dense(), b.to_dense()
+    if a.shape == b.shape and a.is_floating_point():  # NaN where NaN was is unchanged
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
     return torch.equal(a, b)
 
 
@@ -313,6 +325,24 @@ class AtomicStep(unittest.TestCase):
             self.assert_raises_and_changes_nothing(
                 opt, rf"state\['{key}'\] of param_groups\[2\]\['params'\]\[0\] "
                 r"\(shape \(7, 3, 5\)\)")
+
+    def test_step_counts_beyond_the_kernel_range_change_nothing(self):
+        # A count the kernel's integer (and torch's int64 'step') cannot hold once incremented,
+        # or that is not a whole number, is refused before the first parameter is updated.
+        for bad in (torch.tensor(2.0**70), torch.tensor(2.0**63), 2**64, 2**63 - 1,
+                    torch.tensor(float("inf")), torch.tensor(float("nan")), torch.tensor(2.5),
+                    2.5, "3", True, torch.tensor(-1.0)):
+            params, opt = self.make()
+            opt.state[params[-1]]["step"] = bad
+            self.assert_raises_and_changes_nothing(
+                opt, r"state\['step'\] of param_groups\[2\]\['params'\]\[0\] "
+                r"\(shape \(7, 3, 5\)\)")
+        params, opt = self.make()  # the largest counts in range still step
+        opt.state[params[-1]]["step"] = torch.tensor(2.0**62)
+        opt.state[params[0]]["step"] = 2**63 - 2
+        opt.step()
+        self.assertEqual(float(opt.state[params[-1]]["step"]), 2.0**62)
+        self.assertEqual(int(opt.state[params[0]]["step"]), 2**63 - 1)
 
     def test_moments_sharing_memory(self):
         params, opt = self.make()

@@ -147,6 +147,27 @@ class Estimate(unittest.TestCase):
         self.assertEqual(outcore.estimate(CONFIG, MODEL, world_size=1 << 20,
                                           micro_batch=2)["world_size"], 1 << 20)
 
+    def test_non_integer_sizes_are_refused_not_truncated(self):
+        for name, value in (("world_size", 1.7), ("micro_batch", "2"), ("seq_len", 64.0),
+                            ("world_size", None)):
+            with self.assertRaises(TypeError, msg=f"{name}={value!r}") as cm:
+                outcore.estimate(CONFIG, MODEL, **{name: value})
+            self.assertIn(name, str(cm.exception))
+            self.assertIn(repr(value), str(cm.exception))
+        self.assertEqual(outcore.estimate(CONFIG, MODEL, micro_batch=None)["world_size"], 1)
+
+    def test_a_path_with_an_embedded_null_byte_is_refused_not_cut_short(self):
+        # The C library stops a path at its first null byte: "ds.json\0junk" would read ds.json.
+        config = self.write("ds.json", CONFIG)
+        model = self.write("config.json", MODEL)
+        for args in ((config + "\0junk", model), (config, model + "\0")):
+            with self.assertRaisesRegex(ValueError, "embedded null byte") as cm:
+                outcore.estimate(*args)
+            self.assertNotIn("\0", str(cm.exception))
+        with self.assertRaisesRegex(ValueError, "embedded null byte"):
+            outcore._outcore.estimate(config + "\0junk", True, model, True, 1, 0, 0, False)
+        self.assertEqual(outcore.estimate(config, model)["placement"]["stage"], 3)
+
 
 if __name__ == "__main__":
     unittest.main()
