@@ -389,6 +389,10 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
                                                           write));
   });
   if (stopped()) throw Interrupted("tokenize interrupted by a signal");
+  if (writer.count() == 0)
+    throw InvalidArgument(fmt::format("no tokens to write: {}",
+                                      progress.skipped > 0 ? "every document was skipped as bad"
+                                                           : "the input holds no document"));
   writer.commit();
 
   progress.seconds = seconds();

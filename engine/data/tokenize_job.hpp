@@ -87,7 +87,8 @@ std::vector<std::string> tokenize_outputs(const TokenizeOptions& options, uint64
 
 // Runs the job. Throws InvalidArgument for bad options (no inputs, one key of a pair, pairs or
 // doc_per_file with the wrong input format, an output that is an input or not a regular file,
-// more tokens than an llm.c file can count), BadDocument for bad input (without skip_bad) or an
+// more tokens than an llm.c file can count, no token at all: an input with no document, or
+// every document skipped), BadDocument for bad input (without skip_bad) or an
 // oversized document, IoError for I/O failures (naming the file), Interrupted when `stop` was
 // set. Nothing is left behind by a failure.
 TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOptions& options);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -128,6 +129,21 @@ TEST_F(TokenizeCliTest, BadInputIsOneLineWithFileAndLineAndExit2) {
   EXPECT_NE(skipped.err.find("skipped: " + in + ":3: not valid JSON"), std::string::npos)
       << skipped.err;
   EXPECT_NE(test::slurp(dir_ / "out.bin"), "previous");
+  // --log-json says how a failed job ended; every document bad is no output at all.
+  test::write_file(dir_ / "out.bin", "previous");
+  const std::string all_bad = input("all_bad.jsonl", "{oops}\n[1]\n");
+  const CliResult none = run("--skip-bad --input " + shell_quote(all_bad) + " --out " +
+                             shell_quote(path("out")) + " --log-json " + shell_quote(path("log")));
+  EXPECT_EQ(none.rc, 2) << none.err;
+  EXPECT_NE(none.err.find("error: no tokens to write: every document was skipped as bad"),
+            std::string::npos)
+      << none.err;
+  EXPECT_EQ(test::slurp(dir_ / "out.bin"), "previous");
+  std::ifstream log(path("log"));
+  json last;
+  for (std::string line; std::getline(log, line);) last = json::parse(line);
+  EXPECT_EQ(last["event"], "error") << last.dump();
+  EXPECT_NE(last.value("message", "").find("every document was skipped"), std::string::npos);
 }
 
 TEST_F(TokenizeCliTest, RefusedInvocationsExit2) {
@@ -146,6 +162,17 @@ TEST_F(TokenizeCliTest, RefusedInvocationsExit2) {
   r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) + " --prompt-key p");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("--prompt-key needs --completion-key"), std::string::npos) << r.err;
+  // A prefix that names a directory would write the hidden files DIR/.bin.
+  r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o") + "/"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("not a directory: add a name"), std::string::npos) << r.err;
+  // An input with no document writes nothing.
+  r = run("--input " + shell_quote(input("blank.txt", "\n  \n")) + " --out " +
+          shell_quote(path("blank")));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("no tokens to write: the input holds no document"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("blank") + ".bin"));
 }
 
 TEST_F(TokenizeCliTest, OutputDoesNotDependOnThreads) {

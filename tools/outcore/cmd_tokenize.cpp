@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -62,6 +63,11 @@ int run_tokenize(const TokenizeArgs& a) {
   if (a.prompt_key.empty() && !a.completion_key.empty())
     throw InvalidArgument("--completion-key needs --prompt-key");
   if (a.threads < 0) throw InvalidArgument("--threads must be 0 (all) or positive");
+  if (std::filesystem::path(a.out).filename().empty())
+    throw InvalidArgument("--out " + a.out +
+                          ": a prefix of file names (PREFIX.bin), not a directory: add a name, "
+                          "e.g. " +
+                          a.out + "data");
 
   const data::Tokenizer tokenizer = data::Tokenizer::load(a.tokenizer);
   std::fprintf(stderr, "tokenizer: %s; vocab_size %llu, BOS %s, EOS %s\n",
@@ -111,7 +117,14 @@ int run_tokenize(const TokenizeArgs& a) {
   };
 
   const StopSignals signals({});
-  const data::TokenizeResult r = data::run_tokenize_job(tokenizer, o);
+  data::TokenizeResult r;
+  try {
+    r = data::run_tokenize_job(tokenizer, o);
+  } catch (const std::exception& e) {  // the log says how the job ended, too
+    if (log.is_open())
+      log << nlohmann::json{{"event", "error"}, {"message", e.what()}}.dump() << '\n' << std::flush;
+    throw;
+  }
   if (skipped > kSkippedShown)
     std::fprintf(stderr, "skipped: %llu more bad documents not shown\n",
                  static_cast<unsigned long long>(skipped - kSkippedShown));
@@ -170,6 +183,8 @@ void add_tokenize_command(CLI::App& app, int& rc) {
       "Each document is encoded with the tokenizer's special tokens (e.g. a BOS) and followed by "
       "EOS. Pairs: the prompt (with special tokens, mask 0), the completion (mask 1), EOS (mask "
       "1); PREFIX.mask holds one byte per token, 1 where the token is a training target.\n"
+      "Without pairs, a PREFIX.mask an earlier job left is removed with the token file it "
+      "belonged to.\n"
       "Outputs are written as temporaries and renamed into place only when all input was read; "
       "bad input (ill-formed UTF-8, a bad JSON line, a missing key) stops the job naming the "
       "file and line, unless --skip-bad.");
