@@ -862,6 +862,23 @@ TEST_F(TrainCliTest, BadNumbersAreRefused) {
   }
 }
 
+// A flag that would have no effect is refused, not dropped.
+TEST_F(TrainCliTest, FlagsWithoutEffectAreRefused) {
+  const std::string base = "train --config " + shell_quote(config_) + " --model " +
+                           shell_quote(model_) + " --data " + shell_quote(data_.train()) +
+                           " --steps 1";
+  CliResult r = run(base + " --val-loss-mask " + shell_quote(data_.file("absent.mask")));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("error: --val-loss-mask " + data_.file("absent.mask") +
+                       ": there is no --val-data"),
+            std::string::npos)
+      << r.err;
+  r = run(base + " --val-fraction 0.1 --val-data " + shell_quote(data_.train()));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("error: --val-fraction 0.1 holds out --data's tail"), std::string::npos)
+      << r.err;
+}
+
 std::vector<nlohmann::json> step_records(const std::string& metrics) {
   std::vector<nlohmann::json> out;
   for (const std::string& l : lines_of(slurp(metrics))) {

@@ -343,6 +343,21 @@ int run_train(const TrainCliOptions& o) {
     std::fprintf(stderr, "error: --data is required\n");
     return 2;
   }
+  // Flags that would have no effect are refused rather than dropped.
+  if (!o.val_loss_mask.empty() && o.val_loss_mask != "none" && val_data.empty()) {
+    std::fprintf(stderr,
+                 "error: --val-loss-mask %s: there is no --val-data for it to go with (the "
+                 "validation tokens --val-fraction holds out take --data's mask)\n",
+                 o.val_loss_mask.c_str());
+    return 2;
+  }
+  if (!o.val_fraction.empty() && !o.val_data.empty()) {
+    std::fprintf(stderr,
+                 "error: --val-fraction %s holds out --data's tail for validation; with "
+                 "--val-data %s there is nothing to hold out: give one of them\n",
+                 o.val_fraction.c_str(), o.val_data.c_str());
+    return 2;
+  }
   Numbers n;
   if (!parse_numbers(o, n)) return 2;
   if (n.seq_len && *n.seq_len < 1) {
