@@ -52,9 +52,23 @@ std::string show(const Json& v) {
   return s;
 }
 
+// A key as messages show it: as it is when short and printable; else JSON-escaped (no control
+// byte reaches the terminal) and cut to its first 60 bytes, with its length.
+std::string display_key(std::string_view key) {
+  constexpr size_t kShown = 60, kPlainMax = 80;
+  const bool plain = key.size() <= kPlainMax && std::none_of(key.begin(), key.end(), [](char c) {
+                       return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+                     });
+  if (plain) return std::string(key);
+  std::string shown = nlohmann::json(std::string(key.substr(0, kShown)))
+                          .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (key.size() > kShown) shown += fmt::format("... ({} bytes)", key.size());
+  return shown;
+}
+
 std::string join_path(std::string_view parent, std::string_view key) {
-  if (parent.empty()) return std::string(key);
-  return std::string(parent) + "." + std::string(key);
+  if (parent.empty()) return display_key(key);
+  return std::string(parent) + "." + display_key(key);
 }
 
 std::string IntRange::describe() const {
