@@ -130,6 +130,10 @@ TEST_F(Doctor, AMissingOrUnwritableSwapPathFailsWithExitOne) {
   std::ofstream(dir_ / "file") << "x";
   const DoctorRun file = doctor("--nvme-path " + (dir_ / "file").string());
   EXPECT_EQ(file.rc, 1) << file.out;
+  // An empty path is a usage error, not "no swap path to check".
+  const DoctorRun empty = doctor("--nvme-path ''");
+  EXPECT_EQ(empty.rc, 2) << empty.out;
+  EXPECT_NE(empty.out.find("--nvme-path: an empty value"), std::string::npos) << empty.out;
 }
 
 // The O_DIRECT probe writes a file of its own: a link (or file) already at its name, here the

@@ -877,6 +877,12 @@ TEST_F(TrainCliTest, FlagsWithoutEffectAreRefused) {
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("error: --val-fraction 0.1 holds out --data's tail"), std::string::npos)
       << r.err;
+  // An empty value is a mistake, not "not given" (--save-dir '' saved nothing).
+  for (const char* flag : {"--save-dir", "--seq-len", "--metrics"}) {
+    r = run(base + " " + flag + " ''");
+    EXPECT_EQ(r.rc, 2) << flag << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string(flag) + ": an empty value"), std::string::npos) << r.err;
+  }
 }
 
 std::vector<nlohmann::json> step_records(const std::string& metrics) {

@@ -1,6 +1,7 @@
 // outcore: train transformer models larger than device memory and host RAM.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <string>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -23,6 +24,12 @@ int main(int argc, char** argv) {
   outcore::cli::add_export_command(app, rc);
   outcore::cli::add_doctor_command(app, rc);
   outcore::cli::add_tokenize_command(app, rc);
+  // An option given an empty value ("--save-dir ''") is a mistake, never "not given".
+  const CLI::Validator not_empty(
+      [](std::string& value) { return value.empty() ? std::string("an empty value") : ""; }, "");
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    for (CLI::Option* opt : sub->get_options())
+      if (opt->get_expected_min() > 0) opt->check(not_empty);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
