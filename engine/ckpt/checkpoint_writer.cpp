@@ -272,7 +272,14 @@ void SaveDir::open_entries() {
     std::string later;
     for (const auto& [step, name] : checkpoints)
       if (step > from) later += (later.empty() ? "" : ", ") + name;
-    if (!later.empty())
+    // Saved after the one `latest` names, when that is the one resumed from: a save of this
+    // same run killed before it was named latest. This run's saves replace them.
+    if (!later.empty() && latest() == options_.resumed_tag)
+      log::warn(
+          "checkpoint: {} in {} were saved after {}, which latest names (a save killed "
+          "before it was named latest): this run's saves replace them",
+          later, dir_.string(), options_.resumed_tag);
+    else if (!later.empty())
       throw InvalidArgument(fmt::format(
           "save directory {} holds checkpoints after {}, the one this run resumes from ({}): "
           "this run's saves would replace them. Continue from the newest with --resume {}, save "

@@ -167,8 +167,10 @@ struct SaveDirOptions {
   ExistingCheckpoints existing = ExistingCheckpoints::kRefuse;
   // The checkpoint of this directory the run resumes from ("global_step<N>"; empty: none). With
   // kContinue, checkpoints of later steps are another branch of the run, which this run's saves
-  // would replace: opening the directory is refused, naming them. With kReplace, it is not
-  // among the checkpoints replaced.
+  // would replace: opening the directory is refused, naming them, unless `latest` names the
+  // one resumed from (then they are this run's, saved by a process killed before it named
+  // them latest, and a warning says they will be replaced). With kReplace, it is not among
+  // the checkpoints replaced.
   std::string resumed_tag{};
 };
 

@@ -215,6 +215,32 @@ TEST(CkptCorruption, TruncatedFilesAreNamedWithBothSizes) {
   EXPECT_THROW(Checkpoint::open(ck_dir), CorruptData);
 }
 
+// A manifest edited by hand, its CRC recomputed: a segment in a data file's header (or off its
+// alignment) is refused naming the file, never read as weights.
+TEST(CkptCorruption, SegmentsInTheHeaderOrUnalignedAreRefused) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save");
+  write_synthetic(dir, "global_step7", 1);
+  const fs::path manifest = tmp / "save" / "global_step7" / "manifest.json";
+  std::stringstream text;
+  text << std::ifstream(manifest).rdbuf();
+  const Manifest good = parse_manifest(text.str(), manifest.string());
+  for (const uint64_t offset : {uint64_t{0}, uint64_t{4096 + 512}}) {
+    Manifest m = good;
+    FileInfo* data = nullptr;
+    for (FileInfo& f : m.files)
+      if (!f.segments.empty()) data = &f;
+    ASSERT_NE(data, nullptr);
+    data->segments.front().offset = offset;
+    std::ofstream(manifest, std::ios::trunc) << manifest_text(m);
+    const std::string msg = what_of([&] { Checkpoint::open(tmp / "save" / "global_step7"); });
+    EXPECT_NE(msg.find(data->path + ": segment at offset " + std::to_string(offset) + " is " +
+                       (offset == 0 ? "inside the file's 4096-byte header" : "not 4096-aligned")),
+              std::string::npos)
+        << msg;
+  }
+}
+
 TEST(CkptSaveDir, LockLeftoversLatestAndKeep) {
   TempDir tmp("ckpt");
   {
@@ -529,6 +555,14 @@ TEST(CkptSaveDir, ResumingFromAnEarlierCheckpointNeverReplacesLaterOnes) {
   {
     SaveDir dir(tmp / "save",
                 {.existing = ExistingCheckpoints::kContinue, .resumed_tag = "global_step6"});
+  }
+  {
+    // A save killed after its rename, before latest named it: the later checkpoint is this
+    // run's own, replaced by its next saves.
+    std::ofstream(tmp / "save" / "latest", std::ios::trunc) << "global_step4\n";
+    SaveDir dir(tmp / "save",
+                {.existing = ExistingCheckpoints::kContinue, .resumed_tag = "global_step4"});
+    std::ofstream(tmp / "save" / "latest", std::ios::trunc) << "global_step6\n";
   }
   {
     SaveDir dir(tmp / "save",
