@@ -183,7 +183,11 @@ void Manifest::check_coverage(const std::string& source) const {
                         "elements",
                         source, f.path, s.slab_begin, s.count, s.unit, padded));
       const uint64_t nbytes = s.bytes();
-      if (s.offset % 4096 != 0 || s.offset > f.bytes || nbytes > f.bytes - s.offset)
+      if (s.offset % 4096 != 0 || s.offset < 4096)
+        throw CorruptData(fmt::format(
+            "{}: {}: segment at offset {} is {}", source, f.path, s.offset,
+            s.offset % 4096 != 0 ? "not 4096-aligned" : "inside the file's 4096-byte header"));
+      if (s.offset > f.bytes || nbytes > f.bytes - s.offset)
         throw CorruptData(
             fmt::format("{}: {}: segment at offset {} ({} bytes) is outside the "
                         "file's {} bytes",
