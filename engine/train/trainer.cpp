@@ -322,6 +322,12 @@ void Trainer::restore(const ckpt::Checkpoint& ck) {
     schedule_->load_state_json(resume_state_.at("scheduler"));
     scaler_.load_state_json(resume_state_.at("loss_scaler"));
     train_loader_->seek(data_position_from_json(resume_state_.at("data")));
+    const uint64_t tokens_then = resume_state_.value("train_tokens", uint64_t{0});
+    if (tokens_then != 0 && tokens_then != train_loader_->file().size())
+      log::warn(
+          "the training data {} holds {} tokens; the checkpoint was saved over {}: the data "
+          "order continues from the saved position over other tokens",
+          opts_.train_data, train_loader_->file().size(), tokens_then);
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
   }
@@ -335,6 +341,8 @@ nlohmann::ordered_json Trainer::state_json() const {
   j["scheduler"] = schedule_->state_json();
   j["loss_scaler"] = scaler_.state_json();
   j["data"] = to_json(train_loader_->position());
+  // What the position indexes: a resume over other tokens is told so (restore).
+  j["train_tokens"] = train_loader_->file().size();
   j["seed"] = opts_.seed;
   j["micro_batch"] = model_->options().micro_batch;
   j["seq_len"] = model_->options().seq_len;

@@ -14,6 +14,8 @@
 #include "aio/aio.hpp"
 #include "common/error.hpp"
 #include "engine/ckpt/ckpt.hpp"
+#include "engine/train/token_file.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/trainer/trainer_test_util.hpp"
 
 namespace outcore::train {
@@ -315,6 +317,42 @@ TEST_F(ResumeTest, MismatchedModelOrBatchIsRefused) {
   TrainerOptions seq = o;
   seq.seq_len = 16;
   EXPECT_THROW(Trainer(cfg, tiny_model(), seq), InvalidArgument);
+}
+
+// The checkpoint's data position indexes the data it was saved over: resuming over a data file
+// of another length says so (the run continues, as it may be meant to).
+TEST_F(ResumeTest, ResumingOverOtherDataSaysSo) {
+  const config::Config cfg = make_config({}, tiny_model());
+  {
+    TrainerOptions o = quiet_options(data_, 1);
+    o.save_dir = dir("ckpt");
+    Trainer(cfg, tiny_model(), o).run();
+  }
+  TrainerOptions o = quiet_options(data_, 2);
+  o.resume_from = dir("ckpt");
+  {
+    test::LogCapture log;
+    Trainer(cfg, tiny_model(), o).run();
+    EXPECT_EQ(log.text().find("the checkpoint was saved over"), std::string::npos) << log.text();
+  }
+  const std::string shorter = dir("shorter.bin");
+  {
+    const train::TokenFile all = train::TokenFile::open(data_.train());
+    std::vector<uint16_t> tokens(all.size() * 3 / 4);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(all[i]);
+    int32_t header[train::kLlmcHeaderInts] = {train::kLlmcMagic, train::kLlmcVersion,
+                                              static_cast<int32_t>(tokens.size())};
+    std::ofstream f(shorter, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header), sizeof header);
+    f.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * 2));
+  }
+  o.train_data = shorter;
+  o.steps = 3;
+  test::LogCapture log;
+  Trainer(cfg, tiny_model(), o).run();
+  EXPECT_NE(log.text().find("the training data " + shorter + " holds"), std::string::npos)
+      << log.text();
 }
 
 TEST_F(ResumeTest, DiskFullDuringASaveKeepsThePreviousCheckpoint) {
