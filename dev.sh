@@ -19,19 +19,31 @@ cd "$(dirname "$0")"
 BUILD_DIR=${OUTCORE_BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 
-PACKAGES=(
+# What the outcore binary builds from (the demo installs only these). python3-dev and
+# pybind11-dev are here although only the Python module uses them: with them found, the
+# libraries are compiled position-independent, so a later full build reuses the demo's objects.
+BUILD_PACKAGES=(
   build-essential cmake pkg-config git
   liburing-dev libtbb-dev libisal-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libdnnl-dev
+  libopenblas-dev libdnnl-dev
   libcli11-dev libspdlog-dev libfmt-dev
   libopenmpi-dev openmpi-bin
-  fio python3 python3-torch python3-numpy python3-dev pybind11-dev
-  libpcre2-dev libutf8proc-dev libsentencepiece-dev python3-sentencepiece
+  python3 python3-dev pybind11-dev
+  libpcre2-dev libutf8proc-dev libsentencepiece-dev
+)
+# What the tests, the benchmarks and their references need besides (PyTorch is the largest:
+# about a third of the download).
+TEST_PACKAGES=(
+  libgtest-dev libgmock-dev libbenchmark-dev
+  fio python3-torch python3-numpy python3-sentencepiece
 )
 
+# install_deps [PACKAGE...]: installs those of the packages (default: all of the above) that are
+# missing.
 install_deps() {
-  local missing=()
-  for p in "${PACKAGES[@]}"; do
+  local wanted=("$@") missing=()
+  if ((${#wanted[@]} == 0)); then wanted=("${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"); fi
+  for p in "${wanted[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
       missing+=("$p")
     fi
@@ -66,13 +78,21 @@ install_node_oracle() {
   fi
 }
 
-# build [TARGET...]: configure, then build the targets named (default: everything).
+# build: configure with the tests, benchmarks and examples, and build everything.
 build() {
   echo "==> configuring and building (Release) in ${BUILD_DIR}/"
-  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
-  local targets=()
-  for t in "$@"; do targets+=(--target "$t"); done
-  cmake --build "$BUILD_DIR" -j "$JOBS" "${targets[@]}"
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DOUTCORE_BUILD_TESTS=ON \
+    -DOUTCORE_BUILD_BENCH=ON -DOUTCORE_BUILD_EXAMPLES=ON
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+}
+
+# build_demo: the outcore binary alone, configured without the tests, benchmarks and examples
+# (whose packages the demo does not install). The same objects serve a later `build`.
+build_demo() {
+  echo "==> configuring and building the outcore binary (Release) in ${BUILD_DIR}/"
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DOUTCORE_BUILD_TESTS=OFF \
+    -DOUTCORE_BUILD_BENCH=OFF -DOUTCORE_BUILD_EXAMPLES=OFF
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target outcore
 }
 
 # The oracles (PyTorch references run by /usr/bin/python3) are installed above, so a test
@@ -279,7 +299,7 @@ run_demo() {
 }
 
 case "${1:-}" in
-  demo) install_deps; build outcore; run_demo ;;  # only what the demo runs: no tests, no benchmarks
+  demo) install_deps "${BUILD_PACKAGES[@]}"; build_demo; run_demo ;;  # only what the demo runs
   test) install_deps; install_node_oracle; build; run_tests ;;
   build) install_deps; install_node_oracle; build ;;
   gpu) install_deps; install_node_oracle; build; run_gpu ;;
