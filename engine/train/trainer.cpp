@@ -318,7 +318,16 @@ void Trainer::restore(const ckpt::Checkpoint& ck) {
   const std::string state_path = (ck.dir() / "trainer_state.json").string();
   try {
     steps_done_ = resume_state_.at("steps_done").get<int64_t>();
-    adam_steps_ = resume_state_.at("adam_steps").get<uint64_t>();
+    const nlohmann::json& adam = resume_state_.at("adam_steps");
+    // Both counts agree with the manifest's step (the optimizer steps taken, skipped overflow
+    // steps aside), or the file was edited: refused naming it, before any step runs.
+    if (steps_done_ != ck.manifest().step || !adam.is_number_unsigned() ||
+        adam.get<uint64_t>() > static_cast<uint64_t>(steps_done_))
+      throw CorruptData(fmt::format(
+          "{}: steps_done {} and adam_steps {} disagree with the manifest's step {} (adam_steps "
+          "is at most steps_done)",
+          state_path, steps_done_, adam.dump(), ck.manifest().step));
+    adam_steps_ = adam.get<uint64_t>();
     schedule_->load_state_json(resume_state_.at("scheduler"));
     scaler_.load_state_json(resume_state_.at("loss_scaler"));
     train_loader_->seek(data_position_from_json(resume_state_.at("data")));

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <span>
+#include <sstream>
 #include <vector>
 
 #include "aio/aio.hpp"
@@ -265,6 +267,49 @@ TEST_F(ResumeTest, CheckpointHoldsTheRunDescriptionAndVerifies) {
     tr.engine().get_params(ul.index, want);
     ck.read_slab(ul.index, ckpt::ArrayKind::kParams, 0, ul.padded_numel, got);
     EXPECT_EQ(want, got) << "unit " << ul.index;
+  }
+}
+
+// trainer_state.json edited by hand (the manifest's CRC of it recomputed): step counts that
+// disagree with the manifest are refused naming the file, before a step runs.
+TEST_F(ResumeTest, EditedStepCountsAreRefused) {
+  const config::Config cfg = make_config({}, tiny_model());
+  {
+    TrainerOptions o = quiet_options(data_, 2);
+    o.save_dir = dir("ckpt");
+    Trainer(cfg, tiny_model(), o).run();
+  }
+  const std::string ck = dir("ckpt") + "/global_step2";
+  auto slurp = [](const std::string& p) {
+    std::stringstream ss;
+    ss << std::ifstream(p).rdbuf();
+    return ss.str();
+  };
+  const std::string state = slurp(ck + "/trainer_state.json"),
+                    manifest = slurp(ck + "/manifest.json");
+  for (const auto& [key, value] : {std::pair<const char*, nlohmann::json>{"steps_done", 1000},
+                                   {"adam_steps", -1},
+                                   {"adam_steps", 3}}) {
+    nlohmann::ordered_json st = nlohmann::ordered_json::parse(state);
+    st[key] = value;
+    const std::string text = st.dump(2) + "\n";
+    std::ofstream(ck + "/trainer_state.json", std::ios::trunc) << text;
+    ckpt::Manifest m = ckpt::parse_manifest(manifest, "manifest.json");
+    for (ckpt::FileInfo& f : m.files)
+      if (f.path == "trainer_state.json") {
+        f.bytes = text.size();
+        f.crc32c = ckpt::crc32c(std::as_bytes(std::span(text.data(), text.size())));
+      }
+    std::ofstream(ck + "/manifest.json", std::ios::trunc) << ckpt::manifest_text(m);
+    TrainerOptions o = quiet_options(data_, 4);
+    o.resume_from = dir("ckpt");
+    try {
+      Trainer(cfg, tiny_model(), o).run();
+      ADD_FAILURE() << key << " " << value << " was taken";
+    } catch (const CorruptData& e) {
+      EXPECT_NE(std::string(e.what()).find("trainer_state.json: steps_done"), std::string::npos)
+          << e.what();
+    }
   }
 }
 
