@@ -234,6 +234,14 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
     }
   }
   check_no_overlap(p, f.tensors_);
+  // As the safetensors library reads them: the tensors' data fill the data section exactly, so
+  // bytes past the last tensor (a file damaged, or not safetensors) are refused.
+  uint64_t end = f.data_start_;
+  for (const SafetensorsEntry& e : f.tensors_) end = std::max(end, e.offset + e.bytes);
+  if (end != size)
+    throw CorruptData(
+        fmt::format("{}: {} bytes after the last tensor's data (a safetensors file ends with it)",
+                    p, size - end));
   for (size_t i = 0; i < f.tensors_.size(); ++i) f.by_name_.emplace(f.tensors_[i].name, i);
   return f;
 }

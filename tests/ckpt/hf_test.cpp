@@ -320,6 +320,18 @@ TEST(Safetensors, TruncatedFileNamesTheTensorPastTheEnd) {
   EXPECT_MENTIONS(msg, "\"last\"");
 }
 
+// The safetensors library refuses bytes after the last tensor's data; so does outcore.
+TEST(Safetensors, BytesAfterTheLastTensorAreRefused) {
+  TempDir dir("hf");
+  const fs::path p = dir / "t.safetensors";
+  write_tensors(p, {{"first", DType::F32, {16}}, {"last", DType::BF16, {64}}});
+  SafetensorsFile::open(p);
+  std::ofstream(p, std::ios::app | std::ios::binary) << "tail";
+  const std::string msg = error_of<CorruptData>([&] { SafetensorsFile::open(p); });
+  EXPECT_MENTIONS(msg, p.string());
+  EXPECT_MENTIONS(msg, "4 bytes after the last tensor's data");
+}
+
 // A JSON object keeps one value per key, so a name listed twice would let one entry silently
 // win: the header parser refuses it, naming the key and the file.
 TEST(Safetensors, KeyTwiceInTheHeaderIsRefusedNamingKeyAndFile) {
