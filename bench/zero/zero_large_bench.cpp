@@ -36,6 +36,7 @@
 //                    [--device cpu|discrete|cuda] [--grads nvme|host] [--param-in-cpu 0]
 //                    [--compute bf16|fp32] [--peak-tflops T] [--bf16-moments] [--trace FILE]
 //                    [--clip 1.0] [--step-in-backward] [--keep-params] [--recommended-shape]
+//                    [--cpuadam-cores-perc 1.0]
 //
 // --recommended-shape trains at the micro-batch and accumulation `outcore estimate` recommends on
 // this machine (zero::choose_shape: the fewest tokens per step whose compute covers every
@@ -258,9 +259,16 @@ std::optional<std::pair<int64_t, int64_t>> recommend_shape(
   return std::make_pair(c->micro, c->gas);
 }
 
-config::Config make_config(int64_t micro, int64_t gas, int64_t sub_group, const std::string& nvme,
-                           int64_t device_mb, bool bf16_moments, double clip, bool step_in_backward,
-                           int64_t param_in_cpu, const std::string& compute, bool keep_params) {
+// The settings of the config the benchmark trains with.
+struct ConfigSettings {
+  int64_t micro = 1, gas = 1, sub_group = 10'000'000, device_mb = 2048, param_in_cpu = 0;
+  std::string nvme, compute = "bf16";
+  bool bf16_moments = false, step_in_backward = false, keep_params = false;
+  double clip = 1.0;
+  double cpuadam_cores_perc = 1.0;  // offload_optimizer.cpuadam_cores_perc
+};
+
+config::Config make_config(const ConfigSettings& s) {
   config::Config cfg =
       config::parse_config(
           fmt::format(
@@ -271,18 +279,19 @@ config::Config make_config(int64_t micro, int64_t gas, int64_t sub_group, const 
           "offload_param": {{"device": "nvme", "nvme_path": "{2}", "buffer_count": 3,
                              "max_in_cpu": {8}}},
           "offload_optimizer": {{"device": "nvme", "nvme_path": "{2}", "buffer_count": 3,
-                                 "pipeline_read": true, "pipeline_write": true}},
+                                 "pipeline_read": true, "pipeline_write": true,
+                                 "cpuadam_cores_perc": {11}}},
           "stage3_max_reuse_distance": {10}, "stage3_max_live_parameters": {10},
           "stage3_param_persistence_threshold": 0}},
         "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}},
         "outcore": {{"device_memory_mb": {3}, "step_in_backward": {6},
                     "compute_dtype": "{9}"}}}})",
-              micro, sub_group, nvme, device_mb,
-              bf16_moments
+              s.micro, s.sub_group, s.nvme, s.device_mb,
+              s.bf16_moments
                   ? R"( "optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": false}},)"
                   : "",
-              clip, step_in_backward, gas, param_in_cpu, compute,
-              keep_params ? "1000000000000" : "0"),
+              s.clip, s.step_in_backward, s.gas, s.param_in_cpu, s.compute,
+              s.keep_params ? "1000000000000" : "0", s.cpuadam_cores_perc),
           "zero_large_bench")
           .config;
   config::resolve_auto(cfg, {});
@@ -304,6 +313,7 @@ int main(int argc, char** argv) {
   bool skip_bounds = false;
   std::string device_kind = "cpu";
   double peak_tflops = 0;
+  double cpuadam_cores_perc = 1.0;
   bool bf16_moments = false;
   double clip = 1.0;
   bool step_in_backward = false;
@@ -358,7 +368,25 @@ int main(int argc, char** argv) {
   app.add_option("--peak-tflops", peak_tflops,
                  "the device's peak TFLOP/s for the GEMMs' dtype (the config's compute dtype, "
                  "bf16): prints MFU");
+  app.add_option("--cpuadam-cores-perc", cpuadam_cores_perc,
+                 "offload_optimizer.cpuadam_cores_perc: the share of the hardware threads CPU "
+                 "Adam, gradient norms and host accumulation use")
+      ->check(CLI::Range(0.01, 1.0));
   CLI11_PARSE(app, argc, argv);
+  auto settings = [&] {
+    return ConfigSettings{.micro = micro,
+                          .gas = gas,
+                          .sub_group = sub_group,
+                          .device_mb = device_mb,
+                          .param_in_cpu = param_in_cpu,
+                          .nvme = nvme,
+                          .compute = compute,
+                          .bf16_moments = bf16_moments,
+                          .step_in_backward = step_in_backward,
+                          .keep_params = keep_params,
+                          .clip = clip,
+                          .cpuadam_cores_perc = cpuadam_cores_perc};
+  };
 
   try {
     model::LlamaConfig mc;
@@ -388,9 +416,7 @@ int main(int argc, char** argv) {
       const auto shape = recommend_shape(
           mc, seq, *dev, *compute_dev, budget, nvme, ref_gib,
           grads == "host" ? zero::GradientPlacement::kHost : zero::GradientPlacement::kNvme,
-          make_config(micro, gas, sub_group, nvme, device_mb, bf16_moments, clip, step_in_backward,
-                      param_in_cpu, compute, keep_params),
-          rates);
+          make_config(settings()), rates);
       if (!shape) {
         std::fprintf(stderr, "error: no micro-batch up to 64 fits the device budget\n");
         return 2;
@@ -398,9 +424,7 @@ int main(int argc, char** argv) {
       micro = shape->first;
       gas = shape->second;
     }
-    const config::Config cfg =
-        make_config(micro, gas, sub_group, nvme, device_mb, bf16_moments, clip, step_in_backward,
-                    param_in_cpu, compute, keep_params);
+    const config::Config cfg = make_config(settings());
     model::ModelOptions mo{.micro_batch = micro,
                            .seq_len = seq,
                            .param_dtype = DType::BF16,
@@ -423,6 +447,9 @@ int main(int argc, char** argv) {
     const auto t0 = Clock::now();
     zero::ZeroEngine engine(cfg, model, *dev, comm, 2024, eo);
     std::fputs(zero::format_plan(engine.plan()).c_str(), stdout);
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    std::printf("engine CPU threads %u of %u (cpuadam_cores_perc %g)\n",
+                zero::cpu_threads_for(cpuadam_cores_perc, hw), hw, cpuadam_cores_perc);
     const double init_s = seconds_since(t0);
     const uint64_t init_written = engine.traffic().nvme_write_bytes;
     std::printf("initialised in %.1f s, %.2f GB written (peak RSS so far %.2f GiB)\n", init_s,

@@ -1,0 +1,28 @@
+#!/bin/bash
+# zero_large_bench on a tiny model on the simulated discrete device: two steps, each against the
+# bounds measured in the same run, with the engine's CPU threads set by --cpuadam-cores-perc;
+# a share outside (0, 1] refused.
+# usage: zero_large_bench_smoke.sh ZERO_LARGE_BENCH SCRATCH_DIR
+set -u
+bench=$1
+dir=$2/zero_large_bench_smoke
+fail() { echo "FAIL: $*" >&2; exit 1; }
+rm -rf "$dir"
+trap 'rm -rf "$dir"' EXIT
+args=(--device discrete --device-mb 200 --hidden 256 --intermediate 512 --layers 2 --heads 4
+  --kv-heads 2 --vocab 1000 --seq 64 --steps 2 --ref-gib 0.0625 --compute-reps 1 --nvme "$dir")
+
+out=$("$bench" "${args[@]}" --cpuadam-cores-perc 0.5 2>&1) || fail "exited $?: $out"
+hw=$(nproc)
+want=$(( (hw + 1) / 2 ))
+grep -Eq "^engine CPU threads $want of [0-9]+ \(cpuadam_cores_perc 0.5\)$" <<< "$out" ||
+  fail "no 'engine CPU threads $want' line in:
+$out"
+grep -Eq "^step 2: loss [0-9.]+, .*x the larger bound$" <<< "$out" || fail "no step 2 in:
+$out"
+grep -Eq "^step / max\(I/O bound, compute bound" <<< "$out" || fail "no ratio in:
+$out"
+
+err=$("$bench" "${args[@]}" --cpuadam-cores-perc 1.5 2>&1 >/dev/null) && fail "1.5 was accepted"
+[[ -n $err ]] || fail "--cpuadam-cores-perc 1.5: no message"
+echo "zero_large_bench smoke: ok"
