@@ -83,49 +83,21 @@ bool is_rank_dir_name(const std::string& name) {
          name.find_first_not_of("0123456789", 4) == std::string::npos;
 }
 
-// An interrupted save: an empty directory, or one holding the marker and nothing but the files
-// a save writes (text files, manifest, rank<r>/{optimizer,model}.bin).
-bool is_save_leftover(const fs::path& p) {
-  if (type_of(p) != fs::file_type::directory) return false;
-  std::error_code ec;
-  if (fs::is_empty(p, ec)) return true;
-  try {
-    if (type_of(p / kMarkerName) != fs::file_type::regular ||
-        read_small_file(p / kMarkerName, 4096) != kMarkerText)
-      return false;
-  } catch (const Error&) {
-    return false;
-  }
-  static const std::set<std::string, std::less<>> kTop = {std::string(kMarkerName),
-                                                          std::string(kManifestName), "config.json",
-                                                          "ds_config.json", "trainer_state.json"};
-  for (const fs::directory_entry& e : fs::directory_iterator(p, ec)) {
-    const std::string name = e.path().filename().string();
-    const fs::file_type t = type_of(e.path());
-    if (t == fs::file_type::regular && kTop.count(name)) continue;
-    if (t != fs::file_type::directory || !is_rank_dir_name(name)) return false;
-    for (const fs::directory_entry& f : fs::directory_iterator(e.path(), ec)) {
-      const std::string fname = f.path().filename().string();
-      if (type_of(f.path()) != fs::file_type::regular ||
-          (fname != "optimizer.bin" && fname != "model.bin"))
-        return false;
-    }
-  }
-  return !ec;
-}
-
-// The first entry of checkpoint `p` that a save does not write (a user's file, an export put
+// The first entry of directory `p` that a save does not write (a user's file, an export put
 // into it), relative to `p`; empty when there is none. What a save writes: the marker, the
-// manifest, the files the manifest lists, and the text and rank files every save writes (so a
-// checkpoint whose manifest does not parse is still judged by its names).
-std::string foreign_entry(const fs::path& p) {
+// manifest, the text files and rank<r>/{optimizer,model}.bin every save writes, and with
+// `manifest_files` the files its manifest lists (a checkpoint whose manifest does not parse is
+// still judged by the names).
+std::string foreign_entry(const fs::path& p, bool manifest_files) {
   std::set<std::string, std::less<>> ours = {std::string(kMarkerName), std::string(kManifestName),
                                              "config.json", "ds_config.json", "trainer_state.json"};
-  try {
-    const Manifest m = parse_manifest(read_small_file(p / kManifestName, 64ull << 20),
-                                      (p / kManifestName).string());
-    for (const FileInfo& f : m.files) ours.insert(f.path);
-  } catch (const Error&) {
+  if (manifest_files) {
+    try {
+      const Manifest m = parse_manifest(read_small_file(p / kManifestName, 64ull << 20),
+                                        (p / kManifestName).string());
+      for (const FileInfo& f : m.files) ours.insert(f.path);
+    } catch (const Error&) {
+    }
   }
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(p, ec)) {
@@ -143,6 +115,22 @@ std::string foreign_entry(const fs::path& p) {
   }
   if (ec) return fmt::format("(unreadable: {})", ec.message());
   return {};
+}
+
+// An interrupted save: an empty directory, or one holding the marker and nothing but the files
+// a save writes (text files, manifest, rank<r>/{optimizer,model}.bin).
+bool is_save_leftover(const fs::path& p) {
+  if (type_of(p) != fs::file_type::directory) return false;
+  std::error_code ec;
+  if (fs::is_empty(p, ec)) return true;
+  try {
+    if (type_of(p / kMarkerName) != fs::file_type::regular ||
+        read_small_file(p / kMarkerName, 4096) != kMarkerText)
+      return false;
+  } catch (const Error&) {
+    return false;
+  }
+  return foreign_entry(p, /*manifest_files=*/false).empty();
 }
 
 // `latest` or `latest.tmp` as outcore writes them: a regular file naming one tag.
@@ -320,7 +308,7 @@ void SaveDir::clear_leftover(const fs::path& p) const {
 void SaveDir::remove_checkpoint(const std::string& tag, const WriterOptions& hooks,
                                 uint64_t& removals) const {
   // Only a checkpoint holding nothing but a save's files: a user's file in it is never removed.
-  const std::string foreign = foreign_entry(dir_ / tag);
+  const std::string foreign = foreign_entry(dir_ / tag, /*manifest_files=*/true);
   if (!foreign.empty())
     throw InvalidArgument(fmt::format(
         "it holds {}, which is not a checkpoint file: kept (remove it yourself when unwanted)",
@@ -669,7 +657,7 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   if (fs::symlink_status(final_dir, ec).type() != fs::file_type::not_found) {
     if (!is_checkpoint_dir(final_dir))
       refuse_entry(m.dir.path(), final_dir, "not a directory holding an outcore manifest");
-    const std::string foreign = foreign_entry(final_dir);
+    const std::string foreign = foreign_entry(final_dir, /*manifest_files=*/true);
     if (!foreign.empty())
       refuse_entry(m.dir.path(), final_dir,
                    fmt::format("a checkpoint holding {}, which a save does not write", foreign));

@@ -98,6 +98,16 @@ void expect_identical(const RunTrace& a, const RunTrace& b) {
 class ResumeTest : public ::testing::Test {
  protected:
   std::string dir(const std::string& name) { return data_.file(name); }
+  // Trains `saved` steps of `cfg` into dir("ckpt"), then returns the options that resume from
+  // there up to `steps`.
+  TrainerOptions saved_then_resumed(const config::Config& cfg, int saved, int steps) {
+    TrainerOptions first = quiet_options(data_, saved);
+    first.save_dir = dir("ckpt");
+    Trainer(cfg, tiny_model(), first).run();
+    TrainerOptions o = quiet_options(data_, steps);
+    o.resume_from = dir("ckpt");
+    return o;
+  }
   DemoData data_;
 };
 
@@ -274,11 +284,7 @@ TEST_F(ResumeTest, CheckpointHoldsTheRunDescriptionAndVerifies) {
 // disagree with the manifest are refused naming the file, before a step runs.
 TEST_F(ResumeTest, EditedStepCountsAreRefused) {
   const config::Config cfg = make_config({}, tiny_model());
-  {
-    TrainerOptions o = quiet_options(data_, 2);
-    o.save_dir = dir("ckpt");
-    Trainer(cfg, tiny_model(), o).run();
-  }
+  const TrainerOptions o = saved_then_resumed(cfg, 2, 4);
   const std::string ck = dir("ckpt") + "/global_step2";
   auto slurp = [](const std::string& p) {
     std::stringstream ss;
@@ -301,8 +307,6 @@ TEST_F(ResumeTest, EditedStepCountsAreRefused) {
         f.crc32c = ckpt::crc32c(std::as_bytes(std::span(text.data(), text.size())));
       }
     std::ofstream(ck + "/manifest.json", std::ios::trunc) << ckpt::manifest_text(m);
-    TrainerOptions o = quiet_options(data_, 4);
-    o.resume_from = dir("ckpt");
     try {
       Trainer(cfg, tiny_model(), o).run();
       ADD_FAILURE() << key << " " << value << " was taken";
@@ -345,13 +349,7 @@ TEST_F(ResumeTest, CorruptCheckpointIsRefusedBeforeAnythingIsBuilt) {
 
 TEST_F(ResumeTest, MismatchedModelOrBatchIsRefused) {
   const config::Config cfg = make_config({}, tiny_model());
-  {
-    TrainerOptions o = quiet_options(data_, 1);
-    o.save_dir = dir("ckpt");
-    Trainer(cfg, tiny_model(), o).run();
-  }
-  TrainerOptions o = quiet_options(data_, 2);
-  o.resume_from = dir("ckpt");
+  TrainerOptions o = saved_then_resumed(cfg, 1, 2);
   nlohmann::json bigger = testing::tiny_model_json();
   bigger["num_hidden_layers"] = 3;
   const model::LlamaConfig other = model::LlamaConfig::from_json(bigger.dump(), "other");
@@ -368,13 +366,7 @@ TEST_F(ResumeTest, MismatchedModelOrBatchIsRefused) {
 // of another length says so (the run continues, as it may be meant to).
 TEST_F(ResumeTest, ResumingOverOtherDataSaysSo) {
   const config::Config cfg = make_config({}, tiny_model());
-  {
-    TrainerOptions o = quiet_options(data_, 1);
-    o.save_dir = dir("ckpt");
-    Trainer(cfg, tiny_model(), o).run();
-  }
-  TrainerOptions o = quiet_options(data_, 2);
-  o.resume_from = dir("ckpt");
+  TrainerOptions o = saved_then_resumed(cfg, 1, 2);
   {
     test::LogCapture log;
     Trainer(cfg, tiny_model(), o).run();
