@@ -975,6 +975,38 @@ TEST_F(TrainCliTest, ShortDemoRunTrainsAndWritesMetrics) {
   }
   EXPECT_LT(steps.back()["loss"].get<double>(), steps.front()["loss"].get<double>() - 0.3);
   EXPECT_EQ(testing::count_files(dir + "/swap"), 0);
+  // Its own work directory takes it again.
+  r = run("demo --work-dir " + shell_quote(dir) + " --steps 1");
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// The demo writes its files only where nothing at their names is someone else's, never through
+// a link, and its trace never over one of them.
+TEST_F(TrainCliTest, DemoNeverWritesOverAUsersFiles) {
+  namespace fs = std::filesystem;
+  const std::string mine = data_.file("mine"), linked = data_.file("linked");
+  const std::string victim = data_.file("victim.txt");
+  fs::create_directories(mine);
+  fs::create_directories(linked);
+  std::ofstream(mine + "/config.json") << "USER";
+  std::ofstream(mine + "/notes.txt") << "USER";
+  std::ofstream(victim) << "VICTIM";
+  fs::create_symlink(victim, linked + "/metrics.jsonl");
+  CliResult r = run("demo --steps 1 --work-dir " + shell_quote(mine));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("holds config.json, which the demo did not write"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(mine + "/config.json"), "USER");
+  EXPECT_FALSE(fs::exists(mine + "/demo_train.bin"));
+  r = run("demo --steps 1 --work-dir " + shell_quote(linked));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("holds metrics.jsonl, a symbolic link"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(victim), "VICTIM");
+  fs::remove(mine + "/config.json");
+  r = run("demo --steps 1 --work-dir " + shell_quote(mine) + " --trace " +
+          shell_quote(mine + "/ds_config.json"));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(slurp(mine + "/notes.txt"), "USER");
 }
 
 // Every model tensor of the tiny model, by Hugging Face name, with its unit's slab offset.

@@ -8,10 +8,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/error.hpp"
 #include "engine/config/config.hpp"
@@ -67,11 +70,50 @@ nlohmann::ordered_json demo_config(int64_t steps, const std::string& swap_dir,
   return j;
 }
 
+// Written first into every work directory the demo uses: the files at the demo's names in a
+// directory holding it are the demo's to replace.
+constexpr const char* kDemoMarker = ".outcore-demo";
+constexpr const char* kDemoNames[] = {"config.json", "ds_config.json", "metrics.jsonl",
+                                      "demo_train.bin", "demo_val.bin"};
+
+// Empty when the demo may write its files into `dir` (missing, or a directory where nothing at
+// the demo's names is someone else's); otherwise why not. A directory is the demo's when it
+// holds the marker, or (written before the marker existed) the demo's own model config. A
+// symbolic link at one of the names is refused anywhere: it is never written through.
+std::string work_dir_problem(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::symlink_status(dir, ec).type() == fs::file_type::not_found) return {};
+  if (!fs::is_directory(dir, ec)) return "is not a directory";
+  bool owned = fs::is_regular_file(fs::symlink_status(dir / kDemoMarker, ec));
+  if (!owned && fs::is_regular_file(fs::symlink_status(dir / "config.json", ec))) {
+    std::ifstream in(dir / "config.json", std::ios::binary);
+    const std::string text{std::istreambuf_iterator<char>(in), {}};
+    owned = text == train::demo_model_config_json();
+  }
+  for (const char* name : kDemoNames) {
+    const fs::file_type t = fs::symlink_status(dir / name, ec).type();
+    if (t == fs::file_type::not_found) continue;
+    if (t == fs::file_type::symlink)
+      return fmt::format("holds {}, a symbolic link where the demo writes a file of its own", name);
+    if (!owned || t != fs::file_type::regular)
+      return fmt::format("holds {}, which the demo did not write", name);
+  }
+  return {};
+}
+
+// Replaces `path` with `text` through a temporary and a rename: a link at `path` is replaced,
+// never written through.
 void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-  out.flush();
-  if (!out) throw IoError(path.string(), EIO, "write demo file");
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
+    out << text;
+    out.flush();
+    if (!out) throw IoError(tmp.string(), EIO, "write demo file");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw IoError(path.string(), ec.value(), "rename demo file into place");
 }
 
 int run_demo(const DemoOptions& o) {
@@ -87,16 +129,25 @@ int run_demo(const DemoOptions& o) {
   // The device and the trace path before anything is written.
   const std::optional<DeviceChoice> device = choose_device(o.device);
   if (!device) return 2;
-  if (!check_output_file(o.trace, "--trace", {})) return 2;
   const fs::path dir = fs::absolute(o.work_dir);
   const fs::path model_path = dir / "config.json", config_path = dir / "ds_config.json";
   const fs::path metrics_path = dir / "metrics.jsonl", swap_dir = dir / "swap";
+  if (const std::string problem = work_dir_problem(dir); !problem.empty()) {
+    std::fprintf(stderr, "error: --work-dir %s %s: move it away or choose another work directory\n",
+                 o.work_dir.c_str(), problem.c_str());
+    return 2;
+  }
+  std::vector<std::pair<std::string, const char*>> outputs;
+  for (const char* name : kDemoNames) outputs.emplace_back((dir / name).string(), "the demo's");
+  if (!check_output_file(o.trace, "--trace", outputs)) return 2;
   train::DemoDatasetFiles data;
   config::Config cfg;
   model::LlamaConfig model;
   try {
     std::fprintf(stderr, "writing the demo dataset, model and DeepSpeed config to %s\n",
                  dir.string().c_str());
+    fs::create_directories(dir);
+    write_text(dir / kDemoMarker, "outcore demo work directory\n");
     data = train::write_demo_dataset(dir.string());
     write_text(model_path, train::demo_model_config_json());
     write_text(config_path,
