@@ -315,6 +315,12 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
     std::error_code ec;
     const std::string mask = options.out_prefix + ".mask";
     if (fs::is_regular_file(fs::symlink_status(mask, ec))) stale_mask = mask;
+    for (const std::string& in : options.inputs)
+      if (!stale_mask.empty() && same_file(stale_mask, in))
+        throw InvalidArgument(fmt::format(
+            "{} is an input, and the loss mask this output replaces would be removed with it: "
+            "choose another --out",
+            in));
   }
   OutputWriter writer(outputs, llmc, encoder.pairs(), stale_mask);
 

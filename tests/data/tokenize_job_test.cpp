@@ -215,6 +215,10 @@ TEST_F(TokenizeJobTest, TextReplacingPairsRemovesTheirMask) {
   EXPECT_EQ(tokens_of(second.token_file), doc("the question an answer"));
   // With no mask there, nothing is removed or reported.
   EXPECT_EQ(run_tokenize_job(*tokenizer_, options({text}, "data")).removed_mask, "");
+  // A file at PREFIX.mask that is an input is never removed: refused.
+  const std::string named_mask = input("data.mask", "plain text in a file named like a mask\n");
+  EXPECT_THROW(run_tokenize_job(*tokenizer_, options({named_mask}, "data")), InvalidArgument);
+  EXPECT_EQ(test::slurp(named_mask), "plain text in a file named like a mask\n");
 }
 
 TEST_F(TokenizeJobTest, LargeVocabulariesWriteRawUint32) {
