@@ -438,13 +438,26 @@ void check_export_target(const fs::path& out) {
         "{}: directory is not empty; export into a new or empty directory", out.string()));
 }
 
-// A directory removed with its contents on destruction unless release() was called.
+// An export's temporary directory: made by this process (one left at its name by a killed
+// export of the same pid, holding the marker, is removed first; anything else there is
+// refused), holding the marker, and removed with its contents on destruction unless release()
+// was called.
 class ScratchDir {
  public:
   explicit ScratchDir(fs::path p) : path_(std::move(p)) {
     std::error_code ec;
-    fs::remove_all(path_, ec);
-    make_directories(path_);
+    if (fs::symlink_status(path_, ec).type() != fs::file_type::not_found) {
+      if (!fs::is_directory(fs::symlink_status(path_, ec)) ||
+          fs::symlink_status(path_ / kExportScratchMarker, ec).type() != fs::file_type::regular)
+        throw InvalidArgument(fmt::format(
+            "{}: exists and is not an export's temporary directory (an export writes there): "
+            "move it away",
+            path_.string()));
+      fs::remove_all(path_, ec);
+    }
+    if (!fs::create_directory(path_, ec) || ec)
+      throw IoError(path_.string(), ec ? ec.value() : EEXIST, "create export directory");
+    write_file_durably(path_ / kExportScratchMarker, "outcore export in progress\n");
   }
   ~ScratchDir() {
     std::error_code ec;
@@ -472,6 +485,9 @@ void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_mast
   make_directories(out.parent_path());
   ScratchDir tmp(out.parent_path() / fmt::format("{}.tmp-{}", out.filename().string(), ::getpid()));
   write_model_files(cfg, layout, read_master, tmp.path(), options);
+  std::error_code marker_ec;
+  fs::remove(tmp.path() / kExportScratchMarker, marker_ec);
+  if (marker_ec) throw IoError(tmp.path().string(), marker_ec.value(), "remove export marker");
   fsync_dir(tmp.path());
   std::error_code ec;
   fs::rename(tmp.path(), out, ec);  // replaces an empty directory

@@ -44,6 +44,9 @@ namespace outcore::ckpt {
 inline constexpr const char* kHfWeightsFile = "model.safetensors";
 inline constexpr const char* kHfIndexFile = "model.safetensors.index.json";
 inline constexpr const char* kHfConfigFile = "config.json";
+// The marker an export's temporary directory (`<out>.tmp-<pid>`) holds while it is written,
+// removed just before the rename: a directory of that name without it is not an export's.
+inline constexpr const char* kExportScratchMarker = ".outcore-export";
 
 // The weights of a Hugging Face Llama directory, validated against a model config.
 class HfWeights {
@@ -107,7 +110,9 @@ using ReadMasterFn = std::function<void(int unit, uint64_t begin, uint64_t count
 // (cfg.to_json() with "torch_dtype" for options.dtype) and the tensors in HF order (embedding,
 // each layer's tensors, final norm, lm_head unless tied) read through `read_master` in pieces
 // of at most options.piece_elems elements. Everything is built in a sibling temporary
-// directory, fsynced and renamed to `out_dir` at the end; on failure it is removed.
+// directory `<out_dir>.tmp-<pid>` (made by this call, holding kExportScratchMarker until the
+// end; one already there is refused unless it is an export's), fsynced and renamed to
+// `out_dir` at the end; on failure it is removed.
 // InvalidArgument when `out_dir` exists and is not an empty directory, or piece_elems is 0, and
 // when a tensor's master values hold NaN or Inf (any dtype) or values that round to Inf in
 // options.dtype (|x| >= 65520 for F16, past bf16's largest value for BF16): the message names

@@ -1391,15 +1391,44 @@ TEST_F(TrainCliTest, ExportRemovesTheTemporaryOfAKilledExportOnly) {
     std::ofstream(d + "/config.json") << "{}";
   }
   std::ofstream(foreign + "/notes.txt") << "mine";
+  // And a dead pid's directory holding only what an export writes, but not its marker: a
+  // user's model, kept.
+  const pid_t dead2 = fork();
+  if (dead2 == 0) _exit(0);
+  waitpid(dead2, nullptr, 0);
+  const std::string unmarked = hf + ".tmp-" + std::to_string(dead2);
+  std::filesystem::create_directories(unmarked);
+  std::ofstream(unmarked + "/config.json") << "{}";
+  std::ofstream(unmarked + "/model.safetensors") << "weights";
 
   r = run("export " + shell_quote(ck) + " " + shell_quote(hf));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_FALSE(std::filesystem::exists(killed));
   EXPECT_EQ(slurp(foreign + "/notes.txt"), "mine");
+  EXPECT_EQ(slurp(unmarked + "/model.safetensors"), "weights");
   EXPECT_TRUE(std::filesystem::exists(live + "/config.json"));
   EXPECT_NE(r.err.find("warning: " + foreign), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("warning: " + unmarked), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find(live), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(hf + "/" + ckpt::kExportScratchMarker));
   expect_exported_master(hf, ck, DType::F32);
+
+  // A directory of the user's at the export's own temporary name (its pid, which `exec` keeps)
+  // is refused, never emptied.
+  const std::string other = data_.file("hf_other");
+  const int refused = std::system(("sh -c 'mkdir " + other + ".tmp-$$ && echo THESIS > " + other +
+                                   ".tmp-$$/thesis.txt && exec " + OUTCORE_CLI + " export " +
+                                   shell_quote(ck) + " " + other + " 2>/dev/null'")
+                                      .c_str());
+  EXPECT_TRUE(WIFEXITED(refused) && WEXITSTATUS(refused) == 2) << refused;
+  bool found = false;
+  for (const auto& e : std::filesystem::directory_iterator(data_.file("")))
+    if (e.path().filename().string().starts_with("hf_other.tmp-")) {
+      found = true;
+      EXPECT_EQ(slurp((e.path() / "thesis.txt").string()), "THESIS\n");
+    }
+  EXPECT_TRUE(found);
+  EXPECT_FALSE(std::filesystem::exists(other));
 }
 
 // offload_param.buffer_count 1000000 passed `outcore config` and ended `outcore train` in
