@@ -93,7 +93,7 @@ int run(const Args& a) {
         if (ours_now) {
           r_ours = measure_engine(scratch.file(), buf, opt, w, stop_requested);
         } else {
-          r_fio = measure_fio(scratch.path(), opt, w, scratch.path(), stop_requested);
+          r_fio = measure_fio(scratch.path(), opt, w, stop_requested);
         }
       }
       if (stop_requested() || r_ours.stopped || r_fio.stopped) break;

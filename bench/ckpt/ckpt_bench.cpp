@@ -94,9 +94,9 @@ DriveRef measure_drive(const fs::path& dir, double gib, const aio::Options& opt)
   aio_bench::Workload w{.write = true, .file_size = size};
   if (aio_bench::fio_available()) {
     ref.tool = "fio";
-    ref.write_gbps = aio_bench::measure_fio(path.string(), opt, w, path.string(), never).gbps;
+    ref.write_gbps = aio_bench::measure_fio(path.string(), opt, w, never).gbps;
     w.write = false;
-    ref.read_gbps = aio_bench::measure_fio(path.string(), opt, w, path.string(), never).gbps;
+    ref.read_gbps = aio_bench::measure_fio(path.string(), opt, w, never).gbps;
   } else {
     ref.tool = "aio engine";
     ref.write_gbps = aio_bench::measure_engine(f, {buf.data(), buf.size()}, opt, w, never).gbps;

@@ -117,4 +117,20 @@ rc=$?
 [ $rc -eq 130 ] || fail "after SIGINT: exit $rc, expected 130 ($(cat "$work/err.txt"))"
 leftover=$(find "$work" -name 'aio_bench.*' | head -1)
 [ -z "$leftover" ] || fail "benchmark file left after SIGINT: $leftover"
+# 4. --compare-fio: fio's output goes to a directory of its own, so nothing beside the benchmark
+# file is opened: a link planted at a name next to it (the scratch file's, the pid's that
+# `exec` keeps) is not written through, and the directory holds what it held.
+if command -v fio > /dev/null; then
+  echo PRECIOUS > "$work/victim.txt"
+  mkdir "$work/fio"
+  sh -c 'for s in fio.json fio.err; do ln -s "$1/victim.txt" "$1/fio/aio_bench.$$.dat.$s"; done
+         exec "$2" --path "$1/fio" --compare-fio --file-size 4M --block-sizes 256K \
+           --queue-depths 1 --threads 1 --seconds 0.1' sh "$work" "$bench" \
+    > "$work/out.txt" 2> "$work/err.txt" || fail "--compare-fio exited $?: $(cat "$work/err.txt")"
+  [ "$(cat "$work/victim.txt")" = PRECIOUS ] || fail "--compare-fio wrote through a link"
+  [ "$(find "$work/fio" -mindepth 1 | wc -l)" -eq 2 ] ||
+    fail "--compare-fio changed its directory: $(ls -la "$work/fio")"
+else
+  echo "SKIP --compare-fio: no fio on this machine"
+fi
 echo "aio_bench smoke: OK"

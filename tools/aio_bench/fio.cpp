@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -82,7 +83,7 @@ bool fio_available() {
 }
 
 Result measure_fio(const std::string& path, const aio::Options& opt, const Workload& w,
-                   const std::string& scratch_prefix, const StopFn& stop) {
+                   const StopFn& stop) {
   unsigned jobs = opt.thread_count;
   uint64_t per_job = w.file_size / jobs / opt.block_size * opt.block_size;
   if (per_job == 0) throw InvalidArgument("fio: the file is smaller than one block per job");
@@ -110,15 +111,26 @@ Result measure_fio(const std::string& path, const aio::Options& opt, const Workl
     argv.push_back("--time_based");
     argv.push_back(fmt::format("--runtime={}ms", static_cast<long>(w.seconds * 1000)));
   }
-  std::string out = scratch_prefix + ".fio.json";
-  std::string err = scratch_prefix + ".fio.err";
+  // fio's output in a directory this call makes (mkdtemp): no file of anyone else's is opened.
+  std::string dir = (std::filesystem::temp_directory_path() / "outcore_fio_XXXXXX").string();
+  if (::mkdtemp(dir.data()) == nullptr)
+    throw Error(fmt::format("cannot make a directory for fio's output in {}: {}",
+                            std::filesystem::temp_directory_path().string(), errno_string(errno)));
+  const std::string out = dir + "/fio.json", err = dir + "/fio.err";
   double cpu = 0;
-  int rc = run_process(argv, out, err, stop, &cpu);
-  std::string json_text = read_file(out);
-  std::string err_text = read_file(err);
+  int rc = 0;
+  std::string json_text, err_text;
+  try {
+    rc = run_process(argv, out, err, stop, &cpu);
+    json_text = read_file(out);
+    err_text = read_file(err);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    throw;
+  }
   std::error_code ec;
-  std::filesystem::remove(out, ec);
-  std::filesystem::remove(err, ec);
+  std::filesystem::remove_all(dir, ec);
   Result r;
   r.cpu_seconds = cpu;
   if (rc < 0) {

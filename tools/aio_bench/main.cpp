@@ -149,7 +149,7 @@ struct Sweep {
       std::string what =
           fmt::format("{:<5} {} {:.3f} GB/s", write ? "write" : "read", describe(row.opt), r.gbps);
       if (args.compare_fio && !stop_requested()) {
-        Result f = measure_fio(scratch.path(), row.opt, w, scratch.path(), stop_requested);
+        Result f = measure_fio(scratch.path(), row.opt, w, stop_requested);
         if (f.stopped) return;
         (write ? row.fio_write : row.fio_read) = f;
         what += fmt::format(", fio {:.3f} GB/s", f.gbps);

@@ -44,9 +44,10 @@ bool fio_available();
 // Runs fio (ioengine=io_uring, direct=1) with the same block size, depth, jobs (= threads,
 // each on its own slice of the file), batching (single_submit -> iodepth_batch_submit=1) and
 // completion (overlap_events=false -> iodepth_batch_complete_min=queue_depth) on `path`.
-// `scratch_prefix` names its output files (removed afterwards). Throws outcore::Error naming
-// fio's own message when it fails; a stopped run returns Result{.stopped = true}.
+// fio's output goes to a directory of its own made under the system's temporary directory
+// (removed afterwards), never beside `path`. Throws outcore::Error naming fio's own message
+// when it fails; a stopped run returns Result{.stopped = true}.
 Result measure_fio(const std::string& path, const aio::Options& opt, const Workload& w,
-                   const std::string& scratch_prefix, const StopFn& stop);
+                   const StopFn& stop);
 
 }  // namespace outcore::aio_bench
