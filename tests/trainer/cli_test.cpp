@@ -772,11 +772,16 @@ TEST_F(TrainCliTest, EstimatePlansForAGpuThatIsNotHere) {
   r = run(est + " --gpu-memory-gb 80 --device cpu");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.err.find("--gpu-memory-gb"), std::string::npos) << r.err;
-  // Sizes whose bytes round to 0 or overflow 64 bits are refused, not taken as "no limit".
-  for (const char* gib : {"-1", "1e-300", "2e10", "1e308"}) {
-    r = run(est + " --gpu-memory-gb " + gib);
-    EXPECT_EQ(r.rc, 2) << gib << ": " << r.out;
-    EXPECT_NE(r.err.find("--gpu-memory-gb"), std::string::npos) << gib << ": " << r.err;
+  // Sizes whose bytes round to 0 or overflow 64 bits are refused, not taken as "no limit", and
+  // rates that would make a step's time 0, infinite or 300 digits long.
+  for (const std::string bad :
+       {"--gpu-memory-gb -1", "--gpu-memory-gb 1e-300", "--gpu-memory-gb 2e10",
+        "--gpu-memory-gb 1e308", "--gemm-tflops 1e-300", "--gemm-tflops 1e300",
+        "--attention-tflops nan", "--pcie-gbps 1e-320", "--drive-read-gbps 1e-300",
+        "--drive-write-gbps inf"}) {
+    r = run(est + " --gpu-memory-gb 80 " + bad);
+    EXPECT_EQ(r.rc, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.err.find(bad.substr(0, bad.find(' '))), std::string::npos) << bad << ": " << r.err;
   }
 }
 

@@ -67,14 +67,18 @@ int64_t positive(const std::string& text, const char* flag, int64_t fallback, in
   return v;
 }
 
-// A rate or size flag: a finite number above 0 (CLI::PositiveNumber lets "nan" through).
-const CLI::Validator kFinitePositive(
-    [](std::string& text) -> std::string {
-      double v = 0;
-      if (CLI::detail::lexical_cast(text, v) && std::isfinite(v) && v > 0) return {};
-      return "got \"" + text + "\"; allowed: a finite number above 0";
-    },
-    "NUMBER > 0");
+// A rate flag: a finite number from `min` to `max` (so that a step's time is a number of
+// seconds, not zero, infinite or 300 digits long; CLI::Range would let "nan" through).
+CLI::Validator rate_in(double min, double max, const char* unit) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v = 0;
+        if (CLI::detail::lexical_cast(text, v) && std::isfinite(v) && v >= min && v <= max)
+          return {};
+        return fmt::format("got \"{}\"; allowed: {} from {:g} to {:g}", text, unit, min, max);
+      },
+      fmt::format("{} in [{:g}, {:g}]", unit, min, max));
+}
 
 // A GPU's memory in GiB: from 1 MiB to a million GiB (so that its bytes are a whole number
 // above 0 that fits in 64 bits).
@@ -363,18 +367,18 @@ void add_estimate_command(CLI::App& app, int& rc) {
       ->check(kGpuMemoryGib);
   cmd->add_option("--gemm-tflops", o->gemm_tflops,
                   "the device's GEMM rate in the compute dtype (default: measured here)")
-      ->check(kFinitePositive);
+      ->check(rate_in(1e-6, 1e6, "TFLOP/s"));
   cmd->add_option("--attention-tflops", o->attention_tflops,
                   "the model FLOP/s of the model's attention on the device, forward + backward "
                   "(default: measured here; for --gpu-memory-gb, the GEMM rate)")
-      ->check(kFinitePositive);
+      ->check(rate_in(1e-6, 1e6, "TFLOP/s"));
   cmd->add_option("--pcie-gbps", o->pcie_gbps,
                   "host<->device GB/s (default: measured on a GPU; none for the host device)")
-      ->check(kFinitePositive);
+      ->check(rate_in(1e-6, 1e5, "GB/s"));
   cmd->add_option("--drive-read-gbps", o->drive_read_gbps, "the swap drive's read GB/s")
-      ->check(kFinitePositive);
+      ->check(rate_in(1e-6, 1e5, "GB/s"));
   cmd->add_option("--drive-write-gbps", o->drive_write_gbps, "the swap drive's write GB/s")
-      ->check(kFinitePositive);
+      ->check(rate_in(1e-6, 1e5, "GB/s"));
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
                 "plan with activation checkpointing (as `outcore train "
                 "--activation-checkpointing`; on anyway when the config's "
