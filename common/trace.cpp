@@ -272,12 +272,22 @@ void write_json(const std::string& path, const std::vector<std::string>& other) 
   out += "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {";
   for (size_t i = 0; i < other.size(); ++i) out += (i ? ", " : "") + other[i];
   out += "}}\n";
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
-  if (!f) throw IoError(path, errno, "open trace file");
-  if (std::fwrite(out.data(), 1, out.size(), f.get()) != out.size() || std::fflush(f.get()) != 0)
-    throw IoError(path, 0, out.size(), errno, "write trace file");
-  FILE* raw = f.release();
-  if (std::fclose(raw) != 0) throw IoError(path, 0, out.size(), errno, "close trace file");
+  // Through a temporary beside it and a rename: a failed write (a full disk) leaves no partial
+  // trace under `path`, and whatever was there stays.
+  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(tmp.c_str(), "wbx"), &std::fclose);
+  if (!f) throw IoError(tmp, errno, "create trace file");  // exclusively: it is this run's
+  try {
+    if (std::fwrite(out.data(), 1, out.size(), f.get()) != out.size() || std::fflush(f.get()) != 0)
+      throw IoError(path, 0, out.size(), errno, "write trace file");
+    FILE* raw = f.release();
+    if (std::fclose(raw) != 0) throw IoError(path, 0, out.size(), errno, "close trace file");
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw IoError(path, errno, "rename trace file into place");
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
 }
 
 }  // namespace outcore::trace

@@ -3,9 +3,15 @@
 #include "common/trace.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -136,6 +142,40 @@ TEST(TraceTest, WritesChromeTraceJson) {
   EXPECT_EQ(x, 1);
   EXPECT_EQ(names, 1);
   EXPECT_THROW(write_json((dir / "missing/t.json").string()), IoError);
+}
+
+// A write that fails (here past a file size limit, as on a full disk) leaves what was at the
+// path and no partial trace beside it.
+TEST(TraceTest, AFailedWriteLeavesThePreviousFileAndNoPartialOne) {
+  test::TempDir dir("trace");
+  const std::string path = (dir / "t.json").string();
+  std::ofstream(path) << "previous";
+  start();
+  for (int i = 0; i < 200; ++i) complete("read", "io", i, {.bytes = 4096});
+  stop();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{4096, 4096};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      write_json(path);
+    } catch (const IoError&) {
+      _exit(0);
+    }
+    _exit(1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the write did not fail";
+  std::ifstream in(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "previous");
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    (void)e;
+    ++entries;
+  }
+  EXPECT_EQ(entries, 1u);
 }
 
 }  // namespace
