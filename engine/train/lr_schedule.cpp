@@ -212,7 +212,7 @@ std::unique_ptr<LrSchedule> make_warmup_lr(const WarmupLROptions& o) {
 std::unique_ptr<LrSchedule> make_warmup_decay_lr(const WarmupDecayLROptions& o) {
   check_warmup(o.warmup);
   check_total(o.total_num_steps);
-  if (o.total_num_steps < std::max<int64_t>(2, o.warmup.warmup_num_steps)) {
+  if (o.total_num_steps < o.warmup.warmup_num_steps) {
     log::warn("scheduler.params.total_num_steps {} is less than warmup_num_steps {}",
               o.total_num_steps, o.warmup.warmup_num_steps);
   }
@@ -223,7 +223,7 @@ std::unique_ptr<LrSchedule> make_warmup_cosine_lr(const WarmupCosineLROptions& o
   require(o.warmup_num_steps >= 1, "warmup_num_steps",
           fmt::format("must be a positive integer, got {}", o.warmup_num_steps));
   check_total(o.total_num_steps);
-  if (o.total_num_steps < std::max<int64_t>(2, o.warmup_num_steps)) {
+  if (o.total_num_steps < o.warmup_num_steps) {
     log::warn("scheduler.params.total_num_steps {} is less than warmup_num_steps {}",
               o.total_num_steps, o.warmup_num_steps);
   }

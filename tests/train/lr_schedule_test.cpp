@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/common/oracle_unavailable.hpp"
 
 namespace outcore::train {
@@ -175,6 +176,21 @@ TEST(LrSchedule, BadStateAndOptionsAreRejected) {
   EXPECT_THROW(make_one_cycle({.cycle_first_step_size = 0}), ConfigError);
   EXPECT_EQ(parse_warmup_curve("linear"), WarmupCurve::kLinear);
   EXPECT_EQ(parse_warmup_curve("exp"), WarmupCurve::kLog);  // DeepSpeed warns, uses log
+}
+
+// The warning about a schedule shorter than its warmup is said when, and only when, it is true
+// (`outcore demo --steps 1` said it of one step and a warmup of one).
+TEST(LrSchedule, ShorterThanItsWarmupIsSaidOnlyWhenTrue) {
+  {
+    test::LogCapture log;
+    make_warmup_cosine_lr({.base_lr = 1e-3, .total_num_steps = 1, .warmup_num_steps = 1});
+    make_warmup_decay_lr({.warmup = {.warmup_num_steps = 1}, .total_num_steps = 1});
+    EXPECT_EQ(log.text().find("less than warmup_num_steps"), std::string::npos) << log.text();
+  }
+  test::LogCapture log;
+  make_warmup_cosine_lr({.base_lr = 1e-3, .total_num_steps = 3, .warmup_num_steps = 5});
+  EXPECT_NE(log.text().find("total_num_steps 3 is less than warmup_num_steps 5"), std::string::npos)
+      << log.text();
 }
 
 // ---- against the Python reference ----------------------------------------------------------
