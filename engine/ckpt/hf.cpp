@@ -427,6 +427,12 @@ void write_model_files(const model::LlamaConfig& cfg, const model::ModelLayout& 
 // Refuses an existing `out` unless it is an empty directory.
 void check_export_target(const fs::path& out) {
   std::error_code ec;
+  // The export is renamed onto `out` at the end: a link there would fail that rename (or be
+  // replaced), after all the writing.
+  if (fs::is_symlink(fs::symlink_status(out, ec)))
+    throw InvalidArgument(
+        fmt::format("{}: is a symbolic link; export to the directory it names, or to a new path",
+                    out.string()));
   const fs::file_status st = fs::status(out, ec);
   if (!fs::exists(st)) return;
   if (!fs::is_directory(st))

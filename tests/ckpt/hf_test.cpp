@@ -797,12 +797,23 @@ TEST(HfExport, RefusesANonEmptyDirectoryAndAcceptsAnEmptyOne) {
   EXPECT_MENTIONS(
       error_of<InvalidArgument>([&] { write_hf_model(cfg, from_slabs(slabs), dir / "file", {}); }),
       "not a directory");
+  // A link is refused before anything is written (the final rename would fail on it).
+  fs::create_directories(dir / "linked_target");
+  fs::create_directory_symlink(dir / "linked_target", dir / "link");
+  fs::create_symlink(dir / "nowhere", dir / "dangling");
+  for (const char* link : {"link", "dangling"})
+    EXPECT_MENTIONS(
+        error_of<InvalidArgument>([&] { write_hf_model(cfg, from_slabs(slabs), dir / link, {}); }),
+        "is a symbolic link");
+  EXPECT_TRUE(fs::is_empty(dir / "linked_target"));
   fs::create_directories(dir / "empty");
   write_hf_model(cfg, from_slabs(slabs), dir / "empty/", {});
   EXPECT_TRUE(fs::exists(dir / "empty" / kHfWeightsFile));
   std::set<std::string> left;
   for (const auto& e : fs::directory_iterator(dir.path())) left.insert(e.path().filename());
-  EXPECT_EQ(left, (std::set<std::string>{"empty", "file", "full"})) << "no temporary left";
+  EXPECT_EQ(left,
+            (std::set<std::string>{"empty", "file", "full", "link", "dangling", "linked_target"}))
+      << "no temporary left";
 }
 
 TEST(HfExport, FailureLeavesNothingUnderTheFinalName) {
