@@ -197,13 +197,15 @@ struct SwapSpaceOptions {
 // called from any number of threads at once.
 class SwapSpace {
  public:
-  // Creates <nvme_path>/outcore_swap/rank<r>/<kind>/ for each kind in `files`, removes any
-  // leftover *.bin there (a crashed run's files are never trusted; one warning), takes an
+  // Creates <nvme_path>/outcore_swap/rank<r>/<kind>/ for each kind in `files`, removes the
+  // swap files an earlier run left there (<unit>.bin starting with the swap header, or empty or
+  // zeros: never trusted; one warning; any other file is left), takes an
   // exclusive lock on each kind directory (a second SwapSpace, in this or another process,
   // on the same rank and kind fails with IoError(EWOULDBLOCK)), then creates and preallocates
   // every file and writes its header.
   // Throws InvalidArgument for a malformed plan (duplicate (unit, kind), duplicate or empty
-  // names, zero-byte tensors, empty files), IoError(ENOSPC) naming the directory, the
+  // names, zero-byte tensors, empty files) or a file that is not a swap file at a name one of
+  // them needs (naming it), IoError(ENOSPC) naming the directory, the
   // bytes needed and the bytes free (statvfs) when the plan does not fit, checked before
   // anything is written, and IoError for any other failure. On any failure every file and
   // directory made so far is removed.

@@ -277,9 +277,11 @@ struct SwapSpace::Impl {
                                         .direct = options.direct});
     } catch (const IoError& e) {
       if (e.error_number() != EEXIST) throw;
-      throw IoError(f.path.string(), EEXIST,
-                    "create swap file (a file that is not an outcore swap file has its name: "
-                    "move it away)");
+      // Bad input: the swap path holds someone's file where this run's swap file goes.
+      throw InvalidArgument(fmt::format(
+          "{}: exists and is not an outcore swap file, and a swap file of this run needs its "
+          "name: move it away or choose another nvme_path",
+          f.path.string()));
     }
     f.created = true;
     cleanup::register_path(f.path.string());
