@@ -67,9 +67,10 @@ int64_t positive(const std::string& text, const char* flag, int64_t fallback, in
   return v;
 }
 
-// A rate flag: a finite number from `min` to `max` (so that a step's time is a number of
-// seconds, not zero, infinite or 300 digits long; CLI::Range would let "nan" through).
-CLI::Validator rate_in(double min, double max, const char* unit) {
+// A rate or size flag: a finite number from `min` to `max` (so that a step's time is a number
+// of seconds, not zero, infinite or 300 digits long, and a GPU's bytes a whole number above 0
+// that fits in 64 bits; CLI::Range would let "nan" through).
+CLI::Validator finite_in(double min, double max, const char* unit) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         double v = 0;
@@ -79,17 +80,6 @@ CLI::Validator rate_in(double min, double max, const char* unit) {
       },
       fmt::format("{} in [{:g}, {:g}]", unit, min, max));
 }
-
-// A GPU's memory in GiB: from 1 MiB to a million GiB (so that its bytes are a whole number
-// above 0 that fits in 64 bits).
-const CLI::Validator kGpuMemoryGib(
-    [](std::string& text) -> std::string {
-      double v = 0;
-      if (CLI::detail::lexical_cast(text, v) && std::isfinite(v) && v >= 1.0 / 1024 && v <= 1e6)
-        return {};
-      return "got \"" + text + "\"; allowed: GiB from 0.0009765625 (1 MiB) to 1000000";
-    },
-    "GIB in [1/1024, 1e6]");
 
 // Where each rate comes from: a flag or a measurement, in words.
 struct RateSources {
@@ -364,21 +354,21 @@ void add_estimate_command(CLI::App& app, int& rc) {
                   "plan for a GPU with this many GiB free that this machine need not have (one "
                   "to rent); the step bounds then need --gemm-tflops and --pcie-gbps, and take "
                   "--attention-tflops")
-      ->check(kGpuMemoryGib);
+      ->check(finite_in(1.0 / 1024, 1e6, "GiB"));
   cmd->add_option("--gemm-tflops", o->gemm_tflops,
                   "the device's GEMM rate in the compute dtype (default: measured here)")
-      ->check(rate_in(1e-6, 1e6, "TFLOP/s"));
+      ->check(finite_in(1e-6, 1e6, "TFLOP/s"));
   cmd->add_option("--attention-tflops", o->attention_tflops,
                   "the model FLOP/s of the model's attention on the device, forward + backward "
                   "(default: measured here; for --gpu-memory-gb, the GEMM rate)")
-      ->check(rate_in(1e-6, 1e6, "TFLOP/s"));
+      ->check(finite_in(1e-6, 1e6, "TFLOP/s"));
   cmd->add_option("--pcie-gbps", o->pcie_gbps,
                   "host<->device GB/s (default: measured on a GPU; none for the host device)")
-      ->check(rate_in(1e-6, 1e5, "GB/s"));
+      ->check(finite_in(1e-6, 1e5, "GB/s"));
   cmd->add_option("--drive-read-gbps", o->drive_read_gbps, "the swap drive's read GB/s")
-      ->check(rate_in(1e-6, 1e5, "GB/s"));
+      ->check(finite_in(1e-6, 1e5, "GB/s"));
   cmd->add_option("--drive-write-gbps", o->drive_write_gbps, "the swap drive's write GB/s")
-      ->check(rate_in(1e-6, 1e5, "GB/s"));
+      ->check(finite_in(1e-6, 1e5, "GB/s"));
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
                 "plan with activation checkpointing (as `outcore train "
                 "--activation-checkpointing`; on anyway when the config's "

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/error.hpp"
@@ -75,22 +76,6 @@ struct Numbers {
   std::optional<double> lr, weight_decay, val_fraction;
 };
 
-// The ranges of the flags that resolve a config's "auto" values, checked here so that an error
-// names the flag rather than the config file.
-bool flags_in_range(const Numbers& n) {
-  auto at_least = [](const auto& v, const char* flag, auto min) {
-    if (!v || *v >= min) return true;
-    std::fprintf(stderr, "error: %s: got %s; allowed: a number >= %s\n", flag,
-                 fmt::format("{}", *v).c_str(), fmt::format("{}", min).c_str());
-    return false;
-  };
-  return at_least(n.lr, "--lr", 0.0) && at_least(n.weight_decay, "--weight-decay", 0.0) &&
-         at_least(n.train_batch_size, "--train-batch-size", int64_t{1}) &&
-         at_least(n.micro_batch_size, "--micro-batch-size", int64_t{1}) &&
-         at_least(n.gradient_accumulation_steps, "--gradient-accumulation-steps", int64_t{1}) &&
-         at_least(n.warmup_steps, "--warmup-steps", int64_t{1});
-}
-
 bool parse_numbers(const TrainCliOptions& o, Numbers& n) {
   return parse_number(o.steps, "--steps", n.steps) && parse_number(o.seed, "--seed", n.seed) &&
          parse_number(o.seq_len, "--seq-len", n.seq_len) && parse_number(o.lr, "--lr", n.lr) &&
@@ -104,7 +89,7 @@ bool parse_numbers(const TrainCliOptions& o, Numbers& n) {
                       n.gradient_accumulation_steps) &&
          parse_number(o.warmup_steps, "--warmup-steps", n.warmup_steps) &&
          parse_number(o.save_every, "--save-every", n.save_every) &&
-         parse_number(o.keep, "--keep", n.keep) && flags_in_range(n);
+         parse_number(o.keep, "--keep", n.keep);
 }
 
 // Steps to run: --steps, else the scheduler's total_num_steps when the config sets it.
@@ -370,11 +355,24 @@ int run_train(const TrainCliOptions& o) {
     const char* flag;
     int64_t min;
   };
+  // The flags that resolve a config's "auto" values too: an error names the flag, not the
+  // config file they would go into.
   for (const Bound& b : {Bound{n.steps, "--steps", 1}, Bound{n.eval_every, "--eval-every", 0},
-                         Bound{n.eval_batches, "--eval-batches", 1}}) {
+                         Bound{n.eval_batches, "--eval-batches", 1},
+                         Bound{n.train_batch_size, "--train-batch-size", 1},
+                         Bound{n.micro_batch_size, "--micro-batch-size", 1},
+                         Bound{n.gradient_accumulation_steps, "--gradient-accumulation-steps", 1},
+                         Bound{n.warmup_steps, "--warmup-steps", 1}}) {
     if (b.value && *b.value < b.min) {
       std::fprintf(stderr, "error: %s: got %lld; allowed: an integer >= %lld\n", b.flag,
                    static_cast<long long>(*b.value), static_cast<long long>(b.min));
+      return 2;
+    }
+  }
+  for (const auto& [value, flag] :
+       {std::pair{n.lr, "--lr"}, std::pair{n.weight_decay, "--weight-decay"}}) {
+    if (value && *value < 0) {
+      std::fprintf(stderr, "error: %s: got %g; allowed: a number >= 0\n", flag, *value);
       return 2;
     }
   }
