@@ -445,7 +445,7 @@ void check_export_target(const fs::path& out) {
 }
 
 // An export's temporary directory: made by this process (one left at its name by a killed
-// export of the same pid, holding the marker, is removed first; anything else there is
+// export of the same pid, is_export_scratch, is removed first; anything else there is
 // refused), holding the marker, and removed with its contents on destruction unless release()
 // was called.
 class ScratchDir {
@@ -453,8 +453,7 @@ class ScratchDir {
   explicit ScratchDir(fs::path p) : path_(std::move(p)) {
     std::error_code ec;
     if (fs::symlink_status(path_, ec).type() != fs::file_type::not_found) {
-      if (!fs::is_directory(fs::symlink_status(path_, ec)) ||
-          fs::symlink_status(path_ / kExportScratchMarker, ec).type() != fs::file_type::regular)
+      if (!fs::is_directory(fs::symlink_status(path_, ec)) || !is_export_scratch(path_))
         throw InvalidArgument(fmt::format(
             "{}: exists and is not an export's temporary directory (an export writes there): "
             "move it away",
@@ -480,6 +479,22 @@ class ScratchDir {
 };
 
 }  // namespace
+
+bool is_export_scratch(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::symlink_status(dir / kExportScratchMarker, ec).type() != fs::file_type::regular)
+    return false;
+  for (fs::directory_iterator it(dir, ec), end; it != end; it.increment(ec)) {
+    if (ec) return false;
+    std::string name = it->path().filename().string();
+    if (name == kExportScratchMarker) continue;
+    if (name.ends_with(".tmp")) name.resize(name.size() - 4);
+    const bool known = name == kHfConfigFile || name == kHfIndexFile ||
+                       (name.ends_with(".safetensors") && name != ".safetensors");
+    if (!known || !it->is_regular_file(ec) || it->is_symlink(ec)) return false;
+  }
+  return !ec;
+}
 
 void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_master,
                     const fs::path& out_dir, const ExportOptions& options) {

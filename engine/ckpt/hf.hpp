@@ -48,6 +48,11 @@ inline constexpr const char* kHfConfigFile = "config.json";
 // removed just before the rename: a directory of that name without it is not an export's.
 inline constexpr const char* kExportScratchMarker = ".outcore-export";
 
+// Whether `dir` is an export's temporary directory: it holds kExportScratchMarker and nothing
+// but what an export writes (regular files named config.json, model.safetensors.index.json or
+// *.safetensors, or one of those with the ".tmp" suffix of a file still being written).
+bool is_export_scratch(const std::filesystem::path& dir);
+
 // The weights of a Hugging Face Llama directory, validated against a model config.
 class HfWeights {
  public:
@@ -111,7 +116,7 @@ using ReadMasterFn = std::function<void(int unit, uint64_t begin, uint64_t count
 // each layer's tensors, final norm, lm_head unless tied) read through `read_master` in pieces
 // of at most options.piece_elems elements. Everything is built in a sibling temporary
 // directory `<out_dir>.tmp-<pid>` (made by this call, holding kExportScratchMarker until the
-// end; one already there is refused unless it is an export's), fsynced and renamed to
+// end; one already there is refused unless is_export_scratch), fsynced and renamed to
 // `out_dir` at the end; on failure it is removed.
 // InvalidArgument when `out_dir` exists and is not an empty directory, or piece_elems is 0, and
 // when a tensor's master values hold NaN or Inf (any dtype) or values that round to Inf in

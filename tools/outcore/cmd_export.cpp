@@ -56,28 +56,9 @@ fs::path export_target(const std::string& out) {
   return p.has_filename() ? p : p.parent_path();
 }
 
-// Whether `dir` is an export's temporary directory: it holds the marker export writes first
-// and nothing but what an export writes (regular files named config.json,
-// model.safetensors.index.json or *.safetensors, or one of those with the ".tmp" suffix of a
-// file still being written).
-bool is_export_scratch(const fs::path& dir) {
-  std::error_code ec;
-  if (fs::symlink_status(dir / ckpt::kExportScratchMarker, ec).type() != fs::file_type::regular)
-    return false;
-  for (fs::directory_iterator it(dir, ec), end; it != end; it.increment(ec)) {
-    if (ec) return false;
-    std::string name = it->path().filename().string();
-    if (name == ckpt::kExportScratchMarker) continue;
-    if (name.ends_with(".tmp")) name.resize(name.size() - 4);
-    const bool known = name == ckpt::kHfConfigFile || name == ckpt::kHfIndexFile ||
-                       (name.ends_with(".safetensors") && name != ".safetensors");
-    if (!known || !it->is_regular_file(ec) || it->is_symlink(ec)) return false;
-  }
-  return !ec;
-}
-
 // Removes the `<out>.tmp-<pid>` directories left next to `out` by exports that were killed
-// (SIGKILL): only those whose pid runs no more and that are an export's (is_export_scratch).
+// (SIGKILL): only those whose pid runs no more and that are an export's
+// (ckpt::is_export_scratch).
 // Any other is left, with a warning on stderr.
 void remove_killed_exports(const fs::path& out) {
   const std::string prefix = out.filename().string() + ".tmp-";
@@ -94,7 +75,7 @@ void remove_killed_exports(const fs::path& out) {
     std::error_code sec;
     if (!fs::is_directory(it->symlink_status(sec)) || sec) continue;
     if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // that export may still be running
-    if (!is_export_scratch(it->path())) {
+    if (!ckpt::is_export_scratch(it->path())) {
       std::fprintf(stderr,
                    "warning: %s: named like the temporary directory of an export (pid %d, no "
                    "longer running), but without its marker %s or holding files an export does "
