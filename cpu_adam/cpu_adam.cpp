@@ -151,6 +151,11 @@ void validate(const AdamParams& hp) {
   }
 }
 
+detail::AdamCoeffs adam_coefficients(const AdamParams& hp) {
+  validate(hp);
+  return make_coeffs(hp);
+}
+
 void adam_step(const AdamParams& hp, size_t n, float* params, GradIn grads, Moments moments,
                ParamsOut out, const Executor* ex) {
   const CheckedStep s = check_step(hp, n, params, grads, moments, out);

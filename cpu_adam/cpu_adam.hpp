@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "common/dtype.hpp"
+#include "cpu_adam/kernels.hpp"
 
 namespace outcore::cpu_adam {
 
@@ -145,6 +146,10 @@ struct AdamParams {
 // Checks the hyper-parameters: lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0,
 // step >= 1, grad_scale finite, all finite. Throws InvalidArgument naming the field and value.
 void validate(const AdamParams& hp);
+
+// The per-step constants of `hp` (validated first) that the Adam kernels read, for a kernel
+// outside this library that steps with math::adam_element (adam_math.hpp): the GPU's.
+detail::AdamCoeffs adam_coefficients(const AdamParams& hp);
 
 // Gradient input: n elements of fp32, bf16 or fp16.
 struct GradIn {

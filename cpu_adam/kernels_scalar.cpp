@@ -1,10 +1,12 @@
-// The scalar reference kernels. Each Adam operation is written as the same sequence of IEEE
-// operations (explicit fma, correctly rounded sqrt and division) as the vector kernels, so
-// every ISA gives bit-identical parameters and moments.
+// The scalar reference kernels. Each Adam element is math::adam_element (adam_math.hpp, shared
+// with the GPU's kernel): the same sequence of IEEE operations (explicit fma, correctly rounded
+// sqrt and division) as the vector kernels, so every ISA gives bit-identical parameters and
+// moments.
 #include <cmath>
 #include <cstdint>
 
 #include "common/dtype.hpp"
+#include "cpu_adam/adam_math.hpp"
 #include "cpu_adam/kernels.hpp"
 
 namespace outcore::cpu_adam::detail {
@@ -30,22 +32,10 @@ void store(void* x, size_t i, float f) {
 template <int M, int Formula, int G, int O>
 void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, void* m, void* v, void* out) {
   for (size_t i = 0; i < n; ++i) {
-    float grad = load<G>(g, i);
     float param = p[i];
-    if (c.use_scale) grad = grad * c.grad_scale;
-    if (c.use_l2) grad = std::fma(param, c.l2, grad);
-    float mi = std::fma(grad, c.one_minus_beta1, load<M>(m, i) * c.beta1);
-    float vi = std::fma(grad * grad, c.one_minus_beta2, load<M>(v, i) * c.beta2);
-    float root = std::sqrt(vi);
-    if constexpr (Formula == kDeepSpeed) {
-      float update = mi / std::fma(root, c.bc2, c.eps);
-      if (c.use_decoupled) param = std::fma(param, c.decoupled, param);
-      param = std::fma(update, c.step_size, param);
-    } else {
-      float denom = root / c.bc2 + c.eps;
-      if (c.use_decoupled) param = param * c.decoupled;
-      param = param + (c.step_size * mi) / denom;
-    }
+    float mi = load<M>(m, i);
+    float vi = load<M>(v, i);
+    math::adam_element<Formula>(c, load<G>(g, i), param, mi, vi);
     store<M>(m, i, mi);
     store<M>(v, i, vi);
     p[i] = param;

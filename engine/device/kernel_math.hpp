@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_adam/adam_math.hpp"
+
 #if defined(__CUDACC__)
 #define OUTCORE_HD __host__ __device__ __forceinline__
 #else
@@ -240,5 +242,37 @@ OUTCORE_HD float fp16_to_fp32(uint16_t h) {
 
 // True for inf and NaN (the overflow check of fp16 loss scaling).
 OUTCORE_HD bool nonfinite(float x) { return (float_bits(x) & 0x7f800000u) == 0x7f800000u; }
+
+// ---------------------------------------------------------------------------------------------
+// Adam
+
+// Element i of one Adam step as the GPU's kernel computes it: moments of kind M (kF32 or
+// kBF16: widened exactly, rounded to nearest even on store), copy-out of kind O (kOutNone,
+// kOutBF16, kOutF16), the arithmetic cpu_adam::math::adam_element's, so the bits are
+// cpu_adam::adam_step's (tests/device/kernel_math_test.cpp).
+template <int M, int Formula, int O>
+OUTCORE_HD void adam_at(const cpu_adam::detail::AdamCoeffs& c, int64_t i, float* p, const float* g,
+                        void* m, void* v, void* out) {
+  using namespace cpu_adam::detail;
+  float param = p[i], mi, vi;
+  if constexpr (M == kBF16) {
+    mi = bf16_to_fp32(static_cast<const uint16_t*>(m)[i]);
+    vi = bf16_to_fp32(static_cast<const uint16_t*>(v)[i]);
+  } else {
+    mi = static_cast<const float*>(m)[i];
+    vi = static_cast<const float*>(v)[i];
+  }
+  cpu_adam::math::adam_element<Formula>(c, g[i], param, mi, vi);
+  if constexpr (M == kBF16) {
+    static_cast<uint16_t*>(m)[i] = fp32_to_bf16(mi);
+    static_cast<uint16_t*>(v)[i] = fp32_to_bf16(vi);
+  } else {
+    static_cast<float*>(m)[i] = mi;
+    static_cast<float*>(v)[i] = vi;
+  }
+  p[i] = param;
+  if constexpr (O == kOutBF16) static_cast<uint16_t*>(out)[i] = fp32_to_bf16(param);
+  if constexpr (O == kOutF16) static_cast<uint16_t*>(out)[i] = fp32_to_fp16(param);
+}
 
 }  // namespace outcore::kmath

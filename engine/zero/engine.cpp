@@ -62,18 +62,21 @@ PlanOptions engine_plan_options(device::Device& device, const model::LlamaModel&
 
 // What a device the host cannot read (a GPU) supports: the model computes there and every
 // transfer is a stream copy (several ranks: their collectives run on host memory, through
-// pinned copy-back and gather buffers), but CPU Adam needs the optimizer state in host memory
-// or swap files.
+// pinned copy-back and gather buffers). Optimizer state offloaded to host memory or swap files
+// is stepped by CPU Adam, and the part offload_optimizer.ratio < 1 keeps on the device by Adam
+// on the device (device_adam.hpp) from gradients accumulated on the host; all of it on the
+// device (offload_optimizer none, stage 0) would need its gradients there as well.
 void check_discrete_device(const detail::Geometry& g, const device::Device& device) {
-  for (size_t u = 0; u < g.units.size(); ++u)
-    if (g.placement.optimizer_home(u) == Tier::kDevice)
-      throw ConfigError(
-          "zero_optimization.offload_optimizer",
-          fmt::format(
-              "the optimizer state of unit {} would live on {}, but the optimizer is CPU "
-              "Adam; use offload_optimizer.device cpu or nvme with ratio 1{}",
-              u, device.name(),
-              g.placement.stage == 0 ? " and ZeRO stage 1 or higher (stage 0 ignores it)" : ""));
+  if (g.placement.optimizer == Tier::kDevice)
+    throw ConfigError(
+        "zero_optimization.offload_optimizer",
+        fmt::format(
+            "all the optimizer state would live on {}, with its gradients, which "
+            "outcore does not support; use offload_optimizer.device cpu or nvme{} (at "
+            "stage 3, offload_optimizer.ratio below 1 keeps the state of the last units "
+            "on the device)",
+            device.name(),
+            g.placement.stage == 0 ? " and ZeRO stage 1 or higher (stage 0 ignores it)" : ""));
 }
 
 }  // namespace
@@ -193,9 +196,9 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     oo.pipeline_write = z.offload_optimizer.pipeline_write;
     oo.spare_copy = g.step_in_backward;
     optimizer = detail::make_nvme_store(g, *optimizer_swapper, *pool, oo, pl.concurrent_steps,
-                                        &device, executor);
+                                        &device, executor, traffic);
   } else {
-    optimizer = detail::make_memory_store(g, &device, executor);
+    optimizer = detail::make_memory_store(g, &device, executor, traffic);
   }
   publisher = std::make_unique<detail::ParamPublisher>(
       g, device, comm, *copy, *comm_stream, full_params, home.get(), traffic, *pool,

@@ -258,6 +258,27 @@ bool staged_publication(const Placement& p, size_t unit) {
   return home == Tier::kNvme || (home == Tier::kDevice && p.optimizer_home(unit) != Tier::kDevice);
 }
 
+bool publishes_on_device(const Placement& p, size_t unit) {
+  return !staged_publication(p, unit) && (p.stage < 3 || p.param_home(unit) == Tier::kDevice);
+}
+
+bool host_publication_staged(const Geometry& g, size_t unit) {
+  return staged_publication(g.placement, unit) ||
+         (!g.device_host_accessible && publishes_on_device(g.placement, unit));
+}
+
+DeviceAdamScratch device_adam_scratch(const Geometry& g) {
+  DeviceAdamScratch s;
+  if (g.device_host_accessible) return s;
+  for (size_t u = 0; u < g.units.size(); ++u) {
+    if (g.placement.optimizer_home(u) != Tier::kDevice) continue;
+    s.grad_bytes = std::max(s.grad_bytes, g.units[u].own_len * sizeof(float));
+    if (!publishes_on_device(g.placement, u))
+      s.out_bytes = std::max(s.out_bytes, g.units[u].own_len * g.param_bytes);
+  }
+  return s;
+}
+
 uint64_t mem_available_bytes() {
   std::ifstream in("/proc/meminfo");
   std::string key, unit;

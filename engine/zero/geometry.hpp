@@ -98,6 +98,27 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
 // by the optimizer straight into their home.
 bool staged_publication(const Placement& p, size_t unit);
 
+// Whether a producer on the host (initialisation, a checkpoint's load, a restore after a
+// tentative step) writes `unit`'s parameters through a staging slot: where the optimizer's are
+// staged, and on a device the host cannot read, also where the optimizer writes them in place
+// on the device (Adam on the device).
+bool host_publication_staged(const Geometry& g, size_t unit);
+
+// Whether new parameters of `unit` are written by the optimizer straight into device memory:
+// not staged, and homed on the device (every full slab below stage 3, the partition at stage 3
+// with offload_param none).
+bool publishes_on_device(const Placement& p, size_t unit);
+
+// Adam on a device the host cannot read (the units offload_optimizer.ratio < 1 keeps there):
+// device scratch for the largest such unit's fp32 gradients, brought up for its step, and for
+// its new parameters when they are bound for host memory (brought down after it). Zero where
+// no unit is stepped so.
+struct DeviceAdamScratch {
+  size_t grad_bytes = 0;
+  size_t out_bytes = 0;
+};
+DeviceAdamScratch device_adam_scratch(const Geometry& g);
+
 // MemAvailable from /proc/meminfo in bytes (0 when unknown).
 uint64_t mem_available_bytes();
 

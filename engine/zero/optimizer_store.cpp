@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
 #include "common/trace.hpp"
+#include "engine/device/device_adam.hpp"
 
 namespace outcore::zero::detail {
 namespace {
@@ -41,20 +43,33 @@ constexpr size_t kWidenChunk = size_t{1} << 20;
 // exp_avg_sq] with moments of g.moments.
 class MemoryOptimizerStore final : public OptimizerStore {
  public:
-  MemoryOptimizerStore(const Geometry& g, device::Device* device, const cpu_adam::Executor& ex)
-      : g_(g), ex_(ex), base_(g.units.size(), nullptr) {
+  MemoryOptimizerStore(const Geometry& g, device::Device* device, const cpu_adam::Executor& ex,
+                       TrafficCounters& traffic)
+      : g_(g), ex_(ex), traffic_(traffic), device_(device), base_(g.units.size(), nullptr) {
+    for (size_t u = 0; u < g.units.size(); ++u)
+      if (g.placement.optimizer_home(u) == Tier::kDevice && device == nullptr)
+        throw InvalidArgument(fmt::format(
+            "zero: the optimizer state of unit {} lives on the device but no device was given", u));
+    const DeviceAdamScratch scratch = device_adam_scratch(g);
+    if (scratch.grad_bytes > 0) {
+      // Adam on the device (device_adam.hpp); gradients come up into dev_grads_, new
+      // parameters bound for host memory go down from dev_out_.
+      stream_ = device->create_stream("zero-optimizer");
+      dev_grads_ = device->alloc(scratch.grad_bytes, "gradients of a unit stepped on the device");
+      if (scratch.out_bytes > 0)
+        dev_out_ =
+            device->alloc(scratch.out_bytes, "new parameters of a unit stepped on the device");
+    }
     for (size_t u = 0; u < g.units.size(); ++u) {
       const size_t bytes = g.units[u].own_len * g.optimizer_elem_bytes();
       switch (g.placement.optimizer_home(u)) {
         case Tier::kDevice:
-          if (device == nullptr)
-            throw InvalidArgument(
-                fmt::format("zero: the optimizer state of unit {} lives on the device but no "
-                            "device was given",
-                            u));
           dev_.push_back(device->alloc(bytes, fmt::format("optimizer state of unit {}", u)));
-          std::memset(dev_.back().data(), 0, bytes);
           base_[u] = static_cast<std::byte*>(dev_.back().data());
+          if (stream_)
+            stream_->memset(base_[u], 0, bytes);
+          else
+            std::memset(base_[u], 0, bytes);
           break;
         case Tier::kNvme:
           break;
@@ -64,16 +79,25 @@ class MemoryOptimizerStore final : public OptimizerStore {
           break;
       }
     }
+    if (stream_) stream_->synchronize();
   }
 
   void init(int unit, std::span<const float> master) override {
     check_len("initial master weights", unit, master.size(), n(unit));
+    if (streamed(unit)) {
+      stream_->copy_h2d(part(unit, StateKind::kMaster), master.data(), master.size_bytes());
+      stream_->memset(part(unit, StateKind::kExpAvg), 0, 2 * moment_bytes(unit));
+      stream_->synchronize();
+      traffic_.h2d += master.size_bytes();
+      return;
+    }
     std::memcpy(part(unit, StateKind::kMaster), master.data(), master.size_bytes());
     std::memset(part(unit, StateKind::kExpAvg), 0, 2 * moment_bytes(unit));
   }
 
   void step(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
             DType out_dtype) override {
+    if (streamed(unit)) return step_on_device(unit, grads, hp, out, out_dtype);
     OUTCORE_TRACE_SPAN("adam", "optimizer", {.unit = unit, .lanes = "optimizer"});
     auto* p = reinterpret_cast<float*>(part(unit, StateKind::kMaster));
     cpu_adam::ParamsOut po;
@@ -86,6 +110,12 @@ class MemoryOptimizerStore final : public OptimizerStore {
 
   void read(int unit, StateKind kind, std::span<float> out) override {
     check_len("state read", unit, out.size(), n(unit));
+    if (streamed(unit)) {
+      const DType t = kind == StateKind::kMaster ? DType::F32 : g_.moments;
+      std::vector<std::byte> raw(n(unit) * dtype_size(t));
+      down(raw.data(), part(unit, kind), raw.size());
+      return load_moments(out.data(), raw.data(), out.size(), t);
+    }
     if (kind == StateKind::kMaster)
       return void(std::memcpy(out.data(), part(unit, kind), out.size_bytes()));
     load_moments(out.data(), part(unit, kind), out.size(), g_.moments);
@@ -93,6 +123,12 @@ class MemoryOptimizerStore final : public OptimizerStore {
 
   void write(int unit, StateKind kind, std::span<const float> in) override {
     check_len("state write", unit, in.size(), n(unit));
+    if (streamed(unit)) {
+      const DType t = kind == StateKind::kMaster ? DType::F32 : g_.moments;
+      std::vector<std::byte> raw(n(unit) * dtype_size(t));
+      store_moments(raw.data(), in.data(), in.size(), t);
+      return up(part(unit, kind), raw.data(), raw.size());
+    }
     if (kind == StateKind::kMaster)
       return void(std::memcpy(part(unit, kind), in.data(), in.size_bytes()));
     store_moments(part(unit, kind), in.data(), in.size(), g_.moments);
@@ -101,6 +137,7 @@ class MemoryOptimizerStore final : public OptimizerStore {
   // fp32 moments: one call over the whole arrays. bf16: ranges of kWidenChunk elements with the
   // moments widened into (visit) or narrowed from (fill) fp32 scratch.
   void visit(int unit, const swap::OptimizerSwapper::StateVisitor& fn) override {
+    if (streamed(unit)) return visit_on_device(unit, fn);
     float* master = reinterpret_cast<float*>(part(unit, StateKind::kMaster));
     if (g_.moments == DType::F32) {
       return fn(0, n(unit), master, reinterpret_cast<float*>(part(unit, StateKind::kExpAvg)),
@@ -117,6 +154,7 @@ class MemoryOptimizerStore final : public OptimizerStore {
   }
 
   void fill(int unit, const swap::OptimizerSwapper::StateFiller& fn) override {
+    if (streamed(unit)) return fill_on_device(unit, fn);
     std::memset(part(unit, StateKind::kExpAvg), 0, 2 * moment_bytes(unit));
     float* master = reinterpret_cast<float*>(part(unit, StateKind::kMaster));
     if (g_.moments == DType::F32) {
@@ -140,6 +178,87 @@ class MemoryOptimizerStore final : public OptimizerStore {
  private:
   size_t n(int unit) const { return g_.units.at(unit).own_len; }
   size_t moment_bytes(int unit) const { return n(unit) * dtype_size(g_.moments); }
+  // The unit's state is in device memory the host cannot read: every access is a copy on
+  // stream_, and its Adam step runs on the device.
+  bool streamed(int unit) const {
+    return stream_ != nullptr &&
+           g_.placement.optimizer_home(static_cast<size_t>(unit)) == Tier::kDevice;
+  }
+  void down(void* host, const void* dev, size_t bytes) {
+    stream_->copy_d2h(host, dev, bytes);
+    stream_->synchronize();
+    traffic_.d2h += bytes;
+  }
+  void up(void* dev, const void* host, size_t bytes) {
+    stream_->copy_h2d(dev, host, bytes);
+    stream_->synchronize();
+    traffic_.h2d += bytes;
+  }
+
+  // The unit's gradients go up, Adam runs on the device, and new parameters bound for host
+  // memory come down; done when it returns. Steps of device units take turns (one scratch).
+  void step_on_device(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
+                      DType out_dtype) {
+    OUTCORE_TRACE_SPAN("adam (device)", "optimizer", {.unit = unit, .lanes = "optimizer"});
+    std::lock_guard lock(device_step_m_);
+    const size_t len = n(unit);
+    auto* master = reinterpret_cast<float*>(part(unit, StateKind::kMaster));
+    auto* dgrads = dev_grads_.as<float>();
+    stream_->copy_h2d(dgrads, grads, len * sizeof(float));
+    traffic_.h2d += len * sizeof(float);
+    const bool out_dev = publishes_on_device(g_.placement, static_cast<size_t>(unit));
+    cpu_adam::ParamsOut po;
+    if (out != nullptr && out_dtype != DType::F32)
+      po = {out_dev ? out : dev_out_.data(), out_dtype};
+    device::queue_adam_step(
+        *device_, *stream_, hp, len, master, dgrads,
+        {part(unit, StateKind::kExpAvg), part(unit, StateKind::kExpAvgSq), g_.moments}, po, &ex_);
+    if (out != nullptr) {
+      const size_t bytes = len * dtype_size(out_dtype);
+      const void* src = out_dtype == DType::F32 ? master : po.data;
+      if (out_dev) {
+        if (src != out) stream_->copy_d2d(out, src, bytes);
+      } else {
+        stream_->copy_d2h(out, src, bytes);
+        traffic_.d2h += bytes;
+      }
+    }
+    stream_->synchronize();
+  }
+
+  // Ranges of kWidenChunk elements through host buffers.
+  void visit_on_device(int unit, const swap::OptimizerSwapper::StateVisitor& fn) {
+    const size_t mb = dtype_size(g_.moments), chunk = std::min(n(unit), kWidenChunk);
+    std::vector<float> master(chunk), m(chunk), v(chunk);
+    std::vector<std::byte> raw(chunk * mb);
+    for (size_t first = 0; first < n(unit); first += kWidenChunk) {
+      const size_t len = std::min(kWidenChunk, n(unit) - first);
+      down(master.data(), part(unit, StateKind::kMaster) + first * sizeof(float),
+           len * sizeof(float));
+      down(raw.data(), part(unit, StateKind::kExpAvg) + first * mb, len * mb);
+      load_moments(m.data(), raw.data(), len, g_.moments);
+      down(raw.data(), part(unit, StateKind::kExpAvgSq) + first * mb, len * mb);
+      load_moments(v.data(), raw.data(), len, g_.moments);
+      fn(first, len, master.data(), m.data(), v.data());
+    }
+  }
+  void fill_on_device(int unit, const swap::OptimizerSwapper::StateFiller& fn) {
+    const size_t mb = dtype_size(g_.moments), chunk = std::min(n(unit), kWidenChunk);
+    std::vector<float> master(chunk), m(chunk), v(chunk);
+    std::vector<std::byte> raw(chunk * mb);
+    for (size_t first = 0; first < n(unit); first += kWidenChunk) {
+      const size_t len = std::min(kWidenChunk, n(unit) - first);
+      std::fill_n(m.data(), len, 0.0f);
+      std::fill_n(v.data(), len, 0.0f);
+      fn(first, len, master.data(), m.data(), v.data());
+      up(part(unit, StateKind::kMaster) + first * sizeof(float), master.data(),
+         len * sizeof(float));
+      store_moments(raw.data(), m.data(), len, g_.moments);
+      up(part(unit, StateKind::kExpAvg) + first * mb, raw.data(), len * mb);
+      store_moments(raw.data(), v.data(), len, g_.moments);
+      up(part(unit, StateKind::kExpAvgSq) + first * mb, raw.data(), len * mb);
+    }
+  }
   std::byte* part(int unit, StateKind kind) {
     std::byte* base = base_.at(unit);
     if (base == nullptr)
@@ -152,6 +271,11 @@ class MemoryOptimizerStore final : public OptimizerStore {
 
   const Geometry& g_;
   const cpu_adam::Executor& ex_;
+  TrafficCounters& traffic_;
+  device::Device* device_;
+  std::unique_ptr<device::Stream> stream_;  // set when device units are streamed()
+  device::DeviceBuffer dev_grads_, dev_out_;
+  std::mutex device_step_m_;
   std::vector<device::DeviceBuffer> dev_;
   std::vector<AlignedBuffer> host_;
   std::vector<std::byte*> base_;  // per unit: [master | exp_avg | exp_avg_sq], null on NVMe
@@ -161,10 +285,10 @@ class NvmeOptimizerStore final : public OptimizerStore {
  public:
   NvmeOptimizerStore(const Geometry& g, swap::Swapper& swapper, swap::PinnedPool& pool,
                      const swap::OptimizerSwapperOptions& options, size_t concurrent,
-                     device::Device* device, const cpu_adam::Executor& ex)
+                     device::Device* device, const cpu_adam::Executor& ex, TrafficCounters& traffic)
       : g_(g), swapper_(swapper, pool, options, &ex), concurrent_(concurrent) {
     if (g.placement.device_optimizer_from < g.units.size())
-      memory_ = std::make_unique<MemoryOptimizerStore>(g, device, ex);
+      memory_ = std::make_unique<MemoryOptimizerStore>(g, device, ex, traffic);
   }
 
   void init(int unit, std::span<const float> master) override {
@@ -252,17 +376,19 @@ void OptimizerStore::commit(int unit) {
 void OptimizerStore::discard(int unit) { commit(unit); }
 
 std::unique_ptr<OptimizerStore> make_memory_store(const Geometry& g, device::Device* device,
-                                                  const cpu_adam::Executor& ex) {
-  return std::make_unique<MemoryOptimizerStore>(g, device, ex);
+                                                  const cpu_adam::Executor& ex,
+                                                  TrafficCounters& traffic) {
+  return std::make_unique<MemoryOptimizerStore>(g, device, ex, traffic);
 }
 
 std::unique_ptr<OptimizerStore> make_nvme_store(const Geometry& g, swap::Swapper& swapper,
                                                 swap::PinnedPool& pool,
                                                 const swap::OptimizerSwapperOptions& options,
                                                 size_t concurrent_steps, device::Device* device,
-                                                const cpu_adam::Executor& ex) {
-  return std::make_unique<NvmeOptimizerStore>(g, swapper, pool, options,
-                                              std::max<size_t>(1, concurrent_steps), device, ex);
+                                                const cpu_adam::Executor& ex,
+                                                TrafficCounters& traffic) {
+  return std::make_unique<NvmeOptimizerStore>(
+      g, swapper, pool, options, std::max<size_t>(1, concurrent_steps), device, ex, traffic);
 }
 
 }  // namespace outcore::zero::detail

@@ -22,6 +22,7 @@
 #include "cpu_adam/cpu_adam.hpp"
 #include "engine/device/device.hpp"
 #include "engine/zero/geometry.hpp"
+#include "engine/zero/param_coordinator.hpp"
 #include "engine/zero/zero.hpp"
 #include "swap/swap.hpp"
 
@@ -65,7 +66,8 @@ class OptimizerStore {
 // the device, in host memory for those homed in host memory. `device` may be null when no unit
 // is homed on the device (else InvalidArgument).
 std::unique_ptr<OptimizerStore> make_memory_store(const Geometry& g, device::Device* device,
-                                                  const cpu_adam::Executor& ex);
+                                                  const cpu_adam::Executor& ex,
+                                                  TrafficCounters& traffic);
 
 // Swap files (`swapper`'s space holds detail::optimizer_swap_files(g)) for the units homed on
 // NVMe; device memory from `device` for the units partial offload keeps there.
@@ -73,6 +75,7 @@ std::unique_ptr<OptimizerStore> make_nvme_store(const Geometry& g, swap::Swapper
                                                 swap::PinnedPool& pool,
                                                 const swap::OptimizerSwapperOptions& options,
                                                 size_t concurrent_steps, device::Device* device,
-                                                const cpu_adam::Executor& ex);
+                                                const cpu_adam::Executor& ex,
+                                                TrafficCounters& traffic);
 
 }  // namespace outcore::zero::detail

@@ -69,9 +69,10 @@ void ParamPublisher::wait_landed(int unit, size_t slot) {
 
 // Straight into the parameters' home when the optimizer can write there, else into staging
 // slot `slot` (then copied or swapped out).
-std::byte* ParamPublisher::target(int unit, size_t slot, bool& staged) {
+std::byte* ParamPublisher::target(int unit, size_t slot, bool& staged, Writer writer) {
   const UnitGeometry& ug = g_.units[unit];
-  staged = staged_publication(g_.placement, static_cast<size_t>(unit));
+  staged = writer == Writer::kHost ? host_publication_staged(g_, static_cast<size_t>(unit))
+                                   : staged_publication(g_.placement, static_cast<size_t>(unit));
   if (!staged)
     return g_.placement.stage < 3 ? full_params_[unit].as<std::byte>() + ug.own_off * g_.param_bytes
                                   : home_->resident(unit);

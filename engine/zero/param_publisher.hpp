@@ -39,19 +39,24 @@ class ParamPublisher {
   // Waits for the slots' pending swap writes (errors logged, not thrown).
   ~ParamPublisher();
 
+  // Who writes the new elements: code on the host, or the optimizer store's step (which
+  // writes device memory on the device itself where the unit is stepped there).
+  enum class Writer { kHost, kOptimizer };
+
   // Writes own_len new elements of `unit`, produced by `produce(out)` into `out`, to the
   // parameters' tier, in order with other publications; `slot` picks the staging slot.
   template <typename Produce>
-  void publish(int unit, size_t slot, Produce&& produce) {
+  void publish(int unit, size_t slot, Produce&& produce, Writer writer = Writer::kHost) {
     bool staged = false;
-    std::byte* out = target(unit, slot, staged);
+    std::byte* out = target(unit, slot, staged, writer);
     produce(out);
     finish(unit, slot, staged);
   }
   // The two halves of publish(), for a producer running elsewhere: where to write the unit's
   // own elements (its home, or staging slot `slot` once that slot is free; `staged` says
-  // which), then the copy, swap write or gather of what was written.
-  std::byte* target(int unit, size_t slot, bool& staged);
+  // which: staged_publication for the optimizer, host_publication_staged for the host), then
+  // the copy, swap write or gather of what was written.
+  std::byte* target(int unit, size_t slot, bool& staged, Writer writer);
   void finish(int unit, size_t slot, bool staged);
   // Waits until `unit`'s publication through `slot` is where the next pass reads it (the
   // slot's copy or swap write finished; at stages 1-2 the gather of every rank's partition).

@@ -72,7 +72,7 @@ PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, PinnedL
   for (size_t u = 0; u < g.units.size(); ++u) {
     if (p.param_home(u) == Tier::kPinned)
       l.param_partitions += align_up(g.units[u].part * g.param_bytes, kIoAlignment);
-    if (!staged_publication(p, u)) continue;
+    if (!host_publication_staged(g, u)) continue;
     staged = true;
     staged_own_len = std::max(staged_own_len, g.units[u].own_len);
   }
@@ -242,6 +242,11 @@ void plan_device_state(const PlanContext& c, Plan& plan) {
       sum_optimizer_units(g, Tier::kDevice, [&](const UnitGeometry& u) {
         return charged_bytes(u.own_len * g.optimizer_elem_bytes());
       }));
+  const detail::DeviceAdamScratch adam = detail::device_adam_scratch(g);
+  add(plan, Tier::kDevice, "fp32 gradients of the unit in a device Adam step",
+      charged_bytes(adam.grad_bytes));
+  add(plan, Tier::kDevice, c.param_dtype + " new parameters of that unit (copied down)",
+      charged_bytes(adam.out_bytes));
   if (p.gradients == Tier::kDevice)
     add(plan, Tier::kDevice, "fp32 gradient accumulators", sum_units(g, [](const UnitGeometry& u) {
           return charged_bytes(u.accum_len * sizeof(float));
@@ -473,6 +478,12 @@ void plan_step_traffic(const PlanContext& c, Plan& plan) {
     if (p.optimizer_home(unit) == Tier::kNvme) {
       t.nvme_read += u.own_len * g.optimizer_elem_bytes();
       t.nvme_write += u.own_len * g.optimizer_elem_bytes();
+    }
+    // Adam on a device the host cannot read: the gradients go up, and new parameters bound
+    // for host memory come down.
+    if (p.optimizer_home(unit) == Tier::kDevice && !g.device_host_accessible) {
+      t.h2d += u.own_len * sizeof(float);
+      if (!detail::publishes_on_device(p, unit)) t.d2h += u.own_len * g.param_bytes;
     }
     // New parameters after Adam: written to the swap file, or copied to the device.
     const uint64_t lowp = u.own_len * g.param_bytes;

@@ -192,8 +192,9 @@ void StepScheduler::step_units(const cpu_adam::AdamParams& hp, const std::functi
     for (size_t k = 0;; ++k) {
       const int unit = next();
       if (unit < 0) break;
-      publisher_.publish(unit, k % slots,
-                         [&](std::byte* out) { run_one(unit, grad_slot(k), out); });
+      publisher_.publish(
+          unit, k % slots, [&](std::byte* out) { run_one(unit, grad_slot(k), out); },
+          ParamPublisher::Writer::kOptimizer);
       complete(unit, k % slots);
     }
     return;
@@ -220,7 +221,8 @@ void StepScheduler::step_units(const cpu_adam::AdamParams& hp, const std::functi
       const int unit = next();
       if (unit < 0) break;
       Running rn{unit, k % slots, false, {}};
-      std::byte* out = publisher_.target(unit, rn.slot, rn.staged);
+      std::byte* out =
+          publisher_.target(unit, rn.slot, rn.staged, ParamPublisher::Writer::kOptimizer);
       const size_t gslot = grad_slot(k);
       rn.done = std::async(std::launch::async,
                            [&run_one, unit, gslot, out] { run_one(unit, gslot, out); });

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "cpu_adam/cpu_adam.hpp"
 #include "engine/device/cpu/kernels.hpp"
 #include "tests/common/numeric.hpp"
 
@@ -279,6 +280,86 @@ TEST(KernelMath, NonfiniteFlagsInfAndNaNOnly) {
   EXPECT_FALSE(kmath::nonfinite(std::numeric_limits<float>::max()));
   EXPECT_FALSE(kmath::nonfinite(std::numeric_limits<float>::denorm_min()));
   EXPECT_FALSE(kmath::nonfinite(-0.0f));
+}
+
+// The GPU's Adam element (kmath::adam_at, what cuda::adam_step runs per element) against
+// cpu_adam::adam_step on this CPU's vector kernels: the same bits for every formula, moment and
+// copy-out kind, with and without decay (AdamW's and L2's), gradient scaling and bias
+// correction, over values spanning many binades (so a reordered or contracted operation
+// shows).
+template <int M, int Formula, int O>
+void expect_adam_at_matches(const cpu_adam::AdamParams& hp, const std::string& what) {
+  using namespace cpu_adam::detail;
+  constexpr size_t n = 4099;  // not a multiple of any vector width: the tails too
+  std::vector<float> p = randn(n, 1), g = randn(n, 2, 0.01f), m0 = randn(n, 3, 0.001f),
+                     v0 = randn(n, 4, 1e-6f);
+  for (size_t i = 0; i < n; ++i) {
+    v0[i] = std::fabs(v0[i]) * std::ldexp(1.0f, static_cast<int>(i % 13) - 6);
+    g[i] *= std::ldexp(1.0f, static_cast<int>(i % 11) - 5);
+  }
+  const DType mt = M == kBF16 ? DType::BF16 : DType::F32;
+  const size_t mb = dtype_size(mt);
+  std::vector<std::byte> m(n * mb), v(n * mb);
+  for (size_t i = 0; i < n; ++i) {
+    if (M == kBF16) {
+      reinterpret_cast<uint16_t*>(m.data())[i] = fp32_to_bf16(m0[i]);
+      reinterpret_cast<uint16_t*>(v.data())[i] = fp32_to_bf16(v0[i]);
+    } else {
+      reinterpret_cast<float*>(m.data())[i] = m0[i];
+      reinterpret_cast<float*>(v.data())[i] = v0[i];
+    }
+  }
+  std::vector<float> p_gpu = p;
+  std::vector<std::byte> m_gpu = m, v_gpu = v;
+  std::vector<uint16_t> out(n), out_gpu(n);
+  const DType ot = O == kOutF16 ? DType::F16 : DType::BF16;
+  cpu_adam::adam_step(hp, n, p.data(), {g.data(), DType::F32}, {m.data(), v.data(), mt},
+                      {O == kOutNone ? nullptr : out.data(), ot});
+  const AdamCoeffs c = cpu_adam::adam_coefficients(hp);
+  for (size_t i = 0; i < n; ++i)
+    kmath::adam_at<M, Formula, O>(c, static_cast<int64_t>(i), p_gpu.data(), g.data(), m_gpu.data(),
+                                  v_gpu.data(), out_gpu.data());
+  size_t bad = 0;
+  for (size_t i = 0; i < n && bad < 5; ++i) {
+    if (kmath::float_bits(p[i]) != kmath::float_bits(p_gpu[i])) {
+      ADD_FAILURE() << what << ": params[" << i << "] " << p[i] << " vs " << p_gpu[i];
+      ++bad;
+    }
+  }
+  EXPECT_EQ(m, m_gpu) << what << ": exp_avg";
+  EXPECT_EQ(v, v_gpu) << what << ": exp_avg_sq";
+  if (O != kOutNone) {
+    EXPECT_EQ(out, out_gpu) << what << ": copy-out";
+  }
+}
+
+TEST(KernelMath, AdamAtHasCpuAdamsBits) {
+  using namespace cpu_adam::detail;
+  for (const bool adamw : {true, false})
+    for (const double wd : {0.0, 0.1})
+      for (const double scale : {1.0, 0.37})
+        for (const bool bc : {true, false}) {
+          cpu_adam::AdamParams hp;
+          hp.lr = 3e-3;
+          hp.beta1 = 0.9;
+          hp.beta2 = 0.95;
+          hp.eps = 1e-8;
+          hp.weight_decay = wd;
+          hp.adamw_mode = adamw;
+          hp.grad_scale = scale;
+          hp.bias_correction = bc;
+          hp.step = 7;
+          const std::string what = std::string(adamw ? "adamw" : "adam") + " wd " +
+                                   std::to_string(wd) + " scale " + std::to_string(scale) +
+                                   (bc ? " bc" : "");
+          hp.formula = cpu_adam::Formula::kDeepSpeed;
+          expect_adam_at_matches<kF32, kDeepSpeed, kOutBF16>(hp, "deepspeed fp32 " + what);
+          expect_adam_at_matches<kBF16, kDeepSpeed, kOutNone>(hp, "deepspeed bf16 " + what);
+          expect_adam_at_matches<kF32, kDeepSpeed, kOutF16>(hp, "deepspeed fp16 out " + what);
+          hp.formula = cpu_adam::Formula::kPyTorch;
+          expect_adam_at_matches<kF32, kPyTorch, kOutNone>(hp, "pytorch fp32 " + what);
+          expect_adam_at_matches<kBF16, kPyTorch, kOutBF16>(hp, "pytorch bf16 " + what);
+        }
 }
 
 }  // namespace

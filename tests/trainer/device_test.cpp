@@ -96,6 +96,48 @@ TEST(TrainerDevice, DiscreteDeviceCheckpointResumesExactly) {
   }
 }
 
+// offload_optimizer.ratio 0.5 on the discrete device: the last units' optimizer state on the
+// device, stepped there by Adam on the device, read for a checkpoint and written back on
+// resume through stream copies only. The run equals the host-accessible device's, and a
+// checkpoint saved on the discrete device resumes exactly there and on the host-accessible one.
+TEST(TrainerDevice, DiscreteDevicePartialOffloadTrainsAndResumesExactly) {
+  DemoData data;
+  for (const char* opt : {"nvme", "cpu"}) {
+    SCOPED_TRACE(opt);
+    const std::string o(opt);
+    std::filesystem::create_directories(data.file("swap_" + o));
+    nlohmann::json patch = nvme_patch(data.file("swap_" + o));
+    patch["bf16"] = {{"enabled", true}};
+    patch.merge_patch(
+        {{"zero_optimization",
+          {{"sub_group_size", 3000}, {"offload_optimizer", {{"device", o}, {"ratio", 0.5}}}}}});
+    const Outcome host = train_on(false, patch, data);
+    const Outcome whole = train_on(true, patch, data);
+    train_on(true, patch, data, 3, data.file("ckpt_" + o));
+    const Outcome resumed = train_on(true, patch, data, 6, "", data.file("ckpt_" + o));
+    const Outcome on_host = train_on(false, patch, data, 6, "", data.file("ckpt_" + o));
+    ASSERT_EQ(whole.losses.size(), 6u);
+    ASSERT_EQ(host.losses.size(), 6u);
+    ASSERT_EQ(resumed.losses.size(), 3u);
+    ASSERT_EQ(on_host.losses.size(), 3u);
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_EQ(std::memcmp(&host.losses[i], &whole.losses[i], sizeof(double)), 0)
+          << "loss of step " << i + 1;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(std::memcmp(&whole.losses[3 + i], &resumed.losses[i], sizeof(double)), 0)
+          << "loss of step " << 4 + i;
+      EXPECT_EQ(std::memcmp(&whole.losses[3 + i], &on_host.losses[i], sizeof(double)), 0)
+          << "loss of step " << 4 + i << " (resumed on the host-accessible device)";
+    }
+    for (size_t u = 0; u < whole.weights.master.size(); ++u) {
+      EXPECT_TRUE(host.weights.master[u] == whole.weights.master[u]) << "unit " << u;
+      EXPECT_TRUE(whole.weights.master[u] == resumed.weights.master[u]) << "unit " << u;
+      EXPECT_TRUE(whole.weights.params[u] == resumed.weights.params[u]) << "unit " << u;
+      EXPECT_TRUE(whole.weights.master[u] == on_host.weights.master[u]) << "unit " << u;
+    }
+  }
+}
+
 TEST(TrainerDevice, AMissingGpuIsRefused) {
   if (device::probe().available) GTEST_SKIP() << "this machine has a GPU";
   DemoData data;

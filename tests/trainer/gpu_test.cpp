@@ -24,6 +24,7 @@ struct Outcome {
   Weights weights;
   zero::MemoryPeaks memory;
   std::vector<bool> device_grad_sums;
+  size_t device_optimizer_from = 0;
 };
 
 // 4.3M parameters: 68 MiB of training state (16 B/param) against a 32 MiB device budget.
@@ -42,26 +43,27 @@ constexpr int64_t kBudgetMb = 32;
 // parameters (and by default bf16 compute), 2 micro-batches per step, under the kBudgetMb device
 // budget.
 config::Config device_config(bool step_in_backward, const std::string& swap,
-                             const std::string& compute = "auto") {
-  nlohmann::json p = {{"bf16", {{"enabled", true}}},
-                      {"gradient_accumulation_steps", 2},
-                      {"zero_optimization",
-                       {{"stage", 3},
-                        {"stage3_param_persistence_threshold", 0},
-                        {"offload_param", {{"device", "cpu"}}},
-                        {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap}}}}},
-                      {"outcore",
-                       {{"device_memory_mb", kBudgetMb},
-                        {"step_in_backward", step_in_backward},
-                        {"compute_dtype", compute}}}};
+                             const std::string& compute = "auto", double ratio = 1.0) {
+  nlohmann::json p = {
+      {"bf16", {{"enabled", true}}},
+      {"gradient_accumulation_steps", 2},
+      {"zero_optimization",
+       {{"stage", 3},
+        {"stage3_param_persistence_threshold", 0},
+        {"offload_param", {{"device", "cpu"}}},
+        {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap}, {"ratio", ratio}}}}},
+      {"outcore",
+       {{"device_memory_mb", kBudgetMb},
+        {"step_in_backward", step_in_backward},
+        {"compute_dtype", compute}}}};
   return make_config(p, small_model());
 }
 
 Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std::string& swap,
-              const std::string& compute = "auto") {
+              const std::string& compute = "auto", double ratio = 1.0) {
   const model::LlamaConfig mc = small_model();
   std::filesystem::create_directories(swap);
-  const config::Config cfg = device_config(step_in_backward, swap, compute);
+  const config::Config cfg = device_config(step_in_backward, swap, compute, ratio);
   TrainerOptions o = quiet_options(data, 10);
   if (cuda)
     o.device = device::DeviceKind::Cuda;
@@ -78,6 +80,7 @@ Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std:
   out.weights = weights_of(tr);
   out.memory = tr.engine().memory();
   out.device_grad_sums = tr.engine().plan().device_grad_sums;
+  out.device_optimizer_from = tr.engine().plan().placement.device_optimizer_from;
   return out;
 }
 
@@ -117,6 +120,35 @@ TEST_P(TrainerOnADevice, StepDuringBackwardUnderABudgetBelowTheModelsState) {
     EXPECT_LT(summed, static_cast<int>(o->device_grad_sums.size()))
         << "every unit's gradient sum fits: the budget does not test the host path";
   }
+}
+
+// offload_optimizer.ratio 0.9: the last units' optimizer state on the device, stepped there
+// (Adam on the device: a CUDA kernel on a GPU) from gradients brought up from the host, the
+// rest by CPU Adam from swap files. Bit-identical to ratio 1, within the same budget.
+TEST_P(TrainerOnADevice, PartialOffloadStepsTheLastUnitsOnTheDeviceBitIdentically) {
+  const bool cuda = GetParam();
+  if (cuda) {
+    const device::ProbeResult p = device::probe();
+    if (!p.available) GTEST_SKIP() << "no usable GPU: " << p.summary();
+  }
+  const DemoData data;
+  const Outcome full = train(cuda, false, data, data.file("full"));
+  const Outcome part = train(cuda, false, data, data.file("part"), "auto", 0.9);
+  ASSERT_EQ(full.losses.size(), 10u);
+  ASSERT_EQ(part.losses.size(), 10u);
+  EXPECT_EQ(full.device_optimizer_from, SIZE_MAX);
+  EXPECT_LT(part.device_optimizer_from, part.weights.master.size());
+  for (size_t i = 0; i < full.losses.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&full.losses[i], &part.losses[i], sizeof(double)), 0)
+        << "loss of step " << i + 1;
+    EXPECT_EQ(std::memcmp(&full.norms[i], &part.norms[i], sizeof(double)), 0)
+        << "norm of step " << i + 1;
+  }
+  for (size_t u = 0; u < full.weights.master.size(); ++u) {
+    EXPECT_TRUE(full.weights.master[u] == part.weights.master[u]) << "unit " << u;
+    EXPECT_TRUE(full.weights.params[u] == part.weights.params[u]) << "unit " << u;
+  }
+  EXPECT_LE(part.memory.device_peak_bytes, uint64_t{kBudgetMb} << 20);
 }
 
 // bf16 compute on the device trains as fp32 compute does on the same bf16 parameters: every

@@ -135,6 +135,102 @@ INSTANTIATE_TEST_SUITE_P(Zero, PartialOffload,
                                            Case{"nvme", 0.3, 1, "cpu"}),
                          [](const auto& info) { return info.param.name(); });
 
+// On a device the host cannot read (a GPU; the simulated discrete device here) the device
+// units are stepped by Adam on the device (device_adam.hpp): their gradients go up from the
+// host, their new parameters are written in place on the device or come down to their home.
+// Training is bit-identical to the same run on the host-accessible device (where CPU Adam steps
+// them in place), and the plan counts the device Adam's scratch and copies exactly.
+struct DiscreteCase {
+  Case c;
+  DType dtype = DType::BF16;
+  bool bf16_moments = false;
+  uint32_t copy_delay_us = 0;  // copies slow enough that one not waited for reads stale bytes
+  std::string name() const {
+    return c.name() + (dtype == DType::BF16 ? "_bf16" : "_fp32") +
+           (bf16_moments ? "_bf16_moments" : "") + (copy_delay_us > 0 ? "_slow_copies" : "");
+  }
+};
+
+class PartialOffloadOnADiscreteDevice : public ::testing::TestWithParam<DiscreteCase> {};
+
+TEST_P(PartialOffloadOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDevice) {
+  const DiscreteCase d = GetParam();
+  const Case& c = d.c;
+  std::string json =
+      config_json({3, c.param, c.opt}, d.dtype, swap_dir("partial_discrete_" + d.name()).string(),
+                  ", \"sub_group_size\": " + std::to_string(kSubGroup), "",
+                  ", \"ratio\": " + std::to_string(c.ratio));
+  if (d.bf16_moments) {
+    const std::string decay = "\"weight_decay\": 0.01";
+    json.replace(json.find(decay), decay.size(), decay + ", \"fp32_optimizer_states\": false");
+  }
+  const config::Config cfg = make_config(json);
+  const model::LlamaModel host_model(tiny_config(true), tiny_options(d.dtype));
+  device::CpuDevice host_dev;
+  const RunResult want = train_on(host_dev, cfg, host_model, kSteps);
+
+  device::CpuDevice dev({.discrete = true, .copy_delay_us = d.copy_delay_us});
+  const model::LlamaModel model(tiny_config(true), tiny_options(d.dtype),
+                                device::make_backend(dev));
+  const RunResult got = train_on(dev, cfg, model, kSteps);
+  ASSERT_EQ(got.plan.placement.device_optimizer_from, c.device_from) << format_plan(got.plan);
+  expect_bit_identical(want, got, d.name());
+
+  // The device holds one unit's gradients for its step and, where its new parameters are bound
+  // for host memory, one unit's new parameters; each step moves the device units' gradients up
+  // and those parameters down.
+  uint64_t grads = 0, out = 0, up = 0, down = 0;
+  const uint64_t param_bytes = dtype_size(d.dtype);
+  for (size_t u = c.device_from; u < static_cast<size_t>(model.num_units()); ++u) {
+    grads = std::max(grads, own(model, u) * sizeof(float));
+    up += own(model, u) * sizeof(float);
+    if (c.param != "none") {
+      out = std::max(out, own(model, u) * param_bytes);
+      down += own(model, u) * param_bytes;
+    }
+  }
+  const std::string text = format_plan(got.plan);
+  EXPECT_NE(text.find("fp32 gradients of the unit in a device Adam step"), std::string::npos)
+      << text;
+  // The host-accessible device's plan, but for the gradients summed on the device over the
+  // micro-batches (decision 024) and the device Adam's scratch and copies.
+  const Plan& host_plan = want.plan;
+  const uint64_t gas = static_cast<uint64_t>(cfg.gradient_accumulation_steps.value());
+  uint64_t sums = 0, once = 0;
+  for (size_t u = 0; u < got.plan.device_grad_sums.size(); ++u) {
+    if (!got.plan.device_grad_sums[u]) continue;
+    sums += device::charged_bytes(model.layout().units[u].padded_numel * sizeof(float));
+    once += model.layout().units[u].padded_numel * sizeof(float);
+  }
+  EXPECT_EQ(got.plan.peak.device, host_plan.peak.device + sums + device::charged_bytes(grads) +
+                                      device::charged_bytes(out))
+      << text;
+  EXPECT_EQ(got.plan.per_step.h2d, host_plan.per_step.h2d + up) << text;
+  EXPECT_EQ(got.plan.per_step.d2h + (gas - 1) * once, host_plan.per_step.d2h + down) << text;
+  EXPECT_EQ(got.plan.per_step.nvme_read, host_plan.per_step.nvme_read) << text;
+  EXPECT_EQ(got.plan.per_step.nvme_write, host_plan.per_step.nvme_write) << text;
+  EXPECT_LE(got.memory.device_peak_bytes, got.plan.peak.device) << text;
+  const Measured m = measure_on(dev, cfg, model, kSteps);
+  expect_traffic_as_planned(m, kSteps);
+  EXPECT_LE(m.memory.device_peak_bytes, m.plan.peak.device) << text;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Zero, PartialOffloadOnADiscreteDevice,
+    ::testing::Values(
+        // parameters homed on NVMe: new ones come down to be written to their swap files
+        DiscreteCase{Case{"nvme", 0.5, 2}},
+        // homed on the device: written in place by the device's Adam
+        DiscreteCase{Case{"cpu", 0.5, 2, "none"}},
+        DiscreteCase{Case{"cpu", 0.5, 2, "none"}, DType::F32},
+        // homed in host memory (not staged)
+        DiscreteCase{Case{"nvme", 0.3, 1, "cpu"}}, DiscreteCase{Case{"nvme", 0.5, 2}, DType::F32},
+        DiscreteCase{Case{"cpu", 0.0, 0, "none"}, DType::BF16, true},
+        // slow copies: a gradient copy up or a parameter copy down not waited for shows
+        DiscreteCase{Case{"nvme", 0.5, 2}, DType::BF16, false, 20000},
+        DiscreteCase{Case{"cpu", 0.5, 2, "none"}, DType::F32, true, 20000}),
+    [](const auto& info) { return info.param.name(); });
+
 // Ratio 1 fits a device budget of exactly its own peak (no room for gathered slabs beyond the
 // minimum); ratio 0 needs every unit's optimizer state on the device as well, and the plan
 // refuses it before anything is allocated, naming the device tier and its config key.

@@ -1,6 +1,7 @@
-// probe() and make_cuda_device() for builds without nvcc.
+// probe(), make_cuda_device() and the kernels the engine calls directly, for builds without nvcc.
 #include "common/error.hpp"
 #include "engine/device/compute_backend.hpp"
+#include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/device.hpp"
 
 namespace outcore::device {
@@ -20,5 +21,14 @@ std::unique_ptr<Device> make_cuda_device(CudaDeviceOptions) {
 std::unique_ptr<ComputeBackend> make_cuda_backend(Device& device) {
   throw InvalidArgument("cannot compute on " + device.name() + ": " + probe().summary());
 }
+
+namespace cuda {
+
+void adam_step(const cpu_adam::detail::AdamCoeffs&, bool, int64_t, float*, const float*, void*,
+               void*, bool, void*, DType, StreamHandle) {
+  throw InvalidArgument("cannot run Adam on a GPU: " + probe().summary());
+}
+
+}  // namespace cuda
 
 }  // namespace outcore::device

@@ -460,6 +460,29 @@ __global__ void count_nonfinite_kernel(const float* x, int64_t n, unsigned int* 
   if (c != 0) atomicAdd(count, c);
 }
 
+// --- optimizer -------------------------------------------------------------------------------
+
+// kmath::adam_at over a grid-stride loop.
+template <int M, int Formula, int O>
+__global__ void adam_kernel(cpu_adam::detail::AdamCoeffs c, int64_t n, float* p, const float* g,
+                            void* m, void* v, void* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    kmath::adam_at<M, Formula, O>(c, i, p, g, m, v, out);
+}
+
+template <int M, int Formula>
+void launch_adam(const cpu_adam::detail::AdamCoeffs& c, int64_t n, float* p, const float* g,
+                 void* m, void* v, void* out, DType out_dtype, cudaStream_t s) {
+  using namespace cpu_adam::detail;
+  if (out == nullptr)
+    adam_kernel<M, Formula, kOutNone><<<grid_for(n), kThreads, 0, s>>>(c, n, p, g, m, v, out);
+  else if (out_dtype == DType::BF16)
+    adam_kernel<M, Formula, kOutBF16><<<grid_for(n), kThreads, 0, s>>>(c, n, p, g, m, v, out);
+  else
+    adam_kernel<M, Formula, kOutF16><<<grid_for(n), kThreads, 0, s>>>(c, n, p, g, m, v, out);
+}
+
 void check_rows(int64_t rows, const char* what) {
   if (rows > int64_t{0x7fffffff})
     throw InvalidArgument(std::string(what) + ": " + std::to_string(rows) +
@@ -662,6 +685,28 @@ void sum_squares(const float* x, int64_t n, float* partials, float* out, StreamH
   sum_squares_partials_kernel<<<kSumSquaresPartials, kThreads, 0, native(s)>>>(x, n, partials);
   LAUNCHED();
   sum_partials_kernel<<<1, kThreads, 0, native(s)>>>(partials, kSumSquaresPartials, out);
+  LAUNCHED();
+}
+
+void adam_step(const cpu_adam::detail::AdamCoeffs& c, bool pytorch, int64_t n, float* params,
+               const float* grads, void* exp_avg, void* exp_avg_sq, bool bf16_moments, void* out,
+               DType out_dtype, StreamHandle s) {
+  using namespace cpu_adam::detail;
+  if (out != nullptr && out_dtype != DType::BF16 && out_dtype != DType::F16)
+    throw InvalidArgument("adam_step: the parameter copy-out must be bf16 or fp16");
+  if (n == 0) return;
+  if (bf16_moments && pytorch)
+    launch_adam<kBF16, kPyTorch>(c, n, params, grads, exp_avg, exp_avg_sq, out, out_dtype,
+                                 native(s));
+  else if (bf16_moments)
+    launch_adam<kBF16, kDeepSpeed>(c, n, params, grads, exp_avg, exp_avg_sq, out, out_dtype,
+                                   native(s));
+  else if (pytorch)
+    launch_adam<kF32, kPyTorch>(c, n, params, grads, exp_avg, exp_avg_sq, out, out_dtype,
+                                native(s));
+  else
+    launch_adam<kF32, kDeepSpeed>(c, n, params, grads, exp_avg, exp_avg_sq, out, out_dtype,
+                                  native(s));
   LAUNCHED();
 }
 

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "common/dtype.hpp"
+#include "cpu_adam/kernels.hpp"
 #include "engine/device/compute_backend.hpp"
 
 namespace outcore::device::cuda {
@@ -131,6 +132,17 @@ inline constexpr int kSumSquaresPartials = 256;
 void sum_squares(const float* x, int64_t n, float* partials, float* out, StreamHandle stream);
 // *count += the number of inf/NaN elements of x (device scalar).
 void count_nonfinite(const float* x, int64_t n, unsigned int* count, StreamHandle stream);
+
+// --- optimizer -------------------------------------------------------------------------------
+
+// One Adam step over n elements in place, cpu_adam::adam_step's arithmetic element for element
+// (cpu_adam::math::adam_element, the same bits): `coeffs` from cpu_adam::adam_coefficients,
+// `pytorch` its formula (Formula::kPyTorch), fp32 `grads`, moments fp32 or bf16
+// (`bf16_moments`, widened exactly and rounded to nearest even on store), and `out` (nullable)
+// n elements of `out_dtype` (BF16 or F16): the new master weights rounded.
+void adam_step(const cpu_adam::detail::AdamCoeffs& coeffs, bool pytorch, int64_t n, float* params,
+               const float* grads, void* exp_avg, void* exp_avg_sq, bool bf16_moments, void* out,
+               DType out_dtype, StreamHandle stream);
 
 // --- GEMM ------------------------------------------------------------------------------------
 

@@ -1,0 +1,87 @@
+// The per-element arithmetic of one Adam step, written once for the host's scalar kernel
+// (kernels_scalar.cpp) and the GPU's (engine/device/cuda/cuda_kernels.cu): explicit fma,
+// correctly rounded square root and division, in the order the vector kernels follow, so every
+// ISA and the GPU give the same bits. On the GPU every operation is an intrinsic that rounds to
+// nearest on its own (__fmaf_rn, __fmul_rn, ...), which the compiler never contracts; on the
+// host a product is kept from contraction whatever the translation unit's flags (mul_rn).
+//
+// Not for the AVX translation units (kernels.hpp says why): only kernels_scalar.cpp, the CUDA
+// kernels and tests include it.
+#pragma once
+
+#include <cmath>
+
+#include "cpu_adam/kernels.hpp"
+
+#if defined(__CUDACC__)
+#define OUTCORE_ADAM_HD __host__ __device__ __forceinline__
+#else
+#define OUTCORE_ADAM_HD inline
+#endif
+
+namespace outcore::cpu_adam::math {
+
+OUTCORE_ADAM_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+OUTCORE_ADAM_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  float r = a * b;
+  // Rounded here, never fused into an addition that uses it: a translation unit built with
+  // GCC's default -ffp-contract=fast would fuse it once inlined; the empty asm hides it.
+  asm("" : "+x"(r));
+  return r;
+#endif
+}
+OUTCORE_ADAM_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+OUTCORE_ADAM_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+OUTCORE_ADAM_HD float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+// One element: `grad` as stored (widened to fp32), `param` the fp32 master weight, `m` and `v`
+// the moments widened to fp32. On return `param`, `m` and `v` hold the new values before any
+// rounding to a narrower storage type (the caller rounds the moments it stores; the update
+// already used the fp32 ones, as DeepSpeed's CPU Adam does).
+template <int Formula>
+OUTCORE_ADAM_HD void adam_element(const detail::AdamCoeffs& c, float grad, float& param, float& m,
+                                  float& v) {
+  if (c.use_scale) grad = mul_rn(grad, c.grad_scale);
+  if (c.use_l2) grad = fma_rn(param, c.l2, grad);
+  m = fma_rn(grad, c.one_minus_beta1, mul_rn(m, c.beta1));
+  v = fma_rn(mul_rn(grad, grad), c.one_minus_beta2, mul_rn(v, c.beta2));
+  const float root = sqrt_rn(v);
+  if constexpr (Formula == detail::kDeepSpeed) {
+    const float update = div_rn(m, fma_rn(root, c.bc2, c.eps));
+    if (c.use_decoupled) param = fma_rn(param, c.decoupled, param);
+    param = fma_rn(update, c.step_size, param);
+  } else {
+    const float denom = add_rn(div_rn(root, c.bc2), c.eps);
+    if (c.use_decoupled) param = mul_rn(param, c.decoupled);
+    param = add_rn(param, div_rn(mul_rn(c.step_size, m), denom));
+  }
+}
+
+}  // namespace outcore::cpu_adam::math
