@@ -197,7 +197,17 @@ SaveDir::SaveDir(fs::path dir, SaveDirOptions options) : dir_(std::move(dir)), o
   if (fs::exists(dir_, ec) && !fs::is_directory(dir_, ec))
     throw InvalidArgument(
         fmt::format("save directory {}: exists and is not a directory", dir_.string()));
+  if (fs::is_symlink(fs::symlink_status(dir_, ec)) && !fs::exists(dir_, ec))
+    throw InvalidArgument(
+        fmt::format("save directory {}: a symbolic link to {}, which does not exist", dir_.string(),
+                    fs::read_symlink(dir_, ec).string()));
   fs::create_directories(dir_, ec);
+  // A path through a file, or through a link to nowhere, is the caller's to fix.
+  if (ec == std::errc::not_a_directory || ec == std::errc::file_exists)
+    throw InvalidArgument(
+        fmt::format("save directory {}: cannot be created: {} (a part of its "
+                    "path is a file or a link to nowhere)",
+                    dir_.string(), ec.message()));
   if (ec) throw IoError(dir_.string(), ec.value(), "create checkpoint directory");
   if (!options_.primary) return;
   const fs::path lock = dir_ / ".lock";

@@ -56,10 +56,16 @@ bool present(const fs::path& p) {
   return fs::exists(p, ec);
 }
 
-// Creates `dir` and its parents. IoError naming it on failure.
+// Creates `dir` and its parents. InvalidArgument when a part of the path is a file (or a link
+// to nowhere), IoError naming it on other failures.
 void make_directories(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
+  if (ec == std::errc::not_a_directory || ec == std::errc::file_exists)
+    throw InvalidArgument(
+        fmt::format("{}: cannot be created: {} (a part of its path is a file "
+                    "or a link to nowhere)",
+                    dir.string(), ec.message()));
   if (ec) throw IoError(dir.string(), ec.value(), "mkdir");
 }
 
@@ -460,8 +466,12 @@ class ScratchDir {
             path_.string()));
       fs::remove_all(path_, ec);
     }
-    if (!fs::create_directory(path_, ec) || ec)
+    if (!fs::create_directory(path_, ec) || ec) {
+      if (ec == std::errc::not_a_directory || ec == std::errc::no_such_file_or_directory)
+        throw InvalidArgument(fmt::format("{}: cannot be created: {} is not a directory",
+                                          path_.string(), path_.parent_path().string()));
       throw IoError(path_.string(), ec ? ec.value() : EEXIST, "create export directory");
+    }
     write_file_durably(path_ / kExportScratchMarker, "outcore export in progress\n");
   }
   ~ScratchDir() {

@@ -2,7 +2,8 @@
 # aio_bench end to end: a tiny sweep prints parseable JSON naming the aio backend and leaves
 # no file behind; OUTCORE_AIO_BACKEND=sync runs (and is named) on the sync backend; where a
 # seccomp filter refuses io_uring_setup the sweep falls back to sync with one warning; bad
-# input exits 2 with one line on stderr; Ctrl-C exits 130 and removes the benchmark file.
+# input exits 2 with one line on stderr; Ctrl-C exits 130, removes the benchmark file and
+# recommends nothing.
 # usage: aio_bench_smoke.sh AIO_BENCH WORK_DIR [AIO_DENY_IO_URING]
 set -u
 bench=$1
@@ -103,8 +104,9 @@ EXPECT="OUTCORE_AIO_BACKEND=uring: not a backend (allowed values: io_uring, sync
   OUTCORE_AIO_BACKEND=uring expect2 "bad backend" --path "$work"
 rm -f "$work/plain_file"
 
-# 3. Ctrl-C during a sweep: exit 130, file removed.
-"$bench" --path "$work" --file-size 64M --seconds 0.3 > /dev/null 2> "$work/err.txt" &
+# 3. Ctrl-C during a sweep: exit 130, file removed, and no "aio" section recommended from
+# the settings measured so far.
+"$bench" --path "$work" --file-size 64M --seconds 0.3 > "$work/out.txt" 2> "$work/err.txt" &
 pid=$!
 for _ in $(seq 100); do
   [ -n "$(find "$work" -name 'aio_bench.*.dat')" ] && break
@@ -117,6 +119,8 @@ rc=$?
 [ $rc -eq 130 ] || fail "after SIGINT: exit $rc, expected 130 ($(cat "$work/err.txt"))"
 leftover=$(find "$work" -name 'aio_bench.*' | head -1)
 [ -z "$leftover" ] || fail "benchmark file left after SIGINT: $leftover"
+grep -q '"aio"' "$work/out.txt" && fail "after SIGINT: an aio section was recommended: $(cat "$work/out.txt")"
+grep -q "^Best performance" "$work/out.txt" && fail "after SIGINT: a best setting was claimed"
 # 4. --compare-fio: fio's output goes to a directory of its own, so nothing beside the benchmark
 # file is opened: a link planted at a name next to it (the scratch file's, the pid's that
 # `exec` keeps) is not written through, and the directory holds what it held.

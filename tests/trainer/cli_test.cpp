@@ -363,6 +363,18 @@ TEST_F(TrainCliTest, SaveDirectoryKeepsTheUsersFiles) {
   EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("global_step7 is not outcore's"), std::string::npos) << r.err;
   EXPECT_EQ(slurp(ck + "/global_step7/readme.txt"), "mine");
+  // A save directory under a file, or a link to nowhere: bad input at start, named.
+  const std::string a_file = data_.file("a_file"), dangling = data_.file("dangling");
+  std::ofstream(a_file) << "mine";
+  fs::create_symlink(data_.file("nowhere"), dangling);
+  for (const std::string& dir : {a_file + "/ckpt", dangling}) {
+    r = run(train_args("--steps 1 --save-dir " + shell_quote(dir)));
+    EXPECT_EQ(r.rc, 2) << dir << ": " << r.err;
+    EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("save directory " + dir), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(slurp(a_file), "mine");
+  EXPECT_FALSE(fs::exists(data_.file("nowhere")));
 }
 
 // A fresh run into a directory with another run's checkpoints is refused (it used to overwrite
@@ -1148,6 +1160,19 @@ TEST_F(TrainCliTest, ExportOfABadCheckpointOrIntoAFullDirectoryExitsTwo) {
   EXPECT_NE(r.err.find(full), std::string::npos) << r.err;
   EXPECT_EQ(slurp(full + "/keep.txt"), "x");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(full), {}), 1);
+
+  // An output under a file, or under a link to nowhere: bad input, named, nothing written.
+  const std::string a_file = data_.file("a_file"), dangling = data_.file("dangling");
+  std::ofstream(a_file) << "mine";
+  std::filesystem::create_symlink(data_.file("nowhere"), dangling);
+  for (const std::string& out : {a_file + "/hf", dangling + "/hf"}) {
+    r = run("export --checkpoint " + shell_quote(ck) + " --out " + shell_quote(out));
+    EXPECT_EQ(r.rc, 2) << out << ": " << r.err;
+    EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("a part of its path is a file"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(slurp(a_file), "mine");
+  EXPECT_FALSE(std::filesystem::exists(data_.file("nowhere")));
 
   const std::string file = ck + "/global_step1/rank0/optimizer.bin";
   {

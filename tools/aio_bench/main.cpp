@@ -237,7 +237,14 @@ int run(const Args& args) {
     std::printf("%s\n", to_json(rows, best, backend, args.path, file_size, interrupted).c_str());
   } else {
     print_table(rows, backend, args.compare_fio);
-    if (best != nullptr) {
+    if (best != nullptr && interrupted) {
+      // A sweep cut short recommends nothing: its best may only be the best of a few settings.
+      std::printf(
+          "\nInterrupted after %zu setting(s): no recommendation (rerun the whole sweep for "
+          "one); the best so far read = %.3f, write = %.3f GB/sec (%s)\n",
+          rows.size(), best->read ? best->read->gbps : 0.0, best->write ? best->write->gbps : 0.0,
+          describe(best->opt).c_str());
+    } else if (best != nullptr) {
       std::printf(
           "\nBest performance (GB/sec): read = %.3f, write = %.3f  (%s; the fewest bytes "
           "in flight within %.0f%% of the top score)\n",
