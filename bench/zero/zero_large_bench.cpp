@@ -9,8 +9,10 @@
 // (config block size, queue depth and threads), reads and writes one after the other, fully
 // overlapped, and mixed as measured; and the compute bound, forward+backward of the step's
 // tokens with every unit in memory, summed from the median time of the embedding, one decoder
-// layer and the head. The ratio is step / max(I/O bound, compute bound), with the mixed figure as
-// the I/O bound (reads and writes share the drive, as in a step). A step runs from its forward's
+// layer and the head; and the CPU Adam bound, the elements CPU Adam steps at the rate
+// zero::measure_adam_rate measures with the engine's threads. The ratio is step / max(I/O
+// bound, compute bound, CPU Adam bound), with the mixed figure as the I/O bound (reads and
+// writes share the drive, as in a step). A step runs from its forward's
 // start to the next step's (the last one: to wait_step's return), so the optimizer work that
 // overlaps the next forward counts once: single steps are skewed by it (the first lacks its
 // updates, the last waits for its own), the mean over the steps is exact.
@@ -135,8 +137,9 @@ struct Bounds {
   bench::IoBound io;
   bench::ComputeTimes compute;
   double pcie_s = 0;      // the plan's host<->device bytes at the measured copy rate (0: no bus)
+  double adam_s = 0;      // CPU Adam over the elements it steps, at the rate measured here
   double write_gbps = 0;  // the drive's write rate
-  double others_s() const { return std::max(compute.step_s(), pcie_s); }
+  double others_s() const { return std::max({compute.step_s(), pcie_s, adam_s}); }
   double larger_serial_s() const { return std::max(io.serial_s, others_s()); }
   double larger_overlapped_s() const { return std::max(io.overlapped_s, others_s()); }
   double larger_mixed_s() const { return std::max(io.mixed_s, others_s()); }
@@ -177,6 +180,16 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
         "PCIe bound (plan: %.2f GB up + %.2f GB down per step at %.1f GB/s, pinned 256 MiB "
         "copies): %.2f s\n",
         plan.per_step.h2d / 1e9, plan.per_step.d2h / 1e9, rate / 1e9, b.pcie_s);
+  }
+  {
+    // CPU Adam over what it steps (zero::step_times: the offloaded elements across a bus), at
+    // the engine's threads and moments (zero::measure_adam_rate).
+    zero::LinkRates r{.pcie_bytes = engine_dev_host_accessible ? 0.0 : 1.0,
+                      .adam_elems = zero::measure_adam_rate(cfg, model.options().param_dtype)};
+    const zero::StepTimes t = zero::step_times(plan, model, r);
+    b.adam_s = t.adam_s;
+    std::printf("CPU Adam bound (plan: %.3g G elements at %.3g G elements/s): %.2f s\n",
+                static_cast<double>(t.adam_elems) / 1e9, r.adam_elems / 1e9, b.adam_s);
   }
   std::printf(
       "drive (aio engine, %.2f GB per pass): write %.2f GB/s, read %.2f GB/s, mixed %.2f GB/s "
@@ -537,13 +550,14 @@ int main(int argc, char** argv) {
       std::printf(
           "summary over %d steps: step %.2f s (mean), nvme read %.2f GB, write %.2f GB per step "
           "(plan %.2f / %.2f); I/O bound serial %.2f s, overlapped %.2f s, mixed %.2f s; compute "
-          "bound %.2f s; PCIe bound %.2f s\n",
+          "bound %.2f s; PCIe bound %.2f s; CPU Adam bound %.2f s\n",
           steps, mean, (a.nvme_read_bytes - traffic0.nvme_read_bytes) / 1e9 / steps,
           (a.nvme_write_bytes - traffic0.nvme_write_bytes) / 1e9 / steps, per_step.nvme_read / 1e9,
           per_step.nvme_write / 1e9, bounds->io.serial_s, bounds->io.overlapped_s,
-          bounds->io.mixed_s, bounds->compute.step_s(), bounds->pcie_s);
+          bounds->io.mixed_s, bounds->compute.step_s(), bounds->pcie_s, bounds->adam_s);
       std::printf(
-          "step / max(I/O bound, compute bound, PCIe bound) = %.2f with the drive's mixed "
+          "step / max(I/O bound, compute bound, PCIe bound, CPU Adam bound) = %.2f with the "
+          "drive's mixed "
           "read/write time (goal <= 1.10), %.2f with its serial time, %.2f if it read and wrote "
           "at full speed at once\n",
           mean / bounds->larger_mixed_s(), mean / bounds->larger_serial_s(),

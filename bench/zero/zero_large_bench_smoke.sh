@@ -1,6 +1,6 @@
 #!/bin/bash
 # zero_large_bench on a tiny model on the simulated discrete device: two steps, each against the
-# bounds measured in the same run, with the engine's CPU threads set by --cpuadam-cores-perc;
+# bounds measured in the same run (the CPU Adam bound among them), with the engine's CPU threads set by --cpuadam-cores-perc;
 # a share outside (0, 1] refused.
 # usage: zero_large_bench_smoke.sh ZERO_LARGE_BENCH SCRATCH_DIR
 set -u
@@ -20,7 +20,11 @@ grep -Eq "^engine CPU threads $want of [0-9]+ \(cpuadam_cores_perc 0.5\)$" <<< "
 $out"
 grep -Eq "^step 2: loss [0-9.]+, .*x the larger bound$" <<< "$out" || fail "no step 2 in:
 $out"
-grep -Eq "^step / max\(I/O bound, compute bound" <<< "$out" || fail "no ratio in:
+grep -Eq "^step / max\(I/O bound, compute bound, PCIe bound, CPU Adam bound\)" <<< "$out" ||
+  fail "no ratio in:
+$out"
+grep -Eq "^CPU Adam bound \(plan: [0-9.e+-]+ G elements at [0-9.e+-]+ G elements/s\): [0-9.]+ s$" \
+  <<< "$out" || fail "no CPU Adam bound in:
 $out"
 
 err=$("$bench" "${args[@]}" --cpuadam-cores-perc 1.5 2>&1 >/dev/null) && fail "1.5 was accepted"

@@ -1,19 +1,26 @@
 #include "engine/zero/step_bounds.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
+#include <thread>
 
+#include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
+#include "cpu_adam/cpu_adam.hpp"
 #include "engine/device/compute_backend.hpp"
+#include "engine/zero/zero.hpp"
 
 namespace outcore::zero {
 
-double StepTimes::bound_s() const { return std::max({compute_s, pcie_s, drive_s}); }
+double StepTimes::bound_s() const { return std::max({compute_s, pcie_s, drive_s, adam_s}); }
 
 std::string StepTimes::bound() const {
-  if (compute_s >= pcie_s && compute_s >= drive_s) return "compute";
-  return pcie_s >= drive_s ? "PCIe" : "drive";
+  if (hidden_under_compute()) return "compute";
+  const double most = std::max({pcie_s, drive_s, adam_s});
+  if (pcie_s == most) return "PCIe";
+  return drive_s == most ? "drive" : "CPU Adam";
 }
 
 StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const LinkRates& rates) {
@@ -43,7 +50,37 @@ StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const Lin
   } else if (nr + nw > 0) {
     t.drive_s = nr / rates.drive_read_bytes + nw / rates.drive_write_bytes;
   }
+  t.adam_elems = rates.pcie_bytes > 0 ? plan.offloaded_optimizer_elems : plan.optimizer_elems;
+  if (rates.adam_elems > 0) t.adam_s = static_cast<double>(t.adam_elems) / rates.adam_elems;
   return t;
+}
+
+double measure_adam_rate(const config::Config& cfg, DType param_dtype, size_t elems) {
+  const cpu_adam::Executor ex(
+      cpu_threads_for(cfg.zero_optimization.offload_optimizer.cpuadam_cores_perc,
+                      std::max(1u, std::thread::hardware_concurrency())));
+  const DType moments = config::adam_moments_bf16(cfg) ? DType::BF16 : DType::F32;
+  const size_t mb = dtype_size(moments);
+  AlignedBuffer p(elems * sizeof(float)), g(elems * sizeof(float)), m(elems * mb), v(elems * mb);
+  AlignedBuffer out(param_dtype == DType::F32 ? 0 : elems * dtype_size(param_dtype));
+  float* grads = g.as<float>().data();
+  // Small gradients and zero moments: finite values throughout (the buffers start zeroed).
+  ex.for_chunks(elems, 1 << 16, 1 << 16, [&](size_t, size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) grads[i] = 1e-3f * static_cast<float>(i % 7);
+  });
+  cpu_adam::AdamParams hp;
+  const cpu_adam::ParamsOut po{out.size() > 0 ? out.data() : nullptr,
+                               param_dtype == DType::F16 ? DType::F16 : DType::BF16};
+  double best = HUGE_VAL;
+  for (int k = 0; k < 4; ++k) {
+    hp.step = static_cast<uint64_t>(k) + 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    cpu_adam::adam_step(hp, elems, p.as<float>().data(), {grads, DType::F32},
+                        {m.data(), v.data(), moments}, po, &ex);
+    const std::chrono::duration<double> d = std::chrono::steady_clock::now() - t0;
+    if (k > 0) best = std::min(best, d.count());
+  }
+  return static_cast<double>(elems) / best;
 }
 
 device::ComputeBackend::Attention rate_attention(const model::LlamaModel& model,
@@ -105,10 +142,10 @@ std::optional<StepTimes> shape_times(const config::Config& cfg, const model::Lla
 std::optional<ShapeChoice> choose_shape(const config::Config& cfg, const model::LlamaConfig& mc,
                                         const model::ModelOptions& mo, const PlanOptions& po,
                                         uint64_t device_limit, const LinkRates& rates) {
-  // compute over the larger transfer: at least 1 when the transfers hide under compute
+  // compute over the largest other bound: at least 1 when they hide under compute
   const auto cover = [](const StepTimes& t) {
-    const double transfer = std::max(t.pcie_s, t.drive_s);
-    return transfer > 0 ? t.compute_s / transfer : HUGE_VAL;
+    const double other = std::max({t.pcie_s, t.drive_s, t.adam_s});
+    return other > 0 ? t.compute_s / other : HUGE_VAL;
   };
   std::optional<ShapeChoice> best, closest;
   for (int64_t micro = 1; micro <= 64; micro *= 2)
@@ -116,7 +153,7 @@ std::optional<ShapeChoice> choose_shape(const config::Config& cfg, const model::
       const std::optional<StepTimes> times =
           shape_times(cfg, mc, mo, micro, gas, po, device_limit, rates);
       if (!times) continue;
-      const ShapeChoice c{micro, gas, *times, times->transfers_hidden()};
+      const ShapeChoice c{micro, gas, *times, times->hidden_under_compute()};
       if (!closest || cover(c.times) > cover(closest->times)) closest = c;
       if (c.hides && (!best || micro * gas < best->micro * best->gas)) best = c;
     }

@@ -1,7 +1,9 @@
-// What bounds one training step on this machine, from the plan's bytes and FLOPs and the rates
-// of the machine's links (`outcore estimate` prints it): the GEMMs' compute, the host<->device
-// copies over PCIe, and the drive's reads and writes. A step cannot be faster than the slowest
-// of the three; transfers are hidden when compute takes at least as long as each of them.
+// What bounds one training step on this machine, from the plan's bytes, FLOPs and optimizer
+// elements and the rates of the machine's links (`outcore estimate` prints it): the GEMMs'
+// compute, the host<->device copies over PCIe, the drive's reads and writes, and CPU Adam over
+// the optimizer state it steps. A step cannot be faster than the slowest of the four; the
+// others are hidden when compute takes at least as long as each of them (the step's Adam runs
+// under the next pass, decision 001).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +24,7 @@ struct LinkRates {
   double pcie_bytes = 0;         // bytes/s host<->device; 0: no copies cross a bus (host device)
   double drive_read_bytes = 0;   // bytes/s the swap drive reads; 0: unknown
   double drive_write_bytes = 0;  // bytes/s the swap drive writes; 0: unknown
+  double adam_elems = 0;         // elements/s CPU Adam steps (measure_adam_rate); 0: not counted
 };
 
 struct StepTimes {
@@ -33,17 +36,30 @@ struct StepTimes {
   double pcie_s = 0;           // (h2d + d2h) / pcie_bytes
   double drive_s = 0;          // nvme_read / read rate + nvme_write / write rate
   bool drive_known = true;     // false when the plan moves NVMe bytes and no drive rate is given
-  double bound_s() const;      // the largest of the three
-  // "compute", "PCIe" or "drive": which one bounds the step.
+  // Optimizer elements CPU Adam steps per step: all of them on a device in host memory, those
+  // offloaded on one across a bus (the rest are stepped there: decision 036).
+  uint64_t adam_elems = 0;
+  double adam_s = 0;       // adam_elems / rates.adam_elems (0 when not counted)
+  double bound_s() const;  // the largest of the four
+  // "compute", "PCIe", "drive" or "CPU Adam": which one bounds the step.
   std::string bound() const;
-  // True when compute takes at least as long as each transfer (they can hide under it).
-  bool transfers_hidden() const { return compute_s >= pcie_s && compute_s >= drive_s; }
+  // True when compute takes at least as long as each of the others (they can hide under it).
+  bool hidden_under_compute() const {
+    return compute_s >= pcie_s && compute_s >= drive_s && compute_s >= adam_s;
+  }
 };
 
 // The step of `plan` (for `model`, whose options give the micro-batch and checkpointing) at
 // `rates`: the GEMMs at the GEMM rate, the attention at its own. Activation checkpointing adds
 // each decoder's forward but its down projection (LlamaConfig::recompute_flops_per_token).
 StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const LinkRates& rates);
+
+// Elements per second of cpu_adam::adam_step as the engine of `cfg` runs it on this machine:
+// its CPU threads (cpu_threads_for offload_optimizer.cpuadam_cores_perc), its moments' dtype,
+// fp32 gradients and a copy-out in `param_dtype` (none for F32), over `elems` elements (best of
+// three steps after an untimed one; the arrays take about 18 bytes per element).
+double measure_adam_rate(const config::Config& cfg, DType param_dtype,
+                         size_t elems = size_t{1} << 24);
 
 // The attention whose rate stands for `model`'s (device::attention_flops): one sequence of its
 // decoder attention (heads, head size, block, operand dtype) of min(seq_len, max_tokens) tokens.
@@ -82,12 +98,12 @@ std::optional<StepTimes> shape_times(const config::Config& cfg, const model::Lla
 struct ShapeChoice {
   int64_t micro = 0, gas = 0;
   StepTimes times;
-  bool hides = false;  // compute covers every transfer
+  bool hides = false;  // compute covers every transfer and CPU Adam
 };
 // Over micro-batches 1, 2, 4 .. 64 and accumulation steps 1, 2, 4 .. 128 (shape_times): the
-// fewest tokens per step whose compute covers every transfer (`hides`), else the shape whose
-// compute comes closest to its largest transfer; nullopt when no micro-batch fits. What `outcore
-// estimate` recommends.
+// fewest tokens per step whose compute covers every transfer and CPU Adam (`hides`), else the
+// shape whose compute comes closest to the largest of them; nullopt when no micro-batch fits. What
+// `outcore estimate` recommends.
 std::optional<ShapeChoice> choose_shape(const config::Config& cfg, const model::LlamaConfig& mc,
                                         const model::ModelOptions& mo, const PlanOptions& po,
                                         uint64_t device_limit, const LinkRates& rates);

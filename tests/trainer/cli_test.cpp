@@ -703,15 +703,25 @@ TEST_F(TrainCliTest, EstimatePrintsTheStepBoundsAndTheShapeThatHidesTheTransfers
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("compute\n"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("with offload_param.max_in_cpu"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("the transfers fit under compute"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the transfers and CPU Adam fit under compute"), std::string::npos) << r.out;
   // A rate where a larger micro-batch hides the drive.
   r = run(est +
           " --gemm-tflops 0.05 --attention-tflops 0.05 --drive-read-gbps 0.5 "
           "--drive-write-gbps 0.5");
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.out.find("to hide the transfers under compute: train_micro_batch_size_per_gpu"),
+  EXPECT_NE(r.out.find("to hide the transfers and CPU Adam under compute: "
+                       "train_micro_batch_size_per_gpu"),
             std::string::npos)
       << r.out;
+  // CPU Adam over the optimizer's elements, at the rate measured here with the config's threads
+  // unless given; a slow one bounds the step.
+  EXPECT_NE(r.out.find("G elements/s (measured: fp32 moments, "), std::string::npos) << r.out;
+  r = run(est +
+          " --gemm-tflops 1 --attention-tflops 1 --drive-read-gbps 1 --drive-write-gbps 1 "
+          "--cpu-adam-gelems 0.000001");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("at 1e-06 G elements/s (--cpu-adam-gelems)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CPU Adam\n"), std::string::npos) << r.out;  // the bound line
   r = run(est + " --gemm-tflops 1 --attention-tflops 1");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("drive     unknown"), std::string::npos) << r.out;
@@ -742,7 +752,7 @@ TEST_F(TrainCliTest, EstimatePrintsTheStepBoundsAndTheShapeThatHidesTheTransfers
   r = run(est + " --gemm-tflops 1 --attention-tflops 0");
   EXPECT_EQ(r.rc, 2) << r.out;
   for (const char* bad : {"--gemm-tflops nan", "--attention-tflops nan", "--pcie-gbps inf",
-                          "--drive-read-gbps -nan"}) {
+                          "--drive-read-gbps -nan", "--cpu-adam-gelems 0"}) {
     r = run(est + " --gemm-tflops 1 " + bad);
     EXPECT_EQ(r.rc, 2) << bad << ": " << r.out;
     const std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));

@@ -172,8 +172,9 @@ TEST(Plan, NvmeGradientsMatchThePlan) {
 
 // The step's times: FLOPs of every token of every micro-batch (with activation checkpointing,
 // each decoder's forward again but its down projection), the attention's at its rate and the rest
-// at the GEMM rate, the copies at the PCIe rate, the drive's bytes at its rates, and the bound is
-// the largest; an NVMe plan without drive rates leaves the drive unknown.
+// at the GEMM rate, the copies at the PCIe rate, the drive's bytes at its rates, CPU Adam's
+// elements at its rate, and the bound is the largest; an NVMe plan without drive rates leaves
+// the drive unknown.
 TEST(StepBounds, TimesAreBytesAndFlopsOverTheRatesAndTheBoundIsTheLargest) {
   Plan plan;
   plan.tokens_per_micro_batch = 32;
@@ -205,9 +206,24 @@ TEST(StepBounds, TimesAreBytesAndFlopsOverTheRatesAndTheBoundIsTheLargest) {
       plan, m,
       {.gemm_flops = 1e15, .pcie_bytes = 1e9, .drive_read_bytes = 2e9, .drive_write_bytes = 1e9});
   EXPECT_EQ(t.bound(), "PCIe");  // 8 ms of copies against 4 ms of drive
-  EXPECT_FALSE(t.transfers_hidden());
+  EXPECT_FALSE(t.hidden_under_compute());
   t = step_times(plan, m, {.gemm_flops = 1e15, .pcie_bytes = 1e9});
   EXPECT_FALSE(t.drive_known);
+  // CPU Adam over the elements it steps: the offloaded ones on a device across a bus, all of
+  // them on a device in host memory; not counted without a rate.
+  plan.optimizer_elems = 30'000'000;
+  plan.offloaded_optimizer_elems = 20'000'000;
+  t = step_times(plan, m, {.gemm_flops = 1e15, .pcie_bytes = 1e9, .adam_elems = 1e9});
+  EXPECT_EQ(t.adam_elems, 20'000'000u);
+  EXPECT_DOUBLE_EQ(t.adam_s, 0.02);
+  EXPECT_EQ(t.bound(), "CPU Adam");  // 20 ms against 8 ms of copies
+  EXPECT_DOUBLE_EQ(t.bound_s(), 0.02);
+  EXPECT_FALSE(t.hidden_under_compute());
+  t = step_times(plan, m, {.gemm_flops = 1e9, .adam_elems = 1e9});
+  EXPECT_EQ(t.adam_elems, 30'000'000u);
+  EXPECT_DOUBLE_EQ(t.adam_s, 0.03);
+  EXPECT_EQ(t.bound(), t.compute_s >= 0.03 ? "compute" : "CPU Adam");
+  EXPECT_EQ(step_times(plan, m, {.gemm_flops = 1e9}).adam_s, 0.0);
   model::ModelOptions o = tiny_options(DType::BF16);
   o.activation_checkpointing = true;
   const model::LlamaModel ck(tiny_config(true), o);

@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "common/error.hpp"
 #include "engine/config/config.hpp"
@@ -30,6 +31,7 @@
 #include "engine/model/model.hpp"
 #include "engine/zero/plan.hpp"
 #include "engine/zero/step_bounds.hpp"
+#include "engine/zero/zero.hpp"
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/launch.hpp"
 
@@ -40,7 +42,7 @@ namespace {
 struct EstimateArgs {
   std::string config_file, model_file, micro_batch, seq_len, world_size;
   double gemm_tflops = 0, attention_tflops = 0, pcie_gbps = 0, drive_read_gbps = 0,
-         drive_write_gbps = 0;
+         drive_write_gbps = 0, cpu_adam_gelems = 0;
   double gpu_memory_gb = 0;  // > 0: plan for a GPU with this much free memory, here or not
   std::string device = "auto";
   bool activation_checkpointing = false;
@@ -83,7 +85,8 @@ CLI::Validator finite_in(double min, double max, const char* unit) {
 
 // Where each rate comes from: a flag or a measurement, in words.
 struct RateSources {
-  std::string gemm = "--gemm-tflops", attention = "--attention-tflops", pcie = "--pcie-gbps";
+  std::string gemm = "--gemm-tflops", attention = "--attention-tflops", pcie = "--pcie-gbps",
+              adam = "--cpu-adam-gelems";
 };
 
 void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::LinkRates& r,
@@ -117,6 +120,9 @@ void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::
     std::printf("  drive    %8.3f s   %s read at %.2f GB/s, %s written at %.2f GB/s\n", t.drive_s,
                 zero::format_bytes(plan.per_step.nvme_read).c_str(), r.drive_read_bytes / 1e9,
                 zero::format_bytes(plan.per_step.nvme_write).c_str(), r.drive_write_bytes / 1e9);
+  if (r.adam_elems > 0)
+    std::printf("  CPU Adam %8.3f s   %.4g G elements at %.3g G elements/s (%s)\n", t.adam_s,
+                static_cast<double>(t.adam_elems) / 1e9, r.adam_elems / 1e9, src.adam.c_str());
   std::printf("  bound    %8.3f s   %s%s\n", t.bound_s(), t.bound().c_str(),
               t.drive_known ? "" : " (without the drive)");
 }
@@ -268,7 +274,8 @@ int run_estimate(const EstimateArgs& a) {
                         .attention_flops = a.attention_tflops * 1e12,
                         .pcie_bytes = a.pcie_gbps * 1e9,
                         .drive_read_bytes = a.drive_read_gbps * 1e9,
-                        .drive_write_bytes = a.drive_write_gbps * 1e9};
+                        .drive_write_bytes = a.drive_write_gbps * 1e9,
+                        .adam_elems = a.cpu_adam_gelems * 1e9};
   RateSources src;
   if (absent_gpu && (rates.gemm_flops <= 0 || rates.pcie_bytes <= 0)) {
     std::printf(
@@ -303,6 +310,17 @@ int run_estimate(const EstimateArgs& a) {
       rates.pcie_bytes = device::copy_bytes_per_second(*gpu);
       src.pcie = "measured: pinned copies of 256 MiB";
     }
+    if (rates.adam_elems <= 0) {
+      // The host stepping the optimizer state is this machine, whichever GPU is planned for.
+      rates.adam_elems = zero::measure_adam_rate(cfg, model->options().param_dtype);
+      const auto& oo = cfg.zero_optimization.offload_optimizer;
+      src.adam = fmt::format(
+          "measured: {} moments, {} threads (offload_optimizer.cpuadam_cores_perc {:g})",
+          config::adam_moments_bf16(cfg) ? "bf16" : "fp32",
+          zero::cpu_threads_for(oo.cpuadam_cores_perc,
+                                std::max(1u, std::thread::hardware_concurrency())),
+          oo.cpuadam_cores_perc);
+    }
   } catch (const Error& e) {
     std::fprintf(stderr, "error: measuring the device's rates: %s\n", e.what());
     return 1;
@@ -312,8 +330,9 @@ int run_estimate(const EstimateArgs& a) {
   if (!t.drive_known) return 0;  // what hides the transfers depends on the drive
   print_params_in_host_memory(cfg, *model, plan, t, po, rates);
   print_params_kept_on_device(cfg, *model, plan, t, po, rates);
-  if (t.transfers_hidden()) {
-    std::printf("  the transfers fit under compute at this micro-batch and accumulation\n");
+  if (t.hidden_under_compute()) {
+    std::printf(
+        "  the transfers and CPU Adam fit under compute at this micro-batch and accumulation\n");
     return 0;
   }
   // The fewest tokens per step whose compute covers every transfer, within the device budget.
@@ -325,12 +344,12 @@ int run_estimate(const EstimateArgs& a) {
   }
   std::printf(
       "  %s: train_micro_batch_size_per_gpu %lld, gradient_accumulation_steps %lld "
-      "(%lld tokens per step): compute %.3f s, PCIe %.3f s, drive %.3f s\n",
-      shown->hides ? "to hide the transfers under compute"
+      "(%lld tokens per step): compute %.3f s, PCIe %.3f s, drive %.3f s, CPU Adam %.3f s\n",
+      shown->hides ? "to hide the transfers and CPU Adam under compute"
                    : "no shape up to micro-batch 64 x accumulation 128 hides them; the closest",
       static_cast<long long>(shown->micro), static_cast<long long>(shown->gas),
       static_cast<long long>(shown->micro * shown->gas * model->options().seq_len),
-      shown->times.compute_s, shown->times.pcie_s, shown->times.drive_s);
+      shown->times.compute_s, shown->times.pcie_s, shown->times.drive_s, shown->times.adam_s);
   return 0;
 }
 
@@ -369,6 +388,10 @@ void add_estimate_command(CLI::App& app, int& rc) {
       ->check(finite_in(1e-6, 1e5, "GB/s"));
   cmd->add_option("--drive-write-gbps", o->drive_write_gbps, "the swap drive's write GB/s")
       ->check(finite_in(1e-6, 1e5, "GB/s"));
+  cmd->add_option("--cpu-adam-gelems", o->cpu_adam_gelems,
+                  "CPU Adam's rate in G elements/s (default: measured here with the config's "
+                  "threads and moments)")
+      ->check(finite_in(1e-6, 1e6, "G elements/s"));
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
                 "plan with activation checkpointing (as `outcore train "
                 "--activation-checkpointing`; on anyway when the config's "
