@@ -787,6 +787,16 @@ TEST_F(TrainCliTest, EstimatePlansForAGpuThatIsNotHere) {
           "--drive-read-gbps 6 --drive-write-gbps 4");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("at 35 TFLOP/s (--attention-tflops)"), std::string::npos) << r.out;
+  // CPU Adam bounds the step: the optimizer state the GPU could step instead is priced.
+  r = run(est +
+          " --gpu-memory-gb 80 --gemm-tflops 900 --pcie-gbps 50 --drive-read-gbps 6 "
+          "--drive-write-gbps 4 --cpu-adam-gelems 0.0001");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("CPU Adam\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(the last units' optimizer state on the GPU, stepped there, which "
+                       "fits): CPU Adam 0.000 s instead of "),
+            std::string::npos)
+      << r.out;
   r = run(est + " --gpu-memory-gb 0.001");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.err.find("does not fit: device"), std::string::npos) << r.err;

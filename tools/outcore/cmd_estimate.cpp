@@ -187,6 +187,45 @@ void print_params_kept_on_device(const config::Config& cfg, const model::LlamaMo
       times->drive_s, t.drive_s, times->bound_s(), times->bound().c_str());
 }
 
+// Stage 3 on a GPU with the optimizer offloaded: where CPU Adam bounds the step, or the drive
+// with the optimizer state in swap files, says what keeping the last units' state on the GPU
+// gives (offload_optimizer.ratio below the config's, in tenths; stepped there by Adam on the
+// device, decision 036): the ratio with the shortest bound among those that fit, the largest
+// such ratio on a tie.
+void print_optimizer_on_device(const config::Config& cfg, const model::LlamaModel& model,
+                               const zero::Plan& plan, const zero::StepTimes& t,
+                               const zero::PlanOptions& po, const zero::LinkRates& rates) {
+  const config::OffloadOptimizerConfig& oo = cfg.zero_optimization.offload_optimizer;
+  if (cfg.zero_optimization.stage != 3 || rates.pcie_bytes <= 0 ||
+      oo.device == config::OffloadDevice::kNone)
+    return;
+  const std::string bound = t.bound();
+  if (bound != "CPU Adam" && !(bound == "drive" && oo.device == config::OffloadDevice::kNvme))
+    return;
+  std::optional<zero::StepTimes> best;
+  double best_ratio = 1;
+  for (int tenths = 9; tenths >= 0; --tenths) {
+    const double ratio = tenths / 10.0;
+    if (ratio >= oo.ratio) continue;
+    config::Config c = cfg;
+    c.zero_optimization.offload_optimizer.ratio = ratio;
+    const auto times =
+        zero::shape_times(c, model.config(), model.options(), model.options().micro_batch,
+                          plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
+    if (times && times->bound_s() < (best ? best->bound_s() : t.bound_s())) {
+      best = times;
+      best_ratio = ratio;
+    }
+  }
+  if (!best) return;
+  std::printf(
+      "  with offload_optimizer.ratio %g (the last units' optimizer state on the GPU, stepped "
+      "there, which fits): CPU Adam %.3f s instead of %.3f s, drive %.3f s instead of %.3f s, "
+      "bound %.3f s (%s)\n",
+      best_ratio, best->adam_s, t.adam_s, best->drive_s, t.drive_s, best->bound_s(),
+      best->bound().c_str());
+}
+
 int run_estimate(const EstimateArgs& a) {
   config::Config cfg;
   std::optional<model::LlamaModel> model;
@@ -330,6 +369,7 @@ int run_estimate(const EstimateArgs& a) {
   if (!t.drive_known) return 0;  // what hides the transfers depends on the drive
   print_params_in_host_memory(cfg, *model, plan, t, po, rates);
   print_params_kept_on_device(cfg, *model, plan, t, po, rates);
+  print_optimizer_on_device(cfg, *model, plan, t, po, rates);
   if (t.hidden_under_compute()) {
     std::printf(
         "  the transfers and CPU Adam fit under compute at this micro-batch and accumulation\n");
