@@ -214,6 +214,10 @@ run_gpu() {
   # run above, the measurement that sets the key's default
   part zero_large_bench-keep-params-adam-half 180 "$BUILD_DIR/bench/zero/zero_large_bench" \
     "${large[@]}" --keep-params --cpuadam-cores-perc 0.5 || rc=1
+  # The same with the last unit's optimizer state (offload_optimizer.ratio 0.9: the head's) on the
+  # GPU and stepped there by Adam on the device (decision 036): its first run on a GPU
+  part zero_large_bench-keep-params-ratio-0.9 180 "$BUILD_DIR/bench/zero/zero_large_bench" \
+    "${large[@]}" --keep-params --offload-ratio 0.9 || rc=1
   gpu_summary
   return "$rc"
 }

@@ -38,7 +38,7 @@
 //                    [--device cpu|discrete|cuda] [--grads nvme|host] [--param-in-cpu 0]
 //                    [--compute bf16|fp32] [--peak-tflops T] [--bf16-moments] [--trace FILE]
 //                    [--clip 1.0] [--step-in-backward] [--keep-params] [--recommended-shape]
-//                    [--cpuadam-cores-perc 1.0]
+//                    [--cpuadam-cores-perc 1.0] [--offload-ratio 1.0]
 //
 // --recommended-shape trains at the micro-batch and accumulation `outcore estimate` recommends on
 // this machine (zero::choose_shape: the fewest tokens per step whose compute covers every
@@ -279,6 +279,7 @@ struct ConfigSettings {
   bool bf16_moments = false, step_in_backward = false, keep_params = false;
   double clip = 1.0;
   double cpuadam_cores_perc = 1.0;  // offload_optimizer.cpuadam_cores_perc
+  double offload_ratio = 1.0;       // offload_optimizer.ratio
 };
 
 config::Config make_config(const ConfigSettings& s) {
@@ -293,7 +294,7 @@ config::Config make_config(const ConfigSettings& s) {
                              "max_in_cpu": {8}}},
           "offload_optimizer": {{"device": "nvme", "nvme_path": "{2}", "buffer_count": 3,
                                  "pipeline_read": true, "pipeline_write": true,
-                                 "cpuadam_cores_perc": {11}}},
+                                 "cpuadam_cores_perc": {11}, "ratio": {12}}},
           "stage3_max_reuse_distance": {10}, "stage3_max_live_parameters": {10},
           "stage3_param_persistence_threshold": 0}},
         "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}},
@@ -304,7 +305,7 @@ config::Config make_config(const ConfigSettings& s) {
                   ? R"( "optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": false}},)"
                   : "",
               s.clip, s.step_in_backward, s.gas, s.param_in_cpu, s.compute,
-              s.keep_params ? "1000000000000" : "0", s.cpuadam_cores_perc),
+              s.keep_params ? "1000000000000" : "0", s.cpuadam_cores_perc, s.offload_ratio),
           "zero_large_bench")
           .config;
   config::resolve_auto(cfg, {});
@@ -385,6 +386,11 @@ int main(int argc, char** argv) {
                  "offload_optimizer.cpuadam_cores_perc: the share of the hardware threads CPU "
                  "Adam, gradient norms and host accumulation use")
       ->check(CLI::Range(0.01, 1.0));
+  double offload_ratio = 1.0;
+  app.add_option("--offload-ratio", offload_ratio,
+                 "offload_optimizer.ratio: below 1 the last units' optimizer state stays on the "
+                 "device and is stepped there")
+      ->check(CLI::Range(0.0, 1.0));
   CLI11_PARSE(app, argc, argv);
   auto settings = [&] {
     return ConfigSettings{.micro = micro,
@@ -398,7 +404,8 @@ int main(int argc, char** argv) {
                           .step_in_backward = step_in_backward,
                           .keep_params = keep_params,
                           .clip = clip,
-                          .cpuadam_cores_perc = cpuadam_cores_perc};
+                          .cpuadam_cores_perc = cpuadam_cores_perc,
+                          .offload_ratio = offload_ratio};
   };
 
   try {
