@@ -60,25 +60,6 @@ PlanOptions engine_plan_options(device::Device& device, const model::LlamaModel&
   return po;
 }
 
-// What a device the host cannot read (a GPU) supports: the model computes there and every
-// transfer is a stream copy (several ranks: their collectives run on host memory, through
-// pinned copy-back and gather buffers). Optimizer state offloaded to host memory or swap files
-// is stepped by CPU Adam, and the part offload_optimizer.ratio < 1 keeps on the device by Adam
-// on the device (device_adam.hpp) from gradients accumulated on the host; all of it on the
-// device (offload_optimizer none, stage 0) would need its gradients there as well.
-void check_discrete_device(const detail::Geometry& g, const device::Device& device) {
-  if (g.placement.optimizer == Tier::kDevice)
-    throw ConfigError(
-        "zero_optimization.offload_optimizer",
-        fmt::format(
-            "all the optimizer state would live on {}, with its gradients, which "
-            "outcore does not support; use offload_optimizer.device cpu or nvme{} (at "
-            "stage 3, offload_optimizer.ratio below 1 keeps the state of the last units "
-            "on the device)",
-            device.name(),
-            g.placement.stage == 0 ? " and ZeRO stage 1 or higher (stage 0 ignores it)" : ""));
-}
-
 }  // namespace
 
 aio::Options aio_options(const config::AioConfig& a) {
@@ -115,7 +96,6 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
                    ? options.cpu_threads
                    : cpu_threads_for(cfg.zero_optimization.offload_optimizer.cpuadam_cores_perc,
                                      std::max(1u, std::thread::hardware_concurrency()))) {
-  if (!device.host_accessible()) check_discrete_device(g, device);
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
   limits_at_start = limits;
   bool by_gpu = false;

@@ -248,6 +248,11 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
     split_param_homes(cfg, model.layout(), world, g);
   if (warn) warn_unused_offload_param_keys(cfg, g);
   split_optimizer_homes(cfg, g, warn);
+  // A device the host cannot read: gradients are accumulated and normed on the host, so with
+  // all the optimizer state on the device (stage 0, offload_optimizer none) its accumulators
+  // are in host memory and each unit's come up for its Adam step there (decision 036).
+  if (!g.device_host_accessible && g.placement.gradients == Tier::kDevice)
+    g.placement.gradients = Tier::kHost;
   place_gradients(options.gradients, g);
   enable_step_in_backward(cfg, warn, g);
   return g;
@@ -258,13 +263,19 @@ bool staged_publication(const Placement& p, size_t unit) {
   return home == Tier::kNvme || (home == Tier::kDevice && p.optimizer_home(unit) != Tier::kDevice);
 }
 
-bool publishes_on_device(const Placement& p, size_t unit) {
-  return !staged_publication(p, unit) && (p.stage < 3 || p.param_home(unit) == Tier::kDevice);
+bool optimizer_publication_staged(const Geometry& g, size_t unit) {
+  return staged_publication(g.placement, unit) || g.host_gathers_publications();
+}
+
+bool publishes_on_device(const Geometry& g, size_t unit) {
+  const Placement& p = g.placement;
+  return !optimizer_publication_staged(g, unit) &&
+         (p.stage < 3 || p.param_home(unit) == Tier::kDevice);
 }
 
 bool host_publication_staged(const Geometry& g, size_t unit) {
-  return staged_publication(g.placement, unit) ||
-         (!g.device_host_accessible && publishes_on_device(g.placement, unit));
+  return optimizer_publication_staged(g, unit) ||
+         (!g.device_host_accessible && publishes_on_device(g, unit));
 }
 
 DeviceAdamScratch device_adam_scratch(const Geometry& g) {
@@ -273,7 +284,7 @@ DeviceAdamScratch device_adam_scratch(const Geometry& g) {
   for (size_t u = 0; u < g.units.size(); ++u) {
     if (g.placement.optimizer_home(u) != Tier::kDevice) continue;
     s.grad_bytes = std::max(s.grad_bytes, g.units[u].own_len * sizeof(float));
-    if (!publishes_on_device(g.placement, u))
+    if (!publishes_on_device(g, u))
       s.out_bytes = std::max(s.out_bytes, g.units[u].own_len * g.param_bytes);
   }
   return s;

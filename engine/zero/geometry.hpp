@@ -98,16 +98,21 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
 // by the optimizer straight into their home.
 bool staged_publication(const Placement& p, size_t unit);
 
+// Whether the optimizer's new parameters of `unit` go through a staging slot: where
+// staged_publication says, and for several ranks at stages 1-2 on a device the host cannot read
+// also where the unit is stepped on the device (its partition is all-gathered in host memory).
+bool optimizer_publication_staged(const Geometry& g, size_t unit);
+
+// Whether the optimizer writes new parameters of `unit` straight into device memory: not
+// staged, and homed on the device (every full slab below stage 3, the partition at stage 3 with
+// offload_param none).
+bool publishes_on_device(const Geometry& g, size_t unit);
+
 // Whether a producer on the host (initialisation, a checkpoint's load, a restore after a
 // tentative step) writes `unit`'s parameters through a staging slot: where the optimizer's are
 // staged, and on a device the host cannot read, also where the optimizer writes them in place
 // on the device (Adam on the device).
 bool host_publication_staged(const Geometry& g, size_t unit);
-
-// Whether new parameters of `unit` are written by the optimizer straight into device memory:
-// not staged, and homed on the device (every full slab below stage 3, the partition at stage 3
-// with offload_param none).
-bool publishes_on_device(const Placement& p, size_t unit);
 
 // Adam on a device the host cannot read (the units offload_optimizer.ratio < 1 keeps there):
 // device scratch for the largest such unit's fp32 gradients, brought up for its step, and for

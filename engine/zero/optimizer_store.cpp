@@ -206,7 +206,7 @@ class MemoryOptimizerStore final : public OptimizerStore {
     auto* dgrads = dev_grads_.as<float>();
     stream_->copy_h2d(dgrads, grads, len * sizeof(float));
     traffic_.h2d += len * sizeof(float);
-    const bool out_dev = publishes_on_device(g_.placement, static_cast<size_t>(unit));
+    const bool out_dev = publishes_on_device(g_, static_cast<size_t>(unit));
     cpu_adam::ParamsOut po;
     if (out != nullptr && out_dtype != DType::F32)
       po = {out_dev ? out : dev_out_.data(), out_dtype};

@@ -63,7 +63,7 @@ void ParamPublisher::wait_all() {
 }
 
 void ParamPublisher::wait_landed(int unit, size_t slot) {
-  if (staged_publication(g_.placement, static_cast<size_t>(unit))) wait_slot(slot);
+  if (optimizer_publication_staged(g_, static_cast<size_t>(unit))) wait_slot(slot);
   if (g_.placement.stage == 1 || g_.placement.stage == 2) comm_stream_.synchronize();
 }
 
@@ -72,7 +72,7 @@ void ParamPublisher::wait_landed(int unit, size_t slot) {
 std::byte* ParamPublisher::target(int unit, size_t slot, bool& staged, Writer writer) {
   const UnitGeometry& ug = g_.units[unit];
   staged = writer == Writer::kHost ? host_publication_staged(g_, static_cast<size_t>(unit))
-                                   : staged_publication(g_.placement, static_cast<size_t>(unit));
+                                   : optimizer_publication_staged(g_, static_cast<size_t>(unit));
   if (!staged)
     return g_.placement.stage < 3 ? full_params_[unit].as<std::byte>() + ug.own_off * g_.param_bytes
                                   : home_->resident(unit);

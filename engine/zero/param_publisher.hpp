@@ -54,7 +54,8 @@ class ParamPublisher {
   }
   // The two halves of publish(), for a producer running elsewhere: where to write the unit's
   // own elements (its home, or staging slot `slot` once that slot is free; `staged` says
-  // which: staged_publication for the optimizer, host_publication_staged for the host), then
+  // which: optimizer_publication_staged for the optimizer, host_publication_staged for the
+  // host), then
   // the copy, swap write or gather of what was written.
   std::byte* target(int unit, size_t slot, bool& staged, Writer writer);
   void finish(int unit, size_t slot, bool staged);

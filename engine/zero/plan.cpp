@@ -483,12 +483,12 @@ void plan_step_traffic(const PlanContext& c, Plan& plan) {
     // for host memory come down.
     if (p.optimizer_home(unit) == Tier::kDevice && !g.device_host_accessible) {
       t.h2d += u.own_len * sizeof(float);
-      if (!detail::publishes_on_device(p, unit)) t.d2h += u.own_len * g.param_bytes;
+      if (!detail::publishes_on_device(g, unit)) t.d2h += u.own_len * g.param_bytes;
     }
     // New parameters after Adam: written to the swap file, or copied to the device.
     const uint64_t lowp = u.own_len * g.param_bytes;
     if (p.param_home(unit) == Tier::kNvme) t.nvme_write += lowp;
-    if (p.param_home(unit) == Tier::kDevice && p.optimizer_home(unit) != Tier::kDevice)
+    if (p.param_home(unit) == Tier::kDevice && detail::optimizer_publication_staged(g, unit))
       t.h2d += g.host_gathers_publications()
                    ? u.padded * g.param_bytes  // gathered in pinned memory, copied up whole
                    : lowp;

@@ -186,9 +186,9 @@ class ZeroEngine {
   // the config (bf16 -> BF16, fp16 -> F16, else F32; ConfigError otherwise) and its layout
   // world size equals comm.world_size() (InvalidArgument otherwise). The device may be one
   // the host cannot read (a GPU): the model computes there and every transfer is a stream
-  // copy, but CPU Adam needs the optimizer state in host memory or swap files, so a plan that
-  // leaves any unit's optimizer state on such a device (offload_optimizer none, a ratio < 1,
-  // or stage 0) is refused with a ConfigError naming zero_optimization.offload_optimizer.
+  // copy; gradients are accumulated in host memory, and optimizer state on such a device
+  // (offload_optimizer none, a ratio < 1, stage 0) is stepped there by Adam on the device
+  // (device_adam.hpp, decision 036).
   ZeroEngine(const config::Config& cfg, const model::LlamaModel& model, device::Device& device,
              comm::Comm& comm, uint64_t seed, EngineOptions options = {});
   // Waits for in-flight work and removes the swap files (errors logged, not thrown).

@@ -179,6 +179,12 @@ TEST_F(DataParallel, DiscreteDeviceStage2World3MatchesWorld1) {
 TEST_F(DataParallel, DiscreteDeviceStage3NvmeWorld2MatchesWorld1) {
   expect_same("s3_nvme_bf16", 2, 2, "--device discrete");
 }
+// All the optimizer state on a device the host cannot read (stage 0 and 1, offload none): Adam
+// on the device from gradients reduced on the host (decision 036), on every rank.
+TEST_F(DataParallel, DiscreteDeviceStage0And1OptimizerOnTheDeviceWorld2MatchesWorld1) {
+  expect_same("s0_fp16", 2, 1, "--device discrete");
+  expect_same("s1_none_bf16", 2, 2, "--device discrete");
+}
 // Loss masks: every rank divides by the step's trained targets of all ranks, so two ranks
 // train as one; and the mask changes the run (it is read).
 TEST_F(DataParallel, LossMaskWorld2MatchesWorld1) {

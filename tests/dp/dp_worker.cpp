@@ -66,6 +66,10 @@ nlohmann::json case_patch(const std::string& name, const std::string& swap, int6
       p["gradient_clipping"] = 0.0;
       p["outcore"]["step_in_backward"] = true;
     }
+  } else if (name == "s1_none_bf16") {
+    zero({{"stage", 1}});  // all the optimizer state on the device
+    p["bf16"] = {{"enabled", true}};
+    p["gradient_clipping"] = 0.05;
   } else if (name == "s0_fp16") {
     zero({{"stage", 0}});
     p["fp16"] = {{"enabled", true}};  // started from a scale of 2^132 below: overflows at first
@@ -164,7 +168,9 @@ int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
       bad_traffic = 1;
     }
     last_sent = sent;
-    // Every rank's tier traffic per step is the plan's too (outcore estimate --world-size W).
+    // Every rank's tier traffic per step is the plan's too (outcore estimate --world-size W),
+    // for a step whose update was applied (a skipped one runs no optimizer: no state read or
+    // written, no gradients brought to a device that steps them).
     const zero::TrafficStats now = tr->engine().traffic();
     const zero::TrafficBytes& p = tr->engine().plan().per_step;
     const uint64_t got[4] = {now.nvme_read_bytes - last.nvme_read_bytes,
@@ -173,7 +179,7 @@ int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
     const uint64_t want[4] = {p.nvme_read, p.nvme_write, p.h2d, p.d2h};
     const char* names[4] = {"nvme read", "nvme write", "host->device", "device->host"};
     for (int k = 0; k < 4; ++k)
-      if (got[k] != want[k] && !after_save) {
+      if (got[k] != want[k] && !after_save && !m.skipped) {
         std::fprintf(stderr, "dp_worker: rank %d step %lld: %s %llu bytes, plan says %llu\n", rank,
                      static_cast<long long>(m.step), names[k],
                      static_cast<unsigned long long>(got[k]),

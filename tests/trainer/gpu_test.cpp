@@ -151,6 +151,55 @@ TEST_P(TrainerOnADevice, PartialOffloadStepsTheLastUnitsOnTheDeviceBitIdenticall
   EXPECT_LE(part.memory.device_peak_bytes, uint64_t{kBudgetMb} << 20);
 }
 
+// Stage 2 with all the optimizer state on the device (offload_optimizer none: Adam on the device,
+// a CUDA kernel on a GPU, from gradients accumulated in host memory) trains bit-identically to
+// the same run with it offloaded to host memory (CPU Adam).
+TEST_P(TrainerOnADevice, OptimizerStateOnTheDeviceTrainsAsOffloaded) {
+  const bool cuda = GetParam();
+  if (cuda) {
+    const device::ProbeResult p = device::probe();
+    if (!p.available) GTEST_SKIP() << "no usable GPU: " << p.summary();
+  }
+  const DemoData data;
+  const model::LlamaConfig mc = small_model();
+  std::vector<Outcome> runs;
+  for (const char* opt : {"cpu", "none"}) {
+    const nlohmann::json p = {
+        {"bf16", {{"enabled", true}}},
+        {"gradient_accumulation_steps", 2},
+        {"gradient_clipping", 0.05},
+        {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", opt}}}}}};
+    TrainerOptions o = quiet_options(data, 10);
+    if (cuda)
+      o.device = device::DeviceKind::Cuda;
+    else
+      o.discrete = true;
+    Outcome out;
+    o.on_step = [&](const StepMetrics& m) {
+      out.losses.push_back(m.loss);
+      out.norms.push_back(m.grad_norm.value_or(-1.0));
+    };
+    Trainer tr(make_config(p, mc), mc, o);
+    tr.run();
+    out.weights = weights_of(tr);
+    runs.push_back(std::move(out));
+  }
+  const Outcome& host = runs[0];
+  const Outcome& dev = runs[1];
+  ASSERT_EQ(host.losses.size(), 10u);
+  ASSERT_EQ(dev.losses.size(), 10u);
+  for (size_t i = 0; i < host.losses.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&host.losses[i], &dev.losses[i], sizeof(double)), 0)
+        << "loss of step " << i + 1;
+    EXPECT_EQ(std::memcmp(&host.norms[i], &dev.norms[i], sizeof(double)), 0)
+        << "norm of step " << i + 1;
+  }
+  for (size_t u = 0; u < host.weights.master.size(); ++u) {
+    EXPECT_TRUE(host.weights.master[u] == dev.weights.master[u]) << "unit " << u;
+    EXPECT_TRUE(host.weights.params[u] == dev.weights.params[u]) << "unit " << u;
+  }
+}
+
 // bf16 compute on the device trains as fp32 compute does on the same bf16 parameters: every
 // step's loss within 2% of the fp32 run's (the band TrainerTest.ComputeDtypeBf16RoundsEvery-
 // GemmOperand holds the host to), yet not the same computation, and the loss falls. On a GPU

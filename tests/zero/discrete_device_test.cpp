@@ -308,29 +308,68 @@ TEST(DiscreteDevicePlan, KeptParametersTrainBitIdenticallyAndCrossOncePerStep) {
   EXPECT_LE(m.memory.device_peak_bytes, m.plan.peak.device) << format_plan(m.plan);
 }
 
-// All the optimizer state on such a device (its gradients with it) is refused at
-// construction, naming the key.
-TEST(DiscreteDeviceRefusals, OptimizerStateOnTheDevice) {
-  device::CpuDevice dev({.discrete = true});
-  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16),
-                                device::make_backend(dev));
-  comm::LocalComm comm;
-  const std::string dir = swap_dir("discrete_refuse").string();
-  for (const Placing& s : {Placing{0}, Placing{3, "cpu", "none"}}) {
-    const config::Config cfg = make_config(config_json(s, DType::BF16, dir));
-    try {
-      ZeroEngine engine(cfg, model, dev, comm, 1);
-      ADD_FAILURE() << s.name() << ": accepted";
-    } catch (const ConfigError& e) {
-      EXPECT_EQ(e.json_path(), "zero_optimization.offload_optimizer") << e.what();
-    }
+// All the optimizer state on such a device (stage 0, offload_optimizer none): stepped there by
+// Adam on the device from gradients accumulated on the host (decision 036), bit-identical to
+// the host-accessible device (where the gradients stay on the device), with the plan's peaks
+// and per-step traffic the engine's.
+struct AllOnDeviceCase {
+  Placing placing;
+  DType dtype;
+  bool bf16_moments = false;
+  uint32_t copy_delay_us = 0;
+  std::string name() const {
+    return placing.name() + (dtype == DType::BF16 ? "_bf16" : "_fp32") +
+           (bf16_moments ? "_bf16_moments" : "") + (copy_delay_us > 0 ? "_slow_copies" : "");
   }
-  // A partial offload (ratio < 1) keeps the last units' state on the device and steps it
-  // there (partial_offload_test.cpp): accepted.
-  const config::Config partial =
-      make_config(config_json({3, "none", "cpu"}, DType::BF16, dir, "", "", ", \"ratio\": 0.3"));
-  EXPECT_NO_THROW(ZeroEngine(partial, model, dev, comm, 1));
+};
+
+class OptimizerStateOnADiscreteDevice : public ::testing::TestWithParam<AllOnDeviceCase> {};
+
+TEST_P(OptimizerStateOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDevice) {
+  const AllOnDeviceCase c = GetParam();
+  std::string json = config_json(c.placing, c.dtype, swap_dir("all_on_" + c.name()).string());
+  if (c.bf16_moments) {
+    const std::string decay = "\"weight_decay\": 0.01";
+    json.replace(json.find(decay), decay.size(), decay + ", \"fp32_optimizer_states\": false");
+  }
+  const config::Config cfg = make_config(json);
+  const model::LlamaModel host_model(tiny_config(true), tiny_options(c.dtype));
+  device::CpuDevice host_dev;
+  const RunResult want = train_on(host_dev, cfg, host_model, 3);
+  ASSERT_EQ(want.plan.placement.gradients, Tier::kDevice);
+
+  device::CpuDevice dev({.discrete = true, .copy_delay_us = c.copy_delay_us});
+  const model::LlamaModel model(tiny_config(true), tiny_options(c.dtype),
+                                device::make_backend(dev));
+  const RunResult got = train_on(dev, cfg, model, 3);
+  expect_bit_identical(want, got, c.name());
+  EXPECT_EQ(got.plan.placement.optimizer, Tier::kDevice);
+  EXPECT_EQ(got.plan.placement.gradients, Tier::kHost);
+  const std::string text = format_plan(got.plan);
+  EXPECT_NE(text.find("fp32 gradients of the unit in a device Adam step"), std::string::npos)
+      << text;
+  EXPECT_LE(got.memory.device_peak_bytes, got.plan.peak.device) << text;
+  // Every unit's gradients go up once per step for its Adam step.
+  uint64_t own = 0;
+  for (const model::UnitLayout& u : model.layout().units) own += u.partition_numel(1);
+  const Measured m = measure_on(dev, cfg, model, 2);
+  expect_traffic_as_planned(m, 2);
+  EXPECT_GE(m.plan.per_step.h2d, own * sizeof(float)) << text;
+  EXPECT_LE(m.memory.device_peak_bytes, m.plan.peak.device) << text;
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Zero, OptimizerStateOnADiscreteDevice,
+    ::testing::Values(AllOnDeviceCase{{0}, DType::BF16}, AllOnDeviceCase{{0}, DType::F32},
+                      AllOnDeviceCase{{1, "none", "none"}, DType::BF16},
+                      AllOnDeviceCase{{2, "none", "none"}, DType::F32, true},
+                      AllOnDeviceCase{{3, "none", "none"}, DType::BF16},
+                      AllOnDeviceCase{{3, "cpu", "none"}, DType::BF16, true},
+                      AllOnDeviceCase{{3, "nvme", "none"}, DType::F32},
+                      // slow copies: a gradient copy up not waited for shows
+                      AllOnDeviceCase{{2, "none", "none"}, DType::BF16, false, 20000},
+                      AllOnDeviceCase{{3, "none", "none"}, DType::F32, false, 20000}),
+    [](const auto& info) { return info.param.name(); });
 
 // A device that counts host registrations (a GPU's cudaHostRegister): host memory, streams and
 // events of an inner CpuDevice.
