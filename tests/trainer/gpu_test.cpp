@@ -8,6 +8,7 @@
 // the device's peak stays within the budget.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -84,6 +85,22 @@ Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std:
   return out;
 }
 
+// `b` trained as `a`: every step's loss and norm, and every unit's master weights and
+// parameters, the same bits.
+void expect_same_run(const Outcome& a, const Outcome& b) {
+  ASSERT_EQ(a.losses.size(), 10u);
+  ASSERT_EQ(b.losses.size(), 10u);
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)), 0)
+        << "loss of step " << i + 1;
+    EXPECT_EQ(std::memcmp(&a.norms[i], &b.norms[i], sizeof(double)), 0) << "norm of step " << i + 1;
+  }
+  for (size_t u = 0; u < a.weights.master.size(); ++u) {
+    EXPECT_TRUE(a.weights.master[u] == b.weights.master[u]) << "unit " << u;
+    EXPECT_TRUE(a.weights.params[u] == b.weights.params[u]) << "unit " << u;
+  }
+}
+
 class TrainerOnADevice : public ::testing::TestWithParam<bool> {};
 
 TEST_P(TrainerOnADevice, StepDuringBackwardUnderABudgetBelowTheModelsState) {
@@ -96,22 +113,9 @@ TEST_P(TrainerOnADevice, StepDuringBackwardUnderABudgetBelowTheModelsState) {
   const DemoData data;
   const Outcome after = train(cuda, false, data, data.file("after"));
   const Outcome during = train(cuda, true, data, data.file("during"));
-  ASSERT_EQ(after.losses.size(), 10u);
-  ASSERT_EQ(during.losses.size(), 10u);
-  int stepped_during = 0;
-  for (size_t i = 0; i < after.losses.size(); ++i) {
-    EXPECT_EQ(std::memcmp(&after.losses[i], &during.losses[i], sizeof(double)), 0)
-        << "loss of step " << i + 1;
-    EXPECT_EQ(std::memcmp(&after.norms[i], &during.norms[i], sizeof(double)), 0)
-        << "norm of step " << i + 1;
-    stepped_during += during.in_backward[i] == "committed";
-  }
+  expect_same_run(after, during);
   // Without clipping every step's tentative updates stand.
-  EXPECT_EQ(stepped_during, 10);
-  for (size_t u = 0; u < after.weights.master.size(); ++u) {
-    EXPECT_TRUE(after.weights.master[u] == during.weights.master[u]) << "unit " << u;
-    EXPECT_TRUE(after.weights.params[u] == during.weights.params[u]) << "unit " << u;
-  }
+  EXPECT_EQ(std::count(during.in_backward.begin(), during.in_backward.end(), "committed"), 10);
   for (const Outcome* o : {&after, &during}) {
     EXPECT_LE(o->memory.device_peak_bytes, uint64_t{kBudgetMb} << 20);
     int summed = 0;
@@ -134,20 +138,9 @@ TEST_P(TrainerOnADevice, PartialOffloadStepsTheLastUnitsOnTheDeviceBitIdenticall
   const DemoData data;
   const Outcome full = train(cuda, false, data, data.file("full"));
   const Outcome part = train(cuda, false, data, data.file("part"), "auto", 0.9);
-  ASSERT_EQ(full.losses.size(), 10u);
-  ASSERT_EQ(part.losses.size(), 10u);
   EXPECT_EQ(full.device_optimizer_from, SIZE_MAX);
   EXPECT_LT(part.device_optimizer_from, part.weights.master.size());
-  for (size_t i = 0; i < full.losses.size(); ++i) {
-    EXPECT_EQ(std::memcmp(&full.losses[i], &part.losses[i], sizeof(double)), 0)
-        << "loss of step " << i + 1;
-    EXPECT_EQ(std::memcmp(&full.norms[i], &part.norms[i], sizeof(double)), 0)
-        << "norm of step " << i + 1;
-  }
-  for (size_t u = 0; u < full.weights.master.size(); ++u) {
-    EXPECT_TRUE(full.weights.master[u] == part.weights.master[u]) << "unit " << u;
-    EXPECT_TRUE(full.weights.params[u] == part.weights.params[u]) << "unit " << u;
-  }
+  expect_same_run(full, part);
   EXPECT_LE(part.memory.device_peak_bytes, uint64_t{kBudgetMb} << 20);
 }
 
@@ -184,20 +177,7 @@ TEST_P(TrainerOnADevice, OptimizerStateOnTheDeviceTrainsAsOffloaded) {
     out.weights = weights_of(tr);
     runs.push_back(std::move(out));
   }
-  const Outcome& host = runs[0];
-  const Outcome& dev = runs[1];
-  ASSERT_EQ(host.losses.size(), 10u);
-  ASSERT_EQ(dev.losses.size(), 10u);
-  for (size_t i = 0; i < host.losses.size(); ++i) {
-    EXPECT_EQ(std::memcmp(&host.losses[i], &dev.losses[i], sizeof(double)), 0)
-        << "loss of step " << i + 1;
-    EXPECT_EQ(std::memcmp(&host.norms[i], &dev.norms[i], sizeof(double)), 0)
-        << "norm of step " << i + 1;
-  }
-  for (size_t u = 0; u < host.weights.master.size(); ++u) {
-    EXPECT_TRUE(host.weights.master[u] == dev.weights.master[u]) << "unit " << u;
-    EXPECT_TRUE(host.weights.params[u] == dev.weights.params[u]) << "unit " << u;
-  }
+  expect_same_run(runs[0], runs[1]);
 }
 
 // bf16 compute on the device trains as fp32 compute does on the same bf16 parameters: every

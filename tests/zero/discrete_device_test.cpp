@@ -328,10 +328,7 @@ class OptimizerStateOnADiscreteDevice : public ::testing::TestWithParam<AllOnDev
 TEST_P(OptimizerStateOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDevice) {
   const AllOnDeviceCase c = GetParam();
   std::string json = config_json(c.placing, c.dtype, swap_dir("all_on_" + c.name()).string());
-  if (c.bf16_moments) {
-    const std::string decay = "\"weight_decay\": 0.01";
-    json.replace(json.find(decay), decay.size(), decay + ", \"fp32_optimizer_states\": false");
-  }
+  if (c.bf16_moments) json = with_bf16_moments(json);
   const config::Config cfg = make_config(json);
   const model::LlamaModel host_model(tiny_config(true), tiny_options(c.dtype));
   device::CpuDevice host_dev;

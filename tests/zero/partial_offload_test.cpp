@@ -160,10 +160,7 @@ TEST_P(PartialOffloadOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDev
       config_json({3, c.param, c.opt}, d.dtype, swap_dir("partial_discrete_" + d.name()).string(),
                   ", \"sub_group_size\": " + std::to_string(kSubGroup), "",
                   ", \"ratio\": " + std::to_string(c.ratio));
-  if (d.bf16_moments) {
-    const std::string decay = "\"weight_decay\": 0.01";
-    json.replace(json.find(decay), decay.size(), decay + ", \"fp32_optimizer_states\": false");
-  }
+  if (d.bf16_moments) json = with_bf16_moments(json);
   const config::Config cfg = make_config(json);
   const model::LlamaModel host_model(tiny_config(true), tiny_options(d.dtype));
   device::CpuDevice host_dev;

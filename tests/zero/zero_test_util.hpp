@@ -84,6 +84,13 @@ inline std::string config_json(const Placing& s, DType dtype, const std::string&
          extra_zero + "}" + extra_top + "}";
 }
 
+// config_json's JSON with the Adam moments in bf16 (DeepSpeed's fp32_optimizer_states false).
+inline std::string with_bf16_moments(std::string json) {
+  const std::string decay = "\"weight_decay\": 0.01";
+  json.replace(json.find(decay), decay.size(), decay + ", \"fp32_optimizer_states\": false");
+  return json;
+}
+
 inline config::Config make_config(const std::string& json) {
   config::Config cfg = config::parse_config(json, "test").config;
   config::AutoContext ctx;
