@@ -60,11 +60,8 @@ config::Config device_config(bool step_in_backward, const std::string& swap,
   return make_config(p, small_model());
 }
 
-Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std::string& swap,
-              const std::string& compute = "auto", double ratio = 1.0) {
-  const model::LlamaConfig mc = small_model();
-  std::filesystem::create_directories(swap);
-  const config::Config cfg = device_config(step_in_backward, swap, compute, ratio);
+// 10 steps of `cfg` on a GPU (`cuda`) or the simulated discrete device.
+Outcome run_on_device(bool cuda, const config::Config& cfg, const DemoData& data) {
   TrainerOptions o = quiet_options(data, 10);
   if (cuda)
     o.device = device::DeviceKind::Cuda;
@@ -76,6 +73,7 @@ Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std:
     out.norms.push_back(m.grad_norm.value_or(-1.0));
     out.in_backward.push_back(m.in_backward);
   };
+  const model::LlamaConfig mc = small_model();
   Trainer tr(cfg, mc, o);
   tr.run();
   out.weights = weights_of(tr);
@@ -83,6 +81,12 @@ Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std:
   out.device_grad_sums = tr.engine().plan().device_grad_sums;
   out.device_optimizer_from = tr.engine().plan().placement.device_optimizer_from;
   return out;
+}
+
+Outcome train(bool cuda, bool step_in_backward, const DemoData& data, const std::string& swap,
+              const std::string& compute = "auto", double ratio = 1.0) {
+  std::filesystem::create_directories(swap);
+  return run_on_device(cuda, device_config(step_in_backward, swap, compute, ratio), data);
 }
 
 // `b` trained as `a`: every step's loss and norm, and every unit's master weights and
@@ -154,7 +158,6 @@ TEST_P(TrainerOnADevice, OptimizerStateOnTheDeviceTrainsAsOffloaded) {
     if (!p.available) GTEST_SKIP() << "no usable GPU: " << p.summary();
   }
   const DemoData data;
-  const model::LlamaConfig mc = small_model();
   std::vector<Outcome> runs;
   for (const char* opt : {"cpu", "none"}) {
     const nlohmann::json p = {
@@ -162,20 +165,7 @@ TEST_P(TrainerOnADevice, OptimizerStateOnTheDeviceTrainsAsOffloaded) {
         {"gradient_accumulation_steps", 2},
         {"gradient_clipping", 0.05},
         {"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", opt}}}}}};
-    TrainerOptions o = quiet_options(data, 10);
-    if (cuda)
-      o.device = device::DeviceKind::Cuda;
-    else
-      o.discrete = true;
-    Outcome out;
-    o.on_step = [&](const StepMetrics& m) {
-      out.losses.push_back(m.loss);
-      out.norms.push_back(m.grad_norm.value_or(-1.0));
-    };
-    Trainer tr(make_config(p, mc), mc, o);
-    tr.run();
-    out.weights = weights_of(tr);
-    runs.push_back(std::move(out));
+    runs.push_back(run_on_device(cuda, make_config(p, small_model()), data));
   }
   expect_same_run(runs[0], runs[1]);
 }
