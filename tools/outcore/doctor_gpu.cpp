@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "cpu_adam/cpu_adam.hpp"
 #include "engine/device/compute_backend.hpp"
 #include "engine/device/cpu/kernels.hpp"
 #include "engine/device/cuda/cuda_kernels.hpp"
@@ -71,6 +72,30 @@ double max_rel(const std::vector<float>& got, const std::vector<float>& want) {
 Line verdict(const std::string& name, double err, double tol) {
   return {"kernel " + name, err <= tol ? Verdict::kOk : Verdict::kFail,
           fmt::format("max relative error {:.2g} vs host (tolerance {:.0g})", err, tol)};
+}
+
+// Adam on the GPU (optimizer state kept there, decision 036): cpu_adam's bits, with AdamW decay
+// and a gradient multiplier, fp32 moments and a bf16 copy-out.
+Line check_adam() {
+  const int64_t n = 1 << 16;
+  cpu_adam::AdamParams hp;
+  hp.lr = 3e-3;
+  hp.weight_decay = 0.1;
+  hp.grad_scale = 0.37;
+  hp.step = 5;
+  auto p = randn(n, 11), g = randn(n, 12, 0.01f), m = randn(n, 13, 0.001f), v = randn(n, 14, 1e-6f);
+  for (float& x : v) x = std::abs(x);
+  Dev<float> P(p), G(g), M(m), V(v);
+  Dev<uint16_t> OUT(static_cast<size_t>(n));
+  ck::adam_step(cpu_adam::adam_coefficients(hp), false, n, P.p, G.p, M.p, V.p, false, OUT.p,
+                DType::BF16, nullptr);
+  std::vector<uint16_t> out(n);
+  cpu_adam::adam_step(hp, n, p.data(), {g.data(), DType::F32}, m.data(), v.data(),
+                      {out.data(), DType::BF16});
+  const bool same = P.host() == p && M.host() == m && V.host() == v && OUT.host() == out;
+  return {"kernel adam", same ? Verdict::kOk : Verdict::kFail,
+          same ? "the host's bits (parameters, moments, bf16 copy)"
+               : "differs from the host's cpu_adam: Adam on the GPU would not be bit-identical"};
 }
 
 Line check_swiglu() {
@@ -324,6 +349,7 @@ std::vector<Line> gpu_checks() {
   run(lines, "kernel rmsnorm", check_rmsnorm);
   run(lines, "kernel causal softmax", check_softmax);
   run(lines, "kernel cross-entropy", check_cross_entropy);
+  run(lines, "kernel adam", check_adam);
   try {
     ck::Gemm gemm;
     for (DType t : {DType::F32, DType::BF16, DType::F16})
