@@ -34,8 +34,14 @@ OUTCORE_ADAM_HD float mul_rn(float a, float b) {
 #else
   float r = a * b;
   // Rounded here, never fused into an addition that uses it: a translation unit built with
-  // GCC's default -ffp-contract=fast would fuse it once inlined; the empty asm hides it.
+  // GCC's default -ffp-contract=fast would fuse it once inlined; the empty asm (an SSE
+  // register operand: x86-64, the only target) hides it.
+#if defined(__x86_64__)
   asm("" : "+x"(r));
+#else
+  volatile float kept = r;
+  r = kept;
+#endif
   return r;
 #endif
 }

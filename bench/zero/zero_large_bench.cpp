@@ -182,10 +182,10 @@ Bounds measure_bounds(const zero::Plan& plan, const model::LlamaModel& model,
         plan.per_step.h2d / 1e9, plan.per_step.d2h / 1e9, rate / 1e9, b.pcie_s);
   }
   {
-    // CPU Adam over what it steps (zero::step_times: the offloaded elements across a bus), at
-    // the engine's threads and moments (zero::measure_adam_rate).
-    zero::LinkRates r{.pcie_bytes = engine_dev_host_accessible ? 0.0 : 1.0,
-                      .adam_elems = zero::measure_adam_rate(cfg, model.options().param_dtype)};
+    // CPU Adam over what it steps (zero::step_times: the offloaded elements on a GPU), at the
+    // engine's threads and moments (zero::measure_adam_rate).
+    const zero::LinkRates r{.adam_elems =
+                                zero::measure_adam_rate(cfg, model.options().param_dtype)};
     const zero::StepTimes t = zero::step_times(plan, model, r);
     b.adam_s = t.adam_s;
     std::printf("CPU Adam bound (plan: %.3g G elements at %.3g G elements/s): %.2f s\n",

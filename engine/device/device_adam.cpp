@@ -26,12 +26,15 @@ void queue_adam_step(Device& device, Stream& stream, const cpu_adam::AdamParams&
                     moments.dtype == DType::BF16, out.data, out.dtype, stream.native_handle());
     return;
   }
-  const auto& cpu = dynamic_cast<const CpuDevice&>(device);
-  float* p = static_cast<float*>(cpu.host_view(master));
-  const auto* g = static_cast<const float*>(cpu.host_view(grads));
-  const cpu_adam::Moments m{cpu.host_view(moments.exp_avg), cpu.host_view(moments.exp_avg_sq),
-                            moments.dtype};
-  const cpu_adam::ParamsOut o{out.data == nullptr ? nullptr : cpu.host_view(out.data), out.dtype};
+  // A discrete CpuDevice's memory through its host view; other host devices' as it is.
+  const auto* cpu = dynamic_cast<const CpuDevice*>(&device);
+  const auto view = [cpu](const void* ptr) {
+    return cpu != nullptr ? cpu->host_view(ptr) : const_cast<void*>(ptr);
+  };
+  float* p = static_cast<float*>(view(master));
+  const auto* g = static_cast<const float*>(view(grads));
+  const cpu_adam::Moments m{view(moments.exp_avg), view(moments.exp_avg_sq), moments.dtype};
+  const cpu_adam::ParamsOut o{out.data == nullptr ? nullptr : view(out.data), out.dtype};
   stream.enqueue([hp, n, p, g, m, o, executor] {
     cpu_adam::adam_step(hp, n, p, {g, DType::F32}, m, o, executor);
   });

@@ -284,7 +284,8 @@ DeviceAdamScratch device_adam_scratch(const Geometry& g) {
   for (size_t u = 0; u < g.units.size(); ++u) {
     if (g.placement.optimizer_home(u) != Tier::kDevice) continue;
     s.grad_bytes = std::max(s.grad_bytes, g.units[u].own_len * sizeof(float));
-    if (!publishes_on_device(g, u))
+    // fp32 parameters are the master weights themselves: copied down from them directly.
+    if (!publishes_on_device(g, u) && g.placement.param_dtype != DType::F32)
       s.out_bytes = std::max(s.out_bytes, g.units[u].own_len * g.param_bytes);
   }
   return s;

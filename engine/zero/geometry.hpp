@@ -116,7 +116,8 @@ bool host_publication_staged(const Geometry& g, size_t unit);
 
 // Adam on a device the host cannot read (the units offload_optimizer.ratio < 1 keeps there):
 // device scratch for the largest such unit's fp32 gradients, brought up for its step, and for
-// its new parameters when they are bound for host memory (brought down after it). Zero where
+// its new low-precision parameters when they are bound for host memory (brought down after
+// it; fp32 ones come down from the master weights). Zero where
 // no unit is stepped so.
 struct DeviceAdamScratch {
   size_t grad_bytes = 0;

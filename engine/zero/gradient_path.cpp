@@ -94,6 +94,15 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device,
     else if (g.placement.gradients == Tier::kHost)
       host_accum_.emplace_back(bytes);
   }
+  // Adam on a device the host cannot read brings these units' accumulators up every step: as
+  // registered memory the copies run at the pinned rate (a GPU's copy from pageable memory is
+  // staged through a buffer of the driver's).
+  for (size_t u = 0; u < host_accum_.size(); ++u) {
+    if (g.device_host_accessible || g.placement.optimizer_home(u) != Tier::kDevice) continue;
+    AlignedBuffer& b = host_accum_[u];
+    device.register_host(b.data(), b.size());
+    registered_.emplace_back(b.data(), Unregister{&device});
+  }
 }
 
 float* GradientPath::accumulator(int unit) {

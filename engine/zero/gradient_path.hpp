@@ -25,12 +25,13 @@
 namespace outcore::zero::detail {
 
 // Owns: the gradient slabs in flight, the accumulators (device, host memory or a swap file
-// per unit, GradientPlacement), the gradient swap space and its staging slots, the copy-back
-// buffers of a device the host cannot read, the device sums of the units Plan::device_grad_sums
-// names, the norm's block sums of squares, and the host lane (host_lane.hpp, thread
-// "zero-grad") that adds the gradients, reads and writes their swap files and runs when_final.
-// Borrows (must outlive it): the geometry, device, backend, comm, the comm and d2h streams, the
-// executor and the traffic counters.
+// per unit, GradientPlacement; in host memory, registered with a device the host cannot read
+// where Adam on that device reads them), the gradient swap space and its staging slots, the
+// copy-back buffers of a device the host cannot read, the device sums of the units
+// Plan::device_grad_sums names, the norm's block sums of squares, and the host lane (host_lane.hpp,
+// thread "zero-grad") that adds the gradients, reads and writes their swap files and runs
+// when_final. Borrows (must outlive it): the geometry, device, backend, comm, the comm and d2h
+// streams, the executor and the traffic counters.
 //
 // A device the host cannot read: each slab is copied down on the d2h stream into one of the
 // layout's copy-back buffers (taking turns; a buffer is reused once the lane has added what it
@@ -145,6 +146,13 @@ class GradientPath {
   std::vector<size_t> norm_block_off_;
   std::vector<device::DeviceBuffer> device_accum_;  // gradients on the device
   std::vector<AlignedBuffer> host_accum_;           // gradients in host memory
+  // The host accumulators registered with the device (those of units stepped by Adam on a
+  // device the host cannot read); unregistered before the accumulators go.
+  struct Unregister {
+    device::Device* device;
+    void operator()(void* p) const noexcept { device->unregister_host(p); }
+  };
+  std::vector<std::unique_ptr<void, Unregister>> registered_;
   std::deque<InFlight> in_flight_;
 
   device::ComputeBackend& backend_;

@@ -112,9 +112,14 @@ class MemoryOptimizerStore final : public OptimizerStore {
     check_len("state read", unit, out.size(), n(unit));
     if (streamed(unit)) {
       const DType t = kind == StateKind::kMaster ? DType::F32 : g_.moments;
-      std::vector<std::byte> raw(n(unit) * dtype_size(t));
-      down(raw.data(), part(unit, kind), raw.size());
-      return load_moments(out.data(), raw.data(), out.size(), t);
+      if (t == DType::F32) return down(out.data(), part(unit, kind), out.size_bytes());
+      std::vector<std::byte> raw(std::min(n(unit), kWidenChunk) * dtype_size(t));
+      for (size_t first = 0; first < n(unit); first += kWidenChunk) {
+        const size_t len = std::min(kWidenChunk, n(unit) - first);
+        down(raw.data(), part(unit, kind) + first * dtype_size(t), len * dtype_size(t));
+        load_moments(out.data() + first, raw.data(), len, t);
+      }
+      return;
     }
     if (kind == StateKind::kMaster)
       return void(std::memcpy(out.data(), part(unit, kind), out.size_bytes()));
@@ -125,9 +130,14 @@ class MemoryOptimizerStore final : public OptimizerStore {
     check_len("state write", unit, in.size(), n(unit));
     if (streamed(unit)) {
       const DType t = kind == StateKind::kMaster ? DType::F32 : g_.moments;
-      std::vector<std::byte> raw(n(unit) * dtype_size(t));
-      store_moments(raw.data(), in.data(), in.size(), t);
-      return up(part(unit, kind), raw.data(), raw.size());
+      if (t == DType::F32) return up(part(unit, kind), in.data(), in.size_bytes());
+      std::vector<std::byte> raw(std::min(n(unit), kWidenChunk) * dtype_size(t));
+      for (size_t first = 0; first < n(unit); first += kWidenChunk) {
+        const size_t len = std::min(kWidenChunk, n(unit) - first);
+        store_moments(raw.data(), in.data() + first, len, t);
+        up(part(unit, kind) + first * dtype_size(t), raw.data(), len * dtype_size(t));
+      }
+      return;
     }
     if (kind == StateKind::kMaster)
       return void(std::memcpy(part(unit, kind), in.data(), in.size_bytes()));
@@ -202,28 +212,38 @@ class MemoryOptimizerStore final : public OptimizerStore {
     OUTCORE_TRACE_SPAN("adam (device)", "optimizer", {.unit = unit, .lanes = "optimizer"});
     std::lock_guard lock(device_step_m_);
     const size_t len = n(unit);
-    auto* master = reinterpret_cast<float*>(part(unit, StateKind::kMaster));
-    auto* dgrads = dev_grads_.as<float>();
-    stream_->copy_h2d(dgrads, grads, len * sizeof(float));
-    traffic_.h2d += len * sizeof(float);
-    const bool out_dev = publishes_on_device(g_, static_cast<size_t>(unit));
-    cpu_adam::ParamsOut po;
-    if (out != nullptr && out_dtype != DType::F32)
-      po = {out_dev ? out : dev_out_.data(), out_dtype};
-    device::queue_adam_step(
-        *device_, *stream_, hp, len, master, dgrads,
-        {part(unit, StateKind::kExpAvg), part(unit, StateKind::kExpAvgSq), g_.moments}, po, &ex_);
-    if (out != nullptr) {
-      const size_t bytes = len * dtype_size(out_dtype);
-      const void* src = out_dtype == DType::F32 ? master : po.data;
-      if (out_dev) {
-        if (src != out) stream_->copy_d2d(out, src, bytes);
-      } else {
-        stream_->copy_d2h(out, src, bytes);
-        traffic_.d2h += bytes;
+    try {
+      auto* master = reinterpret_cast<float*>(part(unit, StateKind::kMaster));
+      auto* dgrads = dev_grads_.as<float>();
+      stream_->copy_h2d(dgrads, grads, len * sizeof(float));
+      traffic_.h2d += len * sizeof(float);
+      const bool out_dev = publishes_on_device(g_, static_cast<size_t>(unit));
+      cpu_adam::ParamsOut po;
+      if (out != nullptr && out_dtype != DType::F32)
+        po = {out_dev ? out : dev_out_.data(), out_dtype};
+      device::queue_adam_step(
+          *device_, *stream_, hp, len, master, dgrads,
+          {part(unit, StateKind::kExpAvg), part(unit, StateKind::kExpAvgSq), g_.moments}, po, &ex_);
+      if (out != nullptr) {
+        const size_t bytes = len * dtype_size(out_dtype);
+        const void* src = out_dtype == DType::F32 ? master : po.data;
+        if (out_dev) {
+          if (src != out) stream_->copy_d2d(out, src, bytes);
+        } else {
+          stream_->copy_d2h(out, src, bytes);
+          traffic_.d2h += bytes;
+        }
       }
+      stream_->synchronize();
+    } catch (...) {
+      // Nothing queued may outlive the step: `grads` and `out` are the caller's, and the next
+      // step reuses the scratch.
+      try {
+        stream_->synchronize();
+      } catch (...) {
+      }
+      throw;
     }
-    stream_->synchronize();
   }
 
   // Ranges of kWidenChunk elements through host buffers.
@@ -273,12 +293,14 @@ class MemoryOptimizerStore final : public OptimizerStore {
   const cpu_adam::Executor& ex_;
   TrafficCounters& traffic_;
   device::Device* device_;
-  std::unique_ptr<device::Stream> stream_;  // set when device units are streamed()
   device::DeviceBuffer dev_grads_, dev_out_;
   std::mutex device_step_m_;
   std::vector<device::DeviceBuffer> dev_;
   std::vector<AlignedBuffer> host_;
   std::vector<std::byte*> base_;  // per unit: [master | exp_avg | exp_avg_sq], null on NVMe
+  // Set when device units are streamed(). Last: destroyed first, its destructor waits for what
+  // was queued on the buffers above (a constructor or a step that threw midway).
+  std::unique_ptr<device::Stream> stream_;
 };
 
 class NvmeOptimizerStore final : public OptimizerStore {

@@ -102,7 +102,7 @@ void ParamPublisher::finish(int unit, size_t slot, bool staged) {
   if (host_gather) {
     // The device's memory is not the host's: gather in pinned memory (the comm stream runs
     // one gather at a time, so one buffer serves), then copy the whole slab up. Staged is
-    // true here (the parameters' home is the device, the optimizer's is not).
+    // true here: every publication is, under host gathers (optimizer_publication_staged).
     std::byte* gather = gather_.data();
     const std::byte* src = s->buf.data();
     const size_t full_bytes = ug.padded * g_.param_bytes;

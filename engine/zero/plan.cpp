@@ -210,6 +210,7 @@ Plan plan_counts(const PlanContext& c) {
   plan.num_parameters = c.model.config().num_parameters();
   plan.padded_elems = sum_units(g, [](const UnitGeometry& u) { return u.padded; });
   plan.optimizer_ratio = c.cfg.zero_optimization.offload_optimizer.ratio;
+  plan.device_host_accessible = g.device_host_accessible;
   plan.optimizer_elems = sum_units(g, [](const UnitGeometry& u) { return u.own_len; });
   plan.offloaded_optimizer_elems =
       plan.optimizer_elems -

@@ -72,6 +72,9 @@ struct Plan {
   uint64_t optimizer_elems = 0;
   uint64_t offloaded_optimizer_elems = 0;
   double optimizer_ratio = 1.0;  // offload_optimizer.ratio
+  // PlanOptions::device_host_accessible: false for a GPU, where the state on the device is
+  // stepped by Adam on the device and CPU Adam steps the offloaded elements only.
+  bool device_host_accessible = true;
 
   TierBytes peak;               // bytes each tier holds at its peak
   std::vector<PlanItem> items;  // what makes up each tier's peak, in tier order

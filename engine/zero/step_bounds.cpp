@@ -50,7 +50,8 @@ StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const Lin
   } else if (nr + nw > 0) {
     t.drive_s = nr / rates.drive_read_bytes + nw / rates.drive_write_bytes;
   }
-  t.adam_elems = rates.pcie_bytes > 0 ? plan.offloaded_optimizer_elems : plan.optimizer_elems;
+  t.adam_elems =
+      plan.device_host_accessible ? plan.optimizer_elems : plan.offloaded_optimizer_elems;
   if (rates.adam_elems > 0) t.adam_s = static_cast<double>(t.adam_elems) / rates.adam_elems;
   return t;
 }

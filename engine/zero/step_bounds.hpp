@@ -37,7 +37,8 @@ struct StepTimes {
   double drive_s = 0;          // nvme_read / read rate + nvme_write / write rate
   bool drive_known = true;     // false when the plan moves NVMe bytes and no drive rate is given
   // Optimizer elements CPU Adam steps per step: all of them on a device in host memory, those
-  // offloaded on one across a bus (the rest are stepped there: decision 036).
+  // offloaded on a GPU (Plan::device_host_accessible false: the rest are stepped there,
+  // decision 036).
   uint64_t adam_elems = 0;
   double adam_s = 0;       // adam_elems / rates.adam_elems (0 when not counted)
   double bound_s() const;  // the largest of the four

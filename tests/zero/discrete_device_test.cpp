@@ -444,6 +444,29 @@ TEST(DeviceRegistration, PinnedPoolAndHostCheckpointsAreRegisteredAndReleased) {
   }
 }
 
+// Adam on such a device reads the host accumulators of the units it steps every step: they are
+// registered (offload_optimizer.ratio 0.5 here: the last two units), and released with the
+// engine.
+TEST(DeviceRegistration, HostAccumulatorsOfUnitsSteppedOnTheDeviceAreRegistered) {
+  RegisteringDevice dev(/*host_accessible=*/false);
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+  const config::Config cfg = make_config(config_json({3, "none", "cpu"}, DType::BF16,
+                                                     swap_dir("registration_ratio").string(), "",
+                                                     "", ", \"ratio\": 0.5"));
+  comm::LocalComm comm;
+  {
+    ZeroEngine engine(cfg, model, dev, comm, 1);
+    const size_t from = engine.plan().placement.device_optimizer_from;
+    ASSERT_LT(from, model.layout().units.size());
+    uint64_t accum = 0;
+    for (size_t u = from; u < model.layout().units.size(); ++u)
+      accum += model.layout().units[u].padded_numel * sizeof(float);
+    EXPECT_EQ(dev.live(), 1 + model.layout().units.size() - from);  // the pool + accumulators
+    EXPECT_EQ(dev.live_bytes(), engine.memory().pinned_budget_bytes + accum);
+  }
+  EXPECT_EQ(dev.live(), 0u);
+}
+
 // The guard the tests above rely on: host code touching the discrete device's memory faults.
 TEST(DiscreteDeviceDeathTest, HostAccessToDeviceMemoryFaults) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");

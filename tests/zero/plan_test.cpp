@@ -209,17 +209,19 @@ TEST(StepBounds, TimesAreBytesAndFlopsOverTheRatesAndTheBoundIsTheLargest) {
   EXPECT_FALSE(t.hidden_under_compute());
   t = step_times(plan, m, {.gemm_flops = 1e15, .pcie_bytes = 1e9});
   EXPECT_FALSE(t.drive_known);
-  // CPU Adam over the elements it steps: the offloaded ones on a device across a bus, all of
-  // them on a device in host memory; not counted without a rate.
+  // CPU Adam over the elements it steps: the offloaded ones on a GPU, all of them on a device
+  // in host memory; not counted without a rate.
   plan.optimizer_elems = 30'000'000;
   plan.offloaded_optimizer_elems = 20'000'000;
+  plan.device_host_accessible = false;
   t = step_times(plan, m, {.gemm_flops = 1e15, .pcie_bytes = 1e9, .adam_elems = 1e9});
   EXPECT_EQ(t.adam_elems, 20'000'000u);
   EXPECT_DOUBLE_EQ(t.adam_s, 0.02);
   EXPECT_EQ(t.bound(), "CPU Adam");  // 20 ms against 8 ms of copies
   EXPECT_DOUBLE_EQ(t.bound_s(), 0.02);
   EXPECT_FALSE(t.hidden_under_compute());
-  t = step_times(plan, m, {.gemm_flops = 1e9, .adam_elems = 1e9});
+  plan.device_host_accessible = true;
+  t = step_times(plan, m, {.gemm_flops = 1e9, .pcie_bytes = 1e9, .adam_elems = 1e9});
   EXPECT_EQ(t.adam_elems, 30'000'000u);
   EXPECT_DOUBLE_EQ(t.adam_s, 0.03);
   EXPECT_EQ(t.bound(), t.compute_s >= 0.03 ? "compute" : "CPU Adam");

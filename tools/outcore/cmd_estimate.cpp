@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -349,9 +350,15 @@ int run_estimate(const EstimateArgs& a) {
       rates.pcie_bytes = device::copy_bytes_per_second(*gpu);
       src.pcie = "measured: pinned copies of 256 MiB";
     }
-    if (rates.adam_elems <= 0) {
+    const uint64_t cpu_adam_elems =
+        plan.device_host_accessible ? plan.optimizer_elems : plan.offloaded_optimizer_elems;
+    if (rates.adam_elems <= 0 && cpu_adam_elems > 0) {
       // The host stepping the optimizer state is this machine, whichever GPU is planned for.
-      rates.adam_elems = zero::measure_adam_rate(cfg, model->options().param_dtype);
+      try {
+        rates.adam_elems = zero::measure_adam_rate(cfg, model->options().param_dtype);
+      } catch (const std::bad_alloc&) {
+        throw Error("measuring CPU Adam's rate: out of memory (give --cpu-adam-gelems)");
+      }
       const auto& oo = cfg.zero_optimization.offload_optimizer;
       src.adam = fmt::format(
           "measured: {} moments, {} threads (offload_optimizer.cpuadam_cores_perc {:g})",

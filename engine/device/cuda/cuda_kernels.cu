@@ -695,6 +695,13 @@ void adam_step(const cpu_adam::detail::AdamCoeffs& c, bool pytorch, int64_t n, f
   if (out != nullptr && out_dtype != DType::BF16 && out_dtype != DType::F16)
     throw InvalidArgument("adam_step: the parameter copy-out must be bf16 or fp16");
   if (n == 0) return;
+  // The caller's thread may never have made the stream's GPU current (the optimizer's threads):
+  // a kernel launches only on the current device's streams.
+  if (s != nullptr) {
+    int ordinal = 0;
+    CUDA_CHECK(cudaStreamGetDevice(native(s), &ordinal));
+    CUDA_CHECK(cudaSetDevice(ordinal));
+  }
   if (bf16_moments && pytorch)
     launch_adam<kBF16, kPyTorch>(c, n, params, grads, exp_avg, exp_avg_sq, out, out_dtype,
                                  native(s));

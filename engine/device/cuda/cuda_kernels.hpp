@@ -139,7 +139,8 @@ void count_nonfinite(const float* x, int64_t n, unsigned int* count, StreamHandl
 // (cpu_adam::math::adam_element, the same bits): `coeffs` from cpu_adam::adam_coefficients,
 // `pytorch` its formula (Formula::kPyTorch), fp32 `grads`, moments fp32 or bf16
 // (`bf16_moments`, widened exactly and rounded to nearest even on store), and `out` (nullable)
-// n elements of `out_dtype` (BF16 or F16): the new master weights rounded.
+// n elements of `out_dtype` (BF16 or F16): the new master weights rounded. Makes the stream's
+// GPU current on the calling thread first (any thread may step).
 void adam_step(const cpu_adam::detail::AdamCoeffs& coeffs, bool pytorch, int64_t n, float* params,
                const float* grads, void* exp_avg, void* exp_avg_sq, bool bf16_moments, void* out,
                DType out_dtype, StreamHandle stream);
