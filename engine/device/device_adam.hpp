@@ -1,5 +1,6 @@
-// Adam on a device's memory: the step of optimizer state kept on the device (partial
-// offload, offload_optimizer.ratio < 1), queued on a stream of that device like its copies.
+// Adam on a device's memory: the step of optimizer state kept on a device the host cannot read
+// (stage 0, offload_optimizer none, or the last units by a ratio < 1; decision 036), queued on
+// a stream of that device like its copies.
 //
 // The arithmetic is cpu_adam's, element for element (cpu_adam::math::adam_element), so state
 // stepped here has the same bits as state stepped by cpu_adam::adam_step in host memory:

@@ -114,7 +114,8 @@ bool publishes_on_device(const Geometry& g, size_t unit);
 // on the device (Adam on the device).
 bool host_publication_staged(const Geometry& g, size_t unit);
 
-// Adam on a device the host cannot read (the units offload_optimizer.ratio < 1 keeps there):
+// Adam on a device the host cannot read (the units whose optimizer state is there: stage 0,
+// offload_optimizer none, or the last ones by a ratio < 1):
 // device scratch for the largest such unit's fp32 gradients, brought up for its step, and for
 // its new low-precision parameters when they are bound for host memory (brought down after
 // it; fp32 ones come down from the master weights). Zero where

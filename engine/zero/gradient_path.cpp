@@ -100,7 +100,13 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device,
   for (size_t u = 0; u < host_accum_.size(); ++u) {
     if (g.device_host_accessible || g.placement.optimizer_home(u) != Tier::kDevice) continue;
     AlignedBuffer& b = host_accum_[u];
-    device.register_host(b.data(), b.size());
+    try {
+      device.register_host(b.data(), b.size());
+    } catch (const Error& e) {  // slower copies, the same results
+      log::warn("zero: gradient accumulators stay unregistered with {} ({}): copies up slower",
+                device.name(), e.what());
+      break;
+    }
     registered_.emplace_back(b.data(), Unregister{&device});
   }
 }

@@ -17,8 +17,8 @@ namespace outcore::zero {
 double StepTimes::bound_s() const { return std::max({compute_s, pcie_s, drive_s, adam_s}); }
 
 std::string StepTimes::bound() const {
-  if (hidden_under_compute()) return "compute";
-  const double most = std::max({pcie_s, drive_s, adam_s});
+  const double most = bound_s();
+  if (compute_s == most) return "compute";
   if (pcie_s == most) return "PCIe";
   return drive_s == most ? "drive" : "CPU Adam";
 }
@@ -143,10 +143,10 @@ std::optional<StepTimes> shape_times(const config::Config& cfg, const model::Lla
 std::optional<ShapeChoice> choose_shape(const config::Config& cfg, const model::LlamaConfig& mc,
                                         const model::ModelOptions& mo, const PlanOptions& po,
                                         uint64_t device_limit, const LinkRates& rates) {
-  // compute over the largest other bound: at least 1 when they hide under compute
+  // compute over the larger transfer: at least 1 when the transfers hide under compute
   const auto cover = [](const StepTimes& t) {
-    const double other = std::max({t.pcie_s, t.drive_s, t.adam_s});
-    return other > 0 ? t.compute_s / other : HUGE_VAL;
+    const double transfer = std::max(t.pcie_s, t.drive_s);
+    return transfer > 0 ? t.compute_s / transfer : HUGE_VAL;
   };
   std::optional<ShapeChoice> best, closest;
   for (int64_t micro = 1; micro <= 64; micro *= 2)
@@ -154,7 +154,7 @@ std::optional<ShapeChoice> choose_shape(const config::Config& cfg, const model::
       const std::optional<StepTimes> times =
           shape_times(cfg, mc, mo, micro, gas, po, device_limit, rates);
       if (!times) continue;
-      const ShapeChoice c{micro, gas, *times, times->hidden_under_compute()};
+      const ShapeChoice c{micro, gas, *times, times->transfers_hidden()};
       if (!closest || cover(c.times) > cover(closest->times)) closest = c;
       if (c.hides && (!best || micro * gas < best->micro * best->gas)) best = c;
     }

@@ -1,9 +1,10 @@
 // What bounds one training step on this machine, from the plan's bytes, FLOPs and optimizer
 // elements and the rates of the machine's links (`outcore estimate` prints it): the GEMMs'
 // compute, the host<->device copies over PCIe, the drive's reads and writes, and CPU Adam over
-// the optimizer state it steps. A step cannot be faster than the slowest of the four; the
-// others are hidden when compute takes at least as long as each of them (the step's Adam runs
-// under the next pass, decision 001).
+// the optimizer state it steps. A step cannot be faster than the slowest of the four. The
+// transfers are hidden when compute takes at least as long as each of them; CPU Adam is not,
+// whatever the compute: each unit's update runs under the next step's first forward, which
+// waits for it (decision 001), so only that forward can cover it.
 #pragma once
 
 #include <cstdint>
@@ -44,10 +45,8 @@ struct StepTimes {
   double bound_s() const;  // the largest of the four
   // "compute", "PCIe", "drive" or "CPU Adam": which one bounds the step.
   std::string bound() const;
-  // True when compute takes at least as long as each of the others (they can hide under it).
-  bool hidden_under_compute() const {
-    return compute_s >= pcie_s && compute_s >= drive_s && compute_s >= adam_s;
-  }
+  // True when compute takes at least as long as each transfer (they can hide under it).
+  bool transfers_hidden() const { return compute_s >= pcie_s && compute_s >= drive_s; }
 };
 
 // The step of `plan` (for `model`, whose options give the micro-batch and checkpointing) at
@@ -99,12 +98,12 @@ std::optional<StepTimes> shape_times(const config::Config& cfg, const model::Lla
 struct ShapeChoice {
   int64_t micro = 0, gas = 0;
   StepTimes times;
-  bool hides = false;  // compute covers every transfer and CPU Adam
+  bool hides = false;  // compute covers every transfer
 };
 // Over micro-batches 1, 2, 4 .. 64 and accumulation steps 1, 2, 4 .. 128 (shape_times): the
-// fewest tokens per step whose compute covers every transfer and CPU Adam (`hides`), else the
-// shape whose compute comes closest to the largest of them; nullopt when no micro-batch fits. What
-// `outcore estimate` recommends.
+// fewest tokens per step whose compute covers every transfer (`hides`), else the shape whose
+// compute comes closest to the larger transfer; nullopt when no micro-batch fits. What `outcore
+// estimate` recommends.
 std::optional<ShapeChoice> choose_shape(const config::Config& cfg, const model::LlamaConfig& mc,
                                         const model::ModelOptions& mo, const PlanOptions& po,
                                         uint64_t device_limit, const LinkRates& rates);

@@ -466,50 +466,64 @@ TEST_F(CudaKernels, GradientAccumulationNormAndNonfiniteCount) {
 }
 
 // Adam on the GPU: cpu_adam::adam_step's bits on this CPU, for both formulas, fp32 and bf16
-// moments and a bf16 copy-out, with AdamW decay and gradient scaling (the optimizer state of
-// the units offload_optimizer.ratio < 1 keeps on the device).
+// moments, every copy-out (bf16, fp16, none), AdamW's and L2's decay, with and without a
+// gradient multiplier and bias correction (the optimizer state kept on the device).
 TEST_F(CudaKernels, AdamStepHasCpuAdamsBits) {
   const int64_t n = 1000003;
-  for (const bool pytorch : {false, true})
-    for (const bool bf16_moments : {false, true}) {
-      cpu_adam::AdamParams hp;
-      hp.lr = 3e-3;
-      hp.weight_decay = 0.1;
-      hp.grad_scale = 0.37;
-      hp.step = 5;
-      hp.formula = pytorch ? cpu_adam::Formula::kPyTorch : cpu_adam::Formula::kDeepSpeed;
-      auto p = randn(n, 31), g = randn(n, 32, 0.01f), m = randn(n, 33, 0.001f),
-           v = randn(n, 34, 1e-6f);
-      for (float& x : v) x = std::fabs(x);
-      std::vector<uint16_t> mb(n), vb(n);
-      for (int64_t i = 0; i < n; ++i) {
-        mb[i] = kmath::fp32_to_bf16(m[i]);
-        vb[i] = kmath::fp32_to_bf16(v[i]);
-      }
-      Dev<float> P(p), G(g), M(m), V(v);
-      Dev<uint16_t> MB(mb), VB(vb), OUT(static_cast<size_t>(n));
-      void* dm = bf16_moments ? static_cast<void*>(MB.get()) : M.get();
-      void* dv = bf16_moments ? static_cast<void*>(VB.get()) : V.get();
-      adam_step(cpu_adam::adam_coefficients(hp), pytorch, n, P.get(), G.get(), dm, dv, bf16_moments,
-                OUT.get(), DType::BF16, nullptr);
-      std::vector<uint16_t> out(n);
-      const cpu_adam::Moments host_moments =
-          bf16_moments ? cpu_adam::Moments{mb.data(), vb.data(), DType::BF16}
-                       : cpu_adam::Moments{m.data(), v.data(), DType::F32};
-      cpu_adam::adam_step(hp, n, p.data(), {g.data(), DType::F32}, host_moments,
-                          {out.data(), DType::BF16});
-      const std::string what = std::string(pytorch ? "pytorch" : "deepspeed") +
-                               (bf16_moments ? ", bf16 moments" : ", fp32 moments");
-      expect_close(P.host(), p, 0.0, ("params, " + what).c_str());
-      EXPECT_EQ(OUT.host(), out) << what;
-      if (bf16_moments) {
-        EXPECT_EQ(MB.host(), mb) << what;
-        EXPECT_EQ(VB.host(), vb) << what;
-      } else {
-        expect_close(M.host(), m, 0.0, ("exp_avg, " + what).c_str());
-        expect_close(V.host(), v, 0.0, ("exp_avg_sq, " + what).c_str());
-      }
+  struct Variant {
+    bool pytorch, bf16_moments;
+    DType out;  // F32: no copy-out
+    bool adamw, bias_correction;
+    double grad_scale;
+  };
+  for (const Variant c : {Variant{false, false, DType::BF16, true, true, 0.37},
+                          Variant{false, true, DType::F16, false, true, 1.0},
+                          Variant{true, false, DType::F32, true, false, 0.37},
+                          Variant{true, true, DType::BF16, false, false, 1.0},
+                          Variant{false, false, DType::F32, false, false, 0.5}}) {
+    cpu_adam::AdamParams hp;
+    hp.lr = 3e-3;
+    hp.weight_decay = 0.1;
+    hp.adamw_mode = c.adamw;
+    hp.bias_correction = c.bias_correction;
+    hp.grad_scale = c.grad_scale;
+    hp.step = 5;
+    hp.formula = c.pytorch ? cpu_adam::Formula::kPyTorch : cpu_adam::Formula::kDeepSpeed;
+    auto p = randn(n, 31), g = randn(n, 32, 0.01f), m = randn(n, 33, 0.001f),
+         v = randn(n, 34, 1e-6f);
+    for (float& x : v) x = std::fabs(x);
+    std::vector<uint16_t> mb(n), vb(n);
+    for (int64_t i = 0; i < n; ++i) {
+      mb[i] = kmath::fp32_to_bf16(m[i]);
+      vb[i] = kmath::fp32_to_bf16(v[i]);
     }
+    Dev<float> P(p), G(g), M(m), V(v);
+    Dev<uint16_t> MB(mb), VB(vb), OUT(static_cast<size_t>(n));
+    void* dm = c.bf16_moments ? static_cast<void*>(MB.get()) : M.get();
+    void* dv = c.bf16_moments ? static_cast<void*>(VB.get()) : V.get();
+    const bool copy_out = c.out != DType::F32;
+    adam_step(cpu_adam::adam_coefficients(hp), c.pytorch, n, P.get(), G.get(), dm, dv,
+              c.bf16_moments, copy_out ? OUT.get() : nullptr, c.out, nullptr);
+    std::vector<uint16_t> out(n);
+    const cpu_adam::Moments host_moments =
+        c.bf16_moments ? cpu_adam::Moments{mb.data(), vb.data(), DType::BF16}
+                       : cpu_adam::Moments{m.data(), v.data(), DType::F32};
+    cpu_adam::adam_step(hp, n, p.data(), {g.data(), DType::F32}, host_moments,
+                        {copy_out ? out.data() : nullptr, copy_out ? c.out : DType::BF16});
+    const std::string what = std::string(c.pytorch ? "pytorch" : "deepspeed") +
+                             (c.bf16_moments ? ", bf16 moments" : ", fp32 moments") +
+                             ", copy-out " + std::string(copy_out ? dtype_name(c.out) : "none") +
+                             (c.adamw ? ", adamw" : ", l2") + (c.bias_correction ? ", bc" : "");
+    expect_close(P.host(), p, 0.0, "params, " + what);
+    if (copy_out) EXPECT_EQ(OUT.host(), out) << what;
+    if (c.bf16_moments) {
+      EXPECT_EQ(MB.host(), mb) << what;
+      EXPECT_EQ(VB.host(), vb) << what;
+    } else {
+      expect_close(M.host(), m, 0.0, "exp_avg, " + what);
+      expect_close(V.host(), v, 0.0, "exp_avg_sq, " + what);
+    }
+  }
 }
 
 TEST_F(CudaKernels, GemmMatchesTheHostForEveryTransposeDtypeAndBatch) {

@@ -122,8 +122,10 @@ void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::
                 zero::format_bytes(plan.per_step.nvme_read).c_str(), r.drive_read_bytes / 1e9,
                 zero::format_bytes(plan.per_step.nvme_write).c_str(), r.drive_write_bytes / 1e9);
   if (r.adam_elems > 0)
-    std::printf("  CPU Adam %8.3f s   %.4g G elements at %.3g G elements/s (%s)\n", t.adam_s,
-                static_cast<double>(t.adam_elems) / 1e9, r.adam_elems / 1e9, src.adam.c_str());
+    std::printf(
+        "  CPU Adam %8.3f s   %.4g G elements at %.3g G elements/s (%s); it runs under the "
+        "next step's first forward, which waits for it\n",
+        t.adam_s, static_cast<double>(t.adam_elems) / 1e9, r.adam_elems / 1e9, src.adam.c_str());
   std::printf("  bound    %8.3f s   %s%s\n", t.bound_s(), t.bound().c_str(),
               t.drive_known ? "" : " (without the drive)");
 }
@@ -189,42 +191,54 @@ void print_params_kept_on_device(const config::Config& cfg, const model::LlamaMo
 }
 
 // Stage 3 on a GPU with the optimizer offloaded: where CPU Adam bounds the step, or the drive
-// with the optimizer state in swap files, says what keeping the last units' state on the GPU
-// gives (offload_optimizer.ratio below the config's, in tenths; stepped there by Adam on the
-// device, decision 036): the ratio with the shortest bound among those that fit, the largest
-// such ratio on a tie.
+// with the optimizer state in swap files, says what keeping optimizer state on the GPU gives
+// (stepped there by Adam on the device, decision 036): the last units' (offload_optimizer.ratio
+// below the config's, in tenths) or all of it (offload_optimizer.device none), whichever that
+// fits bounds the step least, the least state on the GPU on a tie.
 void print_optimizer_on_device(const config::Config& cfg, const model::LlamaModel& model,
                                const zero::Plan& plan, const zero::StepTimes& t,
                                const zero::PlanOptions& po, const zero::LinkRates& rates) {
   const config::OffloadOptimizerConfig& oo = cfg.zero_optimization.offload_optimizer;
-  if (cfg.zero_optimization.stage != 3 || rates.pcie_bytes <= 0 ||
+  if (cfg.zero_optimization.stage != 3 || plan.device_host_accessible ||
       oo.device == config::OffloadDevice::kNone)
     return;
   const std::string bound = t.bound();
   if (bound != "CPU Adam" && !(bound == "drive" && oo.device == config::OffloadDevice::kNvme))
     return;
   std::optional<zero::StepTimes> best;
-  double best_ratio = 1;
-  for (int tenths = 9; tenths >= 0; --tenths) {
-    const double ratio = tenths / 10.0;
-    if (ratio >= oo.ratio) continue;
-    config::Config c = cfg;
-    c.zero_optimization.offload_optimizer.ratio = ratio;
-    const auto times =
-        zero::shape_times(c, model.config(), model.options(), model.options().micro_batch,
-                          plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
+  std::string what;
+  const auto times_of = [&](const config::Config& c) {
+    return zero::shape_times(c, model.config(), model.options(), model.options().micro_batch,
+                             plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
+  };
+  const auto consider = [&](const std::optional<zero::StepTimes>& times, std::string described) {
     if (times && times->bound_s() < (best ? best->bound_s() : t.bound_s())) {
       best = times;
-      best_ratio = ratio;
+      what = std::move(described);
     }
+  };
+  for (int tenths = 9; tenths >= 1; --tenths) {
+    config::Config c = cfg;
+    c.zero_optimization.offload_optimizer.ratio = tenths / 10.0;
+    if (c.zero_optimization.offload_optimizer.ratio >= oo.ratio) continue;
+    const std::optional<zero::StepTimes> times = times_of(c);
+    if (times && times->adam_elems == 0) continue;  // all on the GPU: `none` below says so
+    consider(times, fmt::format("offload_optimizer.ratio {:g} (the optimizer state of the last "
+                                "units on the GPU, stepped there, which fits)",
+                                tenths / 10.0));
   }
+  config::Config none = cfg;
+  none.zero_optimization.offload_optimizer.device = config::OffloadDevice::kNone;
+  none.zero_optimization.offload_optimizer.ratio = 1.0;
+  consider(times_of(none),
+           "offload_optimizer.device none (all the optimizer state on the GPU, stepped there, "
+           "which fits)");
   if (!best) return;
   std::printf(
-      "  with offload_optimizer.ratio %g (the last units' optimizer state on the GPU, stepped "
-      "there, which fits): CPU Adam %.3f s instead of %.3f s, drive %.3f s instead of %.3f s, "
-      "bound %.3f s (%s)\n",
-      best_ratio, best->adam_s, t.adam_s, best->drive_s, t.drive_s, best->bound_s(),
-      best->bound().c_str());
+      "  with %s: CPU Adam %.3f s instead of %.3f s, PCIe %.3f s instead of %.3f s, drive %.3f s "
+      "instead of %.3f s, bound %.3f s (%s)\n",
+      what.c_str(), best->adam_s, t.adam_s, best->pcie_s, t.pcie_s, best->drive_s, t.drive_s,
+      best->bound_s(), best->bound().c_str());
 }
 
 int run_estimate(const EstimateArgs& a) {
@@ -377,9 +391,8 @@ int run_estimate(const EstimateArgs& a) {
   print_params_in_host_memory(cfg, *model, plan, t, po, rates);
   print_params_kept_on_device(cfg, *model, plan, t, po, rates);
   print_optimizer_on_device(cfg, *model, plan, t, po, rates);
-  if (t.hidden_under_compute()) {
-    std::printf(
-        "  the transfers and CPU Adam fit under compute at this micro-batch and accumulation\n");
+  if (t.transfers_hidden()) {
+    std::printf("  the transfers fit under compute at this micro-batch and accumulation\n");
     return 0;
   }
   // The fewest tokens per step whose compute covers every transfer, within the device budget.
@@ -391,12 +404,12 @@ int run_estimate(const EstimateArgs& a) {
   }
   std::printf(
       "  %s: train_micro_batch_size_per_gpu %lld, gradient_accumulation_steps %lld "
-      "(%lld tokens per step): compute %.3f s, PCIe %.3f s, drive %.3f s, CPU Adam %.3f s\n",
-      shown->hides ? "to hide the transfers and CPU Adam under compute"
+      "(%lld tokens per step): compute %.3f s, PCIe %.3f s, drive %.3f s\n",
+      shown->hides ? "to hide the transfers under compute"
                    : "no shape up to micro-batch 64 x accumulation 128 hides them; the closest",
       static_cast<long long>(shown->micro), static_cast<long long>(shown->gas),
       static_cast<long long>(shown->micro * shown->gas * model->options().seq_len),
-      shown->times.compute_s, shown->times.pcie_s, shown->times.drive_s, shown->times.adam_s);
+      shown->times.compute_s, shown->times.pcie_s, shown->times.drive_s);
   return 0;
 }
 

@@ -74,28 +74,56 @@ Line verdict(const std::string& name, double err, double tol) {
           fmt::format("max relative error {:.2g} vs host (tolerance {:.0g})", err, tol)};
 }
 
-// Adam on the GPU (optimizer state kept there, decision 036): cpu_adam's bits, with AdamW decay
-// and a gradient multiplier, fp32 moments and a bf16 copy-out.
+// Adam on the GPU (optimizer state kept there, decision 036): cpu_adam's bits for both formulas,
+// AdamW's and L2's decay, fp32 and bf16 moments, bf16, fp16 and no copy-out.
 Line check_adam() {
   const int64_t n = 1 << 16;
-  cpu_adam::AdamParams hp;
-  hp.lr = 3e-3;
-  hp.weight_decay = 0.1;
-  hp.grad_scale = 0.37;
-  hp.step = 5;
-  auto p = randn(n, 11), g = randn(n, 12, 0.01f), m = randn(n, 13, 0.001f), v = randn(n, 14, 1e-6f);
-  for (float& x : v) x = std::abs(x);
-  Dev<float> P(p), G(g), M(m), V(v);
-  Dev<uint16_t> OUT(static_cast<size_t>(n));
-  ck::adam_step(cpu_adam::adam_coefficients(hp), false, n, P.p, G.p, M.p, V.p, false, OUT.p,
-                DType::BF16, nullptr);
-  std::vector<uint16_t> out(n);
-  cpu_adam::adam_step(hp, n, p.data(), {g.data(), DType::F32}, m.data(), v.data(),
-                      {out.data(), DType::BF16});
-  const bool same = P.host() == p && M.host() == m && V.host() == v && OUT.host() == out;
-  return {"kernel adam", same ? Verdict::kOk : Verdict::kFail,
-          same ? "the host's bits (parameters, moments, bf16 copy)"
-               : "differs from the host's cpu_adam: Adam on the GPU would not be bit-identical"};
+  struct Variant {
+    bool pytorch, adamw, bf16_moments;
+    DType out;  // F32: no copy-out
+  };
+  for (const Variant c :
+       {Variant{false, true, false, DType::BF16}, Variant{true, false, true, DType::F16},
+        Variant{false, false, false, DType::F32}}) {
+    cpu_adam::AdamParams hp;
+    hp.lr = 3e-3;
+    hp.weight_decay = 0.1;
+    hp.adamw_mode = c.adamw;
+    hp.grad_scale = 0.37;
+    hp.step = 5;
+    hp.formula = c.pytorch ? cpu_adam::Formula::kPyTorch : cpu_adam::Formula::kDeepSpeed;
+    auto p = randn(n, 11), g = randn(n, 12, 0.01f), m = randn(n, 13, 0.001f),
+         v = randn(n, 14, 1e-6f);
+    for (float& x : v) x = std::abs(x);
+    std::vector<uint16_t> mb(n), vb(n);
+    for (int64_t i = 0; i < n; ++i) {
+      mb[i] = kmath::fp32_to_bf16(m[i]);
+      vb[i] = kmath::fp32_to_bf16(v[i]);
+    }
+    Dev<float> P(p), G(g), M(m), V(v);
+    Dev<uint16_t> MB(mb), VB(vb), OUT(static_cast<size_t>(n));
+    const bool copy_out = c.out != DType::F32;
+    ck::adam_step(cpu_adam::adam_coefficients(hp), c.pytorch, n, P.p, G.p,
+                  c.bf16_moments ? static_cast<void*>(MB.p) : M.p,
+                  c.bf16_moments ? static_cast<void*>(VB.p) : V.p, c.bf16_moments,
+                  copy_out ? OUT.p : nullptr, c.out, nullptr);
+    std::vector<uint16_t> out(n);
+    cpu_adam::adam_step(hp, n, p.data(), {g.data(), DType::F32},
+                        c.bf16_moments ? cpu_adam::Moments{mb.data(), vb.data(), DType::BF16}
+                                       : cpu_adam::Moments{m.data(), v.data(), DType::F32},
+                        {copy_out ? out.data() : nullptr, copy_out ? c.out : DType::BF16});
+    const bool same =
+        P.host() == p && (!copy_out || OUT.host() == out) &&
+        (c.bf16_moments ? MB.host() == mb && VB.host() == vb : M.host() == m && V.host() == v);
+    if (!same)
+      return {"kernel adam", Verdict::kFail,
+              fmt::format("{} formula{}: differs from the host's cpu_adam, so Adam on the GPU "
+                          "would not be bit-identical",
+                          c.pytorch ? "PyTorch's" : "DeepSpeed's",
+                          c.bf16_moments ? ", bf16 moments" : "")};
+  }
+  return {"kernel adam", Verdict::kOk,
+          "the host's bits (both formulas, fp32 and bf16 moments, every copy-out)"};
 }
 
 Line check_swiglu() {
