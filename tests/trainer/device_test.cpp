@@ -138,6 +138,38 @@ TEST(TrainerDevice, DiscreteDevicePartialOffloadTrainsAndResumesExactly) {
   }
 }
 
+// All the optimizer state on the discrete device, parameters published in place by Adam on the
+// device (stage 2, offload_optimizer none): a checkpoint's load writes them through a staging
+// slot and the run continues exactly, also on the host-accessible device.
+TEST(TrainerDevice, DiscreteDeviceOptimizerStateResumesExactly) {
+  DemoData data;
+  const nlohmann::json patch = {{"bf16", {{"enabled", true}}},
+                                {"gradient_clipping", 0.05},
+                                {"zero_optimization", {{"stage", 2}}}};
+  const Outcome host = train_on(false, patch, data);
+  const Outcome whole = train_on(true, patch, data);
+  train_on(true, patch, data, 3, data.file("ckpt"));
+  const Outcome resumed = train_on(true, patch, data, 6, "", data.file("ckpt"));
+  const Outcome on_host = train_on(false, patch, data, 6, "", data.file("ckpt"));
+  ASSERT_EQ(whole.losses.size(), 6u);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  ASSERT_EQ(on_host.losses.size(), 3u);
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ(std::memcmp(&host.losses[i], &whole.losses[i], sizeof(double)), 0)
+        << "loss of step " << i + 1;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(std::memcmp(&whole.losses[3 + i], &resumed.losses[i], sizeof(double)), 0)
+        << "loss of step " << 4 + i;
+    EXPECT_EQ(std::memcmp(&whole.losses[3 + i], &on_host.losses[i], sizeof(double)), 0)
+        << "loss of step " << 4 + i << " (resumed on the host-accessible device)";
+  }
+  for (size_t u = 0; u < whole.weights.master.size(); ++u) {
+    EXPECT_TRUE(whole.weights.master[u] == resumed.weights.master[u]) << "unit " << u;
+    EXPECT_TRUE(whole.weights.params[u] == resumed.weights.params[u]) << "unit " << u;
+    EXPECT_TRUE(whole.weights.params[u] == on_host.weights.params[u]) << "unit " << u;
+  }
+}
+
 TEST(TrainerDevice, AMissingGpuIsRefused) {
   if (device::probe().available) GTEST_SKIP() << "this machine has a GPU";
   DemoData data;
