@@ -96,6 +96,38 @@ TEST(TrainerDevice, DiscreteDeviceCheckpointResumesExactly) {
   }
 }
 
+// 6 steps of `patch` on the host-accessible and on the discrete device, and the discrete run
+// saved after 3 steps and resumed on each device: every run is the discrete uninterrupted one
+// (losses, master weights, parameters), which is the host-accessible one.
+void expect_resumes_exactly_on_both_devices(const nlohmann::json& patch, const DemoData& data,
+                                            const std::string& ckpt) {
+  const Outcome host = train_on(false, patch, data);
+  const Outcome whole = train_on(true, patch, data);
+  train_on(true, patch, data, 3, ckpt);
+  const Outcome resumed = train_on(true, patch, data, 6, "", ckpt);
+  const Outcome on_host = train_on(false, patch, data, 6, "", ckpt);
+  ASSERT_EQ(whole.losses.size(), 6u);
+  ASSERT_EQ(host.losses.size(), 6u);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  ASSERT_EQ(on_host.losses.size(), 3u);
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ(std::memcmp(&host.losses[i], &whole.losses[i], sizeof(double)), 0)
+        << "loss of step " << i + 1;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(std::memcmp(&whole.losses[3 + i], &resumed.losses[i], sizeof(double)), 0)
+        << "loss of step " << 4 + i;
+    EXPECT_EQ(std::memcmp(&whole.losses[3 + i], &on_host.losses[i], sizeof(double)), 0)
+        << "loss of step " << 4 + i << " (resumed on the host-accessible device)";
+  }
+  for (size_t u = 0; u < whole.weights.master.size(); ++u) {
+    EXPECT_TRUE(host.weights.master[u] == whole.weights.master[u]) << "unit " << u;
+    EXPECT_TRUE(whole.weights.master[u] == resumed.weights.master[u]) << "unit " << u;
+    EXPECT_TRUE(whole.weights.params[u] == resumed.weights.params[u]) << "unit " << u;
+    EXPECT_TRUE(whole.weights.master[u] == on_host.weights.master[u]) << "unit " << u;
+    EXPECT_TRUE(whole.weights.params[u] == on_host.weights.params[u]) << "unit " << u;
+  }
+}
+
 // offload_optimizer.ratio 0.5 on the discrete device: the last units' optimizer state on the
 // device, stepped there by Adam on the device, read for a checkpoint and written back on
 // resume through stream copies only. The run equals the host-accessible device's, and a
@@ -111,30 +143,7 @@ TEST(TrainerDevice, DiscreteDevicePartialOffloadTrainsAndResumesExactly) {
     patch.merge_patch(
         {{"zero_optimization",
           {{"sub_group_size", 3000}, {"offload_optimizer", {{"device", o}, {"ratio", 0.5}}}}}});
-    const Outcome host = train_on(false, patch, data);
-    const Outcome whole = train_on(true, patch, data);
-    train_on(true, patch, data, 3, data.file("ckpt_" + o));
-    const Outcome resumed = train_on(true, patch, data, 6, "", data.file("ckpt_" + o));
-    const Outcome on_host = train_on(false, patch, data, 6, "", data.file("ckpt_" + o));
-    ASSERT_EQ(whole.losses.size(), 6u);
-    ASSERT_EQ(host.losses.size(), 6u);
-    ASSERT_EQ(resumed.losses.size(), 3u);
-    ASSERT_EQ(on_host.losses.size(), 3u);
-    for (size_t i = 0; i < 6; ++i)
-      EXPECT_EQ(std::memcmp(&host.losses[i], &whole.losses[i], sizeof(double)), 0)
-          << "loss of step " << i + 1;
-    for (size_t i = 0; i < 3; ++i) {
-      EXPECT_EQ(std::memcmp(&whole.losses[3 + i], &resumed.losses[i], sizeof(double)), 0)
-          << "loss of step " << 4 + i;
-      EXPECT_EQ(std::memcmp(&whole.losses[3 + i], &on_host.losses[i], sizeof(double)), 0)
-          << "loss of step " << 4 + i << " (resumed on the host-accessible device)";
-    }
-    for (size_t u = 0; u < whole.weights.master.size(); ++u) {
-      EXPECT_TRUE(host.weights.master[u] == whole.weights.master[u]) << "unit " << u;
-      EXPECT_TRUE(whole.weights.master[u] == resumed.weights.master[u]) << "unit " << u;
-      EXPECT_TRUE(whole.weights.params[u] == resumed.weights.params[u]) << "unit " << u;
-      EXPECT_TRUE(whole.weights.master[u] == on_host.weights.master[u]) << "unit " << u;
-    }
+    expect_resumes_exactly_on_both_devices(patch, data, data.file("ckpt_" + o));
   }
 }
 
@@ -146,28 +155,7 @@ TEST(TrainerDevice, DiscreteDeviceOptimizerStateResumesExactly) {
   const nlohmann::json patch = {{"bf16", {{"enabled", true}}},
                                 {"gradient_clipping", 0.05},
                                 {"zero_optimization", {{"stage", 2}}}};
-  const Outcome host = train_on(false, patch, data);
-  const Outcome whole = train_on(true, patch, data);
-  train_on(true, patch, data, 3, data.file("ckpt"));
-  const Outcome resumed = train_on(true, patch, data, 6, "", data.file("ckpt"));
-  const Outcome on_host = train_on(false, patch, data, 6, "", data.file("ckpt"));
-  ASSERT_EQ(whole.losses.size(), 6u);
-  ASSERT_EQ(resumed.losses.size(), 3u);
-  ASSERT_EQ(on_host.losses.size(), 3u);
-  for (size_t i = 0; i < 6; ++i)
-    EXPECT_EQ(std::memcmp(&host.losses[i], &whole.losses[i], sizeof(double)), 0)
-        << "loss of step " << i + 1;
-  for (size_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(std::memcmp(&whole.losses[3 + i], &resumed.losses[i], sizeof(double)), 0)
-        << "loss of step " << 4 + i;
-    EXPECT_EQ(std::memcmp(&whole.losses[3 + i], &on_host.losses[i], sizeof(double)), 0)
-        << "loss of step " << 4 + i << " (resumed on the host-accessible device)";
-  }
-  for (size_t u = 0; u < whole.weights.master.size(); ++u) {
-    EXPECT_TRUE(whole.weights.master[u] == resumed.weights.master[u]) << "unit " << u;
-    EXPECT_TRUE(whole.weights.params[u] == resumed.weights.params[u]) << "unit " << u;
-    EXPECT_TRUE(whole.weights.params[u] == on_host.weights.params[u]) << "unit " << u;
-  }
+  expect_resumes_exactly_on_both_devices(patch, data, data.file("ckpt"));
 }
 
 TEST(TrainerDevice, AMissingGpuIsRefused) {
