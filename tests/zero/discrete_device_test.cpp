@@ -450,9 +450,9 @@ TEST(DeviceRegistration, PinnedPoolAndHostCheckpointsAreRegisteredAndReleased) {
 TEST(DeviceRegistration, HostAccumulatorsOfUnitsSteppedOnTheDeviceAreRegistered) {
   RegisteringDevice dev(/*host_accessible=*/false);
   const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
-  const config::Config cfg = make_config(config_json({3, "none", "cpu"}, DType::BF16,
-                                                     swap_dir("registration_ratio").string(), "",
-                                                     "", ", \"ratio\": 0.5"));
+  const config::Config cfg =
+      make_config(config_json({3, "none", "cpu"}, DType::BF16,
+                              swap_dir("registration_ratio").string(), "", "", ", \"ratio\": 0.5"));
   comm::LocalComm comm;
   {
     ZeroEngine engine(cfg, model, dev, comm, 1);
