@@ -111,14 +111,10 @@ class MemoryOptimizerStore final : public OptimizerStore {
   void read(int unit, StateKind kind, std::span<float> out) override {
     check_len("state read", unit, out.size(), n(unit));
     if (streamed(unit)) {
-      const DType t = kind == StateKind::kMaster ? DType::F32 : g_.moments;
-      if (t == DType::F32) return down(out.data(), part(unit, kind), out.size_bytes());
-      std::vector<std::byte> raw(std::min(n(unit), kWidenChunk) * dtype_size(t));
-      for (size_t first = 0; first < n(unit); first += kWidenChunk) {
-        const size_t len = std::min(kWidenChunk, n(unit) - first);
-        down(raw.data(), part(unit, kind) + first * dtype_size(t), len * dtype_size(t));
-        load_moments(out.data() + first, raw.data(), len, t);
-      }
+      std::vector<std::byte> raw(range_bytes(unit));
+      for (size_t first = 0; first < n(unit); first += kWidenChunk)
+        down_range(unit, kind, first, std::min(kWidenChunk, n(unit) - first), out.data() + first,
+                   raw.data());
       return;
     }
     if (kind == StateKind::kMaster)
@@ -129,14 +125,10 @@ class MemoryOptimizerStore final : public OptimizerStore {
   void write(int unit, StateKind kind, std::span<const float> in) override {
     check_len("state write", unit, in.size(), n(unit));
     if (streamed(unit)) {
-      const DType t = kind == StateKind::kMaster ? DType::F32 : g_.moments;
-      if (t == DType::F32) return up(part(unit, kind), in.data(), in.size_bytes());
-      std::vector<std::byte> raw(std::min(n(unit), kWidenChunk) * dtype_size(t));
-      for (size_t first = 0; first < n(unit); first += kWidenChunk) {
-        const size_t len = std::min(kWidenChunk, n(unit) - first);
-        store_moments(raw.data(), in.data() + first, len, t);
-        up(part(unit, kind) + first * dtype_size(t), raw.data(), len * dtype_size(t));
-      }
+      std::vector<std::byte> raw(range_bytes(unit));
+      for (size_t first = 0; first < n(unit); first += kWidenChunk)
+        up_range(unit, kind, first, std::min(kWidenChunk, n(unit) - first), in.data() + first,
+                 raw.data());
       return;
     }
     if (kind == StateKind::kMaster)
@@ -194,15 +186,30 @@ class MemoryOptimizerStore final : public OptimizerStore {
     return stream_ != nullptr &&
            g_.placement.optimizer_home(static_cast<size_t>(unit)) == Tier::kDevice;
   }
-  void down(void* host, const void* dev, size_t bytes) {
-    stream_->copy_d2h(host, dev, bytes);
+  // Elements [first, first + len) of a streamed unit's `kind` array, brought down into `out`
+  // (moments widened to fp32 through `raw`) / taken up from `in` (narrowed through `raw`):
+  // stream copies, finished when they return. `raw` holds range_bytes(unit).
+  void down_range(int unit, StateKind kind, size_t first, size_t len, float* out, std::byte* raw) {
+    const DType t = kind == StateKind::kMaster ? DType::F32 : g_.moments;
+    const size_t bytes = len * dtype_size(t);
+    stream_->copy_d2h(t == DType::F32 ? static_cast<void*>(out) : raw,
+                      part(unit, kind) + first * dtype_size(t), bytes);
     stream_->synchronize();
     traffic_.d2h += bytes;
+    if (t != DType::F32) load_moments(out, raw, len, t);
   }
-  void up(void* dev, const void* host, size_t bytes) {
-    stream_->copy_h2d(dev, host, bytes);
+  void up_range(int unit, StateKind kind, size_t first, size_t len, const float* in,
+                std::byte* raw) {
+    const DType t = kind == StateKind::kMaster ? DType::F32 : g_.moments;
+    const size_t bytes = len * dtype_size(t);
+    if (t != DType::F32) store_moments(raw, in, len, t);
+    stream_->copy_h2d(part(unit, kind) + first * dtype_size(t),
+                      t == DType::F32 ? static_cast<const void*>(in) : raw, bytes);
     stream_->synchronize();
     traffic_.h2d += bytes;
+  }
+  size_t range_bytes(int unit) const {
+    return std::min(n(unit), kWidenChunk) * dtype_size(g_.moments);
   }
 
   // The unit's gradients go up, Adam runs on the device, and new parameters bound for host
@@ -248,35 +255,29 @@ class MemoryOptimizerStore final : public OptimizerStore {
 
   // Ranges of kWidenChunk elements through host buffers.
   void visit_on_device(int unit, const swap::OptimizerSwapper::StateVisitor& fn) {
-    const size_t mb = dtype_size(g_.moments), chunk = std::min(n(unit), kWidenChunk);
+    const size_t chunk = std::min(n(unit), kWidenChunk);
     std::vector<float> master(chunk), m(chunk), v(chunk);
-    std::vector<std::byte> raw(chunk * mb);
+    std::vector<std::byte> raw(range_bytes(unit));
     for (size_t first = 0; first < n(unit); first += kWidenChunk) {
       const size_t len = std::min(kWidenChunk, n(unit) - first);
-      down(master.data(), part(unit, StateKind::kMaster) + first * sizeof(float),
-           len * sizeof(float));
-      down(raw.data(), part(unit, StateKind::kExpAvg) + first * mb, len * mb);
-      load_moments(m.data(), raw.data(), len, g_.moments);
-      down(raw.data(), part(unit, StateKind::kExpAvgSq) + first * mb, len * mb);
-      load_moments(v.data(), raw.data(), len, g_.moments);
+      down_range(unit, StateKind::kMaster, first, len, master.data(), raw.data());
+      down_range(unit, StateKind::kExpAvg, first, len, m.data(), raw.data());
+      down_range(unit, StateKind::kExpAvgSq, first, len, v.data(), raw.data());
       fn(first, len, master.data(), m.data(), v.data());
     }
   }
   void fill_on_device(int unit, const swap::OptimizerSwapper::StateFiller& fn) {
-    const size_t mb = dtype_size(g_.moments), chunk = std::min(n(unit), kWidenChunk);
+    const size_t chunk = std::min(n(unit), kWidenChunk);
     std::vector<float> master(chunk), m(chunk), v(chunk);
-    std::vector<std::byte> raw(chunk * mb);
+    std::vector<std::byte> raw(range_bytes(unit));
     for (size_t first = 0; first < n(unit); first += kWidenChunk) {
       const size_t len = std::min(kWidenChunk, n(unit) - first);
       std::fill_n(m.data(), len, 0.0f);
       std::fill_n(v.data(), len, 0.0f);
       fn(first, len, master.data(), m.data(), v.data());
-      up(part(unit, StateKind::kMaster) + first * sizeof(float), master.data(),
-         len * sizeof(float));
-      store_moments(raw.data(), m.data(), len, g_.moments);
-      up(part(unit, StateKind::kExpAvg) + first * mb, raw.data(), len * mb);
-      store_moments(raw.data(), v.data(), len, g_.moments);
-      up(part(unit, StateKind::kExpAvgSq) + first * mb, raw.data(), len * mb);
+      up_range(unit, StateKind::kMaster, first, len, master.data(), raw.data());
+      up_range(unit, StateKind::kExpAvg, first, len, m.data(), raw.data());
+      up_range(unit, StateKind::kExpAvgSq, first, len, v.data(), raw.data());
     }
   }
   std::byte* part(int unit, StateKind kind) {
