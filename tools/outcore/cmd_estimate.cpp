@@ -130,6 +130,16 @@ void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::
               t.drive_known ? "" : " (without the drive)");
 }
 
+// The step of `changed` (the config with one setting changed) at the plan's batch shape, on the
+// same device and rates; nullopt when it does not fit.
+std::optional<zero::StepTimes> times_with(const config::Config& changed,
+                                          const model::LlamaModel& model, const zero::Plan& plan,
+                                          const zero::PlanOptions& po,
+                                          const zero::LinkRates& rates) {
+  return zero::shape_times(changed, model.config(), model.options(), model.options().micro_batch,
+                           plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
+}
+
 // Stage 3 reads the parameters in swap files twice per micro-batch (forward and backward).
 // Where the drive bounds the step and every parameter partition would fit in host memory, says
 // so: offload_param.max_in_cpu covering them all drops those reads (as in DeepSpeed, the
@@ -142,9 +152,7 @@ void print_params_in_host_memory(const config::Config& cfg, const model::LlamaMo
   uint64_t elements = 0;
   for (const model::UnitLayout& u : model.layout().units) elements += u.padded_numel;
   all.zero_optimization.offload_param.max_in_cpu = static_cast<int64_t>(elements);
-  const auto times =
-      zero::shape_times(all, model.config(), model.options(), model.options().micro_batch,
-                        plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
+  const auto times = times_with(all, model, plan, po, rates);
   if (!times || times->drive_s >= t.drive_s) return;
   std::printf(
       "  with offload_param.max_in_cpu %llu (every parameter partition in host memory, which "
@@ -174,9 +182,7 @@ void print_params_kept_on_device(const config::Config& cfg, const model::LlamaMo
   config::Config kept = cfg;
   kept.zero_optimization.stage3_max_live_parameters = std::max(z.stage3_max_live_parameters, live);
   kept.zero_optimization.stage3_max_reuse_distance = std::max(z.stage3_max_reuse_distance, reuse);
-  const auto times =
-      zero::shape_times(kept, model.config(), model.options(), model.options().micro_batch,
-                        plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
+  const auto times = times_with(kept, model, plan, po, rates);
   if (!times || times->bound_s() >= t.bound_s()) return;
   const std::string pcie = rates.pcie_bytes > 0 ? fmt::format("PCIe {:.3f} s instead of {:.3f} s, ",
                                                               times->pcie_s, t.pcie_s)
@@ -207,10 +213,6 @@ void print_optimizer_on_device(const config::Config& cfg, const model::LlamaMode
     return;
   std::optional<zero::StepTimes> best;
   std::string what;
-  const auto times_of = [&](const config::Config& c) {
-    return zero::shape_times(c, model.config(), model.options(), model.options().micro_batch,
-                             plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
-  };
   const auto consider = [&](const std::optional<zero::StepTimes>& times, std::string described) {
     if (times && times->bound_s() < (best ? best->bound_s() : t.bound_s())) {
       best = times;
@@ -221,7 +223,7 @@ void print_optimizer_on_device(const config::Config& cfg, const model::LlamaMode
     config::Config c = cfg;
     c.zero_optimization.offload_optimizer.ratio = tenths / 10.0;
     if (c.zero_optimization.offload_optimizer.ratio >= oo.ratio) continue;
-    const std::optional<zero::StepTimes> times = times_of(c);
+    const std::optional<zero::StepTimes> times = times_with(c, model, plan, po, rates);
     if (times && times->adam_elems == 0) continue;  // all on the GPU: `none` below says so
     consider(times, fmt::format("offload_optimizer.ratio {:g} (the optimizer state of the last "
                                 "units on the GPU, stepped there, which fits)",
@@ -230,7 +232,7 @@ void print_optimizer_on_device(const config::Config& cfg, const model::LlamaMode
   config::Config none = cfg;
   none.zero_optimization.offload_optimizer.device = config::OffloadDevice::kNone;
   none.zero_optimization.offload_optimizer.ratio = 1.0;
-  consider(times_of(none),
+  consider(times_with(none, model, plan, po, rates),
            "offload_optimizer.device none (all the optimizer state on the GPU, stepped there, "
            "which fits)");
   if (!best) return;
