@@ -92,10 +92,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
           engine_plan_options(device, model, comm.world_size(),
                               g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
                                                                    : GradientPlacement::kHost))),
-      executor(options.cpu_threads != 0
-                   ? options.cpu_threads
-                   : cpu_threads_for(cfg.zero_optimization.offload_optimizer.cpuadam_cores_perc,
-                                     std::max(1u, std::thread::hardware_concurrency()))) {
+      executor(options.cpu_threads != 0 ? options.cpu_threads : cpu_threads_for(cfg)) {
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
   limits_at_start = limits;
   bool by_gpu = false;
@@ -242,6 +239,11 @@ const PlanLimits& ZeroEngine::limits() const { return impl_->limits_at_start; }
 const Plan& ZeroEngine::plan() const { return impl_->plan; }
 const model::LlamaModel& ZeroEngine::model() const { return impl_->model; }
 unsigned ZeroEngine::cpu_threads() const { return impl_->executor.threads(); }
+
+unsigned cpu_threads_for(const config::Config& cfg) {
+  return cpu_threads_for(cfg.zero_optimization.offload_optimizer.cpuadam_cores_perc,
+                         std::max(1u, std::thread::hardware_concurrency()));
+}
 
 unsigned cpu_threads_for(double share, unsigned hardware_threads) {
   if (!(share > 0 && share <= 1))

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
-#include <thread>
 
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
@@ -50,16 +49,17 @@ StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const Lin
   } else if (nr + nw > 0) {
     t.drive_s = nr / rates.drive_read_bytes + nw / rates.drive_write_bytes;
   }
-  t.adam_elems =
-      plan.device_host_accessible ? plan.optimizer_elems : plan.offloaded_optimizer_elems;
+  t.adam_elems = cpu_adam_elems(plan);
   if (rates.adam_elems > 0) t.adam_s = static_cast<double>(t.adam_elems) / rates.adam_elems;
   return t;
 }
 
+uint64_t cpu_adam_elems(const Plan& plan) {
+  return plan.device_host_accessible ? plan.optimizer_elems : plan.offloaded_optimizer_elems;
+}
+
 double measure_adam_rate(const config::Config& cfg, DType param_dtype, size_t elems) {
-  const cpu_adam::Executor ex(
-      cpu_threads_for(cfg.zero_optimization.offload_optimizer.cpuadam_cores_perc,
-                      std::max(1u, std::thread::hardware_concurrency())));
+  const cpu_adam::Executor ex(cpu_threads_for(cfg));
   const DType moments = config::adam_moments_bf16(cfg) ? DType::BF16 : DType::F32;
   const size_t mb = dtype_size(moments);
   AlignedBuffer p(elems * sizeof(float)), g(elems * sizeof(float)), m(elems * mb), v(elems * mb);

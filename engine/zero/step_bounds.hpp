@@ -37,12 +37,9 @@ struct StepTimes {
   double pcie_s = 0;           // (h2d + d2h) / pcie_bytes
   double drive_s = 0;          // nvme_read / read rate + nvme_write / write rate
   bool drive_known = true;     // false when the plan moves NVMe bytes and no drive rate is given
-  // Optimizer elements CPU Adam steps per step: all of them on a device in host memory, those
-  // offloaded on a GPU (Plan::device_host_accessible false: the rest are stepped there,
-  // decision 036).
-  uint64_t adam_elems = 0;
-  double adam_s = 0;       // adam_elems / rates.adam_elems (0 when not counted)
-  double bound_s() const;  // the largest of the four
+  uint64_t adam_elems = 0;     // cpu_adam_elems(plan)
+  double adam_s = 0;           // adam_elems / rates.adam_elems (0 when not counted)
+  double bound_s() const;      // the largest of the four
   // "compute", "PCIe", "drive" or "CPU Adam": which one bounds the step.
   std::string bound() const;
   // True when compute takes at least as long as each transfer (they can hide under it).
@@ -53,6 +50,11 @@ struct StepTimes {
 // `rates`: the GEMMs at the GEMM rate, the attention at its own. Activation checkpointing adds
 // each decoder's forward but its down projection (LlamaConfig::recompute_flops_per_token).
 StepTimes step_times(const Plan& plan, const model::LlamaModel& model, const LinkRates& rates);
+
+// Optimizer elements CPU Adam steps per step: all of them on a device in host memory, those
+// offloaded on a GPU (Plan::device_host_accessible false: the rest are stepped there, decision
+// 036).
+uint64_t cpu_adam_elems(const Plan& plan);
 
 // Elements per second of cpu_adam::adam_step as the engine of `cfg` runs it on this machine:
 // its CPU threads (cpu_threads_for offload_optimizer.cpuadam_cores_perc), its moments' dtype,

@@ -106,6 +106,8 @@ aio::Options aio_options(const config::AioConfig& a);
 // The engine's CPU threads for `share` (offload_optimizer.cpuadam_cores_perc, in (0, 1]) of
 // `hardware_threads`: share x hardware_threads rounded to nearest, at least 1.
 unsigned cpu_threads_for(double share, unsigned hardware_threads);
+// cpu_threads_for the config's offload_optimizer.cpuadam_cores_perc on this machine.
+unsigned cpu_threads_for(const config::Config& cfg);
 
 struct StepResult {
   bool overflow = false;   // non-finite gradients: nothing updated, gradients cleared

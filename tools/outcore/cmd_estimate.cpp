@@ -23,7 +23,6 @@
 #include <new>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "common/error.hpp"
 #include "engine/config/config.hpp"
@@ -366,9 +365,7 @@ int run_estimate(const EstimateArgs& a) {
       rates.pcie_bytes = device::copy_bytes_per_second(*gpu);
       src.pcie = "measured: pinned copies of 256 MiB";
     }
-    const uint64_t cpu_adam_elems =
-        plan.device_host_accessible ? plan.optimizer_elems : plan.offloaded_optimizer_elems;
-    if (rates.adam_elems <= 0 && cpu_adam_elems > 0) {
+    if (rates.adam_elems <= 0 && zero::cpu_adam_elems(plan) > 0) {
       // The host stepping the optimizer state is this machine, whichever GPU is planned for.
       try {
         rates.adam_elems = zero::measure_adam_rate(cfg, model->options().param_dtype);
@@ -378,9 +375,7 @@ int run_estimate(const EstimateArgs& a) {
       const auto& oo = cfg.zero_optimization.offload_optimizer;
       src.adam = fmt::format(
           "measured: {} moments, {} threads (offload_optimizer.cpuadam_cores_perc {:g})",
-          config::adam_moments_bf16(cfg) ? "bf16" : "fp32",
-          zero::cpu_threads_for(oo.cpuadam_cores_perc,
-                                std::max(1u, std::thread::hardware_concurrency())),
+          config::adam_moments_bf16(cfg) ? "bf16" : "fp32", zero::cpu_threads_for(cfg),
           oo.cpuadam_cores_perc);
     }
   } catch (const Error& e) {
