@@ -22,10 +22,12 @@ JOBS=${JOBS:-$(nproc)}
 # What the outcore binary builds from (the demo installs only these). python3-dev and
 # pybind11-dev are here although only the Python module uses them: with them found, the
 # libraries are compiled position-independent, so a later full build reuses the demo's objects.
+# ocl-icd-opencl-dev: Debian's oneDNN is built with OpenCL, and its CMake package requires
+# OpenCL's headers and library (a recommendation of libdnnl-dev, which installs skip).
 BUILD_PACKAGES=(
   build-essential cmake pkg-config git
   liburing-dev libtbb-dev libisal-dev nlohmann-json3-dev
-  libopenblas-dev libdnnl-dev
+  libopenblas-dev libdnnl-dev ocl-icd-opencl-dev
   libcli11-dev libspdlog-dev libfmt-dev
   libopenmpi-dev openmpi-bin
   python3 python3-dev pybind11-dev
