@@ -1,5 +1,6 @@
-// The per-element arithmetic of one Adam step, written once for the host's scalar kernel
-// (kernels_scalar.cpp) and the GPU's (engine/device/cuda/cuda_kernels.cu): explicit fma,
+// The per-element arithmetic of one Adam step, and the lanes of a sum of squares, written once
+// for the host's scalar kernels (kernels_scalar.cpp) and the GPU's
+// (engine/device/cuda/cuda_kernels.cu). Adam: explicit fma,
 // correctly rounded square root and division, in the order the vector kernels follow, so every
 // ISA and the GPU give the same bits. On the GPU every operation is an intrinsic that rounds to
 // nearest on its own (__fmaf_rn, __fmul_rn, ...), which the compiler never contracts; on the
@@ -21,11 +22,27 @@
 
 namespace outcore::cpu_adam::math {
 
-OUTCORE_ADAM_HD float fma_rn(float a, float b, float c) {
+// a * b + c and a + b, rounded once, in float (Adam) or double (sums of squares).
+template <class T>
+OUTCORE_ADAM_HD T fma_rn(T a, T b, T c) {
 #if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
+  if constexpr (sizeof(T) == sizeof(float))
+    return __fmaf_rn(a, b, c);
+  else
+    return __fma_rn(a, b, c);
 #else
   return std::fma(a, b, c);
+#endif
+}
+template <class T>
+OUTCORE_ADAM_HD T add_rn(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == sizeof(float))
+    return __fadd_rn(a, b);
+  else
+    return __dadd_rn(a, b);
+#else
+  return a + b;
 #endif
 }
 OUTCORE_ADAM_HD float mul_rn(float a, float b) {
@@ -43,13 +60,6 @@ OUTCORE_ADAM_HD float mul_rn(float a, float b) {
   r = kept;
 #endif
   return r;
-#endif
-}
-OUTCORE_ADAM_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
 #endif
 }
 OUTCORE_ADAM_HD float div_rn(float a, float b) {
@@ -88,6 +98,31 @@ OUTCORE_ADAM_HD void adam_element(const detail::AdamCoeffs& c, float grad, float
     if (c.use_decoupled) param = mul_rn(param, c.decoupled);
     param = add_rn(param, div_rn(mul_rn(c.step_size, m), denom));
   }
+}
+
+// A sum of squares (the gradient norm's block sums) in kSquareLanes double lanes: lane j adds
+// x[i]^2 for every i = j mod kSquareLanes, in increasing i, each with one fma (an fp32 square is
+// exact in double); the lanes are then added pairwise, j with j + 8, then + 4, + 2, + 1
+// (reduce_square_lanes). Every ISA's kernel (AVX-512: two 8-double accumulators; AVX2: four
+// 4-double ones; scalar: 16 doubles) and the GPU's (square_lane per thread) follow this order, so a
+// block's sum has the same bits everywhere.
+inline constexpr int kSquareLanes = 16;
+
+// Lane `lane` of the fp32 elements x[0, n).
+OUTCORE_ADAM_HD double square_lane(const float* x, size_t n, int lane) {
+  double acc = 0.0;
+  for (size_t i = static_cast<size_t>(lane); i < n; i += kSquareLanes) {
+    const double d = x[i];
+    acc = fma_rn(d, d, acc);
+  }
+  return acc;
+}
+
+// The lanes' total, added in the fixed pairwise order above (`lanes` is overwritten).
+OUTCORE_ADAM_HD double reduce_square_lanes(double* lanes) {
+  for (int half = kSquareLanes / 2; half >= 1; half /= 2)
+    for (int j = 0; j < half; ++j) lanes[j] = add_rn(lanes[j], lanes[j + half]);
+  return lanes[0];
 }
 
 }  // namespace outcore::cpu_adam::math

@@ -11,8 +11,10 @@
 // supports is chosen once at run time (cpuid); request_isa() or set_isa() overrides the choice
 // (the outcore tools and the Python module pass the environment variable
 // OUTCORE_CPU_ADAM_ISA=scalar|avx2|avx512 to request_isa(); this layer reads no environment). Every
-// ISA gives bit-identical results for adam_step and scale_in_place (same IEEE operations, same
-// order); sum_of_squares differs between ISAs and thread counts only by double rounding.
+// ISA gives bit-identical results for adam_step, scale_in_place, block_sums_of_squares and a
+// single-threaded sum_of_squares (same IEEE operations in the same order, written down in
+// adam_math.hpp, which the GPU's kernels follow too); a threaded sum_of_squares depends on the
+// thread count by double rounding.
 #pragma once
 
 #include <cstddef>
@@ -212,10 +214,11 @@ double sum_of_squares(const void* x, DType dtype, size_t n, const Executor* ex =
 
 // Sums of squares of consecutive blocks of `block` elements (the last one may be shorter):
 // out[b] covers x[b*block, min(n, (b+1)*block)), ceil(n / block) values. Each value depends
-// only on the block's elements and the ISA, never on the thread count or on where the block
-// lies, so an array cut at block boundaries into pieces (a partition per data-parallel rank)
-// gives the same values however it is cut; adding them in block order gives a total that is
-// the same for every cut. Throws InvalidArgument for block == 0 or a null pointer with n > 0.
+// only on the block's elements, never on the ISA, the thread count or where the block lies
+// (math::square_lane and reduce_square_lanes in adam_math.hpp give its bits), so an array cut at
+// block boundaries into pieces (a partition per data-parallel rank) gives the same values however
+// it is cut; adding them in block order gives a total that is the same for every cut. Throws
+// InvalidArgument for block == 0 or a null pointer with n > 0.
 void block_sums_of_squares(const void* x, DType dtype, size_t n, size_t block, double* out,
                            const Executor* ex = nullptr);
 

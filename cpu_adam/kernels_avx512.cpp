@@ -55,7 +55,13 @@ struct Avx512 {
     lo = _mm512_fmadd_pd(a, a, lo);
     hi = _mm512_fmadd_pd(b, b, hi);
   }
-  static double reduce(D x) { return _mm512_reduce_add_pd(x); }
+  // Lanes j + 4, then + 2, then + 1 (adam_math.hpp's order; spelled out rather than left to
+  // _mm512_reduce_add_pd, whose order is the compiler's).
+  static double reduce(D x) {
+    const __m256d a = _mm256_add_pd(_mm512_castpd512_pd256(x), _mm512_extractf64x4_pd(x, 1));
+    const __m128d b = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(b, _mm_unpackhi_pd(b, b)));
+  }
   static bool any_nan(F x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
 };
 

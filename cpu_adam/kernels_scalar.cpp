@@ -44,14 +44,16 @@ void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, void* m, void*
   }
 }
 
+// The lanes of math::kSquareLanes, as the vector kernels and the GPU hold them.
 template <int K>
 double sum_of_squares(const void* x, size_t n) {
-  double acc = 0.0;
+  double lanes[math::kSquareLanes] = {};
   for (size_t i = 0; i < n; ++i) {
-    double d = load<K>(x, i);
-    acc = std::fma(d, d, acc);
+    const double d = load<K>(x, i);
+    double& acc = lanes[i % math::kSquareLanes];
+    acc = math::fma_rn(d, d, acc);
   }
-  return acc;
+  return math::reduce_square_lanes(lanes);
 }
 
 template <int K>

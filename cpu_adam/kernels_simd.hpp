@@ -129,16 +129,33 @@ void adam(const AdamCoeffs& c, size_t n, float* p, const void* g, void* m, void*
   }
 }
 
+// The 16 double lanes of adam_math.hpp's sum of squares (kSquareLanes; not included here, see
+// kernels.hpp): 16 / kWidth vectors per 16 elements, each split into two double accumulators,
+// so accumulator pair k holds lanes [k * kWidth, (k + 1) * kWidth). One pair per vector is
+// enough: the loop is bound by memory, not by FMA latency. The lanes are then added pairwise,
+// j with j + 8, + 4, + 2, + 1: with one vector (AVX-512), lo + hi, then V::reduce the rest; with
+// two (AVX2), lo[0] + lo[1] and hi[0] + hi[1], then their sum, then V::reduce + 2 and + 1.
 template <class V, int K>
 double sum_of_squares(const void* x, size_t n) {
-  // One accumulator pair is enough: the loop is bound by memory, not by FMA latency.
-  typename V::D lo = V::dzero(), hi = V::dzero();
-  auto body = [&](size_t i, void* const* a) { V::acc_squares(load_kind<V, K>(a[0], i), lo, hi); };
+  constexpr size_t kLanes = 16;
+  constexpr size_t kVecs = kLanes / V::kWidth;
+  static_assert(kVecs * V::kWidth == kLanes && (kVecs == 1 || kVecs == 2));
+  typename V::D lo[kVecs], hi[kVecs];
+  for (size_t k = 0; k < kVecs; ++k) lo[k] = hi[k] = V::dzero();
+  auto body = [&](size_t i, void* const* a) {
+    for (size_t k = 0; k < kVecs; ++k)
+      V::acc_squares(load_kind<V, K>(a[0], i + k * V::kWidth), lo[k], hi[k]);
+  };
   void* const base[1] = {const_cast<void*>(x)};
   const size_t bytes[1] = {kKindBytes<K>};
   const bool writes[1] = {false};
-  for_vectors<V::kWidth>(n, base, bytes, writes, body);
-  return V::reduce(V::dadd(lo, hi));
+  // Steps of 16 elements; a shorter tail is padded with zeros, whose squares add nothing.
+  for_vectors<kLanes>(n, base, bytes, writes, body);
+  // Lane j + 8: with one vector, the upper accumulator; with two, the second vector's.
+  if constexpr (kVecs == 1)
+    return V::reduce(V::dadd(lo[0], hi[0]));
+  else
+    return V::reduce(V::dadd(V::dadd(lo[0], lo[1]), V::dadd(hi[0], hi[1])));
 }
 
 template <class V, int K>

@@ -1,11 +1,14 @@
 // sum_of_squares, has_inf_or_nan, scale_in_place: every ISA and dtype, odd sizes, threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "common/error.hpp"
+#include "cpu_adam/adam_math.hpp"
 #include "cpu_adam/cpu_adam.hpp"
 #include "test_util.hpp"
 
@@ -58,6 +61,43 @@ TEST(SumOfSquares, MatchesLongDoubleSumForEveryIsaDtypeAndSize) {
           const double got = sum_of_squares(d.ptr(), t, n, ex);
           EXPECT_NEAR(got, static_cast<double>(want), 1e-13 * static_cast<double>(want) + 1e-300);
         }
+      }
+    }
+  }
+}
+
+// The bits of a sum of squares are adam_math.hpp's lanes on every ISA (what lets the GPU's
+// block sums, which follow the same lanes, stand in for the host's in the gradient norm).
+// Values over many magnitudes make a different order of additions show in the last bits.
+TEST(SumOfSquares, HasTheSameBitsOnEveryIsaAsTheLanesOfAdamMath) {
+  const Executor two(2);
+  for (DType t : kTypes) {
+    for (size_t n : kSizes) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n));
+      std::vector<float> x = random_floats(n, static_cast<uint32_t>(n) + 7, 0.01f);
+      for (size_t i = 0; i < n; i += 3) x[i] *= static_cast<float>(1 << (i % 11));
+      Data d(x, t);
+      // The lanes over the exact values the kernels see.
+      double lanes[math::kSquareLanes];
+      for (int j = 0; j < math::kSquareLanes; ++j) lanes[j] = math::square_lane(d.f32.data(), n, j);
+      const double want = math::reduce_square_lanes(lanes);
+      const size_t block = 37;
+      const size_t blocks = (n + block - 1) / block;
+      std::vector<double> want_blocks(blocks);
+      for (size_t b = 0; b < blocks; ++b) {
+        const size_t len = std::min(block, n - b * block);
+        for (int j = 0; j < math::kSquareLanes; ++j)
+          lanes[j] = math::square_lane(d.f32.data() + b * block, len, j);
+        want_blocks[b] = math::reduce_square_lanes(lanes);
+      }
+      for (Isa isa : supported_isas()) {
+        SCOPED_TRACE(isa_name(isa));
+        IsaGuard guard(isa);
+        const double got = sum_of_squares(d.ptr(), t, n);
+        EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << got << " vs " << want;
+        std::vector<double> got_blocks(blocks);
+        block_sums_of_squares(d.ptr(), t, n, block, got_blocks.data(), &two);
+        EXPECT_EQ(first_bit_difference(got_blocks.data(), want_blocks.data(), blocks), -1);
       }
     }
   }

@@ -4,7 +4,8 @@
 //   casts, embedding gather and scatter-add, gradient accumulation, inf/NaN count: exact;
 //   SwiGLU, RoPE: 2e-6 relative (the GPU may fuse a multiply-add the host rounds twice);
 //   RMSNorm, softmax, cross-entropy, sum of squares: 1e-5 relative (block-tree reductions
-//   instead of the host's 8/16 lanes);
+//   instead of the host's 8/16 lanes); the gradient norm's block sums and Adam: exact (they
+//   follow cpu_adam's lanes and operations);
 //   GEMM: 1e-5 of sum|a||b| for fp32, 1e-4 for bf16/fp16 (inputs rounded alike on both sides).
 #include "engine/device/cuda/cuda_kernels.hpp"
 
@@ -523,6 +524,35 @@ TEST_F(CudaKernels, AdamStepHasCpuAdamsBits) {
       expect_close(M.host(), m, 0.0, "exp_avg, " + what);
       expect_close(V.host(), v, 0.0, "exp_avg_sq, " + what);
     }
+  }
+}
+
+// The gradient norm's block sums on the GPU: cpu_adam::block_sums_of_squares' bits on this CPU,
+// with the engine's block (2048), a short last block, a block shorter than the lanes, and
+// magnitudes spread far enough that another order of additions would show; at Llama 3 8B's head
+// (128256 x 4096 elements, 2 GiB) and at toy sizes.
+TEST_F(CudaKernels, BlockSumsOfSquaresHaveCpuAdamsBits) {
+  struct Case {
+    int64_t n, block;
+  };
+  for (const Case c : {Case{1, 2048}, Case{5, 3}, Case{2048 * 37 + 11, 2048}, Case{100003, 7},
+                       Case{128256LL * 4096, 2048}}) {
+    const std::string what = "n " + std::to_string(c.n) + ", block " + std::to_string(c.block);
+    auto x = randn(c.n, 41, 0.01f);
+    for (int64_t i = 0; i < c.n; i += 5) x[i] *= static_cast<float>(1 << (i % 17));
+    const int64_t blocks = (c.n + c.block - 1) / c.block;
+    Dev<float> X(x);
+    Dev<double> OUT(static_cast<size_t>(blocks));
+    block_sums_of_squares(X.get(), c.n, c.block, OUT.get(), nullptr);
+    std::vector<double> want(blocks);
+    const cpu_adam::Executor ex(4);
+    cpu_adam::block_sums_of_squares(x.data(), DType::F32, c.n, c.block, want.data(), &ex);
+    const std::vector<double> got = OUT.host();
+    int64_t differ = 0;
+    for (int64_t b = 0; b < blocks; ++b)
+      differ += std::bit_cast<uint64_t>(got[b]) != std::bit_cast<uint64_t>(want[b]);
+    EXPECT_EQ(differ, 0) << "blocks of " << blocks << ", " << what << ": first " << got[0] << " vs "
+                         << want[0];
   }
 }
 

@@ -126,6 +126,24 @@ Line check_adam() {
           "the host's bits (both formulas, fp32 and bf16 moments, every copy-out)"};
 }
 
+// The gradient norm's block sums on the GPU (gradients kept there for Adam on the GPU, decision
+// 037): cpu_adam::block_sums_of_squares' bits, a short last block included.
+Line check_norm_blocks() {
+  const int64_t n = (int64_t{1} << 16) + 77, block = 2048, blocks = (n + block - 1) / block;
+  auto x = randn(n, 15, 0.01f);
+  for (int64_t i = 0; i < n; i += 5) x[i] *= static_cast<float>(1 << (i % 17));
+  Dev<float> X(x);
+  Dev<double> OUT(static_cast<size_t>(blocks));
+  ck::block_sums_of_squares(X.p, n, block, OUT.p, nullptr);
+  std::vector<double> want(blocks);
+  cpu_adam::block_sums_of_squares(x.data(), DType::F32, n, block, want.data());
+  if (OUT.host() != want)
+    return {"kernel norm blocks", Verdict::kFail,
+            "differs from the host's cpu_adam, so a gradient norm taken on the GPU would not be "
+            "bit-identical"};
+  return {"kernel norm blocks", Verdict::kOk, "the host's bits"};
+}
+
 Line check_swiglu() {
   const int64_t n = 1 << 16;
   auto g = randn(n, 1, 3.0f), u = randn(n, 2), da = randn(n, 3);
@@ -378,6 +396,7 @@ std::vector<Line> gpu_checks() {
   run(lines, "kernel causal softmax", check_softmax);
   run(lines, "kernel cross-entropy", check_cross_entropy);
   run(lines, "kernel adam", check_adam);
+  run(lines, "kernel norm blocks", check_norm_blocks);
   try {
     ck::Gemm gemm;
     for (DType t : {DType::F32, DType::BF16, DType::F16})

@@ -29,6 +29,10 @@ void adam_step(const cpu_adam::detail::AdamCoeffs&, bool, int64_t, float*, const
   throw InvalidArgument("cannot run Adam on a GPU: " + probe().summary());
 }
 
+void block_sums_of_squares(const float*, int64_t, int64_t, double*, StreamHandle) {
+  throw InvalidArgument("cannot take sums of squares on a GPU: " + probe().summary());
+}
+
 }  // namespace cuda
 
 }  // namespace outcore::device

@@ -460,6 +460,27 @@ __global__ void count_nonfinite_kernel(const float* x, int64_t n, unsigned int* 
   if (c != 0) atomicAdd(count, c);
 }
 
+// One thread per lane of a block (kSquareLanes consecutive threads per block, a half-warp); the
+// lanes meet in the block's first thread, which adds them in reduce_square_lanes' order. Every
+// thread of a warp takes part in the shuffles (blockDim a multiple of 32).
+__global__ void block_sums_of_squares_kernel(const float* x, int64_t n, int64_t block,
+                                             int64_t blocks, double* out) {
+  constexpr int kLanes = cpu_adam::math::kSquareLanes;
+  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t b = t / kLanes;
+  const int lane = static_cast<int>(t % kLanes);
+  double acc = 0.0;
+  if (b < blocks) {
+    const int64_t first = b * block;
+    const int64_t len = n - first < block ? n - first : block;
+    acc = cpu_adam::math::square_lane(x + first, static_cast<size_t>(len), lane);
+  }
+  double lanes[kLanes];
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) lanes[j] = __shfl_sync(0xffffffffu, acc, j, kLanes);
+  if (lane == 0 && b < blocks) out[b] = cpu_adam::math::reduce_square_lanes(lanes);
+}
+
 // --- optimizer -------------------------------------------------------------------------------
 
 // kmath::adam_at over a grid-stride loop.
@@ -481,6 +502,15 @@ void launch_adam(const cpu_adam::detail::AdamCoeffs& c, int64_t n, float* p, con
     adam_kernel<M, Formula, kOutBF16><<<grid_for(n), kThreads, 0, s>>>(c, n, p, g, m, v, out);
   else
     adam_kernel<M, Formula, kOutF16><<<grid_for(n), kThreads, 0, s>>>(c, n, p, g, m, v, out);
+}
+
+// The caller's thread may never have made the stream's GPU current (the optimizer's threads):
+// a kernel launches only on the current device's streams.
+void make_stream_device_current(StreamHandle s) {
+  if (s == nullptr) return;
+  int ordinal = 0;
+  CUDA_CHECK(cudaStreamGetDevice(native(s), &ordinal));
+  CUDA_CHECK(cudaSetDevice(ordinal));
 }
 
 void check_rows(int64_t rows, const char* what) {
@@ -688,6 +718,21 @@ void sum_squares(const float* x, int64_t n, float* partials, float* out, StreamH
   LAUNCHED();
 }
 
+void block_sums_of_squares(const float* x, int64_t n, int64_t block, double* out, StreamHandle s) {
+  if (block <= 0) throw InvalidArgument("block_sums_of_squares: block size must be > 0");
+  if (n <= 0) return;
+  make_stream_device_current(s);
+  const int64_t blocks = (n + block - 1) / block;
+  const int64_t grid = (blocks * cpu_adam::math::kSquareLanes + kThreads - 1) / kThreads;
+  static_assert(kThreads % 32 == 0);
+  if (grid > int64_t{0x7fffffff})
+    throw InvalidArgument("block_sums_of_squares: " + std::to_string(blocks) +
+                          " blocks exceed one launch's grid");
+  block_sums_of_squares_kernel<<<static_cast<unsigned>(grid), kThreads, 0, native(s)>>>(
+      x, n, block, blocks, out);
+  LAUNCHED();
+}
+
 void adam_step(const cpu_adam::detail::AdamCoeffs& c, bool pytorch, int64_t n, float* params,
                const float* grads, void* exp_avg, void* exp_avg_sq, bool bf16_moments, void* out,
                DType out_dtype, StreamHandle s) {
@@ -695,13 +740,7 @@ void adam_step(const cpu_adam::detail::AdamCoeffs& c, bool pytorch, int64_t n, f
   if (out != nullptr && out_dtype != DType::BF16 && out_dtype != DType::F16)
     throw InvalidArgument("adam_step: the parameter copy-out must be bf16 or fp16");
   if (n == 0) return;
-  // The caller's thread may never have made the stream's GPU current (the optimizer's threads):
-  // a kernel launches only on the current device's streams.
-  if (s != nullptr) {
-    int ordinal = 0;
-    CUDA_CHECK(cudaStreamGetDevice(native(s), &ordinal));
-    CUDA_CHECK(cudaSetDevice(ordinal));
-  }
+  make_stream_device_current(s);
   if (bf16_moments && pytorch)
     launch_adam<kBF16, kPyTorch>(c, n, params, grads, exp_avg, exp_avg_sq, out, out_dtype,
                                  native(s));

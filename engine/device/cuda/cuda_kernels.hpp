@@ -132,6 +132,12 @@ inline constexpr int kSumSquaresPartials = 256;
 void sum_squares(const float* x, int64_t n, float* partials, float* out, StreamHandle stream);
 // *count += the number of inf/NaN elements of x (device scalar).
 void count_nonfinite(const float* x, int64_t n, unsigned int* count, StreamHandle stream);
+// The gradient norm's block sums, cpu_adam::block_sums_of_squares over fp32 to the bit: out[b]
+// (device memory, ceil(n / block) doubles) is the sum of the squares of x[b * block, min(n,
+// (b + 1) * block)) in cpu_adam::math's 16 double lanes (square_lane, reduce_square_lanes), one
+// half-warp per block. Makes the stream's GPU current on the calling thread first.
+void block_sums_of_squares(const float* x, int64_t n, int64_t block, double* out,
+                           StreamHandle stream);
 
 // --- optimizer -------------------------------------------------------------------------------
 
