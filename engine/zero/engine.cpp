@@ -101,7 +101,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   check_fits(plan, limits);
   const Placement& p = g.placement;
   const config::ZeroConfig& z = cfg.zero_optimization;
-  const detail::PinnedLayout pl = detail::effective_pinned_layout(cfg, g);
+  const detail::PinnedLayout pl = detail::effective_pinned_layout(cfg, g, plan.device_grad_sums);
 
   copy = device.create_stream("zero-copy");
   comm_stream = device.create_stream("zero-comm");
@@ -173,9 +173,9 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     oo.pipeline_write = z.offload_optimizer.pipeline_write;
     oo.spare_copy = g.step_in_backward;
     optimizer = detail::make_nvme_store(g, *optimizer_swapper, *pool, oo, pl.concurrent_steps,
-                                        &device, executor, traffic);
+                                        &device, executor, traffic, plan.device_grad_sums);
   } else {
-    optimizer = detail::make_memory_store(g, &device, executor, traffic);
+    optimizer = detail::make_memory_store(g, &device, executor, traffic, plan.device_grad_sums);
   }
   publisher = std::make_unique<detail::ParamPublisher>(
       g, device, comm, *copy, *comm_stream, full_params, home.get(), traffic, *pool,

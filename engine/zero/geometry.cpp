@@ -248,9 +248,10 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
     split_param_homes(cfg, model.layout(), world, g);
   if (warn) warn_unused_offload_param_keys(cfg, g);
   split_optimizer_homes(cfg, g, warn);
-  // A device the host cannot read: gradients are accumulated and normed on the host, so with
-  // all the optimizer state on the device (stage 0, offload_optimizer none) its accumulators
-  // are in host memory and each unit's come up for its Adam step there (decision 036).
+  // A device the host cannot read: the accumulators are in host memory even with all the
+  // optimizer state on the device (stage 0, offload_optimizer none). At one rank the planner
+  // keeps each unit's gradients on the device instead wherever the budget allows (decision
+  // 037); the others come down, and up again for their Adam step there (decision 036).
   if (!g.device_host_accessible && g.placement.gradients == Tier::kDevice)
     g.placement.gradients = Tier::kHost;
   place_gradients(options.gradients, g);
@@ -278,12 +279,19 @@ bool host_publication_staged(const Geometry& g, size_t unit) {
          (!g.device_host_accessible && publishes_on_device(g, unit));
 }
 
-DeviceAdamScratch device_adam_scratch(const Geometry& g) {
+bool grads_come_down(const Geometry& g, const std::vector<bool>& device_sums) {
+  if (g.device_host_accessible) return false;
+  for (size_t u = 0; u < g.units.size(); ++u)
+    if (!grads_stay_on_device(g, device_sums, u)) return true;
+  return false;
+}
+
+DeviceAdamScratch device_adam_scratch(const Geometry& g, const std::vector<bool>& device_sums) {
   DeviceAdamScratch s;
-  if (g.device_host_accessible) return s;
   for (size_t u = 0; u < g.units.size(); ++u) {
-    if (g.placement.optimizer_home(u) != Tier::kDevice) continue;
-    s.grad_bytes = std::max(s.grad_bytes, g.units[u].own_len * sizeof(float));
+    if (!stepped_on_device(g, u)) continue;
+    if (!grads_stay_on_device(g, device_sums, u))
+      s.grad_bytes = std::max(s.grad_bytes, g.units[u].own_len * sizeof(float));
     // fp32 parameters are the master weights themselves: copied down from them directly.
     if (!publishes_on_device(g, u) && g.placement.param_dtype != DType::F32)
       s.out_bytes = std::max(s.out_bytes, g.units[u].own_len * g.param_bytes);

@@ -114,17 +114,34 @@ bool publishes_on_device(const Geometry& g, size_t unit);
 // on the device (Adam on the device).
 bool host_publication_staged(const Geometry& g, size_t unit);
 
-// Adam on a device the host cannot read (the units whose optimizer state is there: stage 0,
-// offload_optimizer none, or the last ones by a ratio < 1):
-// device scratch for the largest such unit's fp32 gradients, brought up for its step, and for
-// its new low-precision parameters when they are bound for host memory (brought down after
-// it; fp32 ones come down from the master weights). Zero where
-// no unit is stepped so.
+// Whether Adam steps `unit` on a device the host cannot read: its optimizer state lives there
+// (stage 0, offload_optimizer none, or the last units by a ratio < 1; decision 036).
+inline bool stepped_on_device(const Geometry& g, size_t unit) {
+  return !g.device_host_accessible && g.placement.optimizer_home(unit) == Tier::kDevice;
+}
+
+// Whether `unit`'s gradients stay on the device through its Adam step there (decision 037):
+// stepped there and summed there (`device_sums`: Plan::device_grad_sums; empty: none). They
+// never cross PCIe, and their norm's block sums are taken on the device.
+inline bool grads_stay_on_device(const Geometry& g, const std::vector<bool>& device_sums,
+                                 size_t unit) {
+  return !device_sums.empty() && device_sums[unit] && stepped_on_device(g, unit);
+}
+
+// Whether some unit's gradients come down to the host: on a device the host cannot read, through
+// the copy-back buffers (every unit whose gradients do not stay on the device).
+bool grads_come_down(const Geometry& g, const std::vector<bool>& device_sums);
+
+// Adam on a device the host cannot read (stepped_on_device): device scratch for the largest
+// such unit's fp32 gradients when they come up for its step (not those that stay on the device,
+// grads_stay_on_device with `device_sums`), and for its new low-precision parameters when they
+// are bound for host memory (brought down after it; fp32 ones come down from the master
+// weights). Zero where no unit needs it.
 struct DeviceAdamScratch {
   size_t grad_bytes = 0;
   size_t out_bytes = 0;
 };
-DeviceAdamScratch device_adam_scratch(const Geometry& g);
+DeviceAdamScratch device_adam_scratch(const Geometry& g, const std::vector<bool>& device_sums);
 
 // MemAvailable from /proc/meminfo in bytes (0 when unknown).
 uint64_t mem_available_bytes();
@@ -175,15 +192,16 @@ inline constexpr size_t kGradSlabsInFlight = 1;
 // slab's copy (its own stream) runs while the host adds the one before.
 inline constexpr size_t kGradCopyBackSlots = 2;
 
-// Whether a unit's gradients may be summed on the device across a step's micro-batches and
-// copied back once per step (Plan::device_grad_sums, GradientPath): a device the host cannot
-// read, one rank, the accumulators in host memory or swap files, several micro-batches per
-// step. At several ranks each micro-batch is reduced on its own (all_to_all, then the ranks'
-// shares added in rank order), the order that keeps W ranks x G micro-batches bit-identical to
-// one rank x W*G; a sum over micro-batches first would change it.
-inline bool device_grad_sums_apply(const Geometry& g, int64_t micro_batches) {
+// Whether `unit`'s gradients may be summed on the device across a step's micro-batches
+// (Plan::device_grad_sums, GradientPath): a device the host cannot read, one rank, the
+// accumulators in host memory or swap files, and either several micro-batches per step (the sum
+// is copied back once per step, decision 024) or Adam on the device for the unit (the sum stays
+// there for it, decision 037). At several ranks each micro-batch is reduced on its own
+// (all_to_all, then the ranks' shares added in rank order), the order that keeps W ranks x G
+// micro-batches bit-identical to one rank x W*G; a sum over micro-batches first would change it.
+inline bool device_grad_sum_applies(const Geometry& g, size_t unit, int64_t micro_batches) {
   return !g.device_host_accessible && g.world == 1 && g.placement.gradients != Tier::kDevice &&
-         micro_batches > 1;
+         (micro_batches > 1 || stepped_on_device(g, unit));
 }
 
 }  // namespace outcore::zero::detail

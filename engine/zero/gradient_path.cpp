@@ -4,10 +4,12 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <vector>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/trace.hpp"
+#include "engine/device/device_adam.hpp"
 
 namespace outcore::zero::detail {
 namespace {
@@ -63,6 +65,7 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device,
       backend_(backend),
       summed_on_device_(std::move(device_sums)),
       sums_(g.units.size()),
+      sum_step_(g.units.size(), 0),
       micro_batches_(micro_batches) {
   if (summed_on_device_.size() != g.units.size())
     throw InvalidArgument(fmt::format("zero: gradient path: {} device-sum entries for {} units",
@@ -79,26 +82,34 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device,
   for (size_t k = 0; k < layout.grad_copy_back_slots; ++k)
     copy_back_.push_back(pool.acquire(layout.grad_copy_back_bytes));
   copy_back_added_.assign(copy_back_.size(), 0);
-  if (!g.device_host_accessible && copy_back_.empty())
+  if (grads_come_down(g, summed_on_device_) && copy_back_.empty())
     throw InvalidArgument(
         "zero: gradient path: a device the host cannot read needs copy-back buffers");
-  for (const UnitGeometry& ug : g.units) {
+  size_t device_blocks = 0;  // of the units whose gradients stay on the device
+  for (size_t u = 0; u < g.units.size(); ++u) {
+    const UnitGeometry& ug = g.units[u];
+    stays_.push_back(grads_stay_on_device(g, summed_on_device_, u));
     norm_block_off_.push_back(norm_blocks_.size());
     norm_blocks_.resize(norm_blocks_.size() + ug.part / kNormBlock);
+    device_norm_off_.push_back(device_blocks);
+    if (stays_.back()) device_blocks += ug.part / kNormBlock;
   }
+  if (device_blocks > 0)
+    device_norm_blocks_ =
+        device.alloc(device_blocks * sizeof(double), "the gradient norm's block sums");
   for (size_t u = 0; u < g.units.size(); ++u) {
     const size_t bytes = g.units[u].accum_len * sizeof(float);
     if (g.placement.gradients == Tier::kDevice)
       device_accum_.push_back(
           device.alloc(bytes, fmt::format("gradient accumulator of unit {}", u)));
     else if (g.placement.gradients == Tier::kHost)
-      host_accum_.emplace_back(bytes);
+      host_accum_.push_back(stays_[u] ? AlignedBuffer() : AlignedBuffer(bytes));
   }
   // Adam on a device the host cannot read brings these units' accumulators up every step: as
   // registered memory the copies run at the pinned rate (a GPU's copy from pageable memory is
   // staged through a buffer of the driver's).
   for (size_t u = 0; u < host_accum_.size(); ++u) {
-    if (g.device_host_accessible || g.placement.optimizer_home(u) != Tier::kDevice) continue;
+    if (!stepped_on_device(g, u) || stays_[u]) continue;
     AlignedBuffer& b = host_accum_[u];
     try {
       device.register_host(b.data(), b.size());
@@ -124,10 +135,10 @@ float* GradientPath::partition(int unit) {
 void GradientPath::drain(size_t keep) {
   while (in_flight_.size() > keep) {
     InFlight& f = in_flight_.front();
-    if (copy_back_.empty())
-      lane_.wait_for(f.added);  // the host reads the slab itself
+    if (f.copied != nullptr)
+      f.copied->synchronize();  // copied down, or added into a device sum
     else
-      f.copied->synchronize();
+      lane_.wait_for(f.added);  // the host reads the slab itself
     in_flight_.pop_front();
   }
 }
@@ -140,7 +151,10 @@ void GradientPath::quiesce() noexcept {
   }
 }
 
-void GradientPath::begin_pass(bool first) { micro_batch_ = first ? 0 : micro_batch_ + 1; }
+void GradientPath::begin_pass(bool first) {
+  micro_batch_ = first ? 0 : micro_batch_ + 1;
+  step_ += first ? 1 : 0;
+}
 
 std::shared_ptr<device::Event> GradientPath::computed() {
   device::Stream* compute = backend_.stream();
@@ -153,7 +167,7 @@ std::shared_ptr<device::Event> GradientPath::computed() {
 void GradientPath::finish() {
   const std::shared_ptr<device::Event> done = computed();  // the sums' last additions
   for (size_t u = 0; u < sums_.size(); ++u)
-    if (sums_[u]) send_down(static_cast<int>(u), std::move(sums_[u]), true, {}, done);
+    if (sums_[u] && !stays_[u]) send_down(static_cast<int>(u), std::move(sums_[u]), true, {}, done);
   drain(0);
   d2h_.synchronize();
   lane_.wait();
@@ -161,6 +175,10 @@ void GradientPath::finish() {
 }
 
 device::DeviceBuffer GradientPath::alloc_slab(int unit) {
+  // The gradients a unit kept on the device for its last step are free now: the unit's new
+  // parameters, which its forward waited for, came from that step (freed before the new slab,
+  // as the plan counts them).
+  if (stays_[unit] && sum_step_[unit] != step_) sums_[unit] = {};
   drain(kGradSlabsInFlight);
   return device_.alloc(g_.units[unit].padded * sizeof(float),
                        fmt::format("gradient slab of unit {}", unit));
@@ -173,9 +191,14 @@ device::DeviceBuffer GradientPath::alloc_slab(int unit) {
 void GradientPath::submit(int unit, device::DeviceBuffer slab, bool first,
                           std::function<void()> when_final) {
   device::DeviceBuffer& sum = sums_[unit];
+  if (stays_[unit] && when_final)
+    throw InvalidArgument(fmt::format(
+        "zero: unit {}'s gradients stay on the device and cannot be stepped during the backward",
+        unit));
   if (summed_on_device_[unit] && (first || sum)) {
     if (first) {
       sum = std::move(slab);  // a step's first gradients of the unit are its sum so far
+      sum_step_[unit] = step_;
     } else {
       backend_.add_inplace(sum.as<float>(), slab.as<float>(),
                            static_cast<int64_t>(g_.units[unit].padded));
@@ -185,8 +208,9 @@ void GradientPath::submit(int unit, device::DeviceBuffer slab, bool first,
       f.copied = computed();
       if (f.copied != nullptr) in_flight_.push_back(std::move(f));
     }
-    // An armed pass's units step as soon as their gradients are final: send them down now.
-    if (micro_batch_ + 1 < micro_batches_ && !when_final) return;
+    // Kept for Adam on the device; else sent down after the step's last micro-batch, or now
+    // for an armed pass, whose units step as soon as their gradients are final.
+    if (stays_[unit] || (micro_batch_ + 1 < micro_batches_ && !when_final)) return;
     slab = std::move(sum);
     first = true;  // nothing of this step reached the accumulator yet: it becomes the sum
   }
@@ -276,12 +300,41 @@ void GradientPath::gather_full_slabs() {
   }
 }
 
+void GradientPath::device_norm_blocks() {
+  if (!device_norm_blocks_) return;
+  // After the sums' last additions, on the copy-back stream: the block sums into device memory,
+  // then down into the units' norm blocks (the same bits as the host's, device_adam.hpp).
+  if (const std::shared_ptr<device::Event> done = computed(); done != nullptr) d2h_.wait(*done);
+  auto* blocks = device_norm_blocks_.as<double>();
+  for (size_t u = 0; u < g_.units.size(); ++u) {
+    if (!stays_[u]) continue;
+    if (!sums_[u] || sum_step_[u] != step_)
+      throw InvalidArgument(
+          fmt::format("zero: no gradients of unit {} this step to take the norm of", u));
+    const UnitGeometry& ug = g_.units[u];
+    device::queue_block_sums_of_squares(device_, d2h_, sums_[u].as<float>() + ug.red_off, ug.part,
+                                        kNormBlock, blocks + device_norm_off_[u], &executor_);
+  }
+  // One copy of them all, then each unit's into its place among the norm blocks.
+  std::vector<double> down(device_norm_blocks_.size() / sizeof(double));
+  d2h_.copy_d2h(down.data(), blocks, down.size() * sizeof(double));
+  d2h_.synchronize();
+  traffic_.d2h += down.size() * sizeof(double);
+  for (size_t u = 0; u < g_.units.size(); ++u)
+    if (stays_[u])
+      std::memcpy(norm_blocks_.data() + norm_block_off_[u], down.data() + device_norm_off_[u],
+                  g_.units[u].part / kNormBlock * sizeof(double));
+}
+
 double GradientPath::sum_of_squares() {
   // Block partials of this rank's reduced partitions (taken per micro-batch already when the
-  // gradients live on NVMe), gathered from every rank and added in slab order: unit by unit,
-  // rank by rank, block by block, the order one rank holding every slab would use.
+  // gradients live on NVMe, on the device for those that stay there), gathered from every rank
+  // and added in slab order: unit by unit, rank by rank, block by block, the order one rank
+  // holding every slab would use.
+  device_norm_blocks();
   if (g_.placement.gradients != Tier::kNvme) {
     for (size_t u = 0; u < g_.units.size(); ++u) {
+      if (stays_[u]) continue;
       const UnitGeometry& ug = g_.units[u];
       const float* reduced = accumulator(static_cast<int>(u)) + ug.red_off;
       cpu_adam::block_sums_of_squares(reduced, DType::F32, ug.part, kNormBlock,
@@ -304,6 +357,13 @@ double GradientPath::sum_of_squares() {
 }
 
 const float* GradientPath::load(int unit, size_t slot) {
+  if (stays_[unit]) {
+    // The step runs under the next pass (decision 001), whose backward frees the sum only after
+    // the unit's step has run (alloc_slab).
+    if (!sums_[unit])
+      throw InvalidArgument(fmt::format("zero: no gradients of unit {} to step", unit));
+    return sums_[unit].as<float>() + (g_.placement.stage <= 1 ? g_.units[unit].own_off : 0);
+  }
   if (g_.placement.gradients != Tier::kNvme) return partition(unit);
   swap::PinnedBuffer& b = grad_buffers_.at(slot % grad_buffers_.size());
   grad_swapper_->read(grad_ids_[unit], {b.data(), g_.units[unit].accum_len * sizeof(float)});

@@ -44,6 +44,9 @@ namespace outcore::zero::detail {
 // the host's); the sum goes down once, after the step's last micro-batch (by the count of
 // gradient_accumulation_steps, or earlier for an armed pass, or at finish()), and lands in the
 // accumulator as a first micro-batch would. Micro-batches beyond the count go the host way.
+// A unit whose gradients stay on the device (Adam steps it there, grads_stay_on_device) keeps
+// its sum through the step instead: no accumulator on the host, the norm's block sums taken on
+// the device (the host's bits) and copied down, load() gives the device sum.
 //
 // Threads: the driving thread calls everything except load(); the lane, the comm and the d2h
 // streams run what submit() hands on; load() runs on the step worker (or its async unit tasks)
@@ -82,10 +85,11 @@ class GradientPath {
   void submit(int unit, device::DeviceBuffer slab, bool first,
               std::function<void()> when_final = {});
   // Waits until at most `keep` slabs are in flight (a slab leaves the flight once the host
-  // holds it: copied down on a device the host cannot read, else added).
+  // holds it: copied down on a device the host cannot read, else added; or once it is added
+  // into a device sum).
   void drain(size_t keep);
-  // Sends down the device sums still held, then waits for every accumulation and collective
-  // of the pass: the accumulators are final.
+  // Sends down the device sums still held (not those that stay on the device), then waits for
+  // every accumulation and collective of the pass: the accumulators are final.
   void finish();
   // Waits for the lane's tasks and logs their error, if any (before the engine's other parts
   // go: a task may post a unit to the step scheduler).
@@ -98,7 +102,7 @@ class GradientPath {
   // of every rank's block sums, added unit by unit, rank by rank, block by block).
   double sum_of_squares();
   // The unit's reduced fp32 gradients for its Adam step (read from NVMe into grad slot
-  // `slot` when they live there).
+  // `slot` when they live there; device memory for a unit whose gradients stay there).
   const float* load(int unit, size_t slot);
   // Staging slots for load() (0 unless the gradients live on NVMe).
   size_t slot_count() const { return grad_buffers_.size(); }
@@ -115,10 +119,14 @@ class GradientPath {
                  const std::shared_ptr<device::Event>& computed);
   // An event recorded now on the backend's stream (null when it has none).
   std::shared_ptr<device::Event> computed();
+  // The norm's block sums of the units whose gradients stay on the device, taken there and
+  // copied down into norm_blocks_ (waits for them).
+  void device_norm_blocks();
 
   struct InFlight {
     device::DeviceBuffer slab;
-    // In host memory: set on a device the host cannot read (the slab is free once it is).
+    // Set on a device the host cannot read: the slab is in host memory, or added into a device
+    // sum, once it is (and free then). Null: the lane's task `added` reads the slab itself.
     std::shared_ptr<device::Event> copied;
     uint64_t added = 0;  // the lane's task that adds it
   };
@@ -158,8 +166,17 @@ class GradientPath {
   device::ComputeBackend& backend_;
   const std::vector<bool> summed_on_device_;  // Plan::device_grad_sums
   std::vector<device::DeviceBuffer> sums_;    // held device sums (empty: none this step)
+  std::vector<uint64_t> sum_step_;            // the step_ each sum belongs to
+  // Per unit: its gradients stay on the device (grads_stay_on_device): the sum is kept for the
+  // step's norm and Adam until the unit's next backward allocates a slab.
+  std::vector<bool> stays_;
+  // The norm's block sums of those units, taken on the device (device_norm_off_[u]: unit u's
+  // first), then copied down into norm_blocks_.
+  device::DeviceBuffer device_norm_blocks_;
+  std::vector<size_t> device_norm_off_;
   const int64_t micro_batches_;
   int64_t micro_batch_ = 0;  // of the running pass within its step
+  uint64_t step_ = 0;        // steps begun (passes with `first`)
 
   HostLane lane_{"zero-grad"};  // last: its tasks use the fields above; joined first
 };

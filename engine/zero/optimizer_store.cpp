@@ -44,18 +44,27 @@ constexpr size_t kWidenChunk = size_t{1} << 20;
 class MemoryOptimizerStore final : public OptimizerStore {
  public:
   MemoryOptimizerStore(const Geometry& g, device::Device* device, const cpu_adam::Executor& ex,
-                       TrafficCounters& traffic)
-      : g_(g), ex_(ex), traffic_(traffic), device_(device), base_(g.units.size(), nullptr) {
-    for (size_t u = 0; u < g.units.size(); ++u)
+                       TrafficCounters& traffic, std::vector<bool> device_sums)
+      : g_(g),
+        ex_(ex),
+        traffic_(traffic),
+        device_(device),
+        device_sums_(std::move(device_sums)),
+        base_(g.units.size(), nullptr) {
+    bool on_device = false;
+    for (size_t u = 0; u < g.units.size(); ++u) {
       if (g.placement.optimizer_home(u) == Tier::kDevice && device == nullptr)
         throw InvalidArgument(fmt::format(
             "zero: the optimizer state of unit {} lives on the device but no device was given", u));
-    const DeviceAdamScratch scratch = device_adam_scratch(g);
-    if (scratch.grad_bytes > 0) {
-      // Adam on the device (device_adam.hpp); gradients come up into dev_grads_, new
-      // parameters bound for host memory go down from dev_out_.
+      on_device = on_device || stepped_on_device(g, u);
+    }
+    if (on_device) {
+      // Adam on the device (device_adam.hpp); gradients that do not stay on the device come up
+      // into dev_grads_, new parameters bound for host memory go down from dev_out_.
+      const DeviceAdamScratch scratch = device_adam_scratch(g, device_sums_);
       stream_ = device->create_stream("zero-optimizer");
-      dev_grads_ = device->alloc(scratch.grad_bytes, "gradients of a unit stepped on the device");
+      if (scratch.grad_bytes > 0)
+        dev_grads_ = device->alloc(scratch.grad_bytes, "gradients of a unit stepped on the device");
       if (scratch.out_bytes > 0)
         dev_out_ =
             device->alloc(scratch.out_bytes, "new parameters of a unit stepped on the device");
@@ -212,8 +221,9 @@ class MemoryOptimizerStore final : public OptimizerStore {
     return std::min(n(unit), kWidenChunk) * dtype_size(g_.moments);
   }
 
-  // The unit's gradients go up, Adam runs on the device, and new parameters bound for host
-  // memory come down; done when it returns. Steps of device units take turns (one scratch).
+  // The unit's gradients go up (unless they stay on the device: `grads` is device memory
+  // then), Adam runs on the device, and new parameters bound for host memory come down; done
+  // when it returns. Steps of device units take turns (one scratch).
   void step_on_device(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
                       DType out_dtype) {
     OUTCORE_TRACE_SPAN("adam (device)", "optimizer", {.unit = unit, .lanes = "optimizer"});
@@ -221,9 +231,13 @@ class MemoryOptimizerStore final : public OptimizerStore {
     const size_t len = n(unit);
     try {
       auto* master = reinterpret_cast<float*>(part(unit, StateKind::kMaster));
-      auto* dgrads = dev_grads_.as<float>();
-      stream_->copy_h2d(dgrads, grads, len * sizeof(float));
-      traffic_.h2d += len * sizeof(float);
+      const float* dgrads = grads;  // on the device already (they stay there)
+      if (!grads_stay_on_device(g_, device_sums_, static_cast<size_t>(unit))) {
+        float* up = dev_grads_.as<float>();
+        stream_->copy_h2d(up, grads, len * sizeof(float));
+        traffic_.h2d += len * sizeof(float);
+        dgrads = up;
+      }
       const bool out_dev = publishes_on_device(g_, static_cast<size_t>(unit));
       cpu_adam::ParamsOut po;
       if (out != nullptr && out_dtype != DType::F32)
@@ -294,6 +308,7 @@ class MemoryOptimizerStore final : public OptimizerStore {
   const cpu_adam::Executor& ex_;
   TrafficCounters& traffic_;
   device::Device* device_;
+  const std::vector<bool> device_sums_;  // Plan::device_grad_sums
   device::DeviceBuffer dev_grads_, dev_out_;
   std::mutex device_step_m_;
   std::vector<device::DeviceBuffer> dev_;
@@ -308,10 +323,11 @@ class NvmeOptimizerStore final : public OptimizerStore {
  public:
   NvmeOptimizerStore(const Geometry& g, swap::Swapper& swapper, swap::PinnedPool& pool,
                      const swap::OptimizerSwapperOptions& options, size_t concurrent,
-                     device::Device* device, const cpu_adam::Executor& ex, TrafficCounters& traffic)
+                     device::Device* device, const cpu_adam::Executor& ex, TrafficCounters& traffic,
+                     const std::vector<bool>& device_sums)
       : g_(g), swapper_(swapper, pool, options, &ex), concurrent_(concurrent) {
     if (g.placement.device_optimizer_from < g.units.size())
-      memory_ = std::make_unique<MemoryOptimizerStore>(g, device, ex, traffic);
+      memory_ = std::make_unique<MemoryOptimizerStore>(g, device, ex, traffic, device_sums);
   }
 
   void init(int unit, std::span<const float> master) override {
@@ -400,18 +416,18 @@ void OptimizerStore::discard(int unit) { commit(unit); }
 
 std::unique_ptr<OptimizerStore> make_memory_store(const Geometry& g, device::Device* device,
                                                   const cpu_adam::Executor& ex,
-                                                  TrafficCounters& traffic) {
-  return std::make_unique<MemoryOptimizerStore>(g, device, ex, traffic);
+                                                  TrafficCounters& traffic,
+                                                  const std::vector<bool>& device_sums) {
+  return std::make_unique<MemoryOptimizerStore>(g, device, ex, traffic, device_sums);
 }
 
-std::unique_ptr<OptimizerStore> make_nvme_store(const Geometry& g, swap::Swapper& swapper,
-                                                swap::PinnedPool& pool,
-                                                const swap::OptimizerSwapperOptions& options,
-                                                size_t concurrent_steps, device::Device* device,
-                                                const cpu_adam::Executor& ex,
-                                                TrafficCounters& traffic) {
-  return std::make_unique<NvmeOptimizerStore>(
-      g, swapper, pool, options, std::max<size_t>(1, concurrent_steps), device, ex, traffic);
+std::unique_ptr<OptimizerStore> make_nvme_store(
+    const Geometry& g, swap::Swapper& swapper, swap::PinnedPool& pool,
+    const swap::OptimizerSwapperOptions& options, size_t concurrent_steps, device::Device* device,
+    const cpu_adam::Executor& ex, TrafficCounters& traffic, const std::vector<bool>& device_sums) {
+  return std::make_unique<NvmeOptimizerStore>(g, swapper, pool, options,
+                                              std::max<size_t>(1, concurrent_steps), device, ex,
+                                              traffic, device_sums);
 }
 
 }  // namespace outcore::zero::detail

@@ -36,7 +36,9 @@ class OptimizerStore {
   virtual void init(int unit, std::span<const float> master) = 0;
   // Waits until every init has reached its tier; rethrows a failed write.
   virtual void flush() {}
-  // One Adam step over the unit's own elements with fp32 gradients `grads` (own_len).
+  // One Adam step over the unit's own elements with fp32 gradients `grads` (own_len; in host
+  // memory, or device memory for a unit whose gradients stay on the device, see
+  // make_memory_store).
   // `out` (nullable) receives own_len elements of `out_dtype`: rounded copies of the new
   // master weights (F32: the master weights themselves).
   virtual void step(int unit, const float* grads, const cpu_adam::AdamParams& hp, void* out,
@@ -64,18 +66,20 @@ class OptimizerStore {
 
 // Arrays in device memory (charged to `device`'s budget) for the units whose optimizer home is
 // the device, in host memory for those homed in host memory. `device` may be null when no unit
-// is homed on the device (else InvalidArgument).
+// is homed on the device (else InvalidArgument). `device_sums`: Plan::device_grad_sums; step()
+// of a unit whose gradients stay on the device (grads_stay_on_device) takes them in device
+// memory, every other unit's in host memory.
 std::unique_ptr<OptimizerStore> make_memory_store(const Geometry& g, device::Device* device,
                                                   const cpu_adam::Executor& ex,
-                                                  TrafficCounters& traffic);
+                                                  TrafficCounters& traffic,
+                                                  const std::vector<bool>& device_sums);
 
 // Swap files (`swapper`'s space holds detail::optimizer_swap_files(g)) for the units homed on
-// NVMe; device memory from `device` for the units partial offload keeps there.
-std::unique_ptr<OptimizerStore> make_nvme_store(const Geometry& g, swap::Swapper& swapper,
-                                                swap::PinnedPool& pool,
-                                                const swap::OptimizerSwapperOptions& options,
-                                                size_t concurrent_steps, device::Device* device,
-                                                const cpu_adam::Executor& ex,
-                                                TrafficCounters& traffic);
+// NVMe; device memory from `device` for the units partial offload keeps there (`device_sums` as
+// for make_memory_store).
+std::unique_ptr<OptimizerStore> make_nvme_store(
+    const Geometry& g, swap::Swapper& swapper, swap::PinnedPool& pool,
+    const swap::OptimizerSwapperOptions& options, size_t concurrent_steps, device::Device* device,
+    const cpu_adam::Executor& ex, TrafficCounters& traffic, const std::vector<bool>& device_sums);
 
 }  // namespace outcore::zero::detail

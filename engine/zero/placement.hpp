@@ -68,8 +68,9 @@ struct Placement {
   // are at most ratio x all own elements, keep it in `optimizer`. Every unit otherwise.
   size_t device_optimizer_from = SIZE_MAX;
   // fp32 gradient accumulators: with the optimizer on the device, the device (host memory when
-  // the host cannot read the device: make_geometry); else host memory, or NVMe swap files next
-  // to the optimizer state (see GradientPlacement).
+  // the host cannot read the device: make_geometry; there the planner keeps the gradients of
+  // units stepped on the device on it where the budget allows, Plan::device_grad_sums); else
+  // host memory, or NVMe swap files next to the optimizer state (see GradientPlacement).
   Tier gradients = Tier::kDevice;
   // True when offload_optimizer.device is nvme below stage 3: as in DeepSpeed, the state is
   // kept in host memory as with "cpu" (engine/config warns about it).

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
+#include <vector>
 
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
@@ -63,7 +65,8 @@ uint64_t optimizer_lease_bytes(const Geometry& g, unsigned buffer_count) {
 
 }  // namespace
 
-PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, PinnedLayoutSize size) {
+PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g,
+                           const std::vector<bool>& device_sums, PinnedLayoutSize size) {
   const Placement& p = g.placement;
   const bool reduced = size == PinnedLayoutSize::kReduced;
   PinnedLayout l;
@@ -99,7 +102,7 @@ PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, PinnedL
     l.grad_slots = concurrent + 1;
     l.grad_slot_bytes = align_up(longest * sizeof(float), kIoAlignment);
   }
-  if (!g.device_host_accessible) {
+  if (grads_come_down(g, device_sums)) {
     l.grad_copy_back_slots = reduced ? 1 : kGradCopyBackSlots;
     l.grad_copy_back_bytes = align_up(g.max_padded * sizeof(float), kIoAlignment);
   }
@@ -115,16 +118,22 @@ uint64_t PinnedLayout::total() const {
          param_gather_bytes;
 }
 
-PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g) {
+PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g,
+                                     const std::vector<bool>& device_sums) {
   const uint64_t limit = cfg.outcore.pinned_memory_mb << 20;
-  PinnedLayout full = pinned_layout(cfg, g, PinnedLayoutSize::kFull);
-  if (limit > 0 && full.total() > limit) return pinned_layout(cfg, g, PinnedLayoutSize::kReduced);
+  PinnedLayout full = pinned_layout(cfg, g, device_sums, PinnedLayoutSize::kFull);
+  if (limit > 0 && full.total() > limit)
+    return pinned_layout(cfg, g, device_sums, PinnedLayoutSize::kReduced);
   return full;
 }
 
 }  // namespace detail
 
 namespace {
+
+// The plan line of the device Adam step's gradient scratch (DeviceAdamScratch::grad_bytes).
+constexpr std::string_view kDeviceAdamGradScratch =
+    "fp32 gradients of the unit in a device Adam step";
 
 using detail::Geometry;
 using detail::UnitGeometry;
@@ -243,9 +252,10 @@ void plan_device_state(const PlanContext& c, Plan& plan) {
       sum_optimizer_units(g, Tier::kDevice, [&](const UnitGeometry& u) {
         return charged_bytes(u.own_len * g.optimizer_elem_bytes());
       }));
-  const detail::DeviceAdamScratch adam = detail::device_adam_scratch(g);
-  add(plan, Tier::kDevice, "fp32 gradients of the unit in a device Adam step",
-      charged_bytes(adam.grad_bytes));
+  // In full here (every unit's gradients coming up); plan_device_grad_sums shrinks it to what
+  // the units whose gradients do not stay on the device need.
+  const detail::DeviceAdamScratch adam = detail::device_adam_scratch(g, {});
+  add(plan, Tier::kDevice, std::string(kDeviceAdamGradScratch), charged_bytes(adam.grad_bytes));
   add(plan, Tier::kDevice, c.param_dtype + " new parameters of that unit (copied down)",
       charged_bytes(adam.out_bytes));
   if (p.gradients == Tier::kDevice)
@@ -296,37 +306,101 @@ std::string unit_ranges(const std::vector<bool>& units) {
   return (marked > 1 ? "units " : "unit ") + out;
 }
 
-// Gradient sums on the device (detail::device_grad_sums_apply): the units, head first in
-// backward order, whose fp32 sums fit in what the device limit leaves after everything counted
-// before and `reserve` (limit 0: unlimited). A unit too large for what is left is skipped and
-// smaller ones tried.
+// Gradient sums on the device (detail::device_grad_sum_applies): the units whose fp32 sums fit
+// in what the device limit leaves after everything counted before and `reserve` (limit 0:
+// unlimited). First the units Adam steps on the device, whose sums stay there for it and save
+// both copies (decision 037), with their norm's block sums; then the others (decision 024).
+// Each time head first in backward order; a unit too large for what is left is skipped and
+// smaller ones tried. The device Adam step's gradient scratch, counted in full before, shrinks
+// to what the units whose gradients still come up need, and what it frees goes to the kept
+// units first, then to the others.
 void plan_device_grad_sums(const PlanContext& c, uint64_t device_limit, uint64_t reserve,
                            Plan& plan) {
   const Geometry& g = c.g;
-  plan.device_grad_sums.assign(g.units.size(), false);
-  if (!detail::device_grad_sums_apply(g, plan.micro_batches_per_step)) return;
-  uint64_t left = UINT64_MAX;
-  if (device_limit > 0) {
+  const size_t units = g.units.size();
+  const int64_t micro_batches = plan.micro_batches_per_step;
+  plan.device_grad_sums.assign(units, false);
+  // What the limit leaves (unlimited: no limit). Signed: keeping a unit may free more scratch
+  // than it takes.
+  const bool unlimited = device_limit == 0;
+  int64_t left = 0;
+  if (!unlimited) {
     const uint64_t used = plan.peak.device + reserve;
-    left = device_limit > used ? device_limit - used : 0;
+    left = device_limit > used ? static_cast<int64_t>(device_limit - used) : 0;
   }
-  for (size_t u = g.units.size(); u-- > 0;) {
-    const uint64_t bytes = charged_bytes(g.units[u].accum_len * sizeof(float));
-    if (bytes > left) continue;
-    left -= bytes;
-    plan.device_grad_sums[u] = true;
-    plan.device_grad_sum_bytes += bytes;
+  uint64_t blocks = 0;  // the kept units' norm blocks
+  std::vector<bool> kept(units, false), summed(units, false);
+  const auto block_bytes = [](uint64_t b) { return charged_bytes(b * sizeof(double)); };
+  const auto sum_bytes = [&](size_t u) {
+    return static_cast<int64_t>(charged_bytes(g.units[u].accum_len * sizeof(float)));
+  };
+  // The device Adam's gradient scratch, counted in full by plan_device_state: each unit kept
+  // may shrink it (to the largest unit whose gradients still come up), which offsets what the
+  // unit takes. Sweeps until no unit is added, since a shrink may make room for one refused.
+  const uint64_t full_scratch = charged_bytes(detail::device_adam_scratch(g, {}).grad_bytes);
+  uint64_t scratch = full_scratch;
+  for (bool added = true; added;) {
+    added = false;
+    for (size_t u = units; u-- > 0;) {
+      if (plan.device_grad_sums[u] || !detail::stepped_on_device(g, u) ||
+          !detail::device_grad_sum_applies(g, u, micro_batches))
+        continue;
+      const uint64_t more_blocks = g.units[u].part / detail::kNormBlock;
+      plan.device_grad_sums[u] = true;
+      const uint64_t scratch_after =
+          charged_bytes(detail::device_adam_scratch(g, plan.device_grad_sums).grad_bytes);
+      const int64_t cost = sum_bytes(u) + static_cast<int64_t>(block_bytes(blocks + more_blocks)) -
+                           static_cast<int64_t>(block_bytes(blocks)) -
+                           static_cast<int64_t>(scratch - scratch_after);
+      if (!unlimited && cost > left) {
+        plan.device_grad_sums[u] = false;
+        continue;
+      }
+      left -= cost;
+      blocks += more_blocks;
+      scratch = scratch_after;
+      kept[u] = added = true;
+    }
   }
-  if (plan.device_grad_sum_bytes == 0) return;
+  if (scratch != full_scratch) {
+    for (PlanItem& item : plan.items)
+      if (item.tier == Tier::kDevice && item.what == kDeviceAdamGradScratch) item.bytes = scratch;
+    std::erase_if(plan.items, [](const PlanItem& i) { return i.bytes == 0; });
+    plan.peak.device -= full_scratch - scratch;
+  }
+  // Then the others' sums, copied back once per step.
+  for (size_t u = units; u-- > 0;) {
+    if (detail::stepped_on_device(g, u) || !detail::device_grad_sum_applies(g, u, micro_batches))
+      continue;
+    if (!unlimited && sum_bytes(u) > left) continue;
+    left -= sum_bytes(u);
+    plan.device_grad_sums[u] = summed[u] = true;
+  }
+  plan.device_grad_norm_blocks = blocks;
+  const auto bytes_of = [&](const std::vector<bool>& which) {
+    uint64_t b = 0;
+    for (size_t u = 0; u < units; ++u)
+      if (which[u]) b += charged_bytes(g.units[u].accum_len * sizeof(float));
+    return b;
+  };
+  const uint64_t kept_bytes = bytes_of(kept), summed_bytes = bytes_of(summed);
+  plan.device_grad_sum_bytes = kept_bytes + summed_bytes;
+  add(plan, Tier::kDevice,
+      fmt::format("fp32 gradients of {}, summed and kept on the device for Adam there",
+                  unit_ranges(kept)),
+      kept_bytes);
+  add(plan, Tier::kDevice, "the gradient norm's block sums of those units",
+      charged_bytes(blocks * sizeof(double)));
   add(plan, Tier::kDevice,
       fmt::format("fp32 gradient sums of {} over {} micro-batches (copied back once per step)",
-                  unit_ranges(plan.device_grad_sums), plan.micro_batches_per_step),
-      plan.device_grad_sum_bytes);
+                  unit_ranges(summed), micro_batches),
+      summed_bytes);
 }
 
 // The pinned pool as the engine carves it (detail::effective_pinned_layout).
 void plan_pinned(const PlanContext& c, Plan& plan) {
-  const detail::PinnedLayout pl = detail::effective_pinned_layout(c.cfg, c.g);
+  const detail::PinnedLayout pl =
+      detail::effective_pinned_layout(c.cfg, c.g, plan.device_grad_sums);
   add(plan, Tier::kPinned,
       c.param_dtype + " parameter partitions " + host_params_what(c.g.placement, "pinned"),
       pl.param_partitions);
@@ -369,10 +443,13 @@ void plan_host(const PlanContext& c, Plan& plan) {
       sum_optimizer_units(g, Tier::kHost, [&](const UnitGeometry& u) {
         return align_up(u.own_len * g.optimizer_elem_bytes(), kIoAlignment);
       }));
-  if (p.gradients == Tier::kHost)
-    add(plan, Tier::kHost, "fp32 gradient accumulators", sum_units(g, [](const UnitGeometry& u) {
-          return align_up(u.accum_len * sizeof(float), kIoAlignment);
-        }));
+  if (p.gradients == Tier::kHost) {
+    uint64_t accumulators = 0;  // none for the units whose gradients stay on the device
+    for (size_t u = 0; u < g.units.size(); ++u)
+      if (!detail::grads_stay_on_device(g, plan.device_grad_sums, u))
+        accumulators += align_up(g.units[u].accum_len * sizeof(float), kIoAlignment);
+    add(plan, Tier::kHost, "fp32 gradient accumulators", accumulators);
+  }
   uint64_t host_params = 0;
   for (size_t u = 0; u < g.units.size(); ++u)
     if (p.param_home(u) == Tier::kHost)
@@ -420,7 +497,8 @@ void plan_fetch_traffic(const PlanContext& c, Plan& plan) {
   const Placement& p = g.placement;
   if (p.stage != 3) return;
   TrafficBytes& t = plan.per_step;
-  const size_t fetch_buffers = detail::effective_pinned_layout(c.cfg, g).fetch_slots;
+  const size_t fetch_buffers =
+      detail::effective_pinned_layout(c.cfg, g, plan.device_grad_sums).fetch_slots;
   const auto fetches = detail::fetches_per_step(
       c.model, g, detail::coordinator_options(c.cfg, g, plan.device_live_param_bytes),
       fetch_buffers, plan.micro_batches_per_step);
@@ -467,8 +545,11 @@ void plan_step_traffic(const PlanContext& c, Plan& plan) {
   for (size_t unit = 0; unit < g.units.size(); ++unit) {
     const UnitGeometry& u = g.units[unit];
     // Every rank's contribution to this rank's partition is added on the host.
-    // Summed on the device, they come back once per step.
-    const uint64_t sent = plan.device_grad_sums[unit] ? 1 : m;
+    // Summed on the device, they come back once per step; kept there for Adam there, never
+    // (only their norm's block sums come down).
+    const bool stay = detail::grads_stay_on_device(g, plan.device_grad_sums, unit);
+    const uint64_t sent = stay ? 0 : plan.device_grad_sums[unit] ? 1 : m;
+    if (stay) t.d2h += u.part / detail::kNormBlock * sizeof(double);
     const uint64_t chunk = static_cast<uint64_t>(g.world) * u.part * sizeof(float);
     if (p.gradients != Tier::kDevice) t.d2h += sent * chunk;
     if (p.gradients == Tier::kNvme) {
@@ -482,8 +563,8 @@ void plan_step_traffic(const PlanContext& c, Plan& plan) {
     }
     // Adam on a device the host cannot read: the gradients go up, and new parameters bound
     // for host memory come down.
-    if (p.optimizer_home(unit) == Tier::kDevice && !g.device_host_accessible) {
-      t.h2d += u.own_len * sizeof(float);
+    if (detail::stepped_on_device(g, unit)) {
+      if (!stay) t.h2d += u.own_len * sizeof(float);
       if (!detail::publishes_on_device(g, unit)) t.d2h += u.own_len * g.param_bytes;
     }
     // New parameters after Adam: written to the swap file, or copied to the device.

@@ -83,18 +83,21 @@ struct Plan {
   // Budgets the engine runs under (all in bytes; device ones are charged bytes).
   uint64_t device_live_param_bytes = 0;  // stage 3: gathered parameter slabs on the device
   uint64_t device_grad_bytes = 0;        // fp32 gradient slabs in flight on the device
-  // Per unit: its gradients are summed on the device over the step's micro-batches and copied
-  // back once per step (detail::device_grad_sums_apply: a device the host cannot read, one
-  // rank, accumulators off the device, gradient_accumulation_steps > 1). The units, head
-  // first in backward order, whose sums fit in the device limit left after the rest of the
-  // device tier (stage 3's gathered parameters included). Every entry false otherwise.
+  // Per unit: its gradients are summed on the device over the step's micro-batches
+  // (detail::device_grad_sum_applies: a device the host cannot read, one rank, accumulators off
+  // the device, and gradient_accumulation_steps > 1 or Adam on the device for the unit). Those
+  // Adam steps on the device stay there for it (detail::grads_stay_on_device, decision 037);
+  // the others are copied back once per step (decision 024). The units whose sums fit in the
+  // device limit left after the rest of the device tier (stage 3's gathered parameters
+  // included), those stepped on the device first. Every entry false otherwise.
   std::vector<bool> device_grad_sums;
-  uint64_t device_grad_sum_bytes = 0;  // their fp32 sums (charged bytes)
-  uint64_t pinned_pool_bytes = 0;      // size of the pinned pool the engine creates
-  std::string param_nvme_path;         // swap directory for parameters (nvme_param_units > 0)
-  std::string optimizer_nvme_path;     // swap directory for optimizer state, or empty
-  uint64_t param_nvme_bytes = 0;       // of peak.nvme, parameter files
-  uint64_t optimizer_nvme_bytes = 0;   // of peak.nvme, optimizer-state (and gradient) files
+  uint64_t device_grad_sum_bytes = 0;    // their fp32 sums (charged bytes)
+  uint64_t device_grad_norm_blocks = 0;  // the norm's block sums of those that stay (doubles)
+  uint64_t pinned_pool_bytes = 0;        // size of the pinned pool the engine creates
+  std::string param_nvme_path;           // swap directory for parameters (nvme_param_units > 0)
+  std::string optimizer_nvme_path;       // swap directory for optimizer state, or empty
+  uint64_t param_nvme_bytes = 0;         // of peak.nvme, parameter files
+  uint64_t optimizer_nvme_bytes = 0;     // of peak.nvme, optimizer-state (and gradient) files
 };
 
 // What the planner needs besides the config and the model.

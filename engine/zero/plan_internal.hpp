@@ -23,7 +23,8 @@ struct PinnedLayout {
   size_t grad_slots = 0;  // NVMe gradients: accumulation staging and one per unit step
   uint64_t grad_slot_bytes = 0;
   // A device the host cannot read: buffers gradient slabs come down to, one slab each
-  // (kGradCopyBackSlots; one in the reduced layout).
+  // (kGradCopyBackSlots; one in the reduced layout); none when every unit's gradients stay on
+  // the device (grads_come_down).
   size_t grad_copy_back_slots = 0;
   uint64_t grad_copy_back_bytes = 0;
   uint64_t param_gather_bytes = 0;  // and several ranks: one parameter slab
@@ -34,9 +35,12 @@ struct PinnedLayout {
 // one.
 enum class PinnedLayoutSize : uint8_t { kFull, kReduced };
 
-// The pinned pool's carving for `g`'s placement, of the given size.
-PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g, PinnedLayoutSize size);
+// The pinned pool's carving for `g`'s placement and Plan::device_grad_sums (`device_sums`,
+// which decide whether gradients come down at all), of the given size.
+PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g,
+                           const std::vector<bool>& device_sums, PinnedLayoutSize size);
 // The full layout, or the reduced one when outcore.pinned_memory_mb cannot hold the full one.
-PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g);
+PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g,
+                                     const std::vector<bool>& device_sums);
 
 }  // namespace outcore::zero::detail

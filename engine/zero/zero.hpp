@@ -190,7 +190,8 @@ class ZeroEngine {
   // the host cannot read (a GPU): the model computes there and every transfer is a stream
   // copy; gradients are accumulated in host memory, and optimizer state on such a device
   // (offload_optimizer none, a ratio < 1, stage 0) is stepped there by Adam on the device
-  // (device_adam.hpp, decision 036).
+  // (device_adam.hpp, decision 036), at one rank from gradients kept on the device where the
+  // budget allows (decision 037).
   ZeroEngine(const config::Config& cfg, const model::LlamaModel& model, device::Device& device,
              comm::Comm& comm, uint64_t seed, EngineOptions options = {});
   // Waits for in-flight work and removes the swap files (errors logged, not thrown).

@@ -131,8 +131,9 @@ TEST_P(TrainerOnADevice, StepDuringBackwardUnderABudgetBelowTheModelsState) {
 }
 
 // offload_optimizer.ratio 0.9: the last units' optimizer state on the device, stepped there
-// (Adam on the device: a CUDA kernel on a GPU) from gradients brought up from the host, the
-// rest by CPU Adam from swap files. Bit-identical to ratio 1, within the same budget.
+// (Adam on the device: a CUDA kernel on a GPU) from gradients kept there where the budget allows
+// (decision 037), else brought up from the host, the rest by CPU Adam from swap files.
+// Bit-identical to ratio 1, within the same budget.
 TEST_P(TrainerOnADevice, PartialOffloadStepsTheLastUnitsOnTheDeviceBitIdentically) {
   const bool cuda = GetParam();
   if (cuda) {
@@ -149,8 +150,9 @@ TEST_P(TrainerOnADevice, PartialOffloadStepsTheLastUnitsOnTheDeviceBitIdenticall
 }
 
 // Stage 2 with all the optimizer state on the device (offload_optimizer none: Adam on the device,
-// a CUDA kernel on a GPU, from gradients accumulated in host memory) trains bit-identically to
-// the same run with it offloaded to host memory (CPU Adam).
+// a CUDA kernel on a GPU, from gradients summed there and normed by the block-sum kernel, with no
+// budget to keep them from it) trains bit-identically to the same run with it offloaded to host
+// memory (CPU Adam, norm on the host).
 TEST_P(TrainerOnADevice, OptimizerStateOnTheDeviceTrainsAsOffloaded) {
   const bool cuda = GetParam();
   if (cuda) {
@@ -168,6 +170,8 @@ TEST_P(TrainerOnADevice, OptimizerStateOnTheDeviceTrainsAsOffloaded) {
     runs.push_back(run_on_device(cuda, make_config(p, small_model()), data));
   }
   expect_same_run(runs[0], runs[1]);
+  EXPECT_EQ(runs[1].device_grad_sums, std::vector<bool>(runs[1].weights.master.size(), true))
+      << "the gradients did not stay on the device";
 }
 
 // bf16 compute on the device trains as fp32 compute does on the same bf16 parameters: every

@@ -309,19 +309,30 @@ TEST(DiscreteDevicePlan, KeptParametersTrainBitIdenticallyAndCrossOncePerStep) {
 }
 
 // All the optimizer state on such a device (stage 0, offload_optimizer none): stepped there by
-// Adam on the device from gradients accumulated on the host (decision 036), bit-identical to
-// the host-accessible device (where the gradients stay on the device), with the plan's peaks
-// and per-step traffic the engine's.
+// Adam on the device (decision 036) from gradients that stay there, summed over the micro-batches,
+// normed there with the host's bits (decision 037). Bit-identical to the host-accessible device,
+// with the plan's peaks and per-step traffic the engine's: no gradient crosses, only the norm's
+// block sums come down (and new parameters bound for host memory).
 struct AllOnDeviceCase {
   Placing placing;
   DType dtype;
   bool bf16_moments = false;
   uint32_t copy_delay_us = 0;
+  uint32_t compute_delay_us = 0;
   std::string name() const {
     return placing.name() + (dtype == DType::BF16 ? "_bf16" : "_fp32") +
-           (bf16_moments ? "_bf16_moments" : "") + (copy_delay_us > 0 ? "_slow_copies" : "");
+           (bf16_moments ? "_bf16_moments" : "") + (copy_delay_us > 0 ? "_slow_copies" : "") +
+           (compute_delay_us > 0 ? "_slow_compute" : "");
   }
 };
+
+// The norm's block sums of every unit (one double per kPartitionAlignElems elements).
+uint64_t norm_blocks(const model::LlamaModel& model) {
+  uint64_t blocks = 0;
+  for (const model::UnitLayout& u : model.layout().units)
+    blocks += u.partition_numel(1) / model::kPartitionAlignElems;
+  return blocks;
+}
 
 class OptimizerStateOnADiscreteDevice : public ::testing::TestWithParam<AllOnDeviceCase> {};
 
@@ -335,7 +346,8 @@ TEST_P(OptimizerStateOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDev
   const RunResult want = train_on(host_dev, cfg, host_model, 3);
   ASSERT_EQ(want.plan.placement.gradients, Tier::kDevice);
 
-  device::CpuDevice dev({.discrete = true, .copy_delay_us = c.copy_delay_us});
+  device::CpuDevice dev(
+      {.discrete = true, .copy_delay_us = c.copy_delay_us, .compute_delay_us = c.compute_delay_us});
   const model::LlamaModel model(tiny_config(true), tiny_options(c.dtype),
                                 device::make_backend(dev));
   const RunResult got = train_on(dev, cfg, model, 3);
@@ -343,15 +355,26 @@ TEST_P(OptimizerStateOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDev
   EXPECT_EQ(got.plan.placement.optimizer, Tier::kDevice);
   EXPECT_EQ(got.plan.placement.gradients, Tier::kHost);
   const std::string text = format_plan(got.plan);
-  EXPECT_NE(text.find("fp32 gradients of the unit in a device Adam step"), std::string::npos)
+  const int units = model.num_units();
+  EXPECT_EQ(got.plan.device_grad_sums, std::vector<bool>(units, true)) << text;
+  EXPECT_NE(text.find(fmt::format("fp32 gradients of units 0..{}, summed and kept on the device",
+                                  units - 1)),
+            std::string::npos)
       << text;
+  EXPECT_EQ(text.find("device Adam step"), std::string::npos) << text;
+  EXPECT_EQ(text.find("copy-back"), std::string::npos) << text;
   EXPECT_LE(got.memory.device_peak_bytes, got.plan.peak.device) << text;
-  // Every unit's gradients go up once per step for its Adam step.
-  uint64_t own = 0;
-  for (const model::UnitLayout& u : model.layout().units) own += u.partition_numel(1);
+  // No gradient crosses: what goes up is what goes up on the host-accessible device (the
+  // parameters' fetches); what comes down is the norm's block sums, and new parameters bound
+  // for host memory.
+  uint64_t down = 0;
+  for (size_t u = 0; u < static_cast<size_t>(units); ++u)
+    if (c.placing.stage == 3 && c.placing.offload_param != "none")
+      down += model.layout().units[u].partition_numel(1) * dtype_size(c.dtype);
+  EXPECT_EQ(got.plan.per_step.h2d, want.plan.per_step.h2d) << text;
+  EXPECT_EQ(got.plan.per_step.d2h, want.plan.per_step.d2h + down + norm_blocks(model) * 8) << text;
   const Measured m = measure_on(dev, cfg, model, 2);
   expect_traffic_as_planned(m, 2);
-  EXPECT_GE(m.plan.per_step.h2d, own * sizeof(float)) << text;
   EXPECT_LE(m.memory.device_peak_bytes, m.plan.peak.device) << text;
 }
 
@@ -363,16 +386,90 @@ INSTANTIATE_TEST_SUITE_P(
                       AllOnDeviceCase{{3, "none", "none"}, DType::BF16},
                       AllOnDeviceCase{{3, "cpu", "none"}, DType::BF16, true},
                       AllOnDeviceCase{{3, "nvme", "none"}, DType::F32},
-                      // slow copies: a gradient copy up not waited for shows
+                      // slow copies: a norm's block sums copy not waited for shows
                       AllOnDeviceCase{{2, "none", "none"}, DType::BF16, false, 20000},
-                      AllOnDeviceCase{{3, "none", "none"}, DType::F32, false, 20000}),
+                      AllOnDeviceCase{{3, "none", "none"}, DType::F32, false, 20000},
+                      // slow compute: a slab freed before its addition into the sum kept on
+                      // the device has run shows
+                      AllOnDeviceCase{{0}, DType::F32, false, 0, 300},
+                      AllOnDeviceCase{{3, "cpu", "none"}, DType::BF16, false, 0, 300}),
     [](const auto& info) { return info.param.name(); });
+
+// A budget of exactly what every unit's gradients kept on the device need is enough: the device
+// Adam step's gradient scratch, needed while some unit's gradients still come up, shrinks as
+// units are kept, and the last unit kept frees what the scratch held for it. One byte less
+// keeps only some, with the scratch for the others, within the limit.
+TEST(OptimizerStateOnADiscreteDeviceBudget, TheLastUnitKeptPaysWithTheScratchItFrees) {
+  const config::Config cfg =
+      make_config(config_json({0}, DType::BF16, swap_dir("all_on_exact").string()));
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+  const int units = model.num_units();
+  const Plan all = make_plan(cfg, model, {.device_host_accessible = false});
+  ASSERT_EQ(all.device_grad_sums, std::vector<bool>(units, true)) << format_plan(all);
+  const Plan exact = make_plan(
+      cfg, model, {.device_limit_bytes = all.peak.device, .device_host_accessible = false});
+  EXPECT_EQ(exact.device_grad_sums, all.device_grad_sums) << format_plan(exact);
+  EXPECT_EQ(exact.peak.device, all.peak.device) << format_plan(exact);
+  const Plan less = make_plan(
+      cfg, model, {.device_limit_bytes = all.peak.device - 1, .device_host_accessible = false});
+  int kept = 0;
+  for (const bool b : less.device_grad_sums) kept += b;
+  EXPECT_GT(kept, 0) << format_plan(less);
+  EXPECT_LT(kept, units) << format_plan(less);
+  EXPECT_NE(format_plan(less).find("device Adam step"), std::string::npos) << format_plan(less);
+  EXPECT_LE(less.peak.device, all.peak.device - 1) << format_plan(less);
+}
+
+// Under a budget too small for every unit's gradients beside the optimizer state: those of the
+// units that fit (head first) stay on the device, the others come down to host accumulators and
+// go up again for their Adam step through the device scratch the plan now needs; both paths in
+// one run, bit-identical to the host-accessible device, with every micro-batch count, the device
+// within the budget and the traffic as planned.
+TEST(OptimizerStateOnADiscreteDeviceBudget, GradientsOfTheUnitsThatFitStayOnTheDevice) {
+  const config::Config cfg =
+      make_config(config_json({0}, DType::BF16, swap_dir("all_on_budget").string()));
+  const model::LlamaModel host_model(tiny_config(false), tiny_options(DType::BF16));
+  const int units = host_model.num_units();
+  const Plan all = make_plan(cfg, host_model, {.device_host_accessible = false});
+  ASSERT_EQ(all.device_grad_sums, std::vector<bool>(units, true)) << format_plan(all);
+  // Room for about half of the gradients.
+  const uint64_t budget = all.peak.device - all.device_grad_sum_bytes / 2;
+  for (const int64_t micro_batches : {int64_t{1}, int64_t{2}, int64_t{3}}) {
+    SCOPED_TRACE(fmt::format("{} micro-batches per step", micro_batches));
+    device::CpuDevice host_dev;
+    const RunResult want = train_on(host_dev, cfg, host_model, 2, {}, micro_batches);
+    device::CpuDevice dev({.memory_budget_bytes = budget, .discrete = true});
+    const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16),
+                                  device::make_backend(dev));
+    const RunResult got = train_on(dev, cfg, model, 2, {}, micro_batches);
+    expect_bit_identical(want, got, "part of the gradients on the device");
+    const std::string text = format_plan(got.plan);
+    int kept = 0;
+    for (const bool b : got.plan.device_grad_sums) kept += b;
+    EXPECT_GT(kept, 0) << text;
+    EXPECT_LT(kept, units) << text;
+    EXPECT_TRUE(got.plan.device_grad_sums[units - 1]) << text;  // head first
+    EXPECT_NE(text.find("summed and kept on the device"), std::string::npos) << text;
+    EXPECT_NE(text.find("device Adam step"), std::string::npos) << text;
+    EXPECT_LE(got.memory.device_peak_bytes, budget) << text;
+    EXPECT_LE(got.memory.device_peak_bytes, got.plan.peak.device) << text;
+  }
+  device::CpuDevice dev({.memory_budget_bytes = budget, .discrete = true});
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16),
+                                device::make_backend(dev));
+  const Measured m = measure_on(dev, cfg, model, 2);
+  expect_traffic_as_planned(m, 2);
+  EXPECT_LE(m.memory.device_peak_bytes, budget) << format_plan(m.plan);
+}
 
 // A device that counts host registrations (a GPU's cudaHostRegister): host memory, streams and
 // events of an inner CpuDevice.
 class RegisteringDevice final : public device::Device {
  public:
-  explicit RegisteringDevice(bool host_accessible) : host_accessible_(host_accessible) {}
+  explicit RegisteringDevice(bool host_accessible, uint64_t budget_bytes = 0)
+      : host_accessible_(host_accessible) {
+    set_budget(budget_bytes);
+  }
   device::DeviceKind kind() const override { return device::DeviceKind::Cpu; }
   std::string name() const override { return "registering"; }
   bool host_accessible() const override { return host_accessible_; }
@@ -444,15 +541,24 @@ TEST(DeviceRegistration, PinnedPoolAndHostCheckpointsAreRegisteredAndReleased) {
   }
 }
 
-// Adam on such a device reads the host accumulators of the units it steps every step: they are
+// Adam on such a device reads the host accumulators of the units it steps every step when
+// their gradients cannot stay on the device (a budget with no room for them here): they are
 // registered (offload_optimizer.ratio 0.5 here: the last two units), and released with the
 // engine.
 TEST(DeviceRegistration, HostAccumulatorsOfUnitsSteppedOnTheDeviceAreRegistered) {
-  RegisteringDevice dev(/*host_accessible=*/false);
   const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
   const config::Config cfg =
       make_config(config_json({3, "none", "cpu"}, DType::BF16,
                               swap_dir("registration_ratio").string(), "", "", ", \"ratio\": 0.5"));
+  // Everything but the gradients' sums, with the scratch their Adam steps then need.
+  const Plan all = make_plan(cfg, model, {.device_host_accessible = false});
+  uint64_t scratch = 0;
+  for (size_t u = all.placement.device_optimizer_from; u < model.layout().units.size(); ++u)
+    scratch = std::max<uint64_t>(scratch, model.layout().units[u].padded_numel * sizeof(float));
+  const uint64_t budget = all.peak.device - all.device_grad_sum_bytes -
+                          device::charged_bytes(all.device_grad_norm_blocks * sizeof(double)) +
+                          device::charged_bytes(scratch);
+  RegisteringDevice dev(/*host_accessible=*/false, budget);
   comm::LocalComm comm;
   {
     ZeroEngine engine(cfg, model, dev, comm, 1);
@@ -461,6 +567,8 @@ TEST(DeviceRegistration, HostAccumulatorsOfUnitsSteppedOnTheDeviceAreRegistered)
     uint64_t accum = 0;
     for (size_t u = from; u < model.layout().units.size(); ++u)
       accum += model.layout().units[u].padded_numel * sizeof(float);
+    ASSERT_EQ(engine.plan().device_grad_sums, std::vector<bool>(model.layout().units.size(), false))
+        << format_plan(engine.plan());
     EXPECT_EQ(dev.live(), 1 + model.layout().units.size() - from);  // the pool + accumulators
     EXPECT_EQ(dev.live_bytes(), engine.memory().pinned_budget_bytes + accum);
   }

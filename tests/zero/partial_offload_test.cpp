@@ -4,6 +4,7 @@
 // there. Training is bit-identical to ratio 1; the plan moves exactly those bytes from the
 // host / NVMe tiers to the device and drops their NVMe traffic; a device budget that cannot
 // hold the device-resident part is refused at start naming the device tier.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/aligned_buffer.hpp"
@@ -136,10 +137,11 @@ INSTANTIATE_TEST_SUITE_P(Zero, PartialOffload,
                          [](const auto& info) { return info.param.name(); });
 
 // On a device the host cannot read (a GPU; the simulated discrete device here) the device
-// units are stepped by Adam on the device (device_adam.hpp): their gradients go up from the
-// host, their new parameters are written in place on the device or come down to their home.
-// Training is bit-identical to the same run on the host-accessible device (where CPU Adam steps
-// them in place), and the plan counts the device Adam's scratch and copies exactly.
+// units are stepped by Adam on the device (device_adam.hpp) from gradients that stay there
+// (decision 037: summed there, their norm's block sums taken there), their new parameters are
+// written in place on the device or come down to their home. Training is bit-identical to the
+// same run on the host-accessible device (where CPU Adam steps them in place), and the plan
+// counts the device's sums, scratch and copies exactly.
 struct DiscreteCase {
   Case c;
   DType dtype = DType::BF16;
@@ -173,14 +175,14 @@ TEST_P(PartialOffloadOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDev
   ASSERT_EQ(got.plan.placement.device_optimizer_from, c.device_from) << format_plan(got.plan);
   expect_bit_identical(want, got, d.name());
 
-  // The device holds one unit's gradients for its step and, where its new parameters are bound
-  // for host memory, one unit's new parameters; each step moves the device units' gradients up
-  // and those parameters down.
-  uint64_t grads = 0, out = 0, up = 0, down = 0;
+  // The device keeps the device units' gradients (summed over the micro-batches, with their
+  // norm's block sums) and, where their new parameters are bound for host memory, one unit's new
+  // parameters; the other units' gradients are summed there too and come down once per step
+  // (decision 024). No gradient goes up; the block sums and those parameters come down.
+  uint64_t out = 0, down = 0, blocks = 0;
   const uint64_t param_bytes = dtype_size(d.dtype);
   for (size_t u = c.device_from; u < static_cast<size_t>(model.num_units()); ++u) {
-    grads = std::max(grads, own(model, u) * sizeof(float));
-    up += own(model, u) * sizeof(float);
+    blocks += own(model, u) / model::kPartitionAlignElems;  // the norm blocks
     if (c.param != "none") {
       // fp32 parameters come down from the master weights: no scratch of their own
       if (d.dtype != DType::F32) out = std::max(out, own(model, u) * param_bytes);
@@ -188,23 +190,27 @@ TEST_P(PartialOffloadOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDev
     }
   }
   const std::string text = format_plan(got.plan);
-  EXPECT_NE(text.find("fp32 gradients of the unit in a device Adam step"), std::string::npos)
+  EXPECT_EQ(text.find("device Adam step"), std::string::npos) << text;
+  EXPECT_NE(text.find(fmt::format("units {}..{}, summed and kept on the device", c.device_from,
+                                  model.num_units() - 1)),
+            std::string::npos)
       << text;
-  // The host-accessible device's plan, but for the gradients summed on the device over the
-  // micro-batches (decision 024) and the device Adam's scratch and copies.
   const Plan& host_plan = want.plan;
   const uint64_t gas = static_cast<uint64_t>(cfg.gradient_accumulation_steps.value());
-  uint64_t sums = 0, once = 0;
+  uint64_t sums = 0, saved = 0;
+  ASSERT_EQ(got.plan.device_grad_sums.size(), static_cast<size_t>(model.num_units()));
   for (size_t u = 0; u < got.plan.device_grad_sums.size(); ++u) {
-    if (!got.plan.device_grad_sums[u]) continue;
-    sums += device::charged_bytes(model.layout().units[u].padded_numel * sizeof(float));
-    once += model.layout().units[u].padded_numel * sizeof(float);
+    ASSERT_TRUE(got.plan.device_grad_sums[u]) << "unit " << u << "\n" << text;
+    const uint64_t bytes = model.layout().units[u].padded_numel * sizeof(float);
+    sums += device::charged_bytes(bytes);
+    saved += (u >= c.device_from ? gas : gas - 1) * bytes;  // kept: never sent
   }
-  EXPECT_EQ(got.plan.peak.device, host_plan.peak.device + sums + device::charged_bytes(grads) +
+  EXPECT_EQ(got.plan.peak.device, host_plan.peak.device + sums +
+                                      device::charged_bytes(blocks * sizeof(double)) +
                                       device::charged_bytes(out))
       << text;
-  EXPECT_EQ(got.plan.per_step.h2d, host_plan.per_step.h2d + up) << text;
-  EXPECT_EQ(got.plan.per_step.d2h + (gas - 1) * once, host_plan.per_step.d2h + down) << text;
+  EXPECT_EQ(got.plan.per_step.h2d, host_plan.per_step.h2d) << text;
+  EXPECT_EQ(got.plan.per_step.d2h + saved, host_plan.per_step.d2h + down + blocks * 8) << text;
   EXPECT_EQ(got.plan.per_step.nvme_read, host_plan.per_step.nvme_read) << text;
   EXPECT_EQ(got.plan.per_step.nvme_write, host_plan.per_step.nvme_write) << text;
   EXPECT_LE(got.memory.device_peak_bytes, got.plan.peak.device) << text;
