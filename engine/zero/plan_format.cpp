@@ -158,8 +158,18 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
         "offloaded)",
         p.device_optimizer_from - 1, p.device_optimizer_from, plan.optimizer_ratio,
         plan.offloaded_optimizer_elems, plan.optimizer_elems);
+  // Gradients kept on a device the host cannot read for Adam there (decision 037).
+  size_t kept = 0;
+  for (size_t u = 0; u < plan.device_grad_sums.size(); ++u)
+    kept += !plan.device_host_accessible && plan.device_grad_sums[u] &&
+            p.optimizer_home(u) == Tier::kDevice;
+  std::string gradients(tier_name(p.gradients));
+  if (kept > 0 && kept == plan.device_grad_sums.size())
+    gradients = "device (kept there for Adam on the device)";
+  else if (kept > 0)
+    gradients += fmt::format(", device for {} units (kept there for Adam on the device)", kept);
   out << fmt::format("placement: parameters {}, optimizer state {}, gradient accumulators {}\n\n",
-                     params, optimizer, tier_name(p.gradients));
+                     params, optimizer, gradients);
   out << fmt::format("{:<7} {:<66} {:>12}\n", "tier", "holds at its peak", "bytes");
   for (int t = 0; t < kNumTiers; ++t) {
     const Tier tier = static_cast<Tier>(t);

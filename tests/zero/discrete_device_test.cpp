@@ -363,6 +363,9 @@ TEST_P(OptimizerStateOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDev
       << text;
   EXPECT_EQ(text.find("device Adam step"), std::string::npos) << text;
   EXPECT_EQ(text.find("copy-back"), std::string::npos) << text;
+  EXPECT_NE(text.find("gradient accumulators device (kept there for Adam on the device)"),
+            std::string::npos)
+      << text;
   EXPECT_LE(got.memory.device_peak_bytes, got.plan.peak.device) << text;
   // No gradient crosses: what goes up is what goes up on the host-accessible device (the
   // parameters' fetches); what comes down is the norm's block sums, and new parameters bound
@@ -451,6 +454,9 @@ TEST(OptimizerStateOnADiscreteDeviceBudget, GradientsOfTheUnitsThatFitStayOnTheD
     EXPECT_TRUE(got.plan.device_grad_sums[units - 1]) << text;  // head first
     EXPECT_NE(text.find("summed and kept on the device"), std::string::npos) << text;
     EXPECT_NE(text.find("device Adam step"), std::string::npos) << text;
+    EXPECT_NE(text.find(fmt::format("gradient accumulators host, device for {} units", kept)),
+              std::string::npos)
+        << text;
     EXPECT_LE(got.memory.device_peak_bytes, budget) << text;
     EXPECT_LE(got.memory.device_peak_bytes, got.plan.peak.device) << text;
   }
