@@ -108,10 +108,18 @@ OUTCORE_ADAM_HD void adam_element(const detail::AdamCoeffs& c, float grad, float
 // block's sum has the same bits everywhere.
 inline constexpr int kSquareLanes = 16;
 
-// Lane `lane` of the fp32 elements x[0, n).
+// Lane `lane` of the fp32 elements x[0, n). Eight of the lane's elements are loaded before they
+// are added (in order), so that a GPU thread has eight loads in flight.
 OUTCORE_ADAM_HD double square_lane(const float* x, size_t n, int lane) {
+  constexpr size_t kBatch = 8;
   double acc = 0.0;
-  for (size_t i = static_cast<size_t>(lane); i < n; i += kSquareLanes) {
+  size_t i = static_cast<size_t>(lane);
+  for (; i + (kBatch - 1) * kSquareLanes < n; i += kBatch * kSquareLanes) {
+    double d[kBatch];
+    for (size_t k = 0; k < kBatch; ++k) d[k] = x[i + k * kSquareLanes];
+    for (size_t k = 0; k < kBatch; ++k) acc = fma_rn(d[k], d[k], acc);
+  }
+  for (; i < n; i += kSquareLanes) {
     const double d = x[i];
     acc = fma_rn(d, d, acc);
   }
