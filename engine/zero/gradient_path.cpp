@@ -316,7 +316,8 @@ void GradientPath::device_norm_blocks() {
                                         kNormBlock, blocks + device_norm_off_[u], &executor_);
   }
   // One copy of them all, then each unit's into its place among the norm blocks.
-  std::vector<double> down(device_norm_blocks_.size() / sizeof(double));
+  std::vector<double>& down = device_norm_down_;
+  down.resize(device_norm_blocks_.size() / sizeof(double));
   d2h_.copy_d2h(down.data(), blocks, down.size() * sizeof(double));
   d2h_.synchronize();
   traffic_.d2h += down.size() * sizeof(double);

@@ -174,6 +174,7 @@ class GradientPath {
   // first), then copied down into norm_blocks_.
   device::DeviceBuffer device_norm_blocks_;
   std::vector<size_t> device_norm_off_;
+  std::vector<double> device_norm_down_;  // their copy in host memory
   const int64_t micro_batches_;
   int64_t micro_batch_ = 0;  // of the running pass within its step
   uint64_t step_ = 0;        // steps begun (passes with `first`)
