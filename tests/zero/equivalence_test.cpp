@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "engine/device/compute_backend.hpp"
 #include "tests/zero/zero_test_util.hpp"
 
 namespace outcore::zero::test {
@@ -60,9 +61,9 @@ Batch make_batch(const model::LlamaModel& model, uint64_t seed) {
 // (what the trainer passes once a dynamic scale has grown past fp32, e.g. 2^200 in
 // trainer_test), so the accumulated gradients overflow and the step is skipped; the Adam step
 // number counts applied steps only.
-Trace run(const config::Config& cfg, const model::LlamaModel& model, uint64_t device_budget,
-          EngineOptions eo = {}) {
-  device::CpuDevice dev({.memory_budget_bytes = device_budget});
+// On `dev` (the model's backend must be its, see device::make_backend).
+Trace run_on(device::Device& dev, const config::Config& cfg, const model::LlamaModel& model,
+             EngineOptions eo = {}) {
   comm::LocalComm comm;
   Trace r;
   ZeroEngine engine(cfg, model, dev, comm, /*seed=*/7, eo);
@@ -103,6 +104,12 @@ Trace run(const config::Config& cfg, const model::LlamaModel& model, uint64_t de
   }
   r.traffic = engine.traffic();
   return r;
+}
+
+Trace run(const config::Config& cfg, const model::LlamaModel& model, uint64_t device_budget,
+          EngineOptions eo = {}) {
+  device::CpuDevice dev({.memory_budget_bytes = device_budget});
+  return run_on(dev, cfg, model, eo);
 }
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
@@ -241,6 +248,17 @@ TEST_P(Equivalence, EveryPlacementMatchesStage0InMemory) {
     if (s.stage == 3 && (s.offload_param == "nvme" || s.offload_optimizer == "nvme")) {
       EXPECT_GT(r.traffic.nvme_write_bytes, 0u);
     }
+  }
+  // On a device the host cannot read with the optimizer state there: the gradients stay on the
+  // device, normed there (decision 037), and the overflow step is skipped alike.
+  for (const Placing& s : {Placing{0}, Placing{2, "none", "none"}}) {
+    SCOPED_TRACE("discrete device, " + s.name());
+    device::CpuDevice dev({.discrete = true});
+    const model::LlamaModel on_dev(tiny_config(c.tied), tiny_options(c.dtype),
+                                   device::make_backend(dev));
+    const Trace r =
+        run_on(dev, config(s, swap_dir(tag + "_discrete_" + s.name()).string()), on_dev);
+    expect_bit_identical(ref, r);
   }
 }
 
