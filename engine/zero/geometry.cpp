@@ -400,12 +400,14 @@ std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g) {
   return files;
 }
 
-std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g) {
+std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g,
+                                                const std::vector<bool>& device_sums) {
   std::vector<swap::SwapFileSpec> files;
   for (size_t u = 0; u < g.units.size(); ++u)
-    files.push_back({.unit = static_cast<uint32_t>(u),
-                     .kind = swap::SwapKind::kGrad,
-                     .tensors = {{"g", g.units[u].accum_len * sizeof(float)}}});
+    if (!grads_stay_on_device(g, device_sums, u))
+      files.push_back({.unit = static_cast<uint32_t>(u),
+                       .kind = swap::SwapKind::kGrad,
+                       .tensors = {{"g", g.units[u].accum_len * sizeof(float)}}});
   return files;
 }
 

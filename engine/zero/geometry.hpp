@@ -176,10 +176,12 @@ uint64_t live_param_min_bytes(const model::LlamaModel& model, const Geometry& g,
 // The swap files of the units whose parameter partitions are homed on NVMe (one tensor "p" of
 // part low-precision elements per unit), of those whose optimizer state is
 // (swap::optimizer_file_spec, with a spare copy under step_in_backward), and of the gradient
-// accumulators on NVMe (one tensor "g" of accum_len fp32 per unit, every unit).
+// accumulators on NVMe (one tensor "g" of accum_len fp32 per unit, every unit whose gradients
+// do not stay on the device, grads_stay_on_device with `device_sums`).
 std::vector<swap::SwapFileSpec> param_swap_files(const Geometry& g);
 std::vector<swap::SwapFileSpec> optimizer_swap_files(const Geometry& g);
-std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g);
+std::vector<swap::SwapFileSpec> grad_swap_files(const Geometry& g,
+                                                const std::vector<bool>& device_sums);
 
 // Elements per partial sum of the gradient norm: every partition (part) is a multiple of it
 // at any world size (model::kPartitionAlignElems), so ranks cut the slab at block boundaries.

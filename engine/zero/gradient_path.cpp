@@ -71,11 +71,19 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device,
     throw InvalidArgument(fmt::format("zero: gradient path: {} device-sum entries for {} units",
                                       summed_on_device_.size(), g.units.size()));
   if (g.placement.gradients == Tier::kNvme) {
-    grad_space_ = std::make_unique<swap::SwapSpace>(
-        swap::SwapSpaceOptions{.nvme_path = nvme_path, .rank = g.rank}, grad_swap_files(g));
-    grad_swapper_ = std::make_unique<swap::Swapper>(*grad_space_, *aio, swapper_options, &executor);
+    // A file for every unit whose gradients do not stay on the device (those that do have none).
+    std::vector<swap::SwapFileSpec> files = grad_swap_files(g, summed_on_device_);
+    if (!files.empty()) {
+      grad_space_ = std::make_unique<swap::SwapSpace>(
+          swap::SwapSpaceOptions{.nvme_path = nvme_path, .rank = g.rank}, files);
+      grad_swapper_ =
+          std::make_unique<swap::Swapper>(*grad_space_, *aio, swapper_options, &executor);
+    }
     for (size_t u = 0; u < g.units.size(); ++u)
-      grad_ids_.push_back(grad_space_->find(static_cast<uint32_t>(u), swap::SwapKind::kGrad, "g"));
+      grad_ids_.push_back(
+          grads_stay_on_device(g, summed_on_device_, u)
+              ? swap::TensorId{}
+              : grad_space_->find(static_cast<uint32_t>(u), swap::SwapKind::kGrad, "g"));
     for (size_t k = 0; k < layout.grad_slots; ++k)
       grad_buffers_.push_back(pool.acquire(layout.grad_slot_bytes));
   }

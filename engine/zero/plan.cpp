@@ -484,7 +484,8 @@ void plan_nvme(const PlanContext& c, Plan& plan) {
         plan.optimizer_nvme_bytes);
   }
   if (p.gradients == Tier::kNvme) {
-    const uint64_t b = swap::SwapSpace::bytes_needed(detail::grad_swap_files(g));
+    const uint64_t b =
+        swap::SwapSpace::bytes_needed(detail::grad_swap_files(g, plan.device_grad_sums));
     plan.optimizer_nvme_bytes += b;
     add(plan, Tier::kNvme, "fp32 gradient accumulators (swap files)", b);
   }

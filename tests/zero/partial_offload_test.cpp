@@ -7,6 +7,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
 #include "swap/swap.hpp"
@@ -234,6 +239,50 @@ INSTANTIATE_TEST_SUITE_P(
         DiscreteCase{Case{"nvme", 0.5, 2}, DType::BF16, false, 20000},
         DiscreteCase{Case{"cpu", 0.5, 2, "none"}, DType::F32, true, 20000}),
     [](const auto& info) { return info.param.name(); });
+
+// With the gradient accumulators in swap files, the units whose gradients stay on the device
+// (stepped there, decision 037) have no swap file: only the offloaded units' files exist, as the
+// plan counts them, and the run is bit-identical to the host-accessible device's with the same
+// accumulators, its NVMe traffic as planned.
+TEST(PartialOffloadOnADiscreteDeviceNvmeGradients, KeptGradientsHaveNoSwapFiles) {
+  const std::string dir = swap_dir("partial_discrete_nvme_grads").string();
+  const config::Config cfg = ratio_config("nvme", "nvme", 0.5, dir);
+  const model::LlamaModel host_model(tiny_config(true), tiny_options(DType::BF16));
+  device::CpuDevice host_dev;
+  const RunResult want = train_on(host_dev, cfg, host_model, kSteps, nvme_gradients());
+  device::CpuDevice dev({.discrete = true});
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16),
+                                device::make_backend(dev));
+  const RunResult got = train_on(dev, cfg, model, kSteps, nvme_gradients());
+  expect_bit_identical(want, got, "nvme gradients");
+  const size_t from = got.plan.placement.device_optimizer_from;
+  ASSERT_EQ(from, 2u) << format_plan(got.plan);
+  ASSERT_EQ(got.plan.placement.gradients, Tier::kNvme);
+  std::vector<swap::SwapFileSpec> offloaded;
+  for (size_t u = 0; u < from; ++u)
+    offloaded.push_back({.unit = static_cast<uint32_t>(u),
+                         .kind = swap::SwapKind::kGrad,
+                         .tensors = {{"g", own(model, u) * sizeof(float)}}});
+  const std::string text = format_plan(got.plan);
+  const std::string line = "fp32 gradient accumulators (swap files)";
+  bool found = false;
+  for (const PlanItem& it : got.plan.items)
+    if (it.what == line) {
+      found = true;
+      EXPECT_EQ(it.bytes, swap::SwapSpace::bytes_needed(offloaded)) << text;
+    }
+  EXPECT_TRUE(found) << text;
+  const std::filesystem::path grad_dir =
+      std::filesystem::path(dir) / "outcore_swap" / "rank0" / "grad";
+  const Measured m = measure_on(dev, cfg, model, kSteps, nvme_gradients(), [&] {
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(grad_dir))
+      if (e.path().extension() == ".bin") files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    EXPECT_EQ(files, (std::vector<std::string>{"0.bin", "1.bin"})) << grad_dir;
+  });
+  expect_traffic_as_planned(m, kSteps);
+}
 
 // Ratio 1 fits a device budget of exactly its own peak (no room for gathered slabs beyond the
 // minimum); ratio 0 needs every unit's optimizer state on the device as well, and the plan
