@@ -203,6 +203,11 @@ void GradientPath::submit(int unit, device::DeviceBuffer slab, bool first,
     throw InvalidArgument(fmt::format(
         "zero: unit {}'s gradients stay on the device and cannot be stepped during the backward",
         unit));
+  if (stays_[unit] && !first && !sum)
+    throw InvalidArgument(
+        fmt::format("zero: unit {}'s gradients stay on the device, but this step has no first "
+                    "micro-batch of them to add to",
+                    unit));
   if (summed_on_device_[unit] && (first || sum)) {
     if (first) {
       sum = std::move(slab);  // a step's first gradients of the unit are its sum so far

@@ -106,7 +106,7 @@ class GradientPath {
   const float* load(int unit, size_t slot);
   // Staging slots for load() (0 unless the gradients live on NVMe).
   size_t slot_count() const { return grad_buffers_.size(); }
-  // The gradient swap files' swapper (null unless the gradients live on NVMe).
+  // The gradient swap files' swapper (null unless the gradients of some unit live on NVMe).
   const swap::Swapper* swapper() const { return grad_swapper_.get(); }
 
  private:

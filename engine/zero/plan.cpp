@@ -97,10 +97,14 @@ PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g,
     l.optimizer_lease_bytes = optimizer_lease_bytes(g, l.optimizer_buffer_count);
   }
   if (p.gradients == Tier::kNvme) {
-    size_t longest = 0;
-    for (const UnitGeometry& u : g.units) longest = std::max(longest, u.accum_len);
-    l.grad_slots = concurrent + 1;
-    l.grad_slot_bytes = align_up(longest * sizeof(float), kIoAlignment);
+    size_t longest = 0;  // of the units whose gradients have a swap file
+    for (size_t u = 0; u < g.units.size(); ++u)
+      if (!grads_stay_on_device(g, device_sums, u))
+        longest = std::max(longest, g.units[u].accum_len);
+    if (longest > 0) {
+      l.grad_slots = concurrent + 1;
+      l.grad_slot_bytes = align_up(longest * sizeof(float), kIoAlignment);
+    }
   }
   if (grads_come_down(g, device_sums)) {
     l.grad_copy_back_slots = reduced ? 1 : kGradCopyBackSlots;
@@ -320,8 +324,7 @@ void plan_device_grad_sums(const PlanContext& c, uint64_t device_limit, uint64_t
   const size_t units = g.units.size();
   const int64_t micro_batches = plan.micro_batches_per_step;
   plan.device_grad_sums.assign(units, false);
-  // What the limit leaves (unlimited: no limit). Signed: keeping a unit may free more scratch
-  // than it takes.
+  // What the limit leaves (unlimited: not read).
   const bool unlimited = device_limit == 0;
   int64_t left = 0;
   if (!unlimited) {

@@ -167,7 +167,8 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
   if (kept > 0 && kept == plan.device_grad_sums.size())
     gradients = "device (kept there for Adam on the device)";
   else if (kept > 0)
-    gradients += fmt::format(", device for {} units (kept there for Adam on the device)", kept);
+    gradients += fmt::format(", device for {} unit{} (kept there for Adam on the device)", kept,
+                             kept == 1 ? "" : "s");
   out << fmt::format("placement: parameters {}, optimizer state {}, gradient accumulators {}\n\n",
                      params, optimizer, gradients);
   out << fmt::format("{:<7} {:<66} {:>12}\n", "tier", "holds at its peak", "bytes");

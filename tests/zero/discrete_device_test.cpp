@@ -454,7 +454,7 @@ TEST(OptimizerStateOnADiscreteDeviceBudget, GradientsOfTheUnitsThatFitStayOnTheD
     EXPECT_TRUE(got.plan.device_grad_sums[units - 1]) << text;  // head first
     EXPECT_NE(text.find("summed and kept on the device"), std::string::npos) << text;
     EXPECT_NE(text.find("device Adam step"), std::string::npos) << text;
-    EXPECT_NE(text.find(fmt::format("gradient accumulators host, device for {} units", kept)),
+    EXPECT_NE(text.find(fmt::format("gradient accumulators host, device for {} unit", kept)),
               std::string::npos)
         << text;
     EXPECT_LE(got.memory.device_peak_bytes, budget) << text;

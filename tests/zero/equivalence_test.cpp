@@ -35,7 +35,9 @@ struct Trace {
   std::vector<std::vector<std::byte>> params;                   // per unit, full slab
   std::vector<uint64_t> pass_allocations;  // device allocations made by each forward_backward
   TrafficStats traffic;
-  Tier gradients = Tier::kDevice;  // where the plan put the gradient accumulators
+  Tier gradients = Tier::kDevice;      // where the plan put the gradient accumulators
+  std::vector<bool> device_grad_sums;  // Plan::device_grad_sums
+  uint64_t plan_d2h = 0;               // Plan::per_step.d2h
 };
 
 // Inputs and next-token targets of one micro-batch, generated from `seed`.
@@ -68,6 +70,8 @@ Trace run_on(device::Device& dev, const config::Config& cfg, const model::LlamaM
   Trace r;
   ZeroEngine engine(cfg, model, dev, comm, /*seed=*/7, eo);
   r.gradients = engine.plan().placement.gradients;
+  r.device_grad_sums = engine.plan().device_grad_sums;
+  r.plan_d2h = engine.plan().per_step.d2h;
   const bool fp16 = model.options().param_dtype == DType::F16;
   const double scale = fp16 ? kFp16Scale : 1.0;
   const int64_t gas = cfg.gradient_accumulation_steps.value();
@@ -259,6 +263,11 @@ TEST_P(Equivalence, EveryPlacementMatchesStage0InMemory) {
     const Trace r =
         run_on(dev, config(s, swap_dir(tag + "_discrete_" + s.name()).string()), on_dev);
     expect_bit_identical(ref, r);
+    EXPECT_EQ(r.device_grad_sums, std::vector<bool>(model.num_units(), true));
+    uint64_t blocks = 0;  // only the norm's block sums come down
+    for (const model::UnitLayout& u : model.layout().units)
+      blocks += u.partition_numel(1) / model::kPartitionAlignElems;
+    EXPECT_EQ(r.plan_d2h, blocks * sizeof(double));
   }
 }
 
