@@ -70,6 +70,8 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device,
   if (summed_on_device_.size() != g.units.size())
     throw InvalidArgument(fmt::format("zero: gradient path: {} device-sum entries for {} units",
                                       summed_on_device_.size(), g.units.size()));
+  for (size_t u = 0; u < g.units.size(); ++u)
+    stays_.push_back(grads_stay_on_device(g, summed_on_device_, u));
   if (g.placement.gradients == Tier::kNvme) {
     // A file for every unit whose gradients do not stay on the device (those that do have none).
     std::vector<swap::SwapFileSpec> files = grad_swap_files(g, summed_on_device_);
@@ -81,9 +83,8 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device,
     }
     for (size_t u = 0; u < g.units.size(); ++u)
       grad_ids_.push_back(
-          grads_stay_on_device(g, summed_on_device_, u)
-              ? swap::TensorId{}
-              : grad_space_->find(static_cast<uint32_t>(u), swap::SwapKind::kGrad, "g"));
+          stays_[u] ? swap::TensorId{}
+                    : grad_space_->find(static_cast<uint32_t>(u), swap::SwapKind::kGrad, "g"));
     for (size_t k = 0; k < layout.grad_slots; ++k)
       grad_buffers_.push_back(pool.acquire(layout.grad_slot_bytes));
   }
@@ -96,11 +97,10 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device,
   size_t device_blocks = 0;  // of the units whose gradients stay on the device
   for (size_t u = 0; u < g.units.size(); ++u) {
     const UnitGeometry& ug = g.units[u];
-    stays_.push_back(grads_stay_on_device(g, summed_on_device_, u));
     norm_block_off_.push_back(norm_blocks_.size());
     norm_blocks_.resize(norm_blocks_.size() + ug.part / kNormBlock);
     device_norm_off_.push_back(device_blocks);
-    if (stays_.back()) device_blocks += ug.part / kNormBlock;
+    if (stays_[u]) device_blocks += ug.part / kNormBlock;
   }
   if (device_blocks > 0)
     device_norm_blocks_ =
