@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -52,6 +53,19 @@ int64_t step_of_tag(const std::string& name) {
 // The marker every save writes first into `<tag>.tmp/` (it stays in the checkpoint).
 constexpr std::string_view kMarkerName = ".outcore-save";
 constexpr std::string_view kMarkerText = "outcore checkpoint in progress\n";
+// What outcore writes into the `.lock` it creates (one without it is not outcore's).
+constexpr std::string_view kLockText = "outcore save directory lock\n";
+
+bool write_all(int fd, std::string_view text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
 
 bool has_suffix(const std::string& s, std::string_view suffix) {
   return s.size() > suffix.size() &&
@@ -201,6 +215,7 @@ SaveDir::SaveDir(fs::path dir, SaveDirOptions options) : dir_(std::move(dir)), o
     throw InvalidArgument(
         fmt::format("save directory {}: a symbolic link to {}, which does not exist", dir_.string(),
                     fs::read_symlink(dir_, ec).string()));
+  const bool existed = fs::exists(dir_, ec);
   fs::create_directories(dir_, ec);
   // A path through a file, or through a link to nowhere, is the caller's to fix.
   if (ec == std::errc::not_a_directory || ec == std::errc::file_exists)
@@ -209,22 +224,72 @@ SaveDir::SaveDir(fs::path dir, SaveDirOptions options) : dir_(std::move(dir)), o
                     "path is a file or a link to nowhere)",
                     dir_.string(), ec.message()));
   if (ec) throw IoError(dir_.string(), ec.value(), "create checkpoint directory");
+  created_dir_ = !existed;
   if (!options_.primary) return;
-  const fs::path lock = dir_ / ".lock";
-  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
-  if (lock_fd_ < 0) throw IoError(lock.string(), errno, "open checkpoint lock");
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    ::close(lock_fd_);
-    lock_fd_ = -1;
-    throw IoError(lock.string(), err, "lock checkpoint directory (is another run saving into it?)");
-  }
   try {
+    take_lock();
     open_entries();
   } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void SaveDir::take_lock() {
+  const fs::path lock = dir_ / ".lock";
+  // The lock file is removed when the run ends (release()), so a run may open a file that the
+  // run holding it is about to unlink: the lock is ours only when the file we locked is still
+  // the one the path names. A `.lock` outcore did not write (no marker in it) is a user's, and
+  // is never removed.
+  for (int attempt = 0;; ++attempt) {
+    if (attempt == 100)
+      throw IoError(lock.string(), EAGAIN,
+                    "lock checkpoint directory (the lock file keeps changing)");
+    bool created = true;
+    int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0 && errno == EEXIST) {
+      created = false;
+      fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+      if (fd < 0 && errno == ENOENT) continue;  // unlinked since: try again
+    }
+    if (fd < 0) throw IoError(lock.string(), errno, "open checkpoint lock");
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      throw IoError(lock.string(), err,
+                    "lock checkpoint directory (is another run saving into it?)");
+    }
+    struct stat held {
+    }, named{};
+    if (::fstat(fd, &held) != 0 || ::lstat(lock.c_str(), &named) != 0 ||
+        held.st_dev != named.st_dev || held.st_ino != named.st_ino) {
+      ::close(fd);  // the run that held it unlinked it after we opened it
+      continue;
+    }
+    lock_fd_ = fd;
+    if (created) {
+      lock_owned_ = write_all(fd, kLockText);
+    } else {
+      std::string text(kLockText.size() + 1, '\0');
+      const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
+      lock_owned_ = n == static_cast<ssize_t>(kLockText.size()) &&
+                    std::string_view(text.data(), kLockText.size()) == kLockText;
+    }
+    return;
+  }
+}
+
+void SaveDir::release() noexcept {
+  if (lock_fd_ >= 0) {
+    // Unlinked while still held, so a run that opens it now finds another file or none.
+    if (lock_owned_) ::unlink((dir_ / ".lock").c_str());
     ::close(lock_fd_);
     lock_fd_ = -1;
-    throw;
+  }
+  // A directory this run created and saved nothing into is not left behind.
+  if (created_dir_ && options_.primary) {
+    std::error_code ec;
+    if (fs::is_empty(dir_, ec) && !ec) fs::remove(dir_, ec);
   }
 }
 
@@ -302,9 +367,7 @@ void SaveDir::open_entries() {
   }
 }
 
-SaveDir::~SaveDir() {
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // the lock file stays: unlinking it races a new run
-}
+SaveDir::~SaveDir() { release(); }
 
 void SaveDir::clear_leftover(const fs::path& p) const {
   if (type_of(p) == fs::file_type::not_found) return;

@@ -3,7 +3,8 @@
 // A save directory holds checkpoints and a `latest` file naming the newest one:
 //
 //   <dir>/latest                      "global_step<N>\n", replaced atomically
-//   <dir>/.lock                       flock held by the run that saves here
+//   <dir>/.lock                       flock held by the run that saves here; removed when
+//                                     it ends (one without outcore's marker is kept)
 //   <dir>/global_step<N>/manifest.json   format, version, step, world size, units, and the
 //                                        size and CRC32C of every other file
 //   <dir>/global_step<N>/config.json     the model's Hugging Face config
@@ -174,12 +175,13 @@ struct SaveDirOptions {
   std::string resumed_tag{};
 };
 
-// A save directory: created if missing, locked against a second run (IoError EWOULDBLOCK
-// naming the lock file), cleaned of an interrupted save's leftovers (each named in one
-// warning). InvalidArgument naming the entry when an entry with a name outcore uses is not
-// outcore's (see "Ownership" above), with ExistingCheckpoints::kRefuse when the directory
-// holds checkpoints, and with kContinue when it holds checkpoints after the one resumed from
-// (naming them and the ways out). Other entries are never touched.
+// A save directory: created if missing (and removed again, if still empty, when the SaveDir
+// goes), locked against a second run (IoError EWOULDBLOCK naming the lock file; the lock file
+// goes with the SaveDir, and with a refused open), cleaned of an interrupted save's leftovers (each
+// named in one warning). InvalidArgument naming the entry when an entry with a name outcore uses is
+// not outcore's (see "Ownership" above), with ExistingCheckpoints::kRefuse when the directory holds
+// checkpoints, and with kContinue when it holds checkpoints after the one resumed from (naming them
+// and the ways out). Other entries are never touched.
 class SaveDir {
  public:
   explicit SaveDir(std::filesystem::path dir, SaveDirOptions options = {});
@@ -205,7 +207,9 @@ class SaveDir {
   void clear_leftover(const std::filesystem::path& path) const;
 
  private:
-  void open_entries();  // checks every entry with a name outcore uses; removes leftovers
+  void take_lock();         // `.lock`: created (with outcore's marker) or opened, then flock'ed
+  void release() noexcept;  // unlinks the `.lock` outcore wrote; removes a created empty dir
+  void open_entries();      // checks every entry with a name outcore uses; removes leftovers
   // Renames checkpoint `tag` to `<tag>.old`, then removes it (marker last).
   void remove_checkpoint(const std::string& tag, const WriterOptions& hooks,
                          uint64_t& removals) const;
@@ -213,6 +217,8 @@ class SaveDir {
   std::filesystem::path dir_;
   SaveDirOptions options_;
   int lock_fd_ = -1;
+  bool lock_owned_ = false;            // the `.lock` holds outcore's marker: removed on release
+  bool created_dir_ = false;           // created by this SaveDir: removed on release if still empty
   std::vector<std::string> replaced_;  // kReplace: the checkpoints found at open
   std::vector<std::string> kept_;      // checkpoints not removed, each warned about once
 };

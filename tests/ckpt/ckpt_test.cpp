@@ -407,6 +407,47 @@ void expect_files(const fs::path& root, const Files& files, const std::string& c
   }
 }
 
+// The lock file is outcore's only while a run holds it: a refused open, a run that ends and a
+// run that saved nothing leave the directory as they found it; a user's `.lock` stays as it was.
+TEST(CkptSaveDir, TheLockFileAndAnEmptyDirectoryGoWithTheRun) {
+  TempDir tmp("ckpt");
+  const fs::path save = tmp / "save";
+  { SaveDir dir(save); }
+  EXPECT_FALSE(fs::exists(save)) << "a save directory this run created and left empty";
+  {
+    SaveDir dir(save);
+    EXPECT_TRUE(fs::exists(save / ".lock"));
+    write_synthetic(dir, "global_step1", 1);
+  }
+  EXPECT_FALSE(fs::exists(save / ".lock"));
+  EXPECT_TRUE(fs::exists(save / "global_step1"));
+  // Refused (another run's checkpoints): nothing added.
+  EXPECT_THROW(SaveDir dir(save), InvalidArgument);
+  EXPECT_FALSE(fs::exists(save / ".lock"));
+  // A directory that existed stays, empty or not.
+  fs::create_directories(tmp / "mine");
+  { SaveDir dir(tmp / "mine"); }
+  EXPECT_TRUE(fs::is_directory(tmp / "mine"));
+  EXPECT_TRUE(fs::is_empty(tmp / "mine"));
+  // A `.lock` outcore did not write is locked, and kept with its contents.
+  const Files user = {{".lock", "the user's lock notes\n"}};
+  make_files(tmp / "theirs", user);
+  {
+    SaveDir dir(tmp / "theirs");
+    EXPECT_THROW(SaveDir second(tmp / "theirs"), IoError);
+    write_synthetic(dir, "global_step1", 1);
+  }
+  expect_files(tmp / "theirs", user, "a user's .lock");
+  // A run that ended removed its lock while holding it: the next run takes a new one, and a
+  // second run is still kept out.
+  {
+    SaveDir dir(save, kContinue);
+    EXPECT_THROW(SaveDir second(save, kContinue), IoError);
+  }
+  SaveDir again(save, kContinue);
+  EXPECT_THROW(SaveDir second(save, kContinue), IoError);
+}
+
 TEST(CkptSaveDir, EntriesThatAreNotOutcoresAreNeverTouched) {
   // Names that end like outcore's leftovers, or start like its checkpoints, but are not them.
   const Files user = {{"notes.tmp", "my notes\n"},
