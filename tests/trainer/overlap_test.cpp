@@ -24,6 +24,7 @@ struct Outcome {
   double val = 0;
   Weights weights;
   std::vector<std::string> in_backward;  // per step: StepMetrics::in_backward
+  size_t device_grad_sums = 0;           // units whose gradients the plan sums on the device
 };
 
 Outcome train_with(const nlohmann::json& patch, bool overlap, const DemoData& data,
@@ -65,6 +66,7 @@ Outcome train_with(const nlohmann::json& patch, bool overlap, const DemoData& da
   const TrainResult r = tr.run();
   out.val = r.final_val_loss.value_or(-1.0);
   out.weights = weights_of(tr);
+  for (const bool on : tr.engine().plan().device_grad_sums) out.device_grad_sums += on;
   return out;
 }
 
@@ -202,6 +204,30 @@ INSTANTIATE_TEST_SUITE_P(
                       "stage3_nvme_bf16_gas2_partial", "stage3_nvme_fp16_overflow",
                       "stage3_nvme_grads_bf16_gas2", "stage3_nvme_discrete_bf16"),
     [](const auto& info) { return std::string(info.param); });
+
+// On a device the host cannot read (a GPU's data movement), in fp32 compute, the step during
+// backward with gradient sums held on the device over two micro-batches and unit inputs
+// checkpointed in host memory trains bit for bit as the host-accessible device does with the
+// step after backward: every tentative step stands, and nothing it reads was stale.
+TEST(StepInBackwardOnADiscreteDevice, BitIdenticalToTheHostAccessibleDeviceInFp32) {
+  const DemoData data;
+  const nlohmann::json patch = {{"gradient_clipping", 0.0},
+                                {"gradient_accumulation_steps", 2},
+                                {"activation_checkpointing", {{"cpu_checkpointing", true}}},
+                                {"zero_optimization",
+                                 {{"stage", 3},
+                                  {"stage3_param_persistence_threshold", 0},
+                                  {"offload_param", {{"device", "cpu"}}},
+                                  {"offload_optimizer", {{"device", "nvme"}}}}}};
+  const Outcome want = train_with(patch, true, data, "stage3_fp32_host_accessible");
+  const Outcome got = train_with(patch, true, data, "stage3_fp32_discrete", true);
+  std::map<std::string, int> count;
+  for (const std::string& s : got.in_backward) ++count[s];
+  EXPECT_EQ(count["committed"], 20);
+  EXPECT_EQ(want.device_grad_sums, 0u);
+  EXPECT_GT(got.device_grad_sums, 0u) << "the gradient sums should be held on the device";
+  expect_same(want, got);
+}
 
 }  // namespace
 }  // namespace outcore::train::testing
