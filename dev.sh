@@ -146,7 +146,7 @@ gpu_summary() {
         pattern='tests passed|\((Failed|Timeout|SEGFAULT|Subprocess aborted)\)|Not Run'
         echo "    $(grep -cE '\(Skipped\)$' "$GPU_OUT/$name.log" || true) skipped (a GPU runs them all)"
         ;;
-      demo) pattern='^(trained|stopped after)' ;;
+      demo*) pattern='^(trained|stopped after|loss )' ;;
       zero_bench*) pattern='^(tokens/s ratio|losses bit-identical|drive.s time)' ;;
       model_bench*) pattern='ratio model/peak|^head \(|attention' ;;
       attention_bench*) pattern='^(attention seq|reference seq|seq |cuda)' ;;
@@ -180,6 +180,9 @@ run_gpu() {
   part gpu-tests 240 env OUTCORE_REQUIRE_ORACLES=1 ctest --test-dir "$BUILD_DIR" -L gpu \
     --output-on-failure || rc=1
   part demo 180 "$BUILD_DIR/bin/outcore" demo --device cuda --work-dir "$out/demo" || rc=1
+  # and in bf16 compute: the GEMMs on the tensor cores, the fused attention in training
+  part demo-bf16 180 "$BUILD_DIR/bin/outcore" demo --device cuda --bf16 \
+    --work-dir "$out/demo-bf16" || rc=1
   # NVMe-streamed stage 3 against everything in GPU memory, then with the gathered parameters
   # kept on the GPU through each step
   part zero_bench 180 "$BUILD_DIR/bench/zero/zero_bench" --device cuda --steps 4 \

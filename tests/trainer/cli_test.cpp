@@ -1016,6 +1016,25 @@ TEST_F(TrainCliTest, ShortDemoRunTrainsAndWritesMetrics) {
   EXPECT_EQ(r.rc, 0) << r.err;
 }
 
+// `demo --bf16`: bf16 parameters and compute, written into the config it shows, and the loss
+// falls as in fp32.
+TEST_F(TrainCliTest, ShortDemoRunInBf16Trains) {
+  const std::string dir = data_.file("demo_bf16");
+  CliResult r = run("demo --bf16 --work-dir " + shell_quote(dir) + " --steps 8");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("in bf16 (fp32 master weights"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("trained 8 steps"), std::string::npos) << r.out;
+  const nlohmann::json ds = nlohmann::json::parse(slurp(dir + "/ds_config.json"));
+  EXPECT_TRUE(ds["bf16"]["enabled"].get<bool>()) << ds.dump();
+  std::vector<double> losses;
+  for (const std::string& l : lines_of(slurp(dir + "/metrics.jsonl"))) {
+    nlohmann::json j = nlohmann::json::parse(l);
+    if (j["type"] == "step") losses.push_back(j["loss"].get<double>());
+  }
+  ASSERT_EQ(losses.size(), 8u);
+  EXPECT_LT(losses.back(), losses.front() - 0.3);
+}
+
 // The demo writes its files only where nothing at their names is someone else's, never through
 // a link, and its trace never over one of them.
 TEST_F(TrainCliTest, DemoNeverWritesOverAUsersFiles) {

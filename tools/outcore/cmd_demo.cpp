@@ -1,4 +1,4 @@
-// `outcore demo [--work-dir DIR] [--steps N]`: write the built-in demo dataset, the demo
+// `outcore demo [--work-dir DIR] [--steps N] [--bf16]`: write the built-in demo dataset, the demo
 // model's config.json and a ZeRO-Infinity DeepSpeed config (ZeRO-3, parameters and optimizer
 // state in swap files under DIR, a device budget smaller than the training state) into DIR,
 // then train on them, showing the tiers' traffic as it goes. Exit codes as `outcore train`.
@@ -42,13 +42,15 @@ struct DemoOptions {
   std::string steps;
   std::string trace;
   std::string device = "cpu";
+  bool bf16 = false;  // bf16 parameters and compute (DeepSpeed's bf16.enabled)
 };
 
 // The demo's DeepSpeed config: the embedded stage-0 config moved to ZeRO-3 with parameters
 // and optimizer state on NVMe (swap files under `swap_dir`).
 nlohmann::ordered_json demo_config(int64_t steps, const std::string& swap_dir,
-                                   const std::string& metrics_file) {
+                                   const std::string& metrics_file, bool bf16) {
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(train::demo_ds_config_json(steps));
+  if (bf16) j["bf16"] = {{"enabled", true}};
   j["steps_per_print"] = 10;
   j["zero_optimization"] = {
       {"stage", 3},
@@ -151,7 +153,7 @@ int run_demo(const DemoOptions& o) {
     data = train::write_demo_dataset(dir.string());
     write_text(model_path, train::demo_model_config_json());
     write_text(config_path,
-               demo_config(steps, swap_dir.string(), metrics_path.string()).dump(2) + "\n");
+               demo_config(steps, swap_dir.string(), metrics_path.string(), o.bf16).dump(2) + "\n");
     model = model::LlamaConfig::load(model_path);
     cfg = config::load_config_file(config_path.string()).config;
     config::AutoContext ctx;
@@ -167,10 +169,11 @@ int run_demo(const DemoOptions& o) {
   }
   std::printf(
       "outcore demo: a %s-parameter Llama trained with ZeRO-3, parameters and optimizer state "
-      "in NVMe swap files, on %s with a %lld MiB budget.\n"
+      "in NVMe swap files, in %s, on %s with a %lld MiB budget.\n"
       "The same run by hand:\n  outcore train --config %s --model %s --data %s --val-data %s "
       "--seq-len %lld --eval-every 20\n",
       fmt::format("{:.1f}M", static_cast<double>(model.num_parameters()) / 1e6).c_str(),
+      o.bf16 ? "bf16 (fp32 master weights and optimizer state)" : "fp32",
       device->description.c_str(), static_cast<long long>(kDemoDeviceMemoryMb), config_path.c_str(),
       model_path.c_str(), data.train.c_str(), data.val.c_str(),
       static_cast<long long>(train::kDemoSeqLen));
@@ -207,6 +210,9 @@ void add_demo_command(CLI::App& app, int& rc) {
   cmd->add_option("--device", o->device,
                   "cpu (the simulated device, default), cuda (the GPU: the whole GPU path in one "
                   "command), auto");
+  cmd->add_flag("--bf16", o->bf16,
+                "bf16 parameters and compute (bf16.enabled in the DeepSpeed config): GEMMs on bf16 "
+                "operands with fp32 accumulation, fused attention on a GPU's tensor cores");
   cmd->callback([o, &rc] { rc = run_demo(*o); });
 }
 
