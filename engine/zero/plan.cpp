@@ -224,6 +224,7 @@ Plan plan_counts(const PlanContext& c) {
   plan.padded_elems = sum_units(g, [](const UnitGeometry& u) { return u.padded; });
   plan.optimizer_ratio = c.cfg.zero_optimization.offload_optimizer.ratio;
   plan.device_host_accessible = g.device_host_accessible;
+  plan.step_in_backward = g.step_in_backward;
   plan.optimizer_elems = sum_units(g, [](const UnitGeometry& u) { return u.own_len; });
   plan.offloaded_optimizer_elems =
       plan.optimizer_elems -

@@ -75,6 +75,9 @@ struct Plan {
   // PlanOptions::device_host_accessible: false for a GPU, where the state on the device is
   // stepped by Adam on the device and CPU Adam steps the offloaded elements only.
   bool device_host_accessible = true;
+  // outcore.step_in_backward applies (Geometry::step_in_backward): the NVMe optimizer steps run
+  // during the backward of a step's last micro-batch instead of under the next step's forward.
+  bool step_in_backward = false;
 
   TierBytes peak;               // bytes each tier holds at its peak
   std::vector<PlanItem> items;  // what makes up each tier's peak, in tier order

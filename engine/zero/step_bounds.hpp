@@ -4,7 +4,8 @@
 // the optimizer state it steps. A step cannot be faster than the slowest of the four. The
 // transfers are hidden when compute takes at least as long as each of them; CPU Adam is not,
 // whatever the compute: each unit's update runs under the next step's first forward, which
-// waits for it (decision 001), so only that forward can cover it.
+// waits for it (decision 001), so only that forward can cover it (with outcore.step_in_backward,
+// Plan::step_in_backward, the backward of the step's last micro-batch before it, decision 002).
 #pragma once
 
 #include <cstdint>

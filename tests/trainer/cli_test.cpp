@@ -630,6 +630,38 @@ TEST_F(TrainCliTest, EstimateAndTrainAgreeOnWhatFits) {
   EXPECT_EQ(t.rc, 0) << t.err;
 }
 
+// Without drive rates, estimate measures the drive where the swap files would go, with the
+// config's aio section, and leaves nothing there; with outcore.step_in_backward it says CPU
+// Adam runs during the last backward.
+TEST_F(TrainCliTest, EstimateMeasuresTheDriveUnderTheSwapDirectory) {
+  const std::string swap = data_.file("swap_here");
+  std::filesystem::create_directories(swap);
+  nlohmann::json patch = testing::nvme_patch(swap);
+  config_ = write_config("nvme_here.json", patch);
+  const std::string est = "estimate --config " + shell_quote(config_) + " --model " +
+                          shell_quote(model_) +
+                          " --seq-len 32 --device cpu --gemm-tflops 1 --attention-tflops 1";
+  CliResult r = run(est);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("(measured: 512.0 MiB written, then read, in " + swap), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("unknown"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("without the drive"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::is_empty(swap));
+  EXPECT_NE(r.out.find("runs under the next step's first forward"), std::string::npos) << r.out;
+  patch["outcore"]["step_in_backward"] = true;
+  config_ = write_config("nvme_in_backward.json", patch);
+  r = run("estimate --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+          " --seq-len 32 --device cpu --gemm-tflops 1 --attention-tflops 1 "
+          "--drive-read-gbps 1 --drive-write-gbps 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("at 1.00 GB/s (--drive-read-gbps, --drive-write-gbps)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("it runs during the backward of the step's last micro-batch"),
+            std::string::npos)
+      << r.out;
+}
+
 // Stage 3 with a live cap and reuse distance that let every slab go after its use: estimate
 // says what keeping the gathered parameters through the step's micro-batches gives; a config
 // that keeps them already gets no such line.
@@ -724,6 +756,7 @@ TEST_F(TrainCliTest, EstimatePrintsTheStepBoundsAndTheShapeThatHidesTheTransfers
   r = run(est + " --gemm-tflops 1 --attention-tflops 1");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("drive     unknown"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("is not a writable directory here"), std::string::npos) << r.out;
   // The attention at its own rate: a slower one adds its FLOPs' time at that rate.
   r = run(est + " --gemm-tflops 0.001 --attention-tflops 0.001");
   ASSERT_EQ(r.rc, 0) << r.err;

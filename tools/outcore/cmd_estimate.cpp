@@ -10,10 +10,13 @@
 // measured here on the device (or --gemm-tflops) and the attention at the rate of the model's
 // attention measured there (or --attention-tflops; at the GEMM rate for a GPU that is not here
 // and no flag, said), its host<->device copies at the PCIe rate measured on a GPU (or --pcie-gbps),
-// its NVMe bytes at the drive's rates (--drive-read-gbps and
-// --drive-write-gbps, from `aio_bench`), which one is largest, and the smallest micro-batch and
+// its NVMe bytes at the drive's rates (--drive-read-gbps and --drive-write-gbps, else measured
+// here under the config's nvme_path with its aio settings, see measure_drive), which one is
+// largest, and the smallest micro-batch and
 // gradient_accumulation_steps that put the transfers under compute within the device budget.
 #include <fmt/format.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -24,6 +27,8 @@
 #include <optional>
 #include <string>
 
+#include "aio/aio.hpp"
+#include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
 #include "engine/config/config.hpp"
 #include "engine/device/compute_backend.hpp"
@@ -32,6 +37,7 @@
 #include "engine/zero/plan.hpp"
 #include "engine/zero/step_bounds.hpp"
 #include "engine/zero/zero.hpp"
+#include "tools/aio_bench/measure.hpp"
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/launch.hpp"
 
@@ -86,8 +92,53 @@ CLI::Validator finite_in(double min, double max, const char* unit) {
 // Where each rate comes from: a flag or a measurement, in words.
 struct RateSources {
   std::string gemm = "--gemm-tflops", attention = "--attention-tflops", pcie = "--pcie-gbps",
-              adam = "--cpu-adam-gelems";
+              adam = "--cpu-adam-gelems", drive = "--drive-read-gbps, --drive-write-gbps";
+  std::string drive_unknown;  // why the drive was not measured (the drive's line says it)
 };
+
+// The swap directory whose drive bounds the step: the optimizer state's when it is on NVMe
+// (most of the bytes), else the parameters'.
+std::string swap_dir_of(const config::Config& cfg) {
+  const auto& z = cfg.zero_optimization;
+  if (z.offload_optimizer.device == config::OffloadDevice::kNvme)
+    return z.offload_optimizer.nvme_path;
+  return z.offload_param.nvme_path;
+}
+
+// The drive under `dir` at the swap's aio settings `opt`: one pass of writes, then one of reads,
+// over a file of `bytes` (O_DIRECT where the file system takes it), streamed as the swap streams
+// (aio_bench's measure_engine). The file is unlinked as soon as it is open, so nothing is left
+// in `dir` whatever ends the process. nullopt, with the reason in `why`, where `dir` is not
+// here, is not a writable directory or lacks twice `bytes` of free space.
+std::optional<std::pair<double, double>> measure_drive(const std::string& dir,
+                                                       const aio::Options& opt, uint64_t bytes,
+                                                       std::string& why) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0) {
+    why = fmt::format("nvme_path {} is not a writable directory here", dir);
+    return std::nullopt;
+  }
+  struct statvfs vfs {};
+  if (::statvfs(dir.c_str(), &vfs) != 0 ||
+      static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < 2 * bytes) {
+    why = fmt::format("nvme_path {} has less than {} free to measure the drive with", dir,
+                      zero::format_bytes(2 * bytes));
+    return std::nullopt;
+  }
+  const fs::path path = fs::path(dir) / fmt::format(".outcore-estimate-drive.{}.tmp", ::getpid());
+  aio::File file =
+      aio::File::open(path, {.access = aio::Access::kReadWrite, .create = true, .exclusive = true});
+  ::unlink(path.c_str());
+  file.preallocate(bytes);
+  AlignedBuffer buffer(size_t{32} << 20);
+  const std::span<std::byte> span(buffer.data(), buffer.size());
+  const aio_bench::Result w = aio_bench::measure_engine(
+      file, span, opt, {.write = true, .file_size = bytes, .register_buffer = false}, nullptr);
+  const aio_bench::Result r = aio_bench::measure_engine(
+      file, span, opt, {.write = false, .file_size = bytes, .register_buffer = false}, nullptr);
+  return std::pair{r.gbps * 1e9, w.gbps * 1e9};
+}
 
 void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::LinkRates& r,
                   const RateSources& src) {
@@ -112,19 +163,24 @@ void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::
     std::printf("  drive       none    (no swap files)\n");
   else if (!t.drive_known)
     std::printf(
-        "  drive     unknown   %s read, %s written: give --drive-read-gbps and "
+        "  drive     unknown   %s read, %s written%s: give --drive-read-gbps and "
         "--drive-write-gbps (`aio_bench --path DIR` measures them)\n",
         zero::format_bytes(plan.per_step.nvme_read).c_str(),
-        zero::format_bytes(plan.per_step.nvme_write).c_str());
+        zero::format_bytes(plan.per_step.nvme_write).c_str(),
+        src.drive_unknown.empty() ? "" : (" (" + src.drive_unknown + ")").c_str());
   else
-    std::printf("  drive    %8.3f s   %s read at %.2f GB/s, %s written at %.2f GB/s\n", t.drive_s,
-                zero::format_bytes(plan.per_step.nvme_read).c_str(), r.drive_read_bytes / 1e9,
-                zero::format_bytes(plan.per_step.nvme_write).c_str(), r.drive_write_bytes / 1e9);
+    std::printf("  drive    %8.3f s   %s read at %.2f GB/s, %s written at %.2f GB/s (%s)\n",
+                t.drive_s, zero::format_bytes(plan.per_step.nvme_read).c_str(),
+                r.drive_read_bytes / 1e9, zero::format_bytes(plan.per_step.nvme_write).c_str(),
+                r.drive_write_bytes / 1e9, src.drive.c_str());
   if (r.adam_elems > 0)
-    std::printf(
-        "  CPU Adam %8.3f s   %.4g G elements at %.3g G elements/s (%s); it runs under the "
-        "next step's first forward, which waits for it\n",
-        t.adam_s, static_cast<double>(t.adam_elems) / 1e9, r.adam_elems / 1e9, src.adam.c_str());
+    std::printf("  CPU Adam %8.3f s   %.4g G elements at %.3g G elements/s (%s); %s\n", t.adam_s,
+                static_cast<double>(t.adam_elems) / 1e9, r.adam_elems / 1e9, src.adam.c_str(),
+                plan.step_in_backward
+                    ? "it runs during the backward of the step's last micro-batch "
+                      "(outcore.step_in_backward), and what is left of it under the next "
+                      "step's first forward"
+                    : "it runs under the next step's first forward, which waits for it");
   std::printf("  bound    %8.3f s   %s%s\n", t.bound_s(), t.bound().c_str(),
               t.drive_known ? "" : " (without the drive)");
 }
@@ -364,6 +420,27 @@ int run_estimate(const EstimateArgs& a) {
     if (gpu != nullptr && rates.pcie_bytes <= 0) {
       rates.pcie_bytes = device::copy_bytes_per_second(*gpu);
       src.pcie = "measured: pinned copies of 256 MiB";
+    }
+    // The drive, where the swap directory is on this machine and no rate is given.
+    if (plan.per_step.nvme_read + plan.per_step.nvme_write > 0 && rates.drive_read_bytes <= 0 &&
+        rates.drive_write_bytes <= 0) {
+      constexpr uint64_t kDriveBytes = uint64_t{512} << 20;
+      const std::string dir = swap_dir_of(cfg);
+      if (absent_gpu) {
+        src.drive_unknown = "the drive of the machine with the GPU is not measured here";
+      } else {
+        try {
+          if (const auto measured =
+                  measure_drive(dir, zero::aio_options(cfg.aio), kDriveBytes, src.drive_unknown)) {
+            rates.drive_read_bytes = measured->first;
+            rates.drive_write_bytes = measured->second;
+            src.drive = fmt::format("measured: {} written, then read, in {} with the aio section",
+                                    zero::format_bytes(kDriveBytes), dir);
+          }
+        } catch (const Error& e) {  // the drive stays unknown, saying why
+          src.drive_unknown = fmt::format("measuring it failed: {}", e.what());
+        }
+      }
     }
     if (rates.adam_elems <= 0 && zero::cpu_adam_elems(plan) > 0) {
       // The host stepping the optimizer state is this machine, whichever GPU is planned for.
