@@ -26,17 +26,26 @@ class Gpu : public ::testing::Test {
   }
 };
 
-// One micro-batch's forward and backward through the CUDA backend against the CPU backend.
+// One micro-batch's forward and backward through the CUDA backend against the CPU backend;
+// the head in one launch for the micro-batch's 32 rows, and in two of 16.
 TEST_F(Gpu, MicroBatchMatchesTheCpuBackend) {
-  const std::pair<DType, DType> cases[] = {
-      {DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
-  for (const auto& [dt, compute] : cases) {
+  struct Case {
+    DType dt, compute;
+    int64_t head_rows;  // ModelOptions::head_chunk_rows (0: every row at once here)
+  };
+  const Case cases[] = {{DType::F32, DType::F32, 0},
+                        {DType::BF16, DType::F32, 0},
+                        {DType::BF16, DType::BF16, 0},
+                        {DType::BF16, DType::BF16, 16},
+                        {DType::F32, DType::F32, 16}};
+  for (const auto& [dt, compute, head_rows] : cases) {
     SCOPED_TRACE(std::string(dtype_name(dt)) + " parameters, " + std::string(dtype_name(compute)) +
-                 " compute");
+                 " compute, head rows " + std::to_string(head_rows));
     const double loss_tol = compute == DType::BF16 ? 2e-3 : 1e-4;
     const double grad_tol = compute == DType::BF16 ? 2e-2 : 1e-3;
     model::ModelOptions options = tiny_options(dt);
     options.compute_dtype = compute;
+    options.head_chunk_rows = head_rows;
     auto gpu = device::make_cuda_device();
     device::CpuDevice cpu;
     const model::LlamaModel on_gpu(tiny_config(true), options, device::make_backend(*gpu));
