@@ -384,7 +384,7 @@ int main(int argc, char** argv) {
                  "bf16): prints MFU");
   app.add_option("--cpuadam-cores-perc", cpuadam_cores_perc,
                  "offload_optimizer.cpuadam_cores_perc: the share of the hardware threads CPU "
-                 "Adam, gradient norms and host accumulation use")
+                 "Adam uses (gradient sums and norms take the rest, or all where it leaves none)")
       ->check(CLI::Range(0.01, 1.0));
   double offload_ratio = 1.0;
   app.add_option("--offload-ratio", offload_ratio,
@@ -468,8 +468,10 @@ int main(int argc, char** argv) {
     zero::ZeroEngine engine(cfg, model, *dev, comm, 2024, eo);
     std::fputs(zero::format_plan(engine.plan()).c_str(), stdout);
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    std::printf("engine CPU threads %u of %u (cpuadam_cores_perc %g)\n",
-                zero::cpu_threads_for(cpuadam_cores_perc, hw), hw, cpuadam_cores_perc);
+    std::printf(
+        "engine CPU threads %u of %u for CPU Adam, %u for gradient sums and norms "
+        "(cpuadam_cores_perc %g)\n",
+        engine.cpu_threads(), hw, engine.data_threads(), cpuadam_cores_perc);
     const double init_s = seconds_since(t0);
     const uint64_t init_written = engine.traffic().nvme_write_bytes;
     std::printf("initialised in %.1f s, %.2f GB written (peak RSS so far %.2f GiB)\n", init_s,

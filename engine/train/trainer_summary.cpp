@@ -89,8 +89,8 @@ std::string Trainer::summary() const {
   if (val_loader_) s += fmt::format("val data   {}\n", data_text(*val_loader_));
   s += fmt::format("run        {} steps, seed {}\n", opts_.steps, opts_.seed);
   const double share = cfg_.zero_optimization.offload_optimizer.cpuadam_cores_perc;
-  s += fmt::format("cpu        {} threads for CPU Adam, gradient norms and accumulation{}\n",
-                   engine_->cpu_threads(),
+  s += fmt::format("cpu        {} threads for CPU Adam, {} for gradient sums and norms{}\n",
+                   engine_->cpu_threads(), engine_->data_threads(),
                    share < 1 ? fmt::format(" ({:g} of {} hardware threads: cpuadam_cores_perc)",
                                            share, std::thread::hardware_concurrency())
                              : std::string());

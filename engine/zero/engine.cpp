@@ -92,7 +92,8 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
           engine_plan_options(device, model, comm.world_size(),
                               g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
                                                                    : GradientPlacement::kHost))),
-      executor(options.cpu_threads != 0 ? options.cpu_threads : cpu_threads_for(cfg)) {
+      executor(options.cpu_threads != 0 ? options.cpu_threads : cpu_threads_for(cfg)),
+      data_executor(options.cpu_threads != 0 ? options.cpu_threads : data_threads_for(cfg)) {
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
   limits_at_start = limits;
   bool by_gpu = false;
@@ -122,7 +123,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     param_space = std::make_unique<swap::SwapSpace>(
         swap::SwapSpaceOptions{.nvme_path = plan.param_nvme_path, .rank = g.rank},
         detail::param_swap_files(g));
-    param_swapper = std::make_unique<swap::Swapper>(*param_space, *aio, so, &executor);
+    param_swapper = std::make_unique<swap::Swapper>(*param_space, *aio, so, &data_executor);
   }
   if (p.optimizer == Tier::kNvme) {
     make_swap_dir(plan.optimizer_nvme_path, "zero_optimization.offload_optimizer.nvme_path");
@@ -132,7 +133,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     optimizer_swapper = std::make_unique<swap::Swapper>(*optimizer_space, *aio, so, &executor);
   }
   grads = std::make_unique<detail::GradientPath>(
-      g, device, model.backend(), comm, *comm_stream, *grad_d2h, executor, traffic, *pool,
+      g, device, model.backend(), comm, *comm_stream, *grad_d2h, data_executor, traffic, *pool,
       aio.get(), so, plan.optimizer_nvme_path, pl, plan.device_grad_sums,
       plan.micro_batches_per_step);
   // Several ranks on a device the host cannot read: parameters are gathered here (fetches
@@ -239,6 +240,7 @@ const PlanLimits& ZeroEngine::limits() const { return impl_->limits_at_start; }
 const Plan& ZeroEngine::plan() const { return impl_->plan; }
 const model::LlamaModel& ZeroEngine::model() const { return impl_->model; }
 unsigned ZeroEngine::cpu_threads() const { return impl_->executor.threads(); }
+unsigned ZeroEngine::data_threads() const { return impl_->data_executor.threads(); }
 
 unsigned cpu_threads_for(const config::Config& cfg) {
   return cpu_threads_for(cfg.zero_optimization.offload_optimizer.cpuadam_cores_perc,
@@ -250,6 +252,16 @@ unsigned cpu_threads_for(double share, unsigned hardware_threads) {
     throw InvalidArgument(fmt::format("cpuadam_cores_perc {} is not in (0, 1]", share));
   const double n = std::round(share * static_cast<double>(hardware_threads));
   return std::max(1u, static_cast<unsigned>(n));
+}
+
+unsigned data_threads_for(double share, unsigned hardware_threads) {
+  const unsigned adam = cpu_threads_for(share, hardware_threads);
+  return adam < hardware_threads ? hardware_threads - adam : std::max(1u, hardware_threads);
+}
+
+unsigned data_threads_for(const config::Config& cfg) {
+  return data_threads_for(cfg.zero_optimization.offload_optimizer.cpuadam_cores_perc,
+                          std::max(1u, std::thread::hardware_concurrency()));
 }
 
 float ZeroEngine::forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale,

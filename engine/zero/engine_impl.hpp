@@ -66,8 +66,9 @@ struct ZeroEngine::Impl {
   EngineOptions options;
   detail::Geometry g;
   Plan plan;
-  PlanLimits limits_at_start;  // read before any swap file was allocated
-  cpu_adam::Executor executor;
+  PlanLimits limits_at_start;        // read before any swap file was allocated
+  cpu_adam::Executor executor;       // CPU Adam (offload_optimizer.cpuadam_cores_perc)
+  cpu_adam::Executor data_executor;  // the host's data path: gradient sums and norms, checksums
 
   std::unique_ptr<device::Stream> copy, comm_stream;
   std::unique_ptr<device::Stream> grad_d2h;      // gradient slabs down from the device

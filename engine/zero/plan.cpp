@@ -250,7 +250,11 @@ void plan_device_state(const PlanContext& c, Plan& plan) {
     add(plan, Tier::kDevice, c.param_dtype + " parameter partitions (offload_param none)",
         sum_units(g, [&](const UnitGeometry& u) { return charged_bytes(u.part * g.param_bytes); }));
   plan.device_grad_bytes = detail::grad_slab_peak_bytes(c.model, g);
-  add(plan, Tier::kDevice, "fp32 gradient slabs of the units in backward", plan.device_grad_bytes);
+  add(plan, Tier::kDevice,
+      fmt::format("fp32 gradient slabs of the units in backward (the one computed, {} more in "
+                  "flight: added or copied down)",
+                  detail::kGradSlabsInFlight),
+      plan.device_grad_bytes);
   add(plan, Tier::kDevice,
       p.optimizer == Tier::kDevice ? c.optimizer_state
                                    : c.optimizer_state + " " + device_optimizer_what(c.cfg, g),

@@ -103,11 +103,17 @@ double unscale_and_clip_multiplier(double grad_norm, double loss_scale, double c
 // The aio engine settings of a config's "aio" section (swap files, checkpoints).
 aio::Options aio_options(const config::AioConfig& a);
 
-// The engine's CPU threads for `share` (offload_optimizer.cpuadam_cores_perc, in (0, 1]) of
+// CPU Adam's threads for `share` (offload_optimizer.cpuadam_cores_perc, in (0, 1]) of
 // `hardware_threads`: share x hardware_threads rounded to nearest, at least 1.
 unsigned cpu_threads_for(double share, unsigned hardware_threads);
 // cpu_threads_for the config's offload_optimizer.cpuadam_cores_perc on this machine.
 unsigned cpu_threads_for(const config::Config& cfg);
+// The threads of the host's data path (gradient accumulation and reduction, gradient norms,
+// parameter and gradient swap checksums), a pool of their own so that they never queue behind
+// CPU Adam's work: the hardware threads CPU Adam leaves, or all of them where it leaves none
+// (share 1, the default: the two pools share the cores).
+unsigned data_threads_for(double share, unsigned hardware_threads);
+unsigned data_threads_for(const config::Config& cfg);
 
 struct StepResult {
   bool overflow = false;   // non-finite gradients: nothing updated, gradients cleared
@@ -153,8 +159,9 @@ struct EngineOptions {
   // MemAvailable, free space under the swap paths). The device budget is always enforced by
   // the allocator itself.
   bool check_system_limits = true;
-  // Threads for CPU Adam, gradient norms and accumulation; 0 = the config's share of the
-  // hardware threads (offload_optimizer.cpuadam_cores_perc, cpu_threads_for).
+  // Threads of each of the engine's two CPU pools, CPU Adam's and the data path's; 0 = the
+  // config's split of the hardware threads (offload_optimizer.cpuadam_cores_perc,
+  // cpu_threads_for and data_threads_for).
   unsigned cpu_threads = 0;
   // Where gradient accumulators go when the optimizer state is on NVMe (see plan.hpp).
   GradientPlacement gradients = GradientPlacement::kAuto;
@@ -205,8 +212,10 @@ class ZeroEngine {
   // Empty when EngineOptions::check_system_limits was false.
   const PlanLimits& limits() const;
   const model::LlamaModel& model() const;
-  // Threads of the engine's CPU work (CPU Adam, gradient norms and host accumulation).
+  // Threads of CPU Adam (cpu_threads_for), and of the host's data path: gradient accumulation
+  // and norms, swap checksums (data_threads_for).
   unsigned cpu_threads() const;
+  unsigned data_threads() const;
 
   // One micro-batch: forward over units 0..L, backward L+1..0 (parameters fetched per unit
   // in stage 3), gradients of loss_scale * mean cross-entropy reduced through Comm

@@ -606,9 +606,10 @@ TEST_F(CudaKernels, GemmAtLlama3_8BShapesMatchesTheHost) {
     bool ta, tb;
     int64_t m, n, k;
   };
-  const Shape shapes[] = {{"forward (gate/up projection)", false, true, tokens, inter, hidden},
-                          {"input gradient (down projection's)", false, false, tokens, hidden, inter},
-                          {"weight gradient", true, false, inter, hidden, tokens}};
+  const Shape shapes[] = {
+      {"forward (gate/up projection)", false, true, tokens, inter, hidden},
+      {"input gradient (down projection's)", false, false, tokens, hidden, inter},
+      {"weight gradient", true, false, inter, hidden, tokens}};
   for (const Shape& sh : shapes) {
     const int64_t lda = sh.ta ? sh.m : sh.k, ldb = sh.tb ? sh.k : sh.n;
     auto a = randn(sh.m * sh.k, 31, 0.05f), b = randn(sh.k * sh.n, 32, 0.05f);

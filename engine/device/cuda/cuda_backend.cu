@@ -47,6 +47,8 @@ class CudaBackend final : public ComputeBackend {
     cudaStreamSynchronize(native());  // then the buffers below go back to the device
     for (IdSlot* s : {&ids_[0], &ids_[1], &groups_}) cudaFreeHost(s->host);
     if (groups_copied_ != nullptr) cudaEventDestroy(groups_copied_);
+    for (IdSlot& s : ids_)
+      if (s.copied != nullptr) cudaEventDestroy(s.copied);
   }
 
   const Device* device() const override { return &device_; }
@@ -88,14 +90,20 @@ class CudaBackend final : public ComputeBackend {
     if (slot < 0 || slot > 1) throw InvalidArgument("stage_ids: slot must be 0 or 1");
     IdSlot& s = ids_[slot];
     const size_t bytes = static_cast<size_t>(n) * sizeof(int32_t);
+    current();
+    if (s.copied == nullptr)
+      CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
     if (bytes > s.capacity) {
       resize(s, bytes, "staged token ids");
     } else {
-      // The pinned staging copy of this slot's previous ids may still be in flight.
-      CUDA_CHECK(cudaStreamSynchronize(native()));
+      // The pinned staging copy of this slot's previous ids may still be in flight: wait for
+      // that copy alone, not for the compute queued since (the device copy is overwritten in
+      // stream order, after what reads it).
+      CUDA_CHECK(cudaEventSynchronize(s.copied));
     }
     std::memcpy(s.host, host, bytes);
     CUDA_CHECK(cudaMemcpyAsync(s.device.data(), s.host, bytes, cudaMemcpyHostToDevice, native()));
+    CUDA_CHECK(cudaEventRecord(s.copied, native()));
     return s.device.as<const int32_t>();
   }
   void finish() override {
@@ -282,6 +290,7 @@ class CudaBackend final : public ComputeBackend {
     DeviceBuffer device;
     void* host = nullptr;  // pinned staging
     size_t capacity = 0;
+    cudaEvent_t copied = nullptr;  // the staging's last upload (stage_ids' slots)
   };
 
   // bf16 attention goes to the fused kernels where they take the head size and every operand's
