@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "common/cleanup.hpp"
+#include "common/lock_file.hpp"
 #include "common/log.hpp"
 #include "swap/swap.hpp"
 #include "swap/swap_file_format.hpp"
@@ -84,62 +85,12 @@ uint64_t random_nonce() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
-std::function<void()>& lock_open_hook() {
-  static std::function<void()> hook;
-  return hook;
-}
-
-// RAII flock on <dir>/.lock, held for the SwapSpace's lifetime. The holder unlinks the file
-// before closing it, so a taker that opened the old file and then wins its flock must check
-// that the path still names the inode it locked; otherwise it retries on the new file (or two
-// runs would both believe they hold the directory, and one would delete the other's files as
-// stale).
-class DirLock {
- public:
-  explicit DirLock(const fs::path& dir) : path_(dir / ".lock") {
-    for (int attempt = 0;; ++attempt) {
-      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-      if (fd_ < 0) throw IoError(path_.string(), errno, "open swap lock file");
-      if (auto hook = std::exchange(lock_open_hook(), nullptr)) hook();
-      if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-        int err = errno;
-        ::close(fd_);
-        fd_ = -1;
-        throw IoError(dir.string(), err,
-                      "lock swap directory (another SwapSpace of this rank and kind is using it)");
-      }
-      struct stat held {
-      }, named{};
-      if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 &&
-          held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
-        cleanup::register_path(path_.string());
-        return;
-      }
-      ::close(fd_);  // locked a file its previous holder had already unlinked
-      fd_ = -1;
-      if (attempt == 100)
-        throw IoError(dir.string(), EWOULDBLOCK,
-                      "lock swap directory (its lock file keeps being replaced)");
-    }
-  }
-  DirLock(const DirLock&) = delete;
-  DirLock& operator=(const DirLock&) = delete;
-  ~DirLock() {
-    if (fd_ < 0) return;
-    ::unlink(path_.c_str());  // while still holding the lock: see the class comment
-    cleanup::unregister_path(path_.string());
-    ::close(fd_);
-  }
-
- private:
-  fs::path path_;
-  int fd_ = -1;
-};
-
 }  // namespace
 
 namespace internal {
-void set_lock_open_hook(std::function<void()> hook) { lock_open_hook() = std::move(hook); }
+void set_lock_open_hook(std::function<void()> hook) {
+  outcore::internal::set_lock_open_hook(std::move(hook));
+}
 }  // namespace internal
 
 struct SwapSpace::Impl {
@@ -154,7 +105,9 @@ struct SwapSpace::Impl {
   SwapSpaceOptions options;
   fs::path root;
   std::vector<fs::path> dirs;  // outcore_swap/, rank<r>/, kind dirs; removed in reverse if empty
-  std::vector<std::unique_ptr<DirLock>> locks;
+  // <kind dir>/.lock of each kind held, so that another SwapSpace of this rank and kind
+  // cannot delete this one's files as stale (LockFile: unlinked when released).
+  std::vector<std::unique_ptr<LockFile>> locks;
   std::vector<FileEntry> files;
   std::map<uint64_t, size_t> index;  // file_key -> files[i]
   uint64_t total = 0;
@@ -323,7 +276,9 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::span<const SwapFileSp
   for (SwapKind k : kinds) {
     fs::path dir = impl->root / swap_kind_name(k);
     impl->ensure_dir(dir);
-    impl->locks.push_back(std::make_unique<DirLock>(dir));
+    impl->locks.push_back(std::make_unique<LockFile>(
+        dir / ".lock", "lock swap directory (another SwapSpace of this rank and kind is using it)",
+        std::string_view(), /*register_cleanup=*/true));
     impl->clear_stale(dir);
   }
   impl->total = bytes_needed(files);

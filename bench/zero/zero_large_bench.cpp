@@ -384,7 +384,7 @@ int main(int argc, char** argv) {
                  "bf16): prints MFU");
   app.add_option("--cpuadam-cores-perc", cpuadam_cores_perc,
                  "offload_optimizer.cpuadam_cores_perc: the share of the hardware threads CPU "
-                 "Adam uses (gradient sums and norms take the rest, or all where it leaves none)")
+                 "Adam uses (gradient sums and norms have every thread, in a pool of their own)")
       ->check(CLI::Range(0.01, 1.0));
   double offload_ratio = 1.0;
   app.add_option("--offload-ratio", offload_ratio,

@@ -17,6 +17,7 @@
 
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
+#include "common/lock_file.hpp"
 #include "common/log.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/ckpt/file_util.hpp"
@@ -55,17 +56,6 @@ constexpr std::string_view kMarkerName = ".outcore-save";
 constexpr std::string_view kMarkerText = "outcore checkpoint in progress\n";
 // What outcore writes into the `.lock` it creates (one without it is not outcore's).
 constexpr std::string_view kLockText = "outcore save directory lock\n";
-
-bool write_all(int fd, std::string_view text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
 
 bool has_suffix(const std::string& s, std::string_view suffix) {
   return s.size() > suffix.size() &&
@@ -224,7 +214,7 @@ SaveDir::SaveDir(fs::path dir, SaveDirOptions options) : dir_(std::move(dir)), o
                     "path is a file or a link to nowhere)",
                     dir_.string(), ec.message()));
   if (ec) throw IoError(dir_.string(), ec.value(), "create checkpoint directory");
-  created_dir_ = !existed;
+  created_dir_ = !existed && options_.primary;
   if (!options_.primary) return;
   try {
     take_lock();
@@ -236,57 +226,27 @@ SaveDir::SaveDir(fs::path dir, SaveDirOptions options) : dir_(std::move(dir)), o
 }
 
 void SaveDir::take_lock() {
-  const fs::path lock = dir_ / ".lock";
-  // The lock file is removed when the run ends (release()), so a run may open a file that the
-  // run holding it is about to unlink: the lock is ours only when the file we locked is still
-  // the one the path names. A `.lock` outcore did not write (no marker in it) is a user's, and
-  // is never removed.
   for (int attempt = 0;; ++attempt) {
-    if (attempt == 100)
-      throw IoError(lock.string(), EAGAIN,
-                    "lock checkpoint directory (the lock file keeps changing)");
-    bool created = true;
-    int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0 && errno == EEXIST) {
-      created = false;
-      fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-      if (fd < 0 && errno == ENOENT) continue;  // unlinked since: try again
+    try {
+      lock_.emplace(dir_ / ".lock", "lock checkpoint directory (is another run saving into it?)",
+                    kLockText);
+      return;
+    } catch (const IoError& e) {
+      // A run that saved nothing removed the directory it had created after this one created
+      // it too (it was empty then): it is this run's to create again.
+      if (e.error_number() != ENOENT || attempt == 3) throw;
+      std::error_code ec;
+      fs::create_directories(dir_, ec);
+      if (ec) throw IoError(dir_.string(), ec.value(), "create checkpoint directory");
+      created_dir_ = true;
     }
-    if (fd < 0) throw IoError(lock.string(), errno, "open checkpoint lock");
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      ::close(fd);
-      throw IoError(lock.string(), err,
-                    "lock checkpoint directory (is another run saving into it?)");
-    }
-    struct stat held {
-    }, named{};
-    if (::fstat(fd, &held) != 0 || ::lstat(lock.c_str(), &named) != 0 ||
-        held.st_dev != named.st_dev || held.st_ino != named.st_ino) {
-      ::close(fd);  // the run that held it unlinked it after we opened it
-      continue;
-    }
-    lock_fd_ = fd;
-    if (created) {
-      lock_owned_ = write_all(fd, kLockText);
-    } else {
-      std::string text(kLockText.size() + 1, '\0');
-      const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
-      lock_owned_ = n == static_cast<ssize_t>(kLockText.size()) &&
-                    std::string_view(text.data(), kLockText.size()) == kLockText;
-    }
-    return;
   }
 }
 
 void SaveDir::release() noexcept {
-  if (lock_fd_ >= 0) {
-    // Unlinked while still held, so a run that opens it now finds another file or none.
-    if (lock_owned_) ::unlink((dir_ / ".lock").c_str());
-    ::close(lock_fd_);
-    lock_fd_ = -1;
-  }
-  // A directory this run created and saved nothing into is not left behind.
+  if (lock_) lock_.reset();
+  // A directory this run created and saved nothing into is not left behind (the primary's
+  // call: other ranks write only into checkpoints it commits).
   if (created_dir_ && options_.primary) {
     std::error_code ec;
     if (fs::is_empty(dir_, ec) && !ec) fs::remove(dir_, ec);

@@ -3,8 +3,8 @@
 // A save directory holds checkpoints and a `latest` file naming the newest one:
 //
 //   <dir>/latest                      "global_step<N>\n", replaced atomically
-//   <dir>/.lock                       flock held by the run that saves here; removed when
-//                                     it ends (one without outcore's marker is kept)
+//   <dir>/.lock                       flock held by the run that saves here (LockFile: removed
+//                                     when it ends, unless it is not outcore's)
 //   <dir>/global_step<N>/manifest.json   format, version, step, world size, units, and the
 //                                        size and CRC32C of every other file
 //   <dir>/global_step<N>/config.json     the model's Hugging Face config
@@ -27,7 +27,8 @@
 // SaveDir removes the leftovers with a warning.
 //
 // Ownership: outcore deletes or replaces only entries of a save directory it can recognise as
-// its own, by name and by content: `global_step<N>/` holding an outcore manifest, leftovers
+// its own, by name and by content: `.lock` empty or holding its marker (common/lock_file.hpp),
+// `global_step<N>/` holding an outcore manifest, leftovers
 // `global_step<N>.tmp/` and `.old/` that are empty or hold the marker and nothing but
 // checkpoint files, `latest` and `latest.tmp` holding one tag. Any other entry is left alone;
 // one that has a name outcore needs is refused when the directory is opened, naming it. A
@@ -53,6 +54,7 @@
 
 #include "aio/aio.hpp"
 #include "common/dtype.hpp"
+#include "common/lock_file.hpp"
 
 namespace outcore::ckpt {
 
@@ -175,13 +177,14 @@ struct SaveDirOptions {
   std::string resumed_tag{};
 };
 
-// A save directory: created if missing (and removed again, if still empty, when the SaveDir
-// goes), locked against a second run (IoError EWOULDBLOCK naming the lock file; the lock file
-// goes with the SaveDir, and with a refused open), cleaned of an interrupted save's leftovers (each
-// named in one warning). InvalidArgument naming the entry when an entry with a name outcore uses is
-// not outcore's (see "Ownership" above), with ExistingCheckpoints::kRefuse when the directory holds
-// checkpoints, and with kContinue when it holds checkpoints after the one resumed from (naming them
-// and the ways out). Other entries are never touched.
+// A save directory: created if missing (and, by the primary, removed again when the SaveDir
+// goes if still empty; parents it created stay), locked against a second run (IoError EWOULDBLOCK
+// naming the lock file; the lock file goes with the SaveDir, and with a refused open), cleaned of
+// an interrupted save's leftovers (each named in one warning). InvalidArgument naming the entry
+// when an entry with a name outcore uses is not outcore's (see "Ownership" above), with
+// ExistingCheckpoints::kRefuse when the directory holds checkpoints, and with kContinue when it
+// holds checkpoints after the one resumed from (naming them and the ways out). Other entries are
+// never touched.
 class SaveDir {
  public:
   explicit SaveDir(std::filesystem::path dir, SaveDirOptions options = {});
@@ -216,9 +219,8 @@ class SaveDir {
 
   std::filesystem::path dir_;
   SaveDirOptions options_;
-  int lock_fd_ = -1;
-  bool lock_owned_ = false;            // the `.lock` holds outcore's marker: removed on release
-  bool created_dir_ = false;           // created by this SaveDir: removed on release if still empty
+  std::optional<LockFile> lock_;       // `.lock` (the primary's)
+  bool created_dir_ = false;           // created by this primary SaveDir: removed if still empty
   std::vector<std::string> replaced_;  // kReplace: the checkpoints found at open
   std::vector<std::string> kept_;      // checkpoints not removed, each warned about once
 };

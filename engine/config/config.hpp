@@ -228,12 +228,11 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;  // fraction of optimizer work on the CPU, [0, 1]; < 1 needs stage 3
-  // Share of the hardware threads CPU Adam uses, (0, 1]: the rest are the host data path's
-  // (gradient sums and norms, swap checksums: a pool of its own, zero::data_threads_for, which
-  // shares every thread when this leaves none) and stay free for the aio, fetch and
-  // gradient-lane threads and the data loader. DeepSpeed reads it only with super_offload
-  // (default 0.8 there); here it applies whenever given, and its absence means every hardware
-  // thread.
+  // Share of the hardware threads CPU Adam uses, (0, 1]: while it runs, the rest stay free for
+  // the host's data path (gradient sums and norms, swap checksums: a pool of its own over every
+  // hardware thread, zero::data_path_threads), the aio, fetch and gradient-lane threads and the
+  // data loader. DeepSpeed reads it only with super_offload (default 0.8 there); here it applies
+  // whenever given, and its absence means every hardware thread.
   double cpuadam_cores_perc = 1.0;
 };
 

@@ -93,7 +93,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
                               g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
                                                                    : GradientPlacement::kHost))),
       executor(options.cpu_threads != 0 ? options.cpu_threads : cpu_threads_for(cfg)),
-      data_executor(options.cpu_threads != 0 ? options.cpu_threads : data_threads_for(cfg)) {
+      data_executor(options.cpu_threads != 0 ? options.cpu_threads : data_path_threads()) {
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};
   limits_at_start = limits;
   bool by_gpu = false;
@@ -254,15 +254,7 @@ unsigned cpu_threads_for(double share, unsigned hardware_threads) {
   return std::max(1u, static_cast<unsigned>(n));
 }
 
-unsigned data_threads_for(double share, unsigned hardware_threads) {
-  const unsigned adam = cpu_threads_for(share, hardware_threads);
-  return adam < hardware_threads ? hardware_threads - adam : std::max(1u, hardware_threads);
-}
-
-unsigned data_threads_for(const config::Config& cfg) {
-  return data_threads_for(cfg.zero_optimization.offload_optimizer.cpuadam_cores_perc,
-                          std::max(1u, std::thread::hardware_concurrency()));
-}
+unsigned data_path_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 float ZeroEngine::forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale,
                                    bool first_micro_batch) {

@@ -109,11 +109,10 @@ unsigned cpu_threads_for(double share, unsigned hardware_threads);
 // cpu_threads_for the config's offload_optimizer.cpuadam_cores_perc on this machine.
 unsigned cpu_threads_for(const config::Config& cfg);
 // The threads of the host's data path (gradient accumulation and reduction, gradient norms,
-// parameter and gradient swap checksums), a pool of their own so that they never queue behind
-// CPU Adam's work: the hardware threads CPU Adam leaves, or all of them where it leaves none
-// (share 1, the default: the two pools share the cores).
-unsigned data_threads_for(double share, unsigned hardware_threads);
-unsigned data_threads_for(const config::Config& cfg);
+// parameter and gradient swap checksums): every hardware thread, in a pool of their own, so
+// that this work never queues behind CPU Adam's chunks, takes the cores cpuadam_cores_perc
+// leaves while Adam runs, and all of them when it does not (the step's norm).
+unsigned data_path_threads();
 
 struct StepResult {
   bool overflow = false;   // non-finite gradients: nothing updated, gradients cleared
@@ -160,8 +159,8 @@ struct EngineOptions {
   // the allocator itself.
   bool check_system_limits = true;
   // Threads of each of the engine's two CPU pools, CPU Adam's and the data path's; 0 = the
-  // config's split of the hardware threads (offload_optimizer.cpuadam_cores_perc,
-  // cpu_threads_for and data_threads_for).
+  // config's share of the hardware threads for Adam (offload_optimizer.cpuadam_cores_perc,
+  // cpu_threads_for) and all of them for the data path (data_path_threads).
   unsigned cpu_threads = 0;
   // Where gradient accumulators go when the optimizer state is on NVMe (see plan.hpp).
   GradientPlacement gradients = GradientPlacement::kAuto;
@@ -213,7 +212,7 @@ class ZeroEngine {
   const PlanLimits& limits() const;
   const model::LlamaModel& model() const;
   // Threads of CPU Adam (cpu_threads_for), and of the host's data path: gradient accumulation
-  // and norms, swap checksums (data_threads_for).
+  // and norms, swap checksums (data_path_threads).
   unsigned cpu_threads() const;
   unsigned data_threads() const;
 

@@ -19,6 +19,7 @@
 
 #include "aio/aio.hpp"
 #include "common/error.hpp"
+#include "common/lock_file.hpp"
 #include "tests/common/temp_dir.hpp"
 
 namespace outcore::ckpt {
@@ -444,8 +445,41 @@ TEST(CkptSaveDir, TheLockFileAndAnEmptyDirectoryGoWithTheRun) {
     SaveDir dir(save, kContinue);
     EXPECT_THROW(SaveDir second(save, kContinue), IoError);
   }
-  SaveDir again(save, kContinue);
-  EXPECT_THROW(SaveDir second(save, kContinue), IoError);
+  {
+    SaveDir again(save, kContinue);
+    EXPECT_THROW(SaveDir second(save, kContinue), IoError);
+  }
+  // A lock left by a killed run (outcore's marker), or by an earlier version (empty), is taken
+  // and removed; a partial marker is not outcore's.
+  for (const std::string& left : {std::string("outcore save directory lock\n"), std::string()}) {
+    std::ofstream(save / ".lock", std::ios::binary) << left;
+    { SaveDir dir(save, kContinue); }
+    EXPECT_FALSE(fs::exists(save / ".lock")) << "left: '" << left << "'";
+  }
+  std::ofstream(save / ".lock", std::ios::binary) << "outcore save";
+  { SaveDir dir(save, kContinue); }
+  EXPECT_TRUE(fs::exists(save / ".lock"));
+  fs::remove(save / ".lock");
+  // The release of the holder between another run's open of the lock file and its flock: that
+  // run finds the path naming a new file (a third run's) and is kept out, instead of holding
+  // the unlinked one beside the third.
+  {
+    auto first = std::make_unique<SaveDir>(save, kContinue);
+    std::unique_ptr<SaveDir> third;
+    outcore::internal::set_lock_open_hook([&] {
+      first.reset();
+      third = std::make_unique<SaveDir>(save, kContinue);
+    });
+    EXPECT_THROW(SaveDir second(save, kContinue), IoError);
+    ASSERT_TRUE(third);
+    EXPECT_TRUE(fs::exists(save / ".lock"));
+  }
+  // Other ranks neither lock nor remove: a directory rank 0 has not created yet stays.
+  {
+    SaveDir rank1(tmp / "ranks", {.primary = false});
+    EXPECT_FALSE(fs::exists(tmp / "ranks" / ".lock"));
+  }
+  EXPECT_TRUE(fs::is_directory(tmp / "ranks"));
 }
 
 TEST(CkptSaveDir, EntriesThatAreNotOutcoresAreNeverTouched) {

@@ -596,8 +596,9 @@ TEST_F(CudaKernels, GemmMatchesTheHostForEveryTransposeDtypeAndBatch) {
 // that the host's reference stays short) in bf16 operands with fp32 accumulation, as bf16
 // compute runs them: the forward Y = X W^T, the input gradient dX = dY W and the weight
 // gradient dW = dY^T X, against OpenBLAS on the same rounded operands. Both sum in fp32 in
-// different orders: the difference's norm stays within 1e-5 of the result's (random signs over
-// k terms give about sqrt(k) ulps), each element within 1e-3 of the largest.
+// different orders, and tensor cores may round each step of 16 products toward zero: over k up
+// to 14336 that drifts by up to about k / 16 ulps, 1e-4 of the result's norm at most; a wrong
+// transpose, leading dimension or dtype is off by the result's whole size.
 TEST_F(CudaKernels, GemmAtLlama3_8BShapesMatchesTheHost) {
   Gemm gemm;
   const int64_t tokens = 512, hidden = 4096, inter = 14336;
@@ -608,7 +609,7 @@ TEST_F(CudaKernels, GemmAtLlama3_8BShapesMatchesTheHost) {
   };
   const Shape shapes[] = {
       {"forward (gate/up projection)", false, true, tokens, inter, hidden},
-      {"input gradient (down projection's)", false, false, tokens, hidden, inter},
+      {"input gradient (of the gate/up projection)", false, false, tokens, hidden, inter},
       {"weight gradient", true, false, inter, hidden, tokens}};
   for (const Shape& sh : shapes) {
     const int64_t lda = sh.ta ? sh.m : sh.k, ldb = sh.tb ? sh.k : sh.n;
@@ -634,8 +635,8 @@ TEST_F(CudaKernels, GemmAtLlama3_8BShapesMatchesTheHost) {
       largest = std::max(largest, std::abs(double(want[i])));
       worst = std::max(worst, std::abs(d));
     }
-    EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm)) << sh.what;
-    EXPECT_LE(worst, 1e-3 * largest) << sh.what;
+    EXPECT_LE(std::sqrt(diff), 1e-4 * std::sqrt(norm)) << sh.what;
+    EXPECT_LE(worst, 2e-3 * largest) << sh.what;
   }
 }
 

@@ -636,6 +636,8 @@ TEST_F(TrainCliTest, EstimateAndTrainAgreeOnWhatFits) {
 TEST_F(TrainCliTest, EstimateMeasuresTheDriveUnderTheSwapDirectory) {
   const std::string swap = data_.file("swap_here");
   std::filesystem::create_directories(swap);
+  if (std::filesystem::space(swap).available < (uint64_t{3} << 29))
+    GTEST_SKIP() << "under 1.5 GiB free in " << swap << " for estimate's 512 MiB drive file";
   nlohmann::json patch = testing::nvme_patch(swap);
   config_ = write_config("nvme_here.json", patch);
   const std::string est = "estimate --config " + shell_quote(config_) + " --model " +
@@ -649,6 +651,13 @@ TEST_F(TrainCliTest, EstimateMeasuresTheDriveUnderTheSwapDirectory) {
   EXPECT_EQ(r.out.find("without the drive"), std::string::npos) << r.out;
   EXPECT_TRUE(std::filesystem::is_empty(swap));
   EXPECT_NE(r.out.find("runs under the next step's first forward"), std::string::npos) << r.out;
+  // A swap directory training has yet to create: measured in its nearest existing parent.
+  config_ = write_config("nvme_later.json", testing::nvme_patch(swap + "/later/swap"));
+  r = run("estimate --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+          " --seq-len 32 --device cpu --gemm-tflops 1 --attention-tflops 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("read, in " + swap + " with the aio section"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::is_empty(swap));
   patch["outcore"]["step_in_backward"] = true;
   config_ = write_config("nvme_in_backward.json", patch);
   r = run("estimate --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
@@ -753,10 +762,17 @@ TEST_F(TrainCliTest, EstimatePrintsTheStepBoundsAndTheShapeThatHidesTheTransfers
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("at 1e-06 G elements/s (--cpu-adam-gelems)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("CPU Adam\n"), std::string::npos) << r.out;  // the bound line
-  r = run(est + " --gemm-tflops 1 --attention-tflops 1");
+  // No drive rates, and no directory to measure one in (the swap path runs through a file).
+  const std::string file = data_.file("a_file");
+  std::ofstream(file) << "not a directory";
+  config_ = write_config("nvme_nowhere.json", testing::nvme_patch(file + "/swap"));
+  r = run("estimate --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+          " --seq-len 32 --device cpu --gemm-tflops 1 --attention-tflops 1");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("drive     unknown"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("is not a writable directory here"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(file + "/swap is not a writable directory here"), std::string::npos)
+      << r.out;
+  config_ = write_config("nvme.json", testing::nvme_patch(data_.file("swap")));
   // The attention at its own rate: a slower one adds its FLOPs' time at that rate.
   r = run(est + " --gemm-tflops 0.001 --attention-tflops 0.001");
   ASSERT_EQ(r.rc, 0) << r.err;

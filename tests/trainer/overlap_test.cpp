@@ -25,6 +25,7 @@ struct Outcome {
   Weights weights;
   std::vector<std::string> in_backward;  // per step: StepMetrics::in_backward
   size_t device_grad_sums = 0;           // units whose gradients the plan sums on the device
+  uint64_t host_checkpoint_bytes = 0;    // the plan's activation checkpoints in host memory
 };
 
 Outcome train_with(const nlohmann::json& patch, bool overlap, const DemoData& data,
@@ -67,6 +68,9 @@ Outcome train_with(const nlohmann::json& patch, bool overlap, const DemoData& da
   out.val = r.final_val_loss.value_or(-1.0);
   out.weights = weights_of(tr);
   for (const bool on : tr.engine().plan().device_grad_sums) out.device_grad_sums += on;
+  for (const zero::PlanItem& item : tr.engine().plan().items)
+    if (item.what.find("cpu_checkpointing") != std::string::npos)
+      out.host_checkpoint_bytes += item.bytes;
   return out;
 }
 
@@ -224,6 +228,8 @@ TEST(StepInBackwardOnADiscreteDevice, BitIdenticalToTheHostAccessibleDeviceInFp3
   std::map<std::string, int> count;
   for (const std::string& s : got.in_backward) ++count[s];
   EXPECT_EQ(count["committed"], 20);
+  for (const std::string& s : want.in_backward) EXPECT_EQ(s, "");
+  EXPECT_GT(got.host_checkpoint_bytes, 0u) << "unit inputs should be checkpointed in host memory";
   EXPECT_EQ(want.device_grad_sums, 0u);
   EXPECT_GT(got.device_grad_sums, 0u) << "the gradient sums should be held on the device";
   expect_same(want, got);

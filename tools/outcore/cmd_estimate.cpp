@@ -14,12 +14,14 @@
 // here under the config's nvme_path with its aio settings, see measure_drive), which one is
 // largest, and the smallest micro-batch and
 // gradient_accumulation_steps that put the transfers under compute within the device budget.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -98,46 +100,60 @@ struct RateSources {
 
 // The swap directory whose drive bounds the step: the optimizer state's when it is on NVMe
 // (most of the bytes), else the parameters'.
-std::string swap_dir_of(const config::Config& cfg) {
-  const auto& z = cfg.zero_optimization;
-  if (z.offload_optimizer.device == config::OffloadDevice::kNvme)
-    return z.offload_optimizer.nvme_path;
-  return z.offload_param.nvme_path;
+std::string swap_dir_of(const zero::Plan& plan) {
+  return plan.optimizer_nvme_path.empty() ? plan.param_nvme_path : plan.optimizer_nvme_path;
 }
 
-// The drive under `dir` at the swap's aio settings `opt`: one pass of writes, then one of reads,
-// over a file of `bytes` (O_DIRECT where the file system takes it), streamed as the swap streams
-// (aio_bench's measure_engine). The file is unlinked as soon as it is open, so nothing is left
-// in `dir` whatever ends the process. nullopt, with the reason in `why`, where `dir` is not
-// here, is not a writable directory or lacks twice `bytes` of free space.
-std::optional<std::pair<double, double>> measure_drive(const std::string& dir,
-                                                       const aio::Options& opt, uint64_t bytes,
-                                                       std::string& why) {
+// The drive under `nvme_path` at the swap's aio settings `opt`: one pass of writes, then one
+// of reads, over a file of `bytes`, streamed as the swap streams (aio_bench's measure_engine),
+// in `nvme_path` or, while training has yet to create it, its nearest existing parent (`dir`
+// says which). The file is unlinked as soon as it is open, so nothing is left whatever ends
+// the process. Where the file system refuses O_DIRECT (the swap files fall back to buffered
+// I/O too) the writes are timed through fdatasync and the cache dropped before the reads
+// (`buffered`). nullopt, with the reason in `why`, where no such directory is writable here or
+// it lacks twice `bytes` of free space.
+struct DriveRates {
+  double read_bytes = 0, write_bytes = 0;
+  std::string dir;
+  bool buffered = false;
+};
+std::optional<DriveRates> measure_drive(const std::string& nvme_path, const aio::Options& opt,
+                                        uint64_t bytes, std::string& why) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (dir.empty() || !fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0) {
-    why = fmt::format("nvme_path {} is not a writable directory here", dir);
+  fs::path at = nvme_path.empty() ? fs::path() : fs::absolute(nvme_path, ec);
+  while (!at.empty() && !fs::exists(at, ec) && at != at.parent_path()) at = at.parent_path();
+  const std::string dir = at.string();
+  if (at.empty() || !fs::is_directory(at, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0) {
+    why = fmt::format("nvme_path {} is not a writable directory here", nvme_path);
     return std::nullopt;
   }
   struct statvfs vfs {};
   if (::statvfs(dir.c_str(), &vfs) != 0 ||
       static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < 2 * bytes) {
-    why = fmt::format("nvme_path {} has less than {} free to measure the drive with", dir,
+    why = fmt::format("{} has less than {} free to measure the drive with", dir,
                       zero::format_bytes(2 * bytes));
     return std::nullopt;
   }
-  const fs::path path = fs::path(dir) / fmt::format(".outcore-estimate-drive.{}.tmp", ::getpid());
+  const fs::path path = at / fmt::format(".outcore-estimate-drive.{}.tmp", ::getpid());
   aio::File file =
       aio::File::open(path, {.access = aio::Access::kReadWrite, .create = true, .exclusive = true});
   ::unlink(path.c_str());
   file.preallocate(bytes);
   AlignedBuffer buffer(size_t{32} << 20);
   const std::span<std::byte> span(buffer.data(), buffer.size());
-  const aio_bench::Result w = aio_bench::measure_engine(
-      file, span, opt, {.write = true, .file_size = bytes, .register_buffer = false}, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  aio_bench::measure_engine(file, span, opt,
+                            {.write = true, .file_size = bytes, .register_buffer = false}, nullptr);
+  if (!file.direct()) file.fdatasync();
+  const std::chrono::duration<double> written = std::chrono::steady_clock::now() - t0;
+  if (!file.direct()) ::posix_fadvise(file.fd(), 0, 0, POSIX_FADV_DONTNEED);
   const aio_bench::Result r = aio_bench::measure_engine(
       file, span, opt, {.write = false, .file_size = bytes, .register_buffer = false}, nullptr);
-  return std::pair{r.gbps * 1e9, w.gbps * 1e9};
+  return DriveRates{.read_bytes = r.gbps * 1e9,
+                    .write_bytes = static_cast<double>(bytes) / written.count(),
+                    .dir = dir,
+                    .buffered = !file.direct()};
 }
 
 void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::LinkRates& r,
@@ -425,17 +441,18 @@ int run_estimate(const EstimateArgs& a) {
     if (plan.per_step.nvme_read + plan.per_step.nvme_write > 0 && rates.drive_read_bytes <= 0 &&
         rates.drive_write_bytes <= 0) {
       constexpr uint64_t kDriveBytes = uint64_t{512} << 20;
-      const std::string dir = swap_dir_of(cfg);
+      const std::string nvme_path = swap_dir_of(plan);
       if (absent_gpu) {
         src.drive_unknown = "the drive of the machine with the GPU is not measured here";
       } else {
         try {
-          if (const auto measured =
-                  measure_drive(dir, zero::aio_options(cfg.aio), kDriveBytes, src.drive_unknown)) {
-            rates.drive_read_bytes = measured->first;
-            rates.drive_write_bytes = measured->second;
-            src.drive = fmt::format("measured: {} written, then read, in {} with the aio section",
-                                    zero::format_bytes(kDriveBytes), dir);
+          if (const auto measured = measure_drive(nvme_path, zero::aio_options(cfg.aio),
+                                                  kDriveBytes, src.drive_unknown)) {
+            rates.drive_read_bytes = measured->read_bytes;
+            rates.drive_write_bytes = measured->write_bytes;
+            src.drive = fmt::format("measured: {} written, then read, in {} with the aio section{}",
+                                    zero::format_bytes(kDriveBytes), measured->dir,
+                                    measured->buffered ? ", buffered (no O_DIRECT there)" : "");
           }
         } catch (const Error& e) {  // the drive stays unknown, saying why
           src.drive_unknown = fmt::format("measuring it failed: {}", e.what());

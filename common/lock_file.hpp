@@ -1,0 +1,56 @@
+// LockFile: an exclusive flock(2) on a lock file, held for the object's lifetime, so that one
+// process at a time uses what the file guards (a swap directory, a save directory).
+//
+// Release unlinks the file while still holding it, then closes it: a lock file does not outlive
+// its holder. A process that opened the file just before it was unlinked, and then wins its
+// flock, finds that the path no longer names the inode it locked and retries on the new file, so
+// two holders never coexist.
+//
+// Ownership (with a marker): a file this creates holds the marker; an existing file at the path
+// is outcore's when it holds the marker or nothing (a holder killed before writing it, or a lock
+// file of an earlier version); any other file there is someone else's: it is locked, never
+// written, truncated or unlinked. Without a marker every file at the path is outcore's.
+//
+// Errors: IoError(path, EWOULDBLOCK, `busy`) when another holder has it; IoError naming the path
+// for every other failure (ENOENT when the directory is gone). Thread-compatible.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace outcore {
+
+class LockFile {
+ public:
+  // `path`: the lock file (created, mode 0600, never through a symbolic link). `busy`: the
+  // operation named in the error when another holder has it. `register_cleanup`: unlinked by
+  // cleanup::remove_registered_files too, should the process be killed while holding it.
+  LockFile(std::filesystem::path path, std::string busy, std::string_view marker = {},
+           bool register_cleanup = false);
+  ~LockFile() { release(); }
+  LockFile(const LockFile&) = delete;
+  LockFile& operator=(const LockFile&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  // Whether release() unlinks the file (see Ownership).
+  bool owned() const { return owned_; }
+  // Unlinks the file if it is outcore's, while holding it, then closes it. Idempotent.
+  void release() noexcept;
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+  bool owned_ = false;
+  bool registered_ = false;
+};
+
+namespace internal {
+// Called once by the next LockFile, after it has opened its file and before it flocks it (then
+// cleared): a seam for tests to reproduce the race of a release between the two. Not
+// thread-safe.
+void set_lock_open_hook(std::function<void()> hook);
+}  // namespace internal
+
+}  // namespace outcore
