@@ -1,6 +1,7 @@
 #!/bin/bash
 # zero_large_bench on a tiny model on the simulated discrete device: two steps, each against the
-# bounds measured in the same run (the CPU Adam bound among them), with the engine's CPU threads set by --cpuadam-cores-perc;
+# bounds measured in the same run (the CPU Adam bound among them), with CPU Adam's threads set by
+# --cpuadam-cores-perc (the data path's pool has every hardware thread);
 # a share outside (0, 1] refused.
 # usage: zero_large_bench_smoke.sh ZERO_LARGE_BENCH SCRATCH_DIR
 set -u
@@ -15,7 +16,7 @@ args=(--device discrete --device-mb 200 --hidden 256 --intermediate 512 --layers
 out=$("$bench" "${args[@]}" --cpuadam-cores-perc 0.5 2>&1) || fail "exited $?: $out"
 hw=$(nproc)
 want=$(( (hw + 1) / 2 ))
-grep -Eq "^engine CPU threads $want of [0-9]+ \(cpuadam_cores_perc 0.5\)$" <<< "$out" ||
+grep -Eq "^engine CPU threads $want of $hw for CPU Adam, $hw for gradient sums and norms \(cpuadam_cores_perc 0.5\)$" <<< "$out" ||
   fail "no 'engine CPU threads $want' line in:
 $out"
 grep -Eq "^step 2: loss [0-9.]+, .*x the larger bound$" <<< "$out" || fail "no step 2 in:

@@ -111,6 +111,15 @@ size_t LlamaModel::scratch_bytes() const {
                    detail::embedding_scratch_bytes(config_, options_)});
 }
 
+std::string LlamaModel::scratch_sized_by() const {
+  const size_t decoder = detail::decoder_scratch_bytes(config_, options_);
+  const size_t head = detail::head_scratch_bytes(config_, options_);
+  const size_t embedding = detail::embedding_scratch_bytes(config_, options_);
+  if (head >= decoder && head >= embedding)
+    return fmt::format("{} rows of head logits", detail::head_chunk_rows(config_, options_));
+  return decoder >= embedding ? "a decoder layer" : "the embedding";
+}
+
 device::WorkspaceShape LlamaModel::workspace_shape() const {
   using device::charged_bytes;
   return {.attention = detail::decoder_attention(config_, options_),

@@ -341,6 +341,9 @@ class LlamaModel {
   // Bytes of the scratch workspace that any forward or backward call needs (the maximum over
   // units; includes the recompute space with checkpointing).
   size_t scratch_bytes() const;
+  // Whose needs size scratch_bytes(), in words (the plan names it): "N rows of head logits" (N
+  // per launch), "a decoder layer" or "the embedding".
+  std::string scratch_sized_by() const;
   // What the model's computation asks of a backend's device memory besides the buffers above
   // (device::backend_workspace): the attention shape, the tokens staged, the constant tables.
   device::WorkspaceShape workspace_shape() const;

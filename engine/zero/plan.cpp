@@ -238,9 +238,10 @@ void plan_device_state(const PlanContext& c, Plan& plan) {
   const Geometry& g = c.g;
   const Placement& p = g.placement;
   add(plan, Tier::kDevice,
-      c.model.options().activation_checkpointing
-          ? "activations (checkpointed unit inputs, scratch)"
-          : "activations (unit inputs, saved internals, scratch)",
+      fmt::format("activations ({}; scratch: {})",
+                  c.model.options().activation_checkpointing ? "checkpointed unit inputs"
+                                                             : "unit inputs, saved internals",
+                  c.model.scratch_sized_by()),
       c.acts.device_bytes);
   if (p.stage < 3)
     add(plan, Tier::kDevice, c.param_dtype + " parameters, full slabs of every unit",
@@ -251,8 +252,7 @@ void plan_device_state(const PlanContext& c, Plan& plan) {
         sum_units(g, [&](const UnitGeometry& u) { return charged_bytes(u.part * g.param_bytes); }));
   plan.device_grad_bytes = detail::grad_slab_peak_bytes(c.model, g);
   add(plan, Tier::kDevice,
-      fmt::format("fp32 gradient slabs of the units in backward (the one computed, {} more in "
-                  "flight: added or copied down)",
+      fmt::format("fp32 gradient slabs in backward (1 computed + {} in flight)",
                   detail::kGradSlabsInFlight),
       plan.device_grad_bytes);
   add(plan, Tier::kDevice,

@@ -301,6 +301,15 @@ TEST(Plan, FormatShowsEveryTierTheTotalsAndTheTraffic) {
   EXPECT_EQ(p.placement.params, Tier::kNvme);
   EXPECT_EQ(p.placement.optimizer, Tier::kNvme);
   EXPECT_GT(p.peak.nvme, model.config().num_parameters() * 14);  // 12 B optimizer + 2 B params
+  // The scratch names what sizes it: here the head's logits for the micro-batch's 32 rows;
+  // with 16 rows per launch of a 64-token vocabulary, a decoder layer.
+  EXPECT_NE(text.find("scratch: 32 rows of head logits)"), std::string::npos) << text;
+  model::LlamaConfig narrow = tiny_config(false);
+  narrow.vocab_size = 64;
+  model::ModelOptions rows = tiny_options(DType::BF16);
+  rows.head_chunk_rows = 16;
+  const std::string decoder = format_plan(make_plan(cfg, model::LlamaModel(narrow, rows)));
+  EXPECT_NE(decoder.find("scratch: a decoder layer)"), std::string::npos) << decoder;
 }
 
 TEST(Plan, CheckFitsNamesTheTierTheNeedAndTheLimit) {
