@@ -1,5 +1,6 @@
 // CUDA_CHECK: runs a CUDA runtime call and throws outcore::Error naming the statement, the
-// error, the file and the line when it fails. Internal to engine/device/cuda (.cu files only).
+// error, the file and the line when it fails (and, for a fault of work queued earlier, saying so
+// and how to find the operation). Internal to engine/device/cuda (.cu files only).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,10 +11,35 @@
 
 namespace outcore::device::detail {
 
+// Whether `err` is a fault of work already queued (a kernel's or a copy's), reported by whatever
+// CUDA call comes next: the device's context is lost and every later call fails too.
+inline bool queued_work_failed(cudaError_t err) {
+  switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* stmt, const char* file,
                                           int line) {
   throw Error(std::string("CUDA error ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
-              ") in `" + stmt + "` at " + file + ":" + std::to_string(line));
+              ") in `" + stmt + "` at " + file + ":" + std::to_string(line) +
+              (queued_work_failed(err)
+                   ? ": a kernel or copy queued before this call failed, and the GPU's context is "
+                     "lost (the run cannot go on); CUDA_LAUNCH_BLOCKING=1 reports it at the "
+                     "operation that failed"
+                   : ""));
 }
 
 }  // namespace outcore::device::detail
