@@ -6,10 +6,11 @@
 // flock, finds that the path no longer names the inode it locked and retries on the new file, so
 // two holders never coexist.
 //
-// Ownership (with a marker): a file this creates holds the marker; an existing file at the path
-// is outcore's when it holds the marker or nothing (a holder killed before writing it, or a lock
-// file of an earlier version); any other file there is someone else's: it is locked, never
-// written, truncated or unlinked. Without a marker every file at the path is outcore's.
+// Ownership (with a marker): a file this creates holds the marker (or nothing, where it could not
+// be written); an existing file at the path is outcore's when it is a regular file holding the
+// marker or nothing (a holder killed before writing it, or a lock file of an earlier version);
+// anything else there is someone else's: it is opened read-only and locked, never written,
+// truncated or unlinked. Without a marker every file at the path is outcore's.
 //
 // Errors: IoError(path, EWOULDBLOCK, `busy`) when another holder has it; IoError naming the path
 // for every other failure (ENOENT when the directory is gone). Thread-compatible.

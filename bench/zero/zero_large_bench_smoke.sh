@@ -14,7 +14,7 @@ args=(--device discrete --device-mb 200 --hidden 256 --intermediate 512 --layers
   --kv-heads 2 --vocab 1000 --seq 64 --steps 2 --ref-gib 0.0625 --compute-reps 1 --nvme "$dir")
 
 out=$("$bench" "${args[@]}" --cpuadam-cores-perc 0.5 2>&1) || fail "exited $?: $out"
-hw=$(nproc)
+hw=$(getconf _NPROCESSORS_ONLN)  # what std::thread::hardware_concurrency counts
 want=$(( (hw + 1) / 2 ))
 grep -Eq "^engine CPU threads $want of $hw for CPU Adam, $hw for gradient sums and norms \(cpuadam_cores_perc 0.5\)$" <<< "$out" ||
   fail "no 'engine CPU threads $want' line in:

@@ -251,10 +251,12 @@ unsigned cpu_threads_for(double share, unsigned hardware_threads) {
   if (!(share > 0 && share <= 1))
     throw InvalidArgument(fmt::format("cpuadam_cores_perc {} is not in (0, 1]", share));
   const double n = std::round(share * static_cast<double>(hardware_threads));
-  return std::max(1u, static_cast<unsigned>(n));
+  return std::clamp(static_cast<unsigned>(n), 1u, cpu_adam::Executor::kMaxThreads);
 }
 
-unsigned data_path_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+unsigned data_path_threads() {
+  return std::clamp(std::thread::hardware_concurrency(), 1u, cpu_adam::Executor::kMaxThreads);
+}
 
 float ZeroEngine::forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale,
                                    bool first_micro_batch) {

@@ -104,12 +104,14 @@ double unscale_and_clip_multiplier(double grad_norm, double loss_scale, double c
 aio::Options aio_options(const config::AioConfig& a);
 
 // CPU Adam's threads for `share` (offload_optimizer.cpuadam_cores_perc, in (0, 1]) of
-// `hardware_threads`: share x hardware_threads rounded to nearest, at least 1.
+// `hardware_threads`: share x hardware_threads rounded to nearest, at least 1 and at most
+// cpu_adam::Executor::kMaxThreads.
 unsigned cpu_threads_for(double share, unsigned hardware_threads);
 // cpu_threads_for the config's offload_optimizer.cpuadam_cores_perc on this machine.
 unsigned cpu_threads_for(const config::Config& cfg);
 // The threads of the host's data path (gradient accumulation and reduction, gradient norms,
-// parameter and gradient swap checksums): every hardware thread, in a pool of their own, so
+// parameter and gradient swap checksums): every hardware thread (at most
+// cpu_adam::Executor::kMaxThreads), in a pool of their own, so
 // that this work never queues behind CPU Adam's chunks, takes the cores cpuadam_cores_perc
 // leaves while Adam runs, and all of them when it does not (the step's norm).
 unsigned data_path_threads();

@@ -4,6 +4,7 @@
 #include "engine/ckpt/ckpt.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -459,6 +460,11 @@ TEST(CkptSaveDir, TheLockFileAndAnEmptyDirectoryGoWithTheRun) {
   std::ofstream(save / ".lock", std::ios::binary) << "outcore save";
   { SaveDir dir(save, kContinue); }
   EXPECT_TRUE(fs::exists(save / ".lock"));
+  fs::remove(save / ".lock");
+  // Nor is an empty thing that is not a regular file.
+  ASSERT_EQ(::mkfifo((save / ".lock").c_str(), 0600), 0);
+  { SaveDir dir(save, kContinue); }
+  EXPECT_EQ(fs::symlink_status(save / ".lock").type(), fs::file_type::fifo);
   fs::remove(save / ".lock");
   // The release of the holder between another run's open of the lock file and its flock: that
   // run finds the path naming a new file (a third run's) and is kept out, instead of holding

@@ -122,7 +122,11 @@ std::optional<DriveRates> measure_drive(const std::string& nvme_path, const aio:
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path at = nvme_path.empty() ? fs::path() : fs::absolute(nvme_path, ec);
-  while (!at.empty() && !fs::exists(at, ec) && at != at.parent_path()) at = at.parent_path();
+  // Up to the nearest part that is there (a dangling link or an unreadable part stops the walk:
+  // training could not create the directory through it either).
+  while (!at.empty() && at != at.parent_path() &&
+         fs::symlink_status(at, ec).type() == fs::file_type::not_found)
+    at = at.parent_path();
   const std::string dir = at.string();
   if (at.empty() || !fs::is_directory(at, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0) {
     why = fmt::format("nvme_path {} is not a writable directory here", nvme_path);
@@ -142,16 +146,16 @@ std::optional<DriveRates> measure_drive(const std::string& nvme_path, const aio:
   file.preallocate(bytes);
   AlignedBuffer buffer(size_t{32} << 20);
   const std::span<std::byte> span(buffer.data(), buffer.size());
+  const aio_bench::Result w = aio_bench::measure_engine(
+      file, span, opt, {.write = true, .file_size = bytes, .register_buffer = false}, nullptr);
   const auto t0 = std::chrono::steady_clock::now();
-  aio_bench::measure_engine(file, span, opt,
-                            {.write = true, .file_size = bytes, .register_buffer = false}, nullptr);
   if (!file.direct()) file.fdatasync();
-  const std::chrono::duration<double> written = std::chrono::steady_clock::now() - t0;
+  const std::chrono::duration<double> synced = std::chrono::steady_clock::now() - t0;
   if (!file.direct()) ::posix_fadvise(file.fd(), 0, 0, POSIX_FADV_DONTNEED);
   const aio_bench::Result r = aio_bench::measure_engine(
       file, span, opt, {.write = false, .file_size = bytes, .register_buffer = false}, nullptr);
   return DriveRates{.read_bytes = r.gbps * 1e9,
-                    .write_bytes = static_cast<double>(bytes) / written.count(),
+                    .write_bytes = static_cast<double>(w.bytes) / (w.seconds + synced.count()),
                     .dir = dir,
                     .buffered = !file.direct()};
 }
