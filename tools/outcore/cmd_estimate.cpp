@@ -539,9 +539,12 @@ void add_estimate_command(CLI::App& app, int& rc) {
   cmd->add_option("--pcie-gbps", o->pcie_gbps,
                   "host<->device GB/s (default: measured on a GPU; none for the host device)")
       ->check(finite_in(1e-6, 1e5, "GB/s"));
-  cmd->add_option("--drive-read-gbps", o->drive_read_gbps, "the swap drive's read GB/s")
+  cmd->add_option("--drive-read-gbps", o->drive_read_gbps,
+                  "the swap drive's read GB/s (with --drive-write-gbps; default: measured under "
+                  "nvme_path)")
       ->check(finite_in(1e-6, 1e5, "GB/s"));
-  cmd->add_option("--drive-write-gbps", o->drive_write_gbps, "the swap drive's write GB/s")
+  cmd->add_option("--drive-write-gbps", o->drive_write_gbps,
+                  "the swap drive's write GB/s (with --drive-read-gbps)")
       ->check(finite_in(1e-6, 1e5, "GB/s"));
   cmd->add_option("--cpu-adam-gelems", o->cpu_adam_gelems,
                   "CPU Adam's rate in G elements/s (default: measured here with the config's "
