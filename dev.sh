@@ -217,11 +217,15 @@ run_gpu() {
   part zero_large_bench 180 "$BUILD_DIR/bench/zero/zero_large_bench" "${large[@]}" || rc=1
   part zero_large_bench-keep-params 180 "$BUILD_DIR/bench/zero/zero_large_bench" "${large[@]}" \
     --keep-params || rc=1
-  # The same with CPU Adam, gradient norms and host accumulation on half the hardware threads
-  # (offload_optimizer.cpuadam_cores_perc 0.5), the rest left to the data path: against the
-  # run above, the measurement that sets the key's default
+  # The same with CPU Adam on half the hardware threads (offload_optimizer.cpuadam_cores_perc
+  # 0.5; the data path keeps its own pool over all of them, decision 038): against the run
+  # above, the measurement that sets the key's default
   part zero_large_bench-keep-params-adam-half 180 "$BUILD_DIR/bench/zero/zero_large_bench" \
     "${large[@]}" --keep-params --cpuadam-cores-perc 0.5 || rc=1
+  # The same with the NVMe optimizer step during the backward (outcore.step_in_backward): CPU
+  # Adam and the optimizer's I/O under the GPU's backward
+  part zero_large_bench-keep-params-in-backward 180 "$BUILD_DIR/bench/zero/zero_large_bench" \
+    "${large[@]}" --keep-params --step-in-backward || rc=1
   # The same with the last unit's optimizer state (offload_optimizer.ratio 0.9: the head's) on the
   # GPU and stepped there by Adam on the device (decision 036): its first run on a GPU
   part zero_large_bench-keep-params-ratio-0.9 180 "$BUILD_DIR/bench/zero/zero_large_bench" \
