@@ -136,8 +136,30 @@ struct SwapSpace::Impl {
     std::error_code ec;
     fs::create_directory(dir, ec);  // an existing directory is fine
     if (ec) throw IoError(dir.string(), ec.value(), "create swap directory");
+    if (std::find(dirs.begin(), dirs.end(), dir) != dirs.end()) return;
     dirs.push_back(dir);
     cleanup::register_path(dir.string(), /*directory=*/true);
+  }
+
+  // outcore_swap/rank<r>/<kind>/ created and locked. Another SwapSpace on the same nvme_path
+  // (another rank's, another run's) removes those of its directories it leaves empty when it
+  // goes; when that happens between a creation here and the lock, they are created again.
+  void make_and_lock(const fs::path& top, const fs::path& dir) {
+    for (int attempt = 0;; ++attempt) {
+      try {
+        ensure_dir(top);
+        ensure_dir(root);
+        ensure_dir(dir);
+        locks.push_back(std::make_unique<LockFile>(
+            dir / ".lock",
+            "lock swap directory (another SwapSpace of this rank and kind is using it)",
+            std::string_view(), /*register_cleanup=*/true));
+        return;
+      } catch (const IoError& e) {
+        // ENOENT: a parent went; EEXIST: mkdir found one that went before it could be checked.
+        if ((e.error_number() != ENOENT && e.error_number() != EEXIST) || attempt == 100) throw;
+      }
+    }
   }
 
   // A file a SwapSpace made: it starts with the swap header, or was left before its header was
@@ -269,16 +291,15 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::span<const SwapFileSp
   }
   fs::path top = options.nvme_path / "outcore_swap";
   impl->root = top / fmt::format("rank{}", options.rank);
-  impl->ensure_dir(top);
-  impl->ensure_dir(impl->root);
   std::set<SwapKind> kinds;
   for (const SwapFileSpec& f : files) kinds.insert(f.kind);
+  if (kinds.empty()) {
+    impl->ensure_dir(top);
+    impl->ensure_dir(impl->root);
+  }
   for (SwapKind k : kinds) {
     fs::path dir = impl->root / swap_kind_name(k);
-    impl->ensure_dir(dir);
-    impl->locks.push_back(std::make_unique<LockFile>(
-        dir / ".lock", "lock swap directory (another SwapSpace of this rank and kind is using it)",
-        std::string_view(), /*register_cleanup=*/true));
+    impl->make_and_lock(top, dir);
     impl->clear_stale(dir);
   }
   impl->total = bytes_needed(files);

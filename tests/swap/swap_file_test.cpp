@@ -6,7 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
 #include "aio/file_internal.hpp"
 #include "swap/swap.hpp"
@@ -201,6 +204,34 @@ TEST(SwapSpace, LockTakenOnAReleasedFileIsRetriedNotShared) {
   EXPECT_THROW(SwapSpace({.nvme_path = dir.path()}, std::span(&p, 1)), IoError);
   ASSERT_TRUE(c);
   EXPECT_TRUE(fs::exists(c->file_path(0, SwapKind::kParam)));  // not deleted as stale
+}
+
+// Ranks coming and going on one nvme_path: each removes the directories it leaves empty
+// (outcore_swap/ itself when it is the last), which another rank may have just created for
+// itself; that rank creates them again instead of failing.
+TEST(SwapSpace, RanksComingAndGoingOnOneNvmePathNeverFail) {
+  TempDir dir;
+  SwapFileSpec p{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+  std::atomic<int> failures{0};
+  std::string first_failure;
+  std::mutex mu;
+  auto churn = [&](int rank) {
+    for (int i = 0; i < 400; ++i) {
+      try {
+        SwapSpace space({.nvme_path = dir.path(), .rank = rank}, std::span(&p, 1));
+      } catch (const std::exception& e) {
+        if (failures++ == 0) {
+          std::lock_guard lock(mu);
+          first_failure = e.what();
+        }
+      }
+    }
+  };
+  std::thread a(churn, 0), b(churn, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(failures.load(), 0) << first_failure;
+  EXPECT_FALSE(fs::exists(dir.path() / "outcore_swap"));
 }
 
 TEST(SwapSpace, TwoProcessesCannotHoldOneDirectory) {
