@@ -1,7 +1,6 @@
 // SwapSpace: the per-rank swap directory tree, preallocated files with headers, cleanup.
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -20,7 +19,6 @@
 #include "common/log.hpp"
 #include "swap/swap.hpp"
 #include "swap/swap_file_format.hpp"
-#include "swap/swap_internal.hpp"
 
 namespace outcore::swap {
 
@@ -86,12 +84,6 @@ uint64_t random_nonce() {
 }
 
 }  // namespace
-
-namespace internal {
-void set_lock_open_hook(std::function<void()> hook) {
-  outcore::internal::set_lock_open_hook(std::move(hook));
-}
-}  // namespace internal
 
 struct SwapSpace::Impl {
   struct FileEntry {

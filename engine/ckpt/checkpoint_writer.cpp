@@ -2,8 +2,6 @@
 // atomic CheckpointWriter.
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -244,10 +242,10 @@ void SaveDir::take_lock() {
 }
 
 void SaveDir::release() noexcept {
-  if (lock_) lock_.reset();
-  // A directory this run created and saved nothing into is not left behind (the primary's
-  // call: other ranks write only into checkpoints it commits).
-  if (created_dir_ && options_.primary) {
+  lock_.reset();
+  // A directory this run created and saved nothing into is not left behind (only the primary
+  // sets created_dir_: other ranks write only into checkpoints it commits).
+  if (created_dir_) {
     std::error_code ec;
     if (fs::is_empty(dir_, ec) && !ec) fs::remove(dir_, ec);
   }

@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "aio/file_internal.hpp"
+#include "common/lock_file.hpp"
 #include "swap/swap.hpp"
 #include "swap/swap_file_format.hpp"
-#include "swap/swap_internal.hpp"
 #include "tests/swap/test_util.hpp"
 
 namespace outcore::swap {
@@ -197,7 +197,7 @@ TEST(SwapSpace, LockTakenOnAReleasedFileIsRetriedNotShared) {
   SwapFileSpec p{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
   auto a = std::make_unique<SwapSpace>(SwapSpaceOptions{.nvme_path = dir.path()}, std::span(&p, 1));
   std::unique_ptr<SwapSpace> c;
-  internal::set_lock_open_hook([&] {
+  outcore::internal::set_lock_open_hook([&] {
     a.reset();  // releases: unlinks .lock, closes
     c = std::make_unique<SwapSpace>(SwapSpaceOptions{.nvme_path = dir.path()}, std::span(&p, 1));
   });
