@@ -17,6 +17,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "engine/device/device.hpp"
+#include "engine/device/flash_attention_tiles.hpp"
 
 namespace outcore::device {
 
@@ -258,7 +259,7 @@ double copy_bytes_per_second(Device& device, size_t bytes, int reps) {
 bool fused_attention_shape(const ComputeBackend::Attention& a) {
   if (a.dtype != DType::BF16) return false;
   if (a.hd != 16 && a.hd != 32 && a.hd != 64 && a.hd != 128) return false;
-  return a.B <= 65535 && a.nh <= 65535 && a.T <= (int64_t{1} << 30);  // grid limits
+  return a.B <= 65535 && a.nh <= 65535 && a.T <= flash::kMaxTokens;  // the grid's limits
 }
 
 namespace {

@@ -262,6 +262,10 @@ class CpuDevice final : public Device {
   uint64_t cached_bytes() const;
   // CpuDeviceOptions::compute_delay_us.
   uint32_t compute_delay_us() const { return compute_delay_us_; }
+  // True on a CpuDevice stream's thread while it runs a function given to Stream::enqueue: what
+  // a GPU would run as a host function on its runtime's one callback thread (tests check that
+  // the engine's host work never does).
+  static bool in_host_function();
   std::unique_ptr<Stream> create_stream(std::string name) override;
   std::unique_ptr<Event> create_event() override;
   void synchronize() override;

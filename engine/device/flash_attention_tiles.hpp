@@ -78,6 +78,8 @@ constexpr int kForwardStrips = 2;                           // 16-row strips per
 constexpr int kForwardRows = 16 * kForwardStrips * kWarps;  // queries per forward block
 constexpr int kForwardKeys = 16;  // keys per step of the forward's running max
 static_assert(kRows == 16 * kWarps, "a warp per 16 rows");
+// The longest sequence a launch takes: the grid's y (at most 65535) runs over tiles of kRows.
+constexpr int64_t kMaxTokens = int64_t{65535} * kRows;
 
 // Shapes shared by the blocks of one launch.
 struct Geometry {

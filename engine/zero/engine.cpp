@@ -106,6 +106,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
 
   copy = device.create_stream("zero-copy");
   comm_stream = device.create_stream("zero-comm");
+  comm_lane = std::make_unique<detail::HostLane>("zero-collectives");
   grad_d2h = device.create_stream("zero-grad-d2h");
   device::Device* dev = &device;  // the pool's region is registered for the device's copies
   pool = std::make_unique<swap::PinnedPool>(swap::PinnedPoolOptions{
@@ -133,11 +134,11 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     optimizer_swapper = std::make_unique<swap::Swapper>(*optimizer_space, *aio, so, &executor);
   }
   grads = std::make_unique<detail::GradientPath>(
-      g, device, model.backend(), comm, *comm_stream, *grad_d2h, data_executor, traffic, *pool,
+      g, device, model.backend(), comm, *comm_lane, *grad_d2h, data_executor, traffic, *pool,
       aio.get(), so, plan.optimizer_nvme_path, pl, plan.device_grad_sums,
       plan.micro_batches_per_step);
   // Several ranks on a device the host cannot read: parameters are gathered here (fetches
-  // and publications, one at a time on the comm stream), then copied up whole.
+  // and publications, one at a time on the comm lane), then copied up whole.
   swap::PinnedBuffer param_gather;
   if (pl.param_gather_bytes > 0) param_gather = pool->acquire(pl.param_gather_bytes);
 
@@ -158,8 +159,8 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     // hold up the step's publications, which use the copy stream.
     fetch_stream = device.create_stream("zero-fetch");
     coordinator = std::make_unique<detail::ParamCoordinator>(
-        g, *home, device, *fetch_stream, *comm_stream, comm, std::move(fetch_buffers), traffic,
-        std::move(co));
+        g, *home, device, *fetch_stream, *comm_stream, *comm_lane, comm, std::move(fetch_buffers),
+        traffic, std::move(co));
     coordinator->set_step_gate([this](int unit) { return steps->pending(unit); },
                                [this](int unit) { steps->wait_unit(unit); });
     if (param_gather.valid()) coordinator->set_gather_buffer(param_gather.data());
@@ -179,7 +180,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     optimizer = detail::make_memory_store(g, &device, executor, traffic, plan.device_grad_sums);
   }
   publisher = std::make_unique<detail::ParamPublisher>(
-      g, device, comm, *copy, *comm_stream, full_params, home.get(), traffic, *pool,
+      g, device, comm, *copy, *comm_stream, *comm_lane, full_params, home.get(), traffic, *pool,
       pl.writeback_slots, pl.writeback_slot_bytes, std::move(param_gather));
   scratch = AlignedBuffer(g.max_own_len * sizeof(float));
   steps = std::make_unique<detail::StepScheduler>(g, options.overlap_step, *optimizer, *grads,
@@ -197,6 +198,11 @@ ZeroEngine::Impl::~Impl() {
     log::warn("zero: shutting down after a failed optimizer step: {}", e.what());
   }
   steps->stop();  // idle now: finish() waited for it
+  try {
+    comm_lane->wait();  // its tasks use the parts below
+  } catch (const std::exception& e) {
+    log::warn("zero: shutting down after a failed collective: {}", e.what());
+  }
   for (device::Stream* s : {fetch_stream.get(), copy.get(), grad_d2h.get(), comm_stream.get()}) {
     if (s == nullptr) continue;
     try {

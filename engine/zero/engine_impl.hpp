@@ -10,9 +10,10 @@
 // overflow, multiplier, verdict) and checkpoint access.
 //
 // Threads: the driving thread calls every member of Impl. The parts below are owned here and
-// borrow what is declared before them (destroyed after them); each part's header says which
-// thread calls it and which lock guards its shared fields. Impl's own fields are set at
-// construction and read-only after, except `accumulating` (the driving thread's).
+// borrow what is declared before them (destroyed after them) and the comm lane (joined before
+// they go); each part's header says which thread calls it and which lock guards its shared
+// fields. Impl's own fields are set at construction and read-only after, except `accumulating`
+// (the driving thread's).
 #pragma once
 
 #include <functional>
@@ -24,6 +25,7 @@
 #include "cpu_adam/cpu_adam.hpp"
 #include "engine/zero/geometry.hpp"
 #include "engine/zero/gradient_path.hpp"
+#include "engine/zero/host_lane.hpp"
 #include "engine/zero/optimizer_store.hpp"
 #include "engine/zero/param_coordinator.hpp"
 #include "engine/zero/param_publisher.hpp"
@@ -92,6 +94,12 @@ struct ZeroEngine::Impl {
   std::unique_ptr<detail::StepScheduler> steps;
   std::unique_ptr<detail::PassDriver> passes;
   bool accumulating = false;  // gradients hold a micro-batch since the last step
+  // The collectives the passes and publications issue (all_gather, all_to_all), in issue order,
+  // on a thread of the engine's own (decision 025); with host gathers it also issues the comm
+  // stream's copies. The driving thread's own collectives come after its wait(). Created
+  // before the parts that post to it, declared last: it is joined first, while what its tasks
+  // use still exists (also when the constructor throws).
+  std::unique_ptr<detail::HostLane> comm_lane;
 };
 
 }  // namespace outcore::zero

@@ -141,7 +141,7 @@ void ZeroEngine::Impl::get_master_weights(int unit, std::span<float> out) {
         fmt::format("zero: get_master_weights: unit {} has {} elements, got a "
                     "buffer of {}",
                     unit, ug.padded, out.size()));
-  comm_stream->synchronize();
+  comm_lane->wait();  // the collectives issued so far, before this one
   std::span<float> own = out.subspan(ug.own_off, ug.own_len);
   optimizer->read(unit, StateKind::kMaster, own);
   if (g.placement.stage != 0) comm.all_gather(own, out);

@@ -48,17 +48,16 @@ void accumulate_ranks(float* acc, const float* shards, size_t n, int world, bool
 }  // namespace
 
 GradientPath::GradientPath(const Geometry& g, device::Device& device,
-                           device::ComputeBackend& backend, comm::Comm& comm,
-                           device::Stream& comm_stream, device::Stream& d2h,
-                           const cpu_adam::Executor& executor, TrafficCounters& traffic,
-                           swap::PinnedPool& pool, aio::Engine* aio,
+                           device::ComputeBackend& backend, comm::Comm& comm, HostLane& comm_lane,
+                           device::Stream& d2h, const cpu_adam::Executor& executor,
+                           TrafficCounters& traffic, swap::PinnedPool& pool, aio::Engine* aio,
                            const swap::SwapperOptions& swapper_options,
                            const std::string& nvme_path, const PinnedLayout& layout,
                            std::vector<bool> device_sums, int64_t micro_batches)
     : g_(g),
       device_(device),
       comm_(comm),
-      comm_stream_(comm_stream),
+      comm_lane_(comm_lane),
       executor_(executor),
       traffic_(traffic),
       d2h_(d2h),
@@ -179,7 +178,7 @@ void GradientPath::finish() {
   drain(0);
   d2h_.synchronize();
   lane_.wait();
-  comm_stream_.synchronize();
+  comm_lane_.wait();
 }
 
 device::DeviceBuffer GradientPath::alloc_slab(int unit) {
@@ -238,9 +237,8 @@ void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
   f.slab = std::move(slab);
   float* shards = f.slab.as<float>();
   const int world = g_.world;
-  // Held by the lane's task too: the flight may end (drain) before the task has run.
-  std::shared_ptr<device::Event> copied;   // the copy down (a device the host cannot read)
-  std::shared_ptr<device::Event> reduced;  // the all_to_all (world > 1)
+  // Held by the lanes' tasks too: the flight may end (drain) before they have run.
+  std::shared_ptr<device::Event> copied;  // the copy down (a device the host cannot read)
   size_t copy_back = SIZE_MAX;
   if (!g_.device_host_accessible) {
     const size_t k = copy_back = next_copy_back_;
@@ -251,24 +249,27 @@ void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
     d2h_.copy_d2h(host, shards, ug.padded * sizeof(float));
     copied = f.copied = device_.create_event();
     d2h_.record(*copied);
-    if (world > 1) comm_stream_.wait(*copied);
     shards = host;
   } else if (computed != nullptr) {
     computed->synchronize();  // the host reads the slab itself
   }
+  uint64_t reduced = 0;  // the comm lane's all_to_all (world > 1)
   if (world > 1) {
     comm::Comm* c = &comm_;
     const size_t padded = ug.padded;
-    comm_stream_.enqueue([c, shards, padded] { c->all_to_all({shards, padded}); });
-    reduced = device_.create_event();
-    comm_stream_.record(*reduced);
+    reduced = comm_lane_.post([c, copied, shards, padded] {
+      if (copied != nullptr) copied->synchronize();
+      c->all_to_all({shards, padded});
+    });
   }
   // The lane's tasks for this slab start once its bytes are in host memory and reduced.
-  if (copied != nullptr || reduced != nullptr)
-    lane_.post([copied, reduced] {
+  if (copied != nullptr || reduced != 0) {
+    HostLane* comm_lane = &comm_lane_;
+    lane_.post([copied, reduced, comm_lane] {
       if (copied != nullptr) copied->synchronize();
-      if (reduced != nullptr) reduced->synchronize();
+      if (reduced != 0) comm_lane->wait_for(reduced);
     });
+  }
   const size_t n = ug.part;
   if (g_.placement.gradients == Tier::kNvme) {
     // The partition's sum so far lives in a swap file: read it (later micro-batches), add,

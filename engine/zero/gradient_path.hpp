@@ -30,14 +30,15 @@ namespace outcore::zero::detail {
 // copy-back buffers of a device the host cannot read, the device sums of the units
 // Plan::device_grad_sums names, the norm's block sums of squares, and the host lane (host_lane.hpp,
 // thread "zero-grad") that adds the gradients, reads and writes their swap files and runs
-// when_final. Borrows (must outlive it): the geometry, device, backend, comm, the comm and d2h
-// streams, the executor and the traffic counters.
+// when_final. Borrows (must outlive it): the geometry, device, backend, comm, the engine's comm
+// lane (its collectives, in issue order), the d2h stream, the executor and the traffic counters.
 //
 // A device the host cannot read: each slab is copied down on the d2h stream into one of the
 // layout's copy-back buffers (taking turns; a buffer is reused once the lane has added what it
 // held), and the device slab is free once its copy is done, so the next slab's copy runs while
-// the host adds this one. The host work runs on the lane, never as a host function of a device
-// stream (on a GPU those share the CUDA runtime's one callback thread with every other stream).
+// the host adds this one. The host work runs on the lane and the all_to_all on the comm lane,
+// never as host functions of a device stream (on a GPU those share the CUDA runtime's one
+// callback thread with every other stream).
 //
 // Device sums: a unit's first slab of a step becomes its sum on the device and the next ones
 // are added into it by the backend (add_inplace, the same fp32 additions in the same order as
@@ -48,8 +49,8 @@ namespace outcore::zero::detail {
 // its sum through the step instead: no accumulator on the host, the norm's block sums taken on
 // the device (the host's bits) and copied down, load() gives the device sum.
 //
-// Threads: the driving thread calls everything except load(); the lane, the comm and the d2h
-// streams run what submit() hands on; load() runs on the step worker (or its async unit tasks)
+// Threads: the driving thread calls everything except load(); the lane, the comm lane and the
+// d2h stream run what submit() hands on; load() runs on the step worker (or its async unit tasks)
 // and reads grad slot `slot` only: slot 0 belongs to submit() (the accumulation of a pass),
 // slots 1.. to a tentative step running beside that pass, and the accumulators are not written
 // while a step reads them (every backward waits for the running step's units first). No lock:
@@ -60,9 +61,10 @@ class GradientPath {
   // accumulators (device or host memory) or opens their swap files under `nvme_path`.
   // `device_sums`: Plan::device_grad_sums (one entry per unit); `micro_batches`: the step's
   // count (gradient_accumulation_steps).
-  // `d2h`: the copy-back stream (used only on a device the host cannot read).
+  // `comm_lane`: the engine's lane for collectives (all_to_all at world > 1); `d2h`: the
+  // copy-back stream (used only on a device the host cannot read).
   GradientPath(const Geometry& g, device::Device& device, device::ComputeBackend& backend,
-               comm::Comm& comm, device::Stream& comm_stream, device::Stream& d2h,
+               comm::Comm& comm, HostLane& comm_lane, device::Stream& d2h,
                const cpu_adam::Executor& executor, TrafficCounters& traffic, swap::PinnedPool& pool,
                aio::Engine* aio, const swap::SwapperOptions& swapper_options,
                const std::string& nvme_path, const PinnedLayout& layout,
@@ -134,7 +136,7 @@ class GradientPath {
   const Geometry& g_;
   device::Device& device_;
   comm::Comm& comm_;
-  device::Stream& comm_stream_;
+  HostLane& comm_lane_;
   const cpu_adam::Executor& executor_;
   TrafficCounters& traffic_;
   device::Stream& d2h_;

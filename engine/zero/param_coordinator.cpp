@@ -64,13 +64,15 @@ swap::SwapTicket ParamHome::start_write(int unit, const std::byte* buf) {
 
 ParamCoordinator::ParamCoordinator(const Geometry& g, ParamHome& home, device::Device& device,
                                    device::Stream& copy, device::Stream& comm_stream,
-                                   comm::Comm& comm, std::vector<swap::PinnedBuffer> fetch_buffers,
+                                   HostLane& comm_lane, comm::Comm& comm,
+                                   std::vector<swap::PinnedBuffer> fetch_buffers,
                                    TrafficCounters& traffic, CoordinatorOptions options)
     : g_(g),
       home_(home),
       device_(device),
       copy_(copy),
       comm_stream_(comm_stream),
+      comm_lane_(comm_lane),
       comm_(comm),
       fetch_buffers_(std::move(fetch_buffers)),
       traffic_(traffic),
@@ -85,7 +87,8 @@ ParamCoordinator::ParamCoordinator(const Geometry& g, ParamHome& home, device::D
 ParamCoordinator::~ParamCoordinator() = default;
 
 void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
-  // Host gathers run their collectives on the comm stream in fetch order: those wait here.
+  // Host gathers read the staging buffer on the comm lane, whose collectives keep the issue
+  // order of every rank: their step gate waits here.
   const bool defer = gather_ == nullptr && step_pending_ && step_pending_(unit);
   if (!defer && before_fetch_) before_fetch_(unit);
   Slot& s = slots_[unit];
@@ -118,18 +121,18 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
       break;
   }
   if (g_.world == 1) {
-    // Nothing to gather: ready once copied. No host function on the comm stream, which a GPU
-    // would queue on its one callback thread behind the next fetch's wait for its read.
+    // Nothing to gather: ready once copied.
+    s.gathered = 0;
     copy_.record(*s.ready);
     return;
   }
   copy_.record(*s.copied);
-  comm_stream_.wait(*s.copied);
   comm::Comm* c = &comm_;
-  comm_stream_.enqueue([c, slab, own, part_bytes, full_bytes] {
+  device::Event* copied = s.copied.get();
+  s.gathered = comm_lane_.post([c, copied, slab, own, part_bytes, full_bytes] {
+    copied->synchronize();
     c->all_gather_bytes({own, part_bytes}, {slab, full_bytes});
   });
-  comm_stream_.record(*s.ready);
 }
 
 const std::byte* ParamCoordinator::read_partition(int unit, int fetch_buffer, bool deferred) {
@@ -164,37 +167,54 @@ void ParamCoordinator::start_host_gather(int unit, int fetch_buffer) {
   const size_t full_bytes = ug.padded * g_.param_bytes;
   std::byte* gather = gather_;
   std::byte* own = gather + static_cast<size_t>(g_.rank) * part_bytes;
-  const std::byte* src = nullptr;  // this rank's partition in host memory
+  const std::byte* src = nullptr;       // this rank's partition in host memory
+  const std::byte* resident = nullptr;  // ... or on the device, copied down first
+  swap::Swapper* sw = home_.swapper();
+  swap::SwapTicket read;
   switch (home_.tier(unit)) {
     case Tier::kNvme:
-      src = read_partition(unit, fetch_buffer);
+      src = fetch_buffers_.at(fetch_buffer).data();
+      read = home_.start_read(unit, fetch_buffers_.at(fetch_buffer).data());
       break;
     case Tier::kDevice:
-      break;  // copied down into the gather buffer below
+      resident = home_.resident(unit);
+      src = own;
+      traffic_.d2h += part_bytes;
+      break;
     case Tier::kPinned:
     case Tier::kHost:
       src = home_.resident(unit);
       break;
   }
-  copy_.record(*s.copied);
-  comm_stream_.wait(*s.copied);
-  if (src == nullptr) {
-    comm_stream_.copy_d2h(own, home_.resident(unit), part_bytes);
-    traffic_.d2h += part_bytes;
-    src = own;
-  }
-  comm::Comm* c = &comm_;
-  comm_stream_.enqueue([c, src, gather, part_bytes, full_bytes] {
-    c->all_gather_bytes({src, part_bytes}, {gather, full_bytes});
-  });
-  comm_stream_.copy_h2d(s.buf.data(), gather, full_bytes);
   traffic_.h2d += full_bytes;
-  comm_stream_.record(*s.ready);
+  // On the comm lane: the read waited for, the gather, the copy up, and the wait for it (the
+  // next gather reuses the buffer). The slab is ready once the task has run.
+  comm::Comm* c = &comm_;
+  device::Stream* stream = &comm_stream_;
+  std::byte* slab = s.buf.as<std::byte>();
+  s.gathered = comm_lane_.post(
+      [c, stream, sw, read, resident, src, own, gather, slab, unit, part_bytes, full_bytes] {
+        if (read.valid()) {
+          OUTCORE_TRACE_SPAN("swap wait", "wait", {.unit = unit});
+          sw->wait(read);
+        }
+        if (resident != nullptr) {
+          stream->copy_d2h(own, resident, part_bytes);
+          stream->synchronize();
+        }
+        c->all_gather_bytes({src, part_bytes}, {gather, full_bytes});
+        stream->copy_h2d(slab, gather, full_bytes);
+        stream->synchronize();
+      });
 }
 
 void ParamCoordinator::wait_fetched(int unit) {
   OUTCORE_TRACE_SPAN("param wait", "wait", {.unit = unit});
-  slots_[unit].ready->synchronize();
+  const Slot& s = slots_[unit];
+  if (s.gathered != 0)
+    comm_lane_.wait_for(s.gathered);
+  else
+    s.ready->synchronize();
 }
 
 void ParamCoordinator::free_slab(int unit) {

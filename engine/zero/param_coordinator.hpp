@@ -4,7 +4,11 @@
 //
 // A fetch of unit u:  [nvme: swap_in partition -> pinned fetch buffer]  (aio threads)
 //                     partition -> own shard of a new device slab       (fetch stream)
-//                     Comm::all_gather in place on the slab             (comm stream; world > 1)
+//                     Comm::all_gather in place on the slab             (comm lane; world > 1)
+// On a device the host cannot read, at world > 1, the comm lane gathers the ranks' partitions
+// in pinned memory and copies the whole slab up on the comm stream instead (set_gather_buffer).
+// At world 1 the fetch stream waits for the swap read (and the step gate) as host functions of
+// its own: nothing else is queued there, so on a GPU they hold up no other stream's work.
 // All decisions (what to fetch, prefetch, keep, release) are taken on the driving thread by
 // ResidencyPolicy (residency.hpp) from bookkeeping alone, never from timing, so every rank
 // issues the same collectives in the same order, and the planner replays the same decisions.
@@ -20,6 +24,7 @@
 #include "engine/comm/comm.hpp"
 #include "engine/device/device.hpp"
 #include "engine/zero/geometry.hpp"
+#include "engine/zero/host_lane.hpp"
 #include "engine/zero/residency.hpp"
 #include "swap/swap.hpp"
 
@@ -67,8 +72,10 @@ class ParamCoordinator final : private ResidencyActions {
  public:
   // fetch_buffers: pinned staging for reads of the units in swap files (at least one when
   // there are such units, InvalidArgument otherwise; may be empty for other homes).
+  // `comm_lane` runs the collectives (in issue order, as every rank issues them) and issues the
+  // comm stream's copies of host gathers.
   ParamCoordinator(const Geometry& g, ParamHome& home, device::Device& device, device::Stream& copy,
-                   device::Stream& comm_stream, comm::Comm& comm,
+                   device::Stream& comm_stream, HostLane& comm_lane, comm::Comm& comm,
                    std::vector<swap::PinnedBuffer> fetch_buffers, TrafficCounters& traffic,
                    CoordinatorOptions options);
   ~ParamCoordinator() override;
@@ -100,8 +107,9 @@ class ParamCoordinator final : private ResidencyActions {
     before_fetch_ = std::move(wait);
   }
   // Several ranks on a device the host cannot read (Geometry::host_gathers): every fetch
-  // gathers the ranks' partitions in `buf` (pinned, one full slab) on the comm stream, then
-  // copies the whole slab up. Fetches are serialized on the comm stream, so one buffer serves.
+  // gathers the ranks' partitions in `buf` (pinned, one full slab) on the comm lane, then
+  // copies the whole slab up and waits for the copy there. The lane runs one task at a time, so
+  // one buffer serves (the publications' gathers share it).
   void set_gather_buffer(std::byte* buf) { gather_ = buf; }
   // The stream the model's compute is queued on (ComputeBackend::stream(); null: it finishes
   // as it is called): freeing a slab first waits for it.
@@ -111,6 +119,9 @@ class ParamCoordinator final : private ResidencyActions {
   struct Slot {
     device::DeviceBuffer buf;
     std::unique_ptr<device::Event> copied, ready;
+    // world > 1: the comm lane's task that gathers the slab (it is ready once that has run);
+    // 0: `ready` says.
+    uint64_t gathered = 0;
   };
 
   void start_fetch(int unit, int fetch_buffer) override;
@@ -118,7 +129,7 @@ class ParamCoordinator final : private ResidencyActions {
   // Starts reading a swapped unit's partition into fetch buffer `fetch_buffer` and makes the
   // copy stream wait for it; returns the buffer. `deferred`: the read itself is issued from
   // the copy stream (after the step gate's wait enqueued there).
-  const std::byte* read_partition(int unit, int fetch_buffer, bool deferred = false);
+  const std::byte* read_partition(int unit, int fetch_buffer, bool deferred);
   void wait_fetched(int unit) override;
   void free_slab(int unit) override;
 
@@ -127,6 +138,7 @@ class ParamCoordinator final : private ResidencyActions {
   device::Device& device_;
   device::Stream& copy_;
   device::Stream& comm_stream_;
+  HostLane& comm_lane_;
   comm::Comm& comm_;
   std::vector<swap::PinnedBuffer> fetch_buffers_;
   TrafficCounters& traffic_;

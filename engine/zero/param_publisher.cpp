@@ -2,6 +2,7 @@
 #include "engine/zero/param_publisher.hpp"
 
 #include <cstring>
+#include <utility>
 
 #include "common/log.hpp"
 #include "engine/model/model.hpp"
@@ -17,19 +18,20 @@ void to_param_dtype(const float* src, void* dst, DType dtype, size_t n) {
 
 ParamPublisher::ParamPublisher(const Geometry& g, device::Device& device, comm::Comm& comm,
                                device::Stream& copy, device::Stream& comm_stream,
-                               std::vector<device::DeviceBuffer>& full_params, ParamHome* home,
-                               TrafficCounters& traffic, swap::PinnedPool& pool, size_t slot_count,
-                               size_t slot_bytes, swap::PinnedBuffer gather)
+                               HostLane& comm_lane, std::vector<device::DeviceBuffer>& full_params,
+                               ParamHome* home, TrafficCounters& traffic, swap::PinnedPool& pool,
+                               size_t slot_count, size_t slot_bytes, swap::PinnedBuffer gather)
     : g_(g),
       comm_(comm),
       copy_(copy),
       comm_stream_(comm_stream),
+      comm_lane_(comm_lane),
       full_params_(full_params),
       home_(home),
       traffic_(traffic),
       gather_(std::move(gather)) {
   for (size_t k = 0; k < slot_count; ++k)
-    slots_.push_back({pool.acquire(slot_bytes), device.create_event(), false, {}});
+    slots_.push_back({pool.acquire(slot_bytes), device.create_event(), false, 0, {}});
 }
 
 ParamPublisher::~ParamPublisher() {
@@ -47,7 +49,10 @@ void ParamPublisher::wait_slot(size_t slot) {
   Slot& s = slots_[slot];
   if (s.copy_pending) {
     s.copy_pending = false;
-    s.copied->synchronize();
+    if (s.gathered != 0)
+      comm_lane_.wait_for(std::exchange(s.gathered, 0));
+    else
+      s.copied->synchronize();
   }
   if (s.write.valid()) {
     const swap::SwapTicket t = s.write;
@@ -59,12 +64,13 @@ void ParamPublisher::wait_slot(size_t slot) {
 void ParamPublisher::wait_all() {
   for (size_t k = 0; k < slots_.size(); ++k) wait_slot(k);
   copy_.synchronize();
+  comm_lane_.wait();
   comm_stream_.synchronize();
 }
 
 void ParamPublisher::wait_landed(int unit, size_t slot) {
   if (optimizer_publication_staged(g_, static_cast<size_t>(unit))) wait_slot(slot);
-  if (g_.placement.stage == 1 || g_.placement.stage == 2) comm_stream_.synchronize();
+  if (g_.placement.stage == 1 || g_.placement.stage == 2) comm_lane_.wait();
 }
 
 // Straight into the parameters' home when the optimizer can write there, else into staging
@@ -100,19 +106,22 @@ void ParamPublisher::finish(int unit, size_t slot, bool staged) {
     }
   }
   if (host_gather) {
-    // The device's memory is not the host's: gather in pinned memory (the comm stream runs
-    // one gather at a time, so one buffer serves), then copy the whole slab up. Staged is
-    // true here: every publication is, under host gathers (optimizer_publication_staged).
+    // The device's memory is not the host's: gather in pinned memory on the comm lane (one
+    // task at a time, each waiting for its copy up, so one buffer serves), then copy the whole
+    // slab up. Staged is true here: every publication is, under host gathers
+    // (optimizer_publication_staged).
     std::byte* gather = gather_.data();
     const std::byte* src = s->buf.data();
     const size_t full_bytes = ug.padded * g_.param_bytes;
     comm::Comm* c = &comm_;
-    comm_stream_.enqueue([c, src, gather, bytes, full_bytes] {
+    device::Stream* stream = &comm_stream_;
+    std::byte* dst = full_params_[unit].as<std::byte>();
+    s->gathered = comm_lane_.post([c, stream, src, gather, dst, bytes, full_bytes] {
       c->all_gather_bytes({src, bytes}, {gather, full_bytes});
+      stream->copy_h2d(dst, gather, full_bytes);
+      stream->synchronize();
     });
-    comm_stream_.copy_h2d(full_params_[unit].data(), gather, full_bytes);
     traffic_.h2d += full_bytes;
-    comm_stream_.record(*s->copied);
     s->copy_pending = true;
     return;
   }
@@ -121,9 +130,10 @@ void ParamPublisher::finish(int unit, size_t slot, bool staged) {
     std::byte* full = full_params_[unit].as<std::byte>();
     std::byte* own = full + ug.own_off * g_.param_bytes;
     const size_t full_bytes = ug.padded * g_.param_bytes;
-    if (staged) comm_stream_.wait(*s->copied);
+    device::Event* copied = staged ? s->copied.get() : nullptr;  // the staged copy up
     comm::Comm* c = &comm_;
-    comm_stream_.enqueue([c, full, own, bytes, full_bytes] {
+    comm_lane_.post([c, copied, full, own, bytes, full_bytes] {
+      if (copied != nullptr) copied->synchronize();
       c->all_gather_bytes({own, bytes}, {full, full_bytes});
     });
   }

@@ -1,7 +1,7 @@
 // Internal to engine/zero: publication of new low-precision parameters (after Adam, at
 // construction, on a checkpoint load) to the parameters' tier: straight into their home, or
 // through a pinned staging slot then copied up, swapped out to NVMe, and at stages 1-2
-// all-gathered from every rank on the comm stream.
+// all-gathered from every rank on the engine's comm lane.
 #pragma once
 
 #include <algorithm>
@@ -21,21 +21,24 @@ void to_param_dtype(const float* src, void* dst, DType dtype, size_t n);
 
 // Owns: the staging slots (pinned buffer, copy event, pending swap write each) and the
 // pinned gather buffer of several ranks on a device the host cannot read (lent to the
-// coordinator for its fetches: the comm stream runs one gather at a time).
-// Borrows (must outlive it): the geometry, comm, the copy and comm streams, the parameters'
-// storage (full slabs below stage 3, the ParamHome at stage 3) and the traffic counters.
+// coordinator for its fetches: the comm lane runs one gather, and its copy up, at a time).
+// Borrows (must outlive it): the geometry, comm, the copy and comm streams, the comm lane, the
+// parameters' storage (full slabs below stage 3, the ParamHome at stage 3) and the traffic
+// counters.
 //
 // Threads: one caller at a time, no lock: the step worker (and its async unit tasks, which
 // only write into a target returned here) while an overlapped step publishes, the driving
 // thread otherwise (construction, checkpoint access, every call after the step was joined).
-// The comm stream orders the gathers with the pass's collectives.
+// The comm lane runs the gathers in issue order with the pass's collectives; with host gathers
+// it issues the copy up on the comm stream too.
 class ParamPublisher {
  public:
   // Acquires `slot_count` slots of `slot_bytes` from `pool`; `gather` may be empty.
   ParamPublisher(const Geometry& g, device::Device& device, comm::Comm& comm, device::Stream& copy,
-                 device::Stream& comm_stream, std::vector<device::DeviceBuffer>& full_params,
-                 ParamHome* home, TrafficCounters& traffic, swap::PinnedPool& pool,
-                 size_t slot_count, size_t slot_bytes, swap::PinnedBuffer gather);
+                 device::Stream& comm_stream, HostLane& comm_lane,
+                 std::vector<device::DeviceBuffer>& full_params, ParamHome* home,
+                 TrafficCounters& traffic, swap::PinnedPool& pool, size_t slot_count,
+                 size_t slot_bytes, swap::PinnedBuffer gather);
   // Waits for the slots' pending swap writes (errors logged, not thrown).
   ~ParamPublisher();
 
@@ -62,7 +65,7 @@ class ParamPublisher {
   // Waits until `unit`'s publication through `slot` is where the next pass reads it (the
   // slot's copy or swap write finished; at stages 1-2 the gather of every rank's partition).
   void wait_landed(int unit, size_t slot);
-  // Waits for every publication (slots, copy and comm streams).
+  // Waits for every publication (slots, copy stream, comm lane and stream).
   void wait_all();
   // Staging slots (at least 1 for the slot arithmetic of callers).
   size_t slot_count() const { return std::max<size_t>(1, slots_.size()); }
@@ -79,6 +82,9 @@ class ParamPublisher {
     swap::PinnedBuffer buf;
     std::unique_ptr<device::Event> copied;
     bool copy_pending = false;
+    // Host gathers: the comm lane's task that gathers the slot and copies the slab up (the
+    // copy is pending until it has run; `copied` is not used).
+    uint64_t gathered = 0;
     swap::SwapTicket write;
   };
 
@@ -86,6 +92,7 @@ class ParamPublisher {
   comm::Comm& comm_;
   device::Stream& copy_;
   device::Stream& comm_stream_;
+  HostLane& comm_lane_;
   std::vector<device::DeviceBuffer>& full_params_;
   ParamHome* home_;
   TrafficCounters& traffic_;

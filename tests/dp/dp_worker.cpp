@@ -3,7 +3,9 @@
 // size to --out (rank 0): every step's loss and grad norm as exact bits, then every unit's
 // master weights and parameters over its numel (padding differs with the world size). Also
 // checks, on every rank, that the engine's Comm sent exactly the bytes the plan predicts per
-// step. Exit 0 when done, 3 when the traffic differs from the plan.
+// step, and that no collective runs as a host function of a device stream (on a GPU those share
+// the CUDA runtime's one callback thread). Exit 0 when done, 3 when the traffic differs from the
+// plan.
 //
 //   dp_worker --case s3_nvme_fp32 --gas 2 --steps 10 --train T --val V --swap DIR --out FILE
 //             [--save-dir D --save-every K] [--resume CKPT] [--device discrete]
@@ -27,6 +29,7 @@
 #include "common/error.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "engine/comm/mpi_comm.hpp"
+#include "engine/device/device.hpp"
 #include "engine/train/trainer.hpp"
 #include "tests/trainer/trainer_test_util.hpp"
 #include "tools/blas/blas_kernels.hpp"
@@ -86,6 +89,61 @@ void put(std::ofstream& f, const T& v) {
 
 int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl);
 
+// The engine's Comm: every collective is the inner Comm's, refused when it would run as a host
+// function of a device stream (its traffic is counted by the inner Comm).
+class OffStreamComm final : public comm::Comm {
+ public:
+  explicit OffStreamComm(comm::Comm& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int world_size() const override { return inner_.world_size(); }
+  void all_gather(std::span<const float> send, std::span<float> recv) override {
+    check("all_gather");
+    inner_.all_gather(send, recv);
+  }
+  void all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    check("all_gather_bytes");
+    inner_.all_gather_bytes(send, recv);
+  }
+  void reduce_scatter(std::span<const float> send, std::span<float> recv,
+                      comm::ReduceOp op) override {
+    check("reduce_scatter");
+    inner_.reduce_scatter(send, recv, op);
+  }
+  void all_reduce(std::span<float> data, comm::ReduceOp op) override {
+    check("all_reduce");
+    inner_.all_reduce(data, op);
+  }
+  void all_reduce(std::span<double> data, comm::ReduceOp op) override {
+    check("all_reduce");
+    inner_.all_reduce(data, op);
+  }
+  void broadcast(std::span<float> data, int root) override {
+    check("broadcast");
+    inner_.broadcast(data, root);
+  }
+  void broadcast_bytes(std::span<std::byte> data, int root) override {
+    check("broadcast_bytes");
+    inner_.broadcast_bytes(data, root);
+  }
+  void all_to_all(std::span<float> data) override {
+    check("all_to_all");
+    inner_.all_to_all(data);
+  }
+  void barrier() override {
+    check("barrier");
+    inner_.barrier();
+  }
+  void abort(int exit_code) override { inner_.abort(exit_code); }
+  std::string_view name() const override { return inner_.name(); }
+
+ private:
+  static void check(const char* what) {
+    if (device::CpuDevice::in_host_function())
+      throw Error(fmt::format("dp_worker: {} ran as a host function of a device stream", what));
+  }
+  comm::Comm& inner_;
+};
+
 // As `outcore train` does: a rank that fails removes its swap files and ends the job.
 int run(const Args& a) {
   comm::LocalComm local, local_control;
@@ -141,7 +199,8 @@ int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
   o.progress_out = nullptr;
   o.activation_checkpointing = a.name.rfind("s3_", 0) == 0;
   o.engine.cpu_threads = 1;
-  o.comm = c;
+  OffStreamComm engine_comm(*c);
+  o.comm = &engine_comm;
   o.control_comm = ctl;
   o.save_dir = a.save_dir;
   o.save_every = a.save_every;

@@ -158,6 +158,12 @@ TEST(Model, WorkspaceShapeGivesTheCudaBackendsBytes) {
   c48.max_position_embeddings = 4096;
   const LlamaModel m48(c48, bf16);
   EXPECT_FALSE(device::fused_attention_shape(m48.workspace_shape().attention));
+  // The fused kernels' grids run over 64-row tiles in y (at most 65535 of them): longer
+  // sequences take the default attention instead of failing to launch.
+  device::ComputeBackend::Attention longest{1, 65535 * 64, 32, 8, 128, 128, 0.0884f, DType::BF16};
+  EXPECT_TRUE(device::fused_attention_shape(longest));
+  ++longest.T;
+  EXPECT_FALSE(device::fused_attention_shape(longest));
   EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cuda, m48.workspace_shape()).attention,
             0u);
 

@@ -101,7 +101,10 @@ class CudaEvent final : public Event {
   }
   bool query() override {
     cudaError_t err = cudaEventQuery(event_);
-    if (err == cudaErrorNotReady) return false;
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not a failure: the next check on this thread must not see it
+      return false;
+    }
     CUDA_CHECK(err);
     return true;
   }
@@ -259,7 +262,8 @@ class CudaDevice final : public Device {
   }
   void unregister_host(void* ptr) noexcept override {
     cudaSetDevice(ordinal_);
-    cudaHostUnregister(ptr);
+    // A failure here (memory never registered) must not surface at the next launch check.
+    if (cudaHostUnregister(ptr) != cudaSuccess) (void)cudaGetLastError();
   }
   uint64_t free_memory_bytes() const override {
     CUDA_CHECK(cudaSetDevice(ordinal_));
@@ -301,7 +305,7 @@ class CudaDevice final : public Device {
   }
   void do_free(void* ptr, size_t /*charged*/) noexcept override {
     cudaSetDevice(ordinal_);
-    cudaFreeAsync(ptr, alloc_stream_);
+    if (cudaFreeAsync(ptr, alloc_stream_) != cudaSuccess) (void)cudaGetLastError();
   }
 
  private:

@@ -115,7 +115,7 @@ Geometry geometry(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hd, flo
                   const char* what) {
   if (B <= 0 || T <= 0 || nh <= 0 || nkv <= 0 || nh % nkv != 0 || !flash_attention_supported(hd))
     throw InvalidArgument(std::string(what) + ": unsupported shape");
-  if (T > (int64_t{1} << 30) || nh > 65535 || B > 65535)
+  if (T > flash::kMaxTokens || nh > 65535 || B > 65535)
     throw InvalidArgument(std::string(what) + ": sequence, heads or batch too large");
   if (!(scale > 0.0f))  // the kernels take a row's max of scale * s as scale times its max of s
     throw InvalidArgument(std::string(what) + ": scale must be positive");
