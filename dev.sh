@@ -279,7 +279,7 @@ GPU_PROGRAMS=(bin/outcore bench/zero/zero_bench bench/zero/zero_large_bench benc
   bench/model/attention_bench
   tests/device/test_cuda_device tests/device/test_backend_conformance
   tests/device/test_cuda_kernels tests/trainer/test_trainer_gpu tests/zero/test_zero_gpu
-  tests/comm/test_comm_nccl)
+  tests/comm/test_comm_nccl tests/dp/test_dp_gpu tests/dp/dp_worker)
 gpu_pack() {
   local staged p
   staged=$(mktemp -d)

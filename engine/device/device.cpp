@@ -100,4 +100,12 @@ std::string ProbeResult::summary() const {
   return out;
 }
 
+namespace {
+thread_local bool t_in_host_function = false;
+}  // namespace
+
+bool in_host_function() { return t_in_host_function; }
+HostFunctionMark::HostFunctionMark() { t_in_host_function = true; }
+HostFunctionMark::~HostFunctionMark() { t_in_host_function = false; }
+
 }  // namespace outcore::device

@@ -158,6 +158,18 @@ class Stream {
   virtual void* native_handle() const { return nullptr; }
 };
 
+// True on the thread running a function given to Stream::enqueue, while it runs (on a GPU:
+// CUDA's one callback thread, shared by every stream; tests check that the engine's host work
+// and collectives never run there). Stream implementations mark the call with HostFunctionMark.
+bool in_host_function();
+class HostFunctionMark {
+ public:
+  HostFunctionMark();
+  ~HostFunctionMark();
+  HostFunctionMark(const HostFunctionMark&) = delete;
+  HostFunctionMark& operator=(const HostFunctionMark&) = delete;
+};
+
 enum class DeviceKind : uint8_t { Cpu, Cuda };
 
 class Device {
@@ -262,10 +274,6 @@ class CpuDevice final : public Device {
   uint64_t cached_bytes() const;
   // CpuDeviceOptions::compute_delay_us.
   uint32_t compute_delay_us() const { return compute_delay_us_; }
-  // True on a CpuDevice stream's thread while it runs a function given to Stream::enqueue: what
-  // a GPU would run as a host function on its runtime's one callback thread (tests check that
-  // the engine's host work never does).
-  static bool in_host_function();
   std::unique_ptr<Stream> create_stream(std::string name) override;
   std::unique_ptr<Event> create_event() override;
   void synchronize() override;

@@ -8,12 +8,12 @@
 // plan.
 //
 //   dp_worker --case s3_nvme_fp32 --gas 2 --steps 10 --train T --val V --swap DIR --out FILE
-//             [--save-dir D --save-every K] [--resume CKPT] [--device discrete]
+//             [--save-dir D --save-every K] [--resume CKPT] [--device cpu|discrete|cuda]
 //             [--mask M --val-mask VM]   (loss masks of --train and --val)
 //
 // `--device discrete` trains on the simulated discrete device (a GPU's data movement: the
 // ranks' collectives run on pinned host memory, gradients copied back, parameters gathered on
-// the host and copied up whole).
+// the host and copied up whole); `--device cuda` on the machine's first GPU, shared by the ranks.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -41,7 +41,7 @@ struct Args {
   std::string name, train, val, swap, out, save_dir, resume, mask, val_mask;
   int64_t save_every = 0;
   int64_t gas = 1, steps = 10;
-  bool discrete = false;
+  std::string device = "cpu";  // cpu, discrete or cuda
 };
 
 nlohmann::json case_patch(const std::string& name, const std::string& swap, int64_t gas) {
@@ -138,7 +138,7 @@ class OffStreamComm final : public comm::Comm {
 
  private:
   static void check(const char* what) {
-    if (device::CpuDevice::in_host_function())
+    if (device::in_host_function())
       throw Error(fmt::format("dp_worker: {} ran as a host function of a device stream", what));
   }
   comm::Comm& inner_;
@@ -205,7 +205,11 @@ int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
   o.save_dir = a.save_dir;
   o.save_every = a.save_every;
   o.resume_from = a.resume;
-  o.discrete = a.discrete;
+  o.discrete = a.device == "discrete";
+  if (a.device == "cuda")
+    o.device = device::DeviceKind::Cuda;  // GPU 0
+  else if (a.device != "cpu" && a.device != "discrete")
+    throw InvalidArgument("--device: got " + a.device + "; allowed: cpu, discrete, cuda");
   std::vector<double> losses, norms;
   int bad_traffic = 0;
   std::unique_ptr<Trainer> tr;
@@ -315,7 +319,7 @@ int main(int argc, char** argv) {
     else if (k == "--val-mask")
       a.val_mask = v;
     else if (k == "--device")
-      a.discrete = v == "discrete";
+      a.device = v;
   }
   try {
     return outcore::train::testing::run(a);

@@ -96,8 +96,6 @@ void check_range(const std::string& stream, const char* op, const void* a, const
         fmt::format("stream '{}': {} of {} bytes with a null pointer", stream, op, bytes));
 }
 
-thread_local bool t_in_host_function = false;  // CpuDevice::in_host_function
-
 class CpuStream final : public Stream {
  public:
   // An item runs only while the stream has no error, unless `always` (event markers, waits).
@@ -142,10 +140,7 @@ class CpuStream final : public Stream {
   void enqueue(std::function<void()> fn) override {
     if (!fn) throw InvalidArgument(fmt::format("stream '{}': enqueue of an empty function", name_));
     push_work([fn = std::move(fn)] {
-      struct Mark {
-        Mark() { t_in_host_function = true; }
-        ~Mark() { t_in_host_function = false; }
-      } mark;
+      const HostFunctionMark mark;
       fn();
     });
   }
@@ -323,8 +318,6 @@ class RegisteredStream final : public Stream {
 };
 
 }  // namespace
-
-bool CpuDevice::in_host_function() { return t_in_host_function; }
 
 CpuDevice::CpuDevice(CpuDeviceOptions options)
     : registry_(std::make_shared<Registry>()),

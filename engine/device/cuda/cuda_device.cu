@@ -78,6 +78,7 @@ void CUDART_CB run_host_call(void* arg) {
     }
   }
   try {
+    const HostFunctionMark mark;
     call->fn();
   } catch (...) {
     std::lock_guard lock(call->state->mu);
