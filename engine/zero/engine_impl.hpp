@@ -96,9 +96,12 @@ struct ZeroEngine::Impl {
   bool accumulating = false;  // gradients hold a micro-batch since the last step
   // The collectives the passes and publications issue (all_gather, all_to_all), in issue order,
   // on a thread of the engine's own (decision 025); with host gathers it also issues the comm
-  // stream's copies. The driving thread's own collectives come after its wait(). Created
-  // before the parts that post to it, declared last: it is joined first, while what its tasks
-  // use still exists (also when the constructor throws).
+  // stream's copies. The driving thread's own collectives come after its wait(). Every rank
+  // posts in the same order because the step worker posts (stages 1-2 publications) only while
+  // the driving thread waits for that step's units, and never during the backward
+  // (enable_step_in_backward refuses stages 1-2 at world > 1). Created before the parts that
+  // post to it, declared last: it is joined first, while what its tasks use still exists (also
+  // when the constructor throws).
   std::unique_ptr<detail::HostLane> comm_lane;
 };
 

@@ -7,8 +7,9 @@
 //                     Comm::all_gather in place on the slab             (comm lane; world > 1)
 // On a device the host cannot read, at world > 1, the comm lane gathers the ranks' partitions
 // in pinned memory and copies the whole slab up on the comm stream instead (set_gather_buffer).
-// At world 1 the fetch stream waits for the swap read (and the step gate) as host functions of
-// its own: nothing else is queued there, so on a GPU they hold up no other stream's work.
+// Otherwise the fetch stream waits for the swap read (and the step gate) as host functions of
+// its own; on a GPU that happens at world 1 only, where nothing else is queued as a host
+// function, so they hold up no other stream's work.
 // All decisions (what to fetch, prefetch, keep, release) are taken on the driving thread by
 // ResidencyPolicy (residency.hpp) from bookkeeping alone, never from timing, so every rank
 // issues the same collectives in the same order, and the planner replays the same decisions.
@@ -101,7 +102,8 @@ class ParamCoordinator final : private ResidencyActions {
   // without blocking, whether that wait would block. A fetch of a pending unit does not block
   // the driving thread: the wait runs first on the fetch stream (`copy`, which carries nothing
   // but fetches), then the read and the copy; the decision to fetch is taken as before, so
-  // collectives and traffic do not depend on timing. Null: nothing to wait for.
+  // collectives and traffic do not depend on timing. With host gathers the driving thread waits
+  // before the fetch instead. Null: nothing to wait for.
   void set_step_gate(std::function<bool(int)> pending, std::function<void(int)> wait) {
     step_pending_ = std::move(pending);
     before_fetch_ = std::move(wait);

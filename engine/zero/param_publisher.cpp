@@ -22,6 +22,7 @@ ParamPublisher::ParamPublisher(const Geometry& g, device::Device& device, comm::
                                ParamHome* home, TrafficCounters& traffic, swap::PinnedPool& pool,
                                size_t slot_count, size_t slot_bytes, swap::PinnedBuffer gather)
     : g_(g),
+      device_(device),
       comm_(comm),
       copy_(copy),
       comm_stream_(comm_stream),
@@ -130,7 +131,13 @@ void ParamPublisher::finish(int unit, size_t slot, bool staged) {
     std::byte* full = full_params_[unit].as<std::byte>();
     std::byte* own = full + ug.own_off * g_.param_bytes;
     const size_t full_bytes = ug.padded * g_.param_bytes;
-    device::Event* copied = staged ? s->copied.get() : nullptr;  // the staged copy up
+    // This publication's copy up (the slot's event may be recorded again by the next one before
+    // the lane runs the gather).
+    std::shared_ptr<device::Event> copied;
+    if (staged) {
+      copied = device_.create_event();
+      copy_.record(*copied);
+    }
     comm::Comm* c = &comm_;
     comm_lane_.post([c, copied, full, own, bytes, full_bytes] {
       if (copied != nullptr) copied->synchronize();

@@ -89,6 +89,7 @@ class ParamPublisher {
   };
 
   const Geometry& g_;
+  device::Device& device_;
   comm::Comm& comm_;
   device::Stream& copy_;
   device::Stream& comm_stream_;

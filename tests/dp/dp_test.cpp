@@ -76,6 +76,28 @@ TEST_F(DataParallel, Stage0Fp16WithOverflowWorld2MatchesWorld1) {
   EXPECT_GT(last_norm, 0.0);
 }
 
+// A swap read that fails on one rank while its comm lane waits for it in a host gather (two
+// ranks on the simulated discrete device, parameters in swap files; the last rank's third read,
+// a fetch of the first forward): that rank fails naming the file, and the job ends instead of
+// the other rank waiting in the gather for good.
+TEST_F(DataParallel, FailedReadInAHostGatherEndsTheJobNamingTheFile) {
+  if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+  const std::string swap = dir_->file("swap_eio_gather");
+  fs::create_directories(swap);
+  const std::string cmd = fmt::format(
+      "{} {} --case s3_nvme_bf16 --gas 2 --steps 3 --train {} --val {} --swap {} --out {} "
+      "--device discrete --eio-read 3",
+      mpirun(2), OUTCORE_DP_WORKER, files_->train, files_->val, swap, dir_->file("eio.bin"));
+  std::string output;
+  const int rc = run_command(cmd, output);
+  EXPECT_NE(rc, 0) << output;
+  const size_t error = output.find("dp_worker: rank 1 of 2: error:");
+  ASSERT_NE(error, std::string::npos) << output;
+  const std::string line = output.substr(error, output.find('\n', error) - error);
+  EXPECT_NE(line.find(swap), std::string::npos) << line;
+  EXPECT_EQ(output.find("dp_worker: 3 steps"), std::string::npos) << output;
+}
+
 // `outcore train` under mpirun, 2 ranks, stage 3 with parameters and optimizer state in swap
 // files; `strike(rank 1's pid, swap dir)` is called once the run has taken a few steps.
 // Returns mpirun's exit status and output.

@@ -10,6 +10,7 @@
 //   dp_worker --case s3_nvme_fp32 --gas 2 --steps 10 --train T --val V --swap DIR --out FILE
 //             [--save-dir D --save-every K] [--resume CKPT] [--device cpu|discrete|cuda]
 //             [--mask M --val-mask VM]   (loss masks of --train and --val)
+//             [--eio-read N]   (the last rank's Nth swap read fails with EIO)
 //
 // `--device discrete` trains on the simulated discrete device (a GPU's data movement: the
 // ranks' collectives run on pinned host memory, gradients copied back, parameters gathered on
@@ -32,6 +33,7 @@
 #include "engine/device/device.hpp"
 #include "engine/train/trainer.hpp"
 #include "tests/trainer/trainer_test_util.hpp"
+#include "tests/zero/eio_on_nth.hpp"
 #include "tools/blas/blas_kernels.hpp"
 
 namespace outcore::train::testing {
@@ -42,6 +44,7 @@ struct Args {
   int64_t save_every = 0;
   int64_t gas = 1, steps = 10;
   std::string device = "cpu";  // cpu, discrete or cuda
+  uint64_t eio_read = 0;       // > 0: the last rank's eio_read-th swap read fails
 };
 
 nlohmann::json case_patch(const std::string& name, const std::string& swap, int64_t gas) {
@@ -199,6 +202,8 @@ int train_and_write(const Args& a, comm::Comm* c, comm::Comm* ctl) {
   o.progress_out = nullptr;
   o.activation_checkpointing = a.name.rfind("s3_", 0) == 0;
   o.engine.cpu_threads = 1;
+  if (a.eio_read > 0 && rank == world - 1)
+    o.engine.io_backend = std::make_shared<zero::test::EioOnNth>(a.eio_read, false);
   OffStreamComm engine_comm(*c);
   o.comm = &engine_comm;
   o.control_comm = ctl;
@@ -320,6 +325,8 @@ int main(int argc, char** argv) {
       a.val_mask = v;
     else if (k == "--device")
       a.device = v;
+    else if (k == "--eio-read")
+      a.eio_read = std::stoull(v);
   }
   try {
     return outcore::train::testing::run(a);

@@ -87,20 +87,27 @@ void CUDART_CB run_host_call(void* arg) {
   }
 }
 
+// Makes GPU `ordinal` current on the calling thread. Streams and events are used from the
+// engine's own threads too (its lanes, the step worker): without it, the runtime's first call
+// there would bind GPU 0 (a context and its memory on a GPU the run does not use).
+void bind(int ordinal) { CUDA_CHECK(cudaSetDevice(ordinal)); }
+
 class CudaEvent final : public Event {
  public:
-  explicit CudaEvent(int ordinal) {
-    CUDA_CHECK(cudaSetDevice(ordinal));
+  explicit CudaEvent(int ordinal) : ordinal_(ordinal) {
+    bind(ordinal);
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
   }
   ~CudaEvent() override { cudaEventDestroy(event_); }
   // Rethrows an error raised before the record on the recording stream or the streams it
   // waited on (the CpuDevice contract: events recorded after a failure carry it).
   void synchronize() override {
+    bind(ordinal_);
     CUDA_CHECK(cudaEventSynchronize(event_));
     rethrow_carried();
   }
   bool query() override {
+    bind(ordinal_);
     cudaError_t err = cudaEventQuery(event_);
     if (err == cudaErrorNotReady) {
       (void)cudaGetLastError();  // not a failure: the next check on this thread must not see it
@@ -125,6 +132,7 @@ class CudaEvent final : public Event {
     if (std::exception_ptr e = error_before(points())) std::rethrow_exception(e);
   }
 
+  int ordinal_;
   cudaEvent_t event_ = nullptr;
   mutable std::mutex mu_;
   Upstream points_;  // GUARDED_BY(mu_): the record's point and its stream's upstream points
@@ -159,6 +167,7 @@ class CudaStream final : public Stream {
   }
   void memset(void* dst, int value, size_t bytes) override {
     check_range(name_, dst, dst, bytes);
+    bind(ordinal_);
     if (bytes != 0) CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, stream_));
   }
   void enqueue(std::function<void()> fn) override {
@@ -166,6 +175,7 @@ class CudaStream final : public Stream {
     std::lock_guard lock(order_mu_);  // numbers follow the launch order
     const uint64_t count = ++errors_->enqueued;
     auto call = std::make_unique<HostCall>(HostCall{std::move(fn), errors_, count, upstream_});
+    bind(ordinal_);
     CUDA_CHECK(cudaLaunchHostFunc(stream_, run_host_call, call.get()));
     call.release();  // owned by run_host_call from here
   }
@@ -175,6 +185,7 @@ class CudaStream final : public Stream {
     Upstream points = upstream_;
     add_point(points, {errors_, errors_->enqueued.load()});
     e.set_points(std::move(points));
+    bind(ordinal_);
     CUDA_CHECK(cudaEventRecord(e.handle(), stream_));
   }
   // Later work waits for the event on the GPU; an error the event carries becomes this
@@ -184,10 +195,12 @@ class CudaStream final : public Stream {
     CudaEvent& e = as_cuda(event);
     std::lock_guard lock(order_mu_);
     for (const StreamPoint& p : e.points()) add_point(upstream_, p);
+    bind(ordinal_);
     CUDA_CHECK(cudaStreamWaitEvent(stream_, e.handle(), 0));
   }
   void* native_handle() const override { return stream_; }
   void synchronize() override {
+    bind(ordinal_);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     Upstream upstream;
     {
@@ -206,6 +219,7 @@ class CudaStream final : public Stream {
  private:
   void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     check_range(name_, dst, src, bytes);
+    bind(ordinal_);
     if (bytes != 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
   }
   static CudaEvent& as_cuda(Event& e) {
