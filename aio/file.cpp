@@ -116,7 +116,11 @@ File File::open(const std::filesystem::path& path, const OpenOptions& opts) {
   if (opts.exclusive) flags |= O_EXCL;
   if (opts.direct) {
     int fd = open_retrying(shared->c_str(), flags | O_DIRECT);
-    if (fd >= 0) return File(checked_type(fd, *shared, opts.access), true, std::move(shared));
+    if (fd >= 0) {
+      // Checked before `shared` moves into the File (argument order is unspecified).
+      checked_type(fd, *shared, opts.access);
+      return File(fd, true, std::move(shared));
+    }
     if (errno != EINVAL) throw IoError(*shared, errno, "open");
   }
   int fd = open_retrying(shared->c_str(), flags);

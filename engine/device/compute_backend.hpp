@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -205,6 +206,30 @@ class ComputeBackend {
   // with F32.
   const float* attention_backward_delta(const Attention& a, const void* attn, const void* dattn,
                                         void* lowp);
+};
+
+// Finishes `backend`'s queued operations when destroyed by an exception's unwinding (their own
+// error dropped: the exception in flight is the one that counts), and does nothing otherwise.
+// Declared after the device buffers queued operations may still use, it runs before they are
+// freed: on a device the host cannot read, freeing them first lets queued compute write into
+// released memory.
+class FinishOnUnwind {
+ public:
+  explicit FinishOnUnwind(ComputeBackend& backend)
+      : backend_(backend), uncaught_(std::uncaught_exceptions()) {}
+  ~FinishOnUnwind() {
+    if (std::uncaught_exceptions() <= uncaught_) return;
+    try {
+      backend_.finish();
+    } catch (...) {  // the unwinding error is the one reported
+    }
+  }
+  FinishOnUnwind(const FinishOnUnwind&) = delete;
+  FinishOnUnwind& operator=(const FinishOnUnwind&) = delete;
+
+ private:
+  ComputeBackend& backend_;
+  const int uncaught_;
 };
 
 // True when the CUDA backend runs attention of shape `a` fused (flash_attention.cu): bf16

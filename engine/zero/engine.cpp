@@ -191,6 +191,14 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
 }
 
 ZeroEngine::Impl::~Impl() {
+  // Compute still queued after a failed pass may use the buffers the parts below free.
+  if (device::Stream* compute = model.backend().stream(); compute != nullptr) {
+    try {
+      compute->synchronize();
+    } catch (const std::exception& e) {
+      log::warn("zero: shutting down after a failed computation: {}", e.what());
+    }
+  }
   grads->quiesce();  // its last tasks may post units to the step scheduler
   try {
     steps->finish();

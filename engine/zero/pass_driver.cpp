@@ -128,6 +128,7 @@ float PassDriver::backward_head(const int32_t* targets, float loss_scale, bool f
   a.before_backward(head_);
   if (tied_) tied_slab_ = grads_.alloc_slab(0);
   device::DeviceBuffer gs = grads_.alloc_slab(head_);
+  const device::FinishOnUnwind finish_first(model_.backend());  // before gs goes
   const float loss = model_.backward(head_, {.params = params_of(head_),
                                              .tied_params = tied_ ? params_of(0) : nullptr,
                                              .targets = targets,
@@ -148,6 +149,7 @@ void PassDriver::backward(int u, const int32_t* tokens, bool first) {
   if (u > 0) {
     a.before_backward(u);
     device::DeviceBuffer gs = grads_.alloc_slab(u);
+    const device::FinishOnUnwind finish_first(model_.backend());  // before gs goes
     model_.backward(u, {.params = params_of(u),
                         .input = a.unit_input(u),
                         .grad_output = a.grad(),
@@ -161,6 +163,7 @@ void PassDriver::backward(int u, const int32_t* tokens, bool first) {
     return;
   }
   device::DeviceBuffer gs = tied_ ? std::move(tied_slab_) : grads_.alloc_slab(0);
+  const device::FinishOnUnwind finish_first(model_.backend());  // before gs goes
   model_.backward(0, {.tokens = tokens,
                       .grad_output = a.grad(),
                       .grads = gs.as<float>(),

@@ -1,6 +1,7 @@
 // aio::File: open modes, O_DIRECT and its buffered fallback, preallocate, sync, close.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 
 #include "aio/aio.hpp"
@@ -26,6 +27,26 @@ TEST(AioFile, OpenMissingFileThrowsIoErrorNamingPathAndErrno) {
     EXPECT_EQ(e.error_number(), ENOENT);
     EXPECT_NE(std::string(e.what()).find("missing.bin"), std::string::npos);
   }
+}
+
+// What O_DIRECT opens but is not a file to swap to (a FIFO, a directory, /dev/null read) is
+// refused naming the path, whether or not the direct open is what took it.
+TEST(AioFile, NotARegularFileIsRefusedNamingThePath) {
+  TempDir dir;
+  const std::filesystem::path fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::filesystem::path& path : {fifo, dir.path(), std::filesystem::path("/dev/null")})
+    for (const bool direct : {true, false}) {
+      try {
+        File::open(path, {.access = Access::kRead, .direct = direct});
+        ADD_FAILURE() << path << " opened";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(path.string() + ": is "), std::string::npos)
+            << e.what();
+      } catch (const IoError& e) {  // a kernel refusing the open itself still names the path
+        EXPECT_EQ(e.file(), path.string()) << e.what();
+      }
+    }
 }
 
 TEST(AioFile, CreateOnBuildDirectoryIsDirect) {

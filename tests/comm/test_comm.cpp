@@ -1,4 +1,5 @@
-// Comm: LocalComm's collectives and argument checks, and MpiComm at two ranks under mpirun.
+// Comm: LocalComm's collectives and argument checks, ThreadComm (ranks as threads, for tests)
+// at three ranks, and MpiComm at two ranks under mpirun.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -7,11 +8,13 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "tests/comm/collective_checks.hpp"
+#include "tests/comm/thread_comm.hpp"
 #include "tests/common/run_command.hpp"
 
 namespace outcore::comm {
@@ -28,6 +31,44 @@ TEST(LocalComm, PassesTheSharedCollectiveChecks) {
   LocalComm c;
   auto failures = testing::check_all_collectives(c);
   for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+// The helper that runs several ranks in one process (tests/comm/thread_comm.hpp) passes the
+// checks every Comm passes, at three ranks; a rank that fails breaks the group instead of
+// leaving the others waiting.
+TEST(ThreadComm, PassesTheSharedCollectiveChecksAtThreeRanks) {
+  auto group = std::make_shared<testing::ThreadGroup>(3);
+  std::vector<std::vector<std::string>> failures(3);
+  std::vector<uint64_t> sent(3);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] {
+      testing::ThreadComm c(group, r);
+      failures[r] = testing::check_all_collectives(c);
+      sent[r] = c.traffic().total();
+    });
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < 3; ++r) {
+    for (const auto& f : failures[r]) ADD_FAILURE() << "rank " << r << ": " << f;
+    EXPECT_GT(sent[r], 0u) << "rank " << r;
+  }
+}
+
+TEST(ThreadComm, ARankThatAbortsBreaksTheGroup) {
+  auto group = std::make_shared<testing::ThreadGroup>(2);
+  std::string error;
+  std::thread waiting([&] {
+    testing::ThreadComm c(group, 0);
+    std::vector<float> x(4, 1.0f);
+    try {
+      c.all_reduce(x, ReduceOp::kSum);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  testing::ThreadComm(group, 1).abort(1);
+  waiting.join();
+  EXPECT_NE(error.find("all_reduce: another rank failed"), std::string::npos) << error;
 }
 
 TEST(LocalComm, AllGatherCopiesTheShardIntoTheFullBuffer) {
