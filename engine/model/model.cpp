@@ -242,6 +242,11 @@ ActivationBuffers::ActivationBuffers(const LlamaModel& model, device::Device& de
 
 ActivationBuffers::~ActivationBuffers() {
   if (!staged_) return;
+  // A failed pass may leave a checkpoint copy in flight: it ends before its memory is released.
+  try {
+    copy_->synchronize();
+  } catch (const std::exception&) {  // the pass's own error is the one reported
+  }
   for (AlignedBuffer& b : host_inputs_) device_.unregister_host(b.data());
 }
 

@@ -197,6 +197,8 @@ device::DeviceBuffer GradientPath::alloc_slab(int unit) {
 // all_to_all runs there.
 void GradientPath::submit(int unit, device::DeviceBuffer slab, bool first,
                           std::function<void()> when_final) {
+  // The slab's compute may still be queued: finished before the slab goes if this throws.
+  const device::FinishOnUnwind finish_first(backend_);
   device::DeviceBuffer& sum = sums_[unit];
   if (stays_[unit] && when_final)
     throw InvalidArgument(fmt::format(

@@ -3,13 +3,16 @@
 // training: outcore's ranks exchange through MPI or NCCL.
 //
 // The ranks of one ThreadGroup each hold a ThreadComm. A collective deposits this rank's
-// buffer, meets the other ranks, reads what it needs from theirs, and meets them again before
-// returning, so no buffer is reused while another rank reads it. Sums go in rank order (the
+// buffer (with the collective's name and size), meets the other ranks, checks that they called
+// the same collective with the same size (InvalidArgument on every rank otherwise), reads what
+// it needs from theirs, and meets them again before returning, so no buffer is reused while
+// another rank reads it. Sums go in rank order (the
 // same bits on every rank, run to run). Sizes, aliasing and roots are checked as comm.hpp says;
 // traffic is counted as MpiComm counts it.
 //
 // A rank that fails calls abort(): the group is broken, and the other ranks' collectives throw
-// outcore::Error instead of waiting for it. `before`, when set, is called with the collective's
+// outcore::Error instead of waiting for it (except in a collective's second meeting, which every
+// rank reaches once all have passed the first). `before`, when set, is called with the collective's
 // name at the start of every collective (a test's check of the calling thread).
 #pragma once
 
@@ -38,15 +41,23 @@ class ThreadGroup {
   }
   int world() const { return world_; }
 
-  // Deposits `ptr` as `rank`'s buffer of this collective (read by the others after meet()).
-  void deposit(int rank, const void* ptr) { slots_[static_cast<size_t>(rank)] = ptr; }
-  const void* slot(int rank) const { return slots_[static_cast<size_t>(rank)]; }
+  // What a rank deposits for one collective: its buffer (read by the others after meet()), and
+  // what it called, to be checked against the others'.
+  struct Slot {
+    const void* ptr = nullptr;
+    std::string_view what;
+    size_t bytes = 0;
+    int root = 0;
+  };
+  void deposit(int rank, Slot slot) { slots_[static_cast<size_t>(rank)] = slot; }
+  const Slot& slot(int rank) const { return slots_[static_cast<size_t>(rank)]; }
 
-  // Returns once every rank has called it as often as this one; throws Error naming `what`
-  // when the group is broken.
-  void meet(std::string_view what) {
+  // Returns once every rank has called it as often as this one. `interruptible`: throws Error
+  // naming `what` when the group is broken (else it waits for the others regardless).
+  void meet(std::string_view what, bool interruptible = true) {
     std::unique_lock lock(mu_);
-    if (broken_) throw Error(fmt::format("thread comm: {}: another rank failed", what));
+    if (interruptible && broken_)
+      throw Error(fmt::format("thread comm: {}: another rank failed", what));
     const uint64_t gen = generation_;
     if (++arrived_ == world_) {
       arrived_ = 0;
@@ -54,7 +65,7 @@ class ThreadGroup {
       cv_.notify_all();
       return;
     }
-    cv_.wait(lock, [&] { return generation_ != gen || broken_; });
+    cv_.wait(lock, [&] { return generation_ != gen || (interruptible && broken_); });
     if (generation_ == gen) throw Error(fmt::format("thread comm: {}: another rank failed", what));
   }
   void break_group() {
@@ -65,7 +76,7 @@ class ThreadGroup {
 
  private:
   const int world_;
-  std::vector<const void*> slots_;  // written before a meet(), read after it
+  std::vector<Slot> slots_;  // written before a meet(), read after it
   std::mutex mu_;
   std::condition_variable cv_;
   int arrived_ = 0;          // GUARDED_BY(mu_)
@@ -94,7 +105,7 @@ class ThreadComm final : public Comm {
                           recv.size_bytes(), rank_, world_size());
     count(Kind::kReduceScatter, others() * recv.size_bytes());
     std::vector<float> out(recv.size());
-    exchange("reduce_scatter", send.data(), [&] {
+    exchange("reduce_scatter", send.data(), recv.size_bytes(), [&] {
       for (size_t i = 0; i < out.size(); ++i) out[i] = reduce(op, i + recv.size() * rank_, 0.0f);
     });
     std::memcpy(recv.data(), out.data(), recv.size_bytes());
@@ -112,9 +123,10 @@ class ThreadComm final : public Comm {
     const size_t block = data.size() / static_cast<size_t>(world_size());
     count(Kind::kAllToAll, others() * block * sizeof(float));
     std::vector<float> out(data.size());
-    exchange("all_to_all", data.data(), [&] {
+    exchange("all_to_all", data.data(), data.size_bytes(), [&] {
       for (int r = 0; r < world_size(); ++r)
-        std::memcpy(out.data() + r * block, static_cast<const float*>(g_->slot(r)) + rank_ * block,
+        std::memcpy(out.data() + r * block,
+                    static_cast<const float*>(g_->slot(r).ptr) + rank_ * block,
                     block * sizeof(float));
     });
     std::memcpy(data.data(), out.data(), data.size_bytes());
@@ -132,34 +144,43 @@ class ThreadComm final : public Comm {
  private:
   uint64_t others() const { return static_cast<uint64_t>(world_size() - 1); }
 
-  // Deposits `mine`, meets the others, runs `read` (which reads their deposits), and meets them
-  // again: after that no rank reads `mine`.
+  // Deposits `mine` (`bytes`: the size every rank must pass alike), meets the others, checks
+  // that they called the same, runs `read` (which reads their deposits), and meets them again:
+  // after that no rank reads `mine`.
   template <typename Read>
-  void exchange(std::string_view what, const void* mine, Read&& read) {
+  void exchange(std::string_view what, const void* mine, size_t bytes, Read&& read, int root = 0) {
     if (before_) before_(what);
-    g_->deposit(rank_, mine);
+    g_->deposit(rank_, {mine, what, bytes, root});
     g_->meet(what);
+    for (int r = 0; r < world_size(); ++r) {
+      const ThreadGroup::Slot& o = g_->slot(r);
+      if (o.what != what || o.bytes != bytes || o.root != root)
+        throw InvalidArgument(fmt::format(
+            "thread comm: rank {} called {} of {} bytes (root {}), rank {} {} of {} (root {})",
+            rank_, what, bytes, root, r, o.what, o.bytes, o.root));
+    }
     read();
-    g_->meet(what);
+    g_->meet(what, /*interruptible=*/false);
   }
 
   void gather(std::string_view what, const void* send, size_t send_bytes, void* recv,
               size_t recv_bytes) {
     detail::check_gather(what, send, send_bytes, recv, recv_bytes, rank_, world_size());
     count(Kind::kAllGather, others() * send_bytes);
-    exchange(what, send, [&] {
+    exchange(what, send, send_bytes, [&] {
       for (int r = 0; r < world_size(); ++r) {
         std::byte* dst = static_cast<std::byte*>(recv) + static_cast<size_t>(r) * send_bytes;
-        if (dst != g_->slot(r) && send_bytes != 0) std::memcpy(dst, g_->slot(r), send_bytes);
+        if (dst != g_->slot(r).ptr && send_bytes != 0)
+          std::memcpy(dst, g_->slot(r).ptr, send_bytes);
       }
     });
   }
 
   template <typename T>
   T reduce(ReduceOp op, size_t i, T) const {
-    T acc = static_cast<const T*>(g_->slot(0))[i];
+    T acc = static_cast<const T*>(g_->slot(0).ptr)[i];
     for (int r = 1; r < world_size(); ++r) {
-      const T v = static_cast<const T*>(g_->slot(r))[i];
+      const T v = static_cast<const T*>(g_->slot(r).ptr)[i];
       acc = op == ReduceOp::kSum ? acc + v : (v > acc ? v : acc);
     }
     return acc;
@@ -169,7 +190,7 @@ class ThreadComm final : public Comm {
   void reduce_all(std::span<T> data, ReduceOp op) {
     count(Kind::kAllReduce, 2 * others() * data.size_bytes() / world_size());
     std::vector<T> out(data.size());
-    exchange("all_reduce", data.data(), [&] {
+    exchange("all_reduce", data.data(), data.size_bytes(), [&] {
       for (size_t i = 0; i < out.size(); ++i) out[i] = reduce(op, i, T{});
     });
     std::memcpy(data.data(), out.data(), data.size_bytes());
@@ -180,9 +201,12 @@ class ThreadComm final : public Comm {
     // MpiComm's count: the buffer from the root, (world-1)/world of it from the others.
     count(Kind::kBroadcast,
           rank_ == root ? bytes : bytes * others() / static_cast<uint64_t>(world_size()));
-    exchange(what, data, [&] {
-      if (rank_ != root && bytes != 0) std::memcpy(data, g_->slot(root), bytes);
-    });
+    exchange(
+        what, data, bytes,
+        [&] {
+          if (rank_ != root && bytes != 0) std::memcpy(data, g_->slot(root).ptr, bytes);
+        },
+        root);
   }
 
   std::shared_ptr<ThreadGroup> g_;
