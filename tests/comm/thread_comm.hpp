@@ -34,6 +34,11 @@
 
 namespace outcore::comm::testing {
 
+// memcpy of n bytes, nothing for none (empty spans may hold null pointers).
+inline void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n != 0) std::memcpy(dst, src, n);
+}
+
 class ThreadGroup {
  public:
   explicit ThreadGroup(int world) : world_(world), slots_(static_cast<size_t>(world)) {
@@ -108,7 +113,7 @@ class ThreadComm final : public Comm {
     exchange("reduce_scatter", send.data(), recv.size_bytes(), [&] {
       for (size_t i = 0; i < out.size(); ++i) out[i] = reduce(op, i + recv.size() * rank_, 0.0f);
     });
-    std::memcpy(recv.data(), out.data(), recv.size_bytes());
+    copy_bytes(recv.data(), out.data(), recv.size_bytes());
   }
   void all_reduce(std::span<float> data, ReduceOp op) override { reduce_all(data, op); }
   void all_reduce(std::span<double> data, ReduceOp op) override { reduce_all(data, op); }
@@ -125,11 +130,11 @@ class ThreadComm final : public Comm {
     std::vector<float> out(data.size());
     exchange("all_to_all", data.data(), data.size_bytes(), [&] {
       for (int r = 0; r < world_size(); ++r)
-        std::memcpy(out.data() + r * block,
-                    static_cast<const float*>(g_->slot(r).ptr) + rank_ * block,
-                    block * sizeof(float));
+        copy_bytes(out.data() + r * block,
+                   static_cast<const float*>(g_->slot(r).ptr) + rank_ * block,
+                   block * sizeof(float));
     });
-    std::memcpy(data.data(), out.data(), data.size_bytes());
+    copy_bytes(data.data(), out.data(), data.size_bytes());
   }
   void barrier() override {
     if (before_) before_("barrier");
@@ -170,8 +175,7 @@ class ThreadComm final : public Comm {
     exchange(what, send, send_bytes, [&] {
       for (int r = 0; r < world_size(); ++r) {
         std::byte* dst = static_cast<std::byte*>(recv) + static_cast<size_t>(r) * send_bytes;
-        if (dst != g_->slot(r).ptr && send_bytes != 0)
-          std::memcpy(dst, g_->slot(r).ptr, send_bytes);
+        if (dst != g_->slot(r).ptr && send_bytes != 0) copy_bytes(dst, g_->slot(r).ptr, send_bytes);
       }
     });
   }
@@ -193,7 +197,7 @@ class ThreadComm final : public Comm {
     exchange("all_reduce", data.data(), data.size_bytes(), [&] {
       for (size_t i = 0; i < out.size(); ++i) out[i] = reduce(op, i, T{});
     });
-    std::memcpy(data.data(), out.data(), data.size_bytes());
+    copy_bytes(data.data(), out.data(), data.size_bytes());
   }
 
   void cast(std::string_view what, void* data, size_t bytes, int root) {
@@ -204,7 +208,7 @@ class ThreadComm final : public Comm {
     exchange(
         what, data, bytes,
         [&] {
-          if (rank_ != root && bytes != 0) std::memcpy(data, g_->slot(root).ptr, bytes);
+          if (rank_ != root && bytes != 0) copy_bytes(data, g_->slot(root).ptr, bytes);
         },
         root);
   }
