@@ -208,20 +208,26 @@ class ComputeBackend {
                                         void* lowp);
 };
 
-// Finishes `backend`'s queued operations when destroyed by an exception's unwinding (their own
-// error dropped: the exception in flight is the one that counts), and does nothing otherwise.
-// Declared after the device buffers queued operations may still use, it runs before they are
-// freed: on a device the host cannot read, freeing them first lets queued compute write into
-// released memory.
+// Finishes `backend`'s queued operations, and `also`'s when given (a stream that copies what
+// they wrote), when destroyed by an exception's unwinding (their own error dropped: the
+// exception in flight is the one that counts), and does nothing otherwise. Declared after the
+// device buffers queued operations may still use, it runs before they are freed: on a device
+// the host cannot read, freeing them first lets queued compute write into, or a queued copy
+// read from, released memory.
 class FinishOnUnwind {
  public:
-  explicit FinishOnUnwind(ComputeBackend& backend)
-      : backend_(backend), uncaught_(std::uncaught_exceptions()) {}
+  explicit FinishOnUnwind(ComputeBackend& backend, Stream* also = nullptr)
+      : backend_(backend), also_(also), uncaught_(std::uncaught_exceptions()) {}
   ~FinishOnUnwind() {
     if (std::uncaught_exceptions() <= uncaught_) return;
     try {
       backend_.finish();
     } catch (...) {  // the unwinding error is the one reported
+    }
+    if (also_ == nullptr) return;
+    try {
+      also_->synchronize();
+    } catch (...) {
     }
   }
   FinishOnUnwind(const FinishOnUnwind&) = delete;
@@ -229,6 +235,7 @@ class FinishOnUnwind {
 
  private:
   ComputeBackend& backend_;
+  Stream* const also_;
   const int uncaught_;
 };
 

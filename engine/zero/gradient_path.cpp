@@ -236,8 +236,8 @@ void GradientPath::send_down(int unit, device::DeviceBuffer slab, bool first,
                              const std::shared_ptr<device::Event>& computed) {
   const UnitGeometry& ug = g_.units[unit];
   InFlight f;
-  // What follows can throw (a lane's error) while the slab's compute is still queued.
-  const device::FinishOnUnwind finish_first(backend_);
+  // What follows can throw (bad_alloc) while the slab's compute, or its copy down, is queued.
+  const device::FinishOnUnwind finish_first(backend_, &d2h_);
   f.slab = std::move(slab);
   float* shards = f.slab.as<float>();
   const int world = g_.world;

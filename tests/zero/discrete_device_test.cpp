@@ -5,9 +5,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <new>
 
 #include "engine/device/profiling_backend.hpp"
 #include "tests/zero/zero_test_util.hpp"
@@ -582,6 +584,112 @@ TEST(DeviceRegistration, HostAccumulatorsOfUnitsSteppedOnTheDeviceAreRegistered)
 }
 
 // The guard the tests above rely on: host code touching the discrete device's memory faults.
+// A device the engine copies gradients down from (not host accessible; its memory is the host's,
+// so the host backend computes in it) whose copies take 20 ms, and whose next event after its
+// first copy down cannot be created (bad_alloc): the failure between queuing a gradient copy and
+// recording its event. It counts the buffers freed while a copy still reads them.
+class FailingAfterCopyDevice final : public device::Device {
+ public:
+  FailingAfterCopyDevice() : inner_({.copy_delay_us = 20000}) {}
+  device::DeviceKind kind() const override { return device::DeviceKind::Cpu; }
+  std::string name() const override { return "failing after a copy"; }
+  bool host_accessible() const override { return false; }
+  std::unique_ptr<device::Stream> create_stream(std::string n) override {
+    return std::make_unique<CountingStream>(*this, inner_.create_stream(std::move(n)));
+  }
+  std::unique_ptr<device::Event> create_event() override {
+    if (fail_next_event_.exchange(false)) throw std::bad_alloc();
+    return inner_.create_event();
+  }
+  void synchronize() override { inner_.synchronize(); }
+  int freed_under_a_copy() const { return freed_under_copy_.load(); }
+  int copies_down() const { return copies_down_.load(); }
+
+ protected:
+  void* do_alloc(size_t charged) override {
+    return std::aligned_alloc(device::kAllocGranularity, charged);
+  }
+  void do_free(void* p, size_t charged) noexcept override {
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [src, n] : reading_)
+        if (n > 0 && src >= static_cast<const std::byte*>(p) &&
+            src < static_cast<const std::byte*>(p) + charged)
+          ++freed_under_copy_;
+    }
+    std::free(p);
+  }
+
+ private:
+  class CountingStream final : public device::Stream {
+   public:
+    CountingStream(FailingAfterCopyDevice& dev, std::unique_ptr<device::Stream> inner)
+        : dev_(dev), inner_(std::move(inner)) {}
+    const std::string& name() const override { return inner_->name(); }
+    void copy_h2d(void* dst, const void* src, size_t bytes) override {
+      inner_->copy_h2d(dst, src, bytes);
+    }
+    void copy_d2h(void* dst, const void* src, size_t bytes) override {
+      const auto* from = static_cast<const std::byte*>(src);
+      dev_.reading(from, +1);
+      inner_->copy_d2h(dst, src, bytes);
+      FailingAfterCopyDevice* dev = &dev_;
+      inner_->enqueue([dev, from] { dev->reading(from, -1); });
+      if (dev_.copies_down_.fetch_add(1) == 0) dev_.fail_next_event_ = true;
+    }
+    void copy_d2d(void* dst, const void* src, size_t bytes) override {
+      inner_->copy_d2d(dst, src, bytes);
+    }
+    void memset(void* dst, int value, size_t bytes) override { inner_->memset(dst, value, bytes); }
+    void enqueue(std::function<void()> fn) override { inner_->enqueue(std::move(fn)); }
+    void record(device::Event& e) override { inner_->record(e); }
+    void wait(device::Event& e) override { inner_->wait(e); }
+    void synchronize() override { inner_->synchronize(); }
+
+   private:
+    FailingAfterCopyDevice& dev_;
+    std::unique_ptr<device::Stream> inner_;
+  };
+
+  void reading(const std::byte* src, int d) {
+    std::lock_guard lock(mu_);
+    reading_[src] += d;
+  }
+
+  device::CpuDevice inner_;
+  std::mutex mu_;
+  std::map<const std::byte*, int> reading_;  // GUARDED_BY(mu_)
+  std::atomic<bool> fail_next_event_{false};
+  std::atomic<int> freed_under_copy_{0};
+  std::atomic<int> copies_down_{0};
+};
+
+// A pass failing right after a gradient slab's copy down was queued frees the slab only once
+// the copy has read it (the copy-back stream finished on the unwinding), and the error is the
+// one that stopped the pass.
+TEST(DiscreteDeviceUnwinding, AFailedPassFreesNoSlabAQueuedCopyStillReads) {
+  FailingAfterCopyDevice dev;
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::F32));
+  const config::Config cfg =
+      make_config(config_json({3, "cpu", "cpu"}, DType::F32, swap_dir("unwinding").string()));
+  comm::LocalComm comm;
+  {
+    ZeroEngine engine(cfg, model, dev, comm, /*seed=*/7);
+    const size_t n = static_cast<size_t>(model.tokens());
+    const std::vector<int32_t> tok = make_tokens(n + 1, model.config().vocab_size, 3, n + 1);
+    // Every micro-batch of the step: the gradients summed on the device come down at its last.
+    const int64_t gas = cfg.gradient_accumulation_steps.value();
+    EXPECT_THROW(
+        {
+          for (int64_t k = 0; k < gas; ++k)
+            engine.forward_backward(tok.data(), tok.data() + 1, 1.0f, k == 0);
+        },
+        std::bad_alloc);
+    EXPECT_EQ(dev.copies_down(), 1);
+  }
+  EXPECT_EQ(dev.freed_under_a_copy(), 0);
+}
+
 TEST(DiscreteDeviceDeathTest, HostAccessToDeviceMemoryFaults) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   device::CpuDevice dev({.discrete = true});
