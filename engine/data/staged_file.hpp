@@ -32,6 +32,8 @@ class StagedFile {
   void commit();
 
   const std::string& target() const { return target_; }
+  // True once commit() renamed the temporary over the target.
+  bool committed() const { return committed_; }
   const std::string& temporary() const { return temporary_; }
   uint64_t bytes() const { return written_ + buffer_.size(); }
 

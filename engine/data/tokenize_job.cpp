@@ -10,12 +10,14 @@
 #include <bit>
 #include <cerrno>
 #include <climits>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "engine/data/staged_file.hpp"
 #include "engine/data/utf8.hpp"
 
@@ -193,6 +195,9 @@ bool same_file(const std::string& a, const std::string& b) {
 void check_options(const TokenizeOptions& o, const std::vector<std::string>& outputs) {
   if (o.inputs.empty()) throw InvalidArgument("tokenize: no input files");
   if (o.out_prefix.empty()) throw InvalidArgument("tokenize: no output prefix");
+  if (o.threads < 0 || o.threads > kMaxTokenizeThreads)
+    throw InvalidArgument(
+        fmt::format("tokenize: {} threads: 0 (all cores) to {}", o.threads, kMaxTokenizeThreads));
   if (o.prompt_key.empty() != o.completion_key.empty())
     throw InvalidArgument("tokenize: prompt/completion pairs need both keys");
   for (const std::string& in : o.inputs) {
@@ -218,6 +223,22 @@ void check_options(const TokenizeOptions& o, const std::vector<std::string>& out
     if (!fs::is_directory(dir, ec))
       throw InvalidArgument(
           fmt::format("output {}: directory {} does not exist", out, dir.string()));
+  }
+}
+
+// A second name for `path` beside it ("<path>.old-<pid>[-k]", never one that exists), or "" when
+// there is no file at `path`. Throws IoError when the link cannot be made (a filesystem without
+// hard links): the job then changes nothing.
+std::string link_aside(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return {};
+  for (int k = 0;; ++k) {
+    std::string aside = fmt::format("{}.old-{}", path, ::getpid());
+    if (k > 0) aside += fmt::format("-{}", k);
+    if (::link(path.c_str(), aside.c_str()) == 0) return aside;
+    if (errno != EEXIST || k >= 100)
+      throw IoError(path, errno,
+                    fmt::format("link to {} (kept until the outputs are in place)", aside));
   }
 }
 
@@ -262,7 +283,10 @@ class OutputWriter {
     count_ += d.tokens.size();
   }
 
-  // Completes the header, fsyncs everything, then renames the files over their targets.
+  // Completes the header, fsyncs everything, then renames the files over their targets. The
+  // loss mask at the mask's path (the one this job's mask replaces, or the stale one it removes)
+  // is first linked aside, and put back when a rename fails before the token file's: a failed
+  // job leaves the earlier token file and its mask as they were.
   void commit() {
     if (llmc_) {
       std::array<int32_t, kLlmcHeaderInts> header{};
@@ -273,12 +297,29 @@ class OutputWriter {
     }
     tokens_.finish();
     if (mask_) mask_->finish();
-    if (mask_) mask_->commit();
-    if (!stale_mask_.empty() && ::unlink(stale_mask_.c_str()) != 0 && errno != ENOENT)
-      throw IoError(stale_mask_, errno, "remove the loss mask of the token file replaced");
-    tokens_.commit();
+    const std::string mask_path = mask_ ? mask_->target() : stale_mask_;
+    const std::string aside = mask_path.empty() ? std::string() : link_aside(mask_path);
+    try {
+      if (mask_) mask_->commit();
+      if (!stale_mask_.empty() && ::unlink(stale_mask_.c_str()) != 0 && errno != ENOENT)
+        throw IoError(stale_mask_, errno, "remove the loss mask of the token file replaced");
+      tokens_.commit();
+    } catch (...) {
+      if (!tokens_.committed() && !aside.empty()) {
+        // The token file is the earlier one still: its mask goes back (atomically over the
+        // new one, if that was renamed in).
+        if (::rename(aside.c_str(), mask_path.c_str()) != 0)
+          log::warn("tokenize: the loss mask {} is kept as {} ({})", mask_path, aside,
+                    std::strerror(errno));
+      } else if (!tokens_.committed() && mask_ && mask_->committed()) {
+        ::unlink(mask_path.c_str());  // there was no mask before: none pairs with the old file
+      } else if (!aside.empty()) {
+        ::unlink(aside.c_str());
+      }
+      throw;
+    }
+    if (!aside.empty()) ::unlink(aside.c_str());
   }
-
   uint64_t count() const { return count_; }
   uint64_t targets() const { return targets_; }
 
@@ -309,11 +350,21 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
   DocumentReader reader(options.inputs, {.doc_per_file = options.doc_per_file,
                                          .chunk_bytes = options.chunk_bytes,
                                          .max_document_bytes = options.max_document_bytes});
+  // PREFIX.mask is the loss mask of PREFIX.bin or PREFIX.u32 (the data loader pairs it with
+  // either): with the token file of the other extension beside it, it may be that file's, which
+  // this job must neither replace nor remove.
+  const std::string mask = options.out_prefix + ".mask";
+  std::error_code ec;
+  const bool mask_exists = fs::exists(fs::symlink_status(mask, ec));
+  const std::string other = options.out_prefix + (llmc ? ".u32" : ".bin");
+  if (mask_exists && fs::exists(fs::symlink_status(other, ec)))
+    throw InvalidArgument(fmt::format(
+        "{} may be the loss mask of {}, which this job does not replace (it writes {}): choose "
+        "another --out, or move one of them away",
+        mask, other, outputs[0]));
   // Plain text replacing a token file whose loss mask lies beside it: the mask goes with it.
   std::string stale_mask;
   if (!encoder.pairs()) {
-    std::error_code ec;
-    const std::string mask = options.out_prefix + ".mask";
     if (fs::is_regular_file(fs::symlink_status(mask, ec))) stale_mask = mask;
     for (const std::string& in : options.inputs)
       if (!stale_mask.empty() && same_file(stale_mask, in))

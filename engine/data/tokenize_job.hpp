@@ -45,6 +45,9 @@ struct TokenizeProgress {
   double seconds = 0;       // since the job started
 };
 
+// The most threads a job takes (TokenizeOptions::threads).
+inline constexpr int kMaxTokenizeThreads = 1024;
+
 struct TokenizeOptions {
   std::vector<std::string> inputs;
   std::string out_prefix;
@@ -54,7 +57,7 @@ struct TokenizeOptions {
   std::string prompt_key, completion_key;
   // Each plain-text file is one document. Refused for JSON-lines inputs.
   bool doc_per_file = false;
-  // Threads tokenizing (0: every hardware thread).
+  // Threads tokenizing (0: every hardware thread; at most kMaxTokenizeThreads).
   int threads = 0;
   // Leave bad documents out (counted) instead of failing.
   bool skip_bad = false;

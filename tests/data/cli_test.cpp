@@ -173,6 +173,33 @@ TEST_F(TokenizeCliTest, RefusedInvocationsExit2) {
   EXPECT_NE(r.err.find("no tokens to write: the input holds no document"), std::string::npos)
       << r.err;
   EXPECT_FALSE(std::filesystem::exists(path("blank") + ".bin"));
+  // A thread count no machine has is refused, not tried.
+  r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) +
+          " --threads 10000000");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--threads 10000000: 0 (all cores) to 1024"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("o") + ".bin"));
+}
+
+// --log-json never writes over the tokenizer's files (inputs too), nor over an output or the
+// loss mask the job replaces or removes, whatever the path's spelling.
+TEST_F(TokenizeCliTest, TheLogIsNeitherAnInputNorAnOutput) {
+  const std::string in = input("a.txt", "text\n");
+  const std::string tokenizer_json = test::slurp(path("tok/tokenizer.json"));
+  CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) +
+                    " --log-json " + shell_quote(path("tok/tokenizer.json")));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("is the same file as --tokenizer"), std::string::npos) << r.err;
+  EXPECT_EQ(test::slurp(path("tok/tokenizer.json")), tokenizer_json);
+  const std::string mask = input("o.mask", "a mask of earlier pairs");
+  for (const std::string& log : {path("o.mask"), dir_.path().string() + "/./o.bin"}) {
+    r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) + " --log-json " +
+            shell_quote(log));
+    EXPECT_EQ(r.rc, 2) << log;
+    EXPECT_NE(r.err.find("refusing to overwrite one of the outputs"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(test::slurp(mask), "a mask of earlier pairs");
+  EXPECT_FALSE(std::filesystem::exists(path("o.bin")));
 }
 
 TEST_F(TokenizeCliTest, OutputDoesNotDependOnThreads) {

@@ -221,6 +221,64 @@ TEST_F(TokenizeJobTest, TextReplacingPairsRemovesTheirMask) {
   EXPECT_EQ(test::slurp(named_mask), "plain text in a file named like a mask\n");
 }
 
+// A job whose token file cannot be renamed into place (here a directory took its name while
+// the job ran) leaves the earlier token file and its loss mask as they were, whether it
+// replaced that mask (pairs) or was to remove it (plain text), and leaves no file of its own.
+TEST_F(TokenizeJobTest, AFailedCommitLeavesTheEarlierTokensAndMaskAsTheyWere) {
+  const std::string pairs = input("sft.jsonl", "{\"q\": \"the question\", \"a\": \"an answer\"}\n");
+  TokenizeOptions first = options({pairs}, "data");
+  first.prompt_key = "q";
+  first.completion_key = "a";
+  const TokenizeResult r = run_tokenize_job(*tokenizer_, first);
+  const std::string old_mask = test::slurp(r.mask_file);
+  const std::string old_tokens = test::slurp(r.token_file);
+  const std::string other = input("other.jsonl", "{\"q\": \"and\", \"a\": \"ends here\"}\n");
+  for (const bool text : {false, true}) {
+    SCOPED_TRACE(text ? "plain text over pairs" : "pairs over pairs");
+    TokenizeOptions o = options({other}, "data");
+    if (!text) {
+      o.prompt_key = "q";
+      o.completion_key = "a";
+    } else {
+      o.text_key = "a";
+    }
+    o.progress_interval = std::chrono::seconds(0);
+    const fs::path moved = dir_ / "data.bin.moved";
+    o.on_progress = [&](const TokenizeProgress&) {  // before the commit: the name taken
+      if (fs::exists(moved)) return;
+      fs::rename(r.token_file, moved);
+      fs::create_directory(r.token_file);
+      test::write_file(fs::path(r.token_file) / "a file", "keeps the directory non-empty");
+    };
+    EXPECT_THROW(run_tokenize_job(*tokenizer_, o), IoError);
+    fs::remove_all(r.token_file);
+    fs::rename(moved, r.token_file);
+    EXPECT_EQ(test::slurp(r.mask_file), old_mask);
+    EXPECT_EQ(test::slurp(r.token_file), old_tokens);
+    for (const auto& e : fs::directory_iterator(dir_.path()))
+      EXPECT_EQ(e.path().filename().string().find(".old-"), std::string::npos) << e.path();
+    EXPECT_TRUE(temporaries().empty());
+  }
+}
+
+// PREFIX.mask beside the token file of the other extension (a vocabulary on the other side of
+// 65536) may be that file's mask: a job writing PREFIX.u32 neither replaces nor removes it.
+TEST_F(TokenizeJobTest, AMaskBesideTheOtherExtensionsTokenFileIsLeftAlone) {
+  const std::string pairs = input("sft.jsonl", "{\"q\": \"the question\", \"a\": \"an answer\"}\n");
+  TokenizeOptions o = options({pairs}, "data");
+  o.prompt_key = "q";
+  o.completion_key = "a";
+  const TokenizeResult r = run_tokenize_job(*tokenizer_, o);
+  const std::string old_mask = test::slurp(r.mask_file);
+  test::write_tiny_tokenizer_dir(dir_ / "big", 70000);
+  const Tokenizer big = Tokenizer::load((dir_ / "big").string());
+  EXPECT_THROW(run_tokenize_job(big, options({input("a.txt", "the end\n")}, "data")),
+               InvalidArgument);
+  EXPECT_THROW(run_tokenize_job(big, o), InvalidArgument);
+  EXPECT_EQ(test::slurp(r.mask_file), old_mask);
+  EXPECT_FALSE(fs::exists(dir_ / "data.u32"));
+}
+
 TEST_F(TokenizeJobTest, LargeVocabulariesWriteRawUint32) {
   test::write_tiny_tokenizer_dir(dir_ / "big", 70000);
   const Tokenizer big = Tokenizer::load((dir_ / "big").string());

@@ -62,7 +62,9 @@ int run_tokenize(const TokenizeArgs& a) {
     throw InvalidArgument("--prompt-key needs --completion-key");
   if (a.prompt_key.empty() && !a.completion_key.empty())
     throw InvalidArgument("--completion-key needs --prompt-key");
-  if (a.threads < 0) throw InvalidArgument("--threads must be 0 (all) or positive");
+  if (a.threads < 0 || a.threads > data::kMaxTokenizeThreads)
+    throw InvalidArgument(
+        fmt::format("--threads {}: 0 (all cores) to {}", a.threads, data::kMaxTokenizeThreads));
   if (std::filesystem::path(a.out).filename().empty())
     throw InvalidArgument("--out " + a.out +
                           ": a prefix of file names (PREFIX.bin), not a directory: add a name, "
@@ -90,13 +92,19 @@ int run_tokenize(const TokenizeArgs& a) {
   o.skip_bad = a.skip_bad;
   o.stop = &stop_flag();
   const std::vector<std::string> outputs = data::tokenize_outputs(o, tokenizer.vocab_size());
+  // The tokenizer's files are inputs too (tokenizer.json, its config, a SentencePiece model).
+  std::error_code ec;
+  if (std::filesystem::is_directory(a.tokenizer, ec))
+    for (const auto& e : std::filesystem::directory_iterator(a.tokenizer, ec))
+      if (e.is_regular_file(ec)) inputs.emplace_back(e.path().string(), "--tokenizer");
   for (const std::string& out : outputs)
     if (!check_output_file(out, "--out", inputs)) return 2;
   if (!check_output_file(a.log_json, "--log-json", inputs)) return 2;
-  for (const std::string& out : outputs) {
-    if (!a.log_json.empty() && out == a.log_json)
-      throw InvalidArgument("--log-json " + a.log_json + " is one of the outputs");
-  }
+  // Nor may the log be an output, or the loss mask this job replaces or removes, under any name.
+  std::vector<std::pair<std::string, const char*>> written;
+  for (const std::string& out : outputs) written.emplace_back(out, "--out");
+  written.emplace_back(a.out + ".mask", "--out");
+  if (!check_output_file(a.log_json, "--log-json", written, "one of the outputs")) return 2;
 
   std::ofstream log;
   if (!a.log_json.empty()) {

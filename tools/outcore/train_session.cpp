@@ -156,11 +156,12 @@ bool check_input_file(const std::string& path, const char* flag) {
 }
 
 bool check_output_file(const std::string& path, const char* flag,
-                       const std::vector<std::pair<std::string, const char*>>& inputs) {
+                       const std::vector<std::pair<std::string, const char*>>& inputs,
+                       const char* what) {
   namespace fs = std::filesystem;
   if (path.empty()) return true;
   std::error_code ec;
-  const fs::path out_canonical = fs::weakly_canonical(path, ec);
+  const fs::path out_canonical = fs::weakly_canonical(fs::absolute(path, ec), ec);
   struct stat out {};
   const bool exists = ::stat(path.c_str(), &out) == 0;
   if (exists && !S_ISREG(out.st_mode)) {
@@ -175,11 +176,11 @@ bool check_output_file(const std::string& path, const char* flag,
     const bool same =
         exists ? ::stat(in_path.c_str(), &in) == 0 && in.st_dev == out.st_dev &&
                      in.st_ino == out.st_ino
-               : !out_canonical.empty() && fs::weakly_canonical(in_path, ec) == out_canonical;
+               : !out_canonical.empty() &&
+                     fs::weakly_canonical(fs::absolute(in_path, ec), ec) == out_canonical;
     if (same) {
-      std::fprintf(stderr,
-                   "error: %s %s is the same file as %s %s; refusing to overwrite an input\n", flag,
-                   path.c_str(), in_flag, in_path.c_str());
+      std::fprintf(stderr, "error: %s %s is the same file as %s %s; refusing to overwrite %s\n",
+                   flag, path.c_str(), in_flag, in_path.c_str(), what);
       return false;
     }
   }

@@ -31,9 +31,11 @@ bool check_input_file(const std::string& path, const char* flag);
 // output file named by `flag`) is a regular file or not there yet, is not the same file
 // (device and inode, or the same path for files not made yet) as any of `inputs` ((path,
 // flag) pairs; empty paths skipped), and its directory exists and is writable; otherwise
-// prints one "error:" line naming both and returns false (exit 2).
+// prints one "error:" line naming both and returns false (exit 2). `what` names what `inputs`
+// are in that line.
 bool check_output_file(const std::string& path, const char* flag,
-                       const std::vector<std::pair<std::string, const char*>>& inputs);
+                       const std::vector<std::pair<std::string, const char*>>& inputs,
+                       const char* what = "an input");
 
 // False (with one error line naming `flag`) when `path` lies where a save into `save_dir`
 // writes: `latest`, `latest.tmp`, `.lock`, or a `global_step<N>` entry or anything in one
