@@ -195,7 +195,7 @@ json parse_json_unique_keys(std::string_view text, const std::string& where) {
   };
   try {
     return json::parse(text, check);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
     throw CorruptData(fmt::format("{}: not valid JSON: {}", where, e.what()));
   }
 }

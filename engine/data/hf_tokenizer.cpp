@@ -449,7 +449,7 @@ LoadedBackend load_tokenizer_json(const std::string& path) {
   json root;
   try {
     root = json::parse(read_whole_file(path, "tokenizer", kMaxTokenizerJsonBytes));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
     throw ConfigError("", fmt::format("{}: not valid JSON: {}", path, e.what()));
   }
   r.object(root, "(root)");

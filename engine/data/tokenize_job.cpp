@@ -128,7 +128,7 @@ class DocumentEncoder {
     json j;
     try {
       j = json::parse(text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
       bad = "not valid JSON: " + json_message(e);
       return false;
     }

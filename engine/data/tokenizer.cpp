@@ -29,7 +29,7 @@ json read_optional_json(const fs::path& dir, const char* name) {
     if (!j.is_object())
       throw ConfigError("", fmt::format("{}: must hold a JSON object", path.string()));
     return j;
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
     throw ConfigError("", fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
   }
 }

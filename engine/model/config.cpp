@@ -229,6 +229,8 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     fail(source, "", fmt::format("malformed JSON at byte {}: {}", e.byte, e.what()));
+  } catch (const json::exception& e) {  // a number out of range (1e400)
+    fail(source, "", fmt::format("malformed JSON: {}", e.what()));
   }
   if (!j.is_object()) fail(source, "", "expected a JSON object");
   const Keys k{j, source};

@@ -93,6 +93,18 @@ TEST_F(CliTest, EveryExampleExitsZeroAndPrintsItsResolvedJson) {
   }
 }
 
+// Results that cannot be written (a full disk under stdout) fail the command.
+TEST_F(CliTest, AResultThatCannotBeWrittenIsAFailure) {
+  const std::string file = shell_quote(source_path("configs/zero3_nvme_infinity.json"));
+  const std::string err = (dir_ / "err").string();
+  const int status = std::system(
+      (shell_quote(OUTCORE_CLI) + " config " + file + " >/dev/full 2>" + shell_quote(err)).c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_NE(slurp(err).find("writing the results to standard output failed"), std::string::npos)
+      << slurp(err);
+}
+
 TEST_F(CliTest, BrokenFileExitsTwoWithEveryError) {
   std::string f = write("bad.json", R"({
     // two mistakes and a typo

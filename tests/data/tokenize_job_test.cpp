@@ -328,15 +328,22 @@ TEST_F(TokenizeJobTest, SkipBadLeavesOutAndCountsBadDocuments) {
   const std::string in =
       input("mixed.jsonl",
             "{\"text\": \"one\"}\n{bad\n{\"text\": \"two\"}\n{\"text\": \"\xFF\"}\n"
-            "{\"no\": 1}\n{\"text\": \"three\"}\n");
+            "{\"no\": 1}\n{\"text\": \"three\"}\n{\"text\": \"x\", \"n\": 1e400}\n");
   TokenizeOptions o = options({in});
   o.skip_bad = true;
   std::vector<uint64_t> lines;
-  o.on_skipped = [&lines](const BadDocument& b) { lines.push_back(b.line()); };
+  std::string overflow;
+  o.on_skipped = [&](const BadDocument& b) {
+    lines.push_back(b.line());
+    if (b.line() == 7) overflow = b.what();
+  };
   const TokenizeResult r = run_tokenize_job(*tokenizer_, o);
   EXPECT_EQ(r.totals.documents, 3u);
-  EXPECT_EQ(r.totals.skipped, 3u);
-  EXPECT_EQ(lines, (std::vector<uint64_t>{2, 4, 5}));
+  EXPECT_EQ(r.totals.skipped, 4u);
+  EXPECT_EQ(lines, (std::vector<uint64_t>{2, 4, 5, 7}));
+  // A number beyond double's range is a bad line like any other (named, and skippable).
+  EXPECT_NE(overflow.find("mixed.jsonl:7: not valid JSON: number overflow"), std::string::npos)
+      << overflow;
   EXPECT_EQ(tokens_of(r.token_file), concat({doc("one"), doc("two"), doc("three")}));
 }
 

@@ -99,6 +99,7 @@ TEST(LlamaConfig, MissingWrongTypeAndImpossibleValuesAreErrors) {
   expect_error(with(R"(, "num_key_value_heads": 0)"), "num_key_value_heads", "positive");
   expect_error(with(R"(, "hidden_act": "gelu")"), "hidden_act", "silu");
   expect_error("{\"hidden_size\": 64,", "", "malformed JSON");
+  expect_error(with(R"(, "rope_theta": 1e400)"), "", "number overflow");
   expect_error("[1, 2]", "", "JSON object");
 }
 

@@ -1,6 +1,9 @@
 // outcore: train transformer models larger than device memory and host RAM.
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <iostream>
 #include <string>
 
 #include "common/error.hpp"
@@ -44,6 +47,16 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
+  }
+  // Results go to stdout: a full disk or a closed file there fails the command, never exit 0
+  // with the results lost.
+  std::cout.flush();
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout) {
+    const int err = errno;
+    std::fprintf(stderr, "error: writing the results to standard output failed%s%s\n",
+                 err != 0 ? ": " : "", err != 0 ? std::strerror(err) : "");
+    return rc != 0 ? rc : 1;
   }
   return rc;
 }
