@@ -49,7 +49,10 @@ int64_t step_of_tag(const std::string& name) {
 
 // ---- What is outcore's in a save directory ----------------------------------------------------
 
-// The marker every save writes first into `<tag>.tmp/` (it stays in the checkpoint).
+// The marker every save writes first into `<tag>.tmp/`, removed once the checkpoint is renamed
+// into place, and written again into a checkpoint before it is renamed to `<tag>.old` to be
+// removed: a `.tmp` or `.old` directory without it (a user's copy of a checkpoint) is never
+// taken for a leftover.
 constexpr std::string_view kMarkerName = ".outcore-save";
 constexpr std::string_view kMarkerText = "outcore checkpoint in progress\n";
 // What outcore writes into the `.lock` it creates (one without it is not outcore's).
@@ -132,15 +135,18 @@ bool is_save_leftover(const fs::path& p) {
   } catch (const Error&) {
     return false;
   }
-  return foreign_entry(p, /*manifest_files=*/false).empty();
+  return foreign_entry(p, /*manifest_files=*/true).empty();
 }
 
-// `latest` or `latest.tmp` as outcore writes them: a regular file naming one tag.
-bool is_latest_file(const fs::path& p) {
+// `latest` or `latest.tmp` as outcore writes them: a regular file naming one checkpoint of a
+// save directory (global_step<N>); for `latest.tmp`, also an empty one (a save killed between
+// creating and writing it). Any other file of those names is the user's.
+bool is_latest_file(const fs::path& p, bool tmp = false) {
   if (type_of(p) != fs::file_type::regular) return false;
+  std::error_code ec;
+  if (tmp && fs::file_size(p, ec) == 0 && !ec) return true;
   try {
-    read_latest_tag(p);
-    return true;
+    return step_of_tag(read_latest_tag(p)) >= 0;
   } catch (const Error&) {
     return false;
   }
@@ -186,6 +192,12 @@ void remove_owned_dir(const fs::path& p, const WriterOptions* hooks, uint64_t& r
   }
   if (type_of(p / kMarkerName) != fs::file_type::not_found) remove_one(p / kMarkerName);
   remove_one(p);
+}
+
+// Writes the marker into checkpoint `p` (durably) before it is renamed to `<tag>.old` and removed.
+void mark_for_removal(const fs::path& p) {
+  write_file_durably(p / kMarkerName, kMarkerText);
+  fsync_dir(p);
 }
 
 }  // namespace
@@ -261,7 +273,8 @@ void SaveDir::open_entries() {
       if (!is_latest_file(e.path())) refuse_entry(dir_, e.path(), "not a file naming a checkpoint");
       has_latest = true;
     } else if (name == std::string(kLatestName) + ".tmp") {
-      if (!is_latest_file(e.path())) refuse_entry(dir_, e.path(), "not a file naming a checkpoint");
+      if (!is_latest_file(e.path(), /*tmp=*/true))
+        refuse_entry(dir_, e.path(), "not a file naming a checkpoint");
       leftovers.push_back(e.path());
     } else if (step_of_tag(name) >= 0) {
       if (!is_checkpoint_dir(e.path()))
@@ -269,7 +282,7 @@ void SaveDir::open_entries() {
       checkpoints.emplace_back(step_of_tag(name), name);
     } else if ((has_suffix(name, ".tmp") || has_suffix(name, ".old")) &&
                step_of_tag(name.substr(0, name.size() - 4)) >= 0) {
-      if (!is_save_leftover(e.path()) && !(has_suffix(name, ".old") && is_checkpoint_dir(e.path())))
+      if (!is_save_leftover(e.path()))
         refuse_entry(dir_, e.path(), "not what an interrupted save leaves");
       leftovers.push_back(e.path());
     }
@@ -329,9 +342,7 @@ SaveDir::~SaveDir() { release(); }
 
 void SaveDir::clear_leftover(const fs::path& p) const {
   if (type_of(p) == fs::file_type::not_found) return;
-  const std::string name = p.filename().string();
-  if (!is_save_leftover(p) && !(has_suffix(name, ".old") && is_checkpoint_dir(p)))
-    refuse_entry(dir_, p, "not what an interrupted save leaves");
+  if (!is_save_leftover(p)) refuse_entry(dir_, p, "not what an interrupted save leaves");
   uint64_t removals = 0;
   remove_owned_dir(p, nullptr, removals);
 }
@@ -347,6 +358,7 @@ void SaveDir::remove_checkpoint(const std::string& tag, const WriterOptions& hoo
   // Renamed first: a kill while its files go leaves `<tag>.old`, never a partial `<tag>`.
   const fs::path old = dir_ / (tag + ".old");
   clear_leftover(old);
+  mark_for_removal(dir_ / tag);
   rename_durably(dir_ / tag, old, dir_);
   remove_owned_dir(old, &hooks, removals);
 }
@@ -693,10 +705,16 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
       refuse_entry(m.dir.path(), final_dir,
                    fmt::format("a checkpoint holding {}, which a save does not write", foreign));
     m.dir.clear_leftover(old);
+    mark_for_removal(final_dir);
     rename_durably(final_dir, old, m.dir.path());
   }
   rename_durably(m.tmp, final_dir, m.dir.path());
   m.committed = true;
+  // In place: a copy the user makes of it is no leftover of a save.
+  std::error_code ec_marker;
+  fs::remove(final_dir / kMarkerName, ec_marker);
+  if (ec_marker) throw IoError((final_dir / kMarkerName).string(), ec_marker.value(), "remove");
+  fsync_dir(final_dir);
   if (fs::symlink_status(old, ec).type() != fs::file_type::not_found) {
     uint64_t removals = 0;
     remove_owned_dir(old, &m.options, removals);

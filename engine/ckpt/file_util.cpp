@@ -25,17 +25,23 @@ struct Fd {
 void write_file_durably(const std::filesystem::path& path, std::string_view data) {
   Fd f{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
   if (f.fd < 0) throw IoError(path.string(), errno, "create");
-  size_t off = 0;
-  while (off < data.size()) {
-    const ssize_t n = ::write(f.fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw IoError(path.string(), off, data.size() - off, n < 0 ? errno : EIO, "write");
-    off += static_cast<size_t>(n);
+  try {
+    size_t off = 0;
+    while (off < data.size()) {
+      const ssize_t n = ::write(f.fd, data.data() + off, data.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        throw IoError(path.string(), off, data.size() - off, n < 0 ? errno : EIO, "write");
+      off += static_cast<size_t>(n);
+    }
+    if (::fsync(f.fd) != 0) throw IoError(path.string(), errno, "fsync");
+    const int fd = f.fd;
+    f.fd = -1;
+    if (::close(fd) != 0) throw IoError(path.string(), errno, "close");
+  } catch (...) {
+    ::unlink(path.c_str());  // a partial file is no file of ours to leave (a full disk)
+    throw;
   }
-  if (::fsync(f.fd) != 0) throw IoError(path.string(), errno, "fsync");
-  const int fd = f.fd;
-  f.fd = -1;
-  if (::close(fd) != 0) throw IoError(path.string(), errno, "close");
 }
 
 void fsync_dir(const std::filesystem::path& dir_in) {
@@ -85,7 +91,8 @@ std::string read_latest_tag(const std::filesystem::path& latest) {
                    tag.find_first_of("/\n\r\t ") != std::string::npos ||
                    tag.find('\0') != std::string::npos;
   if (bad)
-    throw CorruptData(fmt::format("{}: does not name a checkpoint (\"{}\")", latest.string(), tag));
+    throw CorruptData(fmt::format("{}: does not name a checkpoint (\"{}{}\")", latest.string(),
+                                  tag.substr(0, 64), tag.size() > 64 ? "..." : ""));
   return tag;
 }
 

@@ -518,6 +518,9 @@ TEST(CkptSaveDir, NamesOutcoreWritesHeldBySomethingElseAreRefused) {
       {"latest", {{"latest", "my latest thoughts\n"}}},
       {"latest", {{"latest/x", "a directory"}}},
       {"latest.tmp", {{"latest.tmp", "not a tag\n"}}},
+      // one word, but no checkpoint's name: a user's note
+      {"latest.tmp", {{"latest.tmp", "compare-lr-with-run-7\n"}}},
+      {"latest", {{"latest", "v2-final\n"}}},
   };
   for (const auto& [name, files] : cases) {
     TempDir tmp("ckpt");
@@ -532,6 +535,36 @@ TEST(CkptSaveDir, NamesOutcoreWritesHeldBySomethingElseAreRefused) {
     fs::rename(tmp / "save" / name, tmp / "moved");
     SaveDir dir(tmp / "save");
   }
+}
+
+// A user's copy of a checkpoint under a name a save or a removal uses for its leftovers
+// (`<tag>.old`, `<tag>.tmp`) is refused, never removed: committed checkpoints hold no marker. An
+// empty `latest.tmp` (a save killed between creating and writing it) is a leftover.
+TEST(CkptSaveDir, ACopyOfACheckpointUnderALeftoverNameIsRefusedNotRemoved) {
+  for (const char* suffix : {".old", ".tmp"}) {
+    TempDir tmp("ckpt");
+    {
+      SaveDir dir(tmp / "save");
+      write_synthetic(dir, "global_step2", 1);
+    }
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step2" / ".outcore-save"));
+    const fs::path copy = tmp / "save" / (std::string("global_step2") + suffix);
+    fs::copy(tmp / "save" / "global_step2", copy, fs::copy_options::recursive);
+    const std::string msg = what_of([&] { SaveDir dir(tmp / "save", kContinue); });
+    EXPECT_NE(msg.find(copy.filename().string() + " is not outcore's"), std::string::npos) << msg;
+    Checkpoint::open(copy).verify();  // untouched
+    fs::rename(copy, tmp / "backup");
+    SaveDir dir(tmp / "save", kContinue);
+  }
+  TempDir tmp("ckpt");
+  {
+    SaveDir dir(tmp / "save");
+    write_synthetic(dir, "global_step2", 1);
+  }
+  std::ofstream(tmp / "save" / "latest.tmp").flush();  // empty
+  SaveDir dir(tmp / "save", kContinue);
+  EXPECT_FALSE(fs::exists(tmp / "save" / "latest.tmp"));
+  EXPECT_EQ(dir.latest(), "global_step2");
 }
 
 TEST(CkptSaveDir, AnotherRunsCheckpointsAreRefusedUnlessContinuedOrReplaced) {
