@@ -567,6 +567,19 @@ TrainResult Trainer::run() {
   }
 
   TrainResult res;
+  // A record that cannot be written ends the metrics, not the run (its state is sound, and a
+  // full log partition must not cost the steps since the last checkpoint).
+  auto record = [&](const auto& m) {
+    if (!writer) return;
+    try {
+      writer->write(m);
+    } catch (const Error& e) {
+      res.metrics_error = e.what();
+      log::warn("metrics: {}; no more records are written to {}, and training goes on", e.what(),
+                writer->path());
+      writer.reset();
+    }
+  };
   const Clock::time_point t0 = Clock::now();
   int64_t validated_at = -1;
   auto run_validation = [&] {
@@ -574,7 +587,7 @@ TrainResult Trainer::run() {
     res.final_val_loss = v.loss;
     validated_at = v.step;
     if (display) display->validation(v);
-    if (writer) writer->write(v);
+    record(v);
   };
 
   auto save = [&] {
@@ -621,7 +634,7 @@ TrainResult Trainer::run() {
     } else if (m.skipped) {
       log::warn("step {}: {}", m.step, last_message_);
     }
-    if (writer) writer->write(m);
+    record(m);
     if (opts_.on_step) opts_.on_step(m);
     if (val_loader_ && opts_.eval_every > 0 && m.step % opts_.eval_every == 0) run_validation();
     if (save_dir_ && opts_.save_every > 0 && m.step % opts_.save_every == 0) save();
@@ -635,7 +648,13 @@ TrainResult Trainer::run() {
   if (save_dir_ && last_saved_step_ != steps_done_) save();
 
   if (display) display->finish();
-  if (writer) writer->close();
+  if (writer) {
+    try {
+      writer->close();
+    } catch (const Error& e) {
+      res.metrics_error = e.what();
+    }
+  }
   res.tokens_per_s = res.wall_s > 0 ? static_cast<double>(res.tokens) / res.wall_s : 0;
   res.gflops_per_s =
       res.tokens_per_s * model_->config().train_flops_per_token(model_->options().seq_len) / 1e9;

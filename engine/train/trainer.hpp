@@ -181,6 +181,9 @@ struct TrainResult {
     trace::IoOverlap under_compute_or_optimizer;
   };
   std::optional<Trace> trace;
+  // Why the metrics file stopped receiving records (a full disk, ...), empty when it did not:
+  // the run trains and saves on, and the caller reports the failure once it ends.
+  std::string metrics_error;
 };
 
 class Trainer {

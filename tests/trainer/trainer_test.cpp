@@ -2,12 +2,15 @@
 // checkpointing, stop requests, metrics, and refusal of bad input.
 #include "engine/train/trainer.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <string>
@@ -298,6 +301,45 @@ TEST(TrainerTest, IoErrorWhileTrainingStopsTheRunWithTheError) {
     step_records += nlohmann::json::parse(line)["type"] == "step";
   }
   EXPECT_EQ(step_records, last_step);
+}
+
+// A metrics file that can no longer be written (a full disk: here its descriptor turns into
+// /dev/full's after step 2) ends the metrics, not the run: training goes on to its last step and
+// saves, and the result says why the metrics stopped (the command then exits 1).
+TEST(TrainerTest, AMetricsFileThatCannotBeWrittenStopsOnlyTheMetrics) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  TrainerOptions o = quiet_options(data, 4);
+  o.metrics_file = data.file("metrics.jsonl");
+  o.save_dir = data.file("ckpt");
+  o.on_step = [&](const StepMetrics& m) {
+    if (m.step != 2) return;
+    const int full = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+    ASSERT_GE(full, 0);
+    bool replaced = false;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      if (std::filesystem::read_symlink(e.path(), ec) != std::filesystem::path(o.metrics_file))
+        continue;
+      ASSERT_GE(::dup2(full, std::stoi(e.path().filename().string())), 0);
+      replaced = true;
+    }
+    ::close(full);
+    ASSERT_TRUE(replaced);
+  };
+  Trainer t(make_config(testing::nvme_patch(data.file("swap")), mc), mc, o);
+  const TrainResult r = t.run();
+  EXPECT_EQ(r.steps, 4);
+  EXPECT_FALSE(r.stopped);
+  ASSERT_EQ(r.checkpoints.size(), 1u);
+  EXPECT_EQ(r.checkpoints[0].tag, "global_step4");
+  EXPECT_NE(r.metrics_error.find("No space left on device"), std::string::npos) << r.metrics_error;
+  EXPECT_NE(r.metrics_error.find(o.metrics_file), std::string::npos) << r.metrics_error;
+  std::ifstream in(o.metrics_file);
+  int step_records = 0;
+  for (std::string line; std::getline(in, line);)
+    step_records += nlohmann::json::parse(line)["type"] == "step";
+  EXPECT_EQ(step_records, 2);
 }
 
 TEST(TrainerTest, MetricsFileHasOneRecordPerStepWithTierTraffic) {
