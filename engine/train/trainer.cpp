@@ -357,10 +357,18 @@ nlohmann::ordered_json Trainer::state_json() const {
   j["seq_len"] = model_->options().seq_len;
   j["gradient_accumulation_steps"] = gas_;
   j["world_size"] = world_size();
-  j["train_data"] = opts_.train_data;
-  j["val_data"] = opts_.val_data;
-  j["train_mask"] = opts_.train_mask;
-  j["val_mask"] = opts_.val_mask;
+  // Absolute: a resume started from another directory reads the same files, not ones of the
+  // same names there.
+  auto absolute = [](const std::string& p) {
+    std::error_code ec;
+    const std::filesystem::path a =
+        p.empty() ? std::filesystem::path() : std::filesystem::absolute(p, ec);
+    return ec ? p : a.lexically_normal().string();
+  };
+  j["train_data"] = absolute(opts_.train_data);
+  j["val_data"] = absolute(opts_.val_data);
+  j["train_mask"] = absolute(opts_.train_mask);
+  j["val_mask"] = absolute(opts_.val_mask);
   j["val_fraction"] = opts_.val_fraction;
   return j;
 }

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -1012,6 +1013,37 @@ TEST_F(TrainCliTest, ResumeInANewProcessIsBitIdentical) {
   EXPECT_EQ(r.rc, 2);
   EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("nowhere"), std::string::npos) << r.err;
+}
+
+// A run given its data by a relative path resumes on that same file from any directory: the
+// checkpoint names it absolutely (a file of the same name where the resume starts is not it).
+TEST_F(TrainCliTest, AResumeFromAnotherDirectoryReadsTheSameData) {
+  namespace fs = std::filesystem;
+  const fs::path a = data_.file("a"), b = data_.file("b");
+  fs::create_directories(a);
+  fs::create_directories(b);
+  fs::copy_file(data_.train(), a / "data.bin");
+  std::string other = slurp(data_.train());
+  std::reverse(other.begin() + 1024, other.end());  // the header kept: tokens of another order
+  std::ofstream(b / "data.bin", std::ios::binary) << other;
+  const std::string ck = data_.file("ckpt");
+  auto in = [&](const fs::path& dir, const std::string& args) {
+    const std::string err = data_.file("stderr"), out = data_.file("stdout");
+    const std::string cmd = "cd " + shell_quote(dir.string()) + " && env -u OUTCORE_CONFIG " +
+                            shell_quote(OUTCORE_CLI) + " " + args + " >" + shell_quote(out) +
+                            " 2>" + shell_quote(err);
+    const int status = std::system(cmd.c_str());
+    return CliResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+  };
+  CliResult r = in(a, "train --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+                          " --data data.bin --seq-len 32 --steps 2 --save-dir " + shell_quote(ck));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const nlohmann::json state =
+      nlohmann::json::parse(slurp(ck + "/global_step2/trainer_state.json"));
+  EXPECT_EQ(state["train_data"], (a / "data.bin").string());
+  r = in(b, "train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --steps 3");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("train data " + (a / "data.bin").string()), std::string::npos) << r.out;
 }
 
 // A save killed (SIGKILL) part-way, at several points (test hooks of
