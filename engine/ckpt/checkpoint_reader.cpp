@@ -123,7 +123,11 @@ void Checkpoint::verify() const {
   for (size_t i = 0; i < kVerifyBuffers; ++i) buf.emplace_back(kVerifyChunk);
   for (const FileInfo& fi : m.manifest.files) {
     const fs::path p = m.dir / fi.path;
-    if (!fs::exists(p)) throw CorruptData(fmt::format("{}: missing", p.string()));
+    std::error_code ec;
+    const fs::file_status st = fs::status(p, ec);
+    if (!fs::exists(st)) throw CorruptData(fmt::format("{}: missing", p.string()));
+    if (!fs::is_regular_file(st))  // a FIFO would block the read, a directory has no size
+      throw CorruptData(fmt::format("{}: not a regular file (replaced)", p.string()));
     const uint64_t size = fs::file_size(p);
     if (size != fi.bytes)
       throw CorruptData(

@@ -161,6 +161,10 @@ HfWeights HfWeights::open(const fs::path& dir, const model::LlamaConfig& expecte
   } else if (present(dir / kHfIndexFile)) {
     found = locate_sharded(dir, w.files_, w.layout_.tied);
   } else {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec))
+      throw InvalidArgument(fmt::format(
+          "{}: {}", dir.string(), fs::exists(dir, ec) ? "not a directory" : "no such directory"));
     throw InvalidArgument(fmt::format("{}: holds neither {} nor {} (weights must be safetensors)",
                                       dir.string(), kHfWeightsFile, kHfIndexFile));
   }
@@ -458,7 +462,10 @@ class ScratchDir {
  public:
   explicit ScratchDir(fs::path p) : path_(std::move(p)) {
     std::error_code ec;
-    if (fs::symlink_status(path_, ec).type() != fs::file_type::not_found) {
+    const fs::file_type type = fs::symlink_status(path_, ec).type();
+    if (ec && ec != std::errc::no_such_file_or_directory)  // a name too long, a parent unreadable
+      throw IoError(path_.string(), ec.value(), "stat export directory");
+    if (type != fs::file_type::not_found) {
       if (!fs::is_directory(fs::symlink_status(path_, ec)) || !is_export_scratch(path_))
         throw InvalidArgument(fmt::format(
             "{}: exists and is not an export's temporary directory (an export writes there): "
@@ -472,7 +479,12 @@ class ScratchDir {
                                           path_.string(), path_.parent_path().string()));
       throw IoError(path_.string(), ec ? ec.value() : EEXIST, "create export directory");
     }
-    write_file_durably(path_ / kExportScratchMarker, "outcore export in progress\n");
+    try {
+      write_file_durably(path_ / kExportScratchMarker, "outcore export in progress\n");
+    } catch (...) {  // a full disk: the directory just made goes too
+      fs::remove(path_, ec);
+      throw;
+    }
   }
   ~ScratchDir() {
     std::error_code ec;

@@ -470,6 +470,13 @@ LoadedBackend load_tokenizer_json(const std::string& path) {
   BpeModel model = read_model(r, Reader::member(root, "model"), pre.byte_level());
 
   AddedTokens added = read_added_tokens(r, Reader::member(root, "added_tokens"), model, normalizer);
+  // The template's ids are written as they are: each must be a token of the vocabulary.
+  for (const std::vector<uint32_t>* ids : {&loaded.prefix, &loaded.suffix})
+    for (const uint32_t id : *ids)
+      if (id >= added.vocab_size)
+        r.bad("post_processor",
+              fmt::format("the template adds id {}, outside the vocabulary (vocab_size {})", id,
+                          added.vocab_size));
   loaded.description = fmt::format("{} (BPE{})", path, pre.byte_level() ? ", byte-level" : "");
   loaded.backend = std::make_unique<HfBackend>(std::move(model), normalizer, std::move(pre),
                                                std::move(added.raw), std::move(added.normalized),

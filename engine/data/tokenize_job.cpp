@@ -109,16 +109,23 @@ class DocumentEncoder {
       out.bad.push_back({bad_line, std::move(reason)});
       return;
     }
-    if (format == InputFormat::kText) {
-      encode_text(text, out.tokens);
-      ++out.documents;
-      return;
-    }
-    std::string bad;
-    if (encode_json(text, out, bad)) {
-      ++out.documents;
-    } else {
-      out.bad.push_back({line, std::move(bad)});
+    const size_t tokens_before = out.tokens.size(), mask_before = out.mask.size();
+    try {
+      if (format == InputFormat::kText) {
+        encode_text(text, out.tokens);
+        ++out.documents;
+        return;
+      }
+      std::string bad;
+      if (encode_json(text, out, bad)) {
+        ++out.documents;
+      } else {
+        out.bad.push_back({line, std::move(bad)});
+      }
+    } catch (const Error& e) {  // the tokenizer cannot encode it (a pattern's match limit)
+      out.tokens.resize(tokens_before);
+      out.mask.resize(mask_before);
+      out.bad.push_back({line, e.what()});
     }
   }
 

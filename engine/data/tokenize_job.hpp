@@ -18,7 +18,11 @@
 // where the token is a training target (the loss counts the prediction of that token), 0 where
 // not (engine/train/token_file.hpp reads both). Each file is written as a temporary beside its
 // target, fsynced, and renamed over the target only when the whole job succeeded; on any
-// failure the temporaries are removed and no existing file is touched. Inputs are only read.
+// failure the temporaries are removed and no existing file is touched (a mask already at
+// PREFIX.mask, which the job replaces or, without pairs, removes, is linked aside first and put
+// back if the token file's rename fails). PREFIX.mask beside the token file of the other
+// extension (PREFIX.u32 when writing PREFIX.bin, or the reverse) may be that file's: the job is
+// then refused. Inputs are only read.
 //
 // Bad input (ill-formed UTF-8, a line that is not a JSON object, a missing or non-string key)
 // is a BadDocument naming the file and the 1-based line, unless skip_bad: then that document

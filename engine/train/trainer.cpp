@@ -339,6 +339,10 @@ void Trainer::restore(const ckpt::Checkpoint& ck) {
           opts_.train_data, train_loader_->file().size(), tokens_then);
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
+  } catch (const Error& e) {  // a value the scheduler, the scaler or the loader refuses
+    const std::string what = e.what();
+    if (what.starts_with(state_path)) throw;
+    throw CorruptData(fmt::format("{}: {}", state_path, what));
   }
   last_saved_step_ = steps_done_;
 }

@@ -22,6 +22,10 @@ void make_swap_dir(const std::string& path, const char* key) {
   if (path.empty()) throw ConfigError(key, "nvme offload needs a swap directory (nvme_path)");
   std::error_code ec;
   fs::create_directories(path, ec);
+  if (ec == std::errc::not_a_directory || ec == std::errc::file_exists ||
+      (!ec && !fs::is_directory(path, ec)))  // a file, a FIFO or a link to nowhere in its place
+    throw ConfigError(key,
+                      fmt::format("{}: is not a directory (a swap directory goes there)", path));
   if (ec) throw IoError(path, ec.value(), "create swap directory");
 }
 

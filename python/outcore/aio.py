@@ -88,6 +88,9 @@ def _check_tensor(buffer, filename, offset):
         raise ValueError(f"{where}: buffer must be a CPU tensor, got one on {buffer.device}")
     if not buffer.is_contiguous():
         raise ValueError(f"{where}: buffer must be contiguous (call .contiguous() first)")
+    if buffer.is_conj() or buffer.is_neg():  # its bytes are not its values
+        raise ValueError(f"{where}: buffer is a conjugate or negative view (call "
+                         ".resolve_conj().resolve_neg() first)")
     if not 0 <= offset <= _MAX_OFFSET:
         raise ValueError(f"{where}: the file offset must be in 0..{_MAX_OFFSET}")
     return buffer.data_ptr(), buffer.numel() * buffer.element_size()

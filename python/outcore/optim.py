@@ -67,6 +67,17 @@ def _where(p, gi, pi):
     return f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)})"
 
 
+def _distinct_elements(t):
+    """True when no two elements of strided tensor `t` share memory."""
+    dims = sorted((abs(st), n) for st, n in zip(t.stride(), t.shape) if n > 1)
+    span = 1  # elements covered by the dimensions so far
+    for stride, n in dims:
+        if stride < span:
+            return False
+        span = stride * n
+    return True
+
+
 def _overlapping(named):
     """Two names of `named` [(name, tensor)] whose memory overlaps, or None."""
     spans = sorted((t.data_ptr(), t.numel() * t.element_size(), name) for name, t in named)
@@ -189,6 +200,11 @@ class CPUAdam(torch.optim.Optimizer):
                    if isinstance(target, torch.Tensor) else type(target).__name__)
             raise ValueError(f"CPUAdam: {what} must be a dense bf16 or fp16 tensor of "
                              f"{p.numel()} elements, got {got}")
+        if not _distinct_elements(target):  # an expanded view: writing it cannot hold the values
+            raise ValueError(f"CPUAdam: {what}: several of its elements share memory (an "
+                             "expanded or overlapping view)")
+        if target.is_neg():
+            raise ValueError(f"CPUAdam: {what} is a negative view (call .resolve_neg() first)")
         return target
 
     def _check_overlap(self, p, state, target, gi, pi):

@@ -347,6 +347,32 @@ TEST_F(TokenizeJobTest, SkipBadLeavesOutAndCountsBadDocuments) {
   EXPECT_EQ(tokens_of(r.token_file), concat({doc("one"), doc("two"), doc("three")}));
 }
 
+// A document the tokenizer cannot encode (a pre-tokenizer pattern's match limit reached on it)
+// is a bad document like any other: named by file and line, and skipped with skip_bad.
+TEST_F(TokenizeJobTest, ADocumentTheTokenizerCannotEncodeIsABadDocument) {
+  json j = test::tiny_tokenizer();
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", "(a|aa)+$"}}}, {"behavior", "Isolated"}},
+        j["pre_tokenizer"]}}};
+  test::write_tokenizer_dir(dir_ / "slow", j);
+  const Tokenizer slow = Tokenizer::load((dir_ / "slow").string());
+  const std::string in = input("docs.txt", "the end\n\n" + std::string(60, 'a') + "b\n\nthe end\n");
+  try {
+    run_tokenize_job(slow, options({in}));
+    ADD_FAILURE() << "no error";
+  } catch (const BadDocument& e) {
+    EXPECT_EQ(e.line(), 3u);
+    EXPECT_NE(e.reason().find("match limit"), std::string::npos) << e.what();
+  }
+  TokenizeOptions o = options({in});
+  o.skip_bad = true;
+  const TokenizeResult r = run_tokenize_job(slow, o);
+  EXPECT_EQ(r.totals.documents, 2u);
+  EXPECT_EQ(r.totals.skipped, 1u);
+}
+
 TEST_F(TokenizeJobTest, RefusedOptionsWriteNothing) {
   const std::string text = input("a.txt", "text\n"), jsonl = input("a.jsonl", "{}\n");
   auto refused = [&](TokenizeOptions o, const std::string& want) {

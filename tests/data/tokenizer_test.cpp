@@ -158,6 +158,12 @@ TEST_F(TokenizerTest, TemplatesAddSpecialTokensOnlyWhenAsked) {
   EXPECT_EQ(bos_only.eos_id(), 264u);
   const Tokenizer eos_only = load(j, {{"eos_token", "<|endoftext|>"}, {"add_eos_token", true}});
   EXPECT_EQ(encode(eos_only, "a", true), (std::vector<uint32_t>{'a', 264}));
+  // A template's id outside the vocabulary would be written into every document: refused.
+  j["post_processor"]["special_tokens"]["<s>"]["ids"] = {300};
+  const std::string err = load_error(dir_with(j));
+  EXPECT_NE(err.find("the template adds id 300, outside the vocabulary (vocab_size 266)"),
+            std::string::npos)
+      << err;
 }
 
 TEST_F(TokenizerTest, SpecialTokensComeFromTheConfigFiles) {

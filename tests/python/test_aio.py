@@ -348,6 +348,10 @@ class Errors(AioTest):
         path = self.path("bad.bin")
         with self.assertRaisesRegex(ValueError, f"{path}: offset 12: .*contiguous"):
             h.pwrite(torch.zeros(4, 4).t(), path, offset=12)
+        # Views whose bytes are not their values (the sign or the imaginary part flipped lazily)
+        for view in (torch.tensor([1 + 2j]).conj(), torch._neg_view(torch.tensor([1.0]))):
+            with self.assertRaisesRegex(ValueError, f"{path}: offset 0: .*negative view"):
+                h.sync_pwrite(view, path)
         with self.assertRaisesRegex(ValueError, f"{path}: offset -1"):
             h.pwrite(torch.zeros(4), path, offset=-1)
         with self.assertRaisesRegex(TypeError, f"{path}: offset 0"):

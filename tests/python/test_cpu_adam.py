@@ -365,6 +365,13 @@ class AtomicStep(unittest.TestCase):
         targets[2] = []
         self.assert_raises_and_changes_nothing(opt, r"fp16_param_groups\[2\]\[0\] is missing",
                                                fp16_param_groups=targets)
+        # An expanded view (one element repeated): its copy-out cannot hold the values.
+        targets = [[torch.zeros(p.numel(), dtype=torch.bfloat16) for p in g["params"]]
+                   for g in opt.param_groups]
+        targets[2][0] = torch.zeros(1, dtype=torch.bfloat16).expand(targets[2][0].numel())
+        self.assert_raises_and_changes_nothing(opt, r"fp16_param_groups\[2\]\[0\]: several "
+                                               "of its elements share memory",
+                                               fp16_param_groups=targets)
 
     def test_a_new_parameter_failing_gets_no_state(self):
         params = make_params(22)

@@ -1046,6 +1046,23 @@ TEST_F(TrainCliTest, AResumeFromAnotherDirectoryReadsTheSameData) {
   EXPECT_NE(r.out.find("train data " + (a / "data.bin").string()), std::string::npos) << r.out;
 }
 
+// An nvme_path with a file (or a link to nowhere) in its place is bad input: exit 2 naming the key.
+TEST_F(TrainCliTest, AnNvmePathThatIsNoDirectoryIsRefusedNamingTheKey) {
+  const std::string file = data_.file("a_file"), dangling = data_.file("dangling");
+  std::ofstream(file) << "mine";
+  std::filesystem::create_symlink(data_.file("nowhere"), dangling);
+  for (const std::string& path : {file, dangling}) {
+    config_ = write_config("nvme.json", testing::nvme_patch(path));
+    const CliResult r = run(train_args("--steps 1"));
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("nvme_path"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(slurp(file), "mine");
+  EXPECT_FALSE(std::filesystem::exists(data_.file("nowhere")));
+}
+
 // A save killed (SIGKILL) part-way, at several points (test hooks of
 // outcore_with_test_hooks): the previous checkpoint stays the one `latest` names and loads; the
 // next run removes the leftovers with a warning and resumes.
@@ -1310,6 +1327,44 @@ TEST_F(TrainCliTest, ExportOfABadCheckpointOrIntoAFullDirectoryExitsTwo) {
   EXPECT_NE(r.err.find("rank0/optimizer.bin"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("CRC32C mismatch"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(hf));
+
+  // A FIFO or a directory in the place of a checkpoint's file: named, exit 2, never waited on.
+  for (const bool fifo : {true, false}) {
+    std::filesystem::remove(file);
+    if (fifo)
+      ASSERT_EQ(::mkfifo(file.c_str(), 0644), 0);
+    else
+      std::filesystem::create_directory(file);
+    r = run("export --checkpoint " + shell_quote(ck) + " --out " + shell_quote(hf));
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("rank0/optimizer.bin: not a regular file"), std::string::npos) << r.err;
+    std::filesystem::remove(file);
+  }
+  // An output whose temporary's name would be too long: the reason named, nothing written.
+  const std::string good = data_.file("ckpt_good"), long_name = data_.file(std::string(250, 'n'));
+  r = run(train_args("--steps 1 --save-dir " + shell_quote(good)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("export --checkpoint " + shell_quote(good) + " --out " + shell_quote(long_name));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("File name too long"), std::string::npos) << r.err;
+}
+
+// `export CKPT .` replaces the working directory: the summary counts what it wrote there.
+TEST_F(TrainCliTest, ExportIntoTheWorkingDirectoryCountsItsFiles) {
+  const std::string ck = data_.file("ckpt"), here = data_.file("here");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::filesystem::create_directories(here);
+  const std::string out = data_.file("stdout");
+  const int status =
+      std::system(("cd " + shell_quote(here) + " && " + shell_quote(OUTCORE_CLI) + " export " +
+                   shell_quote(ck) + " . >" + shell_quote(out) + " 2>/dev/null")
+                      .c_str());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(std::filesystem::exists(here + "/model.safetensors"));
+  EXPECT_EQ(slurp(out).find(": 0 files"), std::string::npos) << slurp(out);
+  EXPECT_NE(slurp(out).find(": 2 files"), std::string::npos) << slurp(out);
 }
 
 // Sets element `elem` of tensor `name` in the fp32 master weights of the checkpoint `ck` to

@@ -295,9 +295,13 @@ TEST_F(ResumeTest, EditedStepCountsAreRefused) {
                     manifest = slurp(ck + "/manifest.json");
   for (const auto& [key, value] : {std::pair<const char*, nlohmann::json>{"steps_done", 1000},
                                    {"adam_steps", -1},
-                                   {"adam_steps", 3}}) {
+                                   {"adam_steps", 3},
+                                   {"loss_scaler", nullptr}}) {
     nlohmann::ordered_json st = nlohmann::ordered_json::parse(state);
-    st[key] = value;
+    if (value.is_null())  // a value the loss scaler refuses: the file named too
+      st["loss_scaler"]["cur_scale"] = -1;
+    else
+      st[key] = value;
     const std::string text = st.dump(2) + "\n";
     std::ofstream(ck + "/trainer_state.json", std::ios::trunc) << text;
     ckpt::Manifest m = ckpt::parse_manifest(manifest, "manifest.json");
@@ -311,7 +315,9 @@ TEST_F(ResumeTest, EditedStepCountsAreRefused) {
       Trainer(cfg, tiny_model(), o).run();
       ADD_FAILURE() << key << " " << value << " was taken";
     } catch (const CorruptData& e) {
-      EXPECT_NE(std::string(e.what()).find("trainer_state.json: steps_done"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find(value.is_null() ? "trainer_state.json: loss scaler"
+                                                           : "trainer_state.json: steps_done"),
+                std::string::npos)
           << e.what();
     }
   }

@@ -166,11 +166,14 @@ int run_export(const ExportArgs& a) {
   // Until here nothing is written: a signal ends the process as usual. From here the next piece
   // read throws Interrupted, and write_hf_model removes what it wrote.
   const StopSignals signals({});
-  remove_killed_exports(export_target(a.out));
+  // By absolute path: the export replaces the directory `out` names, which may be the working
+  // directory itself (".").
+  const fs::path target = export_target(a.out);
+  remove_killed_exports(target);
   ckpt::write_hf_model(cfg, read_master, a.out, options);
   uint64_t bytes = 0;
   int files = 0;
-  for (const fs::directory_entry& e : fs::directory_iterator(a.out)) {
+  for (const fs::directory_entry& e : fs::directory_iterator(target)) {
     bytes += e.file_size();
     ++files;
   }
