@@ -2,6 +2,7 @@
 // atomic CheckpointWriter.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -51,10 +52,13 @@ int64_t step_of_tag(const std::string& name) {
 
 // The marker every save writes first into `<tag>.tmp/`, removed once the checkpoint is renamed
 // into place, and written again into a checkpoint before it is renamed to `<tag>.old` to be
-// removed: a `.tmp` or `.old` directory without it (a user's copy of a checkpoint) is never
-// taken for a leftover.
+// removed. It names the directory it was written into by device and inode, which a rename keeps
+// and a copy does not (marker_text): a `.tmp` or `.old` directory without it, or holding one
+// written into another directory (a user's copy of a checkpoint), is never taken for a
+// leftover. kLegacyMarkerText is what earlier versions wrote (and left in committed
+// checkpoints): a directory holding it is a leftover only while it holds no manifest.
 constexpr std::string_view kMarkerName = ".outcore-save";
-constexpr std::string_view kMarkerText = "outcore checkpoint in progress\n";
+constexpr std::string_view kLegacyMarkerText = "outcore checkpoint in progress\n";
 // What outcore writes into the `.lock` it creates (one without it is not outcore's).
 constexpr std::string_view kLockText = "outcore save directory lock\n";
 
@@ -66,6 +70,22 @@ bool has_suffix(const std::string& s, std::string_view suffix) {
 fs::file_type type_of(const fs::path& p) {
   std::error_code ec;
   return fs::symlink_status(p, ec).type();  // a symbolic link is never followed
+}
+
+// The marker's text for directory `dir`: its device and inode (empty when it cannot be stat'ed).
+std::string marker_text(const fs::path& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return {};
+  return fmt::format("outcore checkpoint in progress\ndirectory {}:{}\n",
+                     static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
+}
+
+// Writes the marker into directory `dir` (durably: the file and its directory entry).
+void write_marker(const fs::path& dir) {
+  const std::string text = marker_text(dir);
+  if (text.empty()) throw IoError(dir.string(), errno, "stat checkpoint directory");
+  write_file_durably(dir / kMarkerName, text);
+  fsync_dir(dir);
 }
 
 // A directory holding an outcore manifest (checked by its "format" key only: a checkpoint whose
@@ -129,9 +149,11 @@ bool is_save_leftover(const fs::path& p) {
   std::error_code ec;
   if (fs::is_empty(p, ec)) return true;
   try {
-    if (type_of(p / kMarkerName) != fs::file_type::regular ||
-        read_small_file(p / kMarkerName, 4096) != kMarkerText)
-      return false;
+    if (type_of(p / kMarkerName) != fs::file_type::regular) return false;
+    const std::string text = read_small_file(p / kMarkerName, 4096);
+    const bool ours =
+        text == marker_text(p) || (text == kLegacyMarkerText && !is_checkpoint_dir(p));
+    if (!ours) return false;
   } catch (const Error&) {
     return false;
   }
@@ -177,8 +199,7 @@ void remove_owned_dir(const fs::path& p, const WriterOptions* hooks, uint64_t& r
     removed();
   };
   std::error_code ec;
-  if (!fs::is_empty(p, ec) && type_of(p / kMarkerName) == fs::file_type::not_found)
-    write_file_durably(p / kMarkerName, kMarkerText);
+  if (!fs::is_empty(p, ec) && type_of(p / kMarkerName) == fs::file_type::not_found) write_marker(p);
   std::vector<fs::path> entries;
   for (const fs::directory_entry& e : fs::directory_iterator(p)) entries.push_back(e.path());
   for (const fs::path& e : entries) {
@@ -194,11 +215,8 @@ void remove_owned_dir(const fs::path& p, const WriterOptions* hooks, uint64_t& r
   remove_one(p);
 }
 
-// Writes the marker into checkpoint `p` (durably) before it is renamed to `<tag>.old` and removed.
-void mark_for_removal(const fs::path& p) {
-  write_file_durably(p / kMarkerName, kMarkerText);
-  fsync_dir(p);
-}
+// Writes the marker into checkpoint `p` before it is renamed to `<tag>.old` and removed.
+void mark_for_removal(const fs::path& p) { write_marker(p); }
 
 }  // namespace
 
@@ -535,7 +553,7 @@ void CheckpointWriter::prepare() {
       throw IoError(m.tmp.string(), ec ? ec.value() : EEXIST, "create checkpoint directory");
     m.created_tmp = true;
     // First, so that an interrupted save is recognisable as outcore's by its content.
-    write_file_durably(m.tmp / kMarkerName, kMarkerText);
+    write_marker(m.tmp);
   }
   if (group != nullptr) group->barrier();  // <tag>.tmp exists, fresh, before any rank writes
   m.engine = std::make_unique<aio::Engine>(m.options.aio, m.options.backend);
@@ -710,11 +728,19 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   }
   rename_durably(m.tmp, final_dir, m.dir.path());
   m.committed = true;
-  // In place: a copy the user makes of it is no leftover of a save.
+  // In place and committed: the marker goes (one left, by a kill or a failure here, names this
+  // directory only, so a user's copy of it is still no leftover).
   std::error_code ec_marker;
   fs::remove(final_dir / kMarkerName, ec_marker);
-  if (ec_marker) throw IoError((final_dir / kMarkerName).string(), ec_marker.value(), "remove");
-  fsync_dir(final_dir);
+  if (ec_marker)
+    log::warn("checkpoint: cannot remove {}: {}", (final_dir / kMarkerName).string(),
+              ec_marker.message());
+  else
+    try {
+      fsync_dir(final_dir);
+    } catch (const Error& e) {
+      log::warn("checkpoint: {}", e.what());
+    }
   if (fs::symlink_status(old, ec).type() != fs::file_type::not_found) {
     uint64_t removals = 0;
     remove_owned_dir(old, &m.options, removals);

@@ -22,15 +22,19 @@
 //
 // Atomicity: a save writes `<tag>.tmp/` (its first file the marker `.outcore-save`), fsyncs
 // every file and directory, verifies what every rank wrote (each file of the manifest present,
-// sizes and CRC32C read back), renames it to `<tag>`, then replaces `latest` through
-// `latest.tmp` + rename. A crash at any point leaves the previous checkpoint and `latest` valid;
+// sizes and CRC32C read back), renames it to `<tag>` and removes the marker from it, then
+// replaces `latest` through `latest.tmp` + rename. A crash at any point leaves the previous checkpoint and `latest` valid;
 // SaveDir removes the leftovers with a warning.
 //
 // Ownership: outcore deletes or replaces only entries of a save directory it can recognise as
 // its own, by name and by content: `.lock` empty or holding its marker (common/lock_file.hpp),
 // `global_step<N>/` holding an outcore manifest, leftovers
 // `global_step<N>.tmp/` and `.old/` that are empty or hold the marker and nothing but
-// checkpoint files, `latest` and `latest.tmp` holding one tag. Any other entry is left alone;
+// checkpoint files (a removal writes the marker into a checkpoint before renaming it to `.old`;
+// a committed checkpoint holds none, and a marker names the directory it was written into, so a
+// user's copy of a checkpoint under those names is no leftover),
+// `latest` naming a `global_step<N>`, and `latest.tmp` naming one or empty. Any other entry is
+// left alone;
 // one that has a name outcore needs is refused when the directory is opened, naming it. A
 // checkpoint is removed (replaced, or pruned under `keep`) only while it holds nothing but the
 // files a save writes; anything else put into it keeps it.

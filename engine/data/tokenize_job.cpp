@@ -4,6 +4,7 @@
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_pipeline.h>
 #include <tbb/task_arena.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -314,8 +315,15 @@ class OutputWriter {
     } catch (...) {
       if (!tokens_.committed() && !aside.empty()) {
         // The token file is the earlier one still: its mask goes back (atomically over the
-        // new one, if that was renamed in).
-        if (::rename(aside.c_str(), mask_path.c_str()) != 0)
+        // new one, if that was renamed in), or stays where it still is (the second name then
+        // goes: a rename between two names of one file does nothing).
+        struct stat at {}, kept {};
+        const bool still_there = ::stat(mask_path.c_str(), &at) == 0 &&
+                                 ::stat(aside.c_str(), &kept) == 0 && at.st_dev == kept.st_dev &&
+                                 at.st_ino == kept.st_ino;
+        if (still_there)
+          ::unlink(aside.c_str());
+        else if (::rename(aside.c_str(), mask_path.c_str()) != 0)
           log::warn("tokenize: the loss mask {} is kept as {} ({})", mask_path, aside,
                     std::strerror(errno));
       } else if (!tokens_.committed() && mask_ && mask_->committed()) {

@@ -20,7 +20,8 @@
 // target, fsynced, and renamed over the target only when the whole job succeeded; on any
 // failure the temporaries are removed and no existing file is touched (a mask already at
 // PREFIX.mask, which the job replaces or, without pairs, removes, is linked aside first and put
-// back if the token file's rename fails). PREFIX.mask beside the token file of the other
+// back if the token file's rename fails; a kill during those renames can leave it as
+// PREFIX.mask.old-<pid>). PREFIX.mask beside the token file of the other
 // extension (PREFIX.u32 when writing PREFIX.bin, or the reverse) may be that file's: the job is
 // then refused. Inputs are only read.
 //

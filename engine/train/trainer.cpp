@@ -328,8 +328,18 @@ void Trainer::restore(const ckpt::Checkpoint& ck) {
           "is at most steps_done)",
           state_path, steps_done_, adam.dump(), ck.manifest().step));
     adam_steps_ = adam.get<uint64_t>();
-    schedule_->load_state_json(resume_state_.at("scheduler"));
-    scaler_.load_state_json(resume_state_.at("loss_scaler"));
+    // Values the scheduler or the loss scaler refuses (bad, or not the config's) name the file.
+    auto named = [&state_path](auto&& load) {
+      try {
+        load();
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(fmt::format("{}: {}", state_path, e.what()));
+      } catch (const CorruptData& e) {
+        throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
+      }
+    };
+    named([&] { schedule_->load_state_json(resume_state_.at("scheduler")); });
+    named([&] { scaler_.load_state_json(resume_state_.at("loss_scaler")); });
     train_loader_->seek(data_position_from_json(resume_state_.at("data")));
     const uint64_t tokens_then = resume_state_.value("train_tokens", uint64_t{0});
     if (tokens_then != 0 && tokens_then != train_loader_->file().size())
@@ -339,10 +349,6 @@ void Trainer::restore(const ckpt::Checkpoint& ck) {
           opts_.train_data, train_loader_->file().size(), tokens_then);
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
-  } catch (const Error& e) {  // a value the scheduler, the scaler or the loader refuses
-    const std::string what = e.what();
-    if (what.starts_with(state_path)) throw;
-    throw CorruptData(fmt::format("{}: {}", state_path, what));
   }
   last_saved_step_ = steps_done_;
 }
@@ -365,9 +371,10 @@ nlohmann::ordered_json Trainer::state_json() const {
   // same names there.
   auto absolute = [](const std::string& p) {
     std::error_code ec;
+    // Not normalised: "link/../x" is x beside link's target, not beside link.
     const std::filesystem::path a =
         p.empty() ? std::filesystem::path() : std::filesystem::absolute(p, ec);
-    return ec ? p : a.lexically_normal().string();
+    return ec ? p : a.string();
   };
   j["train_data"] = absolute(opts_.train_data);
   j["val_data"] = absolute(opts_.val_data);

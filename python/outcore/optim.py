@@ -73,9 +73,16 @@ def _distinct_elements(t):
     span = 1  # elements covered by the dimensions so far
     for stride, n in dims:
         if stride < span:
-            return False
+            break
         span = stride * n
-    return True
+    else:
+        return True  # nested strides: distinct
+    if t.numel() > 1 << 24:  # too many to list: taken as shared (the message says so)
+        return False
+    offsets = torch.zeros((), dtype=torch.int64)
+    for stride, n in zip(t.stride(), t.shape):
+        offsets = offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * stride
+    return torch.unique(offsets.reshape(-1)).numel() == t.numel()
 
 
 def _overlapping(named):
@@ -202,7 +209,8 @@ class CPUAdam(torch.optim.Optimizer):
                              f"{p.numel()} elements, got {got}")
         if not _distinct_elements(target):  # an expanded view: writing it cannot hold the values
             raise ValueError(f"CPUAdam: {what}: several of its elements share memory (an "
-                             "expanded or overlapping view)")
+                             "expanded or overlapping view), or may (over 2^24 elements whose "
+                             "strides do not nest)")
         if target.is_neg():
             raise ValueError(f"CPUAdam: {what} is a negative view (call .resolve_neg() first)")
         return target

@@ -538,23 +538,38 @@ TEST(CkptSaveDir, NamesOutcoreWritesHeldBySomethingElseAreRefused) {
 }
 
 // A user's copy of a checkpoint under a name a save or a removal uses for its leftovers
-// (`<tag>.old`, `<tag>.tmp`) is refused, never removed: committed checkpoints hold no marker. An
-// empty `latest.tmp` (a save killed between creating and writing it) is a leftover.
+// (`<tag>.old`, `<tag>.tmp`) is refused, never removed: committed checkpoints hold no marker, a
+// marker names the directory it was written into (a copy is another), and an earlier version's
+// marker counts only in a directory without a manifest. An empty `latest.tmp` (a save killed
+// between creating and writing it) is a leftover.
 TEST(CkptSaveDir, ACopyOfACheckpointUnderALeftoverNameIsRefusedNotRemoved) {
-  for (const char* suffix : {".old", ".tmp"}) {
-    TempDir tmp("ckpt");
-    {
-      SaveDir dir(tmp / "save");
-      write_synthetic(dir, "global_step2", 1);
+  enum class Marker { kNone, kEarlierVersions, kTheOriginals };
+  for (const Marker marker : {Marker::kNone, Marker::kEarlierVersions, Marker::kTheOriginals}) {
+    for (const char* suffix : {".old", ".tmp"}) {
+      SCOPED_TRACE(std::string(suffix) + " marker " + std::to_string(static_cast<int>(marker)));
+      TempDir tmp("ckpt");
+      const fs::path original = tmp / "save" / "global_step2";
+      {
+        SaveDir dir(tmp / "save");
+        write_synthetic(dir, "global_step2", 1);
+      }
+      EXPECT_FALSE(fs::exists(original / ".outcore-save"));
+      if (marker == Marker::kEarlierVersions) {
+        std::ofstream(original / ".outcore-save") << "outcore checkpoint in progress\n";
+      } else if (marker == Marker::kTheOriginals) {  // as a failed removal of it leaves
+        struct stat st {};
+        ASSERT_EQ(::lstat(original.c_str(), &st), 0);
+        std::ofstream(original / ".outcore-save") << "outcore checkpoint in progress\ndirectory "
+                                                  << st.st_dev << ":" << st.st_ino << "\n";
+      }
+      const fs::path copy = tmp / "save" / (std::string("global_step2") + suffix);
+      fs::copy(original, copy, fs::copy_options::recursive);
+      const std::string msg = what_of([&] { SaveDir dir(tmp / "save", kContinue); });
+      EXPECT_NE(msg.find(copy.filename().string() + " is not outcore's"), std::string::npos) << msg;
+      Checkpoint::open(copy).verify();  // untouched
+      fs::rename(copy, tmp / "backup");
+      SaveDir dir(tmp / "save", kContinue);
     }
-    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step2" / ".outcore-save"));
-    const fs::path copy = tmp / "save" / (std::string("global_step2") + suffix);
-    fs::copy(tmp / "save" / "global_step2", copy, fs::copy_options::recursive);
-    const std::string msg = what_of([&] { SaveDir dir(tmp / "save", kContinue); });
-    EXPECT_NE(msg.find(copy.filename().string() + " is not outcore's"), std::string::npos) << msg;
-    Checkpoint::open(copy).verify();  // untouched
-    fs::rename(copy, tmp / "backup");
-    SaveDir dir(tmp / "save", kContinue);
   }
   TempDir tmp("ckpt");
   {

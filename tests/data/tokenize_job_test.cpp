@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <random>
+#include <utility>
 
 #include "common/error.hpp"
 #include "engine/train/token_file.hpp"
@@ -233,8 +234,11 @@ TEST_F(TokenizeJobTest, AFailedCommitLeavesTheEarlierTokensAndMaskAsTheyWere) {
   const std::string old_mask = test::slurp(r.mask_file);
   const std::string old_tokens = test::slurp(r.token_file);
   const std::string other = input("other.jsonl", "{\"q\": \"and\", \"a\": \"ends here\"}\n");
-  for (const bool text : {false, true}) {
-    SCOPED_TRACE(text ? "plain text over pairs" : "pairs over pairs");
+  // What fails: the token file's rename (a directory took its name while the job ran), or the
+  // new mask's (its temporary went), with pairs or plain text written over the pairs.
+  for (const auto& [text, mask_fails] : {std::pair{false, false}, {true, false}, {false, true}}) {
+    SCOPED_TRACE(std::string(text ? "plain text over pairs" : "pairs over pairs") +
+                 (mask_fails ? ", the mask's rename failing" : ", the token file's failing"));
     TokenizeOptions o = options({other}, "data");
     if (!text) {
       o.prompt_key = "q";
@@ -244,15 +248,23 @@ TEST_F(TokenizeJobTest, AFailedCommitLeavesTheEarlierTokensAndMaskAsTheyWere) {
     }
     o.progress_interval = std::chrono::seconds(0);
     const fs::path moved = dir_ / "data.bin.moved";
-    o.on_progress = [&](const TokenizeProgress&) {  // before the commit: the name taken
-      if (fs::exists(moved)) return;
+    bool done = false;
+    o.on_progress = [&](const TokenizeProgress&) {  // before the commit
+      if (std::exchange(done, true)) return;
+      if (mask_fails) {
+        for (const std::string& t : temporaries())
+          if (fs::path(t).filename().string().starts_with("data.mask.tmp-")) fs::remove(t);
+        return;
+      }
       fs::rename(r.token_file, moved);
       fs::create_directory(r.token_file);
       test::write_file(fs::path(r.token_file) / "a file", "keeps the directory non-empty");
     };
     EXPECT_THROW(run_tokenize_job(*tokenizer_, o), IoError);
-    fs::remove_all(r.token_file);
-    fs::rename(moved, r.token_file);
+    if (!mask_fails) {
+      fs::remove_all(r.token_file);
+      fs::rename(moved, r.token_file);
+    }
     EXPECT_EQ(test::slurp(r.mask_file), old_mask);
     EXPECT_EQ(test::slurp(r.token_file), old_tokens);
     for (const auto& e : fs::directory_iterator(dir_.path()))

@@ -583,7 +583,6 @@ TEST(DeviceRegistration, HostAccumulatorsOfUnitsSteppedOnTheDeviceAreRegistered)
   EXPECT_EQ(dev.live(), 0u);
 }
 
-// The guard the tests above rely on: host code touching the discrete device's memory faults.
 // A device the engine copies gradients down from (not host accessible; its memory is the host's,
 // so the host backend computes in it) whose copies take 20 ms, and whose next event after its
 // first copy down cannot be created (bad_alloc): the failure between queuing a gradient copy and
@@ -690,6 +689,7 @@ TEST(DiscreteDeviceUnwinding, AFailedPassFreesNoSlabAQueuedCopyStillReads) {
   EXPECT_EQ(dev.freed_under_a_copy(), 0);
 }
 
+// The guard the tests above rely on: host code touching the discrete device's memory faults.
 TEST(DiscreteDeviceDeathTest, HostAccessToDeviceMemoryFaults) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   device::CpuDevice dev({.discrete = true});

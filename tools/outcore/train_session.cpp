@@ -267,12 +267,11 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
     train::TrainResult r = trainer->run();
     trainer.reset();  // removes the swap files before the result is printed
     if (rank == 0) print_result(r);
-    if (!r.metrics_error.empty()) {  // trained and saved, but the metrics are incomplete
+    if (!r.metrics_error.empty())  // trained and saved, but the metrics are incomplete
       std::fprintf(stderr, "error: %sthe metrics file is incomplete: %s\n", g_rank_prefix.c_str(),
                    r.metrics_error.c_str());
-      return 1;
-    }
-    return r.stopped ? kExitInterrupted : 0;
+    if (r.stopped) return kExitInterrupted;  // what scripts tell an interruption by
+    return r.metrics_error.empty() ? 0 : 1;
   } catch (const std::exception& e) {
     print_error(e);
     return fail_job(comm, 1);
