@@ -223,16 +223,62 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
   base.zero_optimization.overlap_comm = cfg.zero_optimization.stage == 3;
   const nlohmann::ordered_json defaults = to_json(base);
   const nlohmann::ordered_json now = to_json(cfg);
+  // The value at `path` when the config sets it to other than its default and "auto", else null.
+  auto changed = [&](std::string_view path) -> const nlohmann::ordered_json* {
+    const nlohmann::ordered_json* v = at_path(now, path);
+    const nlohmann::ordered_json* d = at_path(defaults, path);
+    if (v == nullptr || d == nullptr || *v == *d) return nullptr;
+    if (v->is_string() && v->get_ref<const std::string&>() == "auto") return nullptr;
+    return v;
+  };
   std::vector<ConfigIssue> out;
   for (const KeyEffect& e : kEffects) {
     if (e.honoured) continue;
-    const nlohmann::ordered_json* v = at_path(now, e.path);
+    const nlohmann::ordered_json* v = changed(e.path);
+    if (v == nullptr) continue;
     const nlohmann::ordered_json* d = at_path(defaults, e.path);
-    if (v == nullptr || d == nullptr || *v == *d) continue;
-    if (v->is_string() && v->get_ref<const std::string&>() == "auto") continue;
     out.push_back({std::string(e.path),
                    fmt::format("set to {}, but it has no effect in outcore: {} (default {})",
                                v->dump(), e.note, d->dump())});
+  }
+  // Keys honoured only where their section acts: set to another value than the default
+  // elsewhere, they are said to have no effect there.
+  const ZeroConfig& z = cfg.zero_optimization;
+  const bool stage3 = z.stage == 3;
+  const bool param_nvme = stage3 && z.offload_param.device == OffloadDevice::kNvme;
+  const bool optimizer_nvme = stage3 && z.offload_optimizer.device == OffloadDevice::kNvme;
+  struct Conditional {
+    const char* path;
+    bool acts;
+    const char* where;
+  };
+  const Conditional conditional[] = {
+      {"zero_optimization.stage3_prefetch_bucket_size", stage3, "at stage 3"},
+      {"zero_optimization.stage3_param_persistence_threshold", stage3, "at stage 3"},
+      {"zero_optimization.stage3_model_persistence_threshold", stage3, "at stage 3"},
+      {"zero_optimization.stage3_max_live_parameters", stage3, "at stage 3"},
+      {"zero_optimization.stage3_max_reuse_distance", stage3, "at stage 3"},
+      {"zero_optimization.offload_param.nvme_path", param_nvme,
+       "with offload_param.device nvme at stage 3"},
+      {"zero_optimization.offload_param.buffer_count", param_nvme,
+       "with offload_param.device nvme at stage 3"},
+      {"zero_optimization.offload_param.buffer_size", param_nvme,
+       "with offload_param.device nvme at stage 3"},
+      {"zero_optimization.offload_optimizer.nvme_path", optimizer_nvme,
+       "with offload_optimizer.device nvme at stage 3"},
+      {"zero_optimization.offload_optimizer.buffer_count", optimizer_nvme,
+       "with offload_optimizer.device nvme at stage 3"},
+      {"zero_optimization.offload_optimizer.pipeline_read", optimizer_nvme,
+       "with offload_optimizer.device nvme at stage 3"},
+      {"zero_optimization.offload_optimizer.pipeline_write", optimizer_nvme,
+       "with offload_optimizer.device nvme at stage 3"},
+  };
+  for (const Conditional& c : conditional) {
+    const nlohmann::ordered_json* v = c.acts ? nullptr : changed(c.path);
+    if (v == nullptr) continue;
+    out.push_back({std::string(c.path),
+                   fmt::format("set to {}, but it acts only {}: no effect in this config",
+                               v->dump(), c.where)});
   }
   return out;
 }

@@ -207,9 +207,14 @@ void resolve_auto(Config& cfg, const AutoContext& ctx) {
   check_context(ctx, errors);
   if (!errors.empty()) throw ConfigValidationError("", std::move(errors));
 
-  fill(cfg.train_batch_size, ctx.train_batch_size);
-  fill(cfg.train_micro_batch_size_per_gpu, ctx.micro_batch_size);
-  fill(cfg.gradient_accumulation_steps, ctx.gradient_accumulation_steps);
+  // The batch sizes the config leaves out are the command line's too (the batch arithmetic
+  // then checks them with the ones it sets).
+  auto fill_batch = [](AutoOr<int64_t>& v, const std::optional<int64_t>& from) {
+    if ((v.is_auto() || v.is_unset()) && from) v.set(*from);
+  };
+  fill_batch(cfg.train_batch_size, ctx.train_batch_size);
+  fill_batch(cfg.train_micro_batch_size_per_gpu, ctx.micro_batch_size);
+  fill_batch(cfg.gradient_accumulation_steps, ctx.gradient_accumulation_steps);
   fill_value(cfg.gradient_clipping, ctx.gradient_clipping.value_or(1.0));
   fill_value(cfg.fp16.enabled, ctx.fp16.value_or(false));
   fill_value(cfg.bf16.enabled, ctx.bf16.value_or(false));

@@ -278,14 +278,21 @@ void write_llmc_tokens(const std::string& path, std::span<const uint16_t> tokens
     throw InvalidArgument(fmt::format("{}: {} tokens do not fit an llm.c header (max {})", path,
                                       tokens.size(), INT32_MAX));
   }
-  std::string tmp = path + ".tmp";
+  // A temporary of its own beside `path` ("<path>.tmp-<pid>[-k]"), created exclusively: an
+  // existing file or link there (a user's) is never written through or replaced.
+  std::string tmp;
+  int raw = -1;
+  for (int k = 0; raw < 0; ++k) {
+    tmp = fmt::format("{}.tmp-{}", path, ::getpid()) + (k > 0 ? fmt::format("-{}", k) : "");
+    raw = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (raw < 0 && (errno != EEXIST || k >= 100)) throw IoError(tmp, errno, "create token file");
+  }
+  Fd fd(raw);
   auto fail = [&](const char* op) {
     int err = errno;
     ::unlink(tmp.c_str());
     throw IoError(tmp, err, op);
   };
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) throw IoError(tmp, errno, "create token file");
   int32_t header[kLlmcHeaderInts] = {};
   header[0] = kLlmcMagic;
   header[1] = kLlmcVersion;

@@ -129,11 +129,37 @@ TEST(KeyEffects, DefaultsAndHonouredKeysDrawNoSuchWarning) {
   // Every section at its default, then honoured keys changed: no "no effect" warning.
   const ParsedConfig p = parse_config(R"({"train_micro_batch_size_per_gpu": 2,
       "gradient_clipping": 0.5, "zero_optimization": {"stage": 3, "sub_group_size": 1000,
-      "offload_optimizer": {"device": "cpu", "pipeline_read": true}},
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "pipeline_read": true}},
       "aio": {"queue_depth": 32}, "fp16": {"enabled": true, "hysteresis": 3}})",
                                       "honoured");
   for (const ConfigWarning& w : p.warnings)
     EXPECT_EQ(w.message.find("no effect"), std::string::npos) << w.to_string();
+}
+
+// Keys that act only at stage 3, or only with their section's NVMe device, are said to have no
+// effect where they have none (below stage 3, with device cpu), and draw nothing where they act.
+TEST(KeyEffects, KeysOfAStageOrDeviceNotInUseAreWarnedAbout) {
+  auto warned = [](const std::string& json) {
+    std::set<std::string> paths;
+    for (const ConfigWarning& w : parse_config(json, "conditional").warnings)
+      if (w.message.find("no effect") != std::string::npos) paths.insert(w.json_path);
+    return paths;
+  };
+  EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2,
+      "stage3_max_live_parameters": 10, "stage3_max_reuse_distance": 0}})"),
+            (std::set<std::string>{"zero_optimization.stage3_max_live_parameters",
+                                   "zero_optimization.stage3_max_reuse_distance"}));
+  EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
+      "offload_param": {"device": "cpu", "buffer_count": 9},
+      "offload_optimizer": {"device": "cpu", "nvme_path": "/tmp", "pipeline_write": true}}})"),
+            (std::set<std::string>{"zero_optimization.offload_param.buffer_count",
+                                   "zero_optimization.offload_optimizer.nvme_path",
+                                   "zero_optimization.offload_optimizer.pipeline_write"}));
+  EXPECT_TRUE(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
+      "stage3_max_live_parameters": 10,
+      "offload_param": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 9},
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "pipeline_write": true}}})")
+                  .empty());
 }
 
 }  // namespace

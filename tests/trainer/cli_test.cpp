@@ -670,6 +670,11 @@ TEST_F(TrainCliTest, EstimateMeasuresTheDriveUnderTheSwapDirectory) {
   EXPECT_NE(r.out.find("it runs during the backward of the step's last micro-batch"),
             std::string::npos)
       << r.out;
+  // One drive rate alone would be dropped: refused.
+  r = run("estimate --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+          " --seq-len 32 --device cpu --drive-write-gbps 5");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("go together"), std::string::npos) << r.err;
 }
 
 // Stage 3 with a live cap and reuse distance that let every slab go after its use: estimate
@@ -1046,6 +1051,45 @@ TEST_F(TrainCliTest, AResumeFromAnotherDirectoryReadsTheSameData) {
   EXPECT_NE(r.out.find("train data " + (a / "data.bin").string()), std::string::npos) << r.out;
 }
 
+// Batch and warmup flags are never dropped silently: one the config leaves out is taken, one it
+// contradicts is an error or a warning naming the key.
+TEST_F(TrainCliTest, BatchAndWarmupFlagsTakeEffectOrAreSaidNotTo) {
+  const std::string with_gas = config_;
+  config_ = write_config("nogas.json", {{"gradient_accumulation_steps", nullptr}});
+  CliResult r = run(train_args("--steps 1 --gradient-accumulation-steps 2"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("x gas 2 x world 1"), std::string::npos) << r.out;
+  config_ = with_gas;  // gradient_accumulation_steps 1
+  r = run(train_args("--steps 1 --gradient-accumulation-steps 2 --warmup-steps 7"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(
+      r.err.find("--gradient-accumulation-steps 2 not used: gradient_accumulation_steps is 1"),
+      std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("--warmup-steps 7 not used"), std::string::npos) << r.err;
+  r = run(train_args("--steps 1 --train-batch-size 999"));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("train_batch_size"), std::string::npos) << r.err;
+}
+
+// --data naming the file the checkpoint trained on is the checkpoint's data: its validation
+// split carries over, as when --data is left out.
+TEST_F(TrainCliTest, ResumingWithTheSameDataKeepsItsValidationSplit) {
+  const std::string ck = data_.file("ckpt");
+  CliResult r = run(train_args("--steps 2 --val-fraction 0.1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto line = [](const std::string& out) {
+    const size_t at = out.find("train data ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  const std::string split = line(r.out);
+  ASSERT_FALSE(split.empty()) << r.out;
+  r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) +
+          " --steps 3 --data " + shell_quote(data_.train()));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(line(r.out), split) << r.out;
+}
+
 // An nvme_path with a file (or a link to nowhere) in its place is bad input: exit 2 naming the key.
 TEST_F(TrainCliTest, AnNvmePathThatIsNoDirectoryIsRefusedNamingTheKey) {
   const std::string file = data_.file("a_file"), dangling = data_.file("dangling");
@@ -1160,6 +1204,17 @@ TEST_F(TrainCliTest, DemoNeverWritesOverAUsersFiles) {
           shell_quote(mine + "/ds_config.json"));
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_EQ(slurp(mine + "/notes.txt"), "USER");
+  // Files at the names of the temporaries an earlier version used: a user's file, and a link
+  // to a file elsewhere. The demo trains, and both stay as they were.
+  const std::string tmps = data_.file("tmps");
+  fs::create_directories(tmps);
+  std::ofstream(tmps + "/config.json.tmp") << "DRAFT";
+  fs::create_symlink(victim, tmps + "/demo_train.bin.tmp");
+  r = run("demo --steps 1 --work-dir " + shell_quote(tmps));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(tmps + "/config.json.tmp"), "DRAFT");
+  EXPECT_EQ(slurp(victim), "VICTIM");
+  EXPECT_EQ(fs::symlink_status(tmps + "/demo_train.bin").type(), fs::file_type::regular);
 }
 
 // Every model tensor of the tiny model, by Hugging Face name, with its unit's slab offset.

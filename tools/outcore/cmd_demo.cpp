@@ -18,6 +18,7 @@
 
 #include "common/error.hpp"
 #include "engine/config/config.hpp"
+#include "engine/data/staged_file.hpp"
 #include "engine/model/model.hpp"
 #include "engine/train/demo_data.hpp"
 #include "engine/train/trainer.hpp"
@@ -103,19 +104,14 @@ std::string work_dir_problem(const fs::path& dir) {
   return {};
 }
 
-// Replaces `path` with `text` through a temporary and a rename: a link at `path` is replaced,
-// never written through.
+// Replaces `path` with `text` through a temporary of its own, created exclusively, and a rename:
+// a link at `path` is replaced, never written through, and a file at a temporary's name (a
+// user's) is never touched.
 void write_text(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
-    out << text;
-    out.flush();
-    if (!out) throw IoError(tmp.string(), EIO, "write demo file");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw IoError(path.string(), ec.value(), "rename demo file into place");
+  data::StagedFile out(path.string());
+  out.append(text.data(), text.size());
+  out.finish();
+  out.commit();
 }
 
 int run_demo(const DemoOptions& o) {

@@ -325,6 +325,10 @@ int run_estimate(const EstimateArgs& a) {
   try {
     if (a.config_file.empty() || a.model_file.empty())
       throw InvalidArgument("estimate needs --config FILE and --model FILE");
+    if ((a.drive_read_gbps > 0) != (a.drive_write_gbps > 0))  // one rate would be dropped
+      throw InvalidArgument(
+          "--drive-read-gbps and --drive-write-gbps go together: give both, or neither to "
+          "measure the drive");
     o.config_file = a.config_file;
     o.model_file = a.model_file;
     o.micro_batch = positive(a.micro_batch, "--micro-batch", 0, config::kMaxMicroBatch);

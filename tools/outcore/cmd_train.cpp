@@ -3,6 +3,7 @@
 // the model and the command line. Exit 0 when done, 2 for bad input, 1 for a failure while
 // training, 130 after a clean stop on Ctrl-C.
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <charconv>
@@ -103,10 +104,15 @@ std::optional<int64_t> steps_from(const Numbers& n, const cfg::Config& c) {
   return std::nullopt;
 }
 
-// A command-line value that "auto" would have taken but a number in the file overrides.
-void warn_if_overridden(const cfg::AutoOr<double>& v, std::optional<double> cli, const char* flag) {
+// A command-line value that "auto" would have taken but the config's value (a number in the
+// file, or the key's default) overrides: said, never dropped silently.
+template <typename T>
+void warn_if_overridden(const cfg::AutoOr<T>& v, std::optional<T> cli, const char* flag) {
   if (cli && v.has_value() && v.value() != *cli) {
-    log::warn("{} {} not used: the config sets {} to {}", flag, *cli, v.path(), v.value());
+    log::warn(
+        "{} {} not used: {} is {} (the config's value or its default; \"auto\" there "
+        "takes the flag)",
+        flag, *cli, v.path(), v.value());
   }
 }
 
@@ -311,15 +317,32 @@ int run_train(const TrainCliOptions& o) {
   if (model_path.empty() && !o.init_from.empty())
     model_path = (std::filesystem::path(o.init_from) / "config.json").string();
   std::string data = o.data, val_data = o.val_data;
-  const bool data_from_resume = rd && data.empty();
+  // --data naming the file the checkpoint trained on (by any path) is the checkpoint's data: its
+  // validation split and masks carry over as when --data is not given.
+  auto same_file = [](const std::string& a, const std::string& b) {
+    struct stat sa {};
+    struct stat sb {};
+    return !a.empty() && !b.empty() && ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 &&
+           sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  };
+  const bool data_from_resume = rd && (data.empty() || same_file(data, rd->train_data));
   if (data_from_resume) {
-    data = rd->train_data;
-    if (val_data.empty()) val_data = rd->val_data;
+    if (data.empty()) data = rd->train_data;
+    if (val_data.empty() && o.val_fraction.empty()) val_data = rd->val_data;
+  } else if (rd && o.val_data.empty() && o.val_fraction.empty() &&
+             (rd->val_fraction > 0 || !rd->val_data.empty())) {
+    std::string split = "--val-data ";
+    split += rd->val_data;
+    if (rd->val_data.empty()) split = fmt::format("--val-fraction {}", rd->val_fraction);
+    log::warn(
+        "--data {} is not the data the checkpoint trained on ({}): its validation split ({}) "
+        "does not carry over; give --val-fraction or --val-data",
+        data, rd->train_data, split);
   }
   const std::string train_mask =
       resolve_mask(o.loss_mask, data_from_resume ? rd->train_mask : "", data);
-  const std::string val_mask =
-      resolve_mask(o.val_loss_mask, data_from_resume ? rd->val_mask : "", val_data);
+  const std::string val_mask = resolve_mask(
+      o.val_loss_mask, data_from_resume && val_data == rd->val_data ? rd->val_mask : "", val_data);
   if (model_path.empty() && !rd) {
     std::fprintf(stderr, "error: --model is required (or --init-from or --resume)\n");
     return 2;
@@ -413,7 +436,7 @@ int run_train(const TrainCliOptions& o) {
       std::fprintf(stderr,
                    "error: give the number of training steps with --steps (or set the "
                    "scheduler's total_num_steps in %s)\n",
-                   config_path.c_str());
+                   config_source.c_str());
       return 2;
     }
     cfg::AutoContext ctx;
@@ -437,6 +460,21 @@ int run_train(const TrainCliOptions& o) {
       if (!e.source().empty()) throw;
       throw cfg::ConfigValidationError(config_source, e.issues());
     }
+    warn_if_overridden(config.train_batch_size, n.train_batch_size, "--train-batch-size");
+    warn_if_overridden(config.train_micro_batch_size_per_gpu, n.micro_batch_size,
+                       "--micro-batch-size");
+    warn_if_overridden(config.gradient_accumulation_steps, n.gradient_accumulation_steps,
+                       "--gradient-accumulation-steps");
+    if (config.scheduler.type == cfg::SchedulerType::kWarmupCosineLR)
+      warn_if_overridden(config.scheduler.cosine.warmup_num_steps, n.warmup_steps,
+                         "--warmup-steps");
+    else if (config.scheduler.type == cfg::SchedulerType::kWarmupLR ||
+             config.scheduler.type == cfg::SchedulerType::kWarmupDecayLR)
+      warn_if_overridden(config.scheduler.warmup.warmup_num_steps, n.warmup_steps,
+                         "--warmup-steps");
+    else if (n.warmup_steps)
+      log::warn("--warmup-steps {} not used: the config's scheduler has no warmup",
+                *n.warmup_steps);
     topts.steps = *steps;
   } catch (const Error& e) {  // ConfigError, IoError reading a checked file, bad --format
     std::fprintf(stderr, "error: %s\n", e.what());
@@ -465,7 +503,8 @@ int run_train(const TrainCliOptions& o) {
   topts.val_data = val_data;
   topts.train_mask = train_mask;
   topts.val_mask = val_mask;
-  topts.val_fraction = n.val_fraction.value_or(rd && o.data.empty() ? rd->val_fraction : 0.0);
+  topts.val_fraction =
+      n.val_fraction.value_or(data_from_resume && o.val_data.empty() ? rd->val_fraction : 0.0);
   topts.save_dir = o.save_dir;
   topts.save_every = n.save_every.value_or(0);
   topts.keep = n.keep.value_or(0);
