@@ -341,8 +341,10 @@ int run_train(const TrainCliOptions& o) {
   }
   const std::string train_mask =
       resolve_mask(o.loss_mask, data_from_resume ? rd->train_mask : "", data);
-  const std::string val_mask = resolve_mask(
-      o.val_loss_mask, data_from_resume && val_data == rd->val_data ? rd->val_mask : "", val_data);
+  const bool saved_val = data_from_resume && !val_data.empty() &&
+                         (val_data == rd->val_data || same_file(val_data, rd->val_data));
+  const std::string val_mask =
+      resolve_mask(o.val_loss_mask, saved_val ? rd->val_mask : "", val_data);
   if (model_path.empty() && !rd) {
     std::fprintf(stderr, "error: --model is required (or --init-from or --resume)\n");
     return 2;

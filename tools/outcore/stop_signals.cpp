@@ -6,6 +6,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "common/cleanup.hpp"
 
@@ -13,29 +16,73 @@ namespace outcore::cli {
 namespace {
 
 std::atomic<bool> g_stop{false};
-std::atomic<int> g_signals{0};  // signals received since the StopSignals was made
+std::atomic<unsigned> g_seen{0};  // bit s - 1: signal s received since the StopSignals was made
 std::atomic<const char*> g_notice{nullptr};
-std::atomic<int> g_wake{-1};  // write end of the watcher's pipe
+// Write end of the watcher's pipe (-1 without one). The pipe and the watcher live as long as the
+// process: a handler still running on another thread never writes to a closed descriptor.
+std::atomic<int> g_wake{-1};
 static_assert(std::atomic<bool>::is_always_lock_free);
+static_assert(std::atomic<unsigned>::is_always_lock_free);
 static_assert(std::atomic<int>::is_always_lock_free);
 static_assert(std::atomic<const char*>::is_always_lock_free);
 
+// Ends the process by `sig` now (async-signal-safe).
+void die_by(int sig) {
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+  ::_exit(128 + sig);  // only if `sig` is blocked
+}
+
 extern "C" void on_stop_signal(int sig) {
-  // Async-signal-safe only: atomic loads and stores, strlen and write(2).
+  // Async-signal-safe only: atomics, strlen, write(2), signal(2), raise(3).
   const int saved_errno = errno;
-  if (g_signals.fetch_add(1, std::memory_order_relaxed) == 0) {
+  const unsigned bit = 1u << (sig - 1);
+  if ((g_seen.fetch_or(bit, std::memory_order_relaxed) & bit) == 0) {
+    // This signal's first: stop after the step in progress.
     g_stop.store(true, std::memory_order_relaxed);
     if (const char* notice = g_notice.load(std::memory_order_relaxed)) {
       ssize_t ignored = ::write(STDERR_FILENO, notice, std::strlen(notice));
       (void)ignored;
     }
-  } else if (const int fd = g_wake.load(std::memory_order_relaxed); fd >= 0) {
-    // A second signal: the watcher removes the registered files and ends the process by it.
-    const unsigned char s = static_cast<unsigned char>(sig);
-    ssize_t ignored = ::write(fd, &s, 1);
-    (void)ignored;
+    errno = saved_errno;
+    return;
   }
+  // Its second: the watcher removes the files registered for cleanup, then ends the process by
+  // it; from now on the signal's default action (a third ends the process even if the removal
+  // hangs on a stalled drive).
+  ::signal(sig, SIG_DFL);
+  const int fd = g_wake.load(std::memory_order_relaxed);
+  const unsigned char s = static_cast<unsigned char>(sig);
+  if (fd < 0 || ::write(fd, &s, 1) != 1) die_by(sig);
   errno = saved_errno;
+}
+
+// Starts the watcher once per process; false when it cannot run (then a second signal ends the
+// process without the removal).
+bool start_watcher() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;
+    try {
+      std::thread([fd = fds[0]] {
+        for (;;) {
+          unsigned char sig = 0;
+          const ssize_t n = ::read(fd, &sig, 1);
+          if (n < 0 && errno == EINTR) continue;
+          if (n != 1) return;
+          cleanup::remove_registered_files();
+          die_by(sig);
+        }
+      }).detach();
+    } catch (const std::system_error&) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return;
+    }
+    g_wake.store(fds[1]);
+  });
+  return g_wake.load() >= 0;
 }
 
 }  // namespace
@@ -45,28 +92,13 @@ std::atomic<bool>& stop_flag() { return g_stop; }
 StopSignals::StopSignals(Options options)
     : count_(options.mpirun_stop ? 4 : 3), ignore_sigpipe_(options.ignore_sigpipe) {
   g_stop.store(false);
-  g_signals.store(0);
+  g_seen.store(0);
   g_notice.store(options.notice);
-  if (::pipe2(wake_, O_CLOEXEC) == 0) {
-    g_wake.store(wake_[1]);
-    watcher_ = std::thread([fd = wake_[0]] {
-      unsigned char sig = 0;
-      ssize_t n;
-      while ((n = ::read(fd, &sig, 1)) < 0 && errno == EINTR) {
-      }
-      if (n != 1 || sig == 0) return;  // the StopSignals goes
-      cleanup::remove_registered_files();
-      ::signal(sig, SIG_DFL);
-      ::raise(sig);
-      ::_exit(128 + sig);  // the signal was blocked here
-    });
-  } else {
-    wake_[0] = wake_[1] = -1;  // no watcher: a second signal ends the process at once
-  }
+  start_watcher();
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART | (watcher_.joinable() ? 0 : SA_RESETHAND);
+  sa.sa_flags = SA_RESTART;
   for (size_t i = 0; i < count_; ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
   if (ignore_sigpipe_) {
     struct sigaction ign {};
@@ -80,15 +112,6 @@ StopSignals::~StopSignals() {
   for (size_t i = 0; i < count_; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
   if (ignore_sigpipe_) ::sigaction(SIGPIPE, &old_pipe_, nullptr);
   g_notice.store(nullptr);
-  g_wake.store(-1);
-  if (watcher_.joinable()) {
-    const unsigned char stop = 0;
-    ssize_t ignored = ::write(wake_[1], &stop, 1);
-    (void)ignored;
-    watcher_.join();
-  }
-  for (const int fd : wake_)
-    if (fd >= 0) ::close(fd);
 }
 
 }  // namespace outcore::cli

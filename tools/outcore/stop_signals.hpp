@@ -1,10 +1,12 @@
 // tools/outcore: long work that stops cleanly on a signal (train, demo, export, tokenize).
 //
 // For the lifetime of a StopSignals, the first SIGINT, SIGTERM or SIGHUP (and SIGUSR1 with
-// `mpirun_stop`) sets stop_flag() and writes the notice, if any, to stderr. A second one ends
-// the process at once, by that signal, after a watcher thread has removed the files registered
-// for cleanup (common/cleanup.hpp: the swap files and their directories' locks), which a signal
-// handler cannot do safely. With `ignore_sigpipe`, SIGPIPE is ignored (output to a closed pipe
+// `mpirun_stop`) sets stop_flag() and writes the notice, if any, to stderr. The same signal
+// again ends the process at once, by that signal, after a watcher thread (one per process) has
+// removed the files registered for cleanup (common/cleanup.hpp: the swap files and their
+// directories' locks), which a signal handler cannot do safely; a third ends it even if that
+// removal hangs. A different signal after the first is a first one too (a launcher may forward
+// one Ctrl-C as two signals). With `ignore_sigpipe`, SIGPIPE is ignored (output to a closed pipe
 // fails with EPIPE instead of killing the process). Construction clears the flag; destruction
 // restores the previous actions.
 //
@@ -16,7 +18,6 @@
 
 #include <array>
 #include <atomic>
-#include <thread>
 
 namespace outcore::cli {
 
@@ -45,8 +46,6 @@ class StopSignals {
   bool ignore_sigpipe_ = false;
   std::array<struct sigaction, 4> old_{};
   struct sigaction old_pipe_ {};
-  int wake_[2] = {-1, -1};  // the watcher's pipe: a signal number, or 0 to end it
-  std::thread watcher_;
 };
 
 }  // namespace outcore::cli
