@@ -23,8 +23,8 @@
 // Atomicity: a save writes `<tag>.tmp/` (its first file the marker `.outcore-save`), fsyncs
 // every file and directory, verifies what every rank wrote (each file of the manifest present,
 // sizes and CRC32C read back), renames it to `<tag>` and removes the marker from it, then
-// replaces `latest` through `latest.tmp` + rename. A crash at any point leaves the previous checkpoint and `latest` valid;
-// SaveDir removes the leftovers with a warning.
+// replaces `latest` through `latest.tmp` + rename. A crash at any point leaves the previous
+// checkpoint and `latest` valid; SaveDir removes the leftovers with a warning.
 //
 // Ownership: outcore deletes or replaces only entries of a save directory it can recognise as
 // its own, by name and by content: `.lock` empty or holding its marker (common/lock_file.hpp),

@@ -1,10 +1,10 @@
 #include "engine/data/tokenize_job.hpp"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_pipeline.h>
 #include <tbb/task_arena.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -317,7 +317,8 @@ class OutputWriter {
         // The token file is the earlier one still: its mask goes back (atomically over the
         // new one, if that was renamed in), or stays where it still is (the second name then
         // goes: a rename between two names of one file does nothing).
-        struct stat at {}, kept {};
+        struct stat at {};
+        struct stat kept {};
         const bool still_there = ::stat(mask_path.c_str(), &at) == 0 &&
                                  ::stat(aside.c_str(), &kept) == 0 && at.st_dev == kept.st_dev &&
                                  at.st_ino == kept.st_ino;

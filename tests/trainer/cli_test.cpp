@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -93,6 +94,18 @@ class TrainCliTest : public ::testing::Test {
   // Runs a long NVMe training with a save directory, sends `sig` after step 2 and checks the
   // clean stop: exit 130, swap files removed, a checkpoint saved.
   void expect_clean_stop_on(int sig);
+
+  // A training of the config in use (100000 steps, saving into `ckpt`, then `extra` flags), its
+  // stdout into `out_path`; once its progress shows `at` (e.g. "step 2/"), `signal` is called
+  // with its pid. Waits (at most 120 s) for it to end.
+  struct SignalledRun {
+    int status = 0;
+    std::string err;
+    bool sent = false;
+  };
+  SignalledRun signal_training(const std::string& at, const std::string& out_path,
+                               const std::vector<const char*>& extra,
+                               const std::function<void(pid_t)>& signal);
 
   DemoData data_;
   std::string model_, config_;
@@ -250,48 +263,64 @@ TEST_F(TrainCliTest, BadDataExitsTwoNamingTheFile) {
   EXPECT_NE(r.err.find(oov), std::string::npos) << r.err;
 }
 
-// SIGINT while training: the step in progress finishes, the swap files are removed, the
-// result is printed and the exit code is 130.
-void TrainCliTest::expect_clean_stop_on(int sig) {
-  const std::string swap = data_.file("swap");
-  config_ = write_config("nvme.json", testing::nvme_patch(swap));
+TrainCliTest::SignalledRun TrainCliTest::signal_training(const std::string& at,
+                                                         const std::string& out_path,
+                                                         const std::vector<const char*>& extra,
+                                                         const std::function<void(pid_t)>& signal) {
+  SignalledRun r;
   int err_pipe[2];
-  ASSERT_EQ(pipe(err_pipe), 0);
-  const std::string out_path = data_.file("sigint_stdout");
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
+  if (pipe(err_pipe) != 0) return r;
+  const std::string ck = data_.file("ckpt");
+  std::vector<const char*> argv = {OUTCORE_CLI,  "train",        "--config", config_.c_str(),
+                                   "--model",    model_.c_str(), "--data",   data_.train().c_str(),
+                                   "--seq-len",  "32",           "--steps",  "100000",
+                                   "--save-dir", ck.c_str()};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return r;
   if (pid == 0) {
     dup2(err_pipe[1], STDERR_FILENO);
-    int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(out, STDOUT_FILENO);
     close(err_pipe[0]);
-    execl(OUTCORE_CLI, OUTCORE_CLI, "train", "--config", config_.c_str(), "--model", model_.c_str(),
-          "--data", data_.train().c_str(), "--seq-len", "32", "--steps", "100000", "--save-dir",
-          data_.file("ckpt").c_str(), static_cast<char*>(nullptr));
+    execv(OUTCORE_CLI, const_cast<char* const*>(argv.data()));
     _exit(127);
   }
   close(err_pipe[1]);
-  std::string err;
-  bool sent = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   for (;;) {
     pollfd p{err_pipe[0], POLLIN, 0};
     if (std::chrono::steady_clock::now() > deadline || poll(&p, 1, 1000) < 0) break;
     if (!(p.revents & (POLLIN | POLLHUP))) continue;
     char buf[4096];
-    ssize_t n = read(err_pipe[0], buf, sizeof buf);
+    const ssize_t n = read(err_pipe[0], buf, sizeof buf);
     if (n <= 0) break;
-    err.append(buf, static_cast<size_t>(n));
-    if (!sent && err.find("step 2/") != std::string::npos) {
-      EXPECT_GT(testing::count_files(swap), 0);  // training with swap files
-      kill(pid, sig);
-      sent = true;
+    r.err.append(buf, static_cast<size_t>(n));
+    if (!r.sent && r.err.find(at) != std::string::npos) {
+      signal(pid);
+      r.sent = true;
     }
   }
   close(err_pipe[0]);
-  if (!sent) kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
+  if (!r.sent) kill(pid, SIGKILL);
+  waitpid(pid, &r.status, 0);
+  return r;
+}
+
+// SIGINT while training: the step in progress finishes, the swap files are removed, the
+// result is printed and the exit code is 130.
+void TrainCliTest::expect_clean_stop_on(int sig) {
+  const std::string swap = data_.file("swap");
+  config_ = write_config("nvme.json", testing::nvme_patch(swap));
+  const std::string out_path = data_.file("sigint_stdout");
+  const SignalledRun run = signal_training("step 2/", out_path, {}, [&](pid_t pid) {
+    EXPECT_GT(testing::count_files(swap), 0);  // training with swap files
+    kill(pid, sig);
+  });
+  const int status = run.status;
+  const std::string& err = run.err;
+  const bool sent = run.sent;
   ASSERT_TRUE(sent) << err;
   ASSERT_TRUE(WIFEXITED(status)) << err;
   EXPECT_EQ(WEXITSTATUS(status), 130) << err;
@@ -331,46 +360,18 @@ bool signal_pending(pid_t pid, int sig) {
 TEST_F(TrainCliTest, ASecondSignalEndsTheRunAtOnceLeavingNoSwapFiles) {
   const std::string swap = data_.file("swap"), ck = data_.file("ckpt");
   config_ = write_config("nvme.json", testing::nvme_patch(swap));
-  int err_pipe[2];
-  ASSERT_EQ(pipe(err_pipe), 0);
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    dup2(err_pipe[1], STDERR_FILENO);
-    const int out = open("/dev/null", O_WRONLY);
-    dup2(out, STDOUT_FILENO);
-    close(err_pipe[0]);
-    execl(OUTCORE_CLI, OUTCORE_CLI, "train", "--config", config_.c_str(), "--model", model_.c_str(),
-          "--data", data_.train().c_str(), "--seq-len", "32", "--steps", "100000", "--save-dir",
-          ck.c_str(), "--save-every", "1", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(err_pipe[1]);
-  std::string err;
-  bool sent = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  for (;;) {
-    pollfd p{err_pipe[0], POLLIN, 0};
-    if (std::chrono::steady_clock::now() > deadline || poll(&p, 1, 1000) < 0) break;
-    if (!(p.revents & (POLLIN | POLLHUP))) continue;
-    char buf[4096];
-    const ssize_t n = read(err_pipe[0], buf, sizeof buf);
-    if (n <= 0) break;
-    err.append(buf, static_cast<size_t>(n));
-    if (!sent && err.find("step 3/") != std::string::npos) {
-      EXPECT_GT(testing::count_files(swap), 0);
-      // The first asks for the stop; once its handler has run (two pending ones would merge),
-      // the second ends the run.
-      kill(pid, SIGTERM);
-      for (int i = 0; i < 5000 && signal_pending(pid, SIGTERM); ++i) usleep(200);
-      kill(pid, SIGTERM);
-      sent = true;
-    }
-  }
-  close(err_pipe[0]);
-  if (!sent) kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
+  const SignalledRun run =
+      signal_training("step 3/", "/dev/null", {"--save-every", "1"}, [&](pid_t pid) {
+        EXPECT_GT(testing::count_files(swap), 0);
+        // The first asks for the stop; once its handler has run (two pending ones would merge),
+        // the second ends the run.
+        kill(pid, SIGTERM);
+        for (int i = 0; i < 5000 && signal_pending(pid, SIGTERM); ++i) usleep(200);
+        kill(pid, SIGTERM);
+      });
+  const int status = run.status;
+  const std::string& err = run.err;
+  const bool sent = run.sent;
   ASSERT_TRUE(sent) << err;
   ASSERT_TRUE(WIFSIGNALED(status)) << err;
   EXPECT_EQ(WTERMSIG(status), SIGTERM) << err;
