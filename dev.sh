@@ -177,7 +177,7 @@ run_gpu() {
     --ref-gib 2 --nvme "$out/zero_large")
   part doctor 120 "$BUILD_DIR/bin/outcore" doctor --nvme-path "$out" || rc=1
   # ctest -L gpu: every CUDA test against the CPU reference
-  part gpu-tests 240 env OUTCORE_REQUIRE_ORACLES=1 ctest --test-dir "$BUILD_DIR" -L gpu \
+  part gpu-tests 360 env OUTCORE_REQUIRE_ORACLES=1 ctest --test-dir "$BUILD_DIR" -L gpu \
     --output-on-failure || rc=1
   part demo 180 "$BUILD_DIR/bin/outcore" demo --device cuda --work-dir "$out/demo" || rc=1
   # and in bf16 compute: the GEMMs on the tensor cores, the fused attention in training

@@ -91,8 +91,10 @@ LockFile::LockFile(std::filesystem::path path, std::string busy, std::string_vie
 
 void LockFile::release() noexcept {
   if (fd_ < 0) return;
-  if (owned_) ::unlink(path_.c_str());  // while still holding it: see the class comment
+  // Forgotten by the cleanup registry first: a cleanup running in between leaves the file to the
+  // unlink below, and never unlinks a lock that another run created here after it.
   if (registered_) cleanup::unregister_path(path_.string());
+  if (owned_) ::unlink(path_.c_str());  // while still holding it: see the class comment
   ::close(fd_);
   fd_ = -1;
 }

@@ -14,6 +14,11 @@ namespace outcore {
 // What a st_mode is, in words: "a directory", "a FIFO (named pipe)", "a socket", ...
 const char* file_kind(mode_t mode);
 
+// Whether `a` and `b` name the same file: the same device and inode when both exist (through
+// links, hard links and any spelling), else the same absolute path with its links resolved (a
+// file about to be made). False when either is empty.
+bool same_file(const std::string& a, const std::string& b);
+
 // Opens `path` read-only (plus `extra_flags`, e.g. O_DIRECT) without blocking, and returns the
 // descriptor (O_CLOEXEC, blocking again) when it is a regular file, or also a block device when
 // `allow_block_device`. Throws IoError (path, errno) when the open fails and InvalidArgument

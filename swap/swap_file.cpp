@@ -112,15 +112,16 @@ struct SwapSpace::Impl {
       } catch (const std::exception& e) {
         log::warn("swap: {}", e.what());
       }
-      if (f.created && ::unlink(f.path.c_str()) != 0 && errno != ENOENT) {
+      if (!f.created) continue;
+      // Unregistered before it is unlinked, as LockFile::release does.
+      cleanup::unregister_path(f.path.string());
+      if (::unlink(f.path.c_str()) != 0 && errno != ENOENT)
         log::warn("swap: cannot remove {}: {}", f.path.string(), errno_string(errno));
-      }
-      if (f.created) cleanup::unregister_path(f.path.string());
     }
     locks.clear();  // removes the .lock files
     for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
-      ::rmdir(it->c_str());  // fails harmlessly when not empty (other kinds, other ranks)
       cleanup::unregister_path(it->string());
+      ::rmdir(it->c_str());  // fails harmlessly when not empty (other kinds, other ranks)
     }
   }
 

@@ -19,6 +19,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/open_file.hpp"
 #include "engine/data/staged_file.hpp"
 #include "engine/data/utf8.hpp"
 
@@ -191,14 +192,6 @@ class DocumentEncoder {
   bool pairs_;
   std::optional<uint32_t> eos_;
 };
-
-// Whether `a` and `b` name the same file (device and inode when both exist, else the same
-// absolute path).
-bool same_file(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
-  return fs::weakly_canonical(fs::absolute(a), ec) == fs::weakly_canonical(fs::absolute(b), ec);
-}
 
 void check_options(const TokenizeOptions& o, const std::vector<std::string>& outputs) {
   if (o.inputs.empty()) throw InvalidArgument("tokenize: no input files");

@@ -1130,9 +1130,11 @@ TEST_F(TrainCliTest, BatchAndWarmupFlagsTakeEffectOrAreSaidNotTo) {
       std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("--warmup-steps 7 not used"), std::string::npos) << r.err;
+  // A flag's value that breaks the batch arithmetic: the error names the flag it came from.
   r = run(train_args("--steps 1 --train-batch-size 999"));
   EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_NE(r.err.find("train_batch_size"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("train_batch_size 999 came from --train-batch-size"), std::string::npos)
+      << r.err;
 }
 
 // --data naming the file the checkpoint trained on is the checkpoint's data: its validation

@@ -20,6 +20,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/open_file.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
@@ -319,12 +320,6 @@ int run_train(const TrainCliOptions& o) {
   std::string data = o.data, val_data = o.val_data;
   // --data naming the file the checkpoint trained on (by any path) is the checkpoint's data: its
   // validation split and masks carry over as when --data is not given.
-  auto same_file = [](const std::string& a, const std::string& b) {
-    struct stat sa {};
-    struct stat sb {};
-    return !a.empty() && !b.empty() && ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 &&
-           sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-  };
   const bool data_from_resume = rd && (data.empty() || same_file(data, rd->train_data));
   if (data_from_resume) {
     if (data.empty()) data = rd->train_data;
@@ -455,12 +450,29 @@ int run_train(const TrainCliOptions& o) {
     warn_if_overridden(config.optimizer.weight_decay, n.weight_decay, "--weight-decay");
     if (config_path.empty())
       fit_checkpoint_batch(config, n, ranks->world(), config_source, ranks->rank() == 0);
+    // The batch flags that fill a key the config leaves out (or sets to "auto"): an error of
+    // the batch arithmetic names them, since the config alone does not hold those values.
+    std::string filled_by_flags;
+    auto note_fill = [&](const cfg::AutoOr<int64_t>& v, std::optional<int64_t> cli,
+                         const char* flag) {
+      if (cli && !v.has_value())
+        filled_by_flags += fmt::format("; {} {} came from {}", v.path(), *cli, flag);
+    };
+    note_fill(config.train_batch_size, n.train_batch_size, "--train-batch-size");
+    note_fill(config.train_micro_batch_size_per_gpu, n.micro_batch_size, "--micro-batch-size");
+    note_fill(config.gradient_accumulation_steps, n.gradient_accumulation_steps,
+              "--gradient-accumulation-steps");
     try {
       cfg::resolve_auto(config, ctx);
       cfg::require_resolved(config);
     } catch (const cfg::ConfigValidationError& e) {  // batch arithmetic: name the file
       if (!e.source().empty()) throw;
-      throw cfg::ConfigValidationError(config_source, e.issues());
+      std::vector<cfg::ConfigIssue> issues = e.issues();
+      for (cfg::ConfigIssue& i : issues)
+        if (i.json_path == "train_batch_size" || i.json_path == "train_micro_batch_size_per_gpu" ||
+            i.json_path == "gradient_accumulation_steps")
+          i.message += filled_by_flags;
+      throw cfg::ConfigValidationError(config_source, std::move(issues));
     }
     warn_if_overridden(config.train_batch_size, n.train_batch_size, "--train-batch-size");
     warn_if_overridden(config.train_micro_batch_size_per_gpu, n.micro_batch_size,

@@ -161,7 +161,6 @@ bool check_output_file(const std::string& path, const char* flag,
   namespace fs = std::filesystem;
   if (path.empty()) return true;
   std::error_code ec;
-  const fs::path out_canonical = fs::weakly_canonical(fs::absolute(path, ec), ec);
   struct stat out {};
   const bool exists = ::stat(path.c_str(), &out) == 0;
   if (exists && !S_ISREG(out.st_mode)) {
@@ -170,15 +169,7 @@ bool check_output_file(const std::string& path, const char* flag,
     return false;
   }
   for (const auto& [in_path, in_flag] : inputs) {
-    if (in_path.empty()) continue;
-    struct stat in {};
-    // The same inode, or (for files not made yet) the same path.
-    const bool same =
-        exists ? ::stat(in_path.c_str(), &in) == 0 && in.st_dev == out.st_dev &&
-                     in.st_ino == out.st_ino
-               : !out_canonical.empty() &&
-                     fs::weakly_canonical(fs::absolute(in_path, ec), ec) == out_canonical;
-    if (same) {
+    if (same_file(path, in_path)) {
       std::fprintf(stderr, "error: %s %s is the same file as %s %s; refusing to overwrite %s\n",
                    flag, path.c_str(), in_flag, in_path.c_str(), what);
       return false;

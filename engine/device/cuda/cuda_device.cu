@@ -273,7 +273,13 @@ class CudaDevice final : public Device {
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(ordinal_); }
   void register_host(void* ptr, size_t bytes) override {
     CUDA_CHECK(cudaSetDevice(ordinal_));
-    CUDA_CHECK(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable));
+    // A refusal (too much to pin) is an error the caller may take (GradientPath copies through
+    // its own buffers then): cleared here, it never fails the next launch check.
+    if (const cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+        err != cudaSuccess) {
+      (void)cudaGetLastError();
+      CUDA_CHECK(err);
+    }
   }
   void unregister_host(void* ptr) noexcept override {
     cudaSetDevice(ordinal_);
