@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
 
 #include "common/error.hpp"
@@ -36,6 +37,22 @@ bool same_file(const std::string& a, const std::string& b) {
   const fs::path ca = fs::weakly_canonical(fs::absolute(a, ea), ea);
   const fs::path cb = fs::weakly_canonical(fs::absolute(b, eb), eb);
   return !ea && !eb && ca == cb;
+}
+
+mode_t creation_umask() {
+  std::FILE* f = std::fopen("/proc/self/status", "re");
+  if (f == nullptr) return 022;
+  char line[256];
+  mode_t mask = 022;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned value = 0;
+    if (std::sscanf(line, "Umask: %o", &value) == 1) {
+      mask = static_cast<mode_t>(value & 0777);
+      break;
+    }
+  }
+  std::fclose(f);
+  return mask;
 }
 
 int open_for_reading(const std::string& path, const char* what, int extra_flags,

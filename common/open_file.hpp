@@ -19,6 +19,11 @@ const char* file_kind(mode_t mode);
 // file about to be made). False when either is empty.
 bool same_file(const std::string& a, const std::string& b);
 
+// The process's file mode creation mask, read without changing it (umask(2) would, for every
+// thread); 022 where /proc does not say. For files made with a mode of their own and then
+// fchmod'ed, so that they end as open(2) with 0644 would have made them.
+mode_t creation_umask();
+
 // Opens `path` read-only (plus `extra_flags`, e.g. O_DIRECT) without blocking, and returns the
 // descriptor (O_CLOEXEC, blocking again) when it is a regular file, or also a block device when
 // `allow_block_device`. Throws IoError (path, errno) when the open fails and InvalidArgument

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -120,7 +121,8 @@ Located locate_sharded(const fs::path& dir, std::vector<SafetensorsFile>& files,
   std::map<std::string, size_t> shard_index;  // file name -> position in files
   for (const auto& [name, file] : map) {
     if (shard_index.contains(file)) continue;
-    if (!present(dir / file))
+    std::error_code ec;  // a link to nowhere (or a loop) is there: its open names the error
+    if (!present(dir / file) && !fs::is_symlink(dir / file, ec))
       throw CorruptData(fmt::format("{}: tensor \"{}\" is in shard {}, which is missing",
                                     index.string(), name, (dir / file).string()));
     shard_index[file] = 0;
@@ -152,8 +154,10 @@ Located locate_sharded(const fs::path& dir, std::vector<SafetensorsFile>& files,
 
 }  // namespace
 
-HfWeights HfWeights::open(const fs::path& dir, const model::LlamaConfig& expected) {
+HfWeights HfWeights::open(const fs::path& dir, const model::LlamaConfig& expected,
+                          DType param_dtype) {
   HfWeights w;
+  w.param_dtype_ = param_dtype;
   w.layout_ = model::make_layout(expected, 1);
   Located found;
   if (present(dir / kHfWeightsFile)) {
@@ -204,20 +208,34 @@ const SafetensorsEntry* HfWeights::entry(std::string_view name) const {
 
 namespace {
 
-// Refuses a NaN or Inf among v[0..n), elements [first, first + n) of tensor `e` of `f`.
-void check_finite(const SafetensorsFile& f, const SafetensorsEntry& e, uint64_t first,
-                  const float* v, uint64_t n) {
-  const uint64_t i = first_at_or_above(v, n, kInfBits);
-  if (i == n) return;
-  throw CorruptData(
-      fmt::format("{}: tensor \"{}\" holds {} at element {} (flat index); weights must be finite",
-                  f.path(), e.name, v[i], first + i));
+// Magnitude bits from which an fp32 value cannot be stored as `dtype` (it is NaN or Inf, or
+// rounds to Inf).
+uint32_t limit_bits(DType dtype) {
+  return dtype == DType::F16    ? kF16OverflowBits
+         : dtype == DType::BF16 ? kBf16OverflowBits
+                                : kInfBits;
 }
 
-// Elements [first, first + n) of tensor `e` as fp32 into out, each chunk checked for NaN and Inf
-// while it is still in cache.
+// Refuses a NaN or Inf among v[0..n), elements [first, first + n) of tensor `e` of `f`, or a
+// value that rounds to Inf in `dtype`, the parameters' dtype.
+void check_finite(const SafetensorsFile& f, const SafetensorsEntry& e, uint64_t first,
+                  const float* v, uint64_t n, DType dtype) {
+  const uint64_t i = first_at_or_above(v, n, limit_bits(dtype));
+  if (i == n) return;
+  if (!std::isfinite(v[i]))
+    throw CorruptData(
+        fmt::format("{}: tensor \"{}\" holds {} at element {} (flat index); weights must be finite",
+                    f.path(), e.name, v[i], first + i));
+  throw CorruptData(fmt::format(
+      "{}: tensor \"{}\" holds {} at element {} (flat index), beyond the range of {}, the "
+      "dtype the parameters are stored in (fp32 keeps it)",
+      f.path(), e.name, v[i], first + i, dtype_name(dtype)));
+}
+
+// Elements [first, first + n) of tensor `e` as fp32 into out, each chunk checked for NaN, Inf
+// and values beyond `dtype` while it is still in cache.
 void read_elements(const SafetensorsFile& f, const SafetensorsEntry& e, uint64_t first, uint64_t n,
-                   float* out, std::vector<uint16_t>& buf) {
+                   float* out, std::vector<uint16_t>& buf, DType dtype) {
   if (e.dtype != DType::F32) buf.resize(std::min(n, kImportChunkElems));
   for (uint64_t done = 0; done < n;) {
     const uint64_t k = std::min(n - done, kImportChunkElems);
@@ -227,7 +245,7 @@ void read_elements(const SafetensorsFile& f, const SafetensorsEntry& e, uint64_t
       f.read(e, (first + done) * 2, k * 2, buf.data());
       model::convert_to_fp32(buf.data(), e.dtype, out + done, k);
     }
-    check_finite(f, e, first + done, out + done, k);
+    check_finite(f, e, first + done, out + done, k, dtype);
     done += k;
   }
 }
@@ -250,7 +268,7 @@ void HfWeights::read_unit_range(const model::UnitLayout& unit, uint64_t begin, u
     if (e == nullptr || e->numel() != t.numel)
       throw InvalidArgument(fmt::format("unit {}: tensor \"{}\" {} is not a tensor of this model",
                                         unit.name, t.name, format_shape(t.shape)));
-    read_elements(*file(t.name), *e, lo - t.offset, hi - lo, out + (lo - begin), buf);
+    read_elements(*file(t.name), *e, lo - t.offset, hi - lo, out + (lo - begin), buf, param_dtype_);
   }
 }
 
@@ -317,7 +335,7 @@ const char* torch_dtype(DType t) {
 }
 
 std::string config_json(const model::LlamaConfig& cfg, DType dtype) {
-  json j = json::parse(cfg.to_json());
+  json j = json::parse(cfg.to_hf_json());
   j["torch_dtype"] = torch_dtype(dtype);
   if (!j.contains("architectures")) j["architectures"] = {"LlamaForCausalLM"};
   if (!j.contains("model_type")) j["model_type"] = "llama";
@@ -327,14 +345,6 @@ std::string config_json(const model::LlamaConfig& cfg, DType dtype) {
 // Elements of a piece checked and converted together, so each block is converted while the
 // check has it in cache.
 constexpr uint64_t kExportBlockElems = uint64_t{1} << 14;
-
-// Magnitude bits from which an fp32 value cannot be exported as `dtype` (it is NaN or Inf, or
-// rounds to Inf).
-uint32_t export_limit_bits(DType dtype) {
-  return dtype == DType::F16    ? kF16OverflowBits
-         : dtype == DType::BF16 ? kBf16OverflowBits
-                                : kInfBits;
-}
 
 // The values of one tensor an export refuses: NaN or Inf, or finite values that round to Inf in
 // the export dtype; how many, and the first of each kind (element index in the tensor).
@@ -375,13 +385,13 @@ InvalidArgument bad_values_error(const std::string& name, const BadValues& bad, 
 }
 
 // Streams one tensor from read_master into `w`, piece by piece, each block of a piece checked
-// (export_limit_bits) then converted. Values that cannot be exported throw InvalidArgument after
+// (limit_bits) then converted. Values that cannot be exported throw InvalidArgument after
 // the rest of the tensor has been read to count them; nothing of the tensor is written after the
 // first.
 void write_tensor(const ReadMasterFn& read_master, const ExportTensor& t, const ExportOptions& o,
                   std::vector<float>& vals, std::vector<uint16_t>& low, SafetensorsWriter& w) {
   const uint64_t n = t.spec->numel;
-  const uint32_t limit = export_limit_bits(o.dtype);
+  const uint32_t limit = limit_bits(o.dtype);
   BadValues bad;
   for (uint64_t done = 0; done < n;) {
     const uint64_t k = std::min(n - done, o.piece_elems);
@@ -531,6 +541,17 @@ void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_mast
   std::error_code marker_ec;
   fs::remove(tmp.path() / kExportScratchMarker, marker_ec);
   if (marker_ec) throw IoError(tmp.path().string(), marker_ec.value(), "remove export marker");
+  // An empty directory it replaces keeps its mode and owner (not its ACLs or other extended
+  // attributes).
+  if (struct stat was{}; ::stat(out.c_str(), &was) == 0) {
+    if (::chmod(tmp.path().c_str(), was.st_mode & 07777) != 0)
+      throw IoError(tmp.path().string(), errno, "chmod to the mode of " + out.string());
+    struct stat made {};
+    if (::stat(tmp.path().c_str(), &made) != 0) throw IoError(tmp.path().string(), errno, "stat");
+    if ((made.st_uid != was.st_uid || made.st_gid != was.st_gid) &&
+        ::chown(tmp.path().c_str(), was.st_uid, was.st_gid) != 0)
+      throw IoError(tmp.path().string(), errno, "chown to the owner of " + out.string());
+  }
   fsync_dir(tmp.path());
   std::error_code ec;
   fs::rename(tmp.path(), out, ec);  // replaces an empty directory

@@ -66,7 +66,10 @@ class HfWeights {
   // tensor named twice in the index's weight_map (naming it and the index), and whatever
   // SafetensorsFile::open throws (for instance for a tensor listed twice in a header). Values
   // are not read here: read_unit_range checks them. ConfigError when `expected` is invalid.
-  static HfWeights open(const std::filesystem::path& dir, const model::LlamaConfig& expected);
+  // `param_dtype` is the dtype the parameters will be stored in: values beyond its range are
+  // refused on reading.
+  static HfWeights open(const std::filesystem::path& dir, const model::LlamaConfig& expected,
+                        DType param_dtype = DType::F32);
 
   // The model's layout at world size 1 (tensor offsets are the same at every world size).
   const model::ModelLayout& layout() const { return layout_; }
@@ -81,7 +84,8 @@ class HfWeights {
   // each tensor at its TensorSpec offset, converted exactly from BF16/F16; alignment gaps and
   // padding are 0. `unit` may come from a layout of any world size of the same model (only the
   // padding differs). CorruptData naming the file, the tensor and the element index (in the
-  // tensor) of the first NaN or Inf in the range (out[] then holds partial data); InvalidArgument
+  // tensor) of the first NaN or Inf in the range, or of the first value that rounds to Inf in
+  // open()'s param_dtype (out[] then holds partial data); InvalidArgument
   // when the range leaves unit.padded_numel or the unit holds a tensor this model does not have;
   // IoError when a read fails. Peak memory: a 4 MiB buffer.
   void read_unit_range(const model::UnitLayout& unit, uint64_t begin, uint64_t count,
@@ -93,6 +97,7 @@ class HfWeights {
   model::ModelLayout layout_;
   std::vector<SafetensorsFile> files_;
   std::map<std::string, size_t, std::less<>> file_of_;  // model tensor -> index in files_
+  DType param_dtype_ = DType::F32;
 };
 
 struct ExportOptions {

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 #include "engine/ckpt/file_util.hpp"
 
 namespace outcore::ckpt {
@@ -134,18 +135,28 @@ std::map<std::string, std::string> parse_metadata(const std::string& path, const
   return m;
 }
 
-// Sorts by position and refuses two non-empty tensors sharing a byte.
-void check_no_overlap(const std::string& path, std::vector<SafetensorsEntry>& ts) {
+// Sorts by position and refuses tensors that are not contiguous from the data section's start,
+// as the safetensors library does: two sharing a byte, or bytes between two (or before the
+// first) that belong to none.
+void check_contiguous(const std::string& path, std::vector<SafetensorsEntry>& ts,
+                      uint64_t data_start) {
   std::sort(ts.begin(), ts.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
     return a.offset != b.offset ? a.offset < b.offset : a.bytes < b.bytes;
   });
-  const SafetensorsEntry* last = nullptr;  // the non-empty tensor ending furthest
+  uint64_t at = data_start;
+  const SafetensorsEntry* last = nullptr;
   for (const SafetensorsEntry& e : ts) {
-    if (e.bytes == 0) continue;
-    if (last != nullptr && e.offset < last->offset + last->bytes)
+    if (e.offset < at)
       throw CorruptData(
           fmt::format("{}: tensor \"{}\" overlaps tensor \"{}\"", path, e.name, last->name));
-    if (last == nullptr || e.offset + e.bytes > last->offset + last->bytes) last = &e;
+    if (e.offset > at)
+      throw CorruptData(fmt::format(
+          "{}: tensor \"{}\" starts {} bytes after {} (data_offsets must be contiguous)", path,
+          e.name, e.offset - at,
+          last == nullptr ? std::string("the data section's start")
+                          : fmt::format("the end of tensor \"{}\"", last->name)));
+    at = e.offset + e.bytes;
+    last = &e;
   }
 }
 
@@ -205,13 +216,21 @@ json parse_json_unique_keys(std::string_view text, const std::string& where) {
 
 SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   SafetensorsFile f;
-  f.file_ = aio::File::open(path, {.access = aio::Access::kRead, .direct = false});
-  const std::string& p = f.file_.path();
-  const uint64_t size = f.file_.size();
+  // Open while it is validated only: read() opens it again for each read, so a model of any
+  // number of shards holds no descriptors between reads.
+  const aio::File file = aio::File::open(path, {.access = aio::Access::kRead, .direct = false});
+  f.path_ = file.path();
+  const std::string& p = f.path_;
+  const uint64_t size = file.size();
+  struct stat st {};
+  if (::fstat(file.fd(), &st) != 0) throw IoError(p, errno, "stat");
+  f.device_ = st.st_dev;
+  f.inode_ = st.st_ino;
+  f.size_ = size;
   if (size < 8)
     throw CorruptData(fmt::format("{}: {} bytes, shorter than the 8-byte header length", p, size));
   unsigned char len[8];
-  pread_exact(f.file_.fd(), p, 0, 8, len);
+  pread_exact(file.fd(), p, 0, 8, len);
   const uint64_t n = read_le64(len);
   if (n > kMaxSafetensorsHeaderBytes)
     throw CorruptData(fmt::format("{}: header length {} exceeds the limit of {} bytes", p, n,
@@ -222,7 +241,10 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
                     "truncated?)",
                     p, n, size - 8));
   std::string text(n, '\0');
-  pread_exact(f.file_.fd(), p, 8, n, text.data());
+  pread_exact(file.fd(), p, 8, n, text.data());
+  // The safetensors library refuses a header that does not start with its object.
+  if (!text.starts_with('{'))
+    throw CorruptData(fmt::format("{}: header does not start with '{{'", p));
   const json header = parse_json_unique_keys(text, p + ": header");
   if (!header.is_object()) throw CorruptData(p + ": header is not a JSON object");
   f.data_start_ = 8 + n;
@@ -233,7 +255,7 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
       f.tensors_.push_back(parse_entry(p, name, v, f.data_start_, size - f.data_start_));
     }
   }
-  check_no_overlap(p, f.tensors_);
+  check_contiguous(p, f.tensors_, f.data_start_);
   // As the safetensors library reads them: the tensors' data fill the data section exactly, so
   // bytes past the last tensor (a file damaged, or not safetensors) are refused.
   uint64_t end = f.data_start_;
@@ -257,7 +279,15 @@ void SafetensorsFile::read(const SafetensorsEntry& t, uint64_t byte_begin, uint6
     throw InvalidArgument(fmt::format("{}: read of bytes [{}, +{}) outside its {} bytes",
                                       tensor_where(path(), t.name), byte_begin, byte_count,
                                       t.bytes));
-  pread_exact(file_.fd(), path(), t.offset + byte_begin, byte_count, out);
+  struct Fd {
+    int fd;
+    ~Fd() { ::close(fd); }
+  } f{open_for_reading(path_, "safetensors file")};
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw IoError(path_, errno, "stat");
+  if (st.st_dev != device_ || st.st_ino != inode_ || static_cast<uint64_t>(st.st_size) != size_)
+    throw CorruptData(fmt::format("{}: replaced or resized since it was validated", path_));
+  pread_exact(f.fd, path_, t.offset + byte_begin, byte_count, out);
 }
 
 void SafetensorsFile::read(std::string_view name, uint64_t byte_begin, uint64_t byte_count,
@@ -298,7 +328,9 @@ SafetensorsWriter::SafetensorsWriter(fs::path path, std::vector<SafetensorsTenso
   file_ = aio::File::open(
       tmp_path_,
       {.access = aio::Access::kWrite, .create = true, .truncate = true, .direct = false});
-  if (::fchmod(file_.fd(), 0644) != 0) throw IoError(file_.path(), errno, "fchmod");
+  // aio::File makes files 0600 (swap files are private): a model file is 0644 under the umask.
+  if (::fchmod(file_.fd(), 0644 & ~creation_umask()) != 0)
+    throw IoError(file_.path(), errno, "fchmod");
   pwrite_exact(file_.fd(), file_.path(), 0, std::as_bytes(std::span(head)));
 }
 

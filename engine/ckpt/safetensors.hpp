@@ -15,14 +15,16 @@
 //
 // Errors: a header that is malformed or inconsistent (bad length, not JSON, not an object, a key
 // twice in one JSON object, such as a tensor listed twice, a missing or mistyped field, a
-// negative dimension, offsets that disagree with the shape, point past the end of the file or
-// overlap another tensor) is CorruptData naming the file and the tensor (or duplicate key); a dtype
-// other than F32/BF16/F16 is InvalidArgument naming the file, tensor and dtype. I/O failures are
-// IoError naming the file, offset, length and errno. Misuse (reading outside a tensor, appending
-// more bytes than declared) is InvalidArgument.
+// negative dimension, offsets that disagree with the shape, point past the end of the file,
+// overlap another tensor or leave bytes between tensors, a header not starting with '{') is
+// CorruptData naming the file and the tensor (or duplicate key); a dtype other than F32/BF16/F16 is
+// InvalidArgument naming the file, tensor and dtype. I/O failures are IoError naming the file,
+// offset, length and errno. Misuse (reading outside a tensor, appending more bytes than declared)
+// is InvalidArgument.
 //
 // Threading: a SafetensorsFile is immutable after open(); read() may be called from several
-// threads at once (pread). A SafetensorsWriter is used by one thread at a time.
+// threads at once (each opens the file for itself). A SafetensorsWriter is used by one thread at a
+// time.
 #pragma once
 
 #include <cstddef>
@@ -71,7 +73,7 @@ class SafetensorsFile {
   // CorruptData / InvalidArgument as described above.
   static SafetensorsFile open(const std::filesystem::path& path);
 
-  const std::string& path() const { return file_.path(); }
+  const std::string& path() const { return path_; }
   // Every tensor, in the order of their data (data_offsets).
   const std::vector<SafetensorsEntry>& tensors() const { return tensors_; }
   // The tensor named `name`, or nullptr.
@@ -82,8 +84,9 @@ class SafetensorsFile {
   uint64_t data_start() const { return data_start_; }
 
   // Copies bytes [byte_begin, byte_begin + byte_count) of tensor `t` (an entry of this file)
-  // into `out`. InvalidArgument when the range leaves the tensor; IoError on a failed or
-  // short read (the file shrank since open).
+  // into `out`, opening the file for this read alone (no descriptor is held between reads).
+  // InvalidArgument when the range leaves the tensor; CorruptData when the path no longer names
+  // the file validated (another inode or size); IoError on a failed or short read.
   void read(const SafetensorsEntry& t, uint64_t byte_begin, uint64_t byte_count, void* out) const;
   // The same by name; InvalidArgument naming the file when there is no such tensor.
   void read(std::string_view name, uint64_t byte_begin, uint64_t byte_count, void* out) const;
@@ -91,7 +94,8 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
 
-  aio::File file_;
+  std::string path_;
+  uint64_t device_ = 0, inode_ = 0, size_ = 0;  // the file validated, checked again on each read
   std::vector<SafetensorsEntry> tensors_;
   std::map<std::string, size_t, std::less<>> by_name_;
   std::map<std::string, std::string> metadata_;

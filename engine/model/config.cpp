@@ -109,7 +109,10 @@ void refuse_unsupported(const Keys& k) {
   }
   if (k.get_bool("use_sliding_window", false))
     fail(k.source, "use_sliding_window", "true is not supported (attention has no window)");
-  if (k.get_bool("attention_bias", false))
+  // Qwen2's q, k and v projections have biases whatever attention_bias says (Hugging Face's
+  // Qwen2 reads no such key); every other family has none.
+  const json* type = k.find("model_type");
+  if (k.get_bool("attention_bias", false) && !(type != nullptr && *type == "qwen2"))
     fail(k.source, "attention_bias", "true is not supported (the projections have no bias)");
   if (k.get_bool("mlp_bias", false))
     fail(k.source, "mlp_bias", "true is not supported (the projections have no bias)");
@@ -119,19 +122,16 @@ void refuse_unsupported(const Keys& k) {
     fail(k.source, "attention_dropout", fmt::format("only 0 is supported, got {}", p));
 }
 
-// Parses `rope_scaling` (null, or an object whose type is in "rope_type" or, in older files,
-// "type"). Values are checked later by validate().
-RopeScaling parse_rope_scaling(const Keys& top) {
-  const json* v = top.find("rope_scaling");
-  if (v == nullptr) return {};
-  if (!v->is_object())
-    fail(top.source, "rope_scaling", fmt::format("expected an object or null, got {}", v->dump()));
-  const Keys k{*v, top.source, "rope_scaling."};
+// Parses one object of RoPE parameters (`rope_scaling`, or transformers 5's `rope_parameters`):
+// its type in "rope_type" or, in older files, "type"; without either, `untyped` ("" refuses it).
+// Values are checked later by validate().
+RopeScaling parse_rope_object(const Keys& k, const char* untyped) {
   const char* type_key = k.find("rope_type") != nullptr ? "rope_type" : "type";
-  const std::string type = k.get_string(type_key);
+  std::string type = k.get_string(type_key);
   if (k.find("rope_type") != nullptr && k.find("type") != nullptr && k.get_string("type") != type)
     fail(k.source, k.path("type"),
          fmt::format("\"{}\" contradicts rope_type \"{}\"", k.get_string("type"), type));
+  if (type.empty()) type = untyped;
   RopeScaling s;
   if (type == "default") return s;
   if (type == "linear") {
@@ -152,6 +152,75 @@ RopeScaling parse_rope_scaling(const Keys& top) {
                      type));
   }
   return s;
+}
+
+bool operator==(const RopeScaling& a, const RopeScaling& b) {
+  return a.type == b.type && a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+         a.high_freq_factor == b.high_freq_factor &&
+         a.original_max_position_embeddings == b.original_max_position_embeddings;
+}
+
+// The RoPE of a config: `rope_theta` and `rope_scaling` (null, or an object), and transformers
+// 5's `rope_parameters` (an object holding rope_theta and the scaling; one object per kind of
+// layer is refused). Where both forms are given they must agree.
+void parse_rope(const Keys& top, LlamaConfig& c) {
+  c.rope_theta = top.get_double("rope_theta", false, 10000.0);
+  if (const json* v = top.find("rope_scaling")) {
+    if (!v->is_object())
+      fail(top.source, "rope_scaling",
+           fmt::format("expected an object or null, got {}", v->dump()));
+    c.rope_scaling = parse_rope_object(Keys{*v, top.source, "rope_scaling."}, "");
+  }
+  const json* v = top.find("rope_parameters");
+  if (v == nullptr) return;
+  if (!v->is_object())
+    fail(top.source, "rope_parameters",
+         fmt::format("expected an object or null, got {}", v->dump()));
+  const Keys k{*v, top.source, "rope_parameters."};
+  if (k.find("rope_type") == nullptr && k.find("type") == nullptr &&
+      k.find("rope_theta") == nullptr)
+    fail(top.source, "rope_parameters",
+         "holds neither rope_type nor rope_theta (RoPE parameters per kind of layer are not "
+         "supported)");
+  if (const json* t = k.find("rope_theta")) {
+    const double theta = k.get_double("rope_theta", true, 0.0);
+    if (top.find("rope_theta") != nullptr && theta != c.rope_theta)
+      fail(top.source, "rope_parameters.rope_theta",
+           fmt::format("{} contradicts rope_theta {}", t->dump(), c.rope_theta));
+    c.rope_theta = theta;
+  }
+  const RopeScaling s = parse_rope_object(k, "default");
+  if (top.find("rope_scaling") != nullptr && !(s == c.rope_scaling))
+    fail(
+        top.source, "rope_parameters",
+        fmt::format("{} contradicts rope_scaling {}", v->dump(), top.find("rope_scaling")->dump()));
+  c.rope_scaling = s;
+}
+
+// Keys of config.json that to_hf_json writes itself or that do not describe the exported model
+// (its dtype is the export's; its RoPE is written as rope_theta and rope_scaling; its weights are
+// not quantized); every other key is kept for Hugging Face as it was (hf_extra).
+bool written_or_dropped(const std::string& key) {
+  static const char* const kKeys[] = {"architectures",
+                                      "model_type",
+                                      "hidden_act",
+                                      "hidden_size",
+                                      "intermediate_size",
+                                      "num_hidden_layers",
+                                      "num_attention_heads",
+                                      "num_key_value_heads",
+                                      "head_dim",
+                                      "vocab_size",
+                                      "max_position_embeddings",
+                                      "rope_theta",
+                                      "rope_scaling",
+                                      "rope_parameters",
+                                      "rms_norm_eps",
+                                      "tie_word_embeddings",
+                                      "torch_dtype",
+                                      "dtype",
+                                      "quantization_config"};
+  return std::any_of(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return key == k; });
 }
 
 void require_positive(int64_t v, const char* key) {
@@ -223,6 +292,20 @@ void validate_rope_scaling(const RopeScaling& s) {
 
 }  // namespace
 
+const char* family_name(ModelType t) {
+  switch (t) {
+    case ModelType::kMistral:
+      return "Mistral";
+    case ModelType::kQwen2:
+      return "Qwen2";
+    case ModelType::kQwen3:
+      return "Qwen3";
+    case ModelType::kLlama:
+      break;
+  }
+  return "Llama";
+}
+
 LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view source) {
   json j;
   try {
@@ -243,13 +326,18 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   c.num_key_value_heads = k.get_int("num_key_value_heads", false, c.num_attention_heads);
   c.vocab_size = k.get_int("vocab_size", true, 0);
   c.max_position_embeddings = k.get_int("max_position_embeddings", true, 0);
-  c.rope_theta = k.get_double("rope_theta", false, 10000.0);
   c.rms_norm_eps = k.get_double("rms_norm_eps", false, 1e-6);
   c.tie_word_embeddings = k.get_bool("tie_word_embeddings", false);
-  c.rope_scaling = parse_rope_scaling(k);
+  parse_rope(k, c);
   const std::string type = k.get_string("model_type");
   for (const TypeNames& n : kTypeNames)
     if (type == n.model_type) c.model_type = n.type;
+  // Hugging Face's Qwen3Config takes 128 where head_dim is absent, not hidden / heads: the same
+  // file would build another model here.
+  if (c.model_type == ModelType::kQwen3 && k.find("head_dim") == nullptr)
+    fail(source, "head_dim",
+         "required key is missing for model_type \"qwen3\" (Hugging Face's Qwen3Config then "
+         "takes 128, not hidden_size / num_attention_heads: give it)");
   if (c.model_type == ModelType::kMistral) c.sliding_window = k.get_int("sliding_window", false, 0);
   if (c.sliding_window < 0)
     fail(source, "sliding_window",
@@ -267,6 +355,10 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   } catch (const ConfigError& e) {
     fail(source, e.json_path(), std::string(e.what()).substr(e.json_path().size() + 2));
   }
+  json extra = json::object();
+  for (const auto& [key, value] : j.items())
+    if (!written_or_dropped(key)) extra[key] = value;
+  if (!extra.empty()) c.hf_extra = extra.dump();
   return c;
 }
 
@@ -345,6 +437,14 @@ std::string LlamaConfig::to_json() const {
                          {"high_freq_factor", s.high_freq_factor},
                          {"original_max_position_embeddings", s.original_max_position_embeddings}};
   return j.dump(2);
+}
+
+std::string LlamaConfig::to_hf_json() const {
+  json j = json::parse(to_json());
+  if (hf_extra.empty()) return j.dump(2);
+  json out = json::parse(hf_extra);
+  for (const auto& [key, value] : j.items()) out[key] = value;  // outcore's keys win
+  return out.dump(2);
 }
 
 uint64_t LlamaConfig::num_parameters() const { return count_parameters(*this).total; }

@@ -65,6 +65,19 @@ LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options,
                     config_.sliding_window, options_.seq_len, config_.sliding_window));
   if (options_.micro_batch < 1)
     throw InvalidArgument(fmt::format("micro batch must be >= 1, got {}", options_.micro_batch));
+  // Every activation size below is computed in 64 bits: a micro-batch is a GEMM's rows (a BLAS
+  // int), and its activations over all units stay far below 2^64 bytes.
+  const double tokens = static_cast<double>(options_.micro_batch) * options_.seq_len;
+  const double width =
+      static_cast<double>(std::max({config_.hidden_size, config_.intermediate_size,
+                                    config_.q_dim() + 2 * config_.kv_dim(), config_.vocab_size}));
+  if (tokens > static_cast<double>(kMaxConfigDim) ||
+      tokens * width * (config_.num_hidden_layers + 2) > kMaxActivationElems)
+    throw InvalidArgument(fmt::format(
+        "micro batch {} x sequence length {} = {:.0f} tokens is more than this model's "
+        "activations can be sized for (at most {} tokens, and tokens x its widest tensor x its "
+        "units at most 2^50 elements)",
+        options_.micro_batch, options_.seq_len, tokens, kMaxConfigDim));
   if (options_.head_chunk_rows < 0)
     throw InvalidArgument(
         fmt::format("head chunk rows must be >= 0, got {}", options_.head_chunk_rows));

@@ -69,6 +69,8 @@ struct RopeScaling {
 // biases on the q, k and v projections, Qwen3 with an RMSNorm over each head of q and k before
 // RoPE (self_attn.q_norm / k_norm).
 enum class ModelType : uint8_t { kLlama, kMistral, kQwen2, kQwen3 };
+// "Llama", "Mistral", "Qwen2" or "Qwen3".
+const char* family_name(ModelType t);
 
 // A Hugging Face Llama config.json. Fields hold the file's values after defaults and checks.
 // Only what the model implements is represented: a file asking for anything else (another
@@ -92,19 +94,24 @@ struct LlamaConfig {
   // used only with use_sliding_window true, which is refused.
   ModelType model_type = ModelType::kLlama;
   int64_t sliding_window = 0;
+  // The keys of the source config.json that outcore does not act on (bos_token_id,
+  // eos_token_id, pad_token_id, initializer_range, ...), as a JSON object's text ("" = none):
+  // kept for Hugging Face by to_hf_json. Not part of the architecture (to_json).
+  std::string hf_extra;
   bool qk_norm() const { return model_type == ModelType::kQwen3; }
   bool qkv_bias() const { return model_type == ModelType::kQwen2; }
 
-  // Parses config.json text. Unknown keys are ignored (HF files carry many). Throws ConfigError
-  // naming `source` and the key (json_path(), e.g. "rope_scaling.factor") for malformed JSON, a
-  // missing required key, a wrong type, an impossible or too large value (see validate()), or a
-  // feature the model does not implement: model_type other than "llama", "mistral", "qwen2" or
-  // "qwen3";
-  // use_sliding_window true; attention_bias or mlp_bias true; hidden_act other than "silu";
-  // attention_dropout other than 0; rope_scaling (type in key "rope_type", older files "type")
-  // other than null, "default", "linear" or "llama3" (dynamic, yarn, longrope, ... are refused by
-  // name). Nothing is sized from the file before validate() has passed, so an absurd file costs no
-  // memory.
+  // Parses config.json text. Keys it does not act on are kept in hf_extra (HF files carry many).
+  // Throws ConfigError naming `source` and the key (json_path(), e.g. "rope_scaling.factor") for
+  // malformed JSON, a missing required key, a wrong type, an impossible or too large value (see
+  // validate()), or a feature the model does not implement: model_type other than "llama",
+  // "mistral", "qwen2" or "qwen3"; use_sliding_window true; attention_bias or mlp_bias true;
+  // hidden_act other than "silu"; attention_dropout other than 0; rope_scaling (type in key
+  // "rope_type", older files "type") other than null, "default", "linear" or "llama3" (dynamic,
+  // yarn, longrope, ... are refused by name); transformers 5's rope_parameters (read as rope_theta
+  // and rope_scaling are) per kind of layer, or contradicting rope_theta or rope_scaling; a qwen3
+  // config without head_dim. Nothing is sized from the file before validate() has passed, so an
+  // absurd file costs no memory.
   static LlamaConfig from_json(std::string_view text, std::string_view source = "config.json");
   // Reads and parses a file. Throws IoError when it cannot be read, ConfigError as above.
   static LlamaConfig load(const std::filesystem::path& path);
@@ -120,10 +127,13 @@ struct LlamaConfig {
   // beyond the struct, so every size can be checked before anything is allocated.
   void validate() const;
 
-  // The config as Hugging Face config.json text (its model_type and architectures; Mistral's
-  // sliding_window; rope_scaling null or the object with "rope_type"), which from_json reads
-  // back to an equal config.
+  // The architecture as Hugging Face config.json text (its model_type and architectures;
+  // Mistral's sliding_window; rope_theta; rope_scaling null or the object with "rope_type"),
+  // which from_json reads back to an equal config.
   std::string to_json() const;
+  // to_json's keys over hf_extra's: the config.json of a checkpoint and of an export, which
+  // keeps what Hugging Face reads beyond the architecture (the special tokens' ids, ...).
+  std::string to_hf_json() const;
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
@@ -154,6 +164,11 @@ struct LlamaConfig {
 inline constexpr int64_t kMaxConfigDim = (int64_t{1} << 31) - 1;  // a 32-bit BLAS dimension
 inline constexpr int64_t kMaxConfigLayers = 1000000;
 inline constexpr uint64_t kMaxConfigParameters = uint64_t{1} << 48;
+// LlamaModel's limit on the tokens of a micro-batch (micro_batch * seq_len): at most
+// kMaxConfigDim (a GEMM's rows), and times the model's widest tensor (hidden, intermediate,
+// q + k + v, vocabulary) times its units at most this many elements (4 PiB of fp32), so that
+// every activation size, summed over the units, fits 64 bits.
+inline constexpr double kMaxActivationElems = 0x1p50;
 
 // The rotary inverse frequencies inv_freq[j], j < head_dim / 2, after rope_scaling:
 // base[j] = rope_theta^(-2j / head_dim); Linear: base / factor; Llama3, with wavelength

@@ -138,7 +138,7 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
     const std::filesystem::path theirs = std::filesystem::path(opts_.init_from) / "config.json";
     if (std::filesystem::exists(theirs))
       check_same_model(model::LlamaConfig::load(theirs), model_config, opts_.init_from);
-    init_weights.emplace(ckpt::HfWeights::open(opts_.init_from, model_config));
+    init_weights.emplace(ckpt::HfWeights::open(opts_.init_from, model_config, param_dtype(cfg_)));
   }
   if (!opts_.save_dir.empty()) {
     // Rank 0 locks, checks and cleans the directory before the other ranks use it.
@@ -386,7 +386,7 @@ nlohmann::ordered_json Trainer::state_json() const {
 
 ckpt::SaveResult Trainer::save_checkpoint() {
   if (!save_dir_) throw InvalidArgument("save_checkpoint: no save directory was given");
-  CheckpointTexts texts{config::to_json(cfg_).dump(2) + "\n", model_->config().to_json(),
+  CheckpointTexts texts{config::to_json(cfg_).dump(2) + "\n", model_->config().to_hf_json(),
                         state_json().dump(2) + "\n"};
   ckpt::WriterOptions wo = opts_.checkpoint_io;
   wo.aio = zero::aio_options(cfg_.aio);

@@ -41,12 +41,21 @@ std::string Trainer::summary() const {
   const config::OptimizerConfig& opt = cfg_.optimizer;
   const config::ZeroConfig& z = cfg_.zero_optimization;
   std::string s;
+  std::string family = model::family_name(mc.model_type);
+  if (mc.qkv_bias()) family += " (q, k, v biases)";
+  if (mc.qk_norm()) family += " (q and k normed per head)";
+  std::string rope = fmt::format("RoPE theta {}", mc.rope_theta);
+  if (mc.rope_scaling.type == model::RopeScalingType::Linear)
+    rope += fmt::format(", linear x{}", mc.rope_scaling.factor);
+  if (mc.rope_scaling.type == model::RopeScalingType::Llama3)
+    rope += fmt::format(", llama3 x{} from {} positions", mc.rope_scaling.factor,
+                        mc.rope_scaling.original_max_position_embeddings);
   s += fmt::format(
-      "model      Llama {} parameters: hidden {}, {} layers, {} heads ({} key/value), "
-      "SwiGLU {}, vocab {}, {} embeddings\n",
-      params_human(mc.num_parameters()), mc.hidden_size, mc.num_hidden_layers,
-      mc.num_attention_heads, mc.num_key_value_heads, mc.intermediate_size, mc.vocab_size,
-      mc.tie_word_embeddings ? "tied" : "untied");
+      "model      {} {} parameters: hidden {}, {} layers, {} heads of {} ({} key/value), "
+      "SwiGLU {}, vocab {}, {} embeddings, {}\n",
+      family, params_human(mc.num_parameters()), mc.hidden_size, mc.num_hidden_layers,
+      mc.num_attention_heads, mc.head_dim, mc.num_key_value_heads, mc.intermediate_size,
+      mc.vocab_size, mc.tie_word_embeddings ? "tied" : "untied", rope);
   s += fmt::format(
       "batch      micro {} x gas {} x world {} sequences of {} tokens = {} tokens per step\n",
       mo.micro_batch, gas_, world_size(), mo.seq_len, tokens_per_step());
@@ -72,7 +81,12 @@ std::string Trainer::summary() const {
       z.stage,
       z.stage == 3 ? offload_text(z.offload_param.device, z.offload_param.nvme_path)
                    : std::string("device (full copy)"),
-      offload_text(z.offload_optimizer.device, z.offload_optimizer.nvme_path),
+      // NVMe optimizer state needs stage 3: below it, the state is in host memory (a warning
+      // says so at start).
+      z.offload_optimizer.device == config::OffloadDevice::kNvme &&
+              engine_->plan().placement.optimizer != zero::Tier::kNvme
+          ? std::string("cpu (offload_optimizer nvme needs stage 3)")
+          : offload_text(z.offload_optimizer.device, z.offload_optimizer.nvme_path),
       mo.activation_checkpointing ? "on" : "off",
       cfg_.activation_checkpointing.cpu_checkpointing ? " (checkpoints in host memory)" : "");
   if (world_size() > 1)

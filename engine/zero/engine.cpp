@@ -107,6 +107,16 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   const Placement& p = g.placement;
   const config::ZeroConfig& z = cfg.zero_optimization;
   const detail::PinnedLayout pl = detail::effective_pinned_layout(cfg, g, plan.device_grad_sums);
+  if (const detail::PinnedLayout full =
+          detail::pinned_layout(cfg, g, plan.device_grad_sums, detail::PinnedLayoutSize::kFull);
+      pl.total() < full.total())
+    log::warn(
+        "outcore.pinned_memory_mb {} holds {:.1f} of the {:.1f} MiB of pinned buffers this "
+        "placement uses at full speed: {} of {} parameter fetch buffers "
+        "(offload_param.buffer_count), {} of {} optimizer unit steps at once; raise it for "
+        "deeper prefetch",
+        cfg.outcore.pinned_memory_mb, pl.total() / 1048576.0, full.total() / 1048576.0,
+        pl.fetch_slots, full.fetch_slots, pl.concurrent_steps, full.concurrent_steps);
 
   copy = device.create_stream("zero-copy");
   comm_stream = device.create_stream("zero-comm");

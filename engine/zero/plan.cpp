@@ -126,9 +126,18 @@ PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& 
                                      const std::vector<bool>& device_sums) {
   const uint64_t limit = cfg.outcore.pinned_memory_mb << 20;
   PinnedLayout full = pinned_layout(cfg, g, device_sums, PinnedLayoutSize::kFull);
-  if (limit > 0 && full.total() > limit)
-    return pinned_layout(cfg, g, device_sums, PinnedLayoutSize::kReduced);
-  return full;
+  if (limit == 0 || full.total() <= limit) return full;
+  // Parameter fetch buffers go first (the full layout with fewer), then everything else (the
+  // reduced layout, with as many fetch buffers as still fit, at least one).
+  for (PinnedLayout l : {full, pinned_layout(cfg, g, device_sums, PinnedLayoutSize::kReduced)}) {
+    const size_t most = full.fetch_slots;
+    for (size_t k = most; k >= 1; --k) {
+      l.fetch_slots = k;
+      if (l.total() <= limit) return l;
+      if (k == 1) break;
+    }
+  }
+  return pinned_layout(cfg, g, device_sums, PinnedLayoutSize::kReduced);
 }
 
 }  // namespace detail
@@ -409,27 +418,38 @@ void plan_device_grad_sums(const PlanContext& c, uint64_t device_limit, uint64_t
 void plan_pinned(const PlanContext& c, Plan& plan) {
   const detail::PinnedLayout pl =
       detail::effective_pinned_layout(c.cfg, c.g, plan.device_grad_sums);
+  const detail::PinnedLayout full =
+      detail::pinned_layout(c.cfg, c.g, plan.device_grad_sums, detail::PinnedLayoutSize::kFull);
+  // What outcore.pinned_memory_mb takes from the full layout is said where it shows.
+  auto fewer = [](size_t got, size_t asked) {
+    return got < asked ? fmt::format("; {} with more outcore.pinned_memory_mb", asked)
+                       : std::string();
+  };
   add(plan, Tier::kPinned,
       c.param_dtype + " parameter partitions " + host_params_what(c.g.placement, "pinned"),
       pl.param_partitions);
   add(plan, Tier::kPinned,
-      fmt::format("parameter fetch buffers ({} x {} B)", pl.fetch_slots, pl.fetch_slot_bytes),
+      fmt::format("parameter fetch buffers ({} x {} B{})", pl.fetch_slots, pl.fetch_slot_bytes,
+                  fewer(pl.fetch_slots, full.fetch_slots)),
       pl.fetch_slots * pl.fetch_slot_bytes, "zero_optimization.offload_param.buffer_count");
   add(plan, Tier::kPinned,
-      fmt::format("parameter write-back buffers ({} x {} B)", pl.writeback_slots,
-                  pl.writeback_slot_bytes),
+      fmt::format("parameter write-back buffers ({} x {} B{})", pl.writeback_slots,
+                  pl.writeback_slot_bytes, fewer(pl.writeback_slots, full.writeback_slots)),
       pl.writeback_slots * pl.writeback_slot_bytes);
   add(plan, Tier::kPinned,
-      fmt::format("optimizer swap buffers ({} unit steps x {} sub-group buffers)",
-                  pl.concurrent_steps, pl.optimizer_buffer_count),
+      fmt::format("optimizer swap buffers ({} unit steps x {} sub-group buffers{})",
+                  pl.concurrent_steps, pl.optimizer_buffer_count,
+                  fewer(pl.concurrent_steps, full.concurrent_steps)),
       pl.concurrent_steps * pl.optimizer_lease_bytes,
       "zero_optimization.offload_optimizer.buffer_count");
   add(plan, Tier::kPinned,
-      fmt::format("gradient staging buffers ({} x {} B)", pl.grad_slots, pl.grad_slot_bytes),
+      fmt::format("gradient staging buffers ({} x {} B{})", pl.grad_slots, pl.grad_slot_bytes,
+                  fewer(pl.grad_slots, full.grad_slots)),
       pl.grad_slots * pl.grad_slot_bytes);
   add(plan, Tier::kPinned,
-      fmt::format("gradient copy-back buffers (device -> host, {} x {} B)", pl.grad_copy_back_slots,
-                  pl.grad_copy_back_bytes),
+      fmt::format("gradient copy-back buffers (device -> host, {} x {} B{})",
+                  pl.grad_copy_back_slots, pl.grad_copy_back_bytes,
+                  fewer(pl.grad_copy_back_slots, full.grad_copy_back_slots)),
       pl.grad_copy_back_slots * pl.grad_copy_back_bytes);
   add(plan, Tier::kPinned, "parameter gather buffer (ranks gather on the host, one slab)",
       pl.param_gather_bytes);

@@ -97,24 +97,32 @@ PlanLimits system_limits(const config::Config& cfg, const Plan& plan) {
 
 void check_fits(const Plan& plan, const PlanLimits& limits) {
   // Disk first: a swap path without room is the most common start-up failure.
-  auto nvme = [](const std::string& path, uint64_t need, std::optional<uint64_t> free_bytes) {
+  // outcore.step_in_backward keeps a spare copy of the NVMe optimizer state: named when it is
+  // part of what does not fit.
+  const std::string spare =
+      plan.step_in_backward && plan.placement.optimizer == Tier::kNvme
+          ? " (outcore.step_in_backward keeps a second copy of the optimizer state's files)"
+          : "";
+  auto nvme = [&](const std::string& path, uint64_t need, std::optional<uint64_t> free_bytes,
+                  bool optimizer) {
     if (!free_bytes) return;
     const uint64_t free = *free_bytes;
     if (need > free)
       throw OutOfMemory(fmt::format(
-          "nvme: swap files under {} need {} ({} bytes) but the filesystem has {} ({} bytes) free",
-          path, format_bytes(need), need, format_bytes(free), free));
+          "nvme: swap files under {} need {} ({} bytes) but the filesystem has {} ({} bytes) "
+          "free{}",
+          path, format_bytes(need), need, format_bytes(free), free, optimizer ? spare : ""));
   };
   if (limits.nvme_same_filesystem) {
     nvme(plan.param_nvme_path == plan.optimizer_nvme_path
              ? plan.param_nvme_path
              : plan.param_nvme_path + " and " + plan.optimizer_nvme_path,
-         plan.param_nvme_bytes + plan.optimizer_nvme_bytes, limits.param_nvme);
+         plan.param_nvme_bytes + plan.optimizer_nvme_bytes, limits.param_nvme, true);
   } else {
     if (!plan.param_nvme_path.empty())
-      nvme(plan.param_nvme_path, plan.param_nvme_bytes, limits.param_nvme);
+      nvme(plan.param_nvme_path, plan.param_nvme_bytes, limits.param_nvme, false);
     if (!plan.optimizer_nvme_path.empty())
-      nvme(plan.optimizer_nvme_path, plan.optimizer_nvme_bytes, limits.optimizer_nvme);
+      nvme(plan.optimizer_nvme_path, plan.optimizer_nvme_bytes, limits.optimizer_nvme, true);
   }
 
   if (limits.device > 0 && plan.peak.device > limits.device)

@@ -39,7 +39,9 @@ enum class PinnedLayoutSize : uint8_t { kFull, kReduced };
 // which decide whether gradients come down at all), of the given size.
 PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g,
                            const std::vector<bool>& device_sums, PinnedLayoutSize size);
-// The full layout, or the reduced one when outcore.pinned_memory_mb cannot hold the full one.
+// The full layout when outcore.pinned_memory_mb holds it; else the full layout with as many
+// parameter fetch buffers as fit (fewer than offload_param.buffer_count); else the reduced one
+// with as many as fit (at least one, even when the limit cannot hold that: the plan refuses it).
 PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g,
                                      const std::vector<bool>& device_sums);
 

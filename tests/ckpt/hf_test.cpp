@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -285,7 +287,7 @@ TEST(Safetensors, EveryMalformedHeaderIsRefusedNamingFileAndTensor) {
        {},
        true,
        {"\"t\"", "I64"}},
-      {"not an object", "[1,2]", 0, {}, false, {"not a JSON object"}},
+      {"not an object", "[1,2]", 0, {}, false, {"does not start with"}},
       {"not JSON", "{\"t\":", 0, {}, false, {"not valid JSON"}},
       {"metadata not strings", R"({"__metadata__":{"k":1}})", 0, {}, false, {"\"k\""}},
       {"huge header length", "{}", 0, ~uint64_t{0}, false, {"header length"}},
@@ -371,6 +373,99 @@ TEST(Safetensors, KeyTwiceInTheHeaderIsRefusedNamingKeyAndFile) {
                            R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
   write_all(dir / "fine.safetensors", le64(fine.size()) + fine + std::string(8, '\0'));
   EXPECT_EQ(SafetensorsFile::open(dir / "fine.safetensors").tensors().size(), 2u);
+}
+
+// As the safetensors library: data_offsets leave no byte between tensors or before the first,
+// and the header starts with its object.
+TEST(Safetensors, GapsBetweenTensorsAndAHeaderNotStartingTheObjectAreRefused) {
+  TempDir dir("hf");
+  auto refused = [&](const std::string& header, uint64_t data_bytes, const std::string& part) {
+    const fs::path p = dir / "t.safetensors";
+    write_all(p, le64(header.size()) + header + std::string(data_bytes, '\0'));
+    EXPECT_MENTIONS(error_of<CorruptData>([&] { SafetensorsFile::open(p); }), part);
+  };
+  refused(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8,
+          "starts 4 bytes after the data section's start");
+  refused(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+          R"("b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
+          16, "starts 8 bytes after the end of tensor \"a\"");
+  refused(R"(  {"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4,
+          "does not start with '{'");
+  // An empty tensor sits between the others at the offset where one ends.
+  const std::string fine = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                           R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                           R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  write_all(dir / "fine.safetensors", le64(fine.size()) + fine + std::string(8, '\0'));
+  EXPECT_EQ(SafetensorsFile::open(dir / "fine.safetensors").tensors().size(), 3u);
+}
+
+// A model of many shards reads with few descriptors free (each read opens its shard for itself),
+// and a shard replaced after it was validated is refused, not read.
+TEST(HfImport, ManyShardsReadWithFewDescriptorsAndAReplacedShardIsRefused) {
+  TempDir dir("hf");
+  const LlamaConfig cfg = small_config(32, 48, 2, 4, 2, 61, false);
+  const auto slabs = random_slabs(cfg, 12);
+  write_hf_model(cfg, from_slabs(slabs), dir / "m", {.max_shard_bytes = 1});
+  size_t shards = 0;
+  for (const auto& e : fs::directory_iterator(dir / "m"))
+    shards += e.path().extension() == ".safetensors";
+  ASSERT_GE(shards, 20u);
+  size_t open_fds = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++open_fds;
+  struct rlimit was {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &was), 0);
+  struct rlimit few = was;
+  few.rlim_cur = open_fds + 8;  // fewer than the shards
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &few), 0);
+  std::vector<std::vector<float>> back;
+  std::string error;
+  try {
+    back = import_slabs(HfWeights::open(dir / "m", cfg));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_NOFILE, &was);
+  ASSERT_EQ(error, "");
+  for (size_t u = 0; u < back.size(); ++u) EXPECT_EQ(back[u], slabs[u]) << "unit " << u;
+
+  const HfWeights w = HfWeights::open(dir / "m", cfg);
+  const std::string shard = w.file("model.norm.weight")->path();
+  const std::string bytes = read_all(shard);
+  fs::remove(shard);
+  write_all(shard, bytes);  // the same bytes in another file
+  const model::UnitLayout& head = w.layout().units.back();
+  std::vector<float> out(head.padded_numel);
+  EXPECT_MENTIONS(
+      error_of<CorruptData>([&] { w.read_unit_range(head, 0, head.padded_numel, out.data()); }),
+      "replaced or resized since it was validated");
+}
+
+// An export keeps the keys of the model's config.json that outcore does not act on (the special
+// tokens' ids...), writes its weights under the umask, and an empty directory it replaces keeps
+// its mode.
+TEST(HfExport, KeepsConfigKeysItDoesNotActOnTheUmaskAndTheDirectorysMode) {
+  TempDir dir("hf");
+  LlamaConfig cfg = small_config(32, 48, 1, 4, 2, 61, false);
+  cfg.hf_extra = R"({"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": null})";
+  const auto slabs = random_slabs(cfg, 13);
+  fs::create_directories(dir / "private");
+  const fs::perms mode = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec;
+  fs::permissions(dir / "private", mode);  // 0750: not what a directory made under 077 gets
+  const mode_t was = ::umask(077);
+  write_hf_model(cfg, from_slabs(slabs), dir / "private", {});
+  ::umask(was);
+  EXPECT_EQ(fs::status(dir / "private").permissions() & fs::perms::all, mode);
+  for (const char* f : {kHfWeightsFile, kHfConfigFile})
+    EXPECT_EQ(fs::status(dir / "private" / f).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write)
+        << f;
+  const json j = json::parse(read_all(dir / "private" / kHfConfigFile));
+  EXPECT_EQ(j["bos_token_id"], 1);
+  EXPECT_EQ(j["eos_token_id"], json::array({2, 3}));
+  EXPECT_TRUE(j.contains("pad_token_id") && j["pad_token_id"].is_null()) << j.dump();
+  const LlamaConfig back = LlamaConfig::load(dir / "private" / kHfConfigFile);
+  EXPECT_EQ(json::parse(back.hf_extra), json::parse(cfg.hf_extra));
+  EXPECT_EQ(back.to_json(), cfg.to_json()) << "the architecture does not hold them";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -563,6 +658,24 @@ TEST_F(HfImportErrors, NonFiniteWeightIsNamedWithFileTensorAndElement) {
     EXPECT_EQ(out[0], 0.25f);
     EXPECT_NO_THROW(w.read_unit_range(w.layout().units[1], 0, 100, out.data()));
   }
+}
+
+// A value finite in the file but beyond the dtype the parameters are stored in is refused as it
+// is read, naming it; the same file reads in a dtype that holds it.
+TEST_F(HfImportErrors, ValueBeyondTheParametersDtypeIsNamed) {
+  const std::string name = "model.layers.0.mlp.up_proj.weight";
+  write_model_with(file(), cfg, DType::F32, name, 5, 1e5f);
+  const model::UnitLayout& layer0 = HfWeights::open(dir.path(), cfg).layout().units[1];
+  std::vector<float> out(layer0.padded_numel);
+  const HfWeights f16 = HfWeights::open(dir.path(), cfg, DType::F16);
+  const std::string msg = error_of<CorruptData>(
+      [&] { f16.read_unit_range(layer0, 0, layer0.padded_numel, out.data()); });
+  EXPECT_MENTIONS(msg, "\"" + name + "\"");
+  EXPECT_MENTIONS(msg, "element 5 ");
+  EXPECT_MENTIONS(msg, "beyond the range of fp16");
+  for (const DType ok : {DType::F32, DType::BF16})
+    EXPECT_NO_THROW(HfWeights::open(dir.path(), cfg, ok)
+                        .read_unit_range(layer0, 0, layer0.padded_numel, out.data()));
 }
 
 TEST_F(HfImportErrors, FileShorterThanItsHeaderNamesTensorAndFile) {

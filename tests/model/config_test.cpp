@@ -277,6 +277,75 @@ TEST(LlamaConfig, RopeScalingLinearAndLlama3AreReadAndRoundTripped) {
             RopeScalingType::None);
 }
 
+// transformers 5 writes RoPE as one object, rope_parameters: read as rope_theta and
+// rope_scaling are, written back in that form; where both forms are given they must agree, and
+// parameters per kind of layer are refused.
+TEST(LlamaConfig, RopeParametersOfTransformers5AreReadAsRopeThetaAndScaling) {
+  const LlamaConfig v5 = LlamaConfig::from_json(with(R"(, "rope_parameters": {
+      "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"));
+  const LlamaConfig v4 = LlamaConfig::from_json(with(R"(, "rope_theta": 500000.0,
+      "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192, "rope_type": "llama3"})"));
+  EXPECT_EQ(v5.to_json(), v4.to_json());
+  EXPECT_EQ(v5.rope_theta, 500000.0);
+  EXPECT_EQ(v5.rope_scaling.type, RopeScalingType::Llama3);
+  EXPECT_EQ(v5.hf_extra, "") << "rope_parameters is written as rope_theta and rope_scaling";
+  const LlamaConfig plain = LlamaConfig::from_json(
+      with(R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0})"));
+  EXPECT_EQ(plain.rope_theta, 1e6);
+  EXPECT_EQ(plain.rope_scaling.type, RopeScalingType::None);
+  // Both forms, agreeing: accepted.
+  EXPECT_EQ(LlamaConfig::from_json(with(R"(, "rope_theta": 1000000.0,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0})"))
+                .rope_theta,
+            1e6);
+  expect_error(with(R"(, "rope_theta": 10000.0,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0})"),
+               "rope_parameters.rope_theta", "contradicts rope_theta");
+  expect_error(with(R"(, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                  "rope_parameters": {"rope_type": "linear", "factor": 4.0})"),
+               "rope_parameters", "contradicts rope_scaling");
+  expect_error(with(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 4.0})"),
+               "rope_parameters.rope_type", "\"yarn\" is not supported");
+  expect_error(with(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"}})"),
+               "rope_parameters", "per kind of layer");
+  expect_error(with(R"(, "rope_parameters": 10000)"), "rope_parameters", "object");
+}
+
+// Keys outcore does not act on are kept for Hugging Face (to_hf_json), outside the architecture
+// (to_json); the dtype, the quantization and the RoPE's other form are not.
+TEST(LlamaConfig, KeysItDoesNotActOnAreKeptForHuggingFace) {
+  const LlamaConfig c = LlamaConfig::from_json(kTinyLlama);
+  const nlohmann::json extra = nlohmann::json::parse(c.hf_extra);
+  EXPECT_EQ(extra["bos_token_id"], 1);
+  EXPECT_EQ(extra["eos_token_id"], 2);
+  EXPECT_EQ(extra["initializer_range"], 0.02);
+  for (const char* dropped : {"torch_dtype", "hidden_size", "rope_scaling", "architectures"})
+    EXPECT_FALSE(extra.contains(dropped)) << dropped;
+  const nlohmann::json hf = nlohmann::json::parse(c.to_hf_json());
+  EXPECT_EQ(hf["eos_token_id"], 2);
+  EXPECT_EQ(hf["hidden_size"], 2048);
+  EXPECT_FALSE(nlohmann::json::parse(c.to_json()).contains("eos_token_id"));
+  const LlamaConfig back = LlamaConfig::from_json(c.to_hf_json());
+  EXPECT_EQ(back.to_hf_json(), c.to_hf_json());
+  EXPECT_EQ(back.to_json(), c.to_json());
+}
+
+// Hugging Face's Qwen3Config takes head_dim 128 where it is absent (not hidden / heads): such a
+// file is refused rather than read as another model. Qwen2's projections have biases whatever
+// attention_bias says.
+TEST(LlamaConfig, Qwen3WithoutHeadDimIsRefusedAndQwen2IgnoresAttentionBias) {
+  expect_error(with(R"(, "model_type": "qwen3")"), "head_dim", "takes 128");
+  EXPECT_EQ(LlamaConfig::from_json(with(R"(, "model_type": "qwen3", "head_dim": 32)")).head_dim,
+            32);
+  const LlamaConfig q2 =
+      LlamaConfig::from_json(with(R"(, "model_type": "qwen2", "attention_bias": true)"));
+  EXPECT_TRUE(q2.qkv_bias());
+  expect_error(with(R"(, "model_type": "mistral", "attention_bias": true)"), "attention_bias",
+               "not supported");
+}
+
 TEST(LlamaConfig, RopeScalingValuesAreCheckedNamingTheKey) {
   const std::string l3 = R"("rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64)";
@@ -371,6 +440,27 @@ TEST(LlamaConfig, AbsurdSizesAreRefusedBeforeAnythingIsAllocated) {
   // Beyond int64: refused as too large, not wrapped.
   expect_refused_cheaply(with_sizes(R"({"vocab_size": 18446744073709551615})"), "vocab_size",
                          "too large");
+}
+
+// A micro-batch whose activations could not be sized in 64 bits is refused before anything is
+// sized (the planner's figures wrapped around before: a config far too large said "fits").
+TEST(LlamaModel, MicroBatchesTooLargeToSizeAreRefused) {
+  const LlamaConfig wide = LlamaConfig::from_json(R"({"hidden_size": 64,
+      "intermediate_size": 1048576, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "vocab_size": 256, "max_position_embeddings": 1048576})");
+  auto make = [&](int64_t micro) {
+    LlamaModel m(wide, {.micro_batch = micro, .seq_len = 1 << 20, .planning_only = true});
+    return m.hidden_bytes();
+  };
+  EXPECT_EQ(make(1), uint64_t{1} << 28);
+  for (const int64_t micro : {int64_t{512}, int64_t{65536}, int64_t{299542}}) {
+    try {
+      make(micro);
+      ADD_FAILURE() << "micro " << micro << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("tokens"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(LlamaConfig, DerivedParameterCountsAreCheckedWithoutOverflow) {

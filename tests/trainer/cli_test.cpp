@@ -1326,11 +1326,21 @@ TEST_F(TrainCliTest, ExportedCheckpointStartsANewRunFromTheTrainedWeights) {
             testing::tiny_model().to_json());
   expect_exported_master(hf, ck, DType::F32);
 
+  // Keys of the model's config.json outcore does not act on travel with it, through the new
+  // run's checkpoint to its export.
+  nlohmann::json hf_config = nlohmann::json::parse(slurp(hf + "/config.json"));
+  hf_config["eos_token_id"] = nlohmann::json::array({5, 6});
+  std::ofstream(hf + "/config.json") << hf_config.dump();
+  const std::string ck2 = data_.file("ckpt2"), hf2 = data_.file("hf2");
   r = run("train --init-from " + shell_quote(hf) + " --config " + shell_quote(config_) +
           " --data " + shell_quote(data_.train()) + " --seq-len 32 --steps 1 --metrics " +
-          shell_quote(init));
+          shell_quote(init) + " --save-dir " + shell_quote(ck2));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("init       weights from " + hf), std::string::npos) << r.out;
+  r = run("export " + shell_quote(ck2) + " " + shell_quote(hf2));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(slurp(hf2 + "/config.json"))["eos_token_id"],
+            nlohmann::json::array({5, 6}));
   const std::vector<nlohmann::json> a = step_records(fresh), b = step_records(init);
   ASSERT_EQ(a.size(), 3u);
   ASSERT_EQ(b.size(), 1u);

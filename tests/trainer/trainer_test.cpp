@@ -131,6 +131,23 @@ TEST(TrainerTest, InitialisationShowsItsProgress) {
   std::fclose(quiet);
 }
 
+// The summary's zero line says where the state is, not only what the config asked: NVMe
+// optimizer state needs stage 3, so at stage 2 it is in host memory.
+TEST(TrainerTest, SummarySaysWhereTheOptimizerStateIs) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  const Trainer t(
+      make_config(
+          {{"zero_optimization",
+            {{"stage", 2},
+             {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", data.train() + ".d"}}}}}},
+          mc),
+      mc, quiet_options(data, 1));
+  const std::string s = t.summary();
+  EXPECT_NE(s.find("optimizer state cpu (offload_optimizer nvme needs stage 3)"), std::string::npos)
+      << s;
+}
+
 // fp16 with a loss scale far beyond fp32's range: the gradients overflow, the step is
 // skipped (no weight changes, no lr schedule step, no Adam step), the scale is halved.
 TEST(TrainerTest, Fp16OverflowSkipsTheStepAndHalvesTheScale) {

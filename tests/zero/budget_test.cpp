@@ -56,6 +56,48 @@ TEST(ZeroBudget, TenthOfStateOnDeviceTrainsLikeInMemory) {
   expect_bit_identical(ref, r, "budgeted stage 3 vs stage 0");
 }
 
+// A pinned limit below what the placement uses at full speed takes parameter fetch buffers
+// first, keeping as many of offload_param.buffer_count as fit, and says so in the plan; the run
+// keeps under the limit and trains to the same bits.
+TEST(ZeroBudget, APinnedLimitKeepsAsManyFetchBuffersAsFit) {
+  model::LlamaConfig c = deep_config();
+  c.hidden_size = 256;
+  c.vocab_size = 2048;  // the embedding's partition: 2 MiB in fp32, one fetch buffer
+  c.num_hidden_layers = 3;
+  const model::LlamaModel model(c, tiny_options(DType::F32));
+  const std::string dir = swap_dir("pinned-fetch").string();
+  auto config = [&](int64_t pinned_mb) {
+    std::string json =
+        config_json({3, "nvme", "nvme"}, DType::F32, dir, "",
+                    ", \"outcore\": {\"pinned_memory_mb\": " + std::to_string(pinned_mb) + "}");
+    const std::string in_cpu = "\"max_in_cpu\": 0";
+    json.replace(json.find(in_cpu), in_cpu.size(), in_cpu + ", \"buffer_count\": 5");
+    return make_config(json);
+  };
+  auto fetch_item = [](const Plan& plan) {
+    for (const PlanItem& i : plan.items)
+      if (i.what.starts_with("parameter fetch buffers")) return i;
+    ADD_FAILURE() << "no fetch buffers in the plan";
+    return PlanItem{};
+  };
+  const RunResult full = train(config(0), model, 2);
+  const PlanItem all = fetch_item(full.plan);
+  ASSERT_TRUE(all.what.starts_with("parameter fetch buffers (5 x ")) << all.what;
+  const uint64_t slot = all.bytes / 5;
+  ASSERT_GE(slot, uint64_t{1} << 20);
+  // Two and a half buffers less, rounded down to whole MiB: two or three buffers fit.
+  const int64_t limit_mb = static_cast<int64_t>((full.plan.peak.pinned - 5 * slot / 2) >> 20);
+  const RunResult fewer = train(config(limit_mb), model, 2);
+  const PlanItem some = fetch_item(fewer.plan);
+  const uint64_t kept = some.bytes / slot;
+  EXPECT_TRUE(kept == 2 || kept == 3) << some.what;
+  EXPECT_NE(some.what.find("; 5 with more outcore.pinned_memory_mb"), std::string::npos)
+      << some.what;
+  EXPECT_LE(fewer.memory.pinned_peak_bytes, uint64_t(limit_mb) << 20);
+  EXPECT_EQ(fewer.memory.pinned_budget_bytes, uint64_t(limit_mb) << 20);
+  expect_bit_identical(full, fewer, "five fetch buffers vs those a pinned limit leaves");
+}
+
 TEST(ZeroBudget, DeviceBudgetTooSmallIsRefusedAtStartNamingTheTier) {
   const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
   const config::Config cfg = make_config(config_json({3, "cpu", "cpu"}, DType::F32, ""));

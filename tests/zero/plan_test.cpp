@@ -342,6 +342,22 @@ TEST(Plan, CheckFitsNamesTheTierTheNeedAndTheLimit) {
   m = message(l);
   EXPECT_NE(m.find("/tmp/x"), std::string::npos) << m;
   EXPECT_NE(m.find(std::to_string(p.param_nvme_bytes) + " bytes"), std::string::npos) << m;
+  EXPECT_EQ(m.find("step_in_backward"), std::string::npos) << m;
+  // The optimizer state's spare copy under outcore.step_in_backward is named with it.
+  const Plan spare =
+      make_plan(make_config(config_json({3, "nvme", "nvme"}, DType::F32, "/tmp/x", "",
+                                        ", \"outcore\": {\"step_in_backward\": true}")),
+                model);
+  ASSERT_TRUE(spare.step_in_backward);
+  l = {};
+  l.optimizer_nvme = spare.optimizer_nvme_bytes - 1;
+  try {
+    check_fits(spare, l);
+    ADD_FAILURE() << "accepted";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("outcore.step_in_backward"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Plan, SwapPathWithoutRoomFailsAtStartWithTheBytesNeeded) {
