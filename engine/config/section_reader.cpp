@@ -171,7 +171,11 @@ std::pair<const Json*, std::string> SectionReader::take_one_of(
 
 const Json* SectionReader::fetch(std::string_view key) {
   const Json* v = take(key);
-  if (v && auto_means_default_ && is_auto_string(*v)) return nullptr;
+  if (v && auto_means_default_ && is_auto_string(*v)) {
+    // As in DeepSpeed's sections: "auto" is the key's default. Said, since nothing fills it.
+    d_.warn(key_path(key), "\"auto\" takes the default here (nothing fills this key)");
+    return nullptr;
+  }
   return v;
 }
 
