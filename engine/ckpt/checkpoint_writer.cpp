@@ -256,8 +256,10 @@ SaveDir::SaveDir(fs::path dir, SaveDirOptions options) : dir_(std::move(dir)), o
 void SaveDir::take_lock() {
   for (int attempt = 0;; ++attempt) {
     try {
+      // Registered for cleanup: a run ended at once (a second Ctrl-C, a failed rank) leaves
+      // no lock behind.
       lock_.emplace(dir_ / ".lock", "lock checkpoint directory (is another run saving into it?)",
-                    kLockText);
+                    kLockText, /*register_cleanup=*/true);
       return;
     } catch (const IoError& e) {
       // A run that saved nothing removed the directory it had created after this one created

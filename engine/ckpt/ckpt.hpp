@@ -4,7 +4,8 @@
 //
 //   <dir>/latest                      "global_step<N>\n", replaced atomically
 //   <dir>/.lock                       flock held by the run that saves here (LockFile: removed
-//                                     when it ends, unless it is not outcore's)
+//                                     when it ends, or is ended at once, unless it is not
+//                                     outcore's)
 //   <dir>/global_step<N>/manifest.json   format, version, step, world size, units, and the
 //                                        size and CRC32C of every other file
 //   <dir>/global_step<N>/config.json     the model's Hugging Face config

@@ -377,6 +377,7 @@ TEST_F(TrainCliTest, ASecondSignalEndsTheRunAtOnceLeavingNoSwapFiles) {
   EXPECT_EQ(WTERMSIG(status), SIGTERM) << err;
   EXPECT_EQ(testing::count_files(swap), 0) << err;
   EXPECT_TRUE(std::filesystem::exists(ck + "/latest"));
+  EXPECT_FALSE(std::filesystem::exists(ck + "/.lock")) << "the save directory's lock stays";
 }
 
 // An output that names an input (the same file, also through a hard link) is refused before
