@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/cleanup.hpp"
 #include "common/error.hpp"
 
 namespace outcore::data {
@@ -25,12 +26,16 @@ StagedFile::StagedFile(std::string target) : target_(std::move(target)) {
     if (fd_ < 0 && (errno != EEXIST || k == 100))
       throw IoError(temporary_, errno, "create output file");
   }
+  // Removed by a process ended at once (a second Ctrl-C) too.
+  cleanup::register_path(temporary_);
   buffer_.reserve(kBufferBytes);
 }
 
 StagedFile::~StagedFile() {
   if (fd_ >= 0) ::close(fd_);
-  if (!committed_) ::unlink(temporary_.c_str());
+  if (committed_) return;
+  cleanup::unregister_path(temporary_);
+  ::unlink(temporary_.c_str());
 }
 
 void StagedFile::append(const void* data, size_t bytes) {
@@ -79,6 +84,7 @@ void StagedFile::finish() {
 }
 
 void StagedFile::commit() {
+  cleanup::unregister_path(temporary_);  // a cleanup from here on never removes the target
   if (::rename(temporary_.c_str(), target_.c_str()) != 0)
     throw IoError(target_, errno, fmt::format("rename {} to", temporary_));
   committed_ = true;

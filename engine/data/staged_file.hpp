@@ -1,5 +1,6 @@
 // StagedFile: an output file written under a temporary name beside its target and renamed over
-// the target only by commit(), so the target is either untouched or complete.
+// the target only by commit(), so the target is either untouched or complete. The temporary is
+// registered for cleanup until then (common/cleanup.hpp: a process ended at once removes it).
 //
 // Threading: one thread at a time.
 #pragma once

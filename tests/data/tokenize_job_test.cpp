@@ -11,7 +11,9 @@
 #include <random>
 #include <utility>
 
+#include "common/cleanup.hpp"
 #include "common/error.hpp"
+#include "engine/data/staged_file.hpp"
 #include "engine/train/token_file.hpp"
 #include "tests/common/temp_dir.hpp"
 #include "tests/data/tiny_tokenizer.hpp"
@@ -443,6 +445,33 @@ TEST_F(TokenizeJobTest, ProgressIsReported) {
   EXPECT_EQ(seen.back().documents, 2u);
   EXPECT_EQ(seen.back().tokens, r.totals.tokens);
   EXPECT_EQ(seen.back().bytes_read, 9u);
+}
+
+}  // namespace
+}  // namespace outcore::data
+
+namespace outcore::data {
+namespace {
+
+// A staged output's temporary is registered for cleanup while it is one (a process ended at
+// once by a second signal removes it); once committed, a cleanup never touches the target.
+TEST(StagedFileTest, TheTemporaryIsRemovedByACleanupAndTheCommittedTargetIsNot) {
+  test::TempDir dir("staged");
+  const std::string target = (dir / "out.bin").string();
+  {
+    StagedFile f(target);
+    f.append("abc", 3);
+    f.finish();
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+    EXPECT_EQ(cleanup::remove_registered_files(), 1u);
+    EXPECT_TRUE(fs::is_empty(dir.path()));
+  }
+  StagedFile g(target);
+  g.append("xyz", 3);
+  g.finish();
+  g.commit();
+  EXPECT_EQ(cleanup::remove_registered_files(), 0u);
+  EXPECT_TRUE(fs::exists(target));
 }
 
 }  // namespace
