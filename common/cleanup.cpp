@@ -12,6 +12,7 @@ namespace {
 struct Entry {
   std::string path;
   bool directory = false;
+  Scope scope = Scope::kData;
 };
 
 std::mutex& registry_mutex() {
@@ -26,9 +27,9 @@ std::vector<Entry>& registry() {
 
 }  // namespace
 
-void register_path(const std::string& path, bool directory) {
+void register_path(const std::string& path, bool directory, Scope scope) {
   std::lock_guard lock(registry_mutex());
-  registry().push_back({path, directory});
+  registry().push_back({path, directory, scope});
 }
 
 void unregister_path(const std::string& path) {
@@ -39,15 +40,16 @@ void unregister_path(const std::string& path) {
   if (it != r.rend()) r.erase(std::next(it).base());
 }
 
-size_t remove_registered_files() {
+size_t remove_registered_files(Scope scope) {
   std::lock_guard lock(registry_mutex());
   std::vector<Entry>& r = registry();
+  auto taken = [&](const Entry& e) { return scope == Scope::kAll || e.scope == Scope::kData; };
   size_t removed = 0;
   for (const Entry& e : r)
-    if (!e.directory && ::unlink(e.path.c_str()) == 0) ++removed;
+    if (taken(e) && !e.directory && ::unlink(e.path.c_str()) == 0) ++removed;
   for (auto it = r.rbegin(); it != r.rend(); ++it)
-    if (it->directory) ::rmdir(it->path.c_str());  // fails harmlessly when not empty
-  r.clear();
+    if (taken(*it) && it->directory) ::rmdir(it->path.c_str());  // fails when not empty
+  std::erase_if(r, taken);
   return removed;
 }
 

@@ -1,25 +1,35 @@
 // Files a process must not leave behind even when it is about to be killed.
 //
-// Owners (the swap tier) register the files and directories they create and unregister them
-// when they remove them the normal way. remove_registered_files() unlinks whatever is still
-// registered; a data-parallel rank calls it from a watcher thread as soon as it is told to
-// stop, because the job launcher kills the ranks shortly after (OpenMPI's mpirun sends
-// SIGTERM, then SIGKILL). Unlinking a file that is still open is harmless to its user: the
-// descriptors stay valid until closed, so a rank that does get to stop cleanly still works.
+// Owners (the swap tier, lock files, staged outputs) register the files and directories they
+// create and unregister them when they remove them the normal way. A process ending at once (a
+// second Ctrl-C, a failed rank) calls remove_registered_files(Scope::kAll). A data-parallel rank
+// told to stop calls remove_registered_files(Scope::kData) from a watcher thread at once,
+// because the job launcher kills the ranks shortly after (OpenMPI's mpirun sends SIGTERM, then
+// SIGKILL), while the rank may still finish its step and save: that removes the swap files
+// (unlinking a file that is still open is harmless to its user: the descriptors stay valid
+// until closed) but no lock, which would let another run take the directory while this one
+// still works in it.
 //
 // Thread-safe; not async-signal-safe (call it from a thread, not from a signal handler).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace outcore::cleanup {
 
-// Remember `path` (a file, or with `directory` an empty-when-done directory).
-void register_path(const std::string& path, bool directory = false);
+// What a removal takes: kData the files whose removal leaves a working process working (swap
+// files, empty directories), kAll these and the rest (locks, staged outputs).
+enum class Scope : uint8_t { kData, kAll };
+
+// Remember `path` (a file, or with `directory` an empty-when-done directory), to be removed by
+// a removal of `scope` or wider.
+void register_path(const std::string& path, bool directory = false, Scope scope = Scope::kData);
 // Forget `path` (its owner removed it, or will).
 void unregister_path(const std::string& path);
-// Unlinks every registered file, then removes the registered directories that are empty,
-// newest first, and forgets them all. Returns the number of files unlinked.
-size_t remove_registered_files();
+// Unlinks every registered file of `scope` (kAll: every one), then removes the registered
+// directories of it that are empty, newest first, and forgets them. Returns the number of files
+// unlinked.
+size_t remove_registered_files(Scope scope = Scope::kAll);
 
 }  // namespace outcore::cleanup

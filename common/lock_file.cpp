@@ -81,7 +81,9 @@ LockFile::LockFile(std::filesystem::path path, std::string busy, std::string_vie
     bool owned = marker.empty() || created;
     if (created && !marker.empty() && !write_all(f.fd, marker)) (void)::ftruncate(f.fd, 0);
     if (!owned) owned = S_ISREG(held.st_mode) && holds_marker_or_nothing(f.fd, marker);
-    if (register_cleanup && owned) cleanup::register_path(path_.string());
+    // Removed only by a process ending at once: one still working keeps its lock.
+    if (register_cleanup && owned)
+      cleanup::register_path(path_.string(), false, cleanup::Scope::kAll);
     fd_ = std::exchange(f.fd, -1);
     owned_ = owned;
     registered_ = register_cleanup && owned;

@@ -27,7 +27,8 @@ class LockFile {
  public:
   // `path`: the lock file (created, mode 0600, never through a symbolic link). `busy`: the
   // operation named in the error when another holder has it. `register_cleanup`: unlinked by
-  // cleanup::remove_registered_files too, should the process be killed while holding it.
+  // cleanup::remove_registered_files(Scope::kAll) too, should the process end at once while
+  // holding it.
   LockFile(std::filesystem::path path, std::string busy, std::string_view marker = {},
            bool register_cleanup = false);
   ~LockFile() { release(); }

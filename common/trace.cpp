@@ -4,12 +4,15 @@
 #include "common/trace.hpp"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -273,17 +276,25 @@ void write_json(const std::string& path, const std::vector<std::string>& other) 
   for (size_t i = 0; i < other.size(); ++i) out += (i ? ", " : "") + other[i];
   out += "}}\n";
   // Through a temporary beside it and a rename: a failed write (a full disk) leaves no partial
-  // trace under `path`, and whatever was there stays.
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  // trace under `path`, and whatever was there stays. A link is followed (the file it names is
+  // replaced, not the link), and a file replaced keeps its mode.
+  std::string target = path;
+  if (struct stat link{}; ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    char real[PATH_MAX];
+    if (::realpath(path.c_str(), real) != nullptr) target = real;  // else a link to nowhere
+  }
+  const std::string tmp = fmt::format("{}.tmp-{}", target, ::getpid());
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(tmp.c_str(), "wbx"), &std::fclose);
   if (!f) throw IoError(tmp, errno, "create trace file");  // exclusively: it is this run's
   try {
+    if (struct stat was{}; ::stat(target.c_str(), &was) == 0 && S_ISREG(was.st_mode))
+      (void)::fchmod(::fileno(f.get()), was.st_mode & 07777);
     if (std::fwrite(out.data(), 1, out.size(), f.get()) != out.size() || std::fflush(f.get()) != 0)
       throw IoError(path, 0, out.size(), errno, "write trace file");
     FILE* raw = f.release();
     if (std::fclose(raw) != 0) throw IoError(path, 0, out.size(), errno, "close trace file");
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      throw IoError(path, errno, "rename trace file into place");
+    if (std::rename(tmp.c_str(), target.c_str()) != 0)
+      throw IoError(target, errno, "rename trace file into place");
   } catch (...) {
     std::remove(tmp.c_str());
     throw;

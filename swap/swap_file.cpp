@@ -113,15 +113,16 @@ struct SwapSpace::Impl {
         log::warn("swap: {}", e.what());
       }
       if (!f.created) continue;
-      // Unregistered before it is unlinked, as LockFile::release does.
-      cleanup::unregister_path(f.path.string());
+      // Unlinked before it is unregistered (a signal in between must not leave the file): the
+      // directory's lock, still held, keeps any other run from creating one of that name.
       if (::unlink(f.path.c_str()) != 0 && errno != ENOENT)
         log::warn("swap: cannot remove {}: {}", f.path.string(), errno_string(errno));
+      cleanup::unregister_path(f.path.string());
     }
     locks.clear();  // removes the .lock files
     for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
-      cleanup::unregister_path(it->string());
       ::rmdir(it->c_str());  // fails harmlessly when not empty (other kinds, other ranks)
+      cleanup::unregister_path(it->string());
     }
   }
 
@@ -145,7 +146,8 @@ struct SwapSpace::Impl {
         ensure_dir(dir);
         locks.push_back(std::make_unique<LockFile>(
             dir / ".lock",
-            "lock swap directory (another SwapSpace of this rank and kind is using it)",
+            "lock swap directory (another run, or this rank's other swap space of this kind, "
+            "is using it: give each run its own nvme_path)",
             std::string_view(), /*register_cleanup=*/true));
         return;
       } catch (const IoError& e) {

@@ -257,7 +257,7 @@ void SaveDir::take_lock() {
   for (int attempt = 0;; ++attempt) {
     try {
       // Registered for cleanup: a run ended at once (a second Ctrl-C, a failed rank) leaves
-      // no lock behind.
+      // no lock behind (a rank asked to stop, which may still save, keeps it).
       lock_.emplace(dir_ / ".lock", "lock checkpoint directory (is another run saving into it?)",
                     kLockText, /*register_cleanup=*/true);
       return;

@@ -237,12 +237,13 @@ void check_finite(const SafetensorsFile& f, const SafetensorsEntry& e, uint64_t 
 void read_elements(const SafetensorsFile& f, const SafetensorsEntry& e, uint64_t first, uint64_t n,
                    float* out, std::vector<uint16_t>& buf, DType dtype) {
   if (e.dtype != DType::F32) buf.resize(std::min(n, kImportChunkElems));
+  const SafetensorsFile::Reader reader(f);  // one open for the range's chunks
   for (uint64_t done = 0; done < n;) {
     const uint64_t k = std::min(n - done, kImportChunkElems);
     if (e.dtype == DType::F32) {
-      f.read(e, (first + done) * 4, k * 4, out + done);
+      reader.read(e, (first + done) * 4, k * 4, out + done);
     } else {
-      f.read(e, (first + done) * 2, k * 2, buf.data());
+      reader.read(e, (first + done) * 2, k * 2, buf.data());
       model::convert_to_fp32(buf.data(), e.dtype, out + done, k);
     }
     check_finite(f, e, first + done, out + done, k, dtype);
@@ -541,14 +542,14 @@ void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_mast
   std::error_code marker_ec;
   fs::remove(tmp.path() / kExportScratchMarker, marker_ec);
   if (marker_ec) throw IoError(tmp.path().string(), marker_ec.value(), "remove export marker");
-  // An empty directory it replaces keeps its mode and owner (not its ACLs or other extended
-  // attributes).
+  // An empty directory it replaces keeps its mode, and its owner where this process may give
+  // it (root); not its ACLs or other extended attributes.
   if (struct stat was{}; ::stat(out.c_str(), &was) == 0) {
     if (::chmod(tmp.path().c_str(), was.st_mode & 07777) != 0)
       throw IoError(tmp.path().string(), errno, "chmod to the mode of " + out.string());
     struct stat made {};
-    if (::stat(tmp.path().c_str(), &made) != 0) throw IoError(tmp.path().string(), errno, "stat");
-    if ((made.st_uid != was.st_uid || made.st_gid != was.st_gid) &&
+    if (::geteuid() == 0 && ::stat(tmp.path().c_str(), &made) == 0 &&
+        (made.st_uid != was.st_uid || made.st_gid != was.st_gid) &&
         ::chown(tmp.path().c_str(), was.st_uid, was.st_gid) != 0)
       throw IoError(tmp.path().string(), errno, "chown to the owner of " + out.string());
   }

@@ -117,7 +117,7 @@ struct ExportOptions {
 using ReadMasterFn = std::function<void(int unit, uint64_t begin, uint64_t count, float* out)>;
 
 // Writes `cfg` and its weights as a Hugging Face Llama directory `out_dir`: config.json
-// (cfg.to_json() with "torch_dtype" for options.dtype) and the tensors in HF order (embedding,
+// (cfg.to_hf_json() with "torch_dtype" for options.dtype) and the tensors in HF order (embedding,
 // each layer's tensors, final norm, lm_head unless tied) read through `read_master` in pieces
 // of at most options.piece_elems elements. Everything is built in a sibling temporary
 // directory `<out_dir>.tmp-<pid>` (made by this call, holding kExportScratchMarker until the

@@ -242,9 +242,6 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
                     p, n, size - 8));
   std::string text(n, '\0');
   pread_exact(file.fd(), p, 8, n, text.data());
-  // The safetensors library refuses a header that does not start with its object.
-  if (!text.starts_with('{'))
-    throw CorruptData(fmt::format("{}: header does not start with '{{'", p));
   const json header = parse_json_unique_keys(text, p + ": header");
   if (!header.is_object()) throw CorruptData(p + ": header is not a JSON object");
   f.data_start_ = 8 + n;
@@ -273,21 +270,31 @@ const SafetensorsEntry* SafetensorsFile::find(std::string_view name) const {
   return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
-void SafetensorsFile::read(const SafetensorsEntry& t, uint64_t byte_begin, uint64_t byte_count,
-                           void* out) const {
+SafetensorsFile::Reader::Reader(const SafetensorsFile& file)
+    : file_(&file), fd_(open_for_reading(file.path_, "safetensors file")) {
+  struct stat st {};
+  const bool same = ::fstat(fd_, &st) == 0 && st.st_dev == file.device_ &&
+                    st.st_ino == file.inode_ && static_cast<uint64_t>(st.st_size) == file.size_;
+  if (!same) {
+    ::close(fd_);
+    throw CorruptData(fmt::format("{}: replaced or resized since it was validated", file.path_));
+  }
+}
+
+SafetensorsFile::Reader::~Reader() { ::close(fd_); }
+
+void SafetensorsFile::Reader::read(const SafetensorsEntry& t, uint64_t byte_begin,
+                                   uint64_t byte_count, void* out) const {
   if (byte_begin > t.bytes || byte_count > t.bytes - byte_begin)
     throw InvalidArgument(fmt::format("{}: read of bytes [{}, +{}) outside its {} bytes",
-                                      tensor_where(path(), t.name), byte_begin, byte_count,
+                                      tensor_where(file_->path_, t.name), byte_begin, byte_count,
                                       t.bytes));
-  struct Fd {
-    int fd;
-    ~Fd() { ::close(fd); }
-  } f{open_for_reading(path_, "safetensors file")};
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0) throw IoError(path_, errno, "stat");
-  if (st.st_dev != device_ || st.st_ino != inode_ || static_cast<uint64_t>(st.st_size) != size_)
-    throw CorruptData(fmt::format("{}: replaced or resized since it was validated", path_));
-  pread_exact(f.fd, path_, t.offset + byte_begin, byte_count, out);
+  pread_exact(fd_, file_->path_, t.offset + byte_begin, byte_count, out);
+}
+
+void SafetensorsFile::read(const SafetensorsEntry& t, uint64_t byte_begin, uint64_t byte_count,
+                           void* out) const {
+  Reader(*this).read(t, byte_begin, byte_count, out);
 }
 
 void SafetensorsFile::read(std::string_view name, uint64_t byte_begin, uint64_t byte_count,

@@ -16,7 +16,7 @@
 // Errors: a header that is malformed or inconsistent (bad length, not JSON, not an object, a key
 // twice in one JSON object, such as a tensor listed twice, a missing or mistyped field, a
 // negative dimension, offsets that disagree with the shape, point past the end of the file,
-// overlap another tensor or leave bytes between tensors, a header not starting with '{') is
+// overlap another tensor or leave bytes between tensors) is
 // CorruptData naming the file and the tensor (or duplicate key); a dtype other than F32/BF16/F16 is
 // InvalidArgument naming the file, tensor and dtype. I/O failures are IoError naming the file,
 // offset, length and errno. Misuse (reading outside a tensor, appending more bytes than declared)
@@ -85,11 +85,29 @@ class SafetensorsFile {
 
   // Copies bytes [byte_begin, byte_begin + byte_count) of tensor `t` (an entry of this file)
   // into `out`, opening the file for this read alone (no descriptor is held between reads).
-  // InvalidArgument when the range leaves the tensor; CorruptData when the path no longer names
-  // the file validated (another inode or size); IoError on a failed or short read.
+  // InvalidArgument when the range leaves the tensor; CorruptData when the path names another
+  // file than the one validated (another inode or size); IoError when it cannot be opened (it
+  // was removed) or a read fails or comes up short.
   void read(const SafetensorsEntry& t, uint64_t byte_begin, uint64_t byte_count, void* out) const;
   // The same by name; InvalidArgument naming the file when there is no such tensor.
   void read(std::string_view name, uint64_t byte_begin, uint64_t byte_count, void* out) const;
+
+  // The file open for a run of reads (one open and one check for all of them, as read() makes
+  // for each): CorruptData / IoError on construction as read() throws them. Move-less; lives
+  // on one thread.
+  class Reader {
+   public:
+    explicit Reader(const SafetensorsFile& file);
+    ~Reader();
+    Reader(const Reader&) = delete;
+    Reader& operator=(const Reader&) = delete;
+    // As SafetensorsFile::read, through this descriptor.
+    void read(const SafetensorsEntry& t, uint64_t byte_begin, uint64_t byte_count, void* out) const;
+
+   private:
+    const SafetensorsFile* file_;
+    int fd_;
+  };
 
  private:
   SafetensorsFile() = default;

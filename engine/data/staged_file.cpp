@@ -27,7 +27,7 @@ StagedFile::StagedFile(std::string target) : target_(std::move(target)) {
       throw IoError(temporary_, errno, "create output file");
   }
   // Removed by a process ended at once (a second Ctrl-C) too.
-  cleanup::register_path(temporary_);
+  cleanup::register_path(temporary_, false, cleanup::Scope::kAll);
   buffer_.reserve(kBufferBytes);
 }
 

@@ -132,6 +132,10 @@ RopeScaling parse_rope_object(const Keys& k, const char* untyped) {
     fail(k.source, k.path("type"),
          fmt::format("\"{}\" contradicts rope_type \"{}\"", k.get_string("type"), type));
   if (type.empty()) type = untyped;
+  // Hugging Face rotates only this share of each head's dimensions: outcore rotates them all.
+  if (const double f = k.get_double("partial_rotary_factor", false, 1.0); f != 1.0)
+    fail(k.source, k.path("partial_rotary_factor"),
+         fmt::format("{} is not supported (RoPE over every dimension of a head: only 1)", f));
   RopeScaling s;
   if (type == "default") return s;
   if (type == "linear") {
@@ -162,8 +166,9 @@ bool operator==(const RopeScaling& a, const RopeScaling& b) {
 
 // The RoPE of a config: `rope_theta` and `rope_scaling` (null, or an object), and transformers
 // 5's `rope_parameters` (an object holding rope_theta and the scaling; one object per kind of
-// layer is refused). Where both forms are given they must agree.
-void parse_rope(const Keys& top, LlamaConfig& c) {
+// layer is refused). Where both forms are given they must agree. Returns whether
+// rope_parameters gave them (validate()'s errors then name its keys).
+bool parse_rope(const Keys& top, LlamaConfig& c) {
   c.rope_theta = top.get_double("rope_theta", false, 10000.0);
   if (const json* v = top.find("rope_scaling")) {
     if (!v->is_object())
@@ -171,13 +176,18 @@ void parse_rope(const Keys& top, LlamaConfig& c) {
            fmt::format("expected an object or null, got {}", v->dump()));
     c.rope_scaling = parse_rope_object(Keys{*v, top.source, "rope_scaling."}, "");
   }
+  if (const double f = top.get_double("partial_rotary_factor", false, 1.0); f != 1.0)
+    fail(top.source, "partial_rotary_factor",
+         fmt::format("{} is not supported (RoPE over every dimension of a head: only 1)", f));
   const json* v = top.find("rope_parameters");
-  if (v == nullptr) return;
+  if (v == nullptr) return false;
   if (!v->is_object())
     fail(top.source, "rope_parameters",
          fmt::format("expected an object or null, got {}", v->dump()));
   const Keys k{*v, top.source, "rope_parameters."};
-  if (k.find("rope_type") == nullptr && k.find("type") == nullptr &&
+  const bool per_layer_kind =
+      std::any_of(v->begin(), v->end(), [](const json& member) { return member.is_object(); });
+  if (per_layer_kind && k.find("rope_type") == nullptr && k.find("type") == nullptr &&
       k.find("rope_theta") == nullptr)
     fail(top.source, "rope_parameters",
          "holds neither rope_type nor rope_theta (RoPE parameters per kind of layer are not "
@@ -195,6 +205,7 @@ void parse_rope(const Keys& top, LlamaConfig& c) {
         top.source, "rope_parameters",
         fmt::format("{} contradicts rope_scaling {}", v->dump(), top.find("rope_scaling")->dump()));
   c.rope_scaling = s;
+  return true;
 }
 
 // Keys of config.json that to_hf_json writes itself or that do not describe the exported model
@@ -328,7 +339,7 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   c.max_position_embeddings = k.get_int("max_position_embeddings", true, 0);
   c.rms_norm_eps = k.get_double("rms_norm_eps", false, 1e-6);
   c.tie_word_embeddings = k.get_bool("tie_word_embeddings", false);
-  parse_rope(k, c);
+  const bool rope_parameters = parse_rope(k, c);
   const std::string type = k.get_string("model_type");
   for (const TypeNames& n : kTypeNames)
     if (type == n.model_type) c.model_type = n.type;
@@ -353,7 +364,13 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   try {
     c.validate();
   } catch (const ConfigError& e) {
-    fail(source, e.json_path(), std::string(e.what()).substr(e.json_path().size() + 2));
+    std::string key = e.json_path();
+    const json* rp = k.find("rope_parameters");
+    if (rp != nullptr && key == "rope_theta" && rp->contains("rope_theta"))
+      key = "rope_parameters.rope_theta";
+    if (rope_parameters && key.starts_with("rope_scaling."))
+      key = "rope_parameters." + key.substr(std::string_view("rope_scaling.").size());
+    fail(source, key, std::string(e.what()).substr(e.json_path().size() + 2));
   }
   json extra = json::object();
   for (const auto& [key, value] : j.items())

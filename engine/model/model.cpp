@@ -71,13 +71,18 @@ LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options,
   const double width =
       static_cast<double>(std::max({config_.hidden_size, config_.intermediate_size,
                                     config_.q_dim() + 2 * config_.kv_dim(), config_.vocab_size}));
-  if (tokens > static_cast<double>(kMaxConfigDim) ||
-      tokens * width * (config_.num_hidden_layers + 2) > kMaxActivationElems)
+  if (tokens > static_cast<double>(kMaxConfigDim))
     throw InvalidArgument(fmt::format(
-        "micro batch {} x sequence length {} = {:.0f} tokens is more than this model's "
-        "activations can be sized for (at most {} tokens, and tokens x its widest tensor x its "
-        "units at most 2^50 elements)",
+        "micro batch {} x sequence length {} = {:.0f} tokens: at most {} (the rows of a GEMM)",
         options_.micro_batch, options_.seq_len, tokens, kMaxConfigDim));
+  if (const double units = config_.num_hidden_layers + 2;
+      tokens * width * units > kMaxActivationElems)
+    throw InvalidArgument(fmt::format(
+        "micro batch {} x sequence length {} = {:.0f} tokens: this model's activations cannot be "
+        "sized for more than {:.0f} (tokens x its widest tensor, {:.0f}, x its {:.0f} units must "
+        "stay within 2^50 elements)",
+        options_.micro_batch, options_.seq_len, tokens,
+        std::floor(kMaxActivationElems / (width * units)), width, units));
   if (options_.head_chunk_rows < 0)
     throw InvalidArgument(
         fmt::format("head chunk rows must be >= 0, got {}", options_.head_chunk_rows));

@@ -192,7 +192,8 @@ Trainer::~Trainer() = default;
 std::string Trainer::resumed_tag_in_save_dir() const {
   if (resumed_from_.empty()) return {};
   std::error_code ec;
-  const std::filesystem::path from = std::filesystem::weakly_canonical(resumed_from_, ec);
+  const std::filesystem::path from =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(resumed_from_, ec), ec);
   if (ec || !std::filesystem::equivalent(from.parent_path(), opts_.save_dir, ec)) return {};
   return from.filename().string();
 }

@@ -81,11 +81,12 @@ std::string Trainer::summary() const {
       z.stage,
       z.stage == 3 ? offload_text(z.offload_param.device, z.offload_param.nvme_path)
                    : std::string("device (full copy)"),
-      // NVMe optimizer state needs stage 3: below it, the state is in host memory (a warning
-      // says so at start).
+      // NVMe optimizer state needs stage 3: below it, the state is where the plan puts it (a
+      // warning says so at start).
       z.offload_optimizer.device == config::OffloadDevice::kNvme &&
               engine_->plan().placement.optimizer != zero::Tier::kNvme
-          ? std::string("cpu (offload_optimizer nvme needs stage 3)")
+          ? fmt::format("{} (offload_optimizer nvme needs stage 3)",
+                        zero::tier_name(engine_->plan().placement.optimizer))
           : offload_text(z.offload_optimizer.device, z.offload_optimizer.nvme_path),
       mo.activation_checkpointing ? "on" : "off",
       cfg_.activation_checkpointing.cpu_checkpointing ? " (checkpoints in host memory)" : "");

@@ -127,17 +127,20 @@ PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& 
   const uint64_t limit = cfg.outcore.pinned_memory_mb << 20;
   PinnedLayout full = pinned_layout(cfg, g, device_sums, PinnedLayoutSize::kFull);
   if (limit == 0 || full.total() <= limit) return full;
-  // Parameter fetch buffers go first (the full layout with fewer), then everything else (the
-  // reduced layout, with as many fetch buffers as still fit, at least one).
-  for (PinnedLayout l : {full, pinned_layout(cfg, g, device_sums, PinnedLayoutSize::kReduced)}) {
-    const size_t most = full.fetch_slots;
-    for (size_t k = most; k >= 1; --k) {
+  // Parameter fetch buffers go first: the full layout with as many as fit, unless the reduced
+  // layout (one unit step at a time) holds more of them; at least one.
+  auto most_fetch_slots = [&](PinnedLayout l) {
+    for (size_t k = full.fetch_slots; k > 1; --k) {
       l.fetch_slots = k;
       if (l.total() <= limit) return l;
-      if (k == 1) break;
     }
-  }
-  return pinned_layout(cfg, g, device_sums, PinnedLayoutSize::kReduced);
+    l.fetch_slots = std::min<size_t>(full.fetch_slots, 1);
+    return l;
+  };
+  const PinnedLayout fewer = most_fetch_slots(full);
+  const PinnedLayout reduced =
+      most_fetch_slots(pinned_layout(cfg, g, device_sums, PinnedLayoutSize::kReduced));
+  return fewer.total() <= limit && fewer.fetch_slots >= reduced.fetch_slots ? fewer : reduced;
 }
 
 }  // namespace detail

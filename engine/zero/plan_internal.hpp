@@ -40,8 +40,9 @@ enum class PinnedLayoutSize : uint8_t { kFull, kReduced };
 PinnedLayout pinned_layout(const config::Config& cfg, const Geometry& g,
                            const std::vector<bool>& device_sums, PinnedLayoutSize size);
 // The full layout when outcore.pinned_memory_mb holds it; else the full layout with as many
-// parameter fetch buffers as fit (fewer than offload_param.buffer_count); else the reduced one
-// with as many as fit (at least one, even when the limit cannot hold that: the plan refuses it).
+// parameter fetch buffers as fit (fewer than offload_param.buffer_count), unless the reduced
+// layout (one unit step at a time) holds more of them; at least one, even where the limit cannot
+// hold that (the plan then refuses it).
 PinnedLayout effective_pinned_layout(const config::Config& cfg, const Geometry& g,
                                      const std::vector<bool>& device_sums);
 

@@ -178,5 +178,25 @@ TEST(TraceTest, AFailedWriteLeavesThePreviousFileAndNoPartialOne) {
   EXPECT_EQ(entries, 1u);
 }
 
+// A link is followed: the file it names is replaced (keeping its mode), the link stays a link.
+TEST(TraceTest, WritingThroughALinkReplacesItsFileAndKeepsItsMode) {
+  test::TempDir dir("trace");
+  const std::filesystem::path file = dir / "t.json", link = dir / "link.json";
+  std::ofstream(file) << "previous";
+  std::filesystem::permissions(
+      file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::filesystem::create_symlink("t.json", link);
+  start();
+  complete("read", "io", 1, {.bytes = 4096});
+  stop();
+  write_json(link.string());
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  std::ifstream in(file);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_TRUE(j.contains("traceEvents"));
+  EXPECT_EQ(std::filesystem::status(file).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+}
+
 }  // namespace
 }  // namespace outcore::trace

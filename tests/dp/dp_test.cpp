@@ -292,6 +292,17 @@ TEST_F(DataParallel, RanksStartedWithDifferentSettingsEndNamingTheSetting) {
     EXPECT_EQ(output.find("step 1"), std::string::npos) << "trained anyway:\n" << output;
   }
   EXPECT_FALSE(fs::exists(work / "other"));
+  // One relative --save-dir from two working directories is two directories.
+  fs::create_directories(work / "a");
+  fs::create_directories(work / "b");
+  const std::string job = base + " --seq-len 16 --steps 2 --save-dir ck";
+  std::string output;
+  const int rc = run_command(mpmd("-wdir " + (work / "a").string() + " " + job,
+                                  "-wdir " + (work / "b").string() + " " + job),
+                             output);
+  EXPECT_NE(rc, 0) << output;
+  EXPECT_NE(output.find("--save-dir (rank 0: "), std::string::npos) << output;
+  EXPECT_EQ(output.find("step 1"), std::string::npos) << "trained anyway:\n" << output;
 }
 
 // Stage 0 keeps the whole state on every rank: the checkpoint of 2 ranks holds it once and

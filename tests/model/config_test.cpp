@@ -311,6 +311,19 @@ TEST(LlamaConfig, RopeParametersOfTransformers5AreReadAsRopeThetaAndScaling) {
   expect_error(with(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"}})"),
                "rope_parameters", "per kind of layer");
   expect_error(with(R"(, "rope_parameters": 10000)"), "rope_parameters", "object");
+  // An empty object is plain RoPE, as in transformers 5; a bad value there is named there.
+  EXPECT_EQ(LlamaConfig::from_json(with(R"(, "rope_parameters": {})")).rope_scaling.type,
+            RopeScalingType::None);
+  expect_error(with(R"(, "rope_parameters": {"rope_type": "linear", "factor": -2.0})"),
+               "rope_parameters.factor", "positive");
+  expect_error(with(R"(, "rope_parameters": {"rope_type": "default", "rope_theta": -1.0})"),
+               "rope_parameters.rope_theta", "positive");
+  // A share of each head's dimensions rotated: Hugging Face reads it, outcore rotates them all.
+  expect_error(with(R"(, "partial_rotary_factor": 0.5)"), "partial_rotary_factor", "not supported");
+  expect_error(
+      with(R"(, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5})"),
+      "rope_parameters.partial_rotary_factor", "not supported");
+  EXPECT_EQ(LlamaConfig::from_json(with(R"(, "partial_rotary_factor": 1.0)")).head_dim, 16);
 }
 
 // Keys outcore does not act on are kept for Hugging Face (to_hf_json), outside the architecture

@@ -403,6 +403,13 @@ TEST_F(TrainCliTest, OutputPathsNeverOverwriteInputs) {
   r = run(train_args("--steps 1 --save-dir " + shell_quote(data_.train())));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
+  // A link to a process's descriptor (as /dev/stdout is): the file it is open on would be
+  // replaced by the trace.
+  const std::string out_link = data_.file("stdout-link");
+  ASSERT_EQ(::symlink("/proc/self/fd/1", out_link.c_str()), 0);
+  r = run(train_args("--steps 1 --trace " + shell_quote(out_link)));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("a process's descriptor"), std::string::npos) << r.err;
 }
 
 // A save directory holding the user's files whose names end like outcore's leftovers keeps

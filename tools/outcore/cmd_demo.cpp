@@ -137,7 +137,7 @@ int run_demo(const DemoOptions& o) {
   }
   std::vector<std::pair<std::string, const char*>> outputs;
   for (const char* name : kDemoNames) outputs.emplace_back((dir / name).string(), "the demo's");
-  if (!check_output_file(o.trace, "--trace", outputs)) return 2;
+  if (!check_output_file(o.trace, "--trace", outputs, "a file of the demo")) return 2;
   train::DemoDatasetFiles data;
   config::Config cfg;
   model::LlamaConfig model;

@@ -247,7 +247,9 @@ std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config
   auto path = [](const std::string& p) {
     if (p.empty()) return std::string();
     std::error_code ec;
-    const fs::path abs = fs::weakly_canonical(p, ec);
+    // Absolute first: weakly_canonical leaves a relative path that does not exist yet relative
+    // (ranks in different working directories would compare equal).
+    const fs::path abs = fs::weakly_canonical(fs::absolute(p, ec), ec);
     return ec ? p : abs.string();
   };
   auto file = [&](const std::string& p) {
@@ -507,7 +509,7 @@ int run_train(const TrainCliOptions& o) {
   if (!check_output_file(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics", inputs))
     return 2;
   inputs.emplace_back(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics");
-  if (!check_output_file(o.trace, "--trace", inputs)) return 2;
+  if (!check_output_file(o.trace, "--trace", inputs, "an input or another output")) return 2;
   if (!check_outside_checkpoints(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics",
                                  o.save_dir) ||
       !check_outside_checkpoints(o.trace, "--trace", o.save_dir))

@@ -56,7 +56,8 @@ void print_error(const std::exception& e) {
 
 // At world size > 1 the launcher kills the ranks a moment after it tells them to stop, and a
 // rank blocked in a collective cannot stop on its own: as soon as a stop is requested this
-// thread removes the swap files (open descriptors keep working, so a clean stop still can).
+// thread removes the swap files (open descriptors keep working, so a clean stop still can), not
+// the locks (rank 0 may still save).
 class SwapFileGuard {
  public:
   explicit SwapFileGuard(bool active) {
@@ -64,7 +65,7 @@ class SwapFileGuard {
     thread_ = std::thread([this] {
       while (!done_.load()) {
         if (stop_flag().load()) {
-          cleanup::remove_registered_files();
+          cleanup::remove_registered_files(cleanup::Scope::kData);  // locks stay: see cleanup.hpp
           return;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -168,6 +169,19 @@ bool check_output_file(const std::string& path, const char* flag,
                  file_kind(out.st_mode));
     return false;
   }
+  // A link to a process's descriptor (/dev/stdout -> /proc/self/fd/1): a file written beside
+  // what it names and renamed over it would replace the file the descriptor is open on.
+  fs::path hop = fs::absolute(path, ec);
+  for (int i = 0; i < 40 && !ec && fs::is_symlink(hop, ec); ++i) {
+    const fs::path to = fs::read_symlink(hop, ec);
+    hop = to.is_absolute() ? to : hop.parent_path() / to;
+    if (hop.lexically_normal().string().starts_with("/proc/")) {
+      std::fprintf(stderr, "error: %s %s: links to %s, a process's descriptor; name a file\n", flag,
+                   path.c_str(), hop.lexically_normal().c_str());
+      return false;
+    }
+  }
+  ec.clear();
   for (const auto& [in_path, in_flag] : inputs) {
     if (same_file(path, in_path)) {
       std::fprintf(stderr, "error: %s %s is the same file as %s %s; refusing to overwrite %s\n",
@@ -191,7 +205,8 @@ bool check_outside_checkpoints(const std::string& path, const char* flag,
   if (path.empty() || save_dir.empty()) return true;
   std::error_code ec;
   const fs::path rel =
-      fs::weakly_canonical(path, ec).lexically_relative(fs::weakly_canonical(save_dir, ec));
+      fs::weakly_canonical(fs::absolute(path, ec), ec)
+          .lexically_relative(fs::weakly_canonical(fs::absolute(save_dir, ec), ec));
   if (ec || rel.empty() || *rel.begin() == "..") return true;
   const std::string first = rel.begin()->string();
   if (first != "." && first != ckpt::kLatestName &&

@@ -278,7 +278,8 @@ class CudaDevice final : public Device {
     if (const cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
         err != cudaSuccess) {
       (void)cudaGetLastError();
-      CUDA_CHECK(err);
+      ::outcore::device::detail::throw_cuda_error(
+          err, "cudaHostRegister(ptr, bytes, cudaHostRegisterPortable)", __FILE__, __LINE__);
     }
   }
   void unregister_host(void* ptr) noexcept override {

@@ -1,0 +1,37 @@
+// cleanup: what a rank told to stop removes (swap data) and what only a process ending at once
+// removes (locks, staged outputs).
+#include "common/cleanup.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/common/temp_dir.hpp"
+
+namespace outcore::cleanup {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(Cleanup, AStopRemovesTheDataAndKeepsTheLocksUntilTheProcessEnds) {
+  test::TempDir dir("cleanup");
+  const fs::path data = dir / "swap.bin", lock = dir / ".lock", sub = dir / "kind";
+  std::ofstream(data) << "x";
+  std::ofstream(lock) << "";
+  fs::create_directory(sub);
+  register_path(sub.string(), /*directory=*/true);
+  register_path(data.string());
+  register_path(lock.string(), false, Scope::kAll);
+  EXPECT_EQ(remove_registered_files(Scope::kData), 1u);
+  EXPECT_FALSE(fs::exists(data));
+  EXPECT_FALSE(fs::exists(sub)) << "an empty directory of the data goes too";
+  EXPECT_TRUE(fs::exists(lock)) << "a working process keeps its lock";
+  EXPECT_EQ(remove_registered_files(Scope::kData), 0u) << "the data is forgotten";
+  EXPECT_EQ(remove_registered_files(Scope::kAll), 1u);
+  EXPECT_FALSE(fs::exists(lock));
+  EXPECT_EQ(remove_registered_files(), 0u);
+}
+
+}  // namespace
+}  // namespace outcore::cleanup
