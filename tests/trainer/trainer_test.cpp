@@ -144,7 +144,8 @@ TEST(TrainerTest, SummarySaysWhereTheOptimizerStateIs) {
           mc),
       mc, quiet_options(data, 1));
   const std::string s = t.summary();
-  EXPECT_NE(s.find("optimizer state host (offload_optimizer nvme needs stage 3)"), std::string::npos)
+  EXPECT_NE(s.find("optimizer state host (offload_optimizer nvme needs stage 3)"),
+            std::string::npos)
       << s;
 }
 
