@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <mutex>
 #include <vector>
 
@@ -45,11 +46,17 @@ size_t remove_registered_files(Scope scope) {
   std::vector<Entry>& r = registry();
   auto taken = [&](const Entry& e) { return scope == Scope::kAll || e.scope == Scope::kData; };
   size_t removed = 0;
-  for (const Entry& e : r)
-    if (taken(e) && !e.directory && ::unlink(e.path.c_str()) == 0) ++removed;
+  for (Entry& e : r)
+    if (taken(e) && !e.directory) {
+      if (::unlink(e.path.c_str()) == 0) ++removed;
+      e.path.clear();  // forgotten: removed, or gone
+    }
+  // Newest first; a directory that is not empty yet (a lock a working process keeps in it)
+  // stays registered for a later, wider removal.
   for (auto it = r.rbegin(); it != r.rend(); ++it)
-    if (taken(*it) && it->directory) ::rmdir(it->path.c_str());  // fails when not empty
-  std::erase_if(r, taken);
+    if (taken(*it) && it->directory && (::rmdir(it->path.c_str()) == 0 || errno == ENOENT))
+      it->path.clear();
+  std::erase_if(r, [](const Entry& e) { return e.path.empty(); });
   return removed;
 }
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 
@@ -37,6 +38,24 @@ bool same_file(const std::string& a, const std::string& b) {
   const fs::path ca = fs::weakly_canonical(fs::absolute(a, ea), ea);
   const fs::path cb = fs::weakly_canonical(fs::absolute(b, eb), eb);
   return !ea && !eb && ca == cb;
+}
+
+std::string resolve_links(const std::string& path) {
+  std::string at = path;
+  for (int hop = 0; hop < 40; ++hop) {
+    struct stat st {};
+    if (::lstat(at.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return at;
+    std::string to(PATH_MAX, '\0');
+    const ssize_t n = ::readlink(at.c_str(), to.data(), to.size());
+    if (n <= 0 || static_cast<size_t>(n) >= to.size()) return at;
+    to.resize(static_cast<size_t>(n));
+    if (to.front() != '/') {
+      const size_t slash = at.rfind('/');
+      to = (slash == std::string::npos ? std::string() : at.substr(0, slash + 1)) + to;
+    }
+    at = std::move(to);
+  }
+  return at;
 }
 
 mode_t creation_umask() {

@@ -19,6 +19,11 @@ const char* file_kind(mode_t mode);
 // file about to be made). False when either is empty.
 bool same_file(const std::string& a, const std::string& b);
 
+// `path` with the links of its last component followed (readlink, relative ones from their
+// directory; at most 40): the name a file written "through" it gets, which need not exist yet.
+// `path` itself when it is not a link or a link cannot be read.
+std::string resolve_links(const std::string& path);
+
 // The process's file mode creation mask, read without changing it (umask(2) would, for every
 // thread); 022 where /proc does not say. For files made with a mode of their own and then
 // fchmod'ed, so that they end as open(2) with 0644 would have made them.

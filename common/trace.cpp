@@ -10,14 +10,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <climits>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
 
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 
 namespace outcore::trace {
 namespace detail {
@@ -278,11 +277,7 @@ void write_json(const std::string& path, const std::vector<std::string>& other) 
   // Through a temporary beside it and a rename: a failed write (a full disk) leaves no partial
   // trace under `path`, and whatever was there stays. A link is followed (the file it names is
   // replaced, not the link), and a file replaced keeps its mode.
-  std::string target = path;
-  if (struct stat link{}; ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
-    char real[PATH_MAX];
-    if (::realpath(path.c_str(), real) != nullptr) target = real;  // else a link to nowhere
-  }
+  const std::string target = resolve_links(path);
   const std::string tmp = fmt::format("{}.tmp-{}", target, ::getpid());
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(tmp.c_str(), "wbx"), &std::fclose);
   if (!f) throw IoError(tmp, errno, "create trace file");  // exclusively: it is this run's

@@ -273,9 +273,13 @@ const SafetensorsEntry* SafetensorsFile::find(std::string_view name) const {
 SafetensorsFile::Reader::Reader(const SafetensorsFile& file)
     : file_(&file), fd_(open_for_reading(file.path_, "safetensors file")) {
   struct stat st {};
-  const bool same = ::fstat(fd_, &st) == 0 && st.st_dev == file.device_ &&
-                    st.st_ino == file.inode_ && static_cast<uint64_t>(st.st_size) == file.size_;
-  if (!same) {
+  if (::fstat(fd_, &st) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    throw IoError(file.path_, err, "stat");
+  }
+  if (st.st_dev != file.device_ || st.st_ino != file.inode_ ||
+      static_cast<uint64_t>(st.st_size) != file.size_) {
     ::close(fd_);
     throw CorruptData(fmt::format("{}: replaced or resized since it was validated", file.path_));
   }

@@ -131,7 +131,15 @@ RopeScaling parse_rope_object(const Keys& k, const char* untyped) {
   if (k.find("rope_type") != nullptr && k.find("type") != nullptr && k.get_string("type") != type)
     fail(k.source, k.path("type"),
          fmt::format("\"{}\" contradicts rope_type \"{}\"", k.get_string("type"), type));
-  if (type.empty()) type = untyped;
+  if (type.empty()) {
+    // Scaling keys without a type: which scaling they are for is not said.
+    for (const char* key :
+         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+      if (k.find(key) != nullptr)
+        fail(k.source, k.path("rope_type"),
+             fmt::format("required key is missing ({} is given)", key));
+    type = untyped;
+  }
   // Hugging Face rotates only this share of each head's dimensions: outcore rotates them all.
   if (const double f = k.get_double("partial_rotary_factor", false, 1.0); f != 1.0)
     fail(k.source, k.path("partial_rotary_factor"),
@@ -366,7 +374,8 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   } catch (const ConfigError& e) {
     std::string key = e.json_path();
     const json* rp = k.find("rope_parameters");
-    if (rp != nullptr && key == "rope_theta" && rp->contains("rope_theta"))
+    if (rp != nullptr && key == "rope_theta" && rp->contains("rope_theta") &&
+        !rp->at("rope_theta").is_null())
       key = "rope_parameters.rope_theta";
     if (rope_parameters && key.starts_with("rope_scaling."))
       key = "rope_parameters." + key.substr(std::string_view("rope_scaling.").size());

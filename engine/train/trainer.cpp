@@ -680,7 +680,13 @@ TrainResult Trainer::run() {
       res.tokens_per_s * model_->config().train_flops_per_token(model_->options().seq_len) / 1e9;
   res.memory = engine_->memory();
   res.traffic = engine_->traffic();
-  if (tracing) res.trace = write_trace(opts_.trace_file);
+  if (tracing) {
+    try {
+      res.trace = write_trace(opts_.trace_file);
+    } catch (const Error& e) {  // a full disk: the run's result still stands
+      res.trace_error = e.what();
+    }
+  }
   return res;
 }
 

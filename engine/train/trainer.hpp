@@ -184,6 +184,9 @@ struct TrainResult {
   // Why the metrics file stopped receiving records (a full disk, ...), empty when it did not:
   // the run trains and saves on, and the caller reports the failure once it ends.
   std::string metrics_error;
+  // Why the trace file could not be written (the previous one, if any, is kept), empty when it
+  // was or none was asked for.
+  std::string trace_error;
 };
 
 class Trainer {

@@ -23,13 +23,20 @@ TEST(Cleanup, AStopRemovesTheDataAndKeepsTheLocksUntilTheProcessEnds) {
   register_path(sub.string(), /*directory=*/true);
   register_path(data.string());
   register_path(lock.string(), false, Scope::kAll);
+  const fs::path locked = dir / "locked";  // a directory still holding the lock
+  fs::create_directory(locked);
+  register_path(locked.string(), /*directory=*/true);
+  std::ofstream(locked / ".lock") << "";
+  register_path((locked / ".lock").string(), false, Scope::kAll);
   EXPECT_EQ(remove_registered_files(Scope::kData), 1u);
   EXPECT_FALSE(fs::exists(data));
   EXPECT_FALSE(fs::exists(sub)) << "an empty directory of the data goes too";
+  EXPECT_TRUE(fs::exists(locked / ".lock"));
   EXPECT_TRUE(fs::exists(lock)) << "a working process keeps its lock";
   EXPECT_EQ(remove_registered_files(Scope::kData), 0u) << "the data is forgotten";
-  EXPECT_EQ(remove_registered_files(Scope::kAll), 1u);
+  EXPECT_EQ(remove_registered_files(Scope::kAll), 2u);
   EXPECT_FALSE(fs::exists(lock));
+  EXPECT_FALSE(fs::exists(locked)) << "a directory emptied by the wider removal goes then";
   EXPECT_EQ(remove_registered_files(), 0u);
 }
 

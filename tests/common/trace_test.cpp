@@ -196,6 +196,12 @@ TEST(TraceTest, WritingThroughALinkReplacesItsFileAndKeepsItsMode) {
   EXPECT_TRUE(j.contains("traceEvents"));
   EXPECT_EQ(std::filesystem::status(file).permissions() & std::filesystem::perms::all,
             std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  // A link to a file not made yet: the file is made where the link points.
+  std::filesystem::create_directory(dir / "sub");
+  std::filesystem::create_symlink("sub/new.json", dir / "ahead.json");
+  write_json((dir / "ahead.json").string());
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "ahead.json"));
+  EXPECT_TRUE(std::filesystem::is_regular_file(dir / "sub" / "new.json"));
 }
 
 }  // namespace

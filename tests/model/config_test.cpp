@@ -314,6 +314,8 @@ TEST(LlamaConfig, RopeParametersOfTransformers5AreReadAsRopeThetaAndScaling) {
   // An empty object is plain RoPE, as in transformers 5; a bad value there is named there.
   EXPECT_EQ(LlamaConfig::from_json(with(R"(, "rope_parameters": {})")).rope_scaling.type,
             RopeScalingType::None);
+  expect_error(with(R"(, "rope_parameters": {"factor": 8.0, "rope_theta": 500000.0})"),
+               "rope_parameters.rope_type", "missing (factor is given)");
   expect_error(with(R"(, "rope_parameters": {"rope_type": "linear", "factor": -2.0})"),
                "rope_parameters.factor", "positive");
   expect_error(with(R"(, "rope_parameters": {"rope_type": "default", "rope_theta": -1.0})"),

@@ -380,6 +380,25 @@ TEST_F(TrainCliTest, ASecondSignalEndsTheRunAtOnceLeavingNoSwapFiles) {
   EXPECT_FALSE(std::filesystem::exists(ck + "/.lock")) << "the save directory's lock stays";
 }
 
+// A trace that cannot be written (a file-size limit here, a full disk elsewhere) keeps the run's
+// result: it is printed, the failure said, and the command exits 1.
+TEST_F(TrainCliTest, ATraceThatCannotBeWrittenKeepsTheResultAndExitsOne) {
+  const std::string trace = data_.file("trace.json");
+  const std::string out = data_.file("stdout"), err = data_.file("stderr"), rc = data_.file("rc");
+  // The limit in a subshell whose output goes through a pipe: only the trace meets it.
+  const int status = std::system(
+      ("(trap '' XFSZ; ulimit -f 4; env -u OUTCORE_CONFIG " + shell_quote(OUTCORE_CLI) + " " +
+       train_args("--steps 2 --trace " + shell_quote(trace)) + " 2>" + shell_quote(err) +
+       "; echo $? >" + shell_quote(rc) + ") | cat >" + shell_quote(out))
+          .c_str());
+  ASSERT_EQ(status, 0);
+  const std::string o = slurp(out), e = slurp(err);
+  EXPECT_EQ(slurp(rc), "1\n") << e;
+  EXPECT_NE(o.find("trained 2 steps"), std::string::npos) << o;
+  EXPECT_NE(e.find("the trace was not written"), std::string::npos) << e;
+  EXPECT_FALSE(std::filesystem::exists(trace));
+}
+
 // An output that names an input (the same file, also through a hard link) is refused before
 // anything is written; an output in a missing directory too.
 TEST_F(TrainCliTest, OutputPathsNeverOverwriteInputs) {
@@ -403,13 +422,13 @@ TEST_F(TrainCliTest, OutputPathsNeverOverwriteInputs) {
   r = run(train_args("--steps 1 --save-dir " + shell_quote(data_.train())));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
-  // A link to a process's descriptor (as /dev/stdout is): the file it is open on would be
-  // replaced by the trace.
+  // A link to a process's descriptor (as /dev/stdout is), here the file stdout writes to: it
+  // would be replaced by the trace.
   const std::string out_link = data_.file("stdout-link");
   ASSERT_EQ(::symlink("/proc/self/fd/1", out_link.c_str()), 0);
   r = run(train_args("--steps 1 --trace " + shell_quote(out_link)));
   EXPECT_EQ(r.rc, 2);
-  EXPECT_NE(r.err.find("a process's descriptor"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("is the file this command's stdout writes to"), std::string::npos) << r.err;
 }
 
 // A save directory holding the user's files whose names end like outcore's leftovers keeps

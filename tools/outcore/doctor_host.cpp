@@ -94,7 +94,9 @@ Line nvme_line(const std::string& dir) {
   Line l{"nvme path", Verdict::kOk, ""};
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
-    return {"nvme path", Verdict::kFail, dir + ": not a directory (swap files need one)"};
+    const bool there = std::filesystem::exists(std::filesystem::symlink_status(dir, ec));
+    return {"nvme path", Verdict::kFail,
+            dir + (there ? ": not a directory (swap files need one)" : ": does not exist")};
   }
   if (access(dir.c_str(), W_OK) != 0)
     return {"nvme path", Verdict::kFail,

@@ -169,19 +169,17 @@ bool check_output_file(const std::string& path, const char* flag,
                  file_kind(out.st_mode));
     return false;
   }
-  // A link to a process's descriptor (/dev/stdout -> /proc/self/fd/1): a file written beside
-  // what it names and renamed over it would replace the file the descriptor is open on.
-  fs::path hop = fs::absolute(path, ec);
-  for (int i = 0; i < 40 && !ec && fs::is_symlink(hop, ec); ++i) {
-    const fs::path to = fs::read_symlink(hop, ec);
-    hop = to.is_absolute() ? to : hop.parent_path() / to;
-    if (hop.lexically_normal().string().starts_with("/proc/")) {
-      std::fprintf(stderr, "error: %s %s: links to %s, a process's descriptor; name a file\n", flag,
-                   path.c_str(), hop.lexically_normal().c_str());
+  // The file this process's stdout or stderr writes to (`> log.txt`, /dev/stdout, /dev/fd/1):
+  // replaced or truncated, it would lose the run's own output.
+  for (const int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat stream {};
+    if (exists && ::fstat(fd, &stream) == 0 && stream.st_dev == out.st_dev &&
+        stream.st_ino == out.st_ino) {
+      std::fprintf(stderr, "error: %s %s: is the file this command's %s writes to; name another\n",
+                   flag, path.c_str(), fd == STDOUT_FILENO ? "stdout" : "stderr");
       return false;
     }
   }
-  ec.clear();
   for (const auto& [in_path, in_flag] : inputs) {
     if (same_file(path, in_path)) {
       std::fprintf(stderr, "error: %s %s is the same file as %s %s; refusing to overwrite %s\n",
@@ -189,7 +187,8 @@ bool check_output_file(const std::string& path, const char* flag,
       return false;
     }
   }
-  fs::path dir = fs::path(path).parent_path();
+  // Where the file is written: beside what a link names (trace::write_json, metrics).
+  fs::path dir = fs::path(resolve_links(path)).parent_path();
   if (dir.empty()) dir = ".";
   if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0) {
     std::fprintf(stderr, "error: %s %s: directory %s %s\n", flag, path.c_str(), dir.c_str(),
@@ -276,8 +275,11 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
     if (!r.metrics_error.empty())  // trained and saved, but the metrics are incomplete
       std::fprintf(stderr, "error: %sthe metrics file is incomplete: %s\n", g_rank_prefix.c_str(),
                    r.metrics_error.c_str());
+    if (!r.trace_error.empty())  // trained and saved, but no trace
+      std::fprintf(stderr, "error: %sthe trace was not written: %s\n", g_rank_prefix.c_str(),
+                   r.trace_error.c_str());
     if (r.stopped) return kExitInterrupted;  // what scripts tell an interruption by
-    return r.metrics_error.empty() ? 0 : 1;
+    return r.metrics_error.empty() && r.trace_error.empty() ? 0 : 1;
   } catch (const std::exception& e) {
     print_error(e);
     return fail_job(comm, 1);
