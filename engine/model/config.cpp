@@ -122,6 +122,14 @@ void refuse_unsupported(const Keys& k) {
     fail(k.source, "attention_dropout", fmt::format("only 0 is supported, got {}", p));
 }
 
+// Refuses a share of each head's dimensions rotated (Hugging Face's partial_rotary_factor, in
+// the config or in its RoPE object `k`): outcore rotates them all.
+void refuse_partial_rotary(const Keys& k) {
+  if (const double f = k.get_double("partial_rotary_factor", false, 1.0); f != 1.0)
+    fail(k.source, k.path("partial_rotary_factor"),
+         fmt::format("{} is not supported (RoPE over every dimension of a head: only 1)", f));
+}
+
 // Parses one object of RoPE parameters (`rope_scaling`, or transformers 5's `rope_parameters`):
 // its type in "rope_type" or, in older files, "type"; without either, `untyped` ("" refuses it).
 // Values are checked later by validate().
@@ -140,10 +148,7 @@ RopeScaling parse_rope_object(const Keys& k, const char* untyped) {
              fmt::format("required key is missing ({} is given)", key));
     type = untyped;
   }
-  // Hugging Face rotates only this share of each head's dimensions: outcore rotates them all.
-  if (const double f = k.get_double("partial_rotary_factor", false, 1.0); f != 1.0)
-    fail(k.source, k.path("partial_rotary_factor"),
-         fmt::format("{} is not supported (RoPE over every dimension of a head: only 1)", f));
+  refuse_partial_rotary(k);
   RopeScaling s;
   if (type == "default") return s;
   if (type == "linear") {
@@ -174,9 +179,8 @@ bool operator==(const RopeScaling& a, const RopeScaling& b) {
 
 // The RoPE of a config: `rope_theta` and `rope_scaling` (null, or an object), and transformers
 // 5's `rope_parameters` (an object holding rope_theta and the scaling; one object per kind of
-// layer is refused). Where both forms are given they must agree. Returns whether
-// rope_parameters gave them (validate()'s errors then name its keys).
-bool parse_rope(const Keys& top, LlamaConfig& c) {
+// layer is refused). Where both forms are given they must agree.
+void parse_rope(const Keys& top, LlamaConfig& c) {
   c.rope_theta = top.get_double("rope_theta", false, 10000.0);
   if (const json* v = top.find("rope_scaling")) {
     if (!v->is_object())
@@ -184,11 +188,9 @@ bool parse_rope(const Keys& top, LlamaConfig& c) {
            fmt::format("expected an object or null, got {}", v->dump()));
     c.rope_scaling = parse_rope_object(Keys{*v, top.source, "rope_scaling."}, "");
   }
-  if (const double f = top.get_double("partial_rotary_factor", false, 1.0); f != 1.0)
-    fail(top.source, "partial_rotary_factor",
-         fmt::format("{} is not supported (RoPE over every dimension of a head: only 1)", f));
+  refuse_partial_rotary(top);
   const json* v = top.find("rope_parameters");
-  if (v == nullptr) return false;
+  if (v == nullptr) return;
   if (!v->is_object())
     fail(top.source, "rope_parameters",
          fmt::format("expected an object or null, got {}", v->dump()));
@@ -213,7 +215,6 @@ bool parse_rope(const Keys& top, LlamaConfig& c) {
         top.source, "rope_parameters",
         fmt::format("{} contradicts rope_scaling {}", v->dump(), top.find("rope_scaling")->dump()));
   c.rope_scaling = s;
-  return true;
 }
 
 // Keys of config.json that to_hf_json writes itself or that do not describe the exported model
@@ -347,7 +348,7 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   c.max_position_embeddings = k.get_int("max_position_embeddings", true, 0);
   c.rms_norm_eps = k.get_double("rms_norm_eps", false, 1e-6);
   c.tie_word_embeddings = k.get_bool("tie_word_embeddings", false);
-  const bool rope_parameters = parse_rope(k, c);
+  parse_rope(k, c);
   const std::string type = k.get_string("model_type");
   for (const TypeNames& n : kTypeNames)
     if (type == n.model_type) c.model_type = n.type;
@@ -372,13 +373,14 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   try {
     c.validate();
   } catch (const ConfigError& e) {
+    // A value rope_parameters gave is named there.
     std::string key = e.json_path();
-    const json* rp = k.find("rope_parameters");
-    if (rp != nullptr && key == "rope_theta" && rp->contains("rope_theta") &&
-        !rp->at("rope_theta").is_null())
-      key = "rope_parameters.rope_theta";
-    if (rope_parameters && key.starts_with("rope_scaling."))
-      key = "rope_parameters." + key.substr(std::string_view("rope_scaling.").size());
+    if (const json* rp = k.find("rope_parameters")) {
+      if (key == "rope_theta" && Keys{*rp, source}.find("rope_theta") != nullptr)
+        key = "rope_parameters.rope_theta";
+      if (key.starts_with("rope_scaling."))
+        key = "rope_parameters." + key.substr(std::string_view("rope_scaling.").size());
+    }
     fail(source, key, std::string(e.what()).substr(e.json_path().size() + 2));
   }
   json extra = json::object();
