@@ -311,7 +311,9 @@ struct ActivationCheckpointingConfig {
 inline constexpr uint64_t kMaxMemoryMb = uint64_t{1} << 30;
 
 struct OutcoreConfig {
-  uint64_t device_memory_mb = 0;  // byte budget of the simulated (CPU) device; 0 = unlimited
+  // Budget of the device in MiB, simulated or a GPU; 0 = unlimited (a GPU's own memory still
+  // limits, and the planner caps the budget by its free memory).
+  uint64_t device_memory_mb = 0;
   bool swap_checksum = true;      // CRC32C per swap block, checked on every read
   std::string metrics_file;       // JSON-lines metrics per step; empty = none
   // Pinned host pool, allocated whole at start; 0 = sized from the plan.

@@ -207,7 +207,9 @@ class Trainer {
   // Runs the remaining optimizer steps (up to options.steps in all), validating, writing
   // metrics and progress, until done or stop_requested. Returns normally after a stop.
   // Throws what the engine throws (IoError while swapping, ...), LossScaleAtMinimum when
-  // the fp16 scale cannot go lower, IoError when the metrics file cannot be written.
+  // the fp16 scale cannot go lower, IoError when the metrics file cannot be created or its
+  // first record written; a later failed write ends the metrics only
+  // (TrainResult::metrics_error) and the run goes on.
   TrainResult run();
 
   // One optimizer step (gas micro-batches and the update); returns its metrics. Does not

@@ -196,10 +196,12 @@ class ZeroEngine {
   // the config (bf16 -> BF16, fp16 -> F16, else F32; ConfigError otherwise) and its layout
   // world size equals comm.world_size() (InvalidArgument otherwise). The device may be one
   // the host cannot read (a GPU): the model computes there and every transfer is a stream
-  // copy; gradients are accumulated in host memory, and optimizer state on such a device
-  // (offload_optimizer none, a ratio < 1, stage 0) is stepped there by Adam on the device
-  // (device_adam.hpp, decision 036), at one rank from gradients kept on the device where the
-  // budget allows (decision 037).
+  // copy; gradients are accumulated in host memory, except at one rank, where the units
+  // Plan::device_grad_sums names are summed on the device over a step's micro-batches and sent
+  // down once per step (decision 024). Optimizer state on such a device (offload_optimizer
+  // none, a ratio < 1, stage 0) is stepped there by Adam on the device (device_adam.hpp,
+  // decision 036), at one rank from gradients kept on the device where the budget allows
+  // (decision 037).
   ZeroEngine(const config::Config& cfg, const model::LlamaModel& model, device::Device& device,
              comm::Comm& comm, uint64_t seed, EngineOptions options = {});
   // Waits for in-flight work and removes the swap files (errors logged, not thrown).

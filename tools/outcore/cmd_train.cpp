@@ -606,9 +606,8 @@ void add_train_command(CLI::App& app, int& rc) {
                   "start from a Hugging Face model directory (config.json + safetensors); "
                   "--model defaults to its config.json");
   cmd->add_option("--comm", o->comm,
-                  "data-parallel transport: auto (MPI when started by mpirun, else one rank; "
-                  "NCCL once ranks train on GPUs), local, mpi, nccl (refused while the model "
-                  "computes on the host)");
+                  "data-parallel transport: auto (MPI when started by mpirun, else one rank), "
+                  "local, mpi; nccl is refused: training does not use NCCL in this release");
   cmd->add_option("--device", o->device,
                   "where the model computes: auto (a GPU when the build has CUDA and the machine "
                   "has one, else the simulated device), cpu (the simulated device), cuda");

@@ -86,8 +86,8 @@ std::optional<Ranks> open_ranks(const std::string& choice, bool cuda_device) {
   }
   if (choice == "nccl" && !cuda_device) {
     std::fprintf(stderr,
-                 "error: --comm nccl: NCCL needs device buffers, and the model computes on the "
-                 "host in this release; use --comm mpi\n");
+                 "error: --comm nccl: training does not use NCCL in this release (the ranks' "
+                 "collectives run on pinned host memory, on a GPU too); use --comm mpi\n");
     return std::nullopt;
   }
 #ifdef OUTCORE_LAUNCH_NCCL
