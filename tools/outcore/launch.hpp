@@ -32,9 +32,9 @@ bool started_by_mpi_launcher();
 // engine instead when the ranks compute on CUDA devices and NCCL is built in), "local", "mpi"
 // or "nccl". `cuda_device`: the engine's collectives run on CUDA device buffers, which NCCL
 // needs. Training's collectives run on pinned host memory in this release, on a GPU too, so it
-// passes false and --comm nccl is refused. Prints one "error: --comm ..." line on stderr and returns nullopt when the choice
-// cannot be had (MPI or NCCL not built in, NCCL with host buffers, MPI or NCCL failing to
-// start).
+// passes false and --comm nccl is refused. Prints one "error: --comm ..." line on stderr and
+// returns nullopt when the choice cannot be had (MPI or NCCL not built in, NCCL with host buffers,
+// MPI or NCCL failing to start).
 std::optional<Ranks> open_ranks(const std::string& choice, bool cuda_device = false);
 
 // Where this process's model computes.
