@@ -115,13 +115,17 @@ DataLoader::DataLoader(std::shared_ptr<const TokenFile> file, TokenRange range,
       throw InvalidArgument(fmt::format("{}: the loss mask {} has {} bytes for {} tokens", path,
                                         mask_->path(), mask_->size(), file_->size()));
     }
-    // Targets are the tokens after each sequence's first.
-    const uint64_t ones = mask_->check(range_.begin, range_.end);
+    // The targets of the split's whole sequences: tokens [begin + 1, begin + 1 + sequences x T).
+    // The split's first token and a tail shorter than a sequence are never targets.
+    const size_t first = range_.begin + 1, last = first + static_cast<size_t>(sequences_ * T);
+    const uint64_t ones = mask_->check(range_.begin, range_.end) -
+                          mask_->check(range_.begin, first) - mask_->check(last, range_.end);
     split_targets_ = ones;
-    if (ones - (ones > 0 && (*mask_)[range_.begin] ? 1 : 0) == 0) {
+    if (ones == 0) {
       throw InvalidArgument(fmt::format(
-          "{}: the loss mask {} marks no token of the {} split [{}, {}) as a training target", path,
-          mask_->path(), split_name_, range_.begin, range_.end));
+          "{}: the loss mask {} marks no target of the {} split's {} sequences (tokens [{}, {})) "
+          "as trained",
+          path, mask_->path(), split_name_, sequences_, first, last));
     }
   }
 }
@@ -150,6 +154,10 @@ uint64_t DataLoader::trained_targets(DataPosition pos) const {
       pos.epoch,
       (pos.step * static_cast<uint64_t>(opts_.world_size) + static_cast<uint64_t>(opts_.rank)) * B,
       B);
+}
+
+uint64_t DataLoader::trained_in_first(uint64_t micro_batches) const {
+  return trained_in_slots(0, 0, micro_batches * static_cast<uint64_t>(opts_.micro_batch));
 }
 
 uint64_t DataLoader::trained_targets_all_ranks(DataPosition pos) const {

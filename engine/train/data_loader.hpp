@@ -82,7 +82,8 @@ class DataLoader {
   // Reads `range` of `file`; `split_name` ("train", "val") appears in error messages; `mask`,
   // when given, is `file`'s loss mask. Throws InvalidArgument for bad options, a range past the
   // file's end, a split too short for one micro-batch (naming the file, the split, its tokens
-  // and the tokens one micro-batch needs), or a mask that trains on no target of the split;
+  // and the tokens one micro-batch needs), or a mask that trains on no target of the split's whole
+  // sequences;
   // CorruptData for a token >= vocab_size (naming the file and the token's position in it) or
   // a mask byte other than 0 and 1.
   DataLoader(std::shared_ptr<const TokenFile> file, TokenRange range, DataLoaderOptions options,
@@ -104,8 +105,12 @@ class DataLoader {
   // rank together (what the step's loss is a mean over). B*T (x world) without a mask.
   uint64_t trained_targets(DataPosition pos) const;
   uint64_t trained_targets_all_ranks(DataPosition pos) const;
+  // Trained targets of the first `micro_batches` micro-batches of the first epoch, of every
+  // rank in turn (what a validation pass over them evaluates).
+  uint64_t trained_in_first(uint64_t micro_batches) const;
   bool has_mask() const { return mask_ != nullptr; }
-  // The loss mask, or nullptr; and how many of the split's tokens it marks as targets.
+  // The loss mask, or nullptr; and how many targets of the split's whole sequences it marks as
+  // trained (sequences() x T targets in all).
   const MaskFile* mask() const { return mask_.get(); }
   uint64_t targets_in_split() const { return split_targets_; }
 

@@ -65,6 +65,7 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
   if (m.total_steps > 0) j["total_steps"] = m.total_steps;
   j["loss"] = number_or_null(m.loss);
   j["lr"] = m.lr;
+  if (m.beta1) j["beta1"] = *m.beta1;
   j["tokens_per_s"] = m.tokens_per_s;
   j["tokens"] = m.tokens;
   j["tokens_trained"] = m.tokens_trained;

@@ -24,12 +24,13 @@ struct TierIo {
 };
 
 struct StepMetrics {
-  int64_t step = 0;         // optimizer step, counted from 1
-  int64_t total_steps = 0;  // 0 when unknown
-  double loss = 0;          // mean training loss of the step (unscaled)
-  double lr = 0;            // lr the step used
-  double tokens_per_s = 0;  // training tokens of the step / its wall time
-  int64_t tokens = 0;       // tokens the step computed (every rank, every micro-batch)
+  int64_t step = 0;             // optimizer step, counted from 1
+  int64_t total_steps = 0;      // 0 when unknown
+  double loss = 0;              // mean training loss of the step (unscaled)
+  double lr = 0;                // lr the step used
+  std::optional<double> beta1;  // Adam's beta1 the step used, when the schedule sets it (OneCycle)
+  double tokens_per_s = 0;      // training tokens of the step / its wall time
+  int64_t tokens = 0;           // tokens the step computed (every rank, every micro-batch)
   // Of those, the targets its loss is a mean over: all of them without a loss mask.
   int64_t tokens_trained = 0;
   bool masked = false;      // the data has a loss mask (the line then shows tokens_trained)

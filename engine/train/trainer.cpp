@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 
 #include "common/error.hpp"
@@ -49,6 +50,41 @@ void check_same_model(const model::LlamaConfig& theirs, const model::LlamaConfig
                            "weights were made for another model",
                            dir, value.dump(), it == b.end() ? std::string("nothing") : it->dump()));
   }
+}
+
+// The tokens of the training file a checkpoint trained on ({0, 0} when it does not say): its
+// train_split, or (checkpoints before it) what its val_fraction made of its train_tokens.
+TokenRange saved_train_split(const nlohmann::json& state) {
+  if (const auto split = state.find("train_split"); split != state.end())
+    return {split->at(0).get<size_t>(), split->at(1).get<size_t>()};
+  const uint64_t tokens = state.value("train_tokens", uint64_t{0});
+  const double fraction = state.value("val_fraction", 0.0);
+  if (tokens == 0) return {};
+  if (fraction == 0.0 || !state.value("val_data", std::string()).empty()) return {0, tokens};
+  return split_tokens(tokens, fraction).train;
+}
+
+// OneCycle's momentum decay raises beta1 without bound (as DeepSpeed's does): a run that would
+// reach beta1 >= 1, where Adam is undefined, is refused before it starts rather than failing at
+// that step. Step k uses the schedule at index k - 2; beta1 grows monotonically after the cycle.
+void check_betas_through(const LrSchedule& schedule, int64_t steps) {
+  auto bad = [&](int64_t i) {
+    const std::optional<Betas> b = schedule.betas_at(i);
+    return b && !(b->beta1 < 1.0);
+  };
+  if (steps < 2 || !bad(steps - 2)) return;
+  int64_t lo = -1, hi = steps - 2;  // !bad(lo) (the cycle keeps beta1 < 1), bad(hi)
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (bad(mid) ? hi : lo) = mid;
+  }
+  throw ConfigError(
+      "scheduler.params.decay_mom_rate",
+      fmt::format("OneCycle's momentum decay takes Adam's beta1 to {} at step {} of the {} steps "
+                  "asked for (cycle_max_mom x (1 + decay_mom_rate x steps since the cycle / "
+                  "decay_step_size)); Adam needs beta1 < 1: lower decay_mom_rate, or set "
+                  "cycle_momentum to false",
+                  schedule.betas_at(hi)->beta1, hi + 2, steps));
 }
 
 }  // namespace
@@ -131,6 +167,7 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
 
   open_data();
   schedule_ = make_lr_schedule(cfg_);
+  check_betas_through(*schedule_, opts_.steps);
   scaler_ = make_loss_scaler(cfg_);
   // Hugging Face weights are checked against the model before any swap file exists.
   std::optional<ckpt::HfWeights> init_weights;
@@ -264,6 +301,18 @@ void Trainer::open_data() {
     lo.shuffle = false;
     val_loader_ = std::make_unique<DataLoader>(val_file, val_range, lo, "validation", val_mask);
   }
+  // A pass whose micro-batches hold no trained target would have no loss to report.
+  if (val_loader_ && val_loader_->has_mask() &&
+      val_loader_->trained_in_first(static_cast<uint64_t>(eval_micro_batches())) == 0) {
+    const uint64_t T = static_cast<uint64_t>(lo.seq_len), first = val_loader_->range().begin + 1;
+    throw InvalidArgument(fmt::format(
+        "the validation loss mask {} marks no target of the {} micro-batches a validation pass "
+        "evaluates (tokens [{}, {}) of {}) as trained: raise --eval-batches, or mark targets "
+        "there",
+        val_loader_->mask()->path(), eval_micro_batches(), first,
+        first + static_cast<uint64_t>(eval_micro_batches()) * lo.micro_batch * T,
+        val_loader_->file().path()));
+  }
   if (opts_.eval_every > 0 && !val_loader_) {
     throw InvalidArgument(
         fmt::format("validation every {} steps needs a validation set (--val-data or "
@@ -278,9 +327,20 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
   const std::string src = ck->dir().string();
   check_checkpoint_model(ck->manifest(), model::make_layout(model_config, 1), src);
   ck->verify();
+  // Shapes alone would let other heads, another rope_theta or rms_norm_eps reinterpret the
+  // weights: the checkpoint's model config is compared whole.
+  check_same_model(
+      model::LlamaConfig::from_json(ck->read_text("config.json"), src + "/config.json"),
+      model_config, src);
   const std::string state_path = (ck->dir() / "trainer_state.json").string();
   try {
     resume_state_ = nlohmann::json::parse(ck->read_text("trainer_state.json"));
+    const int64_t steps_then = ck->manifest().step;  // restore() checks steps_done against it
+    if (opts_.steps < steps_then)
+      throw InvalidArgument(fmt::format(
+          "{} is at step {}, beyond the {} steps asked for (--steps is the run's whole length, "
+          "counted from its start: give more than {} to train on)",
+          src, steps_then, opts_.steps, steps_then));
     const int64_t micro = resume_state_.at("micro_batch").get<int64_t>();
     const int64_t seq = resume_state_.at("seq_len").get<int64_t>();
     const int world = resume_state_.at("world_size").get<int>();
@@ -343,11 +403,24 @@ void Trainer::restore(const ckpt::Checkpoint& ck) {
     named([&] { scaler_.load_state_json(resume_state_.at("loss_scaler")); });
     train_loader_->seek(data_position_from_json(resume_state_.at("data")));
     const uint64_t tokens_then = resume_state_.value("train_tokens", uint64_t{0});
-    if (tokens_then != 0 && tokens_then != train_loader_->file().size())
+    const TokenRange range = train_loader_->range();
+    if (tokens_then != 0 && tokens_then != train_loader_->file().size()) {
       log::warn(
           "the training data {} holds {} tokens; the checkpoint was saved over {}: the data "
           "order continues from the saved position over other tokens",
           opts_.train_data, train_loader_->file().size(), tokens_then);
+    } else if (const TokenRange then = saved_train_split(resume_state_);
+               then.end != 0 && (then.begin != range.begin || then.end != range.end)) {
+      // The same file, split otherwise (--val-fraction): tokens trained on may now be
+      // validation tokens, and the order runs over other sequences.
+      log::warn(
+          "the training split is tokens [{}, {}) of {}; the checkpoint trained on [{}, {}): the "
+          "data order continues over other sequences{}",
+          range.begin, range.end, opts_.train_data, then.begin, then.end,
+          then.end > range.end
+              ? ", and the validation loss is now partly over tokens already trained on"
+              : "");
+    }
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
   }
@@ -363,6 +436,7 @@ nlohmann::ordered_json Trainer::state_json() const {
   j["data"] = to_json(train_loader_->position());
   // What the position indexes: a resume over other tokens is told so (restore).
   j["train_tokens"] = train_loader_->file().size();
+  j["train_split"] = {train_loader_->range().begin, train_loader_->range().end};
   j["seed"] = opts_.seed;
   j["micro_batch"] = model_->options().micro_batch;
   j["seq_len"] = model_->options().seq_len;
@@ -463,6 +537,7 @@ StepMetrics Trainer::train_step() {
   m.tokens_trained = static_cast<int64_t>(trained);
   m.masked = train_loader_->has_mask();
   m.lr = lr;
+  if (schedule_->betas()) m.beta1 = sp.beta1;
   m.step_time_s = seconds_since(t0);
   const double tokens = static_cast<double>(tokens_per_step());
   m.tokens_per_s = m.step_time_s > 0 ? tokens / m.step_time_s : 0;
@@ -511,9 +586,7 @@ ValidationMetrics Trainer::validate() {
   // The first n micro-batches of the set, whatever the world size: rank r evaluates global
   // micro-batches r, r + W, ... (every rank the same count: evaluation is collective).
   const int64_t w = world_size();
-  const int64_t n = std::min<int64_t>(
-      opts_.eval_batches,
-      static_cast<int64_t>(val_loader_->sequences() / val_loader_->options().micro_batch));
+  const int64_t n = eval_micro_batches();
   std::vector<float> losses(static_cast<size_t>((n + w - 1) / w));
   std::vector<float> trained(losses.size());  // exact: at most B*T < 2^24 each
   for (size_t i = 0; i < losses.size(); ++i) {
@@ -526,14 +599,21 @@ ValidationMetrics Trainer::validate() {
   v.tokens = n * model_->tokens();
   v.tokens_trained = static_cast<int64_t>(sum_in_global_order(trained, n));
   v.masked = val_loader_->has_mask();
-  // Each micro-batch's loss is a mean over its B*T rows, a masked row counting 0.
+  // Each micro-batch's loss is a mean over its B*T rows, a masked row counting 0. open_data
+  // refuses a mask that leaves a pass no trained target: NaN (never a perfect 0) if one did.
   v.loss = v.tokens_trained == v.tokens ? sum_in_global_order(losses, n) / static_cast<double>(n)
            : v.tokens_trained == 0
-               ? 0.0
+               ? std::numeric_limits<double>::quiet_NaN()
                : sum_in_global_order(losses, n) * static_cast<double>(model_->tokens()) /
                      static_cast<double>(v.tokens_trained);
   v.time_s = seconds_since(t0);
   return v;
+}
+
+int64_t Trainer::eval_micro_batches() const {
+  return std::min<int64_t>(
+      opts_.eval_batches,
+      static_cast<int64_t>(val_loader_->sequences() / val_loader_->options().micro_batch));
 }
 
 int64_t Trainer::tokens_per_step() const { return model_->tokens() * gas_ * world_size(); }

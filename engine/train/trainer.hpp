@@ -251,6 +251,9 @@ class Trainer {
   struct Devices;  // the device + the Comms, built before the engine
 
   void open_data();
+  // How many micro-batches a validation pass evaluates (of every rank in turn): --eval-batches,
+  // at most the validation set's.
+  int64_t eval_micro_batches() const;
   int world_size() const;
   int rank() const;
   comm::Comm& comm() const;

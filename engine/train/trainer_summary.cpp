@@ -28,8 +28,9 @@ std::string data_text(const DataLoader& l) {
                               l.file().path(), l.range().begin, l.range().end, l.range().size(),
                               l.sequences(), l.batches_per_epoch());
   if (l.mask() != nullptr)
-    s += fmt::format("; loss mask {}: {} of the tokens are targets", l.mask()->path(),
-                     l.targets_in_split());
+    s += fmt::format("; loss mask {}: {} of the sequences' {} targets trained", l.mask()->path(),
+                     l.targets_in_split(),
+                     l.sequences() * static_cast<uint64_t>(l.options().seq_len));
   return s;
 }
 
@@ -68,11 +69,16 @@ std::string Trainer::summary() const {
   s += fmt::format("precision  {} parameters, fp32 master weights, gradients and Adam moments\n",
                    precision);
   const auto betas = opt.betas.value();
+  // OneCycle with cycle_momentum sets both betas at every step (the metrics carry beta1).
+  const std::optional<Betas> cycled = schedule_->betas();
   s += fmt::format(
-      "optimizer  {} lr {:g}, betas ({:g}, {:g}), eps {:g}, weight decay {:g} ({}), "
+      "optimizer  {} lr {:g}, betas {}, eps {:g}, weight decay {:g} ({}), "
       "gradient clipping {}\n",
-      config::to_string(opt.type), opt.lr.value(), betas[0], betas[1], opt.eps.value(),
-      opt.weight_decay.value(), opt.decoupled_weight_decay() ? "decoupled" : "L2",
+      config::to_string(opt.type), opt.lr.value(),
+      cycled ? fmt::format("set by {} (beta2 {:g}; the config's betas do not apply)",
+                           schedule_->name(), cycled->beta2)
+             : fmt::format("({:g}, {:g})", betas[0], betas[1]),
+      opt.eps.value(), opt.weight_decay.value(), opt.decoupled_weight_decay() ? "decoupled" : "L2",
       cfg_.gradient_clipping.value() > 0 ? fmt::format("{:g}", cfg_.gradient_clipping.value())
                                          : std::string("off"));
   s += fmt::format("schedule   {}, first lr {:g}\n", schedule_->name(), schedule_->lr());
@@ -115,9 +121,10 @@ std::string Trainer::summary() const {
       io.fallback_reason.empty() ? std::string()
                                  : " (io_uring unavailable: " + io.fallback_reason + ")");
   if (!resumed_from_.empty())
-    s += fmt::format("resume     from {} at step {} (data epoch {}, micro-batch {})\n",
+    s += fmt::format("resume     from {} at step {} (data epoch {}, micro-batch {}){}\n",
                      resumed_from_, steps_done_, train_loader_->position().epoch,
-                     train_loader_->position().step);
+                     train_loader_->position().step,
+                     steps_done_ >= opts_.steps ? ": that is --steps, nothing left to train" : "");
   if (!opts_.init_from.empty()) s += fmt::format("init       weights from {}\n", opts_.init_from);
   if (save_dir_)
     s += fmt::format("checkpoint {} {}, keep {}\n", save_dir_->path().string(),

@@ -286,8 +286,8 @@ TEST(DataLoader, AMaskedTargetIsIgnoredAndCounted) {
                mask);
   EXPECT_TRUE(l.has_mask());
   EXPECT_FALSE(plain.has_mask());
-  uint64_t ones = 0;
-  for (size_t i = 0; i < 1000; ++i) ones += keep(i) ? 1 : 0;
+  uint64_t ones = 0;  // the targets of the 62 whole sequences of 16: tokens [1, 993)
+  for (size_t i = 1; i < 1 + 62 * 16; ++i) ones += keep(i) ? 1 : 0;
   EXPECT_EQ(l.targets_in_split(), ones);
   for (int step = 0; step < 4; ++step) {
     const DataPosition pos = l.position();
@@ -369,9 +369,24 @@ TEST(DataLoader, BadMasksAreRejectedNamingTheFile) {
       DataLoader l(f, {0, 1000}, {.micro_batch = 1, .seq_len = 8}, "train", none);
       FAIL();
     } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("marks no token of the train split"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("marks no target of the train split"), std::string::npos)
           << e.what();
     }
+  }
+  {  // targets only in the tail no whole sequence reaches: 124 sequences of 8 end at token 993
+    auto tail = write_mask(
+        dir, *f, [](size_t i) { return i >= 993; }, "tail.mask");
+    try {
+      DataLoader l(f, {0, 1000}, {.micro_batch = 1, .seq_len = 8}, "train", tail);
+      FAIL();
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("124 sequences (tokens [1, 993))"), std::string::npos)
+          << e.what();
+    }
+    auto one = write_mask(
+        dir, *f, [](size_t i) { return i == 992; }, "one.mask");
+    DataLoader l(f, {0, 1000}, {.micro_batch = 1, .seq_len = 8}, "train", one);
+    EXPECT_EQ(l.targets_in_split(), 1u);
   }
   EXPECT_EQ(mask_path_beside("data/sft.u32"), "data/sft.mask");
   EXPECT_EQ(mask_path_beside("sft.bin"), "sft.mask");

@@ -203,5 +203,29 @@ TEST(LossMask, AMaskOfTheWrongSizeIsRefusedNamingBothFiles) {
   }
 }
 
+// A validation pass evaluates the set's first --eval-batches micro-batches: a mask with no
+// trained target among them would leave the pass no loss (it once printed a perfect 0). It is
+// refused naming the mask and the flag; with the pass reaching its targets it is taken.
+TEST(LossMask, AValidationPassWithNoTrainedTargetIsRefused) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  TrainerOptions o = quiet_options(data, 1);
+  o.eval_batches = 2;  // micro-batches of 4 x 32: targets [1, 257) of the validation file
+  o.val_mask = data.file("late.mask");
+  write_mask(o.val_mask, data.val(), [](size_t i) { return i >= 600 && i < 640; });
+  try {
+    Trainer t(make_config({}, mc), mc, o);
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("late.mask marks no target of the 2 micro-batches"), std::string::npos) << m;
+    EXPECT_NE(m.find("tokens [1, 257)"), std::string::npos) << m;
+    EXPECT_NE(m.find("--eval-batches"), std::string::npos) << m;
+  }
+  o.eval_batches = 8;
+  const RunResult r = train(make_config({}, mc), o);
+  EXPECT_GT(r.val_loss, 0.0);
+}
+
 }  // namespace
 }  // namespace outcore::train

@@ -366,6 +366,42 @@ TEST_F(ResumeTest, MismatchedModelOrBatchIsRefused) {
   TrainerOptions seq = o;
   seq.seq_len = 16;
   EXPECT_THROW(Trainer(cfg, tiny_model(), seq), InvalidArgument);
+  // Models of the same shapes that compute otherwise: heads of 8 instead of 16, another RoPE
+  // base, another epsilon. The weights would be read as another model's.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"num_attention_heads", 8}, {"rope_theta", 500000.0}, {"rms_norm_eps", 1e-2}}) {
+    nlohmann::json j = testing::tiny_model_json();
+    j[key] = value;
+    if (key == "num_attention_heads") j["num_key_value_heads"] = 4;
+    const model::LlamaConfig same_shapes = model::LlamaConfig::from_json(j.dump(), "same shapes");
+    ASSERT_EQ(model::make_layout(same_shapes, 1).units[1].numel,
+              model::make_layout(tiny_model(), 1).units[1].numel);
+    try {
+      Trainer(make_config({}, same_shapes), same_shapes, o);
+      ADD_FAILURE() << key << " changed on resume was taken";
+    } catch (const ConfigError& e) {  // heads: head_dim (16 -> 8) is the first key that differs
+      EXPECT_EQ(e.json_path(), key == "num_attention_heads" ? "head_dim" : key) << e.what();
+    }
+  }
+}
+
+// The step count is the run's whole length: a checkpoint beyond it is refused, one at it has
+// nothing left to train and says so.
+TEST_F(ResumeTest, StepsAtOrBelowTheCheckpointsStep) {
+  const config::Config cfg = make_config({}, tiny_model());
+  TrainerOptions o = saved_then_resumed(cfg, 2, 1);
+  try {
+    Trainer(cfg, tiny_model(), o);
+    ADD_FAILURE() << "--steps 1 below the checkpoint's step 2 was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("is at step 2, beyond the 1 steps asked for"),
+              std::string::npos)
+        << e.what();
+  }
+  o.steps = 2;
+  Trainer tr(cfg, tiny_model(), o);
+  EXPECT_NE(tr.summary().find("nothing left to train"), std::string::npos) << tr.summary();
+  EXPECT_EQ(tr.run().steps, 0);
 }
 
 // The checkpoint's data position indexes the data it was saved over: resuming over a data file
@@ -392,9 +428,25 @@ TEST_F(ResumeTest, ResumingOverOtherDataSaysSo) {
   }
   o.train_data = shorter;
   o.steps = 3;
+  {
+    test::LogCapture log;
+    Trainer(cfg, tiny_model(), o).run();
+    EXPECT_NE(log.text().find("the training data " + shorter + " holds"), std::string::npos)
+        << log.text();
+  }
+  // The same file split otherwise: a tenth of it for validation moves tokens already trained on
+  // into the validation set.
+  TrainerOptions first = quiet_options(data_, 1);
+  first.save_dir = dir("ckpt2");
+  Trainer(cfg, tiny_model(), first).run();
+  TrainerOptions split = quiet_options(data_, 2);
+  split.resume_from = dir("ckpt2");
+  split.val_data.clear();
+  split.val_fraction = 0.1;
   test::LogCapture log;
-  Trainer(cfg, tiny_model(), o).run();
-  EXPECT_NE(log.text().find("the training data " + shorter + " holds"), std::string::npos)
+  Trainer(cfg, tiny_model(), split).run();
+  EXPECT_NE(log.text().find("the checkpoint trained on [0, "), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find("partly over tokens already trained on"), std::string::npos)
       << log.text();
 }
 

@@ -149,6 +149,42 @@ TEST(TrainerTest, SummarySaysWhereTheOptimizerStateIs) {
       << s;
 }
 
+// OneCycle with cycle_momentum sets Adam's betas: the summary says so instead of showing the
+// config's, each step's beta1 is in its metrics, and a momentum decay that would take beta1 to
+// 1 within the steps asked for is refused before the run starts, naming the key and the step.
+TEST(TrainerTest, OneCycleMomentumIsShownAndBoundedBeforeTheRun) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  nlohmann::json params = {{"cycle_min_lr", 1e-4},       {"cycle_max_lr", 1e-3},
+                           {"cycle_first_step_size", 1}, {"decay_step_size", 1},
+                           {"decay_mom_rate", 0.1},      {"decay_lr_rate", 0.1}};
+  auto cfg = [&] {
+    return make_config({{"scheduler", {{"type", "OneCycle"}, {"params", params}}}}, mc);
+  };
+  // cycle_max_mom 0.9 x (1 + 0.1 x k) reaches 1.08 at k = 2, the schedule's index 3: step 5.
+  try {
+    Trainer t(cfg(), mc, quiet_options(data, 8));
+    FAIL() << "a run reaching beta1 1.08 was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.json_path(), "scheduler.params.decay_mom_rate");
+    EXPECT_NE(std::string(e.what()).find("beta1 to 1.08 at step 5 of the 8 steps"),
+              std::string::npos)
+        << e.what();
+  }
+  TrainerOptions o = quiet_options(data, 4);  // beta1 0.99 at step 4 at the most
+  std::vector<double> beta1;
+  o.on_step = [&](const StepMetrics& m) { beta1.push_back(m.beta1.value_or(-1)); };
+  Trainer t(cfg(), mc, o);
+  EXPECT_NE(t.summary().find("betas set by OneCycle (beta2 0.99"), std::string::npos)
+      << t.summary();
+  t.run();
+  ASSERT_EQ(beta1.size(), 4u);
+  EXPECT_DOUBLE_EQ(beta1[3], 0.9 * 1.1);
+  params["decay_mom_rate"] = 0.0;
+  params.erase("decay_step_size");
+  Trainer(cfg(), mc, quiet_options(data, 100));  // beta1 stays at cycle_max_mom
+}
+
 // fp16 with a loss scale far beyond fp32's range: the gradients overflow, the step is
 // skipped (no weight changes, no lr schedule step, no Adam step), the scale is halved.
 TEST(TrainerTest, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
