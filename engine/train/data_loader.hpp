@@ -82,10 +82,9 @@ class DataLoader {
   // Reads `range` of `file`; `split_name` ("train", "val") appears in error messages; `mask`,
   // when given, is `file`'s loss mask. Throws InvalidArgument for bad options, a range past the
   // file's end, a split too short for one micro-batch (naming the file, the split, its tokens
-  // and the tokens one micro-batch needs), or a mask that trains on no target of the split's whole
-  // sequences;
-  // CorruptData for a token >= vocab_size (naming the file and the token's position in it) or
-  // a mask byte other than 0 and 1.
+  // and the tokens one micro-batch needs), or a mask that trains on no target of the split's
+  // whole sequences; CorruptData for a token >= vocab_size (naming the file and the token's
+  // position in it) or a mask byte other than 0 and 1.
   DataLoader(std::shared_ptr<const TokenFile> file, TokenRange range, DataLoaderOptions options,
              std::string split_name = "train", std::shared_ptr<const MaskFile> mask = nullptr);
 
