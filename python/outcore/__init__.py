@@ -62,7 +62,9 @@ def estimate(config_path_or_dict, model_config_path_or_dict, world_size=1, *, mi
     cfg, cfg_is_path = _json_input(config_path_or_dict, "config_path_or_dict")
     model, model_is_path = _json_input(model_config_path_or_dict, "model_config_path_or_dict")
     world_size = _args.integer(world_size, "world_size")
-    micro_batch = 0 if micro_batch is None else _args.integer(micro_batch, "micro_batch")
-    seq_len = 0 if seq_len is None else _args.integer(seq_len, "seq_len")
+    # 0 asks the core for the default: a 0 given here is refused, as the CLI refuses it.
+    micro_batch = 0 if micro_batch is None else _args.integer(micro_batch, "micro_batch", 1,
+                                                              2**63 - 1)
+    seq_len = 0 if seq_len is None else _args.integer(seq_len, "seq_len", 1, 2**63 - 1)
     return _outcore.estimate(cfg, cfg_is_path, model, model_is_path, world_size, micro_batch,
                              seq_len, bool(activation_checkpointing))

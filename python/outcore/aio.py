@@ -230,6 +230,9 @@ class Handle:
             if not isinstance(value, bool):
                 raise TypeError(f"{filename}: {name} must be a bool, got "
                                 f"{value!r}; pass the file offset as offset= or file_offset=")
+        if offset is not None and file_offset != 0:
+            raise TypeError(f"{filename}: file_offset={file_offset!r} and offset={offset!r} both "
+                            "given; pass one of them")
         name, value = ("file_offset", file_offset) if offset is None else ("offset", offset)
         file_offset = _args.integer(value, f"{filename}: {name}")
         req = self._submit(write, buffer, filename, file_offset, validate, async_op)

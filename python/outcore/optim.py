@@ -259,8 +259,17 @@ class CPUAdam(torch.optim.Optimizer):
         return updates
 
     def _check_hyperparameters(self, group, gi):
-        """The kernel's own checks of the group's lr, betas, eps and weight_decay."""
-        beta1, beta2 = group["betas"]
+        """The kernel's own checks of the group's lr, betas, eps and weight_decay; and no
+        torch option the kernel lacks (a torch Adam/AdamW state_dict can bring them)."""
+        for key in ("amsgrad", "maximize"):
+            if group.get(key, False):
+                raise ValueError(f"CPUAdam: param_groups[{gi}]['{key}'] is {group[key]!r}: "
+                                 f"CPUAdam has no {key} (torch.optim.Adam and AdamW do)")
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"CPUAdam: param_groups[{gi}]['betas'] must be a pair (beta1, "
+                             f"beta2), got {betas!r}")
+        beta1, beta2 = betas
         try:
             _outcore.check_adam_params(
                 float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),

@@ -292,6 +292,17 @@ class Errors(AioTest):
             h.pwrite(torch.empty(10), missing, offset=8)
         self.assert_io_error(cm, errno.ENOENT, missing, 8)
 
+    def test_two_offsets_are_refused(self):
+        # file_offset (DeepNVMe's name) and offset= together: which one was meant? Once, offset=
+        # won silently.
+        h = aio.Handle()
+        path = self.path("two.bin")
+        with self.assertRaisesRegex(TypeError, "file_offset=8 and offset=16 both given"):
+            h.pwrite(torch.zeros(4), path, file_offset=8, offset=16)
+        self.assertFalse(os.path.exists(path))
+        with self.assertRaisesRegex(TypeError, "both given"):
+            h.sync_pread(torch.zeros(4), path, 8, offset=16)
+
     def test_read_past_end_of_file(self):
         h = aio.Handle()
         path = self.path("short.bin")

@@ -213,6 +213,21 @@ class CopyOutAndErrors(unittest.TestCase):
         opt.param_groups[0]["lr"] = float("nan")
         with self.assertRaisesRegex(ValueError, "lr"):
             opt.step()
+        # torch options CPUAdam lacks, brought by a torch state_dict, are refused at step(),
+        # leaving the parameter as it was (they once ran as plain Adam).
+        for key in ("maximize", "amsgrad"):
+            torch_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(8))], **{key: True})
+            ours = CPUAdam([q])
+            ours.load_state_dict(torch_opt.state_dict())
+            before = q.detach().clone()
+            q.grad = torch.ones(8)
+            with self.assertRaisesRegex(ValueError, rf"param_groups\[0\]\['{key}'\] is True"):
+                ours.step()
+            self.assertTrue(torch.equal(q.detach(), before))
+        ours = CPUAdam([q])
+        ours.param_groups[0]["betas"] = (0.9,)
+        with self.assertRaisesRegex(ValueError, r"\['betas'\] must be a pair"):
+            ours.step()
 
     def test_bad_thread_counts_name_the_argument(self):
         q = torch.nn.Parameter(torch.zeros(8))

@@ -139,7 +139,9 @@ class Estimate(unittest.TestCase):
                              ({"world_size": (1 << 20) + 1}, "world_size"),
                              ({"micro_batch": 2**32 + 2}, "micro_batch"),
                              ({"seq_len": 2**64}, "seq_len"),
-                             ({"micro_batch": -1}, "micro_batch")):
+                             ({"micro_batch": -1}, "micro_batch"),
+                             ({"micro_batch": 0}, "micro_batch"),  # once taken as the default
+                             ({"seq_len": 0}, "seq_len")):
             with self.assertRaises(ValueError, msg=str(kwargs)) as cm:
                 outcore.estimate(CONFIG, MODEL, **kwargs)
             self.assertIn(name, str(cm.exception))
@@ -149,7 +151,7 @@ class Estimate(unittest.TestCase):
 
     def test_non_integer_sizes_are_refused_not_truncated(self):
         for name, value in (("world_size", 1.7), ("micro_batch", "2"), ("seq_len", 64.0),
-                            ("world_size", None)):
+                            ("world_size", None), ("world_size", True)):
             with self.assertRaises(TypeError, msg=f"{name}={value!r}") as cm:
                 outcore.estimate(CONFIG, MODEL, **{name: value})
             self.assertIn(name, str(cm.exception))
