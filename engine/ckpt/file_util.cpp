@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "common/error.hpp"
@@ -87,12 +88,21 @@ std::string read_latest_tag(const std::filesystem::path& latest) {
   std::string tag = read_small_file(latest, 4096);
   while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r' || tag.back() == ' '))
     tag.pop_back();
+  // A tag is a directory name in the save directory: no separator, no control character
+  // (shown escaped, never written to the terminal as it is).
+  auto control = [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; };
   const bool bad = tag.empty() || tag == "." || tag == ".." ||
-                   tag.find_first_of("/\n\r\t ") != std::string::npos ||
-                   tag.find('\0') != std::string::npos;
-  if (bad)
+                   tag.find_first_of("/ ") != std::string::npos ||
+                   std::any_of(tag.begin(), tag.end(), control);
+  if (bad) {
+    std::string shown;
+    for (const char c : tag.substr(0, 64))
+      shown += control(c) || c == '"' || c == '\\'
+                   ? fmt::format("\\x{:02x}", static_cast<unsigned char>(c))
+                   : std::string(1, c);
     throw CorruptData(fmt::format("{}: does not name a checkpoint (\"{}{}\")", latest.string(),
-                                  tag.substr(0, 64), tag.size() > 64 ? "..." : ""));
+                                  shown, tag.size() > 64 ? "..." : ""));
+  }
   return tag;
 }
 

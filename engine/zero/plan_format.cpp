@@ -197,7 +197,7 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
           limit = limits->pinned, by = "outcore.pinned_memory_mb";
           break;
         case Tier::kHost:
-          limit = limits->host, by = "MemAvailable, with pinned";
+          limit = limits->host, by = "MemAvailable";
           break;
         case Tier::kNvme:
           limit = limits->nvme_same_filesystem
@@ -209,8 +209,11 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
     }
     const uint64_t need = tier == Tier::kHost ? host_need_bytes(plan) : plan.peak[tier];
     std::string verdict;
+    // Host memory holds the pinned buffers too: the figure compared is then both together.
+    const std::string compared =
+        need != plan.peak[tier] ? fmt::format(" for host + pinned {}", format_bytes(need)) : "";
     if (limit > 0)
-      verdict = fmt::format("  limit {} ({}): {}", format_bytes(limit), by,
+      verdict = fmt::format("  limit {} ({}){}: {}", format_bytes(limit), by, compared,
                             need <= limit ? "fits" : "DOES NOT FIT");
     else if (limits != nullptr)
       verdict = "  no limit";

@@ -94,6 +94,9 @@ EXPECT="not enough free space" expect2 "no space" --path "$work" --file-size 100
 EXPECT="not a size" expect2 "bad size" --path "$work" --file-size banana
 EXPECT="multiple of 4K" expect2 "bad block" --path "$work" --block-sizes 1000
 EXPECT="true or false" expect2 "bad bool" --path "$work" --single-submit maybe
+# Refused before the benchmark file is written (one line: no "writing the ... file" first).
+EXPECT="every block size x thread count exceeds --file-size" \
+  expect2 "blocks beyond the file" --path "$work" --file-size 4M --block-sizes 8M
 EXPECT="path" expect2 "no path"
 EXPECT="--seconds nan: expected more than 0" expect2 "nan seconds" --path "$work" --seconds nan
 EXPECT="--budget -5: expected more than 0" expect2 "negative budget" --path "$work" --budget -5

@@ -176,6 +176,12 @@ TEST(CkptReadWrite, OpenResolvesLatestAndReportsBadPaths) {
             std::string::npos);
   std::ofstream(tmp / "save" / "latest") << "../../etc\n";
   EXPECT_THROW(Checkpoint::open(tmp / "save"), CorruptData);
+  // Control characters (a NUL, a terminal's escape sequences) are refused and shown escaped.
+  std::ofstream(tmp / "save" / "latest", std::ios::trunc | std::ios::binary)
+      << std::string("global_step7\0junk\x1b[2J", 21);
+  const std::string what = what_of([&] { Checkpoint::open(tmp / "save"); });
+  EXPECT_NE(what.find("(\"global_step7\\x00junk\\x1b[2J\")"), std::string::npos) << what;
+  EXPECT_EQ(what.find('\x1b'), std::string::npos) << what;
 }
 
 TEST(CkptCorruption, AFlippedByteInAnyFileIsNamed) {

@@ -301,6 +301,15 @@ TEST(Plan, FormatShowsEveryTierTheTotalsAndTheTraffic) {
   EXPECT_EQ(p.placement.params, Tier::kNvme);
   EXPECT_EQ(p.placement.optimizer, Tier::kNvme);
   EXPECT_GT(p.peak.nvme, model.config().num_parameters() * 14);  // 12 B optimizer + 2 B params
+  // Host memory's verdict is on host and pinned together: the row shows that figure, between
+  // the host figure alone (which fits) and the sum (which does not).
+  ASSERT_GT(p.peak.pinned, 0u);
+  l.host = p.peak.host + p.peak.pinned / 2;
+  const std::string host_row = format_plan(p, &l);
+  EXPECT_NE(host_row.find("(MemAvailable) for host + pinned " +
+                          format_bytes(p.peak.host + p.peak.pinned) + ": DOES NOT FIT"),
+            std::string::npos)
+      << host_row;
   // The scratch names what sizes it: here the head's logits for the micro-batch's 32 rows;
   // with 16 rows per launch of a 64-token vocabulary, a decoder layer.
   EXPECT_NE(text.find("scratch: 32 rows of head logits)"), std::string::npos) << text;

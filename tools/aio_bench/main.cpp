@@ -188,6 +188,11 @@ int run(const Args& args) {
 
   uint64_t buffer_bytes = std::min(io_size, file_size) / (16 << 10) * (16 << 10);
   if (buffer_bytes == 0) throw UsageError("--io-size " + args.io_size + ": at least 16K");
+  // Checked before the benchmark file is written: with nothing to measure, no write at all.
+  std::vector<aio::Options> plan = grid(axes);
+  std::erase_if(plan,
+                [&](const aio::Options& o) { return o.block_size * o.thread_count > file_size; });
+  if (plan.empty()) throw UsageError("every block size x thread count exceeds --file-size");
   install_stop_handlers();
   ScratchFile scratch(args.path, "aio_bench", file_size);
   AlignedBuffer buffer(buffer_bytes);
@@ -197,10 +202,6 @@ int run(const Args& args) {
                scratch.path().c_str());
   fill_file(scratch.file(), buf, file_size);
 
-  std::vector<aio::Options> plan = grid(axes);
-  std::erase_if(plan,
-                [&](const aio::Options& o) { return o.block_size * o.thread_count > file_size; });
-  if (plan.empty()) throw UsageError("every block size x thread count exceeds --file-size");
   bool staged = !args.full && !explicit_lists;
   int directions = (args.no_read ? 0 : 1) + (args.no_write ? 0 : 1);
   Sweep sweep{args,

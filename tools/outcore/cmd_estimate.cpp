@@ -382,9 +382,13 @@ int run_estimate(const EstimateArgs& a) {
       mo.head_chunk_rows = model::head_rows_for_device(mc, mo, po.device_limit_bytes);
       model.emplace(mc, mo);
       po.compute_workspace_bytes = zero::cuda_workspace_bytes(*model);
+      std::string limit_text;
+      if (budget > free)
+        limit_text = ", capping the config's budget of " + zero::format_bytes(budget);
+      else if (budget > 0)
+        limit_text = ", budget " + zero::format_bytes(budget);
       std::printf("device     %s: %s free%s\n", dev->description.c_str(),
-                  zero::format_bytes(free).c_str(),
-                  budget > 0 ? (", budget " + zero::format_bytes(budget)).c_str() : "");
+                  zero::format_bytes(free).c_str(), limit_text.c_str());
     } catch (const Error& e) {
       std::fprintf(stderr, "error: --device cuda: %s\n", e.what());
       return 2;
