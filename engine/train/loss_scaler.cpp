@@ -123,9 +123,16 @@ void LossScaler::load_state_json(const nlohmann::json& j) {
   if (!j.is_object()) fail("cur_scale");
   if (!j.contains("dynamic") || !j["dynamic"].is_boolean()) fail("dynamic");
   if (j["dynamic"].get<bool>() != dynamic_) {
-    throw InvalidArgument(fmt::format("loss scaler state: saved with {} scaling, configured {}",
-                                      j["dynamic"].get<bool>() ? "dynamic" : "static",
-                                      dynamic_ ? "dynamic" : "static"));
+    // fp32 and bf16 runs save a static scale of 1: name the fp16 keys that decide the kind.
+    auto kind = [](bool dynamic) {
+      return dynamic ? "dynamic loss scaling (fp16 enabled, fp16.loss_scale 0)"
+                     : "a static loss scale (fp16 off, or fp16.loss_scale > 0)";
+    };
+    throw InvalidArgument(fmt::format(
+        "loss scaler state: the checkpoint was saved with {}, this config asks for {}: the "
+        "scaler's state carries over only to the same kind (to change it, export the weights "
+        "and start a new run with --init-from)",
+        kind(j["dynamic"].get<bool>()), kind(dynamic_)));
   }
   LossScalerState s;
   if (!j.contains("cur_scale") || !j["cur_scale"].is_number()) fail("cur_scale");
