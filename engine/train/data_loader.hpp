@@ -104,8 +104,8 @@ class DataLoader {
   // rank together (what the step's loss is a mean over). B*T (x world) without a mask.
   uint64_t trained_targets(DataPosition pos) const;
   uint64_t trained_targets_all_ranks(DataPosition pos) const;
-  // Trained targets of the first `micro_batches` micro-batches of the first epoch, of every
-  // rank in turn (what a validation pass over them evaluates).
+  // Trained targets of the first `micro_batches` micro-batches of the first epoch's order (of
+  // every rank in turn, for a loader of several).
   uint64_t trained_in_first(uint64_t micro_batches) const;
   bool has_mask() const { return mask_ != nullptr; }
   // The loss mask, or nullptr; and how many targets of the split's whole sequences it marks as

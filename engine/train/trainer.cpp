@@ -13,6 +13,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/open_file.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "engine/device/device.hpp"
 #include "engine/train/checkpointing.hpp"
@@ -273,6 +274,11 @@ void Trainer::open_data() {
   std::shared_ptr<const MaskFile> val_mask;
   TokenRange val_range;
   if (!opts_.val_data.empty()) {
+    if (same_file(opts_.val_data, opts_.train_data))
+      log::warn(
+          "the validation data {} is the training data: the validation loss is over tokens the "
+          "run trains on (--val-fraction holds out a part of it instead)",
+          opts_.val_data);
     val_file =
         std::make_shared<const TokenFile>(TokenFile::open(opts_.val_data, opts_.token_format));
     val_mask = open_mask(opts_.val_mask, *val_file);
@@ -298,7 +304,11 @@ void Trainer::open_data() {
   lo.vocab_size = static_cast<uint64_t>(model_->config().vocab_size);
   train_loader_ = std::make_unique<DataLoader>(train_file, train_range, lo, "train", train_mask);
   if (val_file) {
+    // Indexed by global micro-batch: validate() has rank r read micro-batches r, r + W, ...,
+    // so that the pass is the set's first n micro-batches at any world size.
     lo.shuffle = false;
+    lo.rank = 0;
+    lo.world_size = 1;
     val_loader_ = std::make_unique<DataLoader>(val_file, val_range, lo, "validation", val_mask);
   }
   // A pass whose micro-batches hold no trained target would have no loss to report.
@@ -582,14 +592,16 @@ ValidationMetrics Trainer::validate() {
   if (!val_loader_) throw InvalidArgument("validate: there is no validation set");
   OUTCORE_TRACE_SPAN("validate", "step");
   const Clock::time_point t0 = Clock::now();
-  val_loader_->seek({0, 0});
   // The first n micro-batches of the set, whatever the world size: rank r evaluates global
-  // micro-batches r, r + W, ... (every rank the same count: evaluation is collective).
+  // micro-batches r, r + W, ... (every rank the same count: evaluation is collective; a rank
+  // past the n-th evaluates the first again, left out of the sums).
   const int64_t w = world_size();
   const int64_t n = eval_micro_batches();
   std::vector<float> losses(static_cast<size_t>((n + w - 1) / w));
   std::vector<float> trained(losses.size());  // exact: at most B*T < 2^24 each
   for (size_t i = 0; i < losses.size(); ++i) {
+    const int64_t g = static_cast<int64_t>(i) * w + rank();
+    val_loader_->seek({0, static_cast<uint64_t>(g < n ? g : 0)});
     trained[i] = static_cast<float>(val_loader_->trained_targets(val_loader_->position()));
     val_loader_->next(inputs_, targets_);
     losses[i] = engine_->evaluate(inputs_.data(), targets_.data());

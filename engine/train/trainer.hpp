@@ -143,9 +143,11 @@ struct TrainerOptions {
   // count, the lr schedule, the loss scaler and the data position are restored. The config may
   // place the state differently (stage, offload, budgets) and the world size may differ (the
   // flat slabs are re-sliced; the data position must fill whole micro-batches of the new
-  // world); the model, micro-batch and sequence length must match (InvalidArgument naming
-  // both values otherwise). With micro x gas x world unchanged the resumed run is
-  // bit-identical to an uninterrupted one.
+  // world); the model must match (ConfigError naming the first key of its config.json that
+  // differs, or the unit whose shape does), and so must the micro-batch and sequence length
+  // (InvalidArgument naming both values); `steps` may not be below the checkpoint's step
+  // (InvalidArgument). With micro x gas x world unchanged the resumed run is bit-identical to
+  // an uninterrupted one.
   std::string resume_from;
   // Start from a Hugging Face directory's weights (config.json + safetensors) instead of a
   // random initialisation. Exclusive with resume_from.
@@ -193,9 +195,11 @@ class Trainer {
  public:
   // Checks and builds everything; nothing is trained yet.
   // Throws ConfigError (config not resolved per config::require_resolved, a scheduler or
-  // fp16 value the schedule/scaler refuses, model config invalid), InvalidArgument (bad
-  // options: steps < 1, seq_len > max_position_embeddings, eval_every without a
-  // validation set, a split too short for one micro-batch), CorruptData (a bad token file
+  // fp16 value the schedule/scaler refuses, model config invalid, OneCycle's momentum decay
+  // taking beta1 to 1 within `steps`), InvalidArgument (bad options: steps < 1, seq_len >
+  // max_position_embeddings, eval_every without a validation set, a split too short for one
+  // micro-batch, a loss mask with no trained target in its split's sequences or in a
+  // validation pass), CorruptData (a bad token file
   // header, a token id outside the vocabulary), IoError (a file that cannot be read, swap
   // files that cannot be created), OutOfMemory (the placement plan does not fit a tier).
   Trainer(const config::Config& cfg, const model::LlamaConfig& model_config,

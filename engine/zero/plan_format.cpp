@@ -209,9 +209,11 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
     }
     const uint64_t need = tier == Tier::kHost ? host_need_bytes(plan) : plan.peak[tier];
     std::string verdict;
-    // Host memory holds the pinned buffers too: the figure compared is then both together.
-    const std::string compared =
-        need != plan.peak[tier] ? fmt::format(" for host + pinned {}", format_bytes(need)) : "";
+    // Host memory holds the pinned pool too (the pinned peak, or the pool's size where that is
+    // larger): the figure compared is then both together.
+    const std::string compared = need != plan.peak[tier]
+                                     ? fmt::format(" for host + pinned pool {}", format_bytes(need))
+                                     : "";
     if (limit > 0)
       verdict = fmt::format("  limit {} ({}){}: {}", format_bytes(limit), by, compared,
                             need <= limit ? "fits" : "DOES NOT FIT");

@@ -14,8 +14,8 @@ def shown(value):
 def integer(value, name, low=None, high=None, allowed=None):
     """value as an int: an int, or an object that is one (operator.index: numpy and torch
     integers), never a bool, a float or a str, which int() would take, round or parse. TypeError
-    naming `name` otherwise. With low and high: ValueError naming `name` unless low <= value <= high, saying
-    `allowed` (default "an integer in low..high")."""
+    naming `name` otherwise. With low and high: ValueError naming `name` unless
+    low <= value <= high, saying `allowed` (default "an integer in low..high")."""
     if isinstance(value, bool):
         raise TypeError(f"{name}: expected an integer, got {value!r} (bool)")
     try:

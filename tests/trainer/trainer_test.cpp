@@ -14,10 +14,14 @@
 #include <fstream>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "aio/aio.hpp"
 #include "common/error.hpp"
+#include "engine/train/token_file.hpp"
+#include "tests/comm/thread_comm.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/trainer/trainer_test_util.hpp"
 
 namespace outcore::train {
@@ -183,6 +187,79 @@ TEST(TrainerTest, OneCycleMomentumIsShownAndBoundedBeforeTheRun) {
   params["decay_mom_rate"] = 0.0;
   params.erase("decay_step_size");
   Trainer(cfg(), mc, quiet_options(data, 100));  // beta1 stays at cycle_max_mom
+}
+
+// A validation pass is the set's first --eval-batches micro-batches at any world size: with two
+// ranks on a set of 3 micro-batches, rank 0 evaluates the 1st and 3rd, rank 1 the 2nd (it once
+// wrapped into a second epoch and evaluated the 1st twice). The loss has the bits of one rank's,
+// and a mask whose only targets lie in the 3rd micro-batch leaves it a loss.
+TEST(TrainerTest, ValidationIsTheSameSetAtAnyWorldSize) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  const std::string val = data.file("small_val.bin"), mask = data.file("small_val.mask");
+  {  // 3 sequences of 32 and one more token; only the 3rd sequence's targets trained
+    const TokenFile all = TokenFile::open(data.val());
+    std::vector<uint16_t> tokens(3 * 32 + 1);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(all[i]);
+    int32_t header[kLlmcHeaderInts] = {kLlmcMagic, kLlmcVersion,
+                                       static_cast<int32_t>(tokens.size())};
+    std::ofstream f(val, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header), sizeof header);
+    f.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * 2));
+    std::string bytes(tokens.size(), '\0');
+    for (size_t i = 2 * 32 + 1; i < bytes.size(); ++i) bytes[i] = 1;
+    std::ofstream(mask, std::ios::binary) << bytes;
+  }
+  auto run = [&](int world, const std::string& val_mask) {
+    const config::Config cfg = make_config(
+        {{"train_micro_batch_size_per_gpu", 1}, {"gradient_accumulation_steps", 2 / world}}, mc);
+    auto engine_group = std::make_shared<comm::testing::ThreadGroup>(world);
+    auto control_group = std::make_shared<comm::testing::ThreadGroup>(world);
+    std::vector<double> val_loss(static_cast<size_t>(world));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < world; ++r)
+      ranks.emplace_back([&, r] {
+        comm::testing::ThreadComm engine_comm(engine_group, r), control_comm(control_group, r);
+        TrainerOptions o = quiet_options(data, 1);
+        o.val_data = val;
+        o.val_mask = val_mask;
+        o.comm = &engine_comm;
+        o.control_comm = &control_comm;
+        val_loss[static_cast<size_t>(r)] = Trainer(cfg, mc, o).run().final_val_loss.value_or(-1);
+      });
+    for (std::thread& t : ranks) t.join();
+    for (double l : val_loss) EXPECT_EQ(std::memcmp(&l, val_loss.data(), sizeof l), 0);
+    return val_loss[0];
+  };
+  for (const std::string& m : {std::string(), mask}) {
+    const double one = run(1, m), two = run(2, m);
+    EXPECT_TRUE(std::isfinite(two)) << "mask " << m;
+    EXPECT_GT(one, 0.0);
+    EXPECT_EQ(std::memcmp(&one, &two, sizeof one), 0)
+        << "mask " << m << ": " << one << " vs " << two;
+  }
+}
+
+// Validation data that is the training data (by another path too) is taken, with a warning
+// that its loss is over tokens the run trains on.
+TEST(TrainerTest, ValidationDataThatIsTheTrainingDataIsWarned) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  TrainerOptions o = quiet_options(data, 1);
+  {
+    test::LogCapture log;
+    Trainer t(make_config({}, mc), mc, o);
+    EXPECT_EQ(log.text().find("is the training data"), std::string::npos) << log.text();
+  }
+  const std::string link = data.file("same.bin");
+  std::filesystem::create_symlink(data.train(), link);
+  o.val_data = link;
+  test::LogCapture log;
+  Trainer t(make_config({}, mc), mc, o);
+  EXPECT_NE(log.text().find("the validation data " + link + " is the training data"),
+            std::string::npos)
+      << log.text();
 }
 
 // fp16 with a loss scale far beyond fp32's range: the gradients overflow, the step is

@@ -304,10 +304,11 @@ TEST(Plan, FormatShowsEveryTierTheTotalsAndTheTraffic) {
   // Host memory's verdict is on host and pinned together: the row shows that figure, between
   // the host figure alone (which fits) and the sum (which does not).
   ASSERT_GT(p.peak.pinned, 0u);
+  ASSERT_GE(host_need_bytes(p), p.peak.host + p.peak.pinned);
   l.host = p.peak.host + p.peak.pinned / 2;
   const std::string host_row = format_plan(p, &l);
-  EXPECT_NE(host_row.find("(MemAvailable) for host + pinned " +
-                          format_bytes(p.peak.host + p.peak.pinned) + ": DOES NOT FIT"),
+  EXPECT_NE(host_row.find("(MemAvailable) for host + pinned pool " +
+                          format_bytes(host_need_bytes(p)) + ": DOES NOT FIT"),
             std::string::npos)
       << host_row;
   // The scratch names what sizes it: here the head's logits for the micro-batch's 32 rows;
