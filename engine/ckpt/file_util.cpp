@@ -88,8 +88,9 @@ std::string read_latest_tag(const std::filesystem::path& latest) {
   std::string tag = read_small_file(latest, 4096);
   while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r' || tag.back() == ' '))
     tag.pop_back();
-  // A tag is a directory name in the save directory: no separator, no control character
-  // (shown escaped, never written to the terminal as it is).
+  // A tag is a directory name in the save directory: no separator, no control character. A bad
+  // one is shown escaped (control characters and any byte above ASCII), never written to the
+  // terminal as it is.
   auto control = [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; };
   const bool bad = tag.empty() || tag == "." || tag == ".." ||
                    tag.find_first_of("/ ") != std::string::npos ||
@@ -97,7 +98,7 @@ std::string read_latest_tag(const std::filesystem::path& latest) {
   if (bad) {
     std::string shown;
     for (const char c : tag.substr(0, 64))
-      shown += control(c) || c == '"' || c == '\\'
+      shown += control(c) || c == '"' || c == '\\' || static_cast<unsigned char>(c) >= 0x80
                    ? fmt::format("\\x{:02x}", static_cast<unsigned char>(c))
                    : std::string(1, c);
     throw CorruptData(fmt::format("{}: does not name a checkpoint (\"{}{}\")", latest.string(),
