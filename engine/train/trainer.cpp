@@ -88,6 +88,23 @@ void check_betas_through(const LrSchedule& schedule, int64_t steps) {
                   schedule.betas_at(hi)->beta1, hi + 2, steps));
 }
 
+// A schedule that decays to 0 before the run's last step (WarmupDecayLR with warmup_min_lr 0,
+// WarmupCosineLR with cos_min_ratio 0, past total_num_steps): those steps update no weight, as
+// in DeepSpeed, which runs them silently. Said once at the start. The zeros of a warmup's first
+// steps are not a decay: only a tail of zeros after a non-zero lr is.
+void warn_lr_zero_tail(const LrSchedule& schedule, int64_t steps) {
+  const int64_t last = steps - 2;  // step k uses index k - 2
+  if (last < 1 || schedule.lr_at(last) != 0.0) return;
+  int64_t first = last;  // of the tail of zeros; a long tail is looked back over 10^7 indices
+  const int64_t stop = std::max<int64_t>(0, last - 10'000'000);
+  while (first > stop && schedule.lr_at(first - 1) == 0.0) --first;
+  if (first == stop || schedule.lr_at(first - 1) == 0.0) return;
+  log::warn(
+      "{} reaches lr 0 at step {} of the {} steps asked for: steps {} to {} update no weight "
+      "(scheduler.params.total_num_steps ends the schedule)",
+      schedule.name(), first + 2, steps, first + 2, steps);
+}
+
 }  // namespace
 
 DType param_dtype(const config::Config& cfg) {
@@ -169,6 +186,7 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   open_data();
   schedule_ = make_lr_schedule(cfg_);
   check_betas_through(*schedule_, opts_.steps);
+  if (rank() == 0) warn_lr_zero_tail(*schedule_, opts_.steps);
   scaler_ = make_loss_scaler(cfg_);
   // Hugging Face weights are checked against the model before any swap file exists.
   std::optional<ckpt::HfWeights> init_weights;

@@ -241,6 +241,30 @@ TEST(TrainerTest, ValidationIsTheSameSetAtAnyWorldSize) {
   }
 }
 
+// A schedule that decays to lr 0 before the run ends says from which step on nothing is
+// updated; one that ends with the run, or a warmup's first zeros, says nothing.
+TEST(TrainerTest, StepsPastTheScheduleAtLrZeroAreWarned) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  const config::Config cfg = make_config({{"scheduler",
+                                           {{"type", "WarmupDecayLR"},
+                                            {"params",
+                                             {{"warmup_min_lr", 0.0},
+                                              {"warmup_max_lr", 1e-3},
+                                              {"warmup_num_steps", 2},
+                                              {"total_num_steps", 4}}}}}},
+                                         mc);
+  for (const int64_t steps : {5, 8}) {
+    test::LogCapture log;
+    Trainer t(cfg, mc, quiet_options(data, steps));
+    const bool warned =
+        log.text().find(
+            "WarmupDecayLR reaches lr 0 at step 6 of the 8 steps asked for: steps 6 "
+            "to 8 update no weight") != std::string::npos;
+    EXPECT_EQ(warned, steps == 8) << log.text();
+  }
+}
+
 // Validation data that is the training data (by another path too) is taken, with a warning
 // that its loss is over tokens the run trains on.
 TEST(TrainerTest, ValidationDataThatIsTheTrainingDataIsWarned) {
