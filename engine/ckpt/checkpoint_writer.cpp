@@ -243,7 +243,10 @@ SaveDir::SaveDir(fs::path dir, SaveDirOptions options) : dir_(std::move(dir)), o
                     dir_.string(), ec.message()));
   if (ec) throw IoError(dir_.string(), ec.value(), "create checkpoint directory");
   created_dir_ = !existed && options_.primary;
-  if (!options_.primary) return;
+  if (!options_.primary) {
+    check_shared_and_writable();
+    return;
+  }
   try {
     take_lock();
     open_entries();
@@ -251,6 +254,27 @@ SaveDir::SaveDir(fs::path dir, SaveDirOptions options) : dir_(std::move(dir)), o
     release();
     throw;
   }
+}
+
+// A rank's checkpoint files go where rank 0 commits them: into rank 0's directory, which this
+// rank must reach (a shared filesystem across nodes) and be able to write. Found now, not after
+// the run's training at its first save.
+void SaveDir::check_shared_and_writable() const {
+  std::error_code ec;
+  if (!fs::exists(dir_ / ".lock", ec))
+    throw InvalidArgument(fmt::format(
+        "save directory {}: rank 0's lock file .lock is not there: every rank saves into the "
+        "directory rank 0 opened, which must be one directory they share (on several nodes, a "
+        "shared filesystem)",
+        dir_.string()));
+  const fs::path probe = dir_ / fmt::format(".outcore-probe-{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw IoError(dir_.string(), errno,
+                  "write into the save directory (every rank writes its part of each checkpoint "
+                  "there)");
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 void SaveDir::take_lock() {

@@ -170,7 +170,9 @@ struct SaveDirOptions {
   int keep = 0;  // > 0: keep only the newest `keep` checkpoints after each save
   // false: a data-parallel rank other than 0, which writes its files into checkpoints rank 0
   // commits: no lock, no check or clean-up, no `latest`, no pruning (rank 0 does them, and must
-  // have opened the directory first).
+  // have opened the directory first). It checks at once that the directory is rank 0's (its
+  // `.lock` is there: not a directory of this node alone) and that it can write there
+  // (InvalidArgument / IoError naming the directory), not at the first save.
   bool primary = true;
   ExistingCheckpoints existing = ExistingCheckpoints::kRefuse;
   // The checkpoint of this directory the run resumes from ("global_step<N>"; empty: none). With
@@ -218,6 +220,7 @@ class SaveDir {
   void take_lock();         // `.lock`: created (with outcore's marker) or opened, then flock'ed
   void release() noexcept;  // unlinks the `.lock` outcore wrote; removes a created empty dir
   void open_entries();      // checks every entry with a name outcore uses; removes leftovers
+  void check_shared_and_writable() const;  // a rank other than 0's: rank 0's `.lock`, writable
   // Renames checkpoint `tag` to `<tag>.old`, then removes it (marker last).
   void remove_checkpoint(const std::string& tag, const WriterOptions& hooks,
                          uint64_t& removals) const;

@@ -484,6 +484,9 @@ nlohmann::ordered_json Trainer::state_json() const {
   j["train_mask"] = absolute(opts_.train_mask);
   j["val_mask"] = absolute(opts_.val_mask);
   j["val_fraction"] = opts_.val_fraction;
+  // How the run saves: a resume into the same save directory keeps it (outcore train).
+  j["save_every"] = opts_.save_every;
+  j["keep"] = opts_.keep;
   return j;
 }
 

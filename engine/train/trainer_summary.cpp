@@ -132,6 +132,8 @@ std::string Trainer::summary() const {
                          ? fmt::format("every {} steps and at the end", opts_.save_every)
                          : std::string("at the end"),
                      opts_.keep > 0 ? std::to_string(opts_.keep) : std::string("all"));
+  else
+    s += "checkpoint none: without a save directory (--save-dir) this run saves nothing\n";
   // The plan with the limits it was checked against at start (now the swap files exist and
   // take part of the space they were checked against).
   const zero::Plan& plan = engine_->plan();

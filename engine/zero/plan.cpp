@@ -456,9 +456,11 @@ void plan_pinned(const PlanContext& c, Plan& plan) {
       pl.grad_copy_back_slots * pl.grad_copy_back_bytes);
   add(plan, Tier::kPinned, "parameter gather buffer (ranks gather on the host, one slab)",
       pl.param_gather_bytes);
+  // outcore.pinned_memory_mb caps the pool: allocated (and locked) at start, it is the layout's
+  // size, never more (a 16 GiB budget once locked 16 GiB for a model that leased kilobytes).
   const uint64_t pinned_limit = c.cfg.outcore.pinned_memory_mb << 20;
-  plan.pinned_pool_bytes =
-      pinned_limit > 0 ? pinned_limit : std::max<uint64_t>(pl.total(), kIoAlignment);
+  const uint64_t need = std::max<uint64_t>(pl.total(), kIoAlignment);
+  plan.pinned_pool_bytes = pinned_limit > 0 ? std::min(pinned_limit, need) : need;
 }
 
 // Host memory outside the pinned pool: offloaded optimizer state, accumulators, unpinned

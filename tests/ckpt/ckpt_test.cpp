@@ -486,12 +486,26 @@ TEST(CkptSaveDir, TheLockFileAndAnEmptyDirectoryGoWithTheRun) {
     ASSERT_TRUE(third);
     EXPECT_TRUE(fs::exists(save / ".lock"));
   }
-  // Other ranks neither lock nor remove: a directory rank 0 has not created yet stays.
-  {
+  // Other ranks neither lock nor remove. One whose directory has no rank 0 lock in it (a
+  // directory of its own node, not the one rank 0 opened) is refused at once, not at the first
+  // save, and the directory stays.
+  try {
     SaveDir rank1(tmp / "ranks", {.primary = false});
-    EXPECT_FALSE(fs::exists(tmp / "ranks" / ".lock"));
+    ADD_FAILURE() << "a directory rank 0 did not open was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0's lock file .lock is not there"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_TRUE(fs::is_directory(tmp / "ranks"));
+  {
+    SaveDir rank0(tmp / "ranks");
+    { SaveDir rank1(tmp / "ranks", {.primary = false}); }
+    EXPECT_TRUE(fs::exists(tmp / "ranks" / ".lock"));  // rank 1's going leaves rank 0's lock
+    size_t entries = 0;                                // and nothing of its writability check
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(tmp / "ranks")) ++entries;
+    EXPECT_EQ(entries, 1u);
+  }
 }
 
 TEST(CkptSaveDir, EntriesThatAreNotOutcoresAreNeverTouched) {

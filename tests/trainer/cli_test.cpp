@@ -1092,8 +1092,8 @@ TEST_F(TrainCliTest, ResumeInANewProcessIsBitIdentical) {
   CliResult r = run(train_args("--steps 6 --metrics " + shell_quote(data_.file("straight.jsonl"))));
   ASSERT_EQ(r.rc, 0) << r.err;
   const std::string ck = data_.file("ckpt"), m = data_.file("resumed.jsonl");
-  r = run(train_args("--steps 3 --save-dir " + shell_quote(ck) + " --save-every 2 --metrics " +
-                     shell_quote(m)));
+  r = run(train_args("--steps 3 --save-dir " + shell_quote(ck) +
+                     " --save-every 2 --keep 2 --metrics " + shell_quote(m)));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("saved checkpoint"), std::string::npos) << r.err;
   r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) +
@@ -1103,6 +1103,17 @@ TEST_F(TrainCliTest, ResumeInANewProcessIsBitIdentical) {
       << r.out;
   expect_same_steps(step_records(data_.file("straight.jsonl")), step_records(m));
   EXPECT_EQ(slurp(ck + "/latest"), "global_step6\n");
+  // Into its own save directory the run saves as it did (every 2 steps, the newest 2 kept).
+  EXPECT_NE(r.out.find("every 2 steps and at the end, keep 2"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(ck + "/global_step4"));
+  EXPECT_FALSE(std::filesystem::exists(ck + "/global_step3"));
+  // Without a save directory, the setup says the run saves nothing.
+  r = run("train --resume " + shell_quote(ck) + " --steps 7");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("checkpoint none: without a save directory (--save-dir) this run saves "
+                       "nothing"),
+            std::string::npos)
+      << r.out;
 
   r = run("train --resume " + shell_quote(data_.file("nowhere")) + " --steps 6");
   EXPECT_EQ(r.rc, 2);

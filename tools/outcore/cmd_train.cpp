@@ -177,6 +177,8 @@ struct ResumeDefaults {
   std::string train_data, val_data, train_mask, val_mask;
   double val_fraction = 0;
   int64_t seq_len = 0;
+  int64_t save_every = 0;  // how the run saved (0: at the end only; all kept)
+  int keep = 0;
 };
 
 ResumeDefaults resume_defaults(const std::string& path) {
@@ -193,6 +195,8 @@ ResumeDefaults resume_defaults(const std::string& path) {
     d.val_mask = st.value("val_mask", "");
     d.val_fraction = st.value("val_fraction", 0.0);
     d.seq_len = st.value("seq_len", int64_t{0});
+    d.save_every = std::max<int64_t>(0, st.value("save_every", int64_t{0}));
+    d.keep = std::max(0, st.value("keep", 0));
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(d.source + "/trainer_state.json: " + e.what());
   }
@@ -522,8 +526,12 @@ int run_train(const TrainCliOptions& o) {
   topts.val_fraction =
       n.val_fraction.value_or(data_from_resume && o.val_data.empty() ? rd->val_fraction : 0.0);
   topts.save_dir = o.save_dir;
-  topts.save_every = n.save_every.value_or(0);
-  topts.keep = n.keep.value_or(0);
+  // Resumed into the save directory it came from, the run saves as it did unless told otherwise.
+  const bool same_save_dir =
+      rd && !o.save_dir.empty() &&
+      same_file(o.save_dir, std::filesystem::path(rd->source).parent_path().string());
+  topts.save_every = n.save_every.value_or(same_save_dir ? rd->save_every : 0);
+  topts.keep = n.keep.value_or(same_save_dir ? rd->keep : 0);
   topts.start_over = o.start_over;
   topts.resume_from = o.resume;
   topts.init_from = o.init_from;

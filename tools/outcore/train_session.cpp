@@ -221,20 +221,22 @@ bool check_outside_checkpoints(const std::string& path, const char* flag,
 
 int run_training(const config::Config& cfg, const model::LlamaConfig& model,
                  train::TrainerOptions options) {
-  // Installed before the engine creates its swap files, so that Ctrl-C at any point ends
-  // with the Trainer destroyed (and the files removed) rather than killed.
-  const StopSignals signals(
-      {.notice = options.save_dir.empty()
-                     ? "\nstopping after the current step (press Ctrl-C again to abort at once)\n"
-                     : "\nstopping after the current step and saving a checkpoint (press Ctrl-C "
-                       "again to abort at once: nothing more is saved, the last checkpoint "
-                       "completed is kept)\n",
-       .mpirun_stop = true,
-       .ignore_sigpipe = true});
-  options.stop_requested = &stop_flag();
   comm::Comm* comm = options.comm;
   const int rank = comm != nullptr ? comm->rank() : 0;
   const int world = comm != nullptr ? comm->world_size() : 1;
+  // Installed before the engine creates its swap files, so that Ctrl-C at any point ends
+  // with the Trainer destroyed (and the files removed) rather than killed. Under mpirun the
+  // signal may be the job's end after another rank failed, which kills the rank a second later.
+  const std::string notice =
+      options.save_dir.empty()
+          ? "\nstopping after the current step (press Ctrl-C again to abort at once)\n"
+          : std::string("\nstopping after the current step and saving a checkpoint") +
+                (world > 1 ? " (unless mpirun is ending the job after a rank failed)" : "") +
+                " (press Ctrl-C again to abort at once: nothing more is saved, the last "
+                "checkpoint completed is kept)\n";
+  const StopSignals signals(
+      {.notice = notice.c_str(), .mpirun_stop = true, .ignore_sigpipe = true});
+  options.stop_requested = &stop_flag();
   g_rank_prefix = world > 1 ? fmt::format("rank {} of {}: ", rank, world) : std::string();
   if (rank != 0) options.progress_out = nullptr;  // rank 0 speaks for the job
   SwapFileGuard guard(world > 1);
