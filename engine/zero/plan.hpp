@@ -122,7 +122,17 @@ struct PlanOptions {
   // tables on a GPU; 0 on the simulated device). ZeroEngine passes it and, since the backend
   // holds part of it before the engine starts, counts what it holds as not yet allocated.
   uint64_t compute_workspace_bytes = 0;
+  // The machine planned for when it is not this one (outcore estimate for a machine to rent):
+  // > 0, its host memory instead of MemAvailable, and the free bytes of its swap drive (one
+  // filesystem) instead of those under the config's nvme_path. apply_machine() sets them.
+  uint64_t host_memory_bytes = 0;
+  uint64_t nvme_free_bytes = 0;
 };
+
+struct PlanLimits;
+// Replaces `limits`' host and swap-space figures by po's machine where given (naming the flags
+// --host-memory-gb and --nvme-free-gb that set them).
+void apply_machine(PlanLimits& limits, const PlanOptions& po);
 
 // The device bytes the gradient sums leave free when `hardware_free` (Device::
 // free_memory_bytes(): a GPU's free memory; 0 for the simulated device) caps the limit rather
@@ -148,14 +158,17 @@ struct PlanLimits {
   // What sets `device`, as refusals and the table name it: the config key, or a GPU's free
   // memory where that is the smaller.
   std::string device_by = "outcore.device_memory_mb";
-  uint64_t pinned = 0;  // outcore.pinned_memory_mb * 2^20 (0 = sized by the plan)
-  uint64_t host = 0;    // MemAvailable from /proc/meminfo
+  uint64_t pinned = 0;                   // outcore.pinned_memory_mb * 2^20 (0 = sized by the plan)
+  uint64_t host = 0;                     // MemAvailable from /proc/meminfo
+  std::string host_by = "MemAvailable";  // what sets `host`, as the table and refusals name it
   // statvfs free bytes (f_bavail * f_frsize) of the parameter / optimizer swap directories
   // (the nearest existing ancestor when the directory does not exist yet); unset = not
   // checked (no such directory in the plan, or not queried).
   std::optional<uint64_t> param_nvme;
   std::optional<uint64_t> optimizer_nvme;
   bool nvme_same_filesystem = false;  // both directories on one filesystem (needs add up)
+  // What sets the free bytes when not this machine's filesystems (a flag), else empty.
+  std::string nvme_by;
 };
 
 // Reads the limits for `plan` under `cfg` from the config and the system. Throws IoError

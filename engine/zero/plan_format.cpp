@@ -95,6 +95,18 @@ PlanLimits system_limits(const config::Config& cfg, const Plan& plan) {
   return l;
 }
 
+void apply_machine(PlanLimits& limits, const PlanOptions& po) {
+  if (po.host_memory_bytes > 0) {
+    limits.host = po.host_memory_bytes;
+    limits.host_by = "--host-memory-gb";
+  }
+  if (po.nvme_free_bytes > 0) {
+    limits.param_nvme = limits.optimizer_nvme = po.nvme_free_bytes;
+    limits.nvme_same_filesystem = true;
+    limits.nvme_by = "--nvme-free-gb";
+  }
+}
+
 void check_fits(const Plan& plan, const PlanLimits& limits) {
   // Disk first: a swap path without room is the most common start-up failure.
   // outcore.step_in_backward keeps a spare copy of the NVMe optimizer state: named when it is
@@ -109,9 +121,11 @@ void check_fits(const Plan& plan, const PlanLimits& limits) {
     const uint64_t free = *free_bytes;
     if (need > free)
       throw OutOfMemory(fmt::format(
-          "nvme: swap files under {} need {} ({} bytes) but the filesystem has {} ({} bytes) "
-          "free{}",
-          path, format_bytes(need), need, format_bytes(free), free, optimizer ? spare : ""));
+          "nvme: swap files under {} need {} ({} bytes) but {} {} ({} bytes){}", path,
+          format_bytes(need), need,
+          limits.nvme_by.empty() ? "the filesystem has" : limits.nvme_by + " gives",
+          format_bytes(free), free,
+          (limits.nvme_by.empty() ? " free" : "") + std::string(optimizer ? spare : "")));
   };
   if (limits.nvme_same_filesystem) {
     nvme(plan.param_nvme_path == plan.optimizer_nvme_path
@@ -133,7 +147,7 @@ void check_fits(const Plan& plan, const PlanLimits& limits) {
   const uint64_t host = host_need_bytes(plan);
   if (limits.host > 0 && host > limits.host)
     refuse("host", host, "host memory (pinned pool + other host buffers)", limits.host,
-           "MemAvailable", keyed_cause(plan, {Tier::kPinned, Tier::kHost}, true));
+           limits.host_by, keyed_cause(plan, {Tier::kPinned, Tier::kHost}, true));
 }
 
 uint64_t host_need_bytes(const Plan& plan) {
@@ -197,13 +211,13 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
           limit = limits->pinned, by = "outcore.pinned_memory_mb";
           break;
         case Tier::kHost:
-          limit = limits->host, by = "MemAvailable";
+          limit = limits->host, by = limits->host_by;
           break;
         case Tier::kNvme:
           limit = limits->nvme_same_filesystem
                       ? limits->param_nvme.value_or(0)
                       : limits->param_nvme.value_or(0) + limits->optimizer_nvme.value_or(0);
-          by = "free on the swap filesystem(s)";
+          by = limits->nvme_by.empty() ? "free on the swap filesystem(s)" : limits->nvme_by;
           break;
       }
     }

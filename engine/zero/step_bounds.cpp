@@ -133,6 +133,7 @@ std::optional<StepTimes> shape_times(const config::Config& cfg, const model::Lla
     const Plan plan = make_plan(c, m, shaped);
     PlanLimits limits = system_limits(c, plan);
     if (device_limit > 0) limits.device = device_limit;
+    apply_machine(limits, po);
     check_fits(plan, limits);
     return step_times(plan, m, rates);
   } catch (const Error&) {

@@ -52,9 +52,9 @@ struct TentativeStep {
 // Threads: the driving thread calls every public member; the closure when_final() returns runs
 // on the gradient path's host lane (zero-grad, after the unit's gradients are added). The
 // private members run on the step worker (run_unit_steps also inline on the driving thread when
-// overlap_step is false), and step_units' Adam on std::async tasks. One mutex m_ with one condition variable cv_ guards
-// the fields marked below; the worker holds it only to take work or publish progress, never
-// while stepping or publishing.
+// overlap_step is false), and step_units' Adam on std::async tasks. One mutex m_ with one condition
+// variable cv_ guards the fields marked below; the worker holds it only to take work or publish
+// progress, never while stepping or publishing.
 class StepScheduler {
  public:
   StepScheduler(const Geometry& g, bool overlap_step, OptimizerStore& optimizer,

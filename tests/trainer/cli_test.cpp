@@ -948,10 +948,25 @@ TEST_F(TrainCliTest, EstimatePlansForAGpuThatIsNotHere) {
   r = run(est + " --gpu-memory-gb 80 --device cpu");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.err.find("--gpu-memory-gb"), std::string::npos) << r.err;
+  // That machine's RAM and swap space instead of this one's: checked against, and named.
+  r = run(est + " --gpu-memory-gb 80 --host-memory-gb 0.001");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.err.find("but --host-memory-gb allows 1.0 MiB"), std::string::npos) << r.err;
+  r = run(est + " --gpu-memory-gb 80 --nvme-free-gb 0.001");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.err.find("but --nvme-free-gb gives 1.0 MiB"), std::string::npos) << r.err;
+  r = run(est +
+          " --gpu-memory-gb 80 --host-memory-gb 3 --nvme-free-gb 5 --gemm-tflops 900 "
+          "--pcie-gbps 50 --drive-read-gbps 6 --drive-write-gbps 4");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("limit 3.00 GiB (--host-memory-gb)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("limit 5.00 GiB (--nvme-free-gb): fits"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("PCIe"), std::string::npos) << r.out;
   // Sizes whose bytes round to 0 or overflow 64 bits are refused, not taken as "no limit", and
   // rates that would make a step's time 0, infinite or 300 digits long.
   for (const std::string bad :
        {"--gpu-memory-gb -1", "--gpu-memory-gb 1e-300", "--gpu-memory-gb 2e10",
+        "--host-memory-gb 0", "--host-memory-gb nan", "--nvme-free-gb 1e300",
         "--gpu-memory-gb 1e308", "--gemm-tflops 1e-300", "--gemm-tflops 1e300",
         "--attention-tflops nan", "--pcie-gbps 1e-320", "--drive-read-gbps 1e-300",
         "--drive-write-gbps inf"}) {

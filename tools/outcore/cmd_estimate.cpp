@@ -4,7 +4,8 @@
 // per optimizer step) against what this machine offers, computed as `outcore train` computes
 // it; on a GPU, its free memory (cudaMemGetInfo) caps the device budget as it does in training
 // (--gpu-memory-gb: a GPU of G GiB free that need not be here, e.g. one to rent, with the CUDA
-// backend's workspaces as on a real one). Exit 0 when it fits,
+// backend's workspaces as on a real one; --host-memory-gb and --nvme-free-gb: that machine's
+// host memory and swap space instead of this one's). Exit 0 when it fits,
 // 2 when it does not (the reason on stderr, as `outcore train` refuses it) or on bad input.
 // Then what bounds a step (engine/zero/step_bounds.hpp): its compute, the GEMMs at the GEMM rate
 // measured here on the device (or --gemm-tflops) and the attention at the rate of the model's
@@ -52,6 +53,8 @@ struct EstimateArgs {
   double gemm_tflops = 0, attention_tflops = 0, pcie_gbps = 0, drive_read_gbps = 0,
          drive_write_gbps = 0, cpu_adam_gelems = 0;
   double gpu_memory_gb = 0;  // > 0: plan for a GPU with this much free memory, here or not
+  // > 0: the host memory / swap space of the machine planned for, instead of this one's
+  double host_memory_gb = 0, nvme_free_gb = 0;
   std::string device = "auto";
   bool activation_checkpointing = false;
 };
@@ -366,6 +369,8 @@ int run_estimate(const EstimateArgs& a) {
                  : choose_device(a.device);
   if (!dev) return 2;
   zero::PlanOptions po{.world_size = static_cast<int>(o.world_size)};
+  po.host_memory_bytes = static_cast<uint64_t>(a.host_memory_gb * double(uint64_t{1} << 30));
+  po.nvme_free_bytes = static_cast<uint64_t>(a.nvme_free_gb * double(uint64_t{1} << 30));
   std::unique_ptr<device::Device> gpu;  // the GPU planned for (its free memory, then its rates)
   if (dev->kind == device::DeviceKind::Cuda) {
     try {
@@ -397,6 +402,7 @@ int run_estimate(const EstimateArgs& a) {
   const zero::Plan plan = zero::make_plan(cfg, *model, po);
   zero::PlanLimits limits = zero::system_limits(cfg, plan);
   if (po.device_limit_bytes > 0) limits.device = po.device_limit_bytes;
+  zero::apply_machine(limits, po);  // another machine's RAM and disk (one to rent)
   if (dev->kind == device::DeviceKind::Cuda &&
       (cfg.outcore.device_memory_mb == 0 || po.device_limit_bytes < cfg.outcore.device_memory_mb
                                                                         << 20))
@@ -537,6 +543,14 @@ void add_estimate_command(CLI::App& app, int& rc) {
                   "to rent); the step bounds then need --gemm-tflops and --pcie-gbps, and take "
                   "--attention-tflops")
       ->check(finite_in(1.0 / 1024, 1e6, "GiB"));
+  cmd->add_option("--host-memory-gb", o->host_memory_gb,
+                  "plan for a machine with this many GiB of host memory available (one to rent) "
+                  "instead of this one's MemAvailable")
+      ->check(finite_in(1.0 / 1024, 1e7, "GiB"));
+  cmd->add_option("--nvme-free-gb", o->nvme_free_gb,
+                  "plan for swap directories with this many GiB free, on one drive (one to "
+                  "rent), instead of the free space under this machine's nvme_path")
+      ->check(finite_in(1.0 / 1024, 1e7, "GiB"));
   cmd->add_option("--gemm-tflops", o->gemm_tflops,
                   "the device's GEMM rate in the compute dtype (default: measured here)")
       ->check(finite_in(1e-6, 1e6, "TFLOP/s"));
