@@ -314,9 +314,10 @@ struct OutcoreConfig {
   // Budget of the device in MiB, simulated or a GPU; 0 = unlimited (a GPU's own memory still
   // limits, and the planner caps the budget by its free memory).
   uint64_t device_memory_mb = 0;
-  bool swap_checksum = true;      // CRC32C per swap block, checked on every read
-  std::string metrics_file;       // JSON-lines metrics per step; empty = none
-  // Pinned host pool, allocated whole at start; 0 = sized from the plan.
+  bool swap_checksum = true;  // CRC32C per swap block, checked on every read
+  std::string metrics_file;   // JSON-lines metrics per step; empty = none
+  // Cap of the pinned host pool (allocated whole at start, at the plan's size within the cap);
+  // 0 = sized from the plan.
   uint64_t pinned_memory_mb = 0;
   std::string log_level = "info";  // trace, debug, info, warn, error, critical or off
   // Start each unit's NVMe optimizer step during the last backward of a step, as soon as its
