@@ -133,7 +133,7 @@ std::string Trainer::summary() const {
                          : std::string("at the end"),
                      opts_.keep > 0 ? std::to_string(opts_.keep) : std::string("all"));
   else
-    s += "checkpoint none: without a save directory (--save-dir) this run saves nothing\n";
+    s += "checkpoint none: this run saves nothing (outcore train saves with --save-dir)\n";
   // The plan with the limits it was checked against at start (now the swap files exist and
   // take part of the space they were checked against).
   const zero::Plan& plan = engine_->plan();
