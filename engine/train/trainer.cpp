@@ -98,7 +98,7 @@ void warn_lr_zero_tail(const LrSchedule& schedule, int64_t steps) {
   int64_t first = last;  // of the tail of zeros; a long tail is looked back over 10^7 indices
   const int64_t stop = std::max<int64_t>(0, last - 10'000'000);
   while (first > stop && schedule.lr_at(first - 1) == 0.0) --first;
-  if (first == stop || schedule.lr_at(first - 1) == 0.0) return;
+  if (first == stop) return;  // zeros from the first index, or a tail longer than looked at
   log::warn(
       "{} reaches lr 0 at step {} of the {} steps asked for: steps {} to {} update no weight "
       "(scheduler.params.total_num_steps ends the schedule)",
@@ -438,7 +438,7 @@ void Trainer::restore(const ckpt::Checkpoint& ck) {
           "order continues from the saved position over other tokens",
           opts_.train_data, train_loader_->file().size(), tokens_then);
     } else if (const TokenRange then = saved_train_split(resume_state_);
-               then.end != 0 && (then.begin != range.begin || then.end != range.end)) {
+               then.end != 0 && then != range) {
       // The same file, split otherwise (--val-fraction): tokens trained on may now be
       // validation tokens, and the order runs over other sequences.
       log::warn(
