@@ -78,6 +78,10 @@ void validate_plan(std::span<const SwapFileSpec> files) {
   }
 }
 
+// What a swap directory's .lock holds: a file there holding anything else is a user's, locked
+// but never written or removed (LockFile's ownership rule).
+constexpr std::string_view kLockMarker = "outcore swap directory lock\n";
+
 uint64_t random_nonce() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -148,7 +152,7 @@ struct SwapSpace::Impl {
             dir / ".lock",
             "lock swap directory (another run, or this rank's other swap space of this kind, "
             "is using it: give each run its own nvme_path)",
-            std::string_view(), /*register_cleanup=*/true));
+            kLockMarker, /*register_cleanup=*/true));
         return;
       } catch (const IoError& e) {
         // ENOENT: a parent went; EEXIST: mkdir found one that went before it could be checked.
@@ -157,19 +161,17 @@ struct SwapSpace::Impl {
     }
   }
 
-  // A file a SwapSpace made: it starts with the swap header, or was left before its header was
-  // written (empty, or its first block still zeros from preallocation).
+  // A file a SwapSpace made: it starts with the swap header, or is empty (left between its
+  // creation and its header, which is written before the file is preallocated). Anything else,
+  // a file of zeros included, may be a user's.
   static bool is_swap_file(const fs::path& p) {
     const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) return false;
-    char head[4096];
+    char head[sizeof format::kMagic];
     const ssize_t n = ::pread(fd, head, sizeof head, 0);
     ::close(fd);
-    if (n < 0) return false;
-    if (n >= static_cast<ssize_t>(sizeof format::kMagic) &&
-        std::memcmp(head, format::kMagic, sizeof format::kMagic) == 0)
-      return true;
-    return std::all_of(head, head + n, [](char c) { return c == 0; });
+    return n == 0 || (n == static_cast<ssize_t>(sizeof head) &&
+                      std::memcmp(head, format::kMagic, sizeof head) == 0);
   }
 
   void clear_stale(const fs::path& dir) {
@@ -255,6 +257,9 @@ struct SwapSpace::Impl {
     }
     f.created = true;
     cleanup::register_path(f.path.string());
+    // The header first: a file left by a run killed here is empty or starts with it, and only
+    // such a file is taken for a stale swap file (is_swap_file).
+    write_header(f);
     try {
       f.file.preallocate(file_bytes(f.spec));
     } catch (const IoError& e) {
@@ -264,7 +269,6 @@ struct SwapSpace::Impl {
           ::statvfs(dir.c_str(), &st) == 0 ? static_cast<uint64_t>(st.f_bavail) * st.f_frsize : 0;
       throw_no_space(f.path, needed, free_bytes);
     }
-    write_header(f);
   }
 };
 

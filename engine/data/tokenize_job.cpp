@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -227,6 +228,21 @@ void check_options(const TokenizeOptions& o, const std::vector<std::string>& out
   }
 }
 
+// The token count of an existing token file `path` of the kind this job writes (llm.c's .bin
+// from its header, raw .u32 from its size), or nullopt when it is not one.
+std::optional<uint64_t> token_count_of(const std::string& path, bool llmc) {
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) return std::nullopt;
+  if (!llmc) return size % sizeof(uint32_t) == 0 ? std::optional<uint64_t>(size / 4) : std::nullopt;
+  std::array<int32_t, 3> head{};
+  std::ifstream in(path, std::ios::binary);
+  if (!in.read(reinterpret_cast<char*>(head.data()), sizeof head) || head[0] != kLlmcMagic ||
+      head[1] != kLlmcVersion || head[2] < 0)
+    return std::nullopt;
+  return static_cast<uint64_t>(head[2]);
+}
+
 // A second name for `path` beside it ("<path>.old-<pid>[-k]", never one that exists), or "" when
 // there is no file at `path`. Throws IoError when the link cannot be made (a filesystem without
 // hard links): the job then changes nothing.
@@ -371,10 +387,26 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
         "{} may be the loss mask of {}, which this job does not replace (it writes {}): choose "
         "another --out, or move one of them away",
         mask, other, outputs[0]));
-  // Plain text replacing a token file whose loss mask lies beside it: the mask goes with it.
+  // Plain text replacing a token file whose loss mask lies beside it: the mask goes with it. A
+  // file at PREFIX.mask that is not that file's mask (no token file there, or one of another
+  // count) is someone else's: never removed, and never left to be paired with the new tokens.
   std::string stale_mask;
   if (!encoder.pairs()) {
-    if (fs::is_regular_file(fs::symlink_status(mask, ec))) stale_mask = mask;
+    if (fs::is_regular_file(fs::symlink_status(mask, ec))) {
+      const std::optional<uint64_t> count = token_count_of(outputs[0], llmc);
+      const uintmax_t mask_bytes = fs::file_size(mask, ec);
+      if (!count || ec || mask_bytes != *count)
+        throw InvalidArgument(fmt::format(
+            "{} is not the loss mask of a token file this job replaces ({}): it would be taken "
+            "as the new tokens' mask; move it away or choose another --out",
+            mask,
+            count ? fmt::format("{} holds {} tokens, the mask {} bytes", outputs[0], *count,
+                                mask_bytes)
+            : fs::exists(fs::symlink_status(outputs[0], ec))
+                ? fmt::format("{} is not a token file", outputs[0])
+                : fmt::format("there is no {}", outputs[0])));
+      stale_mask = mask;
+    }
     for (const std::string& in : options.inputs)
       if (!stale_mask.empty() && same_file(stale_mask, in))
         throw InvalidArgument(fmt::format(

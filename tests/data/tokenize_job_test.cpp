@@ -222,6 +222,33 @@ TEST_F(TokenizeJobTest, TextReplacingPairsRemovesTheirMask) {
   const std::string named_mask = input("data.mask", "plain text in a file named like a mask\n");
   EXPECT_THROW(run_tokenize_job(*tokenizer_, options({named_mask}, "data")), InvalidArgument);
   EXPECT_EQ(test::slurp(named_mask), "plain text in a file named like a mask\n");
+  // Nor is a PREFIX.mask that is not the loss mask of the token file replaced: with no token
+  // file beside it, or with one of another token count. Refused, naming it; both files kept.
+  const std::string users = "the user's own mask";
+  for (const bool with_tokens : {false, true}) {
+    SCOPED_TRACE(with_tokens ? "beside a token file of another count" : "with no token file");
+    const fs::path prefix = dir_ / (with_tokens ? "mine" : "lone");
+    if (with_tokens) {
+      ASSERT_NO_THROW(run_tokenize_job(*tokenizer_, options({text}, "mine")));
+    }
+    const std::string tokens_before =
+        with_tokens ? test::slurp(prefix.string() + ".bin") : std::string();
+    std::ofstream(prefix.string() + ".mask") << users;
+    try {
+      run_tokenize_job(*tokenizer_, options({text}, prefix.filename().string()));
+      ADD_FAILURE() << "a mask that is not the replaced token file's was removed";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(prefix.string() + ".mask is not the loss mask"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(test::slurp(prefix.string() + ".mask"), users);
+    if (with_tokens) {
+      EXPECT_EQ(test::slurp(prefix.string() + ".bin"), tokens_before);
+    } else {
+      EXPECT_FALSE(fs::exists(prefix.string() + ".bin"));
+    }
+  }
 }
 
 // A job whose token file cannot be renamed into place (here a directory took its name while

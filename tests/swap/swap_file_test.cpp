@@ -130,16 +130,16 @@ TEST(SwapSpace, ClearsStaleFilesOfAnEarlierRun) {
   fs::path kind_dir = dir.path() / "outcore_swap" / "rank0" / "param";
   fs::create_directories(kind_dir);
   {
-    // A swap file an earlier run left (killed before its clean-up), and two it left before
-    // their headers were written: empty, and preallocated (zeros).
+    // A swap file an earlier run left (killed before its clean-up), and one it left before its
+    // header was written (empty: the header goes in before the preallocation).
     TempDir other;
     SwapFileSpec g{.unit = 42, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
     SwapSpace earlier({.nvme_path = other.path()}, std::span(&g, 1));
     fs::copy_file(earlier.file_path(42, SwapKind::kParam), kind_dir / "42.bin");
   }
   std::ofstream(kind_dir / "43.bin");
-  std::ofstream(kind_dir / "44.bin") << std::string(8192, '\0');
-  // Files with a swap file's name that are not swap files: a user's data.
+  // Files with a swap file's name that are not swap files: a user's data (zeros too).
+  std::ofstream(kind_dir / "44.bin") << std::string(8192, '\0') << "tokens after a zero block";
   std::ofstream(kind_dir / "45.bin") << "the user's tokens";
   std::ofstream(kind_dir / "46.bin") << std::string(100, '\0') << "tokens after zeros";
   std::ofstream(kind_dir / "notes.txt") << "not ours";
@@ -152,7 +152,7 @@ TEST(SwapSpace, ClearsStaleFilesOfAnEarlierRun) {
     SwapSpace space({.nvme_path = dir.path()}, std::span(&f, 1));
     EXPECT_FALSE(fs::exists(kind_dir / "42.bin"));
     EXPECT_FALSE(fs::exists(kind_dir / "43.bin"));
-    EXPECT_FALSE(fs::exists(kind_dir / "44.bin"));
+    EXPECT_TRUE(fs::exists(kind_dir / "44.bin"));
     EXPECT_TRUE(fs::exists(kind_dir / "45.bin"));
     EXPECT_TRUE(fs::exists(kind_dir / "46.bin"));
     EXPECT_TRUE(fs::exists(kind_dir / "notes.txt"));
@@ -164,18 +164,38 @@ TEST(SwapSpace, ClearsStaleFilesOfAnEarlierRun) {
   EXPECT_TRUE(fs::exists(dir.path() / "mine" / "7.bin"));
   EXPECT_FALSE(fs::exists(kind_dir / "0.bin"));
   EXPECT_EQ(text_of(kind_dir / "45.bin"), "the user's tokens");
-  // A user's file where a swap file must go stops the run, naming it, and stays.
-  std::ofstream(kind_dir / "0.bin") << "the user's tokens";
-  try {
-    SwapSpace space({.nvme_path = dir.path()}, std::span(&f, 1));
-    ADD_FAILURE() << "a user's file was taken for a swap file";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("0.bin: exists and is not an outcore swap file"),
-              std::string::npos)
-        << e.what();
+  // A user's file where a swap file must go stops the run, naming it, and stays: one that
+  // begins with a block of zeros too.
+  for (const std::string& users :
+       {std::string("the user's tokens"), std::string(8192, '\0') + "tokens after zeros"}) {
+    std::ofstream(kind_dir / "0.bin") << users;
+    try {
+      SwapSpace space({.nvme_path = dir.path()}, std::span(&f, 1));
+      ADD_FAILURE() << "a user's file was taken for a swap file";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("0.bin: exists and is not an outcore swap file"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(text_of(kind_dir / "0.bin"), users);
   }
-  EXPECT_EQ(text_of(kind_dir / "0.bin"), "the user's tokens");
   EXPECT_EQ(text_of(kind_dir / "45.bin"), "the user's tokens");
+}
+
+// A user's file at a swap directory's lock name is locked, never written or removed; the swap
+// space's own lock file goes with it.
+TEST(SwapSpace, KeepsAUsersFileAtTheLockName) {
+  TempDir dir;
+  const fs::path kind_dir = dir.path() / "outcore_swap" / "rank0" / "param";
+  fs::create_directories(kind_dir);
+  std::ofstream(kind_dir / ".lock") << "the user's notes";
+  SwapFileSpec f{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+  { SwapSpace space({.nvme_path = dir.path()}, std::span(&f, 1)); }
+  EXPECT_EQ(text_of(kind_dir / ".lock"), "the user's notes");
+  EXPECT_FALSE(fs::exists(kind_dir / "0.bin"));
+  fs::remove(kind_dir / ".lock");
+  { SwapSpace space({.nvme_path = dir.path()}, std::span(&f, 1)); }
+  EXPECT_FALSE(fs::exists(dir.path() / "outcore_swap"));  // its own lock went, then the tree
 }
 
 TEST(SwapSpace, SameRankAndKindCannotBeUsedTwice) {
