@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <exception>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -122,6 +123,24 @@ void remove_created(const std::string& path, const FileId& id) {
   }
 }
 
+// The writes not yet waited (or being waited) whose open created their file, of every handle in
+// the process, by (handle, request id). A write of any handle that opens such a file later marks
+// it shared: a failed write then keeps the file another one wrote. Guarded by its mutex (a
+// handle's destructor uses it without the GIL).
+struct CreatedFile {
+  std::string path;
+  FileId file;
+  bool shared = false;
+};
+struct CreatedFiles {
+  std::mutex mutex;
+  std::map<std::pair<const void*, uint64_t>, CreatedFile> writes;
+};
+CreatedFiles& created_files() {
+  static CreatedFiles* files = new CreatedFiles;  // never destroyed: used by handles at exit
+  return *files;
+}
+
 // For a read waited at once: throws the end-of-file IoError its wait would raise, before
 // anything is read, when `file` is a regular file that ends before offset + bytes (the engine
 // would store the bytes before the end of the file first).
@@ -171,9 +190,9 @@ class AioHandle {
   // wait that sees the request succeed; what it raises is that wait's error. Returns the
   // request's id. Files are opened per request: for reading, O_RDONLY; for writing, created
   // (mode 0600) if missing and never truncated; if the request fails, a file it created is
-  // removed unless another request of this handle wrote to it since. O_DIRECT as DirectMode
-  // says. `sync`: the caller waits at once; a read past the end of a regular file then raises
-  // here, before it stores any byte. InvalidArgument for a path holding a null byte.
+  // removed unless a request of any handle of this process opened it for writing since. O_DIRECT as
+  // DirectMode says. `sync`: the caller waits at once; a read past the end of a regular file then
+  // raises here, before it stores any byte. InvalidArgument for a path holding a null byte.
   uint64_t submit(bool write, py::object keep, uintptr_t address, uint64_t bytes,
                   const std::string& path, uint64_t offset, py::object on_complete, bool sync) {
     checked_path(path, "path");
@@ -228,7 +247,7 @@ class AioHandle {
       throw;
     }
     --waiting_;
-    created_.erase(id);
+    forget_created(id);
     if (!p.on_complete.is_none()) p.on_complete();
     return true;  // p (file, keep, on_complete) is released with the GIL held
   }
@@ -269,33 +288,37 @@ class AioHandle {
     uint64_t offset = 0;
   };
 
-  // A write not yet waited (or being waited) whose open created its file.
-  struct Created {
-    std::string path;
-    FileId file;
-    bool shared = false;  // another write of this handle opened the file since: keep it
-  };
-
   // Records write `id`: the file it created, or, for a file it did not create, that the file
-  // is no longer only that of the write that created it.
+  // is no longer only that of the write (of any handle) that created it.
   void track_write(uint64_t id, const std::string& path, const Opened& opened) {
     const std::optional<FileId> file = file_id(opened.file);
     if (!file) return;  // unknown identity: never removed
+    CreatedFiles& all = created_files();
+    const std::lock_guard lock(all.mutex);
     if (opened.created) {
-      created_.emplace(id, Created{path, *file});
+      all.writes.emplace(std::pair{static_cast<const void*>(this), id}, CreatedFile{path, *file});
       return;
     }
-    for (auto& [other, c] : created_) {
+    for (auto& [key, c] : all.writes) {
       if (c.file == *file) c.shared = true;
     }
   }
 
+  // After request `id` succeeded: the file it created is no longer one to remove.
+  void forget_created(uint64_t id) {
+    CreatedFiles& all = created_files();
+    const std::lock_guard lock(all.mutex);
+    all.writes.erase({static_cast<const void*>(this), id});
+  }
+
   // After request `id` failed: removes the file it created, if any and not shared.
   void remove_if_created(uint64_t id) {
-    auto it = created_.find(id);
-    if (it == created_.end()) return;
+    CreatedFiles& all = created_files();
+    const std::lock_guard lock(all.mutex);
+    auto it = all.writes.find({static_cast<const void*>(this), id});
+    if (it == all.writes.end()) return;
     if (!it->second.shared) remove_created(it->second.path, it->second.file);
-    created_.erase(it);
+    all.writes.erase(it);
   }
 
   DirectMode direct_;
@@ -303,7 +326,6 @@ class AioHandle {
   std::map<uint64_t, Pending> pending_;  // by id: submission order
   uint64_t next_id_ = 1;
   size_t waiting_ = 0;  // moved out of pending_ by a wait still blocked (GIL released)
-  std::map<uint64_t, Created> created_;  // by request id
 };
 
 // Bytes and buffers of PinnedMemory alive in this process (for leak checks).

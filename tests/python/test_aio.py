@@ -536,6 +536,14 @@ class FailuresLeaveNoTrace(AioTest):
         with self.assertRaises(outcore.IoError):
             first.wait()
         self.assertEqual(file_bytes(new, 4096, 2 * 4096), as_bytes(src[4096:]))
+        # So is one another handle wrote: its write succeeded, its bytes stay.
+        os.unlink(new)
+        failing = aio.Handle(block_size=4096, _faults=[("eio", 1, 0, 1)])
+        first = failing.async_pwrite(src[:4096], new)
+        aio.Handle().sync_pwrite(src[4096:], new, 4096)
+        with self.assertRaises(outcore.IoError):
+            first.wait()
+        self.assertEqual(file_bytes(new, 4096, 2 * 4096), as_bytes(src[4096:]))
 
 class Leaks(AioTest):
     def test_no_fd_or_pinned_memory_leaks_over_1000_calls(self):
