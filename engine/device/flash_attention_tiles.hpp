@@ -118,7 +118,23 @@ struct Tiles {
       size_t(kForwardRows) * kLd * sizeof(uint16_t) + 4 * kTile;
   static constexpr size_t kDq = 6 * kTile;                  // Q, dO, two (K, V) pairs
   static constexpr size_t kDkv = 2 * kTile + 2 * kDkvStep;  // K, V, two steps
+  static constexpr size_t kMost = kForward > kDq ? (kForward > kDkv ? kForward : kDkv)
+                                                 : (kDq > kDkv ? kDq : kDkv);
 };
+
+// The most dynamic shared memory a block of head size `hd` takes (0 for a head size the
+// kernels do not take), and whether a device allowing `optin` bytes per block (its opt-in
+// limit: 227 KiB on sm_90, 163 KiB on sm_80, 99 KiB on sm_86 / sm_89 / sm_120) runs them all.
+constexpr size_t shared_bytes(int64_t hd) {
+  return hd == 16    ? Tiles<16>::kMost
+         : hd == 32  ? Tiles<32>::kMost
+         : hd == 64  ? Tiles<64>::kMost
+         : hd == 128 ? Tiles<128>::kMost
+                     : 0;
+}
+constexpr bool fits_shared(int64_t hd, size_t optin) {
+  return shared_bytes(hd) != 0 && shared_bytes(hd) <= optin;
+}
 
 // Starts loading rows [row0, row0 + n) of a token-major bf16 matrix (row r at src + r * ld, HD
 // contiguous elements) into tile rows [0, n); rows at or beyond `rows` become zeros. The tile is

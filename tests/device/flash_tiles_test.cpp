@@ -65,6 +65,22 @@ HostAttention emulate(const AttentionCase& c) {
 // Shapes: partial tiles (T not a multiple of 64, so rows and keys beyond T in the last tile),
 // several tiles (the causal diagonal inside and across tiles), grouped kv heads, batches, and
 // every head size the kernels take.
+// The shared memory a block takes, against the opt-in limits of the devices the build runs on:
+// head size 128 needs more than the 99 KiB of sm_86 / sm_89 / sm_120 (those run the default
+// attention), every head size fits sm_80's 163 KiB and sm_90's 227 KiB.
+TEST(FlashTiles, SharedMemoryFitsTheDevicesThatRunTheKernels) {
+  EXPECT_EQ(flash::shared_bytes(128), 104448u);
+  EXPECT_EQ(flash::shared_bytes(64), 55296u);
+  EXPECT_EQ(flash::shared_bytes(96), 0u);
+  for (const int hd : {16, 32, 64, 128}) {
+    SCOPED_TRACE(hd);
+    EXPECT_TRUE(flash::fits_shared(hd, 163 * 1024));
+    EXPECT_TRUE(flash::fits_shared(hd, 227 * 1024));
+    EXPECT_EQ(flash::fits_shared(hd, 99 * 1024), hd != 128);
+  }
+  EXPECT_FALSE(flash::fits_shared(96, size_t{1} << 30));
+}
+
 TEST(FlashTiles, EmulatedKernelsMatchTheHostInBf16) {
   for (const AttentionShape& s :
        {AttentionShape{2, 150, 4, 2, 64}, AttentionShape{1, 70, 2, 1, 128},

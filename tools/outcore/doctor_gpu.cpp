@@ -286,11 +286,15 @@ Line attention_tflops() {
                                             .scale = 1.0f / std::sqrt(128.0f),
                                             .dtype = DType::BF16};
   const double flops = device::attention_flops(*dev, *backend, a);
-  return {"attention bf16 TFLOPS", Verdict::kOk,
-          fmt::format("{:.1f} TFLOPS (causal, forward + backward, 4096 tokens, 32 heads of 128 "
-                      "over 8 kv heads: Llama 3 8B; {})",
-                      flops / 1e12,
-                      device::fused_attention_shape(a) ? "fused kernels" : "through GEMMs")};
+  return {
+      "attention bf16 TFLOPS", Verdict::kOk,
+      fmt::format("{:.1f} TFLOPS (causal, forward + backward, 4096 tokens, 32 heads of 128 "
+                  "over 8 kv heads: Llama 3 8B; {})",
+                  flops / 1e12,
+                  device::fused_attention_shape(a) && device::cuda::flash_attention_supported(a.hd)
+                      ? "fused kernels"
+                      : "through GEMMs (the fused kernels need more shared memory per block "
+                        "than this GPU allows)")};
 }
 
 Line copy_bandwidth() {

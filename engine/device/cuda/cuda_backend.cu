@@ -72,8 +72,14 @@ class CudaBackend final : public ComputeBackend {
     if (bytes != 0) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, native()));
   }
   void upload(void* dst, const void* host, size_t bytes) override {
-    // From pageable memory the call returns once `host` has been staged by the driver.
-    if (bytes != 0) CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, native()));
+    if (bytes == 0) return;
+    // From pageable memory the call returns once `host` has been staged by the driver; from
+    // page-locked memory the copy reads `host` later, so the stream is waited for (the contract:
+    // `host` is not read after this returns).
+    CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, native()));
+    cudaPointerAttributes at{};
+    CUDA_CHECK(cudaPointerGetAttributes(&at, host));
+    if (at.type == cudaMemoryTypeHost) CUDA_CHECK(cudaStreamSynchronize(native()));
   }
   void download(void* host, const void* src, size_t bytes) override {
     if (bytes == 0) return;
@@ -319,7 +325,7 @@ class CudaBackend final : public ComputeBackend {
   void resize(IdSlot& s, size_t bytes, std::string_view what) {
     CUDA_CHECK(cudaStreamSynchronize(native()));
     s.device.reset();
-    cudaFreeHost(s.host);
+    CUDA_CHECK(cudaFreeHost(s.host));
     s.host = nullptr;
     s.capacity = 0;
     s.device = device_.alloc(bytes, what);

@@ -201,7 +201,7 @@ class CudaStream final : public Stream {
   void* native_handle() const override { return stream_; }
   void synchronize() override {
     bind(ordinal_);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    naming("synchronize", [&] { CUDA_CHECK(cudaStreamSynchronize(stream_)); });
     Upstream upstream;
     {
       std::lock_guard lock(order_mu_);
@@ -220,7 +220,19 @@ class CudaStream final : public Stream {
   void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     check_range(name_, dst, src, bytes);
     bind(ordinal_);
-    if (bytes != 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
+    if (bytes != 0)
+      naming("copy of " + std::to_string(bytes) + " bytes",
+             [&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_)); });
+  }
+  // Runs `call`; a CUDA error it throws names this stream and `what` (a fault of work queued
+  // earlier surfaces at the stream's next call).
+  template <class F>
+  void naming(const std::string& what, F&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      throw Error("stream " + name_ + ": " + what + ": " + e.what());
+    }
   }
   static CudaEvent& as_cuda(Event& e) {
     auto* ce = dynamic_cast<CudaEvent*>(&e);

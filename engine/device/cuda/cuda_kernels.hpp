@@ -93,7 +93,8 @@ void attention_delta(const uint16_t* attn, const uint16_t* dattn, int64_t B, int
 
 // --- fused causal attention, bf16 operands (flash_attention.cu) ------------------------------
 
-// Whether the fused kernels take this head size (16, 32, 64 or 128).
+// Whether the fused kernels take this head size (16, 32, 64 or 128) on the current device (its
+// shared memory per block: flash::fits_shared).
 bool flash_attention_supported(int64_t hd);
 // The register-resident tiles of flash_attention_tiles.hpp on mma.sync (decision 031):
 // ComputeBackend::attention_forward / attention_backward with dtype BF16 and the same rounding

@@ -152,7 +152,12 @@ void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const flo
 
 }  // namespace
 
-bool flash_attention_supported(int64_t hd) { return hd == 16 || hd == 32 || hd == 64 || hd == 128; }
+bool flash_attention_supported(int64_t hd) {
+  int device = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return flash::fits_shared(hd, static_cast<size_t>(optin));
+}
 
 void flash_attention_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
                              int64_t T, int64_t nh, int64_t nkv, int64_t hd, float scale,
