@@ -391,6 +391,26 @@ void SaveDir::clear_leftover(const fs::path& p) const {
   remove_owned_dir(p, nullptr, removals);
 }
 
+void SaveDir::check_can_save(int64_t first, int64_t last) const {
+  if (!options_.primary) return;
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    const int64_t step = step_of_tag(name);
+    if (step >= first && step <= last) found.emplace_back(step, name);
+  }
+  std::sort(found.begin(), found.end());
+  for (const auto& [step, tag] : found) {
+    const std::string foreign = foreign_entry(dir_ / tag, /*manifest_files=*/true);
+    if (!foreign.empty())
+      throw InvalidArgument(fmt::format(
+          "save directory {}: {} holds {}, which is not a checkpoint file, and this run may save "
+          "step {} (steps {} to {}) over it: move that file out of the checkpoint, or choose "
+          "another save directory",
+          dir_.string(), tag, foreign, step, first, last));
+  }
+}
+
 void SaveDir::remove_checkpoint(const std::string& tag, const WriterOptions& hooks,
                                 uint64_t& removals) const {
   // Only a checkpoint holding nothing but a save's files: a user's file in it is never removed.

@@ -215,6 +215,11 @@ class SaveDir {
   // when it is an interrupted save's leftover; InvalidArgument naming it when it is anything
   // else.
   void clear_leftover(const std::filesystem::path& path) const;
+  // Before a run that may save at any step in [first, last] (every save_every steps, the last
+  // one, or a stop's): InvalidArgument naming the first checkpoint of those steps here that holds
+  // a file that is not a checkpoint's, which a save of that step would be refused to replace
+  // after the training. Primary only; nothing for a rank other than 0.
+  void check_can_save(int64_t first, int64_t last) const;
 
  private:
   void take_lock();         // `.lock`: created (with outcore's marker) or opened, then flock'ed

@@ -201,7 +201,10 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
     ckpt::SaveDirOptions so{.keep = opts_.keep,
                             .existing = existing_checkpoints(),
                             .resumed_tag = resumed_tag_in_save_dir()};
-    if (rank() == 0) save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, so);
+    if (rank() == 0) {
+      save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, so);
+      save_dir_->check_can_save(ck ? ck->manifest().step + 1 : 1, opts_.steps);
+    }
     if (world_size() > 1) {
       control().barrier();
       so.primary = false;

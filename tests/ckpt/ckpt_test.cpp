@@ -630,6 +630,28 @@ TEST(CkptSaveDir, AnotherRunsCheckpointsAreRefusedUnlessContinuedOrReplaced) {
   Checkpoint::open(tmp / "save").verify();
 }
 
+// A run that may save a step whose checkpoint holds a user's file is refused before it trains
+// (the save would be refused after the training), naming the checkpoint and the file.
+TEST(CkptSaveDir, ARunThatWouldSaveOverAUsersFileIsRefusedAtStart) {
+  TempDir tmp("ckpt");
+  {
+    SaveDir dir(tmp / "save");
+    for (const char* tag : {"global_step1", "global_step3"}) write_synthetic(dir, tag, 1);
+  }
+  make_files(tmp / "save", {{"global_step3/NOTES.md", "notes\n"}});
+  SaveDir dir(tmp / "save", {.existing = ExistingCheckpoints::kReplace});
+  const std::string msg = what_of([&] { dir.check_can_save(1, 5); });
+  EXPECT_NE(msg.find("global_step3 holds NOTES.md, which is not a checkpoint file, and this run "
+                     "may save step 3 (steps 1 to 5)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NO_THROW(dir.check_can_save(1, 2));  // global_step1 holds only a save's files
+  EXPECT_NO_THROW(dir.check_can_save(4, 9));
+  EXPECT_NE(what_of([&] { dir.check_can_save(3, 3); }).find("may save step 3 (steps 3 to 3)"),
+            std::string::npos);
+  EXPECT_TRUE(fs::exists(tmp / "save" / "global_step3" / "NOTES.md"));
+}
+
 // A checkpoint someone put a file into (notes, an evaluation's results, an export) is the
 // user's too: pruning, replacing and saving over it keep it whole, and leave nothing behind
 // that would block the directory.

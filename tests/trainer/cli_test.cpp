@@ -506,6 +506,18 @@ TEST_F(TrainCliTest, AnotherRunsCheckpointsAreRefusedUnlessResumedOrStartedOver)
   EXPECT_TRUE(fs::exists(ck + "/global_step1"));
   EXPECT_FALSE(fs::exists(ck + "/global_step3"));
   EXPECT_EQ(slurp(ck + "/latest"), "global_step2\n");
+  // A checkpoint this run may save over holds a user's file: refused before training.
+  {
+    std::ofstream(ck + "/global_step1/notes.txt") << "the user's notes";
+    r = run(train_args("--steps 1 --seed 7 --start-over --save-dir " + shell_quote(ck)));
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_NE(r.err.find("global_step1 holds notes.txt, which is not a checkpoint file"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("step 1/"), std::string::npos) << r.err;  // nothing trained
+    EXPECT_EQ(slurp(ck + "/global_step1/notes.txt"), "the user's notes");
+    fs::remove(ck + "/global_step1/notes.txt");
+  }
   r = run(train_args("--steps 1 --seed 7 --start-over --save-dir " + shell_quote(ck)));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(slurp(ck + "/latest"), "global_step1\n");
