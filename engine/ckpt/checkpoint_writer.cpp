@@ -391,6 +391,30 @@ void SaveDir::clear_leftover(const fs::path& p) const {
   remove_owned_dir(p, nullptr, removals);
 }
 
+std::optional<fs::path> checkpoint_holding(const fs::path& path) {
+  std::error_code ec;
+  fs::path at = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) return std::nullopt;
+  for (;; at = at.parent_path()) {
+    if (is_checkpoint_dir(at)) return at;
+    if (at == at.root_path() || !at.has_relative_path()) return std::nullopt;
+  }
+}
+
+bool takes_a_save_name(const fs::path& path) {
+  std::error_code ec;
+  const fs::path at = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec || !at.has_filename()) return false;
+  std::string name = at.filename().string();
+  if (has_suffix(name, ".tmp") || has_suffix(name, ".old")) name.resize(name.size() - 4);
+  if (name != kLatestName && name != ".lock" && step_of_tag(name) < 0) return false;
+  const fs::path dir = at.parent_path();
+  if (type_of(dir / kLatestName) == fs::file_type::regular) return true;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+    if (step_of_tag(e.path().filename().string()) >= 0 && is_checkpoint_dir(e.path())) return true;
+  return false;
+}
+
 void SaveDir::check_can_save(int64_t first, int64_t last) const {
   if (!options_.primary) return;
   std::vector<std::pair<int64_t, std::string>> found;

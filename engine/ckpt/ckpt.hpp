@@ -331,4 +331,12 @@ class Checkpoint {
 // The tag a save at `step` uses: "global_step<step>" (DeepSpeed's name).
 std::string tag_for_step(int64_t step);
 
+// The outcore checkpoint directory `path` is or lies in (itself or its nearest ancestor holding
+// an outcore manifest), or nullopt. A file written there is one the checkpoint does not list: a
+// save directory then keeps that checkpoint forever, and a save of its tag is refused.
+std::optional<std::filesystem::path> checkpoint_holding(const std::filesystem::path& path);
+// Whether `path` is a name a save directory writes (global_step<N>, `latest`, `.lock`, and a
+// save's `.tmp` / `.old`) in a directory that is one (it holds `latest` or a checkpoint).
+bool takes_a_save_name(const std::filesystem::path& path);
+
 }  // namespace outcore::ckpt

@@ -537,20 +537,39 @@ TEST_F(TrainCliTest, OutputsNeverLieWhereTheCheckpointsAreWritten) {
   const std::string into_fresh = train_args("--steps 1 --save-dir " + shell_quote(fresh));
   const std::string resumed =
       "train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --steps 2";
+  const std::string saves_in = ": the checkpoints of --save-dir ";
+  const std::string step1 = std::filesystem::canonical(ck + "/global_step1").string();
   const std::tuple<std::string, std::string, std::string> cases[] = {
-      {into_fresh, fresh, fresh + "/latest"},
-      {into_fresh, fresh, fresh + "/global_step1"},
-      {into_fresh, fresh, fresh + "/.lock"},
-      {resumed, ck, ck + "/global_step1/m.jsonl"}};
-  for (const auto& [args, save_dir, out] : cases) {
+      {into_fresh, fresh + "/latest", saves_in + fresh + " are written there"},
+      {into_fresh, fresh + "/global_step1", saves_in + fresh + " are written there"},
+      {into_fresh, fresh + "/.lock", saves_in + fresh + " are written there"},
+      // In any checkpoint, with or without a save directory: a file the checkpoint does not
+      // list would keep it from being pruned or saved over.
+      {resumed, ck + "/global_step1/m.jsonl", ": inside checkpoint " + step1},
+      {"train --resume " + shell_quote(ck) + " --steps 2", ck + "/global_step1/rank0/t.json",
+       ": inside checkpoint " + step1}};
+  for (const auto& [args, out, why] : cases) {
     for (const char* flag : {"--metrics", "--trace"}) {
       r = run(args + " " + flag + " " + shell_quote(out));
       EXPECT_EQ(r.rc, 2) << flag << " " << out << ": " << r.err;
-      EXPECT_NE(r.err.find(std::string(flag) + " " + out + ": the checkpoints of --save-dir " +
-                           save_dir + " are written there"),
-                std::string::npos)
-          << r.err;
+      EXPECT_NE(r.err.find(std::string(flag) + " " + out + why), std::string::npos) << r.err;
     }
+  }
+  // Nor are a save directory inside a checkpoint, or an export into one or at a checkpoint's
+  // name in a save directory.
+  r = run("train --resume " + shell_quote(ck + "/global_step1") + " --steps 2 --save-dir " +
+          shell_quote(ck + "/global_step1"));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("inside checkpoint " + step1), std::string::npos) << r.err;
+  for (const std::string& out :
+       {ck + "/global_step1/hf", ck + "/global_step9", ck + "/latest.old"}) {
+    r = run("export " + shell_quote(ck) + " " + shell_quote(out));
+    EXPECT_EQ(r.rc, 2) << out << ": " << r.err;
+    EXPECT_NE(r.err.find(out.find("hf") != std::string::npos ? "inside checkpoint"
+                                                             : "a name the save directory"),
+              std::string::npos)
+        << r.err;
+    EXPECT_FALSE(std::filesystem::exists(out)) << out;
   }
   EXPECT_TRUE(std::filesystem::is_empty(fresh));
   EXPECT_EQ(slurp(ck + "/latest"), "global_step1\n");

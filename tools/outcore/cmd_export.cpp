@@ -145,6 +145,15 @@ int run_export(const ExportArgs& a) {
     throw InvalidArgument("export needs --checkpoint PATH and --out DIR");
   ckpt::ExportOptions options{.max_shard_bytes = parse_size(a.max_shard_size)};
   const std::optional<DType> dtype = parse_dtype(a.dtype);
+  // Not into a checkpoint (it would hold a file its manifest does not list: never pruned, never
+  // saved over), nor at a name a save directory writes.
+  if (const std::optional<fs::path> in = ckpt::checkpoint_holding(a.out))
+    throw InvalidArgument(
+        fmt::format("{}: inside checkpoint {}; export outside it", a.out, in->string()));
+  if (ckpt::takes_a_save_name(a.out))
+    throw InvalidArgument(fmt::format(
+        "{}: a name the save directory {} uses for its checkpoints; export under another name",
+        a.out, export_target(a.out).parent_path().string()));
   ckpt::Checkpoint c = ckpt::Checkpoint::open(a.checkpoint);
   const model::LlamaConfig cfg = checkpoint_model(c);
   options.dtype = dtype.value_or(c.manifest().param_dtype);

@@ -525,6 +525,14 @@ int run_train(const TrainCliOptions& o) {
   topts.val_mask = val_mask;
   topts.val_fraction =
       n.val_fraction.value_or(data_from_resume && o.val_data.empty() ? rd->val_fraction : 0.0);
+  if (!o.save_dir.empty())
+    if (const std::optional<std::filesystem::path> in = ckpt::checkpoint_holding(o.save_dir)) {
+      std::fprintf(stderr,
+                   "error: --save-dir %s: inside checkpoint %s; save next to it (its save "
+                   "directory) or elsewhere\n",
+                   o.save_dir.c_str(), in->string().c_str());
+      return 2;
+    }
   topts.save_dir = o.save_dir;
   // Resumed into the save directory it came from, the run saves as it did unless told otherwise.
   const bool same_save_dir =

@@ -201,7 +201,15 @@ bool check_output_file(const std::string& path, const char* flag,
 bool check_outside_checkpoints(const std::string& path, const char* flag,
                                const std::string& save_dir) {
   namespace fs = std::filesystem;
-  if (path.empty() || save_dir.empty()) return true;
+  if (path.empty()) return true;
+  if (const std::optional<fs::path> in = ckpt::checkpoint_holding(path)) {
+    std::fprintf(stderr,
+                 "error: %s %s: inside checkpoint %s (a file it does not list keeps it from ever "
+                 "being pruned or saved over); choose a path outside it\n",
+                 flag, path.c_str(), in->string().c_str());
+    return false;
+  }
+  if (save_dir.empty()) return true;
   std::error_code ec;
   const fs::path rel =
       fs::weakly_canonical(fs::absolute(path, ec), ec)

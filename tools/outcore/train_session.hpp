@@ -37,9 +37,10 @@ bool check_output_file(const std::string& path, const char* flag,
                        const std::vector<std::pair<std::string, const char*>>& inputs,
                        const char* what = "an input");
 
-// False (with one error line naming `flag`) when `path` lies where a save into `save_dir`
-// writes: `latest`, `latest.tmp`, `.lock`, or a `global_step<N>` entry or anything in one
-// (a save would replace it). Other paths in the save directory are the user's and fine.
+// False (with one error line naming `flag`) when `path` lies in an outcore checkpoint (any:
+// ckpt::checkpoint_holding), or where a save into `save_dir` writes: `latest`, `latest.tmp`,
+// `.lock`, or a `global_step<N>` entry or anything in one (a save would replace it). Other paths
+// in the save directory are the user's and fine.
 bool check_outside_checkpoints(const std::string& path, const char* flag,
                                const std::string& save_dir);
 
