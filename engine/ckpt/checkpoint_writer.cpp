@@ -435,6 +435,20 @@ void SaveDir::check_can_save(int64_t first, int64_t last) const {
   }
 }
 
+void SaveDir::check_room(uint64_t bytes, const WriterOptions& hooks) const {
+  std::optional<uint64_t> free_bytes = hooks.free_bytes;
+  struct statvfs sv {};
+  if (!free_bytes && ::statvfs(dir_.c_str(), &sv) == 0)
+    free_bytes = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+  if (free_bytes && *free_bytes < bytes)
+    throw OutOfMemory(fmt::format(
+        "save directory {}: a checkpoint of this run takes at least {} bytes ({:.1f} MiB), and "
+        "the filesystem has {} bytes ({:.1f} MiB) free: free some space or choose another "
+        "--save-dir (the first save would fail after the training)",
+        dir_.string(), bytes, static_cast<double>(bytes) / (1 << 20), *free_bytes,
+        static_cast<double>(*free_bytes) / (1 << 20)));
+}
+
 void SaveDir::remove_checkpoint(const std::string& tag, const WriterOptions& hooks,
                                 uint64_t& removals) const {
   // Only a checkpoint holding nothing but a save's files: a user's file in it is never removed.
@@ -611,8 +625,9 @@ void CheckpointWriter::prepare() {
     for (const Segment& s : f.info.segments) max_seg = std::max(max_seg, align_up(s.bytes()));
   }
   struct statvfs sv {};
-  if (::statvfs(m.dir.path().c_str(), &sv) == 0) {
-    const uint64_t free_bytes = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+  if (m.options.free_bytes || ::statvfs(m.dir.path().c_str(), &sv) == 0) {
+    const uint64_t free_bytes =
+        m.options.free_bytes.value_or(static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize);
     if (free_bytes < need)
       throw IoError(m.dir.path().string(), ENOSPC,
                     fmt::format("save checkpoint {} ({} bytes needed, {} bytes free)", m.tag, need,

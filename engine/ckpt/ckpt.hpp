@@ -154,6 +154,9 @@ struct WriterOptions {
   // Or after this many files and directories were removed while replacing or pruning
   // checkpoints (0: never).
   uint64_t crash_after_removals = 0;
+  // The free bytes of the save directory's filesystem, instead of statvfs's (tests of a full
+  // disk).
+  std::optional<uint64_t> free_bytes;
   // Read every file back (size and CRC32C) before the checkpoint is renamed into place. Off
   // only in benchmarks that time the writes alone.
   bool verify = true;
@@ -220,6 +223,11 @@ class SaveDir {
   // a file that is not a checkpoint's, which a save of that step would be refused to replace
   // after the training. Primary only; nothing for a rank other than 0.
   void check_can_save(int64_t first, int64_t last) const;
+  // Before a run whose checkpoints take at least `bytes` (their data files): OutOfMemory naming
+  // the directory, both figures and the free space when the filesystem has less free
+  // (`hooks.free_bytes` standing in for statvfs's), so that a full disk does not end a whole
+  // run unsaved. Nothing when the free space cannot be read (the save checks again).
+  void check_room(uint64_t bytes, const WriterOptions& hooks) const;
 
  private:
   void take_lock();         // `.lock`: created (with outcore's marker) or opened, then flock'ed

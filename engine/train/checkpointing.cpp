@@ -33,6 +33,15 @@ ckpt::Manifest checkpoint_manifest(const zero::ZeroEngine& engine, int64_t step,
 
 }  // namespace
 
+uint64_t checkpoint_data_bytes(const zero::ZeroEngine& engine, int world_size, int zero_stage) {
+  // Per element of this rank's partitions: fp32 master weights and two moments, the parameter.
+  const uint64_t per_elem = 3 * sizeof(float) + dtype_size(engine.param_dtype());
+  uint64_t elems = 0;
+  for (int u = 0; u < engine.model().num_units(); ++u) elems += engine.partition_numel(u);
+  // Every rank saves its partitions (of equal size); at stage 0 rank 0 alone saves the state.
+  return elems * per_elem * static_cast<uint64_t>(zero_stage == 0 ? 1 : world_size);
+}
+
 ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& tag, int64_t step,
                                         zero::ZeroEngine& engine, int rank, int world_size,
                                         int zero_stage, const CheckpointTexts& texts,

@@ -241,6 +241,11 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   } else if (init_weights) {
     import_hf_weights(*init_weights, *engine_);
   }
+  // The swap files are in place: a save directory on the same filesystem sees what they left.
+  if (save_dir_ && rank() == 0)
+    save_dir_->check_room(
+        checkpoint_data_bytes(*engine_, world_size(), cfg_.zero_optimization.stage),
+        opts_.checkpoint_io);
   last_traffic_ = engine_->traffic();
   inputs_.resize(static_cast<size_t>(model_->tokens()));
   targets_.resize(static_cast<size_t>(model_->tokens()));

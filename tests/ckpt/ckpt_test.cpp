@@ -652,6 +652,28 @@ TEST(CkptSaveDir, ARunThatWouldSaveOverAUsersFileIsRefusedAtStart) {
   EXPECT_TRUE(fs::exists(tmp / "save" / "global_step3" / "NOTES.md"));
 }
 
+// The room for a run's checkpoints is checked before it trains: the free space (statvfs's, or
+// the test hook's) against the checkpoint's bytes.
+TEST(CkptSaveDir, ARunWhoseCheckpointDoesNotFitIsRefusedAtStart) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save");
+  WriterOptions hooks;
+  hooks.free_bytes = 1000;
+  EXPECT_NO_THROW(dir.check_room(1000, hooks));
+  const std::string msg = what_of([&] { dir.check_room(1001, hooks); });
+  EXPECT_NE(msg.find("save directory " + (tmp / "save").string() +
+                     ": a checkpoint of this run takes at least 1001 bytes"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("the filesystem has 1000 bytes"), std::string::npos) << msg;
+  EXPECT_THROW(dir.check_room(1001, hooks), OutOfMemory);
+  EXPECT_THROW(dir.check_room(uint64_t{1} << 62, {}), OutOfMemory);  // this filesystem's free
+  EXPECT_NO_THROW(dir.check_room(1, {}));
+  // A save sees the same free space.
+  const std::string save = what_of([&] { write_synthetic(dir, "global_step1", 1, hooks); });
+  EXPECT_NE(save.find("bytes needed, 1000 bytes free"), std::string::npos) << save;
+}
+
 // A checkpoint someone put a file into (notes, an evaluation's results, an export) is the
 // user's too: pruning, replacing and saving over it keep it whole, and leave nothing behind
 // that would block the directory.

@@ -1282,6 +1282,30 @@ TEST_F(TrainCliTest, KilledSaveLeavesThePreviousCheckpoint) {
   EXPECT_EQ(slurp(ck + "/latest"), "global_step3\n");
 }
 
+// A save directory whose filesystem cannot hold one checkpoint is refused before the training
+// (the save used to fail after it, and the trained steps went with the swap files).
+TEST_F(TrainCliTest, ASaveDirectoryWithoutRoomForACheckpointIsRefusedBeforeTraining) {
+  const std::string ck = data_.file("ckpt"), err = data_.file("room_err");
+  auto train = [&](uint64_t free_bytes) {
+    const std::string cmd =
+        "env -u OUTCORE_CONFIG OUTCORE_TEST_SAVE_FREE_BYTES=" + std::to_string(free_bytes) + " " +
+        shell_quote(OUTCORE_CLI_WITH_TEST_HOOKS) + " " +
+        train_args("--steps 1 --save-dir " + shell_quote(ck)) + " >/dev/null 2>" + shell_quote(err);
+    const int status = std::system(cmd.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  EXPECT_EQ(train(4096), 2);
+  const std::string e = slurp(err);
+  EXPECT_NE(e.find("save directory " + ck + ": a checkpoint of this run takes at least"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("the filesystem has 4096 bytes"), std::string::npos) << e;
+  EXPECT_EQ(e.find("step 1/"), std::string::npos) << e;  // nothing trained
+  EXPECT_FALSE(std::filesystem::exists(ck + "/latest"));
+  EXPECT_EQ(train(uint64_t{1} << 40), 0) << slurp(err);
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step1\n");
+}
+
 // The README's demo, shortened: ZeRO-3 with NVMe swap, exit 0, one JSON line per step in
 // its metrics file, falling loss, and no swap files left behind.
 TEST_F(TrainCliTest, ShortDemoRunTrainsAndWritesMetrics) {

@@ -295,6 +295,7 @@ ckpt::WriterOptions checkpoint_hooks() {
   ckpt::WriterOptions w;
   w.crash_after_bytes = test_hooks().ckpt_crash_after_bytes;
   w.crash_at = test_hooks().ckpt_crash_at;
+  w.free_bytes = test_hooks().save_free_bytes;
   return w;
 }
 

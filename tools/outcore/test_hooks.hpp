@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace outcore::cli {
@@ -22,6 +23,9 @@ struct TestHooks {
   // between the check and the sleep (empty: none; OUTCORE_TEST_EXPORT_PIECE_LOG): a signal sent
   // after a line appears reaches the export during that piece's sleep.
   std::chrono::milliseconds export_piece_delay{0};
+  // The free bytes a checkpoint save sees on its filesystem (unset: statvfs's;
+  // OUTCORE_TEST_SAVE_FREE_BYTES). Passed to ckpt::WriterOptions.
+  std::optional<uint64_t> save_free_bytes;
   std::string export_piece_log;
 };
 

@@ -16,6 +16,8 @@ TestHooks from_environment() {
     h.export_piece_delay = std::chrono::milliseconds(std::strtol(ms, nullptr, 10));
   }
   if (const char* log = std::getenv("OUTCORE_TEST_EXPORT_PIECE_LOG")) h.export_piece_log = log;
+  if (const char* b = std::getenv("OUTCORE_TEST_SAVE_FREE_BYTES"))
+    h.save_free_bytes = std::strtoull(b, nullptr, 10);
   return h;
 }
 
