@@ -139,11 +139,12 @@ uint64_t DataLoader::trained_in_slots(uint64_t epoch, uint64_t first, uint64_t c
   const auto T = static_cast<uint64_t>(opts_.seq_len);
   if (mask_ == nullptr) return count * T;
   Permutation perm(sequences_, opts_.seed, epoch);
+  std::vector<uint8_t> bytes(T);
   uint64_t n = 0;
   for (uint64_t slot = first; slot < first + count; ++slot) {
     const uint64_t seq = opts_.shuffle ? perm(slot) : slot;
-    const size_t start = range_.begin + static_cast<size_t>(seq * T) + 1;
-    for (size_t i = start; i < start + T; ++i) n += (*mask_)[i] ? 1 : 0;
+    mask_->read(range_.begin + static_cast<size_t>(seq * T) + 1, bytes);
+    for (const uint8_t b : bytes) n += b != 0 ? 1 : 0;
   }
   return n;
 }
@@ -193,9 +194,12 @@ void DataLoader::next(std::span<int32_t> inputs, std::span<int32_t> targets) {
     file_->read(start, inputs.subspan(static_cast<size_t>(b) * T, T));
     std::span<int32_t> tg = targets.subspan(static_cast<size_t>(b) * T, T);
     file_->read(start + 1, tg);
-    if (mask_ != nullptr)
+    if (mask_ != nullptr) {
+      mask_bytes_.resize(T);
+      mask_->read(start + 1, mask_bytes_);
       for (size_t i = 0; i < T; ++i)
-        if (!(*mask_)[start + 1 + i]) tg[i] = model::kIgnoreTarget;
+        if (mask_bytes_[i] == 0) tg[i] = model::kIgnoreTarget;
+    }
   }
   if (++pos_.step == batches_per_epoch_) {
     pos_.step = 0;

@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "engine/train/token_file.hpp"
 
@@ -133,6 +134,7 @@ class DataLoader {
   DataLoaderOptions opts_;
   std::string split_name_;
   std::shared_ptr<const MaskFile> mask_;
+  std::vector<uint8_t> mask_bytes_;  // next()'s: one sequence's mask
   uint64_t split_targets_ = 0;
   uint64_t sequences_ = 0;
   uint64_t batches_per_epoch_ = 0;

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,18 +10,18 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "common/error.hpp"
 #include "common/open_file.hpp"
 
 namespace outcore::train {
 
-// A read-only mapping of a whole file; unmapped on destruction.
-struct FileMapping {
-  void* addr = nullptr;
-  size_t bytes = 0;
-  ~FileMapping() {
-    if (addr != nullptr) munmap(addr, bytes);
+// An open file; closed on destruction.
+struct OpenedFile {
+  int fd = -1;
+  ~OpenedFile() {
+    if (fd >= 0) ::close(fd);
   }
 };
 
@@ -62,6 +61,38 @@ TokenFormat format_from_extension(const std::string& path) {
       path, ext));
 }
 
+// Reads bytes [offset, offset + bytes) of `file` into `dst`: CorruptData when the file ends
+// before (shortened since it was opened), IoError when the read fails; both name `path`.
+void read_exact(const OpenedFile& file, const std::string& path, uint64_t offset, void* dst,
+                size_t bytes) {
+  auto* p = static_cast<char*>(dst);
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = ::pread(file.fd, p + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw IoError(path, offset + done, bytes - done, errno, "read");
+    if (n == 0)
+      throw CorruptData(fmt::format(
+          "{}: ends before byte {}, which it held when it was opened: the file was shortened or "
+          "replaced while in use (write a new file under another name, then rename it)",
+          path, offset + bytes));
+    done += static_cast<size_t>(n);
+  }
+}
+
+// Reads elements [begin, end) of a file of T (from byte `first`) in chunks, calling
+// f(chunk_begin, data, n) for each.
+template <typename T, typename F>
+void for_chunks(const OpenedFile& file, const std::string& path, uint64_t first, size_t begin,
+                size_t end, F&& f) {
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::vector<T> buf(std::min(kChunk, end - begin));
+  for (size_t b = begin; b < end; b += kChunk) {
+    const size_t n = std::min(kChunk, end - b);
+    read_exact(file, path, first + b * sizeof(T), buf.data(), n * sizeof(T));
+    f(b, buf.data(), n);
+  }
+}
+
 }  // namespace
 
 std::string_view to_string(TokenFormat f) {
@@ -95,22 +126,14 @@ TokenFile::~TokenFile() = default;
 
 TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
   if (format == TokenFormat::kAuto) format = format_from_extension(path);
-  Fd fd(open_for_reading(path, "token file"));
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0) throw IoError(path, errno, "stat token file");
-  size_t bytes = static_cast<size_t>(st.st_size);
-
   TokenFile f;
+  f.file_ = std::make_unique<OpenedFile>();
+  f.file_->fd = open_for_reading(path, "token file");
+  struct stat st {};
+  if (fstat(f.file_->fd, &st) != 0) throw IoError(path, errno, "stat token file");
+  size_t bytes = static_cast<size_t>(st.st_size);
   f.path_ = path;
   f.format_ = format;
-  f.map_ = std::make_unique<FileMapping>();
-  if (bytes > 0) {
-    void* addr = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
-    if (addr == MAP_FAILED) throw IoError(path, 0, bytes, errno, "mmap token file");
-    f.map_->addr = addr;
-    f.map_->bytes = bytes;
-  }
-  const auto* base = static_cast<const std::byte*>(f.map_->addr);
 
   if (format == TokenFormat::kLlmc) {
     if (bytes < kLlmcHeaderBytes) {
@@ -119,7 +142,7 @@ TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
                       path, bytes, kLlmcHeaderBytes));
     }
     int32_t header[3];
-    std::memcpy(header, base, sizeof(header));
+    read_exact(*f.file_, path, 0, header, sizeof(header));
     if (header[0] != kLlmcMagic) {
       throw CorruptData(fmt::format(
           "{}: bad magic {} in llm.c token file header (want {}); if the file holds raw "
@@ -143,7 +166,7 @@ TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
     }
     f.width_ = 2;
     f.count_ = count;
-    f.tokens_ = base + kLlmcHeaderBytes;
+    f.first_byte_ = kLlmcHeaderBytes;
   } else {
     f.width_ = format == TokenFormat::kRawU16 ? 2 : 4;
     if (bytes % f.width_ != 0) {
@@ -151,9 +174,23 @@ TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
                                     bytes, f.width_));
     }
     f.count_ = bytes / f.width_;
-    f.tokens_ = base;
   }
   return f;
+}
+
+void TokenFile::read_raw(size_t begin, size_t n, void* dst) const {
+  read_exact(*file_, path_, first_byte_ + begin * width_, dst, n * width_);
+}
+
+uint32_t TokenFile::operator[](size_t i) const {
+  if (width_ == 2) {
+    uint16_t t = 0;
+    read_raw(i, 1, &t);
+    return t;
+  }
+  uint32_t t = 0;
+  read_raw(i, 1, &t);
+  return t;
 }
 
 void TokenFile::read(size_t begin, std::span<int32_t> out) const {
@@ -162,11 +199,11 @@ void TokenFile::read(size_t begin, std::span<int32_t> out) const {
                                       begin, begin + out.size(), count_));
   }
   if (width_ == 2) {
-    const auto* src = static_cast<const uint16_t*>(tokens_) + begin;
+    std::vector<uint16_t> src(out.size());
+    read_raw(begin, src.size(), src.data());
     for (size_t i = 0; i < out.size(); ++i) out[i] = src[i];
   } else {
-    const auto* src = static_cast<const uint32_t*>(tokens_) + begin;
-    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<int32_t>(src[i]);
+    read_raw(begin, out.size(), out.data());  // uint32 ids, stored as they are
   }
 }
 
@@ -203,20 +240,27 @@ void TokenFile::check_vocab(uint64_t vocab_size, size_t begin, size_t end) const
         fmt::format("{}: vocabulary check of tokens [{}, {}) past the end ({} tokens)", path_,
                     begin, end, count_));
   }
-  size_t n = end - begin;
-  size_t rel =
-      width_ == 2 ? first_at_or_above(static_cast<const uint16_t*>(tokens_) + begin, n, vocab_size)
-                  : first_at_or_above(static_cast<const uint32_t*>(tokens_) + begin, n, vocab_size);
-  if (rel == n) return;
-  size_t bad = begin + rel;
-  throw CorruptData(
-      fmt::format("{}: token {} at position {} is outside the model's vocabulary of {} (ids 0..{})",
-                  path_, (*this)[bad], bad, vocab_size, vocab_size == 0 ? 0 : vocab_size - 1));
+  auto check = [&](size_t at, const auto* p, size_t n) {
+    const size_t rel = first_at_or_above(p, n, vocab_size);
+    if (rel == n) return;
+    throw CorruptData(fmt::format(
+        "{}: token {} at position {} is outside the model's vocabulary of {} (ids 0..{})", path_,
+        static_cast<uint64_t>(p[rel]), at + rel, vocab_size, vocab_size == 0 ? 0 : vocab_size - 1));
+  };
+  if (width_ == 2)
+    for_chunks<uint16_t>(*file_, path_, first_byte_, begin, end, check);
+  else
+    for_chunks<uint32_t>(*file_, path_, first_byte_, begin, end, check);
 }
 
 uint32_t TokenFile::max_token() const {
-  return width_ == 2 ? max_of(static_cast<const uint16_t*>(tokens_), count_)
-                     : max_of(static_cast<const uint32_t*>(tokens_), count_);
+  uint32_t m = 0;
+  auto take = [&m](size_t, const auto* p, size_t n) { m = std::max<uint32_t>(m, max_of(p, n)); };
+  if (width_ == 2)
+    for_chunks<uint16_t>(*file_, path_, first_byte_, 0, count_, take);
+  else
+    for_chunks<uint32_t>(*file_, path_, first_byte_, 0, count_, take);
+  return m;
 }
 
 MaskFile::MaskFile(MaskFile&&) noexcept = default;
@@ -224,9 +268,11 @@ MaskFile& MaskFile::operator=(MaskFile&&) noexcept = default;
 MaskFile::~MaskFile() = default;
 
 MaskFile MaskFile::open(const std::string& path, const TokenFile& tokens) {
-  Fd fd(open_for_reading(path, "loss mask"));
+  MaskFile m;
+  m.file_ = std::make_unique<OpenedFile>();
+  m.file_->fd = open_for_reading(path, "loss mask");
   struct stat st {};
-  if (fstat(fd.get(), &st) != 0) throw IoError(path, errno, "stat loss mask");
+  if (fstat(m.file_->fd, &st) != 0) throw IoError(path, errno, "stat loss mask");
   const auto bytes = static_cast<size_t>(st.st_size);
   if (bytes != tokens.size()) {
     throw CorruptData(fmt::format(
@@ -234,18 +280,23 @@ MaskFile MaskFile::open(const std::string& path, const TokenFile& tokens) {
         "token",
         path, bytes, tokens.path(), tokens.size()));
   }
-  MaskFile m;
   m.path_ = path;
   m.count_ = bytes;
-  m.map_ = std::make_unique<FileMapping>();
-  if (bytes > 0) {
-    void* addr = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
-    if (addr == MAP_FAILED) throw IoError(path, 0, bytes, errno, "mmap loss mask");
-    m.map_->addr = addr;
-    m.map_->bytes = bytes;
-    m.bytes_ = static_cast<const uint8_t*>(addr);
-  }
   return m;
+}
+
+bool MaskFile::operator[](size_t i) const {
+  uint8_t b = 0;
+  read_exact(*file_, path_, i, &b, 1);
+  return b != 0;
+}
+
+void MaskFile::read(size_t begin, std::span<uint8_t> out) const {
+  if (begin > count_ || out.size() > count_ - begin) {
+    throw InvalidArgument(fmt::format("{}: read of mask bytes [{}, {}) past the end ({} tokens)",
+                                      path_, begin, begin + out.size(), count_));
+  }
+  read_exact(*file_, path_, begin, out.data(), out.size());
 }
 
 uint64_t MaskFile::check(size_t begin, size_t end) const {
@@ -253,19 +304,21 @@ uint64_t MaskFile::check(size_t begin, size_t end) const {
     throw InvalidArgument(fmt::format("{}: mask check of [{}, {}) past the end ({} tokens)", path_,
                                       begin, end, count_));
   }
-  // One pass (vectorized: a widening sum and an OR); the bad byte is looked for only when
-  // there is one.
+  // One pass per chunk (vectorized: a widening sum and an OR); the bad byte is looked for only
+  // when there is one.
   uint64_t ones = 0;
-  uint8_t any = 0;
-  for (size_t i = begin; i < end; ++i) {
-    ones += bytes_[i];
-    any |= bytes_[i];
-  }
-  if (any > 1) {
-    const size_t bad = begin + first_at_or_above(bytes_ + begin, end - begin, 2);
-    throw CorruptData(fmt::format("{}: byte {} at position {} is not a mask value (0 or 1)", path_,
-                                  bytes_[bad], bad));
-  }
+  for_chunks<uint8_t>(*file_, path_, 0, begin, end, [&](size_t at, const uint8_t* p, size_t n) {
+    uint8_t any = 0;
+    for (size_t i = 0; i < n; ++i) {
+      ones += p[i];
+      any |= p[i];
+    }
+    if (any > 1) {
+      const size_t bad = first_at_or_above(p, n, 2);
+      throw CorruptData(fmt::format("{}: byte {} at position {} is not a mask value (0 or 1)",
+                                    path_, p[bad], at + bad));
+    }
+  });
   return ones;
 }
 

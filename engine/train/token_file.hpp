@@ -1,4 +1,4 @@
-// Token files: a memory-mapped, read-only view of a stream of token ids.
+// Token files: a read-only view of a stream of token ids, read with pread as it is needed.
 //
 // Formats:
 // - llm.c (.bin): a header of 256 little-endian int32 ([0] magic 20240520, [1] version 1,
@@ -26,8 +26,10 @@ namespace outcore::train {
 
 enum class TokenFormat { kAuto, kLlmc, kRawU16, kRawU32 };
 
-// A read-only mapping of a whole file (defined in token_file.cpp).
-struct FileMapping;
+// An open file, read with pread (defined in token_file.cpp). Not mapped: a file shortened while
+// it is in use fails the read that reaches past its end (CorruptData naming it) instead of
+// killing the process with SIGBUS.
+struct OpenedFile;
 
 inline constexpr int32_t kLlmcMagic = 20240520;
 inline constexpr int32_t kLlmcVersion = 1;
@@ -40,7 +42,7 @@ std::string_view to_string(TokenFormat f);
 // Throws InvalidArgument listing the accepted names.
 TokenFormat parse_token_format(std::string_view name);
 
-// An open token file. Move-only; the mapping lives as long as the object. All const
+// An open token file. Move-only; the file stays open as long as the object. All const
 // members are safe to call from many threads at once.
 class TokenFile {
  public:
@@ -60,12 +62,11 @@ class TokenFile {
   // Number of tokens.
   size_t size() const { return count_; }
   // Token i. REQUIRES i < size().
-  uint32_t operator[](size_t i) const {
-    return width_ == 2 ? static_cast<const uint16_t*>(tokens_)[i]
-                       : static_cast<const uint32_t*>(tokens_)[i];
-  }
+  uint32_t operator[](size_t i) const;
   // Copies tokens [begin, begin + out.size()) into `out`.
-  // Throws InvalidArgument when the range runs past size().
+  // Throws InvalidArgument when the range runs past size(); CorruptData naming the path when the
+  // file ends before it (shortened since it was opened), IoError when the read fails. The same
+  // for every member that reads.
   void read(size_t begin, std::span<int32_t> out) const;
 
   // Checks that every token in [begin, end) is < vocab_size, reading each once.
@@ -78,10 +79,12 @@ class TokenFile {
 
  private:
   TokenFile() = default;
-  std::unique_ptr<FileMapping> map_;
+  // Reads tokens [begin, begin + n) as stored (width_ bytes each) into `dst`.
+  void read_raw(size_t begin, size_t n, void* dst) const;
+  std::unique_ptr<OpenedFile> file_;
   std::string path_;
   TokenFormat format_ = TokenFormat::kAuto;
-  const void* tokens_ = nullptr;
+  uint64_t first_byte_ = 0;  // of the first token (after llm.c's header)
   size_t count_ = 0;
   size_t width_ = 2;
 };
@@ -100,7 +103,10 @@ class MaskFile {
   const std::string& path() const { return path_; }
   size_t size() const { return count_; }
   // Whether token i is a training target. REQUIRES i < size().
-  bool operator[](size_t i) const { return bytes_[i] != 0; }
+  bool operator[](size_t i) const;
+  // Copies the bytes of tokens [begin, begin + out.size()) into `out` (0 or 1 each, unchecked).
+  // Throws InvalidArgument when the range runs past size().
+  void read(size_t begin, std::span<uint8_t> out) const;
   // Checks that every byte in [begin, end) is 0 or 1 and returns how many are 1. Throws
   // CorruptData naming the path, the first bad position and its value; InvalidArgument when
   // the range runs past size().
@@ -108,9 +114,8 @@ class MaskFile {
 
  private:
   MaskFile() = default;
-  std::unique_ptr<FileMapping> map_;
+  std::unique_ptr<OpenedFile> file_;
   std::string path_;
-  const uint8_t* bytes_ = nullptr;
   size_t count_ = 0;
 };
 

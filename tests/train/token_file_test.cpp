@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -55,6 +57,43 @@ TEST(TokenFile, WriterOutputReadsBack) {
   EXPECT_EQ(out, (std::vector<int32_t>{65535, 42, 7}));
   EXPECT_EQ(f.max_token(), 65535u);
   EXPECT_FALSE(std::filesystem::exists(dir.file("t.bin.tmp")));
+}
+
+// A file shortened while it is open (`cp new.bin data.bin` during a run): the reads past its new
+// end fail naming it, never a SIGBUS; what is still there reads as before.
+TEST(TokenFile, AFileShortenedWhileOpenFailsTheReadNamingIt) {
+  TempDir dir;
+  std::vector<uint16_t> tokens(20000);
+  std::iota(tokens.begin(), tokens.end(), uint16_t{0});
+  write_llmc_tokens(dir.file("t.bin"), tokens);
+  write_bytes(dir.file("t.mask"), std::vector<uint8_t>(tokens.size(), 1));
+  const TokenFile f = TokenFile::open(dir.file("t.bin"));
+  const MaskFile m = MaskFile::open(dir.file("t.mask"), f);
+  std::filesystem::resize_file(dir.file("t.bin"), kLlmcHeaderBytes + 2 * 100);
+  std::filesystem::resize_file(dir.file("t.mask"), 100);
+  std::vector<int32_t> out(10);
+  f.read(90, out);
+  EXPECT_EQ(out[9], 99);
+  auto expect_shortened = [](const std::function<void()>& read, const std::string& path) {
+    try {
+      read();
+      ADD_FAILURE() << "read past the end of the shortened " << path;
+    } catch (const CorruptData& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ": ends before byte"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("shortened or replaced while in use"), std::string::npos)
+          << e.what();
+    }
+  };
+  expect_shortened([&] { f.read(95, out); }, dir.file("t.bin"));
+  expect_shortened([&] { (void)f[150]; }, dir.file("t.bin"));
+  expect_shortened([&] { f.check_vocab(65536); }, dir.file("t.bin"));
+  expect_shortened([&] { (void)f.max_token(); }, dir.file("t.bin"));
+  std::vector<uint8_t> bytes(10);
+  m.read(90, bytes);
+  EXPECT_EQ(bytes, std::vector<uint8_t>(10, 1));
+  expect_shortened([&] { m.read(95, bytes); }, dir.file("t.mask"));
+  expect_shortened([&] { (void)m.check(0, tokens.size()); }, dir.file("t.mask"));
 }
 
 TEST(TokenFile, HeaderLayoutIsLlmcs) {
