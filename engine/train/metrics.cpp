@@ -2,9 +2,12 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 
@@ -153,10 +156,56 @@ void ProgressDisplay::finish() {
 
 // ---- MetricsWriter ----------------------------------------------------------------------
 
+namespace {
+
+// Whether the open file `fd` is empty or a metrics file: its first line a JSON record with a
+// "type" (what every record of a MetricsWriter has).
+bool holds_metrics_or_nothing(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  if (st.st_size == 0) return true;
+  std::string head(std::min<off_t>(st.st_size, 1 << 16), '\0');
+  const ssize_t n = ::pread(fd, head.data(), head.size(), 0);
+  if (n <= 0) return false;
+  head.resize(static_cast<size_t>(n));
+  const size_t eol = head.find('\n');
+  if (eol == std::string::npos) return false;
+  const nlohmann::json first = nlohmann::json::parse(head.substr(0, eol), nullptr, false);
+  return first.is_object() && first.contains("type") && first["type"].is_string();
+}
+
+}  // namespace
+
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
-  int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
-  fd_ = ::open(path.c_str(), flags, 0644);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (append ? O_APPEND : 0), 0644);
   if (fd_ < 0) throw IoError(path, errno, "open metrics file");
+  auto fail = [this](auto&& error) {
+    ::close(fd_);
+    fd_ = -1;
+    throw error;
+  };
+  // One run at a time: another one's records would interleave with these, and a fresh run
+  // would cut them.
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK)
+      fail(IoError(path, errno,
+                   "lock metrics file (another run is writing it: give each run its own "
+                   "metrics file)"));
+    log::warn(
+        "{}: the metrics file cannot be locked ({}): a second run writing it would not be "
+        "stopped",
+        path, errno_string(errno));
+  }
+  if (append) return;
+  // A fresh run replaces a metrics file, never a user's other file at that path.
+  if (!holds_metrics_or_nothing(fd_))
+    fail(InvalidArgument(fmt::format(
+        "{}: exists and is not a metrics file (its first line is not a JSON record with a "
+        "\"type\"): a fresh run replaces only a metrics file; move it away or name another file",
+        path)));
+  // Emptied at the first record: a run that fails to start leaves the file as it was.
+  struct stat st {};
+  empty_first_ = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0;
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -165,6 +214,10 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::write_json(const nlohmann::ordered_json& record) {
   if (fd_ < 0) throw InvalidArgument(fmt::format("{}: metrics file already closed", path_));
+  if (empty_first_) {
+    if (::ftruncate(fd_, 0) != 0) throw IoError(path_, errno, "truncate metrics file");
+    empty_first_ = false;
+  }
   std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   line += '\n';
   // A record is whole or absent: after a short write (a full disk) the file is cut back to

@@ -107,8 +107,11 @@ class ProgressDisplay {
 // reader (tail -f, a plot script) never sees half a record, even after a crash.
 class MetricsWriter {
  public:
-  // Opens `path` for writing: truncated, or appended to when `append` (resuming a run).
-  // Throws IoError naming the path.
+  // Opens `path` for writing and locks it (flock: one run at a time): emptied, or appended to
+  // when `append` (resuming a run). Throws IoError naming the path (open; the lock held by
+  // another run), InvalidArgument when not appending to a file that is neither empty nor a
+  // metrics file (its first line a JSON record with a "type"): a user's file is never cut. The
+  // file is emptied at the first record, not before.
   explicit MetricsWriter(const std::string& path, bool append = false);
   // Closes, swallowing errors; call close() to see them.
   ~MetricsWriter();
@@ -127,6 +130,7 @@ class MetricsWriter {
 
  private:
   std::string path_;
+  bool empty_first_ = false;  // the file is emptied before the first record
   int fd_ = -1;
 };
 

@@ -196,6 +196,11 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
       check_same_model(model::LlamaConfig::load(theirs), model_config, opts_.init_from);
     init_weights.emplace(ckpt::HfWeights::open(opts_.init_from, model_config, param_dtype(cfg_)));
   }
+  // The metrics file: locked, and checked to be one (or nothing), before any long work.
+  const std::string metrics_path =
+      opts_.metrics_file.empty() ? cfg_.outcore.metrics_file : opts_.metrics_file;
+  if (!metrics_path.empty() && rank() == 0)  // rank 0 writes for the job
+    metrics_writer_.emplace(metrics_path, /*append=*/!resumed_from_.empty());
   if (!opts_.save_dir.empty()) {
     // Rank 0 locks, checks and cleans the directory before the other ranks use it.
     ckpt::SaveDirOptions so{.keep = opts_.keep,
@@ -699,13 +704,8 @@ TrainResult Trainer::run() {
   if (opts_.progress_out != nullptr) {
     display.emplace(opts_.progress_out, opts_.progress_mode, print_every);
   }
-  const std::string metrics_path =
-      opts_.metrics_file.empty() ? cfg_.outcore.metrics_file : opts_.metrics_file;
-  std::optional<MetricsWriter> writer;
-  if (!metrics_path.empty() && rank() == 0) {  // rank 0 writes for the job
-    writer.emplace(metrics_path, /*append=*/!resumed_from_.empty());
-    writer->write_json(start_record());
-  }
+  std::optional<MetricsWriter>& writer = metrics_writer_;
+  if (writer) writer->write_json(start_record());
 
   TrainResult res;
   // A record that cannot be written ends the metrics, not the run (its state is sound, and a

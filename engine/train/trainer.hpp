@@ -288,6 +288,8 @@ class Trainer {
   zero::TrafficStats last_traffic_;
   std::string last_message_;  // the loss scaler's message for the last skipped step
   std::unique_ptr<ckpt::SaveDir> save_dir_;
+  // Rank 0's metrics file, opened (and locked) at construction; run() writes and closes it.
+  std::optional<MetricsWriter> metrics_writer_;
   int64_t last_saved_step_ = -1;
   nlohmann::json resume_state_;  // trainer_state.json of the checkpoint resumed from
   std::string resumed_from_;

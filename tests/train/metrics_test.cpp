@@ -196,6 +196,46 @@ TEST(MetricsWriter, AppendKeepsEarlierRecordsTruncateDoesNot) {
   EXPECT_EQ(read_lines(path).size(), 1u);
 }
 
+// A fresh run replaces a metrics file, never a user's other file at that path (kept whole,
+// refused naming it), and only once it writes; a second writer of one file is refused while the
+// first holds it.
+TEST(MetricsWriter, NeverCutsAUsersFileNorSharesOne) {
+  TempDir dir;
+  const std::string users = dir.file("notes.txt");
+  for (const std::string& text : {std::string("my notes\n"), std::string("[1, 2]\n"),
+                                  std::string("{\"no type\": 1}\n"), std::string("no newline")}) {
+    std::ofstream(users) << text;
+    try {
+      MetricsWriter w(users);
+      ADD_FAILURE() << "took " << text;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(users + ": exists and is not a metrics file"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(read_lines(users).size(), 1u);
+    if (text.back() != '\n') continue;
+    { MetricsWriter(users, /*append=*/true).write(sample()); }  // resuming: appended, kept
+    EXPECT_EQ(read_lines(users)[0] + "\n", text);
+  }
+  const std::string path = dir.file("m.jsonl");
+  { MetricsWriter(path).write(sample()); }
+  {
+    MetricsWriter fresh(path);  // an earlier run's metrics: replaced at the first record
+    EXPECT_EQ(read_lines(path).size(), 1u);
+    try {
+      MetricsWriter second(path, /*append=*/true);
+      ADD_FAILURE() << "two writers of one metrics file";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("another run is writing it"), std::string::npos)
+          << e.what();
+    }
+    fresh.write(sample());
+    fresh.write(sample());
+  }
+  EXPECT_EQ(read_lines(path).size(), 2u);
+}
+
 TEST(MetricsWriter, ErrorsNameThePath) {
   try {
     MetricsWriter w("/nonexistent_dir_outcore/m.jsonl");

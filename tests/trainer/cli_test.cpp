@@ -1306,6 +1306,25 @@ TEST_F(TrainCliTest, ASaveDirectoryWithoutRoomForACheckpointIsRefusedBeforeTrain
   EXPECT_EQ(slurp(ck + "/latest"), "global_step1\n");
 }
 
+// --metrics naming a user's file that is not a metrics file: refused before the training, the
+// file whole; an earlier run's metrics file is replaced.
+TEST_F(TrainCliTest, MetricsNeverReplaceAUsersOtherFile) {
+  const std::string notes = data_.file("notes.jsonl");
+  std::ofstream(notes) << "my own notes\n";
+  CliResult r = run(train_args("--steps 1 --metrics " + shell_quote(notes)));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find(notes + ": exists and is not a metrics file"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("step 1/"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(notes), "my own notes\n");
+  const std::string m = data_.file("m.jsonl");
+  for (int run_no = 0; run_no < 2; ++run_no) {
+    r = run(train_args("--steps 1 --metrics " + shell_quote(m)));
+    ASSERT_EQ(r.rc, 0) << r.err;
+  }
+  EXPECT_EQ(nlohmann::json::parse(lines_of(slurp(m))[0])["type"], "start");
+  EXPECT_EQ(lines_of(slurp(m)).size(), 2u) << slurp(m);  // start + step 1, of the second run
+}
+
 // The README's demo, shortened: ZeRO-3 with NVMe swap, exit 0, one JSON line per step in
 // its metrics file, falling loss, and no swap files left behind.
 TEST_F(TrainCliTest, ShortDemoRunTrainsAndWritesMetrics) {
