@@ -198,11 +198,12 @@ struct SwapSpaceOptions {
 class SwapSpace {
  public:
   // Creates <nvme_path>/outcore_swap/rank<r>/<kind>/ for each kind in `files`, removes the
-  // swap files an earlier run left there (<unit>.bin starting with the swap header, or empty or
-  // zeros: never trusted; one warning; any other file is left), takes an
-  // exclusive lock on each kind directory (a second SwapSpace, in this or another process,
-  // on the same rank and kind fails with IoError(EWOULDBLOCK)), then creates and preallocates
-  // every file and writes its header.
+  // swap files an earlier run left there (<unit>.bin starting with the swap header, or empty:
+  // never trusted; one warning; any other file, zeros included, is left), takes an
+  // exclusive lock on each kind directory (its .lock holds a marker: a user's file of that name
+  // is locked, never written or removed; a second SwapSpace, in this or another process,
+  // on the same rank and kind fails with IoError(EWOULDBLOCK)), then creates every file, writes
+  // its header and preallocates it.
   // Throws InvalidArgument for a malformed plan (duplicate (unit, kind), duplicate or empty
   // names, zero-byte tensors, empty files) or a file that is not a swap file at a name one of
   // them needs (naming it), IoError(ENOSPC) naming the directory, the

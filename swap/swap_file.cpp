@@ -251,8 +251,9 @@ struct SwapSpace::Impl {
       if (e.error_number() != EEXIST) throw;
       // Bad input: the swap path holds someone's file where this run's swap file goes.
       throw InvalidArgument(fmt::format(
-          "{}: exists and is not an outcore swap file, and a swap file of this run needs its "
-          "name: move it away or choose another nvme_path",
+          "{}: exists and is not an outcore swap file (no swap header; a run of an earlier "
+          "version killed while starting leaves one of zeros), and a swap file of this run "
+          "needs its name: move it away or choose another nvme_path",
           f.path.string()));
     }
     f.created = true;

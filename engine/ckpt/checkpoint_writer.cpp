@@ -403,7 +403,9 @@ std::optional<fs::path> checkpoint_holding(const fs::path& path) {
 
 bool takes_a_save_name(const fs::path& path) {
   std::error_code ec;
-  const fs::path at = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  fs::path named = fs::absolute(path, ec).lexically_normal();
+  if (!named.has_filename()) named = named.parent_path();  // "dir/" names dir
+  const fs::path at = fs::weakly_canonical(named, ec);
   if (ec || !at.has_filename()) return false;
   std::string name = at.filename().string();
   if (has_suffix(name, ".tmp") || has_suffix(name, ".old")) name.resize(name.size() - 4);

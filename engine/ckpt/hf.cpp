@@ -15,6 +15,7 @@
 
 #include "common/error.hpp"
 #include "common/open_file.hpp"
+#include "engine/ckpt/ckpt.hpp"
 #include "engine/ckpt/file_util.hpp"
 
 namespace outcore::ckpt {
@@ -169,8 +170,14 @@ HfWeights HfWeights::open(const fs::path& dir, const model::LlamaConfig& expecte
     if (!fs::is_directory(dir, ec))
       throw InvalidArgument(fmt::format(
           "{}: {}", dir.string(), fs::exists(dir, ec) ? "not a directory" : "no such directory"));
-    throw InvalidArgument(fmt::format("{}: holds neither {} nor {} (weights must be safetensors)",
-                                      dir.string(), kHfWeightsFile, kHfIndexFile));
+    // An outcore checkpoint, or a save directory, is continued with --resume (or exported).
+    const bool ours = checkpoint_holding(dir) || present(dir / std::string(kLatestName));
+    throw InvalidArgument(fmt::format(
+        "{}: holds neither {} nor {} (weights must be safetensors){}", dir.string(), kHfWeightsFile,
+        kHfIndexFile,
+        ours ? "; it is an outcore checkpoint: continue its run with --resume, or start a new one "
+               "from `outcore export` of it"
+             : ""));
   }
   for (const model::UnitLayout& u : w.layout_.units) {
     for (const model::TensorSpec& t : u.tensors) {

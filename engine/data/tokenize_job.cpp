@@ -391,22 +391,25 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
   // file at PREFIX.mask that is not that file's mask (no token file there, or one of another
   // count) is someone else's: never removed, and never left to be paired with the new tokens.
   std::string stale_mask;
-  if (!encoder.pairs()) {
-    if (fs::is_regular_file(fs::symlink_status(mask, ec))) {
-      const std::optional<uint64_t> count = token_count_of(outputs[0], llmc);
-      const uintmax_t mask_bytes = fs::file_size(mask, ec);
-      if (!count || ec || mask_bytes != *count)
-        throw InvalidArgument(fmt::format(
-            "{} is not the loss mask of a token file this job replaces ({}): it would be taken "
-            "as the new tokens' mask; move it away or choose another --out",
-            mask,
-            count ? fmt::format("{} holds {} tokens, the mask {} bytes", outputs[0], *count,
-                                mask_bytes)
-            : fs::exists(fs::symlink_status(outputs[0], ec))
-                ? fmt::format("{} is not a token file", outputs[0])
-                : fmt::format("there is no {}", outputs[0])));
-      stale_mask = mask;
-    }
+  if (!encoder.pairs() && mask_exists) {
+    if (!fs::is_regular_file(fs::symlink_status(mask, ec)))
+      throw InvalidArgument(fmt::format(
+          "{} is not a file this job can remove (a link or a directory), and it would be taken "
+          "as the new tokens' loss mask: move it away or choose another --out",
+          mask));
+    const std::optional<uint64_t> count = token_count_of(outputs[0], llmc);
+    const uintmax_t mask_bytes = fs::file_size(mask, ec);
+    if (!count || ec || mask_bytes != *count)
+      throw InvalidArgument(fmt::format(
+          "{} is not the loss mask of a token file this job replaces ({}): it would be taken as "
+          "the new tokens' mask; move it away or choose another --out",
+          mask,
+          count
+              ? fmt::format("{} holds {} tokens, the mask {} bytes", outputs[0], *count, mask_bytes)
+          : fs::exists(fs::symlink_status(outputs[0], ec))
+              ? fmt::format("{} is not a token file", outputs[0])
+              : fmt::format("there is no {}", outputs[0])));
+    stale_mask = mask;
     for (const std::string& in : options.inputs)
       if (!stale_mask.empty() && same_file(stale_mask, in))
         throw InvalidArgument(fmt::format(

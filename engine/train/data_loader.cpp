@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 
@@ -191,9 +192,12 @@ void DataLoader::next(std::span<int32_t> inputs, std::span<int32_t> targets) {
     uint64_t slot = first + static_cast<uint64_t>(b);
     uint64_t seq = opts_.shuffle ? perm(slot) : slot;
     size_t start = range_.begin + static_cast<size_t>(seq) * T;
-    file_->read(start, inputs.subspan(static_cast<size_t>(b) * T, T));
+    // The sequence and its next token in one read: inputs [0, T), targets [1, T + 1).
+    sequence_.resize(T + 1);
+    file_->read(start, sequence_);
+    std::copy_n(sequence_.begin(), T, inputs.begin() + static_cast<ptrdiff_t>(b * T));
     std::span<int32_t> tg = targets.subspan(static_cast<size_t>(b) * T, T);
-    file_->read(start + 1, tg);
+    std::copy_n(sequence_.begin() + 1, T, tg.begin());
     if (mask_ != nullptr) {
       mask_bytes_.resize(T);
       mask_->read(start + 1, mask_bytes_);

@@ -134,6 +134,7 @@ class DataLoader {
   DataLoaderOptions opts_;
   std::string split_name_;
   std::shared_ptr<const MaskFile> mask_;
+  std::vector<int32_t> sequence_;    // next()'s: one sequence and the token after it
   std::vector<uint8_t> mask_bytes_;  // next()'s: one sequence's mask
   uint64_t split_targets_ = 0;
   uint64_t sequences_ = 0;

@@ -177,8 +177,13 @@ bool holds_metrics_or_nothing(int fd) {
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (append ? O_APPEND : 0), 0644);
+  // Read too where it is a file (its first line is checked): a device or FIFO only written.
+  struct stat st {};
+  const bool regular = ::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode);
+  fd_ = ::open(path.c_str(),
+               (regular ? O_RDWR : O_WRONLY) | O_CREAT | O_CLOEXEC | (append ? O_APPEND : 0), 0644);
   if (fd_ < 0) throw IoError(path, errno, "open metrics file");
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) return;  // nothing to lock, cut or keep
   auto fail = [this](auto&& error) {
     ::close(fd_);
     fd_ = -1;
@@ -204,8 +209,7 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
         "\"type\"): a fresh run replaces only a metrics file; move it away or name another file",
         path)));
   // Emptied at the first record: a run that fails to start leaves the file as it was.
-  struct stat st {};
-  empty_first_ = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0;
+  empty_first_ = st.st_size > 0;
 }
 
 MetricsWriter::~MetricsWriter() {

@@ -199,7 +199,8 @@ void TokenFile::read(size_t begin, std::span<int32_t> out) const {
                                       begin, begin + out.size(), count_));
   }
   if (width_ == 2) {
-    std::vector<uint16_t> src(out.size());
+    thread_local std::vector<uint16_t> src;  // kept: a read per micro-batch sequence
+    src.resize(out.size());
     read_raw(begin, src.size(), src.data());
     for (size_t i = 0; i < out.size(); ++i) out[i] = src[i];
   } else {

@@ -733,13 +733,20 @@ TrainResult Trainer::run() {
 
   auto save = [&] {
     ckpt::SaveResult r;
+    const std::optional<std::string> latest_before = save_dir_->latest();
     try {
       r = save_checkpoint();
     } catch (const Error& e) {
       // What failed, and what the user still has.
       const std::optional<std::string> kept = save_dir_->latest();
-      throw Error(fmt::format("checkpoint {} not saved into {}: {}; {}",
-                              ckpt::tag_for_step(steps_done_), save_dir_->path().string(), e.what(),
+      const std::string tag = ckpt::tag_for_step(steps_done_);
+      if (kept == tag && latest_before != tag)  // named latest by this save; what came after failed
+        throw Error(fmt::format(
+            "checkpoint {} in {} is written and latest names it, but its save did not complete: "
+            "{} (it may not survive a crash of the machine; check the drive)",
+            tag, save_dir_->path().string(), e.what()));
+      throw Error(fmt::format("checkpoint {} not saved into {}: {}; {}", tag,
+                              save_dir_->path().string(), e.what(),
                               kept ? fmt::format("the previous checkpoint {} is intact", *kept)
                                    : std::string("no earlier checkpoint exists")));
     }

@@ -124,8 +124,8 @@ void remove_created(const std::string& path, const FileId& id) {
 }
 
 // The writes not yet waited (or being waited) whose open created their file, of every handle in
-// the process, by (handle, request id). A write of any handle that opens such a file later marks
-// it shared: a failed write then keeps the file another one wrote. Guarded by its mutex (a
+// the process, by (handle serial, request id). A write of any handle that opens such a file later
+// marks it shared: a failed write then keeps the file another one wrote. Guarded by its mutex (a
 // handle's destructor uses it without the GIL).
 struct CreatedFile {
   std::string path;
@@ -134,7 +134,8 @@ struct CreatedFile {
 };
 struct CreatedFiles {
   std::mutex mutex;
-  std::map<std::pair<const void*, uint64_t>, CreatedFile> writes;
+  std::map<std::pair<uint64_t, uint64_t>, CreatedFile> writes;
+  uint64_t next_handle = 1;  // serials: a handle's address may be a later one's
 };
 CreatedFiles& created_files() {
   static CreatedFiles* files = new CreatedFiles;  // never destroyed: used by handles at exit
@@ -161,7 +162,11 @@ class AioHandle {
  public:
   AioHandle(const aio::Options& options, const std::string& o_direct,
             const std::vector<FaultSpec>& faults)
-      : direct_(parse_direct(o_direct)), engine_(options, make_backend(faults)) {}
+      : direct_(parse_direct(o_direct)), engine_(options, make_backend(faults)) {
+    CreatedFiles& all = created_files();
+    const std::lock_guard lock(all.mutex);
+    serial_ = all.next_handle++;
+  }
 
   // Waits for every request still in flight (errors logged, not raised; a file a failed write
   // created removed) before the memory they use is released; their on_complete callbacks are
@@ -180,6 +185,11 @@ class AioHandle {
       }
     }
     pending_.clear();
+    // Writes that succeeded but were never waited: their files are no longer this handle's.
+    CreatedFiles& all = created_files();
+    const std::lock_guard lock(all.mutex);
+    all.writes.erase(all.writes.lower_bound({serial_, 0}),
+                     all.writes.lower_bound({serial_ + 1, 0}));
   }
   AioHandle(const AioHandle&) = delete;
   AioHandle& operator=(const AioHandle&) = delete;
@@ -296,7 +306,7 @@ class AioHandle {
     CreatedFiles& all = created_files();
     const std::lock_guard lock(all.mutex);
     if (opened.created) {
-      all.writes.emplace(std::pair{static_cast<const void*>(this), id}, CreatedFile{path, *file});
+      all.writes.emplace(std::pair{serial_, id}, CreatedFile{path, *file});
       return;
     }
     for (auto& [key, c] : all.writes) {
@@ -308,14 +318,14 @@ class AioHandle {
   void forget_created(uint64_t id) {
     CreatedFiles& all = created_files();
     const std::lock_guard lock(all.mutex);
-    all.writes.erase({static_cast<const void*>(this), id});
+    all.writes.erase({serial_, id});
   }
 
   // After request `id` failed: removes the file it created, if any and not shared.
   void remove_if_created(uint64_t id) {
     CreatedFiles& all = created_files();
     const std::lock_guard lock(all.mutex);
-    auto it = all.writes.find({static_cast<const void*>(this), id});
+    auto it = all.writes.find({serial_, id});
     if (it == all.writes.end()) return;
     if (!it->second.shared) remove_created(it->second.path, it->second.file);
     all.writes.erase(it);
@@ -325,7 +335,8 @@ class AioHandle {
   aio::Engine engine_;
   std::map<uint64_t, Pending> pending_;  // by id: submission order
   uint64_t next_id_ = 1;
-  size_t waiting_ = 0;  // moved out of pending_ by a wait still blocked (GIL released)
+  size_t waiting_ = 0;   // moved out of pending_ by a wait still blocked (GIL released)
+  uint64_t serial_ = 0;  // this handle's key in created_files()
 };
 
 // Bytes and buffers of PinnedMemory alive in this process (for leak checks).

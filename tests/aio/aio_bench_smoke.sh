@@ -34,6 +34,17 @@ PY
 leftover=$(find "$work" -name 'aio_bench.*' | head -1)
 [ -z "$leftover" ] || fail "benchmark file left behind: $leftover"
 
+# 1a. A user's file at the benchmark file's name (aio_bench.<pid>.dat) is kept: the sweep takes
+# another name (the subshell's pid is the benchmark's after exec).
+(echo "the user's data" > "$work/aio_bench.$BASHPID.dat"
+ exec env -u OUTCORE_AIO_BACKEND "$bench" "${tiny[@]}" > /dev/null 2> "$work/err.txt") ||
+  fail "sweep beside a user's file of its name exited $?: $(cat "$work/err.txt")"
+users=$(find "$work" -name 'aio_bench.*.dat')
+[ "$(cat $users)" = "the user's data" ] || fail "the user's file $users was changed"
+rm -f $users
+leftover=$(find "$work" -name 'aio_bench.*' | head -1)
+[ -z "$leftover" ] || fail "benchmark file left behind: $leftover"
+
 # 1b. OUTCORE_AIO_BACKEND=sync: the sweep runs on the sync backend and says so, in JSON and
 # in the table header.
 OUTCORE_AIO_BACKEND=sync "$bench" "${tiny[@]}" --json > "$work/out.json" 2> "$work/err.txt" ||

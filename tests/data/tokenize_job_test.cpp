@@ -249,6 +249,15 @@ TEST_F(TokenizeJobTest, TextReplacingPairsRemovesTheirMask) {
       EXPECT_FALSE(fs::exists(prefix.string() + ".bin"));
     }
   }
+  // A link at PREFIX.mask (the data loader would follow it) is refused, the link and its file
+  // kept.
+  const fs::path linked = dir_ / "linked";
+  ASSERT_NO_THROW(run_tokenize_job(*tokenizer_, options({text}, "linked")));
+  std::ofstream(dir_ / "elsewhere.mask") << users;
+  fs::create_symlink(dir_ / "elsewhere.mask", linked.string() + ".mask");
+  EXPECT_THROW(run_tokenize_job(*tokenizer_, options({text}, "linked")), InvalidArgument);
+  EXPECT_TRUE(fs::is_symlink(linked.string() + ".mask"));
+  EXPECT_EQ(test::slurp((dir_ / "elsewhere.mask").string()), users);
 }
 
 // A job whose token file cannot be renamed into place (here a directory took its name while

@@ -536,6 +536,18 @@ class FailuresLeaveNoTrace(AioTest):
         with self.assertRaises(outcore.IoError):
             first.wait()
         self.assertEqual(file_bytes(new, 4096, 2 * 4096), as_bytes(src[4096:]))
+        # A handle gone with a write it never waited (it succeeded): a later handle, maybe at the
+        # same address, whose first write fails removes only its own file.
+        done = self.path("done.bin")
+        gone = aio.Handle()
+        gone.async_pwrite(src[:4096], done)
+        del gone
+        fresh = self.path("fresh.bin")
+        for _ in range(3):
+            with self.assertRaises(outcore.IoError):
+                aio.Handle(block_size=4096, _faults=[("eio", 1, 0, 1)]).pwrite(src, fresh)
+            self.assertFalse(os.path.exists(fresh))
+        self.assertEqual(file_bytes(done, 0, 4096), as_bytes(src[:4096]))
         # So is one another handle wrote: its write succeeded, its bytes stay.
         os.unlink(new)
         failing = aio.Handle(block_size=4096, _faults=[("eio", 1, 0, 1)])

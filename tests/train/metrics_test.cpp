@@ -236,6 +236,14 @@ TEST(MetricsWriter, NeverCutsAUsersFileNorSharesOne) {
   EXPECT_EQ(read_lines(path).size(), 2u);
 }
 
+// A device is written, never locked or checked: two runs may both write to /dev/null.
+TEST(MetricsWriter, ADeviceIsNeitherLockedNorChecked) {
+  MetricsWriter first("/dev/null");
+  MetricsWriter second("/dev/null");
+  first.write(sample());
+  second.write(sample());
+}
+
 TEST(MetricsWriter, ErrorsNameThePath) {
   try {
     MetricsWriter w("/nonexistent_dir_outcore/m.jsonl");

@@ -562,7 +562,7 @@ TEST_F(TrainCliTest, OutputsNeverLieWhereTheCheckpointsAreWritten) {
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("inside checkpoint " + step1), std::string::npos) << r.err;
   for (const std::string& out :
-       {ck + "/global_step1/hf", ck + "/global_step9", ck + "/latest.old"}) {
+       {ck + "/global_step1/hf", ck + "/global_step9", ck + "/global_step9/", ck + "/latest.old"}) {
     r = run("export " + shell_quote(ck) + " " + shell_quote(out));
     EXPECT_EQ(r.rc, 2) << out << ": " << r.err;
     EXPECT_NE(r.err.find(out.find("hf") != std::string::npos ? "inside checkpoint"
@@ -586,6 +586,16 @@ TEST_F(TrainCliTest, OutputsNeverNameAFileOfTheInitOrResumeInputs) {
   ASSERT_EQ(r.rc, 0) << r.err;
   r = run("export " + shell_quote(ck) + " " + shell_quote(hf));
   ASSERT_EQ(r.rc, 0) << r.err;
+  // A checkpoint given to --init-from: the message says how to continue it.
+  for (const std::string& from : {ck, ck + "/global_step1"}) {
+    r = run("train --init-from " + shell_quote(from) + " --config " + shell_quote(config_) +
+            " --model " + shell_quote(model_) + " --data " + shell_quote(data_.train()) +
+            " --seq-len 32 --steps 1");
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_NE(r.err.find("it is an outcore checkpoint: continue its run with --resume"),
+              std::string::npos)
+        << r.err;
+  }
   const std::string weights = hf + "/model.safetensors",
                     state = ck + "/global_step1/trainer_state.json";
   const std::string weights_before = slurp(weights), state_before = slurp(state);

@@ -68,18 +68,24 @@ void check_directory(const fs::path& dir, uint64_t need) {
   }
 }
 
-ScratchFile::ScratchFile(const fs::path& dir, const std::string& stem, uint64_t size)
-    : path_(dir / fmt::format("{}.{}.dat", stem, ::getpid())) {
-  try {
-    file_ = aio::File::open(path_,
-                            {.access = aio::Access::kReadWrite, .create = true, .exclusive = true});
-  } catch (const IoError& e) {
-    int err = e.error_number();
-    if (err == EACCES || err == EPERM || err == EROFS) {
-      throw UsageError(fmt::format("--path {}: cannot create files there ({})", dir.string(),
-                                   errno_string(err)));
+ScratchFile::ScratchFile(const fs::path& dir, const std::string& stem, uint64_t size) {
+  // A name of its own: "<stem>.<pid>[-k].dat", never one that exists (a user's file is kept).
+  for (int k = 0;; ++k) {
+    path_ = dir / (fmt::format("{}.{}", stem, ::getpid()) + (k > 0 ? fmt::format("-{}", k) : "") +
+                   ".dat");
+    try {
+      file_ = aio::File::open(
+          path_, {.access = aio::Access::kReadWrite, .create = true, .exclusive = true});
+      break;
+    } catch (const IoError& e) {
+      if (e.error_number() == EEXIST && k < 100) continue;
+      int err = e.error_number();
+      if (err == EACCES || err == EPERM || err == EROFS) {
+        throw UsageError(fmt::format("--path {}: cannot create files there ({})", dir.string(),
+                                     errno_string(err)));
+      }
+      throw;
     }
-    throw;
   }
   created_ = true;
   try {

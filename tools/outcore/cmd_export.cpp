@@ -147,10 +147,10 @@ int run_export(const ExportArgs& a) {
   const std::optional<DType> dtype = parse_dtype(a.dtype);
   // Not into a checkpoint (it would hold a file its manifest does not list: never pruned, never
   // saved over), nor at a name a save directory writes.
-  if (const std::optional<fs::path> in = ckpt::checkpoint_holding(a.out))
+  if (const std::optional<fs::path> in = ckpt::checkpoint_holding(export_target(a.out)))
     throw InvalidArgument(
         fmt::format("{}: inside checkpoint {}; export outside it", a.out, in->string()));
-  if (ckpt::takes_a_save_name(a.out))
+  if (ckpt::takes_a_save_name(export_target(a.out)))
     throw InvalidArgument(fmt::format(
         "{}: a name the save directory {} uses for its checkpoints; export under another name",
         a.out, export_target(a.out).parent_path().string()));
