@@ -21,6 +21,7 @@
 #include "aio/aio.hpp"
 #include "common/error.hpp"
 #include "common/lock_file.hpp"
+#include "tests/common/error_of.hpp"
 #include "tests/common/temp_dir.hpp"
 
 namespace outcore::ckpt {
@@ -32,14 +33,7 @@ using outcore::test::TempDir;
 // Opening a directory whose checkpoints are this run's.
 const SaveDirOptions kContinue{.existing = ExistingCheckpoints::kContinue};
 
-std::string what_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using outcore::test::error_of;
 
 TEST(CkptCrc, MatchesTheStandardCheckValue) {
   const std::string s = "123456789";
@@ -172,14 +166,14 @@ TEST(CkptReadWrite, OpenResolvesLatestAndReportsBadPaths) {
   fs::create_directories(tmp / "empty");
   EXPECT_THROW(Checkpoint::open(tmp / "empty"), InvalidArgument);
   std::ofstream(tmp / "save" / "latest") << "global_step9\n";
-  EXPECT_NE(what_of([&] { Checkpoint::open(tmp / "save"); }).find("global_step9"),
+  EXPECT_NE(error_of([&] { Checkpoint::open(tmp / "save"); }).find("global_step9"),
             std::string::npos);
   std::ofstream(tmp / "save" / "latest") << "../../etc\n";
   EXPECT_THROW(Checkpoint::open(tmp / "save"), CorruptData);
   // Control characters (a NUL, a terminal's escape sequences) are refused and shown escaped.
   std::ofstream(tmp / "save" / "latest", std::ios::trunc | std::ios::binary)
       << std::string("global_step7\0junk\x1b[2J", 21);
-  const std::string what = what_of([&] { Checkpoint::open(tmp / "save"); });
+  const std::string what = error_of([&] { Checkpoint::open(tmp / "save"); });
   EXPECT_NE(what.find("(\"global_step7\\x00junk\\x1b[2J\")"), std::string::npos) << what;
   EXPECT_EQ(what.find('\x1b'), std::string::npos) << what;
 }
@@ -193,7 +187,7 @@ TEST(CkptCorruption, AFlippedByteInAnyFileIsNamed) {
   for (const FileInfo& f : m.files) {
     for (uint64_t off : {uint64_t{0}, f.bytes / 2, f.bytes - 1}) {
       flip_byte(ck_dir / f.path, off);
-      const std::string msg = what_of([&] { Checkpoint::open(ck_dir).verify(); });
+      const std::string msg = error_of([&] { Checkpoint::open(ck_dir).verify(); });
       EXPECT_NE(msg.find(f.path + ": CRC32C mismatch: expected"), std::string::npos)
           << f.path << " at " << off << ": " << msg;
       EXPECT_NE(msg.find("actual"), std::string::npos) << msg;
@@ -216,7 +210,7 @@ TEST(CkptCorruption, TruncatedFilesAreNamedWithBothSizes) {
   write_synthetic(dir, "global_step7", 1);
   const fs::path ck_dir = tmp / "save" / "global_step7";
   fs::resize_file(ck_dir / "rank0/model.bin", 8192);
-  const std::string msg = what_of([&] { Checkpoint::open(ck_dir).verify(); });
+  const std::string msg = error_of([&] { Checkpoint::open(ck_dir).verify(); });
   EXPECT_NE(msg.find("rank0/model.bin: size: expected"), std::string::npos) << msg;
   EXPECT_NE(msg.find("actual 8192"), std::string::npos) << msg;
   fs::resize_file(ck_dir / "manifest.json", 100);
@@ -241,7 +235,7 @@ TEST(CkptCorruption, SegmentsInTheHeaderOrUnalignedAreRefused) {
     ASSERT_NE(data, nullptr);
     data->segments.front().offset = offset;
     std::ofstream(manifest, std::ios::trunc) << manifest_text(m);
-    const std::string msg = what_of([&] { Checkpoint::open(tmp / "save" / "global_step7"); });
+    const std::string msg = error_of([&] { Checkpoint::open(tmp / "save" / "global_step7"); });
     EXPECT_NE(msg.find(data->path + ": segment at offset " + std::to_string(offset) + " is " +
                        (offset == 0 ? "inside the file's 4096-byte header" : "not 4096-aligned")),
               std::string::npos)
@@ -303,7 +297,7 @@ TEST(CkptFaults, DiskFullAndIoErrorsKeepThePreviousCheckpoint) {
     fault->add_fault(f);
     WriterOptions wo;
     wo.backend = fault;
-    const std::string msg = what_of([&] { write_synthetic(dir, "global_step2", 1, wo); });
+    const std::string msg = error_of([&] { write_synthetic(dir, "global_step2", 1, wo); });
     EXPECT_NE(msg.find("global_step2.tmp/rank0/"), std::string::npos) << msg;
     EXPECT_NE(msg.find(kind == aio::Fault::Kind::kEnospc ? "No space left" : "Input/output"),
               std::string::npos)
@@ -545,7 +539,7 @@ TEST(CkptSaveDir, NamesOutcoreWritesHeldBySomethingElseAreRefused) {
   for (const auto& [name, files] : cases) {
     TempDir tmp("ckpt");
     make_files(tmp / "save", files);
-    const std::string msg = what_of([&] { SaveDir dir(tmp / "save"); });
+    const std::string msg = error_of([&] { SaveDir dir(tmp / "save"); });
     EXPECT_NE(
         msg.find("save directory " + (tmp / "save").string() + ": " + name + " is not outcore's"),
         std::string::npos)
@@ -584,7 +578,7 @@ TEST(CkptSaveDir, ACopyOfACheckpointUnderALeftoverNameIsRefusedNotRemoved) {
       }
       const fs::path copy = tmp / "save" / (std::string("global_step2") + suffix);
       fs::copy(original, copy, fs::copy_options::recursive);
-      const std::string msg = what_of([&] { SaveDir dir(tmp / "save", kContinue); });
+      const std::string msg = error_of([&] { SaveDir dir(tmp / "save", kContinue); });
       EXPECT_NE(msg.find(copy.filename().string() + " is not outcore's"), std::string::npos) << msg;
       Checkpoint::open(copy).verify();  // untouched
       fs::rename(copy, tmp / "backup");
@@ -609,7 +603,7 @@ TEST(CkptSaveDir, AnotherRunsCheckpointsAreRefusedUnlessContinuedOrReplaced) {
     write_synthetic(dir, "global_step2", 1);
     write_synthetic(dir, "global_step4", 1);
   }
-  const std::string msg = what_of([&] { SaveDir dir(tmp / "save", {.keep = 1}); });
+  const std::string msg = error_of([&] { SaveDir dir(tmp / "save", {.keep = 1}); });
   EXPECT_NE(msg.find("holds another run's checkpoints (global_step2, global_step4; latest "
                      "global_step4)"),
             std::string::npos)
@@ -640,14 +634,14 @@ TEST(CkptSaveDir, ARunThatWouldSaveOverAUsersFileIsRefusedAtStart) {
   }
   make_files(tmp / "save", {{"global_step3/NOTES.md", "notes\n"}});
   SaveDir dir(tmp / "save", {.existing = ExistingCheckpoints::kReplace});
-  const std::string msg = what_of([&] { dir.check_can_save(1, 5); });
+  const std::string msg = error_of([&] { dir.check_can_save(1, 5); });
   EXPECT_NE(msg.find("global_step3 holds NOTES.md, which is not a checkpoint file, and this run "
                      "may save step 3 (steps 1 to 5)"),
             std::string::npos)
       << msg;
   EXPECT_NO_THROW(dir.check_can_save(1, 2));  // global_step1 holds only a save's files
   EXPECT_NO_THROW(dir.check_can_save(4, 9));
-  EXPECT_NE(what_of([&] { dir.check_can_save(3, 3); }).find("may save step 3 (steps 3 to 3)"),
+  EXPECT_NE(error_of([&] { dir.check_can_save(3, 3); }).find("may save step 3 (steps 3 to 3)"),
             std::string::npos);
   EXPECT_TRUE(fs::exists(tmp / "save" / "global_step3" / "NOTES.md"));
 }
@@ -660,7 +654,7 @@ TEST(CkptSaveDir, ARunWhoseCheckpointDoesNotFitIsRefusedAtStart) {
   WriterOptions hooks;
   hooks.free_bytes = 1000;
   EXPECT_NO_THROW(dir.check_room(1000, hooks));
-  const std::string msg = what_of([&] { dir.check_room(1001, hooks); });
+  const std::string msg = error_of([&] { dir.check_room(1001, hooks); });
   EXPECT_NE(msg.find("save directory " + (tmp / "save").string() +
                      ": a checkpoint of this run takes at least 1001 bytes"),
             std::string::npos)
@@ -670,7 +664,7 @@ TEST(CkptSaveDir, ARunWhoseCheckpointDoesNotFitIsRefusedAtStart) {
   EXPECT_THROW(dir.check_room(uint64_t{1} << 62, {}), OutOfMemory);  // this filesystem's free
   EXPECT_NO_THROW(dir.check_room(1, {}));
   // A save sees the same free space.
-  const std::string save = what_of([&] { write_synthetic(dir, "global_step1", 1, hooks); });
+  const std::string save = error_of([&] { write_synthetic(dir, "global_step1", 1, hooks); });
   EXPECT_NE(save.find("bytes needed, 1000 bytes free"), std::string::npos) << save;
 }
 
@@ -694,7 +688,7 @@ TEST(CkptSaveDir, CheckpointsHoldingAUsersFilesAreNeverRemoved) {
     write_synthetic(dir, "global_step4", 1);  // 1, 2 and 3 are beyond --keep
     EXPECT_EQ(dir.latest(), "global_step4");
     // Saving over a checkpoint holding a user's file is refused, naming it.
-    const std::string msg = what_of([&] { write_synthetic(dir, "global_step3", 1); });
+    const std::string msg = error_of([&] { write_synthetic(dir, "global_step3", 1); });
     EXPECT_NE(msg.find("global_step3 is not outcore's (a checkpoint holding rank0/extra.bin"),
               std::string::npos)
         << msg;
@@ -734,7 +728,7 @@ TEST(CkptSaveDir, ResumingFromAnEarlierCheckpointNeverReplacesLaterOnes) {
     for (const char* tag : {"global_step2", "global_step4", "global_step6"})
       write_synthetic(dir, tag, 1);
   }
-  const std::string msg = what_of([&] {
+  const std::string msg = error_of([&] {
     SaveDir dir(tmp / "save",
                 {.existing = ExistingCheckpoints::kContinue, .resumed_tag = "global_step2"});
   });
@@ -810,7 +804,7 @@ TEST(CkptWriter, ACheckpointIsCommittedOnlyOnceEveryFileReadsBack) {
     std::memset(b.data(), 0, b.size());
     w.submit(f, seg);
   }
-  const std::string msg = what_of([&] { w.commit(man); });
+  const std::string msg = error_of([&] { w.commit(man); });
   EXPECT_NE(msg.find("rank1/optimizer.bin: missing"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(tmp / "save" / "global_step2"));
   EXPECT_EQ(dir.latest(), "global_step1");

@@ -23,6 +23,7 @@
 #include "common/error.hpp"
 #include "common/open_file.hpp"
 #include "engine/ckpt/safetensors.hpp"
+#include "tests/common/error_of.hpp"
 #include "tests/common/oracle_unavailable.hpp"
 #include "tests/common/temp_dir.hpp"
 #include "tests/model/model_harness.hpp"
@@ -56,20 +57,7 @@ std::vector<std::byte> random_bytes(size_t n, uint64_t seed) {
   return v;
 }
 
-// The message of the E that f() throws; a test failure when it throws nothing or another type.
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "unexpected exception type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no exception thrown";
-  return {};
-}
+using outcore::test::error_of;
 
 #define EXPECT_MENTIONS(msg, part) \
   EXPECT_NE((msg).find(part), std::string::npos) << "\"" << (msg) << "\" lacks \"" << (part) << "\""

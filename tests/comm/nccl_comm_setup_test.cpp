@@ -9,21 +9,12 @@
 #include "common/error.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "engine/comm/nccl_comm.hpp"
+#include "tests/common/error_of.hpp"
 
 namespace outcore::comm {
 namespace {
 
-// The message of what `f` throws as outcore::Error; fails the test when it throws nothing.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no outcore::Error thrown";
-  return {};
-}
+using outcore::test::error_of;
 
 TEST(NcclCommSetup, WithoutAUsableGpuConstructionNamesTheCudaError) {
   int count = 0;
@@ -36,7 +27,7 @@ TEST(NcclCommSetup, WithoutAUsableGpuConstructionNamesTheCudaError) {
     EXPECT_EQ(c.device(), 0);
     GTEST_SKIP() << "a GPU is usable here: constructed NcclComm on device 0";
   }
-  const std::string msg = error_of([&] { NcclComm c(bootstrap); });
+  const std::string msg = error_of<Error>([&] { NcclComm c(bootstrap); });
   EXPECT_NE(msg.find("NcclComm setup: CUDA error"), std::string::npos) << msg;
   EXPECT_NE(msg.find(cudaGetErrorString(err)), std::string::npos) << msg;
   EXPECT_NE(msg.find("cudaGetDeviceCount"), std::string::npos) << msg;
@@ -44,7 +35,7 @@ TEST(NcclCommSetup, WithoutAUsableGpuConstructionNamesTheCudaError) {
 
 TEST(NcclCommSetup, ADeviceThatDoesNotExistIsRefused) {
   LocalComm bootstrap;
-  const std::string msg = error_of([&] { NcclComm c(bootstrap, {.device = 1000}); });
+  const std::string msg = error_of<Error>([&] { NcclComm c(bootstrap, {.device = 1000}); });
   int count = 0;
   if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) {
     EXPECT_NE(msg.find("CUDA device 1000 does not exist"), std::string::npos) << msg;
