@@ -234,6 +234,7 @@ Plan plan_counts(const PlanContext& c) {
   plan.tokens_per_micro_batch = c.model.tokens();
   plan.num_parameters = c.model.config().num_parameters();
   plan.padded_elems = sum_units(g, [](const UnitGeometry& u) { return u.padded; });
+  plan.checkpoint_bytes = plan.padded_elems * (3 * sizeof(float) + g.param_bytes);
   plan.optimizer_ratio = c.cfg.zero_optimization.offload_optimizer.ratio;
   plan.device_host_accessible = g.device_host_accessible;
   plan.step_in_backward = g.step_in_backward;

@@ -66,6 +66,9 @@ struct Plan {
   int64_t tokens_per_micro_batch = 0;  // B*T
   uint64_t num_parameters = 0;         // model parameters (tied weight once)
   uint64_t padded_elems = 0;           // sum of padded slab sizes (every unit)
+  // One checkpoint's data files, every rank's (outcore train --save-dir): fp32 master weights,
+  // Adam moments and the low-precision parameters of every padded element.
+  uint64_t checkpoint_bytes = 0;
   // fp32 optimizer state: own elements of every unit, and of those the elements homed in
   // placement.optimizer when it is host memory or NVMe (all of them, less the units
   // offload_optimizer.ratio keeps on the device; 0 when the optimizer is on the device).

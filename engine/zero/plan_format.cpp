@@ -246,6 +246,10 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
         "per rank per step: {} sent to the other {} ranks (gradients, parameter "
         "gathers, norm)\n",
         format_bytes(t.comm), plan.world_size - 1);
+  out << fmt::format(
+      "a checkpoint (--save-dir): {} (fp32 master weights, Adam moments and the parameters; "
+      "--keep N keeps N)\n",
+      format_bytes(plan.checkpoint_bytes));
   return out.str();
 }
 

@@ -101,6 +101,7 @@ py::dict plan_dict(const zero::Plan& plan, const zero::PlanLimits& limits) {
   d["tokens_per_micro_batch"] = plan.tokens_per_micro_batch;
   d["num_parameters"] = plan.num_parameters;
   d["padded_elems"] = plan.padded_elems;
+  d["checkpoint_bytes"] = plan.checkpoint_bytes;
   d["peak"] = tier_bytes(plan.peak);
   d["items"] = items;
   d["per_step"] = traffic;

@@ -52,8 +52,8 @@ def estimate(config_path_or_dict, model_config_path_or_dict, world_size=1, *, mi
     device, pinned, host, nvme), items (tier, what, bytes: what makes up each peak),
     per_step (nvme_read, nvme_write, h2d, d2h bytes per optimizer step), budgets, limits (what
     this machine offers each tier), num_parameters, world_size, micro_batches_per_step,
-    tokens_per_micro_batch, padded_elems, warnings (unknown config keys) and table (the text
-    `outcore estimate` prints).
+    tokens_per_micro_batch, padded_elems, checkpoint_bytes (one checkpoint's data files), warnings
+    (unknown config keys) and table (the text `outcore estimate` prints).
 
     Raises ConfigError naming the file (or "<config dict>") and JSON path for a bad config,
     IoError for an unreadable file, ValueError for a bad argument (a size out of range, a path

@@ -301,6 +301,11 @@ TEST(Plan, FormatShowsEveryTierTheTotalsAndTheTraffic) {
   EXPECT_EQ(p.placement.params, Tier::kNvme);
   EXPECT_EQ(p.placement.optimizer, Tier::kNvme);
   EXPECT_GT(p.peak.nvme, model.config().num_parameters() * 14);  // 12 B optimizer + 2 B params
+  // A checkpoint: 12 B of fp32 master weights and moments + 2 B of bf16 parameters per element.
+  EXPECT_EQ(p.checkpoint_bytes, p.padded_elems * 14);
+  EXPECT_NE(text.find("a checkpoint (--save-dir): " + format_bytes(p.checkpoint_bytes)),
+            std::string::npos)
+      << text;
   // Host memory's verdict is on host and pinned together: the row shows that figure, between
   // the host figure alone (which fits) and the sum (which does not).
   ASSERT_GT(p.peak.pinned, 0u);
