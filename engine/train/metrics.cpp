@@ -179,14 +179,20 @@ bool holds_metrics_or_nothing(int fd) {
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   // Read too where it is a file (its first line is checked): a device or FIFO only written.
   struct stat st {};
-  const bool regular = ::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode);
-  fd_ = ::open(path.c_str(),
-               (regular ? O_RDWR : O_WRONLY) | O_CREAT | O_CLOEXEC | (append ? O_APPEND : 0), 0644);
+  const bool missing = ::stat(path.c_str(), &st) != 0;
+  const bool regular = missing || S_ISREG(st.st_mode);
+  const int flags = (regular ? O_RDWR : O_WRONLY) | O_CLOEXEC | (append ? O_APPEND : 0);
+  // Created here (exclusively: a file that appears meanwhile is opened as it is) is removed
+  // again by a writer that never wrote a record.
+  fd_ = missing ? ::open(path.c_str(), flags | O_CREAT | O_EXCL, 0644) : -1;
+  created_ = fd_ >= 0;
+  if (fd_ < 0) fd_ = ::open(path.c_str(), flags | O_CREAT, 0644);
   if (fd_ < 0) throw IoError(path, errno, "open metrics file");
   if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) return;  // nothing to lock, cut or keep
   auto fail = [this](auto&& error) {
     ::close(fd_);
     fd_ = -1;
+    if (created_) ::unlink(path_.c_str());
     throw error;
   };
   // One run at a time: another one's records would interleave with these, and a fresh run
@@ -201,19 +207,21 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
         "stopped",
         path, errno_string(errno));
   }
-  if (append) return;
-  // A fresh run replaces a metrics file, never a user's other file at that path.
+  // A run replaces (fresh) or extends (resumed) a metrics file, never a user's other file.
   if (!holds_metrics_or_nothing(fd_))
     fail(InvalidArgument(fmt::format(
         "{}: exists and is not a metrics file (its first line is not a JSON record with a "
-        "\"type\"): a fresh run replaces only a metrics file; move it away or name another file",
-        path)));
+        "\"type\"): a run {} only a metrics file; move it away or name another file",
+        path, append ? "appends to" : "replaces")));
+  if (append) return;
   // Emptied at the first record: a run that fails to start leaves the file as it was.
   empty_first_ = st.st_size > 0;
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ < 0) return;
+  ::close(fd_);
+  if (created_ && !wrote_) ::unlink(path_.c_str());  // a run that never started leaves nothing
 }
 
 void MetricsWriter::write_json(const nlohmann::ordered_json& record) {
@@ -222,6 +230,7 @@ void MetricsWriter::write_json(const nlohmann::ordered_json& record) {
     if (::ftruncate(fd_, 0) != 0) throw IoError(path_, errno, "truncate metrics file");
     empty_first_ = false;
   }
+  wrote_ = true;
   std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   line += '\n';
   // A record is whole or absent: after a short write (a full disk) the file is cut back to

@@ -109,9 +109,10 @@ class MetricsWriter {
  public:
   // Opens `path` for writing and locks it (flock: one run at a time): emptied, or appended to
   // when `append` (resuming a run). Throws IoError naming the path (open; the lock held by
-  // another run), InvalidArgument when not appending to a file that is neither empty nor a
-  // metrics file (its first line a JSON record with a "type"): a user's file is never cut. The
-  // file is emptied at the first record, not before.
+  // another run), InvalidArgument for a file that is neither empty nor a metrics file (its first
+  // line a JSON record with a "type"), appending or not: a user's file is never touched. The
+  // file is emptied at the first record, not before; one this created is removed
+  // again when destroyed without a record.
   explicit MetricsWriter(const std::string& path, bool append = false);
   // Closes, swallowing errors; call close() to see them.
   ~MetricsWriter();
@@ -131,6 +132,8 @@ class MetricsWriter {
  private:
   std::string path_;
   bool empty_first_ = false;  // the file is emptied before the first record
+  bool created_ = false;      // by this writer: removed again if it writes no record
+  bool wrote_ = false;        // a record was written (or tried)
   int fd_ = -1;
 };
 

@@ -205,19 +205,23 @@ TEST(MetricsWriter, NeverCutsAUsersFileNorSharesOne) {
   for (const std::string& text : {std::string("my notes\n"), std::string("[1, 2]\n"),
                                   std::string("{\"no type\": 1}\n"), std::string("no newline")}) {
     std::ofstream(users) << text;
-    try {
-      MetricsWriter w(users);
-      ADD_FAILURE() << "took " << text;
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(users + ": exists and is not a metrics file"),
-                std::string::npos)
-          << e.what();
+    for (const bool append : {false, true}) {  // a fresh run, a resumed one
+      try {
+        MetricsWriter w(users, append);
+        ADD_FAILURE() << "took " << text;
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(users + ": exists and is not a metrics file"),
+                  std::string::npos)
+            << e.what();
+      }
+      std::ifstream in(users);
+      EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), text);
     }
-    EXPECT_EQ(read_lines(users).size(), 1u);
-    if (text.back() != '\n') continue;
-    { MetricsWriter(users, /*append=*/true).write(sample()); }  // resuming: appended, kept
-    EXPECT_EQ(read_lines(users)[0] + "\n", text);
   }
+  // A file a writer created and wrote nothing to (a run refused at start) goes again.
+  const std::string unwritten = dir.file("unwritten.jsonl");
+  { MetricsWriter w(unwritten); }
+  EXPECT_FALSE(std::filesystem::exists(unwritten));
   const std::string path = dir.file("m.jsonl");
   { MetricsWriter(path).write(sample()); }
   {
