@@ -176,8 +176,9 @@ constexpr KeyEffect kEffects[] = {
      "tests/model/model_test.cpp: Model.CpuCheckpointingGivesTheSameResultsOffTheDeviceBudget"},
     {"activation_checkpointing.contiguous_memory_optimization", N,
      "outcore's checkpoints are one preallocated buffer per unit already"},
-    {"activation_checkpointing.number_checkpoints", H,
-     "tests/trainer/trainer_test.cpp: TrainerTest.ActivationCheckpointingGivesBitIdenticalLosses"},
+    {"activation_checkpointing.number_checkpoints", N,
+     "every unit's input is checkpointed, whatever the number (the key, like the section's "
+     "partition_activations, turns activation checkpointing on)"},
     {"activation_checkpointing.synchronize_checkpoint_boundary", N,
      "outcore's compute is synchronous per unit"},
     {"activation_checkpointing.profile", N, "outcore does not profile checkpointing"},
@@ -273,6 +274,30 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
       {"zero_optimization.offload_optimizer.pipeline_write", optimizer_nvme,
        "with offload_optimizer.device nvme at stage 3"},
   };
+  // Honoured with another meaning than DeepSpeed's, or beside a key that decides otherwise.
+  if (stage3)
+    for (const char* path : {"zero_optimization.stage3_param_persistence_threshold",
+                             "zero_optimization.stage3_model_persistence_threshold"})
+      if (const nlohmann::ordered_json* v = changed(path))
+        out.push_back({path, fmt::format("set to {}: outcore compares it with a whole unit's "
+                                         "elements (a decoder layer, the embedding, the head), "
+                                         "not with each tensor's as DeepSpeed does",
+                                         v->dump())});
+  // One pinned pool serves both sections: page-locked only when every section that offloads
+  // asks for it.
+  const bool param_offloads = stage3 && z.offload_param.device != OffloadDevice::kNone;
+  const bool optimizer_offloads = z.offload_optimizer.device != OffloadDevice::kNone;
+  if (param_offloads && optimizer_offloads &&
+      z.offload_param.pin_memory != z.offload_optimizer.pin_memory)
+    out.push_back({z.offload_param.pin_memory ? "zero_optimization.offload_optimizer.pin_memory"
+                                              : "zero_optimization.offload_param.pin_memory",
+                   "false while the other section's pin_memory is true: outcore keeps one pinned "
+                   "pool for parameters and optimizer state, page-locked only when both are "
+                   "true, so none of it is page-locked"});
+  if (cfg.bf16.bf16_optimizer_states && (!cfg.bf16.enabled.value_or(false) || z.stage == 0))
+    out.push_back({"bf16.bf16_optimizer_states",
+                   "true without bf16 at stages 1 to 3 (where DeepSpeed applies it): outcore "
+                   "keeps the Adam moments in bf16 all the same"});
   for (const Conditional& c : conditional) {
     const nlohmann::ordered_json* v = c.acts ? nullptr : changed(c.path);
     if (v == nullptr) continue;

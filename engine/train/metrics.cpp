@@ -122,7 +122,10 @@ ProgressDisplay::~ProgressDisplay() { finish(); }
 void ProgressDisplay::step(const StepMetrics& m) {
   std::string line = format_step_line(m);
   if (mode_ == Mode::kLines) {
-    std::fprintf(out_, "%s\n", line.c_str());
+    // Every keep_every-th step (steps_per_print), and the first, the last and a skipped one.
+    if (keep_every_ <= 0 || m.step % keep_every_ == 0 || m.step == 1 || m.step == m.total_steps ||
+        m.skipped)
+      std::fprintf(out_, "%s\n", line.c_str());
   } else {
     bool keep = keep_every_ > 0 && m.step % keep_every_ == 0;
     // A line that wraps cannot be redrawn in place: cut the transient one to the width.

@@ -71,7 +71,8 @@ nlohmann::ordered_json to_json(const ValidationMetrics& m);
 
 // Progress on a terminal stream (stderr by default). In refresh mode each step overwrites
 // the current line ("\r" + erase line); validation lines and messages are printed as whole
-// lines above it. In lines mode every step is its own line (for logs and pipes).
+// lines above it. In lines mode (for logs and pipes) a step is a line of its own when
+// `keep_every` (steps_per_print) is 0 or divides it, and for the first, last and skipped steps.
 class ProgressDisplay {
  public:
   enum class Mode { kAuto, kLines, kRefresh };

@@ -66,8 +66,8 @@ std::string Trainer::summary() const {
                      ? fmt::format(", dynamic loss scale from 2^{}", cfg_.fp16.initial_scale_power)
                      : fmt::format(", static loss scale {}", cfg_.fp16.loss_scale);
   }
-  s += fmt::format("precision  {} parameters, fp32 master weights, gradients and Adam moments\n",
-                   precision);
+  s += fmt::format("precision  {} parameters, fp32 master weights and gradients, {} Adam moments\n",
+                   precision, config::adam_moments_bf16(cfg_) ? "bf16" : "fp32");
   const auto betas = opt.betas.value();
   // OneCycle with cycle_momentum sets both betas at every step (the metrics carry beta1).
   const std::optional<Betas> cycled = schedule_->betas();
@@ -95,7 +95,11 @@ std::string Trainer::summary() const {
                         zero::tier_name(engine_->plan().placement.optimizer))
           : offload_text(z.offload_optimizer.device, z.offload_optimizer.nvme_path),
       mo.activation_checkpointing ? "on" : "off",
-      cfg_.activation_checkpointing.cpu_checkpointing ? " (checkpoints in host memory)" : "");
+      cfg_.activation_checkpointing.cpu_checkpointing ? " (checkpoints in host memory)"
+      : !mo.activation_checkpointing || opts_.activation_checkpointing ? ""
+      : cfg_.activation_checkpointing.partition_activations
+          ? " (activation_checkpointing.partition_activations in the config)"
+          : " (activation_checkpointing.number_checkpoints in the config)");
   if (world_size() > 1)
     s += fmt::format(
         "ranks      {} data-parallel ranks over {} (this is rank {}), each with its "

@@ -90,6 +90,7 @@ TEST(KeyEffects, EveryHonouredKeyNamesABehaviourTestThatExists) {
 
 // A value different from `d` of the same kind.
 nlohmann::json other_than(const nlohmann::json& d) {
+  if (d.is_null()) return 2;  // an unset count (number_checkpoints)
   if (d.is_boolean()) return !d.get<bool>();
   if (d.is_number_integer()) return d.get<int64_t>() == -1 ? 2 : d.get<int64_t>() + 1;
   if (d.is_number()) return d.get<double>() == 0.0 ? 0.5 : d.get<double>() / 2;
@@ -123,6 +124,37 @@ TEST(KeyEffects, EveryKeyWithoutEffectIsWarnedAboutWhenSet) {
     ++checked;
   }
   EXPECT_GT(checked, 20);
+}
+
+// Keys honoured with another meaning than DeepSpeed's, or overruled by another key: said when set.
+TEST(KeyEffects, KeysThatActOtherwiseThanInDeepSpeedAreSaid) {
+  auto warning = [](const std::string& json, const std::string& path) {
+    for (const ConfigWarning& w : parse_config(json, "k").warnings)
+      if (w.json_path == path) return w.message;
+    return std::string("(none)");
+  };
+  EXPECT_NE(warning(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+                "stage3_param_persistence_threshold": 500000}})",
+                    "zero_optimization.stage3_param_persistence_threshold")
+                .find("a whole unit's elements"),
+            std::string::npos);
+  EXPECT_NE(warning(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+                "offload_param": {"device": "cpu", "pin_memory": true},
+                "offload_optimizer": {"device": "cpu", "pin_memory": false}}})",
+                    "zero_optimization.offload_optimizer.pin_memory")
+                .find("none of it is page-locked"),
+            std::string::npos);
+  // A section that does not offload has no say: no warning.
+  EXPECT_EQ(warning(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+                "offload_param": {"device": "none", "pin_memory": false},
+                "offload_optimizer": {"device": "cpu", "pin_memory": true}}})",
+                    "zero_optimization.offload_param.pin_memory"),
+            "(none)");
+  EXPECT_NE(warning(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": false,
+                "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true}})",
+                    "bf16.bf16_optimizer_states")
+                .find("keeps the Adam moments in bf16 all the same"),
+            std::string::npos);
 }
 
 TEST(KeyEffects, DefaultsAndHonouredKeysDrawNoSuchWarning) {

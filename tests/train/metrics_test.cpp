@@ -2,6 +2,7 @@
 // JSON-lines writer (records, append, I/O errors).
 #include "engine/train/metrics.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -95,6 +96,28 @@ TEST(Metrics, LinesModeWritesOneLinePerStep) {
   EXPECT_EQ(out.find('\r'), std::string::npos);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 3);
   EXPECT_NE(out.find("step 13/1000"), std::string::npos);
+}
+
+// steps_per_print in lines mode: every N-th step, and the first, the last and a skipped one.
+TEST(Metrics, LinesModeKeepsEveryNthStepTheEndsAndSkippedOnes) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressDisplay d(f, ProgressDisplay::Mode::kLines, 5);
+    StepMetrics m = sample();
+    m.total_steps = 12;
+    for (int64_t s = 1; s <= 12; ++s) {
+      m.step = s;
+      m.skipped = s == 7;
+      d.step(m);
+    }
+  }
+  const std::string out = read_all(f);
+  std::fclose(f);
+  std::vector<int64_t> shown;
+  for (int64_t s = 1; s <= 12; ++s)
+    if (out.find(fmt::format("step {}/12 ", s)) != std::string::npos) shown.push_back(s);
+  EXPECT_EQ(shown, (std::vector<int64_t>{1, 5, 7, 10, 12})) << out;
 }
 
 TEST(Metrics, RefreshModeOverwritesTheLineAndKeepsOthersWhole) {

@@ -453,6 +453,16 @@ int run_train(const TrainCliOptions& o) {
     ctx.total_steps = *steps;
     ctx.warmup_steps = n.warmup_steps;
     ctx.world_size = ranks->world();
+    // "auto" that Hugging Face's Trainer fills from its own flags, which outcore train has not:
+    // resolved to DeepSpeed's defaults, said once.
+    if (ranks->rank() == 0) {
+      if (config.fp16.enabled.is_auto())
+        log::warn("fp16.enabled is \"auto\": resolved to false (set true or false in the config)");
+      if (config.bf16.enabled.is_auto())
+        log::warn("bf16.enabled is \"auto\": resolved to false (set true or false in the config)");
+      if (config.gradient_clipping.is_auto())
+        log::info("gradient_clipping is \"auto\": resolved to 1.0 (set a number in the config)");
+    }
     warn_if_overridden(config.optimizer.lr, n.lr, "--lr");
     warn_if_overridden(config.optimizer.weight_decay, n.weight_decay, "--weight-decay");
     if (config_path.empty())
