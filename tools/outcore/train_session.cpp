@@ -237,7 +237,9 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
   // signal may be the job's end after another rank failed, which kills the rank a second later.
   const std::string notice =
       options.save_dir.empty()
-          ? "\nstopping after the current step (press Ctrl-C again to abort at once)\n"
+          ? std::string("\nstopping after the current step") +
+                (world > 1 ? " (unless mpirun is ending the job after a rank failed)" : "") +
+                " (press Ctrl-C again to abort at once)\n"
           : std::string("\nstopping after the current step and saving a checkpoint") +
                 (world > 1 ? " (unless mpirun is ending the job after a rank failed)" : "") +
                 " (press Ctrl-C again to abort at once: nothing more is saved, the last "
