@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1314,6 +1315,22 @@ TEST_F(TrainCliTest, ASaveDirectoryWithoutRoomForACheckpointIsRefusedBeforeTrain
   EXPECT_FALSE(std::filesystem::exists(ck + "/latest"));
   EXPECT_EQ(train(uint64_t{1} << 40), 0) << slurp(err);
   EXPECT_EQ(slurp(ck + "/latest"), "global_step1\n");
+}
+
+// A path another run holds (here the metrics file, locked by this process): refused at start as
+// bad input (exit 2), naming it.
+TEST_F(TrainCliTest, APathAnotherRunHoldsIsRefusedAsBadInput) {
+  const std::string m = data_.file("held.jsonl");
+  std::ofstream(m) << "{\"type\": \"start\"}\n";
+  const int fd = ::open(m.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const CliResult r = run(train_args("--steps 1 --metrics " + shell_quote(m)));
+  ::close(fd);
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("another run is writing it"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("step 1/"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(m), "{\"type\": \"start\"}\n");
 }
 
 // --metrics naming a user's file that is not a metrics file: refused before the training, the
