@@ -437,11 +437,18 @@ void SaveDir::check_can_save(int64_t first, int64_t last) const {
   }
 }
 
-void SaveDir::check_room(uint64_t bytes, const WriterOptions& hooks) const {
-  std::optional<uint64_t> free_bytes = hooks.free_bytes;
+namespace {
+// The free bytes of `dir`'s filesystem: the test hook's, else statvfs's (nullopt when unreadable).
+std::optional<uint64_t> free_bytes_of(const fs::path& dir, const WriterOptions& hooks) {
+  if (hooks.free_bytes) return hooks.free_bytes;
   struct statvfs sv {};
-  if (!free_bytes && ::statvfs(dir_.c_str(), &sv) == 0)
-    free_bytes = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+  if (::statvfs(dir.c_str(), &sv) != 0) return std::nullopt;
+  return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+}
+}  // namespace
+
+void SaveDir::check_room(uint64_t bytes, const WriterOptions& hooks) const {
+  const std::optional<uint64_t> free_bytes = free_bytes_of(dir_, hooks);
   if (free_bytes && *free_bytes < bytes)
     throw OutOfMemory(fmt::format(
         "save directory {}: a checkpoint of this run takes at least {} bytes ({:.1f} MiB), and "
@@ -626,15 +633,11 @@ void CheckpointWriter::prepare() {
     need += f.info.bytes;
     for (const Segment& s : f.info.segments) max_seg = std::max(max_seg, align_up(s.bytes()));
   }
-  struct statvfs sv {};
-  if (m.options.free_bytes || ::statvfs(m.dir.path().c_str(), &sv) == 0) {
-    const uint64_t free_bytes =
-        m.options.free_bytes.value_or(static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize);
-    if (free_bytes < need)
-      throw IoError(m.dir.path().string(), ENOSPC,
-                    fmt::format("save checkpoint {} ({} bytes needed, {} bytes free)", m.tag, need,
-                                free_bytes));
-  }
+  if (const std::optional<uint64_t> free_bytes = free_bytes_of(m.dir.path(), m.options);
+      free_bytes && *free_bytes < need)
+    throw IoError(m.dir.path().string(), ENOSPC,
+                  fmt::format("save checkpoint {} ({} bytes needed, {} bytes free)", m.tag, need,
+                              *free_bytes));
   if (lead) {
     if (!fs::create_directory(m.tmp, ec) || ec)
       throw IoError(m.tmp.string(), ec ? ec.value() : EEXIST, "create checkpoint directory");

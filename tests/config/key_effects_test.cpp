@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "engine/config/config.hpp"
 
@@ -133,28 +134,29 @@ TEST(KeyEffects, KeysThatActOtherwiseThanInDeepSpeedAreSaid) {
       if (w.json_path == path) return w.message;
     return std::string("(none)");
   };
-  EXPECT_NE(warning(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
-                "stage3_param_persistence_threshold": 500000}})",
-                    "zero_optimization.stage3_param_persistence_threshold")
-                .find("a whole unit's elements"),
-            std::string::npos);
-  EXPECT_NE(warning(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
-                "offload_param": {"device": "cpu", "pin_memory": true},
-                "offload_optimizer": {"device": "cpu", "pin_memory": false}}})",
-                    "zero_optimization.offload_optimizer.pin_memory")
-                .find("none of it is page-locked"),
-            std::string::npos);
-  // A section that does not offload has no say: no warning.
-  EXPECT_EQ(warning(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
-                "offload_param": {"device": "none", "pin_memory": false},
-                "offload_optimizer": {"device": "cpu", "pin_memory": true}}})",
-                    "zero_optimization.offload_param.pin_memory"),
-            "(none)");
-  EXPECT_NE(warning(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": false,
-                "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true}})",
-                    "bf16.bf16_optimizer_states")
-                .find("keeps the Adam moments in bf16 all the same"),
-            std::string::npos);
+  // The config, the key warned about, and a part of the warning ("" for none).
+  const std::tuple<const char*, const char*, const char*> cases[] = {
+      {R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 500000}})",
+       "zero_optimization.stage3_param_persistence_threshold", "a whole unit's elements"},
+      {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory":
+           true}, "offload_optimizer": {"device": "cpu", "pin_memory": false}}})",
+       "zero_optimization.offload_optimizer.pin_memory", "none of it is page-locked"},
+      // A section that does not offload has no say: no warning.
+      {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "none", "pin_memory":
+           false}, "offload_optimizer": {"device": "cpu", "pin_memory": true}}})",
+       "zero_optimization.offload_param.pin_memory", ""},
+      {R"({"bf16": {"enabled": false, "bf16_master_weights_and_grads": true,
+           "bf16_optimizer_states": true}})",
+       "bf16.bf16_optimizer_states", "keeps the Adam moments in bf16 all the same"}};
+  for (const auto& [json, path, says] : cases) {
+    nlohmann::json cfg = nlohmann::json::parse(json);
+    cfg["train_micro_batch_size_per_gpu"] = 1;
+    const std::string w = warning(cfg.dump(), path);
+    if (*says == '\0')
+      EXPECT_EQ(w, "(none)") << path;
+    else
+      EXPECT_NE(w.find(says), std::string::npos) << path << ": " << w;
+  }
 }
 
 TEST(KeyEffects, DefaultsAndHonouredKeysDrawNoSuchWarning) {
