@@ -18,6 +18,7 @@
 #include "common/log.hpp"
 #include "engine/device/device.hpp"
 #include "engine/device/flash_attention_tiles.hpp"
+#include "engine/device/rmsnorm_dw_split.hpp"
 
 namespace outcore::device {
 
@@ -302,7 +303,8 @@ Workspace backend_workspace(DeviceKind kind, const WorkspaceShape& shape) {
   return {.gemm = gemm_workspace_bytes(),
           .attention = attention_workspace_bytes(shape.attention),
           .ids = 2 * id_slot_bytes(shape.tokens) + token_groups_bytes(shape.tokens),
-          .constants = shape.constant_bytes};
+          .constants = shape.constant_bytes,
+          .norm = charged_bytes(norm::kDwPartialBytes)};
 }
 
 std::shared_ptr<ComputeBackend> make_backend(Device& device) {

@@ -256,7 +256,8 @@ struct Workspace {
   uint64_t attention = 0;  // fp32: two score blocks of every kv head (bf16: none)
   uint64_t ids = 0;        // two id slots and the embedding backward's token groups
   uint64_t constants = 0;  // the constant tables
-  uint64_t total() const { return gemm + attention + ids + constants; }
+  uint64_t norm = 0;       // RMSNorm dw's partial sums (norm::kDwPartialBytes)
+  uint64_t total() const { return gemm + attention + ids + constants + norm; }
 };
 Workspace backend_workspace(DeviceKind kind, const WorkspaceShape& shape);
 // cuBLASLt's workspace: none unless a program passes OUTCORE_CUBLASLT_WORKSPACE_MB to

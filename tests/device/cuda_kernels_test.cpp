@@ -28,6 +28,7 @@
 #include "engine/device/device.hpp"
 #include "engine/device/flash_attention_tiles.hpp"
 #include "engine/device/kernel_math.hpp"
+#include "engine/device/rmsnorm_dw_split.hpp"
 #include "engine/device/token_groups.hpp"
 #include "tests/common/numeric.hpp"
 #include "tests/device/host_attention.hpp"
@@ -288,8 +289,14 @@ TEST_F(CudaKernels, EmbeddingGatherAndScatterAddMatchTheHostExactly) {
 
 TEST_F(CudaKernels, RmsNormForwardAndBackwardMatchTheHost) {
   // A toy shape (a partial column tile, rows not a multiple of the lanes), one whose rows take
-  // dw's loads eight rows ahead and then a tail, and Llama 3 8B's (4096 tokens of hidden 4096).
-  for (const auto& [rows, dim] : {std::pair<int64_t, int64_t>{37, 520}, {300, 96}, {4096, 4096}}) {
+  // dw's loads eight rows ahead and then a tail, one split over 11 row ranges of 273 rows
+  // (norm::dw_split), Llama 3 8B's (4096 tokens of hidden 4096: 2 ranges) and Qwen3 8B's q
+  // norm (4096 tokens x 32 heads of 128: 64 ranges).
+  for (const auto& [rows, dim] : {std::pair<int64_t, int64_t>{37, 520},
+                                  {300, 96},
+                                  {3000, 96},
+                                  {4096, 4096},
+                                  {4096 * 32, 128}}) {
     SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(dim));
     auto x = randn(rows * dim, 11), w = randn(dim, 12), dy = randn(rows * dim, 13);
     std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim, 0.5f), dw(dim, 0.25f);
@@ -298,8 +305,10 @@ TEST_F(CudaKernels, RmsNormForwardAndBackwardMatchTheHost) {
                          dw.data());
     Dev<float> X(x), W(w), DY(dy), Y(rows * dim), R(rows);
     Dev<float> DX(std::vector<float>(rows * dim, 0.5f)), DW(std::vector<float>(dim, 0.25f));
+    Dev<float> partials(norm::kDwPartialFloats);
     rmsnorm_forward(X.get(), W.get(), 1e-5f, rows, dim, Y.get(), R.get(), nullptr);
-    rmsnorm_backward(DY.get(), X.get(), W.get(), R.get(), rows, dim, DX.get(), DW.get(), nullptr);
+    rmsnorm_backward(DY.get(), X.get(), W.get(), R.get(), rows, dim, DX.get(), DW.get(),
+                     partials.get(), nullptr);
     expect_close(Y.host(), y, 1e-5, "y");
     expect_close(R.host(), rstd, 1e-5, "rstd");
     expect_close(DX.host(), dx, 1e-5, "dx");

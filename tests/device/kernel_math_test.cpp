@@ -17,6 +17,7 @@
 #include "common/dtype.hpp"
 #include "cpu_adam/cpu_adam.hpp"
 #include "engine/device/cpu/kernels.hpp"
+#include "engine/device/rmsnorm_dw_split.hpp"
 #include "tests/common/numeric.hpp"
 
 namespace outcore::device {
@@ -136,6 +137,41 @@ TEST(KernelMath, RmsNormRowEqualsTheKernel) {
     }
   }
   for (int64_t i = 0; i < dim; ++i) EXPECT_TRUE(SameBits(edw[i], dw[i])) << i;
+}
+
+// The CUDA RMSNorm weight gradient's split (rmsnorm_dw_split.hpp): every row in exactly one
+// range, no range empty, the ranges' partial sums within the fixed workspace, and a launch of
+// about kDwTargetBlocks blocks where a hidden size's tiles alone are too few (a head's q/k norm).
+TEST(KernelMath, RmsNormWeightGradientSplitCoversEveryRowOnceWithinItsWorkspace) {
+  using namespace device::norm;
+  for (int64_t rows : {1, 37, 511, 512, 513, 4096, 16384, 131072, 1 << 20})
+    for (int64_t dim : {1, 32, 96, 128, 520, 4096, 8191, 8192, 16384}) {
+      SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(dim));
+      const DwSplit s = dw_split(rows, dim);
+      ASSERT_EQ(s.tiles, (dim + 31) / 32);
+      ASSERT_GE(s.ranges, 1);
+      std::vector<int> seen(static_cast<size_t>(rows), 0);
+      for (int64_t k = 0; k < s.ranges; ++k) {
+        const RowRange r = dw_rows(k, s.rows_per_range, rows);
+        ASSERT_LT(r.first, r.end) << "range " << k << " is empty";
+        for (int64_t i = r.first; i < r.end; ++i) ++seen[static_cast<size_t>(i)];
+      }
+      ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+      if (s.ranges > 1) {
+        EXPECT_LE(s.ranges * dim, kDwPartialFloats);
+        EXPECT_GE(s.rows_per_range, kDwMinRows);
+        EXPECT_LE(s.tiles * s.ranges, 2 * kDwTargetBlocks);
+      }
+    }
+  // Qwen3 8B's q norm at 4096 tokens (32 heads of 128): 4 tiles over 64 ranges of 2048 rows.
+  const DwSplit q = dw_split(4096 * 32, 128);
+  EXPECT_EQ(q.tiles * q.ranges, 256);
+  EXPECT_EQ(q.rows_per_range, 2048);
+  // Llama 3 8B's hidden norms at 4096 tokens: 128 tiles over 2 ranges; 8192 columns: 1 range.
+  EXPECT_EQ(dw_split(4096, 4096).ranges, 2);
+  EXPECT_EQ(dw_split(4096, 8192).ranges, 1);
+  // Rows too few to split: one range, dw written directly.
+  EXPECT_EQ(dw_split(300, 128).ranges, 1);
 }
 
 TEST(KernelMath, RopeRotationEqualsTheKernelAndInverts) {

@@ -144,7 +144,8 @@ TEST(Model, WorkspaceShapeGivesTheCudaBackendsBytes) {
             2 * 128 * 4096 + 2 * 32 * 4096);
   EXPECT_EQ(w.ids, 2 * 16384u + 13u * 4096);  // two id slots, groups of 3n + 1 ints (pages)
   EXPECT_EQ(w.constants, s.constant_bytes);
-  EXPECT_EQ(w.total(), w.gemm + w.attention + w.ids + w.constants);
+  EXPECT_EQ(w.norm, 64u << 10);  // RMSNorm dw's partial sums (rmsnorm_dw_split.hpp)
+  EXPECT_EQ(w.total(), w.gemm + w.attention + w.ids + w.constants + w.norm);
   EXPECT_EQ(device::backend_workspace(device::DeviceKind::Cpu, s).total(), 0u);
 
   // fp32 compute: two score blocks of 128 queries x 4096 keys for every kv head (32 MiB).

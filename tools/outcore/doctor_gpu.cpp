@@ -20,6 +20,7 @@
 #include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/device.hpp"
 #include "engine/device/kernel_math.hpp"
+#include "engine/device/rmsnorm_dw_split.hpp"
 #include "engine/model/model.hpp"
 #include "tools/outcore/doctor.hpp"
 
@@ -159,14 +160,16 @@ Line check_swiglu() {
 }
 
 Line check_rmsnorm() {
-  const int64_t rows = 64, dim = 1024;
+  // Rows enough for the weight gradient to split over row ranges (norm::dw_split).
+  const int64_t rows = 1024, dim = 1024;
   auto x = randn(rows * dim, 4), w = randn(dim, 5), dy = randn(rows * dim, 6);
   std::vector<float> y(rows * dim), r(rows), dx(rows * dim), dw(dim);
   hk::rmsnorm_forward(x.data(), w.data(), 1e-5f, rows, dim, y.data(), r.data());
   hk::rmsnorm_backward(dy.data(), x.data(), w.data(), r.data(), rows, dim, dx.data(), dw.data());
   Dev<float> X(x), W(w), DY(dy), Y(rows * dim), R(rows), DX(rows * dim), DW(dim);
+  Dev<float> partials(device::norm::kDwPartialFloats);
   ck::rmsnorm_forward(X.p, W.p, 1e-5f, rows, dim, Y.p, R.p, nullptr);
-  ck::rmsnorm_backward(DY.p, X.p, W.p, R.p, rows, dim, DX.p, DW.p, nullptr);
+  ck::rmsnorm_backward(DY.p, X.p, W.p, R.p, rows, dim, DX.p, DW.p, partials.p, nullptr);
   return verdict(
       "rmsnorm",
       std::max({max_rel(Y.host(), y), max_rel(DX.host(), dx), max_rel(DW.host(), dw) / 10}), 1e-5);

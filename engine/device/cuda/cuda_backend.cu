@@ -5,9 +5,10 @@
 // Everything the backend keeps in device memory comes from the device's allocator and is
 // charged to its byte budget (device_bytes(); the planner counts the same bytes through
 // backend_workspace): cuBLASLt's workspace (gemm_workspace_bytes), the constant tables, the
-// staged token / target ids and token groups, and the fp32 attention's score blocks of all kv
-// heads at once (2 x nkv x 128 x T floats: 32 MiB for 8 kv heads at T = 4096; bf16 attention
-// keeps its D on the model's scratch). Only the ids' pinned host staging is not.
+// staged token / target ids and token groups, RMSNorm's weight-gradient partial sums
+// (rmsnorm_dw_split.hpp: 64 KiB), and the fp32 attention's score blocks of all kv heads at once (2
+// x nkv x 128 x T floats: 32 MiB for 8 kv heads at T = 4096; bf16 attention keeps its D on the
+// model's scratch). Only the ids' pinned host staging is not.
 //
 // Attention with bf16 operands (the bf16 compute dtype) runs fused (flash_attention.cu: no score
 // matrix in device memory) for head sizes 16, 32, 64 and 128, else through the default's
@@ -29,6 +30,7 @@
 #include "engine/device/cuda/cuda_check.hpp"
 #include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/device.hpp"
+#include "engine/device/rmsnorm_dw_split.hpp"
 #include "engine/device/token_groups.hpp"
 
 namespace outcore::device {
@@ -42,6 +44,7 @@ class CudaBackend final : public ComputeBackend {
     handle_ = stream_->native_handle();
     gemm_workspace_ = device.alloc(gemm_workspace_bytes(), "cuBLASLt workspace");
     gemm_ = std::make_unique<cuda::Gemm>(gemm_workspace_.data(), gemm_workspace_.size());
+    norm_partials_ = device.alloc(norm::kDwPartialBytes, "RMSNorm weight-gradient partial sums");
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(native());  // then the buffers below go back to the device
@@ -56,7 +59,8 @@ class CudaBackend final : public ComputeBackend {
     return backend_workspace(DeviceKind::Cuda, shape).total();
   }
   uint64_t device_bytes() const override {
-    uint64_t n = charged_bytes(gemm_workspace_.size()) + charged_bytes(work_.size());
+    uint64_t n = charged_bytes(gemm_workspace_.size()) + charged_bytes(work_.size()) +
+                 charged_bytes(norm_partials_.size());
     for (const DeviceBuffer& c : constants_) n += charged_bytes(c.size());
     for (const IdSlot* s : {&ids_[0], &ids_[1], &groups_}) n += charged_bytes(s->device.size());
     return n;
@@ -151,7 +155,7 @@ class CudaBackend final : public ComputeBackend {
   }
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                         int64_t rows, int64_t dim, float* dx, float* dw) override {
-    cuda::rmsnorm_backward(dy, x, w, rstd, rows, dim, dx, dw, handle_);
+    cuda::rmsnorm_backward(dy, x, w, rstd, rows, dim, dx, dw, norm_partials_.as<float>(), handle_);
   }
   void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
             const float* sin, bool inverse, void* x_bf16) override {
@@ -366,6 +370,7 @@ class CudaBackend final : public ComputeBackend {
   IdSlot groups_;                        // the embedding backward's token groups
   cudaEvent_t groups_copied_ = nullptr;  // groups_'s last upload
   DeviceBuffer work_;                    // attention score blocks (fp32 attention)
+  DeviceBuffer norm_partials_;           // RMSNorm dw's row ranges (norm::kDwPartialBytes)
 };
 
 }  // namespace

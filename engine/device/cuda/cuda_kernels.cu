@@ -10,6 +10,7 @@
 #include "engine/device/cuda/cuda_check.hpp"
 #include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/kernel_math.hpp"
+#include "engine/device/rmsnorm_dw_split.hpp"
 
 namespace outcore::device::cuda {
 namespace {
@@ -295,26 +296,29 @@ __global__ void rmsnorm_dx_kernel(const float* dy, const float* x, const float* 
     dx[at + i] += kmath::rmsnorm_dx(dy[at + i], w[i], x[at + i], s, coef);
 }
 
-// Columns of dw per block, and row lanes per column: a block of kDwColumns x kDwLanes threads
-// reads kDwLanes rows of a 32-column tile at a time (coalesced), lane l summing rows l,
-// l + kDwLanes, ... in order; the lanes' sums are then added in lane order. Deterministic (no
-// atomics); the order differs from the host's (rows in order) by the lane split only. The block
-// is the largest there is, so that the few blocks of a hidden size (one per 32 columns) keep
-// enough loads in flight.
-constexpr int kDwColumns = 32, kDwLanes = 32, kDwThreads = kDwColumns * kDwLanes, kDwAhead = 8;
+// A block of kDwColumns x kDwLanes threads sums one tile of columns over one range of rows
+// (rmsnorm_dw_split.hpp): it reads kDwLanes rows of the tile at a time (coalesced), lane l
+// summing rows first + l, first + l + kDwLanes, ... in order; the lanes' sums are then added in
+// lane order, into dw (one range) or into the range's row of `partials`, which
+// rmsnorm_dw_ranges_kernel adds into dw in range order. Deterministic (no atomics); the order
+// differs from the host's (rows in order) by the lane and range split only. The block is the
+// largest there is, so that few blocks keep enough loads in flight.
+constexpr int kDwColumns = static_cast<int>(norm::kDwColumns), kDwLanes = 32,
+              kDwThreads = kDwColumns * kDwLanes, kDwAhead = 8;
 
 __global__ void __launch_bounds__(kDwThreads)
-    rmsnorm_dw_kernel(const float* dy, const float* x, const float* rstd, int64_t rows, int64_t dim,
-                      float* dw) {
+    rmsnorm_dw_kernel(const float* dy, const float* x, const float* rstd, int64_t rows,
+                      int64_t rows_per_range, int64_t dim, float* dw, float* partials) {
   __shared__ float lane_sum[kDwLanes][kDwColumns];
   const int col = threadIdx.x % kDwColumns, lane = threadIdx.x / kDwColumns;
   const int64_t i = int64_t{blockIdx.x} * kDwColumns + col;
+  const auto [first, end] = norm::dw_rows(blockIdx.y, rows_per_range, rows);
   float acc = 0.0f;
   if (i < dim) {
     // kDwAhead rows' loads issued together, then added in row order: the same sum as one row at
     // a time, with that many more loads in flight.
-    int64_t r = lane;
-    for (; r + (kDwAhead - 1) * kDwLanes < rows; r += kDwAhead * kDwLanes) {
+    int64_t r = first + lane;
+    for (; r + (kDwAhead - 1) * kDwLanes < end; r += kDwAhead * kDwLanes) {
       float d[kDwAhead], v[kDwAhead], s[kDwAhead];
 #pragma unroll
       for (int k = 0; k < kDwAhead; ++k) {
@@ -324,14 +328,28 @@ __global__ void __launch_bounds__(kDwThreads)
 #pragma unroll
       for (int k = 0; k < kDwAhead; ++k) acc += kmath::rmsnorm_dw(d[k], v[k], s[k]);
     }
-    for (; r < rows; r += kDwLanes)
+    for (; r < end; r += kDwLanes)
       acc += kmath::rmsnorm_dw(dy[r * dim + i], x[r * dim + i], rstd[r]);
   }
   lane_sum[lane][col] = acc;
   __syncthreads();
   if (lane == 0 && i < dim) {
-    float total = dw[i];
+    float total = partials == nullptr ? dw[i] : 0.0f;
     for (int l = 0; l < kDwLanes; ++l) total += lane_sum[l][col];
+    if (partials == nullptr)
+      dw[i] = total;
+    else
+      partials[int64_t{blockIdx.y} * dim + i] = total;
+  }
+}
+
+// dw[i] += the ranges' partial sums of column i, in range order.
+__global__ void rmsnorm_dw_ranges_kernel(const float* partials, int64_t ranges, int64_t dim,
+                                         float* dw) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < dim;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float total = dw[i];
+    for (int64_t k = 0; k < ranges; ++k) total += partials[k * dim + i];
     dw[i] = total;
   }
 }
@@ -625,14 +643,24 @@ void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, in
 }
 
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
-                      int64_t rows, int64_t dim, float* dx, float* dw, StreamHandle s) {
+                      int64_t rows, int64_t dim, float* dx, float* dw, float* dw_partials,
+                      StreamHandle s) {
   if (rows == 0) return;
   check_rows(rows, "rmsnorm_backward");
   rmsnorm_dx_kernel<<<static_cast<unsigned>(rows), kThreads, 0, native(s)>>>(dy, x, w, rstd, dim,
                                                                              dx);
   LAUNCHED();
-  const auto tiles = static_cast<unsigned>((dim + kDwColumns - 1) / kDwColumns);
-  rmsnorm_dw_kernel<<<tiles, kDwThreads, 0, native(s)>>>(dy, x, rstd, rows, dim, dw);
+  norm::DwSplit split = norm::dw_split(rows, dim);
+  if (dw_partials == nullptr) split.ranges = 1, split.rows_per_range = rows;
+  if (split.tiles > 0x7fffffff) throw InvalidArgument("rmsnorm_backward: too many columns");
+  const dim3 grid(static_cast<unsigned>(split.tiles), static_cast<unsigned>(split.ranges));
+  float* partials = split.ranges > 1 ? dw_partials : nullptr;
+  rmsnorm_dw_kernel<<<grid, kDwThreads, 0, native(s)>>>(dy, x, rstd, rows, split.rows_per_range,
+                                                        dim, dw, partials);
+  LAUNCHED();
+  if (partials == nullptr) return;
+  rmsnorm_dw_ranges_kernel<<<grid_for(dim), kThreads, 0, native(s)>>>(partials, split.ranges, dim,
+                                                                      dw);
   LAUNCHED();
 }
 

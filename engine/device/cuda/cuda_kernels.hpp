@@ -64,10 +64,13 @@ void embedding_backward(const int32_t* groups, int64_t n, int64_t num_groups, co
 // y goes there rounded to bf16 instead (y unused, may be null).
 void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y,
                      float* rstd, StreamHandle stream, uint16_t* y_bf16 = nullptr);
-// dx += dL/dx; dw += dL/dw (one block per 32 columns, rows split over 8 lanes and the lanes
-// added in order: deterministic, within a few ulp of the host's row-ordered sum).
+// dx += dL/dx; dw += dL/dw (blocks of 32 columns over ranges of rows, norm::dw_split; within a
+// block the rows split over 32 lanes, the lanes and then the ranges added in order:
+// deterministic, within a few ulp of the host's row-ordered sum). `dw_partials`: device memory
+// of norm::kDwPartialBytes for the ranges' sums; null runs one range per column tile.
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
-                      int64_t rows, int64_t dim, float* dx, float* dw, StreamHandle stream);
+                      int64_t rows, int64_t dim, float* dx, float* dw, float* dw_partials,
+                      StreamHandle stream);
 
 // --- attention softmax -----------------------------------------------------------------------
 
