@@ -40,6 +40,25 @@ bool same_file(const std::string& a, const std::string& b) {
   return !ea && !eb && ca == cb;
 }
 
+bool file_id_of(const std::string& path, FileId& id) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return false;
+  id = {st.st_dev, st.st_ino};
+  return true;
+}
+
+bool file_id_of(int fd, FileId& id) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  id = {st.st_dev, st.st_ino};
+  return true;
+}
+
+bool unlink_if_same(const std::string& path, const FileId& id) {
+  FileId now;
+  return file_id_of(path, now) && now == id && ::unlink(path.c_str()) == 0;
+}
+
 std::string resolve_links(const std::string& path) {
   std::string at = path;
   for (int hop = 0; hop < 40; ++hop) {

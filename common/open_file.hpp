@@ -24,6 +24,20 @@ bool same_file(const std::string& a, const std::string& b);
 // `path` itself when it is not a link or a link cannot be read.
 std::string resolve_links(const std::string& path);
 
+// A file's identity: its device and inode.
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool operator==(const FileId&) const = default;
+};
+// The file `path` names (lstat: a link is the link itself), or `fd` is open on; false when
+// there is none.
+bool file_id_of(const std::string& path, FileId& id);
+bool file_id_of(int fd, FileId& id);
+// Removes `path` only while it still names file `id`: a file put at that name since (a user's,
+// another run's) is kept. True when removed.
+bool unlink_if_same(const std::string& path, const FileId& id);
+
 // The process's file mode creation mask, read without changing it (umask(2) would, for every
 // thread); 022 where /proc does not say. For files made with a mode of their own and then
 // fchmod'ed, so that they end as open(2) with 0644 would have made them.

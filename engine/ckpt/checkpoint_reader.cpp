@@ -6,9 +6,12 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
+#include <string>
 
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/ckpt/file_util.hpp"
 
@@ -25,6 +28,30 @@ constexpr size_t kVerifyBuffers = 4;
 uint64_t align_down(uint64_t n) { return n / kAlign * kAlign; }
 uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }
 bool aligned(uint64_t n) { return n % kAlign == 0; }
+
+// The checkpoint global_step<N> of `dir` with the largest N, or an empty path when it holds none.
+fs::path newest_checkpoint(const fs::path& dir) {
+  fs::path newest;
+  int64_t newest_step = -1;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const int64_t step = step_of_tag(e.path().filename().string());
+    if (step > newest_step && is_checkpoint_dir(e.path())) newest = e.path(), newest_step = step;
+  }
+  return newest;
+}
+
+// `message` as a warning, once per process for `dir` (a resume opens its checkpoint more than
+// once).
+void warn_once(const fs::path& dir, const std::string& message) {
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard lock(mu);
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(dir, ec);
+  if (warned.insert((ec ? dir : absolute).lexically_normal().string()).second)
+    log::warn("{}", message);
+}
 
 }  // namespace
 
@@ -85,16 +112,23 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
       if (!fs::exists(path))
         throw InvalidArgument(
             fmt::format("checkpoint {}: no such file or directory", path.string()));
-      throw InvalidArgument(
-          fmt::format("{} is neither a checkpoint (no {}) nor a save "
-                      "directory (no {})",
-                      path.string(), kManifestName, kLatestName));
+      dir = newest_checkpoint(path);
+      if (dir.empty())
+        throw InvalidArgument(
+            fmt::format("{} is neither a checkpoint (no {}) nor a save "
+                        "directory (no {})",
+                        path.string(), kManifestName, kLatestName));
+      warn_once(path, fmt::format("{}: no {} file (a save stopped before naming its checkpoint, "
+                                  "or the file was removed): reading {}, the newest checkpoint "
+                                  "there",
+                                  path.string(), kLatestName, dir.filename().string()));
+    } else {
+      const std::string tag = read_latest_tag(path / kLatestName);
+      dir = path / tag;
+      if (!fs::exists(dir / kManifestName))
+        throw CorruptData(fmt::format("{}: names checkpoint {}, which has no {}",
+                                      (path / kLatestName).string(), tag, kManifestName));
     }
-    const std::string tag = read_latest_tag(path / kLatestName);
-    dir = path / tag;
-    if (!fs::exists(dir / kManifestName))
-      throw CorruptData(fmt::format("{}: names checkpoint {}, which has no {}",
-                                    (path / kLatestName).string(), tag, kManifestName));
   }
   auto impl = std::make_unique<Impl>();
   impl->dir = dir;

@@ -36,18 +36,6 @@ uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }
   std::abort();
 }
 
-// Parses "global_step<N>" to N, or -1.
-int64_t step_of_tag(const std::string& name) {
-  constexpr std::string_view prefix = "global_step";
-  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return -1;
-  int64_t v = 0;
-  for (size_t i = prefix.size(); i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return -1;
-    v = v * 10 + (name[i] - '0');
-  }
-  return v;
-}
-
 // ---- What is outcore's in a save directory ----------------------------------------------------
 
 // The marker every save writes first into `<tag>.tmp/`, removed once the checkpoint is renamed
@@ -86,21 +74,6 @@ void write_marker(const fs::path& dir) {
   if (text.empty()) throw IoError(dir.string(), errno, "stat checkpoint directory");
   write_file_durably(dir / kMarkerName, text);
   fsync_dir(dir);
-}
-
-// A directory holding an outcore manifest (checked by its "format" key only: a checkpoint whose
-// data is damaged is still outcore's).
-bool is_checkpoint_dir(const fs::path& p) {
-  if (type_of(p) != fs::file_type::directory ||
-      type_of(p / kManifestName) != fs::file_type::regular)
-    return false;
-  try {
-    const nlohmann::json j =
-        nlohmann::json::parse(read_small_file(p / kManifestName, 64ull << 20), nullptr, false);
-    return j.is_object() && j.value("format", std::string()) == "outcore-checkpoint";
-  } catch (const Error&) {
-    return false;
-  }
 }
 
 bool is_rank_dir_name(const std::string& name) {
@@ -219,6 +192,30 @@ void remove_owned_dir(const fs::path& p, const WriterOptions* hooks, uint64_t& r
 void mark_for_removal(const fs::path& p) { write_marker(p); }
 
 }  // namespace
+
+int64_t step_of_tag(const std::string& name) {
+  constexpr std::string_view prefix = "global_step";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return -1;
+  int64_t v = 0;
+  for (size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+bool is_checkpoint_dir(const fs::path& p) {
+  if (type_of(p) != fs::file_type::directory ||
+      type_of(p / kManifestName) != fs::file_type::regular)
+    return false;
+  try {
+    const nlohmann::json j =
+        nlohmann::json::parse(read_small_file(p / kManifestName, 64ull << 20), nullptr, false);
+    return j.is_object() && j.value("format", std::string()) == "outcore-checkpoint";
+  } catch (const Error&) {
+    return false;
+  }
+}
 
 // ---- SaveDir --------------------------------------------------------------------------------
 

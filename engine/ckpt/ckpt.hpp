@@ -307,7 +307,9 @@ struct ReaderOptions {
 class Checkpoint {
  public:
   // `path`: a checkpoint directory (holding manifest.json) or a save directory whose `latest`
-  // names one. InvalidArgument when neither; CorruptData for a bad manifest or `latest`.
+  // names one; a save directory without `latest` (its first save stopped before naming the
+  // checkpoint, or the file was removed) opens its newest checkpoint, with a warning.
+  // InvalidArgument when neither; CorruptData for a bad manifest or `latest`.
   static Checkpoint open(const std::filesystem::path& path, ReaderOptions options = {});
   ~Checkpoint();
   Checkpoint(Checkpoint&&) noexcept;
@@ -338,6 +340,11 @@ class Checkpoint {
 
 // The tag a save at `step` uses: "global_step<step>" (DeepSpeed's name).
 std::string tag_for_step(int64_t step);
+// The step of tag "global_step<N>": N; -1 for any other name.
+int64_t step_of_tag(const std::string& name);
+// Whether `path` is a directory holding an outcore manifest (checked by its "format" key only:
+// a checkpoint whose data is damaged is still outcore's). Links are not followed.
+bool is_checkpoint_dir(const std::filesystem::path& path);
 
 // The outcore checkpoint directory `path` is or lies in (itself or its nearest ancestor holding
 // an outcore manifest), or nullopt. A file written there is one the checkpoint does not list: a

@@ -266,8 +266,11 @@ class OutputWriter {
   // without a mask (removed at commit, before the token file is renamed into place: the mask
   // of other tokens never pairs with these); empty when there is none.
   OutputWriter(const std::vector<std::string>& outputs, bool llmc, bool mask,
-               std::string stale_mask)
-      : llmc_(llmc), tokens_(outputs[0]), stale_mask_(std::move(stale_mask)) {
+               std::string stale_mask, FileId stale_mask_id)
+      : llmc_(llmc),
+        tokens_(outputs[0]),
+        stale_mask_(std::move(stale_mask)),
+        stale_mask_id_(stale_mask_id) {
     if (mask) mask_.emplace(outputs[1]);
     if (llmc_) {
       const std::array<int32_t, kLlmcHeaderInts> header{};
@@ -318,8 +321,18 @@ class OutputWriter {
     const std::string aside = mask_path.empty() ? std::string() : link_aside(mask_path);
     try {
       if (mask_) mask_->commit();
-      if (!stale_mask_.empty() && ::unlink(stale_mask_.c_str()) != 0 && errno != ENOENT)
-        throw IoError(stale_mask_, errno, "remove the loss mask of the token file replaced");
+      if (!stale_mask_.empty()) {
+        // Only the mask checked at the start: a file put at its name since is someone else's.
+        FileId now;
+        if (file_id_of(stale_mask_, now) && now != stale_mask_id_)
+          throw InvalidArgument(fmt::format(
+              "{} was replaced while the job ran, and is not the loss mask of the token file "
+              "this job replaces any more: it is kept, and {} is not written; move it away and "
+              "run the job again",
+              stale_mask_, tokens_.target()));
+        if (::unlink(stale_mask_.c_str()) != 0 && errno != ENOENT)
+          throw IoError(stale_mask_, errno, "remove the loss mask of the token file replaced");
+      }
       tokens_.commit();
     } catch (...) {
       if (!tokens_.committed() && !aside.empty()) {
@@ -352,6 +365,7 @@ class OutputWriter {
   bool llmc_;
   StagedFile tokens_;
   std::string stale_mask_;
+  FileId stale_mask_id_;  // the file at stale_mask_ when the job started
   std::optional<StagedFile> mask_;
   std::vector<uint16_t> narrow_;
   uint64_t count_ = 0, targets_ = 0;
@@ -391,6 +405,7 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
   // file at PREFIX.mask that is not that file's mask (no token file there, or one of another
   // count) is someone else's: never removed, and never left to be paired with the new tokens.
   std::string stale_mask;
+  FileId stale_mask_id;
   if (!encoder.pairs() && mask_exists) {
     if (!fs::is_regular_file(fs::symlink_status(mask, ec)))
       throw InvalidArgument(fmt::format(
@@ -410,6 +425,8 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
               ? fmt::format("{} is not a token file", outputs[0])
               : fmt::format("there is no {}", outputs[0])));
     stale_mask = mask;
+    if (!file_id_of(stale_mask, stale_mask_id))
+      throw IoError(stale_mask, errno, "stat the loss mask of the token file replaced");
     for (const std::string& in : options.inputs)
       if (!stale_mask.empty() && same_file(stale_mask, in))
         throw InvalidArgument(fmt::format(
@@ -417,7 +434,7 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
             "choose another --out",
             in));
   }
-  OutputWriter writer(outputs, llmc, encoder.pairs(), stale_mask);
+  OutputWriter writer(outputs, llmc, encoder.pairs(), stale_mask, stale_mask_id);
 
   TokenizeProgress progress;
   auto last_report = start;

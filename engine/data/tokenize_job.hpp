@@ -21,9 +21,11 @@
 // failure the temporaries are removed and no existing file is touched (a mask already at
 // PREFIX.mask, which the job replaces or, without pairs, removes, is linked aside first and put
 // back if the token file's rename fails; a kill during those renames can leave it as
-// PREFIX.mask.old-<pid>). PREFIX.mask beside the token file of the other
-// extension (PREFIX.u32 when writing PREFIX.bin, or the reverse) may be that file's: the job is
-// then refused. Inputs are only read.
+// PREFIX.mask.old-<pid>). Without pairs, a file at PREFIX.mask is removed only when it is the
+// loss mask of the token file replaced (a regular file of its token count, and still the file
+// found at the start when the job commits); anything else there is refused, and kept. PREFIX.mask
+// beside the token file of the other extension (PREFIX.u32 when writing PREFIX.bin, or the reverse)
+// may be that file's: the job is then refused. Inputs are only read.
 //
 // Bad input (ill-formed UTF-8, a line that is not a JSON object, a missing or non-string key)
 // is a BadDocument naming the file and the 1-based line, unless skip_bad: then that document

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 
 #include "common/error.hpp"
 #include "common/open_file.hpp"
@@ -326,10 +327,28 @@ const char* family_name(ModelType t) {
   return "Llama";
 }
 
+// Objects and arrays nested in each other in a model config, at most: far more than any
+// config has, and few enough that the keys kept for the export (hf_extra, serialized
+// recursively) never run the stack out.
+constexpr int kMaxModelConfigDepth = 256;
+
 LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view source) {
   json j;
+  bool too_deep = false;
+  const json::parser_callback_t bounded = [&](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxModelConfigDepth) {
+      too_deep = true;
+      throw std::length_error("nested too deep");
+    }
+    return true;
+  };
   try {
-    j = json::parse(text);
+    j = json::parse(text, bounded);
+  } catch (const std::length_error&) {
+    if (!too_deep) throw;
+    fail(source, "",
+         fmt::format("objects and arrays nested deeper than {} levels; allowed: at most {}",
+                     kMaxModelConfigDepth, kMaxModelConfigDepth));
   } catch (const json::parse_error& e) {
     fail(source, "", fmt::format("malformed JSON at byte {}: {}", e.byte, e.what()));
   } catch (const json::exception& e) {  // a number out of range (1e400)

@@ -13,6 +13,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/open_file.hpp"
 
 namespace outcore::train {
 namespace {
@@ -193,9 +194,9 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   if (fd_ < 0) throw IoError(path, errno, "open metrics file");
   if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) return;  // nothing to lock, cut or keep
   auto fail = [this](auto&& error) {
+    remove_if_unwritten();
     ::close(fd_);
     fd_ = -1;
-    if (created_) ::unlink(path_.c_str());
     throw error;
   };
   // One run at a time: another one's records would interleave with these, and a fresh run
@@ -223,8 +224,15 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
 
 MetricsWriter::~MetricsWriter() {
   if (fd_ < 0) return;
+  remove_if_unwritten();
   ::close(fd_);
-  if (created_ && !wrote_) ::unlink(path_.c_str());  // a run that never started leaves nothing
+}
+
+void MetricsWriter::remove_if_unwritten() noexcept {
+  // A run that never started leaves nothing: the file this created, while still locked, and
+  // only if the path still names it (a file moved there since is someone else's).
+  FileId mine;
+  if (created_ && !wrote_ && file_id_of(fd_, mine)) unlink_if_same(path_, mine);
 }
 
 void MetricsWriter::write_json(const nlohmann::ordered_json& record) {

@@ -113,7 +113,7 @@ class MetricsWriter {
   // another run), InvalidArgument for a file that is neither empty nor a metrics file (its first
   // line a JSON record with a "type"), appending or not: a user's file is never touched. The
   // file is emptied at the first record, not before; one this created is removed
-  // again when destroyed without a record.
+  // again when destroyed without a record (while its name still names it).
   explicit MetricsWriter(const std::string& path, bool append = false);
   // Closes, swallowing errors; call close() to see them.
   ~MetricsWriter();
@@ -131,6 +131,8 @@ class MetricsWriter {
   const std::string& path() const { return path_; }
 
  private:
+  void remove_if_unwritten() noexcept;
+
   std::string path_;
   bool empty_first_ = false;  // the file is emptied before the first record
   bool created_ = false;      // by this writer: removed again if it writes no record

@@ -46,8 +46,9 @@ TokenFormat parse_token_format(std::string_view name);
 // members are safe to call from many threads at once.
 class TokenFile {
  public:
-  // Opens and maps `path`, validating its header and size.
-  // Throws IoError (cannot open / stat / map, naming the path and errno), CorruptData (bad
+  // Opens `path` (read with pread, never mapped: a file shortened meanwhile is a named read
+  // error, not a SIGBUS), validating its header and size.
+  // Throws IoError (cannot open / stat, naming the path and errno), CorruptData (bad
   // magic or version, a count that disagrees with the file size, a size that is not a whole
   // number of tokens; naming the path and the numbers), InvalidArgument (kAuto with an
   // unknown extension).
@@ -92,7 +93,8 @@ class TokenFile {
 // An open loss mask. Move-only, like TokenFile; const members are safe from many threads.
 class MaskFile {
  public:
-  // Opens and maps `path` as the mask of `tokens`. Throws IoError (cannot open / stat / map),
+  // Opens `path` as the mask of `tokens` (read as TokenFile is). Throws IoError (cannot open /
+  // stat),
   // CorruptData (a size other than tokens.size() bytes, naming both files and both counts).
   static MaskFile open(const std::string& path, const TokenFile& tokens);
 

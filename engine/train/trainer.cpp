@@ -745,6 +745,12 @@ TrainResult Trainer::run() {
             "checkpoint {} in {} is written and latest names it, but its save did not complete: "
             "{} (it may not survive a crash of the machine; check the drive)",
             tag, save_dir_->path().string(), e.what()));
+      // The first save, written but not named latest: a resume of the directory reads it.
+      if (!kept && ckpt::is_checkpoint_dir(save_dir_->path() / tag))
+        throw Error(fmt::format(
+            "checkpoint {} is written into {}, but its save did not complete: {}; --resume {} "
+            "reads it (check the drive: it may not survive a crash of the machine)",
+            tag, save_dir_->path().string(), e.what(), save_dir_->path().string()));
       throw Error(fmt::format("checkpoint {} not saved into {}: {}; {}", tag,
                               save_dir_->path().string(), e.what(),
                               kept ? fmt::format("the previous checkpoint {} is intact", *kept)

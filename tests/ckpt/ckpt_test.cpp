@@ -378,6 +378,25 @@ TEST(CkptFaults, CrashAtAnyPointLeavesALoadableCheckpoint) {
   }
 }
 
+// A first save killed after its checkpoint is in place but before `latest` names it: the save
+// directory still opens, at that checkpoint (its newest), and a run continues it.
+TEST(CkptFaults, AFirstSaveKilledBeforeLatestStillOpensAtItsCheckpoint) {
+  TempDir tmp("ckpt");
+  WriterOptions hooks;
+  hooks.crash_at = "before-latest";
+  ASSERT_EQ(crash_child(tmp / "save", hooks), SIGKILL);
+  ASSERT_FALSE(fs::exists(tmp / "save" / "latest"));
+  Checkpoint ck = Checkpoint::open(tmp / "save");
+  EXPECT_EQ(ck.dir(), tmp / "save" / "global_step2");
+  ck.verify();
+  SaveDir d(tmp / "save", SaveDirOptions{.existing = ExistingCheckpoints::kContinue,
+                                         .resumed_tag = "global_step2"});
+  EXPECT_FALSE(d.latest().has_value());
+  // An empty directory, or one holding only other files, is still neither.
+  fs::create_directories(tmp / "other" / "global_step3");
+  EXPECT_THROW(Checkpoint::open(tmp / "other"), InvalidArgument);
+}
+
 // The user's files of a directory tree: relative path -> contents ("/" for a directory).
 using Files = std::map<std::string, std::string>;
 

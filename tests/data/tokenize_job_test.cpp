@@ -218,6 +218,32 @@ TEST_F(TokenizeJobTest, TextReplacingPairsRemovesTheirMask) {
   EXPECT_EQ(tokens_of(second.token_file), doc("the question an answer"));
   // With no mask there, nothing is removed or reported.
   EXPECT_EQ(run_tokenize_job(*tokenizer_, options({text}, "data")).removed_mask, "");
+  // The mask checked at the start is the one removed: a file moved to its name while the job
+  // runs is kept, and the job fails leaving the earlier token file.
+  {
+    const TokenizeResult pairs_out = run_tokenize_job(*tokenizer_, o);
+    const std::string tokens_before = test::slurp(pairs_out.token_file);
+    TokenizeOptions swapped = options({text}, "data");
+    swapped.progress_interval = std::chrono::milliseconds(0);
+    bool moved = false;
+    swapped.on_progress = [&](const TokenizeProgress&) {
+      if (std::exchange(moved, true)) return;
+      std::ofstream(dir_ / "users.mask") << "the user's file";
+      fs::rename(dir_ / "users.mask", pairs_out.mask_file);
+    };
+    try {
+      run_tokenize_job(*tokenizer_, swapped);
+      ADD_FAILURE() << "a file moved to PREFIX.mask during the job was removed";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(pairs_out.mask_file + " was replaced while the job ran"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_TRUE(moved);
+    EXPECT_EQ(test::slurp(pairs_out.mask_file), "the user's file");
+    EXPECT_EQ(test::slurp(pairs_out.token_file), tokens_before);
+    fs::remove(pairs_out.mask_file);
+  }
   // A file at PREFIX.mask that is an input is never removed: refused.
   const std::string named_mask = input("data.mask", "plain text in a file named like a mask\n");
   EXPECT_THROW(run_tokenize_job(*tokenizer_, options({named_mask}, "data")), InvalidArgument);

@@ -101,6 +101,13 @@ TEST(LlamaConfig, MissingWrongTypeAndImpossibleValuesAreErrors) {
   expect_error("{\"hidden_size\": 64,", "", "malformed JSON");
   expect_error(with(R"(, "rope_theta": 1e400)"), "", "number overflow");
   expect_error("[1, 2]", "", "JSON object");
+  // Nesting deep enough to run the stack out where the unknown keys are kept for the export
+  // (100000 levels did) is refused; a key nested 200 levels deep is kept.
+  auto nested = [](int depth) {
+    return with(", \"x\": " + std::string(depth, '[') + std::string(depth, ']'));
+  };
+  expect_error(nested(100000), "", "nested deeper than 256 levels");
+  EXPECT_NO_THROW(LlamaConfig::from_json(nested(200), "config.json"));
 }
 
 // Mistral (model_type "mistral"): Llama's architecture and weight names; its sliding_window is

@@ -245,6 +245,15 @@ TEST(MetricsWriter, NeverCutsAUsersFileNorSharesOne) {
   const std::string unwritten = dir.file("unwritten.jsonl");
   { MetricsWriter w(unwritten); }
   EXPECT_FALSE(std::filesystem::exists(unwritten));
+  // Unless a file was moved to its name meanwhile: that one is someone else's, and kept.
+  {
+    MetricsWriter w(unwritten);
+    std::ofstream(users) << "moved here\n";
+    std::filesystem::rename(users, unwritten);
+  }
+  ASSERT_TRUE(std::filesystem::exists(unwritten));
+  std::ifstream moved(unwritten);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(moved), {}), "moved here\n");
   const std::string path = dir.file("m.jsonl");
   { MetricsWriter(path).write(sample()); }
   {

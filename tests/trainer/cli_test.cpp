@@ -150,9 +150,19 @@ TEST_F(TrainCliTest, ALossMaskBesideTheDataIsUsedAndNamed) {
   }
   EXPECT_EQ(steps, 2);
 
-  CliResult off = run(train_args("--steps 1 --loss-mask none"));
+  const std::string ck = data_.file("ck_unmasked");
+  CliResult off = run(train_args("--steps 1 --loss-mask none --save-dir " + shell_quote(ck)));
   ASSERT_EQ(off.rc, 0) << off.err;
   EXPECT_EQ(off.out.find("loss mask"), std::string::npos) << off.out;
+  // Resumed on the same data, the run goes on without the mask it was told not to use, and
+  // says that the mask beside the data goes unused.
+  CliResult resumed =
+      run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --steps 2");
+  ASSERT_EQ(resumed.rc, 0) << resumed.err;
+  EXPECT_EQ(resumed.out.find("loss mask"), std::string::npos) << resumed.out;
+  EXPECT_NE(resumed.err.find("without a loss mask, and so does this run: " + mask + " is not used"),
+            std::string::npos)
+      << resumed.err;
 
   std::ofstream(data_.file("short.mask"), std::ios::binary) << "\x01\x01";
   CliResult bad = run(train_args("--steps 1 --loss-mask " + shell_quote(data_.file("short.mask"))));

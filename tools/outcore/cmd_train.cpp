@@ -204,16 +204,24 @@ ResumeDefaults resume_defaults(const std::string& path) {
 }
 
 // The loss mask of token file `data`: `flag_value` when given ("none": no mask), else
-// `saved` (a resumed run's), else the .mask beside the file when there is one (what
-// `outcore tokenize` writes for prompt/completion data).
-std::string resolve_mask(const std::string& flag_value, const std::string& saved,
-                         const std::string& data) {
+// `saved` when set (a resumed run's, "" for none: a run that trained without a mask goes on
+// without one), else the .mask beside the file when there is one (what `outcore tokenize`
+// writes for prompt/completion data). `flag`: the flag that gives it, for the warning that a
+// mask beside the data goes unused.
+std::string resolve_mask(const std::string& flag_value, const std::string* saved,
+                         const std::string& data, const char* flag) {
   if (flag_value == "none" || data.empty()) return "";
   if (!flag_value.empty()) return flag_value;
-  if (!saved.empty()) return saved;
   const std::string beside = train::mask_path_beside(data);
   std::error_code ec;
-  return std::filesystem::is_regular_file(beside, ec) ? beside : "";
+  const bool exists = std::filesystem::is_regular_file(beside, ec);
+  if (saved == nullptr) return exists ? beside : "";
+  if (saved->empty() && exists)
+    log::warn(
+        "the checkpoint trained {} without a loss mask, and so does this run: {} is not "
+        "used (give {} {} to train with it from here on)",
+        data, beside, flag, beside);
+  return *saved;
 }
 
 // Every file under `dir` (recursively or not) as an input named by `flag`, so that no output
@@ -342,11 +350,11 @@ int run_train(const TrainCliOptions& o) {
         data, rd->train_data, split);
   }
   const std::string train_mask =
-      resolve_mask(o.loss_mask, data_from_resume ? rd->train_mask : "", data);
+      resolve_mask(o.loss_mask, data_from_resume ? &rd->train_mask : nullptr, data, "--loss-mask");
   const bool saved_val = data_from_resume && !val_data.empty() &&
                          (val_data == rd->val_data || same_file(val_data, rd->val_data));
-  const std::string val_mask =
-      resolve_mask(o.val_loss_mask, saved_val ? rd->val_mask : "", val_data);
+  const std::string val_mask = resolve_mask(o.val_loss_mask, saved_val ? &rd->val_mask : nullptr,
+                                            val_data, "--val-loss-mask");
   if (model_path.empty() && !rd) {
     std::fprintf(stderr, "error: --model is required (or --init-from or --resume)\n");
     return 2;
@@ -590,9 +598,11 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--loss-mask", o->loss_mask,
                   "loss mask of --data (one byte per token, 1 = trained on; `outcore tokenize` "
                   "writes it for prompt/completion data); default: the .mask beside --data when "
-                  "there is one; none: no mask");
+                  "there is one (resuming on the checkpoint's data: the checkpoint's mask, or "
+                  "none if it trained without); none: no mask");
   cmd->add_option("--val-loss-mask", o->val_loss_mask,
-                  "loss mask of --val-data (default: the .mask beside it; none: no mask)");
+                  "loss mask of --val-data (default: as --loss-mask's, beside --val-data; none: "
+                  "no mask)");
   cmd->add_option("--val-fraction", o->val_fraction,
                   "without --val-data: hold out this fraction of --data's tail for validation");
   cmd->add_option("--format", o->format,
