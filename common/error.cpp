@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cstring>
 
 namespace outcore {
@@ -20,5 +21,8 @@ IoError::IoError(std::string file, int err, const std::string& op)
     : Error(fmt::format("{} failed on {}: {}", op, file, errno_string(err))),
       file_(std::move(file)),
       errno_(err) {}
+
+PathBusy::PathBusy(std::string file, const std::string& op)
+    : IoError(std::move(file), EWOULDBLOCK, op) {}
 
 }  // namespace outcore

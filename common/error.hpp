@@ -44,6 +44,14 @@ class IoError : public Error {
   int errno_ = 0;
 };
 
+// A path another process holds: its lock (a save directory's, a swap directory's, a metrics
+// file's) is taken. errno EWOULDBLOCK. The user's to change, as bad input is (exit 2), where an
+// IoError of the same errno from a drive (EAGAIN after retries) is a failure (exit 1).
+class PathBusy : public IoError {
+ public:
+  PathBusy(std::string file, const std::string& op);
+};
+
 // A memory budget (device allocator, pinned pool, host RAM) cannot satisfy a request.
 class OutOfMemory : public Error {
  public:

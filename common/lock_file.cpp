@@ -59,7 +59,7 @@ LockFile::LockFile(std::filesystem::path path, std::string busy, std::string_vie
   };
   for (int attempt = 0;; ++attempt) {
     if (attempt == 100)
-      throw IoError(path_.string(), EWOULDBLOCK, busy + " (its lock file keeps being replaced)");
+      throw PathBusy(path_.string(), busy + " (its lock file keeps being replaced)");
     bool created = true;
     Fd f{::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600)};
     if (f.fd < 0 && errno == EEXIST) {
@@ -70,7 +70,10 @@ LockFile::LockFile(std::filesystem::path path, std::string busy, std::string_vie
     }
     if (f.fd < 0) throw IoError(path_.string(), errno, "open lock file");
     if (auto hook = std::exchange(lock_open_hook(), nullptr)) hook();
-    if (::flock(f.fd, LOCK_EX | LOCK_NB) != 0) throw IoError(path_.string(), errno, busy);
+    if (::flock(f.fd, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) throw PathBusy(path_.string(), busy);
+      throw IoError(path_.string(), errno, "lock " + path_.string());
+    }
     struct stat held {
     }, named{};
     if (::fstat(f.fd, &held) != 0 || ::lstat(path_.c_str(), &named) != 0 ||

@@ -12,8 +12,8 @@
 // anything else there is someone else's: it is opened read-only and locked, never written,
 // truncated or unlinked. Without a marker every file at the path is outcore's.
 //
-// Errors: IoError(path, EWOULDBLOCK, `busy`) when another holder has it; IoError naming the path
-// for every other failure (ENOENT when the directory is gone). Thread-compatible.
+// Errors: PathBusy(path, `busy`) (an IoError of EWOULDBLOCK) when another holder has it; IoError
+// naming the path for every other failure (ENOENT when the directory is gone). Thread-compatible.
 #pragma once
 
 #include <filesystem>

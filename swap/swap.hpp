@@ -202,7 +202,7 @@ class SwapSpace {
   // never trusted; one warning; any other file, zeros included, is left), takes an
   // exclusive lock on each kind directory (its .lock holds a marker: a user's file of that name
   // is locked, never written or removed; a second SwapSpace, in this or another process,
-  // on the same rank and kind fails with IoError(EWOULDBLOCK)), then creates every file, writes
+  // on the same rank and kind fails with PathBusy), then creates every file, writes
   // its header and preallocates it.
   // Throws InvalidArgument for a malformed plan (duplicate (unit, kind), duplicate or empty
   // names, zero-byte tensors, empty files) or a file that is not a swap file at a name one of

@@ -444,15 +444,37 @@ std::optional<uint64_t> free_bytes_of(const fs::path& dir, const WriterOptions& 
 }
 }  // namespace
 
-void SaveDir::check_room(uint64_t bytes, const WriterOptions& hooks) const {
+void SaveDir::check_room(uint64_t bytes, int64_t saves, const WriterOptions& hooks) const {
   const std::optional<uint64_t> free_bytes = free_bytes_of(dir_, hooks);
-  if (free_bytes && *free_bytes < bytes)
+  if (!free_bytes || bytes == 0) return;
+  const auto mib = [](uint64_t n) { return static_cast<double>(n) / (1 << 20); };
+  // The checkpoints here already (this run's, or those it replaces after its first save) take
+  // their room now; with keep K the directory holds K + 1 at once, just before a save prunes.
+  int64_t here = 0;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_, ec))
+    if (step_of_tag(e.path().filename().string()) >= 0 && is_checkpoint_dir(e.path())) ++here;
+  const int64_t at_once = options_.keep > 0 ? std::min<int64_t>(saves, options_.keep + 1) : 1;
+  const int64_t added = std::max<int64_t>(1, at_once - here);
+  const uint64_t fits = *free_bytes / bytes;
+  if (fits < static_cast<uint64_t>(added))
     throw OutOfMemory(fmt::format(
         "save directory {}: a checkpoint of this run takes at least {} bytes ({:.1f} MiB), and "
-        "the filesystem has {} bytes ({:.1f} MiB) free: free some space or choose another "
-        "--save-dir (the first save would fail after the training)",
-        dir_.string(), bytes, static_cast<double>(bytes) / (1 << 20), *free_bytes,
-        static_cast<double>(*free_bytes) / (1 << 20)));
+        "the filesystem has {} bytes ({:.1f} MiB) free{}: free some space, lower --keep or "
+        "choose another --save-dir ({})",
+        dir_.string(), bytes, mib(bytes), *free_bytes, mib(*free_bytes),
+        added > 1 ? fmt::format(", room for {} of the {} more it holds at once (--keep {}, {} "
+                                "here now)",
+                                fits, added, options_.keep, here)
+                  : std::string(),
+        fits == 0 ? "the first save would fail after the training"
+                  : fmt::format("save {} would fail", fits + 1)));
+  if (options_.keep == 0 && fits < static_cast<uint64_t>(saves))
+    log::warn(
+        "save directory {}: the filesystem has room for {} of this run's {} checkpoints of {:.1f} "
+        "MiB, and every one is kept: save {} will fail unless space is freed (--keep K keeps the "
+        "newest K)",
+        dir_.string(), fits, saves, mib(bytes), fits + 1);
 }
 
 void SaveDir::remove_checkpoint(const std::string& tag, const WriterOptions& hooks,

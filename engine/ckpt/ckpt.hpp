@@ -188,12 +188,12 @@ struct SaveDirOptions {
 };
 
 // A save directory: created if missing (and, by the primary, removed again when the SaveDir
-// goes if still empty; parents it created stay), locked against a second run (IoError EWOULDBLOCK
-// naming the lock file; the lock file goes with the SaveDir, and with a refused open), cleaned of
-// an interrupted save's leftovers (each named in one warning). InvalidArgument naming the entry
-// when an entry with a name outcore uses is not outcore's (see "Ownership" above), with
-// ExistingCheckpoints::kRefuse when the directory holds checkpoints, and with kContinue when it
-// holds checkpoints after the one resumed from (naming them and the ways out). Other entries are
+// goes if still empty; parents it created stay), locked against a second run (PathBusy, an IoError
+// of EWOULDBLOCK naming the lock file; the lock file goes with the SaveDir, and with a refused
+// open), cleaned of an interrupted save's leftovers (each named in one warning). InvalidArgument
+// naming the entry when an entry with a name outcore uses is not outcore's (see "Ownership" above),
+// with ExistingCheckpoints::kRefuse when the directory holds checkpoints, and with kContinue when
+// it holds checkpoints after the one resumed from (naming them and the ways out). Other entries are
 // never touched.
 class SaveDir {
  public:
@@ -223,11 +223,14 @@ class SaveDir {
   // a file that is not a checkpoint's, which a save of that step would be refused to replace
   // after the training. Primary only; nothing for a rank other than 0.
   void check_can_save(int64_t first, int64_t last) const;
-  // Before a run whose checkpoints take at least `bytes` (their data files): OutOfMemory naming
-  // the directory, both figures and the free space when the filesystem has less free
-  // (`hooks.free_bytes` standing in for statvfs's), so that a full disk does not end a whole
-  // run unsaved. Nothing when the free space cannot be read (the save checks again).
-  void check_room(uint64_t bytes, const WriterOptions& hooks) const;
+  // Before a run that saves `saves` checkpoints of at least `bytes` each (their data files):
+  // OutOfMemory naming the directory, the figures and the free space when the filesystem cannot
+  // hold the checkpoints the run adds before its pruning keeps their number level (with keep K:
+  // K + 1 at once, less those already here; at least one), so that a full disk does not end a
+  // run unsaved after its training (`hooks.free_bytes` standing in for statvfs's). Without
+  // keep (every checkpoint kept), a warning when the free space holds fewer than `saves`.
+  // Nothing when the free space cannot be read (each save checks again).
+  void check_room(uint64_t bytes, int64_t saves, const WriterOptions& hooks) const;
 
  private:
   void take_lock();         // `.lock`: created (with outcore's marker) or opened, then flock'ed

@@ -203,9 +203,9 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   // would cut them.
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK)
-      fail(IoError(path, errno,
-                   "lock metrics file (another run is writing it: give each run its own "
-                   "metrics file)"));
+      fail(PathBusy(path,
+                    "lock metrics file (another run is writing it: give each run its own "
+                    "metrics file)"));
     log::warn(
         "{}: the metrics file cannot be locked ({}): a second run writing it would not be "
         "stopped",

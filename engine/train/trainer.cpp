@@ -241,22 +241,31 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   }
   engine_ = std::make_unique<zero::ZeroEngine>(cfg_, *model_, devices_->device, *devices_->comm,
                                                opts_.seed, eo);
+  // The swap files are in place: a save directory on the same filesystem sees what they left.
+  // Before the restore or import, which can take long and do not change the free space.
+  if (save_dir_ && rank() == 0)
+    save_dir_->check_room(
+        checkpoint_data_bytes(*engine_, world_size(), cfg_.zero_optimization.stage),
+        saves_of_run(ck ? ck->manifest().step : 0), opts_.checkpoint_io);
   if (ck) {
     restore(*ck);
   } else if (init_weights) {
     import_hf_weights(*init_weights, *engine_);
   }
-  // The swap files are in place: a save directory on the same filesystem sees what they left.
-  if (save_dir_ && rank() == 0)
-    save_dir_->check_room(
-        checkpoint_data_bytes(*engine_, world_size(), cfg_.zero_optimization.stage),
-        opts_.checkpoint_io);
   last_traffic_ = engine_->traffic();
   inputs_.resize(static_cast<size_t>(model_->tokens()));
   targets_.resize(static_cast<size_t>(model_->tokens()));
 }
 
 Trainer::~Trainer() = default;
+
+int64_t Trainer::saves_of_run(int64_t done) const {
+  const int64_t last = opts_.steps, every = opts_.save_every;
+  if (last <= done) return 1;
+  // Every save_every steps after `done`, and at the end unless that step was one of them.
+  const int64_t periodic = every > 0 ? last / every - done / every : 0;
+  return periodic + (every > 0 && last % every == 0 ? 0 : 1);
+}
 
 std::string Trainer::resumed_tag_in_save_dir() const {
   if (resumed_from_.empty()) return {};
@@ -781,10 +790,7 @@ TrainResult Trainer::run() {
     if (m.in_backward == "restored") ++res.in_backward_restored;
     if (display) {
       if (m.skipped) display->message(fmt::format("step {}: {}", m.step, last_message_));
-      const bool lines = display->mode() == ProgressDisplay::Mode::kLines;
-      const bool show = !lines || print_every <= 0 || m.step % print_every == 0 || m.step == 1 ||
-                        m.step == opts_.steps;
-      if (show) display->step(m);
+      display->step(m);  // which lines stay (steps_per_print) is the display's to decide
     } else if (m.skipped) {
       log::warn("step {}: {}", m.step, last_message_);
     }

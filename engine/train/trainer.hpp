@@ -298,6 +298,9 @@ class Trainer {
   ckpt::ExistingCheckpoints existing_checkpoints() const;
   // The name of the checkpoint resumed from when it lies in the save directory; empty otherwise.
   std::string resumed_tag_in_save_dir() const;
+  // The checkpoints a run from step `done` to opts_.steps saves (every save_every steps and at
+  // the end; at least one).
+  int64_t saves_of_run(int64_t done) const;
   void open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
                               const model::LlamaConfig& model_config, int64_t seq_len);
   void restore(const ckpt::Checkpoint& ck);

@@ -125,12 +125,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   device::Device* dev = &device;  // the pool's region is registered for the device's copies
   pool = std::make_unique<swap::PinnedPool>(swap::PinnedPoolOptions{
       .budget_bytes = plan.pinned_pool_bytes,
-      // Page-locked when every section that offloads asks for it (a section that does not
-      // offload has no say; config key_effects warns when the two disagree).
-      .lock = (z.stage != 3 || z.offload_param.device == config::OffloadDevice::kNone ||
-               z.offload_param.pin_memory) &&
-              (z.offload_optimizer.device == config::OffloadDevice::kNone ||
-               z.offload_optimizer.pin_memory),
+      .lock = detail::pool_page_locked(z),
       .hook = {
           .on_register = [dev](std::span<std::byte> r) { dev->register_host(r.data(), r.size()); },
           .on_unregister = [dev](std::span<std::byte> r) { dev->unregister_host(r.data()); }}});

@@ -25,6 +25,12 @@ constexpr unsigned kOptimizerCopiesWithSpare = 2;
 
 }  // namespace
 
+bool pool_page_locked(const config::ZeroConfig& z) {
+  const bool params_offloaded = z.stage == 3 && z.offload_param.device != OffloadDevice::kNone;
+  return (!params_offloaded || z.offload_param.pin_memory) &&
+         (z.offload_optimizer.device == OffloadDevice::kNone || z.offload_optimizer.pin_memory);
+}
+
 Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& model, bool warn) {
   const config::ZeroConfig& z = cfg.zero_optimization;
   Placement p;
@@ -52,7 +58,7 @@ Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& 
   } else if (param_dev == OffloadDevice::kNone) {
     p.params = Tier::kDevice;
   } else if (param_dev == OffloadDevice::kCpu) {
-    p.params = z.offload_param.pin_memory ? Tier::kPinned : Tier::kHost;
+    p.params = pool_page_locked(z) ? Tier::kPinned : Tier::kHost;
   } else {
     p.params = Tier::kNvme;
   }
@@ -93,7 +99,7 @@ void split_param_homes(const config::Config& cfg, const model::ModelLayout& layo
                        Geometry& g) {
   const config::OffloadParamConfig& o = cfg.zero_optimization.offload_param;
   Placement& p = g.placement;
-  p.host_params = o.pin_memory ? Tier::kPinned : Tier::kHost;
+  p.host_params = pool_page_locked(cfg.zero_optimization) ? Tier::kPinned : Tier::kHost;
   const uint64_t max_in_cpu = static_cast<uint64_t>(std::max<int64_t>(0, o.max_in_cpu));
   uint64_t in_cpu = 0;
   size_t host = 0;

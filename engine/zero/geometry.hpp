@@ -61,6 +61,11 @@ struct Geometry {
   size_t optimizer_elem_bytes() const { return sizeof(float) + 2 * dtype_size(moments); }
 };
 
+// Whether the pinned pool (and so the parameters it holds in host memory) is page-locked: when
+// every section that offloads asks for it with pin_memory (a section that does not offload has
+// no say; config key_effects warns when the two disagree).
+bool pool_page_locked(const config::ZeroConfig& z);
+
 // Resolves the placement (stage, tiers) from the config and the model. Throws ConfigError for
 // an inconsistent precision, logs the DeepSpeed-compatible warnings (offload_param below
 // stage 3 ignored; nvme optimizer below stage 3).

@@ -22,6 +22,7 @@
 #include "common/error.hpp"
 #include "common/lock_file.hpp"
 #include "tests/common/error_of.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/common/temp_dir.hpp"
 
 namespace outcore::ckpt {
@@ -467,7 +468,7 @@ TEST(CkptSaveDir, TheLockFileAndAnEmptyDirectoryGoWithTheRun) {
   }
   {
     SaveDir again(save, kContinue);
-    EXPECT_THROW(SaveDir second(save, kContinue), IoError);
+    EXPECT_THROW(SaveDir second(save, kContinue), PathBusy);  // exit 2 (train_session)
   }
   // A lock left by a killed run (outcore's marker), or by an earlier version (empty), is taken
   // and removed; a partial marker is not outcore's.
@@ -495,7 +496,7 @@ TEST(CkptSaveDir, TheLockFileAndAnEmptyDirectoryGoWithTheRun) {
       first.reset();
       third = std::make_unique<SaveDir>(save, kContinue);
     });
-    EXPECT_THROW(SaveDir second(save, kContinue), IoError);
+    EXPECT_THROW(SaveDir second(save, kContinue), PathBusy);
     ASSERT_TRUE(third);
     EXPECT_TRUE(fs::exists(save / ".lock"));
   }
@@ -672,19 +673,44 @@ TEST(CkptSaveDir, ARunWhoseCheckpointDoesNotFitIsRefusedAtStart) {
   SaveDir dir(tmp / "save");
   WriterOptions hooks;
   hooks.free_bytes = 1000;
-  EXPECT_NO_THROW(dir.check_room(1000, hooks));
-  const std::string msg = error_of([&] { dir.check_room(1001, hooks); });
+  EXPECT_NO_THROW(dir.check_room(1000, 1, hooks));
+  const std::string msg = error_of([&] { dir.check_room(1001, 1, hooks); });
   EXPECT_NE(msg.find("save directory " + (tmp / "save").string() +
                      ": a checkpoint of this run takes at least 1001 bytes"),
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("the filesystem has 1000 bytes"), std::string::npos) << msg;
-  EXPECT_THROW(dir.check_room(1001, hooks), OutOfMemory);
-  EXPECT_THROW(dir.check_room(uint64_t{1} << 62, {}), OutOfMemory);  // this filesystem's free
-  EXPECT_NO_THROW(dir.check_room(1, {}));
+  EXPECT_THROW(dir.check_room(1001, 1, hooks), OutOfMemory);
+  EXPECT_THROW(dir.check_room(uint64_t{1} << 62, 1, {}), OutOfMemory);  // this filesystem's free
+  EXPECT_NO_THROW(dir.check_room(1, 1, {}));
+  // Every checkpoint kept: room for fewer than the run's saves is a warning, not a refusal.
+  {
+    outcore::test::LogCapture log;
+    EXPECT_NO_THROW(dir.check_room(400, 5, hooks));
+    EXPECT_NE(log.text().find("room for 2 of this run's 5 checkpoints"), std::string::npos)
+        << log.text();
+  }
   // A save sees the same free space.
   const std::string save = error_of([&] { write_synthetic(dir, "global_step1", 1, hooks); });
   EXPECT_NE(save.find("bytes needed, 1000 bytes free"), std::string::npos) << save;
+}
+
+// With --keep K a save directory holds K + 1 checkpoints just before a save prunes: a run is
+// refused at start when they cannot fit, counting those already there.
+TEST(CkptSaveDir, KeepNeedsRoomForOneMoreThanItKeeps) {
+  TempDir tmp("ckpt");
+  WriterOptions hooks;
+  hooks.free_bytes = 1000;
+  SaveDir dir(tmp / "save", SaveDirOptions{.keep = 2});
+  EXPECT_NO_THROW(dir.check_room(300, 3, hooks));  // 3 at once, room for 3
+  const std::string msg = error_of([&] { dir.check_room(400, 3, hooks); });
+  EXPECT_NE(msg.find("room for 2 of the 3 more it holds at once (--keep 2, 0 here now)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("save 3 would fail"), std::string::npos) << msg;
+  EXPECT_NO_THROW(dir.check_room(400, 2, hooks));  // a run of two saves never holds three
+  write_synthetic(dir, "global_step1", 1);
+  EXPECT_NO_THROW(dir.check_room(400, 3, hooks));  // one is here already: two more fit
 }
 
 // A checkpoint someone put a file into (notes, an evaluation's results, an export) is the

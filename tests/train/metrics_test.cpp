@@ -262,7 +262,7 @@ TEST(MetricsWriter, NeverCutsAUsersFileNorSharesOne) {
     try {
       MetricsWriter second(path, /*append=*/true);
       ADD_FAILURE() << "two writers of one metrics file";
-    } catch (const IoError& e) {
+    } catch (const PathBusy& e) {
       EXPECT_NE(std::string(e.what()).find("another run is writing it"), std::string::npos)
           << e.what();
     }

@@ -135,6 +135,27 @@ TEST(TrainerTest, InitialisationShowsItsProgress) {
   std::fclose(quiet);
 }
 
+// steps_per_print thins a log's step lines (lines mode): every N-th, the first and the last.
+TEST(TrainerTest, StepsPerPrintThinsTheStepLinesOfALog) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  TrainerOptions o = quiet_options(data, 5);
+  o.val_data.clear();
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  o.progress_out = out;
+  o.progress_mode = ProgressDisplay::Mode::kLines;
+  Trainer t(make_config({{"steps_per_print", 2}}, mc), mc, o);
+  t.run();
+  std::rewind(out);
+  std::string text;
+  for (int c = std::fgetc(out); c != EOF; c = std::fgetc(out)) text += static_cast<char>(c);
+  std::fclose(out);
+  for (const int step : {1, 2, 4, 5})
+    EXPECT_NE(text.find("step " + std::to_string(step) + "/5 |"), std::string::npos) << text;
+  EXPECT_EQ(text.find("step 3/5 |"), std::string::npos) << text;
+}
+
 // The summary's zero line says where the state is, not only what the config asked: NVMe
 // optimizer state needs stage 3, so at stage 2 it is in host memory.
 TEST(TrainerTest, SummarySaysWhereTheOptimizerStateIs) {

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/aligned_buffer.hpp"
+#include "engine/zero/geometry.hpp"
 #include "tests/common/log_capture.hpp"
 #include "tests/zero/zero_test_util.hpp"
 
@@ -93,6 +94,27 @@ TEST(MaxInCpu, KeepsTheLongestPrefixOfUnitsThatFitsInHostMemory) {
     // Swap space and its directory only for the units in swap files.
     EXPECT_EQ(p.param_nvme_path.empty(), c.host_units == units);
     EXPECT_EQ(p.param_nvme_bytes == 0, c.host_units == units);
+  }
+}
+
+// The parameters in host memory are pinned exactly when the pool is page-locked: when every
+// section that offloads asks for it (the plan said pinned where the engine's pool was not).
+TEST(MaxInCpu, HostParametersArePinnedWhenThePoolIsLocked) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16));
+  for (const bool optimizer_pins : {true, false}) {
+    SCOPED_TRACE(optimizer_pins ? "both pin" : "offload_optimizer.pin_memory false");
+    const config::Config cfg = make_config(
+        config_json({3, "cpu", "cpu"}, DType::BF16, "", "", "",
+                    optimizer_pins ? std::string() : std::string(", \"pin_memory\": false")));
+    EXPECT_EQ(detail::pool_page_locked(cfg.zero_optimization), optimizer_pins);
+    const Plan p = make_plan(cfg, model);
+    const Tier want = optimizer_pins ? Tier::kPinned : Tier::kHost;
+    EXPECT_EQ(p.placement.params, want);
+    // And the prefix max_in_cpu keeps in host memory beside swap files.
+    const config::Config nvme = make_config(
+        config_json({3, "nvme", "cpu"}, DType::BF16, "/tmp/x", "", "",
+                    optimizer_pins ? std::string() : std::string(", \"pin_memory\": false")));
+    EXPECT_EQ(make_plan(nvme, model).placement.host_params, want);
   }
 }
 

@@ -268,9 +268,9 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
   } catch (const OutOfMemory& e) {  // the plan does not fit a tier
     print_error(e);
     return fail_job(comm, 2);
-  } catch (const IoError& e) {  // a path another run holds (its lock) is the user's to change
+  } catch (const PathBusy& e) {  // a path another run holds (its lock) is the user's to change
     print_error(e);
-    return fail_job(comm, e.error_number() == EWOULDBLOCK ? 2 : 1);
+    return fail_job(comm, 2);
   } catch (const std::exception& e) {  // I/O errors creating swap files, ...
     print_error(e);
     return fail_job(comm, 1);
