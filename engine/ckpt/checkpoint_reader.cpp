@@ -135,6 +135,14 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
   impl->options = std::move(options);
   const fs::path mpath = dir / kManifestName;
   impl->manifest = parse_manifest(read_small_file(mpath, 64ull << 20), mpath.string());
+  // A checkpoint under another step's name (renamed by hand) would be resumed as that step and
+  // then saved over: refused.
+  const std::string name = dir.filename().string();
+  if (step_of_tag(name) >= 0 && name != impl->manifest.tag)
+    throw CorruptData(fmt::format(
+        "{}: the checkpoint of {} (step {}) under the name {}: a checkpoint renamed? Give it back "
+        "its name, or resume it as a copy outside the save directory",
+        mpath.string(), impl->manifest.tag, impl->manifest.step, name));
   impl->engine = std::make_unique<aio::Engine>(impl->options.aio, impl->options.backend);
   return Checkpoint(std::move(impl));
 }

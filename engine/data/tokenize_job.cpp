@@ -179,10 +179,13 @@ class DocumentEncoder {
 
   void encode_pair(std::string_view prompt, std::string_view completion, Segment& out) const {
     std::vector<uint32_t>& tokens = out.tokens;
-    tokenizer_.encode(prompt, true, tokens);
+    // As the one sequence prompt + completion: the template's special tokens before the text
+    // (BOS) go before the prompt, those after it (a converted Llama 2's EOS) after the
+    // completion, never between the two.
+    tokenizer_.encode(prompt, Tokenizer::Specials::kBefore, tokens);
     const size_t completion_start = tokens.size();
     out.mask.resize(completion_start, 0);
-    tokenizer_.encode(completion, false, tokens);
+    tokenizer_.encode(completion, Tokenizer::Specials::kAfter, tokens);
     if (eos_ && (tokens.size() == completion_start || tokens.back() != *eos_))
       tokens.push_back(*eos_);
     out.mask.resize(tokens.size(), 1);

@@ -8,9 +8,11 @@
 // Document layout, in input order:
 // - a text document (a text file's, or the string at text_key): encode(text, special tokens
 //   added), then EOS unless the tokenizer has none or the encoding already ends with it;
-// - a prompt/completion pair (the strings at prompt_key and completion_key): encode(prompt,
-//   special tokens added) with mask 0, encode(completion, none added) with mask 1, then EOS
-//   with mask 1 unless the tokenizer has none or the completion already ends with it.
+// - a prompt/completion pair (the strings at prompt_key and completion_key), encoded as the one
+//   sequence prompt + completion is: encode(prompt) after the template's special tokens that
+//   come before a text (BOS) with mask 0, encode(completion) followed by those that come after
+//   one (a converted Llama 2 template's EOS) with mask 1, then EOS with mask 1 unless the
+//   tokenizer has none or the sequence already ends with it.
 //
 // Output, beside `out_prefix`: PREFIX.bin in llm.c's format (256 int32 header: magic 20240520,
 // version 1, token count; then uint16 tokens) when the tokenizer's vocab_size is at most 65536,

@@ -137,9 +137,9 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   return t;
 }
 
-void Tokenizer::encode(std::string_view text, bool add_special_tokens,
-                       std::vector<uint32_t>& out) const {
-  if (add_special_tokens) out.insert(out.end(), prefix_.begin(), prefix_.end());
+void Tokenizer::encode(std::string_view text, Specials specials, std::vector<uint32_t>& out) const {
+  if (specials == Specials::kAround || specials == Specials::kBefore)
+    out.insert(out.end(), prefix_.begin(), prefix_.end());
   if (find_invalid_utf8(text) == text.size()) {
     backend_->encode_text(text, out);
   } else {
@@ -148,7 +148,8 @@ void Tokenizer::encode(std::string_view text, bool add_special_tokens,
     append_replacing_invalid_utf8(text, repaired);
     backend_->encode_text(repaired, out);
   }
-  if (add_special_tokens) out.insert(out.end(), suffix_.begin(), suffix_.end());
+  if (specials == Specials::kAround || specials == Specials::kAfter)
+    out.insert(out.end(), suffix_.begin(), suffix_.end());
 }
 
 std::optional<uint32_t> Tokenizer::token_id(std::string_view content) const {

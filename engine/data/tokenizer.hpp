@@ -57,10 +57,18 @@ class Tokenizer {
   // file and key for anything malformed or unsupported; IoError when a file cannot be read.
   static Tokenizer load(const std::string& dir);
 
-  // Appends the ids of `text` to `out`. With `add_special_tokens`, the special tokens of the
-  // single-sequence template (e.g. Llama 3's BOS) surround them. Never throws for any input
-  // bytes (OutOfMemory aside).
-  void encode(std::string_view text, bool add_special_tokens, std::vector<uint32_t>& out) const;
+  // Which of the single-sequence template's special tokens (e.g. Llama 3's BOS before the text,
+  // a converted Llama 2's EOS after it) go with an encoding: none, both sides, or one side (a
+  // prompt takes those before it and its completion those after, so that the pair is encoded
+  // as one sequence is).
+  enum class Specials { kNone, kAround, kBefore, kAfter };
+  // Appends the ids of `text` to `out`, with `specials`. Never throws for any input bytes
+  // (OutOfMemory aside).
+  void encode(std::string_view text, Specials specials, std::vector<uint32_t>& out) const;
+  // encode with kAround (add_special_tokens, as Hugging Face's) or kNone.
+  void encode(std::string_view text, bool add_special_tokens, std::vector<uint32_t>& out) const {
+    encode(text, add_special_tokens ? Specials::kAround : Specials::kNone, out);
+  }
 
   // Largest token id this tokenizer can produce, plus one (added tokens included).
   uint64_t vocab_size() const { return vocab_size_; }

@@ -398,6 +398,28 @@ TEST(CkptFaults, AFirstSaveKilledBeforeLatestStillOpensAtItsCheckpoint) {
   EXPECT_THROW(Checkpoint::open(tmp / "other"), InvalidArgument);
 }
 
+// A checkpoint under another step's name (renamed by hand) is refused, naming both, instead of
+// being resumed as that step and saved over.
+TEST(CkptFaults, ACheckpointUnderAnotherStepsNameIsRefused) {
+  TempDir tmp("ckpt");
+  {
+    SaveDir d(tmp / "save");
+    write_synthetic(d, "global_step2", 1);
+    write_synthetic(d, "global_step3", 1);
+  }
+  fs::rename(tmp / "save" / "global_step2", tmp / "save" / "swap");
+  fs::rename(tmp / "save" / "global_step3", tmp / "save" / "global_step2");
+  fs::rename(tmp / "save" / "swap", tmp / "save" / "global_step3");
+  const std::string msg = error_of([&] { Checkpoint::open(tmp / "save"); });
+  EXPECT_NE(msg.find("the checkpoint of global_step2 (step 7) under the name global_step3"),
+            std::string::npos)
+      << msg;
+  EXPECT_THROW(Checkpoint::open(tmp / "save" / "global_step2"), CorruptData);
+  // A copy under a name of the user's opens.
+  fs::rename(tmp / "save" / "global_step2", tmp / "mine");
+  EXPECT_NO_THROW(Checkpoint::open(tmp / "mine"));
+}
+
 // The user's files of a directory tree: relative path -> contents ("/" for a directory).
 using Files = std::map<std::string, std::string>;
 

@@ -192,6 +192,59 @@ TEST_F(TokenizeJobTest, PromptCompletionPairsWriteAMask) {
   EXPECT_EQ(r.targets, static_cast<uint64_t>(std::count(mask.begin(), mask.end(), 1)));
 }
 
+// A template that puts BOS before and EOS after every text (a converted Llama 2 tokenizer with
+// add_eos_token): a pair is encoded as one sequence, BOS prompt completion EOS, never with the
+// template's EOS between prompt and completion; a text document keeps both.
+TEST_F(TokenizeJobTest, APairIsEncodedAsOneSequenceUnderATemplateEndingInEos) {
+  json t = test::tiny_tokenizer();
+  t["added_tokens"].push_back({{"id", 265},
+                               {"content", "<|bos|>"},
+                               {"single_word", false},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", false},
+                               {"special", true}});
+  t["model"]["vocab"]["<|bos|>"] = 265;
+  auto special = [](const char* name, uint32_t id) {
+    return json{{"id", name}, {"ids", {id}}, {"tokens", {name}}};
+  };
+  t["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single",
+       {{{"SpecialToken", {{"id", "<|bos|>"}, {"type_id", 0}}}},
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+        {{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}}}},
+      {"pair", json::array()},
+      {"special_tokens",
+       {{"<|bos|>", special("<|bos|>", 265)}, {"<|endoftext|>", special("<|endoftext|>", kEos)}}}};
+  test::write_tokenizer_dir(dir_ / "bos_eos", t, json{{"eos_token", "<|endoftext|>"}});
+  const Tokenizer tok = Tokenizer::load((dir_ / "bos_eos").string());
+  const std::string in = input("pairs.jsonl", "{\"q\": \"the question\", \"a\": \"an answer\"}\n");
+  TokenizeOptions o = options({in}, "bos_eos_out");
+  o.prompt_key = "q";
+  o.completion_key = "a";
+  const TokenizeResult r = run_tokenize_job(tok, o);
+  std::vector<uint32_t> prompt, completion;
+  tok.encode("the question", false, prompt);
+  tok.encode("an answer", false, completion);
+  std::vector<uint32_t> want = {265};
+  want.insert(want.end(), prompt.begin(), prompt.end());
+  want.insert(want.end(), completion.begin(), completion.end());
+  want.push_back(kEos);  // the template's, once, at the end
+  EXPECT_EQ(tokens_of(r.token_file), want);
+  std::vector<uint8_t> mask(1 + prompt.size(), 0);
+  mask.resize(want.size(), 1);
+  const std::string bytes = test::slurp(r.mask_file);
+  EXPECT_EQ(std::vector<uint8_t>(bytes.begin(), bytes.end()), mask);
+  // A text document: the template around it, and no second EOS.
+  std::vector<uint32_t> text = {265};
+  tok.encode("the end", false, text);
+  text.push_back(kEos);
+  const TokenizeResult plain =
+      run_tokenize_job(tok, options({input("t.txt", "the end\n")}, "bos_eos_text"));
+  EXPECT_EQ(tokens_of(plain.token_file), text);
+}
+
 // Plain text written over pairs' output: the pairs' mask goes (train would otherwise pair it
 // with the new tokens); a failed job leaves both old files as they were.
 TEST_F(TokenizeJobTest, TextReplacingPairsRemovesTheirMask) {
