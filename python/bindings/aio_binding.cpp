@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "aio/aio.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/open_file.hpp"
 #include "python/bindings/bindings.hpp"
 #include "swap/swap.hpp"
 
@@ -72,51 +74,62 @@ struct Opened {
 
 // Opens `path` as `oo` says (its create and exclusive are ignored). A write creates the file
 // (mode 0600) when it is missing, first with O_EXCL, so that `created` says whether this open
-// made it even where another process creates it at the same moment. An open failure is
-// reported with the offset and length of the request.
-Opened open_file(const std::string& path, aio::OpenOptions oo, uint64_t offset, uint64_t bytes) {
+// made it even where another process creates it at the same moment. A write's open is passed
+// to `record` (the open file, whether it created it) while `registry` is locked, the exclusive
+// create and its record under one lock: a write of another thread that opens the file this one
+// created records its open after this one's (see CreatedFiles). An open failure is reported
+// with the offset and length of the request.
+Opened open_file(const std::string& path, aio::OpenOptions oo, uint64_t offset, uint64_t bytes,
+                 std::mutex& registry, const std::function<void(const Opened&)>& record) {
   const bool write = oo.access == aio::Access::kWrite;
   oo.create = oo.exclusive = false;
+  auto recorded = [&](Opened o) {
+    if (write) {
+      const std::lock_guard lock(registry);
+      record(o);
+    }
+    return o;
+  };
   try {
     try {
-      return {aio::File::open(path, oo), false};
+      return recorded({aio::File::open(path, oo), false});
     } catch (const IoError& e) {
       if (!write || e.error_number() != ENOENT) throw;
     }
     oo.create = oo.exclusive = true;
-    try {
-      return {aio::File::open(path, oo), true};
-    } catch (const IoError& e) {
-      if (e.error_number() != EEXIST) throw;
+    {
+      const std::lock_guard lock(registry);
+      try {
+        Opened o{aio::File::open(path, oo), true};
+        record(o);
+        return o;
+      } catch (const IoError& e) {
+        if (e.error_number() != EEXIST) throw;
+      }
     }
     // Created meanwhile, or a dangling symbolic link (O_EXCL does not follow it): opened as
     // before, with O_CREAT, and not counted as created by this open.
     oo.exclusive = false;
-    return {aio::File::open(path, oo), false};
+    return recorded({aio::File::open(path, oo), false});
   } catch (const IoError& e) {
     throw IoError(path, offset, bytes, e.error_number(),
                   write ? "open for writing" : "open for reading");
   }
 }
 
-// Device and inode of an open file: what a path must still name for the file to be removed.
-struct FileId {
-  dev_t dev = 0;
-  ino_t ino = 0;
-  friend bool operator==(const FileId&, const FileId&) = default;
-};
-
+// Device and inode of an open file (common/open_file's FileId): what a path must still name for
+// the file to be removed.
 std::optional<FileId> file_id(const aio::File& file) {
-  struct stat st;
-  if (::fstat(file.fd(), &st) != 0) return std::nullopt;
-  return FileId{st.st_dev, st.st_ino};
+  FileId id;
+  if (!file_id_of(file.fd(), id)) return std::nullopt;
+  return id;
 }
 
 // Removes `path` if it still names file `id`: the file a write created before it failed. A
 // failure to remove it is logged.
 void remove_created(const std::string& path, const FileId& id) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || FileId{st.st_dev, st.st_ino} != id) return;
+  FileId now;
+  if (!file_id_of(path, now) || now != id) return;
   if (::unlink(path.c_str()) != 0) {
     log::warn("outcore.aio: {}: the file a failed write created could not be removed: {}", path,
               errno_string(errno));
@@ -218,13 +231,13 @@ class AioHandle {
     oo.access = write ? aio::Access::kWrite : aio::Access::kRead;
     oo.direct = direct_ == DirectMode::kAlways || (direct_ == DirectMode::kAuto && aligned);
     Opened opened;
+    const uint64_t id = next_id_++;
     {
       py::gil_scoped_release nogil;  // open may block (network filesystems, FIFOs)
-      opened = open_file(path, oo, offset, bytes);
+      opened = open_file(path, oo, offset, bytes, created_files().mutex,
+                         [&](const Opened& o) { track_write(id, path, o); });
       if (sync && !write) refuse_read_past_end(opened.file, offset, bytes);
     }
-    const uint64_t id = next_id_++;
-    if (write) track_write(id, path, opened);
     Pending p{aio::Ticket{}, std::move(opened.file), std::move(keep), std::move(on_complete),
               offset};
     auto* data = reinterpret_cast<std::byte*>(address);
@@ -299,12 +312,12 @@ class AioHandle {
   };
 
   // Records write `id`: the file it created, or, for a file it did not create, that the file
-  // is no longer only that of the write (of any handle) that created it.
+  // is no longer only that of the write (of any handle) that created it. Called with
+  // created_files().mutex held (open_file).
   void track_write(uint64_t id, const std::string& path, const Opened& opened) {
     const std::optional<FileId> file = file_id(opened.file);
     if (!file) return;  // unknown identity: never removed
     CreatedFiles& all = created_files();
-    const std::lock_guard lock(all.mutex);
     if (opened.created) {
       all.writes.emplace(std::pair{serial_, id}, CreatedFile{path, *file});
       return;
