@@ -135,15 +135,24 @@ class DocumentEncoder {
  private:
   // A JSON line's text or pair; false with `bad` set when the line is not what is expected.
   bool encode_json(std::string_view text, Segment& out, std::string& bad) const {
+    // A file holding one JSON array of objects (what some datasets ship as .json) is not JSON
+    // lines: said so, with the way to convert it.
+    const size_t first = text.find_first_not_of(" \t\r");
+    const char* const array_hint =
+        first != std::string_view::npos && text[first] == '['
+            ? "; .json and .jsonl inputs are JSON lines, one object per line, not one JSON array "
+              "(convert it with jq -c '.[]')"
+            : "";
     json j;
     try {
       j = json::parse(text);
     } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
-      bad = "not valid JSON: " + json_message(e);
+      bad = "not valid JSON: " + json_message(e) + array_hint;
       return false;
     }
     if (!j.is_object()) {
-      bad = fmt::format("a JSON line must be an object, not {}", with_article(j.type_name()));
+      bad = fmt::format("a JSON line must be an object, not {}{}", with_article(j.type_name()),
+                        array_hint);
       return false;
     }
     if (!pairs_) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -144,10 +145,19 @@ TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
     int32_t header[3];
     read_exact(*f.file_, path, 0, header, sizeof(header));
     if (header[0] != kLlmcMagic) {
+      // Raw 4-byte ids below 65536 leave every other 2-byte word zero: read as u16 they would
+      // train on a zero after every token, so the hint says which format the bytes look like.
+      std::array<uint16_t, 2048> words{};
+      const size_t n = std::min<uint64_t>(bytes, sizeof(words)) / sizeof(uint16_t);
+      read_exact(*f.file_, path, 0, words.data(), n * sizeof(uint16_t));
+      bool u32_like = bytes % 4 == 0;
+      for (size_t i = 1; i < n && u32_like; i += 2) u32_like = words[i] == 0;
       throw CorruptData(fmt::format(
-          "{}: bad magic {} in llm.c token file header (want {}); if the file holds raw "
-          "uint16 tokens, give the format u16",
-          path, header[0], kLlmcMagic));
+          "{}: bad magic {} in llm.c token file header (want {}); if the file holds raw tokens, "
+          "give the format: {}",
+          path, header[0], kLlmcMagic,
+          u32_like ? "u32 (its bytes look like 4-byte ids: every other 2-byte word is zero)"
+                   : "u16 for 2-byte ids, u32 for 4-byte ids"));
     }
     if (header[1] != kLlmcVersion) {
       throw CorruptData(fmt::format("{}: unsupported llm.c token file version {} (want {})", path,

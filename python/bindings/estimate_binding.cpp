@@ -112,14 +112,16 @@ py::dict plan_dict(const zero::Plan& plan, const zero::PlanLimits& limits) {
 }
 
 // `v` as an integer in min..max. InvalidArgument (ValueError) naming `name` otherwise, also
-// for an int beyond 64 bits, which must not wrap into range.
-int64_t int_in_range(const py::int_& v, const char* name, int64_t min, int64_t max) {
+// for an int beyond 64 bits, which must not wrap into range. The message states the range as
+// shown_min..max: 0 stands for "the default" where the caller passes it, never the user.
+int64_t int_in_range(const py::int_& v, const char* name, int64_t min, int64_t max,
+                     int64_t shown_min) {
   int overflow = 0;
   const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
   if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
   if (overflow != 0 || x < min || x > max)
     throw InvalidArgument(fmt::format("{}: got {}; allowed: an integer in {}..{}", name,
-                                      std::string(py::str(py::handle(v))), min, max));
+                                      std::string(py::str(py::handle(v))), shown_min, max));
   return x;
 }
 
@@ -127,9 +129,9 @@ int64_t int_in_range(const py::int_& v, const char* name, int64_t min, int64_t m
 // position embeddings, 1024), as `outcore estimate` defaults them.
 py::dict estimate(const JsonInput& cfg_in, const JsonInput& model_in, const py::int_& world,
                   const py::int_& micro, const py::int_& seq, bool activation_checkpointing) {
-  const int64_t world_size = int_in_range(world, "world_size", 1, config::kMaxWorldSize);
-  const int64_t micro_batch = int_in_range(micro, "micro_batch", 0, config::kMaxMicroBatch);
-  const int64_t seq_len = int_in_range(seq, "seq_len", 0, model::kMaxConfigDim);
+  const int64_t world_size = int_in_range(world, "world_size", 1, config::kMaxWorldSize, 1);
+  const int64_t micro_batch = int_in_range(micro, "micro_batch", 0, config::kMaxMicroBatch, 1);
+  const int64_t seq_len = int_in_range(seq, "seq_len", 0, model::kMaxConfigDim, 1);
   config::ParsedConfig parsed = load_config(cfg_in);
   config::Config& cfg = parsed.config;
   const model::LlamaConfig mc = load_model(model_in);

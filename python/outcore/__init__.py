@@ -29,10 +29,31 @@ __all__ = ["aio", "optim", "estimate", "Error", "IoError", "ConfigError", "Inval
            "OutOfMemoryError", "CorruptDataError"]
 
 
+def _non_finite(value, at):
+    """The JSON path and value of the first NaN or infinity in `value`, or None."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return at, value
+    items = value.items() if isinstance(value, dict) else (
+        enumerate(value) if isinstance(value, (list, tuple)) else ())
+    for key, item in items:
+        found = _non_finite(item, f"{at}[{key}]" if isinstance(key, int) else
+                            (f"{at}.{key}" if at else str(key)))
+        if found is not None:
+            return found
+    return None
+
+
 def _json_input(value, what):
     """(text_or_path, is_path) for a path (str or os.PathLike) or a dict."""
     if isinstance(value, dict):
-        return _json.dumps(value), False
+        bad = _non_finite(value, "")
+        if bad is not None:
+            raise ValueError(f"{what}: {bad[0]}: got {bad[1]!r}; JSON has no NaN or infinity: "
+                             "give a finite number")
+        try:
+            return _json.dumps(value, allow_nan=False), False
+        except (TypeError, ValueError) as e:  # a value JSON cannot hold (a set, bytes, ...)
+            raise TypeError(f"{what}: not a JSON document: {e}") from None
     if isinstance(value, (str, _os.PathLike)):
         return _args.path(value, what), True
     raise TypeError(f"{what}: expected a file path or a dict, got {type(value).__name__}")
@@ -66,5 +87,9 @@ def estimate(config_path_or_dict, model_config_path_or_dict, world_size=1, *, mi
     micro_batch = 0 if micro_batch is None else _args.integer(micro_batch, "micro_batch", 1,
                                                               2**63 - 1)
     seq_len = 0 if seq_len is None else _args.integer(seq_len, "seq_len", 1, 2**63 - 1)
+    if not isinstance(activation_checkpointing, bool):  # "no" would be true
+        raise TypeError(f"activation_checkpointing: expected True or False, got "
+                        f"{_args.shown(activation_checkpointing)} "
+                        f"({type(activation_checkpointing).__name__})")
     return _outcore.estimate(cfg, cfg_is_path, model, model_is_path, world_size, micro_batch,
-                             seq_len, bool(activation_checkpointing))
+                             seq_len, activation_checkpointing)

@@ -435,6 +435,9 @@ TEST_F(TokenizeJobTest, BadInputNamesFileAndLineAndTouchesNothing) {
       {"key.jsonl", "{\"text\": \"ok\"}\n{\"other\": 1}\n", "key.jsonl:2: no key \"text\""},
       {"type.jsonl", "{\"text\": 5}\n", "type.jsonl:1: \"text\" is a number, not a string"},
       {"array.jsonl", "[1, 2]\n", "array.jsonl:1: a JSON line must be an object, not an array"},
+      {"pretty.json", "[\n  {\"text\": \"ok\"}\n]\n",
+       "; .json and .jsonl inputs are JSON lines, one object per line, not one JSON array "
+       "(convert it with jq -c '.[]')"},
       {"utf8.jsonl", "{\"text\": \"\xC3\"}\n", "utf8.jsonl:1: ill-formed UTF-8"},
   };
   for (const Case& c : cases) {

@@ -146,6 +146,8 @@ class Estimate(unittest.TestCase):
                 outcore.estimate(CONFIG, MODEL, **kwargs)
             self.assertIn(name, str(cm.exception))
             self.assertIn(str(next(iter(kwargs.values()))), str(cm.exception))
+            # The range said is the one a caller may pass (0 is never allowed here).
+            self.assertNotIn("in 0..", str(cm.exception))
         self.assertEqual(outcore.estimate(CONFIG, MODEL, world_size=1 << 20,
                                           micro_batch=2)["world_size"], 1 << 20)
 
@@ -157,6 +159,25 @@ class Estimate(unittest.TestCase):
             self.assertIn(name, str(cm.exception))
             self.assertIn(repr(value), str(cm.exception))
         self.assertEqual(outcore.estimate(CONFIG, MODEL, micro_batch=None)["world_size"], 1)
+        # activation_checkpointing takes True or False only: "no" would have been true.
+        for value in ("no", 1, None):
+            with self.assertRaises(TypeError, msg=repr(value)) as cm:
+                outcore.estimate(CONFIG, MODEL, activation_checkpointing=value)
+            self.assertIn("activation_checkpointing", str(cm.exception))
+
+    def test_a_dict_with_nan_or_infinity_names_the_key(self):
+        # JSON has neither: the dict's text was refused as "malformed JSON at line 1, column N".
+        for bad, path in ((dict(CONFIG, gradient_clipping=float("nan")), "gradient_clipping"),
+                          (dict(CONFIG, optimizer={"type": "Adam",
+                                                   "params": {"lr": float("inf")}}),
+                           "optimizer.params.lr"),
+                          (dict(CONFIG, x=[1.0, float("-inf")]), "x[1]")):
+            with self.assertRaises(ValueError, msg=path) as cm:
+                outcore.estimate(bad, MODEL)
+            self.assertIn(f"config_path_or_dict: {path}: got", str(cm.exception))
+        with self.assertRaises(TypeError) as cm:
+            outcore.estimate(dict(CONFIG, x={1, 2}), MODEL)
+        self.assertIn("config_path_or_dict: not a JSON document", str(cm.exception))
 
     def test_a_path_with_an_embedded_null_byte_is_refused_not_cut_short(self):
         # The C library stops a path at its first null byte: "ds.json\0junk" would read ds.json.

@@ -174,6 +174,16 @@ TEST(TokenFile, BadMagicAndVersionAreCorrupt) {
   write_bytes(dir.file("m.bin"), llmc_image({1}, 20240326));
   std::string msg = error_of<CorruptData>(dir.file("m.bin"));
   EXPECT_NE(msg.find("bad magic 20240326"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("give the format: u16 for 2-byte ids, u32 for 4-byte ids"), std::string::npos)
+      << msg;
+  // Raw 4-byte ids under a .bin name: the hint names u32 (u16 would read a zero after each).
+  std::vector<uint8_t> raw32;
+  for (uint32_t id = 1; id <= 600; ++id)
+    for (int b = 0; b < 4; ++b) raw32.push_back(static_cast<uint8_t>(id >> (8 * b)));
+  write_bytes(dir.file("raw32.bin"), raw32);
+  msg = error_of<CorruptData>(dir.file("raw32.bin"));
+  EXPECT_NE(msg.find("give the format: u32 (its bytes look like 4-byte ids"), std::string::npos)
+      << msg;
   write_bytes(dir.file("v.bin"), llmc_image({1}, kLlmcMagic, 2));
   EXPECT_NE(error_of<CorruptData>(dir.file("v.bin")).find("version 2"), std::string::npos);
   write_bytes(dir.file("n.bin"), llmc_image({1}, kLlmcMagic, 1, -5));
