@@ -10,6 +10,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -168,7 +172,7 @@ bool holds_metrics_or_nothing(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return false;
   if (st.st_size == 0) return true;
-  std::string head(std::min<off_t>(st.st_size, 1 << 16), '\0');
+  std::string head(std::min<off_t>(st.st_size, 1 << 24), '\0');
   const ssize_t n = ::pread(fd, head.data(), head.size(), 0);
   if (n <= 0) return false;
   head.resize(static_cast<size_t>(n));
@@ -178,9 +182,41 @@ bool holds_metrics_or_nothing(int fd) {
   return first.is_object() && first.contains("type") && first["type"].is_string();
 }
 
+// Where to cut metrics file `fd` for a run resumed at step `resumed_at`: the offset of its
+// first record whose "step" is later, and the number of records from there; -1 when none.
+std::pair<off_t, int64_t> records_after(int fd, int64_t resumed_at) {
+  std::pair<off_t, int64_t> cut{-1, 0};
+  std::string pending;
+  std::vector<char> buf(1 << 20);
+  off_t at = 0, line_start = 0;
+  for (;;) {
+    const ssize_t n = ::pread(fd, buf.data(), buf.size(), at);
+    if (n <= 0) break;
+    at += n;
+    pending.append(buf.data(), static_cast<size_t>(n));
+    size_t begin = 0;
+    for (size_t eol; (eol = pending.find('\n', begin)) != std::string::npos; begin = eol + 1) {
+      if (cut.first >= 0) {
+        ++cut.second;
+      } else {
+        const nlohmann::json r = nlohmann::json::parse(
+            std::string_view(pending).substr(begin, eol - begin), nullptr, false);
+        if (r.is_object() && r.contains("step") && r["step"].is_number_integer() &&
+            r["step"].get<int64_t>() > resumed_at) {
+          cut = {line_start, 1};
+        }
+      }
+      line_start += static_cast<off_t>(eol + 1 - begin);
+    }
+    pending.erase(0, begin);
+  }
+  return cut;
+}
+
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append, int64_t resumed_at)
+    : path_(path), resumed_at_(resumed_at) {
   // Read too where it is a file (its first line is checked): a device or FIFO only written.
   struct stat st {};
   const bool missing = ::stat(path.c_str(), &st) != 0;
@@ -217,7 +253,11 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
         "{}: exists and is not a metrics file (its first line is not a JSON record with a "
         "\"type\"): a run {} only a metrics file; move it away or name another file",
         path, append ? "appends to" : "replaces")));
-  if (append) return;
+  if (append) {
+    // Cut at the first record: a run that fails to start leaves the file as it was.
+    if (resumed_at >= 0) std::tie(cut_at_, cut_records_) = records_after(fd_, resumed_at);
+    return;
+  }
   // Emptied at the first record: a run that fails to start leaves the file as it was.
   empty_first_ = st.st_size > 0;
 }
@@ -240,6 +280,14 @@ void MetricsWriter::write_json(const nlohmann::ordered_json& record) {
   if (empty_first_) {
     if (::ftruncate(fd_, 0) != 0) throw IoError(path_, errno, "truncate metrics file");
     empty_first_ = false;
+  }
+  if (cut_at_ >= 0) {
+    if (::ftruncate(fd_, cut_at_) != 0) throw IoError(path_, errno, "truncate metrics file");
+    log::warn(
+        "{}: {} records from the first of a step after {} on removed: an earlier run went on "
+        "past the checkpoint this run resumes, and this run records those steps again",
+        path_, cut_records_, resumed_at_);
+    cut_at_ = -1;
   }
   wrote_ = true;
   std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

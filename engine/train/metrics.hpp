@@ -114,7 +114,11 @@ class MetricsWriter {
   // line a JSON record with a "type"), appending or not: a user's file is never touched. The
   // file is emptied at the first record, not before; one this created is removed
   // again when destroyed without a record (while its name still names it).
-  explicit MetricsWriter(const std::string& path, bool append = false);
+  // `resumed_at` >= 0 (appending for a run resumed at that step): the records of steps after
+  // it, which an earlier process wrote before it stopped, are cut from the file at the first
+  // record (as TensorBoard's purge_step does), so that each step is recorded once; a warning
+  // says how many. The cut is at the first record of a later step: everything after it goes.
+  explicit MetricsWriter(const std::string& path, bool append = false, int64_t resumed_at = -1);
   // Closes, swallowing errors; call close() to see them.
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
@@ -135,8 +139,11 @@ class MetricsWriter {
 
   std::string path_;
   bool empty_first_ = false;  // the file is emptied before the first record
-  bool created_ = false;      // by this writer: removed again if it writes no record
-  bool wrote_ = false;        // a record was written (or tried)
+  off_t cut_at_ = -1;         // >= 0: the file is cut there before the first record
+  int64_t cut_records_ = 0;   // records after cut_at_
+  int64_t resumed_at_ = -1;
+  bool created_ = false;  // by this writer: removed again if it writes no record
+  bool wrote_ = false;    // a record was written (or tried)
   int fd_ = -1;
 };
 

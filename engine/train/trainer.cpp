@@ -200,7 +200,8 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   const std::string metrics_path =
       opts_.metrics_file.empty() ? cfg_.outcore.metrics_file : opts_.metrics_file;
   if (!metrics_path.empty() && rank() == 0)  // rank 0 writes for the job
-    metrics_writer_.emplace(metrics_path, /*append=*/!resumed_from_.empty());
+    metrics_writer_.emplace(metrics_path, /*append=*/!resumed_from_.empty(),
+                            ck ? ck->manifest().step : -1);
   if (!opts_.save_dir.empty()) {
     // Rank 0 locks, checks and cleans the directory before the other ranks use it.
     ckpt::SaveDirOptions so{.keep = opts_.keep,

@@ -17,12 +17,18 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/train/temp_dir.hpp"
 
 namespace outcore::train {
 namespace {
 
 using testing::TempDir;
+
+std::string whole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 StepMetrics sample() {
   StepMetrics m;
@@ -217,6 +223,40 @@ TEST(MetricsWriter, AppendKeepsEarlierRecordsTruncateDoesNot) {
   EXPECT_EQ(read_lines(path).size(), 2u);
   { MetricsWriter(path).write(sample()); }
   EXPECT_EQ(read_lines(path).size(), 1u);
+}
+
+// A run resumed at step N cuts the records an earlier process wrote after step N (it went on
+// past the checkpoint), from the first of them on, at its first record: each step is recorded
+// once. A run refused before its first record leaves the file as it was.
+TEST(MetricsWriter, AResumedRunCutsTheRecordsOfStepsAfterItsCheckpoint) {
+  TempDir dir;
+  const std::string path = dir.file("m.jsonl");
+  {
+    MetricsWriter w(path);
+    w.write_json({{"type", "start"}});
+    for (int step = 1; step <= 5; ++step) w.write_json({{"type", "step"}, {"step", step}});
+    w.write_json({{"type", "val"}, {"step", 4}});
+  }
+  const std::string before = whole(path);
+  { MetricsWriter refused(path, /*append=*/true, /*resumed_at=*/2); }
+  EXPECT_EQ(whole(path), before);
+  {
+    outcore::test::LogCapture log;
+    MetricsWriter w(path, /*append=*/true, /*resumed_at=*/2);
+    w.write_json({{"type", "start"}, {"resumed_at_step", 2}});
+    w.write_json({{"type", "step"}, {"step", 3}});
+    EXPECT_NE(log.text().find("4 records from the first of a step after 2 on removed"),
+              std::string::npos)
+        << log.text();
+  }
+  std::vector<int64_t> steps;
+  for (const std::string& line : read_lines(path))
+    steps.push_back(nlohmann::json::parse(line).value("step", int64_t{-1}));
+  EXPECT_EQ(steps, (std::vector<int64_t>{-1, 1, 2, -1, 3}));
+  // Resumed at the last step recorded: nothing to cut.
+  const std::string now = whole(path);
+  { MetricsWriter(path, true, 3).write_json({{"type", "start"}}); }
+  EXPECT_EQ(whole(path).substr(0, now.size()), now);
 }
 
 // A fresh run replaces a metrics file, never a user's other file at that path (kept whole,
