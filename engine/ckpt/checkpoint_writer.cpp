@@ -454,8 +454,15 @@ void SaveDir::check_room(uint64_t bytes, int64_t saves, const WriterOptions& hoo
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(dir_, ec))
     if (step_of_tag(e.path().filename().string()) >= 0 && is_checkpoint_dir(e.path())) ++here;
-  const int64_t at_once = options_.keep > 0 ? std::min<int64_t>(saves, options_.keep + 1) : 1;
-  const int64_t added = std::max<int64_t>(1, at_once - here);
+  // Checkpoints this run adds before its pruning keeps their number level. Those here stay
+  // while it continues them (kept among the newest K); another run's, replaced, go after the
+  // first save.
+  const bool replaced = options_.existing == ExistingCheckpoints::kReplace;
+  const int64_t keep = options_.keep;
+  const int64_t added = keep <= 0 ? 1
+                        : replaced
+                            ? std::max<int64_t>(1, std::min<int64_t>(saves, keep + 1) - here)
+                            : std::max<int64_t>(1, std::min<int64_t>(saves, keep + 1 - here));
   const uint64_t fits = *free_bytes / bytes;
   if (fits < static_cast<uint64_t>(added))
     throw OutOfMemory(fmt::format(
@@ -469,12 +476,13 @@ void SaveDir::check_room(uint64_t bytes, int64_t saves, const WriterOptions& hoo
                   : std::string(),
         fits == 0 ? "the first save would fail after the training"
                   : fmt::format("save {} would fail", fits + 1)));
-  if (options_.keep == 0 && fits < static_cast<uint64_t>(saves))
+  const uint64_t room = fits + (replaced ? static_cast<uint64_t>(here) : 0);
+  if (keep == 0 && room < static_cast<uint64_t>(saves))
     log::warn(
         "save directory {}: the filesystem has room for {} of this run's {} checkpoints of {:.1f} "
         "MiB, and every one is kept: save {} will fail unless space is freed (--keep K keeps the "
         "newest K)",
-        dir_.string(), fits, saves, mib(bytes), fits + 1);
+        dir_.string(), room, saves, mib(bytes), room + 1);
 }
 
 void SaveDir::remove_checkpoint(const std::string& tag, const WriterOptions& hooks,

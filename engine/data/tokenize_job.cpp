@@ -1,5 +1,6 @@
 #include "engine/data/tokenize_job.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <tbb/parallel_for.h>
@@ -11,12 +12,15 @@
 #include <bit>
 #include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
+#include <string_view>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -271,18 +275,79 @@ std::string link_aside(const std::string& path) {
   }
 }
 
+// The commit marker's first line (tokenize_commit_marker): a file there without it is not a job's.
+constexpr std::string_view kCommitMarkerText = "outcore tokenize commit\n";
+
+// fsyncs the directory holding `path` (a rename or unlink there is durable then).
+void fsync_parent(const std::string& path) {
+  const fs::path dir = fs::absolute(path).parent_path();
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+// Writes the commit marker `path` durably: its text, the pid, and the files a kill could leave
+// (`leftovers`: the earlier mask's second name and the temporaries), which the next job removes.
+void write_commit_marker(const std::string& path, const std::vector<std::string>& leftovers) {
+  std::string text(kCommitMarkerText);
+  text += fmt::format("pid {}\n", ::getpid());
+  for (const std::string& l : leftovers)
+    if (!l.empty()) text += "leftover " + l + "\n";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) throw IoError(path, errno, "create the tokenize commit marker");
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                  ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(path.c_str());
+    throw IoError(path, err, "write the tokenize commit marker");
+  }
+  fsync_parent(path);
+}
+
+// A commit marker found at the start of a job: the pid that wrote it and the leftovers it names.
+struct FoundMarker {
+  pid_t pid = 0;
+  std::vector<std::string> leftovers;
+};
+std::optional<FoundMarker> read_commit_marker(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return std::nullopt;
+  if (!fs::is_regular_file(fs::symlink_status(path, ec)))
+    throw InvalidArgument(fmt::format(
+        "{} is where this job keeps its commit marker, and it is not a file: move it away", path));
+  const std::string text = read_whole_file(path, "tokenize commit marker", 1 << 20);
+  if (!text.starts_with(kCommitMarkerText))
+    throw InvalidArgument(fmt::format(
+        "{} is where this job keeps its commit marker, and it holds something else: move it "
+        "away or choose another --out",
+        path));
+  FoundMarker m;
+  std::istringstream in(text.substr(kCommitMarkerText.size()));
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("pid ")) m.pid = static_cast<pid_t>(std::atol(line.c_str() + 4));
+    if (line.starts_with("leftover ")) m.leftovers.push_back(line.substr(9));
+  }
+  return m;
+}
+
 // Appends tokens to the token file (and mask), counting; checks what llm.c can hold.
 class OutputWriter {
  public:
   // `stale_mask`: a loss mask an earlier job wrote beside the token file this one replaces
   // without a mask (removed at commit, before the token file is renamed into place: the mask
   // of other tokens never pairs with these); empty when there is none.
+  // `interrupted`: the marker of a job killed while committing into these outputs (its
+  // leftovers are removed, and the marker, once this job's pair is in place).
   OutputWriter(const std::vector<std::string>& outputs, bool llmc, bool mask,
-               std::string stale_mask, FileId stale_mask_id)
+               std::string stale_mask, FileId stale_mask_id, std::optional<FoundMarker> interrupted)
       : llmc_(llmc),
         tokens_(outputs[0]),
         stale_mask_(std::move(stale_mask)),
-        stale_mask_id_(stale_mask_id) {
+        stale_mask_id_(stale_mask_id),
+        interrupted_(std::move(interrupted)) {
     if (mask) mask_.emplace(outputs[1]);
     if (llmc_) {
       const std::array<int32_t, kLlmcHeaderInts> header{};
@@ -331,6 +396,24 @@ class OutputWriter {
     if (mask_) mask_->finish();
     const std::string mask_path = mask_ ? mask_->target() : stale_mask_;
     const std::string aside = mask_path.empty() ? std::string() : link_aside(mask_path);
+    // Two files change: a marker says so until both have (a kill in between leaves it).
+    const std::string marker = mask_path.empty() && !interrupted_
+                                   ? std::string()
+                                   : tokenize_commit_marker(tokens_.target());
+    if (!marker.empty()) {
+      try {
+        write_commit_marker(marker, {aside, tokens_.temporary(), mask_ ? mask_->temporary() : ""});
+      } catch (...) {
+        if (!aside.empty()) ::unlink(aside.c_str());
+        throw;
+      }
+    }
+    auto remove_marker = [&] {
+      if (marker.empty()) return;
+      if (::unlink(marker.c_str()) != 0 && errno != ENOENT)
+        log::warn("tokenize: cannot remove the commit marker {}: {}", marker, std::strerror(errno));
+      fsync_parent(marker);
+    };
     try {
       if (mask_) mask_->commit();
       if (!stale_mask_.empty()) {
@@ -366,9 +449,12 @@ class OutputWriter {
       } else if (!aside.empty()) {
         ::unlink(aside.c_str());
       }
+      remove_marker();  // the earlier pair, or the new one, is in place again
       throw;
     }
     if (!aside.empty()) ::unlink(aside.c_str());
+    if (interrupted_) remove_leftovers(*interrupted_);
+    remove_marker();
   }
   uint64_t count() const { return count_; }
   uint64_t targets() const { return targets_; }
@@ -376,8 +462,27 @@ class OutputWriter {
  private:
   bool llmc_;
   StagedFile tokens_;
+  // What a killed job's marker names: only names that job made beside these outputs (its
+  // temporaries "<output>.tmp-<pid>..." and the mask's second name "<mask>.old-<pid>...").
+  void remove_leftovers(const FoundMarker& m) const {
+    const std::string mask = fs::path(tokens_.target()).replace_extension(".mask").string();
+    for (const std::string& l : m.leftovers) {
+      bool ours = false;
+      for (const std::string& base : {tokens_.target(), mask})
+        for (const char* kind : {".tmp-", ".old-"}) {
+          const std::string head = base + kind + std::to_string(m.pid);
+          ours =
+              ours || (l.starts_with(head) && (l.size() == head.size() || l[head.size()] == '-'));
+        }
+      std::error_code ec;
+      if (ours && fs::is_regular_file(fs::symlink_status(l, ec)) && ::unlink(l.c_str()) == 0)
+        log::warn("tokenize: removed {}, left by the job that was stopped", l);
+    }
+  }
+
   std::string stale_mask_;
   FileId stale_mask_id_;  // the file at stale_mask_ when the job started
+  std::optional<FoundMarker> interrupted_;
   std::optional<StagedFile> mask_;
   std::vector<uint16_t> narrow_;
   uint64_t count_ = 0, targets_ = 0;
@@ -401,6 +506,23 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
   DocumentReader reader(options.inputs, {.doc_per_file = options.doc_per_file,
                                          .chunk_bytes = options.chunk_bytes,
                                          .max_document_bytes = options.max_document_bytes});
+  // A job killed while putting its token file and mask in place left its marker: a job still
+  // running is not raced; a dead one's pair may be mixed, and this job replaces both (its mask,
+  // old or new, is the dead job's to remove), removing what it left.
+  const std::string marker = tokenize_commit_marker(outputs[0]);
+  const std::optional<FoundMarker> interrupted = read_commit_marker(marker);
+  if (interrupted) {
+    if (interrupted->pid > 0 && interrupted->pid != ::getpid() &&
+        (::kill(interrupted->pid, 0) == 0 || errno != ESRCH))
+      throw InvalidArgument(fmt::format(
+          "{}: a tokenize job (pid {}) is putting {} in place: wait for it to end, or choose "
+          "another --out",
+          marker, interrupted->pid, outputs[0]));
+    log::warn(
+        "tokenize: {}: a job (pid {}) was stopped while putting {} and its loss mask in place, "
+        "which may not belong together: this job replaces both",
+        marker, interrupted->pid, outputs[0]);
+  }
   // PREFIX.mask is the loss mask of PREFIX.bin or PREFIX.u32 (the data loader pairs it with
   // either): with the token file of the other extension beside it, it may be that file's, which
   // this job must neither replace nor remove.
@@ -426,7 +548,7 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
           mask));
     const std::optional<uint64_t> count = token_count_of(outputs[0], llmc);
     const uintmax_t mask_bytes = fs::file_size(mask, ec);
-    if (!count || ec || mask_bytes != *count)
+    if (!interrupted && (!count || ec || mask_bytes != *count))
       throw InvalidArgument(fmt::format(
           "{} is not the loss mask of a token file this job replaces ({}): it would be taken as "
           "the new tokens' mask; move it away or choose another --out",
@@ -446,7 +568,7 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
             "choose another --out",
             in));
   }
-  OutputWriter writer(outputs, llmc, encoder.pairs(), stale_mask, stale_mask_id);
+  OutputWriter writer(outputs, llmc, encoder.pairs(), stale_mask, stale_mask_id, interrupted);
 
   TokenizeProgress progress;
   auto last_report = start;

@@ -105,4 +105,17 @@ std::vector<std::string> tokenize_outputs(const TokenizeOptions& options, uint64
 // set. Nothing is left behind by a failure.
 TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOptions& options);
 
+// The marker a job keeps beside its outputs while it puts the token file and the loss mask in
+// place (two renames, or a rename and the stale mask's removal): token file "data/sft.bin" ->
+// "data/sft.tokenize-commit". Written durably before the first, removed after the last; one left
+// by a job killed in between says the pair may not belong together: `outcore train` refuses the
+// token file while it is there, and the next job into the prefix replaces both files and removes
+// it (a job whose pid still runs is waited for by refusing to start).
+inline std::string tokenize_commit_marker(const std::string& token_path) {
+  const size_t slash = token_path.rfind('/');
+  const size_t dot = token_path.rfind('.');
+  const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash + 1);
+  return (has_ext ? token_path.substr(0, dot) : token_path) + ".tokenize-commit";
+}
+
 }  // namespace outcore::data

@@ -210,6 +210,9 @@ std::pair<off_t, int64_t> records_after(int fd, int64_t resumed_at) {
     }
     pending.erase(0, begin);
   }
+  // A last record cut short (a crash while writing it): cut too, or the next record would
+  // continue its line.
+  if (cut.first < 0 && !pending.empty()) cut = {line_start, 1};
   return cut;
 }
 
@@ -237,7 +240,9 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append, int64_t resum
   };
   // One run at a time: another one's records would interleave with these, and a fresh run
   // would cut them.
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
+    locked_ = true;
+  } else {
     if (errno == EWOULDBLOCK)
       fail(PathBusy(path,
                     "lock metrics file (another run is writing it: give each run its own "
@@ -269,10 +274,11 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::remove_if_unwritten() noexcept {
-  // A run that never started leaves nothing: the file this created, while still locked, and
-  // only if the path still names it (a file moved there since is someone else's).
+  // A run that never started leaves nothing: the file this created, while it holds the lock
+  // (one that lost the lock to another run leaves that run's file), and only if the path still
+  // names it (a file moved there since is someone else's).
   FileId mine;
-  if (created_ && !wrote_ && file_id_of(fd_, mine)) unlink_if_same(path_, mine);
+  if (created_ && locked_ && !wrote_ && file_id_of(fd_, mine)) unlink_if_same(path_, mine);
 }
 
 void MetricsWriter::write_json(const nlohmann::ordered_json& record) {

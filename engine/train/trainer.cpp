@@ -15,6 +15,7 @@
 #include "common/log.hpp"
 #include "common/open_file.hpp"
 #include "engine/comm/local_comm.hpp"
+#include "engine/data/tokenize_job.hpp"
 #include "engine/device/device.hpp"
 #include "engine/train/checkpointing.hpp"
 
@@ -302,8 +303,25 @@ double Trainer::sum_in_global_order(std::span<const float> values, int64_t count
   return sum;
 }
 
+namespace {
+// A token file `outcore tokenize` was killed while putting in place with its mask (its commit
+// marker is beside it): the two may not belong together. InvalidArgument naming both.
+void refuse_interrupted_tokenize(const std::string& path) {
+  if (path.empty()) return;
+  const std::string marker = data::tokenize_commit_marker(path);
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::symlink_status(marker, ec)))
+    throw InvalidArgument(fmt::format(
+        "{}: `outcore tokenize` was stopped while putting it and its loss mask in place ({} is "
+        "there): they may not belong together; run the tokenize job again into that --out",
+        path, marker));
+}
+}  // namespace
+
 void Trainer::open_data() {
   if (opts_.train_data.empty()) throw InvalidArgument("no training data file given");
+  refuse_interrupted_tokenize(opts_.train_data);
+  refuse_interrupted_tokenize(opts_.val_data);
   auto train_file =
       std::make_shared<const TokenFile>(TokenFile::open(opts_.train_data, opts_.token_format));
   auto open_mask = [](const std::string& path, const TokenFile& tokens) {
@@ -744,6 +762,8 @@ TrainResult Trainer::run() {
   auto save = [&] {
     ckpt::SaveResult r;
     const std::optional<std::string> latest_before = save_dir_->latest();
+    const bool there_before =
+        ckpt::is_checkpoint_dir(save_dir_->path() / ckpt::tag_for_step(steps_done_));
     try {
       r = save_checkpoint();
     } catch (const Error& e) {
@@ -756,7 +776,7 @@ TrainResult Trainer::run() {
             "{} (it may not survive a crash of the machine; check the drive)",
             tag, save_dir_->path().string(), e.what()));
       // The first save, written but not named latest: a resume of the directory reads it.
-      if (!kept && ckpt::is_checkpoint_dir(save_dir_->path() / tag))
+      if (!kept && !there_before && ckpt::is_checkpoint_dir(save_dir_->path() / tag))
         throw Error(fmt::format(
             "checkpoint {} is written into {}, but its save did not complete: {}; --resume {} "
             "reads it (check the drive: it may not survive a crash of the machine)",

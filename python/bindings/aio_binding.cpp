@@ -74,43 +74,38 @@ struct Opened {
 
 // Opens `path` as `oo` says (its create and exclusive are ignored). A write creates the file
 // (mode 0600) when it is missing, first with O_EXCL, so that `created` says whether this open
-// made it even where another process creates it at the same moment. A write's open is passed
-// to `record` (the open file, whether it created it) while `registry` is locked, the exclusive
-// create and its record under one lock: a write of another thread that opens the file this one
-// created records its open after this one's (see CreatedFiles). An open failure is reported
-// with the offset and length of the request.
+// made it even where another process creates it at the same moment. A write's whole open runs
+// with `registry` locked and is passed to `record` (the open file, whether it created it) before
+// the lock goes: a failed write of another thread, which removes the file it created under the
+// same lock, either sees this open recorded (the file is shared, and kept) or removed the file
+// before this open, which then creates it anew (see CreatedFiles). The opens are quick (a regular
+// file; a FIFO or directory is refused without waiting). An open failure is reported with the
+// offset and length of the request.
 Opened open_file(const std::string& path, aio::OpenOptions oo, uint64_t offset, uint64_t bytes,
                  std::mutex& registry, const std::function<void(const Opened&)>& record) {
   const bool write = oo.access == aio::Access::kWrite;
   oo.create = oo.exclusive = false;
-  auto recorded = [&](Opened o) {
-    if (write) {
-      const std::lock_guard lock(registry);
-      record(o);
-    }
-    return o;
-  };
   try {
+    if (!write) return {aio::File::open(path, oo), false};
+    const std::lock_guard lock(registry);
+    Opened o;
     try {
-      return recorded({aio::File::open(path, oo), false});
+      o = {aio::File::open(path, oo), false};
     } catch (const IoError& e) {
-      if (!write || e.error_number() != ENOENT) throw;
-    }
-    oo.create = oo.exclusive = true;
-    {
-      const std::lock_guard lock(registry);
+      if (e.error_number() != ENOENT) throw;
+      oo.create = oo.exclusive = true;
       try {
-        Opened o{aio::File::open(path, oo), true};
-        record(o);
-        return o;
-      } catch (const IoError& e) {
-        if (e.error_number() != EEXIST) throw;
+        o = {aio::File::open(path, oo), true};
+      } catch (const IoError& e2) {
+        if (e2.error_number() != EEXIST) throw;
+        // A dangling symbolic link (O_EXCL does not follow it): opened as before, with
+        // O_CREAT, and not counted as created by this open.
+        oo.exclusive = false;
+        o = {aio::File::open(path, oo), false};
       }
     }
-    // Created meanwhile, or a dangling symbolic link (O_EXCL does not follow it): opened as
-    // before, with O_CREAT, and not counted as created by this open.
-    oo.exclusive = false;
-    return recorded({aio::File::open(path, oo), false});
+    record(o);
+    return o;
   } catch (const IoError& e) {
     throw IoError(path, offset, bytes, e.error_number(),
                   write ? "open for writing" : "open for reading");
@@ -155,6 +150,22 @@ CreatedFiles& created_files() {
   return *files;
 }
 
+// The registry's lock, taken without blocking while holding the GIL: a thread may hold the
+// lock across a write's open (open_file), which must not stop the interpreter's other threads.
+// Every wait for the lock with the GIL held goes through here, so that no thread ever waits for
+// the lock while holding the GIL (the holder may be waiting for the GIL).
+std::unique_lock<std::mutex> lock_registry() {
+  std::unique_lock lock(created_files().mutex, std::try_to_lock);
+  if (lock.owns_lock()) return lock;
+  if (PyGILState_Check() == 0) {
+    lock.lock();
+    return lock;
+  }
+  py::gil_scoped_release nogil;
+  lock.lock();
+  return lock;
+}
+
 // For a read waited at once: throws the end-of-file IoError its wait would raise, before
 // anything is read, when `file` is a regular file that ends before offset + bytes (the engine
 // would store the bytes before the end of the file first).
@@ -176,9 +187,8 @@ class AioHandle {
   AioHandle(const aio::Options& options, const std::string& o_direct,
             const std::vector<FaultSpec>& faults)
       : direct_(parse_direct(o_direct)), engine_(options, make_backend(faults)) {
-    CreatedFiles& all = created_files();
-    const std::lock_guard lock(all.mutex);
-    serial_ = all.next_handle++;
+    const auto lock = lock_registry();
+    serial_ = created_files().next_handle++;
   }
 
   // Waits for every request still in flight (errors logged, not raised; a file a failed write
@@ -200,7 +210,7 @@ class AioHandle {
     pending_.clear();
     // Writes that succeeded but were never waited: their files are no longer this handle's.
     CreatedFiles& all = created_files();
-    const std::lock_guard lock(all.mutex);
+    const auto lock = lock_registry();
     all.writes.erase(all.writes.lower_bound({serial_, 0}),
                      all.writes.lower_bound({serial_ + 1, 0}));
   }
@@ -330,14 +340,14 @@ class AioHandle {
   // After request `id` succeeded: the file it created is no longer one to remove.
   void forget_created(uint64_t id) {
     CreatedFiles& all = created_files();
-    const std::lock_guard lock(all.mutex);
+    const auto lock = lock_registry();
     all.writes.erase({serial_, id});
   }
 
   // After request `id` failed: removes the file it created, if any and not shared.
   void remove_if_created(uint64_t id) {
     CreatedFiles& all = created_files();
-    const std::lock_guard lock(all.mutex);
+    const auto lock = lock_registry();
     auto it = all.writes.find({serial_, id});
     if (it == all.writes.end()) return;
     if (!it->second.shared) remove_created(it->second.path, it->second.file);

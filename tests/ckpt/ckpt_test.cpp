@@ -396,6 +396,18 @@ TEST(CkptFaults, AFirstSaveKilledBeforeLatestStillOpensAtItsCheckpoint) {
   // An empty directory, or one holding only other files, is still neither.
   fs::create_directories(tmp / "other" / "global_step3");
   EXPECT_THROW(Checkpoint::open(tmp / "other"), InvalidArgument);
+  // The newest by step, not by name (global_step9 sorts after global_step10), warned once.
+  {
+    SaveDir two(tmp / "two");
+    write_synthetic(two, "global_step9", 1);
+    write_synthetic(two, "global_step10", 1);
+  }
+  fs::remove(tmp / "two" / "latest");
+  outcore::test::LogCapture log;
+  EXPECT_EQ(Checkpoint::open(tmp / "two").dir(), tmp / "two" / "global_step10");
+  EXPECT_EQ(Checkpoint::open(tmp / "two").dir(), tmp / "two" / "global_step10");
+  EXPECT_EQ(outcore::test::LogCapture::count(log.text(), "the newest checkpoint there"), 1u)
+      << log.text();
 }
 
 // A checkpoint under another step's name (renamed by hand) is refused, naming both, instead of
@@ -733,6 +745,15 @@ TEST(CkptSaveDir, KeepNeedsRoomForOneMoreThanItKeeps) {
   EXPECT_NO_THROW(dir.check_room(400, 2, hooks));  // a run of two saves never holds three
   write_synthetic(dir, "global_step1", 1);
   EXPECT_NO_THROW(dir.check_room(400, 3, hooks));  // one is here already: two more fit
+  write_synthetic(dir, "global_step2", 1);
+  // Two here and two saves with keep 2: three at once, one more: fits.
+  EXPECT_NO_THROW(dir.check_room(900, 2, hooks));
+  // keep 3, two here, two saves: four at once, two more: 400 fits twice, 600 once.
+  SaveDir keep3(tmp / "save3", SaveDirOptions{.keep = 3});
+  write_synthetic(keep3, "global_step1", 1);
+  write_synthetic(keep3, "global_step2", 1);
+  EXPECT_NO_THROW(keep3.check_room(400, 2, hooks));
+  EXPECT_THROW(keep3.check_room(600, 2, hooks), OutOfMemory);
 }
 
 // A checkpoint someone put a file into (notes, an evaluation's results, an export) is the

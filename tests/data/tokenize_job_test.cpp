@@ -6,6 +6,7 @@
 #include "engine/data/tokenize_job.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <random>
@@ -243,6 +244,54 @@ TEST_F(TokenizeJobTest, APairIsEncodedAsOneSequenceUnderATemplateEndingInEos) {
   const TokenizeResult plain =
       run_tokenize_job(tok, options({input("t.txt", "the end\n")}, "bos_eos_text"));
   EXPECT_EQ(tokens_of(plain.token_file), text);
+}
+
+// A job killed between putting its token file and its mask in place leaves its commit marker
+// (tokenize_commit_marker): the next job into the prefix replaces both, removing the mask
+// whatever its size and what the killed job left; a marker of a job still running, or a file
+// there that is not a marker, stops the job.
+TEST_F(TokenizeJobTest, AJobKilledWhileCommittingIsRepairedByTheNext) {
+  TokenizeOptions o =
+      options({input("sft.jsonl", "{\"q\": \"the question\", \"a\": \"an answer\"}\n")}, "k");
+  o.prompt_key = "q";
+  o.completion_key = "a";
+  const TokenizeResult r = run_tokenize_job(*tokenizer_, o);
+  const std::string marker = tokenize_commit_marker(r.token_file);
+  EXPECT_EQ(marker, (dir_ / "k.tokenize-commit").string());
+  EXPECT_FALSE(fs::exists(marker));  // gone after a commit
+  // A killed job's state: another mask (a size the token file does not have), its marker, and
+  // its leftovers; a pid that runs no more.
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  waitpid(dead, nullptr, 0);
+  const std::string pid = std::to_string(dead);
+  test::write_file(r.mask_file, "\x01\x01\x01");
+  const std::string aside = r.mask_file + ".old-" + pid, temp = r.token_file + ".tmp-" + pid;
+  const std::string not_named = (dir_ / ("k.other.tmp-" + pid)).string();
+  for (const std::string& f : {aside, temp, not_named}) test::write_file(f, "left");
+  test::write_file(marker, "outcore tokenize commit\npid " + pid + "\nleftover " + aside +
+                               "\nleftover " + temp + "\nleftover " + not_named + "\n");
+  const std::string text = input("t.txt", "the end\n");
+  const TokenizeResult again = run_tokenize_job(*tokenizer_, options({text}, "k"));
+  EXPECT_EQ(again.removed_mask, r.mask_file);
+  EXPECT_FALSE(fs::exists(r.mask_file));
+  EXPECT_FALSE(fs::exists(marker));
+  EXPECT_FALSE(fs::exists(aside));
+  EXPECT_FALSE(fs::exists(temp));
+  EXPECT_TRUE(fs::exists(not_named));  // named by the marker, but not a name the job makes
+  EXPECT_EQ(tokens_of(again.token_file), doc("the end"));
+  // A marker whose job still runs (this process's parent) stops the job; so does a file there
+  // that is not a marker. Both are kept, as is the token file.
+  const std::string before = test::slurp(again.token_file);
+  for (const std::string& content :
+       {"outcore tokenize commit\npid " + std::to_string(getppid()) + "\n",
+        std::string("the user's notes\n")}) {
+    test::write_file(marker, content);
+    EXPECT_THROW(run_tokenize_job(*tokenizer_, options({text}, "k")), InvalidArgument);
+    EXPECT_EQ(test::slurp(marker), content);
+    EXPECT_EQ(test::slurp(again.token_file), before);
+  }
 }
 
 // Plain text written over pairs' output: the pairs' mask goes (train would otherwise pair it

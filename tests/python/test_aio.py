@@ -557,6 +557,46 @@ class FailuresLeaveNoTrace(AioTest):
             first.wait()
         self.assertEqual(file_bytes(new, 4096, 2 * 4096), as_bytes(src[4096:]))
 
+    def test_a_failed_write_racing_another_threads_write_keeps_that_write(self):
+        # Two handles on two threads write one new path at once; B's write fails (EFBIG). A's
+        # successful write must be there afterwards: B's clean-up once removed the file A had
+        # just opened (a few tries in a hundred) when A's open was recorded after it.
+        a, b = aio.Handle(), aio.Handle()
+        ones = torch.full((1024,), 7, dtype=torch.uint8)
+        big = torch.full((4096,), 9, dtype=torch.uint8)
+        lost = []
+        for i in range(400):
+            path = self.path(f"race{i}.bin")
+            barrier = threading.Barrier(2)
+            result = {}
+
+            def write_a():
+                barrier.wait()
+                try:
+                    a.sync_pwrite(ones, path)
+                    result["a"] = True
+                except outcore.IoError:
+                    result["a"] = False
+
+            def write_b():
+                barrier.wait()
+                try:
+                    b.sync_pwrite(big, path, 2**62)
+                except outcore.IoError:
+                    pass
+
+            threads = [threading.Thread(target=write_a), threading.Thread(target=write_b)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if result["a"] and (not os.path.exists(path) or
+                                file_bytes(path, 0, 1024) != as_bytes(ones)):
+                lost.append(i)
+            if os.path.exists(path):
+                os.unlink(path)
+        self.assertEqual(lost, [], "successful writes whose file a failed write removed")
+
 class Leaks(AioTest):
     def test_no_fd_or_pinned_memory_leaks_over_1000_calls(self):
         h = aio.Handle(block_size=4096)

@@ -155,7 +155,8 @@ TEST_F(Doctor, TheSwapPathProbeNeverTouchesAFileItDidNotCreate) {
   EXPECT_NE(line_of(r.out, "nvme path").find("O_DIRECT works"), std::string::npos) << r.out;
 }
 
-// A swap path with no space left is a failure, not a missing O_DIRECT. Needs a small tmpfs
+// A swap path with little space is a warning, and with none left a failure, not a missing
+// O_DIRECT. Needs a small tmpfs
 // (mount privileges, as root in CI).
 TEST_F(Doctor, AFullSwapPathFailsWithExitOne) {
   const std::filesystem::path full = dir_ / "full";
@@ -163,6 +164,11 @@ TEST_F(Doctor, AFullSwapPathFailsWithExitOne) {
   if (std::system(("mount -t tmpfs -o size=64k tmpfs " + full.string() + " 2>/dev/null").c_str()) !=
       0)
     GTEST_SKIP() << "cannot mount a tmpfs here (needs root and mount privileges)";
+  // Room for almost nothing: a warning saying so (it said "ok").
+  const DoctorRun small = doctor("--pinned-mb 0 --nvme-path " + full.string());
+  EXPECT_NE(line_of(small.out, "nvme path").find(" warn "), std::string::npos) << small.out;
+  EXPECT_NE(line_of(small.out, "nvme path").find("under 1.0 GiB free"), std::string::npos)
+      << small.out;
   {
     std::ofstream fill(full / "fill", std::ios::binary);
     const std::string block(4096, 'x');

@@ -257,6 +257,11 @@ TEST(MetricsWriter, AResumedRunCutsTheRecordsOfStepsAfterItsCheckpoint) {
   const std::string now = whole(path);
   { MetricsWriter(path, true, 3).write_json({{"type", "start"}}); }
   EXPECT_EQ(whole(path).substr(0, now.size()), now);
+  // A last record cut short by a crash is cut, so the next record starts its own line.
+  const std::string whole_records = whole(path);
+  std::ofstream(path, std::ios::app) << "{\"type\": \"step\", \"st";
+  { MetricsWriter(path, true, 3).write_json({{"type", "start"}}); }
+  EXPECT_EQ(whole(path), whole_records + "{\"type\":\"start\"}\n");
 }
 
 // A fresh run replaces a metrics file, never a user's other file at that path (kept whole,

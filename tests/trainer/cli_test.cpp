@@ -25,6 +25,7 @@
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/ckpt/hf.hpp"
 #include "engine/ckpt/safetensors.hpp"
+#include "engine/data/tokenize_job.hpp"
 #include "tests/trainer/trainer_test_util.hpp"
 
 namespace outcore::train {
@@ -169,6 +170,23 @@ TEST_F(TrainCliTest, ALossMaskBesideTheDataIsUsedAndNamed) {
   EXPECT_EQ(bad.rc, 2) << bad.err;
   EXPECT_NE(bad.err.find("short.mask: a loss mask of 2 bytes"), std::string::npos) << bad.err;
   EXPECT_EQ(count_error_lines(bad.err), 1) << bad.err;
+}
+
+// A token file `outcore tokenize` was killed while putting in place with its mask (its commit
+// marker beside it) is refused: the two may not belong together.
+TEST_F(TrainCliTest, ATokenFileATokenizeJobLeftHalfCommittedIsRefused) {
+  const std::string marker = data::tokenize_commit_marker(data_.train());
+  std::ofstream(marker) << "outcore tokenize commit\npid 1\n";
+  CliResult r = run(train_args("--steps 1"));
+  std::filesystem::remove(marker);
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(data_.train() +
+                       ": `outcore tokenize` was stopped while putting it and its "
+                       "loss mask in place (" +
+                       marker + " is there)"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST_F(TrainCliTest, DeviceIsChosenOrRefusedByName) {

@@ -92,6 +92,9 @@ std::string try_o_direct(const std::string& dir, bool& no_space) {
   return err;
 }
 
+// Free space under which the swap path is warned about (1 GiB).
+constexpr double kNvmeFewBytes = double(uint64_t{1} << 30);
+
 Line nvme_line(const std::string& dir) {
   Line l{"nvme path", Verdict::kOk, ""};
   std::error_code ec;
@@ -120,6 +123,14 @@ Line nvme_line(const std::string& dir) {
   } else {
     l.verdict = Verdict::kWarn;
     l.detail += odirect + " (swap files fall back to buffered I/O through the page cache)";
+  }
+  // Room for the swap files of a small model at most: said, with where a config's figure is.
+  if (l.verdict != Verdict::kFail && avail < kNvmeFewBytes) {
+    l.verdict = Verdict::kWarn;
+    l.detail += fmt::format(
+        "; under {} free: room for the swap files of a small model only "
+        "(`outcore estimate` gives a config's nvme bytes)",
+        gib(kNvmeFewBytes));
   }
   return l;
 }
