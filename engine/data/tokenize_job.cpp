@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -228,6 +229,16 @@ void check_options(const TokenizeOptions& o, const std::vector<std::string>& out
     if (o.doc_per_file && f != InputFormat::kText)
       throw InvalidArgument(
           fmt::format("{}: one document per file applies to plain text, not JSON lines", in));
+  }
+  // A file given twice (two spellings, a link) is read twice: its documents appear twice.
+  std::map<std::pair<dev_t, ino_t>, const std::string*> seen;
+  for (const std::string& in : o.inputs) {
+    struct stat st {};
+    if (::stat(in.c_str(), &st) != 0) continue;  // the reader names it
+    const auto [it, fresh] = seen.emplace(std::pair{st.st_dev, st.st_ino}, &in);
+    if (!fresh)
+      log::warn("tokenize: {} is {}: its documents are written twice", in,
+                *it->second == in ? std::string("given twice") : "the same file as " + *it->second);
   }
   std::error_code ec;
   for (const std::string& out : outputs) {

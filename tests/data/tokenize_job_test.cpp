@@ -16,6 +16,7 @@
 #include "common/error.hpp"
 #include "engine/data/staged_file.hpp"
 #include "engine/train/token_file.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/common/temp_dir.hpp"
 #include "tests/data/tiny_tokenizer.hpp"
 
@@ -134,6 +135,20 @@ TEST_F(TokenizeJobTest, OutputIsTheSameForAnyChunkSizeAndThreadCount) {
       EXPECT_EQ(bytes, first) << "chunk " << chunk << ", threads " << threads;
     }
   }
+}
+
+// The same file given twice is read twice, and said so.
+TEST_F(TokenizeJobTest, AnInputGivenTwiceIsWarnedAbout) {
+  const std::string in = input("a.txt", "the end\n");
+  fs::create_symlink(in, dir_ / "link.txt");
+  outcore::test::LogCapture log;
+  const TokenizeResult r =
+      run_tokenize_job(*tokenizer_, options({in, in, (dir_ / "link.txt").string()}));
+  EXPECT_EQ(tokens_of(r.token_file), concat({doc("the end"), doc("the end"), doc("the end")}));
+  EXPECT_NE(log.text().find(in + " is given twice: its documents are written twice"),
+            std::string::npos)
+      << log.text();
+  EXPECT_NE(log.text().find("link.txt is the same file as " + in), std::string::npos) << log.text();
 }
 
 TEST_F(TokenizeJobTest, DocPerFileMakesEachFileOneDocument) {

@@ -1039,7 +1039,7 @@ TEST_F(TrainCliTest, EstimatePlansForAGpuThatIsNotHere) {
         "--host-memory-gb 0", "--host-memory-gb nan", "--nvme-free-gb 1e300",
         "--gpu-memory-gb 1e308", "--gemm-tflops 1e-300", "--gemm-tflops 1e300",
         "--attention-tflops nan", "--pcie-gbps 1e-320", "--drive-read-gbps 1e-300",
-        "--drive-write-gbps inf"}) {
+        "--drive-write-gbps inf", "--host-memory-gb 0x10", "--drive-read-gbps 0x1p1"}) {
     r = run(est + " --gpu-memory-gb 80 " + bad);
     EXPECT_EQ(r.rc, 2) << bad << ": " << r.out;
     EXPECT_NE(r.err.find(bad.substr(0, bad.find(' '))), std::string::npos) << bad << ": " << r.err;

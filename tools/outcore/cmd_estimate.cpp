@@ -87,7 +87,10 @@ CLI::Validator finite_in(double min, double max, const char* unit) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         double v = 0;
-        if (CLI::detail::lexical_cast(text, v) && std::isfinite(v) && v >= min && v <= max)
+        // Decimal only: strtod (under lexical_cast) would read 0x10 as 16.
+        const bool decimal = text.find_first_of("xX") == std::string::npos;
+        if (decimal && CLI::detail::lexical_cast(text, v) && std::isfinite(v) && v >= min &&
+            v <= max)
           return {};
         return fmt::format("got \"{}\"; allowed: {} from {:g} to {:g}", text, unit, min, max);
       },
