@@ -151,4 +151,17 @@ if command -v fio > /dev/null; then
 else
   echo "SKIP --compare-fio: no fio on this machine"
 fi
+# 5. A directory on a filesystem in memory is warned about: its figures are memory's.
+mkdir "$work/mem"
+if mount -t tmpfs -o size=32m tmpfs "$work/mem" 2> /dev/null; then
+  env -u OUTCORE_AIO_BACKEND "$bench" --path "$work/mem" --block-sizes 128K --queue-depths 4 \
+    --file-size 4M --seconds 0.1 > /dev/null 2> "$work/err.txt"
+  rc=$?
+  umount "$work/mem"
+  [ $rc -eq 0 ] || fail "sweep on tmpfs exited $rc: $(cat "$work/err.txt")"
+  grep -q "is on a filesystem in memory (tmpfs)" "$work/err.txt" ||
+    fail "no warning on tmpfs: $(cat "$work/err.txt")"
+else
+  echo "SKIP tmpfs warning: cannot mount a tmpfs here"
+fi
 echo "aio_bench smoke: OK"

@@ -1,6 +1,8 @@
 // aio_bench: sweeps the aio engine's settings on a directory's drive, prints GB/s and
 // latency per setting, and the best "aio" section ready to paste into a DeepSpeed config.
 #include <fmt/format.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -197,6 +199,15 @@ int run(const Args& args) {
   ScratchFile scratch(args.path, "aio_bench", file_size);
   AlignedBuffer buffer(buffer_bytes);
   std::span<std::byte> buf(buffer.data(), buffer.size());
+  // A filesystem in memory measures memory, not a drive: its figures would tune nothing.
+  struct statfs fs_info {};
+  if (::statfs(args.path.c_str(), &fs_info) == 0 &&
+      (fs_info.f_type == TMPFS_MAGIC || fs_info.f_type == RAMFS_MAGIC))
+    std::fprintf(stderr,
+                 "aio_bench: warning: %s is on a filesystem in memory (%s): the figures are "
+                 "memory's, not a drive's; give --path a directory on the drive swap files "
+                 "will use\n",
+                 args.path.c_str(), fs_info.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
   std::fprintf(stderr, "aio_bench: aio backend %s; writing the %s benchmark file %s\n",
                describe_backend(backend).c_str(), format_size(file_size).c_str(),
                scratch.path().c_str());
