@@ -615,15 +615,19 @@ TEST_F(TrainCliTest, OutputsNeverNameAFileOfTheInitOrResumeInputs) {
   ASSERT_EQ(r.rc, 0) << r.err;
   r = run("export " + shell_quote(ck) + " " + shell_quote(hf));
   ASSERT_EQ(r.rc, 0) << r.err;
-  // A checkpoint given to --init-from: the message says how to continue it.
-  for (const std::string& from : {ck, ck + "/global_step1"}) {
-    r = run("train --init-from " + shell_quote(from) + " --config " + shell_quote(config_) +
-            " --model " + shell_quote(model_) + " --data " + shell_quote(data_.train()) +
-            " --seq-len 32 --steps 1");
+  // A checkpoint given to --init-from: the message says how to continue it (also a save
+  // directory whose `latest` is missing).
+  for (const std::string& from : {ck, ck + "/global_step1", ck + " (no latest)"}) {
+    const bool no_latest = from.ends_with("(no latest)");
+    if (no_latest) std::filesystem::rename(ck + "/latest", data_.file("latest.kept"));
+    r = run("train --init-from " + shell_quote(no_latest ? ck : from) + " --config " +
+            shell_quote(config_) + " --model " + shell_quote(model_) + " --data " +
+            shell_quote(data_.train()) + " --seq-len 32 --steps 1");
+    if (no_latest) std::filesystem::rename(data_.file("latest.kept"), ck + "/latest");
     EXPECT_EQ(r.rc, 2) << r.err;
     EXPECT_NE(r.err.find("it is an outcore checkpoint: continue its run with --resume"),
               std::string::npos)
-        << r.err;
+        << from << ": " << r.err;
   }
   const std::string weights = hf + "/model.safetensors",
                     state = ck + "/global_step1/trainer_state.json";
