@@ -90,6 +90,11 @@ TEST_F(CudaDeviceTest, HostFunctionErrorsSurfaceAtSynchronize) {
   auto s = dev->create_stream("s");
   s->enqueue([] { throw InvalidArgument("host function failed"); });
   EXPECT_THROW(s->synchronize(), InvalidArgument);
+  // The device's synchronize finds it too (the first error of a live stream), and a device
+  // whose failed stream is gone has none.
+  EXPECT_THROW(dev->synchronize(), InvalidArgument);
+  s.reset();
+  EXPECT_NO_THROW(dev->synchronize());
 }
 
 // An error of a host function travels as on CpuDevice: events recorded after it rethrow it, a

@@ -199,6 +199,7 @@ class CudaStream final : public Stream {
     CUDA_CHECK(cudaStreamWaitEvent(stream_, e.handle(), 0));
   }
   void* native_handle() const override { return stream_; }
+  const std::shared_ptr<StreamErrorState>& error_state() const { return errors_; }
   void synchronize() override {
     bind(ordinal_);
     naming("synchronize", [&] { CUDA_CHECK(cudaStreamSynchronize(stream_)); });
@@ -280,7 +281,11 @@ class CudaDevice final : public Device {
   std::string name() const override { return name_; }
   bool host_accessible() const override { return false; }
   std::unique_ptr<Stream> create_stream(std::string name) override {
-    return std::make_unique<CudaStream>(std::move(name), ordinal_);
+    auto stream = std::make_unique<CudaStream>(std::move(name), ordinal_);
+    std::lock_guard lock(streams_mu_);
+    std::erase_if(stream_errors_, [](const auto& w) { return w.expired(); });
+    stream_errors_.push_back(stream->error_state());
+    return stream;
   }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(ordinal_); }
   void register_host(void* ptr, size_t bytes) override {
@@ -308,9 +313,21 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return free;
   }
+  // The GPU's work, then the first error a live stream of this device holds (a failed host
+  // function: a read, an addition on the host), as the Device contract says.
   void synchronize() override {
     CUDA_CHECK(cudaSetDevice(ordinal_));
     CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<std::shared_ptr<StreamErrorState>> live;
+    {
+      std::lock_guard lock(streams_mu_);
+      for (const auto& w : stream_errors_)
+        if (auto s = w.lock()) live.push_back(std::move(s));
+    }
+    for (const auto& s : live) {
+      std::lock_guard lock(s->mu);
+      if (s->error) std::rethrow_exception(s->error);
+    }
   }
 
  protected:
@@ -345,6 +362,9 @@ class CudaDevice final : public Device {
  private:
   int ordinal_;
   std::string name_;
+  std::mutex streams_mu_;
+  // The error state of each stream this device made (a stream gone leaves its entry expired).
+  std::vector<std::weak_ptr<StreamErrorState>> stream_errors_;  // GUARDED_BY(streams_mu_)
   cudaMemPool_t pool_ = nullptr;         // the GPU's default pool (shared by its CudaDevices)
   cudaStream_t alloc_stream_ = nullptr;  // orders this device's allocations and frees
 };
