@@ -458,11 +458,16 @@ void SaveDir::check_room(uint64_t bytes, int64_t saves, const WriterOptions& hoo
   // while it continues them (kept among the newest K); another run's, replaced, go after the
   // first save.
   const bool replaced = options_.existing == ExistingCheckpoints::kReplace;
+  // Replacing, the checkpoint resumed from (if here) stays, counted among the newest K.
+  const int64_t resumed_here =
+      replaced && !options_.resumed_tag.empty() && is_checkpoint_dir(dir_ / options_.resumed_tag)
+          ? 1
+          : 0;
   const int64_t keep = options_.keep;
-  const int64_t added = keep <= 0 ? 1
-                        : replaced
-                            ? std::max<int64_t>(1, std::min<int64_t>(saves, keep + 1) - here)
-                            : std::max<int64_t>(1, std::min<int64_t>(saves, keep + 1 - here));
+  const int64_t added =
+      keep <= 0  ? 1
+      : replaced ? std::max<int64_t>(1, std::min<int64_t>(saves + resumed_here, keep + 1) - here)
+                 : std::max<int64_t>(1, std::min<int64_t>(saves, keep + 1 - here));
   const uint64_t fits = *free_bytes / bytes;
   if (fits < static_cast<uint64_t>(added))
     throw OutOfMemory(fmt::format(
@@ -476,7 +481,7 @@ void SaveDir::check_room(uint64_t bytes, int64_t saves, const WriterOptions& hoo
                   : std::string(),
         fits == 0 ? "the first save would fail after the training"
                   : fmt::format("save {} would fail", fits + 1)));
-  const uint64_t room = fits + (replaced ? static_cast<uint64_t>(here) : 0);
+  const uint64_t room = fits + (replaced ? static_cast<uint64_t>(here - resumed_here) : 0);
   if (keep == 0 && room < static_cast<uint64_t>(saves))
     log::warn(
         "save directory {}: the filesystem has room for {} of this run's {} checkpoints of {:.1f} "

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_pipeline.h>
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <climits>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -298,38 +300,84 @@ void fsync_parent(const std::string& path) {
   ::close(fd);
 }
 
-// Writes the commit marker `path` durably: its text, the pid, and the files a kill could leave
-// (`leftovers`: the earlier mask's second name and the temporaries), which the next job removes.
-void write_commit_marker(const std::string& path, const std::vector<std::string>& leftovers) {
-  std::string text(kCommitMarkerText);
-  text += fmt::format("pid {}\n", ::getpid());
-  for (const std::string& l : leftovers)
-    if (!l.empty()) text += "leftover " + l + "\n";
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) throw IoError(path, errno, "create the tokenize commit marker");
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                  ::fsync(fd) == 0;
-  const int err = errno;
-  ::close(fd);
-  if (!ok) {
-    ::unlink(path.c_str());
-    throw IoError(path, err, "write the tokenize commit marker");
-  }
-  fsync_parent(path);
-}
-
-// A commit marker found at the start of a job: the pid that wrote it and the leftovers it names.
+// The commit marker (tokenize_commit_marker): kCommitMarkerText, then one "pid N" line for the
+// job that wrote it and one for each killed job whose leftovers may still lie beside the
+// outputs. Its writer holds an flock on it while it commits: a marker that can be locked is a
+// killed job's (a pid alone could be reused after a reboot, or be another namespace's).
 struct FoundMarker {
-  pid_t pid = 0;
-  std::vector<std::string> leftovers;
+  std::vector<pid_t> pids;
 };
+
+// A commit marker this job wrote and holds locked. Written under a temporary name, locked, and
+// renamed into place: a marker already there is replaced whole or not at all.
+class CommitMarker {
+ public:
+  CommitMarker(std::string path, const std::vector<pid_t>& pids) : path_(std::move(path)) {
+    std::string text(kCommitMarkerText);
+    for (const pid_t pid : pids) text += fmt::format("pid {}\n", pid);
+    const std::string tmp = fmt::format("{}.tmp-{}", path_, ::getpid());
+    ::unlink(tmp.c_str());  // this pid's, from a run before a reboot
+    fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd_ < 0) throw IoError(tmp, errno, "create the tokenize commit marker");
+    int err = 0;
+    if (::flock(fd_, LOCK_EX) != 0) err = errno;
+    for (size_t done = 0; err == 0 && done < text.size();) {
+      const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) err = n < 0 ? errno : ENOSPC;
+      done += n > 0 ? static_cast<size_t>(n) : 0;
+    }
+    if (err == 0 && ::fsync(fd_) != 0) err = errno;
+    if (err == 0 && ::rename(tmp.c_str(), path_.c_str()) != 0) err = errno;
+    if (err != 0) {
+      ::close(fd_);
+      ::unlink(tmp.c_str());
+      throw IoError(tmp, err, "write the tokenize commit marker " + path_);
+    }
+    fsync_parent(path_);
+  }
+  // Unlocks; the marker stays unless remove() ran (a failed commit leaves it for the next job).
+  ~CommitMarker() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  CommitMarker(const CommitMarker&) = delete;
+  CommitMarker& operator=(const CommitMarker&) = delete;
+  // Removes the marker (still locked: no other job takes it for a killed one's meanwhile).
+  void remove() {
+    if (::unlink(path_.c_str()) != 0 && errno != ENOENT)
+      log::warn("tokenize: cannot remove the commit marker {}: {}", path_, std::strerror(errno));
+    fsync_parent(path_);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// The marker at `path` of a job killed while committing, or nullopt when there is none.
+// InvalidArgument when a job still holds it (it is committing now), and when the file there is
+// not a marker (a user's: kept).
 std::optional<FoundMarker> read_commit_marker(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(path, ec))) return std::nullopt;
   if (!fs::is_regular_file(fs::symlink_status(path, ec)))
     throw InvalidArgument(fmt::format(
         "{} is where this job keeps its commit marker, and it is not a file: move it away", path));
-  const std::string text = read_whole_file(path, "tokenize commit marker", 1 << 20);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::nullopt;  // its job just finished
+    throw IoError(path, errno, "open the tokenize commit marker");
+  }
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  std::string text(4096, '\0');
+  const ssize_t n = held ? 0 : ::pread(fd, text.data(), text.size(), 0);
+  ::close(fd);
+  if (held)
+    throw InvalidArgument(fmt::format(
+        "{}: a tokenize job is putting these outputs in place now: wait for it to end, or choose "
+        "another --out",
+        path));
+  text.resize(n > 0 ? static_cast<size_t>(n) : 0);
   if (!text.starts_with(kCommitMarkerText))
     throw InvalidArgument(fmt::format(
         "{} is where this job keeps its commit marker, and it holds something else: move it "
@@ -338,10 +386,49 @@ std::optional<FoundMarker> read_commit_marker(const std::string& path) {
   FoundMarker m;
   std::istringstream in(text.substr(kCommitMarkerText.size()));
   for (std::string line; std::getline(in, line);) {
-    if (line.starts_with("pid ")) m.pid = static_cast<pid_t>(std::atol(line.c_str() + 4));
-    if (line.starts_with("leftover ")) m.leftovers.push_back(line.substr(9));
+    char* end = nullptr;
+    const long pid = line.starts_with("pid ") ? std::strtol(line.c_str() + 4, &end, 10) : 0;
+    if (pid > 0 && pid <= INT32_MAX && end != nullptr && *end == '\0')
+      m.pids.push_back(static_cast<pid_t>(pid));
   }
   return m;
+}
+
+// Removes what the killed jobs `pids` left beside `token_file` (any extension's token file of
+// that prefix, its mask, the marker): the temporaries "<name>.tmp-<pid>[-<k>]", and with
+// `asides` the earlier mask's second names "<mask>.old-<pid>[-<k>]". Names are rebuilt from the
+// prefix and the pids and looked up in the directory (a marker never names a file), and only
+// regular files there are removed.
+void remove_leftovers(const std::string& token_file, const std::vector<pid_t>& pids, bool asides) {
+  const fs::path target = fs::absolute(token_file);
+  const fs::path dir = target.parent_path();
+  const std::string stem = target.stem().string();
+  const std::vector<std::string> names = {
+      stem + ".bin", stem + ".u32", stem + ".mask", target.filename().string(),
+      fs::path(tokenize_commit_marker(target.string())).filename().string()};
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string entry = it->path().filename().string();
+    bool ours = false;
+    for (const pid_t pid : pids)
+      for (const std::string& name : names)
+        for (const char* kind : {".tmp-", ".old-"}) {
+          if (std::string_view(kind) == ".old-" && (!asides || name != stem + ".mask")) continue;
+          const std::string head = name + kind + std::to_string(pid);
+          if (!entry.starts_with(head)) continue;
+          const std::string_view rest = std::string_view(entry).substr(head.size());
+          ours = ours || rest.empty() ||
+                 (rest.size() > 1 && rest[0] == '-' &&
+                  rest.find_first_not_of("0123456789", 1) == std::string_view::npos);
+        }
+    struct stat st {};
+    if (ours && ::fstatat(dfd, entry.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISREG(st.st_mode) && ::unlinkat(dfd, entry.c_str(), 0) == 0)
+      log::warn("tokenize: removed {}, left by a job that was stopped", (dir / entry).string());
+  }
+  ::close(dfd);
 }
 
 // Appends tokens to the token file (and mask), counting; checks what llm.c can hold.
@@ -406,25 +493,23 @@ class OutputWriter {
     tokens_.finish();
     if (mask_) mask_->finish();
     const std::string mask_path = mask_ ? mask_->target() : stale_mask_;
-    const std::string aside = mask_path.empty() ? std::string() : link_aside(mask_path);
-    // Two files change: a marker says so until both have (a kill in between leaves it).
-    const std::string marker = mask_path.empty() && !interrupted_
-                                   ? std::string()
-                                   : tokenize_commit_marker(tokens_.target());
-    if (!marker.empty()) {
-      try {
-        write_commit_marker(marker, {aside, tokens_.temporary(), mask_ ? mask_->temporary() : ""});
-      } catch (...) {
-        if (!aside.empty()) ::unlink(aside.c_str());
-        throw;
-      }
+    // Two files change: a marker says so until both have (a kill in between leaves it). It
+    // names this job and the killed jobs whose leftovers are still to go, and is in place
+    // before anything this job could leave behind (the earlier mask's second name).
+    std::optional<CommitMarker> marker;
+    if (!mask_path.empty() || interrupted_) {
+      std::vector<pid_t> pids{::getpid()};
+      if (interrupted_)
+        pids.insert(pids.end(), interrupted_->pids.begin(), interrupted_->pids.end());
+      marker.emplace(tokenize_commit_marker(tokens_.target()), pids);
     }
-    auto remove_marker = [&] {
-      if (marker.empty()) return;
-      if (::unlink(marker.c_str()) != 0 && errno != ENOENT)
-        log::warn("tokenize: cannot remove the commit marker {}: {}", marker, std::strerror(errno));
-      fsync_parent(marker);
-    };
+    std::string aside;
+    try {
+      if (!mask_path.empty()) aside = link_aside(mask_path);
+    } catch (...) {
+      if (marker && !interrupted_) marker->remove();  // nothing changed
+      throw;
+    }
     try {
       if (mask_) mask_->commit();
       if (!stale_mask_.empty()) {
@@ -441,6 +526,7 @@ class OutputWriter {
       }
       tokens_.commit();
     } catch (...) {
+      bool restored = true;  // the earlier pair (or the new one) is in place again
       if (!tokens_.committed() && !aside.empty()) {
         // The token file is the earlier one still: its mask goes back (atomically over the
         // new one, if that was renamed in), or stays where it still is (the second name then
@@ -450,22 +536,27 @@ class OutputWriter {
         const bool still_there = ::stat(mask_path.c_str(), &at) == 0 &&
                                  ::stat(aside.c_str(), &kept) == 0 && at.st_dev == kept.st_dev &&
                                  at.st_ino == kept.st_ino;
-        if (still_there)
+        if (still_there) {
           ::unlink(aside.c_str());
-        else if (::rename(aside.c_str(), mask_path.c_str()) != 0)
+        } else if (::rename(aside.c_str(), mask_path.c_str()) != 0) {
+          restored = false;
           log::warn("tokenize: the loss mask {} is kept as {} ({})", mask_path, aside,
                     std::strerror(errno));
+        }
       } else if (!tokens_.committed() && mask_ && mask_->committed()) {
-        ::unlink(mask_path.c_str());  // there was no mask before: none pairs with the old file
+        // There was no mask before: none pairs with the old file.
+        restored = ::unlink(mask_path.c_str()) == 0 || errno == ENOENT;
       } else if (!aside.empty()) {
         ::unlink(aside.c_str());
       }
-      remove_marker();  // the earlier pair, or the new one, is in place again
+      // The marker stays where the pair may be mixed: a killed job's pair this one did not
+      // replace, or one it could not put back.
+      if (marker && restored && !interrupted_) marker->remove();
       throw;
     }
     if (!aside.empty()) ::unlink(aside.c_str());
-    if (interrupted_) remove_leftovers(*interrupted_);
-    remove_marker();
+    if (interrupted_) remove_leftovers(tokens_.target(), interrupted_->pids, /*asides=*/true);
+    if (marker) marker->remove();
   }
   uint64_t count() const { return count_; }
   uint64_t targets() const { return targets_; }
@@ -473,24 +564,6 @@ class OutputWriter {
  private:
   bool llmc_;
   StagedFile tokens_;
-  // What a killed job's marker names: only names that job made beside these outputs (its
-  // temporaries "<output>.tmp-<pid>..." and the mask's second name "<mask>.old-<pid>...").
-  void remove_leftovers(const FoundMarker& m) const {
-    const std::string mask = fs::path(tokens_.target()).replace_extension(".mask").string();
-    for (const std::string& l : m.leftovers) {
-      bool ours = false;
-      for (const std::string& base : {tokens_.target(), mask})
-        for (const char* kind : {".tmp-", ".old-"}) {
-          const std::string head = base + kind + std::to_string(m.pid);
-          ours =
-              ours || (l.starts_with(head) && (l.size() == head.size() || l[head.size()] == '-'));
-        }
-      std::error_code ec;
-      if (ours && fs::is_regular_file(fs::symlink_status(l, ec)) && ::unlink(l.c_str()) == 0)
-        log::warn("tokenize: removed {}, left by the job that was stopped", l);
-    }
-  }
-
   std::string stale_mask_;
   FileId stale_mask_id_;  // the file at stale_mask_ when the job started
   std::optional<FoundMarker> interrupted_;
@@ -523,16 +596,13 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
   const std::string marker = tokenize_commit_marker(outputs[0]);
   const std::optional<FoundMarker> interrupted = read_commit_marker(marker);
   if (interrupted) {
-    if (interrupted->pid > 0 && interrupted->pid != ::getpid() &&
-        (::kill(interrupted->pid, 0) == 0 || errno != ESRCH))
-      throw InvalidArgument(fmt::format(
-          "{}: a tokenize job (pid {}) is putting {} in place: wait for it to end, or choose "
-          "another --out",
-          marker, interrupted->pid, outputs[0]));
     log::warn(
-        "tokenize: {}: a job (pid {}) was stopped while putting {} and its loss mask in place, "
-        "which may not belong together: this job replaces both",
-        marker, interrupted->pid, outputs[0]);
+        "tokenize: {}: a job was stopped while putting {} and its loss mask in place, which may "
+        "not belong together: this job replaces both",
+        marker, outputs[0]);
+    // Its temporaries are of no use (its earlier mask's second name goes once this job's pair
+    // is in place).
+    remove_leftovers(outputs[0], interrupted->pids, /*asides=*/false);
   }
   // PREFIX.mask is the loss mask of PREFIX.bin or PREFIX.u32 (the data loader pairs it with
   // either): with the token file of the other extension beside it, it may be that file's, which

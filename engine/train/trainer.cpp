@@ -308,13 +308,17 @@ namespace {
 // marker is beside it): the two may not belong together. InvalidArgument naming both.
 void refuse_interrupted_tokenize(const std::string& path) {
   if (path.empty()) return;
-  const std::string marker = data::tokenize_commit_marker(path);
   std::error_code ec;
-  if (std::filesystem::exists(std::filesystem::symlink_status(marker, ec)))
-    throw InvalidArgument(fmt::format(
-        "{}: `outcore tokenize` was stopped while putting it and its loss mask in place ({} is "
-        "there): they may not belong together; run the tokenize job again into that --out",
-        path, marker));
+  // Beside the name given and beside the file it names (through links).
+  const std::filesystem::path real = std::filesystem::canonical(path, ec);
+  for (const std::string& at : {path, ec ? path : real.string()}) {
+    const std::string marker = data::tokenize_commit_marker(at);
+    if (std::filesystem::exists(std::filesystem::symlink_status(marker, ec)))
+      throw InvalidArgument(fmt::format(
+          "{}: `outcore tokenize` was stopped while putting it and its loss mask in place ({} is "
+          "there): they may not belong together; run the tokenize job again into that --out",
+          path, marker));
+  }
 }
 }  // namespace
 

@@ -143,28 +143,16 @@ struct CreatedFile {
 struct CreatedFiles {
   std::mutex mutex;
   std::map<std::pair<uint64_t, uint64_t>, CreatedFile> writes;
-  uint64_t next_handle = 1;  // serials: a handle's address may be a later one's
+  std::atomic<uint64_t> next_handle{1};  // serials: a handle's address may be a later one's
 };
 CreatedFiles& created_files() {
   static CreatedFiles* files = new CreatedFiles;  // never destroyed: used by handles at exit
   return *files;
 }
 
-// The registry's lock, taken without blocking while holding the GIL: a thread may hold the
-// lock across a write's open (open_file), which must not stop the interpreter's other threads.
-// Every wait for the lock with the GIL held goes through here, so that no thread ever waits for
-// the lock while holding the GIL (the holder may be waiting for the GIL).
-std::unique_lock<std::mutex> lock_registry() {
-  std::unique_lock lock(created_files().mutex, std::try_to_lock);
-  if (lock.owns_lock()) return lock;
-  if (PyGILState_Check() == 0) {
-    lock.lock();
-    return lock;
-  }
-  py::gil_scoped_release nogil;
-  lock.lock();
-  return lock;
-}
+// The registry's lock. Taken only by threads that do not hold the GIL (a thread may hold it
+// across a write's open, open_file): the lock never nests with the GIL.
+std::unique_lock<std::mutex> lock_registry() { return std::unique_lock(created_files().mutex); }
 
 // For a read waited at once: throws the end-of-file IoError its wait would raise, before
 // anything is read, when `file` is a regular file that ends before offset + bytes (the engine
@@ -187,8 +175,7 @@ class AioHandle {
   AioHandle(const aio::Options& options, const std::string& o_direct,
             const std::vector<FaultSpec>& faults)
       : direct_(parse_direct(o_direct)), engine_(options, make_backend(faults)) {
-    const auto lock = lock_registry();
-    serial_ = created_files().next_handle++;
+    serial_ = created_files().next_handle.fetch_add(1);
   }
 
   // Waits for every request still in flight (errors logged, not raised; a file a failed write
@@ -206,13 +193,13 @@ class AioHandle {
           remove_if_created(id);
         }
       }
+      // Writes that succeeded but were never waited: their files are no longer this handle's.
+      CreatedFiles& all = created_files();
+      const auto lock = lock_registry();
+      all.writes.erase(all.writes.lower_bound({serial_, 0}),
+                       all.writes.lower_bound({serial_ + 1, 0}));
     }
     pending_.clear();
-    // Writes that succeeded but were never waited: their files are no longer this handle's.
-    CreatedFiles& all = created_files();
-    const auto lock = lock_registry();
-    all.writes.erase(all.writes.lower_bound({serial_, 0}),
-                     all.writes.lower_bound({serial_ + 1, 0}));
   }
   AioHandle(const AioHandle&) = delete;
   AioHandle& operator=(const AioHandle&) = delete;
@@ -255,7 +242,10 @@ class AioHandle {
       p.ticket = write ? engine_.submit_write(p.file, offset, {data, bytes})
                        : engine_.submit_read(p.file, offset, {data, bytes});
     } catch (...) {
-      remove_if_created(id);
+      {
+        py::gil_scoped_release nogil;  // the registry is touched without the GIL
+        remove_if_created(id);
+      }
       throw;
     }
     pending_.emplace(id, std::move(p));
@@ -271,16 +261,19 @@ class AioHandle {
     Pending p = std::move(it->second);
     pending_.erase(it);
     ++waiting_;
-    try {
-      py::gil_scoped_release nogil;
-      engine_.wait(p.ticket);
-    } catch (...) {
-      --waiting_;
-      remove_if_created(id);
-      throw;
+    std::exception_ptr failed;
+    {
+      py::gil_scoped_release nogil;  // the registry too is touched without the GIL
+      try {
+        engine_.wait(p.ticket);
+        forget_created(id);
+      } catch (...) {
+        failed = std::current_exception();
+        remove_if_created(id);
+      }
     }
     --waiting_;
-    forget_created(id);
+    if (failed) std::rethrow_exception(failed);
     if (!p.on_complete.is_none()) p.on_complete();
     return true;  // p (file, keep, on_complete) is released with the GIL held
   }

@@ -756,6 +756,32 @@ TEST(CkptSaveDir, KeepNeedsRoomForOneMoreThanItKeeps) {
   EXPECT_THROW(keep3.check_room(600, 2, hooks), OutOfMemory);
 }
 
+// Replacing another run's checkpoints (--start-over): they go after the first save, but the
+// checkpoint resumed from stays among the newest K.
+TEST(CkptSaveDir, ReplacedCheckpointsCountAsFreedAfterTheFirstSave) {
+  TempDir tmp("ckpt");
+  WriterOptions hooks;
+  hooks.free_bytes = 1000;
+  {
+    SaveDir first(tmp / "save");
+    write_synthetic(first, "global_step1", 1);
+    write_synthetic(first, "global_step2", 1);
+  }
+  // keep 3, three saves, two here of which one is resumed: four at once, two more.
+  {
+    SaveDir replacing(tmp / "save", SaveDirOptions{.keep = 3,
+                                                   .existing = ExistingCheckpoints::kReplace,
+                                                   .resumed_tag = "global_step1"});
+    EXPECT_NO_THROW(replacing.check_room(450, 3, hooks));
+    EXPECT_THROW(replacing.check_room(550, 3, hooks), OutOfMemory);
+  }
+  // None resumed: three at once, one more.
+  SaveDir replacing_all(tmp / "save",
+                        SaveDirOptions{.keep = 3, .existing = ExistingCheckpoints::kReplace});
+  EXPECT_NO_THROW(replacing_all.check_room(550, 3, hooks));
+  EXPECT_THROW(replacing_all.check_room(1001, 3, hooks), OutOfMemory);
+}
+
 // A checkpoint someone put a file into (notes, an evaluation's results, an export) is the
 // user's too: pruning, replacing and saving over it keep it whole, and leave nothing behind
 // that would block the directory.

@@ -5,7 +5,9 @@
 // thread count or the chunk size.
 #include "engine/data/tokenize_job.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -262,9 +264,11 @@ TEST_F(TokenizeJobTest, APairIsEncodedAsOneSequenceUnderATemplateEndingInEos) {
 }
 
 // A job killed between putting its token file and its mask in place leaves its commit marker
-// (tokenize_commit_marker): the next job into the prefix replaces both, removing the mask
-// whatever its size and what the killed job left; a marker of a job still running, or a file
-// there that is not a marker, stops the job.
+// (tokenize_commit_marker), which names its pid: the next job into the prefix replaces both
+// files, removing the mask whatever its size, and removes the killed job's leftovers, found by
+// the names it makes (never a path the marker holds, a link, a directory or another name);
+// a job that fails its own commit then leaves the marker, naming both jobs. A marker a running
+// job holds locked, or a file there that is not a marker, stops the job.
 TEST_F(TokenizeJobTest, AJobKilledWhileCommittingIsRepairedByTheNext) {
   TokenizeOptions o =
       options({input("sft.jsonl", "{\"q\": \"the question\", \"a\": \"an answer\"}\n")}, "k");
@@ -275,38 +279,78 @@ TEST_F(TokenizeJobTest, AJobKilledWhileCommittingIsRepairedByTheNext) {
   EXPECT_EQ(marker, (dir_ / "k.tokenize-commit").string());
   EXPECT_FALSE(fs::exists(marker));  // gone after a commit
   // A killed job's state: another mask (a size the token file does not have), its marker, and
-  // its leftovers; a pid that runs no more.
-  const pid_t dead = fork();
-  if (dead == 0) _exit(0);
-  ASSERT_GT(dead, 0);
-  waitpid(dead, nullptr, 0);
-  const std::string pid = std::to_string(dead);
+  // its leftovers.
+  const std::string pid = "4194000";  // above any pid this test starts; never checked as one
   test::write_file(r.mask_file, "\x01\x01\x01");
-  const std::string aside = r.mask_file + ".old-" + pid, temp = r.token_file + ".tmp-" + pid;
-  const std::string not_named = (dir_ / ("k.other.tmp-" + pid)).string();
-  for (const std::string& f : {aside, temp, not_named}) test::write_file(f, "left");
-  test::write_file(marker, "outcore tokenize commit\npid " + pid + "\nleftover " + aside +
-                               "\nleftover " + temp + "\nleftover " + not_named + "\n");
+  const std::string aside = r.mask_file + ".old-" + pid, temp = r.token_file + ".tmp-" + pid,
+                    temp2 = r.mask_file + ".tmp-" + pid + "-1";
+  fs::create_directories(dir_ / "elsewhere");
+  const std::string victim = (dir_ / "elsewhere" / "victim").string();
+  test::write_file(victim, "the user's");
+  const std::vector<std::string> kept = {
+      (dir_ / ("k.other.tmp-" + pid)).string(),  // another name
+      r.token_file + ".tmp-" + pid + "5",        // another pid
+      r.token_file + ".tmp-" + pid + "-x"};      // not a temporary's suffix
+  for (const std::string& f : kept) test::write_file(f, "left");
+  for (const std::string& f : {aside, temp, temp2}) test::write_file(f, "left");
+  fs::create_symlink(victim, r.token_file + ".tmp-" + pid + "-2");  // a link: kept, as its file
+  fs::create_directories(r.mask_file + ".old-" + pid + "-3");       // a directory: kept
+  test::write_file(marker, "outcore tokenize commit\npid " + pid + "\nleftover " + victim + "\n");
   const std::string text = input("t.txt", "the end\n");
   const TokenizeResult again = run_tokenize_job(*tokenizer_, options({text}, "k"));
   EXPECT_EQ(again.removed_mask, r.mask_file);
   EXPECT_FALSE(fs::exists(r.mask_file));
   EXPECT_FALSE(fs::exists(marker));
-  EXPECT_FALSE(fs::exists(aside));
-  EXPECT_FALSE(fs::exists(temp));
-  EXPECT_TRUE(fs::exists(not_named));  // named by the marker, but not a name the job makes
+  for (const std::string& f : {aside, temp, temp2}) EXPECT_FALSE(fs::exists(f)) << f;
+  for (const std::string& f : kept) EXPECT_TRUE(fs::exists(f)) << f;
+  EXPECT_TRUE(fs::is_symlink(r.token_file + ".tmp-" + pid + "-2"));
+  EXPECT_TRUE(fs::is_directory(r.mask_file + ".old-" + pid + "-3"));
+  EXPECT_EQ(test::slurp(victim), "the user's");
   EXPECT_EQ(tokens_of(again.token_file), doc("the end"));
-  // A marker whose job still runs (this process's parent) stops the job; so does a file there
-  // that is not a marker. Both are kept, as is the token file.
+
+  // A job that finds a killed job's marker and fails its own commit (the token file's name is
+  // a directory now) leaves a marker naming both: the pair may still be mixed.
+  test::write_file(marker, "outcore tokenize commit\npid " + pid + "\n");
+  const std::string moved = again.token_file + ".moved";
+  TokenizeOptions failing = o;
+  failing.progress_interval = std::chrono::milliseconds(0);
+  failing.on_progress = [&](const TokenizeProgress&) {
+    if (fs::exists(moved)) return;
+    fs::rename(again.token_file, moved);
+    fs::create_directories(fs::path(again.token_file) / "sub");
+  };
+  EXPECT_THROW(run_tokenize_job(*tokenizer_, failing), IoError);
+  ASSERT_TRUE(fs::exists(marker));
+  const std::string left = test::slurp(marker);
+  EXPECT_NE(left.find("pid " + std::to_string(getpid()) + "\n"), std::string::npos) << left;
+  EXPECT_NE(left.find("pid " + pid + "\n"), std::string::npos) << left;
+  fs::remove_all(again.token_file);
+  fs::rename(moved, again.token_file);
+
+  // A marker its job holds locked (committing now) stops the job; so does a file there that is
+  // not a marker. Both are kept, as is the token file.
   const std::string before = test::slurp(again.token_file);
-  for (const std::string& content :
-       {"outcore tokenize commit\npid " + std::to_string(getppid()) + "\n",
-        std::string("the user's notes\n")}) {
+  for (const bool locked : {true, false}) {
+    const std::string content =
+        locked ? "outcore tokenize commit\npid 1\n" : std::string("the user's notes\n");
     test::write_file(marker, content);
-    EXPECT_THROW(run_tokenize_job(*tokenizer_, options({text}, "k")), InvalidArgument);
+    const int fd = ::open(marker.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    if (locked) ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+    try {
+      run_tokenize_job(*tokenizer_, options({text}, "k"));
+      ADD_FAILURE() << "the job ran past " << content;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(locked ? "is putting these outputs in place now"
+                                                  : "it holds something else"),
+                std::string::npos)
+          << e.what();
+    }
+    ::close(fd);
     EXPECT_EQ(test::slurp(marker), content);
     EXPECT_EQ(test::slurp(again.token_file), before);
   }
+  fs::remove(marker);
 }
 
 // Plain text written over pairs' output: the pairs' mask goes (train would otherwise pair it
