@@ -107,10 +107,12 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
 
 // The marker a job keeps beside its outputs while it puts the token file and the loss mask in
 // place (two renames, or a rename and the stale mask's removal): token file "data/sft.bin" ->
-// "data/sft.tokenize-commit". Written durably before the first, removed after the last; one left
-// by a job killed in between says the pair may not belong together: `outcore train` refuses the
-// token file while it is there, and the next job into the prefix replaces both files and removes
-// it (a job whose pid still runs is waited for by refusing to start).
+// "data/sft.tokenize-commit". Written whole (renamed in) before the first change, held locked
+// (flock) by its job, removed after the last. One left by a killed job says the pair may not
+// belong together: `outcore train` refuses the token file while it is there, and the next job
+// into the prefix replaces both files, removes the killed job's leftovers (found by the names a
+// job makes and the pids the marker holds), and then the marker. A job that finds the marker
+// locked (its job is committing now) refuses to start.
 inline std::string tokenize_commit_marker(const std::string& token_path) {
   const size_t slash = token_path.rfind('/');
   const size_t dot = token_path.rfind('.');
