@@ -233,6 +233,31 @@ TEST_F(DataParallel, SigintToMpirunLeavesNoSwapFiles) {
   EXPECT_EQ(count_bin_files(work / "swap"), 0) << output;
 }
 
+// mpirun killed (SIGKILL, as a second Ctrl-C ends it): the ranks, its children, are told to
+// stop (their parent-death signal), never train on unsupervised, and leave no swap file
+// however OpenMPI then ends them.
+TEST_F(DataParallel, KilledMpirunLeavesNoRankRunningAndNoSwapFiles) {
+  if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+  const fs::path work = dir_->file("launcher_killed");
+  std::string output;
+  pid_t rank1 = 0;
+  run_cli_job(
+      work,
+      [&](pid_t victim, pid_t launcher, const fs::path&) {
+        rank1 = victim;
+        ::kill(launcher, SIGKILL);
+      },
+      output);
+  ASSERT_NE(rank1, 0) << output;
+  bool gone = false;
+  for (int i = 0; i < 600 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    gone = ::kill(rank1, 0) != 0 && errno == ESRCH && count_bin_files(work / "swap") == 0;
+  }
+  if (!gone) ::kill(rank1, SIGKILL);
+  EXPECT_TRUE(gone) << "a rank outlived mpirun by a minute, or left swap files:\n" << output;
+}
+
 TEST_F(DataParallel, CheckpointOfTwoRanksResumesOnOne) {
   expect_resume_across_worlds("s2_cpu_bf16", 2, 1, 2, 6);
 }

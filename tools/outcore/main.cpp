@@ -2,17 +2,25 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
 
+#include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "tools/blas/blas_kernels.hpp"
 #include "tools/env_settings.hpp"
 #include "tools/outcore/commands.hpp"
+#include "tools/outcore/stop_signals.hpp"
 
 int main(int argc, char** argv) {
+  // A process ended by exit() while files are registered for cleanup (a data-parallel rank
+  // whose launcher is gone: OpenMPI exits it) removes them first; a normal end has removed
+  // and unregistered them already.
+  std::atexit([] { outcore::cleanup::remove_registered_files(outcore::cleanup::Scope::kAll); });
+  outcore::cli::catch_early_mpirun_stop();
   outcore::tools::select_blas_kernels(argv);
   outcore::tools::select_openmp_waiting(argv);
   outcore::log::init("info");

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <system_error>
@@ -16,6 +17,8 @@ namespace outcore::cli {
 namespace {
 
 std::atomic<bool> g_stop{false};
+// Set by the SIGUSR1 that catch_early_mpirun_stop's handler caught before a StopSignals was made.
+std::atomic<bool> g_early_stop{false};
 std::atomic<unsigned> g_seen{0};  // bit s - 1: signal s received since the StopSignals was made
 std::atomic<const char*> g_notice{nullptr};
 // Write end of the watcher's pipe (-1 without one). The pipe and the watcher live as long as the
@@ -89,9 +92,19 @@ bool start_watcher() {
 
 std::atomic<bool>& stop_flag() { return g_stop; }
 
+void catch_early_mpirun_stop() {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return;
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_early_stop.store(true); };
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGUSR1, &sa, nullptr);
+}
+
 StopSignals::StopSignals(Options options)
     : count_(options.mpirun_stop ? 4 : 3), ignore_sigpipe_(options.ignore_sigpipe) {
-  g_stop.store(false);
+  // A stop mpirun forwarded before this was made (catch_early_mpirun_stop) is this one's first.
+  g_stop.store(options.mpirun_stop && g_early_stop.exchange(false));
   g_seen.store(0);
   g_notice.store(options.notice);
   start_watcher();

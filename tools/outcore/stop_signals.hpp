@@ -24,6 +24,12 @@ namespace outcore::cli {
 // The process's stop request, set by the handler of a live StopSignals.
 std::atomic<bool>& stop_flag();
 
+// In a process mpirun started: SIGUSR1 (mpirun's forwarded stop, whose default action would end
+// the process) is caught from now on and taken by the first StopSignals with mpirun_stop as its
+// first stop signal. Call at the start of main. (A SIGUSR1 before main runs, while the process
+// is loaded or re-executed, still ends it by its default action.)
+void catch_early_mpirun_stop();
+
 class StopSignals {
  public:
   struct Options {
