@@ -31,14 +31,9 @@ bool aligned(uint64_t n) { return n % kAlign == 0; }
 
 // The checkpoint global_step<N> of `dir` with the largest N, or an empty path when it holds none.
 fs::path newest_checkpoint(const fs::path& dir) {
-  fs::path newest;
-  int64_t newest_step = -1;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const int64_t step = step_of_tag(e.path().filename().string());
-    if (step > newest_step && is_checkpoint_dir(e.path())) newest = e.path(), newest_step = step;
-  }
-  return newest;
+  const auto found = checkpoints_in(dir);
+  const auto newest = std::max_element(found.begin(), found.end());
+  return newest == found.end() ? fs::path() : newest->second;
 }
 
 // `message` as a warning, once per process for `dir` (a resume opens its checkpoint more than

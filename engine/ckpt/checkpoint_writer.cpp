@@ -217,6 +217,16 @@ bool is_checkpoint_dir(const fs::path& p) {
   }
 }
 
+std::vector<std::pair<int64_t, fs::path>> checkpoints_in(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const int64_t step = step_of_tag(it->path().filename().string());
+    if (step >= 0 && is_checkpoint_dir(it->path())) found.emplace_back(step, it->path());
+  }
+  return found;
+}
+
 // ---- SaveDir --------------------------------------------------------------------------------
 
 SaveDir::SaveDir(fs::path dir, SaveDirOptions options) : dir_(std::move(dir)), options_(options) {
@@ -408,10 +418,7 @@ bool takes_a_save_name(const fs::path& path) {
   if (has_suffix(name, ".tmp") || has_suffix(name, ".old")) name.resize(name.size() - 4);
   if (name != kLatestName && name != ".lock" && step_of_tag(name) < 0) return false;
   const fs::path dir = at.parent_path();
-  if (type_of(dir / kLatestName) == fs::file_type::regular) return true;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
-    if (step_of_tag(e.path().filename().string()) >= 0 && is_checkpoint_dir(e.path())) return true;
-  return false;
+  return type_of(dir / kLatestName) == fs::file_type::regular || !checkpoints_in(dir).empty();
 }
 
 void SaveDir::check_can_save(int64_t first, int64_t last) const {
@@ -450,10 +457,7 @@ void SaveDir::check_room(uint64_t bytes, int64_t saves, const WriterOptions& hoo
   const auto mib = [](uint64_t n) { return static_cast<double>(n) / (1 << 20); };
   // The checkpoints here already (this run's, or those it replaces after its first save) take
   // their room now; with keep K the directory holds K + 1 at once, just before a save prunes.
-  int64_t here = 0;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir_, ec))
-    if (step_of_tag(e.path().filename().string()) >= 0 && is_checkpoint_dir(e.path())) ++here;
+  const auto here = static_cast<int64_t>(checkpoints_in(dir_).size());
   // Checkpoints this run adds before its pruning keeps their number level. Those here stay
   // while it continues them (kept among the newest K); another run's, replaced, go after the
   // first save.

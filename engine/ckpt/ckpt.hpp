@@ -55,6 +55,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "aio/aio.hpp"
@@ -348,6 +349,10 @@ int64_t step_of_tag(const std::string& name);
 // Whether `path` is a directory holding an outcore manifest (checked by its "format" key only:
 // a checkpoint whose data is damaged is still outcore's). Links are not followed.
 bool is_checkpoint_dir(const std::filesystem::path& path);
+// The checkpoints of directory `dir`: its entries global_step<N> that are checkpoint
+// directories, with their steps, in no order (none when `dir` cannot be read).
+std::vector<std::pair<int64_t, std::filesystem::path>> checkpoints_in(
+    const std::filesystem::path& dir);
 
 // The outcore checkpoint directory `path` is or lies in (itself or its nearest ancestor holding
 // an outcore manifest), or nullopt. A file written there is one the checkpoint does not list: a

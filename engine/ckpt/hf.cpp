@@ -171,10 +171,9 @@ HfWeights HfWeights::open(const fs::path& dir, const model::LlamaConfig& expecte
       throw InvalidArgument(fmt::format(
           "{}: {}", dir.string(), fs::exists(dir, ec) ? "not a directory" : "no such directory"));
     // An outcore checkpoint, or a save directory, is continued with --resume (or exported).
-    bool ours = checkpoint_holding(dir) || present(dir / std::string(kLatestName));
     // A save directory whose first save was not yet named `latest` holds only checkpoints.
-    for (fs::directory_iterator it(dir, ec), end; !ours && !ec && it != end; it.increment(ec))
-      ours = step_of_tag(it->path().filename().string()) >= 0 && is_checkpoint_dir(it->path());
+    const bool ours = checkpoint_holding(dir) || present(dir / std::string(kLatestName)) ||
+                      !checkpoints_in(dir).empty();
     throw InvalidArgument(fmt::format(
         "{}: holds neither {} nor {} (weights must be safetensors){}", dir.string(), kHfWeightsFile,
         kHfIndexFile,
