@@ -57,7 +57,14 @@ DeviceBuffer Device::alloc(size_t bytes, std::string_view what) {
     stats_.in_use_bytes += charged;  // reserved before the backend call, released on failure
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.in_use_bytes);
   }
-  void* ptr = do_alloc(charged);
+  void* ptr = nullptr;
+  try {
+    ptr = do_alloc(charged);
+  } catch (...) {  // a failed context, say: the reservation goes back
+    std::lock_guard lock(mu_);
+    stats_.in_use_bytes -= charged;
+    throw;
+  }
   std::lock_guard lock(mu_);
   if (ptr == nullptr) {
     stats_.in_use_bytes -= charged;

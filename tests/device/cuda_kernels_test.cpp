@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -607,6 +608,58 @@ TEST_F(CudaKernels, GemmMatchesTheHostForEveryTransposeDtypeAndBatch) {
         const auto got = C.host();
         for (size_t i = 0; i < got.size(); ++i)
           ASSERT_NEAR(got[i], want[i], tol) << dtype_name(t) << ta << tb << " @" << i;
+      }
+    }
+  }
+}
+
+// Operands need not start on 256 bytes: a head's columns inside a row, a tensor at 64 elements
+// into a bf16 slab, a batch whose stride is odd. Each operand here starts its own number of
+// elements past an allocation (and batch entries one element further apart than they need), so
+// cuBLASLt must be told the real alignment: an algorithm chosen for 256 bytes fails or faults.
+TEST_F(CudaKernels, GemmOnOperandsThatStartOffTheirAllocationMatchesTheHost) {
+  Gemm gemm;
+  const int64_t m = 64, n = 128, k = 256;
+  struct Offsets {
+    int64_t a, b, c;
+  };
+  for (DType t : {DType::F32, DType::BF16}) {
+    for (const int64_t batch : {1, 2}) {
+      for (const Offsets o : {Offsets{1, 0, 3}, Offsets{8, 64, 1}, Offsets{64, 2, 32}}) {
+        const std::string what = std::string(dtype_name(t)) + " batch " + std::to_string(batch) +
+                                 " offsets " + std::to_string(o.a) + "/" + std::to_string(o.b) +
+                                 "/" + std::to_string(o.c);
+        const int64_t pad = batch > 1 ? 1 : 0;
+        const int64_t sa = m * k + pad, sb = k * n + pad, sc = m * n + pad;
+        auto a = randn(batch * sa, 23), b = randn(batch * sb, 24);
+        for (auto* v : {&a, &b})
+          for (float& e : *v) e = round_to(t, e);
+        std::vector<float> want(static_cast<size_t>(batch * sc), 0.0f);
+        for (int64_t i = 0; i < batch; ++i)
+          hk::gemm(false, true, m, n, k, 1.0f, a.data() + i * sa, k, b.data() + i * sb, k, 0.0f,
+                   want.data() + i * sc, n);
+        // The operands placed `off` elements into zero-filled buffers, in the GEMM's dtype.
+        auto placed = [&](const std::vector<float>& v, int64_t off) {
+          std::vector<uint16_t> out(static_cast<size_t>(off) * 2 + v.size() * 2, 0);
+          if (t == DType::F32)
+            std::memcpy(reinterpret_cast<float*>(out.data()) + off, v.data(), v.size() * 4);
+          else
+            hk::from_fp32(v.data(), out.data() + off, t, static_cast<int64_t>(v.size()));
+          return out;
+        };
+        const size_t esize = dtype_size(t);
+        Dev<uint16_t> A(placed(a, o.a)), B(placed(b, o.b));
+        Dev<float> C(static_cast<size_t>(o.c + batch * sc));
+        const auto at = [&](Dev<uint16_t>& d, int64_t off) {
+          return static_cast<const void*>(reinterpret_cast<const char*>(d.get()) + off * esize);
+        };
+        gemm.run(false, true, m, n, k, 1.0f, at(A, o.a), k, at(B, o.b), k, t, 0.0f, C.get() + o.c,
+                 n, nullptr, batch, sa, sb, sc);
+        const auto got = C.host();
+        for (int64_t i = 0; i < batch; ++i)
+          for (int64_t e = 0; e < m * n; ++e)
+            ASSERT_NEAR(got[o.c + i * sc + e], want[i * sc + e], 1e-4 * k)
+                << what << " entry " << i << " @" << e;
       }
     }
   }

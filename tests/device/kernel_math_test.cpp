@@ -17,6 +17,7 @@
 #include "common/dtype.hpp"
 #include "cpu_adam/cpu_adam.hpp"
 #include "engine/device/cpu/kernels.hpp"
+#include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/rmsnorm_dw_split.hpp"
 #include "tests/common/numeric.hpp"
 
@@ -172,6 +173,23 @@ TEST(KernelMath, RmsNormWeightGradientSplitCoversEveryRowOnceWithinItsWorkspace)
   EXPECT_EQ(dw_split(4096, 8192).ranges, 1);
   // Rows too few to split: one range, dw written directly.
   EXPECT_EQ(dw_split(300, 128).ranges, 1);
+}
+
+// What cuBLASLt is told of an operand's alignment (cuda::Gemm): every batch entry's address
+// counts, and 256 bytes (its default) is the most ever said.
+TEST(KernelMath, GemmAlignmentIsThatOfEveryBatchEntryUpTo256Bytes) {
+  using device::cuda::gemm_alignment;
+  auto at = [](uintptr_t address) { return reinterpret_cast<const void*>(address); };
+  EXPECT_EQ(gemm_alignment(at(4096)), 256u);
+  EXPECT_EQ(gemm_alignment(at(4096 + 128)), 128u);
+  EXPECT_EQ(gemm_alignment(at(4096 + 4)), 4u);
+  EXPECT_EQ(gemm_alignment(at(4096 + 2)), 2u);
+  EXPECT_EQ(gemm_alignment(at(4096 + 1)), 1u);
+  // A batch: the stride counts too, and only when there is more than one entry.
+  EXPECT_EQ(gemm_alignment(at(4096), 2, 64), 64u);
+  EXPECT_EQ(gemm_alignment(at(4096), 3, 4097 * 4), 4u);
+  EXPECT_EQ(gemm_alignment(at(4096), 1, 4), 256u);
+  EXPECT_EQ(gemm_alignment(at(4096 + 32), 4, 1024), 32u);
 }
 
 TEST(KernelMath, RopeRotationEqualsTheKernelAndInverts) {

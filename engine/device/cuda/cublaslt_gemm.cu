@@ -1,6 +1,7 @@
 // cuda::Gemm: row-major GEMMs over cuBLASLt (see cuda_kernels.hpp). A row-major C = op(A) op(B)
 // is the column-major C^T = op(B)^T op(A)^T, so B is passed first and the shapes swap. Each
-// shape's descriptors, layouts and algorithm are made once and kept (Plan).
+// shape's descriptors, layouts and algorithm are made once and kept (Plan), per alignment of the
+// operands' addresses (gemm_alignment), which the heuristic is told.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -8,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "common/error.hpp"
 #include "engine/device/cuda/cuda_check.hpp"
@@ -66,12 +68,23 @@ struct MatmulDesc {
   MatmulDesc& operator=(const MatmulDesc&) = delete;
 };
 
+// The workspace allowed, and the alignment of cuBLASLt's A, B and C (= D) pointers: the
+// heuristic assumes 256 bytes unless told, and an algorithm chosen under that assumption fails
+// on a less aligned pointer (a head's columns inside a row, a buffer's offset).
 struct Preference {
   cublasLtMatmulPreference_t h = nullptr;
-  explicit Preference(uint64_t bytes) {
+  Preference(uint64_t bytes, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&h));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &bytes, sizeof bytes));
+    const std::array<std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t>, 4> aligns{{
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c},
+    }};
+    for (const auto& [attr, value] : aligns)
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h, attr, &value, sizeof value));
   }
   ~Preference() { cublasLtMatmulPreferenceDestroy(h); }
   Preference(const Preference&) = delete;
@@ -79,7 +92,8 @@ struct Preference {
 };
 
 // The descriptors, layouts and algorithm of one GEMM shape. cuBLASLt's heuristic sees only
-// these (never the pointers), so a shape's plan serves every call with that shape.
+// these and the alignments it is told (never the pointers), so a plan serves every call with
+// that shape and those alignments.
 struct Plan {
   Layout first, second, out;
   MatmulDesc desc;
@@ -94,8 +108,8 @@ struct Plan {
         desc(trans_b, trans_a) {}
 };
 
-// Everything a plan depends on.
-using PlanKey = std::array<int64_t, 13>;
+// Everything a plan depends on: the shape, the dtype and the operands' alignments.
+using PlanKey = std::array<int64_t, 16>;
 
 // Plans kept at most; past it the cache starts over (shapes are few: a model has a handful per
 // unit, attention one per query block).
@@ -135,9 +149,15 @@ void Gemm::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   if (m < 0 || n < 0 || k <= 0 || batch < 0)
     throw InvalidArgument("gemm: dimensions must be positive (m=" + std::to_string(m) +
                           " n=" + std::to_string(n) + " k=" + std::to_string(k) + ")");
-  const PlanKey key{trans_a,  trans_b,  m,       n,     k,
-                    lda,      ldb,      ldc,     batch, static_cast<int64_t>(ab_dtype),
-                    stride_a, stride_b, stride_c};
+  // Row-major A and B are cuBLASLt's B and A (see the top of this file).
+  const int64_t esize = static_cast<int64_t>(dtype_size(ab_dtype));
+  const uint32_t align_a = gemm_alignment(b, batch, stride_b * esize),
+                 align_b = gemm_alignment(a, batch, stride_a * esize),
+                 align_c = gemm_alignment(c, batch, stride_c * int64_t{sizeof(float)});
+  const PlanKey key{trans_a,  trans_b,  m,        n,       k,
+                    lda,      ldb,      ldc,      batch,   static_cast<int64_t>(ab_dtype),
+                    stride_a, stride_b, stride_c, align_a, align_b,
+                    align_c};
   std::unique_ptr<Plan>& plan = impl_->plans[key];
   if (plan == nullptr) {
     if (impl_->plans.size() > kMaxPlans) {
@@ -147,7 +167,7 @@ void Gemm::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     }
     auto made = std::make_unique<Plan>(cuda_type(ab_dtype), trans_a, trans_b, m, n, k, lda, ldb,
                                        ldc, batch, stride_a, stride_b, stride_c);
-    const Preference pref(impl_->workspace_bytes);
+    const Preference pref(impl_->workspace_bytes, align_a, align_b, align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(impl_->handle, made->desc.h, made->first.h,

@@ -1,6 +1,8 @@
 // The CUDA compute backend (see compute_backend.hpp): every operation is a kernel of
 // cuda_kernels.hpp, a cuBLASLt GEMM or an async copy, queued on the backend's own compute
-// stream of a CudaDevice; finish() synchronizes that stream. Compiled only where nvcc exists.
+// stream of a CudaDevice; finish() synchronizes that stream. Every operation first makes the
+// backend's GPU current on the calling thread (CUDA's current device is per thread: a thread of
+// the engine that never chose one would launch on GPU 0). Compiled only where nvcc exists.
 //
 // Everything the backend keeps in device memory comes from the device's allocator and is
 // charged to its byte budget (device_bytes(); the planner counts the same bytes through
@@ -47,6 +49,7 @@ class CudaBackend final : public ComputeBackend {
     norm_partials_ = device.alloc(norm::kDwPartialBytes, "RMSNorm weight-gradient partial sums");
   }
   ~CudaBackend() override {
+    (void)cudaSetDevice(ordinal_);
     cudaStreamSynchronize(native());  // then the buffers below go back to the device
     for (IdSlot* s : {&ids_[0], &ids_[1], &groups_}) cudaFreeHost(s->host);
     if (groups_copied_ != nullptr) cudaEventDestroy(groups_copied_);
@@ -69,13 +72,16 @@ class CudaBackend final : public ComputeBackend {
   std::string name() const override { return name_; }
 
   void copy(void* dst, const void* src, size_t bytes) override {
+    current();
     if (bytes == 0 || dst == src) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, native()));
   }
   void zero(void* dst, size_t bytes) override {
+    current();
     if (bytes != 0) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, native()));
   }
   void upload(void* dst, const void* host, size_t bytes) override {
+    current();
     if (bytes == 0) return;
     // From pageable memory the call returns once `host` has been staged by the driver; from
     // page-locked memory the copy reads `host` later, so the stream is waited for (the contract:
@@ -86,6 +92,7 @@ class CudaBackend final : public ComputeBackend {
     if (at.type == cudaMemoryTypeHost) CUDA_CHECK(cudaStreamSynchronize(native()));
   }
   void download(void* host, const void* src, size_t bytes) override {
+    current();
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, native()));
     CUDA_CHECK(cudaStreamSynchronize(native()));
@@ -117,7 +124,8 @@ class CudaBackend final : public ComputeBackend {
     return s.device.as<const int32_t>();
   }
   void finish() override {
-    CUDA_CHECK(cudaStreamSynchronize(native()));
+    current();
+    stream_->synchronize();  // also rethrows an error of a stream the compute stream waited on
     CUDA_CHECK(cudaGetLastError());
   }
   Stream* stream() override { return stream_.get(); }
@@ -138,44 +146,55 @@ class CudaBackend final : public ComputeBackend {
                handle_);
   }
   void to_fp32(const void* src, DType dtype, float* dst, int64_t n) override {
+    current();
     cuda::to_fp32(src, dtype, dst, n, handle_);
   }
   void from_fp32(const float* src, void* dst, DType dtype, int64_t n) override {
+    current();
     cuda::from_fp32(src, dst, dtype, n, handle_);
   }
   void add_inplace(float* y, const float* x, int64_t n) override {
+    current();
     cuda::add_inplace(y, x, n, handle_);
   }
   void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* scale) override {
+    current();
     cuda::scale_rows(x, rows, cols, ld, scale, handle_);
   }
   void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
                        float* y, float* rstd, void* y_bf16) override {
+    current();
     cuda::rmsnorm_forward(x, w, eps, rows, dim, y, rstd, handle_, static_cast<uint16_t*>(y_bf16));
   }
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                         int64_t rows, int64_t dim, float* dx, float* dw) override {
+    current();
     cuda::rmsnorm_backward(dy, x, w, rstd, rows, dim, dx, dw, norm_partials_.as<float>(), handle_);
   }
   void rope(float* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, const float* cos,
             const float* sin, bool inverse, void* x_bf16) override {
+    current();
     cuda::rope(x, rows, seq, heads, head_dim, cos, sin, inverse, handle_,
                static_cast<uint16_t*>(x_bf16));
   }
   void swiglu_forward(const float* g, const float* u, float* a, int64_t n, void* a_bf16) override {
+    current();
     cuda::swiglu_forward(g, u, a, n, handle_, static_cast<uint16_t*>(a_bf16));
   }
   void swiglu_backward(const float* da, const float* g, const float* u, float* dg, float* du,
                        int64_t n, void* dg_bf16, void* du_bf16) override {
+    current();
     cuda::swiglu_backward(da, g, u, dg, du, n, handle_, static_cast<uint16_t*>(dg_bf16),
                           static_cast<uint16_t*>(du_bf16));
   }
   void causal_softmax_forward(float* scores, float* lse, int64_t rows, int64_t keys,
                               int64_t first_query, float* inv_sum) override {
+    current();
     cuda::causal_softmax_forward(scores, lse, 1, rows, keys, first_query, handle_, 0, inv_sum);
   }
   void causal_softmax_backward(float* scores, float* dp, const float* lse, int64_t rows,
                                int64_t keys, int64_t first_query, const float* delta) override {
+    current();
     cuda::causal_softmax_backward(scores, dp, lse, 1, rows, keys, first_query, handle_, 0, delta);
   }
   void attention_delta(const Attention& a, const void* attn, const void* dattn,
@@ -186,17 +205,20 @@ class CudaBackend final : public ComputeBackend {
   }
   void cross_entropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
                      bool grad, float* row_loss, void* grad_bf16) override {
+    current();
     cuda::cross_entropy(logits, targets, rows, vocab, coef, grad, row_loss, handle_,
                         static_cast<uint16_t*>(grad_bf16));
   }
   void embedding_forward(const void* table, DType dtype, const int32_t* ids, int64_t n,
                          int64_t hidden, float* out) override {
+    current();
     cuda::embedding_forward(table, dtype, ids, n, hidden, out, handle_);
   }
   // The ids are grouped on the host (from the staged host copy when `ids` came from
   // stage_ids, else read back) and the groups copied up once.
   void embedding_backward(const int32_t* ids, const float* dy, int64_t n, int64_t hidden,
                           float* grad) override {
+    current();
     if (n == 0) return;
     std::vector<int32_t> read_back;
     const int32_t* host = nullptr;
@@ -216,8 +238,8 @@ class CudaBackend final : public ComputeBackend {
   void attention_forward(const Attention& a, const void* qv, const void* kv, const void* vv,
                          float* lse, float* attn, float* scores, void* lowp,
                          void* attn_bf16) override {
+    current();
     if (fused(a, {qv, kv, vv})) {
-      current();
       cuda::flash_attention_forward(bits(qv), bits(kv), bits(vv), a.B, a.T, a.nh, a.nkv, a.hd,
                                     a.scale, lse, attn, handle_, static_cast<uint16_t*>(attn_bf16));
       return;
@@ -230,7 +252,6 @@ class CudaBackend final : public ComputeBackend {
     const auto* v = static_cast<const float*>(vv);
     const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
     float* s = grown(work_, attention_workspace_bytes(a), "attention score blocks");
-    current();
     for (int64_t b = 0; b < a.B; ++b)
       for (int64_t j = 0; j < group; ++j)
         for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
@@ -252,10 +273,10 @@ class CudaBackend final : public ComputeBackend {
   void attention_backward(const Attention& a, const void* qv, const void* kv, const void* vv,
                           const float* lse, const void* attn, const void* dattnv, float* dq,
                           float* dk, float* dv, float* scores, float* dprob, void* lowp) override {
+    current();
     if (fused(a, {qv, kv, vv, dattnv})) {
       if (attn == nullptr || lowp == nullptr)
         throw InvalidArgument("attention backward: bf16 needs forward's output and the scratch");
-      current();
       cuda::flash_attention_backward(bits(qv), bits(kv), bits(vv), lse, bits(attn), bits(dattnv),
                                      a.B, a.T, a.nh, a.nkv, a.hd, a.scale,
                                      attention_rows_scratch(a, lowp), dq, dk, dv, handle_);
@@ -271,7 +292,6 @@ class CudaBackend final : public ComputeBackend {
     const int64_t Q = a.nh * a.hd, KV = a.nkv * a.hd, group = a.nh / a.nkv;
     float* p = grown(work_, attention_workspace_bytes(a), "attention score blocks");
     float* ds = p + a.nkv * a.block * a.T;
-    current();
     for (int64_t b = 0; b < a.B; ++b)
       for (int64_t j = 0; j < group; ++j)
         for (int64_t r0 = 0; r0 < a.T; r0 += a.block) {
@@ -333,7 +353,6 @@ class CudaBackend final : public ComputeBackend {
     s.host = nullptr;
     s.capacity = 0;
     s.device = device_.alloc(bytes, what);
-    current();
     CUDA_CHECK(cudaMallocHost(&s.host, bytes));
     s.capacity = bytes;
   }
@@ -342,7 +361,6 @@ class CudaBackend final : public ComputeBackend {
   // finished before the staging is reused: an event, not a stream synchronize).
   const int32_t* stage_groups(const std::vector<int32_t>& packed, int64_t tokens) {
     const size_t bytes = packed.size() * sizeof(int32_t);
-    current();
     if (groups_copied_ == nullptr)
       CUDA_CHECK(cudaEventCreateWithFlags(&groups_copied_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventSynchronize(groups_copied_));

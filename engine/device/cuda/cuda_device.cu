@@ -91,6 +91,8 @@ void CUDART_CB run_host_call(void* arg) {
 // engine's own threads too (its lanes, the step worker): without it, the runtime's first call
 // there would bind GPU 0 (a context and its memory on a GPU the run does not use).
 void bind(int ordinal) { CUDA_CHECK(cudaSetDevice(ordinal)); }
+// The same in a destructor, which must not throw (a failed context fails the next call anyway).
+void bind_quietly(int ordinal) { (void)cudaSetDevice(ordinal); }
 
 class CudaEvent final : public Event {
  public:
@@ -98,7 +100,10 @@ class CudaEvent final : public Event {
     bind(ordinal);
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
   }
-  ~CudaEvent() override { cudaEventDestroy(event_); }
+  ~CudaEvent() override {
+    bind_quietly(ordinal_);
+    cudaEventDestroy(event_);
+  }
   // Rethrows an error raised before the record on the recording stream or the streams it
   // waited on (the CpuDevice contract: events recorded after a failure carry it).
   void synchronize() override {
@@ -151,6 +156,7 @@ class CudaStream final : public Stream {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaStream() override {
+    bind_quietly(ordinal_);
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
@@ -273,6 +279,7 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking));
   }
   ~CudaDevice() override {
+    bind_quietly(ordinal_);
     cudaStreamSynchronize(alloc_stream_);
     cudaStreamDestroy(alloc_stream_);
   }
@@ -351,7 +358,10 @@ class CudaDevice final : public Device {
       return nullptr;
     }
     CUDA_CHECK(err);
-    CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
+    if (const cudaError_t sync = cudaStreamSynchronize(alloc_stream_); sync != cudaSuccess) {
+      cudaFreeAsync(ptr, alloc_stream_);  // not handed out: not left allocated either
+      CUDA_CHECK(sync);
+    }
     return ptr;
   }
   void do_free(void* ptr, size_t /*charged*/) noexcept override {

@@ -161,6 +161,18 @@ void adam_step(const cpu_adam::detail::AdamCoeffs& coeffs, bool pytorch, int64_t
 // op(B) [k,n]; A and B share one dtype: F32 (computed in fp32, no TF32), BF16 or F16.
 // beta == 0 ignores C's old contents. Batched: `batch` products, operand i at base + i * stride
 // (elements). Owns a cuBLASLt handle and a workspace; one Gemm per thread at a time.
+// The alignment cuBLASLt is told for an operand at `p` (and, in a batch of more than one, at
+// p + i * stride_bytes): the largest power of two dividing every such address, at most 256
+// (cuBLASLt's default assumption). Fully aligned operands get the same algorithm as without the
+// preference, so their bits do not depend on it.
+inline uint32_t gemm_alignment(const void* p, int64_t batch = 1, int64_t stride_bytes = 0) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  const auto stride = static_cast<uint64_t>(batch > 1 ? stride_bytes : 0);
+  uint32_t align = 256;
+  while (align > 1 && (at % align != 0 || stride % align != 0)) align /= 2;
+  return align;
+}
+
 class Gemm {
  public:
   // On the current CUDA device, with `workspace_bytes` of cuBLASLt workspace at `workspace`
