@@ -10,6 +10,7 @@
 
 #include "common/cleanup.hpp"
 #include "common/error.hpp"
+#include "common/unique_fd.hpp"
 
 namespace outcore {
 namespace {
@@ -50,44 +51,38 @@ void set_lock_open_hook(std::function<void()> hook) { lock_open_hook() = std::mo
 LockFile::LockFile(std::filesystem::path path, std::string busy, std::string_view marker,
                    bool register_cleanup)
     : path_(std::move(path)) {
-  // Closes the descriptor of an attempt that does not end holding the lock, whatever throws.
-  struct Fd {
-    int fd = -1;
-    ~Fd() {
-      if (fd >= 0) ::close(fd);
-    }
-  };
   for (int attempt = 0;; ++attempt) {
     if (attempt == 100)
       throw PathBusy(path_.string(), busy + " (its lock file keeps being replaced)");
     bool created = true;
-    Fd f{::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600)};
-    if (f.fd < 0 && errno == EEXIST) {
+    // Closes the descriptor of an attempt that does not end holding the lock, whatever throws.
+    UniqueFd f(::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (f.get() < 0 && errno == EEXIST) {
       created = false;
       // Read only: an existing lock file is never written (a user's may be read-only).
-      f.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-      if (f.fd < 0 && errno == ENOENT) continue;  // unlinked by its holder since: try again
+      f.reset(::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+      if (f.get() < 0 && errno == ENOENT) continue;  // unlinked by its holder since: try again
     }
-    if (f.fd < 0) throw IoError(path_.string(), errno, "open lock file");
+    if (f.get() < 0) throw IoError(path_.string(), errno, "open lock file");
     if (auto hook = std::exchange(lock_open_hook(), nullptr)) hook();
-    if (::flock(f.fd, LOCK_EX | LOCK_NB) != 0) {
+    if (::flock(f.get(), LOCK_EX | LOCK_NB) != 0) {
       if (errno == EWOULDBLOCK) throw PathBusy(path_.string(), busy);
       throw IoError(path_.string(), errno, "lock " + path_.string());
     }
     struct stat held {
     }, named{};
-    if (::fstat(f.fd, &held) != 0 || ::lstat(path_.c_str(), &named) != 0 ||
+    if (::fstat(f.get(), &held) != 0 || ::lstat(path_.c_str(), &named) != 0 ||
         held.st_dev != named.st_dev || held.st_ino != named.st_ino)
       continue;  // locked a file its holder had already unlinked
     // A file this created is written only now, under the lock: a process that opened it before
     // finds it empty, which is outcore's too (as is one whose marker could not be written).
     bool owned = marker.empty() || created;
-    if (created && !marker.empty() && !write_all(f.fd, marker)) (void)::ftruncate(f.fd, 0);
-    if (!owned) owned = S_ISREG(held.st_mode) && holds_marker_or_nothing(f.fd, marker);
+    if (created && !marker.empty() && !write_all(f.get(), marker)) (void)::ftruncate(f.get(), 0);
+    if (!owned) owned = S_ISREG(held.st_mode) && holds_marker_or_nothing(f.get(), marker);
     // Removed only by a process ending at once: one still working keeps its lock.
     if (register_cleanup && owned)
       cleanup::register_path(path_.string(), false, cleanup::Scope::kAll);
-    fd_ = std::exchange(f.fd, -1);
+    fd_ = f.release();
     owned_ = owned;
     registered_ = register_cleanup && owned;
     return;

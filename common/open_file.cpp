@@ -140,4 +140,18 @@ std::string read_whole_file(const std::string& path, const char* what, size_t li
   return out;
 }
 
+void fsync_directory(const std::string& dir_in) {
+  const std::string dir = dir_in.empty() ? std::string(".") : dir_in;
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw IoError(dir, errno, "open directory to fsync");
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw IoError(dir, err, "fsync directory");
+}
+
+void fsync_parent_directory(const std::string& path) {
+  fsync_directory(std::filesystem::path(path).parent_path().string());
+}
+
 }  // namespace outcore

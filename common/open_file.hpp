@@ -38,6 +38,12 @@ bool file_id_of(int fd, FileId& id);
 // another run's) is kept. True when removed.
 bool unlink_if_same(const std::string& path, const FileId& id);
 
+// fsyncs directory `dir` ("" is the current one), so that a rename or unlink in it is durable.
+// IoError naming the directory when it cannot be opened or synced.
+void fsync_directory(const std::string& dir);
+// fsyncs the directory holding `path` (its parent; the current one for a bare name).
+void fsync_parent_directory(const std::string& path);
+
 // The process's file mode creation mask, read without changing it (umask(2) would, for every
 // thread); 022 where /proc does not say. For files made with a mode of their own and then
 // fchmod'ed, so that they end as open(2) with 0644 would have made them.

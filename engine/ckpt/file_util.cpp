@@ -10,46 +10,27 @@
 
 #include "common/error.hpp"
 #include "common/open_file.hpp"
+#include "common/unique_fd.hpp"
 
 namespace outcore::ckpt {
-namespace {
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-}  // namespace
-
 void write_file_durably(const std::filesystem::path& path, std::string_view data) {
-  Fd f{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  if (f.fd < 0) throw IoError(path.string(), errno, "create");
+  UniqueFd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (f.get() < 0) throw IoError(path.string(), errno, "create");
   try {
     size_t off = 0;
     while (off < data.size()) {
-      const ssize_t n = ::write(f.fd, data.data() + off, data.size() - off);
+      const ssize_t n = ::write(f.get(), data.data() + off, data.size() - off);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0)
         throw IoError(path.string(), off, data.size() - off, n < 0 ? errno : EIO, "write");
       off += static_cast<size_t>(n);
     }
-    if (::fsync(f.fd) != 0) throw IoError(path.string(), errno, "fsync");
-    const int fd = f.fd;
-    f.fd = -1;
-    if (::close(fd) != 0) throw IoError(path.string(), errno, "close");
+    if (::fsync(f.get()) != 0) throw IoError(path.string(), errno, "fsync");
+    if (f.close() != 0) throw IoError(path.string(), errno, "close");
   } catch (...) {
     ::unlink(path.c_str());  // a partial file is no file of ours to leave (a full disk)
     throw;
   }
-}
-
-void fsync_dir(const std::filesystem::path& dir_in) {
-  const std::filesystem::path dir = dir_in.empty() ? std::filesystem::path(".") : dir_in;
-  Fd f{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (f.fd < 0) throw IoError(dir.string(), errno, "open directory");
-  if (::fsync(f.fd) != 0) throw IoError(dir.string(), errno, "fsync directory");
 }
 
 void rename_durably(const std::filesystem::path& from, const std::filesystem::path& to,
@@ -60,21 +41,21 @@ void rename_durably(const std::filesystem::path& from, const std::filesystem::pa
 }
 
 std::string read_small_file(const std::filesystem::path& path, size_t limit) {
-  Fd f;
+  UniqueFd f;
   try {
-    f.fd = open_for_reading(path.string(), "checkpoint file");
+    f.reset(open_for_reading(path.string(), "checkpoint file"));
   } catch (const InvalidArgument& e) {  // a FIFO, a directory, ...: not what was saved
     throw CorruptData(e.what());
   }
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) throw IoError(path.string(), errno, "stat");
+  if (::fstat(f.get(), &st) != 0) throw IoError(path.string(), errno, "stat");
   if (static_cast<uint64_t>(st.st_size) > limit)
     throw CorruptData(
         fmt::format("{}: {} bytes, more than the {} expected", path.string(), st.st_size, limit));
   std::string out(static_cast<size_t>(st.st_size), '\0');
   size_t off = 0;
   while (off < out.size()) {
-    const ssize_t n = ::read(f.fd, out.data() + off, out.size() - off);
+    const ssize_t n = ::read(f.get(), out.data() + off, out.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw IoError(path.string(), off, out.size() - off, errno, "read");
     if (n == 0) break;

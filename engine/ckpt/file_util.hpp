@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/open_file.hpp"
+
 namespace outcore::ckpt {
 
 // First bytes of every checkpoint data file ("OCCKPT", format generation 1).
@@ -17,7 +19,7 @@ void write_file_durably(const std::filesystem::path& path, std::string_view data
 void rename_durably(const std::filesystem::path& from, const std::filesystem::path& to,
                     const std::filesystem::path& dir);
 // fsyncs a directory (an empty path: the current one).
-void fsync_dir(const std::filesystem::path& dir);
+inline void fsync_dir(const std::filesystem::path& dir) { fsync_directory(dir.string()); }
 // A whole small file (at most `limit` bytes; CorruptData beyond).
 std::string read_small_file(const std::filesystem::path& path, size_t limit);
 // The tag a `latest` file names (one line, a plain directory name; CorruptData otherwise).

@@ -8,25 +8,11 @@
 #include <string_view>
 
 #include "common/open_file.hpp"
+#include "common/unique_fd.hpp"
 #include "engine/config/config.hpp"
 
 namespace outcore::config {
 namespace {
-
-// Owns a file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 [[noreturn]] void refuse(const std::string& path, std::string message) {
   throw ConfigValidationError(path, {{"", std::move(message)}});
@@ -38,7 +24,7 @@ std::string limit_mib() { return std::to_string(kMaxConfigBytes >> 20) + " MiB";
 
 ParsedConfig load_config_file(const std::string& path) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
   if (fd.get() < 0) refuse(path, "cannot open the config file: " + errno_string(errno));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {

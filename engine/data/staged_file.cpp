@@ -10,6 +10,7 @@
 
 #include "common/cleanup.hpp"
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 
 namespace outcore::data {
 namespace {
@@ -88,14 +89,7 @@ void StagedFile::commit() {
   if (::rename(temporary_.c_str(), target_.c_str()) != 0)
     throw IoError(target_, errno, fmt::format("rename {} to", temporary_));
   committed_ = true;
-  const std::filesystem::path parent = std::filesystem::path(target_).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) throw IoError(dir, errno, "open directory to fsync");
-  const int rc = ::fsync(dfd);
-  const int err = errno;
-  ::close(dfd);
-  if (rc != 0) throw IoError(dir, err, "fsync directory");
+  fsync_parent_directory(target_);
 }
 
 }  // namespace outcore::data

@@ -291,15 +291,6 @@ std::string link_aside(const std::string& path) {
 // The commit marker's first line (tokenize_commit_marker): a file there without it is not a job's.
 constexpr std::string_view kCommitMarkerText = "outcore tokenize commit\n";
 
-// fsyncs the directory holding `path` (a rename or unlink there is durable then).
-void fsync_parent(const std::string& path) {
-  const fs::path dir = fs::absolute(path).parent_path();
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)::fsync(fd);
-  ::close(fd);
-}
-
 // The commit marker (tokenize_commit_marker): kCommitMarkerText, then one "pid N" line for the
 // job that wrote it and one for each killed job whose leftovers may still lie beside the
 // outputs. Its writer holds an flock on it while it commits: a marker that can be locked is a
@@ -334,7 +325,8 @@ class CommitMarker {
       ::unlink(tmp.c_str());
       throw IoError(tmp, err, "write the tokenize commit marker " + path_);
     }
-    fsync_parent(path_);
+    // Durable before the commit it guards (a failure leaves the marker: train refuses the pair).
+    fsync_parent_directory(path_);
   }
   // Unlocks; the marker stays unless remove() ran (a failed commit leaves it for the next job).
   ~CommitMarker() {
@@ -346,7 +338,12 @@ class CommitMarker {
   void remove() {
     if (::unlink(path_.c_str()) != 0 && errno != ENOENT)
       log::warn("tokenize: cannot remove the commit marker {}: {}", path_, std::strerror(errno));
-    fsync_parent(path_);
+    try {
+      fsync_parent_directory(path_);
+    } catch (const IoError& e) {
+      // The pair is committed; a marker back after a crash only makes train ask for a rerun.
+      log::warn("tokenize: {}", e.what());
+    }
   }
 
  private:

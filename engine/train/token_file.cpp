@@ -18,36 +18,7 @@
 
 namespace outcore::train {
 
-// An open file; closed on destruction.
-struct OpenedFile {
-  int fd = -1;
-  ~OpenedFile() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 namespace {
-
-// Owns a file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  // Closes, reporting the error; the descriptor is gone either way.
-  int close() {
-    int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
 
 TokenFormat format_from_extension(const std::string& path) {
   std::string ext = std::filesystem::path(path).extension().string();
@@ -64,11 +35,12 @@ TokenFormat format_from_extension(const std::string& path) {
 
 // Reads bytes [offset, offset + bytes) of `file` into `dst`: CorruptData when the file ends
 // before (shortened since it was opened), IoError when the read fails; both name `path`.
-void read_exact(const OpenedFile& file, const std::string& path, uint64_t offset, void* dst,
+void read_exact(const UniqueFd& file, const std::string& path, uint64_t offset, void* dst,
                 size_t bytes) {
   auto* p = static_cast<char*>(dst);
   for (size_t done = 0; done < bytes;) {
-    const ssize_t n = ::pread(file.fd, p + done, bytes - done, static_cast<off_t>(offset + done));
+    const ssize_t n =
+        ::pread(file.get(), p + done, bytes - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw IoError(path, offset + done, bytes - done, errno, "read");
     if (n == 0)
@@ -83,7 +55,7 @@ void read_exact(const OpenedFile& file, const std::string& path, uint64_t offset
 // Reads elements [begin, end) of a file of T (from byte `first`) in chunks, calling
 // f(chunk_begin, data, n) for each.
 template <typename T, typename F>
-void for_chunks(const OpenedFile& file, const std::string& path, uint64_t first, size_t begin,
+void for_chunks(const UniqueFd& file, const std::string& path, uint64_t first, size_t begin,
                 size_t end, F&& f) {
   constexpr size_t kChunk = size_t{1} << 20;
   std::vector<T> buf(std::min(kChunk, end - begin));
@@ -128,10 +100,9 @@ TokenFile::~TokenFile() = default;
 TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
   if (format == TokenFormat::kAuto) format = format_from_extension(path);
   TokenFile f;
-  f.file_ = std::make_unique<OpenedFile>();
-  f.file_->fd = open_for_reading(path, "token file");
+  f.file_.reset(open_for_reading(path, "token file"));
   struct stat st {};
-  if (fstat(f.file_->fd, &st) != 0) throw IoError(path, errno, "stat token file");
+  if (fstat(f.file_.get(), &st) != 0) throw IoError(path, errno, "stat token file");
   size_t bytes = static_cast<size_t>(st.st_size);
   f.path_ = path;
   f.format_ = format;
@@ -143,13 +114,13 @@ TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
                       path, bytes, kLlmcHeaderBytes));
     }
     int32_t header[3];
-    read_exact(*f.file_, path, 0, header, sizeof(header));
+    read_exact(f.file_, path, 0, header, sizeof(header));
     if (header[0] != kLlmcMagic) {
       // Raw 4-byte ids below 65536 leave every other 2-byte word zero: read as u16 they would
       // train on a zero after every token, so the hint says which format the bytes look like.
       std::array<uint16_t, 2048> words{};
       const size_t n = std::min<uint64_t>(bytes, sizeof(words)) / sizeof(uint16_t);
-      read_exact(*f.file_, path, 0, words.data(), n * sizeof(uint16_t));
+      read_exact(f.file_, path, 0, words.data(), n * sizeof(uint16_t));
       bool u32_like = bytes % 4 == 0;
       for (size_t i = 1; i < n && u32_like; i += 2) u32_like = words[i] == 0;
       throw CorruptData(fmt::format(
@@ -189,7 +160,7 @@ TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
 }
 
 void TokenFile::read_raw(size_t begin, size_t n, void* dst) const {
-  read_exact(*file_, path_, first_byte_ + begin * width_, dst, n * width_);
+  read_exact(file_, path_, first_byte_ + begin * width_, dst, n * width_);
 }
 
 uint32_t TokenFile::operator[](size_t i) const {
@@ -259,18 +230,18 @@ void TokenFile::check_vocab(uint64_t vocab_size, size_t begin, size_t end) const
         static_cast<uint64_t>(p[rel]), at + rel, vocab_size, vocab_size == 0 ? 0 : vocab_size - 1));
   };
   if (width_ == 2)
-    for_chunks<uint16_t>(*file_, path_, first_byte_, begin, end, check);
+    for_chunks<uint16_t>(file_, path_, first_byte_, begin, end, check);
   else
-    for_chunks<uint32_t>(*file_, path_, first_byte_, begin, end, check);
+    for_chunks<uint32_t>(file_, path_, first_byte_, begin, end, check);
 }
 
 uint32_t TokenFile::max_token() const {
   uint32_t m = 0;
   auto take = [&m](size_t, const auto* p, size_t n) { m = std::max<uint32_t>(m, max_of(p, n)); };
   if (width_ == 2)
-    for_chunks<uint16_t>(*file_, path_, first_byte_, 0, count_, take);
+    for_chunks<uint16_t>(file_, path_, first_byte_, 0, count_, take);
   else
-    for_chunks<uint32_t>(*file_, path_, first_byte_, 0, count_, take);
+    for_chunks<uint32_t>(file_, path_, first_byte_, 0, count_, take);
   return m;
 }
 
@@ -280,10 +251,9 @@ MaskFile::~MaskFile() = default;
 
 MaskFile MaskFile::open(const std::string& path, const TokenFile& tokens) {
   MaskFile m;
-  m.file_ = std::make_unique<OpenedFile>();
-  m.file_->fd = open_for_reading(path, "loss mask");
+  m.file_.reset(open_for_reading(path, "loss mask"));
   struct stat st {};
-  if (fstat(m.file_->fd, &st) != 0) throw IoError(path, errno, "stat loss mask");
+  if (fstat(m.file_.get(), &st) != 0) throw IoError(path, errno, "stat loss mask");
   const auto bytes = static_cast<size_t>(st.st_size);
   if (bytes != tokens.size()) {
     throw CorruptData(fmt::format(
@@ -298,7 +268,7 @@ MaskFile MaskFile::open(const std::string& path, const TokenFile& tokens) {
 
 bool MaskFile::operator[](size_t i) const {
   uint8_t b = 0;
-  read_exact(*file_, path_, i, &b, 1);
+  read_exact(file_, path_, i, &b, 1);
   return b != 0;
 }
 
@@ -307,7 +277,7 @@ void MaskFile::read(size_t begin, std::span<uint8_t> out) const {
     throw InvalidArgument(fmt::format("{}: read of mask bytes [{}, {}) past the end ({} tokens)",
                                       path_, begin, begin + out.size(), count_));
   }
-  read_exact(*file_, path_, begin, out.data(), out.size());
+  read_exact(file_, path_, begin, out.data(), out.size());
 }
 
 uint64_t MaskFile::check(size_t begin, size_t end) const {
@@ -318,7 +288,7 @@ uint64_t MaskFile::check(size_t begin, size_t end) const {
   // One pass per chunk (vectorized: a widening sum and an OR); the bad byte is looked for only
   // when there is one.
   uint64_t ones = 0;
-  for_chunks<uint8_t>(*file_, path_, 0, begin, end, [&](size_t at, const uint8_t* p, size_t n) {
+  for_chunks<uint8_t>(file_, path_, 0, begin, end, [&](size_t at, const uint8_t* p, size_t n) {
     uint8_t any = 0;
     for (size_t i = 0; i < n; ++i) {
       ones += p[i];
@@ -351,7 +321,7 @@ void write_llmc_tokens(const std::string& path, std::span<const uint16_t> tokens
     raw = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (raw < 0 && (errno != EEXIST || k >= 100)) throw IoError(tmp, errno, "create token file");
   }
-  Fd fd(raw);
+  UniqueFd fd(raw);
   auto fail = [&](const char* op) {
     int err = errno;
     ::unlink(tmp.c_str());

@@ -22,14 +22,11 @@
 #include <string>
 #include <string_view>
 
+#include "common/unique_fd.hpp"
+
 namespace outcore::train {
 
 enum class TokenFormat { kAuto, kLlmc, kRawU16, kRawU32 };
-
-// An open file, read with pread (defined in token_file.cpp). Not mapped: a file shortened while
-// it is in use fails the read that reaches past its end (CorruptData naming it) instead of
-// killing the process with SIGBUS.
-struct OpenedFile;
 
 inline constexpr int32_t kLlmcMagic = 20240520;
 inline constexpr int32_t kLlmcVersion = 1;
@@ -82,7 +79,7 @@ class TokenFile {
   TokenFile() = default;
   // Reads tokens [begin, begin + n) as stored (width_ bytes each) into `dst`.
   void read_raw(size_t begin, size_t n, void* dst) const;
-  std::unique_ptr<OpenedFile> file_;
+  UniqueFd file_;  // read with pread, never mapped (see open)
   std::string path_;
   TokenFormat format_ = TokenFormat::kAuto;
   uint64_t first_byte_ = 0;  // of the first token (after llm.c's header)
@@ -116,7 +113,7 @@ class MaskFile {
 
  private:
   MaskFile() = default;
-  std::unique_ptr<OpenedFile> file_;
+  UniqueFd file_;  // read with pread, never mapped (see open)
   std::string path_;
   size_t count_ = 0;
 };
