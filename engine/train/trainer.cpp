@@ -424,11 +424,19 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
     const uint64_t step_in_epoch =
         resume_state_.at("data").at("step").get<uint64_t>() * static_cast<uint64_t>(world);
     if (micro != micro_now || seq != seq_len ||
-        step_in_epoch % static_cast<uint64_t>(world_now) != 0)
+        step_in_epoch % static_cast<uint64_t>(world_now) != 0) {
+      // What would carry it over: the same micro-batch and sequence length, at a world size
+      // that divides the micro-batches consumed.
+      std::string worlds;
+      for (uint64_t w = 1, shown = 0; w <= 64 && shown < 6; ++w)
+        if (step_in_epoch % w == 0) worlds += (shown++ ? ", " : "") + std::to_string(w);
       throw InvalidArgument(fmt::format(
           "{}: saved with micro-batch {} x sequence length {} x world size {} ({} micro-batches "
-          "into the epoch); this run has {} x {} x {}: the data position cannot carry over",
-          src, micro, seq, world, step_in_epoch, micro_now, seq_len, world_now));
+          "into the epoch); this run has {} x {} x {}: the data position cannot carry over. "
+          "Resume with --micro-batch-size {} --seq-len {} at a world size dividing {} ({})",
+          src, micro, seq, world, step_in_epoch, micro_now, seq_len, world_now, micro, seq,
+          step_in_epoch, worlds));
+    }
     resume_state_["data"]["step"] = step_in_epoch / static_cast<uint64_t>(world_now);
     const int64_t gas_then = resume_state_.at("gradient_accumulation_steps").get<int64_t>();
     if (gas_then * world != gas_ * world_now)
@@ -532,6 +540,9 @@ nlohmann::ordered_json Trainer::state_json() const {
   // How the run saves: a resume into the same save directory keeps it (outcore train).
   j["save_every"] = opts_.save_every;
   j["keep"] = opts_.keep;
+  // How it validates: a resume keeps it (outcore train).
+  j["eval_every"] = opts_.eval_every;
+  j["eval_batches"] = opts_.eval_batches;
   return j;
 }
 

@@ -1265,10 +1265,14 @@ TEST_F(TrainCliTest, BatchAndWarmupFlagsTakeEffectOrAreSaidNotTo) {
 }
 
 // --data naming the file the checkpoint trained on is the checkpoint's data: its validation
-// split carries over, as when --data is left out.
+// split carries over, as when --data is left out, and so does how often and on how many
+// micro-batches the run validates.
 TEST_F(TrainCliTest, ResumingWithTheSameDataKeepsItsValidationSplit) {
   const std::string ck = data_.file("ckpt");
-  CliResult r = run(train_args("--steps 2 --val-fraction 0.1 --save-dir " + shell_quote(ck)));
+  CliResult r =
+      run(train_args("--steps 2 --val-fraction 0.1 --eval-every 1 --eval-batches 1 "
+                     "--save-dir " +
+                     shell_quote(ck)));
   ASSERT_EQ(r.rc, 0) << r.err;
   auto line = [](const std::string& out) {
     const size_t at = out.find("train data ");
@@ -1276,10 +1280,21 @@ TEST_F(TrainCliTest, ResumingWithTheSameDataKeepsItsValidationSplit) {
   };
   const std::string split = line(r.out);
   ASSERT_FALSE(split.empty()) << r.out;
+  auto val_tokens = [](const std::string& out, int step) {
+    const std::string head = "val step " + std::to_string(step) + " | loss ";
+    const size_t at = out.find(head);
+    if (at == std::string::npos) return std::string();
+    const size_t from = out.find(" | ", at + head.size()) + 3;
+    return out.substr(from, out.find(" tokens", from) - from);
+  };
+  const std::string one_batch = val_tokens(r.out + r.err, 1);
+  ASSERT_FALSE(one_batch.empty()) << r.out << r.err;
   r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) +
-          " --steps 3 --data " + shell_quote(data_.train()));
+          " --steps 4 --data " + shell_quote(data_.train()));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(line(r.out), split) << r.out;
+  EXPECT_EQ(val_tokens(r.out + r.err, 3), one_batch) << r.out << r.err;
+  EXPECT_EQ(val_tokens(r.out + r.err, 4), one_batch) << r.out << r.err;
 }
 
 // An nvme_path with a file (or a link to nowhere) in its place is bad input: exit 2 naming the key.

@@ -360,9 +360,19 @@ TEST_F(ResumeTest, MismatchedModelOrBatchIsRefused) {
   bigger["num_hidden_layers"] = 3;
   const model::LlamaConfig other = model::LlamaConfig::from_json(bigger.dump(), "other");
   EXPECT_THROW(Trainer(make_config({}, other), other, o), ConfigError);
-  EXPECT_THROW(
-      Trainer(make_config({{"train_micro_batch_size_per_gpu", 2}}, tiny_model()), tiny_model(), o),
-      InvalidArgument);
+  // The refusal says what would resume: the saved micro-batch and sequence length.
+  try {
+    Trainer(make_config({{"train_micro_batch_size_per_gpu", 2}}, tiny_model()), tiny_model(), o);
+    ADD_FAILURE() << "another micro-batch was taken";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the data position cannot carry over"), std::string::npos) << what;
+    EXPECT_NE(what.find("Resume with --micro-batch-size " +
+                        std::to_string(cfg.train_micro_batch_size_per_gpu.value()) + " --seq-len " +
+                        std::to_string(o.seq_len) + " at a world size dividing"),
+              std::string::npos)
+        << what;
+  }
   TrainerOptions seq = o;
   seq.seq_len = 16;
   EXPECT_THROW(Trainer(cfg, tiny_model(), seq), InvalidArgument);

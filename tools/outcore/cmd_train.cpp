@@ -179,6 +179,8 @@ struct ResumeDefaults {
   int64_t seq_len = 0;
   int64_t save_every = 0;  // how the run saved (0: at the end only; all kept)
   int keep = 0;
+  int64_t eval_every = 0;    // how it validated (0: after the last step only)
+  int64_t eval_batches = 0;  // 0: not saved (checkpoints before it): the default
 };
 
 ResumeDefaults resume_defaults(const std::string& path) {
@@ -197,6 +199,8 @@ ResumeDefaults resume_defaults(const std::string& path) {
     d.seq_len = st.value("seq_len", int64_t{0});
     d.save_every = std::max<int64_t>(0, st.value("save_every", int64_t{0}));
     d.keep = std::max(0, st.value("keep", 0));
+    d.eval_every = std::max<int64_t>(0, st.value("eval_every", int64_t{0}));
+    d.eval_batches = std::max<int64_t>(0, st.value("eval_batches", int64_t{0}));
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(d.source + "/trainer_state.json: " + e.what());
   }
@@ -573,8 +577,13 @@ int run_train(const TrainCliOptions& o) {
   }
   if (n.seed) topts.seed = *n.seed;
   topts.seq_len = n.seq_len.value_or(rd ? rd->seq_len : 0);
-  topts.eval_every = n.eval_every.value_or(0);
-  if (n.eval_batches) topts.eval_batches = *n.eval_batches;
+  // A resume validates as its run did, where it has a validation set.
+  const bool validates = !topts.val_data.empty() || topts.val_fraction > 0;
+  topts.eval_every = n.eval_every.value_or(rd && validates ? rd->eval_every : 0);
+  if (n.eval_batches)
+    topts.eval_batches = *n.eval_batches;
+  else if (rd && rd->eval_batches > 0)
+    topts.eval_batches = rd->eval_batches;
   if (o.activation_checkpointing) topts.activation_checkpointing = true;
   topts.metrics_file = o.metrics;
   if (!ranks_agree(*ranks->control, rank_settings(config, model, topts))) return 2;
