@@ -543,6 +543,9 @@ nlohmann::ordered_json Trainer::state_json() const {
   // How it validates: a resume keeps it (outcore train).
   j["eval_every"] = opts_.eval_every;
   j["eval_batches"] = opts_.eval_batches;
+  // What the command line chose beyond the config: a resume keeps it (outcore train).
+  j["activation_checkpointing"] = opts_.activation_checkpointing.value_or(false);
+  j["config_auto_keys"] = opts_.config_auto_keys;
   return j;
 }
 

@@ -88,6 +88,10 @@ struct TrainerOptions {
   // activation_checkpointing section asks for anything (cpu_checkpointing,
   // partition_activations or number_checkpoints).
   std::optional<bool> activation_checkpointing;
+  // The keys of the run's own DeepSpeed config that were "auto" or left out (filled by flags or
+  // defaults), saved with each checkpoint: a resume on the checkpoint's resolved config lets
+  // this run's flags fill them again (outcore train).
+  std::vector<std::string> config_auto_keys;
 
   // JSON lines per step and per validation; empty = cfg.outcore.metrics_file (which may
   // be empty too: no file).

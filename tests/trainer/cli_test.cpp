@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -1295,6 +1296,49 @@ TEST_F(TrainCliTest, ResumingWithTheSameDataKeepsItsValidationSplit) {
   EXPECT_EQ(line(r.out), split) << r.out;
   EXPECT_EQ(val_tokens(r.out + r.err, 3), one_batch) << r.out << r.err;
   EXPECT_EQ(val_tokens(r.out + r.err, 4), one_batch) << r.out << r.err;
+}
+
+// A resume on its checkpoint's config: a key the run left "auto" takes this run's flag again
+// (--steps lengthens a schedule of "auto" total_num_steps: the learning rate goes on falling
+// instead of sitting at its floor), a number there holds against a flag with a warning that
+// names the checkpoint's file, a config given again has each change said, and
+// --activation-checkpointing carries over.
+TEST_F(TrainCliTest, AResumeTakesItsFlagsWhereItsRunDidAndSaysEveryConfigChange) {
+  config_ = write_config("cosine.json",
+                         {{"scheduler",
+                           {{"type", "WarmupCosineLR"},
+                            {"params", {{"total_num_steps", "auto"}, {"warmup_num_steps", 1}}}}}});
+  const std::string ck = data_.file("ckpt"), m = data_.file("m.jsonl");
+  CliResult r =
+      run(train_args("--steps 2 --activation-checkpointing --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("train --resume " + shell_quote(ck) + " --steps 4 --metrics " + shell_quote(m));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("scheduler.params.total_num_steps 2 -> 4"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("activation checkpointing on"), std::string::npos) << r.out;
+  std::map<int64_t, double> lr;
+  for (const nlohmann::json& rec : step_records(m)) lr[rec["step"].get<int64_t>()] = rec["lr"];
+  ASSERT_EQ(lr.size(), 2u) << slurp(m);
+  EXPECT_GT(lr[3], lr[4]);  // over 2 steps both would be the floor
+  r = run("train --resume " + shell_quote(ck) + " --steps 3 --lr 0.5");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("--lr 0.5 not used: optimizer.params.lr is 0.003 (the value in " + ck +
+                       "/global_step2/ds_config.json, which the resume keeps: give --config FILE "
+                       "to change it)"),
+            std::string::npos)
+      << r.err;
+  const std::string clipped = write_config(
+      "clipped.json", {{"gradient_clipping", 0.5},
+                       {"scheduler",
+                        {{"type", "WarmupCosineLR"},
+                         {"params", {{"total_num_steps", "auto"}, {"warmup_num_steps", 1}}}}}});
+  r = run("train --resume " + shell_quote(ck) + " --steps 3 --config " + shell_quote(clipped));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("differs from " + ck +
+                       "/global_step2/ds_config.json: gradient_clipping "
+                       "0.0 -> 0.5; scheduler.params.total_num_steps 2 -> 3"),
+            std::string::npos)
+      << r.err;
 }
 
 // An nvme_path with a file (or a link to nowhere) in its place is bad input: exit 2 naming the key.

@@ -22,6 +22,7 @@
 #include "common/log.hpp"
 #include "common/open_file.hpp"
 #include "engine/ckpt/ckpt.hpp"
+#include "engine/config/auto_fields.hpp"
 #include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
 #include "engine/train/trainer.hpp"
@@ -105,16 +106,76 @@ std::optional<int64_t> steps_from(const Numbers& n, const cfg::Config& c) {
   return std::nullopt;
 }
 
-// A command-line value that "auto" would have taken but the config's value (a number in the
-// file, or the key's default) overrides: said, never dropped silently.
+// Why a config's value holds against a flag: its own (a number in the file, or the key's
+// default), or, resumed without --config, the checkpoint's (`checkpoint`: its directory).
+std::string held_by(const std::string& checkpoint) {
+  if (checkpoint.empty()) return "the config's value or its default; \"auto\" there takes the flag";
+  return fmt::format(
+      "the value in {}/ds_config.json, which the resume keeps: give --config FILE to change it",
+      checkpoint);
+}
+
+// A command-line value that "auto" would have taken but the config's value overrides: said,
+// never dropped silently. `why`: held_by.
 template <typename T>
-void warn_if_overridden(const cfg::AutoOr<T>& v, std::optional<T> cli, const char* flag) {
-  if (cli && v.has_value() && v.value() != *cli) {
-    log::warn(
-        "{} {} not used: {} is {} (the config's value or its default; \"auto\" there "
-        "takes the flag)",
-        flag, *cli, v.path(), v.value());
+void warn_if_overridden(const cfg::AutoOr<T>& v, std::optional<T> cli, const char* flag,
+                        const std::string& why) {
+  if (cli && v.has_value() && v.value() != *cli)
+    log::warn("{} {} not used: {} is {} ({})", flag, *cli, v.path(), v.value(), why, why);
+}
+
+// The keys of a run's own config that are "auto" or left out without a default, so that a flag
+// or outcore's default fills them: saved with each checkpoint, so that a resume on the
+// checkpoint's (resolved) config lets the same flags fill them again.
+std::vector<std::string> auto_keys_of(const cfg::Config& c) {
+  std::vector<std::string> keys;
+  cfg::detail::for_each_auto(c, [&](const auto& field) {
+    if (!field.has_value()) keys.emplace_back(field.path());
+  });
+  return keys;
+}
+
+// A resume on the checkpoint's config: the keys its run left to flags take this run's flags
+// again where given (--steps lengthens a schedule whose total_num_steps was "auto").
+void reopen_auto_keys(cfg::Config& c, const std::vector<std::string>& auto_keys, const Numbers& n) {
+  auto reopen = [&](auto& field, bool given) {
+    if (given && std::find(auto_keys.begin(), auto_keys.end(), field.path()) != auto_keys.end())
+      field.set_auto();
+  };
+  reopen(c.optimizer.lr, n.lr.has_value());
+  reopen(c.optimizer.weight_decay, n.weight_decay.has_value());
+  reopen(c.scheduler.warmup.warmup_num_steps, n.warmup_steps.has_value());
+  reopen(c.scheduler.cosine.warmup_num_steps, n.warmup_steps.has_value());
+  reopen(c.scheduler.warmup.total_num_steps, n.steps.has_value());
+  reopen(c.scheduler.cosine.total_num_steps, n.steps.has_value());
+}
+
+// A resumed run's config against its checkpoint's (`saved`, resolved when it was written): one
+// line names every key that differs, with both values, so no change of the optimizer, the
+// schedule or the placement goes unsaid. `from`: where this run's config came from.
+void say_config_changes(const std::string& saved, const std::string& saved_source,
+                        const cfg::Config& now, const std::string& from) {
+  const nlohmann::json before =
+      nlohmann::json(cfg::to_json(cfg::parse_config(saved, saved_source).config)).flatten();
+  const nlohmann::json after = nlohmann::json(cfg::to_json(now)).flatten();
+  std::vector<std::string> changes;
+  auto key = [](std::string k) {
+    std::replace(k.begin(), k.end(), '/', '.');
+    return k.substr(1);
+  };
+  for (const auto& [k, v] : after.items()) {
+    const auto was = before.find(k);
+    if (was == before.end())
+      changes.push_back(fmt::format("{} {} (new)", key(k), v.dump()));
+    else if (*was != v)
+      changes.push_back(fmt::format("{} {} -> {}", key(k), was->dump(), v.dump()));
   }
+  for (const auto& [k, v] : before.items())
+    if (!after.contains(k)) changes.push_back(fmt::format("{} {} (gone)", key(k), v.dump()));
+  if (changes.empty()) return;
+  std::string list;
+  for (const std::string& c : changes) list += (list.empty() ? "" : "; ") + c;
+  log::warn("the resumed run's config ({}) differs from {}: {}", from, saved_source, list);
 }
 
 // A resumed run whose DeepSpeed config is the checkpoint's (`source`, its ds_config.json),
@@ -179,8 +240,10 @@ struct ResumeDefaults {
   int64_t seq_len = 0;
   int64_t save_every = 0;  // how the run saved (0: at the end only; all kept)
   int keep = 0;
-  int64_t eval_every = 0;    // how it validated (0: after the last step only)
-  int64_t eval_batches = 0;  // 0: not saved (checkpoints before it): the default
+  std::vector<std::string> auto_keys;     // config keys its run left to flags (auto_keys_of)
+  bool activation_checkpointing = false;  // turned on by --activation-checkpointing
+  int64_t eval_every = 0;                 // how it validated (0: after the last step only)
+  int64_t eval_batches = 0;               // 0: not saved (checkpoints before it): the default
 };
 
 ResumeDefaults resume_defaults(const std::string& path) {
@@ -199,6 +262,8 @@ ResumeDefaults resume_defaults(const std::string& path) {
     d.seq_len = st.value("seq_len", int64_t{0});
     d.save_every = std::max<int64_t>(0, st.value("save_every", int64_t{0}));
     d.keep = std::max(0, st.value("keep", 0));
+    d.auto_keys = st.value("config_auto_keys", std::vector<std::string>{});
+    d.activation_checkpointing = st.value("activation_checkpointing", false);
     d.eval_every = std::max<int64_t>(0, st.value("eval_every", int64_t{0}));
     d.eval_batches = std::max<int64_t>(0, st.value("eval_batches", int64_t{0}));
   } catch (const nlohmann::json::exception& e) {
@@ -447,6 +512,13 @@ int run_train(const TrainCliOptions& o) {
     config = config_path.empty() ? cfg::parse_config(rd->ds_config, config_source).config
                                  : cfg::load_config_file(config_path).config;
     log::init(config.outcore.log_level);
+    if (config_path.empty()) {
+      reopen_auto_keys(config, rd->auto_keys, n);
+      topts.config_auto_keys = rd->auto_keys;
+    } else {
+      topts.config_auto_keys = auto_keys_of(config);
+    }
+    const std::string why = held_by(config_path.empty() ? rd->source : "");
     std::optional<int64_t> steps = steps_from(n, config);
     if (!steps) {
       std::fprintf(stderr,
@@ -475,8 +547,8 @@ int run_train(const TrainCliOptions& o) {
       if (config.gradient_clipping.is_auto())
         log::info("gradient_clipping is \"auto\": resolved to 1.0 (set a number in the config)");
     }
-    warn_if_overridden(config.optimizer.lr, n.lr, "--lr");
-    warn_if_overridden(config.optimizer.weight_decay, n.weight_decay, "--weight-decay");
+    warn_if_overridden(config.optimizer.lr, n.lr, "--lr", why);
+    warn_if_overridden(config.optimizer.weight_decay, n.weight_decay, "--weight-decay", why);
     if (config_path.empty())
       fit_checkpoint_batch(config, n, ranks->world(), config_source, ranks->rank() == 0);
     // The batch flags that fill a key the config leaves out (or sets to "auto"): an error of
@@ -503,22 +575,26 @@ int run_train(const TrainCliOptions& o) {
           i.message += filled_by_flags;
       throw cfg::ConfigValidationError(config_source, std::move(issues));
     }
-    warn_if_overridden(config.train_batch_size, n.train_batch_size, "--train-batch-size");
+    warn_if_overridden(config.train_batch_size, n.train_batch_size, "--train-batch-size", why);
     warn_if_overridden(config.train_micro_batch_size_per_gpu, n.micro_batch_size,
-                       "--micro-batch-size");
+                       "--micro-batch-size", why);
     warn_if_overridden(config.gradient_accumulation_steps, n.gradient_accumulation_steps,
-                       "--gradient-accumulation-steps");
+                       "--gradient-accumulation-steps", why);
     if (config.scheduler.type == cfg::SchedulerType::kWarmupCosineLR)
-      warn_if_overridden(config.scheduler.cosine.warmup_num_steps, n.warmup_steps,
-                         "--warmup-steps");
+      warn_if_overridden(config.scheduler.cosine.warmup_num_steps, n.warmup_steps, "--warmup-steps",
+                         why);
     else if (config.scheduler.type == cfg::SchedulerType::kWarmupLR ||
              config.scheduler.type == cfg::SchedulerType::kWarmupDecayLR)
-      warn_if_overridden(config.scheduler.warmup.warmup_num_steps, n.warmup_steps,
-                         "--warmup-steps");
+      warn_if_overridden(config.scheduler.warmup.warmup_num_steps, n.warmup_steps, "--warmup-steps",
+                         why);
     else if (n.warmup_steps)
       log::warn("--warmup-steps {} not used: the config's scheduler has no warmup",
                 *n.warmup_steps);
     topts.steps = *steps;
+    if (rd && ranks->rank() == 0)
+      say_config_changes(
+          rd->ds_config, rd->source + "/ds_config.json", config,
+          config_path.empty() ? "the checkpoint's, with this run's flags" : config_path);
   } catch (const Error& e) {  // ConfigError, IoError reading a checked file, bad --format
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
@@ -584,7 +660,9 @@ int run_train(const TrainCliOptions& o) {
     topts.eval_batches = *n.eval_batches;
   else if (rd && rd->eval_batches > 0)
     topts.eval_batches = rd->eval_batches;
-  if (o.activation_checkpointing) topts.activation_checkpointing = true;
+  // The flag carries over: a resume computes as its run did (and fits the same budget).
+  if (o.activation_checkpointing || (rd && rd->activation_checkpointing))
+    topts.activation_checkpointing = true;
   topts.metrics_file = o.metrics;
   if (!ranks_agree(*ranks->control, rank_settings(config, model, topts))) return 2;
   return run_training(config, model, std::move(topts));
