@@ -13,13 +13,18 @@ all of it (--all). Spans crossing the window's edges are cut at them.
 
     /usr/bin/python3 tools/trace_svg.py trace.json -o step.svg [--step N | --window A:B | --all]
 
+The SVG is written whole under a temporary name beside the output and renamed over it (a
+failed write keeps the previous file); an output that is the trace itself is refused.
+
 Standard library only. Exit status 0 on success, 1 with one line on stderr when the trace
-cannot be read or the window holds nothing, 2 for bad arguments.
+cannot be read (or is malformed) or the window holds nothing or the output cannot be written,
+2 for bad arguments.
 """
 import argparse
 import colorsys
 import json
 import math
+import os
 import re
 import sys
 from xml.sax.saxutils import escape, quoteattr
@@ -30,6 +35,7 @@ LABEL_W = 150  # track names
 MARGIN = 10
 AXIS_H = 30
 LEGEND_ROW_H = 16
+MAX_WIDTH = 100000  # pixels: a wider picture is no picture, and its ticks would fill memory
 
 
 class TraceError(Exception):
@@ -47,20 +53,33 @@ def load(path):
     if not isinstance(events, list):
         raise TraceError(f"{path}: no traceEvents array")
     names, order, spans = {}, {}, []
+
+    def bad(e, what):
+        return TraceError(f"{path}: {what}: {json.dumps(e)[:200]}")
+
     for e in events:
         if not isinstance(e, dict):
             continue
         key = (e.get("pid", 0), e.get("tid", 0))
+        if not all(isinstance(k, (int, str)) and not isinstance(k, bool) for k in key):
+            raise bad(e, "an event whose pid or tid is not a number or a string")
+        key = tuple(str(k) if isinstance(k, str) else k for k in key)
+        args = e.get("args")
         if e.get("ph") == "M" and e.get("name") == "thread_name":
-            names[key] = str(e.get("args", {}).get("name", ""))
+            names[key] = str(args.get("name", "") if isinstance(args, dict) else "")
         elif e.get("ph") == "M" and e.get("name") == "thread_sort_index":
-            order[key] = e.get("args", {}).get("sort_index", 0)
+            index = args.get("sort_index", 0) if isinstance(args, dict) else 0
+            if not isinstance(index, (int, float)) or isinstance(index, bool) or \
+                    not math.isfinite(index):
+                raise bad(e, "a thread_sort_index that is not a finite number")
+            order[key] = index
         elif e.get("ph") == "X":
             try:
                 ts, dur = float(e["ts"]) / 1e6, float(e.get("dur", 0)) / 1e6
             except (KeyError, TypeError, ValueError):
-                raise TraceError(f"{path}: a complete event without numeric ts and dur: "
-                                 f"{json.dumps(e)[:200]}") from None
+                raise bad(e, "a complete event without numeric ts and dur") from None
+            if not (math.isfinite(ts) and math.isfinite(dur)):
+                raise bad(e, "a complete event whose ts or dur is not finite")
             args = e.get("args")
             spans.append({"track": key, "name": str(e.get("name", "")),
                           "cat": str(e.get("cat", "")), "start": ts, "end": ts + max(dur, 0.0),
@@ -297,6 +316,8 @@ def parse_window(text):
         a, b = (float(v) for v in text.split(":"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected START:END in seconds, got {text!r}") from None
+    if not (math.isfinite(a) and math.isfinite(b) and b - a < 1e9):
+        raise argparse.ArgumentTypeError(f"need finite seconds less than 1e9 apart, got {text!r}")
     if not (0 <= a < b):
         raise argparse.ArgumentTypeError(f"need 0 <= START < END, got {text!r}")
     return a, b
@@ -313,21 +334,47 @@ def main(argv=None):
     w.add_argument("--all", action="store_true", help="the whole trace")
     p.add_argument("--width", type=int, default=1200, help="pixels (default 1200)")
     args = p.parse_args(argv)
-    if args.width < LABEL_W + 2 * MARGIN + 100:
-        p.error(f"--width: at least {LABEL_W + 2 * MARGIN + 100}")
+    if not LABEL_W + 2 * MARGIN + 100 <= args.width <= MAX_WIDTH:
+        p.error(f"--width: from {LABEL_W + 2 * MARGIN + 100} to {MAX_WIDTH}")
     try:
+        if args.output and os.path.exists(args.output) and os.path.exists(args.trace) and \
+                os.path.samefile(args.output, args.trace):
+            raise TraceError(f"{args.output}: is the trace itself; write the SVG elsewhere")
         spans, names, order = load(args.trace)
         start, end, title = choose_window(spans, args)
         svg = render(spans, names, order, start, end, title, args.width)
         if args.output:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.write(svg)
+            write_whole(args.output, svg)
         else:
             sys.stdout.write(svg)
+            sys.stdout.flush()
     except (TraceError, OSError) as e:
         print(f"trace_svg: {e}", file=sys.stderr)
         return 1
+    except (ValueError, TypeError, AttributeError, KeyError, OverflowError, RecursionError) as e:
+        print(f"trace_svg: {args.trace}: not a trace this can draw ({type(e).__name__}: {e})",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def write_whole(path, text):
+    """`text` as the file `path` names (through a link, the file it names): written under a
+    temporary name beside it, then renamed over it, so a failed write leaves the old file."""
+    target = os.path.realpath(path)
+    tmp = f"{target}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from None
 
 
 if __name__ == "__main__":

@@ -126,6 +126,67 @@ class TraceSvg(unittest.TestCase):
                 self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
                 self.assertTrue(r.stderr.startswith("trace_svg: "), r.stderr)
 
+    def test_malformed_events_exit_one_with_one_line(self):
+        bad_events = [
+            {"ph": "X", "pid": [1], "tid": 1, "ts": 0, "dur": 1},
+            {"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": 1,
+             "args": {"sort_index": "x"}},
+            {"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": float("inf")},
+        ]
+        for i, event in enumerate(bad_events):
+            doc = trace_json()
+            doc["traceEvents"].append(event)
+            path = os.path.join(self.dir.name, f"bad{i}.json")
+            with open(path, "w") as f:
+                json.dump(doc, f)
+            r = self.run_script("--all", trace=path)
+            self.assertEqual(r.returncode, 1, (event, r.stderr))
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertTrue(r.stderr.startswith("trace_svg: "), r.stderr)
+        # A thread name's args that are no object: the track goes unnamed, the rest is drawn.
+        doc = trace_json()
+        doc["traceEvents"].append({"ph": "M", "name": "thread_name", "pid": 1, "tid": 1,
+                                   "args": [1]})
+        path = os.path.join(self.dir.name, "unnamed.json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        self.assertEqual(self.run_script("--all", trace=path).returncode, 0)
+        deep = os.path.join(self.dir.name, "deep.json")
+        with open(deep, "w") as f:
+            f.write("[" * 100000 + "]" * 100000)
+        r = self.run_script(trace=deep)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        for args in (["--width", "99999999999"], ["--window", "0:inf"]):
+            self.assertEqual(self.run_script(*args).returncode, 2, args)
+
+    def test_the_trace_and_an_earlier_output_are_never_lost(self):
+        with open(self.trace) as f:
+            before = f.read()
+        r = self.run_script("--all", "-o", self.trace)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("is the trace itself", r.stderr)
+        with open(self.trace) as f:
+            self.assertEqual(f.read(), before)
+        # An output that cannot be made (its name is taken by a directory): the old file stays.
+        out = os.path.join(self.dir.name, "step.svg")
+        with open(out, "w") as f:
+            f.write("earlier")
+        os.mkdir(f"{out}.tmp-0")  # not this process's name: the write goes through
+        r = self.run_script("--all", "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        os.chmod(self.dir.name, 0o500)  # no temporary can be made beside it now
+        try:
+            r = self.run_script("--all", "-o", out)
+            if os.geteuid() != 0:
+                self.assertEqual(r.returncode, 1, r.stderr)
+                self.assertIn(out, r.stderr)
+        finally:
+            os.chmod(self.dir.name, 0o700)
+        ET.parse(out)  # whole, either way
+        self.assertEqual([n for n in os.listdir(self.dir.name) if ".tmp-" in n and
+                          not n.endswith(".tmp-0")], [])
+
 
 if __name__ == "__main__":
     unittest.main()
