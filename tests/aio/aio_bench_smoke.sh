@@ -135,6 +135,31 @@ leftover=$(find "$work" -name 'aio_bench.*' | head -1)
 [ -z "$leftover" ] || fail "benchmark file left after SIGINT: $leftover"
 grep -q '"aio"' "$work/out.txt" && fail "after SIGINT: an aio section was recommended: $(cat "$work/out.txt")"
 grep -q "^Best performance" "$work/out.txt" && fail "after SIGINT: a best setting was claimed"
+# 3a. A second Ctrl-C ends the run at once, and the benchmark file goes with it.
+"$bench" --path "$work" --file-size 64M --seconds 2 --queue-depths 4,8 --threads 1 \
+  > "$work/out.txt" 2> "$work/err.txt" &
+pid=$!
+for _ in $(seq 100); do
+  [ -n "$(find "$work" -name 'aio_bench.*.dat')" ] && break
+  sleep 0.05
+done
+sleep 1
+kill -INT $pid
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] || fail "after two SIGINTs: exit $rc, expected 130 ($(cat "$work/err.txt"))"
+leftover=$(find "$work" -name 'aio_bench.*' | head -1)
+[ -z "$leftover" ] || fail "benchmark file left after two SIGINTs: $leftover"
+# 3b. Results that cannot be written (a full disk) exit 1 saying so.
+if [ -w /dev/full ]; then
+  "$bench" --path "$work" --file-size 4M --block-sizes 1M --queue-depths 4 --threads 1 \
+    --seconds 0.1 --json > /dev/full 2> "$work/err.txt"
+  rc=$?
+  [ $rc -eq 1 ] || fail "results to /dev/full: exit $rc, expected 1"
+  grep -q "cannot write the results to stdout" "$work/err.txt" ||
+    fail "results to /dev/full: $(cat "$work/err.txt")"
+fi
 # 4. --compare-fio: fio's output goes to a directory of its own, so nothing beside the benchmark
 # file is opened: a link planted at a name next to it (the scratch file's, the pid's that
 # `exec` keeps) is not written through, and the directory holds what it held.

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "tools/aio_bench/scratch.hpp"
@@ -22,7 +24,14 @@ int parse_and_run(CLI::App& app, const char* name, int argc, char** argv, Run&& 
     return 2;
   }
   try {
-    return run();
+    const int rc = run();
+    // Results that never reached their reader (a full disk, a closed pipe) are a failure.
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      std::fprintf(stderr, "%s: cannot write the results to stdout: %s\n", name,
+                   std::strerror(errno));
+      return 1;
+    }
+    return rc;
   } catch (const UsageError& e) {
     std::fprintf(stderr, "%s: %s\n", name, e.what());
     return 2;

@@ -16,7 +16,21 @@ namespace fs = std::filesystem;
 namespace {
 
 volatile sig_atomic_t g_signal = 0;
-extern "C" void on_signal(int sig) { g_signal = sig; }
+// The benchmark file's path while one exists, for a second signal to remove (unlink(2) is
+// async-signal-safe; a std::string is not).
+char g_scratch[4096] = {};
+
+// The first signal asks the measurements to stop (they unwind and the file goes with its
+// owner); a second removes the file at once and ends the process by that signal.
+extern "C" void on_signal(int sig) {
+  if (g_signal == 0) {
+    g_signal = sig;
+    return;
+  }
+  if (g_scratch[0] != '\0') ::unlink(g_scratch);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
 
 }  // namespace
 
@@ -37,7 +51,6 @@ std::string describe_backend(const aio::BackendChoice& b) {
 void install_stop_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
-  sa.sa_flags = SA_RESETHAND;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 }
@@ -88,10 +101,16 @@ ScratchFile::ScratchFile(const fs::path& dir, const std::string& stem, uint64_t 
     }
   }
   created_ = true;
+  if (path_.native().size() < sizeof g_scratch) {
+    g_scratch[0] = '\0';
+    std::memcpy(g_scratch + 1, path_.c_str() + 1, path_.native().size());
+    g_scratch[0] = path_.native()[0];  // the path is whole before the handler can see it
+  }
   try {
     file_.preallocate(size);
   } catch (const IoError& e) {
     int err = e.error_number();
+    g_scratch[0] = '\0';
     fs::remove(path_);
     created_ = false;
     if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
@@ -104,6 +123,7 @@ ScratchFile::ScratchFile(const fs::path& dir, const std::string& stem, uint64_t 
 
 ScratchFile::~ScratchFile() {
   if (!created_) return;
+  g_scratch[0] = '\0';
   std::error_code ec;
   fs::remove(path_, ec);
 }

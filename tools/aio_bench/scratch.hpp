@@ -25,7 +25,8 @@ aio::BackendChoice backend_for_run();
 std::string describe_backend(const aio::BackendChoice& b);
 
 // SIGINT, SIGTERM and SIGHUP set a flag that stop_requested() reports; measurements poll it
-// and unwind, so destructors remove files. A second signal kills at once.
+// and unwind, so destructors remove files. A second signal removes the benchmark file
+// (ScratchFile) and ends the process at once.
 void install_stop_handlers();
 bool stop_requested();
 int stop_signal();
