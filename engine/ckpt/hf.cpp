@@ -1,6 +1,7 @@
 // Hugging Face Llama directories: import checks and ranged slab reads, streaming export.
 #include "engine/ckpt/hf.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -472,6 +473,23 @@ void check_export_target(const fs::path& out) {
   if (!empty)
     throw InvalidArgument(fmt::format(
         "{}: directory is not empty; export into a new or empty directory", out.string()));
+  // The finished export is renamed onto `out`, which a mount point refuses (EBUSY): said now,
+  // not after the whole model is written.
+  struct statx sx {};
+  bool mount_root = false;
+  if (::statx(AT_FDCWD, out.c_str(), 0, STATX_BASIC_STATS, &sx) == 0 &&
+      (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0)
+    mount_root = (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+  struct stat self {
+  }, parent{};
+  if (::stat(out.c_str(), &self) == 0 && ::stat(out.parent_path().c_str(), &parent) == 0 &&
+      self.st_dev != parent.st_dev)
+    mount_root = true;
+  if (mount_root)
+    throw InvalidArgument(fmt::format(
+        "{}: is a mount point, which the finished export cannot be renamed onto; export into a "
+        "new directory inside it (such as {})",
+        out.string(), (out / "model").string()));
 }
 
 // An export's temporary directory: made by this process (one left at its name by a killed
@@ -548,9 +566,6 @@ void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_mast
   make_directories(out.parent_path());
   ScratchDir tmp(out.parent_path() / fmt::format("{}.tmp-{}", out.filename().string(), ::getpid()));
   write_model_files(cfg, layout, read_master, tmp.path(), options);
-  std::error_code marker_ec;
-  fs::remove(tmp.path() / kExportScratchMarker, marker_ec);
-  if (marker_ec) throw IoError(tmp.path().string(), marker_ec.value(), "remove export marker");
   // An empty directory it replaces keeps its mode, and its owner where this process may give
   // it (root); not its ACLs or other extended attributes.
   if (struct stat was{}; ::stat(out.c_str(), &was) == 0) {
@@ -563,10 +578,17 @@ void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_mast
       throw IoError(tmp.path().string(), errno, "chown to the owner of " + out.string());
   }
   fsync_dir(tmp.path());
+  // The marker goes right before the rename (adjacent system calls): only a kill between the
+  // two leaves a whole export without it under the temporary name. Its removal is made durable
+  // with the directory's new name.
+  std::error_code marker_ec;
+  fs::remove(tmp.path() / kExportScratchMarker, marker_ec);
+  if (marker_ec) throw IoError(tmp.path().string(), marker_ec.value(), "remove export marker");
   std::error_code ec;
   fs::rename(tmp.path(), out, ec);  // replaces an empty directory
   if (ec) throw IoError(out.string(), ec.value(), "rename from " + tmp.path().string());
   tmp.release();
+  fsync_dir(out);
   fsync_dir(out.parent_path());
 }
 

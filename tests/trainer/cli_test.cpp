@@ -736,6 +736,24 @@ CliResult run_with_tmpfs(const std::string& size, const std::string& dir, const 
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
 }
 
+// An empty directory that is a mount point is refused before anything is written: the finished
+// export is renamed onto its directory, which a mount point refuses (after the whole model).
+TEST_F(TrainCliTest, ExportRefusesAMountPointBeforeWritingAnything) {
+  if (!can_mount_tmpfs()) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+  const std::string ck = data_.file("ckpt"), mnt = data_.file("mounted");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run_with_tmpfs("8m", mnt,
+                     shell_quote(OUTCORE_CLI) + " export " + shell_quote(ck) + " " +
+                         shell_quote(mnt) + "; echo rc=$?; ls -a " + shell_quote(mnt),
+                     data_.file("stdout"), data_.file("stderr"));
+  EXPECT_NE(r.out.find("rc=2"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.err.find(mnt + ": is a mount point"), std::string::npos) << r.err;
+  const std::filesystem::path beside = std::filesystem::path(mnt).parent_path();
+  for (const auto& e : std::filesystem::directory_iterator(beside))
+    EXPECT_EQ(e.path().filename().string().find("mounted.tmp-"), std::string::npos) << e.path();
+}
+
 // On a filesystem the swap files fill, the summary still reports the space they were checked
 // against, not the space left after they were allocated.
 TEST_F(TrainCliTest, SummaryOnASmallFilesystemSaysTheRunFits) {

@@ -78,8 +78,9 @@ void remove_killed_exports(const fs::path& out) {
     if (!ckpt::is_export_scratch(it->path())) {
       std::fprintf(stderr,
                    "warning: %s: named like the temporary directory of an export (pid %d, no "
-                   "longer running), but without its marker %s or holding files an export does "
-                   "not write; not removed\n",
+                   "longer running), but without its marker %s (an export killed as it renamed "
+                   "its finished files: use or remove it) or holding files an export does not "
+                   "write; not removed\n",
                    it->path().c_str(), static_cast<int>(pid), ckpt::kExportScratchMarker);
       continue;
     }
