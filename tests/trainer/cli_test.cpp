@@ -1486,6 +1486,27 @@ TEST_F(TrainCliTest, ShortDemoRunTrainsAndWritesMetrics) {
   EXPECT_EQ(r.rc, 0) << r.err;
 }
 
+// The demo never writes into a checkpoint or at a save directory's names (a file there keeps the
+// checkpoint forever, or blocks a later save of that name): refused before anything is written.
+TEST_F(TrainCliTest, DemoOutputsNeverLieInASaveDirectorysCheckpoints) {
+  const std::string ck = data_.file("ckpt");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (const std::string& args :
+       {"--work-dir " + ck + "/global_step1", "--work-dir " + ck + "/global_step1/demo",
+        "--work-dir " + ck + "/global_step5",
+        "--work-dir " + data_.file("w") + " --trace " + ck + "/global_step1/trace.json"}) {
+    r = run("demo --steps 1 " + args);
+    EXPECT_EQ(r.rc, 2) << args << "\n" << r.err;
+    EXPECT_EQ(count_error_lines(r.err), 1) << args << "\n" << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(ck + "/global_step5"));
+  EXPECT_FALSE(std::filesystem::exists(ck + "/global_step1/demo"));
+  EXPECT_FALSE(std::filesystem::exists(data_.file("w")));
+  r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --steps 2");
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
 // `demo --bf16`: bf16 parameters and compute, written into the config it shows, and the loss
 // falls as in fp32.
 TEST_F(TrainCliTest, ShortDemoRunInBf16Trains) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/ckpt/ckpt.hpp"
 #include "engine/config/config.hpp"
 #include "engine/data/staged_file.hpp"
 #include "engine/model/model.hpp"
@@ -24,6 +25,7 @@
 #include "engine/train/trainer.hpp"
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/launch.hpp"
+#include "tools/outcore/stop_signals.hpp"
 #include "tools/outcore/train_session.hpp"
 
 namespace outcore::cli {
@@ -135,12 +137,29 @@ int run_demo(const DemoOptions& o) {
                  o.work_dir.c_str(), problem.c_str());
     return 2;
   }
+  // Not in a checkpoint, nor at a save directory's names: a file there would keep that
+  // checkpoint forever, or block a later save of that name.
+  if (!check_outside_checkpoints(dir.string(), "--work-dir", "") ||
+      !check_outside_checkpoints(o.trace, "--trace", ""))
+    return 2;
+  for (const auto& [path, flag] :
+       {std::pair{dir.string(), "--work-dir"}, std::pair{o.trace, "--trace"}})
+    if (!path.empty() && ckpt::takes_a_save_name(fs::absolute(path))) {
+      std::fprintf(stderr,
+                   "error: %s %s: a name that a save directory writes (a checkpoint, latest): "
+                   "choose another\n",
+                   flag, path.c_str());
+      return 2;
+    }
   std::vector<std::pair<std::string, const char*>> outputs;
   for (const char* name : kDemoNames) outputs.emplace_back((dir / name).string(), "the demo's");
   if (!check_output_file(o.trace, "--trace", outputs, "a file of the demo")) return 2;
   train::DemoDatasetFiles data;
   config::Config cfg;
   model::LlamaConfig model;
+  // A Ctrl-C while the files are written stops the demo after them, with no temporary left (a
+  // second one removes them at once).
+  std::optional<StopSignals> signals(std::in_place, StopSignals::Options{});
   try {
     std::fprintf(stderr, "writing the demo dataset, model and DeepSpeed config to %s\n",
                  dir.string().c_str());
@@ -162,6 +181,12 @@ int run_demo(const DemoOptions& o) {
   } catch (const std::exception& e) {  // cannot write the work directory
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
+  }
+  signals.reset();  // run_training installs its own
+  if (stop_flag().load()) {
+    std::fprintf(stderr, "stopped before training: the demo's files in %s are whole\n",
+                 dir.string().c_str());
+    return kExitInterrupted;
   }
   std::printf(
       "outcore demo: a %s-parameter Llama trained with ZeRO-3, parameters and optimizer state "
