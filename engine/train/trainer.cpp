@@ -386,6 +386,11 @@ void Trainer::open_data() {
         first + static_cast<uint64_t>(eval_micro_batches()) * lo.micro_batch * T,
         val_loader_->file().path()));
   }
+  if (val_loader_ && rank() == 0 && eval_micro_batches() < opts_.eval_batches)
+    log::warn(
+        "eval_batches {}: the validation set holds {} micro-batches, which each validation "
+        "evaluates",
+        opts_.eval_batches, eval_micro_batches());
   if (opts_.eval_every > 0 && !val_loader_) {
     throw InvalidArgument(
         fmt::format("validation every {} steps needs a validation set (--val-data or "
@@ -768,7 +773,9 @@ TrainResult Trainer::run() {
     }
   };
   const Clock::time_point t0 = Clock::now();
-  int64_t validated_at = -1;
+  // A resume with no step left validates nothing: its checkpoint's run validated at that step
+  // already (a second record of it would be a duplicate).
+  int64_t validated_at = resumed_from_.empty() ? -1 : steps_done_;
   auto run_validation = [&] {
     ValidationMetrics v = validate();
     res.final_val_loss = v.loss;

@@ -1316,6 +1316,27 @@ TEST_F(TrainCliTest, ResumingWithTheSameDataKeepsItsValidationSplit) {
   EXPECT_EQ(val_tokens(r.out + r.err, 4), one_batch) << r.out << r.err;
 }
 
+// A file the checkpoint names that is gone: the refusal says where the path came from and how
+// to go on without it, and that way works.
+TEST_F(TrainCliTest, AResumeWhoseValidationFileIsGoneSaysHowToGoOn) {
+  const std::string ck = data_.file("ckpt"), val = data_.file("val.bin");
+  std::filesystem::copy_file(data_.val(), val);
+  CliResult r = run(
+      train_args("--steps 1 --val-data " + shell_quote(val) + " --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::filesystem::remove(val);
+  r = run("train --resume " + shell_quote(ck) + " --steps 2");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--val-data " + val + ": no such file; --val-data named by " + ck +
+                       "/global_step1/trainer_state.json: give --val-data FILE, or "
+                       "--val-fraction 0 to go on without validation"),
+            std::string::npos)
+      << r.err;
+  r = run("train --resume " + shell_quote(ck) + " --steps 2 --val-fraction 0");
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
 // A resume on its checkpoint's config: a key the run left "auto" takes this run's flag again
 // (--steps lengthens a schedule of "auto" total_num_steps: the learning rate goes on falling
 // instead of sitting at its floor), a number there holds against a flag with a warning that

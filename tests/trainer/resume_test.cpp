@@ -411,7 +411,10 @@ TEST_F(ResumeTest, StepsAtOrBelowTheCheckpointsStep) {
   o.steps = 2;
   Trainer tr(cfg, tiny_model(), o);
   EXPECT_NE(tr.summary().find("nothing left to train"), std::string::npos) << tr.summary();
-  EXPECT_EQ(tr.run().steps, 0);
+  const TrainResult r = tr.run();
+  EXPECT_EQ(r.steps, 0);
+  // Its checkpoint's run validated at that step: no second validation of it.
+  EXPECT_FALSE(r.final_val_loss.has_value());
 }
 
 // The checkpoint's data position indexes the data it was saved over: resuming over a data file

@@ -480,12 +480,28 @@ int run_train(const TrainCliOptions& o) {
       return 2;
     }
   }
+  // A file the checkpoint named (not given now) says so, and how to go on without it.
+  auto from_checkpoint = [&](const std::string& given, const char* flag, const char* instead) {
+    return rd && given.empty() ? fmt::format("{} named by {}/trainer_state.json: give {}", flag,
+                                             rd->source, instead)
+                               : std::string();
+  };
   if ((!config_path.empty() && !check_input_file(config_path, "--config")) ||
       (!model_path.empty() && !check_input_file(model_path, "--model")) ||
-      !check_input_file(data, "--data") ||
-      (!val_data.empty() && !check_input_file(val_data, "--val-data")) ||
-      (!train_mask.empty() && !check_input_file(train_mask, "--loss-mask")) ||
-      (!val_mask.empty() && !check_input_file(val_mask, "--val-loss-mask"))) {
+      !check_input_file(data, "--data", from_checkpoint(o.data, "--data", "--data FILE")) ||
+      (!val_data.empty() &&
+       !check_input_file(
+           val_data, "--val-data",
+           from_checkpoint(o.val_data, "--val-data",
+                           "--val-data FILE, or --val-fraction 0 to go on without validation"))) ||
+      (!train_mask.empty() &&
+       !check_input_file(
+           train_mask, "--loss-mask",
+           from_checkpoint(o.loss_mask, "--loss-mask", "--loss-mask FILE, or --loss-mask none"))) ||
+      (!val_mask.empty() &&
+       !check_input_file(val_mask, "--val-loss-mask",
+                         from_checkpoint(o.val_loss_mask, "--val-loss-mask",
+                                         "--val-loss-mask FILE, or --val-loss-mask none")))) {
     return 2;
   }
 

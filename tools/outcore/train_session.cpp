@@ -138,7 +138,7 @@ void print_result(const train::TrainResult& r) {
 
 }  // namespace
 
-bool check_input_file(const std::string& path, const char* flag) {
+bool check_input_file(const std::string& path, const char* flag, const std::string& hint) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::file_status st = fs::status(path, ec);
@@ -153,7 +153,8 @@ bool check_input_file(const std::string& path, const char* flag) {
     reason = std::strerror(errno);
   }
   if (reason.empty()) return true;
-  std::fprintf(stderr, "error: %s %s: %s\n", flag, path.c_str(), reason.c_str());
+  std::fprintf(stderr, "error: %s %s: %s%s%s\n", flag, path.c_str(), reason.c_str(),
+               hint.empty() ? "" : "; ", hint.c_str());
   return false;
 }
 

@@ -24,8 +24,8 @@ int run_reporting(const std::function<int()>& run,
                   const std::function<void(const char* message)>& on_stop);
 
 // Returns true when `path` names a readable regular file; otherwise prints
-// "error: <flag> <path>: <reason>" on stderr and returns false.
-bool check_input_file(const std::string& path, const char* flag);
+// "error: <flag> <path>: <reason>[; <hint>]" on stderr and returns false.
+bool check_input_file(const std::string& path, const char* flag, const std::string& hint = "");
 
 // Output paths must not destroy inputs and must be creatable. Returns true when `path` (an
 // output file named by `flag`) is a regular file or not there yet, is not the same file
