@@ -150,6 +150,17 @@ TokenFile TokenFile::open(const std::string& path, TokenFormat format) {
     f.first_byte_ = kLlmcHeaderBytes;
   } else {
     f.width_ = format == TokenFormat::kRawU16 ? 2 : 4;
+    // An llm.c file read as raw tokens would train on its header: refused, naming it.
+    if (bytes >= kLlmcHeaderBytes) {
+      int32_t header[2];
+      read_exact(f.file_, path, 0, header, sizeof(header));
+      if (header[0] == kLlmcMagic && header[1] == kLlmcVersion)
+        throw InvalidArgument(fmt::format(
+            "{}: begins with llm.c's token file header (magic {}, version {}) but is to be read "
+            "as raw {} tokens: read it as llmc (the format given applies to every token file of "
+            "the run)",
+            path, kLlmcMagic, kLlmcVersion, to_string(format)));
+    }
     if (bytes % f.width_ != 0) {
       throw CorruptData(fmt::format("{}: {} bytes is not a whole number of {}-byte tokens", path,
                                     bytes, f.width_));

@@ -550,6 +550,10 @@ nlohmann::ordered_json Trainer::state_json() const {
   j["eval_batches"] = opts_.eval_batches;
   // What the command line chose beyond the config: a resume keeps it (outcore train).
   j["activation_checkpointing"] = opts_.activation_checkpointing.value_or(false);
+  j["token_format"] = std::string(to_string(opts_.token_format));
+  // Where the run wrote its metrics: a resume names it when it writes none (outcore train).
+  j["metrics_file"] =
+      absolute(opts_.metrics_file.empty() ? cfg_.outcore.metrics_file : opts_.metrics_file);
   j["config_auto_keys"] = opts_.config_auto_keys;
   return j;
 }

@@ -130,6 +130,16 @@ TEST(TokenFile, RawFormatsByExtensionAndExplicitly) {
   EXPECT_EQ(c.size(), 3u);
   EXPECT_EQ(parse_token_format("uint32"), TokenFormat::kRawU32);
   EXPECT_THROW(parse_token_format("int8"), InvalidArgument);
+  // An llm.c file given as raw tokens (one format for the training and the validation file)
+  // would train on its header: refused, naming the file and what it is.
+  std::vector<uint16_t> tokens(600, 7);
+  write_llmc_tokens(dir.file("v.bin"), tokens);
+  for (TokenFormat raw : {TokenFormat::kRawU16, TokenFormat::kRawU32}) {
+    const std::string msg = error_of<InvalidArgument>(dir.file("v.bin"), raw);
+    EXPECT_NE(msg.find(dir.file("v.bin") + ": begins with llm.c's token file header"),
+              std::string::npos)
+        << msg;
+  }
 }
 
 TEST(TokenFile, UnknownExtensionAsksForAFormat) {

@@ -1337,6 +1337,25 @@ TEST_F(TrainCliTest, AResumeWhoseValidationFileIsGoneSaysHowToGoOn) {
   EXPECT_EQ(r.rc, 0) << r.err;
 }
 
+// A resume reads its checkpoint's data in the format the run was given, and a run that wrote
+// metrics is named when the resume writes none (not carried over: a resume from an earlier
+// checkpoint would cut the later records of that log).
+TEST_F(TrainCliTest, AResumeReadsItsDataAsItsRunDidAndNamesItsMetrics) {
+  const std::string raw = data_.file("tokens.dat"), ck = data_.file("ckpt");
+  const std::string m = data_.file("m.jsonl");
+  std::string body = slurp(data_.train());
+  std::ofstream(raw, std::ios::binary) << body.substr(1024);  // the tokens, raw u16
+  CliResult r = run("train --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+                    " --data " + shell_quote(raw) + " --format u16 --seq-len 32 --steps 1 " +
+                    "--metrics " + shell_quote(m) + " --save-dir " + shell_quote(ck));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string records = slurp(m);
+  r = run("train --resume " + shell_quote(ck) + " --steps 2");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("give --metrics " + m + " to go on writing it"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(m), records);
+}
+
 // A resume on its checkpoint's config: a key the run left "auto" takes this run's flag again
 // (--steps lengthens a schedule of "auto" total_num_steps: the learning rate goes on falling
 // instead of sitting at its floor), a number there holds against a flag with a warning that

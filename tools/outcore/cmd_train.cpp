@@ -242,6 +242,8 @@ struct ResumeDefaults {
   int keep = 0;
   std::vector<std::string> auto_keys;     // config keys its run left to flags (auto_keys_of)
   bool activation_checkpointing = false;  // turned on by --activation-checkpointing
+  std::string token_format;               // --format of its data ("": before it was saved)
+  std::string metrics_file;               // where it wrote its metrics ("": nowhere)
   int64_t eval_every = 0;                 // how it validated (0: after the last step only)
   int64_t eval_batches = 0;               // 0: not saved (checkpoints before it): the default
 };
@@ -264,6 +266,8 @@ ResumeDefaults resume_defaults(const std::string& path) {
     d.keep = std::max(0, st.value("keep", 0));
     d.auto_keys = st.value("config_auto_keys", std::vector<std::string>{});
     d.activation_checkpointing = st.value("activation_checkpointing", false);
+    d.token_format = st.value("token_format", "");
+    d.metrics_file = st.value("metrics_file", "");
     d.eval_every = std::max<int64_t>(0, st.value("eval_every", int64_t{0}));
     d.eval_batches = std::max<int64_t>(0, st.value("eval_batches", int64_t{0}));
   } catch (const nlohmann::json::exception& e) {
@@ -519,7 +523,10 @@ int run_train(const TrainCliOptions& o) {
   cfg::Config config;
   model::LlamaConfig model;
   try {
-    topts.token_format = train::parse_token_format(o.format);
+    // The checkpoint's data is read as it was, unless told otherwise.
+    topts.token_format = train::parse_token_format(
+        o.format == "auto" && data_from_resume && !rd->token_format.empty() ? rd->token_format
+                                                                            : o.format);
     model = model_path.empty()
                 ? model::LlamaConfig::from_json(rd->model_config, rd->source + "/config.json")
                 : model::LlamaConfig::load(model_path);
@@ -617,6 +624,13 @@ int run_train(const TrainCliOptions& o) {
   }
 
   const std::string metrics = o.metrics.empty() ? config.outcore.metrics_file : o.metrics;
+  // Not carried over: a resume from an earlier checkpoint would cut the later records of the
+  // run's own log. Said, with the way to go on writing it.
+  if (metrics.empty() && rd && !rd->metrics_file.empty() && ranks->rank() == 0)
+    log::info(
+        "metrics: none written by this run (its checkpoint's run wrote {}: give --metrics {} "
+        "to go on writing it)",
+        rd->metrics_file, rd->metrics_file);
   std::vector<std::pair<std::string, const char*>> inputs = {
       {config_path, "--config"}, {model_path, "--model"},     {data, "--data"},
       {val_data, "--val-data"},  {train_mask, "--loss-mask"}, {val_mask, "--val-loss-mask"}};
