@@ -152,6 +152,13 @@ bool has_cap_ipc_lock() {
 }
 
 Line memlock_line(uint64_t pinned_bytes) {
+  // No limit or capability makes a pool larger than the host's memory lockable.
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 &&
+      pinned_bytes > static_cast<uint64_t>(pages) * static_cast<uint64_t>(page))
+    return {"locked memory", Verdict::kFail,
+            fmt::format("pinned pool {} is larger than this host's memory {}", mib(pinned_bytes),
+                        mib(static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)))};
   rlimit rl{};
   if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
     return {"locked memory", Verdict::kWarn,
