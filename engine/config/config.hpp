@@ -373,7 +373,8 @@ struct ParsedConfig {
   Config config;
   // One per unknown key (and per accepted-but-ignored setting), each naming its JSON
   // path, in file order; unknown keys past the first kMaxListedPerKind are counted in one
-  // last warning with an empty path. Also logged with log::warn.
+  // last warning with an empty path. Also logged with log::warn, unless the parse was told not
+  // to (a library caller that hands them back, such as the Python module's estimate).
   std::vector<ConfigWarning> warnings;
 };
 
@@ -388,14 +389,15 @@ struct ParsedConfig {
 // are not checked here (they need the world size): see resolve_auto / resolve_batch_sizes.
 // Time and memory are linear in the size of the text.
 // Thread-safe (no shared state besides the logger).
-ParsedConfig parse_config(std::string_view text, std::string_view source = "<config>");
+ParsedConfig parse_config(std::string_view text, std::string_view source = "<config>",
+                          bool log_warnings = true);
 
 // Reads and parses a file. Only a regular file of at most kMaxConfigBytes is read: a
 // directory, FIFO, device or socket is refused without reading from it, and a larger (or
 // endless) file is refused after reading at most kMaxConfigBytes + 1 bytes. These and an
 // unreadable file are a ConfigValidationError whose source() is the path, with the OS
 // error or the limit (so tools report them as bad input).
-ParsedConfig load_config_file(const std::string& path);
+ParsedConfig load_config_file(const std::string& path, bool log_warnings = true);
 
 // ---- resolution ------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ std::string limit_mib() { return std::to_string(kMaxConfigBytes >> 20) + " MiB";
 
 }  // namespace
 
-ParsedConfig load_config_file(const std::string& path) {
+ParsedConfig load_config_file(const std::string& path, bool log_warnings) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
   if (fd.get() < 0) refuse(path, "cannot open the config file: " + errno_string(errno));
@@ -53,7 +53,7 @@ ParsedConfig load_config_file(const std::string& path) {
                        limit_mib());
     }
   }
-  return parse_config(text, path);
+  return parse_config(text, path, log_warnings);
 }
 
 }  // namespace outcore::config

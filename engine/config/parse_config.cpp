@@ -240,7 +240,7 @@ void cap_unknown_keys(std::vector<ConfigIssue>& warnings, size_t unlisted) {
 
 }  // namespace
 
-ParsedConfig parse_config(std::string_view text, std::string_view source) {
+ParsedConfig parse_config(std::string_view text, std::string_view source, bool log_warnings) {
   std::string src(source);
   if (text.size() > kMaxConfigBytes) {
     throw ConfigValidationError(
@@ -261,7 +261,8 @@ ParsedConfig parse_config(std::string_view text, std::string_view source) {
   }
   if (lp.unlisted_duplicates > 0)
     d.error("", more_not_listed(lp.unlisted_duplicates, "duplicate keys"));
-  for (const ConfigIssue& w : d.warnings) log::warn("{}: {}", src, w.to_string());
+  if (log_warnings)
+    for (const ConfigIssue& w : d.warnings) log::warn("{}: {}", src, w.to_string());
   if (!d.errors.empty()) throw ConfigValidationError(src, std::move(d.errors));
   out.warnings = std::move(d.warnings);
   return out;

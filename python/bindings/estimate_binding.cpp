@@ -28,8 +28,9 @@ struct JsonInput {
 };
 
 config::ParsedConfig load_config(const JsonInput& in) {
-  return in.is_path ? config::load_config_file(in.path_or_text)
-                    : config::parse_config(in.path_or_text, in.source);
+  // The warnings are returned (estimate's "warnings"), not also logged.
+  return in.is_path ? config::load_config_file(in.path_or_text, /*log_warnings=*/false)
+                    : config::parse_config(in.path_or_text, in.source, /*log_warnings=*/false);
 }
 
 model::LlamaConfig load_model(const JsonInput& in) {

@@ -29,24 +29,37 @@ __all__ = ["aio", "optim", "estimate", "Error", "IoError", "ConfigError", "Inval
            "OutOfMemoryError", "CorruptDataError"]
 
 
+_MAX_DEPTH = 256  # JSON nesting, as the C++ parsers allow
+
+
 def _non_finite(value, at):
-    """The JSON path and value of the first NaN or infinity in `value`, or None."""
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return at, value
-    items = value.items() if isinstance(value, dict) else (
-        enumerate(value) if isinstance(value, (list, tuple)) else ())
-    for key, item in items:
-        found = _non_finite(item, f"{at}[{key}]" if isinstance(key, int) else
-                            (f"{at}.{key}" if at else str(key)))
-        if found is not None:
-            return found
+    """The JSON path and value of the first NaN or infinity in `value`, or None. Walked without
+    recursion; nesting deeper than _MAX_DEPTH raises ValueError naming the path."""
+    stack = [(value, at, 0)]
+    while stack:
+        value, at, depth = stack.pop()
+        if isinstance(value, float) and (value != value or value in (float("inf"),
+                                                                     float("-inf"))):
+            return at, value
+        items = value.items() if isinstance(value, dict) else (
+            enumerate(value) if isinstance(value, (list, tuple)) else ())
+        children = []
+        for key, item in items:
+            children.append((item, f"{at}[{key}]" if isinstance(key, int) else
+                             (f"{at}.{key}" if at else str(key)), depth + 1))
+        if children and depth + 1 > _MAX_DEPTH:
+            raise ValueError(f"{at or 'the document'}: nested deeper than {_MAX_DEPTH} levels")
+        stack.extend(reversed(children))
     return None
 
 
 def _json_input(value, what):
     """(text_or_path, is_path) for a path (str or os.PathLike) or a dict."""
     if isinstance(value, dict):
-        bad = _non_finite(value, "")
+        try:
+            bad = _non_finite(value, "")
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
         if bad is not None:
             raise ValueError(f"{what}: {bad[0]}: got {bad[1]!r}; JSON has no NaN or infinity: "
                              "give a finite number")

@@ -179,6 +179,30 @@ class Estimate(unittest.TestCase):
             outcore.estimate(dict(CONFIG, x={1, 2}), MODEL)
         self.assertIn("config_path_or_dict: not a JSON document", str(cm.exception))
 
+    def test_a_dict_nested_too_deep_is_a_value_error(self):
+        deep = {}
+        inner = deep
+        for _ in range(5000):
+            inner["x"] = {}
+            inner = inner["x"]
+        with self.assertRaisesRegex(ValueError, "nested deeper than 256 levels"):
+            outcore.estimate(dict(CONFIG, deep=deep), MODEL)
+
+    def test_unknown_keys_are_returned_not_also_printed(self):
+        # A library call hands its warnings back; the process's stderr is the caller's.
+        with tempfile.TemporaryFile() as err:
+            saved = os.dup(2)
+            os.dup2(err.fileno(), 2)
+            try:
+                r = outcore.estimate(dict(CONFIG, not_a_key=1), MODEL)
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            err.seek(0)
+            printed = err.read().decode()
+        self.assertTrue(any("not_a_key" in w for w in r["warnings"]), r["warnings"])
+        self.assertNotIn("not_a_key", printed)
+
     def test_a_path_with_an_embedded_null_byte_is_refused_not_cut_short(self):
         # The C library stops a path at its first null byte: "ds.json\0junk" would read ds.json.
         config = self.write("ds.json", CONFIG)
