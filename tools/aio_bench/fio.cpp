@@ -112,10 +112,17 @@ Result measure_fio(const std::string& path, const aio::Options& opt, const Workl
     argv.push_back(fmt::format("--runtime={}ms", static_cast<long>(w.seconds * 1000)));
   }
   // fio's output in a directory this call makes (mkdtemp): no file of anyone else's is opened.
-  std::string dir = (std::filesystem::temp_directory_path() / "outcore_fio_XXXXXX").string();
+  std::error_code tmp_ec;
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(tmp_ec);
+  if (tmp_ec) {
+    const char* named = std::getenv("TMPDIR");
+    throw Error(fmt::format("cannot make a directory for fio's output: TMPDIR {}: {}",
+                            named != nullptr ? named : "(unset)", tmp_ec.message()));
+  }
+  std::string dir = (tmp / "outcore_fio_XXXXXX").string();
   if (::mkdtemp(dir.data()) == nullptr)
-    throw Error(fmt::format("cannot make a directory for fio's output in {}: {}",
-                            std::filesystem::temp_directory_path().string(), errno_string(errno)));
+    throw Error(fmt::format("cannot make a directory for fio's output in {}: {}", tmp.string(),
+                            errno_string(errno)));
   const std::string out = dir + "/fio.json", err = dir + "/fio.err";
   double cpu = 0;
   int rc = 0;

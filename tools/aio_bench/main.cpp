@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <new>
+#include <optional>
 
 #include "common/aligned_buffer.hpp"
 #include "common/log.hpp"
@@ -197,7 +199,16 @@ int run(const Args& args) {
   if (plan.empty()) throw UsageError("every block size x thread count exceeds --file-size");
   install_stop_handlers();
   ScratchFile scratch(args.path, "aio_bench", file_size);
-  AlignedBuffer buffer(buffer_bytes);
+  std::optional<AlignedBuffer> held;
+  try {
+    held.emplace(buffer_bytes);
+  } catch (const std::bad_alloc&) {
+    throw UsageError(
+        fmt::format("--io-size {}: cannot allocate its {} buffer; choose a smaller "
+                    "--io-size",
+                    args.io_size, format_size(buffer_bytes)));
+  }
+  AlignedBuffer& buffer = *held;
   std::span<std::byte> buf(buffer.data(), buffer.size());
   // A filesystem in memory measures memory, not a drive: its figures would tune nothing.
   struct statfs fs_info {};
