@@ -262,10 +262,14 @@ int run(const Args& args) {
     print_table(rows, backend, args.compare_fio);
     if (best != nullptr && interrupted) {
       // A sweep cut short recommends nothing: its best may only be the best of a few settings.
+      // A direction not measured before the stop has no figure (not 0 GB/sec).
+      auto rate = [](const auto& m) {
+        return m ? fmt::format("{:.3f}", m->gbps) : std::string("not measured");
+      };
       std::printf(
           "\nInterrupted after %zu setting(s): no recommendation (rerun the whole sweep for "
-          "one); the best so far read = %.3f, write = %.3f GB/sec (%s)\n",
-          rows.size(), best->read ? best->read->gbps : 0.0, best->write ? best->write->gbps : 0.0,
+          "one); the best so far read = %s, write = %s GB/sec (%s)\n",
+          rows.size(), rate(best->read).c_str(), rate(best->write).c_str(),
           describe(best->opt).c_str());
     } else if (best != nullptr) {
       std::printf(
