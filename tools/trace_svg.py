@@ -360,21 +360,36 @@ def main(argv=None):
 
 def write_whole(path, text):
     """`text` as the file `path` names (through a link, the file it names): written under a
-    temporary name beside it, then renamed over it, so a failed write leaves the old file."""
+    temporary name of its own beside it (never a file already there), then renamed over it, so
+    a failed write leaves the old file and no temporary."""
     target = os.path.realpath(path)
-    tmp = f"{target}.tmp-{os.getpid()}"
+    for k in range(100):
+        tmp = f"{target}.tmp-{os.getpid()}" + (f"-{k}" if k else "")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            break
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from None
+    else:
+        raise OSError(17, f"cannot write {path}: its temporary names are all taken")
+    done = False
     try:
-        with open(tmp, "x", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
+        done = True
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from None
+    finally:
+        if not done:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -48,6 +49,7 @@ MPI_Datatype mpi_type<std::byte>() {
 struct MpiComm::State {
   MPI_Comm comm = MPI_COMM_NULL;
   bool owns_mpi = false;
+  pid_t launcher = 0;  // the parent when MPI was initialised here (mpirun, or its daemon)
   int rank = 0;
   int world = 1;
   size_t max_count = size_t{1} << 30;  // largest count handed to one MPI call
@@ -153,6 +155,7 @@ MpiComm::MpiComm(size_t max_elems_per_call) : state_(std::make_unique<State>()) 
     int provided = 0;
     check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
     state_->owns_mpi = true;
+    state_->launcher = ::getppid();
     if (provided < MPI_THREAD_MULTIPLE) {
       MPI_Finalize();
       throw Error(
@@ -170,7 +173,9 @@ MpiComm::~MpiComm() {
   if (state_->comm != MPI_COMM_NULL) MPI_Comm_free(&state_->comm);
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (state_->owns_mpi && !finalized) MPI_Finalize();
+  // MPI_Finalize waits for the launcher, which a job whose mpirun was killed no longer has: a
+  // rank then ends without it (its files are already removed) instead of waiting for ever.
+  if (state_->owns_mpi && !finalized && ::getppid() == state_->launcher) MPI_Finalize();
 }
 
 int MpiComm::rank() const { return state_->rank; }

@@ -326,7 +326,13 @@ class CommitMarker {
       throw IoError(tmp, err, "write the tokenize commit marker " + path_);
     }
     // Durable before the commit it guards (a failure leaves the marker: train refuses the pair).
-    fsync_parent_directory(path_);
+    try {
+      fsync_parent_directory(path_);
+    } catch (...) {
+      ::close(fd_);  // and its lock: the destructor of a constructor that throws never runs
+      fd_ = -1;
+      throw;
+    }
   }
   // Unlocks; the marker stays unless remove() ran (a failed commit leaves it for the next job).
   ~CommitMarker() {

@@ -54,6 +54,15 @@ void check_same_model(const model::LlamaConfig& theirs, const model::LlamaConfig
   }
 }
 
+// `p` made absolute (not normalised: "link/../x" is x beside link's target, not beside link);
+// "" stays "".
+std::string absolute_path(const std::string& p) {
+  std::error_code ec;
+  const std::filesystem::path a =
+      p.empty() ? std::filesystem::path() : std::filesystem::absolute(p, ec);
+  return ec ? p : a.string();
+}
+
 // The tokens of the training file a checkpoint trained on ({0, 0} when it does not say): its
 // train_split, or (checkpoints before it) what its val_fraction made of its train_tokens.
 TokenRange saved_train_split(const nlohmann::json& state) {
@@ -387,10 +396,10 @@ void Trainer::open_data() {
         val_loader_->file().path()));
   }
   if (val_loader_ && rank() == 0 && eval_micro_batches() < opts_.eval_batches)
-    log::warn(
-        "eval_batches {}: the validation set holds {} micro-batches, which each validation "
-        "evaluates",
-        opts_.eval_batches, eval_micro_batches());
+    log::info(
+        "validation: the set holds {} micro-batches (fewer than eval_batches {}); each "
+        "validation evaluates them all",
+        eval_micro_batches(), opts_.eval_batches);
   if (opts_.eval_every > 0 && !val_loader_) {
     throw InvalidArgument(
         fmt::format("validation every {} steps needs a validation set (--val-data or "
@@ -435,6 +444,7 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
       std::string worlds;
       for (uint64_t w = 1, shown = 0; w <= 64 && shown < 6; ++w)
         if (step_in_epoch % w == 0) worlds += (shown++ ? ", " : "") + std::to_string(w);
+      if (step_in_epoch == 0) worlds = "any";
       throw InvalidArgument(fmt::format(
           "{}: saved with micro-batch {} x sequence length {} x world size {} ({} micro-batches "
           "into the epoch); this run has {} x {} x {}: the data position cannot carry over. "
@@ -453,6 +463,13 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
     if (seed != opts_.seed)
       log::warn("resuming with the checkpoint's seed {} (data order), not {}", seed, opts_.seed);
     opts_.seed = seed;
+    // The validation its run recorded last stands for this run when it is of the same set.
+    const bool same_validation =
+        resume_state_.value("val_data", std::string()) == absolute_path(opts_.val_data) &&
+        resume_state_.value("val_mask", std::string()) == absolute_path(opts_.val_mask) &&
+        resume_state_.value("val_fraction", 0.0) == opts_.val_fraction &&
+        resume_state_.value("eval_batches", int64_t{0}) == opts_.eval_batches;
+    validated_step_ = same_validation ? resume_state_.value("validated_step", int64_t{-1}) : -1;
 
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
@@ -530,13 +547,7 @@ nlohmann::ordered_json Trainer::state_json() const {
   j["world_size"] = world_size();
   // Absolute: a resume started from another directory reads the same files, not ones of the
   // same names there.
-  auto absolute = [](const std::string& p) {
-    std::error_code ec;
-    // Not normalised: "link/../x" is x beside link's target, not beside link.
-    const std::filesystem::path a =
-        p.empty() ? std::filesystem::path() : std::filesystem::absolute(p, ec);
-    return ec ? p : a.string();
-  };
+  const auto absolute = absolute_path;
   j["train_data"] = absolute(opts_.train_data);
   j["val_data"] = absolute(opts_.val_data);
   j["train_mask"] = absolute(opts_.train_mask);
@@ -548,6 +559,7 @@ nlohmann::ordered_json Trainer::state_json() const {
   // How it validates: a resume keeps it (outcore train).
   j["eval_every"] = opts_.eval_every;
   j["eval_batches"] = opts_.eval_batches;
+  j["validated_step"] = validated_step_;
   // What the command line chose beyond the config: a resume keeps it (outcore train).
   j["activation_checkpointing"] = opts_.activation_checkpointing.value_or(false);
   j["token_format"] = std::string(to_string(opts_.token_format));
@@ -777,13 +789,12 @@ TrainResult Trainer::run() {
     }
   };
   const Clock::time_point t0 = Clock::now();
-  // A resume with no step left validates nothing: its checkpoint's run validated at that step
-  // already (a second record of it would be a duplicate).
-  int64_t validated_at = resumed_from_.empty() ? -1 : steps_done_;
+  // validated_step_: a resume whose checkpoint's run validated its step on the same set does
+  // not validate it again (a second record of it would be a duplicate).
   auto run_validation = [&] {
     ValidationMetrics v = validate();
     res.final_val_loss = v.loss;
-    validated_at = v.step;
+    validated_step_ = v.step;
     if (display) display->validation(v);
     record(v);
   };
@@ -854,7 +865,7 @@ TrainResult Trainer::run() {
       break;
     }
   }
-  if (val_loader_ && !res.stopped && validated_at != steps_done_) run_validation();
+  if (val_loader_ && !res.stopped && validated_step_ != steps_done_) run_validation();
   if (save_dir_ && last_saved_step_ != steps_done_) save();
 
   if (display) display->finish();

@@ -297,6 +297,9 @@ class Trainer {
   int64_t last_saved_step_ = -1;
   nlohmann::json resume_state_;  // trainer_state.json of the checkpoint resumed from
   std::string resumed_from_;
+  // The step whose validation was recorded last (-1: none), saved with each checkpoint: a resume
+  // on the same validation set does not record it twice.
+  int64_t validated_step_ = -1;
 
   // What the save directory's existing checkpoints are to this run (TrainerOptions::save_dir).
   ckpt::ExistingCheckpoints existing_checkpoints() const;

@@ -415,6 +415,15 @@ TEST_F(ResumeTest, StepsAtOrBelowTheCheckpointsStep) {
   EXPECT_EQ(r.steps, 0);
   // Its checkpoint's run validated at that step: no second validation of it.
   EXPECT_FALSE(r.final_val_loss.has_value());
+  // A checkpoint saved at a step its run did not validate (every step saved, validation at the
+  // end only): resumed with no step left, that step is validated.
+  TrainerOptions first = quiet_options(data_, 2);
+  first.save_dir = dir("every");
+  first.save_every = 1;
+  Trainer(cfg, tiny_model(), first).run();
+  TrainerOptions at_one = quiet_options(data_, 1);
+  at_one.resume_from = dir("every") + "/global_step1";
+  EXPECT_TRUE(Trainer(cfg, tiny_model(), at_one).run().final_val_loss.has_value());
 }
 
 // The checkpoint's data position indexes the data it was saved over: resuming over a data file

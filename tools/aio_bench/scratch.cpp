@@ -5,6 +5,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <random>
 
@@ -16,18 +17,21 @@ namespace fs = std::filesystem;
 namespace {
 
 volatile sig_atomic_t g_signal = 0;
+// Signals received: two arriving at once on two threads still count as a first and a second.
+std::atomic<int> g_received{0};
+static_assert(std::atomic<int>::is_always_lock_free, "used in a signal handler");
 // The benchmark file's path while one exists, for a second signal to remove (unlink(2) is
 // async-signal-safe; a std::string is not).
-char g_scratch[4096] = {};
+volatile char g_scratch[4096] = {};
 
 // The first signal asks the measurements to stop (they unwind and the file goes with its
 // owner); a second removes the file at once and ends the process by that signal.
 extern "C" void on_signal(int sig) {
-  if (g_signal == 0) {
+  if (g_received.fetch_add(1) == 0) {
     g_signal = sig;
     return;
   }
-  if (g_scratch[0] != '\0') ::unlink(g_scratch);
+  if (g_scratch[0] != '\0') ::unlink(const_cast<const char*>(g_scratch));
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
@@ -103,8 +107,10 @@ ScratchFile::ScratchFile(const fs::path& dir, const std::string& stem, uint64_t 
   created_ = true;
   if (path_.native().size() < sizeof g_scratch) {
     g_scratch[0] = '\0';
-    std::memcpy(g_scratch + 1, path_.c_str() + 1, path_.native().size());
-    g_scratch[0] = path_.native()[0];  // the path is whole before the handler can see it
+    const std::string& name = path_.native();
+    for (size_t i = 1; i <= name.size(); ++i) g_scratch[i] = name.c_str()[i];
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    g_scratch[0] = name[0];  // the path is whole before the handler can see it
   }
   try {
     file_.preallocate(size);

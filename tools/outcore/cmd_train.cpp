@@ -116,12 +116,12 @@ std::string held_by(const std::string& checkpoint) {
 }
 
 // A command-line value that "auto" would have taken but the config's value overrides: said,
-// never dropped silently. `why`: held_by.
+// never dropped silently. `why`: held_by. `speak`: this process says it (rank 0 of a job).
 template <typename T>
 void warn_if_overridden(const cfg::AutoOr<T>& v, std::optional<T> cli, const char* flag,
-                        const std::string& why) {
-  if (cli && v.has_value() && v.value() != *cli)
-    log::warn("{} {} not used: {} is {} ({})", flag, *cli, v.path(), v.value(), why, why);
+                        const std::string& why, bool speak) {
+  if (speak && cli && v.has_value() && v.value() != *cli)
+    log::warn("{} {} not used: {} is {} ({})", flag, *cli, v.path(), v.value(), why);
 }
 
 // The keys of a run's own config that are "auto" or left out without a default, so that a flag
@@ -143,6 +143,7 @@ void reopen_auto_keys(cfg::Config& c, const std::vector<std::string>& auto_keys,
       field.set_auto();
   };
   reopen(c.optimizer.lr, n.lr.has_value());
+  reopen(c.scheduler.warmup.warmup_max_lr, n.lr.has_value());  // WarmupLR peaks at --lr
   reopen(c.optimizer.weight_decay, n.weight_decay.has_value());
   reopen(c.scheduler.warmup.warmup_num_steps, n.warmup_steps.has_value());
   reopen(c.scheduler.cosine.warmup_num_steps, n.warmup_steps.has_value());
@@ -155,8 +156,13 @@ void reopen_auto_keys(cfg::Config& c, const std::vector<std::string>& auto_keys,
 // schedule or the placement goes unsaid. `from`: where this run's config came from.
 void say_config_changes(const std::string& saved, const std::string& saved_source,
                         const cfg::Config& now, const std::string& from) {
-  const nlohmann::json before =
-      nlohmann::json(cfg::to_json(cfg::parse_config(saved, saved_source).config)).flatten();
+  nlohmann::json before;
+  try {  // a checkpoint's config this version no longer reads: nothing to compare
+    before = nlohmann::json(cfg::to_json(cfg::parse_config(saved, saved_source, false).config))
+                 .flatten();
+  } catch (const Error&) {
+    return;
+  }
   const nlohmann::json after = nlohmann::json(cfg::to_json(now)).flatten();
   std::vector<std::string> changes;
   auto key = [](std::string k) {
@@ -485,27 +491,35 @@ int run_train(const TrainCliOptions& o) {
     }
   }
   // A file the checkpoint named (not given now) says so, and how to go on without it.
-  auto from_checkpoint = [&](const std::string& given, const char* flag, const char* instead) {
-    return rd && given.empty() ? fmt::format("{} named by {}/trainer_state.json: give {}", flag,
-                                             rd->source, instead)
-                               : std::string();
+  auto from_checkpoint = [&](const std::string& path, const std::string& given,
+                             const std::string* saved, const char* flag, const char* instead) {
+    return rd && given.empty() && saved != nullptr && path == *saved
+               ? fmt::format("{} named by {}/trainer_state.json: give {}", flag, rd->source,
+                             instead)
+               : std::string();
   };
+  const std::string* saved_train_data = rd ? &rd->train_data : nullptr;
+  const std::string* saved_val_data = rd ? &rd->val_data : nullptr;
+  const std::string* saved_train_mask = rd ? &rd->train_mask : nullptr;
+  const std::string* saved_val_mask = rd ? &rd->val_mask : nullptr;
   if ((!config_path.empty() && !check_input_file(config_path, "--config")) ||
       (!model_path.empty() && !check_input_file(model_path, "--model")) ||
-      !check_input_file(data, "--data", from_checkpoint(o.data, "--data", "--data FILE")) ||
+      !check_input_file(data, "--data",
+                        from_checkpoint(data, o.data, saved_train_data, "--data", "--data FILE")) ||
       (!val_data.empty() &&
        !check_input_file(
            val_data, "--val-data",
-           from_checkpoint(o.val_data, "--val-data",
+           from_checkpoint(val_data, o.val_data, saved_val_data, "--val-data",
                            "--val-data FILE, or --val-fraction 0 to go on without validation"))) ||
       (!train_mask.empty() &&
-       !check_input_file(
-           train_mask, "--loss-mask",
-           from_checkpoint(o.loss_mask, "--loss-mask", "--loss-mask FILE, or --loss-mask none"))) ||
+       !check_input_file(train_mask, "--loss-mask",
+                         from_checkpoint(train_mask, o.loss_mask, saved_train_mask, "--loss-mask",
+                                         "--loss-mask FILE, or --loss-mask none"))) ||
       (!val_mask.empty() &&
-       !check_input_file(val_mask, "--val-loss-mask",
-                         from_checkpoint(o.val_loss_mask, "--val-loss-mask",
-                                         "--val-loss-mask FILE, or --val-loss-mask none")))) {
+       !check_input_file(
+           val_mask, "--val-loss-mask",
+           from_checkpoint(val_mask, o.val_loss_mask, saved_val_mask, "--val-loss-mask",
+                           "--val-loss-mask FILE, or --val-loss-mask none")))) {
     return 2;
   }
 
@@ -542,6 +556,7 @@ int run_train(const TrainCliOptions& o) {
       topts.config_auto_keys = auto_keys_of(config);
     }
     const std::string why = held_by(config_path.empty() ? rd->source : "");
+    const bool speak = ranks->rank() == 0;
     std::optional<int64_t> steps = steps_from(n, config);
     if (!steps) {
       std::fprintf(stderr,
@@ -570,8 +585,8 @@ int run_train(const TrainCliOptions& o) {
       if (config.gradient_clipping.is_auto())
         log::info("gradient_clipping is \"auto\": resolved to 1.0 (set a number in the config)");
     }
-    warn_if_overridden(config.optimizer.lr, n.lr, "--lr", why);
-    warn_if_overridden(config.optimizer.weight_decay, n.weight_decay, "--weight-decay", why);
+    warn_if_overridden(config.optimizer.lr, n.lr, "--lr", why, speak);
+    warn_if_overridden(config.optimizer.weight_decay, n.weight_decay, "--weight-decay", why, speak);
     if (config_path.empty())
       fit_checkpoint_batch(config, n, ranks->world(), config_source, ranks->rank() == 0);
     // The batch flags that fill a key the config leaves out (or sets to "auto"): an error of
@@ -598,19 +613,20 @@ int run_train(const TrainCliOptions& o) {
           i.message += filled_by_flags;
       throw cfg::ConfigValidationError(config_source, std::move(issues));
     }
-    warn_if_overridden(config.train_batch_size, n.train_batch_size, "--train-batch-size", why);
+    warn_if_overridden(config.train_batch_size, n.train_batch_size, "--train-batch-size", why,
+                       speak);
     warn_if_overridden(config.train_micro_batch_size_per_gpu, n.micro_batch_size,
-                       "--micro-batch-size", why);
+                       "--micro-batch-size", why, speak);
     warn_if_overridden(config.gradient_accumulation_steps, n.gradient_accumulation_steps,
-                       "--gradient-accumulation-steps", why);
+                       "--gradient-accumulation-steps", why, speak);
     if (config.scheduler.type == cfg::SchedulerType::kWarmupCosineLR)
       warn_if_overridden(config.scheduler.cosine.warmup_num_steps, n.warmup_steps, "--warmup-steps",
-                         why);
+                         why, speak);
     else if (config.scheduler.type == cfg::SchedulerType::kWarmupLR ||
              config.scheduler.type == cfg::SchedulerType::kWarmupDecayLR)
       warn_if_overridden(config.scheduler.warmup.warmup_num_steps, n.warmup_steps, "--warmup-steps",
-                         why);
-    else if (n.warmup_steps)
+                         why, speak);
+    else if (n.warmup_steps && speak)
       log::warn("--warmup-steps {} not used: the config's scheduler has no warmup",
                 *n.warmup_steps);
     topts.steps = *steps;
@@ -690,8 +706,9 @@ int run_train(const TrainCliOptions& o) {
     topts.eval_batches = *n.eval_batches;
   else if (rd && rd->eval_batches > 0)
     topts.eval_batches = rd->eval_batches;
-  // The flag carries over: a resume computes as its run did (and fits the same budget).
-  if (o.activation_checkpointing || (rd && rd->activation_checkpointing))
+  // The flag carries over on the checkpoint's config: a resume computes as its run did (and
+  // fits the same budget); a config given again decides with this run's flags.
+  if (o.activation_checkpointing || (rd && rd->activation_checkpointing && config_path.empty()))
     topts.activation_checkpointing = true;
   topts.metrics_file = o.metrics;
   if (!ranks_agree(*ranks->control, rank_settings(config, model, topts))) return 2;
@@ -723,7 +740,8 @@ void add_train_command(CLI::App& app, int& rc) {
   cmd->add_option("--val-fraction", o->val_fraction,
                   "without --val-data: hold out this fraction of --data's tail for validation");
   cmd->add_option("--format", o->format,
-                  "token file format: auto (by extension), llmc, u16 or u32");
+                  "token file format: auto (by extension), llmc, u16 or u32 (a resume on its "
+                  "checkpoint's data: the format its run was given)");
   cmd->add_option("--steps", o->steps,
                   "optimizer steps (default: the scheduler's total_num_steps); resolves "
                   "\"auto\" total_num_steps");
@@ -739,8 +757,10 @@ void add_train_command(CLI::App& app, int& rc) {
                   "resolves \"auto\" gradient_accumulation_steps");
   cmd->add_option("--warmup-steps", o->warmup_steps, "resolves \"auto\" warmup_num_steps");
   cmd->add_option("--eval-every", o->eval_every,
-                  "validation loss every K steps (default: after the last step only)");
-  cmd->add_option("--eval-batches", o->eval_batches, "micro-batches per validation (8)");
+                  "validation loss every K steps (default: after the last step only; a resume: "
+                  "its run's)");
+  cmd->add_option("--eval-batches", o->eval_batches,
+                  "micro-batches per validation (default 8; a resume: its run's)");
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
                 "recompute each layer's forward in backward (also on when the config's "
                 "activation_checkpointing section asks for cpu_checkpointing)");

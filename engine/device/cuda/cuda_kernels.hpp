@@ -157,10 +157,6 @@ void adam_step(const cpu_adam::detail::AdamCoeffs& coeffs, bool pytorch, int64_t
 
 // --- GEMM ------------------------------------------------------------------------------------
 
-// Row-major C[m,n] = alpha * op(A) op(B) + beta * C (C fp32, accumulation fp32), op(A) [m,k],
-// op(B) [k,n]; A and B share one dtype: F32 (computed in fp32, no TF32), BF16 or F16.
-// beta == 0 ignores C's old contents. Batched: `batch` products, operand i at base + i * stride
-// (elements). Owns a cuBLASLt handle and a workspace; one Gemm per thread at a time.
 // The alignment cuBLASLt is told for an operand at `p` (and, in a batch of more than one, at
 // p + i * stride_bytes): the largest power of two dividing every such address, at most 256
 // (cuBLASLt's default assumption). Fully aligned operands get the same algorithm as without the
@@ -173,6 +169,10 @@ inline uint32_t gemm_alignment(const void* p, int64_t batch = 1, int64_t stride_
   return align;
 }
 
+// Row-major C[m,n] = alpha * op(A) op(B) + beta * C (C fp32, accumulation fp32), op(A) [m,k],
+// op(B) [k,n]; A and B share one dtype: F32 (computed in fp32, no TF32), BF16 or F16.
+// beta == 0 ignores C's old contents. Batched: `batch` products, operand i at base + i * stride
+// (elements). Owns a cuBLASLt handle and a workspace; one Gemm per thread at a time.
 class Gemm {
  public:
   // On the current CUDA device, with `workspace_bytes` of cuBLASLt workspace at `workspace`
