@@ -118,15 +118,20 @@ EXPECT="OUTCORE_AIO_BACKEND=uring: not a backend (allowed values: io_uring, sync
   OUTCORE_AIO_BACKEND=uring expect2 "bad backend" --path "$work"
 rm -f "$work/plain_file"
 
+# sweep_running ARGS...: starts a sweep with ARGS in the background (its pid in $pid), and
+# returns once its benchmark file exists and it has measured for a second.
+sweep_running() {
+  "$bench" --path "$work" --file-size 64M "$@" > "$work/out.txt" 2> "$work/err.txt" &
+  pid=$!
+  for _ in $(seq 100); do
+    [ -n "$(find "$work" -name 'aio_bench.*.dat')" ] && break
+    sleep 0.05
+  done
+  sleep 1
+}
 # 3. Ctrl-C during a sweep: exit 130, file removed, and no "aio" section recommended from
 # the settings measured so far.
-"$bench" --path "$work" --file-size 64M --seconds 0.3 > "$work/out.txt" 2> "$work/err.txt" &
-pid=$!
-for _ in $(seq 100); do
-  [ -n "$(find "$work" -name 'aio_bench.*.dat')" ] && break
-  sleep 0.05
-done
-sleep 1
+sweep_running --seconds 0.3
 kill -INT $pid
 wait $pid
 rc=$?
@@ -139,14 +144,7 @@ grep -q "^Best performance" "$work/out.txt" && fail "after SIGINT: a best settin
 # says "interrupted"), and the benchmark file goes with it. Both are sent while the process is
 # stopped (two different signals, so neither is merged into the other); either may be taken
 # first.
-"$bench" --path "$work" --file-size 64M --seconds 2 --queue-depths 4,8 --threads 1 \
-  > "$work/out.txt" 2> "$work/err.txt" &
-pid=$!
-for _ in $(seq 100); do
-  [ -n "$(find "$work" -name 'aio_bench.*.dat')" ] && break
-  sleep 0.05
-done
-sleep 1
+sweep_running --seconds 2 --queue-depths 4,8 --threads 1
 kill -STOP $pid
 kill -INT $pid
 kill -TERM $pid
