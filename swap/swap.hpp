@@ -190,7 +190,11 @@ struct TensorInfo {
 struct SwapSpaceOptions {
   std::filesystem::path nvme_path;  // must exist; the outcore_swap/ tree is made below it
   int rank = 0;                     // >= 0
-  bool direct = true;               // O_DIRECT (falls back to buffered per aio::File)
+  // > 0 on rank 0: the run's ranks. The swap files that ranks at or beyond it left under
+  // nvme_path (an earlier run at a larger world size, killed) are removed too, from each kind
+  // directory no live run holds. 0: other ranks' directories are not looked at.
+  int world_size = 0;
+  bool direct = true;  // O_DIRECT (falls back to buffered per aio::File)
 };
 
 // Thread-safety: construction and destruction are single-threaded; every const member may be

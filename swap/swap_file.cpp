@@ -197,6 +197,37 @@ struct SwapSpace::Impl {
     }
   }
 
+  // The stale swap files of ranks >= world_size under `top` (outcore_swap/): those of each
+  // rank<N>/<kind>/ whose lock this run can take (a live run's is left alone), removed as
+  // clear_stale removes this rank's; the directories left empty go too. Another rank's
+  // leftovers never fail the run: a failure is a warning.
+  void clear_ranks_beyond(const fs::path& top, int world_size) {
+    std::error_code ec;
+    for (const fs::directory_entry& r : fs::directory_iterator(top, ec)) {
+      const std::string name = r.path().filename().string();
+      if (name.size() <= 4 || name.size() > 10 || name.compare(0, 4, "rank") != 0 ||
+          name.find_first_not_of("0123456789", 4) != std::string::npos ||
+          std::stoll(name.substr(4)) < world_size ||
+          fs::symlink_status(r.path()).type() != fs::file_type::directory)
+        continue;
+      for (SwapKind kind : {SwapKind::kParam, SwapKind::kGrad, SwapKind::kOptimizer}) {
+        const fs::path dir = r.path() / swap_kind_name(kind);
+        if (fs::symlink_status(dir).type() != fs::file_type::directory) continue;
+        try {
+          LockFile lock(dir / ".lock", "lock another rank's swap directory", kLockMarker);
+          clear_stale(dir);
+          lock.release();
+          ::rmdir(dir.c_str());  // fails harmlessly when something else is there
+        } catch (const PathBusy&) {
+          // a live run's rank: its files are in use
+        } catch (const std::exception& e) {
+          log::warn("swap: {}", e.what());
+        }
+      }
+      ::rmdir(r.path().c_str());
+    }
+  }
+
   void check_free_space(const fs::path& dir, uint64_t needed) {
     struct statvfs st {};
     if (::statvfs(dir.c_str(), &st) != 0) throw IoError(dir.string(), errno, "statvfs");
@@ -302,6 +333,8 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::span<const SwapFileSp
     impl->make_and_lock(top, dir);
     impl->clear_stale(dir);
   }
+  if (options.rank == 0 && options.world_size > 0)
+    impl->clear_ranks_beyond(top, options.world_size);
   impl->total = bytes_needed(files);
   if (!files.empty()) impl->check_free_space(impl->root, impl->total);
 

@@ -136,14 +136,16 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   if (p.nvme_param_units > 0) {  // only the units max_in_cpu leaves out of host memory
     make_swap_dir(plan.param_nvme_path, "zero_optimization.offload_param.nvme_path");
     param_space = std::make_unique<swap::SwapSpace>(
-        swap::SwapSpaceOptions{.nvme_path = plan.param_nvme_path, .rank = g.rank},
+        swap::SwapSpaceOptions{
+            .nvme_path = plan.param_nvme_path, .rank = g.rank, .world_size = g.world},
         detail::param_swap_files(g));
     param_swapper = std::make_unique<swap::Swapper>(*param_space, *aio, so, &data_executor);
   }
   if (p.optimizer == Tier::kNvme) {
     make_swap_dir(plan.optimizer_nvme_path, "zero_optimization.offload_optimizer.nvme_path");
     optimizer_space = std::make_unique<swap::SwapSpace>(
-        swap::SwapSpaceOptions{.nvme_path = plan.optimizer_nvme_path, .rank = g.rank},
+        swap::SwapSpaceOptions{
+            .nvme_path = plan.optimizer_nvme_path, .rank = g.rank, .world_size = g.world},
         detail::optimizer_swap_files(g));
     optimizer_swapper = std::make_unique<swap::Swapper>(*optimizer_space, *aio, so, &executor);
   }

@@ -76,7 +76,8 @@ GradientPath::GradientPath(const Geometry& g, device::Device& device,
     std::vector<swap::SwapFileSpec> files = grad_swap_files(g, summed_on_device_);
     if (!files.empty()) {
       grad_space_ = std::make_unique<swap::SwapSpace>(
-          swap::SwapSpaceOptions{.nvme_path = nvme_path, .rank = g.rank}, files);
+          swap::SwapSpaceOptions{.nvme_path = nvme_path, .rank = g.rank, .world_size = g.world},
+          files);
       grad_swapper_ =
           std::make_unique<swap::Swapper>(*grad_space_, *aio, swapper_options, &executor);
     }

@@ -182,6 +182,44 @@ TEST(SwapSpace, ClearsStaleFilesOfAnEarlierRun) {
   EXPECT_EQ(text_of(kind_dir / "45.bin"), "the user's tokens");
 }
 
+// A run killed at world size 2 and resumed at 1: rank 0 of the smaller world removes the swap
+// files rank 1 left, and its directories; a rank beyond the world that a live run holds, and a
+// user's file there, are left. Without world_size, other ranks are not looked at.
+TEST(SwapSpace, RankZeroClearsTheStaleFilesOfRanksBeyondTheWorld) {
+  TempDir dir;
+  const fs::path top = dir.path() / "outcore_swap";
+  auto leave_swap_file = [&](const fs::path& kind_dir, uint32_t unit) {
+    TempDir other;
+    SwapFileSpec g{.unit = unit, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+    SwapSpace earlier({.nvme_path = other.path()}, std::span(&g, 1));
+    fs::create_directories(kind_dir);
+    fs::copy_file(earlier.file_path(unit, SwapKind::kParam),
+                  kind_dir / (std::to_string(unit) + ".bin"));
+  };
+  leave_swap_file(top / "rank1" / "param", 3);
+  leave_swap_file(top / "rank1" / "optimizer", 4);
+  leave_swap_file(top / "rank2" / "grad", 5);
+  std::ofstream(top / "rank2" / "grad" / "notes.txt") << "the user's";
+  SwapFileSpec f{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+  {
+    SwapSpace unaware({.nvme_path = dir.path()}, std::span(&f, 1));
+    EXPECT_TRUE(fs::exists(top / "rank1" / "param" / "3.bin"));
+  }
+  // A live run's rank 3 holds its directory.
+  SwapSpace live({.nvme_path = dir.path(), .rank = 3}, std::span(&f, 1));
+  {
+    SwapSpace space({.nvme_path = dir.path(), .world_size = 1}, std::span(&f, 1));
+    EXPECT_FALSE(fs::exists(top / "rank1"));
+    EXPECT_FALSE(fs::exists(top / "rank2" / "grad" / "5.bin"));
+    EXPECT_EQ(text_of(top / "rank2" / "grad" / "notes.txt"), "the user's");
+    EXPECT_TRUE(fs::exists(live.file_path(0, SwapKind::kParam)));
+  }
+  // Rank 1 of a world of 2 is not rank 0's to clear.
+  leave_swap_file(top / "rank1" / "param", 3);
+  { SwapSpace space({.nvme_path = dir.path(), .world_size = 2}, std::span(&f, 1)); }
+  EXPECT_TRUE(fs::exists(top / "rank1" / "param" / "3.bin"));
+}
+
 // A user's file at a swap directory's lock name is locked, never written or removed; the swap
 // space's own lock file goes with it.
 TEST(SwapSpace, KeepsAUsersFileAtTheLockName) {
