@@ -182,6 +182,22 @@ if command -v fio > /dev/null; then
 else
   echo "SKIP --compare-fio: no fio on this machine"
 fi
+# 4b. fio failing part-way: the figures measured so far are printed, with no recommendation, and
+# the run exits 1 naming fio's error (a fio that answers --version and fails every measurement).
+mkdir "$work/badfio"
+printf '#!/bin/sh\n[ "$1" = --version ] && exit 0\necho "fio: simulated failure" >&2\nexit 3\n' \
+  > "$work/badfio/fio"
+chmod +x "$work/badfio/fio"
+PATH="$work/badfio:$PATH" "$bench" --path "$work" --compare-fio --file-size 4M \
+  --block-sizes 256K,1M --queue-depths 1 --threads 1 --seconds 0.1 > "$work/out.txt" \
+  2> "$work/err.txt"
+rc=$?
+[ $rc -eq 1 ] || fail "failing fio: exit $rc, expected 1: $(cat "$work/err.txt")"
+grep -q "simulated failure" "$work/err.txt" || fail "failing fio not named: $(cat "$work/err.txt")"
+grep -q "fio failed after 1 setting(s): no recommendation" "$work/out.txt" ||
+  fail "failing fio: the figures so far were not printed: $(cat "$work/out.txt")"
+grep -q "Best performance" "$work/out.txt" && fail "failing fio: a recommendation was printed"
+[ -z "$(find "$work" -maxdepth 1 -name 'aio_bench.*')" ] || fail "failing fio left its file"
 # 5. A directory on a filesystem in memory is warned about: its figures are memory's.
 mkdir "$work/mem"
 if mount -t tmpfs -o size=32m tmpfs "$work/mem" 2> /dev/null; then

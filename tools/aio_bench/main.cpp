@@ -132,6 +132,9 @@ struct Sweep {
   Progress progress;
   Clock::time_point deadline;  // default sweep only
   bool bounded;
+  std::string fio_error;  // set when fio failed: the sweep stops
+
+  bool over() const { return stop_requested() || !fio_error.empty(); }
 
   double seconds_now() const {
     if (!bounded) return args.seconds;
@@ -153,7 +156,15 @@ struct Sweep {
       std::string what =
           fmt::format("{:<5} {} {:.3f} GB/s", write ? "write" : "read", describe(row.opt), r.gbps);
       if (args.compare_fio && !stop_requested()) {
-        Result f = measure_fio(scratch.path(), row.opt, w, stop_requested);
+        Result f;
+        try {
+          f = measure_fio(scratch.path(), row.opt, w, stop_requested);
+        } catch (const std::exception& e) {
+          // The figures measured so far are still printed; the sweep ends here.
+          fio_error = e.what();
+          progress.step(what);
+          return;
+        }
         if (f.stopped) return;
         (write ? row.fio_write : row.fio_read) = f;
         what += fmt::format(", fio {:.3f} GB/s", f.gbps);
@@ -232,20 +243,21 @@ int run(const Args& args) {
               buf,
               Progress(plan.size() * directions),
               Clock::now() + std::chrono::milliseconds(long(args.budget * 1000)),
-              staged};
+              staged,
+              {}};
   if (staged) sweep.progress.add_total(refine(plan.front()).size() * directions);
 
   std::vector<Row> rows;
   rows.reserve(plan.size() + 8);
   for (const aio::Options& o : plan) {
-    if (stop_requested()) break;
+    if (sweep.over()) break;
     rows.push_back({.opt = o});
     sweep.run(rows.back());
   }
-  if (staged && !stop_requested()) {
+  if (staged && !sweep.over()) {
     if (const Row* first = choose(rows, args.tolerance)) {
       for (const aio::Options& o : refine(first->opt)) {
-        if (stop_requested()) break;
+        if (sweep.over()) break;
         rows.push_back({.opt = o});
         sweep.run(rows.back());
       }
@@ -254,7 +266,8 @@ int run(const Args& args) {
   sweep.progress.finish();
   std::erase_if(rows, [](const Row& r) { return !r.read && !r.write; });
 
-  bool interrupted = stop_requested();
+  // A sweep cut short by a signal or by fio's failure recommends nothing.
+  bool interrupted = sweep.over();
   const Row* best = choose(rows, args.tolerance);
   if (args.json) {
     std::printf("%s\n", to_json(rows, best, backend, args.path, file_size, interrupted).c_str());
@@ -267,10 +280,10 @@ int run(const Args& args) {
         return m ? fmt::format("{:.3f}", m->gbps) : std::string("not measured");
       };
       std::printf(
-          "\nInterrupted after %zu setting(s): no recommendation (rerun the whole sweep for "
+          "\n%s after %zu setting(s): no recommendation (rerun the whole sweep for "
           "one); the best so far read = %s, write = %s GB/sec (%s)\n",
-          rows.size(), rate(best->read).c_str(), rate(best->write).c_str(),
-          describe(best->opt).c_str());
+          sweep.fio_error.empty() ? "Interrupted" : "fio failed", rows.size(),
+          rate(best->read).c_str(), rate(best->write).c_str(), describe(best->opt).c_str());
     } else if (best != nullptr) {
       std::printf(
           "\nBest performance (GB/sec): read = %.3f, write = %.3f  (%s; the fewest bytes "
@@ -279,6 +292,11 @@ int run(const Args& args) {
           describe(best->opt).c_str(), args.tolerance * 100);
       std::printf("%s\n", aio_section(best->opt, 0).c_str());
     }
+  }
+  if (!sweep.fio_error.empty()) {
+    std::fprintf(stderr, "aio_bench: --compare-fio: %s; %s removed\n", sweep.fio_error.c_str(),
+                 scratch.path().c_str());
+    return 1;
   }
   if (interrupted) {
     std::fprintf(stderr, "aio_bench: interrupted by signal %d; %s removed\n", stop_signal(),
