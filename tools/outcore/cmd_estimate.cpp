@@ -211,6 +211,12 @@ void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::
               t.drive_known ? "" : " (without the drive)");
 }
 
+// A suggestion is printed only for a gain its line can show: at least 1% of what it improves and
+// a millisecond (each time is printed to the millisecond, so the two figures differ).
+bool noticeably_less(double now_s, double was_s) {
+  return was_s - now_s >= std::max(0.001, 0.01 * was_s);
+}
+
 // The step of `changed` (the config with one setting changed) at the plan's batch shape, on the
 // same device and rates; nullopt when it does not fit.
 std::optional<zero::StepTimes> times_with(const config::Config& changed,
@@ -234,7 +240,7 @@ void print_params_in_host_memory(const config::Config& cfg, const model::LlamaMo
   for (const model::UnitLayout& u : model.layout().units) elements += u.padded_numel;
   all.zero_optimization.offload_param.max_in_cpu = static_cast<int64_t>(elements);
   const auto times = times_with(all, model, plan, po, rates);
-  if (!times || times->drive_s >= t.drive_s) return;
+  if (!times || !noticeably_less(times->drive_s, t.drive_s)) return;
   std::printf(
       "  with offload_param.max_in_cpu %llu (every parameter partition in host memory, which "
       "fits): drive %.3f s instead of %.3f s, bound %.3f s (%s)\n",
@@ -264,7 +270,7 @@ void print_params_kept_on_device(const config::Config& cfg, const model::LlamaMo
   kept.zero_optimization.stage3_max_live_parameters = std::max(z.stage3_max_live_parameters, live);
   kept.zero_optimization.stage3_max_reuse_distance = std::max(z.stage3_max_reuse_distance, reuse);
   const auto times = times_with(kept, model, plan, po, rates);
-  if (!times || times->bound_s() >= t.bound_s()) return;
+  if (!times || !noticeably_less(times->bound_s(), t.bound_s())) return;
   const std::string pcie = rates.pcie_bytes > 0 ? fmt::format("PCIe {:.3f} s instead of {:.3f} s, ",
                                                               times->pcie_s, t.pcie_s)
                                                 : std::string();
@@ -316,7 +322,7 @@ void print_optimizer_on_device(const config::Config& cfg, const model::LlamaMode
   consider(times_with(none, model, plan, po, rates),
            "offload_optimizer.device none (all the optimizer state on the GPU, stepped there, "
            "which fits)");
-  if (!best) return;
+  if (!best || !noticeably_less(best->bound_s(), t.bound_s())) return;
   std::printf(
       "  with %s: CPU Adam %.3f s instead of %.3f s, PCIe %.3f s instead of %.3f s, drive %.3f s "
       "instead of %.3f s, bound %.3f s (%s)\n",
