@@ -73,7 +73,7 @@ void write_marker(const fs::path& dir) {
   const std::string text = marker_text(dir);
   if (text.empty()) throw IoError(dir.string(), errno, "stat checkpoint directory");
   write_file_durably(dir / kMarkerName, text);
-  fsync_dir(dir);
+  fsync_directory(dir);
 }
 
 bool is_rank_dir_name(const std::string& name) {
@@ -833,8 +833,8 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   total += text.size();
   // Directories: every subdirectory, then the checkpoint directory itself.
   for (const fs::directory_entry& e : fs::recursive_directory_iterator(m.tmp))
-    if (e.is_directory()) fsync_dir(e.path());
-  fsync_dir(m.tmp);
+    if (e.is_directory()) fsync_directory(e.path());
+  fsync_directory(m.tmp);
   // Read back what every rank wrote: "saved" means loadable, not only written.
   if (m.options.verify) Checkpoint::open(m.tmp, {m.options.aio, m.options.backend}).verify();
   if (m.options.crash_at == "before-rename") crash_now("before-rename");
@@ -863,7 +863,7 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
               ec_marker.message());
   else
     try {
-      fsync_dir(final_dir);
+      fsync_directory(final_dir);
     } catch (const Error& e) {
       log::warn("checkpoint: {}", e.what());
     }

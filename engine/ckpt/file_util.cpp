@@ -37,7 +37,7 @@ void rename_durably(const std::filesystem::path& from, const std::filesystem::pa
                     const std::filesystem::path& dir) {
   if (::rename(from.c_str(), to.c_str()) != 0)
     throw IoError(from.string(), errno, fmt::format("rename to {}", to.string()));
-  fsync_dir(dir);
+  fsync_directory(dir);
 }
 
 std::string read_small_file(const std::filesystem::path& path, size_t limit) {

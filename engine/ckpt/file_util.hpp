@@ -18,8 +18,6 @@ void write_file_durably(const std::filesystem::path& path, std::string_view data
 // rename(2) from -> to, then fsyncs `dir` (the directory holding `to`).
 void rename_durably(const std::filesystem::path& from, const std::filesystem::path& to,
                     const std::filesystem::path& dir);
-// fsyncs a directory (an empty path: the current one).
-inline void fsync_dir(const std::filesystem::path& dir) { fsync_directory(dir.string()); }
 // A whole small file (at most `limit` bytes; CorruptData beyond).
 std::string read_small_file(const std::filesystem::path& path, size_t limit);
 // The tag a `latest` file names (one line, a plain directory name; CorruptData otherwise).

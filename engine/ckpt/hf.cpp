@@ -577,7 +577,7 @@ void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_mast
         ::chown(tmp.path().c_str(), was.st_uid, was.st_gid) != 0)
       throw IoError(tmp.path().string(), errno, "chown to the owner of " + out.string());
   }
-  fsync_dir(tmp.path());
+  fsync_directory(tmp.path());
   // The marker goes right before the rename (adjacent system calls): only a kill between the
   // two leaves a whole export without it under the temporary name. Its removal is made durable
   // with the directory's new name.
@@ -588,8 +588,8 @@ void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_mast
   fs::rename(tmp.path(), out, ec);  // replaces an empty directory
   if (ec) throw IoError(out.string(), ec.value(), "rename from " + tmp.path().string());
   tmp.release();
-  fsync_dir(out);
-  fsync_dir(out.parent_path());
+  fsync_directory(out);
+  fsync_directory(out.parent_path());
 }
 
 }  // namespace outcore::ckpt

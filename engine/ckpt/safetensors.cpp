@@ -371,7 +371,7 @@ void SafetensorsWriter::close() {
   fs::rename(tmp_path_, path_, ec);
   if (ec) throw IoError(path_.string(), ec.value(), "rename from " + tmp_path_.string());
   committed_ = true;
-  fsync_dir(path_.parent_path());
+  fsync_directory(path_.parent_path());
 }
 
 }  // namespace outcore::ckpt
