@@ -127,6 +127,23 @@ OUTCORE_HD int64_t causal_keys(int64_t query) { return query + 1; }
 // exp(x - max) of one element.
 OUTCORE_HD float softmax_exp(float x, float row_max) { return exp_fast(x - row_max); }
 
+// A row's maximum and sum of exponentials in one pass (the "online softmax"): (m, s), starting
+// at (-inf, 0), takes each element x; s stays the sum of exp(x - m) over the elements taken, m
+// their maximum. A NaN element makes s NaN; -inf elements add 0 (before a finite one too). Two
+// partial (m, s) go to a common maximum M through softmax_online_rescale (exp(0) is exactly 1: a
+// part whose m is M keeps its s).
+OUTCORE_HD void softmax_online_add(float x, float& m, float& s) {
+  if (x > m) {
+    s = fmaf(s, exp_fast(m - x), 1.0f);
+    m = x;
+  } else if (m > -INFINITY || x != x) {  // -inf after only -inf: exp(-inf - -inf) would be NaN
+    s += exp_fast(x - m);
+  }
+}
+OUTCORE_HD float softmax_online_rescale(float s, float m, float row_max) {
+  return s * exp_fast(m - row_max);
+}
+
 // The row's log-sum-exp from its maximum and sum(exp(x - max)).
 OUTCORE_HD float softmax_lse(float row_max, float sum_exp) { return row_max + logf(sum_exp); }
 

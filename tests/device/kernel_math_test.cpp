@@ -233,6 +233,52 @@ TEST(KernelMath, SoftmaxRowAndLogSumExpEqualTheKernel) {
   EXPECT_EQ(kmath::causal_keys(9), 10);
 }
 
+// The GPU cross-entropy's one-pass max and sum: rows split into strided parts as a block's
+// threads take them (each part's (m, s) online, then moved to the row's max and added) give the
+// two-pass max exactly and its sum of exponentials within a few ulp per element (exp's rounding
+// at each change of a part's max); NaN and infinite elements are what the two passes make of
+// them, -inf elements count 0 wherever they come.
+TEST(KernelMath, OnlineSoftmaxSumEqualsTheTwoPassSum) {
+  const auto parts_sum = [](const std::vector<float>& x, int parts, float& row_max) {
+    std::vector<float> m(parts, -INFINITY), s(parts, 0.0f);
+    for (size_t j = 0; j < x.size(); ++j)
+      kmath::softmax_online_add(x[j], m[j % parts], s[j % parts]);
+    row_max = -INFINITY;
+    for (int p = 0; p < parts; ++p) row_max = std::fmax(row_max, m[p]);
+    double sum = 0;
+    for (int p = 0; p < parts; ++p) sum += kmath::softmax_online_rescale(s[p], m[p], row_max);
+    return sum;
+  };
+  for (int64_t n : {1, 5, 1000, 128256}) {
+    for (int parts : {1, 3, 256}) {
+      // Rising logits move every part's max at every element: the most rescaling.
+      for (bool rising : {false, true}) {
+        auto x = randn(n, 5 + n, 4.0f);
+        if (rising) std::sort(x.begin(), x.end());
+        const float m2 = *std::max_element(x.begin(), x.end());
+        double want = 0;
+        for (float v : x) want += kmath::softmax_exp(v, m2);
+        float m1 = 0;
+        const double got = parts_sum(x, parts, m1);
+        ASSERT_TRUE(SameBits(m1, m2)) << n << " " << parts;
+        EXPECT_NEAR(got, want, want * 1e-6 * std::sqrt(static_cast<double>(n)) + 1e-6)
+            << n << " elements in " << parts << " parts, rising " << rising;
+      }
+    }
+  }
+  float m = 0;
+  std::vector<float> x = {-INFINITY, 1.0f, -INFINITY, 2.0f};
+  EXPECT_NEAR(parts_sum(x, 2, m), 1.0 + std::exp(-1.0), 1e-6);
+  EXPECT_EQ(m, 2.0f);
+  x = {-INFINITY, -INFINITY};  // all -inf: NaN, as the two passes' exp(-inf - -inf)
+  EXPECT_TRUE(std::isnan(parts_sum(x, 1, m)));
+  x = {1.0f, std::nanf(""), 2.0f};
+  EXPECT_TRUE(std::isnan(parts_sum(x, 1, m)));
+  EXPECT_TRUE(std::isnan(parts_sum(x, 2, m)));
+  x = {1.0f, INFINITY, INFINITY};  // two +inf: exp(inf - inf), NaN, as in two passes
+  EXPECT_TRUE(std::isnan(parts_sum(x, 1, m)));
+}
+
 // bf16 attention's numerators (decision 034): the host kernel's are exp(x - the shift) with the
 // kernel's sum; and a numerator rounded to bf16 under one whole base-2 shift, then moved to a
 // larger one by pow2_whole, is the numerator rounded under the larger shift: a kernel that raises

@@ -436,12 +436,13 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
     return;
   }
   const float target_logit = x[t];
-  float m = -INFINITY;
-  each_in_row(x, vocab, [&](int64_t, float v) { m = fmaxf(m, v); });
-  m = block_all_reduce(m, Max{}, -INFINITY);
-  float sum = 0.0f;
-  each_in_row(x, vocab, [&](int64_t, float v) { sum += kmath::softmax_exp(v, m); });
-  sum = block_all_reduce(sum, Sum{}, 0.0f);
+  // The row's max and sum of exponentials in one read of it (the gradient reads it once more):
+  // each thread's own (max, sum), then the block's max, and the sums moved to it and added.
+  float m = -INFINITY, sum = 0.0f;
+  each_in_row(x, vocab, [&](int64_t, float v) { kmath::softmax_online_add(v, m, sum); });
+  const float row_max = block_all_reduce(m, Max{}, -INFINITY);
+  sum = block_all_reduce(kmath::softmax_online_rescale(sum, m, row_max), Sum{}, 0.0f);
+  m = row_max;
   if (threadIdx.x == 0)
     row_loss[blockIdx.x] = kmath::xent_loss(kmath::softmax_lse(m, sum), target_logit);
   if (!grad) return;
