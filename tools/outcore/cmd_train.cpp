@@ -2,8 +2,10 @@
 // Llama-family model with a DeepSpeed config. "auto" values in the config are resolved from
 // the model and the command line. Exit 0 when done, 2 for bad input, 1 for a failure while
 // training, 130 after a clean stop on Ctrl-C.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -13,6 +15,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -21,6 +24,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/open_file.hpp"
+#include "common/unique_fd.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/config/auto_fields.hpp"
 #include "engine/config/config.hpp"
@@ -320,11 +324,40 @@ void add_input_files(std::vector<std::pair<std::string, const char*>>& inputs,
   }
 }
 
+// A sample of a regular file's contents, for comparing ranks (on several nodes one path may name
+// different files: another tokenization, an older copy): CRC32C of its first and last MiB and of
+// 64 KiB at 30 evenly spaced offsets, as 8 hex digits; "" when it cannot be read (the run's own
+// checks name such a file).
+std::string sampled_crc(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return "";
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  struct stat st {};
+  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  constexpr uint64_t kEnd = 1 << 20, kBlock = 64 << 10, kBlocks = 30;
+  std::vector<std::byte> buf(kEnd);
+  uint32_t crc = 0;
+  auto take = [&](uint64_t off, uint64_t len) {
+    len = std::min(len, size - std::min(size, off));
+    const ssize_t n = ::pread(fd.get(), buf.data(), len, static_cast<off_t>(off));
+    if (n < 0) return false;
+    crc = ckpt::crc32c(std::span(buf.data(), static_cast<size_t>(n)), crc);
+    return true;
+  };
+  bool ok = take(0, kEnd) && take(size - std::min(size, kEnd), kEnd);
+  for (uint64_t i = 1; ok && i <= kBlocks; ++i) ok = take(size / (kBlocks + 1) * i, kBlock);
+  return ok ? fmt::format("{:08x}", crc) : std::string();
+}
+
 // What every data-parallel rank must share (ranks_agree): the resolved config and the model
-// config key by key, the data files and their sizes, paths as absolute paths.
+// config key by key, the data files with their sizes and a sample of their contents
+// (sampled_crc), the files of --init-from and the manifest of the checkpoint resumed (which holds
+// every file's CRC), paths as absolute paths.
 std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config& config,
                                                                const model::LlamaConfig& model,
-                                                               const train::TrainerOptions& t) {
+                                                               const train::TrainerOptions& t,
+                                                               const std::string& checkpoint) {
   namespace fs = std::filesystem;
   std::vector<std::pair<std::string, std::string>> out;
   auto add_json = [&](const std::string& prefix, const nlohmann::json& j) {
@@ -347,7 +380,9 @@ std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config
     if (p.empty()) return std::string();
     std::error_code ec;
     const auto size = fs::file_size(p, ec);
-    return fmt::format("{} ({} bytes)", path(p), ec ? 0 : size);
+    const std::string crc = sampled_crc(p);
+    return fmt::format("{} ({} bytes{})", path(p), ec ? 0 : size,
+                       crc.empty() ? "" : ", sampled CRC32C " + crc);
   };
   out.emplace_back("outcore version", outcore_version());
   add_json("config.", nlohmann::json(config::to_json(config)));
@@ -356,6 +391,19 @@ std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config
   out.emplace_back("--val-data", file(t.val_data));
   out.emplace_back("--loss-mask", file(t.train_mask));
   out.emplace_back("--val-loss-mask", file(t.val_mask));
+  if (!t.init_from.empty()) {  // a Hugging Face directory: its files in name order
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(t.init_from, ec); !ec && it != fs::end(it);
+         it.increment(ec))
+      names.push_back(it->path().filename().string());
+    std::sort(names.begin(), names.end());
+    out.emplace_back("--init-from", path(t.init_from));
+    for (const std::string& n : names)
+      out.emplace_back("--init-from " + n, file((fs::path(t.init_from) / n).string()));
+  }
+  if (!checkpoint.empty())
+    out.emplace_back("--resume", file((fs::path(checkpoint) / ckpt::kManifestName).string()));
   out.emplace_back("--val-fraction", fmt::format("{}", t.val_fraction));
   out.emplace_back("--format", std::to_string(static_cast<int>(t.token_format)));
   out.emplace_back("--seq-len", std::to_string(t.seq_len));
@@ -711,7 +759,9 @@ int run_train(const TrainCliOptions& o) {
   if (o.activation_checkpointing || (rd && rd->activation_checkpointing && config_path.empty()))
     topts.activation_checkpointing = true;
   topts.metrics_file = o.metrics;
-  if (!ranks_agree(*ranks->control, rank_settings(config, model, topts))) return 2;
+  if (ranks->world() > 1 &&
+      !ranks_agree(*ranks->control, rank_settings(config, model, topts, rd ? rd->source : "")))
+    return 2;
   return run_training(config, model, std::move(topts));
 }
 

@@ -157,7 +157,8 @@ std::vector<std::pair<std::string, std::string>> deserialize(const std::string& 
 
 std::string shown(const std::string* v) {
   if (v == nullptr) return "(not set)";
-  return v->size() > 80 ? "\"" + v->substr(0, 77) + "...\"" : "\"" + *v + "\"";
+  // A long value's end: where paths, sizes and sampled CRCs differ.
+  return v->size() > 80 ? "\"..." + v->substr(v->size() - 77) + "\"" : "\"" + *v + "\"";
 }
 
 }  // namespace
