@@ -85,6 +85,14 @@ using Work = std::function<void(const SubGroup& g, std::byte* buf)>;
 
 }  // namespace
 
+uint64_t optimizer_swap_io_bytes(uint64_t numel, uint64_t sub_group_size, DType moments) {
+  if (numel == 0 || sub_group_size == 0) return 0;
+  const size_t m = dtype_size(moments);
+  const uint64_t whole = numel / sub_group_size, rest = numel % sub_group_size;
+  return whole * align_up(sub_group_bytes(sub_group_size, m), kIoAlignment) +
+         (rest > 0 ? align_up(sub_group_bytes(rest, m), kIoAlignment) : 0);
+}
+
 SwapFileSpec optimizer_file_spec(uint32_t unit, uint64_t numel, uint64_t sub_group_size,
                                  DType moments, unsigned copies) {
   if (numel == 0 || sub_group_size == 0) {

@@ -269,6 +269,8 @@ class SwapTicket {
 
 struct SwapperStats {
   uint64_t bytes_out = 0, bytes_in = 0;  // payload bytes of completed swaps
+  // The bytes the drive moved for them: each tensor's whole 4 KiB slot.
+  uint64_t drive_bytes_out = 0, drive_bytes_in = 0;
   uint64_t swaps_out = 0, swaps_in = 0;
   double checksum_seconds = 0;  // time spent computing/verifying CRCs (all threads summed)
 };
@@ -360,6 +362,10 @@ class Swapper {
 // InvalidArgument).
 SwapFileSpec optimizer_file_spec(uint32_t unit, uint64_t numel, uint64_t sub_group_size,
                                  DType moments = DType::F32, unsigned copies = 1);
+// The bytes one step reads (and writes) of such a file: every sub-group's slot of one copy, in
+// whole 4 KiB blocks. Each sub-group's three parts start on 4 KiB, so a sub_group_size that is
+// not a multiple of 1024 elements moves more than the state's bytes (at 16 elements, 64 times).
+uint64_t optimizer_swap_io_bytes(uint64_t numel, uint64_t sub_group_size, DType moments);
 
 struct OptimizerSwapperOptions {
   // Elements per sub-group (zero_optimization.sub_group_size). > 0.

@@ -230,12 +230,14 @@ void Swapper::wait(SwapTicket t) {
   if (p.read) {
     --st->readers;
     m.stats.bytes_in += p.bytes;
+    m.stats.drive_bytes_in += align_up(p.bytes, kIoAlignment);
     ++m.stats.swaps_in;
   } else {
     st->crcs = std::move(p.crcs);
     st->has_data = true;
     st->writing = false;
     m.stats.bytes_out += p.bytes;
+    m.stats.drive_bytes_out += align_up(p.bytes, kIoAlignment);
     ++m.stats.swaps_out;
   }
 }

@@ -142,6 +142,7 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     param_swapper = std::make_unique<swap::Swapper>(*param_space, *aio, so, &data_executor);
   }
   if (p.optimizer == Tier::kNvme) {
+    if (g.rank == 0 && !plan.sub_group_padding.empty()) log::warn("{}", plan.sub_group_padding);
     make_swap_dir(plan.optimizer_nvme_path, "zero_optimization.offload_optimizer.nvme_path");
     optimizer_space = std::make_unique<swap::SwapSpace>(
         swap::SwapSpaceOptions{
@@ -384,8 +385,8 @@ TrafficStats ZeroEngine::traffic() const {
   for (const swap::Swapper* s : swappers) {
     if (s == nullptr) continue;
     const swap::SwapperStats ss = s->stats();
-    t.nvme_read_bytes += ss.bytes_in;
-    t.nvme_write_bytes += ss.bytes_out;
+    t.nvme_read_bytes += ss.drive_bytes_in;
+    t.nvme_write_bytes += ss.drive_bytes_out;
   }
   t.h2d_bytes = impl_->traffic.h2d.load();
   t.d2h_bytes = impl_->traffic.d2h.load();

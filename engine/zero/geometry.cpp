@@ -143,30 +143,19 @@ void warn_unused_offload_param_keys(const config::Config& cfg, const Geometry& g
           "partition is in a swap file",
           o.buffer_size);
   }
-  if (o.max_in_cpu != defaults.max_in_cpu && p.params != Tier::kNvme)
-    log::warn(
-        "zero_optimization.offload_param.max_in_cpu {} has no effect: it applies to "
-        "offload_param.device nvme",
-        o.max_in_cpu);
+  // max_in_cpu without swap files: said by the config's parse (config::keys_without_effect).
 }
 
 // offload_optimizer.ratio < 1 at stage 3 with offload_optimizer cpu or nvme (DeepSpeed's
 // partial offload): sets g.placement.device_optimizer_from, the first unit whose optimizer
 // state stays on the device. The units before it are the longest prefix whose own elements
 // are at most ratio x all own elements (ratio 0: none; ratio 1: all). With offload none and a
-// ratio < 1 it changes nothing and, with `warn`, says so.
-void split_optimizer_homes(const config::Config& cfg, Geometry& g, bool warn) {
+// ratio < 1 it changes nothing.
+void split_optimizer_homes(const config::Config& cfg, Geometry& g) {
   const double ratio = cfg.zero_optimization.offload_optimizer.ratio;
   Placement& p = g.placement;
   if (!(ratio < 1.0) || p.stage != 3) return;  // engine/config refuses ratio < 1 below stage 3
-  if (p.optimizer == Tier::kDevice) {
-    if (warn)
-      log::warn(
-          "zero_optimization.offload_optimizer.ratio {} has no effect: offload_optimizer.device "
-          "is none, so all the optimizer state is on the device already",
-          ratio);
-    return;
-  }
+  if (p.optimizer == Tier::kDevice) return;    // said by the config's parse (keys_without_effect)
   uint64_t total = 0;
   for (const UnitGeometry& u : g.units) total += u.own_len;
   const double offload = ratio * static_cast<double>(total);
@@ -253,7 +242,7 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
   if (stage == 3 && g.placement.params == Tier::kNvme)
     split_param_homes(cfg, model.layout(), world, g);
   if (warn) warn_unused_offload_param_keys(cfg, g);
-  split_optimizer_homes(cfg, g, warn);
+  split_optimizer_homes(cfg, g);
   // A device the host cannot read: the accumulators are in host memory even with all the
   // optimizer state on the device (stage 0, offload_optimizer none). At one rank the planner
   // keeps each unit's gradients on the device instead wherever the budget allows (decision

@@ -516,6 +516,19 @@ void plan_nvme(const PlanContext& c, Plan& plan) {
         c.optimizer_state + " (swap files" + c.offloaded_units +
             (g.step_in_backward ? ", 2 copies" : "") + ")",
         plan.optimizer_nvme_bytes);
+    uint64_t state = 0, io = 0;  // a step's bytes of the state, and those its slots move
+    for (size_t u = 0; u < g.units.size(); ++u) {
+      if (p.optimizer_home(u) != Tier::kNvme) continue;
+      state += g.units[u].own_len * g.optimizer_elem_bytes();
+      io += swap::optimizer_swap_io_bytes(g.units[u].own_len, g.sub_group_size, g.moments);
+    }
+    if (io * 10 > state * 11)
+      plan.sub_group_padding = fmt::format(
+          "zero_optimization.sub_group_size {} pads each sub-group's three parts to 4 KiB: each "
+          "step reads and writes {} of swap files for {} of optimizer state ({:.1f}x), and the "
+          "files are as much larger; a multiple of 1024 elements pads nothing",
+          g.sub_group_size, format_bytes(io), format_bytes(state),
+          static_cast<double>(io) / static_cast<double>(state));
   }
   if (p.gradients == Tier::kNvme) {
     const uint64_t b =
@@ -592,9 +605,10 @@ void plan_step_traffic(const PlanContext& c, Plan& plan) {
       t.nvme_write += sent * acc;  // every copy back writes the sum so far
       t.nvme_read += sent * acc;   // later ones add to it; the step reads it once
     }
-    if (p.optimizer_home(unit) == Tier::kNvme) {
-      t.nvme_read += u.own_len * g.optimizer_elem_bytes();
-      t.nvme_write += u.own_len * g.optimizer_elem_bytes();
+    if (p.optimizer_home(unit) == Tier::kNvme) {  // whole slots: sub-groups pad to 4 KiB
+      const uint64_t io = swap::optimizer_swap_io_bytes(u.own_len, g.sub_group_size, g.moments);
+      t.nvme_read += io;
+      t.nvme_write += io;
     }
     // Adam on a device the host cannot read: the gradients go up, and new parameters bound
     // for host memory come down.

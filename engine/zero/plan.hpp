@@ -104,6 +104,9 @@ struct Plan {
   std::string optimizer_nvme_path;       // swap directory for optimizer state, or empty
   uint64_t param_nvme_bytes = 0;         // of peak.nvme, parameter files
   uint64_t optimizer_nvme_bytes = 0;     // of peak.nvme, optimizer-state (and gradient) files
+  // When zero_optimization.sub_group_size pads the optimizer's swap files (and each step's I/O)
+  // to more than 1.1 times the state: a sentence naming the key and both sizes; else empty.
+  std::string sub_group_padding;
 };
 
 // What the planner needs besides the config and the model.

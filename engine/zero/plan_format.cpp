@@ -1,8 +1,10 @@
 // The plan against the machine: limits from the config and the system, the fit check and the
 // table `outcore estimate` prints.
 #include <fmt/format.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -34,10 +36,17 @@ struct FsInfo {
   dev_t device = 0;
 };
 
-FsInfo fs_info(const std::string& dir) {
+// `key`: the config key that names `dir`, for the error when its filesystem stores no files.
+FsInfo fs_info(const std::string& dir, const char* key) {
   const fs::path p = existing_ancestor(dir);
   struct statvfs sv {};
   if (::statvfs(p.c_str(), &sv) != 0) throw IoError(p.string(), errno, "statvfs");
+  // A filesystem of no blocks that is not ramfs (which counts none): /proc, /sys, cgroups.
+  struct statfs sf {};
+  if (sv.f_blocks == 0 && ::statfs(p.c_str(), &sf) == 0 && sf.f_type != RAMFS_MAGIC)
+    throw ConfigError(key, fmt::format("{}: {} is on a filesystem that stores no files (such as "
+                                       "/proc or /sys); give a directory on a drive",
+                                       dir, p.string()));
   struct stat st {};
   if (::stat(p.c_str(), &st) != 0) throw IoError(p.string(), errno, "stat");
   return {static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize, st.st_dev};
@@ -84,11 +93,11 @@ PlanLimits system_limits(const config::Config& cfg, const Plan& plan) {
   l.host = detail::mem_available_bytes();
   std::optional<FsInfo> pi, oi;
   if (!plan.param_nvme_path.empty()) {
-    pi = fs_info(plan.param_nvme_path);
+    pi = fs_info(plan.param_nvme_path, "zero_optimization.offload_param.nvme_path");
     l.param_nvme = pi->free_bytes;
   }
   if (!plan.optimizer_nvme_path.empty()) {
-    oi = fs_info(plan.optimizer_nvme_path);
+    oi = fs_info(plan.optimizer_nvme_path, "zero_optimization.offload_optimizer.nvme_path");
     l.optimizer_nvme = oi->free_bytes;
   }
   l.nvme_same_filesystem = pi && oi && pi->device == oi->device;
@@ -125,7 +134,8 @@ void check_fits(const Plan& plan, const PlanLimits& limits) {
           format_bytes(need), need,
           limits.nvme_by.empty() ? "the filesystem has" : limits.nvme_by + " gives",
           format_bytes(free), free,
-          (limits.nvme_by.empty() ? " free" : "") + std::string(optimizer ? spare : "")));
+          (limits.nvme_by.empty() ? " free" : "") + std::string(optimizer ? spare : "") +
+              (optimizer && !plan.sub_group_padding.empty() ? "; " + plan.sub_group_padding : "")));
   };
   if (limits.nvme_same_filesystem) {
     nvme(plan.param_nvme_path == plan.optimizer_nvme_path
@@ -236,6 +246,7 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
     out << fmt::format("{:<7} {:<66} {:>12}{}\n", tier_name(tier), "= total",
                        format_bytes(plan.peak[tier]), verdict);
   }
+  if (!plan.sub_group_padding.empty()) out << "note: " << plan.sub_group_padding << "\n";
   const TrafficBytes& t = plan.per_step;
   out << fmt::format(
       "\nper optimizer step: nvme read {}, nvme write {}, host->device {}, device->host {}\n",

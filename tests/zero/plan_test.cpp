@@ -85,6 +85,42 @@ TEST(Plan, Bf16MomentsShrinkTheOptimizerBytesExactlyAsMeasured) {
   }
 }
 
+// A sub_group_size that is not a multiple of 1024 elements pads each sub-group's three parts
+// to 4 KiB: the plan counts the bytes the drive moves, as measured (it counted the state's bytes,
+// 10 times fewer at 100 elements), says which key pads them, and a swap path without room
+// for the padded files names the key too.
+TEST(Plan, SmallSubGroupsPadTheOptimizerFilesAndTrafficAsMeasured) {
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+  const Placing s{3, "nvme", "nvme"};
+  const std::string dir = swap_dir("plan_small_sub_groups").string();
+  const config::Config cfg = make_config(config_json(
+      s, DType::BF16, dir, ", \"stage3_max_reuse_distance\": 0, \"sub_group_size\": 100"));
+  const int steps = 2;
+  const Measured m = measure(cfg, model, steps);
+  const Plan& p = m.plan;
+  const TrafficStats& a = m.after_init;
+  const TrafficStats& b = m.after_steps;
+  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, steps * p.per_step.nvme_read) << format_plan(p);
+  EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, steps * p.per_step.nvme_write)
+      << format_plan(p);
+  EXPECT_GT(p.per_step.nvme_read, 10 * 12 * p.offloaded_optimizer_elems) << format_plan(p);
+  const std::string text = format_plan(p);
+  EXPECT_NE(text.find("note: zero_optimization.sub_group_size 100 pads"), std::string::npos)
+      << text;
+  PlanLimits limits;
+  limits.optimizer_nvme = p.optimizer_nvme_bytes - 1;
+  try {
+    check_fits(p, limits);
+    ADD_FAILURE() << "fits in a byte less than its swap files";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.sub_group_size 100"), std::string::npos)
+        << e.what();
+  }
+  const config::Config whole = make_config(config_json(
+      s, DType::BF16, dir, ", \"stage3_max_reuse_distance\": 0, \"sub_group_size\": 8192"));
+  EXPECT_EQ(make_plan(whole, model).sub_group_padding, "");
+}
+
 // Stage 3 with a small stage3_max_live_parameters or stage3_max_reuse_distance: units released
 // after forward (or evicted, or refused by the live cap) are fetched again in backward, in
 // every micro-batch (gradient_accumulation_steps 2). The plan replays the coordinator's policy,
@@ -409,6 +445,23 @@ TEST(Plan, SwapPathWithoutRoomFailsAtStartWithTheBytesNeeded) {
   }
   EXPECT_EQ(dev.memory_stats().in_use_bytes, 0u);
   EXPECT_TRUE(std::filesystem::is_empty(dir));  // nothing was written
+}
+
+// A swap path on a filesystem that stores no files (/proc) is refused naming the key, not as a
+// disk with 0 bytes free.
+TEST(Plan, SwapPathOnAFilesystemWithoutStorageIsRefusedNamingTheKey) {
+  if (!std::filesystem::is_directory("/proc/self")) GTEST_SKIP() << "no /proc";
+  const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
+  const config::Config cfg =
+      make_config(config_json({3, "cpu", "nvme"}, DType::BF16, "/proc/self"));
+  const Plan p = make_plan(cfg, model);
+  try {
+    system_limits(cfg, p);
+    FAIL() << "/proc taken for a swap drive";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.json_path(), "zero_optimization.offload_optimizer.nvme_path") << e.what();
+    EXPECT_NE(std::string(e.what()).find("stores no files"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
