@@ -265,6 +265,15 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
        "with offload_param.device nvme at stage 3"},
       {"zero_optimization.offload_param.buffer_size", param_nvme,
        "with offload_param.device nvme at stage 3"},
+      {"zero_optimization.offload_param.max_in_cpu", param_nvme,
+       "with offload_param.device nvme at stage 3"},
+      {"zero_optimization.sub_group_size", optimizer_nvme,
+       "with offload_optimizer.device nvme at stage 3 (it sizes the optimizer state's reads and "
+       "writes)"},
+      {"zero_optimization.offload_optimizer.ratio",
+       stage3 && z.offload_optimizer.device != OffloadDevice::kNone,
+       "with offload_optimizer.device cpu or nvme at stage 3 (with none, all the optimizer "
+       "state is on the device already)"},
       {"zero_optimization.offload_optimizer.nvme_path", optimizer_nvme,
        "with offload_optimizer.device nvme at stage 3"},
       {"zero_optimization.offload_optimizer.buffer_count", optimizer_nvme,

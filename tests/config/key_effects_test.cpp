@@ -189,10 +189,21 @@ TEST(KeyEffects, KeysOfAStageOrDeviceNotInUseAreWarnedAbout) {
             (std::set<std::string>{"zero_optimization.offload_param.buffer_count",
                                    "zero_optimization.offload_optimizer.nvme_path",
                                    "zero_optimization.offload_optimizer.pipeline_write"}));
+  // sub_group_size sizes only the optimizer's swap I/O; max_in_cpu splits only parameters
+  // bound for swap files; ratio splits only state that is offloaded.
+  EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
+      "sub_group_size": 7, "offload_param": {"device": "cpu", "max_in_cpu": 0},
+      "offload_optimizer": {"device": "cpu"}}})"),
+            (std::set<std::string>{"zero_optimization.sub_group_size",
+                                   "zero_optimization.offload_param.max_in_cpu"}));
+  EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "none", "ratio": 0.3}}})"),
+            (std::set<std::string>{"zero_optimization.offload_optimizer.ratio"}));
   EXPECT_TRUE(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
-      "stage3_max_live_parameters": 10,
-      "offload_param": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 9},
-      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "pipeline_write": true}}})")
+      "stage3_max_live_parameters": 10, "sub_group_size": 1000,
+      "offload_param": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 9, "max_in_cpu": 5},
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "pipeline_write": true,
+                            "ratio": 0.5}}})")
                   .empty());
 }
 
