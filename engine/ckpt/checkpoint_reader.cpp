@@ -153,12 +153,16 @@ DType Checkpoint::array_dtype(ArrayKind array) const {
   return array == ArrayKind::kParams ? impl_->manifest.param_dtype : DType::F32;
 }
 
-void Checkpoint::verify() const {
+void Checkpoint::verify(const std::function<bool()>& stop) const {
   std::lock_guard lock(impl_->mu);
   const Impl& m = *impl_;
   std::vector<AlignedBuffer> buf;
   for (size_t i = 0; i < kVerifyBuffers; ++i) buf.emplace_back(kVerifyChunk);
+  auto stopped = [&] {
+    if (stop && stop()) throw Interrupted("checkpoint check interrupted by a signal");
+  };
   for (const FileInfo& fi : m.manifest.files) {
+    stopped();
     const fs::path p = m.dir / fi.path;
     std::error_code ec;
     const fs::file_status st = fs::status(p, ec);
@@ -194,6 +198,15 @@ void Checkpoint::verify() const {
         const auto [ticket, len] = inflight.front();
         inflight.pop_front();
         m.engine->wait(ticket);
+        if (stop && stop()) {  // the reads in flight land before their buffers go
+          for (const auto& [t, l] : inflight) {
+            try {
+              m.engine->wait(t);
+            } catch (const std::exception&) {  // stopping: its error does not matter
+            }
+          }
+          stopped();
+        }
         if (off < size) start();
         crc = crc32c({buf[done_buf++ % kVerifyBuffers].data(), len}, crc);
       }

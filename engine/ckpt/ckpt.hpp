@@ -323,8 +323,9 @@ class Checkpoint {
   const std::filesystem::path& dir() const;
 
   // Checks the size and CRC32C of every file in the manifest, reading each once.
-  // CorruptData naming the file with its expected and actual size or CRC.
-  void verify() const;
+  // CorruptData naming the file with its expected and actual size or CRC. `stop`, when given,
+  // is asked between chunks: true ends the check with Interrupted (no read left in flight).
+  void verify(const std::function<bool()>& stop = {}) const;
   // A text file of the manifest (size and CRC checked).
   std::string read_text(std::string_view rel_path) const;
   // Slab elements [begin, begin + count) of `unit`'s `array`, as stored (dtype of the

@@ -2008,6 +2008,59 @@ TEST_F(TrainCliTest, ExportStoppedBySigtermLeavesNothingAndExits130) {
   }
 }
 
+// A signal while export or train still reads its inputs (here during the start delay of
+// outcore_with_test_hooks, once early signals are caught) stops them as one later would: exit
+// 130, one line saying so, nothing written (it ended the process by the signal: exit 143 for
+// SIGTERM). A second one ends the process by it.
+TEST_F(TrainCliTest, ASignalWhileTheInputsAreReadStopsWithExit130) {
+  const std::string ck = data_.file("ckpt"), hf = data_.file("hf"), err = data_.file("early.err");
+  const std::string started = data_.file("started"), ck2 = data_.file("ckpt2");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  // `args` under outcore_with_test_hooks with a 3 s start delay; its status once `signals` were
+  // sent after the start line appeared.
+  auto signalled = [&](const std::string& args, std::initializer_list<int> signals) {
+    std::filesystem::remove(started);
+    const std::string cmd =
+        "exec env -u OUTCORE_CONFIG OUTCORE_TEST_START_DELAY_MS=3000 "
+        "OUTCORE_TEST_START_LOG=" +
+        shell_quote(started) + " " + shell_quote(OUTCORE_CLI_WITH_TEST_HOOKS) + " " + args +
+        " >/dev/null 2>" + shell_quote(err);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    bool up = false;
+    for (int i = 0; i < 6000 && !up; ++i) {
+      up = slurp(started) == "started\n";
+      if (!up) usleep(10000);
+    }
+    size_t sent = 0;
+    for (int sig : signals) {
+      kill(pid, sig);
+      if (++sent < signals.size()) EXPECT_TRUE(wait_until_delivered(pid, sig)) << sig;
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(up) << "never started: " << slurp(err);
+    return status;
+  };
+  int status = signalled("export " + shell_quote(ck) + " " + shell_quote(hf), {SIGTERM});
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << ": " << slurp(err);
+  EXPECT_EQ(WEXITSTATUS(status), 130) << slurp(err);
+  EXPECT_EQ(lines_of(slurp(err)).size(), 1u) << slurp(err);
+  EXPECT_EQ(export_leftovers(hf), std::vector<std::string>());
+  status = signalled(train_args("--steps 3 --save-dir " + shell_quote(ck2)), {SIGHUP});
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << ": " << slurp(err);
+  EXPECT_EQ(WEXITSTATUS(status), 130) << slurp(err);
+  EXPECT_NE(slurp(err).find("stopping"), std::string::npos) << slurp(err);
+  EXPECT_FALSE(std::filesystem::exists(ck2 + "/global_step3")) << slurp(err);
+  status = signalled("export " + shell_quote(ck) + " " + shell_quote(hf), {SIGINT, SIGINT});
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << "status " << status;
+  EXPECT_EQ(export_leftovers(hf), std::vector<std::string>());
+}
+
 // A second signal kills the export at once, leaving its temporary directory (no file registered
 // for cleanup); the next export into the same directory removes it (its pid runs no more and it
 // holds only export files), but not one that holds other files or whose pid still runs.

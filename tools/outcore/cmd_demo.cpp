@@ -117,6 +117,7 @@ void write_text(const fs::path& path, const std::string& text) {
 }
 
 int run_demo(const DemoOptions& o) {
+  catch_early_stop();
   int64_t steps = kDemoDefaultSteps;
   if (!o.steps.empty()) {
     const char* end = o.steps.data() + o.steps.size();

@@ -142,6 +142,9 @@ model::LlamaConfig checkpoint_model(const ckpt::Checkpoint& c) {
 
 int run_export(const ExportArgs& a) {
   const auto start = std::chrono::steady_clock::now();
+  // Ctrl-C from here on stops the export with exit 130 and nothing left at `out` (a signal
+  // caught before this by catch_early_stop is its first).
+  const StopSignals signals({});
   if (a.checkpoint.empty() || a.out.empty())
     throw InvalidArgument("export needs --checkpoint PATH and --out DIR");
   ckpt::ExportOptions options{.max_shard_bytes = parse_size(a.max_shard_size)};
@@ -158,7 +161,8 @@ int run_export(const ExportArgs& a) {
   ckpt::Checkpoint c = ckpt::Checkpoint::open(a.checkpoint);
   const model::LlamaConfig cfg = checkpoint_model(c);
   options.dtype = dtype.value_or(c.manifest().param_dtype);
-  if (!a.no_verify) c.verify();
+  if (!a.no_verify) c.verify([] { return stop_flag().load(std::memory_order_relaxed); });
+  throw_if_stopped();
   // Test hook (off in the shipped binary): a sleep before each piece is read, after the check
   // for a stop and a line in the piece log, so the command-line tests can signal an export in
   // the middle of writing.
@@ -173,9 +177,8 @@ int run_export(const ExportArgs& a) {
     c.read_slab(unit, ckpt::ArrayKind::kMaster, begin, count,
                 std::as_writable_bytes(std::span(out, count)));
   };
-  // Until here nothing is written: a signal ends the process as usual. From here the next piece
-  // read throws Interrupted, and write_hf_model removes what it wrote.
-  const StopSignals signals({});
+  // A signal from here on makes the next piece read throw Interrupted, and write_hf_model
+  // removes what it wrote (the StopSignals is made before the checkpoint is checked).
   // By absolute path: the export replaces the directory `out` names, which may be the working
   // directory itself (".").
   const fs::path target = export_target(a.out);
@@ -197,6 +200,8 @@ int run_export(const ExportArgs& a) {
 
 // Bad input exits 2, failures while writing exit 1.
 int run_export_reporting(const ExportArgs& a) {
+  catch_early_stop();
+  start_delay_hook();
   return run_reporting([&] { return run_export(a); },
                        [&](const char* message) {
                          std::fprintf(stderr,

@@ -169,6 +169,7 @@ int run_tokenize(const TokenizeArgs& a) {
 
 // Bad input exits 2, failures while reading or writing exit 1, a stop 130.
 int run_tokenize_reporting(const TokenizeArgs& a) {
+  catch_early_stop();
   return run_reporting([&] { return run_tokenize(a); },
                        [&](const char* message) {
                          std::fprintf(stderr, "stopped: %s; nothing was written to %s.*\n", message,

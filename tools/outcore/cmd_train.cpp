@@ -32,6 +32,7 @@
 #include "engine/train/trainer.hpp"
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/launch.hpp"
+#include "tools/outcore/stop_signals.hpp"
 #include "tools/outcore/test_hooks.hpp"
 #include "tools/outcore/train_session.hpp"
 
@@ -435,6 +436,8 @@ ckpt::WriterOptions checkpoint_hooks() {
 }
 
 int run_train(const TrainCliOptions& o) {
+  catch_early_stop();  // a Ctrl-C while the inputs are read stops the run as one during it
+  start_delay_hook();
   std::optional<ResumeDefaults> rd;
   if (!o.resume.empty()) {
     if (!o.init_from.empty()) {

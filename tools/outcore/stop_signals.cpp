@@ -19,6 +19,8 @@ namespace {
 std::atomic<bool> g_stop{false};
 // Set by the SIGUSR1 that catch_early_mpirun_stop's handler caught before a StopSignals was made.
 std::atomic<bool> g_early_stop{false};
+// The signal catch_early_stop's handler caught first (0: none).
+std::atomic<int> g_early_signal{0};
 std::atomic<unsigned> g_seen{0};  // bit s - 1: signal s received since the StopSignals was made
 std::atomic<const char*> g_notice{nullptr};
 // Write end of the watcher's pipe (-1 without one). The pipe and the watcher live as long as the
@@ -101,12 +103,31 @@ void catch_early_mpirun_stop() {
   ::sigaction(SIGUSR1, &sa, nullptr);
 }
 
+void catch_early_stop() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int sig) {
+    // Async-signal-safe: an atomic, and signal(2) so that the same signal again ends the process.
+    int none = 0;
+    g_early_signal.compare_exchange_strong(none, sig);
+    ::signal(sig, SIG_DFL);
+  };
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
 StopSignals::StopSignals(Options options)
     : count_(options.mpirun_stop ? 4 : 3), ignore_sigpipe_(options.ignore_sigpipe) {
-  // A stop mpirun forwarded before this was made (catch_early_mpirun_stop) is this one's first.
-  g_stop.store(options.mpirun_stop && g_early_stop.exchange(false));
-  g_seen.store(0);
+  // A stop mpirun forwarded before this was made (catch_early_mpirun_stop), or a signal that
+  // catch_early_stop caught, is this one's first.
+  const int early = g_early_signal.exchange(0);
+  g_stop.store((options.mpirun_stop && g_early_stop.exchange(false)) || early != 0);
+  g_seen.store(early != 0 ? 1u << (early - 1) : 0u);
   g_notice.store(options.notice);
+  if (early != 0 && options.notice != nullptr) {
+    ssize_t ignored = ::write(STDERR_FILENO, options.notice, std::strlen(options.notice));
+    (void)ignored;
+  }
   start_watcher();
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;

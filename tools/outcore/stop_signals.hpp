@@ -30,6 +30,13 @@ std::atomic<bool>& stop_flag();
 // is loaded or re-executed, still ends it by its default action.)
 void catch_early_mpirun_stop();
 
+// At the start of a long-running command (train, demo, export, tokenize): the first SIGINT,
+// SIGTERM or SIGHUP before its StopSignals is made is taken by that StopSignals as its first
+// (the command stops at its first check for a stop, exit 130, its notice written then); the same
+// signal again ends the process by it. Without it, such a signal ended the process by its
+// default action (exit 143 for SIGTERM) while the command was still reading its inputs.
+void catch_early_stop();
+
 class StopSignals {
  public:
   struct Options {

@@ -6,8 +6,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 
 namespace outcore::cli {
 
@@ -27,9 +29,23 @@ struct TestHooks {
   // OUTCORE_TEST_SAVE_FREE_BYTES). Passed to ckpt::WriterOptions.
   std::optional<uint64_t> save_free_bytes;
   std::string export_piece_log;
+  // Sleep at the start of `outcore train` and `outcore export`, once early signals are caught
+  // (0: never; OUTCORE_TEST_START_DELAY_MS), after writing a line to a file (empty: none;
+  // OUTCORE_TEST_START_LOG): a signal sent once the line appears arrives while the command is
+  // reading its inputs.
+  std::chrono::milliseconds start_delay{0};
+  std::string start_log;
 };
 
 // The hooks of this process, read once on first call. Thread-safe.
 const TestHooks& test_hooks();
+
+// The start_delay hook: the line, then the sleep (nothing when it is off).
+inline void start_delay_hook() {
+  const TestHooks& h = test_hooks();
+  if (h.start_delay.count() <= 0) return;
+  if (!h.start_log.empty()) std::ofstream(h.start_log) << "started\n" << std::flush;
+  std::this_thread::sleep_for(h.start_delay);
+}
 
 }  // namespace outcore::cli
