@@ -364,7 +364,8 @@ SwapFileSpec optimizer_file_spec(uint32_t unit, uint64_t numel, uint64_t sub_gro
                                  DType moments = DType::F32, unsigned copies = 1);
 // The bytes one step reads (and writes) of such a file: every sub-group's slot of one copy, in
 // whole 4 KiB blocks. Each sub-group's three parts start on 4 KiB, so a sub_group_size that is
-// not a multiple of 1024 elements moves more than the state's bytes (at 16 elements, 64 times).
+// not a multiple of 1024 elements (2048 with bf16 moments) moves more than the state's bytes (at
+// 16 elements, 64 times).
 uint64_t optimizer_swap_io_bytes(uint64_t numel, uint64_t sub_group_size, DType moments);
 
 struct OptimizerSwapperOptions {

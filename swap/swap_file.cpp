@@ -203,16 +203,20 @@ struct SwapSpace::Impl {
   // leftovers never fail the run: a failure is a warning.
   void clear_ranks_beyond(const fs::path& top, int world_size) {
     std::error_code ec;
-    for (const fs::directory_entry& r : fs::directory_iterator(top, ec)) {
-      const std::string name = r.path().filename().string();
+    auto is_dir = [](const fs::path& p) {
+      std::error_code e;
+      return fs::symlink_status(p, e).type() == fs::file_type::directory;
+    };
+    for (auto it = fs::directory_iterator(top, ec); !ec && it != fs::end(it); it.increment(ec)) {
+      const fs::path rank_dir = it->path();
+      const std::string name = rank_dir.filename().string();
       if (name.size() <= 4 || name.size() > 10 || name.compare(0, 4, "rank") != 0 ||
           name.find_first_not_of("0123456789", 4) != std::string::npos ||
-          std::stoll(name.substr(4)) < world_size ||
-          fs::symlink_status(r.path()).type() != fs::file_type::directory)
+          std::stoll(name.substr(4)) < world_size || !is_dir(rank_dir))
         continue;
       for (SwapKind kind : {SwapKind::kParam, SwapKind::kGrad, SwapKind::kOptimizer}) {
-        const fs::path dir = r.path() / swap_kind_name(kind);
-        if (fs::symlink_status(dir).type() != fs::file_type::directory) continue;
+        const fs::path dir = rank_dir / swap_kind_name(kind);
+        if (!is_dir(dir)) continue;
         try {
           LockFile lock(dir / ".lock", "lock another rank's swap directory", kLockMarker);
           clear_stale(dir);
@@ -224,7 +228,7 @@ struct SwapSpace::Impl {
           log::warn("swap: {}", e.what());
         }
       }
-      ::rmdir(r.path().c_str());
+      ::rmdir(rank_dir.c_str());
     }
   }
 

@@ -193,22 +193,26 @@ void Checkpoint::verify(const std::function<bool()>& stop) const {
         ++next_buf;
       };
       size_t done_buf = 0;
-      while (off < size && inflight.size() < kVerifyBuffers - 1) start();
-      while (!inflight.empty()) {
-        const auto [ticket, len] = inflight.front();
-        inflight.pop_front();
-        m.engine->wait(ticket);
-        if (stop && stop()) {  // the reads in flight land before their buffers go
-          for (const auto& [t, l] : inflight) {
-            try {
-              m.engine->wait(t);
-            } catch (const std::exception&) {  // stopping: its error does not matter
-            }
-          }
+      try {
+        while (off < size && inflight.size() < kVerifyBuffers - 1) start();
+        while (!inflight.empty()) {
+          const auto [ticket, len] = inflight.front();
+          inflight.pop_front();
+          m.engine->wait(ticket);
           stopped();
+          if (off < size) start();
+          crc = crc32c({buf[done_buf++ % kVerifyBuffers].data(), len}, crc);
         }
-        if (off < size) start();
-        crc = crc32c({buf[done_buf++ % kVerifyBuffers].data(), len}, crc);
+      } catch (...) {
+        // A stop, a failed read or submission: the reads still in flight land before their
+        // buffers go (their own errors do not matter then).
+        for (const auto& [t, l] : inflight) {
+          try {
+            m.engine->wait(t);
+          } catch (const std::exception&) {
+          }
+        }
+        throw;
       }
       m.bytes_read += size;
     }

@@ -16,7 +16,10 @@
 
 namespace outcore::train {
 
-// Achieved I/O rate of one storage tier over the last step, in GB/s (1e9 bytes/s).
+// Achieved I/O rate of one storage tier over the last step, in GB/s (1e9 bytes/s): the bytes of
+// the transfers that completed during the step's wall time. The optimizer's work of one step
+// (and its I/O) runs partly under the next step's forward, so one step's figure can hold part of
+// the previous step's bytes; over steps the mean is the plan's traffic per step.
 struct TierIo {
   std::string tier;  // "nvme", "host", ...
   double read_gb_per_s = 0;

@@ -867,6 +867,9 @@ TrainResult Trainer::run() {
   }
   if (val_loader_ && !res.stopped && validated_step_ != steps_done_) run_validation();
   if (save_dir_ && last_saved_step_ != steps_done_) save();
+  // The last step's overlapped work (Adam under the next forward, its writes) ends here: its
+  // failure fails the run, and the traffic read below includes it.
+  engine_->wait_step();
 
   if (display) display->finish();
   if (writer) {

@@ -526,9 +526,10 @@ void plan_nvme(const PlanContext& c, Plan& plan) {
       plan.sub_group_padding = fmt::format(
           "zero_optimization.sub_group_size {} pads each sub-group's three parts to 4 KiB: each "
           "step reads and writes {} of swap files for {} of optimizer state ({:.1f}x), and the "
-          "files are as much larger; a multiple of 1024 elements pads nothing",
+          "files are as much larger; a multiple of {} elements pads nothing",
           g.sub_group_size, format_bytes(io), format_bytes(state),
-          static_cast<double>(io) / static_cast<double>(state));
+          static_cast<double>(io) / static_cast<double>(state),
+          kIoAlignment / dtype_size(g.moments));
   }
   if (p.gradients == Tier::kNvme) {
     const uint64_t b =

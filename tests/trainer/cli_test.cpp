@@ -2055,7 +2055,11 @@ TEST_F(TrainCliTest, ASignalWhileTheInputsAreReadStopsWithExit130) {
   ASSERT_TRUE(WIFEXITED(status)) << "status " << status << ": " << slurp(err);
   EXPECT_EQ(WEXITSTATUS(status), 130) << slurp(err);
   EXPECT_NE(slurp(err).find("stopping"), std::string::npos) << slurp(err);
-  EXPECT_FALSE(std::filesystem::exists(ck2 + "/global_step3")) << slurp(err);
+  // Stopped before its first step: no step trained, no checkpoint of one saved.
+  if (std::filesystem::is_directory(ck2))
+    for (const auto& e : std::filesystem::directory_iterator(ck2))
+      EXPECT_FALSE(e.path().filename().string().starts_with("global_step")) << e.path();
+  EXPECT_NE(slurp(err).find("nothing was trained"), std::string::npos) << slurp(err);
   status = signalled("export " + shell_quote(ck) + " " + shell_quote(hf), {SIGINT, SIGINT});
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << "status " << status;
   EXPECT_EQ(export_leftovers(hf), std::vector<std::string>());

@@ -562,6 +562,27 @@ TEST(TrainerTest, MetricsFileHasOneRecordPerStepWithTierTraffic) {
   EXPECT_GT(r.traffic.nvme_write_bytes, 0u);
 }
 
+// The run's traffic includes its last step's optimizer work (which runs after the step's
+// backward, under no next forward): each step more adds the same bytes. It was read without
+// waiting for that work, and under-counted by a varying amount.
+TEST(TrainerTest, TheRunsTrafficIncludesItsLastStep) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  std::vector<zero::TrafficStats> runs;
+  for (int steps : {2, 3, 4}) {
+    Trainer t(make_config(testing::nvme_patch(data.file("swap")), mc), mc,
+              quiet_options(data, steps));
+    runs.push_back(t.run().traffic);
+  }
+  const uint64_t read = runs[1].nvme_read_bytes - runs[0].nvme_read_bytes;
+  const uint64_t written = runs[1].nvme_write_bytes - runs[0].nvme_write_bytes;
+  EXPECT_GT(read, 0u);
+  EXPECT_GT(written, 0u);
+  EXPECT_EQ(runs[2].nvme_read_bytes - runs[1].nvme_read_bytes, read);
+  EXPECT_EQ(runs[2].nvme_write_bytes - runs[1].nvme_write_bytes, written);
+  EXPECT_EQ(runs[2].h2d_bytes - runs[1].h2d_bytes, runs[1].h2d_bytes - runs[0].h2d_bytes);
+}
+
 // fp32 has no overflow check: a diverged run must stop, naming the step, before the
 // non-finite gradients are applied.
 TEST(TrainerTest, NonFiniteLossWithoutAnOverflowCheckEndsTheRun) {

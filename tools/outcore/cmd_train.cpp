@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -341,9 +342,16 @@ std::string sampled_crc(const std::string& path) {
   uint32_t crc = 0;
   auto take = [&](uint64_t off, uint64_t len) {
     len = std::min(len, size - std::min(size, off));
-    const ssize_t n = ::pread(fd.get(), buf.data(), len, static_cast<off_t>(off));
-    if (n < 0) return false;
-    crc = ckpt::crc32c(std::span(buf.data(), static_cast<size_t>(n)), crc);
+    size_t got = 0;  // whole, across short reads and signals (until the file's end)
+    while (got < len) {
+      const ssize_t n =
+          ::pread(fd.get(), buf.data() + got, len - got, static_cast<off_t>(off + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return false;
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
+    }
+    crc = ckpt::crc32c(std::span(buf.data(), got), crc);
     return true;
   };
   bool ok = take(0, kEnd) && take(size - std::min(size, kEnd), kEnd);
@@ -392,12 +400,16 @@ std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config
   out.emplace_back("--val-data", file(t.val_data));
   out.emplace_back("--loss-mask", file(t.train_mask));
   out.emplace_back("--val-loss-mask", file(t.val_mask));
-  if (!t.init_from.empty()) {  // a Hugging Face directory: its files in name order
+  if (!t.init_from.empty()) {  // a Hugging Face directory: the files its loader reads, by name
     std::vector<std::string> names;
     std::error_code ec;
     for (auto it = fs::directory_iterator(t.init_from, ec); !ec && it != fs::end(it);
-         it.increment(ec))
-      names.push_back(it->path().filename().string());
+         it.increment(ec)) {
+      const std::string n = it->path().filename().string();
+      if (n == "config.json" || n.ends_with(".safetensors") ||
+          n.ends_with(".safetensors.index.json"))
+        names.push_back(n);
+    }
     std::sort(names.begin(), names.end());
     out.emplace_back("--init-from", path(t.init_from));
     for (const std::string& n : names)

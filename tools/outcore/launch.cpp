@@ -155,10 +155,14 @@ std::vector<std::pair<std::string, std::string>> deserialize(const std::string& 
   return out;
 }
 
-std::string shown(const std::string* v) {
+// A value as the report shows it: whole up to 80 characters, else 77 of them from a little
+// before `differ` (where the ranks' values first differ), "..." where some are left out.
+std::string shown(const std::string* v, size_t differ) {
   if (v == nullptr) return "(not set)";
-  // A long value's end: where paths, sizes and sampled CRCs differ.
-  return v->size() > 80 ? "\"..." + v->substr(v->size() - 77) + "\"" : "\"" + *v + "\"";
+  if (v->size() <= 80) return "\"" + *v + "\"";
+  const size_t begin = std::min(differ > 10 ? differ - 10 : 0, v->size() - 77);
+  return "\"" + std::string(begin > 0 ? "..." : "") + v->substr(begin, 77) +
+         (begin + 77 < v->size() ? "..." : "") + "\"";
 }
 
 }  // namespace
@@ -187,11 +191,21 @@ bool ranks_agree(comm::Comm& control,
     };
     std::string detail;
     bool differs = false;
+    size_t differ = std::string::npos;  // the first character where a rank's value differs
     for (size_t r = 0; r < maps.size(); ++r) {
       const std::string *v = value(r), *v0 = value(0);
       if ((v == nullptr) != (v0 == nullptr) || (v != nullptr && *v != *v0)) differs = true;
-      detail += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r, shown(v));
+      if (v != nullptr && v0 != nullptr && *v != *v0)
+        differ = std::min(
+            differ,
+            static_cast<size_t>(
+                std::mismatch(v->begin(), v->begin() + std::min(v->size(), v0->size()), v0->begin())
+                    .first -
+                v->begin()));
     }
+    for (size_t r = 0; r < maps.size(); ++r)
+      detail += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r,
+                            shown(value(r), differ == std::string::npos ? 0 : differ));
     if (differs) diffs.push_back(fmt::format("{} ({})", k, detail));
   }
   if (control.rank() == 0) {

@@ -2,6 +2,7 @@
 #include "tools/outcore/stop_signals.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,8 +20,8 @@ namespace {
 std::atomic<bool> g_stop{false};
 // Set by the SIGUSR1 that catch_early_mpirun_stop's handler caught before a StopSignals was made.
 std::atomic<bool> g_early_stop{false};
-// The signal catch_early_stop's handler caught first (0: none).
-std::atomic<int> g_early_signal{0};
+// Bit s - 1: signal s caught by catch_early_stop's handler since the last StopSignals took them.
+std::atomic<unsigned> g_early_seen{0};
 std::atomic<unsigned> g_seen{0};  // bit s - 1: signal s received since the StopSignals was made
 std::atomic<const char*> g_notice{nullptr};
 // Write end of the watcher's pipe (-1 without one). The pipe and the watcher live as long as the
@@ -34,6 +35,11 @@ static_assert(std::atomic<const char*>::is_always_lock_free);
 // Ends the process by `sig` now (async-signal-safe).
 void die_by(int sig) {
   ::signal(sig, SIG_DFL);
+  // Inside its own handler the signal is blocked: unblocked, the raise ends the process now.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, sig);
+  ::pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
   ::raise(sig);
   ::_exit(128 + sig);  // only if `sig` is blocked
 }
@@ -106,10 +112,9 @@ void catch_early_mpirun_stop() {
 void catch_early_stop() {
   struct sigaction sa {};
   sa.sa_handler = [](int sig) {
-    // Async-signal-safe: an atomic, and signal(2) so that the same signal again ends the process.
-    int none = 0;
-    g_early_signal.compare_exchange_strong(none, sig);
-    ::signal(sig, SIG_DFL);
+    // Async-signal-safe: an atomic, and die_by for the same signal again.
+    const unsigned bit = 1u << (sig - 1);
+    if ((g_early_seen.fetch_or(bit, std::memory_order_relaxed) & bit) != 0) die_by(sig);
   };
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
@@ -118,16 +123,10 @@ void catch_early_stop() {
 
 StopSignals::StopSignals(Options options)
     : count_(options.mpirun_stop ? 4 : 3), ignore_sigpipe_(options.ignore_sigpipe) {
-  // A stop mpirun forwarded before this was made (catch_early_mpirun_stop), or a signal that
-  // catch_early_stop caught, is this one's first.
-  const int early = g_early_signal.exchange(0);
-  g_stop.store((options.mpirun_stop && g_early_stop.exchange(false)) || early != 0);
-  g_seen.store(early != 0 ? 1u << (early - 1) : 0u);
+  // A stop mpirun forwarded before this was made (catch_early_mpirun_stop) is this one's first.
+  g_stop.store(options.mpirun_stop && g_early_stop.exchange(false));
+  g_seen.store(0);
   g_notice.store(options.notice);
-  if (early != 0 && options.notice != nullptr) {
-    ssize_t ignored = ::write(STDERR_FILENO, options.notice, std::strlen(options.notice));
-    (void)ignored;
-  }
   start_watcher();
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -139,6 +138,16 @@ StopSignals::StopSignals(Options options)
     ign.sa_handler = SIG_IGN;
     sigemptyset(&ign.sa_mask);
     ::sigaction(SIGPIPE, &ign, &old_pipe_);
+  }
+  // Signals catch_early_stop caught, up to the handlers above taking over, are firsts here
+  // (taken after the handlers are in place, so that none arrives unseen in between).
+  if (const unsigned early = g_early_seen.exchange(0); early != 0) {
+    g_seen.fetch_or(early);
+    g_stop.store(true);
+    if (options.notice != nullptr) {
+      ssize_t ignored = ::write(STDERR_FILENO, options.notice, std::strlen(options.notice));
+      (void)ignored;
+    }
   }
 }
 

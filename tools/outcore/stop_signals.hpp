@@ -7,8 +7,8 @@
 // directories' locks), which a signal handler cannot do safely; a third ends it even if that
 // removal hangs. A different signal after the first is a first one too (a launcher may forward
 // one Ctrl-C as two signals). With `ignore_sigpipe`, SIGPIPE is ignored (output to a closed pipe
-// fails with EPIPE instead of killing the process). Construction clears the flag; destruction
-// restores the previous actions.
+// fails with EPIPE instead of killing the process). Construction clears the flag (then sets it for
+// a signal catch_early_stop caught); destruction restores the previous actions.
 //
 // Threading: one StopSignals at a time in a process, made and destroyed on one thread; the flag
 // may be read from any thread.
@@ -33,8 +33,9 @@ void catch_early_mpirun_stop();
 // At the start of a long-running command (train, demo, export, tokenize): the first SIGINT,
 // SIGTERM or SIGHUP before its StopSignals is made is taken by that StopSignals as its first
 // (the command stops at its first check for a stop, exit 130, its notice written then); the same
-// signal again ends the process by it. Without it, such a signal ended the process by its
-// default action (exit 143 for SIGTERM) while the command was still reading its inputs.
+// signal again ends the process by it, another one counts as a first too. Without it, such a signal
+// ended the process by its default action (exit 143 for SIGTERM) while the command was still
+// reading its inputs.
 void catch_early_stop();
 
 class StopSignals {
