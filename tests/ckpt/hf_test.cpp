@@ -650,7 +650,8 @@ TEST_F(HfImportErrors, NonFiniteWeightIsNamedWithFileTensorAndElement) {
 TEST_F(HfImportErrors, ValueBeyondTheParametersDtypeIsNamed) {
   const std::string name = "model.layers.0.mlp.up_proj.weight";
   write_model_with(file(), cfg, DType::F32, name, 5, 1e5f);
-  const model::UnitLayout& layer0 = HfWeights::open(dir.path(), cfg).layout().units[1];
+  const HfWeights f32 = HfWeights::open(dir.path(), cfg);
+  const model::UnitLayout& layer0 = f32.layout().units[1];  // of a weights object that lives on
   std::vector<float> out(layer0.padded_numel);
   const HfWeights f16 = HfWeights::open(dir.path(), cfg, DType::F16);
   const std::string msg = error_of<CorruptData>(

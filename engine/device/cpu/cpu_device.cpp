@@ -183,7 +183,7 @@ class CpuStream final : public Stream {
     push_work([=, delay = copy_delay_us_] {
       if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
       OUTCORE_TRACE_SPAN(op, "copy", {.bytes = static_cast<int64_t>(bytes)});
-      std::memcpy(dst, src, bytes);
+      if (bytes > 0) std::memcpy(dst, src, bytes);  // an empty copy may name no buffer
     });
   }
 
