@@ -2039,7 +2039,9 @@ TEST_F(TrainCliTest, ASignalWhileTheInputsAreReadStopsWithExit130) {
     size_t sent = 0;
     for (int sig : signals) {
       kill(pid, sig);
-      if (++sent < signals.size()) EXPECT_TRUE(wait_until_delivered(pid, sig)) << sig;
+      if (++sent < signals.size()) {
+        EXPECT_TRUE(wait_until_delivered(pid, sig)) << sig;
+      }
     }
     int status = 0;
     waitpid(pid, &status, 0);
@@ -2056,9 +2058,11 @@ TEST_F(TrainCliTest, ASignalWhileTheInputsAreReadStopsWithExit130) {
   EXPECT_EQ(WEXITSTATUS(status), 130) << slurp(err);
   EXPECT_NE(slurp(err).find("stopping"), std::string::npos) << slurp(err);
   // Stopped before its first step: no step trained, no checkpoint of one saved.
-  if (std::filesystem::is_directory(ck2))
-    for (const auto& e : std::filesystem::directory_iterator(ck2))
+  if (std::filesystem::is_directory(ck2)) {
+    for (const auto& e : std::filesystem::directory_iterator(ck2)) {
       EXPECT_FALSE(e.path().filename().string().starts_with("global_step")) << e.path();
+    }
+  }
   EXPECT_NE(slurp(err).find("nothing was trained"), std::string::npos) << slurp(err);
   status = signalled("export " + shell_quote(ck) + " " + shell_quote(hf), {SIGINT, SIGINT});
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << "status " << status;
