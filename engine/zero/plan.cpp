@@ -56,9 +56,8 @@ uint64_t optimizer_lease_bytes(const Geometry& g, unsigned buffer_count) {
     const uint64_t sg = std::min<uint64_t>(g.sub_group_size, u.own_len);
     const uint64_t groups = (u.own_len + g.sub_group_size - 1) / g.sub_group_size;
     const uint64_t buffers = std::min<uint64_t>(buffer_count, groups);
-    const uint64_t parts = align_up(sg * sizeof(float), kIoAlignment) +
-                           2 * align_up(sg * dtype_size(g.moments), kIoAlignment);
-    most = std::max(most, buffers * parts);
+    // One sub-group's slot: its three parts, each 4 KiB-aligned.
+    most = std::max(most, buffers * swap::optimizer_swap_io_bytes(sg, sg, g.moments));
   }
   return most;
 }
