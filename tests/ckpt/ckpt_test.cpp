@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -57,8 +59,8 @@ struct Synthetic {
 
 // Writes a checkpoint of `s` cut into `world` rank partitions (slab padded to a multiple of
 // world * 2048), as a world-size-`world` run would.
-SaveResult write_synthetic(SaveDir& dir, const std::string& tag, int world, WriterOptions wo = {}) {
-  Synthetic s;
+SaveResult write_synthetic(SaveDir& dir, const std::string& tag, int world, WriterOptions wo = {},
+                           const Synthetic& s = {}) {
   CheckpointWriter w(dir, tag, wo);
   w.add_text_file("trainer_state.json", "{\"steps_done\": 7}\n");
   Manifest man;
@@ -309,6 +311,72 @@ TEST(CkptFaults, DiskFullAndIoErrorsKeepThePreviousCheckpoint) {
     EXPECT_EQ(dir.latest(), "global_step1");
     Checkpoint::open(tmp / "save").verify();
   }
+}
+
+// A backend that counts the requests in flight (prepared and not yet reaped) across its queues.
+class InFlightCounter : public aio::IoBackend {
+ public:
+  explicit InFlightCounter(std::shared_ptr<aio::IoBackend> inner) : inner_(std::move(inner)) {}
+  std::unique_ptr<aio::IoQueue> make_queue(unsigned depth) override {
+    return std::make_unique<Queue>(inner_->make_queue(depth), in_flight_);
+  }
+  std::string name() const override { return inner_->name(); }
+  int in_flight() const { return in_flight_.load(); }
+
+ private:
+  class Queue : public aio::IoQueue {
+   public:
+    Queue(std::unique_ptr<aio::IoQueue> q, std::atomic<int>& n) : q_(std::move(q)), n_(n) {}
+    bool prepare(const aio::IoRequest& r) override {
+      const bool ok = q_->prepare(r);
+      n_ += ok ? 1 : 0;
+      return ok;
+    }
+    int submit() override { return q_->submit(); }
+    int reap(std::span<aio::IoCompletion> out, std::chrono::nanoseconds timeout) override {
+      const int got = q_->reap(out, timeout);
+      n_ -= got > 0 ? got : 0;
+      return got;
+    }
+    int register_buffers(std::span<const std::span<std::byte>> bufs) override {
+      return q_->register_buffers(bufs);
+    }
+    int unregister_buffers() override { return q_->unregister_buffers(); }
+    int register_file(int slot, int fd) override { return q_->register_file(slot, fd); }
+
+   private:
+    std::unique_ptr<aio::IoQueue> q_;
+    std::atomic<int>& n_;
+  };
+  std::shared_ptr<aio::IoBackend> inner_;
+  std::atomic<int> in_flight_{0};
+};
+
+// A failed read while verify() has the file's next chunk in flight: the error is reported after
+// that read landed, never with it still writing into the buffers verify() frees. The first read
+// fails at once; the others complete 300 ms late.
+TEST(CkptFaults, AFailedReadDuringTheCheckLeavesNoReadInFlight) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save");
+  Synthetic big;
+  big.units = {{"layers.0", 3u << 20, 3u << 20}};  // optimizer.bin: 36 MiB, two 32 MiB reads
+  write_synthetic(dir, "global_step1", 1, {}, big);
+  auto faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
+  faults->add_fault({.kind = aio::Fault::Kind::kEio, .nth = 1, .direction = 0});
+  faults->add_fault({.kind = aio::Fault::Kind::kDelay,
+                     .nth = 2,
+                     .every = 1,
+                     .direction = 0,
+                     .delay = std::chrono::milliseconds{300}});
+  auto counter = std::make_shared<InFlightCounter>(faults);
+  ReaderOptions ro;
+  ro.backend = counter;
+  const Checkpoint ck = Checkpoint::open(tmp / "save", ro);
+  const std::string msg = error_of([&] { ck.verify(); });
+  EXPECT_EQ(counter->in_flight(), 0) << "verify() returned with reads in flight";
+  EXPECT_NE(msg.find("optimizer.bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Input/output"), std::string::npos) << msg;
+  EXPECT_GE(faults->faults_fired(), 2u);  // the failed read and at least one late one
 }
 
 TEST(CkptFaults, RealFullDiskFailsBeforeAnyDataIsWritten) {

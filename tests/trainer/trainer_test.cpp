@@ -583,6 +583,43 @@ TEST(TrainerTest, TheRunsTrafficIncludesItsLastStep) {
   EXPECT_EQ(runs[2].h2d_bytes - runs[1].h2d_bytes, runs[1].h2d_bytes - runs[0].h2d_bytes);
 }
 
+// The last step's optimizer work runs after its step() returned (under a next forward that never
+// comes): a failure of its last write fails the run, with neither a save nor a validation to
+// wait for it. The writes are counted in a first run (a zero delay fires on each), and the
+// run's last one fails.
+TEST(TrainerTest, AFailureInTheLastStepsOverlappedWorkFailsTheRun) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  const std::string swap = data.file("swap");
+  auto run_with = [&](const aio::Fault& f) {
+    auto io = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
+    io->add_fault(f);
+    TrainerOptions o = quiet_options(data, 3);
+    o.val_data.clear();  // a validation forward would wait for the last step's updates
+    o.engine.io_backend = io;
+    std::string error;
+    try {
+      Trainer(make_config(testing::nvme_patch(swap), mc), mc, o).run();
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.error_number(), EIO);
+      error = e.what();
+    }
+    EXPECT_EQ(testing::count_files(swap), 0);
+    return std::pair{io->faults_fired(), error};
+  };
+  const auto [writes, none] = run_with({.kind = aio::Fault::Kind::kDelay,
+                                        .nth = 1,
+                                        .every = 1,
+                                        .direction = 1,
+                                        .delay = std::chrono::microseconds{0}});
+  ASSERT_EQ(none, "");
+  ASSERT_GT(writes, 0u);
+  const auto [fired, error] =
+      run_with({.kind = aio::Fault::Kind::kEio, .nth = writes, .direction = 1});
+  EXPECT_EQ(fired, 1u);
+  EXPECT_NE(error.find(swap), std::string::npos) << "the run did not fail: " << error;
+}
+
 // fp32 has no overflow check: a diverged run must stop, naming the step, before the
 // non-finite gradients are applied.
 TEST(TrainerTest, NonFiniteLossWithoutAnOverflowCheckEndsTheRun) {
