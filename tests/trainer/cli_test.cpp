@@ -1283,6 +1283,37 @@ TEST_F(TrainCliTest, BatchAndWarmupFlagsTakeEffectOrAreSaidNotTo) {
       << r.err;
 }
 
+// --lr is a WarmupLR schedule's peak where its warmup_max_lr is "auto", whatever number the
+// optimizer's lr holds (the schedule sets the lr then): taken, and not said to be unused; where
+// the schedule's peak is a number, --lr is said to be unused naming that key, even with the
+// optimizer's lr "auto" (which it fills, to no effect).
+TEST_F(TrainCliTest, TheLrFlagIsSaidUnusedOnlyWhereTheScheduleIgnoresIt) {
+  const std::string m = data_.file("m.jsonl");
+  auto warmup = [&](const nlohmann::json& max_lr, const nlohmann::json& lr) {
+    return write_config(
+        "warmup.json",
+        {{"optimizer", {{"params", {{"lr", lr}}}}},
+         {"scheduler",
+          {{"type", "WarmupLR"},
+           {"params",
+            {{"warmup_num_steps", 1}, {"warmup_type", "linear"}, {"warmup_max_lr", max_lr}}}}}});
+  };
+  config_ = warmup("auto", 0.003);
+  CliResult r = run(train_args("--steps 4 --lr 0.01 --metrics " + shell_quote(m)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.find("--lr"), std::string::npos) << r.err;
+  const std::vector<nlohmann::json> steps = step_records(m);
+  ASSERT_EQ(steps.size(), 4u);
+  // DeepSpeed's stepping (lr_schedule.hpp): step 4 takes lr(2), past a warmup of max(2, 1).
+  EXPECT_EQ(steps[3]["lr"].get<double>(), 0.01);
+  config_ = warmup(0.002, "auto");
+  r = run(train_args("--steps 1 --lr 0.01"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("--lr 0.01 not used: scheduler.params.warmup_max_lr is 0.002"),
+            std::string::npos)
+      << r.err;
+}
+
 // --data naming the file the checkpoint trained on is the checkpoint's data: its validation
 // split carries over, as when --data is left out, and so does how often and on how many
 // micro-batches the run validates.

@@ -130,6 +130,24 @@ void warn_if_overridden(const cfg::AutoOr<T>& v, std::optional<T> cli, const cha
     log::warn("{} {} not used: {} is {} ({})", flag, *cli, v.path(), v.value(), why);
 }
 
+// Why --lr leaves the run's learning rates as they are (empty: it sets them). `c` is the config
+// before its "auto" values are filled, `why` held_by's. The schedule follows the optimizer's lr
+// but for WarmupLR and WarmupDecayLR, which peak at warmup_max_lr (the optimizer's lr when left
+// out), and OneCycle, which sets its own.
+std::string lr_flag_unused(const cfg::Config& c, const std::string& why) {
+  const cfg::SchedulerConfig& s = c.scheduler;
+  auto held = [&](const cfg::AutoOr<double>& v) {
+    return fmt::format("{} is {} ({})", v.path(), v.value(), why);
+  };
+  if (s.type == cfg::SchedulerType::kOneCycle)
+    return "the OneCycle schedule sets the lr (scheduler.params.cycle_min_lr, cycle_max_lr)";
+  if (s.type == cfg::SchedulerType::kWarmupLR || s.type == cfg::SchedulerType::kWarmupDecayLR) {
+    if (s.warmup.warmup_max_lr.is_auto()) return "";
+    if (s.warmup.warmup_max_lr.has_value()) return held(s.warmup.warmup_max_lr);
+  }
+  return c.optimizer.lr.has_value() ? held(c.optimizer.lr) : "";
+}
+
 // The keys of a run's own config that are "auto" or left out without a default, so that a flag
 // or outcore's default fills them: saved with each checkpoint, so that a resume on the
 // checkpoint's (resolved) config lets the same flags fill them again.
@@ -648,7 +666,10 @@ int run_train(const TrainCliOptions& o) {
       if (config.gradient_clipping.is_auto())
         log::info("gradient_clipping is \"auto\": resolved to 1.0 (set a number in the config)");
     }
-    warn_if_overridden(config.optimizer.lr, n.lr, "--lr", why, speak);
+    if (n.lr && speak) {
+      if (const std::string unused = lr_flag_unused(config, why); !unused.empty())
+        log::warn("--lr {} not used: {}", *n.lr, unused);
+    }
     warn_if_overridden(config.optimizer.weight_decay, n.weight_decay, "--weight-decay", why, speak);
     if (config_path.empty())
       fit_checkpoint_batch(config, n, ranks->world(), config_source, ranks->rank() == 0);
