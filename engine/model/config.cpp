@@ -377,7 +377,11 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
     fail(source, "head_dim",
          "required key is missing for model_type \"qwen3\" (Hugging Face's Qwen3Config then "
          "takes 128, not hidden_size / num_attention_heads: give it)");
-  if (c.model_type == ModelType::kMistral) c.sliding_window = k.get_int("sliding_window", false, 0);
+  // Mistral: a key left out is Hugging Face's MistralConfig default, a window of 4096; null is
+  // none.
+  if (c.model_type == ModelType::kMistral)
+    c.sliding_window = k.j.contains("sliding_window") ? k.get_int("sliding_window", false, 0)
+                                                      : kMistralDefaultSlidingWindow;
   if (c.sliding_window < 0)
     fail(source, "sliding_window",
          fmt::format("must be positive or null, got {}", c.sliding_window));

@@ -61,8 +61,12 @@ LlamaModel::LlamaModel(LlamaConfig config, ModelOptions options,
         "sliding_window",
         fmt::format("{}: sequences of {} tokens are longer than the window; outcore's "
                     "attention has no window: train with a sequence length of at "
-                    "most {}",
-                    config_.sliding_window, options_.seq_len, config_.sliding_window));
+                    "most {}{}",
+                    config_.sliding_window, options_.seq_len, config_.sliding_window,
+                    config_.sliding_window == kMistralDefaultSlidingWindow
+                        ? " (Hugging Face's default for a Mistral config.json without the key; "
+                          "\"sliding_window\": null there means no window)"
+                        : ""));
   if (options_.micro_batch < 1)
     throw InvalidArgument(fmt::format("micro batch must be >= 1, got {}", options_.micro_batch));
   // Every activation size below is computed in 64 bits: a micro-batch is a GEMM's rows (a BLAS

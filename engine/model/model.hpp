@@ -72,6 +72,9 @@ enum class ModelType : uint8_t { kLlama, kMistral, kQwen2, kQwen3 };
 // "Llama", "Mistral", "Qwen2" or "Qwen3".
 const char* family_name(ModelType t);
 
+// The sliding window of a Mistral config.json without the key (Hugging Face's MistralConfig).
+inline constexpr int64_t kMistralDefaultSlidingWindow = 4096;
+
 // A Hugging Face Llama config.json. Fields hold the file's values after defaults and checks.
 // Only what the model implements is represented: a file asking for anything else (another
 // model_type, bias terms, another activation, dropout, another rope_scaling type) is refused.
@@ -89,7 +92,8 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;  // absent = false
   RopeScaling rope_scaling{};        // absent or null = None
   // model_type ("llama", "mistral" or "qwen3"), written back by to_json. Mistral's
-  // sliding_window (absent or null = 0, none) is kept; attention has no window, so a model with
+  // sliding_window (null = 0, none; absent = kMistralDefaultSlidingWindow, Hugging Face's
+  // MistralConfig default) is kept; attention has no window, so a model with
   // one refuses sequences longer than it (LlamaModel), where the two are the same. Qwen3's is
   // used only with use_sliding_window true, which is refused.
   ModelType model_type = ModelType::kLlama;

@@ -111,8 +111,9 @@ TEST(LlamaConfig, MissingWrongTypeAndImpossibleValuesAreErrors) {
 }
 
 // Mistral (model_type "mistral"): Llama's architecture and weight names; its sliding_window is
-// kept and written back, and a model with a window refuses sequences longer than it, naming the
-// key (attention has no window: within it the two are the same).
+// kept and written back (4096 where the key is left out, as in Hugging Face), and a model with a
+// window refuses sequences longer than it, naming the key (attention has no window: within it the
+// two are the same).
 TEST(LlamaConfig, MistralIsLlamaWithItsSlidingWindowAndRoundTrips) {
   const LlamaConfig v01 = LlamaConfig::from_json(with(R"(, "model_type": "mistral",
       "architectures": ["MistralForCausalLM"], "sliding_window": 32, "rope_theta": 1000000.0)"));
@@ -127,6 +128,10 @@ TEST(LlamaConfig, MistralIsLlamaWithItsSlidingWindowAndRoundTrips) {
       LlamaConfig::from_json(with(R"(, "model_type": "mistral", "sliding_window": null)"));
   EXPECT_EQ(v03.sliding_window, 0);
   EXPECT_NE(v03.to_json().find("\"sliding_window\": null"), std::string::npos);
+  // Without the key, Hugging Face's MistralConfig default: a window of 4096, written back.
+  const LlamaConfig unset = LlamaConfig::from_json(with(R"(, "model_type": "mistral")"));
+  EXPECT_EQ(unset.sliding_window, 4096);
+  EXPECT_NE(unset.to_json().find("\"sliding_window\": 4096"), std::string::npos) << unset.to_json();
   EXPECT_EQ(LlamaConfig::from_json(with("")).model_type, ModelType::kLlama);
   EXPECT_EQ(LlamaConfig::from_json(with("")).to_json().find("sliding_window"), std::string::npos);
   expect_error(with(R"(, "model_type": "mistral", "sliding_window": -1)"), "sliding_window",
