@@ -86,6 +86,9 @@ class SimtBlock {
   }
 
   int index(int axis) const { return idx_[axis]; }
+  int threads() const { return static_cast<int>(fibers_.size()); }
+  int grid_x() const { return grid_x_; }
+  void set_grid_x(int x) { grid_x_ = x; }
   unsigned char* shared() const { return shared_; }
   bool in_shared(const void* p, size_t bytes) const {
     const auto* c = static_cast<const unsigned char*>(p);
@@ -184,6 +187,7 @@ class SimtBlock {
   ucontext_t scheduler_{};
   Fiber* current_ = nullptr;
   int idx_[3] = {0, 0, 0};
+  int grid_x_ = 1;
   int block_arrived_ = 0;
   uint64_t block_gen_ = 0;
   std::exception_ptr error_;
@@ -196,7 +200,9 @@ class SimtBlock {
 
 thread_local SimtBlock* SimtBlock::running_ = nullptr;
 
+int SimtThread::threads() const { return block_->threads(); }
 int SimtThread::block(int axis) const { return block_->index(axis); }
+int SimtThread::blocks() const { return block_->grid_x(); }
 unsigned char* SimtThread::shared() const { return block_->shared(); }
 void SimtThread::sync() { block_->block_barrier(); }
 
@@ -216,6 +222,28 @@ float SimtThread::shfl_xor(float v, int mask) {
   float out;
   std::memcpy(&out, &got, sizeof out);
   return out;
+}
+
+double SimtThread::shfl(double v, int lane, int width) {
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
+    throw std::runtime_error("simt: shfl width " + std::to_string(width) +
+                             " is not a power of two up to 32");
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  deposit().v[0] = bits;
+  const Slot* all = exchange();
+  const int me = tid_ % 32;
+  const uint64_t got = all[me - me % width + lane % width].v[0];
+  double out;
+  std::memcpy(&out, &got, sizeof out);
+  return out;
+}
+
+void SimtThread::load4(const float* p, float (&v)[4]) const {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    throw std::runtime_error("simt: 16-byte load of thread " + std::to_string(tid_) +
+                             " is not on 16 bytes");
+  std::memcpy(v, p, sizeof v);
 }
 
 void SimtThread::load_matrices(uint32_t (&r)[4], const uint16_t* row, bool trans) {
@@ -311,6 +339,7 @@ void simt_launch(SimtGrid grid, int threads, size_t shared_bytes,
   if (threads <= 0 || threads % 32 != 0 || threads > 1024)
     throw std::invalid_argument("simt: threads per block must be a multiple of 32 up to 1024");
   SimtBlock block(threads, shared_bytes, body);
+  block.set_grid_x(grid.x);
   for (int z = 0; z < grid.z; ++z)
     for (int y = 0; y < grid.y; ++y)
       for (int x = 0; x < grid.x; ++x) block.run(x, y, z, shared_bytes);

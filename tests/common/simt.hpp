@@ -1,9 +1,10 @@
 // A SIMT emulation of CUDA thread blocks on the host, for kernel bodies written once for the GPU
-// and the host (engine/device/flash_attention_tiles.hpp): each thread of a block runs as a fiber,
-// switched at its barriers, so the kernel's own code (indices, masks, warp collectives, shared
-// memory) runs here exactly as written. Blocks run one after another.
+// and the host (engine/device/flash_attention_tiles.hpp, block_kernels.hpp): each thread of a block
+// runs as a fiber, switched at its barriers, so the kernel's own code (indices, masks, warp
+// collectives, shared memory) runs here exactly as written. Blocks run one after another.
 //
-// The warp collectives follow PTX: shfl_xor (__shfl_xor_sync over all 32 lanes), ldmatrix
+// The warp collectives follow PTX: shfl_xor (__shfl_xor_sync over all 32 lanes), shfl
+// (__shfl_sync of a double from a lane of the caller's `width`-lane segment), ldmatrix
 // (.m8n8.x4.b16, with and without .trans) and mma (.m16n8k16.row.col.f32.bf16.bf16.f32, the sum
 // of the 16 products taken in double and added to the fp32 accumulator: the tensor cores' own
 // order and precision are not emulated, so results agree with a GPU up to summation order).
@@ -11,7 +12,8 @@
 // few units in the last place); pack_bf16x2 rounds as cvt.rn.bf16x2.f32 does.
 //
 // Faults the emulation turns into a std::runtime_error: threads of a block waiting at different
-// barriers (a divergent __syncthreads or collective), an ldmatrix row outside shared memory or not
+// barriers (a divergent __syncthreads or collective), a 16-byte load (load4) not on 16 bytes, a
+// shfl width that is not a power of two up to 32, an ldmatrix row outside shared memory or not
 // on 16 bytes, a cp.async not 16 bytes on 16 or not into shared memory, and a race: 16 bytes of
 // shared memory that one thread writes (zero16, or issues a cp.async into) and another reads
 // (ldmatrix) or writes between the same two barriers, in either order. An exception thrown by a
@@ -41,10 +43,14 @@ class SimtBlock;
 class SimtThread {
  public:
   int thread() const { return tid_; }
+  int threads() const;
   int block(int axis) const;
+  int blocks() const;
   unsigned char* shared() const;
   void sync();
   float shfl_xor(float v, int mask);
+  double shfl(double v, int lane, int width);
+  void load4(const float* p, float (&v)[4]) const;
   void ldmatrix(uint32_t (&r)[4], const uint16_t* row) { load_matrices(r, row, false); }
   void ldmatrix_trans(uint32_t (&r)[4], const uint16_t* row) { load_matrices(r, row, true); }
   void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);

@@ -1,6 +1,7 @@
 // CUDA_CHECK: runs a CUDA runtime call and throws outcore::Error naming the statement, the
-// error, the file and the line when it fails (and, for a fault of work queued earlier, saying so
-// and how to find the operation). Internal to engine/device/cuda (.cu files only).
+// error, the file and the line when it fails; LAUNCHED() does so after a kernel launch (and, for a
+// fault of work queued earlier, saying so and how to find the operation). Internal to
+// engine/device/cuda (.cu files only).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,4 +50,15 @@ inline bool queued_work_failed(cudaError_t err) {
     cudaError_t cuda_check_err_ = (stmt);                                                      \
     if (cuda_check_err_ != cudaSuccess)                                                        \
       ::outcore::device::detail::throw_cuda_error(cuda_check_err_, #stmt, __FILE__, __LINE__); \
+  } while (0)
+
+// After a kernel launch: a launch that failed (a bad configuration, too much shared memory)
+// throws naming the function that launched it (the operation), the file and the line.
+#define LAUNCHED()                                                                                 \
+  do {                                                                                             \
+    const cudaError_t launch_err_ = cudaGetLastError();                                            \
+    if (launch_err_ != cudaSuccess)                                                                \
+      ::outcore::device::detail::throw_cuda_error(                                                 \
+          launch_err_, (std::string("the kernel launch of ") + __func__ + "()").c_str(), __FILE__, \
+          __LINE__);                                                                               \
   } while (0)

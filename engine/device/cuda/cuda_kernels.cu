@@ -1,5 +1,7 @@
 // CUDA kernels of the model's math: see cuda_kernels.hpp. The arithmetic per element and per
-// row is kernel_math.hpp's; this file holds launch geometry and block reductions only.
+// row is kernel_math.hpp's, the bodies of the kernels whose threads work together are
+// block_kernels.hpp's (run on the host too, under tests/common/simt.hpp); this file holds the
+// element-wise kernels and every launch.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 #include <initializer_list>
 
 #include "common/error.hpp"
+#include "engine/device/block_kernels.hpp"
 #include "engine/device/cuda/cuda_check.hpp"
 #include "engine/device/cuda/cuda_kernels.hpp"
 #include "engine/device/kernel_math.hpp"
@@ -24,40 +27,32 @@ unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 8192));
 }
 
-#define LAUNCHED() CUDA_CHECK(cudaGetLastError())
-
-struct Sum {
-  __device__ float operator()(float a, float b) const { return a + b; }
+// block_kernels.hpp's X on a GPU: the thread itself, with kShared bytes of static shared memory
+// (one array per kernel that uses it).
+template <int kShared>
+struct Thread {
+  __device__ __forceinline__ int thread() const { return threadIdx.x; }
+  __device__ __forceinline__ int threads() const { return blockDim.x; }
+  __device__ __forceinline__ int block(int axis) const {
+    return axis == 0 ? blockIdx.x : axis == 1 ? blockIdx.y : blockIdx.z;
+  }
+  __device__ __forceinline__ int blocks() const { return gridDim.x; }
+  __device__ __forceinline__ unsigned char* shared() const {
+    __shared__ __align__(16) unsigned char memory[kShared];
+    return memory;
+  }
+  __device__ __forceinline__ void sync() const { __syncthreads(); }
+  __device__ __forceinline__ float shfl_xor(float v, int mask) const {
+    return __shfl_xor_sync(0xffffffffu, v, mask);
+  }
+  __device__ __forceinline__ double shfl(double v, int lane, int width) const {
+    return __shfl_sync(0xffffffffu, v, lane, width);
+  }
+  __device__ __forceinline__ void load4(const float* p, float (&v)[4]) const {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  }
 };
-struct Max {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-// Reduces v over the block (a fixed tree: deterministic); every thread gets the result.
-// REQUIRES: every thread of the block calls it.
-template <typename Op>
-__device__ float block_reduce(float v, Op op, float identity) {
-  __shared__ float warp_result[32];
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  __syncthreads();  // warp_result may still be read by a previous call
-  if (lane == 0) warp_result[warp] = v;
-  __syncthreads();
-  v = threadIdx.x < blockDim.x / 32 ? warp_result[threadIdx.x] : identity;
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;  // lanes of warp 0 hold it; broadcast through shared memory
-}
-
-template <typename Op>
-__device__ float block_all_reduce(float v, Op op, float identity) {
-  __shared__ float result;
-  v = block_reduce(v, op, identity);
-  if (threadIdx.x == 0) result = v;
-  __syncthreads();
-  v = result;
-  __syncthreads();
-  return v;
-}
 
 // One 16-bit value (bf16 or fp16, t) to and from fp32.
 __device__ uint16_t half_bits(float f, DType t) {
@@ -128,13 +123,7 @@ bool on_16_bytes(const void* a, const void* b) {
   return (reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % 16 == 0;
 }
 
-// out[i] = v in fp32, or rounded to bf16 into out16[i] when out16 is given.
-__device__ __forceinline__ void store(float* out, uint16_t* out16, int64_t i, float v) {
-  if (out16 != nullptr)
-    out16[i] = kmath::fp32_to_bf16(v);
-  else
-    out[i] = v;
-}
+using blocks::store;  // out[i] = v in fp32, or rounded to bf16 into out16[i] when given
 
 // V consecutive floats from i: one 16-byte load for V = 4 (p + i on 16 bytes).
 template <int V>
@@ -274,84 +263,34 @@ __global__ void embedding_backward_kernel(const int32_t* order, const int32_t* s
 
 // --- RMSNorm ---------------------------------------------------------------------------------
 
+// RMSNorm (block_kernels.hpp): a block per row for y and dx; dw in tiles of columns over ranges
+// of rows, the ranges then added in order.
 __global__ void rmsnorm_forward_kernel(const float* x, const float* w, float eps, int64_t dim,
                                        float* y, uint16_t* y16, float* rstd) {
-  const float* xr = x + blockIdx.x * dim;
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-  const float s = kmath::rmsnorm_rstd(block_all_reduce(ss, Sum{}, 0.0f), dim, eps);
-  if (threadIdx.x == 0) rstd[blockIdx.x] = s;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
-    store(y, y16, blockIdx.x * dim + i, kmath::rmsnorm_y(xr[i], w[i], s));
+  Thread<blocks::kReduceShared> t;
+  blocks::rmsnorm_forward_row(t, x, w, eps, dim, y, y16, rstd);
 }
 
 __global__ void rmsnorm_dx_kernel(const float* dy, const float* x, const float* w,
                                   const float* rstd, int64_t dim, float* dx) {
-  const int64_t at = blockIdx.x * dim;
-  float acc = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += dy[at + i] * w[i] * x[at + i];
-  const float s = rstd[blockIdx.x];
-  const float coef = kmath::rmsnorm_grad_coef(s, block_all_reduce(acc, Sum{}, 0.0f), dim);
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
-    dx[at + i] += kmath::rmsnorm_dx(dy[at + i], w[i], x[at + i], s, coef);
+  Thread<blocks::kReduceShared> t;
+  blocks::rmsnorm_dx_row(t, dy, x, w, rstd, dim, dx);
 }
 
-// A block of kDwColumns x kDwLanes threads sums one tile of columns over one range of rows
-// (rmsnorm_dw_split.hpp): it reads kDwLanes rows of the tile at a time (coalesced), lane l
-// summing rows first + l, first + l + kDwLanes, ... in order; the lanes' sums are then added in
-// lane order, into dw (one range) or into the range's row of `partials`, which
-// rmsnorm_dw_ranges_kernel adds into dw in range order. Deterministic (no atomics); the order
-// differs from the host's (rows in order) by the lane and range split only. The block is the
-// largest there is, so that few blocks keep enough loads in flight.
-constexpr int kDwColumns = static_cast<int>(norm::kDwColumns), kDwLanes = 32,
-              kDwThreads = kDwColumns * kDwLanes, kDwAhead = 8;
+// The block is the largest there is, so that few blocks keep enough loads in flight.
+constexpr int kDwThreads = blocks::kDwThreads;
 
 __global__ void __launch_bounds__(kDwThreads)
     rmsnorm_dw_kernel(const float* dy, const float* x, const float* rstd, int64_t rows,
                       int64_t rows_per_range, int64_t dim, float* dw, float* partials) {
-  __shared__ float lane_sum[kDwLanes][kDwColumns];
-  const int col = threadIdx.x % kDwColumns, lane = threadIdx.x / kDwColumns;
-  const int64_t i = int64_t{blockIdx.x} * kDwColumns + col;
-  const auto [first, end] = norm::dw_rows(blockIdx.y, rows_per_range, rows);
-  float acc = 0.0f;
-  if (i < dim) {
-    // kDwAhead rows' loads issued together, then added in row order: the same sum as one row at
-    // a time, with that many more loads in flight.
-    int64_t r = first + lane;
-    for (; r + (kDwAhead - 1) * kDwLanes < end; r += kDwAhead * kDwLanes) {
-      float d[kDwAhead], v[kDwAhead], s[kDwAhead];
-#pragma unroll
-      for (int k = 0; k < kDwAhead; ++k) {
-        const int64_t row = r + k * kDwLanes;
-        d[k] = dy[row * dim + i], v[k] = x[row * dim + i], s[k] = rstd[row];
-      }
-#pragma unroll
-      for (int k = 0; k < kDwAhead; ++k) acc += kmath::rmsnorm_dw(d[k], v[k], s[k]);
-    }
-    for (; r < end; r += kDwLanes)
-      acc += kmath::rmsnorm_dw(dy[r * dim + i], x[r * dim + i], rstd[r]);
-  }
-  lane_sum[lane][col] = acc;
-  __syncthreads();
-  if (lane == 0 && i < dim) {
-    float total = partials == nullptr ? dw[i] : 0.0f;
-    for (int l = 0; l < kDwLanes; ++l) total += lane_sum[l][col];
-    if (partials == nullptr)
-      dw[i] = total;
-    else
-      partials[int64_t{blockIdx.y} * dim + i] = total;
-  }
+  Thread<blocks::kDwShared> t;
+  blocks::rmsnorm_dw_tile(t, dy, x, rstd, rows, rows_per_range, dim, dw, partials);
 }
 
-// dw[i] += the ranges' partial sums of column i, in range order.
 __global__ void rmsnorm_dw_ranges_kernel(const float* partials, int64_t ranges, int64_t dim,
                                          float* dw) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < dim;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    float total = dw[i];
-    for (int64_t k = 0; k < ranges; ++k) total += partials[k * dim + i];
-    dw[i] = total;
-  }
+  Thread<1> t;
+  blocks::rmsnorm_dw_ranges(t, partials, ranges, dim, dw);
 }
 
 // --- attention softmax: one block per (matrix, row) ------------------------------------------
@@ -359,116 +298,36 @@ __global__ void rmsnorm_dw_ranges_kernel(const float* partials, int64_t ranges, 
 __global__ void causal_softmax_forward_kernel(float* scores, float* lse, int64_t rows, int64_t keys,
                                               int64_t first_query, int64_t lse_stride,
                                               float* inv_sum) {
-  const int64_t row = blockIdx.x;  // b * rows + i
-  float* x = scores + row * keys;
-  const int64_t n = kmath::causal_keys(first_query + row % rows);
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, x[j]);
-  m = block_all_reduce(m, Max{}, -INFINITY);
-  if (inv_sum != nullptr) m = kmath::bf16_softmax_shift(m);
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    x[j] = kmath::softmax_exp(x[j], m);
-    sum += x[j];
-  }
-  sum = block_all_reduce(sum, Sum{}, 0.0f);
-  const float inv = 1.0f / sum;
-  const float f = inv_sum != nullptr ? 1.0f : inv;  // numerators stay as they are
-  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) x[j] = j < n ? x[j] * f : 0.0f;
-  const int64_t at = row / rows * lse_stride + row % rows;
-  if (threadIdx.x == 0) {
-    lse[at] = kmath::softmax_lse(m, sum);
-    if (inv_sum != nullptr) inv_sum[at] = inv;
-  }
+  Thread<blocks::kReduceShared> t;
+  blocks::causal_softmax_forward_row(t, scores, lse, rows, keys, first_query, lse_stride, inv_sum);
 }
 
 __global__ void causal_softmax_backward_kernel(float* scores, float* dp, const float* lse,
                                                int64_t rows, int64_t keys, int64_t first_query,
                                                int64_t lse_stride, const float* delta) {
-  const int64_t row = blockIdx.x;
-  float* p = scores + row * keys;
-  float* d = dp + row * keys;
-  const int64_t n = kmath::causal_keys(first_query + row % rows);
-  const int64_t at = row / rows * lse_stride + row % rows;
-  const float l = lse[at];
-  float dot = 0.0f;
-  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
-    p[j] = j < n ? kmath::softmax_exp(p[j], l) : 0.0f;
-    if (delta == nullptr) dot += p[j] * d[j];
-  }
-  dot = delta != nullptr ? delta[at] : block_all_reduce(dot, Sum{}, 0.0f);
-  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x)
-    d[j] = j < n ? kmath::softmax_grad(p[j], d[j], dot) : 0.0f;
+  Thread<blocks::kReduceShared> t;
+  blocks::causal_softmax_backward_row(t, scores, dp, lse, rows, keys, first_query, lse_stride,
+                                      delta);
 }
 
 // --- cross-entropy: one block per row --------------------------------------------------------
 
-// f(j, x[j]) for this thread's elements of a row of n floats: 16-byte loads, four elements a
-// thread, where the row starts on 16 bytes and n is a multiple of 4 (more bytes in flight per
-// thread: a 128256-wide row is read at memory speed), else one element at a time. Every pass over
-// a row gives a thread the same elements.
-template <typename F>
-__device__ void each_in_row(const float* x, int64_t n, F f) {
-  if (n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-    const auto* x4 = reinterpret_cast<const float4*>(x);
-    for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
-      const float4 v = x4[i];
-      f(4 * i, v.x);
-      f(4 * i + 1, v.y);
-      f(4 * i + 2, v.z);
-      f(4 * i + 3, v.w);
-    }
-  } else {
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) f(j, x[j]);
-  }
-}
-
 __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int64_t vocab,
                                      float coef, bool grad, float* row_loss, uint16_t* grad_bf16) {
-  float* x = logits + blockIdx.x * vocab;
-  // The gradient: into the logits, or rounded to bf16 into grad_bf16's row.
-  uint16_t* g16 = grad_bf16 != nullptr ? grad_bf16 + blockIdx.x * vocab : nullptr;
-  const int32_t t = targets[blockIdx.x];
-  if (kmath::xent_ignored(t)) {  // the whole block takes this branch
-    if (threadIdx.x == 0) row_loss[blockIdx.x] = 0.0f;
-    if (grad)
-      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) store(x, g16, j, 0.0f);
-    return;
-  }
-  const float target_logit = x[t];
-  // The row's max and sum of exponentials in one read of it (the gradient reads it once more):
-  // each thread's own (max, sum), then the block's max, and the sums moved to it and added.
-  float m = -INFINITY, sum = 0.0f;
-  each_in_row(x, vocab, [&](int64_t, float v) { kmath::softmax_online_add(v, m, sum); });
-  const float row_max = block_all_reduce(m, Max{}, -INFINITY);
-  sum = block_all_reduce(kmath::softmax_online_rescale(sum, m, row_max), Sum{}, 0.0f);
-  m = row_max;
-  if (threadIdx.x == 0)
-    row_loss[blockIdx.x] = kmath::xent_loss(kmath::softmax_lse(m, sum), target_logit);
-  if (!grad) return;
-  const float inv = 1.0f / sum;
-  each_in_row(x, vocab, [&](int64_t j, float v) {  // a thread writes only what it has read
-    const float g = kmath::xent_scale(kmath::softmax_exp(v, m) * inv, coef);
-    store(x, g16, j, j == t ? kmath::xent_target(g, coef) : g);
-  });
+  Thread<blocks::kReduceShared> t;
+  blocks::cross_entropy_row(t, logits, targets, vocab, coef, grad, row_loss, grad_bf16);
 }
 
 // --- gradient checks -------------------------------------------------------------------------
 
 __global__ void sum_squares_partials_kernel(const float* x, int64_t n, float* partials) {
-  float s = 0.0f;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    s += x[i] * x[i];
-  s = block_reduce(s, Sum{}, 0.0f);
-  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+  Thread<blocks::kReduceShared> t;
+  blocks::sum_squares_partials(t, x, n, partials);
 }
 
 __global__ void sum_partials_kernel(const float* partials, int count, float* out) {
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partials[i];
-  s = block_reduce(s, Sum{}, 0.0f);
-  if (threadIdx.x == 0) *out = s;
+  Thread<blocks::kReduceShared> t;
+  blocks::sum_partials(t, partials, count, out);
 }
 
 __global__ void count_nonfinite_kernel(const float* x, int64_t n, unsigned int* count) {
@@ -479,25 +338,12 @@ __global__ void count_nonfinite_kernel(const float* x, int64_t n, unsigned int* 
   if (c != 0) atomicAdd(count, c);
 }
 
-// One thread per lane of a block (kSquareLanes consecutive threads per block, a half-warp); the
-// lanes meet in the block's first thread, which adds them in reduce_square_lanes' order. Every
-// thread of a warp takes part in the shuffles (blockDim a multiple of 32).
+// The gradient norm's block sums (block_kernels.hpp): a half-warp per block of elements; the
+// grid covers whole warps (kThreads a multiple of 32), so every lane takes part in the shuffles.
 __global__ void block_sums_of_squares_kernel(const float* x, int64_t n, int64_t block,
-                                             int64_t blocks, double* out) {
-  constexpr int kLanes = cpu_adam::math::kSquareLanes;
-  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  const int64_t b = t / kLanes;
-  const int lane = static_cast<int>(t % kLanes);
-  double acc = 0.0;
-  if (b < blocks) {
-    const int64_t first = b * block;
-    const int64_t len = n - first < block ? n - first : block;
-    acc = cpu_adam::math::square_lane(x + first, static_cast<size_t>(len), lane);
-  }
-  double lanes[kLanes];
-#pragma unroll
-  for (int j = 0; j < kLanes; ++j) lanes[j] = __shfl_sync(0xffffffffu, acc, j, kLanes);
-  if (lane == 0 && b < blocks) out[b] = cpu_adam::math::reduce_square_lanes(lanes);
+                                             int64_t count, double* out) {
+  Thread<1> t;
+  blocks::block_sums_of_squares(t, x, n, block, count, out);
 }
 
 // --- optimizer -------------------------------------------------------------------------------
@@ -646,7 +492,7 @@ void rmsnorm_forward(const float* x, const float* w, float eps, int64_t rows, in
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd,
                       int64_t rows, int64_t dim, float* dx, float* dw, float* dw_partials,
                       StreamHandle s) {
-  if (rows == 0) return;
+  if (rows == 0 || dim == 0) return;
   check_rows(rows, "rmsnorm_backward");
   rmsnorm_dx_kernel<<<static_cast<unsigned>(rows), kThreads, 0, native(s)>>>(dy, x, w, rstd, dim,
                                                                              dx);

@@ -129,7 +129,7 @@ void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t B,
   allow_shared(tiles_forward_kernel<HD>, flash::Tiles<HD>::kForward);
   tiles_forward_kernel<HD><<<grid(flash::forward_grid(g, static_cast<int>(B))), flash::kThreads,
                              flash::Tiles<HD>::kForward, s>>>(q, k, v, lse, attn, attn16, g);
-  CUDA_CHECK(cudaGetLastError());
+  LAUNCHED();
 }
 
 template <int HD>
@@ -143,11 +143,11 @@ void backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const flo
   tiles_backward_dq_kernel<HD>
       <<<grid(flash::dq_grid(g, static_cast<int>(B))), flash::kThreads, L::kDq, s>>>(
           q, k, v, lse, dattn, delta, dq, g);
-  CUDA_CHECK(cudaGetLastError());
+  LAUNCHED();
   tiles_backward_dkv_kernel<HD>
       <<<grid(flash::dkv_grid(g, static_cast<int>(B))), flash::kThreads, L::kDkv, s>>>(
           q, k, v, lse, dattn, delta, dk, dv, g);
-  CUDA_CHECK(cudaGetLastError());
+  LAUNCHED();
 }
 
 }  // namespace
