@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <random>
 #include <set>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "common/cleanup.hpp"
@@ -141,9 +143,11 @@ struct SwapSpace::Impl {
 
   // outcore_swap/rank<r>/<kind>/ created and locked. Another SwapSpace on the same nvme_path
   // (another rank's, another run's) removes those of its directories it leaves empty when it
-  // goes; when that happens between a creation here and the lock, they are created again.
+  // goes; when that happens between a creation here and the lock, they are created again. A
+  // lock another run holds for a moment (clear_unheld: a kind that run does not use) is waited
+  // for, up to a second; one held longer is a live run's.
   void make_and_lock(const fs::path& top, const fs::path& dir) {
-    for (int attempt = 0;; ++attempt) {
+    for (int attempt = 0, busy = 0;; ++attempt) {
       try {
         ensure_dir(top);
         ensure_dir(root);
@@ -154,6 +158,9 @@ struct SwapSpace::Impl {
             "is using it: give each run its own nvme_path)",
             kLockMarker, /*register_cleanup=*/true));
         return;
+      } catch (const PathBusy&) {
+        if (++busy == 20) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
       } catch (const IoError& e) {
         // ENOENT: a parent went; EEXIST: mkdir found one that went before it could be checked.
         if ((e.error_number() != ENOENT && e.error_number() != EEXIST) || attempt == 100) throw;
@@ -214,21 +221,27 @@ struct SwapSpace::Impl {
           name.find_first_not_of("0123456789", 4) != std::string::npos ||
           std::stoll(name.substr(4)) < world_size || !is_dir(rank_dir))
         continue;
-      for (SwapKind kind : {SwapKind::kParam, SwapKind::kGrad, SwapKind::kOptimizer}) {
-        const fs::path dir = rank_dir / swap_kind_name(kind);
-        if (!is_dir(dir)) continue;
-        try {
-          LockFile lock(dir / ".lock", "lock another rank's swap directory", kLockMarker);
-          clear_stale(dir);
-          lock.release();
-          ::rmdir(dir.c_str());  // fails harmlessly when something else is there
-        } catch (const PathBusy&) {
-          // a live run's rank: its files are in use
-        } catch (const std::exception& e) {
-          log::warn("swap: {}", e.what());
-        }
-      }
+      for (SwapKind kind : {SwapKind::kParam, SwapKind::kGrad, SwapKind::kOptimizer})
+        clear_unheld(rank_dir / swap_kind_name(kind));
       ::rmdir(rank_dir.c_str());
+    }
+  }
+
+  // The stale swap files of kind directory `dir` that no live run holds (its lock can be
+  // taken), removed as clear_stale removes them, and the directory when left empty. A failure
+  // is a warning: these files are not this run's.
+  void clear_unheld(const fs::path& dir) {
+    std::error_code ec;
+    if (fs::symlink_status(dir, ec).type() != fs::file_type::directory) return;
+    try {
+      LockFile lock(dir / ".lock", "lock a swap directory this run does not use", kLockMarker);
+      clear_stale(dir);
+      lock.release();
+      ::rmdir(dir.c_str());  // fails harmlessly when something else is there
+    } catch (const PathBusy&) {
+      // a live run's (or this process's other swap space's): its files are in use
+    } catch (const std::exception& e) {
+      log::warn("swap: {}", e.what());
     }
   }
 
@@ -337,6 +350,10 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::span<const SwapFileSp
     impl->make_and_lock(top, dir);
     impl->clear_stale(dir);
   }
+  // The kinds this run keeps elsewhere or not at all (gradients in host memory now, on NVMe
+  // before): an earlier run's files there are stale too.
+  for (SwapKind k : {SwapKind::kParam, SwapKind::kGrad, SwapKind::kOptimizer})
+    if (!kinds.contains(k)) impl->clear_unheld(impl->root / swap_kind_name(k));
   if (options.rank == 0 && options.world_size > 0)
     impl->clear_ranks_beyond(top, options.world_size);
   impl->total = bytes_needed(files);

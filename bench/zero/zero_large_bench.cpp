@@ -253,7 +253,8 @@ std::optional<std::pair<int64_t, int64_t>> recommend_shape(
   zero::measure_compute_rates(compute_dev, model::LlamaModel(mc, mo), rates);
   const zero::PlanOptions po{.device_limit_bytes = budget,
                              .gradients = grads,
-                             .device_host_accessible = dev.host_accessible()};
+                             .device_host_accessible = dev.host_accessible(),
+                             .device_in_host_memory = dev.kind() == device::DeviceKind::Cpu};
   const std::optional<zero::ShapeChoice> c = zero::choose_shape(base, mc, mo, po, budget, rates);
   std::printf(
       "rates: GEMM %.1f TFLOP/s (%s), attention %.1f TFLOP/s, PCIe %.1f GB/s, drive read %.2f "

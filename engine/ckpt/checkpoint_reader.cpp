@@ -21,9 +21,8 @@ namespace outcore::ckpt {
 namespace {
 
 constexpr uint64_t kAlign = kIoAlignment;
-constexpr uint64_t kChunk = 16ull << 20;        // bounce reads in pieces of this size
-constexpr uint64_t kVerifyChunk = 32ull << 20;  // verify reads, kVerifyBuffers - 1 in flight
-constexpr size_t kVerifyBuffers = 4;
+constexpr uint64_t kChunk = 16ull << 20;              // bounce reads in pieces of this size
+constexpr uint64_t kVerifyChunk = kVerifyChunkBytes;  // verify reads, kVerifyBuffers - 1 in flight
 
 uint64_t align_down(uint64_t n) { return n / kAlign * kAlign; }
 uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }

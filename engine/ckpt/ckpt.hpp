@@ -343,6 +343,19 @@ class Checkpoint {
   std::unique_ptr<Impl> impl_;
 };
 
+// The checkpoint writer's staging buffers in a run's saves (train/checkpointing.cpp), and the
+// read-back check's reads: kVerifyBuffers - 1 chunks in flight while one is summed.
+inline constexpr size_t kSaveStagingSlots = 8;
+inline constexpr uint64_t kVerifyChunkBytes = uint64_t{32} << 20;
+inline constexpr size_t kVerifyBuffers = 4;
+
+// The writer's and the read-back check's buffers in one save: `staging_slots` buffers of the
+// largest segment written (`largest_segment_bytes`), alive through the check's ring of reads
+// (all of it: its buffers are zeroed when made).
+inline uint64_t save_buffer_bytes(size_t staging_slots, uint64_t largest_segment_bytes) {
+  return staging_slots * largest_segment_bytes + kVerifyBuffers * kVerifyChunkBytes;
+}
+
 // The tag a save at `step` uses: "global_step<step>" (DeepSpeed's name).
 std::string tag_for_step(int64_t step);
 // The step of tag "global_step<N>": N; -1 for any other name.

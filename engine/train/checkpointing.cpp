@@ -13,7 +13,7 @@ namespace outcore::train {
 namespace {
 
 // Staging buffers of the writer: the open piece's three arrays plus writes in flight.
-constexpr size_t kStagingSlots = 8;
+constexpr size_t kStagingSlots = ckpt::kSaveStagingSlots;
 
 std::span<std::byte> as_bytes(float* p, size_t n) {
   return {reinterpret_cast<std::byte*>(p), n * sizeof(float)};

@@ -235,6 +235,7 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   }
   zero::EngineOptions eo = opts_.engine;
   if (eo.stop_requested == nullptr) eo.stop_requested = opts_.stop_requested;
+  if (save_dir_) eo.save_piece_elems = opts_.checkpoint_io.piece_elems;  // planned host memory
   if (opts_.progress_out != nullptr && !eo.on_init_unit) {
     // Minutes for a large model: shown once it takes a while, a line at most every second.
     std::FILE* out = opts_.progress_out;

@@ -53,10 +53,13 @@ uint64_t backend_held(const device::Device& device, const model::LlamaModel& mod
 }
 
 PlanOptions engine_plan_options(device::Device& device, const model::LlamaModel& model, int world,
-                                GradientPlacement gradients) {
+                                GradientPlacement gradients,
+                                std::optional<uint64_t> save_piece_elems) {
   PlanOptions po{.world_size = world,
                  .gradients = gradients,
-                 .device_host_accessible = device.host_accessible()};
+                 .device_host_accessible = device.host_accessible(),
+                 .device_in_host_memory = device.kind() == device::DeviceKind::Cpu,
+                 .save_piece_elems = save_piece_elems};
   if (model.backend().device() == &device)  // a backend on another device charges that one
     po.compute_workspace_bytes = model.backend().workspace_bytes(model.workspace_shape());
   po.device_limit_bytes =
@@ -95,7 +98,8 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
           cfg, model,
           engine_plan_options(device, model, comm.world_size(),
                               g.placement.gradients == Tier::kNvme ? GradientPlacement::kNvme
-                                                                   : GradientPlacement::kHost))),
+                                                                   : GradientPlacement::kHost,
+                              options.save_piece_elems))),
       executor(options.cpu_threads != 0 ? options.cpu_threads : cpu_threads_for(cfg)),
       data_executor(options.cpu_threads != 0 ? options.cpu_threads : data_path_threads()) {
   PlanLimits limits = options.check_system_limits ? system_limits(cfg, plan) : PlanLimits{};

@@ -1,8 +1,13 @@
 #include "engine/zero/geometry.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -167,13 +172,15 @@ void split_optimizer_homes(const config::Config& cfg, Geometry& g) {
 }
 
 // With the optimizer state on NVMe, the gradient accumulators go to swap files for kNvme, and
-// for kAuto when they would take more than a quarter of MemAvailable; else they stay where
-// resolve_placement put them.
-void place_gradients(GradientPlacement gradients, Geometry& g) {
+// for kAuto when they would take more than a quarter of the available host memory (`host`, or
+// this machine's where 0); else they stay where resolve_placement put them.
+void place_gradients(GradientPlacement gradients, uint64_t host, Geometry& g) {
   if (g.placement.optimizer != Tier::kNvme || gradients == GradientPlacement::kHost) return;
   uint64_t bytes = 0;
   for (const UnitGeometry& u : g.units) bytes += u.accum_len * sizeof(float);
-  const uint64_t avail = gradients == GradientPlacement::kAuto ? mem_available_bytes() : 0;
+  const uint64_t avail = gradients != GradientPlacement::kAuto ? 0
+                         : host > 0                            ? host
+                                                               : mem_available_bytes();
   if (gradients == GradientPlacement::kNvme || (avail > 0 && bytes > avail / 4))
     g.placement.gradients = Tier::kNvme;
 }
@@ -249,7 +256,7 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
   // 037); the others come down, and up again for their Adam step there (decision 036).
   if (!g.device_host_accessible && g.placement.gradients == Tier::kDevice)
     g.placement.gradients = Tier::kHost;
-  place_gradients(options.gradients, g);
+  place_gradients(options.gradients, options.host_memory_bytes, g);
   enable_step_in_backward(cfg, warn, g);
   return g;
 }
@@ -294,14 +301,103 @@ DeviceAdamScratch device_adam_scratch(const Geometry& g, const std::vector<bool>
   return s;
 }
 
-uint64_t mem_available_bytes() {
+namespace {
+
+// The first number of file `path` (`max`, or none: nullopt).
+std::optional<uint64_t> number_in(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  uint64_t v = 0;
+  if (!(in >> v)) return std::nullopt;
+  return v;
+}
+
+// The value of `key` in a memory.stat file (0 when absent).
+uint64_t stat_value(const std::filesystem::path& path, std::string_view key) {
+  std::ifstream in(path);
+  std::string k;
+  uint64_t v = 0;
+  while (in >> k >> v)
+    if (k == key) return v;
+  return 0;
+}
+
+}  // namespace
+
+std::optional<CgroupMemory> cgroup_memory(const std::filesystem::path& proc_cgroup,
+                                          const std::filesystem::path& root) {
+  namespace fs = std::filesystem;
+  std::ifstream in(proc_cgroup);
+  std::optional<CgroupMemory> best;
+  // One candidate level: its limit less what it holds that cannot be reclaimed (its file pages,
+  // active and inactive, can: the kernel reclaims them before it kills, and MemAvailable counts
+  // the page cache as available too).
+  auto level = [&](const fs::path& dir, const char* limit_file, const char* usage_file,
+                   const char* stat_prefix, const char* name) {
+    const std::optional<uint64_t> limit = number_in(dir / limit_file);
+    const std::optional<uint64_t> usage = number_in(dir / usage_file);
+    if (!limit || !usage || *limit >= (uint64_t{1} << 60)) return;  // unlimited
+    const std::string prefix = stat_prefix;
+    const uint64_t reclaimable = stat_value(dir / "memory.stat", prefix + "inactive_file") +
+                                 stat_value(dir / "memory.stat", prefix + "active_file");
+    const uint64_t held = *usage > reclaimable ? *usage - reclaimable : 0;
+    const uint64_t left = *limit > held ? *limit - held : 0;
+    if (!best || left < best->available_bytes)
+      best = CgroupMemory{left, *limit, (dir / limit_file).string(), name};
+  };
+  for (std::string line; std::getline(in, line);) {
+    // "<id>:<controllers>:<path>": v2 is id 0 with no controllers, v1 lists "memory".
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const fs::path rel = fs::path(line.substr(b + 1)).relative_path();
+    const bool v2 = controllers.empty();
+    bool memory = v2;
+    for (size_t at = 0; !v2 && at <= controllers.size();) {
+      const size_t comma = std::min(controllers.find(',', at), controllers.size());
+      memory = memory || controllers.substr(at, comma - at) == "memory";
+      at = comma + 1;
+    }
+    if (!memory) continue;
+    // v2 mounted at the root, or beside v1 as "unified"; v1's memory hierarchy under "memory".
+    std::vector<fs::path> mounts;
+    if (v2)
+      mounts = {root, root / "unified"};
+    else
+      mounts = {root / "memory"};
+    for (const fs::path& mount : mounts) {
+      // The cgroup and each ancestor up to the mount: every one's limit applies.
+      for (fs::path p = rel;; p = p.parent_path()) {
+        if (v2)
+          level(mount / p, "memory.max", "memory.current", "", "memory.max");
+        else
+          level(mount / p, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_",
+                "memory.limit_in_bytes");
+        if (p.empty()) break;
+      }
+    }
+  }
+  return best;
+}
+
+HostMemory host_memory_available() {
+  HostMemory m;
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
   uint64_t kb = 0;
   while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
+    if (key == "MemAvailable:") {
+      m.bytes = kb * 1024;
+      break;
+    }
+  if (const std::optional<CgroupMemory> cg = cgroup_memory();
+      cg && (m.bytes == 0 || cg->available_bytes < m.bytes)) {
+    m.bytes = cg->available_bytes;
+    m.by = fmt::format("this process's memory cgroup: {} less its usage", cg->limit_file);
+  }
+  return m;
 }
+
+uint64_t mem_available_bytes() { return host_memory_available().bytes; }
 
 std::vector<PassStep> train_schedule(const model::LlamaModel& model) {
   const int head = model.num_units() - 1;

@@ -3,11 +3,15 @@
 // that the plan's byte counts are exactly what the engine allocates. Below plan.hpp: it
 // includes placement.hpp, never the planner.
 //
-// Threading: pure functions (mem_available_bytes reads /proc/meminfo); thread-safe.
+// Threading: pure functions (host_memory_available reads /proc/meminfo and the memory
+// cgroup's files); thread-safe.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -79,10 +83,13 @@ struct GeometryOptions {
   // once; the planner, which may run many times, does not.
   bool warn = false;
   // Where the gradient accumulators go when the optimizer state is on NVMe (kAuto reads
-  // MemAvailable).
+  // host_memory_available(), or takes host_memory_bytes where given).
   GradientPlacement gradients = GradientPlacement::kHost;
   // Device::host_accessible() of the device the engine runs on (false for a GPU).
   bool device_host_accessible = true;
+  // The host memory of the machine planned for when it is not this one (PlanOptions::
+  // host_memory_bytes); 0: this machine's.
+  uint64_t host_memory_bytes = 0;
 };
 
 // The placement and every unit's sizes for rank `options.rank` of `options.world`. At stage 3
@@ -148,7 +155,28 @@ struct DeviceAdamScratch {
 };
 DeviceAdamScratch device_adam_scratch(const Geometry& g, const std::vector<bool>& device_sums);
 
-// MemAvailable from /proc/meminfo in bytes (0 when unknown).
+// The memory cgroup (v2 or v1) that leaves this process the least memory, among its own and its
+// ancestors' under `root`: its limit less its usage that cannot be reclaimed (the usage less
+// its file pages, active and inactive). nullopt when no level has a limit (or none can be read).
+// `proc_cgroup` and `root` are /proc/self/cgroup and /sys/fs/cgroup but in tests.
+struct CgroupMemory {
+  uint64_t available_bytes = 0;
+  uint64_t limit_bytes = 0;
+  std::string limit_file;  // the file whose limit it is
+  std::string name;        // "memory.max" (v2) or "memory.limit_in_bytes" (v1)
+};
+std::optional<CgroupMemory> cgroup_memory(
+    const std::filesystem::path& proc_cgroup = "/proc/self/cgroup",
+    const std::filesystem::path& root = "/sys/fs/cgroup");
+
+// The host memory this process can still take: MemAvailable from /proc/meminfo, or what its
+// memory cgroup leaves where that is less (a container's limit), with what set it.
+struct HostMemory {
+  uint64_t bytes = 0;  // 0 when unknown
+  std::string by = "MemAvailable";
+};
+HostMemory host_memory_available();
+// host_memory_available().bytes.
 uint64_t mem_available_bytes();
 
 // One step of a pass over the units: the unit that computes, and every unit whose parameters

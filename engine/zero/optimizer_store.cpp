@@ -35,9 +35,6 @@ void load_moments(float* dst, const std::byte* src, size_t n, DType t) {
   for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
 }
 
-// Elements per fp32 scratch range when visit/fill widen bf16 moments.
-constexpr size_t kWidenChunk = size_t{1} << 20;
-
 // The units whose optimizer home (Placement::optimizer_home) is the device or host memory;
 // units homed on NVMe have no arrays here. A unit's arrays are [fp32 master | exp_avg |
 // exp_avg_sq] with moments of g.moments.

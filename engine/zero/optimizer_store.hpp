@@ -28,6 +28,10 @@
 
 namespace outcore::zero::detail {
 
+// Elements per fp32 scratch range when the optimizer state in device or host memory is read or
+// written through host buffers (bf16 moments widened, or a device the host cannot read).
+inline constexpr size_t kWidenChunk = size_t{1} << 20;
+
 class OptimizerStore {
  public:
   virtual ~OptimizerStore() = default;

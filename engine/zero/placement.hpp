@@ -39,7 +39,8 @@ constexpr std::string_view tier_name(Tier t) {
 }
 
 // Where the fp32 gradient accumulators go when the optimizer state is on NVMe.
-//   kAuto  NVMe when they would take more than a quarter of MemAvailable, else host memory
+//   kAuto  NVMe when they would take more than a quarter of the available host memory
+//          (MemAvailable, or what the memory cgroup leaves where less), else host memory
 //   kHost  host memory
 //   kNvme  swap files under offload_optimizer.nvme_path (<...>/grad/<unit>.bin): each
 //          micro-batch reads, adds and writes back its partition; the step reads it once

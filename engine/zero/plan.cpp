@@ -11,8 +11,10 @@
 
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
+#include "engine/ckpt/ckpt.hpp"
 #include "engine/device/device.hpp"
 #include "engine/zero/geometry.hpp"
+#include "engine/zero/optimizer_store.hpp"
 #include "engine/zero/plan_internal.hpp"
 #include "engine/zero/residency.hpp"
 #include "swap/swap.hpp"
@@ -494,6 +496,29 @@ void plan_host(const PlanContext& c, Plan& plan) {
       align_up(g.max_own_len * sizeof(float), kIoAlignment));
 }
 
+// A run that saves (`piece`: PlanOptions::save_piece_elems): a save's host buffers besides the
+// state, at most: the writer's staging slots of the largest fp32 segment and the read-back
+// ring (ckpt::save_buffer_bytes), and what reading the state out takes: a unit's parameters
+// copied from a device the host cannot read, bf16 moments widened to fp32 (a sub-group at a
+// time from swap files; kWidenChunk elements of master weights, moments and raw bytes from
+// device or host memory).
+void plan_saves(const PlanContext& c, std::optional<uint64_t> piece, Plan& plan) {
+  if (!piece) return;
+  const Geometry& g = c.g;
+  const uint64_t largest = g.max_own_len;
+  const uint64_t elems = *piece > 0 ? *piece : ckpt::WriterOptions{}.piece_elems;
+  uint64_t bytes =
+      ckpt::save_buffer_bytes(ckpt::kSaveStagingSlots, std::min(largest, elems) * sizeof(float));
+  if (!g.device_host_accessible) bytes += largest * g.param_bytes;
+  if (g.moments != DType::F32 || !g.device_host_accessible)
+    bytes += g.placement.optimizer == Tier::kNvme
+                 ? 2 * sizeof(float) * std::min<uint64_t>(largest, g.sub_group_size)
+                 : 4 * sizeof(float) * std::min<uint64_t>(largest, detail::kWidenChunk);
+  add(plan, Tier::kHost,
+      "checkpoint saves (--save-dir): staging, read-back and state-reading buffers, at most",
+      bytes);
+}
+
 // Swap files: parameter partitions, optimizer state and gradient accumulators homed on NVMe.
 void plan_nvme(const PlanContext& c, Plan& plan) {
   const Geometry& g = c.g;
@@ -651,9 +676,11 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
                              .rank = 0,
                              .warn = false,
                              .gradients = options.gradients,
-                             .device_host_accessible = options.device_host_accessible});
+                             .device_host_accessible = options.device_host_accessible,
+                             .host_memory_bytes = options.host_memory_bytes});
   const PlanContext c = plan_context(cfg, model, g);
   Plan plan = plan_counts(c);
+  plan.device_in_host_memory = options.device_in_host_memory;
   // One tier after the other, so `items` is in tier order.
   plan_device_state(c, plan);
   add(plan, Tier::kDevice, "compute backend (cuBLASLt workspace, attention, ids, tables)",
@@ -662,6 +689,7 @@ Plan make_plan(const config::Config& cfg, const model::LlamaModel& model,
   plan_device_grad_sums(c, device_limit_bytes(cfg, options), options.device_reserve_bytes, plan);
   plan_pinned(c, plan);
   plan_host(c, plan);
+  plan_saves(c, options.save_piece_elems, plan);
   plan_nvme(c, plan);
   plan_fetch_traffic(c, plan);
   plan_comm_traffic(c, plan);

@@ -78,6 +78,9 @@ struct Plan {
   // PlanOptions::device_host_accessible: false for a GPU, where the state on the device is
   // stepped by Adam on the device and CPU Adam steps the offloaded elements only.
   bool device_host_accessible = true;
+  // PlanOptions::device_in_host_memory: the simulated device, whose memory host memory holds
+  // (host_need_bytes counts the device's peak).
+  bool device_in_host_memory = true;
   // outcore.step_in_backward applies (Geometry::step_in_backward): the NVMe optimizer steps run
   // during the backward of a step's last micro-batch instead of under the next step's forward.
   bool step_in_backward = false;
@@ -119,6 +122,9 @@ struct PlanOptions {
   // False for a GPU (the host cannot read its memory): the plan adds the pinned buffer that
   // gradient slabs are copied back through. ZeroEngine passes Device::host_accessible().
   bool device_host_accessible = true;
+  // True for the simulated device (DeviceKind::Cpu, host-accessible or discrete): its memory is
+  // host memory, which then holds the device's peak too. False for a GPU.
+  bool device_in_host_memory = true;
   // Device bytes the gradient sums (Plan::device_grad_sums, which take whatever the limit
   // leaves) leave free for what lives outside the plan: device_reserve_bytes() where the GPU's
   // free memory, not a budget, is the limit.
@@ -133,6 +139,10 @@ struct PlanOptions {
   // filesystem) instead of those under the config's nvme_path. apply_machine() sets them.
   uint64_t host_memory_bytes = 0;
   uint64_t nvme_free_bytes = 0;
+  // A run that saves checkpoints, whose writer cuts segments of this many elements (0: the
+  // writer's default, ckpt::WriterOptions::piece_elems): the plan counts a save's host buffers.
+  // nullopt: a run that does not save.
+  std::optional<uint64_t> save_piece_elems;
 };
 
 struct PlanLimits;
@@ -164,8 +174,10 @@ struct PlanLimits {
   // What sets `device`, as refusals and the table name it: the config key, or a GPU's free
   // memory where that is the smaller.
   std::string device_by = "outcore.device_memory_mb";
-  uint64_t pinned = 0;                   // outcore.pinned_memory_mb * 2^20 (0 = sized by the plan)
-  uint64_t host = 0;                     // MemAvailable from /proc/meminfo
+  uint64_t pinned = 0;  // outcore.pinned_memory_mb * 2^20 (0 = sized by the plan)
+  // MemAvailable from /proc/meminfo, or what the memory cgroup leaves where less
+  // (detail::host_memory_available).
+  uint64_t host = 0;
   std::string host_by = "MemAvailable";  // what sets `host`, as the table and refusals name it
   // statvfs free bytes (f_bavail * f_frsize) of the parameter / optimizer swap directories
   // (the nearest existing ancestor when the directory does not exist yet); unset = not
@@ -186,14 +198,18 @@ PlanLimits system_limits(const config::Config& cfg, const Plan& plan);
 //   "device: the plan needs 1.20 GiB (1288490188 bytes) at its peak but
 //    outcore.device_memory_mb allows 1.00 GiB (1073741824 bytes)"
 // and for NVMe "nvme: swap files under /mnt/nvme need N bytes, the filesystem has M free".
-// Host needs count the pinned pool (pinned_pool_bytes, allocated whole at start) + host bytes
-// against MemAvailable. When the largest part of a pinned or host refusal is sized by a config
-// key (PlanItem::key, or outcore.pinned_memory_mb for a pool larger than the plan needs), the
-// message ends by naming that key and its share.
+// Host needs (host_need_bytes) count the pinned pool (pinned_pool_bytes, allocated whole at
+// start) + host bytes (+ the simulated device's) against PlanLimits::host: MemAvailable, or
+// what the memory cgroup leaves where less. When the largest part of a pinned or host refusal is
+// sized by a config key (PlanItem::key, or outcore.pinned_memory_mb for a pool larger than the plan
+// needs), the message ends by naming that key and its share.
 void check_fits(const Plan& plan, const PlanLimits& limits);
 
 // Bytes of host memory the plan takes: the pinned pool (at least the pinned peak) plus the
-// host tier's peak. What check_fits compares with PlanLimits::host.
+// host tier's peak, plus the device's peak where the device is simulated (its memory is host
+// memory). What check_fits compares with PlanLimits::host. The process's own code, libraries
+// and thread stacks (about 100-200 MiB) and a save's staging buffers (checkpoint_host_bytes)
+// come on top.
 uint64_t host_need_bytes(const Plan& plan);
 
 // The plan as a table for a terminal: one row per item (tier, what, bytes in human units),

@@ -90,7 +90,9 @@ PlanLimits system_limits(const config::Config& cfg, const Plan& plan) {
   PlanLimits l;
   l.device = cfg.outcore.device_memory_mb << 20;
   l.pinned = cfg.outcore.pinned_memory_mb << 20;
-  l.host = detail::mem_available_bytes();
+  const detail::HostMemory host = detail::host_memory_available();
+  l.host = host.bytes;
+  l.host_by = host.by;
   std::optional<FsInfo> pi, oi;
   if (!plan.param_nvme_path.empty()) {
     pi = fs_info(plan.param_nvme_path, "zero_optimization.offload_param.nvme_path");
@@ -156,12 +158,19 @@ void check_fits(const Plan& plan, const PlanLimits& limits) {
            "outcore.pinned_memory_mb", keyed_cause(plan, {Tier::kPinned}, false));
   const uint64_t host = host_need_bytes(plan);
   if (limits.host > 0 && host > limits.host)
-    refuse("host", host, "host memory (pinned pool + other host buffers)", limits.host,
-           limits.host_by, keyed_cause(plan, {Tier::kPinned, Tier::kHost}, true));
+    refuse("host", host,
+           plan.device_in_host_memory
+               ? "host memory (pinned pool + other host buffers + the simulated device's memory)"
+               : "host memory (pinned pool + other host buffers)",
+           limits.host, limits.host_by,
+           plan.device_in_host_memory
+               ? keyed_cause(plan, {Tier::kPinned, Tier::kHost, Tier::kDevice}, true)
+               : keyed_cause(plan, {Tier::kPinned, Tier::kHost}, true));
 }
 
 uint64_t host_need_bytes(const Plan& plan) {
-  return plan.peak.host + std::max(plan.peak.pinned, plan.pinned_pool_bytes);
+  return plan.peak.host + std::max(plan.peak.pinned, plan.pinned_pool_bytes) +
+         (plan.device_in_host_memory ? plan.peak.device : 0);
 }
 
 std::string format_plan(const Plan& plan, const PlanLimits* limits) {
@@ -234,10 +243,13 @@ std::string format_plan(const Plan& plan, const PlanLimits* limits) {
     const uint64_t need = tier == Tier::kHost ? host_need_bytes(plan) : plan.peak[tier];
     std::string verdict;
     // Host memory holds the pinned pool too (the pinned peak, or the pool's size where that is
-    // larger): the figure compared is then both together.
-    const std::string compared = need != plan.peak[tier]
-                                     ? fmt::format(" for host + pinned pool {}", format_bytes(need))
-                                     : "";
+    // larger), and the simulated device's memory: the figure compared is then all of them.
+    const std::string compared =
+        need != plan.peak[tier]
+            ? fmt::format(" for host + pinned pool{} {}",
+                          plan.device_in_host_memory && plan.peak.device > 0 ? " + device" : "",
+                          format_bytes(need))
+            : "";
     if (limit > 0)
       verdict = fmt::format("  limit {} ({}){}: {}", format_bytes(limit), by, compared,
                             need <= limit ? "fits" : "DOES NOT FIT");

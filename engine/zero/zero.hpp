@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "engine/comm/comm.hpp"
@@ -157,8 +158,8 @@ struct EngineOptions {
   // aio::FaultInjectingBackend to inject EIO / short I/O while prefetching or swapping.
   std::shared_ptr<aio::IoBackend> io_backend;
   // Check the plan against system_limits() at construction (device budget, pinned budget,
-  // MemAvailable, free space under the swap paths). The device budget is always enforced by
-  // the allocator itself.
+  // MemAvailable or what the memory cgroup leaves, free space under the swap paths). The device
+  // budget is always enforced by the allocator itself.
   bool check_system_limits = true;
   // Threads of each of the engine's two CPU pools, CPU Adam's and the data path's; 0 = the
   // config's share of the hardware threads for Adam (offload_optimizer.cpuadam_cores_perc,
@@ -182,6 +183,9 @@ struct EngineOptions {
   // to its tier (units done, units in all), for a display of the minutes a large model's
   // initialisation takes. Empty: nothing is called.
   std::function<void(size_t done, size_t units)> on_init_unit{};
+  // A run that saves checkpoints: PlanOptions::save_piece_elems (the plan counts a save's host
+  // buffers); nullopt: it does not save.
+  std::optional<uint64_t> save_piece_elems;
 };
 
 class ZeroEngine {

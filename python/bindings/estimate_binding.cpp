@@ -144,7 +144,9 @@ py::dict estimate(const JsonInput& cfg_in, const JsonInput& model_in, const py::
                                     .activation_checkpointing = activation_checkpointing});
   const model::LlamaModel model(mc, mo);
 
-  const zero::Plan plan = zero::make_plan(cfg, model, {.world_size = static_cast<int>(world_size)});
+  // A run that saves checkpoints, as outcore estimate plans it.
+  const zero::Plan plan = zero::make_plan(
+      cfg, model, {.world_size = static_cast<int>(world_size), .save_piece_elems = 0});
   const zero::PlanLimits limits = zero::system_limits(cfg, plan);
   py::dict d = plan_dict(plan, limits);
   try {

@@ -220,6 +220,37 @@ TEST(SwapSpace, RankZeroClearsTheStaleFilesOfRanksBeyondTheWorld) {
   EXPECT_TRUE(fs::exists(top / "rank1" / "param" / "3.bin"));
 }
 
+// A run that keeps a kind elsewhere now (gradients in host memory, after a run that kept them in
+// swap files) removes that kind's stale files too, and its directory once empty; a user's file
+// there stays, and a kind directory a live swap space holds is left alone.
+TEST(SwapSpace, ClearsTheStaleFilesOfKindsItDoesNotUse) {
+  TempDir dir;
+  const fs::path rank0 = dir.path() / "outcore_swap" / "rank0";
+  auto leave_swap_file = [&](const fs::path& kind_dir, uint32_t unit) {
+    TempDir other;
+    SwapFileSpec g{.unit = unit, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+    SwapSpace earlier({.nvme_path = other.path()}, std::span(&g, 1));
+    fs::create_directories(kind_dir);
+    fs::copy_file(earlier.file_path(unit, SwapKind::kParam),
+                  kind_dir / (std::to_string(unit) + ".bin"));
+  };
+  leave_swap_file(rank0 / "grad", 5);
+  leave_swap_file(rank0 / "optimizer", 4);
+  std::ofstream(rank0 / "optimizer" / "notes.txt") << "the user's";
+  SwapFileSpec p{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+  {
+    SwapSpace space({.nvme_path = dir.path()}, std::span(&p, 1));
+    EXPECT_FALSE(fs::exists(rank0 / "grad"));
+    EXPECT_FALSE(fs::exists(rank0 / "optimizer" / "4.bin"));
+    EXPECT_EQ(text_of(rank0 / "optimizer" / "notes.txt"), "the user's");
+  }
+  // This process's other swap space holds grad/: its files are in use.
+  SwapFileSpec g{.unit = 7, .kind = SwapKind::kGrad, .tensors = {{"g", 8}}};
+  SwapSpace grads({.nvme_path = dir.path()}, std::span(&g, 1));
+  { SwapSpace space({.nvme_path = dir.path()}, std::span(&p, 1)); }
+  EXPECT_TRUE(fs::exists(grads.file_path(7, SwapKind::kGrad)));
+}
+
 // A user's file at a swap directory's lock name is locked, never written or removed; the swap
 // space's own lock file goes with it.
 TEST(SwapSpace, KeepsAUsersFileAtTheLockName) {

@@ -19,7 +19,9 @@
 
 #include "aio/aio.hpp"
 #include "common/error.hpp"
+#include "engine/train/checkpointing.hpp"
 #include "engine/train/token_file.hpp"
+#include "engine/zero/plan.hpp"
 #include "tests/comm/thread_comm.hpp"
 #include "tests/common/log_capture.hpp"
 #include "tests/trainer/trainer_test_util.hpp"
@@ -618,6 +620,38 @@ TEST(TrainerTest, AFailureInTheLastStepsOverlappedWorkFailsTheRun) {
       run_with({.kind = aio::Fault::Kind::kEio, .nth = writes, .direction = 1});
   EXPECT_EQ(fired, 1u);
   EXPECT_NE(error.find(swap), std::string::npos) << "the run did not fail: " << error;
+}
+
+// A run that saves counts a save's buffers in its plan's host memory (a run that trained fine
+// was killed by a memory limit while saving); one that does not save, nothing. Here: the
+// writer's 8 staging slots of the largest fp32 partition and the 4 x 32 MiB read-back ring,
+// plus, with bf16 moments in swap files, a sub-group's moments widened to fp32.
+TEST(TrainerTest, ARunThatSavesPlansTheHostMemoryOfItsSaves) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  auto saves_item = [](const zero::Plan& p) {
+    for (const zero::PlanItem& it : p.items)
+      if (it.what.find("checkpoint saves") != std::string::npos) return it.bytes;
+    return uint64_t{0};
+  };
+  TrainerOptions o = quiet_options(data, 1);
+  Trainer plain(make_config(testing::nvme_patch(data.file("swap")), mc), mc, o);
+  EXPECT_EQ(saves_item(plain.engine().plan()), 0u);
+  o.save_dir = data.file("ckpt");
+  Trainer saving(make_config(testing::nvme_patch(data.file("swap2")), mc), mc, o);
+  uint64_t largest = 0;
+  for (const model::UnitLayout& ul : saving.engine().model().layout().units)
+    largest = std::max<uint64_t>(largest, ul.padded_numel);
+  const uint64_t buffers = 8 * largest * sizeof(float) + (uint64_t{128} << 20);
+  EXPECT_EQ(saves_item(saving.engine().plan()), buffers);
+  EXPECT_EQ(zero::host_need_bytes(saving.engine().plan()),
+            zero::host_need_bytes(plain.engine().plan()) + buffers);
+  nlohmann::json bf16_moments = testing::nvme_patch(data.file("swap3"));
+  bf16_moments["optimizer"] = {{"params", {{"fp32_optimizer_states", false}}}};
+  bf16_moments["zero_optimization"]["sub_group_size"] = 4096;
+  o.save_dir = data.file("ckpt2");
+  Trainer widening(make_config(bf16_moments, mc), mc, o);
+  EXPECT_EQ(saves_item(widening.engine().plan()), buffers + 2 * sizeof(float) * 4096);
 }
 
 // fp32 has no overflow check: a diverged run must stop, naming the step, before the

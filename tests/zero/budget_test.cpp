@@ -95,9 +95,10 @@ TEST(ZeroBudget, APinnedLimitKeepsAsManyFetchBuffersAsFit) {
     const uint64_t kept = item.bytes / slot;
     EXPECT_LE(kept, last) << mb << " MiB: " << item.what;
     EXPECT_GE(kept, 1u);
-    if (kept < 5)
+    if (kept < 5) {
       EXPECT_NE(item.what.find("; 5 with more outcore.pinned_memory_mb"), std::string::npos)
           << item.what;
+    }
     if (kept > 1 && kept < 5 && between == 0) between = mb;
     last = kept;
   }

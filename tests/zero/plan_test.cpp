@@ -1,6 +1,12 @@
 // The placement planner against what the engine really allocates and moves.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "engine/zero/geometry.hpp"
 #include "engine/zero/step_bounds.hpp"
 #include "tests/zero/zero_test_util.hpp"
 
@@ -303,6 +309,89 @@ TEST(StepBounds, TheAttentionMeasuredIsTheModelsAndCountsItsFlops) {
   EXPECT_LE(part.block, part.T);
 }
 
+// The simulated device's memory is host memory: the host figure checked holds the device's
+// peak there, and not for a GPU; a refusal says so.
+TEST(Plan, TheSimulatedDevicesMemoryCountsAsHostMemory) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16));
+  const config::Config cfg = make_config(config_json({3, "nvme", "nvme"}, DType::BF16, "/tmp/x"));
+  const Plan sim = make_plan(cfg, model);
+  const Plan gpu = make_plan(cfg, model, {.device_in_host_memory = false});
+  ASSERT_GT(sim.peak.device, 0u);
+  const uint64_t pool = std::max(sim.peak.pinned, sim.pinned_pool_bytes);
+  EXPECT_EQ(host_need_bytes(sim), sim.peak.host + pool + sim.peak.device);
+  EXPECT_EQ(host_need_bytes(gpu), gpu.peak.host + pool);
+  PlanLimits l;
+  l.host = host_need_bytes(gpu);
+  EXPECT_NO_THROW(check_fits(gpu, l));
+  try {
+    check_fits(sim, l);
+    ADD_FAILURE() << "the simulated device's memory was not counted as host memory";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("the simulated device's memory"), std::string::npos)
+        << e.what();
+  }
+}
+
+// With the optimizer state on NVMe, the gradient sums go to swap files where they would take
+// more than a quarter of the host memory: the memory of the machine planned for when it is
+// given (outcore estimate --host-memory-gb), not this one's.
+TEST(Plan, GradientsArePlacedForTheMachinePlannedFor) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16));
+  const config::Config cfg = make_config(config_json({3, "nvme", "nvme"}, DType::BF16, "/tmp/x"));
+  const Plan small = make_plan(cfg, model, {.host_memory_bytes = 4096});
+  const Plan large = make_plan(cfg, model, {.host_memory_bytes = uint64_t{1} << 40});
+  EXPECT_EQ(small.placement.gradients, Tier::kNvme);
+  EXPECT_EQ(large.placement.gradients, Tier::kHost);
+}
+
+// A memory cgroup's limit less its usage that cannot be reclaimed (its file pages can), v2 and v1,
+// the tightest of the cgroup and its ancestors; none without a limit.
+TEST(HostMemory, TheMemoryCgroupsLimitLessItsUsage) {
+  namespace fs = std::filesystem;
+  const fs::path root = swap_dir("cgroup_root");
+  fs::remove_all(root);
+  auto put = [&](const fs::path& rel, const std::string& text) {
+    fs::create_directories((root / rel).parent_path());
+    std::ofstream(root / rel) << text;
+  };
+  const uint64_t mib = uint64_t{1} << 20;
+  // v2: a/b limited to 1 GiB, holding 300 MiB of which 100 MiB page cache (active and inactive:
+  // reclaimable); a: "max".
+  put("a/b/memory.max", std::to_string(1024 * mib) + "\n");
+  put("a/b/memory.current", std::to_string(300 * mib) + "\n");
+  put("a/b/memory.stat", "anon 1\nactive_file " + std::to_string(50 * mib) + "\ninactive_file " +
+                             std::to_string(50 * mib) + "\nfile 5\n");
+  put("a/memory.max", "max\n");
+  put("a/memory.current", "1\n");
+  put("proc_v2", "0::/a/b\n");
+  std::optional<detail::CgroupMemory> m = detail::cgroup_memory(root / "proc_v2", root);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->available_bytes, 824 * mib);
+  EXPECT_EQ(m->limit_bytes, 1024 * mib);
+  EXPECT_EQ(m->name, "memory.max");
+  // The parent's limit is the tighter one.
+  put("a/memory.max", std::to_string(512 * mib) + "\n");
+  put("a/memory.current", std::to_string(400 * mib) + "\n");
+  m = detail::cgroup_memory(root / "proc_v2", root);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->available_bytes, 112 * mib);
+  EXPECT_EQ(m->limit_file, (root / "a" / "memory.max").string());
+  // v1: the memory controller's hierarchy; an unlimited one (a huge limit) is no limit.
+  put("memory/c/memory.limit_in_bytes", std::to_string(2048 * mib) + "\n");
+  put("memory/c/memory.usage_in_bytes", std::to_string(48 * mib) + "\n");
+  put("memory/c/memory.stat", "total_inactive_file 0\n");
+  put("memory/memory.limit_in_bytes", "9223372036854771712\n");
+  put("memory/memory.usage_in_bytes", "1\n");
+  put("proc_v1", "7:blkio:/\n4:cpu,memory:/c\n1:name=systemd:/\n");
+  m = detail::cgroup_memory(root / "proc_v1", root);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->available_bytes, 2000 * mib);
+  EXPECT_EQ(m->name, "memory.limit_in_bytes");
+  put("proc_none", "4:memory:/\n");
+  EXPECT_FALSE(detail::cgroup_memory(root / "proc_none", root).has_value());
+  fs::remove_all(root);
+}
+
 // The GPU test of stage 3 under a device budget below the model's state (gpu_test.cpp) still
 // fits once the CUDA backend's workspaces are charged to that budget: checked here, where there
 // is no GPU, with the planner's own figures for a CUDA device.
@@ -348,7 +437,7 @@ TEST(Plan, FormatShowsEveryTierTheTotalsAndTheTraffic) {
   ASSERT_GE(host_need_bytes(p), p.peak.host + p.peak.pinned);
   l.host = p.peak.host + p.peak.pinned / 2;
   const std::string host_row = format_plan(p, &l);
-  EXPECT_NE(host_row.find("(MemAvailable) for host + pinned pool " +
+  EXPECT_NE(host_row.find("(MemAvailable) for host + pinned pool + device " +
                           format_bytes(host_need_bytes(p)) + ": DOES NOT FIT"),
             std::string::npos)
       << host_row;

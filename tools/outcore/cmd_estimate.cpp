@@ -390,6 +390,7 @@ int run_estimate(const EstimateArgs& a) {
       po.device_limit_bytes = budget > 0 ? std::min(budget, free) : free;
       po.device_reserve_bytes = zero::device_reserve_bytes(budget, free);
       po.device_host_accessible = false;
+      po.device_in_host_memory = false;
       // The head's rows per launch on this GPU, as training chooses them.
       const model::LlamaConfig mc = model->config();  // copied: emplace destroys the old model
       model::ModelOptions mo = model->options();
@@ -408,6 +409,8 @@ int run_estimate(const EstimateArgs& a) {
       return 2;
     }
   }
+  // A run that saves checkpoints (as the plan's checkpoint line assumes): their buffers count.
+  po.save_piece_elems = 0;
   const zero::Plan plan = zero::make_plan(cfg, *model, po);
   zero::PlanLimits limits = zero::system_limits(cfg, plan);
   if (po.device_limit_bytes > 0) limits.device = po.device_limit_bytes;
@@ -554,7 +557,8 @@ void add_estimate_command(CLI::App& app, int& rc) {
       ->check(finite_in(1.0 / 1024, 1e6, "GiB"));
   cmd->add_option("--host-memory-gb", o->host_memory_gb,
                   "plan for a machine with this many GiB of host memory available (one to rent) "
-                  "instead of this one's MemAvailable")
+                  "instead of this one's (MemAvailable, or what a memory cgroup leaves); it also "
+                  "decides whether gradient sums go to swap files")
       ->check(finite_in(1.0 / 1024, 1e7, "GiB"));
   cmd->add_option("--nvme-free-gb", o->nvme_free_gb,
                   "plan for swap directories with this many GiB free, on one drive (one to "
