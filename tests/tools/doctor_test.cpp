@@ -81,6 +81,9 @@ TEST_F(Doctor, ReportsEveryHostCheckWithAVerdictAndPassesOnAWritableSwapPath) {
   const std::string nvme = line_of(r.out, "nvme path");
   EXPECT_NE(nvme.find(dir_.string()), std::string::npos) << r.out;
   EXPECT_NE(nvme.find("GiB free"), std::string::npos) << r.out;
+  // What plans are checked against: MemAvailable or a memory cgroup's room, whichever is less.
+  const std::string host = line_of(r.out, "host memory");
+  EXPECT_NE(host.find(" available ("), std::string::npos) << r.out;
   // --pinned-mb 0: any limit holds a pool of 0 bytes.
   EXPECT_NE(line_of(r.out, "locked memory").find(" ok "), std::string::npos) << r.out;
   // A GPU line either way: `none` with the reason, or one line per GPU.

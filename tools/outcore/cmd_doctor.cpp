@@ -62,8 +62,9 @@ int run_doctor(const DoctorArgs& a) {
 
 void add_doctor_command(CLI::App& app, int& rc) {
   auto o = std::make_shared<DoctorArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "doctor", "Check this machine for training: CPU, io_uring, swap path, locked memory, GPUs");
+  CLI::App* cmd = app.add_subcommand("doctor",
+                                     "Check this machine for training: CPU, io_uring, swap path, "
+                                     "host memory, locked memory, GPUs");
   cmd->add_option("--nvme-path", o->nvme_path,
                   "swap directory to check (O_DIRECT, free space); not checked when absent");
   cmd->add_option("--pinned-mb", o->pinned_mb,

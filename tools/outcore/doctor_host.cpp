@@ -17,6 +17,8 @@
 #include "aio/aio.hpp"
 #include "cpu_adam/cpu_adam.hpp"
 #include "engine/device/cpu/bf16_gemm.hpp"
+#include "engine/zero/geometry.hpp"
+#include "engine/zero/plan.hpp"
 #include "tools/blas/blas_kernels.hpp"
 #include "tools/outcore/doctor.hpp"
 
@@ -181,6 +183,17 @@ Line memlock_line(uint64_t pinned_bytes) {
                       mib(rl.rlim_cur), mib(pinned_bytes))};
 }
 
+// The host memory a run can take, as train and estimate check a plan's host memory against it:
+// MemAvailable, or what this process's memory cgroup leaves where that is less (a container).
+Line host_memory_line() {
+  const zero::detail::HostMemory m = zero::detail::host_memory_available();
+  if (m.bytes == 0)
+    return {"host memory", Verdict::kWarn,
+            "MemAvailable unknown (no /proc/meminfo): plans are not checked against host memory"};
+  return {"host memory", Verdict::kOk,
+          fmt::format("{} available ({})", zero::format_bytes(m.bytes), m.by)};
+}
+
 // The OpenBLAS kernels the model's CPU GEMMs run (see tools/blas/blas_kernels.hpp).
 Line blas_line() {
   using tools::better_blas_kernels, tools::blas_kernel_name, tools::cpu_vector_features;
@@ -215,6 +228,7 @@ Line bf16_gemm_line() {
 std::vector<Line> host_checks(const Options& o) {
   std::vector<Line> lines{cpu_line(), blas_line(), bf16_gemm_line(), io_uring_line()};
   if (!o.nvme_path.empty()) lines.push_back(nvme_line(o.nvme_path));
+  lines.push_back(host_memory_line());
   lines.push_back(memlock_line(o.pinned_bytes));
   return lines;
 }
