@@ -397,6 +397,33 @@ std::optional<FoundMarker> read_commit_marker(const std::string& path) {
   return m;
 }
 
+// Removes the commit markers' temporaries "<marker>.tmp-<pid>" that jobs killed before renaming
+// them into place left (no marker names such a job): regular files that hold a marker's text and
+// that no job holds locked (a marker's writer locks its temporary before writing it).
+void remove_marker_temporaries(const std::string& marker) {
+  const fs::path path(marker);
+  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  const std::string head = path.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string entry = it->path().filename().string();
+    if (!entry.starts_with(head) || entry.size() == head.size() ||
+        entry.find_first_not_of("0123456789", head.size()) != std::string::npos)
+      continue;
+    const int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;  // a link, or gone
+    struct stat st {};
+    std::string text(kCommitMarkerText.size(), '\0');
+    const bool ours =
+        ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+        ::pread(fd, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size()) &&
+        text == kCommitMarkerText;
+    if (ours && ::unlink(it->path().c_str()) == 0)
+      log::warn("tokenize: removed {}, left by a job that was stopped", it->path().string());
+    ::close(fd);
+  }
+}
+
 // Removes what the killed jobs `pids` left beside `token_file` (any extension's token file of
 // that prefix, its mask, the marker): the temporaries "<name>.tmp-<pid>[-<k>]", and with
 // `asides` the earlier mask's second names "<mask>.old-<pid>[-<k>]". Names are rebuilt from the
@@ -598,6 +625,7 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
   // old or new, is the dead job's to remove), removing what it left.
   const std::string marker = tokenize_commit_marker(outputs[0]);
   const std::optional<FoundMarker> interrupted = read_commit_marker(marker);
+  remove_marker_temporaries(marker);
   if (interrupted) {
     log::warn(
         "tokenize: {}: a job was stopped while putting {} and its loss mask in place, which may "

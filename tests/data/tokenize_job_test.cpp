@@ -307,6 +307,26 @@ TEST_F(TokenizeJobTest, AJobKilledWhileCommittingIsRepairedByTheNext) {
   EXPECT_TRUE(fs::is_directory(r.mask_file + ".old-" + pid + "-3"));
   EXPECT_EQ(test::slurp(victim), "the user's");
   EXPECT_EQ(tokens_of(again.token_file), doc("the end"));
+  // A job killed after writing its marker under the temporary name and before renaming it: no
+  // marker names it; the next job removes that temporary, and keeps a file of that name that
+  // is not a marker's, one another job holds locked, and one of another name.
+  const std::string marker_temp = marker + ".tmp-" + pid;
+  const std::string users = marker + ".tmp-" + pid + "1", other_name = marker + ".tmp-" + pid + "x";
+  const std::string held = marker + ".tmp-" + pid + "2";
+  test::write_file(marker_temp, "outcore tokenize commit\npid " + pid + "\n");
+  test::write_file(users, "the user's");
+  test::write_file(other_name, "outcore tokenize commit\n");
+  test::write_file(held, "outcore tokenize commit\n");
+  const int lock_fd = ::open(held.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(lock_fd, 0);
+  ASSERT_EQ(::flock(lock_fd, LOCK_EX), 0);
+  run_tokenize_job(*tokenizer_, options({text}, "k"));
+  EXPECT_FALSE(fs::exists(marker_temp));
+  EXPECT_EQ(test::slurp(users), "the user's");
+  EXPECT_TRUE(fs::exists(other_name));
+  EXPECT_TRUE(fs::exists(held));
+  ::close(lock_fd);
+  for (const std::string& f : {users, other_name, held}) fs::remove(f);
 
   // A job that finds a killed job's marker and fails its own commit (the token file's name is
   // a directory now) leaves a marker naming both: the pair may still be mixed.
@@ -336,7 +356,9 @@ TEST_F(TokenizeJobTest, AJobKilledWhileCommittingIsRepairedByTheNext) {
     test::write_file(marker, content);
     const int fd = ::open(marker.c_str(), O_RDONLY);
     ASSERT_GE(fd, 0);
-    if (locked) ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+    if (locked) {
+      ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+    }
     try {
       run_tokenize_job(*tokenizer_, options({text}, "k"));
       ADD_FAILURE() << "the job ran past " << content;
