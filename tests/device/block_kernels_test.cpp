@@ -22,6 +22,7 @@
 #include "engine/device/rmsnorm_dw_split.hpp"
 #include "tests/common/numeric.hpp"
 #include "tests/common/simt.hpp"
+#include "tests/device/host_attention.hpp"
 
 namespace outcore::test {
 namespace {
@@ -115,19 +116,7 @@ TEST(BlockKernels, RmsNormWeightGradientOverRowRangesMatchesTheHost) {
 TEST(BlockKernels, CausalSoftmaxForwardAndBackwardMatchTheHost) {
   const int64_t batch = 3, rows = 40, keys = 64, r0 = keys - rows;
   auto scores = randn(batch * rows * keys, 14, 2.0f), dp = randn(batch * rows * keys, 15);
-  std::vector<float> p = scores, lse(batch * rows), ds = dp, num = scores, inv(batch * rows);
-  for (int64_t r = 0; r < batch * rows; ++r) {
-    float* row = p.data() + r * keys;
-    const int64_t n = kmath::causal_keys(r0 + r % rows);
-    lse[r] = hk::softmax_inplace(row, n);
-    std::fill(row + n, row + keys, 0.0f);
-    float* d = ds.data() + r * keys;
-    const float dd = hk::dot(row, d, n);
-    for (int64_t j = 0; j < keys; ++j) d[j] = j < n ? kmath::softmax_grad(row[j], d[j], dd) : 0.0f;
-    float* nr = num.data() + r * keys;
-    hk::softmax_numerators(nr, n, &inv[r]);
-    std::fill(nr + n, nr + keys, 0.0f);
-  }
+  const auto [p, lse, ds, num, inv] = host_causal_softmax(scores, dp, batch, rows, keys, r0);
   const SimtGrid per_row{static_cast<int>(batch * rows), 1, 1};
   auto forward = [&](std::vector<float>& s, std::vector<float>& l, float* inv_sum) {
     simt_launch(per_row, kThreads, blocks::kReduceShared, [&](SimtThread& t) {

@@ -43,6 +43,7 @@ using outcore::test::attention_case;
 using outcore::test::AttentionCase;
 using outcore::test::AttentionShape;
 using outcore::test::expect_bf16_attention;
+using outcore::test::host_causal_softmax;
 using outcore::test::HostAttention;
 using outcore::test::randn;
 
@@ -401,16 +402,7 @@ TEST_F(CudaKernels, FusedAttentionRefusesAHeadSizeOrScaleItDoesNotTake) {
 TEST_F(CudaKernels, CausalSoftmaxForwardAndBackwardMatchTheHost) {
   const int64_t batch = 3, rows = 40, keys = 64, r0 = keys - rows;
   auto scores = randn(batch * rows * keys, 14, 2.0f), dp = randn(batch * rows * keys, 15);
-  std::vector<float> p = scores, lse(batch * rows), ds = dp;
-  for (int64_t r = 0; r < batch * rows; ++r) {
-    float* row = p.data() + r * keys;
-    const int64_t n = kmath::causal_keys(r0 + r % rows);
-    lse[r] = hk::softmax_inplace(row, n);
-    std::fill(row + n, row + keys, 0.0f);
-    float* d = ds.data() + r * keys;
-    const float dd = hk::dot(row, d, n);
-    for (int64_t j = 0; j < keys; ++j) d[j] = j < n ? kmath::softmax_grad(row[j], d[j], dd) : 0.0f;
-  }
+  const auto [p, lse, ds, num, inv] = host_causal_softmax(scores, dp, batch, rows, keys, r0);
   Dev<float> S(scores), L(batch * rows), DP(dp);
   causal_softmax_forward(S.get(), L.get(), batch, rows, keys, r0, nullptr);
   expect_close(S.host(), p, 1e-5, "prob");
@@ -420,13 +412,6 @@ TEST_F(CudaKernels, CausalSoftmaxForwardAndBackwardMatchTheHost) {
   expect_close(S2.host(), p, 1e-5, "recomputed prob");
   expect_close(DP.host(), ds, 1e-5, "dscores");
   // bf16 attention's numerators and 1 / sum, laid out as lse.
-  std::vector<float> num = scores, inv(batch * rows);
-  for (int64_t r = 0; r < batch * rows; ++r) {
-    float* row = num.data() + r * keys;
-    const int64_t n = kmath::causal_keys(r0 + r % rows);
-    hk::softmax_numerators(row, n, &inv[r]);
-    std::fill(row + n, row + keys, 0.0f);
-  }
   Dev<float> SN(scores), LN(batch * rows), IN(batch * rows);
   causal_softmax_forward(SN.get(), LN.get(), batch, rows, keys, r0, nullptr, 0, IN.get());
   expect_close(SN.host(), num, 1e-5, "numerators");

@@ -145,4 +145,31 @@ inline void expect_bf16_attention(const HostAttention& got, const HostAttention&
   }
 }
 
+// The host's causal softmax over `batch` x `rows` score rows of `keys` keys whose first row is
+// query r0, as decoder.cpp runs it: probabilities and lse, the score gradients of `dp`, and
+// bf16 attention's numerators with 1 / sum (each row's keys past the causal edge zero).
+struct HostCausalSoftmax {
+  std::vector<float> p, lse, ds, num, inv;
+};
+inline HostCausalSoftmax host_causal_softmax(const std::vector<float>& scores,
+                                             const std::vector<float>& dp, int64_t batch,
+                                             int64_t rows, int64_t keys, int64_t r0) {
+  namespace hk = device::cpu;
+  HostCausalSoftmax h{scores, std::vector<float>(batch * rows), dp, scores,
+                      std::vector<float>(batch * rows)};
+  for (int64_t r = 0; r < batch * rows; ++r) {
+    float* row = h.p.data() + r * keys;
+    const int64_t n = kmath::causal_keys(r0 + r % rows);
+    h.lse[r] = hk::softmax_inplace(row, n);
+    std::fill(row + n, row + keys, 0.0f);
+    float* d = h.ds.data() + r * keys;
+    const float dd = hk::dot(row, d, n);
+    for (int64_t j = 0; j < keys; ++j) d[j] = j < n ? kmath::softmax_grad(row[j], d[j], dd) : 0.0f;
+    float* nr = h.num.data() + r * keys;
+    hk::softmax_numerators(nr, n, &h.inv[r]);
+    std::fill(nr + n, nr + keys, 0.0f);
+  }
+  return h;
+}
+
 }  // namespace outcore::test

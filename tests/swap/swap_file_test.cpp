@@ -182,20 +182,22 @@ TEST(SwapSpace, ClearsStaleFilesOfAnEarlierRun) {
   EXPECT_EQ(text_of(kind_dir / "45.bin"), "the user's tokens");
 }
 
+// A swap file an earlier run left: unit `unit`'s, in `kind_dir`.
+void leave_swap_file(const fs::path& kind_dir, uint32_t unit) {
+  TempDir other;
+  SwapFileSpec g{.unit = unit, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+  SwapSpace earlier({.nvme_path = other.path()}, std::span(&g, 1));
+  fs::create_directories(kind_dir);
+  fs::copy_file(earlier.file_path(unit, SwapKind::kParam),
+                kind_dir / (std::to_string(unit) + ".bin"));
+}
+
 // A run killed at world size 2 and resumed at 1: rank 0 of the smaller world removes the swap
 // files rank 1 left, and its directories; a rank beyond the world that a live run holds, and a
 // user's file there, are left. Without world_size, other ranks are not looked at.
 TEST(SwapSpace, RankZeroClearsTheStaleFilesOfRanksBeyondTheWorld) {
   TempDir dir;
   const fs::path top = dir.path() / "outcore_swap";
-  auto leave_swap_file = [&](const fs::path& kind_dir, uint32_t unit) {
-    TempDir other;
-    SwapFileSpec g{.unit = unit, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
-    SwapSpace earlier({.nvme_path = other.path()}, std::span(&g, 1));
-    fs::create_directories(kind_dir);
-    fs::copy_file(earlier.file_path(unit, SwapKind::kParam),
-                  kind_dir / (std::to_string(unit) + ".bin"));
-  };
   leave_swap_file(top / "rank1" / "param", 3);
   leave_swap_file(top / "rank1" / "optimizer", 4);
   leave_swap_file(top / "rank2" / "grad", 5);
@@ -226,14 +228,6 @@ TEST(SwapSpace, RankZeroClearsTheStaleFilesOfRanksBeyondTheWorld) {
 TEST(SwapSpace, ClearsTheStaleFilesOfKindsItDoesNotUse) {
   TempDir dir;
   const fs::path rank0 = dir.path() / "outcore_swap" / "rank0";
-  auto leave_swap_file = [&](const fs::path& kind_dir, uint32_t unit) {
-    TempDir other;
-    SwapFileSpec g{.unit = unit, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
-    SwapSpace earlier({.nvme_path = other.path()}, std::span(&g, 1));
-    fs::create_directories(kind_dir);
-    fs::copy_file(earlier.file_path(unit, SwapKind::kParam),
-                  kind_dir / (std::to_string(unit) + ".bin"));
-  };
   leave_swap_file(rank0 / "grad", 5);
   leave_swap_file(rank0 / "optimizer", 4);
   std::ofstream(rank0 / "optimizer" / "notes.txt") << "the user's";
