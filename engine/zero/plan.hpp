@@ -142,7 +142,7 @@ struct PlanOptions {
   // A run that saves checkpoints, whose writer cuts segments of this many elements (0: the
   // writer's default, ckpt::WriterOptions::piece_elems): the plan counts a save's host buffers.
   // nullopt: a run that does not save.
-  std::optional<uint64_t> save_piece_elems;
+  std::optional<uint64_t> save_piece_elems = std::nullopt;
 };
 
 struct PlanLimits;

@@ -185,7 +185,7 @@ struct EngineOptions {
   std::function<void(size_t done, size_t units)> on_init_unit{};
   // A run that saves checkpoints: PlanOptions::save_piece_elems (the plan counts a save's host
   // buffers); nullopt: it does not save.
-  std::optional<uint64_t> save_piece_elems;
+  std::optional<uint64_t> save_piece_elems = std::nullopt;
 };
 
 class ZeroEngine {
