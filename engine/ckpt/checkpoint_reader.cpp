@@ -21,8 +21,7 @@ namespace outcore::ckpt {
 namespace {
 
 constexpr uint64_t kAlign = kIoAlignment;
-constexpr uint64_t kChunk = 16ull << 20;              // bounce reads in pieces of this size
-constexpr uint64_t kVerifyChunk = kVerifyChunkBytes;  // verify reads, kVerifyBuffers - 1 in flight
+constexpr uint64_t kChunk = 16ull << 20;  // bounce reads in pieces of this size
 
 uint64_t align_down(uint64_t n) { return n / kAlign * kAlign; }
 uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }
@@ -156,7 +155,7 @@ void Checkpoint::verify(const std::function<bool()>& stop) const {
   std::lock_guard lock(impl_->mu);
   const Impl& m = *impl_;
   std::vector<AlignedBuffer> buf;
-  for (size_t i = 0; i < kVerifyBuffers; ++i) buf.emplace_back(kVerifyChunk);
+  for (size_t i = 0; i < kVerifyBuffers; ++i) buf.emplace_back(kVerifyChunkBytes);
   auto stopped = [&] {
     if (stop && stop()) throw Interrupted("checkpoint check interrupted by a signal");
   };
@@ -185,7 +184,7 @@ void Checkpoint::verify(const std::function<bool()>& stop) const {
       uint64_t off = 0;
       size_t next_buf = 0;
       auto start = [&] {
-        const uint64_t len = std::min(kVerifyChunk, size - off);
+        const uint64_t len = std::min(kVerifyChunkBytes, size - off);
         inflight.emplace_back(
             m.engine->submit_read(f, off, {buf[next_buf % kVerifyBuffers].data(), len}), len);
         off += len;

@@ -343,8 +343,9 @@ class Checkpoint {
   std::unique_ptr<Impl> impl_;
 };
 
-// The checkpoint writer's staging buffers in a run's saves (train/checkpointing.cpp), and the
-// read-back check's reads: kVerifyBuffers - 1 chunks in flight while one is summed.
+// The checkpoint writer's staging buffers in a run's saves (train/checkpointing.cpp: the open
+// piece's three arrays plus writes in flight), and the read-back check's reads: kVerifyBuffers - 1
+// chunks in flight while one is summed.
 inline constexpr size_t kSaveStagingSlots = 8;
 inline constexpr uint64_t kVerifyChunkBytes = uint64_t{32} << 20;
 inline constexpr size_t kVerifyBuffers = 4;

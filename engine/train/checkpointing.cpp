@@ -12,9 +12,6 @@
 namespace outcore::train {
 namespace {
 
-// Staging buffers of the writer: the open piece's three arrays plus writes in flight.
-constexpr size_t kStagingSlots = ckpt::kSaveStagingSlots;
-
 std::span<std::byte> as_bytes(float* p, size_t n) {
   return {reinterpret_cast<std::byte*>(p), n * sizeof(float)};
 }
@@ -56,7 +53,7 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
   const size_t psz = dtype_size(pdt);
   const uint64_t piece_elems = options.piece_elems;
   if (piece_elems == 0) throw InvalidArgument("checkpoint: piece_elems must be > 0");
-  ckpt::CheckpointWriter w(dir, tag, options, kStagingSlots);
+  ckpt::CheckpointWriter w(dir, tag, options, ckpt::kSaveStagingSlots);
   if (rank == 0) {  // the files every rank shares
     w.add_text_file("ds_config.json", texts.ds_config);
     w.add_text_file("config.json", texts.model_config);

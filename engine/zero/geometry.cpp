@@ -180,7 +180,7 @@ void place_gradients(GradientPlacement gradients, uint64_t host, Geometry& g) {
   for (const UnitGeometry& u : g.units) bytes += u.accum_len * sizeof(float);
   const uint64_t avail = gradients != GradientPlacement::kAuto ? 0
                          : host > 0                            ? host
-                                                               : mem_available_bytes();
+                                                               : host_memory_available().bytes;
   if (gradients == GradientPlacement::kNvme || (avail > 0 && bytes > avail / 4))
     g.placement.gradients = Tier::kNvme;
 }
@@ -332,17 +332,16 @@ std::optional<CgroupMemory> cgroup_memory(const std::filesystem::path& proc_cgro
   // active and inactive, can: the kernel reclaims them before it kills, and MemAvailable counts
   // the page cache as available too).
   auto level = [&](const fs::path& dir, const char* limit_file, const char* usage_file,
-                   const char* stat_prefix, const char* name) {
+                   const std::string& stat_prefix) {
     const std::optional<uint64_t> limit = number_in(dir / limit_file);
     const std::optional<uint64_t> usage = number_in(dir / usage_file);
     if (!limit || !usage || *limit >= (uint64_t{1} << 60)) return;  // unlimited
-    const std::string prefix = stat_prefix;
-    const uint64_t reclaimable = stat_value(dir / "memory.stat", prefix + "inactive_file") +
-                                 stat_value(dir / "memory.stat", prefix + "active_file");
+    const uint64_t reclaimable = stat_value(dir / "memory.stat", stat_prefix + "inactive_file") +
+                                 stat_value(dir / "memory.stat", stat_prefix + "active_file");
     const uint64_t held = *usage > reclaimable ? *usage - reclaimable : 0;
     const uint64_t left = *limit > held ? *limit - held : 0;
     if (!best || left < best->available_bytes)
-      best = CgroupMemory{left, *limit, (dir / limit_file).string(), name};
+      best = CgroupMemory{left, *limit, (dir / limit_file).string()};
   };
   for (std::string line; std::getline(in, line);) {
     // "<id>:<controllers>:<path>": v2 is id 0 with no controllers, v1 lists "memory".
@@ -351,27 +350,17 @@ std::optional<CgroupMemory> cgroup_memory(const std::filesystem::path& proc_cgro
     const std::string controllers = line.substr(a + 1, b - a - 1);
     const fs::path rel = fs::path(line.substr(b + 1)).relative_path();
     const bool v2 = controllers.empty();
-    bool memory = v2;
-    for (size_t at = 0; !v2 && at <= controllers.size();) {
-      const size_t comma = std::min(controllers.find(',', at), controllers.size());
-      memory = memory || controllers.substr(at, comma - at) == "memory";
-      at = comma + 1;
-    }
-    if (!memory) continue;
+    if (!v2 && ("," + controllers + ",").find(",memory,") == std::string::npos) continue;
     // v2 mounted at the root, or beside v1 as "unified"; v1's memory hierarchy under "memory".
-    std::vector<fs::path> mounts;
-    if (v2)
-      mounts = {root, root / "unified"};
-    else
-      mounts = {root / "memory"};
+    const std::vector<fs::path> mounts =
+        v2 ? std::vector<fs::path>{root, root / "unified"} : std::vector<fs::path>{root / "memory"};
     for (const fs::path& mount : mounts) {
       // The cgroup and each ancestor up to the mount: every one's limit applies.
       for (fs::path p = rel;; p = p.parent_path()) {
         if (v2)
-          level(mount / p, "memory.max", "memory.current", "", "memory.max");
+          level(mount / p, "memory.max", "memory.current", "");
         else
-          level(mount / p, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_",
-                "memory.limit_in_bytes");
+          level(mount / p, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_");
         if (p.empty()) break;
       }
     }
@@ -396,8 +385,6 @@ HostMemory host_memory_available() {
   }
   return m;
 }
-
-uint64_t mem_available_bytes() { return host_memory_available().bytes; }
 
 std::vector<PassStep> train_schedule(const model::LlamaModel& model) {
   const int head = model.num_units() - 1;

@@ -162,8 +162,7 @@ DeviceAdamScratch device_adam_scratch(const Geometry& g, const std::vector<bool>
 struct CgroupMemory {
   uint64_t available_bytes = 0;
   uint64_t limit_bytes = 0;
-  std::string limit_file;  // the file whose limit it is
-  std::string name;        // "memory.max" (v2) or "memory.limit_in_bytes" (v1)
+  std::string limit_file;  // the file whose limit it is: memory.max (v2), memory.limit_in_bytes
 };
 std::optional<CgroupMemory> cgroup_memory(
     const std::filesystem::path& proc_cgroup = "/proc/self/cgroup",
@@ -176,8 +175,6 @@ struct HostMemory {
   std::string by = "MemAvailable";
 };
 HostMemory host_memory_available();
-// host_memory_available().bytes.
-uint64_t mem_available_bytes();
 
 // One step of a pass over the units: the unit that computes, and every unit whose parameters
 // it needs resident on the device (empty for the embedding's backward, which needs none).

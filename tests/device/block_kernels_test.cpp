@@ -51,29 +51,13 @@ void rmsnorm_dw(const std::vector<float>& dy, const std::vector<float>& x,
       [&](SimtThread& t) { blocks::rmsnorm_dw_ranges(t, p, split.ranges, dim, dw.data()); });
 }
 
-// dw within a few ulps of the sum of its terms' magnitudes (the orders of summation differ, and
-// the sum can cancel), as the GPU test takes it; a dropped or doubled row is far outside.
-void expect_dw(const std::vector<float>& got, const std::vector<float>& want,
-               const std::vector<float>& dy, const std::vector<float>& x,
-               const std::vector<float>& rstd, int64_t rows, int64_t dim, float start) {
-  for (int64_t j = 0; j < dim; ++j) {
-    double magnitude = std::abs(start);
-    for (int64_t r = 0; r < rows; ++r)
-      magnitude += std::abs(double(kmath::rmsnorm_dw(dy[r * dim + j], x[r * dim + j], rstd[r])));
-    ASSERT_NEAR(got[j], want[j], 16 * 0x1p-24 * magnitude) << "dw @" << j;
-  }
-}
-
 // A partial column tile with rows not a multiple of the lanes, and rows that take dw's loads
 // eight rows ahead and then a tail.
 TEST(BlockKernels, RmsNormForwardAndBackwardMatchTheHost) {
   for (const auto& [rows, dim] : {std::pair<int64_t, int64_t>{37, 520}, {300, 96}}) {
     SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(dim));
-    auto x = randn(rows * dim, 11), w = randn(dim, 12), dy = randn(rows * dim, 13);
-    std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim, 0.5f), dw(dim, 0.25f);
-    hk::rmsnorm_forward(x.data(), w.data(), 1e-5f, rows, dim, y.data(), rstd.data());
-    hk::rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), rows, dim, dx.data(),
-                         dw.data());
+    const HostRmsNorm h = host_rmsnorm(rows, dim, 11, 0.25f);
+    const std::vector<float>&x = h.x, &w = h.w, &dy = h.dy;
     std::vector<float> gy(rows * dim), grstd(rows), gdx(rows * dim, 0.5f), gdw(dim, 0.25f);
     std::vector<uint16_t> gy16(rows * dim);
     const SimtGrid per_row{static_cast<int>(rows), 1, 1};
@@ -89,13 +73,13 @@ TEST(BlockKernels, RmsNormForwardAndBackwardMatchTheHost) {
       blocks::rmsnorm_dx_row(t, dy.data(), x.data(), w.data(), grstd.data(), dim, gdx.data());
     });
     rmsnorm_dw(dy, x, grstd, rows, dim, gdw);
-    expect_close(gy, y, 1e-5, "y");
+    expect_close(gy, h.y, 1e-5, "y");
     size_t differ = 0;
     for (size_t i = 0; i < gy.size(); ++i) differ += gy16[i] != kmath::fp32_to_bf16(gy[i]);
     EXPECT_EQ(differ, 0u) << "y rounded to bf16 in the kernel";
-    expect_close(grstd, rstd, 1e-5, "rstd");
-    expect_close(gdx, dx, 1e-5, "dx");
-    expect_dw(gdw, dw, dy, x, rstd, rows, dim, 0.25f);
+    expect_close(grstd, h.rstd, 1e-5, "rstd");
+    expect_close(gdx, h.dx, 1e-5, "dx");
+    expect_rmsnorm_dw(gdw, h, rows, dim);
   }
 }
 
@@ -104,13 +88,10 @@ TEST(BlockKernels, RmsNormForwardAndBackwardMatchTheHost) {
 TEST(BlockKernels, RmsNormWeightGradientOverRowRangesMatchesTheHost) {
   const int64_t rows = 3000, dim = 96;
   ASSERT_EQ(norm::dw_split(rows, dim).ranges, 11);
-  auto x = randn(rows * dim, 21), w = randn(dim, 22), dy = randn(rows * dim, 23);
-  std::vector<float> y(rows * dim), rstd(rows), dx(rows * dim), dw(dim, -0.5f);
-  hk::rmsnorm_forward(x.data(), w.data(), 1e-5f, rows, dim, y.data(), rstd.data());
-  hk::rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), rows, dim, dx.data(), dw.data());
+  const HostRmsNorm h = host_rmsnorm(rows, dim, 21, -0.5f);
   std::vector<float> gdw(dim, -0.5f);
-  rmsnorm_dw(dy, x, rstd, rows, dim, gdw);
-  expect_dw(gdw, dw, dy, x, rstd, rows, dim, -0.5f);
+  rmsnorm_dw(h.dy, h.x, h.rstd, rows, dim, gdw);
+  expect_rmsnorm_dw(gdw, h, rows, dim);
 }
 
 TEST(BlockKernels, CausalSoftmaxForwardAndBackwardMatchTheHost) {

@@ -1,6 +1,7 @@
 // The host's attention as the fused kernels' reference: the CPU backend's default (head by head,
-// blocks of 128 queries), forward and backward, in fp32 or bf16 compute. Shared by the CUDA
-// kernels' tests and the SIMT emulation of the register-resident kernels.
+// blocks of 128 queries), forward and backward, in fp32 or bf16 compute; and the host's causal
+// softmax and RMSNorm as the other kernels' references. Shared by the CUDA kernels' tests and
+// the SIMT emulation of the kernels' bodies.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -170,6 +171,40 @@ inline HostCausalSoftmax host_causal_softmax(const std::vector<float>& scores,
     std::fill(nr + n, nr + keys, 0.0f);
   }
   return h;
+}
+
+// RMSNorm on the host over random rows x dim inputs (seeds seed, seed + 1, seed + 2), eps 1e-5:
+// y and rstd, and the backward added into dx (starting at 0.5) and dw (starting at dw_start).
+struct HostRmsNorm {
+  std::vector<float> x, w, dy, y, rstd, dx, dw;
+  float dw_start = 0;
+};
+inline HostRmsNorm host_rmsnorm(int64_t rows, int64_t dim, uint32_t seed, float dw_start) {
+  namespace hk = device::cpu;
+  HostRmsNorm h{randn(rows * dim, seed),           randn(dim, seed + 1),
+                randn(rows * dim, seed + 2),       std::vector<float>(rows * dim),
+                std::vector<float>(rows),          std::vector<float>(rows * dim, 0.5f),
+                std::vector<float>(dim, dw_start), dw_start};
+  hk::rmsnorm_forward(h.x.data(), h.w.data(), 1e-5f, rows, dim, h.y.data(), h.rstd.data());
+  hk::rmsnorm_backward(h.dy.data(), h.x.data(), h.w.data(), h.rstd.data(), rows, dim, h.dx.data(),
+                       h.dw.data());
+  return h;
+}
+
+// A device's dw against the host's. dw is a sum over rows whose order differs (the host adds row
+// by row, a device in row lanes), and the sum can cancel: its rounding scales with the sum of the
+// terms' magnitudes, not with the result (4096 rows at Llama 3 8B's shape: 1.1e-4 on a column
+// summing to 1.02 whose terms' magnitudes sum to ~3300). A few ulps of that sum (16 eps) still
+// leave a dropped or wrong row's term, O(1), far outside.
+inline void expect_rmsnorm_dw(const std::vector<float>& got, const HostRmsNorm& h, int64_t rows,
+                              int64_t dim) {
+  for (int64_t j = 0; j < dim; ++j) {
+    double magnitude = std::abs(h.dw_start);
+    for (int64_t r = 0; r < rows; ++r)
+      magnitude +=
+          std::abs(double(kmath::rmsnorm_dw(h.dy[r * dim + j], h.x[r * dim + j], h.rstd[r])));
+    ASSERT_NEAR(got[j], h.dw[j], 16 * 0x1p-24 * magnitude) << "dw @" << j;
+  }
 }
 
 }  // namespace outcore::test

@@ -368,7 +368,7 @@ TEST(HostMemory, TheMemoryCgroupsLimitLessItsUsage) {
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->available_bytes, 824 * mib);
   EXPECT_EQ(m->limit_bytes, 1024 * mib);
-  EXPECT_EQ(m->name, "memory.max");
+  EXPECT_EQ(m->limit_file, (root / "a" / "b" / "memory.max").string());
   // The parent's limit is the tighter one.
   put("a/memory.max", std::to_string(512 * mib) + "\n");
   put("a/memory.current", std::to_string(400 * mib) + "\n");
@@ -386,7 +386,7 @@ TEST(HostMemory, TheMemoryCgroupsLimitLessItsUsage) {
   m = detail::cgroup_memory(root / "proc_v1", root);
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->available_bytes, 2000 * mib);
-  EXPECT_EQ(m->name, "memory.limit_in_bytes");
+  EXPECT_EQ(m->limit_file, (root / "memory" / "c" / "memory.limit_in_bytes").string());
   put("proc_none", "4:memory:/\n");
   EXPECT_FALSE(detail::cgroup_memory(root / "proc_none", root).has_value());
   fs::remove_all(root);
