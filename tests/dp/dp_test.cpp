@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "tests/dp/dp_fixture.hpp"
+#include "tools/outcore/stop_signals.hpp"
 
 namespace outcore::train::testing {
 namespace {
@@ -234,9 +235,8 @@ TEST_F(DataParallel, SigintToMpirunLeavesNoSwapFiles) {
   EXPECT_EQ(count_bin_files(work / "swap"), 0) << output;
 }
 
-// mpirun killed (SIGKILL, as a second Ctrl-C ends it): the ranks, its children, are told to
-// stop (their parent-death signal), never train on unsupervised, and leave no swap file
-// however OpenMPI then ends them.
+// mpirun killed (SIGKILL, as a second Ctrl-C ends it): the ranks, its children, end at once
+// (their parent-death signal), never train on unsupervised, and leave no swap file.
 TEST_F(DataParallel, KilledMpirunLeavesNoRankRunningAndNoSwapFiles) {
   if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
   const fs::path work = dir_->file("launcher_killed");
@@ -257,6 +257,26 @@ TEST_F(DataParallel, KilledMpirunLeavesNoRankRunningAndNoSwapFiles) {
   }
   if (!gone) ::kill(rank1, SIGKILL);
   EXPECT_TRUE(gone) << "a rank outlived mpirun by a minute, or left swap files:\n" << output;
+}
+
+// The parent-death signal comes once for each of mpirun's threads as they end, a few in a row:
+// the repeats change nothing, the rank still removes its swap files before it ends. (As SIGTERM
+// the third ended the rank at once and left them, one run in six.)
+TEST_F(DataParallel, TheLaunchersDeathSignalRepeatedStillRemovesTheRanksSwapFiles) {
+  if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+  const fs::path work = dir_->file("launcher_gone_repeated");
+  std::string output;
+  const int rc = run_cli_job(
+      work,
+      [](pid_t victim, pid_t, const fs::path&) {
+        for (int i = 0; i < 4; ++i) ::kill(victim, cli::launcher_gone_signal());
+      },
+      output);
+  EXPECT_NE(rc, 0) << output;
+  EXPECT_NE(rc, 124) << "the job hung after rank 1 ended:\n" << output;
+  EXPECT_EQ(count_bin_files(work / "swap" / "outcore_swap" / "rank1"), 0)
+      << "rank 1 left swap files:\n"
+      << output;
 }
 
 TEST_F(DataParallel, CheckpointOfTwoRanksResumesOnOne) {

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,6 +25,7 @@ std::atomic<bool> g_early_stop{false};
 std::atomic<unsigned> g_early_seen{0};
 std::atomic<unsigned> g_seen{0};  // bit s - 1: signal s received since the StopSignals was made
 std::atomic<const char*> g_notice{nullptr};
+std::atomic<bool> g_launcher_gone{false};  // end_with_launcher's signal came
 // Write end of the watcher's pipe (-1 without one). The pipe and the watcher live as long as the
 // process: a handler still running on another thread never writes to a closed descriptor.
 std::atomic<int> g_wake{-1};
@@ -65,6 +67,18 @@ extern "C" void on_stop_signal(int sig) {
   const int fd = g_wake.load(std::memory_order_relaxed);
   const unsigned char s = static_cast<unsigned char>(sig);
   if (fd < 0 || ::write(fd, &s, 1) != 1) die_by(sig);
+  errno = saved_errno;
+}
+
+extern "C" void on_launcher_gone(int) {
+  // Async-signal-safe only: atomics, write(2), and die_by. Its repeats do nothing.
+  const int saved_errno = errno;
+  if (!g_launcher_gone.exchange(true, std::memory_order_relaxed)) {
+    g_stop.store(true, std::memory_order_relaxed);
+    const int fd = g_wake.load(std::memory_order_relaxed);
+    const unsigned char s = SIGTERM;
+    if (fd < 0 || ::write(fd, &s, 1) != 1) die_by(SIGTERM);
+  }
   errno = saved_errno;
 }
 
@@ -119,6 +133,20 @@ void catch_early_stop() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
+bool end_with_launcher() {
+  start_watcher();
+  const int sig = launcher_gone_signal();
+  struct sigaction sa {};
+  sa.sa_handler = on_launcher_gone;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  if (::sigaction(sig, &sa, nullptr) != 0) return false;
+  const pid_t launcher = ::getppid();
+  if (::prctl(PR_SET_PDEATHSIG, sig) != 0) return false;
+  if (::getppid() != launcher) ::raise(sig);  // it died before the request took
+  return true;
 }
 
 StopSignals::StopSignals(Options options)

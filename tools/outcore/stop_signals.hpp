@@ -38,6 +38,21 @@ void catch_early_mpirun_stop();
 // reading its inputs.
 void catch_early_stop();
 
+// The signal end_with_launcher asks the kernel for when the launcher dies: a real-time signal no
+// library of the process uses.
+inline int launcher_gone_signal() { return SIGRTMIN + 4; }
+
+// In a data-parallel rank (call once, on the main thread, while its parent is the launcher): when
+// the launcher dies (mpirun killed, or ended by a second Ctrl-C), the process ends at once as by
+// a second stop signal: nothing supervises it any more, and killing mpirun is how a user aborts a
+// job. The watcher removes the files registered for cleanup (the last completed checkpoint is
+// kept), then the process ends by SIGTERM. The kernel sends the parent-death signal once for each
+// thread of a multithreaded launcher as they end, so it is launcher_gone_signal(), whose repeats
+// are ignored, and not SIGTERM, whose repeats would count as a second and a third stop (the third
+// ending the process before its files went). Returns false when the kernel refused the request
+// (then the rank outlives its launcher as any process would).
+bool end_with_launcher();
+
 class StopSignals {
  public:
   struct Options {

@@ -1,7 +1,6 @@
 #include "tools/outcore/train_session.hpp"
 
 #include <fmt/format.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -252,12 +251,7 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
   g_rank_prefix = world > 1 ? fmt::format("rank {} of {}: ", rank, world) : std::string();
   if (rank != 0) options.progress_out = nullptr;  // rank 0 speaks for the job
   SwapFileGuard guard(world > 1);
-  // A rank whose launcher dies (mpirun killed, or ended by a second Ctrl-C) is told to stop as
-  // by mpirun's SIGTERM: it never trains on unsupervised, and its swap files go at once.
-  if (world > 1) {
-    const pid_t launcher = ::getppid();
-    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) == 0 && ::getppid() != launcher) ::raise(SIGTERM);
-  }
+  if (world > 1) end_with_launcher();  // a rank never trains on unsupervised
   std::unique_ptr<train::Trainer> trainer;
   try {
     trainer = std::make_unique<train::Trainer>(cfg, model, std::move(options));
