@@ -551,6 +551,12 @@ int main(int argc, char** argv) {
     std::printf("pinned pool peak %.0f MiB of %.0f MiB\n",
                 engine.memory().pinned_peak_bytes / 1048576.0,
                 engine.memory().pinned_budget_bytes / 1048576.0);
+    // The plan's host need (host tier, the pinned pool whole, a simulated device's memory) against
+    // what the process held at its peak, libraries and all.
+    const double need_gib =
+        static_cast<double>(zero::host_need_bytes(engine.plan())) / (1ull << 30);
+    std::printf("peak RSS %.2f GiB = %.2fx the plan's host need %.2f GiB\n", peak_rss_gib(),
+                peak_rss_gib() / need_gib, need_gib);
     if (bounds && steps > 0) {
       // A step's updates finish under the next forward, so single steps are skewed (the first
       // lacks its updates, the last waits for them); their mean is exact.

@@ -16,6 +16,8 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -75,6 +77,23 @@ class Dev {
 };
 
 using outcore::test::expect_close;
+
+bool maps_cublaslt() {
+  std::ifstream maps("/proc/self/maps");
+  const std::string text{std::istreambuf_iterator<char>(maps), std::istreambuf_iterator<char>()};
+  return text.find("libcublasLt.so") != std::string::npos;
+}
+
+// cuBLASLt (about 147 MiB resident once loaded) is loaded by the first Gemm, not at start: a
+// process that computes on the CPU never maps it. Runs on every machine (no GPU needed to load
+// the library), first in this file so that no earlier test's Gemm has loaded it.
+TEST(CuBlasLt, IsLoadedOnFirstUseNotAtStart) {
+  EXPECT_FALSE(maps_cublaslt()) << "cuBLASLt was mapped before any Gemm was made";
+  const std::string path = cublaslt_library();
+  EXPECT_NE(path.find("libcublasLt.so."), std::string::npos) << path;
+  EXPECT_TRUE(maps_cublaslt()) << "loaded from " << path;
+  EXPECT_EQ(cublaslt_library(), path);  // once
+}
 
 class CudaKernels : public ::testing::Test {
  protected:

@@ -1,7 +1,8 @@
 // cuda::Gemm: row-major GEMMs over cuBLASLt (see cuda_kernels.hpp). A row-major C = op(A) op(B)
 // is the column-major C^T = op(B)^T op(A)^T, so B is passed first and the shapes swap. Each
 // shape's descriptors, layouts and algorithm are made once and kept (Plan), per alignment of the
-// operands' addresses (gemm_alignment), which the heuristic is told.
+// operands' addresses (gemm_alignment), which the heuristic is told. cuBLASLt is loaded when the
+// first Gemm is made (lt()), not linked: a process that never computes on a GPU never maps it.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "common/error.hpp"
+#include "common/shared_library.hpp"
 #include "engine/device/cuda/cuda_check.hpp"
 #include "engine/device/cuda/cuda_kernels.hpp"
 
@@ -31,6 +33,50 @@ namespace {
       throw_cublas(cublas_check_st_, #stmt, __FILE__, __LINE__); \
   } while (0)
 
+// The cuBLASLt functions this file calls, from the library of the toolkit's major version
+// (libcublasLt.so.<major>): first beside the CUDA runtime this process linked, then wherever the
+// loader finds it. Loaded once, on first use; throws naming the library when it cannot be.
+// clang-format off
+#define OUTCORE_CUBLASLT_FUNCTIONS(X) \
+  X(cublasLtCreate) \
+  X(cublasLtDestroy) \
+  X(cublasLtMatrixLayoutCreate) \
+  X(cublasLtMatrixLayoutDestroy) \
+  X(cublasLtMatrixLayoutSetAttribute) \
+  X(cublasLtMatmulDescCreate) \
+  X(cublasLtMatmulDescDestroy) \
+  X(cublasLtMatmulDescSetAttribute) \
+  X(cublasLtMatmulPreferenceCreate) \
+  X(cublasLtMatmulPreferenceDestroy) \
+  X(cublasLtMatmulPreferenceSetAttribute) \
+  X(cublasLtMatmulAlgoGetHeuristic) \
+  X(cublasLtMatmul)
+// clang-format on
+
+struct CublasLt {
+  std::string path;
+#define OUTCORE_DECLARE(name) decltype(&::name) name = nullptr;
+  OUTCORE_CUBLASLT_FUNCTIONS(OUTCORE_DECLARE)
+#undef OUTCORE_DECLARE
+};
+
+const CublasLt& lt() {
+  static const CublasLt table = [] {
+    const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+    const std::string beside =
+        SharedLibrary::directory_of(reinterpret_cast<const void*>(&cudaRuntimeGetVersion));
+    const SharedLibrary lib = SharedLibrary::open(
+        "cuBLASLt", {beside.empty() ? std::string() : beside + "/" + soname, soname});
+    CublasLt t;
+    t.path = lib.path();
+#define OUTCORE_RESOLVE(name) t.name = lib.symbol<decltype(t.name)>(#name);
+    OUTCORE_CUBLASLT_FUNCTIONS(OUTCORE_RESOLVE)
+#undef OUTCORE_RESOLVE
+    return t;
+  }();
+  return table;
+}
+
 cudaDataType_t cuda_type(DType t) {
   return t == DType::F32 ? CUDA_R_32F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
 }
@@ -39,17 +85,17 @@ cudaDataType_t cuda_type(DType t) {
 struct Layout {
   cublasLtMatrixLayout_t h = nullptr;
   Layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&h, t, static_cast<uint64_t>(rows),
-                                            static_cast<uint64_t>(cols), ld));
+    CUBLAS_CHECK(lt().cublasLtMatrixLayoutCreate(&h, t, static_cast<uint64_t>(rows),
+                                                 static_cast<uint64_t>(cols), ld));
     if (batch > 1) {
       const int32_t count = static_cast<int32_t>(batch);
-      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                                    sizeof count));
-      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                    &stride, sizeof stride));
+      CUBLAS_CHECK(lt().cublasLtMatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                         &count, sizeof count));
+      CUBLAS_CHECK(lt().cublasLtMatrixLayoutSetAttribute(
+          h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
     }
   }
-  ~Layout() { cublasLtMatrixLayoutDestroy(h); }
+  ~Layout() { lt().cublasLtMatrixLayoutDestroy(h); }
   Layout(const Layout&) = delete;
   Layout& operator=(const Layout&) = delete;
 };
@@ -57,13 +103,15 @@ struct Layout {
 struct MatmulDesc {
   cublasLtMatmulDesc_t h = nullptr;
   MatmulDesc(bool trans_first, bool trans_second) {
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(lt().cublasLtMatmulDescCreate(&h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CUBLAS_CHECK(
+        lt().cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(
+        lt().cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   }
-  ~MatmulDesc() { cublasLtMatmulDescDestroy(h); }
+  ~MatmulDesc() { lt().cublasLtMatmulDescDestroy(h); }
   MatmulDesc(const MatmulDesc&) = delete;
   MatmulDesc& operator=(const MatmulDesc&) = delete;
 };
@@ -74,9 +122,9 @@ struct MatmulDesc {
 struct Preference {
   cublasLtMatmulPreference_t h = nullptr;
   Preference(uint64_t bytes, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&h));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &bytes, sizeof bytes));
+    CUBLAS_CHECK(lt().cublasLtMatmulPreferenceCreate(&h));
+    CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(
+        h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof bytes));
     const std::array<std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t>, 4> aligns{{
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
@@ -84,9 +132,9 @@ struct Preference {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c},
     }};
     for (const auto& [attr, value] : aligns)
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(h, attr, &value, sizeof value));
+      CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(h, attr, &value, sizeof value));
   }
-  ~Preference() { cublasLtMatmulPreferenceDestroy(h); }
+  ~Preference() { lt().cublasLtMatmulPreferenceDestroy(h); }
   Preference(const Preference&) = delete;
   Preference& operator=(const Preference&) = delete;
 };
@@ -117,6 +165,8 @@ constexpr size_t kMaxPlans = 4096;
 
 }  // namespace
 
+std::string cublaslt_library() { return lt().path; }
+
 struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
@@ -124,7 +174,7 @@ struct Gemm::Impl {
   bool owned = false;  // workspace cudaMalloc'ed here
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   Impl(void* ws, size_t bytes) : workspace(ws), workspace_bytes(bytes) {
-    CUBLAS_CHECK(cublasLtCreate(&handle));
+    CUBLAS_CHECK(lt().cublasLtCreate(&handle));
     if (workspace == nullptr && workspace_bytes > 0) {
       CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
       owned = true;
@@ -133,7 +183,7 @@ struct Gemm::Impl {
   ~Impl() {
     plans.clear();
     if (owned) cudaFree(workspace);
-    cublasLtDestroy(handle);
+    lt().cublasLtDestroy(handle);
   }
 };
 
@@ -170,9 +220,9 @@ void Gemm::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     const Preference pref(impl_->workspace_bytes, align_a, align_b, align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(impl_->handle, made->desc.h, made->first.h,
-                                                made->second.h, made->out.h, made->out.h, pref.h, 1,
-                                                &result, &found));
+    CUBLAS_CHECK(lt().cublasLtMatmulAlgoGetHeuristic(impl_->handle, made->desc.h, made->first.h,
+                                                     made->second.h, made->out.h, made->out.h,
+                                                     pref.h, 1, &result, &found));
     if (found == 0) {
       impl_->plans.erase(key);
       throw Error("gemm: cuBLASLt has no algorithm for m=" + std::to_string(m) +
@@ -182,10 +232,10 @@ void Gemm::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     made->algo = result.algo;
     plan = std::move(made);
   }
-  CUBLAS_CHECK(cublasLtMatmul(impl_->handle, plan->desc.h, &alpha, b, plan->first.h, a,
-                              plan->second.h, &beta, c, plan->out.h, c, plan->out.h, &plan->algo,
-                              impl_->workspace, impl_->workspace_bytes,
-                              static_cast<cudaStream_t>(stream)));
+  CUBLAS_CHECK(lt().cublasLtMatmul(impl_->handle, plan->desc.h, &alpha, b, plan->first.h, a,
+                                   plan->second.h, &beta, c, plan->out.h, c, plan->out.h,
+                                   &plan->algo, impl_->workspace, impl_->workspace_bytes,
+                                   static_cast<cudaStream_t>(stream)));
 }
 
 }  // namespace outcore::device::cuda

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "common/dtype.hpp"
 #include "cpu_adam/kernels.hpp"
@@ -168,6 +169,10 @@ inline uint32_t gemm_alignment(const void* p, int64_t batch = 1, int64_t stride_
   while (align > 1 && (at % align != 0 || stride % align != 0)) align /= 2;
   return align;
 }
+
+// The path cuBLASLt was loaded from, loading it if no Gemm has yet (Gemm loads it on first use;
+// a process that makes none never maps it). Throws naming the library when it cannot be loaded.
+std::string cublaslt_library();
 
 // Row-major C[m,n] = alpha * op(A) op(B) + beta * C (C fp32, accumulation fp32), op(A) [m,k],
 // op(B) [k,n]; A and B share one dtype: F32 (computed in fp32, no TF32), BF16 or F16.
