@@ -101,7 +101,7 @@ struct LlamaConfig {
   // The keys of the source config.json that outcore does not act on (bos_token_id,
   // eos_token_id, pad_token_id, initializer_range, ...), as a JSON object's text ("" = none):
   // kept for Hugging Face by to_hf_json. Not part of the architecture (to_json).
-  std::string hf_extra;
+  std::string hf_extra{};
   bool qk_norm() const { return model_type == ModelType::kQwen3; }
   bool qkv_bias() const { return model_type == ModelType::kQwen2; }
 

@@ -255,12 +255,13 @@ TEST_F(CliTest, FlagsOutOfRangeAreNamedNotTheFile) {
 // naming the flag.
 TEST_F(CliTest, WorldSizeAndMicroBatchBeyondTheirRangeAreRefusedNamingTheFlag) {
   std::string f = source_path("configs/zero3_cpu_offload.json");  // batch 64, micro 4
-  for (const std::string& bad :
+  for (const char* bad :
        {"--world-size 4294967298", "--world-size 1048577", "--world-size 18446744073709551618"}) {
     CliResult r = run(shell_quote(f) + " " + bad);
     EXPECT_EQ(r.rc, 2) << bad;
     EXPECT_TRUE(r.out.empty()) << r.out;
-    EXPECT_NE(r.err.find("--world-size: got \"" + bad.substr(13) + "\""), std::string::npos)
+    EXPECT_NE(r.err.find("--world-size: got \"" + std::string(bad).substr(13) + "\""),
+              std::string::npos)
         << r.err;
   }
   std::string a = source_path("tests/config/data/hf_zero3_auto.json");
