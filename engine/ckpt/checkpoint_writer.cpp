@@ -339,6 +339,25 @@ void SaveDir::open_entries() {
     }
     // Anything else is the user's, and never touched.
   }
+  // `latest` naming a checkpoint that is not there, and `<tag>.old` holding it: a save that
+  // replaced it by two renames was killed between them. The checkpoint goes back in place.
+  if (has_latest) {
+    const std::optional<std::string> named = latest();
+    const fs::path moved = dir_ / (named.value_or("") + ".old");
+    const auto it = std::find(leftovers.begin(), leftovers.end(), moved);
+    if (named && type_of(dir_ / *named) == fs::file_type::not_found && it != leftovers.end() &&
+        is_checkpoint_dir(moved)) {
+      log::warn(
+          "checkpoint: {} names {}, which a save killed while replacing it left as {}: put "
+          "back",
+          (dir_ / kLatestName).string(), *named, moved.string());
+      rename_durably(moved, dir_ / *named, dir_);
+      std::error_code ec;
+      fs::remove(dir_ / *named / kMarkerName, ec);  // a leftover one is harmless: named as ours
+      leftovers.erase(it);
+      checkpoints.emplace_back(step_of_tag(*named), *named);
+    }
+  }
   if ((!checkpoints.empty() || has_latest) && options_.existing == ExistingCheckpoints::kRefuse) {
     std::sort(checkpoints.begin(), checkpoints.end());
     std::string names;
@@ -839,7 +858,11 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   if (m.options.verify) Checkpoint::open(m.tmp, {m.options.aio, m.options.backend}).verify();
   if (m.options.crash_at == "before-rename") crash_now("before-rename");
 
-  const fs::path old = m.dir.path() / (m.tag + ".old");
+  // Where a checkpoint of this tag is in place (a run that saves the same step again), it is
+  // replaced in one step (the two directories exchanged), so that `latest` never names a missing
+  // directory; where the filesystem cannot exchange, by two renames, the old one to `<tag>.old`
+  // first (a kill between them is repaired by the next SaveDir: it puts `<tag>.old` back).
+  fs::path replaced = m.dir.path() / (m.tag + ".old");
   std::error_code ec;
   if (fs::symlink_status(final_dir, ec).type() != fs::file_type::not_found) {
     if (!is_checkpoint_dir(final_dir))
@@ -848,11 +871,20 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
     if (!foreign.empty())
       refuse_entry(m.dir.path(), final_dir,
                    fmt::format("a checkpoint holding {}, which a save does not write", foreign));
-    m.dir.clear_leftover(old);
+    m.dir.clear_leftover(replaced);
     mark_for_removal(final_dir);
-    rename_durably(final_dir, old, m.dir.path());
+    if (m.options.crash_at != "between-renames" &&
+        exchange_durably(m.tmp, final_dir, m.dir.path())) {
+      replaced = m.tmp;  // the old checkpoint, marked: a leftover there if this process dies
+      if (m.options.crash_at == "after-exchange") crash_now("after-exchange");
+    } else {
+      rename_durably(final_dir, replaced, m.dir.path());
+      if (m.options.crash_at == "between-renames") crash_now("between-renames");
+      rename_durably(m.tmp, final_dir, m.dir.path());
+    }
+  } else {
+    rename_durably(m.tmp, final_dir, m.dir.path());
   }
-  rename_durably(m.tmp, final_dir, m.dir.path());
   m.committed = true;
   // In place and committed: the marker goes (one left, by a kill or a failure here, names this
   // directory only, so a user's copy of it is still no leftover).
@@ -867,9 +899,9 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
     } catch (const Error& e) {
       log::warn("checkpoint: {}", e.what());
     }
-  if (fs::symlink_status(old, ec).type() != fs::file_type::not_found) {
+  if (fs::symlink_status(replaced, ec).type() != fs::file_type::not_found) {
     uint64_t removals = 0;
-    remove_owned_dir(old, &m.options, removals);
+    remove_owned_dir(replaced, &m.options, removals);
   }
   m.dir.set_latest(m.tag, m.options);
   m.dir.prune(m.tag, m.options);

@@ -149,7 +149,10 @@ struct WriterOptions {
   uint64_t piece_elems = uint64_t{8} << 20;
   // Test hooks, to check that a crash at any point leaves the previous checkpoint valid:
   // kill the process with SIGKILL after this many data bytes were written (0: never), or at
-  // a named point: "before-rename", "before-latest", "after-latest" (empty: never).
+  // a named point: "before-rename", "before-latest", "after-latest"; where a checkpoint of the
+  // same tag is replaced, "after-exchange" (the directories swapped, the old one not yet
+  // removed) or "between-renames" (replaced by two renames, as on a filesystem that cannot
+  // exchange them, and killed between them) (empty: never).
   uint64_t crash_after_bytes = 0;
   std::string crash_at;
   // Or after this many files and directories were removed while replacing or pruning

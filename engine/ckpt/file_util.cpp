@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 
 #include "common/error.hpp"
 #include "common/open_file.hpp"
@@ -38,6 +39,16 @@ void rename_durably(const std::filesystem::path& from, const std::filesystem::pa
   if (::rename(from.c_str(), to.c_str()) != 0)
     throw IoError(from.string(), errno, fmt::format("rename to {}", to.string()));
   fsync_directory(dir);
+}
+
+bool exchange_durably(const std::filesystem::path& a, const std::filesystem::path& b,
+                      const std::filesystem::path& dir) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0) {
+    if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) return false;
+    throw IoError(a.string(), errno, fmt::format("exchange with {}", b.string()));
+  }
+  fsync_directory(dir);
+  return true;
 }
 
 std::string read_small_file(const std::filesystem::path& path, size_t limit) {

@@ -447,6 +447,33 @@ TEST(CkptFaults, CrashAtAnyPointLeavesALoadableCheckpoint) {
   }
 }
 
+// A save of a step already saved (a run that starts over, or goes on from an earlier checkpoint,
+// and saves that step again) replaces it: a kill at any point of the replacement leaves `latest`
+// naming a loadable checkpoint of that step, and no leftover. (Replaced by two renames, a kill
+// between them left `latest` naming a missing directory and the old checkpoint as `<tag>.old`,
+// which the next start removed: both checkpoints lost.)
+TEST(CkptFaults, AKillWhileReplacingACheckpointOfTheSameStepLeavesItLoadable) {
+  for (const char* at : {"before-rename", "between-renames", "after-exchange", "after-latest"}) {
+    TempDir tmp("ckpt");
+    {
+      SaveDir d(tmp / "save");
+      write_synthetic(d, "global_step2", 1);
+    }
+    WriterOptions hooks;
+    hooks.crash_at = at;
+    ASSERT_EQ(crash_child(tmp / "save", hooks), SIGKILL) << at;
+    SaveDir d(tmp / "save", kContinue);
+    EXPECT_EQ(d.latest(), "global_step2") << at;
+    Checkpoint ck = Checkpoint::open(tmp / "save");
+    EXPECT_EQ(ck.dir(), tmp / "save" / "global_step2") << at;
+    ck.verify();
+    for (const fs::directory_entry& e : fs::directory_iterator(tmp / "save")) {
+      EXPECT_NE(e.path().extension(), ".tmp") << at << ": leftover " << e.path();
+      EXPECT_NE(e.path().extension(), ".old") << at << ": leftover " << e.path();
+    }
+  }
+}
+
 // A first save killed after its checkpoint is in place but before `latest` names it: the save
 // directory still opens, at that checkpoint (its newest), and a run continues it.
 TEST(CkptFaults, AFirstSaveKilledBeforeLatestStillOpensAtItsCheckpoint) {
