@@ -16,14 +16,16 @@ struct Entry {
   Scope scope = Scope::kData;
 };
 
+// Never destroyed: a removal may run from an atexit handler registered before these were made
+// (static objects made later are destroyed before it runs).
 std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex;
+  return *m;
 }
 
 std::vector<Entry>& registry() {
-  static std::vector<Entry> entries;
-  return entries;
+  static auto* entries = new std::vector<Entry>;
+  return *entries;
 }
 
 }  // namespace
@@ -46,11 +48,14 @@ size_t remove_registered_files(Scope scope) {
   std::vector<Entry>& r = registry();
   auto taken = [&](const Entry& e) { return scope == Scope::kAll || e.scope == Scope::kData; };
   size_t removed = 0;
-  for (Entry& e : r)
-    if (taken(e) && !e.directory) {
-      if (::unlink(e.path.c_str()) == 0) ++removed;
-      e.path.clear();  // forgotten: removed, or gone
-    }
+  // The data first, then the rest: a lock goes last, so that no other run takes a directory
+  // while files of this one are still in it.
+  for (const Scope pass : {Scope::kData, Scope::kAll})
+    for (Entry& e : r)
+      if (taken(e) && !e.directory && e.scope == pass && !e.path.empty()) {
+        if (::unlink(e.path.c_str()) == 0) ++removed;
+        e.path.clear();  // forgotten: removed, or gone
+      }
   // Newest first; a directory that is not empty yet (a lock a working process keeps in it)
   // stays registered for a later, wider removal.
   for (auto it = r.rbegin(); it != r.rend(); ++it)

@@ -230,6 +230,16 @@ TEST_F(TokenizeCliTest, LargeVocabularyWritesU32) {
   EXPECT_FALSE(fs::exists(path("o.bin")));
 }
 
+// Whether process `pid` has a handler for SIGINT (SigCgt of /proc/<pid>/status).
+bool catches_sigint(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("SigCgt:", 0) == 0)
+      return ((std::stoull(line.substr(7), nullptr, 16) >> (SIGINT - 1)) & 1) != 0;
+  return false;
+}
+
 // Ctrl-C in the middle: exit 130, the previous output as it was, no temporaries.
 TEST_F(TokenizeCliTest, SigintStopsWithoutWritingAnything) {
   test::write_file(dir_ / "o.bin", "previous");
@@ -245,9 +255,16 @@ TEST_F(TokenizeCliTest, SigintStopsWithoutWritingAnything) {
             "--out", out.c_str(), "--threads", "1", static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  ::kill(pid, SIGINT);
+  // Struck once it catches SIGINT (before, the signal's default action would end it: a loaded
+  // machine can take longer than any fixed wait to start it).
   int status = 0;
+  pid_t ended = 0;
+  for (int i = 0; i < 12000 && ended == 0 && !catches_sigint(pid); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ended = ::waitpid(pid, &status, WNOHANG);
+  }
+  ASSERT_EQ(ended, 0) << "tokenize ended before it was interrupted";
+  ::kill(pid, SIGINT);
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);

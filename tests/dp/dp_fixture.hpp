@@ -33,12 +33,15 @@ inline std::string read_all(const std::string& path) {
 }
 
 inline int count_bin_files(const fs::path& dir) {
-  int n = 0;
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) return 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir, ec))
-    if (e.is_regular_file() && e.path().extension() == ".bin") ++n;
-  return n;
+  // A rank may remove a directory while this walks it: the walk is taken again then.
+  for (int attempt = 0;; ++attempt) {
+    int n = 0;
+    std::error_code ec;
+    if (!fs::exists(dir, ec)) return 0;
+    for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().extension() == ".bin" && it->is_regular_file(ec)) ++n;
+    if (!ec || attempt == 100) return n;
+  }
 }
 
 class DataParallel;

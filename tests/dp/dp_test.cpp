@@ -235,6 +235,15 @@ TEST_F(DataParallel, SigintToMpirunLeavesNoSwapFiles) {
   EXPECT_EQ(count_bin_files(work / "swap"), 0) << output;
 }
 
+// Whether process `pid` has ended: no such process, or one that ended and awaits its parent
+// (orphaned, it is reaped by whatever the machine's first process is, perhaps never).
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  const std::string stat = read_all("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || (paren + 2 < stat.size() && stat[paren + 2] == 'Z');
+}
+
 // mpirun killed (SIGKILL, as a second Ctrl-C ends it): the ranks, its children, end at once
 // (their parent-death signal), never train on unsupervised, and leave no swap file.
 TEST_F(DataParallel, KilledMpirunLeavesNoRankRunningAndNoSwapFiles) {
@@ -253,7 +262,7 @@ TEST_F(DataParallel, KilledMpirunLeavesNoRankRunningAndNoSwapFiles) {
   bool gone = false;
   for (int i = 0; i < 600 && !gone; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    gone = ::kill(rank1, 0) != 0 && errno == ESRCH && count_bin_files(work / "swap") == 0;
+    gone = process_gone(rank1) && count_bin_files(work / "swap") == 0;
   }
   if (!gone) ::kill(rank1, SIGKILL);
   EXPECT_TRUE(gone) << "a rank outlived mpirun by a minute, or left swap files:\n" << output;

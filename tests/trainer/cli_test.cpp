@@ -106,9 +106,12 @@ class TrainCliTest : public ::testing::Test {
     std::string err;
     bool sent = false;
   };
+  // With `hook` ("NAME=VALUE"), outcore_with_test_hooks runs with it set; with `ignore`, the
+  // process starts with that signal ignored (as nohup starts it with SIGHUP).
   SignalledRun signal_training(const std::string& at, const std::string& out_path,
                                const std::vector<const char*>& extra,
-                               const std::function<void(pid_t)>& signal);
+                               const std::function<void(pid_t)>& signal,
+                               const std::string& hook = "", int ignore = 0);
 
   DemoData data_;
   std::string model_, config_;
@@ -296,7 +299,8 @@ TEST_F(TrainCliTest, BadDataExitsTwoNamingTheFile) {
 TrainCliTest::SignalledRun TrainCliTest::signal_training(const std::string& at,
                                                          const std::string& out_path,
                                                          const std::vector<const char*>& extra,
-                                                         const std::function<void(pid_t)>& signal) {
+                                                         const std::function<void(pid_t)>& signal,
+                                                         const std::string& hook, int ignore) {
   SignalledRun r;
   int err_pipe[2];
   if (pipe(err_pipe) != 0) return r;
@@ -314,7 +318,14 @@ TrainCliTest::SignalledRun TrainCliTest::signal_training(const std::string& at,
     const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(out, STDOUT_FILENO);
     close(err_pipe[0]);
-    execv(OUTCORE_CLI, const_cast<char* const*>(argv.data()));
+    if (ignore != 0) ::signal(ignore, SIG_IGN);
+    if (hook.empty()) {
+      execv(OUTCORE_CLI, const_cast<char* const*>(argv.data()));
+    } else {
+      putenv(const_cast<char*>(hook.c_str()));
+      argv[0] = OUTCORE_CLI_WITH_TEST_HOOKS;
+      execv(OUTCORE_CLI_WITH_TEST_HOOKS, const_cast<char* const*>(argv.data()));
+    }
     _exit(127);
   }
   close(err_pipe[1]);
@@ -390,15 +401,19 @@ bool signal_pending(pid_t pid, int sig) {
 TEST_F(TrainCliTest, ASecondSignalEndsTheRunAtOnceLeavingNoSwapFiles) {
   const std::string swap = data_.file("swap"), ck = data_.file("ckpt");
   config_ = write_config("nvme.json", testing::nvme_patch(swap));
-  const SignalledRun run =
-      signal_training("step 3/", "/dev/null", {"--save-every", "1"}, [&](pid_t pid) {
+  const SignalledRun run = signal_training(
+      "step 3/", "/dev/null", {"--save-every", "1"},
+      [&](pid_t pid) {
         EXPECT_GT(testing::count_files(swap), 0);
-        // The first asks for the stop; once its handler has run (two pending ones would merge),
-        // the second ends the run.
+        // The first asks for the stop; once its handler has run (two pending ones would merge)
+        // and past the time in which a repeat is the same press, the second ends the run (which
+        // the hook keeps stopping, its swap files in place, for 20 s).
         kill(pid, SIGTERM);
         for (int i = 0; i < 5000 && signal_pending(pid, SIGTERM); ++i) usleep(200);
+        usleep(500'000);
         kill(pid, SIGTERM);
-      });
+      },
+      "OUTCORE_TEST_STOP_DELAY_MS=20000");
   const int status = run.status;
   const std::string& err = run.err;
   const bool sent = run.sent;
@@ -408,6 +423,55 @@ TEST_F(TrainCliTest, ASecondSignalEndsTheRunAtOnceLeavingNoSwapFiles) {
   EXPECT_EQ(testing::count_files(swap), 0) << err;
   EXPECT_TRUE(std::filesystem::exists(ck + "/latest"));
   EXPECT_FALSE(std::filesystem::exists(ck + "/.lock")) << "the save directory's lock stays";
+}
+
+// One Ctrl-C delivered twice at once (coreutils `timeout` forwards the terminal's SIGINT, which
+// reaches the run too; a closed terminal's SIGHUP comes from the kernel and from the shell) is
+// one stop: the step finishes, a checkpoint is saved, exit 130. (Counted as two, it ended the run
+// with no checkpoint, and a third left the swap files.)
+TEST_F(TrainCliTest, OneSignalDeliveredTwiceAtOnceIsOneCleanStop) {
+  for (int sig : {SIGINT, SIGHUP}) {
+    const std::string swap = data_.file("swap"), ck = data_.file("ckpt");
+    std::filesystem::remove_all(ck);
+    config_ = write_config("nvme.json", testing::nvme_patch(swap));
+    const SignalledRun run = signal_training("step 3/", "/dev/null", {}, [&](pid_t pid) {
+      for (int i = 0; i < 3; ++i) {
+        kill(pid, sig);
+        for (int j = 0; j < 5000 && signal_pending(pid, sig); ++j) usleep(200);
+      }
+    });
+    ASSERT_TRUE(run.sent) << run.err;
+    ASSERT_TRUE(WIFEXITED(run.status)) << sig << ": " << run.err;
+    EXPECT_EQ(WEXITSTATUS(run.status), 130) << run.err;
+    EXPECT_EQ(testing::count_files(swap), 0) << run.err;
+    EXPECT_TRUE(std::filesystem::exists(ck + "/latest")) << sig << ": no checkpoint: " << run.err;
+  }
+}
+
+// A run started with SIGHUP ignored (`nohup outcore train ...`) goes on when the terminal closes;
+// SIGTERM still stops it.
+TEST_F(TrainCliTest, ASignalIgnoredAtStartStaysIgnored) {
+  const SignalledRun run = signal_training(
+      "step 3/", "/dev/null", {},
+      [&](pid_t pid) {
+        kill(pid, SIGHUP);
+        const std::string status = slurp("/proc/" + std::to_string(pid) + "/status");
+        for (const std::string& l : lines_of(status)) {
+          if (l.rfind("SigIgn:", 0) == 0) {
+            EXPECT_NE(std::stoull(l.substr(7), nullptr, 16) & (uint64_t{1} << (SIGHUP - 1)), 0u)
+                << "SIGHUP no longer ignored: " << l;
+          }
+        }
+        usleep(300'000);  // time to have stopped on it, were it caught
+        kill(pid, SIGTERM);
+      },
+      "", SIGHUP);
+  ASSERT_TRUE(run.sent) << run.err;
+  ASSERT_TRUE(WIFEXITED(run.status)) << run.err;
+  EXPECT_EQ(WEXITSTATUS(run.status), 130) << run.err;
+  EXPECT_EQ(run.err.find("stopping after the current step"),
+            run.err.rfind("stopping after the current step"))
+      << "one stop notice, SIGTERM's: " << run.err;
 }
 
 // A trace that cannot be written (a file-size limit here, a full disk elsewhere) keeps the run's
@@ -2072,6 +2136,7 @@ TEST_F(TrainCliTest, ASignalWhileTheInputsAreReadStopsWithExit130) {
       kill(pid, sig);
       if (++sent < signals.size()) {
         EXPECT_TRUE(wait_until_delivered(pid, sig)) << sig;
+        usleep(400'000);  // past the time in which a repeat is the same press
       }
     }
     int status = 0;
@@ -2119,6 +2184,7 @@ TEST_F(TrainCliTest, ExportRemovesTheTemporaryOfAKilledExportOnly) {
                        wait_for_a_piece_after(piece_log, lines_of(slurp(piece_log)).size(), pid);
   kill(pid, SIGINT);
   const bool taken = wait_until_delivered(pid, SIGINT);
+  usleep(400'000);  // past the time in which a repeat is the same press
   kill(pid, SIGINT);
   int status = 0;
   waitpid(pid, &status, 0);

@@ -6,9 +6,12 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -26,6 +29,46 @@ std::atomic<unsigned> g_early_seen{0};
 std::atomic<unsigned> g_seen{0};  // bit s - 1: signal s received since the StopSignals was made
 std::atomic<const char*> g_notice{nullptr};
 std::atomic<bool> g_launcher_gone{false};  // end_with_launcher's signal came
+// One press of Ctrl-C can reach the process twice within milliseconds (coreutils `timeout`
+// forwards the terminal's SIGINT, which reaches the process too; a closed terminal's SIGHUP
+// comes from the kernel and again from the shell): a repeat of a signal within this of its first
+// is that same one.
+constexpr int64_t kSamePressNs = 250'000'000;
+// After the second, while the watcher removes the files, further signals are ignored for this
+// long; one after it ends the process at once (the removal hangs on a stalled drive).
+constexpr int64_t kRemovalGraceNs = 1'000'000'000;
+std::array<std::atomic<int64_t>, 65> g_first_ns{};  // per signal: when its first came
+std::atomic<int64_t> g_abort_ns{0};                 // when the second came (0: not yet)
+static_assert(std::atomic<int64_t>::is_always_lock_free);
+
+// CLOCK_MONOTONIC in nanoseconds (async-signal-safe).
+int64_t now_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// Whether `sig` repeats its first within kSamePressNs (the same press delivered twice).
+bool same_press(int sig, int64_t now) {
+  return now - g_first_ns[sig].load(std::memory_order_relaxed) < kSamePressNs;
+}
+
+// The stop signals the process was started with ignored (nohup's SIGHUP, a script's background
+// job's SIGINT): they stay ignored. Bit s - 1 for signal s; taken before any handler is set.
+unsigned ignored_at_start() {
+  static const unsigned mask = [] {
+    unsigned m = 0;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) {
+      struct sigaction old {};
+      if (::sigaction(sig, nullptr, &old) == 0 && (old.sa_flags & SA_SIGINFO) == 0 &&
+          old.sa_handler == SIG_IGN)
+        m |= 1u << (sig - 1);
+    }
+    return m;
+  }();
+  return mask;
+}
+bool ignored(int sig) { return (ignored_at_start() & (1u << (sig - 1))) != 0; }
 // Write end of the watcher's pipe (-1 without one). The pipe and the watcher live as long as the
 // process: a handler still running on another thread never writes to a closed descriptor.
 std::atomic<int> g_wake{-1};
@@ -47,11 +90,13 @@ void die_by(int sig) {
 }
 
 extern "C" void on_stop_signal(int sig) {
-  // Async-signal-safe only: atomics, strlen, write(2), signal(2), raise(3).
+  // Async-signal-safe only: atomics, clock_gettime, strlen, write(2), signal(2), raise(3).
   const int saved_errno = errno;
+  const int64_t now = now_ns();
   const unsigned bit = 1u << (sig - 1);
   if ((g_seen.fetch_or(bit, std::memory_order_relaxed) & bit) == 0) {
     // This signal's first: stop after the step in progress.
+    g_first_ns[sig].store(now, std::memory_order_relaxed);
     g_stop.store(true, std::memory_order_relaxed);
     if (const char* notice = g_notice.load(std::memory_order_relaxed)) {
       ssize_t ignored = ::write(STDERR_FILENO, notice, std::strlen(notice));
@@ -60,13 +105,20 @@ extern "C" void on_stop_signal(int sig) {
     errno = saved_errno;
     return;
   }
-  // Its second: the watcher removes the files registered for cleanup, then ends the process by
-  // it; from now on the signal's default action (a third ends the process even if the removal
-  // hangs on a stalled drive).
-  ::signal(sig, SIG_DFL);
-  const int fd = g_wake.load(std::memory_order_relaxed);
-  const unsigned char s = static_cast<unsigned char>(sig);
-  if (fd < 0 || ::write(fd, &s, 1) != 1) die_by(sig);
+  if (same_press(sig, now)) {  // its first again: nothing more
+    errno = saved_errno;
+    return;
+  }
+  int64_t second = 0;
+  if (g_abort_ns.compare_exchange_strong(second, now, std::memory_order_relaxed)) {
+    // Its second: the watcher removes the files registered for cleanup, then ends the process
+    // by it.
+    const int fd = g_wake.load(std::memory_order_relaxed);
+    const unsigned char s = static_cast<unsigned char>(sig);
+    if (fd < 0 || ::write(fd, &s, 1) != 1) die_by(sig);
+  } else if (now - second >= kRemovalGraceNs) {
+    die_by(sig);  // a third while the removal still runs: at once
+  }
   errno = saved_errno;
 }
 
@@ -115,7 +167,8 @@ bool start_watcher() {
 std::atomic<bool>& stop_flag() { return g_stop; }
 
 void catch_early_mpirun_stop() {
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return;
+  ignored_at_start();  // taken before any handler is set
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr || ignored(SIGUSR1)) return;
   struct sigaction sa {};
   sa.sa_handler = [](int) { g_early_stop.store(true); };
   sigemptyset(&sa.sa_mask);
@@ -126,13 +179,19 @@ void catch_early_mpirun_stop() {
 void catch_early_stop() {
   struct sigaction sa {};
   sa.sa_handler = [](int sig) {
-    // Async-signal-safe: an atomic, and die_by for the same signal again.
+    // Async-signal-safe: atomics, clock_gettime, and die_by for the same signal again (not
+    // for the same press delivered twice).
+    const int64_t now = now_ns();
     const unsigned bit = 1u << (sig - 1);
-    if ((g_early_seen.fetch_or(bit, std::memory_order_relaxed) & bit) != 0) die_by(sig);
+    if ((g_early_seen.fetch_or(bit, std::memory_order_relaxed) & bit) == 0)
+      g_first_ns[sig].store(now, std::memory_order_relaxed);
+    else if (!same_press(sig, now))
+      die_by(sig);
   };
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP})
+    if (!ignored(sig)) ::sigaction(sig, &sa, nullptr);
 }
 
 bool end_with_launcher() {
@@ -151,8 +210,7 @@ bool end_with_launcher() {
 
 StopSignals::StopSignals(Options options)
     : count_(options.mpirun_stop ? 4 : 3), ignore_sigpipe_(options.ignore_sigpipe) {
-  // A stop mpirun forwarded before this was made (catch_early_mpirun_stop) is this one's first.
-  g_stop.store(options.mpirun_stop && g_early_stop.exchange(false));
+  g_stop.store(false);
   g_seen.store(0);
   g_notice.store(options.notice);
   start_watcher();
@@ -160,7 +218,12 @@ StopSignals::StopSignals(Options options)
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (size_t i = 0; i < count_; ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+  for (size_t i = 0; i < count_; ++i)
+    if (!ignored(kSignals[i]) && ::sigaction(kSignals[i], &sa, &old_[i]) == 0)
+      installed_ |= 1u << i;
+  // A stop mpirun forwarded before this was made (catch_early_mpirun_stop) is this one's first
+  // (taken once the handlers are in place, so that none arrives unseen in between).
+  if (options.mpirun_stop && g_early_stop.exchange(false)) g_stop.store(true);
   if (ignore_sigpipe_) {
     struct sigaction ign {};
     ign.sa_handler = SIG_IGN;
@@ -180,7 +243,8 @@ StopSignals::StopSignals(Options options)
 }
 
 StopSignals::~StopSignals() {
-  for (size_t i = 0; i < count_; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+  for (size_t i = 0; i < count_; ++i)
+    if ((installed_ & (1u << i)) != 0) ::sigaction(kSignals[i], &old_[i], nullptr);
   if (ignore_sigpipe_) ::sigaction(SIGPIPE, &old_pipe_, nullptr);
   g_notice.store(nullptr);
 }

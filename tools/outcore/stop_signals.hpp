@@ -2,13 +2,18 @@
 //
 // For the lifetime of a StopSignals, the first SIGINT, SIGTERM or SIGHUP (and SIGUSR1 with
 // `mpirun_stop`) sets stop_flag() and writes the notice, if any, to stderr. The same signal
-// again ends the process at once, by that signal, after a watcher thread (one per process) has
-// removed the files registered for cleanup (common/cleanup.hpp: the swap files and their
-// directories' locks), which a signal handler cannot do safely; a third ends it even if that
-// removal hangs. A different signal after the first is a first one too (a launcher may forward
-// one Ctrl-C as two signals). With `ignore_sigpipe`, SIGPIPE is ignored (output to a closed pipe
-// fails with EPIPE instead of killing the process). Construction clears the flag (then sets it for
-// a signal catch_early_stop caught); destruction restores the previous actions.
+// again within 250 ms of its first is that first one delivered twice (coreutils `timeout` and a
+// terminal both send one Ctrl-C; a closed terminal's SIGHUP comes from the kernel and the shell)
+// and changes nothing. Later, the same signal again ends the process at once, by that signal,
+// after a watcher thread (one per process) has removed the files registered for cleanup
+// (common/cleanup.hpp: the swap files and their directories' locks), which a signal handler
+// cannot do safely; signals in the second after that are ignored while the removal runs, and
+// one after it ends the process even if the removal hangs. A different signal after the first
+// is a first one too (a launcher may forward one Ctrl-C as two signals). A signal the process
+// was started with ignored (nohup's SIGHUP) stays ignored. With `ignore_sigpipe`, SIGPIPE is
+// ignored (output to a closed pipe fails with EPIPE instead of killing the process).
+// Construction clears the flag (then sets it for a signal catch_early_stop caught); destruction
+// restores the previous actions.
 //
 // Threading: one StopSignals at a time in a process, made and destroyed on one thread; the flag
 // may be read from any thread.
@@ -33,7 +38,8 @@ void catch_early_mpirun_stop();
 // At the start of a long-running command (train, demo, export, tokenize): the first SIGINT,
 // SIGTERM or SIGHUP before its StopSignals is made is taken by that StopSignals as its first
 // (the command stops at its first check for a stop, exit 130, its notice written then); the same
-// signal again ends the process by it, another one counts as a first too. Without it, such a signal
+// signal again (not the same press delivered twice, as above) ends the process by it, another
+// one counts as a first too; one ignored at start stays ignored. Without it, such a signal
 // ended the process by its default action (exit 143 for SIGTERM) while the command was still
 // reading its inputs.
 void catch_early_stop();
@@ -71,7 +77,8 @@ class StopSignals {
 
  private:
   static constexpr std::array<int, 4> kSignals = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
-  size_t count_ = 3;  // of kSignals handled
+  size_t count_ = 3;        // of kSignals handled
+  unsigned installed_ = 0;  // bit i: kSignals[i]'s handler set here (not ignored at start)
   bool ignore_sigpipe_ = false;
   std::array<struct sigaction, 4> old_{};
   struct sigaction old_pipe_ {};

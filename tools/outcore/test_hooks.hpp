@@ -35,6 +35,9 @@ struct TestHooks {
   // reading its inputs.
   std::chrono::milliseconds start_delay{0};
   std::string start_log;
+  // Sleep when `outcore train` has stopped on a signal, before it removes its swap files (0:
+  // never; OUTCORE_TEST_STOP_DELAY_MS): a second signal then finds the run still stopping.
+  std::chrono::milliseconds stop_delay{0};
 };
 
 // The hooks of this process, read once on first call. Thread-safe.

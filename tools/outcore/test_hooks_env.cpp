@@ -19,6 +19,8 @@ TestHooks from_environment() {
   if (const char* ms = std::getenv("OUTCORE_TEST_START_DELAY_MS"))
     h.start_delay = std::chrono::milliseconds(std::strtol(ms, nullptr, 10));
   if (const char* log = std::getenv("OUTCORE_TEST_START_LOG")) h.start_log = log;
+  if (const char* ms = std::getenv("OUTCORE_TEST_STOP_DELAY_MS"))
+    h.stop_delay = std::chrono::milliseconds(std::strtol(ms, nullptr, 10));
   if (const char* b = std::getenv("OUTCORE_TEST_SAVE_FREE_BYTES"))
     h.save_free_bytes = std::strtoull(b, nullptr, 10);
   return h;

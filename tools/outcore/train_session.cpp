@@ -19,7 +19,9 @@
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/train/loss_scaler.hpp"
 #include "engine/zero/plan.hpp"
+#include "tools/outcore/launch.hpp"
 #include "tools/outcore/stop_signals.hpp"
+#include "tools/outcore/test_hooks.hpp"
 
 namespace outcore::cli {
 
@@ -54,7 +56,7 @@ void print_error(const std::exception& e) {
   std::fprintf(stderr, "error: %s%s\n", g_rank_prefix.c_str(), e.what());
 }
 
-// At world size > 1 the launcher kills the ranks a moment after it tells them to stop, and a
+// Under mpirun the launcher kills the ranks a moment after it tells them to stop, and a
 // rank blocked in a collective cannot stop on its own: as soon as a stop is requested this
 // thread removes the swap files (open descriptors keep working, so a clean stop still can), not
 // the locks (rank 0 may still save).
@@ -64,10 +66,9 @@ class SwapFileGuard {
     if (!active) return;
     thread_ = std::thread([this] {
       while (!done_.load()) {
-        if (stop_flag().load()) {
-          cleanup::remove_registered_files(cleanup::Scope::kData);  // locks stay: see cleanup.hpp
-          return;
-        }
+        // Again while the process goes on: files made after a stop (the engine still being
+        // made) go too. Locks stay: see cleanup.hpp.
+        if (stop_flag().load()) cleanup::remove_registered_files(cleanup::Scope::kData);
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     });
@@ -250,8 +251,10 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
   options.stop_requested = &stop_flag();
   g_rank_prefix = world > 1 ? fmt::format("rank {} of {}: ", rank, world) : std::string();
   if (rank != 0) options.progress_out = nullptr;  // rank 0 speaks for the job
-  SwapFileGuard guard(world > 1);
-  if (world > 1) end_with_launcher();  // a rank never trains on unsupervised
+  // Under mpirun (any world size: mpirun kills a single rank a second after SIGTERM too).
+  const bool launched = world > 1 || started_by_mpi_launcher();
+  SwapFileGuard guard(launched);
+  if (launched) end_with_launcher();  // a rank never trains on unsupervised
   std::unique_ptr<train::Trainer> trainer;
   try {
     trainer = std::make_unique<train::Trainer>(cfg, model, std::move(options));
@@ -287,6 +290,8 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
   }
   try {
     train::TrainResult r = trainer->run();
+    if (r.stopped && test_hooks().stop_delay.count() > 0)
+      std::this_thread::sleep_for(test_hooks().stop_delay);
     trainer.reset();  // removes the swap files before the result is printed
     if (rank == 0) print_result(r);
     if (!r.metrics_error.empty())  // trained and saved, but the metrics are incomplete
