@@ -48,14 +48,16 @@ size_t remove_registered_files(Scope scope) {
   std::vector<Entry>& r = registry();
   auto taken = [&](const Entry& e) { return scope == Scope::kAll || e.scope == Scope::kData; };
   size_t removed = 0;
-  // The data first, then the rest: a lock goes last, so that no other run takes a directory
-  // while files of this one are still in it.
-  for (const Scope pass : {Scope::kData, Scope::kAll})
-    for (Entry& e : r)
-      if (taken(e) && !e.directory && e.scope == pass && !e.path.empty()) {
-        if (::unlink(e.path.c_str()) == 0) ++removed;
-        e.path.clear();  // forgotten: removed, or gone
-      }
+  // The data first, then the rest newest first: a lock (taken before the files made under it)
+  // goes last, so that no other run takes a directory while files of this one are in it.
+  auto remove = [&](Entry& e) {
+    if (::unlink(e.path.c_str()) == 0) ++removed;
+    e.path.clear();  // forgotten: removed, or gone
+  };
+  for (Entry& e : r)
+    if (taken(e) && !e.directory && e.scope == Scope::kData) remove(e);
+  for (auto it = r.rbegin(); it != r.rend(); ++it)
+    if (taken(*it) && !it->directory && !it->path.empty()) remove(*it);
   // Newest first; a directory that is not empty yet (a lock a working process keeps in it)
   // stays registered for a later, wider removal.
   for (auto it = r.rbegin(); it != r.rend(); ++it)

@@ -1,9 +1,10 @@
 // Files a process must not leave behind even when it is about to be killed.
 //
-// Owners (the swap tier, lock files, staged outputs) register the files and directories they
-// create and unregister them when they remove them the normal way. A process ending at once (a
-// second Ctrl-C, a failed rank) calls remove_registered_files(Scope::kAll). A data-parallel rank
-// told to stop calls remove_registered_files(Scope::kData) from a watcher thread at once,
+// Owners (the swap tier, lock files, staged outputs, a checkpoint save's temporary) register the
+// files and directories they create and unregister them when they remove them the normal way. A
+// process ending at once (a second Ctrl-C, a failed rank) calls
+// remove_registered_files(Scope::kAll), which removes the data before the locks. A data-parallel
+// rank told to stop calls remove_registered_files(Scope::kData) from a watcher thread at once,
 // because the job launcher kills the ranks shortly after (OpenMPI's mpirun sends SIGTERM, then
 // SIGKILL), while the rank may still finish its step and save: that removes the swap files
 // (unlinking a file that is still open is harmless to its user: the descriptors stay valid

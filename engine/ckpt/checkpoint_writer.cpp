@@ -15,6 +15,7 @@
 #include <set>
 
 #include "common/aligned_buffer.hpp"
+#include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "common/lock_file.hpp"
 #include "common/log.hpp"
@@ -625,6 +626,32 @@ struct CheckpointWriter::Impl {
   uint64_t submitted = 0, written = 0;
   bool prepared = false, committed = false;
   bool created_tmp = false;  // this writer made `<tag>.tmp/` (the lead rank's)
+  // What this writer made under `<tag>.tmp/`, registered for cleanup (scope kAll) until the
+  // checkpoint is committed or removed: a process ended at once during a save (a second
+  // Ctrl-C, a failing rank) takes the temporary with it instead of leaving a checkpoint's size.
+  std::vector<std::string> registered;
+  void track(const fs::path& p, bool directory) {
+    cleanup::register_path(p.string(), directory, cleanup::Scope::kAll);
+    registered.push_back(p.string());
+  }
+  void untrack() {
+    for (const std::string& p : registered) cleanup::unregister_path(p);
+    registered.clear();
+  }
+  // Makes the directories from `<tag>.tmp/` down to `dir`, tracking those it made.
+  void make_directories(const fs::path& dir) {
+    std::vector<fs::path> missing;
+    for (fs::path d = dir;
+         d != tmp && d.has_relative_path() && type_of(d) == fs::file_type::not_found;
+         d = d.parent_path())
+      missing.push_back(d);
+    for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+      track(*it, /*directory=*/true);
+      std::error_code ec;
+      fs::create_directory(*it, ec);
+      if (ec) throw IoError(it->string(), ec.value(), "create checkpoint directory");
+    }
+  }
 };
 
 CheckpointWriter::CheckpointWriter(SaveDir& dir, std::string tag, WriterOptions options,
@@ -637,13 +664,19 @@ CheckpointWriter::CheckpointWriter(SaveDir& dir, std::string tag, WriterOptions 
 }
 
 CheckpointWriter::~CheckpointWriter() {
-  if (!impl_ || impl_->committed) return;
+  if (!impl_) return;
+  struct Untrack {
+    Impl& m;
+    ~Untrack() { m.untrack(); }
+  } untrack{*impl_};
+  if (impl_->committed) return;
   try {
     impl_->engine.reset();  // waits for in-flight writes before buffers and files go
   } catch (const std::exception& e) {
     log::warn("checkpoint: {}", e.what());
   }
   if (!impl_->created_tmp) return;  // `<tag>.tmp` is another writer's, or not there
+  if (type_of(impl_->tmp) == fs::file_type::not_found) return;  // removed with the registered
   try {
     uint64_t removals = 0;
     remove_owned_dir(impl_->tmp, nullptr, removals);
@@ -697,7 +730,9 @@ void CheckpointWriter::prepare() {
     if (!fs::create_directory(m.tmp, ec) || ec)
       throw IoError(m.tmp.string(), ec ? ec.value() : EEXIST, "create checkpoint directory");
     m.created_tmp = true;
+    m.track(m.tmp, /*directory=*/true);
     // First, so that an interrupted save is recognisable as outcore's by its content.
+    m.track(m.tmp / kMarkerName, /*directory=*/false);
     write_marker(m.tmp);
   }
   if (group != nullptr) group->barrier();  // <tag>.tmp exists, fresh, before any rank writes
@@ -705,8 +740,8 @@ void CheckpointWriter::prepare() {
   AlignedBuffer header(kAlign);
   for (Impl::DataFile& f : m.files) {
     const fs::path p = m.tmp / f.info.path;
-    fs::create_directories(p.parent_path(), ec);
-    if (ec) throw IoError(p.parent_path().string(), ec.value(), "create checkpoint directory");
+    m.make_directories(p.parent_path());
+    m.track(p, /*directory=*/false);
     f.file = aio::File::open(p, {.access = aio::Access::kWrite,
                                  .create = true,
                                  .truncate = true,
@@ -793,6 +828,8 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   const bool lead = group == nullptr || group->rank == 0;
   uint64_t total = 0;
   for (const auto& [rel, text] : m.texts) {
+    m.make_directories((m.tmp / rel).parent_path());
+    m.track(m.tmp / rel, /*directory=*/false);
     write_file_durably(m.tmp / rel, text);
     FileInfo fi;
     fi.path = rel;
@@ -848,6 +885,7 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
     }
   }
   const std::string text = manifest_text(manifest);
+  m.track(m.tmp / kManifestName, /*directory=*/false);
   write_file_durably(m.tmp / kManifestName, text);
   total += text.size();
   // Directories: every subdirectory, then the checkpoint directory itself.
@@ -862,6 +900,9 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   // replaced in one step (the two directories exchanged), so that `latest` never names a missing
   // directory; where the filesystem cannot exchange, by two renames, the old one to `<tag>.old`
   // first (a kill between them is repaired by the next SaveDir: it puts `<tag>.old` back).
+  // From here `<tag>.tmp` is renamed or exchanged: a removal by its old names could take the
+  // checkpoint's files or the replaced one's; a kill leaves it to the next open.
+  m.untrack();
   fs::path replaced = m.dir.path() / (m.tag + ".old");
   std::error_code ec;
   if (fs::symlink_status(final_dir, ec).type() != fs::file_type::not_found) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "aio/aio.hpp"
+#include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "common/lock_file.hpp"
 #include "tests/common/error_of.hpp"
@@ -472,6 +473,30 @@ TEST(CkptFaults, AKillWhileReplacingACheckpointOfTheSameStepLeavesItLoadable) {
       EXPECT_NE(e.path().extension(), ".old") << at << ": leftover " << e.path();
     }
   }
+}
+
+// A process ended at once during a save (a second Ctrl-C's watcher, a failing rank: both remove
+// the files registered for cleanup) takes the save's temporary with it; a committed save leaves
+// nothing of its own registered.
+TEST(CkptFaults, AProcessEndedAtOnceDuringASaveLeavesNoTemporary) {
+  TempDir tmp("ckpt");
+  {
+    SaveDir d(tmp / "save");
+    CheckpointWriter w(d, "global_step1", {});
+    w.add_text_file("trainer_state.json", "{}\n");
+    w.add_data_file("rank0/model.bin", 0, "model",
+                    {{0, ArrayKind::kParams, DType::F32, 0, 4096, 0}});
+    w.prepare();
+    ASSERT_TRUE(fs::exists(tmp / "save" / "global_step1.tmp" / "rank0" / "model.bin"));
+    cleanup::remove_registered_files(cleanup::Scope::kAll);
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step1.tmp"));
+  }
+  {
+    SaveDir d(tmp / "save");
+    write_synthetic(d, "global_step2", 1);
+  }
+  EXPECT_EQ(cleanup::remove_registered_files(cleanup::Scope::kAll), 0u);
+  Checkpoint::open(tmp / "save").verify();
 }
 
 // A first save killed after its checkpoint is in place but before `latest` names it: the save
