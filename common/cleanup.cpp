@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <filesystem>
 #include <mutex>
 #include <vector>
 
@@ -14,6 +15,7 @@ struct Entry {
   std::string path;
   bool directory = false;
   Scope scope = Scope::kData;
+  bool tree = false;  // a directory removed with everything in it
 };
 
 // Never destroyed: a removal may run from an atexit handler registered before these were made
@@ -33,6 +35,11 @@ std::vector<Entry>& registry() {
 void register_path(const std::string& path, bool directory, Scope scope) {
   std::lock_guard lock(registry_mutex());
   registry().push_back({path, directory, scope});
+}
+
+void register_tree(const std::string& path, Scope scope) {
+  std::lock_guard lock(registry_mutex());
+  registry().push_back({path, true, scope, true});
 }
 
 void unregister_path(const std::string& path) {
@@ -58,10 +65,17 @@ size_t remove_registered_files(Scope scope) {
     if (taken(e) && !e.directory && e.scope == Scope::kData) remove(e);
   for (auto it = r.rbegin(); it != r.rend(); ++it)
     if (taken(*it) && !it->directory && !it->path.empty()) remove(*it);
+  for (auto it = r.rbegin(); it != r.rend(); ++it)
+    if (taken(*it) && it->tree) {
+      std::error_code ec;
+      if (std::filesystem::remove_all(it->path, ec) > 0) ++removed;
+      it->path.clear();
+    }
   // Newest first; a directory that is not empty yet (a lock a working process keeps in it)
   // stays registered for a later, wider removal.
   for (auto it = r.rbegin(); it != r.rend(); ++it)
-    if (taken(*it) && it->directory && (::rmdir(it->path.c_str()) == 0 || errno == ENOENT))
+    if (taken(*it) && it->directory && !it->path.empty() &&
+        (::rmdir(it->path.c_str()) == 0 || errno == ENOENT))
       it->path.clear();
   std::erase_if(r, [](const Entry& e) { return e.path.empty(); });
   return removed;

@@ -26,11 +26,15 @@ enum class Scope : uint8_t { kData, kAll };
 // Remember `path` (a file, or with `directory` an empty-when-done directory), to be removed by
 // a removal of `scope` or wider.
 void register_path(const std::string& path, bool directory = false, Scope scope = Scope::kData);
+// Remember directory `path` and everything in it (a process's own scratch directory, which
+// nothing else writes into), to be removed whole by a removal of `scope` or wider, after the
+// files and before the empty directories.
+void register_tree(const std::string& path, Scope scope = Scope::kAll);
 // Forget `path` (its owner removed it, or will).
 void unregister_path(const std::string& path);
-// Unlinks every registered file of `scope` (kAll: every one), then removes the registered
-// directories of it that are empty, newest first, and forgets them. Returns the number of files
-// unlinked.
+// Unlinks every registered file of `scope` (kAll: every one), removes its trees, then the
+// registered directories of it that are empty, newest first, and forgets them. Returns the
+// number of files and trees removed.
 size_t remove_registered_files(Scope scope = Scope::kAll);
 
 }  // namespace outcore::cleanup

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "common/open_file.hpp"
 #include "engine/ckpt/ckpt.hpp"
@@ -517,21 +518,31 @@ class ScratchDir {
                                           path_.string(), path_.parent_path().string()));
       throw IoError(path_.string(), ec ? ec.value() : EEXIST, "create export directory");
     }
+    // A process ended at once (a second Ctrl-C) takes it too, not only the next export.
+    cleanup::register_tree(path_.string());
     try {
       write_file_durably(path_ / kExportScratchMarker, "outcore export in progress\n");
     } catch (...) {  // a full disk: the directory just made goes too
+      cleanup::unregister_path(path_.string());
       fs::remove(path_, ec);
       throw;
     }
   }
   ~ScratchDir() {
     std::error_code ec;
-    if (!released_) fs::remove_all(path_, ec);
+    if (!released_) {
+      fs::remove_all(path_, ec);
+      cleanup::unregister_path(path_.string());
+    }
   }
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
   const fs::path& path() const { return path_; }
-  void release() { released_ = true; }
+  // Before its rename into place: from then on its name is no longer the export's.
+  void release() {
+    cleanup::unregister_path(path_.string());
+    released_ = true;
+  }
 
  private:
   fs::path path_;
@@ -584,10 +595,15 @@ void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_mast
   std::error_code marker_ec;
   fs::remove(tmp.path() / kExportScratchMarker, marker_ec);
   if (marker_ec) throw IoError(tmp.path().string(), marker_ec.value(), "remove export marker");
-  std::error_code ec;
-  fs::rename(tmp.path(), out, ec);  // replaces an empty directory
-  if (ec) throw IoError(out.string(), ec.value(), "rename from " + tmp.path().string());
+  const fs::path scratch = tmp.path();
   tmp.release();
+  std::error_code ec;
+  fs::rename(scratch, out, ec);  // replaces an empty directory
+  if (ec) {
+    std::error_code ignored;
+    fs::remove_all(scratch, ignored);
+    throw IoError(out.string(), ec.value(), "rename from " + scratch.string());
+  }
   fsync_directory(out);
   fsync_directory(out.parent_path());
 }

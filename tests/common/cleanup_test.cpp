@@ -40,5 +40,26 @@ TEST(Cleanup, AStopRemovesTheDataAndKeepsTheLocksUntilTheProcessEnds) {
   EXPECT_EQ(remove_registered_files(), 0u);
 }
 
+// A scratch directory registered as a tree goes whole with the wider removal, not with a stop's;
+// one unregistered (renamed into place by its owner) is never touched.
+TEST(Cleanup, ATreeGoesWholeWithTheWiderRemovalOnly) {
+  test::TempDir dir("cleanup");
+  const fs::path scratch = dir / "out.tmp-1", kept = dir / "out.tmp-2";
+  for (const fs::path& d : {scratch, kept}) {
+    fs::create_directories(d / "sub");
+    std::ofstream(d / "a.safetensors") << "x";
+    std::ofstream(d / "sub" / "b") << "y";
+  }
+  register_tree(scratch.string());
+  register_tree(kept.string());
+  unregister_path(kept.string());
+  EXPECT_EQ(remove_registered_files(Scope::kData), 0u);
+  EXPECT_TRUE(fs::exists(scratch / "sub" / "b")) << "a stop keeps it: the process still works";
+  EXPECT_EQ(remove_registered_files(Scope::kAll), 1u);
+  EXPECT_FALSE(fs::exists(scratch));
+  EXPECT_TRUE(fs::exists(kept / "sub" / "b"));
+  EXPECT_EQ(remove_registered_files(), 0u);
+}
+
 }  // namespace
 }  // namespace outcore::cleanup

@@ -2165,9 +2165,10 @@ TEST_F(TrainCliTest, ASignalWhileTheInputsAreReadStopsWithExit130) {
   EXPECT_EQ(export_leftovers(hf), std::vector<std::string>());
 }
 
-// A second signal kills the export at once, leaving its temporary directory (no file registered
-// for cleanup); the next export into the same directory removes it (its pid runs no more and it
-// holds only export files), but not one that holds other files or whose pid still runs.
+// A second signal ends the export at once, its temporary directory removed (registered for
+// cleanup); one left by an export killed outright (SIGKILL) is removed by the next export into
+// the same directory (its pid runs no more and it holds only export files), but not one that
+// holds other files or whose pid still runs.
 TEST_F(TrainCliTest, ExportRemovesTheTemporaryOfAKilledExportOnly) {
   const std::string ck = data_.file("ckpt"), hf = data_.file("hf"), err = data_.file("export.err");
   CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
@@ -2191,7 +2192,16 @@ TEST_F(TrainCliTest, ExportRemovesTheTemporaryOfAKilledExportOnly) {
   ASSERT_TRUE(writing) << slurp(err);
   ASSERT_TRUE(taken) << "the first SIGINT stayed pending";
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << "status " << status;
-  ASSERT_TRUE(std::filesystem::is_directory(killed));
+  EXPECT_FALSE(std::filesystem::exists(killed)) << "the second signal left the temporary";
+
+  // Killed outright, an export leaves its temporary.
+  const pid_t pid9 = start_slow_export(ck, hf, err, 4000, piece_log);
+  ASSERT_GT(pid9, 0);
+  const std::string killed9 = hf + ".tmp-" + std::to_string(pid9);
+  ASSERT_TRUE(wait_for_a_shard(killed9, pid9)) << slurp(err);
+  kill(pid9, SIGKILL);
+  waitpid(pid9, &status, 0);
+  ASSERT_TRUE(std::filesystem::is_directory(killed9));
 
   // A dead pid's directory holding a file export does not write, and a live pid's (this test's).
   const pid_t dead = fork();
@@ -2216,7 +2226,7 @@ TEST_F(TrainCliTest, ExportRemovesTheTemporaryOfAKilledExportOnly) {
 
   r = run("export " + shell_quote(ck) + " " + shell_quote(hf));
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_FALSE(std::filesystem::exists(killed));
+  EXPECT_FALSE(std::filesystem::exists(killed9));
   EXPECT_EQ(slurp(foreign + "/notes.txt"), "mine");
   EXPECT_EQ(slurp(unmarked + "/model.safetensors"), "weights");
   EXPECT_TRUE(std::filesystem::exists(live + "/config.json"));
