@@ -42,12 +42,14 @@ void register_tree(const std::string& path, Scope scope) {
   registry().push_back({path, true, scope, true});
 }
 
-void unregister_path(const std::string& path) {
+bool unregister_path(const std::string& path) {
   std::lock_guard lock(registry_mutex());
   std::vector<Entry>& r = registry();
   const auto it =
       std::find_if(r.rbegin(), r.rend(), [&](const Entry& e) { return e.path == path; });
-  if (it != r.rend()) r.erase(std::next(it).base());
+  if (it == r.rend()) return false;
+  r.erase(std::next(it).base());
+  return true;
 }
 
 size_t remove_registered_files(Scope scope) {
@@ -55,8 +57,8 @@ size_t remove_registered_files(Scope scope) {
   std::vector<Entry>& r = registry();
   auto taken = [&](const Entry& e) { return scope == Scope::kAll || e.scope == Scope::kData; };
   size_t removed = 0;
-  // The data first, then the rest newest first: a lock (taken before the files made under it)
-  // goes last, so that no other run takes a directory while files of this one are in it.
+  // The data first, then the other files newest first: a lock (taken before the files made
+  // under it) goes after them (the empty directories last).
   auto remove = [&](Entry& e) {
     if (::unlink(e.path.c_str()) == 0) ++removed;
     e.path.clear();  // forgotten: removed, or gone

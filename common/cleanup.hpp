@@ -30,8 +30,9 @@ void register_path(const std::string& path, bool directory = false, Scope scope 
 // nothing else writes into), to be removed whole by a removal of `scope` or wider, after the
 // files and before the empty directories.
 void register_tree(const std::string& path, Scope scope = Scope::kAll);
-// Forget `path` (its owner removed it, or will).
-void unregister_path(const std::string& path);
+// Forget `path` (its owner removed it, or will): false when it was not registered (a removal
+// took it).
+bool unregister_path(const std::string& path);
 // Unlinks every registered file of `scope` (kAll: every one), removes its trees, then the
 // registered directories of it that are empty, newest first, and forgets them. Returns the
 // number of files and trees removed.

@@ -634,9 +634,12 @@ struct CheckpointWriter::Impl {
     cleanup::register_path(p.string(), directory, cleanup::Scope::kAll);
     registered.push_back(p.string());
   }
-  void untrack() {
-    for (const std::string& p : registered) cleanup::unregister_path(p);
+  // False when a removal of the registered files (the process ending at once) took any of them.
+  bool untrack() {
+    bool all = true;
+    for (const std::string& p : registered) all = cleanup::unregister_path(p) && all;
     registered.clear();
+    return all;
   }
   // Makes the directories from `<tag>.tmp/` down to `dir`, tracking those it made.
   void make_directories(const fs::path& dir) {
@@ -731,8 +734,9 @@ void CheckpointWriter::prepare() {
       throw IoError(m.tmp.string(), ec ? ec.value() : EEXIST, "create checkpoint directory");
     m.created_tmp = true;
     m.track(m.tmp, /*directory=*/true);
-    // First, so that an interrupted save is recognisable as outcore's by its content.
-    m.track(m.tmp / kMarkerName, /*directory=*/false);
+    // First, so that an interrupted save is recognisable as outcore's by its content. Never
+    // removed with the registered files: other ranks' files may still be in `<tag>.tmp`, which
+    // the next open removes only while it holds the marker.
     write_marker(m.tmp);
   }
   if (group != nullptr) group->barrier();  // <tag>.tmp exists, fresh, before any rank writes
@@ -853,7 +857,9 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   const fs::path final_dir = m.dir.path() / m.tag;
   if (group != nullptr) {
     // Every rank's data files into rank 0's manifest, then rank 0 commits while the others
-    // wait for it: a checkpoint exists for all ranks or for none.
+    // wait for it: a checkpoint exists for all ranks or for none. From here rank 0 owns
+    // `<tag>.tmp`: another rank ending at once must not remove its part of what rank 0 commits.
+    if (!lead) m.untrack();
     const std::vector<std::string> all = group->all_gather(manifest.to_json().dump());
     if (!lead) {
       group->barrier();
@@ -901,8 +907,12 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   // directory; where the filesystem cannot exchange, by two renames, the old one to `<tag>.old`
   // first (a kill between them is repaired by the next SaveDir: it puts `<tag>.old` back).
   // From here `<tag>.tmp` is renamed or exchanged: a removal by its old names could take the
-  // checkpoint's files or the replaced one's; a kill leaves it to the next open.
-  m.untrack();
+  // checkpoint's files or the replaced one's; a kill leaves it to the next open. A removal that
+  // ran before (the process is ending at once) has taken files of it: nothing is put in place.
+  if (m.options.crash_at == "removal-before-rename")
+    cleanup::remove_registered_files();  // what a second Ctrl-C's watcher does meanwhile
+  if (!m.untrack())
+    throw Interrupted(fmt::format("checkpoint {}: not committed, the process is ending", m.tag));
   fs::path replaced = m.dir.path() / (m.tag + ".old");
   std::error_code ec;
   if (fs::symlink_status(final_dir, ec).type() != fs::file_type::not_found) {
@@ -914,9 +924,10 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
                    fmt::format("a checkpoint holding {}, which a save does not write", foreign));
     m.dir.clear_leftover(replaced);
     mark_for_removal(final_dir);
-    if (m.options.crash_at != "between-renames" &&
-        exchange_durably(m.tmp, final_dir, m.dir.path())) {
+    if (m.options.crash_at != "between-renames" && exchange_entries(m.tmp, final_dir)) {
       replaced = m.tmp;  // the old checkpoint, marked: a leftover there if this process dies
+      m.committed = true;
+      fsync_directory(m.dir.path());
       if (m.options.crash_at == "after-exchange") crash_now("after-exchange");
     } else {
       rename_durably(final_dir, replaced, m.dir.path());

@@ -152,7 +152,8 @@ struct WriterOptions {
   // a named point: "before-rename", "before-latest", "after-latest"; where a checkpoint of the
   // same tag is replaced, "after-exchange" (the directories swapped, the old one not yet
   // removed) or "between-renames" (replaced by two renames, as on a filesystem that cannot
-  // exchange them, and killed between them) (empty: never).
+  // exchange them, and killed between them); "removal-before-rename" runs the removal of the
+  // files registered for cleanup there, as a process ending at once would (empty: never).
   uint64_t crash_after_bytes = 0;
   std::string crash_at;
   // Or after this many files and directories were removed while replacing or pruning

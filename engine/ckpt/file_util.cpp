@@ -41,13 +41,11 @@ void rename_durably(const std::filesystem::path& from, const std::filesystem::pa
   fsync_directory(dir);
 }
 
-bool exchange_durably(const std::filesystem::path& a, const std::filesystem::path& b,
-                      const std::filesystem::path& dir) {
+bool exchange_entries(const std::filesystem::path& a, const std::filesystem::path& b) {
   if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0) {
     if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) return false;
     throw IoError(a.string(), errno, fmt::format("exchange with {}", b.string()));
   }
-  fsync_directory(dir);
   return true;
 }
 

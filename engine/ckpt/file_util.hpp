@@ -18,11 +18,10 @@ void write_file_durably(const std::filesystem::path& path, std::string_view data
 // rename(2) from -> to, then fsyncs `dir` (the directory holding `to`).
 void rename_durably(const std::filesystem::path& from, const std::filesystem::path& to,
                     const std::filesystem::path& dir);
-// Swaps the entries `a` and `b` (both present) in one step (renameat2's RENAME_EXCHANGE), then
-// fsyncs `dir`: true. False, with nothing changed, where the filesystem cannot (then two renames
-// are the caller's way). Throws IoError on any other failure.
-bool exchange_durably(const std::filesystem::path& a, const std::filesystem::path& b,
-                      const std::filesystem::path& dir);
+// Swaps the entries `a` and `b` (both present) in one step (renameat2's RENAME_EXCHANGE): true
+// (the caller fsyncs their directory). False, with nothing changed, where the filesystem cannot
+// (then two renames are the caller's way). Throws IoError on any other failure.
+bool exchange_entries(const std::filesystem::path& a, const std::filesystem::path& b);
 // A whole small file (at most `limit` bytes; CorruptData beyond).
 std::string read_small_file(const std::filesystem::path& path, size_t limit);
 // The tag a `latest` file names (one line, a plain directory name; CorruptData otherwise).

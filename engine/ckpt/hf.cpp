@@ -538,10 +538,11 @@ class ScratchDir {
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
   const fs::path& path() const { return path_; }
-  // Before its rename into place: from then on its name is no longer the export's.
-  void release() {
-    cleanup::unregister_path(path_.string());
+  // Before its rename into place: from then on its name is no longer the export's. False when
+  // a removal of the registered files (the process ending at once) has taken it.
+  bool release() {
     released_ = true;
+    return cleanup::unregister_path(path_.string());
   }
 
  private:
@@ -596,7 +597,7 @@ void write_hf_model(const model::LlamaConfig& cfg, const ReadMasterFn& read_mast
   fs::remove(tmp.path() / kExportScratchMarker, marker_ec);
   if (marker_ec) throw IoError(tmp.path().string(), marker_ec.value(), "remove export marker");
   const fs::path scratch = tmp.path();
-  tmp.release();
+  if (!tmp.release()) throw Interrupted("export: not put in place, the process is ending");
   std::error_code ec;
   fs::rename(scratch, out, ec);  // replaces an empty directory
   if (ec) {

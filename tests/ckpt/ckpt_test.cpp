@@ -475,10 +475,11 @@ TEST(CkptFaults, AKillWhileReplacingACheckpointOfTheSameStepLeavesItLoadable) {
   }
 }
 
-// A process ended at once during a save (a second Ctrl-C's watcher, a failing rank: both remove
-// the files registered for cleanup) takes the save's temporary with it; a committed save leaves
-// nothing of its own registered.
-TEST(CkptFaults, AProcessEndedAtOnceDuringASaveLeavesNoTemporary) {
+// A process ended at once during a save (a second Ctrl-C's watcher removes the files registered
+// for cleanup) takes the save's data with it, leaving a leftover the next open removes; a
+// committed save leaves nothing of its own registered; a removal just before the rename puts
+// nothing in place.
+TEST(CkptFaults, AProcessEndedAtOnceDuringASaveLeavesOnlyARecognisedLeftover) {
   TempDir tmp("ckpt");
   {
     SaveDir d(tmp / "save");
@@ -489,14 +490,32 @@ TEST(CkptFaults, AProcessEndedAtOnceDuringASaveLeavesNoTemporary) {
     w.prepare();
     ASSERT_TRUE(fs::exists(tmp / "save" / "global_step1.tmp" / "rank0" / "model.bin"));
     cleanup::remove_registered_files(cleanup::Scope::kAll);
-    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step1.tmp"));
+    // Only the marker stays (never registered: other ranks' files may be there too), which makes
+    // what is left a recognised leftover.
+    std::vector<std::string> left;
+    for (const fs::directory_entry& e :
+         fs::recursive_directory_iterator(tmp / "save" / "global_step1.tmp"))
+      left.push_back(e.path().filename().string());
+    EXPECT_EQ(left, std::vector<std::string>{".outcore-save"});
   }
   {
     SaveDir d(tmp / "save");
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step1.tmp")) << "the next open removes it";
     write_synthetic(d, "global_step2", 1);
   }
   EXPECT_EQ(cleanup::remove_registered_files(cleanup::Scope::kAll), 0u);
   Checkpoint::open(tmp / "save").verify();
+  // A removal between the check and the rename (the process ending at once): the commit puts
+  // nothing in place, and the checkpoint of that step already there stays.
+  {
+    SaveDir d(tmp / "save", kContinue);
+    WriterOptions hooks;
+    hooks.crash_at = "removal-before-rename";
+    EXPECT_THROW(write_synthetic(d, "global_step2", 1, hooks), Interrupted);
+  }
+  Checkpoint ck = Checkpoint::open(tmp / "save");
+  EXPECT_EQ(ck.dir(), tmp / "save" / "global_step2");
+  ck.verify();
 }
 
 // A first save killed after its checkpoint is in place but before `latest` names it: the save

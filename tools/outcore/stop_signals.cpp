@@ -48,10 +48,16 @@ int64_t now_ns() {
   return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
-// Whether `sig` repeats its first within kSamePressNs (the same press delivered twice).
+// Whether `sig`, seen before, repeats its first within kSamePressNs (the same press delivered
+// twice). A first whose time is not stored yet (its handler runs on another thread now) is the
+// same press too.
 bool same_press(int sig, int64_t now) {
-  return now - g_first_ns[sig].load(std::memory_order_relaxed) < kSamePressNs;
+  const int64_t first = g_first_ns[sig].load(std::memory_order_relaxed);
+  return first == 0 || now - first < kSamePressNs;
 }
+
+// The process's parent when main began (0: not taken): the launcher, for end_with_launcher.
+std::atomic<pid_t> g_parent_at_start{0};
 
 // The stop signals the process was started with ignored (nohup's SIGHUP, a script's background
 // job's SIGINT): they stay ignored. Bit s - 1 for signal s; taken before any handler is set.
@@ -168,6 +174,7 @@ std::atomic<bool>& stop_flag() { return g_stop; }
 
 void catch_early_mpirun_stop() {
   ignored_at_start();  // taken before any handler is set
+  g_parent_at_start.store(::getppid());
   if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr || ignored(SIGUSR1)) return;
   struct sigaction sa {};
   sa.sa_handler = [](int) { g_early_stop.store(true); };
@@ -202,7 +209,8 @@ bool end_with_launcher() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   if (::sigaction(sig, &sa, nullptr) != 0) return false;
-  const pid_t launcher = ::getppid();
+  const pid_t at_start = g_parent_at_start.load();
+  const pid_t launcher = at_start != 0 ? at_start : ::getppid();
   if (::prctl(PR_SET_PDEATHSIG, sig) != 0) return false;
   if (::getppid() != launcher) ::raise(sig);  // it died before the request took
   return true;
@@ -212,6 +220,10 @@ StopSignals::StopSignals(Options options)
     : count_(options.mpirun_stop ? 4 : 3), ignore_sigpipe_(options.ignore_sigpipe) {
   g_stop.store(false);
   g_seen.store(0);
+  // A first of this one's is timed afresh (one catch_early_stop caught keeps its time).
+  const unsigned early_seen = g_early_seen.load();
+  for (int sig : kSignals)
+    if ((early_seen & (1u << (sig - 1))) == 0) g_first_ns[sig].store(0);
   g_notice.store(options.notice);
   start_watcher();
   struct sigaction sa {};

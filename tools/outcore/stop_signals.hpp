@@ -32,7 +32,8 @@ std::atomic<bool>& stop_flag();
 // In a process mpirun started: SIGUSR1 (mpirun's forwarded stop, whose default action would end
 // the process) is caught from now on and taken by the first StopSignals with mpirun_stop as its
 // first stop signal. Call at the start of main. (A SIGUSR1 before main runs, while the process
-// is loaded or re-executed, still ends it by its default action.)
+// is loaded or re-executed, still ends it by its default action.) Also notes the process's parent
+// (end_with_launcher's launcher).
 void catch_early_mpirun_stop();
 
 // At the start of a long-running command (train, demo, export, tokenize): the first SIGINT,
@@ -48,7 +49,8 @@ void catch_early_stop();
 // library of the process uses.
 inline int launcher_gone_signal() { return SIGRTMIN + 4; }
 
-// In a data-parallel rank (call once, on the main thread, while its parent is the launcher): when
+// In a data-parallel rank (call once, on the main thread; the launcher is the parent the process
+// had when catch_early_mpirun_stop ran at the start of main, else its parent now): when
 // the launcher dies (mpirun killed, or ended by a second Ctrl-C), the process ends at once as by
 // a second stop signal: nothing supervises it any more, and killing mpirun is how a user aborts a
 // job. The watcher removes the files registered for cleanup (the last completed checkpoint is

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -19,7 +20,6 @@
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/train/loss_scaler.hpp"
 #include "engine/zero/plan.hpp"
-#include "tools/outcore/launch.hpp"
 #include "tools/outcore/stop_signals.hpp"
 #include "tools/outcore/test_hooks.hpp"
 
@@ -252,7 +252,7 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
   g_rank_prefix = world > 1 ? fmt::format("rank {} of {}: ", rank, world) : std::string();
   if (rank != 0) options.progress_out = nullptr;  // rank 0 speaks for the job
   // Under mpirun (any world size: mpirun kills a single rank a second after SIGTERM too).
-  const bool launched = world > 1 || started_by_mpi_launcher();
+  const bool launched = world > 1 || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
   SwapFileGuard guard(launched);
   if (launched) end_with_launcher();  // a rank never trains on unsupervised
   std::unique_ptr<train::Trainer> trainer;
