@@ -105,7 +105,7 @@ TEST_F(DataParallel, FailedReadInAHostGatherEndsTheJobNamingTheFile) {
 // Returns mpirun's exit status and output.
 template <typename Strike>
 int run_cli_job(const fs::path& work, Strike&& strike, std::string& output,
-                const std::string& extra = "") {
+                const std::string& extra = "", int ranks = 2) {
   const fs::path swap = work / "swap";
   fs::create_directories(swap);
   std::ofstream(work / "model.json") << R"({"hidden_size": 64, "intermediate_size": 176,
@@ -121,10 +121,10 @@ int run_cli_job(const fs::path& work, Strike&& strike, std::string& output,
   int rc = -1;
   std::thread job([&] {
     rc = run_command(
-        fmt::format("timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "
+        fmt::format("timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np {} "
                     "{} train --config {} --model {} --data {} --seq-len 32 --steps 1000000 "
                     "--metrics {} {}",
-                    OUTCORE_CLI, (work / "ds.json").string(), (work / "model.json").string(),
+                    ranks, OUTCORE_CLI, (work / "ds.json").string(), (work / "model.json").string(),
                     DataParallelFiles::train(), metrics, extra),
         output);
   });
@@ -143,7 +143,7 @@ int run_cli_job(const fs::path& work, Strike&& strike, std::string& output,
       if (cmd.rfind("mpirun", 0) == 0 && cmd.find(metrics) != std::string::npos)
         launcher = std::stoi(name);
       if (cmd.find(metrics) != std::string::npos && cmd.find("mpirun") == std::string::npos &&
-          env.find(std::string("OMPI_COMM_WORLD_RANK=1") + '\0') != std::string::npos)
+          env.find(fmt::format("OMPI_COMM_WORLD_RANK={}", ranks - 1) + '\0') != std::string::npos)
         victim = std::stoi(name);
     }
   }
@@ -266,6 +266,29 @@ TEST_F(DataParallel, KilledMpirunLeavesNoRankRunningAndNoSwapFiles) {
   }
   if (!gone) ::kill(rank1, SIGKILL);
   EXPECT_TRUE(gone) << "a rank outlived mpirun by a minute, or left swap files:\n" << output;
+}
+
+// The same with one rank: mpirun starting a single process protects it as it does several.
+TEST_F(DataParallel, KilledMpirunOfOneRankLeavesItNotRunningAndNoSwapFiles) {
+  if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+  const fs::path work = dir_->file("launcher_killed_np1");
+  std::string output;
+  pid_t rank0 = 0;
+  run_cli_job(
+      work,
+      [&](pid_t victim, pid_t launcher, const fs::path&) {
+        rank0 = victim;
+        ::kill(launcher, SIGKILL);
+      },
+      output, "", 1);
+  ASSERT_NE(rank0, 0) << output;
+  bool gone = false;
+  for (int i = 0; i < 600 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    gone = process_gone(rank0) && count_bin_files(work / "swap") == 0;
+  }
+  if (!gone) ::kill(rank0, SIGKILL);
+  EXPECT_TRUE(gone) << "the rank outlived mpirun by a minute, or left swap files:\n" << output;
 }
 
 // The parent-death signal comes once for each of mpirun's threads as they end, a few in a row:
