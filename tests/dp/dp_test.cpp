@@ -244,51 +244,39 @@ bool process_gone(pid_t pid) {
   return paren == std::string::npos || (paren + 2 < stat.size() && stat[paren + 2] == 'Z');
 }
 
+// mpirun running `ranks` ranks killed once they train: the last rank must neither outlive it
+// by a minute nor leave a swap file.
+void expect_killed_mpirun_leaves_nothing(const fs::path& work, int ranks) {
+  std::string output;
+  pid_t last = 0;
+  run_cli_job(
+      work,
+      [&](pid_t victim, pid_t launcher, const fs::path&) {
+        last = victim;
+        ::kill(launcher, SIGKILL);
+      },
+      output, "", ranks);
+  ASSERT_NE(last, 0) << output;
+  bool gone = false;
+  for (int i = 0; i < 600 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    gone = process_gone(last) && count_bin_files(work / "swap") == 0;
+  }
+  if (!gone) ::kill(last, SIGKILL);
+  EXPECT_TRUE(gone) << "a rank outlived mpirun by a minute, or left swap files:\n" << output;
+}
+
 // mpirun killed (SIGKILL, as a second Ctrl-C ends it): the ranks, its children, end at once
 // (their parent-death signal), never train on unsupervised, and leave no swap file.
 TEST_F(DataParallel, KilledMpirunLeavesNoRankRunningAndNoSwapFiles) {
   if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
-  const fs::path work = dir_->file("launcher_killed");
-  std::string output;
-  pid_t rank1 = 0;
-  run_cli_job(
-      work,
-      [&](pid_t victim, pid_t launcher, const fs::path&) {
-        rank1 = victim;
-        ::kill(launcher, SIGKILL);
-      },
-      output);
-  ASSERT_NE(rank1, 0) << output;
-  bool gone = false;
-  for (int i = 0; i < 600 && !gone; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    gone = process_gone(rank1) && count_bin_files(work / "swap") == 0;
-  }
-  if (!gone) ::kill(rank1, SIGKILL);
-  EXPECT_TRUE(gone) << "a rank outlived mpirun by a minute, or left swap files:\n" << output;
+  expect_killed_mpirun_leaves_nothing(dir_->file("launcher_killed"), 2);
 }
 
 // The same with one rank: mpirun starting a single process protects it as it does several.
 TEST_F(DataParallel, KilledMpirunOfOneRankLeavesItNotRunningAndNoSwapFiles) {
   if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
-  const fs::path work = dir_->file("launcher_killed_np1");
-  std::string output;
-  pid_t rank0 = 0;
-  run_cli_job(
-      work,
-      [&](pid_t victim, pid_t launcher, const fs::path&) {
-        rank0 = victim;
-        ::kill(launcher, SIGKILL);
-      },
-      output, "", 1);
-  ASSERT_NE(rank0, 0) << output;
-  bool gone = false;
-  for (int i = 0; i < 600 && !gone; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    gone = process_gone(rank0) && count_bin_files(work / "swap") == 0;
-  }
-  if (!gone) ::kill(rank0, SIGKILL);
-  EXPECT_TRUE(gone) << "the rank outlived mpirun by a minute, or left swap files:\n" << output;
+  expect_killed_mpirun_leaves_nothing(dir_->file("launcher_killed_np1"), 1);
 }
 
 // The parent-death signal comes once for each of mpirun's threads as they end, a few in a row:
