@@ -627,8 +627,9 @@ struct CheckpointWriter::Impl {
   bool prepared = false, committed = false;
   bool created_tmp = false;  // this writer made `<tag>.tmp/` (the lead rank's)
   // What this writer made under `<tag>.tmp/`, registered for cleanup (scope kAll) until the
-  // checkpoint is committed or removed: a process ended at once during a save (a second
-  // Ctrl-C, a failing rank) takes the temporary with it instead of leaving a checkpoint's size.
+  // checkpoint is committed or removed (another rank's until it hands it to rank 0): a process
+  // ended at once during a save (a second Ctrl-C) takes its data with it instead of leaving a
+  // checkpoint's size.
   std::vector<std::string> registered;
   void track(const fs::path& p, bool directory) {
     cleanup::register_path(p.string(), directory, cleanup::Scope::kAll);
@@ -902,10 +903,6 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   if (m.options.verify) Checkpoint::open(m.tmp, {m.options.aio, m.options.backend}).verify();
   if (m.options.crash_at == "before-rename") crash_now("before-rename");
 
-  // Where a checkpoint of this tag is in place (a run that saves the same step again), it is
-  // replaced in one step (the two directories exchanged), so that `latest` never names a missing
-  // directory; where the filesystem cannot exchange, by two renames, the old one to `<tag>.old`
-  // first (a kill between them is repaired by the next SaveDir: it puts `<tag>.old` back).
   // From here `<tag>.tmp` is renamed or exchanged: a removal by its old names could take the
   // checkpoint's files or the replaced one's; a kill leaves it to the next open. A removal that
   // ran before (the process is ending at once) has taken files of it: nothing is put in place.
@@ -913,6 +910,10 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
     cleanup::remove_registered_files();  // what a second Ctrl-C's watcher does meanwhile
   if (!m.untrack())
     throw Interrupted(fmt::format("checkpoint {}: not committed, the process is ending", m.tag));
+  // Where a checkpoint of this tag is in place (a run that saves the same step again), it is
+  // replaced in one step (the two directories exchanged), so that `latest` never names a missing
+  // directory; where the filesystem cannot exchange, by two renames, the old one to `<tag>.old`
+  // first (a kill between them is repaired by the next SaveDir: it puts `<tag>.old` back).
   fs::path replaced = m.dir.path() / (m.tag + ".old");
   std::error_code ec;
   if (fs::symlink_status(final_dir, ec).type() != fs::file_type::not_found) {
