@@ -108,6 +108,17 @@ int checked_type(int fd, const std::string& path, Access access) {
 
 }  // namespace
 
+namespace {
+// An open that failed with ENXIO (a FIFO opened for writing without a reader, a device without
+// its driver): refused naming what is there when it is a FIFO, as a read's open is.
+[[noreturn]] void throw_open_error(const std::string& path, int err) {
+  struct stat st {};
+  if (err == ENXIO && ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode))
+    throw InvalidArgument(path + ": is " + file_kind(st.st_mode) + ", not a regular file");
+  throw IoError(path, err, "open");
+}
+}  // namespace
+
 File File::open(const std::filesystem::path& path, const OpenOptions& opts) {
   auto shared = std::make_shared<const std::string>(path.string());
   int flags = access_flags(opts.access) | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
@@ -121,10 +132,10 @@ File File::open(const std::filesystem::path& path, const OpenOptions& opts) {
       checked_type(fd, *shared, opts.access);
       return File(fd, true, std::move(shared));
     }
-    if (errno != EINVAL) throw IoError(*shared, errno, "open");
+    if (errno != EINVAL) throw_open_error(*shared, errno);
   }
   int fd = open_retrying(shared->c_str(), flags);
-  if (fd < 0) throw IoError(*shared, errno, "open");
+  if (fd < 0) throw_open_error(*shared, errno);
   checked_type(fd, *shared, opts.access);
   if (opts.direct) warn_fallback_once(fd, *shared);
   return File(fd, false, std::move(shared));

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 
+#include "bench/common/scratch.hpp"
 #include "common/aligned_buffer.hpp"
 #include "common/log.hpp"
 #include "engine/ckpt/ckpt.hpp"
@@ -150,7 +151,7 @@ void writer_alone(const fs::path& root, const model::LlamaModel& model, const ai
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_bench(int argc, char** argv) {
   outcore::tools::select_blas_kernels(argv);
   outcore::tools::apply_environment_settings();
   int64_t hidden = 2560, intermediate = 6912, layers = 20, heads = 20, kv_heads = 4, vocab = 32000;
@@ -166,7 +167,9 @@ int main(int argc, char** argv) {
   app.add_option("--heads", heads);
   app.add_option("--kv-heads", kv_heads);
   app.add_option("--vocab", vocab);
-  app.add_option("--dir", dir, "scratch directory on the drive (swap, checkpoint, export)");
+  app.add_option("--dir", dir,
+                 "directory on the drive in which a scratch directory of the benchmark's own "
+                 "(swap, checkpoint, export) is made and removed");
   app.add_option("--ref-gib", ref_gib,
                  "size of the drive reference file (default: the checkpoint's size, so that no "
                  "cache holds it)");
@@ -192,8 +195,9 @@ int main(int argc, char** argv) {
                                      .seq_len = 128,
                                      .param_dtype = DType::BF16,
                                      .activation_checkpointing = true});
-  const fs::path root = dir;
-  fs::remove_all(root);
+  // Everything goes in a directory of its own under --dir, removed whole at the end.
+  const bench::ScratchDir scratch(dir, "ckpt_bench");
+  const fs::path root = scratch.path();
   fs::create_directories(root / "swap");
   config::Config cfg =
       config::parse_config(
@@ -313,6 +317,15 @@ int main(int argc, char** argv) {
         "+%.2f GiB\n",
         params * 2 / 1e9, s, params * 2 / 1e9 / s, p.peak_growth_gib());
   }
-  fs::remove_all(root);
   return 0;
+}
+
+// Errors end the run with one line and exit 1, after the scratch directory is removed.
+int main(int argc, char** argv) {
+  try {
+    return run_bench(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", "ckpt_bench", e.what());
+    return 1;
+  }
 }

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/scratch.hpp"
 #include "engine/data/document_reader.hpp"
 #include "engine/data/tokenizer.hpp"
 #include "tests/common/run_command.hpp"
@@ -61,7 +62,7 @@ double encode_all(const data::Tokenizer& t, const std::vector<std::string>& docs
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_bench(int argc, char** argv) {
   CLI::App app{"tokenize_bench: outcore's tokenizer against Hugging Face tokenizers (Node)"};
   std::string tokenizer_dir = (outcore::test::llama3_dir()).string(), input, dir;
   double mb = 32;
@@ -74,11 +75,14 @@ int main(int argc, char** argv) {
   app.add_option("--threads", thread_counts, "thread counts to measure (default 1,2)")
       ->delimiter(',');
   app.add_option("--input", input, "plain text to use instead (blank-line-separated documents)");
-  app.add_option("--dir", dir, "scratch directory (default <build>/bench_tmp/tokenize)");
+  app.add_option("--dir", dir,
+                 "directory in which one of the benchmark's own is made and removed (default "
+                 "<build>/bench_tmp/tokenize)");
   app.add_flag("--no-reference", no_reference, "measure outcore only");
   CLI11_PARSE(app, argc, argv);
   if (dir.empty()) dir = (fs::path(OUTCORE_BINARY_DIR) / "bench_tmp/tokenize").string();
-  fs::create_directories(dir);
+  // The documents and the reference's ids go in a directory of its own, removed at the end.
+  const outcore::bench::ScratchDir scratch(dir, "tokenize_bench");
 
   std::vector<std::string> docs;
   if (input.empty()) {
@@ -90,7 +94,7 @@ int main(int argc, char** argv) {
   }
   size_t bytes = 0;
   for (const std::string& d : docs) bytes += d.size();
-  const fs::path docs_file = fs::path(dir) / "docs.bin";
+  const fs::path docs_file = scratch.path() / "docs.bin";
   outcore::test::write_documents(docs_file, docs);
 
   std::printf("tokenize_bench: %s\n  %zu documents, %.1f MB; hardware threads %d\n",
@@ -109,7 +113,7 @@ int main(int argc, char** argv) {
       std::printf("%8d %14.0f %14s %10s %8s\n", threads, tokens / ours_s, "-", "-", "-");
       continue;
     }
-    const fs::path ref_file = fs::path(dir) / "ref.bin";
+    const fs::path ref_file = scratch.path() / "ref.bin";
     std::string log;
     const int node_rc = outcore::test::run_node_oracle(
         docs_file, {{fs::path(tokenizer_dir) / "tokenizer.json", ref_file}}, true, log,
@@ -129,4 +133,14 @@ int main(int argc, char** argv) {
                 differ == 0 ? "same" : fmt::format("{} differ", differ).c_str());
   }
   return rc;
+}
+
+// Errors end the run with one line and exit 1, after the scratch directory is removed.
+int main(int argc, char** argv) {
+  try {
+    return run_bench(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", "tokenize_bench", e.what());
+    return 1;
+  }
 }

@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "bench/common/scratch.hpp"
 #include "engine/comm/mpi_comm.hpp"
 #include "engine/config/config.hpp"
 #include "engine/train/demo_data.hpp"
@@ -90,6 +91,10 @@ Run run_config(int stage, bool nvme, const std::string& dir, const train::DemoDa
     }
   };
   train::Trainer tr(cfg, mc, o);
+  if (warmup == 0) {  // measured from the first step
+    t0 = c.traffic();
+    start = std::chrono::steady_clock::now();
+  }
   tr.run();
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -116,15 +121,18 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp/outcore_dp_bench";
   int steps = 4, warmup = 1;
   bool json = false;
-  app.add_option("--dir", dir, "scratch directory (data, swap files)");
+  app.add_option("--dir", dir,
+                 "directory in which each rank makes and removes one of its own (data, swap "
+                 "files)");
   app.add_option("--steps", steps, "measured steps per configuration");
   app.add_option("--warmup", warmup, "steps before measuring");
   app.add_flag("--json", json, "one JSON line per configuration");
   CLI11_PARSE(app, argc, argv);
   comm::MpiComm c, ctl;
   const int rank = c.rank(), world = c.world_size();
-  const std::string mine = fmt::format("{}/rank{}", dir, rank);
-  fs::create_directories(mine);
+  // Each rank writes in a directory of its own under --dir, removed whole at the end.
+  const bench::ScratchDir scratch(dir, fmt::format("dp_bench-rank{}", rank));
+  const std::string mine = scratch.path().string();
   train::DemoDataOptions dopt;
   dopt.train_tokens = 4u << 20;
   dopt.val_tokens = 0;
@@ -176,6 +184,5 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  fs::remove_all(mine);
   return 0;
 }

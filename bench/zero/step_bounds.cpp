@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench/common/scratch.hpp"
 #include "common/aligned_buffer.hpp"
 #include "common/dtype.hpp"
 #include "common/error.hpp"
@@ -32,15 +33,6 @@ double median(std::vector<double> v) {
 }
 
 constexpr int kSpans = 4;
-
-// Removes the scratch file however the measurement ends.
-struct ScratchPath {
-  fs::path path;
-  ~ScratchPath() {
-    std::error_code ec;
-    fs::remove(path, ec);
-  }
-};
 
 // Reads `read_spans` spans from the start of `file` and writes `write_spans` spans after
 // them, kSpans spans in flight, the next one a read while the reads' share of the spans
@@ -84,10 +76,9 @@ DriveRates measure_drive(const fs::path& dir, uint64_t file_bytes, uint64_t span
         span_bytes, file_bytes, read_fraction));
   const uint64_t spans = file_bytes / span_bytes;
   DriveRates r{.file_bytes = spans * span_bytes, .span_bytes = span_bytes};
-  const ScratchPath scratch{dir / "drive_reference.bin"};
-  aio::File file = aio::File::open(
-      scratch.path,
-      {.access = aio::Access::kReadWrite, .create = true, .truncate = true, .direct = true});
+  // A file of its own, unlinked once open: a user's file is never touched, nothing is left.
+  aio::File file = open_unlinked_scratch_file(dir, "drive_reference",
+                                              {.access = aio::Access::kReadWrite, .direct = true});
   file.preallocate(r.file_bytes);
   AlignedBuffer buffer(kSpans * span_bytes);
   std::memset(buffer.data(), 0x5a, buffer.size());  // not zeros: nothing may elide the writes

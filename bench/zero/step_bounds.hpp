@@ -28,14 +28,15 @@ struct DriveRates {
   uint64_t span_bytes = 0;  // bytes per submitted span
 };
 
-// Creates a scratch file of about `file_bytes` in `dir` (preallocated, O_DIRECT where the
-// filesystem allows it) and moves it through an aio::Engine built from `options`, in spans of
-// `span_bytes` with 4 spans in flight: one write pass, one read pass, then one mixed pass that
-// reads the first `read_fraction` of the file while writing the rest, keeping the share of
-// reads among the submitted spans at `read_fraction`. The file is removed afterwards, also
-// when a pass throws. REQUIRES: span_bytes a non-zero multiple of 4096, file_bytes >= 2 spans,
-// 0 <= read_fraction <= 1 (InvalidArgument otherwise). Throws IoError naming the file when it
-// cannot be created, preallocated (ENOSPC), read or written.
+// Creates a scratch file of about `file_bytes` in `dir` under a name of its own, unlinked once
+// open (open_unlinked_scratch_file: nothing else in `dir` is touched, and nothing is left however
+// the process ends), preallocated, O_DIRECT where the filesystem allows it, and moves it through an
+// aio::Engine built from `options`, in spans of `span_bytes` with 4 spans in flight: one write
+// pass, one read pass, then one mixed pass that reads the first `read_fraction` of the file while
+// writing the rest, keeping the share of reads among the submitted spans at `read_fraction`.
+// REQUIRES: span_bytes a non-zero multiple of 4096, file_bytes >= 2 spans, 0 <= read_fraction <= 1
+// (InvalidArgument otherwise). Throws IoError naming the file when it cannot be created,
+// preallocated (ENOSPC), read or written.
 DriveRates measure_drive(const std::filesystem::path& dir, uint64_t file_bytes, uint64_t span_bytes,
                          double read_fraction, const aio::Options& options);
 

@@ -228,7 +228,7 @@ class SaveDir {
   // a file that is not a checkpoint's, which a save of that step would be refused to replace
   // after the training. Primary only; nothing for a rank other than 0.
   void check_can_save(int64_t first, int64_t last) const;
-  // Before a run that saves `saves` checkpoints of at least `bytes` each (their data files):
+  // Before a run that saves `saves` checkpoints of up to `bytes` each (train::checkpoint_bytes):
   // OutOfMemory naming the directory, the figures and the free space when the filesystem cannot
   // hold the checkpoints the run adds before its pruning keeps their number level (with keep K:
   // K + 1 at once, less those already here; at least one), so that a full disk does not end a

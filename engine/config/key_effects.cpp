@@ -253,7 +253,22 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
     bool acts;
     const char* where;
   };
+  // fp16's keys act with fp16 on ("auto" may turn it on), its dynamic scaler's with loss_scale 0.
+  const bool fp16 = cfg.fp16.enabled.is_auto() || cfg.fp16.enabled.value_or(false);
+  const bool dynamic = fp16 && cfg.fp16.dynamic_loss_scale();
+  const char* const dynamic_where =
+      "with fp16.enabled true and fp16.loss_scale 0 (dynamic scaling)";
   const Conditional conditional[] = {
+      {"fp16.loss_scale", fp16, "with fp16.enabled true"},
+      {"fp16.initial_scale_power", dynamic, dynamic_where},
+      {"fp16.loss_scale_window", dynamic, dynamic_where},
+      {"fp16.hysteresis", dynamic, dynamic_where},
+      {"fp16.consecutive_hysteresis", dynamic, dynamic_where},
+      {"fp16.min_loss_scale", dynamic, dynamic_where},
+      {"outcore.step_in_backward", optimizer_nvme,
+       "with offload_optimizer.device nvme at stage 3 (it steps the swapped optimizer state)"},
+      {"outcore.swap_checksum", param_nvme || optimizer_nvme,
+       "where there are swap files (offload_param or offload_optimizer device nvme at stage 3)"},
       {"zero_optimization.stage3_prefetch_bucket_size", stage3, "at stage 3"},
       {"zero_optimization.stage3_param_persistence_threshold", stage3, "at stage 3"},
       {"zero_optimization.stage3_model_persistence_threshold", stage3, "at stage 3"},

@@ -214,7 +214,9 @@ OUTCORE_BLOCK void causal_softmax_backward_row(X& x, float* scores, float* dp, c
   float dot = 0.0f;
   for (int64_t j = x.thread(); j < keys; j += x.threads()) {
     p[j] = j < n ? kmath::softmax_exp(p[j], l) : 0.0f;
-    if (delta == nullptr) dot += p[j] * d[j];
+    // Keys past the causal edge add nothing (a non-finite dp there must not reach the sum,
+    // as the host's dot over the row's first n keys).
+    if (delta == nullptr && j < n) dot += p[j] * d[j];
   }
   dot = delta != nullptr ? delta[at] : block_all_reduce(x, dot, Sum{}, 0.0f);
   for (int64_t j = x.thread(); j < keys; j += x.threads())

@@ -367,6 +367,7 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   c.max_position_embeddings = k.get_int("max_position_embeddings", true, 0);
   c.rms_norm_eps = k.get_double("rms_norm_eps", false, 1e-6);
   c.tie_word_embeddings = k.get_bool("tie_word_embeddings", false);
+  c.initializer_range = k.get_double("initializer_range", false, 0.02);
   parse_rope(k, c);
   const std::string type = k.get_string("model_type");
   for (const TypeNames& n : kTypeNames)
@@ -454,6 +455,7 @@ void LlamaConfig::validate() const {
   }
   require_positive_finite(rope_theta, "rope_theta");
   require_positive_finite(rms_norm_eps, "rms_norm_eps");
+  require_positive_finite(initializer_range, "initializer_range");
   validate_rope_scaling(rope_scaling);
 }
 

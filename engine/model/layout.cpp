@@ -69,6 +69,7 @@ ModelLayout make_layout(const LlamaConfig& c, int world_size) {
   ModelLayout m;
   m.world_size = world_size;
   m.tied = c.tie_word_embeddings;
+  m.init_std = c.initializer_range;
   const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), inter = c.intermediate_size;
 
   UnitLayout embed{.index = 0, .kind = UnitKind::Embedding, .layer = -1, .name = "embed"};
@@ -134,16 +135,17 @@ void init_params(const ModelLayout& layout, int unit, uint64_t seed, size_t begi
     }
     if (is_bias(t)) continue;  // 0, as Hugging Face initialises a Linear's bias
     const uint64_t stream = splitmix64(seed) ^ fnv1a(t.name);
+    const double sigma = layout.init_std;
     for (size_t i = lo; i < hi;) {
       const size_t k = i - t.offset;
       double z0, z1;
       normal_pair(stream, k / 2, z0, z1);
       if (k % 2 == 1) {
-        out[i++ - begin] = static_cast<float>(0.02 * z1);
+        out[i++ - begin] = static_cast<float>(sigma * z1);
         continue;
       }
-      out[i++ - begin] = static_cast<float>(0.02 * z0);
-      if (i < hi) out[i++ - begin] = static_cast<float>(0.02 * z1);
+      out[i++ - begin] = static_cast<float>(sigma * z0);
+      if (i < hi) out[i++ - begin] = static_cast<float>(sigma * z1);
     }
   }
 }

@@ -91,6 +91,9 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;        // absent = 1e-6
   bool tie_word_embeddings = false;  // absent = false
   RopeScaling rope_scaling{};        // absent or null = None
+  // The standard deviation of the initial weights (Hugging Face's; absent = 0.02). Kept in
+  // hf_extra too, as before it acted, so that to_json and checkpoints stay as they were.
+  double initializer_range = 0.02;
   // model_type ("llama", "mistral" or "qwen3"), written back by to_json. Mistral's
   // sliding_window (null = 0, none; absent = kMistralDefaultSlidingWindow, Hugging Face's
   // MistralConfig default) is kept; attention has no window, so a model with
@@ -98,7 +101,7 @@ struct LlamaConfig {
   // used only with use_sliding_window true, which is refused.
   ModelType model_type = ModelType::kLlama;
   int64_t sliding_window = 0;
-  // The keys of the source config.json that outcore does not act on (bos_token_id,
+  // The keys of the source config.json that to_json does not write (bos_token_id,
   // eos_token_id, pad_token_id, initializer_range, ...), as a JSON object's text ("" = none):
   // kept for Hugging Face by to_hf_json. Not part of the architecture (to_json).
   std::string hf_extra{};
@@ -217,6 +220,7 @@ struct UnitLayout {
 struct ModelLayout {
   int world_size = 1;
   bool tied = false;              // head reads the embedding unit's weight
+  double init_std = 0.02;         // LlamaConfig::initializer_range
   std::vector<UnitLayout> units;  // embedding, layers..., head
   size_t total_padded_numel() const;
 };
@@ -226,7 +230,8 @@ struct ModelLayout {
 ModelLayout make_layout(const LlamaConfig& config, int world_size = 1);
 
 // Writes the initial fp32 values of elements [begin, end) of `unit`'s slab to out[0..end-begin):
-// N(0, 0.02) for the embedding and every Linear weight, 1.0 for RMSNorm weights, 0 for biases,
+// N(0, layout.init_std) for the embedding and every Linear weight (Hugging Face's
+// initializer_range), 1.0 for RMSNorm weights, 0 for biases,
 // alignment gaps and padding. Each value depends only on (seed, tensor name, index in the
 // tensor), so a rank can initialise its own partition alone, with the same result at any world
 // size. InvalidArgument when the range is outside the slab.

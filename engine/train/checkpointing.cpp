@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
 #include "engine/ckpt/hf.hpp"
 
@@ -30,13 +31,22 @@ ckpt::Manifest checkpoint_manifest(const zero::ZeroEngine& engine, int64_t step,
 
 }  // namespace
 
-uint64_t checkpoint_data_bytes(const zero::ZeroEngine& engine, int world_size, int zero_stage) {
-  // Per element of this rank's partitions: fp32 master weights and two moments, the parameter.
-  const uint64_t per_elem = 3 * sizeof(float) + dtype_size(engine.param_dtype());
-  uint64_t elems = 0;
-  for (int u = 0; u < engine.model().num_units(); ++u) elems += engine.partition_numel(u);
+uint64_t checkpoint_bytes(const zero::ZeroEngine& engine, int world_size, int zero_stage,
+                          uint64_t piece_elems) {
+  if (piece_elems == 0) throw InvalidArgument("checkpoint: piece_elems must be > 0");
+  // Per piece of this rank's partitions (save_engine_checkpoint's segments): fp32 master weights
+  // and two moments in optimizer.bin, the parameters in model.bin, each segment aligned.
+  const size_t psz = dtype_size(engine.param_dtype());
+  uint64_t bytes = 0;
+  for (int u = 0; u < engine.model().num_units(); ++u) {
+    const uint64_t n = engine.partition_numel(u);
+    for (uint64_t b = 0; b < n; b += piece_elems) {
+      const uint64_t c = std::min(piece_elems, n - b);
+      bytes += 3 * align_up(c * sizeof(float), kIoAlignment) + align_up(c * psz, kIoAlignment);
+    }
+  }
   // Every rank saves its partitions (of equal size); at stage 0 rank 0 alone saves the state.
-  return elems * per_elem * static_cast<uint64_t>(zero_stage == 0 ? 1 : world_size);
+  return bytes * static_cast<uint64_t>(zero_stage == 0 ? 1 : world_size) + kCheckpointTextBytes;
 }
 
 ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& tag, int64_t step,

@@ -38,9 +38,12 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
                                         int zero_stage, const CheckpointTexts& texts,
                                         const ckpt::WriterOptions& options);
 
-// The bytes of the data files of one checkpoint of `engine`'s run, every rank's (a lower bound
-// of the checkpoint's size: the text files and alignment come on top).
-uint64_t checkpoint_data_bytes(const zero::ZeroEngine& engine, int world_size, int zero_stage);
+// The bytes one checkpoint of `engine`'s run takes, every rank's: its data files as a save with
+// pieces of `piece_elems` lays them out (each segment aligned), and kCheckpointTextBytes for
+// the JSON files (configs, trainer state, manifests), which a save checks again exactly.
+inline constexpr uint64_t kCheckpointTextBytes = uint64_t{1} << 20;
+uint64_t checkpoint_bytes(const zero::ZeroEngine& engine, int world_size, int zero_stage,
+                          uint64_t piece_elems);
 
 // REQUIRES: ck.verify() passed (the caller decides when; loading never checks CRCs itself).
 void load_engine_checkpoint(const ckpt::Checkpoint& ck, zero::ZeroEngine& engine);

@@ -166,8 +166,9 @@ void ProgressDisplay::finish() {
 
 namespace {
 
-// Whether the open file `fd` is empty or a metrics file: its first line a JSON record with a
-// "type" (what every record of a MetricsWriter has).
+// Whether the open file `fd` is empty or a metrics file: its first line a JSON record whose
+// "type" is one a MetricsWriter writes ("start", "step" or "val"; a user's JSON lines with
+// another "type" are not metrics).
 bool holds_metrics_or_nothing(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return false;
@@ -179,7 +180,9 @@ bool holds_metrics_or_nothing(int fd) {
   const size_t eol = head.find('\n');
   if (eol == std::string::npos) return false;
   const nlohmann::json first = nlohmann::json::parse(head.substr(0, eol), nullptr, false);
-  return first.is_object() && first.contains("type") && first["type"].is_string();
+  if (!first.is_object() || !first.contains("type") || !first["type"].is_string()) return false;
+  const std::string& type = first["type"].get_ref<const std::string&>();
+  return type == "start" || type == "step" || type == "val";
 }
 
 // Where to cut metrics file `fd` for a run resumed at step `resumed_at`: the offset of its
@@ -255,8 +258,9 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append, int64_t resum
   // A run replaces (fresh) or extends (resumed) a metrics file, never a user's other file.
   if (!holds_metrics_or_nothing(fd_))
     fail(InvalidArgument(fmt::format(
-        "{}: exists and is not a metrics file (its first line is not a JSON record with a "
-        "\"type\"): a run {} only a metrics file; move it away or name another file",
+        "{}: exists and is not a metrics file (its first line is not a JSON record of "
+        "\"type\" start, step or val): a run {} only a metrics file; move it away or name "
+        "another file",
         path, append ? "appends to" : "replaces")));
   if (append) {
     // Cut at the first record: a run that fails to start leaves the file as it was.
@@ -295,7 +299,6 @@ void MetricsWriter::write_json(const nlohmann::ordered_json& record) {
         path_, cut_records_, resumed_at_);
     cut_at_ = -1;
   }
-  wrote_ = true;
   std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   line += '\n';
   // A record is whole or absent: after a short write (a full disk) the file is cut back to
@@ -315,6 +318,7 @@ void MetricsWriter::write_json(const nlohmann::ordered_json& record) {
     p += w;
     n -= static_cast<size_t>(w);
   }
+  wrote_ = true;  // only once a record is whole: a file created for none is removed again
 }
 
 void MetricsWriter::close() {

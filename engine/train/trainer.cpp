@@ -115,6 +115,26 @@ void warn_lr_zero_tail(const LrSchedule& schedule, int64_t steps) {
       schedule.name(), first + 2, steps, first + 2, steps);
 }
 
+// A decaying schedule longer than the run (total_num_steps above the steps asked for, as in a
+// config written for another run): the run ends at a higher lr than the schedule's end, which
+// DeepSpeed does silently. Said once at the start; "auto" makes total_num_steps the run's steps.
+void warn_schedule_longer_than_run(const config::SchedulerConfig& s, const LrSchedule& schedule,
+                                   int64_t steps) {
+  int64_t total = 0;
+  if (s.type == config::SchedulerType::kWarmupDecayLR)
+    total = s.warmup.total_num_steps.value_or(0);
+  else if (s.type == config::SchedulerType::kWarmupCosineLR)
+    total = s.cosine.total_num_steps.value_or(0);
+  if (total <= steps) return;
+  // Step k uses index k - 2 (lr_schedule.hpp).
+  log::warn(
+      "{}: scheduler.params.total_num_steps {} is more than the {} steps asked for: the last step "
+      "trains at lr {:.3g}, where the schedule decays on to lr {:.3g} at step {} (set "
+      "total_num_steps to the run's steps, or to \"auto\" for that)",
+      schedule.name(), total, steps, schedule.lr_at(std::max<int64_t>(-1, steps - 2)),
+      schedule.lr_at(total - 2), total);
+}
+
 }  // namespace
 
 DType param_dtype(const config::Config& cfg) {
@@ -196,7 +216,10 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   open_data();
   schedule_ = make_lr_schedule(cfg_);
   check_betas_through(*schedule_, opts_.steps);
-  if (rank() == 0) warn_lr_zero_tail(*schedule_, opts_.steps);
+  if (rank() == 0) {
+    warn_lr_zero_tail(*schedule_, opts_.steps);
+    warn_schedule_longer_than_run(cfg_.scheduler, *schedule_, opts_.steps);
+  }
   scaler_ = make_loss_scaler(cfg_);
   // Hugging Face weights are checked against the model before any swap file exists.
   std::optional<ckpt::HfWeights> init_weights;
@@ -256,9 +279,9 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   // The swap files are in place: a save directory on the same filesystem sees what they left.
   // Before the restore or import, which can take long and do not change the free space.
   if (save_dir_ && rank() == 0)
-    save_dir_->check_room(
-        checkpoint_data_bytes(*engine_, world_size(), cfg_.zero_optimization.stage),
-        saves_of_run(ck ? ck->manifest().step : 0), opts_.checkpoint_io);
+    save_dir_->check_room(checkpoint_bytes(*engine_, world_size(), cfg_.zero_optimization.stage,
+                                           opts_.checkpoint_io.piece_elems),
+                          saves_of_run(ck ? ck->manifest().step : 0), opts_.checkpoint_io);
   if (ck) {
     restore(*ck);
   } else if (init_weights) {
@@ -635,9 +658,25 @@ StepMetrics Trainer::train_step() {
     ++adam_steps_;
   }
   ++steps_done_;
-  last_message_ = r.overflow
-                      ? (u.message.empty() ? std::string("OVERFLOW! Skipping step") : u.message)
-                      : std::string();
+  const bool bf16 = cfg_.bf16.enabled.value();
+  last_message_ = !r.overflow ? std::string()
+                  : bf16      ? std::string(
+                                    "OVERFLOW! Skipping step (bf16: the gradients are "
+                                         "not finite; bf16.check_grad_overflow).")
+                  : u.message.empty() ? std::string("OVERFLOW! Skipping step")
+                                      : u.message;
+  // With no loss scale to lower (bf16, or a static fp16 scale) the skipped steps differ only in
+  // their batches: so many in a row mean a diverged run, or weights holding inf or NaN.
+  skipped_in_a_row_ = r.overflow ? skipped_in_a_row_ + 1 : 0;
+  if (!scaler_.dynamic() && skipped_in_a_row_ >= kMaxSkippedInARow)
+    throw Error(fmt::format(
+        "step {}: the gradients were not finite in {} steps in a row ({} to {}), each skipped "
+        "by the overflow check with {}: the run has diverged, or the weights hold inf or NaN; "
+        "they are those before step {} (lower the learning rate, check the initial weights, or "
+        "resume from a checkpoint)",
+        steps_done_, skipped_in_a_row_, steps_done_ - skipped_in_a_row_ + 1, steps_done_,
+        bf16 ? "no loss scale to lower (bf16)" : "a static loss scale (fp16.loss_scale)",
+        steps_done_ - skipped_in_a_row_ + 1));
 
   StepMetrics m;
   m.step = steps_done_;

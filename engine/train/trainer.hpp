@@ -291,6 +291,10 @@ class Trainer {
   uint64_t adam_steps_ = 0;
   zero::TrafficStats last_traffic_;
   std::string last_message_;  // the loss scaler's message for the last skipped step
+  // Steps skipped for non-finite gradients since the last step that updated the weights; with
+  // no dynamic loss scale, kMaxSkippedInARow of them end the run.
+  int64_t skipped_in_a_row_ = 0;
+  static constexpr int64_t kMaxSkippedInARow = 10;
   std::unique_ptr<ckpt::SaveDir> save_dir_;
   // Rank 0's metrics file, opened (and locked) at construction; run() writes and closes it.
   std::optional<MetricsWriter> metrics_writer_;

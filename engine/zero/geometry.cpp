@@ -191,9 +191,12 @@ void place_gradients(GradientPlacement gradients, uint64_t host, Geometry& g) {
 void enable_step_in_backward(const config::Config& cfg, bool warn, Geometry& g) {
   if (!cfg.outcore.step_in_backward) return;
   const char* why = nullptr;
-  if (g.placement.optimizer != Tier::kNvme)
+  const config::ZeroConfig& z = cfg.zero_optimization;
+  if (g.placement.optimizer != Tier::kNvme) {
+    // Without offload_optimizer nvme at stage 3 the config's parse said so already.
+    if (z.stage != 3 || z.offload_optimizer.device != config::OffloadDevice::kNvme) return;
     why = "the optimizer state is not on NVMe (offload_optimizer.device nvme)";
-  else if (g.placement.stage != 3 && g.world > 1)
+  } else if (g.placement.stage != 3 && g.world > 1)
     why = "stages 1-2 with several ranks gather new parameters with collectives";
   else if (g.host_gathers_publications())
     why = "parameters are gathered in host memory";

@@ -256,7 +256,11 @@ void plan_device_state(const PlanContext& c, Plan& plan) {
                   c.model.options().activation_checkpointing ? "checkpointed unit inputs"
                                                              : "unit inputs, saved internals",
                   c.model.scratch_sized_by()),
-      c.acts.device_bytes);
+      c.acts.device_bytes,
+      c.model.options().activation_checkpointing
+          ? "train_micro_batch_size_per_gpu and --seq-len"
+          : "train_micro_batch_size_per_gpu and --seq-len (activation checkpointing keeps only "
+            "each unit's input: --activation-checkpointing)");
   if (p.stage < 3)
     add(plan, Tier::kDevice, c.param_dtype + " parameters, full slabs of every unit",
         sum_units(g,

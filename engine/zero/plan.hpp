@@ -55,7 +55,8 @@ struct PlanItem {
   std::string what;  // "fp32 master + Adam moments (12 B/param, partition)"
   uint64_t bytes = 0;
   // The JSON path of the config key whose value sizes this item
-  // ("zero_optimization.offload_param.buffer_count"), or empty when the model does.
+  // ("zero_optimization.offload_param.buffer_count"; for the activations the batch key and the
+  // flag of the sequence length), or empty when the model does.
   std::string key;
 };
 

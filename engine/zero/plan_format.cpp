@@ -152,7 +152,8 @@ void check_fits(const Plan& plan, const PlanLimits& limits) {
   }
 
   if (limits.device > 0 && plan.peak.device > limits.device)
-    refuse("device", plan.peak.device, "the plan", limits.device, limits.device_by);
+    refuse("device", plan.peak.device, "the plan", limits.device, limits.device_by,
+           keyed_cause(plan, {Tier::kDevice}, false));
   if (limits.pinned > 0 && plan.peak.pinned > limits.pinned)
     refuse("pinned", plan.peak.pinned, "the pinned host pool", limits.pinned,
            "outcore.pinned_memory_mb", keyed_cause(plan, {Tier::kPinned}, false));

@@ -111,7 +111,9 @@ class CPUAdam(torch.optim.Optimizer):
 
     Differences from DeepSpeedCPUAdam: the keyword order is torch's (lr, betas, eps,
     weight_decay, adamw_mode, bias_correction); pass them by name and scripts work with either.
-    amsgrad=True is refused. formula="deepspeed" (default)
+    amsgrad=True is refused. Parameters must be fp32 (the master weights; DeepSpeedCPUAdam also
+    steps bf16 or fp16 parameters in place): keep fp32 masters here and receive bf16 or fp16
+    copies through step(fp16_param_groups=...). formula="deepspeed" (default)
     rounds as DeepSpeed's CPU Adam does, "pytorch" as torch.optim.Adam does. One step agrees
     with torch to about 1e-6 relative either way; over many steps with weight decay "deepspeed"
     drifts from torch's fp32 run (about 1e-3 relative after 2000 steps at lr 1e-3, weight decay

@@ -119,10 +119,16 @@ EXPECT="OUTCORE_AIO_BACKEND=uring: not a backend (allowed values: io_uring, sync
 rm -f "$work/plain_file"
 
 # sweep_running ARGS...: starts a sweep with ARGS in the background (its pid in $pid), and
-# returns once its benchmark file exists and it has measured for a second.
+# returns once its benchmark file exists and it has measured for a second. With job control on
+# (set -m): a non-interactive shell otherwise starts it with SIGINT ignored, which aio_bench
+# keeps ignored, as under nohup.
+# IGNORE_HUP=1 starts it with SIGHUP ignored, as nohup does.
 sweep_running() {
-  "$bench" --path "$work" --file-size 64M "$@" > "$work/out.txt" 2> "$work/err.txt" &
+  set -m
+  (if [ -n "${IGNORE_HUP:-}" ]; then trap '' HUP; fi
+    exec "$bench" --path "$work" --file-size 64M "$@" > "$work/out.txt" 2> "$work/err.txt") &
   pid=$!
+  set +m
   for _ in $(seq 100); do
     [ -n "$(find "$work" -name 'aio_bench.*.dat')" ] && break
     sleep 0.05
@@ -157,6 +163,15 @@ grep -q "interrupted by signal" "$work/err.txt" &&
   fail "after SIGINT and SIGTERM: the second did not end the run at once: $(cat "$work/err.txt")"
 leftover=$(find "$work" -name 'aio_bench.*' | head -1)
 [ -z "$leftover" ] || fail "benchmark file left after a second signal: $leftover"
+# 3a'. A SIGHUP ignored at start (nohup) stays ignored: the sweep goes on; SIGTERM still stops it.
+IGNORE_HUP=1 sweep_running --seconds 3 --queue-depths 4,8 --threads 1
+kill -HUP $pid
+sleep 0.5
+kill -0 $pid 2> /dev/null || fail "a SIGHUP ignored at start stopped the sweep: $(cat "$work/err.txt")"
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] || [ $rc -eq 143 ] || fail "after SIGTERM under nohup: exit $rc"
 # 3b. Results that cannot be written (a full disk) exit 1 saying so.
 if [ -w /dev/full ]; then
   "$bench" --path "$work" --file-size 4M --block-sizes 1M --queue-depths 4 --threads 1 \

@@ -49,6 +49,21 @@ TEST(AioFile, NotARegularFileIsRefusedNamingThePath) {
     }
 }
 
+// A FIFO opened for writing without a reader (the kernel's ENXIO) is refused as a FIFO too.
+TEST(AioFile, AFifoOpenedForWritingIsRefusedAsAFifo) {
+  TempDir dir;
+  const std::filesystem::path fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const bool direct : {true, false})
+    try {
+      File::open(fifo, {.access = Access::kWrite, .direct = direct});
+      ADD_FAILURE() << "opened";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(fifo.string() + ": is a FIFO"), std::string::npos)
+          << e.what();
+    }
+}
+
 TEST(AioFile, CreateOnBuildDirectoryIsDirect) {
   TempDir dir;
   File f = File::open(dir / "a.bin", kCreateRw);

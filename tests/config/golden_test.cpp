@@ -65,7 +65,9 @@ TEST(Golden, EveryExampleMatchesItsGolden) {
     SCOPED_TRACE(file.string());
     ParsedConfig p = load_config_file(file.string());
     EXPECT_TRUE(p.warnings.empty()) << "examples must load without warnings:\n" << dump(p.warnings);
-    resolve_auto(p.config, AutoContext{});
+    AutoContext ctx;
+    ctx.total_steps = 1000;  // as `outcore train --steps 1000` (total_num_steps "auto")
+    resolve_auto(p.config, ctx);
     EXPECT_TRUE(unresolved_auto(p.config).empty());
     EXPECT_NO_THROW(require_resolved(p.config));
     expect_golden(file.stem().string(), to_json(p.config));

@@ -207,5 +207,45 @@ TEST(KeyEffects, KeysOfAStageOrDeviceNotInUseAreWarnedAbout) {
                   .empty());
 }
 
+// fp16's keys without fp16, the dynamic scaler's beside a static scale, and outcore's swap keys
+// without swap files are said to have no effect; with what they act on, nothing is said.
+TEST(KeyEffects, KeysOfAFeatureNotInUseAreWarnedAbout) {
+  auto warned = [](const std::string& json) {
+    std::set<std::string> paths;
+    for (const ConfigWarning& w : parse_config(json, "conditional").warnings)
+      if (w.message.find("no effect") != std::string::npos) paths.insert(w.json_path);
+    return paths;
+  };
+  const std::string scaler =
+      R"("loss_scale_window": 10, "hysteresis": 5, "min_loss_scale": 4, "initial_scale_power": 8,
+         "consecutive_hysteresis": true)";
+  EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "fp16": {"loss_scale": 64, )" + scaler +
+                   "}}"),
+            (std::set<std::string>{"fp16.loss_scale", "fp16.loss_scale_window", "fp16.hysteresis",
+                                   "fp16.min_loss_scale", "fp16.initial_scale_power",
+                                   "fp16.consecutive_hysteresis"}));
+  EXPECT_EQ(
+      warned(R"({"train_micro_batch_size_per_gpu": 2,
+      "fp16": {"enabled": true, "loss_scale": 64, )" +
+             scaler + "}}"),
+      (std::set<std::string>{"fp16.loss_scale_window", "fp16.hysteresis", "fp16.min_loss_scale",
+                             "fp16.initial_scale_power", "fp16.consecutive_hysteresis"}));
+  EXPECT_TRUE(
+      warned(R"({"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": true, )" + scaler + "}}")
+          .empty());
+  EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu"}},
+      "outcore": {"step_in_backward": true, "swap_checksum": false}})"),
+            (std::set<std::string>{"outcore.step_in_backward", "outcore.swap_checksum"}));
+  EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "/tmp"}},
+      "outcore": {"step_in_backward": true, "swap_checksum": false}})"),
+            (std::set<std::string>{"outcore.step_in_backward"}));
+  EXPECT_TRUE(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
+      "outcore": {"step_in_backward": true, "swap_checksum": false}})")
+                  .empty());
+}
+
 }  // namespace
 }  // namespace outcore::config::detail

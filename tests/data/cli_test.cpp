@@ -202,6 +202,63 @@ TEST_F(TokenizeCliTest, TheLogIsNeitherAnInputNorAnOutput) {
   EXPECT_FALSE(std::filesystem::exists(path("o.bin")));
 }
 
+// --log-json replaces only a log of this command (a user's file there is refused and kept, as
+// is a checkpoint's `latest`), and neither the outputs nor the log may go into a checkpoint.
+TEST_F(TokenizeCliTest, TheLogReplacesOnlyALogAndNothingGoesIntoACheckpoint) {
+  const std::string in = input("a.txt", "text\n");
+  const std::string notes = input("notes.txt", "my notes\n");
+  const std::string chat = input("chat.jsonl", "{\"type\": \"chat\"}\n");
+  for (const std::string& users : {notes, chat}) {
+    const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) +
+                            " --log-json " + shell_quote(users));
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_NE(r.err.find("--log-json " + users + ": exists and is not a log of outcore tokenize"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(error_lines(r.err), 1) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(path("o.bin")));
+  }
+  EXPECT_EQ(test::slurp(notes), "my notes\n");
+  EXPECT_EQ(test::slurp(chat), "{\"type\": \"chat\"}\n");
+  // An earlier job's log is replaced.
+  for (int job = 0; job < 2; ++job) {
+    const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) +
+                            " --log-json " + shell_quote(path("log.jsonl")));
+    ASSERT_EQ(r.rc, 0) << r.err;
+  }
+  // The second job's log alone: one "done", the last line.
+  std::istringstream log(test::slurp(path("log.jsonl")));
+  int done = 0;
+  std::string last;
+  for (std::string line; std::getline(log, line); last = line)
+    done += json::parse(line)["event"] == "done";
+  EXPECT_EQ(done, 1);
+  EXPECT_EQ(json::parse(last)["event"], "done");
+
+  // A checkpoint (an outcore manifest) in a save directory.
+  const fs::path ck = dir_.path() / "ck", step = ck / "global_step3";
+  fs::create_directories(step);
+  test::write_file(step / "manifest.json", "{\"format\": \"outcore-checkpoint\"}\n");
+  test::write_file(ck / "latest", "global_step3\n");
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"--out " + shell_quote((step / "tokens").string()), "inside checkpoint"},
+      {"--out " + shell_quote(path("o2")) + " --log-json " + shell_quote((step / "log").string()),
+       "inside checkpoint"},
+      {"--out " + shell_quote(path("o2")) + " --log-json " + shell_quote((ck / "latest").string()),
+       "a name that a save directory writes"},
+      {"--out " + shell_quote(path("o2")) + " --log-json " +
+           shell_quote((ck / "global_step4").string()),
+       "a name that a save directory writes"}};
+  for (const auto& [args, why] : refused) {
+    const CliResult r = run("--input " + shell_quote(in) + " " + args);
+    EXPECT_EQ(r.rc, 2) << args;
+    EXPECT_NE(r.err.find(why), std::string::npos) << args << ": " << r.err;
+  }
+  EXPECT_EQ(test::slurp((ck / "latest").string()), "global_step3\n");
+  EXPECT_FALSE(fs::exists(step / "tokens.bin"));
+  EXPECT_FALSE(fs::exists(path("o2.bin")));
+}
+
 TEST_F(TokenizeCliTest, OutputDoesNotDependOnThreads) {
   std::string text;
   for (int d = 0; d < 2000; ++d)

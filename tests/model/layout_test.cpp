@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
@@ -127,6 +128,39 @@ TEST(Init, NormsAreOneWeightsAreSmallNormalsPaddingIsZero) {
     if (!covered[i]) {
       ASSERT_EQ(s[i], 0.0f) << i;
     }
+}
+
+// config.json's initializer_range is the weights' standard deviation, as in Hugging Face: the
+// same draws, scaled; the norms stay 1. A value that is not positive and finite is refused.
+TEST(Init, TheConfigsInitializerRangeScalesTheWeights) {
+  nlohmann::json j = nlohmann::json::parse(cfg(false).to_json());
+  const ModelLayout base = make_layout(LlamaConfig::from_json(j.dump()));
+  EXPECT_EQ(base.init_std, 0.02);
+  j["initializer_range"] = 0.5;
+  const LlamaConfig wide_cfg = LlamaConfig::from_json(j.dump());
+  EXPECT_NE(wide_cfg.hf_extra.find("initializer_range"), std::string::npos);  // kept for export
+  const ModelLayout wide = make_layout(wide_cfg);
+  const UnitLayout& u = base.units[1];
+  std::vector<float> a(u.padded_numel), b(u.padded_numel);
+  init_params(base, 1, 3, 0, u.padded_numel, a.data());
+  init_params(wide, 1, 3, 0, u.padded_numel, b.data());
+  for (const TensorSpec& t : u.tensors)
+    for (size_t i = t.offset; i < t.offset + t.numel; ++i) {
+      if (t.name.find("norm") != std::string::npos) {
+        ASSERT_EQ(b[i], 1.0f) << t.name;
+        continue;
+      }
+      ASSERT_FLOAT_EQ(b[i], a[i] * 25.0f) << t.name << " " << i;
+    }
+  for (const nlohmann::json& bad : {nlohmann::json(0.0), nlohmann::json(-0.1)}) {
+    j["initializer_range"] = bad;
+    try {
+      LlamaConfig::from_json(j.dump());
+      ADD_FAILURE() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("initializer_range"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Convert, MatchesTheScalarConversions) {

@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -270,8 +271,11 @@ TEST(MetricsWriter, AResumedRunCutsTheRecordsOfStepsAfterItsCheckpoint) {
 TEST(MetricsWriter, NeverCutsAUsersFileNorSharesOne) {
   TempDir dir;
   const std::string users = dir.file("notes.txt");
-  for (const std::string& text : {std::string("my notes\n"), std::string("[1, 2]\n"),
-                                  std::string("{\"no type\": 1}\n"), std::string("no newline")}) {
+  for (const std::string& text :
+       {std::string("my notes\n"), std::string("[1, 2]\n"), std::string("{\"no type\": 1}\n"),
+        std::string("no newline"),
+        // a user's JSON lines with a "type" of their own
+        std::string("{\"type\": \"conversation\", \"text\": \"hi\"}\n")}) {
     std::ofstream(users) << text;
     for (const bool append : {false, true}) {  // a fresh run, a resumed one
       try {
@@ -343,6 +347,29 @@ TEST(MetricsWriter, ErrorsNameThePath) {
   }
 }
 
+// Runs `writes` in a child process whose files may not grow past `limit` bytes (a disk that
+// fills: writes beyond it are short, then fail with EFBIG). The child's exit status: 0 when
+// `writes` ended with that EFBIG, 3 with another IoError, 4 when nothing failed.
+int exit_status_under_file_limit(rlim_t limit, const std::function<void()>& writes) {
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl {};
+    rl.rlim_cur = rl.rlim_max = limit;
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(5);
+    try {
+      writes();
+    } catch (const IoError& e) {
+      _exit(e.error_number() == EFBIG ? 0 : 3);
+    }
+    _exit(4);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 // A disk that fills in the middle of a record (here: the file size limit, which makes the
 // write short) leaves only whole records: the partial one is cut off.
 TEST(MetricsWriter, AShortWriteLeavesNoHalfRecord) {
@@ -354,31 +381,28 @@ TEST(MetricsWriter, AShortWriteLeavesNoHalfRecord) {
     w.close();
     return read_lines(dir.file("probe.jsonl")).at(0);
   }();
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    std::signal(SIGXFSZ, SIG_IGN);
-    struct rlimit rl {};
-    rl.rlim_cur = rl.rlim_max = 2 * (one.size() + 1) + one.size() / 2;  // 2.5 records
-    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(5);
-    MetricsWriter w(path);
-    for (int i = 0; i < 10; ++i) {
-      try {
-        w.write(sample());
-      } catch (const IoError& e) {
-        _exit(e.error_number() == EFBIG ? 0 : 3);
-      }
-    }
-    _exit(4);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  ASSERT_EQ(WEXITSTATUS(status), 0);
+  const rlim_t two_and_a_half = 2 * (one.size() + 1) + one.size() / 2;
+  ASSERT_EQ(exit_status_under_file_limit(two_and_a_half,
+                                         [&] {
+                                           MetricsWriter w(path);
+                                           for (int i = 0; i < 10; ++i) w.write(sample());
+                                         }),
+            0);
   std::ifstream in(path, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(text.size(), 2 * (one.size() + 1));  // two whole records, no third half
   EXPECT_EQ(read_lines(path).size(), 2u);
+}
+
+// A disk full at the first record: the run that created the file and wrote nothing to it leaves
+// no empty metrics file behind.
+TEST(MetricsWriter, AFirstRecordThatCannotBeWrittenLeavesNoFile) {
+  testing::TempDir dir;
+  const std::string path = dir.file("m.jsonl");
+  ASSERT_EQ(exit_status_under_file_limit(10,  // less than one record
+                                         [&] { MetricsWriter(path).write(sample()); }),
+            0);
+  EXPECT_FALSE(std::filesystem::exists(path));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -285,6 +286,28 @@ TEST(TrainerTest, StepsPastTheScheduleAtLrZeroAreWarned) {
             "WarmupDecayLR reaches lr 0 at step 6 of the 8 steps asked for: steps 6 "
             "to 8 update no weight") != std::string::npos;
     EXPECT_EQ(warned, steps == 8) << log.text();
+  }
+}
+
+// A decaying schedule longer than the run (a config written for another run) says so, with the
+// lr the run ends at; one as long as the run, or "auto", says nothing.
+TEST(TrainerTest, AScheduleLongerThanTheRunIsWarned) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  for (const nlohmann::json& total :
+       {nlohmann::json(50), nlohmann::json(4), nlohmann::json("auto")}) {
+    const config::Config cfg =
+        make_config({{"scheduler",
+                      {{"type", "WarmupCosineLR"},
+                       {"params", {{"warmup_num_steps", 2}, {"total_num_steps", total}}}}}},
+                    mc, /*total_steps=*/4);  // what "auto" takes
+    test::LogCapture log;
+    Trainer t(cfg, mc, quiet_options(data, 4));
+    const bool warned =
+        log.text().find(
+            "WarmupCosineLR: scheduler.params.total_num_steps 50 is more than the 4 "
+            "steps asked for: the last step trains at lr") != std::string::npos;
+    EXPECT_EQ(warned, total == 50) << total << ": " << log.text();
   }
 }
 
@@ -677,6 +700,33 @@ TEST(TrainerTest, NonFiniteLossWithoutAnOverflowCheckEndsTheRun) {
   ASSERT_FALSE(losses.empty());
   for (double l : losses) EXPECT_TRUE(std::isfinite(l));
   EXPECT_EQ(tr.steps_done(), static_cast<int64_t>(losses.size()));
+}
+
+// bf16 skips a step whose gradients are not finite (DeepSpeed's bf16.check_grad_overflow), but
+// with no loss scale to lower, a run whose every step is skipped has diverged: ten in a row end
+// it, naming them, instead of "training" on with the same weights to the last step.
+TEST(TrainerTest, TenBf16StepsSkippedInARowEndTheRun) {
+  DemoData data;
+  const config::Config cfg = make_config(
+      {{"bf16", {{"enabled", true}}}, {"optimizer", {{"params", {{"lr", 1e30}}}}}}, tiny_model());
+  TrainerOptions o = quiet_options(data, 40);
+  std::vector<bool> skipped;
+  o.on_step = [&](const StepMetrics& m) { skipped.push_back(m.skipped); };
+  Trainer tr(cfg, tiny_model(), o);
+  try {
+    tr.run();
+    FAIL() << "40 steps ran; skipped: " << std::count(skipped.begin(), skipped.end(), true);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("the gradients were not finite in 10 steps in a row"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("no loss scale to lower (bf16)"), std::string::npos) << msg;
+  }
+  // The steps before the first skip updated the weights; the nine recorded after it were skipped
+  // and the tenth ended the run.
+  ASSERT_GE(skipped.size(), 9u);
+  EXPECT_TRUE(std::all_of(skipped.end() - 9, skipped.end(), [](bool s) { return s; }));
+  EXPECT_EQ(tr.steps_done(), static_cast<int64_t>(skipped.size()) + 1);
 }
 
 // Ctrl-C while the swap files are being initialised (minutes for a large model) stops there,

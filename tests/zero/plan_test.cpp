@@ -500,6 +500,30 @@ TEST(Plan, CheckFitsNamesTheTierTheNeedAndTheLimit) {
   }
 }
 
+// A device that cannot hold the activations of a long micro-batch is refused naming what sizes
+// them, the micro-batch and the sequence length (and activation checkpointing when it is off).
+TEST(Plan, ADeviceRefusalNamesWhatSizesTheActivations) {
+  model::ModelOptions o = tiny_options(DType::F32);
+  o.micro_batch = 16;
+  o.seq_len = 64;
+  const model::LlamaModel model(tiny_config(false), o);
+  const Plan p = make_plan(make_config(config_json({3, "cpu", "cpu"}, DType::F32, "")), model);
+  PlanLimits l;
+  l.device = p.peak.device - 1;
+  try {
+    check_fits(p, l);
+    FAIL() << "accepted";
+  } catch (const OutOfMemory& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("outcore.device_memory_mb"), std::string::npos) << m;
+    EXPECT_NE(m.find("; the largest part, activations ("), std::string::npos) << m;
+    EXPECT_NE(m.find("is set by train_micro_batch_size_per_gpu and --seq-len (activation "
+                     "checkpointing keeps only each unit's input: --activation-checkpointing)"),
+              std::string::npos)
+        << m;
+  }
+}
+
 TEST(Plan, SwapPathWithoutRoomFailsAtStartWithTheBytesNeeded) {
   // A model whose optimizer state (12 bytes per parameter) is larger than the disk.
   model::LlamaConfig big = tiny_config(false);

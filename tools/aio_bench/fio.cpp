@@ -2,7 +2,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,8 +18,6 @@
 
 #include "tools/aio_bench/measure.hpp"
 
-extern char** environ;
-
 namespace outcore::aio_bench {
 namespace {
 
@@ -31,20 +29,61 @@ std::string read_file(const std::string& path) {
 }
 
 // Runs argv with stdout/stderr sent to files; returns the exit status, or -1 if stopped.
-// `cpu_seconds` (optional) receives the child's user + system CPU time.
+// `cpu_seconds` (optional) receives the child's user + system CPU time. The child is killed
+// when this thread ends (PR_SET_PDEATHSIG), so a benchmark killed at once leaves no fio running.
 int run_process(const std::vector<std::string>& argv, const std::string& out_path,
                 const std::string& err_path, const StopFn& stop, double* cpu_seconds = nullptr) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  pid_t pid = 0;
-  int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) throw Error(fmt::format("cannot run {}: {}", argv[0], errno_string(rc)));
+  // Opened before the fork: the child only duplicates them (async-signal-safe calls only there).
+  const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int err =
+      out < 0 ? -1 : ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (out < 0 || err < 0) {
+    const int e = errno;
+    if (out >= 0) ::close(out);
+    throw Error(fmt::format("cannot run {}: cannot create {}: {}", argv[0],
+                            out < 0 ? out_path : err_path, errno_string(e)));
+  }
+  int ready[2];  // the child's exec error, if any, comes back here (closed on a good exec)
+  if (::pipe2(ready, O_CLOEXEC) != 0) {
+    const int e = errno;
+    ::close(out);
+    ::close(err);
+    throw Error(fmt::format("cannot run {}: pipe: {}", argv[0], errno_string(e)));
+  }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the parent died before the line above
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    ::execvp(args[0], args.data());
+    const int e = errno;
+    (void)!::write(ready[1], &e, sizeof e);
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  ::close(ready[1]);
+  ::close(out);
+  ::close(err);
+  if (pid < 0) {
+    ::close(ready[0]);
+    throw Error(fmt::format("cannot run {}: fork: {}", argv[0], errno_string(fork_errno)));
+  }
+  int exec_errno = 0;
+  ssize_t got;
+  do got = ::read(ready[0], &exec_errno, sizeof exec_errno);
+  while (got < 0 && errno == EINTR);
+  ::close(ready[0]);
+  if (got == static_cast<ssize_t>(sizeof exec_errno)) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    throw Error(fmt::format("cannot run {}: {}", argv[0], errno_string(exec_errno)));
+  }
   bool killed = false;
   for (;;) {
     int status = 0;
@@ -149,6 +188,9 @@ Result measure_fio(const std::string& path, const aio::Options& opt, const Workl
   nlohmann::json doc = nlohmann::json::parse(
       brace == std::string::npos ? std::string() : json_text.substr(brace), nullptr, false);
   if (doc.is_discarded() || !doc.contains("jobs") || doc["jobs"].empty()) {
+    if (json_text.empty() && err_text.empty())  // its output went nowhere: a full TMPDIR?
+      throw Error(
+          fmt::format("fio's output file {} is empty (is {} full? set TMPDIR)", out, tmp.string()));
     throw Error("fio printed no JSON result: " + first_line(err_text + json_text));
   }
   const auto& job = doc["jobs"][0][w.write ? "write" : "read"];

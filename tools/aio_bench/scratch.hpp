@@ -26,7 +26,7 @@ std::string describe_backend(const aio::BackendChoice& b);
 
 // SIGINT, SIGTERM and SIGHUP set a flag that stop_requested() reports; measurements poll it
 // and unwind, so destructors remove files. A second signal removes the benchmark file
-// (ScratchFile) and ends the process at once.
+// (ScratchFile) and ends the process at once. A signal ignored at start (nohup) stays ignored.
 void install_stop_handlers();
 bool stop_requested();
 int stop_signal();

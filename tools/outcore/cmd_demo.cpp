@@ -143,15 +143,9 @@ int run_demo(const DemoOptions& o) {
   if (!check_outside_checkpoints(dir.string(), "--work-dir", "") ||
       !check_outside_checkpoints(o.trace, "--trace", ""))
     return 2;
-  for (const auto& [path, flag] :
-       {std::pair{dir.string(), "--work-dir"}, std::pair{o.trace, "--trace"}})
-    if (!path.empty() && ckpt::takes_a_save_name(fs::absolute(path))) {
-      std::fprintf(stderr,
-                   "error: %s %s: a name that a save directory writes (a checkpoint, latest): "
-                   "choose another\n",
-                   flag, path.c_str());
-      return 2;
-    }
+  if (!check_not_a_save_name(dir.string(), "--work-dir") ||
+      !check_not_a_save_name(o.trace, "--trace"))
+    return 2;
   std::vector<std::pair<std::string, const char*>> outputs;
   for (const char* name : kDemoNames) outputs.emplace_back((dir / name).string(), "the demo's");
   if (!check_output_file(o.trace, "--trace", outputs, "a file of the demo")) return 2;

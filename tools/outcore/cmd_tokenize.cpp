@@ -5,7 +5,10 @@
 // tokenize_job.hpp says what is written. Progress on stderr about once a second (and as JSON
 // lines with --log-json), the result on stdout. Exit 0 when written, 2 on bad input (a bad
 // option, tokenizer or document: one line naming the file and line), 1 when reading or writing
-// fails, 130 when SIGINT, SIGTERM or SIGHUP stopped it; on any failure nothing is written.
+// fails, 130 when SIGINT, SIGTERM or SIGHUP stopped it; on any failure nothing is written,
+// except that a log whose last record cannot be written once the outputs are in place is an
+// exit 1 after the lines naming them. --log-json replaces only a log of this command, and no
+// output may lie in a checkpoint.
 #include <fmt/format.h>
 
 #include <atomic>
@@ -46,6 +49,29 @@ nlohmann::json progress_json(const char* event, const data::TokenizeProgress& p)
           {"documents", p.documents},
           {"tokens", p.tokens},
           {"skipped", p.skipped}};
+}
+
+// Whether `path` is missing, empty, or a log this command wrote (its first line a JSON record
+// whose "event" is progress, done or error): the only files --log-json replaces. Otherwise one
+// error line naming it.
+bool holds_tokenize_log_or_nothing(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec) || std::filesystem::file_size(path, ec) == 0 || ec)
+    return true;
+  std::ifstream in(path);
+  std::string first;
+  std::getline(in, first);
+  const nlohmann::json j = nlohmann::json::parse(first, nullptr, false);
+  if (j.is_object() && j.contains("event") && j["event"].is_string()) {
+    const std::string& event = j["event"].get_ref<const std::string&>();
+    if (event == "progress" || event == "done" || event == "error") return true;
+  }
+  std::fprintf(stderr,
+               "error: --log-json %s: exists and is not a log of outcore tokenize (its first line "
+               "is not a JSON record of \"event\" progress, done or error): the command replaces "
+               "only such a log; move it away or name another file\n",
+               path.c_str());
+  return false;
 }
 
 std::string optional_id(std::optional<uint32_t> id) {
@@ -105,19 +131,34 @@ int run_tokenize(const TokenizeArgs& a) {
   for (const std::string& out : outputs) written.emplace_back(out, "--out");
   written.emplace_back(a.out + ".mask", "--out");
   if (!check_output_file(a.log_json, "--log-json", written, "one of the outputs")) return 2;
+  // Nothing goes into a checkpoint (a file it does not list keeps it from being pruned), and the
+  // log replaces only a log.
+  for (const std::string& out : outputs)
+    if (!check_outside_checkpoints(out, "--out", "") || !check_not_a_save_name(out, "--out"))
+      return 2;
+  if (!check_outside_checkpoints(a.out + ".mask", "--out", "") ||
+      !check_outside_checkpoints(a.log_json, "--log-json", "") ||
+      !check_not_a_save_name(a.log_json, "--log-json") ||
+      (!a.log_json.empty() && !holds_tokenize_log_or_nothing(a.log_json)))
+    return 2;
 
   std::ofstream log;
   if (!a.log_json.empty()) {
     log.open(a.log_json, std::ios::trunc);
     if (!log) throw IoError(a.log_json, errno, "open --log-json");
   }
-  o.on_progress = [&log](const data::TokenizeProgress& p) {
+  o.on_progress = [&log, &a](const data::TokenizeProgress& p) {
     std::fprintf(stderr, "tokenize: %.1f MB read (%.1f MB/s), %llu documents, %llu tokens%s\n",
                  p.bytes_read / 1e6, p.seconds > 0 ? p.bytes_read / 1e6 / p.seconds : 0.0,
                  static_cast<unsigned long long>(p.documents),
                  static_cast<unsigned long long>(p.tokens),
                  p.skipped > 0 ? fmt::format(", {} skipped", p.skipped).c_str() : "");
-    if (log.is_open()) log << progress_json("progress", p).dump() << '\n' << std::flush;
+    if (log.is_open()) {
+      log << progress_json("progress", p).dump() << '\n' << std::flush;
+      // Before anything is written: a log that cannot be written fails the job, which then
+      // writes nothing.
+      if (!log) throw IoError(a.log_json, errno, "write --log-json");
+    }
   };
   uint64_t skipped = 0;
   o.on_skipped = [&skipped](const data::BadDocument& bad) {
@@ -136,13 +177,15 @@ int run_tokenize(const TokenizeArgs& a) {
   if (skipped > kSkippedShown)
     std::fprintf(stderr, "skipped: %llu more bad documents not shown\n",
                  static_cast<unsigned long long>(skipped - kSkippedShown));
+  // The outputs are in place: a log that fails now is reported after them (exit 1).
+  int log_errno = 0;
   if (log.is_open()) {
     nlohmann::json done = progress_json("done", r.totals);
     done["token_file"] = r.token_file;
     if (!r.mask_file.empty()) done["mask_file"] = r.mask_file;
     if (!r.removed_mask.empty()) done["removed_mask_file"] = r.removed_mask;
     log << done.dump() << '\n' << std::flush;
-    if (!log) throw IoError(a.log_json, errno, "write --log-json");
+    if (!log) log_errno = errno != 0 ? errno : EIO;
   }
   const data::TokenizeProgress& t = r.totals;
   std::printf(
@@ -164,6 +207,13 @@ int run_tokenize(const TokenizeArgs& a) {
     std::printf("wrote %s (one byte per token; %llu of %llu tokens are training targets)\n",
                 r.mask_file.c_str(), static_cast<unsigned long long>(r.targets),
                 static_cast<unsigned long long>(t.tokens));
+  if (log_errno != 0) {
+    std::fprintf(stderr,
+                 "error: write --log-json %s: %s (the outputs above are written and whole; the "
+                 "log lacks its last record)\n",
+                 a.log_json.c_str(), errno_string(log_errno).c_str());
+    return 1;
+  }
   return 0;
 }
 
@@ -218,7 +268,8 @@ void add_tokenize_command(CLI::App& app, int& rc) {
   cmd->add_flag("--skip-bad", a->skip_bad,
                 "leave out bad documents (counted, the first few named on stderr) instead of "
                 "failing");
-  cmd->add_option("--log-json", a->log_json, "also write the progress as JSON lines to FILE");
+  cmd->add_option("--log-json", a->log_json,
+                  "also write the progress as JSON lines to FILE (replaces only such a log)");
   cmd->callback([a, &rc] { rc = run_tokenize_reporting(*a); });
 }
 

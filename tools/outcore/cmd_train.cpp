@@ -849,12 +849,13 @@ void add_train_command(CLI::App& app, int& rc) {
                   "micro-batches per validation (default 8; a resume: its run's)");
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
                 "recompute each layer's forward in backward (also on when the config's "
-                "activation_checkpointing section asks for cpu_checkpointing)");
+                "activation_checkpointing section sets cpu_checkpointing, "
+                "partition_activations or number_checkpoints)");
   cmd->add_option("--save-dir", o->save_dir,
                   "save checkpoints here: at the end, after Ctrl-C / SIGTERM, and every "
                   "--save-every steps (DIR/global_step<N>, DIR/latest)");
   cmd->add_option("--save-every", o->save_every, "checkpoint every N optimizer steps");
-  cmd->add_option("--keep", o->keep, "keep only the newest K checkpoints (default: all)");
+  cmd->add_option("--keep", o->keep, "keep only the newest K checkpoints (default, and 0: all)");
   cmd->add_flag("--start-over", o->start_over,
                 "save into a --save-dir that holds another run's checkpoints: they are removed "
                 "once this run's first checkpoint is saved (without it, such a directory is "

@@ -229,6 +229,15 @@ bool check_outside_checkpoints(const std::string& path, const char* flag,
   return false;
 }
 
+bool check_not_a_save_name(const std::string& path, const char* flag) {
+  if (path.empty() || !ckpt::takes_a_save_name(std::filesystem::absolute(path))) return true;
+  std::fprintf(stderr,
+               "error: %s %s: a name that a save directory writes (a checkpoint, latest): "
+               "choose another\n",
+               flag, path.c_str());
+  return false;
+}
+
 int run_training(const config::Config& cfg, const model::LlamaConfig& model,
                  train::TrainerOptions options) {
   comm::Comm* comm = options.comm;

@@ -43,6 +43,9 @@ bool check_output_file(const std::string& path, const char* flag,
 // in the save directory are the user's and fine.
 bool check_outside_checkpoints(const std::string& path, const char* flag,
                                const std::string& save_dir);
+// False (with one error line naming `flag`) when `path` is a name a save directory writes
+// (ckpt::takes_a_save_name: a checkpoint, `latest`, ... in a directory of checkpoints).
+bool check_not_a_save_name(const std::string& path, const char* flag);
 
 // Builds a Trainer from `cfg` (resolved), `model` and `options`, prints its summary on
 // stdout, runs it with SIGINT/SIGTERM making it stop after the step in progress (a second

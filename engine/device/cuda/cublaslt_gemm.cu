@@ -174,10 +174,16 @@ struct Gemm::Impl {
   bool owned = false;  // workspace cudaMalloc'ed here
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   Impl(void* ws, size_t bytes) : workspace(ws), workspace_bytes(bytes) {
-    CUBLAS_CHECK(lt().cublasLtCreate(&handle));
+    // The workspace first: a failed cudaMalloc then leaves no handle behind.
     if (workspace == nullptr && workspace_bytes > 0) {
       CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
       owned = true;
+    }
+    try {
+      CUBLAS_CHECK(lt().cublasLtCreate(&handle));
+    } catch (...) {
+      if (owned) cudaFree(workspace);
+      throw;
     }
   }
   ~Impl() {
