@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
 
 #include "common/error.hpp"
 #include "common/open_file.hpp"
@@ -248,7 +249,29 @@ IoOverlap io_overlap(const std::vector<Event>& events, const std::vector<std::st
   return r;
 }
 
+bool holds_trace_or_nothing(const std::string& path) {
+  const std::string target = resolve_links(path);
+  struct stat st {};
+  if (::stat(target.c_str(), &st) != 0) return errno == ENOENT;
+  if (!S_ISREG(st.st_mode)) return false;
+  if (st.st_size == 0) return true;
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(target.c_str(), "rb"), &std::fclose);
+  if (!f) return false;
+  char head[64] = {};
+  const size_t n = std::fread(head, 1, sizeof head - 1, f.get());
+  const std::string_view text(head, n);
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos || text[first] != '{') return false;
+  const size_t key = text.find_first_not_of(" \t\r\n", first + 1);
+  return key != std::string_view::npos && text.substr(key).starts_with("\"traceEvents\"");
+}
+
 void write_json(const std::string& path, const std::vector<std::string>& other) {
+  if (!holds_trace_or_nothing(path))
+    throw InvalidArgument(fmt::format(
+        "{}: exists and is not a trace file (it does not begin with {{\"traceEvents\"): the trace "
+        "replaces only a trace, and was not written",
+        path));
   const std::vector<Event> evs = events();
   const std::vector<Track> trs = tracks();
   const int pid = static_cast<int>(::getpid());

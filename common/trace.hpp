@@ -88,10 +88,16 @@ struct IoOverlap {
 };
 IoOverlap io_overlap(const std::vector<Event>& events, const std::vector<std::string>& cover);
 
+// Whether `path` (links followed) names nothing, an empty file, or a trace file (its text begins
+// with {"traceEvents", as write_json writes it): the only files a trace replaces.
+bool holds_trace_or_nothing(const std::string& path);
+
 // Writes {"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}} to `path`: thread
 // and process names as metadata events, then every span as a complete event (ts and dur in
 // microseconds), and `other` (already-formatted JSON members, e.g. "\"k\": 1") in otherData.
-// Throws IoError naming the path when it cannot be written.
+// Replaces only what holds_trace_or_nothing accepts: InvalidArgument naming the path otherwise
+// (a file put there during the run is kept). Throws IoError naming the path when it cannot be
+// written.
 void write_json(const std::string& path, const std::vector<std::string>& other = {});
 
 // Times a scope on the calling thread's track (or args.lanes).

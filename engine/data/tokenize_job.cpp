@@ -9,6 +9,7 @@
 #include <tbb/task_arena.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -26,6 +27,7 @@
 #include <string_view>
 
 #include "common/error.hpp"
+#include "common/lock_file.hpp"
 #include "common/log.hpp"
 #include "common/open_file.hpp"
 #include "engine/data/staged_file.hpp"
@@ -290,6 +292,9 @@ std::string link_aside(const std::string& path) {
 
 // The commit marker's first line (tokenize_commit_marker): a file there without it is not a job's.
 constexpr std::string_view kCommitMarkerText = "outcore tokenize commit\n";
+// What PREFIX.lock holds while a job writes PREFIX.* (a file there holding anything else is a
+// user's: locked, never written or removed).
+constexpr std::string_view kPrefixLockText = "outcore tokenize lock\n";
 
 // The commit marker (tokenize_commit_marker): kCommitMarkerText, then one "pid N" line for the
 // job that wrote it and one for each killed job whose leftovers may still lie beside the
@@ -461,6 +466,32 @@ void remove_leftovers(const std::string& token_file, const std::vector<pid_t>& p
   ::close(dfd);
 }
 
+// The pids in the names of the temporaries "<name>.tmp-<pid>[-<k>]" beside `token_file` (any
+// extension's token file of that prefix, its mask): with the prefix's lock held, those of jobs
+// that were killed (remove_leftovers removes them).
+std::vector<pid_t> pids_of_temporaries(const std::string& token_file) {
+  const fs::path target = fs::absolute(token_file);
+  const std::string stem = target.stem().string();
+  std::vector<pid_t> pids;
+  std::error_code ec;
+  for (fs::directory_iterator it(target.parent_path(), ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string entry = it->path().filename().string();
+    for (const char* ext : {".bin", ".u32", ".mask"}) {
+      const std::string head = stem + ext + ".tmp-";
+      if (!entry.starts_with(head)) continue;
+      const std::string_view rest = std::string_view(entry).substr(head.size());
+      const std::string_view digits = rest.substr(0, rest.find('-'));
+      if (digits.empty() || digits.size() > 9 ||
+          digits.find_first_not_of("0123456789") != std::string_view::npos)
+        continue;
+      const auto pid = static_cast<pid_t>(std::stol(std::string(digits)));
+      if (std::find(pids.begin(), pids.end(), pid) == pids.end()) pids.push_back(pid);
+    }
+  }
+  return pids;
+}
+
 // Appends tokens to the token file (and mask), counting; checks what llm.c can hold.
 class OutputWriter {
  public:
@@ -615,6 +646,13 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
   const auto start = Clock::now();
   const std::vector<std::string> outputs = tokenize_outputs(options, tokenizer.vocab_size());
   check_options(options, outputs);
+  // One job at a time into a prefix (two would pair one's tokens with the other's mask), held to
+  // the end; then what jobs killed before it left there (never renamed into place) goes.
+  const LockFile lock(options.out_prefix + ".lock",
+                      fmt::format("lock the outputs {}.* (another tokenize job is writing them)",
+                                  options.out_prefix),
+                      kPrefixLockText, /*register_cleanup=*/true);
+  remove_leftovers(outputs[0], pids_of_temporaries(outputs[0]), /*asides=*/false);
   const bool llmc = tokenizer.vocab_size() <= kLlmcVocabLimit;
   const DocumentEncoder encoder(tokenizer, options);
   DocumentReader reader(options.inputs, {.doc_per_file = options.doc_per_file,

@@ -102,7 +102,10 @@ std::vector<std::string> tokenize_outputs(const TokenizeOptions& options, uint64
 // more tokens than an llm.c file can count, no token at all: an input with no document, or
 // every document skipped), BadDocument for bad input (without skip_bad) or an
 // oversized document, IoError for I/O failures (naming the file), Interrupted when `stop` was
-// set. Nothing is left behind by a failure.
+// set. Nothing is left behind by a failure. One job at a time writes a prefix: the job holds
+// PREFIX.lock (LockFile) to its end, and another job into the prefix meanwhile fails with
+// PathBusy naming it; holding it, the job first removes the temporaries that jobs killed before
+// it left beside the outputs ("<output>.tmp-<pid>[-<k>]").
 TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOptions& options);
 
 // The marker a job keeps beside its outputs while it puts the token file and the loss mask in

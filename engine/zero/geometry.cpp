@@ -36,7 +36,7 @@ bool pool_page_locked(const config::ZeroConfig& z) {
          (z.offload_optimizer.device == OffloadDevice::kNone || z.offload_optimizer.pin_memory);
 }
 
-Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& model, bool warn) {
+Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& model) {
   const config::ZeroConfig& z = cfg.zero_optimization;
   Placement p;
   p.stage = z.stage;
@@ -55,11 +55,10 @@ Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& 
   p.param_dtype = want;
 
   const OffloadDevice param_dev = z.offload_param.device;
+  // offload_param below stage 3 and offload_optimizer at stage 0 are ignored, as the config's
+  // parse says (config::check_offload_stage).
   if (p.stage < 3) {
     p.params = Tier::kDevice;
-    if (param_dev != OffloadDevice::kNone && warn)
-      log::warn("zero_optimization.offload_param.device {} is ignored below stage 3 (stage {})",
-                config::to_string(param_dev), p.stage);
   } else if (param_dev == OffloadDevice::kNone) {
     p.params = Tier::kDevice;
   } else if (param_dev == OffloadDevice::kCpu) {
@@ -71,11 +70,6 @@ Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& 
   const OffloadDevice opt_dev = z.offload_optimizer.device;
   if (p.stage == 0) {
     p.optimizer = Tier::kDevice;
-    if (opt_dev != OffloadDevice::kNone && warn)
-      log::warn(
-          "zero_optimization.offload_optimizer.device {} needs ZeRO stage 1 or higher; "
-          "ignored at stage 0",
-          config::to_string(opt_dev));
   } else if (opt_dev == OffloadDevice::kNone) {
     p.optimizer = Tier::kDevice;
   } else if (opt_dev == OffloadDevice::kCpu) {
@@ -233,7 +227,7 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
         "ModelOptions::world_size)",
         model.options().world_size, world));
   Geometry g;
-  g.placement = resolve_placement(cfg, model, warn);
+  g.placement = resolve_placement(cfg, model);
   g.world = world;
   g.rank = rank;
   g.param_bytes = dtype_size(g.placement.param_dtype);

@@ -71,9 +71,9 @@ struct Geometry {
 bool pool_page_locked(const config::ZeroConfig& z);
 
 // Resolves the placement (stage, tiers) from the config and the model. Throws ConfigError for
-// an inconsistent precision, logs the DeepSpeed-compatible warnings (offload_param below
-// stage 3 ignored; nvme optimizer below stage 3).
-Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& model, bool warn);
+// an inconsistent precision. Offload sections a stage ignores, as DeepSpeed does, are said by
+// the config's parse.
+Placement resolve_placement(const config::Config& cfg, const model::LlamaModel& model);
 
 // Whose geometry make_geometry computes, and how.
 struct GeometryOptions {
@@ -98,8 +98,8 @@ struct GeometryOptions {
 // smaller than the largest partition in a swap file. With offload_optimizer.ratio < 1 at stage
 // 3 (offload cpu or nvme, DeepSpeed's partial offload) the optimizer state of the units after
 // the longest prefix whose own elements are at most ratio x all own elements stays on the
-// device (Placement::device_optimizer_from). With `warn`, logs the warnings of
-// resolve_placement and those for keys that have no effect (offload_param.buffer_size,
+// device (Placement::device_optimizer_from). With `warn`, logs the warnings for keys that have
+// no effect in this geometry (offload_param.buffer_size,
 // max_in_cpu, offload_optimizer.ratio, outcore.step_in_backward). Throws InvalidArgument for a
 // rank outside the world or a model padded for another world size.
 Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model,

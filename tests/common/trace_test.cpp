@@ -149,7 +149,8 @@ TEST(TraceTest, WritesChromeTraceJson) {
 TEST(TraceTest, AFailedWriteLeavesThePreviousFileAndNoPartialOne) {
   test::TempDir dir("trace");
   const std::string path = (dir / "t.json").string();
-  std::ofstream(path) << "previous";
+  const std::string previous = "{\"traceEvents\": [], \"otherData\": {\"previous\": 1}}\n";
+  std::ofstream(path) << previous;
   start();
   for (int i = 0; i < 200; ++i) complete("read", "io", i, {.bytes = 4096});
   stop();
@@ -169,7 +170,7 @@ TEST(TraceTest, AFailedWriteLeavesThePreviousFileAndNoPartialOne) {
   waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the write did not fail";
   std::ifstream in(path);
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "previous");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), previous);
   size_t entries = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
     (void)e;
@@ -182,7 +183,7 @@ TEST(TraceTest, AFailedWriteLeavesThePreviousFileAndNoPartialOne) {
 TEST(TraceTest, WritingThroughALinkReplacesItsFileAndKeepsItsMode) {
   test::TempDir dir("trace");
   const std::filesystem::path file = dir / "t.json", link = dir / "link.json";
-  std::ofstream(file) << "previous";
+  std::ofstream(file) << "  {\n \"traceEvents\": []}";  // an earlier trace
   std::filesystem::permissions(
       file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   std::filesystem::create_symlink("t.json", link);
@@ -202,6 +203,38 @@ TEST(TraceTest, WritingThroughALinkReplacesItsFileAndKeepsItsMode) {
   write_json((dir / "ahead.json").string());
   EXPECT_TRUE(std::filesystem::is_symlink(dir / "ahead.json"));
   EXPECT_TRUE(std::filesystem::is_regular_file(dir / "sub" / "new.json"));
+}
+
+// A trace replaces only a trace (or an empty file): a user's file, or another run's data or
+// metrics, at its path is kept and the write refused naming it.
+TEST(TraceTest, ReplacesOnlyATrace) {
+  test::TempDir dir("trace");
+  start();
+  complete("read", "io", 1, {.bytes = 4096});
+  stop();
+  for (const std::string& text :
+       {std::string("my notes\n"), std::string("{\"type\": \"start\"}\n"), std::string("{")}) {
+    const std::string path = (dir / "user.txt").string();
+    std::ofstream(path) << text;
+    EXPECT_FALSE(holds_trace_or_nothing(path)) << text;
+    try {
+      write_json(path);
+      ADD_FAILURE() << "replaced " << text;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ": exists and is not a trace file"),
+                std::string::npos)
+          << e.what();
+    }
+    std::ifstream in(path);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), text);
+  }
+  EXPECT_TRUE(holds_trace_or_nothing((dir / "missing.json").string()));
+  std::ofstream((dir / "empty.json").string()).flush();
+  EXPECT_TRUE(holds_trace_or_nothing((dir / "empty.json").string()));
+  EXPECT_FALSE(holds_trace_or_nothing(dir.path().string()));  // a directory
+  write_json((dir / "empty.json").string());
+  EXPECT_TRUE(holds_trace_or_nothing((dir / "empty.json").string()));
+  write_json((dir / "empty.json").string());  // a trace replaces a trace
 }
 
 }  // namespace

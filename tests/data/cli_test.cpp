@@ -1,8 +1,10 @@
 // `outcore tokenize` run as a user runs it: text, JSON lines and prompt/completion inputs, the
 // files written (read back with engine/train's TokenFile), --skip-bad, one error line naming
 // file:line with exit 2, --log-json, and output independent of --threads.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/lock_file.hpp"
 #include "engine/data/tokenizer.hpp"
 #include "engine/train/token_file.hpp"
 #include "tests/common/run_command.hpp"
@@ -257,6 +260,44 @@ TEST_F(TokenizeCliTest, TheLogReplacesOnlyALogAndNothingGoesIntoACheckpoint) {
   EXPECT_EQ(test::slurp((ck / "latest").string()), "global_step3\n");
   EXPECT_FALSE(fs::exists(step / "tokens.bin"));
   EXPECT_FALSE(fs::exists(path("o2.bin")));
+}
+
+// One job at a time writes a prefix (two would pair one's tokens with the other's mask) and a
+// log: another job meanwhile is refused naming the lock and writes nothing. A job then removes
+// the temporaries that killed jobs left beside its outputs, and nothing else there.
+TEST_F(TokenizeCliTest, OneJobAtATimeWritesAPrefixAndALogAndKilledJobsTemporariesGo) {
+  const std::string in = input("a.txt", "text\n");
+  const std::vector<std::string> leftovers = {path("o.bin.tmp-999999"), path("o.mask.tmp-12345-2")};
+  for (const std::string& f : leftovers) test::write_file(f, "a killed job's partial output");
+  const std::string users = input("o.bin.tmp-notes", "mine");
+  {
+    const LockFile held(path("o.lock"), "a job writing o.*", "outcore tokenize lock\n");
+    const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")));
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_NE(r.err.find("another tokenize job is writing them"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(path("o.bin")));
+    for (const std::string& f : leftovers) EXPECT_TRUE(fs::exists(f)) << f;
+  }
+  {
+    const int fd = ::open(path("log.jsonl").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX), 0);  // another job's log
+    const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) +
+                            " --log-json " + shell_quote(path("log.jsonl")));
+    ::close(fd);
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_NE(r.err.find("another job is writing it"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(path("o.bin")));
+  }
+  const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (const std::string& f : leftovers) {
+    EXPECT_FALSE(fs::exists(f)) << f;
+    EXPECT_NE(r.err.find("removed " + f + ", left by a job that was stopped"), std::string::npos)
+        << r.err;
+  }
+  EXPECT_EQ(test::slurp(users), "mine");
+  EXPECT_FALSE(fs::exists(path("o.lock")));
 }
 
 TEST_F(TokenizeCliTest, OutputDoesNotDependOnThreads) {

@@ -289,10 +289,12 @@ TEST_F(TokenizeJobTest, AJobKilledWhileCommittingIsRepairedByTheNext) {
   test::write_file(victim, "the user's");
   const std::vector<std::string> kept = {
       (dir_ / ("k.other.tmp-" + pid)).string(),  // another name
-      r.token_file + ".tmp-" + pid + "5",        // another pid
       r.token_file + ".tmp-" + pid + "-x"};      // not a temporary's suffix
   for (const std::string& f : kept) test::write_file(f, "left");
-  for (const std::string& f : {aside, temp, temp2}) test::write_file(f, "left");
+  // Another killed job's temporary (the marker does not name it): with the prefix's lock held,
+  // no job is writing it, and it goes too.
+  const std::string other_pid = r.token_file + ".tmp-" + pid + "5";
+  for (const std::string& f : {aside, temp, temp2, other_pid}) test::write_file(f, "left");
   fs::create_symlink(victim, r.token_file + ".tmp-" + pid + "-2");  // a link: kept, as its file
   fs::create_directories(r.mask_file + ".old-" + pid + "-3");       // a directory: kept
   test::write_file(marker, "outcore tokenize commit\npid " + pid + "\nleftover " + victim + "\n");
@@ -301,7 +303,7 @@ TEST_F(TokenizeJobTest, AJobKilledWhileCommittingIsRepairedByTheNext) {
   EXPECT_EQ(again.removed_mask, r.mask_file);
   EXPECT_FALSE(fs::exists(r.mask_file));
   EXPECT_FALSE(fs::exists(marker));
-  for (const std::string& f : {aside, temp, temp2}) EXPECT_FALSE(fs::exists(f)) << f;
+  for (const std::string& f : {aside, temp, temp2, other_pid}) EXPECT_FALSE(fs::exists(f)) << f;
   for (const std::string& f : kept) EXPECT_TRUE(fs::exists(f)) << f;
   EXPECT_TRUE(fs::is_symlink(r.token_file + ".tmp-" + pid + "-2"));
   EXPECT_TRUE(fs::is_directory(r.mask_file + ".old-" + pid + "-3"));

@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/lock_file.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/ckpt/hf.hpp"
 #include "engine/ckpt/safetensors.hpp"
@@ -779,6 +780,25 @@ TEST_F(TrainCliTest, TraceWritesAChromeTraceAndRefusesInputs) {
             std::string::npos)
       << r.err;
   EXPECT_EQ(slurp(data_.train()), before);
+  // Nor a file that is not a trace (a user's, another run's data or metrics), nor another save
+  // directory's names: refused before the training, and kept.
+  const std::string notes = data_.file("notes.txt");
+  std::ofstream(notes) << "my notes\n";
+  r = run(train_args("--steps 1 --trace " + shell_quote(notes)));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--trace " + notes + ": exists and is not a trace file"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("step 1/"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(notes), "my notes\n");
+  const std::string other = data_.file("other_ckpt");
+  ASSERT_EQ(run(train_args("--steps 1 --save-dir " + shell_quote(other))).rc, 0);
+  r = run(train_args("--steps 1 --trace " + shell_quote(other + "/latest")));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("a name that a save directory writes"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(other + "/latest"), "global_step1\n");
+  // An earlier trace is replaced.
+  r = run(train_args("--steps 1 --trace " + shell_quote(trace)));
+  EXPECT_EQ(r.rc, 0) << r.err;
 }
 
 // Runs `script` in a private mount namespace after mounting a tmpfs of `size` on `dir`, so a
@@ -1699,6 +1719,17 @@ TEST_F(TrainCliTest, DemoNeverWritesOverAUsersFiles) {
   EXPECT_EQ(slurp(tmps + "/config.json.tmp"), "DRAFT");
   EXPECT_EQ(slurp(victim), "VICTIM");
   EXPECT_EQ(fs::symlink_status(tmps + "/demo_train.bin").type(), fs::file_type::regular);
+  // A demo running in the work directory (its lock held): another is refused before it writes
+  // anything there (it used to rewrite the running demo's ds_config.json first).
+  const std::string config_before = slurp(tmps + "/ds_config.json");
+  {
+    const LockFile running(tmps + "/.demo.lock", "a demo", "outcore demo lock\n");
+    r = run("demo --steps 3 --bf16 --work-dir " + shell_quote(tmps));
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_NE(r.err.find("another demo is running in it"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(slurp(tmps + "/ds_config.json"), config_before);
+  EXPECT_FALSE(fs::exists(tmps + "/.demo.lock"));
 }
 
 // Every model tensor of the tiny model, by Hugging Face name, with its unit's slab offset.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/lock_file.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/config/config.hpp"
 #include "engine/data/staged_file.hpp"
@@ -144,7 +145,8 @@ int run_demo(const DemoOptions& o) {
       !check_outside_checkpoints(o.trace, "--trace", ""))
     return 2;
   if (!check_not_a_save_name(dir.string(), "--work-dir") ||
-      !check_not_a_save_name(o.trace, "--trace"))
+      !check_not_a_save_name(o.trace, "--trace") ||
+      !check_replaces_only_a_trace(o.trace, "--trace"))
     return 2;
   std::vector<std::pair<std::string, const char*>> outputs;
   for (const char* name : kDemoNames) outputs.emplace_back((dir / name).string(), "the demo's");
@@ -155,10 +157,17 @@ int run_demo(const DemoOptions& o) {
   // A Ctrl-C while the files are written stops the demo after them, with no temporary left (a
   // second one removes them at once).
   std::optional<StopSignals> signals(std::in_place, StopSignals::Options{});
+  // One demo at a time in a work directory, from before its first file to the end of the run: a
+  // second one would rewrite the config the first one's "same run by hand" names.
+  std::optional<LockFile> lock;
   try {
     std::fprintf(stderr, "writing the demo dataset, model and DeepSpeed config to %s\n",
                  dir.string().c_str());
     fs::create_directories(dir);
+    lock.emplace(dir / ".demo.lock",
+                 "lock the demo's work directory (another demo is running in it: give each its "
+                 "own --work-dir)",
+                 "outcore demo lock\n", /*register_cleanup=*/true);
     write_text(dir / kDemoMarker, "outcore demo work directory\n");
     data = train::write_demo_dataset(dir.string());
     write_text(model_path, train::demo_model_config_json());
@@ -171,6 +180,9 @@ int run_demo(const DemoOptions& o) {
     ctx.total_steps = steps;
     config::resolve_auto(cfg, ctx);
   } catch (const ConfigError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const PathBusy& e) {  // another demo holds the work directory
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {  // cannot write the work directory

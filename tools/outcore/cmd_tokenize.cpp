@@ -9,7 +9,9 @@
 // except that a log whose last record cannot be written once the outputs are in place is an
 // exit 1 after the lines naming them. --log-json replaces only a log of this command, and no
 // output may lie in a checkpoint.
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 
 #include <atomic>
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/unique_fd.hpp"
 #include "engine/data/tokenize_job.hpp"
 #include "engine/data/tokenizer.hpp"
 #include "tools/outcore/commands.hpp"
@@ -142,8 +145,21 @@ int run_tokenize(const TokenizeArgs& a) {
       (!a.log_json.empty() && !holds_tokenize_log_or_nothing(a.log_json)))
     return 2;
 
+  // The log is locked for the job (flock, as a metrics file): two jobs writing it would tear its
+  // lines. Checked again once locked, then emptied.
   std::ofstream log;
+  UniqueFd log_lock;
   if (!a.log_json.empty()) {
+    log_lock = UniqueFd(::open(a.log_json.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (log_lock.get() < 0) throw IoError(a.log_json, errno, "open --log-json");
+    if (::flock(log_lock.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK)
+        throw PathBusy(a.log_json,
+                       "lock --log-json (another job is writing it: give each job its own log)");
+      std::fprintf(stderr, "warning: --log-json %s cannot be locked (%s)\n", a.log_json.c_str(),
+                   errno_string(errno).c_str());
+    }
+    if (!holds_tokenize_log_or_nothing(a.log_json)) return 2;
     log.open(a.log_json, std::ios::trunc);
     if (!log) throw IoError(a.log_json, errno, "open --log-json");
   }

@@ -745,7 +745,9 @@ int run_train(const TrainCliOptions& o) {
   if (!check_output_file(o.trace, "--trace", inputs, "an input or another output")) return 2;
   if (!check_outside_checkpoints(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics",
                                  o.save_dir) ||
-      !check_outside_checkpoints(o.trace, "--trace", o.save_dir))
+      !check_outside_checkpoints(o.trace, "--trace", o.save_dir) ||
+      !check_not_a_save_name(o.trace, "--trace") ||
+      !check_replaces_only_a_trace(o.trace, "--trace"))
     return 2;
   topts.trace_file = o.trace;
   topts.train_data = data;

@@ -17,6 +17,7 @@
 #include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "common/open_file.hpp"
+#include "common/trace.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/train/loss_scaler.hpp"
 #include "engine/zero/plan.hpp"
@@ -234,6 +235,15 @@ bool check_not_a_save_name(const std::string& path, const char* flag) {
   std::fprintf(stderr,
                "error: %s %s: a name that a save directory writes (a checkpoint, latest): "
                "choose another\n",
+               flag, path.c_str());
+  return false;
+}
+
+bool check_replaces_only_a_trace(const std::string& path, const char* flag) {
+  if (path.empty() || trace::holds_trace_or_nothing(path)) return true;
+  std::fprintf(stderr,
+               "error: %s %s: exists and is not a trace file: a run replaces only a trace; move "
+               "it away or name another file\n",
                flag, path.c_str());
   return false;
 }

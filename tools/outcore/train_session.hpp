@@ -46,6 +46,9 @@ bool check_outside_checkpoints(const std::string& path, const char* flag,
 // False (with one error line naming `flag`) when `path` is a name a save directory writes
 // (ckpt::takes_a_save_name: a checkpoint, `latest`, ... in a directory of checkpoints).
 bool check_not_a_save_name(const std::string& path, const char* flag);
+// False (with one error line naming `flag`) when `path` holds a file that a trace does not
+// replace (trace::holds_trace_or_nothing): a user's file, another run's data or metrics.
+bool check_replaces_only_a_trace(const std::string& path, const char* flag);
 
 // Builds a Trainer from `cfg` (resolved), `model` and `options`, prints its summary on
 // stdout, runs it with SIGINT/SIGTERM making it stop after the step in progress (a second
