@@ -45,23 +45,30 @@ class ScratchDir {
   std::filesystem::path path_;
 };
 
-// A new file in `dir` named "<stem>.<pid>[-k].tmp" (never one that exists), opened with
-// `options` (create and exclusive are set here), and unlinked at once: it is used through the
-// returned File only. Throws IoError.
+// A new file in `dir` named "<stem>.<pid>[-k].tmp" (never one that exists), created
+// exclusively, opened again with `options` (O_DIRECT where they ask and the filesystem allows
+// it), and unlinked at once: it is used through the returned File only. Throws IoError.
 inline aio::File open_unlinked_scratch_file(const std::filesystem::path& dir, std::string_view stem,
                                             aio::OpenOptions options) {
-  options.create = true;
-  options.exclusive = true;
-  options.truncate = false;
+  options.create = options.exclusive = options.truncate = false;
   for (int k = 0;; ++k) {
     const std::filesystem::path path =
         dir / fmt::format("{}.{}{}.tmp", stem, ::getpid(), k > 0 ? fmt::format("-{}", k) : "");
+    try {  // created buffered: a refused O_DIRECT must not leave a file behind each attempt
+      aio::File::open(
+          path,
+          {.access = aio::Access::kWrite, .create = true, .exclusive = true, .direct = false});
+    } catch (const IoError& e) {
+      if (e.error_number() != EEXIST || k == 100) throw;
+      continue;
+    }
     try {
       aio::File file = aio::File::open(path, options);
       ::unlink(path.c_str());
       return file;
-    } catch (const IoError& e) {
-      if (e.error_number() != EEXIST || k == 100) throw;
+    } catch (...) {
+      ::unlink(path.c_str());
+      throw;
     }
   }
 }

@@ -114,7 +114,7 @@ Run run_config(int stage, bool nvme, const std::string& dir, const train::DemoDa
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_bench(int argc, char** argv) {
   outcore::tools::select_blas_kernels(argv);
   outcore::tools::apply_environment_settings();
   CLI::App app{"data-parallel training: bytes per collective vs ZeRO volumes, tokens/s split"};
@@ -185,4 +185,14 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+// Errors end the rank with one line and exit 1, after its scratch directory is removed.
+int main(int argc, char** argv) {
+  try {
+    return run_bench(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dp_bench: error: %s\n", e.what());
+    return 1;
+  }
 }

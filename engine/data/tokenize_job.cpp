@@ -795,10 +795,12 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
     throw InvalidArgument(fmt::format("no tokens to write: {}",
                                       progress.skipped > 0 ? "every document was skipped as bad"
                                                            : "the input holds no document"));
-  writer.commit();
-
+  // The last progress before the commit: a callback that fails (a log that cannot be written)
+  // fails the job with nothing written.
   progress.seconds = seconds();
   if (options.on_progress) options.on_progress(progress);
+  writer.commit();
+
   TokenizeResult result;
   result.totals = progress;
   result.targets = writer.targets();

@@ -75,7 +75,8 @@ struct TokenizeOptions {
   size_t max_document_bytes = size_t{1} << 30;
   // When set and true, the job stops at the next chunk with Interrupted.
   const std::atomic<bool>* stop = nullptr;
-  // Called on the writing thread at most every progress_interval, and once at the end.
+  // Called on the writing thread at most every progress_interval, and once at the end, before
+  // the outputs are put in place (what it throws fails the job, which then writes nothing).
   std::function<void(const TokenizeProgress&)> on_progress;
   std::chrono::milliseconds progress_interval{1000};
   // Called on the writing thread for each bad document left out (skip_bad).

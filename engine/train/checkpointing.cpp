@@ -37,16 +37,18 @@ uint64_t checkpoint_bytes(const zero::ZeroEngine& engine, int world_size, int ze
   // Per piece of this rank's partitions (save_engine_checkpoint's segments): fp32 master weights
   // and two moments in optimizer.bin, the parameters in model.bin, each segment aligned.
   const size_t psz = dtype_size(engine.param_dtype());
-  uint64_t bytes = 0;
+  uint64_t bytes = 2 * kIoAlignment, segments = 0;  // the two files' headers
   for (int u = 0; u < engine.model().num_units(); ++u) {
     const uint64_t n = engine.partition_numel(u);
     for (uint64_t b = 0; b < n; b += piece_elems) {
       const uint64_t c = std::min(piece_elems, n - b);
       bytes += 3 * align_up(c * sizeof(float), kIoAlignment) + align_up(c * psz, kIoAlignment);
+      segments += 4;
     }
   }
   // Every rank saves its partitions (of equal size); at stage 0 rank 0 alone saves the state.
-  return bytes * static_cast<uint64_t>(zero_stage == 0 ? 1 : world_size) + kCheckpointTextBytes;
+  const uint64_t savers = static_cast<uint64_t>(zero_stage == 0 ? 1 : world_size);
+  return savers * (bytes + segments * kManifestBytesPerSegment) + kCheckpointTextBytes;
 }
 
 ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& tag, int64_t step,

@@ -38,10 +38,12 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
                                         int zero_stage, const CheckpointTexts& texts,
                                         const ckpt::WriterOptions& options);
 
-// The bytes one checkpoint of `engine`'s run takes, every rank's: its data files as a save with
-// pieces of `piece_elems` lays them out (each segment aligned), and kCheckpointTextBytes for
-// the JSON files (configs, trainer state, manifests), which a save checks again exactly.
+// At most the bytes one checkpoint of `engine`'s run takes, every rank's: its data files as a
+// save with pieces of `piece_elems` lays them out (headers, each segment aligned), the
+// manifests' entries at kManifestBytesPerSegment each, and kCheckpointTextBytes for the other
+// JSON files (configs, trainer state). A save checks its own figure again exactly.
 inline constexpr uint64_t kCheckpointTextBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kManifestBytesPerSegment = 512;
 uint64_t checkpoint_bytes(const zero::ZeroEngine& engine, int world_size, int zero_stage,
                           uint64_t piece_elems);
 

@@ -147,7 +147,7 @@ class MetricsWriter {
   int64_t resumed_at_ = -1;
   bool created_ = false;  // by this writer: removed again if it writes no record
   bool locked_ = false;   // this writer holds the file's flock
-  bool wrote_ = false;    // a record was written (or tried)
+  bool wrote_ = false;    // a whole record was written
   int fd_ = -1;
 };
 

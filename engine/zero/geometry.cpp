@@ -180,20 +180,13 @@ void place_gradients(GradientPlacement gradients, uint64_t host, Geometry& g) {
 }
 
 // outcore.step_in_backward: the step during backward runs units' NVMe optimizer steps from a
-// worker while the driving thread computes: only where those steps issue no collective (stage
-// 3, or one rank), so every rank's collectives keep one order.
+// worker while the driving thread computes. The optimizer state is in swap files only at stage
+// 3 (where those steps issue no collective); without it the config's parse says the key has no
+// effect.
 void enable_step_in_backward(const config::Config& cfg, bool warn, Geometry& g) {
-  if (!cfg.outcore.step_in_backward) return;
+  if (!cfg.outcore.step_in_backward || g.placement.optimizer != Tier::kNvme) return;
   const char* why = nullptr;
-  const config::ZeroConfig& z = cfg.zero_optimization;
-  if (g.placement.optimizer != Tier::kNvme) {
-    // Without offload_optimizer nvme at stage 3 the config's parse said so already.
-    if (z.stage != 3 || z.offload_optimizer.device != config::OffloadDevice::kNvme) return;
-    why = "the optimizer state is not on NVMe (offload_optimizer.device nvme)";
-  } else if (g.placement.stage != 3 && g.world > 1)
-    why = "stages 1-2 with several ranks gather new parameters with collectives";
-  else if (g.host_gathers_publications())
-    why = "parameters are gathered in host memory";
+  if (g.host_gathers_publications()) why = "parameters are gathered in host memory";
   if (why == nullptr)
     g.step_in_backward = true;
   else if (warn)

@@ -195,7 +195,8 @@ TEST_F(TokenizeCliTest, TheLogIsNeitherAnInputNorAnOutput) {
   EXPECT_NE(r.err.find("is the same file as --tokenizer"), std::string::npos) << r.err;
   EXPECT_EQ(test::slurp(path("tok/tokenizer.json")), tokenizer_json);
   const std::string mask = input("o.mask", "a mask of earlier pairs");
-  for (const std::string& log : {path("o.mask"), dir_.path().string() + "/./o.bin"}) {
+  for (const std::string& log :
+       {path("o.mask"), dir_.path().string() + "/./o.bin", path("o.lock")}) {  // the job's lock
     r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) + " --log-json " +
             shell_quote(log));
     EXPECT_EQ(r.rc, 2) << log;
@@ -273,7 +274,7 @@ TEST_F(TokenizeCliTest, OneJobAtATimeWritesAPrefixAndALogAndKilledJobsTemporarie
   {
     const LockFile held(path("o.lock"), "a job writing o.*", "outcore tokenize lock\n");
     const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")));
-    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_EQ(r.rc, 2) << r.err;
     EXPECT_NE(r.err.find("another tokenize job is writing them"), std::string::npos) << r.err;
     EXPECT_FALSE(fs::exists(path("o.bin")));
     for (const std::string& f : leftovers) EXPECT_TRUE(fs::exists(f)) << f;
@@ -285,7 +286,7 @@ TEST_F(TokenizeCliTest, OneJobAtATimeWritesAPrefixAndALogAndKilledJobsTemporarie
     const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) +
                             " --log-json " + shell_quote(path("log.jsonl")));
     ::close(fd);
-    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_EQ(r.rc, 2) << r.err;
     EXPECT_NE(r.err.find("another job is writing it"), std::string::npos) << r.err;
     EXPECT_FALSE(fs::exists(path("o.bin")));
   }

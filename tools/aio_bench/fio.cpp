@@ -189,8 +189,10 @@ Result measure_fio(const std::string& path, const aio::Options& opt, const Workl
       brace == std::string::npos ? std::string() : json_text.substr(brace), nullptr, false);
   if (doc.is_discarded() || !doc.contains("jobs") || doc["jobs"].empty()) {
     if (json_text.empty() && err_text.empty())  // its output went nowhere: a full TMPDIR?
-      throw Error(
-          fmt::format("fio's output file {} is empty (is {} full? set TMPDIR)", out, tmp.string()));
+      throw Error(fmt::format(
+          "fio exited with status 0 and wrote no result to its output in {} (full? set TMPDIR "
+          "to a directory with room)",
+          tmp.string()));
     throw Error("fio printed no JSON result: " + first_line(err_text + json_text));
   }
   const auto& job = doc["jobs"][0][w.write ? "write" : "read"];

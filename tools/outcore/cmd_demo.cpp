@@ -145,12 +145,13 @@ int run_demo(const DemoOptions& o) {
       !check_outside_checkpoints(o.trace, "--trace", ""))
     return 2;
   if (!check_not_a_save_name(dir.string(), "--work-dir") ||
-      !check_not_a_save_name(o.trace, "--trace") ||
-      !check_replaces_only_a_trace(o.trace, "--trace"))
+      !check_not_a_save_name(o.trace, "--trace"))
     return 2;
   std::vector<std::pair<std::string, const char*>> outputs;
   for (const char* name : kDemoNames) outputs.emplace_back((dir / name).string(), "the demo's");
-  if (!check_output_file(o.trace, "--trace", outputs, "a file of the demo")) return 2;
+  if (!check_output_file(o.trace, "--trace", outputs, "a file of the demo") ||
+      !check_replaces_only_a_trace(o.trace, "--trace"))
+    return 2;
   train::DemoDatasetFiles data;
   config::Config cfg;
   model::LlamaConfig model;

@@ -133,6 +133,7 @@ int run_tokenize(const TokenizeArgs& a) {
   std::vector<std::pair<std::string, const char*>> written;
   for (const std::string& out : outputs) written.emplace_back(out, "--out");
   written.emplace_back(a.out + ".mask", "--out");
+  written.emplace_back(a.out + ".lock", "--out");  // the job's lock on its outputs
   if (!check_output_file(a.log_json, "--log-json", written, "one of the outputs")) return 2;
   // Nothing goes into a checkpoint (a file it does not list keeps it from being pruned), and the
   // log replaces only a log.
@@ -173,7 +174,7 @@ int run_tokenize(const TokenizeArgs& a) {
       log << progress_json("progress", p).dump() << '\n' << std::flush;
       // Before anything is written: a log that cannot be written fails the job, which then
       // writes nothing.
-      if (!log) throw IoError(a.log_json, errno, "write --log-json");
+      if (!log) throw IoError(a.log_json, errno != 0 ? errno : EIO, "write --log-json");
     }
   };
   uint64_t skipped = 0;

@@ -42,6 +42,9 @@ int run_reporting(const std::function<int()>& run,
   } catch (const CorruptData& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
+  } catch (const PathBusy& e) {  // a path another run holds: the user's to change, as in train
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
