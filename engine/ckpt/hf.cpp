@@ -87,7 +87,8 @@ std::map<std::string, std::string> parse_index(const fs::path& index) {
   for (const auto& [name, file] : j["weight_map"].items()) {
     const bool plain = file.is_string() && !file.get_ref<const std::string&>().empty() &&
                        fs::path(file.get<std::string>()).filename() == file.get<std::string>() &&
-                       file != "." && file != "..";
+                       file != "." && file != ".." &&
+                       file.get_ref<const std::string&>().find('\0') == std::string::npos;
     if (!plain)
       throw CorruptData(fmt::format(
           "{}: tensor \"{}\" maps to {}, not a file name in the directory", p, name, file.dump()));

@@ -10,10 +10,10 @@
 #include <cerrno>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 #include <utility>
 
 #include "common/error.hpp"
+#include "common/json_dom.hpp"
 #include "common/open_file.hpp"
 #include "engine/ckpt/file_util.hpp"
 
@@ -160,12 +160,6 @@ void check_contiguous(const std::string& path, std::vector<SafetensorsEntry>& ts
   }
 }
 
-// The keys of each JSON object open during a parse, innermost last, for parse_json_unique_keys.
-struct OpenObject {
-  std::string name;  // the key it is the value of ("" for the root or inside an array)
-  std::set<std::string, std::less<>> keys;
-};
-
 uint64_t read_le64(const unsigned char* b) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | b[i];
@@ -185,27 +179,13 @@ std::string format_shape(std::span<const int64_t> shape) {
 }
 
 json parse_json_unique_keys(std::string_view text, const std::string& where) {
-  std::vector<OpenObject> open;
-  std::string last_key;
-  const json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      open.push_back({.name = std::exchange(last_key, {}), .keys = {}});
-    } else if (event == json::parse_event_t::object_end) {
-      open.pop_back();
-    } else if (event == json::parse_event_t::array_start) {
-      last_key.clear();
-    } else if (event == json::parse_event_t::key) {
-      last_key = parsed.get<std::string>();
-      if (!open.back().keys.insert(last_key).second)
-        throw CorruptData(fmt::format("{}: key \"{}\" appears twice in {}", where, last_key,
-                                      open.back().name.empty()
-                                          ? std::string("one object")
-                                          : fmt::format("\"{}\"", open.back().name)));
-    }
-    return true;
+  const auto repeated = [&](const std::string& key, const std::string& object) {
+    throw CorruptData(
+        fmt::format("{}: key \"{}\" appears twice in {}", where, key,
+                    object.empty() ? std::string("one object") : fmt::format("\"{}\"", object)));
   };
   try {
-    return json::parse(text, check);
+    return parse_json_dom(text, {.max_depth = 0, .on_repeated_key = repeated});
   } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
     throw CorruptData(fmt::format("{}: not valid JSON: {}", where, e.what()));
   }

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "common/error.hpp"
+#include "common/json_dom.hpp"
 #include "common/open_file.hpp"
 #include "engine/model/model.hpp"
 
@@ -334,18 +335,11 @@ constexpr int kMaxModelConfigDepth = 256;
 
 LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view source) {
   json j;
-  bool too_deep = false;
-  const json::parser_callback_t bounded = [&](int depth, json::parse_event_t, json&) {
-    if (depth > kMaxModelConfigDepth) {
-      too_deep = true;
-      throw std::length_error("nested too deep");
-    }
-    return true;
-  };
   try {
-    j = json::parse(text, bounded);
-  } catch (const std::length_error&) {
-    if (!too_deep) throw;
+    // Linear in the text (a callback bounding the depth would make json::parse quadratic in an
+    // object's members).
+    j = parse_json_dom(text, {.max_depth = kMaxModelConfigDepth, .on_repeated_key = {}});
+  } catch (const JsonTooDeep&) {
     fail(source, "",
          fmt::format("objects and arrays nested deeper than {} levels; allowed: at most {}",
                      kMaxModelConfigDepth, kMaxModelConfigDepth));

@@ -12,6 +12,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -174,19 +175,27 @@ class AioHandle {
  public:
   AioHandle(const aio::Options& options, const std::string& o_direct,
             const std::vector<FaultSpec>& faults)
-      : direct_(parse_direct(o_direct)), engine_(options, make_backend(faults)) {
+      : direct_(parse_direct(o_direct)),
+        engine_(std::make_unique<aio::Engine>(options, make_backend(faults))),
+        pid_(::getpid()) {
     serial_ = created_files().next_handle.fetch_add(1);
   }
 
   // Waits for every request still in flight (errors logged, not raised; a file a failed write
   // created removed) before the memory they use is released; their on_complete callbacks are
-  // not called.
+  // not called. In a process forked from the one that made it, the engine is left as it is: its
+  // I/O threads are not there, and destroying it would wait for them forever.
   ~AioHandle() {
+    if (forked()) {
+      (void)engine_.release();
+      pending_.clear();
+      return;
+    }
     {
       py::gil_scoped_release nogil;
       for (auto& [id, p] : pending_) {
         try {
-          engine_.wait(p.ticket);
+          if (!p.completed) engine_->wait(p.ticket);
         } catch (const std::exception& e) {
           log::warn("outcore.aio: request on {} at offset {} never waited and failed: {}",
                     p.file.path(), p.offset, e.what());
@@ -215,6 +224,7 @@ class AioHandle {
   // raises here, before it stores any byte. InvalidArgument for a path holding a null byte.
   uint64_t submit(bool write, py::object keep, uintptr_t address, uint64_t bytes,
                   const std::string& path, uint64_t offset, py::object on_complete, bool sync) {
+    refuse_if_forked();
     checked_path(path, "path");
     const bool aligned =
         address % kIoAlignment == 0 && offset % kIoAlignment == 0 && bytes % kIoAlignment == 0;
@@ -239,8 +249,8 @@ class AioHandle {
               offset};
     auto* data = reinterpret_cast<std::byte*>(address);
     try {
-      p.ticket = write ? engine_.submit_write(p.file, offset, {data, bytes})
-                       : engine_.submit_read(p.file, offset, {data, bytes});
+      p.ticket = write ? engine_->submit_write(p.file, offset, {data, bytes})
+                       : engine_->submit_read(p.file, offset, {data, bytes});
     } catch (...) {
       {
         py::gil_scoped_release nogil;  // the registry is touched without the GIL
@@ -254,38 +264,52 @@ class AioHandle {
 
   // Blocks (GIL released) until request `id` completes, calls its on_complete, then releases
   // it and returns true; raises the request's error (or on_complete's). Returns false for an id
-  // that is not pending (already waited).
+  // that is not pending (already waited). When on_complete raises (a KeyboardInterrupt while it
+  // stores a read), the request stays pending, completed: the next wait calls it again.
   bool wait(uint64_t id) {
+    refuse_if_forked();
     auto it = pending_.find(id);
     if (it == pending_.end()) return false;
     Pending p = std::move(it->second);
     pending_.erase(it);
-    ++waiting_;
-    std::exception_ptr failed;
-    {
-      py::gil_scoped_release nogil;  // the registry too is touched without the GIL
+    if (!p.completed) {
+      ++waiting_;
+      std::exception_ptr failed;
+      {
+        py::gil_scoped_release nogil;  // the registry too is touched without the GIL
+        try {
+          engine_->wait(p.ticket);
+          forget_created(id);
+        } catch (...) {
+          failed = std::current_exception();
+          remove_if_created(id);
+        }
+      }
+      --waiting_;
+      if (failed) std::rethrow_exception(failed);
+      p.completed = true;
+    }
+    if (!p.on_complete.is_none()) {
       try {
-        engine_.wait(p.ticket);
-        forget_created(id);
+        p.on_complete();
       } catch (...) {
-        failed = std::current_exception();
-        remove_if_created(id);
+        pending_.emplace(id, std::move(p));
+        throw;
       }
     }
-    --waiting_;
-    if (failed) std::rethrow_exception(failed);
-    if (!p.on_complete.is_none()) p.on_complete();
     return true;  // p (file, keep, on_complete) is released with the GIL held
   }
 
   bool done(uint64_t id) const {
+    refuse_if_forked();
     auto it = pending_.find(id);
-    return it == pending_.end() || engine_.is_done(it->second.ticket);
+    return it == pending_.end() || it->second.completed || engine_->is_done(it->second.ticket);
   }
 
   // Waits for every pending request, oldest first. Returns how many completed; if any
   // failed, raises the error of the oldest failed one once all are done.
   size_t wait_all() {
+    refuse_if_forked();
     size_t completed = 0;
     std::exception_ptr first;
     while (!pending_.empty()) {
@@ -302,8 +326,8 @@ class AioHandle {
 
   // Requests submitted and not yet released by a wait (those being waited included).
   size_t pending() const { return pending_.size() + waiting_; }
-  const aio::Options& options() const { return engine_.options(); }
-  std::string backend() const { return engine_.backend_name(); }
+  const aio::Options& options() const { return engine_->options(); }
+  std::string backend() const { return engine_->backend_name(); }
 
  private:
   struct Pending {
@@ -312,7 +336,19 @@ class AioHandle {
     py::object keep;
     py::object on_complete;  // None or a callable
     uint64_t offset = 0;
+    bool completed = false;  // its I/O succeeded (waited); on_complete is still to run
   };
+
+  bool forked() const { return ::getpid() != pid_; }
+  // A forked child has the handle's memory but not its I/O threads: a request there would wait
+  // forever.
+  void refuse_if_forked() const {
+    if (forked())
+      throw Error(fmt::format(
+          "outcore.aio: this handle was made in process {}, and process {} is a fork of it, "
+          "without its I/O threads: make a new Handle in this process",
+          pid_, ::getpid()));
+  }
 
   // Records write `id`: the file it created, or, for a file it did not create, that the file
   // is no longer only that of the write (of any handle) that created it. Called with
@@ -348,7 +384,8 @@ class AioHandle {
   }
 
   DirectMode direct_;
-  aio::Engine engine_;
+  std::unique_ptr<aio::Engine> engine_;
+  pid_t pid_;                            // the process that made it
   std::map<uint64_t, Pending> pending_;  // by id: submission order
   uint64_t next_id_ = 1;
   size_t waiting_ = 0;   // moved out of pending_ by a wait still blocked (GIL released)

@@ -21,7 +21,13 @@ or Handle.wait()), stores its bytes into the storage the tensor had when queued,
 followed where resize_() reallocated it (a read never waited before its Handle is gone stores
 nothing; one whose storage was shrunk below it raises ValueError and stores nothing). So a
 tensor deleted, set_() to other memory or resize_()d before its request is waited never makes
-the request touch freed memory.
+the request touch freed memory. A KeyboardInterrupt while a read is stored leaves the request
+pending: the next wait stores it.
+
+Processes: a Handle works in the process that made it. A forked child (a DataLoader worker, a
+multiprocessing pool) has its memory but not its I/O threads: there a request raises
+outcore.Error saying so (make a new Handle in the child), and the child's copy goes away without
+waiting for those threads.
 
 Where outcore differs from DeepNVMe:
   * Defaults: queue_depth=32 and overlap_events=True (DeepNVMe: 128 and False).

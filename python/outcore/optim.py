@@ -149,7 +149,8 @@ class CPUAdam(torch.optim.Optimizer):
             raise ValueError(f"Invalid learning rate: {lr}")
         if eps <= 0.0:
             raise ValueError(f"Invalid epsilon value: {eps}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+        if (not isinstance(betas, (tuple, list)) or len(betas) != 2
+                or not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0)):
             raise ValueError(f"Invalid beta parameters: {betas}")
         if weight_decay < 0.0:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
@@ -280,13 +281,25 @@ class CPUAdam(torch.optim.Optimizer):
             raise ValueError(f"CPUAdam: param_groups[{gi}]['betas'] must be a pair (beta1, "
                              f"beta2), got {betas!r}")
         beta1, beta2 = betas
+        values = {}
+        for key in ("lr", "eps", "weight_decay", "adamw_mode", "bias_correction"):
+            if key not in group:
+                raise ValueError(f"CPUAdam: param_groups[{gi}] has no '{key}'")
+            try:
+                values[key] = (bool if key in ("adamw_mode", "bias_correction") else float)(
+                    group[key])
+            except (TypeError, ValueError):
+                raise ValueError(f"CPUAdam: param_groups[{gi}]['{key}'] must be a number, got "
+                                 f"{group[key]!r}") from None
+        if not values["eps"] > 0.0:  # as the constructor: eps 0 divides zero moments by zero
+            raise ValueError(f"CPUAdam: param_groups[{gi}]['eps'] must be > 0, got "
+                             f"{values['eps']}")
         try:
             _outcore.check_adam_params(
-                float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                float(group["weight_decay"]), bool(group["adamw_mode"]),
-                bool(group["bias_correction"]), 1, self.formula, 1.0)
-        except ValueError as e:
-            raise type(e)(f"CPUAdam: param_groups[{gi}]: {e}") from None
+                values["lr"], float(beta1), float(beta2), values["eps"], values["weight_decay"],
+                values["adamw_mode"], values["bias_correction"], 1, self.formula, 1.0)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"CPUAdam: param_groups[{gi}]: {e}") from None
 
     def _update(self, group, p, step, target):
         state = self.state[p]

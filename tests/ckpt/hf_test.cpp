@@ -363,6 +363,22 @@ TEST(Safetensors, KeyTwiceInTheHeaderIsRefusedNamingKeyAndFile) {
   EXPECT_EQ(SafetensorsFile::open(dir / "fine.safetensors").tensors().size(), 2u);
 }
 
+// A header of very many tensors is read in time linear in its size (the parse was quadratic in
+// the number of entries: a 20 MB header of 400000 empty tensors took about half an hour; under
+// this test's timeout it now takes a second or two).
+TEST(Safetensors, AHeaderOfManyTensorsIsReadInLinearTime) {
+  TempDir dir("hf");
+  constexpr int kTensors = 400000;
+  std::string header = "{";
+  for (int i = 0; i < kTensors; ++i)
+    header += fmt::format(R"({}"t{}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})",
+                          i == 0 ? "" : ",", i);
+  header += "}";
+  const fs::path p = dir / "many.safetensors";
+  write_all(p, le64(header.size()) + header);
+  EXPECT_EQ(SafetensorsFile::open(p).tensors().size(), static_cast<size_t>(kTensors));
+}
+
 // As the safetensors library: data_offsets leave no byte between tensors or before the first.
 TEST(Safetensors, GapsBetweenTensorsAreRefused) {
   TempDir dir("hf");
@@ -562,6 +578,13 @@ TEST_F(HfImportErrors, MalformedIndexIsNamed) {
   write_sharded();
   set_index(json{{"weight_map", {{"model.norm.weight", "../escape.safetensors"}}}});
   EXPECT_MENTIONS(open_error(), "../escape.safetensors");
+  // A NUL byte in a shard's name would open the name cut short at it (the real shard).
+  write_sharded();
+  json j = index();
+  const std::string shard = j["weight_map"]["model.norm.weight"];
+  j["weight_map"]["model.norm.weight"] = shard + std::string(1, '\0') + "x";
+  set_index(j);
+  EXPECT_MENTIONS(open_error(), "not a file name in the directory");
   write_all(dir / kHfIndexFile, "{\"weight_map\": ");
   EXPECT_MENTIONS(open_error(), kHfIndexFile);
 }

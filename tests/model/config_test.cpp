@@ -108,6 +108,15 @@ TEST(LlamaConfig, MissingWrongTypeAndImpossibleValuesAreErrors) {
   };
   expect_error(nested(100000), "", "nested deeper than 256 levels");
   EXPECT_NO_THROW(LlamaConfig::from_json(nested(200), "config.json"));
+  expect_error(nested(257), "", "nested deeper than 256 levels");
+  EXPECT_NO_THROW(LlamaConfig::from_json(nested(255), "config.json"));  // 256 with the root
+  // Many keys whose values are objects are read in time linear in the text (bounding the depth
+  // with json::parse's callback made it quadratic: 60000 such keys took 30 s, these 400000 about
+  // 20 minutes; under this test's timeout they take a second or two), and kept for the export.
+  std::string many;
+  for (int i = 0; i < 400000; ++i) many += fmt::format(", \"x{}\": {{}}", i);
+  const LlamaConfig c = LlamaConfig::from_json(with(many), "config.json");
+  EXPECT_NE(c.hf_extra.find("\"x399999\""), std::string::npos);
 }
 
 // Mistral (model_type "mistral"): Llama's architecture and weight names; its sliding_window is

@@ -4,6 +4,7 @@ the right exception with the file and offset, the GIL released while blocked, as
 whose tensor is freed, set_() or resize_()d before wait() touching no freed memory, and no file
 descriptor or pinned buffer leaked over 1000 calls."""
 import errno
+import gc
 import os
 import shutil
 import stat
@@ -635,6 +636,72 @@ class Leaks(AioTest):
             h.async_pwrite(torch.zeros(100), self.path("h.bin"))  # never waited: __del__ does
             del h
         self.assertEqual(open_fds(), fds)
+
+
+class ForkAndInterrupts(AioTest):
+    def test_a_forked_child_is_refused_the_handle_and_exits(self):
+        # The child has the handle but not its I/O threads: using it raises at once, and the
+        # child's exit (which destroys it) does not wait for them (it used to hang forever).
+        h = aio.Handle(intra_op_parallelism=2)
+        h.sync_pwrite(torch.ones(1000), self.path("f.bin"))
+        pid = os.fork()
+        if pid == 0:  # the child: never returns to the test runner
+            code = 3
+            try:
+                h.sync_pwrite(torch.ones(10), self.path("child.bin"))
+            except outcore.Error as e:
+                code = 0 if "make a new Handle in this process" in str(e) else 4
+            except BaseException:
+                code = 5
+            try:
+                del h  # destroys the handle: must not wait for threads the child lacks
+                gc.collect()
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 30
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                self.fail("the forked child did not exit")
+            time.sleep(0.05)
+        self.assertTrue(os.WIFEXITED(status))
+        self.assertEqual(os.WEXITSTATUS(status), 0)
+        self.assertFalse(os.path.exists(self.path("child.bin")))
+        out = torch.zeros(1000)
+        h.sync_pread(out, self.path("f.bin"))  # the parent's handle still works
+        self.assertTrue(torch.equal(out, torch.ones(1000)))
+
+    def test_an_interrupt_while_a_read_is_stored_leaves_it_to_the_next_wait(self):
+        # A KeyboardInterrupt raised while wait() stores a read (through a private buffer) used
+        # to drop the bytes and mark the request done; the next wait now stores them.
+        h = aio.Handle()
+        data = random_tensor(5000, torch.float32, 7)
+        h.sync_pwrite(data, self.path("r.bin"))
+        out = torch.zeros(5000)
+        req = h.async_pread(out, self.path("r.bin"))
+        original = torch.Tensor.copy_
+        calls = []
+
+        def interrupted_once(self_, *args, **kwargs):
+            if not calls:
+                calls.append(1)
+                raise KeyboardInterrupt
+            return original(self_, *args, **kwargs)
+
+        torch.Tensor.copy_ = interrupted_once
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                req.wait()
+            self.assertTrue(req.done())
+            self.assertEqual(req.wait(), 1)
+        finally:
+            torch.Tensor.copy_ = original
+        self.assertEqual(as_bytes(out), as_bytes(data))
+        self.assertEqual(req.wait(), 0)
 
 
 if __name__ == "__main__":

@@ -369,6 +369,19 @@ class AtomicStep(unittest.TestCase):
         params, opt = self.make()
         opt.param_groups[2]["lr"] = float("nan")
         self.assert_raises_and_changes_nothing(opt, r"param_groups\[2\]: .*lr")
+        # eps 0 (refused by the constructor; a group or a loaded state dict can bring it: zero
+        # moments over zero made the parameters NaN), a key missing or not a number: ValueErrors
+        # naming the group and key, nothing changed.
+        for key, value, message in (("eps", 0.0, r"\['eps'\] must be > 0"),
+                                    ("lr", None, r"\['lr'\] must be a number, got None"),
+                                    ("weight_decay", "x", r"\['weight_decay'\] must be a number"),
+                                    ("eps", KeyError, r" has no 'eps'")):
+            params, opt = self.make()
+            if value is KeyError:
+                del opt.param_groups[2][key]
+            else:
+                opt.param_groups[2][key] = value
+            self.assert_raises_and_changes_nothing(opt, rf"param_groups\[2\]{message}")
 
     def test_bad_late_copy_out_target(self):
         params, opt = self.make()
