@@ -1,8 +1,8 @@
 // JSON text -> nlohmann::json in time linear in the text, with a nesting limit and, optionally,
-// each object's keys checked unique. json::parse with a callback (the usual way to bound the
-// nesting) rescans an object's members after every member that is itself an object: quadratic in
-// the members, hours for a file of a million small objects. Header-only; the users link
-// nlohmann_json.
+// each object's keys checked unique, through nlohmann's public interfaces only. json::parse with a
+// callback (the usual way to bound the nesting) rescans an object's members after every member that
+// is itself an object: quadratic in the members, hours for a file of a million small objects.
+// Header-only; the users link nlohmann_json.
 #pragma once
 
 #include <cstddef>
@@ -32,48 +32,47 @@ struct JsonDomOptions {
 
 namespace detail {
 
-class DomSax {
+// The first pass: nlohmann's public SAX interface, building nothing, checking the nesting and
+// the keys. A syntax error ends it quietly (json::parse then reports it, exactly).
+class JsonDomChecks : public nlohmann::json_sax<nlohmann::json> {
  public:
   using json = nlohmann::json;
-  DomSax(json& root, const JsonDomOptions& options) : dom_(root, true), options_(options) {}
-  bool null() { return dom_.null(); }
-  bool boolean(bool v) { return dom_.boolean(v); }
-  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v); }
-  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v); }
-  bool number_float(json::number_float_t v, const json::string_t& text) {
-    return dom_.number_float(v, text);
-  }
-  bool string(json::string_t& v) { return dom_.string(v); }
-  bool binary(json::binary_t& v) { return dom_.binary(v); }
-  bool start_object(std::size_t n) {
+  explicit JsonDomChecks(const JsonDomOptions& options) : options_(options) {}
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
     enter();
     if (options_.on_repeated_key) open_.push_back({std::exchange(last_key_, {}), {}});
-    return dom_.start_object(n);
+    return true;
   }
-  bool key(json::string_t& k) {
+  bool key(string_t& k) override {
     if (options_.on_repeated_key) {
       if (!open_.back().keys.insert(k).second) options_.on_repeated_key(k, open_.back().name);
       last_key_ = k;
     }
-    return dom_.key(k);
+    return true;
   }
-  bool end_object() {
+  bool end_object() override {
     --depth_;
     if (options_.on_repeated_key) open_.pop_back();
-    return dom_.end_object();
+    return true;
   }
-  bool start_array(std::size_t n) {
+  bool start_array(std::size_t) override {
     enter();
     last_key_.clear();
-    return dom_.start_array(n);
+    return true;
   }
-  bool end_array() {
+  bool end_array() override {
     --depth_;
-    return dom_.end_array();
+    return true;
   }
-  bool parse_error(std::size_t position, const std::string& token,
-                   const nlohmann::detail::exception& e) {
-    return dom_.parse_error(position, token, e);
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
   }
 
  private:
@@ -86,7 +85,6 @@ class DomSax {
       throw JsonTooDeep("JSON nested deeper than " + std::to_string(options_.max_depth));
   }
 
-  nlohmann::detail::json_sax_dom_parser<json> dom_;
   const JsonDomOptions& options_;
   int depth_ = 0;
   std::vector<OpenObject> open_;
@@ -96,12 +94,12 @@ class DomSax {
 }  // namespace detail
 
 // Parses `text` as json::parse does (throwing its exceptions for malformed text and numbers out
-// of range), JsonTooDeep past options.max_depth, and what options.on_repeated_key throws.
+// of range), JsonTooDeep past options.max_depth, and what options.on_repeated_key throws. Two
+// passes, both linear: the checks, then json::parse without a callback.
 inline nlohmann::json parse_json_dom(std::string_view text, const JsonDomOptions& options = {}) {
-  nlohmann::json root;
-  detail::DomSax sax(root, options);
-  nlohmann::json::sax_parse(text, &sax);
-  return root;
+  detail::JsonDomChecks checks(options);
+  nlohmann::json::sax_parse(text, &checks);
+  return nlohmann::json::parse(text);
 }
 
 }  // namespace outcore

@@ -495,7 +495,7 @@ void SaveDir::check_room(uint64_t bytes, int64_t saves, const WriterOptions& hoo
   const uint64_t fits = *free_bytes / bytes;
   if (fits < static_cast<uint64_t>(added))
     throw OutOfMemory(fmt::format(
-        "save directory {}: a checkpoint of this run takes at least {} bytes ({:.1f} MiB), and "
+        "save directory {}: a checkpoint of this run takes up to {} bytes ({:.1f} MiB), and "
         "the filesystem has {} bytes ({:.1f} MiB) free{}: free some space, lower --keep or "
         "choose another --save-dir ({})",
         dir_.string(), bytes, mib(bytes), *free_bytes, mib(*free_bytes),

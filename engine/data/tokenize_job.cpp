@@ -803,6 +803,7 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
 
   TokenizeResult result;
   result.totals = progress;
+  result.totals.seconds = seconds();  // with the commit's fsyncs and renames
   result.targets = writer.targets();
   result.token_file = outputs[0];
   result.mask_file = encoder.pairs() ? outputs[1] : "";

@@ -32,7 +32,7 @@ ckpt::Manifest checkpoint_manifest(const zero::ZeroEngine& engine, int64_t step,
 }  // namespace
 
 uint64_t checkpoint_bytes(const zero::ZeroEngine& engine, int world_size, int zero_stage,
-                          uint64_t piece_elems) {
+                          uint64_t piece_elems, uint64_t config_bytes) {
   if (piece_elems == 0) throw InvalidArgument("checkpoint: piece_elems must be > 0");
   // Per piece of this rank's partitions (save_engine_checkpoint's segments): fp32 master weights
   // and two moments in optimizer.bin, the parameters in model.bin, each segment aligned.
@@ -48,7 +48,8 @@ uint64_t checkpoint_bytes(const zero::ZeroEngine& engine, int world_size, int ze
   }
   // Every rank saves its partitions (of equal size); at stage 0 rank 0 alone saves the state.
   const uint64_t savers = static_cast<uint64_t>(zero_stage == 0 ? 1 : world_size);
-  return savers * (bytes + segments * kManifestBytesPerSegment) + kCheckpointTextBytes;
+  return savers * (bytes + segments * kManifestBytesPerSegment) + config_bytes +
+         kCheckpointTextBytes + 4 * kIoAlignment;  // four text files, each rounded up
 }
 
 ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& tag, int64_t step,

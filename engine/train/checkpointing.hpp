@@ -40,12 +40,14 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
 
 // At most the bytes one checkpoint of `engine`'s run takes, every rank's: its data files as a
 // save with pieces of `piece_elems` lays them out (headers, each segment aligned), the
-// manifests' entries at kManifestBytesPerSegment each, and kCheckpointTextBytes for the other
-// JSON files (configs, trainer state). A save checks its own figure again exactly.
+// manifest's entries at kManifestBytesPerSegment each, `config_bytes` (the sizes of the
+// checkpoint's ds_config.json and config.json) and kCheckpointTextBytes for the trainer state
+// and the manifest's other fields, each text file block-aligned. A save checks its own figure
+// again exactly.
 inline constexpr uint64_t kCheckpointTextBytes = uint64_t{1} << 20;
 inline constexpr uint64_t kManifestBytesPerSegment = 512;
 uint64_t checkpoint_bytes(const zero::ZeroEngine& engine, int world_size, int zero_stage,
-                          uint64_t piece_elems);
+                          uint64_t piece_elems, uint64_t config_bytes);
 
 // REQUIRES: ck.verify() passed (the caller decides when; loading never checks CRCs itself).
 void load_engine_checkpoint(const ckpt::Checkpoint& ck, zero::ZeroEngine& engine);

@@ -279,9 +279,11 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   // The swap files are in place: a save directory on the same filesystem sees what they left.
   // Before the restore or import, which can take long and do not change the free space.
   if (save_dir_ && rank() == 0)
-    save_dir_->check_room(checkpoint_bytes(*engine_, world_size(), cfg_.zero_optimization.stage,
-                                           opts_.checkpoint_io.piece_elems),
-                          saves_of_run(ck ? ck->manifest().step : 0), opts_.checkpoint_io);
+    save_dir_->check_room(
+        checkpoint_bytes(
+            *engine_, world_size(), cfg_.zero_optimization.stage, opts_.checkpoint_io.piece_elems,
+            config::to_json(cfg_).dump(2).size() + 1 + model_->config().to_hf_json().size()),
+        saves_of_run(ck ? ck->manifest().step : 0), opts_.checkpoint_io);
   if (ck) {
     restore(*ck);
   } else if (init_weights) {

@@ -264,8 +264,8 @@ class AioHandle {
 
   // Blocks (GIL released) until request `id` completes, calls its on_complete, then releases
   // it and returns true; raises the request's error (or on_complete's). Returns false for an id
-  // that is not pending (already waited). When on_complete raises (a KeyboardInterrupt while it
-  // stores a read), the request stays pending, completed: the next wait calls it again.
+  // that is not pending (already waited). When on_complete is interrupted (a KeyboardInterrupt
+  // while it stores a read), the request stays pending, completed: the next wait calls it again.
   bool wait(uint64_t id) {
     refuse_if_forked();
     auto it = pending_.find(id);
@@ -292,8 +292,10 @@ class AioHandle {
     if (!p.on_complete.is_none()) {
       try {
         p.on_complete();
-      } catch (...) {
-        pending_.emplace(id, std::move(p));
+      } catch (py::error_already_set& e) {
+        // Interrupted (Ctrl-C) before it stored the bytes: pending still, for the next wait.
+        // Any other error (a storage shrunk under the read) is final, as documented.
+        if (e.matches(PyExc_KeyboardInterrupt)) pending_.emplace(id, std::move(p));
         throw;
       }
     }
@@ -312,10 +314,18 @@ class AioHandle {
     refuse_if_forked();
     size_t completed = 0;
     std::exception_ptr first;
-    while (!pending_.empty()) {
-      const uint64_t id = pending_.begin()->first;
+    // Each request once, oldest first (one that failed is released). A Ctrl-C stops the wait
+    // at once: the requests not waited yet stay pending.
+    for (uint64_t next = 0;;) {
+      const auto it = pending_.lower_bound(next);
+      if (it == pending_.end()) break;
+      const uint64_t id = it->first;
+      next = id + 1;
       try {
         completed += wait(id) ? 1 : 0;
+      } catch (py::error_already_set& e) {
+        if (e.matches(PyExc_KeyboardInterrupt)) throw;
+        if (!first) first = std::current_exception();
       } catch (const std::exception&) {
         if (!first) first = std::current_exception();
       }

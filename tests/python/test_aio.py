@@ -221,6 +221,20 @@ if overwritten:
 if mutation == "shrink":
     if not isinstance(error, ValueError) or "resized" not in str(error):
         sys.exit(f"wait() after the storage shrank: expected ValueError, got {error!r}")
+    # The failure is final: the request is released, and Handle.wait() returns at once.
+    if req.wait() != 0 or h.wait() != 0 or h._core.pending() != 0:
+        sys.exit("the failed request is still pending")
+    req2 = h.async_pread(torch.zeros(N, dtype=torch.uint8), path)
+    t2 = torch.zeros(N, dtype=torch.uint8)
+    req3 = h.async_pread(t2, path)
+    t2.storage().resize_(16)
+    try:
+        h.wait()  # each request once: it used to retry the failing one forever
+        sys.exit("Handle.wait() after a storage shrank: no error")
+    except ValueError:
+        pass
+    if h._core.pending() != 0:
+        sys.exit("Handle.wait() left requests pending")
     sys.exit(0)
 if error is not None:
     sys.exit(f"wait() raised {error!r}")
