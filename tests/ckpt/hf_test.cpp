@@ -432,8 +432,10 @@ TEST(HfImport, ManyShardsReadWithFewDescriptorsAndAReplacedShardIsRefused) {
   const HfWeights w = HfWeights::open(dir / "m", cfg);
   const std::string shard = w.file("model.norm.weight")->path();
   const std::string bytes = read_all(shard);
-  fs::remove(shard);
-  write_all(shard, bytes);  // the same bytes in another file
+  // The same bytes in another file. The old one is kept (renamed away): removed, its inode
+  // number could be given to the new file, which would then look like the one validated.
+  fs::rename(shard, dir / "validated.safetensors.old");
+  write_all(shard, bytes);
   const model::UnitLayout& head = w.layout().units.back();
   std::vector<float> out(head.padded_numel);
   EXPECT_MENTIONS(
