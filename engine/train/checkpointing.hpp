@@ -44,7 +44,7 @@ ckpt::SaveResult save_engine_checkpoint(ckpt::SaveDir& dir, const std::string& t
 // checkpoint's ds_config.json and config.json) and kCheckpointTextBytes for the trainer state
 // and the manifest's other fields, each text file block-aligned. A save checks its own figure
 // again exactly.
-inline constexpr uint64_t kCheckpointTextBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kCheckpointTextBytes = uint64_t{64} << 10;
 inline constexpr uint64_t kManifestBytesPerSegment = 512;
 uint64_t checkpoint_bytes(const zero::ZeroEngine& engine, int world_size, int zero_stage,
                           uint64_t piece_elems, uint64_t config_bytes);
