@@ -54,8 +54,7 @@ TEST(AioFile, AFifoOpenedForWritingIsRefusedAsAFifo) {
   TempDir dir;
   const std::filesystem::path fifo = dir / "fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  for (const bool direct : {true, false})
-    try {
+  for (const bool direct : {true, false}) try {
       File::open(fifo, {.access = Access::kWrite, .direct = direct});
       ADD_FAILURE() << "opened";
     } catch (const InvalidArgument& e) {

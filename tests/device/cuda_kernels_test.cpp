@@ -395,7 +395,7 @@ TEST_F(CudaKernels, FusedAttentionRefusesAHeadSizeOrScaleItDoesNotTake) {
   ASSERT_EQ(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
             cudaSuccess);
   EXPECT_EQ(flash::shared_bytes(128), 104448u);  // 102 KiB at head size 128
-  if (optin >= 232448) {  // sm_90: 227 KiB
+  if (optin >= 232448) {                         // sm_90: 227 KiB
     EXPECT_TRUE(flash_attention_supported(128)) << optin;
   }
   if (optin < 104448) {
