@@ -320,12 +320,6 @@ static int run_bench(int argc, char** argv) {
   return 0;
 }
 
-// Errors end the run with one line and exit 1, after the scratch directory is removed.
 int main(int argc, char** argv) {
-  try {
-    return run_bench(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", "ckpt_bench", e.what());
-    return 1;
-  }
+  return outcore::bench::main_removing_scratch("ckpt_bench", run_bench, argc, argv);
 }

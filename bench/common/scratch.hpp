@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -70,6 +72,17 @@ inline aio::File open_unlinked_scratch_file(const std::filesystem::path& dir, st
       ::unlink(path.c_str());
       throw;
     }
+  }
+}
+
+// A benchmark's main: `run(argc, argv)`, an exception ending it with one line on stderr naming
+// `name` and exit 1 (caught, so that the stack unwinds and a ScratchDir goes).
+inline int main_removing_scratch(const char* name, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", name, e.what());
+    return 1;
   }
 }
 

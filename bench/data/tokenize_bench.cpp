@@ -135,12 +135,6 @@ static int run_bench(int argc, char** argv) {
   return rc;
 }
 
-// Errors end the run with one line and exit 1, after the scratch directory is removed.
 int main(int argc, char** argv) {
-  try {
-    return run_bench(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", "tokenize_bench", e.what());
-    return 1;
-  }
+  return outcore::bench::main_removing_scratch("tokenize_bench", run_bench, argc, argv);
 }

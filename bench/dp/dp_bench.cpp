@@ -187,12 +187,6 @@ static int run_bench(int argc, char** argv) {
   return 0;
 }
 
-// Errors end the rank with one line and exit 1, after its scratch directory is removed.
 int main(int argc, char** argv) {
-  try {
-    return run_bench(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dp_bench: error: %s\n", e.what());
-    return 1;
-  }
+  return outcore::bench::main_removing_scratch("dp_bench", run_bench, argc, argv);
 }

@@ -135,6 +135,12 @@ void warn_schedule_longer_than_run(const config::SchedulerConfig& s, const LrSch
       schedule.lr_at(total - 2), total);
 }
 
+// A checkpoint's ds_config.json and config.json (trainer_state empty): what a save writes, and
+// what the save directory's room is checked for at start.
+CheckpointTexts config_texts(const config::Config& cfg, const model::LlamaConfig& model) {
+  return {config::to_json(cfg).dump(2) + "\n", model.to_hf_json(), {}};
+}
+
 }  // namespace
 
 DType param_dtype(const config::Config& cfg) {
@@ -279,11 +285,14 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   // The swap files are in place: a save directory on the same filesystem sees what they left.
   // Before the restore or import, which can take long and do not change the free space.
   if (save_dir_ && rank() == 0)
-    save_dir_->check_room(
-        checkpoint_bytes(
-            *engine_, world_size(), cfg_.zero_optimization.stage, opts_.checkpoint_io.piece_elems,
-            config::to_json(cfg_).dump(2).size() + 1 + model_->config().to_hf_json().size()),
-        saves_of_run(ck ? ck->manifest().step : 0), opts_.checkpoint_io);
+    save_dir_->check_room(checkpoint_bytes(*engine_, world_size(), cfg_.zero_optimization.stage,
+                                           opts_.checkpoint_io.piece_elems,
+                                           [&] {
+                                             const CheckpointTexts t =
+                                                 config_texts(cfg_, model_->config());
+                                             return t.ds_config.size() + t.model_config.size();
+                                           }()),
+                          saves_of_run(ck ? ck->manifest().step : 0), opts_.checkpoint_io);
   if (ck) {
     restore(*ck);
   } else if (init_weights) {
@@ -598,8 +607,8 @@ nlohmann::ordered_json Trainer::state_json() const {
 
 ckpt::SaveResult Trainer::save_checkpoint() {
   if (!save_dir_) throw InvalidArgument("save_checkpoint: no save directory was given");
-  CheckpointTexts texts{config::to_json(cfg_).dump(2) + "\n", model_->config().to_hf_json(),
-                        state_json().dump(2) + "\n"};
+  CheckpointTexts texts = config_texts(cfg_, model_->config());
+  texts.trainer_state = state_json().dump(2) + "\n";
   ckpt::WriterOptions wo = opts_.checkpoint_io;
   wo.aio = zero::aio_options(cfg_.aio);
   if (world_size() > 1) wo.group = &save_group_;
