@@ -2,6 +2,7 @@
 // made once from the request recorded by request_backend() and one io_uring probe.
 #include <fmt/format.h>
 #include <liburing.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <system_error>
 
 #include "aio/aio.hpp"
 #include "aio/backend_internal.hpp"
@@ -42,6 +44,15 @@ struct Decision {
 std::mutex g_mu;
 Request g_request{"", kDefaultSource};  // guarded by g_mu
 std::optional<Decision> g_decision;     // guarded by g_mu
+
+// A fork waits until no thread holds g_mu (a thread may hold it through the probe), and the
+// child starts with it free: held at the fork, it would stay locked in the child forever.
+[[maybe_unused]] const int g_fork_handlers = [] {
+  const int rc =
+      ::pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, [] { g_mu.unlock(); });
+  if (rc != 0) throw std::system_error(rc, std::generic_category(), "aio: pthread_atfork");
+  return rc;
+}();
 
 const char* errno_name(int err) {
   switch (err) {

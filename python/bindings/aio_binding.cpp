@@ -1,6 +1,7 @@
 // outcore._outcore.AioHandle and PinnedMemory: aio::Engine requests on caller memory given as
 // an address and a length (the Python layer, outcore/aio.py, takes them from a tensor).
 #include <fmt/format.h>
+#include <pthread.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <sys/stat.h>
@@ -16,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <tuple>
 #include <vector>
 
@@ -146,8 +148,18 @@ struct CreatedFiles {
   std::map<std::pair<uint64_t, uint64_t>, CreatedFile> writes;
   std::atomic<uint64_t> next_handle{1};  // serials: a handle's address may be a later one's
 };
+// The registry, made at first use. A fork waits until no thread holds its mutex, and the
+// child starts with it free: a thread of the parent holding it across a write's open would
+// otherwise leave it locked forever in the child, whose first write would then hang.
 CreatedFiles& created_files() {
-  static CreatedFiles* files = new CreatedFiles;  // never destroyed: used by handles at exit
+  static CreatedFiles* files = [] {
+    auto* f = new CreatedFiles;  // never destroyed: used by handles at exit
+    const auto lock = [] { created_files().mutex.lock(); };
+    const auto unlock = [] { created_files().mutex.unlock(); };
+    if (const int rc = ::pthread_atfork(lock, unlock, unlock); rc != 0)
+      throw std::system_error(rc, std::generic_category(), "outcore.aio: pthread_atfork");
+    return f;
+  }();
   return *files;
 }
 

@@ -3,6 +3,8 @@
 // made once per process. A failing io_uring probe is simulated through
 // aio/backend_internal.hpp.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -135,6 +137,35 @@ TEST_F(AioBackendChoice, DecisionIsMadeOnceUnderConcurrentEngines) {
   EXPECT_EQ(sync_engines.load(), 8);
   EXPECT_EQ(g_probe_calls.load(), 1);
   EXPECT_EQ(LogCapture::count(log.text(), kFallbackWarning), 1u) << log.text();
+}
+
+std::atomic<bool> g_slow_probe_entered{false};
+int slow_probe() {
+  g_slow_probe_entered = true;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  return -ENOSYS;
+}
+
+// A fork while another thread makes the decision (holding its lock through the probe) must not
+// leave the lock held in the child, whose first engine would then wait for it forever.
+TEST_F(AioBackendChoice, AForkDuringTheDecisionLeavesTheChildFreeToDecide) {
+  decide_next_with(nullptr, 0);
+  internal::set_io_uring_probe_for_testing(&slow_probe);
+  g_slow_probe_entered = false;
+  LogCapture log;
+  std::thread decider([] { (void)resolve_backend(); });
+  while (!g_slow_probe_entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(20);  // a child left waiting on the lock dies of SIGALRM
+    _exit(resolve_backend().kind == BackendKind::kSync ? 0 : 3);
+  }
+  decider.join();
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child was killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST_F(AioBackendChoice, FallbackEngineRoundTripsData) {

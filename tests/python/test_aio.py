@@ -689,6 +689,52 @@ class ForkAndInterrupts(AioTest):
         h.sync_pread(out, self.path("f.bin"))  # the parent's handle still works
         self.assertTrue(torch.equal(out, torch.ones(1000)))
 
+    def test_a_fork_while_another_thread_writes_leaves_the_child_free_to_write(self):
+        # A thread of the parent opening a write holds the process's record of created files;
+        # a fork at that moment must not leave it locked in the child, whose writes would hang.
+        # The tensors are made before the thread starts: torch's own first use of an operator
+        # is not safe to fork in either.
+        stop = threading.Event()
+        data, child_data = torch.ones(16), torch.ones(4)
+
+        def writer():
+            h = aio.Handle()
+            i = 0
+            while not stop.is_set():
+                h.sync_pwrite(data, self.path("w%d.bin" % (i % 64)))
+                i += 1
+                if i % 64 == 0:
+                    for j in range(64):
+                        os.remove(self.path("w%d.bin" % j))
+
+        t = threading.Thread(target=writer)
+        t.start()
+        try:
+            for k in range(200):
+                pid = os.fork()
+                if pid == 0:  # the child: never returns to the test runner
+                    code = 3
+                    try:
+                        aio.Handle().sync_pwrite(child_data, self.path("c%d.bin" % k))
+                        code = 0
+                    finally:
+                        os._exit(code)
+                deadline = time.monotonic() + 20
+                while True:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        break
+                    if time.monotonic() > deadline:
+                        os.kill(pid, 9)
+                        os.waitpid(pid, 0)
+                        self.fail("child %d of a fork during another thread's writes hung" % k)
+                    time.sleep(0.001)
+                self.assertTrue(os.WIFEXITED(status))
+                self.assertEqual(os.WEXITSTATUS(status), 0)
+        finally:
+            stop.set()
+            t.join()
+
     def test_an_interrupt_while_a_read_is_stored_leaves_it_to_the_next_wait(self):
         # A KeyboardInterrupt raised while wait() stores a read (through a private buffer) used
         # to drop the bytes and mark the request done; the next wait now stores them.
