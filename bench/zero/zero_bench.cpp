@@ -49,6 +49,7 @@
 #include <optional>
 #include <thread>
 
+#include "bench/common/scratch.hpp"
 #include "bench/zero/step_bounds.hpp"
 #include "common/trace.hpp"
 #include "engine/comm/local_comm.hpp"
@@ -236,7 +237,9 @@ int main(int argc, char** argv) {
     Runner ooc(step_in_backward ? "nvme (stage 3), optimizer step in backward"
                                 : "nvme (stage 3, params+optimizer on NVMe)",
                nvme_json(nvme, step_in_backward), model, budget, cuda);
-    Runner seq_step("nvme, sequential optimizer step", nvme_json(nvme + "/sequential"), model,
+    // The sequential run's swap files: in a directory of its own under --nvme, removed whole.
+    const bench::ScratchDir seq_dir(nvme, "zero_bench_sequential");
+    Runner seq_step("nvme, sequential optimizer step", nvme_json(seq_dir.path().string()), model,
                     budget, cuda, false);
     std::printf("device: %s\n", ooc.dev->name().c_str());
 
