@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/json_lines.hpp"
 #include "common/log.hpp"
 #include "common/open_file.hpp"
 
@@ -170,19 +171,7 @@ namespace {
 // "type" is one a MetricsWriter writes ("start", "step" or "val"; a user's JSON lines with
 // another "type" are not metrics).
 bool holds_metrics_or_nothing(int fd) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return false;
-  if (st.st_size == 0) return true;
-  std::string head(std::min<off_t>(st.st_size, 1 << 24), '\0');
-  const ssize_t n = ::pread(fd, head.data(), head.size(), 0);
-  if (n <= 0) return false;
-  head.resize(static_cast<size_t>(n));
-  const size_t eol = head.find('\n');
-  if (eol == std::string::npos) return false;
-  const nlohmann::json first = nlohmann::json::parse(head.substr(0, eol), nullptr, false);
-  if (!first.is_object() || !first.contains("type") || !first["type"].is_string()) return false;
-  const std::string& type = first["type"].get_ref<const std::string&>();
-  return type == "start" || type == "step" || type == "val";
+  return first_json_line_is(fd, "type", {"start", "step", "val"});
 }
 
 // Where to cut metrics file `fd` for a run resumed at step `resumed_at`: the offset of its

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/json_lines.hpp"
 #include "common/unique_fd.hpp"
 #include "engine/data/tokenize_job.hpp"
 #include "engine/data/tokenizer.hpp"
@@ -58,17 +59,10 @@ nlohmann::json progress_json(const char* event, const data::TokenizeProgress& p)
 // whose "event" is progress, done or error): the only files --log-json replaces. Otherwise one
 // error line naming it.
 bool holds_tokenize_log_or_nothing(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec) || std::filesystem::file_size(path, ec) == 0 || ec)
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0 && errno == ENOENT) return true;
+  if (fd.get() >= 0 && first_json_line_is(fd.get(), "event", {"progress", "done", "error"}))
     return true;
-  std::ifstream in(path);
-  std::string first;
-  std::getline(in, first);
-  const nlohmann::json j = nlohmann::json::parse(first, nullptr, false);
-  if (j.is_object() && j.contains("event") && j["event"].is_string()) {
-    const std::string& event = j["event"].get_ref<const std::string&>();
-    if (event == "progress" || event == "done" || event == "error") return true;
-  }
   std::fprintf(stderr,
                "error: --log-json %s: exists and is not a log of outcore tokenize (its first line "
                "is not a JSON record of \"event\" progress, done or error): the command replaces "
