@@ -429,12 +429,22 @@ void remove_marker_temporaries(const std::string& marker) {
   }
 }
 
+// The files the job reads (by device and inode): never removed as leftovers, whatever their
+// names.
+std::vector<FileId> input_ids(const TokenizeOptions& options) {
+  std::vector<FileId> ids;
+  for (const std::string& in : options.inputs)
+    if (FileId id; file_id_of(in, id)) ids.push_back(id);
+  return ids;
+}
+
 // Removes what the killed jobs `pids` left beside `token_file` (any extension's token file of
 // that prefix, its mask, the marker): the temporaries "<name>.tmp-<pid>[-<k>]", and with
 // `asides` the earlier mask's second names "<mask>.old-<pid>[-<k>]". Names are rebuilt from the
 // prefix and the pids and looked up in the directory (a marker never names a file), and only
-// regular files there are removed.
-void remove_leftovers(const std::string& token_file, const std::vector<pid_t>& pids, bool asides) {
+// regular files there are removed: never one of `inputs`, nor one with other names (links).
+void remove_leftovers(const std::string& token_file, const std::vector<pid_t>& pids, bool asides,
+                      const std::vector<FileId>& inputs) {
   const fs::path target = fs::absolute(token_file);
   const fs::path dir = target.parent_path();
   const std::string stem = target.stem().string();
@@ -459,16 +469,20 @@ void remove_leftovers(const std::string& token_file, const std::vector<pid_t>& p
                   rest.find_first_not_of("0123456789", 1) == std::string_view::npos);
         }
     struct stat st {};
-    if (ours && ::fstatat(dfd, entry.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-        S_ISREG(st.st_mode) && ::unlinkat(dfd, entry.c_str(), 0) == 0)
+    if (!ours || ::fstatat(dfd, entry.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(st.st_mode) || st.st_nlink != 1)
+      continue;
+    const FileId id{st.st_dev, st.st_ino};
+    if (std::find(inputs.begin(), inputs.end(), id) == inputs.end() &&
+        ::unlinkat(dfd, entry.c_str(), 0) == 0)
       log::warn("tokenize: removed {}, left by a job that was stopped", (dir / entry).string());
   }
   ::close(dfd);
 }
 
 // The pids in the names of the temporaries "<name>.tmp-<pid>[-<k>]" beside `token_file` (any
-// extension's token file of that prefix, its mask): with the prefix's lock held, those of jobs
-// that were killed (remove_leftovers removes them).
+// extension's token file of that prefix, its mask) that name no live process: with the prefix's
+// lock held, those of jobs that were killed (remove_leftovers removes them).
 std::vector<pid_t> pids_of_temporaries(const std::string& token_file) {
   const fs::path target = fs::absolute(token_file);
   const std::string stem = target.stem().string();
@@ -486,7 +500,8 @@ std::vector<pid_t> pids_of_temporaries(const std::string& token_file) {
           digits.find_first_not_of("0123456789") != std::string_view::npos)
         continue;
       const auto pid = static_cast<pid_t>(std::stol(std::string(digits)));
-      if (std::find(pids.begin(), pids.end(), pid) == pids.end()) pids.push_back(pid);
+      const bool alive = pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH);
+      if (!alive && std::find(pids.begin(), pids.end(), pid) == pids.end()) pids.push_back(pid);
     }
   }
   return pids;
@@ -500,13 +515,16 @@ class OutputWriter {
   // of other tokens never pairs with these); empty when there is none.
   // `interrupted`: the marker of a job killed while committing into these outputs (its
   // leftovers are removed, and the marker, once this job's pair is in place).
+  // `inputs`: the job's input files, never removed as a killed job's leftovers.
   OutputWriter(const std::vector<std::string>& outputs, bool llmc, bool mask,
-               std::string stale_mask, FileId stale_mask_id, std::optional<FoundMarker> interrupted)
+               std::string stale_mask, FileId stale_mask_id, std::optional<FoundMarker> interrupted,
+               std::vector<FileId> inputs)
       : llmc_(llmc),
         tokens_(outputs[0]),
         stale_mask_(std::move(stale_mask)),
         stale_mask_id_(stale_mask_id),
-        interrupted_(std::move(interrupted)) {
+        interrupted_(std::move(interrupted)),
+        inputs_(std::move(inputs)) {
     if (mask) mask_.emplace(outputs[1]);
     if (llmc_) {
       const std::array<int32_t, kLlmcHeaderInts> header{};
@@ -616,7 +634,8 @@ class OutputWriter {
       throw;
     }
     if (!aside.empty()) ::unlink(aside.c_str());
-    if (interrupted_) remove_leftovers(tokens_.target(), interrupted_->pids, /*asides=*/true);
+    if (interrupted_)
+      remove_leftovers(tokens_.target(), interrupted_->pids, /*asides=*/true, inputs_);
     if (marker) marker->remove();
   }
   uint64_t count() const { return count_; }
@@ -628,6 +647,7 @@ class OutputWriter {
   std::string stale_mask_;
   FileId stale_mask_id_;  // the file at stale_mask_ when the job started
   std::optional<FoundMarker> interrupted_;
+  std::vector<FileId> inputs_;
   std::optional<StagedFile> mask_;
   std::vector<uint16_t> narrow_;
   uint64_t count_ = 0, targets_ = 0;
@@ -652,7 +672,8 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
                       fmt::format("lock the outputs {}.* (another tokenize job is writing them)",
                                   options.out_prefix),
                       kPrefixLockText, /*register_cleanup=*/true);
-  remove_leftovers(outputs[0], pids_of_temporaries(outputs[0]), /*asides=*/false);
+  const std::vector<FileId> inputs = input_ids(options);
+  remove_leftovers(outputs[0], pids_of_temporaries(outputs[0]), /*asides=*/false, inputs);
   const bool llmc = tokenizer.vocab_size() <= kLlmcVocabLimit;
   const DocumentEncoder encoder(tokenizer, options);
   DocumentReader reader(options.inputs, {.doc_per_file = options.doc_per_file,
@@ -671,7 +692,7 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
         marker, outputs[0]);
     // Its temporaries are of no use (its earlier mask's second name goes once this job's pair
     // is in place).
-    remove_leftovers(outputs[0], interrupted->pids, /*asides=*/false);
+    remove_leftovers(outputs[0], interrupted->pids, /*asides=*/false, inputs);
   }
   // PREFIX.mask is the loss mask of PREFIX.bin or PREFIX.u32 (the data loader pairs it with
   // either): with the token file of the other extension beside it, it may be that file's, which
@@ -718,7 +739,8 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
             "choose another --out",
             in));
   }
-  OutputWriter writer(outputs, llmc, encoder.pairs(), stale_mask, stale_mask_id, interrupted);
+  OutputWriter writer(outputs, llmc, encoder.pairs(), stale_mask, stale_mask_id, interrupted,
+                      inputs);
 
   TokenizeProgress progress;
   auto last_report = start;

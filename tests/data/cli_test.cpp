@@ -2,6 +2,7 @@
 // files written (read back with engine/train's TokenFile), --skip-bad, one error line naming
 // file:line with exit 2, --log-json, and output independent of --threads.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -263,14 +264,28 @@ TEST_F(TokenizeCliTest, TheLogReplacesOnlyALogAndNothingGoesIntoACheckpoint) {
   EXPECT_FALSE(fs::exists(path("o2.bin")));
 }
 
+// The pid of a process that has ended.
+pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) _exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
 // One job at a time writes a prefix (two would pair one's tokens with the other's mask) and a
 // log: another job meanwhile is refused naming the lock and writes nothing. A job then removes
-// the temporaries that killed jobs left beside its outputs, and nothing else there.
+// the temporaries that killed jobs left beside its outputs, and nothing else there: not a file
+// of that name of a process still running, not one of its inputs, not a file with other names.
 TEST_F(TokenizeCliTest, OneJobAtATimeWritesAPrefixAndALogAndKilledJobsTemporariesGo) {
   const std::string in = input("a.txt", "text\n");
-  const std::vector<std::string> leftovers = {path("o.bin.tmp-999999"), path("o.mask.tmp-12345-2")};
+  const std::vector<std::string> leftovers = {path(fmt::format("o.bin.tmp-{}", dead_pid())),
+                                              path(fmt::format("o.mask.tmp-{}-2", dead_pid()))};
   for (const std::string& f : leftovers) test::write_file(f, "a killed job's partial output");
-  const std::string users = input("o.bin.tmp-notes", "mine");
+  const std::vector<std::string> users = {
+      input("o.bin.tmp-notes", "mine"), input(fmt::format("o.bin.tmp-{}", ::getpid()), "live"),
+      input(fmt::format("o.mask.tmp-{}", dead_pid()), "linked")};
+  fs::create_hard_link(users[2], path("my_link"));
   {
     const LockFile held(path("o.lock"), "a job writing o.*", "outcore tokenize lock\n");
     const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")));
@@ -290,14 +305,20 @@ TEST_F(TokenizeCliTest, OneJobAtATimeWritesAPrefixAndALogAndKilledJobsTemporarie
     EXPECT_NE(r.err.find("another job is writing it"), std::string::npos) << r.err;
     EXPECT_FALSE(fs::exists(path("o.bin")));
   }
-  const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")));
+  // An input named as a killed job's temporary is read, and kept.
+  const std::string named_like_one = input(fmt::format("o.bin.tmp-{}", dead_pid()), "corpus\n");
+  const CliResult r = run("--input " + shell_quote(in) + " --input " + shell_quote(named_like_one) +
+                          " --out " + shell_quote(path("o")));
   ASSERT_EQ(r.rc, 0) << r.err;
   for (const std::string& f : leftovers) {
     EXPECT_FALSE(fs::exists(f)) << f;
     EXPECT_NE(r.err.find("removed " + f + ", left by a job that was stopped"), std::string::npos)
         << r.err;
   }
-  EXPECT_EQ(test::slurp(users), "mine");
+  EXPECT_EQ(test::slurp(users[0]), "mine");
+  EXPECT_EQ(test::slurp(users[1]), "live");
+  EXPECT_EQ(test::slurp(users[2]), "linked");
+  EXPECT_EQ(test::slurp(named_like_one), "corpus\n");
   EXPECT_FALSE(fs::exists(path("o.lock")));
 }
 
