@@ -1591,6 +1591,25 @@ TEST_F(TrainCliTest, ASaveDirectoryWithoutRoomForACheckpointIsRefusedBeforeTrain
   EXPECT_EQ(e.find("step 1/"), std::string::npos) << e;
 }
 
+// A file-size limit (ulimit -f) below a checkpoint's size: the save fails as a write error does,
+// naming the file, and nothing of it is left (SIGXFSZ ended the process mid-write, silently).
+TEST_F(TrainCliTest, AFileSizeLimitFailsTheSaveWithAMessageAndLeavesNothing) {
+  const std::string ck = data_.file("ckpt_fsize"), err = data_.file("fsize_err");
+  const std::string cmd = "ulimit -f 64 && env -u OUTCORE_CONFIG " + shell_quote(OUTCORE_CLI) +
+                          " " + train_args("--steps 1 --save-dir " + shell_quote(ck)) +
+                          " >/dev/null 2>" + shell_quote(err);
+  const int status = std::system(("bash -c " + shell_quote(cmd)).c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << ": " << slurp(err);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << slurp(err);
+  const std::string e = slurp(err);
+  EXPECT_NE(e.find("File too large"), std::string::npos) << e;
+  std::vector<std::string> left;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(ck, ec))
+    left.push_back(entry.path().filename().string());
+  EXPECT_TRUE(left.empty()) << left.front();
+}
+
 // A path another run holds (here the metrics file, locked by this process): refused at start as
 // bad input (exit 2), naming it.
 TEST_F(TrainCliTest, APathAnotherRunHoldsIsRefusedAsBadInput) {

@@ -1,6 +1,7 @@
 // outcore: train transformer models larger than device memory and host RAM.
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,9 @@ int main(int argc, char** argv) {
   // whose launcher is gone: OpenMPI exits it) removes them first; a normal end has removed
   // and unregistered them already.
   std::atexit([] { outcore::cleanup::remove_registered_files(outcore::cleanup::Scope::kAll); });
+  // A write past the file-size limit (ulimit -f) fails with EFBIG, reported and cleaned up as
+  // any other failed write is, instead of SIGXFSZ ending the process in the middle of it.
+  std::signal(SIGXFSZ, SIG_IGN);
   outcore::cli::catch_early_mpirun_stop();
   outcore::tools::select_blas_kernels(argv);
   outcore::tools::select_openmp_waiting(argv);
