@@ -47,6 +47,13 @@ std::string translate_oniguruma(std::string_view p, const std::string& json_path
         throw ConfigError(json_path, fmt::format("\\H inside a character class is not supported "
                                                  "(pattern \"{}\", in {})",
                                                  p, source));
+      } else if (e == 'w' || e == 'W' || e == 'b' || e == 'B') {
+        // Oniguruma's word characters take in the combining marks, PCRE2's do not: the split
+        // would differ from tokenizers' wherever a mark follows a letter.
+        throw ConfigError(json_path, fmt::format("\\{} is not supported: Oniguruma's word "
+                                                 "characters are not PCRE2's (pattern \"{}\", "
+                                                 "in {})",
+                                                 e, p, source));
       } else {
         out += c;
         out += e;
@@ -63,11 +70,11 @@ std::string translate_oniguruma(std::string_view p, const std::string& json_path
     }
     if (in_class && c == '[') {
       const size_t close = p.find(":]", i);
-      if (i + 1 < p.size() && p[i + 1] == ':' && close != std::string_view::npos) {
-        out.append(p.substr(i, close + 2 - i));  // [:alpha:]
-        i = close + 1;
-        continue;
-      }
+      if (i + 1 < p.size() && p[i + 1] == ':' && close != std::string_view::npos)
+        throw ConfigError(json_path, fmt::format("POSIX bracket {} is not supported: its "
+                                                 "characters in Oniguruma are not PCRE2's "
+                                                 "(pattern \"{}\", in {})",
+                                                 p.substr(i, close + 2 - i), p, source));
       throw ConfigError(json_path, fmt::format("nested character classes are not supported "
                                                "(pattern \"{}\", in {})",
                                                p, source));
@@ -145,8 +152,10 @@ Regex::Regex(std::string_view pattern, bool literal, const std::string& json_pat
     : code_(std::make_unique<Code>()), pattern_(pattern) {
   const std::string translated =
       literal ? std::string(pattern) : translate_oniguruma(pattern, json_path, source);
-  // PCRE2_UCP only changes what escapes and classes mean, which a literal has none of.
-  const uint32_t options = PCRE2_UTF | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+  // PCRE2_UCP only changes what escapes and classes mean, which a literal has none of. ^ and $
+  // match at every line's start and end, as in Oniguruma's Ruby syntax, which tokenizers uses.
+  const uint32_t options =
+      PCRE2_UTF | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);
   int err = 0;
   PCRE2_SIZE offset = 0;
   code_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),

@@ -2,9 +2,12 @@
 //
 // Hugging Face tokenizers compile their patterns with Oniguruma; where the two differ on the
 // patterns tokenizers ship, the pattern is translated: \s and \S mean Unicode White_Space
-// (Oniguruma's meaning; PCRE2's \s also takes U+180E), and \h, \H mean a hex digit and its
-// complement. Matching follows Oniguruma's find_iter: leftmost matches, each search starting
-// at the end of the last match, an empty match right after a match skipped by one character.
+// (Oniguruma's meaning; PCRE2's \s also takes U+180E), \h, \H mean a hex digit and its
+// complement, and ^ and $ match at every line's start and end (Ruby syntax). What means other
+// characters in the two and is not translated is refused: \w, \W, \b, \B and POSIX brackets
+// ([:alpha:]; Oniguruma's word characters take in combining marks). Matching follows Oniguruma's
+// find_iter: leftmost matches, each search starting at the end of the last match, an empty match
+// right after a match skipped by one character.
 //
 // Threading: a Regex is immutable after construction; matching on many threads at once needs
 // one RegexScratch per thread.
@@ -35,7 +38,8 @@ class Regex {
  public:
   // Compiles `pattern`: a regular expression, or with `literal` the string itself. Throws
   // ConfigError(json_path, "... (in <source>)") with PCRE2's message and the offset when the
-  // pattern does not compile, or when it uses what cannot be translated (a nested class).
+  // pattern does not compile, or when it uses what cannot be translated (a nested class, \w,
+  // \b, a POSIX bracket).
   Regex(std::string_view pattern, bool literal, const std::string& json_path,
         const std::string& source);
   ~Regex();

@@ -240,7 +240,12 @@ TEST_F(TokenizerOracleTest, SplitBehavioursMatchHuggingFace) {
   t["pre_tokenizer"]["pretokenizers"][0] = split("Regex", "(?i:the)|\\S+", "Isolated", true);
   t["pre_tokenizer"]["pretokenizers"][1] = split("Regex", "\\d+", "Removed", true);
   test::write_tokenizer_dir(dir_ / "splits_inverted", t);
-  compare({{"splits", dir_ / "splits"}, {"splits_inverted", dir_ / "splits_inverted"}});
+  // ^ and $ at every line's start and end, as in Oniguruma's Ruby syntax.
+  t["pre_tokenizer"]["pretokenizers"][2] = split("Regex", "^[a-z]+|[a-z]+$", "Isolated", false);
+  test::write_tokenizer_dir(dir_ / "splits_anchored", t);
+  compare({{"splits", dir_ / "splits"},
+           {"splits_inverted", dir_ / "splits_inverted"},
+           {"splits_anchored", dir_ / "splits_anchored"}});
 }
 
 }  // namespace

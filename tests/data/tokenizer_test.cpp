@@ -260,6 +260,21 @@ TEST_F(TokenizerTest, UnsupportedComponentsAreRefusedNamingTheKey) {
          j["pre_tokenizer"] = {
              {"type", "Split"}, {"pattern", {{"Regex", "("}}}, {"behavior", "Isolated"}};
        }},
+      {"pre_tokenizer.pattern: \\w is not supported",
+       [](json& j) {
+         j["pre_tokenizer"] = {
+             {"type", "Split"}, {"pattern", {{"Regex", "[^\\w]+|\\w+"}}}, {"behavior", "Isolated"}};
+       }},
+      {"pre_tokenizer.pattern: \\b is not supported",
+       [](json& j) {
+         j["pre_tokenizer"] = {
+             {"type", "Split"}, {"pattern", {{"Regex", "\\bx"}}}, {"behavior", "Isolated"}};
+       }},
+      {"pre_tokenizer.pattern: POSIX bracket [:alpha:] is not supported",
+       [](json& j) {
+         j["pre_tokenizer"] = {
+             {"type", "Split"}, {"pattern", {{"Regex", "[[:alpha:]]+"}}}, {"behavior", "Isolated"}};
+       }},
       {"pre_tokenizer.behavior: unknown behavior \"Sideways\"",
        [](json& j) {
          j["pre_tokenizer"] = {
