@@ -197,13 +197,22 @@ class DocumentEncoder {
 
   void encode_pair(std::string_view prompt, std::string_view completion, Segment& out) const {
     std::vector<uint32_t>& tokens = out.tokens;
-    // As the one sequence prompt + completion: the template's special tokens before the text
-    // (BOS) go before the prompt, those after it (a converted Llama 2's EOS) after the
-    // completion, never between the two.
-    tokenizer_.encode(prompt, Tokenizer::Specials::kBefore, tokens);
-    const size_t completion_start = tokens.size();
+    // The one sequence prompt + completion, encoded whole with the template's special tokens
+    // around it (BOS before, a converted Llama 2's EOS after: never between the two). The mask's
+    // boundary is where it first differs from the prompt's own encoding: a token that joins the
+    // prompt's end to the completion's start (" Paris" of "Answer: " + "Paris") is a target.
+    const size_t start = tokens.size();
+    std::vector<uint32_t> prompt_tokens;
+    tokenizer_.encode(prompt, Tokenizer::Specials::kBefore, prompt_tokens);
+    std::string joined;
+    joined.reserve(prompt.size() + completion.size());
+    joined.append(prompt).append(completion);
+    tokenizer_.encode(joined, Tokenizer::Specials::kAround, tokens);
+    size_t boundary = 0;
+    const size_t common = std::min(prompt_tokens.size(), tokens.size() - start);
+    while (boundary < common && tokens[start + boundary] == prompt_tokens[boundary]) ++boundary;
+    const size_t completion_start = start + boundary;
     out.mask.resize(completion_start, 0);
-    tokenizer_.encode(completion, Tokenizer::Specials::kAfter, tokens);
     if (eos_ && (tokens.size() == completion_start || tokens.back() != *eos_))
       tokens.push_back(*eos_);
     out.mask.resize(tokens.size(), 1);

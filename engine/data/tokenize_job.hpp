@@ -8,11 +8,12 @@
 // Document layout, in input order:
 // - a text document (a text file's, or the string at text_key): encode(text, special tokens
 //   added), then EOS unless the tokenizer has none or the encoding already ends with it;
-// - a prompt/completion pair (the strings at prompt_key and completion_key), encoded as the one
-//   sequence prompt + completion is: encode(prompt) after the template's special tokens that
-//   come before a text (BOS) with mask 0, encode(completion) followed by those that come after
-//   one (a converted Llama 2 template's EOS) with mask 1, then EOS with mask 1 unless the
-//   tokenizer has none or the sequence already ends with it.
+// - a prompt/completion pair (the strings at prompt_key and completion_key): encode(prompt +
+//   completion, special tokens added), then EOS unless the tokenizer has none or the sequence
+//   already ends with it. Mask 0 up to the first token where it differs from encode(prompt)
+//   with the template's special tokens that come before a text (BOS), 1 from there: the whole
+//   prompt's tokens where they are the sequence's first, as they are unless a token joins the
+//   prompt's end to the completion's start (then that token is a target).
 //
 // Output, beside `out_prefix`: PREFIX.bin in llm.c's format (256 int32 header: magic 20240520,
 // version 1, token count; then uint16 tokens) when the tokenizer's vocab_size is at most 65536,

@@ -180,11 +180,13 @@ TEST_F(TokenizeJobTest, JsonLinesTakeTheTextKey) {
   EXPECT_EQ(tokens_of(body.token_file), doc("x"));
 }
 
-// Prompt tokens (special tokens added) are not targets; the completion and its EOS are.
+// A pair is encoded as the one text prompt + completion (as TRL does); its tokens up to the first
+// that differs from the prompt's own encoding (special tokens added) are not targets, the rest and
+// EOS are: a token that joins the prompt's end to the completion's start is a target.
 TEST_F(TokenizeJobTest, PromptCompletionPairsWriteAMask) {
   const std::string in = input("sft.jsonl",
-                               "{\"q\": \"the question\", \"a\": \"an answer\"}\n"
-                               "{\"q\": \"and\", \"a\": \"ends with EOS<|endoftext|>\"}\n");
+                               "{\"q\": \"the question\", \"a\": \" an answer\"}\n"
+                               "{\"q\": \"and \", \"a\": \"the end<|endoftext|>\"}\n");
   TokenizeOptions o = options({in}, "sft");
   o.prompt_key = "q";
   o.completion_key = "a";
@@ -201,8 +203,12 @@ TEST_F(TokenizeJobTest, PromptCompletionPairsWriteAMask) {
     mask.insert(mask.end(), p.size(), 0);
     mask.insert(mask.end(), c.size(), 1);
   };
-  add("the question", "an answer", true);
-  add("and", "ends with EOS<|endoftext|>", false);
+  add("the question", " an answer", true);  // the prompt's tokens, then the completion's
+  // "and " + "the end": " the" (one token) joins the prompt's space to the completion's word.
+  add("and", " the end<|endoftext|>", false);
+  std::vector<uint32_t> joined;
+  tokenizer_->encode(" the", false, joined);
+  ASSERT_EQ(joined.size(), 1u);  // the merge this case is about
   EXPECT_EQ(tokens_of(r.token_file), want);
   EXPECT_EQ(r.mask_file, (dir_ / "sft.mask").string());
   const std::string bytes = test::slurp(r.mask_file);
@@ -237,14 +243,14 @@ TEST_F(TokenizeJobTest, APairIsEncodedAsOneSequenceUnderATemplateEndingInEos) {
        {{"<|bos|>", special("<|bos|>", 265)}, {"<|endoftext|>", special("<|endoftext|>", kEos)}}}};
   test::write_tokenizer_dir(dir_ / "bos_eos", t, json{{"eos_token", "<|endoftext|>"}});
   const Tokenizer tok = Tokenizer::load((dir_ / "bos_eos").string());
-  const std::string in = input("pairs.jsonl", "{\"q\": \"the question\", \"a\": \"an answer\"}\n");
+  const std::string in = input("pairs.jsonl", "{\"q\": \"the question\", \"a\": \" an answer\"}\n");
   TokenizeOptions o = options({in}, "bos_eos_out");
   o.prompt_key = "q";
   o.completion_key = "a";
   const TokenizeResult r = run_tokenize_job(tok, o);
   std::vector<uint32_t> prompt, completion;
   tok.encode("the question", false, prompt);
-  tok.encode("an answer", false, completion);
+  tok.encode(" an answer", false, completion);
   std::vector<uint32_t> want = {265};
   want.insert(want.end(), prompt.begin(), prompt.end());
   want.insert(want.end(), completion.begin(), completion.end());
