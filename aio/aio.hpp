@@ -48,7 +48,7 @@ namespace outcore::aio {
 // Options: DeepSpeed's "aio" section, field for field. Defaults are DeepSpeed's.
 struct Options {
   // Bytes per I/O request: a submitted span is split into pieces of this size (the last one
-  // shorter). Must be a non-zero multiple of 4096. DeepSpeed default 1 MiB.
+  // shorter). A multiple of 4096 from 4096 to 1 GiB. DeepSpeed default 1 MiB.
   size_t block_size = 1 << 20;
   // Requests in flight per I/O thread (each thread owns one io_uring of this depth).
   // 1..4096. DeepSpeed default 8.

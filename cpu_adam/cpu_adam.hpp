@@ -145,8 +145,9 @@ struct AdamParams {
   bool operator==(const AdamParams&) const = default;
 };
 
-// Checks the hyper-parameters: lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0,
-// step >= 1, grad_scale finite, all finite. Throws InvalidArgument naming the field and value.
+// Checks the hyper-parameters: lr >= 0, 0 <= beta1, beta2 < 1, eps >= 0, weight_decay >= 0,
+// step >= 1, grad_scale finite in fp32, all finite. Throws InvalidArgument naming the field and
+// value.
 void validate(const AdamParams& hp);
 
 // The per-step constants of `hp` (validated first) that the Adam kernels read, for a kernel

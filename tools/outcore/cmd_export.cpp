@@ -1,13 +1,13 @@
 // `outcore export PATH DIR [--dtype auto|fp32|bf16|fp16]
 // (or --checkpoint PATH --out DIR)
-// [--max-shard-size 5GB] [--no-verify]`: writes the fp32 master weights of an outcore
-// checkpoint as a Hugging Face Llama directory (config.json + safetensors, sharded with an
-// index above the shard size). PATH is a checkpoint directory or a save directory whose `latest`
-// names one. Exit 0 when written, 2 on bad input (unreadable or corrupt checkpoint, non-empty
-// DIR, bad option), 1 when writing fails, 130 when SIGINT, SIGTERM or SIGHUP stopped it (the
-// partial output removed; a second signal kills at once). The files are written in
-// DIR.tmp-<pid> and renamed to DIR at the end; such a directory left by an export that was
-// killed (SIGKILL) is removed by the next export into DIR.
+// [--max-shard-size 5GB] [--no-verify]`: writes the fp32 master weights of an outcore checkpoint as
+// a Hugging Face model directory under the model's own model_type (config.json + safetensors,
+// sharded with an index above the shard size). PATH is a checkpoint directory or a save directory
+// whose `latest` names one. Exit 0 when written, 2 on bad input (unreadable or corrupt checkpoint,
+// non-empty DIR, bad option), 1 when writing fails, 130 when SIGINT, SIGTERM or SIGHUP stopped it
+// (the partial output removed; a second signal kills at once). The files are written in
+// DIR.tmp-<pid> and renamed to DIR at the end; such a directory left by an export that was killed
+// (SIGKILL) is removed by the next export into DIR.
 #include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
@@ -216,7 +216,9 @@ int run_export_reporting(const ExportArgs& a) {
 void add_export_command(CLI::App& app, int& rc) {
   auto a = std::make_shared<ExportArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "export", "Write a checkpoint's weights as a Hugging Face Llama directory (safetensors)");
+      "export",
+      "Write a checkpoint's weights as a Hugging Face model directory (config.json + "
+      "safetensors) under the model's own model_type: llama, mistral, qwen2 or qwen3");
   // `outcore export CKPT OUT_DIR`, or the same as --checkpoint / --out.
   cmd->add_option("checkpoint,--checkpoint", a->checkpoint,
                   "checkpoint directory, or save directory whose `latest` names one (required)");

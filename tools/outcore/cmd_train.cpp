@@ -809,12 +809,14 @@ void add_train_command(CLI::App& app, int& rc) {
   auto o = std::make_shared<TrainCliOptions>();
   CLI::App* cmd = app.add_subcommand(
       "train",
-      "Train a Llama-family model (Hugging Face config.json) on token files with a DeepSpeed "
-      "JSON config. Progress on stderr, the resolved setup and the result on stdout. Exit 0 "
-      "when done, 2 for bad input, 1 for a failure while training, 130 after Ctrl-C (the "
-      "step in progress finishes and swap files are removed).");
+      "Train a Llama, Mistral, Qwen2 or Qwen3 model (Hugging Face config.json) on token files "
+      "with a DeepSpeed JSON config. Progress on stderr, the resolved setup and the result on "
+      "stdout. Exit 0 when done, 2 for bad input, 1 for a failure while training, 130 after "
+      "Ctrl-C (the step in progress finishes and swap files are removed).");
   cmd->add_option("--config", o->config, "DeepSpeed JSON config (default: $OUTCORE_CONFIG)");
-  cmd->add_option("--model", o->model, "Hugging Face Llama config.json (required)");
+  cmd->add_option("--model", o->model,
+                  "Hugging Face config.json, model_type llama, mistral, qwen2 or qwen3 (required "
+                  "unless --init-from or --resume gives the model)");
   cmd->add_option("--data", o->data, "training tokens: llm.c .bin, raw .u16 or .u32 (required)");
   cmd->add_option("--val-data", o->val_data, "validation tokens (same formats)");
   cmd->add_option("--loss-mask", o->loss_mask,
