@@ -4,6 +4,8 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -78,6 +80,43 @@ std::optional<bool> flag(const json& config, const char* key, const std::string&
   return config[key].get<bool>();
 }
 
+// Refuses the SentencePiece model `loaded` in place of tokenizer.json `json_path` (`why`: what
+// the JSON asks for that is not implemented) when the JSON adds tokens the model does not have
+// as pieces of the same ids (a chat template's <|im_start|> on a Mistral model): encoded by the
+// model, they would be spelled out as text.
+void check_added_tokens_are_pieces(const detail::LoadedBackend& loaded,
+                                   const std::string& json_path, const std::string& why) {
+  json root;
+  try {
+    root = json::parse(read_whole_file(json_path, "tokenizer", size_t{1} << 30));
+  } catch (const json::exception&) {
+    return;  // the JSON parsed once already
+  }
+  const auto list = root.find("added_tokens");
+  if (list == root.end() || !list->is_array()) return;
+  std::vector<std::string> missing;
+  for (const json& t : *list) {
+    if (!t.is_object() || !t.contains("content") || !t["content"].is_string()) continue;
+    const std::string& content = t["content"].get_ref<const std::string&>();
+    const std::optional<uint32_t> id = loaded.backend->token_id(content);
+    const bool same_id =
+        id && t.contains("id") && t["id"].is_number_unsigned() && t["id"].get<uint64_t>() == *id;
+    if (!same_id)
+      missing.push_back(
+          fmt::format("\"{}\" (id {})", content, t.contains("id") ? t["id"].dump() : "none"));
+  }
+  if (missing.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < missing.size() && i < 5; ++i) names += (i ? ", " : "") + missing[i];
+  if (missing.size() > 5) names += fmt::format(" and {} more", missing.size() - 5);
+  throw ConfigError("added_tokens",
+                    fmt::format("{}: adds tokens that {} lacks as pieces of those ids: {}. "
+                                "outcore uses the SentencePiece model in place of this file ({}), "
+                                "which would spell them out as text; this tokenizer is not "
+                                "supported",
+                                json_path, loaded.description, names, why));
+}
+
 detail::LoadedBackend load_backend(const fs::path& dir) {
   const fs::path json_path = dir / "tokenizer.json", model_path = dir / "tokenizer.model";
   std::error_code ec;
@@ -87,7 +126,10 @@ detail::LoadedBackend load_backend(const fs::path& dir) {
       return detail::load_tokenizer_json(json_path.string());
     } catch (const detail::UnsupportedTokenizer& e) {
       if (!has_model) throw;
+      detail::LoadedBackend loaded = detail::load_sentencepiece(model_path.string());
+      check_added_tokens_are_pieces(loaded, json_path.string(), e.what());
       log::warn("{}; using {} instead", e.what(), model_path.string());
+      return loaded;
     }
   }
   if (has_model) return detail::load_sentencepiece(model_path.string());

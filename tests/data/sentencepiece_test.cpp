@@ -107,11 +107,16 @@ TEST_F(SentencePieceTest, UnigramModelMatchesPython) { compare(train("unigram"))
 // components outcore does not implement; tokenizer.model beside it is used instead.
 TEST_F(SentencePieceTest, UnsupportedTokenizerJsonFallsBackToTheModel) {
   const fs::path d = train("bpe");
+  auto added = [](const char* content, uint32_t id) {
+    return json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
+  };
   json converted = {{"model",
                      {{"type", "BPE"},
                       {"byte_fallback", true},
                       {"vocab", json::object()},
-                      {"merges", json::array()}}}};
+                      {"merges", json::array()}}},
+                    {"added_tokens", {added("<unk>", 0), added("<s>", 1), added("</s>", 2)}}};
   test::write_file(d / "tokenizer.json", converted.dump());
   const Tokenizer t = Tokenizer::load(d.string());
   EXPECT_NE(t.description().find("SentencePiece"), std::string::npos) << t.description();
@@ -122,6 +127,17 @@ TEST_F(SentencePieceTest, UnsupportedTokenizerJsonFallsBackToTheModel) {
   t.encode("hello", true, ids);
   ASSERT_FALSE(ids.empty());
   EXPECT_EQ(ids.front(), 1u);  // BOS by default, as Llama 2 adds it
+  // Tokens the JSON adds that the model lacks (a chat template's) would be spelled out as text
+  // by the model: refused, naming them.
+  converted["added_tokens"].push_back(added("<|im_start|>", 3000));
+  test::write_file(d / "tokenizer.json", converted.dump());
+  try {
+    (void)Tokenizer::load(d.string());
+    ADD_FAILURE() << "a tokenizer.json adding tokens the model lacks was used";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"<|im_start|>\" (id 3000)"), std::string::npos)
+        << e.what();
+  }
   // Without the model beside it, the same tokenizer.json is refused naming the key.
   fs::remove(d / "tokenizer.model");
   EXPECT_THROW(Tokenizer::load(d.string()), ConfigError);
