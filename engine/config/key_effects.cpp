@@ -176,9 +176,8 @@ constexpr KeyEffect kEffects[] = {
      "tests/model/model_test.cpp: Model.CpuCheckpointingGivesTheSameResultsOffTheDeviceBudget"},
     {"activation_checkpointing.contiguous_memory_optimization", N,
      "outcore's checkpoints are one preallocated buffer per unit already"},
-    {"activation_checkpointing.number_checkpoints", N,
-     "every unit's input is checkpointed, whatever the number (the key, like the section's "
-     "partition_activations, turns activation checkpointing on)"},
+    {"activation_checkpointing.number_checkpoints", H,
+     "tests/zero/plan_test.cpp: Plan.EachActivationCheckpointingKeyTurnsItOn"},
     {"activation_checkpointing.synchronize_checkpoint_boundary", N,
      "outcore's compute is synchronous per unit"},
     {"activation_checkpointing.profile", N, "outcore does not profile checkpointing"},
@@ -235,6 +234,10 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
   std::vector<ConfigIssue> out;
   for (const KeyEffect& e : kEffects) {
     if (e.honoured) continue;
+    // DeepSpeed takes bf16 moments only beside it (the parse requires it): no warning there.
+    if (std::string_view(e.path) == "bf16.bf16_master_weights_and_grads" &&
+        cfg.bf16.bf16_optimizer_states)
+      continue;
     const nlohmann::ordered_json* v = changed(e.path);
     if (v == nullptr) continue;
     const nlohmann::ordered_json* d = at_path(defaults, e.path);
@@ -247,7 +250,13 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
   const ZeroConfig& z = cfg.zero_optimization;
   const bool stage3 = z.stage == 3;
   const bool param_nvme = stage3 && z.offload_param.device == OffloadDevice::kNvme;
-  const bool optimizer_nvme = stage3 && z.offload_optimizer.device == OffloadDevice::kNvme;
+  // ratio 0 keeps all of the optimizer state on the device: nothing in swap files.
+  const bool optimizer_nvme =
+      stage3 && z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.ratio > 0;
+  const bool param_offloads = stage3 && z.offload_param.device != OffloadDevice::kNone;
+  const bool optimizer_offloads = z.offload_optimizer.device != OffloadDevice::kNone &&
+                                  z.stage >= 1 && (!stage3 || z.offload_optimizer.ratio > 0);
+  const bool bf16 = cfg.bf16.enabled.is_auto() || cfg.bf16.enabled.value_or(false);
   struct Conditional {
     const char* path;
     bool acts;
@@ -297,6 +306,13 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
        "with offload_optimizer.device nvme at stage 3"},
       {"zero_optimization.offload_optimizer.pipeline_write", optimizer_nvme,
        "with offload_optimizer.device nvme at stage 3"},
+      {"bf16.check_grad_overflow", bf16, "with bf16.enabled true"},
+      {"zero_optimization.offload_param.pin_memory", param_offloads,
+       "with offload_param.device cpu or nvme at stage 3 (it pins the host copies)"},
+      {"zero_optimization.offload_optimizer.pin_memory", optimizer_offloads,
+       "with offload_optimizer.device cpu or nvme (ratio above 0 at stage 3)"},
+      {"outcore.pinned_memory_mb", param_offloads || optimizer_offloads,
+       "where parameters or optimizer state are offloaded (it bounds their pinned buffers)"},
   };
   // Honoured with another meaning than DeepSpeed's, or beside a key that decides otherwise.
   if (stage3)
@@ -307,10 +323,40 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
                                          "elements (a decoder layer, the embedding, the head), "
                                          "not with each tensor's as DeepSpeed does",
                                          v->dump())});
+  // The optimizer's lr, where the schedule sets the lr from its own keys to other values.
+  const SchedulerConfig& sch = cfg.scheduler;
+  const nlohmann::ordered_json* lr = changed("optimizer.params.lr");
+  const double lr_value = lr != nullptr && lr->is_number() ? lr->get<double>() : 0.0;
+  std::string lr_set_by;
+  if ((sch.type == SchedulerType::kWarmupLR || sch.type == SchedulerType::kWarmupDecayLR) &&
+      !sch.warmup.warmup_max_lr.is_unset() && !sch.warmup.warmup_max_lr.is_auto() &&
+      sch.warmup.warmup_max_lr.value() != lr_value)
+    lr_set_by = fmt::format("scheduler {} warms up to its warmup_max_lr, {}{}",
+                            sch.type == SchedulerType::kWarmupLR ? "WarmupLR" : "WarmupDecayLR",
+                            sch.warmup.warmup_max_lr.value(),
+                            sch.type == SchedulerType::kWarmupDecayLR ? " (default 0.001)" : "");
+  else if (sch.type == SchedulerType::kOneCycle && sch.one_cycle.cycle_min_lr != lr_value &&
+           sch.one_cycle.cycle_max_lr != lr_value)
+    lr_set_by = "scheduler OneCycle sets the lr between its cycle_min_lr and cycle_max_lr";
+  if (lr != nullptr && lr->is_number() && !lr_set_by.empty())
+    out.push_back({"optimizer.params.lr",
+                   fmt::format("set to {}, but {}: no effect in this config (DeepSpeed's "
+                               "schedulers do the same)",
+                               lr->dump(), lr_set_by)});
+  if (sch.type == SchedulerType::kOneCycle && sch.one_cycle.cycle_momentum)
+    if (const nlohmann::ordered_json* v = changed("optimizer.params.betas"))
+      out.push_back({"optimizer.params.betas",
+                     fmt::format("set to {}, but scheduler OneCycle with cycle_momentum true "
+                                 "sets the betas at every step: no effect in this config",
+                                 v->dump())});
+  if (const nlohmann::ordered_json* v = changed("activation_checkpointing.number_checkpoints"))
+    out.push_back({"activation_checkpointing.number_checkpoints",
+                   fmt::format("set to {}: outcore checkpoints every unit's input whatever the "
+                               "number; the key, like partition_activations, turns activation "
+                               "checkpointing on",
+                               v->dump())});
   // One pinned pool serves both sections: page-locked only when every section that offloads
   // asks for it.
-  const bool param_offloads = stage3 && z.offload_param.device != OffloadDevice::kNone;
-  const bool optimizer_offloads = z.offload_optimizer.device != OffloadDevice::kNone;
   if (param_offloads && optimizer_offloads &&
       z.offload_param.pin_memory != z.offload_optimizer.pin_memory)
     out.push_back({z.offload_param.pin_memory ? "zero_optimization.offload_optimizer.pin_memory"

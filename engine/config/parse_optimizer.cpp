@@ -26,8 +26,35 @@ void read_betas(SectionReader& p, AutoOr<std::array<double, 2>>& betas) {
                                                  "or \"auto\"");
 }
 
+// "log" or "linear", compared exactly as DeepSpeed does: another string warms up with log, as
+// there, with a warning naming it ("Linear" included).
 void read_warmup_type(SectionReader& p, WarmupType& t) {
-  p.get_enum("warmup_type", t, {{"log", WarmupType::kLog}, {"linear", WarmupType::kLinear}});
+  const Json* v = p.take("warmup_type");
+  if (v == nullptr || v->is_null() ||
+      (v->is_string() && v->get_ref<const std::string&>() == "auto"))
+    return;  // the default, log
+  if (!v->is_string()) {
+    p.diagnostics().error(p.key_path("warmup_type"),
+                          "got " + show(*v) + "; allowed: \"log\" or \"linear\"");
+    return;
+  }
+  const std::string& name = v->get_ref<const std::string&>();
+  if (name == "linear") {
+    t = WarmupType::kLinear;
+    return;
+  }
+  t = WarmupType::kLog;
+  if (name != "log")
+    p.diagnostics().warn(p.key_path("warmup_type"),
+                         "\"" + name +
+                             "\" is not \"log\" or \"linear\" (compared exactly, as DeepSpeed "
+                             "does): the warmup is log, as in DeepSpeed");
+}
+
+// Whether `key` is absent (not merely invalid): "missing" is said only then.
+bool absent(SectionReader& p, std::string_view key, size_t errors_before) {
+  const Json* v = p.take(key);
+  return p.diagnostics().errors.size() == errors_before && (v == nullptr || v->is_null());
 }
 
 void require(SectionReader& p, bool missing, std::string_view key, std::string_view type,
@@ -44,18 +71,20 @@ void read_warmup_lr(SectionReader& p, SchedulerType type, WarmupLRParams& w) {
   read_warmup_type(p, w.warmup_type);
   p.ignore("last_batch_iteration", -1);
   if (type == SchedulerType::kWarmupDecayLR) {
+    const size_t errors = p.diagnostics().errors.size();
     p.get_auto("total_num_steps", w.total_num_steps, kPositive);
-    require(p, w.total_num_steps.is_unset(), "total_num_steps", "WarmupDecayLR",
-            "an integer >= 1 or \"auto\"");
+    require(p, w.total_num_steps.is_unset() && absent(p, "total_num_steps", errors),
+            "total_num_steps", "WarmupDecayLR", "an integer >= 1 or \"auto\"");
     // DeepSpeed's WarmupDecayLR signature defaults warmup_max_lr to 0.001, unlike WarmupLR.
     if (w.warmup_max_lr.is_unset()) w.warmup_max_lr.set(0.001);
   }
 }
 
 void read_warmup_cosine(SectionReader& p, WarmupCosineLRParams& c) {
+  const size_t errors = p.diagnostics().errors.size();
   p.get_auto("total_num_steps", c.total_num_steps, kPositive);
-  require(p, c.total_num_steps.is_unset(), "total_num_steps", "WarmupCosineLR",
-          "an integer >= 1 or \"auto\"");
+  require(p, c.total_num_steps.is_unset() && absent(p, "total_num_steps", errors),
+          "total_num_steps", "WarmupCosineLR", "an integer >= 1 or \"auto\"");
   p.get("warmup_min_ratio", c.warmup_min_ratio, kUnitInterval);
   p.get_auto("warmup_num_steps", c.warmup_num_steps, kPositive);
   p.get("cos_min_ratio", c.cos_min_ratio, kUnitInterval);
@@ -64,10 +93,14 @@ void read_warmup_cosine(SectionReader& p, WarmupCosineLRParams& c) {
 }
 
 void read_one_cycle(SectionReader& p, OneCycleParams& c) {
+  size_t errors = p.diagnostics().errors.size();
   p.get("cycle_min_lr", c.cycle_min_lr, kNonNegativeReal);
+  require(p, !c.cycle_min_lr && absent(p, "cycle_min_lr", errors), "cycle_min_lr", "OneCycle",
+          "a number >= 0");
+  errors = p.diagnostics().errors.size();
   p.get("cycle_max_lr", c.cycle_max_lr, kNonNegativeReal);
-  require(p, !c.cycle_min_lr, "cycle_min_lr", "OneCycle", "a number >= 0");
-  require(p, !c.cycle_max_lr, "cycle_max_lr", "OneCycle", "a number >= 0");
+  require(p, !c.cycle_max_lr && absent(p, "cycle_max_lr", errors), "cycle_max_lr", "OneCycle",
+          "a number >= 0");
   if (c.cycle_min_lr && c.cycle_max_lr && *c.cycle_max_lr < *c.cycle_min_lr) {
     p.diagnostics().error(p.key_path("cycle_max_lr"), "got " + Json(*c.cycle_max_lr).dump() +
                                                           "; allowed: a number >= cycle_min_lr (" +

@@ -141,10 +141,30 @@ TEST(KeyEffects, KeysThatActOtherwiseThanInDeepSpeedAreSaid) {
       {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory":
            true}, "offload_optimizer": {"device": "cpu", "pin_memory": false}}})",
        "zero_optimization.offload_optimizer.pin_memory", "none of it is page-locked"},
-      // A section that does not offload has no say: no warning.
+      // A section that does not offload has no say in the pool: its pin_memory has no effect.
       {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "none", "pin_memory":
            false}, "offload_optimizer": {"device": "cpu", "pin_memory": true}}})",
-       "zero_optimization.offload_param.pin_memory", ""},
+       "zero_optimization.offload_param.pin_memory",
+       "acts only with offload_param.device cpu or nvme at stage 3"},
+      // The optimizer's lr under a schedule that sets its own; the same value is not warned.
+      {R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "scheduler": {"type":
+           "WarmupDecayLR", "params": {"total_num_steps": 10}}})",
+       "optimizer.params.lr", "warms up to its warmup_max_lr, 0.001 (default 0.001)"},
+      {R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "scheduler": {"type":
+           "WarmupLR", "params": {"warmup_max_lr": 0.05}}})",
+       "optimizer.params.lr", ""},
+      {R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.05}}, "scheduler": {"type":
+           "WarmupLR"}})",
+       "optimizer.params.lr", ""},
+      {R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.5, 0.6]}}, "scheduler": {"type":
+           "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3}}})",
+       "optimizer.params.betas", "sets the betas at every step"},
+      {R"({"activation_checkpointing": {"number_checkpoints": 4}})",
+       "activation_checkpointing.number_checkpoints", "turns activation checkpointing on"},
+      // DeepSpeed takes bf16 moments only beside bf16_master_weights_and_grads: not warned then.
+      {R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
+           "bf16_optimizer_states": true}, "zero_optimization": {"stage": 1}})",
+       "bf16.bf16_master_weights_and_grads", ""},
       {R"({"bf16": {"enabled": false, "bf16_master_weights_and_grads": true,
            "bf16_optimizer_states": true}})",
        "bf16.bf16_optimizer_states", "keeps the Adam moments in bf16 all the same"}};
@@ -245,6 +265,40 @@ TEST(KeyEffects, KeysOfAFeatureNotInUseAreWarnedAbout) {
       "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
       "outcore": {"step_in_backward": true, "swap_checksum": false}})")
                   .empty());
+}
+
+// What acts only where something is offloaded, or with bf16, or with optimizer state in swap
+// files (offload_optimizer nvme with ratio 0 keeps it all on the device), is warned about
+// elsewhere; where it acts, it is not.
+TEST(KeyEffects, KeysOfAnOffloadOrDtypeNotInUseAreWarnedAbout) {
+  auto warned = [](const std::string& json) {
+    std::set<std::string> paths;
+    for (const ConfigWarning& w : parse_config(json, "conditional").warnings)
+      if (w.message.find("no effect") != std::string::npos) paths.insert(w.json_path);
+    return paths;
+  };
+  EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"check_grad_overflow":
+      false}, "zero_optimization": {"stage": 3, "offload_param": {"device": "none", "pin_memory":
+      false}, "offload_optimizer": {"device": "none", "pin_memory": false}},
+      "outcore": {"pinned_memory_mb": 64}})"),
+            (std::set<std::string>{
+                "bf16.check_grad_overflow", "zero_optimization.offload_param.pin_memory",
+                "zero_optimization.offload_optimizer.pin_memory", "outcore.pinned_memory_mb"}));
+  EXPECT_TRUE(warned(R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true,
+      "check_grad_overflow": false}, "zero_optimization": {"stage": 3, "offload_param":
+      {"device": "cpu", "pin_memory": false}, "offload_optimizer": {"device": "cpu",
+      "pin_memory": false}}, "outcore": {"pinned_memory_mb": 64}})")
+                  .empty());
+  EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
+      "sub_group_size": 1000, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp",
+      "ratio": 0.0, "buffer_count": 1, "pipeline_read": true, "pipeline_write": true}},
+      "outcore": {"step_in_backward": true, "swap_checksum": false}})"),
+            (std::set<std::string>{"zero_optimization.sub_group_size",
+                                   "zero_optimization.offload_optimizer.nvme_path",
+                                   "zero_optimization.offload_optimizer.buffer_count",
+                                   "zero_optimization.offload_optimizer.pipeline_read",
+                                   "zero_optimization.offload_optimizer.pipeline_write",
+                                   "outcore.step_in_backward", "outcore.swap_checksum"}));
 }
 
 }  // namespace

@@ -114,8 +114,33 @@ TEST(ParseBadInput, SchedulerRequiredParamsMissing) {
       R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 0.01}}})");
   EXPECT_TRUE(has_issue(order, "scheduler.params.cycle_max_lr", ">= cycle_min_lr"));
   auto warmup =
-      parse_errors(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})");
+      parse_errors(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": 3}}})");
   EXPECT_TRUE(has_issue(warmup, "scheduler.params.warmup_type", "allowed: \"log\" or \"linear\""));
+  // An invalid value is not also said to be missing.
+  auto zero =
+      parse_errors(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 0}}})");
+  EXPECT_EQ(zero.size(), 1u) << dump(zero);
+}
+
+// warmup_type is compared exactly, as DeepSpeed does: any other string ("Linear", "cosine")
+// warms up with log, as there, and is warned about.
+TEST(Parse, AWarmupTypeOtherThanLogOrLinearIsLogWithAWarning) {
+  for (const char* name : {"Linear", "cosine"}) {
+    const ParsedConfig p = parse_config(
+        std::string(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": ")") + name +
+            "\"}}}",
+        "w");
+    EXPECT_EQ(p.config.scheduler.warmup.warmup_type, WarmupType::kLog) << name;
+    ASSERT_EQ(p.warnings.size(), 1u) << name;
+    EXPECT_EQ(p.warnings[0].json_path, "scheduler.params.warmup_type");
+    EXPECT_NE(p.warnings[0].message.find("the warmup is log, as in DeepSpeed"), std::string::npos)
+        << p.warnings[0].message;
+  }
+  EXPECT_EQ(parse_config(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type":
+      "linear"}}})",
+                         "w")
+                .config.scheduler.warmup.warmup_type,
+            WarmupType::kLinear);
 }
 
 TEST(ParseBadInput, Fp16AndBf16BothEnabled) {

@@ -577,5 +577,24 @@ TEST(Plan, SwapPathOnAFilesystemWithoutStorageIsRefusedNamingTheKey) {
   }
 }
 
+// Each of the activation_checkpointing section's cpu_checkpointing, partition_activations and
+// number_checkpoints turns activation checkpointing on (outcore's model has no call sites that
+// would choose it); none of them leaves it off.
+TEST(Plan, EachActivationCheckpointingKeyTurnsItOn) {
+  const model::LlamaConfig model = tiny_config(false);
+  auto checkpointing = [&](const std::string& section) {
+    config::Config cfg =
+        config::parse_config(
+            R"({"train_micro_batch_size_per_gpu": 1, "activation_checkpointing": )" + section + "}",
+            "ac")
+            .config;
+    return estimate_model_options(cfg, model, {}).activation_checkpointing;
+  };
+  EXPECT_FALSE(checkpointing("{}"));
+  EXPECT_TRUE(checkpointing(R"({"cpu_checkpointing": true})"));
+  EXPECT_TRUE(checkpointing(R"({"partition_activations": true})"));
+  EXPECT_TRUE(checkpointing(R"({"number_checkpoints": 4})"));
+}
+
 }  // namespace
 }  // namespace outcore::zero::test
