@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/log.hpp"
+
 namespace outcore::train {
 namespace {
 
@@ -101,10 +103,17 @@ void LossScaler::load_state(const LossScalerState& s) {
     bad(fmt::format("last_overflow_iter {} is not in [-1, cur_iter {})", s.last_overflow_iter,
                     s.cur_iter));
   }
-  if (s.cur_hysteresis < 1 || s.cur_hysteresis > opts_.hysteresis) {
-    bad(fmt::format("hysteresis {} is outside 1..{}", s.cur_hysteresis, opts_.hysteresis));
-  }
+  if (s.cur_hysteresis < 1) bad(fmt::format("hysteresis {} is below 1", s.cur_hysteresis));
   state_ = s;
+  // A run resumed with a lower fp16.hysteresis: the overflows it still tolerates are at most
+  // the new value.
+  if (s.cur_hysteresis > opts_.hysteresis) {
+    log::warn(
+        "fp16.hysteresis {} is below the {} overflows the checkpoint's loss scaler had "
+        "left before lowering the scale: {} from here",
+        opts_.hysteresis, s.cur_hysteresis, opts_.hysteresis);
+    state_.cur_hysteresis = opts_.hysteresis;
+  }
 }
 
 nlohmann::json LossScaler::state_json() const {

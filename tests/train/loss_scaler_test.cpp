@@ -165,8 +165,12 @@ TEST(LossScaler, BadStateIsRejected) {
       s.load_state({.cur_scale = 4, .cur_iter = 1, .last_overflow_iter = 1, .cur_hysteresis = 1}),
       InvalidArgument);
   EXPECT_THROW(
-      s.load_state({.cur_scale = 4, .cur_iter = 1, .last_overflow_iter = -1, .cur_hysteresis = 3}),
+      s.load_state({.cur_scale = 4, .cur_iter = 1, .last_overflow_iter = -1, .cur_hysteresis = 0}),
       InvalidArgument);
+  // More hysteresis left than the config's fp16.hysteresis (lowered for the resumed run): the
+  // config's.
+  s.load_state({.cur_scale = 4, .cur_iter = 1, .last_overflow_iter = -1, .cur_hysteresis = 3});
+  EXPECT_EQ(s.state().cur_hysteresis, 2);
   nlohmann::json j = s.state_json();
   j["dynamic"] = false;  // an fp32 run's checkpoint resumed with fp16's dynamic scaling
   try {
