@@ -123,6 +123,15 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
                                       (path / kLatestName).string(), tag, kManifestName));
     }
   }
+  // A save stopped before it was complete (<tag>.tmp/ with its marker): never reported saved,
+  // never resumed from. (A committed checkpoint may hold the marker too, written there by a
+  // removal or replacement stopped half-way; it was saved, and still is.)
+  if (std::error_code ec; !options.unfinished_save && dir.filename().string().ends_with(".tmp") &&
+                          fs::exists(dir / kSaveMarkerName, ec))
+    throw InvalidArgument(fmt::format(
+        "{}: an unfinished save (it holds {}): never reported saved; resume from the save "
+        "directory, whose latest names a complete checkpoint",
+        dir.string(), kSaveMarkerName));
   auto impl = std::make_unique<Impl>();
   impl->dir = dir;
   impl->options = std::move(options);

@@ -46,7 +46,7 @@ uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }
 // written into another directory (a user's copy of a checkpoint), is never taken for a
 // leftover. kLegacyMarkerText is what earlier versions wrote (and left in committed
 // checkpoints): a directory holding it is a leftover only while it holds no manifest.
-constexpr std::string_view kMarkerName = ".outcore-save";
+constexpr std::string_view kMarkerName = kSaveMarkerName;
 constexpr std::string_view kLegacyMarkerText = "outcore checkpoint in progress\n";
 // What outcore writes into the `.lock` it creates (one without it is not outcore's).
 constexpr std::string_view kLockText = "outcore save directory lock\n";
@@ -900,7 +900,10 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
     if (e.is_directory()) fsync_directory(e.path());
   fsync_directory(m.tmp);
   // Read back what every rank wrote: "saved" means loadable, not only written.
-  if (m.options.verify) Checkpoint::open(m.tmp, {m.options.aio, m.options.backend}).verify();
+  if (m.options.verify)
+    Checkpoint::open(m.tmp,
+                     {.aio = m.options.aio, .backend = m.options.backend, .unfinished_save = true})
+        .verify();
   if (m.options.crash_at == "before-rename") crash_now("before-rename");
 
   // From here `<tag>.tmp` is renamed or exchanged: a removal by its old names could take the

@@ -66,6 +66,8 @@ namespace outcore::ckpt {
 
 inline constexpr int kFormatVersion = 1;
 inline constexpr std::string_view kManifestName = "manifest.json";
+// In a save being written or a checkpoint being removed, never in a committed checkpoint.
+inline constexpr std::string_view kSaveMarkerName = ".outcore-save";
 inline constexpr std::string_view kLatestName = "latest";
 
 // CRC32C (Castagnoli, as iSCSI and ext4 use it) of `data`, continuing `crc` (start with 0).
@@ -308,6 +310,9 @@ class CheckpointWriter {
 struct ReaderOptions {
   aio::Options aio;
   std::shared_ptr<aio::IoBackend> backend;
+  // Opens a save's <tag>.tmp/ holding kSaveMarkerName (the save's own check of what it wrote);
+  // otherwise such a directory, a save never reported saved, is refused.
+  bool unfinished_save = false;
 };
 
 // A checkpoint opened for reading. Opening reads and checks only the manifest; verify()

@@ -55,6 +55,9 @@ std::string read_small_file(const std::filesystem::path& path, size_t limit) {
     f.reset(open_for_reading(path.string(), "checkpoint file"));
   } catch (const InvalidArgument& e) {  // a FIFO, a directory, ...: not what was saved
     throw CorruptData(e.what());
+  } catch (const IoError& e) {  // a file of the checkpoint that is gone: as verify() says it
+    if (e.error_number() == ENOENT) throw CorruptData(fmt::format("{}: missing", path.string()));
+    throw;
   }
   struct stat st {};
   if (::fstat(f.get(), &st) != 0) throw IoError(path.string(), errno, "stat");

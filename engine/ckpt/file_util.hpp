@@ -22,7 +22,8 @@ void rename_durably(const std::filesystem::path& from, const std::filesystem::pa
 // (the caller fsyncs their directory). False, with nothing changed, where the filesystem cannot
 // (then two renames are the caller's way). Throws IoError on any other failure.
 bool exchange_entries(const std::filesystem::path& a, const std::filesystem::path& b);
-// A whole small file (at most `limit` bytes; CorruptData beyond).
+// A whole small file (at most `limit` bytes; CorruptData beyond, and "<path>: missing" when
+// there is none).
 std::string read_small_file(const std::filesystem::path& path, size_t limit);
 // The tag a `latest` file names (one line, a plain directory name; CorruptData otherwise).
 std::string read_latest_tag(const std::filesystem::path& latest);

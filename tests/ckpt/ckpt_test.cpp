@@ -180,6 +180,13 @@ TEST(CkptReadWrite, OpenResolvesLatestAndReportsBadPaths) {
   const std::string what = error_of([&] { Checkpoint::open(tmp / "save"); });
   EXPECT_NE(what.find("(\"global_step7\\x00junk\\x1b[2J\")"), std::string::npos) << what;
   EXPECT_EQ(what.find('\x1b'), std::string::npos) << what;
+  // A save stopped before it was complete (<tag>.tmp/ with its marker) was never reported saved:
+  // not opened.
+  const fs::path unfinished = tmp / "save" / "global_step8.tmp";
+  fs::copy(tmp / "save" / "global_step7", unfinished, fs::copy_options::recursive);
+  std::ofstream(unfinished / ".outcore-save") << "outcore checkpoint in progress\n";
+  const std::string m = error_of([&] { Checkpoint::open(unfinished); });
+  EXPECT_NE(m.find("an unfinished save"), std::string::npos) << m;
 }
 
 TEST(CkptCorruption, AFlippedByteInAnyFileIsNamed) {
@@ -773,7 +780,8 @@ TEST(CkptSaveDir, ACopyOfACheckpointUnderALeftoverNameIsRefusedNotRemoved) {
       fs::copy(original, copy, fs::copy_options::recursive);
       const std::string msg = error_of([&] { SaveDir dir(tmp / "save", kContinue); });
       EXPECT_NE(msg.find(copy.filename().string() + " is not outcore's"), std::string::npos) << msg;
-      Checkpoint::open(copy).verify();  // untouched
+      Checkpoint::open(copy, {.aio = {}, .backend = nullptr, .unfinished_save = true})
+          .verify();  // untouched
       fs::rename(copy, tmp / "backup");
       SaveDir dir(tmp / "save", kContinue);
     }
