@@ -238,9 +238,22 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   // The metrics file: locked, and checked to be one (or nothing), before any long work.
   const std::string metrics_path =
       opts_.metrics_file.empty() ? cfg_.outcore.metrics_file : opts_.metrics_file;
+  // A resumed run goes on writing its checkpoint's run's file (cut after the step resumed);
+  // another file, perhaps another run's, is written afresh as by a new run.
+  bool continues = false;
+  if (!metrics_path.empty() && !resumed_from_.empty()) {
+    const auto it = resume_state_.find("metrics_file");
+    const std::string theirs =
+        it != resume_state_.end() && it->is_string() ? it->get<std::string>() : "";
+    continues = !theirs.empty() && same_file(metrics_path, theirs);
+    if (!continues && rank() == 0)
+      log::info(
+          "metrics: {} is not the metrics file of the run that saved {} ({}): written "
+          "from its start",
+          metrics_path, resumed_from_, theirs.empty() ? std::string("none") : theirs);
+  }
   if (!metrics_path.empty() && rank() == 0)  // rank 0 writes for the job
-    metrics_writer_.emplace(metrics_path, /*append=*/!resumed_from_.empty(),
-                            ck ? ck->manifest().step : -1);
+    metrics_writer_.emplace(metrics_path, /*append=*/continues, ck ? ck->manifest().step : -1);
   if (!opts_.save_dir.empty()) {
     // Rank 0 locks, checks and cleans the directory before the other ranks use it.
     ckpt::SaveDirOptions so{.keep = opts_.keep,

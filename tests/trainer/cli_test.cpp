@@ -752,11 +752,28 @@ TEST_F(TrainCliTest, FifosInPlaceOfInputFilesAreRefusedNotWaitedFor) {
   expect_refused(init_args, hf + "/model.safetensors.index.json");
   fifo_in_place_of(hf + "/config.json");
   expect_refused(init_args, hf + "/config.json");
+  fs::copy_file(ck + "/global_step1/manifest.json", ck + "/global_step1/manifest.json.bak");
   fifo_in_place_of(ck + "/global_step1/manifest.json");
   expect_refused("export " + shell_quote(ck) + " " + shell_quote(data_.file("out")),
                  ck + "/global_step1/manifest.json");
   fifo_in_place_of(ck + "/latest");
   expect_refused("train --resume " + shell_quote(ck) + " --steps 2", ck + "/latest");
+  // A save directory given as --init-from is named as one, with the ways to go on.
+  const CliResult saves =
+      run(init_args.substr(0, init_args.find(" --init-from ")) + " --init-from " + shell_quote(ck));
+  EXPECT_EQ(saves.rc, 2) << saves.err;
+  EXPECT_NE(saves.err.find("a save directory of outcore checkpoints"), std::string::npos)
+      << saves.err;
+  // A checkpoint file that is gone is "missing", bad input (exit 2), as verify() says it.
+  fs::remove(ck + "/latest");
+  fs::remove(ck + "/global_step1/manifest.json");
+  fs::rename(ck + "/global_step1/manifest.json.bak", ck + "/global_step1/manifest.json");
+  fs::remove(ck + "/global_step1/config.json");
+  const CliResult gone =
+      run("export " + shell_quote(ck + "/global_step1") + " " + shell_quote(data_.file("out2")));
+  EXPECT_EQ(gone.rc, 2) << gone.err;
+  EXPECT_NE(gone.err.find(ck + "/global_step1/config.json: missing"), std::string::npos)
+      << gone.err;
 }
 
 // --trace writes a Chrome trace of an NVMe run and the result line says how much I/O it hid;
@@ -1306,6 +1323,18 @@ TEST_F(TrainCliTest, ResumeInANewProcessIsBitIdentical) {
                        "--save-dir)"),
             std::string::npos)
       << r.out;
+  // A metrics file other than the checkpoint's run's (here another run's) is written from its
+  // start, as by a new run: it is not cut and extended as if it were this run's.
+  const std::string own = slurp(m);
+  r = run("train --resume " + shell_quote(ck) + " --steps 7 --metrics " +
+          shell_quote(data_.file("straight.jsonl")));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("is not the metrics file of the run that saved"), std::string::npos)
+      << r.err;
+  const auto written = step_records(data_.file("straight.jsonl"));
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_EQ(written[0]["step"], 7);
+  EXPECT_EQ(slurp(m), own);
 
   r = run("train --resume " + shell_quote(data_.file("nowhere")) + " --steps 6");
   EXPECT_EQ(r.rc, 2);

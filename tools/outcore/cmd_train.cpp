@@ -490,8 +490,20 @@ int run_train(const TrainCliOptions& o) {
     return 2;
   }
   std::string model_path = o.model;
-  if (model_path.empty() && !o.init_from.empty())
-    model_path = (std::filesystem::path(o.init_from) / "config.json").string();
+  if (model_path.empty() && !o.init_from.empty()) {
+    const std::filesystem::path dir(o.init_from);
+    std::error_code ec;
+    if (!std::filesystem::exists(dir / "config.json", ec) &&
+        std::filesystem::exists(dir / ckpt::kLatestName, ec)) {
+      std::fprintf(stderr,
+                   "error: --init-from %s: a save directory of outcore checkpoints, not a Hugging "
+                   "Face model directory: continue its run with --resume, or start a new one "
+                   "from `outcore export` of it\n",
+                   o.init_from.c_str());
+      return 2;
+    }
+    model_path = (dir / "config.json").string();
+  }
   std::string data = o.data, val_data = o.val_data;
   // --data naming the file the checkpoint trained on (by any path) is the checkpoint's data: its
   // validation split and masks carry over as when --data is not given.
