@@ -14,13 +14,13 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 // Index of the first character at or after `i` that is neither whitespace nor inside a
-// comment; text.size() if none.
-size_t skip_blank(std::string_view text, size_t i) {
+// comment (//, /* */, and with `hash` hjson's #); text.size() if none.
+size_t skip_blank(std::string_view text, size_t i, bool hash = true) {
   while (i < text.size()) {
     char c = text[i];
     if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
       ++i;
-    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {
+    } else if ((c == '/' && i + 1 < text.size() && text[i + 1] == '/') || (hash && c == '#')) {
       while (i < text.size() && text[i] != '\n') ++i;
     } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '*') {
       size_t end = text.find("*/", i + 2);
@@ -293,12 +293,16 @@ std::string blank_trailing_commas(std::string_view text) {
   char last_significant = 0;
   size_t i = 0;
   while (i < text.size()) {
-    size_t next = skip_blank(text, i);
+    size_t next = skip_blank(text, i, /*hash=*/false);
     if (next != i) {
       i = next;
       continue;
     }
     char c = text[i];
+    if (c == '#') {  // hjson's line comment, which nlohmann does not know: blanked
+      while (i < text.size() && text[i] != '\n') out[i++] = ' ';
+      continue;
+    }
     if (c == '"') {
       ++i;
       while (i < text.size() && text[i] != '"') i += text[i] == '\\' ? 2 : 1;

@@ -1,5 +1,6 @@
 // Internal: DeepSpeed's lenient JSON dialect on top of nlohmann::json.
-// Comments (// and /* */) and trailing commas are accepted; duplicate keys are reported
+// Comments (// and /* */, and hjson's #, as DeepSpeed reads configs with hjson) and trailing
+// commas are accepted; duplicate keys are reported
 // by their JSON path; a syntax error is reported with its line and column. Time and memory
 // are linear in the size of the text: nesting is bounded by kMaxConfigDepth and duplicate
 // keys past kMaxListedPerKind are counted, not listed.
@@ -30,8 +31,8 @@ struct LenientParse {
 LenientParse parse_lenient_json(std::string_view text);
 
 // Returns `text` with every comma that directly precedes `}` or `]` (ignoring whitespace
-// and comments between them) replaced by a space, so byte offsets are unchanged. Commas in
-// strings and comments are left alone.
+// and comments between them), and every # comment (to the end of its line), replaced by
+// spaces, so byte offsets are unchanged. Commas and # in strings and comments are left alone.
 std::string blank_trailing_commas(std::string_view text);
 
 // 1-based line and column of the byte at 0-based `offset` (clamped to the text).

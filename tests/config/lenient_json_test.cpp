@@ -30,6 +30,23 @@ TEST(LenientJson, TrailingCommaBeforeCommentAndNewline) {
   EXPECT_EQ(p.value["a"], 1);
 }
 
+// DeepSpeed reads config files with hjson, whose # comments run to the end of the line; a # in
+// a string or in another comment is not one.
+TEST(LenientJson, HashCommentsAreComments) {
+  const std::string_view text =
+      "# a DeepSpeed config\n{\"a\": 1, # the first\n \"s\": \"#x\", /* # */ \"b\": 2, # last\n}";
+  const std::string out = blank_trailing_commas(text);
+  ASSERT_EQ(out.size(), text.size());
+  const LenientParse p = parse_lenient_json(text);
+  ASSERT_TRUE(p.errors.empty()) << p.errors[0].to_string();
+  EXPECT_EQ(p.value["a"], 1);
+  EXPECT_EQ(p.value["s"], "#x");
+  EXPECT_EQ(p.value["b"], 2);
+  const LenientParse bad = parse_lenient_json("{\"a\": # 1\n}");
+  ASSERT_EQ(bad.errors.size(), 1u);
+  EXPECT_NE(bad.errors[0].message.find("line 2"), std::string::npos) << bad.errors[0].to_string();
+}
+
 TEST(LenientJson, LoneCommaIsStillAnError) {
   EXPECT_EQ(blank_trailing_commas("[,]"), "[,]");
   EXPECT_EQ(blank_trailing_commas("{\"a\": 1,,}"), "{\"a\": 1,,}");
