@@ -1,4 +1,5 @@
 // DeepSpeed JSON text -> Config: one reader per section, every problem collected.
+#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -28,7 +29,9 @@ void read_fp16(SectionReader& root, Diagnostics& d, FP16Config& f) {
   SectionReader s(object_at(root, "fp16"), "fp16", d, /*auto_means_default=*/true);
   s.get_auto("enabled", f.enabled);
   s.get("auto_cast", f.auto_cast);
-  s.get("loss_scale", f.loss_scale, kNonNegativeReal);
+  // A static scale multiplies the fp32 loss: beyond fp32's range every step would overflow.
+  s.get("loss_scale", f.loss_scale,
+        detail::RealRange{.min = 0, .max = std::numeric_limits<float>::max()});
   s.get("initial_scale_power", f.initial_scale_power, IntRange{0, 63});
   s.get("loss_scale_window", f.loss_scale_window, kPositive);
   s.get("hysteresis", f.hysteresis, kPositive);

@@ -47,7 +47,11 @@ TEST(ParseBadInput, OutOfRangeValue) {
                                  "train_micro_batch_size_per_gpu": 0})");
   EXPECT_TRUE(has_issue(issues, "zero_optimization.stage", "got 4; allowed: an integer in 0..3"))
       << dump(issues);
-  EXPECT_TRUE(has_issue(issues, "fp16.loss_scale", "got -1; allowed: a number >= 0"));
+  EXPECT_TRUE(has_issue(issues, "fp16.loss_scale", "got -1; allowed: a number in [0, "))
+      << dump(issues);
+  // A static scale beyond fp32's range would overflow every step.
+  EXPECT_TRUE(has_issue(parse_errors(R"({"fp16": {"enabled": true, "loss_scale": 1e39}})"),
+                        "fp16.loss_scale", "allowed: a number in [0, 3.4028234663852886e+38]"));
   EXPECT_TRUE(has_issue(issues, "fp16.initial_scale_power", "in 0..63"));
   EXPECT_TRUE(has_issue(issues, "train_micro_batch_size_per_gpu",
                         "got 0; allowed: an integer in 1..1048576"));
