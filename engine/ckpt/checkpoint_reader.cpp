@@ -126,7 +126,9 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
   // A save stopped before it was complete (<tag>.tmp/ with its marker): never reported saved,
   // never resumed from. (A committed checkpoint may hold the marker too, written there by a
   // removal or replacement stopped half-way; it was saved, and still is.)
-  if (std::error_code ec; !options.unfinished_save && dir.filename().string().ends_with(".tmp") &&
+  fs::path named = dir.lexically_normal();  // "x.tmp/" and "x.tmp/." name x.tmp
+  if (!named.has_filename()) named = named.parent_path();
+  if (std::error_code ec; !options.unfinished_save && named.filename().string().ends_with(".tmp") &&
                           fs::exists(dir / kSaveMarkerName, ec))
     throw InvalidArgument(fmt::format(
         "{}: an unfinished save (it holds {}): never reported saved; resume from the save "

@@ -250,12 +250,10 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
   const ZeroConfig& z = cfg.zero_optimization;
   const bool stage3 = z.stage == 3;
   const bool param_nvme = stage3 && z.offload_param.device == OffloadDevice::kNvme;
-  // ratio 0 keeps all of the optimizer state on the device: nothing in swap files.
-  const bool optimizer_nvme =
-      stage3 && z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.ratio > 0;
+  const bool optimizer_nvme = stage3 && z.offload_optimizer.device == OffloadDevice::kNvme;
+  // The sections whose pin_memory the pinned pool reads (zero::pool_page_locked).
   const bool param_offloads = stage3 && z.offload_param.device != OffloadDevice::kNone;
-  const bool optimizer_offloads = z.offload_optimizer.device != OffloadDevice::kNone &&
-                                  z.stage >= 1 && (!stage3 || z.offload_optimizer.ratio > 0);
+  const bool optimizer_offloads = z.offload_optimizer.device != OffloadDevice::kNone;
   const bool bf16 = cfg.bf16.enabled.is_auto() || cfg.bf16.enabled.value_or(false);
   struct Conditional {
     const char* path;
@@ -310,9 +308,7 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
       {"zero_optimization.offload_param.pin_memory", param_offloads,
        "with offload_param.device cpu or nvme at stage 3 (it pins the host copies)"},
       {"zero_optimization.offload_optimizer.pin_memory", optimizer_offloads,
-       "with offload_optimizer.device cpu or nvme (ratio above 0 at stage 3)"},
-      {"outcore.pinned_memory_mb", param_offloads || optimizer_offloads,
-       "where parameters or optimizer state are offloaded (it bounds their pinned buffers)"},
+       "with offload_optimizer.device cpu or nvme"},
   };
   // Honoured with another meaning than DeepSpeed's, or beside a key that decides otherwise.
   if (stage3)

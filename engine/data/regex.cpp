@@ -47,9 +47,10 @@ std::string translate_oniguruma(std::string_view p, const std::string& json_path
         throw ConfigError(json_path, fmt::format("\\H inside a character class is not supported "
                                                  "(pattern \"{}\", in {})",
                                                  p, source));
-      } else if (e == 'w' || e == 'W' || e == 'b' || e == 'B') {
+      } else if (e == 'w' || e == 'W' || (!in_class && (e == 'b' || e == 'B'))) {
         // Oniguruma's word characters take in the combining marks, PCRE2's do not: the split
-        // would differ from tokenizers' wherever a mark follows a letter.
+        // would differ from tokenizers' wherever a mark follows a letter. (Inside a class \b
+        // is a backspace in both.)
         throw ConfigError(json_path, fmt::format("\\{} is not supported: Oniguruma's word "
                                                  "characters are not PCRE2's (pattern \"{}\", "
                                                  "in {})",
@@ -150,8 +151,9 @@ struct Regex::Code {
 Regex::Regex(std::string_view pattern, bool literal, const std::string& json_path,
              const std::string& source)
     : code_(std::make_unique<Code>()), pattern_(pattern) {
+  // (*LF): lines end at \n alone, as in Oniguruma, whatever newline PCRE2 was built with.
   const std::string translated =
-      literal ? std::string(pattern) : translate_oniguruma(pattern, json_path, source);
+      literal ? std::string(pattern) : "(*LF)" + translate_oniguruma(pattern, json_path, source);
   // PCRE2_UCP only changes what escapes and classes mean, which a literal has none of. ^ and $
   // match at every line's start and end, as in Oniguruma's Ruby syntax, which tokenizers uses.
   const uint32_t options =
@@ -162,8 +164,9 @@ Regex::Regex(std::string_view pattern, bool literal, const std::string& json_pat
                               options, &err, &offset, nullptr);
   if (code_->code == nullptr) {
     throw ConfigError(
-        json_path, fmt::format("pattern \"{}\" does not compile: {} at offset {} (in {})", pattern,
-                               pcre2_message(err), offset, source));
+        json_path,
+        fmt::format("pattern \"{}\" does not compile: {} at offset {} (in {})", pattern,
+                    pcre2_message(err), literal || offset < 5 ? offset : offset - 5, source));
   }
   // Without JIT (a platform PCRE2 lacks it for) matching falls back to the interpreter.
   pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE);

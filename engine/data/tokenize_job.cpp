@@ -509,7 +509,9 @@ std::vector<pid_t> pids_of_temporaries(const std::string& token_file) {
           digits.find_first_not_of("0123456789") != std::string_view::npos)
         continue;
       const auto pid = static_cast<pid_t>(std::stol(std::string(digits)));
-      const bool alive = pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH);
+      // This job's own pid (PID 1 in a container, where jobs always have it) is one of a killed
+      // job's too: this one holds the prefix's lock and has made no temporary yet.
+      const bool alive = pid > 0 && pid != ::getpid() && (::kill(pid, 0) == 0 || errno != ESRCH);
       if (!alive && std::find(pids.begin(), pids.end(), pid) == pids.end()) pids.push_back(pid);
     }
   }

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.hpp"
@@ -80,42 +81,65 @@ std::optional<bool> flag(const json& config, const char* key, const std::string&
   return config[key].get<bool>();
 }
 
-// Refuses the SentencePiece model `loaded` in place of tokenizer.json `json_path` (`why`: what
-// the JSON asks for that is not implemented) when the JSON adds tokens the model does not have
-// as pieces of the same ids (a chat template's <|im_start|> on a Mistral model): encoded by the
-// model, they would be spelled out as text.
-void check_added_tokens_are_pieces(const detail::LoadedBackend& loaded,
-                                   const std::string& json_path, const std::string& why) {
+// The tokens tokenizer.json `json_path` adds that `backend` does not have as pieces of the same
+// ids (a chat template's <|im_start|> on a Mistral model, a <pad> past the model's pieces), shown
+// as "\"<content>\" (id N)".
+std::vector<std::pair<std::string, std::string>> added_tokens_not_pieces(
+    const detail::Backend& backend, const std::string& json_path) {
   json root;
   try {
     root = json::parse(read_whole_file(json_path, "tokenizer", size_t{1} << 30));
   } catch (const json::exception&) {
-    return;  // the JSON parsed once already
+    return {};  // the JSON parsed once already
   }
   const auto list = root.find("added_tokens");
-  if (list == root.end() || !list->is_array()) return;
-  std::vector<std::string> missing;
+  if (list == root.end() || !list->is_array()) return {};
+  std::vector<std::pair<std::string, std::string>> missing;
   for (const json& t : *list) {
     if (!t.is_object() || !t.contains("content") || !t["content"].is_string()) continue;
     const std::string& content = t["content"].get_ref<const std::string&>();
-    const std::optional<uint32_t> id = loaded.backend->token_id(content);
+    if (content.empty()) continue;
+    const std::optional<uint32_t> id = backend.token_id(content);
     const bool same_id =
         id && t.contains("id") && t["id"].is_number_unsigned() && t["id"].get<uint64_t>() == *id;
     if (!same_id)
-      missing.push_back(
-          fmt::format("\"{}\" (id {})", content, t.contains("id") ? t["id"].dump() : "none"));
+      missing.emplace_back(content, fmt::format("\"{}\" (id {})", content,
+                                                t.contains("id") ? t["id"].dump() : "none"));
   }
-  if (missing.empty()) return;
-  std::string names;
-  for (size_t i = 0; i < missing.size() && i < 5; ++i) names += (i ? ", " : "") + missing[i];
-  if (missing.size() > 5) names += fmt::format(" and {} more", missing.size() - 5);
-  throw ConfigError("added_tokens",
-                    fmt::format("{}: adds tokens that {} lacks as pieces of those ids: {}. "
-                                "outcore uses the SentencePiece model in place of this file ({}), "
-                                "which would spell them out as text; this tokenizer is not "
-                                "supported",
-                                json_path, loaded.description, names, why));
+  return missing;
 }
+
+// A SentencePiece model used in place of a tokenizer.json that adds tokens the model lacks: a
+// text holding one of them is refused (the model would spell it out as text, where Hugging Face
+// makes it the token); other texts encode as the model encodes them.
+class WithoutAddedTokens final : public detail::Backend {
+ public:
+  WithoutAddedTokens(std::unique_ptr<detail::Backend> inner,
+                     std::vector<std::pair<std::string, std::string>> missing,
+                     std::string json_path)
+      : inner_(std::move(inner)), missing_(std::move(missing)), json_path_(std::move(json_path)) {}
+
+  void encode_text(std::string_view text, std::vector<uint32_t>& out) const override {
+    for (const auto& [content, shown] : missing_)
+      if (text.find(content) != std::string_view::npos)
+        throw ConfigError(
+            "added_tokens",
+            fmt::format("a text holds {}, a token {} adds that its SentencePiece model lacks: the "
+                        "model would spell it out as text (outcore uses the model in place of "
+                        "that file, whose components it does not implement)",
+                        shown, json_path_));
+    inner_->encode_text(text, out);
+  }
+  uint64_t vocab_size() const override { return inner_->vocab_size(); }
+  std::optional<uint32_t> token_id(std::string_view content) const override {
+    return inner_->token_id(content);
+  }
+
+ private:
+  std::unique_ptr<detail::Backend> inner_;
+  std::vector<std::pair<std::string, std::string>> missing_;
+  std::string json_path_;
+};
 
 detail::LoadedBackend load_backend(const fs::path& dir) {
   const fs::path json_path = dir / "tokenizer.json", model_path = dir / "tokenizer.model";
@@ -127,8 +151,20 @@ detail::LoadedBackend load_backend(const fs::path& dir) {
     } catch (const detail::UnsupportedTokenizer& e) {
       if (!has_model) throw;
       detail::LoadedBackend loaded = detail::load_sentencepiece(model_path.string());
-      check_added_tokens_are_pieces(loaded, json_path.string(), e.what());
       log::warn("{}; using {} instead", e.what(), model_path.string());
+      auto missing = added_tokens_not_pieces(*loaded.backend, json_path.string());
+      if (!missing.empty()) {
+        std::string names;
+        for (size_t i = 0; i < missing.size() && i < 5; ++i)
+          names += (i ? ", " : "") + missing[i].second;
+        if (missing.size() > 5) names += fmt::format(" and {} more", missing.size() - 5);
+        log::warn(
+            "{}: adds tokens {} lacks as pieces of those ids: {}; a text holding one is "
+            "refused",
+            json_path.string(), model_path.string(), names);
+        loaded.backend = std::make_unique<WithoutAddedTokens>(
+            std::move(loaded.backend), std::move(missing), json_path.string());
+      }
       return loaded;
     }
   }

@@ -238,19 +238,25 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   // The metrics file: locked, and checked to be one (or nothing), before any long work.
   const std::string metrics_path =
       opts_.metrics_file.empty() ? cfg_.outcore.metrics_file : opts_.metrics_file;
-  // A resumed run goes on writing its checkpoint's run's file (cut after the step resumed);
-  // another file, perhaps another run's, is written afresh as by a new run.
-  bool continues = false;
-  if (!metrics_path.empty() && !resumed_from_.empty()) {
+  // A resumed run goes on writing its checkpoint's run's file (cut after the step resumed). A
+  // file other than that one while that one is still there (another run's, perhaps) is written
+  // afresh, as by a new run; where the run's file is gone (its directory moved), the file named
+  // is taken for it.
+  bool continues = !resumed_from_.empty();
+  if (!metrics_path.empty() && continues) {
     const auto it = resume_state_.find("metrics_file");
     const std::string theirs =
         it != resume_state_.end() && it->is_string() ? it->get<std::string>() : "";
-    continues = !theirs.empty() && same_file(metrics_path, theirs);
-    if (!continues && rank() == 0)
-      log::info(
-          "metrics: {} is not the metrics file of the run that saved {} ({}): written "
-          "from its start",
-          metrics_path, resumed_from_, theirs.empty() ? std::string("none") : theirs);
+    std::error_code ec;
+    if (!theirs.empty() && std::filesystem::exists(theirs, ec) &&
+        !same_file(metrics_path, theirs)) {
+      continues = false;
+      if (rank() == 0)
+        log::info(
+            "metrics: {} is not the metrics file of the run that saved {} ({}): written "
+            "from its start",
+            metrics_path, resumed_from_, theirs);
+    }
   }
   if (!metrics_path.empty() && rank() == 0)  // rank 0 writes for the job
     metrics_writer_.emplace(metrics_path, /*append=*/continues, ck ? ck->manifest().step : -1);

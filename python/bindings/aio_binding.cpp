@@ -163,8 +163,9 @@ CreatedFiles& created_files() {
   return *files;
 }
 
-// The registry's lock. Taken only by threads that do not hold the GIL (a thread may hold it
-// across a write's open, open_file): the lock never nests with the GIL.
+// The registry's lock. Taken by threads that do not hold the GIL (a thread may hold it across a
+// write's open, open_file), and by a fork (the handlers above), whose thread may hold the GIL: a
+// holder never waits for the GIL, so the two never deadlock; a fork waits for the open.
 std::unique_lock<std::mutex> lock_registry() { return std::unique_lock(created_files().mutex); }
 
 // For a read waited at once: throws the end-of-file IoError its wait would raise, before

@@ -185,8 +185,11 @@ TEST(CkptReadWrite, OpenResolvesLatestAndReportsBadPaths) {
   const fs::path unfinished = tmp / "save" / "global_step8.tmp";
   fs::copy(tmp / "save" / "global_step7", unfinished, fs::copy_options::recursive);
   std::ofstream(unfinished / ".outcore-save") << "outcore checkpoint in progress\n";
-  const std::string m = error_of([&] { Checkpoint::open(unfinished); });
-  EXPECT_NE(m.find("an unfinished save"), std::string::npos) << m;
+  for (const fs::path& named :
+       {unfinished, fs::path(unfinished.string() + "/"), unfinished / "."}) {
+    const std::string m = error_of([&] { Checkpoint::open(named); });
+    EXPECT_NE(m.find("an unfinished save"), std::string::npos) << named << ": " << m;
+  }
 }
 
 TEST(CkptCorruption, AFlippedByteInAnyFileIsNamed) {

@@ -127,13 +127,19 @@ TEST_F(SentencePieceTest, UnsupportedTokenizerJsonFallsBackToTheModel) {
   t.encode("hello", true, ids);
   ASSERT_FALSE(ids.empty());
   EXPECT_EQ(ids.front(), 1u);  // BOS by default, as Llama 2 adds it
-  // Tokens the JSON adds that the model lacks (a chat template's) would be spelled out as text
-  // by the model: refused, naming them.
+  // Tokens the JSON adds that the model lacks (a chat template's, a <pad> past its pieces) would
+  // be spelled out as text by the model: a text holding one is refused, naming it; other texts
+  // encode as before.
   converted["added_tokens"].push_back(added("<|im_start|>", 3000));
   test::write_file(d / "tokenizer.json", converted.dump());
+  const Tokenizer chat = Tokenizer::load(d.string());
+  std::vector<uint32_t> same;
+  chat.encode("hello", true, same);
+  EXPECT_EQ(same, ids);
   try {
-    (void)Tokenizer::load(d.string());
-    ADD_FAILURE() << "a tokenizer.json adding tokens the model lacks was used";
+    std::vector<uint32_t> out;
+    chat.encode("<|im_start|>hello", true, out);
+    ADD_FAILURE() << "a token the model lacks was spelled out as text";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("\"<|im_start|>\" (id 3000)"), std::string::npos)
         << e.what();

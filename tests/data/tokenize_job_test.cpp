@@ -6,6 +6,7 @@
 #include "engine/data/tokenize_job.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
 #include <sys/wait.h>
@@ -267,6 +268,18 @@ TEST_F(TokenizeJobTest, APairIsEncodedAsOneSequenceUnderATemplateEndingInEos) {
   const TokenizeResult plain =
       run_tokenize_job(tok, options({input("t.txt", "the end\n")}, "bos_eos_text"));
   EXPECT_EQ(tokens_of(plain.token_file), text);
+}
+
+// A leftover named with this job's own pid (a job that ran as the same pid before, as every job
+// in a container does as PID 1) is a killed job's: removed, not stepped around forever.
+TEST_F(TokenizeJobTest, ALeftoverOfThisJobsOwnPidIsRemoved) {
+  const std::string leftover = (dir_ / fmt::format("own.bin.tmp-{}", ::getpid())).string();
+  test::write_file(leftover, "a killed job's partial output");
+  const TokenizeResult r = run_tokenize_job(*tokenizer_, options({input("o.txt", "x\n")}, "own"));
+  EXPECT_EQ(tokens_of(r.token_file), doc("x"));
+  EXPECT_FALSE(fs::exists(leftover));
+  for (const auto& e : fs::directory_iterator(dir_.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
 }
 
 // A job killed between putting its token file and its mask in place leaves its commit marker

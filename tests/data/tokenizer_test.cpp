@@ -226,6 +226,20 @@ TEST_F(TokenizerTest, ADirectoryWithoutATokenizerIsRefusedByName) {
   EXPECT_NE(load_error(dir_ / "missing").find("not a directory"), std::string::npos);
 }
 
+// Inside a character class \b is a backspace, in Oniguruma as in PCRE2: accepted.
+TEST_F(TokenizerTest, ABackspaceInACharacterClassIsAccepted) {
+  json j = test::tiny_tokenizer();
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", "[\\b\\t]+"}}}, {"behavior", "Isolated"}},
+        j["pre_tokenizer"]}}};
+  const Tokenizer t = Tokenizer::load(dir_with(j).string());
+  std::vector<uint32_t> ids;
+  t.encode("a\bb", false, ids);
+  EXPECT_EQ(ids, (std::vector<uint32_t>{'a', 0x08, 'b'}));
+}
+
 // Each unsupported or malformed part names the file and the JSON key.
 TEST_F(TokenizerTest, UnsupportedComponentsAreRefusedNamingTheKey) {
   struct Case {
