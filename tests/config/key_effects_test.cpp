@@ -190,15 +190,17 @@ TEST(KeyEffects, DefaultsAndHonouredKeysDrawNoSuchWarning) {
     EXPECT_EQ(w.message.find("no effect"), std::string::npos) << w.to_string();
 }
 
+// The paths `json` draws a "no effect" warning for.
+std::set<std::string> warned(const std::string& json) {
+  std::set<std::string> paths;
+  for (const ConfigWarning& w : parse_config(json, "conditional").warnings)
+    if (w.message.find("no effect") != std::string::npos) paths.insert(w.json_path);
+  return paths;
+}
+
 // Keys that act only at stage 3, or only with their section's NVMe device, are said to have no
 // effect where they have none (below stage 3, with device cpu), and draw nothing where they act.
 TEST(KeyEffects, KeysOfAStageOrDeviceNotInUseAreWarnedAbout) {
-  auto warned = [](const std::string& json) {
-    std::set<std::string> paths;
-    for (const ConfigWarning& w : parse_config(json, "conditional").warnings)
-      if (w.message.find("no effect") != std::string::npos) paths.insert(w.json_path);
-    return paths;
-  };
   EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2,
       "stage3_max_live_parameters": 10, "stage3_max_reuse_distance": 0}})"),
             (std::set<std::string>{"zero_optimization.stage3_max_live_parameters",
@@ -230,12 +232,6 @@ TEST(KeyEffects, KeysOfAStageOrDeviceNotInUseAreWarnedAbout) {
 // fp16's keys without fp16, the dynamic scaler's beside a static scale, and outcore's swap keys
 // without swap files are said to have no effect; with what they act on, nothing is said.
 TEST(KeyEffects, KeysOfAFeatureNotInUseAreWarnedAbout) {
-  auto warned = [](const std::string& json) {
-    std::set<std::string> paths;
-    for (const ConfigWarning& w : parse_config(json, "conditional").warnings)
-      if (w.message.find("no effect") != std::string::npos) paths.insert(w.json_path);
-    return paths;
-  };
   const std::string scaler =
       R"("loss_scale_window": 10, "hysteresis": 5, "min_loss_scale": 4, "initial_scale_power": 8,
          "consecutive_hysteresis": true)";
@@ -270,12 +266,6 @@ TEST(KeyEffects, KeysOfAFeatureNotInUseAreWarnedAbout) {
 // What acts only where parameters or optimizer state are offloaded, or with bf16, is warned
 // about elsewhere; where it acts, it is not.
 TEST(KeyEffects, KeysOfAnOffloadOrDtypeNotInUseAreWarnedAbout) {
-  auto warned = [](const std::string& json) {
-    std::set<std::string> paths;
-    for (const ConfigWarning& w : parse_config(json, "conditional").warnings)
-      if (w.message.find("no effect") != std::string::npos) paths.insert(w.json_path);
-    return paths;
-  };
   EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"check_grad_overflow":
       false}, "zero_optimization": {"stage": 3, "offload_param": {"device": "none", "pin_memory":
       false}, "offload_optimizer": {"device": "none", "pin_memory": false}}})"),

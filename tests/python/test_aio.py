@@ -653,6 +653,20 @@ class Leaks(AioTest):
 
 
 class ForkAndInterrupts(AioTest):
+    def wait_child(self, pid, seconds, what):
+        """The exit code of forked child `pid`; fails the test (killing it) past `seconds`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                self.assertTrue(os.WIFEXITED(status))
+                return os.WEXITSTATUS(status)
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                self.fail(what)
+            time.sleep(0.01)
+
     def test_a_forked_child_is_refused_the_handle_and_exits(self):
         # The child has the handle but not its I/O threads: using it raises at once, and the
         # child's exit (which destroys it) does not wait for them (it used to hang forever).
@@ -672,18 +686,7 @@ class ForkAndInterrupts(AioTest):
                 gc.collect()
             finally:
                 os._exit(code)
-        deadline = time.monotonic() + 30
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                self.fail("the forked child did not exit")
-            time.sleep(0.05)
-        self.assertTrue(os.WIFEXITED(status))
-        self.assertEqual(os.WEXITSTATUS(status), 0)
+        self.assertEqual(self.wait_child(pid, 30, "the forked child did not exit"), 0)
         self.assertFalse(os.path.exists(self.path("child.bin")))
         out = torch.zeros(1000)
         h.sync_pread(out, self.path("f.bin"))  # the parent's handle still works
@@ -719,18 +722,8 @@ class ForkAndInterrupts(AioTest):
                         code = 0
                     finally:
                         os._exit(code)
-                deadline = time.monotonic() + 20
-                while True:
-                    done, status = os.waitpid(pid, os.WNOHANG)
-                    if done:
-                        break
-                    if time.monotonic() > deadline:
-                        os.kill(pid, 9)
-                        os.waitpid(pid, 0)
-                        self.fail("child %d of a fork during another thread's writes hung" % k)
-                    time.sleep(0.001)
-                self.assertTrue(os.WIFEXITED(status))
-                self.assertEqual(os.WEXITSTATUS(status), 0)
+                what = "child %d of a fork during another thread's writes hung" % k
+                self.assertEqual(self.wait_child(pid, 20, what), 0)
         finally:
             stop.set()
             t.join()
