@@ -14,6 +14,14 @@ std::string format_issues(const std::string& source, const std::vector<ConfigIss
 
 }  // namespace
 
+std::string message_naming_config_file(const ConfigError& e, const std::string& file) {
+  const std::string what = e.what();
+  if (file.empty() || e.json_path().empty() || what.find(file) != std::string::npos) return what;
+  static const nlohmann::ordered_json keys = to_json(Config{});
+  const std::string top = e.json_path().substr(0, e.json_path().find('.'));
+  return keys.contains(top) ? file + ": " + what : what;
+}
+
 std::string ConfigIssue::to_string() const {
   return json_path.empty() ? message : json_path + ": " + message;
 }

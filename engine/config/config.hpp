@@ -399,6 +399,12 @@ ParsedConfig parse_config(std::string_view text, std::string_view source = "<con
 // error or the limit (so tools report them as bad input).
 ParsedConfig load_config_file(const std::string& path, bool log_warnings = true);
 
+// The message of `e`, with "<file>: " before it when it is about a key of a DeepSpeed config (one
+// of the sections and top-level keys to_json prints) and does not name `file` already: so that
+// the errors of checks made once the config is parsed (the engine's placement) name the file,
+// as the parse's own do. `file` empty: the message as it is.
+std::string message_naming_config_file(const ConfigError& e, const std::string& file);
+
 // ---- resolution ------------------------------------------------------------------------
 
 // Most data-parallel ranks a config is resolved or planned for (the planner and the model

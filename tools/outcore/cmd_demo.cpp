@@ -218,7 +218,7 @@ int run_demo(const DemoOptions& o) {
   t.eval_every = 20;
   t.eval_batches = 4;
   t.trace_file = o.trace;
-  return run_training(cfg, model, std::move(t));
+  return run_training(cfg, model, std::move(t), config_path.string());
 }
 
 }  // namespace

@@ -589,7 +589,15 @@ void add_estimate_command(CLI::App& app, int& rc) {
                 "plan with activation checkpointing (as `outcore train "
                 "--activation-checkpointing`; on anyway when the config's "
                 "activation_checkpointing section asks for cpu_checkpointing)");
-  cmd->callback([o, &rc] { rc = run_estimate(*o); });
+  cmd->callback([o, &rc] {
+    try {
+      rc = run_estimate(*o);
+    } catch (const ConfigError& e) {  // a config key the plan refuses: named with the file
+      std::fprintf(stderr, "error: %s\n",
+                   config::message_naming_config_file(e, o->config_file).c_str());
+      rc = 2;
+    }
+  });
 }
 
 }  // namespace outcore::cli

@@ -812,7 +812,10 @@ int run_train(const TrainCliOptions& o) {
   if (ranks->world() > 1 &&
       !ranks_agree(*ranks->control, rank_settings(config, model, topts, rd ? rd->source : "")))
     return 2;
-  return run_training(config, model, std::move(topts));
+  const std::string config_file = !config_path.empty() ? config_path
+                                  : rd                 ? rd->source + "/ds_config.json"
+                                                       : "";
+  return run_training(config, model, std::move(topts), config_file);
 }
 
 }  // namespace

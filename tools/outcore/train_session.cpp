@@ -252,7 +252,7 @@ bool check_replaces_only_a_trace(const std::string& path, const char* flag) {
 }
 
 int run_training(const config::Config& cfg, const model::LlamaConfig& model,
-                 train::TrainerOptions options) {
+                 train::TrainerOptions options, const std::string& config_file) {
   comm::Comm* comm = options.comm;
   const int rank = comm != nullptr ? comm->rank() : 0;
   const int world = comm != nullptr ? comm->world_size() : 1;
@@ -284,7 +284,8 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
     std::fprintf(stderr, "stopped: %s%s\n", g_rank_prefix.c_str(), e.what());
     return fail_job(comm, kExitInterrupted);
   } catch (const ConfigError& e) {  // config, model config
-    print_error(e);
+    std::fprintf(stderr, "error: %s%s\n", g_rank_prefix.c_str(),
+                 config::message_naming_config_file(e, config_file).c_str());
     return fail_job(comm, 2);
   } catch (const InvalidArgument& e) {  // options, data too short
     print_error(e);

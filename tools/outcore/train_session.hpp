@@ -56,8 +56,9 @@ bool check_replaces_only_a_trace(const std::string& path, const char* flag);
 // signal kills the process), and prints the result on stdout. Progress goes to stderr.
 // Returns 0 when every step ran, kExitInterrupted after a clean stop, 2 when the inputs are
 // refused while setting up (config, model, data, a plan that does not fit: one "error:"
-// line on stderr), 1 for a failure while training (I/O error, ...).
+// line on stderr, naming `config_file` for a config key's error), 1 for a failure while
+// training (I/O error, ...).
 int run_training(const config::Config& cfg, const model::LlamaConfig& model,
-                 train::TrainerOptions options);
+                 train::TrainerOptions options, const std::string& config_file = "");
 
 }  // namespace outcore::cli
