@@ -345,6 +345,7 @@ TEST_F(DataParallel, RanksStartedWithDifferentSettingsEndNamingTheSetting) {
       {cli_job_args(work, 2, "2e-3") + " --seq-len 16 --steps 2", "config.optimizer.params.lr"},
       {base + " --seq-len 16 --steps 3", "--steps"},
       {base + " --seq-len 16 --steps 2 --save-dir " + (work / "other").string(), "--save-dir"},
+      {base + " --seq-len 16 --steps 2 --metrics " + (work / "m.jsonl").string(), "--metrics"},
   };
   for (const Case& c : cases) {
     std::string output;
@@ -369,6 +370,34 @@ TEST_F(DataParallel, RanksStartedWithDifferentSettingsEndNamingTheSetting) {
   EXPECT_NE(rc, 0) << output;
   EXPECT_NE(output.find("--save-dir (rank 0: "), std::string::npos) << output;
   EXPECT_EQ(output.find("step 1"), std::string::npos) << "trained anyway:\n" << output;
+}
+
+// A rank that refuses its own inputs before the ranks compare their settings (a config that does
+// not parse, an output path it may not write) ends the job, naming them; the other rank waited
+// in the comparison forever.
+TEST_F(DataParallel, ARankRefusingItsInputsEndsTheJob) {
+  if (!have_mpirun_) GTEST_SKIP() << "mpirun not found";
+  const fs::path work = dir_->file("refusing");
+  const std::string base = cli_job_args(work, 2) + " --seq-len 16 --steps 2";
+  std::ofstream(work / "bad.json") << "{bad json";
+  const std::string bad_config = fmt::format(
+      "{} train --config {} --model {} --data {} --seq-len 16 --steps 2", OUTCORE_CLI,
+      (work / "bad.json").string(), (work / "model.json").string(), DataParallelFiles::train());
+  struct Case {
+    std::string rank1, expect;
+  };
+  const Case cases[] = {
+      {bad_config, (work / "bad.json").string() + ": "},
+      {base + " --trace " + (work / "model.json").string(), "--trace"},
+  };
+  for (const Case& c : cases) {
+    std::string output;
+    const int rc = run_command(mpmd(base, c.rank1), output);
+    EXPECT_NE(rc, 0) << c.rank1 << "\n" << output;
+    EXPECT_NE(rc, 124) << "the job hung: " << c.rank1 << "\n" << output;
+    EXPECT_NE(output.find("error: " + c.expect), std::string::npos) << c.expect << "\n" << output;
+    EXPECT_EQ(output.find("step 1"), std::string::npos) << "trained anyway:\n" << output;
+  }
 }
 
 // On several nodes one path can name two files: a data file of the same path and size whose

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/open_file.hpp"
@@ -436,7 +437,7 @@ std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config
   if (!checkpoint.empty())
     out.emplace_back("--resume", file((fs::path(checkpoint) / ckpt::kManifestName).string()));
   out.emplace_back("--val-fraction", fmt::format("{}", t.val_fraction));
-  out.emplace_back("--format", std::to_string(static_cast<int>(t.token_format)));
+  out.emplace_back("--format", std::string(train::to_string(t.token_format)));
   out.emplace_back("--seq-len", std::to_string(t.seq_len));
   out.emplace_back("--steps", std::to_string(t.steps));
   out.emplace_back("--seed", std::to_string(t.seed));
@@ -452,6 +453,9 @@ std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config
   out.emplace_back("--start-over", t.start_over ? "yes" : "no");
   out.emplace_back("--resume", path(t.resume_from));
   out.emplace_back("--init-from", path(t.init_from));
+  // Written by rank 0 alone: one given to another rank only would be dropped without a word.
+  out.emplace_back("--metrics", path(t.metrics_file));
+  out.emplace_back("--trace", path(t.trace_file));
   return out;
 }
 
@@ -622,6 +626,19 @@ int run_train(const TrainCliOptions& o) {
   // run on host memory in this release (no NCCL), on a GPU as on the simulated device.
   std::optional<Ranks> ranks = open_ranks(o.comm, /*cuda_device=*/false);
   if (!ranks) return 2;
+  // A rank that refuses its inputs before the ranks compare their settings (ranks_agree) ends
+  // the job: the others would wait for it in that comparison forever.
+  struct EndJobUnlessCompared {
+    Ranks& ranks;
+    bool compared = false;
+    ~EndJobUnlessCompared() {
+      if (compared || ranks.world() == 1) return;
+      cleanup::remove_registered_files();
+      std::fflush(stdout);
+      std::fflush(stderr);
+      ranks.control->abort(2);
+    }
+  } end_job{*ranks};
   train::TrainerOptions topts;
   topts.device = device->kind;
   topts.gpu = device->gpu;
@@ -809,6 +826,7 @@ int run_train(const TrainCliOptions& o) {
   if (o.activation_checkpointing || (rd && rd->activation_checkpointing && config_path.empty()))
     topts.activation_checkpointing = true;
   topts.metrics_file = o.metrics;
+  end_job.compared = true;  // every rank reaches the comparison (or returned 2 above: ended)
   if (ranks->world() > 1 &&
       !ranks_agree(*ranks->control, rank_settings(config, model, topts, rd ? rd->source : "")))
     return 2;
