@@ -46,7 +46,6 @@ uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }
 // written into another directory (a user's copy of a checkpoint), is never taken for a
 // leftover. kLegacyMarkerText is what earlier versions wrote (and left in committed
 // checkpoints): a directory holding it is a leftover only while it holds no manifest.
-constexpr std::string_view kMarkerName = kSaveMarkerName;
 constexpr std::string_view kLegacyMarkerText = "outcore checkpoint in progress\n";
 // What outcore writes into the `.lock` it creates (one without it is not outcore's).
 constexpr std::string_view kLockText = "outcore save directory lock\n";
@@ -73,7 +72,7 @@ std::string marker_text(const fs::path& dir) {
 void write_marker(const fs::path& dir) {
   const std::string text = marker_text(dir);
   if (text.empty()) throw IoError(dir.string(), errno, "stat checkpoint directory");
-  write_file_durably(dir / kMarkerName, text);
+  write_file_durably(dir / kSaveMarkerName, text);
   fsync_directory(dir);
 }
 
@@ -88,8 +87,9 @@ bool is_rank_dir_name(const std::string& name) {
 // `manifest_files` the files its manifest lists (a checkpoint whose manifest does not parse is
 // still judged by the names).
 std::string foreign_entry(const fs::path& p, bool manifest_files) {
-  std::set<std::string, std::less<>> ours = {std::string(kMarkerName), std::string(kManifestName),
-                                             "config.json", "ds_config.json", "trainer_state.json"};
+  std::set<std::string, std::less<>> ours = {std::string(kSaveMarkerName),
+                                             std::string(kManifestName), "config.json",
+                                             "ds_config.json", "trainer_state.json"};
   if (manifest_files) {
     try {
       const Manifest m = parse_manifest(read_small_file(p / kManifestName, 64ull << 20),
@@ -123,8 +123,8 @@ bool is_save_leftover(const fs::path& p) {
   std::error_code ec;
   if (fs::is_empty(p, ec)) return true;
   try {
-    if (type_of(p / kMarkerName) != fs::file_type::regular) return false;
-    const std::string text = read_small_file(p / kMarkerName, 4096);
+    if (type_of(p / kSaveMarkerName) != fs::file_type::regular) return false;
+    const std::string text = read_small_file(p / kSaveMarkerName, 4096);
     const bool ours =
         text == marker_text(p) || (text == kLegacyMarkerText && !is_checkpoint_dir(p));
     if (!ours) return false;
@@ -173,11 +173,12 @@ void remove_owned_dir(const fs::path& p, const WriterOptions* hooks, uint64_t& r
     removed();
   };
   std::error_code ec;
-  if (!fs::is_empty(p, ec) && type_of(p / kMarkerName) == fs::file_type::not_found) write_marker(p);
+  if (!fs::is_empty(p, ec) && type_of(p / kSaveMarkerName) == fs::file_type::not_found)
+    write_marker(p);
   std::vector<fs::path> entries;
   for (const fs::directory_entry& e : fs::directory_iterator(p)) entries.push_back(e.path());
   for (const fs::path& e : entries) {
-    if (e.filename() == kMarkerName) continue;
+    if (e.filename() == kSaveMarkerName) continue;
     if (type_of(e) == fs::file_type::directory) {
       std::vector<fs::path> files;
       for (const fs::directory_entry& f : fs::directory_iterator(e)) files.push_back(f.path());
@@ -185,7 +186,7 @@ void remove_owned_dir(const fs::path& p, const WriterOptions* hooks, uint64_t& r
     }
     remove_one(e);
   }
-  if (type_of(p / kMarkerName) != fs::file_type::not_found) remove_one(p / kMarkerName);
+  if (type_of(p / kSaveMarkerName) != fs::file_type::not_found) remove_one(p / kSaveMarkerName);
   remove_one(p);
 }
 
@@ -354,7 +355,7 @@ void SaveDir::open_entries() {
           (dir_ / kLatestName).string(), *named, moved.string());
       rename_durably(moved, dir_ / *named, dir_);
       std::error_code ec;
-      fs::remove(dir_ / *named / kMarkerName, ec);  // a leftover one is harmless: named as ours
+      fs::remove(dir_ / *named / kSaveMarkerName, ec);  // a leftover one is harmless: named as ours
       leftovers.erase(it);
       checkpoints.emplace_back(step_of_tag(*named), *named);
     }
@@ -945,9 +946,9 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
   // In place and committed: the marker goes (one left, by a kill or a failure here, names this
   // directory only, so a user's copy of it is still no leftover).
   std::error_code ec_marker;
-  fs::remove(final_dir / kMarkerName, ec_marker);
+  fs::remove(final_dir / kSaveMarkerName, ec_marker);
   if (ec_marker)
-    log::warn("checkpoint: cannot remove {}: {}", (final_dir / kMarkerName).string(),
+    log::warn("checkpoint: cannot remove {}: {}", (final_dir / kSaveMarkerName).string(),
               ec_marker.message());
   else
     try {

@@ -151,9 +151,11 @@ struct Regex::Code {
 Regex::Regex(std::string_view pattern, bool literal, const std::string& json_path,
              const std::string& source)
     : code_(std::make_unique<Code>()), pattern_(pattern) {
-  // (*LF): lines end at \n alone, as in Oniguruma, whatever newline PCRE2 was built with.
+  // Lines end at \n alone, as in Oniguruma, whatever newline PCRE2 was built with.
+  constexpr std::string_view kLineEnds = "(*LF)";
   const std::string translated =
-      literal ? std::string(pattern) : "(*LF)" + translate_oniguruma(pattern, json_path, source);
+      literal ? std::string(pattern)
+              : std::string(kLineEnds) + translate_oniguruma(pattern, json_path, source);
   // PCRE2_UCP only changes what escapes and classes mean, which a literal has none of. ^ and $
   // match at every line's start and end, as in Oniguruma's Ruby syntax, which tokenizers uses.
   const uint32_t options =
@@ -165,8 +167,9 @@ Regex::Regex(std::string_view pattern, bool literal, const std::string& json_pat
   if (code_->code == nullptr) {
     throw ConfigError(
         json_path,
-        fmt::format("pattern \"{}\" does not compile: {} at offset {} (in {})", pattern,
-                    pcre2_message(err), literal || offset < 5 ? offset : offset - 5, source));
+        fmt::format(
+            "pattern \"{}\" does not compile: {} at offset {} (in {})", pattern, pcre2_message(err),
+            literal || offset < kLineEnds.size() ? offset : offset - kLineEnds.size(), source));
   }
   // Without JIT (a platform PCRE2 lacks it for) matching falls back to the interpreter.
   pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE);

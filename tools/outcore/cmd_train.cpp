@@ -22,7 +22,6 @@
 #include <utility>
 #include <vector>
 
-#include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/open_file.hpp"
@@ -632,11 +631,7 @@ int run_train(const TrainCliOptions& o) {
     Ranks& ranks;
     bool compared = false;
     ~EndJobUnlessCompared() {
-      if (compared || ranks.world() == 1) return;
-      cleanup::remove_registered_files();
-      std::fflush(stdout);
-      std::fflush(stderr);
-      ranks.control->abort(2);
+      if (!compared) fail_job(ranks.control.get(), 2);
     }
   } end_job{*ranks};
   train::TrainerOptions topts;

@@ -89,8 +89,8 @@ class SwapFileGuard {
   std::thread thread_;
 };
 
-// A rank that fails ends the job: its swap files removed, then every rank ended through the
-// Comm (the others may be waiting for it in a collective). Returns `code` at world size 1.
+}  // namespace
+
 int fail_job(comm::Comm* comm, int code) {
   if (comm == nullptr || comm->world_size() == 1) return code;
   cleanup::remove_registered_files();
@@ -99,6 +99,8 @@ int fail_job(comm::Comm* comm, int code) {
   comm->abort(code);
   return code;
 }
+
+namespace {
 
 void print_result(const train::TrainResult& r) {
   std::string s =

@@ -51,6 +51,11 @@ bool check_not_a_save_name(const std::string& path, const char* flag);
 // replace (trace::holds_trace_or_nothing): a user's file, another run's data or metrics.
 bool check_replaces_only_a_trace(const std::string& path, const char* flag);
 
+// A rank that fails ends the job: its swap files removed, then every rank ended through `comm`
+// (the others may be waiting for it in a collective). Returns `code` at world size 1 (or
+// without a Comm).
+int fail_job(comm::Comm* comm, int code);
+
 // Builds a Trainer from `cfg` (resolved), `model` and `options`, prints its summary on
 // stdout, runs it with SIGINT/SIGTERM making it stop after the step in progress (a second
 // signal kills the process), and prints the result on stdout. Progress goes to stderr.
