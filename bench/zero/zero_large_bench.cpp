@@ -255,7 +255,8 @@ std::optional<std::pair<int64_t, int64_t>> recommend_shape(
                              .gradients = grads,
                              .device_host_accessible = dev.host_accessible(),
                              .device_in_host_memory = dev.kind() == device::DeviceKind::Cpu};
-  const std::optional<zero::ShapeChoice> c = zero::choose_shape(base, mc, mo, po, budget, rates);
+  const std::optional<zero::ShapeChoice> c = zero::choose_shape(
+      base, mc, mo, po, budget, model::head_sizing_bytes(budget, dev.total_memory_bytes()), rates);
   std::printf(
       "rates: GEMM %.1f TFLOP/s (%s), attention %.1f TFLOP/s, PCIe %.1f GB/s, drive read %.2f "
       "GB/s, write %.2f GB/s\n",

@@ -198,6 +198,9 @@ class Device {
   // Bytes the hardware itself can still allocate (a GPU: cudaMemGetInfo's free bytes), or 0
   // when only the budget limits allocations (the simulated device).
   virtual uint64_t free_memory_bytes() const { return 0; }
+  // The hardware's memory size (a GPU: its global memory), or 0 on the simulated device. Unlike
+  // free_memory_bytes it does not change with what else the device holds.
+  virtual uint64_t total_memory_bytes() const { return 0; }
   // Registers host memory for this device's copies (a GPU: cudaHostRegister, so copies from
   // and to it run asynchronously at full speed) / undoes it. No-ops on the simulated device.
   // unregister_host never throws.

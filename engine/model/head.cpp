@@ -200,8 +200,11 @@ namespace outcore::model {
 int64_t head_rows_on(const LlamaConfig& c, const ModelOptions& o, const device::Device& device,
                      uint64_t budget_bytes) {
   if (device.kind() != device::DeviceKind::Cuda) return 0;
-  const uint64_t free = device.free_memory_bytes();
-  return head_rows_for_device(c, o, budget_bytes > 0 ? std::min(budget_bytes, free) : free);
+  return head_rows_for_device(c, o, head_sizing_bytes(budget_bytes, device.total_memory_bytes()));
+}
+
+uint64_t head_sizing_bytes(uint64_t budget_bytes, uint64_t device_total_bytes) {
+  return budget_bytes > 0 ? std::min(budget_bytes, device_total_bytes) : device_total_bytes;
 }
 
 int64_t head_rows_for_device(const LlamaConfig& c, const ModelOptions& o, uint64_t device_bytes) {

@@ -276,10 +276,15 @@ struct ModelOptions {
 // head weight once per thousands of tokens instead of once per 32.
 int64_t head_rows_for_device(const LlamaConfig& c, const ModelOptions& o, uint64_t device_bytes);
 // The head_chunk_rows a model on `device` takes (`outcore train`, the benchmarks): on a GPU,
-// head_rows_for_device of its free memory or of `budget_bytes` when that is smaller (0: no
-// budget); elsewhere 0, the default.
+// head_rows_for_device of head_sizing_bytes(budget_bytes, its memory size); elsewhere 0, the
+// default.
 int64_t head_rows_on(const LlamaConfig& c, const ModelOptions& o, const device::Device& device,
                      uint64_t budget_bytes);
+// The device bytes the head's rows are sized from: the budget (0: none) or, when smaller or no
+// budget is set, the GPU's memory size `device_total_bytes`. Never its free memory: the rows
+// decide how the head's weight gradient is summed, so a run and its resume, or runs of one config
+// on one GPU model, must take the same rows whatever else the GPU holds.
+uint64_t head_sizing_bytes(uint64_t budget_bytes, uint64_t device_total_bytes);
 
 enum class GradMode : uint8_t {
   Overwrite,   // grads = this micro-batch's gradient (every slab element written; padding 0)

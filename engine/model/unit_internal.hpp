@@ -16,14 +16,19 @@
 
 namespace outcore::model::detail {
 
-// Hands out 64-byte aligned float arrays from a byte range, in order. With a null base it only
-// measures, so sizes computed ahead of time and carving at run time use the same code.
+// Hands out float arrays from a byte range, in order, each at a multiple of kAlign bytes from
+// its base. With a null base it only measures, so sizes computed ahead of time and carving at run
+// time use the same code. kAlign is the largest alignment cuBLASLt's algorithm choice looks at:
+// an array has the same alignment wherever the range starts on such a boundary (activations
+// carved after the saved ones under checkpointing, or apart from them without), so a GEMM gets
+// the same algorithm, and the same bits, either way.
 class Arena {
  public:
+  static constexpr size_t kAlign = 256;
   explicit Arena(std::byte* base = nullptr, size_t capacity = SIZE_MAX)
       : base_(base), capacity_(capacity) {}
   float* floats(int64_t n) {
-    const size_t at = (used_ + 63) / 64 * 64;
+    const size_t at = (used_ + kAlign - 1) / kAlign * kAlign;
     const size_t end = at + static_cast<size_t>(n) * sizeof(float);
     if (base_ != nullptr && end > capacity_)
       throw InvalidArgument(

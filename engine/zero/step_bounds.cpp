@@ -118,14 +118,14 @@ uint64_t cuda_workspace_bytes(const model::LlamaModel& model) {
 std::optional<StepTimes> shape_times(const config::Config& cfg, const model::LlamaConfig& mc,
                                      model::ModelOptions mo, int64_t micro, int64_t gas,
                                      const PlanOptions& po, uint64_t device_limit,
-                                     const LinkRates& rates) {
+                                     uint64_t head_bytes, const LinkRates& rates) {
   config::Config c = cfg;
   c.train_micro_batch_size_per_gpu.set(micro);
   c.gradient_accumulation_steps.set(gas);
   c.train_batch_size.set(micro * gas * po.world_size);
   mo.micro_batch = micro;
-  if (device_limit > 0 && mo.head_chunk_rows > 0)
-    mo.head_chunk_rows = model::head_rows_for_device(mc, mo, device_limit);
+  if (head_bytes > 0 && mo.head_chunk_rows > 0)
+    mo.head_chunk_rows = model::head_rows_for_device(mc, mo, head_bytes);
   try {
     const model::LlamaModel m(mc, mo);
     PlanOptions shaped = po;
@@ -143,7 +143,8 @@ std::optional<StepTimes> shape_times(const config::Config& cfg, const model::Lla
 
 std::optional<ShapeChoice> choose_shape(const config::Config& cfg, const model::LlamaConfig& mc,
                                         const model::ModelOptions& mo, const PlanOptions& po,
-                                        uint64_t device_limit, const LinkRates& rates) {
+                                        uint64_t device_limit, uint64_t head_bytes,
+                                        const LinkRates& rates) {
   // compute over the larger transfer: at least 1 when the transfers hide under compute
   const auto cover = [](const StepTimes& t) {
     const double transfer = std::max(t.pcie_s, t.drive_s);
@@ -153,7 +154,7 @@ std::optional<ShapeChoice> choose_shape(const config::Config& cfg, const model::
   for (int64_t micro = 1; micro <= 64; micro *= 2)
     for (int64_t gas = 1; gas <= 128; gas *= 2) {
       const std::optional<StepTimes> times =
-          shape_times(cfg, mc, mo, micro, gas, po, device_limit, rates);
+          shape_times(cfg, mc, mo, micro, gas, po, device_limit, head_bytes, rates);
       if (!times) continue;
       const ShapeChoice c{micro, gas, *times, times->transfers_hidden()};
       if (!closest || cover(c.times) > cover(closest->times)) closest = c;

@@ -89,13 +89,14 @@ uint64_t cuda_workspace_bytes(const model::LlamaModel& model);
 
 // The step of `cfg` with its batch keys set to `micro` sequences per micro-batch and `gas`
 // micro-batches per step, for a model of `mc` with `mo` (its micro-batch replaced; on a device
-// the host cannot read, the head's rows and the CUDA backend's workspace sized for that micro-
-// batch as training sizes them), planned with `po` against this machine's limits and, when
-// `device_limit` > 0, that device limit. nullopt when the plan does not fit.
+// the host cannot read, the head's rows sized for that micro-batch from `head_bytes`
+// (model::head_sizing_bytes) and the CUDA backend's workspace with them, as training sizes
+// them), planned with `po` against this machine's limits and, when `device_limit` > 0, that
+// device limit. nullopt when the plan does not fit.
 std::optional<StepTimes> shape_times(const config::Config& cfg, const model::LlamaConfig& mc,
                                      model::ModelOptions mo, int64_t micro, int64_t gas,
                                      const PlanOptions& po, uint64_t device_limit,
-                                     const LinkRates& rates);
+                                     uint64_t head_bytes, const LinkRates& rates);
 
 // A batch shape and its step.
 struct ShapeChoice {
@@ -109,6 +110,7 @@ struct ShapeChoice {
 // estimate` recommends.
 std::optional<ShapeChoice> choose_shape(const config::Config& cfg, const model::LlamaConfig& mc,
                                         const model::ModelOptions& mo, const PlanOptions& po,
-                                        uint64_t device_limit, const LinkRates& rates);
+                                        uint64_t device_limit, uint64_t head_bytes,
+                                        const LinkRates& rates);
 
 }  // namespace outcore::zero

@@ -109,6 +109,11 @@ TEST(Model, HeadChunkRowsChangeOnlyTheSummationOrder) {
   o.micro_batch = 1;
   o.seq_len = 100;
   EXPECT_EQ(head_rows_for_device(llama3, o, uint64_t{80} << 30), 100);  // at most the tokens
+  // A GPU's rows come from the budget, or its memory size where that is smaller or no budget is
+  // set (head_rows_on; never its free memory).
+  EXPECT_EQ(head_sizing_bytes(0, uint64_t{80} << 30), uint64_t{80} << 30);
+  EXPECT_EQ(head_sizing_bytes(uint64_t{4} << 30, uint64_t{80} << 30), uint64_t{4} << 30);
+  EXPECT_EQ(head_sizing_bytes(uint64_t{96} << 30, uint64_t{80} << 30), uint64_t{80} << 30);
   // Only a GPU takes them (head_rows_on): host memory, simulated or not, keeps the default.
   for (const bool discrete : {false, true}) {
     const device::CpuDevice host(

@@ -217,14 +217,14 @@ bool noticeably_less(double now_s, double was_s) {
   return was_s - now_s >= std::max(0.001, 0.01 * was_s);
 }
 
-// The step of `changed` (the config with one setting changed) at the plan's batch shape, on the
-// same device and rates; nullopt when it does not fit.
+// The step of `changed` (the config with one setting changed) at the plan's batch shape (and the
+// model's head rows), on the same device and rates; nullopt when it does not fit.
 std::optional<zero::StepTimes> times_with(const config::Config& changed,
                                           const model::LlamaModel& model, const zero::Plan& plan,
                                           const zero::PlanOptions& po,
                                           const zero::LinkRates& rates) {
   return zero::shape_times(changed, model.config(), model.options(), model.options().micro_batch,
-                           plan.micro_batches_per_step, po, po.device_limit_bytes, rates);
+                           plan.micro_batches_per_step, po, po.device_limit_bytes, 0, rates);
 }
 
 // Stage 3 reads the parameters in swap files twice per micro-batch (forward and backward).
@@ -381,12 +381,14 @@ int run_estimate(const EstimateArgs& a) {
   po.host_memory_bytes = static_cast<uint64_t>(a.host_memory_gb * double(uint64_t{1} << 30));
   po.nvme_free_bytes = static_cast<uint64_t>(a.nvme_free_gb * double(uint64_t{1} << 30));
   std::unique_ptr<device::Device> gpu;  // the GPU planned for (its free memory, then its rates)
+  uint64_t head_bytes = 0;  // what the head's rows are sized from (model::head_sizing_bytes)
   if (dev->kind == device::DeviceKind::Cuda) {
     try {
       const uint64_t budget = cfg.outcore.device_memory_mb << 20;
       if (!absent_gpu) gpu = device::make_cuda_device({.ordinal = dev->gpu});
-      const uint64_t free = absent_gpu ? static_cast<uint64_t>(a.gpu_memory_gb * (1ull << 30))
-                                       : gpu->free_memory_bytes();
+      const uint64_t given = static_cast<uint64_t>(a.gpu_memory_gb * (1ull << 30));
+      const uint64_t free = absent_gpu ? given : gpu->free_memory_bytes();
+      head_bytes = model::head_sizing_bytes(budget, absent_gpu ? given : gpu->total_memory_bytes());
       po.device_limit_bytes = budget > 0 ? std::min(budget, free) : free;
       po.device_reserve_bytes = zero::device_reserve_bytes(budget, free);
       po.device_host_accessible = false;
@@ -394,7 +396,7 @@ int run_estimate(const EstimateArgs& a) {
       // The head's rows per launch on this GPU, as training chooses them.
       const model::LlamaConfig mc = model->config();  // copied: emplace destroys the old model
       model::ModelOptions mo = model->options();
-      mo.head_chunk_rows = model::head_rows_for_device(mc, mo, po.device_limit_bytes);
+      mo.head_chunk_rows = model::head_rows_for_device(mc, mo, head_bytes);
       model.emplace(mc, mo);
       po.compute_workspace_bytes = zero::cuda_workspace_bytes(*model);
       std::string limit_text;
@@ -517,8 +519,8 @@ int run_estimate(const EstimateArgs& a) {
     return 0;
   }
   // The fewest tokens per step whose compute covers every transfer, within the device budget.
-  const std::optional<zero::ShapeChoice> shown =
-      zero::choose_shape(cfg, model->config(), model->options(), po, po.device_limit_bytes, rates);
+  const std::optional<zero::ShapeChoice> shown = zero::choose_shape(
+      cfg, model->config(), model->options(), po, po.device_limit_bytes, head_bytes, rates);
   if (!shown) {
     std::printf("  no micro-batch up to 64 fits the device budget\n");
     return 0;

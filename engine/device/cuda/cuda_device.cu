@@ -268,6 +268,7 @@ class CudaDevice final : public Device {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal_));
     name_ = "cuda:" + std::to_string(ordinal_) + " (" + prop.name + ")";
+    total_memory_ = prop.totalGlobalMem;
     set_budget(options.memory_budget_bytes);
     // Device memory comes from the GPU's stream-ordered pool, which keeps freed blocks for
     // reuse: cudaFree would wait for every stream of the device (host functions included, such
@@ -311,6 +312,7 @@ class CudaDevice final : public Device {
     // A failure here (memory never registered) must not surface at the next launch check.
     if (cudaHostUnregister(ptr) != cudaSuccess) (void)cudaGetLastError();
   }
+  uint64_t total_memory_bytes() const override { return total_memory_; }
   uint64_t free_memory_bytes() const override {
     CUDA_CHECK(cudaSetDevice(ordinal_));
     // Blocks the pool keeps for reuse count as free: hand them back to the GPU first.
@@ -372,6 +374,7 @@ class CudaDevice final : public Device {
  private:
   int ordinal_;
   std::string name_;
+  uint64_t total_memory_ = 0;  // cudaDeviceProp::totalGlobalMem
   std::mutex streams_mu_;
   // The error state of each stream this device made (a stream gone leaves its entry expired).
   std::vector<std::weak_ptr<StreamErrorState>> stream_errors_;  // GUARDED_BY(streams_mu_)
