@@ -12,6 +12,11 @@ model::ModelOptions estimate_model_options(config::Config& cfg, const model::Lla
   ctx.hidden_size = model.hidden_size;
   if (in.micro_batch > 0) ctx.micro_batch_size = in.micro_batch;
   config::resolve_auto(cfg, ctx);
+  if (in.micro_batch > 0) {  // as if the config said so, with its accumulation
+    cfg.train_micro_batch_size_per_gpu.set(in.micro_batch);
+    cfg.train_batch_size.set(in.micro_batch * cfg.gradient_accumulation_steps.value() *
+                             in.world_size);
+  }
   model::ModelOptions mo;
   mo.micro_batch =
       in.micro_batch > 0 ? in.micro_batch : cfg.train_micro_batch_size_per_gpu.value_or(1);

@@ -224,10 +224,12 @@ std::string format_bytes(uint64_t bytes);
 // What `outcore estimate` (and the Python outcore.estimate) plans for besides the two files.
 // Values outside the ranges below are refused by estimate_model_options (resolve_auto).
 struct EstimateInputs {
-  int64_t world_size = 1;   // 1..config::kMaxWorldSize
-  int64_t micro_batch = 0;  // 0: the config's train_micro_batch_size_per_gpu, else 1; at most
-                            // config::kMaxMicroBatch
-  int64_t seq_len = 0;      // 0: min(max_position_embeddings, 1024)
+  int64_t world_size = 1;  // 1..config::kMaxWorldSize
+  // 0: the config's train_micro_batch_size_per_gpu, else 1; at most config::kMaxMicroBatch.
+  // Replaces the config's: the step keeps its gradient_accumulation_steps, and train_batch_size
+  // follows (micro-batch x accumulation x world size).
+  int64_t micro_batch = 0;
+  int64_t seq_len = 0;  // 0: min(max_position_embeddings, 1024)
   // Also on when the config's activation_checkpointing section asks for cpu_checkpointing,
   // partition_activations or number_checkpoints.
   bool activation_checkpointing = false;

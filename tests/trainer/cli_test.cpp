@@ -1546,18 +1546,23 @@ TEST_F(TrainCliTest, AResumeTakesItsFlagsWhereItsRunDidAndSaysEveryConfigChange)
       << r.err;
 }
 
-// An nvme_path with a file (or a link to nowhere) in its place is bad input: exit 2 naming the key.
+// An nvme_path with a file (or a link to nowhere) in its place or on its way is bad input: exit 2
+// naming the key, from `train` and from `estimate` alike.
 TEST_F(TrainCliTest, AnNvmePathThatIsNoDirectoryIsRefusedNamingTheKey) {
   const std::string file = data_.file("a_file"), dangling = data_.file("dangling");
   std::ofstream(file) << "mine";
   std::filesystem::create_symlink(data_.file("nowhere"), dangling);
-  for (const std::string& path : {file, dangling}) {
+  for (const std::string& path : {file, dangling, file + "/swap"}) {
     config_ = write_config("nvme.json", testing::nvme_patch(path));
-    const CliResult r = run(train_args("--steps 1"));
-    EXPECT_EQ(r.rc, 2) << r.err;
-    EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
-    EXPECT_NE(r.err.find("nvme_path"), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
+    for (const std::string& cmd :
+         {train_args("--steps 1"), "estimate --config " + shell_quote(config_) + " --model " +
+                                       shell_quote(model_) + " --seq-len 32 --device cpu"}) {
+      const CliResult r = run(cmd);
+      EXPECT_EQ(r.rc, 2) << cmd << "\n" << r.err;
+      EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+      EXPECT_NE(r.err.find("nvme_path"), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find(path + ": is not a directory"), std::string::npos) << r.err;
+    }
   }
   EXPECT_EQ(slurp(file), "mine");
   EXPECT_FALSE(std::filesystem::exists(data_.file("nowhere")));

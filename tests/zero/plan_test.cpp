@@ -596,5 +596,20 @@ TEST(Plan, EachActivationCheckpointingKeyTurnsItOn) {
   EXPECT_TRUE(checkpointing(R"({"number_checkpoints": 4})"));
 }
 
+// A micro-batch given to estimate replaces the config's as if the config said it: the step keeps
+// its accumulation, and train_batch_size follows (it stayed the config's: 5 x 3 under 12).
+TEST(Plan, AnEstimatesMicroBatchReplacesTheConfigs) {
+  const model::LlamaConfig model = tiny_config(false);
+  config::Config cfg =
+      config::parse_config(R"({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4})", "mb")
+          .config;
+  const model::ModelOptions mo =
+      estimate_model_options(cfg, model, {.world_size = 2, .micro_batch = 5});
+  EXPECT_EQ(mo.micro_batch, 5);
+  EXPECT_EQ(cfg.train_micro_batch_size_per_gpu.value(), 5);
+  EXPECT_EQ(cfg.gradient_accumulation_steps.value(), 3);
+  EXPECT_EQ(cfg.train_batch_size.value(), 30);
+}
+
 }  // namespace
 }  // namespace outcore::zero::test
