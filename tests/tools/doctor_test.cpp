@@ -123,16 +123,28 @@ TEST_F(Doctor, NoGpuIsReportedAsNoneNotAsAFailure) {
   EXPECT_NE(r.out.find("no GPU: training runs on the simulated device"), std::string::npos);
 }
 
-TEST_F(Doctor, AMissingOrUnwritableSwapPathFailsWithExitOne) {
-  const DoctorRun missing = doctor("--nvme-path " + (dir_ / "absent").string());
-  EXPECT_EQ(missing.rc, 1) << missing.out;
-  EXPECT_NE(line_of(missing.out, "nvme path").find("FAIL"), std::string::npos) << missing.out;
-  EXPECT_NE(line_of(missing.out, "nvme path").find("does not exist"), std::string::npos);
-  EXPECT_NE(missing.out.find("verdict: NOT READY (1 failed"), std::string::npos) << missing.out;
+// A swap path training would create is checked where it creates it; one it cannot create (a file
+// in its place or on its way) fails, with exit 1.
+TEST_F(Doctor, ASwapPathThatCannotBeADirectoryFailsWithExitOne) {
+  const std::string absent = (dir_ / "absent" / "swap").string();
+  const DoctorRun missing = doctor("--nvme-path " + absent);
+  const std::string line = line_of(missing.out, "nvme path");
+  EXPECT_EQ(line.find("FAIL"), std::string::npos) << missing.out;
+  EXPECT_NE(line.find(absent + ": created at start, in " + dir_.string() + ": "), std::string::npos)
+      << line;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "absent"));
 
   std::ofstream(dir_ / "file") << "x";
   const DoctorRun file = doctor("--nvme-path " + (dir_ / "file").string());
   EXPECT_EQ(file.rc, 1) << file.out;
+  EXPECT_NE(line_of(file.out, "nvme path").find("FAIL"), std::string::npos) << file.out;
+  EXPECT_NE(file.out.find("verdict: NOT READY (1 failed"), std::string::npos) << file.out;
+  const DoctorRun below = doctor("--nvme-path " + (dir_ / "file" / "swap").string());
+  EXPECT_EQ(below.rc, 1) << below.out;
+  EXPECT_NE(line_of(below.out, "nvme path")
+                .find("cannot be created: " + (dir_ / "file").string() + " is not a directory"),
+            std::string::npos)
+      << below.out;
   // An empty path is a usage error, not "no swap path to check".
   const DoctorRun empty = doctor("--nvme-path ''");
   EXPECT_EQ(empty.rc, 2) << empty.out;

@@ -27,8 +27,6 @@ namespace {
 
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(1ull << 30)); }
 
-std::string mib(uint64_t bytes) { return fmt::format("{} MiB", bytes >> 20); }
-
 Line cpu_line() {
   const cpu_adam::Isa best = cpu_adam::detect_isa(), used = cpu_adam::active_isa();
   Line l{"cpu", Verdict::kOk, ""};
@@ -40,6 +38,9 @@ Line cpu_line() {
     l.detail += " (OUTCORE_CPU_ADAM_ISA chose a slower kernel than the CPU supports)";
   } else if (best == cpu_adam::Isa::kAvx2) {
     l.detail += " (no AVX-512: Adam runs at half the vector width)";
+  } else if (best == cpu_adam::Isa::kScalar) {
+    l.verdict = Verdict::kWarn;
+    l.detail += " (no AVX2: Adam runs one element at a time, several times slower)";
   }
   return l;
 }
@@ -97,14 +98,24 @@ std::string try_o_direct(const std::string& dir, bool& no_space) {
 // Free space under which the swap path is warned about (1 GiB).
 constexpr double kNvmeFewBytes = double(uint64_t{1} << 30);
 
-Line nvme_line(const std::string& dir) {
+// A swap path that does not exist yet is checked in its nearest existing ancestor, where
+// training creates it.
+Line nvme_line(const std::string& path) {
+  namespace fs = std::filesystem;
   Line l{"nvme path", Verdict::kOk, ""};
   std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    const bool there = std::filesystem::exists(std::filesystem::symlink_status(dir, ec));
+  fs::path at = fs::absolute(path, ec);
+  while (fs::symlink_status(at, ec).type() == fs::file_type::not_found && at.has_parent_path() &&
+         at != at.parent_path())
+    at = at.parent_path();
+  const std::string dir = at.string();
+  const std::string created =
+      dir == fs::absolute(path, ec).string() ? "" : path + ": created at start, in ";
+  if (!fs::is_directory(at, ec))
     return {"nvme path", Verdict::kFail,
-            dir + (there ? ": not a directory (swap files need one)" : ": does not exist")};
-  }
+            created.empty()
+                ? path + ": not a directory (swap files need one)"
+                : fmt::format("{}: cannot be created: {} is not a directory", path, dir)};
   if (access(dir.c_str(), W_OK) != 0)
     return {"nvme path", Verdict::kFail,
             fmt::format("{}: not writable: {}", dir, std::strerror(errno))};
@@ -116,7 +127,7 @@ Line nvme_line(const std::string& dir) {
   const double total = double(st.f_blocks) * double(st.f_frsize);
   bool no_space = false;
   const std::string odirect = try_o_direct(dir, no_space);
-  l.detail = fmt::format("{}: {} free of {}; ", dir, gib(avail), gib(total));
+  l.detail = fmt::format("{}{}: {} free of {}; ", created, dir, gib(avail), gib(total));
   if (no_space || st.f_bavail == 0) {
     l.verdict = Verdict::kFail;
     l.detail += "no space left for swap files" + (odirect.empty() ? "" : " (" + odirect + ")");
@@ -158,9 +169,11 @@ Line memlock_line(uint64_t pinned_bytes) {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (pages > 0 && page > 0 &&
       pinned_bytes > static_cast<uint64_t>(pages) * static_cast<uint64_t>(page))
-    return {"locked memory", Verdict::kFail,
-            fmt::format("pinned pool {} is larger than this host's memory {}", mib(pinned_bytes),
-                        mib(static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)))};
+    return {
+        "locked memory", Verdict::kFail,
+        fmt::format(
+            "pinned pool {} is larger than this host's memory {}", zero::format_bytes(pinned_bytes),
+            zero::format_bytes(static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)))};
   rlimit rl{};
   if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
     return {"locked memory", Verdict::kWarn,
@@ -169,18 +182,18 @@ Line memlock_line(uint64_t pinned_bytes) {
     return {"locked memory", Verdict::kOk,
             fmt::format("CAP_IPC_LOCK: the pinned pool can be locked whatever RLIMIT_MEMLOCK "
                         "({}) says",
-                        mib(rl.rlim_cur))};
+                        zero::format_bytes(rl.rlim_cur))};
   if (rl.rlim_cur == RLIM_INFINITY)
     return {"locked memory", Verdict::kOk,
             "RLIMIT_MEMLOCK unlimited: the pinned pool can be locked"};
   if (rl.rlim_cur >= pinned_bytes)
-    return {
-        "locked memory", Verdict::kOk,
-        fmt::format("RLIMIT_MEMLOCK {} >= pinned pool {}", mib(rl.rlim_cur), mib(pinned_bytes))};
+    return {"locked memory", Verdict::kOk,
+            fmt::format("RLIMIT_MEMLOCK {} >= pinned pool {}", zero::format_bytes(rl.rlim_cur),
+                        zero::format_bytes(pinned_bytes))};
   return {"locked memory", Verdict::kWarn,
           fmt::format("RLIMIT_MEMLOCK {} < pinned pool {}: the pool stays pageable (slower "
                       "copies); raise it with `ulimit -l unlimited` or limits.conf memlock",
-                      mib(rl.rlim_cur), mib(pinned_bytes))};
+                      zero::format_bytes(rl.rlim_cur), zero::format_bytes(pinned_bytes))};
 }
 
 // The host memory a run can take, as train and estimate check a plan's host memory against it:
