@@ -635,6 +635,7 @@ ckpt::SaveResult Trainer::save_checkpoint() {
       save_engine_checkpoint(*save_dir_, ckpt::tag_for_step(steps_done_), steps_done_, *engine_,
                              rank(), world_size(), cfg_.zero_optimization.stage, texts, wo);
   last_saved_step_ = steps_done_;
+  last_traffic_ = engine_->traffic();  // the save's reads and writes are no step's
   return r;
 }
 
@@ -790,6 +791,8 @@ ValidationMetrics Trainer::validate() {
                : sum_in_global_order(losses, n) * static_cast<double>(model_->tokens()) /
                      static_cast<double>(v.tokens_trained);
   v.time_s = seconds_since(t0);
+  // Its parameter reads, and the last step's optimizer work that ran under it, are no step's.
+  last_traffic_ = engine_->traffic();
   return v;
 }
 
@@ -836,6 +839,24 @@ TrainResult Trainer::run() {
     trace::name_thread("trainer");
     trace::start();
   }
+  try {
+    return run_steps(tracing);
+  } catch (...) {
+    // The trace is most wanted when the run fails: written up to the failure (a file at the
+    // path from an earlier run would otherwise pass for this one's).
+    if (tracing) {
+      try {
+        const TrainResult::Trace t = write_trace(opts_.trace_file);
+        log::warn("trace of the run up to its failure written to {} ({} events)", t.path, t.events);
+      } catch (const std::exception& e) {
+        log::warn("trace: {}; no trace of the failed run was written", e.what());
+      }
+    }
+    throw;
+  }
+}
+
+TrainResult Trainer::run_steps(bool tracing) {
   std::optional<ProgressDisplay> display;
   const int64_t print_every = cfg_.steps_per_print.value_or(0);
   if (opts_.progress_out != nullptr) {

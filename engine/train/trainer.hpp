@@ -97,7 +97,8 @@ struct TrainerOptions {
   // be empty too: no file).
   std::string metrics_file;
   // Chrome trace-event JSON of run() (common/trace.hpp), written when run() returns (also after
-  // a stop request); empty = no trace. Rank 0 only: tracing is process-wide and ranks are
+  // a stop request, and when it throws: the trace up to the failure, a warning naming the file);
+  // empty = no trace. Rank 0 only: tracing is process-wide and ranks are
   // processes. The trace is recorded from run()'s start, so its I/O bytes are the engine's
   // traffic during run().
   std::string trace_file;
@@ -259,6 +260,8 @@ class Trainer {
   struct Devices;  // the device + the Comms, built before the engine
 
   void open_data();
+  // run() within its trace: the steps, validations, saves and the run's figures.
+  TrainResult run_steps(bool tracing);
   // How many micro-batches a validation pass evaluates (of every rank in turn): --eval-batches,
   // at most the validation set's.
   int64_t eval_micro_batches() const;
@@ -289,6 +292,8 @@ class Trainer {
   std::vector<int32_t> inputs_, targets_;
   int64_t steps_done_ = 0;
   uint64_t adam_steps_ = 0;
+  // The traffic when the last step, validation or save ended: a step's I/O rates are the bytes
+  // moved since, over its wall time.
   zero::TrafficStats last_traffic_;
   std::string last_message_;  // the loss scaler's message for the last skipped step
   // Steps skipped for non-finite gradients since the last step that updated the weights; with

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "aio/aio.hpp"
+#include "common/error.hpp"
 #include "engine/train/trainer.hpp"
 #include "tests/trainer/trainer_test_util.hpp"
 
@@ -138,6 +140,30 @@ TEST(TraceTest, Stage3NvmeRunWritesAConsistentTrace) {
   EXPECT_LE(hidden, 1.0);
   EXPECT_NEAR(hidden, r.trace->under_compute.hidden_fraction, 1e-6);
   EXPECT_GT(r.trace->under_compute.io_busy_s, 0.0);
+}
+
+// A run that fails (a read error while training) writes its trace up to the failure, in place
+// of the file an earlier run left at the path, which would pass for this run's.
+TEST(TraceTest, AFailedRunWritesItsTraceUpToTheFailure) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  auto faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
+  faults->add_fault({.kind = aio::Fault::Kind::kEio, .nth = 40, .direction = 0});
+  TrainerOptions o = quiet_options(data, 20);
+  o.engine.io_backend = faults;
+  o.trace_file = data.file("trace.json");
+  std::ofstream(o.trace_file) << R"({"traceEvents": [], "otherData": {"run": "an earlier one"}})";
+  Trainer t(make_config(testing::nvme_patch(data.file("swap")), mc), mc, o);
+  EXPECT_THROW(t.run(), IoError);
+  ASSERT_EQ(faults->faults_fired(), 1u);
+  const Parsed p = parse(o.trace_file);
+  EXPECT_FALSE(p.doc.at("otherData").contains("run")) << "the earlier run's trace is still there";
+  EXPECT_TRUE(p.names.contains("step")) << p.doc.dump().substr(0, 400);
+  EXPECT_FALSE(p.compute.empty());
+  EXPECT_GT(p.read_bytes, 0u);
+  for (const auto& [tid, spans] : p.tracks)
+    EXPECT_EQ(nesting_violation(spans), "") << p.track_names.at(tid);
+  EXPECT_FALSE(trace::enabled());
 }
 
 TEST(TraceTest, WithoutATraceFileNothingIsRecorded) {

@@ -587,6 +587,32 @@ TEST(TrainerTest, MetricsFileHasOneRecordPerStepWithTierTraffic) {
   EXPECT_GT(r.traffic.nvme_write_bytes, 0u);
 }
 
+// A step's I/O rates count the bytes moved since the last step, validation or save ended: a
+// validation's parameter reads and a save's state reads are no step's. The step after each
+// moves no more than a step after a step (it moved more: the validation's or save's bytes).
+TEST(TrainerTest, AStepsIoLeavesOutTheValidationAndSaveBeforeIt) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  TrainerOptions o = quiet_options(data, 8);
+  o.eval_batches = 2;
+  o.save_dir = data.file("ckpt");
+  Trainer t(make_config(testing::nvme_patch(data.file("swap")), mc), mc, o);
+  const auto nvme_read = [](const StepMetrics& m) {
+    for (const TierIo& io : m.io)
+      if (io.tier == "nvme") return io.read_gb_per_s * 1e9 * m.step_time_s;
+    ADD_FAILURE() << "no nvme rates";
+    return 0.0;
+  };
+  for (int i = 0; i < 3; ++i) t.train_step();
+  const double plain = nvme_read(t.train_step());
+  ASSERT_GT(plain, 0);
+  t.validate();
+  EXPECT_LE(nvme_read(t.train_step()), plain * (1 + 1e-9)) << "after a validation";
+  t.train_step();
+  t.save_checkpoint();
+  EXPECT_LE(nvme_read(t.train_step()), plain * (1 + 1e-9)) << "after a save";
+}
+
 // The run's traffic includes its last step's optimizer work (which runs after the step's
 // backward, under no next forward): each step more adds the same bytes. It was read without
 // waiting for that work, and under-counted by a varying amount.
