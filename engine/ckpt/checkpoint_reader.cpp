@@ -42,8 +42,27 @@ void warn_once(const fs::path& dir, const std::string& message) {
   std::lock_guard lock(mu);
   std::error_code ec;
   const fs::path absolute = fs::absolute(dir, ec);
-  if (warned.insert((ec ? dir : absolute).lexically_normal().string()).second)
+  if (warned.insert((ec ? dir : absolute).lexically_normal().string() + "\n" + message).second)
     log::warn("{}", message);
+}
+
+// The entries of save directory `dir` that an interrupted save leaves (`<tag>.tmp` or
+// `<tag>.old` holding the save's marker) but `read`, by name, comma-separated; empty when none.
+// Only the next run that saves into `dir` removes them (SaveDir): readers name them.
+std::string save_leftovers(const fs::path& dir, const std::string& read = {}) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name != read && (name.ends_with(".tmp") || name.ends_with(".old")) &&
+        step_of_tag(name.substr(0, name.size() - 4)) >= 0 &&
+        fs::exists(e.path() / kSaveMarkerName, ec))
+      names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  std::string text;
+  for (const std::string& n : names) text += (text.empty() ? "" : ", ") + n;
+  return text;
 }
 
 }  // namespace
@@ -106,11 +125,16 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
         throw InvalidArgument(
             fmt::format("checkpoint {}: no such file or directory", path.string()));
       dir = newest_checkpoint(path);
-      if (dir.empty())
-        throw InvalidArgument(
-            fmt::format("{} is neither a checkpoint (no {}) nor a save "
-                        "directory (no {})",
-                        path.string(), kManifestName, kLatestName));
+      if (dir.empty()) {
+        const std::string leftovers = save_leftovers(path);
+        throw InvalidArgument(fmt::format(
+            "{} is neither a checkpoint (no {}) nor a save directory (no {}){}", path.string(),
+            kManifestName, kLatestName,
+            leftovers.empty() ? ""
+                              : fmt::format(": it holds only what an interrupted save leaves ({}), "
+                                            "never reported saved",
+                                            leftovers)));
+      }
       warn_once(path, fmt::format("{}: no {} file (a save stopped before naming its checkpoint, "
                                   "or the file was removed): reading {}, the newest checkpoint "
                                   "there",
@@ -118,10 +142,29 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
     } else {
       const std::string tag = read_latest_tag(path / kLatestName);
       dir = path / tag;
-      if (!fs::exists(dir / kManifestName))
+      const fs::path moved = path / (tag + ".old");
+      std::error_code ec;
+      if (fs::symlink_status(dir, ec).type() == fs::file_type::not_found &&
+          is_checkpoint_dir(moved)) {
+        // A save that replaced the checkpoint by two renames (a filesystem that cannot exchange
+        // two directories) was killed between them: the checkpoint is whole under its .old name,
+        // where it is read; the next run that saves into the directory puts it back.
+        warn_once(path,
+                  fmt::format("{} names {}, which a save killed while replacing it left as "
+                              "{}: reading it there (the next run that saves into {} puts "
+                              "it back)",
+                              (path / kLatestName).string(), tag, moved.string(), path.string()));
+        dir = moved;
+      } else if (!fs::exists(dir / kManifestName)) {
         throw CorruptData(fmt::format("{}: names checkpoint {}, which has no {}",
                                       (path / kLatestName).string(), tag, kManifestName));
+      }
     }
+    const std::string leftovers = save_leftovers(path, dir.filename().string());
+    if (!leftovers.empty())
+      warn_once(path, fmt::format("{}: {} left by an interrupted save (never reported saved), "
+                                  "removed by the next run that saves into it",
+                                  path.string(), leftovers));
   }
   // A save stopped before it was complete (<tag>.tmp/ with its marker): never reported saved,
   // never resumed from. (A committed checkpoint may hold the marker too, written there by a

@@ -281,6 +281,9 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
       };
     }
   }
+  // Put back in place by the save directory's opening (read under <tag>.old until then).
+  if (std::error_code ec; ck && !std::filesystem::exists(ck->dir(), ec))
+    ck.emplace(ckpt::Checkpoint::open(resumed_from_, {zero::aio_options(cfg_.aio), nullptr}));
   zero::EngineOptions eo = opts_.engine;
   if (eo.stop_requested == nullptr) eo.stop_requested = opts_.stop_requested;
   if (save_dir_) eo.save_piece_elems = opts_.checkpoint_io.piece_elems;  // planned host memory
@@ -528,7 +531,11 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
   }
-  resumed_from_ = src;
+  // A checkpoint read under <tag>.old (a save killed between two renames, Checkpoint::open) is
+  // resumed as <tag>: the name the save directory's opening puts it back under.
+  const std::string tag = ck->manifest().tag;
+  resumed_from_ =
+      ck->dir().filename() == tag + ".old" ? (ck->dir().parent_path() / tag).string() : src;
 }
 
 void Trainer::restore(const ckpt::Checkpoint& ck) {

@@ -473,6 +473,20 @@ TEST(CkptFaults, AKillWhileReplacingACheckpointOfTheSameStepLeavesItLoadable) {
     WriterOptions hooks;
     hooks.crash_at = at;
     ASSERT_EQ(crash_child(tmp / "save", hooks), SIGKILL) << at;
+    if (std::string_view(at) == "between-renames") {
+      // Read before a save directory puts it back (an export, a resume): whole under its .old
+      // name, read there with a warning naming it and the leftover beside it.
+      outcore::test::LogCapture log;
+      Checkpoint old = Checkpoint::open(tmp / "save");
+      EXPECT_EQ(old.dir(), tmp / "save" / "global_step2.old");
+      old.verify();
+      EXPECT_NE(log.text().find("left as " + (tmp / "save" / "global_step2.old").string() +
+                                ": reading it there"),
+                std::string::npos)
+          << log.text();
+      EXPECT_NE(log.text().find("global_step2.tmp left by an interrupted save"), std::string::npos)
+          << log.text();
+    }
     SaveDir d(tmp / "save", kContinue);
     EXPECT_EQ(d.latest(), "global_step2") << at;
     Checkpoint ck = Checkpoint::open(tmp / "save");
@@ -545,6 +559,13 @@ TEST(CkptFaults, AFirstSaveKilledBeforeLatestStillOpensAtItsCheckpoint) {
   // An empty directory, or one holding only other files, is still neither.
   fs::create_directories(tmp / "other" / "global_step3");
   EXPECT_THROW(Checkpoint::open(tmp / "other"), InvalidArgument);
+  // One holding only an interrupted save's leftover says so.
+  fs::create_directories(tmp / "other" / "global_step5.tmp");
+  std::ofstream(tmp / "other" / "global_step5.tmp" / ".outcore-save") << "a save";
+  const std::string neither = error_of([&] { Checkpoint::open(tmp / "other"); });
+  EXPECT_NE(neither.find("it holds only what an interrupted save leaves (global_step5.tmp)"),
+            std::string::npos)
+      << neither;
   // The newest by step, not by name (global_step9 sorts after global_step10), warned once.
   {
     SaveDir two(tmp / "two");

@@ -1594,6 +1594,34 @@ TEST_F(TrainCliTest, KilledSaveLeavesThePreviousCheckpoint) {
   EXPECT_EQ(slurp(ck + "/latest"), "global_step3\n");
 }
 
+// A save of a step already saved, killed between its two renames (a filesystem that cannot
+// exchange two directories): `latest` names a checkpoint that is only there as <tag>.old. An
+// export reads it there, and a resume into the save directory continues from it (it was refused:
+// "latest names checkpoint global_step3, which has no manifest.json", nothing repaired).
+TEST_F(TrainCliTest, ASaveKilledBetweenItsRenamesLeavesTheCheckpointReadable) {
+  const std::string ck = data_.file("ckpt");
+  CliResult r = run(train_args("--steps 3 --save-every 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string cmd = "env -u OUTCORE_CONFIG OUTCORE_TEST_CKPT_CRASH_AT=between-renames " +
+                          shell_quote(OUTCORE_CLI_WITH_TEST_HOOKS) + " train --resume " +
+                          shell_quote(ck + "/global_step2") + " --save-dir " + shell_quote(ck) +
+                          " --start-over --steps 3 >/dev/null 2>&1";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 137)) << status;
+  ASSERT_FALSE(std::filesystem::exists(ck + "/global_step3"));
+  ASSERT_TRUE(std::filesystem::exists(ck + "/global_step3.old"));
+  r = run("export " + shell_quote(ck) + " " + shell_quote(data_.file("hf")));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("global_step3.old: reading it there"), std::string::npos) << r.err;
+  r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --steps 4");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("at step 3"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step4\n");
+  EXPECT_TRUE(std::filesystem::exists(ck + "/global_step3/manifest.json"));
+  EXPECT_FALSE(std::filesystem::exists(ck + "/global_step3.old"));
+  EXPECT_FALSE(std::filesystem::exists(ck + "/global_step3.tmp"));
+}
+
 // A save directory whose filesystem cannot hold one checkpoint is refused before the training
 // (the save used to fail after it, and the trained steps went with the swap files).
 TEST_F(TrainCliTest, ASaveDirectoryWithoutRoomForACheckpointIsRefusedBeforeTraining) {
