@@ -576,8 +576,11 @@ TEST(TrainerTest, MetricsFileHasOneRecordPerStepWithTierTraffic) {
     EXPECT_FALSE(s["skipped"].get<bool>());
     // Parameters and optimizer state live in swap files: every step reads them, and writes
     // them from the second step on (the I/O of a step is what moved during its wall time; the
-    // optimizer step's writes finish under the next step's forward).
+    // optimizer step's writes finish under the next step's forward). Step 3 follows a
+    // validation, under which step 2's optimizer work and the reads step 3 would make ran: its
+    // own window may move nothing (AStepsIoLeavesOutTheValidationAndSaveBeforeIt).
     ASSERT_TRUE(s.contains("io") && s["io"].contains("nvme")) << s.dump();
+    if (i == 2) continue;
     EXPECT_GT(s["io"]["nvme"]["read_gb_per_s"].get<double>(), 0) << s.dump();
     if (i > 0) {
       EXPECT_GT(s["io"]["nvme"]["write_gb_per_s"].get<double>(), 0) << s.dump();
