@@ -158,6 +158,7 @@ struct NcclComm::State {
       cudaError_t err = cudaStreamQuery(st());
       if (err == cudaSuccess) return;
       if (err != cudaErrorNotReady) throw_cuda(err, what, "cudaStreamQuery", __FILE__, __LINE__);
+      (void)cudaGetLastError();  // not a failure: the next check on this thread must not see it
       ncclResult_t async = ncclSuccess;
       NCCL_COMM_NCCL(what, nc(), ncclCommGetAsyncError(nc(), &async));
       if (async != ncclSuccess) throw_nccl(async, nc(), what, "(asynchronous)", __FILE__, __LINE__);
