@@ -919,10 +919,17 @@ TrainResult Trainer::run_steps(bool tracing) {
             "checkpoint {} is written into {}, but its save did not complete: {}; --resume {} "
             "reads it (check the drive: it may not survive a crash of the machine)",
             tag, save_dir_->path().string(), e.what(), save_dir_->path().string()));
-      throw Error(fmt::format("checkpoint {} not saved into {}: {}; {}", tag,
-                              save_dir_->path().string(), e.what(),
-                              kept ? fmt::format("the previous checkpoint {} is intact", *kept)
-                                   : std::string("no earlier checkpoint exists")));
+      // With --start-over, until this run's first save, latest names the replaced run's.
+      const bool theirs =
+          kept && opts_.start_over && res.checkpoints.empty() && resumed_tag_in_save_dir() != *kept;
+      throw Error(fmt::format(
+          "checkpoint {} not saved into {}: {}; {}", tag, save_dir_->path().string(), e.what(),
+          !kept    ? std::string("no earlier checkpoint exists")
+          : theirs ? fmt::format("{}, the checkpoint latest names, of the run this one starts "
+                                 "over, is intact (--start-over removes that run's checkpoints "
+                                 "once this run has saved one)",
+                                 *kept)
+                   : fmt::format("the previous checkpoint {} is intact", *kept)));
     }
     const std::string msg =
         fmt::format("saved checkpoint {} ({:.1f} MB in {:.2f} s, {:.2f} GB/s)", r.path.string(),

@@ -541,6 +541,39 @@ TEST_F(ResumeTest, AFailedSaveInARunSaysWhatIsKept) {
   EXPECT_THROW(Trainer(cfg, tiny_model(), bad), InvalidArgument);
 }
 
+// A run that starts over in a save directory, whose first save fails: what latest still names is
+// the replaced run's checkpoint, and said to be (it was "the previous checkpoint").
+TEST_F(ResumeTest, AFailedFirstSaveOfARunStartingOverSaysWhoseCheckpointIsKept) {
+  const config::Config cfg = make_config({}, tiny_model());
+  {
+    TrainerOptions o = quiet_options(data_, 2);
+    o.save_dir = dir("ckpt");
+    Trainer(cfg, tiny_model(), o).run();
+  }
+  TrainerOptions over = quiet_options(data_, 3);
+  over.save_dir = dir("ckpt");
+  over.start_over = true;
+  auto fault = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
+  over.checkpoint_io.backend = fault;
+  aio::Fault f;
+  f.kind = aio::Fault::Kind::kEnospc;
+  f.nth = 2;
+  fault->add_fault(f);
+  Trainer again(cfg, tiny_model(), over);
+  try {
+    again.run();
+    FAIL() << "the failed save was not reported";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("checkpoint global_step3 not saved into"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("global_step2, the checkpoint latest names, of the run this one starts "
+                       "over, is intact"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_EQ(ckpt::Checkpoint::open(dir("ckpt")).manifest().tag, "global_step2");
+}
+
 TEST_F(ResumeTest, StopRequestSavesAfterTheStepInProgress) {
   const config::Config cfg = make_config({}, tiny_model());
   std::atomic<bool> stop{false};
