@@ -787,6 +787,14 @@ TEST_F(TrainCliTest, TraceWritesAChromeTraceAndRefusesInputs) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("trace      " + trace), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("hidden under forward/backward"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(the whole run, the training state's initialisation included)"),
+            std::string::npos)
+      << r.out;
+  // A run in memory has no I/O to hide (it was "100.0% hidden").
+  const CliResult in_memory =
+      run(train_args("--steps 1 --trace " + shell_quote(data_.file("in_memory.json"))));
+  ASSERT_EQ(in_memory.rc, 0) << in_memory.err;
+  EXPECT_NE(in_memory.out.find("spans): no I/O to hide"), std::string::npos) << in_memory.out;
   const nlohmann::json j = nlohmann::json::parse(slurp(trace));
   EXPECT_GT(j.at("traceEvents").size(), 10u);
   EXPECT_TRUE(j.at("otherData").contains("io_hidden_under_compute"));

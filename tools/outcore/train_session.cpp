@@ -127,10 +127,14 @@ void print_result(const train::TrainResult& r) {
         fmt::format("pinned host memory peak {}\n", zero::format_bytes(r.memory.pinned_peak_bytes));
   }
   const zero::TrafficStats& t = r.traffic;
-  s += fmt::format("traffic    nvme read {} write {}, host->device {}, device->host {}\n",
-                   zero::format_bytes(t.nvme_read_bytes), zero::format_bytes(t.nvme_write_bytes),
-                   zero::format_bytes(t.h2d_bytes), zero::format_bytes(t.d2h_bytes));
-  if (r.trace) {
+  s += fmt::format(
+      "traffic    nvme read {} write {}, host->device {}, device->host {} (the whole run, the "
+      "training state's initialisation included)\n",
+      zero::format_bytes(t.nvme_read_bytes), zero::format_bytes(t.nvme_write_bytes),
+      zero::format_bytes(t.h2d_bytes), zero::format_bytes(t.d2h_bytes));
+  if (r.trace && r.trace->under_compute.io_busy_s <= 0) {
+    s += fmt::format("trace      {} ({} spans): no I/O to hide\n", r.trace->path, r.trace->events);
+  } else if (r.trace) {
     s += fmt::format(
         "trace      {} ({} spans): I/O busy {:.2f} s, {:.1f}% hidden under forward/backward, "
         "{:.1f}% under forward/backward or Adam\n",
