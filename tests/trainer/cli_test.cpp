@@ -1244,6 +1244,21 @@ TEST_F(TrainCliTest, EstimateAndTrainRefuseATooSmallParameterBufferSize) {
   EXPECT_EQ(testing::count_files(swap), 0);
 }
 
+// estimate plans a run that saves (the save's buffers count): where only they do not fit, the
+// refusal says that a run without --save-dir fits (train without it ran where estimate refused).
+TEST_F(TrainCliTest, EstimateSaysWhenOnlyTheSavesBuffersDoNotFit) {
+  const std::string est = "estimate --config " + shell_quote(config_) + " --model " +
+                          shell_quote(model_) + " --seq-len 32 --device cpu --host-memory-gb ";
+  CliResult r = run(est + "0.05");  // 51.2 MiB: the tiny run's state, not a save's 128 MiB ring
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.out.find("checkpoint saves (--save-dir)"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("; a run without --save-dir (no checkpoint saves) fits"), std::string::npos)
+      << r.err;
+  r = run(est + "0.001");  // nothing fits in 1 MiB
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_EQ(r.err.find("without --save-dir"), std::string::npos) << r.err;
+}
+
 TEST_F(TrainCliTest, BadNumbersAreRefused) {
   const std::string base = "train --config " + shell_quote(config_) + " --model " +
                            shell_quote(model_) + " --data " + shell_quote(data_.train());

@@ -425,7 +425,17 @@ int run_estimate(const EstimateArgs& a) {
   try {
     zero::check_fits(plan, limits);
   } catch (const OutOfMemory& e) {
-    std::fprintf(stderr, "error: does not fit: %s\n", e.what());
+    // The plan counts a save's buffers (a run with --save-dir): where only they do not fit, a
+    // run that saves nothing does.
+    std::string without_saves;
+    zero::PlanOptions no_saves = po;
+    no_saves.save_piece_elems = std::nullopt;
+    try {
+      zero::check_fits(zero::make_plan(cfg, *model, no_saves), limits);
+      without_saves = "; a run without --save-dir (no checkpoint saves) fits";
+    } catch (const Error&) {
+    }
+    std::fprintf(stderr, "error: does not fit: %s%s\n", e.what(), without_saves.c_str());
     return 2;
   }
 
