@@ -1,6 +1,9 @@
 // The model shape `outcore estimate` and the Python outcore.estimate plan for (see plan.hpp).
+#include <fmt/format.h>
+
 #include <algorithm>
 
+#include "common/error.hpp"
 #include "engine/zero/plan.hpp"
 
 namespace outcore::zero {
@@ -13,9 +16,14 @@ model::ModelOptions estimate_model_options(config::Config& cfg, const model::Lla
   if (in.micro_batch > 0) ctx.micro_batch_size = in.micro_batch;
   config::resolve_auto(cfg, ctx);
   if (in.micro_batch > 0) {  // as if the config said so, with its accumulation
+    int64_t batch = 0;
+    if (__builtin_mul_overflow(in.micro_batch, cfg.gradient_accumulation_steps.value(), &batch) ||
+        __builtin_mul_overflow(batch, in.world_size, &batch))
+      throw InvalidArgument(
+          fmt::format("micro-batch {} x gradient_accumulation_steps {} x world size {} overflows",
+                      in.micro_batch, cfg.gradient_accumulation_steps.value(), in.world_size));
     cfg.train_micro_batch_size_per_gpu.set(in.micro_batch);
-    cfg.train_batch_size.set(in.micro_batch * cfg.gradient_accumulation_steps.value() *
-                             in.world_size);
+    cfg.train_batch_size.set(batch);
   }
   model::ModelOptions mo;
   mo.micro_batch =

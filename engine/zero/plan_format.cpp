@@ -23,14 +23,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The directory itself, or its nearest existing ancestor (swap directories are made at start);
-// a link counts as existing, even one to nowhere.
+// The directory itself, or its nearest existing ancestor (swap directories are made at start).
 fs::path existing_ancestor(const fs::path& dir) {
   fs::path p = fs::absolute(dir);
   std::error_code ec;
-  while (fs::symlink_status(p, ec).type() == fs::file_type::not_found && p.has_parent_path() &&
-         p != p.parent_path())
-    p = p.parent_path();
+  while (!fs::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
   return p;
 }
 
@@ -42,10 +39,6 @@ struct FsInfo {
 // `key`: the config key that names `dir`, for the error when its filesystem stores no files.
 FsInfo fs_info(const std::string& dir, const char* key) {
   const fs::path p = existing_ancestor(dir);
-  std::error_code ec;
-  if (!fs::is_directory(p, ec))  // a file in its place or on its way (make_swap_dir's refusal)
-    throw ConfigError(key,
-                      fmt::format("{}: is not a directory (a swap directory goes there)", dir));
   struct statvfs sv {};
   if (::statvfs(p.c_str(), &sv) != 0) throw IoError(p.string(), errno, "statvfs");
   // A filesystem of no blocks that is not ramfs (which counts none): /proc, /sys, cgroups.

@@ -80,7 +80,8 @@ def estimate(config_path_or_dict, model_config_path_or_dict, world_size=1, *, mi
     model_config_path_or_dict: a Hugging Face Llama-family config.json (path or dict).
     world_size: data-parallel ranks. micro_batch / seq_len: default to the config's
     train_micro_batch_size_per_gpu (else 1) / min(max_position_embeddings, 1024); a micro_batch
-    given replaces the config's, keeping its gradient_accumulation_steps.
+    given replaces the config's, keeping its gradient_accumulation_steps (where the config sets
+    none, it fills it and the accumulation follows from train_batch_size).
 
     Returns a dict with keys: fits (bool), does_not_fit (the reason, or None), placement
     (stage, param_dtype and the tier of params, optimizer, gradients), peak (bytes per tier:

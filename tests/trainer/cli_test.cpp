@@ -1586,6 +1586,11 @@ TEST_F(TrainCliTest, AnNvmePathThatIsNoDirectoryIsRefusedNamingTheKey) {
       EXPECT_NE(r.err.find(path + ": is not a directory"), std::string::npos) << r.err;
     }
   }
+  // Planning for another machine's drive (--nvme-free-gb), the path is that machine's.
+  const CliResult rented =
+      run("estimate --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+          " --seq-len 32 --device cpu --nvme-free-gb 100");
+  EXPECT_EQ(rented.rc, 0) << rented.err;
   EXPECT_EQ(slurp(file), "mine");
   EXPECT_FALSE(std::filesystem::exists(data_.file("nowhere")));
 }

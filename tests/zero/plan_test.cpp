@@ -609,6 +609,16 @@ TEST(Plan, AnEstimatesMicroBatchReplacesTheConfigs) {
   EXPECT_EQ(cfg.train_micro_batch_size_per_gpu.value(), 5);
   EXPECT_EQ(cfg.gradient_accumulation_steps.value(), 3);
   EXPECT_EQ(cfg.train_batch_size.value(), 30);
+  // A config without a micro-batch: filled, the accumulation following from train_batch_size.
+  config::Config no_micro = config::parse_config(R"({"train_batch_size": 20})", "mb").config;
+  estimate_model_options(no_micro, model, {.world_size = 2, .micro_batch = 5});
+  EXPECT_EQ(no_micro.gradient_accumulation_steps.value(), 2);
+  // A product past int64 is refused, not wrapped.
+  config::Config huge = config::parse_config(R"({"train_micro_batch_size_per_gpu": 1,
+      "gradient_accumulation_steps": 4600000000000000})",
+                                             "mb")
+                            .config;
+  EXPECT_THROW(estimate_model_options(huge, model, {.micro_batch = 4096}), InvalidArgument);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <new>
 #include <optional>
@@ -330,6 +331,26 @@ void print_optimizer_on_device(const config::Config& cfg, const model::LlamaMode
       best->bound_s(), best->bound().c_str());
 }
 
+// A swap directory training could not create here (a file or a link to nowhere in its place or
+// on its way): refused as train refuses it (the engine's make_swap_dir), naming the key.
+void check_swap_path(const std::string& path, const char* key) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return;
+  std::error_code ec;
+  fs::path at = fs::absolute(path, ec);
+  fs::file_type t = fs::file_type::none;
+  while ((t = fs::symlink_status(at, ec).type()) == fs::file_type::not_found &&
+         at != at.parent_path())
+    at = at.parent_path();
+  // An entry that cannot be looked at (permissions, a loop of links) is left to the plan's
+  // free-space check, which names its error.
+  if (t == fs::file_type::none || t == fs::file_type::unknown) return;
+  t = fs::status(at, ec).type();  // through a link: a dangling one is not_found
+  if (t == fs::file_type::directory || t == fs::file_type::none || t == fs::file_type::unknown)
+    return;
+  throw ConfigError(key, fmt::format("{}: is not a directory (a swap directory goes there)", path));
+}
+
 int run_estimate(const EstimateArgs& a) {
   config::Config cfg;
   std::optional<model::LlamaModel> model;
@@ -414,6 +435,10 @@ int run_estimate(const EstimateArgs& a) {
   // A run that saves checkpoints (as the plan's checkpoint line assumes): their buffers count.
   po.save_piece_elems = 0;
   const zero::Plan plan = zero::make_plan(cfg, *model, po);
+  if (po.nvme_free_bytes == 0) {  // this machine's drive, not a rented one's (--nvme-free-gb)
+    check_swap_path(plan.param_nvme_path, "zero_optimization.offload_param.nvme_path");
+    check_swap_path(plan.optimizer_nvme_path, "zero_optimization.offload_optimizer.nvme_path");
+  }
   zero::PlanLimits limits = zero::system_limits(cfg, plan);
   if (po.device_limit_bytes > 0) limits.device = po.device_limit_bytes;
   zero::apply_machine(limits, po);  // another machine's RAM and disk (one to rent)
@@ -556,7 +581,8 @@ void add_estimate_command(CLI::App& app, int& rc) {
   cmd->add_option("--model", o->model_file, "Hugging Face config.json of the model (required)");
   cmd->add_option("--micro-batch", o->micro_batch,
                   "sequences per micro-batch to plan for, in place of the config's (its "
-                  "gradient_accumulation_steps kept; default: the config's, else 1)");
+                  "gradient_accumulation_steps kept; where it sets none, as train's "
+                  "--micro-batch-size; default: the config's, else 1)");
   cmd->add_option("--seq-len", o->seq_len,
                   "tokens per sequence (default: min(max_position, 1024))");
   cmd->add_option("--world-size", o->world_size, "data-parallel ranks (default 1)");
