@@ -123,16 +123,25 @@ TEST_F(Doctor, NoGpuIsReportedAsNoneNotAsAFailure) {
   EXPECT_NE(r.out.find("no GPU: training runs on the simulated device"), std::string::npos);
 }
 
-// A swap path training would create is checked where it creates it; one it cannot create (a file
-// in its place or on its way) fails, with exit 1.
+// A swap path training would create is checked where it creates it, with a warning (a drive not
+// mounted yet has its path created on the filesystem above); one it cannot create (a file in its
+// place or on its way) or look at (a loop of links) fails, with exit 1.
 TEST_F(Doctor, ASwapPathThatCannotBeADirectoryFailsWithExitOne) {
   const std::string absent = (dir_ / "absent" / "swap").string();
   const DoctorRun missing = doctor("--nvme-path " + absent);
   const std::string line = line_of(missing.out, "nvme path");
   EXPECT_EQ(line.find("FAIL"), std::string::npos) << missing.out;
-  EXPECT_NE(line.find(absent + ": created at start, in " + dir_.string() + ": "), std::string::npos)
+  EXPECT_NE(line.find(" warn "), std::string::npos) << missing.out;
+  EXPECT_NE(
+      line.find(absent + ": does not exist yet; training creates it, in " + dir_.string() + ": "),
+      std::string::npos)
       << line;
   EXPECT_FALSE(std::filesystem::exists(dir_ / "absent"));
+  std::filesystem::create_symlink(dir_ / "loop", dir_ / "loop");
+  const DoctorRun loop = doctor("--nvme-path " + (dir_ / "loop" / "swap").string());
+  EXPECT_EQ(loop.rc, 1) << loop.out;
+  EXPECT_NE(line_of(loop.out, "nvme path").find("cannot be looked at"), std::string::npos)
+      << loop.out;
 
   std::ofstream(dir_ / "file") << "x";
   const DoctorRun file = doctor("--nvme-path " + (dir_ / "file").string());

@@ -99,23 +99,29 @@ std::string try_o_direct(const std::string& dir, bool& no_space) {
 constexpr double kNvmeFewBytes = double(uint64_t{1} << 30);
 
 // A swap path that does not exist yet is checked in its nearest existing ancestor, where
-// training creates it.
+// training creates it, with a warning (an unmounted drive's path is created on the filesystem
+// above it).
 Line nvme_line(const std::string& path) {
   namespace fs = std::filesystem;
   Line l{"nvme path", Verdict::kOk, ""};
   std::error_code ec;
   fs::path at = fs::absolute(path, ec);
-  while (fs::symlink_status(at, ec).type() == fs::file_type::not_found && at.has_parent_path() &&
-         at != at.parent_path())
+  fs::file_type type = fs::file_type::none;
+  while ((type = fs::symlink_status(at, ec).type()) == fs::file_type::not_found &&
+         at.has_parent_path() && at != at.parent_path())
     at = at.parent_path();
   const std::string dir = at.string();
-  const std::string created =
-      dir == fs::absolute(path, ec).string() ? "" : path + ": created at start, in ";
-  if (!fs::is_directory(at, ec))
+  if (type == fs::file_type::none || type == fs::file_type::unknown)  // EACCES, ELOOP
     return {"nvme path", Verdict::kFail,
-            created.empty()
-                ? path + ": not a directory (swap files need one)"
-                : fmt::format("{}: cannot be created: {} is not a directory", path, dir)};
+            fmt::format("{}: cannot be looked at: {}", dir,
+                        ec ? ec.message() : std::string("unknown file type"))};
+  const bool exists = dir == fs::absolute(path, ec).string();
+  if (fs::status(at, ec).type() != fs::file_type::directory)
+    return {"nvme path", Verdict::kFail,
+            exists ? path + ": not a directory (swap files need one)"
+                   : fmt::format("{}: cannot be created: {} is not a directory", path, dir)};
+  const std::string created = exists ? "" : path + ": does not exist yet; training creates it, in ";
+  if (!exists) l.verdict = Verdict::kWarn;
   if (access(dir.c_str(), W_OK) != 0)
     return {"nvme path", Verdict::kFail,
             fmt::format("{}: not writable: {}", dir, std::strerror(errno))};
