@@ -46,9 +46,10 @@ void warn_once(const fs::path& dir, const std::string& message) {
     log::warn("{}", message);
 }
 
-// The entries of save directory `dir` that an interrupted save leaves (`<tag>.tmp` or
-// `<tag>.old` holding the save's marker) but `read`, by name, comma-separated; empty when none.
-// Only the next run that saves into `dir` removes them (SaveDir): readers name them.
+// The entries of save directory `dir` that a save in progress or interrupted leaves (`<tag>.tmp`,
+// unfinished, or `<tag>.old`, a checkpoint being replaced or removed; each holding the save's
+// marker) but `read`, by name, comma-separated; empty when none. Only the next run that saves
+// into `dir` removes them (SaveDir): readers name them.
 std::string save_leftovers(const fs::path& dir, const std::string& read = {}) {
   std::vector<std::string> names;
   std::error_code ec;
@@ -131,8 +132,8 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
             "{} is neither a checkpoint (no {}) nor a save directory (no {}){}", path.string(),
             kManifestName, kLatestName,
             leftovers.empty() ? ""
-                              : fmt::format(": it holds only what an interrupted save leaves ({}), "
-                                            "never reported saved",
+                              : fmt::format(": it holds only what a save in progress or "
+                                            "interrupted leaves ({})",
                                             leftovers)));
       }
       warn_once(path, fmt::format("{}: no {} file (a save stopped before naming its checkpoint, "
@@ -145,7 +146,7 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
       const fs::path moved = path / (tag + ".old");
       std::error_code ec;
       if (fs::symlink_status(dir, ec).type() == fs::file_type::not_found &&
-          is_checkpoint_dir(moved)) {
+          is_checkpoint_dir(moved) && fs::exists(moved / kSaveMarkerName, ec)) {
         // A save that replaced the checkpoint by two renames (a filesystem that cannot exchange
         // two directories) was killed between them: the checkpoint is whole under its .old name,
         // where it is read; the next run that saves into the directory puts it back.
@@ -162,7 +163,8 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
     }
     const std::string leftovers = save_leftovers(path, dir.filename().string());
     if (!leftovers.empty())
-      warn_once(path, fmt::format("{}: {} left by an interrupted save (never reported saved), "
+      warn_once(path, fmt::format("{}: {}: what a save in progress or interrupted leaves (an "
+                                  "unfinished checkpoint, or one being replaced or removed), "
                                   "removed by the next run that saves into it",
                                   path.string(), leftovers));
   }

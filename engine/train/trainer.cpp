@@ -265,6 +265,9 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
     ckpt::SaveDirOptions so{.keep = opts_.keep,
                             .existing = existing_checkpoints(),
                             .resumed_tag = resumed_tag_in_save_dir()};
+    // Every rank has read its resumed checkpoint before rank 0's opening may move it (a
+    // checkpoint read under <tag>.old goes back to <tag>).
+    if (world_size() > 1 && ck) control().barrier();
     if (rank() == 0) {
       save_dir_ = std::make_unique<ckpt::SaveDir>(opts_.save_dir, so);
       save_dir_->check_can_save(ck ? ck->manifest().step + 1 : 1, opts_.steps);
@@ -281,9 +284,17 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
       };
     }
   }
-  // Put back in place by the save directory's opening (read under <tag>.old until then).
-  if (std::error_code ec; ck && !std::filesystem::exists(ck->dir(), ec))
+  // Read under <tag>.old until the save directory's opening put it back as <tag>: read there.
+  if (std::error_code ec;
+      ck && resumed_from_ != ck->dir().string() && !std::filesystem::exists(ck->dir(), ec)) {
+    const ckpt::Manifest was = ck->manifest();
     ck.emplace(ckpt::Checkpoint::open(resumed_from_, {zero::aio_options(cfg_.aio), nullptr}));
+    if (ck->manifest().tag != was.tag || ck->manifest().step != was.step)
+      throw CorruptData(
+          fmt::format("{}: holds step {} where {} was read before its save "
+                      "directory was opened",
+                      resumed_from_, ck->manifest().step, was.tag));
+  }
   zero::EngineOptions eo = opts_.engine;
   if (eo.stop_requested == nullptr) eo.stop_requested = opts_.stop_requested;
   if (save_dir_) eo.save_piece_elems = opts_.checkpoint_io.piece_elems;  // planned host memory
@@ -531,11 +542,14 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
   }
-  // A checkpoint read under <tag>.old (a save killed between two renames, Checkpoint::open) is
-  // resumed as <tag>: the name the save directory's opening puts it back under.
+  resumed_from_ = src;
+  // A checkpoint read under <tag>.old (a save killed between two renames, Checkpoint::open) in
+  // the save directory is resumed as <tag>: the name the directory's opening puts it back under.
   const std::string tag = ck->manifest().tag;
-  resumed_from_ =
-      ck->dir().filename() == tag + ".old" ? (ck->dir().parent_path() / tag).string() : src;
+  std::error_code ec;
+  if (ck->dir().filename() == tag + ".old" && !opts_.save_dir.empty() &&
+      std::filesystem::equivalent(ck->dir().parent_path(), opts_.save_dir, ec))
+    resumed_from_ = (ck->dir().parent_path() / tag).string();
 }
 
 void Trainer::restore(const ckpt::Checkpoint& ck) {
