@@ -54,10 +54,11 @@ Where outcore differs from DeepNVMe:
     meanwhile; a file that existed before is never removed.
   * new_pinned_tensor(numel, dtype) returns page-locked (mlock), 4096-aligned memory that is
     freed when the tensor and every view of it are gone (numel 0: an empty tensor, no memory);
-    free_pinned_tensor only drops the handle's reference (new_cpu_locked_tensor /
+    free_pinned_tensor only makes the handle forget it (new_cpu_locked_tensor /
     free_cpu_locked_tensor are aliases).
 """
 import sys
+import weakref
 
 import torch
 
@@ -177,7 +178,9 @@ class Handle:
         threads = _args.integer(intra_op_parallelism, "intra_op_parallelism", 1, 256)
         self._core = _outcore.AioHandle(block_size, queue_depth, threads, bool(single_submit),
                                         bool(overlap_events), str(o_direct), list(_faults))
-        self._pinned = {}  # data_ptr -> PinnedMemory of tensors this handle handed out
+        # data_ptr -> weak reference to the PinnedMemory of a tensor this handle handed out: the
+        # tensor and its views hold the memory, the handle only finds it (an entry goes with it).
+        self._pinned = {}
 
     # -- getters (DeepNVMe names) --
     def get_block_size(self):
@@ -309,12 +312,19 @@ class Handle:
             return torch.empty(0, dtype=dtype)  # no memory to pin (nor to free)
         memory = _outcore.PinnedMemory(numel * element_size)
         tensor = torch.frombuffer(memory, dtype=torch.uint8, count=memory.nbytes).view(dtype)
-        self._pinned[tensor.data_ptr()] = memory
+        start, pinned = tensor.data_ptr(), self._pinned
+
+        def forget(ref):  # the memory is gone: its entry too (unless the address was reused)
+            if pinned.get(start) is ref:
+                del pinned[start]
+
+        pinned[start] = weakref.ref(memory, forget)
         return tensor
 
     def free_pinned_tensor(self, tensor):
-        """Drops this handle's reference to a tensor from new_pinned_tensor (the memory goes
-        when the last tensor viewing it does). Returns True; ValueError for any other tensor."""
+        """Makes this handle forget a tensor from new_pinned_tensor (is_pinned is then False;
+        the memory goes when the last tensor viewing it does, with or without this call).
+        Returns True; ValueError for any other tensor."""
         if tensor.numel() == 0:
             return True
         if self._pinned.pop(tensor.data_ptr(), None) is None:
@@ -335,8 +345,9 @@ class Handle:
 
     def _pinned_memory_at(self, address):
         """The PinnedMemory of this handle (not freed) holding `address`, or None."""
-        for start, memory in self._pinned.items():
-            if start <= address < start + memory.nbytes:
+        for start, ref in list(self._pinned.items()):
+            memory = ref()
+            if memory is not None and start <= address < start + memory.nbytes:
                 return memory
         return None
 

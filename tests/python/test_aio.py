@@ -643,6 +643,26 @@ class Leaks(AioTest):
         self.assertEqual(aio.pinned_buffers(), buffers)
         self.assertEqual(aio.pinned_bytes(), pinned)
 
+    def test_pinned_tensors_dropped_free_their_memory_while_the_handle_lives(self):
+        # Without free_pinned_tensor too: the tensor and its views hold the memory, the handle
+        # does not (it held every one until the handle went: mlocked memory grew without bound).
+        h = aio.Handle()
+        pinned, buffers = aio.pinned_bytes(), aio.pinned_buffers()
+        kept = h.new_pinned_tensor(1024, torch.float32)
+        view = kept[512:]
+        del kept
+        for i in range(200):
+            t = h.new_pinned_tensor(65536, torch.float32)
+            t.fill_(float(i))
+            self.assertTrue(h.is_pinned(t))
+            del t
+        self.assertEqual(aio.pinned_buffers(), buffers + 1)  # the view's
+        self.assertEqual(aio.pinned_bytes(), pinned + 4096)
+        self.assertTrue(h.is_pinned(view))
+        del view
+        self.assertEqual(aio.pinned_bytes(), pinned)
+        self.assertEqual(aio.pinned_buffers(), buffers)
+
     def test_handles_release_their_threads_and_rings(self):
         fds = open_fds()
         for i in range(50):
