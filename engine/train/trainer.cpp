@@ -662,7 +662,7 @@ ckpt::SaveResult Trainer::save_checkpoint() {
 
 bool Trainer::has_validation() const { return val_loader_ != nullptr; }
 
-StepMetrics Trainer::train_step() {
+StepMetrics Trainer::train_step(bool wait_for_update) {
   OUTCORE_TRACE_SPAN("step", "step", {.index = static_cast<int32_t>(steps_done_ + 1)});
   const Clock::time_point t0 = Clock::now();
   const double scale = scaler_.scale();
@@ -730,6 +730,7 @@ StepMetrics Trainer::train_step() {
         bf16 ? "no loss scale to lower (bf16)" : "a static loss scale (fp16.loss_scale)",
         steps_done_ - skipped_in_a_row_ + 1));
 
+  if (wait_for_update) engine_->wait_step();
   StepMetrics m;
   m.step = steps_done_;
   m.total_steps = opts_.steps;
@@ -958,7 +959,10 @@ TrainResult Trainer::run_steps(bool tracing) {
   };
 
   while (steps_done_ < opts_.steps) {
-    StepMetrics m = train_step();
+    const int64_t next = steps_done_ + 1;
+    const bool validates = val_loader_ && opts_.eval_every > 0 && next % opts_.eval_every == 0;
+    const bool saves = save_dir_ && opts_.save_every > 0 && next % opts_.save_every == 0;
+    StepMetrics m = train_step(validates || saves || next >= opts_.steps);
     m.elapsed_s = seconds_since(t0);
     res.steps += 1;
     res.losses.push_back(m.loss);

@@ -223,8 +223,11 @@ class Trainer {
 
   // One optimizer step (gas micro-batches and the update); returns its metrics. Does not
   // print or write metrics. REQUIRES steps_done() < options.steps is not enforced: callers
-  // may step past it.
-  StepMetrics train_step();
+  // may step past it. The update may finish under the next step's forward; with
+  // `wait_for_update` the step waits for it, and its time and I/O include it (run() passes true
+  // where a validation, a save or the run's end comes next: nothing would hide the update, and
+  // its time and bytes would be no step's).
+  StepMetrics train_step(bool wait_for_update = false);
   // Mean loss over the validation micro-batches. REQUIRES has_validation().
   ValidationMetrics validate();
 

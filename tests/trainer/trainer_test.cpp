@@ -618,6 +618,29 @@ TEST(TrainerTest, AStepsIoLeavesOutTheValidationAndSaveBeforeIt) {
   EXPECT_LE(nvme_read(t.train_step()), plain * (1 + 1e-9)) << "after a save";
 }
 
+// A step that a validation or a save follows (or the run's last) waits for its update: its time
+// and I/O include the update's writes, which nothing after it would hide (they were no step's:
+// with a validation after every step, every step showed no swap-file writes, and the run's
+// tokens/s was several times what it trained at).
+TEST(TrainerTest, AStepBeforeAValidationOrASaveCountsItsUpdate) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  TrainerOptions o = quiet_options(data, 4);
+  o.eval_every = 1;
+  o.eval_batches = 1;
+  o.save_dir = data.file("ckpt");
+  o.save_every = 3;
+  std::vector<double> writes;
+  o.on_step = [&](const StepMetrics& m) {
+    for (const TierIo& io : m.io)
+      if (io.tier == "nvme") writes.push_back(io.write_gb_per_s);
+  };
+  Trainer t(make_config(testing::nvme_patch(data.file("swap")), mc), mc, o);
+  t.run();
+  ASSERT_EQ(writes.size(), 4u);
+  for (size_t i = 0; i < writes.size(); ++i) EXPECT_GT(writes[i], 0) << "step " << i + 1;
+}
+
 // The run's traffic includes its last step's optimizer work (which runs after the step's
 // backward, under no next forward): each step more adds the same bytes. It was read without
 // waiting for that work, and under-counted by a varying amount.
