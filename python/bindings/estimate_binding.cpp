@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <optional>
 #include <string>
 
@@ -28,6 +30,10 @@ struct JsonInput {
 };
 
 config::ParsedConfig load_config(const JsonInput& in) {
+  // A file that cannot be opened is IoError, as for the model's config.json (the docstring's
+  // promise); what it holds, a FIFO in its place included, is the config's (ConfigError).
+  if (in.is_path && ::access(in.path_or_text.c_str(), R_OK) != 0)
+    throw IoError(in.path_or_text, errno, "open the config file");
   // The warnings are returned (estimate's "warnings"), not also logged.
   return in.is_path ? config::load_config_file(in.path_or_text, /*log_warnings=*/false)
                     : config::parse_config(in.path_or_text, in.source, /*log_warnings=*/false);

@@ -123,10 +123,14 @@ class Estimate(unittest.TestCase):
         with self.assertRaises(outcore.ConfigError) as cm:
             outcore.estimate(CONFIG, dict(MODEL, hidden_size=-1))
         self.assertIn("hidden_size", str(cm.exception))
+        # A file that cannot be read is IoError, the DeepSpeed config's as the model's (the
+        # config's was ConfigError).
         missing = os.path.join(self.dir, "missing.json")
-        with self.assertRaises((outcore.IoError, outcore.ConfigError)) as cm:
-            outcore.estimate(CONFIG, missing)
-        self.assertIn(missing, str(cm.exception))
+        for args in ((CONFIG, missing), (missing, MODEL)):
+            with self.assertRaises(outcore.IoError) as cm:
+                outcore.estimate(*args)
+            self.assertIsInstance(cm.exception, OSError)
+            self.assertEqual(cm.exception.filename, missing)
         with self.assertRaises(TypeError):
             outcore.estimate(42, MODEL)
         with self.assertRaises(ValueError):
