@@ -275,45 +275,48 @@ void write_json(const std::string& path, const std::vector<std::string>& other) 
   const std::vector<Event> evs = events();
   const std::vector<Track> trs = tracks();
   const int pid = static_cast<int>(::getpid());
-  std::string out = "{\"traceEvents\": [\n";
-  out += fmt::format(
-      "{{\"ph\": \"M\", \"pid\": {}, \"tid\": 0, \"name\": \"process_name\", \"args\": "
-      "{{\"name\": \"outcore\"}}}}",
-      pid);
-  for (const Track& t : trs) {
-    out += fmt::format(
-        ",\n{{\"ph\": \"M\", \"pid\": {}, \"tid\": {}, \"name\": \"thread_name\", \"args\": "
-        "{{\"name\": {}}}}}",
-        pid, t.tid, quoted(t.name));
-    out += fmt::format(
-        ",\n{{\"ph\": \"M\", \"pid\": {}, \"tid\": {}, \"name\": \"thread_sort_index\", "
-        "\"args\": {{\"sort_index\": {}}}}}",
-        pid, t.tid, t.tid);
-  }
-  for (const Event& e : evs) {
-    out += ",\n";
-    out += event_json(e, pid);
-  }
-  out += "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {";
-  for (size_t i = 0; i < other.size(); ++i) out += (i ? ", " : "") + other[i];
-  out += "}}\n";
   // Through a temporary beside it and a rename: a failed write (a full disk) leaves no partial
   // trace under `path`, and whatever was there stays. A link is followed (the file it names is
-  // replaced, not the link), and a file replaced keeps its mode.
+  // replaced, not the link), and a file replaced keeps its mode. Events go to the file as they
+  // are formatted (a long run's trace is never held twice in memory).
   const std::string target = resolve_links(path);
   const std::string tmp = fmt::format("{}.tmp-{}", target, ::getpid());
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(tmp.c_str(), "wbx"), &std::fclose);
   if (!f) throw IoError(tmp, errno, "create trace file");  // exclusively: it is this run's
+  uint64_t written = 0;
+  const auto put = [&](const std::string& text) {
+    if (std::fwrite(text.data(), 1, text.size(), f.get()) != text.size())
+      throw IoError(path, written, text.size(), errno, "write trace file");
+    written += text.size();
+  };
   try {
     if (struct stat was{}; ::stat(target.c_str(), &was) == 0 && S_ISREG(was.st_mode))
       (void)::fchmod(::fileno(f.get()), was.st_mode & 07777);
-    if (std::fwrite(out.data(), 1, out.size(), f.get()) != out.size() || std::fflush(f.get()) != 0)
-      throw IoError(path, 0, out.size(), errno, "write trace file");
+    put(
+        fmt::format("{{\"traceEvents\": [\n{{\"ph\": \"M\", \"pid\": {}, \"tid\": 0, \"name\": "
+                    "\"process_name\", \"args\": {{\"name\": \"outcore\"}}}}",
+                    pid));
+    for (const Track& t : trs) {
+      put(fmt::format(
+          ",\n{{\"ph\": \"M\", \"pid\": {}, \"tid\": {}, \"name\": \"thread_name\", \"args\": "
+          "{{\"name\": {}}}}}",
+          pid, t.tid, quoted(t.name)));
+      put(fmt::format(
+          ",\n{{\"ph\": \"M\", \"pid\": {}, \"tid\": {}, \"name\": \"thread_sort_index\", "
+          "\"args\": {{\"sort_index\": {}}}}}",
+          pid, t.tid, t.tid));
+    }
+    for (const Event& e : evs) put(",\n" + event_json(e, pid));
+    std::string end = "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {";
+    for (size_t i = 0; i < other.size(); ++i) end += (i ? ", " : "") + other[i];
+    put(end + "}}\n");
+    if (std::fflush(f.get()) != 0) throw IoError(path, 0, written, errno, "write trace file");
     FILE* raw = f.release();
-    if (std::fclose(raw) != 0) throw IoError(path, 0, out.size(), errno, "close trace file");
+    if (std::fclose(raw) != 0) throw IoError(path, 0, written, errno, "close trace file");
     if (std::rename(tmp.c_str(), target.c_str()) != 0)
       throw IoError(target, errno, "rename trace file into place");
   } catch (...) {
+    f.reset();
     std::remove(tmp.c_str());
     throw;
   }
