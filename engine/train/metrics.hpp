@@ -20,9 +20,10 @@ namespace outcore::train {
 // the transfers that completed during the step's wall time. The optimizer's work of one step
 // (and its I/O) runs partly under the next step's forward, so one step's figure can hold part of
 // the previous step's bytes; over steps without validations or saves between them the mean is
-// the plan's traffic per step. What moves during a validation or a save (its own reads, and the
-// previous step's optimizer work that ran under it) is counted in no step, so the step after one
-// can show less, or nothing (parameters the validation gathered are not read again).
+// the plan's traffic per step. What moves during a validation or a save (its own reads; and
+// the previous step's optimizer work where that step did not wait for it, which Trainer::run()'s
+// steps do) is counted in no step, so the step after one can show less, or nothing (parameters
+// the validation gathered are not read again).
 struct TierIo {
   std::string tier;  // "nvme", "host", ...
   double read_gb_per_s = 0;

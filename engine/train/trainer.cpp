@@ -730,7 +730,10 @@ StepMetrics Trainer::train_step(bool wait_for_update) {
         bf16 ? "no loss scale to lower (bf16)" : "a static loss scale (fp16.loss_scale)",
         steps_done_ - skipped_in_a_row_ + 1));
 
-  if (wait_for_update) engine_->wait_step();
+  if (wait_for_update) {
+    OUTCORE_TRACE_SPAN("update wait", "step");
+    engine_->wait_step();
+  }
   StepMetrics m;
   m.step = steps_done_;
   m.total_steps = opts_.steps;
@@ -813,7 +816,8 @@ ValidationMetrics Trainer::validate() {
                : sum_in_global_order(losses, n) * static_cast<double>(model_->tokens()) /
                      static_cast<double>(v.tokens_trained);
   v.time_s = seconds_since(t0);
-  // Its parameter reads, and the last step's optimizer work that ran under it, are no step's.
+  // Its parameter reads are no step's (nor the last step's optimizer work, where that step did
+  // not wait for it: run()'s steps do).
   last_traffic_ = engine_->traffic();
   return v;
 }

@@ -225,8 +225,9 @@ class Trainer {
   // print or write metrics. REQUIRES steps_done() < options.steps is not enforced: callers
   // may step past it. The update may finish under the next step's forward; with
   // `wait_for_update` the step waits for it, and its time and I/O include it (run() passes true
-  // where a validation, a save or the run's end comes next: nothing would hide the update, and
-  // its time and bytes would be no step's).
+  // where a validation, a save or the run's end comes next: a save and the end wait for it
+  // anyway, a validation's forward would hide it, but its time and bytes would then be no
+  // step's; decision 001). An update that fails then fails this call.
   StepMetrics train_step(bool wait_for_update = false);
   // Mean loss over the validation micro-batches. REQUIRES has_validation().
   ValidationMetrics validate();

@@ -639,6 +639,27 @@ TEST(TrainerTest, AStepBeforeAValidationOrASaveCountsItsUpdate) {
   t.run();
   ASSERT_EQ(writes.size(), 4u);
   for (size_t i = 0; i < writes.size(); ++i) EXPECT_GT(writes[i], 0) << "step " << i + 1;
+  // Saves alone, and the run's end: steps 2 and 4 wait (1 and 3 leave theirs to the next
+  // forward), each moving the previous step's update, which ran under its forward, and its own:
+  // two updates' writes (one, the previous step's, without the wait).
+  DemoData again;
+  TrainerOptions saves = quiet_options(again, 4);
+  saves.save_dir = again.file("ckpt");
+  saves.save_every = 2;
+  std::vector<StepMetrics> steps;
+  saves.on_step = [&](const StepMetrics& m) { steps.push_back(m); };
+  Trainer s(make_config(testing::nvme_patch(again.file("swap")), mc), mc, saves);
+  s.run();
+  ASSERT_EQ(steps.size(), 4u);
+  const auto written = [](const StepMetrics& m) {
+    for (const TierIo& io : m.io)
+      if (io.tier == "nvme") return io.write_gb_per_s * 1e9 * m.step_time_s;
+    return 0.0;
+  };
+  const double update = static_cast<double>(s.engine().plan().per_step.nvme_write);
+  ASSERT_GT(update, 0);
+  EXPECT_NEAR(written(steps[1]), 2 * update, 1e-6 * update) << "step 2";
+  EXPECT_NEAR(written(steps[3]), 2 * update, 1e-6 * update) << "step 4";
 }
 
 // The run's traffic includes its last step's optimizer work (which runs after the step's
