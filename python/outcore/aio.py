@@ -178,9 +178,11 @@ class Handle:
         threads = _args.integer(intra_op_parallelism, "intra_op_parallelism", 1, 256)
         self._core = _outcore.AioHandle(block_size, queue_depth, threads, bool(single_submit),
                                         bool(overlap_events), str(o_direct), list(_faults))
-        # data_ptr -> weak reference to the PinnedMemory of a tensor this handle handed out: the
-        # tensor and its views hold the memory, the handle only finds it (an entry goes with it).
-        self._pinned = {}
+        # data_ptr -> the PinnedMemory of a tensor this handle handed out, held weakly: the
+        # tensor and its views hold the memory, the handle only finds it (an entry goes with it;
+        # the dictionary removes only a dead entry, never one a new memory at the same address
+        # took).
+        self._pinned = weakref.WeakValueDictionary()
 
     # -- getters (DeepNVMe names) --
     def get_block_size(self):
@@ -312,13 +314,7 @@ class Handle:
             return torch.empty(0, dtype=dtype)  # no memory to pin (nor to free)
         memory = _outcore.PinnedMemory(numel * element_size)
         tensor = torch.frombuffer(memory, dtype=torch.uint8, count=memory.nbytes).view(dtype)
-        start, pinned = tensor.data_ptr(), self._pinned
-
-        def forget(ref):  # the memory is gone: its entry too (unless the address was reused)
-            if pinned.get(start) is ref:
-                del pinned[start]
-
-        pinned[start] = weakref.ref(memory, forget)
+        self._pinned[tensor.data_ptr()] = memory
         return tensor
 
     def free_pinned_tensor(self, tensor):
@@ -345,9 +341,8 @@ class Handle:
 
     def _pinned_memory_at(self, address):
         """The PinnedMemory of this handle (not freed) holding `address`, or None."""
-        for start, ref in list(self._pinned.items()):
-            memory = ref()
-            if memory is not None and start <= address < start + memory.nbytes:
+        for start, memory in list(self._pinned.items()):
+            if start <= address < start + memory.nbytes:
                 return memory
         return None
 
