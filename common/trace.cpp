@@ -278,7 +278,7 @@ void write_json(const std::string& path, const std::vector<std::string>& other) 
   // Through a temporary beside it and a rename: a failed write (a full disk) leaves no partial
   // trace under `path`, and whatever was there stays. A link is followed (the file it names is
   // replaced, not the link), and a file replaced keeps its mode. Events go to the file as they
-  // are formatted (a long run's trace is never held twice in memory).
+  // are formatted: the JSON text is never held whole in memory.
   const std::string target = resolve_links(path);
   const std::string tmp = fmt::format("{}.tmp-{}", target, ::getpid());
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(tmp.c_str(), "wbx"), &std::fclose);

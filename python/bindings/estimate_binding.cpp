@@ -1,6 +1,7 @@
 // outcore._outcore.estimate: the placement plan of a DeepSpeed config and a model, computed as
 // `outcore estimate` computes it (zero::estimate_model_options, make_plan, system_limits,
 // check_fits), returned as a dict.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -32,8 +33,14 @@ struct JsonInput {
 config::ParsedConfig load_config(const JsonInput& in) {
   // A file that cannot be opened is IoError, as for the model's config.json (the docstring's
   // promise); what it holds, a FIFO in its place included, is the config's (ConfigError).
-  if (in.is_path && ::access(in.path_or_text.c_str(), R_OK) != 0)
-    throw IoError(in.path_or_text, errno, "open the config file");
+  if (in.is_path) {
+    const int fd = ::open(in.path_or_text.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      throw IoError(in.path_or_text, err, "open the config file");
+    }
+    ::close(fd);
+  }
   // The warnings are returned (estimate's "warnings"), not also logged.
   return in.is_path ? config::load_config_file(in.path_or_text, /*log_warnings=*/false)
                     : config::parse_config(in.path_or_text, in.source, /*log_warnings=*/false);
