@@ -842,9 +842,11 @@ bool Trainer::stop_requested() const {
 // Stops tracing and writes the file, with the overlap figures in its otherData.
 static TrainResult::Trace write_trace(const std::string& path) {
   trace::stop();
-  const std::vector<trace::Event> events = trace::events();
-  TrainResult::Trace t{path, events.size(), trace::io_overlap(events, {"compute"}),
-                       trace::io_overlap(events, {"compute", "optimizer"})};
+  const TrainResult::Trace t = [&] {  // the copy of the events goes before write_json makes its own
+    const std::vector<trace::Event> events = trace::events();
+    return TrainResult::Trace{path, events.size(), trace::io_overlap(events, {"compute"}),
+                              trace::io_overlap(events, {"compute", "optimizer"})};
+  }();
   trace::write_json(
       path, {fmt::format("\"io_busy_s\": {:.6f}", t.under_compute.io_busy_s),
              fmt::format("\"io_hidden_under_compute\": {:.6f}", t.under_compute.hidden_fraction),
