@@ -44,6 +44,7 @@
 #include "tools/aio_bench/measure.hpp"
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/launch.hpp"
+#include "tools/outcore/swap_path.hpp"
 
 namespace outcore::cli {
 namespace {
@@ -128,12 +129,9 @@ std::optional<DriveRates> measure_drive(const std::string& nvme_path, const aio:
                                         uint64_t bytes, std::string& why) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  fs::path at = nvme_path.empty() ? fs::path() : fs::absolute(nvme_path, ec);
   // Up to the nearest part that is there (a dangling link or an unreadable part stops the walk:
   // training could not create the directory through it either).
-  while (!at.empty() && at != at.parent_path() &&
-         fs::symlink_status(at, ec).type() == fs::file_type::not_found)
-    at = at.parent_path();
+  const fs::path at = nvme_path.empty() ? fs::path() : nearest_existing_part(nvme_path).path;
   const std::string dir = at.string();
   if (at.empty() || !fs::is_directory(at, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0) {
     why = fmt::format("nvme_path {} is not a writable directory here", nvme_path);
@@ -336,16 +334,12 @@ void print_optimizer_on_device(const config::Config& cfg, const model::LlamaMode
 void check_swap_path(const std::string& path, const char* key) {
   namespace fs = std::filesystem;
   if (path.empty()) return;
-  std::error_code ec;
-  fs::path at = fs::absolute(path, ec);
-  fs::file_type t = fs::file_type::none;
-  while ((t = fs::symlink_status(at, ec).type()) == fs::file_type::not_found &&
-         at != at.parent_path())
-    at = at.parent_path();
+  const ExistingPart at = nearest_existing_part(path);
   // An entry that cannot be looked at (permissions, a loop of links) is left to the plan's
   // free-space check, which names its error.
-  if (t == fs::file_type::none || t == fs::file_type::unknown) return;
-  t = fs::status(at, ec).type();  // through a link: a dangling one is not_found
+  if (at.type == fs::file_type::none || at.type == fs::file_type::unknown) return;
+  std::error_code ec;
+  const fs::file_type t = fs::status(at.path, ec).type();  // through a link: dangling, not_found
   if (t == fs::file_type::directory || t == fs::file_type::none || t == fs::file_type::unknown)
     return;
   throw ConfigError(key, fmt::format("{}: is not a directory (a swap directory goes there)", path));

@@ -21,6 +21,7 @@
 #include "engine/zero/plan.hpp"
 #include "tools/blas/blas_kernels.hpp"
 #include "tools/outcore/doctor.hpp"
+#include "tools/outcore/swap_path.hpp"
 
 namespace outcore::cli::doctor {
 namespace {
@@ -104,17 +105,14 @@ constexpr double kNvmeFewBytes = double(uint64_t{1} << 30);
 Line nvme_line(const std::string& path) {
   namespace fs = std::filesystem;
   Line l{"nvme path", Verdict::kOk, ""};
-  std::error_code ec;
-  fs::path at = fs::absolute(path, ec);
-  fs::file_type type = fs::file_type::none;
-  while ((type = fs::symlink_status(at, ec).type()) == fs::file_type::not_found &&
-         at.has_parent_path() && at != at.parent_path())
-    at = at.parent_path();
+  const ExistingPart part = nearest_existing_part(path);
+  const fs::path& at = part.path;
   const std::string dir = at.string();
-  if (type == fs::file_type::none || type == fs::file_type::unknown)  // EACCES, ELOOP
+  if (part.type == fs::file_type::none || part.type == fs::file_type::unknown)  // EACCES, ELOOP
     return {"nvme path", Verdict::kFail,
             fmt::format("{}: cannot be looked at: {}", dir,
-                        ec ? ec.message() : std::string("unknown file type"))};
+                        part.error ? part.error.message() : std::string("unknown file type"))};
+  std::error_code ec;
   const bool exists = dir == fs::absolute(path, ec).string();
   if (fs::status(at, ec).type() != fs::file_type::directory)
     return {"nvme path", Verdict::kFail,
