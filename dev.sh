@@ -147,7 +147,7 @@ gpu_summary() {
         echo "    $(grep -cE '\(Skipped\)$' "$GPU_OUT/$name.log" || true) skipped (a GPU runs them all)"
         ;;
       demo*) pattern='^(trained|stopped after|loss )' ;;
-      zero_bench*) pattern='^(tokens/s ratio|losses bit-identical|drive.s time)' ;;
+      zero_bench*) pattern='^(shape |model:|tokens/s ratio|losses bit-identical|drive.s time)' ;;
       model_bench*) pattern='ratio model/peak|^head \(|attention' ;;
       attention_bench*) pattern='^(attention seq|reference seq|seq |cuda)' ;;
       attention-ncu)
@@ -190,6 +190,10 @@ run_gpu() {
     --nvme "$out" || rc=1
   part zero_bench-keep-params 180 "$BUILD_DIR/bench/zero/zero_bench" --device cuda --steps 4 \
     --keep-params --nvme "$out" || rc=1
+  # ... and at the tokens per step `outcore estimate` recommends for it (the transfers under the
+  # GPU's compute): the shape where the issue's 0.97 of in-memory tokens/s can be judged
+  part zero_bench-recommended 180 "$BUILD_DIR/bench/zero/zero_bench" --device cuda --steps 4 \
+    --keep-params --recommended-shape --nvme "$out" || rc=1
   # One Llama 3 8B layer in bf16 compute against the bf16 GEMM peak, where one step's time goes
   # per operation, and the head alone: at 4096, 16384 and 32768 tokens, then with Llama 3's
   # 128256-token head

@@ -7,14 +7,18 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "bench/common/scratch.hpp"
 #include "common/aligned_buffer.hpp"
 #include "common/dtype.hpp"
 #include "common/error.hpp"
+#include "engine/device/compute_backend.hpp"
 #include "engine/device/device.hpp"
+#include "engine/zero/zero.hpp"
 
 namespace outcore::bench {
 namespace {
@@ -186,6 +190,52 @@ ComputeTimes measure_compute(const model::LlamaModel& model, device::Device& dev
           .head_s = median(head_s),
           .layers = model.config().num_hidden_layers,
           .micro_batches = micro_batches};
+}
+
+std::optional<std::pair<int64_t, int64_t>> recommend_shape(
+    const model::LlamaConfig& mc, int64_t seq, DType param_dtype, device::Device& dev,
+    device::Device& compute_dev, uint64_t budget, const fs::path& nvme, double ref_gib,
+    zero::GradientPlacement grads, const config::Config& base, zero::LinkRates& rates) {
+  const DType compute = config::compute_dtype(base);
+  if (!dev.host_accessible()) {
+    // Copies of 256 MiB, or a quarter of a smaller budget, which they are charged to.
+    size_t bytes = size_t{256} << 20;
+    if (budget > 0) bytes = std::min<size_t>(bytes, std::max<uint64_t>(budget / 4, 1 << 20));
+    rates.pcie_bytes = device::copy_bytes_per_second(dev, bytes);
+  }
+  fs::create_directories(nvme);
+  const DriveRates drive = measure_drive(nvme, static_cast<uint64_t>(ref_gib * (1ull << 30)),
+                                         32ull << 20, 0.5, zero::aio_options(base.aio));
+  rates.drive_read_bytes = drive.read_gbps * 1e9;
+  rates.drive_write_bytes = drive.write_gbps * 1e9;
+  model::ModelOptions mo{.micro_batch = 1,
+                         .seq_len = seq,
+                         .param_dtype = param_dtype,
+                         .compute_dtype = compute,
+                         .activation_checkpointing = true};
+  mo.head_chunk_rows = model::head_rows_on(mc, mo, dev, budget);
+  zero::measure_compute_rates(compute_dev, model::LlamaModel(mc, mo), rates);
+  const zero::PlanOptions po{.device_limit_bytes = budget,
+                             .gradients = grads,
+                             .device_host_accessible = dev.host_accessible(),
+                             .device_in_host_memory = dev.kind() == device::DeviceKind::Cpu};
+  const std::optional<zero::ShapeChoice> c = zero::choose_shape(
+      base, mc, mo, po, budget, model::head_sizing_bytes(budget, dev.total_memory_bytes()), rates);
+  std::printf(
+      "rates: GEMM %.1f TFLOP/s (%s), attention %.1f TFLOP/s, PCIe %.1f GB/s, drive read %.2f "
+      "GB/s, write %.2f GB/s\n",
+      rates.gemm_flops / 1e12, std::string(dtype_name(compute)).c_str(),
+      rates.attention_flops / 1e12, rates.pcie_bytes / 1e9, drive.read_gbps, drive.write_gbps);
+  if (!c) return std::nullopt;
+  std::printf(
+      "shape (as outcore estimate recommends%s): micro-batch %lld x accumulation %lld = %lld "
+      "tokens per step; planned compute %.2f s, PCIe %.2f s, drive %.2f s\n",
+      c->hides ? ", the transfers under compute" : "; none hides the transfers, the closest",
+      static_cast<long long>(c->micro), static_cast<long long>(c->gas),
+      static_cast<long long>(c->micro * c->gas * seq), c->times.compute_s, c->times.pcie_s,
+      c->times.drive_s);
+  std::fflush(stdout);
+  return std::make_pair(c->micro, c->gas);
 }
 
 double cpu_seconds() {

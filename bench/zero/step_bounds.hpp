@@ -11,9 +11,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <utility>
 
 #include "aio/aio.hpp"
+#include "engine/config/config.hpp"
 #include "engine/model/model.hpp"
+#include "engine/zero/placement.hpp"
+#include "engine/zero/step_bounds.hpp"
 
 namespace outcore::bench {
 
@@ -71,6 +76,19 @@ struct ComputeTimes {
 // thread (or the GPU), as training does: run it alone.
 ComputeTimes measure_compute(const model::LlamaModel& model, device::Device& dev,
                              int64_t micro_batches, int reps, bool cpu_checkpointing);
+
+// The (micro-batch, accumulation) that `outcore estimate` recommends on this machine
+// (zero::choose_shape: the fewest tokens per step whose compute covers every transfer within
+// `budget`, else the closest) for training `mc` on sequences of `seq` tokens, parameters in
+// `param_dtype`, with `base`'s placement and compute dtype on `dev` and gradients as `grads` say;
+// from rates measured here, left in `rates`: the drive's read and write rates under `nvme`
+// through the aio engine of `base` (a scratch file of `ref_gib` GiB), pinned copies where the
+// host cannot read `dev`, the GEMM and the model's attention on `compute_dev`. Prints the rates
+// and the choice; nullopt when no micro-batch fits.
+std::optional<std::pair<int64_t, int64_t>> recommend_shape(
+    const model::LlamaConfig& mc, int64_t seq, DType param_dtype, device::Device& dev,
+    device::Device& compute_dev, uint64_t budget, const std::filesystem::path& nvme, double ref_gib,
+    zero::GradientPlacement grads, const config::Config& base, zero::LinkRates& rates);
 
 // User + system CPU seconds of this process so far (every thread), from getrusage.
 double cpu_seconds();

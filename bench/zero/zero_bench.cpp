@@ -5,7 +5,18 @@
 //   zero_bench [--hidden 512] [--layers 8] [--vocab 8192] [--seq 256] [--micro 2] [--gas 4]
 //              [--steps 6] [--dtype bf16|fp32] [--nvme DIR] [--device-fraction 0.25]
 //              [--device cpu|cuda] [--trace FILE] [--ref-gib 1] [--clip 1.0]
-//              [--step-in-backward] [--keep-params]
+//              [--step-in-backward] [--keep-params] [--recommended-shape]
+//
+// The model computes in the dtype `outcore train` takes for the config: bf16 with --dtype bf16
+// (config::compute_dtype), fp32 with --dtype fp32.
+//
+// --recommended-shape trains at the micro-batch and accumulation `outcore estimate` recommends
+// for the NVMe run on this machine (bench::recommend_shape: the fewest tokens per step whose
+// compute covers every transfer within its device budget, else the closest), from the rates
+// measured first (the drive under --nvme with a --ref-gib file, pinned copies on a GPU, the
+// GEMM and the model's attention); --micro and --gas are then ignored. Where a GPU computes
+// the default shape's step far faster than the drive moves its bytes, this is the shape at
+// which the NVMe run can match the in-memory one.
 //
 // --keep-params keeps the NVMe runs' gathered parameters on the device through each step's
 // micro-batches, as far as the budget holds them (stage3_max_live_parameters and
@@ -51,6 +62,7 @@
 
 #include "bench/common/scratch.hpp"
 #include "bench/zero/step_bounds.hpp"
+#include "common/error.hpp"
 #include "common/trace.hpp"
 #include "engine/comm/local_comm.hpp"
 #include "engine/config/config.hpp"
@@ -159,6 +171,7 @@ int main(int argc, char** argv) {
   double clip = 1.0;
   bool step_in_backward = false;
   bool keep_params = false;
+  bool recommended_shape = false;
   CLI::App app("ZeRO-3 with parameters and optimizer on NVMe vs the same model in memory");
   app.add_option("--hidden", hidden, "hidden size (heads = hidden/64, kv heads = heads/2)");
   app.add_option("--layers", layers, "decoder layers");
@@ -185,6 +198,9 @@ int main(int argc, char** argv) {
   app.add_flag("--keep-params", keep_params,
                "keep the NVMe runs' gathered parameters on the device through each step "
                "(stage3_max_live_parameters and stage3_max_reuse_distance 1e12)");
+  app.add_flag("--recommended-shape", recommended_shape,
+               "train at the micro-batch and accumulation outcore estimate recommends for the "
+               "NVMe run here (--micro and --gas ignored; needs --ref-gib > 0)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -203,28 +219,22 @@ int main(int argc, char** argv) {
     // each) hand out memory of the same GPU.
     std::unique_ptr<device::Device> compute_dev;
     if (cuda) compute_dev = device::make_cuda_device();
-    const model::LlamaModel model(
-        mc,
-        {.micro_batch = micro, .seq_len = seq, .param_dtype = dt, .activation_checkpointing = true},
-        cuda ? device::make_backend(*compute_dev) : nullptr);
     const uint64_t params = mc.num_parameters();
     const uint64_t budget = static_cast<uint64_t>(device_fraction * 16.0 * params);
     std::filesystem::create_directories(nvme);
 
-    const std::string common = fmt::format(
-        R"("train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
-         "gradient_clipping": {}, "bf16": {{"enabled": {}}},
-         "activation_checkpointing": {{"cpu_checkpointing": true}},)",
-        micro, gas, clip, dt == DType::BF16 ? "true" : "false");
-    Runner mem(
-        cuda ? "in memory (stage 1, optimizer in host memory)" : "in memory (stage 0)",
-        "{" + common +
-            (cuda ? R"("zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})"
-                  : R"("zero_optimization": {"stage": 0}})"),
-        model, 0, cuda);
+    // The keys every run shares (micro and gas as they stand when it is called).
+    auto common_json = [&] {
+      return fmt::format(
+          R"("train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
+           "gradient_clipping": {}, "bf16": {{"enabled": {}}},
+           "activation_checkpointing": {{"cpu_checkpointing": true}},)",
+          micro, gas, clip, dt == DType::BF16 ? "true" : "false");
+    };
     auto nvme_json = [&](const std::string& dir, bool in_backward = false) {
       std::filesystem::create_directories(dir);
-      return "{" + common + (in_backward ? R"("outcore": {"step_in_backward": true},)" : "") +
+      return "{" + common_json() +
+             (in_backward ? R"("outcore": {"step_in_backward": true},)" : "") +
              fmt::format(R"("zero_optimization": {{"stage": 3,
                   "offload_param": {{"device": "nvme", "nvme_path": "{0}", "max_in_cpu": 0}},
                   "offload_optimizer": {{"device": "nvme", "nvme_path": "{0}",
@@ -234,6 +244,39 @@ int main(int argc, char** argv) {
                   "aio": {{"queue_depth": 16, "intra_op_parallelism": 2}}}})",
                          dir, keep_params ? "1000000000000" : "0");
     };
+    if (recommended_shape) {
+      if (ref_gib <= 0)
+        throw InvalidArgument("--recommended-shape measures the drive: --ref-gib > 0");
+      zero::LinkRates rates;
+      std::unique_ptr<device::Device> dev, host;
+      if (cuda) {
+        dev = device::make_cuda_device({.memory_budget_bytes = budget});
+      } else {
+        dev = std::make_unique<device::CpuDevice>(device::CpuDeviceOptions{budget});
+        host = std::make_unique<device::CpuDevice>();
+      }
+      const auto shape = bench::recommend_shape(
+          mc, seq, dt, *dev, cuda ? *compute_dev : *host, budget, nvme, ref_gib,
+          zero::GradientPlacement::kAuto, make_config(nvme_json(nvme, step_in_backward)), rates);
+      if (!shape)
+        throw InvalidArgument("no micro-batch up to 64 fits the NVMe run's device budget");
+      micro = shape->first;
+      gas = shape->second;
+    }
+    const model::LlamaModel model(mc,
+                                  {.micro_batch = micro,
+                                   .seq_len = seq,
+                                   .param_dtype = dt,
+                                   .compute_dtype = dt,
+                                   .activation_checkpointing = true},
+                                  cuda ? device::make_backend(*compute_dev) : nullptr);
+    const std::string common = common_json();
+    Runner mem(
+        cuda ? "in memory (stage 1, optimizer in host memory)" : "in memory (stage 0)",
+        "{" + common +
+            (cuda ? R"("zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})"
+                  : R"("zero_optimization": {"stage": 0}})"),
+        model, 0, cuda);
     Runner ooc(step_in_backward ? "nvme (stage 3), optimizer step in backward"
                                 : "nvme (stage 3, params+optimizer on NVMe)",
                nvme_json(nvme, step_in_backward), model, budget, cuda);

@@ -229,51 +229,6 @@ void print_planned_compute(const zero::Plan& plan, const model::LlamaModel& mode
   std::fflush(stdout);
 }
 
-// The (micro-batch, accumulation) zero::choose_shape picks for `base` (the bench's config) on
-// these devices, from rates measured here (left in `rates`); prints them. nullopt when nothing
-// fits.
-std::optional<std::pair<int64_t, int64_t>> recommend_shape(
-    const model::LlamaConfig& mc, int64_t seq, device::Device& dev, device::Device& compute_dev,
-    uint64_t budget, const std::string& nvme, double ref_gib, zero::GradientPlacement grads,
-    const config::Config& base, zero::LinkRates& rates) {
-  const DType compute = config::compute_dtype(base);
-  if (!dev.host_accessible()) rates.pcie_bytes = device::copy_bytes_per_second(dev);
-  std::filesystem::create_directories(nvme);
-  const bench::DriveRates drive =
-      bench::measure_drive(nvme, static_cast<uint64_t>(ref_gib * (1ull << 30)), 32ull << 20, 0.5,
-                           zero::aio_options(base.aio));
-  rates.drive_read_bytes = drive.read_gbps * 1e9;
-  rates.drive_write_bytes = drive.write_gbps * 1e9;
-  model::ModelOptions mo{.micro_batch = 1,
-                         .seq_len = seq,
-                         .param_dtype = DType::BF16,
-                         .compute_dtype = compute,
-                         .activation_checkpointing = true};
-  mo.head_chunk_rows = model::head_rows_on(mc, mo, dev, budget);
-  zero::measure_compute_rates(compute_dev, model::LlamaModel(mc, mo), rates);
-  const zero::PlanOptions po{.device_limit_bytes = budget,
-                             .gradients = grads,
-                             .device_host_accessible = dev.host_accessible(),
-                             .device_in_host_memory = dev.kind() == device::DeviceKind::Cpu};
-  const std::optional<zero::ShapeChoice> c = zero::choose_shape(
-      base, mc, mo, po, budget, model::head_sizing_bytes(budget, dev.total_memory_bytes()), rates);
-  std::printf(
-      "rates: GEMM %.1f TFLOP/s (%s), attention %.1f TFLOP/s, PCIe %.1f GB/s, drive read %.2f "
-      "GB/s, write %.2f GB/s\n",
-      rates.gemm_flops / 1e12, std::string(dtype_name(compute)).c_str(),
-      rates.attention_flops / 1e12, rates.pcie_bytes / 1e9, drive.read_gbps, drive.write_gbps);
-  if (!c) return std::nullopt;
-  std::printf(
-      "shape (as outcore estimate recommends%s): micro-batch %lld x accumulation %lld = %lld "
-      "tokens per step; planned compute %.2f s, PCIe %.2f s, drive %.2f s\n",
-      c->hides ? ", the transfers under compute" : "; none hides the transfers, the closest",
-      static_cast<long long>(c->micro), static_cast<long long>(c->gas),
-      static_cast<long long>(c->micro * c->gas * seq), c->times.compute_s, c->times.pcie_s,
-      c->times.drive_s);
-  std::fflush(stdout);
-  return std::make_pair(c->micro, c->gas);
-}
-
 // The settings of the config the benchmark trains with.
 struct ConfigSettings {
   int64_t micro = 1, gas = 1, sub_group = 10'000'000, device_mb = 2048, param_in_cpu = 0;
@@ -435,8 +390,8 @@ int main(int argc, char** argv) {
     std::printf("device: %s\n", dev->name().c_str());
     zero::LinkRates rates;  // measured for the recommended shape, reused for the planned compute
     if (recommended_shape) {
-      const auto shape = recommend_shape(
-          mc, seq, *dev, *compute_dev, budget, nvme, ref_gib,
+      const auto shape = bench::recommend_shape(
+          mc, seq, DType::BF16, *dev, *compute_dev, budget, nvme, ref_gib,
           grads == "host" ? zero::GradientPlacement::kHost : zero::GradientPlacement::kNvme,
           make_config(settings()), rates);
       if (!shape) {
