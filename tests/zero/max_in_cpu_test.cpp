@@ -436,5 +436,37 @@ TEST(BufferSize, LargerValueAllocatesNothingMoreAndIsWarnedAboutOnce) {
   EXPECT_EQ(LogCapture::count(quiet.text(), "buffer_size"), 0u) << quiet.text();
 }
 
+// offload_optimizer.pipeline_read / pipeline_write overlap the sub-groups of a unit's step:
+// with one buffer, or one sub-group per unit, they do nothing, and the engine says so once,
+// naming why; where some unit has two sub-groups and two buffers, nothing is said.
+TEST(OptimizerPipelining, WithoutTwoSubGroupsAndTwoBuffersItIsSaidToHaveNoEffect) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::BF16));
+  const std::string dir = swap_dir("pipelining").string();
+  auto said = [&](const std::string& zero_extra, const std::string& optimizer_extra) {
+    const config::Config cfg = make_config(
+        config_json(Placing{3, "none", "nvme"}, DType::BF16, dir, zero_extra, "", optimizer_extra));
+    LogCapture log;
+    {
+      device::CpuDevice dev;
+      comm::LocalComm comm;
+      ZeroEngine engine(cfg, model, dev, comm, 1);
+    }
+    return log.text();
+  };
+  const std::string one_buffer =
+      said(", \"sub_group_size\": 1000", ", \"pipeline_read\": true, \"buffer_count\": 1");
+  EXPECT_EQ(LogCapture::count(one_buffer, "offload_optimizer.pipeline_read has no effect"), 1u)
+      << one_buffer;
+  EXPECT_EQ(LogCapture::count(one_buffer, "buffer_count is 1"), 1u) << one_buffer;
+  const std::string one_group = said("", R"(, "pipeline_read": true, "pipeline_write": true)");
+  EXPECT_EQ(LogCapture::count(one_group, "pipeline_read and pipeline_write have no effect"), 1u)
+      << one_group;
+  EXPECT_EQ(LogCapture::count(one_group, "sub_group_size 1000000000 is not below"), 1u)
+      << one_group;
+  const std::string acts =
+      said(", \"sub_group_size\": 1000", ", \"pipeline_read\": true, \"buffer_count\": 2");
+  EXPECT_EQ(LogCapture::count(acts, "pipeline"), 0u) << acts;
+}
+
 }  // namespace
 }  // namespace outcore::zero::test
