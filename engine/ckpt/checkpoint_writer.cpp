@@ -540,6 +540,14 @@ std::optional<std::string> SaveDir::latest() const {
 void SaveDir::set_latest(const std::string& tag, const WriterOptions& hooks) {
   if (hooks.crash_at == "before-latest") crash_now("before-latest");
   const fs::path tmp = dir_ / (std::string(kLatestName) + ".tmp");
+  // Only outcore's own leftover (a rename that failed) is replaced: anything else that appeared
+  // there during the run, a link above all, is the user's and kept (the save fails).
+  if (type_of(tmp) != fs::file_type::not_found) {
+    if (!is_latest_file(tmp, /*tmp=*/true))
+      refuse_entry(dir_, tmp, "not a file naming a checkpoint");
+    std::error_code ec;
+    fs::remove(tmp, ec);
+  }
   write_file_durably(tmp, tag + "\n");
   rename_durably(tmp, dir_ / kLatestName, dir_);
   if (hooks.crash_at == "after-latest") crash_now("after-latest");

@@ -15,7 +15,9 @@
 
 namespace outcore::ckpt {
 void write_file_durably(const std::filesystem::path& path, std::string_view data) {
-  UniqueFd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  // A new file only: whatever is at the path (a link, a file of someone else's) is never
+  // written through, truncated or removed.
+  UniqueFd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (f.get() < 0) throw IoError(path.string(), errno, "create");
   try {
     size_t off = 0;

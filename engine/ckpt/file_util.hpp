@@ -13,7 +13,9 @@ namespace outcore::ckpt {
 // First bytes of every checkpoint data file ("OCCKPT", format generation 1).
 inline constexpr char kDataFileMagic[8] = {'O', 'C', 'C', 'K', 'P', 'T', '\0', '\1'};
 
-// Writes `data` to `path` (created or truncated) and fsyncs it.
+// Writes `data` to `path`, a file it creates (IoError EEXIST when anything is there, a symbolic
+// link included: nothing is written through one), and fsyncs it; on failure the partial file
+// is removed.
 void write_file_durably(const std::filesystem::path& path, std::string_view data);
 // rename(2) from -> to, then fsyncs `dir` (the directory holding `to`).
 void rename_durably(const std::filesystem::path& from, const std::filesystem::path& to,

@@ -257,6 +257,30 @@ TEST(CkptCorruption, SegmentsInTheHeaderOrUnalignedAreRefused) {
   }
 }
 
+// Something that appears at `latest.tmp` while a run saves (a user's file, a link to one) is
+// never written through nor replaced: the save that would update `latest` fails, `latest`
+// keeps naming the previous checkpoint, and the file the link names is untouched. An empty
+// `latest.tmp` (outcore's, from a rename that failed) is replaced.
+TEST(CkptSaveDir, ALinkAtLatestTmpIsNeverWrittenThrough) {
+  TempDir tmp("ckpt");
+  const fs::path victim = tmp / "victim.txt";
+  std::ofstream(victim) << "precious\n";
+  SaveDir dir(tmp / "save");
+  write_synthetic(dir, "global_step3", 1);
+  fs::create_symlink(victim, tmp / "save" / "latest.tmp");
+  const std::string msg = error_of([&] { write_synthetic(dir, "global_step5", 1); });
+  EXPECT_NE(msg.find("latest.tmp is not outcore's"), std::string::npos) << msg;
+  std::stringstream kept;
+  kept << std::ifstream(victim).rdbuf();
+  EXPECT_EQ(kept.str(), "precious\n");
+  EXPECT_EQ(dir.latest(), "global_step3");
+  fs::remove(tmp / "save" / "latest.tmp");
+  std::ofstream(tmp / "save" / "latest.tmp").flush();  // empty: outcore's
+  write_synthetic(dir, "global_step7", 1);
+  EXPECT_EQ(dir.latest(), "global_step7");
+  EXPECT_FALSE(fs::exists(tmp / "save" / "latest.tmp"));
+}
+
 TEST(CkptSaveDir, LockLeftoversLatestAndKeep) {
   TempDir tmp("ckpt");
   {
