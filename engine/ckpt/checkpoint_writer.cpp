@@ -134,6 +134,18 @@ bool is_save_leftover(const fs::path& p) {
   return foreign_entry(p, /*manifest_files=*/true).empty();
 }
 
+// Whether `dir` holds a save directory's lock as outcore writes it: a run saves there, or did
+// until it was killed (even before its first checkpoint).
+bool holds_save_lock(const fs::path& dir) {
+  const fs::path lock = dir / ".lock";
+  if (type_of(lock) != fs::file_type::regular) return false;
+  std::ifstream in(lock, std::ios::binary);
+  std::string text(kLockText.size() + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return text == kLockText;
+}
+
 // `latest` or `latest.tmp` as outcore writes them: a regular file naming one checkpoint of a
 // save directory (global_step<N>); for `latest.tmp`, also an empty one (a save killed between
 // creating and writing it). Any other file of those names is the user's.
@@ -439,7 +451,8 @@ bool takes_a_save_name(const fs::path& path) {
   if (has_suffix(name, ".tmp") || has_suffix(name, ".old")) name.resize(name.size() - 4);
   if (name != kLatestName && name != ".lock" && step_of_tag(name) < 0) return false;
   const fs::path dir = at.parent_path();
-  return type_of(dir / kLatestName) == fs::file_type::regular || !checkpoints_in(dir).empty();
+  return type_of(dir / kLatestName) == fs::file_type::regular || !checkpoints_in(dir).empty() ||
+         holds_save_lock(dir);
 }
 
 void SaveDir::check_can_save(int64_t first, int64_t last) const {

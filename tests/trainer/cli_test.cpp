@@ -826,6 +826,53 @@ TEST_F(TrainCliTest, TraceWritesAChromeTraceAndRefusesInputs) {
   EXPECT_EQ(r.rc, 0) << r.err;
 }
 
+// No output and no swap path of a run takes a name that a save directory writes, nor goes
+// inside a checkpoint: another run's save directory (recognised by its checkpoints, or by its
+// run's lock before the first one), this run's own --save-dir, or a directory below such a
+// name. Refused before the training, with nothing created there; the save directory itself may
+// hold the swap files.
+TEST_F(TrainCliTest, OutputsAndSwapPathsStayOffTheNamesOfSaveDirectories) {
+  namespace fs = std::filesystem;
+  const std::string other = data_.file("other_saves");
+  ASSERT_EQ(run(train_args("--steps 1 --save-dir " + shell_quote(other))).rc, 0);
+  auto refused = [&](const std::string& args, const std::string& says) {
+    const CliResult r = run(args);
+    EXPECT_EQ(r.rc, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.find("step 1/"), std::string::npos) << args << "\n" << r.err;
+  };
+  const std::string save_name = "a name that a save directory writes";
+  refused(train_args("--steps 1 --metrics " + shell_quote(other + "/global_step2")),
+          "--metrics " + other + "/global_step2: " + save_name);
+  refused(train_args("--steps 1 --save-dir " + shell_quote(other + "/latest.tmp")),
+          "--save-dir " + other + "/latest.tmp: " + save_name);
+  // A save directory whose run has not saved yet: known by its run's lock.
+  const std::string fresh = data_.file("fresh_saves");
+  fs::create_directories(fresh);
+  std::ofstream(fresh + "/.lock") << "outcore save directory lock\n";
+  refused(train_args("--steps 1 --trace " + shell_quote(fresh + "/latest")), save_name);
+  EXPECT_FALSE(fs::exists(fresh + "/latest"));
+  // Swap paths: at this run's own save names, below another's, inside a checkpoint.
+  const std::string mine = data_.file("my_saves");
+  config_ = write_config("nvme_at_save.json", testing::nvme_patch(mine + "/global_step1"));
+  refused(train_args("--steps 1 --save-dir " + shell_quote(mine)),
+          "zero_optimization.offload_param.nvme_path " + mine +
+              "/global_step1: the checkpoints "
+              "of --save-dir");
+  EXPECT_FALSE(fs::exists(mine));
+  config_ = write_config("nvme_below.json", testing::nvme_patch(fresh + "/global_step3/swap"));
+  refused(train_args("--steps 1"), "nvme_path " + fresh + "/global_step3: " + save_name);
+  EXPECT_FALSE(fs::exists(fresh + "/global_step3"));
+  config_ = write_config("nvme_in_ckpt.json", testing::nvme_patch(other + "/global_step1/swap"));
+  refused(train_args("--steps 1"), "nvme_path " + other + "/global_step1/swap: inside checkpoint");
+  EXPECT_FALSE(fs::exists(other + "/global_step1/swap"));
+  // The save directory itself holds them: trained and saved.
+  config_ = write_config("nvme_in_save_dir.json", testing::nvme_patch(mine));
+  const CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(mine)));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(fs::exists(mine + "/global_step1")) << r.err;
+}
+
 // Runs `script` in a private mount namespace after mounting a tmpfs of `size` on `dir`, so a
 // test can fill a real filesystem; false when this machine cannot (no privilege).
 bool can_mount_tmpfs() {

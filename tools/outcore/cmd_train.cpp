@@ -769,6 +769,8 @@ int run_train(const TrainCliOptions& o) {
   if (!check_output_file(o.trace, "--trace", inputs, "an input or another output")) return 2;
   if (!check_outside_checkpoints(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics",
                                  o.save_dir) ||
+      !check_not_a_save_name(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics") ||
+      !check_swap_paths_outside_saves(config, o.save_dir) ||
       !check_outside_checkpoints(o.trace, "--trace", o.save_dir) ||
       !check_not_a_save_name(o.trace, "--trace") ||
       !check_replaces_only_a_trace(o.trace, "--trace"))
@@ -780,7 +782,7 @@ int run_train(const TrainCliOptions& o) {
   topts.val_mask = val_mask;
   topts.val_fraction =
       n.val_fraction.value_or(data_from_resume && o.val_data.empty() ? rd->val_fraction : 0.0);
-  if (!o.save_dir.empty())
+  if (!o.save_dir.empty()) {
     if (const std::optional<std::filesystem::path> in = ckpt::checkpoint_holding(o.save_dir)) {
       std::fprintf(stderr,
                    "error: --save-dir %s: inside checkpoint %s; save next to it (its save "
@@ -788,6 +790,8 @@ int run_train(const TrainCliOptions& o) {
                    o.save_dir.c_str(), in->string().c_str());
       return 2;
     }
+    if (!check_not_a_save_name(o.save_dir, "--save-dir")) return 2;
+  }
   topts.save_dir = o.save_dir;
   // Resumed into the save directory it came from, the run saves as it did unless told otherwise.
   const bool same_save_dir =

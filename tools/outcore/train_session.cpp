@@ -248,6 +248,32 @@ bool check_not_a_save_name(const std::string& path, const char* flag) {
   return false;
 }
 
+bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string& save_dir) {
+  namespace fs = std::filesystem;
+  const config::ZeroConfig& z = cfg.zero_optimization;
+  if (z.stage != 3) return true;
+  const std::pair<const char*, const std::string*> paths[] = {
+      {"zero_optimization.offload_param.nvme_path",
+       z.offload_param.device == config::OffloadDevice::kNvme ? &z.offload_param.nvme_path
+                                                              : nullptr},
+      {"zero_optimization.offload_optimizer.nvme_path",
+       z.offload_optimizer.device == config::OffloadDevice::kNvme ? &z.offload_optimizer.nvme_path
+                                                                  : nullptr}};
+  for (const auto& [key, path] : paths) {
+    if (path == nullptr || path->empty()) continue;
+    // The save directory itself: allowed. Its save names, or a path below one: refused.
+    std::error_code ec;
+    const fs::path at = fs::weakly_canonical(fs::absolute(*path, ec), ec);
+    bool save_dir_itself = false;
+    if (!save_dir.empty() && !ec)
+      save_dir_itself = at == fs::weakly_canonical(fs::absolute(save_dir, ec), ec) && !ec;
+    if (!save_dir_itself && !check_outside_checkpoints(*path, key, save_dir)) return false;
+    for (fs::path p = at; !ec && p.has_relative_path(); p = p.parent_path())
+      if (!check_not_a_save_name(p.string(), key)) return false;
+  }
+  return true;
+}
+
 bool check_replaces_only_a_trace(const std::string& path, const char* flag) {
   if (path.empty() || trace::holds_trace_or_nothing(path)) return true;
   std::fprintf(stderr,

@@ -47,6 +47,13 @@ bool check_outside_checkpoints(const std::string& path, const char* flag,
 // False (with one error line naming `flag`) when `path` is a name a save directory writes
 // (ckpt::takes_a_save_name: a checkpoint, `latest`, ... in a directory of checkpoints).
 bool check_not_a_save_name(const std::string& path, const char* flag);
+
+// False (with one error line naming the config key) when a swap path of `cfg` that acts
+// (offload_param / offload_optimizer nvme_path at stage 3) is inside a checkpoint, at a name
+// that `save_dir` (this run's, may be empty) or another save directory writes, or below one:
+// the directory the run creates there would keep a checkpoint forever or block a save. The
+// save directory itself may hold it (its swap files go into outcore_swap/).
+bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string& save_dir);
 // False (with one error line naming `flag`) when `path` holds a file that a trace does not
 // replace (trace::holds_trace_or_nothing): a user's file, another run's data or metrics.
 bool check_replaces_only_a_trace(const std::string& path, const char* flag);
