@@ -1898,6 +1898,22 @@ TEST_F(TrainCliTest, DemoNeverWritesOverAUsersFiles) {
   }
   EXPECT_EQ(slurp(tmps + "/ds_config.json"), config_before);
   EXPECT_FALSE(fs::exists(tmps + "/.demo.lock"));
+  // In a directory the demo used, a file the user changed or put at one of its names since is
+  // kept, refused before anything is written; the demo's own files it replaces (with another
+  // --steps, its ds_config.json differs).
+  r = run("demo --steps 2 --work-dir " + shell_quote(tmps));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string ds_config_of_2 = slurp(tmps + "/ds_config.json");
+  EXPECT_NE(ds_config_of_2, config_before);
+  std::ofstream(tmps + "/config.json") << "MY OWN CONFIG";
+  const std::string train_before = slurp(tmps + "/demo_train.bin");
+  r = run("demo --steps 1 --work-dir " + shell_quote(tmps));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("holds config.json, changed since the demo wrote it"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(tmps + "/config.json"), "MY OWN CONFIG");
+  EXPECT_EQ(slurp(tmps + "/ds_config.json"), ds_config_of_2);
+  EXPECT_EQ(slurp(tmps + "/demo_train.bin"), train_before);
 }
 
 // Every model tensor of the tiny model, by Hugging Face name, with its unit's slab offset.

@@ -5,9 +5,11 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -76,21 +78,105 @@ nlohmann::ordered_json demo_config(int64_t steps, const std::string& swap_dir,
   return j;
 }
 
-// Written first into every work directory the demo uses: the files at the demo's names in a
-// directory holding it are the demo's to replace.
+// Written first into every work directory the demo uses, and rewritten around each file the
+// demo writes: its first line, then a line per file, "file <name> <digest>" once written
+// (file_digest) or "writing <name>" while it is. A file at one of the demo's names is the
+// demo's to replace only as the marker records it: being written, or with the digest it had
+// when written (a file the user changed or put there since is kept). The metrics file is
+// checked by the run itself (it replaces only a metrics file).
 constexpr const char* kDemoMarker = ".outcore-demo";
-constexpr const char* kDemoNames[] = {"config.json", "ds_config.json", "metrics.jsonl",
+constexpr const char* kDemoMarkerFirstLine = "outcore demo work directory";
+constexpr const char* kDemoMetrics = "metrics.jsonl";
+constexpr const char* kDemoNames[] = {"config.json", "ds_config.json", kDemoMetrics,
                                       "demo_train.bin", "demo_val.bin"};
+
+// A file's size and the FNV-1a hash of its bytes, "<size>:<hash>"; empty when unreadable.
+std::string file_digest(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  uint64_t hash = 14695981039346656037ull, size = 0;
+  std::vector<char> buf(1 << 16);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto n = static_cast<size_t>(in.gcount());
+    for (size_t i = 0; i < n; ++i) {
+      hash ^= static_cast<unsigned char>(buf[i]);
+      hash *= 1099511628211ull;
+    }
+    size += n;
+  }
+  if (in.bad()) return {};
+  return fmt::format("{}:{:016x}", size, hash);
+}
+
+// What a work directory's marker says. `listed`: it records its files (an earlier version's
+// marker, its first line alone, makes every file at the demo's names the demo's).
+struct DemoMarker {
+  bool exists = false;
+  bool listed = false;
+  std::vector<std::pair<std::string, std::string>> files;  // name, digest ("": being written)
+
+  const std::string* digest(const std::string& name) const {
+    for (const auto& [n, d] : files)
+      if (n == name) return &d;
+    return nullptr;
+  }
+  void set(const std::string& name, const std::string& digest) {
+    for (auto& [n, d] : files)
+      if (n == name) {
+        d = digest;
+        return;
+      }
+    files.emplace_back(name, digest);
+  }
+  std::string text() const {
+    std::string t = std::string(kDemoMarkerFirstLine) + "\n";
+    for (const auto& [n, d] : files)
+      t += d.empty() ? fmt::format("writing {}\n", n) : fmt::format("file {} {}\n", n, d);
+    return t;
+  }
+};
+
+DemoMarker read_marker(const fs::path& dir) {
+  DemoMarker m;
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(dir / kDemoMarker, ec))) return m;
+  m.exists = true;
+  std::ifstream in(dir / kDemoMarker, std::ios::binary);
+  std::string line;
+  std::getline(in, line);  // the first line
+  while (std::getline(in, line)) {
+    const size_t sp = line.find(' ');
+    const std::string word = line.substr(0, sp);
+    const std::string rest = sp == std::string::npos ? std::string() : line.substr(sp + 1);
+    if (word == "writing" && !rest.empty()) {
+      m.set(rest, "");
+    } else if (word == "file") {
+      const size_t sp2 = rest.find(' ');
+      if (sp2 == std::string::npos) continue;
+      m.set(rest.substr(0, sp2), rest.substr(sp2 + 1));
+    }
+  }
+  m.listed = true;
+  if (m.files.empty()) {
+    // An earlier version's marker holds its first line alone; this version's lists a file as
+    // soon as it writes one.
+    m.listed = false;
+  }
+  return m;
+}
 
 // Empty when the demo may write its files into `dir` (missing, or a directory where nothing at
 // the demo's names is someone else's); otherwise why not. A directory is the demo's when it
-// holds the marker, or (written before the marker existed) the demo's own model config. A
-// symbolic link at one of the names is refused anywhere: it is never written through.
+// holds the marker, or (written before the marker existed) the demo's own model config; a
+// listing marker decides file by file. A symbolic link at one of the names is refused anywhere:
+// it is never written through.
 std::string work_dir_problem(const fs::path& dir) {
   std::error_code ec;
   if (fs::symlink_status(dir, ec).type() == fs::file_type::not_found) return {};
   if (!fs::is_directory(dir, ec)) return "is not a directory";
-  bool owned = fs::is_regular_file(fs::symlink_status(dir / kDemoMarker, ec));
+  const DemoMarker marker = read_marker(dir);
+  bool owned = marker.exists;
   if (!owned && fs::is_regular_file(fs::symlink_status(dir / "config.json", ec))) {
     std::ifstream in(dir / "config.json", std::ios::binary);
     const std::string text{std::istreambuf_iterator<char>(in), {}};
@@ -103,6 +189,11 @@ std::string work_dir_problem(const fs::path& dir) {
       return fmt::format("holds {}, a symbolic link where the demo writes a file of its own", name);
     if (!owned || t != fs::file_type::regular)
       return fmt::format("holds {}, which the demo did not write", name);
+    if (!marker.listed || name == std::string(kDemoMetrics)) continue;
+    const std::string* recorded = marker.digest(name);
+    if (recorded == nullptr) return fmt::format("holds {}, which the demo did not write", name);
+    if (!recorded->empty() && file_digest(dir / name) != *recorded)
+      return fmt::format("holds {}, changed since the demo wrote it", name);
   }
   return {};
 }
@@ -169,11 +260,23 @@ int run_demo(const DemoOptions& o) {
                  "lock the demo's work directory (another demo is running in it: give each its "
                  "own --work-dir)",
                  "outcore demo lock\n", /*register_cleanup=*/true);
-    write_text(dir / kDemoMarker, "outcore demo work directory\n");
-    data = train::write_demo_dataset(dir.string());
-    write_text(model_path, train::demo_model_config_json());
-    write_text(config_path,
-               demo_config(steps, swap_dir.string(), metrics_path.string(), o.bf16).dump(2) + "\n");
+    // Each file recorded as being written, then with its digest once it is.
+    DemoMarker marker = read_marker(dir);
+    auto writing = [&](std::initializer_list<const char*> names, auto&& write) {
+      for (const char* name : names) marker.set(name, "");
+      write_text(dir / kDemoMarker, marker.text());
+      write();
+      for (const char* name : names) marker.set(name, file_digest(dir / name));
+      write_text(dir / kDemoMarker, marker.text());
+    };
+    writing({"demo_train.bin", "demo_val.bin"},
+            [&] { data = train::write_demo_dataset(dir.string()); });
+    writing({"config.json"}, [&] { write_text(model_path, train::demo_model_config_json()); });
+    writing({"ds_config.json"}, [&] {
+      write_text(
+          config_path,
+          demo_config(steps, swap_dir.string(), metrics_path.string(), o.bf16).dump(2) + "\n");
+    });
     model = model::LlamaConfig::load(model_path);
     cfg = config::load_config_file(config_path.string()).config;
     config::AutoContext ctx;
