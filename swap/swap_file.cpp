@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -134,7 +135,12 @@ struct SwapSpace::Impl {
 
   void ensure_dir(const fs::path& dir) {
     std::error_code ec;
-    fs::create_directory(dir, ec);  // an existing directory is fine
+    fs::create_directory(dir, ec);   // an existing directory is fine
+    if (ec && ec.value() == EEXIST)  // something else of that name: the user's, kept
+      throw InvalidArgument(
+          fmt::format("swap path {}: exists and is not a directory, where outcore creates its swap "
+                      "directory: move it away or choose another nvme_path",
+                      dir.string()));
     if (ec) throw IoError(dir.string(), ec.value(), "create swap directory");
     if (std::find(dirs.begin(), dirs.end(), dir) != dirs.end()) return;
     dirs.push_back(dir);

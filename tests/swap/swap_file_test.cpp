@@ -261,6 +261,23 @@ TEST(SwapSpace, KeepsAUsersFileAtTheLockName) {
   EXPECT_FALSE(fs::exists(dir.path() / "outcore_swap"));  // its own lock went, then the tree
 }
 
+// A file of the user's where a swap directory goes is bad input, refused naming it
+// (InvalidArgument: exit 2 from outcore train), and kept.
+TEST(SwapSpace, AFileWhereItsDirectoryGoesIsRefusedAndKept) {
+  TempDir dir;
+  std::ofstream(dir.path() / "outcore_swap") << "the user's file";
+  SwapFileSpec f{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
+  try {
+    SwapSpace space({.nvme_path = dir.path()}, std::span(&f, 1));
+    ADD_FAILURE() << "a file at outcore_swap was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("outcore_swap: exists and is not a directory"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(text_of(dir.path() / "outcore_swap"), "the user's file");
+}
+
 TEST(SwapSpace, SameRankAndKindCannotBeUsedTwice) {
   TempDir dir;
   SwapFileSpec p{.unit = 0, .kind = SwapKind::kParam, .tensors = {{"w", 8}}};
