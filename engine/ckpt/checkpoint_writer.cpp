@@ -68,10 +68,16 @@ std::string marker_text(const fs::path& dir) {
                      static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
 }
 
-// Writes the marker into directory `dir` (durably: the file and its directory entry).
+// Writes the marker into directory `dir` (durably: the file and its directory entry), in place
+// of one already there (an earlier version's, left in a committed checkpoint, or one of an
+// interrupted removal): a regular file of that name is outcore's; anything else (a link) fails
+// the write and is kept.
 void write_marker(const fs::path& dir) {
   const std::string text = marker_text(dir);
   if (text.empty()) throw IoError(dir.string(), errno, "stat checkpoint directory");
+  if (type_of(dir / kSaveMarkerName) == fs::file_type::regular &&
+      ::unlink((dir / kSaveMarkerName).c_str()) != 0 && errno != ENOENT)
+    throw IoError((dir / kSaveMarkerName).string(), errno, "remove the save marker");
   write_file_durably(dir / kSaveMarkerName, text);
   fsync_directory(dir);
 }

@@ -24,6 +24,7 @@
 #include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "common/lock_file.hpp"
+#include "engine/ckpt/file_util.hpp"
 #include "tests/common/error_of.hpp"
 #include "tests/common/log_capture.hpp"
 #include "tests/common/temp_dir.hpp"
@@ -806,6 +807,45 @@ TEST(CkptSaveDir, NamesOutcoreWritesHeldBySomethingElseAreRefused) {
 // marker names the directory it was written into (a copy is another), and an earlier version's
 // marker counts only in a directory without a manifest. An empty `latest.tmp` (a save killed
 // between creating and writing it) is a leftover.
+// The checkpoint's small files are created, never written through: a link at the path, or a
+// file already there, fails the write and is kept as it was (as is the file a link names).
+TEST(CkptFiles, WriteFileDurablyOnlyCreates) {
+  TempDir tmp("ckpt");
+  auto text_of = [](const fs::path& p) {
+    std::stringstream t;
+    t << std::ifstream(p).rdbuf();
+    return t.str();
+  };
+  std::ofstream(tmp / "victim") << "keep";
+  fs::create_symlink(tmp / "victim", tmp / "link");
+  EXPECT_THROW(write_file_durably(tmp / "link", "new"), IoError);
+  EXPECT_EQ(text_of(tmp / "victim"), "keep");
+  EXPECT_EQ(fs::symlink_status(tmp / "link").type(), fs::file_type::symlink);
+  EXPECT_THROW(write_file_durably(tmp / "victim", "new"), IoError);
+  EXPECT_EQ(text_of(tmp / "victim"), "keep");
+  write_file_durably(tmp / "fresh", "new");
+  EXPECT_EQ(text_of(tmp / "fresh"), "new");
+}
+
+// A committed checkpoint that still holds a save marker (an earlier version left its text in
+// every checkpoint; a removal killed before its rename leaves the current one) is pruned and
+// saved over like any other: the marker is replaced, not refused.
+TEST(CkptSaveDir, ACheckpointHoldingAMarkerIsPrunedAndSavedOver) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save", {.keep = 1});
+  write_synthetic(dir, "global_step1", 1);
+  std::ofstream(tmp / "save" / "global_step1" / ".outcore-save")
+      << "outcore checkpoint in progress\n";
+  write_synthetic(dir, "global_step2", 1);
+  EXPECT_FALSE(fs::exists(tmp / "save" / "global_step1"));
+  std::ofstream(tmp / "save" / "global_step2" / ".outcore-save")
+      << "outcore checkpoint in progress\ndirectory 1:2\n";
+  write_synthetic(dir, "global_step2", 1);  // the same tag again: the old one replaced whole
+  EXPECT_EQ(dir.latest(), "global_step2");
+  EXPECT_FALSE(fs::exists(tmp / "save" / "global_step2" / ".outcore-save"));
+  Checkpoint::open(tmp / "save").verify();
+}
+
 TEST(CkptSaveDir, ACopyOfACheckpointUnderALeftoverNameIsRefusedNotRemoved) {
   enum class Marker { kNone, kEarlierVersions, kTheOriginals };
   for (const Marker marker : {Marker::kNone, Marker::kEarlierVersions, Marker::kTheOriginals}) {
