@@ -861,16 +861,21 @@ TEST_F(TrainCliTest, OutputsAndSwapPathsStayOffTheNamesOfSaveDirectories) {
               "of --save-dir");
   EXPECT_FALSE(fs::exists(mine));
   config_ = write_config("nvme_below.json", testing::nvme_patch(fresh + "/global_step3/swap"));
-  refused(train_args("--steps 1"), "nvme_path " + fresh + "/global_step3: " + save_name);
+  refused(train_args("--steps 1"), "nvme_path " + fresh + "/global_step3/swap: below " + fresh +
+                                       "/global_step3 is " + save_name);
   EXPECT_FALSE(fs::exists(fresh + "/global_step3"));
   config_ = write_config("nvme_in_ckpt.json", testing::nvme_patch(other + "/global_step1/swap"));
   refused(train_args("--steps 1"), "nvme_path " + other + "/global_step1/swap: inside checkpoint");
   EXPECT_FALSE(fs::exists(other + "/global_step1/swap"));
-  // The save directory itself holds them: trained and saved.
-  config_ = write_config("nvme_in_save_dir.json", testing::nvme_patch(mine));
-  const CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(mine)));
-  EXPECT_EQ(r.rc, 0) << r.err;
-  EXPECT_TRUE(fs::exists(mine + "/global_step1")) << r.err;
+  // The save directory itself holds them (named with a trailing slash before it exists), or a
+  // directory in it whose name only starts like a checkpoint's: trained and saved.
+  for (const std::string& swap : {mine + "/", mine + "/global_step_swap"}) {
+    config_ = write_config("nvme_in_save_dir.json", testing::nvme_patch(swap));
+    const CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(mine)));
+    EXPECT_EQ(r.rc, 0) << swap << "\n" << r.err;
+    EXPECT_TRUE(fs::exists(mine + "/global_step1")) << r.err;
+    fs::remove_all(mine);
+  }
 }
 
 // Runs `script` in a private mount namespace after mounting a tmpfs of `size` on `dir`, so a

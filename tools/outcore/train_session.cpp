@@ -227,10 +227,12 @@ bool check_outside_checkpoints(const std::string& path, const char* flag,
       fs::weakly_canonical(fs::absolute(path, ec), ec)
           .lexically_relative(fs::weakly_canonical(fs::absolute(save_dir, ec), ec));
   if (ec || rel.empty() || *rel.begin() == "..") return true;
-  const std::string first = rel.begin()->string();
-  if (first != "." && first != ckpt::kLatestName &&
-      first != std::string(ckpt::kLatestName) + ".tmp" && first != ".lock" &&
-      first.rfind("global_step", 0) != 0)
+  // The names a save writes: latest, .lock, global_step<N>, and those with .tmp / .old.
+  std::string first = rel.begin()->string();
+  if (first.size() > 4 && (first.ends_with(".tmp") || first.ends_with(".old")))
+    first.resize(first.size() - 4);
+  if (first != "." && first != ckpt::kLatestName && first != ".lock" &&
+      ckpt::step_of_tag(first) < 0)
     return true;
   std::fprintf(stderr,
                "error: %s %s: the checkpoints of --save-dir %s are written there; choose a path "
@@ -252,6 +254,13 @@ bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string
   namespace fs = std::filesystem;
   const config::ZeroConfig& z = cfg.zero_optimization;
   if (z.stage != 3) return true;
+  // Absolute, normal, links resolved as far as the path exists, without a trailing empty
+  // element ("dir/" and "dir/." name dir).
+  auto resolved = [](const std::string& p, std::error_code& ec) {
+    fs::path a = fs::absolute(p, ec).lexically_normal();
+    if (!a.has_filename() && a.has_relative_path()) a = a.parent_path();
+    return fs::weakly_canonical(a, ec);
+  };
   const std::pair<const char*, const std::string*> paths[] = {
       {"zero_optimization.offload_param.nvme_path",
        z.offload_param.device == config::OffloadDevice::kNvme ? &z.offload_param.nvme_path
@@ -261,15 +270,21 @@ bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string
                                                                   : nullptr}};
   for (const auto& [key, path] : paths) {
     if (path == nullptr || path->empty()) continue;
-    // The save directory itself: allowed. Its save names, or a path below one: refused.
+    // The save directory itself may hold the swap files; its save names, or a path below one,
+    // may not.
     std::error_code ec;
-    const fs::path at = fs::weakly_canonical(fs::absolute(*path, ec), ec);
+    const fs::path at = resolved(*path, ec);
     bool save_dir_itself = false;
-    if (!save_dir.empty() && !ec)
-      save_dir_itself = at == fs::weakly_canonical(fs::absolute(save_dir, ec), ec) && !ec;
+    if (!save_dir.empty() && !ec) save_dir_itself = at == resolved(save_dir, ec) && !ec;
     if (!save_dir_itself && !check_outside_checkpoints(*path, key, save_dir)) return false;
-    for (fs::path p = at; !ec && p.has_relative_path(); p = p.parent_path())
-      if (!check_not_a_save_name(p.string(), key)) return false;
+    for (fs::path p = at; !ec && p.has_relative_path(); p = p.parent_path()) {
+      if (!ckpt::takes_a_save_name(p)) continue;
+      std::fprintf(stderr,
+                   "error: %s %s: %s%s is a name that a save directory writes (a checkpoint, "
+                   "latest); choose a swap path outside it\n",
+                   key, path->c_str(), p == at ? "" : "below ", p.string().c_str());
+      return false;
+    }
   }
   return true;
 }
