@@ -1919,6 +1919,21 @@ TEST_F(TrainCliTest, DemoNeverWritesOverAUsersFiles) {
   EXPECT_EQ(slurp(tmps + "/config.json"), "MY OWN CONFIG");
   EXPECT_EQ(slurp(tmps + "/ds_config.json"), ds_config_of_2);
   EXPECT_EQ(slurp(tmps + "/demo_train.bin"), train_before);
+  // A work directory of an earlier version (its marker's first line alone): its files are the
+  // demo's, recorded by the next demo before it writes any, and from then on checked.
+  fs::remove(tmps + "/config.json");
+  std::ofstream(tmps + "/.outcore-demo") << "outcore demo work directory\n";
+  r = run("demo --steps 1 --work-dir " + shell_quote(tmps));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (const char* name : {"config.json", "ds_config.json", "demo_train.bin", "demo_val.bin"})
+    EXPECT_NE(slurp(tmps + "/.outcore-demo").find(std::string("file ") + name + " "),
+              std::string::npos)
+        << slurp(tmps + "/.outcore-demo");
+  std::ofstream(tmps + "/demo_val.bin", std::ios::app) << "x";
+  r = run("demo --steps 1 --work-dir " + shell_quote(tmps));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("holds demo_val.bin, changed since the demo wrote it"), std::string::npos)
+      << r.err;
 }
 
 // Every model tensor of the tiny model, by Hugging Face name, with its unit's slab offset.

@@ -262,6 +262,14 @@ int run_demo(const DemoOptions& o) {
                  "outcore demo lock\n", /*register_cleanup=*/true);
     // Each file recorded as being written, then with its digest once it is.
     DemoMarker marker = read_marker(dir);
+    // An earlier version's marker (or none): the files at the demo's names passed as the demo's
+    // (work_dir_problem), and are recorded as they are, so that a demo stopped while it writes
+    // leaves every one of them recorded.
+    if (!marker.listed)
+      for (const char* name : kDemoNames)
+        if (name != std::string(kDemoMetrics) &&
+            fs::is_regular_file(fs::symlink_status(dir / name)))
+          marker.set(name, file_digest(dir / name));
     auto writing = [&](std::initializer_list<const char*> names, auto&& write) {
       for (const char* name : names) marker.set(name, "");
       write_text(dir / kDemoMarker, marker.text());
