@@ -250,10 +250,12 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
   const ZeroConfig& z = cfg.zero_optimization;
   const bool stage3 = z.stage == 3;
   const bool param_nvme = stage3 && z.offload_param.device == OffloadDevice::kNvme;
-  // offload_optimizer.ratio 0 keeps every unit's optimizer state on the device: no swap files.
-  const bool optimizer_nvme =
-      stage3 && z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.ratio > 0;
-  const char* const optimizer_nvme_where =
+  const bool optimizer_nvme = stage3 && z.offload_optimizer.device == OffloadDevice::kNvme;
+  // offload_optimizer.ratio 0 keeps every unit's optimizer state on the device: no optimizer
+  // swap files for the keys that shape them (the swap directory still holds the gradient
+  // accumulators where they go to NVMe).
+  const bool optimizer_swapped = optimizer_nvme && z.offload_optimizer.ratio > 0;
+  const char* const optimizer_swapped_where =
       "with offload_optimizer.device nvme at stage 3 and an offload_optimizer.ratio above 0 "
       "(ratio 0 keeps all the optimizer state on the device)";
   // The sections whose pin_memory the pinned pool reads (zero::pool_page_locked).
@@ -277,7 +279,7 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
       {"fp16.hysteresis", dynamic, dynamic_where},
       {"fp16.consecutive_hysteresis", dynamic, dynamic_where},
       {"fp16.min_loss_scale", dynamic, dynamic_where},
-      {"outcore.step_in_backward", optimizer_nvme, optimizer_nvme_where},
+      {"outcore.step_in_backward", optimizer_swapped, optimizer_swapped_where},
       {"outcore.swap_checksum", param_nvme || optimizer_nvme,
        "where there are swap files (offload_param or offload_optimizer device nvme at stage 3)"},
       {"zero_optimization.stage3_prefetch_bucket_size", stage3, "at stage 3"},
@@ -293,15 +295,19 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
        "with offload_param.device nvme at stage 3"},
       {"zero_optimization.offload_param.max_in_cpu", param_nvme,
        "with offload_param.device nvme at stage 3"},
-      {"zero_optimization.sub_group_size", optimizer_nvme, optimizer_nvme_where},
+      {"zero_optimization.sub_group_size", optimizer_swapped, optimizer_swapped_where},
       {"zero_optimization.offload_optimizer.ratio",
        stage3 && z.offload_optimizer.device != OffloadDevice::kNone,
        "with offload_optimizer.device cpu or nvme at stage 3 (with none, all the optimizer "
        "state is on the device already)"},
-      {"zero_optimization.offload_optimizer.nvme_path", optimizer_nvme, optimizer_nvme_where},
-      {"zero_optimization.offload_optimizer.buffer_count", optimizer_nvme, optimizer_nvme_where},
-      {"zero_optimization.offload_optimizer.pipeline_read", optimizer_nvme, optimizer_nvme_where},
-      {"zero_optimization.offload_optimizer.pipeline_write", optimizer_nvme, optimizer_nvme_where},
+      {"zero_optimization.offload_optimizer.nvme_path", optimizer_nvme,
+       "with offload_optimizer.device nvme at stage 3"},
+      {"zero_optimization.offload_optimizer.buffer_count", optimizer_swapped,
+       optimizer_swapped_where},
+      {"zero_optimization.offload_optimizer.pipeline_read", optimizer_swapped,
+       optimizer_swapped_where},
+      {"zero_optimization.offload_optimizer.pipeline_write", optimizer_swapped,
+       optimizer_swapped_where},
       {"bf16.check_grad_overflow", bf16, "with bf16.enabled true"},
       {"zero_optimization.offload_param.pin_memory", param_offloads,
        "with offload_param.device cpu or nvme at stage 3 (it pins the host copies)"},
