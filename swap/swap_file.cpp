@@ -135,8 +135,13 @@ struct SwapSpace::Impl {
 
   void ensure_dir(const fs::path& dir) {
     std::error_code ec;
-    fs::create_directory(dir, ec);   // an existing directory is fine
-    if (ec && ec.value() == EEXIST)  // something else of that name: the user's, kept
+    fs::create_directory(dir, ec);  // an existing directory is fine
+    // EEXIST with something else of that name there: the user's, kept. With nothing there, a
+    // directory went between mkdir and its check (make_and_lock retries on that).
+    std::error_code ec2;
+    if (ec && ec.value() == EEXIST &&
+        fs::symlink_status(dir, ec2).type() != fs::file_type::not_found &&
+        !fs::is_directory(dir, ec2))
       throw InvalidArgument(
           fmt::format("swap path {}: exists and is not a directory, where outcore creates its swap "
                       "directory: move it away or choose another nvme_path",
