@@ -145,13 +145,14 @@ void warn_unused_offload_param_keys(const config::Config& cfg, const Geometry& g
   // max_in_cpu without swap files: said by the config's parse (config::keys_without_effect).
 }
 
-// offload_optimizer.pipeline_read and pipeline_write overlap a unit's optimizer sub-groups: the
-// next one read into another buffer, the last one's write under the next one's work
-// (OptimizerSwapper). Where no unit with state in swap files has two sub-groups and two
-// buffers, they change nothing (the units' steps still run two at a time): said once here.
-void warn_unused_pipelining(const config::Config& cfg, const Geometry& g) {
+// offload_optimizer.pipeline_read reads a unit's next optimizer sub-group into another buffer
+// while one is stepped (OptimizerSwapper). Where no unit with state in swap files has two
+// sub-groups and two buffers it changes nothing (the units' steps still overlap two at a
+// time): said once here. (pipeline_write acts even then: it leaves the writes of the state's
+// initialisation in flight.)
+void warn_unused_read_ahead(const config::Config& cfg, const Geometry& g) {
   const config::OffloadOptimizerConfig& o = cfg.zero_optimization.offload_optimizer;
-  if (!o.pipeline_read && !o.pipeline_write) return;
+  if (!o.pipeline_read) return;
   const uint64_t buffers = static_cast<uint64_t>(std::max<int64_t>(1, o.buffer_count));
   uint64_t largest = 0;  // own elements of the largest unit with its state in swap files
   for (size_t u = 0; u < g.units.size(); ++u) {
@@ -161,22 +162,18 @@ void warn_unused_pipelining(const config::Config& cfg, const Geometry& g) {
     largest = std::max(largest, n);
   }
   if (largest == 0) return;  // no optimizer state in swap files: said by the config's parse
-  const bool both = o.pipeline_read && o.pipeline_write;
-  const char* keys = both              ? "pipeline_read and pipeline_write"
-                     : o.pipeline_read ? "pipeline_read"
-                                       : "pipeline_write";
   const std::string why =
       buffers < 2
           ? fmt::format("offload_optimizer.buffer_count is {}: a second buffer is needed", buffers)
           : fmt::format(
                 "each unit's optimizer state is one sub-group: zero_optimization.sub_group_size "
-                "{} is not below the largest unit's {} elements here",
+                "{} is not below the largest unit's {} elements on this rank",
                 g.sub_group_size, largest);
   log::warn(
-      "zero_optimization.offload_optimizer.{} {} no effect in this run: {} the sub-groups "
-      "within a unit's optimizer step, and {}; the units' optimizer steps overlap each other "
-      "all the same",
-      keys, both ? "have" : "has", both ? "they overlap" : "it overlaps", why);
+      "zero_optimization.offload_optimizer.pipeline_read has no effect in this run: it reads "
+      "the next sub-group of a unit's optimizer state while one is stepped, and {}; the units' "
+      "optimizer steps overlap each other all the same",
+      why);
 }
 
 // offload_optimizer.ratio < 1 at stage 3 with offload_optimizer cpu or nvme (DeepSpeed's
@@ -274,7 +271,7 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
     split_param_homes(cfg, model.layout(), world, g);
   if (warn) warn_unused_offload_param_keys(cfg, g);
   split_optimizer_homes(cfg, g);
-  if (warn) warn_unused_pipelining(cfg, g);
+  if (warn) warn_unused_read_ahead(cfg, g);
   // A device the host cannot read: the accumulators are in host memory even with all the
   // optimizer state on the device (stage 0, offload_optimizer none). At one rank the planner
   // keeps each unit's gradients on the device instead wherever the budget allows (decision
