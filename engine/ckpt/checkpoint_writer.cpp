@@ -224,6 +224,15 @@ int64_t step_of_tag(const std::string& name) {
   return v;
 }
 
+bool is_save_entry_name(const std::string& name) {
+  if (name == kLatestName || name == std::string(kLatestName) + ".tmp" ||
+      name == std::string(kLatestName) + ".old" || name == ".lock")
+    return true;
+  if (has_suffix(name, ".tmp") || has_suffix(name, ".old"))
+    return step_of_tag(name.substr(0, name.size() - 4)) >= 0;
+  return step_of_tag(name) >= 0;
+}
+
 bool is_checkpoint_dir(const fs::path& p) {
   if (type_of(p) != fs::file_type::directory ||
       type_of(p / kManifestName) != fs::file_type::regular)
@@ -449,13 +458,14 @@ std::optional<fs::path> checkpoint_holding(const fs::path& path) {
 
 bool takes_a_save_name(const fs::path& path) {
   std::error_code ec;
-  fs::path named = fs::absolute(path, ec).lexically_normal();
-  if (!named.has_filename()) named = named.parent_path();  // "dir/" names dir
+  // "dir/" and "dir/." name dir; ".." is left to weakly_canonical, which resolves a link
+  // before it as the kernel does ("link/.." is the link target's parent).
+  fs::path named = fs::absolute(path, ec);
+  while (named.has_relative_path() && (!named.has_filename() || named.filename() == "."))
+    named = named.parent_path();
   const fs::path at = fs::weakly_canonical(named, ec);
   if (ec || !at.has_filename()) return false;
-  std::string name = at.filename().string();
-  if (has_suffix(name, ".tmp") || has_suffix(name, ".old")) name.resize(name.size() - 4);
-  if (name != kLatestName && name != ".lock" && step_of_tag(name) < 0) return false;
+  if (!is_save_entry_name(at.filename().string())) return false;
   const fs::path dir = at.parent_path();
   return type_of(dir / kLatestName) == fs::file_type::regular || !checkpoints_in(dir).empty() ||
          holds_save_lock(dir);

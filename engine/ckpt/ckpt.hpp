@@ -370,6 +370,9 @@ inline uint64_t save_buffer_bytes(size_t staging_slots, uint64_t largest_segment
 std::string tag_for_step(int64_t step);
 // The step of tag "global_step<N>": N; -1 for any other name.
 int64_t step_of_tag(const std::string& name);
+// Whether `name` is one a save directory's run writes: latest, latest.tmp, .lock,
+// global_step<N>, global_step<N>.tmp, global_step<N>.old (and latest.old, kept free too).
+bool is_save_entry_name(const std::string& name);
 // Whether `path` is a directory holding an outcore manifest (checked by its "format" key only:
 // a checkpoint whose data is damaged is still outcore's). Links are not followed.
 bool is_checkpoint_dir(const std::filesystem::path& path);

@@ -632,12 +632,12 @@ TEST_F(TrainCliTest, OutputsNeverLieWhereTheCheckpointsAreWritten) {
   const std::string into_fresh = train_args("--steps 1 --save-dir " + shell_quote(fresh));
   const std::string resumed =
       "train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --steps 2";
-  const std::string saves_in = ": the checkpoints of --save-dir ";
+  const std::string saves_in = ": --save-dir ";
   const std::string step1 = std::filesystem::canonical(ck + "/global_step1").string();
   const std::tuple<std::string, std::string, std::string> cases[] = {
-      {into_fresh, fresh + "/latest", saves_in + fresh + " are written there"},
-      {into_fresh, fresh + "/global_step1", saves_in + fresh + " are written there"},
-      {into_fresh, fresh + "/.lock", saves_in + fresh + " are written there"},
+      {into_fresh, fresh + "/latest", saves_in + fresh + " writes there"},
+      {into_fresh, fresh + "/global_step1", saves_in + fresh + " writes there"},
+      {into_fresh, fresh + "/.lock", saves_in + fresh + " writes there"},
       // In any checkpoint, with or without a save directory: a file the checkpoint does not
       // list would keep it from being pruned or saved over.
       {resumed, ck + "/global_step1/m.jsonl", ": inside checkpoint " + step1},
@@ -856,17 +856,31 @@ TEST_F(TrainCliTest, OutputsAndSwapPathsStayOffTheNamesOfSaveDirectories) {
   const std::string mine = data_.file("my_saves");
   config_ = write_config("nvme_at_save.json", testing::nvme_patch(mine + "/global_step1"));
   refused(train_args("--steps 1 --save-dir " + shell_quote(mine)),
-          "zero_optimization.offload_param.nvme_path " + mine +
-              "/global_step1: the checkpoints "
-              "of --save-dir");
+          "zero_optimization.offload_param.nvme_path " + mine + "/global_step1: --save-dir " +
+              mine + " writes there");
   EXPECT_FALSE(fs::exists(mine));
   config_ = write_config("nvme_below.json", testing::nvme_patch(fresh + "/global_step3/swap"));
   refused(train_args("--steps 1"), "nvme_path " + fresh + "/global_step3/swap: below " + fresh +
                                        "/global_step3 is " + save_name);
   EXPECT_FALSE(fs::exists(fresh + "/global_step3"));
+  // "link/.." is the link target's parent, as the kernel reads it.
+  fs::create_directories(other + "/inner");
+  const std::string link = data_.file("into_other");
+  fs::create_symlink(other + "/inner", link);
+  config_ = write_config("nvme_via_link.json", testing::nvme_patch(link + "/../global_step9"));
+  refused(train_args("--steps 1"), "global_step9 is " + save_name);
+  EXPECT_FALSE(fs::exists(other + "/global_step9"));
+  config_ = write_config("ds_again.json", {});
+  refused(train_args("--steps 1 --trace " + shell_quote(link + "/../global_step1.tmp")), save_name);
+  EXPECT_FALSE(fs::exists(other + "/global_step1.tmp"));
   config_ = write_config("nvme_in_ckpt.json", testing::nvme_patch(other + "/global_step1/swap"));
   refused(train_args("--steps 1"), "nvme_path " + other + "/global_step1/swap: inside checkpoint");
   EXPECT_FALSE(fs::exists(other + "/global_step1/swap"));
+  // Nor is the save directory inside the swap directory.
+  config_ = write_config("nvme_around_save.json", testing::nvme_patch(fresh));
+  refused(
+      train_args("--steps 1 --save-dir " + shell_quote(fresh + "/outcore_swap/rank0/optimizer")),
+      "inside the swap directory " + fresh + "/outcore_swap of");
   // The save directory itself holds them (named with a trailing slash before it exists), or a
   // directory in it whose name only starts like a checkpoint's: trained and saved.
   for (const std::string& swap : {mine + "/", mine + "/global_step_swap"}) {

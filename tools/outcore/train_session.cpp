@@ -227,16 +227,11 @@ bool check_outside_checkpoints(const std::string& path, const char* flag,
       fs::weakly_canonical(fs::absolute(path, ec), ec)
           .lexically_relative(fs::weakly_canonical(fs::absolute(save_dir, ec), ec));
   if (ec || rel.empty() || *rel.begin() == "..") return true;
-  // The names a save writes: latest, .lock, global_step<N>, and those with .tmp / .old.
-  std::string first = rel.begin()->string();
-  if (first.size() > 4 && (first.ends_with(".tmp") || first.ends_with(".old")))
-    first.resize(first.size() - 4);
-  if (first != "." && first != ckpt::kLatestName && first != ".lock" &&
-      ckpt::step_of_tag(first) < 0)
-    return true;
+  const std::string first = rel.begin()->string();
+  if (first != "." && !ckpt::is_save_entry_name(first)) return true;
   std::fprintf(stderr,
-               "error: %s %s: the checkpoints of --save-dir %s are written there; choose a path "
-               "outside them\n",
+               "error: %s %s: --save-dir %s writes there (its checkpoints, latest, .lock); "
+               "choose a path outside them\n",
                flag, path.c_str(), save_dir.c_str());
   return false;
 }
@@ -257,9 +252,9 @@ bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string
   // Absolute, normal, links resolved as far as the path exists, without a trailing empty
   // element ("dir/" and "dir/." name dir).
   auto resolved = [](const std::string& p, std::error_code& ec) {
-    fs::path a = fs::absolute(p, ec).lexically_normal();
-    if (!a.has_filename() && a.has_relative_path()) a = a.parent_path();
-    return fs::weakly_canonical(a, ec);
+    fs::path a = fs::absolute(p, ec);
+    while (a.has_relative_path() && (!a.has_filename() || a.filename() == ".")) a = a.parent_path();
+    return fs::weakly_canonical(a, ec);  // "link/.." as the kernel reads it
   };
   const std::pair<const char*, const std::string*> paths[] = {
       {"zero_optimization.offload_param.nvme_path",
@@ -277,6 +272,18 @@ bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string
     bool save_dir_itself = false;
     if (!save_dir.empty() && !ec) save_dir_itself = at == resolved(save_dir, ec) && !ec;
     if (!save_dir_itself && !check_outside_checkpoints(*path, key, save_dir)) return false;
+    // Nor the save directory inside the swap directory (outcore_swap/: its rank and kind
+    // directories, each with its .lock).
+    if (!save_dir.empty() && !ec) {
+      const fs::path rel = resolved(save_dir, ec).lexically_relative(at / "outcore_swap");
+      if (!ec && !rel.empty() && *rel.begin() != "..") {
+        std::fprintf(stderr,
+                     "error: --save-dir %s: inside the swap directory %s/outcore_swap of %s %s; "
+                     "save elsewhere\n",
+                     save_dir.c_str(), path->c_str(), key, path->c_str());
+        return false;
+      }
+    }
     for (fs::path p = at; !ec && p.has_relative_path(); p = p.parent_path()) {
       if (!ckpt::takes_a_save_name(p)) continue;
       std::fprintf(stderr,
