@@ -929,6 +929,31 @@ TEST_F(TrainCliTest, ExportRefusesAMountPointBeforeWritingAnything) {
     EXPECT_EQ(e.path().filename().string().find("mounted.tmp-"), std::string::npos) << e.path();
 }
 
+// A demo stopped while it writes, in a work directory of an earlier version (its marker's first
+// line alone): every file already there is recorded before the first one is written, so the
+// next demo takes them as its own. Here the disk fills while the dataset is written.
+TEST_F(TrainCliTest, ADemoStoppedInAnEarlierVersionsDirectoryLeavesItsFilesRecorded) {
+  if (!can_mount_tmpfs()) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+  const std::string src = data_.file("demo_src"), mnt = data_.file("demo_fs");
+  CliResult r = run("demo --steps 1 --work-dir " + shell_quote(src));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  // 9 MiB of files in a 14 MiB filesystem: the dataset's 8 MiB rewrite does not fit.
+  const std::string w = mnt + "/w";
+  const std::string script =
+      "mkdir " + shell_quote(w) + " && cp " + shell_quote(src + "/config.json") + " " +
+      shell_quote(src + "/ds_config.json") + " " + shell_quote(src + "/demo_train.bin") + " " +
+      shell_quote(src + "/demo_val.bin") + " " + shell_quote(w) +
+      " && echo 'outcore demo work directory' > " + shell_quote(w + "/.outcore-demo") + " && " +
+      shell_quote(OUTCORE_CLI) + " demo --steps 1 --work-dir " + shell_quote(w) +
+      "; echo \"demo exit $?\"; cat " + shell_quote(w + "/.outcore-demo");
+  r = run_with_tmpfs("14m", mnt, script, data_.file("out"), data_.file("err"));
+  EXPECT_NE(r.out.find("demo exit 1"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  for (const char* name : {"config.json", "ds_config.json"})
+    EXPECT_NE(r.out.find(std::string("file ") + name + " "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("writing demo_train.bin"), std::string::npos) << r.out;
+}
+
 // On a filesystem the swap files fill, the summary still reports the space they were checked
 // against, not the space left after they were allocated.
 TEST_F(TrainCliTest, SummaryOnASmallFilesystemSaysTheRunFits) {
@@ -1943,6 +1968,15 @@ TEST_F(TrainCliTest, DemoNeverWritesOverAUsersFiles) {
     EXPECT_NE(slurp(tmps + "/.outcore-demo").find(std::string("file ") + name + " "),
               std::string::npos)
         << slurp(tmps + "/.outcore-demo");
+  // Anything but a regular file at the marker's name is not the demo's marker.
+  fs::rename(tmps + "/.outcore-demo", tmps + "/marker.keep");
+  fs::create_directory(tmps + "/.outcore-demo");
+  r = run("demo --steps 1 --work-dir " + shell_quote(tmps));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("holds .outcore-demo, which is not the demo's marker"), std::string::npos)
+      << r.err;
+  fs::remove(tmps + "/.outcore-demo");
+  fs::rename(tmps + "/marker.keep", tmps + "/.outcore-demo");
   std::ofstream(tmps + "/demo_val.bin", std::ios::app) << "x";
   r = run("demo --steps 1 --work-dir " + shell_quote(tmps));
   EXPECT_EQ(r.rc, 2) << r.err;

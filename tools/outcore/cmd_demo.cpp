@@ -175,6 +175,9 @@ std::string work_dir_problem(const fs::path& dir) {
   std::error_code ec;
   if (fs::symlink_status(dir, ec).type() == fs::file_type::not_found) return {};
   if (!fs::is_directory(dir, ec)) return "is not a directory";
+  if (const fs::file_type t = fs::symlink_status(dir / kDemoMarker, ec).type();
+      t != fs::file_type::not_found && t != fs::file_type::regular)
+    return fmt::format("holds {}, which is not the demo's marker (a regular file)", kDemoMarker);
   const DemoMarker marker = read_marker(dir);
   bool owned = marker.exists;
   if (!owned && fs::is_regular_file(fs::symlink_status(dir / "config.json", ec))) {
