@@ -166,8 +166,9 @@ void warn_unused_read_ahead(const config::Config& cfg, const Geometry& g) {
       buffers < 2
           ? fmt::format("offload_optimizer.buffer_count is {}: a second buffer is needed", buffers)
           : fmt::format(
-                "each unit's optimizer state is one sub-group: zero_optimization.sub_group_size "
-                "{} is not below the largest unit's {} elements on this rank",
+                "each unit's optimizer state in swap files is one sub-group: "
+                "zero_optimization.sub_group_size {} is not below the {} elements of the largest "
+                "of them on this rank",
                 g.sub_group_size, largest);
   log::warn(
       "zero_optimization.offload_optimizer.pipeline_read has no effect in this run: it reads "
@@ -194,6 +195,24 @@ void split_optimizer_homes(const config::Config& cfg, Geometry& g) {
   while (k < g.units.size() && static_cast<double>(offloaded + g.units[k].own_len) <= offload)
     offloaded += g.units[k++].own_len;
   p.device_optimizer_from = k;
+}
+
+// A ratio above 0 whose share is smaller than the first unit offloads nothing: said once (the
+// plan's placement line says it too), as ratio 0 is by the config's parse.
+void warn_ratio_offloading_nothing(const config::Config& cfg, const Geometry& g) {
+  const double ratio = cfg.zero_optimization.offload_optimizer.ratio;
+  const Placement& p = g.placement;
+  if (!(ratio > 0.0 && ratio < 1.0) || p.stage != 3 || p.optimizer == Tier::kDevice ||
+      p.device_optimizer_from != 0 || g.units.empty())
+    return;
+  uint64_t total = 0;
+  for (const UnitGeometry& u : g.units) total += u.own_len;
+  log::warn(
+      "zero_optimization.offload_optimizer.ratio {} offloads no unit's optimizer state: the "
+      "first unit's {} elements are more than {} x the {} of all units on this rank, so all of "
+      "it stays on the device (as with ratio 0, where the keys that shape optimizer swap files "
+      "have no effect); raise the ratio to offload some",
+      ratio, g.units.front().own_len, ratio, total);
 }
 
 // With the optimizer state on NVMe, the gradient accumulators go to swap files for kNvme, and
@@ -271,7 +290,10 @@ Geometry make_geometry(const config::Config& cfg, const model::LlamaModel& model
     split_param_homes(cfg, model.layout(), world, g);
   if (warn) warn_unused_offload_param_keys(cfg, g);
   split_optimizer_homes(cfg, g);
-  if (warn) warn_unused_read_ahead(cfg, g);
+  if (warn) {
+    warn_ratio_offloading_nothing(cfg, g);
+    warn_unused_read_ahead(cfg, g);
+  }
   // A device the host cannot read: the accumulators are in host memory even with all the
   // optimizer state on the device (stage 0, offload_optimizer none). At one rank the planner
   // keeps each unit's gradients on the device instead wherever the budget allows (decision

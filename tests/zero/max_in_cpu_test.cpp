@@ -468,6 +468,13 @@ TEST(OptimizerPipelining, ReadAheadWithoutTwoSubGroupsAndTwoBuffersIsSaidToHaveN
   const std::string acts =
       said(", \"sub_group_size\": 1000", ", \"pipeline_read\": true, \"buffer_count\": 2");
   EXPECT_EQ(LogCapture::count(acts, "pipeline"), 0u) << acts;
+  // A ratio whose share is below the first unit offloads nothing: said, once, and the
+  // read-ahead (with nothing in swap files) is not said to do nothing on top of it.
+  const std::string none = said(", \"sub_group_size\": 1000",
+                                ", \"pipeline_read\": true, \"buffer_count\": 1, \"ratio\": 0.001");
+  EXPECT_EQ(LogCapture::count(none, "ratio 0.001 offloads no unit's optimizer state"), 1u) << none;
+  EXPECT_EQ(LogCapture::count(none, "pipeline_read"), 0u) << none;
+  EXPECT_EQ(LogCapture::count(said("", R"(, "ratio": 0.9)"), "offloads no unit"), 0u);
 }
 
 }  // namespace
