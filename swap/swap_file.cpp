@@ -353,8 +353,17 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::span<const SwapFileSp
   std::set<SwapKind> kinds;
   for (const SwapFileSpec& f : files) kinds.insert(f.kind);
   if (kinds.empty()) {
-    impl->ensure_dir(top);
-    impl->ensure_dir(impl->root);
+    // As make_and_lock does, without a lock: another SwapSpace on the same nvme_path may
+    // remove the directories it leaves empty meanwhile.
+    for (int attempt = 0;; ++attempt) {
+      try {
+        impl->ensure_dir(top);
+        impl->ensure_dir(impl->root);
+        break;
+      } catch (const IoError& e) {
+        if ((e.error_number() != ENOENT && e.error_number() != EEXIST) || attempt == 100) throw;
+      }
+    }
   }
   for (SwapKind k : kinds) {
     fs::path dir = impl->root / swap_kind_name(k);
