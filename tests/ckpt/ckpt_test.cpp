@@ -802,11 +802,6 @@ TEST(CkptSaveDir, NamesOutcoreWritesHeldBySomethingElseAreRefused) {
   }
 }
 
-// A user's copy of a checkpoint under a name a save or a removal uses for its leftovers
-// (`<tag>.old`, `<tag>.tmp`) is refused, never removed: committed checkpoints hold no marker, a
-// marker names the directory it was written into (a copy is another), and an earlier version's
-// marker counts only in a directory without a manifest. An empty `latest.tmp` (a save killed
-// between creating and writing it) is a leftover.
 // The checkpoint's small files are created, never written through: a link at the path, or a
 // file already there, fails the write and is kept as it was (as is the file a link names).
 TEST(CkptFiles, WriteFileDurablyOnlyCreates) {
@@ -846,6 +841,11 @@ TEST(CkptSaveDir, ACheckpointHoldingAMarkerIsPrunedAndSavedOver) {
   Checkpoint::open(tmp / "save").verify();
 }
 
+// A user's copy of a checkpoint under a name a save or a removal uses for its leftovers
+// (`<tag>.old`, `<tag>.tmp`) is refused, never removed: committed checkpoints hold no marker, a
+// marker names the directory it was written into (a copy is another), and an earlier version's
+// marker counts only in a directory without a manifest. An empty `latest.tmp` (a save killed
+// between creating and writing it) is a leftover.
 TEST(CkptSaveDir, ACopyOfACheckpointUnderALeftoverNameIsRefusedNotRemoved) {
   enum class Marker { kNone, kEarlierVersions, kTheOriginals };
   for (const Marker marker : {Marker::kNone, Marker::kEarlierVersions, Marker::kTheOriginals}) {
