@@ -14,6 +14,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,23 +91,22 @@ constexpr const char* kDemoMetrics = "metrics.jsonl";
 constexpr const char* kDemoNames[] = {"config.json", "ds_config.json", kDemoMetrics,
                                       "demo_train.bin", "demo_val.bin"};
 
-// A file's size and the FNV-1a hash of its bytes, "<size>:<hash>"; empty when unreadable.
+// A file's size and the CRC32C of its bytes (the checkpoints' checksum), "<size>:<crc>"; empty
+// when unreadable.
 std::string file_digest(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return {};
-  uint64_t hash = 14695981039346656037ull, size = 0;
+  uint32_t crc = 0;
+  uint64_t size = 0;
   std::vector<char> buf(1 << 16);
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     const auto n = static_cast<size_t>(in.gcount());
-    for (size_t i = 0; i < n; ++i) {
-      hash ^= static_cast<unsigned char>(buf[i]);
-      hash *= 1099511628211ull;
-    }
+    crc = ckpt::crc32c(std::as_bytes(std::span(buf.data(), n)), crc);
     size += n;
   }
   if (in.bad()) return {};
-  return fmt::format("{}:{:016x}", size, hash);
+  return fmt::format("{}:{:08x}", size, crc);
 }
 
 // What a work directory's marker says. `listed`: it records its files (an earlier version's
@@ -157,12 +157,9 @@ DemoMarker read_marker(const fs::path& dir) {
       m.set(rest.substr(0, sp2), rest.substr(sp2 + 1));
     }
   }
-  m.listed = true;
-  if (m.files.empty()) {
-    // An earlier version's marker holds its first line alone; this version's lists a file as
-    // soon as it writes one.
-    m.listed = false;
-  }
+  // An earlier version's marker holds its first line alone; this version's lists a file as soon
+  // as it writes one.
+  m.listed = !m.files.empty();
   return m;
 }
 
