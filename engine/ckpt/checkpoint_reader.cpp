@@ -1,5 +1,6 @@
 // Reading checkpoints: open (manifest), verify (sizes and CRCs), re-slicing reads.
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
@@ -12,6 +13,8 @@
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/open_file.hpp"
+#include "common/unique_fd.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/ckpt/file_util.hpp"
 
@@ -26,6 +29,13 @@ constexpr uint64_t kChunk = 16ull << 20;  // bounce reads in pieces of this size
 uint64_t align_down(uint64_t n) { return n / kAlign * kAlign; }
 uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }
 bool aligned(uint64_t n) { return n % kAlign == 0; }
+
+// The size of open file `fd` (`path` names it in errors).
+uint64_t file_size_of(int fd, const fs::path& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw IoError(path.string(), errno, "stat");
+  return static_cast<uint64_t>(st.st_size);
+}
 
 // The checkpoint global_step<N> of `dir` with the largest N, or an empty path when it holds none.
 fs::path newest_checkpoint(const fs::path& dir) {
@@ -74,20 +84,47 @@ struct Checkpoint::Impl {
   ReaderOptions options;
   std::unique_ptr<aio::Engine> engine;
   mutable std::mutex mu;
-  mutable std::map<std::string, aio::File> open_files;  // data files, opened on first use
+  // Every file of the manifest, opened by open(): what is read is what was opened, whatever
+  // happens to the directory afterwards (another run's save prunes or replaces it).
+  std::map<std::string, aio::File> open_files;  // data files
+  std::map<std::string, UniqueFd> text_files;   // the others
   mutable AlignedBuffer bounce;
   mutable uint64_t bytes_read = 0;
 
-  const aio::File& file(const FileInfo& fi) const {
-    auto it = open_files.find(fi.path);
-    if (it != open_files.end()) return it->second;
-    aio::File f = aio::File::open(dir / fi.path, {.access = aio::Access::kRead, .direct = true});
-    if (f.size() != fi.bytes)
-      throw CorruptData(
-          fmt::format("{}: size: expected {} bytes, actual {} (truncated or "
-                      "replaced)",
-                      (dir / fi.path).string(), fi.bytes, f.size()));
-    return open_files.emplace(fi.path, std::move(f)).first->second;
+  // Opens every file of the manifest. CorruptData naming a file that is missing or not a
+  // regular file, or a data file that is not its size.
+  void open_all() {
+    for (const FileInfo& fi : manifest.files) {
+      const fs::path p = dir / fi.path;
+      try {
+        if (fi.segments.empty()) {
+          text_files.emplace(fi.path, UniqueFd(open_for_reading(p.string(), "checkpoint file")));
+          continue;
+        }
+        aio::File f = aio::File::open(p, {.access = aio::Access::kRead, .direct = true});
+        struct stat st {};
+        if (::fstat(f.fd(), &st) != 0) throw IoError(p.string(), errno, "stat");
+        if (!S_ISREG(st.st_mode)) throw InvalidArgument(p.string());
+        if (f.size() != fi.bytes)
+          throw CorruptData(
+              fmt::format("{}: size: expected {} bytes, actual {} (truncated or "
+                          "replaced)",
+                          p.string(), fi.bytes, f.size()));
+        open_files.emplace(fi.path, std::move(f));
+      } catch (const InvalidArgument&) {  // a FIFO, a directory, a device: not what was saved
+        throw CorruptData(fmt::format("{}: not a regular file (replaced)", p.string()));
+      } catch (const IoError& e) {
+        if (e.error_number() == ENOENT) throw CorruptData(fmt::format("{}: missing", p.string()));
+        throw;
+      }
+    }
+  }
+
+  const aio::File& file(const FileInfo& fi) const { return open_files.at(fi.path); }
+
+  // A text file of the manifest, whole (at most its manifest size: CorruptData beyond).
+  std::string text(const FileInfo& fi) const {
+    return read_small_fd(text_files.at(fi.path).get(), dir / fi.path, fi.bytes);
   }
 
   // Reads bytes [off, off + len) of a data file into dst, through the bounce buffer when the
@@ -118,7 +155,12 @@ Checkpoint::~Checkpoint() = default;
 Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
 Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
 
-Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
+namespace {
+
+// The checkpoint directory `path` names: itself, the one its `latest` names (`tag` set to it), or
+// its newest (a save directory without `latest`); each with the warnings a reader gives there.
+fs::path resolve_checkpoint(const fs::path& path, std::string& tag_named) {
+  tag_named.clear();
   fs::path dir = path;
   if (!fs::exists(path / kManifestName)) {
     if (!fs::exists(path / kLatestName)) {
@@ -142,6 +184,7 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
                                   path.string(), kLatestName, dir.filename().string()));
     } else {
       const std::string tag = read_latest_tag(path / kLatestName);
+      tag_named = tag;
       dir = path / tag;
       const fs::path moved = path / (tag + ".old");
       std::error_code ec;
@@ -168,6 +211,51 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
                                   "removed by the next run that saves into it",
                                   path.string(), leftovers));
   }
+  return dir;
+}
+
+// The identity of directory `dir` (device and inode), or {0, 0} when there is none.
+std::pair<dev_t, ino_t> identity(const fs::path& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return {0, 0};
+  return {st.st_dev, st.st_ino};
+}
+
+}  // namespace
+
+Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
+  // A save directory's checkpoint can be pruned or replaced by a run saving there between the
+  // read of `latest` and the opening of its files: read `latest` again then, a few times. Once
+  // open, every file is held (Impl::open_all).
+  constexpr int kAttempts = 8;
+  auto latest_now = [&path]() -> std::string {
+    try {
+      return read_latest_tag(path / kLatestName);
+    } catch (const std::exception&) {
+      return "";
+    }
+  };
+  for (int attempt = 1;; ++attempt) {
+    std::string tag;
+    fs::path dir;
+    std::pair<dev_t, ino_t> was{0, 0};
+    try {
+      dir = resolve_checkpoint(path, tag);
+      was = identity(dir);
+      if (options.before_files_open) options.before_files_open(dir);
+      return open_dir(dir, options);
+    } catch (const CorruptData&) {
+      const bool moved =
+          !tag.empty() &&
+          ((was != std::pair<dev_t, ino_t>{0, 0} && identity(dir) != was) || latest_now() != tag);
+      if (!moved || attempt == kAttempts) throw;
+      log::debug("{}: {} was removed or replaced while it was opened: reading {} again",
+                 path.string(), tag, kLatestName);
+    }
+  }
+}
+
+Checkpoint Checkpoint::open_dir(const fs::path& dir, const ReaderOptions& options) {
   // A save stopped before it was complete (<tag>.tmp/ with its marker): never reported saved,
   // never resumed from. (A committed checkpoint may hold the marker too, written there by a
   // removal or replacement stopped half-way; it was saved, and still is.)
@@ -181,7 +269,7 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
         dir.string(), kSaveMarkerName));
   auto impl = std::make_unique<Impl>();
   impl->dir = dir;
-  impl->options = std::move(options);
+  impl->options = options;
   const fs::path mpath = dir / kManifestName;
   impl->manifest = parse_manifest(read_small_file(mpath, 64ull << 20), mpath.string());
   // A checkpoint under another step's name (renamed by hand) would be resumed as that step and
@@ -192,6 +280,7 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
         "{}: the checkpoint of {} (step {}) under the name {}: a checkpoint renamed? Give it back "
         "its name, or resume it as a copy outside the save directory",
         mpath.string(), impl->manifest.tag, impl->manifest.step, name));
+  impl->open_all();
   impl->engine = std::make_unique<aio::Engine>(impl->options.aio, impl->options.backend);
   return Checkpoint(std::move(impl));
 }
@@ -217,21 +306,18 @@ void Checkpoint::verify(const std::function<bool()>& stop) const {
   };
   for (const FileInfo& fi : m.manifest.files) {
     stopped();
+    // The files opened by open() (each a regular file; the data files of their sizes then).
     const fs::path p = m.dir / fi.path;
-    std::error_code ec;
-    const fs::file_status st = fs::status(p, ec);
-    if (!fs::exists(st)) throw CorruptData(fmt::format("{}: missing", p.string()));
-    if (!fs::is_regular_file(st))  // a FIFO would block the read, a directory has no size
-      throw CorruptData(fmt::format("{}: not a regular file (replaced)", p.string()));
-    const uint64_t size = fs::file_size(p);
+    uint32_t crc = 0;
+    const uint64_t size =
+        fi.segments.empty() ? file_size_of(m.text_files.at(fi.path).get(), p) : m.file(fi).size();
     if (size != fi.bytes)
       throw CorruptData(
           fmt::format("{}: size: expected {} bytes, actual {} (truncated or "
                       "replaced)",
                       p.string(), fi.bytes, size));
-    uint32_t crc = 0;
     if (fi.segments.empty()) {
-      const std::string text = read_small_file(p, fi.bytes);
+      const std::string text = m.text(fi);
       crc = crc32c(std::as_bytes(std::span(text.data(), text.size())));
     } else {
       // A ring of kVerifyBuffers chunks: all but the one being summed are being read.
@@ -293,7 +379,7 @@ std::string Checkpoint::read_text(std::string_view rel_path) const {
   const fs::path p = impl_->dir / std::string(rel_path);
   if (fi == nullptr)
     throw CorruptData(fmt::format("{}: not listed in the checkpoint's manifest", p.string()));
-  std::string text = read_small_file(p, fi->bytes);
+  std::string text = impl_->text(*fi);
   if (text.size() != fi->bytes)
     throw CorruptData(
         fmt::format("{}: size: expected {} bytes, actual {}", p.string(), fi->bytes, text.size()));

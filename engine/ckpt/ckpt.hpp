@@ -313,16 +313,21 @@ struct ReaderOptions {
   // Opens a save's <tag>.tmp/ holding kSaveMarkerName (the save's own check of what it wrote);
   // otherwise such a directory, a save never reported saved, is refused.
   bool unfinished_save = false;
+  // Test hook: called with the checkpoint directory chosen, before its files are opened.
+  std::function<void(const std::filesystem::path&)> before_files_open = {};
 };
 
-// A checkpoint opened for reading. Opening reads and checks only the manifest; verify()
-// checks every file before anything is loaded.
+// A checkpoint opened for reading. Opening reads and checks the manifest and opens every file
+// it lists; verify() checks every file before anything is loaded. What is read is what was
+// opened: a run saving into the save directory may prune or replace the checkpoint meanwhile.
 class Checkpoint {
  public:
   // `path`: a checkpoint directory (holding manifest.json) or a save directory whose `latest`
   // names one; a save directory without `latest` (its first save stopped before naming the
-  // checkpoint, or the file was removed) opens its newest checkpoint, with a warning.
-  // InvalidArgument when neither; CorruptData for a bad manifest or `latest`.
+  // checkpoint, or the file was removed) opens its newest checkpoint, with a warning. When the
+  // checkpoint `latest` named is removed or replaced while it is opened, `latest` is read again.
+  // InvalidArgument when neither; CorruptData for a bad manifest or `latest`, or a file of the
+  // manifest missing, not a regular file, or (a data file) not its size.
   static Checkpoint open(const std::filesystem::path& path, ReaderOptions options = {});
   ~Checkpoint();
   Checkpoint(Checkpoint&&) noexcept;
@@ -349,6 +354,8 @@ class Checkpoint {
  private:
   struct Impl;
   explicit Checkpoint(std::unique_ptr<Impl> impl);
+  // The checkpoint directory `dir` itself (open() once it has chosen one).
+  static Checkpoint open_dir(const std::filesystem::path& dir, const ReaderOptions& options);
   std::unique_ptr<Impl> impl_;
 };
 

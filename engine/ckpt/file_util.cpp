@@ -61,15 +61,19 @@ std::string read_small_file(const std::filesystem::path& path, size_t limit) {
     if (e.error_number() == ENOENT) throw CorruptData(fmt::format("{}: missing", path.string()));
     throw;
   }
+  return read_small_fd(f.get(), path, limit);
+}
+
+std::string read_small_fd(int fd, const std::filesystem::path& path, size_t limit) {
   struct stat st {};
-  if (::fstat(f.get(), &st) != 0) throw IoError(path.string(), errno, "stat");
+  if (::fstat(fd, &st) != 0) throw IoError(path.string(), errno, "stat");
   if (static_cast<uint64_t>(st.st_size) > limit)
     throw CorruptData(
         fmt::format("{}: {} bytes, more than the {} expected", path.string(), st.st_size, limit));
   std::string out(static_cast<size_t>(st.st_size), '\0');
   size_t off = 0;
   while (off < out.size()) {
-    const ssize_t n = ::read(f.get(), out.data() + off, out.size() - off);
+    const ssize_t n = ::pread(fd, out.data() + off, out.size() - off, static_cast<off_t>(off));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw IoError(path.string(), off, out.size() - off, errno, "read");
     if (n == 0) break;

@@ -27,6 +27,8 @@ bool exchange_entries(const std::filesystem::path& a, const std::filesystem::pat
 // A whole small file (at most `limit` bytes; CorruptData beyond, and "<path>: missing" when
 // there is none).
 std::string read_small_file(const std::filesystem::path& path, size_t limit);
+// The same from `fd`, a file opened for reading (read from its start; `path` names it in errors).
+std::string read_small_fd(int fd, const std::filesystem::path& path, size_t limit);
 // The tag a `latest` file names (one line, a plain directory name; CorruptData otherwise).
 std::string read_latest_tag(const std::filesystem::path& latest);
 

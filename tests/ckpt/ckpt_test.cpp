@@ -193,6 +193,51 @@ TEST(CkptReadWrite, OpenResolvesLatestAndReportsBadPaths) {
   }
 }
 
+// A reader holds what it opened: a run saving into the save directory may prune the checkpoint
+// it reads (--keep) or replace it (a save of the same step) meanwhile. One pruned between the
+// read of `latest` and the opening of its files is passed over for the one `latest` names then;
+// a file missing from a checkpoint that stays where `latest` names it is named, not retried.
+TEST(CkptReadWrite, AReaderKeepsWhatItOpenedWhileARunPrunesOrReplacesIt) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save", {.keep = 1});
+  write_synthetic(dir, "global_step3", 1);
+  auto expect_readable = [](const Checkpoint& ck, const std::string& context) {
+    EXPECT_NO_THROW(ck.verify()) << context;
+    EXPECT_EQ(ck.read_text("trainer_state.json"), "{\"steps_done\": 7}\n") << context;
+    std::vector<float> out(3000);
+    ck.read_slab(1, ArrayKind::kMaster, 100, out.size(), std::as_writable_bytes(std::span(out)));
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_EQ(out[i], Synthetic::value(1, 0, 100 + i)) << context << ": element " << i;
+  };
+  const Checkpoint pruned = Checkpoint::open(tmp / "save");
+  ASSERT_EQ(pruned.manifest().tag, "global_step3");
+  write_synthetic(dir, "global_step5", 1);
+  ASSERT_FALSE(fs::exists(tmp / "save" / "global_step3"));
+  expect_readable(pruned, "pruned after it was opened");
+
+  const Checkpoint replaced = Checkpoint::open(tmp / "save");
+  write_synthetic(dir, "global_step5", 1);
+  expect_readable(replaced, "replaced after it was opened");
+
+  std::vector<std::string> chosen;
+  ReaderOptions o;
+  o.before_files_open = [&](const fs::path& d) {
+    chosen.push_back(d.filename().string());
+    if (chosen.size() == 1) write_synthetic(dir, "global_step9", 1);  // prunes global_step5
+  };
+  const Checkpoint reopened = Checkpoint::open(tmp / "save", o);
+  EXPECT_EQ(chosen, (std::vector<std::string>{"global_step5", "global_step9"}));
+  EXPECT_EQ(reopened.manifest().tag, "global_step9");
+  expect_readable(reopened, "opened again at the newer checkpoint");
+
+  fs::remove(tmp / "save" / "global_step9" / "rank0" / "model.bin");
+  chosen.clear();
+  o.before_files_open = [&](const fs::path& d) { chosen.push_back(d.filename().string()); };
+  const std::string what = error_of([&] { Checkpoint::open(tmp / "save", o); });
+  EXPECT_NE(what.find("global_step9/rank0/model.bin: missing"), std::string::npos) << what;
+  EXPECT_EQ(chosen.size(), 1u);
+}
+
 TEST(CkptCorruption, AFlippedByteInAnyFileIsNamed) {
   TempDir tmp("ckpt");
   SaveDir dir(tmp / "save");
