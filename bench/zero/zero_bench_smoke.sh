@@ -1,6 +1,7 @@
 #!/bin/bash
 # zero_bench on a tiny model on the simulated device at the shape `outcore estimate` recommends
-# (--recommended-shape): the three runs train that shape with bit-identical losses; without a
+# (--recommended-shape), the gathered parameters kept through each step (--keep-params), as
+# ./dev.sh gpu runs it: the three runs train that shape with bit-identical losses; without a
 # drive to measure (--ref-gib 0) the flag is refused.
 # usage: zero_bench_smoke.sh ZERO_BENCH SCRATCH_DIR
 set -u
@@ -12,7 +13,7 @@ trap 'rm -rf "$dir"' EXIT
 args=(--hidden 128 --layers 2 --vocab 512 --seq 64 --device-fraction 1 --steps 1 --warmup 0
   --block 1 --nvme "$dir" --recommended-shape)
 
-out=$("$bench" "${args[@]}" --ref-gib 0.0625 2>&1) || fail "exited $?: $out"
+out=$("$bench" "${args[@]}" --ref-gib 0.0625 --keep-params 2>&1) || fail "exited $?: $out"
 shape=$(grep -E '^shape \(as outcore estimate recommends' <<< "$out") || fail "no shape line in:
 $out"
 [[ $shape =~ micro-batch\ ([0-9]+)\ x\ accumulation\ ([0-9]+)\ =\ ([0-9]+)\ tokens ]] ||

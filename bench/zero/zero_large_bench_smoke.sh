@@ -3,7 +3,8 @@
 # bounds measured in the same run (the CPU Adam bound among them), with CPU Adam's threads set by
 # --cpuadam-cores-perc (the data path's pool has every hardware thread);
 # a share outside (0, 1] refused; then one step at the shape `outcore estimate` recommends
-# (--recommended-shape: its rates measured on the discrete device under the 200 MiB budget).
+# (--recommended-shape: its rates measured on the discrete device under the 200 MiB budget);
+# then the variants ./dev.sh gpu runs, one step each.
 # usage: zero_large_bench_smoke.sh ZERO_LARGE_BENCH SCRATCH_DIR
 set -u
 bench=$1
@@ -40,4 +41,15 @@ grep -Eq "^ZeRO stage 3, .* $((BASH_REMATCH[1] * 64)) tokens per micro-batch, ${
 $out"
 grep -Eq "^step 1: loss [0-9.]+, " <<< "$out" || fail "no step 1 at the recommended shape:
 $out"
+# The variants ./dev.sh gpu runs: 4 micro-batches with gradient sums in host memory, the gathered
+# parameters kept, with the optimizer step during the backward, and with the last unit's
+# optimizer state on the device (offload_optimizer.ratio 0.9)
+for variant in "--step-in-backward" "--offload-ratio 0.9"; do
+  # shellcheck disable=SC2086
+  out=$("$bench" "${args[@]}" --steps 1 --micro 1 --gas 4 --grads host --keep-params $variant 2>&1) ||
+    fail "--keep-params $variant exited $?: $out"
+  grep -Eq "^step 1: loss [0-9.]+, .*x the larger bound$" <<< "$out" ||
+    fail "--keep-params $variant: no step 1 in:
+$out"
+done
 echo "zero_large_bench smoke: ok"
