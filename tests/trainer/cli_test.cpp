@@ -1268,9 +1268,10 @@ TEST_F(TrainCliTest, EstimatePlansForAGpuThatIsNotHere) {
   }
 }
 
-// The README's fine-tuning path for a model larger than the GPU: Llama 3.1 8B at 4096 tokens
-// with configs/zero3_nvme_infinity.json as shipped fits an 80 GB GPU's device tier (here
-// planned without one; host memory and the swap drive are this machine's and may not fit).
+// The README's fine-tuning path for a model larger than the GPU: Llama 3.1 8B at 4096 tokens,
+// and at 32768, with configs/zero3_nvme_infinity.json as shipped fits an 80 GB GPU's device tier
+// (here planned without one; host memory and the swap drive are this machine's and may not
+// fit).
 TEST_F(TrainCliTest, TheReadmesLlama8BPathFitsAn80GbGpu) {
   const std::string llama = data_.file("llama-3.1-8b.json");
   std::ofstream(llama) << nlohmann::json{
@@ -1287,16 +1288,20 @@ TEST_F(TrainCliTest, TheReadmesLlama8BPathFitsAn80GbGpu) {
       {"rope_theta", 500000.0},
       {"tie_word_embeddings",
        false}}.dump();
-  const CliResult r =
-      run("estimate --config " +
-          shell_quote(std::string(OUTCORE_SOURCE_DIR) + "/configs/zero3_nvme_infinity.json") +
-          " --model " + shell_quote(llama) + " --seq-len 4096 --gpu-memory-gb 80");
-  EXPECT_EQ(r.err.find("does not fit: device"), std::string::npos) << r.err;
-  const size_t total = r.out.find("device  = total");
-  ASSERT_NE(total, std::string::npos) << r.out << r.err;
-  const std::string line = r.out.substr(total, r.out.find('\n', total) - total);
-  EXPECT_NE(line.find(": fits"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("compute backend"), std::string::npos) << r.out;
+  // At the README's 4096 tokens, and at 32768 (the longest sequence one 80 GB GPU is to train,
+  // with the config's activation checkpoints in host memory).
+  for (const char* seq : {"4096", "32768"}) {
+    const CliResult r =
+        run("estimate --config " +
+            shell_quote(std::string(OUTCORE_SOURCE_DIR) + "/configs/zero3_nvme_infinity.json") +
+            " --model " + shell_quote(llama) + " --seq-len " + seq + " --gpu-memory-gb 80");
+    EXPECT_EQ(r.err.find("does not fit: device"), std::string::npos) << seq << ": " << r.err;
+    const size_t total = r.out.find("device  = total");
+    ASSERT_NE(total, std::string::npos) << seq << ": " << r.out << r.err;
+    const std::string line = r.out.substr(total, r.out.find('\n', total) - total);
+    EXPECT_NE(line.find(": fits"), std::string::npos) << seq << ": " << r.out;
+    EXPECT_NE(r.out.find("compute backend"), std::string::npos) << r.out;
+  }
 }
 
 // outcore.log_level decides what is logged: debug shows the checkpoint writer's timings.
