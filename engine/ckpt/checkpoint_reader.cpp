@@ -114,7 +114,8 @@ struct Checkpoint::Impl {
       } catch (const InvalidArgument&) {  // a FIFO, a directory, a device: not what was saved
         throw CorruptData(fmt::format("{}: not a regular file (replaced)", p.string()));
       } catch (const IoError& e) {
-        if (e.error_number() == ENOENT) throw CorruptData(fmt::format("{}: missing", p.string()));
+        if (e.error_number() == ENOENT || e.error_number() == ENOTDIR)  // rank<r> gone or a file
+          throw CorruptData(fmt::format("{}: missing", p.string()));
         throw;
       }
     }
@@ -124,7 +125,11 @@ struct Checkpoint::Impl {
 
   // A text file of the manifest, whole (at most its manifest size: CorruptData beyond).
   std::string text(const FileInfo& fi) const {
-    return read_small_fd(text_files.at(fi.path).get(), dir / fi.path, fi.bytes);
+    const auto it = text_files.find(fi.path);
+    if (it == text_files.end())
+      throw CorruptData(fmt::format("{}: a data file of the checkpoint, not a text file",
+                                    (dir / fi.path).string()));
+    return read_small_fd(it->second.get(), dir / fi.path, fi.bytes);
   }
 
   // Reads bytes [off, off + len) of a data file into dst, through the bounce buffer when the
@@ -225,8 +230,10 @@ std::pair<dev_t, ino_t> identity(const fs::path& dir) {
 
 Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
   // A save directory's checkpoint can be pruned or replaced by a run saving there between the
-  // read of `latest` and the opening of its files: read `latest` again then, a few times. Once
-  // open, every file is held (Impl::open_all).
+  // read of `latest` and the opening of its files: read `latest` again then, a few times. A
+  // checkpoint replaced while it was opened (another directory at its name after its files were
+  // open than before its manifest was read: the manifest and the files may be of two saves) is
+  // opened again. Once open, every file is held (Impl::open_all).
   constexpr int kAttempts = 8;
   auto latest_now = [&path]() -> std::string {
     try {
@@ -235,23 +242,27 @@ Checkpoint Checkpoint::open(const fs::path& path, ReaderOptions options) {
       return "";
     }
   };
+  constexpr std::pair<dev_t, ino_t> kNone{0, 0};
   for (int attempt = 1;; ++attempt) {
     std::string tag;
     fs::path dir;
-    std::pair<dev_t, ino_t> was{0, 0};
+    std::pair<dev_t, ino_t> was = kNone;
     try {
       dir = resolve_checkpoint(path, tag);
       was = identity(dir);
       if (options.before_files_open) options.before_files_open(dir);
-      return open_dir(dir, options);
+      Checkpoint ck = open_dir(dir, options);
+      if (identity(dir) == was || attempt == kAttempts) return ck;
     } catch (const CorruptData&) {
-      const bool moved =
-          !tag.empty() &&
-          ((was != std::pair<dev_t, ino_t>{0, 0} && identity(dir) != was) || latest_now() != tag);
+      // Retried only where what `path` names changed: `latest` names another checkpoint, the
+      // directory read is another one or gone, or it was a `<tag>.old` (a replacement by two
+      // renames, whose removal may have begun).
+      const bool moved = !tag.empty() && ((was != kNone && identity(dir) != was) ||
+                                          latest_now() != tag || dir.filename().string() != tag);
       if (!moved || attempt == kAttempts) throw;
-      log::debug("{}: {} was removed or replaced while it was opened: reading {} again",
-                 path.string(), tag, kLatestName);
     }
+    log::debug("{}: {} was removed or replaced while it was opened: opening it again",
+               path.string(), dir.string());
   }
 }
 

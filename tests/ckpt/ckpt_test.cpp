@@ -195,8 +195,9 @@ TEST(CkptReadWrite, OpenResolvesLatestAndReportsBadPaths) {
 
 // A reader holds what it opened: a run saving into the save directory may prune the checkpoint
 // it reads (--keep) or replace it (a save of the same step) meanwhile. One pruned between the
-// read of `latest` and the opening of its files is passed over for the one `latest` names then;
-// a file missing from a checkpoint that stays where `latest` names it is named, not retried.
+// read of `latest` and the opening of its files is passed over for the one `latest` names then,
+// one replaced while it was opened is opened again; a file missing from a checkpoint that stays
+// where `latest` names it is named, not retried.
 TEST(CkptReadWrite, AReaderKeepsWhatItOpenedWhileARunPrunesOrReplacesIt) {
   TempDir tmp("ckpt");
   SaveDir dir(tmp / "save", {.keep = 1});
@@ -223,12 +224,19 @@ TEST(CkptReadWrite, AReaderKeepsWhatItOpenedWhileARunPrunesOrReplacesIt) {
   ReaderOptions o;
   o.before_files_open = [&](const fs::path& d) {
     chosen.push_back(d.filename().string());
-    if (chosen.size() == 1) write_synthetic(dir, "global_step9", 1);  // prunes global_step5
+    // the first time a checkpoint is chosen, the next save: global_step9 (pruning global_step5),
+    // then the same step again (replacing it)
+    if (chosen.size() == 1) write_synthetic(dir, "global_step9", 1);
   };
   const Checkpoint reopened = Checkpoint::open(tmp / "save", o);
   EXPECT_EQ(chosen, (std::vector<std::string>{"global_step5", "global_step9"}));
   EXPECT_EQ(reopened.manifest().tag, "global_step9");
   expect_readable(reopened, "opened again at the newer checkpoint");
+
+  chosen.clear();
+  const Checkpoint replaced_while_opened = Checkpoint::open(tmp / "save", o);  // replaces it
+  EXPECT_EQ(chosen, (std::vector<std::string>{"global_step9", "global_step9"}));
+  expect_readable(replaced_while_opened, "opened again after it was replaced");
 
   fs::remove(tmp / "save" / "global_step9" / "rank0" / "model.bin");
   chosen.clear();
