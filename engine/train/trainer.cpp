@@ -206,6 +206,20 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
                                 opts_.comm->rank() != opts_.control_comm->rank()))
     throw InvalidArgument("comm and control_comm must span the same ranks");
   devices_ = std::make_unique<Devices>(cfg_.outcore.device_memory_mb << 20, opts_);
+  // Every rank resumes one checkpoint: each opens its own, and a run saving into a save
+  // directory may move its `latest` between their openings.
+  if (ck && world_size() > 1) {
+    const std::vector<std::string> tags = comm::all_gather_strings(control(), ck->manifest().tag);
+    if (std::any_of(tags.begin(), tags.end(), [&](const std::string& t) { return t != tags[0]; })) {
+      std::string which;
+      for (size_t r = 0; r < tags.size(); ++r)
+        which += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r, tags[r]);
+      throw InvalidArgument(fmt::format(
+          "the ranks resumed different checkpoints of {} ({}): was another run saving there? "
+          "Resume again, or from one checkpoint directory",
+          opts_.resume_from, which));
+    }
+  }
   model::ModelOptions mo;
   mo.micro_batch = cfg_.train_micro_batch_size_per_gpu.value();
   mo.seq_len = seq_len;

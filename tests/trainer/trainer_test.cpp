@@ -265,6 +265,46 @@ TEST(TrainerTest, ValidationIsTheSameSetAtAnyWorldSize) {
   }
 }
 
+// Ranks that resume different checkpoints (each resolves its save directory's `latest` on its
+// own, and another run saving there may move it between them) end together before training,
+// naming each rank's checkpoint.
+TEST(TrainerTest, RanksThatResumedDifferentCheckpointsEndNamingThem) {
+  DemoData data;
+  const model::LlamaConfig mc = tiny_model();
+  const std::string save = data.file("ck");
+  {
+    TrainerOptions o = quiet_options(data, 4);
+    o.save_dir = save;
+    o.save_every = 2;
+    Trainer(make_config({}, mc), mc, o).run();
+  }
+  const config::Config cfg = make_config({}, mc);
+  auto engine_group = std::make_shared<comm::testing::ThreadGroup>(2);
+  auto control_group = std::make_shared<comm::testing::ThreadGroup>(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      comm::testing::ThreadComm engine_comm(engine_group, r), control_comm(control_group, r);
+      TrainerOptions o = quiet_options(data, 6);
+      o.resume_from = save + "/global_step" + std::to_string(2 * r + 2);
+      o.comm = &engine_comm;
+      o.control_comm = &control_comm;
+      try {
+        Trainer(cfg, mc, o).run();
+      } catch (const InvalidArgument& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (std::thread& t : ranks) t.join();
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("the ranks resumed different checkpoints of " + save + "/global_step"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("(rank 0: global_step2, rank 1: global_step4)"), std::string::npos) << e;
+  }
+}
+
 // A schedule that decays to lr 0 before the run ends says from which step on nothing is
 // updated; one that ends with the run, or a warmup's first zeros, says nothing.
 TEST(TrainerTest, StepsPastTheScheduleAtLrZeroAreWarned) {
