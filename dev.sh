@@ -154,6 +154,7 @@ gpu_summary() {
     name=${entry%%|*}
     verdict=${entry#*|}
     printf '%-28s %s\n' "$name" "$verdict"
+    [[ $verdict == "NOT RUN"* ]] && continue
     case $name in
       doctor) pattern='^(gpu |gemm bf16 TFLOPS|attention bf16 TFLOPS|pinned copies|verdict)' ;;
       gpu-tests*)
