@@ -93,6 +93,38 @@ class JsonDomChecks : public nlohmann::json_sax<nlohmann::json> {
 
 }  // namespace detail
 
+// Objects and arrays nested at most this deep in the JSON files outcore reads (tokenizers,
+// safetensors headers and indexes, checkpoint manifests and state): far more than any real one
+// holds (under 10), and few enough for the recursive readers of tokenizer.json and for dump().
+inline constexpr int kMaxJsonFileDepth = 128;
+
+// A short description of a JSON value for an error message: scalars as JSON (a string cut at
+// 64 bytes), a small flat array or object as JSON ([1, 2]), anything else as its kind and size
+// ("an array of 3000 elements"). Never recursive, so never deeper than the value's first level.
+inline std::string json_brief(const nlohmann::json& v) {
+  constexpr size_t kMaxString = 64;
+  constexpr size_t kMaxMembers = 8;
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    if (s.size() <= kMaxString) return v.dump();
+    return nlohmann::json(s.substr(0, kMaxString))
+               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+           "... (" + std::to_string(s.size()) + " bytes)";
+  }
+  if (!v.is_structured()) return v.dump();
+  bool flat = v.size() <= kMaxMembers;
+  for (const nlohmann::json& m : v) {
+    if (!flat) break;
+    flat = !m.is_structured() &&
+           (!m.is_string() || m.get_ref<const std::string&>().size() <= kMaxString);
+  }
+  if (v.is_object())
+    for (const auto& [key, value] : v.items()) flat = flat && key.size() <= kMaxString;
+  if (flat) return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string n = std::to_string(v.size());
+  return v.is_array() ? "an array of " + n + " elements" : "an object of " + n + " members";
+}
+
 // Parses `text` as json::parse does (throwing its exceptions for malformed text and numbers out
 // of range), JsonTooDeep past options.max_depth, and what options.on_repeated_key throws. Two
 // passes, both linear: the checks, then json::parse without a callback.

@@ -16,6 +16,7 @@
 
 #include "common/cleanup.hpp"
 #include "common/error.hpp"
+#include "common/json_dom.hpp"
 #include "common/open_file.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/ckpt/file_util.hpp"
@@ -90,8 +91,9 @@ std::map<std::string, std::string> parse_index(const fs::path& index) {
                        file != "." && file != ".." &&
                        file.get_ref<const std::string&>().find('\0') == std::string::npos;
     if (!plain)
-      throw CorruptData(fmt::format(
-          "{}: tensor \"{}\" maps to {}, not a file name in the directory", p, name, file.dump()));
+      throw CorruptData(
+          fmt::format("{}: tensor \"{}\" maps to {}, not a file name in the directory", p, name,
+                      json_brief(file)));
     map[name] = file.get<std::string>();
   }
   return map;
@@ -164,9 +166,14 @@ HfWeights HfWeights::open(const fs::path& dir, const model::LlamaConfig& expecte
   w.param_dtype_ = param_dtype;
   w.layout_ = model::make_layout(expected, 1);
   Located found;
-  if (present(dir / kHfWeightsFile)) {
+  // A link to nowhere (or a loop) at either name is taken as there: its open names the error.
+  const auto named = [](const fs::path& p) {
+    std::error_code ec;
+    return fs::exists(fs::symlink_status(p, ec));
+  };
+  if (named(dir / kHfWeightsFile)) {
     found = locate_single(dir / kHfWeightsFile, w.files_);
-  } else if (present(dir / kHfIndexFile)) {
+  } else if (named(dir / kHfIndexFile)) {
     found = locate_sharded(dir, w.files_, w.layout_.tied);
   } else {
     std::error_code ec;

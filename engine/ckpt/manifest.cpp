@@ -6,6 +6,7 @@
 #include <map>
 
 #include "common/error.hpp"
+#include "common/json_dom.hpp"
 #include "engine/ckpt/ckpt.hpp"
 
 namespace outcore::ckpt {
@@ -46,7 +47,7 @@ T get(const nlohmann::json& j, const char* key, const std::string& source) {
     return it->get<T>();
   } catch (const nlohmann::json::exception&) {
     throw CorruptData(
-        fmt::format("{}: key \"{}\" has the wrong type ({})", source, key, it->dump()));
+        fmt::format("{}: key \"{}\" has the wrong type ({})", source, key, json_brief(*it)));
   }
 }
 
@@ -239,7 +240,9 @@ Manifest parse_manifest(std::string_view text, const std::string& source) {
         fmt::format("{}: CRC32C mismatch: expected {}, actual {}", source, stored, hex32(actual)));
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = parse_json_dom(text, {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
+  } catch (const JsonTooDeep& e) {
+    throw CorruptData(fmt::format("{}: {}", source, e.what()));
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: not valid JSON ({})", source, e.what()));
   }

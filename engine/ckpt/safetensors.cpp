@@ -80,7 +80,7 @@ std::vector<int64_t> parse_shape(const std::string& where, const json& v) {
     const auto n = as_count(d, static_cast<uint64_t>(INT64_MAX));
     if (!n)
       throw CorruptData(fmt::format("{}: shape {} holds {}, not a non-negative integer", where,
-                                    it->dump(), d.dump()));
+                                    json_brief(*it), json_brief(d)));
     shape.push_back(static_cast<int64_t>(*n));
   }
   return shape;
@@ -185,7 +185,9 @@ json parse_json_unique_keys(std::string_view text, const std::string& where) {
                     object.empty() ? std::string("one object") : fmt::format("\"{}\"", object)));
   };
   try {
-    return parse_json_dom(text, {.max_depth = 0, .on_repeated_key = repeated});
+    return parse_json_dom(text, {.max_depth = kMaxJsonFileDepth, .on_repeated_key = repeated});
+  } catch (const JsonTooDeep& e) {
+    throw CorruptData(fmt::format("{}: {}", where, e.what()));
   } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
     throw CorruptData(fmt::format("{}: not valid JSON: {}", where, e.what()));
   }

@@ -30,8 +30,9 @@ InputFormat input_format_of(const std::string& path) {
   std::string lower = path;
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return lower.ends_with(".jsonl") || lower.ends_with(".json") ? InputFormat::kJsonLines
-                                                               : InputFormat::kText;
+  return lower.ends_with(".jsonl") || lower.ends_with(".json") || lower.ends_with(".ndjson")
+             ? InputFormat::kJsonLines
+             : InputFormat::kText;
 }
 
 DocumentReader::DocumentReader(std::vector<std::string> files, Options options)

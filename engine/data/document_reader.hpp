@@ -24,7 +24,7 @@ namespace outcore::data {
 
 enum class InputFormat { kText, kJsonLines };
 
-// kJsonLines for names ending in ".jsonl" or ".json" (any case), else kText.
+// kJsonLines for names ending in ".jsonl", ".json" or ".ndjson" (any case), else kText.
 InputFormat input_format_of(const std::string& path);
 
 // Bad input at a place in a file: what() is "<file>:<line>: <reason>".

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "common/error.hpp"
+#include "common/json_dom.hpp"
 #include "common/log.hpp"
 #include "common/open_file.hpp"
 #include "engine/data/added_tokens.hpp"
@@ -140,19 +141,21 @@ class Reader {
     const json& v = member(j, key);
     if (v.is_null()) return fallback;
     if (!v.is_boolean())
-      bad(path + "." + key, fmt::format("must be true or false, got {}", v.dump()));
+      bad(path + "." + key, fmt::format("must be true or false, got {}", json_brief(v)));
     return v.get<bool>();
   }
 
   std::string string(const json& j, const char* key, const std::string& path) const {
     const json& v = member(j, key);
-    if (!v.is_string()) bad(path + "." + key, fmt::format("must be a string, got {}", v.dump()));
+    if (!v.is_string())
+      bad(path + "." + key, fmt::format("must be a string, got {}", json_brief(v)));
     return v.get<std::string>();
   }
 
   uint32_t id(const json& v, const std::string& path) const {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= UINT32_MAX)
-      bad(path, fmt::format("must be a token id (an integer in [0, 2^32 - 1)), got {}", v.dump()));
+      bad(path,
+          fmt::format("must be a token id (an integer in [0, 2^32 - 1)), got {}", json_brief(v)));
     return static_cast<uint32_t>(v.get<int64_t>());
   }
 
@@ -313,7 +316,7 @@ BpeModel read_model(const Reader& r, const json& j, bool byte_level) {
   const json& type = Reader::member(j, "type");
   if (!(type.is_null() && j.contains("merges")) && !(type.is_string() && type == "BPE"))
     r.unsupported(path + ".type",
-                  fmt::format("model {} is not supported (supported: BPE)", type.dump()));
+                  fmt::format("model {} is not supported (supported: BPE)", json_brief(type)));
   const json& dropout = Reader::member(j, "dropout");
   if (!dropout.is_null() && !(dropout.is_number() && dropout.get<double>() == 0.0))
     r.unsupported(path + ".dropout", "BPE dropout is not supported (set it to null)");
@@ -448,7 +451,10 @@ LoadedBackend load_tokenizer_json(const std::string& path) {
   const Reader r(path);
   json root;
   try {
-    root = json::parse(read_whole_file(path, "tokenizer", kMaxTokenizerJsonBytes));
+    root = parse_json_dom(read_whole_file(path, "tokenizer", kMaxTokenizerJsonBytes),
+                          {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
+  } catch (const JsonTooDeep& e) {  // Sequence in Sequence...: the readers recurse
+    throw ConfigError("", fmt::format("{}: {}", path, e.what()));
   } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
     throw ConfigError("", fmt::format("{}: not valid JSON: {}", path, e.what()));
   }

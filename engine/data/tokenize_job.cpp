@@ -237,7 +237,7 @@ void check_options(const TokenizeOptions& o, const std::vector<std::string>& out
     if (!o.prompt_key.empty() && f != InputFormat::kJsonLines)
       throw InvalidArgument(
           fmt::format("{}: prompt/completion pairs are read from JSON lines "
-                      "(.jsonl or .json), not plain text",
+                      "(.jsonl, .json or .ndjson), not plain text",
                       in));
     if (o.doc_per_file && f != InputFormat::kText)
       throw InvalidArgument(
@@ -259,6 +259,12 @@ void check_options(const TokenizeOptions& o, const std::vector<std::string>& out
       if (same_file(out, in))
         throw InvalidArgument(fmt::format("output {} would overwrite input {}", out, in));
     }
+    // Outputs are renamed into place: that would replace a link, not write the file it names.
+    if (fs::is_symlink(out, ec))
+      throw InvalidArgument(fmt::format(
+          "output {} is a link: the job renames its outputs into place, which would replace the "
+          "link, not write the file it names; give --out the file's own directory",
+          out));
     if (fs::exists(out, ec) && !fs::is_regular_file(out, ec))
       throw InvalidArgument(fmt::format("output {} exists and is not a regular file", out));
     const fs::path dir = fs::absolute(out).parent_path();
@@ -717,29 +723,35 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
         "{} may be the loss mask of {}, which this job does not replace (it writes {}): choose "
         "another --out, or move one of them away",
         mask, other, outputs[0]));
-  // Plain text replacing a token file whose loss mask lies beside it: the mask goes with it. A
-  // file at PREFIX.mask that is not that file's mask (no token file there, or one of another
-  // count) is someone else's: never removed, and never left to be paired with the new tokens.
+  // Replacing a token file whose loss mask lies beside it: a pairs job writes its own mask over
+  // it, plain text removes it. A file at PREFIX.mask that is not that file's mask (no token
+  // file there, or one of another count) is someone else's: never written over nor removed,
+  // and never left to be paired with the new tokens.
   std::string stale_mask;
   FileId stale_mask_id;
-  if (!encoder.pairs() && mask_exists) {
+  if (mask_exists) {
+    const char* fate = encoder.pairs() ? "this job would write its mask over it"
+                                       : "it would be taken as the new tokens' mask";
     if (!fs::is_regular_file(fs::symlink_status(mask, ec)))
       throw InvalidArgument(fmt::format(
-          "{} is not a file this job can remove (a link or a directory), and it would be taken "
-          "as the new tokens' loss mask: move it away or choose another --out",
-          mask));
+          "{} is not a file this job can replace or remove (a link or a directory), and {}: "
+          "move it away or choose another --out",
+          mask, encoder.pairs() ? "this job would write its mask there" : fate));
     const std::optional<uint64_t> count = token_count_of(outputs[0], llmc);
     const uintmax_t mask_bytes = fs::file_size(mask, ec);
     if (!interrupted && (!count || ec || mask_bytes != *count))
       throw InvalidArgument(fmt::format(
-          "{} is not the loss mask of a token file this job replaces ({}): it would be taken as "
-          "the new tokens' mask; move it away or choose another --out",
+          "{} is not the loss mask of a token file this job replaces ({}): {}; move it away or "
+          "choose another --out",
           mask,
           count
               ? fmt::format("{} holds {} tokens, the mask {} bytes", outputs[0], *count, mask_bytes)
           : fs::exists(fs::symlink_status(outputs[0], ec))
               ? fmt::format("{} is not a token file", outputs[0])
-              : fmt::format("there is no {}", outputs[0])));
+              : fmt::format("there is no {}", outputs[0]),
+          fate));
+  }
+  if (!encoder.pairs() && mask_exists) {
     stale_mask = mask;
     if (!file_id_of(stale_mask, stale_mask_id))
       throw IoError(stale_mask, errno, "stat the loss mask of the token file replaced");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/json_dom.hpp"
 #include "common/log.hpp"
 #include "common/open_file.hpp"
 #include "engine/data/backend.hpp"
@@ -28,10 +29,13 @@ json read_optional_json(const fs::path& dir, const char* name) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return json();
   try {
-    json j = json::parse(read_whole_file(path.string(), "tokenizer config", kMaxConfigBytes));
+    json j = parse_json_dom(read_whole_file(path.string(), "tokenizer config", kMaxConfigBytes),
+                            {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
     if (!j.is_object())
       throw ConfigError("", fmt::format("{}: must hold a JSON object", path.string()));
     return j;
+  } catch (const JsonTooDeep& e) {
+    throw ConfigError("", fmt::format("{}: {}", path.string(), e.what()));
   } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
     throw ConfigError("", fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
   }
@@ -48,7 +52,7 @@ std::optional<std::string> named_token(const json& config, const char* key,
     return v["content"].get<std::string>();
   throw ConfigError(key, fmt::format("must be a token (a string, or an object with \"content\"), "
                                      "got {} (in {})",
-                                     v.dump(), file));
+                                     json_brief(v), file));
 }
 
 // The id of the BOS or EOS token (`key` "bos_token" or "eos_token"): named by
@@ -77,7 +81,7 @@ std::optional<bool> flag(const json& config, const char* key, const std::string&
   if (!config.is_object() || !config.contains(key) || config[key].is_null()) return std::nullopt;
   if (!config[key].is_boolean())
     throw ConfigError(
-        key, fmt::format("must be true or false, got {} (in {})", config[key].dump(), file));
+        key, fmt::format("must be true or false, got {} (in {})", json_brief(config[key]), file));
   return config[key].get<bool>();
 }
 
@@ -88,8 +92,9 @@ std::vector<std::pair<std::string, std::string>> added_tokens_not_pieces(
     const detail::Backend& backend, const std::string& json_path) {
   json root;
   try {
-    root = json::parse(read_whole_file(json_path, "tokenizer", size_t{1} << 30));
-  } catch (const json::exception&) {
+    root = parse_json_dom(read_whole_file(json_path, "tokenizer", size_t{1} << 30),
+                          {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
+  } catch (const std::exception&) {
     return {};  // the JSON parsed once already
   }
   const auto list = root.find("added_tokens");
@@ -104,7 +109,7 @@ std::vector<std::pair<std::string, std::string>> added_tokens_not_pieces(
         id && t.contains("id") && t["id"].is_number_unsigned() && t["id"].get<uint64_t>() == *id;
     if (!same_id)
       missing.emplace_back(content, fmt::format("\"{}\" (id {})", content,
-                                                t.contains("id") ? t["id"].dump() : "none"));
+                                                t.contains("id") ? json_brief(t["id"]) : "none"));
   }
   return missing;
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "common/error.hpp"
+#include "common/json_dom.hpp"
 #include "engine/model/model.hpp"
 
 namespace outcore::train {
@@ -68,8 +69,9 @@ nlohmann::json to_json(const DataPosition& p) { return {{"epoch", p.epoch}, {"st
 DataPosition data_position_from_json(const nlohmann::json& j) {
   auto field = [&](const char* name) {
     if (!j.is_object() || !j.contains(name) || !j[name].is_number_unsigned()) {
-      throw InvalidArgument(fmt::format(
-          "data position: '{}' is missing or not a non-negative integer in {}", name, j.dump()));
+      throw InvalidArgument(
+          fmt::format("data position: '{}' is missing or not a non-negative integer in {}", name,
+                      json_brief(j)));
     }
     return j[name].get<uint64_t>();
   };

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/json_dom.hpp"
 #include "common/log.hpp"
 
 namespace outcore::train {
@@ -127,7 +128,7 @@ nlohmann::json LossScaler::state_json() const {
 void LossScaler::load_state_json(const nlohmann::json& j) {
   auto fail = [&](const char* field) {
     throw InvalidArgument(
-        fmt::format("loss scaler state: '{}' is missing or mistyped in {}", field, j.dump()));
+        fmt::format("loss scaler state: '{}' is missing or mistyped in {}", field, json_brief(j)));
   };
   if (!j.is_object()) fail("cur_scale");
   if (!j.contains("dynamic") || !j["dynamic"].is_boolean()) fail("dynamic");

@@ -7,6 +7,7 @@
 #include <numbers>
 
 #include "common/error.hpp"
+#include "common/json_dom.hpp"
 #include "common/log.hpp"
 
 namespace outcore::train {
@@ -186,8 +187,9 @@ nlohmann::json LrSchedule::state_json() const {
 void LrSchedule::load_state_json(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("last_batch_iteration") ||
       !j["last_batch_iteration"].is_number_integer()) {
-    throw InvalidArgument(fmt::format(
-        "lr scheduler state: 'last_batch_iteration' is missing or not an integer in {}", j.dump()));
+    throw InvalidArgument(
+        fmt::format("lr scheduler state: 'last_batch_iteration' is missing or not an integer in {}",
+                    json_brief(j)));
   }
   set_last_batch_iteration(j["last_batch_iteration"].get<int64_t>());
 }

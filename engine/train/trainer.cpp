@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "common/error.hpp"
+#include "common/json_dom.hpp"
 #include "common/log.hpp"
 #include "common/open_file.hpp"
 #include "engine/comm/local_comm.hpp"
@@ -47,10 +48,10 @@ void check_same_model(const model::LlamaConfig& theirs, const model::LlamaConfig
   for (const auto& [key, value] : a.items()) {
     const auto it = b.find(key);
     if (it == b.end() || *it != value)
-      throw ConfigError(
-          key, fmt::format("{}/config.json has {}, the model config {}: the "
-                           "weights were made for another model",
-                           dir, value.dump(), it == b.end() ? std::string("nothing") : it->dump()));
+      throw ConfigError(key, fmt::format("{}/config.json has {}, the model config {}: the "
+                                         "weights were made for another model",
+                                         dir, json_brief(value),
+                                         it == b.end() ? std::string("nothing") : json_brief(*it)));
   }
 }
 
@@ -503,7 +504,8 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
       model_config, src);
   const std::string state_path = (ck->dir() / "trainer_state.json").string();
   try {
-    resume_state_ = nlohmann::json::parse(ck->read_text("trainer_state.json"));
+    resume_state_ = parse_json_dom(ck->read_text("trainer_state.json"),
+                                   {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
     const int64_t steps_then = ck->manifest().step;  // restore() checks steps_done against it
     if (opts_.steps < steps_then)
       throw InvalidArgument(fmt::format(
@@ -553,6 +555,8 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
         resume_state_.value("eval_batches", int64_t{0}) == opts_.eval_batches;
     validated_step_ = same_validation ? resume_state_.value("validated_step", int64_t{-1}) : -1;
 
+  } catch (const JsonTooDeep& e) {
+    throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
   }
@@ -579,7 +583,7 @@ void Trainer::restore(const ckpt::Checkpoint& ck) {
       throw CorruptData(fmt::format(
           "{}: steps_done {} and adam_steps {} disagree with the manifest's step {} (adam_steps "
           "is at most steps_done)",
-          state_path, steps_done_, adam.dump(), ck.manifest().step));
+          state_path, steps_done_, json_brief(adam), ck.manifest().step));
     adam_steps_ = adam.get<uint64_t>();
     // Values the scheduler or the loss scaler refuses (bad, or not the config's) name the file.
     auto named = [&state_path](auto&& load) {

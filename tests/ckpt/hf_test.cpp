@@ -280,6 +280,27 @@ TEST(Safetensors, EveryMalformedHeaderIsRefusedNamingFileAndTensor) {
       {"metadata not strings", R"({"__metadata__":{"k":1}})", 0, {}, false, {"\"k\""}},
       {"huge header length", "{}", 0, ~uint64_t{0}, false, {"header length"}},
       {"header length past the file", "{}", 0, 1000, false, {"header length 1000"}},
+      // A value nested a million deep: refused as the header is parsed (a message showing it
+      // would recurse that deep); a long shape is described, not printed.
+      {"nested a million deep",
+       R"({"t":{"dtype":"F32","shape":)" + std::string(1'000'000, '[') +
+           std::string(1'000'000, ']') + R"(,"data_offsets":[0,0]}})",
+       0,
+       {},
+       false,
+       {"JSON nested deeper than"}},
+      {"long shape",
+       R"({"t":{"dtype":"F32","shape":)" +
+           [] {
+             std::string shape = "[-1";
+             for (int i = 0; i < 20000; ++i) shape += ",1";
+             return shape + "]";
+           }() +
+           R"(,"data_offsets":[0,0]}})",
+       0,
+       {},
+       false,
+       {"\"t\"", "shape an array of 20001 elements holds -1"}},
   };
   TempDir dir("hf");
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -701,6 +722,19 @@ TEST_F(HfImportErrors, DirectoryWithoutSafetensorsIsInvalidArgument) {
   const std::string msg = error_of<InvalidArgument>([&] { HfWeights::open(dir.path(), cfg); });
   EXPECT_MENTIONS(msg, dir.path().string());
   EXPECT_MENTIONS(msg, kHfWeightsFile);
+}
+
+// A link to nowhere, or to itself, at the weights' name is named as such, not taken for a
+// directory without weights.
+TEST_F(HfImportErrors, ALinkToNowhereAtTheWeightsNameIsNamed) {
+  for (const char* target : {"absent.safetensors", kHfWeightsFile}) {
+    SCOPED_TRACE(target);
+    fs::create_symlink(target, dir / kHfWeightsFile);
+    const std::string msg = error_of<IoError>([&] { HfWeights::open(dir.path(), cfg); });
+    EXPECT_MENTIONS(msg, (dir / kHfWeightsFile).string());
+    EXPECT_EQ(msg.find("holds neither"), std::string::npos) << msg;
+    fs::remove(dir / kHfWeightsFile);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -170,6 +170,33 @@ TEST_F(TokenizeCliTest, RefusedInvocationsExit2) {
   r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o") + "/"));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("not a directory: add a name"), std::string::npos) << r.err;
+  for (const char* dot : {"/.", "/.."}) {  // DIR/. would write DIR/..bin
+    r = run("--input " + shell_quote(in) + " --out " + shell_quote(dir_.path().string() + dot));
+    EXPECT_EQ(r.rc, 2) << dot;
+    EXPECT_NE(r.err.find("not a directory: add a name"), std::string::npos) << r.err;
+  }
+  // --text-key on a file read as plain text would be dropped (its JSON tokenized as text).
+  const std::string ndjson = input("docs.ndjson", "{\"body\": \"the\"}\n{\"body\": \"q\"}\n");
+  const std::string lines_txt = input("docs.txt", "{\"body\": \"the\"}\n");
+  r = run("--input " + shell_quote(lines_txt) + " --out " + shell_quote(path("k")) +
+          " --text-key body");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--text-key body: " + lines_txt + " is read as plain text"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("k") + ".bin"));
+  r = run("--input " + shell_quote(ndjson) + " --out " + shell_quote(path("k")) +
+          " --text-key body");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("tokenized 2 documents"), std::string::npos) << r.out;
+  // A link at an output's name: renaming into place would replace the link.
+  test::write_file(dir_ / "users.txt", "the user's file");
+  std::filesystem::create_symlink(dir_ / "users.txt", path("linked.bin"));
+  r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("linked")));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find(path("linked.bin") + " is a link"), std::string::npos) << r.err;
+  EXPECT_TRUE(std::filesystem::is_symlink(path("linked.bin")));
+  EXPECT_EQ(test::slurp(dir_ / "users.txt"), "the user's file");
   // An input with no document writes nothing.
   r = run("--input " + shell_quote(input("blank.txt", "\n  \n")) + " --out " +
           shell_quote(path("blank")));

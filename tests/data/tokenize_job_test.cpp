@@ -490,6 +490,64 @@ TEST_F(TokenizeJobTest, TextReplacingPairsRemovesTheirMask) {
   EXPECT_EQ(test::slurp((dir_ / "elsewhere.mask").string()), users);
 }
 
+// Pairs write their mask over PREFIX.mask only where it is the loss mask of the token file they
+// replace: a user's file there (with no token file, or beside one of another count), or a link,
+// is refused naming it, and every file is kept.
+TEST_F(TokenizeJobTest, PairsWriteOverOnlyTheMaskOfTheTokenFileTheyReplace) {
+  const std::string pairs = input("sft.jsonl", "{\"q\": \"the question\", \"a\": \"an answer\"}\n");
+  const auto pairs_job = [&](const std::string& prefix) {
+    TokenizeOptions o = options({pairs}, prefix);
+    o.prompt_key = "q";
+    o.completion_key = "a";
+    return o;
+  };
+  // Their own earlier pair is replaced.
+  const TokenizeResult first = run_tokenize_job(*tokenizer_, pairs_job("data"));
+  EXPECT_NO_THROW(run_tokenize_job(*tokenizer_, pairs_job("data")));
+  EXPECT_EQ(test::slurp(first.mask_file).size(), tokens_of(first.token_file).size());
+
+  const std::string users = "the user's own notes, not a loss mask";  // not the tokens' count
+  const std::string text = input("text.jsonl", "{\"text\": \"the question an answer\"}\n");
+  for (const char* what : {"no token file", "a token file of another count", "a link"}) {
+    SCOPED_TRACE(what);
+    const std::string w = what;
+    const fs::path prefix = dir_ / (w == "no token file" ? "lone" : w == "a link" ? "ln" : "mine");
+    if (w != "no token file") {
+      ASSERT_NO_THROW(run_tokenize_job(*tokenizer_, options({text}, prefix.filename().string())));
+    }
+    const std::string tokens_before =
+        w == "no token file" ? std::string() : test::slurp(prefix.string() + ".bin");
+    const fs::path users_file =
+        w == "a link" ? dir_ / "elsewhere.txt" : fs::path(prefix.string() + ".mask");
+    std::ofstream(users_file) << users;
+    if (w == "a link") {
+      // A link to a file of the right size: still not the mask's own file.
+      test::write_file(users_file, std::string(tokens_of(prefix.string() + ".bin").size(), 'x'));
+      fs::create_symlink(users_file, prefix.string() + ".mask");
+    }
+    const std::string user_bytes = test::slurp(users_file);
+    try {
+      run_tokenize_job(*tokenizer_, pairs_job(prefix.filename().string()));
+      ADD_FAILURE() << "pairs wrote their mask over " << prefix.string() << ".mask";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(
+          std::string(e.what()).find(
+              prefix.string() + (w == "a link" ? ".mask is a link" : ".mask is not the loss mask")),
+          std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(test::slurp(users_file), user_bytes);
+    if (w == "a link") {
+      EXPECT_TRUE(fs::is_symlink(prefix.string() + ".mask"));
+    }
+    if (w == "no token file") {
+      EXPECT_FALSE(fs::exists(prefix.string() + ".bin"));
+    } else {
+      EXPECT_EQ(test::slurp(prefix.string() + ".bin"), tokens_before);
+    }
+  }
+}
+
 // A job whose token file cannot be renamed into place (here a directory took its name while
 // the job ran) leaves the earlier token file and its loss mask as they were, whether it
 // replaced that mask (pairs) or was to remove it (plain text), and leaves no file of its own.

@@ -331,5 +331,52 @@ TEST_F(TokenizerTest, UnsupportedComponentsAreRefusedNamingTheKey) {
   EXPECT_NE(load_error(truncated).find("tokenizer.json: not valid JSON"), std::string::npos);
 }
 
+// Values nested a million deep (a few megabytes of brackets) are refused naming the file, in
+// tokenizer.json and tokenizer_config.json alike: the messages that show a bad value, and the
+// readers of Sequence components, recurse into what they read. A value too large to show is
+// described, not dumped.
+TEST_F(TokenizerTest, DeeplyNestedOrHugeValuesAreRefusedNamingTheFile) {
+  const size_t deep = 1'000'000;
+  const std::string nested = std::string(deep, '[') + std::string(deep, ']');
+  {
+    const fs::path d = dir_with(test::tiny_tokenizer());
+    test::write_file(d / "tokenizer_config.json", "{\"eos_token\": " + nested + "}");
+    const std::string message = load_error(d);
+    EXPECT_NE(message.find((d / "tokenizer_config.json").string() + ": JSON nested deeper than"),
+              std::string::npos)
+        << message;
+  }
+  {
+    json j = test::tiny_tokenizer();
+    j["model"]["type"] = "@";
+    const fs::path d = dir_with(j);
+    std::string text = j.dump();
+    text.replace(text.find("\"@\""), 3, nested);
+    test::write_file(d / "tokenizer.json", text);
+    const std::string message = load_error(d);
+    EXPECT_NE(message.find((d / "tokenizer.json").string() + ": JSON nested deeper than"),
+              std::string::npos)
+        << message;
+  }
+  {  // Sequence in Sequence, 200 deep: past the limit, refused at once
+    json j = test::tiny_tokenizer();
+    json n = {{"type", "NFC"}};
+    for (int i = 0; i < 200; ++i) n = {{"type", "Sequence"}, {"normalizers", json::array({n})}};
+    j["normalizer"] = n;
+    const std::string message = load_error(dir_with(j));
+    EXPECT_NE(message.find("tokenizer.json: JSON nested deeper than"), std::string::npos)
+        << message;
+  }
+  {  // a wrong value of 100000 elements is described, not printed
+    json j = test::tiny_tokenizer();
+    j["model"]["type"] = json::array();
+    for (int i = 0; i < 100000; ++i) j["model"]["type"].push_back(i);
+    const std::string message = load_error(dir_with(j));
+    EXPECT_NE(message.find("model an array of 100000 elements is not supported"), std::string::npos)
+        << message.substr(0, 300);
+    EXPECT_LT(message.size(), 1000u);
+  }
+}
+
 }  // namespace
 }  // namespace outcore::data

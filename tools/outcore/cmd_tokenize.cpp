@@ -26,6 +26,7 @@
 #include "common/error.hpp"
 #include "common/json_lines.hpp"
 #include "common/unique_fd.hpp"
+#include "engine/data/document_reader.hpp"
 #include "engine/data/tokenize_job.hpp"
 #include "engine/data/tokenizer.hpp"
 #include "tools/outcore/commands.hpp"
@@ -40,6 +41,7 @@ struct TokenizeArgs {
   std::vector<std::string> inputs;
   int threads = 0;
   bool skip_bad = false, doc_per_file = false;
+  bool text_key_given = false;  // --text-key on the command line
 };
 
 // Skipped documents named on stderr; the rest only counted.
@@ -85,10 +87,20 @@ int run_tokenize(const TokenizeArgs& a) {
     throw InvalidArgument("--prompt-key needs --completion-key");
   if (a.prompt_key.empty() && !a.completion_key.empty())
     throw InvalidArgument("--completion-key needs --prompt-key");
+  // A key given for an input read as plain text would be dropped without a word (its JSON
+  // lines tokenized as text).
+  if (a.text_key_given)
+    for (const std::string& in : a.inputs)
+      if (data::input_format_of(in) != data::InputFormat::kJsonLines)
+        throw InvalidArgument(fmt::format(
+            "--text-key {}: {} is read as plain text (JSON lines are files named .jsonl, .json "
+            "or .ndjson), where the key does not apply: rename it, or leave out --text-key",
+            a.text_key, in));
   if (a.threads < 0 || a.threads > data::kMaxTokenizeThreads)
     throw InvalidArgument(
         fmt::format("--threads {}: 0 (all cores) to {}", a.threads, data::kMaxTokenizeThreads));
-  if (std::filesystem::path(a.out).filename().empty())
+  const std::filesystem::path out_name = std::filesystem::path(a.out).filename();
+  if (out_name.empty() || out_name == "." || out_name == "..")
     throw InvalidArgument("--out " + a.out +
                           ": a prefix of file names (PREFIX.bin), not a directory: add a name, "
                           "e.g. " +
@@ -247,7 +259,8 @@ void add_tokenize_command(CLI::App& app, int& rc) {
       "Tokenize text or JSON lines with a Hugging Face tokenizer into a token file (llm.c .bin; "
       "raw .u32 for vocabularies over 65536) and, for prompt/completion pairs, a loss mask");
   cmd->footer(
-      "Inputs: a .jsonl or .json file holds one JSON object per line (blank lines skipped); any "
+      "Inputs: a .jsonl, .json or .ndjson file holds one JSON object per line (blank lines "
+      "skipped); any "
       "other file is plain text, where a document is a maximal run of non-blank lines (blank: "
       "only spaces, tabs, \\r), or the whole file with --doc-per-file.\n"
       "Each document is encoded with the tokenizer's special tokens (e.g. a BOS) and followed by "
@@ -262,7 +275,8 @@ void add_tokenize_command(CLI::App& app, int& rc) {
                   "model directory with tokenizer.json or tokenizer.model (and "
                   "tokenizer_config.json for BOS/EOS)")
       ->required();
-  cmd->add_option("--input", a->inputs, "input files, in order (text, .jsonl or .json)")
+  cmd->add_option("--input", a->inputs,
+                  "input files, in order (text, or JSON lines: .jsonl, .json or .ndjson)")
       ->required();
   cmd->add_option("--out", a->out, "output prefix: writes PREFIX.bin or PREFIX.u32 (+ PREFIX.mask)")
       ->required();
@@ -281,7 +295,10 @@ void add_tokenize_command(CLI::App& app, int& rc) {
                 "failing");
   cmd->add_option("--log-json", a->log_json,
                   "also write the progress as JSON lines to FILE (replaces only such a log)");
-  cmd->callback([a, &rc] { rc = run_tokenize_reporting(*a); });
+  cmd->callback([a, text_key, &rc] {
+    a->text_key_given = text_key->count() > 0;
+    rc = run_tokenize_reporting(*a);
+  });
 }
 
 }  // namespace outcore::cli

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/json_dom.hpp"
 #include "common/log.hpp"
 #include "common/open_file.hpp"
 #include "common/unique_fd.hpp"
@@ -285,7 +286,9 @@ ResumeDefaults resume_defaults(const std::string& path) {
   d.ds_config = ck.read_text("ds_config.json");
   d.model_config = ck.read_text("config.json");
   try {
-    const nlohmann::json st = nlohmann::json::parse(ck.read_text("trainer_state.json"));
+    const nlohmann::json st =
+        parse_json_dom(ck.read_text("trainer_state.json"),
+                       {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
     d.train_data = st.value("train_data", "");
     d.val_data = st.value("val_data", "");
     d.train_mask = st.value("train_mask", "");
@@ -300,6 +303,8 @@ ResumeDefaults resume_defaults(const std::string& path) {
     d.metrics_file = st.value("metrics_file", "");
     d.eval_every = std::max<int64_t>(0, st.value("eval_every", int64_t{0}));
     d.eval_batches = std::max<int64_t>(0, st.value("eval_batches", int64_t{0}));
+  } catch (const JsonTooDeep& e) {
+    throw CorruptData(d.source + "/trainer_state.json: " + e.what());
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(d.source + "/trainer_state.json: " + e.what());
   }
