@@ -17,9 +17,11 @@
 
 namespace outcore {
 
-// Thrown by parse_json_dom when the text nests deeper than its limit.
-struct JsonTooDeep : std::length_error {
-  using std::length_error::length_error;
+// Thrown by parse_json_dom for text json::parse would misread rather than reject: nested deeper
+// than the limit, or holding a NUL byte (nlohmann's lexer takes it for the end of the text and
+// drops what follows unread).
+struct JsonRefused : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 struct JsonDomOptions {
@@ -82,7 +84,8 @@ class JsonDomChecks : public nlohmann::json_sax<nlohmann::json> {
   };
   void enter() {
     if (++depth_ > options_.max_depth && options_.max_depth > 0)
-      throw JsonTooDeep("JSON nested deeper than " + std::to_string(options_.max_depth));
+      throw JsonRefused("objects and arrays nested deeper than " +
+                        std::to_string(options_.max_depth) + " levels");
   }
 
   const JsonDomOptions& options_;
@@ -126,9 +129,12 @@ inline std::string json_brief(const nlohmann::json& v) {
 }
 
 // Parses `text` as json::parse does (throwing its exceptions for malformed text and numbers out
-// of range), JsonTooDeep past options.max_depth, and what options.on_repeated_key throws. Two
-// passes, both linear: the checks, then json::parse without a callback.
+// of range), JsonRefused past options.max_depth or for a NUL byte, and what options.on_repeated_key
+// throws. Two passes, both linear: the checks, then json::parse without a callback.
 inline nlohmann::json parse_json_dom(std::string_view text, const JsonDomOptions& options = {}) {
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    throw JsonRefused("a NUL byte at byte " + std::to_string(nul) +
+                      " (JSON text holds none; nothing after it would be read)");
   detail::JsonDomChecks checks(options);
   nlohmann::json::sax_parse(text, &checks);
   return nlohmann::json::parse(text);

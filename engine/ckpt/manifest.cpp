@@ -241,7 +241,7 @@ Manifest parse_manifest(std::string_view text, const std::string& source) {
   nlohmann::json j;
   try {
     j = parse_json_dom(text, {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
-  } catch (const JsonTooDeep& e) {
+  } catch (const JsonRefused& e) {
     throw CorruptData(fmt::format("{}: {}", source, e.what()));
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: not valid JSON ({})", source, e.what()));

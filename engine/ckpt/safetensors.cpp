@@ -186,7 +186,7 @@ json parse_json_unique_keys(std::string_view text, const std::string& where) {
   };
   try {
     return parse_json_dom(text, {.max_depth = kMaxJsonFileDepth, .on_repeated_key = repeated});
-  } catch (const JsonTooDeep& e) {
+  } catch (const JsonRefused& e) {
     throw CorruptData(fmt::format("{}: {}", where, e.what()));
   } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
     throw CorruptData(fmt::format("{}: not valid JSON: {}", where, e.what()));

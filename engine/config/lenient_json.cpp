@@ -342,6 +342,14 @@ LineColumn line_column(std::string_view text, size_t offset) {
 
 LenientParse parse_lenient_json(std::string_view text) {
   LenientParse result;
+  // The parser takes a NUL byte for the end of the text: what follows would be dropped unread.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    result.errors.push_back({"", "malformed JSON at " + at_line_column(text, nul) +
+                                     ": a NUL byte (JSON text holds none; nothing after it "
+                                     "would be read)"});
+    result.value = Json(nullptr);
+    return result;
+  }
   // Commas become spaces: offsets in `cleaned` are offsets in `text`.
   std::string cleaned = blank_trailing_commas(text);
   const char* read_end = cleaned.data();

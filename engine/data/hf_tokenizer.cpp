@@ -453,7 +453,7 @@ LoadedBackend load_tokenizer_json(const std::string& path) {
   try {
     root = parse_json_dom(read_whole_file(path, "tokenizer", kMaxTokenizerJsonBytes),
                           {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
-  } catch (const JsonTooDeep& e) {  // Sequence in Sequence...: the readers recurse
+  } catch (const JsonRefused& e) {  // Sequence in Sequence...: the readers recurse
     throw ConfigError("", fmt::format("{}: {}", path, e.what()));
   } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
     throw ConfigError("", fmt::format("{}: not valid JSON: {}", path, e.what()));

@@ -34,7 +34,7 @@ json read_optional_json(const fs::path& dir, const char* name) {
     if (!j.is_object())
       throw ConfigError("", fmt::format("{}: must hold a JSON object", path.string()));
     return j;
-  } catch (const JsonTooDeep& e) {
+  } catch (const JsonRefused& e) {
     throw ConfigError("", fmt::format("{}: {}", path.string(), e.what()));
   } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
     throw ConfigError("", fmt::format("{}: not valid JSON: {}", path.string(), e.what()));

@@ -260,6 +260,17 @@ void require_positive_finite(double v, const std::string& key) {
     throw ConfigError(key, fmt::format("must be positive and finite, got {}", v));
 }
 
+// A value the kernels use in fp32: positive and finite there too (1e39 is fp32's infinity,
+// 1e-50 its zero).
+void require_positive_finite_fp32(double v, const std::string& key) {
+  require_positive_finite(v, key);
+  const float f = static_cast<float>(v);
+  if (!(f > 0) || !std::isfinite(f))
+    throw ConfigError(key, fmt::format("must be positive and finite in fp32 (about 1.2e-38 to "
+                                       "3.4e38, where the kernels use it), got {}",
+                                       v));
+}
+
 // Saturating arithmetic: sizes beyond 2^64 compare as UINT64_MAX, never wrap.
 uint64_t mul_sat(uint64_t a, uint64_t b) {
   uint64_t r;
@@ -339,10 +350,8 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
     // Linear in the text (a callback bounding the depth would make json::parse quadratic in an
     // object's members).
     j = parse_json_dom(text, {.max_depth = kMaxModelConfigDepth, .on_repeated_key = {}});
-  } catch (const JsonTooDeep&) {
-    fail(source, "",
-         fmt::format("objects and arrays nested deeper than {} levels; allowed: at most {}",
-                     kMaxModelConfigDepth, kMaxModelConfigDepth));
+  } catch (const JsonRefused& e) {
+    fail(source, "", e.what());
   } catch (const json::parse_error& e) {
     fail(source, "", fmt::format("malformed JSON at byte {}: {}", e.byte, e.what()));
   } catch (const json::exception& e) {  // a number out of range (1e400)
@@ -448,7 +457,7 @@ void LlamaConfig::validate() const {
                        layers ? num_hidden_layers : vocab_size, "parameters in all");
   }
   require_positive_finite(rope_theta, "rope_theta");
-  require_positive_finite(rms_norm_eps, "rms_norm_eps");
+  require_positive_finite_fp32(rms_norm_eps, "rms_norm_eps");
   require_positive_finite(initializer_range, "initializer_range");
   validate_rope_scaling(rope_scaling);
 }

@@ -288,7 +288,7 @@ TEST(Safetensors, EveryMalformedHeaderIsRefusedNamingFileAndTensor) {
        0,
        {},
        false,
-       {"JSON nested deeper than"}},
+       {"nested deeper than 128 levels"}},
       {"long shape",
        R"({"t":{"dtype":"F32","shape":)" +
            [] {

@@ -97,6 +97,20 @@ TEST(LenientJson, EmptyInputIsAnError) {
   EXPECT_NE(p.errors[0].message.find("malformed JSON"), std::string::npos);
 }
 
+// The parser's lexer takes a NUL byte for the end of the text: a config with one before more
+// keys (or garbage) is refused at it, not read as the part before it.
+TEST(LenientJson, ANulByteIsAnErrorNotTheEnd) {
+  using namespace std::string_literals;
+  for (const std::string& text : {"{\"a\": 1}\0\n{\"b\": }}"s, "{\"a\": 1,\n  \0 \"b\": 2}"s}) {
+    LenientParse p = parse_lenient_json(text);
+    ASSERT_EQ(p.errors.size(), 1u);
+    EXPECT_NE(p.errors[0].message.find("a NUL byte"), std::string::npos) << p.errors[0].message;
+    EXPECT_NE(p.errors[0].message.find(text[8] == '\0' ? "line 1, column 9" : "line 2, column 3"),
+              std::string::npos)
+        << p.errors[0].message;
+  }
+}
+
 TEST(LenientJson, DuplicateKeysReportedByPath) {
   LenientParse p = parse_lenient_json(R"({
     "a": 1,

@@ -109,6 +109,11 @@ TEST(LlamaConfig, MissingWrongTypeAndImpossibleValuesAreErrors) {
   expect_error(nested(100000), "", "nested deeper than 256 levels");
   EXPECT_NO_THROW(LlamaConfig::from_json(nested(200), "config.json"));
   expect_error(nested(257), "", "nested deeper than 256 levels");
+  // rms_norm_eps is used in fp32: beyond its range it is refused, not turned into inf or 0.
+  expect_error(with(R"(, "rms_norm_eps": 1e39)"), "rms_norm_eps", "positive and finite in fp32");
+  expect_error(with(R"(, "rms_norm_eps": 1e-50)"), "rms_norm_eps", "positive and finite in fp32");
+  // A NUL byte would end the parse there, the keys after it dropped unread.
+  expect_error(std::string("{\"hidden_size\": 64}\0{\"x\": }", 27), "", "a NUL byte at byte 19");
   EXPECT_NO_THROW(LlamaConfig::from_json(nested(255), "config.json"));  // 256 with the root
   // Many keys whose values are objects are read in time linear in the text (bounding the depth
   // with json::parse's callback made it quadratic: 60000 such keys took 30 s, these 400000 about
