@@ -650,6 +650,26 @@ TEST_F(TrainCliTest, OutputsNeverLieWhereTheCheckpointsAreWritten) {
       EXPECT_NE(r.err.find(std::string(flag) + " " + out + why), std::string::npos) << r.err;
     }
   }
+  // Nor through a link to a file there that does not exist yet (written through, it would).
+  const std::string save_name = "a name that a save directory writes";
+  const std::pair<std::string, std::string> linked[] = {
+      {ck + "/global_step1/trace.json", "inside checkpoint " + step1},
+      {ck + "/global_step3", save_name},
+      {ck + "/latest.tmp", save_name}};
+  for (const auto& [target, why] : linked) {
+    const std::string link =
+        data_.file("link_to_" + std::filesystem::path(target).filename().string());
+    std::filesystem::create_symlink(target, link);
+    for (const char* flag : {"--metrics", "--trace"}) {
+      r = run("train --resume " + shell_quote(ck) + " --steps 2 " + flag + " " + shell_quote(link));
+      EXPECT_EQ(r.rc, 2) << flag << " " << link << ": " << r.err;
+      EXPECT_NE(r.err.find(std::string(flag) + " " + link + " (through a link to " + target +
+                           "): " + why),
+                std::string::npos)
+          << r.err;
+      EXPECT_FALSE(std::filesystem::exists(target)) << target;
+    }
+  }
   // Nor are a save directory inside a checkpoint, or an export into one or at a checkpoint's
   // name in a save directory.
   r = run("train --resume " + shell_quote(ck + "/global_step1") + " --steps 2 --save-dir " +

@@ -210,38 +210,51 @@ bool check_output_file(const std::string& path, const char* flag,
   return true;
 }
 
+namespace {
+
+// "" for a path that is not a link, else " (through a link to TARGET)": a file is written
+// through a link at its name, whose target need not exist yet (resolve_links).
+std::string link_note(const std::string& path, const std::string& target) {
+  return target == path ? std::string() : " (through a link to " + target + ")";
+}
+
+}  // namespace
+
 bool check_outside_checkpoints(const std::string& path, const char* flag,
                                const std::string& save_dir) {
   namespace fs = std::filesystem;
   if (path.empty()) return true;
-  if (const std::optional<fs::path> in = ckpt::checkpoint_holding(path)) {
+  const std::string target = resolve_links(path);  // where the file is written
+  if (const std::optional<fs::path> in = ckpt::checkpoint_holding(target)) {
     std::fprintf(stderr,
-                 "error: %s %s: inside checkpoint %s (a file it does not list keeps it from ever "
-                 "being pruned or saved over); choose a path outside it\n",
-                 flag, path.c_str(), in->string().c_str());
+                 "error: %s %s%s: inside checkpoint %s (a file it does not list keeps it from "
+                 "ever being pruned or saved over); choose a path outside it\n",
+                 flag, path.c_str(), link_note(path, target).c_str(), in->string().c_str());
     return false;
   }
   if (save_dir.empty()) return true;
   std::error_code ec;
   const fs::path rel =
-      fs::weakly_canonical(fs::absolute(path, ec), ec)
+      fs::weakly_canonical(fs::absolute(target, ec), ec)
           .lexically_relative(fs::weakly_canonical(fs::absolute(save_dir, ec), ec));
   if (ec || rel.empty() || *rel.begin() == "..") return true;
   const std::string first = rel.begin()->string();
   if (first != "." && !ckpt::is_save_entry_name(first)) return true;
   std::fprintf(stderr,
-               "error: %s %s: --save-dir %s writes there (its checkpoints, latest, .lock); "
+               "error: %s %s%s: --save-dir %s writes there (its checkpoints, latest, .lock); "
                "choose a path outside them\n",
-               flag, path.c_str(), save_dir.c_str());
+               flag, path.c_str(), link_note(path, target).c_str(), save_dir.c_str());
   return false;
 }
 
 bool check_not_a_save_name(const std::string& path, const char* flag) {
-  if (path.empty() || !ckpt::takes_a_save_name(std::filesystem::absolute(path))) return true;
+  if (path.empty()) return true;
+  const std::string target = resolve_links(path);
+  if (!ckpt::takes_a_save_name(std::filesystem::absolute(target))) return true;
   std::fprintf(stderr,
-               "error: %s %s: a name that a save directory writes (a checkpoint, latest): "
+               "error: %s %s%s: a name that a save directory writes (a checkpoint, latest): "
                "choose another\n",
-               flag, path.c_str());
+               flag, path.c_str(), link_note(path, target).c_str());
   return false;
 }
 
