@@ -216,7 +216,8 @@ const nlohmann::ordered_json* at_path(const nlohmann::ordered_json& j, std::stri
 
 std::span<const KeyEffect> key_effects() { return kEffects; }
 
-std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
+std::vector<ConfigIssue> keys_without_effect(const Config& cfg,
+                                             const nlohmann::ordered_json* file) {
   // The defaults this config had: overlap_comm's depends on the stage, as in DeepSpeed.
   Config base;
   base.zero_optimization.stage = cfg.zero_optimization.stage;
@@ -230,6 +231,14 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
     if (v == nullptr || d == nullptr || *v == *d) return nullptr;
     if (v->is_string() && v->get_ref<const std::string&>() == "auto") return nullptr;
     return v;
+  };
+  // The same, or the value when the file writes the key (not "auto"), even at its default: a
+  // key another one overrides is without effect whatever its value.
+  auto written = [&](std::string_view path) -> const nlohmann::ordered_json* {
+    if (const nlohmann::ordered_json* v = changed(path)) return v;
+    const nlohmann::ordered_json* w = file != nullptr ? at_path(*file, path) : nullptr;
+    if (w == nullptr || w->is_null() || (w->is_string() && *w == "auto")) return nullptr;
+    return at_path(now, path);
   };
   std::vector<ConfigIssue> out;
   for (const KeyEffect& e : kEffects) {
@@ -325,7 +334,7 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
                                          v->dump())});
   // The optimizer's lr, where the schedule sets the lr from its own keys to other values.
   const SchedulerConfig& sch = cfg.scheduler;
-  const nlohmann::ordered_json* lr = changed("optimizer.params.lr");
+  const nlohmann::ordered_json* lr = written("optimizer.params.lr");
   const double lr_value = lr != nullptr && lr->is_number() ? lr->get<double>() : 0.0;
   std::string lr_set_by;
   if ((sch.type == SchedulerType::kWarmupLR || sch.type == SchedulerType::kWarmupDecayLR) &&
@@ -344,7 +353,7 @@ std::vector<ConfigIssue> keys_without_effect(const Config& cfg) {
                                "schedulers do the same)",
                                lr->dump(), lr_set_by)});
   if (sch.type == SchedulerType::kOneCycle && sch.one_cycle.cycle_momentum)
-    if (const nlohmann::ordered_json* v = changed("optimizer.params.betas"))
+    if (const nlohmann::ordered_json* v = written("optimizer.params.betas"))
       out.push_back({"optimizer.params.betas",
                      fmt::format("set to {}, but scheduler OneCycle with cycle_momentum true "
                                  "sets the betas at every step: no effect in this config",

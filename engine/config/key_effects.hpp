@@ -23,7 +23,9 @@ struct KeyEffect {
 std::span<const KeyEffect> key_effects();
 
 // Warnings (path, message) for every no-effect key whose value in `cfg` differs from the
-// default; "auto" never warns (it means the default).
-std::vector<ConfigIssue> keys_without_effect(const Config& cfg);
+// default; "auto" never warns (it means the default). The optimizer's lr and betas, which a
+// scheduler overrides, warn whenever `file` (the parsed config, if given) writes them.
+std::vector<ConfigIssue> keys_without_effect(const Config& cfg,
+                                             const nlohmann::ordered_json* file = nullptr);
 
 }  // namespace outcore::config::detail

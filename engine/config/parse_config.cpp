@@ -185,7 +185,7 @@ void read_ignored_top_level(SectionReader& root) {
   }
 }
 
-void read_top_level(SectionReader& root, Diagnostics& d, Config& c) {
+void read_top_level(SectionReader& root, Diagnostics& d, Config& c, const Json& file) {
   root.get_auto("train_batch_size", c.train_batch_size, kPositive);
   root.get_auto("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu,
                 IntRange{1, kMaxMicroBatch});
@@ -207,7 +207,7 @@ void read_top_level(SectionReader& root, Diagnostics& d, Config& c) {
   read_outcore(root, d, c.outcore);
   read_ignored_top_level(root);
   root.finish();
-  for (ConfigIssue& w : detail::keys_without_effect(c)) d.warn(w.json_path, w.message);
+  for (ConfigIssue& w : detail::keys_without_effect(c, &file)) d.warn(w.json_path, w.message);
   if (c.fp16.enabled.value_or(false) && c.bf16.enabled.value_or(false)) {
     d.error("bf16.enabled",
             "true while fp16.enabled is also true; allowed: at most one of "
@@ -256,7 +256,7 @@ ParsedConfig parse_config(std::string_view text, std::string_view source, bool l
   ParsedConfig out;
   if (lp.value.is_object()) {
     SectionReader root(&lp.value, "", d, /*auto_means_default=*/false);
-    read_top_level(root, d, out.config);
+    read_top_level(root, d, out.config, lp.value);
     detail::sort_by_file_order(lp.value, d.errors, d.warnings);
     cap_unknown_keys(d.warnings, d.unlisted_unknown_keys);
   } else if (d.errors.empty()) {

@@ -159,6 +159,17 @@ TEST(KeyEffects, KeysThatActOtherwiseThanInDeepSpeedAreSaid) {
       {R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.5, 0.6]}}, "scheduler": {"type":
            "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3}}})",
        "optimizer.params.betas", "sets the betas at every step"},
+      // Written at their defaults, they are overridden all the same: said too.
+      {R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "scheduler": {"type":
+           "WarmupLR", "params": {"warmup_max_lr": 0.01}}})",
+       "optimizer.params.lr", "set to 0.001, but scheduler WarmupLR warms up to its warmup_max_lr"},
+      {R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betas": [0.9, 0.999]}},
+           "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr":
+           1e-2}}})",
+       "optimizer.params.betas", "set to [0.9,0.999], but scheduler OneCycle"},
+      {R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "scheduler": {"type":
+           "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2}}})",
+       "optimizer.params.lr", "OneCycle sets the lr between"},
       {R"({"activation_checkpointing": {"number_checkpoints": 4}})",
        "activation_checkpointing.number_checkpoints", "turns activation checkpointing on"},
       // DeepSpeed takes bf16 moments only beside bf16_master_weights_and_grads: not warned then.
