@@ -208,10 +208,23 @@ std::pair<off_t, int64_t> records_after(int fd, int64_t resumed_at) {
   return cut;
 }
 
+MetricsResume resume_at(int64_t step) {
+  MetricsResume r;
+  r.step = step;
+  return r;
+}
+
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append, int64_t resumed_at)
-    : path_(path), resumed_at_(resumed_at) {
+    : MetricsWriter(path, append, resume_at(resumed_at)) {}
+
+MetricsWriter::MetricsWriter(const std::string& path, const MetricsResume& resume)
+    : MetricsWriter(path, true, resume) {}
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append, const MetricsResume& resume)
+    : path_(path), resumed_at_(resume.step) {
+  const int64_t resumed_at = resume.step;
   // Read too where it is a file (its first line is checked): a device or FIFO only written.
   struct stat st {};
   const bool missing = ::stat(path.c_str(), &st) != 0;
@@ -252,8 +265,31 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append, int64_t resum
         "another file",
         path, append ? "appends to" : "replaces")));
   if (append) {
+    // The record its run wrote last before the checkpoint, where it wrote it: else the file is
+    // another run's, or was cut since, and this run's records would be mixed with its.
+    if (!resume.last_record.empty()) {
+      const std::string want = resume.last_record + "\n";
+      std::string got(want.size(), '\0');
+      const bool there =
+          resume.bytes >= want.size() &&
+          ::pread(fd_, got.data(), got.size(), static_cast<off_t>(resume.bytes - want.size())) ==
+              static_cast<ssize_t>(got.size()) &&
+          got == want;
+      if (!there)
+        fail(InvalidArgument(fmt::format(
+            "{}: does not hold the records of the run that saved the checkpoint resumed (its "
+            "record of step {} is not where that run wrote it): another run has written the "
+            "file since; this run would mix its records with that one's. Move it away or give "
+            "--metrics another file",
+            path, resumed_at)));
+    }
     // Cut at the first record: a run that fails to start leaves the file as it was.
     if (resumed_at >= 0) std::tie(cut_at_, cut_records_) = records_after(fd_, resumed_at);
+    if (cut_at_ >= 0 && !resume.later_checkpoints.empty())
+      fail(InvalidArgument(fmt::format(
+          "{}: holds {} records from step {} on, which {} of the same run continue: resuming "
+          "step {} would drop them. Give --metrics another file for this run",
+          path, cut_records_, resumed_at + 1, resume.later_checkpoints, resumed_at)));
     return;
   }
   // Emptied at the first record: a run that fails to start leaves the file as it was.
@@ -308,6 +344,9 @@ void MetricsWriter::write_json(const nlohmann::ordered_json& record) {
     n -= static_cast<size_t>(w);
   }
   wrote_ = true;  // only once a record is whole: a file created for none is removed again
+  line.pop_back();
+  last_record_ = std::move(line);
+  end_ = static_cast<uint64_t>(start) + last_record_.size() + 1;
 }
 
 void MetricsWriter::close() {

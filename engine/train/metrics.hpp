@@ -111,6 +111,19 @@ class ProgressDisplay {
   bool line_pending_ = false;  // a refreshed line without its newline is on screen
 };
 
+// What a resumed run knows of its checkpoint's run's metrics file (trainer_state.json).
+struct MetricsResume {
+  int64_t step = -1;  // the checkpoint's step (>= 0: the records of later steps are cut)
+  // The file's length after the last record written before the checkpoint was saved, and that
+  // record (0 and "": not known, a checkpoint written before they were saved): a file without
+  // that record there is another run's (or was cut since), and is refused.
+  uint64_t bytes = 0;
+  std::string last_record;
+  // Non-empty: checkpoints of the run after `step` (named here) still exist, and the records
+  // of their steps are refused to be cut (this run is a branch of that one).
+  std::string later_checkpoints;
+};
+
 // Appends one JSON object per line to a file; each line is written with one write() so a
 // reader (tail -f, a plot script) never sees half a record, even after a crash.
 class MetricsWriter {
@@ -125,7 +138,9 @@ class MetricsWriter {
   // it, which an earlier process wrote before it stopped, are cut from the file at the first
   // record (as TensorBoard's purge_step does), so that each step is recorded once; a warning
   // says how many. The cut is at the first record of a later step: everything after it goes.
+  // `resume` (appending): the checks above.
   explicit MetricsWriter(const std::string& path, bool append = false, int64_t resumed_at = -1);
+  MetricsWriter(const std::string& path, const MetricsResume& resume);
   // Closes, swallowing errors; call close() to see them.
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
@@ -140,8 +155,13 @@ class MetricsWriter {
   void close();
 
   const std::string& path() const { return path_; }
+  // The last record written (without its newline; "" before the first) and the file's length
+  // just after it.
+  const std::string& last_record() const { return last_record_; }
+  uint64_t end() const { return end_; }
 
  private:
+  MetricsWriter(const std::string& path, bool append, const MetricsResume& resume);
   void remove_if_unwritten() noexcept;
 
   std::string path_;
@@ -153,6 +173,8 @@ class MetricsWriter {
   bool locked_ = false;   // this writer holds the file's flock
   bool wrote_ = false;    // a whole record was written
   int fd_ = -1;
+  std::string last_record_;
+  uint64_t end_ = 0;
 };
 
 }  // namespace outcore::train

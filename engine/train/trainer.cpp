@@ -273,8 +273,31 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
             metrics_path, resumed_from_, theirs);
     }
   }
-  if (!metrics_path.empty() && rank() == 0)  // rank 0 writes for the job
-    metrics_writer_.emplace(metrics_path, /*append=*/continues, ck ? ck->manifest().step : -1);
+  if (!metrics_path.empty() && rank() == 0) {  // rank 0 writes for the job
+    if (continues) {
+      MetricsResume r;
+      r.step = ck ? ck->manifest().step : -1;
+      if (const auto b = resume_state_.find("metrics_bytes");
+          b != resume_state_.end() && b->is_number_unsigned())
+        r.bytes = b->get<uint64_t>();
+      if (const auto l = resume_state_.find("metrics_last_record");
+          l != resume_state_.end() && l->is_string())
+        r.last_record = l->get<std::string>();
+      // Later checkpoints of its run beside the one resumed (not those a --start-over in that
+      // directory removes): this run is a branch, and their steps' records are that run's.
+      std::error_code ec;
+      const bool starts_over =
+          ck && opts_.start_over && !opts_.save_dir.empty() &&
+          std::filesystem::equivalent(ck->dir().parent_path(), opts_.save_dir, ec);
+      if (ck && !starts_over)
+        for (const auto& [step, dir] : ckpt::checkpoints_in(ck->dir().parent_path()))
+          if (step > ck->manifest().step)
+            r.later_checkpoints += (r.later_checkpoints.empty() ? "" : ", ") + dir.string();
+      metrics_writer_.emplace(metrics_path, r);
+    } else {
+      metrics_writer_.emplace(metrics_path);
+    }
+  }
   if (!opts_.save_dir.empty()) {
     // Rank 0 locks, checks and cleans the directory before the other ranks use it.
     ckpt::SaveDirOptions so{.keep = opts_.keep,
@@ -555,7 +578,7 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
         resume_state_.value("eval_batches", int64_t{0}) == opts_.eval_batches;
     validated_step_ = same_validation ? resume_state_.value("validated_step", int64_t{-1}) : -1;
 
-  } catch (const JsonTooDeep& e) {
+  } catch (const JsonRefused& e) {
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
@@ -659,6 +682,11 @@ nlohmann::ordered_json Trainer::state_json() const {
   // Where the run wrote its metrics: a resume names it when it writes none (outcore train).
   j["metrics_file"] =
       absolute(opts_.metrics_file.empty() ? cfg_.outcore.metrics_file : opts_.metrics_file);
+  // Its last record and where it ends: a resume appends only to a file that still holds them.
+  if (metrics_writer_ && !metrics_writer_->last_record().empty()) {
+    j["metrics_bytes"] = metrics_writer_->end();
+    j["metrics_last_record"] = metrics_writer_->last_record();
+  }
   j["config_auto_keys"] = opts_.config_auto_keys;
   return j;
 }

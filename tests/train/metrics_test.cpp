@@ -265,6 +265,65 @@ TEST(MetricsWriter, AResumedRunCutsTheRecordsOfStepsAfterItsCheckpoint) {
   EXPECT_EQ(whole(path), whole_records + "{\"type\":\"start\"}\n");
 }
 
+// A resumed run appends only to a file that holds its checkpoint's run's last record where that
+// run wrote it (else another run wrote the file since: refused, the file kept), and cuts no
+// records that later checkpoints of the run continue (a branch: refused, the file kept).
+TEST(MetricsWriter, AResumedRunAppendsOnlyToItsRunsRecordsAndCutsNoOtherBranch) {
+  TempDir dir;
+  const std::string path = dir.file("m.jsonl");
+  MetricsResume at2;
+  {
+    MetricsWriter w(path);
+    w.write_json({{"type", "start"}, {"seed", 1}});
+    for (int step = 1; step <= 5; ++step) {
+      w.write_json({{"type", "step"}, {"step", step}});
+      if (step == 2) {
+        at2.step = 2;
+        at2.bytes = w.end();
+        at2.last_record = w.last_record();
+      }
+    }
+  }
+  EXPECT_EQ(at2.last_record, R"({"type":"step","step":2})");
+  const std::string first_run = whole(path);
+  // Another run (seed 1234) replaced the file since.
+  {
+    MetricsWriter other(path);
+    other.write_json({{"type", "start"}, {"seed", 1234}});
+    for (int step = 1; step <= 6; ++step) other.write_json({{"type", "step"}, {"step", step}});
+  }
+  const std::string second_run = whole(path);
+  try {
+    MetricsWriter refused(path, at2);
+    ADD_FAILURE() << "appended to another run's records";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": does not hold the records of the run"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(whole(path), second_run);
+  // The run's own file: a branch from step 2 while checkpoints at 4 and 5 remain is refused...
+  std::ofstream(path, std::ios::trunc) << first_run;
+  MetricsResume branch = at2;
+  branch.later_checkpoints = "ck/global_step4, ck/global_step5";
+  try {
+    MetricsWriter refused(path, branch);
+    ADD_FAILURE() << "cut the records that later checkpoints continue";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 3 records from step 3 on, which "
+                                         "ck/global_step4, ck/global_step5 of the same run"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(whole(path), first_run);
+  // ... and without them (the process stopped after step 5, its last checkpoint at 2), resumed.
+  {
+    MetricsWriter w(path, at2);
+    w.write_json({{"type", "step"}, {"step", 3}});
+  }
+  EXPECT_EQ(whole(path), first_run.substr(0, at2.bytes) + "{\"type\":\"step\",\"step\":3}\n");
+}
+
 // A fresh run replaces a metrics file, never a user's other file at that path (kept whole,
 // refused naming it), and only once it writes; a second writer of one file is refused while the
 // first holds it.

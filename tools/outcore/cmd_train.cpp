@@ -303,7 +303,7 @@ ResumeDefaults resume_defaults(const std::string& path) {
     d.metrics_file = st.value("metrics_file", "");
     d.eval_every = std::max<int64_t>(0, st.value("eval_every", int64_t{0}));
     d.eval_batches = std::max<int64_t>(0, st.value("eval_batches", int64_t{0}));
-  } catch (const JsonTooDeep& e) {
+  } catch (const JsonRefused& e) {
     throw CorruptData(d.source + "/trainer_state.json: " + e.what());
   } catch (const nlohmann::json::exception& e) {
     throw CorruptData(d.source + "/trainer_state.json: " + e.what());
@@ -752,7 +752,13 @@ int run_train(const TrainCliOptions& o) {
     return 2;
   }
 
-  const std::string metrics = o.metrics.empty() ? config.outcore.metrics_file : o.metrics;
+  std::string metrics = o.metrics.empty() ? config.outcore.metrics_file : o.metrics;
+  // On its checkpoint's config, a relative metrics_file named the file where that run started:
+  // the run's own file (saved absolute), not one of that name where this one starts.
+  const bool checkpoints_file = o.metrics.empty() && config_path.empty() && rd &&
+                                !rd->metrics_file.empty() && !metrics.empty() &&
+                                std::filesystem::path(metrics).is_relative();
+  if (checkpoints_file) metrics = rd->metrics_file;
   // Not carried over: a resume from an earlier checkpoint would cut the later records of the
   // run's own log. Said, with the way to go on writing it.
   if (metrics.empty() && rd && !rd->metrics_file.empty() && ranks->rank() == 0)
@@ -829,7 +835,7 @@ int run_train(const TrainCliOptions& o) {
   // fits the same budget); a config given again decides with this run's flags.
   if (o.activation_checkpointing || (rd && rd->activation_checkpointing && config_path.empty()))
     topts.activation_checkpointing = true;
-  topts.metrics_file = o.metrics;
+  topts.metrics_file = checkpoints_file ? metrics : o.metrics;
   end_job.compared = true;  // every rank reaches the comparison (or returned 2 above: ended)
   if (ranks->world() > 1 &&
       !ranks_agree(*ranks->control, rank_settings(config, model, topts, rd ? rd->source : "")))
