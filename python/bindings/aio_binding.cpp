@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <map>
@@ -260,6 +261,7 @@ class AioHandle {
     }
     Pending p{aio::Ticket{}, std::move(opened.file), std::move(keep), std::move(on_complete),
               offset};
+    p.sync = sync;
     auto* data = reinterpret_cast<std::byte*>(address);
     try {
       p.ticket = write ? engine_->submit_write(p.file, offset, {data, bytes})
@@ -277,16 +279,37 @@ class AioHandle {
 
   // Blocks (GIL released) until request `id` completes, calls its on_complete, then releases
   // it and returns true; raises the request's error (or on_complete's). Returns false for an id
-  // that is not pending (already waited). When on_complete is interrupted (a KeyboardInterrupt
-  // while it stores a read), the request stays pending, completed: the next wait calls it again.
+  // that is not pending (already waited): once the wait of another thread on it has ended (its
+  // bytes stored), never while the I/O runs. When on_complete is interrupted (a
+  // KeyboardInterrupt while it stores a read), the request stays pending, completed: the next
+  // wait calls it again.
   bool wait(uint64_t id) {
     refuse_if_forked();
     auto it = pending_.find(id);
-    if (it == pending_.end()) return false;
+    while (it == pending_.end()) {
+      if (!being_waited(id)) return false;
+      wait_released(id);  // another thread's wait: its end (the request may be pending again)
+      it = pending_.find(id);
+    }
     Pending p = std::move(it->second);
     pending_.erase(it);
+    {
+      const std::lock_guard lock(waits_mu_);
+      in_wait_.emplace(id, p.sync);
+    }
+    // Whatever happens below, other waiters of `id` are woken once this wait has ended.
+    struct Release {
+      AioHandle& h;
+      uint64_t id;
+      ~Release() {
+        {
+          const std::lock_guard lock(h.waits_mu_);
+          h.in_wait_.erase(id);
+        }
+        h.waits_cv_.notify_all();
+      }
+    } release{*this, id};
     if (!p.completed) {
-      ++waiting_;
       std::exception_ptr failed;
       {
         py::gil_scoped_release nogil;  // the registry too is touched without the GIL
@@ -298,7 +321,6 @@ class AioHandle {
           remove_if_created(id);
         }
       }
-      --waiting_;
       if (failed) std::rethrow_exception(failed);
       p.completed = true;
     }
@@ -315,10 +337,12 @@ class AioHandle {
     return true;  // p (file, keep, on_complete) is released with the GIL held
   }
 
+  // Whether wait(id) would not block: false while another thread's wait on it runs.
   bool done(uint64_t id) const {
     refuse_if_forked();
     auto it = pending_.find(id);
-    return it == pending_.end() || it->second.completed || engine_->is_done(it->second.ticket);
+    if (it == pending_.end()) return !being_waited(id);
+    return it->second.completed || engine_->is_done(it->second.ticket);
   }
 
   // Waits for every pending request, oldest first. Returns how many completed; if any
@@ -330,7 +354,9 @@ class AioHandle {
     // Each request once, oldest first (one that failed is released). A Ctrl-C stops the wait
     // at once: the requests not waited yet stay pending.
     for (uint64_t next = 0;;) {
-      const auto it = pending_.lower_bound(next);
+      auto it = pending_.lower_bound(next);
+      // A synchronous request is its caller's, who waits for it at once (its error is theirs).
+      while (it != pending_.end() && it->second.sync) ++it;
       if (it == pending_.end()) break;
       const uint64_t id = it->first;
       next = id + 1;
@@ -343,12 +369,24 @@ class AioHandle {
         if (!first) first = std::current_exception();
       }
     }
+    // And the asynchronous requests other threads are waiting for, until their waits end.
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock lock(waits_mu_);
+      waits_cv_.wait(lock, [&] {
+        return std::none_of(in_wait_.begin(), in_wait_.end(),
+                            [](const auto& w) { return !w.second; });
+      });
+    }
     if (first) std::rethrow_exception(first);
     return completed;
   }
 
   // Requests submitted and not yet released by a wait (those being waited included).
-  size_t pending() const { return pending_.size() + waiting_; }
+  size_t pending() const {
+    const std::lock_guard lock(waits_mu_);
+    return pending_.size() + in_wait_.size();
+  }
   const aio::Options& options() const { return engine_->options(); }
   std::string backend() const { return engine_->backend_name(); }
 
@@ -360,7 +398,19 @@ class AioHandle {
     py::object on_complete;  // None or a callable
     uint64_t offset = 0;
     bool completed = false;  // its I/O succeeded (waited); on_complete is still to run
+    bool sync = false;       // its caller waits at once: never waited by wait_all
   };
+
+  bool being_waited(uint64_t id) const {
+    const std::lock_guard lock(waits_mu_);
+    return in_wait_.count(id) != 0;
+  }
+  // Blocks (GIL released) until no wait on `id` runs.
+  void wait_released(uint64_t id) {
+    py::gil_scoped_release nogil;
+    std::unique_lock lock(waits_mu_);
+    waits_cv_.wait(lock, [&] { return in_wait_.count(id) == 0; });
+  }
 
   bool forked() const { return ::getpid() != pid_; }
   // A forked child has the handle's memory but not its I/O threads: a request there would wait
@@ -411,8 +461,12 @@ class AioHandle {
   pid_t pid_;                            // the process that made it
   std::map<uint64_t, Pending> pending_;  // by id: submission order
   uint64_t next_id_ = 1;
-  size_t waiting_ = 0;   // moved out of pending_ by a wait still blocked (GIL released)
-  uint64_t serial_ = 0;  // this handle's key in created_files()
+  // Requests moved out of pending_ by a wait still running (GIL released), with their sync flag;
+  // other waits on them block on waits_cv_ until it ends.
+  mutable std::mutex waits_mu_;
+  std::condition_variable waits_cv_;
+  std::map<uint64_t, bool> in_wait_;  // GUARDED_BY(waits_mu_)
+  uint64_t serial_ = 0;               // this handle's key in created_files()
 };
 
 // Bytes and buffers of PinnedMemory alive in this process (for leak checks).

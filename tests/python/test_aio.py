@@ -172,6 +172,62 @@ class Async(AioTest):
         self.assertGreater(seen_pending, 10)
         self.assertTrue(torch.equal(dst, data))
 
+    def test_a_wait_in_another_thread_never_ends_a_request_early(self):
+        # Each request in 16 pieces, one in flight, each 1 ms late. Another thread calling
+        # Handle.wait() in a loop must not take a synchronous request from its caller (which
+        # would then return, or miss its error, while the I/O runs), and a request another
+        # thread waits for is neither done() nor waited (Handle.wait(), Request.wait()) before
+        # that wait has ended.
+        path = self.path("race.bin")
+        data = torch.arange(1 << 16).remainder(251).add(1).to(torch.uint8)
+        h = aio.Handle(block_size=4096, queue_depth=1, _faults=[("delay", 1, 1, -1)])
+        stop = threading.Event()
+        errors = []
+
+        def waiter():
+            while not stop.is_set():
+                try:
+                    h.wait()
+                except Exception as e:  # a synchronous request's error, taken from its caller
+                    errors.append(e)
+
+        t = threading.Thread(target=waiter, daemon=True)
+        t.start()
+        try:
+            for _ in range(10):
+                src = data.clone()
+                self.assertEqual(h.pwrite(src, path), 1)
+                src.zero_()  # the caller may reuse its buffer once pwrite returned
+                dst = torch.zeros_like(data)
+                self.assertEqual(h.pread(dst, path), 1)
+                self.assertTrue(torch.equal(dst, data))
+            # A failing synchronous write raises in its caller, not in the other thread.
+            failing = aio.Handle(block_size=4096, queue_depth=1,
+                                 _faults=[("eio", 1, 1, 1), ("delay", 1, 1, -1)])
+            for _ in range(5):
+                with self.assertRaises(OSError):
+                    failing.pwrite(data.clone(), self.path("fail.bin"))
+        finally:
+            stop.set()
+            t.join(60)
+        self.assertEqual(errors, [])
+        # An asynchronous read (256 pieces: at least 256 ms) waited in one thread: not done in
+        # another, whose Handle.wait() returns only once the bytes are there.
+        big = torch.arange(1 << 20).remainder(249).add(1).to(torch.uint8)
+        aio.Handle().pwrite(big, self.path("big.bin"))
+        dst = torch.zeros_like(big)
+        req = h.async_pread(dst, self.path("big.bin"))
+        first = {}
+        reader = threading.Thread(target=lambda: first.update(n=req.wait()), daemon=True)
+        reader.start()
+        time.sleep(0.05)
+        self.assertFalse(req.done())
+        waited = h.wait()  # this request: the reader's wait's end, or its own
+        self.assertTrue(torch.equal(dst, big))
+        reader.join(60)
+        self.assertEqual(waited + first.get("n", -1), 1)
+        self.assertEqual(req.wait(), 0)
+
 
 # Run in a child process (a write into freed memory may crash it): argv is the directory of
 # oracle.py, "read" or "write", the mutation, a scratch file. Queues one async request of 64 KiB
