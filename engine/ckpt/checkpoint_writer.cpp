@@ -216,6 +216,8 @@ void mark_for_removal(const fs::path& p) { write_marker(p); }
 int64_t step_of_tag(const std::string& name) {
   constexpr std::string_view prefix = "global_step";
   if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return -1;
+  // As tag_for_step writes it: no leading zero (global_step01 is someone else's).
+  if (name[prefix.size()] == '0' && name.size() > prefix.size() + 1) return -1;
   int64_t v = 0;
   for (size_t i = prefix.size(); i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return -1;

@@ -375,7 +375,8 @@ inline uint64_t save_buffer_bytes(size_t staging_slots, uint64_t largest_segment
 
 // The tag a save at `step` uses: "global_step<step>" (DeepSpeed's name).
 std::string tag_for_step(int64_t step);
-// The step of tag "global_step<N>": N; -1 for any other name.
+// The step of tag "global_step<N>" as tag_for_step writes it (no leading zero): N; -1 for any
+// other name.
 int64_t step_of_tag(const std::string& name);
 // Whether `name` is one a save directory's run writes: latest, latest.tmp, .lock,
 // global_step<N>, global_step<N>.tmp, global_step<N>.old (and latest.old, kept free too).

@@ -815,7 +815,10 @@ TEST(CkptSaveDir, EntriesThatAreNotOutcoresAreNeverTouched) {
                       {"global_stepX/manifest.json", "{}"},
                       {"latest.bak", "global_step1\n"},
                       {"data/global_step1.tmp/rank0/optimizer.bin", "z"},
-                      {"global_step7.tmp.txt", "w"}};
+                      {"global_step7.tmp.txt", "w"},
+                      // outcore writes no leading zero: global_step01 is not global_step1
+                      {"global_step01/notes", "v"},
+                      {"global_step002.tmp", "u"}};
   TempDir tmp("ckpt");
   make_files(tmp / "save", user);
   {

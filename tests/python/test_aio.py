@@ -192,6 +192,8 @@ class Async(AioTest):
                     errors.append(e)
 
         t = threading.Thread(target=waiter, daemon=True)
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # the GIL changes hands between submit and wait
         t.start()
         try:
             for _ in range(10):
@@ -210,6 +212,7 @@ class Async(AioTest):
         finally:
             stop.set()
             t.join(60)
+            sys.setswitchinterval(switch)
         self.assertEqual(errors, [])
         # An asynchronous read (256 pieces: at least 256 ms) waited in one thread: not done in
         # another, whose Handle.wait() returns only once the bytes are there.

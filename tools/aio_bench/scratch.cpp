@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/open_file.hpp"
 #include "tools/aio_bench/measure.hpp"
 #include "tools/aio_bench/sizes.hpp"
 
@@ -23,6 +25,9 @@ static_assert(std::atomic<int>::is_always_lock_free, "used in a signal handler")
 // The benchmark file's path while one exists, for a second signal to remove (unlink(2) is
 // async-signal-safe; a std::string is not).
 volatile char g_scratch[4096] = {};
+// ... and its identity: a file moved to that name since is someone else's, and kept.
+volatile dev_t g_scratch_dev = 0;
+volatile ino_t g_scratch_ino = 0;
 
 // The first signal asks the measurements to stop (they unwind and the file goes with its
 // owner); a second removes the file at once and ends the process by that signal.
@@ -31,7 +36,10 @@ extern "C" void on_signal(int sig) {
     g_signal = sig;
     return;
   }
-  if (g_scratch[0] != '\0') ::unlink(const_cast<const char*>(g_scratch));
+  struct stat st {};  // stat(2) and unlink(2) are async-signal-safe
+  if (g_scratch[0] != '\0' && ::stat(const_cast<const char*>(g_scratch), &st) == 0 &&
+      st.st_dev == g_scratch_dev && st.st_ino == g_scratch_ino)
+    ::unlink(const_cast<const char*>(g_scratch));
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
@@ -110,6 +118,9 @@ ScratchFile::ScratchFile(const fs::path& dir, const std::string& stem, uint64_t 
     }
   }
   created_ = true;
+  (void)file_id_of(file_.fd(), id_);  // unknown (0, 0): never matches, never removed
+  g_scratch_dev = id_.dev;
+  g_scratch_ino = id_.ino;
   if (path_.native().size() < sizeof g_scratch) {
     g_scratch[0] = '\0';
     const std::string& name = path_.native();
@@ -122,7 +133,7 @@ ScratchFile::ScratchFile(const fs::path& dir, const std::string& stem, uint64_t 
   } catch (const IoError& e) {
     int err = e.error_number();
     g_scratch[0] = '\0';
-    fs::remove(path_);
+    (void)unlink_if_same(path_.string(), id_);
     created_ = false;
     if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
       throw UsageError(fmt::format("--path {}: no room for a {} file ({})", dir.string(),
@@ -135,8 +146,7 @@ ScratchFile::ScratchFile(const fs::path& dir, const std::string& stem, uint64_t 
 ScratchFile::~ScratchFile() {
   if (!created_) return;
   g_scratch[0] = '\0';
-  std::error_code ec;
-  fs::remove(path_, ec);
+  (void)unlink_if_same(path_.string(), id_);  // a file moved to its name since is kept
 }
 
 void fill_file(const aio::File& file, std::span<std::byte> buffer, uint64_t size) {

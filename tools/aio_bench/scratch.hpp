@@ -9,6 +9,7 @@
 #include <string>
 
 #include "aio/aio.hpp"
+#include "common/open_file.hpp"
 
 namespace outcore::aio_bench {
 
@@ -50,6 +51,7 @@ class ScratchFile {
  private:
   std::filesystem::path path_;
   aio::File file_;
+  FileId id_;  // the file created: removed only while its name still names it
   bool created_ = false;
 };
 
