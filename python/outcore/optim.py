@@ -9,7 +9,10 @@ tensors, updated in place. The
 kernel (AVX-512 or AVX2, chosen at run time by cpuid; outcore._outcore.active_isa() tells which)
 runs on a team of oneTBB threads with the GIL released.
 """
+import contextlib
 import numbers
+import signal
+import threading
 
 import torch
 
@@ -27,6 +30,35 @@ _MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
 # with it as an int64, so a state's count must stay below it to be incremented.
 _MAX_STEP = 2**63 - 1
 _MAX_THREADS = 256  # cpu_adam::Executor::kMaxThreads
+
+
+@contextlib.contextmanager
+def _interrupt_after():
+    """A Ctrl-C during the block is raised at its end: each parameter's update (its values,
+    moments and step count) is whole. Python runs signal handlers in the main thread only; a
+    handler set outside Python (None) or SIG_IGN / SIG_DFL is left as it is."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):
+        yield
+        return
+    received = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            previous(*received[0])
+
+
+def _check_flag(value, what):
+    """A flag is a bool (or an integer, 0 or 1, as torch's optimizers take it): a string such
+    as "no" or "False" would be true."""
+    if isinstance(value, bool) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+        return
+    raise TypeError(f"{what} must be True or False, got {value!r}")
 
 
 def _dense_cpu(t, dtypes):
@@ -156,6 +188,8 @@ class CPUAdam(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if formula not in ("deepspeed", "pytorch"):
             raise ValueError(f'formula: got {formula!r}; allowed: "deepspeed", "pytorch"')
+        for name, value in (("adamw_mode", adamw_mode), ("bias_correction", bias_correction)):
+            _check_flag(value, f"CPUAdam: {name}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         adamw_mode=adamw_mode, bias_correction=bias_correction)
         super().__init__(params, defaults)
@@ -285,6 +319,8 @@ class CPUAdam(torch.optim.Optimizer):
         for key in ("lr", "eps", "weight_decay", "adamw_mode", "bias_correction"):
             if key not in group:
                 raise ValueError(f"CPUAdam: param_groups[{gi}] has no '{key}'")
+            if key in ("adamw_mode", "bias_correction"):
+                _check_flag(group[key], f"CPUAdam: param_groups[{gi}]['{key}']")
             try:
                 values[key] = (bool if key in ("adamw_mode", "bias_correction") else float)(
                     group[key])
@@ -337,6 +373,8 @@ class CPUAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for update in self._checked_updates(fp16_param_groups):
-            self._update(*update)
+        updates = list(self._checked_updates(fp16_param_groups))
+        with _interrupt_after():
+            for update in updates:
+                self._update(*update)
         return loss

@@ -208,6 +208,17 @@ class CopyOutAndErrors(unittest.TestCase):
         q = torch.nn.Parameter(torch.zeros(8))
         with self.assertRaises(ValueError):
             CPUAdam([q], amsgrad=True)
+        # A flag is a bool: the string "no" (or "False") would be true, None would be false.
+        for flag in ("adamw_mode", "bias_correction"):
+            for value in ("no", "False", None, 2.0):
+                with self.assertRaisesRegex(TypeError, f"{flag} must be True or False"):
+                    CPUAdam([q], **{flag: value})
+            CPUAdam([q], **{flag: 0})  # as torch takes it
+            late = CPUAdam([q])
+            late.param_groups[0][flag] = "no"
+            q.grad = torch.zeros(8)
+            with self.assertRaisesRegex(TypeError, flag):
+                late.step()
         q.grad = torch.zeros(8)
         opt = CPUAdam([q])
         opt.param_groups[0]["lr"] = float("nan")
@@ -260,6 +271,49 @@ def snapshot(opt):
             state[i] = {k: v.clone() if isinstance(v, torch.Tensor) else v
                         for k, v in opt.state[p].items()}
     return [p.detach().clone() for p in params], state
+
+
+class InterruptedStep(unittest.TestCase):
+    def test_ctrl_c_during_a_step_leaves_each_update_whole(self):
+        # SIGINT sent while step() runs (one large parameter, several small ones): the
+        # KeyboardInterrupt comes once the step is over, and every parameter's step count
+        # matches its values (each updated once, or the step raised before).
+        import os
+        import signal
+        import threading
+        import time
+        big = torch.nn.Parameter(torch.ones(1 << 24))
+        small = [torch.nn.Parameter(torch.ones(64)) for _ in range(8)]
+        for p in [big] + small:
+            p.grad = torch.full_like(p, 0.5)
+        opt = CPUAdam([big] + small, lr=0.1, threads=1)
+        opt.step()
+        t0 = time.time()
+        opt.step()
+        took = time.time() - t0
+        reference = CPUAdam([torch.nn.Parameter(torch.ones(64))], lr=0.1)
+        reference.param_groups[0]["params"][0].grad = torch.full((64,), 0.5)
+        values = [torch.ones(64)]
+        for _ in range(6):
+            reference.step()
+            values.append(reference.param_groups[0]["params"][0].detach().clone())
+        interrupted = 0
+        for k in range(4):
+            timer = threading.Timer(took * (0.2 + 0.2 * k),
+                                    lambda: os.kill(os.getpid(), signal.SIGINT))
+            timer.start()
+            try:
+                opt.step()
+                time.sleep(took)  # the signal lands after the step: raised here
+            except KeyboardInterrupt:
+                interrupted += 1
+            timer.join()
+            for p in [big] + small:  # every element alike: the reference's first
+                count = int(float(opt.state[p]["step"]))
+                self.assertTrue(torch.equal(p.detach()[:64], values[count]),
+                                f"values of step {count}")
+            self.assertEqual(float(opt.state[big]["step"]), float(opt.state[small[0]]["step"]))
+        self.assertEqual(interrupted, 4)
 
 
 class AtomicStep(unittest.TestCase):
