@@ -7,15 +7,27 @@ namespace py = pybind11;
 
 namespace {
 
+// Text of outcore (messages, file names) as a Python str: its bytes decoded as UTF-8, those that
+// are not (a file name, a key of a file) kept as surrogates, as os.fsdecode() keeps them.
+py::str text(const std::string& s) {
+  PyObject* o =
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
 // Raises `cls(errno, message)` with filename, offset and length attributes: an OSError whose
 // str() is "[Errno N] <message>" and whose message already names the file and offset.
 void raise_io_error(PyObject* cls, const IoError& e) {
-  py::object exc = py::reinterpret_borrow<py::object>(cls)(e.error_number(), e.what());
-  exc.attr("filename") = e.file();
+  py::object exc = py::reinterpret_borrow<py::object>(cls)(e.error_number(), text(e.what()));
+  exc.attr("filename") = text(e.file());
   exc.attr("offset") = e.offset();
   exc.attr("length") = e.length();
   PyErr_SetObject(cls, exc.ptr());
 }
+
+// Raises `cls(message)`.
+void raise(PyObject* cls, const std::exception& e) { PyErr_SetObject(cls, text(e.what()).ptr()); }
 
 }  // namespace
 
@@ -33,17 +45,17 @@ void register_errors(py::module_& m) {
     } catch (const IoError& e) {
       raise_io_error(io.ptr(), e);
     } catch (const ConfigError& e) {
-      py::object exc = py::reinterpret_borrow<py::object>(config.ptr())(e.what());
-      exc.attr("json_path") = e.json_path();
+      py::object exc = py::reinterpret_borrow<py::object>(config.ptr())(text(e.what()));
+      exc.attr("json_path") = text(e.json_path());
       PyErr_SetObject(config.ptr(), exc.ptr());
     } catch (const InvalidArgument& e) {
-      invalid(e.what());
+      raise(invalid.ptr(), e);
     } catch (const OutOfMemory& e) {
-      oom(e.what());
+      raise(oom.ptr(), e);
     } catch (const CorruptData& e) {
-      corrupt(e.what());
+      raise(corrupt.ptr(), e);
     } catch (const Error& e) {
-      base(e.what());
+      raise(base.ptr(), e);
     }
   });
 }

@@ -68,7 +68,8 @@ def _json_input(value, what):
         except (TypeError, ValueError) as e:  # a value JSON cannot hold (a set, bytes, ...)
             raise TypeError(f"{what}: not a JSON document: {e}") from None
     if isinstance(value, (str, _os.PathLike)):
-        return _args.path(value, what), True
+        # The bytes of the name (a str from os.listdir may hold undecodable bytes as surrogates).
+        return _os.fsencode(_args.path(value, what)), True
     raise TypeError(f"{what}: expected a file path or a dict, got {type(value).__name__}")
 
 

@@ -57,6 +57,7 @@ Where outcore differs from DeepNVMe:
     free_pinned_tensor only makes the handle forget it (new_cpu_locked_tensor /
     free_cpu_locked_tensor are aliases).
 """
+import os
 import sys
 import weakref
 
@@ -226,8 +227,9 @@ class Handle:
                 on_complete = lambda: _store(memory, target, filename, offset)  # noqa: E731
         # A synchronous read is in place: the core refuses one past the end of the file before
         # it stores any byte.
-        request_id = self._core.submit(write, memory, memory.data_ptr(), nbytes, filename, offset,
-                                       on_complete, not async_op)
+        # The bytes of the name (a str from os.listdir may hold undecodable bytes as surrogates).
+        request_id = self._core.submit(write, memory, memory.data_ptr(), nbytes,
+                                       os.fsencode(filename), offset, on_complete, not async_op)
         check = None
         if validate:
             check = lambda: _validate(memory, filename, offset)  # noqa: E731

@@ -85,6 +85,20 @@ class RoundTrip(AioTest):
         self.assertTrue(h.free_pinned_tensor(src))
         self.assertTrue(h.free_pinned_tensor(dst))
 
+    def test_a_name_that_is_not_utf8(self):
+        # A str from os.listdir holds the bytes of such a name as surrogates: written and read
+        # back, and an error names it (IoError, not UnicodeDecodeError).
+        odd = os.fsdecode(os.path.join(os.fsencode(self.dir), b"\xfe.bin"))
+        data = torch.arange(4096).remainder(251).to(torch.uint8)
+        h = aio.Handle()
+        self.assertEqual(h.pwrite(data, odd), 1)
+        back = torch.zeros_like(data)
+        self.assertEqual(h.pread(back, odd), 1)
+        self.assertTrue(torch.equal(back, data))
+        with self.assertRaises(OSError) as cm:
+            h.pread(torch.zeros(8192, dtype=torch.uint8), odd)  # past its end
+        self.assertEqual(cm.exception.filename, odd)
+
     def test_a_write_creates_the_target_of_a_dangling_symlink(self):
         link, target = self.path("link.bin"), self.path("target.bin")
         os.symlink(target, link)

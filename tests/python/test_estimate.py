@@ -219,6 +219,22 @@ class Estimate(unittest.TestCase):
             outcore._outcore.estimate(config + "\0junk", True, model, True, 1, 0, 0, False)
         self.assertEqual(outcore.estimate(config, model)["placement"]["stage"], 3)
 
+    def test_bytes_that_are_not_utf8_in_files_and_names(self):
+        # A config with a byte that is not UTF-8 is a ConfigError naming the file (its message
+        # keeps the byte as a surrogate, as os.fsdecode does), not a UnicodeDecodeError; a file
+        # whose name is not UTF-8 (a str from os.listdir) is read.
+        model = self.write("config.json", MODEL)
+        bad = os.path.join(self.dir, "bad.json")
+        with open(bad, "wb") as f:
+            f.write(b'{"train_micro_batch_size_per_gpu": 1, "\xff": 2}')
+        with self.assertRaises(outcore.ConfigError) as cm:
+            outcore.estimate(bad, model)
+        self.assertIn(bad, str(cm.exception))
+        odd = os.fsdecode(os.path.join(os.fsencode(self.dir), b"\xfe.json"))
+        with open(odd, "w") as f:
+            json.dump(CONFIG, f)
+        self.assertEqual(outcore.estimate(odd, model)["placement"]["stage"], 3)
+
 
 if __name__ == "__main__":
     unittest.main()
