@@ -309,6 +309,8 @@ class Handle:
         are gone; numel 0 gives an empty tensor that holds none. Raises ValueError for a numel
         below 0 or beyond what a tensor can view, outcore.OutOfMemoryError if it cannot be
         allocated."""
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"new_pinned_tensor: dtype must be a torch.dtype, got {dtype!r}")
         element_size = torch.empty((), dtype=dtype).element_size()
         most = _MAX_PINNED_BYTES // element_size
         numel = _args.integer(numel, "numel", 0, most, f"0..{most} elements of {dtype}")
@@ -323,6 +325,7 @@ class Handle:
         """Makes this handle forget a tensor from new_pinned_tensor (is_pinned is then False;
         the memory goes when the last tensor viewing it does, with or without this call).
         Returns True; ValueError for any other tensor."""
+        _check_is_tensor(tensor, "free_pinned_tensor")
         if tensor.numel() == 0:
             return True
         if self._pinned.pop(tensor.data_ptr(), None) is None:
@@ -332,6 +335,7 @@ class Handle:
 
     def new_cpu_locked_tensor(self, num_elem, example_tensor):
         """DeepNVMe's name: new_pinned_tensor(num_elem, example_tensor.dtype)."""
+        _check_is_tensor(example_tensor, "new_cpu_locked_tensor")
         return self.new_pinned_tensor(num_elem, example_tensor.dtype)
 
     def free_cpu_locked_tensor(self, tensor):
@@ -339,6 +343,7 @@ class Handle:
 
     def is_pinned(self, tensor):
         """True for a tensor inside memory from new_pinned_tensor of this handle."""
+        _check_is_tensor(tensor, "is_pinned")
         return self._pinned_memory_at(tensor.data_ptr()) is not None
 
     def _pinned_memory_at(self, address):
@@ -347,6 +352,11 @@ class Handle:
             if start <= address < start + memory.nbytes:
                 return memory
         return None
+
+
+def _check_is_tensor(value, what):
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(value).__name__}")
 
 
 def aio_handle(block_size=1048576, queue_depth=32, single_submit=False, overlap_events=True,

@@ -564,6 +564,13 @@ class Arguments(AioTest):
         self.assertEqual(h.new_pinned_tensor(0).dtype, torch.float32)
         self.assertEqual(aio.pinned_buffers(), buffers)
         self.assertEqual(h.pwrite(h.new_pinned_tensor(0), self.path("empty.bin")), 1)
+        # None (or another object) where a tensor or dtype goes: a TypeError saying so, and no
+        # memory pinned for it.
+        for call in (lambda: h.new_pinned_tensor(4, None), lambda: h.free_pinned_tensor(None),
+                     lambda: h.is_pinned(None), lambda: h.new_cpu_locked_tensor(4, None)):
+            with self.assertRaisesRegex(TypeError, "expected a torch.Tensor|must be a torch.dtype"):
+                call()
+        self.assertEqual(aio.pinned_buffers(), buffers)
 
 
 class FailuresLeaveNoTrace(AioTest):

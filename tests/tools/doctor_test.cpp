@@ -1,5 +1,7 @@
 // `outcore doctor`: its host-side lines, verdicts and exit codes, run as a user would.
 #include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -121,6 +123,22 @@ TEST_F(Doctor, NoGpuIsReportedAsNoneNotAsAFailure) {
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(gpu.find("no GPU"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("no GPU: training runs on the simulated device"), std::string::npos);
+}
+
+// A swap path on a filesystem in memory warns: the swap files would take host memory.
+TEST_F(Doctor, ASwapPathInMemoryWarns) {
+  struct statfs fs {};
+  if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC)
+    GTEST_SKIP() << "/dev/shm is not a tmpfs here";
+  const std::string dir = "/dev/shm/outcore-doctor-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const DoctorRun r = doctor("--nvme-path " + dir + " --pinned-mb 0");
+  std::filesystem::remove_all(dir);
+  const std::string line = line_of(r.out, "nvme path");
+  EXPECT_NE(line.find(" warn "), std::string::npos) << r.out;
+  EXPECT_NE(line.find("a filesystem in memory (tmpfs): swap files there take host memory"),
+            std::string::npos)
+      << line;
 }
 
 // A swap path training would create is checked where it creates it, with a warning (a drive not

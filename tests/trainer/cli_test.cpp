@@ -1080,6 +1080,30 @@ TEST_F(TrainCliTest, EstimateMeasuresTheDriveUnderTheSwapDirectory) {
   EXPECT_NE(r.err.find("go together"), std::string::npos) << r.err;
 }
 
+// A swap directory that training could not create on this machine (here on a read-only
+// filesystem, mounted for the test where it may mount one): said on stderr, not only in the
+// drive's line.
+TEST_F(TrainCliTest, EstimateSaysWhenTheSwapDirectoryIsNotWritableHere) {
+  const std::string ro = data_.file("read_only");
+  std::filesystem::create_directories(ro);
+  if (std::system(
+          ("mount -t tmpfs -o ro,size=64m tmpfs " + shell_quote(ro) + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a read-only tmpfs here";
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { (void)std::system(("umount " + shell_quote(dir)).c_str()); }
+  } unmount{ro};
+  config_ = write_config("nvme_unwritable.json", testing::nvme_patch(ro + "/swap"));
+  const CliResult r =
+      run("estimate --config " + shell_quote(config_) + " --model " + shell_quote(model_) +
+          " --seq-len 32 --device cpu --gemm-tflops 1 --attention-tflops 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find(ro + "/swap is not a writable directory here: `outcore train` with this "
+                            "config would fail on this machine"),
+            std::string::npos)
+      << r.err;
+}
+
 // Stage 3 with a live cap and reuse distance that let every slab go after its use: estimate
 // says what keeping the gathered parameters through the step's micro-batches gives; a config
 // that keeps them already gets no such line.

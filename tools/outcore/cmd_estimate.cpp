@@ -34,6 +34,7 @@
 #include "aio/aio.hpp"
 #include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "engine/config/config.hpp"
 #include "engine/device/compute_backend.hpp"
 #include "engine/device/device.hpp"
@@ -514,6 +515,14 @@ int run_estimate(const EstimateArgs& a) {
             src.drive = fmt::format("measured: {} written, then read, in {} with the aio section{}",
                                     zero::format_bytes(kDriveBytes), measured->dir,
                                     measured->buffered ? ", buffered (no O_DIRECT there)" : "");
+          } else if (src.drive_unknown.find("is not a writable directory here") !=
+                     std::string::npos) {
+            // A plan for this machine that its training could not follow: said, not only in
+            // the drive's line.
+            log::warn(
+                "{}: `outcore train` with this config would fail on this machine "
+                "(`outcore doctor --nvme-path {}` says why)",
+                src.drive_unknown, nvme_path);
           }
         } catch (const Error& e) {  // the drive stays unknown, saying why
           src.drive_unknown = fmt::format("measuring it failed: {}", e.what());

@@ -1,7 +1,9 @@
 // The host side of `outcore doctor` (see doctor.hpp).
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <linux/magic.h>
 #include <sys/resource.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -140,6 +142,16 @@ Line nvme_line(const std::string& path) {
   } else {
     l.verdict = Verdict::kWarn;
     l.detail += odirect + " (swap files fall back to buffered I/O through the page cache)";
+  }
+  // A filesystem in memory: the swap files would take the host memory they are there to spare.
+  struct statfs fs_info {};
+  if (l.verdict != Verdict::kFail && ::statfs(dir.c_str(), &fs_info) == 0 &&
+      (fs_info.f_type == TMPFS_MAGIC || fs_info.f_type == RAMFS_MAGIC)) {
+    l.verdict = Verdict::kWarn;
+    l.detail += fmt::format(
+        "; a filesystem in memory ({}): swap files there take host memory, which the host "
+        "memory line does not count; give a directory on a drive",
+        fs_info.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
   }
   // Room for the swap files of a small model at most: said, with where a config's figure is.
   if (l.verdict != Verdict::kFail && avail < kNvmeFewBytes) {
