@@ -216,7 +216,10 @@ void DataLoader::next(std::span<int32_t> inputs, std::span<int32_t> targets) {
 void DataLoader::seek(DataPosition pos) {
   if (pos.step >= batches_per_epoch_) {
     throw InvalidArgument(fmt::format(
-        "{}: cannot seek the {} split to step {} of epoch {}: an epoch has {} micro-batches",
+        "{}: cannot seek the {} split to micro-batch {} of epoch {}, where the run resumed was: "
+        "an epoch of this data has {} micro-batches. Resume on the data that run trained on, or "
+        "start a new run on this data from the checkpoint's weights (`outcore export`, then "
+        "--init-from)",
         file_->path(), split_name_, pos.step, pos.epoch, batches_per_epoch_));
   }
   pos_ = pos;

@@ -48,7 +48,10 @@ nlohmann::ordered_json number_or_null(double v) {
 std::string format_step_line(const StepMetrics& m) {
   std::string s = m.total_steps > 0 ? fmt::format("step {}/{}", m.step, m.total_steps)
                                     : fmt::format("step {}", m.step);
-  s += fmt::format(" | loss {:.4f} | lr {:.3e} | {} tok/s | {:.1f} GFLOP/s | mem {}", m.loss, m.lr,
+  // A step whose loss mask left no target has no loss to show (its recorded 0 is no figure).
+  const std::string loss =
+      m.masked && m.tokens_trained == 0 ? std::string("   -  ") : fmt::format("{:.4f}", m.loss);
+  s += fmt::format(" | loss {} | lr {:.3e} | {} tok/s | {:.1f} GFLOP/s | mem {}", loss, m.lr,
                    si(m.tokens_per_s), m.gflops_per_s, bytes_iec(m.device_mem_peak_bytes));
   if (m.masked) s += fmt::format(" | trained {} tok", si(static_cast<double>(m.tokens_trained)));
   if (m.grad_norm) s += fmt::format(" | gnorm {:.3f}", *m.grad_norm);

@@ -1018,6 +1018,7 @@ TrainResult Trainer::run_steps(bool tracing) {
     m.elapsed_s = seconds_since(t0);
     res.steps += 1;
     res.losses.push_back(m.loss);
+    res.targets.push_back(m.tokens_trained);
     res.tokens += static_cast<uint64_t>(tokens_per_step());
     res.wall_s += m.step_time_s;
     if (m.skipped) ++res.skipped_steps;

@@ -169,8 +169,9 @@ struct TrainResult {
   // outcore.step_in_backward: steps whose Adam started during the backward and stood, was
   // redone after it (clipping), or was undone (overflow).
   int64_t in_backward_committed = 0, in_backward_redone = 0, in_backward_restored = 0;
-  bool stopped = false;        // stop_requested ended the run before `steps`
-  std::vector<double> losses;  // mean training loss of each step
+  bool stopped = false;          // stop_requested ended the run before `steps`
+  std::vector<double> losses;    // mean training loss of each step (0 for a step of no target)
+  std::vector<int64_t> targets;  // the targets each step's loss is a mean over
   std::optional<double> final_val_loss;
   uint64_t tokens = 0;  // training tokens processed
   double wall_s = 0;    // training time (validation excluded)

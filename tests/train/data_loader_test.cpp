@@ -2,6 +2,7 @@
 // sharding, loss masks, and the errors for short files, out-of-vocabulary tokens and bad masks.
 #include "engine/train/data_loader.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -141,6 +142,17 @@ TEST(DataLoader, BadPositionsAreRejected) {
   auto f = counting_file(dir, 500);
   DataLoader l(f, {0, 500}, {.micro_batch = 2, .seq_len = 10});
   EXPECT_THROW(l.seek({0, l.batches_per_epoch()}), InvalidArgument);
+  // Said as a micro-batch (what the position counts), with the ways on.
+  try {
+    l.seek({0, l.batches_per_epoch() + 3});
+    ADD_FAILURE() << "seek past the epoch";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(fmt::format("to micro-batch {} of epoch 0", l.batches_per_epoch() + 3)),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("--init-from"), std::string::npos) << what;
+  }
   EXPECT_THROW(data_position_from_json({{"epoch", 1}}), InvalidArgument);
   EXPECT_THROW(data_position_from_json({{"epoch", -1}, {"step", 0}}), InvalidArgument);
 }

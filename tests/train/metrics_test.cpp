@@ -79,6 +79,14 @@ TEST(Metrics, StepLineShowsEveryField) {
   EXPECT_NE(line.find("scale 65536"), std::string::npos) << line;
   EXPECT_NE(line.find("SKIPPED"), std::string::npos) << line;
   EXPECT_EQ(line.find("GB/s"), std::string::npos) << line;
+  // A masked step with no target shows no loss (its recorded 0 is no figure).
+  m = sample();
+  m.masked = true;
+  m.tokens_trained = 0;
+  m.loss = 0;
+  line = format_step_line(m);
+  EXPECT_NE(line.find("| loss    -   | lr"), std::string::npos) << line;
+  EXPECT_NE(line.find("trained 0 tok"), std::string::npos) << line;
 }
 
 TEST(Metrics, ValidationLine) {

@@ -170,6 +170,24 @@ TEST_F(TrainCliTest, ALossMaskBesideTheDataIsUsedAndNamed) {
             std::string::npos)
       << resumed.err;
 
+  // One target in the whole file: most steps train on none. Their loss is not shown, and the
+  // run's summary is over the steps that had a target (or says there were none), never the
+  // 0 of a step without one.
+  {
+    const train::TokenFile f = train::TokenFile::open(data_.train());
+    std::string bytes(f.size(), '\0');
+    bytes[bytes.size() / 2] = 1;
+    std::ofstream(data_.file("one.mask"), std::ios::binary) << bytes;
+  }
+  CliResult sparse =
+      run(train_args("--steps 3 --loss-mask " + shell_quote(data_.file("one.mask"))));
+  ASSERT_EQ(sparse.rc, 0) << sparse.err;
+  EXPECT_NE(sparse.err.find("| loss    -   |"), std::string::npos) << sparse.err;
+  EXPECT_EQ(sparse.out.find("loss 0.0000 -> "), std::string::npos) << sparse.out;
+  EXPECT_TRUE(sparse.out.find("loss: none (the loss mask left no target") != std::string::npos ||
+              sparse.out.find("(first and last steps with a target") != std::string::npos)
+      << sparse.out;
+
   std::ofstream(data_.file("short.mask"), std::ios::binary) << "\x01\x01";
   CliResult bad = run(train_args("--steps 1 --loss-mask " + shell_quote(data_.file("short.mask"))));
   EXPECT_EQ(bad.rc, 2) << bad.err;
@@ -844,6 +862,46 @@ TEST_F(TrainCliTest, TraceWritesAChromeTraceAndRefusesInputs) {
   // An earlier trace is replaced.
   r = run(train_args("--steps 1 --trace " + shell_quote(trace)));
   EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// Outputs inside the swap directory (<nvme_path>/outcore_swap), whose files the run removes as
+// stale swap files, are refused before the training, directly or through a link; numbers that
+// are not whole or beyond their range are said to be.
+TEST_F(TrainCliTest, OutputsInsideTheSwapDirectoryAreRefused) {
+  namespace fs = std::filesystem;
+  const std::string swap = data_.file("swap");
+  const std::string inside = swap + "/outcore_swap/rank0/param";
+  fs::create_directories(inside);
+  config_ = write_config("nvme.json", testing::nvme_patch(swap));
+  for (const char* flag : {"--metrics", "--trace"}) {
+    const CliResult r =
+        run(train_args(std::string("--steps 1 ") + flag + " " + shell_quote(inside + "/0.bin")));
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_NE(r.err.find(std::string(flag) + " " + inside + "/0.bin: inside the swap directory " +
+                         fs::weakly_canonical(swap).string() + "/outcore_swap"),
+              std::string::npos)
+        << r.err;
+    EXPECT_FALSE(fs::exists(inside + "/0.bin"));
+  }
+  const std::string link = data_.file("m_link.jsonl");
+  fs::create_symlink(inside + "/.lock", link);
+  CliResult r = run(train_args("--steps 1 --metrics " + shell_quote(link)));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("(through a link to " + inside + "/.lock): inside the swap directory"),
+            std::string::npos)
+      << r.err;
+  // Beside outcore_swap, in the nvme_path itself: the user's, and fine.
+  r = run(train_args("--steps 1 --metrics " + shell_quote(swap + "/m.jsonl")));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(fs::exists(swap + "/m.jsonl"));
+  for (const auto& [value, says] :
+       {std::pair<std::string, std::string>{"99999999999999999999", "allowed: a whole number from"},
+        {"1e3", "allowed: a whole number (no fraction, no exponent)"},
+        {"ten", "allowed: a number"}}) {
+    r = run(train_args("--steps " + value));
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_NE(r.err.find("--steps: got \"" + value + "\"; " + says), std::string::npos) << r.err;
+  }
 }
 
 // No output and no swap path of a run takes a name that a save directory writes, nor goes
@@ -1969,6 +2027,18 @@ TEST_F(TrainCliTest, DemoNeverWritesOverAUsersFiles) {
           shell_quote(mine + "/ds_config.json"));
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_EQ(slurp(mine + "/notes.txt"), "USER");
+  // Nor at its marker, its lock or in its swap directory: refused before the training (it
+  // failed at the end, the trace unwritten).
+  for (const char* name : {"/.outcore-demo", "/.demo.lock", "/swap", "/swap/t.json"}) {
+    r = run("demo --steps 1 --work-dir " + shell_quote(mine) + " --trace " +
+            shell_quote(mine + name));
+    EXPECT_EQ(r.rc, 2) << name << ": " << r.err;
+    EXPECT_EQ(r.err.find("step 1/"), std::string::npos) << name << ": " << r.err;
+  }
+  // A count beyond its type is said to be, not called no number.
+  r = run("demo --steps 99999999999999999999 --work-dir " + shell_quote(mine));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("allowed: a whole number from"), std::string::npos) << r.err;
   // Files at the names of the temporaries an earlier version used: a user's file, and a link
   // to a file elsewhere. The demo trains, and both stay as they were.
   const std::string tmps = data_.file("tmps");

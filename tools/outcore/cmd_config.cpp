@@ -16,6 +16,7 @@
 #include "common/log.hpp"
 #include "engine/config/config.hpp"
 #include "tools/outcore/commands.hpp"
+#include "tools/outcore/number_arg.hpp"
 
 namespace outcore::cli {
 namespace {
@@ -43,18 +44,9 @@ void parse_number(const std::string& text, const char* flag, std::optional<T>& o
                   std::vector<cfg::ConfigIssue>& errors) {
   if (text.empty()) return;
   T value{};
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (ec != std::errc() || ptr != end) {
-    errors.push_back({"", std::string(flag) + ": got \"" + text + "\"; allowed: a number"});
+  if (const std::string allowed = parse_number_arg(text, value); !allowed.empty()) {
+    errors.push_back({"", std::string(flag) + ": got \"" + text + "\"; " + allowed});
     return;
-  }
-  if constexpr (std::is_floating_point_v<T>) {
-    if (!std::isfinite(value)) {
-      errors.push_back(
-          {"", std::string(flag) + ": got \"" + text + "\"; allowed: a finite number"});
-      return;
-    }
   }
   out = value;
 }

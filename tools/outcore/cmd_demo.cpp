@@ -21,6 +21,7 @@
 
 #include "common/error.hpp"
 #include "common/lock_file.hpp"
+#include "common/open_file.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/config/config.hpp"
 #include "engine/data/staged_file.hpp"
@@ -29,6 +30,7 @@
 #include "engine/train/trainer.hpp"
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/launch.hpp"
+#include "tools/outcore/number_arg.hpp"
 #include "tools/outcore/stop_signals.hpp"
 #include "tools/outcore/train_session.hpp"
 
@@ -86,6 +88,8 @@ nlohmann::ordered_json demo_config(int64_t steps, const std::string& swap_dir,
 // when written (a file the user changed or put there since is kept). The metrics file is
 // checked by the run itself (it replaces only a metrics file).
 constexpr const char* kDemoMarker = ".outcore-demo";
+constexpr const char* kDemoLock = ".demo.lock";
+constexpr const char* kDemoSwap = "swap";
 constexpr const char* kDemoMarkerFirstLine = "outcore demo work directory";
 constexpr const char* kDemoMetrics = "metrics.jsonl";
 constexpr const char* kDemoNames[] = {"config.json", "ds_config.json", kDemoMetrics,
@@ -212,10 +216,10 @@ int run_demo(const DemoOptions& o) {
   catch_early_stop();
   int64_t steps = kDemoDefaultSteps;
   if (!o.steps.empty()) {
-    const char* end = o.steps.data() + o.steps.size();
-    auto [ptr, ec] = std::from_chars(o.steps.data(), end, steps);
-    if (ec != std::errc() || ptr != end || steps < 1) {
-      std::fprintf(stderr, "error: --steps: got \"%s\"; allowed: a number >= 1\n", o.steps.c_str());
+    std::string allowed = parse_number_arg(o.steps, steps);
+    if (allowed.empty() && steps < 1) allowed = "allowed: a number >= 1";
+    if (!allowed.empty()) {
+      std::fprintf(stderr, "error: --steps: got \"%s\"; %s\n", o.steps.c_str(), allowed.c_str());
       return 2;
     }
   }
@@ -224,7 +228,7 @@ int run_demo(const DemoOptions& o) {
   if (!device) return 2;
   const fs::path dir = fs::absolute(o.work_dir);
   const fs::path model_path = dir / "config.json", config_path = dir / "ds_config.json";
-  const fs::path metrics_path = dir / "metrics.jsonl", swap_dir = dir / "swap";
+  const fs::path metrics_path = dir / "metrics.jsonl", swap_dir = dir / kDemoSwap;
   if (const std::string problem = work_dir_problem(dir); !problem.empty()) {
     std::fprintf(stderr, "error: --work-dir %s %s: move it away or choose another work directory\n",
                  o.work_dir.c_str(), problem.c_str());
@@ -240,9 +244,24 @@ int run_demo(const DemoOptions& o) {
     return 2;
   std::vector<std::pair<std::string, const char*>> outputs;
   for (const char* name : kDemoNames) outputs.emplace_back((dir / name).string(), "the demo's");
+  for (const char* name : {kDemoMarker, kDemoLock, kDemoSwap})
+    outputs.emplace_back((dir / name).string(), "the demo's");
   if (!check_output_file(o.trace, "--trace", outputs, "a file of the demo") ||
       !check_replaces_only_a_trace(o.trace, "--trace"))
     return 2;
+  // Nor in its swap directory, whose files it removes.
+  if (!o.trace.empty()) {
+    std::error_code ec;
+    const fs::path rel = fs::weakly_canonical(fs::absolute(resolve_links(o.trace), ec), ec)
+                             .lexically_relative(fs::weakly_canonical(swap_dir, ec));
+    if (!ec && !rel.empty() && *rel.begin() != "..") {
+      std::fprintf(stderr,
+                   "error: --trace %s: inside the demo's swap directory %s; choose a path "
+                   "outside it\n",
+                   o.trace.c_str(), swap_dir.string().c_str());
+      return 2;
+    }
+  }
   train::DemoDatasetFiles data;
   config::Config cfg;
   model::LlamaConfig model;
@@ -256,7 +275,7 @@ int run_demo(const DemoOptions& o) {
     std::fprintf(stderr, "writing the demo dataset, model and DeepSpeed config to %s\n",
                  dir.string().c_str());
     fs::create_directories(dir);
-    lock.emplace(dir / ".demo.lock",
+    lock.emplace(dir / kDemoLock,
                  "lock the demo's work directory (another demo is running in it: give each its "
                  "own --work-dir)",
                  "outcore demo lock\n", /*register_cleanup=*/true);

@@ -34,6 +34,7 @@
 #include "engine/train/trainer.hpp"
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/launch.hpp"
+#include "tools/outcore/number_arg.hpp"
 #include "tools/outcore/stop_signals.hpp"
 #include "tools/outcore/test_hooks.hpp"
 #include "tools/outcore/train_session.hpp"
@@ -61,17 +62,9 @@ template <typename T>
 bool parse_number(const std::string& text, const char* flag, std::optional<T>& out) {
   if (text.empty()) return true;
   T value{};
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (ec != std::errc() || ptr != end) {
-    std::fprintf(stderr, "error: %s: got \"%s\"; allowed: a number\n", flag, text.c_str());
+  if (const std::string allowed = parse_number_arg(text, value); !allowed.empty()) {
+    std::fprintf(stderr, "error: %s: got \"%s\"; %s\n", flag, text.c_str(), allowed.c_str());
     return false;
-  }
-  if constexpr (std::is_floating_point_v<T>) {
-    if (!std::isfinite(value)) {
-      std::fprintf(stderr, "error: %s: got \"%s\"; allowed: a finite number\n", flag, text.c_str());
-      return false;
-    }
   }
   out = value;
   return true;
@@ -782,6 +775,9 @@ int run_train(const TrainCliOptions& o) {
                                  o.save_dir) ||
       !check_not_a_save_name(metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics") ||
       !check_swap_paths_outside_saves(config, o.save_dir) ||
+      !check_outputs_outside_swap(
+          config, {{metrics, o.metrics.empty() ? "outcore.metrics_file" : "--metrics"},
+                   {o.trace, "--trace"}}) ||
       !check_outside_checkpoints(o.trace, "--trace", o.save_dir) ||
       !check_not_a_save_name(o.trace, "--trace") ||
       !check_replaces_only_a_trace(o.trace, "--trace"))

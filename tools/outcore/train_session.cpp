@@ -108,7 +108,19 @@ void print_result(const train::TrainResult& r) {
                   r.stopped ? "stopped after" : "trained", r.steps, r.skipped_steps, r.wall_s,
                   r.tokens_per_s, r.gflops_per_s);
   if (!r.losses.empty()) {
-    s += fmt::format("loss {:.4f} -> {:.4f}", r.losses.front(), r.losses.back());
+    // Over the steps that trained on a target: a step whose loss mask left none has no loss
+    // (its 0 is no figure of the model).
+    const auto has = [&](size_t i) { return i >= r.targets.size() || r.targets[i] > 0; };
+    size_t first = 0, last = r.losses.size();
+    while (first < r.losses.size() && !has(first)) ++first;
+    while (last > first && !has(last - 1)) --last;
+    if (first == r.losses.size()) {
+      s += "loss: none (the loss mask left no target in any step)";
+    } else {
+      s += fmt::format("loss {:.4f} -> {:.4f}", r.losses[first], r.losses[last - 1]);
+      if (first > 0 || last < r.losses.size())
+        s += " (first and last steps with a target: the loss mask left none in the others)";
+    }
     if (r.final_val_loss) s += fmt::format(" (validation {:.4f})", *r.final_val_loss);
     s += "\n";
   }
@@ -303,6 +315,39 @@ bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string
                    "error: %s %s: %s%s is a name that a save directory writes (a checkpoint, "
                    "latest); choose a swap path outside it\n",
                    key, path->c_str(), p == at ? "" : "below ", p.string().c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+bool check_outputs_outside_swap(const config::Config& cfg,
+                                const std::vector<std::pair<std::string, const char*>>& outputs) {
+  namespace fs = std::filesystem;
+  const config::ZeroConfig& z = cfg.zero_optimization;
+  if (z.stage != 3) return true;
+  const std::pair<const char*, const std::string*> swaps[] = {
+      {"zero_optimization.offload_param.nvme_path",
+       z.offload_param.device == config::OffloadDevice::kNvme ? &z.offload_param.nvme_path
+                                                              : nullptr},
+      {"zero_optimization.offload_optimizer.nvme_path",
+       z.offload_optimizer.device == config::OffloadDevice::kNvme ? &z.offload_optimizer.nvme_path
+                                                                  : nullptr}};
+  for (const auto& [key, swap] : swaps) {
+    if (swap == nullptr || swap->empty()) continue;
+    std::error_code ec;
+    const fs::path tree = fs::weakly_canonical(fs::absolute(*swap, ec) / "outcore_swap", ec);
+    if (ec) continue;
+    for (const auto& [out, flag] : outputs) {
+      if (out.empty()) continue;
+      const std::string target = resolve_links(out);  // where the file is written
+      const fs::path rel =
+          fs::weakly_canonical(fs::absolute(target, ec), ec).lexically_relative(tree);
+      if (ec || rel.empty() || *rel.begin() == "..") continue;
+      std::fprintf(stderr,
+                   "error: %s %s%s: inside the swap directory %s of %s (the run removes files "
+                   "there as stale swap files); choose a path outside it\n",
+                   flag, out.c_str(), link_note(out, target).c_str(), tree.string().c_str(), key);
       return false;
     }
   }

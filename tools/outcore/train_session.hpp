@@ -54,6 +54,11 @@ bool check_not_a_save_name(const std::string& path, const char* flag);
 // the directory the run creates there would keep a checkpoint forever or block a save. The
 // save directory itself may hold it (its swap files go into outcore_swap/).
 bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string& save_dir);
+// False (with one error line naming the output's flag) when an output (path, flag; empty paths
+// skipped) is inside a swap directory of `cfg` that acts (<nvme_path>/outcore_swap): the swap
+// space removes files there as stale swap files of an earlier run.
+bool check_outputs_outside_swap(const config::Config& cfg,
+                                const std::vector<std::pair<std::string, const char*>>& outputs);
 // False (with one error line naming `flag`) when `path` holds a file that a trace does not
 // replace (trace::holds_trace_or_nothing): a user's file, another run's data or metrics.
 bool check_replaces_only_a_trace(const std::string& path, const char* flag);
