@@ -270,10 +270,27 @@ bool check_not_a_save_name(const std::string& path, const char* flag) {
   return false;
 }
 
+namespace {
+
+// The swap paths of `cfg` that act (offload_param / offload_optimizer nvme_path at stage 3, not
+// empty), with their config keys.
+std::vector<std::pair<const char*, std::string>> acting_swap_paths(const config::Config& cfg) {
+  const config::ZeroConfig& z = cfg.zero_optimization;
+  std::vector<std::pair<const char*, std::string>> out;
+  if (z.stage != 3) return out;
+  if (z.offload_param.device == config::OffloadDevice::kNvme && !z.offload_param.nvme_path.empty())
+    out.emplace_back("zero_optimization.offload_param.nvme_path", z.offload_param.nvme_path);
+  if (z.offload_optimizer.device == config::OffloadDevice::kNvme &&
+      !z.offload_optimizer.nvme_path.empty())
+    out.emplace_back("zero_optimization.offload_optimizer.nvme_path",
+                     z.offload_optimizer.nvme_path);
+  return out;
+}
+
+}  // namespace
+
 bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string& save_dir) {
   namespace fs = std::filesystem;
-  const config::ZeroConfig& z = cfg.zero_optimization;
-  if (z.stage != 3) return true;
   // Absolute, normal, links resolved as far as the path exists, without a trailing empty
   // element ("dir/" and "dir/." name dir).
   auto resolved = [](const std::string& p, std::error_code& ec) {
@@ -281,15 +298,8 @@ bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string
     while (a.has_relative_path() && (!a.has_filename() || a.filename() == ".")) a = a.parent_path();
     return fs::weakly_canonical(a, ec);  // "link/.." as the kernel reads it
   };
-  const std::pair<const char*, const std::string*> paths[] = {
-      {"zero_optimization.offload_param.nvme_path",
-       z.offload_param.device == config::OffloadDevice::kNvme ? &z.offload_param.nvme_path
-                                                              : nullptr},
-      {"zero_optimization.offload_optimizer.nvme_path",
-       z.offload_optimizer.device == config::OffloadDevice::kNvme ? &z.offload_optimizer.nvme_path
-                                                                  : nullptr}};
-  for (const auto& [key, path] : paths) {
-    if (path == nullptr || path->empty()) continue;
+  for (const auto& [key, swap] : acting_swap_paths(cfg)) {
+    const std::string* path = &swap;
     // The save directory itself may hold the swap files; its save names, or a path below one,
     // may not.
     std::error_code ec;
@@ -324,19 +334,9 @@ bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string
 bool check_outputs_outside_swap(const config::Config& cfg,
                                 const std::vector<std::pair<std::string, const char*>>& outputs) {
   namespace fs = std::filesystem;
-  const config::ZeroConfig& z = cfg.zero_optimization;
-  if (z.stage != 3) return true;
-  const std::pair<const char*, const std::string*> swaps[] = {
-      {"zero_optimization.offload_param.nvme_path",
-       z.offload_param.device == config::OffloadDevice::kNvme ? &z.offload_param.nvme_path
-                                                              : nullptr},
-      {"zero_optimization.offload_optimizer.nvme_path",
-       z.offload_optimizer.device == config::OffloadDevice::kNvme ? &z.offload_optimizer.nvme_path
-                                                                  : nullptr}};
-  for (const auto& [key, swap] : swaps) {
-    if (swap == nullptr || swap->empty()) continue;
+  for (const auto& [key, swap] : acting_swap_paths(cfg)) {
     std::error_code ec;
-    const fs::path tree = fs::weakly_canonical(fs::absolute(*swap, ec) / "outcore_swap", ec);
+    const fs::path tree = fs::weakly_canonical(fs::absolute(swap, ec) / "outcore_swap", ec);
     if (ec) continue;
     for (const auto& [out, flag] : outputs) {
       if (out.empty()) continue;
