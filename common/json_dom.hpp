@@ -140,4 +140,21 @@ inline nlohmann::json parse_json_dom(std::string_view text, const JsonDomOptions
   return nlohmann::json::parse(text);
 }
 
+// A JSON file's text parsed by parse_json_dom, every refusal (JsonRefused, a syntax error, a
+// number out of range) said in one message, "<where>: <why>" ("<where>: not valid JSON: ..." for
+// what json::parse rejects), which `refuse` throws as the caller's error (CorruptData for
+// outcore's own files, ConfigError for a user's). `refuse` must throw.
+template <class Refuse>
+nlohmann::json parse_json_file(std::string_view text, const std::string& where,
+                               const JsonDomOptions& options, Refuse&& refuse) {
+  try {
+    return parse_json_dom(text, options);
+  } catch (const JsonRefused& e) {
+    refuse(where + ": " + e.what());
+  } catch (const nlohmann::json::exception& e) {  // parse errors, numbers out of range (1e400)
+    refuse(where + ": not valid JSON: " + e.what());
+  }
+  throw std::logic_error("parse_json_file: refuse returned");
+}
+
 }  // namespace outcore

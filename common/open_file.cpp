@@ -77,6 +77,25 @@ std::string resolve_links(const std::string& path) {
   return at;
 }
 
+std::string resolved_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path a = fs::absolute(path, ec);
+  while (!ec && a.has_relative_path() && (!a.has_filename() || a.filename() == "."))
+    a = a.parent_path();
+  if (!ec) a = fs::weakly_canonical(a, ec);
+  return ec ? std::string() : a.string();
+}
+
+std::string path_within(const std::string& path, const std::string& dir) {
+  const std::string p = resolved_path(path);
+  const std::string d = resolved_path(dir);
+  if (p.empty() || d.empty()) return {};
+  const std::filesystem::path rel = std::filesystem::path(p).lexically_relative(d);
+  if (rel.empty() || *rel.begin() == "..") return {};
+  return rel.string();
+}
+
 mode_t creation_umask() {
   std::FILE* f = std::fopen("/proc/self/status", "re");
   if (f == nullptr) return 022;

@@ -24,6 +24,16 @@ bool same_file(const std::string& a, const std::string& b);
 // `path` itself when it is not a link or a link cannot be read.
 std::string resolve_links(const std::string& path);
 
+// `path` absolute, normal, with the links of the part of it that exists resolved (as the kernel
+// reads "link/.."), and without a trailing "/" or "/." ("dir/" and "dir/." name dir); "" when it
+// cannot be resolved.
+std::string resolved_path(const std::string& path);
+
+// Where `path` lies inside directory `dir`, both resolved as above: the path relative to dir
+// ("." for dir itself, "a/b" below it), or "" when it lies outside dir or either cannot be
+// resolved. A file written through a link is where resolve_links(path) says.
+std::string path_within(const std::string& path, const std::string& dir);
+
 // A file's identity: its device and inode.
 struct FileId {
   dev_t dev = 0;

@@ -238,14 +238,9 @@ Manifest parse_manifest(std::string_view text, const std::string& source) {
   if (stored != hex32(actual))
     throw CorruptData(
         fmt::format("{}: CRC32C mismatch: expected {}, actual {}", source, stored, hex32(actual)));
-  nlohmann::json j;
-  try {
-    j = parse_json_dom(text, {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
-  } catch (const JsonRefused& e) {
-    throw CorruptData(fmt::format("{}: {}", source, e.what()));
-  } catch (const nlohmann::json::exception& e) {
-    throw CorruptData(fmt::format("{}: not valid JSON ({})", source, e.what()));
-  }
+  const nlohmann::json j =
+      parse_json_file(text, source, {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}},
+                      [](const std::string& why) { throw CorruptData(why); });
   Manifest m = Manifest::from_json(j, source);
   m.check_coverage(source);
   return m;

@@ -184,13 +184,8 @@ json parse_json_unique_keys(std::string_view text, const std::string& where) {
         fmt::format("{}: key \"{}\" appears twice in {}", where, key,
                     object.empty() ? std::string("one object") : fmt::format("\"{}\"", object)));
   };
-  try {
-    return parse_json_dom(text, {.max_depth = kMaxJsonFileDepth, .on_repeated_key = repeated});
-  } catch (const JsonRefused& e) {
-    throw CorruptData(fmt::format("{}: {}", where, e.what()));
-  } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
-    throw CorruptData(fmt::format("{}: not valid JSON: {}", where, e.what()));
-  }
+  return parse_json_file(text, where, {.max_depth = kMaxJsonFileDepth, .on_repeated_key = repeated},
+                         [](const std::string& why) { throw CorruptData(why); });
 }
 
 // ---------------------------------------------------------------------------------------------

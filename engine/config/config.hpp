@@ -392,6 +392,13 @@ struct ParsedConfig {
 ParsedConfig parse_config(std::string_view text, std::string_view source = "<config>",
                           bool log_warnings = true);
 
+// A config a checkpoint saved (to_json of its run's Config, every key written at its value or
+// default), parsed as parse_config does, less the warnings about keys written at their defaults
+// that another key overrides (the optimizer's lr and betas beside a scheduler that sets them):
+// the saved config writes every key, so a default value there is no user's. Non-default values
+// are warned about as in any config.
+ParsedConfig parse_saved_config(std::string_view text, std::string_view source);
+
 // Reads and parses a file. Only a regular file of at most kMaxConfigBytes is read: a
 // directory, FIFO, device or socket is refused without reading from it, and a larger (or
 // endless) file is refused after reading at most kMaxConfigBytes + 1 bytes. These and an

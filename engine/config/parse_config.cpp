@@ -185,7 +185,9 @@ void read_ignored_top_level(SectionReader& root) {
   }
 }
 
-void read_top_level(SectionReader& root, Diagnostics& d, Config& c, const Json& file) {
+// `file`: the parsed text, for the warnings about keys a user wrote (null for a saved config,
+// which writes every key).
+void read_top_level(SectionReader& root, Diagnostics& d, Config& c, const Json* file) {
   root.get_auto("train_batch_size", c.train_batch_size, kPositive);
   root.get_auto("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu,
                 IntRange{1, kMaxMicroBatch});
@@ -207,7 +209,7 @@ void read_top_level(SectionReader& root, Diagnostics& d, Config& c, const Json& 
   read_outcore(root, d, c.outcore);
   read_ignored_top_level(root);
   root.finish();
-  for (ConfigIssue& w : detail::keys_without_effect(c, &file)) d.warn(w.json_path, w.message);
+  for (ConfigIssue& w : detail::keys_without_effect(c, file)) d.warn(w.json_path, w.message);
   if (c.fp16.enabled.value_or(false) && c.bf16.enabled.value_or(false)) {
     d.error("bf16.enabled",
             "true while fp16.enabled is also true; allowed: at most one of "
@@ -243,7 +245,9 @@ void cap_unknown_keys(std::vector<ConfigIssue>& warnings, size_t unlisted) {
 
 }  // namespace
 
-ParsedConfig parse_config(std::string_view text, std::string_view source, bool log_warnings) {
+namespace {
+
+ParsedConfig parse(std::string_view text, std::string_view source, bool log_warnings, bool saved) {
   std::string src(source);
   if (text.size() > kMaxConfigBytes) {
     throw ConfigValidationError(
@@ -256,7 +260,7 @@ ParsedConfig parse_config(std::string_view text, std::string_view source, bool l
   ParsedConfig out;
   if (lp.value.is_object()) {
     SectionReader root(&lp.value, "", d, /*auto_means_default=*/false);
-    read_top_level(root, d, out.config, lp.value);
+    read_top_level(root, d, out.config, saved ? nullptr : &lp.value);
     detail::sort_by_file_order(lp.value, d.errors, d.warnings);
     cap_unknown_keys(d.warnings, d.unlisted_unknown_keys);
   } else if (d.errors.empty()) {
@@ -269,6 +273,16 @@ ParsedConfig parse_config(std::string_view text, std::string_view source, bool l
   if (!d.errors.empty()) throw ConfigValidationError(src, std::move(d.errors));
   out.warnings = std::move(d.warnings);
   return out;
+}
+
+}  // namespace
+
+ParsedConfig parse_config(std::string_view text, std::string_view source, bool log_warnings) {
+  return parse(text, source, log_warnings, /*saved=*/false);
+}
+
+ParsedConfig parse_saved_config(std::string_view text, std::string_view source) {
+  return parse(text, source, /*log_warnings=*/true, /*saved=*/true);
 }
 
 }  // namespace outcore::config

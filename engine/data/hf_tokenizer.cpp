@@ -449,15 +449,10 @@ AddedTokens read_added_tokens(const Reader& r, const json& list, const BpeModel&
 
 LoadedBackend load_tokenizer_json(const std::string& path) {
   const Reader r(path);
-  json root;
-  try {
-    root = parse_json_dom(read_whole_file(path, "tokenizer", kMaxTokenizerJsonBytes),
-                          {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
-  } catch (const JsonRefused& e) {  // Sequence in Sequence...: the readers recurse
-    throw ConfigError("", fmt::format("{}: {}", path, e.what()));
-  } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
-    throw ConfigError("", fmt::format("{}: not valid JSON: {}", path, e.what()));
-  }
+  // The depth bounded: Sequence in Sequence...: the readers recurse.
+  const json root = parse_json_file(read_whole_file(path, "tokenizer", kMaxTokenizerJsonBytes),
+                                    path, {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}},
+                                    [](const std::string& why) { throw ConfigError("", why); });
   r.object(root, "(root)");
   for (const char* key : {"truncation", "padding"}) {
     if (!Reader::member(root, key).is_null())

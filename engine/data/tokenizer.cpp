@@ -28,17 +28,12 @@ json read_optional_json(const fs::path& dir, const char* name) {
   const fs::path path = dir / name;
   std::error_code ec;
   if (!fs::exists(path, ec)) return json();
-  try {
-    json j = parse_json_dom(read_whole_file(path.string(), "tokenizer config", kMaxConfigBytes),
-                            {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
-    if (!j.is_object())
-      throw ConfigError("", fmt::format("{}: must hold a JSON object", path.string()));
-    return j;
-  } catch (const JsonRefused& e) {
-    throw ConfigError("", fmt::format("{}: {}", path.string(), e.what()));
-  } catch (const json::exception& e) {  // parse errors, numbers out of range (1e400)
-    throw ConfigError("", fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
-  }
+  json j = parse_json_file(read_whole_file(path.string(), "tokenizer config", kMaxConfigBytes),
+                           path.string(), {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}},
+                           [](const std::string& why) { throw ConfigError("", why); });
+  if (!j.is_object())
+    throw ConfigError("", fmt::format("{}: must hold a JSON object", path.string()));
+  return j;
 }
 
 // The token a config names under `key` (a string, or an object with "content"): its text, or

@@ -66,7 +66,9 @@ std::string format_step_line(const StepMetrics& m) {
 std::string format_validation_line(const ValidationMetrics& m) {
   const std::string trained =
       m.masked ? fmt::format(", {} trained", si(static_cast<double>(m.tokens_trained))) : "";
-  return fmt::format("val step {} | loss {:.4f} | {} tokens{} | {:.2f} s", m.step, m.loss,
+  const std::string loss =
+      m.masked && m.tokens_trained == 0 ? std::string("   -  ") : fmt::format("{:.4f}", m.loss);
+  return fmt::format("val step {} | loss {} | {} tokens{} | {:.2f} s", m.step, loss,
                      si(static_cast<double>(m.tokens)), trained, m.time_s);
 }
 
@@ -75,7 +77,9 @@ nlohmann::ordered_json to_json(const StepMetrics& m) {
   j["type"] = "step";
   j["step"] = m.step;
   if (m.total_steps > 0) j["total_steps"] = m.total_steps;
-  j["loss"] = number_or_null(m.loss);
+  // A step whose loss mask left no target has no loss: null, as a loss that is not finite.
+  j["loss"] =
+      m.masked && m.tokens_trained == 0 ? nlohmann::ordered_json(nullptr) : number_or_null(m.loss);
   j["lr"] = m.lr;
   if (m.beta1) j["beta1"] = *m.beta1;
   j["tokens_per_s"] = m.tokens_per_s;
@@ -103,7 +107,8 @@ nlohmann::ordered_json to_json(const ValidationMetrics& m) {
   nlohmann::ordered_json j;
   j["type"] = "val";
   j["step"] = m.step;
-  j["loss"] = number_or_null(m.loss);
+  j["loss"] =
+      m.masked && m.tokens_trained == 0 ? nlohmann::ordered_json(nullptr) : number_or_null(m.loss);
   j["tokens"] = m.tokens;
   j["tokens_trained"] = m.tokens_trained;
   j["time_s"] = m.time_s;

@@ -526,9 +526,10 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
       model::LlamaConfig::from_json(ck->read_text("config.json"), src + "/config.json"),
       model_config, src);
   const std::string state_path = (ck->dir() / "trainer_state.json").string();
+  resume_state_ = parse_json_file(ck->read_text("trainer_state.json"), state_path,
+                                  {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}},
+                                  [](const std::string& why) { throw CorruptData(why); });
   try {
-    resume_state_ = parse_json_dom(ck->read_text("trainer_state.json"),
-                                   {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
     const int64_t steps_then = ck->manifest().step;  // restore() checks steps_done against it
     if (opts_.steps < steps_then)
       throw InvalidArgument(fmt::format(
@@ -578,9 +579,7 @@ void Trainer::open_resume_checkpoint(std::optional<ckpt::Checkpoint>& ck,
         resume_state_.value("eval_batches", int64_t{0}) == opts_.eval_batches;
     validated_step_ = same_validation ? resume_state_.value("validated_step", int64_t{-1}) : -1;
 
-  } catch (const JsonRefused& e) {
-    throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const nlohmann::json::exception& e) {  // a key missing or of another type
     throw CorruptData(fmt::format("{}: {}", state_path, e.what()));
   }
   resumed_from_ = src;

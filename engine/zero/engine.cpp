@@ -121,6 +121,12 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
         "deeper prefetch",
         cfg.outcore.pinned_memory_mb, pl.total() / 1048576.0, full.total() / 1048576.0,
         pl.fetch_slots, full.fetch_slots, pl.concurrent_steps, full.concurrent_steps);
+  else if (full.total() == 0 && cfg.outcore.pinned_memory_mb != 0)
+    log::warn(
+        "outcore.pinned_memory_mb {} has no effect: this placement uses no pinned buffers "
+        "(nothing offloaded to host memory or NVMe, no gradient copies from a GPU, no "
+        "collectives on the host)",
+        cfg.outcore.pinned_memory_mb);
 
   copy = device.create_stream("zero-copy");
   comm_stream = device.create_stream("zero-comm");

@@ -2,8 +2,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "engine/zero/plan.hpp"
 
 namespace outcore::zero {
@@ -13,15 +15,30 @@ model::ModelOptions estimate_model_options(config::Config& cfg, const model::Lla
   config::AutoContext ctx;
   ctx.world_size = in.world_size;
   ctx.hidden_size = model.hidden_size;
-  if (in.micro_batch > 0) ctx.micro_batch_size = in.micro_batch;
+  // The micro-batch replaces the config's where the config sets a micro-batch or an
+  // accumulation (the accumulation, written or following from them, kept); where it sets
+  // neither, or "auto", it fills the micro-batch as train's --micro-batch-size does.
+  const bool replaces = in.micro_batch > 0 && !cfg.train_micro_batch_size_per_gpu.is_auto() &&
+                        (cfg.train_micro_batch_size_per_gpu.has_value() ||
+                         cfg.gradient_accumulation_steps.has_value());
+  if (in.micro_batch > 0 && !replaces) ctx.micro_batch_size = in.micro_batch;
+  const std::optional<int64_t> written_batch =
+      cfg.train_batch_size.has_value() ? std::optional(cfg.train_batch_size.value()) : std::nullopt;
   config::resolve_auto(cfg, ctx);
-  if (in.micro_batch > 0) {  // as if the config said so, with its accumulation
+  if (replaces) {  // as if the config said so, with its accumulation
     int64_t batch = 0;
     if (__builtin_mul_overflow(in.micro_batch, cfg.gradient_accumulation_steps.value(), &batch) ||
         __builtin_mul_overflow(batch, in.world_size, &batch))
       throw InvalidArgument(
           fmt::format("micro-batch {} x gradient_accumulation_steps {} x world size {} overflows",
                       in.micro_batch, cfg.gradient_accumulation_steps.value(), in.world_size));
+    if (written_batch && *written_batch != batch)
+      log::warn(
+          "planning train_batch_size {} (micro-batch {} x gradient_accumulation_steps {} x "
+          "world size {}) in place of the config's {}: the micro-batch asked for replaces the "
+          "config's {} and its accumulation is kept",
+          batch, in.micro_batch, cfg.gradient_accumulation_steps.value(), in.world_size,
+          *written_batch, cfg.train_micro_batch_size_per_gpu.value());
     cfg.train_micro_batch_size_per_gpu.set(in.micro_batch);
     cfg.train_batch_size.set(batch);
   }

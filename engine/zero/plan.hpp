@@ -226,10 +226,11 @@ std::string format_bytes(uint64_t bytes);
 struct EstimateInputs {
   int64_t world_size = 1;  // 1..config::kMaxWorldSize
   // 0: the config's train_micro_batch_size_per_gpu, else 1; at most config::kMaxMicroBatch.
-  // Replaces the config's where it sets one (its gradient_accumulation_steps kept,
-  // train_batch_size following: micro-batch x accumulation x world size); where it sets none,
-  // fills it as train's --micro-batch-size does (the accumulation then follows from
-  // train_batch_size).
+  // Replaces the config's where the config sets a micro-batch or gradient_accumulation_steps
+  // (the accumulation, written or following from train_batch_size, kept; train_batch_size
+  // following: micro-batch x accumulation x world size, with a warning where the config wrote
+  // another); where it sets neither, or "auto", fills the micro-batch as train's
+  // --micro-batch-size does (the accumulation then follows from train_batch_size).
   int64_t micro_batch = 0;
   int64_t seq_len = 0;  // 0: min(max_position_embeddings, 1024)
   // Also on when the config's activation_checkpointing section asks for cpu_checkpointing,

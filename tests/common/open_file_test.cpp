@@ -1,4 +1,5 @@
-// same_file: one answer for every check that an output would overwrite an input.
+// same_file: one answer for every check that an output would overwrite an input; path_within:
+// one answer for every check that an output lies inside a directory outcore writes.
 #include "common/open_file.hpp"
 
 #include <gtest/gtest.h>
@@ -38,6 +39,35 @@ TEST(SameFile, FollowsLinksAndSpellingsAndComparesFilesNotMadeYetByPath) {
   EXPECT_FALSE(same_file(a.string(), (dir / "sub" / "new.bin").string()));
   EXPECT_FALSE(same_file("", ""));
   EXPECT_FALSE(same_file(a.string(), ""));
+}
+
+TEST(PathWithin, SaysWherePathsLieThroughLinksSpellingsAndNamesNotMadeYet) {
+  test::TempDir dir("path-within");
+  const fs::path d = dir / "d";
+  fs::create_directories(d / "sub");
+  fs::create_directory_symlink(d, dir / "d-link");
+  const std::string ds = d.string();
+
+  EXPECT_EQ(path_within(ds, ds), ".");
+  EXPECT_EQ(path_within(ds + "/", ds), ".");
+  EXPECT_EQ(path_within(ds + "/.", ds), ".");
+  EXPECT_EQ(path_within((d / "sub" / "f").string(), ds), "sub/f");
+  EXPECT_EQ(path_within((d / "new" / "deeper").string(), ds), "new/deeper");  // not made yet
+  EXPECT_EQ(path_within((dir / "d-link" / "sub").string(), ds), "sub");       // a linked directory
+  EXPECT_EQ(path_within((d / "sub").string(), (dir / "d-link").string()), "sub");
+  EXPECT_EQ(path_within((d / "sub" / ".." / "x").string(), ds), "x");
+  // Outside: beside it, above it, a name that only starts alike, "..".
+  EXPECT_EQ(path_within((dir / "other").string(), ds), "");
+  EXPECT_EQ(path_within(dir.path().string(), ds), "");
+  EXPECT_EQ(path_within(ds + "x/f", ds), "");
+  EXPECT_EQ(path_within((d / ".." / "f").string(), ds), "");
+  // Relative paths are taken from the working directory.
+  const fs::path cwd = fs::current_path();
+  fs::current_path(d);
+  EXPECT_EQ(path_within("sub/f", ds), "sub/f");
+  EXPECT_EQ(path_within("../f", ds), "");
+  fs::current_path(cwd);
+  EXPECT_EQ(resolved_path(ds + "/sub/."), (d / "sub").string());
 }
 
 }  // namespace

@@ -190,6 +190,33 @@ TEST(KeyEffects, KeysThatActOtherwiseThanInDeepSpeedAreSaid) {
   }
 }
 
+// A checkpoint's saved config writes every key: a default lr or betas there is no user's, and a
+// resume on it is not told they have no effect; a value of the user's still is.
+TEST(KeyEffects, ASavedConfigIsNotWarnedForTheDefaultsItWrites) {
+  auto paths = [](const ParsedConfig& p) {
+    std::set<std::string> out;
+    for (const ConfigWarning& w : p.warnings) out.insert(w.json_path);
+    return out;
+  };
+  const ParsedConfig user = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "scheduler":
+      {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2}}})",
+                                         "user");
+  EXPECT_TRUE(paths(user).empty());
+  const std::string saved = to_json(user.config).dump();
+  // As a user's file, every key written: the defaults are said to be overridden.
+  EXPECT_TRUE(paths(parse_config(saved, "as a user's")).contains("optimizer.params.betas"));
+  EXPECT_TRUE(paths(parse_saved_config(saved, "saved")).empty());
+  EXPECT_EQ(to_json(parse_saved_config(saved, "saved").config), to_json(user.config));
+  // The user's own value is warned about on the saved config too.
+  const ParsedConfig lr = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "optimizer":
+      {"type": "AdamW", "params": {"lr": 0.05}}, "scheduler": {"type": "OneCycle", "params":
+      {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-2}}})",
+                                       "user");
+  EXPECT_TRUE(paths(lr).contains("optimizer.params.lr"));
+  EXPECT_TRUE(paths(parse_saved_config(to_json(lr.config).dump(), "saved"))
+                  .contains("optimizer.params.lr"));
+}
+
 TEST(KeyEffects, DefaultsAndHonouredKeysDrawNoSuchWarning) {
   // Every section at its default, then honoured keys changed: no "no effect" warning.
   const ParsedConfig p = parse_config(R"({"train_micro_batch_size_per_gpu": 2,

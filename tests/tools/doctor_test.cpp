@@ -172,6 +172,12 @@ TEST_F(Doctor, ASwapPathThatCannotBeADirectoryFailsWithExitOne) {
                 .find("cannot be created: " + (dir_ / "file").string() + " is not a directory"),
             std::string::npos)
       << below.out;
+  // A filesystem without storage is named as such, not as full.
+  const DoctorRun proc = doctor("--pinned-mb 0 --nvme-path /proc");
+  EXPECT_EQ(proc.rc, 1) << proc.out;
+  EXPECT_NE(line_of(proc.out, "nvme path").find("/proc: a filesystem without storage"),
+            std::string::npos)
+      << proc.out;
   // An empty path is a usage error, not "no swap path to check".
   const DoctorRun empty = doctor("--nvme-path ''");
   EXPECT_EQ(empty.rc, 2) << empty.out;
@@ -252,6 +258,24 @@ TEST_F(Doctor, APinnedPoolLargerThanTheHostFails) {
   EXPECT_NE(line.find("FAIL"), std::string::npos) << r.out;
   EXPECT_NE(line.find("larger than this host's memory"), std::string::npos) << r.out;
   EXPECT_EQ(r.rc, 1) << r.out;
+}
+
+// --pinned-mb is a whole number of MiB: another value is said to be, naming the flag, exit 2.
+TEST_F(Doctor, APinnedPoolSizeThatIsNoWholeNumberOfMibIsSaidToBe) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"1.5", "a whole number (no fraction, no exponent)"},
+      {"lots", "allowed: a number"},
+      {"-1", "a whole number of MiB from 0 to 1073741824"},
+      {"1073741825", "a whole number of MiB from 0 to 1073741824"},
+      {"99999999999999999999", "a whole number from"}};
+  for (const auto& [value, says] : cases) {
+    const DoctorRun r = doctor(std::string("--pinned-mb=") + value);
+    EXPECT_EQ(r.rc, 2) << value << ": " << r.out;
+    EXPECT_NE(r.out.find(std::string("error: --pinned-mb: got \"") + value + "\"; "),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
+  }
 }
 
 TEST_F(Doctor, BadArgumentsExitTwo) {

@@ -203,6 +203,21 @@ TEST(Metrics, JsonRecordsHaveTypedFields) {
   nlohmann::ordered_json v = to_json(ValidationMetrics{.step = 7, .loss = 1.25, .tokens = 10});
   EXPECT_EQ(v["type"], "val");
   EXPECT_EQ(v["loss"], 1.25);
+  // A step, or a validation, whose loss mask left no target has no loss: null, not 0.
+  m = sample();
+  m.masked = true;
+  m.tokens_trained = 0;
+  m.loss = 0;
+  j = to_json(m);
+  EXPECT_TRUE(j["loss"].is_null());
+  EXPECT_EQ(j["tokens_trained"], 0);
+  m.tokens_trained = 1;
+  EXPECT_EQ(to_json(m)["loss"], 0.0);
+  ValidationMetrics none{.step = 7, .loss = 0, .tokens = 10, .tokens_trained = 0};
+  none.masked = true;
+  EXPECT_TRUE(to_json(none)["loss"].is_null());
+  EXPECT_NE(format_validation_line(none).find("| loss    -   |"), std::string::npos)
+      << format_validation_line(none);
 }
 
 TEST(MetricsWriter, WritesOneParsableObjectPerLine) {

@@ -2,6 +2,7 @@
 // pool, still train to the same numbers as the unlimited in-memory run.
 #include <gtest/gtest.h>
 
+#include "tests/common/log_capture.hpp"
 #include "tests/zero/zero_test_util.hpp"
 
 namespace outcore::zero::test {
@@ -114,6 +115,25 @@ TEST(ZeroBudget, APinnedLimitKeepsAsManyFetchBuffersAsFit) {
   EXPECT_EQ(roomy.pinned_pool_bytes, full.plan.pinned_pool_bytes);
   EXPECT_EQ(roomy.pinned_pool_bytes, roomy.peak.pinned);
   EXPECT_EQ(fetch_item(roomy).what, all.what);
+}
+
+// A pinned limit where the placement uses no pinned buffers has no effect: said once; where the
+// pool holds buffers (parameters offloaded to host memory), nothing is said.
+TEST(ZeroBudget, APinnedLimitWithoutPinnedBuffersIsSaidToHaveNoEffect) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
+  auto said = [&](const Placing& placing, int64_t pinned_mb) {
+    const config::Config cfg = make_config(
+        config_json(placing, DType::F32, "", "",
+                    ", \"outcore\": {\"pinned_memory_mb\": " + std::to_string(pinned_mb) + "}"));
+    outcore::test::LogCapture log;
+    device::CpuDevice dev;
+    comm::LocalComm comm;
+    ZeroEngine engine(cfg, model, dev, comm, 1);
+    return outcore::test::LogCapture::count(log.text(), "outcore.pinned_memory_mb 1 has no effect");
+  };
+  EXPECT_EQ(said({0, "none", "none"}, 1), 1u);
+  EXPECT_EQ(said({0, "none", "none"}, 0), 0u);  // the default: no cap
+  EXPECT_EQ(said({3, "cpu", "cpu"}, 1), 0u);
 }
 
 TEST(ZeroBudget, DeviceBudgetTooSmallIsRefusedAtStartNamingTheTier) {

@@ -8,6 +8,7 @@
 
 #include "engine/zero/geometry.hpp"
 #include "engine/zero/step_bounds.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/zero/zero_test_util.hpp"
 
 namespace outcore::zero::test {
@@ -609,6 +610,21 @@ TEST(Plan, AnEstimatesMicroBatchReplacesTheConfigs) {
   EXPECT_EQ(cfg.train_micro_batch_size_per_gpu.value(), 5);
   EXPECT_EQ(cfg.gradient_accumulation_steps.value(), 3);
   EXPECT_EQ(cfg.train_batch_size.value(), 30);
+  // The same sizes written as train_batch_size and an accumulation: the same plan (it was
+  // refused as 24 != 5 x 3 x 2), with a warning that train_batch_size changes.
+  outcore::test::LogCapture log;
+  config::Config with_gas =
+      config::parse_config(R"({"train_batch_size": 24, "gradient_accumulation_steps": 3})", "mb")
+          .config;
+  EXPECT_EQ(
+      estimate_model_options(with_gas, model, {.world_size = 2, .micro_batch = 5}).micro_batch, 5);
+  EXPECT_EQ(with_gas.gradient_accumulation_steps.value(), 3);
+  EXPECT_EQ(with_gas.train_batch_size.value(), 30);
+  EXPECT_NE(
+      log.text().find("planning train_batch_size 30 (micro-batch 5 x gradient_accumulation_steps 3 "
+                      "x world size 2) in place of the config's 24"),
+      std::string::npos)
+      << log.text();
   // A config without a micro-batch: filled, the accumulation following from train_batch_size.
   config::Config no_micro = config::parse_config(R"({"train_batch_size": 20})", "mb").config;
   estimate_model_options(no_micro, model, {.world_size = 2, .micro_batch = 5});

@@ -251,10 +251,7 @@ int run_demo(const DemoOptions& o) {
     return 2;
   // Nor in its swap directory, whose files it removes.
   if (!o.trace.empty()) {
-    std::error_code ec;
-    const fs::path rel = fs::weakly_canonical(fs::absolute(resolve_links(o.trace), ec), ec)
-                             .lexically_relative(fs::weakly_canonical(swap_dir, ec));
-    if (!ec && !rel.empty() && *rel.begin() != "..") {
+    if (!path_within(resolve_links(o.trace), swap_dir.string()).empty()) {
       std::fprintf(stderr,
                    "error: --trace %s: inside the demo's swap directory %s; choose a path "
                    "outside it\n",

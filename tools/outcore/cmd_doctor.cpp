@@ -9,14 +9,18 @@
 
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/doctor.hpp"
+#include "tools/outcore/number_arg.hpp"
 
 namespace outcore::cli {
 namespace {
 
 struct DoctorArgs {
   std::string nvme_path;
-  int64_t pinned_mb = 1024;
+  std::string pinned_mb = "1024";
 };
+
+// The largest --pinned-mb: 1 PiB.
+constexpr int64_t kMaxPinnedMb = int64_t{1} << 30;
 
 const char* verdict_name(doctor::Verdict v) {
   switch (v) {
@@ -35,7 +39,16 @@ const char* verdict_name(doctor::Verdict v) {
 int run_doctor(const DoctorArgs& a) {
   doctor::Options o;
   o.nvme_path = a.nvme_path;
-  o.pinned_bytes = static_cast<uint64_t>(a.pinned_mb) << 20;
+  int64_t pinned_mb = 0;
+  std::string allowed = parse_number_arg(a.pinned_mb, pinned_mb);
+  if (allowed.empty() && (pinned_mb < 0 || pinned_mb > kMaxPinnedMb))
+    allowed = fmt::format("allowed: a whole number of MiB from 0 to {}", kMaxPinnedMb);
+  if (!allowed.empty()) {
+    std::fprintf(stderr, "error: --pinned-mb: got \"%s\"; %s\n", a.pinned_mb.c_str(),
+                 allowed.c_str());
+    return 2;
+  }
+  o.pinned_bytes = static_cast<uint64_t>(pinned_mb) << 20;
   std::vector<doctor::Line> lines = doctor::host_checks(o);
   bool gpu = false;
   for (doctor::Line& l : doctor::gpu_checks()) {
@@ -68,8 +81,7 @@ void add_doctor_command(CLI::App& app, int& rc) {
   cmd->add_option("--nvme-path", o->nvme_path,
                   "swap directory to check (O_DIRECT, free space); not checked when absent");
   cmd->add_option("--pinned-mb", o->pinned_mb,
-                  "pinned pool size to compare RLIMIT_MEMLOCK with (default 1024)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+                  "pinned pool size in MiB to compare RLIMIT_MEMLOCK with (default 1024)");
   cmd->callback([o, &rc] { rc = run_doctor(*o); });
 }
 

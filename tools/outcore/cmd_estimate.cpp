@@ -584,8 +584,9 @@ void add_estimate_command(CLI::App& app, int& rc) {
   cmd->add_option("--model", o->model_file, "Hugging Face config.json of the model (required)");
   cmd->add_option("--micro-batch", o->micro_batch,
                   "sequences per micro-batch to plan for, in place of the config's (its "
-                  "gradient_accumulation_steps kept; where it sets none, as train's "
-                  "--micro-batch-size; default: the config's, else 1)");
+                  "gradient_accumulation_steps kept, train_batch_size following; where the "
+                  "config sets neither, as train's --micro-batch-size; default: the config's, "
+                  "else 1)");
   cmd->add_option("--seq-len", o->seq_len,
                   "tokens per sequence (default: min(max_position, 1024))");
   cmd->add_option("--world-size", o->world_size, "data-parallel ranks (default 1)");

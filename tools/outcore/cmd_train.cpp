@@ -278,10 +278,11 @@ ResumeDefaults resume_defaults(const std::string& path) {
   d.source = ck.dir().string();
   d.ds_config = ck.read_text("ds_config.json");
   d.model_config = ck.read_text("config.json");
+  const nlohmann::json st =
+      parse_json_file(ck.read_text("trainer_state.json"), d.source + "/trainer_state.json",
+                      {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}},
+                      [](const std::string& why) { throw CorruptData(why); });
   try {
-    const nlohmann::json st =
-        parse_json_dom(ck.read_text("trainer_state.json"),
-                       {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
     d.train_data = st.value("train_data", "");
     d.val_data = st.value("val_data", "");
     d.train_mask = st.value("train_mask", "");
@@ -296,9 +297,7 @@ ResumeDefaults resume_defaults(const std::string& path) {
     d.metrics_file = st.value("metrics_file", "");
     d.eval_every = std::max<int64_t>(0, st.value("eval_every", int64_t{0}));
     d.eval_batches = std::max<int64_t>(0, st.value("eval_batches", int64_t{0}));
-  } catch (const JsonRefused& e) {
-    throw CorruptData(d.source + "/trainer_state.json: " + e.what());
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const nlohmann::json::exception& e) {  // a key of another type
     throw CorruptData(d.source + "/trainer_state.json: " + e.what());
   }
   return d;
@@ -649,7 +648,7 @@ int run_train(const TrainCliOptions& o) {
                 : model::LlamaConfig::load(model_path);
     const std::string config_source =
         config_path.empty() ? rd->source + "/ds_config.json" : config_path;
-    config = config_path.empty() ? cfg::parse_config(rd->ds_config, config_source).config
+    config = config_path.empty() ? cfg::parse_saved_config(rd->ds_config, config_source).config
                                  : cfg::load_config_file(config_path).config;
     log::init(config.outcore.log_level);
     if (config_path.empty()) {

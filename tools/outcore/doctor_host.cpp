@@ -131,6 +131,12 @@ Line nvme_line(const std::string& path) {
             fmt::format("{}: statvfs failed: {}", dir, std::strerror(errno))};
   const double avail = double(st.f_bavail) * double(st.f_frsize);
   const double total = double(st.f_blocks) * double(st.f_frsize);
+  // A filesystem of no blocks at all (proc, sysfs, cgroup): no place for files, however full.
+  if (st.f_blocks == 0)
+    return {"nvme path", Verdict::kFail,
+            fmt::format("{}{}: a filesystem without storage (such as /proc or /sys): swap files "
+                        "need a directory on a drive",
+                        created, dir)};
   bool no_space = false;
   const std::string odirect = try_o_direct(dir, no_space);
   l.detail = fmt::format("{}{}: {} free of {}; ", created, dir, gib(avail), gib(total));

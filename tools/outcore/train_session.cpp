@@ -245,12 +245,9 @@ bool check_outside_checkpoints(const std::string& path, const char* flag,
     return false;
   }
   if (save_dir.empty()) return true;
-  std::error_code ec;
-  const fs::path rel =
-      fs::weakly_canonical(fs::absolute(target, ec), ec)
-          .lexically_relative(fs::weakly_canonical(fs::absolute(save_dir, ec), ec));
-  if (ec || rel.empty() || *rel.begin() == "..") return true;
-  const std::string first = rel.begin()->string();
+  const std::string rel = path_within(target, save_dir);
+  if (rel.empty()) return true;
+  const std::string first = fs::path(rel).begin()->string();
   if (first != "." && !ckpt::is_save_entry_name(first)) return true;
   std::fprintf(stderr,
                "error: %s %s%s: --save-dir %s writes there (its checkpoints, latest, .lock); "
@@ -291,40 +288,32 @@ std::vector<std::pair<const char*, std::string>> acting_swap_paths(const config:
 
 bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string& save_dir) {
   namespace fs = std::filesystem;
-  // Absolute, normal, links resolved as far as the path exists, without a trailing empty
-  // element ("dir/" and "dir/." name dir).
-  auto resolved = [](const std::string& p, std::error_code& ec) {
-    fs::path a = fs::absolute(p, ec);
-    while (a.has_relative_path() && (!a.has_filename() || a.filename() == ".")) a = a.parent_path();
-    return fs::weakly_canonical(a, ec);  // "link/.." as the kernel reads it
-  };
   for (const auto& [key, swap] : acting_swap_paths(cfg)) {
     const std::string* path = &swap;
+    const std::string at = resolved_path(*path);
+    if (at.empty()) {
+      if (!check_outside_checkpoints(*path, key, save_dir)) return false;
+      continue;
+    }
     // The save directory itself may hold the swap files; its save names, or a path below one,
     // may not.
-    std::error_code ec;
-    const fs::path at = resolved(*path, ec);
-    bool save_dir_itself = false;
-    if (!save_dir.empty() && !ec) save_dir_itself = at == resolved(save_dir, ec) && !ec;
+    const bool save_dir_itself = !save_dir.empty() && path_within(save_dir, at) == ".";
     if (!save_dir_itself && !check_outside_checkpoints(*path, key, save_dir)) return false;
     // Nor the save directory inside the swap directory (outcore_swap/: its rank and kind
     // directories, each with its .lock).
-    if (!save_dir.empty() && !ec) {
-      const fs::path rel = resolved(save_dir, ec).lexically_relative(at / "outcore_swap");
-      if (!ec && !rel.empty() && *rel.begin() != "..") {
-        std::fprintf(stderr,
-                     "error: --save-dir %s: inside the swap directory %s/outcore_swap of %s %s; "
-                     "save elsewhere\n",
-                     save_dir.c_str(), path->c_str(), key, path->c_str());
-        return false;
-      }
+    if (!save_dir.empty() && !path_within(save_dir, at + "/outcore_swap").empty()) {
+      std::fprintf(stderr,
+                   "error: --save-dir %s: inside the swap directory %s/outcore_swap of %s %s; "
+                   "save elsewhere\n",
+                   save_dir.c_str(), path->c_str(), key, path->c_str());
+      return false;
     }
-    for (fs::path p = at; !ec && p.has_relative_path(); p = p.parent_path()) {
+    for (fs::path p = at; p.has_relative_path(); p = p.parent_path()) {
       if (!ckpt::takes_a_save_name(p)) continue;
       std::fprintf(stderr,
                    "error: %s %s: %s%s is a name that a save directory writes (a checkpoint, "
                    "latest); choose a swap path outside it\n",
-                   key, path->c_str(), p == at ? "" : "below ", p.string().c_str());
+                   key, path->c_str(), p == fs::path(at) ? "" : "below ", p.string().c_str());
       return false;
     }
   }
@@ -333,21 +322,17 @@ bool check_swap_paths_outside_saves(const config::Config& cfg, const std::string
 
 bool check_outputs_outside_swap(const config::Config& cfg,
                                 const std::vector<std::pair<std::string, const char*>>& outputs) {
-  namespace fs = std::filesystem;
   for (const auto& [key, swap] : acting_swap_paths(cfg)) {
-    std::error_code ec;
-    const fs::path tree = fs::weakly_canonical(fs::absolute(swap, ec) / "outcore_swap", ec);
-    if (ec) continue;
+    const std::string tree = resolved_path(swap + "/outcore_swap");
+    if (tree.empty()) continue;
     for (const auto& [out, flag] : outputs) {
       if (out.empty()) continue;
       const std::string target = resolve_links(out);  // where the file is written
-      const fs::path rel =
-          fs::weakly_canonical(fs::absolute(target, ec), ec).lexically_relative(tree);
-      if (ec || rel.empty() || *rel.begin() == "..") continue;
+      if (path_within(target, tree).empty()) continue;
       std::fprintf(stderr,
                    "error: %s %s%s: inside the swap directory %s of %s (the run removes files "
                    "there as stale swap files); choose a path outside it\n",
-                   flag, out.c_str(), link_note(out, target).c_str(), tree.string().c_str(), key);
+                   flag, out.c_str(), link_note(out, target).c_str(), tree.c_str(), key);
       return false;
     }
   }
