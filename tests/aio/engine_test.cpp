@@ -20,7 +20,6 @@ using test::checksum;
 using test::fill_random;
 using test::TempDir;
 
-constexpr OpenOptions kCreateRw{.access = Access::kReadWrite, .create = true};
 
 struct Config {
   const char* name;

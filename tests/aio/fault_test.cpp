@@ -16,7 +16,6 @@ using test::checksum;
 using test::fill_random;
 using test::TempDir;
 
-constexpr OpenOptions kCreateRw{.access = Access::kReadWrite, .create = true};
 constexpr size_t kBlock = 4096;
 
 struct Rig {

@@ -14,7 +14,6 @@ namespace {
 using test::LogCapture;
 using test::TempDir;
 
-constexpr OpenOptions kCreateRw{.access = Access::kReadWrite, .create = true};
 
 TEST(AioFile, OpenMissingFileThrowsIoErrorNamingPathAndErrno) {
   TempDir dir;

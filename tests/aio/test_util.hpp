@@ -20,6 +20,7 @@
 #include <sstream>
 #include <string>
 
+#include "aio/aio.hpp"
 #include "tests/common/log_capture.hpp"
 #include "tests/common/temp_dir.hpp"
 
@@ -65,3 +66,10 @@ inline int io_uring_setup_errno() {
 }
 
 }  // namespace outcore::aio::test
+
+namespace outcore::aio {
+
+// Read and write, the file created where missing: how most tests open the files they write.
+inline constexpr OpenOptions kCreateRw{.access = Access::kReadWrite, .create = true};
+
+}  // namespace outcore::aio

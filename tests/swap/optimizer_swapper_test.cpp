@@ -38,7 +38,7 @@ struct Reference {
   }
 };
 
-struct Rig {
+struct OptimizerRig {
   TempDir dir;
   std::shared_ptr<aio::FaultInjectingBackend> faults;
   std::unique_ptr<SwapSpace> space;
@@ -47,7 +47,7 @@ struct Rig {
   std::unique_ptr<PinnedPool> pool;
   std::unique_ptr<OptimizerSwapper> opt;
 
-  Rig(std::vector<std::pair<uint32_t, uint64_t>> units, OptimizerSwapperOptions oo,
+  OptimizerRig(std::vector<std::pair<uint32_t, uint64_t>> units, OptimizerSwapperOptions oo,
       size_t pool_bytes = 64 << 20, const cpu_adam::Executor* ex = nullptr) {
     std::vector<SwapFileSpec> plan;
     for (auto [u, n] : units)
@@ -92,7 +92,7 @@ TEST(OptimizerSwapper, Bf16MomentsStepBitIdenticallyInTwoThirdsOfTheBytes) {
   EXPECT_EQ(f32.tensors[0].bytes, 12u * 8192);
   EXPECT_EQ(b16.tensors[0].bytes, 8u * 8192);
   EXPECT_THROW(optimizer_file_spec(0, 8192, 8192, DType::F16), InvalidArgument);
-  Rig rig({{0, numel}}, oo);
+  OptimizerRig rig({{0, numel}}, oo);
   auto init = random_floats(numel, 1);
   std::vector<float> master = init;
   std::vector<uint16_t> m(numel, 0), v(numel, 0);
@@ -152,7 +152,7 @@ TEST(OptimizerSwapper, StepIsBitIdenticalToInMemoryAdam) {
   for (const Mode& md : modes) {
     SCOPED_TRACE(::testing::Message() << "sub_group " << md.sub_group << " buffers " << md.buffers
                                       << " read " << md.pread << " write " << md.pwrite);
-    Rig rig({{0, numel}},
+    OptimizerRig rig({{0, numel}},
             {.sub_group_size = md.sub_group,
              .buffer_count = md.buffers,
              .pipeline_read = md.pread,
@@ -185,7 +185,7 @@ TEST(OptimizerSwapper, StepIsBitIdenticalToInMemoryAdam) {
 
 TEST(OptimizerSwapper, Fp16AndFp32OutputsAndNoOutput) {
   const uint64_t numel = 12'345;
-  Rig rig(
+  OptimizerRig rig(
       {{3, numel}},
       {.sub_group_size = 1'000, .buffer_count = 3, .pipeline_read = true, .pipeline_write = true});
   auto init = random_floats(numel, 2);
@@ -210,7 +210,7 @@ TEST(OptimizerSwapper, Fp16AndFp32OutputsAndNoOutput) {
 
 TEST(OptimizerSwapper, LoadStateRoundTripsAndResumes) {
   const uint64_t numel = 5'000;
-  Rig rig({{1, numel}}, {.sub_group_size = 1'024, .buffer_count = 2});
+  OptimizerRig rig({{1, numel}}, {.sub_group_size = 1'024, .buffer_count = 2});
   auto p = random_floats(numel, 1), m = random_floats(numel, 2, 0.1f),
        v = random_floats(numel, 3, 0.1f);
   for (float& x : v) x = std::abs(x);
@@ -233,7 +233,7 @@ TEST(OptimizerSwapper, LoadStateRoundTripsAndResumes) {
 
 TEST(OptimizerSwapper, VisitAndFillStreamEverySubGroupInOrder) {
   const uint64_t numel = 5'000;
-  Rig rig({{2, numel}}, {.sub_group_size = 1'024, .buffer_count = 3});
+  OptimizerRig rig({{2, numel}}, {.sub_group_size = 1'024, .buffer_count = 3});
   auto p = random_floats(numel, 5), m = random_floats(numel, 6), v = random_floats(numel, 7);
   std::vector<uint64_t> firsts;
   rig.opt->fill_state(
@@ -279,7 +279,7 @@ TEST(OptimizerSwapper, PoolBudgetHoldsWithConcurrentUnits) {
   const size_t slot = 3 * align_up(sg * 4, 4096);
   const unsigned buffers = 3;
   // Room for one unit's buffers at a time: the second step waits for the first's.
-  Rig rig({{0, numel}, {1, numel}},
+  OptimizerRig rig({{0, numel}, {1, numel}},
           {.sub_group_size = sg,
            .buffer_count = buffers,
            .pipeline_read = true,
@@ -312,7 +312,7 @@ TEST(OptimizerSwapper, PoolBudgetHoldsWithConcurrentUnits) {
 }
 
 TEST(OptimizerSwapper, BuffersLargerThanThePoolFailAtOnce) {
-  Rig rig({{0, 100'000}}, {.sub_group_size = 50'000, .buffer_count = 4}, 1 << 20);
+  OptimizerRig rig({{0, 100'000}}, {.sub_group_size = 50'000, .buffer_count = 4}, 1 << 20);
   auto init = random_floats(100'000, 1);
   try {
     rig.opt->init_state(0, init);
@@ -346,7 +346,7 @@ TEST(OptimizerSwapper, InjectedEioFailsTheStepWhichIsNotCounted) {
   };
   for (const FaultCase& c : cases) {
     SCOPED_TRACE(c.name);
-    Rig rig(
+    OptimizerRig rig(
         {{0, kNumel}},
         {.sub_group_size = kSg, .buffer_count = 3, .pipeline_read = true, .pipeline_write = true});
     auto init = random_floats(kNumel, 1);
@@ -396,7 +396,7 @@ TEST(OptimizerSwapper, InitStateAsyncLeavesTheLastWritesInFlightUntilTheNextCall
   const OptimizerSwapperOptions oo{
       .sub_group_size = kSg, .buffer_count = 3, .pipeline_read = true, .pipeline_write = true};
   {
-    Rig rig({{0, kNumel}, {1, kNumel}}, oo);
+    OptimizerRig rig({{0, kNumel}, {1, kNumel}}, oo);
     const auto init0 = random_floats(kNumel, 1), init1 = random_floats(kNumel, 2);
     rig.opt->init_state_async(0, init0);
     EXPECT_GT(rig.pool->in_use_bytes(), 0u);  // the ring of the writes still in flight
@@ -415,7 +415,7 @@ TEST(OptimizerSwapper, InitStateAsyncLeavesTheLastWritesInFlightUntilTheNextCall
     EXPECT_EQ(out, ref.step(g, hyper(1), DType::BF16));
   }
   {  // two threads at once, on two units: neither's writes are lost
-    Rig rig({{0, kNumel}, {1, kNumel}}, oo);
+    OptimizerRig rig({{0, kNumel}, {1, kNumel}}, oo);
     const auto init0 = random_floats(kNumel, 4), init1 = random_floats(kNumel, 5);
     std::thread other([&] { rig.opt->init_state_async(1, init1); });
     rig.opt->init_state_async(0, init0);
@@ -429,7 +429,7 @@ TEST(OptimizerSwapper, InitStateAsyncLeavesTheLastWritesInFlightUntilTheNextCall
     EXPECT_EQ(got, init1);
   }
   {
-    Rig rig({{0, kNumel}}, oo);
+    OptimizerRig rig({{0, kNumel}}, oo);
     const auto init = random_floats(kNumel, 1);
     // The last of the 10 writes: left in flight by init_state_async, never waited inside it.
     rig.faults->add_fault({.kind = aio::Fault::Kind::kEio, .nth = kNumel / kSg, .direction = 1});
@@ -453,7 +453,7 @@ TEST(OptimizerSwapper, InitStateAsyncLeavesTheLastWritesInFlightUntilTheNextCall
 }
 
 TEST(OptimizerSwapper, CorruptBlockFailsTheStep) {
-  Rig rig(
+  OptimizerRig rig(
       {{0, kNumel}},
       {.sub_group_size = kSg, .buffer_count = 3, .pipeline_read = true, .pipeline_write = true});
   rig.opt->init_state(0, random_floats(kNumel, 1));
@@ -490,7 +490,7 @@ TEST(OptimizerSwapper, TentativeStepsCommitOrLeaveTheStateAsItWas) {
                                    .pipeline_read = true,
                                    .pipeline_write = true,
                                    .spare_copy = true};
-  Rig rig({{0, kNumel}}, oo);
+  OptimizerRig rig({{0, kNumel}}, oo);
   const auto init = random_floats(kNumel, 1);
   Reference ref(init);
   rig.opt->init_state(0, init);
@@ -548,13 +548,13 @@ TEST(OptimizerSwapper, TentativeStepsCommitOrLeaveTheStateAsItWas) {
   EXPECT_EQ(out, ref.step(g6, hyper(6), DType::BF16));
 
   // Without a spare copy there is no tentative step.
-  Rig plain({{0, kNumel}}, {.sub_group_size = kSg, .buffer_count = 3});
+  OptimizerRig plain({{0, kNumel}}, {.sub_group_size = kSg, .buffer_count = 3});
   plain.opt->init_state(0, init);
   EXPECT_THROW(plain.opt->step_tentative(0, g1, hyper(1)), InvalidArgument);
 }
 
 TEST(OptimizerSwapper, MisuseIsInvalidArgument) {
-  Rig rig({{0, kNumel}}, {.sub_group_size = kSg, .buffer_count = 3});
+  OptimizerRig rig({{0, kNumel}}, {.sub_group_size = kSg, .buffer_count = 3});
   auto init = random_floats(kNumel, 1);
   std::vector<float> g(kNumel);
   EXPECT_THROW(rig.opt->step(0, g, hyper(1)), InvalidArgument);  // not initialised
@@ -571,7 +571,7 @@ TEST(OptimizerSwapper, MisuseIsInvalidArgument) {
 }
 
 TEST(OptimizerSwapper, OverlappingCallsOnOneUnitAreRefused) {
-  Rig rig({{0, kNumel}}, {.sub_group_size = kSg, .buffer_count = 3});
+  OptimizerRig rig({{0, kNumel}}, {.sub_group_size = kSg, .buffer_count = 3});
   rig.opt->init_state(0, random_floats(kNumel, 1));
   // Slow I/O keeps the step running while the main thread tries a second call.
   rig.faults->add_fault({.kind = aio::Fault::Kind::kDelay,

@@ -276,7 +276,7 @@ TEST(LrScheduleOracle, MatchesTheReferenceImplementation) {
   std::string python = OUTCORE_PYTHON;
   if (!std::filesystem::exists(python)) OUTCORE_ORACLE_UNAVAILABLE(python + " not found");
   json cases = oracle_cases();
-  std::string spec = testing::TempDir() + "lr_reference_spec.json";
+  std::string spec = ::testing::TempDir() + "lr_reference_spec.json";
   std::ofstream(spec) << cases.dump();
   std::string cmd =
       python + " " + OUTCORE_SOURCE_DIR + "/tests/train/oracle/lr_reference.py " + spec;

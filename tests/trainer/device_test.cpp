@@ -12,7 +12,7 @@
 namespace outcore::train::testing {
 namespace {
 
-struct Outcome {
+struct DeviceOutcome {
   std::vector<double> losses, norms;
   double val = 0;
   Weights weights;
@@ -21,7 +21,7 @@ struct Outcome {
 
 // `steps` steps (validating every 3) on the discrete or the host-accessible simulated device,
 // saving into `save` / resuming from `resume` when not empty.
-Outcome train_on(bool discrete, const nlohmann::json& patch, const DemoData& data,
+DeviceOutcome train_on(bool discrete, const nlohmann::json& patch, const DemoData& data,
                  int64_t steps = 6, const std::string& save = "", const std::string& resume = "") {
   const model::LlamaConfig mc = tiny_model();
   const config::Config cfg = make_config(patch, mc);
@@ -30,7 +30,7 @@ Outcome train_on(bool discrete, const nlohmann::json& patch, const DemoData& dat
   o.discrete = discrete;
   o.save_dir = save;
   o.resume_from = resume;
-  Outcome out;
+  DeviceOutcome out;
   o.on_step = [&](const StepMetrics& m) {
     out.losses.push_back(m.loss);
     out.norms.push_back(m.grad_norm.value_or(-1.0));
@@ -51,8 +51,8 @@ TEST(TrainerDevice, DiscreteDeviceTrainsBitIdentically) {
     std::filesystem::create_directories(data.file(bf16 ? "swap_bf16" : "swap_fp32"));
     patch["bf16"] = {{"enabled", bf16}};
     patch["gradient_clipping"] = 0.05;
-    const Outcome host = train_on(false, patch, data);
-    const Outcome discrete = train_on(true, patch, data);
+    const DeviceOutcome host = train_on(false, patch, data);
+    const DeviceOutcome discrete = train_on(true, patch, data);
     EXPECT_EQ(host.device, "cpu");
     EXPECT_EQ(discrete.device, "cpu (discrete)");
     ASSERT_EQ(host.losses.size(), 6u);
@@ -79,9 +79,9 @@ TEST(TrainerDevice, DiscreteDeviceCheckpointResumesExactly) {
   nlohmann::json patch = nvme_patch(data.file("swap"));
   patch["bf16"] = {{"enabled", true}};
   patch["activation_checkpointing"] = {{"cpu_checkpointing", true}};
-  const Outcome whole = train_on(true, patch, data);
+  const DeviceOutcome whole = train_on(true, patch, data);
   train_on(true, patch, data, 3, data.file("ckpt"));
-  const Outcome resumed = train_on(true, patch, data, 6, "", data.file("ckpt"));
+  const DeviceOutcome resumed = train_on(true, patch, data, 6, "", data.file("ckpt"));
   ASSERT_EQ(whole.losses.size(), 6u);
   ASSERT_EQ(resumed.losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -101,11 +101,11 @@ TEST(TrainerDevice, DiscreteDeviceCheckpointResumesExactly) {
 // (losses, master weights, parameters), which is the host-accessible one.
 void expect_resumes_exactly_on_both_devices(const nlohmann::json& patch, const DemoData& data,
                                             const std::string& ckpt) {
-  const Outcome host = train_on(false, patch, data);
-  const Outcome whole = train_on(true, patch, data);
+  const DeviceOutcome host = train_on(false, patch, data);
+  const DeviceOutcome whole = train_on(true, patch, data);
   train_on(true, patch, data, 3, ckpt);
-  const Outcome resumed = train_on(true, patch, data, 6, "", ckpt);
-  const Outcome on_host = train_on(false, patch, data, 6, "", ckpt);
+  const DeviceOutcome resumed = train_on(true, patch, data, 6, "", ckpt);
+  const DeviceOutcome on_host = train_on(false, patch, data, 6, "", ckpt);
   ASSERT_EQ(whole.losses.size(), 6u);
   ASSERT_EQ(host.losses.size(), 6u);
   ASSERT_EQ(resumed.losses.size(), 3u);

@@ -18,7 +18,7 @@
 namespace outcore::train::testing {
 namespace {
 
-struct Outcome {
+struct OverlapOutcome {
   std::vector<double> losses, norms;
   std::vector<bool> skipped;
   double val = 0;
@@ -28,7 +28,7 @@ struct Outcome {
   uint64_t host_checkpoint_bytes = 0;    // the plan's activation checkpoints in host memory
 };
 
-Outcome train_with(const nlohmann::json& patch, bool overlap, const DemoData& data,
+OverlapOutcome train_with(const nlohmann::json& patch, bool overlap, const DemoData& data,
                    const std::string& swap_name, bool step_in_backward = false) {
   const model::LlamaConfig mc = tiny_model();
   nlohmann::json p = patch;
@@ -50,7 +50,7 @@ Outcome train_with(const nlohmann::json& patch, bool overlap, const DemoData& da
     o.engine.gradients = zero::GradientPlacement::kNvme;
   // A device the host cannot read (a GPU's data movement): publications are staged copies.
   if (swap_name.find("discrete") != std::string::npos) o.discrete = true;
-  Outcome out;
+  OverlapOutcome out;
   o.on_step = [&](const StepMetrics& m) {
     out.losses.push_back(m.loss);
     out.norms.push_back(m.grad_norm.value_or(-1.0));
@@ -74,7 +74,7 @@ Outcome train_with(const nlohmann::json& patch, bool overlap, const DemoData& da
   return out;
 }
 
-void expect_same(const Outcome& a, const Outcome& b) {
+void expect_same(const OverlapOutcome& a, const OverlapOutcome& b) {
   ASSERT_EQ(a.losses.size(), b.losses.size());
   for (size_t i = 0; i < a.losses.size(); ++i) {
     EXPECT_EQ(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)), 0)
@@ -121,8 +121,8 @@ nlohmann::json case_patch(const std::string& name) {
 TEST_P(OverlapTest, BitIdenticalToTheSequentialStep) {
   const DemoData data;
   const std::string name = GetParam();
-  const Outcome seq = train_with(case_patch(name), false, data, name);
-  const Outcome ovl = train_with(case_patch(name), true, data, name);
+  const OverlapOutcome seq = train_with(case_patch(name), false, data, name);
+  const OverlapOutcome ovl = train_with(case_patch(name), true, data, name);
   if (name == "stage1_cpu_fp16_overflow") {
     ASSERT_TRUE(seq.skipped.front()) << "the case should start with overflow steps";
     ASSERT_FALSE(seq.skipped.back()) << "and train once the scale is small enough";
@@ -181,8 +181,8 @@ nlohmann::json in_backward_patch(const std::string& name) {
 TEST_P(StepInBackwardTest, BitIdenticalToTheStepAfterBackward) {
   const DemoData data;
   const std::string name = GetParam();
-  const Outcome after = train_with(in_backward_patch(name), true, data, name);
-  const Outcome during = train_with(in_backward_patch(name), true, data, name, true);
+  const OverlapOutcome after = train_with(in_backward_patch(name), true, data, name);
+  const OverlapOutcome during = train_with(in_backward_patch(name), true, data, name, true);
   std::map<std::string, int> count;
   for (const std::string& s : during.in_backward) ++count[s];
   for (const std::string& s : after.in_backward) EXPECT_EQ(s, "");
@@ -223,8 +223,8 @@ TEST(StepInBackwardOnADiscreteDevice, BitIdenticalToTheHostAccessibleDeviceInFp3
                                   {"stage3_param_persistence_threshold", 0},
                                   {"offload_param", {{"device", "cpu"}}},
                                   {"offload_optimizer", {{"device", "nvme"}}}}}};
-  const Outcome want = train_with(patch, true, data, "stage3_fp32_host_accessible");
-  const Outcome got = train_with(patch, true, data, "stage3_fp32_discrete", true);
+  const OverlapOutcome want = train_with(patch, true, data, "stage3_fp32_host_accessible");
+  const OverlapOutcome got = train_with(patch, true, data, "stage3_fp32_discrete", true);
   std::map<std::string, int> count;
   for (const std::string& s : got.in_backward) ++count[s];
   EXPECT_EQ(count["committed"], 20);

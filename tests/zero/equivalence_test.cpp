@@ -283,7 +283,7 @@ INSTANTIATE_TEST_SUITE_P(Zero, Equivalence,
 // bf16.bf16_optimizer_states: true): every tier trains bit-identically to stage 0 in memory,
 // through either key; the moments read back are bf16 values (not those of an fp32-moment
 // run); and with the state in swap files the NVMe bytes are 8 per element instead of 12.
-std::string with_bf16_moments(std::string json, bool deepspeed_bf16_key) {
+std::string with_bf16_moments_as(std::string json, bool deepspeed_bf16_key) {
   const std::string key =
       deepspeed_bf16_key ? "\"bf16\": {\"enabled\": true" : "\"weight_decay\": 0.01";
   const std::string add =
@@ -300,7 +300,7 @@ TEST(Bf16Moments, EveryTierMatchesBitwiseAndMovesTwoThirdsOfTheBytes) {
   auto config = [&](const Placing& s, const std::string& dir, bool bf16, bool ds_key) {
     const std::string zero = s.stage == 3 ? ", \"stage3_param_persistence_threshold\": 0" : "";
     const std::string json = config_json(s, DType::BF16, dir, zero);
-    return make_config(bf16 ? with_bf16_moments(json, ds_key) : json);
+    return make_config(bf16 ? with_bf16_moments_as(json, ds_key) : json);
   };
   const config::Config ref_cfg = config({0}, "", true, false);
   ASSERT_TRUE(config::adam_moments_bf16(ref_cfg));

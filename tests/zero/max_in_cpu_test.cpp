@@ -21,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using outcore::test::LogCapture;
 
-constexpr int kSteps = 6;
+constexpr int kMaxInCpuSteps = 6;
 
 // Stage 3 with `offload_optimizer` and parameters on NVMe except the first units that fit in
 // `max_in_cpu` elements; `offload_param_keys` replaces config_json's `"max_in_cpu": 0` (so the
@@ -125,7 +125,7 @@ TEST(MaxInCpu, MixedPlacementTrainsBitIdenticallyToStage0) {
     for (const DType dtype : {DType::F32, DType::BF16}) {
       const model::LlamaModel model(tiny_config(tied), tiny_options(dtype));
       const std::string tag = std::string(dtype_name(dtype)) + (tied ? "_tied" : "_untied");
-      const RunResult ref = train(make_config(config_json({0}, dtype, "")), model, kSteps);
+      const RunResult ref = train(make_config(config_json({0}, dtype, "")), model, kMaxInCpuSteps);
       const size_t units = static_cast<size_t>(model.num_units());
       const std::string half = max_in_cpu(partitions_of_first(model, 2));
       struct Setup {
@@ -145,7 +145,7 @@ TEST(MaxInCpu, MixedPlacementTrainsBitIdenticallyToStage0) {
         SCOPED_TRACE(tag + " " + s.name);
         const std::string dir = swap_dir("max_in_cpu_" + tag + "_" + s.name).string();
         const RunResult r = train(nvme_params_config(dtype, dir, s.optimizer, s.keys), model,
-                                  kSteps, 0, s.nvme_gradients ? nvme_gradients() : EngineOptions{});
+                                  kMaxInCpuSteps, 0, s.nvme_gradients ? nvme_gradients() : EngineOptions{});
         EXPECT_EQ(r.plan.placement.host_param_units, s.host_units);
         EXPECT_EQ(r.plan.placement.nvme_param_units, units - s.host_units);
         EXPECT_EQ(r.plan.placement.host_params, s.host);

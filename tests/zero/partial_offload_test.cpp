@@ -20,7 +20,7 @@
 namespace outcore::zero::test {
 namespace {
 
-constexpr int kSteps = 3;
+constexpr int kPartialSteps = 3;
 constexpr uint64_t kSubGroup = 8192;
 
 config::Config ratio_config(const std::string& param, const std::string& opt, double ratio,
@@ -35,7 +35,7 @@ uint64_t own(const model::LlamaModel& model, size_t u) {
   return model.layout().units[u].partition_numel(1);
 }
 
-struct Case {
+struct PartialCase {
   std::string opt;  // offload_optimizer.device
   double ratio;
   size_t device_from;          // the first unit whose state stays on the device
@@ -46,20 +46,20 @@ struct Case {
   }
 };
 
-class PartialOffload : public ::testing::TestWithParam<Case> {};
+class PartialOffload : public ::testing::TestWithParam<PartialCase> {};
 
 // Units of the tiny model (3 layers, tied embeddings): the embedding (24576 elements), three
 // layers of ~43k, the final norm. Ratio 0.3 offloads the embedding only, 0.5 the embedding
 // and layer 0, 0 nothing.
 TEST_P(PartialOffload, TrainsBitIdenticallyToFullOffload) {
-  const Case c = GetParam();
+  const PartialCase c = GetParam();
   const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
   const config::Config full =
       ratio_config(c.param, c.opt, 1.0, swap_dir("partial_full_" + c.name()).string());
   const config::Config part =
       ratio_config(c.param, c.opt, c.ratio, swap_dir("partial_" + c.name()).string());
-  const RunResult ref = train(full, model, kSteps);
-  const RunResult r = train(part, model, kSteps);
+  const RunResult ref = train(full, model, kPartialSteps);
+  const RunResult r = train(part, model, kPartialSteps);
   ASSERT_EQ(r.plan.placement.device_optimizer_from, c.device_from) << format_plan(r.plan);
   EXPECT_EQ(ref.plan.placement.device_optimizer_from, SIZE_MAX);
   expect_bit_identical(ref, r, "offload_optimizer.ratio " + std::to_string(c.ratio) + " vs 1");
@@ -74,7 +74,7 @@ TEST_P(PartialOffload, TrainsBitIdenticallyToFullOffload) {
 // buffers or swap files, NVMe traffic - 24 B per tail element per step; the engine's measured
 // peaks and per-step traffic match the plan as PlanVsActual checks them.
 TEST_P(PartialOffload, PlanMovesTheTailsStateToTheDeviceAndMatchesTheEngine) {
-  const Case c = GetParam();
+  const PartialCase c = GetParam();
   const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16));
   const config::Config full =
       ratio_config(c.param, c.opt, 1.0, swap_dir("partial_plan_full_" + c.name()).string());
@@ -116,7 +116,7 @@ TEST_P(PartialOffload, PlanMovesTheTailsStateToTheDeviceAndMatchesTheEngine) {
   const std::string text = format_plan(p);
   EXPECT_NE(text.find("offload_optimizer.ratio"), std::string::npos) << text;
 
-  const Measured m = measure(part, model, kSteps);
+  const Measured m = measure(part, model, kPartialSteps);
   EXPECT_LE(m.memory.device_peak_bytes, p.peak.device) << format_plan(p);
   EXPECT_GE(m.memory.device_peak_bytes, p.peak.device - p.device_live_param_bytes)
       << format_plan(p);
@@ -126,19 +126,19 @@ TEST_P(PartialOffload, PlanMovesTheTailsStateToTheDeviceAndMatchesTheEngine) {
   }
   const TrafficStats& a = m.after_init;
   const TrafficStats& b = m.after_steps;
-  EXPECT_EQ(b.h2d_bytes - a.h2d_bytes, kSteps * p.per_step.h2d) << format_plan(p);
-  EXPECT_EQ(b.d2h_bytes - a.d2h_bytes, kSteps * p.per_step.d2h) << format_plan(p);
-  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, kSteps * p.per_step.nvme_read) << format_plan(p);
-  EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, kSteps * p.per_step.nvme_write)
+  EXPECT_EQ(b.h2d_bytes - a.h2d_bytes, kPartialSteps * p.per_step.h2d) << format_plan(p);
+  EXPECT_EQ(b.d2h_bytes - a.d2h_bytes, kPartialSteps * p.per_step.d2h) << format_plan(p);
+  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, kPartialSteps * p.per_step.nvme_read) << format_plan(p);
+  EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, kPartialSteps * p.per_step.nvme_write)
       << format_plan(p);
 }
 
 INSTANTIATE_TEST_SUITE_P(Zero, PartialOffload,
-                         ::testing::Values(Case{"nvme", 0.3, 1}, Case{"nvme", 0.5, 2},
-                                           Case{"nvme", 0.0, 0}, Case{"cpu", 0.3, 1},
-                                           Case{"cpu", 0.5, 2}, Case{"cpu", 0.0, 0},
-                                           Case{"cpu", 0.5, 2, "none"},
-                                           Case{"nvme", 0.3, 1, "cpu"}),
+                         ::testing::Values(PartialCase{"nvme", 0.3, 1}, PartialCase{"nvme", 0.5, 2},
+                                           PartialCase{"nvme", 0.0, 0}, PartialCase{"cpu", 0.3, 1},
+                                           PartialCase{"cpu", 0.5, 2}, PartialCase{"cpu", 0.0, 0},
+                                           PartialCase{"cpu", 0.5, 2, "none"},
+                                           PartialCase{"nvme", 0.3, 1, "cpu"}),
                          [](const auto& info) { return info.param.name(); });
 
 // On a device the host cannot read (a GPU; the simulated discrete device here) the device
@@ -147,8 +147,8 @@ INSTANTIATE_TEST_SUITE_P(Zero, PartialOffload,
 // written in place on the device or come down to their home. Training is bit-identical to the
 // same run on the host-accessible device (where CPU Adam steps them in place), and the plan
 // counts the device's sums, scratch and copies exactly.
-struct DiscreteCase {
-  Case c;
+struct PartialDiscreteCase {
+  PartialCase c;
   DType dtype = DType::BF16;
   bool bf16_moments = false;
   uint32_t copy_delay_us = 0;  // copies slow enough that one not waited for reads stale bytes
@@ -158,11 +158,11 @@ struct DiscreteCase {
   }
 };
 
-class PartialOffloadOnADiscreteDevice : public ::testing::TestWithParam<DiscreteCase> {};
+class PartialOffloadOnADiscreteDevice : public ::testing::TestWithParam<PartialDiscreteCase> {};
 
 TEST_P(PartialOffloadOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDevice) {
-  const DiscreteCase d = GetParam();
-  const Case& c = d.c;
+  const PartialDiscreteCase d = GetParam();
+  const PartialCase& c = d.c;
   std::string json =
       config_json({3, c.param, c.opt}, d.dtype, swap_dir("partial_discrete_" + d.name()).string(),
                   ", \"sub_group_size\": " + std::to_string(kSubGroup), "",
@@ -171,12 +171,12 @@ TEST_P(PartialOffloadOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDev
   const config::Config cfg = make_config(json);
   const model::LlamaModel host_model(tiny_config(true), tiny_options(d.dtype));
   device::CpuDevice host_dev;
-  const RunResult want = train_on(host_dev, cfg, host_model, kSteps);
+  const RunResult want = train_on(host_dev, cfg, host_model, kPartialSteps);
 
   device::CpuDevice dev({.discrete = true, .copy_delay_us = d.copy_delay_us});
   const model::LlamaModel model(tiny_config(true), tiny_options(d.dtype),
                                 device::make_backend(dev));
-  const RunResult got = train_on(dev, cfg, model, kSteps);
+  const RunResult got = train_on(dev, cfg, model, kPartialSteps);
   ASSERT_EQ(got.plan.placement.device_optimizer_from, c.device_from) << format_plan(got.plan);
   expect_bit_identical(want, got, d.name());
 
@@ -219,8 +219,8 @@ TEST_P(PartialOffloadOnADiscreteDevice, TrainsBitIdenticalToTheHostAccessibleDev
   EXPECT_EQ(got.plan.per_step.nvme_read, host_plan.per_step.nvme_read) << text;
   EXPECT_EQ(got.plan.per_step.nvme_write, host_plan.per_step.nvme_write) << text;
   EXPECT_LE(got.memory.device_peak_bytes, got.plan.peak.device) << text;
-  const Measured m = measure_on(dev, cfg, model, kSteps);
-  expect_traffic_as_planned(m, kSteps);
+  const Measured m = measure_on(dev, cfg, model, kPartialSteps);
+  expect_traffic_as_planned(m, kPartialSteps);
   EXPECT_LE(m.memory.device_peak_bytes, m.plan.peak.device) << text;
 }
 
@@ -228,16 +228,16 @@ INSTANTIATE_TEST_SUITE_P(
     Zero, PartialOffloadOnADiscreteDevice,
     ::testing::Values(
         // parameters homed on NVMe: new ones come down to be written to their swap files
-        DiscreteCase{Case{"nvme", 0.5, 2}},
+        PartialDiscreteCase{PartialCase{"nvme", 0.5, 2}},
         // homed on the device: written in place by the device's Adam
-        DiscreteCase{Case{"cpu", 0.5, 2, "none"}},
-        DiscreteCase{Case{"cpu", 0.5, 2, "none"}, DType::F32},
+        PartialDiscreteCase{PartialCase{"cpu", 0.5, 2, "none"}},
+        PartialDiscreteCase{PartialCase{"cpu", 0.5, 2, "none"}, DType::F32},
         // homed in host memory (not staged)
-        DiscreteCase{Case{"nvme", 0.3, 1, "cpu"}}, DiscreteCase{Case{"nvme", 0.5, 2}, DType::F32},
-        DiscreteCase{Case{"cpu", 0.0, 0, "none"}, DType::BF16, true},
+        PartialDiscreteCase{PartialCase{"nvme", 0.3, 1, "cpu"}}, PartialDiscreteCase{PartialCase{"nvme", 0.5, 2}, DType::F32},
+        PartialDiscreteCase{PartialCase{"cpu", 0.0, 0, "none"}, DType::BF16, true},
         // slow copies: a gradient copy up or a parameter copy down not waited for shows
-        DiscreteCase{Case{"nvme", 0.5, 2}, DType::BF16, false, 20000},
-        DiscreteCase{Case{"cpu", 0.5, 2, "none"}, DType::F32, true, 20000}),
+        PartialDiscreteCase{PartialCase{"nvme", 0.5, 2}, DType::BF16, false, 20000},
+        PartialDiscreteCase{PartialCase{"cpu", 0.5, 2, "none"}, DType::F32, true, 20000}),
     [](const auto& info) { return info.param.name(); });
 
 // With the gradient accumulators in swap files, the units whose gradients stay on the device
@@ -249,11 +249,11 @@ TEST(PartialOffloadOnADiscreteDeviceNvmeGradients, KeptGradientsHaveNoSwapFiles)
   const config::Config cfg = ratio_config("nvme", "nvme", 0.3, dir);  // the embedding offloaded
   const model::LlamaModel host_model(tiny_config(true), tiny_options(DType::BF16));
   device::CpuDevice host_dev;
-  const RunResult want = train_on(host_dev, cfg, host_model, kSteps, nvme_gradients());
+  const RunResult want = train_on(host_dev, cfg, host_model, kPartialSteps, nvme_gradients());
   device::CpuDevice dev({.discrete = true});
   const model::LlamaModel model(tiny_config(true), tiny_options(DType::BF16),
                                 device::make_backend(dev));
-  const RunResult got = train_on(dev, cfg, model, kSteps, nvme_gradients());
+  const RunResult got = train_on(dev, cfg, model, kPartialSteps, nvme_gradients());
   expect_bit_identical(want, got, "nvme gradients");
   const size_t from = got.plan.placement.device_optimizer_from;
   ASSERT_EQ(from, 1u) << format_plan(got.plan);
@@ -279,14 +279,14 @@ TEST(PartialOffloadOnADiscreteDeviceNvmeGradients, KeptGradientsHaveNoSwapFiles)
       << text;
   const std::filesystem::path grad_dir =
       std::filesystem::path(dir) / "outcore_swap" / "rank0" / "grad";
-  const Measured m = measure_on(dev, cfg, model, kSteps, nvme_gradients(), [&] {
+  const Measured m = measure_on(dev, cfg, model, kPartialSteps, nvme_gradients(), [&] {
     std::vector<std::string> files;
     for (const auto& e : std::filesystem::directory_iterator(grad_dir))
       if (e.path().extension() == ".bin") files.push_back(e.path().filename().string());
     std::sort(files.begin(), files.end());
     EXPECT_EQ(files, std::vector<std::string>{"0.bin"}) << grad_dir;
   });
-  expect_traffic_as_planned(m, kSteps);
+  expect_traffic_as_planned(m, kPartialSteps);
 }
 
 // Ratio 1 fits a device budget of exactly its own peak (no room for gathered slabs beyond the
