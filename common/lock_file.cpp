@@ -44,6 +44,14 @@ bool holds_marker_or_nothing(int fd, std::string_view marker) {
 
 }  // namespace
 
+bool LockFile::still_at_path() const {
+  if (fd_ < 0) return false;
+  struct stat held {};
+  struct stat at {};
+  return ::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &at) == 0 && held.st_dev == at.st_dev &&
+         held.st_ino == at.st_ino;
+}
+
 namespace internal {
 void set_lock_open_hook(std::function<void()> hook) { lock_open_hook() = std::move(hook); }
 }  // namespace internal
@@ -94,7 +102,9 @@ void LockFile::release() noexcept {
   // Forgotten by the cleanup registry first: a cleanup running in between leaves the file to the
   // unlink below, and never unlinks a lock that another run created here after it.
   if (registered_) cleanup::unregister_path(path_.string());
-  if (owned_) ::unlink(path_.c_str());  // while still holding it: see the class comment
+  // While still holding it (see the class comment), and only while the path names it: a file
+  // there since (its directory moved away, another run's made in its place) is not this one's.
+  if (owned_ && still_at_path()) ::unlink(path_.c_str());
   ::close(fd_);
   fd_ = -1;
 }

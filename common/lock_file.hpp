@@ -38,8 +38,13 @@ class LockFile {
   const std::filesystem::path& path() const { return path_; }
   // Whether release() unlinks the file (see Ownership).
   bool owned() const { return owned_; }
-  // Unlinks the file if it is outcore's, while holding it, then closes it. Idempotent.
+  // Unlinks the file if it is outcore's and still at path(), while holding it, then closes it.
+  // Idempotent.
   void release() noexcept;
+  // Whether path() still names the file this holds: false once it (or a directory above it)
+  // was moved, removed or replaced since, so that what the lock guards is no longer at the
+  // path (a save directory renamed under its run). False after release().
+  bool still_at_path() const;
 
  private:
   std::filesystem::path path_;

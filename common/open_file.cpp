@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <filesystem>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
 
 namespace outcore {
 
@@ -94,6 +96,48 @@ std::string path_within(const std::string& path, const std::string& dir) {
   const std::filesystem::path rel = std::filesystem::path(p).lexically_relative(d);
   if (rel.empty() || *rel.begin() == "..") return {};
   return rel.string();
+}
+
+void remove_killed_temporaries(const std::string& target, std::string_view what,
+                               const std::function<bool(int fd)>& ours) {
+  namespace fs = std::filesystem;
+  const fs::path at(target);
+  const fs::path dir = at.parent_path().empty() ? fs::path(".") : at.parent_path();
+  const std::string head = at.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(head)) continue;
+    const std::string_view rest = std::string_view(name).substr(head.size());
+    const std::string_view digits = rest.substr(0, rest.find('-'));
+    const std::string_view k =
+        digits.size() < rest.size() ? rest.substr(digits.size() + 1) : std::string_view();
+    if (digits.empty() || digits.size() > 9 || digits.front() == '0' ||
+        digits.find_first_not_of("0123456789") != std::string_view::npos ||
+        (digits.size() < rest.size() &&
+         (k.empty() || k.find_first_not_of("0123456789") != std::string_view::npos)))
+      continue;
+    const auto pid = static_cast<pid_t>(std::stol(std::string(digits)));
+    if (pid != ::getpid() && (::kill(pid, 0) == 0 || errno != ESRCH)) continue;  // may still run
+    const std::string path = it->path().string();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;  // a link, or gone
+    struct stat st {};
+    const bool remove =
+        ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && ours(fd);
+    FileId id{st.st_dev, st.st_ino};
+    ::close(fd);
+    if (remove && unlink_if_same(path, id))
+      log::warn("removed {}, a {} left by a process that was killed while writing {}", path, what,
+                target);
+  }
+}
+
+bool empty_or_begins_with(int fd, std::string_view head) {
+  std::string text(head.size(), '\0');
+  const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
+  if (n == 0) return true;
+  return n == static_cast<ssize_t>(head.size()) && text == head;
 }
 
 mode_t creation_umask() {

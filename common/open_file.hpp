@@ -7,7 +7,9 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
+#include <string_view>
 
 namespace outcore {
 
@@ -47,6 +49,18 @@ bool file_id_of(int fd, FileId& id);
 // Removes `path` only while it still names file `id`: a file put at that name since (a user's,
 // another run's) is kept. True when removed.
 bool unlink_if_same(const std::string& path, const FileId& id);
+
+// Removes the temporaries "<target>.tmp-<pid>[-<k>]" that writers of `target` killed before
+// their rename (SIGKILL, a power cut) left beside it: regular files of one name (never a link),
+// whose pid runs no more (or is this process's: call it before making a temporary of one's own),
+// and that `ours` recognises from an open descriptor (their first bytes). Each one removed is
+// warned about, naming it and `what` ("trace"); any other file is left. Nothing when the
+// directory cannot be read.
+void remove_killed_temporaries(const std::string& target, std::string_view what,
+                               const std::function<bool(int fd)>& ours);
+// Whether the file `fd` is open on is empty or begins with `head`: what a writer killed before
+// or after its first bytes leaves.
+bool empty_or_begins_with(int fd, std::string_view head);
 
 // fsyncs directory `dir` ("" is the current one), so that a rename or unlink in it is durable.
 // IoError naming the directory when it cannot be opened or synced.

@@ -280,6 +280,8 @@ void write_json(const std::string& path, const std::vector<std::string>& other) 
   // replaced, not the link), and a file replaced keeps its mode. Events go to the file as they
   // are formatted: the JSON text is never held whole in memory.
   const std::string target = resolve_links(path);
+  remove_killed_temporaries(target, "trace",
+                            [](int fd) { return empty_or_begins_with(fd, "{\"traceEvents\""); });
   const std::string tmp = fmt::format("{}.tmp-{}", target, ::getpid());
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(tmp.c_str(), "wbx"), &std::fclose);
   if (!f) throw IoError(tmp, errno, "create trace file");  // exclusively: it is this run's

@@ -405,22 +405,40 @@ void SaveDir::open_entries() {
     const int64_t from = step_of_tag(options_.resumed_tag);
     std::sort(checkpoints.begin(), checkpoints.end());
     std::string later;
+    std::vector<std::string> later_names;
     for (const auto& [step, name] : checkpoints)
-      if (step > from) later += (later.empty() ? "" : ", ") + name;
+      if (step > from) {
+        later += (later.empty() ? "" : ", ") + name;
+        later_names.push_back(name);
+      }
     // Saved after the one `latest` names, when that is the one resumed from: a save of this
-    // same run killed before it was named latest. This run's saves replace them.
-    if (!later.empty() && latest() == options_.resumed_tag)
+    // same run killed before it was named latest, which this run's saves replace. Saves run one
+    // at a time, each named latest before the next starts: a killed one leaves one checkpoint,
+    // written after the one latest names. Several, or one written before it (another run's, left
+    // by a --start-over that was killed before it removed them), are not this run's.
+    const auto written_at = [&](const std::string& tag, fs::file_time_type& t) {
+      std::error_code ec;
+      t = fs::last_write_time(dir_ / tag / kManifestName, ec);
+      return !ec;
+    };
+    fs::file_time_type resumed_at, later_at;
+    const bool one_killed_save = later_names.size() == 1 && latest() == options_.resumed_tag &&
+                                 written_at(options_.resumed_tag, resumed_at) &&
+                                 written_at(later_names.front(), later_at) &&
+                                 later_at >= resumed_at;
+    if (one_killed_save)
       log::warn(
-          "checkpoint: {} in {} were saved after {}, which latest names (a save killed "
-          "before it was named latest): this run's saves replace them",
+          "checkpoint: {} in {} was saved after {}, which latest names (a save killed "
+          "before it was named latest): this run's saves replace it",
           later, dir_.string(), options_.resumed_tag);
     else if (!later.empty())
       throw InvalidArgument(fmt::format(
           "save directory {} holds checkpoints after {}, the one this run resumes from ({}): "
-          "this run's saves would replace them. Continue from the newest with --resume {}, save "
-          "this run elsewhere with another --save-dir, or replace them with --start-over (they "
-          "are removed once this run's first checkpoint is saved)",
-          dir_.string(), options_.resumed_tag, later, dir_.string()));
+          "this run's saves would replace them (another branch of this run, or another run's "
+          "left by a --start-over stopped before it removed them). Continue from the newest "
+          "with --resume {}, save this run elsewhere with another --save-dir, or replace them "
+          "with --start-over (they are removed once this run's first checkpoint is saved)",
+          dir_.string(), options_.resumed_tag, later, (dir_ / later_names.back()).string()));
   }
   if (options_.existing == ExistingCheckpoints::kReplace)
     for (const auto& [step, name] : checkpoints)
@@ -562,6 +580,16 @@ void SaveDir::remove_checkpoint(const std::string& tag, const WriterOptions& hoo
   remove_owned_dir(old, &hooks, removals);
 }
 
+bool SaveDir::still_here() const { return !options_.primary || !lock_ || lock_->still_at_path(); }
+
+void SaveDir::check_still_here() const {
+  if (still_here()) return;
+  throw Error(fmt::format(
+      "save directory {}: no longer the directory this run locked (moved, removed or replaced "
+      "since the run opened it): nothing saved into it or pruned there",
+      dir_.string()));
+}
+
 std::optional<std::string> SaveDir::latest() const {
   const fs::path p = dir_ / kLatestName;
   if (!fs::exists(p)) return std::nullopt;
@@ -570,6 +598,7 @@ std::optional<std::string> SaveDir::latest() const {
 
 void SaveDir::set_latest(const std::string& tag, const WriterOptions& hooks) {
   if (hooks.crash_at == "before-latest") crash_now("before-latest");
+  check_still_here();
   const fs::path tmp = dir_ / (std::string(kLatestName) + ".tmp");
   // Only outcore's own leftover (a rename that failed) is replaced: anything else that appeared
   // there during the run, a link above all, is the user's and kept (the save fails).
@@ -586,6 +615,7 @@ void SaveDir::set_latest(const std::string& tag, const WriterOptions& hooks) {
 
 void SaveDir::prune(const std::string& tag, const WriterOptions& hooks) {
   if (!options_.primary) return;
+  check_still_here();
   uint64_t removals = 0;
   auto remove = [&](const std::string& name, const char* why) {
     try {
@@ -758,7 +788,10 @@ void CheckpointWriter::prepare() {
   const SaveGroup* group = m.options.group;
   const bool lead = group == nullptr || group->rank == 0;
   std::error_code ec;
-  if (lead) m.dir.clear_leftover(m.tmp);
+  if (lead) {
+    m.dir.check_still_here();
+    m.dir.clear_leftover(m.tmp);
+  }
   uint64_t need = 0, max_seg = 0;
   for (const auto& [p, t] : m.texts) need += t.size() + kAlign;
   for (const Impl::DataFile& f : m.files) {
@@ -945,6 +978,7 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
                      {.aio = m.options.aio, .backend = m.options.backend, .unfinished_save = true})
         .verify();
   if (m.options.crash_at == "before-rename") crash_now("before-rename");
+  if (lead) m.dir.check_still_here();
 
   // From here `<tag>.tmp` is renamed or exchanged: a removal by its old names could take the
   // checkpoint's files or the replaced one's; a kill leaves it to the next open. A removal that

@@ -238,6 +238,13 @@ class SaveDir {
   // keep (every checkpoint kept), a warning when the free space holds fewer than `saves`.
   // Nothing when the free space cannot be read (each save checks again).
   void check_room(uint64_t bytes, int64_t saves, const WriterOptions& hooks) const;
+  // Whether the path still names the directory the primary locked (true for a rank other than
+  // 0): false once it was moved, removed or replaced since the SaveDir opened it.
+  bool still_here() const;
+  // The primary's check, before each save, before `latest` is set and before pruning, that
+  // still_here(): an Error naming the path otherwise, so that a directory made at that name
+  // since (another run's) is never saved into or pruned.
+  void check_still_here() const;
 
  private:
   void take_lock();         // `.lock`: created (with outcore's marker) or opened, then flock'ed

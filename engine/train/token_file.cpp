@@ -325,6 +325,11 @@ void write_llmc_tokens(const std::string& path, std::span<const uint16_t> tokens
   }
   // A temporary of its own beside `path` ("<path>.tmp-<pid>[-k]"), created exclusively: an
   // existing file or link there (a user's) is never written through or replaced.
+  // Those of writers killed before their rename go first (an llm.c header, or nothing yet).
+  remove_killed_temporaries(path, "token file", [](int fd) {
+    return empty_or_begins_with(
+        fd, std::string_view(reinterpret_cast<const char*>(&kLlmcMagic), sizeof kLlmcMagic));
+  });
   std::string tmp;
   int raw = -1;
   for (int k = 0; raw < 0; ++k) {

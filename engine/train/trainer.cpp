@@ -972,8 +972,15 @@ TrainResult Trainer::run_steps(bool tracing) {
       r = save_checkpoint();
     } catch (const Error& e) {
       // What failed, and what the user still has.
-      const std::optional<std::string> kept = save_dir_->latest();
       const std::string tag = ckpt::tag_for_step(steps_done_);
+      if (!save_dir_->still_here())  // what is at its name now is not this run's
+        throw Error(fmt::format(
+            "checkpoint {} not saved: {} is no longer the save directory this run locked "
+            "(moved, removed or replaced since the run started); nothing was saved into or "
+            "pruned from what is there now, and the run's earlier checkpoints are where its "
+            "directory went",
+            tag, save_dir_->path().string()));
+      const std::optional<std::string> kept = save_dir_->latest();
       if (kept == tag && latest_before != tag)  // named latest by this save; what came after failed
         throw Error(fmt::format(
             "checkpoint {} in {} is written and latest names it, but its save did not complete: "

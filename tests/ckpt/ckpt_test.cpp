@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -315,6 +316,42 @@ TEST(CkptCorruption, SegmentsInTheHeaderOrUnalignedAreRefused) {
 // never written through nor replaced: the save that would update `latest` fails, `latest`
 // keeps naming the previous checkpoint, and the file the link names is untouched. An empty
 // `latest.tmp` (outcore's, from a rename that failed) is replaced.
+// A save directory moved away under its run: the run's next save, and its pruning, never go into
+// a directory made at the old name since (another run's); the save fails naming the path, and
+// the moved directory keeps the run's checkpoints.
+TEST(CkptSaveDir, ASaveDirectoryMovedUnderItsRunIsNeverSavedIntoOrPrunedAtItsOldName) {
+  TempDir tmp("ckpt");
+  std::optional<SaveDir> dir(std::in_place, tmp / "save", SaveDirOptions{.keep = 1});
+  write_synthetic(*dir, "global_step1", 1);
+  fs::rename(tmp / "save", tmp / "moved");
+  {
+    SaveDir other(tmp / "save", {.keep = 5});  // another run at the old name
+    write_synthetic(other, "global_step1", 1);
+    write_synthetic(other, "global_step2", 1);
+  }
+  const std::string what = error_of([&] { write_synthetic(*dir, "global_step3", 1); });
+  EXPECT_NE(what.find("no longer the directory this run locked"), std::string::npos) << what;
+  EXPECT_NE(what.find((tmp / "save").string()), std::string::npos) << what;
+  EXPECT_TRUE(fs::exists(tmp / "save" / "global_step1"));
+  EXPECT_TRUE(fs::exists(tmp / "save" / "global_step2"));
+  EXPECT_FALSE(fs::exists(tmp / "save" / "global_step3"));
+  EXPECT_FALSE(fs::exists(tmp / "save" / "global_step3.tmp"));
+  EXPECT_EQ(Checkpoint::open(tmp / "save").manifest().tag, "global_step2");
+  EXPECT_EQ(Checkpoint::open(tmp / "moved").manifest().tag, "global_step1");
+  // Removed without a replacement: the same.
+  fs::remove_all(tmp / "save");
+  EXPECT_NE(error_of([&] {
+              write_synthetic(*dir, "global_step4", 1);
+            }).find("no longer the directory this run locked"),
+            std::string::npos);
+  // Its end never removes the lock of a run at the old name.
+  {
+    SaveDir third(tmp / "save");
+    dir.reset();
+    EXPECT_TRUE(fs::exists(tmp / "save" / ".lock"));
+  }
+}
+
 TEST(CkptSaveDir, ALinkAtLatestTmpIsNeverWrittenThrough) {
   TempDir tmp("ckpt");
   const fs::path victim = tmp / "victim.txt";
@@ -1156,6 +1193,32 @@ TEST(CkptSaveDir, ResumingFromAnEarlierCheckpointNeverReplacesLaterOnes) {
     std::ofstream(tmp / "save" / "latest", std::ios::trunc) << "global_step4\n";
     SaveDir dir(tmp / "save",
                 {.existing = ExistingCheckpoints::kContinue, .resumed_tag = "global_step4"});
+  }
+  // Not so where it cannot be one: several later checkpoints (a killed save leaves one), or one
+  // written before the checkpoint latest names (another run's, left by a --start-over killed
+  // before it removed them). Refused, naming the newest to resume from.
+  {
+    std::ofstream(tmp / "save" / "latest", std::ios::trunc) << "global_step2\n";
+    const std::string several = error_of([&] {
+      SaveDir dir(tmp / "save",
+                  {.existing = ExistingCheckpoints::kContinue, .resumed_tag = "global_step2"});
+    });
+    EXPECT_NE(several.find("(global_step4, global_step6)"), std::string::npos) << several;
+    EXPECT_NE(several.find("--resume " + (tmp / "save" / "global_step6").string()),
+              std::string::npos)
+        << several;
+    std::ofstream(tmp / "save" / "latest", std::ios::trunc) << "global_step4\n";
+    const fs::path manifest6 = tmp / "save" / "global_step6" / "manifest.json";
+    const fs::file_time_type was = fs::last_write_time(manifest6);
+    fs::last_write_time(manifest6,
+                        fs::last_write_time(tmp / "save" / "global_step4" / "manifest.json") -
+                            std::chrono::seconds(10));
+    const std::string older = error_of([&] {
+      SaveDir dir(tmp / "save",
+                  {.existing = ExistingCheckpoints::kContinue, .resumed_tag = "global_step4"});
+    });
+    EXPECT_NE(older.find("holds checkpoints after global_step4"), std::string::npos) << older;
+    fs::last_write_time(manifest6, was);
     std::ofstream(tmp / "save" / "latest", std::ios::trunc) << "global_step6\n";
   }
   {

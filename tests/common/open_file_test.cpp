@@ -3,6 +3,8 @@
 #include "common/open_file.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -39,6 +41,46 @@ TEST(SameFile, FollowsLinksAndSpellingsAndComparesFilesNotMadeYetByPath) {
   EXPECT_FALSE(same_file(a.string(), (dir / "sub" / "new.bin").string()));
   EXPECT_FALSE(same_file("", ""));
   EXPECT_FALSE(same_file(a.string(), ""));
+}
+
+// The pid of a process that ran and ended (reaped): no process has it for a while.
+pid_t a_dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
+}
+
+// Temporaries of killed writers go; a running process's, a link, a file of other content or
+// another name, and a hard-linked one stay.
+TEST(KilledTemporaries, OnlyThoseOfEndedWritersWithTheirContentAreRemoved) {
+  test::TempDir dir("killed-temporaries");
+  const std::string target = (dir / "trace.json").string();
+  const std::string dead = std::to_string(a_dead_pid());
+  const std::string alive = std::to_string(::getppid());
+  auto put = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+  };
+  put("trace.json.tmp-" + dead, "{\"traceEvents\": [");
+  put("trace.json.tmp-" + dead + "-2", "");  // killed before its first byte
+  put("trace.json.tmp-" + alive, "{\"traceEvents\": [");
+  put("trace.json.tmp-" + dead + "-x", "{\"traceEvents\": [");
+  put("trace.jsonl.tmp-" + dead, "{\"traceEvents\": [");
+  put("notes.txt", "mine");
+  fs::create_hard_link(dir / "notes.txt", dir / ("trace.json.tmp-" + dead + "-3"));
+  put("users", "{\"traceEvents\": [");
+  fs::create_symlink(dir / "users", dir / ("trace.json.tmp-" + dead + "-4"));
+  put("trace.json.tmp-" + dead + "-5", "not a trace");
+  remove_killed_temporaries(target, "trace",
+                            [](int fd) { return empty_or_begins_with(fd, "{\"traceEvents\""); });
+  EXPECT_FALSE(fs::exists(dir / ("trace.json.tmp-" + dead)));
+  EXPECT_FALSE(fs::exists(dir / ("trace.json.tmp-" + dead + "-2")));
+  for (const std::string& kept :
+       {"trace.json.tmp-" + alive, "trace.json.tmp-" + dead + "-x", "trace.jsonl.tmp-" + dead,
+        "trace.json.tmp-" + dead + "-3", "trace.json.tmp-" + dead + "-5", std::string("users"),
+        std::string("notes.txt")})
+    EXPECT_TRUE(fs::exists(dir / kept)) << kept;
+  EXPECT_TRUE(fs::is_symlink(dir / ("trace.json.tmp-" + dead + "-4")));
 }
 
 TEST(PathWithin, SaysWherePathsLieThroughLinksSpellingsAndNamesNotMadeYet) {

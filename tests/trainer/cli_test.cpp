@@ -1559,6 +1559,19 @@ TEST_F(TrainCliTest, ResumeInANewProcessIsBitIdentical) {
   EXPECT_EQ(written[0]["step"], 7);
   EXPECT_EQ(slurp(m), own);
 
+  // A resume goes on with its run's seed: said only where --seed asks for another.
+  const std::string seeded = data_.file("seeded");
+  r = run(train_args("--steps 1 --seed 5 --save-dir " + shell_quote(seeded)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("train --resume " + shell_quote(seeded) + " --steps 2");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.find("resuming with the checkpoint's seed"), std::string::npos) << r.err;
+  r = run("train --resume " + shell_quote(seeded) + " --steps 2 --seed 6");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("resuming with the checkpoint's seed 5 (data order), not 6"),
+            std::string::npos)
+      << r.err;
+
   r = run("train --resume " + shell_quote(data_.file("nowhere")) + " --steps 6");
   EXPECT_EQ(r.rc, 2);
   EXPECT_EQ(count_error_lines(r.err), 1) << r.err;

@@ -270,6 +270,7 @@ struct ResumeDefaults {
   std::string metrics_file;               // where it wrote its metrics ("": nowhere)
   int64_t eval_every = 0;                 // how it validated (0: after the last step only)
   int64_t eval_batches = 0;               // 0: not saved (checkpoints before it): the default
+  std::optional<uint64_t> seed;           // its run's (the data order goes on with it)
 };
 
 ResumeDefaults resume_defaults(const std::string& path) {
@@ -297,6 +298,7 @@ ResumeDefaults resume_defaults(const std::string& path) {
     d.metrics_file = st.value("metrics_file", "");
     d.eval_every = std::max<int64_t>(0, st.value("eval_every", int64_t{0}));
     d.eval_batches = std::max<int64_t>(0, st.value("eval_batches", int64_t{0}));
+    if (st.contains("seed")) d.seed = st.at("seed").get<uint64_t>();
   } catch (const nlohmann::json::exception& e) {  // a key of another type
     throw CorruptData(d.source + "/trainer_state.json: " + e.what());
   }
@@ -817,7 +819,11 @@ int run_train(const TrainCliOptions& o) {
     std::fprintf(stderr, "error: --save-every and --keep must be >= 0\n");
     return 2;
   }
-  if (n.seed) topts.seed = *n.seed;
+  // A resume goes on with its checkpoint's seed; one given that differs is warned about.
+  if (n.seed)
+    topts.seed = *n.seed;
+  else if (rd && rd->seed)
+    topts.seed = *rd->seed;
   topts.seq_len = n.seq_len.value_or(rd ? rd->seq_len : 0);
   // A resume validates as its run did, where it has a validation set.
   const bool validates = !topts.val_data.empty() || topts.val_fraction > 0;
