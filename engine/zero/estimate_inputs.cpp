@@ -2,7 +2,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <optional>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -22,8 +21,9 @@ model::ModelOptions estimate_model_options(config::Config& cfg, const model::Lla
                         (cfg.train_micro_batch_size_per_gpu.has_value() ||
                          cfg.gradient_accumulation_steps.has_value());
   if (in.micro_batch > 0 && !replaces) ctx.micro_batch_size = in.micro_batch;
-  const std::optional<int64_t> written_batch =
-      cfg.train_batch_size.has_value() ? std::optional(cfg.train_batch_size.value()) : std::nullopt;
+  // The config's train_batch_size (0: none written, or "auto").
+  const int64_t written_batch =
+      cfg.train_batch_size.has_value() ? cfg.train_batch_size.value() : int64_t{0};
   config::resolve_auto(cfg, ctx);
   if (replaces) {  // as if the config said so, with its accumulation
     int64_t batch = 0;
@@ -32,13 +32,13 @@ model::ModelOptions estimate_model_options(config::Config& cfg, const model::Lla
       throw InvalidArgument(
           fmt::format("micro-batch {} x gradient_accumulation_steps {} x world size {} overflows",
                       in.micro_batch, cfg.gradient_accumulation_steps.value(), in.world_size));
-    if (written_batch && *written_batch != batch)
+    if (written_batch != 0 && written_batch != batch)
       log::warn(
           "planning train_batch_size {} (micro-batch {} x gradient_accumulation_steps {} x "
           "world size {}) in place of the config's {}: the micro-batch asked for replaces the "
           "config's {} and its accumulation is kept",
           batch, in.micro_batch, cfg.gradient_accumulation_steps.value(), in.world_size,
-          *written_batch, cfg.train_micro_batch_size_per_gpu.value());
+          written_batch, cfg.train_micro_batch_size_per_gpu.value());
     cfg.train_micro_batch_size_per_gpu.set(in.micro_batch);
     cfg.train_batch_size.set(batch);
   }
