@@ -20,7 +20,6 @@ using test::checksum;
 using test::fill_random;
 using test::TempDir;
 
-
 struct Config {
   const char* name;
   Options opt;

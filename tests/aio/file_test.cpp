@@ -14,7 +14,6 @@ namespace {
 using test::LogCapture;
 using test::TempDir;
 
-
 TEST(AioFile, OpenMissingFileThrowsIoErrorNamingPathAndErrno) {
   TempDir dir;
   auto path = dir / "missing.bin";

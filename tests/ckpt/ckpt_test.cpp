@@ -12,10 +12,10 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <optional>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>

@@ -48,7 +48,7 @@ struct OptimizerRig {
   std::unique_ptr<OptimizerSwapper> opt;
 
   OptimizerRig(std::vector<std::pair<uint32_t, uint64_t>> units, OptimizerSwapperOptions oo,
-      size_t pool_bytes = 64 << 20, const cpu_adam::Executor* ex = nullptr) {
+               size_t pool_bytes = 64 << 20, const cpu_adam::Executor* ex = nullptr) {
     std::vector<SwapFileSpec> plan;
     for (auto [u, n] : units)
       plan.push_back(
@@ -153,11 +153,11 @@ TEST(OptimizerSwapper, StepIsBitIdenticalToInMemoryAdam) {
     SCOPED_TRACE(::testing::Message() << "sub_group " << md.sub_group << " buffers " << md.buffers
                                       << " read " << md.pread << " write " << md.pwrite);
     OptimizerRig rig({{0, numel}},
-            {.sub_group_size = md.sub_group,
-             .buffer_count = md.buffers,
-             .pipeline_read = md.pread,
-             .pipeline_write = md.pwrite},
-            64 << 20, &two);
+                     {.sub_group_size = md.sub_group,
+                      .buffer_count = md.buffers,
+                      .pipeline_read = md.pread,
+                      .pipeline_write = md.pwrite},
+                     64 << 20, &two);
     auto init = random_floats(numel, 1);
     Reference ref(init);
     rig.opt->init_state(0, init);
@@ -280,11 +280,11 @@ TEST(OptimizerSwapper, PoolBudgetHoldsWithConcurrentUnits) {
   const unsigned buffers = 3;
   // Room for one unit's buffers at a time: the second step waits for the first's.
   OptimizerRig rig({{0, numel}, {1, numel}},
-          {.sub_group_size = sg,
-           .buffer_count = buffers,
-           .pipeline_read = true,
-           .pipeline_write = true},
-          buffers * slot + slot);
+                   {.sub_group_size = sg,
+                    .buffer_count = buffers,
+                    .pipeline_read = true,
+                    .pipeline_write = true},
+                   buffers * slot + slot);
   std::vector<Reference> refs;
   for (uint32_t u = 0; u < 2; ++u) {
     auto init = random_floats(numel, 10 + u);

@@ -22,7 +22,8 @@ struct DeviceOutcome {
 // `steps` steps (validating every 3) on the discrete or the host-accessible simulated device,
 // saving into `save` / resuming from `resume` when not empty.
 DeviceOutcome train_on(bool discrete, const nlohmann::json& patch, const DemoData& data,
-                 int64_t steps = 6, const std::string& save = "", const std::string& resume = "") {
+                       int64_t steps = 6, const std::string& save = "",
+                       const std::string& resume = "") {
   const model::LlamaConfig mc = tiny_model();
   const config::Config cfg = make_config(patch, mc);
   TrainerOptions o = quiet_options(data, steps);

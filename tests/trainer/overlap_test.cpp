@@ -29,7 +29,7 @@ struct OverlapOutcome {
 };
 
 OverlapOutcome train_with(const nlohmann::json& patch, bool overlap, const DemoData& data,
-                   const std::string& swap_name, bool step_in_backward = false) {
+                          const std::string& swap_name, bool step_in_backward = false) {
   const model::LlamaConfig mc = tiny_model();
   nlohmann::json p = patch;
   if (p.contains("zero_optimization")) {

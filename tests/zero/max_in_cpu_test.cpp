@@ -144,8 +144,9 @@ TEST(MaxInCpu, MixedPlacementTrainsBitIdenticallyToStage0) {
       for (const Setup& s : setups) {
         SCOPED_TRACE(tag + " " + s.name);
         const std::string dir = swap_dir("max_in_cpu_" + tag + "_" + s.name).string();
-        const RunResult r = train(nvme_params_config(dtype, dir, s.optimizer, s.keys), model,
-                                  kMaxInCpuSteps, 0, s.nvme_gradients ? nvme_gradients() : EngineOptions{});
+        const RunResult r =
+            train(nvme_params_config(dtype, dir, s.optimizer, s.keys), model, kMaxInCpuSteps, 0,
+                  s.nvme_gradients ? nvme_gradients() : EngineOptions{});
         EXPECT_EQ(r.plan.placement.host_param_units, s.host_units);
         EXPECT_EQ(r.plan.placement.nvme_param_units, units - s.host_units);
         EXPECT_EQ(r.plan.placement.host_params, s.host);

@@ -128,7 +128,8 @@ TEST_P(PartialOffload, PlanMovesTheTailsStateToTheDeviceAndMatchesTheEngine) {
   const TrafficStats& b = m.after_steps;
   EXPECT_EQ(b.h2d_bytes - a.h2d_bytes, kPartialSteps * p.per_step.h2d) << format_plan(p);
   EXPECT_EQ(b.d2h_bytes - a.d2h_bytes, kPartialSteps * p.per_step.d2h) << format_plan(p);
-  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, kPartialSteps * p.per_step.nvme_read) << format_plan(p);
+  EXPECT_EQ(b.nvme_read_bytes - a.nvme_read_bytes, kPartialSteps * p.per_step.nvme_read)
+      << format_plan(p);
   EXPECT_EQ(b.nvme_write_bytes - a.nvme_write_bytes, kPartialSteps * p.per_step.nvme_write)
       << format_plan(p);
 }
@@ -233,7 +234,8 @@ INSTANTIATE_TEST_SUITE_P(
         PartialDiscreteCase{PartialCase{"cpu", 0.5, 2, "none"}},
         PartialDiscreteCase{PartialCase{"cpu", 0.5, 2, "none"}, DType::F32},
         // homed in host memory (not staged)
-        PartialDiscreteCase{PartialCase{"nvme", 0.3, 1, "cpu"}}, PartialDiscreteCase{PartialCase{"nvme", 0.5, 2}, DType::F32},
+        PartialDiscreteCase{PartialCase{"nvme", 0.3, 1, "cpu"}},
+        PartialDiscreteCase{PartialCase{"nvme", 0.5, 2}, DType::F32},
         PartialDiscreteCase{PartialCase{"cpu", 0.0, 0, "none"}, DType::BF16, true},
         // slow copies: a gradient copy up or a parameter copy down not waited for shows
         PartialDiscreteCase{PartialCase{"nvme", 0.5, 2}, DType::BF16, false, 20000},
