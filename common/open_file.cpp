@@ -35,11 +35,8 @@ bool same_file(const std::string& a, const std::string& b) {
   const bool b_exists = ::stat(b.c_str(), &sb) == 0;
   if (a_exists && b_exists) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
   if (a_exists != b_exists) return false;
-  namespace fs = std::filesystem;
-  std::error_code ea, eb;
-  const fs::path ca = fs::weakly_canonical(fs::absolute(a, ea), ea);
-  const fs::path cb = fs::weakly_canonical(fs::absolute(b, eb), eb);
-  return !ea && !eb && ca == cb;
+  const std::string ra = resolved_path(a);
+  return !ra.empty() && ra == resolved_path(b);
 }
 
 bool file_id_of(const std::string& path, FileId& id) {

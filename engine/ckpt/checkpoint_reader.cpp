@@ -37,6 +37,18 @@ uint64_t file_size_of(int fd, const fs::path& path) {
   return static_cast<uint64_t>(st.st_size);
 }
 
+// When open file `fd` was last written, and its size (`path` names it in errors).
+struct WriteStamp {
+  int64_t sec = 0, nsec = 0;
+  uint64_t size = 0;
+  bool operator==(const WriteStamp&) const = default;
+};
+WriteStamp write_stamp_of(int fd, const fs::path& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw IoError(path.string(), errno, "stat");
+  return {st.st_mtim.tv_sec, st.st_mtim.tv_nsec, static_cast<uint64_t>(st.st_size)};
+}
+
 // The checkpoint global_step<N> of `dir` with the largest N, or an empty path when it holds none.
 fs::path newest_checkpoint(const fs::path& dir) {
   const auto found = checkpoints_in(dir);
@@ -87,7 +99,11 @@ struct Checkpoint::Impl {
   // Every file of the manifest, opened by open(): what is read is what was opened, whatever
   // happens to the directory afterwards (another run's save prunes or replaces it).
   std::map<std::string, aio::File> open_files;  // data files
-  std::map<std::string, UniqueFd> text_files;   // the others
+  // When each data file was last written, as open_all found it. verify() checks the bytes
+  // read after that; a data file written since (its modification time or size changed) is not
+  // what verify() checked, and read_slab refuses what it read from it.
+  std::map<std::string, WriteStamp> opened_stamps;
+  std::map<std::string, UniqueFd> text_files;  // the others
   mutable AlignedBuffer bounce;
   mutable uint64_t bytes_read = 0;
 
@@ -110,6 +126,7 @@ struct Checkpoint::Impl {
               fmt::format("{}: size: expected {} bytes, actual {} (truncated or "
                           "replaced)",
                           p.string(), fi.bytes, f.size()));
+        opened_stamps.emplace(fi.path, write_stamp_of(f.fd(), p));
         open_files.emplace(fi.path, std::move(f));
       } catch (const InvalidArgument&) {  // a FIFO, a directory, a device: not what was saved
         throw CorruptData(fmt::format("{}: not a regular file (replaced)", p.string()));
@@ -122,6 +139,17 @@ struct Checkpoint::Impl {
   }
 
   const aio::File& file(const FileInfo& fi) const { return open_files.at(fi.path); }
+
+  // CorruptData when data file `fi` was written since it was opened: what was read from it may
+  // be neither what was saved nor what verify() checked.
+  void check_unwritten(const FileInfo& fi) const {
+    const fs::path p = dir / fi.path;
+    if (write_stamp_of(file(fi).fd(), p) != opened_stamps.at(fi.path))
+      throw CorruptData(fmt::format(
+          "{}: written while the checkpoint was read (its modification time or size changed "
+          "since it was opened and checked): what was read from it is not used",
+          p.string()));
+  }
 
   // A text file of the manifest, whole (at most its manifest size: CorruptData beyond).
   std::string text(const FileInfo& fi) const {
@@ -416,6 +444,7 @@ void Checkpoint::read_slab(int unit, ArrayKind array, uint64_t begin, uint64_t c
   const uint64_t numel = man.units[unit].numel;
   const uint64_t end = std::min(begin + count, numel);  // padding stays zero
   for (const FileInfo& fi : man.files) {
+    bool read_from_file = false;
     for (const Segment& s : fi.segments) {
       if (s.unit != unit || s.array != array) continue;
       if (s.dtype != dt)
@@ -427,7 +456,10 @@ void Checkpoint::read_slab(int unit, ArrayKind array, uint64_t begin, uint64_t c
       if (lo >= hi) continue;
       impl_->read_bytes(fi, s.offset + (lo - s.slab_begin) * esz, (hi - lo) * esz,
                         out.data() + (lo - begin) * esz);
+      read_from_file = true;
     }
+    // After the reads: a write before them changed the stamp.
+    if (read_from_file) impl_->check_unwritten(fi);
   }
 }
 

@@ -2,6 +2,7 @@
 // atomic CheckpointWriter.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include "common/error.hpp"
 #include "common/lock_file.hpp"
 #include "common/log.hpp"
+#include "common/open_file.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/ckpt/file_util.hpp"
 
@@ -404,13 +406,10 @@ void SaveDir::open_entries() {
   if (options_.existing == ExistingCheckpoints::kContinue && !options_.resumed_tag.empty()) {
     const int64_t from = step_of_tag(options_.resumed_tag);
     std::sort(checkpoints.begin(), checkpoints.end());
-    std::string later;
     std::vector<std::string> later_names;
     for (const auto& [step, name] : checkpoints)
-      if (step > from) {
-        later += (later.empty() ? "" : ", ") + name;
-        later_names.push_back(name);
-      }
+      if (step > from) later_names.push_back(name);
+    const std::string later = fmt::format("{}", fmt::join(later_names, ", "));
     // Saved after the one `latest` names, when that is the one resumed from: a save of this
     // same run killed before it was named latest, which this run's saves replace. Saves run one
     // at a time, each named latest before the next starts: a killed one leaves one checkpoint,
@@ -467,9 +466,8 @@ void SaveDir::clear_leftover(const fs::path& p) const {
 }
 
 std::optional<fs::path> checkpoint_holding(const fs::path& path) {
-  std::error_code ec;
-  fs::path at = fs::weakly_canonical(fs::absolute(path, ec), ec);
-  if (ec) return std::nullopt;
+  fs::path at = resolved_path(path.string());
+  if (at.empty()) return std::nullopt;
   for (;; at = at.parent_path()) {
     if (is_checkpoint_dir(at)) return at;
     if (at == at.root_path() || !at.has_relative_path()) return std::nullopt;
@@ -477,14 +475,10 @@ std::optional<fs::path> checkpoint_holding(const fs::path& path) {
 }
 
 bool takes_a_save_name(const fs::path& path) {
-  std::error_code ec;
-  // "dir/" and "dir/." name dir; ".." is left to weakly_canonical, which resolves a link
-  // before it as the kernel does ("link/.." is the link target's parent).
-  fs::path named = fs::absolute(path, ec);
-  while (named.has_relative_path() && (!named.has_filename() || named.filename() == "."))
-    named = named.parent_path();
-  const fs::path at = fs::weakly_canonical(named, ec);
-  if (ec || !at.has_filename()) return false;
+  // "dir/" and "dir/." name dir; a link before ".." is resolved as the kernel does ("link/.."
+  // is the link target's parent).
+  const fs::path at = resolved_path(path.string());
+  if (at.empty() || !at.has_filename()) return false;
   if (!is_save_entry_name(at.filename().string())) return false;
   const fs::path dir = at.parent_path();
   return type_of(dir / kLatestName) == fs::file_type::regular || !checkpoints_in(dir).empty() ||

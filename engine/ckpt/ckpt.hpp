@@ -327,6 +327,7 @@ struct ReaderOptions {
 // A checkpoint opened for reading. Opening reads and checks the manifest and opens every file
 // it lists; verify() checks every file before anything is loaded. What is read is what was
 // opened: a run saving into the save directory may prune or replace the checkpoint meanwhile.
+// A file written in place after it was opened is refused by the read that follows.
 class Checkpoint {
  public:
   // `path`: a checkpoint directory (holding manifest.json) or a save directory whose `latest`
@@ -352,6 +353,8 @@ class Checkpoint {
   // Slab elements [begin, begin + count) of `unit`'s `array`, as stored (dtype of the
   // segments: fp32, or the param dtype for kParams), from whichever files hold them.
   // Elements at or past the unit's numel are zero. `out` holds count * dtype bytes.
+  // CorruptData naming a file read from that was written since the checkpoint was opened (its
+  // modification time or size changed): its bytes may not be those verify() checked.
   void read_slab(int unit, ArrayKind array, uint64_t begin, uint64_t count,
                  std::span<std::byte> out) const;
   DType array_dtype(ArrayKind array) const;

@@ -386,10 +386,10 @@ int64_t Trainer::saves_of_run(int64_t done) const {
 
 std::string Trainer::resumed_tag_in_save_dir() const {
   if (resumed_from_.empty()) return {};
+  const std::filesystem::path from = resolved_path(resumed_from_);
   std::error_code ec;
-  const std::filesystem::path from =
-      std::filesystem::weakly_canonical(std::filesystem::absolute(resumed_from_, ec), ec);
-  if (ec || !std::filesystem::equivalent(from.parent_path(), opts_.save_dir, ec)) return {};
+  if (from.empty() || !std::filesystem::equivalent(from.parent_path(), opts_.save_dir, ec))
+    return {};
   return from.filename().string();
 }
 

@@ -273,6 +273,40 @@ TEST(CkptCorruption, AFlippedByteInAnyFileIsNamed) {
   }
 }
 
+// A data file written in place after the checkpoint was opened and checked (a resume or an
+// export reading it while someone overwrites it): the read that follows is refused, naming it.
+TEST(CkptCorruption, AFileWrittenAfterItsCheckIsRefusedByTheReadThatFollows) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save");
+  write_synthetic(dir, "global_step7", 1);
+  const fs::path ck_dir = tmp / "save" / "global_step7";
+  // Saved an hour ago: a write now moves the modification time whatever the clock's grain.
+  for (const char* f : {"rank0/optimizer.bin", "rank0/model.bin"})
+    fs::last_write_time(ck_dir / f, fs::file_time_type::clock::now() - std::chrono::hours(1));
+  const Checkpoint ck = Checkpoint::open(ck_dir);
+  ck.verify();
+  std::vector<float> out(3000);
+  const auto bytes = std::as_writable_bytes(std::span(out));
+  ck.read_slab(1, ArrayKind::kMaster, 100, out.size(), bytes);
+  EXPECT_EQ(out[0], Synthetic::value(1, 0, 100));
+
+  const Segment* seg = nullptr;
+  for (const Segment& s : ck.manifest().find("rank0/optimizer.bin")->segments)
+    if (s.unit == 1 && s.array == ArrayKind::kMaster) seg = &s;
+  ASSERT_NE(seg, nullptr);
+  flip_byte(ck_dir / "rank0/optimizer.bin", seg->offset + 100 * sizeof(float) + 2);
+  const std::string msg =
+      error_of([&] { ck.read_slab(1, ArrayKind::kMaster, 100, out.size(), bytes); });
+  EXPECT_NE(msg.find("rank0/optimizer.bin: written while the checkpoint was read"),
+            std::string::npos)
+      << msg;
+  // The files not written are read as before.
+  std::vector<uint16_t> params(3000);
+  ck.read_slab(1, ArrayKind::kParams, 100, params.size(),
+               std::as_writable_bytes(std::span(params)));
+  EXPECT_EQ(params[0], fp32_to_bf16(Synthetic::value(1, 3, 100)));
+}
+
 TEST(CkptCorruption, TruncatedFilesAreNamedWithBothSizes) {
   TempDir tmp("ckpt");
   SaveDir dir(tmp / "save");

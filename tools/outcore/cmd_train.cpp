@@ -396,11 +396,9 @@ std::vector<std::pair<std::string, std::string>> rank_settings(const cfg::Config
   };
   auto path = [](const std::string& p) {
     if (p.empty()) return std::string();
-    std::error_code ec;
-    // Absolute first: weakly_canonical leaves a relative path that does not exist yet relative
-    // (ranks in different working directories would compare equal).
-    const fs::path abs = fs::weakly_canonical(fs::absolute(p, ec), ec);
-    return ec ? p : abs.string();
+    // Absolute: ranks in different working directories must not compare equal.
+    const std::string abs = resolved_path(p);
+    return abs.empty() ? p : abs;
   };
   auto file = [&](const std::string& p) {
     if (p.empty()) return std::string();
