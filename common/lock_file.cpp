@@ -1,6 +1,7 @@
 #include "common/lock_file.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 
 #include "common/cleanup.hpp"
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 #include "common/unique_fd.hpp"
 
 namespace outcore {
@@ -50,6 +52,40 @@ bool LockFile::still_at_path() const {
   struct stat at {};
   return ::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &at) == 0 && held.st_dev == at.st_dev &&
          held.st_ino == at.st_ino;
+}
+
+OutputLock::OutputLock(const std::string& path, const std::string& what)
+    : path_(resolve_links(path)) {
+  const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
+  fd_ = ::open(path_.c_str(), flags | O_CREAT | O_EXCL, 0644);
+  created_ = fd_ >= 0;
+  if (fd_ < 0 && errno == EEXIST) fd_ = ::open(path_.c_str(), flags);
+  if (fd_ < 0) throw IoError(path, errno, "open " + what);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {  // the writer's own check names it
+    ::close(fd_);
+    fd_ = -1;
+    return;
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    release();
+    if (e == EWOULDBLOCK)
+      throw PathBusy(path, fmt::format("lock {} (another run writes it at its end: give each run "
+                                       "its own file)",
+                                       what));
+    throw IoError(path, e, "lock " + what);
+  }
+}
+
+void OutputLock::release() noexcept {
+  if (fd_ < 0) return;
+  struct stat st {};
+  FileId id;
+  if (created_ && ::fstat(fd_, &st) == 0 && st.st_size == 0 && file_id_of(fd_, id))
+    (void)unlink_if_same(path_, id);
+  ::close(fd_);
+  fd_ = -1;
 }
 
 namespace internal {

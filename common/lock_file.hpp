@@ -53,6 +53,30 @@ class LockFile {
   bool registered_ = false;
 };
 
+// OutputLock: an exclusive flock(2) on an output file itself, for a run that writes the file
+// at its end through a temporary and a rename (a trace): a second run naming the same file is
+// refused while the first holds it. `path`'s links are followed. A missing file is created empty
+// (and unlinked again by release() while it is still empty and at its path: a run that never
+// wrote it leaves nothing); an existing one is only opened, never written or truncated here. A
+// FIFO or device is neither opened for long nor locked.
+//
+// `what` names the file in errors ("trace file"): PathBusy naming the path when another holder
+// has it; IoError naming the path otherwise.
+class OutputLock {
+ public:
+  OutputLock(const std::string& path, const std::string& what);
+  ~OutputLock() { release(); }
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+  void release() noexcept;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool created_ = false;
+};
+
 namespace internal {
 // Called once by the next LockFile, after it has opened its file and before it flocks it (then
 // cleared): a seam for tests to reproduce the race of a release between the two. Not

@@ -39,6 +39,25 @@ bool same_file(const std::string& a, const std::string& b) {
   return !ra.empty() && ra == resolved_path(b);
 }
 
+void check_derived_name_fits(const std::string& path, std::string_view suffix,
+                             std::string_view what) {
+  namespace fs = std::filesystem;
+  const fs::path at(resolve_links(path));
+  const std::string name = at.filename().string();
+  if (name.empty() || name == "." || name == "..") return;
+  fs::path dir = at.parent_path().empty() ? fs::path(".") : at.parent_path();
+  std::error_code ec;
+  while (!fs::is_directory(dir, ec) && dir.has_relative_path()) dir = dir.parent_path();
+  const long asked = ::pathconf(dir.empty() ? "." : dir.c_str(), _PC_NAME_MAX);
+  const size_t limit = asked > 0 ? static_cast<size_t>(asked) : 255;
+  if (name.size() + suffix.size() <= limit) return;
+  throw InvalidArgument(fmt::format(
+      "{} {}: a name of {} bytes, and outcore writes it through names up to {} bytes longer "
+      "(<name>{}, with a process id): this filesystem's names are at most {} bytes. Give a name "
+      "of at most {} bytes",
+      what, path, name.size(), suffix.size(), suffix, limit, limit - suffix.size()));
+}
+
 bool file_id_of(const std::string& path, FileId& id) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return false;

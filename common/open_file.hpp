@@ -36,6 +36,15 @@ std::string resolved_path(const std::string& path);
 // resolved. A file written through a link is where resolve_links(path) says.
 std::string path_within(const std::string& path, const std::string& dir);
 
+// What outcore writes "<name>.tmp-<pid>" (pid_max is at most 2^22: seven digits) appends.
+inline constexpr std::string_view kTemporarySuffix = ".tmp-4194304";
+// Refuses, before any work, an output `path` whose name is legal but whose longest derived name
+// (the name with `suffix` appended, e.g. kTemporarySuffix) the filesystem would not take:
+// InvalidArgument "`what` PATH: a name of N bytes ... at most M bytes". The limit is the nearest
+// existing directory's NAME_MAX (255 where it cannot be asked).
+void check_derived_name_fits(const std::string& path, std::string_view suffix,
+                             std::string_view what);
+
 // A file's identity: its device and inode.
 struct FileId {
   dev_t dev = 0;

@@ -87,7 +87,7 @@ void StagedFile::finish() {
 void StagedFile::commit() {
   cleanup::unregister_path(temporary_);  // a cleanup from here on never removes the target
   if (::rename(temporary_.c_str(), target_.c_str()) != 0)
-    throw IoError(target_, errno, fmt::format("rename {} to", temporary_));
+    throw IoError(target_, errno, fmt::format("rename {} into place", temporary_));
   committed_ = true;
   fsync_parent_directory(target_);
 }

@@ -227,6 +227,9 @@ class DocumentEncoder {
 void check_options(const TokenizeOptions& o, const std::vector<std::string>& outputs) {
   if (o.inputs.empty()) throw InvalidArgument("tokenize: no input files");
   if (o.out_prefix.empty()) throw InvalidArgument("tokenize: no output prefix");
+  // The longest name a job writes: the commit marker's temporary.
+  check_derived_name_fits(o.out_prefix,
+                          std::string(".tokenize-commit") + std::string(kTemporarySuffix), "--out");
   if (o.threads < 0 || o.threads > kMaxTokenizeThreads)
     throw InvalidArgument(
         fmt::format("tokenize: {} threads: 0 (all cores) to {}", o.threads, kMaxTokenizeThreads));

@@ -250,6 +250,10 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
       check_same_model(model::LlamaConfig::load(theirs), model_config, opts_.init_from);
     init_weights.emplace(ckpt::HfWeights::open(opts_.init_from, model_config, param_dtype(cfg_)));
   }
+  // The trace file: locked before any long work (another run writing it at its end would
+  // replace this one's, or this one its).
+  if (!opts_.trace_file.empty() && rank() == 0)
+    trace_lock_ = std::make_unique<OutputLock>(opts_.trace_file, "trace file");
   // The metrics file: locked, and checked to be one (or nothing), before any long work.
   const std::string metrics_path =
       opts_.metrics_file.empty() ? cfg_.outcore.metrics_file : opts_.metrics_file;
@@ -283,16 +287,27 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
       if (const auto l = resume_state_.find("metrics_last_record");
           l != resume_state_.end() && l->is_string())
         r.last_record = l->get<std::string>();
-      // Later checkpoints of its run beside the one resumed (not those a --start-over in that
-      // directory removes): this run is a branch, and their steps' records are that run's.
-      std::error_code ec;
-      const bool starts_over =
-          ck && opts_.start_over && !opts_.save_dir.empty() &&
-          std::filesystem::equivalent(ck->dir().parent_path(), opts_.save_dir, ec);
-      if (ck && !starts_over)
-        for (const auto& [step, dir] : ckpt::checkpoints_in(ck->dir().parent_path()))
+      // Later checkpoints of its run beside the one resumed, and in the directory its run saved
+      // into (the checkpoint resumed may be a copy elsewhere), but not those a --start-over in
+      // that directory removes: this run is a branch, and their steps' records are that run's.
+      std::vector<std::filesystem::path> run_dirs;
+      if (ck) run_dirs.push_back(ck->dir().parent_path());
+      if (const auto d = resume_state_.find("save_dir");
+          d != resume_state_.end() && d->is_string() && !d->get<std::string>().empty())
+        run_dirs.emplace_back(d->get<std::string>());
+      std::vector<std::string> seen;
+      for (const std::filesystem::path& run_dir : run_dirs) {
+        const std::string at = resolved_path(run_dir.string());
+        if (at.empty() || std::find(seen.begin(), seen.end(), at) != seen.end()) continue;
+        seen.push_back(at);
+        std::error_code ec;
+        if (opts_.start_over && !opts_.save_dir.empty() &&
+            std::filesystem::equivalent(run_dir, opts_.save_dir, ec))
+          continue;
+        for (const auto& [step, dir] : ckpt::checkpoints_in(run_dir))
           if (step > ck->manifest().step)
             r.later_checkpoints += (r.later_checkpoints.empty() ? "" : ", ") + dir.string();
+      }
       metrics_writer_.emplace(metrics_path, r);
     } else {
       metrics_writer_.emplace(metrics_path);
@@ -386,10 +401,14 @@ int64_t Trainer::saves_of_run(int64_t done) const {
 
 std::string Trainer::resumed_tag_in_save_dir() const {
   if (resumed_from_.empty()) return {};
-  const std::filesystem::path from = resolved_path(resumed_from_);
+  std::filesystem::path from = resolved_path(resumed_from_);
+  if (from.empty()) {  // not resolvable (an absolute path beyond PATH_MAX): as given
+    from = std::filesystem::path(resumed_from_).lexically_normal();
+    if (!from.has_filename()) from = from.parent_path();
+  }
   std::error_code ec;
-  if (from.empty() || !std::filesystem::equivalent(from.parent_path(), opts_.save_dir, ec))
-    return {};
+  const std::filesystem::path dir = from.has_parent_path() ? from.parent_path() : ".";
+  if (!std::filesystem::equivalent(dir, opts_.save_dir, ec)) return {};
   return from.filename().string();
 }
 
@@ -668,7 +687,9 @@ nlohmann::ordered_json Trainer::state_json() const {
   j["train_mask"] = absolute(opts_.train_mask);
   j["val_mask"] = absolute(opts_.val_mask);
   j["val_fraction"] = opts_.val_fraction;
-  // How the run saves: a resume into the same save directory keeps it (outcore train).
+  // How the run saves: a resume into the same save directory keeps it (outcore train). Where:
+  // a resume of a copy of this checkpoint finds the run's later checkpoints there.
+  j["save_dir"] = absolute(opts_.save_dir);
   j["save_every"] = opts_.save_every;
   j["keep"] = opts_.keep;
   // How it validates: a resume keeps it (outcore train).

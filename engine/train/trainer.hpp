@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "common/lock_file.hpp"
 #include "common/trace.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/comm/comm.hpp"
@@ -100,7 +101,8 @@ struct TrainerOptions {
   // a stop request, and when it throws: the trace up to the failure, a warning naming the file);
   // empty = no trace. Rank 0 only: tracing is process-wide and ranks are
   // processes. The trace is recorded from run()'s start, so its I/O bytes are the engine's
-  // traffic during run().
+  // traffic during run(). The file is locked from construction (OutputLock: PathBusy while
+  // another run holds it).
   std::string trace_file;
   // Progress display stream (not owned); nullptr = no display. Refreshed in place on a
   // terminal; otherwise one line per step, or per steps_per_print steps when the config
@@ -308,6 +310,8 @@ class Trainer {
   std::unique_ptr<ckpt::SaveDir> save_dir_;
   // Rank 0's metrics file, opened (and locked) at construction; run() writes and closes it.
   std::optional<MetricsWriter> metrics_writer_;
+  // Rank 0's trace file, locked from construction to the end: one run at a time writes it.
+  std::unique_ptr<OutputLock> trace_lock_;
   int64_t last_saved_step_ = -1;
   nlohmann::json resume_state_;  // trainer_state.json of the checkpoint resumed from
   std::string resumed_from_;

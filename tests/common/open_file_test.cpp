@@ -9,12 +9,41 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/error.hpp"
+#include "common/lock_file.hpp"
+#include "tests/common/error_of.hpp"
 #include "tests/common/temp_dir.hpp"
 
 namespace outcore {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A trace's lock: a second holder of the file (through a link too) is refused naming it; the
+// empty file a lock created goes with it, a file that was there stays as it was.
+TEST(OutputLock, OneHolderAtATimeAndNothingLeftBehind) {
+  test::TempDir dir("output-lock");
+  const fs::path trace = dir / "trace.json";
+  fs::create_symlink(trace, dir / "link.json");
+  {
+    const OutputLock held(trace.string(), "trace file");
+    EXPECT_TRUE(fs::is_regular_file(trace));
+    for (const fs::path& p : {trace, dir / "link.json"}) {
+      const std::string what = test::error_of([&] { OutputLock second(p.string(), "trace file"); });
+      EXPECT_NE(what.find("lock trace file (another run writes it at its end"), std::string::npos)
+          << what;
+      EXPECT_NE(what.find("failed on " + p.string() + ":"), std::string::npos) << what;
+    }
+  }
+  EXPECT_FALSE(fs::exists(trace));  // created empty, never written: removed
+  std::ofstream(trace) << "{\"traceEvents\": []}";
+  {
+    const OutputLock held((dir / "link.json").string(), "trace file");
+    EXPECT_THROW(OutputLock(trace.string(), "trace file"), PathBusy);
+  }
+  EXPECT_EQ(fs::file_size(trace), 19u);  // the earlier trace stays until a run replaces it
+  const OutputLock again(trace.string(), "trace file");
+}
 
 TEST(SameFile, FollowsLinksAndSpellingsAndComparesFilesNotMadeYetByPath) {
   test::TempDir dir("same-file");

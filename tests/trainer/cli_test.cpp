@@ -862,6 +862,41 @@ TEST_F(TrainCliTest, TraceWritesAChromeTraceAndRefusesInputs) {
   // An earlier trace is replaced.
   r = run(train_args("--steps 1 --trace " + shell_quote(trace)));
   EXPECT_EQ(r.rc, 0) << r.err;
+  // Another run writing the same trace (its lock held here): refused before the training, the
+  // file as it was.
+  const std::string earlier = slurp(trace);
+  {
+    const OutputLock other_run(trace, "trace file");
+    r = run(train_args("--steps 1 --trace " + shell_quote(trace)));
+  }
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("lock trace file (another run writes it at its end"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("step 1/"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(trace), earlier);
+}
+
+// Paths that cannot be written as given are bad input (exit 2), said before the training: a
+// save directory through a loop of links, a trace name that is legal but leaves no room for the
+// temporary outcore writes it through (an export's name: in
+// TrainCliTest.ExportOfABadCheckpointOrIntoAFullDirectoryExitsTwo).
+TEST_F(TrainCliTest, PathsThatCannotBeWrittenAsGivenAreBadInputSaidBeforeTraining) {
+  const std::string loop = data_.file("loop1");
+  std::filesystem::create_symlink(data_.file("loop2"), loop);
+  std::filesystem::create_symlink(loop, data_.file("loop2"));
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(loop + "/ck")));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("Too many levels of symbolic links"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("step 1/"), std::string::npos) << r.err;
+
+  const std::string long_name = data_.file(std::string(250, 't'));
+  r = run(train_args("--steps 1 --trace " + shell_quote(long_name)));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--trace " + long_name + ": a name of 250 bytes"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("Give a name of at most 243 bytes"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("step 1/"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(long_name));
 }
 
 // Outputs inside the swap directory (<nvme_path>/outcore_swap), whose files the run removes as
@@ -1464,7 +1499,8 @@ TEST_F(TrainCliTest, BadNumbersAreRefused) {
   for (const std::string bad :
        {"--seq-len 0", "--lr inf", "--lr nan", "--weight-decay -inf", "--steps 0",
         "--eval-batches 0", "--lr -1", "--weight-decay -1", "--micro-batch-size 0",
-        "--warmup-steps -1", "--gradient-accumulation-steps 0", "--train-batch-size 0"}) {
+        "--micro-batch-size 2000000", "--warmup-steps -1", "--gradient-accumulation-steps 0",
+        "--train-batch-size 0"}) {
     const bool sets_steps = bad.rfind("--steps", 0) == 0;
     CliResult r = run(base + (sets_steps ? " " : " --steps 2 ") + bad);
     EXPECT_EQ(r.rc, 2) << bad << ": " << r.err;
@@ -1734,6 +1770,31 @@ TEST_F(TrainCliTest, AResumeReadsItsDataAsItsRunDidAndNamesItsMetrics) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("give --metrics " + m + " to go on writing it"), std::string::npos) << r.err;
   EXPECT_EQ(slurp(m), records);
+}
+
+// A copy of an earlier checkpoint, resumed elsewhere with its run's metrics file: the records
+// that the run's later checkpoints (in the save directory the run wrote, not beside the copy)
+// continue are refused to be cut, as they are for the checkpoint itself.
+TEST_F(TrainCliTest, AResumeOfACheckpointsCopyNeverCutsRecordsItsRunsLaterCheckpointsContinue) {
+  const std::string ck = data_.file("ckpt"), m = data_.file("m.jsonl");
+  CliResult r = run(train_args("--steps 4 --save-every 2 --save-dir " + shell_quote(ck) +
+                               " --metrics " + shell_quote(m)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string records = slurp(m);
+  const std::string copy = data_.file("copies") + "/global_step2";
+  std::filesystem::create_directories(data_.file("copies"));
+  std::filesystem::copy(ck + "/global_step2", copy, std::filesystem::copy_options::recursive);
+  for (const std::string& from : {ck + "/global_step2", copy}) {
+    r = run("train --resume " + shell_quote(from) + " --steps 6 --save-dir " +
+            shell_quote(data_.file("branch")) + " --metrics " + shell_quote(m));
+    EXPECT_EQ(r.rc, 2) << from << "\n" << r.err;
+    EXPECT_NE(r.err.find("holds 2 records from step 3 on, which " + ck +
+                         "/global_step4 of the same run continue"),
+              std::string::npos)
+        << from << "\n"
+        << r.err;
+    EXPECT_EQ(slurp(m), records) << from;
+  }
 }
 
 // A resume on its checkpoint's config: a key the run left "auto" takes this run's flag again
@@ -2310,8 +2371,12 @@ TEST_F(TrainCliTest, ExportOfABadCheckpointOrIntoAFullDirectoryExitsTwo) {
   r = run(train_args("--steps 1 --save-dir " + shell_quote(good)));
   ASSERT_EQ(r.rc, 0) << r.err;
   r = run("export --checkpoint " + shell_quote(good) + " --out " + shell_quote(long_name));
-  EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.err.find("File name too long"), std::string::npos) << r.err;
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("a name of 250 bytes, and outcore writes it through names up to 12 bytes "
+                       "longer"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(long_name));
 }
 
 // `export CKPT .` replaces the working directory: the summary counts what it wrote there.

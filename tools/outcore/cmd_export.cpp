@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "common/error.hpp"
+#include "common/open_file.hpp"
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/ckpt/hf.hpp"
 #include "engine/model/model.hpp"
@@ -154,6 +155,7 @@ int run_export(const ExportArgs& a) {
   if (const std::optional<fs::path> in = ckpt::checkpoint_holding(export_target(a.out)))
     throw InvalidArgument(
         fmt::format("{}: inside checkpoint {}; export outside it", a.out, in->string()));
+  check_derived_name_fits(export_target(a.out).string(), kTemporarySuffix, "--out");
   if (ckpt::takes_a_save_name(export_target(a.out)))
     throw InvalidArgument(fmt::format(
         "{}: a name the save directory {} uses for its checkpoints; export under another name",

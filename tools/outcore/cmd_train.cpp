@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -561,18 +562,25 @@ int run_train(const TrainCliOptions& o) {
     std::optional<int64_t> value;
     const char* flag;
     int64_t min;
+    int64_t max = std::numeric_limits<int64_t>::max();
   };
   // The flags that resolve a config's "auto" values too: an error names the flag, not the
   // config file they would go into.
   for (const Bound& b : {Bound{n.steps, "--steps", 1}, Bound{n.eval_every, "--eval-every", 0},
                          Bound{n.eval_batches, "--eval-batches", 1},
                          Bound{n.train_batch_size, "--train-batch-size", 1},
-                         Bound{n.micro_batch_size, "--micro-batch-size", 1},
+                         Bound{n.micro_batch_size, "--micro-batch-size", 1, cfg::kMaxMicroBatch},
                          Bound{n.gradient_accumulation_steps, "--gradient-accumulation-steps", 1},
                          Bound{n.warmup_steps, "--warmup-steps", 1}}) {
     if (b.value && *b.value < b.min) {
       std::fprintf(stderr, "error: %s: got %lld; allowed: an integer >= %lld\n", b.flag,
                    static_cast<long long>(*b.value), static_cast<long long>(b.min));
+      return 2;
+    }
+    if (b.value && *b.value > b.max) {
+      std::fprintf(stderr, "error: %s: got %lld; allowed: an integer in %lld..%lld\n", b.flag,
+                   static_cast<long long>(*b.value), static_cast<long long>(b.min),
+                   static_cast<long long>(b.max));
       return 2;
     }
   }

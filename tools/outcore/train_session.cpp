@@ -25,6 +25,28 @@
 #include "tools/outcore/test_hooks.hpp"
 
 namespace outcore::cli {
+namespace {
+
+// An I/O error that the path given makes (no permission, a read-only filesystem, a link loop, a
+// name too long, a file where a directory belongs): bad input, exit 2. Others (a failing drive,
+// a full disk) are failures while running, exit 1.
+int exit_code_of(const IoError& e) {
+  switch (e.error_number()) {
+    case EACCES:
+    case EPERM:
+    case EROFS:
+    case ELOOP:
+    case ENAMETOOLONG:
+    case ENOTDIR:
+    case EISDIR:
+    case ENOENT:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+}  // namespace
 
 int run_reporting(const std::function<int()>& run,
                   const std::function<void(const char* message)>& on_stop) {
@@ -45,6 +67,9 @@ int run_reporting(const std::function<int()>& run,
   } catch (const PathBusy& e) {  // a path another run holds: the user's to change, as in train
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
+  } catch (const IoError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return exit_code_of(e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
@@ -340,7 +365,14 @@ bool check_outputs_outside_swap(const config::Config& cfg,
 }
 
 bool check_replaces_only_a_trace(const std::string& path, const char* flag) {
-  if (path.empty() || trace::holds_trace_or_nothing(path)) return true;
+  if (path.empty()) return true;
+  try {
+    check_derived_name_fits(path, kTemporarySuffix, flag);
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return false;
+  }
+  if (trace::holds_trace_or_nothing(path)) return true;
   std::fprintf(stderr,
                "error: %s %s: exists and is not a trace file: a run replaces only a trace; move "
                "it away or name another file\n",
@@ -396,7 +428,10 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
   } catch (const PathBusy& e) {  // a path another run holds (its lock) is the user's to change
     print_error(e);
     return fail_job(comm, 2);
-  } catch (const std::exception& e) {  // I/O errors creating swap files, ...
+  } catch (const IoError& e) {  // a save directory, swap path or output the run cannot write
+    print_error(e);
+    return fail_job(comm, exit_code_of(e));
+  } catch (const std::exception& e) {  // a failing drive creating swap files, ...
     print_error(e);
     return fail_job(comm, 1);
   }
