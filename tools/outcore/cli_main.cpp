@@ -1,4 +1,7 @@
-// outcore: train transformer models larger than device memory and host RAM.
+// The outcore command's main (tools/outcore/main.cpp calls it): the process's settings, then
+// every subcommand registered and the one given run.
+#include "tools/outcore/cli_main.hpp"
+
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <csignal>
@@ -16,7 +19,9 @@
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/stop_signals.hpp"
 
-int main(int argc, char** argv) {
+namespace outcore::cli {
+
+int run_main(int argc, char** argv) {
   // A process ended by exit() while files are registered for cleanup (a data-parallel rank
   // whose launcher is gone: OpenMPI exits it) removes them first; a normal end has removed
   // and unregistered them already.
@@ -72,3 +77,5 @@ int main(int argc, char** argv) {
   }
   return rc;
 }
+
+}  // namespace outcore::cli
