@@ -195,6 +195,14 @@ void Manifest::check_coverage(const std::string& source) const {
                         source, f.path, s.offset, nbytes, f.bytes));
       ranges[{s.unit, static_cast<int>(s.array)}].push_back({s.slab_begin, s.slab_begin + s.count});
     }
+    // Two segments sharing bytes of the file would load one array's values as another's.
+    std::vector<std::pair<uint64_t, uint64_t>> bytes;
+    for (const Segment& s : f.segments) bytes.push_back({s.offset, s.offset + s.bytes()});
+    std::sort(bytes.begin(), bytes.end());
+    for (size_t i = 1; i < bytes.size(); ++i)
+      if (bytes[i].first < bytes[i - 1].second)
+        throw CorruptData(fmt::format("{}: {}: segments overlap at byte offset {}", source, f.path,
+                                      bytes[i].first));
   }
   for (size_t u = 0; u < units.size(); ++u) {
     for (ArrayKind a :

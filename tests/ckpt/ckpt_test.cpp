@@ -321,8 +321,8 @@ TEST(CkptCorruption, TruncatedFilesAreNamedWithBothSizes) {
 }
 
 // A manifest edited by hand, its CRC recomputed: a segment in a data file's header (or off its
-// alignment) is refused naming the file, never read as weights.
-TEST(CkptCorruption, SegmentsInTheHeaderOrUnalignedAreRefused) {
+// alignment, or on another segment's bytes) is refused naming the file, never read as weights.
+TEST(CkptCorruption, SegmentsInTheHeaderUnalignedOrOverlappingAreRefused) {
   TempDir tmp("ckpt");
   SaveDir dir(tmp / "save");
   write_synthetic(dir, "global_step7", 1);
@@ -344,6 +344,18 @@ TEST(CkptCorruption, SegmentsInTheHeaderOrUnalignedAreRefused) {
               std::string::npos)
         << msg;
   }
+  Manifest m = good;
+  FileInfo* data = nullptr;
+  for (FileInfo& f : m.files)
+    if (f.segments.size() > 1) data = &f;
+  ASSERT_NE(data, nullptr);
+  data->segments[1].offset = data->segments[0].offset;  // the next array read from the first's
+  std::ofstream(manifest, std::ios::trunc) << manifest_text(m);
+  const std::string msg = error_of([&] { Checkpoint::open(tmp / "save" / "global_step7"); });
+  EXPECT_NE(msg.find(data->path + ": segments overlap at byte offset " +
+                     std::to_string(data->segments[0].offset)),
+            std::string::npos)
+      << msg;
 }
 
 // Something that appears at `latest.tmp` while a run saves (a user's file, a link to one) is

@@ -532,6 +532,9 @@ TEST_F(TrainCliTest, OutputPathsNeverOverwriteInputs) {
   r = run(train_args("--steps 1 --metrics " + shell_quote(data_.file("no/such/dir/m.jsonl"))));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
+  r = run(train_args("--steps 1 --metrics " + shell_quote(data_.train() + "/m.jsonl")));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find(data_.train() + " is not a directory"), std::string::npos) << r.err;
   r = run(train_args("--steps 1 --save-dir " + shell_quote(data_.train())));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;

@@ -240,8 +240,10 @@ bool check_output_file(const std::string& path, const char* flag,
   fs::path dir = fs::path(resolve_links(path)).parent_path();
   if (dir.empty()) dir = ".";
   if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0) {
-    std::fprintf(stderr, "error: %s %s: directory %s %s\n", flag, path.c_str(), dir.c_str(),
-                 fs::exists(dir, ec) ? "is not writable" : "does not exist");
+    const char* why = !fs::exists(dir, ec)         ? "does not exist"
+                      : !fs::is_directory(dir, ec) ? "is not a directory"
+                                                   : "is not writable";
+    std::fprintf(stderr, "error: %s %s: %s %s\n", flag, path.c_str(), dir.c_str(), why);
     return false;
   }
   return true;
