@@ -23,12 +23,7 @@ namespace fs = std::filesystem;
 namespace outcore::ckpt {
 namespace {
 
-constexpr uint64_t kAlign = kIoAlignment;
 constexpr uint64_t kChunk = 16ull << 20;  // bounce reads in pieces of this size
-
-uint64_t align_down(uint64_t n) { return n / kAlign * kAlign; }
-uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }
-bool aligned(uint64_t n) { return n % kAlign == 0; }
 
 // The size of open file `fd` (`path` names it in errors).
 uint64_t file_size_of(int fd, const fs::path& path) {

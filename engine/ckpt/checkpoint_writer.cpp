@@ -29,10 +29,6 @@ namespace fs = std::filesystem;
 namespace outcore::ckpt {
 namespace {
 
-constexpr uint64_t kAlign = kIoAlignment;
-
-uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }
-
 [[noreturn]] void crash_now(const char* where) {
   log::warn("checkpoint: simulated crash ({})", where);
   ::raise(SIGKILL);

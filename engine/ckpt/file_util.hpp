@@ -1,14 +1,21 @@
-// Internal to engine/ckpt: small durable file operations. Every failure is an IoError naming
-// the path.
+// Internal to engine/ckpt: small durable file operations (every failure is an IoError naming
+// the path), and the 4 KiB alignment of data files' segments and O_DIRECT transfers.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
 
+#include "common/aligned_buffer.hpp"
 #include "common/open_file.hpp"
 
 namespace outcore::ckpt {
+
+inline constexpr uint64_t kAlign = kIoAlignment;
+inline uint64_t align_down(uint64_t n) { return n / kAlign * kAlign; }
+inline uint64_t align_up(uint64_t n) { return outcore::align_up(n, kAlign); }
+inline bool aligned(uint64_t n) { return n % kAlign == 0; }
 
 // First bytes of every checkpoint data file ("OCCKPT", format generation 1).
 inline constexpr char kDataFileMagic[8] = {'O', 'C', 'C', 'K', 'P', 'T', '\0', '\1'};

@@ -13,7 +13,7 @@ namespace {
 
 constexpr double kScaleFactor = 2.0;
 
-void require(bool ok, const char* key, const std::string& msg) {
+void require_fp16(bool ok, const char* key, const std::string& msg) {
   if (!ok) throw ConfigError(std::string("fp16.") + key, msg);
 }
 
@@ -22,21 +22,21 @@ void require(bool ok, const char* key, const std::string& msg) {
 LossScaler::LossScaler() { state_.cur_scale = 1.0; }
 
 LossScaler::LossScaler(const LossScalerOptions& o) : opts_(o) {
-  require(std::isfinite(o.loss_scale) && o.loss_scale >= 0, "loss_scale",
-          fmt::format("must be a finite number >= 0, got {}", o.loss_scale));
+  require_fp16(std::isfinite(o.loss_scale) && o.loss_scale >= 0, "loss_scale",
+               fmt::format("must be a finite number >= 0, got {}", o.loss_scale));
   dynamic_ = o.loss_scale == 0;
   if (!dynamic_) {
     state_.cur_scale = o.loss_scale;
     return;
   }
-  require(o.initial_scale_power >= 0 && o.initial_scale_power <= 1023, "initial_scale_power",
-          fmt::format("must be in 0..1023, got {}", o.initial_scale_power));
-  require(o.loss_scale_window >= 1, "loss_scale_window",
-          fmt::format("must be >= 1 with dynamic loss scaling, got {}", o.loss_scale_window));
-  require(o.hysteresis >= 1, "hysteresis",
-          fmt::format("must be >= 1 with dynamic loss scaling, got {}", o.hysteresis));
-  require(std::isfinite(o.min_loss_scale) && o.min_loss_scale > 0, "min_loss_scale",
-          fmt::format("must be > 0 with dynamic loss scaling, got {}", o.min_loss_scale));
+  require_fp16(o.initial_scale_power >= 0 && o.initial_scale_power <= 1023, "initial_scale_power",
+               fmt::format("must be in 0..1023, got {}", o.initial_scale_power));
+  require_fp16(o.loss_scale_window >= 1, "loss_scale_window",
+               fmt::format("must be >= 1 with dynamic loss scaling, got {}", o.loss_scale_window));
+  require_fp16(o.hysteresis >= 1, "hysteresis",
+               fmt::format("must be >= 1 with dynamic loss scaling, got {}", o.hysteresis));
+  require_fp16(std::isfinite(o.min_loss_scale) && o.min_loss_scale > 0, "min_loss_scale",
+               fmt::format("must be > 0 with dynamic loss scaling, got {}", o.min_loss_scale));
   state_.cur_scale = std::ldexp(1.0, o.initial_scale_power);
   state_.cur_iter = 0;
   state_.last_overflow_iter = -1;

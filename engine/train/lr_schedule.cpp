@@ -15,7 +15,7 @@ namespace {
 
 constexpr const char* kParams = "scheduler.params.";
 
-void require(bool ok, const char* key, const std::string& msg) {
+void require_param(bool ok, const char* key, const std::string& msg) {
   if (!ok) throw ConfigError(std::string(kParams) + key, msg);
 }
 
@@ -198,11 +198,11 @@ std::unique_ptr<LrSchedule> make_constant_lr(double lr) { return std::make_uniqu
 
 namespace {
 void check_warmup(const WarmupLROptions& o) {
-  require(o.warmup_num_steps >= 1, "warmup_num_steps",
-          fmt::format("must be a positive integer, got {}", o.warmup_num_steps));
+  require_param(o.warmup_num_steps >= 1, "warmup_num_steps",
+                fmt::format("must be a positive integer, got {}", o.warmup_num_steps));
 }
 void check_total(int64_t total) {
-  require(total >= 1, "total_num_steps", fmt::format("must be >= 1, got {}", total));
+  require_param(total >= 1, "total_num_steps", fmt::format("must be >= 1, got {}", total));
 }
 }  // namespace
 
@@ -222,8 +222,8 @@ std::unique_ptr<LrSchedule> make_warmup_decay_lr(const WarmupDecayLROptions& o) 
 }
 
 std::unique_ptr<LrSchedule> make_warmup_cosine_lr(const WarmupCosineLROptions& o) {
-  require(o.warmup_num_steps >= 1, "warmup_num_steps",
-          fmt::format("must be a positive integer, got {}", o.warmup_num_steps));
+  require_param(o.warmup_num_steps >= 1, "warmup_num_steps",
+                fmt::format("must be a positive integer, got {}", o.warmup_num_steps));
   check_total(o.total_num_steps);
   if (o.total_num_steps < o.warmup_num_steps) {
     log::warn("scheduler.params.total_num_steps {} is less than warmup_num_steps {}",
@@ -233,16 +233,16 @@ std::unique_ptr<LrSchedule> make_warmup_cosine_lr(const WarmupCosineLROptions& o
 }
 
 std::unique_ptr<LrSchedule> make_one_cycle(const OneCycleOptions& o) {
-  require(o.cycle_first_step_size >= 1, "cycle_first_step_size",
-          fmt::format("must be >= 1, got {}", o.cycle_first_step_size));
+  require_param(o.cycle_first_step_size >= 1, "cycle_first_step_size",
+                fmt::format("must be >= 1, got {}", o.cycle_first_step_size));
   int64_t second = o.cycle_second_step_size.value_or(o.cycle_first_step_size);
-  require(second >= 1, "cycle_second_step_size", fmt::format("must be >= 1, got {}", second));
-  require(o.cycle_first_stair_count >= 0, "cycle_first_stair_count",
-          fmt::format("must be >= 0, got {}", o.cycle_first_stair_count));
-  require(o.cycle_second_stair_count.value_or(0) >= 0, "cycle_second_stair_count",
-          fmt::format("must be >= 0, got {}", o.cycle_second_stair_count.value_or(0)));
-  require(o.decay_step_size >= 0, "decay_step_size",
-          fmt::format("must be >= 0, got {}", o.decay_step_size));
+  require_param(second >= 1, "cycle_second_step_size", fmt::format("must be >= 1, got {}", second));
+  require_param(o.cycle_first_stair_count >= 0, "cycle_first_stair_count",
+                fmt::format("must be >= 0, got {}", o.cycle_first_stair_count));
+  require_param(o.cycle_second_stair_count.value_or(0) >= 0, "cycle_second_stair_count",
+                fmt::format("must be >= 0, got {}", o.cycle_second_stair_count.value_or(0)));
+  require_param(o.decay_step_size >= 0, "decay_step_size",
+                fmt::format("must be >= 0, got {}", o.decay_step_size));
   return std::make_unique<OneCycle>(o);
 }
 
