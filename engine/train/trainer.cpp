@@ -291,10 +291,12 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
       // into (the checkpoint resumed may be a copy elsewhere), but not those a --start-over in
       // that directory removes: this run is a branch, and their steps' records are that run's.
       std::vector<std::filesystem::path> run_dirs;
-      if (ck) run_dirs.push_back(ck->dir().parent_path());
-      if (const auto d = resume_state_.find("save_dir");
-          d != resume_state_.end() && d->is_string() && !d->get<std::string>().empty())
-        run_dirs.emplace_back(d->get<std::string>());
+      if (ck) {
+        run_dirs.push_back(ck->dir().parent_path());
+        if (const auto d = resume_state_.find("save_dir");
+            d != resume_state_.end() && d->is_string() && !d->get<std::string>().empty())
+          run_dirs.emplace_back(d->get<std::string>());
+      }
       std::vector<std::string> seen;
       for (const std::filesystem::path& run_dir : run_dirs) {
         const std::string at = resolved_path(run_dir.string());
