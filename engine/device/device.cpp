@@ -45,6 +45,7 @@ void DeviceBuffer::reset() noexcept {
 DeviceBuffer Device::alloc(size_t bytes, std::string_view what) {
   if (bytes == 0) return {};
   const uint64_t charged = charged_bytes(bytes);
+  free_deferred_until(charged);
   {
     std::lock_guard lock(mu_);
     if (stats_.budget_bytes != 0 && stats_.in_use_bytes + charged > stats_.budget_bytes) {
@@ -60,6 +61,10 @@ DeviceBuffer Device::alloc(size_t bytes, std::string_view what) {
   void* ptr = nullptr;
   try {
     ptr = do_alloc(charged);
+    if (ptr == nullptr && !deferred_empty()) {  // memory still held by released buffers' work
+      free_deferred_until(UINT64_MAX);
+      ptr = do_alloc(charged);
+    }
   } catch (...) {  // a failed context, say: the reservation goes back
     std::lock_guard lock(mu_);
     stats_.in_use_bytes -= charged;
@@ -83,6 +88,69 @@ void Device::release(void* ptr, size_t bytes) noexcept {
   std::lock_guard lock(mu_);
   stats_.in_use_bytes -= charged_bytes(bytes);
   --stats_.live_allocations;
+}
+
+void Device::release_after(DeviceBuffer&& buffer, std::unique_ptr<Event> done) {
+  if (!buffer) return;
+  if (buffer.device_ != this)
+    throw InvalidArgument(
+        fmt::format("device {}: release_after of another device's buffer", name()));
+  if (done == nullptr)
+    throw InvalidArgument(fmt::format("device {}: release_after without an event", name()));
+  const uint64_t charged = charged_bytes(buffer.bytes_);
+  {
+    std::lock_guard lock(mu_);
+    deferred_.push_back({buffer.ptr_, charged, std::move(done)});  // may throw: buffer still owns
+    stats_.in_use_bytes -= charged;
+    stats_.deferred_bytes += charged;
+    --stats_.live_allocations;
+  }
+  buffer.device_ = nullptr;
+  buffer.ptr_ = nullptr;
+  buffer.bytes_ = 0;
+  free_deferred_until(0);
+}
+
+bool Device::deferred_empty() const {
+  std::lock_guard lock(mu_);
+  return deferred_.empty();
+}
+
+void Device::free_deferred(bool wait) noexcept { free_deferred_until(wait ? UINT64_MAX : 0); }
+
+void Device::free_deferred_until(uint64_t need) noexcept {
+  for (;;) {
+    Deferred d;
+    bool must_wait = false;
+    {
+      std::lock_guard lock(mu_);
+      if (deferred_.empty()) return;
+      must_wait = need == UINT64_MAX ||
+                  (stats_.budget_bytes != 0 &&
+                   stats_.in_use_bytes + stats_.deferred_bytes + need > stats_.budget_bytes);
+      d = std::move(deferred_.front());
+      deferred_.pop_front();
+    }
+    // The work before the event is done, or has failed (its error is the stream's to report):
+    // either way nothing of it touches the memory any more.
+    bool done = true;
+    try {
+      if (must_wait)
+        d.done->synchronize();
+      else
+        done = d.done->query();
+    } catch (const std::exception&) {
+    }
+    if (!done) {
+      std::lock_guard lock(mu_);
+      deferred_.push_front(std::move(d));  // not yet: the ones after it are later work too
+      return;
+    }
+    do_free(d.ptr, d.charged);
+    d.done.reset();
+    std::lock_guard lock(mu_);
+    stats_.deferred_bytes -= d.charged;
+  }
 }
 
 MemoryStats Device::memory_stats() const {

@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -59,7 +60,8 @@ constexpr size_t charged_bytes(size_t bytes) {
 // A move-only handle to device memory; returns its bytes to the allocator when destroyed.
 // An empty (default-constructed or moved-from) buffer has data() == nullptr and size() == 0.
 // REQUIRES: no enqueued stream work still uses the memory when the buffer is destroyed or
-// reset (synchronize the stream or an event first), and the Device outlives the buffer.
+// reset (synchronize the stream or an event first, or hand it to Device::release_after), and
+// the Device outlives the buffer.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -97,6 +99,9 @@ struct MemoryStats {
   uint64_t budget_bytes = 0;  // 0 = unlimited
   uint64_t live_allocations = 0;
   uint64_t total_allocations = 0;  // successful alloc calls since creation
+  // Released by release_after, their memory not yet free: the work before their event may
+  // still use it. Not in in_use_bytes; alloc keeps in_use_bytes + this within the budget.
+  uint64_t deferred_bytes = 0;
 };
 
 // A marker in a stream's work. record() on a stream makes the event complete when all work
@@ -190,7 +195,21 @@ class Device {
   // charged_bytes(bytes) against the budget. `what` names the request in errors and logs.
   // bytes == 0 returns an empty buffer. Throws OutOfMemory naming `what`, the request, the
   // bytes in use and the budget when the budget (or the hardware) cannot satisfy it.
+  // Memory released by release_after whose work is still running counts against the budget
+  // too: alloc first frees what has finished, then waits for the oldest such work (on the
+  // calling thread) until the request fits; where the hardware is out of memory, it waits for
+  // all of it and tries once more.
   DeviceBuffer alloc(size_t bytes, std::string_view what);
+
+  // Releases `buffer` now and frees its memory once `done` has completed (the work recorded
+  // before it may still read or write the buffer), so that the host need not wait for that
+  // work: a stream-ordered free. Its bytes leave in_use_bytes at once (what planners count)
+  // and stay in deferred_bytes until freed; the memory is freed at a later alloc,
+  // synchronize() or the device's end. An empty buffer is a no-op. REQUIRES: `buffer` is this
+  // device's; `done` was recorded after the last work that uses the buffer, and no work
+  // enqueued later uses it. Throws InvalidArgument (the buffer kept) for another device's
+  // buffer or a null event.
+  void release_after(DeviceBuffer&& buffer, std::unique_ptr<Event> done);
 
   MemoryStats memory_stats() const;
   // Sets peak_bytes to the current in_use_bytes.
@@ -224,13 +243,28 @@ class Device {
   virtual void do_free(void* ptr, size_t charged) noexcept = 0;  // charged: as do_alloc's
   // Set once by the subclass constructor. 0 = unlimited.
   void set_budget(uint64_t budget_bytes) { stats_.budget_bytes = budget_bytes; }
+  // Frees the memory of every release_after whose event has completed; with `wait`, of every
+  // one, waiting for their events. Subclasses call it with `wait` from their destructor (the
+  // base class cannot call do_free there) and from synchronize().
+  void free_deferred(bool wait) noexcept;
 
  private:
   friend class DeviceBuffer;
   void release(void* ptr, size_t bytes) noexcept;
+  // Frees deferred memory: what has finished, then, waiting oldest first, until `need` more
+  // bytes fit in the budget beside in_use_bytes and what stays deferred (UINT64_MAX: all).
+  void free_deferred_until(uint64_t need) noexcept;
+  bool deferred_empty() const;
+
+  struct Deferred {
+    void* ptr = nullptr;
+    uint64_t charged = 0;
+    std::unique_ptr<Event> done;
+  };
 
   mutable std::mutex mu_;
-  MemoryStats stats_;  // GUARDED_BY(mu_)
+  MemoryStats stats_;              // GUARDED_BY(mu_)
+  std::deque<Deferred> deferred_;  // GUARDED_BY(mu_): oldest first
 };
 
 // Options of the simulated accelerator.

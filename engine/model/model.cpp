@@ -287,7 +287,7 @@ void ActivationBuffers::after_forward(int unit) {
   after_compute();
   copy_->copy_d2h(host_inputs_[unit].data(), staging_[out].data(), model_.hidden_bytes());
   copy_->record(*copied_[out]);
-  copied_[unit % 2]->synchronize();  // unit+1 writes its output there: the copy down is done
+  compute_waits(*copied_[unit % 2]);  // unit+1 writes its output there: once copied down
 }
 
 void ActivationBuffers::before_backward(int unit) {
@@ -298,10 +298,18 @@ void ActivationBuffers::before_backward(int unit) {
     copy_->record(*copied_[u % 2]);
   };
   if (prefetched_ != unit) bring_up(unit);
-  copied_[unit % 2]->synchronize();
+  compute_waits(*copied_[unit % 2]);
   // unit-1's buffer last held unit+1's input: the copy waits for its backward.
   prefetched_ = unit - 1;
   if (prefetched_ >= 1) bring_up(prefetched_);
+}
+
+void ActivationBuffers::compute_waits(device::Event& copied) {
+  device::Stream* compute = model_.backend().stream();
+  if (compute == nullptr)
+    copied.synchronize();
+  else
+    compute->wait(copied);  // the host runs on; a failed copy fails the compute after it
 }
 
 void ActivationBuffers::after_compute() {

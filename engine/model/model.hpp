@@ -441,9 +441,10 @@ ActivationPlan plan_activations(const LlamaModel& model, bool cpu_checkpointing,
 // stream under the compute: unit u's output goes down while unit u+1 computes (one copy in
 // flight per staging buffer), and before_backward(u) starts bringing unit u-1's checkpoint up
 // while unit u's backward computes. Each copy first waits (on the device) for the compute queued
-// on the model's backend so far, so the units may be queued without waiting for them
-// (ForwardArgs::queued). REQUIRES: `device` outlives this object; units run in the order forward
-// 1..L, backward L+1..1 (a pass's order). Throws OutOfMemory.
+// on the model's backend so far, and the compute queued after it that writes or reads its
+// staging buffer waits (on the device) for the copy, so the units may be queued without the
+// host waiting for either (ForwardArgs::queued). REQUIRES: `device` outlives this object; units run
+// in the order forward 1..L, backward L+1..1 (a pass's order). Throws OutOfMemory.
 class ActivationBuffers {
  public:
   ActivationBuffers(const LlamaModel& model, device::Device& device, bool cpu_checkpointing);
@@ -453,10 +454,11 @@ class ActivationBuffers {
   // memory (or the host checkpoint read in place, see above).
   float* unit_input(int unit);
   // Staged checkpoints only (else no-ops): after unit `unit`'s forward, starts the copy of its
-  // output (the input of unit+1) to its host checkpoint, and returns once the staging buffer
-  // unit+1 writes is free (its previous copy done); before unit `unit`'s backward (1..L+1),
-  // returns once unit's input is on the device, having started the copy of unit-1's. A failed
-  // copy is rethrown by the call that waits for it.
+  // output (the input of unit+1) to its host checkpoint, and makes the compute queued next
+  // wait until the staging buffer unit+1 writes is free (its previous copy done);
+  // before unit `unit`'s backward (1..L+1), makes the compute queued next wait until unit's
+  // input is on the device, having started the copy of unit-1's. A failed copy fails the
+  // compute that waits for it (its stream's error).
   void after_forward(int unit);
   void before_backward(int unit);
   // Saved internals of decoder unit `unit` (empty with checkpointing or for other units).
@@ -467,6 +469,9 @@ class ActivationBuffers {
  private:
   // Staged: the next copy waits for every operation queued on the backend so far.
   void after_compute();
+  // Staged: the operations queued on the backend next wait for `copied` (the host waits where
+  // the backend has no stream).
+  void compute_waits(device::Event& copied);
   const LlamaModel& model_;
   device::Device& device_;
   std::vector<device::DeviceBuffer> device_inputs_;

@@ -218,10 +218,16 @@ void ParamCoordinator::wait_fetched(int unit) {
 }
 
 void ParamCoordinator::free_slab(int unit) {
-  // The units queued on the backend may still read the slab: the one place a pass waits for
-  // them (the plan's memory is freed here, not later).
-  if (compute_ != nullptr) compute_->synchronize();
-  slots_[unit].buf.reset();
+  // The units queued on the backend may still read the slab: its memory is freed once they
+  // have run, without waiting for them here (its bytes leave the budget's count now, as the
+  // plan counts them; an allocation that needs the memory waits for it).
+  if (compute_ == nullptr) {
+    slots_[unit].buf.reset();
+    return;
+  }
+  std::unique_ptr<device::Event> read = device_.create_event();
+  compute_->record(*read);
+  device_.release_after(std::move(slots_[unit].buf), std::move(read));
 }
 
 const void* ParamCoordinator::slab(int unit) const {

@@ -114,7 +114,8 @@ class ParamCoordinator final : private ResidencyActions {
   // one buffer serves (the publications' gathers share it).
   void set_gather_buffer(std::byte* buf) { gather_ = buf; }
   // The stream the model's compute is queued on (ComputeBackend::stream(); null: it finishes
-  // as it is called): freeing a slab first waits for it.
+  // as it is called): a slab is freed once the compute queued before its release has run
+  // (Device::release_after), without the host waiting for it.
   void set_compute_stream(device::Stream* compute) { compute_ = compute; }
 
  private:

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <future>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
@@ -130,6 +131,96 @@ TEST(CpuDeviceMemory, CachedPlusLiveStaysWithinThePeak) {
     EXPECT_EQ(dev.cached_bytes(), 0u);
   }
   EXPECT_EQ(dev.cached_bytes(), 2 * kMiB);
+}
+
+// A stream-ordered free: the buffer leaves the budget's count at once, and its memory stays
+// the work's until the event recorded after that work has completed (a block the cache holds
+// is not handed out before, and a discrete device's mapping stays for the stream to use).
+TEST(CpuDeviceMemory, ReleaseAfterKeepsTheMemoryUntilTheWorkBeforeItsEventHasRun) {
+  for (const bool discrete : {false, true}) {
+    SCOPED_TRACE(discrete ? "discrete" : "host-accessible");
+    CpuDevice dev(CpuDeviceOptions{
+        .memory_budget_bytes = 8 * kMiB, .discrete = discrete, .cache_bytes = 8 * kMiB});
+    auto s = dev.create_stream("compute");
+    DeviceBuffer a = dev.alloc(3 * kMiB, "a");
+    void* const p = a.data();
+    std::promise<void> go;
+    std::shared_future<void> gate = go.get_future().share();
+    std::atomic<bool> wrote{false};
+    s->enqueue([&dev, p, gate, &wrote] {
+      gate.wait();
+      std::memset(dev.host_view(p), 7, 3 * kMiB);  // faults if the mapping were gone
+      wrote = true;
+    });
+    auto done = dev.create_event();
+    s->record(*done);
+    dev.release_after(std::move(a), std::move(done));
+    EXPECT_FALSE(a);
+    MemoryStats st = dev.memory_stats();
+    EXPECT_EQ(st.in_use_bytes, 0u);
+    EXPECT_EQ(st.live_allocations, 0u);
+    EXPECT_EQ(st.deferred_bytes, 3 * kMiB);
+    // Room beside the deferred bytes: no wait, and not the block the work still writes.
+    DeviceBuffer b = dev.alloc(3 * kMiB, "b");
+    EXPECT_NE(b.data(), p);
+    EXPECT_FALSE(wrote.load());
+    go.set_value();
+    s->synchronize();
+    EXPECT_TRUE(wrote.load());
+    dev.synchronize();  // frees what has finished
+    EXPECT_EQ(dev.memory_stats().deferred_bytes, 0u);
+    EXPECT_EQ(dev.memory_stats().in_use_bytes, 3 * kMiB);
+    if (!discrete) {
+      DeviceBuffer c = dev.alloc(3 * kMiB, "c");
+      EXPECT_EQ(c.data(), p);  // cached once free
+    }
+  }
+}
+
+// An allocation that needs the memory of a released buffer whose work is still running waits
+// for that work (the budget holds the deferred bytes too); one that fits beside them does not.
+TEST(CpuDeviceMemory, AnAllocationThatNeedsDeferredMemoryWaitsForItsWork) {
+  CpuDevice dev(CpuDeviceOptions{.memory_budget_bytes = 4 * kMiB, .discrete = true});
+  auto s = dev.create_stream("compute");
+  DeviceBuffer a = dev.alloc(3 * kMiB, "a");
+  std::atomic<bool> finished{false};
+  // Slow work, so that an allocation that did not wait for it would return first.
+  s->enqueue([&finished] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    finished = true;
+  });
+  auto done = dev.create_event();
+  s->record(*done);
+  dev.release_after(std::move(a), std::move(done));
+  DeviceBuffer small = dev.alloc(kMiB, "fits beside it");
+  DeviceBuffer big = dev.alloc(3 * kMiB, "needs its memory");
+  EXPECT_TRUE(finished.load());
+  EXPECT_EQ(dev.memory_stats().deferred_bytes, 0u);
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 4 * kMiB);
+  EXPECT_EQ(dev.memory_stats().peak_bytes, 4 * kMiB);
+}
+
+// Work that failed before the event does not keep the memory: it is freed, and the error stays
+// the stream's to report. Bad calls are refused without touching the buffer.
+TEST(CpuDeviceMemory, ReleaseAfterAFailedStreamFreesAndRefusesBadCalls) {
+  CpuDevice dev(CpuDeviceOptions{.memory_budget_bytes = 4 * kMiB, .discrete = true});
+  auto s = dev.create_stream("compute");
+  DeviceBuffer a = dev.alloc(3 * kMiB, "a");
+  s->enqueue([] { throw IoError("unit.bin", 5, "read"); });
+  auto done = dev.create_event();
+  s->record(*done);
+  dev.release_after(std::move(a), std::move(done));
+  DeviceBuffer b = dev.alloc(3 * kMiB, "b");  // waits for the failed work: no throw
+  EXPECT_EQ(dev.memory_stats().deferred_bytes, 0u);
+  EXPECT_THROW(s->synchronize(), IoError);
+
+  EXPECT_THROW(dev.release_after(std::move(b), nullptr), InvalidArgument);
+  EXPECT_TRUE(b);
+  CpuDevice other;
+  EXPECT_THROW(other.release_after(std::move(b), other.create_event()), InvalidArgument);
+  EXPECT_TRUE(b);
+  dev.release_after(DeviceBuffer{}, dev.create_event());  // empty: nothing
+  EXPECT_EQ(dev.memory_stats().in_use_bytes, 3 * kMiB);
 }
 
 TEST(CpuDeviceStream, RunsItemsInEnqueueOrder) {

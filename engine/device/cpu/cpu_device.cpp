@@ -330,7 +330,7 @@ CpuDevice::CpuDevice(CpuDeviceOptions options)
                                                               : uint64_t{1} << 30;
 }
 
-CpuDevice::~CpuDevice() = default;
+CpuDevice::~CpuDevice() { free_deferred(/*wait=*/true); }
 
 std::unique_ptr<Stream> CpuDevice::create_stream(std::string name) {
   return std::make_unique<RegisteredStream<Registry>>(std::move(name), registry_, copy_delay_us_);
@@ -339,8 +339,11 @@ std::unique_ptr<Stream> CpuDevice::create_stream(std::string name) {
 std::unique_ptr<Event> CpuDevice::create_event() { return std::make_unique<CpuEvent>(); }
 
 void CpuDevice::synchronize() {
-  std::lock_guard lock(registry_->mu);
-  for (Stream* s : registry_->streams) s->synchronize();
+  {
+    std::lock_guard lock(registry_->mu);
+    for (Stream* s : registry_->streams) s->synchronize();
+  }
+  free_deferred(/*wait=*/false);
 }
 
 void* CpuDevice::host_view(const void* p) const {

@@ -281,6 +281,7 @@ class CudaDevice final : public Device {
   }
   ~CudaDevice() override {
     bind_quietly(ordinal_);
+    free_deferred(/*wait=*/true);
     cudaStreamSynchronize(alloc_stream_);
     cudaStreamDestroy(alloc_stream_);
   }
@@ -327,6 +328,7 @@ class CudaDevice final : public Device {
   void synchronize() override {
     CUDA_CHECK(cudaSetDevice(ordinal_));
     CUDA_CHECK(cudaDeviceSynchronize());
+    free_deferred(/*wait=*/false);  // their work has finished
     std::vector<std::shared_ptr<StreamErrorState>> live;
     {
       std::lock_guard lock(streams_mu_);
@@ -342,7 +344,8 @@ class CudaDevice final : public Device {
  protected:
   // Allocations and frees are ordered on a stream of their own that runs nothing else; the
   // allocation is complete (usable from every stream) when do_alloc returns. A buffer is freed
-  // only once no stream uses it (the Device contract), so its block can be reused at once.
+  // only once no stream uses it (the Device contract; release_after's event has completed), so
+  // its block can be reused at once.
   void* do_alloc(size_t charged) override {
     CUDA_CHECK(cudaSetDevice(ordinal_));
     void* ptr = nullptr;
