@@ -125,11 +125,8 @@ void check_offload_stage(Diagnostics& d, const ZeroConfig& zc) {
                " optimizer state stays in host memory as with \"cpu\" (as in DeepSpeed); "
                "swapping it to NVMe needs stage 3");
   }
-  if (oo.ratio < 1.0 && zc.stage != 3) {
-    d.error("zero_optimization.offload_optimizer.ratio",
-            "got " + Json(oo.ratio).dump() + " at stage " + stage +
-                "; allowed: 1.0 below stage 3 (partial offload needs stage 3)");
-  }
+  // offload_optimizer.ratio below stage 3: ignored, as DeepSpeed's stages 1 and 2 ignore it
+  // (said with the keys without effect).
 }
 
 }  // namespace

@@ -121,6 +121,14 @@ std::optional<uint32_t> BpeModel::token_id(std::string_view text) const {
   return *id;
 }
 
+std::vector<uint8_t> BpeModel::bytes_without_token() const {
+  std::vector<uint8_t> out;
+  if (!options_.byte_level) return out;
+  for (int b = 0; b < 256; ++b)
+    if (byte_ids_[b] < 0) out.push_back(static_cast<uint8_t>(b));
+  return out;
+}
+
 void BpeModel::split_symbols(std::string_view word, BpeScratch& scratch) const {
   auto& syms = scratch.symbols;
   syms.clear();

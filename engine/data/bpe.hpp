@@ -75,6 +75,9 @@ class BpeModel {
   // The largest id added (0 when none).
   uint32_t max_id() const { return max_id_; }
   bool byte_level() const { return options_.byte_level; }
+  // Byte-level mode: the bytes no token stands for alone, in order (text holding them loses
+  // them unless unk_id is set). Empty in the other mode.
+  std::vector<uint8_t> bytes_without_token() const;
 
  private:
   struct MergeSlot {

@@ -348,6 +348,17 @@ BpeModel read_model(const Reader& r, const json& j, bool byte_level) {
   BpeModel model(options);
   for (auto it = vocab.begin(); it != vocab.end(); ++it)
     model.add_token(it.key(), r.id(it.value(), path + ".vocab[\"" + it.key() + "\"]"));
+  // Dropped as tokenizers drops them, but never without a word: a corpus would lose text.
+  if (const std::vector<uint8_t> missing = model.bytes_without_token();
+      !missing.empty() && !options.unk_id) {
+    std::string some;
+    for (size_t i = 0; i < missing.size() && i < 8; ++i)
+      some += fmt::format("{}0x{:02x}", i == 0 ? "" : " ", missing[i]);
+    log::warn(
+        "{}: model.vocab has no token for {} of the 256 bytes ({}{}) and model.unk_token is "
+        "null: text holding them loses those bytes, as Hugging Face tokenizers drops them",
+        r.file(), missing.size(), some, missing.size() > 8 ? " ..." : "");
+  }
 
   const json& merges = Reader::member(j, "merges");
   if (!merges.is_array()) r.bad(path + ".merges", "must be an array");

@@ -185,7 +185,7 @@ void warn_unused_read_ahead(const config::Config& cfg, const Geometry& g) {
 void split_optimizer_homes(const config::Config& cfg, Geometry& g) {
   const double ratio = cfg.zero_optimization.offload_optimizer.ratio;
   Placement& p = g.placement;
-  if (!(ratio < 1.0) || p.stage != 3) return;  // engine/config refuses ratio < 1 below stage 3
+  if (!(ratio < 1.0) || p.stage != 3) return;  // ignored below stage 3, as in DeepSpeed
   if (p.optimizer == Tier::kDevice) return;    // said by the config's parse (keys_without_effect)
   uint64_t total = 0;
   for (const UnitGeometry& u : g.units) total += u.own_len;

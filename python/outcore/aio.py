@@ -43,7 +43,9 @@ Where outcore differs from DeepNVMe:
     filename, offset and length) for a missing file, a read past the end of the file, EIO or
     ENOSPC; ValueError for a tensor that is not a contiguous (strided) CPU tensor (naming the
     file and offset), a path holding a null byte (as open() does) and a size or offset out of
-    range; TypeError for an offset or size that is not an integer (a float or a str is neither
+    range, and for an asynchronous read into read-only memory (a tensor over a read-only
+    mapping; a synchronous one raises IoError EFAULT); TypeError for an offset or size that is
+    not an integer (a float or a str is neither
     rounded nor parsed); outcore.CorruptDataError when validate=True finds a mismatch.
   * A failed read stores nothing into the tensor, except an asynchronous read into this
     handle's pinned memory (read in place), which may have stored the bytes before the failing
@@ -102,6 +104,28 @@ def _check_tensor(buffer, filename, offset):
     if not 0 <= offset <= _MAX_OFFSET:
         raise ValueError(f"{where}: the file offset must be in 0..{_MAX_OFFSET}")
     return buffer.data_ptr(), buffer.numel() * buffer.element_size()
+
+
+def _writable(address, nbytes):
+    """Whether the nbytes at address lie in writable mappings of this process, from
+    /proc/self/maps (True where it cannot be read: the kernel's EFAULT is then the check)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return True
+    at, end = address, address + nbytes
+    for line in maps.splitlines():  # in address order
+        span, perms = line.split(b" ", 2)[:2]
+        low, high = (int(x, 16) for x in span.split(b"-"))
+        if high <= at:
+            continue
+        if low > at or perms[1:2] != b"w":  # a hole, or read-only memory
+            return False
+        at = high
+        if at >= end:
+            return True
+    return False
 
 
 def _untyped_storage(tensor):
@@ -223,6 +247,12 @@ class Handle:
             target, memory = memory, _aligned_bytes(nbytes)
             if write:
                 memory.copy_(target)
+            elif not _writable(address, nbytes):
+                # Stored at the wait by a copy that would fault (the synchronous read's kernel
+                # says EFAULT instead).
+                raise ValueError(f"{filename}: offset {offset}: buffer's memory is read-only "
+                                 "(a tensor over a read-only mapping): a read cannot store "
+                                 "into it")
             else:
                 on_complete = lambda: _store(memory, target, filename, offset)  # noqa: E731
         # A synchronous read is in place: the core refuses one past the end of the file before

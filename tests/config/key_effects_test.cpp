@@ -259,6 +259,13 @@ TEST(KeyEffects, KeysOfAStageOrDeviceNotInUseAreWarnedAbout) {
   EXPECT_EQ(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "none", "ratio": 0.3}}})"),
             (std::set<std::string>{"zero_optimization.offload_optimizer.ratio"}));
+  // Below stage 3 DeepSpeed ignores it: warned, not refused.
+  for (const char* stage : {"1", "2"})
+    EXPECT_EQ(warned(std::string(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {
+        "stage": )") +
+                     stage + R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})"),
+              (std::set<std::string>{"zero_optimization.offload_optimizer.ratio"}))
+        << "stage " << stage;
   EXPECT_TRUE(warned(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
       "stage3_max_live_parameters": 10, "sub_group_size": 1000,
       "offload_param": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 9, "max_in_cpu": 5},

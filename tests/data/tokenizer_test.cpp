@@ -11,6 +11,7 @@
 
 #include "common/error.hpp"
 #include "engine/data/utf8.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/common/temp_dir.hpp"
 #include "tests/data/tiny_tokenizer.hpp"
 
@@ -96,6 +97,25 @@ TEST_F(TokenizerTest, MergesApplyLowestRankFirst) {
   EXPECT_EQ(encode(t, "singing"), (std::vector<uint32_t>{'s', 260, 260}));
   EXPECT_EQ(t.vocab_size(), 265u);
   EXPECT_EQ(t.eos_id(), std::nullopt);  // no tokenizer_config.json
+}
+
+// A byte-level vocabulary without some bytes and without unk_token drops them, as tokenizers
+// does; loading it says so, naming the bytes. A whole one says nothing.
+TEST_F(TokenizerTest, AByteLevelVocabularyMissingBytesIsWarnedAbout) {
+  {
+    outcore::test::LogCapture log;
+    (void)load(test::tiny_tokenizer());
+    EXPECT_EQ(log.text().find("no token for"), std::string::npos) << log.text();
+  }
+  json j = test::tiny_tokenizer();
+  j["model"]["vocab"].erase(test::byte_level("z"));
+  outcore::test::LogCapture log;
+  const Tokenizer t = load(j);
+  EXPECT_NE(log.text().find("model.vocab has no token for 1 of the 256 bytes (0x7a) and "
+                            "model.unk_token is null"),
+            std::string::npos)
+      << log.text();
+  EXPECT_EQ(encode(t, "buzz"), (std::vector<uint32_t>{'b', 'u'}));  // tokenizers' ids
 }
 
 TEST_F(TokenizerTest, IgnoreMergesEmitsAWordThatIsAToken) {

@@ -5,6 +5,7 @@ whose tensor is freed, set_() or resize_()d before wait() touching no freed memo
 descriptor or pinned buffer leaked over 1000 calls."""
 import errno
 import gc
+import mmap
 import os
 import shutil
 import stat
@@ -14,6 +15,7 @@ import tempfile
 import threading
 import time
 import unittest
+import warnings
 
 from oracle import import_torch_and_outcore
 
@@ -471,6 +473,39 @@ class Errors(AioTest):
                 h.pwrite(torch.zeros(4), read_only, offset=4)
             self.assert_io_error(cm, errno.EACCES, read_only, 4)
 
+
+
+class ReadOnlyMemory(AioTest):
+    def test_a_read_into_read_only_memory_is_refused_never_a_fault(self):
+        # A tensor over a read-only mapping: the synchronous read gets the kernel's EFAULT, the
+        # asynchronous one (stored at the wait by a copy) is refused when queued.
+        src, ro = self.path("src.bin"), self.path("ro.bin")
+        with open(src, "wb") as f:
+            f.write(b"\2" * 8192)
+        with open(ro, "wb") as f:
+            f.write(b"\1" * 8192)
+        with open(ro, "rb") as f:
+            mapping = mmap.mmap(f.fileno(), 8192, prot=mmap.PROT_READ)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch: "The given buffer is not writable"
+                t = torch.frombuffer(mapping, dtype=torch.uint8)
+            h = aio.Handle()
+            with self.assertRaisesRegex(ValueError, f"{src}: offset 4096: .*read-only"):
+                h.async_pread(t[:4096], src, offset=4096)
+            with self.assertRaises(outcore.IoError) as cm:
+                h.pread(t, src)
+            self.assertEqual(cm.exception.errno, errno.EFAULT)
+            self.assertEqual(cm.exception.filename, src)
+            self.assertEqual(h.wait(), 0)
+            self.assertEqual(bytes(mapping[:8]), b"\1" * 8)
+            # Writable memory still reads asynchronously.
+            w = torch.zeros(4096, dtype=torch.uint8)
+            h.async_pread(w, src).wait()
+            self.assertTrue(bool((w == 2).all()))
+            del t
+        finally:
+            mapping.close()
 
 
 class PathsWithNullBytes(AioTest):

@@ -160,6 +160,10 @@ TEST_F(Doctor, ASwapPathThatCannotBeADirectoryFailsWithExitOne) {
   EXPECT_EQ(loop.rc, 1) << loop.out;
   EXPECT_NE(line_of(loop.out, "nvme path").find("cannot be looked at"), std::string::npos)
       << loop.out;
+  const DoctorRun loop_itself = doctor("--nvme-path " + (dir_ / "loop").string());
+  EXPECT_EQ(loop_itself.rc, 1) << loop_itself.out;
+  EXPECT_NE(line_of(loop_itself.out, "nvme path").find("cannot be looked at"), std::string::npos)
+      << loop_itself.out;
 
   std::ofstream(dir_ / "file") << "x";
   const DoctorRun file = doctor("--nvme-path " + (dir_ / "file").string());

@@ -2325,6 +2325,20 @@ TEST_F(TrainCliTest, ExportOfABadCheckpointOrIntoAFullDirectoryExitsTwo) {
   EXPECT_EQ(slurp(full + "/keep.txt"), "x");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(full), {}), 1);
 
+  // The output given both ways, and sizes that are not one: said plainly, nothing written.
+  r = run("export " + shell_quote(ck) + " " + shell_quote(hf) + " --out " + shell_quote(hf + "2"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("given twice: the argument out and --out are one option"), std::string::npos)
+      << r.err;
+  for (const char* size : {"1.5GB", "2PB", "0"}) {
+    r = run("export " + shell_quote(ck) + " " + shell_quote(hf) + " --max-shard-size " + size);
+    EXPECT_EQ(r.rc, 2) << size;
+    EXPECT_NE(r.err.find("a whole number above 0 of bytes, or of B, KB, MB, GB, TB"),
+              std::string::npos)
+        << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(hf));
+
   // An output under a file, or under a link to nowhere: bad input, named, nothing written.
   const std::string a_file = data_.file("a_file"), dangling = data_.file("dangling");
   std::ofstream(a_file) << "mine";

@@ -2,6 +2,8 @@
 // every subcommand registered and the one given run.
 #include "tools/outcore/cli_main.hpp"
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <csignal>
@@ -9,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "common/cleanup.hpp"
@@ -48,8 +51,18 @@ int run_main(int argc, char** argv) {
   const CLI::Validator not_empty(
       [](std::string& value) { return value.empty() ? std::string("an empty value") : ""; }, "");
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
-    for (CLI::Option* opt : sub->get_options())
+    for (CLI::Option* opt : sub->get_options()) {
       if (opt->get_expected_min() > 0) opt->check(not_empty);
+      // One option given both ways ("export CKPT OUT --out OUT2"): say so, not CLI11's
+      // "At Most 1 required but received 2".
+      if (opt->get_positional() && !opt->get_lnames().empty() && opt->get_expected_max() == 1) {
+        auto seen = std::make_shared<int>(0);
+        const std::string both = fmt::format("given twice: the argument {} and --{} are one option",
+                                             opt->get_name(true), opt->get_lnames().front());
+        opt->check(CLI::Validator(
+            [seen, both](std::string&) { return ++*seen > 1 ? both : std::string(); }, ""));
+      }
+    }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

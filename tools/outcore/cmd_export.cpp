@@ -92,7 +92,8 @@ void remove_killed_exports(const fs::path& out) {
   }
 }
 
-// "5GB" (10^9), "2GiB" (2^30), "500MB", "4096" (bytes). InvalidArgument naming the flag.
+// "5GB" (10^9), "2GiB" (2^30), "500MB", "1TB", "4096" (bytes): a whole number, as Hugging
+// Face's max_shard_size. InvalidArgument naming the flag and every unit.
 uint64_t parse_size(const std::string& text) {
   uint64_t v = 0;
   const char* end = text.data() + text.size();
@@ -104,15 +105,18 @@ uint64_t parse_size(const std::string& text) {
                                                             {"KB", 1000},
                                                             {"MB", 1000000},
                                                             {"GB", 1000000000},
+                                                            {"TB", 1000000000000},
                                                             {"KIB", 1 << 10},
                                                             {"MIB", 1 << 20},
-                                                            {"GIB", uint64_t{1} << 30}};
+                                                            {"GIB", uint64_t{1} << 30},
+                                                            {"TIB", uint64_t{1} << 40}};
   for (const auto& [name, scale] : kUnits) {
     if (ec == std::errc() && ptr != text.data() && unit == name && v > 0 && v <= UINT64_MAX / scale)
       return v * scale;
   }
   throw InvalidArgument("--max-shard-size: got \"" + text +
-                        "\"; allowed: a positive size such as 5GB, 500MB, 2GiB or bytes");
+                        "\"; allowed: a whole number above 0 of bytes, or of B, KB, MB, GB, TB "
+                        "(powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), such as 5GB");
 }
 
 // The dtype --dtype names; nullopt for "auto". InvalidArgument for anything else.

@@ -116,7 +116,11 @@ Line nvme_line(const std::string& path) {
                         part.error ? part.error.message() : std::string("unknown file type"))};
   std::error_code ec;
   const bool exists = dir == fs::absolute(path, ec).string();
-  if (fs::status(at, ec).type() != fs::file_type::directory)
+  const fs::file_type type = fs::status(at, ec).type();
+  if (ec)  // a loop of links, say: named as it is, not as "not a directory"
+    return {"nvme path", Verdict::kFail,
+            fmt::format("{}: cannot be looked at: {}", dir, ec.message())};
+  if (type != fs::file_type::directory)
     return {"nvme path", Verdict::kFail,
             exists ? path + ": not a directory (swap files need one)"
                    : fmt::format("{}: cannot be created: {} is not a directory", path, dir)};
