@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -148,6 +150,46 @@ TEST_F(CudaDeviceTest, HostFunctionsGateLaterWorkOnTheirStream) {
   EXPECT_EQ(order.size(), 20u);
   EXPECT_TRUE(std::is_sorted(order.begin(), order.end()));
   dev->unregister_host(host.data());
+  dev->unregister_host(back.data());
+}
+
+// A stream-ordered free on the GPU: the bytes leave the count at once, the memory stays the
+// stream's until the event after its last use completes (a copy from it still reads its
+// values), an allocation with room beside it gets other memory, and one that needs it waits
+// for that work.
+TEST_F(CudaDeviceTest, ReleaseAfterKeepsTheMemoryUntilItsReadersHaveRun) {
+  auto dev = make_cuda_device(CudaDeviceOptions{.ordinal = 0, .memory_budget_bytes = 8 << 20});
+  auto s = dev->create_stream("compute");
+  std::vector<int> host(1 << 20, 5), back(1 << 20, 0);
+  dev->register_host(back.data(), back.size() * 4);
+  DeviceBuffer a = dev->alloc(host.size() * 4, "a");  // 4 MiB
+  s->copy_h2d(a.data(), host.data(), host.size() * 4);
+  s->synchronize();
+  std::promise<void> go;
+  std::shared_future<void> gate = go.get_future().share();
+  s->enqueue([gate] { gate.wait(); });  // holds the copy below back
+  s->copy_d2h(back.data(), a.data(), host.size() * 4);
+  auto done = dev->create_event();
+  s->record(*done);
+  const void* const p = a.data();
+  dev->release_after(std::move(a), std::move(done));
+  EXPECT_EQ(dev->memory_stats().in_use_bytes, 0u);
+  EXPECT_EQ(dev->memory_stats().deferred_bytes, 4u << 20);
+  DeviceBuffer b = dev->alloc(2 << 20, "beside it");
+  EXPECT_NE(b.data(), p);
+  std::atomic<bool> opened{false};
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    opened = true;
+    go.set_value();
+  });
+  DeviceBuffer c = dev->alloc(6 << 20, "needs its memory");  // 2 + 6 of 8 MiB: waits
+  EXPECT_TRUE(opened.load());
+  opener.join();
+  s->synchronize();
+  EXPECT_EQ(back, host);  // the copy read the released buffer's values
+  EXPECT_EQ(dev->memory_stats().deferred_bytes, 0u);
+  EXPECT_EQ(dev->memory_stats().in_use_bytes, 8u << 20);
   dev->unregister_host(back.data());
 }
 
