@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 #include <omp.h>
+#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <atomic>
@@ -152,19 +153,36 @@ std::shared_ptr<const Plan> plan_for(const Shape& s) {
   return slot;
 }
 
+// Elements widened per range on oneTBB's threads (exact: any split gives the same values).
+constexpr int64_t kWidenRange = int64_t{1} << 16;
+
 // The `rows` x `cols` bf16 matrix at `src` (leading dimension ld) as fp32 in `buf`, its rows
 // packed (leading dimension cols): a head's columns of attention's q, k and v are widened
-// without the other heads' between them.
+// without the other heads' between them. Large ones on oneTBB's threads (not under
+// SerialGemms, where the caller's threads are busy with other heads): the sgemm after it runs
+// on every core, and a widening on one would cost a tenth of a step on two.
 const float* widen(const void* src, int64_t rows, int64_t cols, int64_t ld,
                    std::vector<float>& buf) {
   const auto size = static_cast<size_t>(std::max<int64_t>(1, rows * cols));
   if (buf.size() < size) buf.resize(size);
-  if (ld == cols) {
-    to_fp32(src, DType::BF16, buf.data(), rows * cols);
-  } else {
-    for (int64_t r = 0; r < rows; ++r)
-      to_fp32(static_cast<const uint16_t*>(src) + r * ld, DType::BF16, buf.data() + r * cols, cols);
+  const auto* from = static_cast<const uint16_t*>(src);
+  // Rows [first, first + count) into buf.
+  auto rows_of = [&](int64_t first, int64_t count) {
+    if (ld == cols)
+      to_fp32(from + first * cols, DType::BF16, buf.data() + first * cols, count * cols);
+    else
+      for (int64_t r = first; r < first + count; ++r)
+        to_fp32(from + r * ld, DType::BF16, buf.data() + r * cols, cols);
+  };
+  if (serial_here || rows * cols < 2 * kWidenRange || rows < 2) {
+    rows_of(0, rows);
+    return buf.data();
   }
+  const int64_t per_range = std::max<int64_t>(1, kWidenRange / std::max<int64_t>(1, cols));
+  tbb::parallel_for(int64_t{0}, (rows + per_range - 1) / per_range, [&](int64_t i) {
+    const int64_t first = i * per_range;
+    rows_of(first, std::min(per_range, rows - first));
+  });
   return buf.data();
 }
 
@@ -246,8 +264,13 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   const float* fa = widen(a, trans_a ? k : m, ca, lda, wa);
   const float* fb = widen(b, trans_b ? n : k, cb, ldb, wb);
   // The packed copies' leading dimensions: at least 1, as BLAS asks even of an empty matrix.
-  gemm(trans_a, trans_b, m, n, k, alpha, fa, std::max<int64_t>(1, ca), fb, std::max<int64_t>(1, cb),
-       beta, c, ldc);
+  const int64_t la = std::max<int64_t>(1, ca), lb = std::max<int64_t>(1, cb);
+  // Under SerialGemms (attention's kv heads on oneTBB's threads) on this thread alone, as the
+  // fp32 GEMMs there: OpenBLAS's threads inside each head's task would contend for the cores.
+  if (serial_here)
+    gemm_f32_serial(trans_a, trans_b, m, n, k, alpha, fa, la, fb, lb, beta, c, ldc);
+  else
+    gemm(trans_a, trans_b, m, n, k, alpha, fa, la, fb, lb, beta, c, ldc);
 }
 
 void gemm_f32_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
