@@ -88,6 +88,8 @@ std::vector<int64_t> parse_shape(const std::string& where, const json& v) {
 
 // Bytes of a tensor of `shape` and `dtype`; CorruptData when the product overflows.
 uint64_t checked_bytes(const std::string& where, std::span<const int64_t> shape, DType dtype) {
+  for (int64_t d : shape)
+    if (d == 0) return 0;  // no element, whatever the other dimensions
   uint64_t n = dtype_size(dtype);
   for (int64_t d : shape)
     if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n))

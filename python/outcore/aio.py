@@ -24,6 +24,10 @@ tensor deleted, set_() to other memory or resize_()d before its request is waite
 the request touch freed memory. A KeyboardInterrupt while a read is stored leaves the request
 pending: the next wait stores it.
 
+Files: each request holds its file open until it is waited, so more asynchronous requests
+queued at once than the process may open files (`ulimit -n`) fail with outcore.IoError EMFILE
+(the others are unaffected); wait for some first.
+
 Processes: a Handle works in the process that made it. A forked child (a DataLoader worker, a
 multiprocessing pool) has its memory but not its I/O threads: there a request raises
 outcore.Error saying so (make a new Handle in the child), and the child's copy goes away without

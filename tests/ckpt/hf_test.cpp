@@ -261,6 +261,14 @@ TEST(Safetensors, EveryMalformedHeaderIsRefusedNamingFileAndTensor) {
        {},
        false,
        {"\"t\"", "overflow"}},
+      // A huge dimension beside a zero one: no element (not an overflow), so 4 bytes are 4 too
+      // many.
+      {"no element under a huge dim",
+       R"({"t":{"dtype":"F32","shape":[4611686018427387904,0],"data_offsets":[0,4]}})",
+       4,
+       {},
+       false,
+       {"\"t\"", "needs 0"}},
       {"no dtype", R"({"t":{"shape":[1],"data_offsets":[0,4]}})", 4, {}, false, {"\"t\"", "dtype"}},
       {"offsets not a pair",
        R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0]}})",
