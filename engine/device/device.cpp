@@ -61,10 +61,8 @@ DeviceBuffer Device::alloc(size_t bytes, std::string_view what) {
   void* ptr = nullptr;
   try {
     ptr = do_alloc(charged);
-    if (ptr == nullptr && !deferred_empty()) {  // memory still held by released buffers' work
-      free_deferred_until(UINT64_MAX);
-      ptr = do_alloc(charged);
-    }
+    // Memory still held by released buffers' work: freed, then tried once more.
+    if (ptr == nullptr && free_deferred_until(UINT64_MAX)) ptr = do_alloc(charged);
   } catch (...) {  // a failed context, say: the reservation goes back
     std::lock_guard lock(mu_);
     stats_.in_use_bytes -= charged;
@@ -111,20 +109,15 @@ void Device::release_after(DeviceBuffer&& buffer, std::unique_ptr<Event> done) {
   free_deferred_until(0);
 }
 
-bool Device::deferred_empty() const {
-  std::lock_guard lock(mu_);
-  return deferred_.empty();
-}
-
 void Device::free_deferred(bool wait) noexcept { free_deferred_until(wait ? UINT64_MAX : 0); }
 
-void Device::free_deferred_until(uint64_t need) noexcept {
-  for (;;) {
+bool Device::free_deferred_until(uint64_t need) noexcept {
+  for (bool freed = false;; freed = true) {
     Deferred d;
     bool must_wait = false;
     {
       std::lock_guard lock(mu_);
-      if (deferred_.empty()) return;
+      if (deferred_.empty()) return freed;
       must_wait = need == UINT64_MAX ||
                   (stats_.budget_bytes != 0 &&
                    stats_.in_use_bytes + stats_.deferred_bytes + need > stats_.budget_bytes);
@@ -144,7 +137,7 @@ void Device::free_deferred_until(uint64_t need) noexcept {
     if (!done) {
       std::lock_guard lock(mu_);
       deferred_.push_front(std::move(d));  // not yet: the ones after it are later work too
-      return;
+      return freed;
     }
     do_free(d.ptr, d.charged);
     d.done.reset();

@@ -253,8 +253,8 @@ class Device {
   void release(void* ptr, size_t bytes) noexcept;
   // Frees deferred memory: what has finished, then, waiting oldest first, until `need` more
   // bytes fit in the budget beside in_use_bytes and what stays deferred (UINT64_MAX: all).
-  void free_deferred_until(uint64_t need) noexcept;
-  bool deferred_empty() const;
+  // Returns whether it freed any.
+  bool free_deferred_until(uint64_t need) noexcept;
 
   struct Deferred {
     void* ptr = nullptr;

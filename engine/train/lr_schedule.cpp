@@ -197,9 +197,9 @@ void LrSchedule::load_state_json(const nlohmann::json& j) {
 std::unique_ptr<LrSchedule> make_constant_lr(double lr) { return std::make_unique<ConstantLr>(lr); }
 
 namespace {
-void check_warmup(const WarmupLROptions& o) {
-  require_param(o.warmup_num_steps >= 1, "warmup_num_steps",
-                fmt::format("must be a positive integer, got {}", o.warmup_num_steps));
+void check_warmup(int64_t warmup_num_steps) {
+  require_param(warmup_num_steps >= 1, "warmup_num_steps",
+                fmt::format("must be a positive integer, got {}", warmup_num_steps));
 }
 void check_total(int64_t total) {
   require_param(total >= 1, "total_num_steps", fmt::format("must be >= 1, got {}", total));
@@ -207,12 +207,12 @@ void check_total(int64_t total) {
 }  // namespace
 
 std::unique_ptr<LrSchedule> make_warmup_lr(const WarmupLROptions& o) {
-  check_warmup(o);
+  check_warmup(o.warmup_num_steps);
   return std::make_unique<WarmupLr>(o);
 }
 
 std::unique_ptr<LrSchedule> make_warmup_decay_lr(const WarmupDecayLROptions& o) {
-  check_warmup(o.warmup);
+  check_warmup(o.warmup.warmup_num_steps);
   check_total(o.total_num_steps);
   if (o.total_num_steps < o.warmup.warmup_num_steps) {
     log::warn("scheduler.params.total_num_steps {} is less than warmup_num_steps {}",
@@ -222,8 +222,7 @@ std::unique_ptr<LrSchedule> make_warmup_decay_lr(const WarmupDecayLROptions& o) 
 }
 
 std::unique_ptr<LrSchedule> make_warmup_cosine_lr(const WarmupCosineLROptions& o) {
-  require_param(o.warmup_num_steps >= 1, "warmup_num_steps",
-                fmt::format("must be a positive integer, got {}", o.warmup_num_steps));
+  check_warmup(o.warmup_num_steps);
   check_total(o.total_num_steps);
   if (o.total_num_steps < o.warmup_num_steps) {
     log::warn("scheduler.params.total_num_steps {} is less than warmup_num_steps {}",

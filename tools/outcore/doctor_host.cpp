@@ -110,16 +110,17 @@ Line nvme_line(const std::string& path) {
   const ExistingPart part = nearest_existing_part(path);
   const fs::path& at = part.path;
   const std::string dir = at.string();
-  if (part.type == fs::file_type::none || part.type == fs::file_type::unknown)  // EACCES, ELOOP
+  // The part's own type, then what its links lead to (a loop of links fails the second).
+  std::error_code followed;
+  const fs::file_type type = fs::status(at, followed).type();
+  if (part.type == fs::file_type::none || part.type == fs::file_type::unknown || followed)
     return {"nvme path", Verdict::kFail,
             fmt::format("{}: cannot be looked at: {}", dir,
-                        part.error ? part.error.message() : std::string("unknown file type"))};
+                        part.error ? part.error.message()
+                        : followed ? followed.message()
+                                   : std::string("unknown file type"))};
   std::error_code ec;
   const bool exists = dir == fs::absolute(path, ec).string();
-  const fs::file_type type = fs::status(at, ec).type();
-  if (ec)  // a loop of links, say: named as it is, not as "not a directory"
-    return {"nvme path", Verdict::kFail,
-            fmt::format("{}: cannot be looked at: {}", dir, ec.message())};
   if (type != fs::file_type::directory)
     return {"nvme path", Verdict::kFail,
             exists ? path + ": not a directory (swap files need one)"
