@@ -359,6 +359,11 @@ BpeModel read_model(const Reader& r, const json& j, bool byte_level) {
         "null: text holding them loses those bytes, as Hugging Face tokenizers drops them",
         r.file(), missing.size(), some, missing.size() > 8 ? " ..." : "");
   }
+  if (!byte_level && !options.unk_id)
+    log::warn(
+        "{}: the model is not byte-level and model.unk_token is null: a character with no token "
+        "in model.vocab is dropped from the text, as Hugging Face tokenizers drops it",
+        r.file());
 
   const json& merges = Reader::member(j, "merges");
   if (!merges.is_array()) r.bad(path + ".merges", "must be an array");

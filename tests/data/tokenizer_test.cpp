@@ -118,6 +118,31 @@ TEST_F(TokenizerTest, AByteLevelVocabularyMissingBytesIsWarnedAbout) {
   EXPECT_EQ(encode(t, "buzz"), (std::vector<uint32_t>{'b', 'u'}));  // tokenizers' ids
 }
 
+// A vocabulary of characters (not byte-level) without unk_token drops the characters it has no
+// token for, as tokenizers does; loading it says so. With unk_token they become that token, and
+// loading says nothing.
+TEST_F(TokenizerTest, ACharacterVocabularyWithoutAnUnknownTokenIsWarnedAbout) {
+  json j = test::tiny_tokenizer();
+  j["pre_tokenizer"] = nullptr;
+  j["model"]["vocab"] = {{"a", 0}, {"b", 1}, {"ab", 2}, {"<unk>", 3}};
+  j["model"]["merges"] = json::array({json::array({"a", "b"})});
+  j["added_tokens"] = json::array();
+  {
+    outcore::test::LogCapture log;
+    const Tokenizer t = load(j);
+    EXPECT_NE(log.text().find("not byte-level and model.unk_token is null: a character with no "
+                              "token in model.vocab is dropped"),
+              std::string::npos)
+        << log.text();
+    EXPECT_EQ(encode(t, "abcab"), (std::vector<uint32_t>{2, 2}));  // tokenizers' ids
+  }
+  j["model"]["unk_token"] = "<unk>";
+  outcore::test::LogCapture log;
+  const Tokenizer t = load(j);
+  EXPECT_EQ(log.text().find("unk_token"), std::string::npos) << log.text();
+  EXPECT_EQ(encode(t, "abcab"), (std::vector<uint32_t>{2, 3, 2}));
+}
+
 TEST_F(TokenizerTest, IgnoreMergesEmitsAWordThatIsAToken) {
   json j = test::tiny_tokenizer();
   // "tin" is a token, but no merge makes it ("t"+"in" is not a merge).
