@@ -4,6 +4,7 @@
 //
 //   build/bench/dp/dp_bench --dir /tmp/dp                     (world 1)
 //   mpirun -np 2 build/bench/dp/dp_bench --dir /tmp/dp        (world 2)
+//   [--hidden 512] [--layers 6] [--seq 256] [--steps 4] [--warmup 1] [--json]
 //
 // For each ZeRO stage 1, 2, 3 it trains the same model twice, state in memory and offloaded
 // (stages 1-2: optimizer in host memory; stage 3: parameters and optimizer in NVMe swap
@@ -20,6 +21,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -45,8 +47,13 @@ struct Run {
   int param_bytes = 4;
 };
 
+// The model's size (--hidden, --layers, --seq).
+struct Shape {
+  int hidden = 512, layers = 6, seq = 256;
+};
+
 Run run_config(int stage, bool nvme, const std::string& dir, const train::DemoDatasetFiles& data,
-               int steps, int warmup, comm::Comm& c, comm::Comm& ctl) {
+               const Shape& shape, int steps, int warmup, comm::Comm& c, comm::Comm& ctl) {
   const std::string swap = dir + "/swap";
   fs::create_directories(swap);
   nlohmann::json z = {{"stage", stage}};
@@ -62,10 +69,17 @@ Run run_config(int stage, bool nvme, const std::string& dir, const train::DemoDa
                              {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
                              {"zero_optimization", z}};
   config::Config cfg = config::parse_config(ds.dump(), "dp_bench").config;
+  // Llama's proportions: intermediate about 2.75 x hidden (a multiple of 64), heads of 64.
+  const int intermediate = (shape.hidden * 11 / 4 + 63) / 64 * 64;
   const model::LlamaConfig mc = model::LlamaConfig::from_json(
-      R"({"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 6,
-          "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 256,
-          "max_position_embeddings": 256})",
+      nlohmann::json{{"hidden_size", shape.hidden},
+                     {"intermediate_size", intermediate},
+                     {"num_hidden_layers", shape.layers},
+                     {"num_attention_heads", shape.hidden / 64},
+                     {"num_key_value_heads", std::max(1, shape.hidden / 128)},
+                     {"vocab_size", 256},
+                     {"max_position_embeddings", shape.seq}}
+          .dump(),
       "dp_bench model");
   config::AutoContext ctx;
   ctx.hidden_size = mc.hidden_size;
@@ -76,12 +90,17 @@ Run run_config(int stage, bool nvme, const std::string& dir, const train::DemoDa
   train::TrainerOptions o;
   o.train_data = data.train;
   o.steps = steps + warmup;
-  o.seq_len = 256;
+  o.seq_len = shape.seq;
   o.progress_out = nullptr;
   o.comm = &c;
   o.control_comm = &ctl;
   Run r;
-  comm::CommTraffic t0;
+  // Time (and the seconds inside collectives) from the end of the last warm-up step to the end
+  // of the run. Bytes over the whole run (from the trainer's start), per step: a step's publication
+  // (all_gather, stages 1-2) runs after its on_step, under the next step's forward, so a window
+  // that starts at an on_step would take in a step more of it (and, being asynchronous, part of
+  // one).
+  comm::CommTraffic before, t0;
   std::chrono::steady_clock::time_point start;
   int done = 0;
   o.on_step = [&](const train::StepMetrics&) {
@@ -91,22 +110,21 @@ Run run_config(int stage, bool nvme, const std::string& dir, const train::DemoDa
     }
   };
   train::Trainer tr(cfg, mc, o);
-  if (warmup == 0) {  // measured from the first step
-    t0 = c.traffic();
-    start = std::chrono::steady_clock::now();
-  }
+  before = t0 = c.traffic();  // after the initial parameters' gather
+  if (warmup == 0) start = std::chrono::steady_clock::now();
   tr.run();
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const comm::CommTraffic t1 = c.traffic();
+  const auto run_steps = static_cast<uint64_t>(steps + warmup);
   r.step_s = wall / steps;
   r.tokens_per_s = static_cast<double>(tr.tokens_per_step()) * steps / wall;
   r.comm_s = (t1.seconds - t0.seconds) / steps;
-  r.sent.all_gather = (t1.all_gather - t0.all_gather) / steps;
-  r.sent.all_to_all = (t1.all_to_all - t0.all_to_all) / steps;
-  r.sent.all_reduce = (t1.all_reduce - t0.all_reduce) / steps;
-  r.sent.reduce_scatter = (t1.reduce_scatter - t0.reduce_scatter) / steps;
-  r.sent.broadcast = (t1.broadcast - t0.broadcast) / steps;
+  r.sent.all_gather = (t1.all_gather - before.all_gather) / run_steps;
+  r.sent.all_to_all = (t1.all_to_all - before.all_to_all) / run_steps;
+  r.sent.all_reduce = (t1.all_reduce - before.all_reduce) / run_steps;
+  r.sent.reduce_scatter = (t1.reduce_scatter - before.reduce_scatter) / run_steps;
+  r.sent.broadcast = (t1.broadcast - before.broadcast) / run_steps;
   r.padded = tr.engine().plan().padded_elems;
   r.param_bytes = 2;
   return r;
@@ -120,14 +138,25 @@ static int run_bench(int argc, char** argv) {
   CLI::App app{"data-parallel training: bytes per collective vs ZeRO volumes, tokens/s split"};
   std::string dir = "/tmp/outcore_dp_bench";
   int steps = 4, warmup = 1;
+  Shape shape;
   bool json = false;
   app.add_option("--dir", dir,
                  "directory in which each rank makes and removes one of its own (data, swap "
                  "files)");
   app.add_option("--steps", steps, "measured steps per configuration");
   app.add_option("--warmup", warmup, "steps before measuring");
+  app.add_option("--hidden", shape.hidden, "hidden size, a multiple of 64 (default 512)")
+      ->check(CLI::Range(64, 1 << 16));
+  app.add_option("--layers", shape.layers, "decoder layers (default 6)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--seq", shape.seq, "tokens per sequence (default 256)")
+      ->check(CLI::Range(2, 1 << 16));
   app.add_flag("--json", json, "one JSON line per configuration");
   CLI11_PARSE(app, argc, argv);
+  if (shape.hidden % 64 != 0) {
+    std::fprintf(stderr, "dp_bench: --hidden %d: allowed: a multiple of 64\n", shape.hidden);
+    return 2;
+  }
   comm::MpiComm c, ctl;
   const int rank = c.rank(), world = c.world_size();
   // Each rank writes in a directory of its own under --dir, removed whole at the end.
@@ -139,15 +168,15 @@ static int run_bench(int argc, char** argv) {
   const train::DemoDatasetFiles data = train::write_demo_dataset(mine + "/data", dopt);
   if (rank == 0 && !json)
     std::printf(
-        "world %d, bf16 Llama (hidden 512, 6 layers), micro-batch 4 x 256 tokens per "
+        "world %d, bf16 Llama (hidden %d, %d layers), micro-batch 4 x %d tokens per "
         "rank; state 'offload': stages 1-2 optimizer on the host, stage 3 parameters and "
         "optimizer in NVMe swap files\n"
         "%-5s %-6s %12s %12s %12s %9s %10s %8s %8s %8s %8s\n",
-        world, "stage", "state", "all_to_all", "all_gather", "others", "x ZeRO", "tokens/s",
-        "step s", "comm s", "io s", "compute");
+        world, shape.hidden, shape.layers, shape.seq, "stage", "state", "all_to_all", "all_gather",
+        "others", "x ZeRO", "tokens/s", "step s", "comm s", "io s", "compute");
   for (int stage : {1, 2, 3}) {
-    const Run mem = run_config(stage, false, mine, data, steps, warmup, c, ctl);
-    const Run disk = run_config(stage, true, mine, data, steps, warmup, c, ctl);
+    const Run mem = run_config(stage, false, mine, data, shape, steps, warmup, c, ctl);
+    const Run disk = run_config(stage, true, mine, data, shape, steps, warmup, c, ctl);
     for (const auto& [name, r] : {std::pair{"memory", mem}, std::pair{"offload", disk}}) {
       const double w = world;
       const double zero_elems =
