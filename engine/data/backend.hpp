@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/error.hpp"
@@ -37,6 +38,9 @@ struct LoadedBackend {
   std::vector<uint32_t> prefix, suffix;
   // The file's own BOS / EOS (SentencePiece only).
   std::optional<uint32_t> bos, eos;
+  // SentencePiece only: the texts and ids of the model's unk, bos and eos pieces, which Hugging
+  // Face's LlamaTokenizer splits out of a text as special tokens.
+  std::vector<std::pair<std::string, uint32_t>> own_specials;
   std::string description;
 };
 

@@ -43,6 +43,14 @@ class SentencePieceBackend final : public Backend {
 
   std::optional<uint32_t> bos() const { return id_or_none(processor_.bos_id()); }
   std::optional<uint32_t> eos() const { return id_or_none(processor_.eos_id()); }
+  // The unk, bos and eos pieces (those the model has), as (text, id).
+  std::vector<std::pair<std::string, uint32_t>> specials() const {
+    std::vector<std::pair<std::string, uint32_t>> out;
+    for (const int id : {processor_.unk_id(), processor_.bos_id(), processor_.eos_id()})
+      if (id >= 0 && id < processor_.GetPieceSize())
+        out.emplace_back(processor_.IdToPiece(id), static_cast<uint32_t>(id));
+    return out;
+  }
 
  private:
   static std::optional<uint32_t> id_or_none(int id) {
@@ -60,6 +68,7 @@ LoadedBackend load_sentencepiece(const std::string& path) {
   LoadedBackend loaded;
   loaded.bos = backend->bos();
   loaded.eos = backend->eos();
+  loaded.own_specials = backend->specials();
   if (loaded.bos) loaded.prefix.push_back(*loaded.bos);
   loaded.description = fmt::format("{} (SentencePiece)", path);
   loaded.backend = std::move(backend);

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -12,6 +14,7 @@
 #include "common/json_dom.hpp"
 #include "common/log.hpp"
 #include "common/open_file.hpp"
+#include "engine/data/added_tokens.hpp"
 #include "engine/data/backend.hpp"
 #include "engine/data/utf8.hpp"
 
@@ -80,97 +83,161 @@ std::optional<bool> flag(const json& config, const char* key, const std::string&
   return config[key].get<bool>();
 }
 
-// The tokens tokenizer.json `json_path` adds that `backend` does not have as pieces of the same
-// ids (a chat template's <|im_start|> on a Mistral model, a <pad> past the model's pieces), shown
-// as "\"<content>\" (id N)".
-std::vector<std::pair<std::string, std::string>> added_tokens_not_pieces(
-    const detail::Backend& backend, const std::string& json_path) {
-  json root;
-  try {
-    root = parse_json_dom(read_whole_file(json_path, "tokenizer", size_t{1} << 30),
-                          {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}});
-  } catch (const std::exception&) {
-    return {};  // the JSON parsed once already
-  }
-  const auto list = root.find("added_tokens");
-  if (list == root.end() || !list->is_array()) return {};
-  std::vector<std::pair<std::string, std::string>> missing;
-  for (const json& t : *list) {
-    if (!t.is_object() || !t.contains("content") || !t["content"].is_string()) continue;
-    const std::string& content = t["content"].get_ref<const std::string&>();
-    if (content.empty()) continue;
-    const std::optional<uint32_t> id = backend.token_id(content);
-    const bool same_id =
-        id && t.contains("id") && t["id"].is_number_unsigned() && t["id"].get<uint64_t>() == *id;
-    if (!same_id)
-      missing.emplace_back(content, fmt::format("\"{}\" (id {})", content,
-                                                t.contains("id") ? json_brief(t["id"]) : "none"));
-  }
-  return missing;
+// A token Hugging Face splits out of a text before its model sees the rest.
+struct SplitToken {
+  std::string content;
+  uint32_t id = 0;
+  AddedTokenFlags flags;
+};
+
+// A JSON boolean flag of an added token (false when absent or null).
+bool token_flag(const json& t, const char* key, const std::string& where) {
+  if (!t.contains(key) || t[key].is_null()) return false;
+  if (!t[key].is_boolean())
+    throw ConfigError(
+        "", fmt::format("{}.{}: must be true or false, got {}", where, key, json_brief(t[key])));
+  return t[key].get<bool>();
 }
 
-// A SentencePiece model used in place of a tokenizer.json that adds tokens the model lacks: a
-// text holding one of them is refused (the model would spell it out as text, where Hugging Face
-// makes it the token); other texts encode as the model encodes them.
-class WithoutAddedTokens final : public detail::Backend {
+// The added tokens of tokenizer.json `json_path`, with the ids tokenizers gives them over
+// `backend`'s pieces (its AddedVocabulary: the piece's id when the content is a piece, else the
+// next free id after the pieces and the ids given so far; a different "id" in the file is
+// warned about, as tokenizers warns).
+std::vector<SplitToken> json_added_tokens(const detail::Backend& backend,
+                                          const std::string& json_path) {
+  const json root =
+      parse_json_file(read_whole_file(json_path, "tokenizer", size_t{1} << 30), json_path,
+                      {.max_depth = kMaxJsonFileDepth, .on_repeated_key = {}},
+                      [](const std::string& why) { throw ConfigError("", why); });
+  const auto list = root.find("added_tokens");
+  if (list == root.end() || list->is_null()) return {};
+  if (!list->is_array())
+    throw ConfigError("", fmt::format("{}: added_tokens: must be an array", json_path));
+  const uint64_t pieces = backend.vocab_size();
+  std::optional<uint32_t> max_id;
+  std::vector<SplitToken> out;
+  for (size_t i = 0; i < list->size(); ++i) {
+    const std::string where = fmt::format("{}: added_tokens[{}]", json_path, i);
+    const json& t = (*list)[i];
+    if (!t.is_object() || !t.contains("content") || !t["content"].is_string())
+      throw ConfigError("", where + ": must be an object with a string \"content\"");
+    SplitToken s;
+    s.content = t["content"].get<std::string>();
+    if (s.content.empty()) continue;
+    s.flags = {token_flag(t, "single_word", where), token_flag(t, "lstrip", where),
+               token_flag(t, "rstrip", where)};
+    std::optional<uint32_t> id;
+    for (const SplitToken& seen : out)
+      if (seen.content == s.content) id = seen.id;
+    if (!id) id = backend.token_id(s.content);
+    if (!id) {
+      const uint64_t next = !max_id                            ? pieces
+                            : *max_id >= pieces || pieces == 0 ? uint64_t{*max_id} + 1
+                                                               : pieces;
+      if (next >= UINT32_MAX) throw ConfigError("", where + ": too many tokens for 32-bit ids");
+      id = static_cast<uint32_t>(next);
+    }
+    if (t.contains("id") && !(t["id"].is_number_unsigned() && t["id"].get<uint64_t>() == *id))
+      log::warn("{}: token \"{}\" is given id {} but tokenizers assigns it {}; using {}", where,
+                s.content, json_brief(t["id"]), *id, *id);
+    s.id = *id;
+    max_id = std::max(max_id.value_or(0), *id);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// The tokens Hugging Face's slow tokenizer splits out of a text for a SentencePiece model alone:
+// the model's own unk, bos and eos pieces (LlamaTokenizer's special tokens), then the entries
+// of tokenizer_config.json's added_tokens_decoder ({"<id>": {"content": ..., flags}}).
+std::vector<SplitToken> model_split_tokens(const detail::LoadedBackend& loaded, const json& config,
+                                           const std::string& config_file) {
+  std::vector<SplitToken> out;
+  for (const auto& [content, id] : loaded.own_specials) out.push_back({content, id, {}});
+  const auto decoder = config.is_object() ? config.find("added_tokens_decoder") : config.end();
+  if (!config.is_object() || decoder == config.end() || decoder->is_null()) return out;
+  if (!decoder->is_object())
+    throw ConfigError("added_tokens_decoder",
+                      fmt::format("must be an object of id -> token (in {})", config_file));
+  for (auto it = decoder->begin(); it != decoder->end(); ++it) {
+    const std::string where =
+        fmt::format("{}: added_tokens_decoder[\"{}\"]", config_file, it.key());
+    uint64_t id = 0;
+    const auto [end, ec] = std::from_chars(it.key().data(), it.key().data() + it.key().size(), id);
+    if (ec != std::errc() || end != it.key().data() + it.key().size() || id >= UINT32_MAX)
+      throw ConfigError("added_tokens_decoder", where + ": the key must be a token id");
+    const json& t = it.value();
+    if (!t.is_object() || !t.contains("content") || !t["content"].is_string())
+      throw ConfigError("added_tokens_decoder",
+                        where + ": must be an object with a string \"content\"");
+    SplitToken s{t["content"].get<std::string>(),
+                 static_cast<uint32_t>(id),
+                 {token_flag(t, "single_word", where), token_flag(t, "lstrip", where),
+                  token_flag(t, "rstrip", where)}};
+    if (!s.content.empty()) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// A SentencePiece model with the tokens Hugging Face splits out of a text before the model sees
+// the rest (its added tokens: "</s>" in a document is EOS, not the characters "</", "s", ">"):
+// each stretch between them is encoded by the model on its own, as both Hugging Face tokenizers
+// do for Llama 2 and Mistral (the fast one normalizes each stretch apart, the slow one encodes
+// each apart).
+class WithAddedTokens final : public detail::Backend {
  public:
-  WithoutAddedTokens(std::unique_ptr<detail::Backend> inner,
-                     std::vector<std::pair<std::string, std::string>> missing,
-                     std::string json_path)
-      : inner_(std::move(inner)), missing_(std::move(missing)), json_path_(std::move(json_path)) {}
+  WithAddedTokens(std::unique_ptr<detail::Backend> inner, const std::vector<SplitToken>& tokens)
+      : inner_(std::move(inner)), vocab_size_(inner_->vocab_size()) {
+    for (const SplitToken& t : tokens) {
+      matcher_.add(t.content, t.id, t.flags);
+      ids_.emplace(t.content, t.id);  // the first of a content wins, as in the matcher
+      vocab_size_ = std::max<uint64_t>(vocab_size_, uint64_t{t.id} + 1);
+    }
+  }
 
   void encode_text(std::string_view text, std::vector<uint32_t>& out) const override {
-    for (const auto& [content, shown] : missing_)
-      if (text.find(content) != std::string_view::npos)
-        throw ConfigError(
-            "added_tokens",
-            fmt::format("a text holds {}, a token {} adds that its SentencePiece model lacks: the "
-                        "model would spell it out as text (outcore uses the model in place of "
-                        "that file, whose components it does not implement)",
-                        shown, json_path_));
-    inner_->encode_text(text, out);
+    matcher_.split(
+        text, [&](std::string_view stretch) { inner_->encode_text(stretch, out); },
+        [&](uint32_t id) { out.push_back(id); });
   }
-  uint64_t vocab_size() const override { return inner_->vocab_size(); }
+  uint64_t vocab_size() const override { return vocab_size_; }
   std::optional<uint32_t> token_id(std::string_view content) const override {
+    if (const auto it = ids_.find(std::string(content)); it != ids_.end()) return it->second;
     return inner_->token_id(content);
   }
 
  private:
   std::unique_ptr<detail::Backend> inner_;
-  std::vector<std::pair<std::string, std::string>> missing_;
-  std::string json_path_;
+  AddedTokenMatcher matcher_;
+  std::map<std::string, uint32_t> ids_;
+  uint64_t vocab_size_;
 };
 
-detail::LoadedBackend load_backend(const fs::path& dir) {
+detail::LoadedBackend load_backend(const fs::path& dir, const json& config) {
   const fs::path json_path = dir / "tokenizer.json", model_path = dir / "tokenizer.model";
   std::error_code ec;
   const bool has_model = fs::exists(model_path, ec);
+  std::vector<SplitToken> split;
+  detail::LoadedBackend loaded;
   if (fs::exists(json_path, ec)) {
     try {
       return detail::load_tokenizer_json(json_path.string());
     } catch (const detail::UnsupportedTokenizer& e) {
       if (!has_model) throw;
-      detail::LoadedBackend loaded = detail::load_sentencepiece(model_path.string());
+      loaded = detail::load_sentencepiece(model_path.string());
       log::warn("{}; using {} instead", e.what(), model_path.string());
-      auto missing = added_tokens_not_pieces(*loaded.backend, json_path.string());
-      if (!missing.empty()) {
-        std::string names;
-        for (size_t i = 0; i < missing.size() && i < 5; ++i)
-          names += (i ? ", " : "") + missing[i].second;
-        if (missing.size() > 5) names += fmt::format(" and {} more", missing.size() - 5);
-        log::warn(
-            "{}: adds tokens {} lacks as pieces of those ids: {}; a text holding one is "
-            "refused",
-            json_path.string(), model_path.string(), names);
-        loaded.backend = std::make_unique<WithoutAddedTokens>(
-            std::move(loaded.backend), std::move(missing), json_path.string());
-      }
-      return loaded;
+      split = json_added_tokens(*loaded.backend, json_path.string());
     }
+  } else if (has_model) {
+    loaded = detail::load_sentencepiece(model_path.string());
+    split = model_split_tokens(loaded, config, (dir / "tokenizer_config.json").string());
+  } else {
+    throw ConfigError("", fmt::format("{}: no tokenizer.json or tokenizer.model in this directory",
+                                      dir.string()));
   }
-  if (has_model) return detail::load_sentencepiece(model_path.string());
-  throw ConfigError(
-      "", fmt::format("{}: no tokenizer.json or tokenizer.model in this directory", dir.string()));
+  if (!split.empty())
+    loaded.backend = std::make_unique<WithAddedTokens>(std::move(loaded.backend), split);
+  return loaded;
 }
 
 }  // namespace
@@ -182,8 +249,8 @@ Tokenizer Tokenizer::load(const std::string& dir) {
     throw ConfigError("", fmt::format("{}: not a directory (want a model directory holding "
                                       "tokenizer.json or tokenizer.model)",
                                       dir));
-  detail::LoadedBackend loaded = load_backend(d);
   const json config = read_optional_json(d, "tokenizer_config.json");
+  detail::LoadedBackend loaded = load_backend(d, config);
   const json map = read_optional_json(d, "special_tokens_map.json");
   Tokenizer t;
   t.bos_ = special_id(*loaded.backend, d, config, map, "bos_token", loaded.bos);

@@ -23,6 +23,11 @@
 //   default, as Llama 2 and Mistral do). Also used, with a warning on the log, when
 //   tokenizer.json asks for something unsupported and tokenizer.model is beside it (Llama 2
 //   and Mistral ship both; their tokenizer.json is a conversion of the SentencePiece model).
+//   As Hugging Face does, special tokens are split out of the text first and each stretch
+//   between them is encoded by the model on its own: that tokenizer.json's added_tokens (with
+//   the ids tokenizers gives them, past the pieces for those the model lacks), or, with
+//   tokenizer.model alone, the model's unk, bos and eos pieces and the tokens of
+//   tokenizer_config.json's added_tokens_decoder (LlamaTokenizer's).
 // - BOS and EOS: DIR/tokenizer_config.json's bos_token and eos_token (a string, or an object
 //   with "content"), else DIR/special_tokens_map.json's; a SentencePiece model's own ids when
 //   neither file names them. When tokenizer_config.json has add_bos_token or add_eos_token

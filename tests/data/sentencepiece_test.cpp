@@ -8,6 +8,7 @@
 #include "common/error.hpp"
 #include "engine/data/tokenizer.hpp"
 #include "engine/train/token_file.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/common/oracle_unavailable.hpp"
 #include "tests/common/run_command.hpp"
 #include "tests/common/temp_dir.hpp"
@@ -60,15 +61,17 @@ class SentencePieceTest : public ::testing::Test {
     return model_dir;
   }
 
-  // `outcore tokenize` over the documents against Python's ids.
-  void compare(const fs::path& model_dir) {
+  // `outcore tokenize` over the documents against Python's ids; `split`: the oracle's tokens
+  // split out of the text (a JSON list of [content, id]), none when empty.
+  void compare(const fs::path& model_dir, const std::string& split = "") {
     std::string out;
     const fs::path ref = dir_ / "ref.bin";
     ASSERT_EQ(outcore::testing::run_command(
                   kPython + " " + test::shell_quote(kOracle.string()) + " encode " +
                       test::shell_quote((model_dir / "tokenizer.model").string()) + " " +
                       test::shell_quote((dir_ / "docs.jsonl").string()) + " " +
-                      test::shell_quote(ref.string()),
+                      test::shell_quote(ref.string()) +
+                      (split.empty() ? "" : " " + test::shell_quote(split)),
                   out),
               0)
         << out;
@@ -103,6 +106,59 @@ TEST_F(SentencePieceTest, BpeModelMatchesPython) { compare(train("bpe")); }
 
 TEST_F(SentencePieceTest, UnigramModelMatchesPython) { compare(train("unigram")); }
 
+// A special token's text inside a document ("</s>" between the turns of a chat rendered as
+// text) is that token, as Hugging Face's tokenizers make it, and each stretch between such
+// tokens is encoded by the model on its own: with tokenizer.model alone, its unk, bos and eos
+// pieces and the tokens tokenizer_config.json's added_tokens_decoder adds; with an unsupported
+// tokenizer.json beside it, the tokens that file adds (ids past the pieces included).
+TEST_F(SentencePieceTest, SpecialTokensInTheTextAreTheirIdsAsInHuggingFace) {
+  const fs::path d = train("bpe");
+  const std::vector<std::string> inserts = {"</s>",  "<s>",      " </s> ",
+                                            "<unk>", "</s></s>", "<|im_start|>user\n",
+                                            "</s",   "< s>",     "\n</s>\n<s>[INST] "};
+  std::string jsonl;
+  for (size_t i = 0; i < docs_.size(); ++i) {
+    std::string& doc = docs_[i];
+    for (size_t k = 0; k < 3; ++k) {
+      size_t at = (i * 7919 + k * 104729) % (doc.size() + 1);
+      while (at < doc.size() && (static_cast<unsigned char>(doc[at]) & 0xC0) == 0x80) ++at;
+      doc.insert(at, inserts[(i + k) % inserts.size()]);
+    }
+    if (i % 5 == 0) doc += "</s>";  // a document ending in EOS takes no second one
+    if (i % 7 == 0) doc = "<s>" + doc;
+    jsonl += json{{"text", doc}}.dump() + "\n";
+  }
+  test::write_file(dir_ / "docs.jsonl", jsonl);
+  {
+    SCOPED_TRACE("tokenizer.model alone");
+    compare(d, R"([["<unk>", 0], ["<s>", 1], ["</s>", 2]])");
+  }
+  {
+    SCOPED_TRACE("tokenizer_config.json's added_tokens_decoder");
+    const json token = {{"content", "<|im_start|>"}, {"lstrip", false},     {"rstrip", false},
+                        {"single_word", false},      {"normalized", false}, {"special", true}};
+    test::write_file(d / "tokenizer_config.json",
+                     json{{"added_tokens_decoder", {{"3000", token}}}}.dump());
+    compare(d, R"([["<unk>", 0], ["<s>", 1], ["</s>", 2], ["<|im_start|>", 3000]])");
+    fs::remove(d / "tokenizer_config.json");
+  }
+  SCOPED_TRACE("an unsupported tokenizer.json");
+  auto added = [](const char* content, uint32_t id) {
+    return json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
+  };
+  const json converted = {
+      {"model",
+       {{"type", "BPE"},
+        {"byte_fallback", true},
+        {"vocab", json::object()},
+        {"merges", json::array()}}},
+      {"added_tokens",
+       {added("<unk>", 0), added("<s>", 1), added("</s>", 2), added("<|im_start|>", 3000)}}};
+  test::write_file(d / "tokenizer.json", converted.dump());
+  compare(d, R"([["<unk>", 0], ["<s>", 1], ["</s>", 2], ["<|im_start|>", 3000]])");
+}
+
 // Llama 2 and Mistral ship a tokenizer.json converted from their SentencePiece model, with
 // components outcore does not implement; tokenizer.model beside it is used instead.
 TEST_F(SentencePieceTest, UnsupportedTokenizerJsonFallsBackToTheModel) {
@@ -127,22 +183,29 @@ TEST_F(SentencePieceTest, UnsupportedTokenizerJsonFallsBackToTheModel) {
   t.encode("hello", true, ids);
   ASSERT_FALSE(ids.empty());
   EXPECT_EQ(ids.front(), 1u);  // BOS by default, as Llama 2 adds it
-  // Tokens the JSON adds that the model lacks (a chat template's, a <pad> past its pieces) would
-  // be spelled out as text by the model: a text holding one is refused, naming it; other texts
-  // encode as before.
+  // Tokens the JSON adds that the model lacks (a chat template's, a <pad> past its pieces) take
+  // the ids tokenizers gives them, past the pieces; a text holding one has it as that id.
   converted["added_tokens"].push_back(added("<|im_start|>", 3000));
   test::write_file(d / "tokenizer.json", converted.dump());
   const Tokenizer chat = Tokenizer::load(d.string());
+  EXPECT_EQ(chat.vocab_size(), 3001u);
+  EXPECT_EQ(chat.token_id("<|im_start|>"), 3000u);
   std::vector<uint32_t> same;
   chat.encode("hello", true, same);
   EXPECT_EQ(same, ids);
-  try {
-    std::vector<uint32_t> out;
-    chat.encode("<|im_start|>hello", true, out);
-    ADD_FAILURE() << "a token the model lacks was spelled out as text";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("\"<|im_start|>\" (id 3000)"), std::string::npos)
-        << e.what();
+  std::vector<uint32_t> with_token;
+  chat.encode("<|im_start|>hello", true, with_token);
+  std::vector<uint32_t> want = {1, 3000};
+  want.insert(want.end(), ids.begin() + 1, ids.end());
+  EXPECT_EQ(with_token, want);
+  // An id in the file other than the one tokenizers gives is warned about; tokenizers' is used.
+  converted["added_tokens"].back()["id"] = 4000;
+  test::write_file(d / "tokenizer.json", converted.dump());
+  {
+    outcore::test::LogCapture log;
+    EXPECT_EQ(Tokenizer::load(d.string()).token_id("<|im_start|>"), 3000u);
+    EXPECT_NE(log.text().find("is given id 4000 but tokenizers assigns it 3000"), std::string::npos)
+        << log.text();
   }
   // Without the model beside it, the same tokenizer.json is refused naming the key.
   fs::remove(d / "tokenizer.model");
