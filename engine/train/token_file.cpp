@@ -289,6 +289,15 @@ void MaskFile::read(size_t begin, std::span<uint8_t> out) const {
                                       path_, begin, begin + out.size(), count_));
   }
   read_exact(file_, path_, begin, out.data(), out.size());
+  uint8_t any = 0;
+  for (const uint8_t b : out) any |= b;
+  if (any > 1) {
+    const size_t bad = first_at_or_above(out.data(), out.size(), 2);
+    throw CorruptData(
+        fmt::format("{}: byte {} at position {} is not a mask value (0 or 1); the "
+                    "file changed while training read it",
+                    path_, out[bad], begin + bad));
+  }
 }
 
 uint64_t MaskFile::check(size_t begin, size_t end) const {

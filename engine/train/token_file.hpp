@@ -103,8 +103,9 @@ class MaskFile {
   size_t size() const { return count_; }
   // Whether token i is a training target. REQUIRES i < size().
   bool operator[](size_t i) const;
-  // Copies the bytes of tokens [begin, begin + out.size()) into `out` (0 or 1 each, unchecked).
-  // Throws InvalidArgument when the range runs past size().
+  // Copies the bytes of tokens [begin, begin + out.size()) into `out`, each 0 or 1: a file
+  // changed since check() (another value written in place) throws CorruptData naming the path,
+  // the position and the value. Throws InvalidArgument when the range runs past size().
   void read(size_t begin, std::span<uint8_t> out) const;
   // Checks that every byte in [begin, end) is 0 or 1 and returns how many are 1. Throws
   // CorruptData naming the path, the first bad position and its value; InvalidArgument when

@@ -374,6 +374,25 @@ TEST(DataLoader, BadMasksAreRejectedNamingTheFile) {
           << e.what();
     }
   }
+  {  // a byte changed in place after the check, while training reads the file
+    auto changed = write_mask(
+        dir, *f, [](size_t) { return true; }, "changed.mask");
+    DataLoader l(f, {0, 1000}, {.micro_batch = 2, .seq_len = 8}, "train", changed);
+    std::vector<int32_t> in(16), tg(16);
+    l.next(in, tg);
+    std::FILE* out = std::fopen(dir.file("changed.mask").c_str(), "r+b");
+    std::fseek(out, 0, SEEK_SET);
+    for (int i = 0; i < 1000; ++i) std::fputc(7, out);
+    std::fclose(out);
+    try {
+      l.next(in, tg);
+      FAIL() << "a mask byte of 7 was read as a target";
+    } catch (const CorruptData& e) {
+      EXPECT_NE(std::string(e.what()).find("changed.mask: byte 7 at position "), std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW((void)l.trained_in_first(1), CorruptData);
+  }
   {  // nothing to train on
     auto none = write_mask(
         dir, *f, [](size_t i) { return i == 0; }, "none.mask");
