@@ -230,7 +230,14 @@ bool SectionReader::get(std::string_view key, std::string& out, bool null_is_emp
     d_.error(key_path(key), got(*v, null_is_empty ? "a string or null" : "a string"));
     return false;
   }
-  out = v->get<std::string>();
+  const std::string& text = v->get_ref<const std::string&>();
+  if (text.find('\0') != std::string::npos) {  // a path would end there for the system
+    d_.error(key_path(key), fmt::format("{} holds a NUL character (\\u0000), which no path or "
+                                        "name can hold",
+                                        show(*v)));
+    return false;
+  }
+  out = text;
   return true;
 }
 

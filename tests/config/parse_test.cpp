@@ -165,6 +165,18 @@ TEST(ParseBadInput, NvmeOffloadWithoutNvmePath) {
                         "required when device is \"nvme\""));
 }
 
+// A string with a NUL would be cut there by the system (a metrics file "m.jsonl\u0000x" written
+// as m.jsonl, replacing it): refused naming the key.
+TEST(ParseBadInput, AStringHoldingANulIsRefused) {
+  auto issues = parse_errors(R"({"zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "sw\u0000x"}},
+      "outcore": {"metrics_file": "m.jsonl\u0000-other.jsonl"}})");
+  EXPECT_TRUE(has_issue(issues, "zero_optimization.offload_param.nvme_path",
+                        "\"sw\\u0000x\" holds a NUL character"))
+      << dump(issues);
+  EXPECT_TRUE(has_issue(issues, "outcore.metrics_file", "holds a NUL character")) << dump(issues);
+}
+
 TEST(ParseBadInput, UnknownOffloadDevice) {
   auto issues = parse_errors(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})");
   EXPECT_TRUE(has_issue(issues, "zero_optimization.offload_optimizer.device",
