@@ -175,21 +175,24 @@ class CPUAdam(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
                  adamw_mode=True, bias_correction=True, *, amsgrad=False,
                  fp32_optimizer_states=True, formula="deepspeed", threads=None):
+        for name, value in (("adamw_mode", adamw_mode), ("bias_correction", bias_correction),
+                            ("amsgrad", amsgrad),
+                            ("fp32_optimizer_states", fp32_optimizer_states)):
+            _check_flag(value, f"CPUAdam: {name}")
         if amsgrad:
             raise ValueError("CPUAdam: amsgrad=True is not supported (as in DeepSpeedCPUAdam)")
-        if lr < 0.0:
+        # Written as torch.optim.Adam writes them, so that NaN is refused too.
+        if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
-        if eps <= 0.0:
+        if not eps > 0.0:
             raise ValueError(f"Invalid epsilon value: {eps}")
         if (not isinstance(betas, (tuple, list)) or len(betas) != 2
                 or not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0)):
             raise ValueError(f"Invalid beta parameters: {betas}")
-        if weight_decay < 0.0:
+        if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if formula not in ("deepspeed", "pytorch"):
             raise ValueError(f'formula: got {formula!r}; allowed: "deepspeed", "pytorch"')
-        for name, value in (("adamw_mode", adamw_mode), ("bias_correction", bias_correction)):
-            _check_flag(value, f"CPUAdam: {name}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         adamw_mode=adamw_mode, bias_correction=bias_correction)
         super().__init__(params, defaults)

@@ -219,6 +219,15 @@ class CopyOutAndErrors(unittest.TestCase):
             q.grad = torch.zeros(8)
             with self.assertRaisesRegex(TypeError, flag):
                 late.step()
+        for flag in ("fp32_optimizer_states", "amsgrad"):
+            for value in ("no", "false", None, 2.0):
+                with self.assertRaisesRegex(TypeError, f"{flag} must be True or False"):
+                    CPUAdam([q], **{flag: value})
+        self.assertEqual(CPUAdam([q], fp32_optimizer_states=0)._moments, torch.bfloat16)
+        # NaN is refused where it is given, as torch.optim.Adam refuses it.
+        for key in ("lr", "eps", "weight_decay"):
+            with self.assertRaisesRegex(ValueError, "Invalid"):
+                CPUAdam([q], **{key: float("nan")})
         q.grad = torch.zeros(8)
         opt = CPUAdam([q])
         opt.param_groups[0]["lr"] = float("nan")
