@@ -1529,6 +1529,11 @@ TEST_F(TrainCliTest, FlagsWithoutEffectAreRefused) {
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("error: --val-fraction 0.1 holds out --data's tail"), std::string::npos)
       << r.err;
+  r = run(base + " --eval-batches 5");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("error: --eval-batches 5: there is no validation set for it"),
+            std::string::npos)
+      << r.err;
   // An empty value is a mistake, not "not given" (--save-dir '' saved nothing).
   for (const char* flag : {"--save-dir", "--seq-len", "--metrics"}) {
     r = run(base + " " + flag + " ''");

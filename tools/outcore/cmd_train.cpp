@@ -834,6 +834,13 @@ int run_train(const TrainCliOptions& o) {
   // A resume validates as its run did, where it has a validation set.
   const bool validates = !topts.val_data.empty() || topts.val_fraction > 0;
   topts.eval_every = n.eval_every.value_or(rd && validates ? rd->eval_every : 0);
+  if (n.eval_batches && !validates) {  // refused rather than dropped, as --eval-every is
+    std::fprintf(stderr,
+                 "error: --eval-batches %lld: there is no validation set for it (--val-data or "
+                 "--val-fraction)\n",
+                 static_cast<long long>(*n.eval_batches));
+    return 2;
+  }
   if (n.eval_batches)
     topts.eval_batches = *n.eval_batches;
   else if (rd && rd->eval_batches > 0)
