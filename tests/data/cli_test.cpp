@@ -166,6 +166,11 @@ TEST_F(TokenizeCliTest, RefusedInvocationsExit2) {
   r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) + " --prompt-key p");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("--prompt-key needs --completion-key"), std::string::npos) << r.err;
+  r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) +
+          " --prompt-key p --completion-key p");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--prompt-key and --completion-key are both \"p\""), std::string::npos)
+      << r.err;
   // A prefix that names a directory would write the hidden files DIR/.bin.
   r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o") + "/"));
   EXPECT_EQ(r.rc, 2);

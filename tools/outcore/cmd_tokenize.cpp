@@ -87,6 +87,11 @@ int run_tokenize(const TokenizeArgs& a) {
     throw InvalidArgument("--prompt-key needs --completion-key");
   if (a.prompt_key.empty() && !a.completion_key.empty())
     throw InvalidArgument("--completion-key needs --prompt-key");
+  if (!a.prompt_key.empty() && a.prompt_key == a.completion_key)
+    throw InvalidArgument(fmt::format(
+        "--prompt-key and --completion-key are both \"{}\": the completion would repeat the "
+        "prompt; name the two keys of a pair",
+        a.prompt_key));
   // A key given for an input read as plain text would be dropped without a word (its JSON
   // lines tokenized as text).
   if (a.text_key_given)
