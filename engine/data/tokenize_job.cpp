@@ -714,6 +714,26 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
     // is in place).
     remove_leftovers(outputs[0], interrupted->pids, /*asides=*/false, inputs);
   }
+  // A file at the token file's path that is not a token file (a user's draft named thesis.bin)
+  // is never replaced: an llm.c file with its header and the size it gives, a raw .u32 whole
+  // tokens. A killed job's pair is always whole token files (renamed into place).
+  {
+    std::error_code ec;
+    const fs::file_status st = fs::symlink_status(outputs[0], ec);
+    if (fs::exists(st) && fs::is_regular_file(st)) {
+      const std::optional<uint64_t> count = token_count_of(outputs[0], llmc);
+      const uintmax_t size = fs::file_size(outputs[0], ec);
+      const bool tokens =
+          count && !ec &&
+          (!llmc || size == kLlmcHeaderInts * sizeof(int32_t) + *count * sizeof(uint16_t));
+      if (!tokens)
+        throw InvalidArgument(fmt::format(
+            "{} exists and is not a token file ({}): this job does not replace it; move it away "
+            "or choose another --out",
+            outputs[0],
+            llmc ? "no llm.c header giving its size" : "not a whole number of 32-bit tokens"));
+    }
+  }
   // PREFIX.mask is the loss mask of PREFIX.bin or PREFIX.u32 (the data loader pairs it with
   // either): with the token file of the other extension beside it, it may be that file's, which
   // this job must neither replace nor remove.

@@ -117,13 +117,13 @@ TEST_F(TokenizeCliTest, PromptCompletionPairsWriteTokensAndMask) {
 }
 
 TEST_F(TokenizeCliTest, BadInputIsOneLineWithFileAndLineAndExit2) {
-  test::write_file(dir_ / "out.bin", "previous");
+  test::write_file(dir_ / "out.bin", test::llmc_token_file({7, 8, 9}));
   const std::string in = input("bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"fine\"}\n{oops}\n");
   const CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("out")));
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_EQ(error_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("error: " + in + ":3: not valid JSON"), std::string::npos) << r.err;
-  EXPECT_EQ(test::slurp(dir_ / "out.bin"), "previous");
+  EXPECT_EQ(test::slurp(dir_ / "out.bin"), test::llmc_token_file({7, 8, 9}));
   // --skip-bad: written, the bad line counted and named.
   const CliResult skipped =
       run("--skip-bad --input " + shell_quote(in) + " --out " + shell_quote(path("out")));
@@ -132,9 +132,9 @@ TEST_F(TokenizeCliTest, BadInputIsOneLineWithFileAndLineAndExit2) {
       << skipped.out;
   EXPECT_NE(skipped.err.find("skipped: " + in + ":3: not valid JSON"), std::string::npos)
       << skipped.err;
-  EXPECT_NE(test::slurp(dir_ / "out.bin"), "previous");
+  EXPECT_NE(test::slurp(dir_ / "out.bin"), test::llmc_token_file({7, 8, 9}));
   // --log-json says how a failed job ended; every document bad is no output at all.
-  test::write_file(dir_ / "out.bin", "previous");
+  test::write_file(dir_ / "out.bin", test::llmc_token_file({7, 8, 9}));
   const std::string all_bad = input("all_bad.jsonl", "{oops}\n[1]\n");
   const CliResult none = run("--skip-bad --input " + shell_quote(all_bad) + " --out " +
                              shell_quote(path("out")) + " --log-json " + shell_quote(path("log")));
@@ -142,7 +142,7 @@ TEST_F(TokenizeCliTest, BadInputIsOneLineWithFileAndLineAndExit2) {
   EXPECT_NE(none.err.find("error: no tokens to write: every document was skipped as bad"),
             std::string::npos)
       << none.err;
-  EXPECT_EQ(test::slurp(dir_ / "out.bin"), "previous");
+  EXPECT_EQ(test::slurp(dir_ / "out.bin"), test::llmc_token_file({7, 8, 9}));
   std::ifstream log(path("log"));
   json last;
   for (std::string line; std::getline(log, line);) last = json::parse(line);
@@ -394,7 +394,7 @@ bool catches_sigint(pid_t pid) {
 
 // Ctrl-C in the middle: exit 130, the previous output as it was, no temporaries.
 TEST_F(TokenizeCliTest, SigintStopsWithoutWritingAnything) {
-  test::write_file(dir_ / "o.bin", "previous");
+  test::write_file(dir_ / "o.bin", test::llmc_token_file({7, 8, 9}));
   std::string text;
   const std::string block = "the singing and a quick brown fox then 12345 the end\n\n";
   while (text.size() < (size_t{80} << 20)) text += block;
@@ -420,7 +420,7 @@ TEST_F(TokenizeCliTest, SigintStopsWithoutWritingAnything) {
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);
-  EXPECT_EQ(test::slurp(dir_ / "o.bin"), "previous");
+  EXPECT_EQ(test::slurp(dir_ / "o.bin"), test::llmc_token_file({7, 8, 9}));
   for (const auto& e : fs::directory_iterator(dir_.path()))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
 }

@@ -80,4 +80,16 @@ inline void write_tiny_tokenizer_dir(const std::filesystem::path& dir, uint32_t 
   write_tokenizer_dir(dir, tiny_tokenizer(eos_id), json{{"eos_token", "<|endoftext|>"}});
 }
 
+// The bytes of an llm.c token file of `tokens` (what an earlier job wrote at an output, which a
+// job replaces; a file that is not one is never replaced).
+inline std::string llmc_token_file(const std::vector<uint16_t>& tokens) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;  // magic
+  header[1] = 1;         // version
+  header[2] = static_cast<int32_t>(tokens.size());
+  std::string out(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
+  out.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
+  return out;
+}
+
 }  // namespace outcore::test

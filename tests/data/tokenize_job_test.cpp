@@ -633,7 +633,7 @@ TEST_F(TokenizeJobTest, LargeVocabulariesWriteRawUint32) {
 
 // Each kind of bad input names the file and the line, and leaves an existing output as it was.
 TEST_F(TokenizeJobTest, BadInputNamesFileAndLineAndTouchesNothing) {
-  test::write_file(dir_ / "out.bin", "previous contents");
+  test::write_file(dir_ / "out.bin", test::llmc_token_file({7, 8, 9}));
   struct Case {
     std::string name, bytes, want;
   };
@@ -659,7 +659,7 @@ TEST_F(TokenizeJobTest, BadInputNamesFileAndLineAndTouchesNothing) {
           << "want \"" << c.want << "\" in: " << e.what();
       EXPECT_EQ(e.file(), in);
     }
-    EXPECT_EQ(test::slurp(dir_ / "out.bin"), "previous contents") << c.name;
+    EXPECT_EQ(test::slurp(dir_ / "out.bin"), test::llmc_token_file({7, 8, 9})) << c.name;
     EXPECT_TRUE(temporaries().empty()) << c.name;
     EXPECT_EQ(test::slurp(in), c.bytes) << "an input was changed";
   }
@@ -740,6 +740,19 @@ TEST_F(TokenizeJobTest, RefusedOptionsWriteNothing) {
   refused(options({text}, "no/such/dir/out"), "does not exist");
   fs::create_directories(dir_ / "isdir.bin");
   refused(options({text}, "isdir"), "not a regular file");
+  // A file at the output's name that is not a token file (a user's, named alike) is kept: only
+  // a token file is replaced.
+  test::write_file(dir_ / "thesis.bin", "my thesis draft, not a token file\n");
+  refused(options({text}, "thesis"), "thesis.bin exists and is not a token file");
+  EXPECT_EQ(test::slurp(dir_ / "thesis.bin"), "my thesis draft, not a token file\n");
+  TokenizeOptions whole = options({text}, "whole");
+  run_tokenize_job(*tokenizer_, whole);
+  const std::string first = test::slurp(dir_ / "whole.bin");
+  test::write_file(dir_ / "whole.bin", first + "x");  // a byte past the header's count
+  refused(whole, "whole.bin exists and is not a token file");
+  test::write_file(dir_ / "whole.bin", first);
+  run_tokenize_job(*tokenizer_, whole);  // a token file is replaced
+  EXPECT_EQ(test::slurp(dir_ / "whole.bin"), first);
   EXPECT_TRUE(temporaries().empty());
 }
 
@@ -754,12 +767,12 @@ TEST_F(TokenizeJobTest, OversizedDocumentsAreRefused) {
 }
 
 TEST_F(TokenizeJobTest, AStopRequestWritesNothing) {
-  test::write_file(dir_ / "out.bin", "previous contents");
+  test::write_file(dir_ / "out.bin", test::llmc_token_file({7, 8, 9}));
   std::atomic<bool> stop{true};
   TokenizeOptions o = options({input("a.txt", "some text\n")});
   o.stop = &stop;
   EXPECT_THROW(run_tokenize_job(*tokenizer_, o), Interrupted);
-  EXPECT_EQ(test::slurp(dir_ / "out.bin"), "previous contents");
+  EXPECT_EQ(test::slurp(dir_ / "out.bin"), test::llmc_token_file({7, 8, 9}));
   EXPECT_TRUE(temporaries().empty());
 }
 
