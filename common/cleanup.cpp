@@ -6,7 +6,10 @@
 #include <cerrno>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <vector>
+
+#include "common/open_file.hpp"
 
 namespace outcore::cleanup {
 namespace {
@@ -15,7 +18,8 @@ struct Entry {
   std::string path;
   bool directory = false;
   Scope scope = Scope::kData;
-  bool tree = false;  // a directory removed with everything in it
+  bool tree = false;         // a directory removed with everything in it
+  std::optional<FileId> id;  // removed only while the file at `path` is this one
 };
 
 // Never destroyed: a removal may run from an atexit handler registered before these were made
@@ -35,6 +39,14 @@ std::vector<Entry>& registry() {
 void register_path(const std::string& path, bool directory, Scope scope) {
   std::lock_guard lock(registry_mutex());
   registry().push_back({path, directory, scope});
+}
+
+void register_file(const std::string& path, int fd, Scope scope) {
+  std::lock_guard lock(registry_mutex());
+  Entry e{path, false, scope};
+  FileId id;
+  if (file_id_of(fd, id)) e.id = id;
+  registry().push_back(std::move(e));
 }
 
 void register_tree(const std::string& path, Scope scope) {
@@ -60,8 +72,8 @@ size_t remove_registered_files(Scope scope) {
   // The data first, then the other files newest first: a lock (taken before the files made
   // under it) goes after them (the empty directories last).
   auto remove = [&](Entry& e) {
-    if (::unlink(e.path.c_str()) == 0) ++removed;
-    e.path.clear();  // forgotten: removed, or gone
+    if (e.id ? unlink_if_same(e.path, *e.id) : ::unlink(e.path.c_str()) == 0) ++removed;
+    e.path.clear();  // forgotten: removed, gone, or another file now
   };
   for (Entry& e : r)
     if (taken(e) && !e.directory && e.scope == Scope::kData) remove(e);

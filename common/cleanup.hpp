@@ -30,6 +30,9 @@ void register_path(const std::string& path, bool directory = false, Scope scope 
 // nothing else writes into), to be removed whole by a removal of `scope` or wider, after the
 // files and before the empty directories.
 void register_tree(const std::string& path, Scope scope = Scope::kAll);
+// register_path for a file this process made and holds open as `fd`: a removal unlinks it only
+// while the file at `path` is still that one.
+void register_file(const std::string& path, int fd, Scope scope = Scope::kData);
 // Forget `path` (its owner removed it, or will): false when it was not registered (a removal
 // took it).
 bool unregister_path(const std::string& path);

@@ -187,6 +187,14 @@ struct TensorInfo {
   uint64_t slot_bytes() const { return align_up(bytes, kIoAlignment); }
 };
 
+// The directory a SwapSpace makes under nvme_path; everything in it is a run's, removed when the
+// run ends.
+inline constexpr std::string_view kSwapTreeName = "outcore_swap";
+// The swap tree (a directory named kSwapTreeName) `path` lies in, made absolute, or nullopt.
+// Outputs there are refused: a run's swap files of those names would replace them, and the
+// run's exit would remove them.
+std::optional<std::filesystem::path> swap_tree_holding(const std::filesystem::path& path);
+
 struct SwapSpaceOptions {
   std::filesystem::path nvme_path;  // must exist; the outcore_swap/ tree is made below it
   int rank = 0;                     // >= 0

@@ -20,6 +20,7 @@
 #include "common/cleanup.hpp"
 #include "common/lock_file.hpp"
 #include "common/log.hpp"
+#include "common/open_file.hpp"
 #include "swap/swap.hpp"
 #include "swap/swap_file_format.hpp"
 
@@ -99,6 +100,7 @@ struct SwapSpace::Impl {
     aio::File file;
     std::vector<TensorInfo> tensors;
     bool created = false;
+    std::optional<FileId> id;  // of the file created (removed only while it is there)
   };
 
   SwapSpaceOptions options;
@@ -121,8 +123,16 @@ struct SwapSpace::Impl {
       }
       if (!f.created) continue;
       // Unlinked before it is unregistered (a signal in between must not leave the file): the
-      // directory's lock, still held, keeps any other run from creating one of that name.
-      if (::unlink(f.path.c_str()) != 0 && errno != ENOENT)
+      // directory's lock, still held, keeps any other run from creating one of that name. A
+      // file put at its name since (a user's output written over it) is not this run's.
+      FileId now;
+      if (f.id && file_id_of(f.path.string(), now) && !(now == *f.id))
+        log::warn(
+            "swap: {} is no longer this run's swap file (another file was put at its name "
+            "while the run worked): left as it is",
+            f.path.string());
+      else if (!(f.id ? unlink_if_same(f.path.string(), *f.id) : ::unlink(f.path.c_str()) == 0) &&
+               errno != ENOENT)
         log::warn("swap: cannot remove {}: {}", f.path.string(), errno_string(errno));
       cleanup::unregister_path(f.path.string());
     }
@@ -316,7 +326,8 @@ struct SwapSpace::Impl {
           f.path.string()));
     }
     f.created = true;
-    cleanup::register_path(f.path.string());
+    if (FileId id; file_id_of(f.file.fd(), id)) f.id = id;
+    cleanup::register_file(f.path.string(), f.file.fd());
     // The header first: a file left by a run killed here is empty or starts with it, and only
     // such a file is taken for a stale swap file (is_swap_file).
     write_header(f);
@@ -348,7 +359,7 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::span<const SwapFileSp
     throw IoError(options.nvme_path.string(), ec ? ec.value() : ENOENT,
                   "swap nvme_path is not a directory");
   }
-  fs::path top = options.nvme_path / "outcore_swap";
+  fs::path top = options.nvme_path / kSwapTreeName;
   impl->root = top / fmt::format("rank{}", options.rank);
   std::set<SwapKind> kinds;
   for (const SwapFileSpec& f : files) kinds.insert(f.kind);
@@ -396,6 +407,19 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::span<const SwapFileSp
 }
 
 SwapSpace::~SwapSpace() = default;
+
+std::optional<fs::path> swap_tree_holding(const fs::path& path) {
+  std::error_code ec;
+  const fs::path abs = fs::absolute(path, ec).lexically_normal();
+  if (ec) return std::nullopt;
+  fs::path at;
+  for (auto it = abs.begin(); it != abs.end(); ++it) {
+    at /= *it;
+    // A directory of that name holding the path (not the path itself: nvme_path may end in it).
+    if (*it == kSwapTreeName && std::next(it) != abs.end() && !std::next(it)->empty()) return at;
+  }
+  return std::nullopt;
+}
 
 TensorId SwapSpace::find(uint32_t unit, SwapKind kind, std::string_view name) const {
   auto it = impl_->index.find(file_key(unit, kind));

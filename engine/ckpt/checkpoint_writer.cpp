@@ -246,6 +246,26 @@ bool is_checkpoint_dir(const fs::path& p) {
   }
 }
 
+std::optional<std::string> killed_save_after(const fs::path& dir, const std::string& resumed_tag) {
+  const int64_t from = step_of_tag(resumed_tag);
+  std::error_code ec;
+  if (from < 0 || !fs::exists(dir / kLatestName, ec)) return std::nullopt;
+  try {
+    if (read_latest_tag(dir / kLatestName) != resumed_tag) return std::nullopt;
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  std::vector<std::string> later;
+  for (const auto& [step, path] : checkpoints_in(dir))
+    if (step > from) later.push_back(path.filename().string());
+  if (later.size() != 1) return std::nullopt;
+  const fs::file_time_type resumed_at = fs::last_write_time(dir / resumed_tag / kManifestName, ec);
+  if (ec) return std::nullopt;
+  const fs::file_time_type later_at = fs::last_write_time(dir / later[0] / kManifestName, ec);
+  if (ec || later_at < resumed_at) return std::nullopt;
+  return later[0];
+}
+
 std::vector<std::pair<int64_t, fs::path>> checkpoints_in(const fs::path& dir) {
   std::vector<std::pair<int64_t, fs::path>> found;
   std::error_code ec;
@@ -406,21 +426,9 @@ void SaveDir::open_entries() {
     for (const auto& [step, name] : checkpoints)
       if (step > from) later_names.push_back(name);
     const std::string later = fmt::format("{}", fmt::join(later_names, ", "));
-    // Saved after the one `latest` names, when that is the one resumed from: a save of this
-    // same run killed before it was named latest, which this run's saves replace. Saves run one
-    // at a time, each named latest before the next starts: a killed one leaves one checkpoint,
-    // written after the one latest names. Several, or one written before it (another run's, left
-    // by a --start-over that was killed before it removed them), are not this run's.
-    const auto written_at = [&](const std::string& tag, fs::file_time_type& t) {
-      std::error_code ec;
-      t = fs::last_write_time(dir_ / tag / kManifestName, ec);
-      return !ec;
-    };
-    fs::file_time_type resumed_at, later_at;
-    const bool one_killed_save = later_names.size() == 1 && latest() == options_.resumed_tag &&
-                                 written_at(options_.resumed_tag, resumed_at) &&
-                                 written_at(later_names.front(), later_at) &&
-                                 later_at >= resumed_at;
+    // A save of this same run killed before it was named latest: this run's saves replace it.
+    const bool one_killed_save = later_names.size() == 1 &&
+                                 killed_save_after(dir_, options_.resumed_tag) == later_names[0];
     if (one_killed_save)
       log::warn(
           "checkpoint: {} in {} was saved after {}, which latest names (a save killed "

@@ -399,6 +399,14 @@ bool is_checkpoint_dir(const std::filesystem::path& path);
 std::vector<std::pair<int64_t, std::filesystem::path>> checkpoints_in(
     const std::filesystem::path& dir);
 
+// The checkpoint of save directory `dir` that a save of the run resumed from `resumed_tag` left
+// when it was killed before naming it latest: `latest` names `resumed_tag`, and the one
+// checkpoint of a later step was written after it. Saves run one at a time, each named latest
+// before the next starts, so a killed one leaves one such checkpoint; several, or one written
+// before it (another run's, left by a --start-over killed before it removed them), are not
+// this run's. Its tag, or nullopt.
+std::optional<std::string> killed_save_after(const std::filesystem::path& dir,
+                                             const std::string& resumed_tag);
 // The outcore checkpoint directory `path` is or lies in (itself or its nearest ancestor holding
 // an outcore manifest), or nullopt. A file written there is one the checkpoint does not list: a
 // save directory then keeps that checkpoint forever, and a save of its tag is refused.

@@ -65,8 +65,8 @@ void require(SectionReader& p, bool missing, std::string_view key, std::string_v
 }
 
 void read_warmup_lr(SectionReader& p, SchedulerType type, WarmupLRParams& w) {
-  p.get_auto("warmup_min_lr", w.warmup_min_lr, kNonNegativeReal);
-  p.get_auto("warmup_max_lr", w.warmup_max_lr, kNonNegativeReal);
+  p.get_auto("warmup_min_lr", w.warmup_min_lr, kNonNegativeFp32);
+  p.get_auto("warmup_max_lr", w.warmup_max_lr, kNonNegativeFp32);
   p.get_auto("warmup_num_steps", w.warmup_num_steps, kPositive);
   read_warmup_type(p, w.warmup_type);
   p.ignore("last_batch_iteration", -1);
@@ -94,11 +94,11 @@ void read_warmup_cosine(SectionReader& p, WarmupCosineLRParams& c) {
 
 void read_one_cycle(SectionReader& p, OneCycleParams& c) {
   size_t errors = p.diagnostics().errors.size();
-  p.get("cycle_min_lr", c.cycle_min_lr, kNonNegativeReal);
+  p.get("cycle_min_lr", c.cycle_min_lr, kNonNegativeFp32);
   require(p, !c.cycle_min_lr && absent(p, "cycle_min_lr", errors), "cycle_min_lr", "OneCycle",
           "a number >= 0");
   errors = p.diagnostics().errors.size();
-  p.get("cycle_max_lr", c.cycle_max_lr, kNonNegativeReal);
+  p.get("cycle_max_lr", c.cycle_max_lr, kNonNegativeFp32);
   require(p, !c.cycle_max_lr && absent(p, "cycle_max_lr", errors), "cycle_max_lr", "OneCycle",
           "a number >= 0");
   if (c.cycle_min_lr && c.cycle_max_lr && *c.cycle_max_lr < *c.cycle_min_lr) {
@@ -147,13 +147,13 @@ void read_optimizer(SectionReader& root, Diagnostics& d, OptimizerConfig& o) {
   s.ignore("legacy_fusion", false);
 
   SectionReader p(object_at(s, "params"), "optimizer.params", d, /*auto_means_default=*/false);
-  p.get_auto("lr", o.lr, kNonNegativeReal);
+  p.get_auto("lr", o.lr, kNonNegativeFp32);
   read_betas(p, o.betas);
   // Adam computes in fp32: an eps that rounds to 0 (or to infinity) there is refused.
   p.get_auto(
       "eps", o.eps,
       RealRange{std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max()});
-  p.get_auto("weight_decay", o.weight_decay, kNonNegativeReal);
+  p.get_auto("weight_decay", o.weight_decay, kNonNegativeFp32);
   p.get("bias_correction", o.bias_correction);
   if (p.get("adam_w_mode", o.adam_w_mode) && !o.adam_w_mode && o.type == OptimizerType::kAdamW) {
     d.warn("optimizer.params.adam_w_mode",

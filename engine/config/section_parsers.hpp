@@ -16,6 +16,9 @@ inline const IntRange kNonNegative{0};
 inline const RealRange kNonNegativeReal{0};
 inline const RealRange kPositiveReal{0, kInf, true};
 inline const RealRange kUnitInterval{0, 1};
+// A non-negative number fp32 holds: a learning rate or weight decay, which Adam and the
+// schedules apply in fp32 (a larger one is infinite there: the first step's loss is NaN).
+inline const RealRange kNonNegativeFp32{0, std::numeric_limits<float>::max()};
 
 // The object at `key` of `parent`, or nullptr when absent or null. Anything else that is
 // not an object is an error.

@@ -88,7 +88,8 @@ std::unique_ptr<Batch> DocumentReader::next() {
       if (!eof)
         throw BadDocument(path, 1,
                           fmt::format("the file is longer than {} bytes, the most one "
-                                      "document may hold (--doc-per-file)",
+                                      "document may hold (--doc-per-file; --max-document-mb "
+                                      "raises it)",
                                       options_.max_document_bytes));
       if (!b->bytes.empty()) b->docs.push_back({0, b->bytes.size(), 1});
     } else {
@@ -107,6 +108,19 @@ void DocumentReader::cut(Batch& b, bool eof) {
     cut_text(b, eof);
 }
 
+void DocumentReader::throw_line_too_long(const Batch& b, uint64_t line) const {
+  throw BadDocument(files_[b.file], line,
+                    fmt::format("a line longer than {} bytes (--max-document-mb raises it)",
+                                options_.max_document_bytes));
+}
+
+void DocumentReader::throw_document_too_long(const Batch& b) const {
+  throw BadDocument(files_[b.file], doc_line_,
+                    fmt::format("a document longer than {} bytes (documents are separated by "
+                                "blank lines; --max-document-mb raises it)",
+                                options_.max_document_bytes));
+}
+
 void DocumentReader::cut_lines(Batch& b, bool eof) {
   const std::string_view s = b.bytes;
   size_t begin = 0;
@@ -115,15 +129,15 @@ void DocumentReader::cut_lines(Batch& b, bool eof) {
     const size_t nl = s.find('\n', begin);
     if (nl == std::string_view::npos && !eof) break;
     const size_t end = nl == std::string_view::npos ? s.size() : nl;
-    if (!is_blank(s.substr(begin, end - begin)))
+    if (!is_blank(s.substr(begin, end - begin))) {
+      if (end - begin > options_.max_document_bytes) throw_line_too_long(b, line);
       b.docs.push_back({begin, without_cr(s, begin, end) - begin, line});
+    }
     begin = end + 1;
     ++line;
   }
   begin = std::min(begin, s.size());
-  if (s.size() - begin > options_.max_document_bytes)
-    throw BadDocument(files_[b.file], line,
-                      fmt::format("a line longer than {} bytes", options_.max_document_bytes));
+  if (s.size() - begin > options_.max_document_bytes) throw_line_too_long(b, line);
   carry_.assign(s.substr(begin));
   b.bytes.resize(begin);
   carry_line_ = line;
@@ -135,6 +149,7 @@ void DocumentReader::cut_text(Batch& b, bool eof) {
   uint64_t line = scanned_line_;
   size_t doc_start = 0;  // a document still open from an earlier call starts the carry
   auto close_doc = [&] {
+    if (doc_end_ - doc_start > options_.max_document_bytes) throw_document_too_long(b);
     b.docs.push_back({doc_start, doc_end_ - doc_start, doc_line_});
     doc_open_ = false;
   };
@@ -157,11 +172,10 @@ void DocumentReader::cut_text(Batch& b, bool eof) {
   }
   if (eof && doc_open_) close_doc();
   const size_t carry_from = doc_open_ ? doc_start : pos;
-  if (s.size() - carry_from > options_.max_document_bytes)
-    throw BadDocument(files_[b.file], doc_open_ ? doc_line_ : line,
-                      fmt::format("a document longer than {} bytes (documents are separated by "
-                                  "blank lines)",
-                                  options_.max_document_bytes));
+  if (s.size() - carry_from > options_.max_document_bytes) {
+    if (doc_open_) throw_document_too_long(b);
+    throw_line_too_long(b, line);  // blank lines only
+  }
   carry_.assign(s.substr(carry_from));
   scanned_ = pos - carry_from;
   scanned_line_ = line;

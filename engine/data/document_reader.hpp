@@ -65,7 +65,7 @@ class DocumentReader {
     // Bytes read per chunk.
     size_t chunk_bytes = size_t{16} << 20;
     // A document (or JSON line) longer than this is refused.
-    size_t max_document_bytes = size_t{1} << 30;
+    size_t max_document_bytes = size_t{64} << 20;
   };
 
   DocumentReader(std::vector<std::string> files, Options options);
@@ -86,6 +86,10 @@ class DocumentReader {
   void cut(Batch& b, bool eof);
   void cut_text(Batch& b, bool eof);
   void cut_lines(Batch& b, bool eof);
+  // BadDocument for a line (JSON lines; `line`) or the open document (plain text) longer than
+  // max_document_bytes.
+  [[noreturn]] void throw_line_too_long(const Batch& b, uint64_t line) const;
+  [[noreturn]] void throw_document_too_long(const Batch& b) const;
   void close_file();
   // Appends up to `bytes` read from the open file to `buffer`; true at end of file.
   bool read_more(std::string& buffer, size_t bytes);

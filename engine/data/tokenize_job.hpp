@@ -73,7 +73,7 @@ struct TokenizeOptions {
   bool skip_bad = false;
   // Bytes read per chunk, and the longest document (or JSON line) accepted.
   size_t chunk_bytes = size_t{16} << 20;
-  size_t max_document_bytes = size_t{1} << 30;
+  size_t max_document_bytes = size_t{64} << 20;
   // When set and true, the job stops at the next chunk with Interrupted.
   const std::atomic<bool>* stop = nullptr;
   // Called on the writing thread at most every progress_interval, and once at the end, before

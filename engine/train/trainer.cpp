@@ -306,8 +306,12 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
         if (opts_.start_over && !opts_.save_dir.empty() &&
             std::filesystem::equivalent(run_dir, opts_.save_dir, ec))
           continue;
+        // A save of its run killed before it was named latest is not one: the save directory
+        // replaces it, and its steps' records are cut and written again, as the steps are.
+        const std::optional<std::string> killed =
+            ckpt::killed_save_after(run_dir, ck->dir().filename().string());
         for (const auto& [step, dir] : ckpt::checkpoints_in(run_dir))
-          if (step > ck->manifest().step)
+          if (step > ck->manifest().step && dir.filename().string() != killed)
             r.later_checkpoints += (r.later_checkpoints.empty() ? "" : ", ") + dir.string();
       }
       metrics_writer_.emplace(metrics_path, r);

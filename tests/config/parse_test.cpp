@@ -177,6 +177,18 @@ TEST(ParseBadInput, AStringHoldingANulIsRefused) {
   EXPECT_TRUE(has_issue(issues, "outcore.metrics_file", "holds a NUL character")) << dump(issues);
 }
 
+// A learning rate or weight decay fp32 cannot hold would be infinite in Adam's fp32 step (the
+// first step's loss NaN, exit 1): refused as bad input, naming the key.
+TEST(ParseBadInput, AnLrBeyondFp32IsRefused) {
+  auto issues = parse_errors(R"({"optimizer": {"type": "AdamW",
+      "params": {"lr": 1e300, "weight_decay": 1e39}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e40}}})");
+  for (const char* key :
+       {"optimizer.params.lr", "optimizer.params.weight_decay", "scheduler.params.warmup_max_lr"})
+    EXPECT_TRUE(has_issue(issues, key, "allowed: a number in [0, 3.40282")) << key << "\n"
+                                                                            << dump(issues);
+}
+
 TEST(ParseBadInput, UnknownOffloadDevice) {
   auto issues = parse_errors(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})");
   EXPECT_TRUE(has_issue(issues, "zero_optimization.offload_optimizer.device",

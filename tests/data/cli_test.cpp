@@ -150,6 +150,30 @@ TEST_F(TokenizeCliTest, BadInputIsOneLineWithFileAndLineAndExit2) {
   EXPECT_NE(last.value("message", "").find("every document was skipped"), std::string::npos);
 }
 
+// A document longer than --max-document-mb (64 by default: tokenizing one takes up to about 20
+// times its size in memory) is bad input naming its file and line, and the flag lets a longer one
+// in.
+TEST_F(TokenizeCliTest, ADocumentLongerThanTheLimitIsRefusedNamingItsLine) {
+  std::string text = "first\n\n";
+  for (int i = 0; i < 15000; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  const std::string in = input("long.txt", text + "\n");  // one 675 KB document from line 3
+  CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("long")) +
+                    " --max-document-mb 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (int i = 0; i < 15000; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  test::write_file(in, text + "\n");  // 1.35 MB now
+  r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("long")) +
+          " --max-document-mb 1");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find(in + ":3: a document longer than 1048576 bytes (documents are separated "
+                            "by blank lines; --max-document-mb raises it)"),
+            std::string::npos)
+      << r.err;
+  r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("long")) +
+          " --max-document-mb 0");
+  EXPECT_EQ(r.rc, 2) << r.err;
+}
+
 TEST_F(TokenizeCliTest, RefusedInvocationsExit2) {
   const std::string in = input("a.txt", "text\n");
   CliResult r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("out")), "nope");
@@ -166,6 +190,15 @@ TEST_F(TokenizeCliTest, RefusedInvocationsExit2) {
   r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) + " --prompt-key p");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("--prompt-key needs --completion-key"), std::string::npos) << r.err;
+  // Not into a swap directory: a run's swap file of that name would replace the output, and the
+  // run's end would remove it.
+  fs::create_directories(dir_.path() / "sw/outcore_swap/rank0/param");
+  r = run("--input " + shell_quote(in) + " --out " +
+          shell_quote(path("sw/outcore_swap/rank0/param/0")));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("inside the swap directory " + path("sw/outcore_swap")), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir_.path() / "sw/outcore_swap/rank0/param/0.bin"));
   r = run("--input " + shell_quote(in) + " --out " + shell_quote(path("o")) +
           " --prompt-key p --completion-key p");
   EXPECT_EQ(r.rc, 2);

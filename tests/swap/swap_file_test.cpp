@@ -9,12 +9,15 @@
 #include <atomic>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "aio/file_internal.hpp"
+#include "common/cleanup.hpp"
 #include "common/lock_file.hpp"
 #include "swap/swap.hpp"
 #include "swap/swap_file_format.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/swap/test_util.hpp"
 
 namespace outcore::swap {
@@ -112,6 +115,32 @@ TEST(SwapSpace, RemovesItsFilesAndDirectoriesOnDestruction) {
   TempDir dir;
   { SwapSpace space({.nvme_path = dir.path()}, small_plan()); }
   EXPECT_FALSE(fs::exists(dir.path() / "outcore_swap"));
+}
+
+// A file put at a swap file's name while the run worked (a user's output renamed over it) is
+// not the run's: neither its end nor a removal of the registered files takes it.
+TEST(SwapSpace, AFilePutAtASwapFilesNameIsLeft) {
+  TempDir dir;
+  for (const bool by_registry : {false, true}) {
+    SCOPED_TRACE(by_registry ? "the registered files' removal" : "the destructor");
+    std::optional<SwapSpace> space;
+    space.emplace(SwapSpaceOptions{.nvme_path = dir.path()}, small_plan());
+    const fs::path replaced = space->file_path(0, SwapKind::kGrad);
+    const fs::path other = space->file_path(1, SwapKind::kParam);
+    const fs::path staged = dir.path() / "users.tmp";
+    std::ofstream(staged) << "a user's output";
+    fs::rename(staged, replaced);
+    outcore::test::LogCapture log;
+    if (by_registry) EXPECT_GE(cleanup::remove_registered_files(cleanup::Scope::kData), 1u);
+    EXPECT_FALSE(by_registry && fs::exists(other)) << "the run's own files go";
+    space.reset();
+    if (!by_registry)
+      EXPECT_NE(log.text().find("is no longer this run's swap file"), std::string::npos)
+          << log.text();
+    EXPECT_EQ(text_of(replaced), "a user's output");
+    EXPECT_FALSE(fs::exists(other));
+    fs::remove_all(dir.path() / "outcore_swap");
+  }
 }
 
 TEST(SwapSpace, RemovesItsFilesWhenAnErrorUnwinds) {

@@ -707,6 +707,14 @@ TEST_F(TrainCliTest, OutputsNeverLieWhereTheCheckpointsAreWritten) {
         << r.err;
     EXPECT_FALSE(std::filesystem::exists(out)) << out;
   }
+  // Nor an export into a swap directory, where a run's swap files and its end would take it.
+  const std::string swap_out = data_.file("sw") + "/outcore_swap/rank0/param/hf";
+  r = run("export " + shell_quote(ck) + " " + shell_quote(swap_out));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("inside the swap directory " + data_.file("sw") + "/outcore_swap"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(swap_out));
   EXPECT_TRUE(std::filesystem::is_empty(fresh));
   EXPECT_EQ(slurp(ck + "/latest"), "global_step1\n");
   r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) +
@@ -1899,6 +1907,35 @@ TEST_F(TrainCliTest, KilledSaveLeavesThePreviousCheckpoint) {
   EXPECT_NE(r.err.find("left by an interrupted save"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("at step 2"), std::string::npos) << r.out;
   EXPECT_EQ(slurp(ck + "/latest"), "global_step3\n");
+}
+
+// A save killed before it was named latest, in a run writing a metrics file: the next resume
+// replaces that checkpoint and cuts the records of its steps, which it trains again (it was
+// refused for good: the metrics file "holds records ... which global_step3 of the same run
+// continue").
+TEST_F(TrainCliTest, ASaveKilledBeforeLatestWithAMetricsFileResumes) {
+  const std::string ck = data_.file("ckpt"), metrics = data_.file("m.jsonl");
+  CliResult r =
+      run(train_args("--steps 2 --save-dir " + shell_quote(ck) + " --metrics " +
+                     shell_quote(metrics)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string cmd = "env -u OUTCORE_CONFIG OUTCORE_TEST_CKPT_CRASH_AT=before-latest " +
+                          shell_quote(OUTCORE_CLI_WITH_TEST_HOOKS) + " train --resume " +
+                          shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --metrics " +
+                          shell_quote(metrics) + " --steps 3 >/dev/null 2>&1";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 137)) << status;
+  ASSERT_EQ(slurp(ck + "/latest"), "global_step2\n");
+  ASSERT_TRUE(std::filesystem::exists(ck + "/global_step3/manifest.json"));
+  ASSERT_EQ(step_records(metrics).size(), 3u);
+  r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --metrics " +
+          shell_quote(metrics) + " --steps 3");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("a save killed before it was named latest"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step3\n");
+  const std::vector<nlohmann::json> steps = step_records(metrics);
+  ASSERT_EQ(steps.size(), 3u);
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i]["step"], i + 1);
 }
 
 // A save of a step already saved, killed between its two renames (a filesystem that cannot

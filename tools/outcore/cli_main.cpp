@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <string>
 
 #include "common/cleanup.hpp"
@@ -73,6 +74,11 @@ int run_main(int argc, char** argv) {
     return 2;
   } catch (const outcore::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "error: out of memory: an allocation the command needed was refused (by the "
+                 "machine's free memory, or ulimit -v)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

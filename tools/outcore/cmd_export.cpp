@@ -31,6 +31,7 @@
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/ckpt/hf.hpp"
 #include "engine/model/model.hpp"
+#include "swap/swap.hpp"
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/stop_signals.hpp"
 #include "tools/outcore/test_hooks.hpp"
@@ -159,6 +160,11 @@ int run_export(const ExportArgs& a) {
   if (const std::optional<fs::path> in = ckpt::checkpoint_holding(export_target(a.out)))
     throw InvalidArgument(
         fmt::format("{}: inside checkpoint {}; export outside it", a.out, in->string()));
+  if (const std::optional<fs::path> tree = swap::swap_tree_holding(export_target(a.out)))
+    throw InvalidArgument(fmt::format(
+        "{}: inside the swap directory {}, whose files are a training run's (the run's end "
+        "removes what is there); export outside it",
+        a.out, tree->string()));
   check_derived_name_fits(export_target(a.out).string(), kTemporarySuffix, "--out");
   if (ckpt::takes_a_save_name(export_target(a.out)))
     throw InvalidArgument(fmt::format(

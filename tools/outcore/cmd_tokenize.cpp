@@ -1,5 +1,6 @@
 // `outcore tokenize --tokenizer DIR --input FILE... --out PREFIX [--text-key K | --prompt-key P
-// --completion-key C] [--doc-per-file] [--threads N] [--skip-bad] [--log-json FILE]`: text or
+// --completion-key C] [--doc-per-file] [--threads N] [--max-document-mb N] [--skip-bad]
+// [--log-json FILE]`: text or
 // JSON lines -> a token file (PREFIX.bin, llm.c's format, or PREFIX.u32 for vocabularies over
 // 65536) and, for prompt/completion pairs, a loss mask (PREFIX.mask); engine/data's
 // tokenize_job.hpp says what is written. Progress on stderr about once a second (and as JSON
@@ -40,6 +41,7 @@ struct TokenizeArgs {
   std::string tokenizer, out, text_key = "text", prompt_key, completion_key, log_json;
   std::vector<std::string> inputs;
   int threads = 0;
+  int64_t max_document_mb = 64;
   bool skip_bad = false, doc_per_file = false;
   bool text_key_given = false;  // --text-key on the command line
 };
@@ -130,6 +132,7 @@ int run_tokenize(const TokenizeArgs& a) {
   o.doc_per_file = a.doc_per_file;
   o.threads = a.threads;
   o.skip_bad = a.skip_bad;
+  o.max_document_bytes = static_cast<size_t>(a.max_document_mb) << 20;
   o.stop = &stop_flag();
   const std::vector<std::string> outputs = data::tokenize_outputs(o, tokenizer.vocab_size());
   // The tokenizer's files are inputs too (tokenizer.json, its config, a SentencePiece model).
@@ -148,11 +151,15 @@ int run_tokenize(const TokenizeArgs& a) {
   if (!check_output_file(a.log_json, "--log-json", written, "one of the outputs")) return 2;
   // Nothing goes into a checkpoint (a file it does not list keeps it from being pruned), and the
   // log replaces only a log.
+  // Nor into a swap directory (a run's swap file of that name, and its end, would take it).
   for (const std::string& out : outputs)
-    if (!check_outside_checkpoints(out, "--out", "") || !check_not_a_save_name(out, "--out"))
+    if (!check_outside_checkpoints(out, "--out", "") || !check_not_a_save_name(out, "--out") ||
+        !check_outside_swap_trees(out, "--out"))
       return 2;
   if (!check_outside_checkpoints(a.out + ".mask", "--out", "") ||
+      !check_outside_swap_trees(a.out + ".mask", "--out") ||
       !check_outside_checkpoints(a.log_json, "--log-json", "") ||
+      !check_outside_swap_trees(a.log_json, "--log-json") ||
       !check_not_a_save_name(a.log_json, "--log-json") ||
       (!a.log_json.empty() && !holds_tokenize_log_or_nothing(a.log_json)))
     return 2;
@@ -295,6 +302,10 @@ void add_tokenize_command(CLI::App& app, int& rc) {
   text_key->excludes(prompt_key);
   cmd->add_flag("--doc-per-file", a->doc_per_file, "each plain-text input is one document");
   cmd->add_option("--threads", a->threads, "tokenizing threads (default 0: all cores)");
+  cmd->add_option("--max-document-mb", a->max_document_mb,
+                  "longest document (or JSON line) accepted, in MiB; tokenizing one takes up to "
+                  "about 20 times its size in memory (default 64)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_flag("--skip-bad", a->skip_bad,
                 "leave out bad documents (counted, the first few named on stderr) instead of "
                 "failing");

@@ -21,6 +21,7 @@
 #include "engine/ckpt/ckpt.hpp"
 #include "engine/train/loss_scaler.hpp"
 #include "engine/zero/plan.hpp"
+#include "swap/swap.hpp"
 #include "tools/outcore/stop_signals.hpp"
 #include "tools/outcore/test_hooks.hpp"
 
@@ -364,6 +365,19 @@ bool check_outputs_outside_swap(const config::Config& cfg,
     }
   }
   return true;
+}
+
+bool check_outside_swap_trees(const std::string& path, const char* flag) {
+  if (path.empty()) return true;
+  const std::string target = resolve_links(path);  // where the file is written
+  const std::optional<std::filesystem::path> tree = swap::swap_tree_holding(target);
+  if (!tree) return true;
+  std::fprintf(stderr,
+               "error: %s %s%s: inside the swap directory %s, whose files are a training run's (a "
+               "run's swap file of that name replaces it, and the run's end removes it); choose a "
+               "path outside it\n",
+               flag, path.c_str(), link_note(path, target).c_str(), tree->string().c_str());
+  return false;
 }
 
 bool check_replaces_only_a_trace(const std::string& path, const char* flag) {

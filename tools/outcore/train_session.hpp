@@ -44,6 +44,10 @@ bool check_output_file(const std::string& path, const char* flag,
 // in the save directory are the user's and fine.
 bool check_outside_checkpoints(const std::string& path, const char* flag,
                                const std::string& save_dir);
+// False (with one error line naming `flag`) when `path` lies in a swap directory's tree
+// (swap::swap_tree_holding: outcore_swap/ of any nvme_path), where a run's swap files and its
+// cleanup would replace or remove it.
+bool check_outside_swap_trees(const std::string& path, const char* flag);
 // False (with one error line naming `flag`) when `path` is a name a save directory writes
 // (ckpt::takes_a_save_name: a checkpoint, `latest`, ... in a directory of checkpoints).
 bool check_not_a_save_name(const std::string& path, const char* flag);
