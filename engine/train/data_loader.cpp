@@ -197,6 +197,14 @@ void DataLoader::next(std::span<int32_t> inputs, std::span<int32_t> targets) {
     // The sequence and its next token in one read: inputs [0, T), targets [1, T + 1).
     sequence_.resize(T + 1);
     file_->read(start, sequence_);
+    // Checked at construction; a file changed in place since is named here, not by the model.
+    if (opts_.vocab_size > 0)
+      for (size_t i = 0; i <= T; ++i)
+        if (static_cast<uint64_t>(static_cast<uint32_t>(sequence_[i])) >= opts_.vocab_size)
+          throw CorruptData(fmt::format(
+              "{}: token {} at position {} is outside the vocabulary [0, {}); the file changed "
+              "while training read it",
+              file_->path(), static_cast<uint32_t>(sequence_[i]), start + i, opts_.vocab_size));
     std::copy_n(sequence_.begin(), T, inputs.begin() + static_cast<ptrdiff_t>(b * T));
     std::span<int32_t> tg = targets.subspan(static_cast<size_t>(b) * T, T);
     std::copy_n(sequence_.begin() + 1, T, tg.begin());

@@ -253,6 +253,23 @@ TEST(DataLoader, OutOfVocabularyTokenNamesFileAndPosition) {
   // The split that does not contain it loads.
   DataLoader ok(f, {0, 600}, {.micro_batch = 2, .seq_len = 8, .vocab_size = 256});
   EXPECT_GT(ok.batches_per_epoch(), 0u);
+  // A token written in place after that check, while training reads the file, is named with the
+  // file when a batch reads it (the model would name neither).
+  std::vector<int32_t> in(16), tg(16);
+  ok.next(in, tg);
+  std::vector<uint16_t> changed(600, 999);
+  std::FILE* out = std::fopen(dir.file("v.bin").c_str(), "r+b");
+  std::fseek(out, 1024, SEEK_SET);
+  std::fwrite(changed.data(), sizeof(uint16_t), changed.size(), out);
+  std::fclose(out);
+  try {
+    ok.next(in, tg);
+    FAIL() << "no error";
+  } catch (const CorruptData& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("v.bin: token 999 at position "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the file changed while training read it"), std::string::npos) << msg;
+  }
 }
 
 TEST(DataLoader, BadOptionsAreRejected) {
