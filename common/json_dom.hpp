@@ -128,6 +128,15 @@ inline std::string json_brief(const nlohmann::json& v) {
   return v.is_array() ? "an array of " + n + " elements" : "an object of " + n + " members";
 }
 
+// nlohmann's message without its "[json.exception.parse_error.101] " prefix: what is wrong and
+// where ("parse error at line 1, column 16: syntax error ...").
+inline std::string json_message(const nlohmann::json::exception& e) {
+  const std::string m = e.what();
+  const size_t close = m.rfind("] ", m.find(' '));
+  return m.rfind("[json.exception.", 0) == 0 && close != std::string::npos ? m.substr(close + 2)
+                                                                           : m;
+}
+
 // Parses `text` as json::parse does (throwing its exceptions for malformed text and numbers out
 // of range), JsonRefused past options.max_depth or for a NUL byte, and what options.on_repeated_key
 // throws. Two passes, both linear: the checks, then json::parse without a callback.
@@ -152,7 +161,7 @@ nlohmann::json parse_json_file(std::string_view text, const std::string& where,
   } catch (const JsonRefused& e) {
     refuse(where + ": " + e.what());
   } catch (const nlohmann::json::exception& e) {  // parse errors, numbers out of range (1e400)
-    refuse(where + ": not valid JSON: " + e.what());
+    refuse(where + ": not valid JSON: " + json_message(e));
   }
   throw std::logic_error("parse_json_file: refuse returned");
 }

@@ -45,12 +45,10 @@ class PreTokenizer {
   // scratch.prefixed (valid until the next call of on_word). REQUIRES: well-formed UTF-8.
   template <typename F>
   void for_each_word(std::string_view text, PreTokenizerScratch& scratch, F&& on_word) const {
-    split_all(text, scratch);
-    for (const PreTokenizerScratch::Piece& r : scratch.ranges) {
-      std::string_view piece = text.substr(r.begin, r.end - r.begin);
+    auto emit = [&](std::string_view piece) {
       if (!byte_level_) {
         on_word(piece);
-        continue;
+        return;
       }
       if (add_prefix_space_ && piece.front() != ' ') {
         scratch.prefixed.assign(1, ' ');
@@ -59,7 +57,7 @@ class PreTokenizer {
       }
       if (!gpt2_) {
         on_word(piece);
-        continue;
+        return;
       }
       size_t prev = 0;
       gpt2_->for_each_match(piece, scratch.regex, [&](size_t b, size_t e) {
@@ -68,10 +66,40 @@ class PreTokenizer {
         prev = e;
       });
       if (prev < piece.size()) on_word(piece.substr(prev));
+    };
+    if (streams()) {
+      // One Split that keeps or drops each piece on its own (Llama 3's, Qwen's): its pieces as
+      // the regex finds them, with no list of a document's pieces (one of a 50 MB document took
+      // gigabytes).
+      const Split& split = splits_.front();
+      auto piece = [&](size_t b, size_t e, bool match) {
+        if (b == e) return;
+        if (split.behavior == SplitBehavior::kRemoved && match != split.invert) return;
+        emit(text.substr(b, e - b));
+      };
+      size_t prev = 0;
+      split.regex.for_each_match(text, scratch.regex, [&](size_t b, size_t e) {
+        piece(prev, b, false);
+        piece(b, e, true);
+        prev = e;
+      });
+      piece(prev, text.size(), false);
+      return;
     }
+    split_all(text, scratch);
+    for (const PreTokenizerScratch::Piece& r : scratch.ranges)
+      emit(text.substr(r.begin, r.end - r.begin));
   }
 
  private:
+  // Whether for_each_word runs the one Split as its regex finds the pieces: an isolating or
+  // removing Split, not followed by the GPT-2 pattern (which would need the regex scratch too).
+  bool streams() const {
+    return splits_.size() == 1 && !gpt2_ &&
+           (splits_.front().behavior == SplitBehavior::kIsolated ||
+            splits_.front().behavior == SplitBehavior::kRemoved);
+  }
+
   struct Split {
     Regex regex;
     SplitBehavior behavior;

@@ -27,6 +27,7 @@
 #include <string_view>
 
 #include "common/error.hpp"
+#include "common/json_dom.hpp"
 #include "common/lock_file.hpp"
 #include "common/log.hpp"
 #include "common/open_file.hpp"
@@ -93,13 +94,6 @@ std::string with_article(std::string_view type) {
   std::string out = type.front() == 'a' || type.front() == 'o' ? "an " : "a ";
   out += type;
   return out;
-}
-
-// nlohmann's message without its "[json.exception...] " prefix.
-std::string json_message(const json::exception& e) {
-  std::string m = e.what();
-  const size_t close = m.find("] ");
-  return close == std::string::npos ? m : m.substr(close + 2);
 }
 
 class DocumentEncoder {

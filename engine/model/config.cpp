@@ -353,9 +353,9 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
   } catch (const JsonRefused& e) {
     fail(source, "", e.what());
   } catch (const json::parse_error& e) {
-    fail(source, "", fmt::format("malformed JSON at byte {}: {}", e.byte, e.what()));
+    fail(source, "", fmt::format("malformed JSON at byte {}: {}", e.byte, json_message(e)));
   } catch (const json::exception& e) {  // a number out of range (1e400)
-    fail(source, "", fmt::format("malformed JSON: {}", e.what()));
+    fail(source, "", fmt::format("malformed JSON: {}", json_message(e)));
   }
   if (!j.is_object()) fail(source, "", "expected a JSON object");
   const Keys k{j, source};
@@ -439,8 +439,14 @@ void LlamaConfig::validate() const {
                                   "num_key_value_heads {}",
                                   num_attention_heads, num_key_value_heads));
   if (head_dim % 2 != 0)
-    throw ConfigError("head_dim",
-                      fmt::format("must be even for rotary embeddings, got {}", head_dim));
+    throw ConfigError(
+        "head_dim",
+        fmt::format("must be even for rotary embeddings, got {}{}", head_dim,
+                    head_dim * num_attention_heads == hidden_size
+                        ? fmt::format(" (hidden_size {} / num_attention_heads {}: its value when "
+                                      "config.json gives none)",
+                                      hidden_size, num_attention_heads)
+                        : std::string()));
   // Both factors are <= kMaxConfigDim, so the product cannot overflow; kv_dim <= q_dim.
   if (num_attention_heads * head_dim > kMaxConfigDim)
     throw ConfigError("head_dim", fmt::format("{} times num_attention_heads {} is larger than the "

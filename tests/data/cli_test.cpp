@@ -150,8 +150,8 @@ TEST_F(TokenizeCliTest, BadInputIsOneLineWithFileAndLineAndExit2) {
   EXPECT_NE(last.value("message", "").find("every document was skipped"), std::string::npos);
 }
 
-// A document longer than --max-document-mb (64 by default: tokenizing one takes up to about 20
-// times its size in memory) is bad input naming its file and line, and the flag lets a longer one
+// A document longer than --max-document-mb (64 by default: tokenizing one takes several times
+// its size in memory) is bad input naming its file and line, and the flag lets a longer one
 // in.
 TEST_F(TokenizeCliTest, ADocumentLongerThanTheLimitIsRefusedNamingItsLine) {
   std::string text = "first\n\n";

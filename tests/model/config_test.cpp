@@ -86,6 +86,10 @@ TEST(LlamaConfig, InconsistentHeadsAreErrorsNamingTheKey) {
     "num_attention_heads": 8, "vocab_size": 100, "max_position_embeddings": 64})",
                "num_attention_heads", "not divisible");
   expect_error(with(R"(, "head_dim": 15)"), "head_dim", "even");
+  // Derived (no head_dim in the file): the message says from what.
+  expect_error(R"({"hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "vocab_size": 100, "max_position_embeddings": 64})",
+               "head_dim", "got 1 (hidden_size 4 / num_attention_heads 4: its value when");
 }
 
 TEST(LlamaConfig, MissingWrongTypeAndImpossibleValuesAreErrors) {
@@ -99,6 +103,13 @@ TEST(LlamaConfig, MissingWrongTypeAndImpossibleValuesAreErrors) {
   expect_error(with(R"(, "num_key_value_heads": 0)"), "num_key_value_heads", "positive");
   expect_error(with(R"(, "hidden_act": "gelu")"), "hidden_act", "silu");
   expect_error("{\"hidden_size\": 64,", "", "malformed JSON");
+  // nlohmann's message without its "[json.exception.parse_error.101]" prefix.
+  try {
+    LlamaConfig::from_json("{\"hidden_size\": 64,", "t.json");
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("parse error at line 1"), std::string::npos) << e.what();
+  }
   expect_error(with(R"(, "rope_theta": 1e400)"), "", "number overflow");
   expect_error("[1, 2]", "", "JSON object");
   // Nesting deep enough to run the stack out where the unknown keys are kept for the export

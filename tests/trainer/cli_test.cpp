@@ -255,6 +255,12 @@ TEST_F(TrainCliTest, ConfigMayComeFromTheEnvironmentAndAutoFromTheCommandLine) {
   ASSERT_EQ(ok.rc, 0) << ok.err;
   EXPECT_NE(ok.out.find("AdamW lr 0.001"), std::string::npos) << ok.out;
   EXPECT_NE(ok.out.find("micro 2 x gas 1"), std::string::npos) << ok.out;
+  // A config named by the environment is named so when it is missing (not "--config").
+  const CliResult absent = run(args, data_.file("absent.json"));
+  EXPECT_EQ(absent.rc, 2);
+  EXPECT_NE(absent.err.find("error: OUTCORE_CONFIG " + data_.file("absent.json")),
+            std::string::npos)
+      << absent.err;
 }
 
 TEST_F(TrainCliTest, MissingFilesExitTwoNamingTheFile) {

@@ -483,8 +483,12 @@ int run_train(const TrainCliOptions& o) {
     }
   }
   std::string config_path = o.config;
+  const char* config_flag = "--config";  // how messages name it
   if (config_path.empty()) {
-    if (const char* env = std::getenv("OUTCORE_CONFIG")) config_path = env;
+    if (const char* env = std::getenv("OUTCORE_CONFIG")) {
+      config_path = env;
+      config_flag = "OUTCORE_CONFIG";
+    }
   }
   if (config_path.empty() && !rd) {
     std::fprintf(stderr, "error: no DeepSpeed config: give --config or set OUTCORE_CONFIG\n");
@@ -603,7 +607,7 @@ int run_train(const TrainCliOptions& o) {
   const std::string* saved_val_data = rd ? &rd->val_data : nullptr;
   const std::string* saved_train_mask = rd ? &rd->train_mask : nullptr;
   const std::string* saved_val_mask = rd ? &rd->val_mask : nullptr;
-  if ((!config_path.empty() && !check_input_file(config_path, "--config")) ||
+  if ((!config_path.empty() && !check_input_file(config_path, config_flag)) ||
       (!model_path.empty() && !check_input_file(model_path, "--model")) ||
       !check_input_file(data, "--data",
                         from_checkpoint(data, o.data, saved_train_data, "--data", "--data FILE")) ||
@@ -767,7 +771,7 @@ int run_train(const TrainCliOptions& o) {
         "to go on writing it)",
         rd->metrics_file, rd->metrics_file);
   std::vector<std::pair<std::string, const char*>> inputs = {
-      {config_path, "--config"}, {model_path, "--model"},     {data, "--data"},
+      {config_path, config_flag}, {model_path, "--model"},     {data, "--data"},
       {val_data, "--val-data"},  {train_mask, "--loss-mask"}, {val_mask, "--val-loss-mask"}};
   add_input_files(inputs, o.init_from, "--init-from", false);
   if (rd) {
