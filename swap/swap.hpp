@@ -223,8 +223,9 @@ class SwapSpace {
   // anything is written, and IoError for any other failure. On any failure every file and
   // directory made so far is removed.
   SwapSpace(const SwapSpaceOptions& options, std::span<const SwapFileSpec> files);
-  // Closes and removes every file, then each of its directories that is now empty. Errors are
-  // logged, never thrown. REQUIRES: no I/O on these files is in flight.
+  // Closes and removes every file that is still its own (a file put at one's name since, a
+  // user's output renamed there, is left, with a warning), then each of its directories that is
+  // now empty. Errors are logged, never thrown. REQUIRES: no I/O on these files is in flight.
   ~SwapSpace();
   SwapSpace(const SwapSpace&) = delete;
   SwapSpace& operator=(const SwapSpace&) = delete;

@@ -228,8 +228,17 @@ fs::path resolve_checkpoint(const fs::path& path, std::string& tag_named) {
                               (path / kLatestName).string(), tag, moved.string(), path.string()));
         dir = moved;
       } else if (!fs::exists(dir / kManifestName)) {
-        throw CorruptData(fmt::format("{}: names checkpoint {}, which has no {}",
-                                      (path / kLatestName).string(), tag, kManifestName));
+        // The checkpoints still there are named: resuming one of them is the way on.
+        std::vector<std::pair<int64_t, fs::path>> others = checkpoints_in(path);
+        std::sort(others.begin(), others.end());
+        throw CorruptData(fmt::format(
+            "{}: names checkpoint {}, which has no {}{}", (path / kLatestName).string(), tag,
+            kManifestName,
+            others.empty()
+                ? std::string(" (and the directory holds no other checkpoint)")
+                : fmt::format("; the newest checkpoint there is {}: resume it with --resume {}",
+                              others.back().second.filename().string(),
+                              others.back().second.string())));
       }
     }
     const std::string leftovers = save_leftovers(path, dir.filename().string());

@@ -397,7 +397,8 @@ ParsedConfig parse_config(std::string_view text, std::string_view source = "<con
 // that another key overrides (the optimizer's lr and betas beside a scheduler that sets them):
 // the saved config writes every key, so a default value there is no user's. Non-default values
 // are warned about as in any config.
-ParsedConfig parse_saved_config(std::string_view text, std::string_view source);
+ParsedConfig parse_saved_config(std::string_view text, std::string_view source,
+                                bool log_warnings = true);
 
 // Reads and parses a file. Only a regular file of at most kMaxConfigBytes is read: a
 // directory, FIFO, device or socket is refused without reading from it, and a larger (or

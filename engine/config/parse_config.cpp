@@ -281,8 +281,8 @@ ParsedConfig parse_config(std::string_view text, std::string_view source, bool l
   return parse(text, source, log_warnings, /*saved=*/false);
 }
 
-ParsedConfig parse_saved_config(std::string_view text, std::string_view source) {
-  return parse(text, source, /*log_warnings=*/true, /*saved=*/true);
+ParsedConfig parse_saved_config(std::string_view text, std::string_view source, bool log_warnings) {
+  return parse(text, source, log_warnings, /*saved=*/true);
 }
 
 }  // namespace outcore::config

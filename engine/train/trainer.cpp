@@ -76,6 +76,26 @@ TokenRange saved_train_split(const nlohmann::json& state) {
   return split_tokens(tokens, fraction).train;
 }
 
+// A fingerprint of a token file's content, cheap to take on a large file: CRC32C of 16
+// stretches of kStretch tokens spread over it (the first and the last among them), so that a
+// file of the same length holding other tokens is told apart from the one a checkpoint trained
+// on, reading at most 1 MiB of it.
+uint32_t data_fingerprint(const TokenFile& f) {
+  constexpr size_t kStretches = 16, kStretch = 16384;
+  std::vector<int32_t> tokens;
+  uint32_t crc = 0;
+  const size_t n = f.size();
+  for (size_t k = 0; k < kStretches; ++k) {
+    const size_t len = std::min(kStretch, n);
+    const size_t begin = n <= kStretch ? 0 : (n - kStretch) / (kStretches - 1) * k;
+    tokens.resize(len);
+    f.read(begin, tokens);
+    crc = ckpt::crc32c(std::as_bytes(std::span<const int32_t>(tokens)), crc);
+    if (n <= kStretch) break;
+  }
+  return crc;
+}
+
 // OneCycle's momentum decay raises beta1 without bound (as DeepSpeed's does): a run that would
 // reach beta1 >= 1, where Adam is undefined, is refused before it starts rather than failing at
 // that step. Step k uses the schedule at index k - 2; beta1 grows monotonically after the cycle.
@@ -647,11 +667,19 @@ void Trainer::restore(const ckpt::Checkpoint& ck) {
     train_loader_->seek(data_position_from_json(resume_state_.at("data")));
     const uint64_t tokens_then = resume_state_.value("train_tokens", uint64_t{0});
     const TokenRange range = train_loader_->range();
+    const auto fingerprint = resume_state_.find("train_fingerprint");
     if (tokens_then != 0 && tokens_then != train_loader_->file().size()) {
       log::warn(
           "the training data {} holds {} tokens; the checkpoint was saved over {}: the data "
           "order continues from the saved position over other tokens",
           opts_.train_data, train_loader_->file().size(), tokens_then);
+    } else if (fingerprint != resume_state_.end() && fingerprint->is_number_unsigned() &&
+               fingerprint->get<uint64_t>() != data_fingerprint(train_loader_->file())) {
+      log::warn(
+          "the training data {} holds other tokens than the file the checkpoint was saved over "
+          "(as many, but not the same): the data order continues from the saved position over "
+          "other tokens",
+          opts_.train_data);
     } else if (const TokenRange then = saved_train_split(resume_state_);
                then.end != 0 && then != range) {
       // The same file, split otherwise (--val-fraction): tokens trained on may now be
@@ -679,6 +707,7 @@ nlohmann::ordered_json Trainer::state_json() const {
   j["data"] = to_json(train_loader_->position());
   // What the position indexes: a resume over other tokens is told so (restore).
   j["train_tokens"] = train_loader_->file().size();
+  j["train_fingerprint"] = data_fingerprint(train_loader_->file());
   j["train_split"] = {train_loader_->range().begin, train_loader_->range().end};
   j["seed"] = opts_.seed;
   j["micro_batch"] = model_->options().micro_batch;

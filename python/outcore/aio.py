@@ -62,6 +62,8 @@ Where outcore differs from DeepNVMe:
     freed when the tensor and every view of it are gone (numel 0: an empty tensor, no memory);
     free_pinned_tensor only makes the handle forget it (new_cpu_locked_tensor /
     free_cpu_locked_tensor are aliases).
+  * Files are named by path (str, bytes or os.PathLike), never by an open file descriptor: the
+    descriptor forms some DeepNVMe versions accept raise TypeError here.
 """
 import os
 import sys

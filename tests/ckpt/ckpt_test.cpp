@@ -172,8 +172,13 @@ TEST(CkptReadWrite, OpenResolvesLatestAndReportsBadPaths) {
   fs::create_directories(tmp / "empty");
   EXPECT_THROW(Checkpoint::open(tmp / "empty"), InvalidArgument);
   std::ofstream(tmp / "save" / "latest") << "global_step9\n";
-  EXPECT_NE(error_of([&] { Checkpoint::open(tmp / "save"); }).find("global_step9"),
-            std::string::npos);
+  // A checkpoint latest names gone: the message names the newest one still there.
+  const std::string gone = error_of([&] { Checkpoint::open(tmp / "save"); });
+  EXPECT_NE(gone.find("names checkpoint global_step9, which has no manifest.json; the newest "
+                      "checkpoint there is global_step7: resume it with --resume " +
+                      (tmp / "save" / "global_step7").string()),
+            std::string::npos)
+      << gone;
   std::ofstream(tmp / "save" / "latest") << "../../etc\n";
   EXPECT_THROW(Checkpoint::open(tmp / "save"), CorruptData);
   // Control characters (a NUL, a terminal's escape sequences) are refused and shown escaped.

@@ -1468,6 +1468,15 @@ TEST_F(TrainCliTest, LogLevelFromTheConfigSetsWhatIsLogged) {
   r = run(train_args("--steps 2 --save-dir " + shell_quote(data_.file("ckpt_debug"))));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("checkpoint global_step2: prepared"), std::string::npos) << r.err;
+  // "error" hides the config's own warnings too (an unknown key), as every other warning.
+  config_ = write_config("quiet.json", {{"outcore", {{"log_level", "error"}}}, {"no_such_key", 1}});
+  r = run(train_args("--steps 1"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.find("no_such_key"), std::string::npos) << r.err;
+  config_ = write_config("loud.json", {{"no_such_key", 1}});
+  r = run(train_args("--steps 1"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("no_such_key: unknown key; ignored"), std::string::npos) << r.err;
 }
 
 // A parameter fetch buffer smaller than the largest partition in a swap file
@@ -1921,9 +1930,8 @@ TEST_F(TrainCliTest, KilledSaveLeavesThePreviousCheckpoint) {
 // continue").
 TEST_F(TrainCliTest, ASaveKilledBeforeLatestWithAMetricsFileResumes) {
   const std::string ck = data_.file("ckpt"), metrics = data_.file("m.jsonl");
-  CliResult r =
-      run(train_args("--steps 2 --save-dir " + shell_quote(ck) + " --metrics " +
-                     shell_quote(metrics)));
+  CliResult r = run(
+      train_args("--steps 2 --save-dir " + shell_quote(ck) + " --metrics " + shell_quote(metrics)));
   ASSERT_EQ(r.rc, 0) << r.err;
   const std::string cmd = "env -u OUTCORE_CONFIG OUTCORE_TEST_CKPT_CRASH_AT=before-latest " +
                           shell_quote(OUTCORE_CLI_WITH_TEST_HOOKS) + " train --resume " +

@@ -435,6 +435,7 @@ TEST_F(ResumeTest, ResumingOverOtherDataSaysSo) {
     test::LogCapture log;
     Trainer(cfg, tiny_model(), o).run();
     EXPECT_EQ(log.text().find("the checkpoint was saved over"), std::string::npos) << log.text();
+    EXPECT_EQ(log.text().find("holds other tokens"), std::string::npos) << log.text();
   }
   const std::string shorter = dir("shorter.bin");
   {
@@ -454,6 +455,33 @@ TEST_F(ResumeTest, ResumingOverOtherDataSaysSo) {
     test::LogCapture log;
     Trainer(cfg, tiny_model(), o).run();
     EXPECT_NE(log.text().find("the training data " + shorter + " holds"), std::string::npos)
+        << log.text();
+  }
+  // As many tokens, other ones (a file replaced by another of the same length): said too.
+  const std::string other = dir("other.bin");
+  {
+    const train::TokenFile all = train::TokenFile::open(data_.train());
+    std::vector<uint16_t> tokens(all.size());
+    for (size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = static_cast<uint16_t>(all[tokens.size() - 1 - i]);  // reversed
+    int32_t header[train::kLlmcHeaderInts] = {train::kLlmcMagic, train::kLlmcVersion,
+                                              static_cast<int32_t>(tokens.size())};
+    std::ofstream f(other, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header), sizeof header);
+    f.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * 2));
+  }
+  {
+    TrainerOptions saved = quiet_options(data_, 1);
+    saved.save_dir = dir("ckpt3");
+    Trainer(cfg, tiny_model(), saved).run();
+    TrainerOptions same_length = quiet_options(data_, 2);
+    same_length.resume_from = dir("ckpt3");
+    same_length.train_data = other;
+    test::LogCapture log;
+    Trainer(cfg, tiny_model(), same_length).run();
+    EXPECT_NE(log.text().find("the training data " + other + " holds other tokens than the file"),
+              std::string::npos)
         << log.text();
   }
   // The same file split otherwise: a tenth of it for validation moves tokens already trained on

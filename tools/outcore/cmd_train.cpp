@@ -660,9 +660,15 @@ int run_train(const TrainCliOptions& o) {
                 : model::LlamaConfig::load(model_path);
     const std::string config_source =
         config_path.empty() ? rd->source + "/ds_config.json" : config_path;
-    config = config_path.empty() ? cfg::parse_saved_config(rd->ds_config, config_source).config
-                                 : cfg::load_config_file(config_path).config;
+    // Its warnings said once its log_level is in force (log_level "error" hides them too).
+    cfg::ParsedConfig parsed =
+        config_path.empty()
+            ? cfg::parse_saved_config(rd->ds_config, config_source, /*log_warnings=*/false)
+            : cfg::load_config_file(config_path, /*log_warnings=*/false);
+    config = std::move(parsed.config);
     log::init(config.outcore.log_level);
+    for (const cfg::ConfigWarning& w : parsed.warnings)
+      log::warn("{}: {}", config_source, w.to_string());
     if (config_path.empty()) {
       reopen_auto_keys(config, rd->auto_keys, n);
       topts.config_auto_keys = rd->auto_keys;
@@ -772,7 +778,7 @@ int run_train(const TrainCliOptions& o) {
         rd->metrics_file, rd->metrics_file);
   std::vector<std::pair<std::string, const char*>> inputs = {
       {config_path, config_flag}, {model_path, "--model"},     {data, "--data"},
-      {val_data, "--val-data"},  {train_mask, "--loss-mask"}, {val_mask, "--val-loss-mask"}};
+      {val_data, "--val-data"},   {train_mask, "--loss-mask"}, {val_mask, "--val-loss-mask"}};
   add_input_files(inputs, o.init_from, "--init-from", false);
   if (rd) {
     add_input_files(inputs, rd->source, "--resume", true);
