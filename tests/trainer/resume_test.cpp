@@ -442,12 +442,7 @@ TEST_F(ResumeTest, ResumingOverOtherDataSaysSo) {
     const train::TokenFile all = train::TokenFile::open(data_.train());
     std::vector<uint16_t> tokens(all.size() * 3 / 4);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(all[i]);
-    int32_t header[train::kLlmcHeaderInts] = {train::kLlmcMagic, train::kLlmcVersion,
-                                              static_cast<int32_t>(tokens.size())};
-    std::ofstream f(shorter, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(header), sizeof header);
-    f.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(tokens.size() * 2));
+    train::write_llmc_tokens(shorter, tokens);
   }
   o.train_data = shorter;
   o.steps = 3;
@@ -464,12 +459,7 @@ TEST_F(ResumeTest, ResumingOverOtherDataSaysSo) {
     std::vector<uint16_t> tokens(all.size());
     for (size_t i = 0; i < tokens.size(); ++i)
       tokens[i] = static_cast<uint16_t>(all[tokens.size() - 1 - i]);  // reversed
-    int32_t header[train::kLlmcHeaderInts] = {train::kLlmcMagic, train::kLlmcVersion,
-                                              static_cast<int32_t>(tokens.size())};
-    std::ofstream f(other, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(header), sizeof header);
-    f.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(tokens.size() * 2));
+    train::write_llmc_tokens(other, tokens);
   }
   {
     TrainerOptions saved = quiet_options(data_, 1);
