@@ -18,8 +18,8 @@ struct Entry {
   std::string path;
   bool directory = false;
   Scope scope = Scope::kData;
-  bool tree = false;         // a directory removed with everything in it
-  std::optional<FileId> id;  // removed only while the file at `path` is this one
+  bool tree = false;           // a directory removed with everything in it
+  std::optional<FileId> id{};  // removed only while the file at `path` is this one
 };
 
 // Never destroyed: a removal may run from an atexit handler registered before these were made
@@ -38,12 +38,12 @@ std::vector<Entry>& registry() {
 
 void register_path(const std::string& path, bool directory, Scope scope) {
   std::lock_guard lock(registry_mutex());
-  registry().push_back({path, directory, scope});
+  registry().push_back({.path = path, .directory = directory, .scope = scope});
 }
 
 void register_file(const std::string& path, int fd, Scope scope) {
   std::lock_guard lock(registry_mutex());
-  Entry e{path, false, scope};
+  Entry e{.path = path, .scope = scope};
   FileId id;
   if (file_id_of(fd, id)) e.id = id;
   registry().push_back(std::move(e));
@@ -51,7 +51,7 @@ void register_file(const std::string& path, int fd, Scope scope) {
 
 void register_tree(const std::string& path, Scope scope) {
   std::lock_guard lock(registry_mutex());
-  registry().push_back({path, true, scope, true});
+  registry().push_back({.path = path, .directory = true, .scope = scope, .tree = true});
 }
 
 bool unregister_path(const std::string& path) {

@@ -131,12 +131,15 @@ TEST(SwapSpace, AFilePutAtASwapFilesNameIsLeft) {
     std::ofstream(staged) << "a user's output";
     fs::rename(staged, replaced);
     outcore::test::LogCapture log;
-    if (by_registry) EXPECT_GE(cleanup::remove_registered_files(cleanup::Scope::kData), 1u);
+    if (by_registry) {
+      EXPECT_GE(cleanup::remove_registered_files(cleanup::Scope::kData), 1u);
+    }
     EXPECT_FALSE(by_registry && fs::exists(other)) << "the run's own files go";
     space.reset();
-    if (!by_registry)
+    if (!by_registry) {
       EXPECT_NE(log.text().find("is no longer this run's swap file"), std::string::npos)
           << log.text();
+    }
     EXPECT_EQ(text_of(replaced), "a user's output");
     EXPECT_FALSE(fs::exists(other));
     fs::remove_all(dir.path() / "outcore_swap");
