@@ -131,8 +131,7 @@ struct SwapSpace::Impl {
             "swap: {} is no longer this run's swap file (another file was put at its name "
             "while the run worked): left as it is",
             f.path.string());
-      else if (!(f.id ? unlink_if_same(f.path.string(), *f.id) : ::unlink(f.path.c_str()) == 0) &&
-               errno != ENOENT)
+      else if (::unlink(f.path.c_str()) != 0 && errno != ENOENT)
         log::warn("swap: cannot remove {}: {}", f.path.string(), errno_string(errno));
       cleanup::unregister_path(f.path.string());
     }

@@ -427,8 +427,8 @@ void SaveDir::open_entries() {
       if (step > from) later_names.push_back(name);
     const std::string later = fmt::format("{}", fmt::join(later_names, ", "));
     // A save of this same run killed before it was named latest: this run's saves replace it.
-    const bool one_killed_save = later_names.size() == 1 &&
-                                 killed_save_after(dir_, options_.resumed_tag) == later_names[0];
+    const bool one_killed_save =
+        later_names.size() == 1 && killed_save_after(dir_, options_.resumed_tag) == later_names[0];
     if (one_killed_save)
       log::warn(
           "checkpoint: {} in {} was saved after {}, which latest names (a save killed "

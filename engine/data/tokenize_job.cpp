@@ -272,7 +272,8 @@ void check_options(const TokenizeOptions& o, const std::vector<std::string>& out
 }
 
 // The token count of an existing token file `path` of the kind this job writes (llm.c's .bin
-// from its header, raw .u32 from its size), or nullopt when it is not one.
+// from its header, which its size must match; raw .u32 from its size), or nullopt when it is not
+// one.
 std::optional<uint64_t> token_count_of(const std::string& path, bool llmc) {
   std::error_code ec;
   const uintmax_t size = fs::file_size(path, ec);
@@ -281,7 +282,8 @@ std::optional<uint64_t> token_count_of(const std::string& path, bool llmc) {
   std::array<int32_t, 3> head{};
   std::ifstream in(path, std::ios::binary);
   if (!in.read(reinterpret_cast<char*>(head.data()), sizeof head) || head[0] != kLlmcMagic ||
-      head[1] != kLlmcVersion || head[2] < 0)
+      head[1] != kLlmcVersion || head[2] < 0 ||
+      size != kLlmcHeaderInts * sizeof(int32_t) + static_cast<uint64_t>(head[2]) * sizeof(uint16_t))
     return std::nullopt;
   return static_cast<uint64_t>(head[2]);
 }
@@ -714,19 +716,12 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
   {
     std::error_code ec;
     const fs::file_status st = fs::symlink_status(outputs[0], ec);
-    if (fs::exists(st) && fs::is_regular_file(st)) {
-      const std::optional<uint64_t> count = token_count_of(outputs[0], llmc);
-      const uintmax_t size = fs::file_size(outputs[0], ec);
-      const bool tokens =
-          count && !ec &&
-          (!llmc || size == kLlmcHeaderInts * sizeof(int32_t) + *count * sizeof(uint16_t));
-      if (!tokens)
-        throw InvalidArgument(fmt::format(
-            "{} exists and is not a token file ({}): this job does not replace it; move it away "
-            "or choose another --out",
-            outputs[0],
-            llmc ? "no llm.c header giving its size" : "not a whole number of 32-bit tokens"));
-    }
+    if (fs::exists(st) && fs::is_regular_file(st) && !token_count_of(outputs[0], llmc))
+      throw InvalidArgument(fmt::format(
+          "{} exists and is not a token file ({}): this job does not replace it; move it away "
+          "or choose another --out",
+          outputs[0],
+          llmc ? "no llm.c header giving its size" : "not a whole number of 32-bit tokens"));
   }
   // PREFIX.mask is the loss mask of PREFIX.bin or PREFIX.u32 (the data loader pairs it with
   // either): with the token file of the other extension beside it, it may be that file's, which

@@ -100,12 +100,13 @@ class ResumeTest : public ::testing::Test {
   std::string dir(const std::string& name) { return data_.file(name); }
   // Trains `saved` steps of `cfg` into dir("ckpt"), then returns the options that resume from
   // there up to `steps`.
-  TrainerOptions saved_then_resumed(const config::Config& cfg, int saved, int steps) {
+  TrainerOptions saved_then_resumed(const config::Config& cfg, int saved, int steps,
+                                    const std::string& save_dir = "ckpt") {
     TrainerOptions first = quiet_options(data_, saved);
-    first.save_dir = dir("ckpt");
+    first.save_dir = dir(save_dir);
     Trainer(cfg, tiny_model(), first).run();
     TrainerOptions o = quiet_options(data_, steps);
-    o.resume_from = dir("ckpt");
+    o.resume_from = dir(save_dir);
     return o;
   }
   DemoData data_;
@@ -462,11 +463,7 @@ TEST_F(ResumeTest, ResumingOverOtherDataSaysSo) {
     train::write_llmc_tokens(other, tokens);
   }
   {
-    TrainerOptions saved = quiet_options(data_, 1);
-    saved.save_dir = dir("ckpt3");
-    Trainer(cfg, tiny_model(), saved).run();
-    TrainerOptions same_length = quiet_options(data_, 2);
-    same_length.resume_from = dir("ckpt3");
+    TrainerOptions same_length = saved_then_resumed(cfg, 1, 2, "ckpt3");
     same_length.train_data = other;
     test::LogCapture log;
     Trainer(cfg, tiny_model(), same_length).run();
