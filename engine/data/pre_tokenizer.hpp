@@ -21,13 +21,7 @@ namespace outcore::data {
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
 struct PreTokenizerScratch {
-  struct Piece {
-    size_t begin, end;
-    bool is_match;
-  };
-  RegexScratch regex;
-  std::vector<Piece> marks, kept;
-  std::vector<Piece> ranges, next_ranges;
+  std::vector<RegexScratch> regex;  // one per Split step, then ByteLevel's pattern's
   std::string prefixed;
 };
 
@@ -42,10 +36,14 @@ class PreTokenizer {
   bool byte_level() const { return byte_level_; }
 
   // Calls on_word(word) for each non-empty word of `text`, in order. A word views `text` or
-  // scratch.prefixed (valid until the next call of on_word). REQUIRES: well-formed UTF-8.
+  // scratch.prefixed (valid until the next call of on_word). Each step passes a piece on as soon
+  // as it is complete, so no list of a document's pieces is ever made (one of a 50 MB document
+  // took gigabytes). REQUIRES: well-formed UTF-8.
   template <typename F>
   void for_each_word(std::string_view text, PreTokenizerScratch& scratch, F&& on_word) const {
-    auto emit = [&](std::string_view piece) {
+    if (scratch.regex.size() < splits_.size() + 1) scratch.regex.resize(splits_.size() + 1);
+    auto emit = [&](size_t begin, size_t end) {
+      std::string_view piece = text.substr(begin, end - begin);
       if (!byte_level_) {
         on_word(piece);
         return;
@@ -60,54 +58,109 @@ class PreTokenizer {
         return;
       }
       size_t prev = 0;
-      gpt2_->for_each_match(piece, scratch.regex, [&](size_t b, size_t e) {
+      gpt2_->for_each_match(piece, scratch.regex.back(), [&](size_t b, size_t e) {
         if (prev < b) on_word(piece.substr(prev, b - prev));
         if (b < e) on_word(piece.substr(b, e - b));
         prev = e;
       });
       if (prev < piece.size()) on_word(piece.substr(prev));
     };
-    if (streams()) {
-      // One Split that keeps or drops each piece on its own (Llama 3's, Qwen's): its pieces as
-      // the regex finds them, with no list of a document's pieces (one of a 50 MB document took
-      // gigabytes).
-      const Split& split = splits_.front();
-      auto piece = [&](size_t b, size_t e, bool match) {
-        if (b == e) return;
-        if (split.behavior == SplitBehavior::kRemoved && match != split.invert) return;
-        emit(text.substr(b, e - b));
-      };
-      size_t prev = 0;
-      split.regex.for_each_match(text, scratch.regex, [&](size_t b, size_t e) {
-        piece(prev, b, false);
-        piece(b, e, true);
-        prev = e;
-      });
-      piece(prev, text.size(), false);
-      return;
-    }
-    split_all(text, scratch);
-    for (const PreTokenizerScratch::Piece& r : scratch.ranges)
-      emit(text.substr(r.begin, r.end - r.begin));
+    if (!text.empty()) split_from(0, text, 0, text.size(), scratch, emit);
   }
 
  private:
-  // Whether for_each_word runs the one Split as its regex finds the pieces: an isolating or
-  // removing Split, not followed by the GPT-2 pattern (which would need the regex scratch too).
-  bool streams() const {
-    return splits_.size() == 1 && !gpt2_ &&
-           (splits_.front().behavior == SplitBehavior::kIsolated ||
-            splits_.front().behavior == SplitBehavior::kRemoved);
-  }
-
   struct Split {
     Regex regex;
     SplitBehavior behavior;
     bool invert;
   };
-  // scratch.ranges = the non-empty pieces of `text` after every Split step.
-  void split_all(std::string_view text, PreTokenizerScratch& scratch) const;
-  void apply(const Split& split, std::string_view text, PreTokenizerScratch& scratch) const;
+
+  // One Split step's pieces from its marks (the matches and the text between them, in order),
+  // as tokenizers' NormalizedString::split folds them per the behaviour; each piece goes to
+  // next(begin, end) once complete, empty ones included (the caller drops them, as
+  // PreTokenizedString does).
+  template <typename Next>
+  struct Folder {
+    SplitBehavior behavior;
+    Next& next;
+    bool held = false, held_match = false, previous_match = false;
+    size_t held_begin = 0, held_end = 0;
+
+    void hold(size_t b, size_t e, bool match) {
+      held = true;
+      held_begin = b;
+      held_end = e;
+      held_match = match;
+    }
+    void flush() {
+      if (held) next(held_begin, held_end);
+      held = false;
+    }
+    // `match`: the mark is a match (after `invert`), a delimiter.
+    void mark(size_t b, size_t e, bool match) {
+      switch (behavior) {
+        case SplitBehavior::kIsolated:
+          next(b, e);
+          break;
+        case SplitBehavior::kRemoved:
+          if (!match) next(b, e);
+          break;
+        case SplitBehavior::kContiguous:  // runs of matches, and of the rest, each one piece
+          if (held && match == previous_match) {
+            held_end = e;
+          } else {
+            flush();
+            hold(b, e, match);
+          }
+          break;
+        case SplitBehavior::kMergedWithPrevious:  // a match joins the piece before it
+          if (held && match && !previous_match) {
+            held_end = e;
+          } else {
+            flush();
+            hold(b, e, match);
+          }
+          break;
+        case SplitBehavior::kMergedWithNext:  // a match joins the piece after it, not a match
+          if (match) {
+            flush();
+            hold(b, e, match);
+          } else if (held) {
+            next(held_begin, e);
+            held = false;
+          } else {
+            next(b, e);
+          }
+          break;
+      }
+      previous_match = match;
+    }
+  };
+
+  // Runs the Split steps from `level` on text[begin, end), then emit(b, e) for each non-empty
+  // piece left.
+  template <typename Emit>
+  void split_from(size_t level, std::string_view text, size_t begin, size_t end,
+                  PreTokenizerScratch& scratch, Emit& emit) const {
+    if (level == splits_.size()) {
+      emit(begin, end);
+      return;
+    }
+    const Split& split = splits_[level];
+    auto next = [&](size_t b, size_t e) {
+      if (b < e) split_from(level + 1, text, b, e, scratch, emit);
+    };
+    Folder<decltype(next)> fold{split.behavior, next};
+    const std::string_view subject = text.substr(begin, end - begin);
+    size_t prev = 0;
+    split.regex.for_each_match(subject, scratch.regex[level], [&](size_t b, size_t e) {
+      if (prev != b) fold.mark(begin + prev, begin + b, split.invert);
+      fold.mark(begin + b, begin + e, !split.invert);
+      prev = e;
+    });
+    if (prev != subject.size()) fold.mark(begin + prev, end, split.invert);
+    fold.flush();
+  }
 
   std::vector<Split> splits_;
   bool byte_level_ = false;

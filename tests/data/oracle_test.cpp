@@ -243,9 +243,21 @@ TEST_F(TokenizerOracleTest, SplitBehavioursMatchHuggingFace) {
   // ^ and $ at every line's start and end, as in Oniguruma's Ruby syntax.
   t["pre_tokenizer"]["pretokenizers"][2] = split("Regex", "^[a-z]+|[a-z]+$", "Isolated", false);
   test::write_tokenizer_dir(dir_ / "splits_anchored", t);
+  // Each merging behaviour where no later step hides it (above, \\s+ Removed drops the spaces
+  // MergedWithNext joined), two steps deep on every piece.
+  t["pre_tokenizer"]["pretokenizers"] =
+      json::array({split("Regex", "\\s", "MergedWithNext", false),
+                   split("Regex", "[.,!?;:']", "MergedWithPrevious", false),
+                   split("Regex", "\\p{N}", "Contiguous", false),
+                   {{"type", "ByteLevel"},
+                    {"add_prefix_space", false},
+                    {"trim_offsets", true},
+                    {"use_regex", false}}});
+  test::write_tokenizer_dir(dir_ / "splits_merged", t);
   compare({{"splits", dir_ / "splits"},
            {"splits_inverted", dir_ / "splits_inverted"},
-           {"splits_anchored", dir_ / "splits_anchored"}});
+           {"splits_anchored", dir_ / "splits_anchored"},
+           {"splits_merged", dir_ / "splits_merged"}});
 }
 
 }  // namespace
