@@ -26,6 +26,10 @@
 // multiples of 4096; a request that is not is refused at submit time with InvalidArgument
 // (nothing is queued). On a buffered File (direct() == false, e.g. after the tmpfs fallback)
 // any alignment is accepted. Options::block_size must be a multiple of 4096.
+//
+// Completions: every request's result is checked. A short transfer is resubmitted for the
+// rest; -EAGAIN and -EINTR are retried up to 8 times; zero bytes (or more than asked) fail the
+// ticket with EIO. Tickets complete in any order, not in the order they were submitted.
 #pragma once
 
 #include <sys/types.h>

@@ -112,7 +112,7 @@ void Executor::for_chunks(size_t n, size_t grain, size_t min_parallel, Fn&& fn) 
 // Adam / AdamW
 
 // Which rounding order the update follows. Both compute the same mathematical update
-// (see docs/architecture.md, "cpu_adam"); they differ only in the last bits.
+// (docs/decisions/014-cpu-adam-numerics.md); they differ only in the last bits.
 enum class Formula : uint8_t {
   // DeepSpeed's CPU Adam (csrc/adam/cpu_adam_impl.cpp): denom = sqrt(v) * (1/sqrt(bc2)) + eps,
   // decoupled decay p += (-lr*wd) * p, p += (-lr/bc1) * (m / denom), all as FMAs.

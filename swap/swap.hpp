@@ -23,7 +23,7 @@
 // sizes, misaligned buffers, unknown names, overlapping use of one tensor) is InvalidArgument.
 // Nothing here asserts or aborts on an input-dependent condition.
 //
-// On-disk layout (one file per (rank, kind, unit); see docs/architecture.md, "swap"):
+// On-disk layout (one file per (rank, kind, unit)):
 //   <nvme_path>/outcore_swap/rank<r>/<kind>/<unit>.bin     kind: param | grad | optimizer
 //   header     bytes [0, H), H = align_up(64 + 64 * tensor_count, 4096): a 64-byte preamble
 //              (magic "OCSWAP\0\1", format version, kind, unit, tensor count, a per-run random
@@ -117,7 +117,9 @@ class PinnedBuffer {
   size_t size_ = 0;
 };
 
-// Thread-safe: every member may be called from any number of threads at once.
+// Leases are placed first fit in the one region (freed extents coalesce), so a request waits
+// for contiguous space. Thread-safe: every member may be called from any number of threads at
+// once.
 class PinnedPool {
  public:
   // Allocates and (optionally) locks and registers the region. Throws InvalidArgument for

@@ -4,6 +4,8 @@
 // goes. open_unlinked_scratch_file: a new file under a unique name, unlinked as soon as it is
 // open, so that nothing is left however the process ends. Neither reads, writes, follows or
 // removes anything else under the directory the user named (a user's file at any name is kept).
+// Swap files a benchmark makes there go through swap::SwapSpace's rules (its outcore_swap/ tree,
+// locked; only swap files removed).
 #pragma once
 
 #include <fmt/format.h>

@@ -43,6 +43,9 @@
 // Errors: IoError (path, offset, errno) for I/O, including ENOSPC at preallocation;
 // CorruptData naming the file (and, for a CRC mismatch, the expected and actual CRC32C) for a
 // checkpoint that does not check out; InvalidArgument for misuse.
+//
+// Threads: the caller's; each CheckpointWriter and Checkpoint does its file I/O on an aio
+// engine of its own.
 #pragma once
 
 #include <cstddef>

@@ -9,6 +9,11 @@
 //   3. The engine reads the structs. A value still "auto" (or unset) when read through
 //      AutoOr::value() throws a ConfigError naming its JSON path.
 //
+// Every key to_json prints either acts or, set to a value other than its default, draws a
+// warning naming its path and why it has no effect (key_effects.hpp lists the keys, with the
+// test of each one's effect): nothing a user sets is dropped silently. outcore's own keys are
+// in the "outcore" section (OutcoreConfig).
+//
 // Every struct is a plain value type: copyable, no hidden state, safe to read from many
 // threads at once once no thread writes it. Field defaults below are DeepSpeed 0.19.6's
 // (see shared/reference/deepspeed_facts.md); where outcore differs it says so.

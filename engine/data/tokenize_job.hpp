@@ -33,6 +33,9 @@
 // Bad input (ill-formed UTF-8, a line that is not a JSON object, a missing or non-string key)
 // is a BadDocument naming the file and the 1-based line, unless skip_bad: then that document
 // (or JSON line) is left out and counted.
+//
+// Threads: a oneTBB pipeline in an arena of `threads`: one reader, documents encoded in
+// parallel, one writer taking them in input order (on_progress and on_skipped run there).
 #pragma once
 
 #include <atomic>

@@ -28,6 +28,10 @@
 // Memory: every byte the model touches is a caller-provided buffer whose size is known before
 // anything is allocated (saved_bytes, scratch_bytes, plan_activations), so the placement
 // planner can budget each tier; ActivationBuffers allocates them for one micro-batch.
+//
+// Threads: the caller's, plus OpenBLAS's inside fp32 GEMMs and oneDNN's OpenMP threads inside
+// bf16 GEMMs on the CPU. The library sets neither OpenBLAS's thread count nor its kernels
+// (programs pick the kernels: tools/blas/blas_kernels.hpp).
 #pragma once
 
 #include <cstddef>

@@ -27,7 +27,16 @@
 // DataLoader's rank slicing), its loss is scaled by scale / (G*W), and the engine adds the
 // ranks' gradients rank by rank in that order. Losses and validation losses are gathered and
 // summed in the same global order. So W ranks with gas G train bit-identically to one rank
-// with gas W*G over the same samples: same losses, grad norms and weights.
+// with gas W*G over the same samples: same losses, grad norms and weights. With a loss mask
+// the scale is scale x B*T / N instead, N the step's targets trained on by every rank (each
+// rank counts them from the shared files): the loss is the mean over them, as with Hugging
+// Face's -100 labels (decision 023). A validation pass is the set's first eval_batches
+// micro-batches, rank r taking r, r + W, ...
+//
+// Construction checks the data, the configs and a checkpoint to resume from (a model config
+// that differs from the checkpoint's in any key is refused) before it builds the engine, last,
+// so a refusal leaves no swap file; a save directory without room for the checkpoints the run
+// holds at once is refused right after the engine is built.
 //
 // Threading: one thread drives a Trainer. The only cross-thread input is
 // TrainerOptions::stop_requested, which a signal handler or another thread may set at any

@@ -13,7 +13,11 @@
 // borrow what is declared before them (destroyed after them) and the comm lane (joined before
 // they go); each part's header says which thread calls it and which lock guards its shared
 // fields. Impl's own fields are set at construction and read-only after, except `accumulating`
-// (the driving thread's).
+// (the driving thread's). Beside the driving thread: device streams zero-copy (publications),
+// zero-comm (host gathers' copies), zero-grad-d2h (gradient slabs down from a device the host
+// cannot read), zero-fetch (stage 3) and zero-optimizer (Adam on such a device); host lanes
+// zero-collectives (comm_lane) and zero-grad (GradientPath); the step worker zero-step, with
+// std::async tasks for concurrent NVMe unit steps; the aio threads; the two Executors.
 #pragma once
 
 #include <functional>

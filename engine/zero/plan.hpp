@@ -8,7 +8,9 @@
 //
 // The tiers and the placement types (Tier, Placement, GradientPlacement) are in placement.hpp.
 // Every per-unit decision (which unit lives in which tier, how large its slabs are) is the
-// geometry's (geometry.hpp); the plan only counts bytes from it.
+// geometry's (geometry.hpp); the plan only counts bytes from it. Stage 3's fetches per step
+// replay the coordinator's residency policy (residency.hpp) over the step's passes, so the
+// plan's traffic is the engine's.
 //
 // Threading: every function here is pure (system_limits reads /proc and statvfs) and
 // thread-safe.

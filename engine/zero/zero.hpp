@@ -36,8 +36,10 @@
 // Threading: a ZeroEngine is driven by one thread at a time (REQUIRES external
 // serialization). Internally it runs copy streams on the Device, I/O threads in aio and a
 // thread pool for CPU Adam; every call below returns with that work finished or safely
-// owned by the engine. Lifetimes: the config is copied; model, device and comm must outlive
-// the engine.
+// owned by the engine. Every decision that orders collectives (stage 3's fetches among them)
+// is taken from bookkeeping, never from timing, so every rank issues the same collectives in
+// the same order. Lifetimes: the config is copied; model, device and comm must outlive the
+// engine.
 //
 // Errors: everything is an outcore::Error. A failed I/O (injected or real) while fetching
 // parameters or swapping optimizer state surfaces as IoError naming the file, offset and

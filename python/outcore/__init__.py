@@ -1,5 +1,7 @@
 """outcore for PyTorch users: the io_uring aio engine, the CPU Adam kernel and the placement
-planner of the outcore training engine, without the trainer.
+planner of the outcore training engine, without the trainer. The compiled module
+outcore._outcore takes addresses, lengths and plain values, never torch objects; the Python
+modules check the tensors before handing their memory down.
 
     import outcore
     h = outcore.aio.Handle()                        # like DeepNVMe's aio_handle

@@ -304,7 +304,7 @@ void add_tokenize_command(CLI::App& app, int& rc) {
   cmd->add_option("--threads", a->threads, "tokenizing threads (default 0: all cores)");
   cmd->add_option("--max-document-mb", a->max_document_mb,
                   "longest document (or JSON line) accepted, in MiB; tokenizing one takes about 5 "
-                  "times its size in memory, up to 20 with several Split steps (default 64)")
+                  "times its size in memory (default 64)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_flag("--skip-bad", a->skip_bad,
                 "leave out bad documents (counted, the first few named on stderr) instead of "

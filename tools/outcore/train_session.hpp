@@ -18,8 +18,9 @@ inline constexpr int kExitInterrupted = 130;
 
 // Runs a command's `run` and turns what it throws into one line on stderr and an exit code:
 // Interrupted -> `on_stop(message)` prints its line, kExitInterrupted; ConfigError,
-// InvalidArgument, CorruptData (bad input), PathBusy (a path another run holds) -> "error: ...",
-// 2; anything else -> "error: ...", 1.
+// InvalidArgument, CorruptData (bad input), PathBusy (a path another run holds), an IoError the
+// path given makes (EACCES, EPERM, EROFS, ELOOP, ENAMETOOLONG, ENOTDIR, EISDIR, ENOENT) ->
+// "error: ...", 2; anything else (a failing drive, a full disk) -> "error: ...", 1.
 // What `run` returns is returned as is.
 int run_reporting(const std::function<int()>& run,
                   const std::function<void(const char* message)>& on_stop);
