@@ -133,8 +133,31 @@ inline std::string json_brief(const nlohmann::json& v) {
 inline std::string json_message(const nlohmann::json::exception& e) {
   const std::string m = e.what();
   const size_t close = m.rfind("] ", m.find(' '));
-  return m.rfind("[json.exception.", 0) == 0 && close != std::string::npos ? m.substr(close + 2)
-                                                                           : m;
+  const std::string_view text = m.rfind("[json.exception.", 0) == 0 && close != std::string::npos
+                                    ? std::string_view(m).substr(close + 2)
+                                    : std::string_view(m);
+  // The text the parser last read is quoted as it was: control characters and bytes that are
+  // not UTF-8 are shown as \xNN, never written to a terminal as they are.
+  std::string shown;
+  for (size_t i = 0; i < text.size();) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    size_t n = b < 0x80                 ? 1
+               : b >= 0xC2 && b <= 0xDF ? 2
+               : b >= 0xE0 && b <= 0xEF ? 3
+               : b >= 0xF0 && b <= 0xF4 ? 4
+                                        : 0;
+    for (size_t k = 1; k < n; ++k)
+      if (i + k >= text.size() || (static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) n = 0;
+    if (n == 0 || (n == 1 && (b < 0x20 || b == 0x7f))) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      shown += {'\\', 'x', kHex[b >> 4], kHex[b & 15]};
+      ++i;
+    } else {
+      shown.append(text.substr(i, n));
+      i += n;
+    }
+  }
+  return shown;
 }
 
 // Parses `text` as json::parse does (throwing its exceptions for malformed text and numbers out

@@ -135,6 +135,33 @@ struct Checkpoint::Impl {
 
   const aio::File& file(const FileInfo& fi) const { return open_files.at(fi.path); }
 
+  // Every data file's header (its first 4 KiB: magic, version, rank, kind, tag) against the
+  // manifest: a file of another rank or another save put in its place is refused when the
+  // checkpoint is opened, verified or not (the CRCs, which cover the header, catch it too, but
+  // only where verify() runs).
+  void check_headers() {
+    AlignedBuffer header(kAlign);
+    for (const FileInfo& fi : manifest.files) {
+      if (fi.segments.empty()) continue;
+      const std::string p = (dir / fi.path).string();
+      engine->read(file(fi), 0, {header.data(), kAlign});
+      uint32_t version = 0;
+      int32_t rank = 0;
+      std::memcpy(&version, header.data() + 8, 4);
+      std::memcpy(&rank, header.data() + 12, 4);
+      if (std::memcmp(header.data(), kDataFileMagic, 8) != 0 || version != kFormatVersion)
+        throw CorruptData(fmt::format("{}: not an outcore checkpoint data file of version {}", p,
+                                      kFormatVersion));
+      const char* tag_field = reinterpret_cast<const char*>(header.data()) + 32;
+      const std::string tag(tag_field, strnlen(tag_field, 95));
+      if (rank != fi.rank || tag != manifest.tag.substr(0, 95))
+        throw CorruptData(fmt::format(
+            "{}: rank {}'s file of {}, where the manifest lists rank {}'s of {} (a file of "
+            "another rank or checkpoint put in its place)",
+            p, rank, tag, fi.rank, manifest.tag));
+    }
+  }
+
   // CorruptData when data file `fi` was written since it was opened: what was read from it may
   // be neither what was saved nor what verify() checked.
   void check_unwritten(const FileInfo& fi) const {
@@ -325,6 +352,7 @@ Checkpoint Checkpoint::open_dir(const fs::path& dir, const ReaderOptions& option
         mpath.string(), impl->manifest.tag, impl->manifest.step, name));
   impl->open_all();
   impl->engine = std::make_unique<aio::Engine>(impl->options.aio, impl->options.backend);
+  impl->check_headers();
   return Checkpoint(std::move(impl));
 }
 
@@ -402,18 +430,6 @@ void Checkpoint::verify(const std::function<bool()>& stop) const {
     if (crc != fi.crc32c)
       throw CorruptData(fmt::format("{}: CRC32C mismatch: expected {:08x}, actual {:08x}",
                                     p.string(), fi.crc32c, crc));
-  }
-  // Headers: magic and version of every data file (after the CRCs, which already guarantee
-  // the bytes are what was written).
-  AlignedBuffer header(kAlign);
-  for (const FileInfo& fi : m.manifest.files) {
-    if (fi.segments.empty()) continue;
-    m.engine->read(m.file(fi), 0, {header.data(), kAlign});
-    uint32_t version = 0;
-    std::memcpy(&version, header.data() + 8, 4);
-    if (std::memcmp(header.data(), kDataFileMagic, 8) != 0 || version != kFormatVersion)
-      throw CorruptData(fmt::format("{}: not an outcore checkpoint data file of version {}",
-                                    (m.dir / fi.path).string(), kFormatVersion));
   }
 }
 

@@ -338,7 +338,8 @@ class Checkpoint {
   // checkpoint, or the file was removed) opens its newest checkpoint, with a warning. When the
   // checkpoint `latest` named is removed or replaced while it is opened, `latest` is read again.
   // InvalidArgument when neither; CorruptData for a bad manifest or `latest`, or a file of the
-  // manifest missing, not a regular file, or (a data file) not its size.
+  // manifest missing, not a regular file, or (a data file) not its size or with a header
+  // (magic, version, rank, tag) other than the manifest's: another rank's or save's file.
   static Checkpoint open(const std::filesystem::path& path, ReaderOptions options = {});
   ~Checkpoint();
   Checkpoint(Checkpoint&&) noexcept;

@@ -381,6 +381,20 @@ LlamaConfig LlamaConfig::from_json(std::string_view text, std::string_view sourc
     fail(source, "head_dim",
          "required key is missing for model_type \"qwen3\" (Hugging Face's Qwen3Config then "
          "takes 128, not hidden_size / num_attention_heads: give it)");
+  // Mistral's, Qwen2's and Qwen3's configs in Hugging Face take a number of their own (8, 32,
+  // 32) where num_key_value_heads is absent, not num_attention_heads as Llama's does (and as
+  // null does in all four): the same file would build another model here.
+  if (!k.j.contains("num_key_value_heads")) {
+    const char* hf_default =
+        c.model_type == ModelType::kMistral                                      ? "8"
+        : c.model_type == ModelType::kQwen2 || c.model_type == ModelType::kQwen3 ? "32"
+                                                                                 : nullptr;
+    if (hf_default != nullptr)
+      fail(source, "num_key_value_heads",
+           fmt::format("required key is missing for model_type \"{}\" (Hugging Face's config "
+                       "then takes {}, not num_attention_heads: give it)",
+                       type, hf_default));
+  }
   // Mistral: a key left out is Hugging Face's MistralConfig default, a window of 4096; null is
   // none.
   if (c.model_type == ModelType::kMistral)

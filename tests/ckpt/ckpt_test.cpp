@@ -262,9 +262,15 @@ TEST(CkptCorruption, AFlippedByteInAnyFileIsNamed) {
     for (uint64_t off : {uint64_t{0}, f.bytes / 2, f.bytes - 1}) {
       flip_byte(ck_dir / f.path, off);
       const std::string msg = error_of([&] { Checkpoint::open(ck_dir).verify(); });
-      EXPECT_NE(msg.find(f.path + ": CRC32C mismatch: expected"), std::string::npos)
+      // A data file's header (its magic at offset 0) is checked when the checkpoint opens.
+      const bool header = !f.segments.empty() && off == 0;
+      EXPECT_NE(msg.find(f.path + (header ? ": not an outcore checkpoint data file"
+                                          : ": CRC32C mismatch: expected")),
+                std::string::npos)
           << f.path << " at " << off << ": " << msg;
-      EXPECT_NE(msg.find("actual"), std::string::npos) << msg;
+      if (!header) {
+        EXPECT_NE(msg.find("actual"), std::string::npos) << msg;
+      }
       flip_byte(ck_dir / f.path, off);
     }
   }
@@ -323,6 +329,34 @@ TEST(CkptCorruption, TruncatedFilesAreNamedWithBothSizes) {
   EXPECT_NE(msg.find("actual 8192"), std::string::npos) << msg;
   fs::resize_file(ck_dir / "manifest.json", 100);
   EXPECT_THROW(Checkpoint::open(ck_dir), CorruptData);
+}
+
+// A data file of another rank, or of another save of the same sizes, put in place of one is
+// refused when the checkpoint is opened: an export without its CRC check (--no-verify) would
+// otherwise write those weights.
+TEST(CkptCorruption, AnotherRanksOrSavesFileInItsPlaceIsRefusedOnOpen) {
+  TempDir tmp("ckpt");
+  SaveDir dir(tmp / "save");
+  write_synthetic(dir, "global_step6", 2);
+  write_synthetic(dir, "global_step7", 2);
+  const fs::path ck_dir = tmp / "save" / "global_step7";
+  ASSERT_NO_THROW(Checkpoint::open(ck_dir));
+  const fs::path opt = ck_dir / "rank0/optimizer.bin", kept = tmp / "kept.bin";
+  fs::copy_file(opt, kept);
+  fs::copy_file(tmp / "save/global_step6/rank0/optimizer.bin", opt,
+                fs::copy_options::overwrite_existing);
+  std::string msg = error_of<CorruptData>([&] { Checkpoint::open(ck_dir); });
+  EXPECT_NE(msg.find("rank0/optimizer.bin: rank 0's file of global_step6"), std::string::npos)
+      << msg;
+  fs::copy_file(kept, opt, fs::copy_options::overwrite_existing);
+  ASSERT_NO_THROW(Checkpoint::open(ck_dir));
+  fs::rename(ck_dir / "rank0/model.bin", tmp / "model0.bin");
+  fs::rename(ck_dir / "rank1/model.bin", ck_dir / "rank0/model.bin");
+  fs::rename(tmp / "model0.bin", ck_dir / "rank1/model.bin");
+  msg = error_of<CorruptData>([&] { Checkpoint::open(ck_dir); });
+  EXPECT_NE(msg.find("model.bin: rank 1's file of global_step7, where the manifest lists rank 0's"),
+            std::string::npos)
+      << msg;
 }
 
 // A manifest edited by hand, its CRC recomputed: a segment in a data file's header (or off its

@@ -140,7 +140,8 @@ TEST(LlamaConfig, MissingWrongTypeAndImpossibleValuesAreErrors) {
 // window refuses sequences longer than it, naming the key (attention has no window: within it the
 // two are the same).
 TEST(LlamaConfig, MistralIsLlamaWithItsSlidingWindowAndRoundTrips) {
-  const LlamaConfig v01 = LlamaConfig::from_json(with(R"(, "model_type": "mistral",
+  const LlamaConfig v01 =
+      LlamaConfig::from_json(with(R"(, "model_type": "mistral", "num_key_value_heads": 4,
       "architectures": ["MistralForCausalLM"], "sliding_window": 32, "rope_theta": 1000000.0)"));
   EXPECT_EQ(v01.model_type, ModelType::kMistral);
   EXPECT_EQ(v01.sliding_window, 32);
@@ -149,18 +150,19 @@ TEST(LlamaConfig, MistralIsLlamaWithItsSlidingWindowAndRoundTrips) {
   EXPECT_EQ(back.sliding_window, 32);
   EXPECT_EQ(back.rope_theta, 1e6);
   EXPECT_NE(v01.to_json().find("MistralForCausalLM"), std::string::npos) << v01.to_json();
-  const LlamaConfig v03 =
-      LlamaConfig::from_json(with(R"(, "model_type": "mistral", "sliding_window": null)"));
+  const LlamaConfig v03 = LlamaConfig::from_json(
+      with(R"(, "model_type": "mistral", "num_key_value_heads": 4, "sliding_window": null)"));
   EXPECT_EQ(v03.sliding_window, 0);
   EXPECT_NE(v03.to_json().find("\"sliding_window\": null"), std::string::npos);
   // Without the key, Hugging Face's MistralConfig default: a window of 4096, written back.
-  const LlamaConfig unset = LlamaConfig::from_json(with(R"(, "model_type": "mistral")"));
+  const LlamaConfig unset =
+      LlamaConfig::from_json(with(R"(, "model_type": "mistral", "num_key_value_heads": 4)"));
   EXPECT_EQ(unset.sliding_window, 4096);
   EXPECT_NE(unset.to_json().find("\"sliding_window\": 4096"), std::string::npos) << unset.to_json();
   EXPECT_EQ(LlamaConfig::from_json(with("")).model_type, ModelType::kLlama);
   EXPECT_EQ(LlamaConfig::from_json(with("")).to_json().find("sliding_window"), std::string::npos);
-  expect_error(with(R"(, "model_type": "mistral", "sliding_window": -1)"), "sliding_window",
-               "positive");
+  expect_error(with(R"(, "model_type": "mistral", "num_key_value_heads": 4, "sliding_window": -1)"),
+               "sliding_window", "positive");
 
   EXPECT_NO_THROW(LlamaModel(v01, ModelOptions{.micro_batch = 1, .seq_len = 32}));
   EXPECT_NO_THROW(LlamaModel(v03, ModelOptions{.micro_batch = 1, .seq_len = 64}));
@@ -388,14 +390,43 @@ TEST(LlamaConfig, KeysItDoesNotActOnAreKeptForHuggingFace) {
 // file is refused rather than read as another model. Qwen2's projections have biases whatever
 // attention_bias says.
 TEST(LlamaConfig, Qwen3WithoutHeadDimIsRefusedAndQwen2IgnoresAttentionBias) {
-  expect_error(with(R"(, "model_type": "qwen3")"), "head_dim", "takes 128");
-  EXPECT_EQ(LlamaConfig::from_json(with(R"(, "model_type": "qwen3", "head_dim": 32)")).head_dim,
+  expect_error(with(R"(, "model_type": "qwen3", "num_key_value_heads": 4)"), "head_dim",
+               "takes 128");
+  EXPECT_EQ(LlamaConfig::from_json(
+                with(R"(, "model_type": "qwen3", "num_key_value_heads": 4, "head_dim": 32)"))
+                .head_dim,
             32);
-  const LlamaConfig q2 =
-      LlamaConfig::from_json(with(R"(, "model_type": "qwen2", "attention_bias": true)"));
+  const LlamaConfig q2 = LlamaConfig::from_json(
+      with(R"(, "model_type": "qwen2", "num_key_value_heads": 4, "attention_bias": true)"));
   EXPECT_TRUE(q2.qkv_bias());
-  expect_error(with(R"(, "model_type": "mistral", "attention_bias": true)"), "attention_bias",
-               "not supported");
+  expect_error(
+      with(R"(, "model_type": "mistral", "num_key_value_heads": 4, "attention_bias": true)"),
+      "attention_bias", "not supported");
+}
+
+// Mistral's, Qwen2's and Qwen3's configs in Hugging Face take 8, 32 and 32 key/value heads where
+// the key is absent, Llama's the number of heads (null is the number of heads in all four):
+// a file without it is refused rather than read as another model.
+TEST(LlamaConfig, KeyValueHeadsAbsentAreRefusedWhereHuggingFaceTakesANumberOfItsOwn) {
+  expect_error(with(R"(, "model_type": "mistral")"), "num_key_value_heads", "then takes 8");
+  expect_error(with(R"(, "model_type": "qwen2")"), "num_key_value_heads", "then takes 32");
+  expect_error(with(R"(, "model_type": "qwen3", "head_dim": 16)"), "num_key_value_heads",
+               "then takes 32");
+  EXPECT_EQ(LlamaConfig::from_json(with("")).num_key_value_heads, 4);
+  EXPECT_EQ(LlamaConfig::from_json(with(R"(, "model_type": "llama")")).num_key_value_heads, 4);
+  for (const char* type : {"mistral", "qwen2"}) {
+    const std::string t(type);
+    EXPECT_EQ(LlamaConfig::from_json(
+                  with(R"(, "model_type": ")" + t + R"(", "num_key_value_heads": null)"))
+                  .num_key_value_heads,
+              4)
+        << type;
+    EXPECT_EQ(
+        LlamaConfig::from_json(with(R"(, "model_type": ")" + t + R"(", "num_key_value_heads": 2)"))
+            .num_key_value_heads,
+        2)
+        << type;
+  }
 }
 
 TEST(LlamaConfig, RopeScalingValuesAreCheckedNamingTheKey) {

@@ -2450,6 +2450,22 @@ TEST_F(TrainCliTest, ExportOfABadCheckpointOrIntoAFullDirectoryExitsTwo) {
             std::string::npos)
       << r.err;
   EXPECT_FALSE(std::filesystem::exists(long_name));
+
+  // A checkpoint path with a name too long for the filesystem, given or in `latest`: bad input
+  // (exit 2), the path and the reason named, for export and for a resume alike.
+  std::ofstream(good + "/latest", std::ios::trunc) << std::string(300, 'a');
+  for (const std::string& ck_path : {good, good + "/" + std::string(300, 'b')}) {
+    for (const std::string& cmd : {"export " + shell_quote(ck_path) + " " + shell_quote(hf),
+                                   train_args("--steps 2 --resume " + shell_quote(ck_path))}) {
+      r = run(cmd);
+      EXPECT_EQ(r.rc, 2) << cmd << ": " << r.err;
+      EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+      EXPECT_NE(r.err.find("File name too long"), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find(std::string(255, ck_path == good ? 'a' : 'b')), std::string::npos)
+          << r.err;
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(hf));
 }
 
 // `export CKPT .` replaces the working directory: the summary counts what it wrote there.

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <new>
@@ -22,6 +23,7 @@
 #include "tools/env_settings.hpp"
 #include "tools/outcore/commands.hpp"
 #include "tools/outcore/stop_signals.hpp"
+#include "tools/outcore/train_session.hpp"
 
 namespace outcore::cli {
 
@@ -75,6 +77,8 @@ int run_main(int argc, char** argv) {
   } catch (const outcore::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    return report_filesystem_error(e, "");
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
                  "error: out of memory: an allocation the command needed was refused (by the "

@@ -241,7 +241,8 @@ void add_export_command(CLI::App& app, int& rc) {
   cmd->add_option("--max-shard-size", a->max_shard_size,
                   "split the weights into shards of at most this size (default 5GB)");
   cmd->add_flag("--no-verify", a->no_verify,
-                "skip checking every checkpoint file's size and CRC32C before exporting");
+                "skip reading every checkpoint file whole for its CRC32C before exporting (sizes "
+                "and each data file's header, its rank and step, are still checked)");
   cmd->callback([a, &rc] { rc = run_export_reporting(*a); });
 }
 

@@ -31,8 +31,8 @@ namespace {
 // An I/O error that the path given makes (no permission, a read-only filesystem, a link loop, a
 // name too long, a file where a directory belongs): bad input, exit 2. Others (a failing drive,
 // a full disk) are failures while running, exit 1.
-int exit_code_of(const IoError& e) {
-  switch (e.error_number()) {
+int exit_code_of(int error_number) {
+  switch (error_number) {
     case EACCES:
     case EPERM:
     case EROFS:
@@ -48,6 +48,16 @@ int exit_code_of(const IoError& e) {
 }
 
 }  // namespace
+
+int report_filesystem_error(const std::filesystem::filesystem_error& e, std::string_view prefix) {
+  std::string paths = e.path1().string();
+  if (!e.path2().empty()) paths += ", " + e.path2().string();
+  std::fprintf(stderr, "error: %.*s%s: %s\n", static_cast<int>(prefix.size()), prefix.data(),
+               paths.c_str(), e.code().message().c_str());
+  const bool os_error = e.code().category() == std::generic_category() ||
+                        e.code().category() == std::system_category();
+  return os_error ? exit_code_of(e.code().value()) : 1;
+}
 
 int run_reporting(const std::function<int()>& run,
                   const std::function<void(const char* message)>& on_stop) {
@@ -70,7 +80,9 @@ int run_reporting(const std::function<int()>& run,
     return 2;
   } catch (const IoError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
-    return exit_code_of(e);
+    return exit_code_of(e.error_number());
+  } catch (const std::filesystem::filesystem_error& e) {
+    return report_filesystem_error(e, "");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
@@ -446,7 +458,9 @@ int run_training(const config::Config& cfg, const model::LlamaConfig& model,
     return fail_job(comm, 2);
   } catch (const IoError& e) {  // a save directory, swap path or output the run cannot write
     print_error(e);
-    return fail_job(comm, exit_code_of(e));
+    return fail_job(comm, exit_code_of(e.error_number()));
+  } catch (const std::filesystem::filesystem_error& e) {  // a path it could not look at
+    return fail_job(comm, report_filesystem_error(e, g_rank_prefix));
   } catch (const std::exception& e) {  // a failing drive creating swap files, ...
     print_error(e);
     return fail_job(comm, 1);

@@ -2,8 +2,10 @@
 // exit codes, Ctrl-C, and what goes to stdout and stderr.
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -20,8 +22,13 @@ inline constexpr int kExitInterrupted = 130;
 // Interrupted -> `on_stop(message)` prints its line, kExitInterrupted; ConfigError,
 // InvalidArgument, CorruptData (bad input), PathBusy (a path another run holds), an IoError the
 // path given makes (EACCES, EPERM, EROFS, ELOOP, ENAMETOOLONG, ENOTDIR, EISDIR, ENOENT) ->
-// "error: ...", 2; anything else (a failing drive, a full disk) -> "error: ...", 1.
-// What `run` returns is returned as is.
+// "error: ...", 2 (so is a std::filesystem error for such a path); anything else (a failing drive,
+// a full disk) -> "error: ...", 1. What `run` returns is returned as is. A path the standard
+// library could not look at (a name too long, no permission): "error: <prefix><path>: <reason>" on
+// stderr; returns the exit code an IoError of that errno gets (2 for what the path given makes,
+// else 1).
+int report_filesystem_error(const std::filesystem::filesystem_error& e, std::string_view prefix);
+
 int run_reporting(const std::function<int()>& run,
                   const std::function<void(const char* message)>& on_stop);
 
