@@ -246,6 +246,15 @@ bool is_checkpoint_dir(const fs::path& p) {
   }
 }
 
+std::vector<std::string> replaced_by(const fs::path& checkpoint) {
+  try {
+    const fs::path p = checkpoint / kManifestName;
+    return parse_manifest(read_small_file(p, 64ull << 20), p.string()).replaces;
+  } catch (const std::exception&) {  // no checkpoint there, or not one to read
+    return {};
+  }
+}
+
 std::optional<std::string> killed_save_after(const fs::path& dir, const std::string& resumed_tag) {
   const int64_t from = step_of_tag(resumed_tag);
   std::error_code ec;
@@ -425,6 +434,19 @@ void SaveDir::open_entries() {
     std::vector<std::string> later_names;
     for (const auto& [step, name] : checkpoints)
       if (step > from) later_names.push_back(name);
+    // The checkpoint resumed from is a --start-over's first save, killed before it removed
+    // those it replaces: they go after this run's first save, as they would have then.
+    std::vector<std::string> leftovers_of_start_over;
+    for (const std::string& name : replaced_by(dir_ / options_.resumed_tag))
+      if (std::erase(later_names, name) > 0) leftovers_of_start_over.push_back(name);
+    if (!leftovers_of_start_over.empty()) {
+      log::warn(
+          "checkpoint: {} in {}: checkpoints of the run that {} replaced (--start-over), left "
+          "by a kill before they were removed: removed once this run saves",
+          fmt::join(leftovers_of_start_over, ", "), dir_.string(), options_.resumed_tag);
+      replaced_.insert(replaced_.end(), leftovers_of_start_over.begin(),
+                       leftovers_of_start_over.end());
+    }
     const std::string later = fmt::format("{}", fmt::join(later_names, ", "));
     // A save of this same run killed before it was named latest: this run's saves replace it.
     const bool one_killed_save =
@@ -900,6 +922,12 @@ SaveResult CheckpointWriter::commit(Manifest manifest) {
              std::chrono::duration<double>(tw - m.t0).count());
   manifest.tag = m.tag;
   manifest.files.clear();
+  manifest.replaces.clear();
+  for (const std::string& name : m.dir.replacing())
+    if (name != m.tag) manifest.replaces.push_back(name);
+  std::sort(
+      manifest.replaces.begin(), manifest.replaces.end(),
+      [](const std::string& a, const std::string& b) { return step_of_tag(a) < step_of_tag(b); });
   const SaveGroup* group = m.options.group;
   const bool lead = group == nullptr || group->rank == 0;
   uint64_t total = 0;

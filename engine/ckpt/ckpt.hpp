@@ -113,6 +113,11 @@ struct Manifest {
   DType param_dtype = DType::F32;
   std::vector<UnitInfo> units;
   std::vector<FileInfo> files;
+  // A save after which another run's checkpoints are removed (the first of a --start-over, or
+  // of a resume of one killed before they went) lists them, in step order: a kill before they
+  // went leaves them beside it, and a resume of this checkpoint then removes them (they are
+  // not another branch of the run). Written into the manifest only when not empty.
+  std::vector<std::string> replaces;
 
   const FileInfo* find(std::string_view path) const;
   nlohmann::ordered_json to_json() const;
@@ -192,8 +197,9 @@ struct SaveDirOptions {
   // kContinue, checkpoints of later steps are another branch of the run, which this run's saves
   // would replace: opening the directory is refused, naming them, unless `latest` names the
   // one resumed from (then they are this run's, saved by a process killed before it named
-  // them latest, and a warning says they will be replaced). With kReplace, it is not among
-  // the checkpoints replaced.
+  // them latest, and a warning says they will be replaced), or the one resumed from lists
+  // them as those it replaces (Manifest::replaces: then they are removed after this run's
+  // first save, with a warning). With kReplace, it is not among the checkpoints replaced.
   std::string resumed_tag{};
 };
 
@@ -216,6 +222,9 @@ class SaveDir {
   int keep() const { return options_.keep; }
   // The tag `latest` names, if any.
   std::optional<std::string> latest() const;
+  // The checkpoints this run's next save replaces (ExistingCheckpoints::kReplace, or a
+  // --start-over's leftovers a resume found): the commit lists them in its manifest.
+  const std::vector<std::string>& replacing() const { return replaced_; }
   // Points `latest` at `tag` (temp file, fsync, rename, fsync of the directory).
   void set_latest(const std::string& tag, const WriterOptions& hooks);
   // After a committed save of `tag`: removes the checkpoints ExistingCheckpoints::kReplace
@@ -262,7 +271,7 @@ class SaveDir {
   SaveDirOptions options_;
   std::optional<LockFile> lock_;       // `.lock` (the primary's)
   bool created_dir_ = false;           // created by this primary SaveDir: removed if still empty
-  std::vector<std::string> replaced_;  // kReplace: the checkpoints found at open
+  std::vector<std::string> replaced_;  // removed after the next save (see replacing())
   std::vector<std::string> kept_;      // checkpoints not removed, each warned about once
 };
 
@@ -411,6 +420,9 @@ std::vector<std::pair<int64_t, std::filesystem::path>> checkpoints_in(
 // this run's. Its tag, or nullopt.
 std::optional<std::string> killed_save_after(const std::filesystem::path& dir,
                                              const std::string& resumed_tag);
+// The checkpoints of its save directory that checkpoint directory `checkpoint` replaces
+// (Manifest::replaces); none when it lists none or cannot be read.
+std::vector<std::string> replaced_by(const std::filesystem::path& checkpoint);
 // The outcore checkpoint directory `path` is or lies in (itself or its nearest ancestor holding
 // an outcore manifest), or nullopt. A file written there is one the checkpoint does not list: a
 // save directory then keeps that checkpoint forever, and a save of its tag is refused.

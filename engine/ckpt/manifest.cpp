@@ -116,6 +116,7 @@ nlohmann::ordered_json Manifest::to_json() const {
     }
     files_j.push_back(std::move(fj));
   }
+  if (!replaces.empty()) j["replaces"] = replaces;
   return j;
 }
 
@@ -143,6 +144,14 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& source)
       throw CorruptData(fmt::format("{}: unit {} is padded to {} < numel {}", source, ui.name,
                                     ui.padded_numel, ui.numel));
     m.units.push_back(std::move(ui));
+  }
+  if (j.contains("replaces")) {
+    for (const auto& r : get<nlohmann::json>(j, "replaces", source)) {
+      if (!r.is_string() || step_of_tag(r.get<std::string>()) < 0)
+        throw CorruptData(fmt::format("{}: replaces: {} is not a checkpoint's name", source,
+                                      r.dump(-1, ' ', true)));
+      m.replaces.push_back(r.get<std::string>());
+    }
   }
   for (const auto& f : get<nlohmann::json>(j, "files", source)) {
     FileInfo fi;

@@ -573,9 +573,11 @@ TEST(CkptFaults, AFailedReadDuringTheCheckLeavesNoReadInFlight) {
   big.units = {{"layers.0", 3u << 20, 3u << 20}};  // optimizer.bin: 36 MiB, two 32 MiB reads
   write_synthetic(dir, "global_step1", 1, {}, big);
   auto faults = std::make_shared<aio::FaultInjectingBackend>(aio::make_default_backend());
-  faults->add_fault({.kind = aio::Fault::Kind::kEio, .nth = 1, .direction = 0});
+  // Reads 1 and 2: the two data files' headers, checked when the checkpoint opens; the
+  // check's first read fails.
+  faults->add_fault({.kind = aio::Fault::Kind::kEio, .nth = 3, .direction = 0});
   faults->add_fault({.kind = aio::Fault::Kind::kDelay,
-                     .nth = 2,
+                     .nth = 4,
                      .every = 1,
                      .direction = 0,
                      .delay = std::chrono::milliseconds{300}});
@@ -663,6 +665,52 @@ TEST(CkptFaults, CrashAtAnyPointLeavesALoadableCheckpoint) {
 // naming a loadable checkpoint of that step, and no leftover. (Replaced by two renames, a kill
 // between them left `latest` naming a missing directory and the old checkpoint as `<tag>.old`,
 // which the next start removed: both checkpoints lost.)
+// A --start-over killed once its first save was named latest, before it removed the checkpoints
+// of the run it replaces: its save lists them (Manifest::replaces), so a resume of it removes
+// them once it saves, rather than refusing them as another branch of the run.
+TEST(CkptFaults, AStartOverKilledBeforeItRemovedTheReplacedCheckpointsResumes) {
+  TempDir tmp("ckpt");
+  {
+    SaveDir d(tmp / "save");
+    write_synthetic(d, "global_step4", 1);
+    write_synthetic(d, "global_step6", 1);
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {
+    try {
+      SaveDir d(tmp / "save", {.existing = ExistingCheckpoints::kReplace});
+      WriterOptions hooks;
+      hooks.crash_at = "after-latest";
+      write_synthetic(d, "global_step2", 1, hooks);
+    } catch (...) {
+      _exit(4);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  EXPECT_EQ(read_latest_tag(tmp / "save" / "latest"), "global_step2");
+  EXPECT_EQ(replaced_by(tmp / "save" / "global_step2"),
+            (std::vector<std::string>{"global_step4", "global_step6"}));
+  {
+    SaveDir d(tmp / "save",
+              {.existing = ExistingCheckpoints::kContinue, .resumed_tag = "global_step2"});
+    EXPECT_TRUE(fs::exists(tmp / "save" / "global_step6"));  // until this run saves
+    write_synthetic(d, "global_step3", 1);
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step4"));
+    EXPECT_FALSE(fs::exists(tmp / "save" / "global_step6"));
+    // The save that removed them lists them too (a kill before they went is met the same way);
+    // the next lists none.
+    EXPECT_EQ(replaced_by(tmp / "save" / "global_step3"),
+              (std::vector<std::string>{"global_step4", "global_step6"}));
+    write_synthetic(d, "global_step5", 1);
+  }
+  Checkpoint::open(tmp / "save" / "global_step2").verify();
+  EXPECT_TRUE(replaced_by(tmp / "save" / "global_step5").empty());
+  EXPECT_EQ(read_latest_tag(tmp / "save" / "latest"), "global_step5");
+}
+
 TEST(CkptFaults, AKillWhileReplacingACheckpointOfTheSameStepLeavesItLoadable) {
   for (const char* at : {"before-rename", "between-renames", "after-exchange", "after-latest"}) {
     TempDir tmp("ckpt");

@@ -1952,6 +1952,37 @@ TEST_F(TrainCliTest, ASaveKilledBeforeLatestWithAMetricsFileResumes) {
   for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i]["step"], i + 1);
 }
 
+// A --start-over with a metrics file killed once its first checkpoint was named latest, before
+// it removed the replaced run's later checkpoints: resuming it continues (it was refused: the
+// save directory took those for another branch of the run, naming the replaced run's newest to
+// resume), and its first save removes them.
+TEST_F(TrainCliTest, AStartOverKilledBeforeItRemovedTheOldCheckpointsResumes) {
+  const std::string ck = data_.file("ckpt"), metrics = data_.file("m.jsonl");
+  CliResult r = run(train_args("--steps 3 --save-every 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string cmd = "env -u OUTCORE_CONFIG OUTCORE_TEST_CKPT_CRASH_AT=after-latest " +
+                          shell_quote(OUTCORE_CLI_WITH_TEST_HOOKS) + " " +
+                          train_args("--steps 2 --seed 7 --start-over --save-every 1 --save-dir " +
+                                     shell_quote(ck) + " --metrics " + shell_quote(metrics)) +
+                          " >/dev/null 2>&1";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 137)) << status;
+  ASSERT_EQ(slurp(ck + "/latest"), "global_step1\n");
+  ASSERT_TRUE(std::filesystem::exists(ck + "/global_step3/manifest.json"));
+  r = run("train --resume " + shell_quote(ck) + " --save-dir " + shell_quote(ck) + " --metrics " +
+          shell_quote(metrics) + " --steps 2");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("global_step2, global_step3 in " + ck +
+                       ": checkpoints of the run that global_step1 replaced"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(ck + "/latest"), "global_step2\n");
+  EXPECT_FALSE(std::filesystem::exists(ck + "/global_step3"));
+  const std::vector<nlohmann::json> steps = step_records(metrics);
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[1]["step"], 2);
+}
+
 // A save of a step already saved, killed between its two renames (a filesystem that cannot
 // exchange two directories): `latest` names a checkpoint that is only there as <tag>.old. An
 // export reads it there, and a resume into the save directory continues from it (it was refused:
