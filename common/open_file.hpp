@@ -13,6 +13,11 @@
 
 namespace outcore {
 
+// Opens /dev/null on each of descriptors 0, 1 and 2 that is closed (a program started with
+// `>&-`), so that the files and pipes the process opens next do not take those numbers and get
+// its messages and results written into them. Every program's main calls it first.
+void open_missing_standard_streams();
+
 // What a st_mode is, in words: "a directory", "a FIFO (named pipe)", "a socket", ...
 const char* file_kind(mode_t mode);
 

@@ -181,6 +181,24 @@ if [ -w /dev/full ]; then
   grep -q "cannot write the results to stdout" "$work/err.txt" ||
     fail "results to /dev/full: $(cat "$work/err.txt")"
 fi
+# 3c. A file-size limit (ulimit -f) below the benchmark file: the failed write is reported
+# (never SIGXFSZ ending the process) and the file removed.
+(ulimit -f 1000
+ exec "$bench" --path "$work" --file-size 8M --block-sizes 128K --queue-depths 4 --threads 1 \
+   --seconds 0.05) > /dev/null 2> "$work/err.txt"
+rc=$?
+[ $rc -eq 1 ] || [ $rc -eq 2 ] || fail "under ulimit -f: exit $rc, expected 1 or 2 ($(cat "$work/err.txt"))"
+grep -q "no room for a 8M file (File too large" "$work/err.txt" ||
+  fail "under ulimit -f: the failed write is not named: $(cat "$work/err.txt")"
+leftover=$(find "$work" -name 'aio_bench.*' | head -1)
+[ -z "$leftover" ] || fail "benchmark file left under ulimit -f: $leftover"
+# 3d. Started with stdout and stderr closed: the sweep runs (the files it opens do not take
+# their numbers) and leaves nothing.
+"$bench" "${tiny[@]}" >&- 2>&-
+rc=$?
+[ $rc -eq 0 ] || fail "with stdout and stderr closed: exit $rc"
+leftover=$(find "$work" -name 'aio_bench.*' | head -1)
+[ -z "$leftover" ] || fail "benchmark file left with stdout and stderr closed: $leftover"
 # 4. --compare-fio: fio's output goes to a directory of its own, so nothing beside the benchmark
 # file is opened: a link planted at a name next to it (the scratch file's, the pid's that
 # `exec` keeps) is not written through, and the directory holds what it held.

@@ -1898,6 +1898,24 @@ TEST_F(TrainCliTest, AnNvmePathThatIsNoDirectoryIsRefusedNamingTheKey) {
   EXPECT_FALSE(std::filesystem::exists(data_.file("nowhere")));
 }
 
+// Started with its standard streams closed (`>&- 2>&-`, `<&- >&-`): the run trains and saves.
+// The stop watcher's pipe took a closed stream's number, and the first message written there
+// ended the process as a signal would (exit 247 or 237: nothing trained, nothing saved).
+TEST_F(TrainCliTest, ARunStartedWithItsStreamsClosedTrainsAndSaves) {
+  const std::string err = data_.file("closed_err");
+  int k = 0;
+  for (const std::string& closing : {std::string(" >&- 2>&-"), " <&- >&- 2>" + shell_quote(err)}) {
+    const std::string ck = data_.file("ckpt" + std::to_string(k++));
+    const std::string cmd = "env -u OUTCORE_CONFIG " + shell_quote(OUTCORE_CLI) + " " +
+                            train_args("--steps 2 --save-dir " + shell_quote(ck)) + closing;
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << closing << ": " << status;
+    EXPECT_EQ(WEXITSTATUS(status), 0) << closing;
+    EXPECT_EQ(slurp(ck + "/latest"), "global_step2\n") << closing;
+  }
+  EXPECT_NE(slurp(err).find("step 2/2"), std::string::npos) << slurp(err);
+}
+
 // A save killed (SIGKILL) part-way, at several points (test hooks of
 // outcore_with_test_hooks): the previous checkpoint stays the one `latest` names and loads; the
 // next run removes the leftovers with a warning and resumes.

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <new>
@@ -15,6 +16,7 @@
 
 #include "common/aligned_buffer.hpp"
 #include "common/log.hpp"
+#include "common/open_file.hpp"
 #include "tools/aio_bench/cli_main.hpp"
 #include "tools/aio_bench/scratch.hpp"
 #include "tools/aio_bench/sizes.hpp"
@@ -311,6 +313,10 @@ int run(const Args& args) {
 
 int main(int argc, char** argv) {
   using namespace outcore::aio_bench;
+  outcore::open_missing_standard_streams();
+  // A write past the file-size limit (ulimit -f) fails with EFBIG, which the scratch file
+  // reports and cleans up, instead of SIGXFSZ ending the process with its file left behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   outcore::log::init("warn");
   outcore::tools::apply_environment_settings();
   Args a;

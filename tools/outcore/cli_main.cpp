@@ -19,6 +19,7 @@
 #include "common/cleanup.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/open_file.hpp"
 #include "tools/blas/blas_kernels.hpp"
 #include "tools/env_settings.hpp"
 #include "tools/outcore/commands.hpp"
@@ -28,6 +29,9 @@
 namespace outcore::cli {
 
 int run_main(int argc, char** argv) {
+  // Before anything is opened: a closed stderr would otherwise be the stop watcher's pipe, and
+  // the first message a signal to it.
+  outcore::open_missing_standard_streams();
   // A process ended by exit() while files are registered for cleanup (a data-parallel rank
   // whose launcher is gone: OpenMPI exits it) removes them first; a normal end has removed
   // and unregistered them already.

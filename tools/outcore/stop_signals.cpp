@@ -154,6 +154,7 @@ bool start_watcher() {
           const ssize_t n = ::read(fd, &sig, 1);
           if (n < 0 && errno == EINTR) continue;
           if (n != 1) return;
+          if (sig == 0 || sig >= NSIG) continue;  // only the handlers write here
           cleanup::remove_registered_files();
           die_by(sig);
         }
