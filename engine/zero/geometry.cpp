@@ -1,6 +1,7 @@
 #include "engine/zero/geometry.hpp"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -426,6 +428,31 @@ HostMemory host_memory_available() {
       cg && (m.bytes == 0 || cg->available_bytes < m.bytes)) {
     m.bytes = cg->available_bytes;
     m.by = fmt::format("this process's memory cgroup: {} less its usage", cg->limit_file);
+  }
+  // A limit on the address space (ulimit -v) counts what is mapped, not what is used: each of a
+  // run's threads maps more than it uses (a malloc arena of up to 64 MiB, its stack, OpenBLAS's
+  // buffers at its first GEMM; a 10M-parameter run on 2 cores, 12 threads, peaks at 1.4 GiB).
+  // Past the limit OpenBLAS spins forever instead of failing, so a run must fit well within it.
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    uint64_t mapped = 0;
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.starts_with("VmSize:")) mapped = std::stoull(line.substr(7)) * 1024;
+    constexpr uint64_t kPerThread = 104ull << 20;  // arena 64 MiB, stack 8, OpenBLAS 32
+    const uint64_t threads = 4ull * std::max(1u, std::thread::hardware_concurrency()) + 8;
+    const uint64_t used = mapped + threads * kPerThread;
+    const uint64_t left = rl.rlim_cur > used ? rl.rlim_cur - used : 1;  // 0 would be "unknown"
+    if (m.bytes == 0 || left < m.bytes) {
+      m.bytes = left;
+      m.by = fmt::format(
+          "ulimit -v ({:.2f} GiB, less the {:.2f} GiB this process maps and about {:.2f} GiB its "
+          "{} threads map beyond their use: malloc arenas, stacks, OpenBLAS's buffers; `ulimit "
+          "-v unlimited` lifts it)",
+          static_cast<double>(rl.rlim_cur) / (1ull << 30),
+          static_cast<double>(mapped) / (1ull << 30),
+          static_cast<double>(threads * kPerThread) / (1ull << 30), threads);
+    }
   }
   return m;
 }

@@ -169,7 +169,9 @@ std::optional<CgroupMemory> cgroup_memory(
     const std::filesystem::path& root = "/sys/fs/cgroup");
 
 // The host memory this process can still take: MemAvailable from /proc/meminfo, or what its
-// memory cgroup leaves where that is less (a container's limit), with what set it.
+// memory cgroup leaves where that is less (a container's limit), or what an address-space limit
+// (ulimit -v) leaves once the address space its threads map beyond their use is set aside,
+// where that is less; with what set it.
 struct HostMemory {
   uint64_t bytes = 0;  // 0 when unknown
   std::string by = "MemAvailable";

@@ -1916,6 +1916,21 @@ TEST_F(TrainCliTest, ARunStartedWithItsStreamsClosedTrainsAndSaves) {
   EXPECT_NE(slurp(err).find("step 2/2"), std::string::npos) << slurp(err);
 }
 
+// Under an address-space limit (ulimit -v) too small for the run's threads, the run is refused
+// naming the limit: it spun forever in OpenBLAS's allocation loop, a first Ctrl-C waiting for a
+// step that never ended.
+TEST_F(TrainCliTest, AnAddressSpaceLimitTooSmallIsRefusedNamingIt) {
+  const std::string out = data_.file("as_out"), err = data_.file("as_err");
+  const std::string cmd = "(ulimit -v 1000000; exec env -u OUTCORE_CONFIG timeout -k 5 60 " +
+                          shell_quote(OUTCORE_CLI) + " " + train_args("--steps 3") + ") >" +
+                          shell_quote(out) + " 2>" + shell_quote(err);
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 2) << slurp(err);
+  EXPECT_NE(slurp(err).find("but ulimit -v (0.95 GiB, less the"), std::string::npos) << slurp(err);
+  EXPECT_NE(slurp(err).find("`ulimit -v unlimited` lifts it"), std::string::npos) << slurp(err);
+}
+
 // A save killed (SIGKILL) part-way, at several points (test hooks of
 // outcore_with_test_hooks): the previous checkpoint stays the one `latest` names and loads; the
 // next run removes the leftovers with a warning and resumes.

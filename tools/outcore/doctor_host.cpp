@@ -230,7 +230,8 @@ Line host_memory_line() {
   if (m.bytes == 0)
     return {"host memory", Verdict::kWarn,
             "MemAvailable unknown (no /proc/meminfo): plans are not checked against host memory"};
-  return {"host memory", Verdict::kOk,
+  // An address-space limit counts what threads map, not what they use: worth knowing first.
+  return {"host memory", m.by.starts_with("ulimit -v") ? Verdict::kWarn : Verdict::kOk,
           fmt::format("{} available ({})", zero::format_bytes(m.bytes), m.by)};
 }
 
