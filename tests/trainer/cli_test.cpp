@@ -1931,6 +1931,28 @@ TEST_F(TrainCliTest, AnAddressSpaceLimitTooSmallIsRefusedNamingIt) {
   EXPECT_NE(slurp(err).find("`ulimit -v unlimited` lifts it"), std::string::npos) << slurp(err);
 }
 
+// A resume on the checkpoint's config: keys its run left "auto" are saved resolved, and draw no
+// warning of a value set without effect (reduce_bucket_size "set to 4096, but it has no effect",
+// which the user never set); a value the user set still does.
+TEST_F(TrainCliTest, AResumeWarnsOnlyOfValuesTheUserSet) {
+  config_ = write_config("auto.json", {{"zero_optimization",
+                                        {{"stage", 3},
+                                         {"reduce_bucket_size", "auto"},
+                                         {"stage3_prefetch_bucket_size", "auto"},
+                                         {"stage3_param_persistence_threshold", "auto"},
+                                         {"allgather_bucket_size", 12345}}}});
+  const std::string ck = data_.file("ckpt");
+  CliResult r = run(train_args("--steps 1 --save-dir " + shell_quote(ck)));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("train --resume " + shell_quote(ck) + " --steps 2");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (const char* key :
+       {"reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"})
+    EXPECT_EQ(r.err.find(std::string("zero_optimization.") + key), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zero_optimization.allgather_bucket_size: set to 12345"), std::string::npos)
+      << r.err;
+}
+
 // A save killed (SIGKILL) part-way, at several points (test hooks of
 // outcore_with_test_hooks): the previous checkpoint stays the one `latest` names and loads; the
 // next run removes the leftovers with a warning and resumes.

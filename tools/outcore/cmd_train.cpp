@@ -667,8 +667,13 @@ int run_train(const TrainCliOptions& o) {
             : cfg::load_config_file(config_path, /*log_warnings=*/false);
     config = std::move(parsed.config);
     log::init(config.outcore.log_level);
-    for (const cfg::ConfigWarning& w : parsed.warnings)
+    for (const cfg::ConfigWarning& w : parsed.warnings) {
+      // A value the checkpoint's run resolved from "auto" is outcore's, not one a user set.
+      if (config_path.empty() &&
+          std::find(rd->auto_keys.begin(), rd->auto_keys.end(), w.json_path) != rd->auto_keys.end())
+        continue;
       log::warn("{}: {}", config_source, w.to_string());
+    }
     if (config_path.empty()) {
       reopen_auto_keys(config, rd->auto_keys, n);
       topts.config_auto_keys = rd->auto_keys;
