@@ -610,12 +610,14 @@ TEST(CkptFaults, RealFullDiskFailsBeforeAnyDataIsWritten) {
   EXPECT_FALSE(dir.latest().has_value());
 }
 
-// Runs a save in a child process that kills itself (SIGKILL) at `hooks`; returns the signal.
-int crash_child(const fs::path& dir, const WriterOptions& hooks) {
+// Runs a save of global_step2 into `dir` opened with `options` in a child process that kills
+// itself (SIGKILL) at `hooks`; returns the signal.
+int crash_child(const fs::path& dir, const WriterOptions& hooks,
+                const SaveDirOptions& options = kContinue) {
   pid_t pid = fork();
   if (pid == 0) {
     try {
-      SaveDir d(dir, kContinue);
+      SaveDir d(dir, options);
       write_synthetic(d, "global_step2", 1, hooks);
     } catch (...) {
       _exit(4);
@@ -675,21 +677,9 @@ TEST(CkptFaults, AStartOverKilledBeforeItRemovedTheReplacedCheckpointsResumes) {
     write_synthetic(d, "global_step4", 1);
     write_synthetic(d, "global_step6", 1);
   }
-  const pid_t pid = fork();
-  if (pid == 0) {
-    try {
-      SaveDir d(tmp / "save", {.existing = ExistingCheckpoints::kReplace});
-      WriterOptions hooks;
-      hooks.crash_at = "after-latest";
-      write_synthetic(d, "global_step2", 1, hooks);
-    } catch (...) {
-      _exit(4);
-    }
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  WriterOptions hooks;
+  hooks.crash_at = "after-latest";
+  ASSERT_EQ(crash_child(tmp / "save", hooks, {.existing = ExistingCheckpoints::kReplace}), SIGKILL);
   EXPECT_EQ(read_latest_tag(tmp / "save" / "latest"), "global_step2");
   EXPECT_EQ(replaced_by(tmp / "save" / "global_step2"),
             (std::vector<std::string>{"global_step4", "global_step6"}));
