@@ -330,15 +330,9 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
         // replaces it, and its steps' records are cut and written again, as the steps are.
         const std::optional<std::string> killed =
             ckpt::killed_save_after(run_dir, ck->dir().filename().string());
-        // Nor those the checkpoint replaces, left by a kill before its --start-over removed
-        // them: the save directory removes them once this run saves.
-        const std::vector<std::string>& replaced = ck->manifest().replaces;
-        for (const auto& [step, dir] : ckpt::checkpoints_in(run_dir)) {
-          const std::string name = dir.filename().string();
-          if (step > ck->manifest().step && name != killed &&
-              std::find(replaced.begin(), replaced.end(), name) == replaced.end())
+        for (const auto& [step, dir] : ckpt::checkpoints_in(run_dir))
+          if (step > ck->manifest().step && dir.filename().string() != killed)
             r.later_checkpoints += (r.later_checkpoints.empty() ? "" : ", ") + dir.string();
-        }
       }
       metrics_writer_.emplace(metrics_path, r);
     } else {
