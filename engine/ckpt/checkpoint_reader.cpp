@@ -135,7 +135,7 @@ struct Checkpoint::Impl {
 
   const aio::File& file(const FileInfo& fi) const { return open_files.at(fi.path); }
 
-  // Every data file's header (its first 4 KiB: magic, version, rank, kind, tag) against the
+  // Every data file's header (its first 4 KiB: magic, version, rank, tag) against the
   // manifest: a file of another rank or another save put in its place is refused when the
   // checkpoint is opened, verified or not (the CRCs, which cover the header, catch it too, but
   // only where verify() runs).
@@ -147,14 +147,14 @@ struct Checkpoint::Impl {
       engine->read(file(fi), 0, {header.data(), kAlign});
       uint32_t version = 0;
       int32_t rank = 0;
-      std::memcpy(&version, header.data() + 8, 4);
-      std::memcpy(&rank, header.data() + 12, 4);
+      std::memcpy(&version, header.data() + kHeaderVersionAt, 4);
+      std::memcpy(&rank, header.data() + kHeaderRankAt, 4);
       if (std::memcmp(header.data(), kDataFileMagic, 8) != 0 || version != kFormatVersion)
         throw CorruptData(fmt::format("{}: not an outcore checkpoint data file of version {}", p,
                                       kFormatVersion));
-      const char* tag_field = reinterpret_cast<const char*>(header.data()) + 32;
-      const std::string tag(tag_field, strnlen(tag_field, 95));
-      if (rank != fi.rank || tag != manifest.tag.substr(0, 95))
+      const char* tag_field = reinterpret_cast<const char*>(header.data()) + kHeaderTagAt;
+      const std::string tag(tag_field, strnlen(tag_field, kHeaderTagMax));
+      if (rank != fi.rank || tag != manifest.tag.substr(0, kHeaderTagMax))
         throw CorruptData(fmt::format(
             "{}: rank {}'s file of {}, where the manifest lists rank {}'s of {} (a file of "
             "another rank or checkpoint put in its place)",

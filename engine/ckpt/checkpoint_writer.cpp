@@ -850,10 +850,11 @@ void CheckpointWriter::prepare() {
     std::memcpy(header.data(), kDataFileMagic, 8);
     const uint32_t version = kFormatVersion;
     const int32_t rank = f.info.rank;
-    std::memcpy(header.data() + 8, &version, 4);
-    std::memcpy(header.data() + 12, &rank, 4);
-    std::memcpy(header.data() + 16, f.kind.data(), std::min<size_t>(f.kind.size(), 15));
-    std::memcpy(header.data() + 32, m.tag.data(), std::min<size_t>(m.tag.size(), 95));
+    std::memcpy(header.data() + kHeaderVersionAt, &version, 4);
+    std::memcpy(header.data() + kHeaderRankAt, &rank, 4);
+    std::memcpy(header.data() + kHeaderKindAt, f.kind.data(),
+                std::min(f.kind.size(), kHeaderKindMax));
+    std::memcpy(header.data() + kHeaderTagAt, m.tag.data(), std::min(m.tag.size(), kHeaderTagMax));
     m.engine->write(f.file, 0, {header.data(), kAlign});
     f.crc = crc32c({header.data(), kAlign});
   }

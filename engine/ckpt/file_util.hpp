@@ -19,6 +19,12 @@ inline bool aligned(uint64_t n) { return n % kAlign == 0; }
 
 // First bytes of every checkpoint data file ("OCCKPT", format generation 1).
 inline constexpr char kDataFileMagic[8] = {'O', 'C', 'C', 'K', 'P', 'T', '\0', '\1'};
+// The rest of a data file's 4 KiB header, zero elsewhere: the format version (uint32) and the
+// rank (int32), then the kind ("model", "optimizer") and the checkpoint's tag, each cut to its
+// field and zero-padded.
+inline constexpr size_t kHeaderVersionAt = 8, kHeaderRankAt = 12;
+inline constexpr size_t kHeaderKindAt = 16, kHeaderKindMax = 15;
+inline constexpr size_t kHeaderTagAt = 32, kHeaderTagMax = 95;
 
 // Writes `data` to `path`, a file it creates (IoError EEXIST when anything is there, a symbolic
 // link included: nothing is written through one), and fsyncs it; on failure the partial file

@@ -83,14 +83,13 @@ class PreTokenizer {
   struct Folder {
     SplitBehavior behavior;
     Next& next;
-    bool held = false, held_match = false, previous_match = false;
+    bool held = false, previous_match = false;
     size_t held_begin = 0, held_end = 0;
 
-    void hold(size_t b, size_t e, bool match) {
+    void hold(size_t b, size_t e) {
       held = true;
       held_begin = b;
       held_end = e;
-      held_match = match;
     }
     void flush() {
       if (held) next(held_begin, held_end);
@@ -110,7 +109,7 @@ class PreTokenizer {
             held_end = e;
           } else {
             flush();
-            hold(b, e, match);
+            hold(b, e);
           }
           break;
         case SplitBehavior::kMergedWithPrevious:  // a match joins the piece before it
@@ -118,13 +117,13 @@ class PreTokenizer {
             held_end = e;
           } else {
             flush();
-            hold(b, e, match);
+            hold(b, e);
           }
           break;
         case SplitBehavior::kMergedWithNext:  // a match joins the piece after it, not a match
           if (match) {
             flush();
-            hold(b, e, match);
+            hold(b, e);
           } else if (held) {
             next(held_begin, e);
             held = false;
