@@ -132,7 +132,7 @@ bool Device::free_deferred_until(uint64_t need) noexcept {
         d.done->synchronize();
       else
         done = d.done->query();
-    } catch (const std::exception&) {
+    } catch (...) {
     }
     if (!done) {
       std::lock_guard lock(mu_);
@@ -171,6 +171,18 @@ std::string ProbeResult::summary() const {
 namespace {
 thread_local bool t_in_host_function = false;
 }  // namespace
+
+std::exception_ptr stream_error(const std::string& stream) {
+  try {
+    throw;
+  } catch (const Error&) {
+    return std::current_exception();
+  } catch (const std::exception& e) {
+    return std::make_exception_ptr(Error(fmt::format("stream '{}': {}", stream, e.what())));
+  } catch (...) {
+    return std::make_exception_ptr(Error(fmt::format("stream '{}': unknown exception", stream)));
+  }
+}
 
 bool in_host_function() { return t_in_host_function; }
 HostFunctionMark::HostFunctionMark() { t_in_host_function = true; }

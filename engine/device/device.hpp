@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -162,6 +163,10 @@ class Stream {
   // engine/device/cuda/cuda_kernels.hpp); nullptr on CpuDevice.
   virtual void* native_handle() const { return nullptr; }
 };
+
+// In a catch block: the exception being handled as an outcore::Error (kept as it is when it is
+// one, else an Error naming `stream` and its message), for a stream's error state.
+std::exception_ptr stream_error(const std::string& stream);
 
 // True on the thread running a function given to Stream::enqueue, while it runs (on a GPU:
 // CUDA's one callback thread, shared by every stream; tests check that the engine's host work

@@ -185,9 +185,10 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
     // Fetches have a stream of their own: a fetch waiting there for the optimizer step must not
     // hold up the step's publications, which use the copy stream.
     fetch_stream = device.create_stream("zero-fetch");
+    fetch_lane = std::make_unique<detail::HostLane>("zero-fetch-wait");
     coordinator = std::make_unique<detail::ParamCoordinator>(
-        g, *home, device, *fetch_stream, *comm_stream, *comm_lane, comm, std::move(fetch_buffers),
-        traffic, std::move(co));
+        g, *home, device, *fetch_stream, *comm_stream, *comm_lane, *fetch_lane, comm,
+        std::move(fetch_buffers), traffic, std::move(co));
     coordinator->set_step_gate([this](int unit) { return steps->pending(unit); },
                                [this](int unit) { steps->wait_unit(unit); });
     if (param_gather.valid()) coordinator->set_gather_buffer(param_gather.data());
@@ -231,6 +232,13 @@ ZeroEngine::Impl::~Impl() {
     steps->finish();
   } catch (const std::exception& e) {
     log::warn("zero: shutting down after a failed optimizer step: {}", e.what());
+  }
+  if (fetch_lane != nullptr) {
+    try {
+      fetch_lane->wait();  // its tasks wait on the step scheduler and queue fetch copies
+    } catch (const std::exception& e) {
+      log::warn("zero: shutting down after a failed parameter fetch: {}", e.what());
+    }
   }
   steps->stop();  // idle now: finish() waited for it
   try {

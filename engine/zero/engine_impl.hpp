@@ -16,8 +16,9 @@
 // (the driving thread's). Beside the driving thread: device streams zero-copy (publications),
 // zero-comm (host gathers' copies), zero-grad-d2h (gradient slabs down from a device the host
 // cannot read), zero-fetch (stage 3) and zero-optimizer (Adam on such a device); host lanes
-// zero-collectives (comm_lane) and zero-grad (GradientPath); the step worker zero-step, with
-// std::async tasks for concurrent NVMe unit steps; the aio threads; the two Executors.
+// zero-collectives (comm_lane), zero-fetch-wait (stage 3) and zero-grad (GradientPath); the step
+// worker zero-step, with std::async tasks for concurrent NVMe unit steps; the aio threads; the two
+// Executors.
 #pragma once
 
 #include <functional>
@@ -98,6 +99,10 @@ struct ZeroEngine::Impl {
   std::unique_ptr<detail::StepScheduler> steps;
   std::unique_ptr<detail::PassDriver> passes;
   bool accumulating = false;  // gradients hold a micro-batch since the last step
+  // Stage 3's fetch lane: the fetches that wait on the host (a swap read, the step gate) before
+  // their copy (ParamCoordinator). Declared after what its tasks use (the step scheduler its
+  // gate waits on) and before the comm lane, whose tasks wait for it.
+  std::unique_ptr<detail::HostLane> fetch_lane;
   // The collectives the passes and publications issue (all_gather, all_to_all), in issue order,
   // on a thread of the engine's own (decision 025); with host gathers it also issues the comm
   // stream's copies. The driving thread's own collectives come after its wait(). Every rank

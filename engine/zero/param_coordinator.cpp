@@ -64,7 +64,7 @@ swap::SwapTicket ParamHome::start_write(int unit, const std::byte* buf) {
 
 ParamCoordinator::ParamCoordinator(const Geometry& g, ParamHome& home, device::Device& device,
                                    device::Stream& copy, device::Stream& comm_stream,
-                                   HostLane& comm_lane, comm::Comm& comm,
+                                   HostLane& comm_lane, HostLane& fetch_lane, comm::Comm& comm,
                                    std::vector<swap::PinnedBuffer> fetch_buffers,
                                    TrafficCounters& traffic, CoordinatorOptions options)
     : g_(g),
@@ -73,6 +73,7 @@ ParamCoordinator::ParamCoordinator(const Geometry& g, ParamHome& home, device::D
       copy_(copy),
       comm_stream_(comm_stream),
       comm_lane_(comm_lane),
+      fetch_lane_(fetch_lane),
       comm_(comm),
       fetch_buffers_(std::move(fetch_buffers)),
       traffic_(traffic),
@@ -99,65 +100,56 @@ void ParamCoordinator::start_fetch(int unit, int fetch_buffer) {
   if (gather_ != nullptr) return start_host_gather(unit, fetch_buffer);
   std::byte* slab = s.buf.as<std::byte>();
   std::byte* own = slab + static_cast<size_t>(g_.rank) * part_bytes;
-  if (defer && home_.tier(unit) != Tier::kNvme) {
-    const std::function<void(int)>* wait = &before_fetch_;
-    copy_.enqueue([wait, unit] {
-      OUTCORE_TRACE_SPAN("step wait", "wait", {.unit = unit});
-      (*wait)(unit);
+  const Tier tier = home_.tier(unit);
+  if (tier != Tier::kDevice) traffic_.h2d += part_bytes;
+  // At world 1 the slab is ready once copied.
+  device::Event* copied = g_.world == 1 ? s.ready.get() : s.copied.get();
+  s.fetched = 0;
+  if (!defer && tier != Tier::kNvme) {
+    copy_partition(tier, own, home_.resident(unit), part_bytes);
+    copy_.record(*copied);
+  } else {
+    // Host waits first (the step gate, the swap read): on the fetch lane, which then issues the
+    // copy. The read of a unit not gated starts now.
+    std::byte* staging = tier == Tier::kNvme ? fetch_buffers_.at(fetch_buffer).data() : nullptr;
+    const swap::SwapTicket read =
+        staging != nullptr && !defer ? home_.start_read(unit, staging) : swap::SwapTicket{};
+    s.fetched = fetch_lane_.post([this, unit, defer, tier, staging, read, own, part_bytes, copied] {
+      if (defer) {
+        OUTCORE_TRACE_SPAN("step wait", "wait", {.unit = unit});
+        before_fetch_(unit);
+      }
+      const std::byte* src = home_.resident(unit);
+      if (staging != nullptr) {
+        const swap::SwapTicket t = read.valid() ? read : home_.start_read(unit, staging);
+        OUTCORE_TRACE_SPAN("swap wait", "wait", {.unit = unit});
+        home_.swapper()->wait(t);
+        src = staging;
+      }
+      copy_partition(tier, own, src, part_bytes);
+      copy_.record(*copied);
     });
   }
-  switch (home_.tier(unit)) {
-    case Tier::kNvme:
-      copy_.copy_h2d(own, read_partition(unit, fetch_buffer, defer), part_bytes);
-      traffic_.h2d += part_bytes;
-      break;
-    case Tier::kDevice:
-      copy_.copy_d2d(own, home_.resident(unit), part_bytes);
-      break;
-    case Tier::kPinned:
-    case Tier::kHost:
-      copy_.copy_h2d(own, home_.resident(unit), part_bytes);
-      traffic_.h2d += part_bytes;
-      break;
-  }
   if (g_.world == 1) {
-    // Nothing to gather: ready once copied.
     s.gathered = 0;
-    copy_.record(*s.ready);
     return;
   }
-  copy_.record(*s.copied);
   comm::Comm* c = &comm_;
-  device::Event* copied = s.copied.get();
-  s.gathered = comm_lane_.post([c, copied, slab, own, part_bytes, full_bytes] {
+  HostLane* fetch_lane = &fetch_lane_;
+  const uint64_t fetched = s.fetched;
+  s.gathered = comm_lane_.post([c, fetch_lane, fetched, copied, slab, own, part_bytes, full_bytes] {
+    if (fetched != 0) fetch_lane->wait_for(fetched);  // the copy is issued, `copied` recorded
     copied->synchronize();
     c->all_gather_bytes({own, part_bytes}, {slab, full_bytes});
   });
 }
 
-const std::byte* ParamCoordinator::read_partition(int unit, int fetch_buffer, bool deferred) {
-  std::byte* staging = fetch_buffers_.at(fetch_buffer).data();
-  swap::Swapper* sw = home_.swapper();
-  if (deferred) {
-    const std::function<void(int)>* wait = &before_fetch_;
-    ParamHome* home = &home_;
-    copy_.enqueue([wait, home, sw, staging, unit] {
-      {
-        OUTCORE_TRACE_SPAN("step wait", "wait", {.unit = unit});
-        (*wait)(unit);
-      }
-      const swap::SwapTicket t = home->start_read(unit, staging);
-      OUTCORE_TRACE_SPAN("swap wait", "wait", {.unit = unit});
-      sw->wait(t);
-    });
-    return staging;
-  }
-  const swap::SwapTicket t = home_.start_read(unit, staging);
-  copy_.enqueue([sw, t, unit] {
-    OUTCORE_TRACE_SPAN("swap wait", "wait", {.unit = unit});
-    sw->wait(t);
-  });
-  return staging;
+void ParamCoordinator::copy_partition(Tier tier, std::byte* own, const std::byte* src,
+                                      size_t bytes) {
+  if (tier == Tier::kDevice)
+    copy_.copy_d2d(own, src, bytes);
+  else
+    copy_.copy_h2d(own, src, bytes);
 }
 
 void ParamCoordinator::start_host_gather(int unit, int fetch_buffer) {
@@ -211,10 +203,12 @@ void ParamCoordinator::start_host_gather(int unit, int fetch_buffer) {
 void ParamCoordinator::wait_fetched(int unit) {
   OUTCORE_TRACE_SPAN("param wait", "wait", {.unit = unit});
   const Slot& s = slots_[unit];
-  if (s.gathered != 0)
+  if (s.gathered != 0) {
     comm_lane_.wait_for(s.gathered);
-  else
-    s.ready->synchronize();
+    return;
+  }
+  if (s.fetched != 0) fetch_lane_.wait_for(s.fetched);  // then `ready` is recorded
+  s.ready->synchronize();
 }
 
 void ParamCoordinator::free_slab(int unit) {

@@ -7,9 +7,10 @@
 //                     Comm::all_gather in place on the slab             (comm lane; world > 1)
 // On a device the host cannot read, at world > 1, the comm lane gathers the ranks' partitions
 // in pinned memory and copies the whole slab up on the comm stream instead (set_gather_buffer).
-// Otherwise the fetch stream waits for the swap read (and the step gate) as host functions of
-// its own; on a GPU that happens at world 1 only, where nothing else is queued as a host
-// function, so they hold up no other stream's work.
+// Otherwise a fetch that must wait on the host first (for its swap read, or for the step gate)
+// is issued by the fetch lane, a thread of the engine's own: it waits, then queues the copy on
+// the fetch stream. No fetch waits as a host function of a device stream: on a GPU that would
+// hold CUDA's one callback thread, and the step gate waits for the step's own device work.
 // All decisions (what to fetch, prefetch, keep, release) are taken on the driving thread by
 // ResidencyPolicy (residency.hpp) from bookkeeping alone, never from timing, so every rank
 // issues the same collectives in the same order, and the planner replays the same decisions.
@@ -74,11 +75,12 @@ class ParamCoordinator final : private ResidencyActions {
   // fetch_buffers: pinned staging for reads of the units in swap files (at least one when
   // there are such units, InvalidArgument otherwise; may be empty for other homes).
   // `comm_lane` runs the collectives (in issue order, as every rank issues them) and issues the
-  // comm stream's copies of host gathers.
+  // comm stream's copies of host gathers. `fetch_lane` waits for swap reads and the step gate and
+  // then issues the fetches' copies; it must be joined before the step gate's target goes.
   ParamCoordinator(const Geometry& g, ParamHome& home, device::Device& device, device::Stream& copy,
-                   device::Stream& comm_stream, HostLane& comm_lane, comm::Comm& comm,
-                   std::vector<swap::PinnedBuffer> fetch_buffers, TrafficCounters& traffic,
-                   CoordinatorOptions options);
+                   device::Stream& comm_stream, HostLane& comm_lane, HostLane& fetch_lane,
+                   comm::Comm& comm, std::vector<swap::PinnedBuffer> fetch_buffers,
+                   TrafficCounters& traffic, CoordinatorOptions options);
   ~ParamCoordinator() override;
 
   // Starts a pass over `sched` (which must outlive the pass).
@@ -100,10 +102,9 @@ class ParamCoordinator final : private ResidencyActions {
   // `wait` is called with a unit before its partition is read for a fetch (the engine waits
   // there for an optimizer step still writing that unit's new parameters); `pending` tells,
   // without blocking, whether that wait would block. A fetch of a pending unit does not block
-  // the driving thread: the wait runs first on the fetch stream (`copy`, which carries nothing
-  // but fetches), then the read and the copy; the decision to fetch is taken as before, so
-  // collectives and traffic do not depend on timing. With host gathers the driving thread waits
-  // before the fetch instead. Null: nothing to wait for.
+  // the driving thread: the fetch lane waits, then reads and issues the copy; the decision to
+  // fetch is taken as before, so collectives and traffic do not depend on timing. With host
+  // gathers the driving thread waits before the fetch instead. Null: nothing to wait for.
   void set_step_gate(std::function<bool(int)> pending, std::function<void(int)> wait) {
     step_pending_ = std::move(pending);
     before_fetch_ = std::move(wait);
@@ -125,14 +126,15 @@ class ParamCoordinator final : private ResidencyActions {
     // world > 1: the comm lane's task that gathers the slab (it is ready once that has run);
     // 0: `ready` says.
     uint64_t gathered = 0;
+    // The fetch lane's task that issues the copy and records its event (0: issued by the
+    // driving thread).
+    uint64_t fetched = 0;
   };
 
   void start_fetch(int unit, int fetch_buffer) override;
   void start_host_gather(int unit, int fetch_buffer);  // start_fetch with gather_ set
-  // Starts reading a swapped unit's partition into fetch buffer `fetch_buffer` and makes the
-  // copy stream wait for it; returns the buffer. `deferred`: the read itself is issued from
-  // the copy stream (after the step gate's wait enqueued there).
-  const std::byte* read_partition(int unit, int fetch_buffer, bool deferred);
+  // Queues the copy of a partition from its home (or its fetch buffer) on the fetch stream.
+  void copy_partition(Tier tier, std::byte* own, const std::byte* src, size_t bytes);
   void wait_fetched(int unit) override;
   void free_slab(int unit) override;
 
@@ -142,6 +144,7 @@ class ParamCoordinator final : private ResidencyActions {
   device::Stream& copy_;
   device::Stream& comm_stream_;
   HostLane& comm_lane_;
+  HostLane& fetch_lane_;
   comm::Comm& comm_;
   std::vector<swap::PinnedBuffer> fetch_buffers_;
   TrafficCounters& traffic_;

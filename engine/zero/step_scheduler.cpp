@@ -2,10 +2,14 @@
 // verdicts.
 #include "engine/zero/step_scheduler.hpp"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <future>
 
+#include "common/error.hpp"
 #include "common/trace.hpp"
+#include "engine/device/device.hpp"
 
 namespace outcore::zero::detail {
 
@@ -127,6 +131,11 @@ bool StepScheduler::pending(int unit) {
 }
 
 void StepScheduler::wait_unit(int unit) {
+  if (device::in_host_function())
+    throw Error(
+        fmt::format("the optimizer step of unit {} was waited for in a host function of a device "
+                    "stream",
+                    unit));
   std::unique_lock lock(m_);
   if (!active_) return;
   const size_t u = static_cast<size_t>(unit);

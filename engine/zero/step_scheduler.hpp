@@ -95,6 +95,9 @@ class StepScheduler {
   // Whether wait_unit(unit) would block now (the running step still has to publish the unit).
   bool pending(int unit);
   // Blocks until `unit`'s update of the running step is published; rethrows its error.
+  // Never from a host function of a device stream (Error): on a GPU that would hold
+  // CUDA's one callback thread while the step's own device work, which it waits for, may be
+  // queued behind it.
   void wait_unit(int unit);
   // Waits for the running step (if any); rethrows its error (the engine is unusable then).
   void join();

@@ -9,10 +9,12 @@
 #include <future>
 #include <mutex>
 #include <numeric>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/aligned_buffer.hpp"
 #include "common/error.hpp"
 #include "engine/device/device.hpp"
 
@@ -130,11 +132,15 @@ TEST_F(CudaDeviceTest, HostFunctionErrorsTravelThroughEventsAndWaits) {
 TEST_F(CudaDeviceTest, HostFunctionsGateLaterWorkOnTheirStream) {
   auto dev = make_cuda_device();
   auto s = dev->create_stream("s");
-  std::vector<int> host(1 << 20, 1), back(1 << 20, 0);
-  // Registered (pinned), so the copies are asynchronous and only the stream orders them.
-  dev->register_host(host.data(), host.size() * 4);
-  dev->register_host(back.data(), back.size() * 4);
-  DeviceBuffer d = dev->alloc(host.size() * 4, "d");
+  // Page-aligned buffers of their own (two vectors could share a page, which CUDA registers
+  // once), registered (pinned), so the copies are asynchronous and only the stream orders them.
+  constexpr size_t kBytes = 4 << 20;
+  AlignedBuffer host_buf(kBytes), back_buf(kBytes);
+  const std::span<int> host = host_buf.as<int>(), back = back_buf.as<int>();
+  std::fill(host.begin(), host.end(), 1);
+  dev->register_host(host.data(), kBytes);
+  dev->register_host(back.data(), kBytes);
+  DeviceBuffer d = dev->alloc(kBytes, "d");
   std::vector<int> order;
   for (int round = 0; round < 20; ++round) {
     s->enqueue([&, round] {
@@ -142,10 +148,10 @@ TEST_F(CudaDeviceTest, HostFunctionsGateLaterWorkOnTheirStream) {
       std::fill(host.begin(), host.end(), round + 2);
       order.push_back(round);
     });
-    s->copy_h2d(d.data(), host.data(), host.size() * 4);
-    s->copy_d2h(back.data(), d.data(), host.size() * 4);
+    s->copy_h2d(d.data(), host.data(), kBytes);
+    s->copy_d2h(back.data(), d.data(), kBytes);
     s->synchronize();
-    ASSERT_EQ(back, host) << "round " << round;
+    ASSERT_TRUE(std::equal(back.begin(), back.end(), host.begin())) << "round " << round;
   }
   EXPECT_EQ(order.size(), 20u);
   EXPECT_TRUE(std::is_sorted(order.begin(), order.end()));
@@ -183,13 +189,19 @@ TEST_F(CudaDeviceTest, ReleaseAfterKeepsTheMemoryUntilItsReadersHaveRun) {
     opened = true;
     go.set_value();
   });
-  DeviceBuffer c = dev->alloc(6 << 20, "needs its memory");  // 2 + 6 of 8 MiB: waits
+  // 2 in use + 4 released + 4 asked of 8 MiB: waits for the copy, and may be given its memory.
+  DeviceBuffer c = dev->alloc(4 << 20, "needs its memory");
   EXPECT_TRUE(opened.load());
+  // Written at once on another stream: were the released memory handed out before the copy
+  // had read it, the copy would read these bytes.
+  auto other = dev->create_stream("other");
+  other->memset(c.data(), 0xFF, 4 << 20);
+  other->synchronize();
   opener.join();
   s->synchronize();
   EXPECT_EQ(back, host);  // the copy read the released buffer's values
   EXPECT_EQ(dev->memory_stats().deferred_bytes, 0u);
-  EXPECT_EQ(dev->memory_stats().in_use_bytes, 8u << 20);
+  EXPECT_EQ(dev->memory_stats().in_use_bytes, 6u << 20);
   dev->unregister_host(back.data());
 }
 

@@ -121,12 +121,12 @@ TEST(TraceTest, Stage3NvmeRunWritesAConsistentTrace) {
     }
   }
   for (const char* n : {"step", "optimizer step", "validate", "copy_h2d", "grad d2h", "adam",
-                        "param wait", "read", "write"}) {
+                        "param wait", "swap wait", "read", "write"}) {
     EXPECT_TRUE(p.names.count(n)) << n;
   }
   std::set<std::string> names;
   for (const auto& [tid, n] : p.track_names) names.insert(n);
-  for (const char* n : {"trainer", "zero-fetch", "zero-grad", "optimizer #0"}) {
+  for (const char* n : {"trainer", "zero-fetch", "zero-fetch-wait", "zero-grad", "optimizer #0"}) {
     EXPECT_TRUE(names.count(n)) << n;
   }
   // Every step's overlapped updates run on one worker: one track, whatever the step count.

@@ -24,19 +24,6 @@
 namespace outcore::device {
 namespace {
 
-// Turns whatever a stream item threw into an exception_ptr holding an outcore::Error.
-std::exception_ptr as_outcore_error(const std::string& stream) {
-  try {
-    throw;
-  } catch (const Error&) {
-    return std::current_exception();
-  } catch (const std::exception& e) {
-    return std::make_exception_ptr(Error(fmt::format("stream '{}': {}", stream, e.what())));
-  } catch (...) {
-    return std::make_exception_ptr(Error(fmt::format("stream '{}': unknown exception", stream)));
-  }
-}
-
 // Completion state of a CpuEvent, shared with the markers its records enqueue.
 struct EventState {
   std::mutex mu;
@@ -193,7 +180,7 @@ class CpuStream final : public Stream {
       try {
         fn();
       } catch (...) {
-        err = as_outcore_error(name_);
+        err = stream_error(name_);
       }
     }});
   }

@@ -226,14 +226,18 @@ void Gemm::run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     const Preference pref(impl_->workspace_bytes, align_a, align_b, align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    CUBLAS_CHECK(lt().cublasLtMatmulAlgoGetHeuristic(impl_->handle, made->desc.h, made->first.h,
-                                                     made->second.h, made->out.h, made->out.h,
-                                                     pref.h, 1, &result, &found));
-    if (found == 0) {
+    // No algorithm comes back as CUBLAS_STATUS_NOT_SUPPORTED as often as with none found.
+    const cublasStatus_t status = lt().cublasLtMatmulAlgoGetHeuristic(
+        impl_->handle, made->desc.h, made->first.h, made->second.h, made->out.h, made->out.h,
+        pref.h, 1, &result, &found);
+    if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
       impl_->plans.erase(key);
-      throw Error("gemm: cuBLASLt has no algorithm for m=" + std::to_string(m) +
-                  " n=" + std::to_string(n) + " k=" + std::to_string(k) + " dtype " +
-                  std::string(dtype_name(ab_dtype)));
+      throw Error(
+          "gemm: cuBLASLt has no algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) +
+          " k=" + std::to_string(k) + " batch=" + std::to_string(batch) + " dtype " +
+          std::string(dtype_name(ab_dtype)) + " (operands aligned to " + std::to_string(align_a) +
+          ", " + std::to_string(align_b) + " and " + std::to_string(align_c) +
+          " bytes; cuBLAS status " + std::to_string(static_cast<int>(status)) + ")");
     }
     made->algo = result.algo;
     plan = std::move(made);

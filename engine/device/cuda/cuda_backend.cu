@@ -100,7 +100,13 @@ class CudaBackend final : public ComputeBackend {
   const float* constant(std::span<const float> host) override {
     DeviceBuffer& d = constants_.emplace_back(device_.alloc(host.size_bytes(), "constant table"));
     current();
-    if (d) CUDA_CHECK(cudaMemcpy(d.data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice));
+    if (d) {
+      // On the compute stream (a non-blocking stream: cudaMemcpy's legacy stream would not order
+      // the kernels that read the table after the copy), and waited for: `host` is pageable.
+      CUDA_CHECK(cudaMemcpyAsync(d.data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice,
+                                 native()));
+      CUDA_CHECK(cudaStreamSynchronize(native()));
+    }
     return d.as<const float>();
   }
   const int32_t* stage_ids(const int32_t* host, int64_t n, int slot) override {

@@ -60,6 +60,7 @@ void add_point(Upstream& points, const StreamPoint& p) {
 // waited on, failed before it; an exception it throws becomes its stream's error.
 struct HostCall {
   std::function<void()> fn;
+  std::string stream;  // its name, for the error of an exception other than an outcore::Error
   std::shared_ptr<StreamErrorState> state;
   uint64_t count;     // this call's number on its stream
   Upstream upstream;  // the points of other streams this one waited on before the call
@@ -81,8 +82,9 @@ void CUDART_CB run_host_call(void* arg) {
     const HostFunctionMark mark;
     call->fn();
   } catch (...) {
+    std::exception_ptr error = stream_error(call->stream);
     std::lock_guard lock(call->state->mu);
-    call->state->error = std::current_exception();
+    call->state->error = std::move(error);
     call->state->failed_at = call->count;
   }
 }
@@ -180,7 +182,8 @@ class CudaStream final : public Stream {
     if (!fn) throw InvalidArgument("stream '" + name_ + "': enqueue of an empty function");
     std::lock_guard lock(order_mu_);  // numbers follow the launch order
     const uint64_t count = ++errors_->enqueued;
-    auto call = std::make_unique<HostCall>(HostCall{std::move(fn), errors_, count, upstream_});
+    auto call =
+        std::make_unique<HostCall>(HostCall{std::move(fn), name_, errors_, count, upstream_});
     bind(ordinal_);
     CUDA_CHECK(cudaLaunchHostFunc(stream_, run_host_call, call.get()));
     call.release();  // owned by run_host_call from here
@@ -214,13 +217,14 @@ class CudaStream final : public Stream {
       std::lock_guard lock(order_mu_);
       upstream = upstream_;
     }
+    // An upstream error is rethrown, not made this stream's: an event recorded here before the
+    // wait that brought it carries no error (its later host functions and records adopt it).
     std::exception_ptr before = error_before(upstream);
-    std::lock_guard lock(errors_->mu);
-    if (!errors_->error && before) {
-      errors_->error = before;
-      errors_->failed_at = errors_->enqueued.load();
+    {
+      std::lock_guard lock(errors_->mu);
+      if (errors_->error) std::rethrow_exception(errors_->error);
     }
-    if (errors_->error) std::rethrow_exception(errors_->error);
+    if (before) std::rethrow_exception(before);
   }
 
  private:
