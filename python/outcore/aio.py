@@ -171,21 +171,18 @@ def _store(data, target, filename, offset):
 class Request:
     """One queued pread or pwrite. Holds the memory it transfers until it completes."""
 
-    def __init__(self, handle, request_id, filename, offset, validate):
+    def __init__(self, handle, request_id, filename, offset):
         self._handle = handle
         self._id = request_id
         self.filename = filename
         self.offset = offset
-        self._validate = validate
 
     def wait(self):
         """Blocks until this request completes; returns 1, or 0 if it was already waited (by
-        this method or Handle.wait()). Raises the request's error. A read through a private
-        buffer (see the module docstring) stores its bytes into the tensor here."""
-        done = self._handle._core.wait(self._id)
-        if done and self._validate is not None:
-            self._validate()
-        return 1 if done else 0
+        this method or Handle.wait()). Raises the request's error (with validate=True, a
+        CorruptDataError when the file does not hold the buffer's bytes). A read through a
+        private buffer (see the module docstring) stores its bytes into the tensor here."""
+        return 1 if self._handle._core.wait(self._id) else 0
 
     def done(self):
         """True when wait() would not block."""
@@ -261,15 +258,21 @@ class Handle:
                                  "into it")
             else:
                 on_complete = lambda: _store(memory, target, filename, offset)  # noqa: E731
+        if validate:
+            # Run by whichever wait completes the request (Request.wait or Handle.wait): its
+            # CorruptDataError is that wait's error.
+            store = on_complete
+
+            def on_complete():
+                if store is not None:
+                    store()
+                _validate(memory, filename, offset)
         # A synchronous read is in place: the core refuses one past the end of the file before
         # it stores any byte.
         # The bytes of the name (a str from os.listdir may hold undecodable bytes as surrogates).
         request_id = self._core.submit(write, memory, memory.data_ptr(), nbytes,
                                        os.fsencode(filename), offset, on_complete, not async_op)
-        check = None
-        if validate:
-            check = lambda: _validate(memory, filename, offset)  # noqa: E731
-        return Request(self, request_id, filename, offset, check)
+        return Request(self, request_id, filename, offset)
 
     def _run(self, write, buffer, filename, validate, async_op, file_offset, offset):
         filename = _args.path(filename, "filename")
@@ -329,9 +332,10 @@ class Handle:
         return self._run(True, buffer, filename, False, True, file_offset, offset)
 
     def wait(self):
-        """Blocks until every queued request completes; returns how many did. If any failed,
-        raises the error of the oldest failed one after all are done. Reads through a private
-        buffer store their bytes into their tensors here."""
+        """Blocks until every queued request completes; returns how many did. If any failed
+        (a validate=True request among them, when the file does not hold its bytes), raises the
+        error of the oldest failed one after all are done. Reads through a private buffer store
+        their bytes into their tensors here."""
         return self._core.wait_all()
 
     def pending(self):

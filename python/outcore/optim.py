@@ -200,11 +200,22 @@ class CPUAdam(torch.optim.Optimizer):
         self._moments = torch.float32 if fp32_optimizer_states else torch.bfloat16
         threads = _args.integer(0 if threads is None else threads, "threads", 0,
                                 _MAX_THREADS, f"0..{_MAX_THREADS} (0: torch.get_num_threads())")
-        self._executor = _outcore.Executor(threads or min(torch.get_num_threads(), _MAX_THREADS))
+        self._threads = threads or min(torch.get_num_threads(), _MAX_THREADS)
+        self._executor = _outcore.Executor(self._threads)
+
+    def __getstate__(self):
+        # Pickled (copy.deepcopy, torch.save of the optimizer) with the settings torch's
+        # Optimizer leaves out; the executor is made anew on load.
+        state = super().__getstate__()
+        state.update(formula=self.formula, _moments=self._moments, _threads=self._threads)
+        return state
 
     def __setstate__(self, state):
-        # load_state_dict() of torch's Adam/AdamW state: their groups lack our keys.
+        # Unpickling (with the settings above), and load_state_dict() (without them), of torch's
+        # Adam/AdamW state too: their groups lack our keys.
         super().__setstate__(state)
+        if "_threads" in state:
+            self._executor = _outcore.Executor(self._threads)
         for group in self.param_groups:
             group.setdefault("adamw_mode", self.defaults["adamw_mode"])
             group.setdefault("bias_correction", self.defaults["bias_correction"])
@@ -230,9 +241,9 @@ class CPUAdam(torch.optim.Optimizer):
             m = state[key]
             if not _dense_cpu(m, _MOMENT_DTYPES):
                 raise _refusal(m, f"state['{key}'] of {_where(p, gi, pi)}", _MOMENT_DTYPES)
-            if m.numel() != p.numel():
-                raise ValueError(f"CPUAdam: state['{key}'] of {_where(p, gi, pi)} has "
-                                 f"{m.numel()} elements, the parameter {p.numel()}")
+            if m.shape != p.shape:  # as torch's Adam, which fails on another shape
+                raise ValueError(f"CPUAdam: state['{key}'] of {_where(p, gi, pi)} has shape "
+                                 f"{tuple(m.shape)}")
         count = _step_count(state["step"])
         if count is None:
             raise ValueError(f"CPUAdam: state['step'] of {_where(p, gi, pi)} is not a step "

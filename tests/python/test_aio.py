@@ -116,6 +116,26 @@ class RoundTrip(AioTest):
 
 
 class Async(AioTest):
+    def test_validate_runs_at_whichever_wait_completes_the_request(self):
+        # The file changes after the read's I/O and before its wait: the wait's validation finds
+        # the buffer and the file apart, whether Request.wait or Handle.wait completes it.
+        for finish in ("request", "handle"):
+            with self.subTest(finish=finish):
+                h = aio.Handle()
+                path = self.path(f"validated_{finish}.bin")
+                h.pwrite(torch.full((4096,), 7, dtype=torch.uint8), path)
+                r = h.pread(torch.zeros(4096, dtype=torch.uint8), path, validate=True,
+                            async_op=True)
+                while not r.done():
+                    time.sleep(0.001)
+                with open(path, "r+b") as f:
+                    f.write(b"\x09")
+                with self.assertRaisesRegex(outcore.CorruptDataError,
+                                            "offset 0: validate: the 4096 bytes"):
+                    r.wait() if finish == "request" else h.wait()
+                self.assertEqual(r.wait(), 0)  # released by the wait that raised
+                self.assertEqual(h.pending(), 0)
+
     def test_overlapping_requests_complete_and_keep_tensors_alive(self):
         h = aio.Handle(block_size=4096, queue_depth=4)
         path = self.path("async.bin")

@@ -117,6 +117,45 @@ class StateDict(unittest.TestCase):
         for a, b in zip(straight_p, resumed_p):
             self.assertTrue(torch.equal(a.detach(), b.detach()))
 
+    def test_a_copy_or_a_pickle_keeps_the_settings_and_steps_on(self):
+        import copy
+        import io
+        grads = make_grads(17, STEPS)
+        straight_p = make_params(4)
+        straight = CPUAdam(groups_of(straight_p), formula="pytorch", fp32_optimizer_states=False,
+                           threads=1)
+        run(straight, straight_p, grads)
+        for how in ("deepcopy", "torch.save"):
+            with self.subTest(how=how):
+                params = make_params(4)
+                first = CPUAdam(groups_of(params), formula="pytorch",
+                                fp32_optimizer_states=False, threads=1)
+                run(first, params, grads[:10])
+                if how == "deepcopy":
+                    params, second = copy.deepcopy((params, first))
+                else:
+                    buf = io.BytesIO()
+                    torch.save((params, first), buf)
+                    buf.seek(0)
+                    params, second = torch.load(buf)
+                self.assertEqual(second.formula, "pytorch")
+                run(second, params, grads, first=10)
+                for a, b in zip(straight_p, params):
+                    self.assertTrue(torch.equal(a.detach(), b.detach()))
+
+    def test_moments_of_another_shape_are_refused(self):
+        # The same numbers of elements in another layout: (4, 8) moments for an (8, 4)
+        # parameter, as a state saved with the parameters in another order gives.
+        a, b = torch.nn.Parameter(torch.ones(4, 8)), torch.nn.Parameter(torch.ones(8, 4))
+        first = CPUAdam([a, b])
+        a.grad, b.grad = torch.ones(4, 8), torch.ones(8, 4)
+        first.step()
+        swapped = CPUAdam([b, a])
+        swapped.load_state_dict(first.state_dict())
+        with self.assertRaisesRegex(ValueError, r"state\['exp_avg'\] of param_groups\[0\]"
+                                    r"\['params'\]\[0\] \(shape \(8, 4\)\) has shape \(4, 8\)"):
+            swapped.step()
+
     def test_torch_adamw_state_loads_and_ours_loads_into_torch(self):
         grads = make_grads(13, 12)
         ref_p, ours_p, back_p = make_params(6), make_params(6), make_params(6)
