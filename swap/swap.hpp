@@ -234,6 +234,10 @@ class SwapSpace {
 
   // Bytes the plan occupies on disk (headers, tensors, alignment padding).
   static uint64_t bytes_needed(std::span<const SwapFileSpec> files);
+  // At most the bytes the swap tree's directories and lock files take besides on a filesystem
+  // of 4 KiB blocks (outcore_swap/, rank<r>/, each kind's directory with room for its files'
+  // entries, and its .lock): taken from the free space before bytes_needed() is checked.
+  static uint64_t tree_bytes_needed(std::span<const SwapFileSpec> files);
 
   // The id of tensor `name` in file (unit, kind). Throws InvalidArgument if there is none.
   TensorId find(uint32_t unit, SwapKind kind, std::string_view name) const;

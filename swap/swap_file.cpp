@@ -348,6 +348,18 @@ uint64_t SwapSpace::bytes_needed(std::span<const SwapFileSpec> files) {
   return n;
 }
 
+uint64_t SwapSpace::tree_bytes_needed(std::span<const SwapFileSpec> files) {
+  constexpr uint64_t kBlock = 4096;
+  constexpr uint64_t kEntryBytes = 32;  // a directory entry of "<unit>.bin" (ext4: 8 + name)
+  if (files.empty()) return 0;
+  std::map<SwapKind, uint64_t> per_kind;
+  for (const SwapFileSpec& f : files) ++per_kind[f.kind];
+  uint64_t n = 2 * kBlock;  // outcore_swap/ and rank<r>/
+  for (const auto& [kind, count] : per_kind)
+    n += align_up((count + 3) * kEntryBytes, kBlock) + kBlock;  // the directory, its .lock
+  return n;
+}
+
 SwapSpace::SwapSpace(const SwapSpaceOptions& options, std::span<const SwapFileSpec> files) {
   validate_plan(files);
   if (options.rank < 0) throw InvalidArgument(fmt::format("swap: rank {} < 0", options.rank));

@@ -1,6 +1,7 @@
 // ZeroEngine: construction (plan, tiers, swap files, the parts of engine_impl.hpp), a
 // micro-batch, and the public calls.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -113,15 +114,21 @@ ZeroEngine::Impl::Impl(const config::Config& cfg_in, const model::LlamaModel& mo
   const detail::PinnedLayout pl = detail::effective_pinned_layout(cfg, g, plan.device_grad_sums);
   if (const detail::PinnedLayout full =
           detail::pinned_layout(cfg, g, plan.device_grad_sums, detail::PinnedLayoutSize::kFull);
-      pl.total() < full.total())
+      pl.total() < full.total()) {
+    // The parts that have any buffers in this placement.
+    std::vector<std::string> parts;
+    if (full.fetch_slots > 0)
+      parts.push_back(fmt::format("{} of {} parameter fetch buffers (offload_param.buffer_count)",
+                                  pl.fetch_slots, full.fetch_slots));
+    if (full.concurrent_steps > 0)
+      parts.push_back(fmt::format("{} of {} optimizer unit step{} at once", pl.concurrent_steps,
+                                  full.concurrent_steps, full.concurrent_steps == 1 ? "" : "s"));
     log::warn(
         "outcore.pinned_memory_mb {} holds {:.1f} of the {:.1f} MiB of pinned buffers this "
-        "placement uses at full speed: {} of {} parameter fetch buffers "
-        "(offload_param.buffer_count), {} of {} optimizer unit steps at once; raise it for "
-        "deeper prefetch",
+        "placement uses at full speed{}{}; raise it for deeper prefetch",
         cfg.outcore.pinned_memory_mb, pl.total() / 1048576.0, full.total() / 1048576.0,
-        pl.fetch_slots, full.fetch_slots, pl.concurrent_steps, full.concurrent_steps);
-  else if (full.total() == 0 && cfg.outcore.pinned_memory_mb != 0)
+        parts.empty() ? "" : ": ", fmt::join(parts, ", "));
+  } else if (full.total() == 0 && cfg.outcore.pinned_memory_mb != 0)
     log::warn(
         "outcore.pinned_memory_mb {} has no effect: this placement uses no pinned buffers "
         "(nothing offloaded to host memory or NVMe, no gradient copies from a GPU, no "

@@ -560,11 +560,20 @@ void plan_nvme(const PlanContext& c, Plan& plan) {
           kIoAlignment / dtype_size(g.moments));
   }
   if (p.gradients == Tier::kNvme) {
-    const uint64_t b =
-        swap::SwapSpace::bytes_needed(detail::grad_swap_files(g, plan.device_grad_sums));
+    const std::vector<swap::SwapFileSpec> files = detail::grad_swap_files(g, plan.device_grad_sums);
+    const uint64_t b = swap::SwapSpace::bytes_needed(files);
     plan.optimizer_nvme_bytes += b;
+    plan.optimizer_nvme_tree_bytes += swap::SwapSpace::tree_bytes_needed(files);
     add(plan, Tier::kNvme, "fp32 gradient accumulators (swap files)", b);
   }
+  if (p.nvme_param_units > 0)
+    plan.param_nvme_tree_bytes = swap::SwapSpace::tree_bytes_needed(detail::param_swap_files(g));
+  if (p.optimizer == Tier::kNvme)
+    plan.optimizer_nvme_tree_bytes +=
+        swap::SwapSpace::tree_bytes_needed(detail::optimizer_swap_files(g));
+  if (plan.param_nvme_tree_bytes + plan.optimizer_nvme_tree_bytes > 0)
+    add(plan, Tier::kNvme, "swap directories and their lock files (at most)",
+        plan.param_nvme_tree_bytes + plan.optimizer_nvme_tree_bytes);
 }
 
 // Stage 3: the parameter fetches of one step, from the coordinator's own policy replayed over

@@ -110,6 +110,9 @@ struct Plan {
   std::string optimizer_nvme_path;       // swap directory for optimizer state, or empty
   uint64_t param_nvme_bytes = 0;         // of peak.nvme, parameter files
   uint64_t optimizer_nvme_bytes = 0;     // of peak.nvme, optimizer-state (and gradient) files
+  // Of peak.nvme, at most the blocks the swap trees' directories and lock files take besides
+  // (swap::SwapSpace::tree_bytes_needed), under each path.
+  uint64_t param_nvme_tree_bytes = 0, optimizer_nvme_tree_bytes = 0;
   // When zero_optimization.sub_group_size pads the optimizer's swap files (and each step's I/O)
   // to more than 1.1 times the state: a sentence naming the key and both sizes; else empty.
   std::string sub_group_padding;

@@ -7,6 +7,7 @@
 #include <sys/vfs.h>
 
 #include <algorithm>
+#include <utility>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -52,11 +53,27 @@ FsInfo fs_info(const std::string& dir, const char* key) {
   return {static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize, st.st_dev};
 }
 
+// A need and a limit in the same unit, with as many decimals as they take to differ (a need
+// just above its limit would read "53.0 MiB ... allows 53.0 MiB" otherwise).
+std::pair<std::string, std::string> format_apart(uint64_t need, uint64_t limit) {
+  const uint64_t larger = std::max(need, limit);
+  const int shift = larger >= (1ull << 30) ? 30 : larger >= (1ull << 20) ? 20 : 10;
+  if (larger < 1024 || need == limit) return {format_bytes(need), format_bytes(limit)};
+  const std::string_view unit = shift == 30 ? "GiB" : shift == 20 ? "MiB" : "KiB";
+  const double scale = static_cast<double>(1ull << shift);
+  for (int decimals = shift == 30 ? 2 : 1;; ++decimals) {
+    std::string a = fmt::format("{:.{}f} {}", static_cast<double>(need) / scale, decimals, unit),
+                b = fmt::format("{:.{}f} {}", static_cast<double>(limit) / scale, decimals, unit);
+    if (a != b || decimals == 9) return {std::move(a), std::move(b)};
+  }
+}
+
 [[noreturn]] void refuse(std::string_view tier, uint64_t need, std::string_view what,
                          uint64_t limit, std::string_view by, std::string_view cause = {}) {
+  const auto [need_text, limit_text] = format_apart(need, limit);
   throw OutOfMemory(
       fmt::format("{}: {} needs {} ({} bytes) at its peak but {} allows {} ({} bytes){}", tier,
-                  what, format_bytes(need), need, by, format_bytes(limit), limit, cause));
+                  what, need_text, need, by, limit_text, limit, cause));
 }
 
 // When the largest part of what `tiers` hold (the items, and with `with_pool` the pinned pool
@@ -130,25 +147,28 @@ void check_fits(const Plan& plan, const PlanLimits& limits) {
                   bool optimizer) {
     if (!free_bytes) return;
     const uint64_t free = *free_bytes;
+    const auto [need_text, free_text] = format_apart(need, free);
     if (need > free)
       throw OutOfMemory(fmt::format(
-          "nvme: swap files under {} need {} ({} bytes) but {} {} ({} bytes){}", path,
-          format_bytes(need), need,
-          limits.nvme_by.empty() ? "the filesystem has" : limits.nvme_by + " gives",
-          format_bytes(free), free,
+          "nvme: swap files under {} need {} ({} bytes) but {} {} ({} bytes){}", path, need_text,
+          need, limits.nvme_by.empty() ? "the filesystem has" : limits.nvme_by + " gives",
+          free_text, free,
           (limits.nvme_by.empty() ? " free" : "") + std::string(optimizer ? spare : "") +
               (optimizer && !plan.sub_group_padding.empty() ? "; " + plan.sub_group_padding : "")));
   };
+  // The files, and the directories and lock files made before them.
+  const uint64_t param_need = plan.param_nvme_bytes + plan.param_nvme_tree_bytes;
+  const uint64_t optimizer_need = plan.optimizer_nvme_bytes + plan.optimizer_nvme_tree_bytes;
   if (limits.nvme_same_filesystem) {
     nvme(plan.param_nvme_path == plan.optimizer_nvme_path
              ? plan.param_nvme_path
              : plan.param_nvme_path + " and " + plan.optimizer_nvme_path,
-         plan.param_nvme_bytes + plan.optimizer_nvme_bytes, limits.param_nvme, true);
+         param_need + optimizer_need, limits.param_nvme, true);
   } else {
     if (!plan.param_nvme_path.empty())
-      nvme(plan.param_nvme_path, plan.param_nvme_bytes, limits.param_nvme, false);
+      nvme(plan.param_nvme_path, param_need, limits.param_nvme, false);
     if (!plan.optimizer_nvme_path.empty())
-      nvme(plan.optimizer_nvme_path, plan.optimizer_nvme_bytes, limits.optimizer_nvme, true);
+      nvme(plan.optimizer_nvme_path, optimizer_need, limits.optimizer_nvme, true);
   }
 
   if (limits.device > 0 && plan.peak.device > limits.device)

@@ -111,6 +111,31 @@ TEST(SwapSpace, HeaderGrowsPastOneBlockForManyTensors) {
   EXPECT_EQ(space.info({7, SwapKind::kOptimizer, 199}).offset, header + 4096 * 3 * 199);
 }
 
+// What the free-space checks add for the tree besides its files covers the blocks its
+// directories (one of thousands of entries among them) and lock files take.
+TEST(SwapSpace, TheTreesDirectoriesAndLocksTakeAtMostTreeBytesNeeded) {
+  TempDir dir;
+  std::vector<SwapFileSpec> plan = small_plan();
+  for (uint32_t u = 2; u < 3000; ++u)
+    plan.push_back({.unit = u, .kind = SwapKind::kParam, .tensors = {{"w", 1}}});
+  SwapSpace space({.nvme_path = dir.path()}, plan);
+  uint64_t taken = 0, lock_files = 0;
+  for (const fs::directory_entry& e :
+       fs::recursive_directory_iterator(dir.path() / "outcore_swap")) {
+    if (e.path().extension() == ".bin") continue;
+    struct stat st {};
+    ASSERT_EQ(::stat(e.path().c_str(), &st), 0) << e.path();
+    taken += static_cast<uint64_t>(st.st_blocks) * 512;
+    lock_files += e.path().filename() == ".lock";
+  }
+  struct stat top {};
+  ASSERT_EQ(::stat((dir.path() / "outcore_swap").c_str(), &top), 0);
+  taken += static_cast<uint64_t>(top.st_blocks) * 512;
+  EXPECT_EQ(lock_files, 3u);  // param, grad, optimizer
+  EXPECT_GT(taken, 3u * 4096) << "the filesystem counts no blocks for directories";
+  EXPECT_LE(taken, SwapSpace::tree_bytes_needed(plan));
+}
+
 TEST(SwapSpace, RemovesItsFilesAndDirectoriesOnDestruction) {
   TempDir dir;
   { SwapSpace space({.nvme_path = dir.path()}, small_plan()); }

@@ -1846,6 +1846,15 @@ TEST_F(TrainCliTest, AResumeTakesItsFlagsWhereItsRunDidAndSaysEveryConfigChange)
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("scheduler.params.total_num_steps 2 -> 4"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("activation checkpointing on"), std::string::npos) << r.out;
+  // With the config given again too (it has no activation_checkpointing section), and turned
+  // off by the flag's =false.
+  CliResult again =
+      run("train --resume " + shell_quote(ck) + " --config " + shell_quote(config_) + " --steps 3");
+  ASSERT_EQ(again.rc, 0) << again.err;
+  EXPECT_NE(again.out.find("activation checkpointing on"), std::string::npos) << again.out;
+  again = run("train --resume " + shell_quote(ck) + " --steps 3 --activation-checkpointing=false");
+  ASSERT_EQ(again.rc, 0) << again.err;
+  EXPECT_NE(again.out.find("activation checkpointing off"), std::string::npos) << again.out;
   std::map<int64_t, double> lr;
   for (const nlohmann::json& rec : step_records(m)) lr[rec["step"].get<int64_t>()] = rec["lr"];
   ASSERT_EQ(lr.size(), 2u) << slurp(m);
@@ -2981,6 +2990,10 @@ TEST_F(TrainCliTest, EstimateRefusesIntegersOutsideTheirRangeNamingTheFlag) {
   CliResult most = run(base + " --world-size 1048576 --seq-len 32");
   EXPECT_TRUE(most.rc == 0 || most.err.starts_with("error: does not fit: ")) << most.err;
   EXPECT_NE(most.out.find("world size 1048576,"), std::string::npos) << most.out;
+  // The ranks' traffic has no measured rate: the step bounds say they leave it out.
+  CliResult two = run(base + " --world-size 2");
+  ASSERT_EQ(two.rc, 0) << two.err;
+  EXPECT_NE(two.out.find("network  not counted"), std::string::npos) << two.out;
 }
 
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }

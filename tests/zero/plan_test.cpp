@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <regex>
 #include <string>
 
 #include "engine/zero/geometry.hpp"
@@ -472,6 +473,11 @@ TEST(Plan, CheckFitsNamesTheTierTheNeedAndTheLimit) {
   EXPECT_NE(m.find("device"), std::string::npos) << m;
   EXPECT_NE(m.find(std::to_string(p.peak.device) + " bytes"), std::string::npos) << m;
   EXPECT_NE(m.find("outcore.device_memory_mb"), std::string::npos) << m;
+  // A byte short: the two figures are shown with the decimals that tell them apart.
+  const std::regex figures(R"(needs ([0-9.]+ [KMG]iB) .* allows ([0-9.]+ [KMG]iB))");
+  std::smatch got;
+  ASSERT_TRUE(std::regex_search(m, got, figures)) << m;
+  EXPECT_NE(got[1].str(), got[2].str()) << m;
   l = {};
   l.pinned = p.peak.pinned - 1;
   EXPECT_NE(message(l).find("pinned"), std::string::npos);
@@ -482,7 +488,9 @@ TEST(Plan, CheckFitsNamesTheTierTheNeedAndTheLimit) {
   l.param_nvme = l.optimizer_nvme = 4096;
   m = message(l);
   EXPECT_NE(m.find("/tmp/x"), std::string::npos) << m;
-  EXPECT_NE(m.find(std::to_string(p.param_nvme_bytes) + " bytes"), std::string::npos) << m;
+  EXPECT_NE(m.find(std::to_string(p.param_nvme_bytes + p.param_nvme_tree_bytes) + " bytes"),
+            std::string::npos)
+      << m;
   EXPECT_EQ(m.find("step_in_backward"), std::string::npos) << m;
   // The optimizer state's spare copy under outcore.step_in_backward is named with it.
   const Plan spare =
@@ -503,6 +511,24 @@ TEST(Plan, CheckFitsNamesTheTierTheNeedAndTheLimit) {
 
 // A device that cannot hold the activations of a long micro-batch is refused naming what sizes
 // them, the micro-batch and the sequence length (and activation checkpointing when it is off).
+// The swap trees' directories and lock files are made before the files: a drive with room for
+// the files alone is refused by the plan, not by the swap space at start.
+TEST(Plan, SwapRoomCountsTheTreesDirectoriesAndLockFiles) {
+  const model::LlamaModel model(tiny_config(false), tiny_options(DType::F32));
+  const Plan p =
+      make_plan(make_config(config_json({3, "nvme", "nvme"}, DType::F32, "/tmp/x")), model);
+  ASSERT_GT(p.param_nvme_tree_bytes, 0u);
+  ASSERT_GT(p.optimizer_nvme_tree_bytes, 0u);
+  PlanLimits l;
+  l.nvme_same_filesystem = true;
+  l.param_nvme = l.optimizer_nvme = p.param_nvme_bytes + p.optimizer_nvme_bytes;
+  EXPECT_THROW(check_fits(p, l), OutOfMemory);
+  l.param_nvme = l.optimizer_nvme =
+      *l.param_nvme + p.param_nvme_tree_bytes + p.optimizer_nvme_tree_bytes;
+  EXPECT_NO_THROW(check_fits(p, l));
+  EXPECT_EQ(p.peak.nvme, *l.param_nvme);
+}
+
 TEST(Plan, ADeviceRefusalNamesWhatSizesTheActivations) {
   model::ModelOptions o = tiny_options(DType::F32);
   o.micro_batch = 16;
@@ -553,7 +579,9 @@ TEST(Plan, SwapPathWithoutRoomFailsAtStartWithTheBytesNeeded) {
     const Plan p = make_plan(cfg, model);
     EXPECT_NE(msg.find("nvme"), std::string::npos) << msg;
     EXPECT_NE(msg.find(dir), std::string::npos) << msg;
-    EXPECT_NE(msg.find(std::to_string(p.param_nvme_bytes + p.optimizer_nvme_bytes) + " bytes"),
+    EXPECT_NE(msg.find(std::to_string(p.param_nvme_bytes + p.optimizer_nvme_bytes +
+                                      p.param_nvme_tree_bytes + p.optimizer_nvme_tree_bytes) +
+                       " bytes"),
               std::string::npos)
         << msg;
   }

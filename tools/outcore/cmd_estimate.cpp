@@ -207,6 +207,11 @@ void print_bounds(const zero::StepTimes& t, const zero::Plan& plan, const zero::
                       "(outcore.step_in_backward), and what is left of it under the next "
                       "step's first forward"
                     : "it runs under the next step's first forward, which waits for it");
+  if (plan.world_size > 1)
+    std::printf(
+        "  network  not counted  %s per rank sent to the other %d ranks each step: no rate is "
+        "measured for it, and the bound below leaves it out\n",
+        zero::format_bytes(plan.per_step.comm).c_str(), plan.world_size - 1);
   std::printf("  bound    %8.3f s   %s%s\n", t.bound_s(), t.bound().c_str(),
               t.drive_known ? "" : " (without the drive)");
 }

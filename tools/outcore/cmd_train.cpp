@@ -56,6 +56,7 @@ struct TrainCliOptions {
   std::string steps, seed, seq_len, lr, weight_decay, eval_every, eval_batches, val_fraction,
       train_batch_size, micro_batch_size, gradient_accumulation_steps, warmup_steps;
   bool activation_checkpointing = false;
+  bool activation_checkpointing_given = false;  // the flag was on the command line (=true/false)
   bool start_over = false;
 };
 
@@ -860,9 +861,11 @@ int run_train(const TrainCliOptions& o) {
     topts.eval_batches = *n.eval_batches;
   else if (rd && rd->eval_batches > 0)
     topts.eval_batches = rd->eval_batches;
-  // The flag carries over on the checkpoint's config: a resume computes as its run did (and
-  // fits the same budget); a config given again decides with this run's flags.
-  if (o.activation_checkpointing || (rd && rd->activation_checkpointing && config_path.empty()))
+  // The flag carries over, with the checkpoint's config or another: a resume computes as its
+  // run did (and fits the same budget) unless --activation-checkpointing=false says otherwise.
+  if (o.activation_checkpointing_given)
+    topts.activation_checkpointing = o.activation_checkpointing;
+  else if (rd && rd->activation_checkpointing)
     topts.activation_checkpointing = true;
   topts.metrics_file = checkpoints_file ? metrics : o.metrics;
   end_job.compared = true;  // every rank reaches the comparison (or returned 2 above: ended)
@@ -923,10 +926,11 @@ void add_train_command(CLI::App& app, int& rc) {
                   "its run's)");
   cmd->add_option("--eval-batches", o->eval_batches,
                   "micro-batches per validation (default 8; a resume: its run's)");
-  cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
-                "recompute each layer's forward in backward (also on when the config's "
-                "activation_checkpointing section sets cpu_checkpointing, "
-                "partition_activations or number_checkpoints)");
+  CLI::Option* checkpointing = cmd->add_flag(
+      "--activation-checkpointing", o->activation_checkpointing,
+      "recompute each layer's forward in backward (also on when the config's "
+      "activation_checkpointing section sets cpu_checkpointing, partition_activations or "
+      "number_checkpoints); a resume keeps its run's flag; =false turns it off");
   cmd->add_option("--save-dir", o->save_dir,
                   "save checkpoints here: at the end, after Ctrl-C / SIGTERM, and every "
                   "--save-every steps (DIR/global_step<N>, DIR/latest)");
@@ -952,7 +956,10 @@ void add_train_command(CLI::App& app, int& rc) {
                   "JSON-lines metrics file (default: the config's outcore.metrics_file)");
   cmd->add_option("--trace", o->trace,
                   "Chrome trace-event JSON of the run (open in Perfetto or chrome://tracing)");
-  cmd->callback([o, &rc] { rc = run_train(*o); });
+  cmd->callback([o, checkpointing, &rc] {
+    o->activation_checkpointing_given = checkpointing->count() > 0;
+    rc = run_train(*o);
+  });
 }
 
 }  // namespace outcore::cli

@@ -399,7 +399,11 @@ ProbeResult probe() {
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    result.reason = cudaGetErrorString(err);
+    // A machine without NVIDIA's driver says "insufficient driver" (no libcuda.so to ask).
+    result.reason =
+        err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice
+            ? std::string("no NVIDIA GPU driver or device found (") + cudaGetErrorString(err) + ")"
+            : std::string(cudaGetErrorString(err));
     return result;
   }
   if (count == 0) {
