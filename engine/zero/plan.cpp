@@ -498,6 +498,8 @@ void plan_host(const PlanContext& c, Plan& plan) {
   add(plan, Tier::kHost, "activation checkpoints (cpu_checkpointing)", c.acts.host_bytes);
   add(plan, Tier::kHost, "fp32 scratch for initialisation and state access",
       align_up(g.max_own_len * sizeof(float), kIoAlignment));
+  add(plan, Tier::kHost, "runtime: threads, library buffers, allocator (an estimate)",
+      runtime_host_bytes(cpu_threads_for(c.cfg) + data_path_threads()));
 }
 
 // A run that saves (`piece`: PlanOptions::save_piece_elems): a save's host buffers besides the

@@ -118,6 +118,14 @@ struct Plan {
   std::string sub_group_padding;
 };
 
+// The host memory a run takes besides its buffers, which the plan counts as an estimate (the
+// one host item that is not exact): threads' stacks, BLAS, oneDNN and oneTBB buffers, the
+// allocator's arenas, the data loader and the metrics. 48 MiB and 4 MiB per pool thread
+// (docs/benchmarks.md, "The plan's host memory against the measured peak").
+inline uint64_t runtime_host_bytes(unsigned pool_threads) {
+  return (uint64_t{48} << 20) + uint64_t{pool_threads} * (uint64_t{4} << 20);
+}
+
 // What the planner needs besides the config and the model.
 struct PlanOptions {
   int world_size = 1;
