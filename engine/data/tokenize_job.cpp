@@ -271,14 +271,39 @@ void check_options(const TokenizeOptions& o, const std::vector<std::string>& out
   }
 }
 
+// Whether the raw 32-bit tokens of `in` (size bytes, a multiple of 4) look like token ids: the
+// first and last MiB of them all below 2^24, far above any tokenizer's vocabulary. A user's
+// file of another kind fails it: four bytes of text make a number above 2^24, and a binary
+// file's random words do almost always.
+bool raw_tokens_plausible(std::ifstream& in, uint64_t size) {
+  constexpr uint64_t kSpan = uint64_t{1} << 20;
+  constexpr uint32_t kLimit = uint32_t{1} << 24;
+  std::vector<uint32_t> words(kSpan / sizeof(uint32_t));
+  for (const uint64_t at : {uint64_t{0}, size > kSpan ? size - kSpan : uint64_t{0}}) {
+    const uint64_t n = std::min(kSpan, size - at);
+    if (!in.seekg(static_cast<std::streamoff>(at)) ||
+        !in.read(reinterpret_cast<char*>(words.data()), static_cast<std::streamsize>(n)))
+      return false;
+    if (std::any_of(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(n / 4),
+                    [](uint32_t w) { return w >= kLimit; }))
+      return false;
+  }
+  return true;
+}
+
 // The token count of an existing token file `path` of the kind this job writes (llm.c's .bin
-// from its header, which its size must match; raw .u32 from its size), or nullopt when it is not
-// one.
+// from its header, which its size must match; raw .u32 from its size, with token ids where it
+// begins and ends), or nullopt when it is not one.
 std::optional<uint64_t> token_count_of(const std::string& path, bool llmc) {
   std::error_code ec;
   const uintmax_t size = fs::file_size(path, ec);
   if (ec) return std::nullopt;
-  if (!llmc) return size % sizeof(uint32_t) == 0 ? std::optional<uint64_t>(size / 4) : std::nullopt;
+  if (!llmc) {
+    if (size % sizeof(uint32_t) != 0) return std::nullopt;
+    std::ifstream in(path, std::ios::binary);
+    if (!in || !raw_tokens_plausible(in, size)) return std::nullopt;
+    return size / 4;
+  }
   std::array<int32_t, 3> head{};
   std::ifstream in(path, std::ios::binary);
   if (!in.read(reinterpret_cast<char*>(head.data()), sizeof head) || head[0] != kLlmcMagic ||
@@ -721,7 +746,8 @@ TokenizeResult run_tokenize_job(const Tokenizer& tokenizer, const TokenizeOption
           "{} exists and is not a token file ({}): this job does not replace it; move it away "
           "or choose another --out",
           outputs[0],
-          llmc ? "no llm.c header giving its size" : "not a whole number of 32-bit tokens"));
+          llmc ? "no llm.c header giving its size"
+               : "not a whole number of 32-bit tokens, or values no token id takes"));
   }
   // PREFIX.mask is the loss mask of PREFIX.bin or PREFIX.u32 (the data loader pairs it with
   // either): with the token file of the other extension beside it, it may be that file's, which

@@ -248,6 +248,15 @@ Trainer::Trainer(const config::Config& cfg, const model::LlamaConfig& model_conf
   mo.compute_dtype = config::compute_dtype(cfg_);
   mo.activation_checkpointing = opts_.activation_checkpointing.value_or(
       config_wants_checkpointing(cfg_.activation_checkpointing));
+  if (!mo.activation_checkpointing && cfg_.activation_checkpointing.cpu_checkpointing) {
+    // Turned off by the option (--activation-checkpointing=false): no checkpoints to keep in
+    // host memory, none planned.
+    if (rank() == 0)
+      log::warn(
+          "activation_checkpointing.cpu_checkpointing has no effect: activation checkpointing is "
+          "turned off (--activation-checkpointing=false)");
+    cfg_.activation_checkpointing.cpu_checkpointing = false;
+  }
   mo.world_size = devices_->comm->world_size();
   mo.head_chunk_rows =
       model::head_rows_on(model_config, mo, devices_->device, cfg_.outcore.device_memory_mb << 20);

@@ -629,6 +629,17 @@ TEST_F(TokenizeJobTest, LargeVocabulariesWriteRawUint32) {
   want.push_back(70000);
   EXPECT_EQ(tokens_of(r.token_file), want);
   EXPECT_EQ(fs::file_size(r.token_file), 4 * want.size());
+  // A user's file at that name whose size is a whole number of 32-bit words is not a token file
+  // for that: its words are no token ids. It is kept; the job's own file is replaced.
+  for (const std::string user :
+       {std::string("userbin\n"), std::string("\xff\xfe\xfd\xfc\x00\x01\x02\x03", 8)}) {
+    test::write_file(dir_ / "mine.u32", user);
+    EXPECT_THROW(run_tokenize_job(big, options({input("a.txt", "the end\n")}, "mine")),
+                 InvalidArgument);
+    EXPECT_EQ(test::slurp(dir_ / "mine.u32"), user);
+  }
+  const TokenizeResult again = run_tokenize_job(big, options({input("a.txt", "the end\n")}));
+  EXPECT_EQ(tokens_of(again.token_file), want);
 }
 
 // Each kind of bad input names the file and the line, and leaves an existing output as it was.

@@ -212,6 +212,19 @@ TEST_F(TrainCliTest, ATokenFileATokenizeJobLeftHalfCommittedIsRefused) {
       << r.err;
 }
 
+// A work directory the demo cannot make or write: one line naming --work-dir, exit 2, before
+// it says it writes anything.
+TEST_F(TrainCliTest, DemoWorkDirThatCannotBeMadeIsBadInput) {
+  const std::string file = data_.file("a_file");
+  std::ofstream(file) << "a user's file\n";
+  const CliResult r = run("demo --steps 1 --work-dir " + shell_quote(file + "/demo"));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_TRUE(r.err.starts_with("error: --work-dir ")) << r.err;
+  EXPECT_EQ(r.err.find("writing the demo"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(file), "a user's file\n");
+}
+
 TEST_F(TrainCliTest, DeviceIsChosenOrRefusedByName) {
   CliResult cpu = run(train_args("--steps 1 --device cpu"));
   ASSERT_EQ(cpu.rc, 0) << cpu.err;
@@ -1829,6 +1842,27 @@ TEST_F(TrainCliTest, AResumeOfACheckpointsCopyNeverCutsRecordsItsRunsLaterCheckp
   }
 }
 
+// --activation-checkpointing=false over a config whose cpu_checkpointing turns it on: off, with
+// no host checkpoints planned, and the key said to have no effect.
+TEST_F(TrainCliTest, ActivationCheckpointingTurnedOffLeavesNoHostCheckpoints) {
+  config_ =
+      write_config("cpu_ckpt.json", {{"activation_checkpointing", {{"cpu_checkpointing", true}}}});
+  CliResult on = run(train_args("--steps 1"));
+  ASSERT_EQ(on.rc, 0) << on.err;
+  EXPECT_NE(on.out.find("activation checkpointing on (checkpoints in host memory)"),
+            std::string::npos)
+      << on.out;
+  EXPECT_NE(on.out.find("activation checkpoints (cpu_checkpointing)"), std::string::npos) << on.out;
+  CliResult off = run(train_args("--steps 1 --activation-checkpointing=false"));
+  ASSERT_EQ(off.rc, 0) << off.err;
+  EXPECT_NE(off.out.find("activation checkpointing off\n"), std::string::npos) << off.out;
+  EXPECT_EQ(off.out.find("activation checkpoints (cpu_checkpointing)"), std::string::npos)
+      << off.out;
+  EXPECT_NE(off.err.find("activation_checkpointing.cpu_checkpointing has no effect"),
+            std::string::npos)
+      << off.err;
+}
+
 // A resume on its checkpoint's config: a key the run left "auto" takes this run's flag again
 // (--steps lengthens a schedule of "auto" total_num_steps: the learning rate goes on falling
 // instead of sitting at its floor), a number there holds against a flag with a warning that
@@ -2184,6 +2218,26 @@ TEST_F(TrainCliTest, ShortDemoRunTrainsAndWritesMetrics) {
   }
   EXPECT_LT(steps.back()["loss"].get<double>(), steps.front()["loss"].get<double>() - 0.3);
   EXPECT_EQ(testing::count_files(dir + "/swap"), 0);
+  // "The same run by hand" is the same run: its losses, the validation's too, are the demo's.
+  const std::string by_hand = "The same run by hand:\n  outcore ";
+  const size_t at = r.out.find(by_hand);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const size_t from = at + by_hand.size();
+  const std::string command = r.out.substr(from, r.out.find('\n', from) - from);
+  auto losses = [&](const std::string& file) {
+    std::vector<std::pair<std::string, double>> out;
+    for (const std::string& l : lines_of(slurp(file))) {
+      const nlohmann::json j = nlohmann::json::parse(l);
+      if (j["type"] == "step" || j["type"] == "val") out.emplace_back(j["type"], j["loss"]);
+    }
+    return out;
+  };
+  const auto demo_losses = losses(dir + "/metrics.jsonl");
+  const std::string again = data_.file("by_hand.jsonl");
+  CliResult hand = run(command + " --metrics " + shell_quote(again));
+  ASSERT_EQ(hand.rc, 0) << command << "\n" << hand.err;
+  EXPECT_EQ(losses(again), demo_losses) << command;
+  EXPECT_EQ(demo_losses.back().first, "val");
   // Its own work directory takes it again.
   r = run("demo --work-dir " + shell_quote(dir) + " --steps 1");
   EXPECT_EQ(r.rc, 0) << r.err;

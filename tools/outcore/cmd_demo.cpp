@@ -43,6 +43,8 @@ namespace fs = std::filesystem;
 // parameters x 16 bytes = 160 MiB), enough for one micro-batch's activations (checkpoints on
 // the host) and about two layers' parameters (stage3_max_live_parameters) and gradients.
 constexpr int64_t kDemoDeviceMemoryMb = 64;
+// Validation every kDemoEvalEvery steps over kDemoEvalBatches micro-batches.
+constexpr int kDemoEvalEvery = 20, kDemoEvalBatches = 4;
 constexpr int64_t kDemoMaxLiveParameters = 3'000'000;
 constexpr int64_t kDemoDefaultSteps = 120;
 
@@ -269,13 +271,13 @@ int run_demo(const DemoOptions& o) {
   // second one would rewrite the config the first one's "same run by hand" names.
   std::optional<LockFile> lock;
   try {
-    std::fprintf(stderr, "writing the demo dataset, model and DeepSpeed config to %s\n",
-                 dir.string().c_str());
     fs::create_directories(dir);
     lock.emplace(dir / kDemoLock,
                  "lock the demo's work directory (another demo is running in it: give each its "
                  "own --work-dir)",
                  "outcore demo lock\n", /*register_cleanup=*/true);
+    std::fprintf(stderr, "writing the demo dataset, model and DeepSpeed config to %s\n",
+                 dir.string().c_str());
     // Each file recorded as being written, then with its digest once it is.
     DemoMarker marker = read_marker(dir);
     // An earlier version's marker (or none): the files at the demo's names passed as the demo's
@@ -313,7 +315,12 @@ int run_demo(const DemoOptions& o) {
   } catch (const PathBusy& e) {  // another demo holds the work directory
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
-  } catch (const std::exception& e) {  // cannot write the work directory
+  } catch (const fs::filesystem_error& e) {  // cannot make the work directory
+    return report_filesystem_error(e, "--work-dir ");
+  } catch (const IoError& e) {  // cannot write there: 2 for what the path given makes
+    std::fprintf(stderr, "error: --work-dir %s: %s\n", o.work_dir.c_str(), e.what());
+    return exit_code_of(e.error_number());
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
@@ -327,12 +334,13 @@ int run_demo(const DemoOptions& o) {
       "outcore demo: a %s-parameter Llama trained with ZeRO-3, parameters and optimizer state "
       "in NVMe swap files, in %s, on %s with a %lld MiB budget.\n"
       "The same run by hand:\n  outcore train --config %s --model %s --data %s --val-data %s "
-      "--seq-len %lld --eval-every 20\n",
+      "--seq-len %lld --steps %lld --eval-every %d --eval-batches %d\n",
       fmt::format("{:.1f}M", static_cast<double>(model.num_parameters()) / 1e6).c_str(),
       o.bf16 ? "bf16 (fp32 master weights and optimizer state)" : "fp32",
       device->description.c_str(), static_cast<long long>(kDemoDeviceMemoryMb), config_path.c_str(),
       model_path.c_str(), data.train.c_str(), data.val.c_str(),
-      static_cast<long long>(train::kDemoSeqLen));
+      static_cast<long long>(train::kDemoSeqLen), static_cast<long long>(steps), kDemoEvalEvery,
+      kDemoEvalBatches);
   std::fflush(stdout);
 
   train::TrainerOptions t;
@@ -342,8 +350,8 @@ int run_demo(const DemoOptions& o) {
   t.val_data = data.val;
   t.steps = steps;
   t.seq_len = train::kDemoSeqLen;
-  t.eval_every = 20;
-  t.eval_batches = 4;
+  t.eval_every = kDemoEvalEvery;
+  t.eval_batches = kDemoEvalBatches;
   t.trace_file = o.trace;
   return run_training(cfg, model, std::move(t), config_path.string());
 }

@@ -26,11 +26,7 @@
 #include "tools/outcore/test_hooks.hpp"
 
 namespace outcore::cli {
-namespace {
 
-// An I/O error that the path given makes (no permission, a read-only filesystem, a link loop, a
-// name too long, a file where a directory belongs): bad input, exit 2. Others (a failing drive,
-// a full disk) are failures while running, exit 1.
 int exit_code_of(int error_number) {
   switch (error_number) {
     case EACCES:
@@ -46,8 +42,6 @@ int exit_code_of(int error_number) {
       return 1;
   }
 }
-
-}  // namespace
 
 int report_filesystem_error(const std::filesystem::filesystem_error& e, std::string_view prefix) {
   std::string paths = e.path1().string();

@@ -29,6 +29,11 @@ inline constexpr int kExitInterrupted = 130;
 // else 1).
 int report_filesystem_error(const std::filesystem::filesystem_error& e, std::string_view prefix);
 
+// The exit code of an I/O error of `error_number`: 2 for what the path given makes (no
+// permission, a read-only filesystem, a link loop, a name too long, a file where a directory
+// belongs, a missing directory), 1 for others (a failing drive, a full disk).
+int exit_code_of(int error_number);
+
 int run_reporting(const std::function<int()>& run,
                   const std::function<void(const char* message)>& on_stop);
 

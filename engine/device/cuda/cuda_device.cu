@@ -402,7 +402,8 @@ ProbeResult probe() {
     // A machine without NVIDIA's driver says "insufficient driver" (no libcuda.so to ask).
     result.reason =
         err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice
-            ? std::string("no NVIDIA GPU driver or device found (") + cudaGetErrorString(err) + ")"
+            ? std::string("no NVIDIA GPU driver or device found (the CUDA runtime says: ") +
+                  cudaGetErrorString(err) + ")"
             : std::string(cudaGetErrorString(err));
     return result;
   }
