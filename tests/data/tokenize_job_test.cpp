@@ -631,7 +631,7 @@ TEST_F(TokenizeJobTest, LargeVocabulariesWriteRawUint32) {
   EXPECT_EQ(fs::file_size(r.token_file), 4 * want.size());
   // A user's file at that name whose size is a whole number of 32-bit words is not a token file
   // for that: its words are no token ids. It is kept; the job's own file is replaced.
-  for (const std::string user :
+  for (const std::string& user :
        {std::string("userbin\n"), std::string("\xff\xfe\xfd\xfc\x00\x01\x02\x03", 8)}) {
     test::write_file(dir_ / "mine.u32", user);
     EXPECT_THROW(run_tokenize_job(big, options({input("a.txt", "the end\n")}, "mine")),
