@@ -290,6 +290,14 @@ TEST_F(TrainCliTest, MissingFilesExitTwoNamingTheFile) {
   r = run("train --config " + shell_quote(config_) + " --data " + shell_quote(data_.train()));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("--model is required"), std::string::npos) << r.err;
+  // The command line parser's own refusals read as every other error does.
+  for (const std::string bad : {"train --no-such-flag", "train --activation-checkpointing=maybe",
+                                "tokenize --max-document-mb 0"}) {
+    r = run(bad);
+    EXPECT_EQ(r.rc, 2) << bad;
+    EXPECT_TRUE(r.err.starts_with("error: ")) << bad << ": " << r.err;
+    EXPECT_EQ(count_error_lines(r.err), 1) << bad << ": " << r.err;
+  }
 }
 
 TEST_F(TrainCliTest, ConfigErrorsExitTwoNamingTheKey) {

@@ -70,6 +70,10 @@ int run_main(int argc, char** argv) {
             [seen, both](std::string&) { return ++*seen > 1 ? both : std::string(); }, ""));
       }
     }
+  // A usage mistake reads as every other error does: one line starting "error: ".
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("error: {}\nRun with --help for more information.\n", e.what());
+  });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
