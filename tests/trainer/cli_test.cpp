@@ -225,6 +225,21 @@ TEST_F(TrainCliTest, DemoWorkDirThatCannotBeMadeIsBadInput) {
   EXPECT_EQ(slurp(file), "a user's file\n");
 }
 
+// --comm local in a process an MPI launcher of several started: it trains alone, and says so.
+TEST_F(TrainCliTest, CommLocalUnderALauncherOfSeveralProcessesSaysItTrainsAlone) {
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  CliResult r = run(train_args("--steps 1 --comm local"));
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("--comm local: this process was started by an MPI launcher of 2 "
+                       "processes and trains alone"),
+            std::string::npos)
+      << r.err;
+  r = run(train_args("--steps 1 --comm local"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.find("MPI launcher"), std::string::npos) << r.err;
+}
+
 TEST_F(TrainCliTest, DeviceIsChosenOrRefusedByName) {
   CliResult cpu = run(train_args("--steps 1 --device cpu"));
   ASSERT_EQ(cpu.rc, 0) << cpu.err;

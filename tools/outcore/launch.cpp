@@ -9,6 +9,7 @@
 #include <span>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "engine/comm/local_comm.hpp"
 #ifdef OUTCORE_HAVE_MPI
 #include "engine/comm/mpi_comm.hpp"
@@ -101,6 +102,16 @@ std::optional<Ranks> open_ranks(const std::string& choice, bool cuda_device) {
   const bool mpi = choice == "mpi" || (choice == "auto" && started_by_mpi_launcher());
   Ranks r;
   if (!mpi) {
+    // Under a launcher of several processes each trains alone: N copies of one run, not one run
+    // over N ranks (and a rank given another --comm waits for this one for good).
+    const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+    if (size == nullptr) size = std::getenv("PMI_SIZE");
+    if (choice == "local" && size != nullptr && std::atoi(size) > 1)
+      log::warn(
+          "--comm local: this process was started by an MPI launcher of {} processes and trains "
+          "alone, as a world of one (each process given --comm local does the same); give every "
+          "process --comm auto or mpi to train as one run over them",
+          size);
     r.engine = std::make_unique<comm::LocalComm>();
     r.control = std::make_unique<comm::LocalComm>();
     return r;
