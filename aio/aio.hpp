@@ -82,7 +82,10 @@ enum class Access { kRead, kWrite, kReadWrite };
 
 struct OpenOptions {
   Access access = Access::kRead;
-  bool create = false;     // O_CREAT, mode 0600
+  bool create = false;  // O_CREAT, with `mode`
+  // With create: the new file's permissions before the umask (0600: the run's own files; 0666
+  // for a file a user asked for, as open() in Python makes one).
+  unsigned mode = 0600;
   bool truncate = false;   // O_TRUNC
   bool exclusive = false;  // O_EXCL (with create): fail with IoError(EEXIST) if it exists
   // Try O_DIRECT. If the filesystem refuses it (EINVAL, e.g. some tmpfs, ramfs, FUSE), the

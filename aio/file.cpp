@@ -54,10 +54,10 @@ int access_flags(Access a) {
   return O_RDONLY;
 }
 
-int open_retrying(const char* path, int flags) {
+int open_retrying(const char* path, int flags, unsigned mode) {
   int fd;
   do {
-    fd = g_open.load()(path, flags, 0600);
+    fd = g_open.load()(path, flags, static_cast<mode_t>(mode));
   } while (fd < 0 && errno == EINTR);
   return fd;
 }
@@ -126,7 +126,7 @@ File File::open(const std::filesystem::path& path, const OpenOptions& opts) {
   if (opts.truncate) flags |= O_TRUNC;
   if (opts.exclusive) flags |= O_EXCL;
   if (opts.direct) {
-    int fd = open_retrying(shared->c_str(), flags | O_DIRECT);
+    int fd = open_retrying(shared->c_str(), flags | O_DIRECT, opts.mode);
     if (fd >= 0) {
       // Checked before `shared` moves into the File (argument order is unspecified).
       checked_type(fd, *shared, opts.access);
@@ -134,7 +134,7 @@ File File::open(const std::filesystem::path& path, const OpenOptions& opts) {
     }
     if (errno != EINVAL) throw_open_error(*shared, errno);
   }
-  int fd = open_retrying(shared->c_str(), flags);
+  int fd = open_retrying(shared->c_str(), flags, opts.mode);
   if (fd < 0) throw_open_error(*shared, errno);
   checked_type(fd, *shared, opts.access);
   if (opts.direct) warn_fallback_once(fd, *shared);

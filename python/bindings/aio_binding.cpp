@@ -77,14 +77,14 @@ struct Opened {
 };
 
 // Opens `path` as `oo` says (its create and exclusive are ignored). A write creates the file
-// (mode 0600) when it is missing, first with O_EXCL, so that `created` says whether this open
-// made it even where another process creates it at the same moment. A write's whole open runs
-// with `registry` locked and is passed to `record` (the open file, whether it created it) before
-// the lock goes: a failed write of another thread, which removes the file it created under the
-// same lock, either sees this open recorded (the file is shared, and kept) or removed the file
-// before this open, which then creates it anew (see CreatedFiles). The opens are quick (a regular
-// file; a FIFO or directory is refused without waiting). An open failure is reported with the
-// offset and length of the request.
+// (mode 0666 less the umask, as Python's open() does) when it is missing, first with O_EXCL, so
+// that `created` says whether this open made it even where another process creates it at the same
+// moment. A write's whole open runs with `registry` locked and is passed to `record` (the open
+// file, whether it created it) before the lock goes: a failed write of another thread, which
+// removes the file it created under the same lock, either sees this open recorded (the file is
+// shared, and kept) or removed the file before this open, which then creates it anew (see
+// CreatedFiles). The opens are quick (a regular file; a FIFO or directory is refused without
+// waiting). An open failure is reported with the offset and length of the request.
 Opened open_file(const std::string& path, aio::OpenOptions oo, uint64_t offset, uint64_t bytes,
                  std::mutex& registry, const std::function<void(const Opened&)>& record) {
   const bool write = oo.access == aio::Access::kWrite;
@@ -98,6 +98,7 @@ Opened open_file(const std::string& path, aio::OpenOptions oo, uint64_t offset, 
     } catch (const IoError& e) {
       if (e.error_number() != ENOENT) throw;
       oo.create = oo.exclusive = true;
+      oo.mode = 0666;
       try {
         o = {aio::File::open(path, oo), true};
       } catch (const IoError& e2) {
@@ -232,10 +233,11 @@ class AioHandle {
   // `on_complete` (None, or a callable taking no arguments) is called with the GIL held by the
   // wait that sees the request succeed; what it raises is that wait's error. Returns the
   // request's id. Files are opened per request: for reading, O_RDONLY; for writing, created
-  // (mode 0600) if missing and never truncated; if the request fails, a file it created is
-  // removed unless a request of any handle of this process opened it for writing since. O_DIRECT as
-  // DirectMode says. `sync`: the caller waits at once; a read past the end of a regular file then
-  // raises here, before it stores any byte. InvalidArgument for a path holding a null byte.
+  // (mode 0666 less the umask) if missing and never truncated; if the request fails, a file it
+  // created is removed unless a request of any handle of this process opened it for writing since.
+  // O_DIRECT as DirectMode says. `sync`: the caller waits at once; a read past the end of a regular
+  // file then raises here, before it stores any byte. InvalidArgument for a path holding a null
+  // byte.
   uint64_t submit(bool write, py::object keep, uintptr_t address, uint64_t bytes,
                   const std::string& path, uint64_t offset, py::object on_complete, bool sync) {
     refuse_if_forked();

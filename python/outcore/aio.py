@@ -55,9 +55,9 @@ Where outcore differs from DeepNVMe:
     handle's pinned memory (read in place), which may have stored the bytes before the failing
     piece. (A synchronous read past the end of a file is refused before it reads; one whose
     file is truncated while it runs may store the bytes before the new end.)
-  * Writes create a missing file (mode 0600) and never truncate it. A write that fails removes
-    the file it created, unless another write (of any handle in the process) opened it
-    meanwhile; a file that existed before is never removed.
+  * Writes create a missing file (mode 0666 less the umask, as open() does) and never truncate
+    it. A write that fails removes the file it created, unless another write (of any handle in
+    the process) opened it meanwhile; a file that existed before is never removed.
   * new_pinned_tensor(numel, dtype) returns page-locked (mlock), 4096-aligned memory that is
     freed when the tensor and every view of it are gone (numel 0: an empty tensor, no memory);
     free_pinned_tensor only makes the handle forget it (new_cpu_locked_tensor /

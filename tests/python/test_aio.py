@@ -101,6 +101,20 @@ class RoundTrip(AioTest):
             h.pread(torch.zeros(8192, dtype=torch.uint8), odd)  # past its end
         self.assertEqual(cm.exception.filename, odd)
 
+    def test_a_new_file_has_the_mode_open_gives(self):
+        # 0666 less the umask, as Python's open() and torch.save make a file (the run's own swap
+        # files are 0600: those are not a user's).
+        old = os.umask(0o022)
+        try:
+            writes = (("sync.bin", lambda h, p: h.pwrite(torch.ones(8), p)),
+                      ("async.bin", lambda h, p: h.async_pwrite(torch.ones(8), p).wait()))
+            for name, write in writes:
+                path = self.path(name)
+                write(aio.Handle(), path)
+                self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o644, name)
+        finally:
+            os.umask(old)
+
     def test_a_write_creates_the_target_of_a_dangling_symlink(self):
         link, target = self.path("link.bin"), self.path("target.bin")
         os.symlink(target, link)
