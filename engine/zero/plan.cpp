@@ -531,7 +531,9 @@ void plan_nvme(const PlanContext& c, Plan& plan) {
   const Placement& p = g.placement;
   if (p.nvme_param_units > 0) {
     plan.param_nvme_path = c.cfg.zero_optimization.offload_param.nvme_path;
-    plan.param_nvme_bytes = swap::SwapSpace::bytes_needed(detail::param_swap_files(g));
+    const std::vector<swap::SwapFileSpec> files = detail::param_swap_files(g);
+    plan.param_nvme_bytes = swap::SwapSpace::bytes_needed(files);
+    plan.param_nvme_tree_bytes = swap::SwapSpace::tree_bytes_needed(files);
     add(plan, Tier::kNvme,
         p.host_param_units == 0
             ? c.param_dtype + " parameter partitions (swap files)"
@@ -541,7 +543,9 @@ void plan_nvme(const PlanContext& c, Plan& plan) {
   }
   if (p.optimizer == Tier::kNvme) {
     plan.optimizer_nvme_path = c.cfg.zero_optimization.offload_optimizer.nvme_path;
-    plan.optimizer_nvme_bytes = swap::SwapSpace::bytes_needed(detail::optimizer_swap_files(g));
+    const std::vector<swap::SwapFileSpec> files = detail::optimizer_swap_files(g);
+    plan.optimizer_nvme_bytes = swap::SwapSpace::bytes_needed(files);
+    plan.optimizer_nvme_tree_bytes = swap::SwapSpace::tree_bytes_needed(files);
     add(plan, Tier::kNvme,
         c.optimizer_state + " (swap files" + c.offloaded_units +
             (g.step_in_backward ? ", 2 copies" : "") + ")",
@@ -568,11 +572,6 @@ void plan_nvme(const PlanContext& c, Plan& plan) {
     plan.optimizer_nvme_tree_bytes += swap::SwapSpace::tree_bytes_needed(files);
     add(plan, Tier::kNvme, "fp32 gradient accumulators (swap files)", b);
   }
-  if (p.nvme_param_units > 0)
-    plan.param_nvme_tree_bytes = swap::SwapSpace::tree_bytes_needed(detail::param_swap_files(g));
-  if (p.optimizer == Tier::kNvme)
-    plan.optimizer_nvme_tree_bytes +=
-        swap::SwapSpace::tree_bytes_needed(detail::optimizer_swap_files(g));
   if (plan.param_nvme_tree_bytes + plan.optimizer_nvme_tree_bytes > 0)
     add(plan, Tier::kNvme, "swap directories and their lock files (at most)",
         plan.param_nvme_tree_bytes + plan.optimizer_nvme_tree_bytes);

@@ -7,13 +7,13 @@
 #include <sys/vfs.h>
 
 #include <algorithm>
-#include <utility>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "common/error.hpp"
 #include "engine/zero/geometry.hpp"
@@ -147,14 +147,14 @@ void check_fits(const Plan& plan, const PlanLimits& limits) {
                   bool optimizer) {
     if (!free_bytes) return;
     const uint64_t free = *free_bytes;
+    if (need <= free) return;
     const auto [need_text, free_text] = format_apart(need, free);
-    if (need > free)
-      throw OutOfMemory(fmt::format(
-          "nvme: swap files under {} need {} ({} bytes) but {} {} ({} bytes){}", path, need_text,
-          need, limits.nvme_by.empty() ? "the filesystem has" : limits.nvme_by + " gives",
-          free_text, free,
-          (limits.nvme_by.empty() ? " free" : "") + std::string(optimizer ? spare : "") +
-              (optimizer && !plan.sub_group_padding.empty() ? "; " + plan.sub_group_padding : "")));
+    throw OutOfMemory(fmt::format(
+        "nvme: swap files under {} need {} ({} bytes) but {} {} ({} bytes){}", path, need_text,
+        need, limits.nvme_by.empty() ? "the filesystem has" : limits.nvme_by + " gives", free_text,
+        free,
+        (limits.nvme_by.empty() ? " free" : "") + std::string(optimizer ? spare : "") +
+            (optimizer && !plan.sub_group_padding.empty() ? "; " + plan.sub_group_padding : "")));
   };
   // The files, and the directories and lock files made before them.
   const uint64_t param_need = plan.param_nvme_bytes + plan.param_nvme_tree_bytes;
